@@ -1,0 +1,1 @@
+"""Client-side handlers, one module per method family."""

@@ -1,0 +1,252 @@
+"""Codec and Payload: the contract every codec follows.
+
+A :class:`Codec` maps a float32 array to a :class:`Payload` (packed bytes plus side
+information) and back. A payload knows its exact wire size in bits (``nbits``) and travels
+inside a Flower ``ArrayRecord`` as raw bytes, with one small JSON header array.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = [
+    "PAYLOAD_VERSION",
+    "MAX_ELEMENTS",
+    "Codec",
+    "Payload",
+    "PayloadError",
+    "check_finite",
+    "expect_buffer",
+]
+
+#: Version of the payload layout; decoders refuse any other.
+PAYLOAD_VERSION = 1
+#: Upper bound on the elements any declared shape may have (checked before allocation).
+MAX_ELEMENTS = 1 << 31
+#: Upper bound on the JSON header of a record, in bytes.
+MAX_HEADER_BYTES = 1 << 16
+#: Buffer dtypes a payload may carry.
+ALLOWED_DTYPES = frozenset({"uint8", "float16", "float32", "int32", "uint32", "int64"})
+RAW_STYPE = "raw"
+HEADER_KEY = "header"
+
+
+class PayloadError(ValueError):
+    """A payload or record is malformed: inconsistent sizes, dtypes, widths or versions."""
+
+
+def check_finite(x: np.ndarray, what: str = "input") -> np.ndarray:
+    """Return ``x`` as a float32 array, raising ``ValueError`` if it has NaN or inf."""
+    arr = np.asarray(x, dtype=np.float32)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{what} contains NaN or inf; codecs accept finite values only")
+    return arr
+
+
+def _checked_shape(shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or len(shape) > 8:
+        raise PayloadError(f"shape must be a list of at most 8 ints, got {shape!r}")
+    dims = []
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 0:
+            raise PayloadError(f"shape dimensions must be non-negative ints, got {shape!r}")
+        dims.append(int(dim))
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise PayloadError(f"declared shape {dims} exceeds {MAX_ELEMENTS} elements")
+    return tuple(dims)
+
+
+@dataclass
+class Payload:
+    """An encoded array: named flat buffers plus the metadata needed to decode them.
+
+    Attributes
+    ----------
+    codec : str
+        Registry name of the codec that made it.
+    shape : tuple of int
+        Shape of the decoded array.
+    meta : dict
+        Small JSON-serialisable parameters (widths, counts, levels count, ...).
+    buffers : dict of str to numpy.ndarray
+        Flat arrays: packed codes (uint8) and side information (float32, ...).
+    nbits : int
+        Exact number of bits the receiver needs: packed code bits plus side information.
+    version : int
+        Payload layout version.
+    """
+
+    codec: str
+    shape: tuple[int, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+    buffers: dict[str, np.ndarray] = field(default_factory=dict)
+    nbits: int = 0
+    version: int = PAYLOAD_VERSION
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all buffers as carried (packed codes are already whole bytes)."""
+        return int(sum(b.nbytes for b in self.buffers.values()))
+
+    def to_record(self):  # -> flwr.app.ArrayRecord
+        """Serialise to a Flower ``ArrayRecord`` of raw bytes (no ``np.save`` headers)."""
+        from flwr.app import Array, ArrayRecord
+
+        header = {
+            "codec": self.codec,
+            "version": self.version,
+            "shape": list(self.shape),
+            "meta": self.meta,
+            "nbits": int(self.nbits),
+            "buffers": {k: [str(v.dtype), int(v.size)] for k, v in self.buffers.items()},
+        }
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        arrays = {
+            HEADER_KEY: Array(dtype="uint8", shape=(len(raw),), stype=RAW_STYPE, data=raw),
+        }
+        for name, buf in self.buffers.items():
+            flat = np.ascontiguousarray(buf).reshape(-1)
+            arrays[name] = Array(
+                dtype=str(flat.dtype), shape=(flat.size,), stype=RAW_STYPE, data=flat.tobytes()
+            )
+        return ArrayRecord(arrays)
+
+    @classmethod
+    def from_record(cls, record) -> Payload:
+        """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly.
+
+        Raises
+        ------
+        PayloadError
+            On a missing or oversized header, unknown version, unknown dtype, or any buffer
+            whose carried byte count differs from what its header declares.
+        """
+        try:
+            keys = list(record.keys())
+        except AttributeError as exc:
+            raise PayloadError("payload record is not an ArrayRecord") from exc
+        if HEADER_KEY not in keys:
+            raise PayloadError("payload record has no header")
+        head_arr = record[HEADER_KEY]
+        if len(head_arr.data) > MAX_HEADER_BYTES:
+            raise PayloadError("payload header is too large")
+        try:
+            header = json.loads(bytes(head_arr.data).decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PayloadError(f"payload header is not valid JSON: {exc}") from exc
+        if not isinstance(header, dict):
+            raise PayloadError("payload header must be a JSON object")
+        missing = {"codec", "version", "shape", "meta", "nbits", "buffers"} - header.keys()
+        if missing:
+            raise PayloadError(f"payload header misses keys {sorted(missing)}")
+        if header["version"] != PAYLOAD_VERSION:
+            raise PayloadError(
+                f"unknown payload version {header['version']!r}; expected {PAYLOAD_VERSION}"
+            )
+        shape = _checked_shape(header["shape"])
+        if not isinstance(header["meta"], dict) or not isinstance(header["buffers"], dict):
+            raise PayloadError("payload header 'meta' and 'buffers' must be objects")
+        nbits = header["nbits"]
+        if isinstance(nbits, bool) or not isinstance(nbits, int) or nbits < 0:
+            raise PayloadError(f"payload nbits must be a non-negative int, got {nbits!r}")
+        declared = header["buffers"]
+        extra = set(keys) - {HEADER_KEY} - set(declared)
+        if extra:
+            raise PayloadError(f"payload record carries undeclared arrays {sorted(extra)}")
+        buffers: dict[str, np.ndarray] = {}
+        for name, spec in declared.items():
+            if name not in keys:
+                raise PayloadError(f"payload buffer {name!r} is declared but missing")
+            if not (isinstance(spec, list) and len(spec) == 2):
+                raise PayloadError(f"payload buffer {name!r} has a malformed declaration")
+            dtype, size = spec
+            if dtype not in ALLOWED_DTYPES:
+                raise PayloadError(f"payload buffer {name!r} has unsupported dtype {dtype!r}")
+            if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_ELEMENTS:
+                raise PayloadError(f"payload buffer {name!r} declares invalid size {size!r}")
+            arr = record[name]
+            if arr.dtype != dtype:
+                raise PayloadError(
+                    f"payload buffer {name!r} is {arr.dtype} but declared {dtype}"
+                )
+            itemsize = np.dtype(dtype).itemsize
+            if len(arr.data) != size * itemsize:
+                raise PayloadError(
+                    f"payload buffer {name!r} carries {len(arr.data)} bytes, "
+                    f"declared {size} x {itemsize}"
+                )
+            buffers[name] = np.frombuffer(arr.data, dtype=dtype)
+        return cls(
+            codec=str(header["codec"]),
+            shape=shape,
+            meta=header["meta"],
+            buffers=buffers,
+            nbits=nbits,
+            version=PAYLOAD_VERSION,
+        )
+
+
+def expect_buffer(p: Payload, name: str, dtype: str, size: int) -> np.ndarray:
+    """Return ``p.buffers[name]`` after checking its dtype and element count.
+
+    Decoders call this before allocating their output, so a payload that declares a huge
+    shape but carries few bytes is refused without allocating anything.
+    """
+    if name not in p.buffers:
+        raise PayloadError(f"{p.codec} payload misses buffer {name!r}")
+    buf = p.buffers[name]
+    if str(buf.dtype) != dtype:
+        raise PayloadError(f"{p.codec} buffer {name!r} is {buf.dtype}, expected {dtype}")
+    if buf.size != size:
+        raise PayloadError(
+            f"{p.codec} buffer {name!r} holds {buf.size} elements, expected {size}"
+        )
+    return buf
+
+
+def meta_int(p: Payload, key: str, lo: int, hi: int) -> int:
+    """Return integer ``p.meta[key]`` after checking ``lo <= value <= hi``."""
+    value = p.meta.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise PayloadError(f"{p.codec} payload meta {key!r}={value!r} is not an int in [{lo}, {hi}]")
+    return value
+
+
+class Codec(ABC):
+    """Maps float32 arrays to payloads and back.
+
+    Subclasses are frozen dataclasses whose fields are the codec's parameters; they validate
+    them in ``__post_init__`` and raise ``ValueError`` naming the field.
+    """
+
+    #: Registry name, set by :func:`dq_flower.codecs.registry.register`.
+    name: ClassVar[str] = ""
+    #: True when ``E[decode(encode(x))] != x``; such codecs are used with error feedback.
+    biased: ClassVar[bool] = False
+    #: True when ``decode(encode(x)) == x`` exactly.
+    lossless: ClassVar[bool] = False
+
+    @abstractmethod
+    def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
+        """Encode ``x`` (float32, finite) into a payload; random choices draw from ``rng``."""
+
+    @abstractmethod
+    def decode(self, p: Payload) -> np.ndarray:
+        """Decode a payload to a float32 array of its declared shape."""
+
+    def check_payload(self, p: Payload) -> None:
+        """Raise :class:`PayloadError` unless ``p`` was made by this codec."""
+        if p.codec != self.name:
+            raise PayloadError(f"payload made by {p.codec!r} given to codec {self.name!r}")
+        if p.version != PAYLOAD_VERSION:
+            raise PayloadError(f"unknown payload version {p.version!r}")
+
+    def roundtrip(self, x: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Return ``decode(encode(x, rng))``."""
+        return self.decode(self.encode(x, rng))

@@ -1,0 +1,49 @@
+"""Lossless and half-precision float codecs: ``identity`` (float32) and ``fp16``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import Codec, Payload, check_finite, expect_buffer
+from .registry import register
+
+
+@register("identity")
+@dataclass(frozen=True)
+class Identity(Codec):
+    """Float32 values as they are: 32 bits per coordinate, lossless."""
+
+    lossless = True
+
+    def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
+        """Carry ``x`` as float32 bytes."""
+        arr = check_finite(x)
+        flat = np.ascontiguousarray(arr.reshape(-1))
+        return Payload(self.name, arr.shape, {}, {"values": flat.copy()}, nbits=32 * flat.size)
+
+    def decode(self, p: Payload) -> np.ndarray:
+        """Return the carried float32 values in the payload's shape."""
+        self.check_payload(p)
+        values = expect_buffer(p, "values", "float32", math.prod(p.shape))
+        return values.astype(np.float32, copy=True).reshape(p.shape)
+
+
+@register("fp16")
+@dataclass(frozen=True)
+class Fp16(Codec):
+    """IEEE half precision: 16 bits per coordinate (values beyond +-65504 saturate)."""
+
+    def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
+        """Round ``x`` to float16, saturating out-of-range values."""
+        arr = check_finite(x)
+        half = np.clip(arr.reshape(-1), -65504.0, 65504.0).astype(np.float16)
+        return Payload(self.name, arr.shape, {}, {"values": half}, nbits=16 * half.size)
+
+    def decode(self, p: Payload) -> np.ndarray:
+        """Widen the carried float16 values to float32."""
+        self.check_payload(p)
+        values = expect_buffer(p, "values", "float16", math.prod(p.shape))
+        return values.astype(np.float32).reshape(p.shape)

@@ -1,0 +1,48 @@
+"""Decorator registry of codecs: ``@register("name")``, ``make(name, **params)``, ``names()``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from .base import Codec
+
+__all__ = ["register", "make", "names", "codec_class"]
+
+_REGISTRY: dict[str, type[Codec]] = {}
+C = TypeVar("C", bound=type[Codec])
+
+
+def register(name: str) -> Callable[[C], C]:
+    """Class decorator adding a codec class to the registry under ``name``."""
+
+    def deco(cls: C) -> C:
+        if name in _REGISTRY:
+            raise ValueError(f"codec {name!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def codec_class(name: str) -> type[Codec]:
+    """Return the codec class registered under ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; known: {', '.join(names())}") from None
+
+
+def make(name: str, **params) -> Codec:
+    """Build the codec ``name`` with ``params``; unknown names or bad params raise ValueError."""
+    cls = codec_class(name)
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise ValueError(f"bad parameters for codec {name!r}: {exc}") from None
+
+
+def names() -> list[str]:
+    """Sorted names of all registered codecs."""
+    return sorted(_REGISTRY)

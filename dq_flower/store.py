@@ -1,0 +1,165 @@
+"""The server's sample store: every received sample, kept in packed form.
+
+Rows are stored as bit-packed codes (one byte-aligned row per sample) plus the quantizer's
+per-row side information, the label, the importance weight (how many original samples the
+row stands for), the origin node and the client-local sample id. Minibatches are
+dequantized on the fly; the dequantized float data is never kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES"]
+
+EVICTION_POLICIES = ("fifo", "random")
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """Rows in the store's packed layout, as added or as drawn."""
+
+    codes: np.ndarray  # uint8 (n, row_bytes), byte-aligned packed codes per row
+    side: np.ndarray  # (n, k) side information (ranges), any float dtype
+    labels: np.ndarray  # (n,) int
+    weights: np.ndarray  # (n,) float32, original samples each row stands for
+    node: np.ndarray  # (n,) int64 origin node ids
+    ids: np.ndarray  # (n,) int64 client-local sample ids
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+
+class SampleStore:
+    """Append-only packed sample store with an optional bound and eviction policy.
+
+    Parameters
+    ----------
+    dequantize : callable
+        ``dequantize(codes, side) -> float32 (n, d)``, the quantizer's row decoder.
+    max_samples : int
+        Bound on stored rows (0 = unbounded).
+    eviction : str
+        ``fifo`` (oldest first) or ``random`` (uniformly chosen rows, seeded).
+    """
+
+    def __init__(
+        self,
+        dequantize: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        max_samples: int = 0,
+        eviction: str = "fifo",
+        seed: int = 0,
+    ) -> None:
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
+        if max_samples < 0:
+            raise ValueError("max_samples must be >= 0")
+        self._dequantize = dequantize
+        self.max_samples = int(max_samples)
+        self.eviction = eviction
+        self._rng = np.random.default_rng(seed)
+        self._rows: StoredRows | None = None
+        self._node_table: dict[int, int] = {}
+        self.evicted = 0
+
+    # ---------------------------------------------------------------- contents
+    def __len__(self) -> int:
+        return 0 if self._rows is None else len(self._rows)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the store's arrays (exactly sized, no spare capacity)."""
+        if self._rows is None:
+            return 0
+        r = self._rows
+        return int(r.codes.nbytes + r.side.nbytes + r.labels.nbytes + r.weights.nbytes
+                   + r.node.nbytes + r.ids.nbytes)
+
+    def has(self, node: int, ids: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``ids`` from ``node`` are already stored."""
+        if self._rows is None:
+            return np.zeros(len(ids), dtype=bool)
+        code = self._node_table.get(int(node))
+        if code is None:
+            return np.zeros(len(ids), dtype=bool)
+        mine = self._rows.ids[self._rows.node == code]
+        return np.isin(ids, mine)
+
+    def add(self, rows: StoredRows) -> None:
+        """Append rows, then evict down to the bound."""
+        node_codes = np.array(
+            [self._node_table.setdefault(int(n), len(self._node_table)) for n in np.unique(rows.node)]
+        )
+        lookup = dict(zip(np.unique(rows.node).tolist(), node_codes.tolist(), strict=True))
+        compact = StoredRows(
+            codes=np.ascontiguousarray(rows.codes, dtype=np.uint8),
+            side=np.ascontiguousarray(rows.side),
+            labels=rows.labels.astype(np.uint8 if rows.labels.max(initial=0) < 256 else np.int64),
+            weights=rows.weights.astype(np.float32),
+            node=np.array([lookup[int(n)] for n in rows.node], dtype=np.uint16),
+            ids=rows.ids.astype(np.uint32),
+        )
+        if self._rows is None:
+            self._rows = compact
+        else:
+            old = self._rows
+            self._rows = StoredRows(
+                *(np.concatenate([getattr(old, f), getattr(compact, f)])
+                  for f in ("codes", "side", "labels", "weights", "node", "ids"))
+            )
+        self._evict()
+
+    def _evict(self) -> None:
+        if not self.max_samples or len(self) <= self.max_samples:
+            return
+        excess = len(self) - self.max_samples
+        if self.eviction == "fifo":
+            keep = np.arange(excess, len(self))
+        else:
+            keep = np.sort(self._rng.choice(len(self), size=self.max_samples, replace=False))
+        self._rows = self._take(keep)
+        self.evicted += excess
+
+    def _take(self, idx: np.ndarray) -> StoredRows:
+        r = self._rows
+        assert r is not None
+        return StoredRows(r.codes[idx], r.side[idx], r.labels[idx], r.weights[idx],
+                          r.node[idx], r.ids[idx])
+
+    # ---------------------------------------------------------------- drawing
+    def draw(self, batch_size: int, rng: np.random.Generator):
+        """Draw a uniform minibatch without replacement; return ``(x, y, weights)``.
+
+        ``x`` is dequantized on the fly (float32 ``(b, d)``).
+        """
+        n = len(self)
+        if n == 0:
+            raise ValueError("the sample store is empty")
+        idx = np.sort(rng.choice(n, size=min(batch_size, n), replace=False))
+        rows = self._take(idx)
+        x = self._dequantize(rows.codes, rows.side)
+        return x, rows.labels.astype(np.int64), rows.weights
+
+    # ---------------------------------------------------------------- checkpoints
+    def state(self) -> dict:
+        """Arrays for a checkpoint."""
+        out = {"node_table": np.array(sorted(self._node_table, key=self._node_table.get),
+                                      dtype=np.int64),
+               "evicted": np.array([self.evicted])}
+        if self._rows is not None:
+            for f in ("codes", "side", "labels", "weights", "node", "ids"):
+                out[f] = getattr(self._rows, f)
+        return out
+
+    def load_state(self, state: dict) -> None:
+        """Inverse of :meth:`state`."""
+        self._node_table = {int(n): i for i, n in enumerate(state["node_table"])}
+        self.evicted = int(state["evicted"][0])
+        if "codes" in state:
+            self._rows = StoredRows(*(np.asarray(state[f]) for f in
+                                      ("codes", "side", "labels", "weights", "node", "ids")))
+        else:
+            self._rows = None

@@ -1,0 +1,5 @@
+"""Server strategies: DQ (the method) and compressed-gradient baselines."""
+
+from .dq import DQStrategy
+
+__all__ = ["DQStrategy"]

@@ -1,0 +1,246 @@
+"""Models that take flat inputs ``(batch, d)`` and reshape to the sample shape inside.
+
+Names (`MODEL_NAMES`): ``logreg`` (one linear layer, the convex case), ``mlp``,
+``cnn`` (small, no BatchNorm), ``wide-cnn`` (about 0.86M parameters on 1x28x28, no
+BatchNorm), ``resnet20`` (CIFAR ResNet-20, option-A shortcuts, BatchNorm) and
+``resnet18`` (torchvision's ResNet-18 with the CIFAR stem, BatchNorm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+__all__ = ["MODEL_NAMES", "FlatInput", "make_model", "register_model"]
+
+_Builder = Callable[..., nn.Module]
+_REGISTRY: dict[str, _Builder] = {}
+
+
+def register_model(name: str) -> Callable[[_Builder], _Builder]:
+    """Register a builder ``f(input_shape, num_classes, **kwargs) -> nn.Module``."""
+
+    def deco(fn: _Builder) -> _Builder:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} already registered")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+class FlatInput(nn.Module):
+    """Reshape flat rows ``(batch, d)`` to ``(batch, *shape)`` before ``body``.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Sample shape the body expects.
+    body : nn.Module
+        The network.
+    """
+
+    def __init__(self, shape: Sequence[int], body: nn.Module) -> None:
+        super().__init__()
+        self.shape = tuple(int(s) for s in shape)
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Reshape and run the body."""
+        return self.body(x.reshape(x.shape[0], *self.shape))
+
+
+def _dim(input_shape: Sequence[int]) -> int:
+    d = 1
+    for s in input_shape:
+        d *= int(s)
+    return d
+
+
+def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]:
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) == 2:
+        shape = (1, *shape)
+    if len(shape) != 3:
+        raise ValueError(f"{model} needs image inputs (C, H, W) or (H, W), got {shape}")
+    return shape  # type: ignore[return-value]
+
+
+@register_model("logreg")
+def _logreg(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(_dim(input_shape), num_classes))
+
+
+@register_model("mlp")
+def _mlp(
+    input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (128,)
+) -> nn.Module:
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = _dim(input_shape)
+    for h in hidden:
+        layers += [nn.Linear(width, int(h)), nn.ReLU()]
+        width = int(h)
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def _two_conv(
+    input_shape: Sequence[int], num_classes: int, c1: int, c2: int, fc: int | None,
+    model: str,
+) -> nn.Module:
+    c, h, w = _image_shape(input_shape, model)
+    if h < 4 or w < 4:
+        raise ValueError(f"{model} needs images of at least 4x4, got {h}x{w}")
+    feat = c2 * (h // 4) * (w // 4)
+    layers: list[nn.Module] = [
+        nn.Conv2d(c, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    ]
+    if fc is None:
+        layers.append(nn.Linear(feat, num_classes))
+    else:
+        layers += [nn.Linear(feat, fc), nn.ReLU(), nn.Linear(fc, num_classes)]
+    return FlatInput((c, h, w), nn.Sequential(*layers))
+
+
+@register_model("cnn")
+def _cnn(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    # conv5x5(16) - pool - conv5x5(32) - pool - linear: 28,938 parameters on 1x28x28.
+    return _two_conv(input_shape, num_classes, 16, 32, None, "cnn")
+
+
+@register_model("wide-cnn")
+def _wide_cnn(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    # conv5x5(32) - pool - conv5x5(64) - pool - fc 256 - linear: 857,738 on 1x28x28.
+    return _two_conv(input_shape, num_classes, 32, 64, 256, "wide-cnn")
+
+
+class _BasicBlockA(nn.Module):
+    """CIFAR ResNet basic block with the parameter-free option-A shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.stride = stride
+        self.pad = cout - cin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Two 3x3 convolutions plus the (subsampled, zero-padded) identity."""
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        short = x
+        if self.stride != 1 or self.pad:
+            short = x[:, :, :: self.stride, :: self.stride]
+            short = F.pad(short, (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
+        return F.relu(out + short)
+
+
+class ResNetCifar(nn.Module):
+    """ResNet-(6n+2) for small images (He et al. 2016, section 4.2, option A).
+
+    Parameters
+    ----------
+    in_channels : int
+        Input channels.
+    num_classes : int
+        Output classes.
+    n : int
+        Blocks per stage (3 gives ResNet-20).
+    """
+
+    def __init__(self, in_channels: int, num_classes: int, n: int = 3) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        blocks: list[nn.Module] = []
+        cin = 16
+        for i, cout in enumerate((16, 32, 64)):
+            for j in range(n):
+                blocks.append(_BasicBlockA(cin, cout, 2 if (i > 0 and j == 0) else 1))
+                cin = cout
+        self.layers = nn.Sequential(*blocks)
+        self.fc = nn.Linear(64, num_classes)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.kaiming_normal_(m.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Stem, three stages, global average pool, linear."""
+        out = self.layers(F.relu(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+
+
+@register_model("resnet20")
+def _resnet20(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    c, h, w = _image_shape(input_shape, "resnet20")
+    return FlatInput((c, h, w), ResNetCifar(c, num_classes, n=3))
+
+
+@register_model("resnet18")
+def _resnet18(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    from torchvision.models import resnet18
+
+    c, h, w = _image_shape(input_shape, "resnet18")
+    net = resnet18(weights=None, num_classes=num_classes)
+    # CIFAR stem: 3x3 stride-1 first convolution and no max-pool, for 32x32 inputs.
+    net.conv1 = nn.Conv2d(c, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+    net.maxpool = nn.Identity()  # type: ignore[assignment]
+    return FlatInput((c, h, w), net)
+
+
+MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def make_model(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: int = 0,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build a model that takes flat float32 rows ``(batch, prod(input_shape))``.
+
+    Parameters
+    ----------
+    name : str
+        One of `MODEL_NAMES`.
+    input_shape : tuple of int
+        Shape of one sample, e.g. ``(1, 28, 28)``; ``(d,)`` for tabular data (only
+        ``logreg`` and ``mlp`` accept it).
+    num_classes : int
+        Number of output logits.
+    seed : int
+        Initialisation seed; the global torch RNG is left untouched.
+    **kwargs
+        Builder options, e.g. ``hidden=(256, 128)`` for ``mlp``.
+
+    Returns
+    -------
+    torch.nn.Module
+        The model on the CPU, in training mode.
+
+    Raises
+    ------
+    ValueError
+        Unknown name, or an input shape the model cannot take.
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    shape = tuple(int(s) for s in input_shape)
+    if not shape or min(shape) < 1:
+        raise ValueError(f"bad input_shape {input_shape}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _REGISTRY[name](shape, int(num_classes), **kwargs)
+    return model
