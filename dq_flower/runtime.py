@@ -63,7 +63,7 @@ def node_partition(context: Context, task: TaskConfig) -> tuple[int, int]:
 
 
 def client_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
-    """This node's own training rows ``(x, y)``, never the whole data set."""
+    """Return this node's own training rows ``(x, y)``, never the whole data set."""
     pid, num = node_partition(context, task)
     data_dir = str(context.node_config.get("data-dir", "")) or task.data_dir or None
     x, y, _ = load_partition(task.dataset, pid, num, task.partition, task.dirichlet_alpha,

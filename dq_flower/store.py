@@ -90,10 +90,8 @@ class SampleStore:
 
     def add(self, rows: StoredRows) -> None:
         """Append rows, then evict down to the bound."""
-        node_codes = np.array(
-            [self._node_table.setdefault(int(n), len(self._node_table)) for n in np.unique(rows.node)]
-        )
-        lookup = dict(zip(np.unique(rows.node).tolist(), node_codes.tolist(), strict=True))
+        lookup = {int(n): self._node_table.setdefault(int(n), len(self._node_table))
+                  for n in np.unique(rows.node)}
         compact = StoredRows(
             codes=np.ascontiguousarray(rows.codes, dtype=np.uint8),
             side=np.ascontiguousarray(rows.side),

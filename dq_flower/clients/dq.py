@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
 
 from ..codecs import ErrorFeedback, make
 from ..config import DQConfig, TaskConfig, from_mapping

@@ -22,7 +22,17 @@ __all__ = [
     "Payload",
     "PayloadError",
     "check_finite",
+    "check_int",
     "expect_buffer",
+    "meta_int",
+    "meta_equal",
+    "expect_nbits",
+    "expect_shape",
+    "require_finite",
+    "require_rng",
+    "random_u16",
+    "stochastic_floor",
+    "bucket_chunks",
 ]
 
 #: Version of the payload layout; decoders refuse any other.
@@ -46,6 +56,69 @@ def check_finite(x: np.ndarray, what: str = "input") -> np.ndarray:
     arr = np.asarray(x, dtype=np.float32)
     if not np.isfinite(arr).all():
         raise ValueError(f"{what} contains NaN or inf; codecs accept finite values only")
+    return arr
+
+
+def check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
+    """Return ``value`` as an int, or raise ``ValueError`` naming ``name`` if out of range."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        span = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be an integer {span}, got {value!r}")
+    return int(value)
+
+
+def require_rng(rng: Any, codec: str) -> np.random.Generator:
+    """Return ``rng`` if it is a ``numpy.random.Generator``, else raise ``ValueError``."""
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(
+            f"codec {codec!r} draws random numbers: pass an explicit numpy.random.Generator"
+        )
+    return rng
+
+
+def random_u16(rng: np.random.Generator, count: int) -> np.ndarray:
+    """Draw ``count`` uniform 16-bit integers from ``rng``'s bit stream (4 per 64-bit draw)."""
+    raw = rng.bit_generator.random_raw((count + 3) // 4)
+    return np.asarray(raw, dtype=np.uint64).view(np.uint16)[:count]
+
+
+def stochastic_floor(a: np.ndarray, rng: np.random.Generator, top: int) -> np.ndarray:
+    """Return ``min(floor(a + u), top)`` as uint8, ``u`` uniform in [0, 1), overwriting ``a``.
+
+    ``a`` is a float32 array with ``0 <= a <= top + tiny`` and ``top <= 255``. ``u`` takes the
+    65,536 values ``(r + 1/2) / 2**16`` for a uniform 16-bit ``r``, so the probability of
+    rounding up differs from the fractional part of ``a`` by at most ``2**-17``: unbiased
+    up to that resolution (far below any Monte-Carlo test's reach), at a quarter of the
+    cost of drawing float32 uniforms.
+    """
+    r = random_u16(rng, a.size).reshape(a.shape)
+    a *= 65536.0
+    a += 0.5
+    np.add(a, r, out=a)
+    a *= 1.0 / 65536.0
+    np.minimum(a, float(top), out=a)
+    return a.astype(np.uint8)
+
+
+def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):
+    """Yield ``(start, stop)`` row ranges of about ``target`` elements (cache-sized blocks).
+
+    Codecs loop over these blocks and vectorise within each, so temporaries stay in cache.
+    """
+    step = max(1, target // max(1, row_len))
+    for start in range(0, n_rows, step):
+        yield start, min(n_rows, start + step)
+
+
+def require_finite(p: Payload, name: str, arr: np.ndarray) -> np.ndarray:
+    """Raise :class:`PayloadError` if side information ``arr`` holds NaN or inf."""
+    if not np.isfinite(arr).all():
+        raise PayloadError(f"{p.codec} payload side information {name!r} holds NaN or inf")
     return arr
 
 
@@ -214,8 +287,33 @@ def meta_int(p: Payload, key: str, lo: int, hi: int) -> int:
     """Return integer ``p.meta[key]`` after checking ``lo <= value <= hi``."""
     value = p.meta.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise PayloadError(f"{p.codec} payload meta {key!r}={value!r} is not an int in [{lo}, {hi}]")
+        raise PayloadError(
+            f"{p.codec} payload meta {key!r}={value!r} is not an int in [{lo}, {hi}]"
+        )
     return value
+
+
+def meta_equal(p: Payload, key: str, expected: Any) -> None:
+    """Raise :class:`PayloadError` unless ``p.meta[key] == expected`` (the decoder's own value)."""
+    value = p.meta.get(key)
+    if type(value) is not type(expected) or value != expected:
+        raise PayloadError(
+            f"{p.codec} payload meta {key!r}={value!r} does not match the decoder's {expected!r}"
+        )
+
+
+def expect_nbits(p: Payload, expected: int) -> None:
+    """Raise :class:`PayloadError` unless the payload's declared ``nbits`` equals ``expected``."""
+    if p.nbits != expected:
+        raise PayloadError(f"{p.codec} payload declares {p.nbits} bits; its layout has {expected}")
+
+
+def expect_shape(p: Payload, ndim: int | None = None) -> int:
+    """Check ``p.shape`` (ints, at most :data:`MAX_ELEMENTS` elements); return the element count."""
+    shape = _checked_shape(list(p.shape))
+    if ndim is not None and len(shape) != ndim:
+        raise PayloadError(f"{p.codec} payload shape {shape} is not {ndim}-D")
+    return math.prod(shape)
 
 
 class Codec(ABC):

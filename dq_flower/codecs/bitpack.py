@@ -1,10 +1,31 @@
-"""Bit packing of small unsigned integer codes (widths 1 to 8) into uint8 bytes."""
+"""Bit packing of small unsigned integer codes (widths 1 to 8) into uint8 bytes.
+
+Layout: codes are written most-significant bit first, code after code, with no padding
+between codes; only the final byte may carry up to 7 zero padding bits. Every width has a
+vectorised fast path (no per-element Python loops):
+
+- widths 1, 2 and 4 pack whole codes per byte (``np.packbits``, a multiply-shift on 32-bit
+  words, a shift-or on 16-bit words) and unpack through a 256-entry lookup table;
+- widths 3, 5, 6 and 7 pack groups of 8 codes into ``bits`` bytes through one 64-bit word;
+- width 8 is a copy.
+
+:func:`pack_wide` and :func:`unpack_wide` do the same for unsigned values of 1 to 32 bits
+(indices of sparse codecs).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["pack", "unpack", "packed_nbytes", "check_width"]
+__all__ = [
+    "pack",
+    "unpack",
+    "packed_nbytes",
+    "check_width",
+    "pack_wide",
+    "unpack_wide",
+    "padding_is_zero",
+]
 
 
 def check_width(bits: int, name: str = "bits") -> int:
@@ -19,31 +40,61 @@ def packed_nbytes(count: int, bits: int) -> int:
     return (int(count) * int(bits) + 7) // 8
 
 
+def _padded(codes: np.ndarray, multiple: int) -> np.ndarray:
+    """Return ``codes`` zero-padded to a multiple of ``multiple`` elements (no copy if aligned)."""
+    rem = codes.size % multiple
+    if rem == 0:
+        return codes
+    out = np.zeros(codes.size + multiple - rem, dtype=codes.dtype)
+    out[: codes.size] = codes
+    return out
+
+
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     """Pack a flat array of codes, each ``< 2**bits``, into ``ceil(n * bits / 8)`` bytes.
 
     Codes are written most-significant bit first, code after code, with no padding between
-    codes; only the final byte may carry up to 7 zero padding bits.
+    codes; only the final byte may carry up to 7 zero padding bits. Codes must already be
+    below ``2**bits``; higher bits are not masked off.
     """
     bits = check_width(bits)
     codes = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
+    n = codes.size
+    nbytes = packed_nbytes(n, bits)
     if bits == 8:
         return codes.copy()
-    if bits in (1, 2, 4):
-        # Fast path: whole codes per byte, no code straddles a byte boundary.
-        per_byte = 8 // bits
-        n = codes.size
-        padded = np.zeros(packed_nbytes(n, bits) * per_byte, dtype=np.uint8)
-        padded[:n] = codes
-        groups = padded.reshape(-1, per_byte)
-        shifts = np.arange(per_byte - 1, -1, -1, dtype=np.uint8) * bits
-        out = np.zeros(groups.shape[0], dtype=np.uint8)
-        for j in range(per_byte):  # at most 8 vectorised passes
-            out |= groups[:, j] << shifts[j]
-        return out
-    # General widths: expand to bits and let numpy pack them.
-    bit_planes = np.unpackbits(codes[:, None], axis=1, count=8)[:, 8 - bits :]
-    return np.packbits(bit_planes.reshape(-1))
+    if bits == 1:
+        return np.packbits(codes.astype(bool, copy=False))
+    if bits == 2:
+        # Four codes c0..c3 in one little-endian word; one multiply moves them to the top byte.
+        words = _padded(codes, 4).view("<u4")
+        out = (words * np.uint32(0x40100401)) >> np.uint32(24)
+        return out.astype(np.uint8)[:nbytes]
+    if bits == 4:
+        pairs = _padded(codes, 2).view("<u2")
+        out = (pairs << np.uint16(4)) | (pairs >> np.uint16(8))
+        return out.astype(np.uint8)[:nbytes]
+    # Widths 3, 5, 6, 7: eight codes make one 8*bits-bit group, built in a 64-bit word.
+    groups = _padded(codes, 8).reshape(-1, 8)
+    word = np.zeros(groups.shape[0], dtype=np.uint64)
+    for j in range(8):  # eight vectorised passes
+        word |= groups[:, j].astype(np.uint64) << np.uint64(bits * (7 - j))
+    raw = word.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - bits :]
+    return np.ascontiguousarray(raw).reshape(-1)[:nbytes]
+
+
+def _lut(bits: int) -> np.ndarray:
+    """Lookup table: byte value -> the ``8 // bits`` codes it holds (as one word)."""
+    per = 8 // bits
+    values = np.arange(256, dtype=np.uint16)
+    codes = np.stack(
+        [(values >> (bits * (per - 1 - j))) & ((1 << bits) - 1) for j in range(per)], axis=1
+    ).astype(np.uint8)
+    return np.ascontiguousarray(codes).view({2: "<u4", 4: "<u2"}[bits]).reshape(-1)
+
+
+_LUT2 = _lut(2)
+_LUT4 = _lut(4)
 
 
 def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
@@ -53,10 +104,14 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     the length is checked before anything is allocated.
     """
     bits = check_width(bits)
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise ValueError(f"count must be an int >= 0, got {count!r}")
+    count = int(count)
     buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else data
-    buf = np.ascontiguousarray(buf, dtype=np.uint8).reshape(-1)
+    buf = np.asarray(buf)
+    if buf.dtype != np.uint8:
+        raise ValueError(f"packed buffer must be uint8, got {buf.dtype}")
+    buf = np.ascontiguousarray(buf).reshape(-1)
     expected = packed_nbytes(count, bits)
     if buf.size != expected:
         raise ValueError(
@@ -64,15 +119,55 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
         )
     if bits == 8:
         return buf.copy()
-    if bits in (1, 2, 4):
-        per_byte = 8 // bits
-        mask = np.uint8((1 << bits) - 1)
-        shifts = np.arange(per_byte - 1, -1, -1, dtype=np.uint8) * bits
-        out = np.empty((buf.size, per_byte), dtype=np.uint8)
-        for j in range(per_byte):
-            np.right_shift(buf, shifts[j], out=out[:, j])
-            out[:, j] &= mask
-        return out.reshape(-1)[:count]
+    if bits == 1:
+        return np.unpackbits(buf, count=count)
+    if bits == 2:
+        return _LUT2[buf].view(np.uint8)[:count]
+    if bits == 4:
+        return _LUT4[buf].view(np.uint8)[:count]
+    groups = _padded(buf, bits).reshape(-1, bits)
+    wide = np.zeros((groups.shape[0], 8), dtype=np.uint8)
+    wide[:, 8 - bits :] = groups
+    word = wide.view(">u8").reshape(-1).astype(np.uint64)
+    out = np.empty((word.size, 8), dtype=np.uint8)
+    mask = np.uint64((1 << bits) - 1)
+    for j in range(8):
+        out[:, j] = (word >> np.uint64(bits * (7 - j))) & mask
+    return out.reshape(-1)[:count]
+
+
+def padding_is_zero(data: np.ndarray, bits: int, count: int) -> bool:
+    """Return True when the padding bits after ``count`` codes of ``bits`` bits are all zero."""
+    used = int(count) * int(bits)
+    spare = 8 * packed_nbytes(count, bits) - used
+    if spare == 0:
+        return True
+    return int(data[-1]) & ((1 << spare) - 1) == 0
+
+
+def pack_wide(values: np.ndarray, bits: int) -> np.ndarray:
+    """Pack unsigned ints below ``2**bits`` (``1 <= bits <= 32``) MSB-first into bytes."""
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 32:
+        raise ValueError(f"bits must be an integer in 1..32, got {bits!r}")
+    vals = np.ascontiguousarray(values, dtype=">u4").reshape(-1)
+    planes = np.unpackbits(vals.view(np.uint8).reshape(-1, 4), axis=1)[:, 32 - bits :]
+    return np.packbits(planes.reshape(-1))
+
+
+def unpack_wide(data: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """Inverse of :func:`pack_wide`; returns ``count`` values as int64.
+
+    Raises ``ValueError`` when ``data`` does not hold exactly ``ceil(count * bits / 8)`` bytes.
+    """
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 32:
+        raise ValueError(f"bits must be an integer in 1..32, got {bits!r}")
+    buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    if buf.size != packed_nbytes(count, bits):
+        raise ValueError(
+            f"packed buffer holds {buf.size} bytes but {count} values of {bits} bits need "
+            f"{packed_nbytes(count, bits)}"
+        )
     planes = np.unpackbits(buf, count=count * bits).reshape(count, bits)
-    weights = (1 << np.arange(bits - 1, -1, -1)).astype(np.uint8)
-    return (planes * weights).sum(axis=1, dtype=np.uint16).astype(np.uint8)
+    full = np.zeros((count, 32), dtype=np.uint8)
+    full[:, 32 - bits :] = planes
+    return np.packbits(full, axis=1).view(">u4").reshape(-1).astype(np.int64)

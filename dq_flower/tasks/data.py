@@ -47,9 +47,9 @@ _IDX_IMAGES_MAGIC = 2051
 _IDX_LABELS_MAGIC = 2049
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Dataset:
-    """A classification data set held as flat rows.
+    """A classification data set held as flat rows (compared by identity).
 
     Attributes
     ----------
@@ -515,13 +515,18 @@ def load_dataset(
 
 @functools.lru_cache(maxsize=4)
 def load_dataset_cached(
-    name: str, data_dir: str | None = None, seed: int = 0, test_fraction: float = 0.2
+    name: str,
+    data_dir: str | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    download: bool = False,
 ) -> Dataset:
     """`load_dataset` memoised per process (shared by simulated clients in one worker).
 
     The returned arrays are shared: treat them as read-only.
     """
-    return load_dataset(name, data_dir=data_dir, seed=seed, test_fraction=test_fraction)
+    return load_dataset(name, data_dir=data_dir, seed=seed, test_fraction=test_fraction,
+                        download=download)
 
 
 # --------------------------------------------------------------------------- partitions
@@ -652,7 +657,7 @@ def partition_indices(
     ValueError
         Bad arguments, or non-empty partitions cannot be built.
     """
-    y = np.ascontiguousarray(np.asarray(labels), dtype=np.int64).reshape(-1)
+    y = np.array(labels, dtype=np.int64).reshape(-1)  # a private copy for the cache key
     n = int(y.shape[0])
     scheme = scheme.lower()
     if scheme not in PARTITION_SCHEMES:

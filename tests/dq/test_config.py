@@ -1,0 +1,42 @@
+import pytest
+
+from dq_flower.config import DQConfig, TaskConfig, from_mapping, parse_params, to_config_record
+
+
+def test_hyphenated_keys_map_to_fields_and_coerce():
+    cfg = from_mapping(DQConfig, {"server-steps": "7", "bits": 3, "stochastic": "false",
+                                  "other-method-knob": 1})
+    assert cfg.server_steps == 7 and cfg.bits == 3 and cfg.stochastic is False
+
+
+@pytest.mark.parametrize(
+    ("mapping", "key"),
+    [({"bits": 9}, "bits"), ({"bits": 0}, "bits"), ({"budget": 0}, "budget"),
+     ({"selection-rule": "best"}, "selection-rule"), ({"lr": -1.0}, "lr"),
+     ({"server-steps": 1.5}, "server-steps"), ({"compensation": "nope"}, "compensation")],
+)
+def test_bad_values_name_their_key(mapping, key):
+    with pytest.raises(ValueError, match=key):
+        from_mapping(DQConfig, mapping)
+
+
+def test_task_config_validation():
+    with pytest.raises(ValueError, match="partition"):
+        TaskConfig(partition="shards")
+    with pytest.raises(ValueError, match="fraction-train"):
+        TaskConfig(fraction_train=0.0)
+
+
+def test_strict_mode_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="unknown config key 'nope'"):
+        from_mapping(TaskConfig, {"nope": 1}, strict=True)
+
+
+def test_parse_params_and_config_record_round_trip():
+    assert parse_params("levels=4, bucket=512,clip=2.5,flag=true") == {
+        "levels": 4, "bucket": 512, "clip": 2.5, "flag": True}
+    with pytest.raises(ValueError):
+        parse_params("levels")
+    record = to_config_record(TaskConfig(num_partitions=3))
+    assert record["num-partitions"] == 3
+    assert from_mapping(TaskConfig, dict(record.items())) == TaskConfig(num_partitions=3)
