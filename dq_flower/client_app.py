@@ -17,8 +17,20 @@ def _dq(msg: Message, context: Context) -> Message:
     return train(msg, context)
 
 
+def _gradient(msg: Message, context: Context) -> Message:
+    from .clients.gradient import train
+
+    return train(msg, context)
+
+
+def _fedavg(msg: Message, context: Context) -> Message:
+    from .clients.fedavg import train
+
+    return train(msg, context)
+
+
 #: Client handler of each method family.
-HANDLERS = {"dq": _dq}
+HANDLERS = {"dq": _dq, "gradient": _gradient, "fedavg": _fedavg}
 
 app = ClientApp()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .config import DQConfig, TaskConfig, from_mapping
+from .config import DQConfig, TaskConfig, from_mapping, to_config_record
+from .config_baselines import FedAvgConfig, GradientConfig
 from .methods import register_method
 from .runtime import TaskInfo
 
@@ -16,3 +17,62 @@ def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskI
     from .strategies.dq import DQStrategy
 
     return DQStrategy(task, from_mapping(DQConfig, run_config), model, info)
+
+
+# ---------------------------------------------------------------------- baselines (issue 4)
+
+
+@register_method("fedavg", family="fedavg", config_cls=FedAvgConfig)
+def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
+    """Flower's own ``FedAvg`` (float32 weights, E local epochs), configured, not rewritten.
+
+    Central evaluation is done by the server app's ``evaluate_fn``, so
+    ``fraction_evaluate`` is 0. Flower's FedAvg samples nodes with Python's global
+    ``random`` module; it is seeded here with the run seed so runs are reproducible.
+    """
+    import math
+    import random
+
+    from flwr.serverapp.strategy import FedAvg
+
+    knobs = from_mapping(FedAvgConfig, run_config)
+    random.seed(task.seed)
+    strategy = FedAvg(
+        fraction_train=task.fraction_train,
+        fraction_evaluate=0.0,
+        min_train_nodes=max(1, math.ceil(task.fraction_train * task.num_partitions)),
+        min_available_nodes=task.min_available,
+    )
+    return strategy, {**to_config_record(task), **to_config_record(knobs)}
+
+
+#: Gradient baselines: name -> knob defaults (codec and its parameters first).
+GRADIENT_METHODS: dict[str, dict[str, Any]] = {
+    "sgd": {"codec": "identity"},
+    "fp16": {"codec": "fp16"},
+    "qsgd": {"codec": "qsgd", "codec-params": "levels=4,bucket=512"},
+    "terngrad": {"codec": "terngrad"},
+    "signsgd": {"codec": "sign", "aggregation": "majority", "downlink": "sign",
+                "error-feedback": "off", "lr": 0.002, "momentum": 0.9},
+    "ef-signsgd": {"codec": "ef-sign"},
+    "topk": {"codec": "topk", "codec-params": "ratio=0.01"},
+    "powersgd": {"codec": "powersgd", "codec-params": "rank=2"},
+    "bingrad": {"codec": "bingrad", "codec-params": "bucket=512"},
+    "orq": {"codec": "orq", "codec-params": "levels=3,bucket=512"},
+}
+
+
+def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
+    def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
+        from .strategies.compressed import CompressedGradientStrategy
+
+        cfg = from_mapping(GradientConfig, run_config)
+        return CompressedGradientStrategy(task, cfg, model, info, method=name)
+
+    build.__doc__ = f"Distributed SGD with {defaults['codec']!r} uploads (method {name!r})."
+    register_method(name, family="gradient", config_cls=GradientConfig,
+                    defaults=defaults)(build)
+
+
+for _name, _defaults in GRADIENT_METHODS.items():
+    _register_gradient(_name, _defaults)

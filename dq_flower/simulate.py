@@ -19,7 +19,7 @@ __all__ = ["simulate", "build_run_config"]
 
 def build_run_config(
     method: str = "dq",
-    dataset: str = "digits",
+    dataset: Any = "digits",
     model: str = "mlp",
     num_clients: int = 4,
     rounds: int = 5,
@@ -28,12 +28,17 @@ def build_run_config(
 ) -> dict[str, Any]:
     """The hyphenated run config ``simulate`` would use; validates every knob first.
 
+    A dataset given as numpy arrays is written to a temporary ``.npz`` file that the
+    clients read (``npz:<path>``).
+
     Unknown knobs raise ``ValueError`` naming them; bad values raise ``ValueError`` naming
     the key (see :mod:`dq_flower.config`).
     """
     from .server_app import validate_run_config
 
     spec = get_method(method)
+    if not isinstance(dataset, str):
+        dataset = _dataset_arg(dataset, seed, tempfile.mkdtemp(prefix="dq-flower-"))
     allowed = field_keys(TaskConfig) | field_keys(spec.config_cls)
     run_config: dict[str, Any] = {
         "method": method, "dataset": dataset, "model": model,
@@ -105,9 +110,7 @@ def simulate(
     from .client_app import app as client_app
     from .server_app import run_server
 
-    workdir = tempfile.mkdtemp(prefix="dq-flower-")
-    ds_name = _dataset_arg(dataset, seed, workdir)
-    run_config = build_run_config(method, ds_name, model, num_clients, rounds, seed, **knobs)
+    run_config = build_run_config(method, dataset, model, num_clients, rounds, seed, **knobs)
     holder: dict[str, RunResult] = {}
     server_app = ServerApp()
 

@@ -16,6 +16,7 @@ import numpy as np
 __all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES"]
 
 EVICTION_POLICIES = ("fifo", "random")
+_FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class StoredRows:
     weights: np.ndarray  # (n,) float32, original samples each row stands for
     node: np.ndarray  # (n,) int64 origin node ids
     ids: np.ndarray  # (n,) int64 client-local sample ids
+    dither: np.ndarray  # (n, 2) int64 dither (seed, start) per row, or (n, 0)
 
     def __len__(self) -> int:
         return int(self.codes.shape[0])
@@ -39,7 +41,7 @@ class SampleStore:
     Parameters
     ----------
     dequantize : callable
-        ``dequantize(codes, side) -> float32 (n, d)``, the quantizer's row decoder.
+        ``dequantize(codes, side, dither) -> float32 (n, d)``, the quantizer's row decoder.
     max_samples : int
         Bound on stored rows (0 = unbounded).
     eviction : str
@@ -48,7 +50,7 @@ class SampleStore:
 
     def __init__(
         self,
-        dequantize: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
         max_samples: int = 0,
         eviction: str = "fifo",
         seed: int = 0,
@@ -75,8 +77,7 @@ class SampleStore:
         if self._rows is None:
             return 0
         r = self._rows
-        return int(r.codes.nbytes + r.side.nbytes + r.labels.nbytes + r.weights.nbytes
-                   + r.node.nbytes + r.ids.nbytes)
+        return int(sum(getattr(r, f).nbytes for f in _FIELDS))
 
     def has(self, node: int, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` from ``node`` are already stored."""
@@ -99,6 +100,7 @@ class SampleStore:
             weights=rows.weights.astype(np.float32),
             node=np.array([lookup[int(n)] for n in rows.node], dtype=np.uint16),
             ids=rows.ids.astype(np.uint32),
+            dither=np.ascontiguousarray(rows.dither, dtype=np.int64),
         )
         if self._rows is None:
             self._rows = compact
@@ -106,7 +108,7 @@ class SampleStore:
             old = self._rows
             self._rows = StoredRows(
                 *(np.concatenate([getattr(old, f), getattr(compact, f)])
-                  for f in ("codes", "side", "labels", "weights", "node", "ids"))
+                  for f in _FIELDS)
             )
         self._evict()
 
@@ -124,8 +126,7 @@ class SampleStore:
     def _take(self, idx: np.ndarray) -> StoredRows:
         r = self._rows
         assert r is not None
-        return StoredRows(r.codes[idx], r.side[idx], r.labels[idx], r.weights[idx],
-                          r.node[idx], r.ids[idx])
+        return StoredRows(*(getattr(r, f)[idx] for f in _FIELDS))
 
     # ---------------------------------------------------------------- drawing
     def draw(self, batch_size: int, rng: np.random.Generator):
@@ -138,7 +139,7 @@ class SampleStore:
             raise ValueError("the sample store is empty")
         idx = np.sort(rng.choice(n, size=min(batch_size, n), replace=False))
         rows = self._take(idx)
-        x = self._dequantize(rows.codes, rows.side)
+        x = self._dequantize(rows.codes, rows.side, rows.dither)
         return x, rows.labels.astype(np.int64), rows.weights
 
     # ---------------------------------------------------------------- checkpoints
@@ -148,7 +149,7 @@ class SampleStore:
                                       dtype=np.int64),
                "evicted": np.array([self.evicted])}
         if self._rows is not None:
-            for f in ("codes", "side", "labels", "weights", "node", "ids"):
+            for f in _FIELDS:
                 out[f] = getattr(self._rows, f)
         return out
 
@@ -157,7 +158,6 @@ class SampleStore:
         self._node_table = {int(n): i for i, n in enumerate(state["node_table"])}
         self.evicted = int(state["evicted"][0])
         if "codes" in state:
-            self._rows = StoredRows(*(np.asarray(state[f]) for f in
-                                      ("codes", "side", "labels", "weights", "node", "ids")))
+            self._rows = StoredRows(*(np.asarray(state[f]) for f in _FIELDS))
         else:
             self._rows = None

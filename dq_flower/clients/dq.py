@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
 
-from ..codecs import ErrorFeedback, make
+from ..codecs import make
 from ..config import DQConfig, TaskConfig, from_mapping
 from ..dq_wire import encode_batch
 from ..runtime import (
@@ -97,7 +97,9 @@ def _save_mask(context: Context, mask: np.ndarray) -> None:
     )
 
 
-def _error_feedback(context: Context, codec) -> ErrorFeedback:
+def _error_feedback(context: Context, codec):
+    from ..codecs import ErrorFeedback
+
     ef = ErrorFeedback(codec)
     rec = context.state.array_records.get(EF_KEY)
     if rec is not None and "residual" in rec:
@@ -105,7 +107,7 @@ def _error_feedback(context: Context, codec) -> ErrorFeedback:
     return ef
 
 
-def _save_error_feedback(context: Context, ef: ErrorFeedback) -> None:
+def _save_error_feedback(context: Context, ef) -> None:
     res = ef.state_dict().get("residual")
     if res is not None:
         res = np.ascontiguousarray(res, dtype=np.float32).reshape(-1)

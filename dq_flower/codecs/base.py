@@ -33,6 +33,9 @@ __all__ = [
     "random_u16",
     "stochastic_floor",
     "bucket_chunks",
+    "bucket_blocks",
+    "n_buckets",
+    "flat_input",
 ]
 
 #: Version of the payload layout; decoders refuse any other.
@@ -91,17 +94,16 @@ def stochastic_floor(a: np.ndarray, rng: np.random.Generator, top: int) -> np.nd
     """Return ``min(floor(a + u), top)`` as uint8, ``u`` uniform in [0, 1), overwriting ``a``.
 
     ``a`` is a float32 array with ``0 <= a <= top + tiny`` and ``top <= 255``. ``u`` takes the
-    65,536 values ``(r + 1/2) / 2**16`` for a uniform 16-bit ``r``, so the probability of
-    rounding up differs from the fractional part of ``a`` by at most ``2**-17``: unbiased
-    up to that resolution (far below any Monte-Carlo test's reach), at a quarter of the
-    cost of drawing float32 uniforms.
+    65,536 values ``r / 2**16`` for a uniform 16-bit ``r`` (four per 64-bit draw, a quarter of
+    the cost of float32 uniforms), so the probability of rounding up is the fractional part
+    of ``a`` truncated to 16 bits: unbiased up to less than ``2**-16`` of a step, far below
+    what any Monte-Carlo test of the codecs can resolve.
     """
     r = random_u16(rng, a.size).reshape(a.shape)
-    a *= 65536.0
-    a += 0.5
+    a *= np.float32(65536.0)
     np.add(a, r, out=a)
-    a *= 1.0 / 65536.0
-    np.minimum(a, float(top), out=a)
+    a *= np.float32(1.0 / 65536.0)
+    np.minimum(a, np.float32(top), out=a)
     return a.astype(np.uint8)
 
 
@@ -113,6 +115,30 @@ def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):
     step = max(1, target // max(1, row_len))
     for start in range(0, n_rows, step):
         yield start, min(n_rows, start + step)
+
+
+def bucket_blocks(n: int, bucket: int, target: int = 1 << 17):
+    """Yield ``(b0, b1, i0, i1)``: buckets ``b0:b1`` covering elements ``i0:i1`` of a flat array.
+
+    Full buckets come in cache-sized blocks (``flat[i0:i1].reshape(b1 - b0, bucket)``); a
+    final shorter bucket, if ``n`` is not a multiple of ``bucket``, comes alone.
+    """
+    nfull, tail = divmod(int(n), int(bucket))
+    for s, e in bucket_chunks(nfull, bucket, target):
+        yield s, e, s * bucket, e * bucket
+    if tail:
+        yield nfull, nfull + 1, nfull * bucket, n
+
+
+def n_buckets(n: int, bucket: int) -> int:
+    """Number of buckets of ``bucket`` elements (the last may be shorter) covering ``n``."""
+    return -(-int(n) // int(bucket))
+
+
+def flat_input(x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Return ``(flat float32 C-contiguous view or copy, shape)``; NaN or inf raise ValueError."""
+    arr = check_finite(x)
+    return np.ascontiguousarray(arr).reshape(-1), tuple(arr.shape)
 
 
 def require_finite(p: Payload, name: str, arr: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ __all__ = [
     "pack_wide",
     "unpack_wide",
     "padding_is_zero",
+    "unpack_to",
 ]
 
 
@@ -95,6 +96,12 @@ def _lut(bits: int) -> np.ndarray:
 
 _LUT2 = _lut(2)
 _LUT4 = _lut(4)
+#: byte value -> its codes, shape (256, 8 // bits), for widths 1, 2 and 4.
+_BYTE_CODES = {
+    1: np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1),
+    2: _LUT2.view(np.uint8).reshape(256, 4),
+    4: _LUT4.view(np.uint8).reshape(256, 2),
+}
 
 
 def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
@@ -134,6 +141,47 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     for j in range(8):
         out[:, j] = (word >> np.uint64(bits * (7 - j))) & mask
     return out.reshape(-1)[:count]
+
+
+def unpack_to(
+    data: np.ndarray, bits: int, count: int, table: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Return ``table[unpack(data, bits, count)]`` as float32, fused for widths 1, 2 and 4.
+
+    For those widths each byte maps through a 256-entry table straight to its ``8 // bits``
+    output values (one gather per byte, no intermediate code array). ``out``, if given, is a
+    C-contiguous float32 array of ``count`` elements that receives the values.
+    """
+    bits = check_width(bits)
+    tab = np.ascontiguousarray(table, dtype=np.float32).reshape(-1)
+    if tab.size != 1 << bits:
+        raise ValueError(f"table must hold 2**bits={1 << bits} values, got {tab.size}")
+    if out is not None and (out.dtype != np.float32 or out.size != count or not out.flags.c_contiguous):
+        raise ValueError("out must be a C-contiguous float32 array of count elements")
+    if bits not in (1, 2, 4):
+        values = tab[unpack(data, bits, count)]
+        if out is None:
+            return values
+        out.reshape(-1)[...] = values
+        return out
+    buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    if buf.size != packed_nbytes(count, bits):
+        raise ValueError(
+            f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits need "
+            f"{packed_nbytes(count, bits)}"
+        )
+    per = 8 // bits
+    byte_codes = _BYTE_CODES[bits]
+    lut = np.ascontiguousarray(tab[byte_codes]).view(f"V{4 * per}").reshape(256)
+    if out is not None and count == buf.size * per:
+        np.take(lut, buf, out=out.reshape(-1).view(f"V{4 * per}"))
+        return out
+    full = np.empty(buf.size * per, dtype=np.float32)
+    np.take(lut, buf, out=full.view(f"V{4 * per}"))
+    if out is None:
+        return full[:count]
+    out.reshape(-1)[...] = full[:count]
+    return out
 
 
 def padding_is_zero(data: np.ndarray, bits: int, count: int) -> bool:

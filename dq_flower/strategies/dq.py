@@ -21,6 +21,7 @@ from flwr.serverapp.strategy import Strategy
 
 from ..codecs import PayloadError, make
 from ..config import DQConfig, TaskConfig, to_config_record
+from ..dq_rows import RowLayout, payload_quantizer
 from ..dq_wire import SampleBatch, decode_batch
 from ..runtime import MODEL_KEY, TaskInfo, model_record, round_rng, weighted_loss_grad
 from ..store import SampleStore, StoredRows
@@ -57,11 +58,13 @@ class DQStrategy(Strategy):
         self.info = info
         self.optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr,
                                         config.momentum, config.weight_decay)
-        self.quantizer = make("uniform", bits=config.bits, stochastic=config.stochastic)
+        channels = info.input_shape[0] if len(info.input_shape) == 3 else 1
+        self.per_channel = channels if config.per_channel and channels > 1 else 0
+        self.layout = RowLayout(info.dim, config.bits, max(self.per_channel, 1))
         self.comp_codec = (make(config.compensation, **config.compensation_kwargs)
                            if config.compensation != "none" else None)
-        self.store = SampleStore(self.quantizer.dequantize_rows_fn(info.dim),
-                                 max_samples=config.max_store_samples, seed=task.seed)
+        self.store = SampleStore(self.layout.dequantize, max_samples=config.max_store_samples,
+                                 seed=task.seed)
         self.rng = np.random.default_rng([task.seed, 7])
         self.last_metrics: dict[str, float] = {}
 
@@ -149,7 +152,8 @@ class DQStrategy(Strategy):
         n_cand = metrics.get("candidates")
         if not isinstance(n_cand, int) or not len(batch) <= n_cand <= MAX_LOCAL_ID:
             raise PayloadError(f"'candidates'={n_cand!r} is inconsistent with the upload")
-        x = self.quantizer.decode(batch.samples)
+        x = payload_quantizer(batch.samples, self.cfg.bits, self.per_channel).decode(
+            batch.samples)
         if not np.isfinite(x).all():
             raise PayloadError("samples decode to non-finite values")
         if batch.compensation is not None:
@@ -162,10 +166,10 @@ class DQStrategy(Strategy):
         return batch, x, n_cand
 
     def _rows(self, batch: SampleBatch, node: int) -> StoredRows:
-        codes, side = self.quantizer.rows(batch.samples)
+        codes, side, dither = self.layout.rows(batch.samples)
         n = len(batch)
         return StoredRows(codes, side, batch.labels, batch.weights,
-                          np.full(n, node, dtype=np.int64), batch.ids)
+                          np.full(n, node, dtype=np.int64), batch.ids, dither)
 
     def _step(self, grad: np.ndarray) -> None:
         offset = 0
@@ -176,7 +180,9 @@ class DQStrategy(Strategy):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def fresh_gradient(self, fresh: list[tuple[SampleBatch, np.ndarray, int]]) -> np.ndarray:
+    def fresh_gradient(
+        self, fresh: list[tuple[SampleBatch, np.ndarray, int]]
+    ) -> tuple[float, np.ndarray]:
         """Gradient of the first step: fresh quantized batch plus mean compensation.
 
         With ``N = sum_k n_k`` candidates, it is ``(1/N) sum_i grad f(Q(x_i)) / pi_i +
@@ -187,14 +193,14 @@ class DQStrategy(Strategy):
         xs = np.concatenate([x for _, x, _ in fresh])
         ys = np.concatenate([b.labels for b, _, _ in fresh])
         ws = np.concatenate([b.weights for b, _, _ in fresh]) / total
-        _, grad = weighted_loss_grad(self.model, xs, ys, ws)
+        loss, grad = weighted_loss_grad(self.model, xs, ys, ws)
         for batch, _, n_cand in fresh:
             if batch.compensation is not None:
                 delta = self.comp_codec.decode(batch.compensation)
                 if delta.size != grad.size or not np.isfinite(delta).all():
                     raise PayloadError("compensation has the wrong size or non-finite values")
                 grad += (n_cand / total) * delta.reshape(-1)
-        return grad
+        return loss / max(float(ws.sum()), 1e-12), grad
 
     def _train_steps(self, server_round: int, fresh) -> float:
         rng = round_rng(self.task.seed, server_round, 0, purpose=3)
@@ -203,7 +209,8 @@ class DQStrategy(Strategy):
         steps = self.cfg.server_steps
         if fresh and sum(len(b) for b, _, _ in fresh):
             try:
-                grad = self.fresh_gradient(fresh)
+                loss, grad = self.fresh_gradient(fresh)
+                losses.append(loss)
                 self._step(grad)
                 steps -= 1
             except PayloadError as exc:

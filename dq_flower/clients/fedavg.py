@@ -1,0 +1,71 @@
+"""Client side of Flower's FedAvg: E local epochs of SGD, reply the float32 weights.
+
+The message is the one ``flwr.serverapp.strategy.FedAvg`` builds: the model as an
+``ArrayRecord`` of the state dict under ``arrays`` and the train config under ``config``.
+The reply carries exactly one ``ArrayRecord`` (the new state dict) and one ``MetricRecord``
+with ``num-examples`` (the partition size, FedAvg's weight) and ``train-loss``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from ..config import TaskConfig, from_mapping
+from ..config_baselines import FedAvgConfig
+from ..runtime import build_model, client_data, node_partition, round_rng, task_info
+
+__all__ = ["train", "local_epochs", "ARRAYS_KEY", "PURPOSE_SHUFFLE"]
+
+#: Key of the model record, as Flower's FedAvg names it (``arrayrecord_key``).
+ARRAYS_KEY = "arrays"
+#: ``round_rng`` purpose of the epoch shuffles.
+PURPOSE_SHUFFLE = 21
+
+
+def local_epochs(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: FedAvgConfig,
+                 rng: np.random.Generator) -> float:
+    """Train ``model`` in place for ``cfg.local_epochs`` epochs; return the mean batch loss."""
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.client_lr, momentum=cfg.client_momentum)
+    xt = torch.as_tensor(x, dtype=torch.float32)
+    yt = torch.as_tensor(y, dtype=torch.long)
+    model.train()
+    losses = []
+    for _ in range(cfg.local_epochs):
+        order = torch.as_tensor(rng.permutation(x.shape[0]))
+        for start in range(0, x.shape[0], cfg.batch_size):
+            idx = order[start:start + cfg.batch_size]
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xt[idx]), yt[idx])
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+    return float(np.mean(losses)) if losses else float("nan")
+
+
+def train(msg: Message, context: Context) -> Message:
+    """Handle one FedAvg round: load the weights, train locally, reply weights and metrics."""
+    t0 = time.perf_counter()
+    config = dict(msg.content["config"].items())
+    task = from_mapping(TaskConfig, config)
+    cfg = from_mapping(FedAvgConfig, config)
+    server_round = int(config["server-round"])
+    pid, _ = node_partition(context, task)
+    x, y = client_data(context, task)
+    if x.shape[0] == 0:
+        raise ValueError(f"partition {pid} is empty")
+    model = build_model(task, task_info(task))
+    model.load_state_dict(msg.content[ARRAYS_KEY].to_torch_state_dict())
+    loss = local_epochs(model, x, y, cfg, round_rng(task.seed, server_round, pid,
+                                                    PURPOSE_SHUFFLE))
+    metrics = MetricRecord({
+        "num-examples": int(x.shape[0]),
+        "train-loss": loss,
+        "client-time-s": time.perf_counter() - t0,
+    })
+    content = RecordDict({ARRAYS_KEY: ArrayRecord(model.state_dict()), "metrics": metrics})
+    return Message(content=content, reply_to=msg)

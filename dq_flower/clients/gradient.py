@@ -1,0 +1,266 @@
+"""Client side of the compressed-gradient baselines: gradient (or tau local steps), encode, reply.
+
+The server's message carries the round config and the model in one of three forms
+(``downlink``): a float32 or fp16 codec payload under ``model``, or, for majority vote with
+``downlink="sign"``, the 1-bit votes the client has not applied yet (``vote-<v>``), which it
+applies to its own model copy kept in ``Context.state``.
+
+State kept across rounds in ``Context.state``:
+- ``grad-ef`` / ``grad-ef-meta``: the error-feedback memory of a biased codec (the
+  residual, and any codec state such as PowerSGD's warm start);
+- ``grad-momentum``: the client momentum of majority vote (Signum);
+- ``grad-model`` / ``grad-model-meta``: the model copy and its version (``downlink="sign"``).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from ..codecs import Payload, PayloadError, make
+from ..config import TaskConfig, from_mapping
+from ..config_baselines import GradientConfig
+from ..runtime import (
+    MODEL_KEY,
+    build_model,
+    client_data,
+    node_partition,
+    round_rng,
+    task_info,
+    weighted_loss_grad,
+)
+from ..tasks.params import get_flat, set_flat
+
+__all__ = [
+    "train",
+    "batch_indices",
+    "local_update",
+    "sign_step",
+    "vote_from_payload",
+    "model_crc",
+    "uses_error_feedback",
+    "save_state_dict",
+    "load_state_dict",
+    "UPDATE_KEY",
+    "METRICS_KEY",
+    "VOTE_PREFIX",
+    "EF_KEY",
+]
+
+#: Reply record holding the encoded update.
+UPDATE_KEY = "update"
+#: Reply record holding the metrics.
+METRICS_KEY = "metrics"
+#: Prefix of the vote records of ``downlink="sign"``: ``vote-<model version>``.
+VOTE_PREFIX = "vote-"
+EF_KEY = "grad-ef"
+MOMENTUM_KEY = "grad-momentum"
+MODEL_STATE_KEY = "grad-model"
+#: ``round_rng`` purposes used by the client.
+PURPOSE_BATCH = 11
+PURPOSE_CODEC = 12
+#: Codecs a ``model`` record may be encoded with (``downlink`` float32 / fp16).
+MODEL_CODECS = {"identity", "fp16"}
+
+
+def batch_indices(
+    seed: int, server_round: int, partition_id: int, n: int, batch_size: int, steps: int = 1
+) -> list[np.ndarray]:
+    """Row indices of a client's minibatches in one round (one array per local step).
+
+    Each minibatch is ``min(batch_size, n)`` distinct rows drawn from
+    ``round_rng(seed, server_round, partition_id, PURPOSE_BATCH)``, so tests and the server
+    can recompute exactly the rows a client used.
+    """
+    rng = round_rng(seed, server_round, partition_id, PURPOSE_BATCH)
+    size = min(int(batch_size), int(n))
+    return [np.sort(rng.choice(int(n), size=size, replace=False)) for _ in range(int(steps))]
+
+
+def local_update(
+    model, x: np.ndarray, y: np.ndarray, batches: list[np.ndarray], client_lr: float
+) -> tuple[np.ndarray, float, int]:
+    """Gradient (one batch) or mean trajectory gradient (several) of the model on ``x, y``.
+
+    Returns
+    -------
+    update : numpy.ndarray
+        With one batch, the mean cross-entropy gradient on it. With tau batches, tau plain
+        SGD steps are taken with ``client_lr`` and ``(w_0 - w_tau) / (client_lr * tau)`` is
+        returned: a pseudo-gradient on the same scale as a gradient.
+    loss : float
+        Mean loss over the steps (each at the weights the step starts from).
+    examples : int
+        Rows used, counting repeats across steps.
+    """
+    losses = []
+    if len(batches) == 1:
+        idx = batches[0]
+        loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size))
+        return grad, float(loss), int(idx.size)
+    w0 = get_flat(model)
+    w = w0.copy()
+    lr = np.float32(client_lr)
+    for idx in batches:
+        loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size))
+        losses.append(loss)
+        w -= lr * grad
+        set_flat(model, w)
+    update = ((w0 - w) / np.float32(client_lr * len(batches))).astype(np.float32)
+    return update, float(np.mean(losses)), int(sum(b.size for b in batches))
+
+
+def sign_step(w: np.ndarray, vote: np.ndarray, lr: float, weight_decay: float) -> np.ndarray:
+    """The majority-vote step ``w - lr * (vote + weight_decay * w)`` in float32.
+
+    Server and clients both call this function, so a client's copy of the model stays
+    bit-identical to the server's (checked with :func:`model_crc`).
+    """
+    w = np.asarray(w, dtype=np.float32)
+    d = np.asarray(vote, dtype=np.float32) + np.float32(weight_decay) * w
+    return (w - np.float32(lr) * d).astype(np.float32)
+
+
+def vote_from_payload(payload: Payload) -> np.ndarray:
+    """The +-1 float32 vote carried by a ``sign`` payload (zeros count as +1)."""
+    v = make(payload.codec).decode(payload).reshape(-1)
+    return np.where(v >= 0, np.float32(1), np.float32(-1)).astype(np.float32)
+
+
+def model_crc(w: np.ndarray) -> int:
+    """CRC-32 of a float32 parameter vector's bytes."""
+    return int(zlib.crc32(np.ascontiguousarray(w, dtype=np.float32).tobytes()))
+
+
+def uses_error_feedback(cfg: GradientConfig, codec) -> bool:
+    """Whether clients wrap ``codec`` in error feedback under ``cfg``."""
+    if cfg.error_feedback == "auto":
+        return bool(codec.biased) and cfg.aggregation == "mean"
+    return cfg.error_feedback == "on"
+
+
+# ---------------------------------------------------------------- Context.state helpers
+def save_state_dict(context: Context, key: str, state: Mapping[str, Any]) -> None:
+    """Store a state dict of arrays and scalars in ``context.state`` under ``key``.
+
+    Arrays go to ``ArrayRecord`` ``key`` (dtype and shape kept), scalars to ``ConfigRecord``
+    ``key + "-meta"``; ``None`` values are left out.
+    """
+    arrays, scalars = {}, {}
+    for name, value in state.items():
+        if value is None:
+            continue
+        if isinstance(value, np.ndarray):
+            arrays[name] = Array(np.ascontiguousarray(value))
+        elif isinstance(value, (bool, int, float, str, np.integer, np.floating)):
+            scalars[name] = value.item() if isinstance(value, np.generic) else value
+        else:
+            arrays[name] = Array(np.ascontiguousarray(np.asarray(value)))
+    context.state[key] = ArrayRecord(arrays)
+    context.state[key + "-meta"] = ConfigRecord(scalars)
+
+
+def load_state_dict(context: Context, key: str) -> dict[str, Any] | None:
+    """Inverse of :func:`save_state_dict`; ``None`` when nothing is stored under ``key``."""
+    rec = context.state.array_records.get(key)
+    if rec is None:
+        return None
+    out: dict[str, Any] = {name: arr.numpy() for name, arr in rec.items()}
+    meta = context.state.config_records.get(key + "-meta")
+    if meta is not None:
+        out.update(dict(meta.items()))
+    return out
+
+
+# ---------------------------------------------------------------- the model this round
+def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: dict,
+                   dim: int) -> np.ndarray:
+    """The float32 parameters the server wants this round's update computed at."""
+    content = msg.content
+    if MODEL_KEY in content.array_records:
+        payload = Payload.from_record(content.array_records[MODEL_KEY])
+        if payload.codec not in MODEL_CODECS:
+            raise PayloadError(f"model sent with unsupported codec {payload.codec!r}")
+        w = make(payload.codec).decode(payload).reshape(-1).astype(np.float32)
+    else:
+        state = load_state_dict(context, MODEL_STATE_KEY)
+        base = int(config["base-version"])
+        if state is None or int(state.get("version", -1)) != base:
+            raise ValueError(f"no local model at version {base} to apply the votes to")
+        w = np.asarray(state["w"], dtype=np.float32).copy()
+        target = int(config["model-version"])
+        for version in range(base + 1, target + 1):
+            rec = content.array_records.get(f"{VOTE_PREFIX}{version}")
+            if rec is None:
+                raise PayloadError(f"vote {version} is missing")
+            payload = Payload.from_record(rec)
+            if payload.codec != "sign":
+                raise PayloadError(f"vote encoded by {payload.codec!r}, expected 'sign'")
+            vote = vote_from_payload(payload)
+            if vote.size != dim:
+                raise PayloadError(f"vote has {vote.size} coordinates, model has {dim}")
+            w = sign_step(w, vote, cfg.lr, cfg.weight_decay)
+    if w.size != dim:
+        raise PayloadError(f"model has {w.size} parameters, expected {dim}")
+    if "model-crc" in config and model_crc(w) != int(config["model-crc"]):
+        raise ValueError("local model copy differs from the server's (CRC mismatch)")
+    if cfg.downlink == "sign":
+        save_state_dict(context, MODEL_STATE_KEY,
+                        {"w": w, "version": int(config["model-version"])})
+    return w
+
+
+def train(msg: Message, context: Context) -> Message:
+    """Handle one round: compute the update at the server's model, encode it, reply."""
+    t0 = time.perf_counter()
+    config = dict(msg.content["config"].items())
+    task = from_mapping(TaskConfig, config)
+    cfg = from_mapping(GradientConfig, config)
+    server_round = int(config["server-round"])
+    pid, _ = node_partition(context, task)
+    info = task_info(task)
+    x, y = client_data(context, task)
+    if x.shape[0] == 0:
+        raise ValueError(f"partition {pid} is empty")
+
+    model = build_model(task, info)
+    dim = int(sum(p.numel() for p in model.parameters()))
+    set_flat(model, _receive_model(msg, context, cfg, config, dim))
+
+    batches = batch_indices(task.seed, server_round, pid, x.shape[0], cfg.batch_size,
+                            cfg.local_steps)
+    update, loss, examples = local_update(model, x, y, batches, cfg.client_lr)
+
+    if cfg.aggregation == "majority" and cfg.momentum > 0:  # Signum: client-side momentum
+        state = load_state_dict(context, MOMENTUM_KEY)
+        m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
+        update = np.asarray(m, dtype=np.float32)
+        save_state_dict(context, MOMENTUM_KEY, {"m": update})
+
+    codec = make(cfg.codec, **cfg.codec_kwargs)
+    rng = round_rng(task.seed, server_round, pid, PURPOSE_CODEC)
+    if uses_error_feedback(cfg, codec):
+        from ..codecs import ErrorFeedback
+
+        ef = ErrorFeedback(codec)
+        state = load_state_dict(context, EF_KEY)
+        if state is not None:
+            ef.load_state_dict(state)
+        payload = ef.encode(update, rng)
+        save_state_dict(context, EF_KEY, ef.state_dict())
+    else:
+        payload = codec.encode(update, rng)
+
+    metrics = MetricRecord({
+        "num-examples": int(examples),
+        "train-loss": float(loss),
+        "up-payload-bits": int(payload.nbits),
+        "client-time-s": time.perf_counter() - t0,
+    })
+    content = RecordDict({UPDATE_KEY: payload.to_record(), METRICS_KEY: metrics})
+    return Message(content=content, reply_to=msg)

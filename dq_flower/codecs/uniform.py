@@ -1,0 +1,308 @@
+"""The data quantizer ``uniform`` and the label packer.
+
+``uniform`` quantizes a 2-D batch ``x`` of shape ``(n, d)``, one row per sample. Each row
+(or, with ``per_channel=C``, each of the row's ``C`` equal channel slices, channel-first as
+in a flattened CHW image) gets its own affine range: ``lo = min``, ``scale = (max - lo) /
+(2**bits - 1)``, both float32 side information. A coordinate's code is
+``floor(t + u)`` for ``t = (x - lo) / scale``, with ``u`` uniform in [0, 1) (stochastic
+rounding, unbiased: ``E[decode] = x``) or ``u = 1/2`` (nearest). The decoder returns
+``lo + code * scale``; the error is below one step ``scale`` per coordinate (half a step
+with nearest rounding), and a constant row decodes exactly.
+
+Subtractive dither (``dither_seed``): the encoder adds a pseudo-random offset ``u`` that
+both sides derive from the seed and the coordinate's position, and the decoder subtracts
+it again, so the error is uniform on half a step either side and independent of ``x``. The
+offsets come from a counter-based hash (splitmix64) of ``(seed, flat index)``: the dither of
+any row ``i`` of a batch is :func:`dither_offsets(seed, i * d, d) <dither_offsets>`, so a
+store that keeps rows apart can still decode them one by one.
+
+Packed codes can be entropy-coded losslessly (``entropy``); the encoder falls back to the
+raw packing whenever coding would not shrink it, and ``nbits`` counts what is sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import bitpack
+from .base import (
+    Codec,
+    Payload,
+    PayloadError,
+    bucket_chunks,
+    check_finite,
+    check_int,
+    expect_buffer,
+    expect_nbits,
+    expect_shape,
+    meta_equal,
+    random_u16,
+    require_finite,
+    require_rng,
+)
+from .entropy import check_method, compress, decompress
+from .registry import register
+
+__all__ = ["Uniform", "dither_offsets", "label_bits", "pack_labels", "unpack_labels"]
+
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xBF58476D1CE4E5B9)
+_M3 = np.uint64(0x94D049BB133111EB)
+
+
+def _dither_u16(seed: int, start: int, count: int) -> np.ndarray:
+    """16-bit dither values for flat positions ``start .. start + count - 1``."""
+    first, last = start // 4, (start + count + 3) // 4
+    z = np.arange(first, last, dtype=np.uint64)
+    z += np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (1 << 64))
+    z *= _M1
+    z ^= z >> np.uint64(30)
+    z *= _M2
+    z ^= z >> np.uint64(27)
+    z *= _M3
+    z ^= z >> np.uint64(31)
+    off = start - 4 * first
+    return z.astype("<u8").view(np.uint16)[off : off + count]
+
+
+def dither_offsets(seed: int, start: int, count: int) -> np.ndarray:
+    """Return the float32 dither offsets in (0, 1) of flat positions ``start .. start+count-1``.
+
+    The encoder rounds ``t + u`` down and the decoder adds ``1/2 - u`` back; ``u`` here is
+    ``r / 2**16`` for the 16-bit hash value ``r`` of ``(seed, position)``.
+    """
+    r = _dither_u16(int(seed), int(start), int(count))
+    return r.astype(np.float32) * np.float32(1.0 / 65536.0)
+
+
+def _safe_gain(span: np.ndarray, gain: np.ndarray, bump: np.float32, limit: float) -> np.ndarray:
+    """Lower ``gain`` by a few ulps where ``fl(fl(span * gain) + bump) >= limit`` (float32).
+
+    Float32 rounding is monotone, so the largest coordinate of each row, whose offset from
+    the row minimum is ``span``, bounds every other one: after this, no code can exceed the
+    top level and the encoder needs no clipping pass.
+    """
+    limit32 = np.float32(limit)
+    for _ in range(64):
+        bad = (span * gain + bump) >= limit32
+        if not bad.any():
+            return gain
+        gain[bad] = np.nextafter(gain[bad], np.float32(0.0))
+    raise AssertionError("gain adjustment did not converge")  # pragma: no cover
+
+
+@register("uniform")
+@dataclass(frozen=True)
+class Uniform(Codec):
+    """Per-sample affine ``bits``-bit quantizer of a data batch ``(n, d)``.
+
+    Parameters
+    ----------
+    bits : int
+        Bits per coordinate, 1 to 8.
+    stochastic : bool
+        Stochastic (unbiased) rounding if True, nearest rounding otherwise.
+    per_channel : int
+        Number of channels ``C`` that get their own range (``d`` must be a multiple of
+        ``C``); 0 gives each row one range.
+    dither_seed : int or None
+        Seed of a subtractive dither shared by encoder and decoder (replaces the rounding
+        rule above; the decoder must be built with the same seed).
+    entropy : str
+        Lossless coder of the packed codes: ``none``, ``zlib``, ``lzma`` or ``zstd``.
+    """
+
+    bits: int = 2
+    stochastic: bool = True
+    per_channel: int = 0
+    dither_seed: int | None = None
+    entropy: str = "none"
+
+    def __post_init__(self) -> None:
+        bitpack.check_width(self.bits, "bits")
+        if not isinstance(self.stochastic, (bool, np.bool_)):
+            raise ValueError(f"stochastic must be a bool, got {self.stochastic!r}")
+        check_int(self.per_channel, "per_channel", 0, 1 << 24)
+        if self.dither_seed is not None:
+            check_int(self.dither_seed, "dither_seed", 0, (1 << 63) - 1)
+        check_method(self.entropy, "entropy")
+
+    @property
+    def levels(self) -> int:
+        """Largest code, ``2**bits - 1``."""
+        return (1 << self.bits) - 1
+
+    def _groups(self) -> int:
+        return self.per_channel if self.per_channel else 1
+
+    def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
+        """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding."""
+        arr = check_finite(x)
+        if arr.ndim != 2:
+            raise ValueError(
+                f"uniform encodes a 2-D batch (n, d), one row per sample; got shape {arr.shape}"
+            )
+        n, d = arr.shape
+        groups = self._groups()
+        if d % groups:
+            raise ValueError(f"per_channel={self.per_channel} does not divide d={d}")
+        if self.dither_seed is None and self.stochastic:
+            rng = require_rng(rng, self.name)
+        rows, width = n * groups, d // groups
+        top = self.levels
+        flat = np.ascontiguousarray(arr).reshape(rows, width)
+        lo = np.zeros(rows, dtype=np.float32)
+        scale = np.zeros(rows, dtype=np.float32)
+        # Rows whose codes fill whole bytes are packed block by block while still in cache.
+        aligned = (width * self.bits) % 8 == 0
+        row_bytes = width * self.bits // 8
+        packed = np.empty(bitpack.packed_nbytes(rows * width, self.bits), dtype=np.uint8)
+        codes = None if aligned else np.zeros((rows, width), dtype=np.uint8)
+        step = next(bucket_chunks(rows, width))[1] if rows and width else 1
+        work = np.empty((min(step, rows), width), dtype=np.float32)
+        stoch = self.dither_seed is not None or self.stochastic
+        # t = (x - lo) * gain, then codes = floor(t + r) / 2**16 (r 16-bit random or dither)
+        # or floor(t + 1/2) (nearest); ``_safe_gain`` keeps the largest t of each row from
+        # rounding past the top code, so no clipping pass is needed.
+        unit, bump = (np.float32(65536.0), np.float32(65535.0)) if stoch else (1, 0.5)
+        for s, e in bucket_chunks(rows, width) if width else ():
+            blk = flat[s:e]
+            mn = blk.min(axis=1)
+            mx = blk.max(axis=1)
+            sc32 = ((mx.astype(np.float64) - mn) / top).astype(np.float32)
+            if not np.isfinite(sc32).all():
+                raise ValueError("input range exceeds float32; cannot quantize")
+            span = mx - mn
+            gain = np.divide(unit, sc32, out=np.zeros_like(sc32), where=sc32 > 0)
+            gain = _safe_gain(span, gain.astype(np.float32), np.float32(bump), (top + 1) * unit)
+            t = work[: e - s]
+            np.subtract(blk, mn[:, None], out=t)
+            t *= gain[:, None]
+            if stoch:
+                if self.dither_seed is not None:
+                    r = _dither_u16(self.dither_seed, s * width, (e - s) * width)
+                else:
+                    r = random_u16(rng, t.size)
+                np.add(t, r.reshape(t.shape), out=t)
+                t *= np.float32(1.0 / 65536.0)
+            else:
+                t += np.float32(0.5)
+            blk_codes = t.astype(np.uint8)
+            if aligned:
+                packed[s * row_bytes : e * row_bytes] = bitpack.pack(blk_codes, self.bits)
+            else:
+                codes[s:e] = blk_codes
+            lo[s:e] = mn
+            scale[s:e] = sc32
+        if not aligned:
+            packed = bitpack.pack(codes.reshape(-1), self.bits)
+        method = "none"
+        code_bits = n * d * self.bits
+        if self.entropy != "none" and packed.size:
+            coded = compress(packed, self.entropy)
+            if coded.size < packed.size:
+                packed, method, code_bits = coded, self.entropy, 8 * coded.size
+        meta = {
+            "bits": self.bits,
+            "per_channel": self.per_channel,
+            "dither_seed": self.dither_seed,
+            "entropy": method,
+        }
+        buffers = {"codes": packed, "mins": lo, "scales": scale}
+        return Payload(self.name, (n, d), meta, buffers, nbits=code_bits + 64 * rows)
+
+    def decode(self, p: Payload) -> np.ndarray:
+        """Dequantize to float32 ``(n, d)``; inconsistent payloads raise PayloadError."""
+        self.check_payload(p)
+        expect_shape(p, ndim=2)
+        n, d = p.shape
+        meta_equal(p, "bits", self.bits)
+        meta_equal(p, "per_channel", self.per_channel)
+        meta_equal(p, "dither_seed", self.dither_seed)
+        method = p.meta.get("entropy")
+        if method not in ("none", self.entropy):
+            raise PayloadError(f"uniform payload entropy coder {method!r} is not {self.entropy!r}")
+        groups = self._groups()
+        if d % groups:
+            raise PayloadError(f"uniform payload d={d} is not a multiple of {groups} channels")
+        rows, width = n * groups, d // groups
+        lo = require_finite(p, "mins", expect_buffer(p, "mins", "float32", rows))
+        scale = require_finite(p, "scales", expect_buffer(p, "scales", "float32", rows))
+        if (scale < 0).any():
+            raise PayloadError("uniform payload has negative scales")
+        raw_nbytes = bitpack.packed_nbytes(n * d, self.bits)
+        if method == "none":
+            packed = expect_buffer(p, "codes", "uint8", raw_nbytes)
+            expect_nbits(p, n * d * self.bits + 64 * rows)
+            if packed.size and not bitpack.padding_is_zero(packed, self.bits, n * d):
+                raise PayloadError("uniform payload has non-zero padding bits")
+        else:
+            coded = p.buffers.get("codes")
+            if coded is None or coded.dtype != np.uint8 or coded.ndim != 1:
+                raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
+            expect_nbits(p, 8 * coded.size + 64 * rows)
+            packed = decompress(coded, method, raw_nbytes)
+        aligned = (width * self.bits) % 8 == 0
+        row_bytes = width * self.bits // 8
+        ramp = np.arange(self.levels + 1, dtype=np.float32)
+        full = None if aligned else bitpack.unpack_to(packed, self.bits, n * d, ramp)
+        out = np.empty((rows, width), dtype=np.float32)
+        for s, e in bucket_chunks(rows, width) if width else ():
+            blk = out[s:e]
+            if aligned:
+                chunk = packed[s * row_bytes : e * row_bytes]
+                bitpack.unpack_to(chunk, self.bits, (e - s) * width, ramp, out=blk)
+            else:
+                blk[...] = full[s * width : e * width].reshape(e - s, width)
+            blk *= scale[s:e, None]
+            if self.dither_seed is not None:
+                u = dither_offsets(self.dither_seed, s * width, (e - s) * width)
+                u -= np.float32(0.5)
+                u *= np.repeat(scale[s:e], width)
+                blk -= u.reshape(blk.shape)
+            blk += lo[s:e, None]
+        return out.reshape(n, d)
+
+
+def label_bits(num_classes: int) -> int:
+    """Bits per label: ``ceil(log2(num_classes))``, at least 1."""
+    check_int(num_classes, "num_classes", 1, 256)
+    return max(1, (num_classes - 1).bit_length())
+
+
+def pack_labels(y: np.ndarray, num_classes: int) -> tuple[np.ndarray, int]:
+    """Pack integer labels in ``[0, num_classes)`` at :func:`label_bits` bits each.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray, int)
+        The packed uint8 bytes and the exact number of bits ``len(y) * label_bits``.
+    """
+    width = label_bits(num_classes)
+    labels = np.asarray(y).reshape(-1)
+    if labels.size and not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"labels must lie in [0, {num_classes})")
+    return bitpack.pack(labels.astype(np.uint8), width), labels.size * width
+
+
+def unpack_labels(buf: np.ndarray, num_classes: int, count: int) -> np.ndarray:
+    """Inverse of :func:`pack_labels`; returns int64 labels or raises :class:`PayloadError`."""
+    width = label_bits(num_classes)
+    arr = np.asarray(buf)
+    if arr.dtype != np.uint8:
+        raise PayloadError(f"label buffer must be uint8, got {arr.dtype}")
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise PayloadError(f"label count must be a non-negative int, got {count!r}")
+    if arr.size != bitpack.packed_nbytes(count, width):
+        raise PayloadError(
+            f"label buffer holds {arr.size} bytes; {count} labels of {width} bits need "
+            f"{bitpack.packed_nbytes(count, width)}"
+        )
+    labels = bitpack.unpack(arr, width, int(count)).astype(np.int64)
+    if labels.size and labels.max() >= num_classes:
+        raise PayloadError(f"label buffer holds a label >= num_classes={num_classes}")
+    return labels

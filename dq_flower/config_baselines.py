@@ -1,0 +1,160 @@
+"""Typed configs of the baselines: compressed-gradient SGD and Flower's FedAvg.
+
+Like :class:`dq_flower.config.DQConfig`, each is a frozen dataclass that validates itself
+and raises ``ValueError`` naming the (hyphenated) key; the same fields are run-config keys
+(``local-steps``) and keyword arguments of :func:`dq_flower.simulate` (``local_steps``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .config import parse_params
+
+__all__ = [
+    "GradientConfig",
+    "FedAvgConfig",
+    "DOWNLINKS",
+    "AGGREGATIONS",
+    "ERROR_FEEDBACK",
+]
+
+#: How the server sends the model to the clients.
+DOWNLINKS = ("float32", "fp16", "sign")
+#: How the server combines the decoded client vectors.
+AGGREGATIONS = ("mean", "majority")
+#: When the clients wrap the codec in error feedback.
+ERROR_FEEDBACK = ("auto", "on", "off")
+#: Codec parameters that are also run-config keys of their own.
+CODEC_PARAM_KNOBS = ("levels", "bucket", "ratio", "rank")
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ValueError(f"{key}: {message}")
+
+
+@dataclass(frozen=True)
+class GradientConfig:
+    """Knobs of distributed SGD with compressed uploads (the gradient baselines).
+
+    Attributes
+    ----------
+    codec : str
+        Registry name of the upload codec (``identity``, ``fp16``, ``qsgd``, ``terngrad``,
+        ``sign``, ``ef-sign``, ``topk``, ``powersgd``, ``bingrad``, ``orq``).
+    codec_params : str
+        Its parameters, ``"levels=4,bucket=512"``.
+    levels, bucket, ratio, rank : int or float, optional
+        Shortcuts that override the same names in ``codec_params`` when set.
+    local_steps : int
+        tau: local SGD steps per round. With 1 a client sends its minibatch gradient;
+        with more it sends the mean gradient along its local trajectory,
+        ``(w_0 - w_tau) / (client_lr * tau)``.
+    batch_size : int
+        Client minibatch size (per local step).
+    client_lr : float
+        Client step size of the local steps (only used when ``local_steps > 1``).
+    lr : float
+        Server learning rate.
+    momentum : float
+        Server momentum (mean aggregation); with majority vote it is the clients' own
+        momentum (Signum), since the server's step must be a pure sign.
+    weight_decay : float
+        Weight decay of the server step.
+    optimizer : str
+        ``sgd`` or ``adam`` (mean aggregation only).
+    downlink : str
+        ``float32`` (the model as raw float32), ``fp16``, or ``sign`` (majority vote only:
+        1 bit per coordinate, the vote; clients keep a model copy and apply the step).
+    aggregation : str
+        ``mean`` (weighted by ``num-examples``) or ``majority`` (sign of the sum of signs).
+    error_feedback : str
+        ``auto`` (where the codec is biased and aggregation is ``mean``), ``on`` or ``off``.
+    """
+
+    codec: str = "identity"
+    codec_params: str = ""
+    levels: int | None = None
+    bucket: int | None = None
+    ratio: float | None = None
+    rank: int | None = None
+    local_steps: int = 1
+    batch_size: int = 32
+    client_lr: float = 0.1
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    downlink: str = "float32"
+    aggregation: str = "mean"
+    error_feedback: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
+        _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
+        _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")
+        _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        _check(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
+        _check(self.weight_decay >= 0, "weight-decay", f"must be >= 0, got {self.weight_decay}")
+        _check(self.optimizer in {"sgd", "adam"}, "optimizer",
+               f"must be sgd or adam, got {self.optimizer!r}")
+        _check(self.downlink in DOWNLINKS, "downlink",
+               f"must be one of {DOWNLINKS}, got {self.downlink!r}")
+        _check(self.aggregation in AGGREGATIONS, "aggregation",
+               f"must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        _check(self.error_feedback in ERROR_FEEDBACK, "error-feedback",
+               f"must be one of {ERROR_FEEDBACK}, got {self.error_feedback!r}")
+        if self.aggregation == "majority":
+            _check(self.optimizer == "sgd", "optimizer",
+                   "majority vote steps by the sign of the vote; use sgd")
+        else:
+            _check(self.downlink != "sign", "downlink",
+                   "'sign' (1-bit vote broadcast) needs aggregation='majority'")
+        from .codecs import make
+
+        try:
+            make(self.codec, **self.codec_kwargs)
+        except ValueError as exc:
+            key = "codec" if "unknown codec" in str(exc) else "codec-params"
+            raise ValueError(f"{key}: {exc}") from None
+
+    @property
+    def codec_kwargs(self) -> dict[str, Any]:
+        """Parsed ``codec_params`` with the ``levels``/``bucket``/``ratio``/``rank`` overrides."""
+        params = parse_params(self.codec_params, "codec-params")
+        for name in CODEC_PARAM_KNOBS:
+            value = getattr(self, name)
+            if value is not None:
+                params[name] = value
+        return params
+
+
+@dataclass(frozen=True)
+class FedAvgConfig:
+    """Client knobs of Flower's FedAvg (the server side is ``flwr.serverapp.strategy.FedAvg``).
+
+    Attributes
+    ----------
+    local_epochs : int
+        E: epochs of local SGD over the client's partition per round.
+    client_lr : float
+        Client learning rate.
+    batch_size : int
+        Client minibatch size.
+    client_momentum : float
+        Momentum of the client's SGD (restarted every round).
+    """
+
+    local_epochs: int = 1
+    client_lr: float = 0.05
+    batch_size: int = 32
+    client_momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.local_epochs >= 1, "local-epochs", f"must be >= 1, got {self.local_epochs}")
+        _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")
+        _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
+        _check(0 <= self.client_momentum < 1, "client-momentum",
+               f"must be in [0, 1), got {self.client_momentum}")

@@ -1,0 +1,15 @@
+"""Helpers shared by the DQ tests."""
+
+from dq_flower.client_app import app as client_app
+from dq_flower.server_app import run_server
+from dq_flower.simulate import build_run_config
+from dq_flower.testing import InProcessGrid
+
+
+def run_inprocess(num_clients=4, rounds=3, failing=None, **knobs):
+    """Run a method through the in-process grid; return (RunResult, grid)."""
+    knobs.setdefault("method", "dq")
+    method = knobs.pop("method")
+    run_config = build_run_config(method, num_clients=num_clients, rounds=rounds, **knobs)
+    grid = InProcessGrid(client_app, num_clients, failing=failing)
+    return run_server(grid, run_config), grid

@@ -1,0 +1,130 @@
+"""DQ strategy through the in-process grid: Prepare / Execute / Assert."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+from dq_flower.client_app import app as client_app
+from dq_flower.codecs import make
+from dq_flower.config import DQConfig, TaskConfig
+from dq_flower.dq_wire import encode_batch
+from dq_flower.runtime import TaskInfo, build_model, task_info, weighted_loss_grad
+from dq_flower.strategies.dq import DQStrategy
+from dq_flower.tasks.data import load_partition
+from dq_flower.tasks.models import make_model
+from dq_flower.testing import NODE_ID_BASE, InProcessGrid
+
+from .helpers import run_inprocess
+
+
+def _strategy(**knobs):
+    task = TaskConfig(num_partitions=2, seed=3)
+    cfg = DQConfig(**knobs)
+    info = task_info(task)
+    return DQStrategy(task, cfg, build_model(task, info), info), task, info
+
+
+def _mock_reply(node, x, y, ids, num_classes, bits=2, weights=None, metrics=None):
+    q = make("uniform", bits=bits, stochastic=True)
+    payload = q.encode(x, np.random.default_rng(0))
+    w = np.full(len(y), 10.0, dtype=np.float32) if weights is None else weights
+    content, _ = encode_batch(payload, y, ids, w, num_classes, 1000)
+    content["metrics"] = MetricRecord(metrics or {"num-examples": 100, "candidates": 100,
+                                                  "selected": len(y)})
+    request = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
+                      dst_node_id=node, message_type="train")
+    request.metadata.__dict__["_message_id"] = f"req-{node}"
+    reply = Message(content, reply_to=request)
+    return reply
+
+
+def test_configure_train_sends_config_and_model_only_when_needed():
+    strategy, _, _ = _strategy()
+    grid = InProcessGrid(client_app, 2)
+    msgs = list(strategy.configure_train(1, None, ConfigRecord(), grid))
+    assert [m.metadata.dst_node_id for m in msgs] == [NODE_ID_BASE, NODE_ID_BASE + 1]
+    cfg = msgs[0].content["config"]
+    assert cfg["method"] == "dq" and cfg["budget"] == 64 and cfg["server-round"] == 1
+    assert "model" not in msgs[0].content.array_records
+
+    strategy, _, _ = _strategy(compensation="identity")
+    msgs = list(strategy.configure_train(1, None, ConfigRecord(), grid))
+    assert "model" in msgs[0].content.array_records
+
+
+def test_aggregate_train_stores_valid_replies_and_rejects_bad_ones():
+    strategy, _, info = _strategy(server_steps=3, budget=8)
+    rng = np.random.default_rng(0)
+    x = rng.random((8, info.dim)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    good = _mock_reply(NODE_ID_BASE, x, y, np.arange(8), info.num_classes)
+    bad_labels = _mock_reply(NODE_ID_BASE + 1, x, y, np.arange(8), 32)  # 5-bit labels
+    too_many = _mock_reply(NODE_ID_BASE + 2, np.vstack([x, x]), np.concatenate([y, y]),
+                           np.arange(16), info.num_classes)
+    before = [p.detach().clone() for p in strategy.model.parameters()]
+
+    arrays, metrics = strategy.aggregate_train(1, [good, bad_labels, too_many])
+
+    assert metrics["selected"] == 8 and metrics["stored"] == 8
+    assert metrics["rejected"] == 2 and metrics["replies"] == 1
+    assert arrays is not None
+    moved = any(not torch.equal(a, b) for a, b in zip(before, strategy.model.parameters()))
+    assert moved
+    # The same samples again from the same node are refused.
+    again = _mock_reply(NODE_ID_BASE, x, y, np.arange(8), info.num_classes)
+    _, metrics = strategy.aggregate_train(2, [again])
+    assert metrics["rejected"] == 1 and metrics["stored"] == 8
+
+
+def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():
+    strategy, task, info = _strategy(compensation="identity", bits=1, budget=16)
+    grid = InProcessGrid(client_app, 2)
+    msgs = list(strategy.configure_train(1, None, ConfigRecord(), grid))
+    replies = grid.send_and_receive(msgs)
+    fresh = [strategy._validate(r, r.metadata.src_node_id) for r in replies]
+
+    _, grad = strategy.fresh_gradient(fresh)
+
+    total = sum(n for _, _, n in fresh)
+    xs, ys, ws = [], [], []
+    for pid, (batch, _, _) in enumerate(fresh):
+        x, y, _ = load_partition(task.dataset, pid, 2, task.partition, task.dirichlet_alpha,
+                                 task.seed)
+        xs.append(x[batch.ids])
+        ys.append(y[batch.ids])
+        ws.append(batch.weights / total)
+    _, true_grad = weighted_loss_grad(strategy.model, np.concatenate(xs), np.concatenate(ys),
+                                      np.concatenate(ws))
+    _, quant_grad = weighted_loss_grad(strategy.model, np.concatenate([f[1] for f in fresh]),
+                                       np.concatenate(ys), np.concatenate(ws))
+    np.testing.assert_allclose(grad, true_grad, rtol=1e-4, atol=1e-6)
+    # and 1-bit data alone is far from it, so the comparison can fail
+    assert np.linalg.norm(quant_grad - true_grad) > 10 * np.linalg.norm(grad - true_grad)
+
+
+def test_uploaded_samples_are_not_resent_until_exhausted():
+    result, grid = run_inprocess(num_clients=2, rounds=4, budget=300, server_steps=2)
+    selected = [row["selected"] for row in result.history[1:]]
+    n_train = sum(len(load_partition("digits", p, 2, "iid", 0.5, 0)[1]) for p in range(2))
+    assert sum(selected) == n_train  # every sample exactly once
+    assert selected[-1] == 0  # nothing left to send in the last round
+    assert result.history[-1]["stored"] == n_train
+
+
+def test_store_memory_is_close_to_packed_payload_bytes():
+    # Fashion-MNIST-shaped rows (d = 784), 2 bits, 5 uploads of 100 samples.
+    info = TaskInfo(10, (1, 28, 28), 784)
+    model = make_model("logreg", info.input_shape, 10)
+    strategy = DQStrategy(TaskConfig(), DQConfig(bits=2, budget=100), model, info)
+    rng = np.random.default_rng(0)
+    payload_bytes = 0
+    for k in range(5):
+        x = (rng.random((100, 784)) * (rng.random((100, 784)) > 0.5)).astype(np.float32)
+        reply = _mock_reply(NODE_ID_BASE + k, x, rng.integers(0, 10, 100), np.arange(100), 10,
+                            weights=rng.uniform(1, 2, 100).astype(np.float32))
+        batch, _, _ = strategy._validate(reply, NODE_ID_BASE + k)
+        strategy.store.add(strategy._rows(batch, NODE_ID_BASE + k))
+        payload_bytes += batch.payload_bits / 8
+    assert strategy.store.nbytes <= 1.2 * payload_bytes
+    assert strategy.store.nbytes < 0.1 * 500 * 784 * 4  # far below float32 rows
