@@ -71,10 +71,9 @@ class RowLayout:
         if self.padded_dim != d:
             codes = np.pad(codes, ((0, 0), (0, self.padded_dim - d)))
         rows = pack(codes.reshape(-1), self.bits).reshape(n, self.row_bytes)
-        side = np.concatenate(
-            [p.buffers["mins"].reshape(n, self.groups), p.buffers["scales"].reshape(n, self.groups)],
-            axis=1,
-        ).astype(np.float32)
+        mins = p.buffers["mins"].reshape(n, self.groups)
+        scales = p.buffers["scales"].reshape(n, self.groups)
+        side = np.concatenate([mins, scales], axis=1).astype(np.float32)
         seed = p.meta.get("dither_seed")
         if seed is None:
             dither = np.zeros((n, 0), dtype=np.int64)

@@ -27,7 +27,7 @@ class StoredRows:
     side: np.ndarray  # (n, k) side information (ranges), any float dtype
     labels: np.ndarray  # (n,) int
     weights: np.ndarray  # (n,) float32, original samples each row stands for
-    node: np.ndarray  # (n,) int64 origin node ids
+    node: np.ndarray  # (n,) uint64 origin node ids
     ids: np.ndarray  # (n,) int64 client-local sample ids
     dither: np.ndarray  # (n, 2) int64 dither (seed, start) per row, or (n, 0)
 

@@ -6,8 +6,9 @@ The server's message carries the round config and the model in one of three form
 applies to its own model copy kept in ``Context.state``.
 
 State kept across rounds in ``Context.state``:
-- ``grad-ef`` / ``grad-ef-meta``: the error-feedback memory of a biased codec (the
-  residual, and any codec state such as PowerSGD's warm start);
+- ``grad-ef``: the error-feedback state of a biased codec (the residual, plus the codec's
+  own state such as PowerSGD's warm start, as ``ErrorFeedback.state_dict`` gives it);
+- ``grad-codec``: the codec's own state when it runs without error feedback;
 - ``grad-momentum``: the client momentum of majority vote (Signum);
 - ``grad-model`` / ``grad-model-meta``: the model copy and its version (``downlink="sign"``).
 """
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..codecs import Payload, PayloadError, make
+from ..codecs import ErrorFeedback, Payload, PayloadError, make
 from ..config import TaskConfig, from_mapping
 from ..config_baselines import GradientConfig
 from ..runtime import (
@@ -59,6 +60,7 @@ METRICS_KEY = "metrics"
 #: Prefix of the vote records of ``downlink="sign"``: ``vote-<model version>``.
 VOTE_PREFIX = "vote-"
 EF_KEY = "grad-ef"
+CODEC_KEY = "grad-codec"
 MOMENTUM_KEY = "grad-momentum"
 MODEL_STATE_KEY = "grad-model"
 #: ``round_rng`` purposes used by the client.
@@ -244,17 +246,17 @@ def train(msg: Message, context: Context) -> Message:
 
     codec = make(cfg.codec, **cfg.codec_kwargs)
     rng = round_rng(task.seed, server_round, pid, PURPOSE_CODEC)
-    if uses_error_feedback(cfg, codec):
-        from ..codecs import ErrorFeedback
-
-        ef = ErrorFeedback(codec)
-        state = load_state_dict(context, EF_KEY)
-        if state is not None:
-            ef.load_state_dict(state)
-        payload = ef.encode(update, rng)
-        save_state_dict(context, EF_KEY, ef.state_dict())
+    if uses_error_feedback(cfg, codec):  # the residual (and any codec state) in one dict
+        coder, key = ErrorFeedback(codec), EF_KEY
     else:
-        payload = codec.encode(update, rng)
+        coder = codec
+        key = CODEC_KEY if callable(getattr(codec, "state_dict", None)) else None
+    state = load_state_dict(context, key) if key else None
+    if state is not None:
+        coder.load_state_dict(state)
+    payload = coder.encode(update, rng)
+    if key:
+        save_state_dict(context, key, coder.state_dict())
 
     metrics = MetricRecord({
         "num-examples": int(examples),

@@ -3,16 +3,31 @@
 Pure numpy; nothing here imports Flower except :meth:`Payload.to_record`/``from_record``.
 """
 
-from . import floats  # noqa: F401  (registers codecs)
+from . import (  # noqa: F401  (importing a codec module registers its codecs)
+    bingrad,
+    floats,
+    orq,
+    powersgd,
+    qsgd,
+    sign,
+    terngrad,
+    topk,
+    uniform,
+)
 from .base import PAYLOAD_VERSION, Codec, Payload, PayloadError
+from .error_feedback import ErrorFeedback
 from .registry import make, names, register
+from .uniform import pack_labels, unpack_labels
 
 __all__ = [
     "PAYLOAD_VERSION",
     "Codec",
+    "ErrorFeedback",
     "Payload",
     "PayloadError",
     "make",
     "names",
+    "pack_labels",
     "register",
+    "unpack_labels",
 ]

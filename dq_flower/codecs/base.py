@@ -57,6 +57,14 @@ class PayloadError(ValueError):
 def check_finite(x: np.ndarray, what: str = "input") -> np.ndarray:
     """Return ``x`` as a float32 array, raising ``ValueError`` if it has NaN or inf."""
     arr = np.asarray(x, dtype=np.float32)
+    if arr.size == 0:
+        return arr
+    # Fast path: a finite dot product proves every entry finite (NaN and inf propagate);
+    # an overflowing one falls back to the exact elementwise check.
+    flat = arr.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.dot(flat, flat)):
+            return arr
     if not np.isfinite(arr).all():
         raise ValueError(f"{what} contains NaN or inf; codecs accept finite values only")
     return arr

@@ -171,13 +171,11 @@ def unpack_to(
             f"{packed_nbytes(count, bits)}"
         )
     per = 8 // bits
-    byte_codes = _BYTE_CODES[bits]
-    lut = np.ascontiguousarray(tab[byte_codes]).view(f"V{4 * per}").reshape(256)
+    lut = np.ascontiguousarray(tab[_BYTE_CODES[bits]])  # (256, per): byte -> its values
     if out is not None and count == buf.size * per:
-        np.take(lut, buf, out=out.reshape(-1).view(f"V{4 * per}"))
+        np.take(lut, buf, axis=0, out=out.reshape(buf.size, per))
         return out
-    full = np.empty(buf.size * per, dtype=np.float32)
-    np.take(lut, buf, out=full.view(f"V{4 * per}"))
+    full = np.take(lut, buf, axis=0).reshape(-1)
     if out is None:
         return full[:count]
     out.reshape(-1)[...] = full[:count]

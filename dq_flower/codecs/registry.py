@@ -26,8 +26,20 @@ def register(name: str) -> Callable[[C], C]:
     return deco
 
 
+def _import_codec_modules() -> None:
+    """Import every module of this package so that all ``@register`` decorators have run."""
+    import importlib
+    import pkgutil
+
+    package = __name__.rpartition(".")[0]
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        importlib.import_module(f"{package}.{info.name}")
+
+
 def codec_class(name: str) -> type[Codec]:
     """Return the codec class registered under ``name``."""
+    if name not in _REGISTRY:
+        _import_codec_modules()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -45,4 +57,5 @@ def make(name: str, **params) -> Codec:
 
 def names() -> list[str]:
     """Sorted names of all registered codecs."""
+    _import_codec_modules()
     return sorted(_REGISTRY)

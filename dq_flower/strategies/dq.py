@@ -169,7 +169,7 @@ class DQStrategy(Strategy):
         codes, side, dither = self.layout.rows(batch.samples)
         n = len(batch)
         return StoredRows(codes, side, batch.labels, batch.weights,
-                          np.full(n, node, dtype=np.int64), batch.ids, dither)
+                          np.full(n, node, dtype=np.uint64), batch.ids, dither)
 
     def _step(self, grad: np.ndarray) -> None:
         offset = 0

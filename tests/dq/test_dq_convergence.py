@@ -1,7 +1,6 @@
 """DQ convergence on real and synthetic data (seeded, CI-sized)."""
 
 import numpy as np
-import pytest
 
 from .helpers import run_inprocess
 

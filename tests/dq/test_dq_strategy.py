@@ -1,7 +1,6 @@
 """DQ strategy through the in-process grid: Prepare / Execute / Assert."""
 
 import numpy as np
-import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
@@ -69,7 +68,8 @@ def test_aggregate_train_stores_valid_replies_and_rejects_bad_ones():
     assert metrics["selected"] == 8 and metrics["stored"] == 8
     assert metrics["rejected"] == 2 and metrics["replies"] == 1
     assert arrays is not None
-    moved = any(not torch.equal(a, b) for a, b in zip(before, strategy.model.parameters()))
+    after = list(strategy.model.parameters())
+    moved = any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert moved
     # The same samples again from the same node are refused.
     again = _mock_reply(NODE_ID_BASE, x, y, np.arange(8), info.num_classes)

@@ -1,0 +1,152 @@
+"""ORQ (Xu, Huo, Huang, 2020): unbiased multi-level quantization with data-optimal levels.
+
+Per bucket, ``levels + 1`` values ``b_0 = min < b_1 <= ... <= b_s = max``; a coordinate in
+``[b_j, b_{j+1}]`` is rounded stochastically to one of the two (unbiased), with variance
+``(b_{j+1} - v)(v - b_j)``. The total variance, as a function of one interior level ``b_j``
+with its neighbours ``a = b_{j-1}`` and ``c = b_{j+1}`` fixed, is convex and piecewise linear
+with slope ``sum_{a <= v < c} v - a * #[a, b_j) - c * #[b_j, c)`` (the optimality condition
+``sum_{[a, b_j)} (v - a) = sum_{[b_j, c)} (c - v)`` of DESIGN section 3 sets it to zero), so
+its minimiser is the sorted value at rank ``ceil((c #<c - a #<a - S) / (c - a))``. The
+encoder starts from evenly spaced levels and runs ``iters`` coordinate sweeps ``j = 1 ..
+s - 1`` over the sorted bucket; every update lowers the variance. Codes take
+``ceil(log2(s + 1))`` bits; ``nbits = D * ceil(log2(s + 1)) + 32 * (s + 1) * n_buckets``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import bitpack
+from .base import (
+    Codec,
+    Payload,
+    PayloadError,
+    bucket_blocks,
+    check_int,
+    expect_buffer,
+    expect_nbits,
+    expect_shape,
+    flat_input,
+    meta_equal,
+    n_buckets,
+    require_finite,
+    require_rng,
+    stochastic_floor,
+)
+from .bingrad import BLOCK_ELEMENTS, SortedBuckets
+from .registry import register
+
+__all__ = ["ORQ", "optimal_levels"]
+
+
+def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
+    """Variance-optimal levels ``(n_buckets, levels + 1)`` float32 by coordinate sweeps."""
+    low = sb.sorted[:, 0].astype(np.float64)
+    high = sb.sorted[:, -1].astype(np.float64)
+    frac = np.arange(levels + 1) / levels
+    lv = (low[:, None] + (high - low)[:, None] * frac).astype(np.float32)
+    lv[:, 0] = sb.sorted[:, 0]
+    lv[:, -1] = sb.sorted[:, -1]
+    for _ in range(iters):
+        for j in range(1, levels):
+            a = lv[:, j - 1]
+            c = lv[:, j + 1]
+            ia = sb.count_less(a)
+            ic = sb.count_less(c)
+            inside = sb.prefix(ic) - sb.prefix(ia)
+            a64, c64 = a.astype(np.float64), c.astype(np.float64)
+            ok = (ic > ia) & (c64 > a64)
+            gap = np.where(ok, c64 - a64, 1.0)
+            rank = np.ceil((c64 * ic - a64 * ia - inside) / gap)
+            rank = np.clip(np.nan_to_num(rank), ia + 1, np.maximum(ic, ia + 1)).astype(np.int64)
+            best = sb.at(np.minimum(rank - 1, sb.size - 1))
+            lv[:, j] = np.where(ok, best, lv[:, j])
+    return lv
+
+
+@register("orq")
+@dataclass(frozen=True)
+class ORQ(Codec):
+    """Unbiased stochastic rounding between per-bucket optimal levels (see module doc).
+
+    Parameters
+    ----------
+    levels : int
+        Number of intervals ``s`` (``s + 1`` level values), 1 to 255.
+    bucket : int
+        Coordinates per bucket; the last bucket may be shorter.
+    iters : int
+        Coordinate sweeps over the interior levels, 0 to 100 (0 keeps even spacing).
+    """
+
+    levels: int = 3
+    bucket: int = 512
+    iters: int = 2
+
+    def __post_init__(self) -> None:
+        check_int(self.levels, "levels", 1, 255)
+        check_int(self.bucket, "bucket", 1, 1 << 30)
+        check_int(self.iters, "iters", 0, 100)
+
+    @property
+    def width(self) -> int:
+        """Bits per coordinate, ``ceil(log2(levels + 1))``."""
+        return self.levels.bit_length()
+
+    def nbits_for(self, size: int) -> int:
+        """Exact payload bits for ``size`` coordinates."""
+        return size * self.width + 32 * (self.levels + 1) * n_buckets(size, self.bucket)
+
+    def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
+        """Quantize ``x`` (any shape) bucket by bucket; ``rng`` drives the rounding."""
+        flat, shape = flat_input(x)
+        rng = require_rng(rng, self.name)
+        s = self.levels
+        size = flat.size
+        codes = np.empty(size, dtype=np.uint8)
+        table = np.empty((n_buckets(size, self.bucket), s + 1), dtype=np.float32)
+        for b0, b1, i0, i1 in bucket_blocks(size, self.bucket, BLOCK_ELEMENTS):
+            v = flat[i0:i1].reshape(b1 - b0, -1)
+            lv = optimal_levels(SortedBuckets(v), s, self.iters)
+            table[b0:b1] = lv
+            gaps = np.diff(lv, axis=1)
+            inv = np.divide(1.0, gaps, out=np.zeros_like(gaps), where=gaps > 0)
+            # interval index j: number of interior levels <= v
+            j = np.zeros(v.shape, dtype=np.uint8)
+            for k in range(1, s):
+                j += v >= lv[:, k : k + 1]
+            flat_index = j + (np.arange(b1 - b0, dtype=np.int64) * s)[:, None]
+            a = v - lv[:, :-1].reshape(-1)[flat_index]
+            a *= inv.reshape(-1)[flat_index]
+            a += j
+            codes[i0:i1] = stochastic_floor(a, rng, s).reshape(-1)
+        meta = {"levels": s, "bucket": self.bucket}
+        buffers = {"codes": bitpack.pack(codes, self.width), "table": table.reshape(-1)}
+        return Payload(self.name, shape, meta, buffers, nbits=self.nbits_for(size))
+
+    def decode(self, p: Payload) -> np.ndarray:
+        """Return each code's level value, float32 in the payload's shape."""
+        self.check_payload(p)
+        size = expect_shape(p)
+        meta_equal(p, "levels", self.levels)
+        meta_equal(p, "bucket", self.bucket)
+        expect_nbits(p, self.nbits_for(size))
+        s = self.levels
+        nb = n_buckets(size, self.bucket)
+        packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(size, self.width))
+        table = require_finite(p, "table", expect_buffer(p, "table", "float32", nb * (s + 1)))
+        table = table.reshape(nb, s + 1)
+        if (np.diff(table, axis=1) < 0).any():
+            raise PayloadError("orq payload has decreasing levels")
+        codes = bitpack.unpack(packed, self.width, size)
+        if size and int(codes.max()) > s:
+            raise PayloadError(f"orq payload has codes above levels = {s}")
+        out = np.empty(size, dtype=np.float32)
+        flat_table = table.reshape(-1)
+        for b0, b1, i0, i1 in bucket_blocks(size, self.bucket):
+            offsets = (np.arange(b0, b1, dtype=np.int64) * (s + 1))[:, None]
+            idx = codes[i0:i1].reshape(b1 - b0, -1) + offsets
+            np.take(flat_table, idx, out=out[i0:i1].reshape(b1 - b0, -1))
+        return out.reshape(p.shape)

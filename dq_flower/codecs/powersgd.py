@@ -1,0 +1,165 @@
+"""PowerSGD (Vogels et al., 2019): rank-``r`` factors by one warm-started power iteration.
+
+The input is treated as a matrix ``M``: an array with two or more dimensions as
+``(shape[0], prod(shape[1:]))``; a vector (or scalar) as ``shape`` if that hint is given,
+otherwise as the near-square ``(ceil(sqrt(D)), ceil(D / rows))`` matrix, zero-padded at the
+end. With ``Q`` the factor kept from the previous call on a matrix of the same size (first
+call: a standard normal draw from ``rng``), the encoder computes ``P = orth(M Q)`` and
+``Q' = M^T P``, sends ``P`` and ``Q'`` as float32 and keeps ``Q'`` for the next call (the
+warm start). The decoder returns ``P Q'^T = P P^T M``, the projection of ``M`` onto the span
+of ``P``: ``||M - P P^T M|| <= ||M||``. Matrices too small to gain (``r (rows + cols) >= rows
+cols``) go uncompressed as float32, counted. ``nbits = 32 r (rows + cols)``, or ``32 D``.
+
+Biased: use it inside :class:`~.ErrorFeedback`, which adds the residual memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .base import (
+    Codec,
+    Payload,
+    PayloadError,
+    check_int,
+    expect_buffer,
+    expect_nbits,
+    expect_shape,
+    flat_input,
+    meta_equal,
+    require_finite,
+    require_rng,
+)
+from .registry import register
+
+__all__ = ["PowerSGD", "matrix_shape"]
+
+
+def matrix_shape(shape: tuple[int, ...], hint: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The ``(rows, cols)`` matrix an array of ``shape`` is compressed as (see module doc)."""
+    size = math.prod(shape)
+    if len(shape) >= 2:
+        return int(shape[0]), size // int(shape[0]) if shape[0] else 0
+    if hint is not None:
+        if hint[0] * hint[1] != size:
+            raise ValueError(f"shape hint {hint} does not hold {size} elements")
+        return int(hint[0]), int(hint[1])
+    if size == 0:
+        return 0, 0
+    rows = math.isqrt(size - 1) + 1  # ceil(sqrt(size))
+    return rows, -(-size // rows)
+
+
+@register("powersgd")
+@dataclass(frozen=True)
+class PowerSGD(Codec):
+    """Rank-``rank`` PowerSGD with a warm start kept in this object (see module doc).
+
+    Parameters
+    ----------
+    rank : int
+        Rank of the approximation, 1 to 1024 (capped at ``min(rows, cols)``).
+    shape : tuple of (int, int) or None
+        Matrix shape for 1-D inputs of exactly ``rows * cols`` elements; None picks a
+        near-square shape.
+    """
+
+    rank: int = 2
+    shape: tuple[int, int] | None = None
+    _warm: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+    biased = True
+
+    def __post_init__(self) -> None:
+        check_int(self.rank, "rank", 1, 1024)
+        if self.shape is not None:
+            if not isinstance(self.shape, (tuple, list)) or len(self.shape) != 2:
+                raise ValueError(f"shape must be a (rows, cols) pair or None, got {self.shape!r}")
+            check_int(self.shape[0], "shape[0]", 1)
+            check_int(self.shape[1], "shape[1]", 1)
+            object.__setattr__(self, "shape", (int(self.shape[0]), int(self.shape[1])))
+
+    def layout(self, shape: tuple[int, ...]) -> tuple[int, int, int, bool]:
+        """Return ``(rows, cols, r, compressed)`` for an input of ``shape``."""
+        rows, cols = matrix_shape(tuple(shape), self.shape if len(shape) < 2 else None)
+        r = min(self.rank, rows, cols)
+        compressed = r > 0 and r * (rows + cols) < rows * cols
+        return rows, cols, r, compressed
+
+    def nbits_for(self, shape: tuple[int, ...]) -> int:
+        """Exact payload bits for an input of ``shape``."""
+        rows, cols, r, compressed = self.layout(shape)
+        return 32 * r * (rows + cols) if compressed else 32 * math.prod(shape)
+
+    # -- warm-start state ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The warm-start factors, keyed ``"q/<rows>x<cols>x<r>"`` (float32 arrays)."""
+        return {f"q/{r}x{c}x{k}": q.copy() for (r, c, k), q in self._warm.items()}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore factors saved by :meth:`state_dict` (replacing the current ones)."""
+        warm = {}
+        for key, value in state.items():
+            try:
+                rows, cols, r = (int(t) for t in key.removeprefix("q/").split("x"))
+            except ValueError:
+                raise ValueError(f"bad powersgd state key {key!r}") from None
+            q = np.asarray(value, dtype=np.float32)
+            if q.shape != (cols, r) or not np.isfinite(q).all():
+                raise ValueError(f"powersgd state {key!r} must be a finite ({cols}, {r}) array")
+            warm[(rows, cols, r)] = q.copy()
+        self._warm.clear()
+        self._warm.update(warm)
+
+    def reset(self) -> None:
+        """Forget the warm start."""
+        self._warm.clear()
+
+    # -- coding ----------------------------------------------------------------------------
+    def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
+        """Compress ``x``; the first call per matrix size draws ``Q`` from ``rng``."""
+        flat, shape = flat_input(x)
+        rows, cols, r, compressed = self.layout(shape)
+        meta = {"rows": rows, "cols": cols, "rank": r, "compressed": compressed}
+        if not compressed:
+            return Payload(self.name, shape, meta, {"values": flat.copy()}, nbits=32 * flat.size)
+        if rows * cols == flat.size:
+            m = flat.reshape(rows, cols)
+        else:
+            m = np.zeros(rows * cols, dtype=np.float32)
+            m[: flat.size] = flat
+            m = m.reshape(rows, cols)
+        key = (rows, cols, r)
+        q = self._warm.get(key)
+        if q is None:
+            q = require_rng(rng, self.name).standard_normal((cols, r)).astype(np.float32)
+        p_mat, _ = np.linalg.qr(m @ q)
+        p_mat = np.ascontiguousarray(p_mat, dtype=np.float32)
+        q_new = np.ascontiguousarray(m.T @ p_mat, dtype=np.float32)
+        if not np.isfinite(q_new).all():
+            raise ValueError("powersgd factors overflow float32; rescale the input")
+        self._warm[key] = q_new.copy()
+        buffers = {"p": p_mat.reshape(-1), "q": q_new.reshape(-1)}
+        return Payload(self.name, shape, meta, buffers, nbits=32 * r * (rows + cols))
+
+    def decode(self, p: Payload) -> np.ndarray:
+        """Return ``P Q^T`` (cropped to ``D``), or the carried values; float32."""
+        self.check_payload(p)
+        size = expect_shape(p)
+        rows, cols, r, compressed = self.layout(p.shape)
+        meta_equal(p, "rows", rows)
+        meta_equal(p, "cols", cols)
+        meta_equal(p, "rank", r)
+        meta_equal(p, "compressed", compressed)
+        expect_nbits(p, self.nbits_for(p.shape))
+        if not compressed:
+            values = require_finite(p, "values", expect_buffer(p, "values", "float32", size))
+            return values.astype(np.float32, copy=True).reshape(p.shape)
+        p_mat = require_finite(p, "p", expect_buffer(p, "p", "float32", rows * r))
+        q_mat = require_finite(p, "q", expect_buffer(p, "q", "float32", cols * r))
+        full = p_mat.reshape(rows, r) @ q_mat.reshape(cols, r).T
+        if not np.isfinite(full).all():
+            raise PayloadError("powersgd factors multiply to non-finite values")
+        return np.ascontiguousarray(full.reshape(-1)[:size]).reshape(p.shape)

@@ -1,0 +1,135 @@
+"""QSGD (Alistarh et al., 2017): per-bucket norm and stochastic levels, unbiased."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import bitpack
+from .base import (
+    Codec,
+    Payload,
+    PayloadError,
+    bucket_blocks,
+    check_int,
+    expect_buffer,
+    expect_nbits,
+    expect_shape,
+    flat_input,
+    meta_equal,
+    n_buckets,
+    require_finite,
+    require_rng,
+    stochastic_floor,
+)
+from .registry import register
+
+__all__ = ["QSGD", "bucket_norms", "qsgd_variance_bound"]
+
+
+def bucket_norms(v: np.ndarray) -> np.ndarray:
+    """Euclidean norm of each row of ``v`` (float32), computed without float32 overflow."""
+    sq = np.einsum("ij,ij->i", v, v)
+    if np.isfinite(sq).all():
+        return np.sqrt(sq)
+    wide = v.astype(np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))
+    if not np.isfinite(norms.astype(np.float32)).all():
+        raise ValueError("a bucket's norm exceeds float32; rescale the input")
+    return norms.astype(np.float32)
+
+
+@register("qsgd")
+@dataclass(frozen=True)
+class QSGD(Codec):
+    """QSGD with ``levels`` (``s``) levels per sign and one float32 norm per bucket.
+
+    Per bucket ``v`` with norm ``n = ||v||_2``, coordinate ``i`` is sent as
+    ``sign(v_i) * l_i`` with ``l_i`` the stochastic rounding of ``s * |v_i| / n`` to an
+    integer in ``0..s``, coded as ``l_i * sign + s`` in ``ceil(log2(2s + 1))`` bits; the decoder
+    returns ``n * sign * l_i / s``. Unbiased; per bucket of ``d`` coordinates the variance is
+    at most ``min(d / s**2, sqrt(d) / s) * ||v||**2``. ``nbits = D * ceil(log2(2s + 1)) +
+    32 * n_buckets``.
+
+    Parameters
+    ----------
+    levels : int
+        Quantization levels ``s`` per sign, 1 to 127.
+    bucket : int
+        Coordinates per bucket (each gets its own norm); the last bucket may be shorter.
+    """
+
+    levels: int = 3
+    bucket: int = 512
+
+    def __post_init__(self) -> None:
+        check_int(self.levels, "levels", 1, 127)
+        check_int(self.bucket, "bucket", 1, 1 << 30)
+
+    @property
+    def width(self) -> int:
+        """Bits per coordinate, ``ceil(log2(2 * levels + 1))``."""
+        return (2 * self.levels).bit_length()
+
+    def nbits_for(self, size: int) -> int:
+        """Exact payload bits for ``size`` coordinates."""
+        return size * self.width + 32 * n_buckets(size, self.bucket)
+
+    def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
+        """Quantize ``x`` (any shape) bucket by bucket; ``rng`` drives the rounding."""
+        flat, shape = flat_input(x)
+        rng = require_rng(rng, self.name)
+        s = self.levels
+        size = flat.size
+        codes = np.empty(size, dtype=np.uint8)
+        norms = np.empty(n_buckets(size, self.bucket), dtype=np.float32)
+        for b0, b1, i0, i1 in bucket_blocks(size, self.bucket):
+            v = flat[i0:i1].reshape(b1 - b0, -1)
+            n = bucket_norms(v)
+            gain = np.divide(np.float32(s), n, out=np.zeros_like(n), where=n > 0)
+            # s + sign(v) * round_stochastic(s |v| / n) has the law of
+            # round_stochastic(s + s v / n): one rounding of a value in [0, 2s].
+            a = v * gain[:, None]
+            a += np.float32(s)
+            codes[i0:i1] = stochastic_floor(a, rng, 2 * s).reshape(-1)
+            norms[b0:b1] = n
+        payload_meta = {"levels": s, "bucket": self.bucket}
+        buffers = {"codes": bitpack.pack(codes, self.width), "norms": norms}
+        return Payload(self.name, shape, payload_meta, buffers, nbits=self.nbits_for(size))
+
+    def decode(self, p: Payload) -> np.ndarray:
+        """Return ``norm * (code - s) / s`` per coordinate, float32 in the payload's shape."""
+        self.check_payload(p)
+        size = expect_shape(p)
+        meta_equal(p, "levels", self.levels)
+        meta_equal(p, "bucket", self.bucket)
+        expect_nbits(p, self.nbits_for(size))
+        packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(size, self.width))
+        norms = expect_buffer(p, "norms", "float32", n_buckets(size, self.bucket))
+        require_finite(p, "norms", norms)
+        if (norms < 0).any():
+            raise PayloadError("qsgd payload has negative norms")
+        codes = bitpack.unpack(packed, self.width, size)
+        if size and int(codes.max()) > 2 * self.levels:
+            raise PayloadError(f"qsgd payload has codes above 2 * levels = {2 * self.levels}")
+        out = np.empty(size, dtype=np.float32)
+        step = norms / np.float32(self.levels)
+        for b0, b1, i0, i1 in bucket_blocks(size, self.bucket):
+            blk = out[i0:i1].reshape(b1 - b0, -1)
+            blk[...] = codes[i0:i1].reshape(b1 - b0, -1)
+            blk -= np.float32(self.levels)
+            blk *= step[b0:b1, None]
+        return out.reshape(p.shape)
+
+
+def qsgd_variance_bound(v: np.ndarray, levels: int, bucket: int) -> float:
+    """QSGD's bound on ``E||Q(v) - v||**2``: per bucket ``min(d/s**2, sqrt(d)/s) ||v_b||**2``."""
+    flat = np.asarray(v, dtype=np.float64).reshape(-1)
+    total = 0.0
+    for start in range(0, flat.size, bucket):
+        part = flat[start : start + bucket]
+        d = part.size
+        total += min(d / levels**2, math.sqrt(d) / levels) * float(part @ part)
+    return total
