@@ -26,6 +26,9 @@ DOWNLINKS = ("float32", "fp16", "sign")
 AGGREGATIONS = ("mean", "majority")
 #: When the clients wrap the codec in error feedback.
 ERROR_FEEDBACK = ("auto", "on", "off")
+#: Codecs that code each parameter tensor on its own by default (``per-tensor`` unset):
+#: PowerSGD needs the layers' matrix shapes, TernGrad takes one scale per tensor.
+PER_TENSOR_CODECS = ("powersgd", "terngrad")
 #: Codec parameters that are also run-config keys of their own.
 CODEC_PARAM_KNOBS = ("levels", "bucket", "ratio", "rank")
 
@@ -72,6 +75,10 @@ class GradientConfig:
         ``mean`` (weighted by ``num-examples``) or ``majority`` (sign of the sum of signs).
     error_feedback : str
         ``auto`` (where the codec is biased and aggregation is ``mean``), ``on`` or ``off``.
+    per_tensor : bool, optional
+        Code each parameter tensor separately (one payload, residual and codec state per
+        tensor; conv kernels are seen as ``out x (in * k * k)`` matrices) instead of the
+        flat vector. Unset means true for ``powersgd`` and ``terngrad``.
     """
 
     codec: str = "identity"
@@ -90,6 +97,7 @@ class GradientConfig:
     downlink: str = "float32"
     aggregation: str = "mean"
     error_feedback: str = "auto"
+    per_tensor: bool | None = None
 
     def __post_init__(self) -> None:
         _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
@@ -119,6 +127,13 @@ class GradientConfig:
         except ValueError as exc:
             key = "codec" if "unknown codec" in str(exc) else "codec-params"
             raise ValueError(f"{key}: {exc}") from None
+
+    @property
+    def segmented(self) -> bool:
+        """Whether the update is coded per parameter tensor (``per_tensor`` resolved)."""
+        if self.per_tensor is not None:
+            return bool(self.per_tensor)
+        return self.codec in PER_TENSOR_CODECS
 
     @property
     def codec_kwargs(self) -> dict[str, Any]:

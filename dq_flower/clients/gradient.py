@@ -15,6 +15,7 @@ State kept across rounds in ``Context.state``:
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections.abc import Mapping
@@ -40,6 +41,9 @@ from ..tasks.params import get_flat, set_flat
 __all__ = [
     "train",
     "batch_indices",
+    "encode_update",
+    "segments",
+    "update_keys",
     "local_update",
     "sign_step",
     "vote_from_payload",
@@ -179,6 +183,58 @@ def load_state_dict(context: Context, key: str) -> dict[str, Any] | None:
     return out
 
 
+# ---------------------------------------------------------------- encoding
+def update_keys(cfg: GradientConfig, num_tensors: int) -> list[str]:
+    """Reply record names: ``update``, or ``update-<i>`` per tensor when coded per tensor."""
+    if cfg.segmented:
+        return [f"{UPDATE_KEY}-{i}" for i in range(num_tensors)]
+    return [UPDATE_KEY]
+
+
+def segments(update: np.ndarray, shapes: list[tuple[int, ...]], per_tensor: bool
+             ) -> list[np.ndarray]:
+    """The flat update as one segment, or cut into the parameter tensors' shapes."""
+    if not per_tensor:
+        return [update]
+    out, offset = [], 0
+    for shape in shapes:
+        k = math.prod(shape)
+        out.append(update[offset:offset + k].reshape(shape))
+        offset += k
+    if offset != update.size:
+        raise ValueError(f"update has {update.size} values, the tensors {offset}")
+    return out
+
+
+def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: GradientConfig,
+                  context: Context, rng: np.random.Generator) -> list[Payload]:
+    """Encode the update (per tensor or flat), with error feedback where it applies.
+
+    The residual of each segment (and the codec's own state, e.g. PowerSGD's warm start)
+    is restored from and saved to ``context.state`` (``grad-ef[-<i>]`` with error
+    feedback, ``grad-codec[-<i>]`` for a stateful codec without it).
+    """
+    parts = segments(update, shapes, cfg.segmented)
+    payloads = []
+    for i, part in enumerate(parts):
+        suffix = f"-{i}" if cfg.segmented else ""
+        codec = make(cfg.codec, **cfg.codec_kwargs)
+        coder: Any
+        if uses_error_feedback(cfg, codec):
+            coder, key = ErrorFeedback(codec), EF_KEY + suffix
+        else:
+            coder = codec
+            stateful = callable(getattr(codec, "state_dict", None))
+            key = CODEC_KEY + suffix if stateful else None
+        state = load_state_dict(context, key) if key else None
+        if state is not None:
+            coder.load_state_dict(state)
+        payloads.append(coder.encode(part, rng))
+        if key:
+            save_state_dict(context, key, coder.state_dict())
+    return payloads
+
+
 # ---------------------------------------------------------------- the model this round
 def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: dict,
                    dim: int) -> np.ndarray:
@@ -244,25 +300,17 @@ def train(msg: Message, context: Context) -> Message:
         update = np.asarray(m, dtype=np.float32)
         save_state_dict(context, MOMENTUM_KEY, {"m": update})
 
-    codec = make(cfg.codec, **cfg.codec_kwargs)
+    shapes = [tuple(p.shape) for p in model.parameters()]
     rng = round_rng(task.seed, server_round, pid, PURPOSE_CODEC)
-    if uses_error_feedback(cfg, codec):  # the residual (and any codec state) in one dict
-        coder, key = ErrorFeedback(codec), EF_KEY
-    else:
-        coder = codec
-        key = CODEC_KEY if callable(getattr(codec, "state_dict", None)) else None
-    state = load_state_dict(context, key) if key else None
-    if state is not None:
-        coder.load_state_dict(state)
-    payload = coder.encode(update, rng)
-    if key:
-        save_state_dict(context, key, coder.state_dict())
+    payloads = encode_update(update, shapes, cfg, context, rng)
 
     metrics = MetricRecord({
         "num-examples": int(examples),
         "train-loss": float(loss),
-        "up-payload-bits": int(payload.nbits),
+        "up-payload-bits": int(sum(p.nbits for p in payloads)),
         "client-time-s": time.perf_counter() - t0,
     })
-    content = RecordDict({UPDATE_KEY: payload.to_record(), METRICS_KEY: metrics})
+    content = RecordDict({METRICS_KEY: metrics})
+    for key, payload in zip(update_keys(cfg, len(shapes)), payloads, strict=True):
+        content[key] = payload.to_record()
     return Message(content=content, reply_to=msg)

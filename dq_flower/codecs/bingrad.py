@@ -59,24 +59,26 @@ class SortedBuckets:
         pad = nsub * _SUB - self.size
         padded = self.sorted if pad == 0 else np.pad(self.sorted, ((0, 0), (0, pad)))
         self._subs = padded.reshape(self.nb, nsub, _SUB)
-        sums = (padded.reshape(-1, _SUB) @ np.ones(_SUB, dtype=np.float32)).reshape(self.nb, nsub)
+        sums = np.einsum("ij->i", padded.reshape(-1, _SUB)).reshape(self.nb, nsub)
         self._cum = np.zeros((self.nb, nsub + 1), dtype=np.float64)
         np.cumsum(sums, axis=1, dtype=np.float64, out=self._cum[:, 1:])
         self._nsub = nsub
         self.rows = np.arange(self.nb)
+        self._base = self.rows * self.size
 
     def count_less(self, t: np.ndarray) -> np.ndarray:
         """Per bucket, the number of values ``< t`` (float32 comparison), by binary search."""
         t = np.asarray(t, dtype=np.float32)
+        flat = self.sorted.reshape(-1)
         lo = np.zeros(self.nb, dtype=np.int64)
         hi = np.full(self.nb, self.size, dtype=np.int64)
         last = self.size - 1
         for _ in range(self.size.bit_length()):
             mid = (lo + hi) >> 1
-            active = lo < hi
-            go = self.sorted[self.rows, np.minimum(mid, last)] < t
-            lo = np.where(active & go, mid + 1, lo)
-            hi = np.where(active & ~go, mid, hi)
+            go = np.take(flat, self._base + np.minimum(mid, last)) < t
+            go &= lo < hi
+            np.copyto(lo, mid + 1, where=go)
+            np.copyto(hi, mid, where=~go & (lo < hi))
         return lo
 
     def prefix(self, k: np.ndarray) -> np.ndarray:
@@ -88,7 +90,7 @@ class SortedBuckets:
 
     def at(self, k: np.ndarray) -> np.ndarray:
         """Per bucket, the ``k``-th smallest value (0-based)."""
-        return self.sorted[self.rows, k]
+        return np.take(self.sorted.reshape(-1), self._base + k)
 
 
 def lloyd_max_2(sb: SortedBuckets, iters: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -175,10 +177,9 @@ class BinGrad(Codec):
         bits = np.unpackbits(packed, count=size).view(bool)
         out = np.empty(size, dtype=np.float32)
         for b0, b1, i0, i1 in bucket_blocks(size, self.bucket):
-            np.copyto(
-                out[i0:i1].reshape(b1 - b0, -1),
-                np.where(
-                    bits[i0:i1].reshape(b1 - b0, -1), levels[b0:b1, 1:2], levels[b0:b1, 0:1]
-                ),
-            )
+            # b2 * bit + b1 * (1 - bit): one term is an exact zero, so the result is exact.
+            hit = bits[i0:i1].reshape(b1 - b0, -1)
+            blk = out[i0:i1].reshape(b1 - b0, -1)
+            np.multiply(hit, levels[b0:b1, 1:2], out=blk)
+            blk += np.multiply(~hit, levels[b0:b1, 0:1], dtype=np.float32)
         return out.reshape(p.shape)

@@ -10,6 +10,7 @@ and replies. The server validates every reply, decodes, aggregates (mean weighte
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 
@@ -21,10 +22,10 @@ from flwr.serverapp.strategy import Strategy
 
 from ..clients.gradient import (
     METRICS_KEY,
-    UPDATE_KEY,
     VOTE_PREFIX,
     model_crc,
     sign_step,
+    update_keys,
     uses_error_feedback,
     vote_from_payload,
 )
@@ -95,6 +96,7 @@ class CompressedGradientStrategy(Strategy):
         self.method = method
         self.codec = make(config.codec, **config.codec_kwargs)
         self.dim = num_params(model)
+        self.sizes = [p.numel() for p in model.parameters()]
         self.optimizer = (make_optimizer(config.optimizer, model.parameters(), config.lr,
                                          config.momentum, config.weight_decay)
                           if config.aggregation == "mean" else None)
@@ -226,8 +228,6 @@ class CompressedGradientStrategy(Strategy):
             values, or out-of-range metrics.
         """
         content = msg.content
-        if UPDATE_KEY not in content.array_records:
-            raise PayloadError(f"reply misses its {UPDATE_KEY!r} record")
         metrics = content.metric_records.get(METRICS_KEY)
         if metrics is None:
             raise PayloadError(f"reply misses its {METRICS_KEY!r} record")
@@ -239,18 +239,29 @@ class CompressedGradientStrategy(Strategy):
         loss = metrics.get("train-loss")
         if not isinstance(loss, (int, float)) or not np.isfinite(loss):
             raise PayloadError(f"train-loss={loss!r} is not a finite number")
-        payload = Payload.from_record(content.array_records[UPDATE_KEY])
-        if payload.codec != self.codec.name:
-            raise PayloadError(f"update encoded by {payload.codec!r}, "
-                               f"expected {self.codec.name!r}")
-        if int(np.prod(payload.shape)) != self.dim:
-            raise PayloadError(f"update declares shape {payload.shape}, model has {self.dim}")
-        vec = np.asarray(self.codec.decode(payload), dtype=np.float32).reshape(-1)
-        if vec.size != self.dim:
-            raise PayloadError(f"update decodes to {vec.size} values, model has {self.dim}")
+        keys = update_keys(self.cfg, len(self.sizes))
+        if set(content.array_records) != set(keys):
+            raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
+                               f"expected {keys}")
+        sizes = self.sizes if self.cfg.segmented else [self.dim]
+        parts, nbits = [], 0
+        for key, size in zip(keys, sizes, strict=True):
+            payload = Payload.from_record(content.array_records[key])
+            if payload.codec != self.codec.name:
+                raise PayloadError(f"{key} encoded by {payload.codec!r}, "
+                                   f"expected {self.codec.name!r}")
+            if math.prod(payload.shape) != size:
+                raise PayloadError(f"{key} declares shape {payload.shape}, expected {size} "
+                                   "values")
+            part = np.asarray(self.codec.decode(payload), dtype=np.float32).reshape(-1)
+            if part.size != size:
+                raise PayloadError(f"{key} decodes to {part.size} values, expected {size}")
+            parts.append(part)
+            nbits += int(payload.nbits)
+        vec = np.concatenate(parts)
         if not np.isfinite(vec).all():
             raise PayloadError("update decodes to non-finite values")
-        return vec, float(examples), float(loss), int(payload.nbits)
+        return vec, float(examples), float(loss), nbits
 
     def aggregate(self, server_round: int, vectors: list[np.ndarray],
                   weights: list[float]) -> np.ndarray:
