@@ -161,6 +161,10 @@ class TaskConfig:
         Where the data files live ("" means the data set's default).
     round_timeout : float
         Seconds to wait for replies each round.
+    checkpoint_dir : str
+        Folder for the server's checkpoint ("" = none); a run finding one there resumes.
+    checkpoint_every : int
+        Save the server's state every this many rounds.
     """
 
     dataset: str = "digits"
@@ -174,6 +178,8 @@ class TaskConfig:
     seed: int = 0
     data_dir: str = ""
     round_timeout: float = 600.0
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 1
 
     def __post_init__(self) -> None:
         _check(self.num_partitions >= 1, "num_partitions", "must be >= 1")
@@ -184,6 +190,7 @@ class TaskConfig:
         _check(0 < self.fraction_train <= 1, "fraction_train", "must be in (0, 1]")
         _check(self.min_available >= 1, "min_available", "must be >= 1")
         _check(self.round_timeout > 0, "round_timeout", "must be > 0")
+        _check(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
 
 
 SCORERS = ("uniform", "loss", "gradnorm")
@@ -231,7 +238,9 @@ class DQConfig:
     lr, momentum, weight_decay : float
         Server optimizer settings.
     max_store_samples : int
-        Bound on the store (0 = unbounded); the oldest samples are evicted first.
+        Bound on the store (0 = unbounded).
+    store_eviction : str
+        What goes when the store is full: ``fifo`` (oldest first) or ``random``.
     """
 
     budget: int = 64
@@ -253,6 +262,7 @@ class DQConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     max_store_samples: int = 0
+    store_eviction: str = "fifo"
 
     def __post_init__(self) -> None:
         _check(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
@@ -271,6 +281,8 @@ class DQConfig:
         _check(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
         _check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
+        _check(self.store_eviction in {"fifo", "random"}, "store_eviction",
+               f"must be fifo or random, got {self.store_eviction!r}")
         if self.compensation != "none":
             from .codecs import make
 

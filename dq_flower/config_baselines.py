@@ -163,7 +163,7 @@ class FedAvgConfig:
     """
 
     local_epochs: int = 1
-    client_lr: float = 0.05
+    client_lr: float = 0.1
     batch_size: int = 32
     client_momentum: float = 0.0
 

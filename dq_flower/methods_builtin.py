@@ -53,7 +53,7 @@ GRADIENT_METHODS: dict[str, dict[str, Any]] = {
     "qsgd": {"codec": "qsgd", "codec-params": "levels=4,bucket=512"},
     "terngrad": {"codec": "terngrad"},
     "signsgd": {"codec": "sign", "aggregation": "majority", "downlink": "sign",
-                "error-feedback": "off", "lr": 0.002, "momentum": 0.9},
+                "error-feedback": "off", "lr": 0.005, "momentum": 0.9},
     "ef-signsgd": {"codec": "ef-sign"},
     "topk": {"codec": "topk", "codec-params": "ratio=0.01"},
     "powersgd": {"codec": "powersgd", "codec-params": "rank=2"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,7 @@ def simulate(
     seed: int = 0,
     num_cpus_per_client: float = 1.0,
     verbose: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
     **knobs: Any,
 ) -> RunResult:
     """Run ``method`` in Flower's simulation engine and return its measured history.
@@ -94,6 +95,9 @@ def simulate(
         Server rounds.
     seed : int
         Root of every random choice.
+    on_round : callable, optional
+        Called with each round's row as it completes (see
+        :func:`dq_flower.server_app.run_server`).
     **knobs
         Any task or method knob, in underscore form (``server_steps=10``).
 
@@ -116,7 +120,7 @@ def simulate(
 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
-        holder["result"] = run_server(grid, run_config)
+        holder["result"] = run_server(grid, run_config, on_round=on_round)
 
     backend_config = {
         "client_resources": {"num_cpus": float(num_cpus_per_client), "num_gpus": 0.0},

@@ -4,6 +4,9 @@ State kept across rounds in ``Context.state``:
 - ``dq-uploaded``: a mask of the local samples already uploaded (not sent again unless
   ``resend``);
 - ``dq-ef``: the error-feedback residual of a biased compensation codec.
+
+Each is kept as it was before and after the last round it served, so replies are
+idempotent per round: a server that replays a round after a crash gets the same reply.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import time
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 
 from ..codecs import make
 from ..config import DQConfig, TaskConfig, from_mapping
@@ -82,39 +85,32 @@ def score_candidates(
     return torch.cat(scores).double().numpy()
 
 
-def _uploaded_mask(context: Context, n: int) -> np.ndarray:
-    rec = context.state.array_records.get(UPLOADED_KEY)
-    if rec is None or "mask" not in rec:
-        return np.zeros(n, dtype=bool)
-    mask = np.frombuffer(rec["mask"].data, dtype=np.uint8).astype(bool)
-    return mask if mask.size == n else np.zeros(n, dtype=bool)
+def _raw(arr: np.ndarray) -> Array:
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    return Array(dtype=str(flat.dtype), shape=(flat.size,), stype="raw", data=flat.tobytes())
 
 
-def _save_mask(context: Context, mask: np.ndarray) -> None:
-    data = mask.astype(np.uint8)
-    context.state[UPLOADED_KEY] = ArrayRecord(
-        {"mask": Array(dtype="uint8", shape=(data.size,), stype="raw", data=data.tobytes())}
-    )
+def _state_before(context: Context, key: str, server_round: int) -> dict[str, np.ndarray]:
+    """Arrays of state entry ``key`` as they were before ``server_round``.
+
+    Each entry keeps its arrays before and after the last round it served, so a round the
+    server replays (after a crash) gets the same reply as the first time.
+    """
+    rec = context.state.array_records.get(key)
+    meta = context.state.config_records.get(key + "-round")
+    if rec is None or meta is None:
+        return {}
+    which = "before/" if int(meta["round"]) == server_round else "after/"
+    return {name[len(which):]: np.frombuffer(arr.data, dtype=arr.dtype).copy()
+            for name, arr in rec.items() if name.startswith(which)}
 
 
-def _error_feedback(context: Context, codec):
-    from ..codecs import ErrorFeedback
-
-    ef = ErrorFeedback(codec)
-    rec = context.state.array_records.get(EF_KEY)
-    if rec is not None and "residual" in rec:
-        ef.load_state_dict({"residual": np.frombuffer(rec["residual"].data, dtype=np.float32)})
-    return ef
-
-
-def _save_error_feedback(context: Context, ef) -> None:
-    res = ef.state_dict().get("residual")
-    if res is not None:
-        res = np.ascontiguousarray(res, dtype=np.float32).reshape(-1)
-        context.state[EF_KEY] = ArrayRecord(
-            {"residual": Array(dtype="float32", shape=(res.size,), stype="raw",
-                               data=res.tobytes())}
-        )
+def _save_state(context: Context, key: str, server_round: int,
+                before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> None:
+    arrays = {f"before/{k}": _raw(v) for k, v in before.items()}
+    arrays.update({f"after/{k}": _raw(v) for k, v in after.items()})
+    context.state[key] = ArrayRecord(arrays)
+    context.state[key + "-round"] = ConfigRecord({"round": server_round})
 
 
 def train(msg: Message, context: Context) -> Message:
@@ -130,7 +126,10 @@ def train(msg: Message, context: Context) -> Message:
     x, y = client_data(context, task)
     rng = round_rng(round_seed, server_round, pid)
 
-    uploaded = _uploaded_mask(context, x.shape[0])
+    before = _state_before(context, UPLOADED_KEY, server_round).get("mask")
+    uploaded = (before.astype(bool) if before is not None and before.size == x.shape[0]
+                else np.zeros(x.shape[0], dtype=bool))
+    mask_before = uploaded.copy()
     candidates = np.arange(x.shape[0]) if cfg.resend else np.flatnonzero(~uploaded)
 
     model = None
@@ -158,9 +157,14 @@ def train(msg: Message, context: Context) -> Message:
         codec = make(cfg.compensation, **cfg.compensation_kwargs)
         delta = g_true - g_quant
         if codec.biased:
-            ef = _error_feedback(context, codec)
+            from ..codecs import ErrorFeedback
+
+            ef = ErrorFeedback(codec)
+            ef_before = _state_before(context, EF_KEY, server_round)
+            if ef_before:
+                ef.load_state_dict(ef_before)
             compensation = ef.encode(delta, rng)
-            _save_error_feedback(context, ef)
+            _save_state(context, EF_KEY, server_round, ef_before, ef.state_dict())
         else:
             compensation = codec.encode(delta, rng)
 
@@ -168,7 +172,8 @@ def train(msg: Message, context: Context) -> Message:
         samples, y[chosen], chosen, represents, info.num_classes, x.shape[0], compensation
     )
     uploaded[chosen] = True
-    _save_mask(context, uploaded)
+    _save_state(context, UPLOADED_KEY, server_round, {"mask": mask_before.astype(np.uint8)},
+                {"mask": uploaded.astype(np.uint8)})
     content["metrics"] = MetricRecord(
         {
             "num-examples": int(x.shape[0]),

@@ -111,7 +111,7 @@ def stochastic_floor(a: np.ndarray, rng: np.random.Generator, top: int) -> np.nd
     a *= np.float32(65536.0)
     np.add(a, r, out=a)
     a *= np.float32(1.0 / 65536.0)
-    np.minimum(a, np.float32(top), out=a)
+    np.clip(a, np.float32(0.0), np.float32(top), out=a)  # faster than np.minimum here
     return a.astype(np.uint8)
 
 

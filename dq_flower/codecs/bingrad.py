@@ -67,26 +67,36 @@ class SortedBuckets:
         self._base = self.rows * self.size
 
     def count_less(self, t: np.ndarray) -> np.ndarray:
-        """Per bucket, the number of values ``< t`` (float32 comparison), by binary search."""
+        """Per bucket, the number of values ``< t`` (float32 comparison), by binary search.
+
+        ``t`` has shape ``(n_buckets,)`` or ``(n_buckets, m)`` (``m`` thresholds per bucket).
+        """
         t = np.asarray(t, dtype=np.float32)
+        base = self._base if t.ndim == 1 else self._base[:, None]
         flat = self.sorted.reshape(-1)
-        lo = np.zeros(self.nb, dtype=np.int64)
-        hi = np.full(self.nb, self.size, dtype=np.int64)
+        lo = np.zeros(t.shape, dtype=np.int64)
+        hi = np.full(t.shape, self.size, dtype=np.int64)
         last = self.size - 1
         for _ in range(self.size.bit_length()):
             mid = (lo + hi) >> 1
-            go = np.take(flat, self._base + np.minimum(mid, last)) < t
-            go &= lo < hi
+            active = lo < hi
+            go = np.take(flat, base + np.minimum(mid, last)) < t
+            go &= active
             np.copyto(lo, mid + 1, where=go)
-            np.copyto(hi, mid, where=~go & (lo < hi))
+            np.copyto(hi, mid, where=active & ~go)
         return lo
 
     def prefix(self, k: np.ndarray) -> np.ndarray:
-        """Per bucket, the float64 sum of its ``k`` smallest values (``0 <= k <= bucket``)."""
+        """Per bucket, the float64 sum of its ``k`` smallest values (``0 <= k <= bucket``).
+
+        ``k`` has shape ``(n_buckets,)`` or ``(n_buckets, m)``.
+        """
+        k = np.asarray(k)
+        rows = self.rows if k.ndim == 1 else self.rows[:, None]
         block, rest = np.divmod(k, _SUB)
-        part = self._subs[self.rows, np.minimum(block, self._nsub - 1)]
-        partial = np.where(_SUB_RANGE < rest[:, None], part, 0).sum(axis=1, dtype=np.float64)
-        return self._cum[self.rows, block] + partial
+        part = self._subs[rows, np.minimum(block, self._nsub - 1)]
+        partial = np.where(_SUB_RANGE < rest[..., None], part, 0).sum(axis=-1, dtype=np.float64)
+        return self._cum[rows, block] + partial
 
     def at(self, k: np.ndarray) -> np.ndarray:
         """Per bucket, the ``k``-th smallest value (0-based)."""

@@ -24,6 +24,7 @@ from .base import (
     Payload,
     PayloadError,
     bucket_blocks,
+    bucket_chunks,
     check_int,
     expect_buffer,
     expect_nbits,
@@ -51,12 +52,12 @@ def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
     lv[:, -1] = sb.sorted[:, -1]
     for _ in range(iters):
         for j in range(1, levels):
-            a = lv[:, j - 1]
-            c = lv[:, j + 1]
-            ia = sb.count_less(a)
-            ic = sb.count_less(c)
-            inside = sb.prefix(ic) - sb.prefix(ia)
-            a64, c64 = a.astype(np.float64), c.astype(np.float64)
+            ac = lv[:, j - 1 : j + 2 : 2]  # (nb, 2): the neighbours a = b_{j-1}, c = b_{j+1}
+            counts = sb.count_less(ac)
+            sums = sb.prefix(counts)
+            ia, ic = counts[:, 0], counts[:, 1]
+            inside = sums[:, 1] - sums[:, 0]
+            a64, c64 = ac[:, 0].astype(np.float64), ac[:, 1].astype(np.float64)
             ok = (ic > ia) & (c64 > a64)
             gap = np.where(ok, c64 - a64, 1.0)
             rank = np.ceil((c64 * ic - a64 * ia - inside) / gap)
@@ -108,20 +109,24 @@ class ORQ(Codec):
         codes = np.empty(size, dtype=np.uint8)
         table = np.empty((n_buckets(size, self.bucket), s + 1), dtype=np.float32)
         for b0, b1, i0, i1 in bucket_blocks(size, self.bucket, BLOCK_ELEMENTS):
-            v = flat[i0:i1].reshape(b1 - b0, -1)
-            lv = optimal_levels(SortedBuckets(v), s, self.iters)
+            width = (i1 - i0) // (b1 - b0)
+            lv = optimal_levels(SortedBuckets(flat[i0:i1].reshape(b1 - b0, width)), s, self.iters)
             table[b0:b1] = lv
             gaps = np.diff(lv, axis=1)
             inv = np.divide(1.0, gaps, out=np.zeros_like(gaps), where=gaps > 0)
-            # interval index j: number of interior levels <= v
-            j = np.zeros(v.shape, dtype=np.uint8)
-            for k in range(1, s):
-                j += v >= lv[:, k : k + 1]
-            flat_index = j + (np.arange(b1 - b0, dtype=np.int64) * s)[:, None]
-            a = v - lv[:, :-1].reshape(-1)[flat_index]
-            a *= inv.reshape(-1)[flat_index]
-            a += j
-            codes[i0:i1] = stochastic_floor(a, rng, s).reshape(-1)
+            # the rounding pass runs on cache-sized sub-blocks of buckets
+            for c0, c1 in bucket_chunks(b1 - b0, width, 1 << 16):
+                v = flat[i0 + c0 * width : i0 + c1 * width].reshape(c1 - c0, width)
+                lvc = lv[c0:c1]
+                j = np.zeros(v.shape, dtype=np.uint8)  # interval: interior levels <= v
+                for k in range(1, s):
+                    j += v >= lvc[:, k : k + 1]
+                idx = j + (np.arange(c1 - c0, dtype=np.int64) * s)[:, None]
+                a = v - np.take(lvc[:, :-1].reshape(-1), idx)
+                a *= np.take(inv[c0:c1].reshape(-1), idx)
+                a += j
+                out = codes[i0 + c0 * width : i0 + c1 * width]
+                out[...] = stochastic_floor(a, rng, s).reshape(-1)
         meta = {"levels": s, "bucket": self.bucket}
         buffers = {"codes": bitpack.pack(codes, self.width), "table": table.reshape(-1)}
         return Payload(self.name, shape, meta, buffers, nbits=self.nbits_for(size))

@@ -302,6 +302,8 @@ def unpack_labels(buf: np.ndarray, num_classes: int, count: int) -> np.ndarray:
             f"label buffer holds {arr.size} bytes; {count} labels of {width} bits need "
             f"{bitpack.packed_nbytes(count, width)}"
         )
+    if count and not bitpack.padding_is_zero(arr, width, int(count)):
+        raise PayloadError("label buffer has non-zero padding bits")
     labels = bitpack.unpack(arr, width, int(count)).astype(np.int64)
     if labels.size and labels.max() >= num_classes:
         raise PayloadError(f"label buffer holds a label >= num_classes={num_classes}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,10 +29,20 @@ from ..store import SampleStore, StoredRows
 from ..tasks.params import get_flat
 from .common import log_rejected, log_round, make_optimizer, sample_node_ids
 
-__all__ = ["DQStrategy"]
+__all__ = ["DQStrategy", "Upload"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
+
+
+@dataclass
+class Upload:
+    """One validated reply: the batch, its decoded rows, candidates count and delta."""
+
+    batch: SampleBatch
+    x: np.ndarray
+    candidates: int
+    delta: np.ndarray | None
 
 
 class DQStrategy(Strategy):
@@ -64,8 +75,8 @@ class DQStrategy(Strategy):
         self.comp_codec = (make(config.compensation, **config.compensation_kwargs)
                            if config.compensation != "none" else None)
         self.store = SampleStore(self.layout.dequantize, max_samples=config.max_store_samples,
-                                 seed=task.seed)
-        self.rng = np.random.default_rng([task.seed, 7])
+                                 eviction=config.store_eviction, seed=task.seed)
+        self.num_params = sum(p.numel() for p in model.parameters())
         self.last_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ Strategy API
@@ -101,7 +112,7 @@ class DQStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, store their samples, take the server's optimizer steps."""
         t0 = time.perf_counter()
-        fresh: list[tuple[SampleBatch, np.ndarray, int]] = []
+        fresh: list[Upload] = []
         rejected = failed = 0
         for msg in replies:
             node = msg.metadata.src_node_id
@@ -109,18 +120,23 @@ class DQStrategy(Strategy):
                 failed += 1
                 continue
             try:
-                batch, x_fresh, n_cand = self._validate(msg, node)
+                upload = self._validate(msg, node)
             except (PayloadError, ValueError, KeyError, TypeError) as exc:
                 rejected += 1
                 log_rejected(node, str(exc))
                 continue
-            fresh.append((batch, x_fresh, n_cand))
-            self.store.add(self._rows(batch, node))
-        loss = self._train_steps(server_round, fresh)
-        up_bits = sum(b.payload_bits for b, _, _ in fresh)
+            fresh.append(upload)
+            self.store.add(self._rows(upload.batch, node))
+        if len(fresh) >= self.task.min_available:
+            loss = self._train_steps(server_round, fresh)
+        else:
+            loss = float("nan")
+            log_round("dq", server_round, f"only {len(fresh)} valid replies (min-available "
+                      f"{self.task.min_available}): no update this round")
+        up_bits = sum(u.batch.payload_bits for u in fresh)
         metrics = {
             "train-loss": float(loss),
-            "selected": int(sum(len(b) for b, _, _ in fresh)),
+            "selected": int(sum(len(u.batch) for u in fresh)),
             "stored": len(self.store),
             "store-bytes": self.store.nbytes,
             "evicted": self.store.evicted,
@@ -142,7 +158,7 @@ class DQStrategy(Strategy):
         return None
 
     # ------------------------------------------------------------------ internals
-    def _validate(self, msg: Message, node: int) -> tuple[SampleBatch, np.ndarray, int]:
+    def _validate(self, msg: Message, node: int) -> Upload:
         content = msg.content
         batch = decode_batch(content, self.info.num_classes, self.info.dim, self.cfg.bits,
                              self.cfg.budget, MAX_LOCAL_ID)
@@ -156,14 +172,20 @@ class DQStrategy(Strategy):
             batch.samples)
         if not np.isfinite(x).all():
             raise PayloadError("samples decode to non-finite values")
+        delta = None
         if batch.compensation is not None:
             if self.comp_codec is None:
                 raise PayloadError("unexpected compensation payload")
             if batch.compensation.codec != self.comp_codec.name:
                 raise PayloadError(f"compensation made by {batch.compensation.codec!r}")
+            delta = self.comp_codec.decode(batch.compensation).reshape(-1)
+            if delta.size != self.num_params or not np.isfinite(delta).all():
+                raise PayloadError("compensation has the wrong size or non-finite values")
+        elif self.comp_codec is not None and len(batch):
+            raise PayloadError("reply misses its compensation")
         if self.store.has(node, batch.ids).any() and not self.cfg.resend:
             raise PayloadError("reply re-sends samples already stored")
-        return batch, x, n_cand
+        return Upload(batch, x, n_cand, delta)
 
     def _rows(self, batch: SampleBatch, node: int) -> StoredRows:
         codes, side, dither = self.layout.rows(batch.samples)
@@ -180,26 +202,21 @@ class DQStrategy(Strategy):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def fresh_gradient(
-        self, fresh: list[tuple[SampleBatch, np.ndarray, int]]
-    ) -> tuple[float, np.ndarray]:
+    def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
         """Gradient of the first step: fresh quantized batch plus mean compensation.
 
         With ``N = sum_k n_k`` candidates, it is ``(1/N) sum_i grad f(Q(x_i)) / pi_i +
         sum_k (n_k / N) delta_k``: the Horvitz-Thompson estimate of the candidates' mean
         gradient, exact at the true points when the compensation codec is lossless.
         """
-        total = float(sum(n for _, _, n in fresh))
-        xs = np.concatenate([x for _, x, _ in fresh])
-        ys = np.concatenate([b.labels for b, _, _ in fresh])
-        ws = np.concatenate([b.weights for b, _, _ in fresh]) / total
+        total = float(sum(u.candidates for u in fresh))
+        xs = np.concatenate([u.x for u in fresh])
+        ys = np.concatenate([u.batch.labels for u in fresh])
+        ws = np.concatenate([u.batch.weights for u in fresh]) / total
         loss, grad = weighted_loss_grad(self.model, xs, ys, ws)
-        for batch, _, n_cand in fresh:
-            if batch.compensation is not None:
-                delta = self.comp_codec.decode(batch.compensation)
-                if delta.size != grad.size or not np.isfinite(delta).all():
-                    raise PayloadError("compensation has the wrong size or non-finite values")
-                grad += (n_cand / total) * delta.reshape(-1)
+        for u in fresh:
+            if u.delta is not None:
+                grad += (u.candidates / total) * u.delta
         return loss / max(float(ws.sum()), 1e-12), grad
 
     def _train_steps(self, server_round: int, fresh) -> float:
@@ -207,14 +224,11 @@ class DQStrategy(Strategy):
         self.model.train()
         losses = []
         steps = self.cfg.server_steps
-        if fresh and sum(len(b) for b, _, _ in fresh):
-            try:
-                loss, grad = self.fresh_gradient(fresh)
-                losses.append(loss)
-                self._step(grad)
-                steps -= 1
-            except PayloadError as exc:
-                log_rejected(-1, f"fresh batch dropped: {exc}")
+        if sum(len(u.batch) for u in fresh):
+            loss, grad = self.fresh_gradient(fresh)
+            losses.append(loss)
+            self._step(grad)
+            steps -= 1
         if len(self.store) == 0:
             return float("nan")
         for _ in range(steps):
@@ -223,6 +237,17 @@ class DQStrategy(Strategy):
             losses.append(loss)
             self._step(grad)
         return float(np.mean(losses)) if losses else float("nan")
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: model, optimizer and sample store."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "store": self.store.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.store.load_state(state["store"])
 
     def flat_model(self) -> np.ndarray:
         """The server model's parameters as one float32 vector."""

@@ -86,9 +86,9 @@ def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():
 
     _, grad = strategy.fresh_gradient(fresh)
 
-    total = sum(n for _, _, n in fresh)
+    total = sum(u.candidates for u in fresh)
     xs, ys, ws = [], [], []
-    for pid, (batch, _, _) in enumerate(fresh):
+    for pid, batch in enumerate(u.batch for u in fresh):
         x, y, _ = load_partition(task.dataset, pid, 2, task.partition, task.dirichlet_alpha,
                                  task.seed)
         xs.append(x[batch.ids])
@@ -96,7 +96,7 @@ def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():
         ws.append(batch.weights / total)
     _, true_grad = weighted_loss_grad(strategy.model, np.concatenate(xs), np.concatenate(ys),
                                       np.concatenate(ws))
-    _, quant_grad = weighted_loss_grad(strategy.model, np.concatenate([f[1] for f in fresh]),
+    _, quant_grad = weighted_loss_grad(strategy.model, np.concatenate([u.x for u in fresh]),
                                        np.concatenate(ys), np.concatenate(ws))
     np.testing.assert_allclose(grad, true_grad, rtol=1e-4, atol=1e-6)
     # and 1-bit data alone is far from it, so the comparison can fail
@@ -123,7 +123,7 @@ def test_store_memory_is_close_to_packed_payload_bytes():
         x = (rng.random((100, 784)) * (rng.random((100, 784)) > 0.5)).astype(np.float32)
         reply = _mock_reply(NODE_ID_BASE + k, x, rng.integers(0, 10, 100), np.arange(100), 10,
                             weights=rng.uniform(1, 2, 100).astype(np.float32))
-        batch, _, _ = strategy._validate(reply, NODE_ID_BASE + k)
+        batch = strategy._validate(reply, NODE_ID_BASE + k).batch
         strategy.store.add(strategy._rows(batch, NODE_ID_BASE + k))
         payload_bytes += batch.payload_bits / 8
     assert strategy.store.nbytes <= 1.2 * payload_bytes

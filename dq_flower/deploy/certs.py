@@ -1,0 +1,260 @@
+"""Credentials for a TLS deployment with SuperNode authentication.
+
+Creates, with the ``cryptography`` package (installed with ``flwr``):
+
+- a self-signed certificate authority (``ca.crt``, ``ca.key``);
+- a SuperLink server certificate signed by that CA, valid for the given host names and IP
+  addresses (``server.crt``, ``server.key``; default ``127.0.0.1`` and ``localhost``);
+- one ECDSA P-384 key pair per SuperNode in OpenSSH format (``node-K``, ``node-K.pub``),
+  the format ``flower-supernode --auth-supernode-private-key`` and
+  ``flwr supernode register`` read.
+
+Private keys are written with mode ``0o600``. Existing files are never overwritten unless
+``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = [
+    "DEFAULT_HOSTS",
+    "Credentials",
+    "NodeKeys",
+    "create_ca",
+    "create_credentials",
+    "create_node_keys",
+    "create_server_certificate",
+    "load_credentials",
+]
+
+#: Names the SuperLink certificate is valid for when none are given (loopback).
+DEFAULT_HOSTS: tuple[str, ...] = ("127.0.0.1", "localhost")
+
+_CURVE = ec.SECP384R1
+_HASH = hashes.SHA384
+
+
+@dataclass(frozen=True)
+class NodeKeys:
+    """One SuperNode's authentication key pair (OpenSSH format, ECDSA P-384)."""
+
+    private_key: Path
+    public_key: Path
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Paths of everything :func:`create_credentials` writes."""
+
+    ca_cert: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+    nodes: tuple[NodeKeys, ...]
+
+
+def _write(path: Path, data: bytes, *, private: bool, overwrite: bool) -> None:
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass overwrite=True (--force) to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if private:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(path, 0o600)
+    else:
+        path.write_bytes(data)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(names)
+
+
+def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
+    if days < 1:
+        raise ValueError(f"days must be >= 1, got {days}")
+    now = dt.datetime.now(dt.timezone.utc)
+    return now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
+
+
+def create_ca(
+    out_dir: str | Path,
+    *,
+    common_name: str = "dq-flower CA",
+    days: int = 365,
+    overwrite: bool = False,
+) -> tuple[Path, Path]:
+    """Create a self-signed CA; return ``(ca.crt, ca.key)`` paths in ``out_dir``."""
+    out = Path(out_dir)
+    key = ec.generate_private_key(_CURVE())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    start, end = _validity(days)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .sign(key, _HASH())
+    )
+    cert_path, key_path = out / "ca.crt", out / "ca.key"
+    _write(key_path, _key_pem(key), private=True, overwrite=overwrite)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), private=False,
+           overwrite=overwrite)
+    return cert_path, key_path
+
+
+def create_server_certificate(
+    out_dir: str | Path,
+    ca_cert: str | Path,
+    ca_key: str | Path,
+    *,
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    days: int = 365,
+    overwrite: bool = False,
+) -> tuple[Path, Path]:
+    """Create the SuperLink's certificate signed by the CA; return ``(server.crt, server.key)``.
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        Folder to write to.
+    ca_cert, ca_key : str or Path
+        The CA from :func:`create_ca`.
+    hosts : sequence of str
+        Every name or IP address SuperNodes and the ``flwr`` CLI use to reach the SuperLink
+        (becomes the certificate's subject alternative names).
+    days : int
+        Validity.
+    overwrite : bool
+        Replace existing files.
+    """
+    if not hosts:
+        raise ValueError("hosts must name at least one host name or IP address")
+    out = Path(out_dir)
+    ca = x509.load_pem_x509_certificate(Path(ca_cert).read_bytes())
+    ca_private = serialization.load_pem_private_key(Path(ca_key).read_bytes(), password=None)
+    if not isinstance(ca_private, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{ca_key} is not an EC private key")
+    key = ec.generate_private_key(_CURVE())
+    start, end = _validity(days)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_san(hosts), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                       critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_private.public_key()),
+            critical=False,
+        )
+        .sign(ca_private, _HASH())
+    )
+    cert_path, key_path = out / "server.crt", out / "server.key"
+    _write(key_path, _key_pem(key), private=True, overwrite=overwrite)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), private=False,
+           overwrite=overwrite)
+    return cert_path, key_path
+
+
+def create_node_keys(out_dir: str | Path, name: str, *, overwrite: bool = False) -> NodeKeys:
+    """Create one SuperNode's ECDSA P-384 key pair: ``<name>`` and ``<name>.pub`` (OpenSSH)."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"invalid key name {name!r}")
+    out = Path(out_dir)
+    key = ec.generate_private_key(_CURVE())
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    keys = NodeKeys(out / name, out / f"{name}.pub")
+    _write(keys.private_key, private, private=True, overwrite=overwrite)
+    _write(keys.public_key, public + f" {name}\n".encode(), private=False, overwrite=overwrite)
+    return keys
+
+
+def create_credentials(
+    out_dir: str | Path,
+    *,
+    num_nodes: int = 2,
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    days: int = 365,
+    overwrite: bool = False,
+) -> Credentials:
+    """Create the CA, the SuperLink certificate and ``num_nodes`` SuperNode key pairs.
+
+    Node keys are named ``node-0`` ... ``node-{num_nodes-1}``.
+    """
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+    out = Path(out_dir)
+    ca_cert, ca_key = create_ca(out, days=days, overwrite=overwrite)
+    server_cert, server_key = create_server_certificate(
+        out, ca_cert, ca_key, hosts=hosts, days=days, overwrite=overwrite
+    )
+    nodes = tuple(create_node_keys(out, f"node-{k}", overwrite=overwrite)
+                  for k in range(num_nodes))
+    return Credentials(ca_cert, ca_key, server_cert, server_key, nodes)
+
+
+def load_credentials(out_dir: str | Path) -> Credentials:
+    """Paths of credentials previously written by :func:`create_credentials` in ``out_dir``."""
+    out = Path(out_dir)
+    paths = [out / "ca.crt", out / "ca.key", out / "server.crt", out / "server.key"]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"missing credentials: {', '.join(missing)}")
+    nodes = []
+    k = 0
+    while (out / f"node-{k}").is_file() and (out / f"node-{k}.pub").is_file():
+        nodes.append(NodeKeys(out / f"node-{k}", out / f"node-{k}.pub"))
+        k += 1
+    return Credentials(paths[0], paths[1], paths[2], paths[3], tuple(nodes))
