@@ -7,10 +7,14 @@ listed in ``failing`` answers every message with an error reply, as a crashed cl
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -31,10 +35,14 @@ class InProcessGrid(Grid):
         Number of nodes; node ids are ``101, 102, ...``, partition ids ``0 .. n-1``.
     failing : callable, optional
         ``failing(server_round, node_id) -> bool``; such nodes reply with an error.
+    state_dir : str, optional
+        Keep each node's ``Context.state`` in this folder (written atomically after every
+        reply, read back at start), like SuperNodes that outlive a crashed server.
     """
 
     def __init__(self, client_app: Callable[[Message, Context], Message], num_nodes: int,
-                 failing: Callable[[int, int], bool] | None = None) -> None:
+                 failing: Callable[[int, int], bool] | None = None,
+                 state_dir: str | None = None) -> None:
         self.client_app = client_app
         if TaskIdentity._run_id is None:  # outside a Flower runtime: act as the server
             TaskIdentity.run_id, TaskIdentity.task_id = 1, 1
@@ -46,6 +54,15 @@ class InProcessGrid(Grid):
             for i in range(num_nodes)
         }
         self.failing = failing
+        self.state_dir = Path(state_dir) if state_dir else None
+        if self.state_dir is not None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            for node, ctx in self.contexts.items():
+                path = self.state_dir / f"node-{node}.bin"
+                if path.exists():
+                    proto = ProtoRecordDict()
+                    proto.ParseFromString(path.read_bytes())
+                    ctx.state = recorddict_from_proto(proto)
         self._run = None
         self.sent: list[Message] = []
         self._counter = 0
@@ -87,7 +104,16 @@ class InProcessGrid(Grid):
                 reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"),
                                 reply_to=msg)
             replies.append(reply)
+            self._persist(node)
         return replies
+
+    def _persist(self, node: int) -> None:
+        if self.state_dir is None:
+            return
+        path = self.state_dir / f"node-{node}.bin"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(recorddict_to_proto(self.contexts[node].state).SerializeToString())
+        os.replace(tmp, path)
 
 
 def _round(msg: Message) -> int:

@@ -72,19 +72,17 @@ class SortedBuckets:
         ``t`` has shape ``(n_buckets,)`` or ``(n_buckets, m)`` (``m`` thresholds per bucket).
         """
         t = np.asarray(t, dtype=np.float32)
-        base = self._base if t.ndim == 1 else self._base[:, None]
+        base = self._base - 1 if t.ndim == 1 else self._base[:, None] - 1
         flat = self.sorted.reshape(-1)
-        lo = np.zeros(t.shape, dtype=np.int64)
-        hi = np.full(t.shape, self.size, dtype=np.int64)
-        last = self.size - 1
-        for _ in range(self.size.bit_length()):
-            mid = (lo + hi) >> 1
-            active = lo < hi
-            go = np.take(flat, base + np.minimum(mid, last)) < t
-            go &= active
-            np.copyto(lo, mid + 1, where=go)
-            np.copyto(hi, mid, where=active & ~go)
-        return lo
+        pos = np.zeros(t.shape, dtype=np.int64)
+        step = 1 << (self.size.bit_length() - 1)
+        while step:  # branchless binary search: grow the count bit by bit, ~log2(bucket) steps
+            cand = pos + step
+            ok = np.take(flat, base + np.minimum(cand, self.size)) < t
+            ok &= cand <= self.size
+            pos = np.where(ok, cand, pos)
+            step >>= 1
+        return pos
 
     def prefix(self, k: np.ndarray) -> np.ndarray:
         """Per bucket, the float64 sum of its ``k`` smallest values (``0 <= k <= bucket``).

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .base import Codec, Payload, check_finite, expect_buffer
+from .base import (
+    Codec,
+    Payload,
+    check_finite,
+    expect_buffer,
+    expect_nbits,
+    expect_shape,
+    require_finite,
+)
 from .registry import register
 
 
@@ -27,7 +34,9 @@ class Identity(Codec):
     def decode(self, p: Payload) -> np.ndarray:
         """Return the carried float32 values in the payload's shape."""
         self.check_payload(p)
-        values = expect_buffer(p, "values", "float32", math.prod(p.shape))
+        size = expect_shape(p)
+        expect_nbits(p, 32 * size)
+        values = require_finite(p, "values", expect_buffer(p, "values", "float32", size))
         return values.astype(np.float32, copy=True).reshape(p.shape)
 
 
@@ -45,5 +54,7 @@ class Fp16(Codec):
     def decode(self, p: Payload) -> np.ndarray:
         """Widen the carried float16 values to float32."""
         self.check_payload(p)
-        values = expect_buffer(p, "values", "float16", math.prod(p.shape))
+        size = expect_shape(p)
+        expect_nbits(p, 16 * size)
+        values = require_finite(p, "values", expect_buffer(p, "values", "float16", size))
         return values.astype(np.float32).reshape(p.shape)

@@ -61,7 +61,7 @@ def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
             ok = (ic > ia) & (c64 > a64)
             gap = np.where(ok, c64 - a64, 1.0)
             rank = np.ceil((c64 * ic - a64 * ia - inside) / gap)
-            rank = np.clip(np.nan_to_num(rank), ia + 1, np.maximum(ic, ia + 1)).astype(np.int64)
+            rank = np.clip(np.where(ok, rank, 0), ia + 1, np.maximum(ic, ia + 1)).astype(np.int64)
             best = sb.at(np.minimum(rank - 1, sb.size - 1))
             lv[:, j] = np.where(ok, best, lv[:, j])
     return lv

@@ -59,8 +59,10 @@ class TernGrad(Codec):
         flat, shape = flat_input(x)
         rng = require_rng(rng, self.name)
         if self.clip is not None and flat.size:
-            bound = np.float32(self.clip * float(np.std(flat, dtype=np.float64)))
-            flat = np.clip(flat, -bound, bound)
+            std = float(np.std(flat, dtype=np.float64))
+            if std > 0:  # a constant vector has nothing to clip (and std 0 would zero it)
+                bound = np.float32(min(self.clip * std, float(np.finfo(np.float32).max)))
+                flat = np.clip(flat, -bound, bound)
         m = np.float32(np.abs(flat).max()) if flat.size else np.float32(0.0)
         gain = np.float32(1.0) / m if m > 0 else np.float32(0.0)
         codes = np.empty(flat.size, dtype=np.uint8)

@@ -24,14 +24,15 @@ def bias_z(codec, x, n=3000, seed=0):
     """Largest |mean - x| over coordinates in units of the Monte-Carlo standard error.
 
     Each coordinate's mean over ``n`` seeded draws should lie within ``K_SIGMA * sd /
-    sqrt(n)`` of ``x``. A coordinate with zero spread (a deterministic output) gets the floor
-    ``1e-6 * max|x|`` as its standard error, so a deterministic but wrong output counts as a
-    huge deviation and float32 rounding (about 1e-7 relative) does not.
+    sqrt(n)`` of ``x``. The spread used is at least a tenth of the median spread (a
+    coordinate close to a level rounds up so rarely that ``n`` draws may show no spread at
+    all) and at least ``1e-6 * max|x|`` (float32 rounding); a deterministic codec has zero
+    spread everywhere, so any systematic error shows up as a huge deviation.
     """
     y = draws(codec, x, n, seed)
-    se = y.std(axis=0, ddof=1) / math.sqrt(n)
-    floor = 1e-6 * float(np.abs(x).max())
-    return float((np.abs(y.mean(axis=0) - x.astype(np.float64)) / (se + floor)).max())
+    sd = y.std(axis=0, ddof=1)
+    sd = np.maximum(sd, max(0.1 * float(np.median(sd)), 1e-6 * float(np.abs(x).max())))
+    return float((np.abs(y.mean(axis=0) - x.astype(np.float64)) / (sd / math.sqrt(n))).max())
 
 
 def gaussian(shape, seed=0):
@@ -58,7 +59,8 @@ def test_unbiased(name, params, shape):
     x = student_t(shape, seed=1)
     if name == "uniform":
         x = np.abs(x)  # data-like: non-negative
-    assert bias_z(make(name, **params), x) < K_SIGMA
+    n = 1000 if name == "orq" else 3000  # ORQ draws cost more; tolerance scales with n
+    assert bias_z(make(name, **params), x, n=n) < K_SIGMA
 
 
 def test_dithered_uniform_unbiased_over_seeds():
