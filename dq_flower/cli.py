@@ -110,6 +110,12 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--methods", type=_methods_arg, metavar="M1,M2,...",
                    help="comma-separated methods (registered names, the preset's variants, "
                         "or 'all'); default: the preset's list")
+    p.add_argument("--dataset", metavar="NAME",
+                   help="data set: digits, fmnist, cifar10 or npz:<path> (default: the "
+                        "preset's)")
+    p.add_argument("--model", metavar="NAME",
+                   help="model: logreg, mlp, cnn, wide-cnn, resnet20 or resnet18 (default: the "
+                        "preset's)")
     p.add_argument("--rounds", type=_positive_int, metavar="N",
                    help="server rounds of every method (>= 1)")
     p.add_argument("--num-clients", type=_positive_int, metavar="N",
@@ -212,7 +218,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     try:
         preset = load_preset(args.preset).with_overrides(
-            methods=args.methods, rounds=args.rounds, num_clients=args.num_clients,
+            methods=args.methods, dataset=args.dataset, model=args.model, rounds=args.rounds, num_clients=args.num_clients,
             partition=args.partition, dirichlet_alpha=args.alpha,
             fraction_train=args.fraction_train, target_accuracy=args.target_accuracy,
             seed=args.seed, data_dir=args.data_dir)

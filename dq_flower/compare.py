@@ -268,17 +268,23 @@ class ConsoleProgress:
 # ---------------------------------------------------------------------------- running
 
 
+class _FlowerNoise(logging.Filter):
+    """Drops Flower messages that say nothing about this comparison."""
+
+    NOISE = ("fraction_evaluate is set to 0.0", "The `run_simulation` function is deprecated")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in self.NOISE)
+
+
 @contextlib.contextmanager
 def _quiet_flower(verbose: bool) -> Iterator[None]:
     """Silence Flower's per-round INFO log (the progress lines replace it)."""
     logger = logging.getLogger("flwr")
     level = logger.level
 
-    class _Noise(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return "fraction_evaluate is set to 0.0" not in record.getMessage()
-
-    noise = _Noise()
+    noise = _FlowerNoise()
     if not verbose:
         logger.setLevel(logging.WARNING)
         logger.addFilter(noise)
@@ -298,6 +304,10 @@ def _run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]],
         from .testing import InProcessGrid
 
         grid = InProcessGrid(client_app, int(cfg["num-partitions"]))
+        # clients run one after another here, so each may use every core (the client app
+        # sets torch's thread count, which the server's evaluation shares, from this key)
+        for context in grid.contexts.values():
+            context.node_config["num-threads"] = max(1, os.cpu_count() or 1)
         return run_server(grid, cfg, on_round=on_round)
     from .simulate import simulate
 

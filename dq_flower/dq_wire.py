@@ -66,6 +66,14 @@ class SampleBatch:
         return int(self.labels.size)
 
     @property
+    def packed_nbytes(self) -> int:
+        """Bytes of the upload bit-packed but before entropy coding (samples and info)."""
+        n, d = self.samples.shape
+        side = sum(b.nbytes for k, b in self.samples.buffers.items() if k != "codes")
+        return int(packed_nbytes(n * d, int(self.samples.meta["bits"])) + side
+                   + (self.info_nbits + 7) // 8)
+
+    @property
     def payload_bits(self) -> int:
         """Analytic bits of the whole upload (codes, side info, labels, ids, weights, delta)."""
         comp = self.compensation.nbits if self.compensation is not None else 0

@@ -253,9 +253,12 @@ BUILTIN_PRESETS: dict[str, Preset] = {
     "digits-mlp": Preset(
         name="digits-mlp",
         description="scikit-learn's handwritten digits (embedded, 8x8), MLP, 4 IID clients",
-        dataset="digits", model="mlp", num_clients=4, rounds=40, partition="iid",
-        target_accuracy=0.9, seed=0, methods=("all",),
-        method_knobs={"fedavg": {"local-epochs": 1}},
+        dataset="digits", model="mlp", num_clients=4, rounds=50, partition="iid",
+        dirichlet_alpha=0.1, fraction_train=1.0, target_accuracy=0.9, seed=0,
+        methods=("all", "qsgd-tau5", "ef-signsgd-tau5"),
+        method_knobs={"fedavg": {"local-epochs": 1},
+                      "qsgd-tau5": {"method": "qsgd", "local-steps": 5},
+                      "ef-signsgd-tau5": {"method": "ef-signsgd", "local-steps": 5}},
     ),
 }
 

@@ -35,8 +35,26 @@ class StoredRows:
         return int(self.codes.shape[0])
 
 
+def _narrow_uint(values: np.ndarray) -> np.ndarray:
+    """Non-negative ints in the narrowest unsigned dtype that holds them."""
+    values = np.asarray(values)
+    top = int(values.max()) if values.size else 0
+    return values.astype(np.min_scalar_type(top))
+
+
+def _narrow_float(values: np.ndarray) -> np.ndarray:
+    """Weights as float16 when that is exact, else float32."""
+    values = np.asarray(values, dtype=np.float32)
+    half = values.astype(np.float16)
+    return half if np.array_equal(half.astype(np.float32), values) else values
+
+
 class SampleStore:
     """Append-only packed sample store with an optional bound and eviction policy.
+
+    Per-row metadata is kept in the narrowest dtype that holds it exactly (labels, node
+    index and ids as the smallest unsigned ints, weights as float16 when exact), and
+    arrays are sized exactly, so memory is the packed rows plus a few bytes per row.
 
     Parameters
     ----------
@@ -96,10 +114,10 @@ class SampleStore:
         compact = StoredRows(
             codes=np.ascontiguousarray(rows.codes, dtype=np.uint8),
             side=np.ascontiguousarray(rows.side),
-            labels=rows.labels.astype(np.uint8 if rows.labels.max(initial=0) < 256 else np.int64),
-            weights=rows.weights.astype(np.float32),
-            node=np.array([lookup[int(n)] for n in rows.node], dtype=np.uint16),
-            ids=rows.ids.astype(np.uint32),
+            labels=_narrow_uint(rows.labels),
+            weights=_narrow_float(rows.weights),
+            node=_narrow_uint(np.array([lookup[int(n)] for n in rows.node], dtype=np.int64)),
+            ids=_narrow_uint(rows.ids),
             dither=np.ascontiguousarray(rows.dither, dtype=np.int64),
         )
         if self._rows is None:

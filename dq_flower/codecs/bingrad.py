@@ -37,7 +37,7 @@ from .registry import register
 
 __all__ = ["BinGrad", "SortedBuckets", "lloyd_max_2"]
 
-_SUB = 32  # elements per prefix-sum block
+_SUB = 8  # elements per prefix-sum block
 _SUB_RANGE = np.arange(_SUB)
 #: Elements per block of buckets processed at once (sorting keeps temporaries in L3).
 BLOCK_ELEMENTS = 1 << 20
@@ -59,7 +59,10 @@ class SortedBuckets:
         pad = nsub * _SUB - self.size
         padded = self.sorted if pad == 0 else np.pad(self.sorted, ((0, 0), (0, pad)))
         self._subs = padded.reshape(self.nb, nsub, _SUB)
-        sums = np.einsum("ij->i", padded.reshape(-1, _SUB)).reshape(self.nb, nsub)
+        with np.errstate(over="ignore"):
+            sums = np.einsum("ij->i", padded.reshape(-1, _SUB)).reshape(self.nb, nsub)
+        if not np.isfinite(sums).all():  # float32 overflow of a 32-value sum: redo in float64
+            sums = padded.reshape(-1, _SUB).sum(axis=1, dtype=np.float64).reshape(self.nb, nsub)
         self._cum = np.zeros((self.nb, nsub + 1), dtype=np.float64)
         np.cumsum(sums, axis=1, dtype=np.float64, out=self._cum[:, 1:])
         self._nsub = nsub
@@ -93,7 +96,7 @@ class SortedBuckets:
         rows = self.rows if k.ndim == 1 else self.rows[:, None]
         block, rest = np.divmod(k, _SUB)
         part = self._subs[rows, np.minimum(block, self._nsub - 1)]
-        partial = np.where(_SUB_RANGE < rest[..., None], part, 0).sum(axis=-1, dtype=np.float64)
+        partial = np.where(rest[..., None] > _SUB_RANGE, part, 0).sum(axis=-1, dtype=np.float64)
         return self._cum[rows, block] + partial
 
     def at(self, k: np.ndarray) -> np.ndarray:

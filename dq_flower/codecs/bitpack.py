@@ -156,7 +156,9 @@ def unpack_to(
     tab = np.ascontiguousarray(table, dtype=np.float32).reshape(-1)
     if tab.size != 1 << bits:
         raise ValueError(f"table must hold 2**bits={1 << bits} values, got {tab.size}")
-    if out is not None and (out.dtype != np.float32 or out.size != count or not out.flags.c_contiguous):
+    if out is not None and (
+        out.dtype != np.float32 or out.size != count or not out.flags.c_contiguous
+    ):
         raise ValueError("out must be a C-contiguous float32 array of count elements")
     if bits not in (1, 2, 4):
         values = tab[unpack(data, bits, count)]

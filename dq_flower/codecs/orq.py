@@ -33,8 +33,8 @@ from .base import (
     meta_equal,
     n_buckets,
     require_finite,
+    random_u16,
     require_rng,
-    stochastic_floor,
 )
 from .bingrad import BLOCK_ELEMENTS, SortedBuckets
 from .registry import register
@@ -43,27 +43,33 @@ __all__ = ["ORQ", "optimal_levels"]
 
 
 def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
-    """Variance-optimal levels ``(n_buckets, levels + 1)`` float32 by coordinate sweeps."""
+    """Variance-optimal levels ``(n_buckets, levels + 1)`` float32 by coordinate sweeps.
+
+    Each level carries its rank in the sorted bucket (the number of values below it, or,
+    once it is a data point, that point's index): the slope above depends on the ranks only
+    through ``S - a #[a, b) - c #[b, c)``, which is the same whichever copy of a repeated
+    value the rank points at, so an update needs two prefix sums and no search.
+    """
     low = sb.sorted[:, 0].astype(np.float64)
     high = sb.sorted[:, -1].astype(np.float64)
     frac = np.arange(levels + 1) / levels
     lv = (low[:, None] + (high - low)[:, None] * frac).astype(np.float32)
     lv[:, 0] = sb.sorted[:, 0]
     lv[:, -1] = sb.sorted[:, -1]
+    rank = sb.count_less(lv) if levels > 1 and iters else None
     for _ in range(iters):
         for j in range(1, levels):
-            ac = lv[:, j - 1 : j + 2 : 2]  # (nb, 2): the neighbours a = b_{j-1}, c = b_{j+1}
-            counts = sb.count_less(ac)
-            sums = sb.prefix(counts)
-            ia, ic = counts[:, 0], counts[:, 1]
+            ia, ic = rank[:, j - 1], rank[:, j + 1]
+            sums = sb.prefix(rank[:, j - 1 : j + 2 : 2])
             inside = sums[:, 1] - sums[:, 0]
-            a64, c64 = ac[:, 0].astype(np.float64), ac[:, 1].astype(np.float64)
+            a64, c64 = lv[:, j - 1].astype(np.float64), lv[:, j + 1].astype(np.float64)
             ok = (ic > ia) & (c64 > a64)
             gap = np.where(ok, c64 - a64, 1.0)
-            rank = np.ceil((c64 * ic - a64 * ia - inside) / gap)
-            rank = np.clip(np.where(ok, rank, 0), ia + 1, np.maximum(ic, ia + 1)).astype(np.int64)
-            best = sb.at(np.minimum(rank - 1, sb.size - 1))
-            lv[:, j] = np.where(ok, best, lv[:, j])
+            best = np.ceil((c64 * ic - a64 * ia - inside) / gap)
+            best = np.clip(np.where(ok, best, 0), ia + 1, np.maximum(ic, ia + 1)).astype(np.int64)
+            index = np.minimum(best - 1, sb.size - 1)
+            lv[:, j] = np.where(ok, sb.at(index), lv[:, j])
+            rank[:, j] = np.where(ok, index, rank[:, j])
     return lv
 
 
@@ -112,8 +118,11 @@ class ORQ(Codec):
             width = (i1 - i0) // (b1 - b0)
             lv = optimal_levels(SortedBuckets(flat[i0:i1].reshape(b1 - b0, width)), s, self.iters)
             table[b0:b1] = lv
-            gaps = np.diff(lv, axis=1)
-            inv = np.divide(1.0, gaps, out=np.zeros_like(gaps), where=gaps > 0)
+            with np.errstate(over="ignore"):
+                gaps = np.diff(lv, axis=1)
+                inv = np.divide(np.float32(65536.0), gaps, out=np.zeros_like(gaps), where=gaps > 0)
+            # Tiny gaps (2**16 / gap overflows) or huge ones (gap overflows): float64 sub-blocks.
+            wide = not (np.isfinite(gaps).all() and np.isfinite(inv).all())
             # the rounding pass runs on cache-sized sub-blocks of buckets
             for c0, c1 in bucket_chunks(b1 - b0, width, 1 << 16):
                 v = flat[i0 + c0 * width : i0 + c1 * width].reshape(c1 - c0, width)
@@ -122,11 +131,21 @@ class ORQ(Codec):
                 for k in range(1, s):
                     j += v >= lvc[:, k : k + 1]
                 idx = j + (np.arange(c1 - c0, dtype=np.int64) * s)[:, None]
-                a = v - np.take(lvc[:, :-1].reshape(-1), idx)
-                a *= np.take(inv[c0:c1].reshape(-1), idx)
-                a += j
-                out = codes[i0 + c0 * width : i0 + c1 * width]
-                out[...] = stochastic_floor(a, rng, s).reshape(-1)
+                # up = p * 2**16 for p = (v - b_j) / (b_{j+1} - b_j) in [0, 1]; with a 16-bit
+                # uniform r, rounding up iff up + r >= 2**16 happens with probability p
+                # (to 2**-16): stochastic rounding by one comparison, no clipping needed.
+                if wide:
+                    lv64 = lvc.astype(np.float64)
+                    low = np.take(lv64[:, :-1].reshape(-1), idx)
+                    gap = np.take(np.diff(lv64, axis=1).reshape(-1), idx)
+                    frac = np.divide(v - low, gap, out=np.zeros(v.shape), where=gap > 0)
+                    up = (frac * 65536.0).astype(np.float32)
+                else:
+                    up = v - np.take(lvc[:, :-1].reshape(-1), idx)
+                    up *= np.take(inv[c0:c1].reshape(-1), idx)
+                np.add(up, random_u16(rng, up.size).reshape(up.shape), out=up)
+                j += up >= np.float32(65536.0)
+                codes[i0 + c0 * width : i0 + c1 * width] = j.reshape(-1)
         meta = {"levels": s, "bucket": self.bucket}
         buffers = {"codes": bitpack.pack(codes, self.width), "table": table.reshape(-1)}
         return Payload(self.name, shape, meta, buffers, nbits=self.nbits_for(size))

@@ -135,9 +135,13 @@ class PowerSGD(Codec):
         q = self._warm.get(key)
         if q is None:
             q = require_rng(rng, self.name).standard_normal((cols, r)).astype(np.float32)
-        p_mat, _ = np.linalg.qr(m @ q)
-        p_mat = np.ascontiguousarray(p_mat, dtype=np.float32)
-        q_new = np.ascontiguousarray(m.T @ p_mat, dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            mq = m @ q
+            if not np.isfinite(mq).all():
+                raise ValueError("powersgd factors overflow float32; rescale the input")
+            p_mat, _ = np.linalg.qr(mq)
+            p_mat = np.ascontiguousarray(p_mat, dtype=np.float32)
+            q_new = np.ascontiguousarray(m.T @ p_mat, dtype=np.float32)
         if not np.isfinite(q_new).all():
             raise ValueError("powersgd factors overflow float32; rescale the input")
         self._warm[key] = q_new.copy()
@@ -159,7 +163,8 @@ class PowerSGD(Codec):
             return values.astype(np.float32, copy=True).reshape(p.shape)
         p_mat = require_finite(p, "p", expect_buffer(p, "p", "float32", rows * r))
         q_mat = require_finite(p, "q", expect_buffer(p, "q", "float32", cols * r))
-        full = p_mat.reshape(rows, r) @ q_mat.reshape(cols, r).T
+        with np.errstate(over="ignore", invalid="ignore"):
+            full = p_mat.reshape(rows, r) @ q_mat.reshape(cols, r).T
         if not np.isfinite(full).all():
             raise PayloadError("powersgd factors multiply to non-finite values")
         return np.ascontiguousarray(full.reshape(-1)[:size]).reshape(p.shape)

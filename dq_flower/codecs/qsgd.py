@@ -30,15 +30,27 @@ __all__ = ["QSGD", "bucket_norms", "qsgd_variance_bound"]
 
 
 def bucket_norms(v: np.ndarray) -> np.ndarray:
-    """Euclidean norm of each row of ``v`` (float32), computed without float32 overflow."""
-    sq = np.einsum("ij,ij->i", v, v)
-    if np.isfinite(sq).all():
-        return np.sqrt(sq)
-    wide = v.astype(np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))
-    if not np.isfinite(norms.astype(np.float32)).all():
-        raise ValueError("a bucket's norm exceeds float32; rescale the input")
-    return norms.astype(np.float32)
+    """Euclidean norm of each row of ``v`` (float32), without float32 overflow or underflow.
+
+    Rows whose float32 sum of squares overflows or may have underflowed are recomputed in
+    float64; a rounded norm is then nudged up so that it never falls below the true one.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = np.einsum("ij,ij->i", v, v)
+    redo = ~np.isfinite(sq) | (sq < 1e-30)
+    norms = np.sqrt(sq)
+    if redo.any():
+        sub = np.flatnonzero(redo)
+        wide = v[sub].astype(np.float64)
+        exact = np.sqrt(np.einsum("ij,ij->i", wide, wide))
+        with np.errstate(over="ignore"):
+            rounded = exact.astype(np.float32)
+        if not np.isfinite(rounded).all():
+            raise ValueError("a bucket's norm exceeds float32; rescale the input")
+        low = rounded < exact
+        rounded[low] = np.nextafter(rounded[low], np.float32(np.inf))
+        norms[sub] = rounded
+    return norms
 
 
 @register("qsgd")
@@ -88,10 +100,13 @@ class QSGD(Codec):
         for b0, b1, i0, i1 in bucket_blocks(size, self.bucket):
             v = flat[i0:i1].reshape(b1 - b0, -1)
             n = bucket_norms(v)
-            gain = np.divide(np.float32(s), n, out=np.zeros_like(n), where=n > 0)
+            gain64 = np.divide(float(s), n.astype(np.float64), out=np.zeros(n.size), where=n > 0)
             # s + sign(v) * round_stochastic(s |v| / n) has the law of
             # round_stochastic(s + s v / n): one rounding of a value in [0, 2s].
-            a = v * gain[:, None]
+            if (gain64 > 1e30).any():  # tiny norms: s / n overflows float32
+                a = (v.astype(np.float64) * gain64[:, None]).astype(np.float32)
+            else:
+                a = v * gain64.astype(np.float32)[:, None]
             a += np.float32(s)
             codes[i0:i1] = stochastic_floor(a, rng, 2 * s).reshape(-1)
             norms[b0:b1] = n

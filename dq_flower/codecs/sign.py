@@ -46,7 +46,8 @@ def abs_mean(flat: np.ndarray) -> np.float32:
     total = 0.0
     buf = np.empty(min(_CHUNK, flat.size), dtype=np.float32)
     for s, e in bucket_chunks(flat.size, 1, _CHUNK):
-        part = float(np.abs(flat[s:e], out=buf[: e - s]).sum())
+        with np.errstate(over="ignore"):
+            part = float(np.abs(flat[s:e], out=buf[: e - s]).sum())
         if not np.isfinite(part):  # float32 overflow: redo this block in float64
             part = float(buf[: e - s].sum(dtype=np.float64))
         total += part

@@ -64,12 +64,13 @@ class TernGrad(Codec):
                 bound = np.float32(min(self.clip * std, float(np.finfo(np.float32).max)))
                 flat = np.clip(flat, -bound, bound)
         m = np.float32(np.abs(flat).max()) if flat.size else np.float32(0.0)
-        gain = np.float32(1.0) / m if m > 0 else np.float32(0.0)
+        with np.errstate(over="ignore"):
+            gain = np.float32(1.0) / m if m > 0 else np.float32(0.0)
         codes = np.empty(flat.size, dtype=np.uint8)
         for s, e in bucket_chunks(flat.size, 1):
             v = flat[s:e]
             # 1 + sign(v) * bernoulli(|v| / m) has the law of round_stochastic(1 + v / m).
-            a = v * gain
+            a = v * gain if np.isfinite(gain) else v / m  # 1 / m overflows for tiny m
             a += np.float32(1.0)
             codes[s:e] = stochastic_floor(a, rng, 2)
         buffers = {"codes": bitpack.pack(codes, 2), "scale": np.array([m], dtype=np.float32)}

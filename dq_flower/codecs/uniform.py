@@ -171,15 +171,25 @@ class Uniform(Codec):
             blk = flat[s:e]
             mn = blk.min(axis=1)
             mx = blk.max(axis=1)
-            sc32 = ((mx.astype(np.float64) - mn) / top).astype(np.float32)
-            if not np.isfinite(sc32).all():
-                raise ValueError("input range exceeds float32; cannot quantize")
-            span = mx - mn
-            gain = np.divide(unit, sc32, out=np.zeros_like(sc32), where=sc32 > 0)
-            gain = _safe_gain(span, gain.astype(np.float32), np.float32(bump), (top + 1) * unit)
+            with np.errstate(over="ignore"):
+                span = mx - mn
+                sc32 = ((mx.astype(np.float64) - mn) / top).astype(np.float32)
+                if not (np.isfinite(span).all() and np.isfinite(sc32 * np.float32(top)).all()):
+                    raise ValueError("a row's range exceeds float32; cannot quantize")
+            # a positive range keeps a positive scale, even below float32's denormals
+            sc32[(sc32 == 0) & (span > 0)] = np.finfo(np.float32).smallest_subnormal
+            sc64 = sc32.astype(np.float64)
+            gain64 = np.divide(float(unit), sc64, out=np.zeros(sc32.size), where=sc64 > 0)
+            tiny = gain64 > 1e30  # scale far below float32's normal range: float64 rows
+            gain = np.where(tiny, 0.0, gain64).astype(np.float32)
+            gain = _safe_gain(span, gain, np.float32(bump), (top + 1) * unit)
             t = work[: e - s]
             np.subtract(blk, mn[:, None], out=t)
             t *= gain[:, None]
+            if tiny.any():
+                sub = np.flatnonzero(tiny)
+                wide = (blk[sub].astype(np.float64) - mn[sub, None]) * gain64[sub, None]
+                t[sub] = np.minimum(wide, float(top * unit))
             if stoch:
                 if self.dither_seed is not None:
                     r = _dither_u16(self.dither_seed, s * width, (e - s) * width)

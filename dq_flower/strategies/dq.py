@@ -134,6 +134,7 @@ class DQStrategy(Strategy):
             log_round("dq", server_round, f"only {len(fresh)} valid replies (min-available "
                       f"{self.task.min_available}): no update this round")
         up_bits = sum(u.batch.payload_bits for u in fresh)
+        packed = sum(u.batch.packed_nbytes for u in fresh)
         metrics = {
             "train-loss": float(loss),
             "selected": int(sum(len(u.batch) for u in fresh)),
@@ -141,6 +142,7 @@ class DQStrategy(Strategy):
             "store-bytes": self.store.nbytes,
             "evicted": self.store.evicted,
             "up-payload-bits": int(up_bits),
+            "up-packed-bytes": int(packed),
             "replies": len(fresh),
             "rejected": rejected,
             "failed": failed,

@@ -166,7 +166,12 @@ def logistic_gradient(seed=0):
 
 @pytest.mark.parametrize(
     "x",
-    [gaussian((4096,), 6), student_t((4096,), 6), np.exp(gaussian((4096,), 6)), logistic_gradient()],
+    [
+        gaussian((4096,), 6),
+        student_t((4096,), 6),
+        np.exp(gaussian((4096,), 6)),
+        logistic_gradient(),
+    ],
     ids=["gaussian", "student-t", "lognormal", "logistic-gradient"],
 )
 def test_bingrad_error_not_above_scaled_sign(x):

@@ -1,0 +1,418 @@
+"""``dq-flower deploy``: credentials, SuperLink, SuperNodes, registration and ``flwr run``.
+
+Subcommands
+-----------
+``certs``      create a CA, the SuperLink certificate and SuperNode key pairs
+``superlink``  run a SuperLink (TLS and SuperNode authentication by default)
+``supernode``  run a SuperNode that holds partition K of N (optionally with a data folder)
+``register``   register a SuperNode's public key with the SuperLink
+``run``        ``flwr run`` this app on a SuperLink and report the SuperLink's traffic figures
+``local``      all of the above on this machine (loopback), one run, then stop everything
+
+``superlink`` and ``supernode`` run in the foreground until Ctrl-C or SIGTERM; the Flower
+process is then stopped by its pid (SIGTERM, then SIGKILL). ``--dry-run`` prints the command
+line instead. Insecure mode exists only behind ``--insecure`` and prints a warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from .certs import DEFAULT_HOSTS, create_credentials, load_credentials
+from .processes import (
+    TRUST_MODEL,
+    DeploymentError,
+    LocalDeployment,
+    compare_traffic,
+    flower_env,
+    flower_executable,
+    flwr_ls,
+    format_config,
+    register_node,
+    start_process,
+    superlink_command,
+    supernode_command,
+    write_connection,
+)
+
+__all__ = ["add_deploy_parser", "parse_config_pairs"]
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+DEFAULT_CONNECTION = "dq-flower"
+
+INSECURE_WARNING = (
+    "WARNING: --insecure turns TLS off: quantized training samples and the model cross the "
+    "network in clear text, and SuperNodes cannot verify the SuperLink. Use it only on a "
+    "network you control, for testing."
+)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _fail(message: str) -> int:
+    _say(f"dq-flower deploy: error: {message}")
+    return EXIT_USAGE
+
+
+def parse_config_pairs(items: list[str] | None) -> dict[str, Any]:
+    """Parse ``["k=v k2='a b'", ...]`` like ``flwr``'s ``--run-config`` (TOML values)."""
+    import tomli
+
+    out: dict[str, Any] = {}
+    pattern = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+    for item in items or []:
+        rest = pattern.sub("", item).strip()
+        if rest:
+            raise ValueError(f"cannot parse {rest!r} in {item!r}; expected key=value pairs")
+        for key, raw in pattern.findall(item):
+            try:
+                out[key] = tomli.loads(f"v = {raw}")["v"]
+            except tomli.TOMLDecodeError:
+                out[key] = raw  # a bare word (method=dq): taken as a string
+    return out
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into ``KeyboardInterrupt`` so ``finally`` blocks stop child processes."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _foreground(cmd: list[str], dry_run: bool, log_file: str | None = None) -> int:
+    """Print ``cmd``; unless ``dry_run``, run it until it exits or Ctrl-C/SIGTERM."""
+    print(shlex.join(cmd), flush=True)
+    if dry_run:
+        return 0
+    proc = start_process(cmd, log_path=log_file, env=flower_env())
+    _say(f"started {proc.name} (pid {proc.pid})"
+         + (f", log: {log_file}" if log_file else "") + "; Ctrl-C stops it")
+    try:
+        with _sigterm_as_interrupt():
+            return proc.wait()
+    except KeyboardInterrupt:
+        _say(f"stopping {proc.name} (pid {proc.pid})")
+        return 0
+    finally:
+        proc.stop()
+
+
+# --- subcommands ------------------------------------------------------------------------------
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    """``dq-flower deploy certs``."""
+    hosts = args.host or list(DEFAULT_HOSTS)
+    try:
+        creds = create_credentials(args.out, num_nodes=args.nodes, hosts=hosts,
+                                   days=args.days, overwrite=args.force)
+    except (FileExistsError, ValueError) as exc:
+        return _fail(str(exc))
+    print(f"CA certificate      {creds.ca_cert}  (copy to every SuperNode and flwr user)")
+    print(f"CA key              {creds.ca_key}  (keep offline)")
+    print(f"SuperLink cert/key  {creds.server_cert}, {creds.server_key}  (valid for "
+          f"{', '.join(hosts)})")
+    for keys in creds.nodes:
+        print(f"SuperNode key pair  {keys.private_key} (private, copy to that device only), "
+              f"{keys.public_key} (register it)")
+    return 0
+
+
+def _tls_paths(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+    if args.certs:
+        creds = load_credentials(args.certs)
+        return str(creds.ca_cert), str(creds.server_cert), str(creds.server_key)
+    return args.ssl_ca_certfile, args.ssl_certfile, args.ssl_keyfile
+
+
+def cmd_superlink(args: argparse.Namespace) -> int:
+    """``dq-flower deploy superlink``."""
+    _say(TRUST_MODEL)
+    try:
+        ca, cert, key = (None, None, None) if args.insecure else _tls_paths(args)
+        if args.insecure:
+            _say(INSECURE_WARNING)
+        if args.no_auth and not args.simulation:
+            _say("WARNING: --no-auth: the SuperLink accepts any SuperNode that can reach it.")
+        cmd = superlink_command(
+            host=args.host, port=args.port, ca_cert=ca, server_cert=cert, server_key=key,
+            insecure=args.insecure, supernode_auth=not args.no_auth,
+            simulation=args.simulation, database=args.database,
+            dependency_installation=args.allow_dependency_installation)
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(f"{exc} (give --certs DIR from 'dq-flower deploy certs', or --insecure)")
+    return _foreground(cmd, args.dry_run, args.log_file)
+
+
+def cmd_supernode(args: argparse.Namespace) -> int:
+    """``dq-flower deploy supernode``."""
+    _say(TRUST_MODEL)
+    if args.insecure:
+        _say(INSECURE_WARNING)
+    elif args.root_certificates is None:
+        _say("note: no --root-certificates: the SuperLink's certificate must be trusted by "
+             "this system's CA store")
+    if args.auth_key is None:
+        _say("note: no --auth-key: only a SuperLink started with --no-auth accepts this node")
+    try:
+        extra = parse_config_pairs(args.node_config)
+        if args.num_threads is not None:
+            extra["num-threads"] = args.num_threads
+        cmd = supernode_command(
+            superlink=args.superlink, partition_id=args.partition_id,
+            num_partitions=args.num_partitions, data_dir=args.data_dir,
+            root_certificates=args.root_certificates, private_key=args.auth_key,
+            insecure=args.insecure, runtime_port=args.runtime_port, node_config=extra,
+            max_retries=args.max_retries, max_wait_time=args.max_wait_time)
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    return _foreground(cmd, args.dry_run, args.log_file)
+
+
+def _connection(args: argparse.Namespace) -> str:
+    """The ``flwr`` connection to use; written to ``$FLWR_HOME/config.toml`` if needed."""
+    if args.superlink:
+        path = write_connection(args.connection, args.superlink,
+                                root_certificates=args.root_certificates,
+                                insecure=args.insecure)
+        _say(f"connection [superlink.{args.connection}] -> {args.superlink} written to {path}")
+    if args.insecure:
+        _say(INSECURE_WARNING)
+    return str(args.connection)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    """``dq-flower deploy register``."""
+    if not Path(args.public_key).is_file():
+        return _fail(f"no such public key file: {args.public_key}")
+    try:
+        conn = _connection(args)
+        node_id = register_node(args.public_key, conn, env=flower_env())
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    except DeploymentError as exc:
+        _say(str(exc))
+        return EXIT_FAILED
+    print(f"registered {args.public_key}: node id {node_id}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``dq-flower deploy run``: ``flwr run`` with the output shown, then the traffic."""
+    _say(TRUST_MODEL)
+    app = Path(args.app)
+    if not (app / "pyproject.toml").is_file():
+        return _fail(f"{app} has no pyproject.toml; run from the dq_flower project folder "
+                     "or pass --app")
+    try:
+        conn = _connection(args)
+        overrides = parse_config_pairs(args.run_config)
+        cmd = [flower_executable("flwr"), "run", str(app.resolve()), conn]
+        if overrides:
+            cmd += ["--run-config", format_config(overrides)]
+        if not args.no_stream:
+            cmd.append("--stream")
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    print(shlex.join(cmd), flush=True)
+    env = flower_env()
+    run_id = None
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # noqa: S603
+                          text=True, env=env, cwd=app) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                found = re.search(r"Successfully started run (\d+)", line)
+                if found:
+                    run_id = int(found.group(1))
+        except KeyboardInterrupt:
+            proc.terminate()
+            _say(f"stopped following the run; it goes on (flwr stop {run_id} {conn})")
+            return EXIT_FAILED
+    if proc.returncode != 0 or run_id is None:
+        return EXIT_FAILED
+    if not args.no_stream:
+        try:
+            rows = flwr_ls(conn, run_id, env=env)
+        except DeploymentError as exc:
+            _say(str(exc))
+            return EXIT_FAILED
+        info = rows[0] if rows else {}
+        print(f"run {run_id}: {info.get('status')}, SuperLink traffic "
+              f"{json.dumps(info.get('network-traffic', {}))}")
+    return 0
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """``dq-flower deploy local``: a whole TLS deployment on loopback, one run, then stop."""
+    _say(TRUST_MODEL)
+    if args.insecure:
+        _say(INSECURE_WARNING)
+    app = Path(args.app)
+    if not (app / "pyproject.toml").is_file():
+        return _fail(f"{app} has no pyproject.toml; run from the dq_flower project folder "
+                     "or pass --app")
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dq-deploy-"))
+    try:
+        overrides = parse_config_pairs(args.run_config)
+    except ValueError as exc:
+        return _fail(str(exc))
+    results = workdir / "results.json"
+    overrides.setdefault("num-server-rounds", args.rounds)
+    overrides["results-path"] = str(results)
+    _say(f"working folder {workdir} (certs, logs, FLWR_HOME)")
+    try:
+        with _sigterm_as_interrupt(), LocalDeployment(
+                workdir, num_nodes=args.nodes, tls=not args.insecure,
+                supernode_auth=not args.insecure, data_dir=args.data_dir) as dep:
+            _say(f"SuperLink {dep.address} (pid {dep.superlink.pid if dep.superlink else '?'})"
+                 f", SuperNodes {[p.pid for p in dep.supernodes]}, node ids {dep.node_ids}")
+            outcome = dep.run(app, overrides, timeout=args.timeout)
+    except KeyboardInterrupt:
+        _say("interrupted; every process was stopped")
+        return EXIT_FAILED
+    except DeploymentError as exc:
+        _say(str(exc))
+        return EXIT_FAILED
+    history = json.loads(results.read_text())["history"]
+    for row in history:
+        print(f"round {row['round']}: accuracy {row['accuracy']:.4f}, up {row['up_bytes']} B, "
+              f"down {row['down_bytes']} B")
+    traffic = compare_traffic(history, outcome)
+    print(json.dumps({"run-id": outcome.run_id, "status": outcome.status, **traffic}, indent=1))
+    return 0
+
+
+# --- parser -----------------------------------------------------------------------------------
+
+
+def _add_connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connection", default=DEFAULT_CONNECTION, metavar="NAME",
+                   help="flwr connection name in $FLWR_HOME/config.toml "
+                   f"(default {DEFAULT_CONNECTION})")
+    p.add_argument("--superlink", metavar="HOST:PORT",
+                   help="write/replace the connection NAME to this SuperLink first")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--root-certificates", metavar="CA.crt",
+                     help="CA certificate that signed the SuperLink's certificate")
+    tls.add_argument("--insecure", action="store_true",
+                     help="no TLS (prints a warning; testing on a network you control only)")
+
+
+def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``deploy`` and its subcommands to the ``dq-flower`` parser's ``subparsers``."""
+    deploy = subparsers.add_parser(
+        "deploy", help="run on real devices: certificates, SuperLink, SuperNodes, flwr run",
+        description="Run dq_flower on real devices as Flower SuperLink and SuperNodes. "
+        + TRUST_MODEL)
+    sub = deploy.add_subparsers(dest="deploy_command", metavar="SUBCOMMAND")
+    deploy.set_defaults(func=lambda args: deploy.print_help() or EXIT_USAGE)
+
+    p = sub.add_parser("certs", help="create a CA, the SuperLink certificate, SuperNode keys")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
+    p.add_argument("--nodes", type=int, default=2, metavar="N",
+                   help="SuperNode key pairs node-0 .. node-{N-1} (default 2)")
+    p.add_argument("--host", action="append", metavar="NAME_OR_IP",
+                   help="a name or IP the SuperLink is reached at; repeat for several "
+                   f"(default {' '.join(DEFAULT_HOSTS)})")
+    p.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=cmd_certs)
+
+    p = sub.add_parser("superlink", help="run a SuperLink (TLS + SuperNode authentication)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 for all interfaces (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9093,
+                   help="port of the Fleet, Control and Runtime APIs (default 9093)")
+    p.add_argument("--certs", metavar="DIR",
+                   help="folder from 'deploy certs' (ca.crt, server.crt, server.key)")
+    p.add_argument("--ssl-ca-certfile", metavar="CA.crt")
+    p.add_argument("--ssl-certfile", metavar="SERVER.crt")
+    p.add_argument("--ssl-keyfile", metavar="SERVER.key")
+    p.add_argument("--insecure", action="store_true", help="no TLS (prints a warning)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="accept any SuperNode (no --enable-supernode-auth; prints a warning)")
+    p.add_argument("--simulation", action="store_true",
+                   help="run Flower's simulation engine instead of waiting for SuperNodes")
+    p.add_argument("--database", metavar="PATH",
+                   help="SQLite file for the SuperLink's state (default: in memory)")
+    p.add_argument("--allow-dependency-installation", action="store_true",
+                   help="let each run 'uv sync' the app's dependencies (needs the network)")
+    p.add_argument("--log-file", metavar="PATH", help="write output here instead of stdout")
+    p.add_argument("--dry-run", action="store_true", help="print the command only")
+    p.set_defaults(func=cmd_superlink)
+
+    p = sub.add_parser("supernode", help="run a SuperNode holding partition K of N")
+    p.add_argument("--superlink", required=True, metavar="HOST:PORT")
+    p.add_argument("--partition-id", type=int, required=True, metavar="K")
+    p.add_argument("--num-partitions", type=int, required=True, metavar="N")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="this device's data folder (node config data-dir)")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--root-certificates", metavar="CA.crt",
+                     help="CA certificate that signed the SuperLink's certificate")
+    tls.add_argument("--insecure", action="store_true", help="no TLS (prints a warning)")
+    p.add_argument("--auth-key", metavar="PRIVATE_KEY",
+                   help="this node's private key (its .pub registered with 'deploy register')")
+    p.add_argument("--runtime-port", type=int, default=9094,
+                   help="local port for this node's ClientApp processes (default 9094; "
+                   "one per SuperNode on a machine)")
+    p.add_argument("--num-threads", type=int, metavar="T",
+                   help="torch threads for training on this device (node config num-threads)")
+    p.add_argument("--node-config", action="append", metavar="'k=v ...'",
+                   help="more node config pairs")
+    p.add_argument("--max-retries", type=int, help="give up after this many reconnects")
+    p.add_argument("--max-wait-time", type=float, help="give up reconnecting after seconds")
+    p.add_argument("--log-file", metavar="PATH", help="write output here instead of stdout")
+    p.add_argument("--dry-run", action="store_true", help="print the command only")
+    p.set_defaults(func=cmd_supernode)
+
+    p = sub.add_parser("register", help="register a SuperNode public key with the SuperLink")
+    p.add_argument("public_key", metavar="KEY.pub")
+    _add_connection_args(p)
+    p.set_defaults(func=cmd_register)
+
+    p = sub.add_parser("run", help="flwr run this app and show the SuperLink's traffic")
+    p.add_argument("--app", default=".", metavar="DIR",
+                   help="project folder with pyproject.toml (default .)")
+    _add_connection_args(p)
+    p.add_argument("--run-config", action="append", metavar="'k=v ...'",
+                   help="override [tool.flwr.app.config] keys, e.g. 'num-server-rounds=3'")
+    p.add_argument("--no-stream", action="store_true", help="submit the run and return")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("local", help="TLS deployment on this machine: one run, then stop")
+    p.add_argument("--app", default=".", metavar="DIR",
+                   help="project folder with pyproject.toml (default .)")
+    p.add_argument("--nodes", type=int, default=2, metavar="N", help="SuperNodes (default 2)")
+    p.add_argument("--rounds", type=int, default=2, help="num-server-rounds (default 2)")
+    p.add_argument("--run-config", action="append", metavar="'k=v ...'")
+    p.add_argument("--data-dir", metavar="DIR", help="data folder given to every SuperNode")
+    p.add_argument("--workdir", metavar="DIR", help="certs, logs, FLWR_HOME (default: temp)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds for the run")
+    p.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
+    p.set_defaults(func=cmd_local)
+    return deploy

@@ -1,0 +1,100 @@
+"""Error feedback: the invariant x + e_old == decode + e_new, state round trips, accumulation."""
+
+import numpy as np
+import pytest
+
+from dq_flower.codecs import ErrorFeedback, make
+
+WRAPPED = [
+    ("sign", {}),
+    ("ef-sign", {}),
+    ("topk", {"ratio": 0.05}),
+    ("powersgd", {"rank": 2}),
+    ("bingrad", {"bucket": 32}),
+    ("qsgd", {"levels": 1, "bucket": 32}),
+]
+
+
+def grads(steps, shape=(24, 20), seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) for _ in range(steps)]
+
+
+@pytest.mark.parametrize(("name", "params"), WRAPPED)
+def test_invariant_holds_every_step(name, params):
+    ef = ErrorFeedback(make(name, **params))
+    rng = np.random.default_rng(0)
+    assert ef.residual is None
+    for x in grads(8):
+        e_old = np.zeros_like(x) if ef.residual is None else ef.residual.copy()
+        p = ef.encode(x, rng)
+        decoded = ef.decode(p)
+        # float32 arithmetic: one rounding in x + e and one in the subtraction
+        scale = np.abs(x).max() + np.abs(e_old).max()
+        np.testing.assert_allclose(x + e_old, decoded + ef.residual, atol=4e-7 * scale, rtol=0)
+        assert ef.residual.shape == x.shape and ef.residual.dtype == np.float32
+
+
+def test_topk_with_error_feedback_sends_everything_eventually():
+    ef = ErrorFeedback(make("topk", ratio=0.1))
+    xs = grads(30, shape=(200,), seed=1)
+    sent = sum(ef.decode(ef.encode(x)) for x in xs)
+    # telescoping invariant: sum of inputs == sum of decoded + final residual
+    np.testing.assert_allclose(sum(xs), sent + ef.residual, atol=1e-4)
+    # and the residual stays bounded: nothing is lost, everything is sent later
+    assert np.abs(ef.residual).max() < 0.5 * np.abs(sum(xs)).max() + 10
+
+
+def test_error_feedback_changes_what_is_sent():
+    x = np.array([1.0, 0.4, 0.3], np.float32)
+    ef = ErrorFeedback(make("topk", ratio=0.3))  # k = ceil(0.9) = 1
+    np.testing.assert_array_equal(ef.decode(ef.encode(x)), [1.0, 0, 0])  # residual [0, .4, .3]
+    np.testing.assert_array_equal(ef.decode(ef.encode(x)), [1.0, 0, 0])  # p = [1, .8, .6]
+    # p = [1, 1.2, .9]: the accumulated second coordinate now wins
+    np.testing.assert_allclose(ef.decode(ef.encode(x)), [0, 1.2, 0], rtol=1e-6)
+
+
+def test_state_dict_round_trip_continues_identically():
+    xs = grads(6, seed=2)
+    a = ErrorFeedback(make("powersgd", rank=2))
+    rng_a = np.random.default_rng(5)
+    for x in xs[:3]:
+        a.encode(x, rng_a)
+    state = a.state_dict()
+    assert set(state) == {"residual", "codec/q/24x20x2"}
+    assert all(isinstance(v, np.ndarray) for v in state.values())
+    b = ErrorFeedback(make("powersgd", rank=2))
+    b.load_state_dict({k: v.copy() for k, v in state.items()})
+    rng_b = np.random.default_rng(5)
+    rng_b.bit_generator.state = rng_a.bit_generator.state
+    for x in xs[3:]:
+        np.testing.assert_array_equal(a.decode(a.encode(x, rng_a)), b.decode(b.encode(x, rng_b)))
+    np.testing.assert_array_equal(a.residual, b.residual)
+
+
+def test_state_dict_of_fresh_wrapper_and_errors():
+    ef = ErrorFeedback(make("sign"))
+    assert ef.state_dict() == {}
+    ef.load_state_dict({})
+    assert ef.residual is None
+    with pytest.raises(ValueError, match="unknown"):
+        ef.load_state_dict({"momentum": np.zeros(3)})
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ef.load_state_dict({"residual": np.array([np.nan], np.float32)})
+    with pytest.raises(ValueError, match="keeps no state"):
+        ef.load_state_dict({"codec/q/1x1x1": np.zeros((1, 1))})
+    ef.encode(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="residual"):
+        ef.encode(np.ones(5, np.float32))  # the model changed size
+    ef.reset()
+    assert ef.residual is None
+    ef.encode(np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="Codec"):
+        ErrorFeedback("sign")
+
+
+def test_error_feedback_refuses_non_finite_input():
+    ef = ErrorFeedback(make("ef-sign"))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ef.encode(np.array([1.0, np.inf], np.float32))
+    assert ef.residual is None  # a refused input leaves the memory untouched

@@ -1,0 +1,162 @@
+"""The ``dq-flower`` command: files and columns it writes, and its one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from dq_flower.cli import build_parser, main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FAST = ["--engine", "inprocess", "--num-clients", "2", "--rounds", "2", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def compare_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    code = main(["compare", "--preset", "digits-mlp", "--methods", "dq,fedavg,qsgd", *FAST,
+                 "--target-accuracy", "0.3", "--set", "dq.server-steps=3", "--set",
+                 "batch-size=16", "--out", str(out)])
+    return code, out
+
+
+def test_compare_writes_every_file(compare_run):
+    code, out = compare_run
+    assert code == 0
+    for name in ("results.json", "results.csv", "summary.md", "accuracy_vs_uplink.png",
+                 "accuracy_vs_rounds.png"):
+        assert (out / name).is_file(), name
+    for name in ("accuracy_vs_uplink.png", "accuracy_vs_rounds.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000
+
+
+def test_results_csv_has_one_row_per_method_and_round(compare_run):
+    _, out = compare_run
+    with (out / "results.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert set(rows[0]) >= {"label", "method", "round", "accuracy", "loss", "up_bytes",
+                            "down_bytes", "cum_up_bytes", "cum_down_bytes", "wall_s"}
+    assert [(r["label"], r["round"]) for r in rows] == [
+        (m, str(k)) for m in ("dq", "fedavg", "qsgd") for k in range(3)]
+    last = [r for r in rows if r["label"] == "qsgd"][-1]
+    assert int(last["cum_up_bytes"]) > 0 and 0.0 <= float(last["accuracy"]) <= 1.0
+
+
+def test_results_json_records_scenario_and_overrides(compare_run):
+    _, out = compare_run
+    data = json.loads((out / "results.json").read_text())
+    runs = {r["label"]: r for r in data["runs"]}
+    assert set(runs) == {"dq", "fedavg", "qsgd"}
+    assert all(r["status"] == "ok" for r in runs.values())
+    assert runs["dq"]["config"]["server-steps"] == 3
+    assert runs["qsgd"]["config"]["batch-size"] == 16 == runs["fedavg"]["config"]["batch-size"]
+    # same scenario for every method
+    for key in ("seed", "partition", "num-partitions", "num-server-rounds", "dataset"):
+        assert len({r["config"][key] for r in runs.values()}) == 1
+    assert data["preset"]["rounds"] == 2 and data["engine"] == "inprocess"
+    assert len(data["summaries"]) == 3
+
+
+def test_summary_states_D_d_and_the_ratio_to_dq(compare_run):
+    _, out = compare_run
+    text = (out / "summary.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| method"))
+    for column in ("| D |", "| d |", "uplink payload", "final acc", "rounds to 30.0%",
+                   "uplink to 30.0%", "uplink vs dq"):
+        assert column in header
+    assert "D = 9,610 model parameters, d = 64 data coordinates" in text
+    assert "## Verdict" in text and "trusted networks" in text
+    dq_row = next(line for line in text.splitlines() if line.startswith("| dq |"))
+    assert "b/sample" in dq_row
+
+
+def test_report_redraws_from_results_json(compare_run, capsys):
+    _, out = compare_run
+    (out / "summary.md").unlink()
+    assert main(["report", str(out), "--target-accuracy", "0.99"]) == 0
+    assert "rounds to 99.0%" in (out / "summary.md").read_text()
+    assert main(["report", str(out / "nowhere")]) == 2
+    assert "no results.json" in capsys.readouterr().err
+
+
+def _error(capsys, argv):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse-level errors
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code not in (0, None)
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_unknown_preset(capsys):
+    err = _error(capsys, ["compare", "--preset", "no-such-preset"])
+    assert "unknown preset 'no-such-preset'" in err and "digits-mlp" in err
+
+
+def test_unknown_method(capsys):
+    err = _error(capsys, ["compare", "--methods", "dq,nosuch", *FAST])
+    assert "unknown method 'nosuch'" in err and "fedavg" in err
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--rounds", "0"], "--rounds"),
+    (["--rounds", "x"], "--rounds"),
+    (["--alpha", "-1"], "--alpha"),
+    (["--fraction-train", "1.5"], "--fraction-train"),
+    (["--target-accuracy", "0"], "--target-accuracy"),
+    (["--partition", "zipf"], "--partition"),
+    (["--engine", "gpu"], "--engine"),
+])
+def test_bad_flag_value_names_the_flag(capsys, argv, names):
+    err = _error(capsys, ["compare", *argv])
+    assert names in err
+
+
+@pytest.mark.parametrize("setting, names", [
+    ("bits=9", "bits"),
+    ("dq.budget=0", "budget"),
+    ("no-such-knob=1", "no-such-knob"),
+    ("seed=3", "seed"),
+    ("qsgd.levels=abc", "levels"),
+    ("nothing", "--set"),
+])
+def test_bad_set_value_names_the_key(capsys, setting, names):
+    err = _error(capsys, ["compare", "--methods", "dq,qsgd", *FAST, "--set", setting])
+    assert names in err
+
+
+def test_missing_data_folder(capsys, tmp_path):
+    err = _error(capsys, ["compare", "--preset", "fmnist-cnn", "--data-dir", str(tmp_path),
+                          *FAST])
+    assert "not found" in err and str(tmp_path) in err
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["compare"]
+    for action in sub._actions:
+        for flag in action.option_strings:
+            assert flag in text
+        assert action.help, action.dest
+
+
+def test_list_presets(capsys):
+    assert main(["compare", "--list-presets"]) == 0
+    out = capsys.readouterr().out
+    for name in ("digits-mlp", "fmnist-cnn", "fmnist-wide-cnn", "cifar10-resnet"):
+        assert name in out
+    assert "ef-signsgd" in out
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "compare" in capsys.readouterr().out
