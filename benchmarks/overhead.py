@@ -47,9 +47,9 @@ def main() -> None:
         for method in ("fedavg", "dq"):
             knobs = {"budget": 64, "bits": 2, "server_steps": 20} if method == "dq" else {}
             result = dq_flower.simulate(method=method, **common, **knobs)
-            times[method] += _round_times(result.history)
-            print(f"{method}: round times (s) {[round(t, 3) for t in _round_times(result.history)]}",
-                  flush=True)
+            rounds = _round_times(result.history)
+            times[method] += rounds
+            print(f"{method}: round times (s) {[round(t, 3) for t in rounds]}", flush=True)
             dq = result if method == "dq" else dq
     assert dq is not None
     dq_round, fa_round = statistics.median(times["dq"]), statistics.median(times["fedavg"])

@@ -32,8 +32,8 @@ from .base import (
     flat_input,
     meta_equal,
     n_buckets,
-    require_finite,
     random_u16,
+    require_finite,
     require_rng,
 )
 from .bingrad import BLOCK_ELEMENTS, SortedBuckets
