@@ -1,0 +1,25 @@
+import tomllib
+from pathlib import Path
+
+from dq_flower.config import TaskConfig, field_keys
+from dq_flower.methods import get_method, method_names
+from dq_flower.server_app import validate_run_config
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def _config():
+    return tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def test_every_run_config_key_is_a_known_knob():
+    known = field_keys(TaskConfig) | {"method", "results-path"}
+    for name in method_names():
+        known |= field_keys(get_method(name).config_cls)
+    assert set(_config()) - known == set()
+
+
+def test_run_config_validates_for_every_method():
+    for name in method_names():
+        task, knobs = validate_run_config({**_config(), "method": name})
+        assert task.dataset == "digits"
