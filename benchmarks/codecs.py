@@ -15,6 +15,7 @@ Usage::
     python benchmarks/codecs.py              # full size (about a minute or two)
     python benchmarks/codecs.py --quick      # small inputs, 3 repetitions (CI smoke run)
     python benchmarks/codecs.py --size 1000000 --rows 10000 --reps 7
+    python benchmarks/codecs.py --clock cpu  # CPU time: steadier when other jobs run
 """
 
 from __future__ import annotations
@@ -82,11 +83,12 @@ def data_batch(rows: int) -> tuple[np.ndarray, str]:
     """The first ``rows`` Fashion-MNIST training images scaled to [0, 1], or synthetic ones."""
     if FMNIST.exists():
         with gzip.open(FMNIST, "rb") as fh:
-            raw = fh.read()
-        count = int.from_bytes(raw[4:8], "big")
-        images = np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(count, 784)
-        if rows <= count:
-            return images[:rows].astype(np.float32) / np.float32(255), "Fashion-MNIST"
+            head = fh.read(16)
+            count = int.from_bytes(head[4:8], "big")
+            if rows <= count:
+                raw = fh.read(rows * 784)
+                images = np.frombuffer(raw, dtype=np.uint8).reshape(rows, 784)
+                return images.astype(np.float32) / np.float32(255), "Fashion-MNIST"
     return synthetic_images(rows), "synthetic digit-like images"
 
 
@@ -106,20 +108,20 @@ class Row:
         return (self.encode + self.decode) / self.copy
 
 
-def measure(name: str, params: dict, x: np.ndarray, reps: int) -> tuple[float, ...]:
+def measure(name: str, params: dict, x: np.ndarray, reps: int, clock) -> tuple[float, ...]:
     codec = make(name, **params)
     rng = np.random.default_rng(0)
     payload = codec.encode(x, rng)  # warm-up (and the payload measured below)
     y = codec.decode(payload)
     copies, encodes, decodes = [], [], []
     for _ in range(reps):  # interleaved, so that machine load hits all three alike
-        t0 = time.perf_counter()
+        t0 = clock()
         np.copy(x)
-        t1 = time.perf_counter()
+        t1 = clock()
         p = codec.encode(x, rng)
-        t2 = time.perf_counter()
+        t2 = clock()
         codec.decode(p)
-        t3 = time.perf_counter()
+        t3 = clock()
         copies.append(t1 - t0)
         encodes.append(t2 - t1)
         decodes.append(t3 - t2)
@@ -127,7 +129,8 @@ def measure(name: str, params: dict, x: np.ndarray, reps: int) -> tuple[float, .
     diff = (x.astype(np.float64) - y).reshape(-1)
     norm = float(np.linalg.norm(x.reshape(-1).astype(np.float64)))
     error = float(np.linalg.norm(diff)) / norm if norm else 0.0
-    return float(np.median(encodes)), float(np.median(decodes)), float(np.median(copies)), rate, error
+    medians = [float(np.median(t)) for t in (encodes, decodes, copies)]
+    return (*medians, rate, error)
 
 
 def table(rows: list[Row]) -> str:
@@ -155,6 +158,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--reps", type=int, default=5, help="repetitions (median)")
     parser.add_argument("--quick", action="store_true", help="small inputs, 3 repetitions")
     parser.add_argument("--only", default="", help="comma-separated codec names to run")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall: time.perf_counter; cpu: time.process_time (robust on a busy machine)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.size, args.rows, args.reps = min(args.size, 200_000), min(args.rows, 2_000), 3
@@ -166,14 +175,16 @@ def main(argv: list[str] | None = None) -> str:
         if only and name not in only:
             continue
         x = grad if kind == "grad" else data
-        enc, dec, cp, rate, err = measure(name, params, x, args.reps)
+        clock = time.perf_counter if args.clock == "wall" else time.process_time
+        enc, dec, cp, rate, err = measure(name, params, x, args.reps, clock)
         rows.append(Row(label, enc, dec, cp, rate, err, target, kind))
         print(f"  {label}: {(enc + dec) / cp:.1f}x copy", file=sys.stderr, flush=True)
     copies = {k: np.median([r.copy for r in rows if r.kind == k] or [0]) for k in ("grad", "data")}
     header = (
         f"Gradient codecs: {args.size:,} float32 values (Gaussian x log-normal scale), np.copy "
         f"{copies['grad'] * 1e3:.1f} ms; data quantizer: {args.rows:,} x 784 {source}, np.copy "
-        f"{copies['data'] * 1e3:.1f} ms. Median of {args.reps} interleaved repetitions; numpy "
+        f"{copies['data'] * 1e3:.1f} ms. Median of {args.reps} interleaved repetitions "
+        f"({'wall-clock' if args.clock == 'wall' else 'process CPU'} time); numpy "
         f"{np.__version__}, Python {platform.python_version()}, {platform.machine()}."
     )
     text = header + "\n\n" + table(rows)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,13 +84,13 @@ def _add_compare(sub: Any) -> None:
     p = sub.add_parser(
         "compare",
         help="run several methods on one scenario; write results, summary and plots",
-        description=(
+        description=textwrap.fill(
             "Run a list of methods on one scenario with the same data, model, partition, "
             "clients, rounds and seed, in Flower's simulation engine (default) or in-process. "
             "Writes results.json, results.csv (per method and round), summary.md (D, d, "
             "uplink bits, final accuracy, rounds and uplink bytes to the target accuracy, "
             "ratio to DQ) and PNG plots to --out. Flags override the preset's values. "
-            "DQ uploads quantized raw samples: use it on trusted networks only."),
+            "DQ uploads quantized raw samples: use it on trusted networks only.", 79),
         epilog=(
             "examples:\n"
             "  dq-flower compare --preset digits-mlp\n"
@@ -117,7 +118,8 @@ def _add_compare(sub: Any) -> None:
                    help="model: logreg, mlp, cnn, wide-cnn, resnet20 or resnet18 (default: the "
                         "preset's)")
     p.add_argument("--rounds", type=_positive_int, metavar="N",
-                   help="server rounds of every method (>= 1)")
+                   help="server rounds of every method (>= 1; a method's own "
+                        "num-server-rounds, from the preset or --set, takes precedence)")
     p.add_argument("--num-clients", type=_positive_int, metavar="N",
                    help="simulated clients, one data partition each (>= 1)")
     p.add_argument("--partition", choices=("iid", "dirichlet", "pathological"),
@@ -174,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report(sub)
     try:
         from .deploy.cli import add_deploy_parser  # written in the deployment issue
-    except ImportError:
+    except ModuleNotFoundError as exc:  # only a missing deploy package is expected
+        if exc.name not in ("dq_flower.deploy", "dq_flower.deploy.cli"):
+            raise
         add_deploy_parser = None
     if add_deploy_parser is not None:
         add_deploy_parser(sub)
@@ -218,14 +222,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     try:
         preset = load_preset(args.preset).with_overrides(
-            methods=args.methods, dataset=args.dataset, model=args.model, rounds=args.rounds, num_clients=args.num_clients,
-            partition=args.partition, dirichlet_alpha=args.alpha,
+            methods=args.methods, dataset=args.dataset, model=args.model, rounds=args.rounds,
+            num_clients=args.num_clients, partition=args.partition, dirichlet_alpha=args.alpha,
             fraction_train=args.fraction_train, target_accuracy=args.target_accuracy,
             seed=args.seed, data_dir=args.data_dir)
         sets = compare.parse_set(args.sets)
         plans = compare.plan_runs(preset, sets)
         d, n_train = compare.check_data(preset)
-    except (ValueError, FileNotFoundError) as exc:
+    except FileNotFoundError as exc:
+        return _fail(f"{exc} On the command line: --data-dir DIR.")
+    except ValueError as exc:
         return _fail(str(exc))
     out = Path(args.out) if args.out else Path("results") / preset.name
     print(f"{PROG} compare: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} "

@@ -57,9 +57,10 @@ ENGINES = ("simulation", "inprocess")
 #: Leading columns of ``results.csv`` (the methods' own metrics follow, sorted).
 CSV_COLUMNS = ("label", "method", "round", "accuracy", "loss", "up_bytes", "down_bytes",
                "cum_up_bytes", "cum_down_bytes", "wall_s")
-#: Run-config keys that define the scenario: the same for every method.
+#: Run-config keys that define the scenario: the same for every method. (The number of
+#: rounds may differ per method: ``--set fedavg.num-server-rounds=10``.)
 SCENARIO_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-alpha",
-                 "num-server-rounds", "fraction-train", "seed", "data-dir")
+                 "fraction-train", "seed", "data-dir")
 RESULTS_FORMAT = "dq-flower-compare/1"
 REFERENCE = "dq"
 
@@ -560,20 +561,21 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
         "",
         (dim_text + "." if dim_text else ""),
         "",
-        f"| method | D | d | uplink payload | final acc | best acc | rounds to {_pct(target)} "
+        f"| method | D | d | uplink payload | rounds | final acc | best acc "
+        f"| rounds to {_pct(target)} "
         f"| uplink to {_pct(target)} | uplink vs {ref_label} | total uplink | total downlink "
         "| wall s |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rec, s in zip(runs, stats, strict=True):
         if s["status"] != "ok":
-            lines.append(f"| {rec['label']} | - | - | - | failed | - | - | - | n/a | - | - | "
-                         f"{s['wall_s']:.1f} |")
+            lines.append(f"| {rec['label']} | - | - | - | - | failed | - | - | - | n/a | - | - "
+                         f"| {s['wall_s']:.1f} |")
             continue
         reached = s["rounds_to_target"] is not None
         lines.append(
             f"| {rec['label']} | {rec['num_params']:,} | {rec['data_dim']:,} | "
-            f"{_fmt_unit(s['uplink'])} | {_pct(s['final_accuracy'])} | "
+            f"{_fmt_unit(s['uplink'])} | {s['rounds']} | {_pct(s['final_accuracy'])} | "
             f"{_pct(s['best_accuracy'])} | "
             f"{s['rounds_to_target'] if reached else 'not reached'} | "
             f"{fmt_bytes(s['up_bytes_to_target']) if reached else 'not reached'} | "
@@ -584,7 +586,8 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
               "\"> Nx (not reached)\" divides all the bytes the method sent without reaching "
               "it. Bytes are measured from the serialized Flower messages; \"uplink payload\" "
               "counts the codec's exact bits (side information included) per uploaded sample "
-              "or per model coordinate and upload.", "", "## Verdict", ""]
+              "or per model coordinate and upload. \"wall s\" is the method's whole run, "
+              "starting the engine (Ray, in simulation) included.", "", "## Verdict", ""]
     lines += _verdict(runs, stats, ref_label, target)
     failed = [r for r in runs if r["status"] != "ok"]
     if failed:
@@ -725,7 +728,7 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
     p = results["preset"]
     title = f"{p['name']}: {p['dataset']}, {p['model']}, {p['num_clients']} clients, " \
             f"{p['partition']}"
-    cmap = plt.get_cmap("tab20")
+    cmap = plt.get_cmap("tab10")
     styles = ["-", "--", "-.", ":"]
     paths = {}
     for name, xkey, xlabel, logx in (
@@ -739,7 +742,7 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
                 continue
             is_ref = rec["label"] == REFERENCE
             ax.plot([float(r[xkey]) for r in rows], [100 * float(r["accuracy"]) for r in rows],
-                    label=rec["label"], color="black" if is_ref else cmap(i % 20),
+                    label=rec["label"], color="black" if is_ref else cmap(i % 10),
                     linestyle="-" if is_ref else styles[i % len(styles)],
                     linewidth=2.6 if is_ref else 1.4, zorder=3 if is_ref else 2)
         ax.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":",

@@ -46,19 +46,20 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
     return strategy, {**to_config_record(task), **to_config_record(knobs)}
 
 
-#: Gradient baselines: name -> knob defaults (codec and its parameters first).
+#: Gradient baselines: name -> knob defaults. The codec's parameters come from
+#: ``config_baselines.CODEC_DEFAULTS``; ``signsgd``'s aggregation (majority vote), downlink
+#: (1-bit vote) and error feedback (off) follow from its ``sign`` codec.
 GRADIENT_METHODS: dict[str, dict[str, Any]] = {
     "sgd": {"codec": "identity"},
     "fp16": {"codec": "fp16"},
-    "qsgd": {"codec": "qsgd", "codec-params": "levels=4,bucket=512"},
+    "qsgd": {"codec": "qsgd"},
     "terngrad": {"codec": "terngrad"},
-    "signsgd": {"codec": "sign", "aggregation": "majority", "downlink": "sign",
-                "error-feedback": "off", "lr": 0.005, "momentum": 0.9},
+    "signsgd": {"codec": "sign", "lr": 0.005},
     "ef-signsgd": {"codec": "ef-sign"},
-    "topk": {"codec": "topk", "codec-params": "ratio=0.01"},
-    "powersgd": {"codec": "powersgd", "codec-params": "rank=2"},
-    "bingrad": {"codec": "bingrad", "codec-params": "bucket=512"},
-    "orq": {"codec": "orq", "codec-params": "levels=3,bucket=512"},
+    "topk": {"codec": "topk"},
+    "powersgd": {"codec": "powersgd"},
+    "bingrad": {"codec": "bingrad"},
+    "orq": {"codec": "orq"},
 }
 
 

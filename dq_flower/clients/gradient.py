@@ -146,7 +146,7 @@ def model_crc(w: np.ndarray) -> int:
 def uses_error_feedback(cfg: GradientConfig, codec) -> bool:
     """Whether clients wrap ``codec`` in error feedback under ``cfg``."""
     if cfg.error_feedback == "auto":
-        return bool(codec.biased) and cfg.aggregation == "mean"
+        return bool(codec.biased) and not cfg.majority
     return cfg.error_feedback == "on"
 
 
@@ -267,7 +267,7 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
         raise PayloadError(f"model has {w.size} parameters, expected {dim}")
     if "model-crc" in config and model_crc(w) != int(config["model-crc"]):
         raise ValueError("local model copy differs from the server's (CRC mismatch)")
-    if cfg.downlink == "sign":
+    if cfg.downlink_mode == "sign":
         save_state_dict(context, MODEL_STATE_KEY,
                         {"w": w, "version": int(config["model-version"])})
     return w
@@ -294,7 +294,7 @@ def train(msg: Message, context: Context) -> Message:
                             cfg.local_steps)
     update, loss, examples = local_update(model, x, y, batches, cfg.client_lr)
 
-    if cfg.aggregation == "majority" and cfg.momentum > 0:  # Signum: client-side momentum
+    if cfg.majority and cfg.momentum > 0:  # Signum: client-side momentum
         state = load_state_dict(context, MOMENTUM_KEY)
         m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
         update = np.asarray(m, dtype=np.float32)

@@ -64,7 +64,8 @@ class SortedBuckets:
         if not np.isfinite(sums).all():  # float32 overflow of a 32-value sum: redo in float64
             sums = padded.reshape(-1, _SUB).sum(axis=1, dtype=np.float64).reshape(self.nb, nsub)
         self._cum = np.zeros((self.nb, nsub + 1), dtype=np.float64)
-        np.cumsum(sums, axis=1, dtype=np.float64, out=self._cum[:, 1:])
+        self._cum[:, 1:] = sums
+        np.add.accumulate(self._cum, axis=1, out=self._cum)  # in place: faster than cumsum
         self._nsub = nsub
         self.rows = np.arange(self.nb)
         self._base = self.rows * self.size
@@ -96,8 +97,9 @@ class SortedBuckets:
         rows = self.rows if k.ndim == 1 else self.rows[:, None]
         block, rest = np.divmod(k, _SUB)
         part = self._subs[rows, np.minimum(block, self._nsub - 1)]
-        partial = np.where(rest[..., None] > _SUB_RANGE, part, 0).sum(axis=-1, dtype=np.float64)
-        return self._cum[rows, block] + partial
+        part = np.where(rest[..., None] > _SUB_RANGE, part, np.float32(0.0))
+        # einsum sums short rows far faster than ndarray.sum along a length-8 axis
+        return self._cum[rows, block] + np.einsum("...k->...", part)
 
     def at(self, k: np.ndarray) -> np.ndarray:
         """Per bucket, the ``k``-th smallest value (0-based)."""

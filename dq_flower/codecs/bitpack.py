@@ -76,12 +76,39 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
         out = (pairs << np.uint16(4)) | (pairs >> np.uint16(8))
         return out.astype(np.uint8)[:nbytes]
     # Widths 3, 5, 6, 7: eight codes make one 8*bits-bit group, built in a 64-bit word.
-    groups = _padded(codes, 8).reshape(-1, 8)
-    word = np.zeros(groups.shape[0], dtype=np.uint64)
-    for j in range(8):  # eight vectorised passes
-        word |= groups[:, j].astype(np.uint64) << np.uint64(bits * (7 - j))
-    raw = word.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - bits :]
-    return np.ascontiguousarray(raw).reshape(-1)[:nbytes]
+    word = _merge8(_padded(codes, 8).view("<u8").astype(np.uint64), bits)
+    out = np.empty((word.size, bits), dtype=np.uint8)
+    for i in range(bits):  # byte planes, most significant first
+        out[:, i] = word >> np.uint64(8 * (bits - 1 - i))
+    return out.reshape(-1)[:nbytes]
+
+
+def _lane_mask(lane: int, width: int) -> np.uint64:
+    """``2**width - 1`` repeated in every ``lane``-bit lane of a 64-bit word."""
+    return np.uint64(sum(((1 << width) - 1) << (lane * i) for i in range(64 // lane)))
+
+
+def _merge8(word: np.ndarray, bits: int) -> np.ndarray:
+    """Eight ``bits``-bit codes, one per byte (little-endian), to one ``8 * bits``-bit value.
+
+    Three pairwise merges on whole 64-bit words: bytes to 16-bit lanes, to 32-bit lanes, to
+    the full word, the earlier code always landing in the higher bits (MSB-first order).
+    """
+    b = np.uint64(bits)
+    m8, m16 = _lane_mask(16, 8), _lane_mask(32, 16)
+    word = ((word & m8) << b) | ((word >> np.uint64(8)) & m8)
+    word = ((word & m16) << (b + b)) | ((word >> np.uint64(16)) & m16)
+    return ((word & np.uint64(0xFFFFFFFF)) << (b * np.uint64(4))) | (word >> np.uint64(32))
+
+
+def _split8(word: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of :func:`_merge8`: one value to eight codes, one per byte (little-endian)."""
+    b = np.uint64(bits)
+    word = (word >> (b * np.uint64(4))) | ((word & _lane_mask(64, 4 * bits)) << np.uint64(32))
+    m2 = _lane_mask(32, 2 * bits)
+    word = ((word >> (b + b)) & m2) | ((word & m2) << np.uint64(16))
+    m1 = _lane_mask(16, bits)
+    return ((word >> b) & m1) | ((word & m1) << np.uint64(8))
 
 
 def _lut(bits: int) -> np.ndarray:
@@ -133,14 +160,10 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     if bits == 4:
         return _LUT4[buf].view(np.uint8)[:count]
     groups = _padded(buf, bits).reshape(-1, bits)
-    wide = np.zeros((groups.shape[0], 8), dtype=np.uint8)
-    wide[:, 8 - bits :] = groups
-    word = wide.view(">u8").reshape(-1).astype(np.uint64)
-    out = np.empty((word.size, 8), dtype=np.uint8)
-    mask = np.uint64((1 << bits) - 1)
-    for j in range(8):
-        out[:, j] = (word >> np.uint64(bits * (7 - j))) & mask
-    return out.reshape(-1)[:count]
+    word = np.zeros(groups.shape[0], dtype=np.uint64)
+    for i in range(bits):  # byte planes, most significant first
+        word |= groups[:, i].astype(np.uint64) << np.uint64(8 * (bits - 1 - i))
+    return _split8(word, bits).astype("<u8").view(np.uint8)[:count]
 
 
 def unpack_to(

@@ -1,6 +1,6 @@
 """ORQ (Xu, Huo, Huang, 2020): unbiased multi-level quantization with data-optimal levels.
 
-Per bucket, ``levels + 1`` values ``b_0 = min < b_1 <= ... <= b_s = max``; a coordinate in
+Per bucket, ``levels + 1`` values ``b_0 = min <= b_1 <= ... <= b_s = max``; a coordinate in
 ``[b_j, b_{j+1}]`` is rounded stochastically to one of the two (unbiased), with variance
 ``(b_{j+1} - v)(v - b_j)``. The total variance, as a function of one interior level ``b_j``
 with its neighbours ``a = b_{j-1}`` and ``c = b_{j+1}`` fixed, is convex and piecewise linear
@@ -48,7 +48,7 @@ def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
     Each level carries its rank in the sorted bucket (the number of values below it, or,
     once it is a data point, that point's index): the slope above depends on the ranks only
     through ``S - a #[a, b) - c #[b, c)``, which is the same whichever copy of a repeated
-    value the rank points at, so an update needs two prefix sums and no search.
+    value the rank points at, so an update needs one prefix sum and no search.
     """
     low = sb.sorted[:, 0].astype(np.float64)
     high = sb.sorted[:, -1].astype(np.float64)
@@ -56,12 +56,14 @@ def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
     lv = (low[:, None] + (high - low)[:, None] * frac).astype(np.float32)
     lv[:, 0] = sb.sorted[:, 0]
     lv[:, -1] = sb.sorted[:, -1]
-    rank = sb.count_less(lv) if levels > 1 and iters else None
+    if levels < 2 or not iters:
+        return lv
+    rank = sb.count_less(lv)
+    below = sb.prefix(rank)  # sum of the values below each level
     for _ in range(iters):
         for j in range(1, levels):
             ia, ic = rank[:, j - 1], rank[:, j + 1]
-            sums = sb.prefix(rank[:, j - 1 : j + 2 : 2])
-            inside = sums[:, 1] - sums[:, 0]
+            inside = below[:, j + 1] - below[:, j - 1]
             a64, c64 = lv[:, j - 1].astype(np.float64), lv[:, j + 1].astype(np.float64)
             ok = (ic > ia) & (c64 > a64)
             gap = np.where(ok, c64 - a64, 1.0)
@@ -70,6 +72,7 @@ def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
             index = np.minimum(best - 1, sb.size - 1)
             lv[:, j] = np.where(ok, sb.at(index), lv[:, j])
             rank[:, j] = np.where(ok, index, rank[:, j])
+            below[:, j] = sb.prefix(rank[:, j])
     return lv
 
 

@@ -228,17 +228,22 @@ def create_credentials(
     hosts: Sequence[str] = DEFAULT_HOSTS,
     days: int = 365,
     overwrite: bool = False,
+    include_loopback: bool = True,
 ) -> Credentials:
     """Create the CA, the SuperLink certificate and ``num_nodes`` SuperNode key pairs.
 
-    Node keys are named ``node-0`` ... ``node-{num_nodes-1}``.
+    Node keys are named ``node-0`` ... ``node-{num_nodes-1}``. The certificate is valid for
+    ``hosts`` and, with ``include_loopback``, also for ``127.0.0.1`` and ``localhost``: the
+    SuperLink's own helper (``flower-superexec``) connects through loopback with TLS when
+    the SuperLink listens on ``0.0.0.0``.
     """
     if num_nodes < 0:
         raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+    names = list(dict.fromkeys([*hosts, *(DEFAULT_HOSTS if include_loopback else ())]))
     out = Path(out_dir)
     ca_cert, ca_key = create_ca(out, days=days, overwrite=overwrite)
     server_cert, server_key = create_server_certificate(
-        out, ca_cert, ca_key, hosts=hosts, days=days, overwrite=overwrite
+        out, ca_cert, ca_key, hosts=names, days=days, overwrite=overwrite
     )
     nodes = tuple(create_node_keys(out, f"node-{k}", overwrite=overwrite)
                   for k in range(num_nodes))

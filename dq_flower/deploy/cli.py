@@ -124,7 +124,7 @@ def _foreground(cmd: list[str], dry_run: bool, log_file: str | None = None) -> i
 
 def cmd_certs(args: argparse.Namespace) -> int:
     """``dq-flower deploy certs``."""
-    hosts = args.host or list(DEFAULT_HOSTS)
+    hosts = list(dict.fromkeys([*(args.host or []), *DEFAULT_HOSTS]))
     try:
         creds = create_credentials(args.out, num_nodes=args.nodes, hosts=hosts,
                                    days=args.days, overwrite=args.force)
@@ -324,20 +324,25 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
 
 def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``deploy`` and its subcommands to the ``dq-flower`` parser's ``subparsers``."""
-    deploy = subparsers.add_parser(
+    deploy: argparse.ArgumentParser = subparsers.add_parser(
         "deploy", help="run on real devices: certificates, SuperLink, SuperNodes, flwr run",
         description="Run dq_flower on real devices as Flower SuperLink and SuperNodes. "
         + TRUST_MODEL)
     sub = deploy.add_subparsers(dest="deploy_command", metavar="SUBCOMMAND")
-    deploy.set_defaults(func=lambda args: deploy.print_help() or EXIT_USAGE)
+
+    def show_help(args: argparse.Namespace) -> int:
+        deploy.print_help()
+        return EXIT_USAGE
+
+    deploy.set_defaults(func=show_help)
 
     p = sub.add_parser("certs", help="create a CA, the SuperLink certificate, SuperNode keys")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
     p.add_argument("--nodes", type=int, default=2, metavar="N",
                    help="SuperNode key pairs node-0 .. node-{N-1} (default 2)")
     p.add_argument("--host", action="append", metavar="NAME_OR_IP",
-                   help="a name or IP the SuperLink is reached at; repeat for several "
-                   f"(default {' '.join(DEFAULT_HOSTS)})")
+                   help="a name or IP address SuperNodes reach the SuperLink at; repeat for "
+                   f"several ({' and '.join(DEFAULT_HOSTS)} are always added)")
     p.add_argument("--days", type=int, default=365, help="validity (default 365)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_certs)

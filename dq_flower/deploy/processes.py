@@ -17,10 +17,12 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
@@ -46,6 +48,7 @@ __all__ = [
     "flwr_run",
     "format_config",
     "free_port",
+    "list_nodes",
     "managed_process",
     "register_node",
     "start_process",
@@ -429,6 +432,11 @@ class ProcessGroup:
 # --- command lines ----------------------------------------------------------------------------
 
 
+def _abs(path: str | Path | None) -> str:
+    """Absolute path (Flower's helper processes may run in another folder)."""
+    return str(Path(str(path)).expanduser().resolve())
+
+
 def superlink_command(
     *,
     host: str = "127.0.0.1",
@@ -459,8 +467,8 @@ def superlink_command(
     if insecure:
         cmd.append("--insecure")
     else:
-        cmd += ["--ssl-ca-certfile", str(ca_cert), "--ssl-certfile", str(server_cert),
-                "--ssl-keyfile", str(server_key)]
+        cmd += ["--ssl-ca-certfile", _abs(ca_cert), "--ssl-certfile", _abs(server_cert),
+                "--ssl-keyfile", _abs(server_key)]
     if simulation:
         cmd.append("--simulation")
     elif supernode_auth:
@@ -468,9 +476,9 @@ def superlink_command(
     if not dependency_installation:
         cmd.append("--disable-runtime-dependency-installation")
     if database is not None:
-        cmd += ["--database", str(database)]
+        cmd += ["--database", _abs(database)]
     if log_file is not None:
-        cmd += ["--log-file", str(log_file)]
+        cmd += ["--log-file", _abs(log_file)]
     return cmd
 
 
@@ -500,16 +508,16 @@ def supernode_command(
         raise ValueError("insecure=True contradicts root_certificates")
     config: dict[str, Any] = {"partition-id": partition_id, "num-partitions": num_partitions}
     if data_dir is not None:
-        config["data-dir"] = str(data_dir)
+        config["data-dir"] = _abs(data_dir)
     config.update(node_config or {})
     cmd = [flower_executable("flower-supernode"), "--superlink", superlink,
            "--host", runtime_host, "--port", str(runtime_port)]
     if insecure:
         cmd.append("--insecure")
     elif root_certificates is not None:
-        cmd += ["--root-certificates", str(root_certificates)]
+        cmd += ["--root-certificates", _abs(root_certificates)]
     if private_key is not None:
-        cmd += ["--auth-supernode-private-key", str(private_key)]
+        cmd += ["--auth-supernode-private-key", _abs(private_key)]
     if max_retries is not None:
         cmd += ["--max-retries", str(max_retries)]
     if max_wait_time is not None:
@@ -596,6 +604,14 @@ def flwr_ls(connection: str, run_id: int | None = None, *,
         args += ["--run-id", str(run_id)]
     out = _json_out(_flwr(args, env=env, timeout=timeout).stdout)
     return list(out.get("runs", []))
+
+
+def list_nodes(connection: str, *, env: Mapping[str, str] | None = None,
+               timeout: float = 60.0) -> list[dict[str, Any]]:
+    """``flwr supernode ls <connection> --format json``: registered nodes and their status."""
+    out = _json_out(_flwr(["supernode", "ls", connection, "--format", "json"], env=env,
+                          timeout=timeout).stdout)
+    return list(out.get("nodes", []))
 
 
 @dataclass(frozen=True)
@@ -722,6 +738,7 @@ class LocalDeployment:
     supernodes: list[ManagedProcess] = field(init=False, default_factory=list)
     node_ids: list[int] = field(init=False, default_factory=list)
     group: ProcessGroup = field(init=False, default_factory=ProcessGroup)
+    _ray_tmp: Path | None = field(init=False, default=None, repr=False)
 
     @property
     def address(self) -> str:
@@ -737,20 +754,28 @@ class LocalDeployment:
         try:
             self._start()
         except BaseException:
-            self.group.stop_all()
+            self._stop()
             raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.group.stop_all()
+        self._stop()
+
+    def _stop(self) -> None:
+        try:
+            self.group.stop_all()
+        finally:
+            if self._ray_tmp is not None:
+                shutil.rmtree(self._ray_tmp, ignore_errors=True)
 
     def _start(self) -> None:
         self.workdir = Path(self.workdir).resolve()
-        for sub in ("flwr-home", "ray", "logs"):
+        for sub in ("flwr-home", "logs"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-        self.env = flower_env(flwr_home=self.workdir / "flwr-home",
-                              ray_tmpdir=self.workdir / "ray")
+        # Ray's AF_UNIX socket paths must stay under 108 bytes: a short folder of its own
+        self._ray_tmp = Path(tempfile.mkdtemp(prefix="dq-ray-"))
+        self.env = flower_env(flwr_home=self.workdir / "flwr-home", ray_tmpdir=self._ray_tmp)
         if self.tls and self.credentials is None:
             self.credentials = create_credentials(
                 self.workdir / "certs", num_nodes=0 if self.simulation else self.num_nodes,

@@ -99,7 +99,7 @@ class CompressedGradientStrategy(Strategy):
         self.sizes = [p.numel() for p in model.parameters()]
         self.optimizer = (make_optimizer(config.optimizer, model.parameters(), config.lr,
                                          config.momentum, config.weight_decay)
-                          if config.aggregation == "mean" else None)
+                          if not config.majority else None)
         self.version = 0  # model updates applied so far
         self.node_version: dict[int, int] = {}  # downlink="sign": model version a node holds
         self.votes: dict[int, ArrayRecord] = {}  # version v -> vote taking v-1 to v
@@ -124,7 +124,7 @@ class CompressedGradientStrategy(Strategy):
         base.setdefault("method", self.method)
         base["server-round"] = server_round
         w = get_flat(self.model)
-        if self.cfg.downlink == "sign":
+        if self.cfg.downlink_mode == "sign":
             base["model-version"] = self.version
             base["model-crc"] = model_crc(w)
         full = self._model_record(w)
@@ -133,7 +133,7 @@ class CompressedGradientStrategy(Strategy):
             cfg = ConfigRecord(dict(base.items()))
             content = RecordDict({"config": cfg})
             held = self.node_version.get(node)
-            if (self.cfg.downlink == "sign" and held is not None
+            if (self.cfg.downlink_mode == "sign" and held is not None
                     and 0 <= self.version - held <= MAX_VOTES_BEHIND
                     and all(v in self.votes for v in range(held + 1, self.version + 1))):
                 cfg["base-version"] = held
@@ -142,7 +142,7 @@ class CompressedGradientStrategy(Strategy):
                 bits += self.dim * (self.version - held)
             else:
                 content[MODEL_KEY] = full
-                bits += (16 if self.cfg.downlink == "fp16" else 32) * self.dim
+                bits += (16 if self.cfg.downlink_mode == "fp16" else 32) * self.dim
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))
         self.sent_payload_bits[server_round] = bits
@@ -173,7 +173,7 @@ class CompressedGradientStrategy(Strategy):
             weights.append(weight)
             losses.append(loss)
             up_bits += nbits
-            if self.cfg.downlink == "sign":
+            if self.cfg.downlink_mode == "sign":
                 self.node_version[node] = self.version
         stepped = len(vectors) >= self.task.min_available
         if stepped:
@@ -203,7 +203,7 @@ class CompressedGradientStrategy(Strategy):
 
     # ------------------------------------------------------------------ internals
     def _model_record(self, w: np.ndarray) -> ArrayRecord:
-        if self.cfg.downlink == "fp16":
+        if self.cfg.downlink_mode == "fp16":
             return make("fp16").encode(w).to_record()
         return model_record(self.model)
 
@@ -266,7 +266,7 @@ class CompressedGradientStrategy(Strategy):
     def aggregate(self, server_round: int, vectors: list[np.ndarray],
                   weights: list[float]) -> np.ndarray:
         """Combine decoded updates: weighted mean, or the majority vote."""
-        if self.cfg.aggregation == "majority":
+        if self.cfg.majority:
             rng = round_rng(self.task.seed, server_round, 0, PURPOSE_TIES)
             return majority_vote(vectors, rng)
         return weighted_mean(vectors, weights)
@@ -274,13 +274,13 @@ class CompressedGradientStrategy(Strategy):
     def apply(self, server_round: int, vectors: list[np.ndarray], weights: list[float]) -> None:
         """Aggregate and take one server step (advances the model version)."""
         agg = self.aggregate(server_round, vectors, weights)
-        if self.cfg.aggregation == "majority":
+        if self.cfg.majority:
             record = make("sign").encode(agg).to_record()
             vote = vote_from_payload(Payload.from_record(record))  # exactly what clients see
             set_flat(self.model, sign_step(get_flat(self.model), vote, self.cfg.lr,
                                            self.cfg.weight_decay))
             self.version += 1
-            if self.cfg.downlink == "sign":
+            if self.cfg.downlink_mode == "sign":
                 self.votes[self.version] = record
                 self.votes.pop(self.version - MAX_VOTES_BEHIND - 1, None)
             return

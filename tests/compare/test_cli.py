@@ -60,7 +60,7 @@ def test_results_json_records_scenario_and_overrides(compare_run):
     assert len(data["summaries"]) == 3
 
 
-def test_summary_states_D_d_and_the_ratio_to_dq(compare_run):
+def test_summary_states_model_and_data_dims_and_the_ratio_to_dq(compare_run):
     _, out = compare_run
     text = (out / "summary.md").read_text()
     header = next(line for line in text.splitlines() if line.startswith("| method"))

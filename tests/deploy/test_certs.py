@@ -118,7 +118,8 @@ def test_cli_certs(tmp_path, capsys):
                  "--host", "10.0.0.5", "--host", "superlink.lan"]) == 0
     creds = load_credentials(out)
     assert len(creds.nodes) == 2
-    assert _san(creds.server_cert) == ({"superlink.lan"}, {"10.0.0.5"})
+    # loopback is always added: the SuperLink's helper connects through 127.0.0.1
+    assert _san(creds.server_cert) == ({"superlink.lan", "localhost"}, {"10.0.0.5", "127.0.0.1"})
     assert "register it" in capsys.readouterr().out
     assert main(["deploy", "certs", "--out", str(out)]) == 2  # exists: refused, one line
     assert "exists" in capsys.readouterr().err

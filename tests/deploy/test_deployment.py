@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dq_flower.deploy.certs import create_node_keys
 from dq_flower.deploy.processes import (
     DeploymentError,
     LocalDeployment,
@@ -22,6 +23,7 @@ from dq_flower.deploy.processes import (
     compare_traffic,
     flwr_ls,
     format_config,
+    list_nodes,
     managed_process,
     superlink_command,
     supernode_command,
@@ -40,10 +42,11 @@ ENVELOPE_PER_REPLY = 6_000
 # --- command lines, config, processes (fast) --------------------------------------------------
 
 
-def test_superlink_command_defaults_to_tls_auth_and_no_installs(tmp_path):
+def test_superlink_command_defaults_to_tls_auth_and_no_installs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     cmd = superlink_command(port=1234, ca_cert="ca.crt", server_cert="s.crt", server_key="s.key")
     assert "--insecure" not in cmd
-    assert cmd[cmd.index("--ssl-ca-certfile") + 1] == "ca.crt"
+    assert cmd[cmd.index("--ssl-ca-certfile") + 1] == str(tmp_path / "ca.crt")  # absolute
     assert "--enable-supernode-auth" in cmd
     assert "--disable-runtime-dependency-installation" in cmd
     with pytest.raises(ValueError):
@@ -54,13 +57,14 @@ def test_superlink_command_defaults_to_tls_auth_and_no_installs(tmp_path):
     assert "--simulation" in sim and "--enable-supernode-auth" not in sim
 
 
-def test_supernode_command_carries_partition_and_data_dir():
+def test_supernode_command_carries_partition_and_data_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     cmd = supernode_command(superlink="10.0.0.5:9093", partition_id=2, num_partitions=4,
                             data_dir="/data/my set", root_certificates="ca.crt",
                             private_key="node-2", runtime_port=9100)
     assert cmd[cmd.index("--node-config") + 1] == (
         'partition-id=2 num-partitions=4 data-dir="/data/my set"')
-    assert cmd[cmd.index("--auth-supernode-private-key") + 1] == "node-2"
+    assert cmd[cmd.index("--auth-supernode-private-key") + 1] == str(tmp_path / "node-2")
     assert cmd[cmd.index("--port") + 1] == "9100"
     with pytest.raises(ValueError):
         supernode_command(superlink="x:1", partition_id=4, num_partitions=4)
@@ -184,8 +188,6 @@ def test_dq_two_rounds_over_tls_and_traffic_matches_superlink(deployment):
 
 def test_unregistered_node_is_refused(deployment):
     creds = deployment.credentials
-    from dq_flower.deploy.certs import create_node_keys
-
     stranger = create_node_keys(creds.ca_cert.parent, "stranger", overwrite=True)
     proc = deployment.start_supernode(0, stranger, name="supernode-unregistered")
     try:
@@ -197,12 +199,10 @@ def test_unregistered_node_is_refused(deployment):
     assert status != 0, log
     assert "Failed to activate SuperNode" in log, log
     assert "No SuperNode found with the given public key" in deployment.superlink.log_text()
-    # still only the two registered nodes
-    from dq_flower.deploy.processes import _flwr, _json_out
-
-    nodes = _json_out(_flwr(["supernode", "ls", deployment.connection, "--format", "json"],
-                            env=deployment.env, timeout=60).stdout)["nodes"]
+    # still only the two registered nodes, both online
+    nodes = list_nodes(deployment.connection, env=deployment.env)
     assert sorted(int(n["node-id"]) for n in nodes) == sorted(deployment.node_ids)
+    assert {n["status"] for n in nodes} == {"online"}
     runs = flwr_ls(deployment.connection, env=deployment.env)
     assert all(r["status"].startswith("finished") for r in runs)
 

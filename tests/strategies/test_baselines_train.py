@@ -6,7 +6,8 @@ for CI (about 15 s on 2 cores, Ray smoke test included).
 
 from __future__ import annotations
 
-import os
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -81,13 +82,18 @@ def test_every_baseline_uploads_less_than_fedavg_except_sgd():
 # ---------------------------------------------------------------------------- Ray
 @pytest.fixture
 def flower_env(tmp_path, monkeypatch):
-    """Flower and Ray in temporary folders, no telemetry, no update check."""
+    """Flower and Ray in temporary folders, no telemetry, no update check.
+
+    Ray's socket paths must stay under 107 bytes, so its folder is a short one in /tmp
+    rather than pytest's deep ``tmp_path``.
+    """
+    ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray"))
+    monkeypatch.setenv("RAY_TMPDIR", ray_dir)
     monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
-    os.makedirs(tmp_path / "ray", exist_ok=True)
-    return tmp_path
+    yield tmp_path
+    shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def test_qsgd_runs_in_flowers_simulation_engine(flower_env):

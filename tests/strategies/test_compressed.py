@@ -7,6 +7,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
+from dq_flower.accounting import content_bytes
 from dq_flower.client_app import app as client_app
 from dq_flower.clients.gradient import (
     EF_KEY,
@@ -78,7 +79,7 @@ def test_every_baseline_is_registered_with_its_family():
         assert get_method(name).family == "gradient"
         assert "codec" in get_method(name).defaults
     assert get_method("fedavg").family == "fedavg"
-    assert get_method("signsgd").defaults["aggregation"] == "majority"
+    assert get_method("qsgd").defaults == {"codec": "qsgd"}
 
 
 @pytest.mark.parametrize("name", BASELINES)
@@ -105,15 +106,44 @@ def test_method_defaults_build_a_valid_codec(name):
     ({"codec": "qsgd", "codec_params": "levels=0"}, "codec-params"),
     ({"codec": "qsgd", "codec_params": "levels"}, "codec-params"),
     ({"aggregation": "majority", "codec": "sign", "optimizer": "adam"}, "optimizer"),
+    ({"codec": "sign", "optimizer": "adam"}, "optimizer"),  # auto: majority for sign
+    ({"per_tensor": "yes"}, "per-tensor"),
+    ({"levels": -1}, "levels"),
+    ({"ratio": 1.5}, "ratio"),
 ])
 def test_gradient_config_rejects_bad_values_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=f"^{key}"):
         GradientConfig(**kwargs)
 
 
-def test_codec_param_knobs_override_codec_params():
-    cfg = GradientConfig(codec="qsgd", codec_params="levels=4,bucket=512", levels=8)
+def test_codec_params_layer_over_the_baseline_defaults_and_zero_means_unset():
+    assert GradientConfig(codec="qsgd").codec_kwargs == {"levels": 4, "bucket": 512}
+    assert GradientConfig(codec="qsgd", codec_params="bucket=64").codec_kwargs == \
+        {"levels": 4, "bucket": 64}
+    cfg = GradientConfig(codec="qsgd", codec_params="levels=2", levels=8, bucket=0)
     assert cfg.codec_kwargs == {"levels": 8, "bucket": 512}
+    assert GradientConfig(codec="topk", ratio=0.1).codec_kwargs == {"ratio": 0.1}
+
+
+def test_auto_knobs_resolve_from_the_codec():
+    sign = GradientConfig(codec="sign")
+    assert sign.majority and sign.downlink_mode == "sign" and not sign.segmented
+    qsgd = GradientConfig(codec="qsgd")
+    assert not qsgd.majority and qsgd.downlink_mode == "float32"
+    assert GradientConfig(codec="powersgd").segmented
+    assert not GradientConfig(codec="powersgd", per_tensor="off").segmented
+    assert GradientConfig(codec="sign", aggregation="mean").downlink_mode == "float32"
+
+
+def test_neutral_values_in_a_shared_run_config_keep_the_method_defaults():
+    # what pyproject.toml may list for every method: neutral values only
+    neutral = {"codec-params": "", "levels": 0, "bucket": 0, "ratio": 0.0, "rank": 0,
+               "aggregation": "auto", "downlink": "auto", "error-feedback": "auto",
+               "per-tensor": "auto"}
+    _, cfg = validate_run_config({"method": "orq", **neutral})
+    assert cfg.codec == "orq" and cfg.codec_kwargs == {"levels": 3, "bucket": 512}
+    _, cfg = validate_run_config({"method": "signsgd", **neutral})
+    assert cfg.majority and cfg.downlink_mode == "sign" and cfg.lr == 0.005
 
 
 def test_run_config_keys_reach_the_config():
@@ -207,7 +237,7 @@ def test_majority_vote_breaks_ties_with_the_seeded_generator():
 
 def test_strategy_steps_by_the_majority_vote_of_sign_payloads():
     # Prepare
-    strategy, _, _ = make_strategy(codec="sign", aggregation="majority", error_feedback="off",
+    strategy, _, _ = make_strategy(codec="sign", downlink="float32",
                                    lr=0.01, momentum=0.0)
     w0 = get_flat(strategy.model)
     pattern = np.array([[1, 1, -1, -1, 1], [1, -1, -1, 1, -1], [-1, 1, -1, 1, -1]],
@@ -364,34 +394,77 @@ def _client_update(task, pid, server_round, w, batch_size):
     return g
 
 
-@pytest.mark.parametrize(("codec", "params"), [("topk", "ratio=0.05"), ("ef-sign", "")])
+def _residual(context, cfg, sizes):
+    """The client's concatenated error-feedback residual (zeros where none is stored)."""
+    keys = [f"{EF_KEY}-{i}" for i in range(len(sizes))] if cfg.segmented else [EF_KEY]
+    sizes = sizes if cfg.segmented else [sum(sizes)]
+    parts = []
+    for key, size in zip(keys, sizes, strict=True):
+        state = load_state_dict(context, key)
+        parts.append(np.zeros(size, np.float32) if state is None or "residual" not in state
+                     else np.asarray(state["residual"], np.float32).reshape(-1))
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize(("codec", "params"),
+                         [("topk", "ratio=0.05"), ("ef-sign", ""), ("powersgd", "rank=1")])
 def test_error_feedback_state_survives_rounds_and_keeps_its_invariant(codec, params):
     # Prepare
     strategy, task, _ = make_strategy(num_partitions=2, codec=codec, codec_params=params,
                                       lr=0.05, batch_size=16)
+    cfg = strategy.cfg
     grid = InProcessGrid(client_app, 2)
-    dec = make(codec, **GradientConfig(codec=codec, codec_params=params).codec_kwargs)
+    dec = make(codec, **cfg.codec_kwargs)
     residual_norms = []
     for rnd in (1, 2, 3):
         w = get_flat(strategy.model)
-        before = {n: load_state_dict(grid.contexts[n], EF_KEY) for n in grid.contexts}
+        before = {n: _residual(grid.contexts[n], cfg, strategy.sizes) for n in grid.contexts}
         # Execute
         msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(), grid))
         replies = grid.send_and_receive(msgs)
         # Assert: x + e_old == decode(payload) + e_new, for every client
         for msg in replies:
             n = msg.metadata.src_node_id
-            pid = n - NODE_ID_BASE
-            x = _client_update(task, pid, rnd, w, 16)
-            e_old = (np.zeros_like(x) if before[n] is None
-                     else np.asarray(before[n]["residual"], dtype=np.float32))
-            e_new = np.asarray(load_state_dict(grid.contexts[n], EF_KEY)["residual"])
-            sent = dec.decode(Payload.from_record(msg.content["update"])).reshape(-1)
-            np.testing.assert_allclose(x + e_old, sent + e_new, rtol=0, atol=1e-5)
+            x = _client_update(task, n - NODE_ID_BASE, rnd, w, 16)
+            e_new = _residual(grid.contexts[n], cfg, strategy.sizes)
+            sent = np.concatenate([dec.decode(Payload.from_record(rec)).reshape(-1)
+                                   for _, rec in sorted(msg.content.array_records.items(),
+                                                        key=lambda kv: _order(kv[0]))])
+            np.testing.assert_allclose(x + before[n], sent + e_new, rtol=0, atol=1e-5)
             residual_norms.append(float(np.linalg.norm(e_new)))
         _, metrics = strategy.aggregate_train(rnd, replies)
-        assert metrics["replies"] == 2
+        assert metrics["replies"] == 2 and metrics["rejected"] == 0
     assert all(r > 0 for r in residual_norms)
+    if codec == "powersgd":  # the warm start travels in the same state
+        state = load_state_dict(grid.contexts[node(0)], f"{EF_KEY}-0")
+        assert any(k.startswith("codec/q/") for k in state)
+
+
+def _order(key: str) -> int:
+    return int(key.rsplit("-", 1)[1]) if "-" in key else 0
+
+
+def test_ef_signsgd_uplink_is_d_over_8_bytes_plus_a_constant_envelope():
+    # Prepare: record every reply's serialized size, per (round, node)
+    sizes: dict[tuple[int, int], int] = {}
+
+    def measured_app(msg, context):
+        reply = client_app(msg, context)
+        sizes[(int(msg.content["config"]["server-round"]), msg.metadata.dst_node_id)] = \
+            content_bytes(reply.content)
+        return reply
+
+    # Execute
+    result = run_server(InProcessGrid(measured_app, 2),
+                        build_run_config("ef-signsgd", num_clients=2, rounds=3))
+    # Assert
+    d = result.num_params
+    payload = -(-d // 8) + 4  # sign bits, packed, plus the float32 scale
+    for i in range(2):
+        envelopes = {sizes[(rnd, node(i))] - payload for rnd in (1, 2, 3)}
+        assert len(envelopes) == 1, envelopes  # constant across rounds
+        assert 0 < envelopes.pop() < 1024
+    assert result.history[1]["up_payload_bits"] == 2 * (d + 32)
 
 
 def test_unbiased_codecs_keep_no_error_feedback_state():

@@ -1,0 +1,206 @@
+"""The comparison harness: presets, knob layering, statistics, summary verdicts, failures."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from dq_flower import compare
+from dq_flower.compare import (
+    ConsoleProgress,
+    parse_set,
+    plan_runs,
+    run_comparison,
+    run_summaries,
+    summary_markdown,
+)
+from dq_flower.methods import method_names
+from dq_flower.presets import (
+    BUILTIN_PRESETS,
+    PRESET_DIR,
+    Preset,
+    load_preset,
+    parse_preset,
+    preset_names,
+)
+
+REQUIRED_PRESETS = {"digits-mlp", "fmnist-cnn", "fmnist-wide-cnn", "cifar10-resnet"}
+
+
+# ---------------------------------------------------------------------------- presets
+def test_required_presets_exist_as_files():
+    files = {p.stem for p in PRESET_DIR.glob("*.toml")}
+    assert files >= REQUIRED_PRESETS
+    assert set(preset_names()) >= REQUIRED_PRESETS
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in PRESET_DIR.glob("*.toml")))
+def test_every_preset_loads_and_validates(name):
+    preset = load_preset(name)
+    plans = plan_runs(preset)  # validates every method's knobs (no data needed)
+    assert plans and len({p.spec.label for p in plans}) == len(plans)
+    scenario = {(p.run_config["seed"], p.run_config["partition"],
+                 p.run_config["num-partitions"], p.run_config["dataset"],
+                 p.run_config["model"]) for p in plans}
+    assert len(scenario) == 1  # same seed, partition, clients, data and model for all
+
+
+def test_builtin_digits_preset_matches_its_file():
+    assert load_preset("digits-mlp") == BUILTIN_PRESETS["digits-mlp"]
+    labels = [p.spec.label for p in plan_runs(load_preset("digits-mlp"))]
+    assert labels[:len(method_names())] == method_names()  # "all" = every registered method
+
+
+def test_large_d_preset_is_large_d():
+    preset = load_preset("fmnist-wide-cnn")
+    assert (preset.dataset, preset.model, preset.num_clients) == ("fmnist", "wide-cnn", 10)
+    assert preset.target_accuracy == 0.85
+
+
+def test_preset_from_path_and_variants(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('rounds = 3\nrun = ["dq", "fast-qsgd"]\n[knobs]\nbatch-size = 8\n'
+                    '[methods.fast-qsgd]\nmethod = "qsgd"\nlocal-steps = 2\n')
+    plans = plan_runs(load_preset(str(path)))
+    assert [(p.spec.label, p.spec.method) for p in plans] == [("dq", "dq"), ("fast-qsgd", "qsgd")]
+    assert plans[1].resolved["local-steps"] == 2 and plans[1].resolved["batch-size"] == 8
+    assert "batch-size" not in plans[0].run_config  # dq has no batch-size knob
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"rounds": 0}, "rounds"),
+    ({"rounds": "ten"}, "rounds"),
+    ({"target-accuracy": 85}, "target-accuracy"),
+    ({"partition": "zipf"}, "partition"),
+    ({"colour": "red"}, "colour"),
+    ({"run": 3}, "run"),
+])
+def test_bad_preset_values_name_the_key(data, message):
+    with pytest.raises(ValueError, match=message):
+        parse_preset(data, "bad")
+
+
+def test_unknown_variant_method():
+    preset = parse_preset({"run": ["x"], "methods": {"x": {"method": "nope"}}}, "p")
+    with pytest.raises(ValueError, match="variant 'x': unknown method 'nope'"):
+        plan_runs(preset)
+
+
+# ---------------------------------------------------------------------------- knobs
+def test_parse_set_reads_toml_scalars():
+    assert parse_set(["bits=3", "dq.lr=0.5", "stochastic=false", "codec-params=levels=4"]) == [
+        (None, "bits", 3), ("dq", "lr", 0.5), (None, "stochastic", False),
+        (None, "codec-params", "levels=4")]
+    with pytest.raises(ValueError, match="--set"):
+        parse_set(["bits"])
+
+
+def test_knob_layering():
+    preset = Preset(name="t", methods=("dq", "qsgd", "fedavg"), knobs={"lr": 0.2},
+                    method_knobs={"fedavg": {"client-lr": 0.01}})
+    plans = {p.spec.label: p for p in plan_runs(
+        preset, parse_set(["batch-size=16", "qsgd.lr=0.3", "fedavg.num-server-rounds=2"]))}
+    assert plans["dq"].resolved["lr"] == 0.2 and plans["qsgd"].resolved["lr"] == 0.3
+    assert plans["fedavg"].resolved["client-lr"] == 0.01
+    assert plans["qsgd"].resolved["batch-size"] == 16 == plans["fedavg"].resolved["batch-size"]
+    # rounds may differ per method; the scenario may not
+    assert plans["fedavg"].run_config["num-server-rounds"] == 2
+    assert plans["dq"].run_config["num-server-rounds"] == preset.rounds
+    with pytest.raises(ValueError, match="part of the scenario"):
+        plan_runs(preset, parse_set(["dq.partition=dirichlet"]))
+    with pytest.raises(ValueError, match="not among the selected"):
+        plan_runs(preset, parse_set(["topk.ratio=0.1"]))
+
+
+# ---------------------------------------------------------------------------- statistics
+def _run(label, accs, up_per_round, family="gradient", codec="qsgd", status="ok"):
+    hist, cum = [], 0
+    for r, acc in enumerate(accs):
+        up = 0 if r == 0 else up_per_round
+        cum += up
+        hist.append({"round": r, "accuracy": acc, "loss": 1.0, "up_bytes": up,
+                     "down_bytes": 10, "cum_up_bytes": cum, "cum_down_bytes": 10 * r,
+                     "wall_s": float(r), "up_payload_bits": 8 * up, "replies": 2,
+                     "selected": 4})
+    return {"label": label, "method": label, "family": family, "status": status,
+            "error": "" if status == "ok" else "RuntimeError: boom",
+            "config": {"codec": codec, "bits": 2, "num-partitions": 2}, "num_params": 1000,
+            "data_dim": 10, "history": hist if status == "ok" else [], "wall_s": 1.0}
+
+
+def _results(runs, target=0.8):
+    preset = compare._preset_json(Preset(name="syn", target_accuracy=target))
+    return {"format": compare.RESULTS_FORMAT, "preset": preset, "engine": "inprocess",
+            "target_accuracy": target, "runs": runs}
+
+
+def test_bytes_and_rounds_to_target():
+    res = _results([_run("dq", [0.1, 0.5, 0.85, 0.9], 100, family="dq"),
+                    _run("qsgd", [0.1, 0.6, 0.7, 0.81], 1000)])
+    dq, qsgd = run_summaries(res)
+    assert (dq["rounds_to_target"], dq["up_bytes_to_target"]) == (2, 200)
+    assert (qsgd["rounds_to_target"], qsgd["up_bytes_to_target"]) == (3, 3000)
+    assert dq["uplink"]["unit"] == "sample" and dq["uplink"]["bits"] == 200
+    assert qsgd["uplink"]["unit"] == "coord" and qsgd["uplink"]["bits"] == pytest.approx(4.0)
+    text = summary_markdown(res)
+    assert "| 15x |" in text  # 3000 / 200
+    assert "dq used 15x fewer uplink bytes" in text
+
+
+def test_summary_says_plainly_where_dq_does_not_win():
+    res = _results([_run("dq", [0.1, 0.5, 0.85], 1000, family="dq"),
+                    _run("signsgd", [0.1, 0.9, 0.9], 100, codec="sign"),
+                    _run("topk", [0.1, 0.2, 0.3], 10, codec="topk")])
+    text = summary_markdown(res)
+    assert "**dq does not win against signsgd" in text
+    assert "> 0.01x (not reached)" in text  # topk: 20 bytes, never reached
+    assert "Did not reach 80.0% within the rounds: topk" in text
+
+
+def test_summary_when_dq_misses_the_target():
+    res = _results([_run("dq", [0.1, 0.5, 0.6], 100, family="dq"),
+                    _run("qsgd", [0.1, 0.9, 0.9], 1000)])
+    text = summary_markdown(res)
+    assert "**dq did not reach 80.0%**" in text and "no byte ratio" in text
+    assert "Reached the target: qsgd" in text
+
+
+def test_progress_lines_without_a_terminal():
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream)
+    plan = plan_runs(Preset(name="t", methods=("dq",), rounds=2))[0]
+    progress.start(1, 1, plan)
+    progress.round({"round": 0, "accuracy": 0.1, "cum_up_bytes": 0, "cum_down_bytes": 0,
+                    "wall_s": 0.0})
+    progress.round({"round": 1, "accuracy": 0.5, "cum_up_bytes": 2500, "cum_down_bytes": 10,
+                    "wall_s": 1.5})
+    record = _run("dq", [0.1, 0.5, 0.9], 100, family="dq")
+    record["stats"] = run_summaries(_results([record]))[0]
+    progress.end(record, 0.8)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "[1/1] dq: starting (dq, 2 rounds)"
+    assert lines[1].startswith("[1/1] dq round   1/2  acc  50.0%  up    2.5 kB")
+    assert "reached 80.0% at round 2" in lines[2] and len(lines) == 3
+
+
+# ---------------------------------------------------------------------------- harness
+def test_a_failing_method_is_recorded_and_the_others_run(tmp_path, monkeypatch):
+    real = compare._run_one
+
+    def flaky(plan, *args, **kwargs):
+        if plan.spec.label == "signsgd":
+            raise RuntimeError("simulated crash")
+        return real(plan, *args, **kwargs)
+
+    monkeypatch.setattr(compare, "_run_one", flaky)
+    preset = Preset(name="t", methods=("signsgd", "sgd"), rounds=1, num_clients=2,
+                    target_accuracy=0.5)
+    results = run_comparison(preset, tmp_path, engine="inprocess")
+    status = {r["label"]: r["status"] for r in results["runs"]}
+    assert status == {"signsgd": "failed", "sgd": "ok"}
+    text = (tmp_path / "summary.md").read_text()
+    assert "signsgd: RuntimeError: simulated crash" in text
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["runs"][0]["error"] == "RuntimeError: simulated crash"
