@@ -38,7 +38,7 @@ FMNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 CASES = [
     ("identity", "identity", {}, "grad", 20),
     ("fp16", "fp16", {}, "grad", 20),
-    ("qsgd s=3 (3 bit), bucket 512", "qsgd", {"levels": 3, "bucket": 512}, "grad", 20),
+    ("qsgd s=7 (4 bit), bucket 128", "qsgd", {"levels": 7, "bucket": 128}, "grad", 20),
     ("qsgd s=1 (2 bit), bucket 512", "qsgd", {"levels": 1, "bucket": 512}, "grad", 20),
     ("terngrad", "terngrad", {}, "grad", 20),
     ("sign", "sign", {}, "grad", 5),

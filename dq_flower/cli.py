@@ -234,6 +234,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     out = Path(args.out) if args.out else Path("results") / preset.name
+    if out.exists() and not out.is_dir():
+        return _fail(f"--out {out}: exists and is not a folder")
     print(f"{PROG} compare: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} "
           f"training samples), model {preset.model}, {preset.num_clients} clients, "
           f"{preset.partition} partition"
@@ -252,7 +254,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"\n{PROG}: interrupted; the finished methods' results are in {out}/",
               file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # e.g. --out names a file
         return _fail(str(exc))
     wall = time.perf_counter() - t0
     print()

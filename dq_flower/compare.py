@@ -422,8 +422,31 @@ def _environment() -> dict[str, Any]:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = "?"
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "versions": versions}
+    env = {"python": platform.python_version(), "platform": platform.platform(),
+           "cpus": os.cpu_count(), "versions": versions}
+    if hasattr(os, "getloadavg"):
+        env["load_average"] = os.getloadavg()[0]
+    env.update(_git_state())
+    return env
+
+
+def _git_state() -> dict[str, Any]:
+    """Commit and uncommitted files of the source tree, when it is a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return {}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=10,
+                               check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"git_commit": commit,
+            "git_modified": sorted(line[3:] for line in dirty if line.strip())}
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -595,6 +618,19 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
         lines += [f"- {r['label']}: {r['error']}" for r in failed]
     lines += ["", "DQ uploads quantized raw training samples to the server: use it on trusted "
               "networks only; it is not a privacy mechanism.", ""]
+    env = results.get("environment") or {}
+    if results.get("command") or env:
+        commit = env.get("git_commit", "")
+        modified = env.get("git_modified") or []
+        lines += [
+            "Run: " + (f"`{results['command']}`" if results.get("command") else "")
+            + (f"; total wall time {results['total_wall_s']:.0f} s"
+               if results.get("total_wall_s") else "")
+            + (f"; {env['cpus']} CPU cores" if env.get("cpus") else "")
+            + (f", load average {env['load_average']:.1f} at the start"
+               if env.get("load_average") is not None else "")
+            + (f"; commit {commit[:10]}" if commit else "")
+            + (f" with {len(modified)} modified file(s)" if modified else "") + ".", ""]
     return "\n".join(lines)
 
 

@@ -94,11 +94,18 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False)
     return cls(**kwargs)
 
 
-def to_config_record(cfg: Any) -> ConfigRecord:
-    """Hyphenated ``ConfigRecord`` of a config dataclass (``None`` fields are left out)."""
-    return ConfigRecord(
-        {_key(k): v for k, v in dataclasses.asdict(cfg).items() if v is not None}
-    )
+def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
+    """Hyphenated ``ConfigRecord`` of a config dataclass.
+
+    With ``changed_only`` (the default), fields at their default value are left out: the
+    receiver rebuilds them from the same defaults, and each message stays small. ``None``
+    fields are always left out.
+    """
+    defaults = type(cfg)()
+    return ConfigRecord({
+        _key(k): v for k, v in dataclasses.asdict(cfg).items()
+        if v is not None and not (changed_only and getattr(defaults, k) == v)
+    })
 
 
 def parse_params(text: str, key: str = "params") -> dict[str, Any]:

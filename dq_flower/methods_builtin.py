@@ -27,10 +27,11 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
     """Flower's own ``FedAvg`` (float32 weights, E local epochs), configured, not rewritten.
 
     Central evaluation is done by the server app's ``evaluate_fn``, so
-    ``fraction_evaluate`` is 0. Flower's FedAvg samples nodes with Python's global
-    ``random`` module; it is seeded here with the run seed so runs are reproducible.
+    ``fraction_evaluate`` is 0. FedAvg samples ``max(int(fraction_train * connected), 1)``
+    of the connected nodes (``min_train_nodes=1``: a larger minimum would make it wait for
+    nodes that may never connect). It samples with Python's global ``random`` module,
+    which is seeded here with the run seed so runs are reproducible.
     """
-    import math
     import random
 
     from flwr.serverapp.strategy import FedAvg
@@ -40,7 +41,7 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
     strategy = FedAvg(
         fraction_train=task.fraction_train,
         fraction_evaluate=0.0,
-        min_train_nodes=max(1, math.ceil(task.fraction_train * task.num_partitions)),
+        min_train_nodes=1,
         min_available_nodes=task.min_available,
     )
     return strategy, {**to_config_record(task), **to_config_record(knobs)}

@@ -5,7 +5,8 @@ The server's message carries the round config and the model in one of three form
 ``downlink="sign"``, the 1-bit votes the client has not applied yet (``vote-<v>``), which it
 applies to its own model copy kept in ``Context.state``.
 
-State kept across rounds in ``Context.state``:
+State kept across rounds in ``Context.state`` (with ``-<i>`` appended per parameter tensor
+when the update is coded per tensor):
 - ``grad-ef``: the error-feedback state of a biased codec (the residual, plus the codec's
   own state such as PowerSGD's warm start, as ``ErrorFeedback.state_dict`` gives it);
 - ``grad-codec``: the codec's own state when it runs without error feedback;
@@ -70,6 +71,8 @@ MODEL_STATE_KEY = "grad-model"
 #: ``round_rng`` purposes used by the client.
 PURPOSE_BATCH = 11
 PURPOSE_CODEC = 12
+#: Most votes a client applies from one message.
+MAX_VOTES = 64
 #: Codecs a ``model`` record may be encoded with (``downlink`` float32 / fp16).
 MODEL_CODECS = {"identity", "fp16"}
 
@@ -252,6 +255,8 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
             raise ValueError(f"no local model at version {base} to apply the votes to")
         w = np.asarray(state["w"], dtype=np.float32).copy()
         target = int(config["model-version"])
+        if not 0 <= target - base <= MAX_VOTES:
+            raise PayloadError(f"{target - base} votes to apply; at most {MAX_VOTES} accepted")
         for version in range(base + 1, target + 1):
             rec = content.array_records.get(f"{VOTE_PREFIX}{version}")
             if rec is None:

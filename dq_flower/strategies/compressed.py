@@ -294,6 +294,29 @@ class CompressedGradientStrategy(Strategy):
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Everything needed to resume: model, optimizer, versions and recent votes."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "version": self.version,
+            "node_version": dict(self.node_version),
+            "votes": {v: vote_from_payload(Payload.from_record(rec)).astype(np.int8)
+                      for v, rec in self.votes.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.node_version = {int(k): int(v) for k, v in state["node_version"].items()}
+        sign = make("sign")
+        self.votes = {int(v): sign.encode(np.asarray(vote, np.float32)).to_record()
+                      for v, vote in state["votes"].items()}
+
     def flat_model(self) -> np.ndarray:
         """The server model's parameters as one float32 vector."""
         return get_flat(self.model)

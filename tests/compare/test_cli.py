@@ -160,3 +160,19 @@ def test_list_presets(capsys):
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "compare" in capsys.readouterr().out
+
+
+def test_out_must_be_a_folder(capsys, tmp_path):
+    (tmp_path / "file").write_text("x")
+    err = _error(capsys, ["compare", "--methods", "dq", *FAST, "--out", str(tmp_path / "file")])
+    assert "--out" in err
+
+
+@pytest.mark.slow
+def test_compare_in_flowers_simulation_engine(tmp_path):
+    code = main(["compare", "--methods", "dq,signsgd", "--num-clients", "2", "--rounds", "2",
+                 "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["engine"] == "simulation"
+    assert [len(r["history"]) for r in data["runs"]] == [3, 3]

@@ -38,5 +38,7 @@ def test_parse_params_and_config_record_round_trip():
     with pytest.raises(ValueError):
         parse_params("levels")
     record = to_config_record(TaskConfig(num_partitions=3))
-    assert record["num-partitions"] == 3
+    assert dict(record.items()) == {"num-partitions": 3}  # defaults are left out
     assert from_mapping(TaskConfig, dict(record.items())) == TaskConfig(num_partitions=3)
+    full = to_config_record(TaskConfig(num_partitions=3), changed_only=False)
+    assert full["dataset"] == "digits" and full["num-partitions"] == 3

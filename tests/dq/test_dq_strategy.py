@@ -44,7 +44,8 @@ def test_configure_train_sends_config_and_model_only_when_needed():
     msgs = list(strategy.configure_train(1, None, ConfigRecord(), grid))
     assert [m.metadata.dst_node_id for m in msgs] == [NODE_ID_BASE, NODE_ID_BASE + 1]
     cfg = msgs[0].content["config"]
-    assert cfg["method"] == "dq" and cfg["budget"] == 64 and cfg["server-round"] == 1
+    assert cfg["method"] == "dq" and cfg["num-partitions"] == 2 and cfg["server-round"] == 1
+    assert "budget" not in cfg  # defaults are not sent
     assert "model" not in msgs[0].content.array_records
 
     strategy, _, _ = _strategy(compensation="identity")

@@ -1,5 +1,6 @@
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from dq_flower.config import TaskConfig, field_keys
 from dq_flower.methods import get_method, method_names

@@ -533,3 +533,56 @@ def test_client_with_a_wrong_model_copy_fails_instead_of_training_on_it():
     assert metrics["failed"] == 1 and metrics4["failed"] == 0
     assert "model" in msgs[0].content.array_records
     assert torch.isfinite(torch.as_tensor(get_flat(strategy.model))).all()
+
+
+def test_fp16_downlink_halves_the_model_broadcast():
+    # Execute
+    half = run_server(InProcessGrid(client_app, 2),
+                      build_run_config("qsgd", num_clients=2, rounds=10, downlink="fp16"))
+    full = run_server(InProcessGrid(client_app, 2),
+                      build_run_config("qsgd", num_clients=2, rounds=10))
+    # Assert
+    d = half.num_params
+    assert half.history[1]["down_payload_bits"] == 2 * 16 * d
+    assert full.history[1]["down_payload_bits"] == 2 * 32 * d
+    saved = full.history[1]["down_bytes"] - half.history[1]["down_bytes"]
+    assert 2 * 2 * d - 64 <= saved <= 2 * 2 * d + 64
+    assert half.history[-1]["accuracy"] > half.history[0]["accuracy"] + 0.3
+    assert abs(half.history[-1]["accuracy"] - full.history[-1]["accuracy"]) < 0.1
+
+
+def test_a_client_too_many_votes_behind_gets_the_float32_model():
+    # Prepare
+    strategy, _, _ = make_strategy(num_partitions=2, codec="sign", lr=0.01, momentum=0.0)
+    grid = InProcessGrid(client_app, 2)
+    for rnd in (1, 2):
+        msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(), grid))
+        strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
+    strategy.node_version[node(0)] = strategy.version - 40  # pretend it missed 40 votes
+    # Execute
+    msgs = list(strategy.configure_train(3, ArrayRecord(), _config(), grid))
+    # Assert
+    by_node = {m.metadata.dst_node_id: m.content for m in msgs}
+    assert "model" in by_node[node(0)].array_records
+    assert list(by_node[node(1)].array_records) == [f"vote-{strategy.version}"]
+
+
+# ---------------------------------------------------------------------------- checkpoints
+@pytest.mark.parametrize("method", ["qsgd", "signsgd"])
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(method, tmp_path):
+    # Prepare: unbiased codec, and majority vote with its 1-bit downlink; the clients keep
+    # their Context state (as long-running SuperNodes do), the server restarts
+    common = {"num_clients": 2, "seed": 5}
+    straight = run_server(InProcessGrid(client_app, 2),
+                          build_run_config(method, rounds=6, **common))
+    grid = InProcessGrid(client_app, 2)
+    ckpt = str(tmp_path / "ckpt")
+    # Execute
+    run_server(grid, build_run_config(method, rounds=3, checkpoint_dir=ckpt, **common))
+    resumed = run_server(grid, build_run_config(method, rounds=6, checkpoint_dir=ckpt,
+                                                **common))
+    # Assert
+    assert [r["accuracy"] for r in resumed.history] == [r["accuracy"] for r in straight.history]
+    assert all(r["failed"] == 0 for r in resumed.history[1:])
+    if method == "signsgd":  # the restored server kept sending votes, not models
+        assert resumed.history[5]["down_bytes"] < straight.history[1]["down_bytes"] / 4
