@@ -75,14 +75,14 @@ def _set_header(record, header):
 
 def truncate(content, rng):
     record = content[_pick(content, rng)]
-    name = sorted(k for k in record.keys() if k != "header")[int(rng.integers(2))]
+    name = sorted(k for k in record if k != "header")[int(rng.integers(2))]
     arr = record[name]
     record[name] = _raw(arr.data[: -int(rng.integers(1, len(arr.data) + 1))], arr.dtype)
 
 
 def wrong_dtype(content, rng):
     record = content[_pick(content, rng)]
-    name = next(k for k in record.keys() if k != "header" and record[k].dtype == "float32")
+    name = next(k for k in record if k != "header" and record[k].dtype == "float32")
     record[name] = Array(dtype=["int32", "uint32", "uint8"][int(rng.integers(3))],
                          shape=record[name].shape, stype="raw", data=record[name].data)
 
@@ -96,7 +96,7 @@ def huge_declared_size(content, rng):
 
 def nan_side_information(content, rng):
     record = content[_pick(content, rng)]
-    name = next(k for k in record.keys() if k != "header" and record[k].dtype == "float32")
+    name = next(k for k in record if k != "header" and record[k].dtype == "float32")
     values = np.frombuffer(record[name].data, dtype=np.float32).copy()
     values[int(rng.integers(values.size))] = [np.nan, np.inf][int(rng.integers(2))]
     record[name] = _raw(values.tobytes(), "float32")
