@@ -13,8 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from .codecs import Payload, PayloadError
-from .codecs.bitpack import pack, packed_nbytes, unpack
-from .codecs.intpack import pack_uint, uint_nbytes, unpack_uint, width_for
+from .codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 
 __all__ = [
     "SAMPLES_KEY",
@@ -30,6 +29,11 @@ SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
 COMPENSATION_KEY = "compensation"
 _RAW = "raw"
+
+
+def width_for(upper: int) -> int:
+    """Bits needed for values in ``[0, upper)`` (at least 1)."""
+    return max(1, int(upper - 1).bit_length())
 
 
 def label_width(num_classes: int) -> int:
@@ -107,12 +111,12 @@ def encode_batch(
         {
             "counts": _raw(np.array([n, lw, iw, w.size], dtype=np.int64)),
             "labels": _raw(pack(np.asarray(labels, dtype=np.uint8), lw) if lw <= 8
-                           else pack_uint(labels, lw)),
-            "ids": _raw(pack_uint(np.asarray(ids), iw)),
+                           else pack_wide(labels, lw)),
+            "ids": _raw(pack_wide(np.asarray(ids), iw)),
             "weights": _raw(w),
         }
     )
-    info_nbits = 8 * (packed_nbytes(n, lw) + uint_nbytes(n, iw)) + 32 * w.size
+    info_nbits = 8 * (packed_nbytes(n, lw) + packed_nbytes(n, iw)) + 32 * w.size
     content = RecordDict({SAMPLES_KEY: samples.to_record(), INFO_KEY: info})
     if compensation is not None:
         content[COMPENSATION_KEY] = compensation.to_record()
@@ -166,12 +170,12 @@ def decode_batch(
     if lw != label_width(num_classes) or not 1 <= iw <= 32 or wn not in {1, n}:
         raise PayloadError(f"sample-info widths are inconsistent (labels {lw}, ids {iw})")
     labels_raw = _raw_array(info, "labels", "uint8", packed_nbytes(n, lw) if lw <= 8
-                            else uint_nbytes(n, lw))
-    ids_raw = _raw_array(info, "ids", "uint8", uint_nbytes(n, iw))
+                            else packed_nbytes(n, lw))
+    ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
     weights = _raw_array(info, "weights", "float32", 4 * max(n, 1))
     try:
-        labels = (unpack(labels_raw, lw, n) if lw <= 8 else unpack_uint(labels_raw, lw, n))
-        ids = unpack_uint(ids_raw, iw, n)
+        labels = (unpack(labels_raw, lw, n) if lw <= 8 else unpack_wide(labels_raw, lw, n))
+        ids = unpack_wide(ids_raw, iw, n)
     except ValueError as exc:
         raise PayloadError(str(exc)) from None
     labels = labels.astype(np.int64)

@@ -140,12 +140,12 @@ def missing_key(content, rng):
 
 def duplicated_ids(content, rng):
     counts = _info(content, "counts", "int64")
-    from dq_flower.codecs.intpack import pack_uint, unpack_uint
+    from dq_flower.codecs.bitpack import pack_wide, unpack_wide
 
-    ids = unpack_uint(_info(content, "ids", "uint8"), int(counts[2]), int(counts[0]))
+    ids = unpack_wide(_info(content, "ids", "uint8"), int(counts[2]), int(counts[0]))
     i, j = rng.choice(ids.size, size=2, replace=False)
     ids[j] = ids[i]
-    _set_info(content, "ids", pack_uint(ids, int(counts[2])), "uint8")
+    _set_info(content, "ids", pack_wide(ids, int(counts[2])), "uint8")
 
 
 def bad_counts(content, rng):
