@@ -2,7 +2,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: venv demo test bench clean
 
 $(BIN)/dq-flower: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(BIN)/dq-flower: pyproject.toml
 venv: $(BIN)/dq-flower
 
 demo: $(BIN)/dq-flower
-	$(BIN)/python benchmarks/codecs.py
+	FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 $(BIN)/dq-flower compare --preset digits-mlp --out results/demo
 
 test: $(BIN)/dq-flower
 	$(BIN)/ruff check dq_flower tests benchmarks simulations
@@ -22,6 +22,7 @@ test: $(BIN)/dq-flower
 
 bench: $(BIN)/dq-flower
 	$(BIN)/python benchmarks/codecs.py
+	$(BIN)/python benchmarks/overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
