@@ -666,12 +666,12 @@ def _verdict(runs: list[Mapping[str, Any]], stats: list[Mapping[str, Any]], ref_
                       f"more uplink bytes ({r['label']} needed only {_fmt_ratio(ratio)} of "
                       f"{ref_label}'s)."))
     elif quant:
-        most = max(quant, key=lambda rs: rs[1]["total_up_bytes"])
-        out.append(f"- No quantized-gradient baseline reached {tpct} in these rounds; the one "
-                   f"that sent the most, {most[0]['label']}, sent "
-                   f"{fmt_bytes(most[1]['total_up_bytes'])} "
-                   f"({_fmt_ratio(most[1]['total_up_bytes'] / base)} {ref_label}'s bytes to "
-                   "target) without reaching it.")
+        least = min(quant, key=lambda rs: rs[1]["total_up_bytes"])
+        out.append(f"- No quantized-gradient baseline reached {tpct} in these rounds, so the "
+                   f"ratio to the best of them is a lower bound: at least "
+                   f"{_fmt_ratio(least[1]['total_up_bytes'] / base)} ({least[0]['label']} "
+                   f"sent {fmt_bytes(least[1]['total_up_bytes'])} without reaching {tpct}; "
+                   "the others sent more). More rounds would tell the real ratio.")
     losers = [(r["label"], by_label[r["label"]]) for r in runs
               if r["label"] != ref_label and r["status"] == "ok"
               and by_label[r["label"]]["up_bytes_to_target"] is not None
