@@ -207,7 +207,7 @@ ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd")
 
 @dataclass(frozen=True)
 class DQConfig:
-    """Knobs of the data-quantization method (DESIGN.md section 2).
+    """Knobs of the data-quantization method.
 
     Attributes
     ----------

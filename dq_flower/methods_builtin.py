@@ -13,7 +13,7 @@ from .runtime import TaskInfo
 
 @register_method("dq", family="dq", config_cls=DQConfig)
 def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
-    """Data quantization (DESIGN.md section 2)."""
+    """Data quantization."""
     from .strategies.dq import DQStrategy
 
     return DQStrategy(task, from_mapping(DQConfig, run_config), model, info)

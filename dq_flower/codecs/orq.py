@@ -5,7 +5,7 @@ Per bucket, ``levels + 1`` values ``b_0 = min <= b_1 <= ... <= b_s = max``; a co
 ``(b_{j+1} - v)(v - b_j)``. The total variance, as a function of one interior level ``b_j``
 with its neighbours ``a = b_{j-1}`` and ``c = b_{j+1}`` fixed, is convex and piecewise linear
 with slope ``sum_{a <= v < c} v - a * #[a, b_j) - c * #[b_j, c)`` (the optimality condition
-``sum_{[a, b_j)} (v - a) = sum_{[b_j, c)} (c - v)`` of DESIGN section 3 sets it to zero), so
+``sum_{[a, b_j)} (v - a) = sum_{[b_j, c)} (c - v)`` sets it to zero), so
 its minimiser is the sorted value at rank ``ceil((c #<c - a #<a - S) / (c - a))``. The
 encoder starts from evenly spaced levels and runs ``iters`` coordinate sweeps ``j = 1 ..
 s - 1`` over the sorted bucket; every update lowers the variance. Codes take

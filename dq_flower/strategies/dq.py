@@ -1,4 +1,4 @@
-"""The data-quantization strategy (DESIGN.md section 2).
+"""The data-quantization strategy.
 
 One message exchange per round: the server sends the round's config (and the model where
 the clients need it), each client replies with quantized samples (and optionally a

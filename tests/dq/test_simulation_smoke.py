@@ -13,7 +13,7 @@ def test_dq_runs_in_flowers_simulation_engine():
         assert key in rows[-1]
     assert rows[1]["up_bytes"] > 0 and rows[1]["down_bytes"] > 0
     assert rows[2]["cum_up_bytes"] == rows[1]["up_bytes"] + rows[2]["up_bytes"]
-    # measured bytes cover the payload bits (DESIGN.md section 5)
+    # measured bytes cover the payload bits
     assert 8 * rows[1]["up_bytes"] >= rows[1]["up_payload_bits"]
     assert rows[2]["accuracy"] > rows[0]["accuracy"]
     assert rows[2]["stored"] == 2 * 2 * 32

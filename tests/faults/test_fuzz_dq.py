@@ -1,4 +1,4 @@
-"""Fuzz the DQ strategy with corrupted replies mixed with good ones (DESIGN.md section 6).
+"""Fuzz the DQ strategy with corrupted replies mixed with good ones.
 
 Every mutation below makes a reply invalid on purpose, so each must be rejected and
 counted; the good reply of each round must still be used, no exception may escape and the

@@ -63,7 +63,7 @@ def test_measured_bytes_cover_the_payload_bits_and_compression_pays(method):
     # Execute
     rows = run(method).history
     sgd_up = run("sgd").history[1]["up_bytes"]
-    # Assert (DESIGN.md section 5): wire bytes hold the payload, overhead is bounded
+    # Assert: wire bytes hold the payload, overhead is bounded
     for row in rows[1:]:
         assert row["replies"] == 4 and row["rejected"] == 0 and row["failed"] == 0
         assert 8 * row["up_bytes"] >= row["up_payload_bits"]
