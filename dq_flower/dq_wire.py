@@ -23,6 +23,7 @@ __all__ = [
     "label_width",
     "encode_batch",
     "decode_batch",
+    "raw_array",
 ]
 
 SAMPLES_KEY = "samples"
@@ -84,7 +85,8 @@ class SampleBatch:
         return int(self.samples.nbits + self.info_nbits + comp)
 
 
-def _raw(arr: np.ndarray) -> Array:
+def raw_array(arr: np.ndarray) -> Array:
+    """Flat Flower ``Array`` carrying ``arr``'s bytes as they are (no ``np.save`` header)."""
     flat = np.ascontiguousarray(arr).reshape(-1)
     return Array(dtype=str(flat.dtype), shape=(flat.size,), stype=_RAW, data=flat.tobytes())
 
@@ -109,11 +111,11 @@ def encode_batch(
         w = w[:1]
     info = ArrayRecord(
         {
-            "counts": _raw(np.array([n, lw, iw, w.size], dtype=np.int64)),
-            "labels": _raw(pack(np.asarray(labels, dtype=np.uint8), lw) if lw <= 8
+            "counts": raw_array(np.array([n, lw, iw, w.size], dtype=np.int64)),
+            "labels": raw_array(pack(np.asarray(labels, dtype=np.uint8), lw) if lw <= 8
                            else pack_wide(labels, lw)),
-            "ids": _raw(pack_wide(np.asarray(ids), iw)),
-            "weights": _raw(w),
+            "ids": raw_array(pack_wide(np.asarray(ids), iw)),
+            "weights": raw_array(w),
         }
     )
     info_nbits = 8 * (packed_nbytes(n, lw) + packed_nbytes(n, iw)) + 32 * w.size

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,8 +105,3 @@ def load_model_record(model: torch.nn.Module, record: ArrayRecord) -> None:
 def round_rng(seed: int, server_round: int, node: int, purpose: int = 0) -> np.random.Generator:
     """Generator for one (run seed, round, node, purpose): never the global RNG or the clock."""
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(server_round), int(node), purpose])
-
-
-def config_mapping(content_config: Mapping) -> dict:
-    """Plain dict of a ``ConfigRecord``."""
-    return dict(content_config.items())

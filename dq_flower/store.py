@@ -109,14 +109,15 @@ class SampleStore:
 
     def add(self, rows: StoredRows) -> None:
         """Append rows, then evict down to the bound."""
-        lookup = {int(n): self._node_table.setdefault(int(n), len(self._node_table))
-                  for n in np.unique(rows.node)}
+        nodes, inverse = np.unique(rows.node, return_inverse=True)
+        codes = np.array([self._node_table.setdefault(int(n), len(self._node_table))
+                          for n in nodes], dtype=np.int64)
         compact = StoredRows(
             codes=np.ascontiguousarray(rows.codes, dtype=np.uint8),
             side=np.ascontiguousarray(rows.side),
             labels=_narrow_uint(rows.labels),
             weights=_narrow_float(rows.weights),
-            node=_narrow_uint(np.array([lookup[int(n)] for n in rows.node], dtype=np.int64)),
+            node=_narrow_uint(codes[inverse.reshape(-1)]),
             ids=_narrow_uint(rows.ids),
             dither=np.ascontiguousarray(rows.dither, dtype=np.int64),
         )

@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 
 from ..codecs import make
 from ..config import DQConfig, TaskConfig, from_mapping
-from ..dq_wire import encode_batch
+from ..dq_wire import encode_batch, raw_array
 from ..runtime import (
     MODEL_KEY,
     build_model,
@@ -85,11 +85,6 @@ def score_candidates(
     return torch.cat(scores).double().numpy()
 
 
-def _raw(arr: np.ndarray) -> Array:
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    return Array(dtype=str(flat.dtype), shape=(flat.size,), stype="raw", data=flat.tobytes())
-
-
 def _state_before(context: Context, key: str, server_round: int) -> dict[str, np.ndarray]:
     """Arrays of state entry ``key`` as they were before ``server_round``.
 
@@ -107,8 +102,8 @@ def _state_before(context: Context, key: str, server_round: int) -> dict[str, np
 
 def _save_state(context: Context, key: str, server_round: int,
                 before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> None:
-    arrays = {f"before/{k}": _raw(v) for k, v in before.items()}
-    arrays.update({f"after/{k}": _raw(v) for k, v in after.items()})
+    arrays = {f"before/{k}": raw_array(v) for k, v in before.items()}
+    arrays.update({f"after/{k}": raw_array(v) for k, v in after.items()})
     context.state[key] = ArrayRecord(arrays)
     context.state[key + "-round"] = ConfigRecord({"round": server_round})
 

@@ -26,7 +26,6 @@ from ..dq_rows import RowLayout, payload_quantizer
 from ..dq_wire import SampleBatch, decode_batch
 from ..runtime import MODEL_KEY, TaskInfo, model_record, round_rng, weighted_loss_grad
 from ..store import SampleStore, StoredRows
-from ..tasks.params import get_flat
 from .common import log_rejected, log_round, make_optimizer, sample_node_ids
 
 __all__ = ["DQStrategy", "Upload"]
@@ -77,7 +76,6 @@ class DQStrategy(Strategy):
         self.store = SampleStore(self.layout.dequantize, max_samples=config.max_store_samples,
                                  eviction=config.store_eviction, seed=task.seed)
         self.num_params = sum(p.numel() for p in model.parameters())
-        self.last_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
@@ -148,7 +146,6 @@ class DQStrategy(Strategy):
             "failed": failed,
             "server-time-s": time.perf_counter() - t0,
         }
-        self.last_metrics = metrics
         log_round("dq", server_round, f"{metrics['selected']} new samples, "
                   f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
         return ArrayRecord(self.model.state_dict()), MetricRecord(metrics)
@@ -250,7 +247,3 @@ class DQStrategy(Strategy):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.store.load_state(state["store"])
-
-    def flat_model(self) -> np.ndarray:
-        """The server model's parameters as one float32 vector."""
-        return get_flat(self.model)
