@@ -159,7 +159,7 @@ class SampleStore:
         idx = np.sort(rng.choice(n, size=min(batch_size, n), replace=False))
         rows = self._take(idx)
         x = self._dequantize(rows.codes, rows.side, rows.dither)
-        return x, rows.labels.astype(np.int64), rows.weights
+        return x, rows.labels.astype(np.int64), rows.weights.astype(np.float32)
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:

@@ -172,6 +172,7 @@ def train(msg: Message, context: Context) -> Message:
     content["metrics"] = MetricRecord(
         {
             "num-examples": int(x.shape[0]),
+            "partition-id": int(pid),
             "candidates": int(candidates.size),
             "selected": int(chosen.size),
             "up-payload-bits": int(payload_bits),

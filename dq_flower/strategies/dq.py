@@ -42,6 +42,8 @@ class Upload:
     x: np.ndarray
     candidates: int
     delta: np.ndarray | None
+    node: int = 0
+    partition: int = 0
 
 
 class DQStrategy(Strategy):
@@ -124,7 +126,11 @@ class DQStrategy(Strategy):
                 log_rejected(node, str(exc))
                 continue
             fresh.append(upload)
-            self.store.add(self._rows(upload.batch, node))
+        # Replies arrive in any order: store and combine them in the clients' partition
+        # order, so that a run is reproducible from its seed.
+        fresh.sort(key=lambda u: (u.partition, u.node))
+        for upload in fresh:
+            self.store.add(self._rows(upload.batch, upload.node))
         if len(fresh) >= self.task.min_available:
             loss = self._train_steps(server_round, fresh)
         else:
@@ -184,7 +190,10 @@ class DQStrategy(Strategy):
             raise PayloadError("reply misses its compensation")
         if self.store.has(node, batch.ids).any() and not self.cfg.resend:
             raise PayloadError("reply re-sends samples already stored")
-        return Upload(batch, x, n_cand, delta)
+        partition = metrics.get("partition-id", MAX_LOCAL_ID)
+        if not isinstance(partition, int):
+            raise PayloadError(f"'partition-id'={partition!r} is not an int")
+        return Upload(batch, x, n_cand, delta, node, partition)
 
     def _rows(self, batch: SampleBatch, node: int) -> StoredRows:
         codes, side, dither = self.layout.rows(batch.samples)

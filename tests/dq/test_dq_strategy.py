@@ -129,3 +129,15 @@ def test_store_memory_is_close_to_packed_payload_bytes():
         payload_bytes += batch.payload_bits / 8
     assert strategy.store.nbytes <= 1.2 * payload_bytes
     assert strategy.store.nbytes < 0.1 * 500 * 784 * 4  # far below float32 rows
+
+
+def test_result_does_not_depend_on_the_order_replies_arrive_in():
+    grid = InProcessGrid(client_app, 3)
+    strategy, _, _ = _strategy(server_steps=5)
+    replies = grid.send_and_receive(strategy.configure_train(1, None, ConfigRecord(), grid))
+    models = []
+    for order in ([0, 1, 2], [2, 0, 1]):
+        fresh_strategy, _, _ = _strategy(server_steps=5)
+        fresh_strategy.aggregate_train(1, [replies[i] for i in order])
+        models.append([p.detach().clone() for p in fresh_strategy.model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*models, strict=True))
