@@ -172,6 +172,9 @@ class TaskConfig:
         Folder for the server's checkpoint ("" = none); a run finding one there resumes.
     checkpoint_every : int
         Save the server's state every this many rounds.
+    device : str
+        Where models train: ``auto`` (a CUDA GPU when one is visible, else the CPU),
+        ``cpu`` or ``cuda``.
     """
 
     dataset: str = "digits"
@@ -187,6 +190,7 @@ class TaskConfig:
     round_timeout: float = 600.0
     checkpoint_dir: str = ""
     checkpoint_every: int = 1
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.num_partitions >= 1, "num_partitions", "must be >= 1")
@@ -198,6 +202,8 @@ class TaskConfig:
         _check(self.min_available >= 1, "min_available", "must be >= 1")
         _check(self.round_timeout > 0, "round_timeout", "must be > 0")
         _check(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+        _check(self.device in {"auto", "cpu", "cuda"}, "device",
+               f"must be auto, cpu or cuda, got {self.device!r}")
 
 
 SCORERS = ("uniform", "loss", "gradnorm")

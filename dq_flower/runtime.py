@@ -21,6 +21,8 @@ __all__ = [
     "node_partition",
     "client_data",
     "build_model",
+    "resolve_device",
+    "state_arrays",
     "weighted_loss_grad",
     "model_record",
     "load_model_record",
@@ -70,25 +72,41 @@ def client_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np.ndar
     return x, y
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto``: a CUDA GPU when one is visible to this process, else the CPU."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was asked for but no CUDA GPU is visible")
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
 def build_model(task: TaskConfig, info: TaskInfo) -> torch.nn.Module:
-    """The task's model, initialised from the run seed."""
-    return make_model(task.model, info.input_shape, info.num_classes, seed=task.seed)
+    """The task's model, initialised from the run seed (on the CPU), on the task's device."""
+    model = make_model(task.model, info.input_shape, info.num_classes, seed=task.seed)
+    return model.to(resolve_device(task.device))
+
+
+def state_arrays(model: torch.nn.Module) -> ArrayRecord:
+    """The model's state dict as a Flower ``ArrayRecord`` (tensors copied to the CPU)."""
+    return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
 def weighted_loss_grad(
     model: torch.nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray
 ) -> tuple[float, np.ndarray]:
     """``sum_i w_i CE(model(x_i), y_i)`` and its flat float32 gradient."""
-    xt = torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32)
-    yt = torch.as_tensor(np.asarray(y), dtype=torch.long)
-    wt = torch.as_tensor(np.asarray(w), dtype=torch.float32)
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
+    dev = params[0].device
+    xt = torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32).to(dev)
+    yt = torch.as_tensor(np.asarray(y), dtype=torch.long).to(dev)
+    wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev)
     with torch.enable_grad():
         loss = (F.cross_entropy(model(xt), yt, reduction="none") * wt).sum()
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
                       for g, p in zip(grads, params, strict=True)])
-    return float(loss.detach()), flat.detach().numpy().astype(np.float32, copy=True)
+    return float(loss.detach()), flat.detach().cpu().numpy().astype(np.float32, copy=True)
 
 
 def model_record(model: torch.nn.Module) -> ArrayRecord:

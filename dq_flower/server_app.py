@@ -22,7 +22,7 @@ from .checkpoint import load_latest, save_atomic
 from .config import TaskConfig, from_mapping
 from .history import RunResult
 from .methods import get_method
-from .runtime import build_model, task_info
+from .runtime import build_model, state_arrays, task_info
 from .tasks.data import load_dataset_cached
 from .tasks.params import evaluate, num_params
 
@@ -75,7 +75,7 @@ def run_server(
     ledger = Ledger()
     measured = MeasuredGrid(grid, ledger)
     strategy, train_config = _build(method, task, run_config, model, info)
-    arrays = ArrayRecord(model.state_dict())
+    arrays = state_arrays(model)
     history: list[dict[str, Any]] = []
     start_round, elapsed = 0, 0.0
 

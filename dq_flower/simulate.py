@@ -74,6 +74,7 @@ def simulate(
     rounds: int = 5,
     seed: int = 0,
     num_cpus_per_client: float = 1.0,
+    num_gpus_per_client: float = 0.0,
     verbose: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     **knobs: Any,
@@ -98,6 +99,10 @@ def simulate(
     on_round : callable, optional
         Called with each round's row as it completes (see
         :func:`dq_flower.server_app.run_server`).
+    num_cpus_per_client, num_gpus_per_client : float
+        Ray resources of each simulated client. With ``num_gpus_per_client=0`` (default)
+        Ray hides GPUs from the clients, which then train on the CPU; the server uses a GPU
+        whenever one is visible (``device="auto"``).
     **knobs
         Any task or method knob, in underscore form (``server_steps=10``).
 
@@ -123,7 +128,8 @@ def simulate(
         holder["result"] = run_server(grid, run_config, on_round=on_round)
 
     backend_config = {
-        "client_resources": {"num_cpus": float(num_cpus_per_client), "num_gpus": 0.0},
+        "client_resources": {"num_cpus": float(num_cpus_per_client),
+                             "num_gpus": float(num_gpus_per_client)},
         "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False},
     }
     with warnings.catch_warnings():

@@ -59,8 +59,9 @@ def score_candidates(
     if scorer == "uniform" or x.shape[0] == 0:
         return np.ones(x.shape[0])
     assert model is not None
-    xt = torch.as_tensor(x, dtype=torch.float32)
-    yt = torch.as_tensor(y, dtype=torch.long)
+    dev = next(model.parameters()).device
+    xt = torch.as_tensor(x, dtype=torch.float32).to(dev)
+    yt = torch.as_tensor(y, dtype=torch.long).to(dev)
     was_training = model.training
     model.eval()
     captured: dict[str, torch.Tensor] = {}
@@ -82,7 +83,7 @@ def score_candidates(
     finally:
         hook.remove()
         model.train(was_training)
-    return torch.cat(scores).double().numpy()
+    return torch.cat(scores).double().cpu().numpy()
 
 
 def _state_before(context: Context, key: str, server_round: int) -> dict[str, np.ndarray]:

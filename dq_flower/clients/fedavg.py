@@ -13,11 +13,18 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from ..config import TaskConfig, from_mapping
 from ..config_baselines import FedAvgConfig
-from ..runtime import build_model, client_data, node_partition, round_rng, task_info
+from ..runtime import (
+    build_model,
+    client_data,
+    node_partition,
+    round_rng,
+    state_arrays,
+    task_info,
+)
 
 __all__ = ["train", "local_epochs", "ARRAYS_KEY", "PURPOSE_SHUFFLE"]
 
@@ -31,12 +38,13 @@ def local_epochs(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: FedA
                  rng: np.random.Generator) -> float:
     """Train ``model`` in place for ``cfg.local_epochs`` epochs; return the mean batch loss."""
     opt = torch.optim.SGD(model.parameters(), lr=cfg.client_lr, momentum=cfg.client_momentum)
-    xt = torch.as_tensor(x, dtype=torch.float32)
-    yt = torch.as_tensor(y, dtype=torch.long)
+    dev = next(model.parameters()).device
+    xt = torch.as_tensor(x, dtype=torch.float32).to(dev)
+    yt = torch.as_tensor(y, dtype=torch.long).to(dev)
     model.train()
     losses = []
     for _ in range(cfg.local_epochs):
-        order = torch.as_tensor(rng.permutation(x.shape[0]))
+        order = torch.as_tensor(rng.permutation(x.shape[0])).to(dev)
         for start in range(0, x.shape[0], cfg.batch_size):
             idx = order[start:start + cfg.batch_size]
             opt.zero_grad(set_to_none=True)
@@ -67,5 +75,5 @@ def train(msg: Message, context: Context) -> Message:
         "train-loss": loss,
         "client-time-s": time.perf_counter() - t0,
     })
-    content = RecordDict({ARRAYS_KEY: ArrayRecord(model.state_dict()), "metrics": metrics})
+    content = RecordDict({ARRAYS_KEY: state_arrays(model), "metrics": metrics})
     return Message(content=content, reply_to=msg)

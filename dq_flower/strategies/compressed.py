@@ -32,7 +32,7 @@ from ..clients.gradient import (
 from ..codecs import Payload, PayloadError, make
 from ..config import TaskConfig, to_config_record
 from ..config_baselines import GradientConfig
-from ..runtime import MODEL_KEY, TaskInfo, model_record, round_rng
+from ..runtime import MODEL_KEY, TaskInfo, model_record, round_rng, state_arrays
 from ..tasks.params import get_flat, num_params, set_flat
 from .common import log_rejected, log_round, make_optimizer, sample_node_ids
 
@@ -193,7 +193,7 @@ class CompressedGradientStrategy(Strategy):
         log_round(self.method, server_round,
                   f"{len(vectors)} replies, rejected {rejected}, failed {failed}, "
                   f"up {up_bits} payload bits")
-        return ArrayRecord(self.model.state_dict()), MetricRecord(metrics)
+        return state_arrays(self.model), MetricRecord(metrics)
 
     def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
         return []
@@ -288,7 +288,7 @@ class CompressedGradientStrategy(Strategy):
         offset = 0
         for p in self.model.parameters():
             k = p.numel()
-            p.grad = torch.from_numpy(agg[offset:offset + k].reshape(p.shape).copy())
+            p.grad = torch.from_numpy(agg[offset:offset + k].reshape(p.shape).copy()).to(p.device)
             offset += k
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -24,7 +24,14 @@ from ..codecs import PayloadError, make
 from ..config import DQConfig, TaskConfig, to_config_record
 from ..dq_rows import RowLayout, payload_quantizer
 from ..dq_wire import SampleBatch, decode_batch
-from ..runtime import MODEL_KEY, TaskInfo, model_record, round_rng, weighted_loss_grad
+from ..runtime import (
+    MODEL_KEY,
+    TaskInfo,
+    model_record,
+    round_rng,
+    state_arrays,
+    weighted_loss_grad,
+)
 from ..store import SampleStore, StoredRows
 from .common import log_rejected, log_round, make_optimizer, sample_node_ids
 
@@ -154,7 +161,7 @@ class DQStrategy(Strategy):
         }
         log_round("dq", server_round, f"{metrics['selected']} new samples, "
                   f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
-        return ArrayRecord(self.model.state_dict()), MetricRecord(metrics)
+        return state_arrays(self.model), MetricRecord(metrics)
 
     def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
         return []
@@ -205,7 +212,7 @@ class DQStrategy(Strategy):
         offset = 0
         for p in self.model.parameters():
             k = p.numel()
-            p.grad = torch.from_numpy(grad[offset:offset + k].reshape(p.shape).copy())
+            p.grad = torch.from_numpy(grad[offset:offset + k].reshape(p.shape).copy()).to(p.device)
             offset += k
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -42,3 +42,17 @@ def test_parse_params_and_config_record_round_trip():
     assert from_mapping(TaskConfig, dict(record.items())) == TaskConfig(num_partitions=3)
     full = to_config_record(TaskConfig(num_partitions=3), changed_only=False)
     assert full["dataset"] == "digits" and full["num-partitions"] == 3
+
+
+def test_device_knob():
+    import torch
+
+    from dq_flower.runtime import resolve_device
+
+    with pytest.raises(ValueError, match="device"):
+        TaskConfig(device="tpu")
+    assert resolve_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        assert resolve_device("auto").type == "cpu"
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            resolve_device("cuda")
