@@ -149,6 +149,11 @@ def _add_compare(sub: Any) -> None:
                         "or --set dq.budget=128 (one method); repeatable")
     p.add_argument("--num-cpus-per-client", type=_float_in(0.0, None), default=1.0,
                    metavar="C", help="Ray CPUs per simulated client (default: %(default)s)")
+    p.add_argument("--num-gpus-per-client", type=_float_in(0.0, None, lo_open=False),
+                   default=0.0, metavar="G",
+                   help="Ray GPUs per simulated client, e.g. 0.1 to let 10 clients share one "
+                        "GPU; with 0 the clients train on the CPU while the server uses a GPU "
+                        "when one is visible (default: %(default)s)")
     p.add_argument("--quiet", action="store_true",
                    help="print one line per method instead of one per round")
     p.add_argument("--verbose", action="store_true", help="keep Flower's own log output")
@@ -248,7 +253,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         results = compare.run_comparison(
             preset, out, sets=sets, engine=args.engine, progress=progress, plans=plans,
-            num_cpus_per_client=args.num_cpus_per_client, verbose=args.verbose,
+            num_cpus_per_client=args.num_cpus_per_client,
+            num_gpus_per_client=args.num_gpus_per_client, verbose=args.verbose,
             command=shlex.join([PROG, *args.argv]))
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted; the finished methods' results are in {out}/",

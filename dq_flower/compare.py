@@ -297,7 +297,7 @@ def _quiet_flower(verbose: bool) -> Iterator[None]:
 
 
 def _run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]], None],
-             num_cpus_per_client: float, verbose: bool):
+             num_cpus_per_client: float, verbose: bool, num_gpus_per_client: float = 0.0):
     cfg = plan.run_config
     if engine == "inprocess":
         from .client_app import app as client_app
@@ -315,7 +315,8 @@ def _run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]],
     return simulate(plan.spec.method, cfg["dataset"], cfg["model"],
                     int(cfg["num-partitions"]), int(cfg["num-server-rounds"]),
                     int(cfg["seed"]), num_cpus_per_client=num_cpus_per_client,
-                    verbose=verbose, on_round=on_round, **plan.knobs)
+                    num_gpus_per_client=num_gpus_per_client, verbose=verbose,
+                    on_round=on_round, **plan.knobs)
 
 
 def run_comparison(
@@ -326,6 +327,7 @@ def run_comparison(
     engine: str = "simulation",
     progress: ConsoleProgress | None = None,
     num_cpus_per_client: float = 1.0,
+    num_gpus_per_client: float = 0.0,
     verbose: bool = False,
     command: str = "",
     plans: list[PlannedRun] | None = None,
@@ -344,8 +346,8 @@ def run_comparison(
         ``simulation`` (Flower's simulation engine) or ``inprocess``.
     progress : ConsoleProgress, optional
         Receives start, round and end events; ``None`` prints nothing.
-    num_cpus_per_client : float
-        Ray CPUs per simulated client (simulation engine).
+    num_cpus_per_client, num_gpus_per_client : float
+        Ray resources per simulated client (simulation engine).
     verbose : bool
         Keep Flower's own logs.
     command : str
@@ -387,7 +389,8 @@ def run_comparison(
             on_round = progress.round if progress is not None else (lambda row: None)
             t_run = time.perf_counter()
             try:
-                result = _run_one(plan, engine, on_round, num_cpus_per_client, verbose)
+                result = _run_one(plan, engine, on_round, num_cpus_per_client, verbose,
+                                  num_gpus_per_client)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # noqa: BLE001  (one failing method must not stop the rest)

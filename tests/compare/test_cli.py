@@ -111,6 +111,7 @@ def test_unknown_method(capsys):
     (["--target-accuracy", "0"], "--target-accuracy"),
     (["--partition", "zipf"], "--partition"),
     (["--engine", "gpu"], "--engine"),
+    (["--num-gpus-per-client", "-1"], "--num-gpus-per-client"),
 ])
 def test_bad_flag_value_names_the_flag(capsys, argv, names):
     err = _error(capsys, ["compare", *argv])
