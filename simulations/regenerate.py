@@ -1,4 +1,4 @@
-"""Regenerate every comparison table and plot the README and docs/compare.md show.
+"""Regenerate every comparison table and plot the README shows.
 
     .venv/bin/python simulations/regenerate.py            # all experiments, in order
     .venv/bin/python simulations/regenerate.py --list     # what would run, and how
@@ -7,7 +7,7 @@
 Each experiment is one ``dq-flower compare`` command (printed before it runs). Its output
 folder is ``results/readme/<experiment>/``; the summary and the two plots are then copied to
 ``docs/results/<experiment>/`` where the README links them. The fmnist and cifar10
-experiments need their data files (see ``docs/compare.md``).
+experiments need their data files (see the README, "Comparing methods").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``flwr run .`` with the pyproject.toml config against a local simulation SuperLink.
 
-Exactly what a user types (see docs/deploy.md, "Run with flwr run"): start
+Exactly what a user types (see the README, "Run with flwr run"): start
 ``flower-superlink --simulation --disable-runtime-dependency-installation``, add a
 ``[superlink.<name>]`` entry to ``$FLWR_HOME/config.toml`` and ``flwr run . <name>`` with
 run-config overrides. The SuperLink is stopped by its pid in a ``finally``. About 25 s.
