@@ -154,6 +154,9 @@ def _add_compare(sub: Any) -> None:
                    help="Ray GPUs per simulated client, e.g. 0.1 to let 10 clients share one "
                         "GPU; with 0 the clients train on the CPU while the server uses a GPU "
                         "when one is visible (default: %(default)s)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the finished methods of an earlier results.json in --out whose "
+                        "engine and run config are identical; run only the others")
     p.add_argument("--quiet", action="store_true",
                    help="print one line per method instead of one per round")
     p.add_argument("--verbose", action="store_true", help="keep Flower's own log output")
@@ -255,6 +258,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             preset, out, sets=sets, engine=args.engine, progress=progress, plans=plans,
             num_cpus_per_client=args.num_cpus_per_client,
             num_gpus_per_client=args.num_gpus_per_client, verbose=args.verbose,
+            resume=args.resume,
             command=shlex.join([PROG, *args.argv]))
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted; the finished methods' results are in {out}/",

@@ -262,7 +262,9 @@ class ConsoleProgress:
                  f"{fmt_bytes(stats['up_bytes_to_target'])} uplink"
                  if stats["rounds_to_target"] is not None
                  else f"did not reach {100 * target:.1f}%")
-        self._print(f"{self._prefix}: done in {record['wall_s']:.1f} s, final accuracy "
+        how = ("reused from the earlier results.json" if record.get("reused")
+               else f"done in {record['wall_s']:.1f} s")
+        self._print(f"{self._prefix}: {how}, final accuracy "
                     f"{100 * stats['final_accuracy']:.1f}%, {reach}")
 
 
@@ -331,6 +333,7 @@ def run_comparison(
     verbose: bool = False,
     command: str = "",
     plans: list[PlannedRun] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run every method of ``preset`` on its scenario and write the reports to ``out_dir``.
 
@@ -354,6 +357,9 @@ def run_comparison(
         The command line, recorded in ``results.json``.
     plans : list of PlannedRun, optional
         Already validated runs (else :func:`plan_runs` is called).
+    resume : bool
+        Keep the finished runs of an earlier ``results.json`` in ``out_dir`` whose engine
+        and complete run config are identical (marked ``reused``); run only the others.
 
     Returns
     -------
@@ -378,11 +384,20 @@ def run_comparison(
         "runs": [],
         "total_wall_s": 0.0,
     }
+    earlier = _reusable(out, engine) if resume else {}
     t0 = time.perf_counter()
     with _quiet_flower(verbose):
         for i, plan in enumerate(plans, start=1):
             if progress is not None:
                 progress.start(i, len(plans), plan)
+            old = earlier.get(plan.spec.label)
+            if old is not None and old["run_config"] == _jsonable(plan.run_config):
+                record = {**old, "reused": True}
+                results["runs"].append(record)
+                record["stats"] = run_summaries(results)[-1]
+                if progress is not None:
+                    progress.end(record, preset.target_accuracy)
+                continue
             record: dict[str, Any] = {"label": plan.spec.label, "method": plan.spec.method,
                                       "family": plan.family, "config": plan.resolved,
                                       "run_config": plan.run_config}
@@ -408,6 +423,18 @@ def run_comparison(
                 progress.end(record, preset.target_accuracy)
             write_reports(results, out)
     return results
+
+
+def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
+    """Finished runs of an earlier ``results.json`` in ``out`` made with ``engine``."""
+    try:
+        data = load_results(out)
+    except (OSError, ValueError):
+        return {}
+    if data.get("engine") != engine:
+        return {}
+    return {rec["label"]: rec for rec in data.get("runs", [])
+            if rec.get("status") == "ok" and "run_config" in rec}
 
 
 def _preset_json(preset: Preset) -> dict[str, Any]:
@@ -624,6 +651,7 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
     env = results.get("environment") or {}
     if results.get("command") or env:
         commit = env.get("git_commit", "")
+        reused = [r["label"] for r in runs if r.get("reused")]
         modified = env.get("git_modified") or []
         lines += [
             "Run: " + (f"`{results['command']}`" if results.get("command") else "")
@@ -633,7 +661,9 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
             + (f", load average {env['load_average']:.1f} at the start"
                if env.get("load_average") is not None else "")
             + (f"; commit {commit[:10]}" if commit else "")
-            + (f" with {len(modified)} modified file(s)" if modified else "") + ".", ""]
+            + (f" with {len(modified)} modified file(s)" if modified else "")
+            + (f"; reused from an earlier invocation (`--resume`): {', '.join(reused)}"
+               if reused else "") + ".", ""]
     return "\n".join(lines)
 
 

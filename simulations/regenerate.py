@@ -3,6 +3,7 @@
     .venv/bin/python simulations/regenerate.py            # all experiments, in order
     .venv/bin/python simulations/regenerate.py --list     # what would run, and how
     .venv/bin/python simulations/regenerate.py digits-mlp digits-mlp-dirichlet
+    .venv/bin/python simulations/regenerate.py --resume fmnist-wide-cnn  # after a kill
 
 Each experiment is one ``dq-flower compare`` command (printed before it runs). Its output
 folder is ``results/readme/<experiment>/``; the summary and the two plots are then copied to
@@ -43,10 +44,11 @@ EXPERIMENTS: dict[str, list[str]] = {
 }
 
 
-def command(name: str) -> list[str]:
+def command(name: str, resume: bool = False) -> list[str]:
     """The full command line of experiment ``name``."""
     return [sys.executable, "-m", "dq_flower.cli", "compare", *EXPERIMENTS[name], "--out",
-            str((RESULTS / name).relative_to(ROOT)), "--quiet"]
+            str((RESULTS / name).relative_to(ROOT)), "--quiet",
+            *(["--resume"] if resume else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", metavar="EXPERIMENT",
                         help=f"experiments to run (default: all): {', '.join(EXPERIMENTS)}")
     parser.add_argument("--list", action="store_true", help="print the commands and exit")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the methods an interrupted run finished (same config)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in EXPERIMENTS]
     if unknown:
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     status = 0
     for name in names:
-        cmd = command(name)
+        cmd = command(name, args.resume)
         print(f"== {name}: {shlex.join(['dq-flower', *cmd[3:]])}", flush=True)
         t0 = time.perf_counter()
         code = subprocess.call(cmd, cwd=ROOT)

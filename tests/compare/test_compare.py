@@ -204,3 +204,21 @@ def test_a_failing_method_is_recorded_and_the_others_run(tmp_path, monkeypatch):
     assert "signsgd: RuntimeError: simulated crash" in text
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["runs"][0]["error"] == "RuntimeError: simulated crash"
+
+
+def test_resume_reuses_identical_runs_only(tmp_path, monkeypatch):
+    preset = Preset(name="t", methods=("sgd", "fp16"), rounds=1, num_clients=2)
+    first = run_comparison(preset, tmp_path, engine="inprocess")
+    calls = []
+    real = compare._run_one
+
+    def counting(plan, *args, **kwargs):
+        calls.append(plan.spec.label)
+        return real(plan, *args, **kwargs)
+
+    monkeypatch.setattr(compare, "_run_one", counting)
+    again = run_comparison(preset, tmp_path, engine="inprocess", resume=True,
+                           sets=parse_set(["fp16.lr=0.05"]))
+    assert calls == ["fp16"]  # sgd unchanged: reused; fp16's config changed: rerun
+    assert again["runs"][0]["reused"] and again["runs"][0]["history"] == first["runs"][0]["history"]
+    assert (tmp_path / "summary.md").is_file()
