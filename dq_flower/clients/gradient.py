@@ -12,6 +12,11 @@ when the update is coded per tensor):
 - ``grad-codec``: the codec's own state when it runs without error feedback;
 - ``grad-momentum``: the client momentum of majority vote (Signum);
 - ``grad-model`` / ``grad-model-meta``: the model copy and its version (``downlink="sign"``).
+
+Before each round the client snapshots these entries (``grad-before/<key>``, with the round
+in ``grad-round``); a round the server sends again (a retry, or a replay after a server
+restart) starts from that snapshot, so its reply and the state it leaves are the same as
+the first time.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ __all__ = [
     "sign_step",
     "vote_from_payload",
     "model_crc",
+    "begin_round",
     "uses_error_feedback",
     "save_state_dict",
     "load_state_dict",
@@ -68,6 +74,9 @@ EF_KEY = "grad-ef"
 CODEC_KEY = "grad-codec"
 MOMENTUM_KEY = "grad-momentum"
 MODEL_STATE_KEY = "grad-model"
+#: Round whose starting state the snapshot holds, and the snapshot's key prefix.
+ROUND_KEY = "grad-round"
+SNAPSHOT_PREFIX = "grad-before/"
 #: ``round_rng`` purposes used by the client.
 PURPOSE_BATCH = 11
 PURPOSE_CODEC = 12
@@ -186,6 +195,36 @@ def load_state_dict(context: Context, key: str) -> dict[str, Any] | None:
     return out
 
 
+def _copy_record(record: Any) -> Any:
+    """A new record of the same type holding the same (immutable) items."""
+    return type(record)(dict(record.items()))
+
+
+def begin_round(context: Context, server_round: int) -> bool:
+    """Put the client state where it was before ``server_round``; True for a repeated round.
+
+    On a new round the current ``grad-*`` entries are snapshotted; when the same round
+    arrives again they are restored from that snapshot, so replies are idempotent per round.
+    """
+    state = context.state
+    meta = state.config_records.get(ROUND_KEY)
+    snapshot = [k for k in list(state.keys()) if k.startswith(SNAPSHOT_PREFIX)]
+    live = [k for k in list(state.keys()) if k.startswith("grad-") and k != ROUND_KEY
+            and not k.startswith(SNAPSHOT_PREFIX)]
+    if meta is not None and int(meta["round"]) == int(server_round):
+        for key in live:
+            del state[key]
+        for key in snapshot:
+            state[key[len(SNAPSHOT_PREFIX):]] = _copy_record(state[key])
+        return True
+    for key in snapshot:
+        del state[key]
+    for key in live:
+        state[SNAPSHOT_PREFIX + key] = _copy_record(state[key])
+    state[ROUND_KEY] = ConfigRecord({"round": int(server_round)})
+    return False
+
+
 # ---------------------------------------------------------------- encoding
 def update_keys(cfg: GradientConfig, num_tensors: int) -> list[str]:
     """Reply record names: ``update``, or ``update-<i>`` per tensor when coded per tensor."""
@@ -290,6 +329,7 @@ def train(msg: Message, context: Context) -> Message:
     x, y = client_data(context, task)
     if x.shape[0] == 0:
         raise ValueError(f"partition {pid} is empty")
+    begin_round(context, server_round)
 
     model = build_model(task, info)
     dim = int(sum(p.numel() for p in model.parameters()))

@@ -586,3 +586,42 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(method, tmp_path):
     assert all(r["failed"] == 0 for r in resumed.history[1:])
     if method == "signsgd":  # the restored server kept sending votes, not models
         assert resumed.history[5]["down_bytes"] < straight.history[1]["down_bytes"] / 4
+
+
+# ---------------------------------------------------------------------------- replays
+def _strategy_for(run_config):
+    """The strategy and train config ``run_server`` builds from ``run_config``."""
+    from dq_flower.server_app import _build
+
+    method = get_method(run_config["method"])
+    run_config = {**method.defaults, **run_config}
+    task, _ = validate_run_config(run_config)
+    info = task_info(task)
+    return _build(method, task, run_config, build_model(task, info), info)
+
+
+@pytest.mark.parametrize("method", ["ef-signsgd", "signsgd", "powersgd"])
+def test_a_repeated_round_gets_the_same_reply_and_leaves_the_same_state(method):
+    # Prepare: EF residual (ef-signsgd), momentum and the 1-bit model copy (signsgd),
+    # EF plus PowerSGD's warm start (powersgd)
+    run_config = build_run_config(method, rounds=3, num_clients=2, seed=3)
+    once, twice = InProcessGrid(client_app, 2), InProcessGrid(client_app, 2)
+    s_once, train_config = _strategy_for(run_config)
+    s_twice, _ = _strategy_for(run_config)
+    for rnd in (1, 2, 3):
+        # Execute: the second grid receives every round's messages twice
+        m_once = list(s_once.configure_train(rnd, ArrayRecord(), train_config, once))
+        m_twice = list(s_twice.configure_train(rnd, ArrayRecord(), train_config, twice))
+        r_once = once.send_and_receive(m_once)
+        first = twice.send_and_receive(m_twice)
+        again = twice.send_and_receive(m_twice)
+        # Assert: identical replies, and the runs stay identical afterwards
+        for a, b, c in zip(r_once, first, again, strict=True):
+            assert content_bytes(a.content) == content_bytes(b.content) == content_bytes(c.content)
+            for key, rec in a.content.array_records.items():
+                for name, arr in rec.items():
+                    assert arr.data == b.content.array_records[key][name].data
+                    assert arr.data == c.content.array_records[key][name].data
+        s_once.aggregate_train(rnd, r_once)
+        s_twice.aggregate_train(rnd, again)
+    np.testing.assert_array_equal(get_flat(s_once.model), get_flat(s_twice.model))
