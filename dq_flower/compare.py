@@ -495,10 +495,21 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
     D, d = int(record["num_params"]), int(record["data_dim"])
     bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in rows)
     if record["family"] == "dq":
-        samples = sum(float(r.get("selected", 0) or 0) for r in rows)
-        per = bits / samples if samples else float("nan")
-        return {"unit": "sample", "bits": per, "bits_per_coord": per / d if d else float("nan"),
+        grad_rows = [r for r in rows if r.get("gradient_round") == 1]
+        data_rows = [r for r in rows if r.get("gradient_round") != 1]
+        data_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in data_rows)
+        samples = sum(float(r.get("selected", 0) or 0) for r in data_rows)
+        per = data_bits / samples if samples else float("nan")
+        unit = {"unit": "sample", "bits": per,
+                "bits_per_coord": per / d if d else float("nan"),
                 "configured_bits": record["config"].get("bits")}
+        if grad_rows:  # upload-mode gradient or auto
+            replies = sum(float(r.get("replies", 0) or 0) for r in grad_rows)
+            grad_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in grad_rows)
+            unit["gradient_rounds"] = len(grad_rows)
+            unit["gradient_bits_per_coord"] = (grad_bits / (replies * D) if replies and D
+                                               else float("nan"))
+        return unit
     if record["family"] == "gradient" and bits:
         replies = sum(float(r.get("replies", 0) or 0) for r in rows)
         per = bits / (replies * D) if replies and D else float("nan")
@@ -573,7 +584,12 @@ def _pct(x: float) -> str:
 def _fmt_unit(u: Mapping[str, Any]) -> str:
     if u["unit"] == "sample":
         conf = f", {u['configured_bits']} b quantizer" if u.get("configured_bits") else ""
-        return f"{u['bits']:,.0f} b/sample ({u['bits_per_coord']:.2f} b/coord{conf})"
+        data = f"{u['bits']:,.0f} b/sample ({u['bits_per_coord']:.2f} b/coord{conf})"
+        if not u.get("gradient_rounds"):
+            return data
+        grad = (f"{u['gradient_bits_per_coord']:.3g} b/coord in {u['gradient_rounds']} "
+                f"gradient round{'s' if u['gradient_rounds'] > 1 else ''}")
+        return grad if u["bits"] != u["bits"] else f"{data}; {grad}"
     if u["unit"] == "coord (wire)":
         return f"{u['bits']:.2f} b/coord (float32, wire)"
     return f"{u['bits']:.3g} b/coord"

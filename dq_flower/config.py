@@ -209,6 +209,7 @@ class TaskConfig:
 SCORERS = ("uniform", "loss", "gradnorm")
 SELECTION_RULES = ("topk", "sample", "threshold")
 ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd")
+UPLOAD_MODES = ("data", "gradient", "auto")
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,14 @@ class DQConfig:
         Bound on the store (0 = unbounded).
     store_eviction : str
         What goes when the store is full: ``fifo`` (oldest first) or ``random``.
+    upload_mode : str
+        ``data`` (every round uploads quantized samples), ``gradient`` (every round uploads
+        a minibatch gradient coded by ``gradient_codec``) or ``auto`` (per round, whichever
+        the server estimates to cost fewer uplink bits).
+    gradient_codec, gradient_codec_params : str
+        Codec (and its parameters) of gradient rounds; error feedback for biased codecs.
+    gradient_batch_size : int
+        Minibatch size of a client's gradient in gradient rounds.
     """
 
     budget: int = 64
@@ -276,9 +285,16 @@ class DQConfig:
     weight_decay: float = 5e-4
     max_store_samples: int = 0
     store_eviction: str = "fifo"
+    upload_mode: str = "data"
+    gradient_codec: str = "qsgd"
+    gradient_codec_params: str = "levels=4,bucket=512"
+    gradient_batch_size: int = 32
 
     def __post_init__(self) -> None:
         _check(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
+        _check(self.upload_mode in UPLOAD_MODES, "upload_mode",
+               f"must be one of {UPLOAD_MODES}, got {self.upload_mode!r}")
+        _check(self.gradient_batch_size >= 1, "gradient_batch_size", "must be >= 1")
         _check(1 <= self.bits <= 8, "bits", f"must be in 1..8, got {self.bits}")
         _check(self.entropy_coder in ENTROPY_CODERS, "entropy_coder",
                f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
@@ -296,15 +312,25 @@ class DQConfig:
         _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
         _check(self.store_eviction in {"fifo", "random"}, "store_eviction",
                f"must be fifo or random, got {self.store_eviction!r}")
-        if self.compensation != "none":
-            from .codecs import make
+        from .codecs import make
 
+        if self.compensation != "none":
             try:
                 make(self.compensation, **parse_params(self.compensation_params))
             except ValueError as exc:
                 raise ValueError(f"compensation: {exc}") from None
+        if self.upload_mode != "data":
+            try:
+                make(self.gradient_codec, **self.gradient_codec_kwargs)
+            except ValueError as exc:
+                raise ValueError(f"gradient_codec: {exc}") from None
 
     @property
     def compensation_kwargs(self) -> dict[str, Any]:
         """Parsed ``compensation_params``."""
         return parse_params(self.compensation_params, "compensation-params")
+
+    @property
+    def gradient_codec_kwargs(self) -> dict[str, Any]:
+        """Parsed ``gradient_codec_params``."""
+        return parse_params(self.gradient_codec_params, "gradient-codec-params")

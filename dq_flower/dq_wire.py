@@ -19,6 +19,7 @@ __all__ = [
     "SAMPLES_KEY",
     "INFO_KEY",
     "COMPENSATION_KEY",
+    "GRADIENT_KEY",
     "SampleBatch",
     "label_width",
     "encode_batch",
@@ -29,6 +30,8 @@ __all__ = [
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
 COMPENSATION_KEY = "compensation"
+#: Record of a gradient-round reply (``upload-mode`` gradient or auto).
+GRADIENT_KEY = "gradient"
 _RAW = "raw"
 
 

@@ -33,6 +33,8 @@ EXPERIMENTS: dict[str, list[str]] = {
     # the same on a strongly non-IID split
     "digits-mlp-dirichlet": ["--preset", "digits-mlp", "--partition", "dirichlet",
                              "--alpha", "0.1"],
+    # DQ's upload modes (data, gradient, auto) on logistic regression, in-process
+    "digits-upload-mode": ["--preset", "digits-upload-mode", "--engine", "inprocess"],
     # the large-D regime (D/d = 1,094), sized for 2 CPU cores (about 75 minutes): every
     # gradient baseline 150 rounds (one local step each), DQ 40 (it reaches 85% in fewer),
     # FedAvg 6 (a full local epoch per client and round); in-process engine (the same

@@ -3,7 +3,9 @@
 State kept across rounds in ``Context.state``:
 - ``dq-uploaded``: a mask of the local samples already uploaded (not sent again unless
   ``resend``);
-- ``dq-ef``: the error-feedback residual of a biased compensation codec.
+- ``dq-ef``: the error-feedback residual of a biased compensation codec;
+- ``dq-grad-ef``: the error-feedback state of a biased codec in gradient rounds
+  (``upload-mode`` gradient or auto).
 
 Each is kept as it was before and after the last round it served, so replies are
 idempotent per round: a server that replays a round after a crash gets the same reply.
@@ -15,11 +17,11 @@ import time
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..codecs import make
+from ..codecs import ErrorFeedback, make
 from ..config import DQConfig, TaskConfig, from_mapping
-from ..dq_wire import encode_batch, raw_array
+from ..dq_wire import GRADIENT_KEY, encode_batch
 from ..runtime import (
     MODEL_KEY,
     build_model,
@@ -36,6 +38,7 @@ __all__ = ["train", "quantizer_for", "score_candidates"]
 
 UPLOADED_KEY = "dq-uploaded"
 EF_KEY = "dq-ef"
+GRAD_EF_KEY = "dq-grad-ef"
 
 
 def quantizer_for(cfg: DQConfig, info_channels: int = 0, dither_seed: int | None = None):
@@ -97,16 +100,57 @@ def _state_before(context: Context, key: str, server_round: int) -> dict[str, np
     if rec is None or meta is None:
         return {}
     which = "before/" if int(meta["round"]) == server_round else "after/"
-    return {name[len(which):]: np.frombuffer(arr.data, dtype=arr.dtype).copy()
+    return {name[len(which):]: arr.numpy().copy()
             for name, arr in rec.items() if name.startswith(which)}
 
 
 def _save_state(context: Context, key: str, server_round: int,
                 before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> None:
-    arrays = {f"before/{k}": raw_array(v) for k, v in before.items()}
-    arrays.update({f"after/{k}": raw_array(v) for k, v in after.items()})
+    arrays = {f"before/{k}": Array(np.ascontiguousarray(v)) for k, v in before.items()}
+    arrays.update({f"after/{k}": Array(np.ascontiguousarray(v)) for k, v in after.items()})
     context.state[key] = ArrayRecord(arrays)
     context.state[key + "-round"] = ConfigRecord({"round": server_round})
+
+
+def _encode(codec, vector: np.ndarray, rng: np.random.Generator, context: Context,
+            key: str, server_round: int):
+    """Encode ``vector``, through error feedback kept under ``key`` for a biased codec."""
+    if not codec.biased:
+        return codec.encode(vector, rng)
+    ef = ErrorFeedback(codec)
+    ef_before = _state_before(context, key, server_round)
+    if ef_before:
+        ef.load_state_dict(ef_before)
+    payload = ef.encode(vector, rng)
+    _save_state(context, key, server_round, ef_before, ef.state_dict())
+    return payload
+
+
+def _gradient_round(msg: Message, context: Context, cfg: DQConfig, task: TaskConfig,
+                    server_round: int, pid: int, rng: np.random.Generator, t0: float) -> Message:
+    """Reply to a gradient round: a coded minibatch gradient at the server's model."""
+    if MODEL_KEY not in msg.content.array_records:
+        raise ValueError("a gradient round needs the model; the server did not send it")
+    info = task_info(task)
+    x, y = client_data(context, task)
+    if x.shape[0] == 0:
+        raise ValueError(f"partition {pid} is empty")
+    model = build_model(task, info)
+    load_model_record(model, msg.content.array_records[MODEL_KEY])
+    size = min(cfg.gradient_batch_size, x.shape[0])
+    idx = np.sort(rng.choice(x.shape[0], size=size, replace=False))
+    loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(size, 1.0 / size))
+    codec = make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
+    payload = _encode(codec, grad, rng, context, GRAD_EF_KEY, server_round)
+    content = RecordDict({GRADIENT_KEY: payload.to_record()})
+    content["metrics"] = MetricRecord({
+        "num-examples": int(x.shape[0]),
+        "partition-id": int(pid),
+        "train-loss": float(loss),
+        "up-payload-bits": int(payload.nbits),
+        "client-time-s": time.perf_counter() - t0,
+    })
+    return Message(content=content, reply_to=msg)
 
 
 def train(msg: Message, context: Context) -> Message:
@@ -118,9 +162,11 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(config["server-round"])
     round_seed = int(config.get("round-seed", task.seed))
     pid, _ = node_partition(context, task)
+    rng = round_rng(round_seed, server_round, pid)
+    if config.get("round-mode", "data") == "gradient":
+        return _gradient_round(msg, context, cfg, task, server_round, pid, rng, t0)
     info = task_info(task)
     x, y = client_data(context, task)
-    rng = round_rng(round_seed, server_round, pid)
 
     before = _state_before(context, UPLOADED_KEY, server_round).get("mask")
     uploaded = (before.astype(bool) if before is not None and before.size == x.shape[0]
@@ -152,17 +198,7 @@ def train(msg: Message, context: Context) -> Message:
         _, g_quant = weighted_loss_grad(model, xq, y[chosen], sel.weights)
         codec = make(cfg.compensation, **cfg.compensation_kwargs)
         delta = g_true - g_quant
-        if codec.biased:
-            from ..codecs import ErrorFeedback
-
-            ef = ErrorFeedback(codec)
-            ef_before = _state_before(context, EF_KEY, server_round)
-            if ef_before:
-                ef.load_state_dict(ef_before)
-            compensation = ef.encode(delta, rng)
-            _save_state(context, EF_KEY, server_round, ef_before, ef.state_dict())
-        else:
-            compensation = codec.encode(delta, rng)
+        compensation = _encode(codec, delta, rng, context, EF_KEY, server_round)
 
     content, payload_bits = encode_batch(
         samples, y[chosen], chosen, represents, info.num_classes, x.shape[0], compensation

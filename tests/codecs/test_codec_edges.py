@@ -1,7 +1,6 @@
 """Edge cases, parameter validation and the strict decoder."""
 
 import json
-import time
 import tracemalloc
 
 import numpy as np
@@ -187,13 +186,11 @@ def test_huge_declared_shape_fails_fast_without_allocating(name, params):
                 {"codes": np.zeros(3, np.uint8)}, nbits=24)
     codec = make(name, **params)
     tracemalloc.start()
-    start = time.perf_counter()
     with pytest.raises(PayloadError):
         codec.decode(p)
-    elapsed = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert elapsed < 0.5 and peak < 1 << 20  # refused before any large allocation
+    assert peak < 1 << 20  # refused before any large allocation
 
 
 def test_shape_beyond_the_element_limit_is_refused():

@@ -149,6 +149,20 @@ def test_bytes_and_rounds_to_target():
     assert "dq used 15x fewer uplink bytes" in text
 
 
+def test_dq_gradient_rounds_are_reported_per_coordinate_apart_from_the_samples():
+    # Prepare: rounds 1-2 upload samples (4 each, 800 bits per round), round 3 a gradient
+    # (2 replies of 1000 coordinates at 4 bits)
+    run = _run("dq-auto", [0.1, 0.5, 0.6, 0.7], 100, family="dq")
+    run["history"][3].update({"gradient_round": 1, "up_payload_bits": 8000, "selected": 0})
+    # Execute
+    unit = run_summaries(_results([run]))[0]["uplink"]
+    # Assert
+    assert unit["bits"] == 200 and unit["gradient_rounds"] == 1
+    assert unit["gradient_bits_per_coord"] == pytest.approx(4.0)
+    assert "200 b/sample (20.00 b/coord, 2 b quantizer); 4 b/coord in 1 gradient round" in (
+        summary_markdown(_results([run])))
+
+
 def test_summary_says_plainly_where_dq_does_not_win():
     res = _results([_run("dq", [0.1, 0.5, 0.85], 1000, family="dq"),
                     _run("signsgd", [0.1, 0.9, 0.9], 100, codec="sign"),

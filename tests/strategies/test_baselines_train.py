@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 
 import pytest
 
@@ -98,9 +97,7 @@ def flower_env(tmp_path, monkeypatch):
 
 def test_qsgd_runs_in_flowers_simulation_engine(flower_env):
     # Execute
-    t0 = time.perf_counter()
     result = dq_flower.simulate(method="qsgd", num_clients=2, rounds=2, seed=0)
-    elapsed = time.perf_counter() - t0
     # Assert
     rows = result.history
     assert [r["round"] for r in rows] == [0, 1, 2]
@@ -108,4 +105,3 @@ def test_qsgd_runs_in_flowers_simulation_engine(flower_env):
     assert 8 * rows[1]["up_bytes"] >= rows[1]["up_payload_bits"] > 0
     assert rows[2]["cum_up_bytes"] == rows[1]["up_bytes"] + rows[2]["up_bytes"]
     assert rows[2]["accuracy"] > rows[0]["accuracy"]
-    assert elapsed < 60
