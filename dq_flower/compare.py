@@ -397,6 +397,7 @@ def run_comparison(
                 record["stats"] = run_summaries(results)[-1]
                 if progress is not None:
                     progress.end(record, preset.target_accuracy)
+                write_reports(results, out)  # an interruption must not lose a reused run
                 continue
             record: dict[str, Any] = {"label": plan.spec.label, "method": plan.spec.method,
                                       "family": plan.family, "config": plan.resolved,
@@ -769,7 +770,9 @@ def write_reports(results: Mapping[str, Any], out_dir: str | os.PathLike[str]) -
              "summary": out / "summary.md"}
     data = dict(results)
     data["summaries"] = run_summaries(results)
-    paths["json"].write_text(json.dumps(_jsonable(data), indent=1))
+    tmp = paths["json"].with_suffix(".json.tmp")  # atomic: a kill never leaves half a file
+    tmp.write_text(json.dumps(_jsonable(data), indent=1))
+    os.replace(tmp, paths["json"])
     write_csv(results, paths["csv"])
     paths["summary"].write_text(summary_markdown(results))
     paths.update(write_plots(results, out))

@@ -231,8 +231,19 @@ def test_resume_reuses_identical_runs_only(tmp_path, monkeypatch):
         return real(plan, *args, **kwargs)
 
     monkeypatch.setattr(compare, "_run_one", counting)
+    # an interrupted resume keeps the reused runs in results.json
+    monkeypatch.setattr(compare, "_run_one", lambda *a, **k: (_ for _ in ()).throw(
+        KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(preset, tmp_path, engine="inprocess", resume=True,
+                       sets=parse_set(["fp16.lr=0.05"]))
+    kept = json.loads((tmp_path / "results.json").read_text())
+    assert [r["label"] for r in kept["runs"]] == ["sgd"]
+    monkeypatch.setattr(compare, "_run_one", counting)
     again = run_comparison(preset, tmp_path, engine="inprocess", resume=True,
                            sets=parse_set(["fp16.lr=0.05"]))
     assert calls == ["fp16"]  # sgd unchanged: reused; fp16's config changed: rerun
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [r["label"] for r in saved["runs"]] == ["sgd", "fp16"]
     assert again["runs"][0]["reused"] and again["runs"][0]["history"] == first["runs"][0]["history"]
     assert (tmp_path / "summary.md").is_file()
