@@ -7,8 +7,10 @@
 
 Each experiment is one ``dq-flower compare`` command (printed before it runs). Its output
 folder is ``results/readme/<experiment>/``; the summary and the two plots are then copied to
-``docs/results/<experiment>/`` where the README links them. The fmnist and cifar10
-experiments need their data files (see the README, "Comparing methods").
+``docs/results/<experiment>/``, and the summary's body (with the uplink plot) replaces the
+README's block between ``<!-- results:<experiment> -->`` and
+``<!-- /results:<experiment> -->``. The fmnist and cifar10 experiments need their data
+files (see the README, "Comparing methods").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 RESULTS = ROOT / "results" / "readme"
 PUBLISHED = ROOT / "docs" / "results"
 COPIED = ("summary.md", "accuracy_vs_uplink.png", "accuracy_vs_rounds.png")
@@ -61,6 +64,24 @@ def command(name: str, resume: bool = False) -> list[str]:
             *(["--resume"] if resume else [])]
 
 
+def readme_block(name: str, summary: str) -> str:
+    """The README's view of one experiment: the summary without its title, and the plot."""
+    body = summary.split("\n", 1)[1].strip() if summary.startswith("# ") else summary.strip()
+    body = body.replace("\n## Verdict\n", "\n**Verdict**\n")
+    plot = f"docs/results/{name}/accuracy_vs_uplink.png"
+    return f"{body}\n\n![accuracy against cumulative uplink bytes]({plot})"
+
+
+def splice_readme(text: str, name: str, block: str) -> str:
+    """Replace the marked block of experiment ``name`` in the README ``text``."""
+    start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+    if start not in text or end not in text:
+        return text
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block}\n{end}{tail}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", metavar="EXPERIMENT",
@@ -92,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             src = RESULTS / name / file
             if src.is_file():
                 shutil.copy2(src, target / file)
+        summary = target / "summary.md"
+        if summary.is_file():
+            README.write_text(splice_readme(README.read_text(), name,
+                                            readme_block(name, summary.read_text())))
     return status
 
 
