@@ -38,7 +38,13 @@ from ..runtime import (
     weighted_loss_grad,
 )
 from ..store import SampleStore, StoredRows
-from ..upload_planner import RoundPlan, UploadPlanner, first_estimates, reply_bits
+from ..upload_planner import (
+    ESTIMATES,
+    RoundPlan,
+    UploadPlanner,
+    first_estimates,
+    reply_bits,
+)
 from .common import log_round, make_optimizer, sample_node_ids, screen_replies
 
 __all__ = ["DQStrategy", "Upload", "GradientReply"]
@@ -108,10 +114,14 @@ class DQStrategy(Strategy):
         self.num_params = sum(p.numel() for p in model.parameters())
         self.grad_codec = (make(config.gradient_codec, **config.gradient_codec_kwargs)
                            if config.upload_mode != "data" else None)
+        # Reply sizes feed the planner's estimates, which only gradient and auto modes use:
+        # plain data runs neither encode synthetic replies nor serialize replies twice.
+        self.measuring = config.upload_mode != "data"
         self.planner = UploadPlanner(
             config.upload_mode, config.budget, config.resend,
-            **first_estimates(config, info, self.grad_codec, self.comp_codec,
-                              self.num_params, task.seed))
+            **(first_estimates(config, info, self.grad_codec, self.comp_codec,
+                               self.num_params, task.seed) if self.measuring
+               else dict.fromkeys(ESTIMATES, 0.0)))
         self.plans: dict[int, RoundPlan] = {}
         self.asked: dict[int, int] = {}
 
@@ -229,14 +239,14 @@ class DQStrategy(Strategy):
         if not isinstance(examples, int) or not n_cand <= examples <= MAX_LOCAL_ID:
             raise PayloadError(f"'num-examples'={examples!r} is inconsistent with the upload")
         return Upload(batch, x, n_cand, delta, node, partition, examples,
-                      reply_bits(content))
+                      reply_bits(content) if self.measuring else 0)
 
     def _measure_data(self, fresh: list[Upload]) -> None:
         """Tell the planner what the valid data replies carried and cost."""
         for u in fresh:
             self.planner.record_data(u.node, u.examples, len(u.batch))
         full = [u for u in fresh if len(u.batch)]
-        if full:
+        if full and self.measuring:
             samples = [u.batch.samples.nbits + u.batch.info_nbits for u in full]
             rest = [u.reply_bits - s for u, s in zip(full, samples, strict=True)]
             self.planner.measured(sample_bits=sum(samples) / sum(len(u.batch) for u in full),
