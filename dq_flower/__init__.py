@@ -3,10 +3,34 @@
 Uploads quantized data samples (plus optional compensation bits chosen by an importance
 filter) instead of weights or gradients, and ships byte-exact baselines to compare with.
 DQ sends quantized raw samples to the server: use it on trusted networks only.
+
+The plugin: :class:`DQStrategy` and :class:`GradientStrategy` (Flower strategies for any
+``nn.Module``), the client functions in :mod:`dq_flower.client` (``dq_train``,
+``gradient_train``, ``evaluate``) and :class:`MeasuredGrid`. The harness:
+:func:`simulate` and ``dq-flower compare``.
 """
 
-from .history import RunResult
-from .simulate import simulate
+from dq_flower import client, codecs
+from dq_flower.accounting import Ledger, MeasuredGrid
+from dq_flower.baselines.config import GradientConfig
+from dq_flower.baselines.strategy import GradientStrategy
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.strategy import DQStrategy
+from dq_flower.harness.history import RunResult
+from dq_flower.harness.simulate import simulate
+from dq_flower.protocol.spec import DataSpec
 
-__all__ = ["simulate", "RunResult"]
+__all__ = [
+    "DQStrategy",
+    "GradientStrategy",
+    "MeasuredGrid",
+    "Ledger",
+    "DQConfig",
+    "GradientConfig",
+    "DataSpec",
+    "client",
+    "codecs",
+    "simulate",
+    "RunResult",
+]
 __version__ = "0.1.0"

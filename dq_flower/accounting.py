@@ -94,18 +94,53 @@ class Ledger:
 class MeasuredGrid(Grid):
     """A ``Grid`` that records the serialized size of every message it carries.
 
+    Wrap the ``grid`` a ServerApp receives and hand the wrapper to any strategy (this
+    package's or Flower's own ``FedAvg``)::
+
+        measured = MeasuredGrid(grid)
+        result = strategy.start(grid=measured, initial_arrays=..., num_rounds=5)
+        print(measured.up_bytes, measured.down_bytes, measured.per_round("up"))
+
+    A message belongs to the round named by its config's ``server-round`` (Flower's
+    strategies and this package's set it), else to the last round seen.
+
     Parameters
     ----------
     grid : Grid
         The grid to delegate to (simulation, deployment, or an in-process test grid).
-    ledger : Ledger
-        Where sizes are recorded.
+    ledger : Ledger, optional
+        Where sizes are recorded (a new one by default).
     """
 
-    def __init__(self, grid: Grid, ledger: Ledger) -> None:
+    def __init__(self, grid: Grid, ledger: Ledger | None = None) -> None:
         self._grid = grid
-        self.ledger = ledger
+        self.ledger = ledger if ledger is not None else Ledger()
         self._last_round = 0
+
+    # --- totals ------------------------------------------------------------------------
+    @property
+    def up_bytes(self) -> int:
+        """Bytes of every reply so far (client to server)."""
+        return self.ledger.total_bytes("up")
+
+    @property
+    def down_bytes(self) -> int:
+        """Bytes of every instruction so far (server to client)."""
+        return self.ledger.total_bytes("down")
+
+    def per_round(self, direction: str) -> dict[int, int]:
+        """Bytes per server round in ``direction`` (``up`` or ``down``)."""
+        table = self.ledger.up if direction == "up" else self.ledger.down
+        return {int(r): int(sum(v.values())) for r, v in sorted(table.items())}
+
+    def per_node(self, direction: str) -> dict[int, int]:
+        """Bytes per node over all rounds in ``direction`` (``up`` or ``down``)."""
+        table = self.ledger.up if direction == "up" else self.ledger.down
+        out: dict[int, int] = {}
+        for per_node in table.values():
+            for node, nbytes in per_node.items():
+                out[int(node)] = out.get(int(node), 0) + int(nbytes)
+        return out
 
     # --- measurement -------------------------------------------------------------------
     def _record_out(self, messages: list[Message]) -> int:

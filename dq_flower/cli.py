@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_report(sub)
     try:
-        from .deploy.cli import add_deploy_parser  # written in the deployment issue
+        from dq_flower.deploy.cli import add_deploy_parser  # written in the deployment issue
     except ModuleNotFoundError as exc:  # only a missing deploy package is expected
         if exc.name not in ("dq_flower.deploy", "dq_flower.deploy.cli"):
             raise
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from . import __version__
+    from dq_flower import __version__
 
     return __version__
 
@@ -205,8 +205,8 @@ def _fail(message: str) -> int:
 
 
 def _list_presets() -> int:
-    from .methods import method_names
-    from .presets import load_preset, preset_names
+    from dq_flower.compare.presets import load_preset, preset_names
+    from dq_flower.harness.methods import method_names
 
     print("presets (simulations/*.toml):")
     for name in preset_names():
@@ -225,8 +225,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """``dq-flower compare``."""
     if args.list_presets:
         return _list_presets()
-    from . import compare
-    from .presets import load_preset
+    from dq_flower.compare import core as compare
+    from dq_flower.compare.presets import load_preset
 
     try:
         preset = load_preset(args.preset).with_overrides(
@@ -284,7 +284,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``dq-flower report``."""
-    from . import compare
+    from dq_flower.compare import core as compare
 
     try:
         results = compare.load_results(args.folder)

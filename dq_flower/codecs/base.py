@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -18,6 +19,7 @@ import numpy as np
 __all__ = [
     "PAYLOAD_VERSION",
     "MAX_ELEMENTS",
+    "MAX_HEADER_DEPTH",
     "Codec",
     "Payload",
     "PayloadError",
@@ -44,6 +46,11 @@ PAYLOAD_VERSION = 1
 MAX_ELEMENTS = 1 << 31
 #: Upper bound on the JSON header of a record, in bytes.
 MAX_HEADER_BYTES = 1 << 16
+#: Deepest nesting of JSON arrays and objects a header may have. Headers written by
+#: :meth:`Payload.to_record` nest 3 deep (header object, ``buffers`` object, one buffer's
+#: ``[dtype, size]`` list); anything deeper is refused before ``json.loads`` runs, so a
+#: crafted header cannot exhaust the parser's recursion.
+MAX_HEADER_DEPTH = 8
 #: Buffer dtypes a payload may carry.
 ALLOWED_DTYPES = frozenset({"uint8", "float16", "float32", "int32", "uint32", "int64"})
 RAW_STYPE = "raw"
@@ -169,6 +176,91 @@ def _checked_shape(shape: Any) -> tuple[int, ...]:
     return tuple(dims)
 
 
+# A JSON string: a quote, then characters other than quote and backslash, or escapes, up
+# to the closing quote or, for an unterminated string, the end of the text. Every attempt
+# from a quote matches, so the scan is linear even on text made of quotes and backslashes.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.DOTALL)
+_OPEN = np.frombuffer(b"[{", dtype=np.uint8)
+_CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
+#: Types a header's ``meta`` values may have (codecs write flat scalars only).
+_META_TYPES = (str, int, float, bool, type(None))
+
+
+def _json_depth(raw: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` in JSON text ``raw``, brackets inside strings ignored.
+
+    Strings are removed first (a quote up to the next unescaped quote, exactly where a JSON
+    parser ends them), then the running depth is a cumulative sum over the bracket bytes:
+    linear time, no recursion, whatever the input.
+    """
+    bare = np.frombuffer(_JSON_STRING.sub(b"", raw), dtype=np.uint8)
+    step = np.isin(bare, _OPEN).astype(np.int64) - np.isin(bare, _CLOSE)
+    return int(np.cumsum(step).max(initial=0))
+
+
+def _reject_constant(name: str) -> Any:
+    raise PayloadError(f"payload header holds the non-finite number {name}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise PayloadError(f"payload header number {text[:20]!r} overflows a float")
+    return value
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise PayloadError("payload header repeats a key in an object")
+    return obj
+
+
+def _parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Parse a header's bytes into a dict, turning every failure into :class:`PayloadError`."""
+    if len(raw) > MAX_HEADER_BYTES:
+        raise PayloadError(f"payload header is too large ({len(raw)} > {MAX_HEADER_BYTES} bytes)")
+    raw = bytes(raw)
+    depth = _json_depth(raw)
+    if depth > MAX_HEADER_DEPTH:
+        raise PayloadError(
+            f"payload header nests {depth} levels deep; at most {MAX_HEADER_DEPTH} allowed"
+        )
+    try:
+        header = json.loads(
+            raw.decode("utf-8"),
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            object_pairs_hook=_unique_object,
+        )
+    except PayloadError:
+        raise
+    except (RecursionError, MemoryError) as exc:  # pragma: no cover - the depth bound stops it
+        raise PayloadError(f"payload header cannot be parsed: {type(exc).__name__}") from None
+    except Exception as exc:  # UnicodeDecodeError, JSONDecodeError, int digit limits, ...
+        raise PayloadError(f"payload header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise PayloadError("payload header must be a JSON object")
+    return header
+
+
+def _record_array(record: Any, name: str) -> tuple[str, bytes | bytearray | memoryview]:
+    """Return ``(dtype, raw bytes)`` of ``record[name]`` or raise :class:`PayloadError`."""
+    try:
+        arr = record[name]
+        dtype, data = arr.dtype, arr.data
+    except Exception as exc:  # KeyError, AttributeError, TypeError from a foreign object
+        raise PayloadError(f"payload record entry {name!r} is not a readable array") from exc
+    if isinstance(data, memoryview):
+        try:
+            data = data.cast("B")  # count bytes, whatever the view's item format
+        except TypeError as exc:
+            raise PayloadError(f"payload record entry {name!r} is not contiguous") from exc
+    elif not isinstance(data, (bytes, bytearray)):
+        raise PayloadError(f"payload record entry {name!r} does not carry raw bytes")
+    return str(dtype), data
+
+
 @dataclass
 class Payload:
     """An encoded array: named flat buffers plus the metadata needed to decode them.
@@ -205,6 +297,8 @@ class Payload:
         """Serialise to a Flower ``ArrayRecord`` of raw bytes (no ``np.save`` headers)."""
         from flwr.app import Array, ArrayRecord
 
+        if HEADER_KEY in self.buffers:
+            raise ValueError(f"a payload buffer cannot be named {HEADER_KEY!r}")
         header = {
             "codec": self.codec,
             "version": self.version,
@@ -224,45 +318,92 @@ class Payload:
             )
         return ArrayRecord(arrays)
 
-    @classmethod
-    def from_record(cls, record) -> Payload:
-        """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly.
+    def expect_elements(self, n: int) -> None:
+        """Raise :class:`PayloadError` unless the declared shape holds exactly ``n`` elements.
+
+        Decoders allocate their output from the declared shape, and some (``topk``,
+        ``powersgd``, entropy-coded ``uniform``) legitimately carry far fewer bytes than
+        they decode to. A receiver that knows how large the array must be (the model size
+        for a gradient or compensation payload) calls this before :meth:`Codec.decode`, so
+        a payload declaring a larger array is refused before anything is allocated.
+
+        Parameters
+        ----------
+        n : int
+            The number of elements the receiver expects.
 
         Raises
         ------
         PayloadError
-            On a missing or oversized header, unknown version, unknown dtype, or any buffer
-            whose carried byte count differs from what its header declares.
+            If ``math.prod(self.shape) != n`` (or the shape itself is malformed).
+        ValueError
+            If ``n`` is not a non-negative int.
+        """
+        n = check_int(n, "n", 0)
+        shape = _checked_shape(self.shape)
+        count = math.prod(shape)
+        if count != n:
+            raise PayloadError(
+                f"{self.codec!r} payload declares {count} elements (shape {list(shape)}); "
+                f"expected {n}"
+            )
+
+    @classmethod
+    def from_record(cls, record) -> Payload:
+        """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly.
+
+        The header is bounded in size (:data:`MAX_HEADER_BYTES`) and nesting depth
+        (:data:`MAX_HEADER_DEPTH`, checked before parsing), must be strict JSON (no NaN or
+        infinities, no repeated keys), and every field is type-checked: ``codec`` a string,
+        ``version`` the int :data:`PAYLOAD_VERSION`, ``shape`` at most 8 non-negative ints,
+        ``meta`` an object of scalars, ``nbits`` a non-negative int and ``buffers`` an object
+        of ``[dtype, size]`` pairs. The declared shape is not compared with the buffers here
+        (decoders do that); receivers that know the expected size should also call
+        :meth:`expect_elements` before decoding.
+
+        Raises
+        ------
+        PayloadError
+            On any malformed record or header: missing, oversized, too deeply nested or
+            unparsable header, unknown version, fields of the wrong type, unknown dtype, or
+            any buffer whose carried byte count differs from what its header declares.
         """
         try:
             keys = list(record.keys())
-        except AttributeError as exc:
+        except Exception as exc:  # AttributeError, TypeError: not an ArrayRecord
             raise PayloadError("payload record is not an ArrayRecord") from exc
+        if not all(isinstance(k, str) for k in keys):
+            raise PayloadError("payload record keys must be strings")
         if HEADER_KEY not in keys:
             raise PayloadError("payload record has no header")
-        head_arr = record[HEADER_KEY]
-        if len(head_arr.data) > MAX_HEADER_BYTES:
-            raise PayloadError("payload header is too large")
-        try:
-            header = json.loads(bytes(head_arr.data).decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PayloadError(f"payload header is not valid JSON: {exc}") from exc
-        if not isinstance(header, dict):
-            raise PayloadError("payload header must be a JSON object")
+        head_dtype, head_data = _record_array(record, HEADER_KEY)
+        if head_dtype != "uint8":
+            raise PayloadError(f"payload header array is {head_dtype}, expected uint8")
+        header = _parse_header(head_data)
         missing = {"codec", "version", "shape", "meta", "nbits", "buffers"} - header.keys()
         if missing:
             raise PayloadError(f"payload header misses keys {sorted(missing)}")
-        if header["version"] != PAYLOAD_VERSION:
-            raise PayloadError(
-                f"unknown payload version {header['version']!r}; expected {PAYLOAD_VERSION}"
-            )
+        version = header["version"]
+        if isinstance(version, bool) or not isinstance(version, int) or version != PAYLOAD_VERSION:
+            raise PayloadError(f"unknown payload version {version!r}; expected {PAYLOAD_VERSION}")
+        codec = header["codec"]
+        if not isinstance(codec, str) or not codec:
+            raise PayloadError(f"payload codec must be a non-empty string, got {codec!r}")
         shape = _checked_shape(header["shape"])
-        if not isinstance(header["meta"], dict) or not isinstance(header["buffers"], dict):
+        meta, declared = header["meta"], header["buffers"]
+        if not isinstance(meta, dict) or not isinstance(declared, dict):
             raise PayloadError("payload header 'meta' and 'buffers' must be objects")
+        for key, value in meta.items():
+            if not isinstance(value, _META_TYPES):
+                raise PayloadError(
+                    f"payload meta {key!r} must be a string, number, bool or null, "
+                    f"got {type(value).__name__}"
+                )
         nbits = header["nbits"]
         if isinstance(nbits, bool) or not isinstance(nbits, int) or nbits < 0:
             raise PayloadError(f"payload nbits must be a non-negative int, got {nbits!r}")
-        declared = header["buffers"]
+        if HEADER_KEY in declared:
+            raise PayloadError(f"payload header declares a buffer named {HEADER_KEY!r}")
         extra = set(keys) - {HEADER_KEY} - set(declared)
         if extra:
             raise PayloadError(f"payload record carries undeclared arrays {sorted(extra)}")
@@ -270,29 +411,27 @@ class Payload:
         for name, spec in declared.items():
             if name not in keys:
                 raise PayloadError(f"payload buffer {name!r} is declared but missing")
-            if not (isinstance(spec, list) and len(spec) == 2):
+            if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)):
                 raise PayloadError(f"payload buffer {name!r} has a malformed declaration")
             dtype, size = spec
             if dtype not in ALLOWED_DTYPES:
                 raise PayloadError(f"payload buffer {name!r} has unsupported dtype {dtype!r}")
             if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_ELEMENTS:
                 raise PayloadError(f"payload buffer {name!r} declares invalid size {size!r}")
-            arr = record[name]
-            if arr.dtype != dtype:
-                raise PayloadError(
-                    f"payload buffer {name!r} is {arr.dtype} but declared {dtype}"
-                )
+            arr_dtype, data = _record_array(record, name)
+            if arr_dtype != dtype:
+                raise PayloadError(f"payload buffer {name!r} is {arr_dtype} but declared {dtype}")
             itemsize = np.dtype(dtype).itemsize
-            if len(arr.data) != size * itemsize:
+            if len(data) != size * itemsize:
                 raise PayloadError(
-                    f"payload buffer {name!r} carries {len(arr.data)} bytes, "
+                    f"payload buffer {name!r} carries {len(data)} bytes, "
                     f"declared {size} x {itemsize}"
                 )
-            buffers[name] = np.frombuffer(arr.data, dtype=dtype)
+            buffers[name] = np.frombuffer(data, dtype=dtype)
         return cls(
-            codec=str(header["codec"]),
+            codec=codec,
             shape=shape,
-            meta=header["meta"],
+            meta=meta,
             buffers=buffers,
             nbits=nbits,
             version=PAYLOAD_VERSION,
@@ -344,7 +483,7 @@ def expect_nbits(p: Payload, expected: int) -> None:
 
 def expect_shape(p: Payload, ndim: int | None = None) -> int:
     """Check ``p.shape`` (ints, at most :data:`MAX_ELEMENTS` elements); return the element count."""
-    shape = _checked_shape(list(p.shape))
+    shape = _checked_shape(p.shape)
     if ndim is not None and len(shape) != ndim:
         raise PayloadError(f"{p.codec} payload shape {shape} is not {ndim}-D")
     return math.prod(shape)
@@ -370,7 +509,15 @@ class Codec(ABC):
 
     @abstractmethod
     def decode(self, p: Payload) -> np.ndarray:
-        """Decode a payload to a float32 array of its declared shape."""
+        """Decode a payload to a float32 array of its declared shape.
+
+        Every decoder checks that the buffers match the declared shape before allocating its
+        output, so a payload whose bytes do not back its declared size is refused cheaply.
+        The declared size itself (up to :data:`MAX_ELEMENTS`) is the caller's to bound:
+        some payloads are legitimately far smaller than their output (sparse or low-rank
+        gradients, entropy-coded data), so call :meth:`Payload.expect_elements` (or check
+        ``p.shape``) first.
+        """
 
     def check_payload(self, p: Payload) -> None:
         """Raise :class:`PayloadError` unless ``p`` was made by this codec."""

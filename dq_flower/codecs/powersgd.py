@@ -149,10 +149,27 @@ class PowerSGD(Codec):
         return Payload(self.name, shape, meta, buffers, nbits=32 * r * (rows + cols))
 
     def decode(self, p: Payload) -> np.ndarray:
-        """Return ``P Q^T`` (cropped to ``D``), or the carried values; float32."""
+        """Return ``P Q^T`` (cropped to ``D``), or the carried values; float32.
+
+        The factors are checked against the declared shape before the product is formed,
+        so a payload whose buffers do not match its shape is refused without a large
+        allocation. A consistent payload is still only ``r (rows + cols)`` floats for a
+        ``rows * cols`` output (under 1 MB may declare ``2**31`` elements): callers must bound
+        the declared size (:meth:`Payload.expect_elements` with the model size) before
+        decoding.
+
+        Raises
+        ------
+        PayloadError
+            On any inconsistency between the header, the buffers and this codec (including
+            a 1-D shape that this codec's ``shape`` hint cannot hold).
+        """
         self.check_payload(p)
         size = expect_shape(p)
-        rows, cols, r, compressed = self.layout(p.shape)
+        try:
+            rows, cols, r, compressed = self.layout(p.shape)
+        except ValueError as exc:
+            raise PayloadError(f"powersgd payload shape {list(p.shape)}: {exc}") from None
         meta_equal(p, "rows", rows)
         meta_equal(p, "cols", cols)
         meta_equal(p, "rank", r)

@@ -109,7 +109,20 @@ class TopK(Codec):
         return Payload(self.name, shape, meta, {"values": values, "where": where}, nbits=nbits)
 
     def decode(self, p: Payload) -> np.ndarray:
-        """Scatter the values back; zeros elsewhere. Float32 in the payload's shape."""
+        """Scatter the values back; zeros elsewhere. Float32 in the payload's shape.
+
+        ``values`` and ``where`` are checked against the declared shape before the dense
+        output is allocated, so a payload whose buffers do not match its shape is refused
+        without a large allocation. A consistent payload is still about ``ratio * D``
+        values for a ``D``-element output (a few kB may declare ``2**31`` elements): callers
+        must bound the declared size (:meth:`Payload.expect_elements` with the model size)
+        before decoding.
+
+        Raises
+        ------
+        PayloadError
+            On any inconsistency between the header, the buffers and this codec.
+        """
         self.check_payload(p)
         size = expect_shape(p)
         k, mode, nbits = self.layout(size)

@@ -16,6 +16,13 @@ offsets come from a counter-based hash (splitmix64) of ``(seed, flat index)``: t
 any row ``i`` of a batch is :func:`dither_offsets(seed, i * d, d) <dither_offsets>`, so a
 store that keeps rows apart can still decode them one by one.
 
+Fixed range (``fixed_range=True``): every row is quantized on the range [0, 1], ``lo = 0`` and
+``scale = 1 / (2**bits - 1)``; the encoder clips values to [0, 1] first and the payload
+carries the codes only (no ``mins``/``scales``), so ``nbits`` counts code bits alone. This
+suits data that the sender has already normalised into [0, 1] once (tabular features
+scaled by per-feature ranges sent separately); the decoder returns ``code / (2**bits - 1)``
+(correctly rounded to float32, so codes 0 and the top code decode to exactly 0 and 1).
+
 Packed codes can be entropy-coded losslessly (``entropy``); the encoder falls back to the
 raw packing whenever coding would not shrink it, and ``nbits`` counts what is sent.
 """
@@ -93,6 +100,44 @@ def _safe_gain(span: np.ndarray, gain: np.ndarray, bump: np.float32, limit: floa
     raise AssertionError("gain adjustment did not converge")  # pragma: no cover
 
 
+def _affine_block(
+    blk: np.ndarray,
+    t: np.ndarray,
+    lo: np.ndarray,
+    scale: np.ndarray,
+    top: int,
+    unit: float,
+    bump: float,
+) -> None:
+    """Write ``(blk - min) * gain`` into ``t``, and each row's min and scale into ``lo``, ``scale``.
+
+    ``gain`` is ``unit / scale``, lowered by :func:`_safe_gain` so that ``t + bump`` of a
+    row's largest value stays below ``(top + 1) * unit`` (the codes need no clipping).
+    """
+    mn = blk.min(axis=1)
+    mx = blk.max(axis=1)
+    with np.errstate(over="ignore"):
+        span = mx - mn
+        sc32 = ((mx.astype(np.float64) - mn) / top).astype(np.float32)
+        if not (np.isfinite(span).all() and np.isfinite(sc32 * np.float32(top)).all()):
+            raise ValueError("a row's range exceeds float32; cannot quantize")
+    # a positive range keeps a positive scale, even below float32's denormals
+    sc32[(sc32 == 0) & (span > 0)] = np.finfo(np.float32).smallest_subnormal
+    sc64 = sc32.astype(np.float64)
+    gain64 = np.divide(float(unit), sc64, out=np.zeros(sc32.size), where=sc64 > 0)
+    tiny = gain64 > 1e30  # scale far below float32's normal range: float64 rows
+    gain = np.where(tiny, 0.0, gain64).astype(np.float32)
+    gain = _safe_gain(span, gain, np.float32(bump), (top + 1) * unit)
+    np.subtract(blk, mn[:, None], out=t)
+    t *= gain[:, None]
+    if tiny.any():
+        sub = np.flatnonzero(tiny)
+        wide = (blk[sub].astype(np.float64) - mn[sub, None]) * gain64[sub, None]
+        t[sub] = np.minimum(wide, float(top * unit))
+    lo[...] = mn
+    scale[...] = sc32
+
+
 @register("uniform")
 @dataclass(frozen=True)
 class Uniform(Codec):
@@ -112,6 +157,9 @@ class Uniform(Codec):
         rule above; the decoder must be built with the same seed).
     entropy : str
         Lossless coder of the packed codes: ``none``, ``zlib``, ``lzma`` or ``zstd``.
+    fixed_range : bool
+        Quantize every row on the fixed range [0, 1] (values clipped to it first) and send
+        no per-row ranges; incompatible with ``per_channel``.
     """
 
     bits: int = 2
@@ -119,6 +167,7 @@ class Uniform(Codec):
     per_channel: int = 0
     dither_seed: int | None = None
     entropy: str = "none"
+    fixed_range: bool = False
 
     def __post_init__(self) -> None:
         bitpack.check_width(self.bits, "bits")
@@ -128,17 +177,32 @@ class Uniform(Codec):
         if self.dither_seed is not None:
             check_int(self.dither_seed, "dither_seed", 0, (1 << 63) - 1)
         check_method(self.entropy, "entropy")
+        if not isinstance(self.fixed_range, (bool, np.bool_)):
+            raise ValueError(f"fixed_range must be a bool, got {self.fixed_range!r}")
+        object.__setattr__(self, "fixed_range", bool(self.fixed_range))
+        if self.fixed_range and self.per_channel:
+            raise ValueError(
+                "per_channel has no meaning with fixed_range: every channel shares [0, 1]"
+            )
 
     @property
     def levels(self) -> int:
         """Largest code, ``2**bits - 1``."""
         return (1 << self.bits) - 1
 
+    @property
+    def fixed_step(self) -> np.float32:
+        """The step ``1 / (2**bits - 1)`` of the fixed range [0, 1], as float32."""
+        return np.float32(1.0 / self.levels)
+
     def _groups(self) -> int:
         return self.per_channel if self.per_channel else 1
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
-        """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding."""
+        """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding.
+
+        With ``fixed_range`` the values are clipped to [0, 1] and quantized on that range.
+        """
         arr = check_finite(x)
         if arr.ndim != 2:
             raise ValueError(
@@ -152,9 +216,10 @@ class Uniform(Codec):
             rng = require_rng(rng, self.name)
         rows, width = n * groups, d // groups
         top = self.levels
+        fixed = self.fixed_range
         flat = np.ascontiguousarray(arr).reshape(rows, width)
-        lo = np.zeros(rows, dtype=np.float32)
-        scale = np.zeros(rows, dtype=np.float32)
+        lo = None if fixed else np.zeros(rows, dtype=np.float32)
+        scale = None if fixed else np.zeros(rows, dtype=np.float32)
         # Rows whose codes fill whole bytes are packed block by block while still in cache.
         aligned = (width * self.bits) % 8 == 0
         row_bytes = width * self.bits // 8
@@ -167,29 +232,17 @@ class Uniform(Codec):
         # or floor(t + 1/2) (nearest); ``_safe_gain`` keeps the largest t of each row from
         # rounding past the top code, so no clipping pass is needed.
         unit, bump = (np.float32(65536.0), np.float32(65535.0)) if stoch else (1, 0.5)
+        # Fixed range: t = clip(x, 0, 1) * top * unit, a float32 product by an exact power of
+        # two times ``top``, so t <= top * unit and t + bump stays below (top + 1) * unit.
+        fixed_gain = np.float32(top * unit)
         for s, e in bucket_chunks(rows, width) if width else ():
             blk = flat[s:e]
-            mn = blk.min(axis=1)
-            mx = blk.max(axis=1)
-            with np.errstate(over="ignore"):
-                span = mx - mn
-                sc32 = ((mx.astype(np.float64) - mn) / top).astype(np.float32)
-                if not (np.isfinite(span).all() and np.isfinite(sc32 * np.float32(top)).all()):
-                    raise ValueError("a row's range exceeds float32; cannot quantize")
-            # a positive range keeps a positive scale, even below float32's denormals
-            sc32[(sc32 == 0) & (span > 0)] = np.finfo(np.float32).smallest_subnormal
-            sc64 = sc32.astype(np.float64)
-            gain64 = np.divide(float(unit), sc64, out=np.zeros(sc32.size), where=sc64 > 0)
-            tiny = gain64 > 1e30  # scale far below float32's normal range: float64 rows
-            gain = np.where(tiny, 0.0, gain64).astype(np.float32)
-            gain = _safe_gain(span, gain, np.float32(bump), (top + 1) * unit)
             t = work[: e - s]
-            np.subtract(blk, mn[:, None], out=t)
-            t *= gain[:, None]
-            if tiny.any():
-                sub = np.flatnonzero(tiny)
-                wide = (blk[sub].astype(np.float64) - mn[sub, None]) * gain64[sub, None]
-                t[sub] = np.minimum(wide, float(top * unit))
+            if fixed:
+                np.clip(blk, np.float32(0.0), np.float32(1.0), out=t)
+                t *= fixed_gain
+            else:
+                _affine_block(blk, t, lo[s:e], scale[s:e], top, unit, bump)
             if stoch:
                 if self.dither_seed is not None:
                     r = _dither_u16(self.dither_seed, s * width, (e - s) * width)
@@ -204,8 +257,6 @@ class Uniform(Codec):
                 packed[s * row_bytes : e * row_bytes] = bitpack.pack(blk_codes, self.bits)
             else:
                 codes[s:e] = blk_codes
-            lo[s:e] = mn
-            scale[s:e] = sc32
         if not aligned:
             packed = bitpack.pack(codes.reshape(-1), self.bits)
         method = "none"
@@ -220,17 +271,33 @@ class Uniform(Codec):
             "dither_seed": self.dither_seed,
             "entropy": method,
         }
+        if fixed:
+            meta["fixed_range"] = True
+            return Payload(self.name, (n, d), meta, {"codes": packed}, nbits=code_bits)
         buffers = {"codes": packed, "mins": lo, "scales": scale}
         return Payload(self.name, (n, d), meta, buffers, nbits=code_bits + 64 * rows)
 
     def decode(self, p: Payload) -> np.ndarray:
-        """Dequantize to float32 ``(n, d)``; inconsistent payloads raise PayloadError."""
+        """Dequantize to float32 ``(n, d)``; inconsistent payloads raise PayloadError.
+
+        The payload's ``fixed_range`` (absent means False) must equal the codec's; a
+        fixed-range payload carries ``codes`` only. Buffers are checked against the declared
+        shape before the output is allocated, but an entropy-coded payload may be far smaller
+        than the ``(n, d)`` it declares: callers must bound the declared size (check
+        ``p.shape`` or call :meth:`Payload.expect_elements`) before decoding.
+        """
         self.check_payload(p)
         expect_shape(p, ndim=2)
         n, d = p.shape
         meta_equal(p, "bits", self.bits)
         meta_equal(p, "per_channel", self.per_channel)
         meta_equal(p, "dither_seed", self.dither_seed)
+        fixed = p.meta.get("fixed_range", False)
+        if not isinstance(fixed, bool) or fixed != self.fixed_range:
+            raise PayloadError(
+                f"uniform payload meta 'fixed_range'={fixed!r} does not match the decoder's "
+                f"{self.fixed_range!r}"
+            )
         method = p.meta.get("entropy")
         if method not in ("none", self.entropy):
             raise PayloadError(f"uniform payload entropy coder {method!r} is not {self.entropy!r}")
@@ -238,25 +305,39 @@ class Uniform(Codec):
         if d % groups:
             raise PayloadError(f"uniform payload d={d} is not a multiple of {groups} channels")
         rows, width = n * groups, d // groups
-        lo = require_finite(p, "mins", expect_buffer(p, "mins", "float32", rows))
-        scale = require_finite(p, "scales", expect_buffer(p, "scales", "float32", rows))
-        if (scale < 0).any():
-            raise PayloadError("uniform payload has negative scales")
+        if fixed:
+            extra = sorted(set(p.buffers) - {"codes"})
+            if extra:
+                raise PayloadError(f"fixed-range uniform payload carries side buffers {extra}")
+            lo = scale = None
+            side_bits = 0
+        else:
+            lo = require_finite(p, "mins", expect_buffer(p, "mins", "float32", rows))
+            scale = require_finite(p, "scales", expect_buffer(p, "scales", "float32", rows))
+            if (scale < 0).any():
+                raise PayloadError("uniform payload has negative scales")
+            side_bits = 64 * rows
         raw_nbytes = bitpack.packed_nbytes(n * d, self.bits)
         if method == "none":
             packed = expect_buffer(p, "codes", "uint8", raw_nbytes)
-            expect_nbits(p, n * d * self.bits + 64 * rows)
+            expect_nbits(p, n * d * self.bits + side_bits)
             if packed.size and not bitpack.padding_is_zero(packed, self.bits, n * d):
                 raise PayloadError("uniform payload has non-zero padding bits")
         else:
             coded = p.buffers.get("codes")
             if coded is None or coded.dtype != np.uint8 or coded.ndim != 1:
                 raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
-            expect_nbits(p, 8 * coded.size + 64 * rows)
+            expect_nbits(p, 8 * coded.size + side_bits)
             packed = decompress(coded, method, raw_nbytes)
+        if fixed:
+            # code / top, correctly rounded: codes 0 and top decode to exactly 0 and 1
+            ramp = (np.arange(self.levels + 1) / self.levels).astype(np.float32)
+        else:
+            ramp = np.arange(self.levels + 1, dtype=np.float32)
+        if fixed and self.dither_seed is None:
+            return bitpack.unpack_to(packed, self.bits, n * d, ramp).reshape(n, d)
         aligned = (width * self.bits) % 8 == 0
         row_bytes = width * self.bits // 8
-        ramp = np.arange(self.levels + 1, dtype=np.float32)
         full = None if aligned else bitpack.unpack_to(packed, self.bits, n * d, ramp)
         out = np.empty((rows, width), dtype=np.float32)
         for s, e in bucket_chunks(rows, width) if width else ():
@@ -266,13 +347,18 @@ class Uniform(Codec):
                 bitpack.unpack_to(chunk, self.bits, (e - s) * width, ramp, out=blk)
             else:
                 blk[...] = full[s * width : e * width].reshape(e - s, width)
-            blk *= scale[s:e, None]
+            if not fixed:
+                blk *= scale[s:e, None]
             if self.dither_seed is not None:
                 u = dither_offsets(self.dither_seed, s * width, (e - s) * width)
                 u -= np.float32(0.5)
-                u *= np.repeat(scale[s:e], width)
+                if fixed:
+                    u *= self.fixed_step
+                else:
+                    u *= np.repeat(scale[s:e], width)
                 blk -= u.reshape(blk.shape)
-            blk += lo[s:e, None]
+            if not fixed:
+                blk += lo[s:e, None]
         return out.reshape(n, d)
 
 

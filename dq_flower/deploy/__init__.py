@@ -4,8 +4,8 @@ DQ uploads quantized raw samples: deploy it on trusted networks only. TLS and Su
 authentication are the defaults; insecure mode is an explicit flag with a warning.
 """
 
-from .certs import Credentials, NodeKeys, create_credentials, load_credentials
-from .processes import (
+from dq_flower.deploy.certs import Credentials, NodeKeys, create_credentials, load_credentials
+from dq_flower.deploy.processes import (
     TRUST_MODEL,
     DeploymentError,
     LocalDeployment,

@@ -30,8 +30,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .certs import DEFAULT_HOSTS, create_credentials, load_credentials
-from .processes import (
+from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
+from dq_flower.deploy.processes import (
     TRUST_MODEL,
     DeploymentError,
     LocalDeployment,

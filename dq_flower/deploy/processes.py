@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from .certs import Credentials, NodeKeys, create_credentials
+from dq_flower.deploy.certs import Credentials, NodeKeys, create_credentials
 
 __all__ = [
     "DeploymentError",

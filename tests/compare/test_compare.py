@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dq_flower import compare
-from dq_flower.compare import (
+from dq_flower.compare import core as compare
+from dq_flower.compare.core import (
     ConsoleProgress,
     parse_set,
     plan_runs,
@@ -16,8 +16,7 @@ from dq_flower.compare import (
     run_summaries,
     summary_markdown,
 )
-from dq_flower.methods import method_names
-from dq_flower.presets import (
+from dq_flower.compare.presets import (
     BUILTIN_PRESETS,
     PRESET_DIR,
     Preset,
@@ -25,6 +24,7 @@ from dq_flower.presets import (
     parse_preset,
     preset_names,
 )
+from dq_flower.harness.methods import method_names
 
 REQUIRED_PRESETS = {"digits-mlp", "fmnist-cnn", "fmnist-wide-cnn", "cifar10-resnet"}
 

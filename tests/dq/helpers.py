@@ -1,9 +1,9 @@
 """Helpers shared by the DQ tests."""
 
-from dq_flower.client_app import app as client_app
-from dq_flower.server_app import run_server
-from dq_flower.simulate import build_run_config
-from dq_flower.testing import InProcessGrid
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.server_app import run_server
+from dq_flower.harness.simulate import build_run_config
 
 
 def run_inprocess(num_clients=4, rounds=3, failing=None, **knobs):

@@ -1,6 +1,8 @@
 import pytest
 
-from dq_flower.config import DQConfig, TaskConfig, from_mapping, parse_params, to_config_record
+from dq_flower.config import from_mapping, parse_params, to_config_record
+from dq_flower.dq.config import DQConfig
+from dq_flower.harness.task_config import TaskConfig
 
 
 def test_hyphenated_keys_map_to_fields_and_coerce():
@@ -47,7 +49,7 @@ def test_parse_params_and_config_record_round_trip():
 def test_device_knob():
     import torch
 
-    from dq_flower.runtime import resolve_device
+    from dq_flower.harness.runtime import resolve_device
 
     with pytest.raises(ValueError, match="device"):
         TaskConfig(device="tpu")

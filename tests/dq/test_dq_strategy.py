@@ -4,15 +4,16 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
-from dq_flower.client_app import app as client_app
 from dq_flower.codecs import make
-from dq_flower.config import DQConfig, TaskConfig
-from dq_flower.dq_wire import encode_batch
-from dq_flower.runtime import TaskInfo, build_model, task_info, weighted_loss_grad
-from dq_flower.strategies.dq import DQStrategy
-from dq_flower.tasks.data import load_partition
-from dq_flower.tasks.models import make_model
-from dq_flower.testing import NODE_ID_BASE, InProcessGrid
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.strategy import DQStrategy
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
+from dq_flower.harness.runtime import TaskInfo, build_model, task_info, weighted_loss_grad
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.harness.tasks.data import load_partition
+from dq_flower.harness.tasks.models import make_model
+from dq_flower.protocol.dq_batch import encode_batch
 
 from .helpers import run_inprocess
 

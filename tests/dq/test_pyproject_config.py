@@ -2,9 +2,10 @@ from pathlib import Path
 
 import tomllib
 
-from dq_flower.config import TaskConfig, field_keys
-from dq_flower.methods import get_method, method_names
-from dq_flower.server_app import validate_run_config
+from dq_flower.config import field_keys
+from dq_flower.harness.methods import get_method, method_names
+from dq_flower.harness.server_app import validate_run_config
+from dq_flower.harness.task_config import TaskConfig
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

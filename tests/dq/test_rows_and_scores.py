@@ -4,10 +4,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dq_flower.clients.dq import score_candidates
 from dq_flower.codecs import make
-from dq_flower.dq_rows import RowLayout
-from dq_flower.tasks.models import make_model
+from dq_flower.dq.client import score_candidates
+from dq_flower.dq.rows import RowLayout
+from dq_flower.harness.tasks.models import make_model
 
 
 @settings(max_examples=60, deadline=None)

@@ -4,15 +4,16 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
-from dq_flower.client_app import app as client_app
 from dq_flower.codecs import Payload, make
-from dq_flower.config import DQConfig, TaskConfig
-from dq_flower.dq_wire import GRADIENT_KEY
-from dq_flower.runtime import build_model, task_info
-from dq_flower.strategies.dq import DQStrategy
-from dq_flower.tasks.params import get_flat
-from dq_flower.testing import NODE_ID_BASE, InProcessGrid
-from dq_flower.upload_planner import UploadPlanner, first_estimates
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.planner import UploadPlanner, first_estimates
+from dq_flower.dq.strategy import DQStrategy
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
+from dq_flower.harness.runtime import build_model, task_info
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.model_ops import get_flat
+from dq_flower.protocol.dq_batch import GRADIENT_KEY
 
 from .helpers import run_inprocess
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dq_flower.client_app import app as client_app
-from dq_flower.server_app import run_server
-from dq_flower.simulate import build_run_config
-from dq_flower.testing import InProcessGrid
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.server_app import run_server
+from dq_flower.harness.simulate import build_run_config
 
 
 def main(workdir: str, rounds: int) -> None:
@@ -24,7 +24,7 @@ def main(workdir: str, rounds: int) -> None:
                            checkpoint_dir=str(work / "ckpt"))
     grid = InProcessGrid(client_app, 3, state_dir=str(work / "nodes"))
     result = run_server(grid, cfg)
-    from dq_flower.checkpoint import load_latest
+    from dq_flower.harness.checkpoint import load_latest
 
     state = load_latest(work / "ckpt")
     flat = np.concatenate([v.reshape(-1).numpy() for v in state["arrays"].values()])

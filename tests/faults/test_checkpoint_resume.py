@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dq_flower.checkpoint import CHECKPOINT_NAME, load_latest, save_atomic
+from dq_flower.harness.checkpoint import CHECKPOINT_NAME, load_latest, save_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = 12

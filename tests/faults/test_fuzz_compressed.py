@@ -15,12 +15,12 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dq_flower.client_app import app as client_app
-from dq_flower.methods import get_method
-from dq_flower.runtime import build_model, task_info
-from dq_flower.server_app import validate_run_config
-from dq_flower.simulate import build_run_config
-from dq_flower.testing import InProcessGrid
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.methods import get_method
+from dq_flower.harness.runtime import build_model, task_info
+from dq_flower.harness.server_app import validate_run_config
+from dq_flower.harness.simulate import build_run_config
 
 _COUNT = {"corrupted": 0}
 METHODS = ("qsgd", "orq", "ef-signsgd")

@@ -14,11 +14,12 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dq_flower.client_app import app as client_app
-from dq_flower.config import DQConfig, TaskConfig
-from dq_flower.runtime import build_model, task_info
-from dq_flower.strategies.dq import DQStrategy
-from dq_flower.testing import InProcessGrid
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.strategy import DQStrategy
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.runtime import build_model, task_info
+from dq_flower.harness.task_config import TaskConfig
 
 TASK = TaskConfig(num_partitions=4, model="logreg", seed=5)
 CFG = DQConfig(budget=16, server_steps=1, compensation="fp16", entropy_coder="zlib")

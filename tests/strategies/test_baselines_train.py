@@ -12,10 +12,10 @@ import tempfile
 import pytest
 
 import dq_flower
-from dq_flower.client_app import app as client_app
-from dq_flower.server_app import run_server
-from dq_flower.simulate import build_run_config
-from dq_flower.testing import InProcessGrid
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.server_app import run_server
+from dq_flower.harness.simulate import build_run_config
 
 #: method -> (rounds, accuracy it must exceed). Seed 0 reaches about 0.92 for the
 #: unbiased codecs, 0.93 signsgd, 0.89 bingrad, 0.83 ef-signsgd, 0.77 topk and 0.89 fedavg
@@ -34,7 +34,7 @@ EXPECTED = {
     "fedavg": (10, 0.84),
 }
 
-_RESULTS: dict[str, dq_flower.history.RunResult] = {}
+_RESULTS: dict[str, dq_flower.harness.history.RunResult] = {}
 
 
 def run(method: str):
@@ -97,7 +97,7 @@ def flower_env(tmp_path, monkeypatch):
 
 def test_qsgd_runs_in_flowers_simulation_engine(flower_env):
     # Execute
-    result = dq_flower.simulate(method="qsgd", num_clients=2, rounds=2, seed=0)
+    result = dq_flower.harness.simulate(method="qsgd", num_clients=2, rounds=2, seed=0)
     # Assert
     rows = result.history
     assert [r["round"] for r in rows] == [0, 1, 2]

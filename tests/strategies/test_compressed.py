@@ -8,25 +8,25 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from dq_flower.accounting import content_bytes
-from dq_flower.client_app import app as client_app
-from dq_flower.clients.gradient import (
+from dq_flower.baselines.client import (
     EF_KEY,
     MODEL_STATE_KEY,
     batch_indices,
     load_state_dict,
     local_update,
 )
+from dq_flower.baselines.config import GradientConfig
+from dq_flower.baselines.strategy import CompressedGradientStrategy, majority_vote
 from dq_flower.codecs import Payload, make
-from dq_flower.config import TaskConfig
-from dq_flower.config_baselines import GradientConfig
-from dq_flower.methods import get_method, method_names
-from dq_flower.runtime import build_model, task_info, weighted_loss_grad
-from dq_flower.server_app import run_server, validate_run_config
-from dq_flower.simulate import build_run_config
-from dq_flower.strategies.compressed import CompressedGradientStrategy, majority_vote
-from dq_flower.tasks.data import load_partition
-from dq_flower.tasks.params import get_flat, set_flat
-from dq_flower.testing import NODE_ID_BASE, InProcessGrid
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
+from dq_flower.harness.methods import get_method, method_names
+from dq_flower.harness.runtime import build_model, task_info, weighted_loss_grad
+from dq_flower.harness.server_app import run_server, validate_run_config
+from dq_flower.harness.simulate import build_run_config
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.harness.tasks.data import load_partition
+from dq_flower.model_ops import get_flat, set_flat
 
 BASELINES = ["sgd", "fp16", "qsgd", "terngrad", "signsgd", "ef-signsgd", "topk", "powersgd",
              "bingrad", "orq"]
@@ -521,7 +521,7 @@ def test_client_with_a_wrong_model_copy_fails_instead_of_training_on_it():
         strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
     ctx = grid.contexts[node(0)]
     state = load_state_dict(ctx, MODEL_STATE_KEY)
-    from dq_flower.clients.gradient import save_state_dict
+    from dq_flower.baselines.client import save_state_dict
 
     save_state_dict(ctx, MODEL_STATE_KEY, {"w": state["w"] + 1e-3, "version": state["version"]})
     # Execute
@@ -591,7 +591,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(method, tmp_path):
 # ---------------------------------------------------------------------------- replays
 def _strategy_for(run_config):
     """The strategy and train config ``run_server`` builds from ``run_config``."""
-    from dq_flower.server_app import _build
+    from dq_flower.harness.server_app import _build
 
     method = get_method(run_config["method"])
     run_config = {**method.defaults, **run_config}

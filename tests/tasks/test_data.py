@@ -1,4 +1,4 @@
-"""Tests for dq_flower.tasks.data: loaders on files written in the real formats, partitions."""
+"""Tests for dq_flower.harness.tasks.data: loaders on real-format files, partitions."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dq_flower.tasks.data import (
+from dq_flower.harness.tasks.data import (
     Dataset,
     from_arrays,
     load_dataset,

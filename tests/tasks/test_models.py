@@ -1,4 +1,4 @@
-"""Tests for dq_flower.tasks.models and dq_flower.tasks.params."""
+"""Tests for dq_flower.harness.tasks.models and dq_flower.model_ops."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dq_flower.tasks.models import MODEL_NAMES, make_model
-from dq_flower.tasks.params import (
+from dq_flower.harness.tasks.models import MODEL_NAMES, make_model
+from dq_flower.model_ops import (
     evaluate,
     flat_grad,
     from_arrays,

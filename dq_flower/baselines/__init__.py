@@ -1,0 +1,1 @@
+"""Compressed-gradient baselines: strategy, client function and their config."""

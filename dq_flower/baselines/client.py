@@ -1,0 +1,337 @@
+"""Client side of the compressed-gradient baselines: gradient (or tau local steps), encode, reply.
+
+The server's message carries the round config and the model in one of three forms
+(``downlink``): a float32 or fp16 codec payload under ``model``, or, for majority vote with
+``downlink="sign"``, the 1-bit votes the client has not applied yet (``vote-<v>``), which it
+applies to its own model copy kept in ``Context.state``.
+
+State kept across rounds in ``Context.state`` (with ``-<i>`` appended per parameter tensor
+when the update is coded per tensor):
+- ``grad-ef``: the error-feedback state of a biased codec (the residual, plus the codec's
+  own state such as PowerSGD's warm start, as ``ErrorFeedback.state_dict`` gives it);
+- ``grad-codec``: the codec's own state when it runs without error feedback;
+- ``grad-momentum``: the client momentum of majority vote (Signum);
+- ``grad-model`` / ``grad-model-meta``: the model copy and its version (``downlink="sign"``).
+
+Before each round the client snapshots these entries (``grad-before/<key>``, with the round
+in ``grad-round``); a round the server sends again (a retry, or a replay after a server
+restart) starts from that snapshot, so its reply and the state it leaves are the same as
+the first time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from dq_flower.baselines.config import GradientConfig
+from dq_flower.codecs import ErrorFeedback, Payload, PayloadError, make
+from dq_flower.config import from_mapping
+from dq_flower.data_input import as_arrays
+from dq_flower.model_ops import LossFn, get_flat, set_flat, weighted_loss_grad
+from dq_flower.node import node_key
+from dq_flower.protocol.gradient import (
+    METRICS_KEY,
+    MODEL_CODECS,
+    VOTE_PREFIX,
+    model_crc,
+    sign_step,
+    update_keys,
+    uses_error_feedback,
+    vote_from_payload,
+)
+from dq_flower.protocol.model import MODEL_KEY
+from dq_flower.server.common import round_rng
+
+__all__ = [
+    "gradient_train",
+    "batch_indices",
+    "encode_update",
+    "segments",
+    "local_update",
+    "begin_round",
+    "save_state_dict",
+    "load_state_dict",
+    "EF_KEY",
+]
+
+EF_KEY = "grad-ef"
+CODEC_KEY = "grad-codec"
+MOMENTUM_KEY = "grad-momentum"
+MODEL_STATE_KEY = "grad-model"
+#: Round whose starting state the snapshot holds, and the snapshot's key prefix.
+ROUND_KEY = "grad-round"
+SNAPSHOT_PREFIX = "grad-before/"
+#: ``round_rng`` purposes used by the client.
+PURPOSE_BATCH = 11
+PURPOSE_CODEC = 12
+#: Most votes a client applies from one message.
+MAX_VOTES = 64
+
+
+def batch_indices(
+    seed: int, server_round: int, partition_id: int, n: int, batch_size: int, steps: int = 1
+) -> list[np.ndarray]:
+    """Row indices of a client's minibatches in one round (one array per local step).
+
+    Each minibatch is ``min(batch_size, n)`` distinct rows drawn from
+    ``round_rng(seed, server_round, partition_id, PURPOSE_BATCH)``, so tests and the server
+    can recompute exactly the rows a client used.
+    """
+    rng = round_rng(seed, server_round, partition_id, PURPOSE_BATCH)
+    size = min(int(batch_size), int(n))
+    return [np.sort(rng.choice(int(n), size=size, replace=False)) for _ in range(int(steps))]
+
+
+def local_update(
+    model, x: np.ndarray, y: np.ndarray, batches: list[np.ndarray], client_lr: float,
+    loss_fn: LossFn | None = None,
+) -> tuple[np.ndarray, float, int]:
+    """Gradient (one batch) or mean trajectory gradient (several) of the model on ``x, y``.
+
+    Returns
+    -------
+    update : numpy.ndarray
+        With one batch, the mean loss gradient on it. With tau batches, tau plain
+        SGD steps are taken with ``client_lr`` and ``(w_0 - w_tau) / (client_lr * tau)`` is
+        returned: a pseudo-gradient on the same scale as a gradient.
+    loss : float
+        Mean loss over the steps (each at the weights the step starts from).
+    examples : int
+        Rows used, counting repeats across steps.
+    """
+    losses = []
+    if len(batches) == 1:
+        idx = batches[0]
+        loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size),
+                                        loss_fn)
+        return grad, float(loss), int(idx.size)
+    w0 = get_flat(model)
+    w = w0.copy()
+    lr = np.float32(client_lr)
+    for idx in batches:
+        loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size),
+                                        loss_fn)
+        losses.append(loss)
+        w -= lr * grad
+        set_flat(model, w)
+    update = ((w0 - w) / np.float32(client_lr * len(batches))).astype(np.float32)
+    return update, float(np.mean(losses)), int(sum(b.size for b in batches))
+
+
+# ---------------------------------------------------------------- Context.state helpers
+def save_state_dict(context: Context, key: str, state: Mapping[str, Any]) -> None:
+    """Store a state dict of arrays and scalars in ``context.state`` under ``key``.
+
+    Arrays go to ``ArrayRecord`` ``key`` (dtype and shape kept), scalars to ``ConfigRecord``
+    ``key + "-meta"``; ``None`` values are left out.
+    """
+    arrays, scalars = {}, {}
+    for name, value in state.items():
+        if value is None:
+            continue
+        if isinstance(value, np.ndarray):
+            arrays[name] = Array(np.ascontiguousarray(value))
+        elif isinstance(value, (bool, int, float, str, np.integer, np.floating)):
+            scalars[name] = value.item() if isinstance(value, np.generic) else value
+        else:
+            arrays[name] = Array(np.ascontiguousarray(np.asarray(value)))
+    context.state[key] = ArrayRecord(arrays)
+    context.state[key + "-meta"] = ConfigRecord(scalars)
+
+
+def load_state_dict(context: Context, key: str) -> dict[str, Any] | None:
+    """Inverse of :func:`save_state_dict`; ``None`` when nothing is stored under ``key``."""
+    rec = context.state.array_records.get(key)
+    if rec is None:
+        return None
+    out: dict[str, Any] = {name: arr.numpy() for name, arr in rec.items()}
+    meta = context.state.config_records.get(key + "-meta")
+    if meta is not None:
+        out.update(dict(meta.items()))
+    return out
+
+
+def _copy_record(record: Any) -> Any:
+    """A new record of the same type holding the same (immutable) items."""
+    return type(record)(dict(record.items()))
+
+
+def begin_round(context: Context, server_round: int) -> bool:
+    """Put the client state where it was before ``server_round``; True for a repeated round.
+
+    On a new round the current ``grad-*`` entries are snapshotted; when the same round
+    arrives again they are restored from that snapshot, so replies are idempotent per round.
+    """
+    state = context.state
+    meta = state.config_records.get(ROUND_KEY)
+    snapshot = [k for k in list(state.keys()) if k.startswith(SNAPSHOT_PREFIX)]
+    live = [k for k in list(state.keys()) if k.startswith("grad-") and k != ROUND_KEY
+            and not k.startswith(SNAPSHOT_PREFIX)]
+    if meta is not None and int(meta["round"]) == int(server_round):
+        for key in live:
+            del state[key]
+        for key in snapshot:
+            state[key[len(SNAPSHOT_PREFIX):]] = _copy_record(state[key])
+        return True
+    for key in snapshot:
+        del state[key]
+    for key in live:
+        state[SNAPSHOT_PREFIX + key] = _copy_record(state[key])
+    state[ROUND_KEY] = ConfigRecord({"round": int(server_round)})
+    return False
+
+
+# ---------------------------------------------------------------- encoding
+def segments(update: np.ndarray, shapes: list[tuple[int, ...]], per_tensor: bool
+             ) -> list[np.ndarray]:
+    """The flat update as one segment, or cut into the parameter tensors' shapes."""
+    if not per_tensor:
+        return [update]
+    out, offset = [], 0
+    for shape in shapes:
+        k = math.prod(shape)
+        out.append(update[offset:offset + k].reshape(shape))
+        offset += k
+    if offset != update.size:
+        raise ValueError(f"update has {update.size} values, the tensors {offset}")
+    return out
+
+
+def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: GradientConfig,
+                  context: Context, rng: np.random.Generator) -> list[Payload]:
+    """Encode the update (per tensor or flat), with error feedback where it applies.
+
+    The residual of each segment (and the codec's own state, e.g. PowerSGD's warm start)
+    is restored from and saved to ``context.state`` (``grad-ef[-<i>]`` with error
+    feedback, ``grad-codec[-<i>]`` for a stateful codec without it).
+    """
+    parts = segments(update, shapes, cfg.segmented)
+    payloads = []
+    for i, part in enumerate(parts):
+        suffix = f"-{i}" if cfg.segmented else ""
+        codec = make(cfg.codec, **cfg.codec_kwargs)
+        coder: Any
+        if uses_error_feedback(cfg, codec):
+            coder, key = ErrorFeedback(codec), EF_KEY + suffix
+        else:
+            coder = codec
+            stateful = callable(getattr(codec, "state_dict", None))
+            key = CODEC_KEY + suffix if stateful else None
+        state = load_state_dict(context, key) if key else None
+        if state is not None:
+            coder.load_state_dict(state)
+        payloads.append(coder.encode(part, rng))
+        if key:
+            save_state_dict(context, key, coder.state_dict())
+    return payloads
+
+
+# ---------------------------------------------------------------- the model this round
+def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: dict,
+                   dim: int) -> np.ndarray:
+    """The float32 parameters the server wants this round's update computed at."""
+    content = msg.content
+    if MODEL_KEY in content.array_records:
+        payload = Payload.from_record(content.array_records[MODEL_KEY])
+        if payload.codec not in MODEL_CODECS:
+            raise PayloadError(f"model sent with unsupported codec {payload.codec!r}")
+        w = make(payload.codec).decode(payload).reshape(-1).astype(np.float32)
+    else:
+        state = load_state_dict(context, MODEL_STATE_KEY)
+        base = int(config["base-version"])
+        if state is None or int(state.get("version", -1)) != base:
+            raise ValueError(f"no local model at version {base} to apply the votes to")
+        w = np.asarray(state["w"], dtype=np.float32).copy()
+        target = int(config["model-version"])
+        if not 0 <= target - base <= MAX_VOTES:
+            raise PayloadError(f"{target - base} votes to apply; at most {MAX_VOTES} accepted")
+        for version in range(base + 1, target + 1):
+            rec = content.array_records.get(f"{VOTE_PREFIX}{version}")
+            if rec is None:
+                raise PayloadError(f"vote {version} is missing")
+            payload = Payload.from_record(rec)
+            if payload.codec != "sign":
+                raise PayloadError(f"vote encoded by {payload.codec!r}, expected 'sign'")
+            vote = vote_from_payload(payload)
+            if vote.size != dim:
+                raise PayloadError(f"vote has {vote.size} coordinates, model has {dim}")
+            w = sign_step(w, vote, cfg.lr, cfg.weight_decay)
+    if w.size != dim:
+        raise PayloadError(f"model has {w.size} parameters, expected {dim}")
+    if "model-crc" in config and model_crc(w) != int(config["model-crc"]):
+        raise ValueError("local model copy differs from the server's (CRC mismatch)")
+    if cfg.downlink_mode == "sign":
+        save_state_dict(context, MODEL_STATE_KEY,
+                        {"w": w, "version": int(config["model-version"])})
+    return w
+
+
+def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
+                   loss_fn: LossFn | None = None) -> Message:
+    """Answer one round of a :class:`dq_flower.GradientStrategy` with a coded update.
+
+    Parameters
+    ----------
+    msg : Message
+        The train message (round config and the model, or the votes the client lacks).
+    context : Context
+        The node's context; its ``state`` keeps error feedback and codec state.
+    data : tuple, Dataset or DataLoader
+        The device's own training data (see :mod:`dq_flower.data_input`), used as given.
+    model : torch.nn.Module
+        The same architecture as the server's; its weights are overwritten.
+    loss_fn : callable, optional
+        ``loss_fn(outputs, targets)`` returning per-sample losses (default: cross-entropy
+        for integer labels, mean squared error for float targets).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError("gradient_train needs model= (your nn.Module, the server's "
+                         "architecture)")
+    t0 = time.perf_counter()
+    if "config" not in msg.content.config_records:
+        raise ValueError("the train message carries no 'config' record")
+    config = dict(msg.content.config_records["config"].items())
+    cfg = from_mapping(GradientConfig, config)
+    server_round = int(config["server-round"])
+    seed = int(config.get("round-seed", 0))
+    pid = node_key(context)
+    x, y = as_arrays(data)
+    if x.shape[0] == 0:
+        raise ValueError("this node has no training data")
+    begin_round(context, server_round)
+
+    dim = int(sum(p.numel() for p in model.parameters()))
+    set_flat(model, _receive_model(msg, context, cfg, config, dim))
+
+    batches = batch_indices(seed, server_round, pid, x.shape[0], cfg.batch_size,
+                            cfg.local_steps)
+    update, loss, examples = local_update(model, x, y, batches, cfg.client_lr, loss_fn)
+
+    if cfg.majority and cfg.momentum > 0:  # Signum: client-side momentum
+        state = load_state_dict(context, MOMENTUM_KEY)
+        m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
+        update = np.asarray(m, dtype=np.float32)
+        save_state_dict(context, MOMENTUM_KEY, {"m": update})
+
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    rng = round_rng(seed, server_round, pid, PURPOSE_CODEC)
+    payloads = encode_update(update, shapes, cfg, context, rng)
+
+    metrics = MetricRecord({
+        "num-examples": int(examples),
+        "train-loss": float(loss),
+        "partition-id": int(pid),
+        "up-payload-bits": int(sum(p.nbits for p in payloads)),
+        "client-time-s": time.perf_counter() - t0,
+    })
+    content = RecordDict({METRICS_KEY: metrics})
+    for key, payload in zip(update_keys(cfg, len(shapes)), payloads, strict=True):
+        content[key] = payload.to_record()
+    return Message(content=content, reply_to=msg)

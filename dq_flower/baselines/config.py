@@ -1,0 +1,222 @@
+"""Typed configs of the baselines: compressed-gradient SGD and Flower's FedAvg.
+
+Like :class:`dq_flower.config.DQConfig`, each is a frozen dataclass that validates itself
+and raises ``ValueError`` naming the (hyphenated) key; the same fields are run-config keys
+(``local-steps``) and keyword arguments of :func:`dq_flower.harness.simulate` (``local_steps``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dq_flower.config import parse_params
+
+__all__ = [
+    "GradientConfig",
+    "FedAvgConfig",
+    "DOWNLINKS",
+    "AGGREGATIONS",
+    "ERROR_FEEDBACK",
+    "PER_TENSOR",
+    "CODEC_DEFAULTS",
+]
+
+#: How the server sends the model to the clients (``auto``: ``sign`` under majority vote,
+#: else ``float32``).
+DOWNLINKS = ("auto", "float32", "fp16", "sign")
+#: How the server combines the decoded client vectors (``auto``: ``majority`` for the
+#: ``sign`` codec, else ``mean``).
+AGGREGATIONS = ("auto", "mean", "majority")
+#: When the clients wrap the codec in error feedback (``auto``: where the codec is biased
+#: and the aggregation is the mean).
+ERROR_FEEDBACK = ("auto", "on", "off")
+#: Whether each parameter tensor is coded on its own (``auto``: for PowerSGD, which needs
+#: the layers' matrix shapes, and TernGrad, whose scale is per tensor).
+PER_TENSOR = ("auto", "on", "off")
+PER_TENSOR_CODECS = ("powersgd", "terngrad")
+#: Codec parameters of the baselines where they differ from the codec's own defaults;
+#: ``codec-params`` and the ``levels``/``bucket``/``ratio``/``rank`` knobs override them.
+CODEC_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qsgd": {"levels": 4, "bucket": 512},
+    "orq": {"levels": 3, "bucket": 512},
+    "bingrad": {"bucket": 512},
+    "topk": {"ratio": 0.01},
+    "powersgd": {"rank": 2},
+}
+#: Codec parameters that are also run-config keys of their own (0 = not set).
+CODEC_PARAM_KNOBS = ("levels", "bucket", "ratio", "rank")
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ValueError(f"{key}: {message}")
+
+
+@dataclass(frozen=True)
+class GradientConfig:
+    """Knobs of distributed SGD with compressed uploads (the gradient baselines).
+
+    Every knob has a neutral value (``""``, ``0``, ``"auto"``) so that one run config
+    (``pyproject.toml``) can list them all without overriding a method's own choices.
+
+    Attributes
+    ----------
+    codec : str
+        Registry name of the upload codec (``identity``, ``fp16``, ``qsgd``, ``terngrad``,
+        ``sign``, ``ef-sign``, ``topk``, ``powersgd``, ``bingrad``, ``orq``); each method
+        sets its own.
+    codec_params : str
+        Codec parameters, ``"levels=4,bucket=512"``, over :data:`CODEC_DEFAULTS`.
+    levels, bucket, rank : int
+        Shortcuts overriding the same names in ``codec_params`` (0 = not set).
+    ratio : float
+        Same for top-k's kept fraction (0 = not set).
+    local_steps : int
+        tau: local SGD steps per round. With 1 a client sends its minibatch gradient;
+        with more it sends the mean gradient along its local trajectory,
+        ``(w_0 - w_tau) / (client_lr * tau)``.
+    batch_size : int
+        Client minibatch size (per local step).
+    client_lr : float
+        Client step size of the local steps (only used when ``local_steps > 1``).
+    lr : float
+        Server learning rate (with majority vote: the size of the sign step).
+    momentum : float
+        Server momentum (mean aggregation); with majority vote it is the clients' own
+        momentum (Signum), since the server's step must be a pure sign.
+    weight_decay : float
+        Weight decay of the server step.
+    optimizer : str
+        ``sgd`` or ``adam`` (mean aggregation only).
+    downlink : str
+        ``auto``, ``float32`` (the model as raw float32), ``fp16``, or ``sign`` (majority
+        vote only: the vote, 1 bit per coordinate; clients keep a model copy and apply it).
+    aggregation : str
+        ``auto``, ``mean`` (weighted by ``num-examples``) or ``majority`` (sign of the sum
+        of signs, one vote per client).
+    error_feedback : str
+        ``auto`` (where the codec is biased and the aggregation is the mean), ``on``,
+        ``off``.
+    per_tensor : str
+        ``auto``, ``on`` (code each parameter tensor separately: one payload, residual and
+        codec state per tensor; conv kernels are ``out x (in * k * k)`` matrices) or ``off``
+        (code the flat vector).
+    max_failed_rounds : int
+        Stop the run when every sampled client fails this many rounds in a row (0: never).
+    """
+
+    codec: str = "identity"
+    codec_params: str = ""
+    levels: int = 0
+    bucket: int = 0
+    ratio: float = 0.0
+    rank: int = 0
+    local_steps: int = 1
+    batch_size: int = 32
+    client_lr: float = 0.1
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    downlink: str = "auto"
+    aggregation: str = "auto"
+    error_feedback: str = "auto"
+    per_tensor: str = "auto"
+    max_failed_rounds: int = 3
+
+    def __post_init__(self) -> None:
+        _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")
+        _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
+        _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
+        _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")
+        _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        _check(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
+        _check(self.weight_decay >= 0, "weight-decay", f"must be >= 0, got {self.weight_decay}")
+        _check(self.optimizer in {"sgd", "adam"}, "optimizer",
+               f"must be sgd or adam, got {self.optimizer!r}")
+        for name in ("levels", "bucket", "rank"):
+            _check(getattr(self, name) >= 0, name, "must be >= 0 (0 = not set)")
+        _check(0 <= self.ratio <= 1, "ratio", "must be in [0, 1] (0 = not set)")
+        _check(self.downlink in DOWNLINKS, "downlink",
+               f"must be one of {DOWNLINKS}, got {self.downlink!r}")
+        _check(self.aggregation in AGGREGATIONS, "aggregation",
+               f"must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        _check(self.error_feedback in ERROR_FEEDBACK, "error-feedback",
+               f"must be one of {ERROR_FEEDBACK}, got {self.error_feedback!r}")
+        _check(self.per_tensor in PER_TENSOR, "per-tensor",
+               f"must be one of {PER_TENSOR}, got {self.per_tensor!r}")
+        if self.majority:
+            _check(self.optimizer == "sgd", "optimizer",
+                   "majority vote steps by the sign of the vote; use sgd")
+        else:
+            _check(self.downlink != "sign", "downlink",
+                   "'sign' (1-bit vote broadcast) needs aggregation='majority'")
+        from dq_flower.codecs import make
+
+        try:
+            make(self.codec, **self.codec_kwargs)
+        except ValueError as exc:
+            key = "codec" if "unknown codec" in str(exc) else "codec-params"
+            raise ValueError(f"{key}: {exc}") from None
+
+    @property
+    def majority(self) -> bool:
+        """Whether the server aggregates by majority vote (``aggregation`` resolved)."""
+        if self.aggregation == "auto":
+            return self.codec == "sign"
+        return self.aggregation == "majority"
+
+    @property
+    def downlink_mode(self) -> str:
+        """``float32``, ``fp16`` or ``sign`` (``downlink`` resolved)."""
+        if self.downlink == "auto":
+            return "sign" if self.majority else "float32"
+        return self.downlink
+
+    @property
+    def segmented(self) -> bool:
+        """Whether the update is coded per parameter tensor (``per_tensor`` resolved)."""
+        if self.per_tensor == "auto":
+            return self.codec in PER_TENSOR_CODECS
+        return self.per_tensor == "on"
+
+    @property
+    def codec_kwargs(self) -> dict[str, Any]:
+        """The codec's parameters: defaults, then ``codec_params``, then the shortcut knobs."""
+        params = dict(CODEC_DEFAULTS.get(self.codec, {}))
+        params.update(parse_params(self.codec_params, "codec-params"))
+        for name in CODEC_PARAM_KNOBS:
+            value = getattr(self, name)
+            if value:
+                params[name] = value
+        return params
+
+
+@dataclass(frozen=True)
+class FedAvgConfig:
+    """Client knobs of Flower's FedAvg (the server side is ``flwr.serverapp.strategy.FedAvg``).
+
+    Attributes
+    ----------
+    local_epochs : int
+        E: epochs of local SGD over the client's partition per round.
+    client_lr : float
+        Client learning rate.
+    batch_size : int
+        Client minibatch size.
+    client_momentum : float
+        Momentum of the client's SGD (restarted every round).
+    """
+
+    local_epochs: int = 1
+    client_lr: float = 0.1
+    batch_size: int = 32
+    client_momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.local_epochs >= 1, "local-epochs", f"must be >= 1, got {self.local_epochs}")
+        _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")
+        _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
+        _check(0 <= self.client_momentum < 1, "client-momentum",
+               f"must be in [0, 1), got {self.client_momentum}")

@@ -1,0 +1,36 @@
+"""Federated evaluation on a device's own held-out data."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
+
+from dq_flower.data_input import as_arrays
+from dq_flower.model_ops import LossFn
+from dq_flower.model_ops import evaluate as evaluate_model
+
+__all__ = ["evaluate"]
+
+
+def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
+             loss_fn: LossFn | None = None) -> Message:
+    """Evaluate the global model the message carries on ``data``; reply its metrics.
+
+    The message holds the model as a state-dict ``ArrayRecord`` under ``arrays`` (the
+    layout of Flower's ``FedAvg`` and of this package's strategies). The reply's
+    ``MetricRecord`` has ``eval-loss``, ``eval-acc`` (class targets only) and
+    ``num-examples``, which the server uses as the weight.
+    """
+    del context  # evaluation keeps no state
+    if "arrays" not in msg.content.array_records:
+        raise ValueError("the evaluate message carries no 'arrays' record")
+    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    x, y = as_arrays(data)
+    loss, acc = evaluate_model(model, x, y, loss_fn=loss_fn)
+    metrics: dict[str, float | int] = {"eval-loss": float(loss), "num-examples": int(x.shape[0])}
+    if not math.isnan(acc):
+        metrics["eval-acc"] = float(acc)
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

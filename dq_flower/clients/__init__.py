@@ -1,1 +1,0 @@
-"""Client-side handlers, one module per method family."""

@@ -1,0 +1,1 @@
+"""`dq-flower compare`: plan, run, summarise and plot a comparison of methods."""

@@ -1,0 +1,293 @@
+"""Comparison scenarios ("presets"): small TOML files in ``simulations/``.
+
+A preset fixes one scenario (data set, model, clients, partition, rounds, target accuracy,
+seed) and the list of methods to run on it, with optional knobs for all methods and per
+method. Example (``simulations/digits-mlp.toml``)::
+
+    description = "Handwritten digits (embedded), MLP"
+    dataset = "digits"
+    model = "mlp"
+    num-clients = 4
+    rounds = 40
+    target-accuracy = 0.9
+    run = "all"                # every registered method, or a list of labels
+
+    [knobs]                    # every method that knows a key gets it
+    batch-size = 32
+
+    [methods.fedavg]           # knobs of one method
+    local-epochs = 1
+
+    [methods.qsgd-tau5]        # a variant: a new label for a registered method
+    method = "qsgd"
+    local-steps = 5
+
+Every command-line flag of ``dq-flower compare`` overrides the preset's value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Preset",
+    "MethodSpec",
+    "PRESET_DIR",
+    "BUILTIN_PRESETS",
+    "preset_names",
+    "load_preset",
+    "parse_preset",
+]
+
+#: Folder of the preset files (the repository's ``simulations/``).
+PRESET_DIR = Path(__file__).resolve().parents[2] / "simulations"
+
+_TOP_KEYS = {
+    "name", "description", "dataset", "model", "num-clients", "rounds", "partition",
+    "dirichlet-alpha", "fraction-train", "target-accuracy", "seed", "data-dir", "run",
+    "methods", "knobs",
+}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One entry of a comparison: a label, the registered method it runs, its knobs.
+
+    Attributes
+    ----------
+    label : str
+        Name shown in the tables and plots (the method name, or a variant's own name).
+    method : str
+        Registered method name (:func:`dq_flower.harness.methods.method_names`).
+    knobs : dict
+        Hyphenated knobs for this entry only (they override the preset's common knobs).
+    """
+
+    label: str
+    method: str
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named comparison scenario.
+
+    Attributes
+    ----------
+    name : str
+        Preset name (the file's stem).
+    description : str
+        One line for ``--list-presets`` and the summary.
+    dataset, model : str
+        Data set and model names (see :class:`dq_flower.config.TaskConfig`).
+    num_clients : int
+        Simulated clients, one partition each.
+    rounds : int
+        Server rounds of every method.
+    partition : str
+        ``iid``, ``dirichlet`` or ``pathological``.
+    dirichlet_alpha : float
+        Concentration of the Dirichlet partition.
+    fraction_train : float
+        Fraction of the clients sampled each round.
+    target_accuracy : float
+        Test accuracy whose cost (rounds, uplink bytes) the summary compares.
+    seed : int
+        Root of every random choice, the same for all methods.
+    data_dir : str
+        Folder of the data files ("" = the data set's default).
+    methods : tuple of str
+        Labels to run, in order; ``("all",)`` means every registered method.
+    knobs : dict
+        Knobs for every method that knows the key.
+    method_knobs : dict
+        ``label -> knobs`` (a label that is not a registered method needs ``method``).
+    """
+
+    name: str
+    description: str = ""
+    dataset: str = "digits"
+    model: str = "mlp"
+    num_clients: int = 4
+    rounds: int = 20
+    partition: str = "iid"
+    dirichlet_alpha: float = 0.5
+    fraction_train: float = 1.0
+    target_accuracy: float = 0.9
+    seed: int = 0
+    data_dir: str = ""
+    methods: tuple[str, ...] = ("all",)
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    method_knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.num_clients, int) and self.num_clients >= 1, "num-clients",
+               f"must be an integer >= 1, got {self.num_clients!r}")
+        _check(isinstance(self.rounds, int) and self.rounds >= 1, "rounds",
+               f"must be an integer >= 1, got {self.rounds!r}")
+        _check(self.partition in ("iid", "dirichlet", "pathological"), "partition",
+               f"must be iid, dirichlet or pathological, got {self.partition!r}")
+        _check(_number(self.dirichlet_alpha) and self.dirichlet_alpha > 0,
+               "dirichlet-alpha", f"must be > 0, got {self.dirichlet_alpha!r}")
+        _check(_number(self.fraction_train) and 0 < self.fraction_train <= 1,
+               "fraction-train", f"must be in (0, 1], got {self.fraction_train!r}")
+        _check(_number(self.target_accuracy) and 0 < self.target_accuracy <= 1,
+               "target-accuracy", f"must be in (0, 1], got {self.target_accuracy!r}")
+        _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed",
+               f"must be an integer, got {self.seed!r}")
+        _check(len(self.methods) >= 1, "methods", "must name at least one method")
+        _check(len(set(self.methods)) == len(self.methods), "methods",
+               f"lists a method twice: {list(self.methods)}")
+
+    def with_overrides(self, **changes: Any) -> Preset:
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def method_specs(self, available: list[str]) -> list[MethodSpec]:
+        """Resolve :attr:`methods` into entries, checking every name.
+
+        Parameters
+        ----------
+        available : list of str
+            Registered method names (``"all"`` expands to these, in order).
+
+        Raises
+        ------
+        ValueError
+            An unknown method or variant, or a variant without a registered ``method``.
+        """
+        labels: list[str] = []
+        for label in self.methods:
+            labels.extend(available if label == "all" else [label])
+        specs = []
+        for label in dict.fromkeys(labels):
+            knobs = dict(self.method_knobs.get(label, {}))
+            method = str(knobs.pop("method", label))
+            if method not in available:
+                if label == method:
+                    raise ValueError(f"unknown method {label!r}; known: "
+                                     f"{', '.join(available + self.variants())}")
+                raise ValueError(f"variant {label!r}: unknown method {method!r}; known: "
+                                 f"{', '.join(available)}")
+            specs.append(MethodSpec(label, method, knobs))
+        return specs
+
+    def variants(self) -> list[str]:
+        """Labels of ``[methods.<label>]`` tables that name another method (variants)."""
+        return [k for k, v in self.method_knobs.items() if "method" in v and v["method"] != k]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ValueError(f"{key}: {message}")
+
+
+def parse_preset(data: Mapping[str, Any], name: str) -> Preset:
+    """Build a :class:`Preset` from a parsed TOML mapping; ``ValueError`` names bad keys.
+
+    The methods to run are ``run`` (a list, or ``"all"``); ``methods`` may hold the same
+    list when the file has no ``[methods.<label>]`` tables (TOML forbids both).
+    """
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ValueError(f"preset {name!r}: unknown key(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(sorted(_TOP_KEYS))}")
+    tables = data.get("methods")
+    method_knobs: dict[str, dict[str, Any]] = {}
+    run: Any = data.get("run", "all")
+    if isinstance(tables, Mapping):
+        for label, knobs in tables.items():
+            if not isinstance(knobs, Mapping):
+                raise ValueError(f"preset {name!r}: [methods.{label}] must be a table")
+            method_knobs[str(label)] = {_hyphen(k): v for k, v in knobs.items()}
+    elif tables is not None:
+        if "run" in data:
+            raise ValueError(f"preset {name!r}: give the methods to run as 'run' or "
+                             "'methods', not both")
+        run = tables
+    if isinstance(run, str):
+        methods = tuple(m.strip() for m in run.split(",") if m.strip())
+    elif isinstance(run, list) and all(isinstance(m, str) for m in run):
+        methods = tuple(run)
+    else:
+        raise ValueError(f"preset {name!r}: run must be \"all\" or a list of method names")
+    knobs = data.get("knobs", {})
+    if not isinstance(knobs, Mapping):
+        raise ValueError(f"preset {name!r}: [knobs] must be a table")
+    kwargs = {k.replace("-", "_"): v for k, v in data.items()
+              if k not in ("methods", "knobs", "name", "run")}
+    try:
+        return Preset(name=str(data.get("name", name)), methods=methods,
+                      knobs={_hyphen(k): v for k, v in knobs.items()},
+                      method_knobs=method_knobs, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"preset {name!r}: {exc}") from None
+
+
+def _hyphen(key: str) -> str:
+    return str(key).replace("_", "-")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"preset file {path}: {exc}") from None
+
+
+#: Presets that exist even without the ``simulations/`` folder (an installed wheel).
+BUILTIN_PRESETS: dict[str, Preset] = {
+    "digits-mlp": Preset(
+        name="digits-mlp",
+        description="scikit-learn's handwritten digits (embedded, 8x8), MLP, 4 IID clients",
+        dataset="digits", model="mlp", num_clients=4, rounds=50, partition="iid",
+        dirichlet_alpha=0.1, fraction_train=1.0, target_accuracy=0.9, seed=0,
+        methods=("all", "qsgd-tau5", "ef-signsgd-tau5"),
+        method_knobs={"fedavg": {"local-epochs": 1},
+                      "qsgd-tau5": {"method": "qsgd", "local-steps": 5},
+                      "ef-signsgd-tau5": {"method": "ef-signsgd", "local-steps": 5}},
+    ),
+}
+
+
+def preset_names(folder: Path | None = None) -> list[str]:
+    """Names of the presets in ``folder`` (default :data:`PRESET_DIR`) and the built-ins."""
+    folder = PRESET_DIR if folder is None else folder
+    names = {p.stem for p in folder.glob("*.toml")} if folder.is_dir() else set()
+    return sorted(names | set(BUILTIN_PRESETS))
+
+
+def load_preset(name_or_path: str, folder: Path | None = None) -> Preset:
+    """Load a preset by name (``simulations/<name>.toml``) or from a ``.toml`` path.
+
+    Raises
+    ------
+    ValueError
+        Unknown preset (the message lists the known ones) or a bad value in the file.
+    """
+    folder = PRESET_DIR if folder is None else folder
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".toml" or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"preset file not found: {path}")
+        return parse_preset(_read_toml(path), path.stem)
+    candidate = folder / f"{name_or_path}.toml"
+    if candidate.is_file():
+        return parse_preset(_read_toml(candidate), name_or_path)
+    if name_or_path in BUILTIN_PRESETS:
+        return BUILTIN_PRESETS[name_or_path]
+    raise ValueError(f"unknown preset {name_or_path!r}; known: "
+                     f"{', '.join(preset_names(folder))} (or a path to a .toml file)")

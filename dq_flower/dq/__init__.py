@@ -1,0 +1,1 @@
+"""The data-quantization method: strategy, client function, store, selection, planner."""

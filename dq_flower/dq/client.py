@@ -1,0 +1,295 @@
+"""Client side of data quantization: select, quantize, compensate, reply.
+
+:func:`dq_train` is called from a Flower app's own ``@app.train()`` handler with the
+device's own data and (where the round needs it) the user's model::
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return dq_flower.client.dq_train(msg, context, load_local_data(), model=Net())
+
+State kept across rounds in ``Context.state``:
+- ``dq-uploaded``: a mask of the local samples already uploaded (not sent again unless
+  ``resend``);
+- ``dq-ef``: the error-feedback residual of a biased compensation codec;
+- ``dq-grad-ef``: the error-feedback state of a biased codec in gradient rounds
+  (``upload-mode`` gradient or auto).
+
+Each is kept as it was before and after the last round it served, so replies are
+idempotent per round: a server that replays a round after a crash gets the same reply.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from dq_flower.codecs import ErrorFeedback, make
+from dq_flower.config import from_mapping
+from dq_flower.data_input import as_arrays
+from dq_flower.dq.config import CLIENT_KEYS, DQConfig
+from dq_flower.dq.selection import select
+from dq_flower.model_ops import LossFn, resolve_loss, targets_tensor, weighted_loss_grad
+from dq_flower.node import node_key
+from dq_flower.protocol.dq_batch import (
+    GRADIENT_KEY,
+    RANGES_KEY,
+    denormalise,
+    encode_batch,
+    feature_ranges,
+    normalise,
+    quantizer_for,
+    range_mode,
+    ranges_record,
+)
+from dq_flower.protocol.model import MODEL_KEY, load_model_record
+from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_of, spec_record
+from dq_flower.server.common import round_rng
+
+__all__ = ["dq_train", "quantizer_for", "score_candidates", "node_key", "round_config"]
+
+UPLOADED_KEY = "dq-uploaded"
+EF_KEY = "dq-ef"
+GRAD_EF_KEY = "dq-grad-ef"
+
+
+def round_config(msg: Message) -> dict[str, Any]:
+    """The message's ``config`` record as a dict; ``ValueError`` if it has none."""
+    if "config" not in msg.content.config_records:
+        raise ValueError("the train message carries no 'config' record; is the server running "
+                         "a dq_flower strategy?")
+    return dict(msg.content.config_records["config"].items())
+
+
+def _last_linear_input(model: torch.nn.Module):
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return linears[-1] if linears else None
+
+
+def score_candidates(
+    scorer: str, model: torch.nn.Module | None, x: np.ndarray, y: np.ndarray,
+    loss_fn: LossFn | None = None,
+) -> np.ndarray:
+    """Importance of each candidate: ``uniform``, ``loss`` or ``gradnorm``.
+
+    ``loss`` is the per-sample loss under the received model. ``gradnorm`` is the norm of
+    the per-sample gradient of the last linear layer, ``||dl/dz|| * sqrt(1 + ||h||^2)``
+    with ``z`` the model's output and ``h`` that layer's input (for a model whose last
+    layer is not linear, ``||dl/dz||``); ``dl/dz`` comes from autograd, so any loss works.
+    """
+    if scorer == "uniform" or x.shape[0] == 0:
+        return np.ones(x.shape[0])
+    if model is None:
+        raise ValueError(f"scorer {scorer!r} needs the model: pass model= to dq_train")
+    fn = resolve_loss(loss_fn)
+    dev = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    captured: dict[str, torch.Tensor] = {}
+    last = _last_linear_input(model) if scorer == "gradnorm" else None
+    hook = (last.register_forward_hook(lambda _m, inp, _o: captured.__setitem__("h", inp[0]))
+            if last is not None else None)
+    scores = []
+    try:
+        for i in range(0, x.shape[0], 1024):
+            xb = torch.as_tensor(x[i:i + 1024], dtype=torch.float32).to(dev)
+            yb = targets_tensor(y[i:i + 1024], dev)
+            if scorer == "loss":
+                with torch.no_grad():
+                    scores.append(fn(model(xb), yb).reshape(-1))
+                continue
+            with torch.enable_grad():
+                out = model(xb).detach().requires_grad_(True)
+                (dz,) = torch.autograd.grad(fn(out, yb).sum(), out)
+            norm = dz.reshape(dz.shape[0], -1).norm(dim=1)
+            if "h" in captured:
+                h = captured.pop("h").detach().reshape(dz.shape[0], -1)
+                norm = norm * torch.sqrt(1 + (h * h).sum(1))
+            scores.append(norm)
+    finally:
+        if hook is not None:
+            hook.remove()
+        model.train(was_training)
+    return torch.cat(scores).double().cpu().numpy()
+
+
+def _state_before(context: Context, key: str, server_round: int) -> dict[str, np.ndarray]:
+    """Arrays of state entry ``key`` as they were before ``server_round``.
+
+    Each entry keeps its arrays before and after the last round it served, so a round the
+    server replays (after a crash) gets the same reply as the first time.
+    """
+    rec = context.state.array_records.get(key)
+    meta = context.state.config_records.get(key + "-round")
+    if rec is None or meta is None:
+        return {}
+    which = "before/" if int(meta["round"]) == server_round else "after/"
+    return {name[len(which):]: arr.numpy().copy()
+            for name, arr in rec.items() if name.startswith(which)}
+
+
+def _save_state(context: Context, key: str, server_round: int,
+                before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> None:
+    arrays = {f"before/{k}": Array(np.ascontiguousarray(v)) for k, v in before.items()}
+    arrays.update({f"after/{k}": Array(np.ascontiguousarray(v)) for k, v in after.items()})
+    context.state[key] = ArrayRecord(arrays)
+    context.state[key + "-round"] = ConfigRecord({"round": server_round})
+
+
+def _encode(codec, vector: np.ndarray, rng: np.random.Generator, context: Context,
+            key: str, server_round: int):
+    """Encode ``vector``, through error feedback kept under ``key`` for a biased codec."""
+    if not codec.biased:
+        return codec.encode(vector, rng)
+    ef = ErrorFeedback(codec)
+    ef_before = _state_before(context, key, server_round)
+    if ef_before:
+        ef.load_state_dict(ef_before)
+    payload = ef.encode(vector, rng)
+    _save_state(context, key, server_round, ef_before, ef.state_dict())
+    return payload
+
+
+def _received_model(msg: Message, model: torch.nn.Module | None,
+                    why: str) -> torch.nn.Module | None:
+    """Load the server's weights into ``model`` when the message carries them."""
+    if MODEL_KEY not in msg.content.array_records:
+        return None
+    if model is None:
+        raise ValueError(f"{why} needs the model: pass model= (your nn.Module) to dq_train")
+    load_model_record(model, msg.content.array_records[MODEL_KEY])
+    return model
+
+
+def _reply(content: RecordDict, msg: Message, spec: DataSpec,
+           metrics: dict[str, Any]) -> Message:
+    content[SPEC_KEY] = spec_record(spec)
+    content["metrics"] = MetricRecord(metrics)
+    return Message(content=content, reply_to=msg)
+
+
+def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray,
+                    y: np.ndarray, model: torch.nn.Module | None, loss_fn: LossFn | None,
+                    server_round: int, key: int, rng: np.random.Generator,
+                    t0: float) -> Message:
+    """Reply to a gradient round: a coded minibatch gradient at the server's model."""
+    model = _received_model(msg, model, "a gradient round (upload-mode gradient or auto)")
+    if model is None:
+        raise ValueError("a gradient round needs the model; the server did not send it")
+    size = min(cfg.gradient_batch_size, x.shape[0])
+    idx = np.sort(rng.choice(x.shape[0], size=size, replace=False))
+    loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(size, 1.0 / size), loss_fn)
+    codec = make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
+    payload = _encode(codec, grad, rng, context, GRAD_EF_KEY, server_round)
+    metrics = {"num-examples": int(x.shape[0]), "partition-id": int(key),
+               "train-loss": float(loss), "up-payload-bits": int(payload.nbits),
+               "client-time-s": time.perf_counter() - t0}
+    return _reply(RecordDict({GRADIENT_KEY: payload.to_record()}), msg, spec_of(x, y), metrics)
+
+
+def dq_train(msg: Message, context: Context, data: Any, *,
+             model: torch.nn.Module | None = None,
+             loss_fn: LossFn | None = None) -> Message:
+    """Answer one DQ round with this device's quantized samples (and a compensation).
+
+    Parameters
+    ----------
+    msg : Message
+        The train message a :class:`dq_flower.DQStrategy` sent.
+    context : Context
+        The node's context; its ``state`` remembers what was uploaded.
+    data : tuple, Dataset or DataLoader
+        The device's own training data (see :mod:`dq_flower.data_input`), used as given.
+    model : torch.nn.Module, optional
+        The same architecture as the server's. Needed only where the round uses it: the
+        ``loss`` or ``gradnorm`` scorer, compensation, gradient rounds; its weights are
+        overwritten with the server's.
+    loss_fn : callable, optional
+        ``loss_fn(outputs, targets)`` returning per-sample losses; the default is
+        cross-entropy for integer labels and mean squared error for float targets.
+
+    Returns
+    -------
+    Message
+        The reply: packed samples, their labels or targets, ids and weights, the optional
+        compensation, the data spec and the metrics (``num-examples``, ``selected``, ...).
+    """
+    t0 = time.perf_counter()
+    config = round_config(msg)
+    cfg = from_mapping(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
+    server_round = int(config["server-round"])
+    round_seed = int(config.get("round-seed", 0))
+    key = node_key(context)
+    rng = round_rng(round_seed, server_round, key)
+    x_all, y = as_arrays(data)
+    spec = spec_of(x_all, y)
+    if config.get("round-mode", "data") == "gradient":
+        return _gradient_round(msg, context, cfg, x_all, y, model, loss_fn, server_round, key,
+                               rng, t0)
+    n = x_all.shape[0]
+    num_classes = int(config.get("num-classes", 0) or 0)
+    if spec.target == "class":
+        local = int(y.max()) + 1 if n else 1
+        if num_classes and local > num_classes:
+            raise ValueError(f"local label {local - 1} is outside the server's "
+                             f"{num_classes} classes")
+        num_classes = num_classes or local
+
+    before = _state_before(context, UPLOADED_KEY, server_round).get("mask")
+    uploaded = (before.astype(bool) if before is not None and before.size == n
+                else np.zeros(n, dtype=bool))
+    mask_before = uploaded.copy()
+    candidates = np.arange(n) if cfg.resend else np.flatnonzero(~uploaded)
+
+    need = "scorer " + repr(cfg.scorer) if cfg.scorer != "uniform" else "compensation"
+    model = _received_model(msg, model, need)
+    scores = score_candidates(cfg.scorer, model, x_all[candidates], y[candidates], loss_fn)
+    sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
+    chosen = candidates[sel.indices]
+    n_cand = max(int(candidates.size), 1)
+    represents = sel.weights * n_cand  # 1 / pi_i: original samples each row stands for
+
+    x_flat = x_all.reshape(n, -1)
+    mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
+    quantizer = quantizer_for(cfg, mode, spec.channels, dither_seed=int(rng.integers(2**31)))
+    xb = x_flat[chosen]
+    content_extra: dict[str, ArrayRecord] = {}
+    if mode == "feature":
+        lo, span = feature_ranges(x_flat)
+        samples = quantizer.encode(normalise(xb, lo, span), rng)
+        if bool(config.get("send-ranges", True)):
+            content_extra[RANGES_KEY] = ranges_record(lo, span)
+    else:
+        samples = quantizer.encode(xb, rng)
+
+    compensation = None
+    if cfg.compensation != "none" and chosen.size:
+        if model is None:
+            raise ValueError("compensation needs the model; the server did not send it")
+        xq = quantizer.decode(samples)  # exactly the points the server will decode
+        if mode == "feature":
+            xq = denormalise(xq, lo, span)
+        shape = (-1, *spec.sample_shape)
+        _, g_true = weighted_loss_grad(model, xb.reshape(shape), y[chosen], sel.weights,
+                                       loss_fn)
+        _, g_quant = weighted_loss_grad(model, xq.reshape(shape), y[chosen], sel.weights,
+                                        loss_fn)
+        codec = make(cfg.compensation, **cfg.compensation_kwargs)
+        compensation = _encode(codec, g_true - g_quant, rng, context, EF_KEY, server_round)
+
+    content, payload_bits = encode_batch(
+        samples, y[chosen], chosen, represents, num_classes, n, compensation)
+    for name, record in content_extra.items():
+        content[name] = record
+        payload_bits += 8 * sum(len(a.data) for a in record.values())
+    uploaded[chosen] = True
+    _save_state(context, UPLOADED_KEY, server_round, {"mask": mask_before.astype(np.uint8)},
+                {"mask": uploaded.astype(np.uint8)})
+    metrics = {"num-examples": int(n), "partition-id": int(key),
+               "candidates": int(candidates.size), "selected": int(chosen.size),
+               "up-payload-bits": int(payload_bits),
+               "client-time-s": time.perf_counter() - t0}
+    return _reply(content, msg, spec, metrics)

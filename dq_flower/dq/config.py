@@ -1,0 +1,165 @@
+"""Typed knobs of the data-quantization method (``DQConfig``).
+
+Each knob is a field of a frozen dataclass that validates itself and raises
+``ValueError`` naming the hyphenated key. The same fields are keyword arguments of
+:class:`dq_flower.DQStrategy` (``server_steps=10``) and run-config keys of the package's
+apps (``server-steps``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dq_flower.config import check as _check
+from dq_flower.config import parse_params
+
+__all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
+           "RANGE_MODES", "CLIENT_KEYS"]
+
+
+SCORERS = ("uniform", "loss", "gradnorm")
+SELECTION_RULES = ("topk", "sample", "threshold")
+ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd")
+UPLOAD_MODES = ("data", "gradient", "auto")
+#: Quantizer ranges: ``sample`` (one per sample), ``channel`` (one per image channel),
+#: ``feature`` (one per coordinate, the client's own, sent once), ``auto`` (``feature``
+#: for flat samples, ``channel`` for images with ``per-channel``, else ``sample``).
+RANGE_MODES = ("auto", "sample", "channel", "feature")
+
+
+@dataclass(frozen=True)
+class DQConfig:
+    """Knobs of the data-quantization method.
+
+    Attributes
+    ----------
+    budget : int
+        Samples each client uploads per round (at most).
+    bits : int
+        Bits per data coordinate, 1 to 8.
+    stochastic : bool
+        Stochastic (unbiased) rounding; nearest rounding when false.
+    per_channel : bool
+        One affine range per channel instead of per sample (same as ``ranges="channel"``).
+    ranges : str
+        ``auto``, ``sample``, ``channel`` or ``feature`` (see :data:`RANGE_MODES`).
+    dither : bool
+        Subtractive dither drawn from the round seed.
+    entropy_coder : str
+        Lossless coding of the packed codes: ``none``, ``zlib``, ``lzma`` or ``zstd``.
+    scorer : str
+        Importance score: ``uniform``, ``loss`` or ``gradnorm``.
+    selection_rule : str
+        ``topk``, ``sample`` (probability proportional to score, weights 1/(n p)) or
+        ``threshold``.
+    score_threshold : float
+        Score above which ``threshold`` selects (still capped by the budget).
+    resend : bool
+        Allow samples already uploaded to be chosen again.
+    compensation : str
+        Gradient codec for the compensation, or ``none``.
+    compensation_params : str
+        Its parameters, ``"levels=4,bucket=512"``.
+    server_steps : int
+        Optimizer steps the server takes per round.
+    server_batch_size : int
+        Minibatch size of the later steps, drawn from the store.
+    optimizer : str
+        ``sgd`` (momentum, weight decay) or ``adam``.
+    lr, momentum, weight_decay : float
+        Server optimizer settings.
+    max_store_samples : int
+        Bound on the store (0 = unbounded).
+    store_eviction : str
+        What goes when the store is full: ``fifo`` (oldest first) or ``random``.
+    upload_mode : str
+        ``data`` (every round uploads quantized samples), ``gradient`` (every round uploads
+        a minibatch gradient coded by ``gradient_codec``) or ``auto`` (per round, whichever
+        the server estimates to cost fewer uplink bits).
+    gradient_codec, gradient_codec_params : str
+        Codec (and its parameters) of gradient rounds; error feedback for biased codecs.
+    gradient_batch_size : int
+        Minibatch size of a client's gradient in gradient rounds.
+    max_failed_rounds : int
+        Stop the run when every sampled client fails this many rounds in a row (0: never).
+    """
+
+    budget: int = 64
+    bits: int = 2
+    stochastic: bool = True
+    per_channel: bool = False
+    ranges: str = "auto"
+    dither: bool = False
+    entropy_coder: str = "zlib"
+    scorer: str = "uniform"
+    selection_rule: str = "topk"
+    score_threshold: float = 0.0
+    resend: bool = False
+    compensation: str = "none"
+    compensation_params: str = ""
+    server_steps: int = 20
+    server_batch_size: int = 64
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    max_store_samples: int = 0
+    store_eviction: str = "fifo"
+    upload_mode: str = "data"
+    gradient_codec: str = "qsgd"
+    gradient_codec_params: str = "levels=4,bucket=512"
+    gradient_batch_size: int = 32
+    max_failed_rounds: int = 3
+
+    def __post_init__(self) -> None:
+        _check(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
+        _check(self.upload_mode in UPLOAD_MODES, "upload_mode",
+               f"must be one of {UPLOAD_MODES}, got {self.upload_mode!r}")
+        _check(self.gradient_batch_size >= 1, "gradient_batch_size", "must be >= 1")
+        _check(1 <= self.bits <= 8, "bits", f"must be in 1..8, got {self.bits}")
+        _check(self.entropy_coder in ENTROPY_CODERS, "entropy_coder",
+               f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
+        _check(self.scorer in SCORERS, "scorer",
+               f"must be one of {SCORERS}, got {self.scorer!r}")
+        _check(self.selection_rule in SELECTION_RULES, "selection_rule",
+               f"must be one of {SELECTION_RULES}, got {self.selection_rule!r}")
+        _check(self.server_steps >= 1, "server_steps", "must be >= 1")
+        _check(self.server_batch_size >= 1, "server_batch_size", "must be >= 1")
+        _check(self.optimizer in {"sgd", "adam"}, "optimizer",
+               f"must be sgd or adam, got {self.optimizer!r}")
+        _check(self.lr > 0, "lr", "must be > 0")
+        _check(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
+        _check(self.store_eviction in {"fifo", "random"}, "store_eviction",
+               f"must be fifo or random, got {self.store_eviction!r}")
+        from dq_flower.codecs import make
+
+        if self.compensation != "none":
+            try:
+                make(self.compensation, **parse_params(self.compensation_params))
+            except ValueError as exc:
+                raise ValueError(f"compensation: {exc}") from None
+        if self.upload_mode != "data":
+            try:
+                make(self.gradient_codec, **self.gradient_codec_kwargs)
+            except ValueError as exc:
+                raise ValueError(f"gradient_codec: {exc}") from None
+
+    @property
+    def compensation_kwargs(self) -> dict[str, Any]:
+        """Parsed ``compensation_params``."""
+        return parse_params(self.compensation_params, "compensation-params")
+
+    @property
+    def gradient_codec_kwargs(self) -> dict[str, Any]:
+        """Parsed ``gradient_codec_params``."""
+        return parse_params(self.gradient_codec_params, "gradient-codec-params")
+
+
+#: Knobs the clients read from the round config (no other knob travels to them).
+CLIENT_KEYS = ("budget", "bits", "stochastic", "per-channel", "ranges", "dither",
+               "entropy-coder", "scorer", "selection-rule", "score-threshold", "resend",
+               "compensation", "compensation-params", "gradient-codec",
+               "gradient-codec-params", "gradient-batch-size")

@@ -1,0 +1,175 @@
+"""DQ's ``upload-mode``: per round, upload quantized samples or a compressed gradient.
+
+The planner projects the uplink bits the rest of the run would cost either way and picks
+the cheaper one (``auto``), or always one of them (``data``, ``gradient``). For a round
+with the sampled clients ``K`` and ``R`` rounds left (this one included):
+
+- data rounds: ``sum_k left_k * bits_per_sample + ceil(left_k / budget) * bits_per_reply``
+  with ``left_k = min(samples client k has not uploaded yet, R * budget)``, known from its
+  earlier replies (before its first one, ``R * budget``); a client with nothing left is not
+  asked (no uplink at all). ``bits_per_reply`` is the rest of a reply: Flower's message
+  envelope, labels' and ids' framing, metrics, and the compensation where it is on;
+- gradient rounds: ``R * |K| * bits_per_gradient_reply``, the whole reply.
+
+Every figure is first the exact serialized size of a synthetic reply coded as the
+clients code theirs (random rows: no entropy coding gain), then the mean measured on the
+last round of that kind. Data uploads are paid once (the store keeps them) and gradients
+every round: hence the projection over the remaining rounds rather than a per-round
+comparison. The choice is about uplink bytes only; it does not predict which mode trains
+faster (a run of few rounds may be cheaper in gradients and still reach a lower accuracy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import MetricRecord, RecordDict
+
+from dq_flower.accounting import content_bytes
+
+__all__ = ["UploadPlanner", "RoundPlan", "first_estimates", "gradient_estimate", "reply_bits",
+           "ESTIMATES"]
+
+#: The planner's estimates, in bits: per sample, per data reply besides its samples, and per
+#: gradient reply.
+ESTIMATES = ("sample_bits", "reply_bits", "gradient_bits")
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The chosen mode of one round and the two estimates it was chosen from."""
+
+    mode: str
+    data_bits: float
+    gradient_bits: float
+
+
+@dataclass
+class UploadPlanner:
+    """Chooses each round's upload mode from estimated uplink bits.
+
+    Parameters
+    ----------
+    mode : str
+        ``data``, ``gradient`` or ``auto``.
+    budget : int
+        Samples a client uploads per data round (at most).
+    resend : bool
+        Whether uploaded samples may be chosen again (then they never run out).
+    sample_bits : float
+        Bits of one uploaded sample (codes, range, label, id).
+    reply_bits : float
+        Bits of a data reply besides its samples (envelope, metrics, compensation).
+    gradient_bits : float
+        Bits of one client's whole gradient reply.
+    """
+
+    mode: str
+    budget: int
+    resend: bool
+    sample_bits: float
+    reply_bits: float
+    gradient_bits: float
+    clients: dict[int, list[int]] = field(default_factory=dict)
+
+    def samples_left(self, node: int, rounds: int) -> int:
+        """Samples the node would upload in ``rounds`` data rounds (budget-bound if unknown)."""
+        cap = int(rounds) * self.budget
+        known = self.clients.get(int(node))
+        if known is None:
+            return cap
+        examples, uploaded = known
+        left = examples * int(rounds) if self.resend else max(examples - uploaded, 0)
+        return min(cap, left)
+
+    def plan(self, nodes: list[int], rounds_left: int) -> RoundPlan:
+        """Project both modes' uplink over ``rounds_left`` rounds with ``nodes``; choose."""
+        rounds_left = max(int(rounds_left), 1)
+        data = 0.0
+        for node in nodes:
+            k = self.samples_left(node, rounds_left)
+            data += k * self.sample_bits + -(-k // self.budget) * self.reply_bits
+        grad = rounds_left * len(nodes) * self.gradient_bits
+        choice = "gradient" if grad < data else "data"
+        return RoundPlan(choice if self.mode == "auto" else self.mode, data, grad)
+
+    def record_data(self, node: int, examples: int, selected: int) -> None:
+        """A node's valid data reply: its number of examples and samples it uploaded."""
+        uploaded = self.clients.get(int(node), [0, 0])[1]
+        self.clients[int(node)] = [int(examples), uploaded + int(selected)]
+
+    def record_examples(self, node: int, examples: int) -> None:
+        """A node's valid gradient reply: its number of examples (uploads unchanged)."""
+        uploaded = self.clients.get(int(node), [0, 0])[1]
+        self.clients[int(node)] = [int(examples), uploaded]
+
+    def measured(self, **bits: float) -> None:
+        """Replace estimates by the means measured in the last round of their kind.
+
+        Keys are ``sample_bits``, ``reply_bits`` and ``gradient_bits``; non-finite values
+        are ignored.
+        """
+        for name, value in bits.items():
+            if name not in ESTIMATES:
+                raise ValueError(f"unknown estimate {name!r}")
+            if value is not None and np.isfinite(value):
+                setattr(self, name, float(value))
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (the measured estimates and per-node counts)."""
+        return {**{name: getattr(self, name) for name in ESTIMATES},
+                "clients": {k: list(v) for k, v in self.clients.items()}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state`."""
+        for name in ESTIMATES:
+            setattr(self, name, float(state[name]))
+        self.clients = {int(k): [int(a), int(b)] for k, (a, b) in state["clients"].items()}
+
+
+def reply_bits(content: RecordDict) -> int:
+    """Bits of a reply's content as Flower serializes it (what the ledger counts)."""
+    return 8 * content_bytes(content)
+
+
+def first_estimates(cfg: Any, mode: str, dim: int, channels: int, num_classes: int,
+                    comp_codec: Any, num_params: int, seed: int) -> dict[str, float]:
+    """Exact sizes of a synthetic data reply coded as the clients code theirs.
+
+    A full-budget data reply of uniform random rows (no entropy coding gain; ids below
+    2^16) with quantizer ranges ``mode``, and a compensation where ``comp_codec`` is set.
+    """
+    from dq_flower.protocol.dq_batch import encode_batch, quantizer_for
+
+    rng = np.random.default_rng(seed)
+    n = int(cfg.budget)
+    samples = quantizer_for(cfg, mode, channels).encode(
+        rng.random((n, int(dim)), dtype=np.float32), rng)
+    comp = None if comp_codec is None else comp_codec.encode(
+        rng.standard_normal(num_params).astype(np.float32), rng)
+    content, payload = encode_batch(samples, np.zeros(n, np.int64), np.arange(n), np.ones(n),
+                                    int(num_classes), 1 << 16, comp)
+    content["metrics"] = _metrics("num-examples", "partition-id", "candidates", "selected",
+                                  "up-payload-bits", "client-time-s")
+    sample_payload = payload - (comp.nbits if comp is not None else 0)
+    return {"sample_bits": sample_payload / n,
+            "reply_bits": float(reply_bits(content) - sample_payload)}
+
+
+def gradient_estimate(grad_codec: Any, num_params: int, seed: int) -> float:
+    """Exact size in bits of a gradient reply: a standard normal D-vector coded as clients do."""
+    from dq_flower.protocol.dq_batch import GRADIENT_KEY
+
+    rng = np.random.default_rng(seed)
+    grad = grad_codec.encode(rng.standard_normal(num_params).astype(np.float32), rng)
+    content = RecordDict({GRADIENT_KEY: grad.to_record()})
+    content["metrics"] = _metrics("num-examples", "partition-id", "train-loss",
+                                  "up-payload-bits", "client-time-s")
+    return float(reply_bits(content))
+
+
+def _metrics(*keys: str) -> MetricRecord:
+    """A metrics record with typical values (int counts, float times and losses)."""
+    return MetricRecord({k: (0.5 if k.endswith(("-s", "-loss")) else 1 << 12) for k in keys})

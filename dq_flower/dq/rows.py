@@ -1,0 +1,122 @@
+"""Row-wise packed layout of quantized samples, for the server's store.
+
+A ``uniform`` payload packs a whole batch as one bit stream (possibly entropy-coded). The
+store needs random access to single rows, so each payload is re-laid as byte-aligned
+packed rows plus per-row side information, without ever keeping float rows:
+
+- ``codes``: uint8 ``(n, row_bytes)``, the row's ``bits``-bit codes packed MSB first;
+- ``side``: float32 ``(n, 2 * groups)``, the per-group minimums then scales (``(n, 0)``
+  for fixed-range rows, whose range is ``[0, 1]``);
+- ``dither``: int64 ``(n, 2)`` ``(seed, flat start)`` of each row's subtractive dither, or
+  ``(n, 0)`` without dither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
+from dq_flower.codecs.entropy import decompress
+from dq_flower.codecs.uniform import dither_offsets
+
+__all__ = ["RowLayout", "payload_quantizer"]
+
+
+def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False):
+    """A ``uniform`` decoder matching ``p``'s own settings, after checking the fixed ones."""
+    if (p.meta.get("bits") != bits or p.meta.get("per_channel", 0) != per_channel
+            or bool(p.meta.get("fixed_range", False)) != fixed_range):
+        raise PayloadError(f"samples use bits={p.meta.get('bits')!r}, "
+                           f"per_channel={p.meta.get('per_channel')!r}, fixed_range="
+                           f"{p.meta.get('fixed_range', False)!r}; expected {bits}, "
+                           f"{per_channel}, {fixed_range}")
+    seed = p.meta.get("dither_seed")
+    method = p.meta.get("entropy", "none")
+    try:
+        return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
+                    entropy=method if isinstance(method, str) else "invalid",
+                    fixed_range=fixed_range)
+    except ValueError as exc:
+        raise PayloadError(f"samples carry invalid quantizer settings: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Byte-aligned row layout for data of dimension ``dim`` at ``bits`` bits."""
+
+    dim: int
+    bits: int
+    groups: int = 1
+    fixed: bool = False
+
+    @property
+    def padded_dim(self) -> int:
+        """Codes per row including padding to a whole byte."""
+        per_byte = 8 // np.gcd(8, self.bits)
+        return -(-self.dim // per_byte) * per_byte
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per packed row."""
+        return packed_nbytes(self.padded_dim, self.bits)
+
+    def rows(self, p: Payload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(codes, side, dither)`` of a validated ``uniform`` payload, re-laid by row."""
+        n, d = p.shape
+        if d != self.dim:
+            raise PayloadError(f"samples have dimension {d}, expected {self.dim}")
+        raw = packed_nbytes(n * d, self.bits)
+        method = p.meta.get("entropy", "none")
+        stream = p.buffers["codes"]
+        packed = stream if method == "none" else decompress(stream, method, raw)
+        codes = unpack(packed, self.bits, n * d).reshape(n, d)
+        if self.padded_dim != d:
+            codes = np.pad(codes, ((0, 0), (0, self.padded_dim - d)))
+        rows = pack(codes.reshape(-1), self.bits).reshape(n, self.row_bytes)
+        if self.fixed:
+            side = np.zeros((n, 0), dtype=np.float32)
+        else:
+            mins = p.buffers["mins"].reshape(n, self.groups)
+            scales = p.buffers["scales"].reshape(n, self.groups)
+            side = np.concatenate([mins, scales], axis=1).astype(np.float32)
+        seed = p.meta.get("dither_seed")
+        if seed is None:
+            dither = np.zeros((n, 0), dtype=np.int64)
+        else:
+            dither = np.stack([np.full(n, int(seed)), np.arange(n) * d], axis=1).astype(np.int64)
+        return rows, side, dither
+
+    def dequantize(self, codes: np.ndarray, side: np.ndarray, dither: np.ndarray) -> np.ndarray:
+        """Float32 ``(n, dim)`` rows from the row layout."""
+        n = codes.shape[0]
+        if self.fixed:
+            return self._dequantize_fixed(codes, dither)
+        g, width = self.groups, self.dim // self.groups
+        values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
+        values = values.reshape(n, self.padded_dim)[:, : self.dim].astype(np.float32)
+        mins, scales = side[:, :g], side[:, g:]
+        out = values.reshape(n, g, width) * scales[:, :, None]
+        if dither.shape[1]:
+            u = np.stack([dither_offsets(int(s), int(o), self.dim) for s, o in dither])
+            out -= (u.reshape(n, g, width) - np.float32(0.5)) * scales[:, :, None]
+        out += mins[:, :, None]
+        return out.reshape(n, self.dim)
+
+    def _dequantize_fixed(self, codes: np.ndarray, dither: np.ndarray) -> np.ndarray:
+        """Fixed-range rows, with the ``uniform`` decoder's own arithmetic (bit-identical)."""
+        n = codes.shape[0]
+        top = (1 << self.bits) - 1
+        ramp = (np.arange(top + 1) / top).astype(np.float32)
+        values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
+        out = ramp[values.reshape(n, self.padded_dim)[:, : self.dim]]
+        if dither.shape[1]:
+            step = make("uniform", bits=self.bits, fixed_range=True).fixed_step
+            for i, (s, o) in enumerate(dither):
+                u = dither_offsets(int(s), int(o), self.dim)
+                u -= np.float32(0.5)
+                u *= step
+                out[i] -= u
+        return out

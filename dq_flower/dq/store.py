@@ -1,0 +1,195 @@
+"""The server's sample store: every received sample, kept in packed form.
+
+Rows are stored as bit-packed codes (one byte-aligned row per sample) plus the quantizer's
+per-row side information, the label, the importance weight (how many original samples the
+row stands for), the origin node and the client-local sample id. Minibatches are
+dequantized on the fly; the dequantized float data is never kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES"]
+
+EVICTION_POLICIES = ("fifo", "random")
+_FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither")
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """Rows in the store's packed layout, as added or as drawn."""
+
+    codes: np.ndarray  # uint8 (n, row_bytes), byte-aligned packed codes per row
+    side: np.ndarray  # (n, k) side information (ranges), any float dtype
+    labels: np.ndarray  # (n,) int class labels, or float targets (n,) / (n, k)
+    weights: np.ndarray  # (n,) float32, original samples each row stands for
+    node: np.ndarray  # (n,) uint64 origin node ids
+    ids: np.ndarray  # (n,) int64 client-local sample ids
+    dither: np.ndarray  # (n, 2) int64 dither (seed, start) per row, or (n, 0)
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+
+def _narrow_uint(values: np.ndarray) -> np.ndarray:
+    """Non-negative ints in the narrowest unsigned dtype that holds them."""
+    values = np.asarray(values)
+    top = int(values.max()) if values.size else 0
+    return values.astype(np.min_scalar_type(top))
+
+
+def _narrow_float(values: np.ndarray) -> np.ndarray:
+    """Weights as float16 when that is exact, else float32."""
+    values = np.asarray(values, dtype=np.float32)
+    half = values.astype(np.float16)
+    return half if np.array_equal(half.astype(np.float32), values) else values
+
+
+class SampleStore:
+    """Append-only packed sample store with an optional bound and eviction policy.
+
+    Per-row metadata is kept in the narrowest dtype that holds it exactly (labels, node
+    index and ids as the smallest unsigned ints, weights as float16 when exact), and
+    arrays are sized exactly, so memory is the packed rows plus a few bytes per row.
+
+    Parameters
+    ----------
+    dequantize : callable
+        ``dequantize(codes, side, dither) -> float32 (n, d)``, the quantizer's row decoder.
+    max_samples : int
+        Bound on stored rows (0 = unbounded).
+    eviction : str
+        ``fifo`` (oldest first) or ``random`` (uniformly chosen rows, seeded).
+    """
+
+    def __init__(
+        self,
+        dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+        max_samples: int = 0,
+        eviction: str = "fifo",
+        seed: int = 0,
+    ) -> None:
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
+        if max_samples < 0:
+            raise ValueError("max_samples must be >= 0")
+        self._dequantize = dequantize
+        #: ``transform(x, node_ids) -> x`` applied after dequantizing (per-node ranges).
+        self.transform: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+        self.max_samples = int(max_samples)
+        self.eviction = eviction
+        self._rng = np.random.default_rng(seed)
+        self._rows: StoredRows | None = None
+        self._node_table: dict[int, int] = {}
+        self.evicted = 0
+
+    # ---------------------------------------------------------------- contents
+    def __len__(self) -> int:
+        return 0 if self._rows is None else len(self._rows)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the store's arrays (exactly sized, no spare capacity)."""
+        if self._rows is None:
+            return 0
+        r = self._rows
+        return int(sum(getattr(r, f).nbytes for f in _FIELDS))
+
+    def has(self, node: int, ids: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``ids`` from ``node`` are already stored."""
+        if self._rows is None:
+            return np.zeros(len(ids), dtype=bool)
+        code = self._node_table.get(int(node))
+        if code is None:
+            return np.zeros(len(ids), dtype=bool)
+        mine = self._rows.ids[self._rows.node == code]
+        return np.isin(ids, mine)
+
+    def add(self, rows: StoredRows) -> None:
+        """Append rows, then evict down to the bound."""
+        nodes, inverse = np.unique(rows.node, return_inverse=True)
+        codes = np.array([self._node_table.setdefault(int(n), len(self._node_table))
+                          for n in nodes], dtype=np.int64)
+        compact = StoredRows(
+            codes=np.ascontiguousarray(rows.codes, dtype=np.uint8),
+            side=np.ascontiguousarray(rows.side),
+            labels=(_narrow_float(rows.labels) if np.issubdtype(rows.labels.dtype, np.floating)
+                    else _narrow_uint(rows.labels)),
+            weights=_narrow_float(rows.weights),
+            node=_narrow_uint(codes[inverse.reshape(-1)]),
+            ids=_narrow_uint(rows.ids),
+            dither=np.ascontiguousarray(rows.dither, dtype=np.int64),
+        )
+        if self._rows is None:
+            self._rows = compact
+        else:
+            old = self._rows
+            self._rows = StoredRows(
+                *(np.concatenate([getattr(old, f), getattr(compact, f)])
+                  for f in _FIELDS)
+            )
+        self._evict()
+
+    def _evict(self) -> None:
+        if not self.max_samples or len(self) <= self.max_samples:
+            return
+        excess = len(self) - self.max_samples
+        if self.eviction == "fifo":
+            keep = np.arange(excess, len(self))
+        else:
+            keep = np.sort(self._rng.choice(len(self), size=self.max_samples, replace=False))
+        self._rows = self._take(keep)
+        self.evicted += excess
+
+    def _take(self, idx: np.ndarray) -> StoredRows:
+        r = self._rows
+        assert r is not None
+        return StoredRows(*(getattr(r, f)[idx] for f in _FIELDS))
+
+    # ---------------------------------------------------------------- drawing
+    def node_ids(self, rows: StoredRows) -> np.ndarray:
+        """Origin node ids (int64) of rows taken from this store."""
+        table = np.array(sorted(self._node_table, key=self._node_table.get), dtype=np.int64)
+        return table[rows.node.astype(np.int64)]
+
+    def draw(self, batch_size: int, rng: np.random.Generator):
+        """Draw a uniform minibatch without replacement; return ``(x, y, weights)``.
+
+        ``x`` is dequantized on the fly (float32 ``(b, d)``); ``y`` holds int64 labels or
+        float32 targets.
+        """
+        n = len(self)
+        if n == 0:
+            raise ValueError("the sample store is empty")
+        idx = np.sort(rng.choice(n, size=min(batch_size, n), replace=False))
+        rows = self._take(idx)
+        x = self._dequantize(rows.codes, rows.side, rows.dither)
+        if self.transform is not None:
+            x = self.transform(x, self.node_ids(rows))
+        y = (rows.labels.astype(np.float32) if np.issubdtype(rows.labels.dtype, np.floating)
+             else rows.labels.astype(np.int64))
+        return x, y, rows.weights.astype(np.float32)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state(self) -> dict:
+        """Arrays for a checkpoint."""
+        out = {"node_table": np.array(sorted(self._node_table, key=self._node_table.get),
+                                      dtype=np.int64),
+               "evicted": np.array([self.evicted])}
+        if self._rows is not None:
+            for f in _FIELDS:
+                out[f] = getattr(self._rows, f)
+        return out
+
+    def load_state(self, state: dict) -> None:
+        """Inverse of :meth:`state`."""
+        self._node_table = {int(n): i for i, n in enumerate(state["node_table"])}
+        self.evicted = int(state["evicted"][0])
+        if "codes" in state:
+            self._rows = StoredRows(*(np.asarray(state[f]) for f in _FIELDS))
+        else:
+            self._rows = None

@@ -1,0 +1,628 @@
+"""The data-quantization strategy, for any ``nn.Module`` and any client data.
+
+One message exchange per round: the server sends the round's config (and the model where
+the clients need it), each client replies with quantized samples (and optionally a
+compensation), the server validates the replies, stores the samples in packed form and
+takes ``server-steps`` optimizer steps. The first step uses the fresh batch plus the
+compensation, so its gradient equals the true-data gradient when the compensation codec is
+lossless; later steps draw minibatches from the store.
+
+What the server must know about the data (the sample shape, class labels or float targets)
+is learned from the first valid reply, or given, and enforced afterwards; the number of
+classes is given or read off the model's output width.
+
+With ``upload-mode`` ``gradient`` or ``auto`` (see :mod:`dq_flower.dq.planner`), a round
+may instead ask every client for a minibatch gradient coded by ``gradient-codec``; the
+server then takes one step with their example-weighted mean, and the remaining
+``server-steps`` from the store when it holds samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.config import from_mapping, to_config_record
+from dq_flower.dq.config import CLIENT_KEYS, DQConfig
+from dq_flower.dq.planner import (
+    ESTIMATES,
+    RoundPlan,
+    UploadPlanner,
+    first_estimates,
+    gradient_estimate,
+    reply_bits,
+)
+from dq_flower.dq.rows import RowLayout, payload_quantizer
+from dq_flower.dq.store import SampleStore, StoredRows
+from dq_flower.model_ops import LossFn, apply_flat_grad, state_arrays, weighted_loss_grad
+from dq_flower.protocol.dq_batch import (
+    GRADIENT_KEY,
+    RANGES_KEY,
+    SampleBatch,
+    decode_batch,
+    denormalise,
+    range_mode,
+    ranges_from_record,
+)
+from dq_flower.protocol.model import MODEL_KEY, model_record
+from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_from_record
+from dq_flower.server.common import (
+    FailureWatch,
+    FederatedEvaluation,
+    log_round,
+    make_optimizer,
+    round_rng,
+    sample_node_ids,
+    screen_replies,
+)
+
+__all__ = ["DQStrategy", "Upload", "GradientReply", "build_config"]
+
+#: Largest per-client sample id the server accepts (ids are client-local row numbers).
+MAX_LOCAL_ID = 1 << 31
+
+
+def build_config(config: Any, knobs: dict[str, Any], cls: type = DQConfig) -> Any:
+    """``config`` (a ``cls`` or ``None``) with ``knobs`` (underscore names) applied.
+
+    Raises ``ValueError`` naming an unknown knob or a bad value.
+    """
+    base = config if config is not None else cls()
+    if not isinstance(base, cls):
+        raise TypeError(f"config must be a {cls.__name__}, got {type(base).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    for name in knobs:
+        if name.replace("-", "_") not in known:
+            raise ValueError(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
+    return from_mapping(cls, {**dataclasses.asdict(base), **knobs})
+
+
+@dataclass
+class Upload:
+    """One validated reply: the batch, its decoded rows, candidates count and delta."""
+
+    batch: SampleBatch
+    x: np.ndarray
+    candidates: int
+    delta: np.ndarray | None
+    node: int = 0
+    partition: int = 0
+    examples: int = 0
+    reply_bits: int = 0
+    ranges: tuple[np.ndarray, np.ndarray] | None = None
+
+
+@dataclass
+class GradientReply:
+    """One validated reply of a gradient round."""
+
+    partition: int
+    node: int
+    examples: int
+    gradient: np.ndarray
+    payload_bits: int
+    loss: float
+    reply_bits: int
+
+
+class DQStrategy(FederatedEvaluation, Strategy):
+    """Train ``model`` on quantized data samples uploaded by the clients.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The user's model; the server trains it in place (``start`` loads
+        ``initial_arrays`` into it first).
+    loss_fn : callable, optional
+        ``loss_fn(outputs, targets)`` returning per-sample losses; default: cross-entropy
+        for integer labels, mean squared error for float targets.
+    seed : int
+        Root of every random choice (node sampling, round seeds, minibatches).
+    fraction_train : float
+        Fraction of the connected nodes sampled each round.
+    min_available_nodes : int
+        Nodes that must be connected before a round samples (as in Flower's strategies).
+    fraction_evaluate, min_evaluate_nodes
+        Federated evaluation (off by default): see
+        :class:`~dq_flower.server.common.FederatedEvaluation`.
+    num_classes : int, optional
+        Classes of integer targets; default: the width of the model's output.
+    data_spec : DataSpec, optional
+        Sample shape and target kind; default: learned from the first valid reply.
+    config : DQConfig, optional
+        The method's knobs; ``**knobs`` (underscore names, e.g. ``bits=2``) override it.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        loss_fn: LossFn | None = None,
+        seed: int = 0,
+        fraction_train: float = 1.0,
+        min_available_nodes: int = 1,
+        fraction_evaluate: float = 0.0,
+        min_evaluate_nodes: int = 1,
+        num_classes: int | None = None,
+        data_spec: DataSpec | None = None,
+        config: DQConfig | None = None,
+        **knobs: Any,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        if not 0 <= fraction_evaluate <= 1:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        if min_available_nodes < 1:
+            raise ValueError(f"min_available_nodes must be >= 1, got {min_available_nodes}")
+        if num_classes is not None and num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        self.cfg: DQConfig = build_config(config, knobs)
+        self.model = model
+        self.loss_fn = loss_fn
+        self.seed = int(seed)
+        self.fraction_train = float(fraction_train)
+        self.min_available_nodes = int(min_available_nodes)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.num_classes = num_classes
+        self.num_rounds: int | None = None
+        cfg = self.cfg
+        self.optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr,
+                                        cfg.momentum, cfg.weight_decay)
+        self.comp_codec = (make(cfg.compensation, **cfg.compensation_kwargs)
+                           if cfg.compensation != "none" else None)
+        self.grad_codec = (make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
+                           if cfg.upload_mode != "data" else None)
+        self.num_params = sum(p.numel() for p in model.parameters())
+        # Reply sizes feed the planner's estimates, which only gradient and auto modes use:
+        # plain data runs neither encode synthetic replies nor serialize replies twice.
+        self.measuring = cfg.upload_mode != "data"
+        estimates = dict.fromkeys(ESTIMATES, 0.0)
+        if self.grad_codec is not None:
+            estimates["gradient_bits"] = gradient_estimate(self.grad_codec, self.num_params,
+                                                           self.seed)
+        self.planner = UploadPlanner(cfg.upload_mode, cfg.budget, cfg.resend, **estimates)
+        self.spec: DataSpec | None = None
+        self.mode = "sample"
+        self.layout: RowLayout | None = None
+        self.store: SampleStore | None = None
+        self.ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.plans: dict[int, RoundPlan] = {}
+        self.asked: dict[int, int] = {}
+        self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
+        self._returned: ArrayRecord | None = None
+        if data_spec is not None:
+            self._fix_spec(data_spec)
+
+    # ------------------------------------------------------------------ Strategy API
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              *args: Any, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start``; the planner learns the number of rounds from it."""
+        self.num_rounds = int(num_rounds)
+        return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
+
+    def summary(self) -> None:
+        """Log the configuration."""
+        log_round("dq", 0, f"config {self.cfg}")
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether clients need the model (compensation or model-based importance)."""
+        return self.cfg.compensation != "none" or self.cfg.scorer != "uniform"
+
+    @property
+    def stored(self) -> int:
+        """Samples in the store."""
+        return 0 if self.store is None else len(self.store)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send the sampled nodes the round config (and the model where needed).
+
+        In a data round, nodes known to have uploaded all their samples are not asked.
+        """
+        self._load_arrays(arrays)
+        nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
+                                round_rng(self.seed, server_round, 0, purpose=1))
+        rounds_left = (self.num_rounds - server_round + 1) if self.num_rounds else 1
+        plan = self.planner.plan([int(n) for n in nodes], max(rounds_left, 1))
+        self.plans[server_round] = plan
+        cfg = ConfigRecord(dict(config.items()))
+        knobs = to_config_record(self.cfg)
+        for key in CLIENT_KEYS:
+            if key in knobs:
+                cfg[key] = knobs[key]
+        cfg["server-round"] = server_round
+        cfg["round-seed"] = int(round_rng(self.seed, server_round, 0, 2).integers(2**31))
+        cfg["round-mode"] = plan.mode
+        if self.num_classes:
+            cfg["num-classes"] = int(self.num_classes)
+        if plan.mode == "data":
+            nodes = [n for n in nodes if self.planner.samples_left(n, 1) > 0]
+        self.asked[server_round] = len(nodes)
+        shared: dict[str, Any] = {}
+        if nodes and (self.needs_model or plan.mode == "gradient"):
+            shared[MODEL_KEY] = model_record(self.model)
+        messages = []
+        for node in nodes:
+            node_cfg = cfg
+            if plan.mode == "data" and self._may_use_feature_ranges():
+                node_cfg = ConfigRecord(dict(cfg.items()))
+                node_cfg["send-ranges"] = int(node) not in self.ranges
+            content = RecordDict({"config": node_cfg, **shared})
+            messages.append(Message(content=content, message_type=MessageType.TRAIN,
+                                    dst_node_id=node))
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, store their samples, take the server's optimizer steps."""
+        replies = list(replies)
+        self.failures.observe(replies)
+        plan = self.plans.pop(server_round, None)
+        self.asked.pop(server_round, None)
+        if plan is not None and plan.mode == "gradient":
+            return self._aggregate_gradients(server_round, replies, plan)
+        t0 = time.perf_counter()
+        screened, rejected, failed = screen_replies(
+            replies, lambda msg: self._validate(msg, msg.metadata.src_node_id))
+        fresh: list[Upload] = [upload for _, upload in screened]
+        # Replies arrive in any order: store and combine them in the clients' partition
+        # order, so that a run is reproducible from its seed.
+        fresh.sort(key=lambda u: (u.partition, u.node))
+        for upload in fresh:
+            if upload.ranges is not None:
+                self.ranges[upload.node] = upload.ranges
+            if len(upload.batch):
+                assert self.store is not None
+                self.store.add(self._rows(upload.batch, upload.node))
+        loss = self._train_steps(server_round, fresh)
+        up_bits = sum(u.batch.payload_bits for u in fresh)
+        packed = sum(u.batch.packed_nbytes for u in fresh)
+        self._measure_data(fresh)
+        metrics = self._round_metrics(
+            plan, loss=loss, selected=sum(len(u.batch) for u in fresh), up_bits=up_bits,
+            replies=len(fresh), rejected=rejected, failed=failed, t0=t0)
+        metrics["up-packed-bytes"] = int(packed)
+        log_round("dq", server_round, f"{metrics['selected']} new samples, "
+                  f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
+        self._returned = state_arrays(self.model)
+        return self._returned, MetricRecord(metrics)
+
+    # ------------------------------------------------------------------ the data spec
+    def _may_use_feature_ranges(self) -> bool:
+        if self.spec is None:
+            return self.cfg.ranges in ("auto", "feature")
+        return self.mode == "feature"
+
+    def _probe_model(self, spec: DataSpec) -> int:
+        """Run the model on one zero sample; return its output width per sample."""
+        dev = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self.model(torch.zeros((1, *spec.sample_shape), device=dev))
+        except Exception as exc:  # noqa: BLE001  (any model error means a wrong shape)
+            raise PayloadError(f"the model does not accept samples of shape "
+                               f"{spec.sample_shape}: {type(exc).__name__}: {exc}") from None
+        finally:
+            self.model.train(was_training)
+        return int(out.reshape(1, -1).shape[1])
+
+    def _fix_spec(self, spec: DataSpec) -> None:
+        """Adopt ``spec`` (checked against the model) and set up the store."""
+        width = self._probe_model(spec)
+        if spec.target == "class":
+            if self.num_classes is None:
+                if width < 2:
+                    raise PayloadError(f"the model has {width} output for class labels; "
+                                       "give num_classes or use float targets")
+                self.num_classes = width
+            elif width < self.num_classes:
+                raise PayloadError(f"the model's {width} outputs cannot score "
+                                   f"{self.num_classes} classes")
+        elif width != spec.target_dim:
+            raise PayloadError(f"the model has {width} outputs per sample; the float targets "
+                               f"have {spec.target_dim}")
+        self.spec = spec
+        self.mode = range_mode(self.cfg.ranges, self.cfg.per_channel, spec.sample_shape)
+        groups = spec.channels if self.mode == "channel" else 1
+        self.layout = RowLayout(spec.dim, self.cfg.bits, max(groups, 1),
+                                fixed=self.mode == "feature")
+        self.store = SampleStore(self.layout.dequantize, max_samples=self.cfg.max_store_samples,
+                                 eviction=self.cfg.store_eviction, seed=self.seed)
+        if self.mode == "feature":
+            self.store.transform = self._denormalise_rows
+        if self.measuring and self.planner.sample_bits == 0.0:
+            est = first_estimates(self.cfg, self.mode, spec.dim, spec.channels,
+                                  self.num_classes or 2, self.comp_codec, self.num_params,
+                                  self.seed)
+            self.planner.sample_bits = est["sample_bits"]
+            self.planner.reply_bits = est["reply_bits"]
+        log_round("dq", 0, f"data: samples {spec.sample_shape}, {spec.target} targets, "
+                  f"ranges {self.mode}" + (f", {self.num_classes} classes"
+                                            if spec.target == "class" else ""))
+
+    def _check_spec(self, content: RecordDict) -> DataSpec:
+        spec = spec_from_record(content.config_records.get(SPEC_KEY))
+        if self.spec is None:
+            self._fix_spec(spec)
+        elif spec != self.spec:
+            raise PayloadError(f"reply's data {spec} differs from the federation's {self.spec}")
+        return spec
+
+    def _denormalise_rows(self, x: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        for node in np.unique(nodes):
+            lo, span = self.ranges[int(node)]
+            mask = nodes == node
+            out[mask] = denormalise(x[mask], lo, span)
+        return out
+
+    def _load_arrays(self, arrays: ArrayRecord) -> None:
+        """Load arrays that did not come from this strategy (``initial_arrays``)."""
+        if arrays is None or arrays is self._returned:
+            return
+        self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        self._returned = arrays
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, msg: Message, node: int) -> Upload:
+        content = msg.content
+        spec = self._check_spec(content)
+        assert self.spec is not None
+        batch = decode_batch(content, self.num_classes, spec.dim, self.cfg.bits,
+                             self.cfg.budget, MAX_LOCAL_ID, spec.target_dim,
+                             spec.target == "float")
+        metrics = content.metric_records.get("metrics")
+        if metrics is None:
+            raise PayloadError("reply misses its 'metrics' record")
+        n_cand = metrics.get("candidates")
+        if not isinstance(n_cand, int) or not len(batch) <= n_cand <= MAX_LOCAL_ID:
+            raise PayloadError(f"'candidates'={n_cand!r} is inconsistent with the upload")
+        fixed = self.mode == "feature"
+        groups = spec.channels if self.mode == "channel" else 0
+        x = payload_quantizer(batch.samples, self.cfg.bits, groups, fixed).decode(
+            batch.samples)
+        ranges = None
+        if fixed:
+            record = content.array_records.get(RANGES_KEY)
+            ranges = ranges_from_record(record, spec.dim) if record is not None else None
+            known = self.ranges.get(int(node))
+            if ranges is not None and known is not None and not all(
+                    np.array_equal(a, b) for a, b in zip(ranges, known, strict=True)):
+                raise PayloadError("the node's feature ranges changed since it first sent them")
+            use = ranges if ranges is not None else known
+            if use is None and len(batch):
+                raise PayloadError("reply misses its feature ranges")
+            if use is not None:
+                x = denormalise(x, *use)
+        if not np.isfinite(x).all():
+            raise PayloadError("samples decode to non-finite values")
+        delta = None
+        if batch.compensation is not None:
+            if self.comp_codec is None:
+                raise PayloadError("unexpected compensation payload")
+            if batch.compensation.codec != self.comp_codec.name:
+                raise PayloadError(f"compensation made by {batch.compensation.codec!r}")
+            if math.prod(batch.compensation.shape) != self.num_params:
+                raise PayloadError(f"compensation declares {batch.compensation.shape}, the "
+                                   f"model has {self.num_params} parameters")
+            delta = self.comp_codec.decode(batch.compensation).reshape(-1)
+            if delta.size != self.num_params or not np.isfinite(delta).all():
+                raise PayloadError("compensation has the wrong size or non-finite values")
+        elif self.comp_codec is not None and len(batch):
+            raise PayloadError("reply misses its compensation")
+        assert self.store is not None
+        if self.store.has(node, batch.ids).any() and not self.cfg.resend:
+            raise PayloadError("reply re-sends samples already stored")
+        partition = metrics.get("partition-id", MAX_LOCAL_ID)
+        if not isinstance(partition, int):
+            raise PayloadError(f"'partition-id'={partition!r} is not an int")
+        examples = metrics.get("num-examples", n_cand)
+        if not isinstance(examples, int) or not n_cand <= examples <= MAX_LOCAL_ID:
+            raise PayloadError(f"'num-examples'={examples!r} is inconsistent with the upload")
+        return Upload(batch, x, n_cand, delta, node, partition, examples,
+                      reply_bits(content) if self.measuring else 0, ranges)
+
+    def _measure_data(self, fresh: list[Upload]) -> None:
+        """Tell the planner what the valid data replies carried and cost."""
+        for u in fresh:
+            self.planner.record_data(u.node, u.examples, len(u.batch))
+        full = [u for u in fresh if len(u.batch)]
+        if full and self.measuring:
+            samples = [u.batch.samples.nbits + u.batch.info_nbits for u in full]
+            rest = [u.reply_bits - s for u, s in zip(full, samples, strict=True)]
+            self.planner.measured(sample_bits=sum(samples) / sum(len(u.batch) for u in full),
+                                  reply_bits=float(np.mean(rest)))
+
+    def _round_metrics(self, plan: RoundPlan | None, *, loss: float, selected: int,
+                       up_bits: int, replies: int, rejected: int, failed: int,
+                       t0: float) -> dict[str, float | int]:
+        """The per-round metrics both kinds of round report."""
+        metrics: dict[str, float | int] = {
+            "train-loss": float(loss),
+            "selected": int(selected),
+            "stored": self.stored,
+            "store-bytes": 0 if self.store is None else self.store.nbytes,
+            "evicted": 0 if self.store is None else self.store.evicted,
+            "up-payload-bits": int(up_bits),
+            "replies": replies,
+            "rejected": rejected,
+            "failed": failed,
+            "server-time-s": time.perf_counter() - t0,
+        }
+        if plan is not None and self.cfg.upload_mode != "data":
+            metrics.update({"gradient-round": int(plan.mode == "gradient"),
+                            "est-data-bits": float(plan.data_bits),
+                            "est-gradient-bits": float(plan.gradient_bits)})
+        return metrics
+
+    def _validate_gradient(self, msg: Message) -> GradientReply:
+        """Check and decode one reply of a gradient round."""
+        content = msg.content
+        self._check_spec(content)
+        if GRADIENT_KEY not in content.array_records:
+            raise PayloadError(f"gradient round: reply misses its {GRADIENT_KEY!r} record")
+        metrics = content.metric_records.get("metrics")
+        if metrics is None:
+            raise PayloadError("reply misses its 'metrics' record")
+        examples = metrics.get("num-examples")
+        partition = metrics.get("partition-id", MAX_LOCAL_ID)
+        if not isinstance(examples, int) or not 1 <= examples <= MAX_LOCAL_ID:
+            raise PayloadError(f"'num-examples'={examples!r} must be a positive int")
+        if not isinstance(partition, int):
+            raise PayloadError(f"'partition-id'={partition!r} is not an int")
+        payload = Payload.from_record(content.array_records[GRADIENT_KEY])
+        assert self.grad_codec is not None
+        if payload.codec != self.grad_codec.name:
+            raise PayloadError(f"gradient made by {payload.codec!r}, "
+                               f"expected {self.grad_codec.name!r}")
+        if math.prod(payload.shape) != self.num_params:
+            raise PayloadError(f"gradient declares {payload.shape}, the model has "
+                               f"{self.num_params} parameters")
+        grad = self.grad_codec.decode(payload).reshape(-1)
+        if grad.size != self.num_params or not np.isfinite(grad).all():
+            raise PayloadError("gradient has the wrong size or non-finite values")
+        loss = metrics.get("train-loss", float("nan"))
+        loss = float(loss) if isinstance(loss, (int, float)) else float("nan")
+        return GradientReply(partition, msg.metadata.src_node_id, examples, grad,
+                             int(payload.nbits), loss, reply_bits(content))
+
+    def _aggregate_gradients(self, server_round: int, replies: list[Message],
+                             plan: RoundPlan) -> tuple[ArrayRecord, MetricRecord]:
+        """A gradient round: one step with the example-weighted mean, then store steps."""
+        t0 = time.perf_counter()
+        screened, rejected, failed = screen_replies(replies, self._validate_gradient)
+        valid = sorted((r for _, r in screened), key=lambda r: (r.partition, r.node))
+        losses: list[float] = []
+        if valid:
+            total = float(sum(r.examples for r in valid))
+            grad = np.zeros(self.num_params, dtype=np.float32)
+            for r in valid:
+                grad += np.float32(r.examples / total) * r.gradient
+            self.model.train()
+            apply_flat_grad(self.model, self.optimizer, grad)
+            losses = [r.loss for r in valid]
+        later = self._store_steps(server_round, self.cfg.server_steps - (1 if valid else 0))
+        loss = float(np.mean(later or losses)) if (later or losses) else float("nan")
+        for r in valid:
+            self.planner.record_examples(r.node, r.examples)
+        up_bits = sum(r.payload_bits for r in valid)
+        if valid:
+            self.planner.measured(gradient_bits=float(np.mean([r.reply_bits for r in valid])))
+        metrics = self._round_metrics(plan, loss=loss, selected=0, up_bits=up_bits,
+                                      replies=len(valid), rejected=rejected, failed=failed,
+                                      t0=t0)
+        log_round("dq", server_round, f"gradient round: {len(valid)} gradients, "
+                  f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
+        self._returned = state_arrays(self.model)
+        return self._returned, MetricRecord(metrics)
+
+    # ------------------------------------------------------------------ training
+    def _rows(self, batch: SampleBatch, node: int) -> StoredRows:
+        assert self.layout is not None
+        codes, side, dither = self.layout.rows(batch.samples)
+        n = len(batch)
+        return StoredRows(codes, side, batch.labels, batch.weights,
+                          np.full(n, node, dtype=np.uint64), batch.ids, dither)
+
+    def _shaped(self, x: np.ndarray) -> np.ndarray:
+        assert self.spec is not None
+        return x.reshape(-1, *self.spec.sample_shape)
+
+    def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
+        """Gradient of the first step: fresh quantized batch plus mean compensation.
+
+        With ``N = sum_k n_k`` candidates, it is ``(1/N) sum_i grad f(Q(x_i)) / pi_i +
+        sum_k (n_k / N) delta_k``: the Horvitz-Thompson estimate of the candidates' mean
+        gradient, exact at the true points when the compensation codec is lossless.
+        """
+        total = float(sum(u.candidates for u in fresh))
+        xs = np.concatenate([u.x for u in fresh if len(u.batch)])
+        ys = np.concatenate([u.batch.labels for u in fresh if len(u.batch)])
+        ws = np.concatenate([u.batch.weights for u in fresh if len(u.batch)]) / total
+        loss, grad = weighted_loss_grad(self.model, self._shaped(xs), ys, ws, self.loss_fn)
+        for u in fresh:
+            if u.delta is not None:
+                grad += (u.candidates / total) * u.delta
+        return loss / max(float(ws.sum()), 1e-12), grad
+
+    def _train_steps(self, server_round: int, fresh: list[Upload]) -> float:
+        """The round's steps: the fresh compensated step, then steps on the store.
+
+        A round runs its store steps whatever replies it got (a round with nothing to ask,
+        or whose only asked node failed, still trains on what the store holds).
+        """
+        rng = round_rng(self.seed, server_round, 0, purpose=3)
+        self.model.train()
+        losses = []
+        steps = self.cfg.server_steps
+        if sum(len(u.batch) for u in fresh):
+            loss, grad = self.fresh_gradient(fresh)
+            losses.append(loss)
+            apply_flat_grad(self.model, self.optimizer, grad)
+            steps -= 1
+        losses += self._store_steps(server_round, steps, rng)
+        return float(np.mean(losses)) if losses else float("nan")
+
+    def _store_steps(self, server_round: int, steps: int,
+                     rng: np.random.Generator | None = None) -> list[float]:
+        """``steps`` optimizer steps on minibatches from the store; their losses."""
+        if rng is None:
+            rng = round_rng(self.seed, server_round, 0, purpose=3)
+        if self.store is None or len(self.store) == 0:
+            return []
+        self.model.train()
+        losses = []
+        for _ in range(steps):
+            x, y, w = self.store.draw(self.cfg.server_batch_size, rng)
+            loss, grad = weighted_loss_grad(self.model, self._shaped(x), y, w / w.sum(),
+                                            self.loss_fn)
+            losses.append(loss)
+            apply_flat_grad(self.model, self.optimizer, grad)
+        return losses
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Everything needed to resume: model, optimizer, data spec, ranges, store, planner."""
+        spec = None if self.spec is None else dataclasses.asdict(self.spec)
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "spec": spec, "num_classes": self.num_classes,
+                "ranges": {int(k): (lo.copy(), span.copy())
+                           for k, (lo, span) in self.ranges.items()},
+                "store": None if self.store is None else self.store.state(),
+                "planner": self.planner.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_classes = state.get("num_classes", self.num_classes)
+        if state.get("spec") is not None:
+            spec = state["spec"]
+            self._fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
+                                    int(spec["target_dim"])))
+        self.ranges = {int(k): (np.asarray(lo), np.asarray(span))
+                       for k, (lo, span) in state.get("ranges", {}).items()}
+        if self.store is not None and state.get("store") is not None:
+            self.store.load_state(state["store"])
+        if "planner" in state:
+            self.planner.load_state(state["planner"])
+        self._returned = None

@@ -1,0 +1,71 @@
+"""Registry of training methods: name -> family, config class and strategy builder.
+
+A method family has one client handler (``dq_flower.harness.client_app``) and one strategy; the
+methods of a family differ by configuration (the gradient codec, for instance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Method", "register_method", "get_method", "method_names"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named training method.
+
+    Attributes
+    ----------
+    name : str
+        Public name (``dq``, ``fedavg``, ``qsgd``, ...).
+    family : str
+        Client handler family (``dq``, ``gradient``, ``fedavg``).
+    config_cls : type
+        Typed config dataclass of the method's knobs.
+    build : callable
+        ``build(task, run_config, model, info) -> (strategy, train_config)``.
+    defaults : mapping
+        Knob values this method sets (e.g. ``{"codec": "qsgd"}``), overridable.
+    """
+
+    name: str
+    family: str
+    config_cls: type
+    build: Callable[..., Any]
+    defaults: Mapping[str, Any]
+
+
+_METHODS: dict[str, Method] = {}
+
+
+def register_method(name: str, family: str, config_cls: type,
+                    defaults: Mapping[str, Any] | None = None):
+    """Decorator registering a strategy builder as method ``name``."""
+
+    def deco(build: Callable[..., Any]) -> Callable[..., Any]:
+        _METHODS[name] = Method(name, family, config_cls, build, dict(defaults or {}))
+        return build
+
+    return deco
+
+
+def _load_all() -> None:
+    from dq_flower.harness import methods_builtin  # noqa: F401  (registers the methods)
+
+
+def get_method(name: str) -> Method:
+    """The method registered as ``name``; ``ValueError`` listing the known ones otherwise."""
+    _load_all()
+    try:
+        return _METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(method_names())}") from None
+
+
+def method_names() -> list[str]:
+    """Names of all registered methods, in registration order."""
+    _load_all()
+    return list(_METHODS)

@@ -1,0 +1,110 @@
+"""Builders of the built-in methods."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import ConfigRecord
+
+from dq_flower.baselines.config import FedAvgConfig, GradientConfig
+from dq_flower.config import from_mapping, to_config_record
+from dq_flower.dq.config import DQConfig
+from dq_flower.harness.methods import register_method
+from dq_flower.harness.runtime import TaskInfo
+from dq_flower.harness.task_config import CLIENT_TASK_KEYS, TaskConfig
+
+
+def client_task_config(task: TaskConfig, method: str) -> ConfigRecord:
+    """The config the package's ClientApp needs to find its data and model.
+
+    The method name and the task keys that differ from their defaults; never server paths
+    such as checkpoints.
+    """
+    record = to_config_record(task)
+    out = ConfigRecord({"method": method})
+    for key in CLIENT_TASK_KEYS:
+        if key in record:
+            out[key] = record[key]
+    return out
+
+
+@register_method("dq", family="dq", config_cls=DQConfig)
+def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
+    """Data quantization: the public :class:`dq_flower.DQStrategy` on the harness's model."""
+    from dq_flower.dq.strategy import DQStrategy
+
+    strategy = DQStrategy(model, seed=task.seed, fraction_train=task.fraction_train,
+                          min_available_nodes=task.min_available,
+                          fraction_evaluate=task.fraction_evaluate,
+                          config=from_mapping(DQConfig, run_config))
+    return strategy, client_task_config(task, "dq")
+
+
+# ---------------------------------------------------------------------- baselines (issue 4)
+
+
+@register_method("fedavg", family="fedavg", config_cls=FedAvgConfig)
+def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
+    """Flower's own ``FedAvg`` (float32 weights, E local epochs), configured, not rewritten.
+
+    Central evaluation is done by the server app's ``evaluate_fn``, so
+    ``fraction_evaluate`` is 0. FedAvg samples ``max(int(fraction_train * connected), 1)``
+    of the connected nodes (``min_train_nodes=1``: a larger minimum would make it wait for
+    nodes that may never connect). It samples with Python's global ``random`` module,
+    which is seeded here with the run seed so runs are reproducible.
+    """
+    import random
+
+    from flwr.serverapp.strategy import FedAvg
+
+    knobs = from_mapping(FedAvgConfig, run_config)
+    random.seed(task.seed)
+    strategy = FedAvg(
+        fraction_train=task.fraction_train,
+        fraction_evaluate=task.fraction_evaluate,
+        min_train_nodes=1,
+        min_evaluate_nodes=1,
+        min_available_nodes=task.min_available,
+    )
+    config = client_task_config(task, "fedavg")
+    for key, value in to_config_record(knobs).items():
+        config[key] = value
+    return strategy, config
+
+
+#: Gradient baselines: name -> knob defaults. The codec's parameters come from
+#: ``config_baselines.CODEC_DEFAULTS``; ``signsgd``'s aggregation (majority vote), downlink
+#: (1-bit vote) and error feedback (off) follow from its ``sign`` codec.
+GRADIENT_METHODS: dict[str, dict[str, Any]] = {
+    "sgd": {"codec": "identity"},
+    "fp16": {"codec": "fp16"},
+    "qsgd": {"codec": "qsgd"},
+    "terngrad": {"codec": "terngrad"},
+    "signsgd": {"codec": "sign", "lr": 0.005},
+    "ef-signsgd": {"codec": "ef-sign"},
+    "topk": {"codec": "topk"},
+    "powersgd": {"codec": "powersgd"},
+    "bingrad": {"codec": "bingrad"},
+    "orq": {"codec": "orq"},
+}
+
+
+def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
+    def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
+        from dq_flower.baselines.strategy import GradientStrategy
+
+        cfg = from_mapping(GradientConfig, run_config)
+        strategy = GradientStrategy(model, seed=task.seed, fraction_train=task.fraction_train,
+                                    min_available_nodes=task.min_available,
+                                    fraction_evaluate=task.fraction_evaluate, config=cfg,
+                                    method=name)
+        return strategy, client_task_config(task, name)
+
+    build.__doc__ = f"Distributed SGD with {defaults['codec']!r} uploads (method {name!r})."
+    register_method(name, family="gradient", config_cls=GradientConfig,
+                    defaults=defaults)(build)
+
+
+for _name, _defaults in GRADIENT_METHODS.items():
+    _register_gradient(_name, _defaults)

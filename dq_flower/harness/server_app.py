@@ -1,0 +1,197 @@
+"""The package's ``ServerApp``: builds the method's public strategy from the run config.
+
+Every message is measured (:class:`~dq_flower.MeasuredGrid`), the global model is evaluated
+on the held-out test set after every round (or by the clients, with
+``fraction-evaluate``), and the server's state can be checkpointed every few rounds so that
+a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from logging import INFO
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from dq_flower.accounting import Ledger, MeasuredGrid
+from dq_flower.config import from_mapping
+from dq_flower.harness.checkpoint import load_latest, save_atomic
+from dq_flower.harness.history import RunResult
+from dq_flower.harness.methods import get_method
+from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_info
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.harness.tasks.data import load_dataset_cached
+from dq_flower.model_ops import evaluate, num_params, state_arrays
+from dq_flower.server.common import FailureWatch
+
+__all__ = ["app", "run_server", "validate_run_config", "prepare_model"]
+
+
+def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]:
+    """Parse and check the whole run config before any work starts.
+
+    Returns the task config and the method's config; raises ``ValueError`` naming the key.
+    """
+    method = get_method(str(run_config.get("method", "dq")))
+    merged = {**method.defaults, **run_config}
+    task = from_mapping(TaskConfig, merged)
+    knobs = from_mapping(method.config_cls, merged)
+    return task, knobs
+
+
+def prepare_model(task: TaskConfig, info: TaskInfo,
+                  model_factory: ModelFactory | None = None) -> torch.nn.Module:
+    """Build the server's model and check it takes the task's samples, before any round.
+
+    Raises ``ValueError`` for an unknown model name, a factory that does not return an
+    ``nn.Module``, or a model that rejects the sample shape or has the wrong output width.
+    """
+    if model_factory is None:
+        torch.manual_seed(task.seed)
+        model = build_model(task, info)
+    else:
+        model = model_factory()
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model factory returned {type(model).__name__}, not an nn.Module")
+    dev = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros((2, *info.input_shape), device=dev))
+    except Exception as exc:  # noqa: BLE001  (any error: the model cannot take the samples)
+        raise ValueError(f"model: it does not accept samples of shape {info.input_shape}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    finally:
+        model.train(was_training)
+    width = math.prod(out.shape[1:])
+    if out.shape[0] != 2 or width != info.outputs:
+        raise ValueError(f"model: output of shape {tuple(out.shape)} for 2 samples; the task "
+                         f"needs {info.outputs} outputs per sample")
+    return model
+
+
+def _row(rnd: int, mark: dict[str, float], ledger: Ledger, metrics) -> dict[str, Any]:
+    row: dict[str, Any] = {"round": rnd, **mark}
+    row["up_bytes"] = ledger.round_bytes("up", rnd)
+    row["down_bytes"] = ledger.round_bytes("down", rnd)
+    row["cum_up_bytes"] = ledger.total_bytes("up", rnd)
+    row["cum_down_bytes"] = ledger.total_bytes("down", rnd)
+    for key, value in (metrics or {}).items():
+        row.setdefault(key.replace("-", "_"), value)
+    return row
+
+
+def run_server(
+    grid: Grid,
+    run_config: Mapping[str, Any],
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    model_factory: ModelFactory | None = None,
+) -> RunResult:
+    """Run one method to completion on ``grid`` and return its measured history.
+
+    The loop is Flower's ``Strategy.start`` (configure, send and receive, aggregate,
+    federated evaluation, central evaluation) with two additions: the server's state is
+    checkpointed every ``checkpoint-every`` rounds into ``checkpoint-dir`` (a run finding a
+    checkpoint there resumes after its round), and ``on_round(row)`` is called with each
+    history row. A run whose every sampled client fails ``max-failed-rounds`` rounds in a
+    row raises :class:`~dq_flower.server.common.ClientFailureError`.
+    """
+    method = get_method(str(run_config.get("method", "dq")))
+    run_config = {**method.defaults, **run_config}
+    task, _ = validate_run_config(run_config)
+    info = task_info(task)
+    data = (load_dataset_cached(task.dataset, task.data_dir or None, task.seed)
+            if task.dataset != "none" else None)
+    model = prepare_model(task, info, model_factory)
+    eval_model = prepare_model(task, info, model_factory)
+    ledger = Ledger()
+    measured = MeasuredGrid(grid, ledger)
+    strategy, train_config = method.build(task, run_config, model, info)
+    if hasattr(strategy, "num_rounds"):
+        strategy.num_rounds = task.num_server_rounds
+    arrays = state_arrays(model)
+    history: list[dict[str, Any]] = []
+    start_round, elapsed = 0, 0.0
+    failures = FailureWatch(task.max_failed_rounds, method.name)
+
+    checkpoint = load_latest(task.checkpoint_dir) if task.checkpoint_dir else None
+    if checkpoint is not None:
+        start_round, elapsed = checkpoint["round"], checkpoint["elapsed"]
+        arrays = ArrayRecord(checkpoint["arrays"])
+        ledger = Ledger.from_state(checkpoint["ledger"])
+        measured.ledger = ledger
+        history = checkpoint["history"]
+        if hasattr(strategy, "load_state_dict"):
+            strategy.load_state_dict(checkpoint["strategy"])
+        log(INFO, "[%s] resuming after round %d from %s", method.name, start_round,
+            task.checkpoint_dir)
+
+    t_start = time.perf_counter() - elapsed
+
+    def evaluate_round(rnd: int, metrics, fed: Mapping[str, Any] | None) -> None:
+        mark: dict[str, Any] = {"wall_s": 0.0}
+        if data is not None:
+            eval_model.load_state_dict(arrays.to_torch_state_dict())
+            loss, acc = evaluate(eval_model, data.test_x, data.test_y)
+            mark.update(accuracy=acc, loss=loss)
+        else:
+            mark.update(accuracy=float((fed or {}).get("eval-acc", float("nan"))),
+                        loss=float((fed or {}).get("eval-loss", float("nan"))))
+        for key, value in (fed or {}).items():
+            mark["fed_" + key.replace("-", "_")] = value
+        mark["wall_s"] = time.perf_counter() - t_start
+        row = _row(rnd, mark, ledger, metrics)
+        history.append(row)
+        log(INFO, "[%s] round %d/%d: accuracy %.4f, loss %.4f, up %d B, down %d B",
+            method.name, rnd, task.num_server_rounds, row["accuracy"], row["loss"],
+            row["up_bytes"], row["down_bytes"])
+        if on_round is not None:
+            on_round(row)
+
+    if start_round == 0:
+        evaluate_round(0, None, None)
+    for rnd in range(start_round + 1, task.num_server_rounds + 1):
+        messages = strategy.configure_train(rnd, arrays, ConfigRecord(dict(train_config)),
+                                            measured)
+        replies = list(measured.send_and_receive(messages, timeout=task.round_timeout))
+        failures.observe(replies)
+        new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        if new_arrays is not None:
+            arrays = new_arrays
+        fed = None
+        if task.fraction_evaluate > 0:
+            requests = strategy.configure_evaluate(rnd, arrays, ConfigRecord(dict(train_config)),
+                                                   measured)
+            answers = measured.send_and_receive(requests, timeout=task.round_timeout)
+            fed = strategy.aggregate_evaluate(rnd, answers)
+        evaluate_round(rnd, metrics, fed)
+        if task.checkpoint_dir and (rnd % task.checkpoint_every == 0
+                                    or rnd == task.num_server_rounds):
+            save_atomic(task.checkpoint_dir, {
+                "round": rnd, "elapsed": time.perf_counter() - t_start,
+                "arrays": arrays.to_torch_state_dict(), "ledger": ledger.state(),
+                "history": history,
+                "strategy": strategy.state_dict() if hasattr(strategy, "state_dict") else None,
+            })
+    return RunResult(method.name, dict(run_config), history, num_params(model), info.dim)
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point for ``flwr run``: reads ``[tool.flwr.app.config]``."""
+    run_config = dict(context.run_config)
+    result = run_server(grid, run_config)
+    out = str(run_config.get("results-path", ""))
+    if out:
+        result.save(out)
+        log(INFO, "history written to %s", out)

@@ -1,0 +1,169 @@
+"""``simulate()``: run one method in Flower's simulation engine (Ray backend)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dq_flower.config import field_keys
+from dq_flower.harness.history import RunResult
+from dq_flower.harness.methods import get_method
+from dq_flower.harness.task_config import TaskConfig
+
+__all__ = ["simulate", "build_run_config"]
+
+
+def build_run_config(
+    method: str = "dq",
+    dataset: Any = "digits",
+    model: Any = "mlp",
+    num_clients: int = 4,
+    rounds: int = 5,
+    seed: int = 0,
+    **knobs: Any,
+) -> dict[str, Any]:
+    """The hyphenated run config ``simulate`` would use; validates every knob first.
+
+    A dataset given as numpy arrays is written to a temporary ``.npz`` file that the
+    clients read (``npz:<path>``).
+
+    Unknown knobs raise ``ValueError`` naming them; bad values raise ``ValueError`` naming
+    the key (see :mod:`dq_flower.config`).
+    """
+    from dq_flower.harness.server_app import validate_run_config
+
+    spec = get_method(method)
+    if not isinstance(model, str):
+        model = "custom"  # the model itself travels as a factory (see simulate)
+    if not isinstance(dataset, str):
+        dataset = _dataset_arg(dataset, seed, tempfile.mkdtemp(prefix="dq-flower-"))
+    allowed = field_keys(TaskConfig) | field_keys(spec.config_cls)
+    run_config: dict[str, Any] = {
+        "method": method, "dataset": dataset, "model": model,
+        "num-partitions": int(num_clients), "num-server-rounds": int(rounds), "seed": int(seed),
+    }
+    for name, value in knobs.items():
+        key = name.replace("_", "-")
+        if key not in allowed:
+            raise ValueError(f"unknown knob {name!r} for method {method!r}; known: "
+                             f"{', '.join(sorted(allowed))}")
+        run_config[key] = value
+    validate_run_config(run_config)
+    return run_config
+
+
+def _dataset_arg(dataset: Any, seed: int, workdir: str) -> str:
+    if isinstance(dataset, str):
+        return dataset
+    if isinstance(dataset, Sequence) and len(dataset) in (2, 4):
+        from dq_flower.harness.tasks.data import from_arrays, save_npz
+
+        arrays = [np.asarray(a) for a in dataset]
+        ds = from_arrays(*arrays[:2], *(arrays[2:] or [None, None]), seed=seed)
+        return "npz:" + str(save_npz(ds, os.path.join(workdir, "dataset.npz")))
+    raise ValueError("dataset must be a name or a tuple (X, y) or (X, y, X_test, y_test)")
+
+
+def simulate(
+    method: str = "dq",
+    dataset: Any = "digits",
+    model: Any = "mlp",
+    num_clients: int = 4,
+    rounds: int = 5,
+    seed: int = 0,
+    num_cpus_per_client: float = 1.0,
+    num_gpus_per_client: float = 0.0,
+    verbose: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    **knobs: Any,
+) -> RunResult:
+    """Run ``method`` in Flower's simulation engine and return its measured history.
+
+    Parameters
+    ----------
+    method : str
+        ``dq`` or a baseline name (see :func:`dq_flower.harness.methods.method_names`).
+    dataset : str or tuple
+        A data-set name (``digits``, ``fmnist``, ``cifar10``, ``npz:<path>``) or numpy
+        arrays ``(X, y)`` / ``(X, y, X_test, y_test)``.
+    model : str, nn.Module or callable
+        A model name (``logreg``, ``mlp``, ``cnn``, ``wide-cnn``, ``resnet20``,
+        ``resnet18``), an ``nn.Module`` (copied for the server and each client), or a class
+        or factory returning one. Ray pickles it to its workers, so it must be importable
+        there: a class or function defined at module level, not inside a function.
+    num_clients : int
+        Simulated SuperNodes, one partition each.
+    rounds : int
+        Server rounds.
+    seed : int
+        Root of every random choice.
+    on_round : callable, optional
+        Called with each round's row as it completes (see
+        :func:`dq_flower.harness.server_app.run_server`).
+    num_cpus_per_client, num_gpus_per_client : float
+        Ray resources of each simulated client. With ``num_gpus_per_client=0`` (default)
+        Ray hides GPUs from the clients, which then train on the CPU; the server uses a GPU
+        whenever one is visible (``device="auto"``).
+    **knobs
+        Any task or method knob, in underscore form (``server_steps=10``).
+
+    Returns
+    -------
+    RunResult
+        ``history`` has one row per round with ``round``, ``accuracy``, ``loss``,
+        ``up_bytes``, ``down_bytes``, ``cum_up_bytes``, ``cum_down_bytes``, ``wall_s``.
+
+    Raises
+    ------
+    ValueError
+        A bad knob, an unknown model name, a missing data file or a model that does not
+        take the data's samples: all checked before the engine starts.
+    ClientFailureError
+        Every sampled client failed ``max_failed_rounds`` (default 3) rounds in a row; the
+        message quotes the first client error.
+    """
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from dq_flower.harness.client_app import make_client_app
+    from dq_flower.harness.runtime import model_factory, task_info
+    from dq_flower.harness.server_app import prepare_model, run_server, validate_run_config
+
+    run_config = build_run_config(method, dataset, model, num_clients, rounds, seed, **knobs)
+    factory = model_factory(model)
+    task, _ = validate_run_config(run_config)
+    prepare_model(task, task_info(task), factory)  # fails here, before the engine starts
+    client_app = make_client_app(factory)
+    holder: dict[str, Any] = {}
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        try:
+            holder["result"] = run_server(grid, run_config, on_round=on_round,
+                                          model_factory=factory)
+        except BaseException as exc:
+            holder["error"] = exc
+            raise
+
+    backend_config = {
+        "client_resources": {"num_cpus": float(num_cpus_per_client),
+                             "num_gpus": float(num_gpus_per_client)},
+        "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_simulation(server_app=server_app, client_app=client_app,
+                       num_supernodes=int(num_clients), backend_config=backend_config,
+                       verbose_logging=verbose)
+    if "error" in holder:
+        raise holder["error"]
+    if "result" not in holder:
+        raise RuntimeError("the simulation ended without a result; see the log above")
+    return holder["result"]

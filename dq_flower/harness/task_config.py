@@ -1,0 +1,106 @@
+"""The harness's task: which named data set, model and partition a run uses.
+
+Only the package's own harness (``simulate``, ``dq-flower compare``, the package's apps)
+knows named data sets and models; the strategies never see a ``TaskConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dq_flower.config import check as _check
+
+__all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
+
+#: Task keys the package's ClientApp reads from each message (nothing else travels).
+CLIENT_TASK_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-alpha",
+                    "seed", "data-dir", "device", "input-shape", "num-classes")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What is trained on what: data set, model, partition, clients, rounds, seed.
+
+    Attributes
+    ----------
+    dataset : str
+        ``digits`` (default, ships with scikit-learn), ``fmnist``, ``cifar10``,
+        ``npz:<path>``, or ``none`` (the server holds no data: every node brings its own
+        ``data-file``; give ``input_shape`` and ``num_classes``).
+    model : str
+        ``logreg``, ``mlp``, ``cnn``, ``wide-cnn``, ``resnet20`` or ``resnet18``.
+    num_partitions : int
+        Number of client partitions (the number of SuperNodes in simulation).
+    partition : str
+        ``iid``, ``dirichlet`` or ``pathological``.
+    dirichlet_alpha : float
+        Concentration of the Dirichlet partition (smaller is more skewed).
+    num_server_rounds : int
+        Server rounds.
+    fraction_train : float
+        Fraction of available clients sampled each round.
+    min_available : int
+        Fewest valid replies a round needs to update the model.
+    seed : int
+        Root of every random choice.
+    data_dir : str
+        Where the data files live ("" means the data set's default).
+    round_timeout : float
+        Seconds to wait for replies each round.
+    checkpoint_dir : str
+        Folder for the server's checkpoint ("" = none); a run finding one there resumes.
+    checkpoint_every : int
+        Save the server's state every this many rounds.
+    device : str
+        Where models train: ``auto`` (a CUDA GPU when one is visible, else the CPU),
+        ``cpu`` or ``cuda``.
+    input_shape : str
+        Sample shape (``"1,28,28"``) when ``dataset`` is ``none``.
+    num_classes : int
+        Classes when ``dataset`` is ``none`` (0 for float targets).
+    fraction_evaluate : float
+        Fraction of the nodes that evaluate the global model on their own held-out rows
+        each round (federated evaluation; 0 = off, the server evaluates on its test set).
+    max_failed_rounds : int
+        Stop the run when every sampled client fails this many rounds in a row (0: never).
+    """
+
+    dataset: str = "digits"
+    model: str = "mlp"
+    num_partitions: int = 4
+    partition: str = "iid"
+    dirichlet_alpha: float = 0.5
+    num_server_rounds: int = 5
+    fraction_train: float = 1.0
+    min_available: int = 1
+    seed: int = 0
+    data_dir: str = ""
+    round_timeout: float = 600.0
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 1
+    device: str = "auto"
+    input_shape: str = ""
+    num_classes: int = 0
+    fraction_evaluate: float = 0.0
+    max_failed_rounds: int = 3
+
+    def __post_init__(self) -> None:
+        _check(self.num_partitions >= 1, "num_partitions", "must be >= 1")
+        _check(self.partition in {"iid", "dirichlet", "pathological"}, "partition",
+               f"must be iid, dirichlet or pathological, got {self.partition!r}")
+        _check(self.dirichlet_alpha > 0, "dirichlet_alpha", "must be > 0")
+        _check(self.num_server_rounds >= 1, "num_server_rounds", "must be >= 1")
+        _check(0 < self.fraction_train <= 1, "fraction_train", "must be in (0, 1]")
+        _check(self.min_available >= 1, "min_available", "must be >= 1")
+        _check(self.round_timeout > 0, "round_timeout", "must be > 0")
+        _check(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+        _check(0 <= self.fraction_evaluate <= 1, "fraction_evaluate", "must be in [0, 1]")
+        _check(self.num_classes >= 0, "num_classes", "must be >= 0")
+        _check(self.max_failed_rounds >= 0, "max_failed_rounds", "must be >= 0")
+        if self.dataset == "none":
+            _check(bool(self.input_shape), "input_shape",
+                   "is needed when dataset is 'none' (the server holds no data)")
+            _check(self.fraction_evaluate > 0, "fraction_evaluate",
+                   "must be > 0 when dataset is 'none' (no test set on the server)")
+        _check(self.device in {"auto", "cpu", "cuda"}, "device",
+               f"must be auto, cpu or cuda, got {self.device!r}")

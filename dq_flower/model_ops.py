@@ -1,0 +1,246 @@
+"""Flat parameter vectors, losses, gradients, Flower records and evaluation for torch models.
+
+Flat vectors cover ``model.parameters()`` in ``named_parameters()`` order; buffers
+(BatchNorm running statistics) are not part of them but are part of the
+`ArrayRecord` made by `to_arrays`.
+
+A loss function ``loss_fn(outputs, targets)`` returns one loss per sample (shape
+``(n,)``). :func:`default_loss` is cross-entropy for integer class targets and the mean
+squared error (averaged over the output's other axes) for float targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from flwr.app import ArrayRecord
+from torch import nn
+
+__all__ = [
+    "LossFn",
+    "default_loss",
+    "resolve_loss",
+    "targets_tensor",
+    "weighted_loss_grad",
+    "resolve_device",
+    "state_arrays",
+    "apply_flat_grad",
+    "evaluate",
+    "flat_grad",
+    "from_arrays",
+    "get_flat",
+    "load_arrays",
+    "loss_and_grad",
+    "num_params",
+    "set_flat",
+    "to_arrays",
+]
+
+
+def num_params(model: nn.Module) -> int:
+    """Count scalar parameters (the model dimension D)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def get_flat(model: nn.Module) -> np.ndarray:
+    """All parameters concatenated as one float32 vector of length D (a copy)."""
+    params = [p.detach().reshape(-1).to("cpu", torch.float32) for p in model.parameters()]
+    if not params:
+        return np.zeros(0, dtype=np.float32)
+    return torch.cat(params).numpy().copy()
+
+
+def set_flat(model: nn.Module, vec: np.ndarray | torch.Tensor) -> None:
+    """Write a flat vector of length D into the parameters, in place.
+
+    Raises
+    ------
+    ValueError
+        ``vec`` is not one-dimensional of length `num_params`.
+    """
+    t = torch.as_tensor(np.asarray(vec) if not isinstance(vec, torch.Tensor) else vec)
+    total = num_params(model)
+    if t.ndim != 1 or t.numel() != total:
+        raise ValueError(f"flat vector must have shape ({total},), got {tuple(t.shape)}")
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            k = p.numel()
+            p.copy_(t[offset:offset + k].view_as(p).to(p.device, p.dtype))
+            offset += k
+
+
+def flat_grad(model: nn.Module) -> np.ndarray:
+    """Concatenate every parameter's ``.grad`` (zeros where it is None) as float32."""
+    parts = [
+        (p.grad.detach() if p.grad is not None else torch.zeros_like(p))
+        .reshape(-1).to("cpu", torch.float32)
+        for p in model.parameters()
+    ]
+    if not parts:
+        return np.zeros(0, dtype=np.float32)
+    return torch.cat(parts).numpy().copy()
+
+
+def to_arrays(model: nn.Module) -> ArrayRecord:
+    """Pack the model's ``state_dict`` (parameters and buffers) into an `ArrayRecord`."""
+    return ArrayRecord(model.state_dict())
+
+
+def from_arrays(model: nn.Module, record: ArrayRecord) -> None:
+    """Load an `ArrayRecord` made by `to_arrays` into ``model`` (strict key match)."""
+    model.load_state_dict(record.to_torch_state_dict(), strict=True)
+
+
+load_arrays = from_arrays
+"""Alias of `from_arrays` (``dq_flower.harness.tasks.from_arrays`` builds data sets)."""
+
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
+
+
+def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-sample loss: cross-entropy for integer targets, else mean squared error."""
+    if not torch.is_floating_point(targets):
+        return F.cross_entropy(outputs, targets.long(), reduction="none")
+    out = outputs.reshape(outputs.shape[0], -1)
+    return ((out - targets.reshape(out.shape).to(out.dtype)) ** 2).mean(dim=1)
+
+
+def resolve_loss(loss_fn: LossFn | None) -> LossFn:
+    """``loss_fn``, or :func:`default_loss` when it is ``None``."""
+    return default_loss if loss_fn is None else loss_fn
+
+
+def _device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def targets_tensor(y: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Targets on ``device``: int64 for class labels, float32 for regression targets."""
+    t = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+    return (t.to(device, torch.float32) if torch.is_floating_point(t)
+            else t.to(device, torch.long))
+
+
+def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    losses = loss_fn(outputs, targets)
+    if losses.ndim != 1 or losses.shape[0] != outputs.shape[0]:
+        raise ValueError(f"loss_fn must return one loss per sample, shape ({outputs.shape[0]},);"
+                         f" got {tuple(losses.shape)} (use reduction='none')")
+    return losses
+
+
+def weighted_loss_grad(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray,
+    loss_fn: LossFn | None = None,
+) -> tuple[float, np.ndarray]:
+    """``sum_i w_i loss(model(x_i), y_i)`` and its flat float32 gradient.
+
+    Uses ``torch.autograd.grad``, so the parameters' ``.grad`` fields are left untouched.
+    """
+    params = list(model.parameters())
+    dev = _device(model)
+    xt = torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32).to(dev)
+    yt = targets_tensor(y, dev)
+    wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev)
+    with torch.enable_grad():
+        loss = (_per_sample(resolve_loss(loss_fn), model(xt), yt) * wt).sum()
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                      for g, p in zip(grads, params, strict=True)])
+    return float(loss.detach()), flat.detach().cpu().numpy().astype(np.float32, copy=True)
+
+
+def loss_and_grad(
+    model: nn.Module,
+    x: np.ndarray | torch.Tensor,
+    y: np.ndarray | torch.Tensor,
+    reduction: str = "mean",
+    loss_fn: LossFn | None = None,
+) -> tuple[float, np.ndarray]:
+    """Loss on ``(x, y)`` (mean or sum over the batch) and its flat float32 gradient."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    xa = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x)
+    ya = np.asarray(y.detach().cpu() if isinstance(y, torch.Tensor) else y)
+    if xa.ndim < 2 or xa.shape[0] != ya.shape[0]:
+        raise ValueError(f"x {tuple(xa.shape)} and y {tuple(ya.shape)} disagree")
+    if ya.shape[0] == 0:
+        raise ValueError("empty batch")
+    n = xa.shape[0]
+    w = np.full(n, 1.0 / n if reduction == "mean" else 1.0, dtype=np.float32)
+    return weighted_loss_grad(model, xa, ya, w, loss_fn)
+
+
+def apply_flat_grad(model: nn.Module, optimizer: torch.optim.Optimizer, grad: np.ndarray) -> None:
+    """Set each parameter's ``.grad`` from the flat ``grad`` and take one optimizer step."""
+    offset = 0
+    for p in model.parameters():
+        k = p.numel()
+        p.grad = torch.from_numpy(grad[offset:offset + k].reshape(p.shape).copy()).to(p.device)
+        offset += k
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def evaluate(
+    model: nn.Module,
+    x: np.ndarray | torch.Tensor,
+    y: np.ndarray | torch.Tensor,
+    batch_size: int = 1024,
+    loss_fn: LossFn | None = None,
+) -> tuple[float, float]:
+    """Mean loss and accuracy, in eval mode and without gradients.
+
+    Accuracy is the fraction of correct argmax predictions for class targets and ``nan``
+    for float targets. The model's previous train/eval mode is restored afterwards.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    dev = _device(model)
+    xt = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    xt = xt.to(dev, torch.float32)
+    yt = targets_tensor(y, dev)
+    if yt.ndim == 2 and not torch.is_floating_point(yt):
+        yt = yt.reshape(-1)
+    if xt.shape[0] != yt.shape[0] or xt.ndim < 2:
+        raise ValueError(f"x {tuple(xt.shape)} and y {tuple(yt.shape)} disagree")
+    if yt.shape[0] == 0:
+        raise ValueError("empty batch")
+    fn = resolve_loss(loss_fn)
+    classes = not torch.is_floating_point(yt)
+    was_training = model.training
+    model.eval()
+    total_loss, correct = 0.0, 0
+    try:
+        with torch.no_grad():
+            for i in range(0, xt.shape[0], batch_size):
+                out = model(xt[i:i + batch_size])
+                yb = yt[i:i + batch_size]
+                total_loss += float(_per_sample(fn, out, yb).sum())
+                if classes:
+                    correct += int((out.argmax(dim=1) == yb).sum())
+    finally:
+        model.train(was_training)
+    n = int(yt.shape[0])
+    return total_loss / n, (correct / n if classes else float("nan"))
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: a CUDA GPU when one is visible to this process, else the CPU."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was asked for but no CUDA GPU is visible")
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def state_arrays(model: nn.Module) -> ArrayRecord:
+    """The model's state dict as a Flower ``ArrayRecord`` (tensors copied to the CPU)."""
+    return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})

@@ -1,0 +1,1 @@
+"""Wire formats both ends import: DQ sample batches, gradient updates, model records."""

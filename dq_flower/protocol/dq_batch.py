@@ -1,0 +1,326 @@
+"""Message layout of a DQ upload: quantized samples, labels, ids, weights, compensation.
+
+Shared by the client (which builds it) and the server (which validates and reads it), so
+neither strategy nor client knows bit layouts. Everything is checked before use: a reply
+that fails any check raises :class:`~dq_flower.codecs.PayloadError` with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
+
+__all__ = [
+    "SAMPLES_KEY",
+    "INFO_KEY",
+    "COMPENSATION_KEY",
+    "GRADIENT_KEY",
+    "SampleBatch",
+    "label_width",
+    "encode_batch",
+    "decode_batch",
+    "raw_array",
+    "RANGES_KEY",
+    "quantizer_for",
+    "range_mode",
+    "feature_ranges",
+    "normalise",
+    "denormalise",
+    "ranges_record",
+    "ranges_from_record",
+]
+
+SAMPLES_KEY = "samples"
+INFO_KEY = "sample-info"
+COMPENSATION_KEY = "compensation"
+#: Record of a gradient-round reply (``upload-mode`` gradient or auto).
+GRADIENT_KEY = "gradient"
+_RAW = "raw"
+
+
+def width_for(upper: int) -> int:
+    """Bits needed for values in ``[0, upper)`` (at least 1)."""
+    return max(1, int(upper - 1).bit_length())
+
+
+def label_width(num_classes: int) -> int:
+    """Bits per label: ``ceil(log2 C)``, at least 1."""
+    return width_for(num_classes)
+
+
+@dataclass
+class SampleBatch:
+    """A client's upload for one round, decoded from packed form only where cheap.
+
+    Attributes
+    ----------
+    samples : Payload
+        ``uniform`` payload of the quantized rows.
+    labels : numpy.ndarray
+        Targets: int64 class labels, or float32 regression targets ``(n,)``/``(n, k)``.
+    ids : numpy.ndarray
+        Client-local sample ids (int64).
+    weights : numpy.ndarray
+        Original samples each row stands for (``1 / pi_i``), float32.
+    compensation : Payload or None
+        Encoded compensation delta.
+    info_nbits : int
+        Exact bits of labels, ids and weights as sent.
+    """
+
+    samples: Payload
+    labels: np.ndarray
+    ids: np.ndarray
+    weights: np.ndarray
+    compensation: Payload | None = None
+    info_nbits: int = 0
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def packed_nbytes(self) -> int:
+        """Bytes of the upload bit-packed but before entropy coding (samples and info)."""
+        n, d = self.samples.shape
+        side = sum(b.nbytes for k, b in self.samples.buffers.items() if k != "codes")
+        return int(packed_nbytes(n * d, int(self.samples.meta["bits"])) + side
+                   + (self.info_nbits + 7) // 8)
+
+    @property
+    def payload_bits(self) -> int:
+        """Analytic bits of the whole upload (codes, side info, labels, ids, weights, delta)."""
+        comp = self.compensation.nbits if self.compensation is not None else 0
+        return int(self.samples.nbits + self.info_nbits + comp)
+
+
+def raw_array(arr: np.ndarray) -> Array:
+    """Flat Flower ``Array`` carrying ``arr``'s bytes as they are (no ``np.save`` header)."""
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    return Array(dtype=str(flat.dtype), shape=(flat.size,), stype=_RAW, data=flat.tobytes())
+
+
+def encode_batch(
+    samples: Payload,
+    targets: np.ndarray,
+    ids: np.ndarray,
+    weights: np.ndarray,
+    num_classes: int,
+    id_upper: int,
+    compensation: Payload | None = None,
+) -> tuple[RecordDict, int]:
+    """Records of one upload and its exact payload bits.
+
+    Integer ``targets`` are class labels packed at ``ceil(log2 num_classes)`` bits; float
+    targets travel as float16 where that is exact, else float32. Weights are sent as one
+    float when they are all equal, else one float32 per row.
+    """
+    n = int(targets.shape[0])
+    iw = width_for(max(id_upper, 1))
+    w = np.asarray(weights, dtype=np.float32)
+    if n and np.all(w == w[0]):
+        w = w[:1]
+    arrays = {"ids": raw_array(pack_wide(np.asarray(ids), iw)), "weights": raw_array(w)}
+    if np.issubdtype(targets.dtype, np.integer):
+        lw = label_width(num_classes)
+        arrays["labels"] = raw_array(pack(np.asarray(targets, dtype=np.uint8), lw) if lw <= 8
+                                     else pack_wide(targets, lw))
+        target_bits = 8 * packed_nbytes(n, lw)
+    else:
+        lw = 0
+        values = np.asarray(targets, dtype=np.float32)
+        half = values.astype(np.float16)
+        sent = half if np.array_equal(half.astype(np.float32), values) else values
+        arrays["targets"] = raw_array(sent)
+        target_bits = 8 * sent.nbytes
+    arrays["counts"] = raw_array(np.array([n, lw, iw, w.size], dtype=np.int64))
+    info = ArrayRecord(arrays)
+    info_nbits = target_bits + 8 * packed_nbytes(n, iw) + 32 * w.size
+    content = RecordDict({SAMPLES_KEY: samples.to_record(), INFO_KEY: info})
+    if compensation is not None:
+        content[COMPENSATION_KEY] = compensation.to_record()
+    return content, int(samples.nbits + info_nbits + (compensation.nbits if compensation else 0))
+
+
+def _raw_array(record: ArrayRecord, key: str, dtype: str, max_bytes: int) -> np.ndarray:
+    if key not in record:
+        raise PayloadError(f"sample-info misses {key!r}")
+    arr = record[key]
+    if arr.dtype != dtype:
+        raise PayloadError(f"sample-info {key!r} is {arr.dtype}, expected {dtype}")
+    if len(arr.data) > max_bytes or len(arr.data) % np.dtype(dtype).itemsize:
+        raise PayloadError(f"sample-info {key!r} carries {len(arr.data)} bytes")
+    return np.frombuffer(arr.data, dtype=dtype)
+
+
+def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
+             target_dim: int) -> tuple[np.ndarray, int]:
+    """Decoded targets and their bits: class labels (``lw > 0``) or float targets."""
+    if lw:
+        if target_dim != 1:
+            raise PayloadError("class labels sent where float targets are expected")
+        top = label_width(num_classes) if num_classes else 16
+        if not 1 <= lw <= top:
+            raise PayloadError(f"labels use {lw} bits; at most {top} expected")
+        raw = _raw_array(info, "labels", "uint8", packed_nbytes(n, lw))
+        if raw.size != packed_nbytes(n, lw):
+            raise PayloadError(f"sample-info 'labels' carries {raw.size} bytes")
+        try:
+            labels = (unpack(raw, lw, n) if lw <= 8 else unpack_wide(raw, lw, n))
+        except ValueError as exc:
+            raise PayloadError(str(exc)) from None
+        labels = labels.astype(np.int64)
+        if n and num_classes and labels.max() >= num_classes:
+            raise PayloadError(f"label {int(labels.max())} is out of range "
+                               f"(num_classes={num_classes})")
+        return labels, 8 * raw.size
+    if "targets" not in info:
+        raise PayloadError("sample-info misses its 'targets'")
+    dtype = info["targets"].dtype
+    if dtype not in ("float16", "float32"):
+        raise PayloadError(f"targets are {dtype}, expected float16 or float32")
+    values = _raw_array(info, "targets", dtype, n * target_dim * np.dtype(dtype).itemsize)
+    if values.size != n * target_dim:
+        raise PayloadError(f"{values.size} target values for {n} samples of width {target_dim}")
+    out = values.astype(np.float32)
+    if not np.isfinite(out).all():
+        raise PayloadError("targets must be finite")
+    return (out.reshape(n, target_dim) if target_dim > 1 else out), 8 * values.nbytes
+
+
+def decode_batch(
+    content: RecordDict,
+    num_classes: int | None,
+    dim: int,
+    bits: int,
+    max_samples: int,
+    id_upper: int | None = None,
+    target_dim: int = 1,
+    float_targets: bool = False,
+) -> SampleBatch:
+    """Parse and validate one upload; raise :class:`PayloadError` with the reason.
+
+    Checks: records present, counts consistent with the samples payload, shape ``(n, dim)``
+    with ``n <= max_samples``, the configured bit width, labels within ``num_classes`` (or
+    finite float targets of width ``target_dim``), unique ids within ``id_upper``, finite
+    positive weights. Sizes are checked before anything is unpacked.
+    """
+    if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
+        raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
+    samples = Payload.from_record(content.array_records[SAMPLES_KEY])
+    if samples.codec != "uniform":
+        raise PayloadError(f"samples were encoded with {samples.codec!r}, expected 'uniform'")
+    if len(samples.shape) != 2 or samples.shape[1] != dim:
+        raise PayloadError(f"samples have shape {samples.shape}, expected (n, {dim})")
+    n = samples.shape[0]
+    if n > max_samples:
+        raise PayloadError(f"{n} samples exceed the budget of {max_samples}")
+    if samples.meta.get("bits") != bits:
+        raise PayloadError(f"samples use {samples.meta.get('bits')!r} bits, expected {bits}")
+    info = content.array_records[INFO_KEY]
+    counts = _raw_array(info, "counts", "int64", 32)
+    if counts.size != 4:
+        raise PayloadError("sample-info 'counts' must hold 4 values")
+    count, lw, iw, wn = (int(v) for v in counts)
+    if count != n:
+        raise PayloadError(f"sample-info declares {count} samples, payload carries {n}")
+    if not 1 <= iw <= 32 or wn not in {1, n} or not 0 <= lw <= 32:
+        raise PayloadError(f"sample-info widths are inconsistent (labels {lw}, ids {iw})")
+    if float_targets and lw:
+        raise PayloadError("class labels sent where float targets are expected")
+    if not float_targets and not lw:
+        raise PayloadError("float targets sent where class labels are expected")
+    targets, target_bits = _targets(info, n, lw, num_classes, target_dim)
+    ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
+    weights = _raw_array(info, "weights", "float32", 4 * max(n, 1))
+    try:
+        ids = unpack_wide(ids_raw, iw, n)
+    except ValueError as exc:
+        raise PayloadError(str(exc)) from None
+    if np.unique(ids).size != n:
+        raise PayloadError("duplicated sample ids")
+    if id_upper is not None and n and ids.max() >= id_upper:
+        raise PayloadError(f"sample id {int(ids.max())} is out of range")
+    if weights.size != wn or not np.isfinite(weights).all() or (weights <= 0).any():
+        raise PayloadError("sample weights must be finite and positive")
+    weights = np.broadcast_to(weights, (n,)).astype(np.float32)
+    compensation = None
+    if COMPENSATION_KEY in content.array_records:
+        compensation = Payload.from_record(content.array_records[COMPENSATION_KEY])
+    info_nbits = target_bits + 8 * ids_raw.size + 32 * wn
+    return SampleBatch(samples, targets, ids, weights, compensation, info_nbits)
+
+
+# ---------------------------------------------------------------- quantizer ranges
+#: Record holding a client's per-feature ranges (``lo`` then ``span``, float32 each).
+RANGES_KEY = "feature-ranges"
+
+
+def range_mode(ranges: str, per_channel: bool, sample_shape: tuple[int, ...]) -> str:
+    """The quantizer's range layout for samples of ``sample_shape``.
+
+    ``auto`` gives ``feature`` for flat samples (tabular data), ``channel`` for images
+    ``(C, H, W)`` with ``per_channel`` and ``C > 1``, else ``sample``.
+    """
+    if ranges == "channel" or (ranges == "auto" and per_channel):
+        return "channel" if len(sample_shape) == 3 and sample_shape[0] > 1 else "sample"
+    if ranges == "auto":
+        return "feature" if len(sample_shape) == 1 else "sample"
+    return ranges
+
+
+def quantizer_for(cfg: Any, mode: str, channels: int = 0, dither_seed: int | None = None):
+    """The ``uniform`` data quantizer of range layout ``mode`` for DQ knobs ``cfg``.
+
+    ``cfg`` has ``bits``, ``stochastic``, ``entropy_coder`` and ``dither`` (a ``DQConfig``).
+    """
+    params: dict[str, Any] = {"bits": cfg.bits, "stochastic": cfg.stochastic,
+                              "entropy": cfg.entropy_coder}
+    if mode == "channel" and channels > 1:
+        params["per_channel"] = channels
+    if mode == "feature":
+        params["fixed_range"] = True
+    if cfg.dither and dither_seed is not None:
+        params["dither_seed"] = int(dither_seed)
+    return make("uniform", **params)
+
+
+def feature_ranges(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature ``(lo, span)`` (float32) of flat rows; a constant feature has span 1."""
+    if x.shape[0] == 0:
+        return np.zeros(x.shape[1], np.float32), np.ones(x.shape[1], np.float32)
+    lo = x.min(axis=0).astype(np.float32)
+    span = (x.max(axis=0) - lo).astype(np.float32)
+    span[~(span > 0)] = np.float32(1.0)
+    return lo, span
+
+
+def normalise(x: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Rows mapped into ``[0, 1]`` feature by feature (float32)."""
+    return ((x - lo) / span).astype(np.float32)
+
+
+def denormalise(xn: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`normalise`: ``lo + xn * span`` in float32 (both ends use this)."""
+    return (lo + xn * span).astype(np.float32)
+
+
+def ranges_record(lo: np.ndarray, span: np.ndarray) -> ArrayRecord:
+    """A client's feature ranges as they travel (``2 * d`` raw float32)."""
+    return ArrayRecord({"ranges": raw_array(np.concatenate([lo, span]).astype(np.float32))})
+
+
+def ranges_from_record(record: ArrayRecord, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parse feature ranges: ``2 * dim`` finite values with positive spans, else PayloadError."""
+    values = _raw_array(record, "ranges", "float32", 8 * dim)
+    if values.size != 2 * dim:
+        raise PayloadError(f"feature ranges hold {values.size} values, expected {2 * dim}")
+    lo, span = values[:dim].copy(), values[dim:].copy()
+    if not (np.isfinite(lo).all() and np.isfinite(span).all()) or (span <= 0).any():
+        raise PayloadError("feature ranges must be finite with positive spans")
+    return lo, span

@@ -1,0 +1,73 @@
+"""Wire format of the compressed-gradient rounds, shared by server and client.
+
+A reply carries the encoded update under ``update`` (or ``update-<i>`` per parameter tensor)
+and its metrics under ``metrics``. Under majority vote with ``downlink="sign"`` the server
+sends the 1-bit votes a client lacks (``vote-<version>``); both ends apply them with
+:func:`sign_step`, so the client's copy of the model stays bit-identical (checked by CRC).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from dq_flower.baselines.config import GradientConfig
+from dq_flower.codecs import Payload, make
+
+__all__ = [
+    "UPDATE_KEY",
+    "METRICS_KEY",
+    "VOTE_PREFIX",
+    "MODEL_CODECS",
+    "sign_step",
+    "vote_from_payload",
+    "model_crc",
+    "uses_error_feedback",
+    "update_keys",
+]
+
+#: Reply record holding the encoded update.
+UPDATE_KEY = "update"
+#: Reply record holding the metrics.
+METRICS_KEY = "metrics"
+#: Prefix of the vote records of ``downlink="sign"``: ``vote-<model version>``.
+VOTE_PREFIX = "vote-"
+#: Codecs a ``model`` record may be encoded with (``downlink`` float32 / fp16).
+MODEL_CODECS = {"identity", "fp16"}
+
+
+def sign_step(w: np.ndarray, vote: np.ndarray, lr: float, weight_decay: float) -> np.ndarray:
+    """The majority-vote step ``w - lr * (vote + weight_decay * w)`` in float32.
+
+    Server and clients both call this function, so a client's copy of the model stays
+    bit-identical to the server's (checked with :func:`model_crc`).
+    """
+    w = np.asarray(w, dtype=np.float32)
+    d = np.asarray(vote, dtype=np.float32) + np.float32(weight_decay) * w
+    return (w - np.float32(lr) * d).astype(np.float32)
+
+
+def vote_from_payload(payload: Payload) -> np.ndarray:
+    """The +-1 float32 vote carried by a ``sign`` payload (zeros count as +1)."""
+    v = make(payload.codec).decode(payload).reshape(-1)
+    return np.where(v >= 0, np.float32(1), np.float32(-1)).astype(np.float32)
+
+
+def model_crc(w: np.ndarray) -> int:
+    """CRC-32 of a float32 parameter vector's bytes."""
+    return int(zlib.crc32(np.ascontiguousarray(w, dtype=np.float32).tobytes()))
+
+
+def uses_error_feedback(cfg: GradientConfig, codec) -> bool:
+    """Whether clients wrap ``codec`` in error feedback under ``cfg``."""
+    if cfg.error_feedback == "auto":
+        return bool(codec.biased) and not cfg.majority
+    return cfg.error_feedback == "on"
+
+
+def update_keys(cfg: GradientConfig, num_tensors: int) -> list[str]:
+    """Reply record names: ``update``, or ``update-<i>`` per tensor when coded per tensor."""
+    if cfg.segmented:
+        return [f"{UPDATE_KEY}-{i}" for i in range(num_tensors)]
+    return [UPDATE_KEY]

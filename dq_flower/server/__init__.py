@@ -1,0 +1,1 @@
+"""What every strategy of the package shares on the server: sampling, screening, steps."""

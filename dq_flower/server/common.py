@@ -1,0 +1,196 @@
+"""Pieces every strategy of this package shares: node sampling, reply screening, optimizers.
+
+Also the failure watch (a run whose every sampled client fails for several consecutive
+rounds stops with the first client error) and Flower-style federated evaluation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from dq_flower.codecs import PayloadError
+
+__all__ = [
+    "sample_node_ids",
+    "wait_for_nodes",
+    "make_optimizer",
+    "log_rejected",
+    "screen_replies",
+    "FailureWatch",
+    "ClientFailureError",
+    "FederatedEvaluation",
+    "round_rng",
+]
+
+#: What a reply validator may raise for a malformed reply.
+REPLY_ERRORS = (PayloadError, ValueError, KeyError, TypeError)
+
+
+def round_rng(seed: int, server_round: int, node: int, purpose: int = 0) -> np.random.Generator:
+    """Generator for one (run seed, round, node, purpose): never the global RNG or the clock."""
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(server_round), int(node), purpose])
+
+
+def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float = 3600.0) -> list[int]:
+    """Connected node ids, after waiting (up to ``timeout`` s) for ``min_nodes`` of them."""
+    start = time.monotonic()
+    while len(nodes := sorted(int(n) for n in grid.get_node_ids())) < min_nodes:
+        if time.monotonic() - start > timeout:
+            raise RuntimeError(f"only {len(nodes)} nodes connected after {timeout:.0f} s; "
+                               f"min-available-nodes is {min_nodes}")
+        log(INFO, "waiting for nodes to connect: %d connected (minimum %d)", len(nodes),
+            min_nodes)
+        time.sleep(1.0)
+    return nodes
+
+
+def sample_node_ids(
+    grid: Grid, fraction: float, min_nodes: int, rng: np.random.Generator
+) -> list[int]:
+    """Seeded sample of ``ceil(fraction * connected)`` nodes (at least ``min_nodes``).
+
+    Waits for ``min_nodes`` connected nodes first, as Flower's strategies do.
+    """
+    nodes = wait_for_nodes(grid, min_nodes)
+    if not nodes:
+        return []
+    k = min(len(nodes), max(min_nodes, int(np.ceil(fraction * len(nodes))), 1))
+    if k == len(nodes):
+        return nodes
+    return sorted(int(n) for n in rng.choice(nodes, size=k, replace=False))
+
+
+def make_optimizer(
+    name: str, params, lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """SGD with momentum and weight decay, or Adam."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"optimizer must be sgd or adam, got {name!r}")
+
+
+def log_rejected(node_id: int, reason: str) -> None:
+    """Log a rejected reply with its reason."""
+    log(WARNING, "rejected reply from node %d: %s", node_id, reason)
+
+
+def screen_replies(
+    replies: Iterable[Message], validate: Callable[[Message], Any]
+) -> tuple[list[tuple[int, Any]], int, int]:
+    """Validate every reply: ``([(node, validate(msg)), ...], rejected, failed)``.
+
+    Replies carrying an error count as failed; a reply ``validate`` raises on is rejected,
+    with its reason logged.
+    """
+    valid, rejected, failed = [], 0, 0
+    for msg in replies:
+        node = msg.metadata.src_node_id
+        if msg.has_error():
+            failed += 1
+            continue
+        try:
+            valid.append((node, validate(msg)))
+        except REPLY_ERRORS as exc:
+            rejected += 1
+            log_rejected(node, str(exc))
+    return valid, rejected, failed
+
+
+def log_round(name: str, server_round: int, text: str) -> None:
+    """One progress line per round."""
+    log(INFO, "[%s] round %d: %s", name, server_round, text)
+
+
+class ClientFailureError(RuntimeError):
+    """Every sampled client failed for several consecutive rounds."""
+
+
+class FailureWatch:
+    """Stop a run whose every sampled client fails ``limit`` rounds in a row.
+
+    ``limit`` 0 never stops. The error quotes the first client error seen in that streak,
+    which is usually the cause (an unknown model, a missing data file, a bad shape).
+    """
+
+    def __init__(self, limit: int, name: str) -> None:
+        self.limit = int(limit)
+        self.name = name
+        self.streak = 0
+        self.first_error = ""
+
+    def observe(self, replies: list[Message]) -> None:
+        """Record one round's replies; raise :class:`ClientFailureError` at the limit."""
+        if not replies or not all(m.has_error() for m in replies):
+            self.streak, self.first_error = 0, ""
+            return
+        self.streak += 1
+        if not self.first_error:
+            self.first_error = str(replies[0].error.reason)
+        if self.limit and self.streak >= self.limit:
+            raise ClientFailureError(
+                f"[{self.name}] every sampled client failed for {self.streak} consecutive "
+                f"rounds; first client error: {self.first_error}")
+
+
+class FederatedEvaluation:
+    """Flower-style federated evaluation, mixed into the package's strategies.
+
+    With ``fraction_evaluate > 0`` the sampled nodes get the global model as a state-dict
+    ``ArrayRecord`` under ``arrays`` and a config under ``config`` (the layout of Flower's
+    ``FedAvg``, so a ClientApp's usual ``@app.evaluate()`` handler works), and their
+    ``MetricRecord`` replies are averaged weighted by ``num-examples``.
+    """
+
+    fraction_evaluate: float = 0.0
+    min_evaluate_nodes: int = 1
+    seed: int = 0
+
+    def configure_evaluate(  # noqa: D102
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        if self.fraction_evaluate <= 0:
+            return []
+        nodes = sample_node_ids(grid, self.fraction_evaluate, self.min_evaluate_nodes,
+                                round_rng(self.seed, server_round, 0, purpose=5))
+        cfg = ConfigRecord(dict(config.items()))
+        cfg["server-round"] = server_round
+        return [Message(content=RecordDict({"arrays": arrays, "config": cfg}),
+                        message_type=MessageType.EVALUATE, dst_node_id=n) for n in nodes]
+
+    def aggregate_evaluate(  # noqa: D102
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        totals: dict[str, float] = {}
+        weight = 0.0
+        for msg in replies:
+            if msg.has_error():
+                continue
+            records = list(msg.content.metric_records.values())
+            if len(records) != 1:
+                log_rejected(msg.metadata.src_node_id, "evaluate reply needs one MetricRecord")
+                continue
+            rec = records[0]
+            n = rec.get("num-examples")
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 < n < 2**31:
+                log_rejected(msg.metadata.src_node_id, f"evaluate num-examples={n!r}")
+                continue
+            values = {k: float(v) for k, v in rec.items()
+                      if k != "num-examples" and isinstance(v, (int, float))
+                      and not isinstance(v, bool) and np.isfinite(v)}
+            for key, value in values.items():
+                totals[key] = totals.get(key, 0.0) + float(n) * value
+            weight += float(n)
+        if not weight:
+            return None
+        return MetricRecord({k: v / weight for k, v in totals.items()})

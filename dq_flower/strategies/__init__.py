@@ -1,5 +1,0 @@
-"""Server strategies: DQ (the method) and compressed-gradient baselines."""
-
-from .dq import DQStrategy
-
-__all__ = ["DQStrategy"]
