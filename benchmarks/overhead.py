@@ -46,7 +46,7 @@ def main() -> None:
     for _ in range(args.repeats):  # alternate so that neither method runs on a colder machine
         for method in ("fedavg", "dq"):
             knobs = {"budget": 64, "bits": 2, "server_steps": 20} if method == "dq" else {}
-            result = dq_flower.harness.simulate(method=method, **common, **knobs)
+            result = dq_flower.simulate(method=method, **common, **knobs)
             rounds = _round_times(result.history)
             times[method] += rounds
             print(f"{method}: round times (s) {[round(t, 3) for t in rounds]}", flush=True)

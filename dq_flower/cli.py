@@ -225,7 +225,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """``dq-flower compare``."""
     if args.list_presets:
         return _list_presets()
-    from dq_flower.compare import core as compare
+    from dq_flower import compare
     from dq_flower.compare.presets import load_preset
 
     try:
@@ -274,17 +274,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for name in ("results.json", "results.csv", "summary.md", "accuracy_vs_uplink.png",
                  "accuracy_vs_rounds.png"):
         print(f"  {out / name}")
-    failed = [r["label"] for r in results["runs"] if r["status"] != "ok"]
-    if failed:
-        print(f"{PROG}: error: {len(failed)} method(s) failed: {', '.join(failed)} (see "
-              f"summary.md and results.json)", file=sys.stderr)
+    failed = compare.failed_runs(results)
+    for rec in failed:
+        print(f"{PROG}: {rec['label']} failed: {compare.error_line(rec)}", file=sys.stderr)
+    if failed and len(failed) == len(results["runs"]):
+        print(f"{PROG}: error: every method failed (see summary.md and results.json)",
+              file=sys.stderr)
         return EXIT_FAILED_RUNS
+    if failed:
+        print(f"{PROG}: {len(failed)} of {len(results['runs'])} methods failed (see "
+              f"summary.md); the other methods' results are in {out}/", file=sys.stderr)
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``dq-flower report``."""
-    from dq_flower.compare import core as compare
+    from dq_flower import compare
 
     try:
         results = compare.load_results(args.folder)

@@ -2,7 +2,7 @@
 
 import dq_flower
 
-result = dq_flower.harness.simulate(
+result = dq_flower.simulate(
     method="dq", dataset="digits", model="mlp", num_clients=4, rounds=5, seed=0,
     budget=64, bits=2, server_steps=40,
 )

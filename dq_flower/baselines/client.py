@@ -300,7 +300,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     config = dict(msg.content.config_records["config"].items())
     cfg = from_mapping(GradientConfig, config)
     server_round = int(config["server-round"])
-    seed = int(config.get("round-seed", 0))
+    seed = int(config.get("run-seed", 0))
     pid = node_key(context)
     x, y = as_arrays(data)
     if x.shape[0] == 0:

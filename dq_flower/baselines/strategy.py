@@ -191,7 +191,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                 base[key] = value
         base.setdefault("method", self.method)
         base["server-round"] = server_round
-        base["round-seed"] = int(round_rng(self.seed, server_round, 0, 2).integers(2**31))
+        base["run-seed"] = self.seed  # clients draw batches from (run seed, round, node)
         w = get_flat(self.model)
         if self.cfg.downlink_mode == "sign":
             base["model-version"] = self.version
@@ -227,7 +227,6 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         quorum = min(self.min_available_nodes, self.asked.pop(server_round,
                                                               self.min_available_nodes))
         vectors, weights, losses = [], [], []
-        seen: set[int] = set()
         rejected = failed = 0
         up_bits = 0
         for msg in replies:
@@ -237,9 +236,6 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                 self.node_version.pop(node, None)
                 continue
             try:
-                if node in seen:
-                    raise PayloadError("a second reply from this node in the same round")
-                seen.add(node)
                 vec, weight, loss, nbits = self.validate_reply(msg)
             except (PayloadError, ValueError, KeyError, TypeError) as exc:
                 rejected += 1
@@ -280,7 +276,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
 
     def _load_arrays(self, arrays: ArrayRecord | None) -> None:
         """Load arrays that did not come from this strategy (``initial_arrays``)."""
-        if arrays is None or arrays is self._returned:
+        if arrays is None or len(arrays) == 0 or arrays is self._returned:
             return
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         self._returned = arrays

@@ -1,1 +1,79 @@
-"""`dq-flower compare`: plan, run, summarise and plot a comparison of methods."""
+"""`dq-flower compare`: plan, run, summarise and plot a comparison of methods.
+
+Run a list of methods on one scenario and report bytes vs accuracy. Every method runs with
+the same data set, model, partition, clients, rounds and seed, in Flower's simulation
+engine (:func:`dq_flower.harness.simulate`, one Ray simulation per method) or in-process
+(:class:`dq_flower.harness.inprocess.InProcessGrid`, fast, for tests and quick looks). The
+output folder receives
+
+* ``results.json``: the scenario, every run's config and per-round history, its summary
+  (a failed run: ``"failed": true`` and its error);
+* ``results.csv``: one row per method and round (accuracy, loss, up and down bytes of the
+  round and cumulated, wall time, and the method's own metrics);
+* ``summary.md``: per method D, d, uplink bits per sample or per coordinate, final accuracy,
+  rounds and uplink bytes to the target accuracy, and the ratio of those bytes to DQ's;
+* ``accuracy_vs_uplink.png`` (cumulative uplink bytes, log axis) and
+  ``accuracy_vs_rounds.png``.
+
+``summary.md`` and the plots are functions of ``results.json`` alone
+(:func:`write_reports`), so ``dq-flower report DIR`` redraws them without rerunning.
+
+Modules
+-------
+:mod:`~dq_flower.compare.presets`
+    Presets (``simulations/*.toml``) and their method entries.
+:mod:`~dq_flower.compare.plan`
+    :func:`parse_set`, :func:`plan_runs` (knob layering and validation), :func:`check_data`.
+:mod:`~dq_flower.compare.run`
+    :func:`run_comparison` (``--resume`` included), :class:`ConsoleProgress`.
+:mod:`~dq_flower.compare.summary`
+    :func:`run_summaries`, :func:`summary_markdown` (table and verdict), failed runs.
+:mod:`~dq_flower.compare.reports`
+    :func:`write_reports`, :func:`write_csv`, :func:`load_results`.
+:mod:`~dq_flower.compare.plots`
+    :func:`write_plots`.
+"""
+
+from dq_flower.compare.plan import SCENARIO_KEYS, PlannedRun, check_data, parse_set, plan_runs
+from dq_flower.compare.plots import write_plots
+from dq_flower.compare.reports import (
+    CSV_COLUMNS,
+    RESULTS_FORMAT,
+    load_results,
+    write_csv,
+    write_reports,
+)
+from dq_flower.compare.run import ENGINES, ConsoleProgress, run_comparison
+from dq_flower.compare.summary import (
+    REFERENCE,
+    error_line,
+    failed_runs,
+    fmt_bytes,
+    is_failed,
+    run_summaries,
+    summary_markdown,
+)
+
+__all__ = [
+    "ENGINES",
+    "SCENARIO_KEYS",
+    "RESULTS_FORMAT",
+    "REFERENCE",
+    "PlannedRun",
+    "ConsoleProgress",
+    "plan_runs",
+    "check_data",
+    "run_comparison",
+    "run_summaries",
+    "write_reports",
+    "write_csv",
+    "write_plots",
+    "summary_markdown",
+    "CSV_COLUMNS",
+    "load_results",
+    "parse_set",
+    "fmt_bytes",
+    "is_failed",
+    "failed_runs",
+    "error_line",
+]

@@ -377,7 +377,7 @@ class DQStrategy(FederatedEvaluation, Strategy):
 
     def _load_arrays(self, arrays: ArrayRecord) -> None:
         """Load arrays that did not come from this strategy (``initial_arrays``)."""
-        if arrays is None or arrays is self._returned:
+        if arrays is None or len(arrays) == 0 or arrays is self._returned:
             return
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         self._returned = arrays

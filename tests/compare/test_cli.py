@@ -169,6 +169,43 @@ def test_out_must_be_a_folder(capsys, tmp_path):
     assert "--out" in err
 
 
+def _fail_methods(monkeypatch, labels):
+    from dq_flower.compare import run as compare_run
+
+    real = compare_run._run_one
+
+    def run_one(plan, *args, **kwargs):
+        if plan.spec.label in labels:
+            raise RuntimeError(f"{plan.spec.label} crashed")
+        return real(plan, *args, **kwargs)
+
+    monkeypatch.setattr(compare_run, "_run_one", run_one)
+
+
+def test_some_methods_failing_still_exits_zero(capsys, monkeypatch, tmp_path):
+    _fail_methods(monkeypatch, {"signsgd"})
+    code = main(["compare", "--methods", "signsgd,sgd", *FAST, "--rounds", "1", "--out",
+                 str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "signsgd failed: RuntimeError: signsgd crashed" in err
+    assert "1 of 2 methods failed" in err and "sgd failed" not in err.replace("signsgd", "")
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert [(r["label"], r["failed"]) for r in runs] == [("signsgd", True), ("sgd", False)]
+
+
+def test_every_method_failing_exits_non_zero(capsys, monkeypatch, tmp_path):
+    _fail_methods(monkeypatch, {"signsgd", "sgd"})
+    code = main(["compare", "--methods", "signsgd,sgd", *FAST, "--rounds", "1", "--out",
+                 str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "signsgd failed: RuntimeError: signsgd crashed" in err
+    assert "sgd failed: RuntimeError: sgd crashed" in err
+    assert "every method failed" in err
+    assert (tmp_path / "summary.md").is_file()
+
+
 @pytest.mark.slow
 def test_compare_in_flowers_simulation_engine(tmp_path):
     code = main(["compare", "--methods", "dq,signsgd", "--num-clients", "2", "--rounds", "2",

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dq_flower.compare import core as compare
-from dq_flower.compare.core import (
+from dq_flower import compare
+from dq_flower.compare import (
     ConsoleProgress,
     parse_set,
     plan_runs,
@@ -16,6 +16,7 @@ from dq_flower.compare.core import (
     run_summaries,
     summary_markdown,
 )
+from dq_flower.compare import run as compare_run
 from dq_flower.compare.presets import (
     BUILTIN_PRESETS,
     PRESET_DIR,
@@ -131,7 +132,7 @@ def _run(label, accs, up_per_round, family="gradient", codec="qsgd", status="ok"
 
 
 def _results(runs, target=0.8):
-    preset = compare._preset_json(Preset(name="syn", target_accuracy=target))
+    preset = compare_run._preset_json(Preset(name="syn", target_accuracy=target))
     return {"format": compare.RESULTS_FORMAT, "preset": preset, "engine": "inprocess",
             "target_accuracy": target, "runs": runs}
 
@@ -201,14 +202,14 @@ def test_progress_lines_without_a_terminal():
 
 # ---------------------------------------------------------------------------- harness
 def test_a_failing_method_is_recorded_and_the_others_run(tmp_path, monkeypatch):
-    real = compare._run_one
+    real = compare_run._run_one
 
     def flaky(plan, *args, **kwargs):
         if plan.spec.label == "signsgd":
             raise RuntimeError("simulated crash")
         return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(compare, "_run_one", flaky)
+    monkeypatch.setattr(compare_run, "_run_one", flaky)
     preset = Preset(name="t", methods=("signsgd", "sgd"), rounds=1, num_clients=2,
                     target_accuracy=0.5)
     results = run_comparison(preset, tmp_path, engine="inprocess")
@@ -217,29 +218,31 @@ def test_a_failing_method_is_recorded_and_the_others_run(tmp_path, monkeypatch):
     text = (tmp_path / "summary.md").read_text()
     assert "signsgd: RuntimeError: simulated crash" in text
     saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["runs"][0]["failed"] is True and saved["runs"][1]["failed"] is False
     assert saved["runs"][0]["error"] == "RuntimeError: simulated crash"
+    assert saved["summaries"][0]["error"] == "RuntimeError: simulated crash"
 
 
 def test_resume_reuses_identical_runs_only(tmp_path, monkeypatch):
     preset = Preset(name="t", methods=("sgd", "fp16"), rounds=1, num_clients=2)
     first = run_comparison(preset, tmp_path, engine="inprocess")
     calls = []
-    real = compare._run_one
+    real = compare_run._run_one
 
     def counting(plan, *args, **kwargs):
         calls.append(plan.spec.label)
         return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(compare, "_run_one", counting)
+    monkeypatch.setattr(compare_run, "_run_one", counting)
     # an interrupted resume keeps the reused runs in results.json
-    monkeypatch.setattr(compare, "_run_one", lambda *a, **k: (_ for _ in ()).throw(
+    monkeypatch.setattr(compare_run, "_run_one", lambda *a, **k: (_ for _ in ()).throw(
         KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         run_comparison(preset, tmp_path, engine="inprocess", resume=True,
                        sets=parse_set(["fp16.lr=0.05"]))
     kept = json.loads((tmp_path / "results.json").read_text())
     assert [r["label"] for r in kept["runs"]] == ["sgd"]
-    monkeypatch.setattr(compare, "_run_one", counting)
+    monkeypatch.setattr(compare_run, "_run_one", counting)
     again = run_comparison(preset, tmp_path, engine="inprocess", resume=True,
                            sets=parse_set(["fp16.lr=0.05"]))
     assert calls == ["fp16"]  # sgd unchanged: reused; fp16's config changed: rerun
@@ -247,3 +250,110 @@ def test_resume_reuses_identical_runs_only(tmp_path, monkeypatch):
     assert [r["label"] for r in saved["runs"]] == ["sgd", "fp16"]
     assert again["runs"][0]["reused"] and again["runs"][0]["history"] == first["runs"][0]["history"]
     assert (tmp_path / "summary.md").is_file()
+
+
+# ---------------------------------------------------------------------------- failures
+def test_every_client_failing_is_a_failed_method_and_the_others_still_run(tmp_path,
+                                                                          monkeypatch):
+    # Prepare: the first method's in-process grid answers every message with an error, so
+    # run_server's FailureWatch raises ClientFailureError (max-failed-rounds=1)
+    from dq_flower.harness import inprocess
+
+    real_grid, grids = inprocess.InProcessGrid, []
+
+    def grid(client_app, num_nodes, **kwargs):
+        grids.append(num_nodes)
+        failing = (lambda rnd, node: True) if len(grids) == 1 else None
+        return real_grid(client_app, num_nodes, failing=failing)
+
+    monkeypatch.setattr(inprocess, "InProcessGrid", grid)
+    preset = Preset(name="t", methods=("qsgd", "sgd"), rounds=1, num_clients=2,
+                    target_accuracy=0.5)
+    progress = io.StringIO()
+    # Execute
+    results = run_comparison(preset, tmp_path, engine="inprocess",
+                             sets=parse_set(["max-failed-rounds=1"]),
+                             progress=ConsoleProgress(progress, rounds=False))
+    # Assert
+    failed, ok = results["runs"]
+    assert len(grids) == 2
+    assert failed["failed"] and failed["status"] == "failed" and failed["history"] == []
+    assert failed["error"].startswith("ClientFailureError: [qsgd] every sampled client failed")
+    assert "simulated failure" in failed["error"] and "ClientFailureError" in failed["traceback"]
+    assert not ok["failed"] and ok["status"] == "ok" and len(ok["history"]) == 2
+    assert "[1/2] qsgd: FAILED after" in progress.getvalue()
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Failed runs" in text and "- qsgd: ClientFailureError: [qsgd]" in text
+    assert "| qsgd | - | - | - | - | failed |" in text
+    with (tmp_path / "results.csv").open() as fh:
+        assert {row.split(",")[0] for row in fh.read().splitlines()[1:]} == {"sgd"}
+    for name in ("accuracy_vs_uplink.png", "accuracy_vs_rounds.png"):
+        assert (tmp_path / name).is_file()
+    saved = compare.load_results(tmp_path)
+    assert [r["failed"] for r in saved["runs"]] == [True, False]
+
+
+def test_resume_reruns_a_failed_method(tmp_path, monkeypatch):
+    # Prepare: fp16 fails the first time
+    real = compare_run._run_one
+    calls = []
+
+    def fp16_fails(plan, *args, **kwargs):
+        if plan.spec.label == "fp16":
+            raise RuntimeError("out of memory")
+        return real(plan, *args, **kwargs)
+
+    def counting(plan, *args, **kwargs):
+        calls.append(plan.spec.label)
+        return real(plan, *args, **kwargs)
+
+    preset = Preset(name="t", methods=("sgd", "fp16"), rounds=1, num_clients=2)
+    monkeypatch.setattr(compare_run, "_run_one", fp16_fails)
+    first = run_comparison(preset, tmp_path, engine="inprocess")
+    assert [r["failed"] for r in first["runs"]] == [False, True]
+    # Execute
+    monkeypatch.setattr(compare_run, "_run_one", counting)
+    again = run_comparison(preset, tmp_path, engine="inprocess", resume=True)
+    # Assert: sgd is reused, the failed fp16 runs again (same run config)
+    assert calls == ["fp16"]
+    assert again["runs"][0]["reused"] and not again["runs"][0]["failed"]
+    assert again["runs"][1]["status"] == "ok" and again["runs"][1]["error"] == ""
+    assert "## Failed runs" not in (tmp_path / "summary.md").read_text()
+
+
+def test_reports_of_failed_records_do_not_crash(tmp_path):
+    # a minimal failed record (no status, history or sizes), a multi-line error
+    bare = {"label": "topk", "method": "topk", "family": "gradient", "config": {},
+            "failed": True, "error": "ClientFailureError: first client error:\n  Traceback"}
+    res = _results([_run("dq", [0.1, 0.5, 0.85], 100, family="dq"),
+                    _run("qsgd", [], 0, status="failed"), bare])
+    paths = compare.write_reports(res, tmp_path)
+    text = paths["summary"].read_text()
+    assert "- qsgd: RuntimeError: boom" in text
+    assert "- topk: ClientFailureError: first client error: Traceback" in text
+    assert "Every method failed" not in text
+    assert [s["status"] for s in run_summaries(res)] == ["ok", "failed", "failed"]
+    rows = paths["csv"].read_text().splitlines()[1:]
+    assert len(rows) == 3 and all(r.startswith("dq,") for r in rows)
+    # dq-flower report redraws from the written file
+    again = compare.write_reports(compare.load_results(tmp_path), tmp_path)
+    assert again["summary"].read_text() == text
+
+
+def test_summary_when_every_method_failed():
+    res = _results([_run("dq", [], 0, family="dq", status="failed"),
+                    _run("qsgd", [], 0, status="failed")])
+    text = summary_markdown(res)
+    assert "dq did not run successfully" in text
+    assert "- dq: RuntimeError: boom" in text and "- qsgd: RuntimeError: boom" in text
+    assert "Every method failed" in text
+    assert [r["label"] for r in compare.failed_runs(res)] == ["dq", "qsgd"]
+
+
+def test_error_line_is_one_bounded_line():
+    long = {"error": "ValueError: " + "x " * 400 + "\nTraceback"}
+    line = compare.error_line(long)
+    assert "\n" not in line and len(line) == 300 and line.endswith("...")
+    assert compare.error_line({"error": ""}) == "unknown error"
+    assert compare.is_failed({"status": "failed"}) and compare.is_failed({"failed": True})
+    assert not compare.is_failed({"status": "ok", "failed": False})

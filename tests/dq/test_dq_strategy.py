@@ -9,27 +9,37 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
-from dq_flower.harness.runtime import TaskInfo, build_model, task_info, weighted_loss_grad
+from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.runtime import TaskInfo, build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_partition
 from dq_flower.harness.tasks.models import make_model
+from dq_flower.model_ops import weighted_loss_grad
 from dq_flower.protocol.dq_batch import encode_batch
+from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_record
 
 from .helpers import run_inprocess
 
+TASK = TaskConfig(num_partitions=2, seed=3)
+
 
 def _strategy(**knobs):
-    task = TaskConfig(num_partitions=2, seed=3)
-    cfg = DQConfig(**knobs)
-    info = task_info(task)
-    return DQStrategy(task, cfg, build_model(task, info), info), task, info
+    info = task_info(TASK)
+    return DQStrategy(build_model(TASK, info), seed=TASK.seed, **knobs), TASK, info
 
 
-def _mock_reply(node, x, y, ids, num_classes, bits=2, weights=None, metrics=None):
+def _train_config():
+    """What the harness sends with every round: the method and the task's client keys."""
+    return client_task_config(TASK, "dq")
+
+
+def _mock_reply(node, x, y, ids, num_classes, bits=2, weights=None, metrics=None,
+                shape=(1, 8, 8)):
     q = make("uniform", bits=bits, stochastic=True)
     payload = q.encode(x, np.random.default_rng(0))
     w = np.full(len(y), 10.0, dtype=np.float32) if weights is None else weights
     content, _ = encode_batch(payload, y, ids, w, num_classes, 1000)
+    content[SPEC_KEY] = spec_record(DataSpec(shape))
     content["metrics"] = MetricRecord(metrics or {"num-examples": 100, "candidates": 100,
                                                   "selected": len(y)})
     request = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
@@ -42,15 +52,17 @@ def _mock_reply(node, x, y, ids, num_classes, bits=2, weights=None, metrics=None
 def test_configure_train_sends_config_and_model_only_when_needed():
     strategy, _, _ = _strategy()
     grid = InProcessGrid(client_app, 2)
-    msgs = list(strategy.configure_train(1, None, ConfigRecord(), grid))
+    msgs = list(strategy.configure_train(1, None, _train_config(), grid))
     assert [m.metadata.dst_node_id for m in msgs] == [NODE_ID_BASE, NODE_ID_BASE + 1]
     cfg = msgs[0].content["config"]
     assert cfg["method"] == "dq" and cfg["num-partitions"] == 2 and cfg["server-round"] == 1
     assert "budget" not in cfg  # defaults are not sent
+    assert "lr" not in cfg and "server-steps" not in cfg  # server-only knobs never travel
     assert "model" not in msgs[0].content.array_records
 
-    strategy, _, _ = _strategy(compensation="identity")
-    msgs = list(strategy.configure_train(1, None, ConfigRecord(), grid))
+    strategy, _, _ = _strategy(compensation="identity", lr=0.2)
+    msgs = list(strategy.configure_train(1, None, _train_config(), grid))
+    assert "lr" not in msgs[0].content["config"]
     assert "model" in msgs[0].content.array_records
 
 
@@ -82,7 +94,7 @@ def test_aggregate_train_stores_valid_replies_and_rejects_bad_ones():
 def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():
     strategy, task, info = _strategy(compensation="identity", bits=1, budget=16)
     grid = InProcessGrid(client_app, 2)
-    msgs = list(strategy.configure_train(1, None, ConfigRecord(), grid))
+    msgs = list(strategy.configure_train(1, None, _train_config(), grid))
     replies = grid.send_and_receive(msgs)
     fresh = [strategy._validate(r, r.metadata.src_node_id) for r in replies]
 
@@ -118,13 +130,15 @@ def test_store_memory_is_close_to_packed_payload_bytes():
     # Fashion-MNIST-shaped rows (d = 784), 2 bits, 5 uploads of 100 samples.
     info = TaskInfo(10, (1, 28, 28), 784)
     model = make_model("logreg", info.input_shape, 10)
-    strategy = DQStrategy(TaskConfig(), DQConfig(bits=2, budget=100), model, info)
+    strategy = DQStrategy(model, config=DQConfig(bits=2, budget=100),
+                          data_spec=DataSpec((1, 28, 28)))
     rng = np.random.default_rng(0)
     payload_bytes = 0
     for k in range(5):
         x = (rng.random((100, 784)) * (rng.random((100, 784)) > 0.5)).astype(np.float32)
         reply = _mock_reply(NODE_ID_BASE + k, x, rng.integers(0, 10, 100), np.arange(100), 10,
-                            weights=rng.uniform(1, 2, 100).astype(np.float32))
+                            weights=rng.uniform(1, 2, 100).astype(np.float32),
+                            shape=(1, 28, 28))
         batch = strategy._validate(reply, NODE_ID_BASE + k).batch
         strategy.store.add(strategy._rows(batch, NODE_ID_BASE + k))
         payload_bytes += batch.payload_bits / 8
@@ -135,7 +149,7 @@ def test_store_memory_is_close_to_packed_payload_bytes():
 def test_result_does_not_depend_on_the_order_replies_arrive_in():
     grid = InProcessGrid(client_app, 3)
     strategy, _, _ = _strategy(server_steps=5)
-    replies = grid.send_and_receive(strategy.configure_train(1, None, ConfigRecord(), grid))
+    replies = grid.send_and_receive(strategy.configure_train(1, None, _train_config(), grid))
     models = []
     for order in ([0, 1, 2], [2, 0, 1]):
         fresh_strategy, _, _ = _strategy(server_steps=5)

@@ -4,7 +4,7 @@ import dq_flower
 
 
 def test_dq_runs_in_flowers_simulation_engine():
-    result = dq_flower.harness.simulate(method="dq", dataset="digits", model="mlp", num_clients=2,
+    result = dq_flower.simulate(method="dq", dataset="digits", model="mlp", num_clients=2,
                                 rounds=2, seed=1, budget=32, server_steps=5)
     rows = result.history
     assert [r["round"] for r in rows] == [0, 1, 2]

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, Message, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,12 +33,11 @@ def _setup(method):
     info = task_info(task)
 
     def new_strategy():
-        built = get_method(method).build(task, run_config, build_model(task, info), info)
-        return built[0] if isinstance(built, tuple) else built
+        return get_method(method).build(task, run_config, build_model(task, info), info)[0]
 
-    strategy = new_strategy()
+    strategy, train_config = get_method(method).build(task, run_config,
+                                                      build_model(task, info), info)
     grid = InProcessGrid(client_app, 3)
-    train_config = ConfigRecord({"method": method})
     replies = grid.send_and_receive(strategy.configure_train(1, None, train_config, grid))
     assert not any(r.has_error() for r in replies)
     return new_strategy, [(r, r.content) for r in replies]

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import torch
-from flwr.app import Array, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, Message, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +18,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.methods_builtin import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 
@@ -28,9 +29,10 @@ _COUNT = {"corrupted": 0}
 
 def _good_replies():
     info = task_info(TASK)
-    strategy = DQStrategy(TASK, CFG, build_model(TASK, info), info)
+    strategy = DQStrategy(build_model(TASK, info), seed=TASK.seed, config=CFG)
     grid = InProcessGrid(client_app, 4)
-    replies = grid.send_and_receive(strategy.configure_train(1, None, ConfigRecord(), grid))
+    messages = strategy.configure_train(1, None, client_task_config(TASK, "dq"), grid)
+    replies = grid.send_and_receive(messages)
     assert not any(r.has_error() for r in replies)
     return [(r, r.content) for r in replies]
 
@@ -180,7 +182,7 @@ MUTATIONS = [truncate, wrong_dtype, huge_declared_size, nan_scale, nan_compensat
        st.integers(0, len(GOOD) - 1))
 def _fuzz_round(mutations, good_index):
     info = task_info(TASK)
-    strategy = DQStrategy(TASK, CFG, build_model(TASK, info), info)
+    strategy = DQStrategy(build_model(TASK, info), seed=TASK.seed, config=CFG)
     request, content = GOOD[good_index]
     replies = [Message(_copy(content), reply_to=request)]
     for index, seed in mutations:

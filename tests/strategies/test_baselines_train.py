@@ -97,7 +97,7 @@ def flower_env(tmp_path, monkeypatch):
 
 def test_qsgd_runs_in_flowers_simulation_engine(flower_env):
     # Execute
-    result = dq_flower.harness.simulate(method="qsgd", num_clients=2, rounds=2, seed=0)
+    result = dq_flower.simulate(method="qsgd", num_clients=2, rounds=2, seed=0)
     # Assert
     rows = result.history
     assert [r["round"] for r in rows] == [0, 1, 2]

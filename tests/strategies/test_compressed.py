@@ -16,17 +16,18 @@ from dq_flower.baselines.client import (
     local_update,
 )
 from dq_flower.baselines.config import GradientConfig
-from dq_flower.baselines.strategy import CompressedGradientStrategy, majority_vote
+from dq_flower.baselines.strategy import GradientStrategy, majority_vote
 from dq_flower.codecs import Payload, make
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
 from dq_flower.harness.methods import get_method, method_names
-from dq_flower.harness.runtime import build_model, task_info, weighted_loss_grad
+from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_partition
-from dq_flower.model_ops import get_flat, set_flat
+from dq_flower.model_ops import get_flat, set_flat, weighted_loss_grad
 
 BASELINES = ["sgd", "fp16", "qsgd", "terngrad", "signsgd", "ef-signsgd", "topk", "powersgd",
              "bingrad", "orq"]
@@ -38,7 +39,10 @@ def make_strategy(num_partitions=3, seed=0, task_kw=None, **knobs):
     info = task_info(task)
     model = build_model(task, info)
     cfg = GradientConfig(**knobs)
-    return CompressedGradientStrategy(task, cfg, model, info, method="test"), task, info
+    strategy = GradientStrategy(model, seed=task.seed, min_available_nodes=task.min_available,
+                                config=cfg, method="test")
+    strategy.test_config = client_task_config(task, "sgd")  # what the harness would send
+    return strategy, task, info
 
 
 def reply_content(payload: Payload, examples: int, loss: float = 1.0) -> RecordDict:
@@ -55,14 +59,12 @@ def exchange(strategy, contents, server_round=1, failing=None):
         return Message(contents[msg.metadata.dst_node_id], reply_to=msg)
 
     grid = InProcessGrid(fake_client, len(contents), failing=failing)
-    msgs = list(strategy.configure_train(server_round, ArrayRecord(), _config(), grid))
+    msgs = list(strategy.configure_train(server_round, ArrayRecord(), _config(strategy), grid))
     return grid.send_and_receive(msgs)
 
 
-def _config():
-    from flwr.app import ConfigRecord
-
-    return ConfigRecord({"method": "sgd"})
+def _config(strategy):
+    return strategy.test_config
 
 
 def node(i: int) -> int:
@@ -156,7 +158,7 @@ def test_run_config_keys_reach_the_config():
 # ---------------------------------------------------------------------------- aggregation
 def test_weighted_mean_of_mock_replies_gives_the_hand_computed_step():
     # Prepare
-    strategy, _, _ = make_strategy(codec="identity", lr=0.5, momentum=0.0)
+    strategy, task, info = make_strategy(codec="identity", lr=0.5, momentum=0.0)
     w0 = get_flat(strategy.model)
     rng = np.random.default_rng(1)
     grads = [rng.normal(size=w0.size).astype(np.float32) for _ in range(3)]
@@ -171,7 +173,7 @@ def test_weighted_mean_of_mock_replies_gives_the_hand_computed_step():
     np.testing.assert_allclose(get_flat(strategy.model), expected, rtol=0, atol=1e-6)
     assert metrics["replies"] == 3 and metrics["rejected"] == 0 and metrics["failed"] == 0
     assert metrics["up-payload-bits"] == 3 * 32 * w0.size
-    loaded = build_model(strategy.task, strategy.info)
+    loaded = build_model(task, info)
     loaded.load_state_dict(arrays.to_torch_state_dict())
     np.testing.assert_array_equal(get_flat(loaded), get_flat(strategy.model))
 
@@ -324,18 +326,18 @@ def test_identity_tau1_round_equals_one_large_batch_sgd_step():
     # Execute
     grid = InProcessGrid(client_app, 3)
     captured = {}
-    original = CompressedGradientStrategy.aggregate_train
+    original = GradientStrategy.aggregate_train
 
     def spy(self, server_round, replies):
         out = original(self, server_round, replies)
         captured["w"] = get_flat(self.model)
         return out
 
-    CompressedGradientStrategy.aggregate_train = spy
+    GradientStrategy.aggregate_train = spy
     try:
         run_server(grid, run_config)
     finally:
-        CompressedGradientStrategy.aggregate_train = original
+        GradientStrategy.aggregate_train = original
     # Assert
     np.testing.assert_allclose(captured["w"], w0 - np.float32(0.3) * g, rtol=0, atol=2e-6)
 
@@ -356,7 +358,7 @@ def test_local_steps_send_the_mean_trajectory_gradient():
                                    batch_size=16, client_lr=0.05, lr=0.15, momentum=0.0)
     grid = InProcessGrid(client_app, 1)
     # Execute
-    msgs = list(strategy.configure_train(1, ArrayRecord(), _config(), grid))
+    msgs = list(strategy.configure_train(1, ArrayRecord(), _config(strategy), grid))
     _, metrics = strategy.aggregate_train(1, grid.send_and_receive(msgs))
     # Assert
     assert metrics["replies"] == 1
@@ -420,7 +422,7 @@ def test_error_feedback_state_survives_rounds_and_keeps_its_invariant(codec, par
         w = get_flat(strategy.model)
         before = {n: _residual(grid.contexts[n], cfg, strategy.sizes) for n in grid.contexts}
         # Execute
-        msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(), grid))
+        msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(strategy), grid))
         replies = grid.send_and_receive(msgs)
         # Assert: x + e_old == decode(payload) + e_new, for every client
         for msg in replies:
@@ -517,7 +519,7 @@ def test_client_with_a_wrong_model_copy_fails_instead_of_training_on_it():
                                    downlink="sign", error_feedback="off", lr=0.01,
                                    momentum=0.0)
     for rnd in (1, 2):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(), grid))
+        msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(strategy), grid))
         strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
     ctx = grid.contexts[node(0)]
     state = load_state_dict(ctx, MODEL_STATE_KEY)
@@ -525,9 +527,9 @@ def test_client_with_a_wrong_model_copy_fails_instead_of_training_on_it():
 
     save_state_dict(ctx, MODEL_STATE_KEY, {"w": state["w"] + 1e-3, "version": state["version"]})
     # Execute
-    msgs = list(strategy.configure_train(3, ArrayRecord(), _config(), grid))
+    msgs = list(strategy.configure_train(3, ArrayRecord(), _config(strategy), grid))
     _, metrics = strategy.aggregate_train(3, grid.send_and_receive(msgs))
-    msgs = list(strategy.configure_train(4, ArrayRecord(), _config(), grid))
+    msgs = list(strategy.configure_train(4, ArrayRecord(), _config(strategy), grid))
     _, metrics4 = strategy.aggregate_train(4, grid.send_and_receive(msgs))
     # Assert: round 3 fails (CRC), round 4 re-sends the float32 model and works
     assert metrics["failed"] == 1 and metrics4["failed"] == 0
@@ -556,11 +558,11 @@ def test_a_client_too_many_votes_behind_gets_the_float32_model():
     strategy, _, _ = make_strategy(num_partitions=2, codec="sign", lr=0.01, momentum=0.0)
     grid = InProcessGrid(client_app, 2)
     for rnd in (1, 2):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(), grid))
+        msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(strategy), grid))
         strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
     strategy.node_version[node(0)] = strategy.version - 40  # pretend it missed 40 votes
     # Execute
-    msgs = list(strategy.configure_train(3, ArrayRecord(), _config(), grid))
+    msgs = list(strategy.configure_train(3, ArrayRecord(), _config(strategy), grid))
     # Assert
     by_node = {m.metadata.dst_node_id: m.content for m in msgs}
     assert "model" in by_node[node(0)].array_records
@@ -591,13 +593,11 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(method, tmp_path):
 # ---------------------------------------------------------------------------- replays
 def _strategy_for(run_config):
     """The strategy and train config ``run_server`` builds from ``run_config``."""
-    from dq_flower.harness.server_app import _build
-
     method = get_method(run_config["method"])
     run_config = {**method.defaults, **run_config}
     task, _ = validate_run_config(run_config)
     info = task_info(task)
-    return _build(method, task, run_config, build_model(task, info), info)
+    return method.build(task, run_config, build_model(task, info), info)
 
 
 @pytest.mark.parametrize("method", ["ef-signsgd", "signsgd", "powersgd"])

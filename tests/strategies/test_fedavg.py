@@ -13,11 +13,12 @@ from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.fedavg_client import PURPOSE_SHUFFLE, local_epochs
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
 from dq_flower.harness.methods import get_method
-from dq_flower.harness.runtime import build_model, round_rng, task_info
+from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.tasks.data import load_partition
 from dq_flower.model_ops import get_flat, num_params
+from dq_flower.server.common import round_rng
 
 
 def build(**knobs):

@@ -13,6 +13,7 @@ import pytest
 
 from dq_flower.harness.tasks.data import (
     Dataset,
+    _split,
     from_arrays,
     load_dataset,
     load_partition,
@@ -101,6 +102,29 @@ def test_digits_loads_real_data_scaled_and_split():
     np.testing.assert_array_equal(again.train_y, ds.train_y)
     other = load_dataset("digits", seed=1)
     assert not np.array_equal(other.train_y, ds.train_y)
+
+
+def test_digits_values_are_sklearn_digits_over_16():
+    """The named set keeps its definition: pixels 0..16 divided by 16, same rows as before."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    y = np.asarray(bunch.target, dtype=np.int64)
+    for seed, frac in ((0, 0.2), (3, 0.3)):
+        ds = load_dataset("digits", seed=seed, test_fraction=frac)
+        # the old transform, by hand: float32 / 16, then a stratified seeded split
+        x = np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)
+        tr, te = train_test_split(np.arange(len(y)), test_size=frac, random_state=seed,
+                                  stratify=y)
+        tr, te = np.sort(tr), np.sort(te)
+        np.testing.assert_array_equal(ds.train_x, x[tr])
+        np.testing.assert_array_equal(ds.test_x, x[te])
+        np.testing.assert_array_equal(ds.train_y, y[tr])
+        np.testing.assert_array_equal(ds.test_y, y[te])
+        assert ds.train_x.min() == 0.0 and ds.train_x.max() == 1.0
+        assert ds.test_x.min() >= 0.0 and ds.test_x.max() <= 1.0
+        assert not ds.is_regression
 
 
 def test_unknown_dataset_lists_known_names():
@@ -208,7 +232,10 @@ def test_npz_round_trip(tmp_path):
     ds = from_arrays(x, y, seed=4, name="toy")
     assert ds.input_shape == (2, 3, 3) and ds.dim == 18
     assert ds.num_train == 24 and ds.test_x.shape == (6, 18)
-    assert ds.train_x.max() <= 1.0 and ds.train_x.dtype == np.float32
+    # changed: user uint8 data is no longer divided by 255; values are kept as given
+    assert ds.train_x.dtype == np.float32
+    allx = np.sort(np.concatenate([ds.train_x, ds.test_x]).ravel())
+    np.testing.assert_array_equal(allx, np.sort(x.ravel()).astype(np.float32))
     path = save_npz(ds, tmp_path / "toy")
     assert path.suffix == ".npz"
     back = load_dataset(f"npz:{path}")
@@ -218,7 +245,7 @@ def test_npz_round_trip(tmp_path):
 
 
 def test_npz_without_test_split_is_split_by_seed(tmp_path):
-    x = np.linspace(0, 50, 100 * 4).reshape(100, 4)  # max > 1: scaled by the max
+    x = np.linspace(0, 50, 100 * 4).reshape(100, 4)  # max > 1: kept as given
     y = np.arange(100) % 4
     np.savez(tmp_path / "t.npz", x_train=x, y_train=y)
     a = load_dataset(f"npz:{tmp_path / 't.npz'}", seed=1, test_fraction=0.25)
@@ -228,18 +255,21 @@ def test_npz_without_test_split_is_split_by_seed(tmp_path):
     np.testing.assert_array_equal(a.train_x, b.train_x)
     assert not np.array_equal(a.train_x, c.train_x)
     assert a.input_shape == (4,)
-    assert a.train_x.max() <= 1.0 and max(a.train_x.max(), a.test_x.max()) == pytest.approx(1.0)
+    # changed: values are no longer divided by the training maximum (50)
     allx = np.sort(np.concatenate([a.train_x, a.test_x]).ravel())
-    np.testing.assert_allclose(allx, np.sort(x.ravel() / 50.0), atol=1e-6)
+    np.testing.assert_array_equal(allx, np.sort(x.ravel()).astype(np.float32))
 
 
-def test_from_arrays_scaling_and_label_checks():
+def test_from_arrays_keeps_values_and_label_checks():
     x = np.array([[-1.0, 1.0], [3.0, 0.0]])
     ds = from_arrays(x, [0, 1], x_test=np.array([[5.0, -2.0]]), y_test=[1])
-    np.testing.assert_allclose(ds.train_x, [[0.0, 0.5], [1.0, 0.25]])
-    np.testing.assert_allclose(ds.test_x, [[1.0, 0.0]])  # clipped to the train range
+    # changed: no min-max scaling to the training range and no clipping of the test split
+    np.testing.assert_array_equal(ds.train_x, [[-1.0, 1.0], [3.0, 0.0]])
+    np.testing.assert_array_equal(ds.test_x, [[5.0, -2.0]])
+    # changed: float y are regression targets by default; with num_classes they must
+    # be integer-valued class labels
     with pytest.raises(ValueError, match="labels"):
-        from_arrays(np.zeros((2, 2)), [0.5, 1])
+        from_arrays(np.zeros((2, 2)), [0.5, 1], num_classes=2)
     with pytest.raises(ValueError, match="num_classes"):
         from_arrays(np.zeros((4, 2)), [0, 1, 2, 3], num_classes=2)
     with pytest.raises(ValueError, match="sample count"):
@@ -247,6 +277,115 @@ def test_from_arrays_scaling_and_label_checks():
     with pytest.raises(ValueError, match="shape"):
         Dataset(np.zeros((2, 3), np.float32), np.zeros(2, np.int64),
                 np.zeros((1, 3), np.float32), np.zeros(1, np.int64), 2, (4,), "bad")
+
+
+def _standardized(n: int = 60, d: int = 5, seed: int = 0) -> np.ndarray:
+    """Standardized features with an outlier: values from about -3 to 12."""
+    x = np.random.default_rng(seed).standard_normal((n, d))
+    x = np.clip(x, -3.0, 3.0)
+    x[n // 2, 2] = 12.0
+    x[n - 1, 0] = -3.0
+    return x
+
+
+def test_user_arrays_are_not_rescaled(tmp_path):
+    x = _standardized()
+    xt = _standardized(10, seed=1)
+    assert x.min() == pytest.approx(-3.0) and x.max() == 12.0
+    y, yt = np.arange(60) % 3, np.arange(10) % 3
+    ds = from_arrays(x, y, x_test=xt, y_test=yt)
+    np.testing.assert_array_equal(ds.train_x, x.astype(np.float32))
+    np.testing.assert_array_equal(ds.test_x, xt.astype(np.float32))
+    # the held-out split keeps the values too
+    held = from_arrays(x, y, seed=2)
+    allx = np.concatenate([held.train_x, held.test_x])
+    np.testing.assert_array_equal(np.sort(allx, axis=0), np.sort(x.astype(np.float32), axis=0))
+    # and so does an npz file holding the user's float64 arrays
+    np.savez(tmp_path / "u.npz", x_train=x, y_train=y, x_test=xt, y_test=yt)
+    back = load_dataset(f"npz:{tmp_path / 'u.npz'}")
+    np.testing.assert_array_equal(back.train_x, x.astype(np.float32))
+    np.testing.assert_array_equal(back.test_x, xt.astype(np.float32))
+    assert back.num_classes == 3 and not back.is_regression
+
+
+def test_user_arrays_are_copied():
+    x = np.ones((4, 2), np.float32)
+    ds = from_arrays(x, [0, 1, 0, 1], x_test=x[:2].copy(), y_test=[0, 1])
+    x[:] = 5.0
+    assert ds.train_x.max() == 1.0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e300])
+@pytest.mark.parametrize("where", ["x", "x_test"])
+def test_from_arrays_rejects_non_finite_inputs(bad, where):
+    x, xt = np.zeros((6, 2)), np.zeros((2, 2))
+    (x if where == "x" else xt)[1, 1] = bad
+    with pytest.raises(ValueError, match=f"{where} contains NaN or infinite"):
+        from_arrays(x, np.arange(6) % 2, x_test=xt, y_test=[0, 1])
+
+
+@pytest.mark.parametrize("target_shape", [(), (2,)])
+def test_float_targets_round_trip(tmp_path, target_shape):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 3))
+    y = rng.standard_normal((40, *target_shape)) * 100.0
+    ds = from_arrays(x, y, seed=1)
+    assert ds.num_classes == 0 and ds.is_regression
+    assert ds.train_y.dtype == np.float32 and ds.test_y.dtype == np.float32
+    assert ds.train_y.shape == (32, *target_shape) and ds.test_y.shape == (8, *target_shape)
+    tr, te = _split(40, y, 0.2, 1)
+    np.testing.assert_array_equal(ds.train_y, y[tr].astype(np.float32))
+    np.testing.assert_array_equal(ds.test_y, y[te].astype(np.float32))
+    np.testing.assert_array_equal(ds.train_x, x[tr].astype(np.float32))
+    path = save_npz(ds, tmp_path / "reg")
+    back = load_dataset(f"npz:{path}")
+    assert back.num_classes == 0 and back.is_regression
+    for field in ("train_x", "train_y", "test_x", "test_y"):
+        a, b = getattr(back, field), getattr(ds, field)
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    # a plain npz with float targets and no num_classes key is a regression set too
+    np.savez(tmp_path / "plain.npz", x_train=x, y_train=y)
+    plain = load_dataset(f"npz:{tmp_path / 'plain.npz'}", seed=1)
+    assert plain.num_classes == 0
+    np.testing.assert_array_equal(plain.train_y, ds.train_y)
+
+
+def test_num_classes_decides_labels_or_targets():
+    x = np.zeros((6, 2))
+    as_labels = from_arrays(x, np.array([0.0, 1, 2, 0, 1, 2]), x_test=x[:3],
+                            y_test=np.array([0.0, 1, 2]), num_classes=3)
+    assert as_labels.train_y.dtype == np.int64 and as_labels.num_classes == 3
+    as_targets = from_arrays(x, [0, 1, 2, 0, 1, 2], x_test=x[:3], y_test=[0, 1, 2],
+                             num_classes=0)
+    assert as_targets.train_y.dtype == np.float32 and as_targets.is_regression
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        from_arrays(x, [0.5, np.nan, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match="target shape"):
+        from_arrays(x, np.zeros((6, 2)), x_test=x[:2], y_test=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"\(n,\) or \(n, k\)"):
+        from_arrays(x, np.zeros((6, 2, 2)))
+    with pytest.raises(ValueError, match="num_classes"):
+        from_arrays(x, [0, 1, 0, 1, 0, 1], num_classes=-1)
+
+
+def test_dataset_validates_targets_against_num_classes():
+    x = np.zeros((3, 2), np.float32)
+    f1, i1 = np.zeros(3, np.float32), np.zeros(3, np.int64)
+    reg = Dataset(x, np.zeros((3, 2), np.float32), x, np.zeros((3, 2), np.float32), 0,
+                  (2,), "reg")
+    assert reg.is_regression
+    assert not Dataset(x, i1, x, i1, 2, (2,), "cls").is_regression
+    with pytest.raises(ValueError, match="float regression targets"):
+        Dataset(x, i1, x, i1, 0, (2,), "bad")
+    with pytest.raises(ValueError, match="integer class labels"):
+        Dataset(x, f1, x, f1, 2, (2,), "bad")
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        Dataset(x, np.zeros((3, 1), np.int64), x, np.zeros((3, 1), np.int64), 2, (2,), "b")
+    with pytest.raises(ValueError, match="target shape"):
+        Dataset(x, np.zeros((3, 2), np.float32), x, f1, 0, (2,), "bad")
+    with pytest.raises(ValueError, match=">= 1"):
+        Dataset(x, i1, x, i1, -1, (2,), "bad")
 
 
 # --------------------------------------------------------------------------- partitions
@@ -351,3 +490,40 @@ def test_load_partition_returns_only_its_rows(tmp_path):
     _check_disjoint(seen, 80, complete=True)
     with pytest.raises(ValueError, match="partition_id"):
         load_partition(name, 4, 4)
+
+
+@pytest.mark.parametrize("target_shape", [(), (3,)])
+def test_iid_partitions_of_float_targets(target_shape):
+    y = np.random.default_rng(0).standard_normal((101, *target_shape))
+    parts = partition_indices(y, 4, "iid", seed=3)
+    _check_disjoint(parts, 101, complete=True)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    # IID shards depend on the sample count only: the same as for any labels
+    for a, b in zip(parts, partition_indices(np.arange(101) % 5, 4, "iid", seed=3),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("scheme", ["dirichlet", "pathological"])
+def test_label_schemes_refuse_float_targets(scheme):
+    y = np.linspace(0.0, 1.0, 50)
+    with pytest.raises(ValueError, match=f"'{scheme}'.*float.*iid"):
+        partition_indices(y, 2, scheme)
+
+
+def test_load_partition_of_a_regression_set(tmp_path):
+    rng = np.random.default_rng(0)
+    ds = from_arrays(rng.standard_normal((40, 2, 2)) * 5.0, rng.standard_normal((40, 2)),
+                     x_test=rng.standard_normal((6, 2, 2)), y_test=rng.standard_normal((6, 2)))
+    name = f"npz:{save_npz(ds, tmp_path / 'r.npz')}"
+    seen = []
+    for pid in range(3):
+        x, y, ids = load_partition(name, pid, 3, "iid", seed=1)
+        assert x.shape == (len(ids), 4) and y.shape == (len(ids), 2)
+        assert y.dtype == np.float32
+        np.testing.assert_array_equal(x, ds.train_x[ids])
+        np.testing.assert_array_equal(y, ds.train_y[ids])
+        seen.append(ids)
+    _check_disjoint(seen, 40, complete=True)
+    with pytest.raises(ValueError, match="dirichlet"):
+        load_partition(name, 0, 3, "dirichlet", alpha=0.5, seed=1)

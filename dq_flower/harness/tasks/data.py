@@ -159,7 +159,8 @@ def _as_inputs(x: Any, what: str, copy: bool = True) -> np.ndarray:
         raise ValueError(f"{what} must be numeric, got dtype {x.dtype}")
     if x.ndim < 1:
         raise ValueError(f"{what} must have a sample axis, got a scalar")
-    out = x.astype(np.float32, copy=copy)
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
+        out = x.astype(np.float32, copy=copy)
     if not np.all(np.isfinite(out)):
         raise ValueError(f"{what} contains NaN or infinite values (or values beyond the "
                          "float32 range)")
@@ -188,7 +189,8 @@ def _as_targets(y: Any, what: str) -> np.ndarray:
         raise ValueError(f"{what}: targets must be numeric, got dtype {y.dtype}")
     if y.ndim not in (1, 2):
         raise ValueError(f"{what}: targets must have shape (n,) or (n, k), got {y.shape}")
-    out = y.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
+        out = y.astype(np.float32)
     if not np.all(np.isfinite(out)):
         raise ValueError(f"{what}: targets contain NaN or infinite values (or values "
                          "beyond the float32 range)")
@@ -932,7 +934,7 @@ def _partition_cached(
 
 
 def partition_indices(
-    labels: np.ndarray | Sequence[int],
+    labels: np.ndarray | Sequence[int] | Sequence[float],
     num_partitions: int,
     scheme: str = "iid",
     alpha: float = 0.5,
@@ -944,8 +946,10 @@ def partition_indices(
 
     Parameters
     ----------
-    labels : array-like of int
-        Label of every sample; only labels are used, never the samples.
+    labels : array-like
+        Target of every sample; only targets are used, never the samples. Integer class
+        labels work with every scheme; float regression targets (``(n,)`` or ``(n, k)``)
+        only with ``iid``, which needs nothing but their count.
     num_partitions : int
         Number of partitions (clients).
     scheme : {"iid", "dirichlet", "pathological"}
@@ -971,16 +975,28 @@ def partition_indices(
     Raises
     ------
     ValueError
-        Bad arguments, or non-empty partitions cannot be built.
+        Bad arguments, float targets with a label-based scheme, or non-empty partitions
+        cannot be built.
     """
-    y = np.array(labels, dtype=np.int64).reshape(-1)  # a private copy for the cache key
-    n = int(y.shape[0])
+    arr = np.asarray(labels)
     scheme = scheme.lower()
     if scheme not in PARTITION_SCHEMES:
         raise ValueError(f"unknown partition scheme {scheme!r}; known: "
                          f"{', '.join(PARTITION_SCHEMES)}")
     if int(num_partitions) < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    if arr.dtype.kind == "f" and arr.size:
+        if scheme != "iid":
+            raise ValueError(f"the {scheme!r} partition scheme splits by class label, but "
+                             "the targets are float (a regression data set); use "
+                             "scheme='iid'")
+        if arr.ndim < 1:
+            raise ValueError(f"targets must have a sample axis, got shape {arr.shape}")
+        # IID shards depend on the sample count only
+        y = np.zeros(arr.shape[0], dtype=np.int64)
+    else:
+        y = np.array(arr, dtype=np.int64).reshape(-1)  # a private copy for the cache key
+    n = int(y.shape[0])
     if n < num_partitions:
         raise ValueError(f"cannot split {n} samples into {num_partitions} non-empty "
                          "partitions")
@@ -1011,15 +1027,16 @@ def load_partition(
     """Load one client's training rows.
 
     The data set is loaded once per process (`load_dataset_cached`, whose split uses
-    ``seed``), partitioned with `partition_indices` on the training labels, and only
-    this partition's rows are copied out.
+    ``seed``), partitioned with `partition_indices` on the training targets, and only
+    this partition's rows are copied out. Regression data sets (float targets) can only
+    be partitioned ``iid``.
 
     Returns
     -------
     x : np.ndarray
         float32 ``(m, d)`` rows (a copy).
     y : np.ndarray
-        int64 ``(m,)`` labels (a copy).
+        int64 ``(m,)`` labels, or float32 ``(m,)``/``(m, k)`` targets (a copy).
     global_ids : np.ndarray
         int64 ``(m,)`` row indices in the full training set.
     """

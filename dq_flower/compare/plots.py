@@ -1,0 +1,61 @@
+"""The comparison's plots: test accuracy against cumulative uplink bytes and against rounds.
+
+Functions of the content of ``results.json`` alone; failed runs (no history) are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dq_flower.compare.summary import REFERENCE, _pct, is_failed
+
+__all__ = ["write_plots"]
+
+
+def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
+    """Accuracy against cumulative uplink bytes (log axis) and against rounds (PNG, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in results["runs"] if not is_failed(r) and r.get("history")]
+    target = float(results["target_accuracy"])
+    p = results["preset"]
+    title = f"{p['name']}: {p['dataset']}, {p['model']}, {p['num_clients']} clients, " \
+            f"{p['partition']}"
+    cmap = plt.get_cmap("tab10")
+    styles = ["-", "--", "-.", ":"]
+    paths = {}
+    for name, xkey, xlabel, logx in (
+        ("accuracy_vs_uplink", "cum_up_bytes", "cumulative uplink bytes (all clients)", True),
+        ("accuracy_vs_rounds", "round", "server round", False),
+    ):
+        fig, ax = plt.subplots(figsize=(8.5, 5.0), dpi=110)
+        for i, rec in enumerate(runs):
+            rows = [r for r in rec["history"] if not logx or float(r[xkey]) > 0]
+            if not rows:
+                continue
+            is_ref = rec["label"] == REFERENCE
+            ax.plot([float(r[xkey]) for r in rows], [100 * float(r["accuracy"]) for r in rows],
+                    label=rec["label"], color="black" if is_ref else cmap(i % 10),
+                    linestyle="-" if is_ref else styles[i % len(styles)],
+                    linewidth=2.6 if is_ref else 1.4, zorder=3 if is_ref else 2)
+        ax.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":",
+                   label=f"target {_pct(target)}")
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths[name] = path
+    return paths
+

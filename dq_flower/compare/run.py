@@ -1,0 +1,318 @@
+"""Running a comparison: every planned method, one after another, with console progress.
+
+Every method runs with the same data set, model, partition, clients, rounds and seed, in
+Flower's simulation engine (:func:`dq_flower.harness.simulate`, one Ray simulation per
+method) or in-process (:class:`dq_flower.harness.inprocess.InProcessGrid`, fast, for tests
+and quick looks). A method whose run raises is recorded as failed (``"failed": true`` and
+its error) and the others still run. The output files are rewritten after every method
+(:func:`dq_flower.compare.reports.write_reports`); ``results.json`` also records the
+command, the environment and the git state of the source tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from dq_flower.compare.plan import PlannedRun, check_data, plan_runs
+from dq_flower.compare.presets import Preset
+from dq_flower.compare.reports import RESULTS_FORMAT, _jsonable, load_results, write_reports
+from dq_flower.compare.summary import error_line, fmt_bytes, is_failed, run_summaries
+
+__all__ = ["ENGINES", "ConsoleProgress", "run_comparison"]
+
+#: Execution engines: Flower's simulation engine (Ray) or the in-process grid.
+ENGINES = ("simulation", "inprocess")
+
+
+# ---------------------------------------------------------------------------- progress
+
+
+class ConsoleProgress:
+    """Prints one line per method start and end and one per round.
+
+    On a terminal the round line is rewritten in place; elsewhere (logs, pipes) every
+    round gets its own line. ``rounds=False`` prints only the per-method lines.
+    """
+
+    def __init__(self, stream: TextIO | None = None, rounds: bool = True) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self.rounds = rounds
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._open = False
+        self._prefix = ""
+        self._total_rounds = 0
+
+    def _print(self, text: str, end: str = "\n") -> None:
+        self.stream.write(text + end)
+        self.stream.flush()
+
+    def start(self, index: int, count: int, plan: PlannedRun) -> None:
+        """A method starts."""
+        self._prefix = f"[{index}/{count}] {plan.spec.label}"
+        self._total_rounds = int(plan.run_config["num-server-rounds"])
+        self._print(f"{self._prefix}: starting ({plan.spec.method}, "
+                    f"{self._total_rounds} rounds)")
+
+    def round(self, row: Mapping[str, Any]) -> None:
+        """A round finished (round 0 is the initial model's evaluation)."""
+        if not self.rounds or int(row["round"]) == 0:
+            return
+        line = (f"{self._prefix} round {int(row['round']):>3}/{self._total_rounds}  "
+                f"acc {100 * float(row['accuracy']):5.1f}%  "
+                f"up {fmt_bytes(row['cum_up_bytes']):>9}  "
+                f"down {fmt_bytes(row['cum_down_bytes']):>9}  {float(row['wall_s']):6.1f} s")
+        if self.tty:
+            self._print("\r\x1b[2K" + line, end="")
+            self._open = True
+        else:
+            self._print(line)
+
+    def end(self, record: Mapping[str, Any], target: float) -> None:
+        """A method ended (or failed)."""
+        if self._open:
+            self._print("")
+            self._open = False
+        if is_failed(record):
+            self._print(f"{self._prefix}: FAILED after {record['wall_s']:.1f} s: "
+                        f"{error_line(record)}")
+            return
+        stats = record["stats"]
+        reach = (f"reached {100 * target:.1f}% at round {stats['rounds_to_target']} with "
+                 f"{fmt_bytes(stats['up_bytes_to_target'])} uplink"
+                 if stats["rounds_to_target"] is not None
+                 else f"did not reach {100 * target:.1f}%")
+        how = ("reused from the earlier results.json" if record.get("reused")
+               else f"done in {record['wall_s']:.1f} s")
+        self._print(f"{self._prefix}: {how}, final accuracy "
+                    f"{100 * stats['final_accuracy']:.1f}%, {reach}")
+
+
+
+# ---------------------------------------------------------------------------- running
+
+
+class _FlowerNoise(logging.Filter):
+    """Drops Flower messages that say nothing about this comparison."""
+
+    NOISE = ("fraction_evaluate is set to 0.0", "The `run_simulation` function is deprecated")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in self.NOISE)
+
+
+@contextlib.contextmanager
+def _quiet_flower(verbose: bool) -> Iterator[None]:
+    """Silence Flower's per-round INFO log (the progress lines replace it)."""
+    logger = logging.getLogger("flwr")
+    level = logger.level
+
+    noise = _FlowerNoise()
+    if not verbose:
+        logger.setLevel(logging.WARNING)
+        logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        logger.removeFilter(noise)
+
+
+def _run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]], None],
+             num_cpus_per_client: float, verbose: bool, num_gpus_per_client: float = 0.0):
+    cfg = plan.run_config
+    if engine == "inprocess":
+        from dq_flower.harness.client_app import app as client_app
+        from dq_flower.harness.inprocess import InProcessGrid
+        from dq_flower.harness.server_app import run_server
+
+        grid = InProcessGrid(client_app, int(cfg["num-partitions"]))
+        # clients run one after another here, so each may use every core (the client app
+        # sets torch's thread count, which the server's evaluation shares, from this key)
+        for context in grid.contexts.values():
+            context.node_config["num-threads"] = max(1, os.cpu_count() or 1)
+        return run_server(grid, cfg, on_round=on_round)
+    from dq_flower.harness.simulate import simulate
+
+    return simulate(plan.spec.method, cfg["dataset"], cfg["model"],
+                    int(cfg["num-partitions"]), int(cfg["num-server-rounds"]),
+                    int(cfg["seed"]), num_cpus_per_client=num_cpus_per_client,
+                    num_gpus_per_client=num_gpus_per_client, verbose=verbose,
+                    on_round=on_round, **plan.knobs)
+
+
+def run_comparison(
+    preset: Preset,
+    out_dir: str | os.PathLike[str],
+    *,
+    sets: Sequence[tuple[str | None, str, Any]] = (),
+    engine: str = "simulation",
+    progress: ConsoleProgress | None = None,
+    num_cpus_per_client: float = 1.0,
+    num_gpus_per_client: float = 0.0,
+    verbose: bool = False,
+    command: str = "",
+    plans: list[PlannedRun] | None = None,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Run every method of ``preset`` on its scenario and write the reports to ``out_dir``.
+
+    Parameters
+    ----------
+    preset : Preset
+        The scenario (with the command line's overrides already applied).
+    out_dir : path
+        Output folder (created; files in it are overwritten).
+    sets : sequence
+        Parsed ``--set`` overrides (:func:`parse_set`).
+    engine : str
+        ``simulation`` (Flower's simulation engine) or ``inprocess``.
+    progress : ConsoleProgress, optional
+        Receives start, round and end events; ``None`` prints nothing.
+    num_cpus_per_client, num_gpus_per_client : float
+        Ray resources per simulated client (simulation engine).
+    verbose : bool
+        Keep Flower's own logs.
+    command : str
+        The command line, recorded in ``results.json``.
+    plans : list of PlannedRun, optional
+        Already validated runs (else :func:`plan_runs` is called).
+    resume : bool
+        Keep the finished runs of an earlier ``results.json`` in ``out_dir`` whose engine
+        and complete run config are identical (marked ``reused``); run only the others
+        (a method that failed there runs again).
+
+    Returns
+    -------
+    dict
+        The content of ``results.json``. A method whose run raises (a
+        ``ClientFailureError``, any error of the engine) is recorded with ``"failed":
+        true``, status ``failed``, its error (``"Type: message"``) and traceback, and an
+        empty history; the others still run. The files are rewritten after every
+        method, so an interrupted comparison leaves the finished methods' results.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    plans = plan_runs(preset, sets) if plans is None else plans
+    check_data(preset)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "format": RESULTS_FORMAT,
+        "preset": _preset_json(preset),
+        "engine": engine,
+        "target_accuracy": preset.target_accuracy,
+        "command": command,
+        "environment": _environment(),
+        "runs": [],
+        "total_wall_s": 0.0,
+    }
+    earlier = _reusable(out, engine) if resume else {}
+    t0 = time.perf_counter()
+    with _quiet_flower(verbose):
+        for i, plan in enumerate(plans, start=1):
+            if progress is not None:
+                progress.start(i, len(plans), plan)
+            old = earlier.get(plan.spec.label)
+            if old is not None and old["run_config"] == _jsonable(plan.run_config):
+                record = {**old, "failed": False, "reused": True}
+                results["runs"].append(record)
+                record["stats"] = run_summaries(results)[-1]
+                if progress is not None:
+                    progress.end(record, preset.target_accuracy)
+                write_reports(results, out)  # an interruption must not lose a reused run
+                continue
+            record: dict[str, Any] = {"label": plan.spec.label, "method": plan.spec.method,
+                                      "family": plan.family, "config": plan.resolved,
+                                      "run_config": plan.run_config}
+            on_round = progress.round if progress is not None else (lambda row: None)
+            t_run = time.perf_counter()
+            try:
+                result = _run_one(plan, engine, on_round, num_cpus_per_client, verbose,
+                                  num_gpus_per_client)
+            except KeyboardInterrupt:
+                raise
+            # one failing method must not stop the rest; SystemExit too: Flower's engine
+            # exits the process on some errors of its own (e.g. a missing extra)
+            except (Exception, SystemExit) as exc:  # noqa: BLE001
+                record.update(failed=True, status="failed",
+                              error=f"{type(exc).__name__}: {exc}",
+                              traceback=traceback.format_exc(), history=[], num_params=0,
+                              data_dim=0)
+            else:
+                record.update(failed=False, status="ok", error="",
+                              num_params=int(result.num_params),
+                              data_dim=int(result.data_dim), history=result.history)
+            record["wall_s"] = time.perf_counter() - t_run
+            results["runs"].append(record)
+            results["total_wall_s"] = time.perf_counter() - t0
+            record["stats"] = run_summaries(results)[-1]
+            if progress is not None:
+                progress.end(record, preset.target_accuracy)
+            write_reports(results, out)
+    return results
+
+
+def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
+    """Finished runs of an earlier ``results.json`` in ``out`` made with ``engine``."""
+    try:
+        data = load_results(out)
+    except (OSError, ValueError):
+        return {}
+    if data.get("engine") != engine:
+        return {}
+    return {rec["label"]: rec for rec in data.get("runs", [])
+            if not is_failed(rec) and "run_config" in rec}
+
+
+def _preset_json(preset: Preset) -> dict[str, Any]:
+    data = asdict(preset)
+    data["methods"] = list(preset.methods)
+    return data
+
+
+def _environment() -> dict[str, Any]:
+    from importlib import metadata
+
+    versions = {}
+    for pkg in ("dq_flower", "flwr", "torch", "numpy"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = "?"
+    env = {"python": platform.python_version(), "platform": platform.platform(),
+           "cpus": os.cpu_count(), "versions": versions}
+    if hasattr(os, "getloadavg"):
+        env["load_average"] = os.getloadavg()[0]
+    env.update(_git_state())
+    return env
+
+
+def _git_state() -> dict[str, Any]:
+    """Commit and uncommitted files of the source tree, when it is a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return {}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=10,
+                               check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"git_commit": commit,
+            "git_modified": sorted(line[3:] for line in dirty if line.strip())}
+

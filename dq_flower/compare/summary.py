@@ -1,0 +1,330 @@
+"""Per-run statistics and the ``summary.md`` text: table, verdict, failed runs.
+
+Everything here is a function of the content of ``results.json`` alone, so
+``dq-flower report DIR`` rewrites the summary without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "REFERENCE",
+    "is_failed",
+    "failed_runs",
+    "error_line",
+    "run_summaries",
+    "summary_markdown",
+    "fmt_bytes",
+]
+
+#: The method every other one is compared with (ratios of uplink bytes to the target).
+REFERENCE = "dq"
+
+
+# ---------------------------------------------------------------------------- failures
+
+
+def is_failed(record: Mapping[str, Any]) -> bool:
+    """Whether a run record of ``results.json`` is a failed run.
+
+    A record is failed when it says ``"failed": true`` or its ``status`` is not ``ok``
+    (records written before the ``failed`` key had only ``status``).
+    """
+    return bool(record.get("failed")) or record.get("status", "ok") != "ok"
+
+
+def failed_runs(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The failed run records of ``results`` (see :func:`is_failed`), in run order."""
+    return [rec for rec in results["runs"] if is_failed(rec)]
+
+
+def error_line(record: Mapping[str, Any], limit: int = 300) -> str:
+    """A failed run's error on one line, at most ``limit`` characters.
+
+    Client errors quoted by ``ClientFailureError`` may hold a whole traceback;
+    ``results.json`` keeps the full text.
+    """
+    text = " ".join(str(record.get("error") or "unknown error").split())
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def _first_reaching(history: list[Mapping[str, Any]], target: float) -> Mapping[str, Any] | None:
+    for row in history:
+        if float(row["accuracy"]) >= target:
+            return row
+    return None
+
+
+def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Uplink payload size per unit: per sample for DQ, per coordinate for weights/gradients."""
+    rows = [r for r in record.get("history") or [] if int(r["round"]) >= 1]
+    D, d = int(record["num_params"]), int(record["data_dim"])
+    bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in rows)
+    if record["family"] == "dq":
+        grad_rows = [r for r in rows if r.get("gradient_round") == 1]
+        data_rows = [r for r in rows if r.get("gradient_round") != 1]
+        data_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in data_rows)
+        samples = sum(float(r.get("selected", 0) or 0) for r in data_rows)
+        per = data_bits / samples if samples else float("nan")
+        unit = {"unit": "sample", "bits": per,
+                "bits_per_coord": per / d if d else float("nan"),
+                "configured_bits": record["config"].get("bits")}
+        if grad_rows:  # upload-mode gradient or auto
+            replies = sum(float(r.get("replies", 0) or 0) for r in grad_rows)
+            grad_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in grad_rows)
+            unit["gradient_rounds"] = len(grad_rows)
+            unit["gradient_bits_per_coord"] = (grad_bits / (replies * D) if replies and D
+                                               else float("nan"))
+        return unit
+    if record["family"] == "gradient" and bits:
+        replies = sum(float(r.get("replies", 0) or 0) for r in rows)
+        per = bits / (replies * D) if replies and D else float("nan")
+        return {"unit": "coord", "bits": per, "bits_per_coord": per, "configured_bits": None}
+    # FedAvg: float32 weights; the payload bits are not reported, the wire bytes are
+    cfg = record["config"]
+    n = int(cfg.get("num-partitions", 1))
+    replies = len(rows) * max(1, math.ceil(float(cfg.get("fraction-train", 1.0)) * n))
+    wire = 8 * sum(float(r["up_bytes"]) for r in rows)
+    per = wire / (replies * D) if replies and D else float("nan")
+    return {"unit": "coord (wire)", "bits": per, "bits_per_coord": per,
+            "configured_bits": None}
+
+
+def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per-run statistics: final and best accuracy, cost to reach the target, totals."""
+    target = float(results["target_accuracy"])
+    out = []
+    for rec in results["runs"]:
+        hist = rec.get("history") or []
+        failed = is_failed(rec)
+        if failed or not hist:
+            out.append({"label": rec["label"], "status": "failed" if failed else "ok",
+                        "final_accuracy": float("nan"), "best_accuracy": float("nan"),
+                        "rounds_to_target": None, "up_bytes_to_target": None,
+                        "down_bytes_to_target": None, "total_up_bytes": 0,
+                        "total_down_bytes": 0, "rounds": 0,
+                        "wall_s": float(rec.get("wall_s") or 0.0),
+                        **({"error": error_line(rec)} if failed else {})})
+            continue
+        hit = _first_reaching(hist, target)
+        last = hist[-1]
+        out.append({
+            "label": rec["label"], "status": "ok",
+            "final_accuracy": float(last["accuracy"]),
+            "best_accuracy": max(float(r["accuracy"]) for r in hist),
+            "rounds_to_target": int(hit["round"]) if hit is not None else None,
+            "up_bytes_to_target": int(hit["cum_up_bytes"]) if hit is not None else None,
+            "down_bytes_to_target": int(hit["cum_down_bytes"]) if hit is not None else None,
+            "total_up_bytes": int(last["cum_up_bytes"]),
+            "total_down_bytes": int(last["cum_down_bytes"]),
+            "rounds": int(last["round"]),
+            "wall_s": float(rec.get("wall_s", last.get("wall_s", 0.0))),
+            "uplink": _uplink_unit(rec),
+        })
+    return out
+
+
+def _is_quantized_gradient(rec: Mapping[str, Any]) -> bool:
+    return rec["family"] == "gradient" and rec["config"].get("codec") not in ("identity", None)
+
+
+# ---------------------------------------------------------------------------- formatting
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``1234567`` -> ``"1.23 MB"`` (decimal units)."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_ratio(x: float) -> str:
+    return f"{x:.3g}x" if x < 100 else f"{x:,.0f}x"
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.1f}%"
+
+
+def _fmt_unit(u: Mapping[str, Any]) -> str:
+    if u["unit"] == "sample":
+        conf = f", {u['configured_bits']} b quantizer" if u.get("configured_bits") else ""
+        data = f"{u['bits']:,.0f} b/sample ({u['bits_per_coord']:.2f} b/coord{conf})"
+        if not u.get("gradient_rounds"):
+            return data
+        grad = (f"{u['gradient_bits_per_coord']:.3g} b/coord in {u['gradient_rounds']} "
+                f"gradient round{'s' if u['gradient_rounds'] > 1 else ''}")
+        return grad if u["bits"] != u["bits"] else f"{data}; {grad}"
+    if u["unit"] == "coord (wire)":
+        return f"{u['bits']:.2f} b/coord (float32, wire)"
+    return f"{u['bits']:.3g} b/coord"
+
+
+def _ratio_cell(stats: Mapping[str, Any], ref: Mapping[str, Any] | None) -> str:
+    """Uplink bytes to target of a method divided by the reference's (DQ's)."""
+    if ref is None or ref.get("up_bytes_to_target") is None or stats["status"] != "ok":
+        return "n/a"
+    base = max(1, int(ref["up_bytes_to_target"]))
+    if stats["up_bytes_to_target"] is not None:
+        return _fmt_ratio(stats["up_bytes_to_target"] / base)
+    return f"> {_fmt_ratio(stats['total_up_bytes'] / base)} (not reached)"
+
+
+def summary_markdown(results: Mapping[str, Any]) -> str:
+    """The ``summary.md`` text: scenario, per-method table, plain verdict."""
+    p = results["preset"]
+    target = float(results["target_accuracy"])
+    runs = results["runs"]
+    stats = run_summaries(results)
+    by_label = {s["label"]: s for s in stats}
+    ok = [r for r in runs if not is_failed(r)]
+    ref_label = REFERENCE if REFERENCE in by_label else (runs[0]["label"] if runs else "")
+    ref = by_label.get(ref_label)
+    lines = [f"# Comparison: {p['name']}", ""]
+    if p.get("description"):
+        lines += [p["description"], ""]
+    dims = sorted({(r["num_params"], r["data_dim"]) for r in ok})
+    dim_text = "; ".join(f"D = {D:,} model parameters, d = {d:,} data coordinates, "
+                         f"D/d = {D / d:,.0f}" for D, d in dims if d)
+    lines += [
+        f"Scenario: data set `{p['dataset']}`, model `{p['model']}`, {p['num_clients']} "
+        f"clients, `{p['partition']}` partition"
+        + (f" (alpha {p['dirichlet_alpha']})" if p["partition"] == "dirichlet" else "")
+        + f", fraction-train {p['fraction_train']}, {p['rounds']} rounds, seed {p['seed']}, "
+        f"engine `{results['engine']}`. Target test accuracy: {_pct(target)}.",
+        "",
+        (dim_text + "." if dim_text else ""),
+        "",
+        f"| method | D | d | uplink payload | rounds | final acc | best acc "
+        f"| rounds to {_pct(target)} "
+        f"| uplink to {_pct(target)} | uplink vs {ref_label} | total uplink | total downlink "
+        "| wall s |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rec, s in zip(runs, stats, strict=True):
+        if s["status"] != "ok":
+            lines.append(f"| {rec['label']} | - | - | - | - | failed | - | - | - | n/a | - | - "
+                         f"| {s['wall_s']:.1f} |")
+            continue
+        reached = s["rounds_to_target"] is not None
+        lines.append(
+            f"| {rec['label']} | {rec['num_params']:,} | {rec['data_dim']:,} | "
+            f"{_fmt_unit(s['uplink'])} | {s['rounds']} | {_pct(s['final_accuracy'])} | "
+            f"{_pct(s['best_accuracy'])} | "
+            f"{s['rounds_to_target'] if reached else 'not reached'} | "
+            f"{fmt_bytes(s['up_bytes_to_target']) if reached else 'not reached'} | "
+            f"{_ratio_cell(s, ref)} | {fmt_bytes(s['total_up_bytes'])} | "
+            f"{fmt_bytes(s['total_down_bytes'])} | {s['wall_s']:.1f} |")
+    lines += ["", f"\"uplink vs {ref_label}\" is the method's uplink bytes to reach the target "
+              f"divided by {ref_label}'s: above 1x, {ref_label} needed fewer bytes; "
+              "\"> Nx (not reached)\" divides all the bytes the method sent without reaching "
+              "it. Bytes are measured from the serialized Flower messages; \"uplink payload\" "
+              "counts the codec's exact bits (side information included) per uploaded sample "
+              "or per model coordinate and upload. \"wall s\" is the method's whole run, "
+              "starting the engine (Ray, in simulation) included.", "", "## Verdict", ""]
+    lines += _verdict(runs, stats, ref_label, target)
+    failed = [r for r in runs if is_failed(r)]
+    if failed:
+        lines += ["", "## Failed runs", ""]
+        lines += [f"- {r['label']}: {error_line(r)}" for r in failed]
+        if len(failed) == len(runs):
+            lines += ["", "Every method failed: there is nothing to compare."]
+    lines += ["", "DQ uploads quantized raw training samples to the server: use it on trusted "
+              "networks only; it is not a privacy mechanism.", ""]
+    env = results.get("environment") or {}
+    if results.get("command") or env:
+        commit = env.get("git_commit", "")
+        reused = [r["label"] for r in runs if r.get("reused")]
+        modified = env.get("git_modified") or []
+        lines += [
+            "Run: " + (f"`{results['command']}`" if results.get("command") else "")
+            + (f"; total wall time {results['total_wall_s']:.0f} s"
+               if results.get("total_wall_s") else "")
+            + (f"; {env['cpus']} CPU cores" if env.get("cpus") else "")
+            + (f", load average {env['load_average']:.1f} at the start"
+               if env.get("load_average") is not None else "")
+            + (f"; commit {commit[:10]}" if commit else "")
+            + (f" with {len(modified)} modified file(s)" if modified else "")
+            + (f"; reused from an earlier invocation (`--resume`): {', '.join(reused)}"
+               if reused else "") + ".", ""]
+    return "\n".join(lines)
+
+
+def _verdict(runs: list[Mapping[str, Any]], stats: list[Mapping[str, Any]], ref_label: str,
+             target: float) -> list[str]:
+    by_label = {s["label"]: s for s in stats}
+    ref = by_label.get(ref_label)
+    tpct = _pct(target)
+    out: list[str] = []
+    if ref is None or ref["status"] != "ok":
+        return [f"- {ref_label} did not run successfully; no ratios to it can be given."]
+    if ref["rounds_to_target"] is None:
+        out.append(f"- **{ref_label} did not reach {tpct}** in {ref['rounds']} rounds (best "
+                   f"{_pct(ref['best_accuracy'])}, {fmt_bytes(ref['total_up_bytes'])} uplink); "
+                   "no byte ratio to it can be given.")
+        winners = [s for s in stats if s["status"] == "ok" and s["rounds_to_target"] is not None]
+        if winners:
+            out.append("- Reached the target: " + ", ".join(
+                f"{s['label']} ({fmt_bytes(s['up_bytes_to_target'])})" for s in winners) + ".")
+        return out
+    base = max(1, int(ref["up_bytes_to_target"]))
+    out.append(f"- {ref_label} reached {tpct} at round {ref['rounds_to_target']} with "
+               f"{fmt_bytes(ref['up_bytes_to_target'])} of uplink.")
+    quant = [(r, by_label[r["label"]]) for r in runs
+             if r["label"] != ref_label and not is_failed(r) and _is_quantized_gradient(r)]
+    reached_q = [(r, s) for r, s in quant if s["up_bytes_to_target"] is not None]
+    if reached_q:
+        r, s = min(reached_q, key=lambda rs: rs[1]["up_bytes_to_target"])
+        ratio = s["up_bytes_to_target"] / base
+        out.append(f"- Best quantized-gradient baseline to reach {tpct}: {r['label']} with "
+                   f"{fmt_bytes(s['up_bytes_to_target'])}: {ref_label} used "
+                   + (f"{_fmt_ratio(ratio)} fewer uplink bytes." if ratio >= 1 else
+                      f"more uplink bytes ({r['label']} needed only {_fmt_ratio(ratio)} of "
+                      f"{ref_label}'s)."))
+    elif quant:
+        least = min(quant, key=lambda rs: rs[1]["total_up_bytes"])
+        out.append(f"- No quantized-gradient baseline reached {tpct} in these rounds, so the "
+                   f"ratio to the best of them is a lower bound: at least "
+                   f"{_fmt_ratio(least[1]['total_up_bytes'] / base)} ({least[0]['label']} "
+                   f"sent {fmt_bytes(least[1]['total_up_bytes'])} without reaching {tpct}; "
+                   "the others sent more). More rounds would tell the real ratio.")
+    losers = [(r["label"], by_label[r["label"]]) for r in runs
+              if r["label"] != ref_label and not is_failed(r)
+              and by_label[r["label"]]["up_bytes_to_target"] is not None
+              and by_label[r["label"]]["up_bytes_to_target"] <= base]
+    if losers:
+        out.append(f"- **{ref_label} does not win against "
+                   + ", ".join(f"{lbl} ({fmt_bytes(s['up_bytes_to_target'])}, "
+                               f"{_fmt_ratio(s['up_bytes_to_target'] / base)})"
+                               for lbl, s in losers)
+                   + f"**: they reached {tpct} with no more uplink bytes than {ref_label}.")
+    elif any(s["rounds_to_target"] is not None for lbl, s in by_label.items()
+             if lbl != ref_label and s["status"] == "ok"):
+        out.append(f"- Every other method that reached {tpct} needed more uplink bytes than "
+                   f"{ref_label}.")
+    else:
+        out.append(f"- No other method reached {tpct} within the rounds.")
+    missed = [(r["label"], by_label[r["label"]]) for r in runs
+              if r["label"] != ref_label and not is_failed(r)
+              and by_label[r["label"]]["rounds_to_target"] is None]
+    if missed:
+        out.append(f"- Did not reach {tpct} within the rounds: "
+                   + ", ".join(f"{lbl} (best {_pct(s['best_accuracy'])})" for lbl, s in missed)
+                   + ".")
+    faster = [lbl for lbl, s in by_label.items() if lbl != ref_label and s["status"] == "ok"
+              and s["rounds_to_target"] is not None
+              and s["rounds_to_target"] < ref["rounds_to_target"]]
+    if faster:
+        out.append(f"- Fewer rounds than {ref_label} to reach {tpct}: {', '.join(faster)}.")
+    return out
+
