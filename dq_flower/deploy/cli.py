@@ -4,10 +4,12 @@ Subcommands
 -----------
 ``certs``      create a CA, the SuperLink certificate and SuperNode key pairs
 ``superlink``  run a SuperLink (TLS and SuperNode authentication by default)
-``supernode``  run a SuperNode that holds partition K of N (optionally with a data folder)
+``supernode``  run a SuperNode on the device's own data file (``--data-file``), or on
+               partition K of N of a named data set
 ``register``   register a SuperNode's public key with the SuperLink
 ``run``        ``flwr run`` this app on a SuperLink and report the SuperLink's traffic figures
 ``local``      all of the above on this machine (loopback), one run, then stop everything
+               (``--data-file`` once per SuperNode: each node trains on its own file)
 
 ``superlink`` and ``supernode`` run in the foreground until Ctrl-C or SIGTERM; the Flower
 process is then stopped by its pid (SIGTERM, then SIGKILL). ``--dry-run`` prints the command
@@ -30,22 +32,21 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from dq_flower.deploy import TRUST_MODEL
 from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
-from dq_flower.deploy.processes import (
-    TRUST_MODEL,
-    DeploymentError,
-    LocalDeployment,
+from dq_flower.deploy.flower_cli import (
     compare_traffic,
     flower_env,
     flower_executable,
     flwr_ls,
     format_config,
     register_node,
-    start_process,
     superlink_command,
     supernode_command,
     write_connection,
 )
+from dq_flower.deploy.local import LocalDeployment
+from dq_flower.deploy.supervisor import DeploymentError, start_process
 
 __all__ = ["add_deploy_parser", "parse_config_pairs"]
 
@@ -176,18 +177,21 @@ def cmd_supernode(args: argparse.Namespace) -> int:
              "this system's CA store")
     if args.auth_key is None:
         _say("note: no --auth-key: only a SuperLink started with --no-auth accepts this node")
+    if args.data_file is not None and not args.dry_run and not Path(args.data_file).is_file():
+        return _fail(f"no such data file: {args.data_file}")
     try:
         extra = parse_config_pairs(args.node_config)
         if args.num_threads is not None:
             extra["num-threads"] = args.num_threads
         cmd = supernode_command(
             superlink=args.superlink, partition_id=args.partition_id,
-            num_partitions=args.num_partitions, data_dir=args.data_dir,
+            num_partitions=args.num_partitions, data_file=args.data_file,
+            data_dir=args.data_dir,
             root_certificates=args.root_certificates, private_key=args.auth_key,
             insecure=args.insecure, runtime_port=args.runtime_port, node_config=extra,
             max_retries=args.max_retries, max_wait_time=args.max_wait_time)
     except (FileNotFoundError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(f"{exc} (give --data-file PATH, or --partition-id K --num-partitions N)")
     return _foreground(cmd, args.dry_run, args.log_file)
 
 
@@ -275,19 +279,32 @@ def cmd_local(args: argparse.Namespace) -> int:
     if not (app / "pyproject.toml").is_file():
         return _fail(f"{app} has no pyproject.toml; run from the dq_flower project folder "
                      "or pass --app")
+    data_files = [Path(f) for f in args.data_file or []]
+    nodes = args.nodes if args.nodes is not None else (len(data_files) or 2)
+    if data_files and len(data_files) != nodes:
+        return _fail(f"{len(data_files)} --data-file for {nodes} nodes; give one per node")
+    missing = [str(f) for f in data_files if not f.is_file()]
+    if missing:
+        return _fail(f"no such data file: {', '.join(missing)}")
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dq-deploy-"))
     try:
         overrides = parse_config_pairs(args.run_config)
     except ValueError as exc:
         return _fail(str(exc))
+    if data_files and overrides.get("dataset", "digits") != "none":
+        _say("note: the SuperNodes train on their --data-file; with dataset="
+             f"{overrides.get('dataset', 'digits')!r} the server evaluates on that data set "
+             "(give --run-config \"dataset='none' input-shape='...' num-classes=K "
+             "fraction-evaluate=1.0\" for a server that holds no data)")
     results = workdir / "results.json"
     overrides.setdefault("num-server-rounds", args.rounds)
     overrides["results-path"] = str(results)
     _say(f"working folder {workdir} (certs, logs, FLWR_HOME)")
     try:
         with _sigterm_as_interrupt(), LocalDeployment(
-                workdir, num_nodes=args.nodes, tls=not args.insecure,
-                supernode_auth=not args.insecure, data_dir=args.data_dir) as dep:
+                workdir, num_nodes=nodes, tls=not args.insecure,
+                supernode_auth=not args.insecure, data_dir=args.data_dir,
+                data_files=data_files) as dep:
             _say(f"SuperLink {dep.address} (pid {dep.superlink.pid if dep.superlink else '?'})"
                  f", SuperNodes {[p.pid for p in dep.supernodes]}, node ids {dep.node_ids}")
             outcome = dep.run(app, overrides, timeout=args.timeout)
@@ -370,12 +387,25 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the command only")
     p.set_defaults(func=cmd_superlink)
 
-    p = sub.add_parser("supernode", help="run a SuperNode holding partition K of N")
+    p = sub.add_parser(
+        "supernode", help="run a SuperNode on its own data file or on partition K of N",
+        description="Run a SuperNode. Its data is this device's own .npz file (--data-file; "
+        "keys x_train, y_train and, for federated evaluation, x_test, y_test; written by "
+        "dq_flower.harness.tasks.data.save_node_data), used as it is; only this SuperNode "
+        "is told its path (DQ uploads quantized samples of it); or partition K of N of the "
+        "run's named data set (--partition-id, --num-partitions). " + TRUST_MODEL)
     p.add_argument("--superlink", required=True, metavar="HOST:PORT")
-    p.add_argument("--partition-id", type=int, required=True, metavar="K")
-    p.add_argument("--num-partitions", type=int, required=True, metavar="N")
+    p.add_argument("--data-file", metavar="PATH",
+                   help="this device's own .npz (node config data-file, made absolute); the "
+                   "run config then usually has dataset='none', input-shape, num-classes "
+                   "and fraction-evaluate > 0")
+    p.add_argument("--partition-id", type=int, metavar="K",
+                   help="partition of the named data set (required without --data-file; "
+                   "with it, only the node's stable key for seeds and upload order)")
+    p.add_argument("--num-partitions", type=int, metavar="N",
+                   help="number of partitions (required without --data-file)")
     p.add_argument("--data-dir", metavar="DIR",
-                   help="this device's data folder (node config data-dir)")
+                   help="this device's folder of the named data set (node config data-dir)")
     tls = p.add_mutually_exclusive_group()
     tls.add_argument("--root-certificates", metavar="CA.crt",
                      help="CA certificate that signed the SuperLink's certificate")
@@ -412,10 +442,16 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("local", help="TLS deployment on this machine: one run, then stop")
     p.add_argument("--app", default=".", metavar="DIR",
                    help="project folder with pyproject.toml (default .)")
-    p.add_argument("--nodes", type=int, default=2, metavar="N", help="SuperNodes (default 2)")
+    p.add_argument("--nodes", type=int, metavar="N",
+                   help="SuperNodes (default: one per --data-file, else 2)")
     p.add_argument("--rounds", type=int, default=2, help="num-server-rounds (default 2)")
     p.add_argument("--run-config", action="append", metavar="'k=v ...'")
     p.add_argument("--data-dir", metavar="DIR", help="data folder given to every SuperNode")
+    p.add_argument("--data-file", action="append", metavar="PATH",
+                   help="a SuperNode's own .npz; repeat once per node (node k gets the k-th "
+                   "file as its node config data-file; only that SuperNode is told the "
+                   "path). Use with --run-config \"dataset='none' input-shape='1,8,8' "
+                   "num-classes=10 fraction-evaluate=1.0\" for a server that holds no data")
     p.add_argument("--workdir", metavar="DIR", help="certs, logs, FLWR_HOME (default: temp)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the run")
     p.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")

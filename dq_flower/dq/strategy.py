@@ -273,7 +273,10 @@ class DQStrategy(FederatedEvaluation, Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, store their samples, take the server's optimizer steps."""
         replies = list(replies)
-        self.failures.observe(replies)
+        if self.stored == 0:  # with samples stored, a round trains whoever fails
+            self.failures.observe(replies)
+        else:
+            self.failures.observe([])
         plan = self.plans.pop(server_round, None)
         self.asked.pop(server_round, None)
         if plan is not None and plan.mode == "gradient":
@@ -477,7 +480,8 @@ class DQStrategy(FederatedEvaluation, Strategy):
     def _validate_gradient(self, msg: Message) -> GradientReply:
         """Check and decode one reply of a gradient round."""
         content = msg.content
-        self._check_spec(content)
+        if SPEC_KEY in content.config_records:
+            self._check_spec(content)
         if GRADIENT_KEY not in content.array_records:
             raise PayloadError(f"gradient round: reply misses its {GRADIENT_KEY!r} record")
         metrics = content.metric_records.get("metrics")

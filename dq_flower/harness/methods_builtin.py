@@ -33,10 +33,18 @@ def client_task_config(task: TaskConfig, method: str) -> ConfigRecord:
 def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
     """Data quantization: the public :class:`dq_flower.DQStrategy` on the harness's model."""
     from dq_flower.dq.strategy import DQStrategy
+    from dq_flower.protocol.spec import DataSpec
 
+    # The harness knows its named data set's layout; with dataset "none" the server learns
+    # it from the first valid reply, as a user's app does.
+    spec = None
+    if task.dataset != "none":
+        spec = DataSpec(info.input_shape, "class" if info.num_classes else "float",
+                        info.target_dim)
     strategy = DQStrategy(model, seed=task.seed, fraction_train=task.fraction_train,
                           min_available_nodes=task.min_available,
                           fraction_evaluate=task.fraction_evaluate,
+                          num_classes=info.num_classes or None, data_spec=spec,
                           config=from_mapping(DQConfig, run_config))
     return strategy, client_task_config(task, "dq")
 

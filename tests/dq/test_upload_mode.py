@@ -6,10 +6,11 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from dq_flower.codecs import Payload, make
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.planner import UploadPlanner, first_estimates
+from dq_flower.dq.planner import UploadPlanner, first_estimates, gradient_estimate
 from dq_flower.dq.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
+from dq_flower.harness.methods_builtin import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.model_ops import get_flat
@@ -76,19 +77,23 @@ def test_first_estimates_are_the_sizes_of_synthetic_replies():
     info = task_info(task)
     cfg = DQConfig(bits=2, budget=16, entropy_coder="none")
     # Execute
-    est = first_estimates(cfg, info, make("sign"), None, 650, seed=0)
+    est = first_estimates(cfg, "sample", info.dim, 0, info.num_classes, None, 650, seed=0)
+    gradient_bits = gradient_estimate(make("sign"), 650, seed=0)
     # Assert: per sample 2 bits per coordinate, two float32 range values, a 4-bit label, a
     # 16-bit id and a share of the one float32 weight; the envelope is a few hundred bytes
     assert est["sample_bits"] == pytest.approx(2 * 64 + 64 + 4 + 16 + 32 / 16)
     assert 8 * 100 < est["reply_bits"] < 8 * 1500
-    assert 650 < est["gradient_bits"] < 650 + 8 * 1500
+    assert 650 < gradient_bits < 650 + 8 * 1500
 
 
 # ---------------------------------------------------------------------------- rounds
+TASK = TaskConfig(num_partitions=2, seed=3, model="logreg")
+
+
 def _strategy(**knobs):
-    task = TaskConfig(num_partitions=2, seed=3, model="logreg")
+    task = TASK
     info = task_info(task)
-    return DQStrategy(task, DQConfig(**knobs), build_model(task, info), info), info
+    return DQStrategy(build_model(task, info), seed=task.seed, config=DQConfig(**knobs)), info
 
 
 def _reply(node, grad_payload, examples=100, record=GRADIENT_KEY):
@@ -106,7 +111,7 @@ def test_a_gradient_round_steps_by_the_example_weighted_mean_gradient():
                             gradient_codec_params="", server_steps=1, momentum=0.0,
                             weight_decay=0.0, lr=0.5)
     grid = InProcessGrid(client_app, 2)
-    msgs = list(strategy.configure_train(1, None, ConfigRecord(), grid))
+    msgs = list(strategy.configure_train(1, None, client_task_config(TASK, "dq"), grid))
     assert msgs[0].content["config"]["round-mode"] == "gradient"
     assert "model" in msgs[0].content.array_records
     dim = strategy.num_params
@@ -124,7 +129,8 @@ def test_a_gradient_round_steps_by_the_example_weighted_mean_gradient():
 
 @pytest.mark.parametrize(("reply", "reason"), [
     (lambda d: _reply(0, make("sign").encode(np.ones(d, np.float32))), "made by 'sign'"),
-    (lambda d: _reply(0, make("identity").encode(np.ones(d + 1, np.float32))), "wrong size"),
+    (lambda d: _reply(0, make("identity").encode(np.ones(d + 1, np.float32))),
+     "gradient declares (651,)"),
     (lambda d: _reply(0, Payload("identity", (d,), {}, {"values": np.full(d, np.nan, np.float32)},
                                  nbits=32 * d)), "NaN or inf"),
     (lambda d: _reply(0, make("identity").encode(np.ones(d, np.float32)), examples=0),
@@ -136,7 +142,8 @@ def test_bad_gradient_replies_are_rejected_and_the_round_goes_on(reply, reason, 
     # Prepare
     strategy, _ = _strategy(upload_mode="gradient", gradient_codec="identity",
                             gradient_codec_params="", server_steps=1)
-    list(strategy.configure_train(1, None, ConfigRecord(), InProcessGrid(client_app, 2)))
+    list(strategy.configure_train(1, None, client_task_config(TASK, "dq"),
+                                  InProcessGrid(client_app, 2)))
     good = _reply(1, make("identity").encode(np.ones(strategy.num_params, np.float32)))
     w0 = get_flat(strategy.model)
     # Execute

@@ -27,9 +27,27 @@ def test_dq_with_30_percent_failures_ends_within_one_point():
     assert np.isfinite(faulty.history[-1]["loss"])
 
 
-def test_round_without_enough_replies_leaves_the_model_unchanged():
-    result, _ = run_inprocess(num_clients=3, rounds=2, min_available=3,
-                              failing=lambda rnd, node: rnd == 2 and node == 101)
-    first, second = result.history[1], result.history[2]
-    assert second["failed"] == 1
-    assert second["accuracy"] == first["accuracy"] and second["loss"] == first["loss"]
+def test_a_node_that_always_fails_does_not_stop_training_on_the_store():
+    # Prepare: node 101 never replies validly; the two others upload all their data in the
+    # first rounds (budget 400), after which only the failing node is left to ask.
+    never = 101
+    result, _ = run_inprocess(num_clients=3, rounds=7, budget=400, server_steps=5,
+                              failing=lambda _rnd, node: node == never)
+    rows = result.history
+    # Assert: from round 3 on nobody but the failing node is asked, and yet every round
+    # still takes its steps on the store (the loss keeps changing) and the run goes on
+    # past max-failed-rounds (3): a round that trains on the store is not a dead run.
+    assert rows[2]["stored"] == rows[-1]["stored"] > 0
+    assert all(r["selected"] == 0 and r["failed"] == 1 for r in rows[3:])
+    losses = [r["loss"] for r in rows[2:]]
+    assert len(set(losses)) == len(losses)
+    assert rows[-1]["accuracy"] > 0.7 and rows[-1]["loss"] < rows[2]["loss"]
+
+
+def test_every_client_failing_stops_the_run_with_the_first_error():
+    import pytest
+
+    from dq_flower.server.common import ClientFailureError
+
+    with pytest.raises(ClientFailureError, match="3 consecutive rounds.*simulated failure"):
+        run_inprocess(num_clients=2, rounds=6, failing=lambda _rnd, _node: True)

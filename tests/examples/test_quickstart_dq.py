@@ -1,0 +1,154 @@
+"""The example app in ``examples/quickstart-dq``: in-process, and with ``flwr run``.
+
+The fast test imports the app's modules and calls its ``ServerApp`` on an in-process grid
+whose nodes run its ``ClientApp`` (no Ray, a few seconds). The end-to-end test is what the
+example's README tells a user to type: a simulation SuperLink (started and stopped here by
+its pid) and ``flwr run examples/quickstart-dq`` with 4 simulated SuperNodes. About 25 s.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+
+from dq_flower.deploy.processes import (
+    flower_env,
+    flower_executable,
+    free_port,
+    start_process,
+    wait_for_port,
+)
+from dq_flower.harness.inprocess import InProcessGrid
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "quickstart-dq"
+ROUNDS = 3
+
+
+def app_config() -> dict:
+    """The run config of ``[tool.flwr.app.config]`` in the example's pyproject.toml."""
+    with (APP_DIR / "pyproject.toml").open("rb") as f:
+        return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
+
+
+@pytest.fixture
+def example(monkeypatch):
+    """The example's modules, importable as a user's ``flwr run`` would import them."""
+    monkeypatch.syspath_prepend(str(APP_DIR))
+    from quickstart_dq import client_app, server_app, task
+
+    return task, client_app, server_app
+
+
+def check_results(out: Path) -> dict:
+    results = json.loads((out / "results.json").read_text())
+    central = results["central"]
+    assert sorted(central, key=int) == [str(r) for r in range(ROUNDS + 1)]
+    assert central["0"]["accuracy"] < 0.3  # chance is 0.1
+    assert central[str(ROUNDS)]["accuracy"] > 0.6, central
+    assert central[str(ROUNDS)]["loss"] < central["0"]["loss"]
+    assert sorted(results["federated"], key=int) == [str(r) for r in range(1, ROUNDS + 1)]
+    # fraction-evaluate 1.0: the nodes' test rows together are the central test rows
+    for rnd, fed in results["federated"].items():
+        assert fed["eval-acc"] == pytest.approx(central[rnd]["accuracy"], abs=1e-6), results
+    up = results["up_bytes"]
+    assert sorted(up, key=int) == [str(r) for r in range(1, ROUNDS + 1)]
+    assert all(v > 0 for v in up.values()) and all(v > 0 for v in results["down_bytes"].values())
+    assert (out / "final_model.pt").stat().st_size > 0
+    return results
+
+
+def test_pyproject_declares_the_app():
+    with (APP_DIR / "pyproject.toml").open("rb") as f:
+        project = tomllib.load(f)
+    assert "dq-flower" in project["project"]["dependencies"]
+    assert project["tool"]["flwr"]["app"]["components"] == {
+        "serverapp": "quickstart_dq.server_app:app",
+        "clientapp": "quickstart_dq.client_app:app",
+    }
+    # a [tool.flwr.federations] table would make `flwr run` rewrite the file (migration)
+    assert "federations" not in project["tool"]["flwr"]
+    assert app_config()["num-server-rounds"] == 5
+
+
+def test_load_data_partitions_digits_iid(example):
+    task, _, _ = example
+    trains, tests = zip(*(task.load_data(k, 4) for k in range(4)), strict=True)
+    central = task.load_centralized_testset()
+    x_all = np.concatenate([ds.tensors[0].numpy() for ds in tests])
+    np.testing.assert_array_equal(x_all, central.tensors[0].numpy())
+    sizes = [len(ds) for ds in trains]
+    assert sum(sizes) + len(central) == 1797 and max(sizes) - min(sizes) <= 1
+    for ds in trains:
+        x, y = ds.tensors
+        assert tuple(x.shape[1:]) == (1, 8, 8) and 0 <= float(x.min()) <= float(x.max()) <= 1
+        assert len(set(y.tolist())) == 10  # IID: every class on every node
+    assert task.Net()(trains[0].tensors[0][:5]).shape == (5, 10)
+
+
+def test_server_and_client_apps_in_process(example, tmp_path):
+    _, client_app, server_app = example
+    config = {**app_config(), "num-server-rounds": ROUNDS, "output-dir": str(tmp_path)}
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                      run_config=config)
+    server_app.app(InProcessGrid(client_app.app, 4), context)
+    results = check_results(tmp_path)
+    # 4 clients, budget 64 samples of 64 pixels at 2 bits: about 10 kB up per round
+    assert all(v < 20_000 for v in results["up_bytes"].values()), results["up_bytes"]
+
+
+def test_flwr_run_quickstart_dq_in_simulation(tmp_path):
+    # Ray's socket paths must stay under 108 bytes: a short folder, not pytest's tmp_path
+    ray_tmp = Path(tempfile.mkdtemp(prefix="dq-ray-"))
+    env = flower_env(flwr_home=tmp_path / "flwr-home", ray_tmpdir=ray_tmp)
+    port = free_port()
+    (tmp_path / "flwr-home").mkdir()
+    (tmp_path / "flwr-home" / "config.toml").write_text(
+        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\n'
+        "insecure = true\n")
+    out = tmp_path / "out"
+    pyproject_before = (APP_DIR / "pyproject.toml").read_bytes()
+
+    superlink = start_process(
+        [flower_executable("flower-superlink"), "--simulation", "--insecure",
+         "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+         "--port", str(port)],
+        log_path=tmp_path / "superlink.log", env=env, cwd=tmp_path, name="superlink")
+    try:
+        wait_for_port("127.0.0.1", port, 60, superlink)
+        done = subprocess.run(
+            [flower_executable("flwr"), "run", str(APP_DIR), "sim",
+             "--federation-config", "num-supernodes=4",
+             "--run-config", f"num-server-rounds={ROUNDS} output-dir='{out}'", "--stream"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output
+        assert "Successfully started run" in output, output
+        ls = subprocess.run([flower_executable("flwr"), "ls", "sim", "--format", "json"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+                            check=True)
+        runs = json.loads(ls.stdout[ls.stdout.index("{"):])["runs"]
+    finally:
+        superlink.stop()
+        sys.stdout.write(superlink.log_tail(10) + "\n")
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+    assert superlink.poll() is not None
+    assert [r["status"] for r in runs] == ["finished:completed"], output
+    assert "4 simulated SuperNodes" in output, output
+    assert "Final accuracy" in output, output
+    results = check_results(out)
+    # the 4 simulated SuperNodes each answered every round
+    assert all(v > 4 * 1000 for v in results["up_bytes"].values()), results["up_bytes"]
+    # flwr run must not rewrite the example (legacy [tool.flwr.federations] migration)
+    assert (APP_DIR / "pyproject.toml").read_bytes() == pyproject_before

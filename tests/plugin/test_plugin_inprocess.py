@@ -1,0 +1,243 @@
+"""The plugin API on a user's own model and data, through the in-process grid (no Ray).
+
+Each test writes the two halves of a user's app: a client callable that gives
+``dq_train``/``gradient_train`` the device's own data in one of the accepted forms, and
+Flower's own ``Strategy.start`` on the server side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, MetricRecord
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import dq_flower
+from dq_flower.harness.inprocess import InProcessGrid
+
+
+class Tabular(nn.Module):
+    def __init__(self, features: int = 6, outputs: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.body = nn.Sequential(nn.Linear(features, 16), nn.ReLU(), nn.Linear(16, outputs))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _blobs(n=600, seed=0):
+    """Three Gaussian classes in 6 features, scaled far outside [0, 1] (as users' data is)."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    centres = rng.normal(0, 3, (3, 6))
+    x = (centres[y] + rng.normal(0, 1, (n, 6))) * 40.0 + 500.0
+    return x.astype(np.float32), y.astype(np.int64)
+
+
+class PairDataset(Dataset):
+    """A map-style Dataset with a transform, like a torchvision data set."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.x[i]) * 1.0, int(self.y[i])
+
+
+def _shards(x, y, nodes):
+    return [(x[k::nodes], y[k::nodes]) for k in range(nodes)]
+
+
+def _as(kind, x, y):
+    if kind == "numpy":
+        return (x, y)
+    if kind == "tensordataset":
+        return TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    if kind == "dataset":
+        return PairDataset(x, y)
+    return DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=7,
+                      shuffle=True)
+
+
+def _accuracy(model, x, y):
+    with torch.no_grad():
+        return float((model(torch.from_numpy(x)).argmax(1).numpy() == y).mean())
+
+
+def _run(strategy, client, nodes, rounds, model):
+    grid = dq_flower.MeasuredGrid(InProcessGrid(client, nodes))
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
+                            num_rounds=rounds)
+    return result, grid
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensordataset", "dataset", "dataloader"])
+def test_dq_trains_on_each_form_of_client_data(kind):
+    x, y = _blobs()
+    xt, yt = _blobs(300, seed=0)
+    shards = _shards(x, y, 3)
+    data = [_as(kind, *s) for s in shards]
+
+    def client(msg, context):
+        return dq_flower.client.dq_train(msg, context, data[context.node_config["partition-id"]])
+
+    model = Tabular()
+    strategy = dq_flower.DQStrategy(model, bits=2, budget=40, server_steps=15, lr=0.02)
+    result, grid = _run(strategy, client, 3, 4, model)
+    trained = Tabular()
+    trained.load_state_dict(result.arrays.to_torch_state_dict())
+    assert _accuracy(trained, xt, yt) > 0.9
+    assert strategy.spec.sample_shape == (6,) and strategy.mode == "feature"
+    assert strategy.stored == 4 * 3 * 40
+    # every row the server holds decodes within one quantization step of the user's value
+    assert grid.up_bytes > 0 and grid.per_node("up") and sum(grid.per_round("up").values()) \
+        == grid.up_bytes
+
+
+def test_initial_arrays_are_where_training_starts():
+    x, y = _blobs()
+    data = _shards(x, y, 2)
+
+    def client(msg, context):
+        return dq_flower.client.dq_train(msg, context, data[context.node_config["partition-id"]])
+
+    start = Tabular()
+    with torch.no_grad():
+        for p in start.parameters():
+            p.fill_(0.0)
+    model = Tabular()  # random weights: must be replaced by initial_arrays
+    strategy = dq_flower.DQStrategy(model, server_steps=1, lr=1e-12, momentum=0.0,
+                                    weight_decay=0.0)
+    result = strategy.start(grid=InProcessGrid(client, 2),
+                            initial_arrays=ArrayRecord(start.state_dict()), num_rounds=1)
+    for name, value in result.arrays.to_torch_state_dict().items():
+        assert torch.allclose(value, start.state_dict()[name], atol=1e-6), name
+
+
+@pytest.mark.parametrize("scorer", ["loss", "gradnorm"])
+def test_model_based_scorers_with_a_user_model(scorer):
+    x, y = _blobs()
+    data = _shards(x, y, 2)
+    seen = {}
+
+    def client(msg, context):
+        seen["model"] = "model" in msg.content.array_records
+        return dq_flower.client.dq_train(msg, context, data[context.node_config["partition-id"]],
+                                         model=Tabular())
+
+    model = Tabular()
+    strategy = dq_flower.DQStrategy(model, scorer=scorer, selection_rule="sample", budget=30,
+                                    server_steps=10, lr=0.02)
+    result, _ = _run(strategy, client, 2, 3, model)
+    assert seen["model"]
+    assert result.train_metrics_clientapp[3]["rejected"] == 0
+    assert result.train_metrics_clientapp[3]["stored"] == 3 * 2 * 30
+
+
+def test_model_based_scorer_without_a_client_model_fails_clearly():
+    x, y = _blobs()
+    data = _shards(x, y, 2)
+    errors = []
+
+    def client(msg, context):
+        try:
+            return dq_flower.client.dq_train(msg, context, data[0])
+        except ValueError as exc:
+            errors.append(str(exc))
+            raise
+
+    model = Tabular()
+    strategy = dq_flower.DQStrategy(model, scorer="loss", max_failed_rounds=2)
+    with pytest.raises(RuntimeError, match="needs the model"):
+        _run(strategy, client, 2, 3, model)
+    assert "pass model=" in errors[0]
+
+
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.body = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_regression_targets_train_with_the_mse_default():
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (400, 4)).astype(np.float32) * 10
+    w = np.array([0.3, -0.2, 0.1, 0.05], dtype=np.float32)
+    y = (x @ w + 1.0 + rng.normal(0, 0.05, 400)).astype(np.float32)
+    data = _shards(x, y, 2)
+
+    def client(msg, context):
+        return dq_flower.client.dq_train(msg, context, data[context.node_config["partition-id"]])
+
+    model = Regressor()
+    strategy = dq_flower.DQStrategy(model, bits=4, budget=50, server_steps=30, lr=0.005)
+    result, _ = _run(strategy, client, 2, 4, model)
+    trained = Regressor()
+    trained.load_state_dict(result.arrays.to_torch_state_dict())
+    with torch.no_grad():
+        mse = float(((trained(torch.from_numpy(x)).squeeze(1).numpy() - y) ** 2).mean())
+    assert strategy.spec.target == "float"
+    assert mse < 0.1 * float(y.var()), mse  # explains > 90% of the variance
+
+
+def test_gradient_strategy_on_a_user_model_and_custom_loss():
+    x, y = _blobs()
+    data = _shards(x / 100.0, y, 3)
+    calls = {"n": 0}
+
+    def loss_fn(out, target):
+        calls["n"] += 1
+        return nn.functional.cross_entropy(out, target, reduction="none")
+
+    def client(msg, context):
+        return dq_flower.client.gradient_train(
+            msg, context, _as("dataloader", *data[context.node_config["partition-id"]]),
+            model=Tabular(), loss_fn=loss_fn)
+
+    model = Tabular()
+    strategy = dq_flower.GradientStrategy(model, codec="qsgd", lr=0.1, seed=0)
+    result, grid = _run(strategy, client, 3, 15, model)
+    trained = Tabular()
+    trained.load_state_dict(result.arrays.to_torch_state_dict())
+    xt, yt = _blobs(300)
+    assert _accuracy(trained, xt / 100.0, yt) > 0.8
+    assert calls["n"] >= 15 * 3
+
+
+def test_federated_evaluation_weights_clients_by_examples():
+    x, y = _blobs()
+    shards = _shards(x, y, 3)
+
+    def client(msg, context):
+        data = shards[context.node_config["partition-id"]]
+        if msg.metadata.message_type == "evaluate":
+            return dq_flower.client.evaluate(msg, context, data, model=Tabular())
+        return dq_flower.client.dq_train(msg, context, data)
+
+    model = Tabular()
+    strategy = dq_flower.DQStrategy(model, fraction_evaluate=1.0, server_steps=10, lr=0.02)
+    result, _ = _run(strategy, client, 3, 3, model)
+    metrics = result.evaluate_metrics_clientapp[3]
+    assert isinstance(metrics, MetricRecord)
+    assert 0.8 < metrics["eval-acc"] <= 1.0 and metrics["eval-loss"] > 0
+
+
+def test_unknown_knob_and_bad_values_fail_at_construction():
+    with pytest.raises(ValueError, match="unknown knob 'bitz'"):
+        dq_flower.DQStrategy(Tabular(), bitz=2)
+    with pytest.raises(ValueError, match="bits"):
+        dq_flower.DQStrategy(Tabular(), bits=12)
+    with pytest.raises(ValueError, match="codec"):
+        dq_flower.GradientStrategy(Tabular(), codec="nope")
+    with pytest.raises(TypeError, match="nn.Module"):
+        dq_flower.DQStrategy("mlp")

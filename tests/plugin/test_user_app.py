@@ -1,0 +1,59 @@
+"""Acceptance: a user's own Flower app (own model, own standardized tabular data) run by
+Flower's own ``run_simulation`` trains with DQStrategy + dq_train as well as FedAvg."""
+
+from __future__ import annotations
+
+import warnings
+
+import cloudpickle
+import numpy as np
+import pytest
+import torch
+
+from . import user_app
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from flwr.simulation import run_simulation
+
+    cloudpickle.register_pickle_by_value(user_app)  # Ray workers need not import tests/
+    out = {}
+    for kind in ("dq", "fedavg", "ef-sign"):
+        out[kind] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run_simulation(server_app=user_app.make_server_app(kind, 12, out[kind]),
+                           client_app=user_app.make_client_app(kind),
+                           num_supernodes=user_app.NUM_NODES,
+                           backend_config={"client_resources": {"num_cpus": 1},
+                                           "init_args": {"num_cpus": 2,
+                                                         "include_dashboard": False}})
+    return out
+
+
+def test_dq_trains_a_user_app_to_within_two_points_of_fedavg(runs):
+    dq, fedavg = runs["dq"], runs["fedavg"]
+    assert len(dq["accuracy"]) == 13  # rounds 0..12, evaluated by the user's evaluate_fn
+    assert dq["accuracy"][-1] >= fedavg["accuracy"][-1] - 0.02, (dq["accuracy"],
+                                                                 fedavg["accuracy"])
+    assert dq["accuracy"][-1] > 0.9  # far above the majority class (about 0.63)
+    raw_float32 = 455 * 30 * 4  # every training sample as float32 features
+    assert 0 < dq["up_bytes"] < raw_float32
+
+
+def test_result_arrays_are_the_trained_model(runs):
+    model = user_app.Net()
+    model.load_state_dict(runs["dq"]["state"])
+    xt, yt = user_app.test_set()
+    with torch.no_grad():
+        acc = float((model(torch.from_numpy(xt)).argmax(1).numpy() == yt).mean())
+    assert acc == pytest.approx(runs["dq"]["accuracy"][-1])
+    assert not np.allclose(runs["dq"]["accuracy"][0], acc)
+
+
+def test_gradient_strategy_with_ef_sign_learns_a_user_app(runs):
+    ef, fedavg = runs["ef-sign"], runs["fedavg"]
+    assert ef["accuracy"][-1] >= fedavg["accuracy"][-1] - 0.05, (ef["accuracy"],
+                                                                 fedavg["accuracy"])
+    assert ef["up_bytes"] < runs["fedavg"]["up_bytes"] / 10  # 1 bit vs 32 per coordinate
