@@ -152,8 +152,8 @@ class SampleStore:
 
     # ---------------------------------------------------------------- drawing
     def node_ids(self, rows: StoredRows) -> np.ndarray:
-        """Origin node ids (int64) of rows taken from this store."""
-        table = np.array(sorted(self._node_table, key=self._node_table.get), dtype=np.int64)
+        """Origin node ids (uint64, as Flower draws them) of rows taken from this store."""
+        table = np.array(sorted(self._node_table, key=self._node_table.get), dtype=np.uint64)
         return table[rows.node.astype(np.int64)]
 
     def draw(self, batch_size: int, rng: np.random.Generator):
@@ -178,7 +178,7 @@ class SampleStore:
     def state(self) -> dict:
         """Arrays for a checkpoint."""
         out = {"node_table": np.array(sorted(self._node_table, key=self._node_table.get),
-                                      dtype=np.int64),
+                                      dtype=np.uint64),
                "evicted": np.array([self.evicted])}
         if self._rows is not None:
             for f in _FIELDS:

@@ -7,27 +7,31 @@ so it runs in the default suite.
 """
 
 import json
+import math
 import sys
 import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dq_flower.deploy.certs import create_node_keys
-from dq_flower.deploy.processes import (
-    DeploymentError,
-    LocalDeployment,
-    ProcessGroup,
-    _start_time,
+from dq_flower.deploy.flower_cli import (
     compare_traffic,
     flwr_ls,
     format_config,
     list_nodes,
-    managed_process,
     superlink_command,
     supernode_command,
     write_connection,
+)
+from dq_flower.deploy.local import LocalDeployment
+from dq_flower.deploy.supervisor import (
+    DeploymentError,
+    ProcessGroup,
+    _start_time,
+    managed_process,
 )
 
 APP_DIR = Path(__file__).resolve().parents[2]
@@ -68,6 +72,38 @@ def test_supernode_command_carries_partition_and_data_dir(tmp_path, monkeypatch)
     assert cmd[cmd.index("--port") + 1] == "9100"
     with pytest.raises(ValueError):
         supernode_command(superlink="x:1", partition_id=4, num_partitions=4)
+
+
+def test_supernode_command_carries_the_nodes_own_data_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmd = supernode_command(superlink="10.0.0.5:9093", data_file="dev a/local.npz",
+                            root_certificates="ca.crt", private_key="node-0")
+    assert cmd[cmd.index("--node-config") + 1] == (
+        f'data-file="{tmp_path / "dev a" / "local.npz"}"')  # absolute, no partition
+    cmd = supernode_command(superlink="x:1", partition_id=1, insecure=True,
+                            node_config={"data-file": "local.npz", "num-threads": 2})
+    assert cmd[cmd.index("--node-config") + 1] == (
+        f'partition-id=1 data-file="{tmp_path / "local.npz"}" num-threads=2')
+    with pytest.raises(ValueError, match="data-file"):
+        supernode_command(superlink="x:1", partition_id=1)  # neither file nor partition count
+
+
+def test_local_deployment_checks_its_data_files_before_starting(tmp_path):
+    with pytest.raises(ValueError, match="one per node"):
+        LocalDeployment(tmp_path, num_nodes=2, data_files=[tmp_path / "a.npz"])
+    dep = LocalDeployment(tmp_path / "dep", num_nodes=1, data_files=[tmp_path / "none.npz"])
+    with pytest.raises(FileNotFoundError, match="none.npz"), dep:
+        pass
+    assert dep.superlink is None and not dep.supernodes  # nothing was started
+
+
+def test_old_processes_module_still_exports_everything():
+    import dq_flower.deploy as deploy
+    import dq_flower.deploy.processes as old
+
+    assert all(hasattr(old, name) for name in old.__all__)
+    assert all(hasattr(deploy, name) for name in deploy.__all__)
+    assert old.LocalDeployment is LocalDeployment and old.DeploymentError is DeploymentError
 
 
 def test_format_config_round_trips_through_flower_parser():
@@ -145,6 +181,17 @@ def test_cli_dry_runs(capsys):
                  "--data-dir", "/data", "--num-threads", "4", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "partition-id=1 num-partitions=3 data-dir=\"/data\" num-threads=4" in out
+    assert main(["deploy", "supernode", "--superlink", "10.0.0.5:9093", "--data-file",
+                 "/device/local.npz", "--root-certificates", "ca.crt", "--dry-run"]) == 0
+    assert 'data-file="/device/local.npz"' in capsys.readouterr().out
+    assert main(["deploy", "supernode", "--superlink", "10.0.0.5:9093", "--insecure",
+                 "--data-file", "/no/such/file.npz"]) == 2  # checked when it would start
+    assert "no such data file" in capsys.readouterr().err
+    assert main(["deploy", "supernode", "--superlink", "x:1", "--insecure", "--dry-run"]) == 2
+    assert "--data-file PATH, or --partition-id" in capsys.readouterr().err
+    assert main(["deploy", "local", "--app", str(APP_DIR), "--nodes", "3",
+                 "--data-file", "a.npz"]) == 2
+    assert "one per node" in capsys.readouterr().err
 
 
 # --- the real deployment -----------------------------------------------------------------------
@@ -213,3 +260,140 @@ def test_deployment_error_carries_the_log(tmp_path):
                             log_path=tmp_path / "x.log",
                             ready=lambda p: p.wait_for_log("never", 10)):
         pass
+
+
+# --- nodes that bring their own data files; the server holds none -----------------------------
+
+NODE_BUDGET = 128  # samples per node and round: node B runs out in round 3, node A never
+
+
+def write_device_files(root: Path) -> tuple[list[Path], list[int]]:
+    """Two devices' own ``.npz`` files from scikit-learn's digits, in folders of their own.
+
+    Device A: 500 training rows, 150 test rows. Device B: 300 training rows and 150 test
+    rows, less every row of class 9 (it never sees a 9). Values are pixels / 16, shape
+    ``(n, 1, 8, 8)``.
+    """
+    from sklearn.datasets import load_digits
+
+    from dq_flower.harness.tasks.data import save_node_data
+
+    digits = load_digits()
+    x = (digits.data.astype(np.float32) / 16).reshape(-1, 1, 8, 8)
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(y))
+    parts = {"a": (order[:500], order[800:950]), "b": (order[500:800], order[950:1100])}
+    paths, sizes = [], []
+    for name, (train, test) in parts.items():
+        if name == "b":
+            train, test = train[y[train] != 9], test[y[test] != 9]
+        path = root / f"device-{name}" / "local.npz"
+        path.parent.mkdir(parents=True)
+        save_node_data(path, x[train], y[train], x[test], y[test])
+        paths.append(path)
+        sizes.append(len(train))
+    return paths, sizes
+
+
+#: Run-config keys a server without data needs; ``flwr run`` refuses overrides of keys that
+#: the app's ``[tool.flwr.app.config]`` lacks.
+NO_DATA_KEYS = {"input-shape": "", "num-classes": 0, "fraction-evaluate": 0.0}
+
+
+def app_with_config_keys(folder: Path, keys: dict) -> Path:
+    """The package's app, with ``keys`` added to ``[tool.flwr.app.config]`` where missing.
+
+    ``APP_DIR`` itself when it has them all; else a copy in ``folder`` (its
+    ``pyproject.toml`` and the ``dq_flower`` sources that the FAB ships).
+    """
+    import shutil
+
+    import tomli
+    import tomli_w
+
+    project = tomli.loads((APP_DIR / "pyproject.toml").read_text())
+    config = project["tool"]["flwr"]["app"]["config"]
+    if all(key in config for key in keys):
+        return APP_DIR
+    for key, value in keys.items():
+        config.setdefault(key, value)
+    folder.mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(tomli_w.dumps(project))
+    shutil.copytree(APP_DIR / "dq_flower", folder / "dq_flower",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return folder
+
+
+@pytest.fixture
+def own_data_deployment(tmp_path):
+    files, sizes = write_device_files(tmp_path / "devices")
+    with LocalDeployment(tmp_path / "deployment", num_nodes=2, tls=True, supernode_auth=True,
+                         data_files=files) as dep:
+        yield dep, files, sizes
+    assert dep.superlink is not None and dep.superlink.poll() is not None
+    assert all(p.poll() is not None for p in dep.supernodes)
+
+
+def test_dq_on_the_nodes_own_files_with_a_server_that_holds_no_data(own_data_deployment):
+    dep, files, sizes = own_data_deployment
+    size_a, size_b = sizes
+    assert size_a == 500 and 2 * NODE_BUDGET < size_b < 3 * NODE_BUDGET  # b runs out in round 3
+    # only the SuperNodes are told where the files are
+    for proc, path in zip(dep.supernodes, files, strict=True):
+        assert f'data-file="{path}"' in proc.command
+    assert not any(str(path.parent) in dep.superlink.command for path in files)
+
+    results = dep.workdir / "results.json"
+    rounds = 3
+    run_config = {"method": "dq", "dataset": "none", "input-shape": "1,8,8", "num-classes": 10,
+                  "fraction-evaluate": 1.0, "num-server-rounds": rounds,
+                  "budget": NODE_BUDGET, "results-path": str(results)}
+    t0 = time.monotonic()
+    app = app_with_config_keys(dep.workdir / "app", NO_DATA_KEYS)
+    outcome = dep.run(app, run_config, timeout=300)
+    elapsed = time.monotonic() - t0
+    saved = json.loads(results.read_text())
+    history = saved["history"]
+    acc = [r["accuracy"] for r in history]
+    print(f"\nflwr run: {elapsed:.1f} s; node rows {sizes}; accuracy by round {acc}; "
+          f"up bytes {[r['up_bytes'] for r in history]}; down bytes "
+          f"{[r['down_bytes'] for r in history]}; selected "
+          f"{[r.get('selected') for r in history]}; stored {history[-1]['stored']}")
+    assert [r["round"] for r in history] == list(range(rounds + 1))
+
+    # the server has no test set: round 0 is unmeasured, later rounds are the nodes' own
+    # evaluation of the global model on their x_test/y_test
+    assert math.isnan(acc[0])
+    for row in history[1:]:
+        assert row["accuracy"] == row["fed_eval_acc"]
+    assert acc[-1] > 0.5 and acc[-1] > acc[1], acc
+
+    # both nodes' replies arrive valid every round, the node without 9s included
+    for row in history[1:]:
+        assert (row["replies"], row["rejected"], row["failed"]) == (2, 0, 0), row
+        assert row["up_bytes"] > 0
+    # node A uploads its budget every round; node B its budget, then the rest of its rows
+    selected = [r["selected"] for r in history[1:]]
+    assert selected == [2 * NODE_BUDGET, 2 * NODE_BUDGET, NODE_BUDGET + size_b - 2 * NODE_BUDGET]
+    # the server stores what the nodes uploaded, not the files
+    stored = history[-1]["stored"]
+    assert stored == sum(selected) == rounds * NODE_BUDGET + size_b
+    assert stored < size_a + size_b
+
+    # uplink as the SuperLink counts it: the strategy's bytes plus Flower's envelopes of the
+    # train and evaluate replies (2 of each per round)
+    traffic = compare_traffic(history, outcome)
+    print(f"traffic: {traffic}")
+    up, inbound = traffic["strategy_up_bytes"], traffic["superlink_inbound_bytes"]
+    assert up <= inbound <= up + 2 * traffic["replies"] * ENVELOPE_PER_REPLY, traffic
+
+    # the server never learned where the data is: not in the run config or history it wrote,
+    # nor in what the SuperLink, its ServerApp or the flwr CLI logged
+    texts = {"results.json": results.read_text(),
+             "superlink.log": dep.superlink.log_text(),
+             "flwr-run.log": (dep.logs / "flwr-run.log").read_text()}
+    for path in files:
+        for name, text in texts.items():
+            assert str(path.parent) not in text, name
+            assert "local.npz" not in text, name
+    assert "data-file" not in saved["config"]

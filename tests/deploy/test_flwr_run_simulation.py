@@ -13,13 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dq_flower.deploy.processes import (
-    flower_env,
-    flower_executable,
-    free_port,
-    start_process,
-    wait_for_port,
-)
+from dq_flower.deploy.flower_cli import flower_env, flower_executable
+from dq_flower.deploy.supervisor import free_port, start_process, wait_for_port
 
 APP_DIR = Path(__file__).resolve().parents[2]
 
