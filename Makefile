@@ -17,7 +17,7 @@ demo: $(BIN)/dq-flower
 	FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 $(BIN)/dq-flower compare --preset digits-mlp --out results/demo
 
 test: $(BIN)/dq-flower
-	$(BIN)/ruff check dq_flower tests benchmarks simulations
+	$(BIN)/ruff check dq_flower tests benchmarks simulations examples
 	$(BIN)/python -m pytest -m "not slow" -q
 
 bench: $(BIN)/dq-flower

@@ -66,7 +66,9 @@ def sample_node_ids(
     k = min(len(nodes), max(min_nodes, int(np.ceil(fraction * len(nodes))), 1))
     if k == len(nodes):
         return nodes
-    return sorted(int(n) for n in rng.choice(nodes, size=k, replace=False))
+    # Draw positions, not ids: Flower's node ids are unsigned 64-bit, which numpy would
+    # turn into float64 (losing digits) when ids on both sides of 2**63 are mixed.
+    return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False))
 
 
 def make_optimizer(

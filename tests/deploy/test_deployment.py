@@ -264,7 +264,10 @@ def test_deployment_error_carries_the_log(tmp_path):
 
 # --- nodes that bring their own data files; the server holds none -----------------------------
 
-NODE_BUDGET = 128  # samples per node and round: node B runs out in round 3, node A never
+#: Samples each node uploads per round (DQ's budget) and rounds: node A (500 rows) never
+#: runs out, node B (265 rows) does in the last round.
+NODE_BUDGET = 160
+ROUNDS = 2
 
 
 def write_device_files(root: Path) -> tuple[list[Path], list[int]]:
@@ -337,14 +340,14 @@ def own_data_deployment(tmp_path):
 def test_dq_on_the_nodes_own_files_with_a_server_that_holds_no_data(own_data_deployment):
     dep, files, sizes = own_data_deployment
     size_a, size_b = sizes
-    assert size_a == 500 and 2 * NODE_BUDGET < size_b < 3 * NODE_BUDGET  # b runs out in round 3
+    assert (ROUNDS - 1) * NODE_BUDGET < size_b <= ROUNDS * NODE_BUDGET < size_a
     # only the SuperNodes are told where the files are
     for proc, path in zip(dep.supernodes, files, strict=True):
         assert f'data-file="{path}"' in proc.command
     assert not any(str(path.parent) in dep.superlink.command for path in files)
 
     results = dep.workdir / "results.json"
-    rounds = 3
+    rounds = ROUNDS
     run_config = {"method": "dq", "dataset": "none", "input-shape": "1,8,8", "num-classes": 10,
                   "fraction-evaluate": 1.0, "num-server-rounds": rounds,
                   "budget": NODE_BUDGET, "results-path": str(results)}
@@ -374,7 +377,8 @@ def test_dq_on_the_nodes_own_files_with_a_server_that_holds_no_data(own_data_dep
         assert row["up_bytes"] > 0
     # node A uploads its budget every round; node B its budget, then the rest of its rows
     selected = [r["selected"] for r in history[1:]]
-    assert selected == [2 * NODE_BUDGET, 2 * NODE_BUDGET, NODE_BUDGET + size_b - 2 * NODE_BUDGET]
+    assert selected[:-1] == [2 * NODE_BUDGET] * (rounds - 1)
+    assert selected[-1] == NODE_BUDGET + size_b - (rounds - 1) * NODE_BUDGET
     # the server stores what the nodes uploaded, not the files
     stored = history[-1]["stored"]
     assert stored == sum(selected) == rounds * NODE_BUDGET + size_b
