@@ -26,8 +26,9 @@ __all__ = [
 #: else ``float32``).
 DOWNLINKS = ("auto", "float32", "fp16", "sign")
 #: How the server combines the decoded client vectors (``auto``: ``majority`` for the
-#: ``sign`` codec, else ``mean``).
-AGGREGATIONS = ("auto", "mean", "majority")
+#: ``sign`` codec, else ``mean``); ``median`` (coordinate-wise) and ``trimmed-mean`` are
+#: robust to a minority of bad clients.
+AGGREGATIONS = ("auto", "mean", "majority", "median", "trimmed-mean")
 #: When the clients wrap the codec in error feedback (``auto``: where the codec is biased
 #: and the aggregation is the mean).
 ERROR_FEEDBACK = ("auto", "on", "off")
@@ -104,6 +105,13 @@ class GradientConfig:
         (code the flat vector).
     max_failed_rounds : int
         Stop the run when every sampled client fails this many rounds in a row (0: never).
+    trim_fraction : float
+        Fraction cut at each end by ``aggregation="trimmed-mean"``.
+    clip_norm : float
+        Clip every client's update to this L2 norm before aggregating (0: off).
+    norm_bound_factor : float
+        Reject an update whose norm exceeds this multiple of the round's median (or the
+        recent rounds' medians) (0: off).
     """
 
     codec: str = "identity"
@@ -124,9 +132,15 @@ class GradientConfig:
     error_feedback: str = "auto"
     per_tensor: str = "auto"
     max_failed_rounds: int = 3
+    trim_fraction: float = 0.2
+    clip_norm: float = 0.0
+    norm_bound_factor: float = 10.0
 
     def __post_init__(self) -> None:
         _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")
+        _check(0 <= self.trim_fraction < 0.5, "trim-fraction", "must be in [0, 0.5)")
+        _check(self.clip_norm >= 0, "clip-norm", "must be >= 0 (0 = off)")
+        _check(self.norm_bound_factor >= 0, "norm-bound-factor", "must be >= 0 (0 = off)")
         _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
         _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
         _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")

@@ -51,6 +51,8 @@ from dq_flower.server.common import (
     round_rng,
     sample_node_ids,
 )
+from dq_flower.server.robust import NormScreen, StepGuard, cap_weights, clip_norms
+from dq_flower.server.robust import aggregate as robust_aggregate
 
 __all__ = ["GradientStrategy", "CompressedGradientStrategy", "majority_vote", "weighted_mean",
            "SERVER_ONLY_KEYS"]
@@ -169,6 +171,9 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         self.asked: dict[int, int] = {}
         self.last_metrics: dict[str, float] = {}
         self.failures = FailureWatch(config.max_failed_rounds, self.method)
+        self.norms = NormScreen(config.norm_bound_factor)
+        self.guard = StepGuard(model, self.optimizer)
+        self.rolled_back = 0
         self._returned: ArrayRecord | None = None
 
     # ------------------------------------------------------------------ Strategy API
@@ -227,6 +232,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         quorum = min(self.min_available_nodes, self.asked.pop(server_round,
                                                               self.min_available_nodes))
         vectors, weights, losses = [], [], []
+        kept_nodes: list[int] = []
         rejected = failed = 0
         up_bits = 0
         for msg in replies:
@@ -235,22 +241,40 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                 failed += 1
                 self.node_version.pop(node, None)
                 continue
-            try:
+            try:  # every exception a reply can cause is caught here
                 vec, weight, loss, nbits = self.validate_reply(msg)
-            except (PayloadError, ValueError, KeyError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001
                 rejected += 1
                 self.node_version.pop(node, None)
-                log_rejected(node, str(exc))
+                log_rejected(node, f"{type(exc).__name__}: {exc}")
                 continue
             vectors.append(vec)
             weights.append(weight)
             losses.append(loss)
+            kept_nodes.append(node)
             up_bits += nbits
             if self.cfg.downlink_mode == "sign":
                 self.node_version[node] = self.version
+        if vectors and not self.cfg.majority:
+            keep = self.norms.keep([float(np.linalg.norm(v)) for v in vectors])
+            for k, node in zip(keep, kept_nodes, strict=True):
+                if not k:
+                    log_rejected(node, "update norm is implausibly large against the other "
+                                 "clients' (norm-bound-factor)")
+                    self.node_version.pop(node, None)
+            rejected += keep.count(False)
+            vectors = [v for v, k in zip(vectors, keep, strict=True) if k]
+            weights = [w for w, k in zip(weights, keep, strict=True) if k]
+            losses = [x for x, k in zip(losses, keep, strict=True) if k]
         stepped = bool(vectors) and len(vectors) >= quorum
         if stepped:
+            self.guard.begin()
             self.apply(server_round, vectors, weights)
+            if not self.guard.finite_or_restore():
+                self.rolled_back += 1
+                stepped = False
+                log_round(self.method, server_round, "the step made the model non-finite: "
+                          f"rolled back; replies came from nodes {sorted(kept_nodes)}")
         metrics = {
             "train-loss": (float(np.average(losses, weights=weights)) if losses
                            else float("nan")),
@@ -260,6 +284,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
             "rejected": rejected,
             "failed": failed,
             "stepped": int(stepped),
+            "rolled-back": self.rolled_back,
             "server-time-s": time.perf_counter() - t0,
         }
         self.last_metrics = metrics
@@ -345,11 +370,15 @@ class GradientStrategy(FederatedEvaluation, Strategy):
 
     def aggregate(self, server_round: int, vectors: list[np.ndarray],
                   weights: list[float]) -> np.ndarray:
-        """Combine decoded updates: weighted mean, or the majority vote."""
+        """Combine decoded updates: weighted mean, a robust rule, or the majority vote."""
         if self.cfg.majority:
             rng = round_rng(self.seed, server_round, 0, PURPOSE_TIES)
             return majority_vote(vectors, rng)
-        return weighted_mean(vectors, weights)
+        vectors = clip_norms(vectors, self.cfg.clip_norm)
+        rule = "mean" if self.cfg.aggregation == "auto" else self.cfg.aggregation
+        if rule == "mean":
+            return weighted_mean(vectors, cap_weights(weights))
+        return robust_aggregate(vectors, weights, rule, self.cfg.trim_fraction)
 
     def apply(self, server_round: int, vectors: list[np.ndarray], weights: list[float]) -> None:
         """Aggregate and take one server step (advances the model version)."""

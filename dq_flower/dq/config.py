@@ -15,7 +15,7 @@ from dq_flower.config import check as _check
 from dq_flower.config import parse_params
 
 __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
-           "RANGE_MODES", "CLIENT_KEYS"]
+           "RANGE_MODES", "CLIENT_KEYS", "robust_rule"]
 
 
 SCORERS = ("uniform", "loss", "gradnorm")
@@ -83,6 +83,19 @@ class DQConfig:
         Minibatch size of a client's gradient in gradient rounds.
     max_failed_rounds : int
         Stop the run when every sampled client fails this many rounds in a row (0: never).
+    robust_aggregation : str
+        How the round's compensations and gradient-round gradients combine: ``mean``
+        (``auto``: weighted by examples), ``median`` (coordinate-wise) or ``trimmed-mean``.
+    trim_fraction : float
+        Fraction cut at each end by ``trimmed-mean``.
+    clip_norm : float
+        Clip every client's compensation or gradient to this L2 norm first (0: off).
+    norm_bound_factor : float
+        Reject a compensation or gradient whose norm exceeds this multiple of the round's
+        median (or the recent rounds' medians) (0: off).
+    max_abs_value : float
+        Largest absolute data value accepted; 0 (auto) sets it to 1000 times the largest
+        value of the first accepted upload (at least 1000).
     """
 
     budget: int = 64
@@ -111,6 +124,11 @@ class DQConfig:
     gradient_codec_params: str = "levels=4,bucket=512"
     gradient_batch_size: int = 32
     max_failed_rounds: int = 3
+    robust_aggregation: str = "auto"
+    trim_fraction: float = 0.2
+    clip_norm: float = 0.0
+    norm_bound_factor: float = 10.0
+    max_abs_value: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
@@ -163,3 +181,8 @@ CLIENT_KEYS = ("budget", "bits", "stochastic", "per-channel", "ranges", "dither"
                "entropy-coder", "scorer", "selection-rule", "score-threshold", "resend",
                "compensation", "compensation-params", "gradient-codec",
                "gradient-codec-params", "gradient-batch-size")
+
+
+def robust_rule(aggregation: str) -> str:
+    """The aggregation rule of ``aggregation`` (``auto`` is the weighted mean)."""
+    return "mean" if aggregation == "auto" else aggregation

@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.config import from_mapping, to_config_record
-from dq_flower.dq.config import CLIENT_KEYS, DQConfig
+from dq_flower.dq.config import CLIENT_KEYS, DQConfig, robust_rule
 from dq_flower.dq.planner import (
     ESTIMATES,
     RoundPlan,
@@ -60,17 +60,22 @@ from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_from_record
 from dq_flower.server.common import (
     FailureWatch,
     FederatedEvaluation,
+    log_rejected,
     log_round,
     make_optimizer,
     round_rng,
     sample_node_ids,
     screen_replies,
 )
+from dq_flower.server.robust import NormScreen, StepGuard, aggregate, cap_weights, clip_norms
 
 __all__ = ["DQStrategy", "Upload", "GradientReply", "build_config"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
+#: ``sample`` selection floors scores at 1e-3 of their mean, so an honest row never stands
+#: for more than 1000 times the candidates it was drawn from (see ``dq.selection``).
+MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
 
 
 def build_config(config: Any, knobs: dict[str, Any], cls: type = DQConfig) -> Any:
@@ -203,6 +208,10 @@ class DQStrategy(FederatedEvaluation, Strategy):
         self.plans: dict[int, RoundPlan] = {}
         self.asked: dict[int, int] = {}
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
+        self.norms = NormScreen(cfg.norm_bound_factor)
+        self.guard = StepGuard(model, self.optimizer)
+        self.value_bound = float(cfg.max_abs_value) or None
+        self.rolled_back = 0
         self._returned: ArrayRecord | None = None
         if data_spec is not None:
             self._fix_spec(data_spec)
@@ -284,17 +293,30 @@ class DQStrategy(FederatedEvaluation, Strategy):
         t0 = time.perf_counter()
         screened, rejected, failed = screen_replies(
             replies, lambda msg: self._validate(msg, msg.metadata.src_node_id))
-        fresh: list[Upload] = [upload for _, upload in screened]
         # Replies arrive in any order: store and combine them in the clients' partition
         # order, so that a run is reproducible from its seed.
-        fresh.sort(key=lambda u: (u.partition, u.node))
-        for upload in fresh:
+        candidates = sorted((u for _, u in screened), key=lambda u: (u.partition, u.node))
+        candidates, dropped = self._screen_deltas(candidates)
+        fresh: list[Upload] = []
+        for upload in candidates:
+            try:  # store insertion is part of the reply boundary: a failure rejects it
+                if len(upload.batch):
+                    assert self.store is not None
+                    self.store.add(self._rows(upload.batch, upload.node))
+            except Exception as exc:  # noqa: BLE001
+                dropped += 1
+                log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
+                             f"{exc}")
+                continue
             if upload.ranges is not None:
                 self.ranges[upload.node] = upload.ranges
-            if len(upload.batch):
-                assert self.store is not None
-                self.store.add(self._rows(upload.batch, upload.node))
+            fresh.append(upload)
+        rejected += dropped
+        self.guard.begin()
         loss = self._train_steps(server_round, fresh)
+        if not self.guard.finite_or_restore():
+            self._rolled_back(server_round, [u.node for u in fresh])
+            loss = float("nan")
         up_bits = sum(u.batch.payload_bits for u in fresh)
         packed = sum(u.batch.packed_nbytes for u in fresh)
         self._measure_data(fresh)
@@ -302,10 +324,29 @@ class DQStrategy(FederatedEvaluation, Strategy):
             plan, loss=loss, selected=sum(len(u.batch) for u in fresh), up_bits=up_bits,
             replies=len(fresh), rejected=rejected, failed=failed, t0=t0)
         metrics["up-packed-bytes"] = int(packed)
+        metrics["rolled-back"] = self.rolled_back
         log_round("dq", server_round, f"{metrics['selected']} new samples, "
                   f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
+
+    def _rolled_back(self, server_round: int, nodes: list[int]) -> None:
+        self.rolled_back += 1
+        log_round("dq", server_round, "the round's steps made the model non-finite: rolled "
+                  f"back; the round's replies came from nodes {sorted(nodes)}")
+
+    def _screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
+        """Drop uploads whose compensation norm is implausible (see ``server.robust``)."""
+        with_delta = [u for u in uploads if u.delta is not None]
+        if not with_delta:
+            return uploads, 0
+        keep = self.norms.keep([float(np.linalg.norm(u.delta)) for u in with_delta])
+        bad = {id(u) for u, k in zip(with_delta, keep, strict=True) if not k}
+        for u in with_delta:
+            if id(u) in bad:
+                log_rejected(u.node, "compensation norm is implausibly large against the "
+                             "other clients' (norm-bound-factor)")
+        return [u for u in uploads if id(u) not in bad], len(bad)
 
     # ------------------------------------------------------------------ the data spec
     def _may_use_feature_ranges(self) -> bool:
@@ -399,6 +440,9 @@ class DQStrategy(FederatedEvaluation, Strategy):
         n_cand = metrics.get("candidates")
         if not isinstance(n_cand, int) or not len(batch) <= n_cand <= MAX_LOCAL_ID:
             raise PayloadError(f"'candidates'={n_cand!r} is inconsistent with the upload")
+        if (batch.samples.meta.get("dither_seed") is not None) != self.cfg.dither:
+            raise PayloadError("samples carry a dither setting the server did not configure")
+        self._check_weights(batch, n_cand)
         fixed = self.mode == "feature"
         groups = spec.channels if self.mode == "channel" else 0
         x = payload_quantizer(batch.samples, self.cfg.bits, groups, fixed).decode(
@@ -418,6 +462,7 @@ class DQStrategy(FederatedEvaluation, Strategy):
                 x = denormalise(x, *use)
         if not np.isfinite(x).all():
             raise PayloadError("samples decode to non-finite values")
+        self._check_values(x)
         delta = None
         if batch.compensation is not None:
             if self.comp_codec is None:
@@ -441,8 +486,46 @@ class DQStrategy(FederatedEvaluation, Strategy):
         examples = metrics.get("num-examples", n_cand)
         if not isinstance(examples, int) or not n_cand <= examples <= MAX_LOCAL_ID:
             raise PayloadError(f"'num-examples'={examples!r} is inconsistent with the upload")
+        self._check_examples(node, examples)
         return Upload(batch, x, n_cand, delta, node, partition, examples,
                       reply_bits(content) if self.measuring else 0, ranges)
+
+    def _check_weights(self, batch: SampleBatch, candidates: int) -> None:
+        """Row weights an honest client of this selection rule can send.
+
+        ``topk``/``threshold``: every row stands for ``candidates / k`` samples. ``sample``:
+        ``1 / pi_i`` lies in ``[1, 1000 * candidates]`` (scores are floored at 1e-3 of
+        their mean).
+        """
+        if not len(batch):
+            return
+        w = batch.weights.astype(np.float64)
+        if self.cfg.selection_rule == "sample":
+            top = MAX_SAMPLE_WEIGHT_FACTOR * max(candidates, 1)
+            if w.min() < 1.0 - 1e-4 or w.max() > top:
+                raise PayloadError(f"sample weights outside [1, {top:g}] for {candidates} "
+                                   "candidates")
+        elif not np.allclose(w, candidates / len(batch), rtol=1e-4):
+            raise PayloadError(f"weights must be candidates / rows = {candidates}/{len(batch)}"
+                               f" under {self.cfg.selection_rule!r} selection")
+
+    def _check_values(self, x: np.ndarray) -> None:
+        """Decoded values within the run's value bound (set from the first upload if auto)."""
+        if not x.size:
+            return
+        largest = float(np.abs(x).max())
+        if self.value_bound is None:
+            self.value_bound = 1000.0 * max(1.0, largest)
+            log_round("dq", 0, f"data values bounded by {self.value_bound:g} (max-abs-value)")
+        elif largest > self.value_bound:
+            raise PayloadError(f"sample value {largest:g} exceeds the bound "
+                               f"{self.value_bound:g} (max-abs-value)")
+
+    def _check_examples(self, node: int, examples: int) -> None:
+        """A node's number of examples does not change between rounds."""
+        known = self.planner.clients.get(int(node))
+        if known is not None and known[0] and known[0] != examples:
+            raise PayloadError(f"'num-examples' changed from {known[0]} to {examples}")
 
     def _measure_data(self, fresh: list[Upload]) -> None:
         """Tell the planner what the valid data replies carried and cost."""
@@ -493,6 +576,7 @@ class DQStrategy(FederatedEvaluation, Strategy):
             raise PayloadError(f"'num-examples'={examples!r} must be a positive int")
         if not isinstance(partition, int):
             raise PayloadError(f"'partition-id'={partition!r} is not an int")
+        self._check_examples(msg.metadata.src_node_id, examples)
         payload = Payload.from_record(content.array_records[GRADIENT_KEY])
         assert self.grad_codec is not None
         if payload.codec != self.grad_codec.name:
@@ -515,16 +599,27 @@ class DQStrategy(FederatedEvaluation, Strategy):
         t0 = time.perf_counter()
         screened, rejected, failed = screen_replies(replies, self._validate_gradient)
         valid = sorted((r for _, r in screened), key=lambda r: (r.partition, r.node))
+        keep = self.norms.keep([float(np.linalg.norm(r.gradient)) for r in valid])
+        for r, k in zip(valid, keep, strict=True):
+            if not k:
+                log_rejected(r.node, "gradient norm is implausibly large against the other "
+                             "clients' (norm-bound-factor)")
+        rejected += keep.count(False)
+        valid = [r for r, k in zip(valid, keep, strict=True) if k]
         losses: list[float] = []
+        self.guard.begin()
         if valid:
-            total = float(sum(r.examples for r in valid))
-            grad = np.zeros(self.num_params, dtype=np.float32)
-            for r in valid:
-                grad += np.float32(r.examples / total) * r.gradient
+            grads = clip_norms([r.gradient for r in valid], self.cfg.clip_norm)
+            weights = cap_weights([float(r.examples) for r in valid])
+            grad = aggregate(grads, weights, robust_rule(self.cfg.robust_aggregation),
+                             self.cfg.trim_fraction)
             self.model.train()
             apply_flat_grad(self.model, self.optimizer, grad)
             losses = [r.loss for r in valid]
         later = self._store_steps(server_round, self.cfg.server_steps - (1 if valid else 0))
+        if not self.guard.finite_or_restore():
+            self._rolled_back(server_round, [r.node for r in valid])
+            later, losses = [], []
         loss = float(np.mean(later or losses)) if (later or losses) else float("nan")
         for r in valid:
             self.planner.record_examples(r.node, r.examples)
@@ -534,6 +629,7 @@ class DQStrategy(FederatedEvaluation, Strategy):
         metrics = self._round_metrics(plan, loss=loss, selected=0, up_bits=up_bits,
                                       replies=len(valid), rejected=rejected, failed=failed,
                                       t0=t0)
+        metrics["rolled-back"] = self.rolled_back
         log_round("dq", server_round, f"gradient round: {len(valid)} gradients, "
                   f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
         self._returned = state_arrays(self.model)
@@ -563,9 +659,17 @@ class DQStrategy(FederatedEvaluation, Strategy):
         ys = np.concatenate([u.batch.labels for u in fresh if len(u.batch)])
         ws = np.concatenate([u.batch.weights for u in fresh if len(u.batch)]) / total
         loss, grad = weighted_loss_grad(self.model, self._shaped(xs), ys, ws, self.loss_fn)
-        for u in fresh:
-            if u.delta is not None:
-                grad += (u.candidates / total) * u.delta
+        with_delta = [u for u in fresh if u.delta is not None]
+        if with_delta:
+            deltas = clip_norms([u.delta for u in with_delta], self.cfg.clip_norm)
+            rule = robust_rule(self.cfg.robust_aggregation)
+            if rule == "mean":
+                for u, d in zip(with_delta, deltas, strict=True):
+                    grad += (u.candidates / total) * d
+            else:  # robust: one vote per client, scaled by the clients' share of candidates
+                share = sum(u.candidates for u in with_delta) / total
+                grad += np.float32(share) * aggregate(deltas, [1.0] * len(deltas), rule,
+                                                      self.cfg.trim_fraction)
         return loss / max(float(ws.sum()), 1e-12), grad
 
     def _train_steps(self, server_round: int, fresh: list[Upload]) -> float:
@@ -612,7 +716,8 @@ class DQStrategy(FederatedEvaluation, Strategy):
                 "ranges": {int(k): (lo.copy(), span.copy())
                            for k, (lo, span) in self.ranges.items()},
                 "store": None if self.store is None else self.store.state(),
-                "planner": self.planner.state()}
+                "planner": self.planner.state(), "norms": self.norms.state(),
+                "value_bound": self.value_bound, "rolled_back": self.rolled_back}
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -629,4 +734,7 @@ class DQStrategy(FederatedEvaluation, Strategy):
             self.store.load_state(state["store"])
         if "planner" in state:
             self.planner.load_state(state["planner"])
+        self.norms.load_state(state.get("norms", []))
+        self.value_bound = state.get("value_bound", self.value_bound)
+        self.rolled_back = int(state.get("rolled_back", 0))
         self._returned = None

@@ -35,11 +35,7 @@ __all__ = ["app", "make_client_app"]
 
 def _task(msg: Message) -> tuple[dict[str, Any], TaskConfig]:
     config = dict(msg.content["config"].items()) if "config" in msg.content else {}
-    task_keys = dict(config)
-    if task_keys.get("dataset") == "none":
-        # fraction-evaluate is a server setting (it does not travel); the server checked it
-        task_keys.setdefault("fraction-evaluate", 1.0)
-    return config, from_mapping(TaskConfig, task_keys)
+    return config, from_mapping(TaskConfig, config)
 
 
 def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:

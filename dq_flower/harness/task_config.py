@@ -14,7 +14,8 @@ __all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
 
 #: Task keys the package's ClientApp reads from each message (nothing else travels).
 CLIENT_TASK_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-alpha",
-                    "seed", "data-dir", "device", "input-shape", "num-classes")
+                    "seed", "data-dir", "device", "input-shape", "num-classes",
+                    "fraction-evaluate")
 
 
 @dataclass(frozen=True)

@@ -101,11 +101,13 @@ def screen_replies(
         if msg.has_error():
             failed += 1
             continue
-        try:
+        try:  # every exception a reply can cause is caught here: the round goes on
             valid.append((node, validate(msg)))
-        except REPLY_ERRORS as exc:
+        except Exception as exc:  # noqa: BLE001
             rejected += 1
-            log_rejected(node, str(exc))
+            reason = str(exc) if isinstance(exc, REPLY_ERRORS) else (
+                f"{type(exc).__name__}: {exc}")
+            log_rejected(node, reason)
     return valid, rejected, failed
 
 

@@ -37,7 +37,8 @@ def _mock_reply(node, x, y, ids, num_classes, bits=2, weights=None, metrics=None
                 shape=(1, 8, 8)):
     q = make("uniform", bits=bits, stochastic=True)
     payload = q.encode(x, np.random.default_rng(0))
-    w = np.full(len(y), 10.0, dtype=np.float32) if weights is None else weights
+    # an honest top-k client: every row stands for candidates / rows samples
+    w = np.full(len(y), 100.0 / len(y), dtype=np.float32) if weights is None else weights
     content, _ = encode_batch(payload, y, ids, w, num_classes, 1000)
     content[SPEC_KEY] = spec_record(DataSpec(shape))
     content["metrics"] = MetricRecord(metrics or {"num-examples": 100, "candidates": 100,
@@ -130,7 +131,7 @@ def test_store_memory_is_close_to_packed_payload_bytes():
     # Fashion-MNIST-shaped rows (d = 784), 2 bits, 5 uploads of 100 samples.
     info = TaskInfo(10, (1, 28, 28), 784)
     model = make_model("logreg", info.input_shape, 10)
-    strategy = DQStrategy(model, config=DQConfig(bits=2, budget=100),
+    strategy = DQStrategy(model, config=DQConfig(bits=2, budget=100, selection_rule="sample"),
                           data_spec=DataSpec((1, 28, 28)))
     rng = np.random.default_rng(0)
     payload_bytes = 0

@@ -1,0 +1,146 @@
+"""Robust aggregation and plausibility bounds for the vectors clients send.
+
+Every bound here is derived from what honest clients send in the same run, so that it
+holds for any model and data without tuning:
+
+- **Norms** (:class:`NormScreen`): a compensation or gradient whose L2 norm exceeds
+  ``factor`` times a robust reference is rejected. The reference is the median norm of the
+  round's valid vectors when at least three arrived, else the largest of the medians of
+  the last rounds (an honest client's norm drifts slowly from round to round). Default
+  factor 10; 0 turns the check off.
+- **Weights** (:func:`cap_weights`): a client's example count weighs at most ``factor``
+  times the round's median count, so one client claiming 2**31 examples cannot outweigh
+  the others.
+- **Aggregation** (:func:`aggregate`): the example-weighted mean, or, robust to a minority
+  of bad clients, the coordinate-wise median (as Flower's ``FedMedian``) or the trimmed
+  mean (Flower's ``FedTrimmedAvg`` helper), optionally after clipping every vector's norm.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+
+__all__ = ["AGGREGATIONS", "aggregate", "clip_norms", "cap_weights", "NormScreen", "StepGuard"]
+
+#: Aggregation rules of client vectors.
+AGGREGATIONS = ("mean", "median", "trimmed-mean")
+
+
+def clip_norms(vectors: list[np.ndarray], clip: float) -> list[np.ndarray]:
+    """Scale every vector whose L2 norm exceeds ``clip`` down to norm ``clip`` (0: off)."""
+    if clip <= 0:
+        return vectors
+    out = []
+    for v in vectors:
+        norm = float(np.linalg.norm(v))
+        out.append(v if norm <= clip else (v * np.float32(clip / norm)).astype(np.float32))
+    return out
+
+
+def aggregate(vectors: list[np.ndarray], weights: list[float], rule: str = "mean",
+              trim_fraction: float = 0.2) -> np.ndarray:
+    """Combine client vectors by ``rule`` (``mean`` is weighted by ``weights``)."""
+    if not vectors:
+        raise ValueError("nothing to aggregate")
+    if rule == "mean":
+        total = float(sum(weights))
+        acc = np.zeros(vectors[0].size, dtype=np.float64)
+        for v, w in zip(vectors, weights, strict=True):
+            acc += (float(w) / total) * v.astype(np.float64)
+        return acc.astype(np.float32)
+    stacked = np.stack([v.astype(np.float32) for v in vectors])
+    if rule == "median":
+        return np.median(stacked, axis=0).astype(np.float32)
+    if rule == "trimmed-mean":
+        return np.asarray(trim_mean(stacked, trim_fraction), dtype=np.float32)
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {rule!r}")
+
+
+def cap_weights(weights: list[float], factor: float = 10.0) -> list[float]:
+    """Weights capped at ``factor`` times their median (unchanged with one or two)."""
+    if len(weights) < 3 or factor <= 0:
+        return [float(w) for w in weights]
+    cap = factor * float(np.median(weights))
+    return [min(float(w), cap) for w in weights]
+
+
+class NormScreen:
+    """Reject vectors whose norm is implausibly large against a robust reference.
+
+    Parameters
+    ----------
+    factor : float
+        A vector with ``norm > factor * reference`` is rejected; 0 disables the screen.
+    history : int
+        Rounds of medians kept for the reference when a round has fewer than 3 vectors.
+    """
+
+    def __init__(self, factor: float = 10.0, history: int = 5) -> None:
+        self.factor = float(factor)
+        self.medians: deque[float] = deque(maxlen=history)
+
+    def reference(self, norms: list[float]) -> float | None:
+        """The reference norm for a round whose valid vectors have ``norms``."""
+        if len(norms) >= 3:
+            return float(np.median(norms))
+        return max(self.medians) if self.medians else None
+
+    def keep(self, norms: list[float]) -> list[bool]:
+        """Which vectors pass; records the round's median for later rounds."""
+        if self.factor <= 0 or not norms:
+            return [True] * len(norms)
+        ref = self.reference(norms)
+        keep = [True] * len(norms) if ref is None or ref == 0 else [
+            n <= self.factor * ref for n in norms]
+        passed = [n for n, k in zip(norms, keep, strict=True) if k]
+        if passed:
+            self.medians.append(float(np.median(passed)))
+        return keep
+
+    def state(self) -> list[float]:
+        """The recorded medians, for checkpoints."""
+        return list(self.medians)
+
+    def load_state(self, medians: list[float]) -> None:
+        """Inverse of :meth:`state`."""
+        self.medians.clear()
+        self.medians.extend(float(m) for m in medians)
+
+
+class StepGuard:
+    """Undo a round's optimizer steps that left the model non-finite.
+
+    ``begin()`` snapshots the model's and the optimizer's state; ``finite_or_restore()``
+    checks every parameter and buffer after the steps and, if any is NaN or infinite,
+    restores the snapshot and returns ``False``.
+    """
+
+    def __init__(self, model, optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self._saved: tuple[dict, dict | None] | None = None
+
+    def begin(self) -> None:
+        """Snapshot the model and optimizer before the round's steps."""
+        import copy
+
+        opt = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
+        self._saved = ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                       opt)
+
+    def finite_or_restore(self) -> bool:
+        """``True`` if the model is finite; else restore the snapshot and return ``False``."""
+        import torch
+
+        finite = all(bool(torch.isfinite(v).all()) for v in self.model.state_dict().values()
+                     if v.is_floating_point())
+        if finite or self._saved is None:
+            return finite
+        model_state, opt_state = self._saved
+        self.model.load_state_dict(model_state)
+        if opt_state is not None:
+            self.optimizer.load_state_dict(opt_state)
+        return False
