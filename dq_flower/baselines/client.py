@@ -31,14 +31,13 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.config import GradientConfig
-from dq_flower.codecs import ErrorFeedback, Payload, PayloadError, make
+from dq_flower.codecs import ErrorFeedback, Payload, PayloadError
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
 from dq_flower.model_ops import LossFn, get_flat, set_flat, weighted_loss_grad
 from dq_flower.node import node_key
 from dq_flower.protocol.gradient import (
     METRICS_KEY,
-    MODEL_CODECS,
     VOTE_PREFIX,
     model_crc,
     sign_step,
@@ -46,12 +45,13 @@ from dq_flower.protocol.gradient import (
     uses_error_feedback,
     vote_from_payload,
 )
-from dq_flower.protocol.model import MODEL_KEY
+from dq_flower.protocol.model import MODEL_KEY, decode_model_payload
 from dq_flower.server.common import round_rng
 
 __all__ = [
     "gradient_train",
     "batch_indices",
+    "epoch_batches",
     "encode_update",
     "segments",
     "local_update",
@@ -68,9 +68,12 @@ MODEL_STATE_KEY = "grad-model"
 #: Round whose starting state the snapshot holds, and the snapshot's key prefix.
 ROUND_KEY = "grad-round"
 SNAPSHOT_PREFIX = "grad-before/"
-#: ``round_rng`` purposes used by the client.
+#: ``round_rng`` purposes used by the client. The epoch shuffles use FedAvg's client's
+#: purpose (``dq_flower.harness.fedavg_client.PURPOSE_SHUFFLE``), so with ``local-epochs``
+#: a client visits its rows in exactly the order FedAvg's client does.
 PURPOSE_BATCH = 11
 PURPOSE_CODEC = 12
+PURPOSE_EPOCHS = 21
 #: Most votes a client applies from one message.
 MAX_VOTES = 64
 
@@ -89,11 +92,32 @@ def batch_indices(
     return [np.sort(rng.choice(int(n), size=size, replace=False)) for _ in range(int(steps))]
 
 
+def epoch_batches(
+    seed: int, server_round: int, partition_id: int, n: int, batch_size: int, epochs: int
+) -> list[np.ndarray]:
+    """Row indices of every minibatch of ``epochs`` full epochs over ``n`` rows.
+
+    Each epoch is a fresh permutation drawn from
+    ``round_rng(seed, server_round, partition_id, PURPOSE_EPOCHS)``, cut into consecutive
+    minibatches of ``batch_size`` rows (the last one may be shorter): the same order as
+    FedAvg's client (``dq_flower.harness.fedavg_client.local_epochs``).
+    """
+    rng = round_rng(seed, server_round, partition_id, PURPOSE_EPOCHS)
+    out = []
+    for _ in range(int(epochs)):
+        order = rng.permutation(int(n))
+        out.extend(order[i:i + int(batch_size)] for i in range(0, int(n), int(batch_size)))
+    return out
+
+
 def local_update(
     model, x: np.ndarray, y: np.ndarray, batches: list[np.ndarray], client_lr: float,
-    loss_fn: LossFn | None = None,
+    loss_fn: LossFn | None = None, force_steps: bool = False,
 ) -> tuple[np.ndarray, float, int]:
     """Gradient (one batch) or mean trajectory gradient (several) of the model on ``x, y``.
+
+    With ``force_steps`` a single batch is also stepped (``local-epochs``: the update is
+    always ``(w_0 - w) / (client_lr * steps)``).
 
     Returns
     -------
@@ -107,7 +131,7 @@ def local_update(
         Rows used, counting repeats across steps.
     """
     losses = []
-    if len(batches) == 1:
+    if len(batches) == 1 and not force_steps:
         idx = batches[0]
         loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size),
                                         loss_fn)
@@ -216,7 +240,7 @@ def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: Gradie
     payloads = []
     for i, part in enumerate(parts):
         suffix = f"-{i}" if cfg.segmented else ""
-        codec = make(cfg.codec, **cfg.codec_kwargs)
+        codec = cfg.make_codec()
         coder: Any
         if uses_error_feedback(cfg, codec):
             coder, key = ErrorFeedback(codec), EF_KEY + suffix
@@ -240,9 +264,8 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
     content = msg.content
     if MODEL_KEY in content.array_records:
         payload = Payload.from_record(content.array_records[MODEL_KEY])
-        if payload.codec not in MODEL_CODECS:
-            raise PayloadError(f"model sent with unsupported codec {payload.codec!r}")
-        w = make(payload.codec).decode(payload).reshape(-1).astype(np.float32)
+        # size checked against this model before anything is decompressed or decoded
+        w = decode_model_payload(payload, dim, cfg.entropy_coder).astype(np.float32)
     else:
         state = load_state_dict(context, MODEL_STATE_KEY)
         base = int(config["base-version"])
@@ -310,9 +333,14 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     dim = int(sum(p.numel() for p in model.parameters()))
     set_flat(model, _receive_model(msg, context, cfg, config, dim))
 
-    batches = batch_indices(seed, server_round, pid, x.shape[0], cfg.batch_size,
-                            cfg.local_steps)
-    update, loss, examples = local_update(model, x, y, batches, cfg.client_lr, loss_fn)
+    if cfg.epochs_mode:
+        batches = epoch_batches(seed, server_round, pid, x.shape[0], cfg.batch_size,
+                                cfg.local_epochs)
+    else:
+        batches = batch_indices(seed, server_round, pid, x.shape[0], cfg.batch_size,
+                                cfg.local_steps)
+    update, loss, examples = local_update(model, x, y, batches, cfg.client_lr, loss_fn,
+                                          force_steps=cfg.epochs_mode)
 
     if cfg.majority and cfg.momentum > 0:  # Signum: client-side momentum
         state = load_state_dict(context, MOMENTUM_KEY)

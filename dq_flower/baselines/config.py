@@ -20,6 +20,7 @@ __all__ = [
     "ERROR_FEEDBACK",
     "PER_TENSOR",
     "CODEC_DEFAULTS",
+    "ENTROPY_CODERS",
 ]
 
 #: How the server sends the model to the clients (``auto``: ``sign`` under majority vote,
@@ -45,6 +46,8 @@ CODEC_DEFAULTS: dict[str, dict[str, Any]] = {
     "topk": {"ratio": 0.01},
     "powersgd": {"rank": 2},
 }
+#: Lossless coders of every payload (``entropy-coder``); ``zstd`` needs ``zstandard``.
+ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd")
 #: Codec parameters that are also run-config keys of their own (0 = not set).
 CODEC_PARAM_KNOBS = ("levels", "bucket", "ratio", "rank")
 
@@ -77,6 +80,13 @@ class GradientConfig:
         tau: local SGD steps per round. With 1 a client sends its minibatch gradient;
         with more it sends the mean gradient along its local trajectory,
         ``(w_0 - w_tau) / (client_lr * tau)``.
+    local_epochs : int
+        E: with E >= 1 each client runs E full epochs over its data (minibatches of
+        ``batch_size``, shuffled as FedAvg's client does) with ``client_lr`` and sends the
+        pseudo-gradient ``(w_0 - w) / (client_lr * steps)``; the server multiplies each
+        decoded update by ``client_lr * steps`` (the client's model delta) before the
+        weighted mean, so its ``lr`` scales the mean delta: ``lr = 1`` with momentum 0 is
+        FedAvg exactly. 0 (default) means not set: ``local_steps`` applies.
     batch_size : int
         Client minibatch size (per local step).
     client_lr : float
@@ -103,6 +113,10 @@ class GradientConfig:
         ``auto``, ``on`` (code each parameter tensor separately: one payload, residual and
         codec state per tensor; conv kernels are ``out x (in * k * k)`` matrices) or ``off``
         (code the flat vector).
+    entropy_coder : str
+        Lossless coding of every payload of the run (the uploads and the downlink model):
+        ``none``, ``zlib`` (default), ``lzma`` or ``zstd``, applied per message only where
+        it shrinks it (``entropy=`` in ``codec_params`` takes precedence for the uploads).
     max_failed_rounds : int
         Stop the run when every sampled client fails this many rounds in a row (0: never).
     trim_fraction : float
@@ -121,6 +135,7 @@ class GradientConfig:
     ratio: float = 0.0
     rank: int = 0
     local_steps: int = 1
+    local_epochs: int = 0
     batch_size: int = 32
     client_lr: float = 0.1
     lr: float = 0.1
@@ -131,6 +146,7 @@ class GradientConfig:
     aggregation: str = "auto"
     error_feedback: str = "auto"
     per_tensor: str = "auto"
+    entropy_coder: str = "zlib"
     max_failed_rounds: int = 3
     trim_fraction: float = 0.2
     clip_norm: float = 0.0
@@ -142,6 +158,16 @@ class GradientConfig:
         _check(self.clip_norm >= 0, "clip-norm", "must be >= 0 (0 = off)")
         _check(self.norm_bound_factor >= 0, "norm-bound-factor", "must be >= 0 (0 = off)")
         _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
+        _check(self.local_epochs >= 0, "local-epochs",
+               f"must be >= 0 (0 = not set), got {self.local_epochs}")
+        _check(not (self.local_epochs and self.local_steps > 1), "local-epochs",
+               f"runs whole epochs; it cannot be combined with local-steps={self.local_steps}")
+        _check(self.entropy_coder in ENTROPY_CODERS, "entropy-coder",
+               f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
+        from dq_flower.codecs.entropy import available
+
+        _check(self.entropy_coder in available(), "entropy-coder",
+               f"{self.entropy_coder!r} needs the optional 'zstandard' package")
         _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
         _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
@@ -166,10 +192,8 @@ class GradientConfig:
         else:
             _check(self.downlink != "sign", "downlink",
                    "'sign' (1-bit vote broadcast) needs aggregation='majority'")
-        from dq_flower.codecs import make
-
         try:
-            make(self.codec, **self.codec_kwargs)
+            self.make_codec()
         except ValueError as exc:
             key = "codec" if "unknown codec" in str(exc) else "codec-params"
             raise ValueError(f"{key}: {exc}") from None
@@ -196,6 +220,22 @@ class GradientConfig:
         return self.per_tensor == "on"
 
     @property
+    def epochs_mode(self) -> bool:
+        """Whether clients run whole local epochs (``local_epochs`` >= 1)."""
+        return self.local_epochs > 0
+
+    @property
+    def entropy(self) -> str:
+        """The uploads' lossless coder: ``entropy`` of ``codec_params``, else ``entropy_coder``."""
+        return str(self.codec_kwargs.get("entropy", self.entropy_coder))
+
+    def make_codec(self):
+        """The upload codec: the registry codec, entropy-coded with :attr:`entropy`."""
+        from dq_flower.codecs import make
+
+        return make(self.codec, **{**self.codec_kwargs, "entropy": self.entropy})
+
+    @property
     def codec_kwargs(self) -> dict[str, Any]:
         """The codec's parameters: defaults, then ``codec_params``, then the shortcut knobs."""
         params = dict(CODEC_DEFAULTS.get(self.codec, {}))
@@ -214,7 +254,8 @@ class FedAvgConfig:
     Attributes
     ----------
     local_epochs : int
-        E: epochs of local SGD over the client's partition per round.
+        E: epochs of local SGD over the client's partition per round (0 = not set: 1, so
+        one run config can list the key for every method).
     client_lr : float
         Client learning rate.
     batch_size : int
@@ -229,7 +270,10 @@ class FedAvgConfig:
     client_momentum: float = 0.0
 
     def __post_init__(self) -> None:
-        _check(self.local_epochs >= 1, "local-epochs", f"must be >= 1, got {self.local_epochs}")
+        _check(self.local_epochs >= 0, "local-epochs",
+               f"must be >= 1 (or 0 = not set), got {self.local_epochs}")
+        if self.local_epochs == 0:
+            object.__setattr__(self, "local_epochs", 1)
         _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")
         _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
         _check(0 <= self.client_momentum < 1, "client-momentum",

@@ -23,6 +23,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.codecs.lossless import raw_nbits
 from dq_flower.config import to_config_record
 from dq_flower.model_ops import (
     LossFn,
@@ -35,13 +36,14 @@ from dq_flower.model_ops import (
 from dq_flower.protocol.gradient import (
     METRICS_KEY,
     VOTE_PREFIX,
+    epoch_steps,
     model_crc,
     sign_step,
     update_keys,
     uses_error_feedback,
     vote_from_payload,
 )
-from dq_flower.protocol.model import MODEL_KEY, model_record
+from dq_flower.protocol.model import MODEL_KEY
 from dq_flower.server.common import (
     FailureWatch,
     FederatedEvaluation,
@@ -63,6 +65,10 @@ MAX_VOTES_BEHIND = 31
 #: ``round_rng`` purposes used by the server.
 PURPOSE_SAMPLE = 1
 PURPOSE_TIES = 4
+#: Most rows a client may claim per epoch under ``local-epochs`` (its ``num-examples`` is
+#: its rows times the epochs): an honest partition of any data set used here is far
+#: smaller; a larger claim is refused rather than given that weight in the mean.
+MAX_EPOCH_ROWS = 1 << 24
 #: Knobs only the server uses (they do not travel to the clients).
 SERVER_ONLY_KEYS = ("optimizer", "max-failed-rounds")
 
@@ -158,7 +164,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         self.fraction_evaluate = float(fraction_evaluate)
         self.min_evaluate_nodes = int(min_evaluate_nodes)
         self.method = method or config.codec
-        self.codec = make(config.codec, **config.codec_kwargs)
+        self.codec = config.make_codec()
         self.dim = num_params(model)
         self.sizes = [p.numel() for p in model.parameters()]
         self.optimizer = (make_optimizer(config.optimizer, model.parameters(), config.lr,
@@ -201,7 +207,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         if self.cfg.downlink_mode == "sign":
             base["model-version"] = self.version
             base["model-crc"] = model_crc(w)
-        full = self._model_record(w)
+        full, full_bits = self._model_record(w)
         messages, bits = [], 0
         for node in nodes:
             cfg = ConfigRecord(dict(base.items()))
@@ -216,7 +222,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                 bits += self.dim * (self.version - held)
             else:
                 content[MODEL_KEY] = full
-                bits += (16 if self.cfg.downlink_mode == "fp16" else 32) * self.dim
+                bits += full_bits
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))
         self.sent_payload_bits[server_round] = bits
@@ -234,7 +240,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         vectors, weights, losses = [], [], []
         kept_nodes: list[int] = []
         rejected = failed = 0
-        up_bits = 0
+        up_bits = raw_bits = 0
         for msg in replies:
             node = msg.metadata.src_node_id
             if msg.has_error():
@@ -242,7 +248,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                 self.node_version.pop(node, None)
                 continue
             try:  # every exception a reply can cause is caught here
-                vec, weight, loss, nbits = self.validate_reply(msg)
+                vec, weight, loss, nbits, raw, steps = self.check_reply(msg)
             except Exception as exc:  # noqa: BLE001
                 rejected += 1
                 self.node_version.pop(node, None)
@@ -253,6 +259,9 @@ class GradientStrategy(FederatedEvaluation, Strategy):
             losses.append(loss)
             kept_nodes.append(node)
             up_bits += nbits
+            raw_bits += raw
+            if self.cfg.epochs_mode:  # the client's model delta: client-lr x its steps
+                vectors[-1] = vec * np.float32(self.cfg.client_lr * steps)
             if self.cfg.downlink_mode == "sign":
                 self.node_version[node] = self.version
         if vectors and not self.cfg.majority:
@@ -279,6 +288,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
             "train-loss": (float(np.average(losses, weights=weights)) if losses
                            else float("nan")),
             "up-payload-bits": int(up_bits),
+            "up-raw-payload-bits": int(raw_bits),
             "down-payload-bits": int(self.sent_payload_bits.pop(server_round, 0)),
             "replies": len(vectors),
             "rejected": rejected,
@@ -307,12 +317,17 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         self._returned = arrays
 
     # ------------------------------------------------------------------ internals
-    def _model_record(self, w: np.ndarray) -> ArrayRecord:
-        if self.cfg.downlink_mode == "fp16":
-            return make("fp16").encode(w).to_record()
-        return model_record(self.model)
+    def _model_record(self, w: np.ndarray) -> tuple[ArrayRecord, int]:
+        """The downlink model record (float32 or fp16, entropy-coded) and its payload bits."""
+        codec = "fp16" if self.cfg.downlink_mode == "fp16" else "identity"
+        payload = make(codec, entropy=self.cfg.entropy_coder).encode(w)
+        return payload.to_record(), int(payload.nbits)
 
     def validate_reply(self, msg: Message) -> tuple[np.ndarray, float, float, int]:
+        """Check one reply and decode it: the first four fields of :meth:`check_reply`."""
+        return self.check_reply(msg)[:4]
+
+    def check_reply(self, msg: Message) -> tuple[np.ndarray, float, float, int, int, int]:
         """Check one reply and decode it.
 
         Returns
@@ -324,7 +339,12 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         loss : float
             The client's training loss.
         nbits : int
-            The payload's exact size in bits.
+            The payload's exact size in bits, as sent (after lossless coding).
+        raw_nbits : int
+            The same before lossless coding.
+        steps : int
+            The client's local steps (``local-epochs``: ``E ceil(n / batch-size)`` for its
+            ``n = num-examples / E`` rows; else ``local-steps``).
 
         Raises
         ------
@@ -337,10 +357,16 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         if metrics is None:
             raise PayloadError(f"reply misses its {METRICS_KEY!r} record")
         examples = metrics.get("num-examples")
-        most = self.cfg.batch_size * self.cfg.local_steps
+        epochs = self.cfg.local_epochs
+        most = (epochs * MAX_EPOCH_ROWS if self.cfg.epochs_mode
+                else self.cfg.batch_size * self.cfg.local_steps)
         if isinstance(examples, bool) or not isinstance(examples, int) \
                 or not 1 <= examples <= most:
             raise PayloadError(f"num-examples={examples!r} is not an int in [1, {most}]")
+        if self.cfg.epochs_mode and examples % epochs:
+            raise PayloadError(f"num-examples={examples} is not {epochs} epochs of whole rows")
+        steps = (epoch_steps(examples, self.cfg.batch_size, epochs) if self.cfg.epochs_mode
+                 else self.cfg.local_steps)
         loss = metrics.get("train-loss")
         if not isinstance(loss, (int, float)) or not np.isfinite(loss):
             raise PayloadError(f"train-loss={loss!r} is not a finite number")
@@ -349,7 +375,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
             raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
                                f"expected {keys}")
         sizes = self.sizes if self.cfg.segmented else [self.dim]
-        parts, nbits = [], 0
+        parts, nbits, raw = [], 0, 0
         for key, size in zip(keys, sizes, strict=True):
             payload = Payload.from_record(content.array_records[key])
             if payload.codec != self.codec.name:
@@ -363,10 +389,11 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                 raise PayloadError(f"{key} decodes to {part.size} values, expected {size}")
             parts.append(part)
             nbits += int(payload.nbits)
+            raw += raw_nbits(payload)  # checked by the decoder above
         vec = np.concatenate(parts)
         if not np.isfinite(vec).all():
             raise PayloadError("update decodes to non-finite values")
-        return vec, float(examples), float(loss), nbits
+        return vec, float(examples), float(loss), nbits, raw, steps
 
     def aggregate(self, server_round: int, vectors: list[np.ndarray],
                   weights: list[float]) -> np.ndarray:

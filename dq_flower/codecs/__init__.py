@@ -6,6 +6,7 @@ Pure numpy; nothing here imports Flower except :meth:`Payload.to_record`/``from_
 from . import (  # noqa: F401  (importing a codec module registers its codecs)
     bingrad,
     floats,
+    lossless,
     orq,
     powersgd,
     qsgd,
@@ -16,12 +17,14 @@ from . import (  # noqa: F401  (importing a codec module registers its codecs)
 )
 from .base import PAYLOAD_VERSION, Codec, Payload, PayloadError
 from .error_feedback import ErrorFeedback
+from .lossless import EntropyCoded
 from .registry import make, names, register
 from .uniform import pack_labels, unpack_labels
 
 __all__ = [
     "PAYLOAD_VERSION",
     "Codec",
+    "EntropyCoded",
     "ErrorFeedback",
     "Payload",
     "PayloadError",

@@ -47,12 +47,33 @@ def codec_class(name: str) -> type[Codec]:
 
 
 def make(name: str, **params) -> Codec:
-    """Build the codec ``name`` with ``params``; unknown names or bad params raise ValueError."""
+    """Build the codec ``name`` with ``params``; unknown names or bad params raise ValueError.
+
+    ``entropy`` (``none``, ``zlib``, ``lzma``, ``zstd``) is accepted by every codec: where
+    the codec has no parameter of that name (all but ``uniform``), a coder other than
+    ``none`` returns the codec wrapped in
+    :class:`~dq_flower.codecs.lossless.EntropyCoded`, whose payloads are entropy-coded
+    where that shrinks them.
+    """
+    import dataclasses
+
     cls = codec_class(name)
+    coder = None
+    own = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if "entropy" in params and "entropy" not in own:
+        coder = params.pop("entropy")
     try:
-        return cls(**params)
+        codec = cls(**params)
     except TypeError as exc:
         raise ValueError(f"bad parameters for codec {name!r}: {exc}") from None
+    if coder is None:
+        return codec
+    from .entropy import check_method
+    from .lossless import EntropyCoded
+
+    if check_method(coder, "entropy") == "none":
+        return codec
+    return EntropyCoded(codec, coder)
 
 
 def names() -> list[str]:

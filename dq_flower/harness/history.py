@@ -55,13 +55,15 @@ class RunResult:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".csv":
-            keys = sorted({k for row in self.history for k in row},
+            keys = sorted({k for row in self.history for k, v in row.items()
+                           if not isinstance(v, (list, dict))},  # per-client lists: JSON only
                           key=lambda k: (k not in HISTORY_KEYS, k))
             with path.open("w", newline="") as fh:
                 writer = csv.DictWriter(fh, fieldnames=["method", *keys])
                 writer.writeheader()
                 for row in self.history:
-                    writer.writerow({"method": self.method, **row})
+                    writer.writerow({"method": self.method,
+                                     **{k: v for k, v in row.items() if k in keys}})
         else:
             path.write_text(json.dumps(self.to_json(), indent=1))
         return path

@@ -10,7 +10,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Method", "register_method", "get_method", "method_names"]
+__all__ = ["Method", "NEUTRAL_VALUES", "register_method", "get_method", "method_names"]
+
+#: Run-config values that mean "not set" (``pyproject.toml`` lists every knob at such a
+#: value): they do not override a method's own default for the key, so the table can
+#: list ``levels = 0`` while ``fedavg-qsgd2`` keeps its ``levels = 1``.
+NEUTRAL_VALUES: dict[str, Any] = {
+    "codec-params": "", "levels": 0, "bucket": 0, "ratio": 0.0, "rank": 0,
+    "local-epochs": 0, "downlink": "auto", "aggregation": "auto", "error-feedback": "auto",
+    "per-tensor": "auto",
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,25 @@ class Method:
     config_cls: type
     build: Callable[..., Any]
     defaults: Mapping[str, Any]
+
+    def merged(self, run_config: Mapping[str, Any]) -> dict[str, Any]:
+        """``run_config`` over this method's defaults.
+
+        A run-config value equal to the key's :data:`NEUTRAL_VALUES` entry ("not set") does
+        not replace the method's own default.
+        """
+        out = dict(self.defaults)
+        for key, value in run_config.items():
+            if key in out and key in NEUTRAL_VALUES and _same(value, NEUTRAL_VALUES[key]):
+                continue
+            out[key] = value
+        return out
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    if isinstance(value, bool) or type(value) not in (type(neutral), int, float, str):
+        return False
+    return value == neutral
 
 
 _METHODS: dict[str, Method] = {}

@@ -98,6 +98,22 @@ GRADIENT_METHODS: dict[str, dict[str, Any]] = {
 }
 
 
+#: FedAvg with a compressed update: each client runs one local epoch (``local-epochs``) and
+#: uploads its pseudo-gradient ``(w_0 - w) / (client-lr x steps)`` through the codec; the
+#: server rebuilds the mean model delta and steps with ``lr`` 1 and no momentum, which is
+#: FedAvg exactly with a lossless codec. QSGD at 2 bits (``levels`` 1: codes -1, 0, 1) and
+#: 4 bits (``levels`` 7), scaled sign with error feedback, top 1 % with error feedback, and
+#: IEEE half precision both ways.
+FEDAVG_EPOCH = {"local-epochs": 1, "lr": 1.0, "momentum": 0.0}
+FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
+    "fedavg-qsgd2": {"codec": "qsgd", "levels": 1, **FEDAVG_EPOCH},
+    "fedavg-qsgd4": {"codec": "qsgd", "levels": 7, **FEDAVG_EPOCH},
+    "fedavg-ef-sign": {"codec": "ef-sign", **FEDAVG_EPOCH},
+    "fedavg-topk": {"codec": "topk", "ratio": 0.01, **FEDAVG_EPOCH},
+    "fedavg-fp16": {"codec": "fp16", "downlink": "fp16", **FEDAVG_EPOCH},
+}
+
+
 def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
     def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
         from dq_flower.baselines.strategy import GradientStrategy
@@ -114,5 +130,5 @@ def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
                     defaults=defaults)(build)
 
 
-for _name, _defaults in GRADIENT_METHODS.items():
+for _name, _defaults in {**GRADIENT_METHODS, **FEDAVG_COMPRESSED_METHODS}.items():
     _register_gradient(_name, _defaults)

@@ -15,7 +15,7 @@ import torch
 from flwr.app import Context
 
 from dq_flower.harness.task_config import TaskConfig
-from dq_flower.harness.tasks.data import load_dataset_cached, load_partition
+from dq_flower.harness.tasks.data import load_dataset_cached, load_partition, load_task_dataset
 from dq_flower.harness.tasks.models import make_model
 from dq_flower.model_ops import resolve_device
 
@@ -116,7 +116,8 @@ def client_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np.ndar
     pid, num = node_partition(context, task)
     data_dir = str(context.node_config.get("data-dir", "")) or task.data_dir or None
     x, y, _ = load_partition(task.dataset, pid, num, task.partition, task.dirichlet_alpha,
-                             task.seed, data_dir)
+                             task.seed, data_dir,
+                             validation_fraction=task.validation_fraction)
     return _shaped(x, task, task_info(task)), y
 
 
@@ -124,7 +125,8 @@ def client_eval_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np
     """The node's held-out rows for federated evaluation.
 
     The ``x_test``/``y_test`` of its ``data-file``, or its share (every ``num``-th row from
-    ``partition-id``) of the named data set's test split.
+    ``partition-id``) of the named data set's test split (its validation rows with
+    ``validation-fraction``).
     """
     path = str(context.node_config.get("data-file", ""))
     if path:
@@ -136,7 +138,7 @@ def client_eval_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np
         return data.test_x, data.test_y
     pid, num = node_partition(context, task)
     data_dir = str(context.node_config.get("data-dir", "")) or task.data_dir or None
-    ds = load_dataset_cached(task.dataset, data_dir, task.seed)
+    ds = load_task_dataset(task.dataset, data_dir, task.seed, task.validation_fraction)
     return _shaped(ds.test_x[pid::num], task, task_info(task)), ds.test_y[pid::num]
 
 

@@ -24,9 +24,10 @@ from dq_flower.config import from_mapping
 from dq_flower.harness.checkpoint import load_latest, save_atomic
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.methods import get_method
+from dq_flower.harness.round_timing import round_timing
 from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
-from dq_flower.harness.tasks.data import load_dataset_cached
+from dq_flower.harness.tasks.data import load_task_dataset
 from dq_flower.model_ops import evaluate, num_params, state_arrays
 from dq_flower.server.common import FailureWatch
 
@@ -39,7 +40,7 @@ def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]
     Returns the task config and the method's config; raises ``ValueError`` naming the key.
     """
     method = get_method(str(run_config.get("method", "dq")))
-    merged = {**method.defaults, **run_config}
+    merged = method.merged(run_config)
     task = from_mapping(TaskConfig, merged)
     knobs = from_mapping(method.config_cls, merged)
     return task, knobs
@@ -101,13 +102,17 @@ def run_server(
     checkpointed every ``checkpoint-every`` rounds into ``checkpoint-dir`` (a run finding a
     checkpoint there resumes after its round), and ``on_round(row)`` is called with each
     history row. A run whose every sampled client fails ``max-failed-rounds`` rounds in a
-    row raises :class:`~dq_flower.server.common.ClientFailureError`.
+    row raises :class:`~dq_flower.server.common.ClientFailureError`. Each row also carries
+    the round's measured compute and bytes per client and the server's compute
+    (:mod:`dq_flower.harness.round_timing`).
     """
     method = get_method(str(run_config.get("method", "dq")))
-    run_config = {**method.defaults, **run_config}
+    run_config = method.merged(run_config)
     task, _ = validate_run_config(run_config)
     info = task_info(task)
-    data = (load_dataset_cached(task.dataset, task.data_dir or None, task.seed)
+    # with validation-fraction the "test" rows are rows held out of the training set
+    data = (load_task_dataset(task.dataset, task.data_dir or None, task.seed,
+                              task.validation_fraction)
             if task.dataset != "none" else None)
     model = prepare_model(task, info, model_factory)
     eval_model = prepare_model(task, info, model_factory)
@@ -135,8 +140,9 @@ def run_server(
 
     t_start = time.perf_counter() - elapsed
 
-    def evaluate_round(rnd: int, metrics, fed: Mapping[str, Any] | None) -> None:
-        mark: dict[str, Any] = {"wall_s": 0.0}
+    def evaluate_round(rnd: int, metrics, fed: Mapping[str, Any] | None,
+                       timing: Mapping[str, Any] | None = None) -> None:
+        mark: dict[str, Any] = {"wall_s": 0.0, **(timing or {})}
         if data is not None:
             eval_model.load_state_dict(arrays.to_torch_state_dict())
             loss, acc = evaluate(eval_model, data.test_x, data.test_y)
@@ -158,12 +164,16 @@ def run_server(
     if start_round == 0:
         evaluate_round(0, None, None)
     for rnd in range(start_round + 1, task.num_server_rounds + 1):
+        t_server = time.perf_counter()
         messages = strategy.configure_train(rnd, arrays, ConfigRecord(dict(train_config)),
                                             measured)
+        server_s = time.perf_counter() - t_server
         replies = list(measured.send_and_receive(messages, timeout=task.round_timeout))
         if not hasattr(strategy, "failures"):  # the package's strategies watch themselves
             failures.observe(replies)
+        t_server = time.perf_counter()
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        server_s += time.perf_counter() - t_server
         if new_arrays is not None:
             arrays = new_arrays
         fed = None
@@ -172,7 +182,7 @@ def run_server(
                                                    measured)
             answers = measured.send_and_receive(requests, timeout=task.round_timeout)
             fed = strategy.aggregate_evaluate(rnd, answers)
-        evaluate_round(rnd, metrics, fed)
+        evaluate_round(rnd, metrics, fed, round_timing(replies, ledger, rnd, server_s))
         if task.checkpoint_dir and (rnd % task.checkpoint_every == 0
                                     or rnd == task.num_server_rounds):
             save_atomic(task.checkpoint_dir, {

@@ -15,7 +15,7 @@ __all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
 #: Task keys the package's ClientApp reads from each message (nothing else travels).
 CLIENT_TASK_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-alpha",
                     "seed", "data-dir", "device", "input-shape", "num-classes",
-                    "fraction-evaluate")
+                    "fraction-evaluate", "validation-fraction")
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,11 @@ class TaskConfig:
         each round (federated evaluation; 0 = off, the server evaluates on its test set).
     max_failed_rounds : int
         Stop the run when every sampled client fails this many rounds in a row (0: never).
+    validation_fraction : float
+        With ``f > 0`` (learning-rate tuning) a fraction ``f`` of the named data set's
+        training rows, drawn by ``seed``, is held out: clients train on the other rows only
+        and the model is evaluated on the held-out ones instead of the test set, which is
+        never read (see :func:`dq_flower.harness.tasks.data.validation_view`). 0 = off.
     """
 
     dataset: str = "digits"
@@ -84,6 +89,7 @@ class TaskConfig:
     num_classes: int = 0
     fraction_evaluate: float = 0.0
     max_failed_rounds: int = 3
+    validation_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.num_partitions >= 1, "num_partitions", "must be >= 1")
@@ -98,6 +104,10 @@ class TaskConfig:
         _check(0 <= self.fraction_evaluate <= 1, "fraction_evaluate", "must be in [0, 1]")
         _check(self.num_classes >= 0, "num_classes", "must be >= 0")
         _check(self.max_failed_rounds >= 0, "max_failed_rounds", "must be >= 0")
+        _check(0 <= self.validation_fraction < 1, "validation_fraction", "must be in [0, 1)")
+        if self.validation_fraction:
+            _check(self.dataset != "none", "validation_fraction",
+                   "needs a named data set (the server holds no training rows with 'none')")
         if self.dataset == "none":
             _check(bool(self.input_shape), "input_shape",
                    "is needed when dataset is 'none' (the server holds no data)")

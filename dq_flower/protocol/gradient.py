@@ -25,6 +25,7 @@ __all__ = [
     "model_crc",
     "uses_error_feedback",
     "update_keys",
+    "epoch_steps",
 ]
 
 #: Reply record holding the encoded update.
@@ -71,3 +72,13 @@ def update_keys(cfg: GradientConfig, num_tensors: int) -> list[str]:
     if cfg.segmented:
         return [f"{UPDATE_KEY}-{i}" for i in range(num_tensors)]
     return [UPDATE_KEY]
+
+
+def epoch_steps(examples: int, batch_size: int, epochs: int) -> int:
+    """Local steps of ``epochs`` epochs over ``examples / epochs`` rows (``ceil`` per epoch).
+
+    Under ``local-epochs`` a client reports ``num-examples`` = its rows times the epochs, so
+    the server knows how many steps its update was averaged over.
+    """
+    rows = int(examples) // int(epochs)
+    return int(epochs) * -(-rows // int(batch_size))

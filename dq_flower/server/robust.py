@@ -4,9 +4,10 @@ Every bound here is derived from what honest clients send in the same run, so th
 holds for any model and data without tuning:
 
 - **Norms** (:class:`NormScreen`): a compensation or gradient whose L2 norm exceeds
-  ``factor`` times a robust reference is rejected. The reference is the median norm of the
-  round's valid vectors when at least three arrived, else the largest of the medians of
-  the last rounds (an honest client's norm drifts slowly from round to round). Default
+  ``factor`` times a reference is rejected. The reference is the largest of the median
+  accepted norms of the last five rounds (an honest client's norm drifts slowly from
+  round to round, and a round with many bad replies cannot raise its own bar); in the
+  first round it is that round's median, when at least three vectors arrived. Default
   factor 10; 0 turns the check off.
 - **Weights** (:func:`cap_weights`): a client's example count weighs at most ``factor``
   times the round's median count, so one client claiming 2**31 examples cannot outweigh
@@ -84,9 +85,9 @@ class NormScreen:
 
     def reference(self, norms: list[float]) -> float | None:
         """The reference norm for a round whose valid vectors have ``norms``."""
-        if len(norms) >= 3:
-            return float(np.median(norms))
-        return max(self.medians) if self.medians else None
+        if self.medians:
+            return max(self.medians)
+        return float(np.median(norms)) if len(norms) >= 3 else None
 
     def keep(self, norms: list[float]) -> list[bool]:
         """Which vectors pass; records the round's median for later rounds."""

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
 from dq_flower.codecs import ErrorFeedback, Payload, make, names
+from dq_flower.codecs.base import Codec
 
 # Finite float32 values; magnitudes kept within [1e-30, 1e30] (and 0) so that norms and
 # ranges stay inside float32 (values near float32's limits have their own tests).
@@ -83,14 +84,31 @@ def test_uniform_roundtrip_property(params, x, seed):
         assert (err <= step * (1 + 2**-15) + slack).all()
 
 
+class _Recording(Codec):
+    """Delegates to ``inner`` and keeps a copy of every array handed to ``encode``."""
+
+    def __init__(self, inner: Codec) -> None:
+        self.inner, self.name, self.inputs = inner, inner.name, []
+
+    def encode(self, x, rng=None):
+        self.inputs.append(np.array(x, dtype=np.float32, copy=True))
+        return self.inner.encode(x, rng)
+
+    def decode(self, p):
+        return self.inner.decode(p)
+
+
 @settings(max_examples=20, deadline=None)
 @given(xs=st.lists(arrays(np.float32, 16, elements=VALUES), min_size=1, max_size=5))
 def test_error_feedback_invariant_property(xs):
-    ef = ErrorFeedback(make("bingrad", bucket=4))
+    codec = _Recording(make("bingrad", bucket=4))
+    ef = ErrorFeedback(codec)
     for x in xs:
         before = x.astype(np.float64) + (0 if ef.residual is None else ef.residual)
         decoded = ef.decode(ef.encode(x))
         scale = np.abs(before).max() + 1e-30
+        # the codec is given x + e (not x alone: the invariant below would hold either way)
+        np.testing.assert_allclose(codec.inputs[-1], before, atol=4e-7 * scale, rtol=0)
         np.testing.assert_allclose(decoded + ef.residual.astype(np.float64), before,
                                    atol=4e-7 * scale, rtol=0)
 

@@ -102,7 +102,7 @@ def test_method_defaults_build_a_valid_codec(name):
     ({"weight_decay": -1.0}, "weight-decay"),
     ({"downlink": "int8"}, "downlink"),
     ({"downlink": "sign"}, "downlink"),  # needs majority vote
-    ({"aggregation": "median"}, "aggregation"),
+    ({"aggregation": "mode"}, "aggregation"),
     ({"error_feedback": "maybe"}, "error-feedback"),
     ({"codec": "nope"}, "codec"),
     ({"codec": "qsgd", "codec_params": "levels=0"}, "codec-params"),

@@ -1,0 +1,259 @@
+"""The same lossless coding for every codec's payload: ``pack``, ``unpack``, ``EntropyCoded``.
+
+Any payload can be entropy-coded after its codec made it: all its buffers (packed codes and
+side information, in the payload's buffer order) are concatenated and compressed as one
+stream with :func:`dq_flower.codecs.entropy.compress` (``zlib`` level 9, ``lzma``, or
+``zstd`` where installed). The packed payload keeps the codec name and shape; it carries
+one ``uint8`` buffer (:data:`STREAM`) and three meta keys: the coder
+(:data:`CODER_META`), the original buffers' layout ``name:dtype:size;...``
+(:data:`LAYOUT_META`) and the original ``nbits`` (:data:`NBITS_META`). Its ``nbits`` is
+``8 *`` the stream's bytes: what is sent.
+
+The encoder packs a payload only where coding shrinks it (per message: an incompressible
+payload goes as it is) and only when its buffers hold at most :func:`max_raw_bytes` for
+its element count. The decoder (:func:`unpack`) is strict: the coder must be the one it
+was configured with; the layout is parsed and bounded (buffer names, dtypes, sizes) and its
+total size must be at most :func:`max_raw_bytes` of the declared shape and reachable within
+the coder's maximum expansion ratio, all **before** anything is decompressed; the stream
+must decode to exactly that size; the original ``nbits`` must fit in it. The codec's own
+decoder then checks every buffer as it does for an unpacked payload.
+
+``make(name, entropy="zlib", **params)`` returns the codec wrapped in :class:`EntropyCoded`
+(``uniform`` has an ``entropy`` parameter of its own, which codes its packed sample codes
+and leaves its ranges raw).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from .base import ALLOWED_DTYPES, MAX_ELEMENTS, Codec, Payload, PayloadError, expect_shape
+from .entropy import check_method, compress, decompress
+
+__all__ = [
+    "CODER_META",
+    "LAYOUT_META",
+    "NBITS_META",
+    "STREAM",
+    "EntropyCoded",
+    "max_raw_bytes",
+    "pack",
+    "unpack",
+    "coder_of",
+    "raw_nbits",
+]
+
+#: Meta key naming the coder of a packed payload.
+CODER_META = "entropy-coder"
+#: Meta key holding the original buffers, ``name:dtype:size`` joined by ``;``.
+LAYOUT_META = "entropy-layout"
+#: Meta key holding the payload's ``nbits`` before coding.
+NBITS_META = "entropy-nbits"
+#: Name of the one buffer of a packed payload.
+STREAM = "entropy-stream"
+#: Most buffers a packed layout may list, and the longest layout text.
+MAX_LAYOUT_BUFFERS = 16
+MAX_LAYOUT_CHARS = 2048
+#: Bound on the bytes a packed payload may decode to: 8 bytes (64 bits) per declared
+#: element plus 64 KiB of side information. Every codec with its baseline parameters stays
+#: far below it (the widest, ``topk`` at ratio 1 and ``identity``, take 33 and 32 bits per
+#: element); a payload above it is simply sent without coding.
+RAW_BYTES_PER_ELEMENT = 8
+RAW_ALLOWANCE = 1 << 16
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_OWN_KEYS = (CODER_META, LAYOUT_META, NBITS_META)
+
+
+def max_raw_bytes(elements: int) -> int:
+    """Largest byte count a packed payload of ``elements`` declared elements may decode to."""
+    return RAW_BYTES_PER_ELEMENT * int(elements) + RAW_ALLOWANCE
+
+
+def coder_of(p: Payload) -> str:
+    """The coder a payload was packed with, ``"none"`` for a payload sent as it is."""
+    value = p.meta.get(CODER_META, "none")
+    return value if isinstance(value, str) else "?"
+
+
+def raw_nbits(p: Payload) -> int:
+    """The payload's bits before lossless coding (its ``nbits`` when it is not packed).
+
+    Trust it only after :func:`unpack` (or a decoder) has accepted the payload.
+    """
+    value = p.meta.get(NBITS_META, p.nbits)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else p.nbits
+
+
+def pack(p: Payload, method: str) -> Payload:
+    """Entropy-code ``p`` with ``method`` where that shrinks it; else return ``p`` itself.
+
+    Parameters
+    ----------
+    p : Payload
+        A payload as a codec made it (not already packed).
+    method : str
+        ``none``, ``zlib``, ``lzma`` or ``zstd``.
+
+    Returns
+    -------
+    Payload
+        The packed payload (same codec and shape, one stream buffer, ``nbits`` = 8 x the
+        stream's bytes), or ``p`` when ``method`` is ``none``, the payload is empty or too
+        large for :func:`max_raw_bytes`, or coding would not make it smaller.
+    """
+    check_method(method)
+    if method == "none" or any(k in p.meta for k in _OWN_KEYS):
+        return p
+    parts = [np.ascontiguousarray(b).reshape(-1) for b in p.buffers.values()]
+    total = sum(b.nbytes for b in parts)
+    elements = math.prod(p.shape)
+    if total == 0 or total > max_raw_bytes(elements):
+        return p
+    raw = np.concatenate([b.view(np.uint8) for b in parts])
+    stream = compress(raw, method)
+    if stream.size >= total:
+        return p
+    layout = ";".join(f"{name}:{b.dtype}:{b.size}" for name, b in zip(p.buffers, parts,
+                                                                       strict=True))
+    meta = {**p.meta, CODER_META: method, LAYOUT_META: layout, NBITS_META: int(p.nbits)}
+    return Payload(p.codec, tuple(p.shape), meta, {STREAM: stream}, nbits=8 * int(stream.size),
+                   version=p.version)
+
+
+def _layout(text: Any) -> list[tuple[str, str, int]]:
+    """Parse and bound a layout string; raise :class:`PayloadError` if malformed."""
+    if not isinstance(text, str) or not 0 < len(text) <= MAX_LAYOUT_CHARS:
+        raise PayloadError("entropy-coded payload has a missing or oversized buffer layout")
+    entries = text.split(";")
+    if len(entries) > MAX_LAYOUT_BUFFERS:
+        raise PayloadError(f"entropy-coded payload lists {len(entries)} buffers; at most "
+                           f"{MAX_LAYOUT_BUFFERS}")
+    out, seen = [], set()
+    for entry in entries:
+        fields = entry.split(":")
+        if len(fields) != 3:
+            raise PayloadError(f"entropy-coded payload layout entry {entry[:40]!r} is malformed")
+        name, dtype, size = fields
+        if not _NAME.fullmatch(name) or name in seen or name == STREAM:
+            raise PayloadError(f"entropy-coded payload layout has a bad buffer name {name[:40]!r}")
+        if dtype not in ALLOWED_DTYPES:
+            raise PayloadError(f"entropy-coded payload buffer {name!r} has dtype {dtype[:20]!r}")
+        if not size.isdigit() or len(size) > 11 or int(size) > MAX_ELEMENTS:
+            raise PayloadError(f"entropy-coded payload buffer {name!r} has size {size[:20]!r}")
+        seen.add(name)
+        out.append((name, dtype, int(size)))
+    return out
+
+
+def unpack(p: Payload, method: str) -> Payload:
+    """Undo :func:`pack` strictly; a payload that was not packed is returned as it is.
+
+    Parameters
+    ----------
+    p : Payload
+        A received payload (after :meth:`Payload.from_record`).
+    method : str
+        The coder the receiver is configured with: a packed payload must use it.
+
+    Returns
+    -------
+    Payload
+        The payload as the codec made it (its original buffers, meta and ``nbits``).
+
+    Raises
+    ------
+    PayloadError
+        Another coder; stray keys or buffers; a malformed or oversized layout (checked
+        before decompressing: at most :func:`max_raw_bytes` of the declared shape and the
+        coder's expansion bound); a stream that does not decode to exactly the layout's
+        size; an original ``nbits`` that does not fit in it.
+    """
+    if CODER_META not in p.meta:
+        if any(k in p.meta for k in _OWN_KEYS) or STREAM in p.buffers:
+            raise PayloadError("payload carries entropy-coding fields without a coder")
+        return p
+    coder = p.meta[CODER_META]
+    if coder == "none" or coder != method:
+        raise PayloadError(f"payload is entropy-coded with {coder!r}; this receiver accepts "
+                           f"{method!r}")
+    stream = p.buffers.get(STREAM)
+    if set(p.buffers) != {STREAM} or stream is None or stream.dtype != np.uint8 \
+            or stream.ndim != 1:
+        raise PayloadError(f"entropy-coded payload must carry exactly one uint8 {STREAM!r}")
+    if p.nbits != 8 * stream.size:
+        raise PayloadError(f"entropy-coded payload declares {p.nbits} bits; its stream has "
+                           f"{8 * stream.size}")
+    layout = _layout(p.meta.get(LAYOUT_META))
+    total = sum(size * np.dtype(dtype).itemsize for _, dtype, size in layout)
+    elements = expect_shape(p)
+    if total > max_raw_bytes(elements):
+        raise PayloadError(f"entropy-coded payload declares {total} bytes for {elements} "
+                           f"elements; at most {max_raw_bytes(elements)} accepted")
+    nbits = p.meta.get(NBITS_META)
+    if isinstance(nbits, bool) or not isinstance(nbits, int) or not 0 <= nbits <= 8 * total:
+        raise PayloadError(f"entropy-coded payload's original nbits {nbits!r} does not fit "
+                           f"its {total} bytes")
+    raw = decompress(stream, coder, total)  # expansion ratio checked before decompressing
+    buffers: dict[str, np.ndarray] = {}
+    offset = 0
+    for name, dtype, size in layout:
+        nbytes = size * np.dtype(dtype).itemsize
+        buffers[name] = raw[offset:offset + nbytes].view(dtype).copy()
+        offset += nbytes
+    meta = {k: v for k, v in p.meta.items() if k not in _OWN_KEYS}
+    return Payload(p.codec, tuple(p.shape), meta, buffers, nbits=nbits, version=p.version)
+
+
+class EntropyCoded(Codec):
+    """A codec whose payloads are entropy-coded with ``coder`` where that shrinks them.
+
+    ``encode`` is the codec's own, then :func:`pack`; ``decode`` is :func:`unpack`, then the
+    codec's own decoder. Everything else (``biased``, ``lossless``, parameters, state such
+    as PowerSGD's warm start) is the wrapped codec's, so ``ErrorFeedback(EntropyCoded(c))``
+    behaves as ``ErrorFeedback(c)`` with smaller payloads.
+
+    Parameters
+    ----------
+    codec : Codec
+        The codec to wrap.
+    coder : str
+        ``zlib``, ``lzma`` or ``zstd`` (``none`` is allowed and packs nothing).
+    """
+
+    def __init__(self, codec: Codec, coder: str) -> None:
+        if not isinstance(codec, Codec) or isinstance(codec, EntropyCoded):
+            raise ValueError(f"EntropyCoded wraps a plain Codec, got {type(codec).__name__}")
+        self.codec = codec
+        self.coder = check_method(coder, "entropy")
+        self.name = codec.name
+        self.biased = codec.biased
+        self.lossless = codec.lossless
+
+    def __repr__(self) -> str:
+        return f"EntropyCoded({self.codec!r}, coder={self.coder!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, EntropyCoded) and other.codec == self.codec
+                and other.coder == self.coder)
+
+    def __hash__(self) -> int:
+        return hash((self.codec, self.coder))
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "codec":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(attr)
+        return getattr(self.codec, attr)
+
+    def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
+        """The codec's payload of ``x``, entropy-coded where that shrinks it."""
+        return pack(self.codec.encode(x, rng), self.coder)
+
+    def decode(self, p: Payload) -> np.ndarray:
+        """Undo the entropy coding (strictly, see :func:`unpack`) and decode."""
+        self.check_payload(p)
+        return self.codec.decode(unpack(p, self.coder))
