@@ -239,6 +239,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                                                               self.min_available_nodes))
         vectors, weights, losses = [], [], []
         kept_nodes: list[int] = []
+        refused: set[int] = set()
         rejected = failed = 0
         up_bits = raw_bits = 0
         for msg in replies:
@@ -251,6 +252,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                 vec, weight, loss, nbits, raw, steps = self.check_reply(msg)
             except Exception as exc:  # noqa: BLE001
                 rejected += 1
+                refused.add(node)
                 self.node_version.pop(node, None)
                 log_rejected(node, f"{type(exc).__name__}: {exc}")
                 continue

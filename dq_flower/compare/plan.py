@@ -18,7 +18,7 @@ __all__ = ["SCENARIO_KEYS", "PlannedRun", "parse_set", "plan_runs", "check_data"
 #: Run-config keys that define the scenario: the same for every method. (The number of
 #: rounds may differ per method: ``--set fedavg.num-server-rounds=10``.)
 SCENARIO_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-alpha",
-                 "fraction-train", "seed", "data-dir")
+                 "fraction-train", "seed", "data-dir", "validation-fraction")
 
 
 @dataclass(frozen=True)

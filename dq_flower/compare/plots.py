@@ -1,6 +1,8 @@
-"""The comparison's plots: test accuracy against cumulative uplink bytes and against rounds.
+"""The comparison's plots: test accuracy against uplink bytes, rounds and simulated time.
 
 Functions of the content of ``results.json`` alone; failed runs (no history) are left out.
+One ``accuracy_vs_time_<link>.png`` per link profile of ``results["links"]`` plots the
+accuracy against the simulated time on that link (:mod:`dq_flower.compare.links`).
 """
 
 from __future__ import annotations
@@ -9,13 +11,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dq_flower.compare.summary import REFERENCE, _pct, is_failed
+from dq_flower.compare.fmt import pct as _pct
+from dq_flower.compare.links import LinkProfile, cumulative_times
+from dq_flower.compare.summary import REFERENCE, is_failed
 
 __all__ = ["write_plots"]
 
 
+def _time_series(rec: Mapping[str, Any], link: LinkProfile) -> list[dict[str, Any]]:
+    """The run's rows with ``sim_s``, the simulated seconds on ``link`` (none if unknown)."""
+    times = cumulative_times(rec["history"], link)
+    if times is None:
+        return []
+    return [{**row, "sim_s": t} for row, t in zip(rec["history"], times, strict=True)]
+
+
 def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
-    """Accuracy against cumulative uplink bytes (log axis) and against rounds (PNG, Agg)."""
+    """Accuracy against uplink bytes, rounds (and simulated time per link) as PNG (Agg)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -29,13 +41,20 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
     cmap = plt.get_cmap("tab10")
     styles = ["-", "--", "-.", ":"]
     paths = {}
-    for name, xkey, xlabel, logx in (
-        ("accuracy_vs_uplink", "cum_up_bytes", "cumulative uplink bytes (all clients)", True),
-        ("accuracy_vs_rounds", "round", "server round", False),
-    ):
+    figures: list[tuple[str, str, str, bool, LinkProfile | None]] = [
+        ("accuracy_vs_uplink", "cum_up_bytes", "cumulative uplink bytes (all clients)", True,
+         None),
+        ("accuracy_vs_rounds", "round", "server round", False, None),
+    ]
+    for link in (LinkProfile.from_json(x) for x in results.get("links") or []):
+        if any(_time_series(rec, link) for rec in runs):
+            figures.append((f"accuracy_vs_time_{link.name}", "sim_s",
+                            f"simulated time (s) on {link.describe()}", True, link))
+    for name, xkey, xlabel, logx, link in figures:
         fig, ax = plt.subplots(figsize=(8.5, 5.0), dpi=110)
         for i, rec in enumerate(runs):
-            rows = [r for r in rec["history"] if not logx or float(r[xkey]) > 0]
+            series = rec["history"] if link is None else _time_series(rec, link)
+            rows = [r for r in series if not logx or float(r[xkey]) > 0]
             if not rows:
                 continue
             is_ref = rec["label"] == REFERENCE

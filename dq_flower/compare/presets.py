@@ -49,7 +49,7 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "simulations"
 _TOP_KEYS = {
     "name", "description", "dataset", "model", "num-clients", "rounds", "partition",
     "dirichlet-alpha", "fraction-train", "target-accuracy", "seed", "data-dir", "run",
-    "methods", "knobs",
+    "methods", "knobs", "tuning",
 }
 
 
@@ -106,6 +106,10 @@ class Preset:
         Knobs for every method that knows the key.
     method_knobs : dict
         ``label -> knobs`` (a label that is not a registered method needs ``method``).
+    tuning : dict
+        ``label -> record`` of a learning-rate tuning (``dq-flower tune``): the grid, the
+        validation scores and the choice (already in ``method_knobs``); the summary reports
+        it. Empty when the step sizes were not tuned.
     """
 
     name: str
@@ -123,6 +127,7 @@ class Preset:
     methods: tuple[str, ...] = ("all",)
     knobs: Mapping[str, Any] = field(default_factory=dict)
     method_knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tuning: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.num_clients, int) and self.num_clients >= 1, "num-clients",
@@ -142,6 +147,9 @@ class Preset:
         _check(len(self.methods) >= 1, "methods", "must name at least one method")
         _check(len(set(self.methods)) == len(self.methods), "methods",
                f"lists a method twice: {list(self.methods)}")
+        _check(isinstance(self.tuning, Mapping)
+               and all(isinstance(v, Mapping) for v in self.tuning.values()), "tuning",
+               "must be a table of [tuning.<label>] tables")
 
     def with_overrides(self, **changes: Any) -> Preset:
         """A copy with the given fields replaced (``None`` values are ignored)."""
@@ -175,6 +183,22 @@ class Preset:
                                  f"{', '.join(available)}")
             specs.append(MethodSpec(label, method, knobs))
         return specs
+
+    def to_toml(self, header: str = "") -> str:
+        """The preset as a ``simulations/``-style TOML file (``load_preset`` reads it back)."""
+        from dq_flower.compare.toml_out import preset_toml
+
+        fields = {"name": self.name, "description": self.description,
+                  "dataset": self.dataset, "model": self.model,
+                  "num-clients": self.num_clients, "rounds": self.rounds,
+                  "partition": self.partition, "dirichlet-alpha": self.dirichlet_alpha,
+                  "fraction-train": self.fraction_train,
+                  "target-accuracy": self.target_accuracy, "seed": self.seed,
+                  "data-dir": self.data_dir, "run": list(self.methods)}
+        tables = {"knobs": {"": dict(self.knobs)},
+                  "methods": {k: dict(v) for k, v in self.method_knobs.items()},
+                  "tuning": {k: dict(v) for k, v in self.tuning.items()}}
+        return preset_toml(fields, tables, header)
 
     def variants(self) -> list[str]:
         """Labels of ``[methods.<label>]`` tables that name another method (variants)."""
@@ -222,12 +246,13 @@ def parse_preset(data: Mapping[str, Any], name: str) -> Preset:
     knobs = data.get("knobs", {})
     if not isinstance(knobs, Mapping):
         raise ValueError(f"preset {name!r}: [knobs] must be a table")
+    tuning = data.get("tuning", {})
     kwargs = {k.replace("-", "_"): v for k, v in data.items()
-              if k not in ("methods", "knobs", "name", "run")}
+              if k not in ("methods", "knobs", "name", "run", "tuning")}
     try:
         return Preset(name=str(data.get("name", name)), methods=methods,
                       knobs={_hyphen(k): v for k, v in knobs.items()},
-                      method_knobs=method_knobs, **kwargs)
+                      method_knobs=method_knobs, tuning=tuning, **kwargs)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"preset {name!r}: {exc}") from None
 

@@ -65,11 +65,16 @@ def _jsonable(obj: Any) -> Any:
 
 
 def write_csv(results: Mapping[str, Any], path: Path) -> Path:
-    """One row per method and round: :data:`CSV_COLUMNS`, then the methods' own metrics."""
+    """One row per method and round: :data:`CSV_COLUMNS`, then the methods' own metrics.
+
+    Scalar columns only: the per-client ``clients`` lists stay in ``results.json``.
+    """
     extras = sorted({k for rec in results["runs"] for row in rec.get("history") or []
-                     for k in row} - set(CSV_COLUMNS))
+                     for k, v in row.items() if not isinstance(v, (list, dict))}
+                    - set(CSV_COLUMNS))
+    columns = [*CSV_COLUMNS, *extras]
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=[*CSV_COLUMNS, *extras], restval="")
+        writer = csv.DictWriter(fh, fieldnames=columns, restval="", extrasaction="ignore")
         writer.writeheader()
         for rec in results["runs"]:
             for row in rec.get("history") or []:  # a failed run has no rows

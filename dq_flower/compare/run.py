@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
+from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.plan import PlannedRun, check_data, plan_runs
 from dq_flower.compare.presets import Preset
 from dq_flower.compare.reports import RESULTS_FORMAT, _jsonable, load_results, write_reports
@@ -164,6 +165,7 @@ def run_comparison(
     command: str = "",
     plans: list[PlannedRun] | None = None,
     resume: bool = False,
+    links: Sequence[LinkProfile] | None = None,
 ) -> dict[str, Any]:
     """Run every method of ``preset`` on its scenario and write the reports to ``out_dir``.
 
@@ -191,6 +193,9 @@ def run_comparison(
         Keep the finished runs of an earlier ``results.json`` in ``out_dir`` whose engine
         and complete run config are identical (marked ``reused``); run only the others
         (a method that failed there runs again).
+    links : sequence of LinkProfile, optional
+        Link profiles whose simulated time the summary reports (default: the built-in
+        ``lte``, ``wifi`` and ``datacenter``; see :mod:`dq_flower.compare.links`).
 
     Returns
     -------
@@ -212,6 +217,7 @@ def run_comparison(
         "preset": _preset_json(preset),
         "engine": engine,
         "target_accuracy": preset.target_accuracy,
+        "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
         "command": command,
         "environment": _environment(),
         "runs": [],

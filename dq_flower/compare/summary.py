@@ -10,8 +10,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from dq_flower.compare.fmt import fmt_bytes
+from dq_flower.compare.fmt import fmt_ratio as _fmt_ratio
+from dq_flower.compare.fmt import pct as _pct
+from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
+from dq_flower.compare.sections import step_size_lines, time_table, verdict_extras
+
 __all__ = [
     "REFERENCE",
+    "UNSTABLE_DROP",
+    "coder_of_run",
     "is_failed",
     "failed_runs",
     "error_line",
@@ -22,6 +30,8 @@ __all__ = [
 
 #: The method every other one is compared with (ratios of uplink bytes to the target).
 REFERENCE = "dq"
+#: A run whose final accuracy is more than this below its best is marked unstable.
+UNSTABLE_DROP = 0.05
 
 
 # ---------------------------------------------------------------------------- failures
@@ -85,7 +95,12 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
     if record["family"] == "gradient" and bits:
         replies = sum(float(r.get("replies", 0) or 0) for r in rows)
         per = bits / (replies * D) if replies and D else float("nan")
-        return {"unit": "coord", "bits": per, "bits_per_coord": per, "configured_bits": None}
+        unit = {"unit": "coord", "bits": per, "bits_per_coord": per, "configured_bits": None}
+        if all("up_raw_payload_bits" in r for r in rows):
+            raw = sum(float(r["up_raw_payload_bits"] or 0) for r in rows)
+            unit["raw_bits_per_coord"] = (raw / (replies * D) if replies and D
+                                          else float("nan"))
+        return unit
     # FedAvg: float32 weights; the payload bits are not reported, the wire bytes are
     cfg = record["config"]
     n = int(cfg.get("num-partitions", 1))
@@ -96,9 +111,36 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
             "configured_bits": None}
 
 
+def coder_of_run(record: Mapping[str, Any]) -> str:
+    """The lossless coder a run's uploads used.
+
+    ``entropy-coder`` (or ``entropy=`` in its ``codec-params``); ``none`` for Flower's
+    FedAvg, whose float32 weights Flower sends as they are, and for older results.
+    """
+    cfg = record.get("config") or {}
+    if record.get("family") == "fedavg":
+        return "none"
+    for part in str(cfg.get("codec-params") or "").split(","):
+        key, _, value = part.partition("=")
+        if key.strip() == "entropy":
+            return value.strip()
+    return str(cfg.get("entropy-coder") or "none")
+
+
+def _links(results: Mapping[str, Any]) -> list[LinkProfile]:
+    return [LinkProfile.from_json(x) for x in results.get("links") or []]
+
+
 def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per-run statistics: final and best accuracy, cost to reach the target, totals."""
+    """Per-run statistics: final and best accuracy, cost to reach the target, totals.
+
+    Also whether a run is ``unstable`` (final accuracy more than :data:`UNSTABLE_DROP`
+    below its best), its lossless ``coder``, and per link profile of ``results["links"]``
+    the simulated ``time_to_target`` and ``total_time`` (seconds, see
+    :mod:`dq_flower.compare.links`).
+    """
     target = float(results["target_accuracy"])
+    links = _links(results)
     out = []
     for rec in results["runs"]:
         hist = rec.get("history") or []
@@ -108,16 +150,20 @@ def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
                         "final_accuracy": float("nan"), "best_accuracy": float("nan"),
                         "rounds_to_target": None, "up_bytes_to_target": None,
                         "down_bytes_to_target": None, "total_up_bytes": 0,
-                        "total_down_bytes": 0, "rounds": 0,
+                        "total_down_bytes": 0, "rounds": 0, "unstable": False,
+                        "time_to_target": {}, "total_time": {},
                         "wall_s": float(rec.get("wall_s") or 0.0),
                         **({"error": error_line(rec)} if failed else {})})
             continue
         hit = _first_reaching(hist, target)
         last = hist[-1]
+        best = max(float(r["accuracy"]) for r in hist)
+        totals = {link.name: cumulative_times(hist, link) for link in links}
         out.append({
             "label": rec["label"], "status": "ok",
             "final_accuracy": float(last["accuracy"]),
-            "best_accuracy": max(float(r["accuracy"]) for r in hist),
+            "best_accuracy": best,
+            "unstable": best - float(last["accuracy"]) > UNSTABLE_DROP,
             "rounds_to_target": int(hit["round"]) if hit is not None else None,
             "up_bytes_to_target": int(hit["cum_up_bytes"]) if hit is not None else None,
             "down_bytes_to_target": int(hit["cum_down_bytes"]) if hit is not None else None,
@@ -126,6 +172,10 @@ def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             "rounds": int(last["round"]),
             "wall_s": float(rec.get("wall_s", last.get("wall_s", 0.0))),
             "uplink": _uplink_unit(rec),
+            "coder": coder_of_run(rec),
+            "time_to_target": {link.name: time_to_target(hist, link, target)
+                               for link in links},
+            "total_time": {name: (t[-1] if t else None) for name, t in totals.items()},
         })
     return out
 
@@ -135,25 +185,6 @@ def _is_quantized_gradient(rec: Mapping[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------------- formatting
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``1234567`` -> ``"1.23 MB"`` (decimal units)."""
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _fmt_ratio(x: float) -> str:
-    return f"{x:.3g}x" if x < 100 else f"{x:,.0f}x"
-
-
-def _pct(x: float) -> str:
-    return "-" if x != x else f"{100 * x:.1f}%"
 
 
 def _fmt_unit(u: Mapping[str, Any]) -> str:
@@ -167,6 +198,9 @@ def _fmt_unit(u: Mapping[str, Any]) -> str:
         return grad if u["bits"] != u["bits"] else f"{data}; {grad}"
     if u["unit"] == "coord (wire)":
         return f"{u['bits']:.2f} b/coord (float32, wire)"
+    raw = u.get("raw_bits_per_coord")
+    if raw is not None and raw == raw and abs(raw - u["bits"]) > 1e-9 * max(1.0, raw):
+        return f"{u['bits']:.3g} b/coord ({raw:.3g} before coding)"
     return f"{u['bits']:.3g} b/coord"
 
 
@@ -205,21 +239,22 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
         "",
         (dim_text + "." if dim_text else ""),
         "",
-        f"| method | D | d | uplink payload | rounds | final acc | best acc "
+        f"| method | D | d | uplink payload | coder | rounds | final acc | best acc "
         f"| rounds to {_pct(target)} "
         f"| uplink to {_pct(target)} | uplink vs {ref_label} | total uplink | total downlink "
         "| wall s |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rec, s in zip(runs, stats, strict=True):
         if s["status"] != "ok":
-            lines.append(f"| {rec['label']} | - | - | - | - | failed | - | - | - | n/a | - | - "
-                         f"| {s['wall_s']:.1f} |")
+            lines.append(f"| {rec['label']} | - | - | - | - | - | failed | - | - | - | n/a | - "
+                         f"| - | {s['wall_s']:.1f} |")
             continue
         reached = s["rounds_to_target"] is not None
+        final = _pct(s["final_accuracy"]) + (" **unstable**" if s.get("unstable") else "")
         lines.append(
             f"| {rec['label']} | {rec['num_params']:,} | {rec['data_dim']:,} | "
-            f"{_fmt_unit(s['uplink'])} | {s['rounds']} | {_pct(s['final_accuracy'])} | "
+            f"{_fmt_unit(s['uplink'])} | {s.get('coder', 'none')} | {s['rounds']} | {final} | "
             f"{_pct(s['best_accuracy'])} | "
             f"{s['rounds_to_target'] if reached else 'not reached'} | "
             f"{fmt_bytes(s['up_bytes_to_target']) if reached else 'not reached'} | "
@@ -230,9 +265,15 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
               "\"> Nx (not reached)\" divides all the bytes the method sent without reaching "
               "it. Bytes are measured from the serialized Flower messages; \"uplink payload\" "
               "counts the codec's exact bits (side information included) per uploaded sample "
-              "or per model coordinate and upload. \"wall s\" is the method's whole run, "
-              "starting the engine (Ray, in simulation) included.", "", "## Verdict", ""]
+              "or per model coordinate and upload, as sent (after the lossless \"coder\", "
+              "applied per message where it shrinks it). \"unstable\": the final accuracy is "
+              f"more than {100 * UNSTABLE_DROP:.0f} points below the best. \"wall s\" is the "
+              "method's whole run, starting the engine (Ray, in simulation) included.", ""]
+    lines += time_table(results, stats)
+    lines += step_size_lines(results)
+    lines += ["## Verdict", ""]
     lines += _verdict(runs, stats, ref_label, target)
+    lines += verdict_extras(results, stats)
     failed = [r for r in runs if is_failed(r)]
     if failed:
         lines += ["", "## Failed runs", ""]

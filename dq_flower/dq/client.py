@@ -8,8 +8,11 @@ device's own data and (where the round needs it) the user's model::
         return dq_flower.client.dq_train(msg, context, load_local_data(), model=Net())
 
 State kept across rounds in ``Context.state``:
-- ``dq-uploaded``: a mask of the local samples already uploaded (not sent again unless
-  ``resend``);
+- ``dq-upload-round``: for each local sample, the round it was uploaded in (0: never). In
+  round ``r`` a sample counts as uploaded only if that round is before ``r``: a server
+  that resumed from an older checkpoint and serves round ``r`` again holds exactly the
+  uploads of the rounds before ``r``, so nothing it lost is forgotten (and a replayed round
+  gets the same candidates);
 - ``dq-ef``: the error-feedback residual of a biased compensation codec;
 - ``dq-grad-ef``: the error-feedback state of a biased codec in gradient rounds
   (``upload-mode`` gradient or auto).
@@ -51,7 +54,7 @@ from dq_flower.server.common import round_rng
 
 __all__ = ["dq_train", "quantizer_for", "score_candidates", "node_key", "round_config"]
 
-UPLOADED_KEY = "dq-uploaded"
+UPLOAD_ROUND_KEY = "dq-upload-round"
 EF_KEY = "dq-ef"
 GRAD_EF_KEY = "dq-grad-ef"
 
@@ -137,6 +140,16 @@ def _save_state(context: Context, key: str, server_round: int,
     arrays.update({f"after/{k}": Array(np.ascontiguousarray(v)) for k, v in after.items()})
     context.state[key] = ArrayRecord(arrays)
     context.state[key + "-round"] = ConfigRecord({"round": server_round})
+
+
+def _upload_rounds(context: Context, n: int) -> np.ndarray:
+    """Per local sample, the round it was uploaded in (0: never); reset if ``n`` changed."""
+    record = context.state.array_records.get(UPLOAD_ROUND_KEY)
+    if record is not None and "round" in record:
+        rounds = record["round"].numpy().astype(np.int64)
+        if rounds.shape == (n,):
+            return rounds.copy()
+    return np.zeros(n, dtype=np.int64)
 
 
 def _encode(codec, vector: np.ndarray, rng: np.random.Generator, context: Context,
@@ -238,10 +251,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
                              f"{num_classes} classes")
         num_classes = num_classes or local
 
-    before = _state_before(context, UPLOADED_KEY, server_round).get("mask")
-    uploaded = (before.astype(bool) if before is not None and before.size == n
-                else np.zeros(n, dtype=bool))
-    mask_before = uploaded.copy()
+    up_round = _upload_rounds(context, n)
+    uploaded = (up_round > 0) & (up_round < server_round)
     candidates = np.arange(n) if cfg.resend else np.flatnonzero(~uploaded)
 
     need = "scorer " + repr(cfg.scorer) if cfg.scorer != "uniform" else "compensation"
@@ -285,9 +296,9 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     for name, record in content_extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
-    uploaded[chosen] = True
-    _save_state(context, UPLOADED_KEY, server_round, {"mask": mask_before.astype(np.uint8)},
-                {"mask": uploaded.astype(np.uint8)})
+    if not cfg.resend:
+        up_round[chosen] = server_round
+        context.state[UPLOAD_ROUND_KEY] = ArrayRecord({"round": Array(up_round)})
     metrics = {"num-examples": int(n), "partition-id": int(key),
                "candidates": int(candidates.size), "selected": int(chosen.size),
                "up-payload-bits": int(payload_bits),

@@ -179,7 +179,8 @@ class SampleStore:
         """Arrays for a checkpoint."""
         out = {"node_table": np.array(sorted(self._node_table, key=self._node_table.get),
                                       dtype=np.uint64),
-               "evicted": np.array([self.evicted])}
+               "evicted": np.array([self.evicted]),
+               "rng": self._rng.bit_generator.state}
         if self._rows is not None:
             for f in _FIELDS:
                 out[f] = getattr(self._rows, f)
@@ -189,6 +190,8 @@ class SampleStore:
         """Inverse of :meth:`state`."""
         self._node_table = {int(n): i for i, n in enumerate(state["node_table"])}
         self.evicted = int(state["evicted"][0])
+        if "rng" in state:  # the eviction generator resumes where it stopped
+            self._rng.bit_generator.state = state["rng"]
         if "codes" in state:
             self._rows = StoredRows(*(np.asarray(state[f]) for f in _FIELDS))
         else:

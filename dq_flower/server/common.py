@@ -93,14 +93,20 @@ def screen_replies(
     """Validate every reply: ``([(node, validate(msg)), ...], rejected, failed)``.
 
     Replies carrying an error count as failed; a reply ``validate`` raises on is rejected,
-    with its reason logged.
+    with its reason logged, and so is a second reply from a node that already answered.
     """
     valid, rejected, failed = [], 0, 0
+    seen: set[int] = set()
     for msg in replies:
         node = msg.metadata.src_node_id
         if msg.has_error():
             failed += 1
             continue
+        if node in seen:  # one reply per node and round: a second is not used twice
+            rejected += 1
+            log_rejected(node, "a second reply from this node in the same round")
+            continue
+        seen.add(node)
         try:  # every exception a reply can cause is caught here: the round goes on
             valid.append((node, validate(msg)))
         except Exception as exc:  # noqa: BLE001

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, Message, MetricRecord, RecordDict
+from flwr.app import Array, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,6 +44,15 @@ def _setup(method):
 
 
 SETUPS = {m: _setup(m) for m in METHODS}
+
+
+def _request_from(node: int) -> Message:
+    """A train request to ``node``: each corrupted reply comes from a node of its own, since
+    the server refuses a second reply from the same node in a round."""
+    request = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
+                      dst_node_id=node, message_type="train")
+    request.metadata.__dict__["_message_id"] = f"fuzz-{node}"
+    return request
 
 
 def _copy(content: RecordDict) -> RecordDict:
@@ -157,7 +166,7 @@ def _fuzz_round(method, mutations):
     for index, seed in mutations:
         corrupted = _copy(good[1][1])
         MUTATIONS[index](corrupted, np.random.default_rng(seed))
-        replies.append(Message(corrupted, reply_to=good[1][0]))
+        replies.append(Message(corrupted, reply_to=_request_from(1000 + len(replies))))
     _COUNT["corrupted"] += len(mutations)
 
     _, metrics = strategy.aggregate_train(1, replies)

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import torch
-from flwr.app import Array, Message, MetricRecord, RecordDict
+from flwr.app import Array, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,6 +38,15 @@ def _good_replies():
 
 
 GOOD = _good_replies()
+
+
+def _request_from(node: int) -> Message:
+    """A train request to ``node``: each corrupted reply comes from a node of its own, since
+    the server refuses a second reply from the same node in a round."""
+    request = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
+                      dst_node_id=node, message_type="train")
+    request.metadata.__dict__["_message_id"] = f"fuzz-{node}"
+    return request
 
 
 def _copy(content: RecordDict) -> RecordDict:
@@ -188,8 +197,7 @@ def _fuzz_round(mutations, good_index):
     for index, seed in mutations:
         corrupted = _copy(GOOD[(good_index + 1) % len(GOOD)][1])
         MUTATIONS[index](corrupted, np.random.default_rng(seed))
-        other_request = GOOD[(good_index + 1) % len(GOOD)][0]
-        replies.append(Message(corrupted, reply_to=other_request))
+        replies.append(Message(corrupted, reply_to=_request_from(1000 + len(replies))))
     _COUNT["corrupted"] += len(mutations)
 
     arrays, metrics = strategy.aggregate_train(1, replies)

@@ -1,0 +1,162 @@
+"""Learning-rate tuning that cannot see the test set (``dq-flower tune``, ``compare --tune``).
+
+For every planned run, each point of its step-size grid (:mod:`dq_flower.compare.grids`)
+runs for a short horizon (``rounds``) on the same scenario with ``validation-fraction`` set:
+the clients train on the training rows minus a held-out fraction (drawn by the seed), and
+the model is scored on those held-out rows. The test set is not loaded into the run at all
+(:func:`dq_flower.harness.tasks.data.validation_view`). The choice is the grid point with
+the best final validation accuracy; ties go to fewer uplink bytes, then to the earlier
+point. The grid, every score and the choice make the tuning record, kept in the preset
+(``[tuning.<label>]``), in ``results.json`` and in the summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dq_flower.compare.grids import grid_points, step_axes
+from dq_flower.compare.plan import PlannedRun
+from dq_flower.compare.presets import Preset
+
+__all__ = ["TuneSettings", "tune_plan", "tune_runs", "apply_tuning", "choose"]
+
+#: Engines a tuning may run on.
+TUNE_ENGINES = ("inprocess", "simulation")
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """How tuning runs.
+
+    Attributes
+    ----------
+    rounds : int
+        Rounds of every grid point (``--tune-rounds``; at most the run's own rounds).
+    validation_fraction : float
+        Fraction of the training rows held out for scoring (``--validation-fraction``).
+    engine : str
+        ``inprocess`` (default: the same strategies and client code without Ray, fast) or
+        ``simulation``.
+    """
+
+    rounds: int = 10
+    validation_fraction: float = 0.2
+    engine: str = "inprocess"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"tune-rounds: must be an integer >= 1, got {self.rounds!r}")
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError(f"validation-fraction: must be in (0, 1), got "
+                             f"{self.validation_fraction!r}")
+        if self.engine not in TUNE_ENGINES:
+            raise ValueError(f"tune-engine: must be one of {TUNE_ENGINES}, got "
+                             f"{self.engine!r}")
+
+
+def choose(scores: Sequence[Mapping[str, Any]]) -> int | None:
+    """Index of the best score: highest accuracy, then fewest uplink bytes, then first.
+
+    Failed points and NaN accuracies never win; ``None`` when every point failed.
+    """
+    best, key = None, None
+    for i, sc in enumerate(scores):
+        acc = float(sc.get("accuracy", float("nan")))
+        if sc.get("failed") or not math.isfinite(acc):
+            continue
+        k = (-acc, int(sc.get("up-bytes", 0)), i)
+        if key is None or k < key:
+            best, key = i, k
+    return best
+
+
+def _trial(plan: PlannedRun, point: Mapping[str, float], rounds: int,
+           fraction: float) -> PlannedRun:
+    extra = {**point, "num-server-rounds": rounds, "validation-fraction": fraction,
+             "checkpoint-dir": ""}
+    return dataclasses.replace(plan, run_config={**plan.run_config, **extra},
+                               knobs={**plan.knobs, **extra})
+
+
+def tune_plan(plan: PlannedRun, settings: TuneSettings,
+              report: Callable[[str], None] | None = None,
+              num_cpus_per_client: float = 1.0) -> dict[str, Any] | None:
+    """Tune one planned run; return its tuning record (``None``: it has no step sizes).
+
+    Returns
+    -------
+    dict or None
+        ``method``, ``rounds``, ``validation-fraction``, ``engine``, ``axes`` (knob ->
+        values), ``scores`` (per grid point: ``knobs``, ``accuracy`` and ``up-bytes`` after
+        the last round, or ``failed`` and ``error``) and ``choice`` (the chosen knobs;
+        empty when every point failed).
+    """
+    from dq_flower.compare.run import _run_one
+    from dq_flower.harness.server_app import validate_run_config
+
+    axes = step_axes(plan.family, plan.resolved)
+    if not axes:
+        return None
+    rounds = min(settings.rounds, int(plan.run_config["num-server-rounds"]))
+    points = grid_points(axes)
+    scores: list[dict[str, Any]] = []
+    for i, point in enumerate(points, start=1):
+        trial = _trial(plan, point, rounds, settings.validation_fraction)
+        t0 = time.perf_counter()
+        try:
+            validate_run_config(trial.run_config)
+            result = _run_one(trial, settings.engine, lambda row: None, num_cpus_per_client,
+                              False)
+        except KeyboardInterrupt:
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001  (a diverging point fails)
+            scores.append({"knobs": dict(point), "failed": True,
+                           "error": f"{type(exc).__name__}: {exc}",
+                           "traceback": traceback.format_exc()})
+            line = f"failed: {type(exc).__name__}: {exc}"
+        else:
+            last = result.history[-1]
+            scores.append({"knobs": dict(point), "accuracy": float(last["accuracy"]),
+                           "up-bytes": int(last["cum_up_bytes"]), "failed": False})
+            line = f"validation accuracy {100 * float(last['accuracy']):.1f}%"
+        if report is not None:
+            knobs = ", ".join(f"{k} {v:g}" for k, v in point.items())
+            report(f"[tune {plan.spec.label} {i}/{len(points)}] {knobs}: {line} "
+                   f"({time.perf_counter() - t0:.1f} s, {rounds} rounds)")
+    best = choose(scores)
+    return {"method": plan.spec.method, "rounds": rounds,
+            "validation-fraction": settings.validation_fraction, "engine": settings.engine,
+            "axes": {k: list(v) for k, v in axes.items()}, "scores": scores,
+            "choice": dict(scores[best]["knobs"]) if best is not None else {}}
+
+
+def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
+              report: Callable[[str], None] | None = None,
+              num_cpus_per_client: float = 1.0) -> dict[str, dict[str, Any]]:
+    """Tune every planned run that has step sizes: ``label -> tuning record``."""
+    out = {}
+    for plan in plans:
+        record = tune_plan(plan, settings, report, num_cpus_per_client)
+        if record is not None:
+            out[plan.spec.label] = record
+    return out
+
+
+def apply_tuning(preset: Preset, records: Mapping[str, Mapping[str, Any]]) -> Preset:
+    """``preset`` with every record's choice in its ``[methods.<label>]`` and the records kept.
+
+    Tracebacks of failed points are dropped (``results.json`` keeps the error line).
+    """
+    knobs = {k: dict(v) for k, v in preset.method_knobs.items()}
+    kept: dict[str, dict[str, Any]] = {}
+    for label, record in records.items():
+        knobs.setdefault(label, {}).update(record.get("choice") or {})
+        kept[label] = {**record, "scores": [{k: v for k, v in sc.items() if k != "traceback"}
+                                            for sc in record.get("scores") or []]}
+    return dataclasses.replace(preset, method_knobs=knobs, tuning={**preset.tuning, **kept})
