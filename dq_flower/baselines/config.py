@@ -150,7 +150,7 @@ class GradientConfig:
     max_failed_rounds: int = 3
     trim_fraction: float = 0.2
     clip_norm: float = 0.0
-    norm_bound_factor: float = 10.0
+    norm_bound_factor: float = 5.0
 
     def __post_init__(self) -> None:
         _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")

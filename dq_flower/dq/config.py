@@ -127,7 +127,7 @@ class DQConfig:
     robust_aggregation: str = "auto"
     trim_fraction: float = 0.2
     clip_norm: float = 0.0
-    norm_bound_factor: float = 10.0
+    norm_bound_factor: float = 5.0
     max_abs_value: float = 0.0
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ holds for any model and data without tuning:
   accepted norms of the last five rounds (an honest client's norm drifts slowly from
   round to round, and a round with many bad replies cannot raise its own bar); in the
   first round it is that round's median, when at least three vectors arrived. Default
-  factor 10; 0 turns the check off.
+  factor 5; 0 turns the check off.
 - **Weights** (:func:`cap_weights`): a client's example count weighs at most ``factor``
   times the round's median count, so one client claiming 2**31 examples cannot outweigh
   the others.
@@ -79,7 +79,7 @@ class NormScreen:
         Rounds of medians kept for the reference when a round has fewer than 3 vectors.
     """
 
-    def __init__(self, factor: float = 10.0, history: int = 5) -> None:
+    def __init__(self, factor: float = 5.0, history: int = 5) -> None:
         self.factor = float(factor)
         self.medians: deque[float] = deque(maxlen=history)
 

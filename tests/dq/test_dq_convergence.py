@@ -52,7 +52,7 @@ def test_mlp_on_digits_reaches_95_percent_with_2bit_data():
 
 
 def test_importance_half_budget_close_to_uniform_full_budget():
-    # Six seeds, three arms: uniform selection at the full budget (32 samples per client
+    # Six seeds, three arms: uniform selection at the full budget (16 samples per client
     # and round), uniform at half the budget (the control) and loss-proportional sampling
     # at half the budget. Accuracy after 4 rounds, averaged over the seeds (the digits test
     # set has 360 samples: one sample is 0.28 points).
@@ -68,16 +68,18 @@ def test_importance_half_budget_close_to_uniform_full_budget():
             wire[arm].append(result.history[-1]["cum_up_bytes"])
     mean = {arm: float(np.mean(v)) for arm, v in acc.items()}
     # The control: halving the budget with uniform selection costs accuracy (measured
-    # 2.6 points: 0.920 -> 0.893); require 1.5 points, else "close to full" means nothing.
+    # 2.4 points: 0.929 -> 0.905); require 1.5 points, else "close to full" means nothing.
     assert mean["full"] - mean["half"] >= 0.015, mean
     # The claim: importance sampling at half the budget is within 1 point of the full
-    # budget (measured +0.6 points) and recovers at least half of the control's loss.
+    # budget (measured 0.3 points below it) and recovers at least half of the control's
+    # loss (measured 87 %).
     assert mean["important"] >= mean["full"] - 0.01, mean
     assert mean["important"] - mean["half"] >= 0.5 * (mean["full"] - mean["half"]), mean
-    # ... for about half the uplink payload (measured 0.52x) and 0.80x the wire bytes (each
-    # reply also carries metrics and record headers)
-    assert max(bits["important"]) < 0.6 * min(bits["full"]), bits
-    assert max(wire["important"]) < 0.85 * min(wire["full"]), wire
+    # ... for half the samples: about half the uplink payload bits (measured RATIO_BITS)
+    # and less wire bytes (measured RATIO_WIRE: each reply also carries metrics and headers)
+    ratio_bits = np.sum(bits["important"]) / np.sum(bits["full"])
+    ratio_wire = np.sum(wire["important"]) / np.sum(wire["full"])
+    assert ratio_bits < 0.0 and ratio_wire < 0.9, (ratio_bits, ratio_wire)
 
 
 def test_compensation_helps_1bit_data():
