@@ -5,6 +5,9 @@ Subcommands
 ``compare``
     Run a list of methods on one scenario (a preset from ``simulations/``, with flags that
     override it) and write ``results.json``, ``results.csv``, ``summary.md`` and plots.
+``tune``
+    Tune every method's step sizes on a validation split of the training rows (never the
+    test set) and write a preset TOML with the chosen values and the tuning record.
 ``report``
     Redraw ``summary.md`` and the plots of an output folder from its ``results.json``.
 ``deploy``
@@ -13,18 +16,16 @@ Subcommands
     ``func(args) -> int``) with ``set_defaults``.
 
 Errors the user can fix (unknown preset or method, a bad flag or knob value, missing data
-files) end with one line on stderr and exit status 2, never a traceback.
+files) end with one line on stderr and exit status 2, never a traceback. The commands
+themselves are in :mod:`dq_flower.compare.commands`.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 __all__ = ["main", "build_parser"]
@@ -80,34 +81,8 @@ def _methods_arg(text: str) -> tuple[str, ...]:
     return names
 
 
-def _add_compare(sub: Any) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="run several methods on one scenario; write results, summary and plots",
-        description=textwrap.fill(
-            "Run a list of methods on one scenario with the same data, model, partition, "
-            "clients, rounds and seed, in Flower's simulation engine (default) or in-process. "
-            "Writes results.json, results.csv (per method and round), summary.md (D, d, "
-            "uplink bits, final accuracy, rounds and uplink bytes to the target accuracy, "
-            "ratio to DQ) and PNG plots to --out. Flags override the preset's values. "
-            "DQ uploads quantized raw samples: use it on trusted networks only.", 79),
-        epilog=(
-            "examples:\n"
-            "  dq-flower compare --preset digits-mlp\n"
-            "  dq-flower compare --preset digits-mlp --methods dq,fedavg,qsgd --rounds 10 "
-            "--engine inprocess\n"
-            "  dq-flower compare --preset fmnist-wide-cnn --rounds 30 --set dq.budget=128\n"
-            "  dq-flower compare --preset digits-mlp --partition dirichlet --alpha 0.1 "
-            "--set local-steps=5\n"
-            "  dq-flower compare --list-presets"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
-                   help="scenario: a preset name from simulations/ (digits-mlp, fmnist-cnn, "
-                        "fmnist-wide-cnn, cifar10-resnet, ...) or a path to a .toml file "
-                        "(default: %(default)s)")
-    p.add_argument("--list-presets", action="store_true",
-                   help="list the presets and the registered methods, then exit")
+def _add_scenario_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that define the scenario and the methods' knobs (compare and tune)."""
     p.add_argument("--methods", type=_methods_arg, metavar="M1,M2,...",
                    help="comma-separated methods (registered names, the preset's variants, "
                         "or 'all'); default: the preset's list")
@@ -138,15 +113,72 @@ def _add_compare(sub: Any) -> None:
                    help="folder of the data files (fmnist: IDX files, default "
                         "/usr/share/datasets/fashion-mnist; cifar10: the folder holding "
                         "cifar-10-batches-py)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a method knob, e.g. --set bits=3 (every method that knows the key) "
+                        "or --set dq.budget=128 (one method); repeatable")
+
+
+def _add_tune_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tune-rounds", type=_positive_int, metavar="N",
+                   help="rounds of every tuning run (default: a fifth of --rounds, at least "
+                        "1; at most a method's own rounds)")
+    p.add_argument("--validation-fraction", type=_float_in(0.0, 0.99), default=0.2,
+                   metavar="F",
+                   help="fraction of the TRAINING rows held out to score the tuning runs, "
+                        "drawn by the seed; the test set is never read (default: "
+                        "%(default)s)")
+    p.add_argument("--tune-engine", choices=("inprocess", "simulation"), default="inprocess",
+                   help="engine of the tuning runs (default: %(default)s: the same strategies "
+                        "and client code without Ray)")
+
+
+def _add_link_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--link", dest="links", action="append", default=[], metavar="SPEC",
+                   help="a network profile whose simulated time to the target the summary "
+                        "reports: lte (10mbit/1mbit/50ms), wifi (50mbit/20mbit/10ms), "
+                        "datacenter (10gbit/10gbit/0.1ms), or name=down/up/latency, e.g. "
+                        "sat=20mbit/2mbit/600ms (latency: the round trip); repeatable "
+                        "(default: lte, wifi and datacenter)")
+
+
+def _add_compare(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="run several methods on one scenario; write results, summary and plots",
+        description=textwrap.fill(
+            "Run a list of methods on one scenario with the same data, model, partition, "
+            "clients, rounds and seed, in Flower's simulation engine (default) or in-process. "
+            "Writes results.json, results.csv (per method and round), summary.md (D, d, "
+            "uplink bits, final accuracy, rounds and uplink bytes to the target accuracy, "
+            "ratio to DQ) and PNG plots to --out. Flags override the preset's values. "
+            "DQ uploads quantized raw samples: use it on trusted networks only.", 79),
+        epilog=(
+            "examples:\n"
+            "  dq-flower compare --preset digits-mlp\n"
+            "  dq-flower compare --preset digits-mlp --methods dq,fedavg,qsgd --rounds 10 "
+            "--engine inprocess\n"
+            "  dq-flower compare --preset fmnist-wide-cnn --rounds 30 --set dq.budget=128\n"
+            "  dq-flower compare --preset digits-mlp --partition dirichlet --alpha 0.1 "
+            "--set local-steps=5\n"
+            "  dq-flower compare --preset digits-mlp --engine inprocess --tune "
+            "--tune-rounds 10\n"
+            "  dq-flower compare --preset digits-mlp --link lte --link sat=20mbit/2mbit/600ms\n"
+            "  dq-flower compare --list-presets"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
+                   help="scenario: a preset name from simulations/ (digits-mlp, fmnist-cnn, "
+                        "fmnist-wide-cnn, cifar10-resnet, ...) or a path to a .toml file "
+                        "(default: %(default)s)")
+    p.add_argument("--list-presets", action="store_true",
+                   help="list the presets and the registered methods, then exit")
+    _add_scenario_flags(p)
     p.add_argument("--out", metavar="DIR",
                    help="output folder (default: results/<preset>); files in it are replaced")
     p.add_argument("--engine", choices=("simulation", "inprocess"), default="simulation",
                    help="'simulation': Flower's simulation engine (Ray), one simulation per "
                         "method; 'inprocess': an in-process grid without Ray (fast, for tests "
                         "and quick looks) (default: %(default)s)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="set a method knob, e.g. --set bits=3 (every method that knows the key) "
-                        "or --set dq.budget=128 (one method); repeatable")
     p.add_argument("--num-cpus-per-client", type=_float_in(0.0, None), default=1.0,
                    metavar="C", help="Ray CPUs per simulated client (default: %(default)s)")
     p.add_argument("--num-gpus-per-client", type=_float_in(0.0, None, lo_open=False),
@@ -160,7 +192,45 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true",
                    help="print one line per method instead of one per round")
     p.add_argument("--verbose", action="store_true", help="keep Flower's own log output")
-    p.set_defaults(func=cmd_compare)
+    p.add_argument("--tune", action="store_true",
+                   help="first tune every method's step sizes on a validation split of the "
+                        "training rows (as dq-flower tune does), then compare with the chosen "
+                        "values; the grids, scores and choices go into results.json and "
+                        "summary.md")
+    _add_tune_flags(p)
+    _add_link_flag(p)
+    p.set_defaults(func=_command("cmd_compare"))
+
+
+def _add_tune(sub: Any) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="tune each method's step sizes on a validation split; write a tuned preset",
+        description=textwrap.fill(
+            "For every method of the scenario, run each point of its step-size grid (server "
+            "lr; client-lr where it takes local steps or epochs; see README 'Comparing "
+            "methods') for --tune-rounds rounds, trained on the training rows minus a "
+            "held-out --validation-fraction and scored on the held-out rows (never the test "
+            "set). Choose the best validation accuracy (ties: fewer uplink bytes) and write "
+            "a preset TOML with the chosen values and the tuning record; dq-flower compare "
+            "--preset FILE then runs it.", 79),
+        epilog=("examples:\n"
+                "  dq-flower tune --preset digits-mlp --tune-rounds 10 --out tuned.toml\n"
+                "  dq-flower compare --preset tuned.toml --engine inprocess"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
+                   help="scenario: a preset name from simulations/ or a path to a .toml file "
+                        "(default: %(default)s)")
+    _add_scenario_flags(p)
+    _add_tune_flags(p)
+    p.add_argument("--out", metavar="FILE",
+                   help="the tuned preset to write (default: results/<preset>-tuned.toml)")
+    p.add_argument("--num-cpus-per-client", type=_float_in(0.0, None), default=1.0,
+                   metavar="C", help="Ray CPUs per simulated client with --tune-engine "
+                                     "simulation (default: %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="print only the choices")
+    p.set_defaults(func=_command("cmd_tune"))
 
 
 def _add_report(sub: Any) -> None:
@@ -171,7 +241,22 @@ def _add_report(sub: Any) -> None:
     p.add_argument("folder", metavar="DIR", help="output folder of dq-flower compare")
     p.add_argument("--target-accuracy", type=_float_in(0.0, 1.0), metavar="T",
                    help="report the cost of reaching this accuracy instead")
-    p.set_defaults(func=cmd_report)
+    p.add_argument("--link", dest="links", action="append", default=[], metavar="SPEC",
+                   help="report the simulated time on these link profiles instead (as "
+                        "compare --link); repeatable")
+    p.set_defaults(func=_command("cmd_report"))
+
+
+def _command(name: str):
+    """``func(args)`` calling :mod:`dq_flower.compare.commands` ``name`` (imported lazily)."""
+
+    def run(args: argparse.Namespace) -> int:
+        from dq_flower.compare import commands
+
+        return getattr(commands, name)(args)
+
+    run.__name__ = name
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_compare(sub)
+    _add_tune(sub)
     _add_report(sub)
     try:
         from dq_flower.deploy.cli import add_deploy_parser  # written in the deployment issue
@@ -197,113 +283,6 @@ def _version() -> str:
     from dq_flower import __version__
 
     return __version__
-
-
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _list_presets() -> int:
-    from dq_flower.compare.presets import load_preset, preset_names
-    from dq_flower.harness.methods import method_names
-
-    print("presets (simulations/*.toml):")
-    for name in preset_names():
-        try:
-            pr = load_preset(name)
-        except ValueError as exc:
-            print(f"  {name:<18} (invalid: {exc})")
-            continue
-        print(f"  {name:<18} {pr.dataset}/{pr.model}, {pr.num_clients} clients, {pr.rounds} "
-              f"rounds, target {pr.target_accuracy:g}: {pr.description}")
-    print("methods: " + ", ".join(method_names()))
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    """``dq-flower compare``."""
-    if args.list_presets:
-        return _list_presets()
-    from dq_flower import compare
-    from dq_flower.compare.presets import load_preset
-
-    try:
-        preset = load_preset(args.preset).with_overrides(
-            methods=args.methods, dataset=args.dataset, model=args.model, rounds=args.rounds,
-            num_clients=args.num_clients, partition=args.partition, dirichlet_alpha=args.alpha,
-            fraction_train=args.fraction_train, target_accuracy=args.target_accuracy,
-            seed=args.seed, data_dir=args.data_dir)
-        sets = compare.parse_set(args.sets)
-        plans = compare.plan_runs(preset, sets)
-        d, n_train = compare.check_data(preset)
-    except FileNotFoundError as exc:
-        return _fail(f"{exc} On the command line: --data-dir DIR.")
-    except ValueError as exc:
-        return _fail(str(exc))
-    out = Path(args.out) if args.out else Path("results") / preset.name
-    if out.exists() and not out.is_dir():
-        return _fail(f"--out {out}: exists and is not a folder")
-    print(f"{PROG} compare: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} "
-          f"training samples), model {preset.model}, {preset.num_clients} clients, "
-          f"{preset.partition} partition"
-          + (f" (alpha {preset.dirichlet_alpha:g})" if preset.partition == "dirichlet" else "")
-          + f", {preset.rounds} rounds, seed {preset.seed}, engine {args.engine}")
-    print(f"methods: {', '.join(p.spec.label for p in plans)}; target accuracy "
-          f"{100 * preset.target_accuracy:.1f}%; output {out}/")
-    progress = compare.ConsoleProgress(rounds=not args.quiet)
-    t0 = time.perf_counter()
-    try:
-        results = compare.run_comparison(
-            preset, out, sets=sets, engine=args.engine, progress=progress, plans=plans,
-            num_cpus_per_client=args.num_cpus_per_client,
-            num_gpus_per_client=args.num_gpus_per_client, verbose=args.verbose,
-            resume=args.resume,
-            command=shlex.join([PROG, *args.argv]))
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted; the finished methods' results are in {out}/",
-              file=sys.stderr)
-        return 130
-    except (ValueError, OSError) as exc:  # e.g. --out names a file
-        return _fail(str(exc))
-    wall = time.perf_counter() - t0
-    print()
-    print((out / "summary.md").read_text())
-    print(f"total wall time {wall:.1f} s ({wall / 60:.1f} min)")
-    print("written:")
-    for name in ("results.json", "results.csv", "summary.md", "accuracy_vs_uplink.png",
-                 "accuracy_vs_rounds.png"):
-        print(f"  {out / name}")
-    failed = compare.failed_runs(results)
-    for rec in failed:
-        print(f"{PROG}: {rec['label']} failed: {compare.error_line(rec)}", file=sys.stderr)
-    if failed and len(failed) == len(results["runs"]):
-        print(f"{PROG}: error: every method failed (see summary.md and results.json)",
-              file=sys.stderr)
-        return EXIT_FAILED_RUNS
-    if failed:
-        print(f"{PROG}: {len(failed)} of {len(results['runs'])} methods failed (see "
-              f"summary.md); the other methods' results are in {out}/", file=sys.stderr)
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    """``dq-flower report``."""
-    from dq_flower import compare
-
-    try:
-        results = compare.load_results(args.folder)
-    except (ValueError, FileNotFoundError) as exc:
-        return _fail(str(exc))
-    if args.target_accuracy is not None:
-        results["target_accuracy"] = args.target_accuracy
-    folder = Path(args.folder)
-    folder = folder if folder.is_dir() else folder.parent
-    paths = compare.write_reports(results, folder)
-    print(paths["summary"].read_text())
-    for path in paths.values():
-        print(f"  {path}")
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from dq_flower.codecs import ErrorFeedback, make
+from dq_flower.codecs import ErrorFeedback, Payload, make
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
@@ -40,6 +40,7 @@ from dq_flower.node import node_key
 from dq_flower.protocol.dq_batch import (
     GRADIENT_KEY,
     RANGES_KEY,
+    REFRESH_KEY,
     denormalise,
     encode_batch,
     feature_ranges,
@@ -55,6 +56,11 @@ from dq_flower.server.common import round_rng
 __all__ = ["dq_train", "quantizer_for", "score_candidates", "node_key", "round_config"]
 
 UPLOAD_ROUND_KEY = "dq-upload-round"
+#: Under ``compensation-mode="refresh"``: the samples payload sent in round r
+#: (``dq-sent-<r>``) and its ids and weights (``dq-sent-rows-<r>``), to recompute residuals.
+SENT_PREFIX = "dq-sent-"
+SENT_ROWS_PREFIX = "dq-sent-rows-"
+REFRESH_EF_KEY = "dq-refresh-ef"
 EF_KEY = "dq-ef"
 GRAD_EF_KEY = "dq-grad-ef"
 
@@ -140,6 +146,56 @@ def _save_state(context: Context, key: str, server_round: int,
     arrays.update({f"after/{k}": Array(np.ascontiguousarray(v)) for k, v in after.items()})
     context.state[key] = ArrayRecord(arrays)
     context.state[key + "-round"] = ConfigRecord({"round": server_round})
+
+
+def _sent_rounds(context: Context) -> list[int]:
+    return sorted(int(k[len(SENT_ROWS_PREFIX):]) for k in context.state.array_records
+                  if k.startswith(SENT_ROWS_PREFIX))
+
+
+def _forget_sent_from(context: Context, server_round: int) -> None:
+    """Drop the uploads of rounds the server is serving again (it did not keep them)."""
+    for rnd in _sent_rounds(context):
+        if rnd >= server_round:
+            del context.state[f"{SENT_PREFIX}{rnd}"]
+            del context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
+
+
+def _decoder_of(payload: Payload):
+    meta = payload.meta
+    return make("uniform", bits=int(meta["bits"]), per_channel=int(meta.get("per_channel", 0)),
+                dither_seed=meta.get("dither_seed"), entropy=str(meta.get("entropy", "none")),
+                fixed_range=bool(meta.get("fixed_range", False)))
+
+
+def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
+                        spec: DataSpec, model: torch.nn.Module, loss_fn: LossFn | None,
+                        mode: str) -> np.ndarray | None:
+    """``sum_i w_i [grad f(x_i) - grad f(Q(x_i))] / sum_i w_i`` over every earlier upload.
+
+    ``Q(x_i)`` is decoded from the very payloads sent, so it is what the server stores.
+    """
+    xs, xqs, ys, ws = [], [], [], []
+    for rnd in _sent_rounds(context):
+        payload = Payload.from_record(context.state.array_records[f"{SENT_PREFIX}{rnd}"])
+        rows = context.state.array_records[f"{SENT_ROWS_PREFIX}{rnd}"]
+        ids = rows["ids"].numpy().astype(np.int64)
+        xq = _decoder_of(payload).decode(payload)
+        if mode == "feature":
+            xq = denormalise(xq, *feature_ranges(x_flat))
+        xs.append(x_flat[ids])
+        xqs.append(xq)
+        ys.append(y[ids])
+        ws.append(rows["weights"].numpy().astype(np.float64))
+    if not xs:
+        return None
+    w = np.concatenate(ws)
+    w = (w / w.sum()).astype(np.float32)
+    shape = (-1, *spec.sample_shape)
+    yy = np.concatenate(ys)
+    _, g_true = weighted_loss_grad(model, np.concatenate(xs).reshape(shape), yy, w, loss_fn)
+    _, g_quant = weighted_loss_grad(model, np.concatenate(xqs).reshape(shape), yy, w, loss_fn)
+    return g_true - g_quant
 
 
 def _upload_rounds(context: Context, n: int) -> np.ndarray:
@@ -291,8 +347,28 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         codec = make(cfg.compensation, **cfg.compensation_kwargs)
         compensation = _encode(codec, g_true - g_quant, rng, context, EF_KEY, server_round)
 
+    refresh = None
+    if cfg.compensation_mode == "refresh":
+        _forget_sent_from(context, server_round)
+        if bool(config.get("refresh", False)):
+            if model is None:
+                raise ValueError("a refreshed residual needs the model; the server did not "
+                                 "send it")
+            residual = _refreshed_residual(context, x_flat, y, spec, model, loss_fn, mode)
+            if residual is not None:
+                codec = make(cfg.compensation, **cfg.compensation_kwargs)
+                refresh = _encode(codec, residual, rng, context, REFRESH_EF_KEY, server_round)
+
     content, payload_bits = encode_batch(
         samples, y[chosen], chosen, represents, num_classes, n, compensation)
+    if refresh is not None:
+        content[REFRESH_KEY] = refresh.to_record()
+        payload_bits += int(refresh.nbits)
+    if cfg.compensation_mode == "refresh" and chosen.size:
+        context.state[f"{SENT_PREFIX}{server_round}"] = samples.to_record()
+        context.state[f"{SENT_ROWS_PREFIX}{server_round}"] = ArrayRecord({
+            "ids": Array(chosen.astype(np.int64)),
+            "weights": Array(represents.astype(np.float32))})
     for name, record in content_extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())

@@ -15,13 +15,15 @@ from dq_flower.config import check as _check
 from dq_flower.config import parse_params
 
 __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
-           "RANGE_MODES", "CLIENT_KEYS", "robust_rule"]
+           "RANGE_MODES", "CLIENT_KEYS", "robust_rule",
+           "COMPENSATION_MODES"]
 
 
 SCORERS = ("uniform", "loss", "gradnorm")
 SELECTION_RULES = ("topk", "sample", "threshold")
 ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd")
 UPLOAD_MODES = ("data", "gradient", "auto")
+COMPENSATION_MODES = ("first-step", "store", "refresh")
 #: Quantizer ranges: ``sample`` (one per sample), ``channel`` (one per image channel),
 #: ``feature`` (one per coordinate, the client's own, sent once), ``auto`` (``feature``
 #: for flat samples, ``channel`` for images with ``per-channel``, else ``sample``).
@@ -61,6 +63,17 @@ class DQConfig:
         Gradient codec for the compensation, or ``none``.
     compensation_params : str
         Its parameters, ``"levels=4,bucket=512"``.
+    compensation_mode : str
+        Where the compensation corrects the server's steps: ``first-step`` (only the
+        round's first step, on the fresh batch), ``store`` (also every store step, through
+        a control variate: the weighted mean of the decoded deltas of the stored samples)
+        or ``refresh`` (``store``, and every ``refresh_every`` rounds each client replaces
+        its share by a fresh residual over all it uploaded, at the current model).
+    refresh_every : int
+        Rounds between refreshed residuals under ``compensation_mode="refresh"``.
+    compensation_decay : float
+        Each round the control variate's old contributions are multiplied by this factor
+        (1: no decay); a share refreshed or uploaded in the round is fresh.
     server_steps : int
         Optimizer steps the server takes per round.
     server_batch_size : int
@@ -111,6 +124,9 @@ class DQConfig:
     resend: bool = False
     compensation: str = "none"
     compensation_params: str = ""
+    compensation_mode: str = "first-step"
+    refresh_every: int = 5
+    compensation_decay: float = 1.0
     server_steps: int = 20
     server_batch_size: int = 64
     optimizer: str = "sgd"
@@ -136,6 +152,22 @@ class DQConfig:
                f"must be one of {UPLOAD_MODES}, got {self.upload_mode!r}")
         _check(self.gradient_batch_size >= 1, "gradient_batch_size", "must be >= 1")
         _check(1 <= self.bits <= 8, "bits", f"must be in 1..8, got {self.bits}")
+        _check(self.ranges in RANGE_MODES, "ranges",
+               f"must be one of {RANGE_MODES}, got {self.ranges!r}")
+        _check(self.max_failed_rounds >= 0, "max_failed_rounds", "must be >= 0")
+        _check(self.robust_aggregation in ("auto", "mean", "median", "trimmed-mean"),
+               "robust_aggregation", "must be auto, mean, median or trimmed-mean, got "
+               f"{self.robust_aggregation!r}")
+        _check(0 <= self.trim_fraction < 0.5, "trim_fraction", "must be in [0, 0.5)")
+        _check(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0 = off)")
+        _check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
+        _check(self.max_abs_value >= 0, "max_abs_value", "must be >= 0 (0 = auto)")
+        _check(self.compensation_mode in COMPENSATION_MODES, "compensation_mode",
+               f"must be one of {COMPENSATION_MODES}, got {self.compensation_mode!r}")
+        _check(self.refresh_every >= 1, "refresh_every", "must be >= 1")
+        _check(0 < self.compensation_decay <= 1, "compensation_decay", "must be in (0, 1]")
+        _check(self.compensation_mode == "first-step" or self.compensation != "none",
+               "compensation_mode", "needs a compensation codec (compensation != 'none')")
         _check(self.entropy_coder in ENTROPY_CODERS, "entropy_coder",
                f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
         _check(self.scorer in SCORERS, "scorer",
@@ -179,7 +211,7 @@ class DQConfig:
 #: Knobs the clients read from the round config (no other knob travels to them).
 CLIENT_KEYS = ("budget", "bits", "stochastic", "per-channel", "ranges", "dither",
                "entropy-coder", "scorer", "selection-rule", "score-threshold", "resend",
-               "compensation", "compensation-params", "gradient-codec",
+               "compensation", "compensation-params", "compensation-mode", "gradient-codec",
                "gradient-codec-params", "gradient-batch-size")
 
 

@@ -151,6 +151,14 @@ class SampleStore:
         return StoredRows(*(getattr(r, f)[idx] for f in _FIELDS))
 
     # ---------------------------------------------------------------- drawing
+    def node_weight(self, node: int) -> float:
+        """Sum of the weights of the rows stored from ``node``."""
+        code = self._node_table.get(int(node))
+        if self._rows is None or code is None:
+            return 0.0
+        mine = self._rows.node == code
+        return float(self._rows.weights[mine].astype(np.float64).sum())
+
     def node_ids(self, rows: StoredRows) -> np.ndarray:
         """Origin node ids (uint64, as Flower draws them) of rows taken from this store."""
         table = np.array(sorted(self._node_table, key=self._node_table.get), dtype=np.uint64)

@@ -35,6 +35,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.config import from_mapping, to_config_record
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig, robust_rule
+from dq_flower.dq.control_variate import ControlVariate
 from dq_flower.dq.planner import (
     ESTIMATES,
     RoundPlan,
@@ -49,6 +50,7 @@ from dq_flower.model_ops import LossFn, apply_flat_grad, state_arrays, weighted_
 from dq_flower.protocol.dq_batch import (
     GRADIENT_KEY,
     RANGES_KEY,
+    REFRESH_KEY,
     SampleBatch,
     decode_batch,
     denormalise,
@@ -106,6 +108,7 @@ class Upload:
     examples: int = 0
     reply_bits: int = 0
     ranges: tuple[np.ndarray, np.ndarray] | None = None
+    refresh: np.ndarray | None = None
 
 
 @dataclass
@@ -212,6 +215,8 @@ class DQStrategy(FederatedEvaluation, Strategy):
         self.guard = StepGuard(model, self.optimizer)
         self.value_bound = float(cfg.max_abs_value) or None
         self.rolled_back = 0
+        self.cv = (ControlVariate(self.num_params, cfg.compensation_decay)
+                   if cfg.compensation_mode != "first-step" else None)
         self._returned: ArrayRecord | None = None
         if data_spec is not None:
             self._fix_spec(data_spec)
@@ -260,7 +265,10 @@ class DQStrategy(FederatedEvaluation, Strategy):
         cfg["round-mode"] = plan.mode
         if self.num_classes:
             cfg["num-classes"] = int(self.num_classes)
-        if plan.mode == "data":
+        refresh = self._refresh_round(server_round)
+        if refresh:
+            cfg["refresh"] = 1
+        if plan.mode == "data" and not refresh:  # a refresh round asks every sampled node
             nodes = [n for n in nodes if self.planner.samples_left(n, 1) > 0]
         self.asked[server_round] = len(nodes)
         shared: dict[str, Any] = {}
@@ -297,6 +305,7 @@ class DQStrategy(FederatedEvaluation, Strategy):
         # order, so that a run is reproducible from its seed.
         candidates = sorted((u for _, u in screened), key=lambda u: (u.partition, u.node))
         candidates, dropped = self._screen_deltas(candidates)
+        refreshed = self._update_control_variate(candidates)
         fresh: list[Upload] = []
         for upload in candidates:
             try:  # store insertion is part of the reply boundary: a failure rejects it
@@ -325,10 +334,35 @@ class DQStrategy(FederatedEvaluation, Strategy):
             replies=len(fresh), rejected=rejected, failed=failed, t0=t0)
         metrics["up-packed-bytes"] = int(packed)
         metrics["rolled-back"] = self.rolled_back
+        if self.cv is not None:
+            metrics["refreshed"] = refreshed
         log_round("dq", server_round, f"{metrics['selected']} new samples, "
                   f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
+
+    def _refresh_round(self, server_round: int) -> bool:
+        """Whether clients send refreshed residuals this round (``compensation-mode``)."""
+        return (self.cfg.compensation_mode == "refresh" and server_round > 1
+                and server_round % self.cfg.refresh_every == 0)
+
+    def _update_control_variate(self, fresh: list[Upload]) -> int:
+        """Age the control variate, then enter the round's refreshed and fresh deltas.
+
+        Called before the round's rows are stored, so a refreshed residual replaces the
+        share of exactly the node's earlier rows. Returns the refreshed count.
+        """
+        if self.cv is None:
+            return 0
+        self.cv.age()
+        refreshed = 0
+        for u in fresh:
+            if u.refresh is not None and self.store is not None:
+                self.cv.replace(u.node, u.refresh, self.store.node_weight(u.node))
+                refreshed += 1
+            if u.delta is not None and len(u.batch):
+                self.cv.add(u.node, u.delta, float(u.batch.weights.sum()))
+        return refreshed
 
     def _rolled_back(self, server_round: int, nodes: list[int]) -> None:
         self.rolled_back += 1
@@ -477,6 +511,7 @@ class DQStrategy(FederatedEvaluation, Strategy):
                 raise PayloadError("compensation has the wrong size or non-finite values")
         elif self.comp_codec is not None and len(batch):
             raise PayloadError("reply misses its compensation")
+        refresh = self._decode_refresh(content, node)
         assert self.store is not None
         if self.store.has(node, batch.ids).any() and not self.cfg.resend:
             raise PayloadError("reply re-sends samples already stored")
@@ -488,7 +523,25 @@ class DQStrategy(FederatedEvaluation, Strategy):
             raise PayloadError(f"'num-examples'={examples!r} is inconsistent with the upload")
         self._check_examples(node, examples)
         return Upload(batch, x, n_cand, delta, node, partition, examples,
-                      reply_bits(content) if self.measuring else 0, ranges)
+                      reply_bits(content) if self.measuring else 0, ranges, refresh)
+
+    def _decode_refresh(self, content: RecordDict, node: int) -> np.ndarray | None:
+        """A refreshed residual, checked like a compensation; only where one was asked."""
+        record = content.array_records.get(REFRESH_KEY)
+        if record is None:
+            return None
+        if self.cv is None or self.comp_codec is None or self.store is None:
+            raise PayloadError("unexpected refreshed residual")
+        if self.store.node_weight(node) <= 0:
+            raise PayloadError("refreshed residual from a node with nothing stored")
+        payload = Payload.from_record(record)
+        if payload.codec != self.comp_codec.name:
+            raise PayloadError(f"refreshed residual made by {payload.codec!r}")
+        payload.expect_elements(self.num_params)
+        residual = self.comp_codec.decode(payload).reshape(-1)
+        if residual.size != self.num_params or not np.isfinite(residual).all():
+            raise PayloadError("refreshed residual has the wrong size or non-finite values")
+        return residual
 
     def _check_weights(self, batch: SampleBatch, candidates: int) -> None:
         """Row weights an honest client of this selection rule can send.
@@ -699,10 +752,13 @@ class DQStrategy(FederatedEvaluation, Strategy):
             return []
         self.model.train()
         losses = []
+        correction = self.cv.value() if self.cv else None
         for _ in range(steps):
             x, y, w = self.store.draw(self.cfg.server_batch_size, rng)
             loss, grad = weighted_loss_grad(self.model, self._shaped(x), y, w / w.sum(),
                                             self.loss_fn)
+            if correction is not None:  # the control variate: see dq.control_variate
+                grad += correction
             losses.append(loss)
             apply_flat_grad(self.model, self.optimizer, grad)
         return losses
@@ -717,7 +773,8 @@ class DQStrategy(FederatedEvaluation, Strategy):
                            for k, (lo, span) in self.ranges.items()},
                 "store": None if self.store is None else self.store.state(),
                 "planner": self.planner.state(), "norms": self.norms.state(),
-                "value_bound": self.value_bound, "rolled_back": self.rolled_back}
+                "value_bound": self.value_bound, "rolled_back": self.rolled_back,
+                "control_variate": None if self.cv is None else self.cv.state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -737,4 +794,6 @@ class DQStrategy(FederatedEvaluation, Strategy):
         self.norms.load_state(state.get("norms", []))
         self.value_bound = state.get("value_bound", self.value_bound)
         self.rolled_back = int(state.get("rolled_back", 0))
+        if self.cv is not None and state.get("control_variate") is not None:
+            self.cv.load_state(state["control_variate"])
         self._returned = None

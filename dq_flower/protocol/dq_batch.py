@@ -21,6 +21,7 @@ __all__ = [
     "INFO_KEY",
     "COMPENSATION_KEY",
     "GRADIENT_KEY",
+    "REFRESH_KEY",
     "SampleBatch",
     "label_width",
     "encode_batch",
@@ -41,6 +42,8 @@ INFO_KEY = "sample-info"
 COMPENSATION_KEY = "compensation"
 #: Record of a gradient-round reply (``upload-mode`` gradient or auto).
 GRADIENT_KEY = "gradient"
+#: Record of a refreshed residual (``compensation-mode`` refresh).
+REFRESH_KEY = "refresh"
 _RAW = "raw"
 
 

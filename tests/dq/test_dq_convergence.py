@@ -75,11 +75,12 @@ def test_importance_half_budget_close_to_uniform_full_budget():
     # loss (measured 87 %).
     assert mean["important"] >= mean["full"] - 0.01, mean
     assert mean["important"] - mean["half"] >= 0.5 * (mean["full"] - mean["half"]), mean
-    # ... for half the samples: about half the uplink payload bits (measured RATIO_BITS)
-    # and less wire bytes (measured RATIO_WIRE: each reply also carries metrics and headers)
+    # ... for half the samples: 0.60x the uplink payload bits (importance weights travel
+    # as one float32 per row, uniform ones as a single float) and 0.86x the wire bytes
+    # (each reply also carries metrics and record headers)
     ratio_bits = np.sum(bits["important"]) / np.sum(bits["full"])
     ratio_wire = np.sum(wire["important"]) / np.sum(wire["full"])
-    assert ratio_bits < 0.0 and ratio_wire < 0.9, (ratio_bits, ratio_wire)
+    assert ratio_bits < 0.65 and ratio_wire < 0.9, (ratio_bits, ratio_wire)
 
 
 def test_compensation_helps_1bit_data():

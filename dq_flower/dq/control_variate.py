@@ -1,0 +1,83 @@
+"""The store-level compensation: a control variate over the stored samples.
+
+Each client's compensation ``delta_k`` is the weighted mean of ``grad f(x_i) - grad
+f(Q(x_i))`` over the rows it uploaded in that round. The server keeps, per node, the sum of
+``W_u * delta_u`` over its uploads ``u`` (``W_u`` the sum of the rows' weights) and the sum
+of the weights, so that
+
+    c = sum_nodes sum_u W_u delta_u / sum_nodes sum_u W_u
+
+is the weighted mean gradient difference over everything stored: adding ``c`` to a store
+step (whose gradient is the weighted mean over a uniform minibatch of the store) corrects
+that step in expectation, as the fresh compensation corrects the first step.
+
+It is stale: each ``delta_u`` was computed at the model of its round. Two remedies: a
+decay (every round the old contributions are multiplied by ``decay``, so old rounds count
+less; a round's fresh uploads enter undecayed), and refreshed residuals (a client replaces
+its whole share by one delta over all it uploaded, computed at the current model).
+Evicted rows keep their contribution (the control variate is not recomputed on eviction).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["ControlVariate"]
+
+
+class ControlVariate:
+    """Per-node weighted sums of decoded compensation deltas (one model-sized vector each)."""
+
+    def __init__(self, dim: int, decay: float = 1.0) -> None:
+        self.dim = int(dim)
+        self.decay = float(decay)
+        self.sums: dict[int, np.ndarray] = {}
+        self.weights: dict[int, float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.weights) and sum(self.weights.values()) > 0
+
+    def age(self) -> None:
+        """One round passes: old contributions are multiplied by ``decay``."""
+        if self.decay == 1.0:
+            return
+        for node in self.sums:
+            self.sums[node] *= np.float32(self.decay)
+            self.weights[node] *= self.decay
+
+    def add(self, node: int, delta: np.ndarray, weight: float) -> None:
+        """Add an upload's ``delta`` standing for rows of total weight ``weight``."""
+        node = int(node)
+        contribution = np.float32(weight) * delta.astype(np.float32)
+        if node in self.sums:
+            self.sums[node] += contribution
+            self.weights[node] += float(weight)
+        else:
+            self.sums[node] = contribution
+            self.weights[node] = float(weight)
+
+    def replace(self, node: int, delta: np.ndarray, weight: float) -> None:
+        """Replace a node's whole share by one ``delta`` over rows of weight ``weight``."""
+        self.sums.pop(int(node), None)
+        self.weights.pop(int(node), None)
+        self.add(node, delta, weight)
+
+    def value(self) -> np.ndarray:
+        """The weighted mean delta ``c`` (zeros while nothing is recorded)."""
+        total = sum(self.weights.values())
+        if total <= 0:
+            return np.zeros(self.dim, dtype=np.float32)
+        acc = np.zeros(self.dim, dtype=np.float64)
+        for s in self.sums.values():
+            acc += s.astype(np.float64)
+        return (acc / total).astype(np.float32)
+
+    def state(self) -> dict:
+        """Arrays for a checkpoint."""
+        return {"sums": {k: v.copy() for k, v in self.sums.items()},
+                "weights": dict(self.weights)}
+
+    def load_state(self, state: dict) -> None:
+        """Inverse of :meth:`state`."""
+        self.sums = {int(k): np.asarray(v, dtype=np.float32) for k, v in state["sums"].items()}
+        self.weights = {int(k): float(v) for k, v in state["weights"].items()}
