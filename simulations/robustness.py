@@ -1,14 +1,14 @@
 """Accuracy under attacking clients, with and without the robust options.
 
-    .venv/bin/python simulations/robustness.py            # prints the table, updates README
+    .venv/bin/python simulations/robustness.py            # prints the table, updates the docs
     .venv/bin/python simulations/robustness.py --no-readme
 
 Digits, the MLP, IID partitions, in-process grid, seed 0. Attackers are ordinary clients
 of the same app that either do gradient ascent x10 (their loss is ``-10 x`` the
 cross-entropy, so every gradient or compensation they send is ``-10 x`` an honest one) or,
 for DQ's data uploads, flip their labels (``y -> 9 - y``). Scenarios: 1 attacker of 4
-clients and 2 of 5. The table is spliced into the README between
-``<!-- results:robustness -->`` markers.
+clients and 2 of 5. The table is spliced into ``docs/reliability.md`` (the documentation
+page on robustness) between ``<!-- results:robustness -->`` markers.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, MetricRecord
 from torch.nn import functional as F  # noqa: N812
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "reliability.md"  # where the table is spliced
 sys.path.insert(0, str(ROOT))
 
 import dq_flower  # noqa: E402
@@ -124,17 +125,18 @@ def table() -> str:
 
 
 def splice(readme: Path, body: str) -> None:
-    """Replace the README's block between the robustness markers."""
+    """Replace the page's block between the robustness markers."""
     text = readme.read_text()
     pattern = re.compile(rf"(<!-- results:{MARK} -->\n).*?(<!-- /results:{MARK} -->)", re.S)
     if not pattern.search(text):
-        raise SystemExit(f"README has no <!-- results:{MARK} --> block")
+        raise SystemExit(f"{readme} has no <!-- results:{MARK} --> block")
     readme.write_text(pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-readme", action="store_true", help="only print the table")
+    parser.add_argument("--no-readme", action="store_true",
+                        help=f"only print the table (do not update {PAGE.relative_to(ROOT)})")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     torch.set_num_threads(1)
@@ -144,7 +146,8 @@ def main() -> None:
              "40 rounds, DQ data 8 rounds; trimmed mean cuts 25% at each end, i.e. one "
              "client of 4 or 5). Regenerate: `.venv/bin/python simulations/robustness.py`.")
     if not args.no_readme:
-        splice(ROOT / "README.md", body)
+        splice(PAGE, body)
+        print(f"updated {PAGE.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

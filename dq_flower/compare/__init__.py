@@ -12,8 +12,8 @@ output folder receives
   round and cumulated, wall time, and the method's own metrics);
 * ``summary.md``: per method D, d, uplink bits per sample or per coordinate, final accuracy,
   rounds and uplink bytes to the target accuracy, and the ratio of those bytes to DQ's;
-* ``accuracy_vs_uplink.png`` (cumulative uplink bytes, log axis) and
-  ``accuracy_vs_rounds.png``.
+* ``accuracy_vs_uplink.png`` (cumulative uplink bytes, log axis),
+  ``accuracy_vs_rounds.png`` and ``accuracy_vs_time_<link>.png`` per link profile.
 
 ``summary.md`` and the plots are functions of ``results.json`` alone
 (:func:`write_reports`), so ``dq-flower report DIR`` redraws them without rerunning.
@@ -32,8 +32,17 @@ Modules
     :func:`write_reports`, :func:`write_csv`, :func:`load_results`.
 :mod:`~dq_flower.compare.plots`
     :func:`write_plots`.
+:mod:`~dq_flower.compare.sections`
+    The summary's "Time on links" and "Step sizes" sections and verdict notes.
+:mod:`~dq_flower.compare.links`
+    Link profiles and the time model (simulated time per round from measured quantities).
+:mod:`~dq_flower.compare.grids`, :mod:`~dq_flower.compare.tune`
+    Step-size grids per method family; tuning on a validation split of the training rows.
+:mod:`~dq_flower.compare.commands`
+    What ``dq-flower compare``, ``tune`` and ``report`` do.
 """
 
+from dq_flower.compare.links import BUILTIN_LINKS, LinkProfile, parse_link, parse_links
 from dq_flower.compare.plan import SCENARIO_KEYS, PlannedRun, check_data, parse_set, plan_runs
 from dq_flower.compare.plots import write_plots
 from dq_flower.compare.reports import (
@@ -46,6 +55,7 @@ from dq_flower.compare.reports import (
 from dq_flower.compare.run import ENGINES, ConsoleProgress, run_comparison
 from dq_flower.compare.summary import (
     REFERENCE,
+    UNSTABLE_DROP,
     error_line,
     failed_runs,
     fmt_bytes,
@@ -56,6 +66,11 @@ from dq_flower.compare.summary import (
 
 __all__ = [
     "ENGINES",
+    "BUILTIN_LINKS",
+    "LinkProfile",
+    "parse_link",
+    "parse_links",
+    "UNSTABLE_DROP",
     "SCENARIO_KEYS",
     "RESULTS_FORMAT",
     "REFERENCE",

@@ -83,6 +83,10 @@ def step_size_lines(results: Mapping[str, Any]) -> list[str]:
             for sc in record.get("scores") or [])
         text = f"- {rec['label']}: {used}, tuned over {describe_axes(grid)}"
         text += f" (validation accuracy {scores})" if scores else ""
+        edge = [k for k, v in choice.items() if grid.get(k) and len(grid[k]) > 1
+                and v in (grid[k][0], grid[k][-1])]
+        if edge:
+            text += "; at the edge of the grid (" + ", ".join(edge) + ")"
         mismatch = [k for k, v in choice.items() if config.get(k) != v]
         if mismatch:
             text += "; **the tuned " + ", ".join(

@@ -532,8 +532,6 @@ class DQStrategy(FederatedEvaluation, Strategy):
             return None
         if self.cv is None or self.comp_codec is None or self.store is None:
             raise PayloadError("unexpected refreshed residual")
-        if self.store.node_weight(node) <= 0:
-            raise PayloadError("refreshed residual from a node with nothing stored")
         payload = Payload.from_record(record)
         if payload.codec != self.comp_codec.name:
             raise PayloadError(f"refreshed residual made by {payload.codec!r}")
@@ -541,6 +539,8 @@ class DQStrategy(FederatedEvaluation, Strategy):
         residual = self.comp_codec.decode(payload).reshape(-1)
         if residual.size != self.num_params or not np.isfinite(residual).all():
             raise PayloadError("refreshed residual has the wrong size or non-finite values")
+        if self.store.node_weight(node) <= 0:  # its rows were evicted: nothing to correct
+            return None
         return residual
 
     def _check_weights(self, batch: SampleBatch, candidates: int) -> None:

@@ -284,7 +284,7 @@ def test_every_client_failing_is_a_failed_method_and_the_others_still_run(tmp_pa
     assert "[1/2] qsgd: FAILED after" in progress.getvalue()
     text = (tmp_path / "summary.md").read_text()
     assert "## Failed runs" in text and "- qsgd: ClientFailureError: [qsgd]" in text
-    assert "| qsgd | - | - | - | - | failed |" in text
+    assert "| qsgd | - | - | - | - | - | failed |" in text
     with (tmp_path / "results.csv").open() as fh:
         assert {row.split(",")[0] for row in fh.read().splitlines()[1:]} == {"sgd"}
     for name in ("accuracy_vs_uplink.png", "accuracy_vs_rounds.png"):

@@ -416,7 +416,7 @@ def test_error_feedback_state_survives_rounds_and_keeps_its_invariant(codec, par
                                       lr=0.05, batch_size=16)
     cfg = strategy.cfg
     grid = InProcessGrid(client_app, 2)
-    dec = make(codec, **cfg.codec_kwargs)
+    dec = cfg.make_codec()  # entropy-coded where that shrinks the payload (the default zlib)
     residual_norms = []
     for rnd in (1, 2, 3):
         w = get_flat(strategy.model)
@@ -457,8 +457,9 @@ def test_ef_signsgd_uplink_is_d_over_8_bytes_plus_a_constant_envelope():
         return reply
 
     # Execute
-    result = run_server(InProcessGrid(measured_app, 2),
-                        build_run_config("ef-signsgd", num_clients=2, rounds=3))
+    result = run_server(InProcessGrid(measured_app, 2),  # fixed-length bits: no coder
+                        build_run_config("ef-signsgd", num_clients=2, rounds=3,
+                                         entropy_coder="none"))
     # Assert
     d = result.num_params
     payload = -(-d // 8) + 4  # sign bits, packed, plus the float32 scale
@@ -480,7 +481,8 @@ def test_unbiased_codecs_keep_no_error_feedback_state():
 # ---------------------------------------------------------------------------- sign downlink
 def test_sign_downlink_reproduces_the_float32_downlink_run_at_a_fraction_of_the_bytes():
     # Prepare: half the clients per round, so clients fall several votes behind
-    common = {"num_clients": 4, "rounds": 6, "seed": 3, "fraction_train": 0.5}
+    common = {"num_clients": 4, "rounds": 6, "seed": 3, "fraction_train": 0.5,
+              "entropy_coder": "none"}  # round 1's float32 models at their raw size
     # Execute
     grid = InProcessGrid(client_app, 4)
     signed = run_server(grid, build_run_config("signsgd", downlink="sign", **common))
@@ -539,10 +541,11 @@ def test_client_with_a_wrong_model_copy_fails_instead_of_training_on_it():
 
 def test_fp16_downlink_halves_the_model_broadcast():
     # Execute
-    half = run_server(InProcessGrid(client_app, 2),
-                      build_run_config("qsgd", num_clients=2, rounds=10, downlink="fp16"))
+    half = run_server(InProcessGrid(client_app, 2),  # fixed-length bits: no coder
+                      build_run_config("qsgd", num_clients=2, rounds=10, downlink="fp16",
+                                       entropy_coder="none"))
     full = run_server(InProcessGrid(client_app, 2),
-                      build_run_config("qsgd", num_clients=2, rounds=10))
+                      build_run_config("qsgd", num_clients=2, rounds=10, entropy_coder="none"))
     # Assert
     d = half.num_params
     assert half.history[1]["down_payload_bits"] == 2 * 16 * d

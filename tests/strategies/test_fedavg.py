@@ -44,7 +44,7 @@ def test_fedavg_is_flowers_own_strategy_configured_from_the_task():
 
 
 @pytest.mark.parametrize(("kwargs", "key"), [
-    ({"local_epochs": 0}, "local-epochs"),
+    ({"local_epochs": -1}, "local-epochs"),
     ({"client_lr": 0.0}, "client-lr"),
     ({"batch_size": 0}, "batch-size"),
     ({"client_momentum": 1.0}, "client-momentum"),

@@ -1,0 +1,173 @@
+"""Learning-rate tuning that cannot see the test set: the validation split, the grids, the
+choice, the tuned preset and what the summary says; unstable runs named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dq_flower.cli import main
+from dq_flower.compare import plan_runs, summary_markdown
+from dq_flower.compare.grids import (
+    CLIENT_LR,
+    DQ_LR,
+    GRADIENT_LR,
+    SIGN_LR,
+    grid_points,
+    step_axes,
+)
+from dq_flower.compare.presets import Preset, load_preset
+from dq_flower.compare.tune import TuneSettings, apply_tuning, choose, tune_plan
+from dq_flower.harness import server_app
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.simulate import build_run_config
+from dq_flower.harness.tasks.data import load_dataset_cached, load_partition, validation_view
+from tests.compare.test_compare import _results, _run
+
+
+# ---------------------------------------------------------------------------- validation split
+def test_validation_view_holds_out_training_rows_only_deterministically():
+    ds = load_dataset_cached("digits", None, 0)
+    view = validation_view(ds, 0.2, seed=0)
+    again = validation_view(ds, 0.2, seed=0)
+    other = validation_view(ds, 0.2, seed=1)
+    n = ds.num_train
+    assert view.test_x.shape[0] == round(0.2 * n) and view.num_train == n - round(0.2 * n)
+    np.testing.assert_array_equal(view.test_x, again.test_x)
+    assert not np.array_equal(view.test_x, other.test_x)
+    # every held-out and every kept row is a training row, each exactly once
+    rows = {r.tobytes() for r in ds.train_x}
+    assert all(r.tobytes() in rows for r in np.concatenate([view.train_x, view.test_x]))
+    both = np.concatenate([view.train_x, view.test_x])
+    assert len({r.tobytes() for r in both}) == len({r.tobytes() for r in ds.train_x})
+    # the real test rows are nowhere in it
+    test_rows = {r.tobytes() for r in ds.test_x} - rows
+    assert test_rows and not any(r.tobytes() in test_rows for r in both)
+    with pytest.raises(ValueError, match="validation fraction"):
+        validation_view(ds, 1.0)
+
+
+def test_with_validation_fraction_clients_train_on_the_rest_and_the_server_scores_held_out_rows(
+        monkeypatch):
+    # Prepare
+    ds = load_dataset_cached("digits", None, 0)
+    view = validation_view(ds, 0.25, seed=0)
+    sizes = [load_partition("digits", i, 2, validation_fraction=0.25)[0].shape[0]
+             for i in range(2)]
+    seen = []
+    real = server_app.evaluate
+    monkeypatch.setattr(server_app, "evaluate",
+                        lambda model, x, y: seen.append(x) or real(model, x, y))
+    # Execute
+    server_app.run_server(InProcessGrid(client_app, 2),
+                          build_run_config("qsgd", num_clients=2, rounds=1,
+                                           validation_fraction=0.25))
+    # Assert
+    assert sum(sizes) == view.num_train
+    assert len(seen) == 2 and all(np.array_equal(x, view.test_x) for x in seen)
+
+
+def test_validation_fraction_is_a_scenario_key_compare_refuses_as_a_knob():
+    with pytest.raises(ValueError, match="part of the scenario"):
+        plan_runs(Preset(name="t", methods=("qsgd",)), [(None, "validation-fraction", 0.2)])
+    with pytest.raises(ValueError, match="validation-fraction"):
+        build_run_config("qsgd", validation_fraction=1.0)
+
+
+# ---------------------------------------------------------------------------- grids, choice
+def test_each_family_tunes_its_own_step_sizes():
+    assert step_axes("dq", {}) == {"lr": DQ_LR}
+    assert step_axes("fedavg", {}) == {"client-lr": CLIENT_LR}
+    assert step_axes("gradient", {"codec": "qsgd"}) == {"lr": GRADIENT_LR}
+    assert step_axes("gradient", {"codec": "sign", "aggregation": "auto"}) == {"lr": SIGN_LR}
+    assert step_axes("gradient", {"codec": "qsgd", "local-epochs": 1}) == {"client-lr": CLIENT_LR}
+    local = step_axes("gradient", {"codec": "qsgd", "local-steps": 5})
+    assert set(local) == {"lr", "client-lr"} and len(grid_points(local)) == 9
+    assert grid_points({"lr": (1, 2), "client-lr": (3,)}) == [{"lr": 1, "client-lr": 3},
+                                                             {"lr": 2, "client-lr": 3}]
+
+
+def test_choice_is_best_validation_accuracy_then_fewer_bytes():
+    scores = [{"accuracy": 0.8, "up-bytes": 10}, {"accuracy": 0.9, "up-bytes": 30},
+              {"accuracy": 0.9, "up-bytes": 20}, {"failed": True},
+              {"accuracy": float("nan"), "up-bytes": 1}]
+    assert choose(scores) == 2
+    assert choose([{"failed": True}]) is None
+    with pytest.raises(ValueError, match="tune-rounds"):
+        TuneSettings(rounds=0)
+    with pytest.raises(ValueError, match="validation-fraction"):
+        TuneSettings(validation_fraction=0.0)
+
+
+def test_tuning_runs_the_grid_on_the_validation_split_and_records_grid_scores_and_choice(
+        monkeypatch):
+    # Prepare: record every array the server evaluates on
+    seen = []
+    real = server_app.evaluate
+    monkeypatch.setattr(server_app, "evaluate",
+                        lambda model, x, y: seen.append(x.shape[0]) or real(model, x, y))
+    preset = Preset(name="t", methods=("signsgd",), num_clients=2, rounds=4)
+    plan = plan_runs(preset)[0]
+    # Execute
+    record = tune_plan(plan, TuneSettings(rounds=2, validation_fraction=0.3))
+    # Assert
+    n_val = validation_view(load_dataset_cached("digits", None, 0), 0.3, 0).test_x.shape[0]
+    assert set(seen) == {n_val}  # only the held-out training rows, never the test set
+    assert record["axes"] == {"lr": list(SIGN_LR)} and record["rounds"] == 2
+    assert [s["knobs"] for s in record["scores"]] == [{"lr": v} for v in SIGN_LR]
+    accs = [s["accuracy"] for s in record["scores"]]
+    assert record["choice"] == {"lr": SIGN_LR[int(np.argmax(accs))]}
+    tuned = apply_tuning(preset, {"signsgd": record})
+    assert plan_runs(tuned)[0].resolved["lr"] == record["choice"]["lr"]
+    assert tuned.tuning["signsgd"]["choice"] == record["choice"]
+
+
+def test_summary_names_the_tuned_step_sizes_and_their_grid():
+    res = _results([_run("qsgd", [0.1, 0.5, 0.9], 100)])
+    res["runs"][0]["config"]["lr"] = 0.03
+    res["preset"]["tuning"] = {"qsgd": {
+        "rounds": 5, "validation-fraction": 0.2, "axes": {"lr": [0.01, 0.03, 0.1, 0.3]},
+        "choice": {"lr": 0.03},
+        "scores": [{"knobs": {"lr": v}, "accuracy": a, "up-bytes": 9}
+                   for v, a in ((0.01, 0.5), (0.03, 0.7), (0.1, 0.6), (0.3, 0.1))]}}
+    text = summary_markdown(res)
+    assert ("- qsgd: lr 0.03, tuned over 0.01, 0.03, 0.1, 0.3 (validation accuracy 50.0%, "
+            "70.0%, 60.0%, 10.0%)") in text
+    assert "held-out 20.0%" in text and "the test set was never read" in text
+    res["runs"][0]["config"]["lr"] = 0.5  # a later --set overrode the tuned value
+    assert "**the tuned lr 0.03 was overridden**" in summary_markdown(res)
+    res["preset"]["tuning"] = {}
+    assert "- qsgd: lr 0.5 (default, not tuned)" in summary_markdown(res)
+
+
+def test_unstable_runs_are_named_in_the_table_and_the_verdict():
+    res = _results([_run("dq", [0.1, 0.85, 0.9, 0.88], 100, family="dq"),
+                    _run("topk", [0.1, 0.9, 0.5, 0.84], 10, codec="topk")])
+    text = summary_markdown(res)
+    assert "| 84.0% **unstable** | 90.0% |" in text  # topk: 6 points below its best
+    assert "88.0% **unstable**" not in text  # dq: 2 points
+    assert "- **Unstable** (final accuracy more than 5 points below its best): topk " \
+           "(final 84.0%, best 90.0%)." in text
+
+
+def test_tune_command_writes_a_preset_that_compare_runs(tmp_path, capsys):
+    # Execute
+    out = tmp_path / "tuned.toml"
+    code = main(["tune", "--preset", "digits-mlp", "--methods", "sgd", "--num-clients", "2",
+                 "--rounds", "3", "--tune-rounds", "1", "--out", str(out), "--quiet"])
+    # Assert
+    assert code == 0 and out.is_file()
+    tuned = load_preset(str(out))
+    lr = tuned.method_knobs["sgd"]["lr"]
+    assert lr in GRADIENT_LR and tuned.tuning["sgd"]["choice"] == {"lr": lr}
+    assert f"sgd: lr {lr:g}" in capsys.readouterr().out
+    folder = tmp_path / "cmp"
+    assert main(["compare", "--preset", str(out), "--engine", "inprocess", "--quiet",
+                 "--link", "lte", "--out", str(folder)]) == 0
+    text = (folder / "summary.md").read_text()
+    assert f"- sgd: lr {lr:g}, tuned over 0.01, 0.03, 0.1, 0.3" in text
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", "--preset", "digits-mlp", "--validation-fraction", "1.5"])
+    assert exc.value.code == 2
+    assert "--validation-fraction: must be in" in capsys.readouterr().err

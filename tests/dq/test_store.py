@@ -1,0 +1,191 @@
+"""The server's sample store: eviction (fifo, random), draws, dtype narrowing, checkpoints."""
+
+import numpy as np
+import pytest
+
+from dq_flower.dq.store import SampleStore, StoredRows
+
+
+def _rows(ids, node=7, labels=None, weights=None, width=3):
+    """Rows whose codes and side information encode their own id (see ``_dequantize``)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n = ids.size
+    codes = np.repeat((ids % 256).astype(np.uint8)[:, None], width, axis=1)
+    side = np.stack([ids.astype(np.float32), np.ones(n, np.float32)], axis=1)
+    return StoredRows(
+        codes=codes, side=side,
+        labels=np.arange(n) % 10 if labels is None else np.asarray(labels),
+        weights=np.ones(n, np.float32) if weights is None else np.asarray(weights, np.float32),
+        node=np.full(n, node, dtype=np.uint64), ids=ids,
+        dither=np.zeros((n, 0), np.int64))
+
+
+def _dequantize(codes, side, dither):
+    """Float rows: the side's id in column 0, the codes after it."""
+    return np.concatenate([side[:, :1], codes.astype(np.float32)], axis=1)
+
+
+def _ids(store):
+    return store.state()["ids"].astype(np.int64).tolist()
+
+
+def test_unbounded_store_keeps_every_row_in_order():
+    store = SampleStore(_dequantize)
+    assert len(store) == 0 and store.nbytes == 0
+    store.add(_rows([5, 3, 9]))
+    store.add(_rows([1, 2], node=8))
+    assert len(store) == 5 and store.evicted == 0
+    assert _ids(store) == [5, 3, 9, 1, 2]
+    np.testing.assert_array_equal(store.has(7, np.array([3, 1, 9, 4])), [True, False, True,
+                                                                          False])
+    np.testing.assert_array_equal(store.has(8, np.array([1, 2, 3])), [True, True, False])
+    assert not store.has(99, np.array([1])).any()  # an unknown node has nothing stored
+
+
+def test_fifo_eviction_drops_the_oldest_rows():
+    store = SampleStore(_dequantize, max_samples=5, eviction="fifo")
+    store.add(_rows([0, 1, 2]))
+    assert _ids(store) == [0, 1, 2] and store.evicted == 0  # below the bound: nothing goes
+    store.add(_rows([3, 4]))
+    assert _ids(store) == [0, 1, 2, 3, 4] and store.evicted == 0  # at the bound exactly
+    store.add(_rows([5, 6, 7], node=8))
+    assert _ids(store) == [3, 4, 5, 6, 7] and store.evicted == 3
+    assert not store.has(7, np.array([0, 1, 2])).any() and store.has(7, np.array([3, 4])).all()
+    store.add(_rows(range(10, 22)))  # more than the bound at once: only the newest stay
+    assert _ids(store) == [17, 18, 19, 20, 21] and store.evicted == 3 + 12
+
+
+def test_random_eviction_is_seeded_keeps_order_and_is_uniform():
+    # One add of 12 rows into a store of 6: which rows stay is drawn uniformly (each row
+    # with probability 1/2) and reproducibly from the store's seed.
+    def kept(seed):
+        store = SampleStore(_dequantize, max_samples=6, eviction="random", seed=seed)
+        store.add(_rows(range(12)))
+        assert len(store) == 6 and store.evicted == 6
+        return _ids(store)
+
+    first = kept(0)
+    assert first == sorted(first) and len(set(first)) == 6  # arrival order, no duplicates
+    assert kept(0) == first
+    assert kept(1) != first
+    # 2,000 seeds: each row's frequency is within 4.5 standard errors (0.011) of 1/2;
+    # keeping the first or the last six (fifo) misses by 45 errors
+    seeds = 2000
+    counts = np.zeros(12)
+    for seed in range(seeds):
+        counts[kept(seed)] += 1
+    freq = counts / seeds
+    assert np.abs(freq - 0.5).max() < 4.5 * np.sqrt(0.25 / seeds), freq
+
+
+def test_draw_is_uniform_without_replacement_and_decodes_its_own_rows():
+    store = SampleStore(_dequantize)
+    labels = np.array([3, 1, 4, 1, 5, 9, 2, 6])
+    weights = np.array([1, 2, 3, 4, 5, 6, 7, 8], np.float32)
+    store.add(_rows(np.arange(8) * 10, labels=labels, weights=weights))
+    rng = np.random.default_rng(0)
+    x, y, w = store.draw(3, rng)
+    assert x.shape == (3, 4) and x.dtype == np.float32
+    assert y.dtype == np.int64 and w.dtype == np.float32
+    row = (x[:, 0] / 10).astype(int)  # which stored rows were drawn
+    assert len(set(row.tolist())) == 3
+    np.testing.assert_array_equal(x[:, 1:], np.repeat((row * 10)[:, None], 3, axis=1))
+    np.testing.assert_array_equal(y, labels[row])
+    np.testing.assert_array_equal(w, weights[row])
+    x, y, w = store.draw(100, rng)  # a batch larger than the store: every row once
+    assert sorted(x[:, 0].tolist()) == list(range(0, 80, 10))
+    # uniform: 4,000 draws of 3 rows of 8, each row drawn with probability 3/8
+    counts = np.zeros(8)
+    draws = 4000
+    for _ in range(draws):
+        counts[(store.draw(3, rng)[0][:, 0] / 10).astype(int)] += 1
+    p = 3 / 8
+    assert np.abs(counts / draws - p).max() < 4.5 * np.sqrt(p * (1 - p) / draws)
+    with pytest.raises(ValueError, match="empty"):
+        SampleStore(_dequantize).draw(4, rng)
+
+
+def test_transform_gets_the_rows_origin_node_ids():
+    big = 2**63 + 5  # node ids are uint64
+    store = SampleStore(_dequantize)
+    store.add(_rows([1, 2], node=big))
+    store.add(_rows([3], node=12))
+    seen = []
+
+    def transform(x, nodes):
+        seen.append(nodes.copy())
+        return x
+
+    store.transform = transform
+    x, _, _ = store.draw(3, np.random.default_rng(0))
+    assert seen[0].dtype == np.uint64
+    by_id = dict(zip(x[:, 0].astype(int).tolist(), seen[0].tolist(), strict=True))
+    assert by_id == {1: big, 2: big, 3: 12}
+
+
+def test_metadata_is_kept_in_the_narrowest_exact_dtype():
+    store = SampleStore(_dequantize)
+    store.add(_rows([1, 200], labels=[0, 9], weights=[1.5, 2.0]))
+    s = store.state()
+    assert s["labels"].dtype == np.uint8 and s["ids"].dtype == np.uint8
+    assert s["node"].dtype == np.uint8 and s["weights"].dtype == np.float16
+    # ids above 255 widen to uint16, 1/3 is not a float16: float32
+    store.add(_rows([300, 70_000], labels=[300, 1], weights=[1 / 3, 1.0]))
+    s = store.state()
+    assert s["ids"].dtype == np.uint32 and s["labels"].dtype == np.uint16
+    assert s["weights"].dtype == np.float32
+    np.testing.assert_array_equal(s["ids"], [1, 200, 300, 70_000])
+    np.testing.assert_array_equal(s["weights"], np.array([1.5, 2, 1 / 3, 1], np.float32))
+    np.testing.assert_array_equal(s["labels"], [0, 9, 300, 1])
+    # float targets (regression): float16 when exact, else float32
+    reg = SampleStore(_dequantize)
+    reg.add(_rows([0, 1], labels=np.array([0.5, -2.0], np.float32)))
+    assert reg.state()["labels"].dtype == np.float16
+    reg.add(_rows([2], labels=np.array([0.1], np.float32)))
+    labels = reg.state()["labels"]
+    assert labels.dtype == np.float32
+    np.testing.assert_array_equal(labels, np.array([0.5, -2.0, 0.1], np.float32))
+    _, y, _ = reg.draw(3, np.random.default_rng(0))
+    assert y.dtype == np.float32
+    # nbytes is exactly the arrays' bytes
+    assert store.nbytes == sum(v.nbytes for k, v in store.state().items()
+                               if k not in ("node_table", "evicted", "rng"))
+
+
+def test_state_round_trip_continues_identically():
+    # Prepare: a bounded store with random eviction, rows from three nodes
+    a = SampleStore(_dequantize, max_samples=10, eviction="random", seed=3)
+    for node, ids in ((5, range(6)), (2**40, range(6)), (9, range(100, 104))):
+        a.add(_rows(list(ids), node=node, weights=np.arange(1, len(ids) + 1) / 3))
+    # Execute
+    b = SampleStore(_dequantize, max_samples=10, eviction="random", seed=999)
+    b.load_state({k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)
+                  for k, v in a.state().items()})
+    # Assert: same rows, counters, node table and draws...
+    assert len(b) == len(a) == 10 and b.evicted == a.evicted == 6
+    for key in ("codes", "side", "labels", "weights", "node", "ids", "dither", "node_table"):
+        np.testing.assert_array_equal(a.state()[key], b.state()[key])
+        assert a.state()[key].dtype == b.state()[key].dtype
+    for node in (5, 2**40, 9):
+        np.testing.assert_array_equal(a.has(node, np.arange(110)), b.has(node, np.arange(110)))
+    for _ in range(3):
+        xa, ya, wa = a.draw(4, np.random.default_rng(8))
+        xb, yb, wb = b.draw(4, np.random.default_rng(8))
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(wa, wb)
+    # ... and the eviction generator resumes where it stopped (b was seeded differently)
+    a.add(_rows(range(200, 205), node=9))
+    b.add(_rows(range(200, 205), node=9))
+    assert _ids(a) == _ids(b)
+    # an empty store round-trips to an empty store
+    empty = SampleStore(_dequantize)
+    empty.load_state(SampleStore(_dequantize).state())
+    assert len(empty) == 0 and empty.evicted == 0
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="eviction"):
+        SampleStore(_dequantize, eviction="lru")
+    with pytest.raises(ValueError, match="max_samples"):
+        SampleStore(_dequantize, max_samples=-1)

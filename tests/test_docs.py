@@ -1,0 +1,332 @@
+"""The examples in README.md and docs/ run, and the documentation site builds.
+
+Every fenced code block of ``README.md`` and ``docs/**/*.md`` (``docs/results/`` aside: those
+files are written by ``simulations/regenerate.py`` and hold no code) has a language. Each
+``python`` and ``bash`` block is an example, and either
+
+* runs here: Python blocks one after the other, each in a fresh namespace, in one worker
+  process; shell blocks with ``bash -euo pipefail``; both in a scratch folder that links to
+  the repository's top-level entries (so ``examples/quickstart.py``, ``simulations/`` and
+  ``.venv/bin/python`` resolve, and whatever an example writes stays in the scratch
+  folder), blocks of a file in document order; or
+* is preceded by ``<!-- not-run: REASON -->`` and skipped, with the reason shown.
+
+Sizes are kept small by two documented mechanisms (see docs/development.md):
+
+* ``<!-- run-small: OLD => NEW; OLD2 => NEW2 -->`` right before a block replaces each
+  literal ``OLD`` with ``NEW`` before running it (each ``OLD`` must occur in the block);
+* in the Python worker, Flower's ``flwr.simulation.run_simulation`` (which
+  ``dq_flower.simulate`` calls too) runs the ServerApp on the in-process grid
+  (:class:`dq_flower.harness.inprocess.InProcessGrid`), the same strategies and client code
+  without starting Ray.
+
+A line ``--8<-- "path"`` inside a block (pymdownx.snippets) is replaced with that file of the
+repository, as the site does. ``toml`` blocks must parse. The last test builds the site
+with ``mkdocs build --strict`` when mkdocs is installed (``make docs`` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON_LANGS = {"python", "py"}
+SHELL_LANGS = {"bash", "sh", "shell"}
+OTHER_LANGS = {"text", "toml", "diff", "json", "yaml"}
+PYTHON_TIMEOUT_S = 90  # one block
+SHELL_TIMEOUT_S = 120  # one block
+WORKER_TIMEOUT_S = 300  # every Python block together
+
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)[^`]*$")
+DIRECTIVE = re.compile(r"^\s*<!--\s*(?P<kind>not-run|run-small)\s*:\s*(?P<arg>.*?)\s*-->\s*$")
+ANY_DIRECTIVE = re.compile(r"<!--\s*(not-run|run-small)\b")
+SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^":]+)(?::(?P<start>\d*)(?::(?P<end>\d*))?)?"\s*$')
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of a Markdown file."""
+
+    path: str  # relative to the repository root
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    kind: str = ""  # "not-run", "run-small" or ""
+    arg: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def substitutions(self) -> list[tuple[str, str]]:
+        if self.kind != "run-small":
+            return []
+        pairs = []
+        for part in self.arg.split(";"):
+            if part.strip():
+                old, sep, new = part.partition("=>")
+                assert sep, f"{self.id}: run-small needs 'OLD => NEW', got {part!r}"
+                pairs.append((old.strip(), new.strip()))
+        return pairs
+
+    def runnable_code(self) -> str:
+        code = self.code
+        for old, new in self.substitutions():
+            assert old in code, f"{self.id}: run-small text {old!r} is not in the block"
+            code = code.replace(old, new)
+        return code
+
+
+def doc_files() -> list[Path]:
+    docs = sorted(p for p in (ROOT / "docs").rglob("*.md")
+                  if (ROOT / "docs" / "results") not in p.parents)
+    return [ROOT / "README.md", *docs]
+
+
+def resolve_snippets(code: str, where: str) -> str:
+    out = []
+    for line in code.splitlines():
+        m = SNIPPET.match(line)
+        if not m:
+            out.append(line)
+            continue
+        path = ROOT / m["path"]
+        assert path.is_file(), f"{where}: snippet {m['path']} does not exist"
+        lines = path.read_text().splitlines()
+        start = int(m["start"]) if m["start"] else 1
+        end = int(m["end"]) if m["end"] else len(lines)
+        out.extend(lines[start - 1:end])
+    return "\n".join(out) + "\n"
+
+
+def parse_blocks(path: Path) -> list[Block]:
+    """The fenced blocks of ``path`` with the directive right above each, if any."""
+    rel = str(path.relative_to(ROOT))
+    lines = path.read_text().splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, indent, lang = m["fence"], m["indent"], m["info"].lower()
+        start = i
+        body: list[str] = []
+        i += 1
+        while i < len(lines):
+            stripped = lines[i].strip()
+            if stripped.startswith(fence[0] * len(fence)) and set(stripped) == {fence[0]}:
+                break
+            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        i += 1
+        kind = arg = ""
+        if start > 0:
+            d = DIRECTIVE.match(lines[start - 1])
+            if d:
+                kind, arg = d["kind"], d["arg"]
+        code = textwrap.dedent("\n".join(body)) + "\n"
+        if lang in PYTHON_LANGS | SHELL_LANGS:
+            code = resolve_snippets(code, f"{rel}:{start + 1}")
+        blocks.append(Block(rel, start + 1, lang, code, kind, arg))
+    return blocks
+
+
+ALL_BLOCKS = [b for p in doc_files() for b in parse_blocks(p)]
+PYTHON = [b for b in ALL_BLOCKS if b.lang in PYTHON_LANGS]
+SHELL = [b for b in ALL_BLOCKS if b.lang in SHELL_LANGS]
+
+
+def _params(blocks: list[Block]) -> list:
+    return [pytest.param(b, id=b.id,
+                         marks=[pytest.mark.skip(reason=f"not-run: {b.arg}")]
+                         if b.kind == "not-run" else [])
+            for b in blocks]
+
+
+# ------------------------------------------------------------------ structure
+def test_the_docs_have_examples():
+    assert len(PYTHON) >= 10 and len(SHELL) >= 5, (len(PYTHON), len(SHELL))
+
+
+def test_every_fenced_block_names_its_language():
+    known = PYTHON_LANGS | SHELL_LANGS | OTHER_LANGS
+    bad = [f"{b.id} ({b.lang or 'no language'})" for b in ALL_BLOCKS if b.lang not in known]
+    assert not bad, ("every fenced block needs a language (python, bash, or text for "
+                     f"output): {bad}")
+
+
+def test_directives_sit_right_above_an_example():
+    for path in doc_files():
+        lines = path.read_text().splitlines()
+        for n, line in enumerate(lines):
+            if not ANY_DIRECTIVE.search(line):
+                continue
+            where = f"{path.relative_to(ROOT)}:{n + 1}"
+            d = DIRECTIVE.match(line)
+            assert d, f"{where}: malformed directive {line.strip()!r}"
+            nxt = FENCE.match(lines[n + 1]) if n + 1 < len(lines) else None
+            assert nxt and nxt["info"].lower() in PYTHON_LANGS | SHELL_LANGS, (
+                f"{where}: a directive must be the line right above a python or bash block")
+            if d["kind"] == "not-run":
+                assert len(d["arg"].split()) >= 3, f"{where}: say why the block is not run"
+
+
+def test_run_small_substitutions_apply():
+    for b in ALL_BLOCKS:
+        if b.kind == "run-small":
+            assert b.substitutions(), f"{b.id}: empty run-small"
+            b.runnable_code()
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.lang == "toml"],
+                         ids=lambda b: b.id)
+def test_toml_blocks_parse(block):
+    tomllib.loads(block.code)
+
+
+def test_results_blocks_have_a_home():
+    """regenerate.py and robustness.py splice into README.md or a docs page."""
+    readme = (ROOT / "README.md").read_text()
+    assert "<!-- results:digits-mlp -->" in readme  # the headline table
+    pages = "".join(p.read_text() for p in doc_files())
+    assert pages.count("<!-- results:robustness -->") == 1
+    for summary in sorted((ROOT / "docs" / "results").glob("*/summary.md")):
+        name = summary.parent.name
+        assert (f"<!-- results:{name} -->" in readme
+                or f'--8<-- "docs/results/{name}/summary.md' in pages), name
+
+
+# ------------------------------------------------------------------ running
+@pytest.fixture(scope="module")
+def sandbox():
+    """A scratch folder whose top-level entries link to the repository's."""
+    folder = Path(tempfile.mkdtemp(prefix="dq-docs-"))
+    for entry in ROOT.iterdir():
+        if entry.name not in {".git", "results", "site"}:
+            (folder / entry.name).symlink_to(entry)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", MPLBACKEND="Agg",
+               OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "examples" / "quickstart-dq"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+WORKER = r'''
+import contextlib, io, json, signal, sys, time, traceback
+
+import flwr.simulation
+from flwr.app import Context, RecordDict
+
+from dq_flower.harness.inprocess import InProcessGrid
+
+
+def run_simulation_inprocess(server_app, client_app, num_supernodes, **_ignored):
+    """Flower's run_simulation without Ray: the ServerApp on the in-process grid."""
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    server_app(InProcessGrid(client_app, num_supernodes), context)
+
+
+flwr.simulation.run_simulation = run_simulation_inprocess
+
+
+class BlockTimeout(Exception):
+    pass
+
+
+def on_alarm(signum, frame):
+    raise BlockTimeout("the block ran past its time limit")
+
+
+signal.signal(signal.SIGALRM, on_alarm)
+blocks = json.loads(open(sys.argv[1]).read())
+results = {}
+for block in blocks:
+    out = io.StringIO()
+    t0 = time.perf_counter()
+    signal.alarm(block["timeout"])
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(block["code"], block["id"], "exec"), {"__name__": "__main__"})
+        error = ""
+    except BaseException:
+        error = traceback.format_exc()
+    finally:
+        signal.alarm(0)
+    results[block["id"]] = {"error": error, "stdout": out.getvalue()[-4000:],
+                            "seconds": round(time.perf_counter() - t0, 2)}
+    with open(sys.argv[2], "w") as f:
+        json.dump(results, f)
+'''
+
+
+@pytest.fixture(scope="module")
+def python_results(sandbox):
+    """Run every Python block that is not marked not-run, in one worker process."""
+    todo = [{"id": b.id, "code": b.runnable_code(), "timeout": PYTHON_TIMEOUT_S}
+            for b in PYTHON if b.kind != "not-run"]
+    blocks_file, results_file = sandbox / ".docs-blocks.json", sandbox / ".docs-results.json"
+    blocks_file.write_text(json.dumps(todo))
+    try:
+        done = subprocess.run([sys.executable, "-c", WORKER, str(blocks_file),
+                               str(results_file)], cwd=sandbox, env=_env(),
+                              capture_output=True, text=True, timeout=WORKER_TIMEOUT_S,
+                              check=False)
+        log = done.stderr
+    except subprocess.TimeoutExpired as exc:
+        log = f"the worker ran past {WORKER_TIMEOUT_S} s\n{exc.stderr or ''}"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    return results, log
+
+
+@pytest.mark.parametrize("block", _params(PYTHON))
+def test_python_example_runs(block, python_results):
+    results, log = python_results
+    assert block.id in results, f"the worker stopped before {block.id}:\n{log[-3000:]}"
+    res = results[block.id]
+    assert not res["error"], f"{res['error']}\nstdout:\n{res['stdout']}"
+
+
+@pytest.mark.parametrize("block", _params(SHELL))
+def test_shell_example_runs(block, sandbox):
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.runnable_code()],
+                          cwd=sandbox, env=_env(), capture_output=True, text=True,
+                          timeout=SHELL_TIMEOUT_S, check=False)
+    assert done.returncode == 0, (f"exit {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
+                                  f"\n--- stderr\n{done.stderr[-3000:]}")
+
+
+# ------------------------------------------------------------------ the site
+def test_mkdocs_build_strict(tmp_path):
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    if not mkdocs.exists():
+        pytest.skip("mkdocs is not installed: make docs installs the docs extra")
+    done = subprocess.run([str(mkdocs), "build", "--strict", "--quiet", "--site-dir",
+                           str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert (tmp_path / "site" / "reference" / "strategies" / "index.html").is_file()
