@@ -173,3 +173,14 @@ def test_a_ledger_handed_in_is_the_one_recorded_into():
     assert grid.ledger is ledger
     assert ledger.total_bytes("up", 3) == 1157  # the restored rounds are kept
     assert ledger.round_bytes("up", 4) > 0 and grid.up_bytes == ledger.total_bytes("up")
+
+
+def test_measured_grid_hands_every_field_and_the_run_to_the_grid_it_wraps():
+    inner = InProcessGrid(_app, 2)
+    grid = MeasuredGrid(inner)
+    msg = grid.create_message(RecordDict(), "train", B, "group-7", ttl=123.0)
+    assert (msg.metadata.dst_node_id, msg.metadata.message_type) == (B, "train")
+    assert msg.metadata.group_id == "group-7" and msg.metadata.ttl == 123.0
+    run = object()
+    grid.set_run(run)
+    assert inner.run is run and grid.run is run

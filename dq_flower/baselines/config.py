@@ -115,8 +115,10 @@ class GradientConfig:
         (code the flat vector).
     entropy_coder : str
         Lossless coding of every payload of the run (the uploads and the downlink model):
-        ``none``, ``zlib`` (default), ``lzma`` or ``zstd``, applied per message only where
-        it shrinks it (``entropy=`` in ``codec_params`` takes precedence for the uploads).
+        ``none`` (default: the codec's exact fixed-length payloads), ``zlib``, ``lzma`` or
+        ``zstd``, applied per message only where it shrinks it (``entropy=`` in
+        ``codec_params`` takes precedence for the uploads). Every comparison preset sets
+        ``zlib`` for every method.
     max_failed_rounds : int
         Stop the run when every sampled client fails this many rounds in a row (0: never).
     trim_fraction : float
@@ -146,7 +148,7 @@ class GradientConfig:
     aggregation: str = "auto"
     error_feedback: str = "auto"
     per_tensor: str = "auto"
-    entropy_coder: str = "zlib"
+    entropy_coder: str = "none"
     max_failed_rounds: int = 3
     trim_fraction: float = 0.2
     clip_norm: float = 0.0

@@ -238,6 +238,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         quorum = min(self.min_available_nodes, self.asked.pop(server_round,
                                                               self.min_available_nodes))
         vectors, weights, losses = [], [], []
+        scales: list[float] = []  # local-epochs: client-lr x steps, the delta's scale
         kept_nodes: list[int] = []
         refused: set[int] = set()
         rejected = failed = 0
@@ -262,8 +263,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
             kept_nodes.append(node)
             up_bits += nbits
             raw_bits += raw
-            if self.cfg.epochs_mode:  # the client's model delta: client-lr x its steps
-                vectors[-1] = vec * np.float32(self.cfg.client_lr * steps)
+            scales.append(self.cfg.client_lr * steps)
             if self.cfg.downlink_mode == "sign":
                 self.node_version[node] = self.version
         if vectors and not self.cfg.majority:
@@ -277,6 +277,9 @@ class GradientStrategy(FederatedEvaluation, Strategy):
             vectors = [v for v, k in zip(vectors, keep, strict=True) if k]
             weights = [w for w, k in zip(weights, keep, strict=True) if k]
             losses = [x for x, k in zip(losses, keep, strict=True) if k]
+            scales = [x for x, k in zip(scales, keep, strict=True) if k]
+        if self.cfg.epochs_mode:  # screened as pseudo-gradients, averaged as model deltas
+            vectors = [v * np.float32(c) for v, c in zip(vectors, scales, strict=True)]
         stepped = bool(vectors) and len(vectors) >= quorum
         if stepped:
             self.guard.begin()

@@ -281,6 +281,7 @@ BUILTIN_PRESETS: dict[str, Preset] = {
         dataset="digits", model="mlp", num_clients=4, rounds=50, partition="iid",
         dirichlet_alpha=0.1, fraction_train=1.0, target_accuracy=0.9, seed=0,
         methods=("all", "qsgd-tau5", "ef-signsgd-tau5"),
+        knobs={"entropy-coder": "zlib"},
         method_knobs={"fedavg": {"local-epochs": 1},
                       "qsgd-tau5": {"method": "qsgd", "local-steps": 5},
                       "ef-signsgd-tau5": {"method": "ef-signsgd", "local-steps": 5}},

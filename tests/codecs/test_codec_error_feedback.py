@@ -131,3 +131,38 @@ def test_error_feedback_refuses_non_finite_input():
     with pytest.raises(ValueError, match="NaN or inf"):
         ef.encode(np.array([1.0, np.inf], np.float32))
     assert ef.residual is None  # a refused input leaves the memory untouched
+
+
+def test_encode_leaves_the_callers_array_alone():
+    # the first step has no residual: the working copy must not be the caller's array
+    x = np.array([1.0, 0.4, 0.3], np.float32)
+    before = x.copy()
+    ef = ErrorFeedback(make("topk", ratio=0.3))
+    ef.encode(x)
+    np.testing.assert_array_equal(x, before)
+    np.testing.assert_array_equal(ef.residual, np.array([0.0, 0.4, 0.3], np.float32))
+    ef.encode(x)
+    np.testing.assert_array_equal(x, before)
+
+
+def test_reset_also_drops_the_codecs_warm_start():
+    xs = grads(3, seed=4)
+    used = ErrorFeedback(make("powersgd", rank=2))
+    for x in xs[:2]:
+        used.encode(x, np.random.default_rng(1))
+    used.reset()
+    fresh = ErrorFeedback(make("powersgd", rank=2))
+    assert used.state_dict() == {} == fresh.state_dict()
+    np.testing.assert_array_equal(used.decode(used.encode(xs[2], np.random.default_rng(2))),
+                                  fresh.decode(fresh.encode(xs[2], np.random.default_rng(2))))
+
+
+def test_error_messages_name_the_problem():
+    with pytest.raises(ValueError, match="wraps a Codec, got str"):
+        ErrorFeedback("sign")
+    ef = ErrorFeedback(make("sign"))
+    ef.encode(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match=r"\(4,\).*call reset\(\) when the model changes"):
+        ef.encode(np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="residual contains NaN or inf"):
+        ef.load_state_dict({"residual": np.array([np.inf], np.float32)})

@@ -5,8 +5,8 @@ target. Records are synthetic: every expected number is computed by hand here.""
 import pytest
 
 from dq_flower import compare
-from dq_flower.compare import run_summaries, summary_markdown
 from dq_flower.compare import run as compare_run
+from dq_flower.compare import run_summaries, summary_markdown
 from dq_flower.compare.presets import Preset
 
 D = 1000  # model parameters

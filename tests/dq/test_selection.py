@@ -98,3 +98,29 @@ def test_sample_rule_inclusion_frequencies_match_capped_pps_on_skewed_scores():
     free = ~capped
     z = (freq[free] - target[free]) / se[free]
     assert np.abs(z).max() < 4.5, np.round(z, 1)
+
+
+def test_all_zero_scores_fall_back_to_uniform_inclusion():
+    # no information: every candidate gets m / n (and the sample rule still returns m picks
+    # with Horvitz-Thompson weights 1 / (n * m / n) = 1 / m)
+    np.testing.assert_array_equal(inclusion_probabilities(np.zeros(8), 2), np.full(8, 0.25))
+    sel = select(np.zeros(8), 2, "sample", np.random.default_rng(0))
+    assert len(sel) == 2
+    np.testing.assert_allclose(sel.weights, [0.5, 0.5])
+    np.testing.assert_array_equal(inclusion_probabilities(np.ones(3), 3), np.ones(3))
+
+
+def test_selection_dtypes_and_the_default_threshold():
+    scores = np.array([0.0, 2.0, 0.5, 3.0])
+    for rule in ("topk", "threshold", "sample"):
+        sel = select(scores, 2, rule, np.random.default_rng(0))
+        assert sel.indices.dtype == np.int64 and sel.weights.dtype == np.float32, rule
+        assert len(sel) == 2 and (np.diff(sel.indices) > 0).all(), rule  # sorted, distinct
+    # the default threshold is 0: every non-negative score is eligible
+    sel = select(scores, 10, "threshold", np.random.default_rng(0))
+    assert sel.indices.tolist() == [0, 1, 2, 3]
+    np.testing.assert_allclose(sel.weights, 0.25)
+    empty = select(scores, 0, "sample", np.random.default_rng(0))
+    assert len(empty) == 0 and empty.weights.dtype == np.float32
+    with pytest.raises(ValueError, match="1-D"):
+        select(np.ones((2, 2)), 1, "topk", np.random.default_rng(0))

@@ -189,3 +189,15 @@ def test_bad_settings_are_refused():
         SampleStore(_dequantize, eviction="lru")
     with pytest.raises(ValueError, match="max_samples"):
         SampleStore(_dequantize, max_samples=-1)
+
+
+def test_node_weight_sums_the_weights_of_a_nodes_rows():
+    store = SampleStore(_dequantize, max_samples=4, eviction="fifo")
+    assert store.node_weight(7) == 0.0  # empty store
+    store.add(_rows([0, 1, 2], node=7, weights=[1.5, 2.0, 0.25]))
+    store.add(_rows([0], node=8, weights=[10.0]))
+    assert store.node_weight(7) == 3.75 and store.node_weight(8) == 10.0
+    assert store.node_weight(9) == 0.0  # a node that sent nothing
+    store.add(_rows([5], node=8, weights=[1 / 3]))  # evicts node 7's first row
+    assert store.node_weight(7) == 2.25
+    assert store.node_weight(8) == pytest.approx(10 + 1 / 3, rel=1e-7)

@@ -89,7 +89,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, method, every, 
     assert np.isfinite(np.load(killed / "final.npy")).all()
 
 
-class _Crash(Exception):
+class _CrashError(Exception):
     pass
 
 
@@ -114,11 +114,11 @@ def test_resume_from_an_older_checkpoint_with_error_feedback_state(tmp_path, met
 
     def crash_after_5(row):
         if row["round"] == 5:
-            raise _Crash
+            raise _CrashError
 
     straight = run_server(InProcessGrid(client_app, 3), config("straight"))
     grid = InProcessGrid(client_app, 3)  # the clients outlive the server
-    with pytest.raises(_Crash):
+    with pytest.raises(_CrashError):
         run_server(grid, config("crashed"), on_round=crash_after_5)
     assert load_latest(tmp_path / "crashed")["round"] == 3
     resumed = run_server(grid, config("crashed"))

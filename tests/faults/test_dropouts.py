@@ -5,7 +5,6 @@ import numpy as np
 from dq_flower.harness.inprocess import NODE_ID_BASE
 from tests.dq.helpers import run_inprocess
 
-
 NODES = 5
 BUDGET = 48
 
