@@ -22,10 +22,11 @@ $(BIN)/mkdocs: | $(BIN)/dq-flower
 demo: $(BIN)/dq-flower
 	FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 $(BIN)/dq-flower compare --preset digits-mlp --out results/demo
 
-# ruff, the suite (tests/test_docs.py runs every documented example and the strict docs
-# build), then the site itself
+# ruff, mypy (configured in pyproject.toml), the suite (tests/test_docs.py runs every
+# documented example and the strict docs build), then the site itself
 test: $(BIN)/dq-flower $(BIN)/mkdocs
 	$(BIN)/ruff check dq_flower tests benchmarks simulations examples docs
+	$(BIN)/mypy dq_flower
 	$(BIN)/python -m pytest -m "not slow" -q
 	$(BIN)/mkdocs build --strict --quiet --site-dir site
 

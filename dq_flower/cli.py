@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["main", "build_parser"]
@@ -268,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_tune(sub)
     _add_report(sub)
+    add_deploy_parser: Callable[[Any], argparse.ArgumentParser] | None
     try:
         from dq_flower.deploy.cli import add_deploy_parser  # written in the deployment issue
     except ModuleNotFoundError as exc:  # only a missing deploy package is expected

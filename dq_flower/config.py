@@ -17,6 +17,9 @@ from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord
 
+if typing.TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = [
     "check",
     "from_mapping",
@@ -25,7 +28,7 @@ __all__ = [
     "parse_params",
 ]
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def _key(name: str) -> str:

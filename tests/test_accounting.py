@@ -184,3 +184,17 @@ def test_measured_grid_hands_every_field_and_the_run_to_the_grid_it_wraps():
     run = object()
     grid.set_run(run)
     assert inner.run is run and grid.run is run
+
+
+def test_messages_before_any_round_belong_to_round_0_and_the_timeout_is_passed_on():
+    timeouts = []
+
+    class Recording(InProcessGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            timeouts.append(timeout)
+            return super().send_and_receive(messages, timeout=timeout)
+
+    grid = MeasuredGrid(Recording(_app, 1))
+    grid.send_and_receive(_messages(grid, [A]), timeout=12.5)  # e.g. a query at start-up
+    assert list(grid.ledger.down) == [0] and list(grid.ledger.up) == [0]
+    assert timeouts == [12.5]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -103,7 +103,7 @@ def epoch_batches(
     FedAvg's client (``dq_flower.harness.fedavg_client.local_epochs``).
     """
     rng = round_rng(seed, server_round, partition_id, PURPOSE_EPOCHS)
-    out = []
+    out: list[np.ndarray] = []
     for _ in range(int(epochs)):
         order = rng.permutation(int(n))
         out.extend(order[i:i + int(batch_size)] for i in range(0, int(n), int(batch_size)))
@@ -198,7 +198,7 @@ def begin_round(context: Context, server_round: int) -> bool:
     snapshot = [k for k in list(state.keys()) if k.startswith(SNAPSHOT_PREFIX)]
     live = [k for k in list(state.keys()) if k.startswith("grad-") and k != ROUND_KEY
             and not k.startswith(SNAPSHOT_PREFIX)]
-    if meta is not None and int(meta["round"]) == int(server_round):
+    if meta is not None and int(cast(int, meta["round"])) == int(server_round):
         for key in live:
             del state[key]
         for key in snapshot:
@@ -242,6 +242,7 @@ def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: Gradie
         suffix = f"-{i}" if cfg.segmented else ""
         codec = cfg.make_codec()
         coder: Any
+        key: str | None
         if uses_error_feedback(cfg, codec):
             coder, key = ErrorFeedback(codec), EF_KEY + suffix
         else:
@@ -320,7 +321,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     t0 = time.perf_counter()
     if "config" not in msg.content.config_records:
         raise ValueError("the train message carries no 'config' record")
-    config = dict(msg.content.config_records["config"].items())
+    config: dict[str, Any] = dict(msg.content.config_records["config"].items())
     cfg = from_mapping(GradientConfig, config)
     server_round = int(config["server-round"])
     seed = int(config.get("run-seed", 0))

@@ -17,7 +17,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    MetricRecordValues,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -175,7 +183,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         self.votes: dict[int, ArrayRecord] = {}  # version v -> vote taking v-1 to v
         self.sent_payload_bits: dict[int, int] = {}
         self.asked: dict[int, int] = {}
-        self.last_metrics: dict[str, float] = {}
+        self.last_metrics: dict[str, MetricRecordValues] = {}
         self.failures = FailureWatch(config.max_failed_rounds, self.method)
         self.norms = NormScreen(config.norm_bound_factor)
         self.guard = StepGuard(model, self.optimizer)
@@ -289,7 +297,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                 stepped = False
                 log_round(self.method, server_round, "the step made the model non-finite: "
                           f"rolled back; replies came from nodes {sorted(kept_nodes)}")
-        metrics = {
+        metrics: dict[str, MetricRecordValues] = {
             "train-loss": (float(np.average(losses, weights=weights)) if losses
                            else float("nan")),
             "up-payload-bits": int(up_bits),

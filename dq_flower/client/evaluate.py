@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
 from dq_flower.data_input import as_arrays
 from dq_flower.model_ops import LossFn
@@ -30,7 +30,9 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     x, y = as_arrays(data)
     loss, acc = evaluate_model(model, x, y, loss_fn=loss_fn)
-    metrics: dict[str, float | int] = {"eval-loss": float(loss), "num-examples": int(x.shape[0])}
+    metrics: dict[str, MetricRecordValues] = {
+        "eval-loss": float(loss), "num-examples": int(x.shape[0])
+    }
     if not math.isnan(acc):
         metrics["eval-acc"] = float(acc)
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

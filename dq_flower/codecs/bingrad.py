@@ -169,7 +169,7 @@ class BinGrad(Codec):
             levels[b0:b1, 0] = low
             levels[b0:b1, 1] = high
         meta = {"bucket": self.bucket, "iters": self.iters}
-        buffers = {"bits": np.packbits(bits), "levels": levels.reshape(-1)}
+        buffers: dict[str, np.ndarray] = {"bits": np.packbits(bits), "levels": levels.reshape(-1)}
         return Payload(self.name, shape, meta, buffers, nbits=self.nbits_for(size))
 
     def decode(self, p: Payload) -> np.ndarray:

@@ -93,9 +93,9 @@ def decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
             out = d.decompress(buf, size + 1)
             complete = d.eof and not d.unused_data and not d.unconsumed_tail
         elif method == "lzma":
-            d = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-            out = d.decompress(buf, max_length=size + 1)
-            complete = d.eof and not d.unused_data
+            dx = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+            out = dx.decompress(buf, max_length=size + 1)
+            complete = dx.eof and not dx.unused_data
         else:
             zstandard = _zstd()
             if zstandard is None:

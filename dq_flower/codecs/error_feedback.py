@@ -106,6 +106,6 @@ class ErrorFeedback:
         if codec_state and not hasattr(self.codec, "load_state_dict"):
             raise ValueError(f"codec {self.codec.name!r} keeps no state")
         new_residual = None if residual is None else check_finite(residual, "residual").copy()
-        if codec_state:
+        if codec_state and hasattr(self.codec, "load_state_dict"):  # checked above
             self.codec.load_state_dict(codec_state)
         self.residual = new_residual

@@ -230,9 +230,10 @@ class EntropyCoded(Codec):
             raise ValueError(f"EntropyCoded wraps a plain Codec, got {type(codec).__name__}")
         self.codec = codec
         self.coder = check_method(coder, "entropy")
-        self.name = codec.name
-        self.biased = codec.biased
-        self.lossless = codec.lossless
+        # the wrapped codec's class-level traits, per instance (a wrapper has no own ones)
+        self.name = codec.name  # type: ignore[misc]
+        self.biased = codec.biased  # type: ignore[misc]
+        self.lossless = codec.lossless  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"EntropyCoded({self.codec!r}, coder={self.coder!r})"

@@ -125,6 +125,7 @@ class PowerSGD(Codec):
         meta = {"rows": rows, "cols": cols, "rank": r, "compressed": compressed}
         if not compressed:
             return Payload(self.name, shape, meta, {"values": flat.copy()}, nbits=32 * flat.size)
+        m: np.ndarray
         if rows * cols == flat.size:
             m = flat.reshape(rows, cols)
         else:

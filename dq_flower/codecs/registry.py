@@ -59,7 +59,9 @@ def make(name: str, **params) -> Codec:
 
     cls = codec_class(name)
     coder = None
-    own = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    own: set[str] = (
+        {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    )
     if "entropy" in params and "entropy" not in own:
         coder = params.pop("entropy")
     try:

@@ -84,7 +84,9 @@ def dither_offsets(seed: int, start: int, count: int) -> np.ndarray:
     return r.astype(np.float32) * np.float32(1.0 / 65536.0)
 
 
-def _safe_gain(span: np.ndarray, gain: np.ndarray, bump: np.float32, limit: float) -> np.ndarray:
+def _safe_gain(
+    span: np.ndarray, gain: np.ndarray, bump: np.float32, limit: float | np.floating
+) -> np.ndarray:
     """Lower ``gain`` by a few ulps where ``fl(fl(span * gain) + bump) >= limit`` (float32).
 
     Float32 rounding is monotone, so the largest coordinate of each row, whose offset from
@@ -106,8 +108,8 @@ def _affine_block(
     lo: np.ndarray,
     scale: np.ndarray,
     top: int,
-    unit: float,
-    bump: float,
+    unit: float | np.floating,
+    bump: float | np.floating,
 ) -> None:
     """Write ``(blk - min) * gain`` into ``t``, and each row's min and scale into ``lo``, ``scale``.
 
@@ -242,11 +244,13 @@ class Uniform(Codec):
                 np.clip(blk, np.float32(0.0), np.float32(1.0), out=t)
                 t *= fixed_gain
             else:
+                assert lo is not None and scale is not None  # allocated when not fixed
                 _affine_block(blk, t, lo[s:e], scale[s:e], top, unit, bump)
             if stoch:
                 if self.dither_seed is not None:
                     r = _dither_u16(self.dither_seed, s * width, (e - s) * width)
                 else:
+                    assert rng is not None  # required above when stochastic, not dithered
                     r = random_u16(rng, t.size)
                 np.add(t, r.reshape(t.shape), out=t)
                 t *= np.float32(1.0 / 65536.0)
@@ -256,8 +260,10 @@ class Uniform(Codec):
             if aligned:
                 packed[s * row_bytes : e * row_bytes] = bitpack.pack(blk_codes, self.bits)
             else:
+                assert codes is not None  # allocated when not aligned
                 codes[s:e] = blk_codes
         if not aligned:
+            assert codes is not None
             packed = bitpack.pack(codes.reshape(-1), self.bits)
         method = "none"
         code_bits = n * d * self.bits
@@ -274,6 +280,7 @@ class Uniform(Codec):
         if fixed:
             meta["fixed_range"] = True
             return Payload(self.name, (n, d), meta, {"codes": packed}, nbits=code_bits)
+        assert lo is not None and scale is not None  # allocated when not fixed
         buffers = {"codes": packed, "mins": lo, "scales": scale}
         return Payload(self.name, (n, d), meta, buffers, nbits=code_bits + 64 * rows)
 
@@ -346,8 +353,10 @@ class Uniform(Codec):
                 chunk = packed[s * row_bytes : e * row_bytes]
                 bitpack.unpack_to(chunk, self.bits, (e - s) * width, ramp, out=blk)
             else:
+                assert full is not None  # unpacked when not aligned
                 blk[...] = full[s * width : e * width].reshape(e - s, width)
             if not fixed:
+                assert lo is not None and scale is not None  # read when not fixed
                 blk *= scale[s:e, None]
             if self.dither_seed is not None:
                 u = dither_offsets(self.dither_seed, s * width, (e - s) * width)
@@ -355,9 +364,11 @@ class Uniform(Codec):
                 if fixed:
                     u *= self.fixed_step
                 else:
+                    assert scale is not None
                     u *= np.repeat(scale[s:e], width)
                 blk -= u.reshape(blk.shape)
             if not fixed:
+                assert lo is not None
                 blk += lo[s:e, None]
         return out.reshape(n, d)
 

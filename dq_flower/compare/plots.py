@@ -46,6 +46,7 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
          None),
         ("accuracy_vs_rounds", "round", "server round", False, None),
     ]
+    link: LinkProfile | None
     for link in (LinkProfile.from_json(x) for x in results.get("links") or []):
         if any(_time_series(rec, link) for rec in runs):
             figures.append((f"accuracy_vs_time_{link.name}", "sim_s",

@@ -28,6 +28,7 @@ Every command-line flag of ``dq-flower compare`` overrides the preset's value.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,10 +263,10 @@ def _hyphen(key: str) -> str:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+    else:  # Python 3.10
+        import tomli as tomllib
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

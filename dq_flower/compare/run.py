@@ -231,16 +231,16 @@ def run_comparison(
                 progress.start(i, len(plans), plan)
             old = earlier.get(plan.spec.label)
             if old is not None and old["run_config"] == _jsonable(plan.run_config):
-                record = {**old, "failed": False, "reused": True}
+                record: dict[str, Any] = {**old, "failed": False, "reused": True}
                 results["runs"].append(record)
                 record["stats"] = run_summaries(results)[-1]
                 if progress is not None:
                     progress.end(record, preset.target_accuracy)
                 write_reports(results, out)  # an interruption must not lose a reused run
                 continue
-            record: dict[str, Any] = {"label": plan.spec.label, "method": plan.spec.method,
-                                      "family": plan.family, "config": plan.resolved,
-                                      "run_config": plan.run_config}
+            record = {"label": plan.spec.label, "method": plan.spec.method,
+                      "family": plan.family, "config": plan.resolved,
+                      "run_config": plan.run_config}
             on_round = progress.round if progress is not None else (lambda row: None)
             t_run = time.perf_counter()
             try:
@@ -296,8 +296,9 @@ def _environment() -> dict[str, Any]:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = "?"
-    env = {"python": platform.python_version(), "platform": platform.platform(),
-           "cpus": os.cpu_count(), "versions": versions}
+    env: dict[str, Any] = {"python": platform.python_version(),
+                           "platform": platform.platform(),
+                           "cpus": os.cpu_count(), "versions": versions}
     if hasattr(os, "getloadavg"):
         env["load_average"] = os.getloadavg()[0]
     env.update(_git_state())

@@ -6,7 +6,7 @@ Functions of the content of ``results.json`` (and the per-run statistics) alone.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from dq_flower.compare.fmt import fmt_seconds, fmt_value, pct
 from dq_flower.compare.grids import describe_axes, step_axes
@@ -95,8 +95,9 @@ def step_size_lines(results: Mapping[str, Any]) -> list[str]:
     if len(lines) == 2:
         return []
     if tuned_any:
-        some = next(tuning_of(results, r["label"]) for r in results["runs"]
-                    if tuning_of(results, r["label"]) is not None)
+        some = cast(Mapping[str, Any],  # the first run's tuning that is not None
+                    next(tuning_of(results, r["label"]) for r in results["runs"]
+                         if tuning_of(results, r["label"]) is not None))
         held = pct(float(some.get("validation-fraction", 0)))
         lines += ["", f"Tuning ran each grid point for {some.get('rounds')} rounds, trained "
                   f"on the training rows minus a held-out {held} of them (drawn by the "

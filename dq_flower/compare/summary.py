@@ -7,7 +7,7 @@ Everything here is a function of the content of ``results.json`` alone, so
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dq_flower.compare.fmt import fmt_bytes
@@ -301,7 +301,7 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _verdict(runs: list[Mapping[str, Any]], stats: list[Mapping[str, Any]], ref_label: str,
+def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any]], ref_label: str,
              target: float) -> list[str]:
     by_label = {s["label"]: s for s in stats}
     ref = by_label.get(ref_label)

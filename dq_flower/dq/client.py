@@ -24,7 +24,7 @@ idempotent per round: a server that replays a round after a crash gets the same 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -135,7 +135,7 @@ def _state_before(context: Context, key: str, server_round: int) -> dict[str, np
     meta = context.state.config_records.get(key + "-round")
     if rec is None or meta is None:
         return {}
-    which = "before/" if int(meta["round"]) == server_round else "after/"
+    which = "before/" if int(cast(int, meta["round"])) == server_round else "after/"
     return {name[len(which):]: arr.numpy().copy()
             for name, arr in rec.items() if name.startswith(which)}
 

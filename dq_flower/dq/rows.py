@@ -14,13 +14,14 @@ packed rows plus per-row side information, without ever keeping float rows:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
 from dq_flower.codecs.entropy import decompress
-from dq_flower.codecs.uniform import dither_offsets
+from dq_flower.codecs.uniform import Uniform, dither_offsets
 
 __all__ = ["RowLayout", "payload_quantizer"]
 
@@ -113,7 +114,7 @@ class RowLayout:
         values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
         out = ramp[values.reshape(n, self.padded_dim)[:, : self.dim]]
         if dither.shape[1]:
-            step = make("uniform", bits=self.bits, fixed_range=True).fixed_step
+            step = cast(Uniform, make("uniform", bits=self.bits, fixed_range=True)).fixed_step
             for i, (s, o) in enumerate(dither):
                 u = dither_offsets(int(s), int(o), self.dim)
                 u -= np.float32(0.5)

@@ -161,7 +161,9 @@ class SampleStore:
 
     def node_ids(self, rows: StoredRows) -> np.ndarray:
         """Origin node ids (uint64, as Flower draws them) of rows taken from this store."""
-        table = np.array(sorted(self._node_table, key=self._node_table.get), dtype=np.uint64)
+        table = np.array(
+            sorted(self._node_table, key=self._node_table.__getitem__), dtype=np.uint64
+        )
         return table[rows.node.astype(np.int64)]
 
     def draw(self, batch_size: int, rng: np.random.Generator):
@@ -185,7 +187,7 @@ class SampleStore:
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:
         """Arrays for a checkpoint."""
-        out = {"node_table": np.array(sorted(self._node_table, key=self._node_table.get),
+        out = {"node_table": np.array(sorted(self._node_table, key=self._node_table.__getitem__),
                                       dtype=np.uint64),
                "evicted": np.array([self.evicted]),
                "rng": self._rng.bit_generator.state}

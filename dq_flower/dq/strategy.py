@@ -24,11 +24,19 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    MetricRecordValues,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -80,7 +88,7 @@ MAX_LOCAL_ID = 1 << 31
 MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
 
 
-def build_config(config: Any, knobs: dict[str, Any], cls: type = DQConfig) -> Any:
+def build_config(config: Any, knobs: dict[str, Any], cls: type[Any] = DQConfig) -> Any:
     """``config`` (a ``cls`` or ``None``) with ``knobs`` (underscore names) applied.
 
     Raises ``ValueError`` naming an unknown knob or a bad value.
@@ -198,7 +206,7 @@ class DQStrategy(FederatedEvaluation, Strategy):
         # Reply sizes feed the planner's estimates, which only gradient and auto modes use:
         # plain data runs neither encode synthetic replies nor serialize replies twice.
         self.measuring = cfg.upload_mode != "data"
-        estimates = dict.fromkeys(ESTIMATES, 0.0)
+        estimates: dict[str, Any] = dict.fromkeys(ESTIMATES, 0.0)  # UploadPlanner's floats
         if self.grad_codec is not None:
             estimates["gradient_bits"] = gradient_estimate(self.grad_codec, self.num_params,
                                                            self.seed)
@@ -374,7 +382,9 @@ class DQStrategy(FederatedEvaluation, Strategy):
         with_delta = [u for u in uploads if u.delta is not None]
         if not with_delta:
             return uploads, 0
-        keep = self.norms.keep([float(np.linalg.norm(u.delta)) for u in with_delta])
+        keep = self.norms.keep(
+            [float(np.linalg.norm(cast(np.ndarray, u.delta))) for u in with_delta]
+        )
         bad = {id(u) for u, k in zip(with_delta, keep, strict=True) if not k}
         for u in with_delta:
             if id(u) in bad:
@@ -593,9 +603,9 @@ class DQStrategy(FederatedEvaluation, Strategy):
 
     def _round_metrics(self, plan: RoundPlan | None, *, loss: float, selected: int,
                        up_bits: int, replies: int, rejected: int, failed: int,
-                       t0: float) -> dict[str, float | int]:
+                       t0: float) -> dict[str, MetricRecordValues]:
         """The per-round metrics both kinds of round report."""
-        metrics: dict[str, float | int] = {
+        metrics: dict[str, MetricRecordValues] = {
             "train-loss": float(loss),
             "selected": int(selected),
             "stored": self.stored,
@@ -714,7 +724,8 @@ class DQStrategy(FederatedEvaluation, Strategy):
         loss, grad = weighted_loss_grad(self.model, self._shaped(xs), ys, ws, self.loss_fn)
         with_delta = [u for u in fresh if u.delta is not None]
         if with_delta:
-            deltas = clip_norms([u.delta for u in with_delta], self.cfg.clip_norm)
+            deltas = clip_norms([cast(np.ndarray, u.delta) for u in with_delta],
+                                self.cfg.clip_norm)
             rule = robust_rule(self.cfg.robust_aggregation)
             if rule == "mean":
                 for u, d in zip(with_delta, deltas, strict=True):

@@ -9,10 +9,11 @@ with ``num-examples`` (the partition size, FedAvg's weight) and ``train-loss``.
 from __future__ import annotations
 
 import time
+from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.config import FedAvgConfig
 from dq_flower.config import from_mapping
@@ -55,12 +56,12 @@ def fedavg_train(msg: Message, context: Context, x: np.ndarray, y: np.ndarray,
     """Handle one FedAvg round: load the weights, train locally, reply weights and metrics."""
     del context  # FedAvg's client keeps no state
     t0 = time.perf_counter()
-    config = dict(msg.content["config"].items())
+    config: dict[str, Any] = dict(msg.content["config"].items())
     cfg = from_mapping(FedAvgConfig, config)
     server_round = int(config["server-round"])
     if x.shape[0] == 0:
         raise ValueError("this node has no training data")
-    model.load_state_dict(msg.content[ARRAYS_KEY].to_torch_state_dict())
+    model.load_state_dict(cast(ArrayRecord, msg.content[ARRAYS_KEY]).to_torch_state_dict())
     loss = local_epochs(model, x, y, cfg, round_rng(seed, server_round, node, PURPOSE_SHUFFLE),
                         loss_fn)
     metrics = MetricRecord({

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import cast
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -119,5 +120,5 @@ class InProcessGrid(Grid):
 def _round(msg: Message) -> int:
     for record in msg.content.config_records.values():
         if "server-round" in record:
-            return int(record["server-round"])
+            return int(cast(int, record["server-round"]))
     return 0

@@ -163,6 +163,6 @@ def model_factory(model: object) -> ModelFactory | None:
         template = copy.deepcopy(model)
         return lambda: copy.deepcopy(template)
     if callable(model):
-        return model  # type: ignore[return-value]
+        return model
     raise TypeError("model must be a model name, an nn.Module, or a callable returning one; "
                     f"got {type(model).__name__}")

@@ -42,7 +42,7 @@ def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]
     method = get_method(str(run_config.get("method", "dq")))
     merged = method.merged(run_config)
     task = from_mapping(TaskConfig, merged)
-    knobs = from_mapping(method.config_cls, merged)
+    knobs: Any = from_mapping(method.config_cls, merged)
     return task, knobs
 
 

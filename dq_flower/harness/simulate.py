@@ -64,7 +64,8 @@ def _dataset_arg(dataset: Any, seed: int, workdir: str) -> str:
         from dq_flower.harness.tasks.data import from_arrays, save_npz
 
         arrays = [np.asarray(a) for a in dataset]
-        ds = from_arrays(*arrays[:2], *(arrays[2:] or [None, None]), seed=seed)
+        x_test, y_test = (arrays[2], arrays[3]) if len(arrays) == 4 else (None, None)
+        ds = from_arrays(arrays[0], arrays[1], x_test, y_test, seed=seed)
         return "npz:" + str(save_npz(ds, os.path.join(workdir, "dataset.npz")))
     raise ValueError("dataset must be a name or a tuple (X, y) or (X, y, X_test, y_test)")
 
@@ -127,7 +128,7 @@ def simulate(
         Every sampled client failed ``max_failed_rounds`` (default 3) rounds in a row; the
         message quotes the first client error.
     """
-    from flwr.app import Context
+    from flwr.app import ConfigRecordValues, Context
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
@@ -152,7 +153,7 @@ def simulate(
             holder["error"] = exc
             raise
 
-    backend_config = {
+    backend_config: dict[str, dict[str, ConfigRecordValues]] = {
         "client_resources": {"num_cpus": float(num_cpus_per_client),
                              "num_gpus": float(num_gpus_per_client)},
         "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from flwr.app import ConfigRecord
@@ -92,6 +93,7 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
             or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
                        for s in shape)):
         raise PayloadError(f"data-spec 'sample-shape'={shape!r} is not a list of sizes")
+    shape = cast(list[int], shape)  # checked just above
     if math.prod(shape) > MAX_DIM:
         raise PayloadError(f"data-spec sample of {math.prod(shape)} values exceeds {MAX_DIM}")
     if target not in TARGET_KINDS:

@@ -3,9 +3,11 @@ server's (decode_batch) and the strategy's up_payload_bits metric must all agree
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import Array, Message
 
-from dq_flower.codecs import Payload, make
+from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.rows import payload_quantizer
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
@@ -16,6 +18,8 @@ from dq_flower.protocol.dq_batch import (
     SAMPLES_KEY,
     decode_batch,
     encode_batch,
+    quantizer_for,
+    raw_array,
 )
 
 N, D, CLASSES, ID_UPPER = 11, 24, 10, 300
@@ -105,3 +109,103 @@ def test_strategy_metric_is_the_hand_count_of_the_replies_it_stored():
         mine = replies[3 * (rnd - 1): 3 * rnd]
         assert all(len(r.content.array_records[INFO_KEY]["weights"].data) > 4 for r in mine)
         assert result.history[rnd]["up_payload_bits"] == sum(wire_bits(r) for r in mine)
+
+
+def test_a_single_sample_wide_labels_and_float64_inputs_round_trip():
+    samples1 = make("uniform", bits=2, stochastic=False).encode(
+        np.random.default_rng(0).random((1, D)).astype(np.float32))
+    content, bits = encode_batch(samples1, np.array([7]), np.array([3]), np.array([2.0]),
+                                 CLASSES, ID_UPPER)  # one sample, float64 weights
+    batch = decode_batch(content, CLASSES, D, 2, max_samples=1, id_upper=ID_UPPER)
+    assert bits == batch.payload_bits == samples1.nbits + 8 + 16 + 32
+    assert batch.labels.tolist() == [7] and batch.weights.tolist() == [2.0]
+    # 1000 classes: 10-bit labels, packed wide
+    samples = _samples()
+    labels = np.random.default_rng(1).integers(0, 1000, N)
+    content, bits = encode_batch(samples, labels, np.arange(N), np.ones(N), 1000, ID_UPPER)
+    batch = decode_batch(content, 1000, D, 2, max_samples=N, id_upper=ID_UPPER)
+    np.testing.assert_array_equal(batch.labels, labels)
+    assert bits == batch.payload_bits == _hand_count(samples, 10, 9, 1)
+    # float64 regression targets travel as float32 (0.1 is not a float16)
+    targets = np.full(N, 0.1)
+    content, _ = encode_batch(samples, targets, np.arange(N), np.ones(N), CLASSES, ID_UPPER)
+    batch = decode_batch(content, None, D, 2, max_samples=N, float_targets=True)
+    np.testing.assert_array_equal(batch.labels, np.full(N, 0.1, np.float32))
+
+
+def _content():
+    rng = np.random.default_rng(3)
+    content, _ = encode_batch(_samples(), rng.integers(0, CLASSES, N), np.arange(N),
+                              np.ones(N, np.float32), CLASSES, ID_UPPER)
+    return content
+
+
+@pytest.mark.parametrize(("tamper", "message"), [
+    (lambda info: info.pop("ids"), "sample-info misses 'ids'"),
+    (lambda info: info.__setitem__("weights", Array(np.ones(1, np.float64))),
+     "sample-info 'weights' is float64, expected float32"),
+    (lambda info: info.__setitem__("weights", Array(
+        dtype="float32", shape=(1,), stype="raw", data=b"\x00" * 6)),
+     "sample-info 'weights' carries 6 bytes"),
+    (lambda info: info.__setitem__("counts", raw_array(np.array([N, 4, 9], np.int64))),
+     "'counts' must hold 4 values"),
+])
+def test_malformed_sample_info_is_refused_with_its_reason(tamper, message):
+    content = _content()
+    tamper(content.array_records[INFO_KEY])
+    with pytest.raises(PayloadError, match=message):
+        decode_batch(content, CLASSES, D, 2, max_samples=N, id_upper=ID_UPPER)
+
+
+def test_labels_where_targets_are_expected_are_refused():
+    with pytest.raises(PayloadError, match="class labels sent where float targets"):
+        decode_batch(_content(), CLASSES, D, 2, max_samples=N, float_targets=True)
+    with pytest.raises(PayloadError, match="class labels sent where float targets"):
+        decode_batch(_content(), CLASSES, D, 2, max_samples=N, target_dim=3)
+
+
+@pytest.mark.parametrize(("mode", "channels", "dither", "expected"), [
+    ("sample", 0, None, {"per_channel": 0, "fixed_range": False, "dither_seed": None}),
+    ("channel", 3, None, {"per_channel": 3, "fixed_range": False, "dither_seed": None}),
+    ("channel", 1, None, {"per_channel": 0, "fixed_range": False, "dither_seed": None}),
+    ("feature", 0, None, {"per_channel": 0, "fixed_range": True, "dither_seed": None}),
+    ("sample", 0, 11, {"per_channel": 0, "fixed_range": False, "dither_seed": 11}),
+])
+def test_quantizer_for_each_range_mode(mode, channels, dither, expected):
+    cfg = DQConfig(bits=3, stochastic=False, entropy_coder="zlib",
+                   dither=dither is not None)
+    q = quantizer_for(cfg, mode, channels, dither_seed=dither if dither is not None else 5)
+    assert (q.bits, q.stochastic, q.entropy) == (3, False, "zlib")
+    assert {k: getattr(q, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("params", [
+    {"bits": 2},
+    {"bits": 3, "per_channel": 3, "entropy": "zlib"},
+    {"bits": 4, "dither_seed": 9},
+    {"bits": 2, "fixed_range": True, "dither_seed": 4},
+])
+def test_payload_quantizer_decodes_what_the_client_encoded(params):
+    x = np.random.default_rng(5).random((6, D)).astype(np.float32)
+    codec = make("uniform", **params)
+    p = codec.encode(x, np.random.default_rng(6))
+    fixed = params.get("fixed_range", False)
+    q = payload_quantizer(p, params["bits"], params.get("per_channel", 0), fixed)
+    np.testing.assert_array_equal(q.decode(p), codec.decode(p))
+    assert (q.bits, q.per_channel, q.fixed_range) == (
+        params["bits"], params.get("per_channel", 0), fixed)
+    assert q.dither_seed == params.get("dither_seed")
+    # a payload made with other fixed settings than the server's is refused, saying both
+    with pytest.raises(PayloadError, match=f"bits={params['bits']}.*expected {params['bits'] + 1}"):
+        payload_quantizer(p, params["bits"] + 1, params.get("per_channel", 0), fixed)
+    with pytest.raises(PayloadError, match="per_channel"):
+        payload_quantizer(p, params["bits"], 2, fixed)
+    with pytest.raises(PayloadError, match=f"fixed_range={fixed!r}"):
+        payload_quantizer(p, params["bits"], params.get("per_channel", 0), not fixed)
+
+
+def test_payload_quantizer_refuses_invalid_settings_in_the_header():
+    p = make("uniform", bits=2).encode(np.ones((2, D), np.float32), np.random.default_rng(0))
+    p.meta["entropy"] = 5  # not a method name
+    with pytest.raises(PayloadError, match="invalid quantizer settings"):
+        payload_quantizer(p, 2, 0)

@@ -201,3 +201,15 @@ def test_node_weight_sums_the_weights_of_a_nodes_rows():
     store.add(_rows([5], node=8, weights=[1 / 3]))  # evicts node 7's first row
     assert store.node_weight(7) == 2.25
     assert store.node_weight(8) == pytest.approx(10 + 1 / 3, rel=1e-7)
+
+
+def test_loading_an_empty_state_empties_a_store_and_node_ids_stay_uint64():
+    store = SampleStore(_dequantize)
+    store.add(_rows([1, 2], node=2**63 + 1))
+    assert store.state()["node_table"].dtype == np.uint64
+    assert store.state()["node_table"].tolist() == [2**63 + 1]
+    store.load_state(SampleStore(_dequantize).state())
+    assert len(store) == 0 and store.nbytes == 0
+    assert not store.has(2**63 + 1, np.array([1])).any()
+    store.add(_rows([5]))
+    assert _ids(store) == [5]

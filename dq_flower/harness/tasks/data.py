@@ -565,7 +565,8 @@ def save_node_data(
     if p.suffix != ".npz":
         p = p.with_name(p.name + ".npz")
     p.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {"x_train": data.train_x, "y_train": data.train_y}
+    # np.savez's keyword arrays (its stubs type ``**kwds`` against its own bool options)
+    arrays: dict[str, Any] = {"x_train": data.train_x, "y_train": data.train_y}
     if data.has_test:
         arrays.update(x_test=data.test_x, y_test=data.test_y)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
