@@ -13,9 +13,12 @@ D = 1000  # model parameters
 
 
 def _record(label, accs, up_per_round, family="gradient", codec="qsgd", config=None):
+    """A run record; ``up_per_round`` is one number for every round, or a list (round 0 on)."""
+    ups = (up_per_round if isinstance(up_per_round, list)
+           else [0] + [up_per_round] * (len(accs) - 1))
     hist, cum = [], 0
     for r, acc in enumerate(accs):
-        up = 0 if r == 0 else up_per_round
+        up = ups[r]
         cum += up
         hist.append({"round": r, "accuracy": acc, "loss": 1.0, "up_bytes": up,
                      "down_bytes": 10, "cum_up_bytes": cum, "cum_down_bytes": 10 * r,
@@ -44,30 +47,60 @@ def _results(runs, target=0.8):
 ])
 def test_fedavg_bits_per_coordinate_are_wire_bits_per_reply_and_coordinate(
         clients, fraction, replies_per_round):
-    # Prepare: 3 rounds; every reply carries D float32 weights plus 100 bytes of framing
-    per_reply = 4 * D + 100
-    run = _record("fedavg", [0.1, 0.5, 0.7, 0.9], replies_per_round * per_reply,
-                  family="fedavg", codec=None,
-                  config={"num-partitions": clients, "fraction-train": fraction})
+    # Prepare: 3 rounds whose replies carry D float32 weights plus 100, 300 and 500 bytes
+    # of framing; round 0 (before training) carries bytes that must not count
+    per_reply = [4 * D + 100, 4 * D + 300, 4 * D + 500]
+    run = _record("fedavg", [0.1, 0.5, 0.7, 0.9],
+                  [7777] + [replies_per_round * b for b in per_reply], family="fedavg",
+                  codec=None, config={"num-partitions": clients, "fraction-train": fraction})
+    results = _results([_record("dq", [0.1, 0.9], 100, family="dq"), run])
     # Execute
-    unit = run_summaries(_results([_record("dq", [0.1, 0.9], 100, family="dq"), run]))[1][
-        "uplink"]
-    # Assert: 8 bits a byte over (3 rounds x replies) x D coordinates: 32.8 b/coord
+    unit = run_summaries(results)[1]["uplink"]
+    # Assert: 8 bits a byte over (3 rounds x replies) x D coordinates: 34.4 b/coord
     assert unit["unit"] == "coord (wire)"
-    assert unit["bits"] == pytest.approx(8 * per_reply / D) == unit["bits_per_coord"]
-    assert unit["bits"] == pytest.approx(32.8)
-    assert "| 32.80 b/coord (float32, wire) |" in summary_markdown(
-        _results([_record("dq", [0.1, 0.9], 100, family="dq"), run]))
+    assert unit["bits"] == pytest.approx(8 * sum(per_reply) / (3 * D)) == unit["bits_per_coord"]
+    assert unit["bits"] == pytest.approx(34.4)
+    assert "| 34.40 b/coord (float32, wire) |" in summary_markdown(results)
 
 
 def test_gradient_and_dq_units_are_bits_per_coordinate_and_per_sample():
-    # 3 rounds of 2 replies, 8 * 500 payload bits a round: 4000 / (2 * 1000) = 2 b/coord;
-    # DQ: 8 * 300 bits a round for 4 samples: 600 b/sample, 60 b/coord (d = 10)
-    stats = run_summaries(_results([_record("dq", [0.1, 0.5, 0.9, 0.9], 300, family="dq"),
-                                    _record("qsgd", [0.1, 0.5, 0.6, 0.7], 500)]))
+    # gradient: 2 replies a round, 8 x (400, 500, 600) payload bits in rounds 1-3 (round 0's
+    # 8 x 9,999 do not count): 12,000 / (3 x 2 x 1000) = 2 b/coord; before the lossless
+    # coder 3 b/coord
+    grad = _record("qsgd", [0.1, 0.5, 0.6, 0.7], [9999, 400, 500, 600])
+    for row in grad["history"]:
+        row["up_raw_payload_bits"] = 1.5 * row["up_payload_bits"]
+    # DQ: 8 x (300, 500) bits for 4 and 6 samples: 6,400 / 10 = 640 b/sample, 64 b/coord
+    dq = _record("dq", [0.1, 0.5, 0.9], [5000, 300, 500], family="dq")
+    dq["history"][2]["selected"] = 6
+    results = _results([dq, grad])
+    stats = run_summaries(results)
     assert stats[1]["uplink"]["bits"] == pytest.approx(2.0)
-    assert stats[0]["uplink"]["bits"] == pytest.approx(600.0)
-    assert stats[0]["uplink"]["bits_per_coord"] == pytest.approx(60.0)
+    assert stats[1]["uplink"]["raw_bits_per_coord"] == pytest.approx(3.0)
+    assert stats[0]["uplink"]["bits"] == pytest.approx(640.0)
+    assert stats[0]["uplink"]["bits_per_coord"] == pytest.approx(64.0)
+    assert stats[0]["uplink"]["configured_bits"] == 2
+    text = summary_markdown(results)
+    assert "| 2 b/coord (3 before coding) |" in text
+    assert "| 640 b/sample (64.00 b/coord, 2 b quantizer) |" in text
+
+
+def test_run_statistics_of_a_run_and_of_a_failed_one():
+    run = _record("qsgd", [0.1, 0.85, 0.7, 0.82], [0, 100, 200, 300])
+    run["wall_s"] = 12.5
+    failed = {"label": "topk", "method": "topk", "family": "gradient", "failed": True,
+              "error": "boom", "config": {}, "wall_s": 3.0}
+    ok, bad = run_summaries(_results([run, failed], target=0.8))
+    assert (ok["final_accuracy"], ok["best_accuracy"], ok["rounds"]) == (0.82, 0.85, 3)
+    assert (ok["rounds_to_target"], ok["up_bytes_to_target"], ok["down_bytes_to_target"]) == (
+        1, 100, 10)
+    assert (ok["total_up_bytes"], ok["total_down_bytes"], ok["wall_s"]) == (600, 30, 12.5)
+    assert ok["status"] == "ok" and not ok["unstable"]  # 3 points below its best
+    assert bad == {**bad, "status": "failed", "rounds_to_target": None, "total_up_bytes": 0,
+                   "rounds": 0, "wall_s": 3.0, "error": "boom"}
+    assert bad["final_accuracy"] != bad["final_accuracy"]  # nan
+    unstable = _record("sgd", [0.1, 0.9, 0.84], 100)
+    assert run_summaries(_results([unstable]))[0]["unstable"]  # 6 points below its best
 
 
 def test_verdict_gives_a_lower_bound_when_no_quantized_baseline_reaches_the_target():
