@@ -77,10 +77,31 @@ def command(name: str, resume: bool = False) -> list[str]:
             *(["--resume"] if resume else [])]
 
 
+#: Summary sections left to the experiment's docs page (the README stays short).
+DOCS_ONLY_SECTIONS = ("## Time on links", "## Step sizes")
+
+
+def _without_sections(body: str, headers: tuple[str, ...]) -> str:
+    """``body`` without the ``## `` sections whose header line starts with ``headers``."""
+    out, skipping = [], False
+    for line in body.split("\n"):
+        if line.startswith("## "):
+            skipping = line.startswith(headers)
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
 def readme_block(name: str, summary: str) -> str:
-    """The README's view of one experiment: the summary without its title, and the plot."""
+    """The README's view of one experiment: the summary's table and verdict, and the plot.
+
+    The time-on-links and step-size sections stay on the experiment's docs page.
+    """
     body = summary.split("\n", 1)[1].strip() if summary.startswith("# ") else summary.strip()
+    body = _without_sections(body, DOCS_ONLY_SECTIONS)
     body = body.replace("\n## Verdict\n", "\n**Verdict**\n")
+    body += (f"\n\nTime on links and the step sizes: "
+             f"[docs/experiments/{name}.md](docs/experiments/{name}.md).")
     plot = f"docs/results/{name}/accuracy_vs_uplink.png"
     return f"{body}\n\n![accuracy against cumulative uplink bytes]({plot})"
 
