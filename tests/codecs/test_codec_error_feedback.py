@@ -166,3 +166,16 @@ def test_error_messages_name_the_problem():
         ef.encode(np.ones(5, np.float32))
     with pytest.raises(ValueError, match="residual contains NaN or inf"):
         ef.load_state_dict({"residual": np.array([np.inf], np.float32)})
+
+
+def test_loading_a_residual_alone_keeps_the_codecs_own_state():
+    xs = grads(3, seed=6)
+    a, b = ErrorFeedback(make("powersgd", rank=2)), ErrorFeedback(make("powersgd", rank=2))
+    for x in xs[:2]:
+        a.encode(x, np.random.default_rng(0))
+        b.encode(x, np.random.default_rng(0))
+    b.load_state_dict({"residual": np.zeros_like(xs[0])})  # no codec/... keys
+    assert set(b.state_dict()) == set(a.state_dict()) == {"residual", "codec/q/24x20x2"}
+    np.testing.assert_array_equal(b.state_dict()["codec/q/24x20x2"],
+                                  a.state_dict()["codec/q/24x20x2"])
+    np.testing.assert_array_equal(b.residual, 0)

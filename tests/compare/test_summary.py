@@ -134,3 +134,36 @@ def test_verdict_when_the_best_quantized_baseline_needs_fewer_bytes_than_dq():
             "uplink bytes (qsgd needed only 0.25x of dq's).") in text
     assert "**dq does not win against qsgd (500 B, 0.25x), topk (800 B, 0.4x)**" in text
     assert "Fewer rounds than dq to reach 80.0%: qsgd." in text
+
+
+def test_boundaries_reaching_exactly_the_target_and_ties_with_dq():
+    # accuracy exactly 0.8 reaches a target of 0.8; a method with exactly dq's bytes to the
+    # target does not lose to dq ("no more uplink bytes than dq")
+    runs = [_record("dq", [0.1, 0.8], 500, family="dq"),
+            _record("qsgd", [0.1, 0.8], 500)]
+    stats = run_summaries(_results(runs, target=0.8))
+    assert [s["rounds_to_target"] for s in stats] == [1, 1]
+    text = summary_markdown(_results(runs, target=0.8))
+    assert "dq used 1x fewer uplink bytes." in text
+    assert "**dq does not win against qsgd (500 B, 1x)**" in text
+
+
+def test_gradient_rounds_of_dq_and_coding_notes_in_the_table():
+    run = _record("dq-auto", [0.1, 0.5, 0.6, 0.7], 100, family="dq")
+    for row in run["history"][2:]:
+        row.update({"gradient_round": 1, "up_payload_bits": 8000, "selected": 0})
+    text = summary_markdown(_results([run]))
+    assert "200 b/sample (20.00 b/coord, 2 b quantizer); 4 b/coord in 2 gradient rounds" in text
+    # payload bits equal before and after the lossless coder: no "before coding" note
+    grad = _record("qsgd", [0.1, 0.5], 500)
+    for row in grad["history"]:
+        row["up_raw_payload_bits"] = row["up_payload_bits"]
+    text = summary_markdown(_results([_record("dq", [0.1, 0.9], 100, family="dq"), grad]))
+    assert "| 2 b/coord |" in text and "before coding" not in text
+
+
+def test_error_line_keeps_a_line_of_exactly_the_limit():
+    assert compare.error_line({"error": "x" * 300}) == "x" * 300
+    assert compare.error_line({"error": "x" * 301}) == "x" * 297 + "..."
+    assert compare.error_line({"error": "  ValueError:\n  boom  "}) == "ValueError: boom"
+    assert compare.is_failed({"status": "failed"}) and not compare.is_failed({})

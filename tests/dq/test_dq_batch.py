@@ -18,8 +18,10 @@ from dq_flower.protocol.dq_batch import (
     SAMPLES_KEY,
     decode_batch,
     encode_batch,
+    label_width,
     quantizer_for,
     raw_array,
+    width_for,
 )
 
 N, D, CLASSES, ID_UPPER = 11, 24, 10, 300
@@ -208,3 +210,54 @@ def test_payload_quantizer_refuses_invalid_settings_in_the_header():
     p.meta["entropy"] = 5  # not a method name
     with pytest.raises(PayloadError, match="invalid quantizer settings"):
         payload_quantizer(p, 2, 0)
+
+
+def test_widths_at_their_boundaries():
+    assert [label_width(c) for c in (1, 2, 3, 4, 5, 16, 17, 256, 257)] == [
+        1, 1, 2, 2, 3, 4, 5, 8, 9]
+    assert [width_for(u) for u in (1, 2, 3, 1024, 1025)] == [1, 1, 2, 10, 11]
+
+
+def _encoded(labels=None, ids=None, weights=None, num_classes=CLASSES, id_upper=ID_UPPER):
+    labels = np.zeros(N, np.int64) if labels is None else np.asarray(labels)
+    ids = np.arange(N) if ids is None else np.asarray(ids)
+    weights = np.ones(N, np.float32) if weights is None else np.asarray(weights, np.float32)
+    content, _ = encode_batch(_samples(), labels, ids, weights, num_classes, id_upper)
+    return content
+
+
+def test_decoder_bounds_labels_ids_and_weights_exactly():
+    def decode(content, num_classes=CLASSES, id_upper=ID_UPPER):
+        return decode_batch(content, num_classes, D, 2, max_samples=N, id_upper=id_upper)
+
+    top_label = np.full(N, CLASSES - 1)
+    assert decode(_encoded(labels=top_label)).labels.max() == CLASSES - 1
+    # a client packing 4-bit labels for 16 classes sends label 10 to a 10-class server
+    with pytest.raises(PayloadError, match="label 10 is out of range"):
+        decode(_encoded(labels=np.full(N, 10), num_classes=16))
+    ids = np.arange(N) + ID_UPPER - N  # the largest id is ID_UPPER - 1
+    assert decode(_encoded(ids=ids)).ids.max() == ID_UPPER - 1
+    with pytest.raises(PayloadError, match=f"sample id {ID_UPPER} is out of range"):
+        decode(_encoded(ids=ids + 1, id_upper=512))
+    with pytest.raises(PayloadError, match="duplicated sample ids"):
+        decode(_encoded(ids=np.zeros(N)))
+    for bad in (0.0, -1.0, np.inf):
+        w = np.linspace(1, 2, N)
+        w[3] = bad
+        with pytest.raises(PayloadError, match="finite and positive"):
+            decode(_encoded(weights=w))
+
+
+def test_float_targets_of_several_columns_keep_their_shape():
+    targets = np.arange(N * 3, dtype=np.float32).reshape(N, 3) / 4
+    content, bits = encode_batch(_samples(), targets, np.arange(N), np.ones(N), CLASSES,
+                                 ID_UPPER)
+    batch = decode_batch(content, None, D, 2, max_samples=N, target_dim=3,
+                         float_targets=True)
+    assert batch.labels.shape == (N, 3) and batch.labels.dtype == np.float32
+    np.testing.assert_array_equal(batch.labels, targets)
+    assert bits == batch.payload_bits == _samples().nbits + 16 * 3 * N + 8 * -(-N * 9 // 8) + 32
+    with pytest.raises(PayloadError, match="'targets' carries 66 bytes"):  # 3 columns, not 2
+        decode_batch(content, None, D, 2, max_samples=N, target_dim=2, float_targets=True)
+    with pytest.raises(PayloadError, match="33 target values for 11 samples of width 4"):
+        decode_batch(content, None, D, 2, max_samples=N, target_dim=4, float_targets=True)

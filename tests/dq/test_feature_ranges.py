@@ -84,3 +84,9 @@ def test_ranges_travel_as_raw_float32_and_are_checked():
 ])
 def test_range_mode(ranges, per_channel, shape, mode):
     assert range_mode(ranges, per_channel, shape) == mode
+
+
+def test_rows_refuse_samples_of_another_dimension():
+    p = make("uniform", bits=2).encode(np.ones((2, 5), np.float32), np.random.default_rng(0))
+    with pytest.raises(PayloadError, match="dimension 5, expected 6"):
+        RowLayout(6, 2).rows(p)

@@ -124,3 +124,13 @@ def test_selection_dtypes_and_the_default_threshold():
     assert len(empty) == 0 and empty.weights.dtype == np.float32
     with pytest.raises(ValueError, match="1-D"):
         select(np.ones((2, 2)), 1, "topk", np.random.default_rng(0))
+
+
+def test_capping_takes_several_passes_and_does_not_depend_on_the_scale():
+    # m = 3: pass 1 caps 100 (3 * 100 / 114 > 1); pass 2 shares 2 over 14: 10 gets
+    # 20/14 > 1 and is capped too; pass 3 shares the last 1 over the four 1s: 1/4 each
+    scores = np.array([100.0, 10.0, 1.0, 1.0, 1.0, 1.0])
+    expected = [1.0, 1.0, 0.25, 0.25, 0.25, 0.25]
+    np.testing.assert_allclose(inclusion_probabilities(scores, 3), expected, rtol=1e-12)
+    # the same scores a thousand times smaller (mean below 1) give the same probabilities
+    np.testing.assert_allclose(inclusion_probabilities(scores / 1000, 3), expected, rtol=1e-12)

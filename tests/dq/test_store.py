@@ -22,6 +22,7 @@ def _rows(ids, node=7, labels=None, weights=None, width=3):
 
 def _dequantize(codes, side, dither):
     """Float rows: the side's id in column 0, the codes after it."""
+    assert dither.shape == (codes.shape[0], 0) and dither.dtype == np.int64  # as stored
     return np.concatenate([side[:, :1], codes.astype(np.float32)], axis=1)
 
 
@@ -213,3 +214,26 @@ def test_loading_an_empty_state_empties_a_store_and_node_ids_stay_uint64():
     assert not store.has(2**63 + 1, np.array([1])).any()
     store.add(_rows([5]))
     assert _ids(store) == [5]
+
+
+def test_rows_are_stored_in_the_packed_dtypes_whatever_they_arrive_in():
+    rows = _rows([1, 2, 3])
+    store = SampleStore(_dequantize)
+    store.add(StoredRows(codes=rows.codes.astype(np.int64), side=rows.side,
+                         labels=rows.labels, weights=rows.weights.astype(np.float64),
+                         node=rows.node, ids=rows.ids, dither=rows.dither.astype(np.int32)))
+    s = store.state()
+    assert s["codes"].dtype == np.uint8 and s["dither"].dtype == np.int64
+    assert s["weights"].dtype == np.float16
+    assert store.nbytes == 3 * 3 + 3 * 2 * 4 + 3 + 3 * 2 + 3 + 3  # codes, side, the rest
+    store.add(_rows([]))  # an empty upload adds nothing
+    assert _ids(store) == [1, 2, 3] and store.evicted == 0
+
+
+def test_filling_to_the_bound_evicts_nothing_and_draws_nothing():
+    store = SampleStore(_dequantize, max_samples=4, eviction="random", seed=5)
+    fresh = store.state()["rng"]
+    store.add(_rows([0, 1, 2, 3]))
+    assert store.evicted == 0 and store.state()["rng"] == fresh
+    store.add(_rows([4]))
+    assert store.evicted == 1 and store.state()["rng"] != fresh
