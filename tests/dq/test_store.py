@@ -237,3 +237,14 @@ def test_filling_to_the_bound_evicts_nothing_and_draws_nothing():
     assert store.evicted == 0 and store.state()["rng"] == fresh
     store.add(_rows([4]))
     assert store.evicted == 1 and store.state()["rng"] != fresh
+
+
+def test_has_is_a_boolean_mask_in_every_case():
+    store = SampleStore(_dequantize)
+    ids = np.array([1, 2])
+    assert store.has(7, ids).dtype == bool  # empty store
+    store.add(_rows([1]))
+    assert store.has(9, ids).dtype == bool  # unknown node
+    mask = store.has(7, ids)
+    assert mask.dtype == bool and mask.tolist() == [True, False]
+    assert ids[~store.has(7, ids)].tolist() == [2]  # usable as a mask to filter with
