@@ -13,10 +13,11 @@ when the update is coded per tensor):
 - ``grad-momentum``: the client momentum of majority vote (Signum);
 - ``grad-model`` / ``grad-model-meta``: the model copy and its version (``downlink="sign"``).
 
-Before each round the client snapshots these entries (``grad-before/<key>``, with the round
-in ``grad-round``); a round the server sends again (a retry, or a replay after a server
-restart) starts from that snapshot, so its reply and the state it leaves are the same as
-the first time.
+After each round the client snapshots these entries (``grad-after@<round>/<key>``, the
+last few rounds, listed in ``grad-rounds``); a round the server sends again (a retry, or a
+replay after the server resumed from an older checkpoint) starts from the snapshot of the
+latest round before it, so its reply and the state it leaves are the same as the first
+time.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ __all__ = [
     "segments",
     "local_update",
     "begin_round",
+    "end_round",
     "save_state_dict",
     "load_state_dict",
     "EF_KEY",
@@ -65,9 +67,8 @@ EF_KEY = "grad-ef"
 CODEC_KEY = "grad-codec"
 MOMENTUM_KEY = "grad-momentum"
 MODEL_STATE_KEY = "grad-model"
-#: Round whose starting state the snapshot holds, and the snapshot's key prefix.
+#: The key of an earlier snapshot layout (ignored).
 ROUND_KEY = "grad-round"
-SNAPSHOT_PREFIX = "grad-before/"
 #: ``round_rng`` purposes used by the client. The epoch shuffles use FedAvg's client's
 #: purpose (``dq_flower.harness.fedavg_client.PURPOSE_SHUFFLE``), so with ``local-epochs``
 #: a client visits its rows in exactly the order FedAvg's client does.
@@ -187,29 +188,62 @@ def _copy_record(record: Any) -> Any:
     return type(record)(dict(record.items()))
 
 
+#: Rounds of state snapshots a client keeps: a server resuming from a checkpoint up to
+#: this many served rounds old replays them from the state each started from.
+STATE_HISTORY = 8
+#: Snapshot of the live ``grad-*`` entries after round r: ``grad-after@<r>/<entry>``.
+AFTER_PREFIX = "grad-after@"
+ROUNDS_KEY = "grad-rounds"
+
+
+def _live_keys(context: Context) -> list[str]:
+    return [k for k in list(context.state.keys()) if k.startswith("grad-")
+            and not k.startswith(AFTER_PREFIX) and k not in (ROUND_KEY, ROUNDS_KEY)]
+
+
+def _snapshot_rounds(context: Context) -> list[int]:
+    meta = context.state.config_records.get(ROUNDS_KEY)
+    return [] if meta is None else [int(r) for r in cast(list, meta["rounds"])]
+
+
+def _drop_snapshot(context: Context, rnd: int) -> None:
+    prefix = f"{AFTER_PREFIX}{rnd}/"
+    for key in [k for k in list(context.state.keys()) if k.startswith(prefix)]:
+        del context.state[key]
+
+
 def begin_round(context: Context, server_round: int) -> bool:
     """Put the client state where it was before ``server_round``; True for a repeated round.
 
-    On a new round the current ``grad-*`` entries are snapshotted; when the same round
-    arrives again they are restored from that snapshot, so replies are idempotent per round.
+    The live ``grad-*`` entries are restored from the snapshot taken after the latest
+    served round before ``server_round`` (:func:`end_round`), and snapshots of that round
+    or later are dropped: a round the server sends again, also after resuming from an
+    older checkpoint, starts from the same state and gets the same reply.
     """
-    state = context.state
-    meta = state.config_records.get(ROUND_KEY)
-    snapshot = [k for k in list(state.keys()) if k.startswith(SNAPSHOT_PREFIX)]
-    live = [k for k in list(state.keys()) if k.startswith("grad-") and k != ROUND_KEY
-            and not k.startswith(SNAPSHOT_PREFIX)]
-    if meta is not None and int(cast(int, meta["round"])) == int(server_round):
-        for key in live:
-            del state[key]
-        for key in snapshot:
-            state[key[len(SNAPSHOT_PREFIX):]] = _copy_record(state[key])
-        return True
-    for key in snapshot:
-        del state[key]
-    for key in live:
-        state[SNAPSHOT_PREFIX + key] = _copy_record(state[key])
-    state[ROUND_KEY] = ConfigRecord({"round": int(server_round)})
-    return False
+    rounds = _snapshot_rounds(context)
+    repeated = server_round in rounds
+    for rnd in rounds:
+        if rnd >= server_round:
+            _drop_snapshot(context, rnd)
+    earlier = [r for r in rounds if r < server_round]
+    context.state[ROUNDS_KEY] = ConfigRecord({"rounds": earlier})
+    for key in _live_keys(context):
+        del context.state[key]
+    if earlier:
+        prefix = f"{AFTER_PREFIX}{max(earlier)}/"
+        for key in [k for k in list(context.state.keys()) if k.startswith(prefix)]:
+            context.state[key[len(prefix):]] = _copy_record(context.state[key])
+    return repeated
+
+
+def end_round(context: Context, server_round: int) -> None:
+    """Snapshot the live ``grad-*`` entries after ``server_round`` (keeps the last few)."""
+    rounds = [r for r in _snapshot_rounds(context) if r < server_round] + [server_round]
+    for key in _live_keys(context):
+        context.state[f"{AFTER_PREFIX}{server_round}/{key}"] = _copy_record(context.state[key])
+    for rnd in rounds[:-STATE_HISTORY]:
+        _drop_snapshot(context, rnd)
+    context.state[ROUNDS_KEY] = ConfigRecord({"rounds": rounds[-STATE_HISTORY:]})
 
 
 # ---------------------------------------------------------------- encoding
@@ -363,4 +397,5 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     content = RecordDict({METRICS_KEY: metrics})
     for key, payload in zip(update_keys(cfg, len(shapes)), payloads, strict=True):
         content[key] = payload.to_record()
+    end_round(context, server_round)
     return Message(content=content, reply_to=msg)

@@ -125,27 +125,45 @@ def score_candidates(
     return torch.cat(scores).double().cpu().numpy()
 
 
+#: Rounds of per-round state a client keeps, so that a server resuming from a checkpoint
+#: up to this many served rounds old replays them from the right state.
+STATE_HISTORY = 8
+
+
+def _state_rounds(context: Context, key: str) -> list[int]:
+    meta = context.state.config_records.get(key + "-rounds")
+    return [] if meta is None else [int(r) for r in cast(list, meta["rounds"])]
+
+
 def _state_before(context: Context, key: str, server_round: int) -> dict[str, np.ndarray]:
     """Arrays of state entry ``key`` as they were before ``server_round``.
 
-    Each entry keeps its arrays before and after the last round it served, so a round the
-    server replays (after a crash) gets the same reply as the first time.
+    The entry keeps its arrays as they were after each of the last ``STATE_HISTORY`` rounds
+    it served; the state before round ``r`` is the one after the latest served round before
+    ``r``. So a round the server replays, also after resuming from an older checkpoint,
+    gets the same reply as the first time.
     """
-    rec = context.state.array_records.get(key)
-    meta = context.state.config_records.get(key + "-round")
-    if rec is None or meta is None:
+    earlier = [r for r in _state_rounds(context, key) if r < server_round]
+    if not earlier:
         return {}
-    which = "before/" if int(cast(int, meta["round"])) == server_round else "after/"
-    return {name[len(which):]: arr.numpy().copy()
-            for name, arr in rec.items() if name.startswith(which)}
+    rec = context.state.array_records.get(f"{key}@{max(earlier)}")
+    return {} if rec is None else {name: arr.numpy().copy() for name, arr in rec.items()}
 
 
 def _save_state(context: Context, key: str, server_round: int,
-                before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> None:
-    arrays = {f"before/{k}": Array(np.ascontiguousarray(v)) for k, v in before.items()}
-    arrays.update({f"after/{k}": Array(np.ascontiguousarray(v)) for k, v in after.items()})
-    context.state[key] = ArrayRecord(arrays)
-    context.state[key + "-round"] = ConfigRecord({"round": server_round})
+                after: dict[str, np.ndarray]) -> None:
+    """Record ``key``'s arrays after ``server_round``; later rounds' records are dropped."""
+    rounds = [r for r in _state_rounds(context, key) if r < server_round]
+    for r in _state_rounds(context, key):
+        if r >= server_round:
+            context.state.array_records.pop(f"{key}@{r}", None)
+    rounds.append(server_round)
+    for r in rounds[:-STATE_HISTORY]:
+        context.state.array_records.pop(f"{key}@{r}", None)
+    rounds = rounds[-STATE_HISTORY:]
+    context.state[f"{key}@{server_round}"] = ArrayRecord(
+        {k: Array(np.ascontiguousarray(v)) for k, v in after.items()})
+    context.state[key + "-rounds"] = ConfigRecord({"rounds": rounds})
 
 
 def _sent_rounds(context: Context) -> list[int]:
@@ -218,7 +236,7 @@ def _encode(codec, vector: np.ndarray, rng: np.random.Generator, context: Contex
     if ef_before:
         ef.load_state_dict(ef_before)
     payload = ef.encode(vector, rng)
-    _save_state(context, key, server_round, ef_before, ef.state_dict())
+    _save_state(context, key, server_round, ef.state_dict())
     return payload
 
 
