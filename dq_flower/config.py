@@ -21,6 +21,7 @@ if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 __all__ = [
+    "build_config",
     "check",
     "from_mapping",
     "to_config_record",
@@ -140,3 +141,18 @@ def check(cond: bool, field_name: str, message: str) -> None:
     """Raise ``ValueError`` naming the hyphenated key of ``field_name`` unless ``cond``."""
     if not cond:
         raise ValueError(f"{_key(field_name)}: {message}")
+
+
+def build_config(config: Any, knobs: dict[str, Any], cls: type[Any]) -> Any:
+    """``config`` (a ``cls`` or ``None``) with ``knobs`` (underscore names) applied.
+
+    Raises ``ValueError`` naming an unknown knob or a bad value.
+    """
+    base = config if config is not None else cls()
+    if not isinstance(base, cls):
+        raise TypeError(f"config must be a {cls.__name__}, got {type(base).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    for name in knobs:
+        if name.replace("-", "_") not in known:
+            raise ValueError(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
+    return from_mapping(cls, {**dataclasses.asdict(base), **knobs})

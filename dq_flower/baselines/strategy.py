@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.lossless import raw_nbits
-from dq_flower.config import to_config_record
+from dq_flower.config import build_config, to_config_record
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
@@ -54,7 +54,7 @@ from dq_flower.protocol.gradient import (
 from dq_flower.protocol.model import MODEL_KEY
 from dq_flower.server.common import (
     FailureWatch,
-    FederatedEvaluation,
+    ModelStrategy,
     log_rejected,
     log_round,
     make_optimizer,
@@ -105,7 +105,7 @@ def majority_vote(vectors: list[np.ndarray], rng: np.random.Generator) -> np.nda
     return vote
 
 
-class GradientStrategy(FederatedEvaluation, Strategy):
+class GradientStrategy(ModelStrategy, Strategy):
     """Distributed SGD whose clients upload compressed gradients (or local-step deltas).
 
     Parameters
@@ -142,14 +142,9 @@ class GradientStrategy(FederatedEvaluation, Strategy):
                  fraction_evaluate: float = 0.0, min_evaluate_nodes: int = 1,
                  loss_fn: LossFn | None = None, config: GradientConfig | None = None,
                  method: str | None = None, **knobs: Any) -> None:
-        from dq_flower.dq.strategy import build_config
-
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not 0 < fraction_train <= 1:
-            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-        if min_available_nodes < 1:
-            raise ValueError(f"min_available_nodes must be >= 1, got {min_available_nodes}")
+        self._setup(model, seed=seed, fraction_train=fraction_train,
+                    min_available_nodes=min_available_nodes,
+                    fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes)
         if codec is None and config is None:
             codec = "qsgd"
         named: dict[str, Any] = dict(knobs)
@@ -164,13 +159,7 @@ class GradientStrategy(FederatedEvaluation, Strategy):
             named["lr"] = lr
         self.cfg: GradientConfig = build_config(config, named, GradientConfig)
         config = self.cfg
-        self.model = model
         self.loss_fn = loss_fn
-        self.seed = int(seed)
-        self.fraction_train = float(fraction_train)
-        self.min_available_nodes = int(min_available_nodes)
-        self.fraction_evaluate = float(fraction_evaluate)
-        self.min_evaluate_nodes = int(min_evaluate_nodes)
         self.method = method or config.codec
         self.codec = config.make_codec()
         self.dim = num_params(model)
@@ -188,7 +177,6 @@ class GradientStrategy(FederatedEvaluation, Strategy):
         self.norms = NormScreen(config.norm_bound_factor)
         self.guard = StepGuard(model, self.optimizer)
         self.rolled_back = 0
-        self._returned: ArrayRecord | None = None
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
@@ -321,13 +309,6 @@ class GradientStrategy(FederatedEvaluation, Strategy):
               *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` (documented there)."""
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
-
-    def _load_arrays(self, arrays: ArrayRecord | None) -> None:
-        """Load arrays that did not come from this strategy (``initial_arrays``)."""
-        if arrays is None or len(arrays) == 0 or arrays is self._returned:
-            return
-        self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-        self._returned = arrays
 
     # ------------------------------------------------------------------ internals
     def _model_record(self, w: np.ndarray) -> tuple[ArrayRecord, int]:

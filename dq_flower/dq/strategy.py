@@ -41,7 +41,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.codecs import Payload, PayloadError, make
-from dq_flower.config import from_mapping, to_config_record
+from dq_flower.config import build_config, to_config_record
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig, robust_rule
 from dq_flower.dq.control_variate import ControlVariate
 from dq_flower.dq.planner import (
@@ -69,7 +69,7 @@ from dq_flower.protocol.model import MODEL_KEY, model_record
 from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_from_record
 from dq_flower.server.common import (
     FailureWatch,
-    FederatedEvaluation,
+    ModelStrategy,
     log_rejected,
     log_round,
     make_optimizer,
@@ -79,28 +79,13 @@ from dq_flower.server.common import (
 )
 from dq_flower.server.robust import NormScreen, StepGuard, aggregate, cap_weights, clip_norms
 
-__all__ = ["DQStrategy", "Upload", "GradientReply", "build_config"]
+__all__ = ["DQStrategy", "Upload", "GradientReply"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
 #: ``sample`` selection floors scores at 1e-3 of their mean, so an honest row never stands
 #: for more than 1000 times the candidates it was drawn from (see ``dq.selection``).
 MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
-
-
-def build_config(config: Any, knobs: dict[str, Any], cls: type[Any] = DQConfig) -> Any:
-    """``config`` (a ``cls`` or ``None``) with ``knobs`` (underscore names) applied.
-
-    Raises ``ValueError`` naming an unknown knob or a bad value.
-    """
-    base = config if config is not None else cls()
-    if not isinstance(base, cls):
-        raise TypeError(f"config must be a {cls.__name__}, got {type(base).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    for name in knobs:
-        if name.replace("-", "_") not in known:
-            raise ValueError(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
-    return from_mapping(cls, {**dataclasses.asdict(base), **knobs})
 
 
 @dataclass
@@ -132,7 +117,7 @@ class GradientReply:
     reply_bits: int
 
 
-class DQStrategy(FederatedEvaluation, Strategy):
+class DQStrategy(ModelStrategy, Strategy):
     """Train ``model`` on quantized data samples uploaded by the clients.
 
     Parameters
@@ -175,24 +160,13 @@ class DQStrategy(FederatedEvaluation, Strategy):
         config: DQConfig | None = None,
         **knobs: Any,
     ) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not 0 < fraction_train <= 1:
-            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-        if not 0 <= fraction_evaluate <= 1:
-            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
-        if min_available_nodes < 1:
-            raise ValueError(f"min_available_nodes must be >= 1, got {min_available_nodes}")
         if num_classes is not None and num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-        self.cfg: DQConfig = build_config(config, knobs)
-        self.model = model
+        self._setup(model, seed=seed, fraction_train=fraction_train,
+                    min_available_nodes=min_available_nodes,
+                    fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes)
+        self.cfg: DQConfig = build_config(config, knobs, DQConfig)
         self.loss_fn = loss_fn
-        self.seed = int(seed)
-        self.fraction_train = float(fraction_train)
-        self.min_available_nodes = int(min_available_nodes)
-        self.fraction_evaluate = float(fraction_evaluate)
-        self.min_evaluate_nodes = int(min_evaluate_nodes)
         self.num_classes = num_classes
         self.num_rounds: int | None = None
         cfg = self.cfg
@@ -225,7 +199,6 @@ class DQStrategy(FederatedEvaluation, Strategy):
         self.rolled_back = 0
         self.cv = (ControlVariate(self.num_params, cfg.compensation_decay)
                    if cfg.compensation_mode != "first-step" else None)
-        self._returned: ArrayRecord | None = None
         if data_spec is not None:
             self._fix_spec(data_spec)
 
@@ -462,13 +435,6 @@ class DQStrategy(FederatedEvaluation, Strategy):
             mask = nodes == node
             out[mask] = denormalise(x[mask], lo, span)
         return out
-
-    def _load_arrays(self, arrays: ArrayRecord) -> None:
-        """Load arrays that did not come from this strategy (``initial_arrays``)."""
-        if arrays is None or len(arrays) == 0 or arrays is self._returned:
-            return
-        self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-        self._returned = arrays
 
     # ------------------------------------------------------------------ validation
     def _validate(self, msg: Message, node: int) -> Upload:

@@ -28,6 +28,7 @@ __all__ = [
     "FailureWatch",
     "ClientFailureError",
     "FederatedEvaluation",
+    "ModelStrategy",
     "round_rng",
 ]
 
@@ -204,3 +205,38 @@ class FederatedEvaluation:
         if not weight:
             return None
         return MetricRecord({k: v / weight for k, v in totals.items()})
+
+
+class ModelStrategy(FederatedEvaluation):
+    """What the package's strategies share around the user's model.
+
+    Seeded sampling settings, federated evaluation, and loading ``initial_arrays`` (or any
+    arrays the strategy did not return itself) into the model at the start of a round.
+    """
+
+    def _setup(self, model: torch.nn.Module, *, seed: int, fraction_train: float,
+               min_available_nodes: int, fraction_evaluate: float,
+               min_evaluate_nodes: int) -> None:
+        """Check and keep the arguments every strategy of the package takes."""
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        if not 0 <= fraction_evaluate <= 1:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        if min_available_nodes < 1:
+            raise ValueError(f"min_available_nodes must be >= 1, got {min_available_nodes}")
+        self.model = model
+        self.seed = int(seed)
+        self.fraction_train = float(fraction_train)
+        self.min_available_nodes = int(min_available_nodes)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self._returned: ArrayRecord | None = None
+
+    def _load_arrays(self, arrays: ArrayRecord | None) -> None:
+        """Load arrays that did not come from this strategy (``initial_arrays``)."""
+        if arrays is None or len(arrays) == 0 or arrays is self._returned:
+            return
+        self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        self._returned = arrays
