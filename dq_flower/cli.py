@@ -52,6 +52,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _int_at_least_0(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -127,6 +134,10 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
                    help="fraction of the TRAINING rows held out to score the tuning runs, "
                         "drawn by the seed; the test set is never read (default: "
                         "%(default)s)")
+    p.add_argument("--tune-extensions", type=_int_at_least_0, default=2, metavar="N",
+                   help="extend an axis whose best value sits at the grid's edge by one more "
+                        "value beyond it (0.3 -> 1 -> 3), at most N times (default: "
+                        "%(default)s; 0: the grid as it is)")
     p.add_argument("--tune-engine", choices=("inprocess", "simulation"), default="inprocess",
                    help="engine of the tuning runs (default: %(default)s: the same strategies "
                         "and client code without Ray)")

@@ -65,7 +65,7 @@ def _tune_settings(args: argparse.Namespace, preset: Any):
 
     rounds = args.tune_rounds or max(1, preset.rounds // 5)
     return TuneSettings(rounds=rounds, validation_fraction=args.validation_fraction,
-                        engine=args.tune_engine)
+                        engine=args.tune_engine, max_extensions=args.tune_extensions)
 
 
 def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: bool):

@@ -5,14 +5,17 @@ Each method tunes the step sizes it has (:mod:`dq_flower.compare.tune`):
 - ``dq``: its server ``lr`` in 0.01, 0.03, 0.1, 0.3;
 - gradient baselines with one local step: the server ``lr`` in 0.01, 0.03, 0.1, 0.3;
 - ``signsgd`` (majority vote): the sign step ``lr`` in 0.001, 0.003, 0.01;
-- gradient baselines with ``local-steps`` > 1: ``lr`` in 0.03, 0.1, 0.3 times
-  ``client-lr`` in 0.03, 0.1, 0.3 (nine runs);
+- gradient baselines with ``local-steps`` > 1: the server ``lr`` (applied to the mean
+  local update; 1 is FedAvg's step) in 0.3, 1, 3 times ``client-lr`` in 0.03, 0.1, 0.3
+  (nine runs);
 - ``fedavg`` and the ``fedavg-*`` methods: ``client-lr`` in 0.01, 0.03, 0.1, 0.3 (the
   server step is FedAvg's own, the mean model delta).
 
 A gradient step of 0.1 is the baselines' default and DQ's is 0.05, so every grid brackets
 the default with a factor of about 3 either side; signSGD's step moves every coordinate by
-``lr`` and needs a 30x smaller one.
+``lr`` and needs a 30x smaller one. Tuning extends an axis whose best value sits at its
+edge (:func:`dq_flower.compare.tune.extend_axes`), so a grid is a starting bracket, not a
+bound.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ __all__ = ["DQ_LR", "GRADIENT_LR", "SIGN_LR", "LOCAL_LR", "LOCAL_CLIENT_LR", "CL
 DQ_LR = (0.01, 0.03, 0.1, 0.3)
 GRADIENT_LR = (0.01, 0.03, 0.1, 0.3)
 SIGN_LR = (0.001, 0.003, 0.01)
-LOCAL_LR = (0.03, 0.1, 0.3)
+LOCAL_LR = (0.3, 1.0, 3.0)
 LOCAL_CLIENT_LR = (0.03, 0.1, 0.3)
 CLIENT_LR = (0.01, 0.03, 0.1, 0.3)
 

@@ -85,6 +85,9 @@ def step_size_lines(results: Mapping[str, Any]) -> list[str]:
         text += f" (validation accuracy {scores})" if scores else ""
         edge = [k for k, v in choice.items() if grid.get(k) and len(grid[k]) > 1
                 and v in (grid[k][0], grid[k][-1])]
+        if record.get("extensions"):
+            text += (f"; the grid was extended {record['extensions']} time(s) beyond the "
+                     "edge the best point sat on")
         if edge:
             text += "; at the edge of the grid (" + ", ".join(edge) + ")"
         mismatch = [k for k, v in choice.items() if config.get(k) != v]
@@ -103,7 +106,9 @@ def step_size_lines(results: Mapping[str, Any]) -> list[str]:
                   f"on the training rows minus a held-out {held} of them (drawn by the "
                   "seed) and scored on those held-out rows: the test "
                   "set was never read. The choice is the best final validation accuracy; "
-                  "ties go to fewer uplink bytes."]
+                  "ties go to fewer uplink bytes. While the best point sat at the edge of "
+                  "an axis, the axis was extended by one value beyond it (at most twice by "
+                  "default)."]
     return lines + [""]
 
 

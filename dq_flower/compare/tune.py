@@ -6,7 +6,9 @@ the clients train on the training rows minus a held-out fraction (drawn by the s
 the model is scored on those held-out rows. The test set is not loaded into the run at all
 (:func:`dq_flower.harness.tasks.data.validation_view`). The choice is the grid point with
 the best final validation accuracy; ties go to fewer uplink bytes, then to the earlier
-point. The grid, every score and the choice make the tuning record, kept in the preset
+point. While the best point sits at the edge of an axis, that axis is extended by one value
+beyond it (0.3 -> 1 -> 3; at most ``max_extensions`` times) and the new points run too.
+The grid, every score and the choice make the tuning record, kept in the preset
 (``[tuning.<label>]``), in ``results.json`` and in the summary.
 """
 
@@ -24,7 +26,7 @@ from dq_flower.compare.grids import grid_points, step_axes
 from dq_flower.compare.plan import PlannedRun
 from dq_flower.compare.presets import Preset
 
-__all__ = ["TuneSettings", "tune_plan", "tune_runs", "apply_tuning", "choose"]
+__all__ = ["TuneSettings", "tune_plan", "tune_runs", "apply_tuning", "choose", "extend_axes"]
 
 #: Engines a tuning may run on.
 TUNE_ENGINES = ("inprocess", "simulation")
@@ -43,13 +45,21 @@ class TuneSettings:
     engine : str
         ``inprocess`` (default: the same strategies and client code without Ray, fast) or
         ``simulation``.
+    max_extensions : int
+        How many times an axis whose best value sits at its edge is extended by one more
+        value beyond it (``--tune-extensions``, default 2; 0 keeps the grid as it is).
     """
 
     rounds: int = 10
     validation_fraction: float = 0.2
     engine: str = "inprocess"
+    max_extensions: int = 2
 
     def __post_init__(self) -> None:
+        if (isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int)
+                or self.max_extensions < 0):
+            raise ValueError(f"tune-extensions: must be an integer >= 0, got "
+                             f"{self.max_extensions!r}")
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
             raise ValueError(f"tune-rounds: must be an integer >= 1, got {self.rounds!r}")
         if not 0 < self.validation_fraction < 1:
@@ -97,14 +107,41 @@ def tune_plan(plan: PlannedRun, settings: TuneSettings,
         the last round, or ``failed`` and ``error``) and ``choice`` (the chosen knobs;
         empty when every point failed).
     """
-    from dq_flower.compare.run import _run_one
-    from dq_flower.harness.server_app import validate_run_config
-
     axes = step_axes(plan.family, plan.resolved)
     if not axes:
         return None
     rounds = min(settings.rounds, int(plan.run_config["num-server-rounds"]))
-    points = grid_points(axes)
+    scores: list[dict[str, Any]] = []
+    extensions = 0
+    while True:
+        done = [sc["knobs"] for sc in scores]
+        todo = [p for p in grid_points(axes) if p not in done]
+        scores += _score_points(plan, todo, rounds, settings, report, num_cpus_per_client)
+        best = choose(scores)
+        if best is None or extensions >= settings.max_extensions:
+            break
+        wider = extend_axes(axes, scores[best]["knobs"])
+        if wider == axes:
+            break
+        axes, extensions = wider, extensions + 1
+    # scores in the order of the final grid (every point of it was run)
+    order = {tuple(sorted(p.items())): i for i, p in enumerate(grid_points(axes))}
+    scores.sort(key=lambda sc: order[tuple(sorted(sc["knobs"].items()))])
+    best = choose(scores)
+    return {"method": plan.spec.method, "rounds": rounds,
+            "validation-fraction": settings.validation_fraction, "engine": settings.engine,
+            "axes": {k: list(v) for k, v in axes.items()}, "extensions": extensions,
+            "scores": scores,
+            "choice": dict(scores[best]["knobs"]) if best is not None else {}}
+
+
+def _score_points(plan: PlannedRun, points: Sequence[Mapping[str, float]], rounds: int,
+                  settings: TuneSettings, report: Callable[[str], None] | None,
+                  num_cpus_per_client: float) -> list[dict[str, Any]]:
+    """Run each grid point for ``rounds`` rounds; its validation score (or its failure)."""
+    from dq_flower.compare.run import _run_one
+    from dq_flower.harness.server_app import validate_run_config
+
     scores: list[dict[str, Any]] = []
     for i, point in enumerate(points, start=1):
         trial = _trial(plan, point, rounds, settings.validation_fraction)
@@ -129,11 +166,44 @@ def tune_plan(plan: PlannedRun, settings: TuneSettings,
             knobs = ", ".join(f"{k} {v:g}" for k, v in point.items())
             report(f"[tune {plan.spec.label} {i}/{len(points)}] {knobs}: {line} "
                    f"({time.perf_counter() - t0:.1f} s, {rounds} rounds)")
-    best = choose(scores)
-    return {"method": plan.spec.method, "rounds": rounds,
-            "validation-fraction": settings.validation_fraction, "engine": settings.engine,
-            "axes": {k: list(v) for k, v in axes.items()}, "scores": scores,
-            "choice": dict(scores[best]["knobs"]) if best is not None else {}}
+    return scores
+
+
+def _next_value(value: float, values: Sequence[float], up: bool) -> float:
+    """The next grid value beyond ``value`` (up or down).
+
+    The 1-3-10 sequence for 1 and 3 times a power of ten (0.3 -> 1 -> 3, 0.01 -> 0.003),
+    else the ratio of the two values at that edge.
+    """
+    exponent = math.floor(math.log10(value))
+    mantissa = round(value / 10.0 ** exponent, 6)
+    if mantissa in (1.0, 3.0):
+        step = {(1.0, True): 3.0, (3.0, True): 10 / 3, (1.0, False): 10 / 3,
+                (3.0, False): 3.0}[(mantissa, up)]
+    else:
+        ordered = sorted(values)
+        pair = ordered[-2:] if up else ordered[:2]
+        step = pair[1] / pair[0] if len(pair) == 2 and pair[0] > 0 else 3.0
+    return float(f"{value * step if up else value / step:.6g}")
+
+
+def extend_axes(axes: Mapping[str, tuple[float, ...]],
+                choice: Mapping[str, float]) -> dict[str, tuple[float, ...]]:
+    """``axes`` with one more value beyond every edge the ``choice`` sits on.
+
+    An axis of one value, or a choice inside the axis, is left as it is; so is the lower
+    edge of an axis whose smallest value is not positive.
+    """
+    out: dict[str, tuple[float, ...]] = {}
+    for key, values in axes.items():
+        ordered = sorted(values)
+        value = choice.get(key)
+        if len(ordered) > 1 and value == ordered[-1]:
+            ordered.append(_next_value(ordered[-1], ordered, up=True))
+        elif len(ordered) > 1 and value == ordered[0] and ordered[0] > 0:
+            ordered.insert(0, _next_value(ordered[0], ordered, up=False))
+        out[key] = tuple(ordered)
+    return out
 
 
 def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,

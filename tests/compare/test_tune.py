@@ -17,7 +17,13 @@ from dq_flower.compare.grids import (
     step_axes,
 )
 from dq_flower.compare.presets import Preset, load_preset
-from dq_flower.compare.tune import TuneSettings, apply_tuning, choose, tune_plan
+from dq_flower.compare.tune import (
+    TuneSettings,
+    apply_tuning,
+    choose,
+    extend_axes,
+    tune_plan,
+)
 from dq_flower.harness import server_app
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
@@ -114,13 +120,64 @@ def test_tuning_runs_the_grid_on_the_validation_split_and_records_grid_scores_an
     # Assert
     n_val = validation_view(load_dataset_cached("digits", None, 0), 0.3, 0).test_x.shape[0]
     assert set(seen) == {n_val}  # only the held-out training rows, never the test set
-    assert record["axes"] == {"lr": list(SIGN_LR)} and record["rounds"] == 2
-    assert [s["knobs"] for s in record["scores"]] == [{"lr": v} for v in SIGN_LR]
+    grid = record["axes"]["lr"]  # SIGN_LR, extended where the best point sat on an edge
+    assert grid[grid.index(SIGN_LR[0]):][:len(SIGN_LR)] == list(SIGN_LR)
+    assert len(grid) == len(SIGN_LR) + record["extensions"] and record["rounds"] == 2
+    assert [s["knobs"] for s in record["scores"]] == [{"lr": v} for v in grid]
     accs = [s["accuracy"] for s in record["scores"]]
-    assert record["choice"] == {"lr": SIGN_LR[int(np.argmax(accs))]}
+    assert record["choice"] == {"lr": grid[int(np.argmax(accs))]}
     tuned = apply_tuning(preset, {"signsgd": record})
     assert plan_runs(tuned)[0].resolved["lr"] == record["choice"]["lr"]
     assert tuned.tuning["signsgd"]["choice"] == record["choice"]
+
+
+def test_next_grid_values_follow_the_1_3_10_sequence_or_the_edge_ratio():
+    assert extend_axes({"lr": (0.01, 0.03, 0.1, 0.3)}, {"lr": 0.3}) == {
+        "lr": (0.01, 0.03, 0.1, 0.3, 1.0)}
+    assert extend_axes({"lr": (0.01, 0.03, 0.1, 0.3, 1.0)}, {"lr": 1.0})["lr"][-1] == 3.0
+    assert extend_axes({"lr": (0.001, 0.003, 0.01)}, {"lr": 0.001})["lr"][0] == 0.0003
+    assert extend_axes({"lr": (0.0003, 0.001)}, {"lr": 0.0003})["lr"][0] == 0.0001
+    assert extend_axes({"lr": (0.2, 0.4)}, {"lr": 0.4})["lr"][-1] == 0.8  # edge ratio 2
+    # inside the grid, a single-value axis and a non-positive lower edge stay as they are
+    assert extend_axes({"lr": (0.1, 0.3, 1.0)}, {"lr": 0.3}) == {"lr": (0.1, 0.3, 1.0)}
+    assert extend_axes({"lr": (0.1,)}, {"lr": 0.1}) == {"lr": (0.1,)}
+    assert extend_axes({"lr": (0.0, 0.1)}, {"lr": 0.0}) == {"lr": (0.0, 0.1)}
+    # two axes: each edge the choice sits on is extended
+    assert extend_axes({"lr": (0.3, 1.0), "client-lr": (0.03, 0.1)},
+                       {"lr": 1.0, "client-lr": 0.03}) == {
+        "lr": (0.3, 1.0, 3.0), "client-lr": (0.01, 0.03, 0.1)}
+
+
+def _fake_scores(best_lr):
+    """A stand-in for the grid runs: accuracy peaks at ``best_lr`` (log distance)."""
+    ran = []
+
+    def score(plan, points, rounds, settings, report, cpus):
+        ran.extend(dict(p) for p in points)
+        return [{"knobs": dict(p), "accuracy": 1 - abs(np.log10(p["lr"] / best_lr)),
+                 "up-bytes": 1, "failed": False} for p in points]
+    return score, ran
+
+
+@pytest.mark.parametrize(("best_lr", "grid", "choice", "extensions"), [
+    (3.0, [0.01, 0.03, 0.1, 0.3, 1.0, 3.0], 3.0, 2),  # two steps up, then it is inside
+    (100.0, [0.01, 0.03, 0.1, 0.3, 1.0, 3.0], 3.0, 2),  # still at the edge after two
+    (0.003, [0.001, 0.003, 0.01, 0.03, 0.1, 0.3], 0.003, 2),  # down, and down again
+    (0.1, [0.01, 0.03, 0.1, 0.3], 0.1, 0),  # inside: nothing added
+])
+def test_tuning_extends_an_axis_while_the_best_point_sits_on_its_edge(
+        monkeypatch, best_lr, grid, choice, extensions):
+    from dq_flower.compare import tune
+    score, ran = _fake_scores(best_lr)
+    monkeypatch.setattr(tune, "_score_points", score)
+    plan = plan_runs(Preset(name="t", methods=("qsgd",), num_clients=2, rounds=4))[0]
+    record = tune_plan(plan, TuneSettings(rounds=2))
+    assert record["axes"] == {"lr": grid} and record["extensions"] == extensions
+    assert record["choice"] == {"lr": choice}
+    assert [s["knobs"]["lr"] for s in record["scores"]] == grid  # every point once, in order
+    assert sorted(p["lr"] for p in ran) == grid
+    no_extension = tune_plan(plan, TuneSettings(rounds=2, max_extensions=0))
+    assert no_extension["axes"] == {"lr": list(GRADIENT_LR)}
 
 
 def test_summary_names_the_tuned_step_sizes_and_their_grid():
