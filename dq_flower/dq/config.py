@@ -49,7 +49,9 @@ class DQConfig:
     dither : bool
         Subtractive dither drawn from the round seed.
     entropy_coder : str
-        Lossless coding of the packed codes: ``none``, ``zlib``, ``lzma`` or ``zstd``.
+        Lossless coding of every upload: the packed sample codes, the compensation and
+        the gradient-round gradients (unless their params set ``entropy=``), per message
+        only where it shrinks it: ``none``, ``zlib``, ``lzma`` or ``zstd``.
     scorer : str
         Importance score: ``uniform``, ``loss`` or ``gradnorm``.
     selection_rule : str
@@ -188,7 +190,7 @@ class DQConfig:
 
         if self.compensation != "none":
             try:
-                make(self.compensation, **parse_params(self.compensation_params))
+                make(self.compensation, **self.compensation_kwargs)
             except ValueError as exc:
                 raise ValueError(f"compensation: {exc}") from None
         if self.upload_mode != "data":
@@ -199,13 +201,15 @@ class DQConfig:
 
     @property
     def compensation_kwargs(self) -> dict[str, Any]:
-        """Parsed ``compensation_params``."""
-        return parse_params(self.compensation_params, "compensation-params")
+        """Parsed ``compensation_params``; ``entropy`` defaults to ``entropy_coder``."""
+        return {"entropy": self.entropy_coder,
+                **parse_params(self.compensation_params, "compensation-params")}
 
     @property
     def gradient_codec_kwargs(self) -> dict[str, Any]:
-        """Parsed ``gradient_codec_params``."""
-        return parse_params(self.gradient_codec_params, "gradient-codec-params")
+        """Parsed ``gradient_codec_params``; ``entropy`` defaults to ``entropy_coder``."""
+        return {"entropy": self.entropy_coder,
+                **parse_params(self.gradient_codec_params, "gradient-codec-params")}
 
 
 #: Knobs the clients read from the round config (no other knob travels to them).

@@ -120,7 +120,7 @@ def test_extreme_sample_weights_and_ranges_are_rejected():
 
 
 def test_a_compensation_scaled_by_1e30_is_rejected_against_the_others():
-    strategy = _dq(compensation="identity")
+    strategy = _dq(compensation="identity", entropy_coder="none")  # raw values to scale
     honest = _round(strategy)
     bad = _copy(honest[0])
     _scale(bad, "compensation", "values", 1e30)
@@ -143,7 +143,7 @@ def test_gradient_rounds_refuse_a_changed_example_count():
 
 def test_a_step_that_makes_the_model_non_finite_is_rolled_back():
     strategy = _dq(upload_mode="gradient", gradient_codec="identity", gradient_codec_params="",
-                   norm_bound_factor=0.0, server_steps=1, lr=10.0)
+                   norm_bound_factor=0.0, server_steps=1, lr=10.0, entropy_coder="none")
     honest = _round(strategy)
     bad = _copy(honest[0])
     arr = bad.content[GRADIENT_KEY]["values"]  # finite, but lr * gradient overflows
