@@ -63,6 +63,12 @@ EXPERIMENTS: dict[str, list[str]] = {
                                   "--methods", "dq,fedavg,qsgd-tau5",
                                   "--set", "dq.num-server-rounds=40",
                                   "--set", "fedavg.num-server-rounds=20"],
+    # DQ's ablation, one axis at a time (bits, scorer/rule, compensation at 1 bit, lossless
+    # coder), wide CNN, 40 rounds of 90 samples per client (about 35 minutes on 2 cores per
+    # split); simulations/ablation.py then writes one table per axis and the claims
+    "fmnist-ablation": ["--preset", "fmnist-ablation", "--engine", "inprocess"],
+    "fmnist-ablation-dirichlet": ["--preset", "fmnist-ablation", "--engine", "inprocess",
+                                  "--partition", "dirichlet", "--alpha", "0.1"],
     # DQ's compensation modes at 1 bit (none, first step, store-level control variate,
     # refreshed residuals every 5 and 10 rounds) against 2 and 8 bits, small CNN, IID
     # (about 40 minutes on 2 cores)
