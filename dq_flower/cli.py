@@ -134,6 +134,9 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
                    help="fraction of the TRAINING rows held out to score the tuning runs, "
                         "drawn by the seed; the test set is never read (default: "
                         "%(default)s)")
+    p.add_argument("--tune-epoch-rounds", type=_positive_int, metavar="N",
+                   help="rounds of the tuning runs of methods that train a whole local epoch "
+                        "per round (fedavg, fedavg-*) (default: --tune-rounds)")
     p.add_argument("--tune-extensions", type=_int_at_least_0, default=2, metavar="N",
                    help="extend an axis whose best value sits at the grid's edge by one more "
                         "value beyond it (0.3 -> 1 -> 3), at most N times (default: "

@@ -30,6 +30,10 @@ RESULTS = ROOT / "results" / "readme"
 PUBLISHED = ROOT / "docs" / "results"
 COPIED = ("summary.md", "accuracy_vs_uplink.png", "accuracy_vs_rounds.png")
 
+#: FedAvg with a compressed one-epoch update (the strongest competitors).
+FEDAVG_COMPRESSED = ("fedavg-qsgd2", "fedavg-qsgd4", "fedavg-ef-sign", "fedavg-topk",
+                     "fedavg-fp16")
+
 #: experiment -> arguments of ``dq-flower compare`` (the README's numbers come from these).
 EXPERIMENTS: dict[str, list[str]] = {
     # `make demo`: every method, embedded digits, IID, Flower's simulation engine
@@ -39,30 +43,31 @@ EXPERIMENTS: dict[str, list[str]] = {
                              "--alpha", "0.1"],
     # DQ's upload modes (data, gradient, auto) on logistic regression, in-process
     "digits-upload-mode": ["--preset", "digits-upload-mode", "--engine", "inprocess"],
-    # the large-D regime (D/d = 1,094), sized for 2 CPU cores (about 75 minutes): every
-    # gradient baseline 150 rounds (one local step each), DQ 40 (it reaches 85% in fewer),
-    # FedAvg 6 (a full local epoch per client and round); in-process engine (the same
-    # strategies and client code as in simulation, without Ray). A baseline that does not
-    # reach 85% gets a lower bound on its ratio to DQ.
-    # FedAvg with a compressed one-epoch update (fedavg-*) 10 rounds each (about 20 minutes
-    # more in all).
+    # the large-D regime (D/d = 1,094), sized for 2 CPU cores (about 2 hours with the
+    # tuning): FedAvg 6 rounds and its compressed-update variants (fedavg-*) 10 rounds of one
+    # local epoch each, DQ 40 rounds, the one-step gradient baselines 150 rounds;
+    # in-process engine (the same strategies and client code as in simulation, without
+    # Ray). sgd, powersgd, orq and qsgd-tau5 are not rerun (see docs/experiments). A method
+    # that does not reach 85% gets a lower bound on its ratio to DQ.
     "fmnist-wide-cnn": ["--preset", "fmnist-wide-cnn", "--rounds", "150", "--engine",
-                        "inprocess", "--methods", "dq,fedavg,sgd,qsgd,terngrad,signsgd,"
-                        "ef-signsgd,topk,powersgd,bingrad,orq,qsgd-tau5,fedavg-qsgd2,"
-                        "fedavg-qsgd4,fedavg-ef-sign,fedavg-topk,fedavg-fp16",
+                        "inprocess", "--methods", "dq,fedavg,fedavg-qsgd2,fedavg-qsgd4,"
+                        "fedavg-ef-sign,fedavg-topk,fedavg-fp16,signsgd,qsgd,ef-signsgd,topk,"
+                        "terngrad,bingrad",
                         "--set", "dq.num-server-rounds=40",
                         "--set", "fedavg.num-server-rounds=6",
-                        *(arg for m in ("fedavg-qsgd2", "fedavg-qsgd4", "fedavg-ef-sign",
-                                        "fedavg-topk", "fedavg-fp16")
+                        *(arg for m in FEDAVG_COMPRESSED
                           for arg in ("--set", f"{m}.num-server-rounds=10"))],
-    # the same on Dirichlet(0.1) client data, against FedAvg (20 rounds of one local epoch:
-    # client drift slows it) and compressed local updates (QSGD, tau = 5, 100 rounds); the
-    # other baselines are not rerun on this partition (about 20 minutes in all).
+    # the same on Dirichlet(0.1) client data: FedAvg and its compressed-update variants 20
+    # rounds of one local epoch (client drift slows them), compressed local updates (QSGD,
+    # tau = 5) 100 rounds; the one-step baselines are not rerun on this partition.
     "fmnist-wide-cnn-dirichlet": ["--preset", "fmnist-wide-cnn", "--partition", "dirichlet",
                                   "--alpha", "0.1", "--rounds", "100", "--engine", "inprocess",
-                                  "--methods", "dq,fedavg,qsgd-tau5",
+                                  "--methods", "dq,fedavg,fedavg-qsgd2,fedavg-qsgd4,"
+                                  "fedavg-ef-sign,fedavg-topk,fedavg-fp16,qsgd-tau5",
                                   "--set", "dq.num-server-rounds=40",
-                                  "--set", "fedavg.num-server-rounds=20"],
+                                  "--set", "fedavg.num-server-rounds=20",
+                                  *(arg for m in FEDAVG_COMPRESSED
+                                    for arg in ("--set", f"{m}.num-server-rounds=20"))],
     # DQ's ablation, one axis at a time (bits, scorer/rule, compensation at 1 bit, lossless
     # coder), wide CNN, 40 rounds of 90 samples per client (about 35 minutes on 2 cores per
     # split); simulations/ablation.py then writes one table per axis and the claims
@@ -76,11 +81,72 @@ EXPERIMENTS: dict[str, list[str]] = {
 }
 
 
+#: experiment -> ``dq-flower tune`` flags: these experiments first tune every method's step
+#: sizes on a validation split of the training rows (``results/readme/<exp>/tuned.toml``),
+#: then compare with the tuned preset. One-step methods tune over 8 rounds; the methods that
+#: train a whole local epoch per round (fedavg, fedavg-*) over 1.
+TUNING: dict[str, list[str]] = {
+    name: ["--tune-rounds", "8", "--tune-epoch-rounds", "1"]
+    for name in ("digits-mlp", "digits-mlp-dirichlet", "fmnist-wide-cnn",
+                 "fmnist-wide-cnn-dirichlet")
+}
+#: Flags of ``compare`` that ``tune`` does not take (with their values).
+COMPARE_ONLY = {"--engine": 1}
+
+
+def tuned_preset(name: str) -> Path:
+    """Where experiment ``name``'s tuned preset is written."""
+    return RESULTS / name / "tuned.toml"
+
+
+def _scenario_args(args: list[str]) -> list[str]:
+    out, skip = [], 0
+    for arg in args:
+        if skip:
+            skip -= 1
+        elif arg in COMPARE_ONLY:
+            skip = COMPARE_ONLY[arg]
+        else:
+            out.append(arg)
+    return out
+
+
+def _with_preset(args: list[str], preset: str) -> list[str]:
+    i = args.index("--preset")
+    return [*args[:i + 1], preset, *args[i + 2:]]
+
+
+def tune_command(name: str, resume: bool = False) -> list[str] | None:
+    """The ``dq-flower tune`` command of experiment ``name`` (``None``: not tuned).
+
+    With ``resume`` and an earlier tuned preset, that preset is the starting point: the
+    methods it already tuned under the same settings keep their choice.
+    """
+    if name not in TUNING:
+        return None
+    out = tuned_preset(name)
+    args = _scenario_args(EXPERIMENTS[name])
+    if resume and out.is_file():
+        args = _with_preset(args, str(out.relative_to(ROOT)))
+    return [sys.executable, "-m", "dq_flower.cli", "tune", *args, *TUNING[name], "--out",
+            str(out.relative_to(ROOT)), "--quiet"]
+
+
 def command(name: str, resume: bool = False) -> list[str]:
-    """The full command line of experiment ``name``."""
-    return [sys.executable, "-m", "dq_flower.cli", "compare", *EXPERIMENTS[name], "--out",
+    """The full ``dq-flower compare`` command line of experiment ``name``."""
+    args = EXPERIMENTS[name]
+    if name in TUNING:
+        args = _with_preset(args, str(tuned_preset(name).relative_to(ROOT)))
+    return [sys.executable, "-m", "dq_flower.cli", "compare", *args, "--out",
             str((RESULTS / name).relative_to(ROOT)), "--quiet",
             *(["--resume"] if resume else [])]
+
+
+#: experiment -> a script run after it (with the results folder and the published folder).
+AFTER: dict[str, list[str]] = {
+    "fmnist-ablation": [sys.executable, "simulations/ablation.py"],
+    "fmnist-ablation-dirichlet": [sys.executable, "simulations/ablation.py"],
+}
 
 
 #: Summary sections left to the experiment's docs page (the README stays short).
@@ -137,14 +203,26 @@ def main(argv: list[str] | None = None) -> int:
     names = args.names or list(EXPERIMENTS)
     if args.list:
         for name in names:
+            tune = tune_command(name)
+            if tune is not None:
+                print(f"{name} (1/2): {shlex.join(['dq-flower', *tune[3:]])}")
             print(f"{name}: {shlex.join(['dq-flower', *command(name)[3:]])}")
         return 0
     status = 0
     for name in names:
-        cmd = command(name, args.resume)
-        print(f"== {name}: {shlex.join(['dq-flower', *cmd[3:]])}", flush=True)
         t0 = time.perf_counter()
-        code = subprocess.call(cmd, cwd=ROOT)
+        tune = tune_command(name, args.resume)
+        code = 0
+        if tune is not None:
+            print(f"== {name}: {shlex.join(['dq-flower', *tune[3:]])}", flush=True)
+            code = subprocess.call(tune, cwd=ROOT)
+        cmd = command(name, args.resume)
+        if code == 0:
+            print(f"== {name}: {shlex.join(['dq-flower', *cmd[3:]])}", flush=True)
+            code = subprocess.call(cmd, cwd=ROOT)
+        if code == 0 and name in AFTER:
+            code = subprocess.call([*AFTER[name], str((RESULTS / name).relative_to(ROOT)),
+                                    str((PUBLISHED / name).relative_to(ROOT))], cwd=ROOT)
         print(f"== {name}: exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
         status = status or code
         target = PUBLISHED / name
@@ -153,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             src = RESULTS / name / file
             if src.is_file():
                 shutil.copy2(src, target / file)
+        if (RESULTS / name / "tuned.toml").is_file():
+            shutil.copy2(RESULTS / name / "tuned.toml", target / "tuned.toml")
         summary = target / "summary.md"
         if summary.is_file():
             text = README.read_text()

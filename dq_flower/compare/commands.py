@@ -65,11 +65,17 @@ def _tune_settings(args: argparse.Namespace, preset: Any):
 
     rounds = args.tune_rounds or max(1, preset.rounds // 5)
     return TuneSettings(rounds=rounds, validation_fraction=args.validation_fraction,
-                        engine=args.tune_engine, max_extensions=args.tune_extensions)
+                        engine=args.tune_engine, max_extensions=args.tune_extensions,
+                        epoch_rounds=args.tune_epoch_rounds)
 
 
-def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: bool):
-    """Tune, print the choices; return the tuned preset and its plans."""
+def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: bool,
+          save: Any = None):
+    """Tune, print the choices; return the tuned preset and its plans.
+
+    The preset's own tuning records made under the same settings are kept (a resumed
+    tuning); ``save(records)`` runs after each newly tuned method.
+    """
     from dq_flower import compare
     from dq_flower.compare.fmt import fmt_value, pct
     from dq_flower.compare.grids import describe_axes
@@ -82,7 +88,8 @@ def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: b
           f"(the test set is not used), engine {settings.engine}")
     with _quiet_flower(False):
         records = tune_runs(plans, settings, report=None if quiet else print,
-                            num_cpus_per_client=getattr(args, "num_cpus_per_client", 1.0))
+                            num_cpus_per_client=getattr(args, "num_cpus_per_client", 1.0),
+                            earlier=preset.tuning, on_record=save)
     for label, rec in records.items():
         choice = ", ".join(f"{k} {fmt_value(v)}" for k, v in rec["choice"].items())
         best = next((s for s in rec["scores"] if s["knobs"] == rec["choice"]), None)
@@ -174,12 +181,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"{PROG} tune: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} training "
           f"samples), model {preset.model}, {preset.num_clients} clients; methods: "
           f"{', '.join(p.spec.label for p in plans)}")
-    try:
-        tuned, _ = _tune(args, preset, sets, plans, args.quiet)
+    from dq_flower.compare.tune import apply_tuning
+
+    header = (f"written by: {shlex.join([PROG, *args.argv])}\n"
+              "step sizes tuned on a validation split of the training rows (see "
+              "[tuning.<method>]);\nrun it with: dq-flower compare --preset " + str(out))
+
+    def save(records: Any) -> None:  # after each method: an interrupted tuning resumes
         out.parent.mkdir(parents=True, exist_ok=True)
-        header = (f"written by: {shlex.join([PROG, *args.argv])}\n"
-                  "step sizes tuned on a validation split of the training rows (see "
-                  "[tuning.<method>]);\nrun it with: dq-flower compare --preset " + str(out))
+        out.write_text(apply_tuning(preset, records).to_toml(header))
+
+    try:
+        tuned, _ = _tune(args, preset, sets, plans, args.quiet, save)
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(tuned.to_toml(header))
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted; nothing written", file=sys.stderr)

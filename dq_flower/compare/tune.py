@@ -48,14 +48,38 @@ class TuneSettings:
     max_extensions : int
         How many times an axis whose best value sits at its edge is extended by one more
         value beyond it (``--tune-extensions``, default 2; 0 keeps the grid as it is).
+    epoch_rounds : int or None
+        Rounds of the methods that train a whole local epoch per round (``fedavg``, the
+        ``fedavg-*`` methods; ``--tune-epoch-rounds``): one such round is many local
+        steps, so a shorter horizon tunes them as far; default: ``rounds``.
     """
+
+    def rounds_for(self, plan: PlannedRun) -> int:
+        """The tuning horizon of ``plan`` (at most its own rounds)."""
+        epochs = plan.family == "fedavg" or int(plan.resolved.get("local-epochs", 0) or 0) > 0
+        rounds = self.epoch_rounds if epochs and self.epoch_rounds else self.rounds
+        return min(rounds, int(plan.run_config["num-server-rounds"]))
+
+    def matches(self, record: Mapping[str, Any], plan: PlannedRun) -> bool:
+        """Whether ``record`` (an earlier tuning of ``plan``) ran under these settings."""
+        return (record.get("rounds") == self.rounds_for(plan)
+                and record.get("validation-fraction") == self.validation_fraction
+                and record.get("engine") == self.engine
+                and int(record.get("extensions", 0)) <= self.max_extensions
+                and bool(record.get("choice")))
 
     rounds: int = 10
     validation_fraction: float = 0.2
     engine: str = "inprocess"
     max_extensions: int = 2
+    epoch_rounds: int | None = None
 
     def __post_init__(self) -> None:
+        if self.epoch_rounds is not None and (
+                isinstance(self.epoch_rounds, bool) or not isinstance(self.epoch_rounds, int)
+                or self.epoch_rounds < 1):
+            raise ValueError(f"tune-epoch-rounds: must be an integer >= 1, got "
+                             f"{self.epoch_rounds!r}")
         if (isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int)
                 or self.max_extensions < 0):
             raise ValueError(f"tune-extensions: must be an integer >= 0, got "
@@ -110,7 +134,7 @@ def tune_plan(plan: PlannedRun, settings: TuneSettings,
     axes = step_axes(plan.family, plan.resolved)
     if not axes:
         return None
-    rounds = min(settings.rounds, int(plan.run_config["num-server-rounds"]))
+    rounds = settings.rounds_for(plan)
     scores: list[dict[str, Any]] = []
     extensions = 0
     while True:
@@ -208,13 +232,29 @@ def extend_axes(axes: Mapping[str, tuple[float, ...]],
 
 def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
               report: Callable[[str], None] | None = None,
-              num_cpus_per_client: float = 1.0) -> dict[str, dict[str, Any]]:
-    """Tune every planned run that has step sizes: ``label -> tuning record``."""
-    out = {}
+              num_cpus_per_client: float = 1.0,
+              earlier: Mapping[str, Mapping[str, Any]] | None = None,
+              on_record: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+              ) -> dict[str, dict[str, Any]]:
+    """Tune every planned run that has step sizes: ``label -> tuning record``.
+
+    A run whose record in ``earlier`` was made under the same settings keeps it (resuming
+    an interrupted tuning); ``on_record`` gets the records so far after each new one.
+    """
+    out: dict[str, dict[str, Any]] = {}
     for plan in plans:
+        old = (earlier or {}).get(plan.spec.label)
+        if old is not None and settings.matches(old, plan):
+            out[plan.spec.label] = dict(old)
+            if report is not None:
+                report(f"[tune {plan.spec.label}] kept the earlier tuning: "
+                       + ", ".join(f"{k} {v:g}" for k, v in old["choice"].items()))
+            continue
         record = tune_plan(plan, settings, report, num_cpus_per_client)
         if record is not None:
             out[plan.spec.label] = record
+            if on_record is not None:
+                on_record(out)
     return out
 
 

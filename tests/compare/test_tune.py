@@ -23,6 +23,7 @@ from dq_flower.compare.tune import (
     choose,
     extend_axes,
     tune_plan,
+    tune_runs,
 )
 from dq_flower.harness import server_app
 from dq_flower.harness.client_app import app as client_app
@@ -154,7 +155,8 @@ def _fake_scores(best_lr):
 
     def score(plan, points, rounds, settings, report, cpus):
         ran.extend(dict(p) for p in points)
-        return [{"knobs": dict(p), "accuracy": 1 - abs(np.log10(p["lr"] / best_lr)),
+        return [{"knobs": dict(p),
+                 "accuracy": 1 - abs(np.log10(next(iter(p.values())) / best_lr)),
                  "up-bytes": 1, "failed": False} for p in points]
     return score, ran
 
@@ -228,3 +230,26 @@ def test_tune_command_writes_a_preset_that_compare_runs(tmp_path, capsys):
         main(["tune", "--preset", "digits-mlp", "--validation-fraction", "1.5"])
     assert exc.value.code == 2
     assert "--validation-fraction: must be in" in capsys.readouterr().err
+
+
+def test_epoch_methods_tune_over_their_own_horizon_and_a_matching_earlier_tuning_is_kept(
+        monkeypatch):
+    from dq_flower.compare import tune
+    score, ran = _fake_scores(0.1)
+    monkeypatch.setattr(tune, "_score_points", score)
+    plans = plan_runs(Preset(name="t", methods=("qsgd", "fedavg"), num_clients=2, rounds=6))
+    settings = TuneSettings(rounds=4, epoch_rounds=1)
+    assert [settings.rounds_for(p) for p in plans] == [4, 1]
+    saved = []
+    records = tune_runs(plans, settings, on_record=lambda r: saved.append(sorted(r)))
+    assert records["qsgd"]["rounds"] == 4 and records["fedavg"]["rounds"] == 1
+    assert saved == [["qsgd"], ["fedavg", "qsgd"]]  # written after each method
+    # Execute: resume with the records; fedavg's was made under other settings
+    ran.clear()
+    stale = {**records["fedavg"], "rounds": 3}
+    again = tune_runs(plans, settings, earlier={"qsgd": records["qsgd"], "fedavg": stale})
+    # Assert: qsgd kept (nothing of it ran again), fedavg tuned anew
+    assert again["qsgd"] == records["qsgd"]
+    assert ran and all("client-lr" in p for p in ran)
+    with pytest.raises(ValueError, match="tune-epoch-rounds"):
+        TuneSettings(epoch_rounds=0)
