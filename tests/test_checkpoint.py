@@ -51,3 +51,61 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_no_temporary_file(tmp_p
         save_atomic(tmp_path, {"round": 2, "bad": Unpicklable()})
     assert load_latest(tmp_path)["round"] == 1
     assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
+
+
+def test_the_new_checkpoint_is_written_beside_the_old_one_under_a_hidden_temporary_name(
+        tmp_path, monkeypatch):
+    # Prepare: while torch.save writes, look at the folder: the previous checkpoint must still
+    # be whole, and the file being written must be a hidden ".server-state-*.tmp" in the same
+    # folder (so the rename cannot cross file systems, and a leftover is never mistaken for a
+    # checkpoint)
+    save_atomic(tmp_path, {"round": 1})
+    seen = []
+    real_save = torch.save
+
+    def watching_save(obj, fh):
+        names = sorted(p.name for p in tmp_path.iterdir())
+        seen.append((names, load_latest(tmp_path)["round"]))
+        real_save(obj, fh)
+
+    monkeypatch.setattr(checkpoint.torch, "save", watching_save)
+    # Execute
+    save_atomic(tmp_path, {"round": 2})
+    # Assert
+    [(names, round_on_disk)] = seen
+    assert round_on_disk == 1
+    assert len(names) == 2 and names[1] == CHECKPOINT_NAME
+    assert names[0].startswith(".server-state-") and names[0].endswith(".tmp")
+    assert len(names[0]) > len(".server-state-.tmp")  # a unique part between the two
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
+    assert load_latest(tmp_path)["round"] == 2
+
+
+def test_an_interrupt_just_after_the_rename_propagates_unchanged_and_keeps_the_new_file(
+        tmp_path, monkeypatch):
+    # the temporary file is already gone (renamed): cleaning up must not turn the interrupt
+    # into a FileNotFoundError
+    real_replace = os.replace
+
+    def replace_then_interrupt(src, dst):
+        real_replace(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save_atomic(tmp_path, {"round": 4})
+    assert load_latest(tmp_path)["round"] == 4
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
+
+
+def test_a_checkpoint_written_on_a_gpu_loads_onto_the_cpu(tmp_path, monkeypatch):
+    # Prepare: tag the saved storages as CUDA ones, as on a GPU server
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        save_atomic(tmp_path, {"w": torch.arange(4.0)})
+    # Execute: without CUDA, restoring to the saved location would fail; with it, the
+    # tensor would land on the GPU
+    loaded = load_latest(tmp_path)
+    # Assert
+    assert loaded["w"].device == torch.device("cpu")
+    assert torch.equal(loaded["w"], torch.arange(4.0))

@@ -44,3 +44,65 @@ def test_every_experiment_names_a_preset_in_simulations():
     pages = "".join(p.read_text() for p in (ROOT / "docs" / "experiments").glob("*.md"))
     for name in regen.EXPERIMENTS:
         assert f'--8<-- "docs/results/{name}/summary.md' in pages, name
+
+
+def test_tuned_experiments_tune_first_then_compare_with_the_tuned_preset(tmp_path):
+    regen = _module()
+    name = "fmnist-wide-cnn"
+    tune, compare = regen.tune_command(name), regen.command(name)
+    assert tune[3] == "tune" and compare[3] == "compare"
+    out = tune[tune.index("--out") + 1]
+    assert out == "results/readme/fmnist-wide-cnn/tuned.toml"
+    assert compare[compare.index("--preset") + 1] == out  # compare runs the tuned preset
+    assert "--engine" not in tune and compare[compare.index("--engine") + 1] == "inprocess"
+    # the scenario flags (methods, rounds, per-method rounds) are the same in both
+    for flag in ("--methods", "--rounds"):
+        assert tune[tune.index(flag) + 1] == compare[compare.index(flag) + 1]
+    assert [a for a in tune if "num-server-rounds" in a] == \
+        [a for a in compare if "num-server-rounds" in a]
+    assert regen.tune_command("fmnist-compensation") is None  # not every experiment tunes
+
+
+def _ablation():
+    spec = importlib.util.spec_from_file_location("ablation", ROOT / "simulations" /
+                                                  "ablation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(label, final_acc, loss=0.5, stored=600):
+    return {"label": label, "status": "ok",
+            "history": [{"round": 1, "loss": loss, "stored": stored}],
+            "stats": {"final_accuracy": final_acc, "best_accuracy": final_acc,
+                      "rounds_to_target": 3, "up_bytes_to_target": 1000,
+                      "total_up_bytes": 2000, "uplink": {"bits": 960.0}}}
+
+
+def test_ablation_claims_state_the_share_of_the_gap_each_compensation_closes():
+    abl = _ablation()
+    runs = {r["label"]: r for r in (_run("dq-1bit", 0.80), _run("dq-8bit", 0.90),
+                                    _run("dq-1bit-qsgd", 0.88), _run("dq-1bit-ef-sign", 0.78))}
+    line = abl.compensation_claim(runs, "here")[0]
+    assert "1-bit data alone ends at 80.0%, 8-bit data at 90.0% (gap 10.0 points)" in line
+    assert "qsgd 88.0% (+80% of the gap closed)" in line
+    assert "ef-sign 78.0% (-20% of the gap closed)" in line  # a claim that fails says so
+    runs["dq-8bit"] = _run("dq-8bit", 0.802)
+    assert "nothing to close" in abl.compensation_claim(runs, "here")[0]
+    assert abl.compensation_claim({}, "here") == []
+
+
+def test_ablation_claims_compare_importance_with_uniform_at_the_same_share_and_convex_loss():
+    abl = _ablation()
+    runs = {r["label"]: r for r in (_run("dq", 0.85, stored=600),
+                                    _run("dq-loss-sample", 0.86, stored=600),
+                                    _run("dq-all-data", 0.87, stored=1000))}
+    line = abl.importance_claim(runs, 1000, "here")[0]
+    assert line.startswith("- **Importance selection with 60.0% of the samples** (here)")
+    assert "uniform selection ends at 85.0%; importance scorers: loss/sample 86.0%" in line
+    assert "all the data (100.0% uploaded, uniform): 87.0%" in line
+    convex = {"preset": {"rounds": 7}, "runs": [_run("full-precision", 0.9, loss=0.30),
+                                                 _run("dq-2bit", 0.9, loss=0.3125)]}
+    text = abl.convex_claim(convex)[0]
+    assert "full-precision minibatch SGD ends at a test loss of 0.3000" in text
+    assert "2-bit data 0.3125 (+0.0125)" in text and "7 rounds" in text
