@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the commands and exit")
     parser.add_argument("--resume", action="store_true",
                         help="keep the methods an interrupted run finished (same config)")
+    parser.add_argument("--publish-only", action="store_true",
+                        help="run nothing: copy the results already in results/readme/ to "
+                             "docs/results/ and the README")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in EXPERIMENTS]
     if unknown:
@@ -217,13 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for name in names:
         t0 = time.perf_counter()
-        tune = tune_command(name, args.resume)
+        tune = None if args.publish_only else tune_command(name, args.resume)
         code = 0
-        if tune is not None:
+        if args.publish_only:
+            if not (RESULTS / name / "summary.md").is_file():
+                print(f"== {name}: no results in {(RESULTS / name).relative_to(ROOT)}/")
+                continue
+        elif tune is not None:
             print(f"== {name}: {shlex.join(['dq-flower', *tune[3:]])}", flush=True)
             code = subprocess.call(tune, cwd=ROOT)
         cmd = command(name, args.resume)
-        if code == 0:
+        if code == 0 and not args.publish_only:
             print(f"== {name}: {shlex.join(['dq-flower', *cmd[3:]])}", flush=True)
             code = subprocess.call(cmd, cwd=ROOT)
         if code == 0 and name in AFTER:

@@ -301,6 +301,29 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _strongest_line(runs: Sequence[Mapping[str, Any]], by_label: Mapping[str, Any],
+                    ref_label: str, base: int, tpct: str) -> list[str]:
+    """The verdict line on the strongest competitor of any kind (fewest uplink bytes)."""
+    others = [(r["label"], by_label[r["label"]]) for r in runs
+              if r["label"] != ref_label and not is_failed(r)]
+    reached = [(lbl, s) for lbl, s in others if s["up_bytes_to_target"] is not None]
+    if reached:
+        lbl, s = min(reached, key=lambda ls: ls[1]["up_bytes_to_target"])
+        ratio = s["up_bytes_to_target"] / base
+        return [f"- **Strongest competitor overall** (fewest uplink bytes to {tpct} of every "
+                f"other method): {lbl} with {fmt_bytes(s['up_bytes_to_target'])}: "
+                f"{ref_label} used "
+                + (f"{_fmt_ratio(ratio)} fewer uplink bytes." if ratio >= 1 else
+                   f"more ({lbl} needed only {_fmt_ratio(ratio)} of {ref_label}'s).")]
+    if others:
+        lbl, s = min(others, key=lambda ls: ls[1]["total_up_bytes"])
+        return [f"- **Strongest competitor overall**: no other method reached {tpct}; "
+                f"{ref_label} used at least {_fmt_ratio(s['total_up_bytes'] / base)} fewer "
+                f"uplink bytes than any of them ({lbl} sent the least, "
+                f"{fmt_bytes(s['total_up_bytes'])})."]
+    return []
+
+
 def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any]], ref_label: str,
              target: float) -> list[str]:
     by_label = {s["label"]: s for s in stats}
@@ -339,6 +362,7 @@ def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any
                    f"{_fmt_ratio(least[1]['total_up_bytes'] / base)} ({least[0]['label']} "
                    f"sent {fmt_bytes(least[1]['total_up_bytes'])} without reaching {tpct}; "
                    "the others sent more). More rounds would tell the real ratio.")
+    out += _strongest_line(runs, by_label, ref_label, base, tpct)
     losers = [(r["label"], by_label[r["label"]]) for r in runs
               if r["label"] != ref_label and not is_failed(r)
               and by_label[r["label"]]["up_bytes_to_target"] is not None

@@ -357,3 +357,24 @@ def test_error_line_is_one_bounded_line():
     assert compare.error_line({"error": ""}) == "unknown error"
     assert compare.is_failed({"status": "failed"}) and compare.is_failed({"failed": True})
     assert not compare.is_failed({"status": "ok", "failed": False})
+
+
+def test_verdict_names_the_strongest_competitor_of_any_kind():
+    # fedavg (not a quantized gradient) needs the fewest bytes after dq; qsgd more
+    res = _results([_run("dq", [0.1, 0.5, 0.85, 0.9], 100, family="dq"),
+                    _run("qsgd", [0.1, 0.6, 0.7, 0.81], 1000),
+                    _run("fedavg", [0.1, 0.9], 500, family="fedavg", codec="none")])
+    text = summary_markdown(res)
+    assert ("- **Strongest competitor overall** (fewest uplink bytes to 80.0% of every other "
+            "method): fedavg with 500 B: dq used 2.5x fewer uplink bytes.") in text
+    # a competitor that needs fewer bytes than dq is named as such
+    res["runs"][2] = _run("fedavg", [0.1, 0.9], 150, family="fedavg", codec="none")
+    assert ("fedavg with 150 B: dq used more (fedavg needed only 0.75x of dq's)."
+            in summary_markdown(res))
+    # nobody else reaches the target: a lower bound from the least total uplink
+    res = _results([_run("dq", [0.1, 0.85], 100, family="dq"),
+                    _run("qsgd", [0.1, 0.5, 0.6], 1000),
+                    _run("fedavg", [0.1, 0.5], 700, family="fedavg", codec="none")])
+    assert ("- **Strongest competitor overall**: no other method reached 80.0%; dq used at "
+            "least 7x fewer uplink bytes than any of them (fedavg sent the least, 700 B)."
+            in summary_markdown(res))

@@ -400,6 +400,14 @@ def test_a_reference_that_reaches_the_target_with_no_bytes_counts_as_one_byte():
     assert "| 1 | 500 B | 500x | 500 B |" in _row(text, "qsgd")
 
 
+def test_dq_is_the_reference_wherever_it_sits_in_the_run_order():
+    runs = [_record("qsgd", [0.1, 0.9], 500), _record("dq", [0.1, 0.9], 100, family="dq")]
+    text = summary_markdown(_results(runs))
+    assert HEADER.format(ref="dq") in text.split("\n")
+    assert "| 500 B | 5x | 500 B |" in _row(text, "qsgd")
+    assert _block(text, "## Verdict")[0] == "- dq reached 80.0% at round 1 with 100 B of uplink."
+
+
 @pytest.mark.parametrize(("extra", "line"), [
     ({"command": "dq-flower compare syn"}, "Run: `dq-flower compare syn`."),
     ({"command": "c", "environment": None, "total_wall_s": 0.0}, "Run: `c`."),
