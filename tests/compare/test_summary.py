@@ -157,7 +157,10 @@ def test_boundaries_reaching_exactly_the_target_and_ties_with_dq():
     stats = run_summaries(_results(runs, target=0.8))
     assert [s["rounds_to_target"] for s in stats] == [1, 1]
     text = summary_markdown(_results(runs, target=0.8))
-    assert "dq used 1x fewer uplink bytes." in text
+    assert ("- Best quantized-gradient baseline to reach 80.0%: qsgd with 500 B: dq used 1x "
+            "fewer uplink bytes.") in text.split("\n")
+    assert ("- **Strongest competitor overall** (fewest uplink bytes to 80.0% of every other "
+            "method): qsgd with 500 B: dq used 1x fewer uplink bytes.") in text.split("\n")
     assert "**dq does not win against qsgd (500 B, 1x)**" in text
 
 
@@ -264,6 +267,8 @@ def test_the_whole_summary_of_a_comparison_line_by_line():
         "- dq reached 80.0% at round 2 with 200 B of uplink.",
         "- Best quantized-gradient baseline to reach 80.0%: topk with 250 B: dq used 1.25x "
         "fewer uplink bytes.",
+        "- **Strongest competitor overall** (fewest uplink bytes to 80.0% of every other "
+        "method): topk with 250 B: dq used 1.25x fewer uplink bytes.",
         "- Every other method that reached 80.0% needed more uplink bytes than dq.",
         "- Did not reach 80.0% within the rounds: sgd (best 70.0%).",
         "- Fewer rounds than dq to reach 80.0%: qsgd, topk.",
@@ -315,6 +320,8 @@ def test_the_first_run_is_the_reference_without_dq_and_a_bare_results_ends_with_
         "- No quantized-gradient baseline reached 80.0% in these rounds, so the ratio to the "
         "best of them is a lower bound: at least 1.6x (topk sent 800 B without reaching 80.0%; "
         "the others sent more). More rounds would tell the real ratio.",
+        "- **Strongest competitor overall**: no other method reached 80.0%; qsgd used at least "
+        "1.6x fewer uplink bytes than any of them (topk sent the least, 800 B).",
         "- No other method reached 80.0% within the rounds.",
         "- Did not reach 80.0% within the rounds: topk (best 50.0%).",
         *after_verdict,
@@ -407,6 +414,17 @@ def test_dq_is_the_reference_wherever_it_sits_in_the_run_order():
     assert "| 500 B | 5x | 500 B |" in _row(text, "qsgd")
     assert _block(text, "## Verdict")[0] == "- dq reached 80.0% at round 1 with 100 B of uplink."
 
+
+
+def test_without_another_method_reaching_the_target_the_least_sending_one_sets_the_bound():
+    # topk sent 400 B in total, qsgd 1,000 B; neither reached 80 %; dq needed 100 B
+    runs = [_record("dq", [0.1, 0.9], 100, family="dq"),
+            _record("qsgd", [0.1, 0.5, 0.6], 500),
+            _record("topk", [0.1, 0.5, 0.6], 200, codec="topk")]
+    verdict = _block(summary_markdown(_results(runs)), "## Verdict")
+    assert verdict[2] == ("- **Strongest competitor overall**: no other method reached 80.0%; "
+                          "dq used at least 4x fewer uplink bytes than any of them (topk sent "
+                          "the least, 400 B).")
 
 @pytest.mark.parametrize(("extra", "line"), [
     ({"command": "dq-flower compare syn"}, "Run: `dq-flower compare syn`."),
