@@ -7,6 +7,7 @@ accuracy against the simulated time on that link (:mod:`dq_flower.compare.links`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
         fig, ax = plt.subplots(figsize=(8.5, 5.0), dpi=110)
         for i, rec in enumerate(runs):
             series = rec["history"] if link is None else _time_series(rec, link)
-            rows = [r for r in series if not logx or float(r[xkey]) > 0]
+            rows = [r for r in series if (not logx or float(r[xkey]) > 0)
+                    and not math.isnan(float(r["accuracy"]))]  # eval-every's skipped rounds
             if not rows:
                 continue
             is_ref = rec["label"] == REFERENCE

@@ -157,7 +157,8 @@ def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         hit = _first_reaching(hist, target)
         last = hist[-1]
-        best = max(float(r["accuracy"]) for r in hist)
+        best = max((float(r["accuracy"]) for r in hist if not math.isnan(float(r["accuracy"]))),
+                   default=float("nan"))  # rounds eval-every skipped carry nan
         totals = {link.name: cumulative_times(hist, link) for link in links}
         out.append({
             "label": rec["label"], "status": "ok",

@@ -143,7 +143,10 @@ def run_server(
     def evaluate_round(rnd: int, metrics, fed: Mapping[str, Any] | None,
                        timing: Mapping[str, Any] | None = None) -> None:
         mark: dict[str, Any] = {"wall_s": 0.0, **(timing or {})}
-        if data is not None:
+        skipped = rnd % task.eval_every != 0 and rnd != task.num_server_rounds
+        if data is not None and skipped:  # eval-every: not this round
+            mark.update(accuracy=float("nan"), loss=float("nan"))
+        elif data is not None:
             eval_model.load_state_dict(arrays.to_torch_state_dict())
             loss, acc = evaluate(eval_model, data.test_x, data.test_y)
             mark.update(accuracy=acc, loss=loss)

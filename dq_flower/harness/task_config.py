@@ -69,6 +69,11 @@ class TaskConfig:
         training rows, drawn by ``seed``, is held out: clients train on the other rows only
         and the model is evaluated on the held-out ones instead of the test set, which is
         never read (see :func:`dq_flower.harness.tasks.data.validation_view`). 0 = off.
+    eval_every : int
+        The server evaluates the global model on its test rows every ``eval_every``
+        rounds, and always before the first and after the last; the other rounds' history
+        rows carry ``nan`` accuracy and loss (rounds and bytes to a target are then known
+        to within ``eval_every`` rounds, rounded up). 1 (default): every round.
     """
 
     dataset: str = "digits"
@@ -90,6 +95,7 @@ class TaskConfig:
     fraction_evaluate: float = 0.0
     max_failed_rounds: int = 3
     validation_fraction: float = 0.0
+    eval_every: int = 1
 
     def __post_init__(self) -> None:
         _check(self.num_partitions >= 1, "num_partitions", "must be >= 1")
@@ -104,6 +110,7 @@ class TaskConfig:
         _check(0 <= self.fraction_evaluate <= 1, "fraction_evaluate", "must be in [0, 1]")
         _check(self.num_classes >= 0, "num_classes", "must be >= 0")
         _check(self.max_failed_rounds >= 0, "max_failed_rounds", "must be >= 0")
+        _check(self.eval_every >= 1, "eval_every", "must be >= 1")
         _check(0 <= self.validation_fraction < 1, "validation_fraction", "must be in [0, 1)")
         if self.validation_fraction:
             _check(self.dataset != "none", "validation_fraction",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import pytest
 
@@ -378,3 +379,23 @@ def test_verdict_names_the_strongest_competitor_of_any_kind():
     assert ("- **Strongest competitor overall**: no other method reached 80.0%; dq used at "
             "least 7x fewer uplink bytes than any of them (fedavg sent the least, 700 B)."
             in summary_markdown(res))
+
+
+def test_eval_every_skips_the_test_set_between_evaluations_and_the_summary_ignores_the_gaps():
+    from tests.dq.helpers import run_inprocess
+    # Execute: 5 rounds, evaluated before round 1, after rounds 3 and 5 (the last) only
+    every, _ = run_inprocess(rounds=5, seed=2, **{"eval-every": 3})
+    each, _ = run_inprocess(rounds=5, seed=2)
+    # Assert: the same training; accuracy only where evaluated, equal to the full run's
+    accs = [r["accuracy"] for r in every.history]
+    assert [math.isnan(a) for a in accs] == [False, True, True, False, True, False]
+    for i in (0, 3, 5):
+        assert accs[i] == each.history[i]["accuracy"]
+    assert [r["cum_up_bytes"] for r in every.history] == \
+        [r["cum_up_bytes"] for r in each.history]
+    rec = {**_run("dq", [0.1], 1, family="dq"), "history": every.history}
+    stats = run_summaries(_results([rec], target=0.01))[0]
+    assert stats["best_accuracy"] == max(accs[i] for i in (0, 3, 5))
+    assert stats["final_accuracy"] == accs[5]
+    with pytest.raises(ValueError, match="eval-every: must be >= 1"):
+        run_inprocess(rounds=2, **{"eval-every": 0})
