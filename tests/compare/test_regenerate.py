@@ -106,3 +106,18 @@ def test_ablation_claims_compare_importance_with_uniform_at_the_same_share_and_c
     text = abl.convex_claim(convex)[0]
     assert "full-precision minibatch SGD ends at a test loss of 0.3000" in text
     assert "2-bit data 0.3125 (+0.0125)" in text and "7 rounds" in text
+
+
+def test_ablation_tables_have_one_row_per_setting_and_mark_runs_not_made():
+    abl = _ablation()
+    preset = {"description": "d", "partition": "iid", "dirichlet_alpha": 0.1,
+              "num_clients": 4, "rounds": 3, "seed": 0, "dataset": "digits", "data_dir": ""}
+    results = {"preset": preset, "target_accuracy": 0.8, "command": "dq-flower compare x",
+               "runs": [_run("dq", 0.85, loss=0.25, stored=1437),
+                        _run("dq-8bit", 0.9, stored=718)]}
+    text = abl.ablation_markdown("abl", results)
+    assert ("| 2 bits (default) | 960 b | 100.0% | 3 | 1 kB | 85.0% | 85.0% | 0.250 | 2 kB |"
+            in text)
+    assert "| 8 bits | 960 b | 50.0% |" in text  # 718 of digits' 1,437 training rows
+    assert "| 1 bit | not run | | | | | | | |" in text
+    assert text.count("## ") == len(abl.AXES)
