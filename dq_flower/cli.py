@@ -52,6 +52,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _share_arg(text: str) -> str:
+    label, sep, source = text.partition("=")
+    if not sep or not label.strip() or not source.strip():
+        raise argparse.ArgumentTypeError(f"expected LABEL=SOURCE, got {text!r}")
+    return f"{label.strip()}={source.strip()}"
+
+
 def _int_at_least_0(text: str) -> int:
     value = _int(text)
     if value < 0:
@@ -137,6 +144,11 @@ def _add_tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-epoch-rounds", type=_positive_int, metavar="N",
                    help="rounds of the tuning runs of methods that train a whole local epoch "
                         "per round (fedavg, fedavg-*) (default: --tune-rounds)")
+    p.add_argument("--tune-share", action="append", default=[], type=_share_arg,
+                   metavar="LABEL=SOURCE",
+                   help="run LABEL takes the step sizes tuned for run SOURCE instead of a "
+                        "search of its own, e.g. fedavg-qsgd2=fedavg (the same local "
+                        "training); repeatable")
     p.add_argument("--tune-extensions", type=_int_at_least_0, default=2, metavar="N",
                    help="extend an axis whose best value sits at the grid's edge by one more "
                         "value beyond it (0.3 -> 1 -> 3), at most N times (default: "

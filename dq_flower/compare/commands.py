@@ -66,7 +66,8 @@ def _tune_settings(args: argparse.Namespace, preset: Any):
     rounds = args.tune_rounds or max(1, preset.rounds // 5)
     return TuneSettings(rounds=rounds, validation_fraction=args.validation_fraction,
                         engine=args.tune_engine, max_extensions=args.tune_extensions,
-                        epoch_rounds=args.tune_epoch_rounds)
+                        epoch_rounds=args.tune_epoch_rounds,
+                        share=tuple(tuple(s.split("=", 1)) for s in args.tune_share))
 
 
 def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: bool,
@@ -94,6 +95,9 @@ def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: b
         choice = ", ".join(f"{k} {fmt_value(v)}" for k, v in rec["choice"].items())
         best = next((s for s in rec["scores"] if s["knobs"] == rec["choice"]), None)
         score = f"validation accuracy {pct(best['accuracy'])}; " if best else ""
+        if rec.get("shared-from"):
+            print(f"  {label}: {choice} (as tuned for {rec['shared-from']})")
+            continue
         print(f"  {label}: {choice or 'every grid point failed: defaults kept'} ({score}"
               f"tuned over {describe_axes(rec['axes'])})")
     tuned = apply_tuning(preset, records)

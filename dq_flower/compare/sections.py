@@ -77,6 +77,10 @@ def step_size_lines(results: Mapping[str, Any]) -> list[str]:
             continue
         tuned_any = True
         choice = record.get("choice") or {}
+        if record.get("shared-from"):
+            lines.append(f"- {rec['label']}: {used}, as tuned for {record['shared-from']} "
+                         "(the same local training; not tuned separately)")
+            continue
         grid = record.get("axes") or {k: [] for k in choice}
         scores = ", ".join(
             "failed" if sc.get("failed") else pct(float(sc.get("accuracy", float("nan"))))

@@ -52,6 +52,10 @@ class TuneSettings:
         Rounds of the methods that train a whole local epoch per round (``fedavg``, the
         ``fedavg-*`` methods; ``--tune-epoch-rounds``): one such round is many local
         steps, so a shorter horizon tunes them as far; default: ``rounds``.
+    share : tuple of (label, source)
+        Runs that take the tuned step sizes of another run instead of a search of their
+        own (``--tune-share fedavg-qsgd2=fedavg``: the compressed-update variants train
+        locally exactly as FedAvg does). Their record says so (``shared-from``).
     """
 
     def rounds_for(self, plan: PlannedRun) -> int:
@@ -73,8 +77,13 @@ class TuneSettings:
     engine: str = "inprocess"
     max_extensions: int = 2
     epoch_rounds: int | None = None
+    share: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        for label, source in self.share:
+            if not label or not source or label == source:
+                raise ValueError(f"tune-share: expected LABEL=SOURCE with two different "
+                                 f"labels, got {label}={source}")
         if self.epoch_rounds is not None and (
                 isinstance(self.epoch_rounds, bool) or not isinstance(self.epoch_rounds, int)
                 or self.epoch_rounds < 1):
@@ -242,7 +251,23 @@ def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
     an interrupted tuning); ``on_record`` gets the records so far after each new one.
     """
     out: dict[str, dict[str, Any]] = {}
-    for plan in plans:
+    shared = dict(settings.share)
+    labels = {p.spec.label for p in plans}
+    for label, source in shared.items():
+        if label not in labels or source not in labels:
+            raise ValueError(f"tune-share {label}={source}: both must be among the runs "
+                             f"({', '.join(sorted(labels))})")
+    # the sources first, so that every run sharing their step sizes finds them
+    order = sorted(plans, key=lambda p: p.spec.label in shared)
+    for plan in order:
+        if plan.spec.label in shared:
+            record = _shared_record(plan, out.get(shared[plan.spec.label]),
+                                    shared[plan.spec.label])
+            if record is not None:
+                out[plan.spec.label] = record
+                if on_record is not None:
+                    on_record(out)
+            continue
         old = (earlier or {}).get(plan.spec.label)
         if old is not None and settings.matches(old, plan):
             out[plan.spec.label] = dict(old)
@@ -256,6 +281,21 @@ def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
             if on_record is not None:
                 on_record(out)
     return out
+
+
+def _shared_record(plan: PlannedRun, source: Mapping[str, Any] | None,
+                   label: str) -> dict[str, Any] | None:
+    """The record of a run that takes ``label``'s tuned step sizes (its own knobs only)."""
+    axes = step_axes(plan.family, plan.resolved)
+    if source is None or not axes:
+        return None
+    choice = {k: v for k, v in (source.get("choice") or {}).items() if k in axes}
+    if set(choice) != set(axes):
+        raise ValueError(f"tune-share {plan.spec.label}={label}: {label} tunes "
+                         f"{', '.join(source.get('choice') or {}) or 'nothing'}, "
+                         f"{plan.spec.label} needs {', '.join(axes)}")
+    return {**{k: v for k, v in source.items() if k != "choice"}, "method": plan.spec.method,
+            "shared-from": label, "choice": choice}
 
 
 def apply_tuning(preset: Preset, records: Mapping[str, Mapping[str, Any]]) -> Preset:

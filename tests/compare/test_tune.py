@@ -253,3 +253,24 @@ def test_epoch_methods_tune_over_their_own_horizon_and_a_matching_earlier_tuning
     assert ran and all("client-lr" in p for p in ran)
     with pytest.raises(ValueError, match="tune-epoch-rounds"):
         TuneSettings(epoch_rounds=0)
+
+
+def test_a_shared_run_takes_its_sources_tuned_step_sizes_without_a_search(monkeypatch):
+    from dq_flower.compare import tune
+    score, ran = _fake_scores(0.1)
+    monkeypatch.setattr(tune, "_score_points", score)
+    plans = plan_runs(Preset(name="t", methods=("fedavg-qsgd2", "fedavg"), num_clients=2,
+                             rounds=3))
+    settings = TuneSettings(rounds=1, share=(("fedavg-qsgd2", "fedavg"),))
+    records = tune_runs(plans, settings)
+    # Assert: one search (fedavg's), and the shared record says where it came from
+    assert len(ran) == len(CLIENT_LR)
+    assert records["fedavg-qsgd2"]["choice"] == records["fedavg"]["choice"] == {
+        "client-lr": 0.1}
+    assert records["fedavg-qsgd2"]["shared-from"] == "fedavg"
+    tuned = apply_tuning(Preset(name="t", methods=("fedavg-qsgd2", "fedavg")), records)
+    assert plan_runs(tuned)[0].resolved["client-lr"] == 0.1
+    with pytest.raises(ValueError, match="both must be among the runs"):
+        tune_runs(plans, TuneSettings(rounds=1, share=(("fedavg-topk", "fedavg"),)))
+    with pytest.raises(ValueError, match="tune-share"):
+        TuneSettings(share=(("fedavg", "fedavg"),))
