@@ -140,23 +140,29 @@ def compensation_claim(runs: Mapping[str, Mapping[str, Any]], where: str) -> lis
         return []
     gap = eight - one
     head = (f"- **Compensation closes the 1-bit accuracy gap** ({where}): 1-bit data alone "
-            f"ends at {pct(one)}, 8-bit data at {pct(eight)}")
+            f"ends at {pct(one)} ({_up(runs, 'dq-1bit')} uplink), 8-bit data at {pct(eight)} "
+            f"({_up(runs, 'dq-8bit')})")
     if gap < MIN_GAP:
         return [head + f": a gap of {100 * gap:.1f} points, nothing to close; the compensations "
-                "end at " + ", ".join(f"{pct(a)} ({c})" for c, a in _comp(runs)) + "."]
-    parts = [f"{c} {pct(a)} ({100 * (a - one) / gap:+.0f}% of the gap closed)"
-             for c, a in _comp(runs)]
+                "end at " + ", ".join(f"{pct(a)} ({c}, {_up(runs, lbl)})"
+                                      for c, a, lbl in _comp(runs)) + "."]
+    parts = [f"{c} {pct(a)} ({100 * (a - one) / gap:+.0f}% of the gap closed, "
+             f"{_up(runs, lbl)})" for c, a, lbl in _comp(runs)]
     return [head + f" (gap {100 * gap:.1f} points); with compensation: " + ", ".join(parts)
             + "."]
 
 
-def _comp(runs: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, float]]:
+def _up(runs: Mapping[str, Mapping[str, Any]], label: str) -> str:
+    return fmt_bytes(runs[label]["stats"]["total_up_bytes"])
+
+
+def _comp(runs: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, float, str]]:
     out = []
     for label, codec in (("dq-1bit-identity", "identity"), ("dq-1bit-qsgd", "qsgd"),
                          ("dq-1bit-ef-sign", "ef-sign")):
         acc = _acc(runs, label)
         if acc is not None:
-            out.append((codec, acc))
+            out.append((codec, acc, label))
     return out
 
 

@@ -84,9 +84,10 @@ def test_ablation_claims_state_the_share_of_the_gap_each_compensation_closes():
     runs = {r["label"]: r for r in (_run("dq-1bit", 0.80), _run("dq-8bit", 0.90),
                                     _run("dq-1bit-qsgd", 0.88), _run("dq-1bit-ef-sign", 0.78))}
     line = abl.compensation_claim(runs, "here")[0]
-    assert "1-bit data alone ends at 80.0%, 8-bit data at 90.0% (gap 10.0 points)" in line
-    assert "qsgd 88.0% (+80% of the gap closed)" in line
-    assert "ef-sign 78.0% (-20% of the gap closed)" in line  # a claim that fails says so
+    assert ("1-bit data alone ends at 80.0% (2 kB uplink), 8-bit data at 90.0% (2 kB) "
+            "(gap 10.0 points)") in line
+    assert "qsgd 88.0% (+80% of the gap closed, 2 kB)" in line
+    assert "ef-sign 78.0% (-20% of the gap closed, 2 kB)" in line  # a failing claim says so
     runs["dq-8bit"] = _run("dq-8bit", 0.802)
     assert "nothing to close" in abl.compensation_claim(runs, "here")[0]
     assert abl.compensation_claim({}, "here") == []
