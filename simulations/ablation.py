@@ -121,11 +121,34 @@ def ablation_markdown(name: str, results: Mapping[str, Any]) -> str:
         lines += [f"## {title}", "", header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [_row(setting, runs.get(label), n_train) for label, setting in rows]
         lines.append("")
+        if title == "Lossless coder":
+            lines += _coder_note(runs, rows)
     lines += ["\"uplink per sample\" is the measured payload bits per uploaded sample (side "
               "information and any compensation included); \"data uploaded\" is the share of "
               "the training samples in the server's store at the end. Run: "
               f"`{results.get('command', '')}`.", ""]
     return "\n".join(lines)
+
+
+def bits_per_sample(run: Mapping[str, Any], rounds: int) -> float:
+    """Measured payload bits per uploaded sample over the run's first ``rounds`` rounds."""
+    rows = [r for r in run["history"] if 1 <= int(r["round"]) <= rounds]
+    samples = sum(int(r.get("selected", 0) or 0) for r in rows)
+    return sum(float(r.get("up_payload_bits", 0) or 0) for r in rows) / max(1, samples)
+
+
+def _coder_note(runs: Mapping[str, Mapping[str, Any]],
+                rows: Sequence[tuple[str, str]]) -> list[str]:
+    """Bits per sample of every coder over the same first rounds (the shortest run's)."""
+    present = [(label, setting, runs[label]) for label, setting in rows if label in runs]
+    if len(present) < 2:
+        return []
+    rounds = min(len(run["history"]) - 1 for _, _, run in present)
+    same = ", ".join(f"{setting.split(' ')[0]} {bits_per_sample(run, rounds):,.0f} b"
+                     for _, setting, run in present)
+    return [f"Coding is lossless, so every coder trains exactly as zlib does; the shorter "
+            f"runs measure the bytes only. Over the same first {rounds} rounds, bits per "
+            f"uploaded sample: {same}.", ""]
 
 
 def _acc(runs: Mapping[str, Mapping[str, Any]], label: str) -> float | None:

@@ -122,3 +122,15 @@ def test_ablation_tables_have_one_row_per_setting_and_mark_runs_not_made():
     assert "| 8 bits | 960 b | 50.0% |" in text  # 718 of digits' 1,437 training rows
     assert "| 1 bit | not run | | | | | | | |" in text
     assert text.count("## ") == len(abl.AXES)
+
+
+def test_coder_rows_are_compared_over_the_same_first_rounds():
+    abl = _ablation()
+    long_run = {"history": [{"round": 0}] + [
+        {"round": r, "selected": 10, "up_payload_bits": 1000 * r} for r in range(1, 5)]}
+    short = {"history": [{"round": 0}, {"round": 1, "selected": 10, "up_payload_bits": 500}]}
+    assert abl.bits_per_sample(long_run, 2) == (1000 + 2000) / 20
+    note = abl._coder_note({"dq": long_run, "dq-raw": short},
+                           (("dq-raw", "none"), ("dq", "zlib (default)")))
+    assert "Over the same first 1 rounds, bits per uploaded sample: none 50 b, zlib 100 b." \
+        in note[0]
