@@ -25,6 +25,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "simulations"))
+
+from regenerate import splice_readme  # noqa: E402
 
 from dq_flower.compare.fmt import fmt_bytes, pct  # noqa: E402
 
@@ -251,16 +254,6 @@ def claims_markdown(ablations: Mapping[str, Mapping[str, Any]],
             + "; the page [docs/experiments/dq-ablation.md](docs/experiments/dq-ablation.md).")
 
 
-def splice(text: str, mark: str, block: str) -> str:
-    """Replace the block between ``<!-- results:mark -->`` markers of ``text``."""
-    start, end = f"<!-- results:{mark} -->", f"<!-- /results:{mark} -->"
-    if start not in text or end not in text:
-        return text
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{block}\n{end}{tail}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ablations = {}
     for name in ABLATIONS:
@@ -275,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     convex = load(CONVEX)
     (PUBLISHED / "dq-claims.md").write_text(claims_markdown(ablations, convex, False) + "\n")
     text = README.read_text()
-    spliced = splice(text, CLAIMS_MARK, claims_markdown(ablations, convex))
+    spliced = splice_readme(text, CLAIMS_MARK, claims_markdown(ablations, convex))
     if spliced != text:
         README.write_text(spliced)
         print("updated: README.md")

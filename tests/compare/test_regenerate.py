@@ -8,9 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("regenerate", ROOT / "simulations" /
-                                                  "regenerate.py")
+def _module(name="regenerate"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "simulations" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -64,11 +63,7 @@ def test_tuned_experiments_tune_first_then_compare_with_the_tuned_preset(tmp_pat
 
 
 def _ablation():
-    spec = importlib.util.spec_from_file_location("ablation", ROOT / "simulations" /
-                                                  "ablation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _module("ablation")
 
 
 def _run(label, final_acc, loss=0.5, stored=600):
