@@ -341,6 +341,24 @@ def test_reports_of_failed_records_do_not_crash(tmp_path):
     assert again["summary"].read_text() == text
 
 
+def test_rounds_without_evaluation_survive_a_write_and_a_reload(tmp_path):
+    # Prepare: eval-every leaves nan accuracy/loss in the rounds it skipped
+    rec = _run("dq", [0.1, 0.5, 0.9], 100, family="dq")
+    rec["history"][1].update(accuracy=math.nan, loss=math.nan)
+    res = _results([rec])
+    compare.write_reports(res, tmp_path)
+    assert '"accuracy": null' in (tmp_path / "results.json").read_text()
+    # Execute: what --resume and dq-flower report do
+    saved = compare.load_results(tmp_path)
+    # Assert: the skipped round reads back as nan and the summary is unchanged
+    row = saved["runs"][0]["history"][1]
+    assert math.isnan(row["accuracy"]) and math.isnan(row["loss"])
+    assert saved["runs"][0]["history"][2]["accuracy"] == 0.9
+    assert run_summaries(saved)[0]["rounds_to_target"] == run_summaries(res)[0][
+        "rounds_to_target"] == 2
+    assert summary_markdown(saved) == summary_markdown(res)
+
+
 def test_summary_when_every_method_failed():
     res = _results([_run("dq", [], 0, family="dq", status="failed"),
                     _run("qsgd", [], 0, status="failed")])
