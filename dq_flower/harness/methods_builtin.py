@@ -102,8 +102,9 @@ GRADIENT_METHODS: dict[str, dict[str, Any]] = {
 #: uploads its pseudo-gradient ``(w_0 - w) / (client-lr x steps)`` through the codec; the
 #: server rebuilds the mean model delta and steps with ``lr`` 1 and no momentum, which is
 #: FedAvg exactly with a lossless codec. QSGD at 2 bits (``levels`` 1: codes -1, 0, 1) and
-#: 4 bits (``levels`` 7), scaled sign with error feedback, top 1 % with error feedback, and
-#: IEEE half precision both ways.
+#: 4 bits (``levels`` 7), scaled sign with error feedback, top 1 % with error feedback,
+#: IEEE half precision both ways, and float32 (``fedavg-fp32``: Flower's FedAvg round for
+#: round, its upload and broadcast given the lossless ``entropy-coder`` stage).
 FEDAVG_EPOCH = {"local-epochs": 1, "lr": 1.0, "momentum": 0.0}
 FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
     "fedavg-qsgd2": {"codec": "qsgd", "levels": 1, **FEDAVG_EPOCH},
@@ -111,6 +112,7 @@ FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
     "fedavg-ef-sign": {"codec": "ef-sign", **FEDAVG_EPOCH},
     "fedavg-topk": {"codec": "topk", "ratio": 0.01, **FEDAVG_EPOCH},
     "fedavg-fp16": {"codec": "fp16", "downlink": "fp16", **FEDAVG_EPOCH},
+    "fedavg-fp32": {"codec": "identity", **FEDAVG_EPOCH},
 }
 
 

@@ -21,7 +21,8 @@ from dq_flower.protocol.gradient import epoch_steps
 from dq_flower.server.common import round_rng
 from tests.strategies.test_compressed import make_strategy
 
-FEDAVG_STAR = ["fedavg-qsgd2", "fedavg-qsgd4", "fedavg-ef-sign", "fedavg-topk", "fedavg-fp16"]
+FEDAVG_STAR = ["fedavg-qsgd2", "fedavg-qsgd4", "fedavg-ef-sign", "fedavg-topk", "fedavg-fp16",
+               "fedavg-fp32"]
 
 
 def _run(method: str, **knobs):
@@ -38,11 +39,16 @@ def test_lossless_local_epochs_reproduce_flowers_fedavg_round_after_round():
     fedavg, fedavg_acc = _run("fedavg", local_epochs=1, client_lr=0.1)
     ours, ours_acc = _run("sgd", local_epochs=1, client_lr=0.1, lr=1.0, momentum=0.0,
                           entropy_coder="zlib")
+    registered, registered_acc = _run("fedavg-fp32", client_lr=0.1, entropy_coder="zlib")
     # Assert: the same test accuracy and loss after every round
-    assert ours_acc == fedavg_acc and len(ours_acc) == 4
-    np.testing.assert_allclose([r["loss"] for r in ours.history],
-                               [r["loss"] for r in fedavg.history], rtol=1e-5)
-    assert ours.history[1]["up_bytes"] < fedavg.history[1]["up_bytes"]  # zlib on float32
+    assert ours_acc == fedavg_acc == registered_acc and len(ours_acc) == 4
+    for run in (ours, registered):
+        np.testing.assert_allclose([r["loss"] for r in run.history],
+                                   [r["loss"] for r in fedavg.history], rtol=1e-5)
+        assert run.history[1]["up_bytes"] < fedavg.history[1]["up_bytes"]  # zlib on float32
+        assert run.history[1]["down_bytes"] < fedavg.history[1]["down_bytes"]
+    assert [r["cum_up_bytes"] for r in registered.history] == \
+        [r["cum_up_bytes"] for r in ours.history]
 
 
 def test_one_lossless_round_lands_on_fedavgs_weighted_mean_of_local_models():
@@ -102,6 +108,7 @@ def test_method_codecs_and_bits():
     assert cfgs["fedavg-ef-sign"].codec == "ef-sign"
     assert cfgs["fedavg-topk"].codec_kwargs["ratio"] == 0.01
     assert cfgs["fedavg-fp16"].codec == "fp16" and cfgs["fedavg-fp16"].downlink_mode == "fp16"
+    assert cfgs["fedavg-fp32"].codec == "identity" and make("identity").lossless
 
 
 def test_neutral_run_config_values_keep_each_methods_own_choices():
@@ -155,16 +162,19 @@ def test_server_checks_num_examples_against_the_epochs(examples, ok):
 
 @pytest.mark.parametrize(("name", "least"), [("fedavg-qsgd2", 0.75), ("fedavg-qsgd4", 0.75),
                                              ("fedavg-ef-sign", 0.6), ("fedavg-topk", 0.4),
-                                             ("fedavg-fp16", 0.75)])
-def test_each_fedavg_star_method_trains_with_far_fewer_uplink_bytes_than_float32(name, least):
+                                             ("fedavg-fp16", 0.75), ("fedavg-fp32", 0.75)])
+def test_each_fedavg_star_method_trains_with_fewer_uplink_bytes_than_float32(name, least):
     result = run_server(InProcessGrid(client_app, 4),
                         build_run_config(name, rounds=5, entropy_coder="zlib"))
     h = result.history
     assert h[-1]["accuracy"] >= least
     assert all(8 * r["up_bytes"] >= r["up_payload_bits"] for r in h[1:])
-    assert h[1]["up_payload_bits"] <= h[1]["up_raw_payload_bits"] <= 4 * 16 * result.num_params
+    raw_bits_per_coord = 32 if name == "fedavg-fp32" else 16
+    assert h[1]["up_payload_bits"] <= h[1]["up_raw_payload_bits"] \
+        <= 4 * raw_bits_per_coord * result.num_params
     float32_up = 4 * 32 * result.num_params / 8
-    assert h[1]["up_bytes"] < (0.5 if name == "fedavg-fp16" else 0.1) * float32_up
+    least_saving = {"fedavg-fp16": 0.5, "fedavg-fp32": 1.0}.get(name, 0.1)
+    assert h[1]["up_bytes"] < least_saving * float32_up
 
 
 def test_fp16_both_ways_matches_fedavg_to_half_precision():
