@@ -198,7 +198,7 @@ def _score_points(plan: PlannedRun, points: Sequence[Mapping[str, float]], round
         if report is not None:
             knobs = ", ".join(f"{k} {v:g}" for k, v in point.items())
             report(f"[tune {plan.spec.label} {i}/{len(points)}] {knobs}: {line} "
-                   f"({time.perf_counter() - t0:.1f} s, {rounds} rounds)")
+                   f"({time.perf_counter() - t0:.1f} s, {rounds} round{'s' * (rounds != 1)})")
     return scores
 
 
