@@ -248,6 +248,11 @@ def parse_preset(data: Mapping[str, Any], name: str) -> Preset:
     if not isinstance(knobs, Mapping):
         raise ValueError(f"preset {name!r}: [knobs] must be a table")
     tuning = data.get("tuning", {})
+    if isinstance(tuning, Mapping):
+        # a record written before it kept its split was tuned on this file's own scenario
+        split = tuned_split(data)
+        tuning = {label: ({**split, **record} if isinstance(record, Mapping) else record)
+                  for label, record in tuning.items()}
     kwargs = {k.replace("-", "_"): v for k, v in data.items()
               if k not in ("methods", "knobs", "name", "run", "tuning")}
     try:
@@ -256,6 +261,15 @@ def parse_preset(data: Mapping[str, Any], name: str) -> Preset:
                       method_knobs=method_knobs, tuning=tuning, **kwargs)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"preset {name!r}: {exc}") from None
+
+
+def tuned_split(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """The client-data split of a run config or preset table, as a tuning record keeps it."""
+    partition = str(scenario.get("partition", "iid"))
+    split: dict[str, Any] = {"partition": partition}
+    if partition == "dirichlet":
+        split["dirichlet-alpha"] = float(scenario.get("dirichlet-alpha", 0.5))
+    return split
 
 
 def _hyphen(key: str) -> str:

@@ -61,6 +61,17 @@ def _used(config: Mapping[str, Any], keys: Sequence[str]) -> str:
     return ", ".join(f"{k} {fmt_value(config.get(k))}" for k in keys)
 
 
+def _split_text(scenario: Mapping[str, Any]) -> str:
+    """``iid`` or ``dirichlet (alpha 0.1)``; empty when ``scenario`` does not say."""
+    partition = scenario.get("partition")
+    if not partition:
+        return ""
+    if partition == "dirichlet":
+        alpha = scenario.get("dirichlet-alpha", scenario.get("dirichlet_alpha"))
+        return f"dirichlet (alpha {fmt_value(alpha)})"
+    return str(partition)
+
+
 def step_size_lines(results: Mapping[str, Any]) -> list[str]:
     """The "Step sizes" section: what each run used and, if tuned, the grid and scores."""
     lines = ["## Step sizes", ""]
@@ -94,6 +105,10 @@ def step_size_lines(results: Mapping[str, Any]) -> list[str]:
                      "edge the best point sat on")
         if edge:
             text += "; at the edge of the grid (" + ", ".join(edge) + ")"
+        tuned_on = _split_text(record)
+        if tuned_on and tuned_on != _split_text(results.get("preset") or {}):
+            text += (f"; **tuned on the {tuned_on} split, used unchanged on this run's "
+                     f"{_split_text(results.get('preset') or {})}**")
         mismatch = [k for k, v in choice.items() if config.get(k) != v]
         if mismatch:
             text += "; **the tuned " + ", ".join(

@@ -24,7 +24,7 @@ from typing import Any
 
 from dq_flower.compare.grids import grid_points, step_axes
 from dq_flower.compare.plan import PlannedRun
-from dq_flower.compare.presets import Preset
+from dq_flower.compare.presets import Preset, tuned_split
 
 __all__ = ["TuneSettings", "tune_plan", "tune_runs", "apply_tuning", "choose", "extend_axes"]
 
@@ -70,6 +70,7 @@ class TuneSettings:
                 and record.get("validation-fraction") == self.validation_fraction
                 and record.get("engine") == self.engine
                 and int(record.get("extensions", 0)) <= self.max_extensions
+                and all(record.get(k, v) == v for k, v in tuned_split(plan.run_config).items())
                 and bool(record.get("choice")))
 
     rounds: int = 10
@@ -135,10 +136,11 @@ def tune_plan(plan: PlannedRun, settings: TuneSettings,
     Returns
     -------
     dict or None
-        ``method``, ``rounds``, ``validation-fraction``, ``engine``, ``axes`` (knob ->
-        values), ``scores`` (per grid point: ``knobs``, ``accuracy`` and ``up-bytes`` after
-        the last round, or ``failed`` and ``error``) and ``choice`` (the chosen knobs;
-        empty when every point failed).
+        ``method``, ``rounds``, ``validation-fraction``, ``engine``, ``partition`` (and
+        ``dirichlet-alpha`` for a Dirichlet split: the client data it was tuned on),
+        ``axes`` (knob -> values), ``scores`` (per grid point: ``knobs``, ``accuracy``
+        and ``up-bytes`` after the last round, or ``failed`` and ``error``) and
+        ``choice`` (the chosen knobs; empty when every point failed).
     """
     axes = step_axes(plan.family, plan.resolved)
     if not axes:
@@ -163,6 +165,7 @@ def tune_plan(plan: PlannedRun, settings: TuneSettings,
     best = choose(scores)
     return {"method": plan.spec.method, "rounds": rounds,
             "validation-fraction": settings.validation_fraction, "engine": settings.engine,
+            **tuned_split(plan.run_config),
             "axes": {k: list(v) for k, v in axes.items()}, "extensions": extensions,
             "scores": scores,
             "choice": dict(scores[best]["knobs"]) if best is not None else {}}

@@ -130,6 +130,17 @@ def test_tuning_runs_the_grid_on_the_validation_split_and_records_grid_scores_an
     tuned = apply_tuning(preset, {"signsgd": record})
     assert plan_runs(tuned)[0].resolved["lr"] == record["choice"]["lr"]
     assert tuned.tuning["signsgd"]["choice"] == record["choice"]
+    assert record["partition"] == "iid" and "dirichlet-alpha" not in record
+
+
+def test_a_tuning_record_keeps_the_split_it_was_tuned_on(monkeypatch):
+    from dq_flower.compare import tune
+    score, _ = _fake_scores(0.1)
+    monkeypatch.setattr(tune, "_score_points", score)
+    preset = Preset(name="t", methods=("qsgd",), num_clients=2, rounds=4,
+                    partition="dirichlet", dirichlet_alpha=0.3)
+    record = tune_plan(plan_runs(preset)[0], TuneSettings(rounds=2))
+    assert record["partition"] == "dirichlet" and record["dirichlet-alpha"] == 0.3
 
 
 def test_next_grid_values_follow_the_1_3_10_sequence_or_the_edge_ratio():
@@ -194,6 +205,14 @@ def test_summary_names_the_tuned_step_sizes_and_their_grid():
     assert ("- qsgd: lr 0.03, tuned over 0.01, 0.03, 0.1, 0.3 (validation accuracy 50.0%, "
             "70.0%, 60.0%, 10.0%)") in text
     assert "held-out 20.0%" in text and "the test set was never read" in text
+    assert "tuned on the" not in text  # no split recorded: nothing to compare
+    # tuned on one split, run on another (--partition on compare): said on the line
+    res["preset"]["tuning"]["qsgd"]["partition"] = "iid"
+    res["preset"].update(partition="iid")
+    assert "tuned on the" not in summary_markdown(res)
+    res["preset"].update(partition="dirichlet", dirichlet_alpha=0.1)
+    assert ("70.0%, 60.0%, 10.0%); **tuned on the iid split, used unchanged on this run's "
+            "dirichlet (alpha 0.1)**") in summary_markdown(res)
     res["runs"][0]["config"]["lr"] = 0.5  # a later --set overrode the tuned value
     assert "**the tuned lr 0.03 was overridden**" in summary_markdown(res)
     res["preset"]["tuning"] = {}
@@ -226,6 +245,20 @@ def test_tune_command_writes_a_preset_that_compare_runs(tmp_path, capsys):
                  "--link", "lte", "--out", str(folder)]) == 0
     text = (folder / "summary.md").read_text()
     assert f"- sgd: lr {lr:g}, tuned over 0.01, 0.03, 0.1, 0.3" in text
+    assert "tuned on the" not in text
+    # the same tuned preset on another split says where its step sizes come from
+    assert main(["compare", "--preset", str(out), "--engine", "inprocess", "--quiet",
+                 "--partition", "dirichlet", "--alpha", "0.1",
+                 "--out", str(tmp_path / "dir")]) == 0
+    assert ("**tuned on the iid split, used unchanged on this run's dirichlet (alpha 0.1)**"
+            in (tmp_path / "dir" / "summary.md").read_text())
+    # a record written before records kept their split: the file's own scenario
+    written = out.read_text()
+    cut = written.rindex('partition = "iid"\n')  # the [tuning.sgd] record's
+    old = written[:cut] + written[cut + len('partition = "iid"\n'):]
+    assert old.count('partition = "iid"') == 1 and cut > written.index("[tuning.sgd]")
+    (tmp_path / "old.toml").write_text(old)
+    assert load_preset(str(tmp_path / "old.toml")).tuning["sgd"]["partition"] == "iid"
     with pytest.raises(SystemExit) as exc:
         main(["tune", "--preset", "digits-mlp", "--validation-fraction", "1.5"])
     assert exc.value.code == 2
@@ -251,6 +284,11 @@ def test_epoch_methods_tune_over_their_own_horizon_and_a_matching_earlier_tuning
     # Assert: qsgd kept (nothing of it ran again), fedavg tuned anew
     assert again["qsgd"] == records["qsgd"]
     assert ran and all("client-lr" in p for p in ran)
+    # a record tuned on another split is not kept either
+    ran.clear()
+    other_split = {**records["qsgd"], "partition": "dirichlet", "dirichlet-alpha": 0.1}
+    tune_runs(plans[:1], settings, earlier={"qsgd": other_split})
+    assert ran and all("lr" in p for p in ran)
     with pytest.raises(ValueError, match="tune-epoch-rounds"):
         TuneSettings(epoch_rounds=0)
 
