@@ -247,8 +247,9 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
         "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rec, s in zip(runs, stats, strict=True):
-        if s["status"] != "ok":
-            lines.append(f"| {rec['label']} | - | - | - | - | - | failed | - | - | - | n/a | - "
+        if s["status"] != "ok" or "uplink" not in s:  # failed, or no round recorded
+            what = "failed" if s["status"] != "ok" else "no rounds"
+            lines.append(f"| {rec['label']} | - | - | - | - | - | {what} | - | - | - | n/a | - "
                          f"| - | {s['wall_s']:.1f} |")
             continue
         reached = s["rounds_to_target"] is not None

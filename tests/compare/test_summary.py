@@ -651,3 +651,11 @@ def test_wall_time_falls_back_to_the_last_rounds_then_to_zero():
     failed = _failed("x")
     del failed["wall_s"]
     assert [s["wall_s"] for s in run_summaries(_results([run, failed]))] == [0.0, 0.0]
+
+
+def test_a_finished_run_without_any_round_gets_a_row_not_a_crash():
+    # a record that is "ok" but has no history (no round was recorded)
+    empty = {**_record("dq", [0.1, 0.9], 100, family="dq"), "history": []}
+    text = summary_markdown(_results([empty, _record("qsgd", [0.1, 0.5], 10)]))
+    assert "| dq | - | - | - | - | - | no rounds | - | - | - | n/a | - | - | 1.0 |" in text
+    assert "**dq did not reach 80.0%**" in text
