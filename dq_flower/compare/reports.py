@@ -93,7 +93,7 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     if data.get("format") != RESULTS_FORMAT:
         raise ValueError(f"{p} is not a dq-flower compare result (format "
                          f"{data.get('format')!r})")
-    for record in data.get("runs") or []:
+    for record in [*(data.get("runs") or []), *(data.get("pending") or [])]:
         for row in record.get("history") or []:
             # results.json writes a non-finite number (a round that was not evaluated)
             # as null: read it back as the nan it was

@@ -227,6 +227,11 @@ def run_comparison(
     t0 = time.perf_counter()
     with _quiet_flower(verbose):
         for i, plan in enumerate(plans, start=1):
+            # the earlier finished runs still ahead in the list stay in the file (under
+            # "pending", which the reports ignore) until they are reached: an interrupted
+            # --resume must not lose them
+            results["pending"] = [earlier[p.spec.label] for p in plans[i:]
+                                  if p.spec.label in earlier]
             if progress is not None:
                 progress.start(i, len(plans), plan)
             old = earlier.get(plan.spec.label)
@@ -277,7 +282,7 @@ def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
         return {}
     if data.get("engine") != engine:
         return {}
-    return {rec["label"]: rec for rec in data.get("runs", [])
+    return {rec["label"]: rec for rec in [*data.get("pending", []), *data.get("runs", [])]
             if not is_failed(rec) and "run_config" in rec}
 
 

@@ -253,6 +253,33 @@ def test_resume_reuses_identical_runs_only(tmp_path, monkeypatch):
     assert (tmp_path / "summary.md").is_file()
 
 
+def test_an_interrupted_resume_keeps_the_earlier_runs_it_had_not_reached(tmp_path,
+                                                                        monkeypatch):
+    # Prepare: sgd and fp16 finished; a resume adds qsgd between them and is killed in it
+    # (after it has rewritten the file with the reused sgd)
+    run_comparison(Preset(name="t", methods=("sgd", "fp16"), rounds=1, num_clients=2),
+                   tmp_path, engine="inprocess")
+    real = compare_run._run_one
+    longer = Preset(name="t", methods=("sgd", "qsgd", "fp16"), rounds=1, num_clients=2)
+    monkeypatch.setattr(compare_run, "_run_one", lambda *a, **k: (_ for _ in ()).throw(
+        KeyboardInterrupt()))
+    # Execute
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(longer, tmp_path, engine="inprocess", resume=True)
+    # Assert: the file still holds both finished runs (pending: not in the reports)
+    kept = compare.load_results(tmp_path)
+    assert [r["label"] for r in kept["runs"]] == ["sgd"]
+    assert [r["label"] for r in kept["pending"]] == ["fp16"]
+    assert "| fp16 |" not in (tmp_path / "summary.md").read_text()
+    calls = []
+    monkeypatch.setattr(compare_run, "_run_one",
+                        lambda plan, *a, **k: calls.append(plan.spec.label) or real(plan, *a, **k))
+    again = run_comparison(longer, tmp_path, engine="inprocess", resume=True)
+    assert calls == ["qsgd"]  # the next resume reuses both
+    assert [r.get("reused", False) for r in again["runs"]] == [True, False, True]
+    assert compare.load_results(tmp_path)["pending"] == []
+
+
 # ---------------------------------------------------------------------------- failures
 def test_every_client_failing_is_a_failed_method_and_the_others_still_run(tmp_path,
                                                                           monkeypatch):
