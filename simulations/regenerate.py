@@ -77,10 +77,11 @@ EXPERIMENTS: dict[str, list[str]] = {
                                     for arg in ("--set", f"{m}.num-server-rounds=15"))],
     # DQ's ablation, one axis at a time (bits, scorer/rule, compensation at 1 bit, lossless
     # coder), wide CNN, 40 rounds of 90 samples per client, IID (about 90 minutes on 2
-    # cores); simulations/ablation.py then writes one table per axis and the claims. The
-    # same on Dirichlet(0.1) (add --partition dirichlet --alpha 0.1; ablation.py reads it
-    # as fmnist-ablation-dirichlet) has not been run yet.
+    # cores); simulations/ablation.py then writes one table per axis and the claims.
     "fmnist-ablation": ["--preset", "fmnist-ablation", "--engine", "inprocess"],
+    # the same on Dirichlet(0.1) client data (about as long)
+    "fmnist-ablation-dirichlet": ["--preset", "fmnist-ablation", "--partition", "dirichlet",
+                                  "--alpha", "0.1", "--engine", "inprocess"],
     # the convex case of DQ's claims: logistic regression, one server step per round, DQ's
     # final loss against full-precision minibatch SGD (a minute)
     "digits-logreg-convex": ["--preset", "digits-logreg-convex", "--engine", "inprocess"],
@@ -166,6 +167,7 @@ def command(name: str, resume: bool = False) -> list[str]:
 #: experiment -> a script run after it (it reads results/readme/ and writes docs/results/).
 AFTER: dict[str, list[str]] = {
     "fmnist-ablation": [sys.executable, "simulations/ablation.py"],
+    "fmnist-ablation-dirichlet": [sys.executable, "simulations/ablation.py"],
     "digits-logreg-convex": [sys.executable, "simulations/ablation.py"],
 }
 
