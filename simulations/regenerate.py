@@ -45,7 +45,7 @@ EXPERIMENTS: dict[str, list[str]] = {
                              "--alpha", "0.1", "--engine", "inprocess"],
     # DQ's upload modes (data, gradient, auto) on logistic regression, in-process
     "digits-upload-mode": ["--preset", "digits-upload-mode", "--engine", "inprocess"],
-    # the large-D regime (D/d = 1,094), sized for 2 CPU cores (about 90 minutes with the
+    # the large-D regime (D/d = 1,094), sized for 2 CPU cores (about four hours with the
     # tuning): FedAvg 6 rounds and its compressed-update variants (fedavg-*) 8 rounds of one
     # local epoch each, evaluated every round; DQ 40 rounds, evaluated every 2; the one-step
     # gradient baselines signsgd, qsgd, ef-signsgd and bingrad 150 rounds, evaluated every 5
