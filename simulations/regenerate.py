@@ -64,8 +64,8 @@ EXPERIMENTS: dict[str, list[str]] = {
                         *(arg for m in FEDAVG_COMPRESSED
                           for arg in ("--set", f"{m}.num-server-rounds=8",
                                       "--set", f"{m}.eval-every=1"))],
-    # the same on Dirichlet(0.1) client data, with the step sizes tuned on the IID split
-    # (TUNED_FROM): FedAvg 20 rounds of one local epoch (client drift slows it), its
+    # the same on Dirichlet(0.1) client data, its step sizes tuned on a validation split of
+    # its own clients' rows: FedAvg 20 rounds of one local epoch (client drift slows it), its
     # compressed-update variants 15 (an epoch round is minutes on 2 cores); the one-step
     # baselines are not rerun on this partition.
     "fmnist-wide-cnn-dirichlet": ["--preset", "fmnist-wide-cnn", "--partition", "dirichlet",
@@ -109,9 +109,10 @@ TUNING["fmnist-wide-cnn"] = ["--tune-rounds", "8", "--tune-epoch-rounds", "1"]
 # variants take FedAvg's tuned client-lr: they train locally exactly as FedAvg does
 TUNING["fmnist-wide-cnn"] += [arg for m in FEDAVG_COMPRESSED
                               for arg in ("--tune-share", f"{m}=fedavg")]
-#: experiment -> the experiment whose tuned preset it runs (no tuning of its own: on 2 cores
-#: the wide CNN's tuning takes about an hour per split; its scenario flags still apply).
-TUNED_FROM: dict[str, str] = {"fmnist-wide-cnn-dirichlet": "fmnist-wide-cnn"}
+TUNING["fmnist-wide-cnn-dirichlet"] = TUNING["fmnist-wide-cnn"]
+#: experiment -> the experiment whose tuned preset it runs (no tuning of its own; its
+#: scenario flags still apply). None at present.
+TUNED_FROM: dict[str, str] = {}
 #: Flags of ``compare`` that ``tune`` does not take (with their values).
 COMPARE_ONLY = {"--engine": 1}
 
