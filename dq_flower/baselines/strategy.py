@@ -262,6 +262,7 @@ class GradientStrategy(ModelStrategy, Strategy):
             scales.append(self.cfg.client_lr * steps)
             if self.cfg.downlink_mode == "sign":
                 self.node_version[node] = self.version
+        coded = len(vectors)  # replies whose payload bits are counted, screened or not
         if vectors and not self.cfg.majority:
             keep = self.norms.keep([float(np.linalg.norm(v)) for v in vectors])
             for k, node in zip(keep, kept_nodes, strict=True):
@@ -292,6 +293,7 @@ class GradientStrategy(ModelStrategy, Strategy):
             "up-raw-payload-bits": int(raw_bits),
             "down-payload-bits": int(self.sent_payload_bits.pop(server_round, 0)),
             "replies": len(vectors),
+            "coded-replies": coded,
             "rejected": rejected,
             "failed": failed,
             "stepped": int(stepped),

@@ -93,7 +93,9 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
                                                else float("nan"))
         return unit
     if record["family"] == "gradient" and bits:
-        replies = sum(float(r.get("replies", 0) or 0) for r in rows)
+        # the payload bits include replies the norm screen then rejected: divide by every
+        # reply they count (older records lack "coded_replies": their accepted replies)
+        replies = sum(float(r.get("coded_replies", r.get("replies", 0)) or 0) for r in rows)
         per = bits / (replies * D) if replies and D else float("nan")
         unit = {"unit": "coord", "bits": per, "bits_per_coord": per, "configured_bits": None}
         if all("up_raw_payload_bits" in r for r in rows):

@@ -659,3 +659,19 @@ def test_a_finished_run_without_any_round_gets_a_row_not_a_crash():
     text = summary_markdown(_results([empty, _record("qsgd", [0.1, 0.5], 10)]))
     assert "| dq | - | - | - | - | - | no rounds | - | - | - | n/a | - | - | 1.0 |" in text
     assert "**dq did not reach 80.0%**" in text
+
+
+def test_gradient_bits_per_coordinate_count_the_replies_the_norm_screen_rejected():
+    # 2 replies a round carry 8 x 500 payload bits; in round 2 the norm screen rejected
+    # both (0 accepted, 2 coded): the bits per coordinate stay 4,000 / (2 x 1000) = 2, not
+    # 8,000 / (2 x 1000) = 4 as they would dividing by the accepted replies only
+    grad = _record("topk", [0.1, 0.5, 0.6], [0, 500, 500])
+    for row in grad["history"]:
+        row["coded_replies"] = 2
+    grad["history"][2]["replies"] = 0
+    results = _results([_record("dq", [0.1, 0.9], 100, family="dq"), grad])
+    assert run_summaries(results)[1]["uplink"]["bits"] == pytest.approx(2.0)
+    # an older record without coded_replies divides by its accepted replies
+    for row in grad["history"]:
+        del row["coded_replies"]
+    assert run_summaries(results)[1]["uplink"]["bits"] == pytest.approx(4.0)
