@@ -110,9 +110,6 @@ TUNING["fmnist-wide-cnn"] = ["--tune-rounds", "8", "--tune-epoch-rounds", "1"]
 TUNING["fmnist-wide-cnn"] += [arg for m in FEDAVG_COMPRESSED
                               for arg in ("--tune-share", f"{m}=fedavg")]
 TUNING["fmnist-wide-cnn-dirichlet"] = TUNING["fmnist-wide-cnn"]
-#: experiment -> the experiment whose tuned preset it runs (no tuning of its own; its
-#: scenario flags still apply). None at present.
-TUNED_FROM: dict[str, str] = {}
 #: Flags of ``compare`` that ``tune`` does not take (with their values).
 COMPARE_ONLY = {"--engine": 1}
 
@@ -158,9 +155,8 @@ def tune_command(name: str, resume: bool = False) -> list[str] | None:
 def command(name: str, resume: bool = False) -> list[str]:
     """The full ``dq-flower compare`` command line of experiment ``name``."""
     args = EXPERIMENTS[name]
-    if name in TUNING or name in TUNED_FROM:
-        source = TUNED_FROM.get(name, name)
-        args = _with_preset(args, str(tuned_preset(source).relative_to(ROOT)))
+    if name in TUNING:
+        args = _with_preset(args, str(tuned_preset(name).relative_to(ROOT)))
     return [sys.executable, "-m", "dq_flower.cli", "compare", *args, "--out",
             str((RESULTS / name).relative_to(ROOT)), "--quiet",
             *(["--resume"] if resume else [])]
