@@ -7,8 +7,11 @@ holds for any model and data without tuning:
   ``factor`` times a reference is rejected. The reference is the largest of the median
   accepted norms of the last five rounds (an honest client's norm drifts slowly from
   round to round, and a round with many bad replies cannot raise its own bar); in the
-  first round it is that round's median, when at least three vectors arrived. Default
-  factor 5; 0 turns the check off.
+  first round it is that round's median, when at least three vectors arrived. A round
+  that rejects every vector doubles the reference for the next round, so honest norms
+  that outgrow the bar (a large step size, an error-feedback residual that keeps growing)
+  lock the run out for a few rounds at most, while a hostile round can raise the bar by
+  no more than 2x. Default factor 5; 0 turns the check off.
 - **Weights** (:func:`cap_weights`): a client's example count weighs at most ``factor``
   times the round's median count, so one client claiming 2**31 examples cannot outweigh
   the others.
@@ -77,10 +80,13 @@ class NormScreen:
         A vector with ``norm > factor * reference`` is rejected; 0 disables the screen.
     history : int
         Rounds of medians kept for the reference when a round has fewer than 3 vectors.
+    growth : float
+        How much a round that rejects every vector raises the reference for the next.
     """
 
-    def __init__(self, factor: float = 5.0, history: int = 5) -> None:
+    def __init__(self, factor: float = 5.0, history: int = 5, growth: float = 2.0) -> None:
         self.factor = float(factor)
+        self.growth = float(growth)
         self.medians: deque[float] = deque(maxlen=history)
 
     def reference(self, norms: list[float]) -> float | None:
@@ -99,6 +105,8 @@ class NormScreen:
         passed = [n for n, k in zip(norms, keep, strict=True) if k]
         if passed:
             self.medians.append(float(np.median(passed)))
+        elif ref is not None and ref > 0:
+            self.medians.append(self.growth * ref)
         return keep
 
     def state(self) -> list[float]:
