@@ -272,7 +272,8 @@ def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
                     on_record(out)
             continue
         old = (earlier or {}).get(plan.spec.label)
-        if old is not None and settings.matches(old, plan):
+        # a record shared from another run is no search of this run's own
+        if old is not None and not old.get("shared-from") and settings.matches(old, plan):
             out[plan.spec.label] = dict(old)
             if report is not None:
                 report(f"[tune {plan.spec.label}] kept the earlier tuning: "

@@ -308,6 +308,12 @@ def test_a_shared_run_takes_its_sources_tuned_step_sizes_without_a_search(monkey
     assert records["fedavg-qsgd2"]["shared-from"] == "fedavg"
     tuned = apply_tuning(Preset(name="t", methods=("fedavg-qsgd2", "fedavg")), records)
     assert plan_runs(tuned)[0].resolved["client-lr"] == 0.1
+    # resumed without the share, the shared record is not kept: the run gets its own search
+    ran.clear()
+    own = tune_runs(plans, TuneSettings(rounds=1), earlier=records)
+    assert len(ran) == len(CLIENT_LR)
+    assert "shared-from" not in own["fedavg-qsgd2"]
+    assert own["fedavg"] == records["fedavg"]
     with pytest.raises(ValueError, match="both must be among the runs"):
         tune_runs(plans, TuneSettings(rounds=1, share=(("fedavg-topk", "fedavg"),)))
     with pytest.raises(ValueError, match="tune-share"):
