@@ -65,8 +65,12 @@ class TuneSettings:
         return min(rounds, int(plan.run_config["num-server-rounds"]))
 
     def matches(self, record: Mapping[str, Any], plan: PlannedRun) -> bool:
-        """Whether ``record`` (an earlier tuning of ``plan``) ran under these settings."""
-        return (record.get("rounds") == self.rounds_for(plan)
+        """Whether ``record`` (an earlier tuning of ``plan``) ran under these settings.
+
+        A record shared from another run (``shared-from``) is no search of ``plan``'s own.
+        """
+        return (not record.get("shared-from")
+                and record.get("rounds") == self.rounds_for(plan)
                 and record.get("validation-fraction") == self.validation_fraction
                 and record.get("engine") == self.engine
                 and int(record.get("extensions", 0)) <= self.max_extensions
@@ -272,8 +276,7 @@ def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
                     on_record(out)
             continue
         old = (earlier or {}).get(plan.spec.label)
-        # a record shared from another run is no search of this run's own
-        if old is not None and not old.get("shared-from") and settings.matches(old, plan):
+        if old is not None and settings.matches(old, plan):
             out[plan.spec.label] = dict(old)
             if report is not None:
                 report(f"[tune {plan.spec.label}] kept the earlier tuning: "
