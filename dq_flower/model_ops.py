@@ -232,6 +232,39 @@ def evaluate(
     return total_loss / n, (correct / n if classes else float("nan"))
 
 
+def per_sample_results(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, loss_fn: LossFn | None = None,
+    batch_size: int = 1024,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-sample losses and, for class targets, whether the argmax is right.
+
+    In eval mode and without gradients; the model's train/eval mode is restored after.
+    """
+    dev = _device(model)
+    fn = resolve_loss(loss_fn)
+    yt = targets_tensor(y, dev)
+    classes = not torch.is_floating_point(yt)
+    if classes and yt.ndim == 2:
+        yt = yt.reshape(-1)
+    was_training = model.training
+    model.eval()
+    losses, hits = [], []
+    try:
+        with torch.no_grad():
+            for i in range(0, len(x), batch_size):
+                xb = torch.as_tensor(np.ascontiguousarray(x[i:i + batch_size]),
+                                     dtype=torch.float32).to(dev)
+                out = model(xb)
+                yb = yt[i:i + batch_size]
+                losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
+                if classes:
+                    hits.append((out.argmax(dim=1) == yb).cpu().numpy())
+    finally:
+        model.train(was_training)
+    loss = np.concatenate(losses) if losses else np.zeros(0)
+    return loss, (np.concatenate(hits) if hits else np.zeros(0, dtype=bool)) if classes else None
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto``: a CUDA GPU when one is visible to this process, else the CPU."""
     if name == "cuda" and not torch.cuda.is_available():

@@ -82,9 +82,12 @@ def score_candidates(
     scorer: str, model: torch.nn.Module | None, x: np.ndarray, y: np.ndarray,
     loss_fn: LossFn | None = None,
 ) -> np.ndarray:
-    """Importance of each candidate: ``uniform``, ``loss`` or ``gradnorm``.
+    """Importance of each candidate: ``uniform``, ``loss``, ``gradnorm``, ``entropy``, ``margin``.
 
-    ``loss`` is the per-sample loss under the received model. ``gradnorm`` is the norm of
+    ``loss`` is the per-sample loss under the received model; ``entropy`` the entropy of
+    its predictive distribution (softmax of the outputs) and ``margin`` one minus the gap
+    between its two most probable classes (both need no label, and stay high on samples
+    the model is unsure of). ``gradnorm`` is the norm of
     the per-sample gradient of the last linear layer, ``||dl/dz|| * sqrt(1 + ||h||^2)``
     with ``z`` the model's output and ``h`` that layer's input (for a model whose last
     layer is not linear, ``||dl/dz||``); ``dl/dz`` comes from autograd, so any loss works.
@@ -109,6 +112,16 @@ def score_candidates(
             if scorer == "loss":
                 with torch.no_grad():
                     scores.append(fn(model(xb), yb).reshape(-1))
+                continue
+            if scorer in ("entropy", "margin"):
+                with torch.no_grad():
+                    p = torch.softmax(model(xb).reshape(xb.shape[0], -1).double(), dim=1)
+                if scorer == "entropy":
+                    scores.append(-(p * torch.log(p.clamp_min(1e-12))).sum(1))
+                else:
+                    top = torch.topk(p, k=min(2, p.shape[1]), dim=1).values
+                    gap = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
+                    scores.append(1.0 - gap)
                 continue
             with torch.enable_grad():
                 out = model(xb).detach().requires_grad_(True)

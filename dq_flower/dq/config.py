@@ -15,14 +15,18 @@ from dq_flower.config import check as _check
 from dq_flower.config import parse_params
 
 __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
-           "RANGE_MODES", "CLIENT_KEYS", "robust_rule",
+           "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
            "COMPENSATION_MODES"]
 
 
-SCORERS = ("uniform", "loss", "gradnorm")
+SCORERS = ("uniform", "loss", "gradnorm", "entropy", "margin")
 SELECTION_RULES = ("topk", "sample", "threshold")
 ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd")
 UPLOAD_MODES = ("data", "gradient", "auto")
+#: ``adaptive``: train to a plateau on the store, ask for more only while it pays
+#: (:mod:`dq_flower.dq.schedule`); ``fixed``: ``budget`` per client and ``server-steps``
+#: steps every round.
+UPLOAD_SCHEDULES = ("adaptive", "fixed")
 COMPENSATION_MODES = ("first-step", "store", "refresh")
 #: Quantizer ranges: ``sample`` (one per sample), ``channel`` (one per image channel),
 #: ``feature`` (one per coordinate, the client's own, sent once), ``auto`` (``feature``
@@ -37,7 +41,8 @@ class DQConfig:
     Attributes
     ----------
     budget : int
-        Samples each client uploads per round (at most).
+        Samples each client uploads per round (at most) under the ``fixed`` schedule; the
+        first round's ask per client under the ``adaptive`` one.
     bits : int
         Bits per data coordinate, 1 to 8.
     stochastic : bool
@@ -53,7 +58,11 @@ class DQConfig:
         the gradient-round gradients (unless their params set ``entropy=``), per message
         only where it shrinks it: ``none``, ``zlib``, ``lzma`` or ``zstd``.
     scorer : str
-        Importance score: ``uniform``, ``loss`` or ``gradnorm``.
+        Importance score: ``uniform``, ``loss``, ``gradnorm``, ``entropy`` (the predictive
+        entropy) or ``margin`` (one minus the gap between the two most probable classes).
+        The model-based ones need the model on the clients; under the adaptive schedule
+        the first upload round, before the server has trained, uses ``uniform`` and sends
+        no model.
     selection_rule : str
         ``topk``, ``sample`` (probability proportional to score, weights 1/(n p)) or
         ``threshold``.
@@ -76,8 +85,33 @@ class DQConfig:
     compensation_decay : float
         Each round the control variate's old contributions are multiplied by this factor
         (1: no decay); a share refreshed or uploaded in the round is fresh.
+    upload_schedule : str
+        ``adaptive`` (the default): after each round's uploads the server trains on its
+        store to a plateau of a held-out part of it and asks for more samples only while
+        the last upload raised the held-out score by ``min_gain`` (the asks sized from the
+        observed learning curve); ``fixed``: ``budget`` samples per client and
+        ``server_steps`` steps every round. Applies to ``upload_mode="data"``; the other
+        upload modes keep the fixed schedule.
+    holdout_fraction : float
+        Share of each node's stored rows (per class) held out for validation under the
+        adaptive schedule; the server never trains on them.
+    max_server_steps : int
+        Cap on the steps of one round's training phase (adaptive schedule).
+    plateau_eval_every : int
+        Steps between two evaluations of the held-out rows.
+    plateau_patience : int
+        Evaluations without improvement before the learning rate drops (or the phase ends).
+    lr_drops : int
+        Learning-rate drops (by ``lr_factor``) before a phase ends at a plateau.
+    lr_factor : float
+        Factor of each learning-rate drop.
+    min_gain : float
+        Held-out gain an upload must bring (accuracy for classes, relative loss for float
+        targets) for the schedule to keep asking.
+    max_growth : float
+        Largest growth factor of the store from one upload round to the next.
     server_steps : int
-        Optimizer steps the server takes per round.
+        Optimizer steps the server takes per round (fixed schedule).
     server_batch_size : int
         Minibatch size of the later steps, drawn from the store.
     optimizer : str
@@ -114,6 +148,15 @@ class DQConfig:
     """
 
     budget: int = 64
+    upload_schedule: str = "adaptive"
+    holdout_fraction: float = 0.1
+    max_server_steps: int = 2000
+    plateau_eval_every: int = 50
+    plateau_patience: int = 4
+    lr_drops: int = 2
+    lr_factor: float = 0.1
+    min_gain: float = 0.005
+    max_growth: float = 1.5
     bits: int = 2
     stochastic: bool = True
     per_channel: bool = False
@@ -152,6 +195,18 @@ class DQConfig:
         _check(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
         _check(self.upload_mode in UPLOAD_MODES, "upload_mode",
                f"must be one of {UPLOAD_MODES}, got {self.upload_mode!r}")
+        _check(self.upload_schedule in UPLOAD_SCHEDULES, "upload_schedule",
+               f"must be one of {UPLOAD_SCHEDULES}, got {self.upload_schedule!r}")
+        _check(0 <= self.holdout_fraction < 1, "holdout_fraction", "must be in [0, 1)")
+        _check(self.upload_schedule == "fixed" or self.upload_mode != "data"
+               or self.holdout_fraction > 0, "holdout_fraction",
+               "must be > 0 under the adaptive upload schedule")
+        for name in ("max_server_steps", "plateau_eval_every", "plateau_patience"):
+            _check(getattr(self, name) >= 1, name, "must be >= 1")
+        _check(self.lr_drops >= 0, "lr_drops", "must be >= 0")
+        _check(0 < self.lr_factor < 1, "lr_factor", "must be in (0, 1)")
+        _check(self.min_gain > 0, "min_gain", "must be > 0")
+        _check(self.max_growth > 1.1, "max_growth", "must be > 1.1")
         _check(self.gradient_batch_size >= 1, "gradient_batch_size", "must be >= 1")
         _check(1 <= self.bits <= 8, "bits", f"must be in 1..8, got {self.bits}")
         _check(self.ranges in RANGE_MODES, "ranges",
@@ -198,6 +253,11 @@ class DQConfig:
                 make(self.gradient_codec, **self.gradient_codec_kwargs)
             except ValueError as exc:
                 raise ValueError(f"gradient_codec: {exc}") from None
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether data rounds follow the adaptive upload schedule."""
+        return self.upload_schedule == "adaptive" and self.upload_mode == "data"
 
     @property
     def compensation_kwargs(self) -> dict[str, Any]:

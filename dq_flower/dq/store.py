@@ -2,21 +2,24 @@
 
 Rows are stored as bit-packed codes (one byte-aligned row per sample) plus the quantizer's
 per-row side information, the label, the importance weight (how many original samples the
-row stands for), the origin node and the client-local sample id. Minibatches are
-dequantized on the fly; the dequantized float data is never kept.
+row stands for), the origin node, the client-local sample id and whether the row is held
+out (validation rows the server evaluates on and never trains on, see
+:mod:`dq_flower.dq.holdout`). Minibatches are dequantized on the fly; the dequantized float
+data is never kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 __all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES"]
 
 EVICTION_POLICIES = ("fifo", "random")
-_FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither")
+_FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither", "holdout")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class StoredRows:
     node: np.ndarray  # (n,) uint64 origin node ids
     ids: np.ndarray  # (n,) int64 client-local sample ids
     dither: np.ndarray  # (n, 2) int64 dither (seed, start) per row, or (n, 0)
+    holdout: np.ndarray | None = None  # (n,) bool, held-out rows; None: none held out
 
     def __len__(self) -> int:
         return int(self.codes.shape[0])
@@ -123,6 +127,8 @@ class SampleStore:
             node=_narrow_uint(codes[inverse.reshape(-1)]),
             ids=_narrow_uint(rows.ids),
             dither=np.ascontiguousarray(rows.dither, dtype=np.int64),
+            holdout=(np.zeros(len(rows), dtype=bool) if rows.holdout is None
+                     else np.asarray(rows.holdout, dtype=bool).reshape(len(rows))),
         )
         if self._rows is None:
             self._rows = compact
@@ -166,23 +172,67 @@ class SampleStore:
         )
         return table[rows.node.astype(np.int64)]
 
-    def draw(self, batch_size: int, rng: np.random.Generator):
-        """Draw a uniform minibatch without replacement; return ``(x, y, weights)``.
+    @property
+    def holdout_mask(self) -> np.ndarray:
+        """Boolean mask of the held-out rows, in store order."""
+        if self._rows is None:
+            return np.zeros(0, dtype=bool)
+        return cast(np.ndarray, self._rows.holdout)
 
-        ``x`` is dequantized on the fly (float32 ``(b, d)``); ``y`` holds int64 labels or
-        float32 targets.
+    @property
+    def num_train(self) -> int:
+        """Rows the server trains on (the rows not held out)."""
+        return len(self) - int(self.holdout_mask.sum())
+
+    def counts(self, node: int, strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows stored from ``node`` in each of ``strata``: ``(all, held out)``.
+
+        A row's stratum is its class label; every float-target row is in stratum 0.
         """
-        n = len(self)
-        if n == 0:
-            raise ValueError("the sample store is empty")
-        idx = np.sort(rng.choice(n, size=min(batch_size, n), replace=False))
-        rows = self._take(idx)
+        strata = np.asarray(strata).reshape(-1)
+        code = self._node_table.get(int(node))
+        if self._rows is None or code is None or not strata.size:
+            zeros = np.zeros(strata.size, dtype=np.int64)
+            return zeros, zeros.copy()
+        mine = self._rows.node == code
+        stored = self._rows.labels[mine]
+        keys = (stored.reshape(-1) if stored.dtype.kind in "iu"
+                else np.zeros(int(mine.sum()), dtype=np.int64))
+        match = keys[None, :] == strata[:, None]
+        held = self.holdout_mask[mine][None, :]
+        return match.sum(1).astype(np.int64), (match & held).sum(1).astype(np.int64)
+
+    def _decode(self, rows: StoredRows):
         x = self._dequantize(rows.codes, rows.side, rows.dither)
         if self.transform is not None:
             x = self.transform(x, self.node_ids(rows))
         y = (rows.labels.astype(np.float32) if np.issubdtype(rows.labels.dtype, np.floating)
              else rows.labels.astype(np.int64))
+        return x, y
+
+    def draw(self, batch_size: int, rng: np.random.Generator):
+        """Draw a uniform minibatch of training rows without replacement.
+
+        Returns ``(x, y, weights)``: ``x`` dequantized on the fly (float32 ``(b, d)``), ``y``
+        int64 labels or float32 targets. Held-out rows are never drawn.
+        """
+        if len(self) == 0:
+            raise ValueError("the sample store is empty")
+        train = np.flatnonzero(~self.holdout_mask)
+        if train.size == 0:
+            raise ValueError("the sample store holds only held-out rows")
+        pick = rng.choice(train.size, size=min(batch_size, train.size), replace=False)
+        rows = self._take(np.sort(train[pick]))
+        x, y = self._decode(rows)
         return x, y, rows.weights.astype(np.float32)
+
+    def holdout_batches(self, batch_size: int = 1024):
+        """Yield the held-out rows as ``(x, y, weights, node_ids)`` chunks, in store order."""
+        held = np.flatnonzero(self.holdout_mask)
+        for start in range(0, held.size, batch_size):
+            rows = self._take(held[start:start + batch_size])
+            x, y = self._decode(rows)
+            yield x, y, rows.weights.astype(np.float32), self.node_ids(rows)
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:
@@ -203,6 +253,8 @@ class SampleStore:
         if "rng" in state:  # the eviction generator resumes where it stopped
             self._rng.bit_generator.state = state["rng"]
         if "codes" in state:
-            self._rows = StoredRows(*(np.asarray(state[f]) for f in _FIELDS))
+            n = len(state["codes"])
+            self._rows = StoredRows(*(np.asarray(state[f]) if f in state
+                                      else np.zeros(n, dtype=bool) for f in _FIELDS))
         else:
             self._rows = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -44,6 +44,7 @@ from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.config import build_config, to_config_record
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig, robust_rule
 from dq_flower.dq.control_variate import ControlVariate
+from dq_flower.dq.holdout import choose_holdout
 from dq_flower.dq.planner import (
     ESTIMATES,
     RoundPlan,
@@ -52,9 +53,17 @@ from dq_flower.dq.planner import (
     gradient_estimate,
     reply_bits,
 )
+from dq_flower.dq.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.rows import RowLayout, payload_quantizer
+from dq_flower.dq.schedule import AdaptiveSchedule, allocate, paired_gain
 from dq_flower.dq.store import SampleStore, StoredRows
-from dq_flower.model_ops import LossFn, apply_flat_grad, state_arrays, weighted_loss_grad
+from dq_flower.model_ops import (
+    LossFn,
+    apply_flat_grad,
+    per_sample_results,
+    state_arrays,
+    weighted_loss_grad,
+)
 from dq_flower.protocol.dq_batch import (
     GRADIENT_KEY,
     RANGES_KEY,
@@ -102,6 +111,7 @@ class Upload:
     reply_bits: int = 0
     ranges: tuple[np.ndarray, np.ndarray] | None = None
     refresh: np.ndarray | None = None
+    holdout: np.ndarray | None = None  # which rows the store holds out (adaptive schedule)
 
 
 @dataclass
@@ -143,6 +153,10 @@ class DQStrategy(ModelStrategy, Strategy):
         Sample shape and target kind; default: learned from the first valid reply.
     config : DQConfig, optional
         The method's knobs; ``**knobs`` (underscore names, e.g. ``bits=2``) override it.
+    augment : callable, optional
+        ``augment(x) -> x`` applied to every server minibatch (a float tensor shaped like
+        the samples, batch first) before the step, e.g. random shifts for images (see
+        :func:`dq_flower.augment.random_shift`); never to the held-out rows.
     """
 
     def __init__(
@@ -158,6 +172,7 @@ class DQStrategy(ModelStrategy, Strategy):
         num_classes: int | None = None,
         data_spec: DataSpec | None = None,
         config: DQConfig | None = None,
+        augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
         **knobs: Any,
     ) -> None:
         if num_classes is not None and num_classes < 1:
@@ -191,7 +206,16 @@ class DQStrategy(ModelStrategy, Strategy):
         self.store: SampleStore | None = None
         self.ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.plans: dict[int, RoundPlan] = {}
-        self.asked: dict[int, int] = {}
+        #: per round, the number of samples asked of each node
+        self.asked: dict[int, dict[int, int]] = {}
+        self.augment = augment
+        self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth) if cfg.adaptive
+                         else None)
+        self.plateau = PlateauRule(cfg.plateau_eval_every, cfg.plateau_patience, cfg.lr_drops,
+                                   cfg.lr_factor, cfg.max_server_steps)
+        #: mean held-out loss per node after the last training phase (adaptive asks)
+        self.node_fit: dict[int, float] = {}
+        self.last_phase: PhaseResult | None = None
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
         self.norms = NormScreen(cfg.norm_bound_factor)
         self.guard = StepGuard(model, self.optimizer)
@@ -216,7 +240,22 @@ class DQStrategy(ModelStrategy, Strategy):
     @property
     def needs_model(self) -> bool:
         """Whether clients need the model (compensation or model-based importance)."""
-        return self.cfg.compensation != "none" or self.cfg.scorer != "uniform"
+        return self.cfg.compensation != "none" or self._scorer_now() != "uniform"
+
+    def _scorer_now(self) -> str:
+        """The round's scorer (``uniform`` while an adaptive run's store is empty).
+
+        An untrained model's scores carry no information, so the first upload round of the
+        adaptive schedule sends no model.
+        """
+        if self.schedule is not None and self.stored == 0:
+            return "uniform"
+        return self.cfg.scorer
+
+    @property
+    def finished(self) -> bool:
+        """The adaptive schedule stopped asking and the store is trained to a plateau."""
+        return self.schedule is not None and self.schedule.done
 
     @property
     def stored(self) -> int:
@@ -249,22 +288,50 @@ class DQStrategy(ModelStrategy, Strategy):
         refresh = self._refresh_round(server_round)
         if refresh:
             cfg["refresh"] = 1
+        if self._scorer_now() != self.cfg.scorer:
+            cfg["scorer"] = self._scorer_now()
+        asks = dict.fromkeys((int(n) for n in nodes), self.cfg.budget)
         if plan.mode == "data" and not refresh:  # a refresh round asks every sampled node
-            nodes = [n for n in nodes if self.planner.samples_left(n, 1) > 0]
-        self.asked[server_round] = len(nodes)
+            if self.schedule is not None:
+                asks = self._adaptive_asks([int(n) for n in nodes])
+            nodes = [n for n in nodes if asks.get(int(n), 0) > 0
+                     and self.planner.samples_left(n, 1) > 0]
+        self.asked[server_round] = {int(n): asks.get(int(n), self.cfg.budget) for n in nodes}
         shared: dict[str, Any] = {}
         if nodes and (self.needs_model or plan.mode == "gradient"):
             shared[MODEL_KEY] = model_record(self.model)
         messages = []
         for node in nodes:
-            node_cfg = cfg
+            node_cfg = ConfigRecord(dict(cfg.items()))
+            if self.schedule is not None:
+                node_cfg["budget"] = self.asked[server_round][int(node)]
             if plan.mode == "data" and self._may_use_feature_ranges():
-                node_cfg = ConfigRecord(dict(cfg.items()))
                 node_cfg["send-ranges"] = int(node) not in self.ranges
             content = RecordDict({"config": node_cfg, **shared})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))
         return messages
+
+    def _adaptive_asks(self, nodes: list[int]) -> dict[int, int]:
+        """Per-node asks of the adaptive schedule: ``budget`` each in the first round."""
+        assert self.schedule is not None
+        if self.schedule.done:
+            return {}
+        if self.schedule.next_total is None:
+            return dict.fromkeys(nodes, self.cfg.budget)
+        left: dict[int, int | None] = {}
+        for node in nodes:
+            known = self.planner.clients.get(int(node))
+            left[node] = (None if known is None else
+                          known[0] if self.cfg.resend else max(known[0] - known[1], 0))
+        if all(v == 0 for v in left.values()) and self._every_node_known(nodes):
+            self.schedule.done = True  # nothing left anywhere: the store holds it all
+            return {}
+        return allocate(self.schedule.next_total, left, self.node_fit)
+
+    def _every_node_known(self, sampled: list[int]) -> bool:
+        """Whether the round sampled every node the server has heard from (or all nodes)."""
+        return set(self.planner.clients) <= set(sampled)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -276,23 +343,29 @@ class DQStrategy(ModelStrategy, Strategy):
         else:
             self.failures.observe([])
         plan = self.plans.pop(server_round, None)
-        self.asked.pop(server_round, None)
         if plan is not None and plan.mode == "gradient":
+            self.asked.pop(server_round, None)
             return self._aggregate_gradients(server_round, replies, plan)
         t0 = time.perf_counter()
+        asked = self.asked.pop(server_round, {})
         screened, rejected, failed = screen_replies(
-            replies, lambda msg: self._validate(msg, msg.metadata.src_node_id))
+            replies, lambda msg: self._validate(msg, msg.metadata.src_node_id,
+                                                asked.get(msg.metadata.src_node_id,
+                                                          self.cfg.budget)))
         # Replies arrive in any order: store and combine them in the clients' partition
         # order, so that a run is reproducible from its seed.
         candidates = sorted((u for _, u in screened), key=lambda u: (u.partition, u.node))
         candidates, dropped = self._screen_deltas(candidates)
         refreshed = self._update_control_variate(candidates)
+        stored_before = self.stored
         fresh: list[Upload] = []
         for upload in candidates:
             try:  # store insertion is part of the reply boundary: a failure rejects it
                 if len(upload.batch):
                     assert self.store is not None
-                    self.store.add(self._rows(upload.batch, upload.node))
+                    rows = self._rows(upload.batch, upload.node)
+                    self.store.add(rows)
+                    upload.holdout = rows.holdout
             except Exception as exc:  # noqa: BLE001
                 dropped += 1
                 log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
@@ -303,7 +376,10 @@ class DQStrategy(ModelStrategy, Strategy):
             fresh.append(upload)
         rejected += dropped
         self.guard.begin()
-        loss = self._train_steps(server_round, fresh)
+        if self.schedule is not None:
+            loss = self._train_adaptive(server_round, fresh, stored_before)
+        else:
+            loss = self._train_steps(server_round, fresh)
         if not self.guard.finite_or_restore():
             self._rolled_back(server_round, [u.node for u in fresh])
             loss = float("nan")
@@ -317,8 +393,11 @@ class DQStrategy(ModelStrategy, Strategy):
         metrics["rolled-back"] = self.rolled_back
         if self.cv is not None:
             metrics["refreshed"] = refreshed
+        if self.schedule is not None:
+            metrics.update(self._schedule_metrics(stored_before))
         log_round("dq", server_round, f"{metrics['selected']} new samples, "
-                  f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
+                  f"store {metrics['stored']}, rejected {rejected}, failed {failed}"
+                  + self._schedule_text(metrics))
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
 
@@ -437,13 +516,13 @@ class DQStrategy(ModelStrategy, Strategy):
         return out
 
     # ------------------------------------------------------------------ validation
-    def _validate(self, msg: Message, node: int) -> Upload:
+    def _validate(self, msg: Message, node: int, max_rows: int | None = None) -> Upload:
         content = msg.content
         spec = self._check_spec(content)
         assert self.spec is not None
         batch = decode_batch(content, self.num_classes, spec.dim, self.cfg.bits,
-                             self.cfg.budget, MAX_LOCAL_ID, spec.target_dim,
-                             spec.target == "float")
+                             self.cfg.budget if max_rows is None else int(max_rows),
+                             MAX_LOCAL_ID, spec.target_dim, spec.target == "float")
         metrics = content.metric_records.get("metrics")
         if metrics is None:
             raise PayloadError("reply misses its 'metrics' record")
@@ -666,11 +745,15 @@ class DQStrategy(ModelStrategy, Strategy):
 
     # ------------------------------------------------------------------ training
     def _rows(self, batch: SampleBatch, node: int) -> StoredRows:
-        assert self.layout is not None
+        assert self.layout is not None and self.store is not None
         codes, side, dither = self.layout.rows(batch.samples)
         n = len(batch)
+        holdout = None
+        if self.schedule is not None:
+            holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
+                                     self.seed, self.store.counts)
         return StoredRows(codes, side, batch.labels, batch.weights,
-                          np.full(n, node, dtype=np.uint64), batch.ids, dither)
+                          np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
 
     def _shaped(self, x: np.ndarray) -> np.ndarray:
         assert self.spec is not None
@@ -684,9 +767,12 @@ class DQStrategy(ModelStrategy, Strategy):
         gradient, exact at the true points when the compensation codec is lossless.
         """
         total = float(sum(u.candidates for u in fresh))
-        xs = np.concatenate([u.x for u in fresh if len(u.batch)])
-        ys = np.concatenate([u.batch.labels for u in fresh if len(u.batch)])
-        ws = np.concatenate([u.batch.weights for u in fresh if len(u.batch)]) / total
+        keep = [np.ones(len(u.batch), dtype=bool) if u.holdout is None else ~u.holdout
+                for u in fresh]  # held-out rows are never trained on
+        xs = np.concatenate([u.x[k] for u, k in zip(fresh, keep, strict=True)])
+        ys = np.concatenate([u.batch.labels[k] for u, k in zip(fresh, keep, strict=True)])
+        ws = np.concatenate([u.batch.weights[k] for u, k in zip(fresh, keep, strict=True)])
+        ws = ws / total
         loss, grad = weighted_loss_grad(self.model, self._shaped(xs), ys, ws, self.loss_fn)
         with_delta = [u for u in fresh if u.delta is not None]
         if with_delta:
@@ -720,6 +806,99 @@ class DQStrategy(ModelStrategy, Strategy):
         losses += self._store_steps(server_round, steps, rng)
         return float(np.mean(losses)) if losses else float("nan")
 
+    def _train_adaptive(self, server_round: int, fresh: list[Upload],
+                        stored_before: int) -> float:
+        """Train to a plateau when the store grew, then let the schedule size the next ask.
+
+        The phase's first evaluation scores the model the previous phase left (or the
+        initial one) on the current held-out rows; the gain of the phase's best model over
+        it is the paired gain the schedule needs (none for the first upload round).
+        """
+        assert self.schedule is not None
+        self.last_phase = None
+        if self.store is None or self.stored == stored_before or self.store.num_train == 0:
+            return float("nan")
+        rng = round_rng(self.seed, server_round, 0, purpose=3)
+        first = self._fresh_training_step(fresh)
+        self.model.train()
+        phase = train_phase(self.model, self.optimizer, self.cfg.lr, self.plateau,
+                            lambda: self._store_step(rng, first), self._score_holdout)
+        self.last_phase = phase
+        assert phase.final is not None
+        gain = None
+        if stored_before > 0 and phase.initial is not None:
+            gain = paired_gain(phase.initial, phase.final)
+        self.schedule.after_upload(stored_before, self.stored, gain)
+        self.node_fit = phase.final.node_loss()
+        return float(np.mean(phase.losses)) if phase.losses else float("nan")
+
+    def _fresh_training_step(self, fresh: list[Upload]) -> list[tuple[float, np.ndarray]]:
+        """The compensated step on the fresh rows as a one-item queue (empty if none).
+
+        Held-out rows stay out of it; only a run with compensation gains from it.
+        """
+        if self.comp_codec is None or not any(u.delta is not None for u in fresh):
+            return []
+        return [self.fresh_gradient(fresh)]
+
+    def _store_step(self, rng: np.random.Generator,
+                    queued: list[tuple[float, np.ndarray]]) -> float:
+        """One optimizer step: a queued gradient first, then minibatches of the store."""
+        if queued:
+            loss, grad = queued.pop()
+            apply_flat_grad(self.model, self.optimizer, grad)
+            return loss
+        return self._store_steps(0, 1, rng)[0]
+
+    def _score_holdout(self) -> HeldOutScores:
+        """Per-row loss and correctness of the model on the store's held-out rows."""
+        assert self.store is not None
+        losses, correct, nodes = [], [], []
+        for x, y, _, node_ids in self.store.holdout_batches():
+            loss, hit = per_sample_results(self.model, self._shaped(x), y, self.loss_fn)
+            losses.append(loss)
+            nodes.append(node_ids)
+            if hit is not None:
+                correct.append(hit)
+        if not losses:
+            return HeldOutScores(np.zeros(0), None, np.zeros(0, dtype=np.uint64))
+        return HeldOutScores(np.concatenate(losses),
+                             np.concatenate(correct) if correct else None,
+                             np.concatenate(nodes))
+
+    def _schedule_metrics(self, stored_before: int) -> dict[str, MetricRecordValues]:
+        """The adaptive schedule's round metrics (steps, held-out score, gain, next ask)."""
+        assert self.schedule is not None and self.store is not None
+        phase = self.last_phase
+        out: dict[str, MetricRecordValues] = {
+            "server-steps": 0 if phase is None else phase.steps,
+            "holdout-rows": int(self.store.holdout_mask.sum()),
+            "next-ask": int(self.schedule.next_total or 0),
+            "schedule-done": int(self.schedule.done),
+        }
+        if phase is not None and phase.final is not None and phase.final.loss.size:
+            out["holdout-loss"] = float(phase.final.loss.mean())
+            if phase.final.correct is not None:
+                out["holdout-acc"] = float(phase.final.correct.mean())
+        point = self.schedule.curve[-1] if phase is not None and self.schedule.curve else {}
+        if "gain" in point:
+            out["upload-gain"] = float(point["gain"])
+            out["upload-gain-stderr"] = float(point["stderr"])
+        return out
+
+    @staticmethod
+    def _schedule_text(metrics: dict[str, Any]) -> str:
+        if "next-ask" not in metrics:
+            return ""
+        text = f", {metrics['server-steps']} server steps"
+        if "holdout-acc" in metrics:
+            text += f", held-out accuracy {float(metrics['holdout-acc']):.4f}"
+        if "upload-gain" in metrics:
+            text += f", gain {float(metrics['upload-gain']):+.4f}"
+        if metrics["schedule-done"]:
+            return text + "; the learning curve is flat: no more uploads"
+        return text + f"; next ask {metrics['next-ask']} samples"
+
     def _store_steps(self, server_round: int, steps: int,
                      rng: np.random.Generator | None = None) -> list[float]:
         """``steps`` optimizer steps on minibatches from the store; their losses."""
@@ -732,8 +911,10 @@ class DQStrategy(ModelStrategy, Strategy):
         correction = self.cv.value() if self.cv else None
         for _ in range(steps):
             x, y, w = self.store.draw(self.cfg.server_batch_size, rng)
-            loss, grad = weighted_loss_grad(self.model, self._shaped(x), y, w / w.sum(),
-                                            self.loss_fn)
+            xb = self._shaped(x)
+            if self.augment is not None:
+                xb = self.augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
+            loss, grad = weighted_loss_grad(self.model, xb, y, w / w.sum(), self.loss_fn)
             if correction is not None:  # the control variate: see dq.control_variate
                 grad += correction
             losses.append(loss)
@@ -742,7 +923,7 @@ class DQStrategy(ModelStrategy, Strategy):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Everything needed to resume: model, optimizer, data spec, ranges, store, planner."""
+        """Everything to resume: model, optimizer, spec, ranges, store, planner, schedule."""
         spec = None if self.spec is None else dataclasses.asdict(self.spec)
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "spec": spec, "num_classes": self.num_classes,
@@ -751,7 +932,9 @@ class DQStrategy(ModelStrategy, Strategy):
                 "store": None if self.store is None else self.store.state(),
                 "planner": self.planner.state(), "norms": self.norms.state(),
                 "value_bound": self.value_bound, "rolled_back": self.rolled_back,
-                "control_variate": None if self.cv is None else self.cv.state()}
+                "control_variate": None if self.cv is None else self.cv.state(),
+                "schedule": None if self.schedule is None else self.schedule.state(),
+                "node_fit": dict(self.node_fit)}
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -773,4 +956,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.rolled_back = int(state.get("rolled_back", 0))
         if self.cv is not None and state.get("control_variate") is not None:
             self.cv.load_state(state["control_variate"])
+        if self.schedule is not None and state.get("schedule") is not None:
+            self.schedule.load_state(state["schedule"])
+        self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
         self._returned = None

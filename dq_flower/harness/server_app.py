@@ -141,9 +141,9 @@ def run_server(
     t_start = time.perf_counter() - elapsed
 
     def evaluate_round(rnd: int, metrics, fed: Mapping[str, Any] | None,
-                       timing: Mapping[str, Any] | None = None) -> None:
+                       timing: Mapping[str, Any] | None = None, last: bool = False) -> None:
         mark: dict[str, Any] = {"wall_s": 0.0, **(timing or {})}
-        skipped = rnd % task.eval_every != 0 and rnd != task.num_server_rounds
+        skipped = rnd % task.eval_every != 0 and rnd != task.num_server_rounds and not last
         if data is not None and skipped:  # eval-every: not this round
             mark.update(accuracy=float("nan"), loss=float("nan"))
         elif data is not None:
@@ -161,12 +161,20 @@ def run_server(
         log(INFO, "[%s] round %d/%d: accuracy %.4f, loss %.4f, up %d B, down %d B",
             method.name, rnd, task.num_server_rounds, row["accuracy"], row["loss"],
             row["up_bytes"], row["down_bytes"])
+        if last and rnd < task.num_server_rounds:
+            row["ended_early"] = True
+            log(INFO, "[%s] ended early after round %d: %s", method.name, rnd,
+                "the adaptive upload schedule stopped asking and the server's training "
+                "reached its plateau")
         if on_round is not None:
             on_round(row)
 
     if start_round == 0:
         evaluate_round(0, None, None)
-    for rnd in range(start_round + 1, task.num_server_rounds + 1):
+    # a resumed run that had ended early has no round left
+    last_round = start_round if history and history[-1].get("ended_early") else (
+        task.num_server_rounds)
+    for rnd in range(start_round + 1, last_round + 1):
         t_server = time.perf_counter()
         messages = strategy.configure_train(rnd, arrays, ConfigRecord(dict(train_config)),
                                             measured)
@@ -185,8 +193,9 @@ def run_server(
                                                    measured)
             answers = measured.send_and_receive(requests, timeout=task.round_timeout)
             fed = strategy.aggregate_evaluate(rnd, answers)
-        evaluate_round(rnd, metrics, fed, round_timing(replies, ledger, rnd, server_s))
-        if task.checkpoint_dir and (rnd % task.checkpoint_every == 0
+        ended = bool(getattr(strategy, "finished", False))
+        evaluate_round(rnd, metrics, fed, round_timing(replies, ledger, rnd, server_s), ended)
+        if task.checkpoint_dir and (rnd % task.checkpoint_every == 0 or ended
                                     or rnd == task.num_server_rounds):
             save_atomic(task.checkpoint_dir, {
                 "round": rnd, "elapsed": time.perf_counter() - t_start,
@@ -194,6 +203,8 @@ def run_server(
                 "history": history,
                 "strategy": strategy.state_dict() if hasattr(strategy, "state_dict") else None,
             })
+        if ended:
+            break
     return RunResult(method.name, dict(run_config), history, num_params(model), info.dim)
 
 

@@ -225,7 +225,8 @@ def test_rows_are_stored_in_the_packed_dtypes_whatever_they_arrive_in():
     s = store.state()
     assert s["codes"].dtype == np.uint8 and s["dither"].dtype == np.int64
     assert s["weights"].dtype == np.float16
-    assert store.nbytes == 3 * 3 + 3 * 2 * 4 + 3 + 3 * 2 + 3 + 3  # codes, side, the rest
+    # codes, side, labels, weights, node, ids, held-out flags (one byte each)
+    assert store.nbytes == 3 * 3 + 3 * 2 * 4 + 3 + 3 * 2 + 3 + 3 + 3
     store.add(_rows([]))  # an empty upload adds nothing
     assert _ids(store) == [1, 2, 3] and store.evicted == 0
 
