@@ -86,6 +86,8 @@ class AdaptiveSchedule:
     min_growth: float = 1.1
     next_total: int | None = None
     done: bool = False
+    #: why the schedule stopped asking: ``flat`` (the learning curve) or ``exhausted``
+    reason: str = ""
     curve: list[dict[str, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -107,11 +109,15 @@ class AdaptiveSchedule:
             return
         point.update(gain=gain.gain, stderr=gain.stderr, error=gain.error_after)
         if gain.gain + gain.stderr < self.min_gain:
-            self.done, self.next_total = True, 0
+            self.stop("flat")
         else:
             self.next_total = self._ask(n0, n1, gain)
-        point["ask"] = float(self.next_total)
+        point["ask"] = float(self.next_total or 0)
         self.curve.append(point)
+
+    def stop(self, reason: str) -> None:
+        """Stop asking: ``flat`` learning curve, or every node ``exhausted``."""
+        self.done, self.next_total, self.reason = True, 0, reason
 
     def _ask(self, n0: int, n1: int, gain: PairedGain) -> int:
         lo = n1 * (self.min_growth - 1)
@@ -128,13 +134,14 @@ class AdaptiveSchedule:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps."""
-        return {"next_total": self.next_total, "done": self.done,
+        return {"next_total": self.next_total, "done": self.done, "reason": self.reason,
                 "curve": [dict(p) for p in self.curve]}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state`."""
         self.next_total = state["next_total"]
         self.done = bool(state["done"])
+        self.reason = str(state.get("reason", ""))
         self.curve = [dict(p) for p in state["curve"]]
 
 

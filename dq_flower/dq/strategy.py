@@ -325,7 +325,7 @@ class DQStrategy(ModelStrategy, Strategy):
             left[node] = (None if known is None else
                           known[0] if self.cfg.resend else max(known[0] - known[1], 0))
         if all(v == 0 for v in left.values()) and self._every_node_known(nodes):
-            self.schedule.done = True  # nothing left anywhere: the store holds it all
+            self.schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
             return {}
         return allocate(self.schedule.next_total, left, self.node_fit)
 
@@ -874,7 +874,9 @@ class DQStrategy(ModelStrategy, Strategy):
             "server-steps": 0 if phase is None else phase.steps,
             "holdout-rows": int(self.store.holdout_mask.sum()),
             "next-ask": int(self.schedule.next_total or 0),
-            "schedule-done": int(self.schedule.done),
+            # 0: asking; 1: stopped, the learning curve is flat; 2: every node exhausted
+            "schedule-done": (0 if not self.schedule.done
+                              else 2 if self.schedule.reason == "exhausted" else 1),
         }
         if phase is not None and phase.final is not None and phase.final.loss.size:
             out["holdout-loss"] = float(phase.final.loss.mean())
@@ -895,6 +897,8 @@ class DQStrategy(ModelStrategy, Strategy):
             text += f", held-out accuracy {float(metrics['holdout-acc']):.4f}"
         if "upload-gain" in metrics:
             text += f", gain {float(metrics['upload-gain']):+.4f}"
+        if metrics["schedule-done"] == 2:
+            return text + "; every node has uploaded all its samples"
         if metrics["schedule-done"]:
             return text + "; the learning curve is flat: no more uploads"
         return text + f"; next ask {metrics['next-ask']} samples"

@@ -1,0 +1,92 @@
+"""DQ's default adaptive schedule end to end, in-process on the digits MLP."""
+
+import numpy as np
+import pytest
+
+from dq_flower.dq.store import SampleStore
+
+from .helpers import run_inprocess
+
+_KNOBS = dict(budget=32, max_server_steps=300, plateau_eval_every=25, plateau_patience=2)
+
+
+def _keys(row):
+    return {k: row.get(k) for k in ("round", "accuracy", "cum_up_bytes", "stored",
+                                    "server_steps", "holdout_rows", "next_ask",
+                                    "schedule_done", "upload_gain", "ended_early")}
+
+
+@pytest.fixture(scope="module")
+def adaptive_run():
+    return run_inprocess(num_clients=3, rounds=12, **_KNOBS)
+
+
+def test_the_schedule_grows_the_store_then_stops_asking_and_ends_early(adaptive_run):
+    result, _ = adaptive_run
+    rows = [r for r in result.history if r["round"] >= 1]
+    assert rows[0]["stored"] == 3 * 32 and rows[0]["next_ask"] == 48  # growth 1.5
+    stored = [r["stored"] for r in rows if r["selected"]]
+    assert all(b > a for a, b in zip(stored, stored[1:], strict=False))
+    # it stops on a flat curve (1) or once the 3 nodes have sent all their rows (2)
+    assert rows[-1]["ended_early"] and rows[-1]["schedule_done"] in (1, 2)
+    if rows[-1]["schedule_done"] == 2:  # that round had no one left to ask
+        assert rows[-1]["selected"] == 0 and rows[-1]["cum_up_bytes"] == rows[-2][
+            "cum_up_bytes"]
+    assert len(rows) < 12 and result.history[-1]["accuracy"] > 0.85
+    # every held-out share is the configured tenth (per node and class, rounded)
+    assert all(abs(r["holdout_rows"] - 0.1 * r["stored"]) <= 3 * 10 for r in rows)
+    assert all(0 < r["server_steps"] <= 300 for r in rows)
+
+
+def test_rounds_after_the_curve_is_flat_cost_no_uplink():
+    result, _ = run_inprocess(num_clients=3, rounds=12, min_gain=0.5, **_KNOBS)
+    rows = [r for r in result.history if r["round"] >= 1]
+    # a gain of half the accuracy can never be shown: the second upload ends the schedule
+    assert [r["schedule_done"] for r in rows] == [0, 1]
+    assert rows[-1]["ended_early"] and rows[1]["next_ask"] == 0
+
+
+def test_the_held_out_rows_are_never_trained_on(monkeypatch):
+    drawn_from_holdout = []
+    real_draw = SampleStore.draw
+
+    def spy(self, batch_size, rng):
+        state = rng.bit_generator.state
+        out = real_draw(self, batch_size, rng)
+        probe = np.random.default_rng()
+        probe.bit_generator.state = state
+        train = np.flatnonzero(~self.holdout_mask)
+        idx = train[probe.choice(train.size, size=min(batch_size, train.size),
+                                 replace=False)]
+        drawn_from_holdout.append(bool(self.holdout_mask[idx].any()))
+        return out
+
+    monkeypatch.setattr(SampleStore, "draw", spy)
+    result, _ = run_inprocess(num_clients=2, rounds=2, **_KNOBS)
+    assert result.history[-1]["holdout_rows"] > 0
+    assert drawn_from_holdout and not any(drawn_from_holdout)
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another(adaptive_run):
+    first, _ = adaptive_run
+    again, _ = run_inprocess(num_clients=3, rounds=12, **_KNOBS)
+    assert [_keys(r) for r in again.history] == [_keys(r) for r in first.history]
+    other, _ = run_inprocess(num_clients=3, rounds=2, seed=1, **_KNOBS)
+    assert _keys(other.history[1]) != _keys(first.history[1])
+
+
+def test_resume_after_a_kill_ends_where_the_uninterrupted_run_ends(tmp_path, adaptive_run):
+    full, _ = adaptive_run
+    ckpt = tmp_path / "ckpt"
+    # the first run stops after 2 rounds (as if killed there); the second resumes
+    run_inprocess(num_clients=3, rounds=2, checkpoint_dir=str(ckpt), **_KNOBS)
+    resumed, _ = run_inprocess(num_clients=3, rounds=12, checkpoint_dir=str(ckpt), **_KNOBS)
+    assert [_keys(r) for r in resumed.history] == [_keys(r) for r in full.history]
+
+
+def test_the_fixed_schedule_keeps_todays_behaviour():
+    result, _ = run_inprocess(num_clients=2, rounds=3, budget=20, server_steps=3,
+                              upload_schedule="fixed")
+    rows = [r for r in result.history if r["round"] >= 1]
+    assert [r["stored"] for r in rows] == [40, 80, 120]
+    assert "next_ask" not in rows[0] and "holdout_rows" not in rows[0]
