@@ -1,5 +1,9 @@
 """The comparison's plots: test accuracy against uplink bytes, rounds and simulated time.
 
+On the uplink plot each method's curve is the best accuracy it reached within each byte
+budget (the running maximum over its evaluated rounds): a method is as good as the best
+model its bytes bought.
+
 Functions of the content of ``results.json`` alone; failed runs (no history) are left out.
 One ``accuracy_vs_time_<link>.png`` per link profile of ``results["links"]`` plots the
 accuracy against the simulated time on that link (:mod:`dq_flower.compare.links`).
@@ -7,6 +11,7 @@ accuracy against the simulated time on that link (:mod:`dq_flower.compare.links`
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,8 +48,8 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
     styles = ["-", "--", "-.", ":"]
     paths = {}
     figures: list[tuple[str, str, str, bool, LinkProfile | None]] = [
-        ("accuracy_vs_uplink", "cum_up_bytes", "cumulative uplink bytes (all clients)", True,
-         None),
+        ("accuracy_vs_uplink", "cum_up_bytes",
+         "cumulative uplink bytes (all clients); best accuracy within each budget", True, None),
         ("accuracy_vs_rounds", "round", "server round", False, None),
     ]
     link: LinkProfile | None
@@ -61,7 +66,10 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
             if not rows:
                 continue
             is_ref = rec["label"] == REFERENCE
-            ax.plot([float(r[xkey]) for r in rows], [100 * float(r["accuracy"]) for r in rows],
+            acc = [100 * float(r["accuracy"]) for r in rows]
+            if name == "accuracy_vs_uplink":
+                acc = list(itertools.accumulate(acc, max))
+            ax.plot([float(r[xkey]) for r in rows], acc,
                     label=rec["label"], color="black" if is_ref else cmap(i % 10),
                     linestyle="-" if is_ref else styles[i % len(styles)],
                     linewidth=2.6 if is_ref else 1.4, zorder=3 if is_ref else 2)

@@ -49,7 +49,8 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "simulations"
 
 _TOP_KEYS = {
     "name", "description", "dataset", "model", "num-clients", "rounds", "partition",
-    "dirichlet-alpha", "fraction-train", "target-accuracy", "seed", "data-dir", "run",
+    "dirichlet-alpha", "fraction-train", "target-accuracy", "high-target-accuracy", "seed",
+    "data-dir", "run",
     "methods", "knobs", "tuning",
 }
 
@@ -97,6 +98,8 @@ class Preset:
         Fraction of the clients sampled each round.
     target_accuracy : float
         Test accuracy whose cost (rounds, uplink bytes) the summary compares.
+    high_target_accuracy : float
+        A second, higher target whose uplink bytes the summary also reports (0: none).
     seed : int
         Root of every random choice, the same for all methods.
     data_dir : str
@@ -123,6 +126,7 @@ class Preset:
     dirichlet_alpha: float = 0.5
     fraction_train: float = 1.0
     target_accuracy: float = 0.9
+    high_target_accuracy: float = 0.0
     seed: int = 0
     data_dir: str = ""
     methods: tuple[str, ...] = ("all",)
@@ -143,6 +147,9 @@ class Preset:
                "fraction-train", f"must be in (0, 1], got {self.fraction_train!r}")
         _check(_number(self.target_accuracy) and 0 < self.target_accuracy <= 1,
                "target-accuracy", f"must be in (0, 1], got {self.target_accuracy!r}")
+        _check(_number(self.high_target_accuracy) and 0 <= self.high_target_accuracy <= 1,
+               "high-target-accuracy",
+               f"must be in [0, 1] (0: none), got {self.high_target_accuracy!r}")
         _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed",
                f"must be an integer, got {self.seed!r}")
         _check(len(self.methods) >= 1, "methods", "must name at least one method")
@@ -194,7 +201,10 @@ class Preset:
                   "num-clients": self.num_clients, "rounds": self.rounds,
                   "partition": self.partition, "dirichlet-alpha": self.dirichlet_alpha,
                   "fraction-train": self.fraction_train,
-                  "target-accuracy": self.target_accuracy, "seed": self.seed,
+                  "target-accuracy": self.target_accuracy,
+                  **({"high-target-accuracy": self.high_target_accuracy}
+                     if self.high_target_accuracy else {}),
+                  "seed": self.seed,
                   "data-dir": self.data_dir, "run": list(self.methods)}
         tables = {"knobs": {"": dict(self.knobs)},
                   "methods": {k: dict(v) for k, v in self.method_knobs.items()},

@@ -217,6 +217,7 @@ def run_comparison(
         "preset": _preset_json(preset),
         "engine": engine,
         "target_accuracy": preset.target_accuracy,
+        "high_target_accuracy": preset.high_target_accuracy,
         "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
         "command": command,
         "environment": _environment(),

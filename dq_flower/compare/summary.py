@@ -158,6 +158,8 @@ def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
                         **({"error": error_line(rec)} if failed else {})})
             continue
         hit = _first_reaching(hist, target)
+        high = float(results.get("high_target_accuracy") or 0.0)
+        high_hit = _first_reaching(hist, high) if high else None
         last = hist[-1]
         best = max((float(r["accuracy"]) for r in hist if not math.isnan(float(r["accuracy"]))),
                    default=float("nan"))  # rounds eval-every skipped carry nan
@@ -173,6 +175,8 @@ def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             "total_up_bytes": int(last["cum_up_bytes"]),
             "total_down_bytes": int(last["cum_down_bytes"]),
             "rounds": int(last["round"]),
+            "ended_early": bool(last.get("ended_early")),
+            "up_bytes_to_high": int(high_hit["cum_up_bytes"]) if high_hit is not None else None,
             "wall_s": float(rec.get("wall_s", last.get("wall_s", 0.0))),
             "uplink": _uplink_unit(rec),
             "coder": coder_of_run(rec),
@@ -207,6 +211,12 @@ def _fmt_unit(u: Mapping[str, Any]) -> str:
     return f"{u['bits']:.3g} b/coord"
 
 
+def _high_cell(stats: Mapping[str, Any]) -> str:
+    """Uplink bytes to the higher target, or 'not reached'."""
+    up = stats.get("up_bytes_to_high")
+    return fmt_bytes(up) if up is not None else "not reached"
+
+
 def _ratio_cell(stats: Mapping[str, Any], ref: Mapping[str, Any] | None) -> str:
     """Uplink bytes to target of a method divided by the reference's (DQ's)."""
     if ref is None or ref.get("up_bytes_to_target") is None or stats["status"] != "ok":
@@ -223,6 +233,7 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
     target = float(results["target_accuracy"])
     runs = results["runs"]
     stats = run_summaries(results)
+    high = float(results.get("high_target_accuracy") or 0.0)
     by_label = {s["label"]: s for s in stats}
     ok = [r for r in runs if not is_failed(r)]
     ref_label = REFERENCE if REFERENCE in by_label else (runs[0]["label"] if runs else "")
@@ -244,25 +255,30 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
         "",
         f"| method | D | d | uplink payload | coder | rounds | final acc | best acc "
         f"| rounds to {_pct(target)} "
-        f"| uplink to {_pct(target)} | uplink vs {ref_label} | total uplink | total downlink "
-        "| wall s |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| uplink to {_pct(target)} | uplink vs {ref_label} "
+        + (f"| uplink to {_pct(high)} " if high else "")
+        + "| total uplink | total downlink | wall s |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if high else "")
+        + "---:|---:|---:|",
     ]
     for rec, s in zip(runs, stats, strict=True):
         if s["status"] != "ok" or "uplink" not in s:  # failed, or no round recorded
             what = "failed" if s["status"] != "ok" else "no rounds"
             lines.append(f"| {rec['label']} | - | - | - | - | - | {what} | - | - | - | n/a | - "
-                         f"| - | {s['wall_s']:.1f} |")
+                         + ("| - " if high else "") + f"| - | {s['wall_s']:.1f} |")
             continue
         reached = s["rounds_to_target"] is not None
         final = _pct(s["final_accuracy"]) + (" **unstable**" if s.get("unstable") else "")
         lines.append(
             f"| {rec['label']} | {rec['num_params']:,} | {rec['data_dim']:,} | "
-            f"{_fmt_unit(s['uplink'])} | {s.get('coder', 'none')} | {s['rounds']} | {final} | "
+            f"{_fmt_unit(s['uplink'])} | {s.get('coder', 'none')} | {s['rounds']}"
+            f"{' (ended early)' if s.get('ended_early') else ''} | {final} | "
             f"{_pct(s['best_accuracy'])} | "
             f"{s['rounds_to_target'] if reached else 'not reached'} | "
             f"{fmt_bytes(s['up_bytes_to_target']) if reached else 'not reached'} | "
-            f"{_ratio_cell(s, ref)} | {fmt_bytes(s['total_up_bytes'])} | "
+            f"{_ratio_cell(s, ref)} | "
+            + (f"{_high_cell(s)} | " if high else "")
+            + f"{fmt_bytes(s['total_up_bytes'])} | "
             f"{fmt_bytes(s['total_down_bytes'])} | {s['wall_s']:.1f} |")
     lines += ["", f"\"uplink vs {ref_label}\" is the method's uplink bytes to reach the target "
               f"divided by {ref_label}'s: above 1x, {ref_label} needed fewer bytes; "
@@ -270,7 +286,11 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
               "it. Bytes are measured from the serialized Flower messages; \"uplink payload\" "
               "counts the codec's exact bits (side information included) per uploaded sample "
               "or per model coordinate and upload, as sent (after the lossless \"coder\", "
-              "applied per message where it shrinks it). \"unstable\": the final accuracy is "
+              "applied per message where it shrinks it). "
+              + ("\"ended early\": DQ's adaptive schedule stopped asking for samples and "
+                 "its training reached a plateau, so the run stopped before its last round. "
+                 if any(st.get("ended_early") for st in stats) else "")
+              + "\"unstable\": the final accuracy is "
               f"more than {100 * UNSTABLE_DROP:.0f} points below the best. \"wall s\" is the "
               "method's whole run, starting the engine (Ray, in simulation) included.", ""]
     lines += time_table(results, stats)

@@ -675,3 +675,24 @@ def test_gradient_bits_per_coordinate_count_the_replies_the_norm_screen_rejected
     for row in grad["history"]:
         del row["coded_replies"]
     assert run_summaries(results)[1]["uplink"]["bits"] == pytest.approx(4.0)
+
+
+def test_a_higher_target_gets_its_own_column_and_an_early_end_is_marked():
+    dq = _record("dq", [0.1, 0.7, 0.85, 0.9], 100, family="dq")
+    dq["history"][-1]["ended_early"] = True
+    other = _record("qsgd", [0.1, 0.6, 0.82, 0.86, 0.87], 50)
+    results = _results([dq, other], target=0.8, high_target_accuracy=0.88)
+    stats = {s["label"]: s for s in run_summaries(results)}
+    assert stats["dq"]["up_bytes_to_high"] == 300 and stats["dq"]["ended_early"]
+    assert stats["qsgd"]["up_bytes_to_high"] is None and not stats["qsgd"]["ended_early"]
+    text = summary_markdown(results)
+    header = next(line for line in text.splitlines() if line.startswith("| method"))
+    assert "| uplink to 88.0% |" in header
+    dq_row = next(line for line in text.splitlines() if line.startswith("| dq |"))
+    qsgd_row = next(line for line in text.splitlines() if line.startswith("| qsgd |"))
+    assert "| 3 (ended early) |" in dq_row and "| 300 B |" in dq_row
+    assert qsgd_row.split("|")[header.split("|").index(" uplink to 88.0% ")] == " not reached "
+    assert len(dq_row.split("|")) == len(header.split("|"))
+    assert '"ended early"' in text
+    plain = summary_markdown(_results([other], target=0.8))
+    assert "uplink to 88" not in plain and '"ended early"' not in plain
