@@ -16,10 +16,11 @@ waves. Flat samples (tabular rows) use a per-feature model: a code's context is 
 feature (features grouped where there are very many), and each sample (or group of
 samples) is one wave.
 
-Decoding is bounded: the declared count fixes the work and memory (the caller has bounded
-the declared shape), the model's size is bounded by :data:`MAX_CONTEXT_ROWS`, and a stream
-that holds data beyond the declared codes, or is truncated or corrupt, raises
-:class:`~dq_flower.codecs.base.PayloadError`.
+The stream opens with the code count (32 bits), so a stream made for another count is
+refused before any code is decoded. Decoding is bounded: the declared count fixes the work
+and memory (the caller has bounded the declared shape), the model's size is bounded by
+:data:`MAX_CONTEXT_ROWS`, and a stream that holds data beyond the declared codes, or is
+truncated or corrupt, raises :class:`~dq_flower.codecs.base.PayloadError`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from functools import lru_cache
 import constriction  # type: ignore[import-untyped]
 import numpy as np
 
-from .base import PayloadError
+from .base import MAX_ELEMENTS, PayloadError
 
 __all__ = ["NEIGHBOUR_BITS", "MAX_CONTEXT_ROWS", "MAX_WAVES", "check_shape", "shape_text",
            "parse_shape", "encode", "decode"]
@@ -51,6 +52,13 @@ PRIOR = 0.5
 _BLOCK = 1 << 18
 
 _MODEL = constriction.stream.model.Categorical(perfect=False)
+#: The stream starts with the code count, two 16-bit symbols: a stream made for another
+#: count (or none) is refused before any code is decoded.
+_COUNT_MODEL = constriction.stream.model.Uniform(1 << 16)
+
+
+def _count_symbols(count: int) -> np.ndarray:
+    return np.array([count & 0xFFFF, count >> 16], dtype=np.int32)
 
 
 def check_shape(shape: object, d: int) -> tuple[int, int, int] | None:
@@ -272,6 +280,7 @@ def encode(codes: np.ndarray, bits: int, n: int, d: int,
             coder.encode_reverse(sym, _MODEL, before.reshape(-1, waves.symbols)[cell])
         else:
             _encode_blocks(coder, waves, ctx, sym)
+        coder.encode_reverse(_count_symbols(n * d), _COUNT_MODEL)
     words = coder.get_compressed()
     return np.ascontiguousarray(words, dtype="<u4").view(np.uint8).copy()
 
@@ -292,12 +301,12 @@ def decode(stream: np.ndarray, bits: int, n: int, d: int,
     """
     if not 1 <= int(bits) <= 8:
         raise PayloadError(f"context stream of {bits!r}-bit codes; 1 to 8 accepted")
+    if not 0 <= int(n) * int(d) <= MAX_ELEMENTS:
+        raise PayloadError(f"context stream declares {n} x {d} codes; at most {MAX_ELEMENTS}")
     buf = np.ascontiguousarray(stream, dtype=np.uint8)
     if buf.ndim != 1 or buf.size % 4:
         raise PayloadError(f"context stream holds {buf.size} bytes, not whole 32-bit words")
     waves = _schedule(int(n), int(d), int(bits), check_shape(shape, d))
-    if waves.rows * waves.symbols > MAX_CONTEXT_ROWS * 256:  # pragma: no cover - by design
-        raise PayloadError("context model exceeds its bound")
     if n * d == 0:
         if buf.size:
             raise PayloadError("context stream carries data for no codes")
@@ -307,6 +316,13 @@ def decode(stream: np.ndarray, bits: int, n: int, d: int,
         coder = constriction.stream.stack.AnsCoder(words)
     except Exception as exc:  # a stream whose last word is zero is no valid ANS state
         raise PayloadError(f"context stream is corrupt: {exc}") from None
+    try:
+        head = np.asarray(coder.decode(_COUNT_MODEL, 2), dtype=np.int32)
+    except Exception as exc:
+        raise PayloadError(f"context stream is corrupt: {exc}") from None
+    if not np.array_equal(head, _count_symbols(n * d)):
+        raise PayloadError(f"context stream was made for {int(head[0]) + (int(head[1]) << 16)} "
+                           f"codes, not the declared {n * d}")
     grid = np.zeros(waves.size, dtype=np.int32)
     counts = np.full((waves.rows, waves.symbols), PRIOR, dtype=np.float64)
     flat_counts = counts.reshape(-1)
@@ -322,6 +338,7 @@ def decode(stream: np.ndarray, bits: int, n: int, d: int,
     except Exception as exc:
         raise PayloadError(f"context stream is corrupt: {exc}") from None
     if not coder.is_empty():
-        raise PayloadError(f"context stream holds data beyond the declared {n * d} codes")
+        raise PayloadError(f"context stream does not end after the declared {n * d} codes "
+                           "(data left over, missing or corrupt)")
     return waves.unlayout(grid)
 
