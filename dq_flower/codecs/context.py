@@ -33,8 +33,8 @@ import numpy as np
 
 from .base import MAX_ELEMENTS, PayloadError
 
-__all__ = ["NEIGHBOUR_BITS", "MAX_CONTEXT_ROWS", "MAX_WAVES", "check_shape", "shape_text",
-           "parse_shape", "encode", "decode"]
+__all__ = ["NEIGHBOUR_BITS", "MAX_CONTEXT_ROWS", "MAX_WAVES", "MAX_PER_FEATURE_D",
+           "check_shape", "shape_text", "parse_shape", "encode", "decode"]
 
 #: Bits of each neighbour's code that enter the context (2 neighbours' top bits each).
 NEIGHBOUR_BITS = 2
@@ -42,6 +42,9 @@ NEIGHBOUR_BITS = 2
 MAX_CHANNEL_GROUPS = 4
 #: Most probability rows (contexts) a model may have; bounds its memory to 2**20 counts.
 MAX_CONTEXT_ROWS = 1 << 12
+#: Largest sample (values) for which the ``uniform`` encoder also tries the per-feature
+#: model on an image and keeps the smaller stream (digits' 8x8 code smaller that way).
+MAX_PER_FEATURE_D = 1024
 #: Most waves (sequential steps) of a flat batch; samples are grouped beyond it.
 MAX_FLAT_WAVES = 64
 #: Most waves of an image (``2 (H - 1) + W``): bounds the image's height and width.

@@ -28,7 +28,8 @@ raw packing whenever coding would not shrink it, and ``nbits`` counts what is se
 ``context`` coder (:mod:`dq_flower.codecs.context`) models the codes themselves: with
 ``sample_shape`` an image shape ``(C, H, W)`` (or ``(H, W)``) each code is predicted from
 its neighbours in 2-D, and the payload's meta ``context_shape`` records that shape; flat
-samples get a per-feature model.
+samples get a per-feature model (and so do small images, at most
+:data:`~dq_flower.codecs.context.MAX_PER_FEATURE_D` values, where that codes smaller).
 """
 
 from __future__ import annotations
@@ -306,6 +307,11 @@ class Uniform(Codec):
             if self.entropy == "context":
                 flat_codes = bitpack.unpack(packed, self.bits, n * d)
                 coded = context.encode(flat_codes, self.bits, n, d, img)
+                if img is not None and d <= context.MAX_PER_FEATURE_D:
+                    # small images: a per-position model may learn more than neighbours
+                    flat = context.encode(flat_codes, self.bits, n, d, None)
+                    if flat.size < coded.size:
+                        coded, img = flat, None
             else:
                 coded = compress(packed, self.entropy)
             if coded.size < packed.size:
