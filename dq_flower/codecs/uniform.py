@@ -24,7 +24,12 @@ scaled by per-feature ranges sent separately); the decoder returns ``code / (2**
 (correctly rounded to float32, so codes 0 and the top code decode to exactly 0 and 1).
 
 Packed codes can be entropy-coded losslessly (``entropy``); the encoder falls back to the
-raw packing whenever coding would not shrink it, and ``nbits`` counts what is sent.
+raw packing whenever coding would not shrink it, and ``nbits`` counts what is sent. The
+``context`` coder (:mod:`dq_flower.codecs.context`) models the codes themselves: with
+``sample_shape`` an image shape ``(C, H, W)`` (or ``(H, W)``) each code is predicted from
+its neighbours in 2-D, and the payload's meta ``context_shape`` records that shape; flat
+samples get a per-feature model (and so do small images, at most
+:data:`~dq_flower.codecs.context.MAX_PER_FEATURE_D` values, where that codes smaller).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import bitpack
+from . import bitpack, context
 from .base import (
     Codec,
     Payload,
@@ -49,10 +54,14 @@ from .base import (
     require_finite,
     require_rng,
 )
-from .entropy import check_method, compress, decompress
+from .entropy import METHODS, check_method, compress, decompress
 from .registry import register
 
-__all__ = ["Uniform", "dither_offsets", "label_bits", "pack_labels", "unpack_labels"]
+__all__ = ["Uniform", "SAMPLE_CODERS", "dither_offsets", "label_bits", "pack_labels",
+           "packed_codes", "unpack_labels"]
+
+#: Lossless coders of a ``uniform`` payload's codes: the byte coders and ``context``.
+SAMPLE_CODERS = (*METHODS, "context")
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -158,10 +167,15 @@ class Uniform(Codec):
         Seed of a subtractive dither shared by encoder and decoder (replaces the rounding
         rule above; the decoder must be built with the same seed).
     entropy : str
-        Lossless coder of the packed codes: ``none``, ``zlib``, ``lzma`` or ``zstd``.
+        Lossless coder of the packed codes: ``none``, ``zlib``, ``lzma``, ``zstd`` or
+        ``context`` (see :data:`SAMPLE_CODERS`).
     fixed_range : bool
         Quantize every row on the fixed range [0, 1] (values clipped to it first) and send
         no per-row ranges; incompatible with ``per_channel``.
+    sample_shape : tuple of int or None
+        Shape of one sample (``d`` values): ``(C, H, W)`` or ``(H, W)`` gives the ``context``
+        coder its 2-D neighbourhoods; ``None`` or a 1-D shape codes flat samples. Only the
+        ``context`` coder reads it; decoders need not know it.
     """
 
     bits: int = 2
@@ -170,6 +184,7 @@ class Uniform(Codec):
     dither_seed: int | None = None
     entropy: str = "none"
     fixed_range: bool = False
+    sample_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         bitpack.check_width(self.bits, "bits")
@@ -178,7 +193,15 @@ class Uniform(Codec):
         check_int(self.per_channel, "per_channel", 0, 1 << 24)
         if self.dither_seed is not None:
             check_int(self.dither_seed, "dither_seed", 0, (1 << 63) - 1)
-        check_method(self.entropy, "entropy")
+        if self.entropy != "context":
+            check_method(self.entropy, "entropy")
+        if self.sample_shape is not None:
+            shape = self.sample_shape
+            if (not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 3
+                    or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
+                           for v in shape)):
+                raise ValueError(f"sample_shape must be 1 to 3 positive ints, got {shape!r}")
+            object.__setattr__(self, "sample_shape", tuple(int(v) for v in shape))
         if not isinstance(self.fixed_range, (bool, np.bool_)):
             raise ValueError(f"fixed_range must be a bool, got {self.fixed_range!r}")
         object.__setattr__(self, "fixed_range", bool(self.fixed_range))
@@ -199,6 +222,18 @@ class Uniform(Codec):
 
     def _groups(self) -> int:
         return self.per_channel if self.per_channel else 1
+
+    def _image_shape(self, d: int) -> tuple[int, int, int] | None:
+        """The context coder's ``(C, H, W)`` for samples of ``d`` values (``None``: flat)."""
+        shape = self.sample_shape
+        if shape is None or len(shape) == 1:
+            if shape is not None and shape[0] != d:
+                raise ValueError(f"sample_shape {shape} does not hold d={d} values")
+            return None
+        img = (1, *shape) if len(shape) == 2 else shape
+        if img[0] * img[1] * img[2] != d:
+            raise ValueError(f"sample_shape {shape} does not hold d={d} values")
+        return (int(img[0]), int(img[1]), int(img[2]))
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding.
@@ -267,8 +302,18 @@ class Uniform(Codec):
             packed = bitpack.pack(codes.reshape(-1), self.bits)
         method = "none"
         code_bits = n * d * self.bits
+        img = self._image_shape(d) if self.entropy == "context" else None
         if self.entropy != "none" and packed.size:
-            coded = compress(packed, self.entropy)
+            if self.entropy == "context":
+                flat_codes = bitpack.unpack(packed, self.bits, n * d)
+                coded = context.encode(flat_codes, self.bits, n, d, img)
+                if img is not None and d <= context.MAX_PER_FEATURE_D:
+                    # small images: a per-position model may learn more than neighbours
+                    flat = context.encode(flat_codes, self.bits, n, d, None)
+                    if flat.size < coded.size:
+                        coded, img = flat, None
+            else:
+                coded = compress(packed, self.entropy)
             if coded.size < packed.size:
                 packed, method, code_bits = coded, self.entropy, 8 * coded.size
         meta = {
@@ -277,6 +322,8 @@ class Uniform(Codec):
             "dither_seed": self.dither_seed,
             "entropy": method,
         }
+        if method == "context" and img is not None:
+            meta["context_shape"] = context.shape_text(img)
         if fixed:
             meta["fixed_range"] = True
             return Payload(self.name, (n, d), meta, {"codes": packed}, nbits=code_bits)
@@ -308,6 +355,9 @@ class Uniform(Codec):
         method = p.meta.get("entropy")
         if method not in ("none", self.entropy):
             raise PayloadError(f"uniform payload entropy coder {method!r} is not {self.entropy!r}")
+        if "context_shape" in p.meta and method != "context":
+            raise PayloadError("uniform payload carries a context shape without the context "
+                               "coder")
         groups = self._groups()
         if d % groups:
             raise PayloadError(f"uniform payload d={d} is not a multiple of {groups} channels")
@@ -335,7 +385,7 @@ class Uniform(Codec):
             if coded is None or coded.dtype != np.uint8 or coded.ndim != 1:
                 raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
             expect_nbits(p, 8 * coded.size + side_bits)
-            packed = decompress(coded, method, raw_nbytes)
+            packed = packed_codes(p, self.bits)
         if fixed:
             # code / top, correctly rounded: codes 0 and top decode to exactly 0 and 1
             ramp = (np.arange(self.levels + 1) / self.levels).astype(np.float32)
@@ -371,6 +421,29 @@ class Uniform(Codec):
                 assert lo is not None
                 blk += lo[s:e, None]
         return out.reshape(n, d)
+
+
+def packed_codes(p: Payload, bits: int) -> np.ndarray:
+    """The bit-packed codes of a ``uniform`` payload, undoing its lossless coder.
+
+    ``p``'s shape must already be bounded by the caller (the work and memory of decoding
+    follow the declared ``(n, d)``); the stream decodes to exactly ``n * d`` codes of
+    ``bits`` bits or :class:`PayloadError` is raised.
+    """
+    n, d = p.shape
+    raw = bitpack.packed_nbytes(n * d, bits)
+    method = p.meta.get("entropy", "none")
+    stream = p.buffers.get("codes")
+    if stream is None or stream.dtype != np.uint8 or stream.ndim != 1:
+        raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
+    if method == "none":
+        return stream
+    if method == "context":
+        shape = context.parse_shape(p.meta.get("context_shape"), d)
+        return bitpack.pack(context.decode(stream, bits, n, d, shape), bits)
+    if not isinstance(method, str):
+        raise PayloadError(f"uniform payload entropy coder {method!r} is not a name")
+    return decompress(stream, method, raw)
 
 
 def label_bits(num_classes: int) -> int:

@@ -352,7 +352,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
 
     x_flat = x_all.reshape(n, -1)
     mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
-    quantizer = quantizer_for(cfg, mode, spec.channels, dither_seed=int(rng.integers(2**31)))
+    quantizer = quantizer_for(cfg, mode, spec.channels, dither_seed=int(rng.integers(2**31)),
+                              sample_shape=spec.sample_shape)
     xb = x_flat[chosen]
     content_extra: dict[str, ArrayRecord] = {}
     if mode == "feature":

@@ -21,7 +21,7 @@ __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_M
 
 SCORERS = ("uniform", "loss", "gradnorm", "entropy", "margin")
 SELECTION_RULES = ("topk", "sample", "threshold")
-ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd")
+ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd", "context")
 UPLOAD_MODES = ("data", "gradient", "auto")
 #: ``adaptive``: train to a plateau on the store, ask for more only while it pays
 #: (:mod:`dq_flower.dq.schedule`); ``fixed``: ``budget`` per client and ``server-steps``
@@ -56,7 +56,9 @@ class DQConfig:
     entropy_coder : str
         Lossless coding of every upload: the packed sample codes, the compensation and
         the gradient-round gradients (unless their params set ``entropy=``), per message
-        only where it shrinks it: ``none``, ``zlib``, ``lzma`` or ``zstd``.
+        only where it shrinks it: ``none``, ``zlib``, ``lzma``, ``zstd`` or ``context``
+        (a context-model ANS coder of the sample codes; the compensation and gradients
+        then use ``zlib``, see :attr:`payload_coder`).
     scorer : str
         Importance score: ``uniform``, ``loss``, ``gradnorm``, ``entropy`` (the predictive
         entropy) or ``margin`` (one minus the gap between the two most probable classes).
@@ -260,15 +262,24 @@ class DQConfig:
         return self.upload_schedule == "adaptive" and self.upload_mode == "data"
 
     @property
+    def payload_coder(self) -> str:
+        """The coder of compensations and gradients.
+
+        ``entropy_coder``, but ``zlib`` for ``context`` (which models sample codes, not
+        gradient payloads).
+        """
+        return "zlib" if self.entropy_coder == "context" else self.entropy_coder
+
+    @property
     def compensation_kwargs(self) -> dict[str, Any]:
-        """Parsed ``compensation_params``; ``entropy`` defaults to ``entropy_coder``."""
-        return {"entropy": self.entropy_coder,
+        """Parsed ``compensation_params``; ``entropy`` defaults to :attr:`payload_coder`."""
+        return {"entropy": self.payload_coder,
                 **parse_params(self.compensation_params, "compensation-params")}
 
     @property
     def gradient_codec_kwargs(self) -> dict[str, Any]:
-        """Parsed ``gradient_codec_params``; ``entropy`` defaults to ``entropy_coder``."""
-        return {"entropy": self.entropy_coder,
+        """Parsed ``gradient_codec_params``; ``entropy`` defaults to :attr:`payload_coder`."""
+        return {"entropy": self.payload_coder,
                 **parse_params(self.gradient_codec_params, "gradient-codec-params")}
 
 

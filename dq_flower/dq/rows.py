@@ -20,8 +20,7 @@ import numpy as np
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
-from dq_flower.codecs.entropy import decompress
-from dq_flower.codecs.uniform import Uniform, dither_offsets
+from dq_flower.codecs.uniform import Uniform, dither_offsets, packed_codes
 
 __all__ = ["RowLayout", "payload_quantizer"]
 
@@ -69,10 +68,7 @@ class RowLayout:
         n, d = p.shape
         if d != self.dim:
             raise PayloadError(f"samples have dimension {d}, expected {self.dim}")
-        raw = packed_nbytes(n * d, self.bits)
-        method = p.meta.get("entropy", "none")
-        stream = p.buffers["codes"]
-        packed = stream if method == "none" else decompress(stream, method, raw)
+        packed = packed_codes(p, self.bits)
         codes = unpack(packed, self.bits, n * d).reshape(n, d)
         if self.padded_dim != d:
             codes = np.pad(codes, ((0, 0), (0, self.padded_dim - d)))

@@ -277,13 +277,18 @@ def range_mode(ranges: str, per_channel: bool, sample_shape: tuple[int, ...]) ->
     return ranges
 
 
-def quantizer_for(cfg: Any, mode: str, channels: int = 0, dither_seed: int | None = None):
+def quantizer_for(cfg: Any, mode: str, channels: int = 0, dither_seed: int | None = None,
+                  sample_shape: tuple[int, ...] | None = None):
     """The ``uniform`` data quantizer of range layout ``mode`` for DQ knobs ``cfg``.
 
     ``cfg`` has ``bits``, ``stochastic``, ``entropy_coder`` and ``dither`` (a ``DQConfig``).
+    ``sample_shape`` (one sample's shape) gives the ``context`` coder its 2-D
+    neighbourhoods; it changes nothing for the other coders.
     """
     params: dict[str, Any] = {"bits": cfg.bits, "stochastic": cfg.stochastic,
                               "entropy": cfg.entropy_coder}
+    if cfg.entropy_coder == "context" and sample_shape is not None:
+        params["sample_shape"] = tuple(int(s) for s in sample_shape)
     if mode == "channel" and channels > 1:
         params["per_channel"] = channels
     if mode == "feature":

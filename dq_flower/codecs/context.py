@@ -1,0 +1,347 @@
+"""Context-model arithmetic coding of quantized codes: the ``context`` sample coder.
+
+The codes of a batch of quantized samples are coded with an ANS coder
+(:class:`constriction.stream.stack.AnsCoder`) under an adaptive context model that both
+ends rebuild from the message alone: every probability row is ``counts + 1/2`` (the
+Krichevsky-Trofimov estimate) of the codes already coded in the same context, so nothing
+beyond the stream and the payload's declared shape is shared.
+
+Image-shaped samples ``(C, H, W)`` (codes laid out channel-first, as a flattened CHW
+image): a code's context is its channel group and the codes of its left, upper,
+upper-left and upper-right neighbours (zero outside the image), each reduced to its top
+:data:`NEIGHBOUR_BITS` bits. The codes are coded in *waves*: code ``(r, c)`` belongs to
+wave ``2 r + c``, so all four neighbours lie in earlier waves and every wave, across all
+samples and channels at once, is one vectorised step; the counts are updated between
+waves. Flat samples (tabular rows) use a per-feature model: a code's context is its
+feature (features grouped where there are very many), and each sample (or group of
+samples) is one wave.
+
+The stream opens with the code count (32 bits), so a stream made for another count is
+refused before any code is decoded. Decoding is bounded: the declared count fixes the work
+and memory (the caller has bounded the declared shape), the model's size is bounded by
+:data:`MAX_CONTEXT_ROWS`, and a stream that holds data beyond the declared codes, or is
+truncated or corrupt, raises :class:`~dq_flower.codecs.base.PayloadError`.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import constriction  # type: ignore[import-untyped]
+import numpy as np
+
+from .base import MAX_ELEMENTS, PayloadError
+
+__all__ = ["NEIGHBOUR_BITS", "MAX_CONTEXT_ROWS", "MAX_WAVES", "MAX_PER_FEATURE_D",
+           "check_shape", "shape_text", "parse_shape", "encode", "decode"]
+
+#: Bits of each neighbour's code that enter the context (2 neighbours' top bits each).
+NEIGHBOUR_BITS = 2
+#: Channel groups of an image's context (channels beyond are grouped evenly).
+MAX_CHANNEL_GROUPS = 4
+#: Most probability rows (contexts) a model may have; bounds its memory to 2**20 counts.
+MAX_CONTEXT_ROWS = 1 << 12
+#: Largest sample (values) for which the ``uniform`` encoder also tries the per-feature
+#: model on an image and keeps the smaller stream (digits' 8x8 code smaller that way).
+MAX_PER_FEATURE_D = 1024
+#: Most waves (sequential steps) of a flat batch; samples are grouped beyond it.
+MAX_FLAT_WAVES = 64
+#: Most waves of an image (``2 (H - 1) + W``): bounds the image's height and width.
+MAX_WAVES = 1 << 14
+#: Prior count of every symbol in every context (Krichevsky-Trofimov).
+PRIOR = 0.5
+#: Most probability-row entries the encoder hands the ANS coder at once.
+_BLOCK = 1 << 18
+
+_MODEL = constriction.stream.model.Categorical(perfect=False)
+#: The stream starts with the code count, two 16-bit symbols: a stream made for another
+#: count (or none) is refused before any code is decoded.
+_COUNT_MODEL = constriction.stream.model.Uniform(1 << 16)
+
+
+def _count_symbols(count: int) -> np.ndarray:
+    return np.array([count & 0xFFFF, count >> 16], dtype=np.int32)
+
+
+def check_shape(shape: object, d: int) -> tuple[int, int, int] | None:
+    """Validate an image shape ``(C, H, W)`` of ``d`` codes per sample; ``None`` means flat.
+
+    Raises
+    ------
+    PayloadError
+        Not three positive ints, a product other than ``d``, or more than
+        :data:`MAX_WAVES` waves.
+    """
+    if shape is None:
+        return None
+    if (not isinstance(shape, (list, tuple)) or len(shape) != 3
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape)):
+        raise PayloadError(f"context shape must be three positive ints, got {shape!r}")
+    c, h, w = (int(s) for s in shape)
+    if c * h * w != d:
+        raise PayloadError(f"context shape {c}x{h}x{w} does not hold {d} codes per sample")
+    if 2 * (h - 1) + w > MAX_WAVES:
+        raise PayloadError(f"context shape {c}x{h}x{w} needs more than {MAX_WAVES} waves")
+    return c, h, w
+
+
+_SHAPE_TEXT = re.compile(r"([1-9][0-9]{0,8})x([1-9][0-9]{0,8})x([1-9][0-9]{0,8})")
+
+
+def shape_text(shape: tuple[int, int, int]) -> str:
+    """An image shape as it travels in a payload's meta: ``"CxHxW"``."""
+    return "x".join(str(int(s)) for s in shape)
+
+
+def parse_shape(text: object, d: int) -> tuple[int, int, int] | None:
+    """Parse and check a meta ``"CxHxW"`` (``None`` stays ``None``: flat samples).
+
+    Raises
+    ------
+    PayloadError
+        Not of that form, or not a valid shape of ``d`` codes (see :func:`check_shape`).
+    """
+    if text is None:
+        return None
+    match = _SHAPE_TEXT.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise PayloadError(f"context shape must read 'CxHxW', got {str(text)[:40]!r}")
+    return check_shape(tuple(int(g) for g in match.groups()), d)
+
+
+class _Waves:
+    """The coding schedule of a batch: its codes in coding order, wave by wave.
+
+    The codes live in a flat int32 array (an image batch keeps a zero border around each
+    plane, so neighbours are plain offsets). ``order[bounds[k]:bounds[k + 1]]`` are the
+    positions wave ``k`` codes; a position's context is ``base`` plus, for images, the
+    weighted top bits of its four neighbours ``neighbours[:, i]`` (all in earlier waves).
+    """
+
+    def __init__(self, n: int, d: int, bits: int, shape: tuple[int, int, int] | None) -> None:
+        self.n, self.d, self.bits = n, d, bits
+        self.symbols = 1 << bits
+        self.shape = shape
+        self.shift = 0
+        self.neighbours: np.ndarray | None = None
+        if shape is None:
+            groups = max(min(d, MAX_CONTEXT_ROWS), 1)
+            self.rows = groups
+            waves = min(n, MAX_FLAT_WAVES)
+            self.size = n * d
+            self.order = np.arange(n * d, dtype=np.int64)
+            self.bounds = (np.arange(waves + 1, dtype=np.int64) * n // max(waves, 1)) * d
+            feature = np.arange(d, dtype=np.int64) * groups // max(d, 1)
+            self.base = np.tile(feature, n)
+            for arr in (self.order, self.bounds, self.base):
+                arr.flags.writeable = False
+            return
+        c, h, w = shape
+        q = min(bits, NEIGHBOUR_BITS)
+        self.shift = bits - q
+        levels = 1 << q
+        groups = min(c, MAX_CHANNEL_GROUPS)
+        self.rows = groups * levels ** 4
+        planes = n * c
+        self.size = planes * (h + 1) * (w + 2)
+        cells, counts = _wave_cells(h, w)
+        start = np.arange(planes, dtype=np.int64) * ((h + 1) * (w + 2))
+        # coding order: wave by wave; within a wave, plane by plane
+        pieces = [(start[:, None] + cell[None, :]).reshape(-1) for cell in cells]
+        self.order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+        self.bounds = np.concatenate([[0], np.cumsum(counts * planes)]).astype(np.int64)
+        chan = (np.arange(planes, dtype=np.int64) % c) * groups // c * levels ** 4
+        self.base = np.concatenate([np.repeat(chan, cell.size) for cell in cells]) \
+            if cells else np.zeros(0, np.int64)
+        offsets = np.array([1, w + 2, w + 3, w + 1], dtype=np.int64)  # L, U, UL, UR
+        self.neighbours = self.order[None, :] - offsets[:, None]
+        self.levels = levels
+        for arr in (self.order, self.bounds, self.base, self.neighbours):
+            arr.flags.writeable = False
+
+    @property
+    def num_waves(self) -> int:
+        """Sequential steps of the schedule."""
+        return int(self.bounds.size - 1)
+
+    def contexts(self, grid: np.ndarray, s: int, e: int) -> np.ndarray:
+        """Contexts of the coding-order positions ``s .. e - 1`` (their neighbours known)."""
+        if self.neighbours is None:
+            return self.base[s:e]
+        top = grid[self.neighbours[:, s:e]]
+        if self.shift:
+            top >>= self.shift
+        left, up, up_left, up_right = top
+        levels = self.levels
+        return self.base[s:e] + ((left * levels + up) * levels + up_left) * levels + up_right
+
+    def layout(self, flat_codes: np.ndarray) -> np.ndarray:
+        """The code array of ``(n * d,)`` codes (images: with a zero border per plane)."""
+        if self.shape is None:
+            return flat_codes.astype(np.int32)
+        c, h, w = self.shape
+        out = np.zeros((self.n * c, h + 1, w + 2), dtype=np.int32)
+        out[:, 1:, 1:-1] = flat_codes.reshape(self.n * c, h, w)
+        return out.reshape(-1)
+
+    def unlayout(self, grid: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`layout`: the ``(n * d,)`` codes as uint8."""
+        if self.shape is None:
+            return grid.astype(np.uint8)
+        c, h, w = self.shape
+        inner = grid.reshape(self.n * c, h + 1, w + 2)[:, 1:, 1:-1]
+        return inner.reshape(-1).astype(np.uint8)
+
+
+@lru_cache(maxsize=16)
+def _schedule(n: int, d: int, bits: int, shape: tuple[int, int, int] | None) -> _Waves:
+    """The (read-only, cached) schedule of a batch."""
+    return _Waves(n, d, bits, shape)
+
+
+@lru_cache(maxsize=32)
+def _wave_cells(h: int, w: int) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Per wave ``k``, the in-plane positions ``(r + 1) (w + 2) + c + 1`` with ``2 r + c = k``."""
+    waves = []
+    for k in range(2 * (h - 1) + w):
+        r = np.arange(max(0, -(-(k - w + 1) // 2)), min(h - 1, k // 2) + 1, dtype=np.int64)
+        waves.append((r + 1) * (w + 2) + (k - 2 * r) + 1)
+    return tuple(waves), np.array([c.size for c in waves], dtype=np.int64)
+
+
+def _histogram(ctx: np.ndarray, sym: np.ndarray, rows: int, symbols: int) -> np.ndarray:
+    """Counts ``(rows, symbols)`` of the pairs ``(ctx, sym)``."""
+    flat = np.bincount(ctx * symbols + sym, minlength=rows * symbols)
+    return flat.reshape(rows, symbols).astype(np.float64)
+
+
+def _encode_blocks(coder, waves: _Waves, ctx: np.ndarray, sym: np.ndarray) -> None:
+    """Encode wave by wave, last to first, in blocks of at most ``_BLOCK`` row entries.
+
+    The counts before wave ``k`` are all counts minus those of waves ``k, k + 1, ...``.
+    """
+    counts = _histogram(ctx, sym, waves.rows, waves.symbols) + PRIOR
+    bounds = waves.bounds
+    k = waves.num_waves
+    while k > 0:
+        first = k - 1
+        while first > 0 and (bounds[k] - bounds[first - 1]) * waves.symbols <= _BLOCK:
+            first -= 1
+        s0, e0 = int(bounds[first]), int(bounds[k])
+        rows = np.empty((e0 - s0, waves.symbols), dtype=np.float64)
+        for j in range(k - 1, first - 1, -1):
+            a, b = int(bounds[j]), int(bounds[j + 1])
+            counts -= _histogram(ctx[a:b], sym[a:b], waves.rows, waves.symbols)
+            rows[a - s0:b - s0] = counts[ctx[a:b]]
+        if e0 > s0:
+            coder.encode_reverse(sym[s0:e0], _MODEL, rows)
+        k = first
+
+
+def encode(codes: np.ndarray, bits: int, n: int, d: int,
+           shape: tuple[int, int, int] | None = None) -> np.ndarray:
+    """Code ``n * d`` codes of ``bits`` bits (sample after sample) into a uint8 stream.
+
+    Parameters
+    ----------
+    codes : numpy.ndarray
+        ``n * d`` integer codes in ``[0, 2**bits)``.
+    bits : int
+        Bits per code, 1 to 8.
+    n, d : int
+        Samples and codes per sample.
+    shape : tuple of int or None
+        Image shape ``(C, H, W)`` of a sample (``C * H * W == d``); ``None`` for flat
+        samples (per-feature model).
+
+    Returns
+    -------
+    numpy.ndarray
+        The ANS stream (uint8, a whole number of 32-bit words, little-endian).
+    """
+    waves = _schedule(int(n), int(d), int(bits), check_shape(shape, d))
+    flat = np.asarray(codes).reshape(-1)
+    if flat.size != n * d:
+        raise ValueError(f"expected {n * d} codes, got {flat.size}")
+    grid = waves.layout(flat)
+    coder = constriction.stream.stack.AnsCoder()
+    if n * d:
+        size = waves.order.size
+        ctx = waves.contexts(grid, 0, size)
+        sym = grid[waves.order]
+        if waves.num_waves * waves.rows * waves.symbols <= _BLOCK \
+                and size * waves.symbols <= 4 * _BLOCK:
+            # every code's row at once: counts of its context in all earlier waves
+            wave = np.repeat(np.arange(waves.num_waves), np.diff(waves.bounds))
+            cell = wave * waves.rows + ctx
+            hist = np.bincount(cell * waves.symbols + sym,
+                               minlength=waves.num_waves * waves.rows * waves.symbols)
+            before = np.cumsum(hist.reshape(waves.num_waves, -1), axis=0, dtype=np.float64)
+            before -= hist.reshape(waves.num_waves, -1)
+            before += PRIOR
+            coder.encode_reverse(sym, _MODEL, before.reshape(-1, waves.symbols)[cell])
+        else:
+            _encode_blocks(coder, waves, ctx, sym)
+        coder.encode_reverse(_count_symbols(n * d), _COUNT_MODEL)
+    words = coder.get_compressed()
+    return np.ascontiguousarray(words, dtype="<u4").view(np.uint8).copy()
+
+
+def decode(stream: np.ndarray, bits: int, n: int, d: int,
+           shape: tuple[int, int, int] | None = None) -> np.ndarray:
+    """Decode exactly ``n * d`` codes from a :func:`encode` stream, or raise PayloadError.
+
+    The caller bounds ``n * d`` (the work and memory are proportional to it); the model's
+    size is bounded here. A stream with data left after the declared codes, a length that
+    is not whole 32-bit words, or one that cannot be decoded raises
+    :class:`~dq_flower.codecs.base.PayloadError`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The ``n * d`` codes as uint8.
+    """
+    if not 1 <= int(bits) <= 8:
+        raise PayloadError(f"context stream of {bits!r}-bit codes; 1 to 8 accepted")
+    if not 0 <= int(n) * int(d) <= MAX_ELEMENTS:
+        raise PayloadError(f"context stream declares {n} x {d} codes; at most {MAX_ELEMENTS}")
+    buf = np.ascontiguousarray(stream, dtype=np.uint8)
+    if buf.ndim != 1 or buf.size % 4:
+        raise PayloadError(f"context stream holds {buf.size} bytes, not whole 32-bit words")
+    waves = _schedule(int(n), int(d), int(bits), check_shape(shape, d))
+    if n * d == 0:
+        if buf.size:
+            raise PayloadError("context stream carries data for no codes")
+        return np.zeros(0, dtype=np.uint8)
+    words = buf.view("<u4").astype(np.uint32)
+    try:
+        coder = constriction.stream.stack.AnsCoder(words)
+    except Exception as exc:  # a stream whose last word is zero is no valid ANS state
+        raise PayloadError(f"context stream is corrupt: {exc}") from None
+    try:
+        head = np.asarray(coder.decode(_COUNT_MODEL, 2), dtype=np.int32)
+    except Exception as exc:
+        raise PayloadError(f"context stream is corrupt: {exc}") from None
+    if not np.array_equal(head, _count_symbols(n * d)):
+        raise PayloadError(f"context stream was made for {int(head[0]) + (int(head[1]) << 16)} "
+                           f"codes, not the declared {n * d}")
+    grid = np.zeros(waves.size, dtype=np.int32)
+    counts = np.full((waves.rows, waves.symbols), PRIOR, dtype=np.float64)
+    flat_counts = counts.reshape(-1)
+    try:
+        for k in range(waves.num_waves):
+            a, b = int(waves.bounds[k]), int(waves.bounds[k + 1])
+            if a == b:
+                continue
+            ctx = waves.contexts(grid, a, b)
+            sym = np.asarray(coder.decode(_MODEL, counts[ctx]), dtype=np.int32)
+            grid[waves.order[a:b]] = sym
+            flat_counts += np.bincount(ctx * waves.symbols + sym, minlength=flat_counts.size)
+    except Exception as exc:
+        raise PayloadError(f"context stream is corrupt: {exc}") from None
+    if not coder.is_empty():
+        raise PayloadError(f"context stream does not end after the declared {n * d} codes "
+                           "(data left over, missing or corrupt)")
+    return waves.unlayout(grid)
+
