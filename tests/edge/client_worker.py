@@ -5,7 +5,9 @@ protobufs), calls the package's ``ClientApp`` on them, and writes back the reply
 context after the call and a JSON status: whether ``torch`` is in ``sys.modules``, the
 process's peak resident memory and the call's seconds. A raising ClientApp becomes an
 error reply, as on a SuperNode. With ``--block-torch`` any import of torch raises
-(:mod:`torch_blocker`), before anything else is imported.
+(:mod:`torch_blocker`), before anything else is imported; with ``--import-torch`` torch is
+imported first, as in a client whose app defines an ``nn.Module``. The first status also
+has ``import_s``, the seconds the imports took.
 
 Frames are a 4-byte big-endian length and that many bytes.
 """
@@ -41,7 +43,25 @@ def write_frame(stream, data: bytes) -> None:
     stream.write(struct.pack(">I", len(data)) + data)
 
 
+def peak_rss_kb() -> int:
+    """This process's peak resident memory in KiB.
+
+    ``VmHWM`` of ``/proc/self/status`` where there is one: ``ru_maxrss`` would also count
+    the parent's memory at the time it forked this process (Linux keeps it across exec).
+    """
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def main() -> None:
+    t_start = time.perf_counter()
+    if "--import-torch" in sys.argv:
+        import torch  # noqa: F401
+
     from flwr.app import Error, Message
     from flwr.common.serde import (
         context_from_proto,
@@ -54,6 +74,7 @@ def main() -> None:
 
     from dq_flower.harness.client_app import app
 
+    import_s = time.perf_counter() - t_start
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while (msg_bytes := read_frame(stdin)) is not None:
         ctx_bytes = read_frame(stdin) or b""
@@ -69,7 +90,8 @@ def main() -> None:
                             reply_to=msg)
         seconds = time.perf_counter() - t0
         status = {"torch": "torch" in sys.modules, "seconds": seconds,
-                  "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+                  "maxrss_kb": peak_rss_kb(),
+                  "import_s": import_s}
         write_frame(stdout, message_to_proto(reply).SerializeToString())
         write_frame(stdout, context_to_proto(context).SerializeToString())
         write_frame(stdout, json.dumps(status).encode())

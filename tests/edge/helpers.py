@@ -29,18 +29,22 @@ class SubprocessClient:
     """``(Message, Context) -> Message`` served by ``client_worker.py`` in its own process.
 
     The node's ``Context`` travels both ways, so its ``state`` persists across rounds as on
-    a SuperNode. ``statuses`` keeps the worker's status after each call. Use as a context
-    manager: leaving stops the worker by its pid.
+    a SuperNode. ``statuses`` keeps the worker's status after each call. ``python`` is the
+    interpreter (default: this one), e.g. a virtual environment's without PyTorch. Use as a
+    context manager: leaving stops the worker by its pid.
     """
 
-    def __init__(self, *, block_torch: bool, block_log: Path | None = None) -> None:
+    def __init__(self, *, block_torch: bool = False, import_torch: bool = False,
+                 block_log: Path | None = None, python: str | None = None) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         env["OMP_NUM_THREADS"] = "1"
         if block_log is not None:
             env["DQ_TORCH_BLOCK_LOG"] = str(block_log)
-        cmd = [sys.executable, str(WORKER)] + (["--block-torch"] if block_torch else [])
+        cmd = [python or sys.executable, str(WORKER)]
+        cmd += (["--block-torch"] if block_torch else []) + (
+            ["--import-torch"] if import_torch else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, cwd=str(REPO))
         self.statuses: list[dict] = []
