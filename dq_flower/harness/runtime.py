@@ -173,3 +173,16 @@ def model_factory(model: object) -> ModelFactory | None:
         return model
     raise TypeError("model must be a model name, an nn.Module, or a callable returning one; "
                     f"got {type(model).__name__}")
+
+
+def __getattr__(name: str):
+    """``make_model`` and ``resolve_device``, still importable from here (with PyTorch)."""
+    if name == "make_model":
+        from dq_flower.harness.tasks.models import make_model
+
+        return make_model
+    if name == "resolve_device":
+        from dq_flower.model_ops import resolve_device
+
+        return resolve_device
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
