@@ -10,7 +10,7 @@ $(BIN)/dq-flower: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install "torch==2.14.1" "torchvision==0.29.1"
-	$(BIN)/pip install -e ".[test,docs]"
+	$(BIN)/pip install -e ".[server,test,docs]"
 	touch $@
 
 venv: $(BIN)/dq-flower

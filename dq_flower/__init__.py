@@ -8,17 +8,26 @@ The plugin: :class:`DQStrategy` and :class:`GradientStrategy` (Flower strategies
 ``nn.Module``), the client functions in :mod:`dq_flower.client` (``dq_train``,
 ``gradient_train``, ``evaluate``) and :class:`MeasuredGrid`. The harness:
 :func:`simulate` and ``dq-flower compare``.
+
+``import dq_flower.client`` imports no PyTorch (see :mod:`dq_flower.torch_support`): the
+strategies are loaded on first use.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from dq_flower import client, codecs
 from dq_flower.accounting import Ledger, MeasuredGrid
 from dq_flower.baselines.config import GradientConfig
-from dq_flower.baselines.strategy import GradientStrategy
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.strategy import DQStrategy
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.simulate import simulate
 from dq_flower.protocol.spec import DataSpec
+
+if TYPE_CHECKING:
+    from dq_flower.baselines.strategy import GradientStrategy
+    from dq_flower.dq.strategy import DQStrategy
 
 __all__ = [
     "DQStrategy",
@@ -34,3 +43,16 @@ __all__ = [
     "RunResult",
 ]
 __version__ = "0.1.0"
+
+#: The strategies need PyTorch (the server trains the model): imported on first use, so
+#: that a client device without PyTorch can ``import dq_flower.client``.
+_LAZY = {"DQStrategy": "dq_flower.dq.strategy", "GradientStrategy": "dq_flower.baselines.strategy"}
+
+
+def __getattr__(name: str) -> Any:
+    """The strategies, imported (with PyTorch) on first use."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,16 +13,19 @@ A ``DataLoader`` over a map-style data set is read through its ``dataset`` in in
 order (its sampler and shuffling are ignored, so row ids stay stable across rounds); a
 loader over an iterable data set is read batch by batch and must yield the same rows in the
 same order every time.
+
+PyTorch is not needed for numpy data: torch's types are checked only where torch is
+already imported (a torch object exists only then), so a client without PyTorch works.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 __all__ = ["as_arrays", "is_class_target"]
 
@@ -36,8 +39,14 @@ def is_class_target(y: np.ndarray) -> bool:
     return np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_
 
 
+def _loaded_torch() -> Any:
+    """The ``torch`` module if this process imported it, else ``None`` (never imports it)."""
+    return sys.modules.get("torch")
+
+
 def _to_numpy(value: Any) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
+    torch = _loaded_torch()
+    if torch is not None and isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()
     return np.asarray(value)
 
@@ -84,11 +93,13 @@ def _stack_items(items: Sequence[tuple[Any, Any]], what: str) -> tuple[np.ndarra
 
 
 def _convert(data: Any) -> tuple[np.ndarray, np.ndarray]:
-    from torch.utils.data import DataLoader, Dataset, IterableDataset
+    torch = _loaded_torch()
+    if torch is not None:
+        from torch.utils.data import DataLoader, Dataset, IterableDataset
 
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], tuple):
         return _normalise(data[0], data[1], "data (x, y)")
-    if isinstance(data, DataLoader):
+    if torch is not None and isinstance(data, DataLoader):
         inner = data.dataset
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
             return _convert(inner)
@@ -101,8 +112,10 @@ def _convert(data: Any) -> tuple[np.ndarray, np.ndarray]:
         if not xs:
             raise ValueError("the DataLoader yielded no batches")
         return _normalise(np.concatenate(xs), np.concatenate(ys), "DataLoader")
-    if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-        if isinstance(data, torch.utils.data.TensorDataset) and len(data.tensors) >= 2:
+    if (torch is not None and isinstance(data, Dataset)) or (
+            hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        if (torch is not None and isinstance(data, torch.utils.data.TensorDataset)
+                and len(data.tensors) >= 2):
             return _normalise(data.tensors[0], data.tensors[1], "TensorDataset")
         name = type(data).__name__
         x, y = _stack_items([data[i] for i in range(len(data))], name)

@@ -47,7 +47,7 @@ from dq_flower.protocol.gradient import (
     vote_from_payload,
 )
 from dq_flower.protocol.model import MODEL_KEY, decode_model_payload
-from dq_flower.server.common import round_rng
+from dq_flower.seeding import round_rng
 
 __all__ = [
     "gradient_train",

@@ -1,16 +1,19 @@
-"""Federated evaluation on a device's own held-out data."""
+"""Federated evaluation on a device's own held-out data (this needs the model: PyTorch)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
 from dq_flower.data_input import as_arrays
-from dq_flower.model_ops import LossFn
-from dq_flower.model_ops import evaluate as evaluate_model
+from dq_flower.torch_support import require_torch
+
+if TYPE_CHECKING:
+    import torch
+
+    from dq_flower.model_ops import LossFn
 
 __all__ = ["evaluate"]
 
@@ -25,6 +28,9 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     ``num-examples``, which the server uses as the weight.
     """
     del context  # evaluation keeps no state
+    require_torch("federated evaluation (fraction-evaluate > 0)")
+    from dq_flower.model_ops import evaluate as evaluate_model
+
     if "arrays" not in msg.content.array_records:
         raise ValueError("the evaluate message carries no 'arrays' record")
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())

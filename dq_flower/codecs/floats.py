@@ -1,7 +1,9 @@
 """Lossless and half-precision float codecs: ``identity`` (float32) and ``fp16``.
 
-``fp16`` casts through torch, a dependency of the package, for its fast vectorised
-half-precision conversion; everything else in ``dq_flower.codecs`` is numpy.
+``fp16`` casts through torch where it is installed, for its fast vectorised
+half-precision conversion, and through numpy otherwise (the same IEEE round-to-nearest-even
+bits); everything else in ``dq_flower.codecs`` is numpy, so a client without PyTorch has
+every codec.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from .base import (
     Codec,
@@ -49,6 +50,15 @@ class Identity(Codec):
 _HALF_MAX = 65504.0
 
 
+def _to_half(flat: np.ndarray) -> np.ndarray:
+    """``flat`` (float32) rounded to float16, through torch where it can be imported."""
+    try:
+        import torch
+    except ImportError:
+        return flat.astype(np.float16)
+    return torch.from_numpy(flat).half().numpy()
+
+
 @register("fp16")
 @dataclass(frozen=True)
 class Fp16(Codec):
@@ -57,14 +67,15 @@ class Fp16(Codec):
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Round ``x`` to float16, saturating out-of-range values.
 
-        The cast runs through torch (vectorised half-precision conversion, several times
-        faster than numpy's); values are clipped only when the range needs it.
+        The cast runs through torch where it is installed (vectorised half-precision
+        conversion, several times faster than numpy's), else through numpy, with the same
+        result; values are clipped only when the range needs it.
         """
         arr = check_finite(x)
         flat = np.ascontiguousarray(arr.reshape(-1))
         if flat.size and (flat.min() < -_HALF_MAX or flat.max() > _HALF_MAX):
             flat = np.clip(flat, -_HALF_MAX, _HALF_MAX)
-        half = torch.from_numpy(flat).half().numpy()
+        half = _to_half(flat)
         return Payload(self.name, arr.shape, {}, {"values": half}, nbits=16 * half.size)
 
     def decode(self, p: Payload) -> np.ndarray:

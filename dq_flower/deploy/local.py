@@ -51,6 +51,10 @@ class LocalDeployment:
     the run config ``dataset = "none"`` (with ``input-shape``, ``num-classes`` and
     ``fraction-evaluate``) for a server that holds no data.
 
+    ``node_env`` adds environment variables to node ``k``'s SuperNode (and so to the
+    ClientApp processes it starts), e.g. a ``PYTHONPATH`` that makes one node's Python
+    differ from the others'.
+
     With ``simulation=True`` the SuperLink runs Flower's simulation engine instead and no
     SuperNodes are started (``num_nodes`` is ignored).
     """
@@ -65,6 +69,7 @@ class LocalDeployment:
     data_dir: str | None = None
     data_files: Sequence[str | Path] = ()
     node_config: Mapping[str, Any] = field(default_factory=dict)
+    node_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
     credentials: Credentials | None = None
     startup_timeout: float = 60.0
     env: dict[str, str] = field(init=False, default_factory=dict)
@@ -186,7 +191,8 @@ class LocalDeployment:
             insecure=not self.tls, runtime_port=free_port(self.host),
             node_config=self.node_config, max_retries=max_retries)
         label = name or f"supernode-{partition_id}"
-        return self.group.start(cmd, log_path=self.logs / f"{label}.log", env=self.env,
+        env = {**self.env, **self.node_env.get(partition_id, {})}
+        return self.group.start(cmd, log_path=self.logs / f"{label}.log", env=env,
                                 cwd=self.workdir, name=label)
 
     def run(self, app_dir: str | Path, run_config: Mapping[str, Any] | None = None, *,

@@ -19,15 +19,21 @@ State kept across rounds in ``Context.state``:
 
 Each is kept as it was before and after the last round it served, so replies are
 idempotent per round: a server that replays a round after a crash gets the same reply.
+
+A data round with the ``uniform`` scorer and no compensation needs no model, and this
+module imports no PyTorch for it: a device with Flower and numpy only can serve it. The
+knobs that need the model (see :func:`model_knob`) import :mod:`dq_flower.dq.scoring` and
+:mod:`dq_flower.dq.client_model` when used, and fail before any work, naming the knob,
+where PyTorch is missing.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from dq_flower.codecs import ErrorFeedback, Payload, make
@@ -35,7 +41,6 @@ from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.selection import select
-from dq_flower.model_ops import LossFn, resolve_loss, targets_tensor, weighted_loss_grad
 from dq_flower.node import node_key
 from dq_flower.protocol.dq_batch import (
     GRADIENT_KEY,
@@ -49,11 +54,16 @@ from dq_flower.protocol.dq_batch import (
     range_mode,
     ranges_record,
 )
-from dq_flower.protocol.model import MODEL_KEY, load_model_record
 from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_of, spec_record
-from dq_flower.server.common import round_rng
+from dq_flower.seeding import round_rng
+from dq_flower.torch_support import require_torch
 
-__all__ = ["dq_train", "quantizer_for", "score_candidates", "node_key", "round_config"]
+if TYPE_CHECKING:
+    import torch
+
+    from dq_flower.model_ops import LossFn
+
+__all__ = ["dq_train", "model_knob", "quantizer_for", "node_key", "round_config"]
 
 UPLOAD_ROUND_KEY = "dq-upload-round"
 #: Under ``compensation-mode="refresh"``: the samples payload sent in round r
@@ -73,69 +83,31 @@ def round_config(msg: Message) -> dict[str, Any]:
     return dict(msg.content.config_records["config"].items())
 
 
-def _last_linear_input(model: torch.nn.Module):
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    return linears[-1] if linears else None
+def model_knob(config: Mapping[str, Any]) -> str | None:
+    """The knob that makes a round need the model (and PyTorch), or ``None``.
 
-
-def score_candidates(
-    scorer: str, model: torch.nn.Module | None, x: np.ndarray, y: np.ndarray,
-    loss_fn: LossFn | None = None,
-) -> np.ndarray:
-    """Importance of each candidate: ``uniform``, ``loss``, ``gradnorm``, ``entropy``, ``margin``.
-
-    ``loss`` is the per-sample loss under the received model; ``entropy`` the entropy of
-    its predictive distribution (softmax of the outputs) and ``margin`` one minus the gap
-    between its two most probable classes (both need no label, and stay high on samples
-    the model is unsure of). ``gradnorm`` is the norm of
-    the per-sample gradient of the last linear layer, ``||dl/dz|| * sqrt(1 + ||h||^2)``
-    with ``z`` the model's output and ``h`` that layer's input (for a model whose last
-    layer is not linear, ``||dl/dz||``); ``dl/dz`` comes from autograd, so any loss works.
+    ``config`` is the round's config record: a gradient round (``upload-mode`` gradient or
+    auto), a ``scorer`` other than ``uniform``, or a ``compensation`` other than ``none``
+    needs the model; a data round with neither does not (the server sends no model then).
     """
-    if scorer == "uniform" or x.shape[0] == 0:
-        return np.ones(x.shape[0])
-    if model is None:
-        raise ValueError(f"scorer {scorer!r} needs the model: pass model= to dq_train")
-    fn = resolve_loss(loss_fn)
-    dev = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    captured: dict[str, torch.Tensor] = {}
-    last = _last_linear_input(model) if scorer == "gradnorm" else None
-    hook = (last.register_forward_hook(lambda _m, inp, _o: captured.__setitem__("h", inp[0]))
-            if last is not None else None)
-    scores = []
-    try:
-        for i in range(0, x.shape[0], 1024):
-            xb = torch.as_tensor(x[i:i + 1024], dtype=torch.float32).to(dev)
-            yb = targets_tensor(y[i:i + 1024], dev)
-            if scorer == "loss":
-                with torch.no_grad():
-                    scores.append(fn(model(xb), yb).reshape(-1))
-                continue
-            if scorer in ("entropy", "margin"):
-                with torch.no_grad():
-                    p = torch.softmax(model(xb).reshape(xb.shape[0], -1).double(), dim=1)
-                if scorer == "entropy":
-                    scores.append(-(p * torch.log(p.clamp_min(1e-12))).sum(1))
-                else:
-                    top = torch.topk(p, k=min(2, p.shape[1]), dim=1).values
-                    gap = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
-                    scores.append(1.0 - gap)
-                continue
-            with torch.enable_grad():
-                out = model(xb).detach().requires_grad_(True)
-                (dz,) = torch.autograd.grad(fn(out, yb).sum(), out)
-            norm = dz.reshape(dz.shape[0], -1).norm(dim=1)
-            if "h" in captured:
-                h = captured.pop("h").detach().reshape(dz.shape[0], -1)
-                norm = norm * torch.sqrt(1 + (h * h).sum(1))
-            scores.append(norm)
-    finally:
-        if hook is not None:
-            hook.remove()
-        model.train(was_training)
-    return torch.cat(scores).double().cpu().numpy()
+    if config.get("round-mode", "data") == "gradient":
+        return "upload-mode (a gradient round)"
+    scorer = str(config.get("scorer", "uniform"))
+    if scorer != "uniform":
+        return f"scorer={scorer!r}"
+    compensation = str(config.get("compensation", "none"))
+    if compensation != "none":
+        return f"compensation={compensation!r}"
+    return None
+
+
+def __getattr__(name: str) -> Any:
+    """``score_candidates``, imported (with PyTorch) from :mod:`dq_flower.dq.scoring`."""
+    if name == "score_candidates":
+        from dq_flower.dq.scoring import score_candidates
+
+        return score_candidates
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: Rounds of per-round state a client keeps, so that a server resuming from a checkpoint
@@ -220,13 +192,14 @@ def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
         ws.append(rows["weights"].numpy().astype(np.float64))
     if not xs:
         return None
+    from dq_flower.dq.client_model import quantization_residual
+
     w = np.concatenate(ws)
     w = (w / w.sum()).astype(np.float32)
     shape = (-1, *spec.sample_shape)
-    yy = np.concatenate(ys)
-    _, g_true = weighted_loss_grad(model, np.concatenate(xs).reshape(shape), yy, w, loss_fn)
-    _, g_quant = weighted_loss_grad(model, np.concatenate(xqs).reshape(shape), yy, w, loss_fn)
-    return g_true - g_quant
+    return quantization_residual(model, np.concatenate(xs).reshape(shape),
+                                 np.concatenate(xqs).reshape(shape), np.concatenate(ys), w,
+                                 loss_fn)
 
 
 def _upload_rounds(context: Context, n: int) -> np.ndarray:
@@ -253,17 +226,6 @@ def _encode(codec, vector: np.ndarray, rng: np.random.Generator, context: Contex
     return payload
 
 
-def _received_model(msg: Message, model: torch.nn.Module | None,
-                    why: str) -> torch.nn.Module | None:
-    """Load the server's weights into ``model`` when the message carries them."""
-    if MODEL_KEY not in msg.content.array_records:
-        return None
-    if model is None:
-        raise ValueError(f"{why} needs the model: pass model= (your nn.Module) to dq_train")
-    load_model_record(model, msg.content.array_records[MODEL_KEY])
-    return model
-
-
 def _reply(content: RecordDict, msg: Message, spec: DataSpec,
            metrics: dict[str, Any]) -> Message:
     content[SPEC_KEY] = spec_record(spec)
@@ -276,12 +238,14 @@ def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray
                     server_round: int, key: int, rng: np.random.Generator,
                     t0: float) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
-    model = _received_model(msg, model, "a gradient round (upload-mode gradient or auto)")
+    from dq_flower.dq.client_model import batch_gradient, received_model
+
+    model = received_model(msg, model, "a gradient round (upload-mode gradient or auto)")
     if model is None:
         raise ValueError("a gradient round needs the model; the server did not send it")
     size = min(cfg.gradient_batch_size, x.shape[0])
     idx = np.sort(rng.choice(x.shape[0], size=size, replace=False))
-    loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(size, 1.0 / size), loss_fn)
+    loss, grad = batch_gradient(model, x[idx], y[idx], loss_fn)
     codec = make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
     payload = _encode(codec, grad, rng, context, GRAD_EF_KEY, server_round)
     metrics = {"num-examples": int(x.shape[0]), "partition-id": int(key),
@@ -320,6 +284,9 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     t0 = time.perf_counter()
     config = round_config(msg)
     cfg = from_mapping(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
+    knob = model_knob(config)
+    if knob is not None:  # before any work: name the knob where PyTorch is missing
+        require_torch(knob)
     server_round = int(config["server-round"])
     round_seed = int(config.get("round-seed", 0))
     key = node_key(context)
@@ -342,9 +309,16 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     uploaded = (up_round > 0) & (up_round < server_round)
     candidates = np.arange(n) if cfg.resend else np.flatnonzero(~uploaded)
 
-    need = "scorer " + repr(cfg.scorer) if cfg.scorer != "uniform" else "compensation"
-    model = _received_model(msg, model, need)
-    scores = score_candidates(cfg.scorer, model, x_all[candidates], y[candidates], loss_fn)
+    if knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
+        model = None
+        scores = np.ones(candidates.size)
+    else:
+        from dq_flower.dq.client_model import received_model
+        from dq_flower.dq.scoring import score_candidates
+
+        model = received_model(msg, model, knob)
+        scores = score_candidates(cfg.scorer, model, x_all[candidates], y[candidates],
+                                  loss_fn)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
     n_cand = max(int(candidates.size), 1)
@@ -371,13 +345,13 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         xq = quantizer.decode(samples)  # exactly the points the server will decode
         if mode == "feature":
             xq = denormalise(xq, lo, span)
+        from dq_flower.dq.client_model import quantization_residual
+
         shape = (-1, *spec.sample_shape)
-        _, g_true = weighted_loss_grad(model, xb.reshape(shape), y[chosen], sel.weights,
-                                       loss_fn)
-        _, g_quant = weighted_loss_grad(model, xq.reshape(shape), y[chosen], sel.weights,
-                                        loss_fn)
+        delta = quantization_residual(model, xb.reshape(shape), xq.reshape(shape), y[chosen],
+                                      sel.weights, loss_fn)
         codec = make(cfg.compensation, **cfg.compensation_kwargs)
-        compensation = _encode(codec, g_true - g_quant, rng, context, EF_KEY, server_round)
+        compensation = _encode(codec, delta, rng, context, EF_KEY, server_round)
 
     refresh = None
     if cfg.compensation_mode == "refresh":

@@ -5,19 +5,23 @@ else ``partition-id``/``num-partitions`` of the named data set) and its model fr
 config's name, or from a factory (``simulate(model=...)``). Training goes through the same
 public functions a user's app calls: :func:`dq_flower.client.dq_train`,
 :func:`dq_flower.client.gradient_train` and :func:`dq_flower.client.evaluate`.
+
+A DQ data round with the ``uniform`` scorer and no compensation imports no PyTorch here: a
+SuperNode without it serves such rounds from its ``data-file``. Every other handler (a
+model-needing DQ knob, the gradient baselines, FedAvg, federated evaluation) imports
+PyTorch first and, where it is missing, fails before any work with a reply naming the knob.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from dq_flower.client import dq_train, evaluate, gradient_train
+from dq_flower.client import dq_train, evaluate
 from dq_flower.config import from_mapping
-from dq_flower.harness.fedavg_client import fedavg_train
+from dq_flower.dq.client import model_knob
 from dq_flower.harness.methods import get_method
 from dq_flower.harness.runtime import (
     ModelFactory,
@@ -29,6 +33,10 @@ from dq_flower.harness.runtime import (
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.node import node_key
 from dq_flower.protocol.model import MODEL_KEY
+from dq_flower.torch_support import require_torch
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["app", "make_client_app"]
 
@@ -36,6 +44,11 @@ __all__ = ["app", "make_client_app"]
 def _task(msg: Message) -> tuple[dict[str, Any], TaskConfig]:
     config = dict(msg.content["config"].items()) if "config" in msg.content else {}
     return config, from_mapping(TaskConfig, config)
+
+
+def _threads(torch: Any, context: Context) -> None:
+    """Give PyTorch the node config's ``num-threads`` (default 1)."""
+    torch.set_num_threads(max(1, int(context.node_config.get("num-threads", 1))))
 
 
 def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
@@ -50,16 +63,27 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         """Route a train message to the method family's client function."""
-        torch.set_num_threads(max(1, int(context.node_config.get("num-threads", 1))))
         config, task = _task(msg)
-        family = get_method(str(config.get("method", "dq"))).family
-        x, y = client_data(context, task)
+        method = str(config.get("method", "dq"))
+        family = get_method(method).family
         if family == "dq":
-            needs_model = MODEL_KEY in msg.content.array_records
-            return dq_train(msg, context, (x, y), model=model_for(task) if needs_model else None)
+            knob = model_knob(config)
+            if knob is None and MODEL_KEY in msg.content.array_records:
+                knob = "the model the server sent"
+            if knob is not None:  # before any work: name the knob where PyTorch is missing
+                _threads(require_torch(knob), context)
+            x, y = client_data(context, task)
+            return dq_train(msg, context, (x, y),
+                            model=model_for(task) if knob is not None else None)
+        _threads(require_torch(f"method {method!r}"), context)
+        x, y = client_data(context, task)
         if family == "gradient":
+            from dq_flower.baselines.client import gradient_train
+
             return gradient_train(msg, context, (x, y), model=model_for(task))
         if family == "fedavg":
+            from dq_flower.harness.fedavg_client import fedavg_train
+
             return fedavg_train(msg, context, x, y, model_for(task), task.seed,
                                 node_key(context))
         raise ValueError(f"this ClientApp has no handler for method family {family!r}")
@@ -67,7 +91,7 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
     @app.evaluate()
     def evaluate_handler(msg: Message, context: Context) -> Message:
         """Evaluate the global model on this node's held-out rows."""
-        torch.set_num_threads(max(1, int(context.node_config.get("num-threads", 1))))
+        _threads(require_torch("federated evaluation (fraction-evaluate > 0)"), context)
         _, task = _task(msg)
         x, y = client_eval_data(context, task)
         return evaluate(msg, context, (x, y), model=model_for(task))

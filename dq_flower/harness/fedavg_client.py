@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from dq_flower.baselines.config import FedAvgConfig
 from dq_flower.config import from_mapping
 from dq_flower.model_ops import LossFn, resolve_loss, state_arrays, targets_tensor
-from dq_flower.server.common import round_rng
+from dq_flower.seeding import round_rng
 
 __all__ = ["fedavg_train", "local_epochs", "ARRAYS_KEY", "PURPOSE_SHUFFLE"]
 

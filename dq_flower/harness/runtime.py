@@ -1,7 +1,8 @@
 """The harness's glue: named tasks to models and to each node's own data.
 
 Everything here knows the harness's named data sets and models; the plugin (strategies,
-client functions) never imports it.
+client functions) never imports it. PyTorch is imported only where a model is built, so a
+node's data (its ``data-file``) loads without it.
 """
 
 from __future__ import annotations
@@ -9,15 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from flwr.app import Context
 
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_dataset_cached, load_partition, load_task_dataset
-from dq_flower.harness.tasks.models import make_model
-from dq_flower.model_ops import resolve_device
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "TaskInfo",
@@ -31,7 +33,7 @@ __all__ = [
 ]
 
 #: ``factory() -> nn.Module``: a user's model given to ``simulate`` instead of a name.
-ModelFactory = Callable[[], torch.nn.Module]
+ModelFactory = Callable[[], "torch.nn.Module"]
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,9 @@ def client_eval_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np
 
 def build_model(task: TaskConfig, info: TaskInfo) -> torch.nn.Module:
     """The task's named model, initialised from the run seed, on the task's device."""
+    from dq_flower.harness.tasks.models import make_model
+    from dq_flower.model_ops import resolve_device
+
     model = make_model(task.model, info.input_shape, info.outputs, seed=task.seed)
     return model.to(resolve_device(task.device))
 
@@ -157,6 +162,8 @@ def model_factory(model: object) -> ModelFactory | None:
     """
     import copy
 
+    import torch
+
     if model is None or isinstance(model, str):
         return None
     if isinstance(model, torch.nn.Module):
@@ -166,3 +173,16 @@ def model_factory(model: object) -> ModelFactory | None:
         return model
     raise TypeError("model must be a model name, an nn.Module, or a callable returning one; "
                     f"got {type(model).__name__}")
+
+
+def __getattr__(name: str):
+    """``make_model`` and ``resolve_device``, still importable from here (with PyTorch)."""
+    if name == "make_model":
+        from dq_flower.harness.tasks.models import make_model
+
+        return make_model
+    if name == "resolve_device":
+        from dq_flower.model_ops import resolve_device
+
+        return resolve_device
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,18 +2,22 @@
 
 With an entropy coder (``entropy="zlib"``, ...) the vector is entropy-coded where that
 shrinks it (see :mod:`dq_flower.codecs.lossless`); the receiver bounds the declared size by
-its own model's before anything is decompressed.
+its own model's before anything is decompressed. Only the functions that take a model
+import PyTorch (:data:`MODEL_KEY` and decoding do not).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from flwr.app import ArrayRecord
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.entropy import available
 from dq_flower.codecs.lossless import coder_of
-from dq_flower.model_ops import get_flat, num_params, set_flat
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MODEL_KEY", "model_record", "load_model_record", "decode_model_payload"]
 
@@ -29,6 +33,8 @@ def model_record(model: torch.nn.Module, entropy: str = "none") -> ArrayRecord:
     ``entropy`` (``none``, ``zlib``, ``lzma``, ``zstd``) entropy-codes the vector where
     that shrinks it.
     """
+    from dq_flower.model_ops import get_flat
+
     return make("identity", entropy=entropy).encode(get_flat(model)).to_record()
 
 
@@ -63,5 +69,7 @@ def decode_model_payload(payload: Payload, dim: int, entropy: str | None = None)
 def load_model_record(model: torch.nn.Module, record: ArrayRecord,
                       entropy: str | None = None) -> None:
     """Load parameters sent by :func:`model_record`; raises ``ValueError`` if inconsistent."""
+    from dq_flower.model_ops import num_params, set_flat
+
     vec = decode_model_payload(Payload.from_record(record), num_params(model), entropy)
     set_flat(model, vec)

@@ -18,6 +18,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
+from dq_flower.seeding import round_rng  # re-exported: its old home
 
 __all__ = [
     "sample_node_ids",
@@ -34,11 +35,6 @@ __all__ = [
 
 #: What a reply validator may raise for a malformed reply.
 REPLY_ERRORS = (PayloadError, ValueError, KeyError, TypeError)
-
-
-def round_rng(seed: int, server_round: int, node: int, purpose: int = 0) -> np.random.Generator:
-    """Generator for one (run seed, round, node, purpose): never the global RNG or the clock."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(server_round), int(node), purpose])
 
 
 def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float = 3600.0) -> list[int]:
@@ -93,8 +89,9 @@ def screen_replies(
 ) -> tuple[list[tuple[int, Any]], int, int]:
     """Validate every reply: ``([(node, validate(msg)), ...], rejected, failed)``.
 
-    Replies carrying an error count as failed; a reply ``validate`` raises on is rejected,
-    with its reason logged, and so is a second reply from a node that already answered.
+    Replies carrying an error count as failed (their reason is logged); a reply ``validate``
+    raises on is rejected, with its reason logged, and so is a second reply from a node that
+    already answered.
     """
     valid, rejected, failed = [], 0, 0
     seen: set[int] = set()
@@ -102,6 +99,7 @@ def screen_replies(
         node = msg.metadata.src_node_id
         if msg.has_error():
             failed += 1
+            log(WARNING, "reply from node %d failed: %s", node, msg.error.reason)
             continue
         if node in seen:  # one reply per node and round: a second is not used twice
             rejected += 1

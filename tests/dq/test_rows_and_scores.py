@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dq_flower.codecs import make
-from dq_flower.dq.client import score_candidates
 from dq_flower.dq.rows import RowLayout
+from dq_flower.dq.scoring import score_candidates
 from dq_flower.harness.tasks.models import make_model
 
 

@@ -4,6 +4,10 @@
 the same name lives in `dq_flower.model_ops` (alias ``load_arrays``).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from dq_flower.harness.tasks.data import (
     DATASET_NAMES,
     PARTITION_SCHEMES,
@@ -15,17 +19,26 @@ from dq_flower.harness.tasks.data import (
     partition_indices,
     save_npz,
 )
-from dq_flower.harness.tasks.models import MODEL_NAMES, make_model
-from dq_flower.model_ops import (
-    evaluate,
-    flat_grad,
-    get_flat,
-    load_arrays,
-    loss_and_grad,
-    num_params,
-    set_flat,
-    to_arrays,
-)
+
+#: Names that need PyTorch, imported on first use (a node's data loads without it).
+_LAZY = {"MODEL_NAMES": "dq_flower.harness.tasks.models",
+         "make_model": "dq_flower.harness.tasks.models",
+         **{name: "dq_flower.model_ops" for name in (
+             "evaluate", "flat_grad", "get_flat", "load_arrays", "loss_and_grad", "num_params",
+             "set_flat", "to_arrays")}}
+
+if TYPE_CHECKING:
+    from dq_flower.harness.tasks.models import MODEL_NAMES, make_model
+    from dq_flower.model_ops import (
+        evaluate,
+        flat_grad,
+        get_flat,
+        load_arrays,
+        loss_and_grad,
+        num_params,
+        set_flat,
+        to_arrays,
+    )
 
 __all__ = [
     "DATASET_NAMES",
@@ -48,3 +61,12 @@ __all__ = [
     "set_flat",
     "to_arrays",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The model helpers, imported (with PyTorch) on first use."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,82 @@
+"""Importance of candidate samples: ``loss``, ``gradnorm``, ``entropy`` and ``margin``.
+
+``uniform`` needs no model and is answered here too.
+
+This module imports PyTorch; :mod:`dq_flower.dq.client` imports it only for a scorer that
+needs the model, so a client without PyTorch runs the ``uniform`` scorer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dq_flower.model_ops import LossFn, resolve_loss, targets_tensor
+
+__all__ = ["score_candidates"]
+
+
+def _last_linear_input(model: torch.nn.Module):
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return linears[-1] if linears else None
+
+
+def score_candidates(
+    scorer: str, model: torch.nn.Module | None, x: np.ndarray, y: np.ndarray,
+    loss_fn: LossFn | None = None,
+) -> np.ndarray:
+    """Importance of each candidate: ``uniform``, ``loss``, ``gradnorm``, ``entropy``, ``margin``.
+
+    ``entropy`` is the entropy of the received model's predictive distribution (softmax of
+    its outputs) and ``margin`` one minus the gap between its two most probable classes:
+    both need no label and stay high on samples the model is unsure of.
+
+    ``loss`` is the per-sample loss under the received model. ``gradnorm`` is the norm of
+    the per-sample gradient of the last linear layer, ``||dl/dz|| * sqrt(1 + ||h||^2)``
+    with ``z`` the model's output and ``h`` that layer's input (for a model whose last
+    layer is not linear, ``||dl/dz||``); ``dl/dz`` comes from autograd, so any loss works.
+    """
+    if scorer == "uniform" or x.shape[0] == 0:
+        return np.ones(x.shape[0])
+    if model is None:
+        raise ValueError(f"scorer {scorer!r} needs the model: pass model= to dq_train")
+    fn = resolve_loss(loss_fn)
+    dev = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    captured: dict[str, torch.Tensor] = {}
+    last = _last_linear_input(model) if scorer == "gradnorm" else None
+    hook = (last.register_forward_hook(lambda _m, inp, _o: captured.__setitem__("h", inp[0]))
+            if last is not None else None)
+    scores = []
+    try:
+        for i in range(0, x.shape[0], 1024):
+            xb = torch.as_tensor(x[i:i + 1024], dtype=torch.float32).to(dev)
+            yb = targets_tensor(y[i:i + 1024], dev)
+            if scorer == "loss":
+                with torch.no_grad():
+                    scores.append(fn(model(xb), yb).reshape(-1))
+                continue
+            if scorer in ("entropy", "margin"):
+                with torch.no_grad():
+                    p = torch.softmax(model(xb).reshape(xb.shape[0], -1).double(), dim=1)
+                if scorer == "entropy":
+                    scores.append(-(p * torch.log(p.clamp_min(1e-12))).sum(1))
+                else:
+                    top = torch.topk(p, k=min(2, p.shape[1]), dim=1).values
+                    gap = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
+                    scores.append(1.0 - gap)
+                continue
+            with torch.enable_grad():
+                out = model(xb).detach().requires_grad_(True)
+                (dz,) = torch.autograd.grad(fn(out, yb).sum(), out)
+            norm = dz.reshape(dz.shape[0], -1).norm(dim=1)
+            if "h" in captured:
+                h = captured.pop("h").detach().reshape(dz.shape[0], -1)
+                norm = norm * torch.sqrt(1 + (h * h).sum(1))
+            scores.append(norm)
+    finally:
+        if hook is not None:
+            hook.remove()
+        model.train(was_training)
+    return torch.cat(scores).double().cpu().numpy()

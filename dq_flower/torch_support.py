@@ -1,0 +1,39 @@
+"""PyTorch where a step needs it: imported on demand, with a clear error where it is missing.
+
+A DQ data round with the ``uniform`` scorer needs no model, so a client device may run
+without PyTorch (Flower and numpy only). What does need the model (the ``loss`` and
+``gradnorm`` scorers, compensation, gradient rounds, the gradient baselines, federated
+evaluation) calls :func:`require_torch` before any work, naming the knob.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+__all__ = ["INSTALL_HINT", "TorchUnavailableError", "require_torch"]
+
+#: What to install on a node that lacks PyTorch.
+INSTALL_HINT = "pip install 'dq-flower[server]' (or just: pip install torch)"
+
+
+class TorchUnavailableError(ImportError):
+    """A step that needs PyTorch ran where ``import torch`` fails."""
+
+
+def require_torch(what: str) -> ModuleType:
+    """``torch``, imported now; :class:`TorchUnavailableError` naming ``what`` if missing.
+
+    Parameters
+    ----------
+    what : str
+        The knob or function that needs PyTorch (``"scorer='loss'"``, ...), quoted in the
+        error.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise TorchUnavailableError(
+            f"{what} needs PyTorch (the model), which this node cannot import ({exc}). "
+            f"Install it here with {INSTALL_HINT}, or use only model-free knobs on this "
+            "node: scorer='uniform', compensation='none', upload-mode='data'") from exc
+    return torch
