@@ -30,6 +30,8 @@ raw packing whenever coding would not shrink it, and ``nbits`` counts what is se
 its neighbours in 2-D, and the payload's meta ``context_shape`` records that shape; flat
 samples get a per-feature model (and so do small images, at most
 :data:`~dq_flower.codecs.context.MAX_PER_FEATURE_D` values, where that codes smaller).
+Where zlib codes a message smaller (wide codes of small samples, e.g. 8-bit digits), the
+``context`` coder sends that message zlib-coded, and its meta says so.
 """
 
 from __future__ import annotations
@@ -312,10 +314,14 @@ class Uniform(Codec):
                     flat = context.encode(flat_codes, self.bits, n, d, None)
                     if flat.size < coded.size:
                         coded, img = flat, None
+                chosen = "context"
+                byte_coded = compress(packed, "zlib")  # wide codes: bytes may code smaller
+                if byte_coded.size < coded.size:
+                    coded, chosen, img = byte_coded, "zlib", None
             else:
-                coded = compress(packed, self.entropy)
+                coded, chosen = compress(packed, self.entropy), self.entropy
             if coded.size < packed.size:
-                packed, method, code_bits = coded, self.entropy, 8 * coded.size
+                packed, method, code_bits = coded, chosen, 8 * coded.size
         meta = {
             "bits": self.bits,
             "per_channel": self.per_channel,

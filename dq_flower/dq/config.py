@@ -57,8 +57,9 @@ class DQConfig:
         Lossless coding of every upload: the packed sample codes, the compensation and
         the gradient-round gradients (unless their params set ``entropy=``), per message
         only where it shrinks it: ``none``, ``zlib``, ``lzma``, ``zstd`` or ``context``
-        (a context-model ANS coder of the sample codes; the compensation and gradients
-        then use ``zlib``, see :attr:`payload_coder`).
+        (the default: a context-model ANS coder of the sample codes, each message sent
+        zlib-coded instead where that is smaller; the compensation and gradients then use
+        ``zlib``, see :attr:`payload_coder`).
     scorer : str
         Importance score: ``uniform``, ``loss``, ``gradnorm``, ``entropy`` (the predictive
         entropy) or ``margin`` (one minus the gap between the two most probable classes).
@@ -164,7 +165,7 @@ class DQConfig:
     per_channel: bool = False
     ranges: str = "auto"
     dither: bool = False
-    entropy_coder: str = "zlib"
+    entropy_coder: str = "context"
     scorer: str = "uniform"
     selection_rule: str = "topk"
     score_threshold: float = 0.0

@@ -6,7 +6,8 @@ rows every ``eval_every`` steps. A score that beats the phase's best by more tha
 ``min_delta`` resets the patience and snapshots the weights; ``patience`` evaluations
 without such a gain divide the learning rate by ``1 / lr_factor`` (reduce on plateau), and
 the patience running out after ``lr_drops`` drops, or ``max_steps`` steps, ends the phase.
-The phase leaves the model at its best snapshot.
+The phase leaves the model at its best snapshot after training began (the starting weights
+are scored, for the schedule's paired gain, but never kept over trained ones).
 
 The score is higher-is-better: accuracy for class targets (ties broken by the held-out
 loss) and minus the loss for float targets.
@@ -129,16 +130,18 @@ def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_l
                 evaluate: Callable[[], HeldOutScores]) -> PhaseResult:
     """Run one phase: ``step()`` takes one optimizer step and returns its loss.
 
-    ``evaluate()`` scores the held-out rows. The model ends at the best snapshot (the
-    initial weights when no evaluation beat them) and the learning rate at ``base_lr``.
+    ``evaluate()`` scores the held-out rows. The model ends at the best snapshot taken
+    after training began and the learning rate at ``base_lr``.
     """
     tracker = PlateauTracker(rule)
     result = PhaseResult()
     lr = base_lr
     _set_lr(optimizer, lr)
+    # The starting point is scored (the schedule's paired gain needs it) but is no
+    # candidate: a phase always keeps trained weights, so a lucky score of the old model on
+    # a small held-out set cannot throw the new rows' training away.
     first = evaluate()
-    tracker.observe(0, first.score)
-    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    best_state: dict[str, torch.Tensor] = {}
     best_scores = first
     result.initial = first
     result.evaluations = 1
@@ -150,7 +153,7 @@ def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_l
         scores = evaluate()
         result.evaluations += 1
         action = tracker.observe(result.steps, scores.score)
-        if action == "improved":
+        if action == "improved" or not best_state:
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             best_scores = scores
         elif action == "drop":
@@ -159,7 +162,8 @@ def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_l
             result.lr_drops += 1
         elif action == "stop":
             break
-    model.load_state_dict(best_state)
+    if best_state:
+        model.load_state_dict(best_state)
     _set_lr(optimizer, base_lr)
     result.best_step, result.best_score = tracker.best_step, tracker.best
     result.final = best_scores

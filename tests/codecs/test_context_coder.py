@@ -56,10 +56,16 @@ def test_uniform_round_trip_on_real_samples(bits, shape):
     coded = make("uniform", bits=bits, entropy="context", sample_shape=shape)
     p = coded.encode(x, np.random.default_rng(bits))
     raw = make("uniform", bits=bits).encode(x, np.random.default_rng(bits))
-    assert p.meta["entropy"] == "context"  # digits compress at every width
+    # digits compress at every width; at 8 bits zlib codes them smaller and is sent instead
+    assert p.meta["entropy"] == ("zlib" if bits == 8 else "context")
     assert p.nbits < raw.nbits
+    codes = unpack(raw.buffers["codes"], bits, x.size)  # the context stream itself, exact
+    img = None if shape is None or len(shape) == 1 else (1, 8, 8)
+    stream = context.encode(codes, bits, x.shape[0], x.shape[1], img)
+    np.testing.assert_array_equal(context.decode(stream, bits, x.shape[0], x.shape[1], img),
+                                  codes)
     received = Payload.from_record(p.to_record())
-    decoder = make("uniform", bits=bits, entropy="context")  # needs no shape: it travels
+    decoder = make("uniform", bits=bits, entropy=p.meta["entropy"])  # no shape: it travels
     np.testing.assert_array_equal(decoder.decode(received), make("uniform", bits=bits)
                                   .decode(raw))
 
@@ -183,3 +189,19 @@ def test_fashion_mnist_bits_per_coordinate(bits, most):
         sent += 8 * p.buffers["codes"].size
         assert np.isfinite(dec.decode(p)).all()
     assert sent / x.size <= most
+
+
+def test_context_sends_a_message_zlib_coded_where_zlib_is_smaller():
+    from dq_flower.codecs.entropy import compress
+
+    x = (load_digits().data[:64] / 16).astype(np.float32)
+    rng = np.random.default_rng(0)
+    coded = make("uniform", bits=8, entropy="context", sample_shape=(1, 8, 8)).encode(x, rng)
+    plain = make("uniform", bits=8, entropy="none").encode(x, np.random.default_rng(0))
+    zlib_size = compress(plain.buffers["codes"], "zlib").size
+    assert coded.meta["entropy"] == "zlib" and coded.buffers["codes"].size == zlib_size
+    back = make("uniform", bits=8, entropy="zlib").decode(
+        Payload.from_record(coded.to_record()))
+    assert np.array_equal(back, make("uniform", bits=8).decode(plain))
+    two_bit = make("uniform", bits=2, entropy="context", sample_shape=(1, 8, 8)).encode(x, rng)
+    assert two_bit.meta["entropy"] == "context"

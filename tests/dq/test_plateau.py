@@ -97,7 +97,8 @@ def test_lr_drops_reach_the_optimizer():
     constant = HeldOutScores(np.array([1.0]), None, np.zeros(1, dtype=np.uint64))
     train_phase(model, opt, 0.5, PlateauRule(eval_every=1, patience=1, lr_drops=2,
                                              lr_factor=0.1), step, lambda: constant)
-    assert seen == pytest.approx([0.5, 0.05, 0.005])
+    # the first trained score is the phase's first best; then every score is a plateau
+    assert seen == pytest.approx([0.5, 0.5, 0.05, 0.005])
 
 
 @pytest.mark.parametrize("kwargs", [{"eval_every": 0}, {"patience": 0}, {"max_steps": 0},
@@ -105,3 +106,24 @@ def test_lr_drops_reach_the_optimizer():
 def test_bad_rules_are_refused(kwargs):
     with pytest.raises(ValueError):
         PlateauRule(**kwargs)
+
+
+def test_a_phase_keeps_trained_weights_even_when_the_start_scored_better():
+    model = torch.nn.Linear(1, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.no_grad():
+        model.weight.fill_(1.0)  # the best the held-out score can see
+
+    def step():
+        with torch.no_grad():
+            model.weight += 0.1
+        return 0.0
+
+    def evaluate():
+        err = abs(float(model.weight) - 1.0)
+        return HeldOutScores(np.array([err]), None, np.zeros(1, dtype=np.uint64))
+
+    result = train_phase(model, opt, 0.1, PlateauRule(eval_every=2, patience=1, lr_drops=0),
+                         step, evaluate)
+    assert float(model.weight) == pytest.approx(1.2)  # the first trained snapshot
+    assert result.initial.loss[0] == 0.0 and result.final.loss[0] == pytest.approx(0.2)
