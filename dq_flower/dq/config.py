@@ -75,6 +75,10 @@ class DQConfig:
         Score above which ``threshold`` selects (still capped by the budget).
     resend : bool
         Allow samples already uploaded to be chosen again.
+    model_precision : str
+        Precision of the model the server sends where the clients need it (a model-based
+        scorer, compensation, gradient rounds): ``fp32`` or ``fp16`` (half the downlink;
+        the clients then score and compute at the fp16 weights).
     compensation : str
         Gradient codec for the compensation, or ``none``.
     compensation_params : str
@@ -172,6 +176,7 @@ class DQConfig:
     selection_rule: str = "topk"
     score_threshold: float = 0.0
     resend: bool = False
+    model_precision: str = "fp32"
     compensation: str = "none"
     compensation_params: str = ""
     compensation_mode: str = "first-step"
@@ -203,6 +208,8 @@ class DQConfig:
         _check(self.upload_schedule in UPLOAD_SCHEDULES, "upload_schedule",
                f"must be one of {UPLOAD_SCHEDULES}, got {self.upload_schedule!r}")
         _check(0 <= self.holdout_fraction < 1, "holdout_fraction", "must be in [0, 1)")
+        _check(self.model_precision in ("fp32", "fp16"), "model_precision",
+               f"must be fp32 or fp16, got {self.model_precision!r}")
         _check(self.upload_schedule == "fixed" or self.upload_mode != "data"
                or self.holdout_fraction > 0, "holdout_fraction",
                "must be > 0 under the adaptive upload schedule")

@@ -1,10 +1,10 @@
 """DQ's adaptive upload schedule: ask for more samples only while they pay.
 
 After each round's uploads the server trains on its store to a plateau
-(:mod:`dq_flower.dq.plateau`) and compares, on the same held-out rows, the new model with
-the one it had before the upload (a paired comparison: both models are scored on every
-held-out row, the new rows' included, and neither trained on any of them). That gain, and
-the store sizes before and after, decide the next round's ask:
+(:mod:`dq_flower.dq.plateau`) and compares the new model with the one it had before the
+upload on the rows held out of this round's uploads (a paired comparison on rows neither
+model trained on, and neither phase chose its weights by). That gain, and the store sizes
+before and after, decide the next round's ask:
 
 - the first upload round has nothing to compare with: the next ask grows the store by
   ``max_growth``;
@@ -47,19 +47,30 @@ class PairedGain:
 
 
 def paired_gain(before: HeldOutScores, after: HeldOutScores) -> PairedGain:
-    """Gain of ``after`` over ``before`` scored on the same held-out rows."""
+    """Gain of ``after`` over ``before`` scored on the same held-out rows.
+
+    Where ``after.fresh`` marks the rows held out of the round's own uploads, only those
+    count: neither model was trained on them, and neither phase chose its weights by
+    them (the old model's best snapshot was chosen on the older held-out rows, which
+    would flatter it).
+    """
     n = int(after.loss.size)
     if n == 0 or before.loss.size != n:
         return PairedGain(0.0, math.inf, math.nan, math.nan, n)
+    keep = np.ones(n, dtype=bool) if after.fresh is None else after.fresh.astype(bool)
+    n = int(keep.sum())
+    if n == 0:
+        return PairedGain(0.0, math.inf, math.nan, math.nan, 0)
     if after.correct is not None and before.correct is not None:
-        old = 1.0 - before.correct.astype(np.float64)
-        new = 1.0 - after.correct.astype(np.float64)
+        old = 1.0 - before.correct[keep].astype(np.float64)
+        new = 1.0 - after.correct[keep].astype(np.float64)
         diff = old - new
         e0, e1 = float(old.mean()), float(new.mean())
     else:  # float targets: the loss reduction relative to the loss before
-        scale = max(float(before.loss.mean()), 1e-12)
-        diff = (before.loss.astype(np.float64) - after.loss.astype(np.float64)) / scale
-        e0, e1 = float(before.loss.mean()), float(after.loss.mean())
+        lo, ln = before.loss[keep].astype(np.float64), after.loss[keep].astype(np.float64)
+        scale = max(float(lo.mean()), 1e-12)
+        diff = (lo - ln) / scale
+        e0, e1 = float(lo.mean()), float(ln.mean())
     var = float(diff.var(ddof=1)) if n > 1 else math.inf
     if after.correct is not None:  # as if one more row told them apart: 0 of n is no proof
         var = max(var, 1.0 / (n + 1))

@@ -227,12 +227,16 @@ class SampleStore:
         return x, y, rows.weights.astype(np.float32)
 
     def holdout_batches(self, batch_size: int = 1024):
-        """Yield the held-out rows as ``(x, y, weights, node_ids)`` chunks, in store order."""
+        """Yield the held-out rows as ``(x, y, weights, node_ids, ids)`` chunks, in store order.
+
+        ``ids`` are the rows' client-local sample ids.
+        """
         held = np.flatnonzero(self.holdout_mask)
         for start in range(0, held.size, batch_size):
             rows = self._take(held[start:start + batch_size])
             x, y = self._decode(rows)
-            yield x, y, rows.weights.astype(np.float32), self.node_ids(rows)
+            yield (x, y, rows.weights.astype(np.float32), self.node_ids(rows),
+                   rows.ids.astype(np.int64))
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:

@@ -216,6 +216,7 @@ class DQStrategy(ModelStrategy, Strategy):
         #: mean held-out loss per node after the last training phase (adaptive asks)
         self.node_fit: dict[int, float] = {}
         self.last_phase: PhaseResult | None = None
+        self._round_ids: dict[int, np.ndarray] = {}  # this round's uploaded ids per node
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
         self.norms = NormScreen(cfg.norm_bound_factor)
         self.guard = StepGuard(model, self.optimizer)
@@ -299,7 +300,8 @@ class DQStrategy(ModelStrategy, Strategy):
         self.asked[server_round] = {int(n): asks.get(int(n), self.cfg.budget) for n in nodes}
         shared: dict[str, Any] = {}
         if nodes and (self.needs_model or plan.mode == "gradient"):
-            shared[MODEL_KEY] = model_record(self.model)
+            shared[MODEL_KEY] = model_record(
+                self.model, codec="fp16" if self.cfg.model_precision == "fp16" else "identity")
         messages = []
         for node in nodes:
             node_cfg = ConfigRecord(dict(cfg.items()))
@@ -819,6 +821,7 @@ class DQStrategy(ModelStrategy, Strategy):
         if self.store is None or self.stored == stored_before or self.store.num_train == 0:
             return float("nan")
         rng = round_rng(self.seed, server_round, 0, purpose=3)
+        self._round_ids = {u.node: u.batch.ids for u in fresh if len(u.batch)}
         first = self._fresh_training_step(fresh)
         self.model.train()
         phase = train_phase(self.model, self.optimizer, self.cfg.lr, self.plateau,
@@ -853,18 +856,27 @@ class DQStrategy(ModelStrategy, Strategy):
     def _score_holdout(self) -> HeldOutScores:
         """Per-row loss and correctness of the model on the store's held-out rows."""
         assert self.store is not None
-        losses, correct, nodes = [], [], []
-        for x, y, _, node_ids in self.store.holdout_batches():
+        losses, correct, nodes, fresh = [], [], [], []
+        for x, y, _, node_ids, ids in self.store.holdout_batches():
             loss, hit = per_sample_results(self.model, self._shaped(x), y, self.loss_fn)
             losses.append(loss)
             nodes.append(node_ids)
+            fresh.append(self._fresh_rows(node_ids, ids))
             if hit is not None:
                 correct.append(hit)
         if not losses:
             return HeldOutScores(np.zeros(0), None, np.zeros(0, dtype=np.uint64))
         return HeldOutScores(np.concatenate(losses),
                              np.concatenate(correct) if correct else None,
-                             np.concatenate(nodes))
+                             np.concatenate(nodes), np.concatenate(fresh))
+
+    def _fresh_rows(self, node_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Which of these rows came with this round's uploads."""
+        mask = np.zeros(ids.size, dtype=bool)
+        for node, new_ids in self._round_ids.items():
+            here = node_ids == np.uint64(node)
+            mask[here] = np.isin(ids[here], new_ids)
+        return mask
 
     def _schedule_metrics(self, stored_before: int) -> dict[str, MetricRecordValues]:
         """The adaptive schedule's round metrics (steps, held-out score, gain, next ask)."""

@@ -27,15 +27,18 @@ MODEL_KEY = "model"
 MODEL_CODECS = ("identity", "fp16")
 
 
-def model_record(model: torch.nn.Module, entropy: str = "none") -> ArrayRecord:
-    """The model's parameters as one raw float32 vector (codec ``identity``).
+def model_record(model: torch.nn.Module, entropy: str = "none",
+                 codec: str = "identity") -> ArrayRecord:
+    """The model's parameters as one raw vector: float32 (``identity``) or ``fp16``.
 
     ``entropy`` (``none``, ``zlib``, ``lzma``, ``zstd``) entropy-codes the vector where
     that shrinks it.
     """
     from dq_flower.model_ops import get_flat
 
-    return make("identity", entropy=entropy).encode(get_flat(model)).to_record()
+    if codec not in MODEL_CODECS:
+        raise ValueError(f"model codec must be one of {MODEL_CODECS}, got {codec!r}")
+    return make(codec, entropy=entropy).encode(get_flat(model)).to_record()
 
 
 def decode_model_payload(payload: Payload, dim: int, entropy: str | None = None):

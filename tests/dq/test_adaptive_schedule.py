@@ -90,3 +90,18 @@ def test_the_fixed_schedule_keeps_todays_behaviour():
     rows = [r for r in result.history if r["round"] >= 1]
     assert [r["stored"] for r in rows] == [40, 80, 120]
     assert "next_ask" not in rows[0] and "holdout_rows" not in rows[0]
+
+
+@pytest.mark.parametrize("scorer", ["entropy", "margin"])
+def test_a_model_scorer_starts_uniform_and_the_model_travels_at_the_chosen_precision(scorer):
+    knobs = dict(_KNOBS, scorer=scorer, selection_rule="sample")
+    full, _ = run_inprocess(num_clients=2, rounds=2, **knobs)
+    half, _ = run_inprocess(num_clients=2, rounds=2, model_precision="fp16", **knobs)
+    r1, r2 = full.history[1], full.history[2]
+    params = full.num_params
+    assert r1["down_bytes"] < 2 * 1000  # round 1: the round config only, no model
+    assert r2["down_bytes"] > 2 * 4 * params  # round 2: the trained model, float32
+    assert half.history[1]["down_bytes"] == r1["down_bytes"]
+    saved = r2["down_bytes"] - half.history[2]["down_bytes"]
+    assert abs(saved - 2 * 2 * params) < 2 * 200  # two bytes per parameter and client
+    assert r2["selected"] > 0 and half.history[2]["selected"] > 0
