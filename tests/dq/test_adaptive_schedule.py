@@ -4,6 +4,10 @@ import numpy as np
 import pytest
 
 from dq_flower.dq.store import SampleStore
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.server_app import run_server
+from dq_flower.harness.simulate import build_run_config
 
 from .helpers import run_inprocess
 
@@ -77,10 +81,13 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another(adaptive_run)
 
 def test_resume_after_a_kill_ends_where_the_uninterrupted_run_ends(tmp_path, adaptive_run):
     full, _ = adaptive_run
-    ckpt = tmp_path / "ckpt"
-    # the first run stops after 2 rounds (as if killed there); the second resumes
-    run_inprocess(num_clients=3, rounds=2, checkpoint_dir=str(ckpt), **_KNOBS)
-    resumed, _ = run_inprocess(num_clients=3, rounds=12, checkpoint_dir=str(ckpt), **_KNOBS)
+    ckpt, nodes = tmp_path / "ckpt", tmp_path / "nodes"
+    # the server stops after 2 rounds (as if killed there) and a new one resumes from its
+    # checkpoint; the nodes keep their state (SuperNodes outlive a SuperLink restart)
+    for rounds in (2, 12):
+        config = build_run_config("dq", num_clients=3, rounds=rounds,
+                                  checkpoint_dir=str(ckpt), **_KNOBS)
+        resumed = run_server(InProcessGrid(client_app, 3, state_dir=str(nodes)), config)
     assert [_keys(r) for r in resumed.history] == [_keys(r) for r in full.history]
 
 

@@ -35,6 +35,7 @@ def test_with_lossless_refreshed_residuals_a_store_step_is_the_true_gradient():
     # a refreshed residual every round; the server's minibatch is the whole store
     strategy = _strategy(bits=1, budget=40, compensation="identity",
                          compensation_mode="refresh", refresh_every=1, server_steps=2,
+                         upload_schedule="fixed",
                          server_batch_size=10_000)
     grid = InProcessGrid(client_app, 2)
     _play(strategy, grid, 1)

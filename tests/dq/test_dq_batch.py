@@ -93,7 +93,8 @@ def test_strategy_metric_is_the_hand_count_of_the_replies_it_stored():
         return reply
 
     run_config = build_run_config("dq", num_clients=3, rounds=1, seed=3, budget=20,
-                                  server_steps=1, scorer="loss", selection_rule="sample",
+                                  server_steps=1, upload_schedule="fixed", scorer="loss",
+                                  selection_rule="sample",
                                   compensation="fp16")
     result = run_server(InProcessGrid(capturing, 3), run_config)
 

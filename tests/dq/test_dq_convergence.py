@@ -25,7 +25,7 @@ def test_logreg_reaches_full_precision_loss():
     data = (x[:1000], y[:1000], x[1000:], y[1000:])
     common = dict(dataset=data, model="logreg", num_clients=2, rounds=40, budget=50,
                   server_steps=1, lr=1.0, momentum=0.5, weight_decay=0.0, resend=True,
-                  bits=2)
+                  bits=2, upload_schedule="fixed", stochastic=True)
     gaps_quant, gaps_plain = [], []
     for seed in SEEDS[:3]:
         full, _ = run_inprocess(compensation="identity", seed=seed, **common)
@@ -56,7 +56,8 @@ def test_importance_half_budget_close_to_uniform_full_budget():
     # and round), uniform at half the budget (the control) and loss-proportional sampling
     # at half the budget. Accuracy after 4 rounds, averaged over the seeds (the digits test
     # set has 360 samples: one sample is 0.28 points).
-    common = dict(num_clients=4, rounds=4, bits=2, server_steps=40, lr=0.05)
+    common = dict(num_clients=4, rounds=4, bits=2, server_steps=40, lr=0.05,
+                  upload_schedule="fixed", stochastic=True)
     arms = {"full": dict(budget=16), "half": dict(budget=8),
             "important": dict(budget=8, scorer="loss", selection_rule="sample")}
     acc, bits, wire = ({arm: [] for arm in arms} for _ in range(3))
@@ -89,7 +90,8 @@ def test_compensation_helps_1bit_data():
     x, y = _separable()
     data = (x[:1000], y[:1000], x[1000:], y[1000:])
     common = dict(dataset=data, model="logreg", num_clients=2, rounds=40, bits=1, budget=50,
-                  server_steps=1, lr=1.0, momentum=0.5, weight_decay=0.0, resend=True)
+                  server_steps=1, lr=1.0, momentum=0.5, weight_decay=0.0, resend=True,
+                  upload_schedule="fixed", stochastic=True)
     plain, _ = run_inprocess(**common)
     compensated, _ = run_inprocess(compensation="fp16", **common)
     # Measured here: 0.69 without and 0.45 with compensation; require a 0.1 nat gap.

@@ -24,6 +24,8 @@ TASK = TaskConfig(num_partitions=2, seed=3)
 
 
 def _strategy(**knobs):
+    """A strategy for one round's mechanics: the fixed schedule unless a test says not."""
+    knobs.setdefault("upload_schedule", "fixed")
     info = task_info(TASK)
     return DQStrategy(build_model(TASK, info), seed=TASK.seed, **knobs), TASK, info
 
@@ -65,6 +67,13 @@ def test_configure_train_sends_config_and_model_only_when_needed():
     msgs = list(strategy.configure_train(1, None, _train_config(), grid))
     assert "lr" not in msgs[0].content["config"]
     assert "model" in msgs[0].content.array_records
+
+    # the adaptive schedule sends each node its own ask (the budget in the first round)
+    strategy, _, _ = _strategy(upload_schedule="adaptive", budget=10, scorer="loss")
+    msgs = list(strategy.configure_train(1, None, _train_config(), grid))
+    assert [m.content["config"]["budget"] for m in msgs] == [10, 10]
+    assert msgs[0].content["config"]["scorer"] == "uniform"  # nothing trained yet
+    assert "model" not in msgs[0].content.array_records
 
 
 def test_aggregate_train_stores_valid_replies_and_rejects_bad_ones():
@@ -119,7 +128,8 @@ def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():
 
 
 def test_uploaded_samples_are_not_resent_until_exhausted():
-    result, grid = run_inprocess(num_clients=2, rounds=4, budget=300, server_steps=2)
+    result, grid = run_inprocess(num_clients=2, rounds=4, budget=300, server_steps=2,
+                                 upload_schedule="fixed")
     selected = [row["selected"] for row in result.history[1:]]
     n_train = sum(len(load_partition("digits", p, 2, "iid", 0.5, 0)[1]) for p in range(2))
     assert sum(selected) == n_train  # every sample exactly once

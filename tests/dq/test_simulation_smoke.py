@@ -5,7 +5,8 @@ import dq_flower
 
 def test_dq_runs_in_flowers_simulation_engine():
     result = dq_flower.simulate(method="dq", dataset="digits", model="mlp", num_clients=2,
-                                rounds=2, seed=1, budget=32, server_steps=5)
+                                rounds=2, seed=1, budget=32, server_steps=5,
+                                upload_schedule="fixed")
     rows = result.history
     assert [r["round"] for r in rows] == [0, 1, 2]
     for key in ("accuracy", "loss", "up_bytes", "down_bytes", "cum_up_bytes",
@@ -17,3 +18,12 @@ def test_dq_runs_in_flowers_simulation_engine():
     assert 8 * rows[1]["up_bytes"] >= rows[1]["up_payload_bits"]
     assert rows[2]["accuracy"] > rows[0]["accuracy"]
     assert rows[2]["stored"] == 2 * 2 * 32
+
+
+def test_dq_at_its_defaults_runs_in_flowers_simulation_engine():
+    result = dq_flower.simulate(method="dq", dataset="digits", model="mlp", num_clients=2,
+                                rounds=2, seed=1, budget=32, max_server_steps=200)
+    rows = result.history
+    assert rows[1]["stored"] == 2 * 32 and rows[2]["stored"] == 2 * 32 + 32  # growth 1.5
+    assert 0 < rows[1]["server_steps"] <= 200 and rows[1]["holdout_rows"] > 0
+    assert rows[2]["accuracy"] > rows[0]["accuracy"]

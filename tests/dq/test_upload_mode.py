@@ -166,7 +166,7 @@ def _uplink_to(history, target):
 def test_auto_on_the_mlp_is_the_data_run_since_gradients_cost_more():
     # Prepare / Execute: D = 9,610, so a qsgd gradient (about 39 kbit without the lossless
     # stage) costs more than a client's whole share of the data at 2 bits
-    raw = {"entropy-coder": "none"}
+    raw = {"entropy-coder": "none", "upload-schedule": "fixed"}
     data, _ = run_inprocess(rounds=8, model="mlp", seed=1, **{"upload-mode": "data"}, **raw)
     auto, _ = run_inprocess(rounds=8, model="mlp", seed=1, **{"upload-mode": "auto"}, **raw)
     # Assert
@@ -180,7 +180,8 @@ def test_auto_on_logreg_costs_no_more_than_the_cheaper_mode_plus_a_small_margin(
     # (without the lossless stage, which makes logreg's qsgd gradient the cheaper mode
     # throughout)
     runs = {mode: run_inprocess(rounds=20, model="logreg", seed=1,
-                                **{"upload-mode": mode, "entropy-coder": "none"})[0]
+                                **{"upload-mode": mode, "entropy-coder": "none",
+                                   "upload-schedule": "fixed"})[0]
             for mode in ("data", "gradient", "auto")}
     # Execute
     total = {m: r.history[-1]["cum_up_bytes"] for m, r in runs.items()}

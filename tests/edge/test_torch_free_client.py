@@ -48,7 +48,7 @@ def test_a_dq_data_round_runs_on_a_node_that_cannot_import_torch(tmp_path):
     log = tmp_path / "blocked.txt"
     run_config = build_run_config("dq", dataset="digits", model="logreg", num_clients=2,
                                   rounds=ROUNDS, budget=BUDGET, bits=2, scorer="uniform",
-                                  entropy_coder="zlib")
+                                  entropy_coder="zlib", upload_schedule="fixed")
     with SubprocessClient(block_torch=True, block_log=log) as edge:
         result = run_server(_grid(edge, data_file), run_config)
         statuses = list(edge.statuses)
@@ -111,7 +111,8 @@ print("torch loaded:", "torch" in sys.modules)
 def test_a_model_knob_fails_the_torch_free_node_and_the_round_goes_on(tmp_path, caplog):
     data_file, _ = _edge_file(tmp_path)
     run_config = build_run_config("dq", dataset="digits", model="logreg", num_clients=2,
-                                  rounds=ROUNDS, budget=BUDGET, scorer="gradnorm")
+                                  rounds=ROUNDS, budget=BUDGET, scorer="gradnorm",
+                                  upload_schedule="fixed")
     with SubprocessClient(block_torch=True) as edge:
         result = run_server(_grid(edge, data_file), run_config)
         statuses = list(edge.statuses)
