@@ -6,14 +6,18 @@ DQ sends quantized raw samples to the server: use it on trusted networks only.
 
 The plugin: :class:`DQStrategy` and :class:`GradientStrategy` (Flower strategies for any
 ``nn.Module``), the client functions in :mod:`dq_flower.client` (``dq_train``,
-``gradient_train``, ``evaluate``) and :class:`MeasuredGrid`. The harness:
-:func:`simulate` and ``dq-flower compare``.
+``gradient_train``, ``evaluate``), :class:`CompressedUpdates` with its client mod
+:func:`compression_mod` (coded updates for any Flower strategy) and :class:`MeasuredGrid`.
+The harness: :func:`simulate` and ``dq-flower compare``.
 """
 
 from dq_flower import client, codecs
 from dq_flower.accounting import Ledger, MeasuredGrid
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.baselines.strategy import GradientStrategy
+from dq_flower.compression.config import CompressionConfig
+from dq_flower.compression.mod import compression_mod
+from dq_flower.compression.strategy import CompressedUpdates
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.strategy import DQStrategy
 from dq_flower.harness.history import RunResult
@@ -23,6 +27,9 @@ from dq_flower.protocol.spec import DataSpec
 __all__ = [
     "DQStrategy",
     "GradientStrategy",
+    "CompressedUpdates",
+    "compression_mod",
+    "CompressionConfig",
     "MeasuredGrid",
     "Ledger",
     "DQConfig",

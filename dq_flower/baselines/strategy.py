@@ -10,7 +10,6 @@ and replies. The server validates every reply, decodes, aggregates (mean weighte
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -31,7 +30,6 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.codecs import Payload, PayloadError, make
-from dq_flower.codecs.lossless import raw_nbits
 from dq_flower.config import build_config, to_config_record
 from dq_flower.model_ops import (
     LossFn,
@@ -44,6 +42,7 @@ from dq_flower.model_ops import (
 from dq_flower.protocol.gradient import (
     METRICS_KEY,
     VOTE_PREFIX,
+    decode_update,
     epoch_steps,
     model_crc,
     sign_step,
@@ -371,24 +370,7 @@ class GradientStrategy(ModelStrategy, Strategy):
             raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
                                f"expected {keys}")
         sizes = self.sizes if self.cfg.segmented else [self.dim]
-        parts, nbits, raw = [], 0, 0
-        for key, size in zip(keys, sizes, strict=True):
-            payload = Payload.from_record(content.array_records[key])
-            if payload.codec != self.codec.name:
-                raise PayloadError(f"{key} encoded by {payload.codec!r}, "
-                                   f"expected {self.codec.name!r}")
-            if not payload.shape or math.prod(payload.shape) != size:
-                raise PayloadError(f"{key} declares shape {payload.shape}, expected {size} "
-                                   "values")
-            part = np.asarray(self.codec.decode(payload), dtype=np.float32).reshape(-1)
-            if part.size != size:
-                raise PayloadError(f"{key} decodes to {part.size} values, expected {size}")
-            parts.append(part)
-            nbits += int(payload.nbits)
-            raw += raw_nbits(payload)  # checked by the decoder above
-        vec = np.concatenate(parts)
-        if not np.isfinite(vec).all():
-            raise PayloadError("update decodes to non-finite values")
+        vec, nbits, raw = decode_update(content.array_records, keys, sizes, self.codec)
         return vec, float(examples), float(loss), nbits, raw, steps
 
     def aggregate(self, server_round: int, vectors: list[np.ndarray],

@@ -7,7 +7,7 @@ rounds stops with the first client error) and Flower-style federated evaluation.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -16,6 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 
 from dq_flower.codecs import PayloadError
 
@@ -29,6 +30,7 @@ __all__ = [
     "ClientFailureError",
     "FederatedEvaluation",
     "ModelStrategy",
+    "ServerFigures",
     "round_rng",
 ]
 
@@ -240,3 +242,43 @@ class ModelStrategy(FederatedEvaluation):
             return
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         self._returned = arrays
+
+
+class ServerFigures:
+    """Server-side figures of each round, reported where Flower reports the ServerApp's own.
+
+    A strategy records its round's figures (payload bits, rejected replies, server time)
+    with :meth:`record_figures`; ``start`` adds them to the round's ServerApp-side metrics
+    (``Result.evaluate_metrics_serverapp``, beside what ``evaluate_fn`` returns, whose keys
+    win), not to the aggregated ClientApp-side train metrics.
+    """
+
+    def record_figures(self, server_round: int, figures: Mapping[str, Any]) -> None:
+        """Keep ``figures`` of ``server_round`` for the ServerApp-side metrics."""
+        store: dict[int, dict[str, Any]] = self.__dict__.setdefault("_round_figures", {})
+        store[int(server_round)] = dict(figures)
+
+    def round_figures(self, server_round: int) -> dict[str, Any]:
+        """The figures recorded for ``server_round`` (empty if none)."""
+        return dict(self.__dict__.get("_round_figures", {}).get(int(server_round), {}))
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              ) -> Result:
+        """Flower's ``Strategy.start`` (documented there), the figures joined in."""
+
+        def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+            figures = self.round_figures(server_round)
+            if not figures:
+                return res
+            out = MetricRecord(dict(res.items()) if res is not None else {})
+            for key, value in figures.items():
+                if key not in out:
+                    out[key] = value
+            return out
+
+        return super().start(grid, initial_arrays, num_rounds, timeout,  # type: ignore[misc]
+                             train_config, evaluate_config, evaluate)
