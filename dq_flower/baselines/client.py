@@ -296,6 +296,8 @@ def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: Gradie
         state = load_state_dict(context, key) if key else None
         if state is not None:
             coder.load_state_dict(state)
+        if codec.name == "uniform":  # the data quantizer codes rows: the update is one row
+            part = part.reshape(1, -1)
         payloads.append(coder.encode(part, rng))
         if key:
             save_state_dict(context, key, coder.state_dict())
