@@ -344,7 +344,8 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
 
 
 def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
-                   loss_fn: LossFn | None = None) -> Message:
+                   loss_fn: LossFn | None = None,
+                   keys: tuple[str, str] | None = None) -> Message:
     """Answer one round of a :class:`dq_flower.GradientStrategy` with a coded update.
 
     Parameters
@@ -360,6 +361,9 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     loss_fn : callable, optional
         ``loss_fn(outputs, targets)`` returning per-sample losses (default: cross-entropy
         for integer labels, mean squared error for float targets).
+    keys : tuple of str, optional
+        ``(input key, target key)`` of dict samples (``("img", "label")``); by default
+        found from common names (see :mod:`dq_flower.data_input`).
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError("gradient_train needs model= (your nn.Module, the server's "
@@ -372,7 +376,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     server_round = int(config["server-round"])
     seed = int(config.get("run-seed", 0))
     pid = node_key(context)
-    x, y = as_arrays(data)
+    x, y = as_arrays(data, keys)
     if x.shape[0] == 0:
         raise ValueError("this node has no training data")
     begin_round(context, server_round)

@@ -29,8 +29,8 @@ import dq_flower
 from dq_flower.codecs import Payload, make, names
 from dq_flower.compression.wire import MODEL_KEY, RAW_KEY, UPDATE_KEY
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
-from tests.compression.digits_app import Net, make_app
 from tests.compression import digits_app
+from tests.compression.digits_app import Net, make_app
 
 QSGD2 = {"codec": "qsgd", "codec_params": {"levels": 1, "bucket": 64}}  # 2-bit codes
 
@@ -98,13 +98,15 @@ def test_qsgd2_under_fedavg_matches_plain_fedavg_within_2_points():
 @pytest.mark.slow
 @pytest.mark.parametrize("inner", [
     lambda: FedProx(fraction_evaluate=0.0, proximal_mu=0.1),
-    lambda: FedAdam(fraction_evaluate=0.0, eta=0.01),
-])
-def test_qsgd2_under_fedprox_and_fedadam(inner):
-    up_plain, _, plain = run(inner(), None, rounds=10)
-    up, _, coded = run(inner(), QSGD2, rounds=10)
+    lambda: FedAdam(fraction_evaluate=0.0, eta=0.03),
+], ids=["fedprox", "fedadam"])
+def test_qsgd2_under_fedprox_and_fedadam_within_2_points(inner):
+    # measured: FedProx 0.933 plain / 0.936 coded, FedAdam 0.928 / 0.939 (20 rounds)
+    up_plain, _, plain = run(inner(), None, rounds=20)
+    up, _, coded = run(inner(), QSGD2, rounds=20)
     assert up_plain >= 8 * up
-    assert accuracy(coded, 10) >= accuracy(plain, 10) - 0.1 and accuracy(coded, 10) > 0.5
+    assert accuracy(coded, 20) >= accuracy(plain, 20) - 0.02
+    assert accuracy(plain, 20) > 0.85
 
 
 def test_fedprox_and_fedadam_run_wrapped():
@@ -253,10 +255,16 @@ def test_replies_from_unknown_or_repeated_nodes_are_rejected(caplog):
     assert arrays is not None
 
 
-def test_decoded_weights_are_the_weights_sent_plus_the_update():
-    # identity codec, no lossless coding: the inner strategy sees the client's weights
-    wrapper = _wrapper(codec="identity", codec_params="", entropy_coder="none")
-    seen = []
+def test_the_inner_strategy_gets_the_weights_each_client_returned():
+    # identity codec, no lossless coding: decoded weights = sent + (returned - sent)
+    returned: dict[int, ArrayRecord] = {}
+
+    def spy(msg, context, call_next):  # sits between the mod and the user's train()
+        out = call_next(msg, context)
+        returned[int(context.node_id)] = out.content["arrays"]
+        return out
+
+    seen: list[Message] = []
 
     class Spy(FedAvg):
         def aggregate_train(self, server_round, replies):
@@ -264,15 +272,20 @@ def test_decoded_weights_are_the_weights_sent_plus_the_update():
             seen.extend(replies)
             return super().aggregate_train(server_round, replies)
 
-    wrapper.strategy = Spy(fraction_evaluate=0.0)
-    sent, replies = _round(wrapper, nodes=2)
+    wrapper = dq_flower.CompressedUpdates(Spy(fraction_evaluate=0.0), codec="identity",
+                                          entropy_coder="none")
+    sent, replies = _round(wrapper, app=make_app([dq_flower.compression_mod, spy]), nodes=2)
+    assert all(UPDATE_KEY in r.content and "arrays" not in r.content for r in replies)
     wrapper.aggregate_train(1, replies)
     assert len(seen) == 2
     for msg in seen:
         assert list(msg.content.array_records) == ["arrays"]
-        got = msg.content["arrays"]
-        assert list(got.keys()) == list(sent.keys())
-        assert not all(np.array_equal(got[k].numpy(), sent[k].numpy()) for k in sent.keys())
+        got, want = msg.content["arrays"], returned[int(msg.metadata.src_node_id)]
+        assert list(got.keys()) == list(want.keys())
+        for key in want:
+            np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=0,
+                                       atol=1e-6)
+        assert not np.array_equal(got["fc2.bias"].numpy(), sent["fc2.bias"].numpy())
 
 
 # ---------------------------------------------------------------------- the mod
