@@ -11,7 +11,7 @@ and replies. The server validates every reply, decodes, aggregates (mean weighte
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.codecs import Payload, PayloadError, make
-from dq_flower.config import build_config, to_config_record
+from dq_flower.config import build_config, strategy_kwargs, to_config_record
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
@@ -305,6 +305,20 @@ class GradientStrategy(ModelStrategy, Strategy):
                   f"up {up_bits} payload bits")
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
+
+    @classmethod
+    def from_run_config(cls, model: torch.nn.Module, run_config: Mapping[str, Any],
+                        **overrides: Any) -> GradientStrategy:
+        """The strategy with its knobs read from a run config (``context.run_config``).
+
+        Every :class:`GradientConfig` field and scalar argument (``seed``,
+        ``fraction-train``, ...) is read from its hyphenated key where present (``codec``
+        defaults to ``qsgd``), other keys are ignored and ``overrides`` win
+        (:func:`dq_flower.config.strategy_kwargs`); a value of the wrong type raises
+        ``ValueError`` naming its key.
+        """
+        return cls(model, **strategy_kwargs(cls, GradientConfig, run_config, overrides,
+                                            defaults={"codec": "qsgd"}))
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               *args: Any, **kwargs: Any) -> Result:
