@@ -134,6 +134,10 @@ class GradientStrategy(ModelStrategy, Strategy):
         Name written into the messages' config (``qsgd``, ``signsgd``, ...).
     """
 
+    #: The clients' weighted training loss is ClientApp-side; every other figure the
+    #: server's (reported with the ServerApp-side metrics under ``start``).
+    client_metric_keys = ("train-loss",)
+
     def __init__(self, model: torch.nn.Module, codec: str | None = None, *,
                  codec_params: dict[str, Any] | str | None = None,
                  local_steps: int | None = None, lr: float | None = None, seed: int = 0,
