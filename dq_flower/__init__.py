@@ -6,11 +6,12 @@ DQ sends quantized raw samples to the server: use it on trusted networks only.
 
 The plugin: :class:`DQStrategy` and :class:`GradientStrategy` (Flower strategies for any
 ``nn.Module``), the client functions in :mod:`dq_flower.client` (``dq_train``,
-``gradient_train``, ``evaluate``) and :class:`MeasuredGrid`. The harness:
-:func:`simulate` and ``dq-flower compare``.
+``gradient_train``, ``evaluate``), :class:`CompressedUpdates` with its client mod
+:func:`compression_mod` (coded updates for any Flower strategy) and :class:`MeasuredGrid`.
+The harness: :func:`simulate` and ``dq-flower compare``.
 
 ``import dq_flower.client`` imports no PyTorch (see :mod:`dq_flower.torch_support`): the
-strategies are loaded on first use.
+strategies and the compression wrapper and mod are loaded on first use.
 """
 
 from __future__ import annotations
@@ -27,11 +28,17 @@ from dq_flower.protocol.spec import DataSpec
 
 if TYPE_CHECKING:
     from dq_flower.baselines.strategy import GradientStrategy
+    from dq_flower.compression.config import CompressionConfig
+    from dq_flower.compression.mod import compression_mod
+    from dq_flower.compression.strategy import CompressedUpdates
     from dq_flower.dq.strategy import DQStrategy
 
 __all__ = [
     "DQStrategy",
     "GradientStrategy",
+    "CompressedUpdates",
+    "compression_mod",
+    "CompressionConfig",
     "MeasuredGrid",
     "Ledger",
     "DQConfig",
@@ -44,9 +51,12 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-#: The strategies need PyTorch (the server trains the model): imported on first use, so
-#: that a client device without PyTorch can ``import dq_flower.client``.
-_LAZY = {"DQStrategy": "dq_flower.dq.strategy", "GradientStrategy": "dq_flower.baselines.strategy"}
+#: The strategies (and the compression wrapper and mod) may need PyTorch: imported on first
+#: use, so that a client device without PyTorch can ``import dq_flower.client``.
+_LAZY = {"DQStrategy": "dq_flower.dq.strategy", "GradientStrategy": "dq_flower.baselines.strategy",
+         "CompressedUpdates": "dq_flower.compression.strategy",
+         "compression_mod": "dq_flower.compression.mod",
+         "CompressionConfig": "dq_flower.compression.config"}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@ same fields are hyphenated run-config keys (``server-steps``) in ``pyproject.tom
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 import typing
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ __all__ = [
     "to_config_record",
     "field_keys",
     "parse_params",
+    "strategy_kwargs",
 ]
 
 T = TypeVar("T", bound="DataclassInstance")
@@ -156,3 +158,48 @@ def build_config(config: Any, knobs: dict[str, Any], cls: type[Any]) -> Any:
         if name.replace("-", "_") not in known:
             raise ValueError(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
     return from_mapping(cls, {**dataclasses.asdict(base), **knobs})
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _scalar(annotation: Any) -> bool:
+    hints = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+    args = [h for h in hints if h is not type(None)] if hints else [annotation]
+    return len(args) == 1 and args[0] in _SCALARS
+
+
+def strategy_kwargs(strategy_cls: type, config_cls: type, run_config: Mapping[str, Any],
+                    overrides: Mapping[str, Any],
+                    defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``strategy_cls`` read from a run config (``from_run_config``).
+
+    Every field of ``config_cls`` is read from its hyphenated key where present (the rest
+    keep their defaults) into ``config=``; so is every scalar keyword argument of
+    ``strategy_cls.__init__`` that is not a field (``seed``, ``fraction-train``,
+    ``fraction-evaluate``, ``min-available-nodes``, ...). Keys belonging to neither are
+    ignored (``num-server-rounds``, the app's own keys). ``defaults`` (underscore names)
+    apply where the run config lacks the key; ``overrides`` win over everything.
+
+    Raises
+    ------
+    ValueError
+        A value of the wrong type or out of range, naming its key.
+    """
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    present = {_key(k) for k in run_config}
+    mapping = {k: v for k, v in (defaults or {}).items()
+               if k in fields and _key(k) not in present}
+    mapping.update(run_config)
+    kwargs: dict[str, Any] = {"config": from_mapping(config_cls, mapping)}
+    init = vars(strategy_cls).get("__init__") or strategy_cls.__init__  # type: ignore[misc]
+    hints = typing.get_type_hints(init)
+    for name, param in inspect.signature(init).parameters.items():
+        key = _key(name)
+        if (name in fields or name == "self" or key not in run_config
+                or param.kind not in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+                or not _scalar(hints.get(name))):
+            continue
+        kwargs[name] = _coerce(run_config[key], hints[name], key)
+    kwargs.update(overrides)
+    return kwargs

@@ -1,9 +1,12 @@
 """A device's own training data, as the client functions accept it.
 
-``data`` may be a pair of numpy arrays ``(x, y)``, a map-style torch ``Dataset`` yielding
-``(x, y)`` (a ``TensorDataset``, a torchvision data set with its transform, ...) or a
-``DataLoader``. Every form becomes the same two arrays, in a fixed order, because a client
-identifies its samples by their row number across rounds:
+``data`` may be a pair of numpy arrays ``(x, y)``, a map-style data set yielding ``(x, y)``
+pairs (a ``TensorDataset``, a torchvision data set with its transform, ...) or dicts (a
+flwr-datasets partition, a Hugging Face ``datasets.Dataset`` with ``with_transform``, a
+torchvision-style wrapper of one), or a ``DataLoader`` over either. A dict sample's keys are
+found from common names (:data:`SAMPLE_KEYS`, :data:`LABEL_KEYS`) or given as
+``keys=("img", "label")``. Every form becomes the same two arrays, in a fixed order,
+because a client identifies its samples by their row number across rounds:
 
 - ``x``: float32 ``(n, *sample_shape)``, values exactly as given (never rescaled);
 - ``y``: int64 ``(n,)`` class labels when the targets are integers, else float32
@@ -22,16 +25,23 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["as_arrays", "is_class_target"]
+__all__ = ["as_arrays", "is_class_target", "dict_keys", "SAMPLE_KEYS", "LABEL_KEYS"]
+
+#: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
+#: ``img`` or ``image``, Hugging Face processors ``pixel_values``).
+SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "features")
+#: Names of a dict sample's target, in order of preference.
+LABEL_KEYS = ("label", "labels", "y", "target")
 
 #: Converted arrays of recently seen data objects (a client handler gets the same object
-#: every round), keyed by ``id`` and dropped when the object is collected.
-_CACHE: dict[int, tuple[Any, tuple[np.ndarray, np.ndarray]]] = {}
+#: every round), keyed by ``id`` (and the keys given) and dropped when the object is
+#: collected.
+_CACHE: dict[tuple[int, Any], tuple[Any, tuple[np.ndarray, np.ndarray]]] = {}
 
 
 def is_class_target(y: np.ndarray) -> bool:
@@ -80,35 +90,71 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     return xa, ya
 
 
-def _stack_items(items: Sequence[tuple[Any, Any]], what: str) -> tuple[np.ndarray, np.ndarray]:
+def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
+              what: str) -> tuple[str, str]:
+    """The (input, target) keys of a dict sample: ``keys`` if given, else common names.
+
+    Raises ``ValueError`` naming the keys seen when either is missing.
+    """
+    seen = sorted(str(k) for k in sample)
+    if keys is not None:
+        if len(keys) != 2:
+            raise ValueError(f"keys must be (input key, target key), got {keys!r}")
+        missing = [k for k in keys if k not in sample]
+        if missing:
+            raise ValueError(f"{what} has keys {seen}; keys={tuple(keys)!r} names "
+                             f"{missing}, which it lacks")
+        return keys[0], keys[1]
+    found = [next((k for k in names if k in sample), None)
+             for names in (SAMPLE_KEYS, LABEL_KEYS)]
+    if found[0] is None or found[1] is None:
+        raise ValueError(
+            f"{what} is a dict with keys {seen}; found no "
+            f"{'input' if found[0] is None else 'target'} among "
+            f"{SAMPLE_KEYS if found[0] is None else LABEL_KEYS}: pass "
+            "keys=(input key, target key), e.g. keys=(\"img\", \"label\")")
+    return found[0], found[1]
+
+
+def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]:
+    """``(x, y)`` of one sample (or one collated batch): a pair or a dict."""
+    if isinstance(item, Mapping):
+        kx, ky = dict_keys(item, keys, what)
+        return item[kx], item[ky]
+    if not isinstance(item, (tuple, list)) or len(item) < 2:
+        raise ValueError(f"{what} must be a pair (x, y) or a dict, got {type(item).__name__}")
+    return item[0], item[1]
+
+
+def _stack_items(items: Sequence[Any], what: str,
+                 keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     if not items:
         raise ValueError(f"{what} is empty")
     xs, ys = [], []
     for i, item in enumerate(items):
-        if not isinstance(item, (tuple, list)) or len(item) < 2:
-            raise ValueError(f"{what}[{i}] must be a pair (x, y), got {type(item).__name__}")
-        xs.append(_to_numpy(item[0]))
-        ys.append(_to_numpy(item[1]))
+        x, y = _pair(item, keys, f"{what}[{i}]")
+        xs.append(_to_numpy(x))
+        ys.append(_to_numpy(y))
     return np.stack(xs), np.stack(ys)
 
 
-def _convert(data: Any) -> tuple[np.ndarray, np.ndarray]:
+def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     torch = _loaded_torch()
     if torch is not None:
         from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], tuple):
+    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], tuple) \
+            and not isinstance(data[0], Mapping):
         return _normalise(data[0], data[1], "data (x, y)")
     if torch is not None and isinstance(data, DataLoader):
         inner = data.dataset
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
-            return _convert(inner)
+            return _convert(inner, keys)
         xs, ys = [], []
         for batch in data:
-            if not isinstance(batch, (tuple, list)) or len(batch) < 2:
-                raise ValueError("DataLoader batches must be pairs (x, y)")
-            xs.append(_to_numpy(batch[0]))
-            ys.append(_to_numpy(batch[1]))
+            x, y = _pair(batch, keys, "a DataLoader batch")
+            xs.append(_to_numpy(x))
+            ys.append(_to_numpy(y))
         if not xs:
             raise ValueError("the DataLoader yielded no batches")
         return _normalise(np.concatenate(xs), np.concatenate(ys), "DataLoader")
@@ -118,23 +164,31 @@ def _convert(data: Any) -> tuple[np.ndarray, np.ndarray]:
                 and len(data.tensors) >= 2):
             return _normalise(data.tensors[0], data.tensors[1], "TensorDataset")
         name = type(data).__name__
-        x, y = _stack_items([data[i] for i in range(len(data))], name)
+        x, y = _stack_items([data[i] for i in range(len(data))], name, keys)
         return _normalise(x, y, name)
-    raise TypeError("data must be numpy arrays (x, y), a map-style torch Dataset of (x, y) "
-                    f"pairs, or a DataLoader; got {type(data).__name__}")
+    raise TypeError("data must be numpy arrays (x, y), a map-style data set of (x, y) pairs "
+                    f"or dicts, or a DataLoader; got {type(data).__name__}")
 
 
-def as_arrays(data: Any) -> tuple[np.ndarray, np.ndarray]:
+def as_arrays(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The device's data as ``(x, y)`` numpy arrays (see the module docstring).
 
+    Parameters
+    ----------
+    data : tuple, Dataset or DataLoader
+        The device's data; its samples are pairs ``(x, y)`` or dicts.
+    keys : tuple of str, optional
+        ``(input key, target key)`` of dict samples (default: found from
+        :data:`SAMPLE_KEYS` and :data:`LABEL_KEYS`).
+
     Raises ``TypeError`` for an unsupported type and ``ValueError`` for inconsistent,
-    non-finite or empty data.
+    non-finite or empty data, or dict samples whose keys are not found.
     """
-    key = id(data)
+    key = (id(data), None if keys is None else tuple(keys))
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is data:
         return hit[1]
-    arrays = _convert(data)
+    arrays = _convert(data, keys)
     try:
         ref = weakref.ref(data)
     except TypeError:  # tuples and lists cannot be weakly referenced: convert each time

@@ -17,10 +17,11 @@ ROOT = Path(dq_flower.__file__).parent
 
 SERVER = {"dq_flower.dq.strategy", "dq_flower.dq.planner", "dq_flower.dq.store",
           "dq_flower.dq.rows", "dq_flower.baselines.strategy", "dq_flower.server",
-          "dq_flower.server.common", "dq_flower.accounting"}
+          "dq_flower.server.common", "dq_flower.accounting", "dq_flower.compression.strategy"}
 CLIENT = {"dq_flower.dq.client", "dq_flower.dq.scoring", "dq_flower.dq.client_model",
           "dq_flower.baselines.client", "dq_flower.client",
-          "dq_flower.client.evaluate", "dq_flower.node", "dq_flower.data_input"}
+          "dq_flower.client.evaluate", "dq_flower.node", "dq_flower.data_input",
+          "dq_flower.compression.mod"}
 OUTSIDE_PLUGIN = ("dq_flower.harness", "dq_flower.compare", "dq_flower.deploy",
                   "dq_flower.cli")
 

@@ -196,54 +196,62 @@ AFTER_PREFIX = "grad-after@"
 ROUNDS_KEY = "grad-rounds"
 
 
-def _live_keys(context: Context) -> list[str]:
-    return [k for k in list(context.state.keys()) if k.startswith("grad-")
-            and not k.startswith(AFTER_PREFIX) and k not in (ROUND_KEY, ROUNDS_KEY)]
+#: Prefix of every ``Context.state`` entry of the gradient baselines.
+STATE_PREFIX = "grad-"
 
 
-def _snapshot_rounds(context: Context) -> list[int]:
-    meta = context.state.config_records.get(ROUNDS_KEY)
+def _live_keys(context: Context, prefix: str) -> list[str]:
+    return [k for k in list(context.state.keys()) if k.startswith(prefix)
+            and not k.startswith(prefix + "after@")
+            and k not in (prefix + "round", prefix + "rounds")]
+
+
+def _snapshot_rounds(context: Context, prefix: str) -> list[int]:
+    meta = context.state.config_records.get(prefix + "rounds")
     return [] if meta is None else [int(r) for r in cast(list, meta["rounds"])]
 
 
-def _drop_snapshot(context: Context, rnd: int) -> None:
-    prefix = f"{AFTER_PREFIX}{rnd}/"
-    for key in [k for k in list(context.state.keys()) if k.startswith(prefix)]:
+def _drop_snapshot(context: Context, rnd: int, prefix: str) -> None:
+    head = f"{prefix}after@{rnd}/"
+    for key in [k for k in list(context.state.keys()) if k.startswith(head)]:
         del context.state[key]
 
 
-def begin_round(context: Context, server_round: int) -> bool:
+def begin_round(context: Context, server_round: int, prefix: str = STATE_PREFIX) -> bool:
     """Put the client state where it was before ``server_round``; True for a repeated round.
 
-    The live ``grad-*`` entries are restored from the snapshot taken after the latest
-    served round before ``server_round`` (:func:`end_round`), and snapshots of that round
-    or later are dropped: a round the server sends again, also after resuming from an
-    older checkpoint, starts from the same state and gets the same reply.
+    The live entries (``Context.state`` keys starting with ``prefix``, ``grad-`` for the
+    gradient baselines) are restored from the snapshot taken after the latest served
+    round before ``server_round`` (:func:`end_round`), and snapshots of that round or
+    later are dropped: a round the server sends again, also after resuming from an older
+    checkpoint, starts from the same state and gets the same reply.
     """
-    rounds = _snapshot_rounds(context)
+    rounds = _snapshot_rounds(context, prefix)
     repeated = server_round in rounds
     for rnd in rounds:
         if rnd >= server_round:
-            _drop_snapshot(context, rnd)
+            _drop_snapshot(context, rnd, prefix)
     earlier = [r for r in rounds if r < server_round]
-    context.state[ROUNDS_KEY] = ConfigRecord({"rounds": earlier})
-    for key in _live_keys(context):
+    context.state[prefix + "rounds"] = ConfigRecord({"rounds": earlier})
+    for key in _live_keys(context, prefix):
         del context.state[key]
     if earlier:
-        prefix = f"{AFTER_PREFIX}{max(earlier)}/"
-        for key in [k for k in list(context.state.keys()) if k.startswith(prefix)]:
-            context.state[key[len(prefix):]] = _copy_record(context.state[key])
+        head = f"{prefix}after@{max(earlier)}/"
+        for key in [k for k in list(context.state.keys()) if k.startswith(head)]:
+            context.state[key[len(head):]] = _copy_record(context.state[key])
     return repeated
 
 
-def end_round(context: Context, server_round: int) -> None:
-    """Snapshot the live ``grad-*`` entries after ``server_round`` (keeps the last few)."""
-    rounds = [r for r in _snapshot_rounds(context) if r < server_round] + [server_round]
-    for key in _live_keys(context):
-        context.state[f"{AFTER_PREFIX}{server_round}/{key}"] = _copy_record(context.state[key])
+def end_round(context: Context, server_round: int, prefix: str = STATE_PREFIX) -> None:
+    """Snapshot the live ``prefix`` entries after ``server_round`` (keeps the last few)."""
+    rounds = ([r for r in _snapshot_rounds(context, prefix) if r < server_round]
+              + [server_round])
+    for key in _live_keys(context, prefix):
+        context.state[f"{prefix}after@{server_round}/{key}"] = _copy_record(
+            context.state[key])
     for rnd in rounds[:-STATE_HISTORY]:
-        _drop_snapshot(context, rnd)
-    context.state[ROUNDS_KEY] = ConfigRecord({"rounds": rounds[-STATE_HISTORY:]})
+        _drop_snapshot(context, rnd, prefix)
+    context.state[prefix + "rounds"] = ConfigRecord({"rounds": rounds[-STATE_HISTORY:]})
 
 
 # ---------------------------------------------------------------- encoding
@@ -263,12 +271,14 @@ def segments(update: np.ndarray, shapes: list[tuple[int, ...]], per_tensor: bool
 
 
 def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: GradientConfig,
-                  context: Context, rng: np.random.Generator) -> list[Payload]:
+                  context: Context, rng: np.random.Generator,
+                  prefix: str = STATE_PREFIX) -> list[Payload]:
     """Encode the update (per tensor or flat), with error feedback where it applies.
 
     The residual of each segment (and the codec's own state, e.g. PowerSGD's warm start)
     is restored from and saved to ``context.state`` (``grad-ef[-<i>]`` with error
-    feedback, ``grad-codec[-<i>]`` for a stateful codec without it).
+    feedback, ``grad-codec[-<i>]`` for a stateful codec without it; ``prefix`` replaces
+    ``grad-``).
     """
     parts = segments(update, shapes, cfg.segmented)
     payloads = []
@@ -278,14 +288,16 @@ def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: Gradie
         coder: Any
         key: str | None
         if uses_error_feedback(cfg, codec):
-            coder, key = ErrorFeedback(codec), EF_KEY + suffix
+            coder, key = ErrorFeedback(codec), f"{prefix}ef{suffix}"
         else:
             coder = codec
             stateful = callable(getattr(codec, "state_dict", None))
-            key = CODEC_KEY + suffix if stateful else None
+            key = f"{prefix}codec{suffix}" if stateful else None
         state = load_state_dict(context, key) if key else None
         if state is not None:
             coder.load_state_dict(state)
+        if codec.name == "uniform":  # the data quantizer codes rows: the update is one row
+            part = part.reshape(1, -1)
         payloads.append(coder.encode(part, rng))
         if key:
             save_state_dict(context, key, coder.state_dict())
@@ -332,7 +344,8 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
 
 
 def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
-                   loss_fn: LossFn | None = None) -> Message:
+                   loss_fn: LossFn | None = None,
+                   keys: tuple[str, str] | None = None) -> Message:
     """Answer one round of a :class:`dq_flower.GradientStrategy` with a coded update.
 
     Parameters
@@ -348,6 +361,9 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     loss_fn : callable, optional
         ``loss_fn(outputs, targets)`` returning per-sample losses (default: cross-entropy
         for integer labels, mean squared error for float targets).
+    keys : tuple of str, optional
+        ``(input key, target key)`` of dict samples (``("img", "label")``); by default
+        found from common names (see :mod:`dq_flower.data_input`).
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError("gradient_train needs model= (your nn.Module, the server's "
@@ -360,7 +376,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     server_round = int(config["server-round"])
     seed = int(config.get("run-seed", 0))
     pid = node_key(context)
-    x, y = as_arrays(data)
+    x, y = as_arrays(data, keys)
     if x.shape[0] == 0:
         raise ValueError("this node has no training data")
     begin_round(context, server_round)

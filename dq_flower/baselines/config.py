@@ -115,8 +115,8 @@ class GradientConfig:
         (code the flat vector).
     entropy_coder : str
         Lossless coding of every payload of the run (the uploads and the downlink model):
-        ``none`` (default: the codec's exact fixed-length payloads), ``zlib``, ``lzma`` or
-        ``zstd``, applied per message only where it shrinks it (``entropy=`` in
+        ``zlib`` (default, as DQ's), ``none`` (the codec's exact fixed-length payloads),
+        ``lzma`` or ``zstd``, applied per message only where it shrinks it (``entropy=`` in
         ``codec_params`` takes precedence for the uploads). Every comparison preset sets
         ``zlib`` for every method.
     max_failed_rounds : int
@@ -148,7 +148,7 @@ class GradientConfig:
     aggregation: str = "auto"
     error_feedback: str = "auto"
     per_tensor: str = "auto"
-    entropy_coder: str = "none"
+    entropy_coder: str = "zlib"
     max_failed_rounds: int = 3
     trim_fraction: float = 0.2
     clip_norm: float = 0.0

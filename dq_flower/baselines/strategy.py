@@ -10,9 +10,8 @@ and replies. The server validates every reply, decodes, aggregates (mean weighte
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,8 +30,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.codecs import Payload, PayloadError, make
-from dq_flower.codecs.lossless import raw_nbits
-from dq_flower.config import build_config, to_config_record
+from dq_flower.config import build_config, strategy_kwargs, to_config_record
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
@@ -44,6 +42,7 @@ from dq_flower.model_ops import (
 from dq_flower.protocol.gradient import (
     METRICS_KEY,
     VOTE_PREFIX,
+    decode_update,
     epoch_steps,
     model_crc,
     sign_step,
@@ -134,6 +133,10 @@ class GradientStrategy(ModelStrategy, Strategy):
     method : str
         Name written into the messages' config (``qsgd``, ``signsgd``, ...).
     """
+
+    #: The clients' weighted training loss is ClientApp-side; every other figure the
+    #: server's (reported with the ServerApp-side metrics under ``start``).
+    client_metric_keys = ("train-loss",)
 
     def __init__(self, model: torch.nn.Module, codec: str | None = None, *,
                  codec_params: dict[str, Any] | str | None = None,
@@ -307,6 +310,20 @@ class GradientStrategy(ModelStrategy, Strategy):
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
 
+    @classmethod
+    def from_run_config(cls, model: torch.nn.Module, run_config: Mapping[str, Any],
+                        **overrides: Any) -> GradientStrategy:
+        """The strategy with its knobs read from a run config (``context.run_config``).
+
+        Every :class:`GradientConfig` field and scalar argument (``seed``,
+        ``fraction-train``, ...) is read from its hyphenated key where present (``codec``
+        defaults to ``qsgd``), other keys are ignored and ``overrides`` win
+        (:func:`dq_flower.config.strategy_kwargs`); a value of the wrong type raises
+        ``ValueError`` naming its key.
+        """
+        return cls(model, **strategy_kwargs(cls, GradientConfig, run_config, overrides,
+                                            defaults={"codec": "qsgd"}))
+
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` (documented there)."""
@@ -371,24 +388,7 @@ class GradientStrategy(ModelStrategy, Strategy):
             raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
                                f"expected {keys}")
         sizes = self.sizes if self.cfg.segmented else [self.dim]
-        parts, nbits, raw = [], 0, 0
-        for key, size in zip(keys, sizes, strict=True):
-            payload = Payload.from_record(content.array_records[key])
-            if payload.codec != self.codec.name:
-                raise PayloadError(f"{key} encoded by {payload.codec!r}, "
-                                   f"expected {self.codec.name!r}")
-            if not payload.shape or math.prod(payload.shape) != size:
-                raise PayloadError(f"{key} declares shape {payload.shape}, expected {size} "
-                                   "values")
-            part = np.asarray(self.codec.decode(payload), dtype=np.float32).reshape(-1)
-            if part.size != size:
-                raise PayloadError(f"{key} decodes to {part.size} values, expected {size}")
-            parts.append(part)
-            nbits += int(payload.nbits)
-            raw += raw_nbits(payload)  # checked by the decoder above
-        vec = np.concatenate(parts)
-        if not np.isfinite(vec).all():
-            raise PayloadError("update decodes to non-finite values")
+        vec, nbits, raw = decode_update(content.array_records, keys, sizes, self.codec)
         return vec, float(examples), float(loss), nbits, raw, steps
 
     def aggregate(self, server_round: int, vectors: list[np.ndarray],

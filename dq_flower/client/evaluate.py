@@ -19,13 +19,14 @@ __all__ = ["evaluate"]
 
 
 def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
-             loss_fn: LossFn | None = None) -> Message:
+             loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None) -> Message:
     """Evaluate the global model the message carries on ``data``; reply its metrics.
 
     The message holds the model as a state-dict ``ArrayRecord`` under ``arrays`` (the
     layout of Flower's ``FedAvg`` and of this package's strategies). The reply's
     ``MetricRecord`` has ``eval-loss``, ``eval-acc`` (class targets only) and
-    ``num-examples``, which the server uses as the weight.
+    ``num-examples``, which the server uses as the weight. ``data`` is any form of
+    :mod:`dq_flower.data_input`; ``keys`` names the input and target of dict samples.
     """
     del context  # evaluation keeps no state
     require_torch("federated evaluation (fraction-evaluate > 0)")
@@ -34,7 +35,7 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     if "arrays" not in msg.content.array_records:
         raise ValueError("the evaluate message carries no 'arrays' record")
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
-    x, y = as_arrays(data)
+    x, y = as_arrays(data, keys)
     loss, acc = evaluate_model(model, x, y, loss_fn=loss_fn)
     metrics: dict[str, MetricRecordValues] = {
         "eval-loss": float(loss), "num-examples": int(x.shape[0])

@@ -256,7 +256,7 @@ def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray
 
 def dq_train(msg: Message, context: Context, data: Any, *,
              model: torch.nn.Module | None = None,
-             loss_fn: LossFn | None = None) -> Message:
+             loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None) -> Message:
     """Answer one DQ round with this device's quantized samples (and a compensation).
 
     Parameters
@@ -274,6 +274,9 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     loss_fn : callable, optional
         ``loss_fn(outputs, targets)`` returning per-sample losses; the default is
         cross-entropy for integer labels and mean squared error for float targets.
+    keys : tuple of str, optional
+        ``(input key, target key)`` of dict samples (``("img", "label")``); by default
+        found from common names (see :mod:`dq_flower.data_input`).
 
     Returns
     -------
@@ -291,7 +294,7 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     round_seed = int(config.get("round-seed", 0))
     key = node_key(context)
     rng = round_rng(round_seed, server_round, key)
-    x_all, y = as_arrays(data)
+    x_all, y = as_arrays(data, keys)
     spec = spec_of(x_all, y)
     if config.get("round-mode", "data") == "gradient":
         return _gradient_round(msg, context, cfg, x_all, y, model, loss_fn, server_round, key,

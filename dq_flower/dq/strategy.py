@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -41,7 +41,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.codecs import Payload, PayloadError, make
-from dq_flower.config import build_config, to_config_record
+from dq_flower.config import build_config, strategy_kwargs, to_config_record
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig, robust_rule
 from dq_flower.dq.control_variate import ControlVariate
 from dq_flower.dq.holdout import choose_holdout
@@ -228,6 +228,18 @@ class DQStrategy(ModelStrategy, Strategy):
             self._fix_spec(data_spec)
 
     # ------------------------------------------------------------------ Strategy API
+    @classmethod
+    def from_run_config(cls, model: torch.nn.Module, run_config: Mapping[str, Any],
+                        **overrides: Any) -> DQStrategy:
+        """The strategy with its knobs read from a run config (``context.run_config``).
+
+        Every :class:`DQConfig` field and scalar argument (``seed``, ``fraction-train``,
+        ...) is read from its hyphenated key where present, other keys are ignored and
+        ``overrides`` win (:func:`dq_flower.config.strategy_kwargs`); a value of the wrong
+        type raises ``ValueError`` naming its key.
+        """
+        return cls(model, **strategy_kwargs(cls, DQConfig, run_config, overrides))
+
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start``; the planner learns the number of rounds from it."""

@@ -124,7 +124,7 @@ def run_server(
     arrays = state_arrays(model)
     history: list[dict[str, Any]] = []
     start_round, elapsed = 0, 0.0
-    failures = FailureWatch(task.max_failed_rounds, method.name)
+    failures = FailureWatch(task.max_failed_rounds, method.name, announce=False)
 
     checkpoint = load_latest(task.checkpoint_dir) if task.checkpoint_dir else None
     if checkpoint is not None:

@@ -8,12 +8,16 @@ sends the 1-bit votes a client lacks (``vote-<version>``); both ends apply them 
 
 from __future__ import annotations
 
+import math
 import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from dq_flower.baselines.config import GradientConfig
-from dq_flower.codecs import Payload, make
+from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.codecs.lossless import raw_nbits
 
 __all__ = [
     "UPDATE_KEY",
@@ -25,6 +29,7 @@ __all__ = [
     "model_crc",
     "uses_error_feedback",
     "update_keys",
+    "decode_update",
     "epoch_steps",
 ]
 
@@ -67,11 +72,45 @@ def uses_error_feedback(cfg: GradientConfig, codec) -> bool:
     return cfg.error_feedback == "on"
 
 
-def update_keys(cfg: GradientConfig, num_tensors: int) -> list[str]:
-    """Reply record names: ``update``, or ``update-<i>`` per tensor when coded per tensor."""
+def update_keys(cfg: GradientConfig, num_tensors: int, key: str = UPDATE_KEY) -> list[str]:
+    """Reply record names: ``update``, or ``update-<i>`` per tensor when coded per tensor.
+
+    ``key`` replaces ``update`` (the compressed updates of :mod:`dq_flower.compression`
+    use their own name).
+    """
     if cfg.segmented:
-        return [f"{UPDATE_KEY}-{i}" for i in range(num_tensors)]
-    return [UPDATE_KEY]
+        return [f"{key}-{i}" for i in range(num_tensors)]
+    return [key]
+
+
+def decode_update(records: Mapping[str, Any], keys: Sequence[str], sizes: Sequence[int],
+                  codec: Any) -> tuple[np.ndarray, int, int]:
+    """Decode the payloads ``records[key]`` of one update (segment ``i`` has ``sizes[i]``).
+
+    Returns the concatenated float32 vector, its exact payload bits as sent and the same
+    before lossless coding. Raises :class:`PayloadError` for a missing record, another
+    codec, a declared or decoded size other than expected, or non-finite values; every
+    size is checked before anything is decoded.
+    """
+    parts, nbits, raw = [], 0, 0
+    for key, size in zip(keys, sizes, strict=True):
+        if key not in records:
+            raise PayloadError(f"reply misses its {key!r} record")
+        payload = Payload.from_record(records[key])
+        if payload.codec != codec.name:
+            raise PayloadError(f"{key} encoded by {payload.codec!r}, expected {codec.name!r}")
+        if not payload.shape or math.prod(payload.shape) != size:
+            raise PayloadError(f"{key} declares shape {payload.shape}, expected {size} values")
+        part = np.asarray(codec.decode(payload), dtype=np.float32).reshape(-1)
+        if part.size != size:
+            raise PayloadError(f"{key} decodes to {part.size} values, expected {size}")
+        parts.append(part)
+        nbits += int(payload.nbits)
+        raw += raw_nbits(payload)  # checked by the decoder above
+    vec = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    if not np.isfinite(vec).all():
+        raise PayloadError("update decodes to non-finite values")
+    return vec, nbits, raw
 
 
 def epoch_steps(examples: int, batch_size: int, epochs: int) -> int:

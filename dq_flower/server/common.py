@@ -7,7 +7,7 @@ rounds stops with the first client error) and Flower-style federated evaluation.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -16,6 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 
 from dq_flower.codecs import PayloadError
 from dq_flower.seeding import round_rng  # re-exported: its old home
@@ -30,6 +31,7 @@ __all__ = [
     "ClientFailureError",
     "FederatedEvaluation",
     "ModelStrategy",
+    "ServerFigures",
     "round_rng",
 ]
 
@@ -51,16 +53,19 @@ def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float = 3600.0) -> list[
 
 
 def sample_node_ids(
-    grid: Grid, fraction: float, min_nodes: int, rng: np.random.Generator
+    grid: Grid, fraction: float, min_nodes: int, rng: np.random.Generator,
+    stage: str = "configure_train",
 ) -> list[int]:
     """Seeded sample of ``ceil(fraction * connected)`` nodes (at least ``min_nodes``).
 
-    Waits for ``min_nodes`` connected nodes first, as Flower's strategies do.
+    Waits for ``min_nodes`` connected nodes first and logs the line Flower's strategies
+    log (``configure_train: Sampled 4 nodes (out of 4)``, ``stage`` naming the step).
     """
     nodes = wait_for_nodes(grid, min_nodes)
     if not nodes:
         return []
     k = min(len(nodes), max(min_nodes, int(np.ceil(fraction * len(nodes))), 1))
+    log(INFO, "%s: Sampled %s nodes (out of %s)", stage, k, len(nodes))
     if k == len(nodes):
         return nodes
     # Draw positions, not ids: Flower's node ids are unsigned 64-bit, which numpy would
@@ -129,17 +134,24 @@ class FailureWatch:
     """Stop a run whose every sampled client fails ``limit`` rounds in a row.
 
     ``limit`` 0 never stops. The error quotes the first client error seen in that streak,
-    which is usually the cause (an unknown model, a missing data file, a bad shape).
+    which is usually the cause (an unknown model, a missing data file, a bad shape). With
+    ``announce`` each round logs the line Flower's strategies log
+    (``aggregate_train: Received 4 results and 0 failures``).
     """
 
-    def __init__(self, limit: int, name: str) -> None:
+    def __init__(self, limit: int, name: str, announce: bool = True) -> None:
         self.limit = int(limit)
         self.name = name
+        self.announce = announce
         self.streak = 0
         self.first_error = ""
 
     def observe(self, replies: list[Message]) -> None:
         """Record one round's replies; raise :class:`ClientFailureError` at the limit."""
+        if self.announce:
+            failed = sum(1 for m in replies if m.has_error())
+            log(INFO, "aggregate_train: Received %s results and %s failures",
+                len(replies) - failed, failed)
         if not replies or not all(m.has_error() for m in replies):
             self.streak, self.first_error = 0, ""
             return
@@ -171,7 +183,8 @@ class FederatedEvaluation:
         if self.fraction_evaluate <= 0:
             return []
         nodes = sample_node_ids(grid, self.fraction_evaluate, self.min_evaluate_nodes,
-                                round_rng(self.seed, server_round, 0, purpose=5))
+                                round_rng(self.seed, server_round, 0, purpose=5),
+                                stage="configure_evaluate")
         cfg = ConfigRecord(dict(config.items()))
         cfg["server-round"] = server_round
         return [Message(content=RecordDict({"arrays": arrays, "config": cfg}),
@@ -205,12 +218,80 @@ class FederatedEvaluation:
         return MetricRecord({k: v / weight for k, v in totals.items()})
 
 
-class ModelStrategy(FederatedEvaluation):
+class ServerFigures:
+    """Server-side figures of each round, reported where Flower reports the ServerApp's own.
+
+    A strategy records its round's figures (payload bits, rejected replies, server time)
+    with :meth:`record_figures`; ``start`` adds them to the round's ServerApp-side metrics
+    (``Result.evaluate_metrics_serverapp``, beside what ``evaluate_fn`` returns, whose keys
+    win), not to the aggregated ClientApp-side train metrics. A strategy whose
+    ``aggregate_train`` returns both kinds lists the client-side keys in
+    :attr:`client_metric_keys`: under ``start`` the other keys move to the figures (a
+    driver calling ``aggregate_train`` itself, as the harness does, still gets them all).
+    """
+
+    #: Keys of ``aggregate_train``'s metrics aggregated from the clients' replies; ``None``
+    #: when all of them are (nothing moves).
+    client_metric_keys: tuple[str, ...] | None = None
+
+    def record_figures(self, server_round: int, figures: Mapping[str, Any]) -> None:
+        """Keep ``figures`` of ``server_round`` for the ServerApp-side metrics."""
+        store: dict[int, dict[str, Any]] = self.__dict__.setdefault("_round_figures", {})
+        store.setdefault(int(server_round), {}).update(figures)
+
+    def round_figures(self, server_round: int) -> dict[str, Any]:
+        """The figures recorded for ``server_round`` (empty if none)."""
+        return dict(self.__dict__.get("_round_figures", {}).get(int(server_round), {}))
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              ) -> Result:
+        """Flower's ``Strategy.start`` (documented there), the figures joined in."""
+
+        def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+            figures = self.round_figures(server_round)
+            if not figures:
+                return res
+            out = MetricRecord(dict(res.items()) if res is not None else {})
+            for key, value in figures.items():
+                if key not in out:
+                    out[key] = value
+            return out
+
+        client_keys = self.client_metric_keys
+        if client_keys is not None:
+            aggregate = self.aggregate_train  # type: ignore[has-type]
+
+            def split(server_round: int, replies: Iterable[Message]):
+                arrays, metrics = aggregate(server_round, replies)
+                if metrics is None:
+                    return arrays, None
+                keep = {k: v for k, v in metrics.items() if k in client_keys}
+                self.record_figures(server_round, {k: v for k, v in metrics.items()
+                                                   if k not in keep})
+                return arrays, MetricRecord(keep) if keep else None
+
+            self.aggregate_train = split  # for this run only
+        try:
+            return super().start(grid, initial_arrays, num_rounds,  # type: ignore[misc]
+                                 timeout, train_config, evaluate_config, evaluate)
+        finally:
+            self.__dict__.pop("aggregate_train", None)
+
+
+class ModelStrategy(ServerFigures, FederatedEvaluation):
     """What the package's strategies share around the user's model.
 
-    Seeded sampling settings, federated evaluation, and loading ``initial_arrays`` (or any
-    arrays the strategy did not return itself) into the model at the start of a round.
+    Seeded sampling settings, federated evaluation, loading ``initial_arrays`` (or any
+    arrays the strategy did not return itself) into the model at the start of a round, and
+    server-side figures reported with the ServerApp's own (:class:`ServerFigures`; every
+    metric of the round is the server's unless :attr:`client_metric_keys` lists it).
     """
+
+    client_metric_keys: tuple[str, ...] | None = ()
 
     def _setup(self, model: torch.nn.Module, *, seed: int, fraction_train: float,
                min_available_nodes: int, fraction_evaluate: float,
@@ -238,3 +319,4 @@ class ModelStrategy(FederatedEvaluation):
             return
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         self._returned = arrays
+

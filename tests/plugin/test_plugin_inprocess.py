@@ -136,8 +136,10 @@ def test_model_based_scorers_with_a_user_model(scorer):
                                     server_steps=10, lr=0.02)
     result, _ = _run(strategy, client, 2, 3, model)
     assert seen["model"]
-    assert result.train_metrics_clientapp[3]["rejected"] == 0
-    assert result.train_metrics_clientapp[3]["stored"] == 3 * 2 * 30
+    # server-side figures are reported with the ServerApp-side metrics, as Flower does
+    assert result.evaluate_metrics_serverapp[3]["rejected"] == 0
+    assert result.evaluate_metrics_serverapp[3]["stored"] == 3 * 2 * 30
+    assert 3 not in result.train_metrics_clientapp
 
 
 def test_model_based_scorer_without_a_client_model_fails_clearly():

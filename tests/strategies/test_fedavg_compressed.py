@@ -96,7 +96,7 @@ def test_fedavg_star_methods_are_registered_with_one_local_epoch(name):
     assert name in method_names() and method.family == "gradient"
     _, cfg = validate_run_config(build_run_config(name, rounds=1))
     assert cfg.local_epochs == 1 and cfg.lr == 1.0 and cfg.momentum == 0.0
-    assert cfg.entropy == "none"  # the plugin's default; every preset sets zlib
+    assert cfg.entropy == "zlib"  # the plugin's default, as for DQ; every preset sets it too
 
 
 def test_method_codecs_and_bits():

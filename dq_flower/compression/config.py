@@ -1,0 +1,98 @@
+"""Typed knobs of compressed model updates (:class:`CompressionConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dq_flower.baselines.config import ERROR_FEEDBACK, PER_TENSOR, GradientConfig
+from dq_flower.config import check, from_mapping, to_config_record
+
+__all__ = ["CompressionConfig", "DOWNLINKS", "MESSAGE_PREFIX"]
+
+#: How the wrapper sends the model: as the inner strategy built it (``float32``) or with
+#: every floating-point array in IEEE half precision (``fp16``).
+DOWNLINKS = ("float32", "fp16")
+#: Prefix of the wrapper's keys in a train message's config record.
+MESSAGE_PREFIX = "compression-"
+#: Knobs the clients do not need (they stay on the server).
+SERVER_ONLY = ("norm-bound-factor",)
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """Knobs of :class:`dq_flower.CompressedUpdates` (run-config keys hyphenated).
+
+    Attributes
+    ----------
+    codec : str
+        Registry codec of the update (``identity``, ``fp16``, ``qsgd``, ``terngrad``,
+        ``ef-sign``, ``topk``, ``powersgd``, ``bingrad``, ``orq``). ``sign`` (majority vote)
+        is :class:`dq_flower.GradientStrategy`'s: its 1-bit update carries no scale.
+    codec_params : str
+        The codec's parameters, ``"levels=1,bucket=512"``, over the defaults of the gradient
+        baselines (``dq_flower.baselines.config.CODEC_DEFAULTS``).
+    levels, bucket, rank : int
+        Shortcuts overriding the same names in ``codec_params`` (0 = not set).
+    ratio : float
+        Same for top-k's kept fraction (0 = not set).
+    entropy_coder : str
+        Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``.
+    error_feedback : str
+        ``auto`` (for biased codecs), ``on`` or ``off``; the residual lives in each client's
+        ``Context.state``.
+    per_tensor : str
+        ``auto`` (PowerSGD and TernGrad code each array on its own), ``on`` or ``off``.
+    downlink : str
+        ``float32`` (the inner strategy's broadcast, untouched) or ``fp16``.
+    norm_bound_factor : float
+        Reject an update whose norm exceeds this multiple of the recent median (0: off).
+    seed : int
+        Root of the clients' stochastic rounding (with the round and the node).
+    """
+
+    codec: str = "qsgd"
+    codec_params: str = ""
+    levels: int = 0
+    bucket: int = 0
+    ratio: float = 0.0
+    rank: int = 0
+    entropy_coder: str = "zlib"
+    error_feedback: str = "auto"
+    per_tensor: str = "auto"
+    downlink: str = "float32"
+    norm_bound_factor: float = 5.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.codec != "sign", "codec",
+              "'sign' is majority vote (GradientStrategy); use 'ef-sign' for a scaled sign")
+        check(self.error_feedback in ERROR_FEEDBACK, "error_feedback",
+              f"must be one of {ERROR_FEEDBACK}, got {self.error_feedback!r}")
+        check(self.per_tensor in PER_TENSOR, "per_tensor",
+              f"must be one of {PER_TENSOR}, got {self.per_tensor!r}")
+        check(self.downlink in DOWNLINKS, "downlink",
+              f"must be one of {DOWNLINKS}, got {self.downlink!r}")
+        check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
+        self.gradient_config()  # the codec, its parameters and the coder
+
+    def gradient_config(self) -> GradientConfig:
+        """The same codec settings as the gradient baselines' config (shared coding code)."""
+        return GradientConfig(codec=self.codec, codec_params=self.codec_params,
+                              levels=self.levels, bucket=self.bucket, ratio=self.ratio,
+                              rank=self.rank, entropy_coder=self.entropy_coder,
+                              error_feedback=self.error_feedback, per_tensor=self.per_tensor)
+
+    def message_config(self) -> dict[str, Any]:
+        """What travels in each train message's config: prefixed keys, changed knobs only."""
+        out = {f"{MESSAGE_PREFIX}{k}": v for k, v in to_config_record(self).items()
+               if k not in SERVER_ONLY}
+        out[f"{MESSAGE_PREFIX}codec"] = self.codec  # always present: the mod's marker
+        return out
+
+    @classmethod
+    def from_message_config(cls, config: dict[str, Any]) -> CompressionConfig:
+        """Inverse of :meth:`message_config` (other keys of the config are ignored)."""
+        n = len(MESSAGE_PREFIX)
+        return from_mapping(cls, {k[n:]: v for k, v in config.items()
+                                  if k.startswith(MESSAGE_PREFIX) and k[n:] not in SERVER_ONLY})

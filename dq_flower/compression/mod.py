@@ -1,0 +1,144 @@
+"""``compression_mod``: the client mod of :class:`dq_flower.CompressedUpdates`.
+
+Add it to the ``ClientApp`` (``ClientApp(mods=[dq_flower.compression_mod])``); the
+``@app.train()`` function stays as it is. For each train message the mod
+
+1. reads the wrapper's knobs from the config (``compression-*`` keys) and, with
+   ``downlink="fp16"``, rebuilds the model's ``ArrayRecord`` from the coded broadcast;
+2. calls the user's ``train()``;
+3. replaces the ``ArrayRecord`` it returns by the coded update, returned minus received
+   weights (with error feedback for biased codecs, its state in ``Context.state`` under
+   ``compression-*`` keys, restored per round so that a round sent again gets the same
+   reply); the arrays that are not floating point travel as returned.
+
+Other messages (evaluate, query) pass through untouched. A train message without the
+wrapper's keys, or a reply the mod cannot code, is answered with an error naming the cause,
+as Flower's own ``fixedclipping_mod`` does.
+"""
+
+from __future__ import annotations
+
+from logging import ERROR, INFO
+from typing import Any, cast
+
+from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
+
+from dq_flower.baselines.client import begin_round, encode_update, end_round
+from dq_flower.codecs import Payload
+from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
+from dq_flower.compression.wire import (
+    LAYOUT_KEY,
+    MODEL_KEY,
+    RAW_KEY,
+    UPDATE_KEY,
+    Layout,
+    single_array_record,
+)
+from dq_flower.node import node_key
+from dq_flower.protocol.gradient import update_keys
+from dq_flower.protocol.model import decode_model_payload
+from dq_flower.server.common import round_rng
+
+__all__ = ["compression_mod", "STATE_PREFIX", "PURPOSE_CODEC"]
+
+#: Prefix of the mod's ``Context.state`` entries (error-feedback residuals, codec state).
+STATE_PREFIX = "compression-"
+#: ``round_rng`` purpose of the codec's stochastic rounding.
+PURPOSE_CODEC = 31
+
+
+def _error(msg: Message, reason: str) -> Message:
+    log(ERROR, "compression_mod: %s", reason)
+    return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION,
+                         reason=f"compression_mod: {reason}"), reply_to=msg)
+
+
+def _config(msg: Message) -> dict[str, Any]:
+    """The config record that carries the wrapper's knobs."""
+    marker = f"{MESSAGE_PREFIX}codec"
+    for record in msg.content.config_records.values():
+        if marker in record:
+            return dict(record.items())
+    raise ValueError(f"the train message has no {marker!r} in its config; is the ServerApp's "
+                     "strategy wrapped in dq_flower.CompressedUpdates?")
+
+
+def _received(msg: Message, config: dict[str, Any]) -> tuple[Layout, ArrayRecord]:
+    """The model the user's ``train()`` gets (decoded into the message), and its layout."""
+    content = msg.content
+    if MODEL_KEY not in content.array_records:
+        key = single_array_record(content.array_records, "the train message")
+        return Layout.of(key, content.array_records[key]), content.array_records[key]
+    layout = Layout.from_json(config.get(LAYOUT_KEY))
+    payload = Payload.from_record(content.array_records[MODEL_KEY])
+    vec = decode_model_payload(payload, layout.dim)  # size checked before decoding
+    record = layout.rebuild(vec, content.array_records.get(RAW_KEY))
+    # a new RecordDict: the message's own may be shared with other nodes' messages
+    items = {k: v for k, v in content.items() if k not in (MODEL_KEY, RAW_KEY)}
+    msg.content = RecordDict({**items, layout.key: record})
+    return layout, record
+
+
+def _code_reply(out: Message, layout: Layout, received: ArrayRecord, cfg: CompressionConfig,
+                config: dict[str, Any], context: Context) -> int:
+    """Replace the reply's ``ArrayRecord`` by the coded update; return its payload bits."""
+    content = out.content
+    key = single_array_record(content.array_records, "the reply of train()")
+    returned = content.array_records[key]
+    layout.check(returned, "the returned arrays")
+    if "server-round" not in config:
+        raise ValueError("the train message's config has no 'server-round'")
+    server_round = int(cast(int, config["server-round"]))
+    update = layout.flat(returned) - layout.flat(received)
+    gcfg = cfg.gradient_config()
+    rng = round_rng(cfg.seed, server_round, node_key(context), PURPOSE_CODEC)
+    begin_round(context, server_round, STATE_PREFIX)
+    payloads = encode_update(update, layout.coded_shapes, gcfg, context, rng, STATE_PREFIX)
+    end_round(context, server_round, STATE_PREFIX)
+    raw = layout.raw_record(returned)
+    del content[key]
+    for name, payload in zip(update_keys(gcfg, len(layout.coded), UPDATE_KEY), payloads,
+                             strict=True):
+        content[name] = payload.to_record()
+    if len(raw):
+        content[RAW_KEY] = raw
+    return int(sum(p.nbits for p in payloads))
+
+
+def compression_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """Client mod coding the update that the ``@app.train()`` function returns.
+
+    Use it with :class:`dq_flower.CompressedUpdates` in the ServerApp::
+
+        app = ClientApp(mods=[dq_flower.compression_mod])
+
+    Parameters
+    ----------
+    msg : Message
+        The incoming message; only ``MessageType.TRAIN`` messages are changed.
+    ctxt : Context
+        The node's context (error-feedback state lives in ``ctxt.state``).
+    call_next : callable
+        The next mod or the ClientApp's own handler.
+    """
+    if msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, ctxt)
+    try:
+        config = _config(msg)
+        cfg = CompressionConfig.from_message_config(config)
+        layout, received = _received(msg, config)
+    except Exception as exc:  # noqa: BLE001  (answered as an error reply)
+        return _error(msg, str(exc))
+    out = call_next(msg, ctxt)
+    if out.has_error():
+        return out
+    try:
+        nbits = _code_reply(out, layout, received, cfg, config, ctxt)
+    except Exception as exc:  # noqa: BLE001
+        return _error(msg, str(exc))
+    log(INFO, "compression_mod: update coded by %s, %d payload bits (float32: %d)",
+        cfg.codec, nbits, 32 * layout.dim)
+    return out

@@ -1,0 +1,334 @@
+"""``CompressedUpdates``: compressed model updates for any Flower strategy.
+
+A strategy wrapper in the pattern of Flower's ``DifferentialPrivacyClientSideFixedClipping``:
+``configure_train`` adds the codec settings to the inner strategy's train messages (and,
+with ``downlink="fp16"``, codes their model), the client's :func:`dq_flower.compression_mod`
+codes the update the user's own ``train()`` returns, and ``aggregate_train`` screens and
+decodes every reply back into weights (the weights sent plus the decoded update) before the
+inner strategy aggregates them. Evaluation is the inner strategy's, untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, MetricRecordValues
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from dq_flower.codecs import PayloadError, make
+from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
+from dq_flower.compression.wire import (
+    LAYOUT_KEY,
+    MODEL_KEY,
+    RAW_KEY,
+    UPDATE_KEY,
+    Layout,
+    single_array_record,
+)
+from dq_flower.config import build_config, strategy_kwargs
+from dq_flower.protocol.gradient import decode_update, update_keys
+from dq_flower.server.common import ServerFigures, log_rejected, log_round, screen_replies
+from dq_flower.server.robust import NormScreen, cap_weights
+
+__all__ = ["CompressedUpdates", "MAX_EXAMPLES"]
+
+#: Largest example count a reply may claim (an honest partition is far smaller); weights
+#: are further capped at 10x the round's median (``dq_flower.server.robust.cap_weights``).
+MAX_EXAMPLES = 1 << 31
+NAME = "compressed-updates"
+
+
+@dataclass
+class _Sent:
+    """What the wrapper sent one node: the model's layout and the weights it decodes."""
+
+    layout: Layout
+    reference: np.ndarray
+    down_bits: int
+
+
+@dataclass
+class _Decoded:
+    """One screened reply, decoded."""
+
+    msg: Message
+    metric_name: str
+    metric_keys: frozenset[str]
+    weight: float
+    norm: float
+    record: ArrayRecord
+    nbits: int
+    raw_bits: int
+
+
+def _numeric(value: Any) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+               for v in values)
+
+
+def _mode(value: str | bool | None, on: str, off: str, default: str) -> str:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return on if value else off
+    return value
+
+
+class CompressedUpdates(ServerFigures, Strategy):
+    """Wrap any Flower strategy so that clients upload coded updates instead of weights.
+
+    Use it with :func:`dq_flower.compression_mod` in the ClientApp. The inner strategy
+    samples, configures and aggregates exactly as it would without the wrapper; it sees
+    each reply's weights as the weights it sent plus the decoded update.
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.Strategy
+        The strategy to wrap (``FedAvg``, ``FedProx``, ``FedAdam``, ``FedAvgM``,
+        ``FedMedian``, ``FedTrimmedAvg``, ...); its train messages must carry one
+        ``ArrayRecord`` (the model).
+    codec : str
+        Registry codec of the update (``qsgd``, ``terngrad``, ``ef-sign``, ``topk``,
+        ``powersgd``, ``bingrad``, ``orq``, ``fp16``, ``identity``).
+    codec_params : dict or str, optional
+        The codec's parameters (``{"levels": 1}`` or ``"levels=1,bucket=512"``).
+    entropy_coder : str
+        Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``.
+    error_feedback : bool or str, optional
+        Residual memory on the clients: ``None``/``"auto"`` for biased codecs (``ef-sign``,
+        ``topk``, ``powersgd``, ``bingrad``), ``True``/``"on"``, ``False``/``"off"``.
+    downlink : str, optional
+        ``None``/``"float32"``: the inner strategy's broadcast as it is; ``"fp16"``: every
+        floating-point array in half precision (the clients' update is taken against the
+        weights they decoded).
+    config : CompressionConfig, optional
+        All knobs; the arguments above and ``**knobs`` (``levels``, ``bucket``, ``ratio``,
+        ``rank``, ``per_tensor``, ``norm_bound_factor``, ``seed``) override it.
+    """
+
+    def __init__(self, strategy: Strategy, *, codec: str | None = None,
+                 codec_params: dict[str, Any] | str | None = None,
+                 entropy_coder: str | None = None, error_feedback: bool | str | None = None,
+                 downlink: str | None = None, config: CompressionConfig | None = None,
+                 **knobs: Any) -> None:
+        super().__init__()
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"strategy must be a Flower Strategy, got {type(strategy).__name__}")
+        if codec is None and config is None:
+            raise TypeError("CompressedUpdates needs codec= (e.g. 'qsgd') or config=")
+        named: dict[str, Any] = dict(knobs)
+        if codec is not None:
+            named["codec"] = codec
+        if codec_params is not None:
+            named["codec_params"] = (codec_params if isinstance(codec_params, str) else
+                                     ",".join(f"{k}={v}" for k, v in codec_params.items()))
+        if entropy_coder is not None:
+            named["entropy_coder"] = entropy_coder
+        if error_feedback is not None:
+            named["error_feedback"] = _mode(error_feedback, "on", "off", "auto")
+        if downlink is not None:
+            named["downlink"] = downlink
+        self.strategy = strategy
+        self.cfg: CompressionConfig = build_config(config, named, CompressionConfig)
+        self.codec = self.cfg.gradient_config().make_codec()
+        self.weight_key = str(getattr(strategy, "weighted_by_key", "num-examples"))
+        self.norms = NormScreen(self.cfg.norm_bound_factor)
+        self._sent: dict[int, dict[int, _Sent]] = {}
+
+    @classmethod
+    def from_run_config(cls, strategy: Strategy, run_config: Any,
+                        **overrides: Any) -> CompressedUpdates:
+        """The wrapper with its knobs read from a run config (``context.run_config``).
+
+        Every :class:`CompressionConfig` field is read from its hyphenated key where present
+        (``codec``, ``codec-params``, ``levels``, ``bucket``, ``ratio``, ``rank``,
+        ``entropy-coder``, ``error-feedback``, ``per-tensor``, ``downlink``,
+        ``norm-bound-factor``, ``seed``); other keys are ignored; ``overrides`` win. A
+        value of the wrong type raises ``ValueError`` naming its key.
+        """
+        return cls(strategy, **strategy_kwargs(cls, CompressionConfig, run_config, overrides))
+
+    def __repr__(self) -> str:
+        return f"CompressedUpdates({self.strategy!r}, codec={self.codec!r})"
+
+    # ------------------------------------------------------------------ Strategy API
+    def summary(self) -> None:
+        """Log the compression settings, then the inner strategy's summary."""
+        log(INFO, "\t├──> Compressed updates: codec %s, entropy coder %s, error feedback %s, "
+            "downlink %s", self.codec, self.cfg.entropy_coder, self.cfg.error_feedback,
+            self.cfg.downlink)
+        self.strategy.summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The inner strategy's train messages, with the codec settings in their config."""
+        for key, value in self.cfg.message_config().items():
+            config[key] = value
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        prepared: dict[int, _Sent] = {}
+        sent: dict[int, _Sent] = {}
+        for msg in messages:
+            entry = prepared.get(id(msg.content))
+            if entry is None:  # Flower's strategies share one RecordDict between messages
+                entry = prepared[id(msg.content)] = self._prepare(msg)
+            sent[int(msg.metadata.dst_node_id)] = entry
+        self._sent[server_round] = sent
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Screen and decode the replies into weights, then let the inner strategy aggregate."""
+        t0 = time.perf_counter()
+        replies = list(replies)
+        sent = self._sent.pop(server_round, {})
+        valid, rejected, failed = screen_replies(replies, lambda m: self._decode(m, sent))
+        decoded: list[_Decoded] = [d for _, d in valid]
+        coded = len(decoded)
+        up_bits = sum(d.nbits for d in decoded)
+        raw_bits = sum(d.raw_bits for d in decoded)
+        decoded, dropped = self._consistent(decoded)
+        rejected += dropped
+        keep = self.norms.keep([d.norm for d in decoded])
+        for d, k in zip(decoded, keep, strict=True):
+            if not k:
+                log_rejected(d.msg.metadata.src_node_id, "update norm is implausibly large "
+                             "against the other clients' (norm-bound-factor)")
+        rejected += keep.count(False)
+        decoded = [d for d, k in zip(decoded, keep, strict=True) if k]
+        for d, weight in zip(decoded, cap_weights([d.weight for d in decoded]), strict=True):
+            content = d.msg.content
+            if weight < d.weight:
+                content.metric_records[d.metric_name][self.weight_key] = float(weight)
+            for name in list(content.array_records):
+                del content[name]
+            content[self._sent_layout(d, sent).key] = d.record
+        passed = [m for m in replies if m.has_error()] + [d.msg for d in decoded]
+        arrays, metrics = self.strategy.aggregate_train(server_round, passed)
+        finite = arrays is None or all(
+            np.isfinite(a.numpy()).all() for a in arrays.values()
+            if str(a.dtype) in ("float16", "float32", "float64"))
+        if not finite:
+            log(WARNING, "[%s] round %d: the aggregate is not finite; the model stays as it "
+                "was", NAME, server_round)
+            arrays = None
+        down_bits = sum(e.down_bits for e in sent.values())
+        figures: dict[str, MetricRecordValues] = {
+            "up-payload-bits": int(up_bits),
+            "up-raw-payload-bits": int(raw_bits),
+            "down-payload-bits": int(down_bits),
+            "replies": len(decoded),
+            "coded-replies": coded,
+            "rejected": rejected,
+            "failed": failed,
+            "server-time-s": time.perf_counter() - t0,
+        }
+        self.record_figures(server_round, figures)
+        log_round(NAME, server_round, f"{len(decoded)} updates decoded, rejected {rejected}, "
+                  f"failed {failed}, up {up_bits} payload bits")
+        return arrays, metrics
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The inner strategy's evaluate messages."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """The inner strategy's evaluation aggregate."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    # ------------------------------------------------------------------ internals
+    def _prepare(self, msg: Message) -> _Sent:
+        """Note what a train message carries; with ``downlink="fp16"`` code its model."""
+        content = msg.content
+        key = single_array_record(content.array_records, "the inner strategy's train message")
+        record = content.array_records[key]
+        layout = Layout.of(key, record)
+        reference = layout.flat(record)
+        if self.cfg.downlink == "float32":
+            return _Sent(layout, reference, 32 * layout.dim)
+        coder = make("fp16", entropy=self.cfg.entropy_coder)
+        payload = coder.encode(reference)
+        reference = np.asarray(coder.decode(payload), np.float32).reshape(-1)
+        raw = layout.raw_record(record)
+        del content[key]
+        content[MODEL_KEY] = payload.to_record()
+        if len(raw):
+            content[RAW_KEY] = raw
+        for cfg in content.config_records.values():
+            if f"{MESSAGE_PREFIX}codec" in cfg:
+                cfg[LAYOUT_KEY] = layout.to_json()
+        return _Sent(layout, reference, int(payload.nbits))
+
+    @staticmethod
+    def _sent_layout(d: _Decoded, sent: dict[int, _Sent]) -> Layout:
+        return sent[int(d.msg.metadata.src_node_id)].layout
+
+    def _decode(self, msg: Message, sent: dict[int, _Sent]) -> _Decoded:
+        """Check one reply and decode it into weights; ``PayloadError`` with the reason."""
+        node = int(msg.metadata.src_node_id)
+        entry = sent.get(node)
+        if entry is None:
+            raise PayloadError("no train message was sent to this node this round")
+        content = msg.content
+        if len(content.metric_records) != 1:
+            raise PayloadError(f"reply carries {len(content.metric_records)} MetricRecords, "
+                               "expected 1")
+        name, metrics = next(iter(content.metric_records.items()))
+        weight = metrics.get(self.weight_key)
+        if not _numeric(weight) or isinstance(weight, list) or \
+                not 0 < float(weight) < MAX_EXAMPLES:  # type: ignore[arg-type]
+            raise PayloadError(f"{self.weight_key}={weight!r} is not a number in "
+                               f"(0, {MAX_EXAMPLES})")
+        bad = [k for k, v in metrics.items() if not _numeric(v)]
+        if bad:
+            raise PayloadError(f"metrics {bad} are not finite numbers")
+        layout = entry.layout
+        gcfg = self.cfg.gradient_config()
+        keys = update_keys(gcfg, len(layout.coded), UPDATE_KEY)
+        expected = set(keys) | ({RAW_KEY} if layout.raw else set())
+        if set(content.array_records) != expected:
+            raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
+                               f"expected {sorted(expected)} (is compression_mod in the "
+                               "ClientApp's mods?)")
+        sizes = layout.coded_sizes if gcfg.segmented else [layout.dim]
+        vec, nbits, raw_bits = decode_update(content.array_records, keys, sizes, self.codec)
+        weights = entry.reference + vec
+        if not np.isfinite(weights).all():
+            raise PayloadError("the decoded weights are not finite")
+        record = layout.rebuild(weights, content.array_records.get(RAW_KEY))
+        return _Decoded(msg, name, frozenset(metrics.keys()), float(weight),  # type: ignore[arg-type]
+                        float(np.linalg.norm(vec)), record, nbits, raw_bits)
+
+    def _consistent(self, decoded: list[_Decoded]) -> tuple[list[_Decoded], int]:
+        """Keep the replies whose metric keys are the most common set; reject the others.
+
+        Flower's strategies refuse a whole round whose replies' metric keys differ.
+        """
+        if not decoded:
+            return decoded, 0
+        counts = Counter(d.metric_keys for d in decoded)
+        top = max(counts.values())
+        common = next(d.metric_keys for d in decoded if counts[d.metric_keys] == top)
+        kept = []
+        for d in decoded:
+            if d.metric_keys == common:
+                kept.append(d)
+            else:
+                log_rejected(d.msg.metadata.src_node_id,
+                             f"metric keys {sorted(d.metric_keys)} differ from the other "
+                             f"replies' {sorted(common)}")
+        return kept, len(decoded) - len(kept)

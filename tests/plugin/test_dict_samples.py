@@ -1,0 +1,102 @@
+"""Flower's samples as they come: data sets and loaders whose items are dicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from dq_flower.client import evaluate
+from dq_flower.data_input import as_arrays
+from dq_flower.harness.inprocess import InProcessGrid
+
+RNG = np.random.default_rng(0)
+X = RNG.random((24, 1, 4, 4)).astype(np.float32)
+Y = RNG.integers(0, 3, size=24)
+
+
+class DictDataset(Dataset):
+    """A torchvision-style wrapper yielding ``{key_x: tensor, key_y: int}``."""
+
+    def __init__(self, kx: str = "img", ky: str = "label") -> None:
+        self.kx, self.ky = kx, ky
+
+    def __len__(self) -> int:
+        return len(Y)
+
+    def __getitem__(self, i: int) -> dict:
+        return {self.kx: torch.from_numpy(X[i]), self.ky: int(Y[i]), "id": i}
+
+
+class DictStream(IterableDataset):
+    def __iter__(self):
+        for i in range(len(Y)):
+            yield {"image": torch.from_numpy(X[i]), "labels": int(Y[i])}
+
+
+def check(arrays) -> None:
+    x, y = arrays
+    np.testing.assert_array_equal(x, X)
+    np.testing.assert_array_equal(y, Y)
+    assert x.dtype == np.float32 and y.dtype == np.int64
+
+
+@pytest.mark.parametrize(("kx", "ky"), [("img", "label"), ("image", "labels"),
+                                        ("pixel_values", "y"), ("x", "target"),
+                                        ("features", "label")])
+def test_common_names_are_found(kx, ky):
+    check(as_arrays(DictDataset(kx, ky)))
+
+
+def test_a_shuffling_loader_is_read_in_index_order():
+    loader = DataLoader(DictDataset(), batch_size=5, shuffle=True)
+    check(as_arrays(loader))
+
+
+def test_an_iterable_loader_of_dict_batches():
+    check(as_arrays(DataLoader(DictStream(), batch_size=7)))
+
+
+def test_given_keys_and_a_clear_error_otherwise():
+    check(as_arrays(DictDataset("pixels", "digit"), keys=("pixels", "digit")))
+    with pytest.raises(ValueError, match=r"keys \['digit', 'id', 'pixels'\].*keys=") as err:
+        as_arrays(DictDataset("pixels", "digit"))
+    assert "found no input" in str(err.value)
+    with pytest.raises(ValueError, match="names \\['lbl'\\]"):
+        as_arrays(DictDataset(), keys=("img", "lbl"))
+
+
+def test_hugging_face_dataset_with_transform_and_flwr_datasets_partition():
+    datasets = pytest.importorskip("datasets")
+    from flwr_datasets.partitioner import IidPartitioner
+
+    ds = datasets.Dataset.from_dict({"img": X.reshape(24, -1).tolist(), "label": Y.tolist()})
+
+    def transform(batch):  # the quickstart's apply_transforms: lists to tensors
+        batch["img"] = [torch.tensor(v, dtype=torch.float32).reshape(1, 4, 4)
+                        for v in batch["img"]]
+        return batch
+
+    check(as_arrays(ds.with_transform(transform)))
+    check(as_arrays(DataLoader(ds.with_transform(transform), batch_size=8, shuffle=True)))
+    partitioner = IidPartitioner(num_partitions=2)
+    partitioner.dataset = ds
+    part = partitioner.load_partition(0).with_format("numpy")
+    x, y = as_arrays(part)
+    assert x.shape == (12, 16) and y.shape == (12,)
+
+
+def test_client_functions_take_dict_samples_and_keys():
+    InProcessGrid(lambda m, c: m, 1)  # acts as the server: messages can be built here
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                          "config": ConfigRecord({"server-round": 1})})
+    msg = Message(content, dst_node_id=5, message_type=MessageType.EVALUATE)
+    msg.metadata.__dict__["_message_id"] = "e1"
+    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    plain = evaluate(msg, ctx, (X, Y), model=model)
+    keyed = evaluate(msg, ctx, DictDataset("pixels", "digit"), model=model,
+                     keys=("pixels", "digit"))
+    assert dict(keyed.content["metrics"]) == dict(plain.content["metrics"])

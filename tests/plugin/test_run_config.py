@@ -1,0 +1,66 @@
+"""``from_run_config``: the app's ``[tool.flwr.app.config]`` drives every knob."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.serverapp.strategy import FedAvg
+
+import dq_flower
+
+
+def model() -> torch.nn.Module:
+    return torch.nn.Linear(4, 3)
+
+
+RUN_CONFIG = {"num-server-rounds": 3, "learning-rate": 0.1, "local-epochs": 1}
+
+
+def test_dq_strategy_reads_its_keys_and_ignores_the_others():
+    s = dq_flower.DQStrategy.from_run_config(
+        model(), {**RUN_CONFIG, "bits": 4, "scorer": "loss", "selection-rule": "sample",
+                  "server-steps": 7, "fraction-evaluate": 0.5, "seed": 3})
+    assert (s.cfg.bits, s.cfg.scorer, s.cfg.selection_rule, s.cfg.server_steps) == (
+        4, "loss", "sample", 7)
+    assert s.fraction_evaluate == 0.5 and s.seed == 3
+
+
+def test_overrides_win_and_unset_keys_keep_their_defaults():
+    s = dq_flower.DQStrategy.from_run_config(model(), {"bits": 4, "budget": 9}, bits=2)
+    assert s.cfg.bits == 2 and s.cfg.budget == 9
+    assert s.cfg.scorer == dq_flower.DQConfig().scorer
+
+
+@pytest.mark.parametrize(("cls", "args", "config", "key"), [
+    (dq_flower.DQStrategy, (), {"bits": "two"}, "bits"),
+    (dq_flower.DQStrategy, (), {"scorer": 3}, "scorer"),
+    (dq_flower.DQStrategy, (), {"fraction-evaluate": "half"}, "fraction-evaluate"),
+    (dq_flower.GradientStrategy, (), {"local-steps": 1.5}, "local-steps"),
+    (dq_flower.GradientStrategy, (), {"seed": "x"}, "seed"),
+    (dq_flower.CompressedUpdates, (), {"levels": "one"}, "levels"),
+    (dq_flower.CompressedUpdates, (), {"downlink": "fp8"}, "downlink"),
+])
+def test_a_value_of_the_wrong_type_fails_naming_its_key(cls, args, config, key):
+    first = FedAvg() if cls is dq_flower.CompressedUpdates else model()
+    with pytest.raises(ValueError, match=key):
+        cls.from_run_config(first, {**RUN_CONFIG, **config})
+
+
+def test_gradient_strategy_defaults_to_qsgd_and_reads_its_keys():
+    assert dq_flower.GradientStrategy.from_run_config(model(), RUN_CONFIG).cfg.codec == "qsgd"
+    s = dq_flower.GradientStrategy.from_run_config(
+        model(), {"codec": "topk", "ratio": 0.05, "local-steps": 2, "lr": 0.3,
+                  "min-available-nodes": 2})
+    assert (s.cfg.codec, s.cfg.ratio, s.cfg.local_steps, s.cfg.lr) == ("topk", 0.05, 2, 0.3)
+    assert s.min_available_nodes == 2
+
+
+def test_compressed_updates_reads_its_keys():
+    s = dq_flower.CompressedUpdates.from_run_config(
+        FedAvg(), {**RUN_CONFIG, "codec": "qsgd", "levels": 1, "bucket": 64,
+                   "downlink": "fp16", "error-feedback": "on", "entropy-coder": "lzma"})
+    assert (s.cfg.codec, s.cfg.levels, s.cfg.bucket, s.cfg.downlink) == ("qsgd", 1, 64, "fp16")
+    assert (s.cfg.error_feedback, s.cfg.entropy_coder) == ("on", "lzma")
+    assert s.codec.levels == 1
+    with pytest.raises(TypeError, match="codec="):
+        dq_flower.CompressedUpdates(FedAvg())
