@@ -4,7 +4,7 @@ import dq_flower
 
 result = dq_flower.simulate(
     method="dq", dataset="digits", model="mlp", num_clients=4, rounds=5, seed=0,
-    budget=64, bits=2, server_steps=40,
+    budget=64, bits=2,
 )
 print(f"model D={result.num_params} parameters, data d={result.data_dim}")
 print("round  accuracy  up bytes  down bytes  cum up bytes")

@@ -217,6 +217,9 @@ class DQStrategy(ModelStrategy, Strategy):
         self.node_fit: dict[int, float] = {}
         self.last_phase: PhaseResult | None = None
         self._round_ids: dict[int, np.ndarray] = {}  # this round's uploaded ids per node
+        #: whether the last phase's model was worse on its fresh held-out rows than the one
+        #: before it, which the server then kept
+        self.reverted = False
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
         self.norms = NormScreen(cfg.norm_bound_factor)
         self.guard = StepGuard(model, self.optimizer)
@@ -826,7 +829,8 @@ class DQStrategy(ModelStrategy, Strategy):
 
         The phase's first evaluation scores the model the previous phase left (or the
         initial one) on the current held-out rows; the gain of the phase's best model over
-        it is the paired gain the schedule needs (none for the first upload round).
+        it on the rows held out of this round's uploads is the paired gain the schedule
+        needs (none for the first upload round). A negative gain keeps the previous model.
         """
         assert self.schedule is not None
         self.last_phase = None
@@ -835,16 +839,21 @@ class DQStrategy(ModelStrategy, Strategy):
         rng = round_rng(self.seed, server_round, 0, purpose=3)
         self._round_ids = {u.node: u.batch.ids for u in fresh if len(u.batch)}
         first = self._fresh_training_step(fresh)
+        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.train()
         phase = train_phase(self.model, self.optimizer, self.cfg.lr, self.plateau,
                             lambda: self._store_step(rng, first), self._score_holdout)
         self.last_phase = phase
-        assert phase.final is not None
+        assert phase.final is not None and phase.initial is not None
         gain = None
-        if stored_before > 0 and phase.initial is not None:
+        self.reverted = False
+        if stored_before > 0:
             gain = paired_gain(phase.initial, phase.final)
+            if gain.gain < 0:  # worse than before on the rows it brought: keep the old model
+                self.model.load_state_dict(start)
+                self.reverted = True
         self.schedule.after_upload(stored_before, self.stored, gain)
-        self.node_fit = phase.final.node_loss()
+        self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
         return float(np.mean(phase.losses)) if phase.losses else float("nan")
 
     def _fresh_training_step(self, fresh: list[Upload]) -> list[tuple[float, np.ndarray]]:
@@ -896,6 +905,7 @@ class DQStrategy(ModelStrategy, Strategy):
         phase = self.last_phase
         out: dict[str, MetricRecordValues] = {
             "server-steps": 0 if phase is None else phase.steps,
+            "reverted": int(self.reverted and phase is not None),
             "holdout-rows": int(self.store.holdout_mask.sum()),
             "next-ask": int(self.schedule.next_total or 0),
             # 0: asking; 1: stopped, the learning curve is flat; 2: every node exhausted
@@ -921,6 +931,8 @@ class DQStrategy(ModelStrategy, Strategy):
             text += f", held-out accuracy {float(metrics['holdout-acc']):.4f}"
         if "upload-gain" in metrics:
             text += f", gain {float(metrics['upload-gain']):+.4f}"
+        if metrics.get("reverted"):
+            text += " (worse on its new held-out rows: the previous model is kept)"
         if metrics["schedule-done"] == 2:
             return text + "; every node has uploaded all its samples"
         if metrics["schedule-done"]:

@@ -34,18 +34,9 @@ def main(grid: Grid, context: Context) -> None:
     global_model = Net()
     arrays = ArrayRecord(global_model.state_dict())
 
-    # Initialize the data-quantization strategy (it trains `global_model` on the server)
-    strategy = dq_flower.DQStrategy(
-        global_model,
-        bits=cfg["bits"],
-        budget=cfg["budget"],
-        scorer=cfg["scorer"],
-        selection_rule=cfg["selection-rule"],
-        server_steps=cfg["server-steps"],
-        lr=cfg["lr"],
-        seed=0,
-        fraction_evaluate=cfg["fraction-evaluate"],
-    )
+    # Initialize the data-quantization strategy (it trains `global_model` on the server);
+    # its knobs (bits, budget, scorer, ...) come from the run config
+    strategy = dq_flower.DQStrategy.from_run_config(global_model, cfg, seed=0)
 
     # Measure every message's serialized size, then run DQ for `num_rounds`
     measured = dq_flower.MeasuredGrid(grid)
