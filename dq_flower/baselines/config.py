@@ -47,7 +47,9 @@ CODEC_DEFAULTS: dict[str, dict[str, Any]] = {
     "powersgd": {"rank": 2},
 }
 #: Lossless coders of every payload (``entropy-coder``); ``zstd`` needs ``zstandard``.
-ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd")
+#: ``context`` (DQ's default, a model of quantized sample codes) is accepted so that one run
+#: config serves every method: for gradients, updates and weights it means ``zlib``.
+ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd", "context")
 #: Codec parameters that are also run-config keys of their own (0 = not set).
 CODEC_PARAM_KNOBS = ("levels", "bucket", "ratio", "rank")
 
@@ -118,7 +120,8 @@ class GradientConfig:
         ``zlib`` (default, as DQ's), ``none`` (the codec's exact fixed-length payloads),
         ``lzma`` or ``zstd``, applied per message only where it shrinks it (``entropy=`` in
         ``codec_params`` takes precedence for the uploads). Every comparison preset sets
-        ``zlib`` for every method.
+        ``zlib`` for every method. ``context`` (DQ's default for its samples) is taken as
+        ``zlib`` here, so a run config shared by DQ and the baselines is valid for both.
     max_failed_rounds : int
         Stop the run when every sampled client fails this many rounds in a row (0: never).
     trim_fraction : float
@@ -166,6 +169,8 @@ class GradientConfig:
                f"runs whole epochs; it cannot be combined with local-steps={self.local_steps}")
         _check(self.entropy_coder in ENTROPY_CODERS, "entropy-coder",
                f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
+        if self.entropy_coder == "context":  # sample codes only: gradients get zlib
+            object.__setattr__(self, "entropy_coder", "zlib")
         from dq_flower.codecs.entropy import available
 
         _check(self.entropy_coder in available(), "entropy-coder",

@@ -75,6 +75,8 @@ class CompressionConfig:
               f"must be one of {DOWNLINKS}, got {self.downlink!r}")
         check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
         self.gradient_config()  # the codec, its parameters and the coder
+        if self.entropy_coder == "context":  # a model of sample codes: updates get zlib
+            object.__setattr__(self, "entropy_coder", "zlib")
 
     def gradient_config(self) -> GradientConfig:
         """The same codec settings as the gradient baselines' config (shared coding code)."""

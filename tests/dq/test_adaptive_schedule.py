@@ -112,3 +112,31 @@ def test_a_model_scorer_starts_uniform_and_the_model_travels_at_the_chosen_preci
     saved = r2["down_bytes"] - half.history[2]["down_bytes"]
     assert abs(saved - 2 * 2 * params) < 2 * 200  # two bytes per parameter and client
     assert r2["selected"] > 0 and half.history[2]["selected"] > 0
+
+
+def test_a_phase_that_makes_the_model_worse_on_its_new_rows_keeps_the_previous_model(
+        monkeypatch):
+    import torch
+
+    import dq_flower.dq.strategy as strategy_module
+
+    real_phase = strategy_module.train_phase
+    kept = {}
+
+    def spoiling_phase(model, optimizer, base_lr, rule, step, evaluate):
+        kept["start"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        result = real_phase(model, optimizer, base_lr, rule, step, evaluate)
+        if kept.setdefault("calls", 0) >= 1:  # from the second upload on: a ruined model
+            with torch.no_grad():  # constant outputs: class 0 for every row
+                for p in model.parameters():
+                    p.zero_()
+            result.final = evaluate()
+        kept["calls"] += 1
+        return result
+
+    monkeypatch.setattr(strategy_module, "train_phase", spoiling_phase)
+    result, _ = run_inprocess(num_clients=2, rounds=2, **dict(_KNOBS, budget=200))
+    rows = result.history
+    assert rows[1]["reverted"] == 0 and rows[2]["reverted"] == 1
+    assert rows[2]["upload_gain"] < 0
+    assert rows[2]["accuracy"] == rows[1]["accuracy"]  # the round-1 model, unchanged
