@@ -267,6 +267,8 @@ def _add_report(sub: Any) -> None:
     p.add_argument("folder", metavar="DIR", help="output folder of dq-flower compare")
     p.add_argument("--target-accuracy", type=_float_in(0.0, 1.0), metavar="T",
                    help="report the cost of reaching this accuracy instead")
+    p.add_argument("--high-target-accuracy", type=_float_in(0.0, 1.0), metavar="T",
+                   help="also report the uplink bytes to this higher accuracy (0: none)")
     p.add_argument("--link", dest="links", action="append", default=[], metavar="SPEC",
                    help="report the simulated time on these link profiles instead (as "
                         "compare --link); repeatable")

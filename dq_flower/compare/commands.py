@@ -221,6 +221,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.target_accuracy is not None:
         results["target_accuracy"] = args.target_accuracy
+    if args.high_target_accuracy is not None:
+        results["high_target_accuracy"] = args.high_target_accuracy
     folder = Path(args.folder)
     folder = folder if folder.is_dir() else folder.parent
     paths = compare.write_reports(results, folder)
