@@ -88,7 +88,8 @@ def test_dq_trains_on_each_form_of_client_data(kind):
         return dq_flower.client.dq_train(msg, context, data[context.node_config["partition-id"]])
 
     model = Tabular()
-    strategy = dq_flower.DQStrategy(model, bits=2, budget=40, server_steps=15, lr=0.02)
+    strategy = dq_flower.DQStrategy(model, bits=2, budget=40, server_steps=15, lr=0.02,
+                                    upload_schedule="fixed")
     result, grid = _run(strategy, client, 3, 4, model)
     trained = Tabular()
     trained.load_state_dict(result.arrays.to_torch_state_dict())
@@ -133,7 +134,7 @@ def test_model_based_scorers_with_a_user_model(scorer):
 
     model = Tabular()
     strategy = dq_flower.DQStrategy(model, scorer=scorer, selection_rule="sample", budget=30,
-                                    server_steps=10, lr=0.02)
+                                    server_steps=10, lr=0.02, upload_schedule="fixed")
     result, _ = _run(strategy, client, 2, 3, model)
     assert seen["model"]
     # server-side figures are reported with the ServerApp-side metrics, as Flower does
@@ -155,7 +156,9 @@ def test_model_based_scorer_without_a_client_model_fails_clearly():
             raise
 
     model = Tabular()
-    strategy = dq_flower.DQStrategy(model, scorer="loss", max_failed_rounds=2)
+    # (the fixed schedule: the adaptive one's first round is uniform and needs no model)
+    strategy = dq_flower.DQStrategy(model, scorer="loss", max_failed_rounds=2,
+                                    upload_schedule="fixed")
     with pytest.raises(RuntimeError, match="needs the model"):
         _run(strategy, client, 2, 3, model)
     assert "pass model=" in errors[0]
