@@ -834,7 +834,8 @@ class DQStrategy(ModelStrategy, Strategy):
         """
         assert self.schedule is not None
         self.last_phase = None
-        if self.store is None or self.stored == stored_before or self.store.num_train == 0:
+        if (self.store is None or not any(len(u.batch) for u in fresh)
+                or self.store.num_train == 0):  # nothing new (a full store still changes)
             return float("nan")
         rng = round_rng(self.seed, server_round, 0, purpose=3)
         self._round_ids = {u.node: u.batch.ids for u in fresh if len(u.batch)}

@@ -26,7 +26,7 @@ from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config
 
 KNOBS = {
-    "dq": dict(budget=24, server_steps=30, compensation="ef-sign"),
+    "dq": dict(budget=24, server_steps=30, compensation="ef-sign", upload_schedule="fixed"),
     "ef-signsgd": {},
 }
 

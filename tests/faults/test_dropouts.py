@@ -19,6 +19,7 @@ def test_dq_with_30_percent_failures_ends_within_one_point():
     # Prepare: 5 nodes of about 287 digits each upload 48 samples a round; the faulty run
     # loses 30 % of the replies on a fixed schedule
     common = dict(num_clients=NODES, rounds=14, budget=BUDGET, server_steps=40, lr=0.05,
+                  upload_schedule="fixed",
                   seed=2)
     # Execute
     clean, _ = run_inprocess(**common)
@@ -55,6 +56,7 @@ def test_a_node_that_always_fails_does_not_stop_training_on_the_store():
     # first rounds (budget 400), after which only the failing node is left to ask.
     never = 101
     result, _ = run_inprocess(num_clients=3, rounds=7, budget=400, server_steps=5,
+                              upload_schedule="fixed",
                               failing=lambda _rnd, node: node == never)
     rows = result.history
     # Assert: from round 3 on nobody but the failing node is asked, and yet every round

@@ -146,7 +146,7 @@ def _hostile_app(counter):
 
 @pytest.mark.parametrize(("method", "knobs"), [
     ("dq", {"compensation": "topk", "compensation_params": "ratio=0.05", "budget": 2,
-            "resend": True, "server_steps": 1}),
+            "resend": True, "server_steps": 1, "upload_schedule": "fixed"}),
     ("dq", {"upload_mode": "gradient", "gradient_codec": "powersgd",
             "gradient_codec_params": "rank=1", "server_steps": 1}),
     ("qsgd", {}),
