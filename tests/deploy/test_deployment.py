@@ -350,7 +350,8 @@ def test_dq_on_the_nodes_own_files_with_a_server_that_holds_no_data(own_data_dep
     rounds = ROUNDS
     run_config = {"method": "dq", "dataset": "none", "input-shape": "1,8,8", "num-classes": 10,
                   "fraction-evaluate": 1.0, "num-server-rounds": rounds,
-                  "budget": NODE_BUDGET, "results-path": str(results)}
+                  "budget": NODE_BUDGET, "results-path": str(results),
+                  "upload-schedule": "fixed"}
     t0 = time.monotonic()
     app = app_with_config_keys(dep.workdir / "app", NO_DATA_KEYS)
     outcome = dep.run(app, run_config, timeout=300)

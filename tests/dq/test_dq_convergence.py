@@ -47,7 +47,7 @@ def test_logreg_reaches_full_precision_loss():
 
 def test_mlp_on_digits_reaches_95_percent_with_2bit_data():
     result, _ = run_inprocess(num_clients=4, rounds=8, bits=2, budget=64, server_steps=40,
-                              lr=0.05)
+                              lr=0.05, upload_schedule="fixed", stochastic=True)
     assert result.history[-1]["accuracy"] >= 0.95
 
 
