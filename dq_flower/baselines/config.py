@@ -128,9 +128,17 @@ class GradientConfig:
         Fraction cut at each end by ``aggregation="trimmed-mean"``.
     clip_norm : float
         Clip every client's update to this L2 norm before aggregating (0: off).
+    clip_factor : float
+        Clip every client's update to this multiple of the round's median norm before
+        aggregating, so that one client moves the aggregate by at most a median norm times
+        its weight share (0: off; default 1).
+    weight_cap : float
+        A client's example weight counts at most this multiple of the round's median
+        weight (0: off; default 2).
     norm_bound_factor : float
-        Reject an update whose norm exceeds this multiple of the round's median (or the
-        recent rounds' medians) (0: off).
+        Reject a vector whose norm exceeds this multiple of the recent rounds' median
+        norms (0: off; default 100: only absurd norms, since ``clip-factor`` bounds the
+        influence of the rest; see :mod:`dq_flower.server.robust`).
     """
 
     codec: str = "identity"
@@ -155,13 +163,17 @@ class GradientConfig:
     max_failed_rounds: int = 3
     trim_fraction: float = 0.2
     clip_norm: float = 0.0
-    norm_bound_factor: float = 5.0
+    clip_factor: float = 1.0
+    weight_cap: float = 2.0
+    norm_bound_factor: float = 100.0
 
     def __post_init__(self) -> None:
         _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")
         _check(0 <= self.trim_fraction < 0.5, "trim-fraction", "must be in [0, 0.5)")
         _check(self.clip_norm >= 0, "clip-norm", "must be >= 0 (0 = off)")
         _check(self.norm_bound_factor >= 0, "norm-bound-factor", "must be >= 0 (0 = off)")
+        _check(self.clip_factor >= 0, "clip-factor", "must be >= 0 (0 = off)")
+        _check(self.weight_cap >= 0, "weight-cap", "must be >= 0 (0 = off)")
         _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
         _check(self.local_epochs >= 0, "local-epochs",
                f"must be >= 0 (0 = not set), got {self.local_epochs}")

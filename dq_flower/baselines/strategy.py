@@ -29,7 +29,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.baselines.config import GradientConfig
-from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.baselines.votes import VoteDownlink
+from dq_flower.codecs import Payload, make
 from dq_flower.config import build_config, strategy_kwargs, to_config_record
 from dq_flower.model_ops import (
     LossFn,
@@ -40,53 +41,28 @@ from dq_flower.model_ops import (
     state_arrays,
 )
 from dq_flower.protocol.gradient import (
-    METRICS_KEY,
-    VOTE_PREFIX,
-    decode_update,
-    epoch_steps,
     model_crc,
     sign_step,
     update_keys,
     uses_error_feedback,
     vote_from_payload,
 )
-from dq_flower.protocol.model import MODEL_KEY
-from dq_flower.server.common import (
-    FailureWatch,
-    ModelStrategy,
-    log_rejected,
-    log_round,
-    make_optimizer,
-    round_rng,
-    sample_node_ids,
-)
-from dq_flower.server.robust import NormScreen, StepGuard, cap_weights, clip_norms
+from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
+from dq_flower.seeding import Purpose, round_rng
+from dq_flower.server.base import ModelStrategy
+from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
+from dq_flower.server.pipeline import RoundLedger, bound_vectors, screen_replies
+from dq_flower.server.robust import NormScreen, StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 
-__all__ = ["GradientStrategy", "CompressedGradientStrategy", "majority_vote", "weighted_mean",
-           "SERVER_ONLY_KEYS"]
+__all__ = ["GradientStrategy", "majority_vote", "weighted_mean", "SERVER_ONLY_KEYS"]
 
-#: Most votes a client may be behind before the server sends the float32 model instead
-#: (beyond 31 one-bit votes the 32-bit model is cheaper).
-MAX_VOTES_BEHIND = 31
-#: ``round_rng`` purposes used by the server.
-PURPOSE_SAMPLE = 1
-PURPOSE_TIES = 4
 #: Most rows a client may claim per epoch under ``local-epochs`` (its ``num-examples`` is
 #: its rows times the epochs): an honest partition of any data set used here is far
 #: smaller; a larger claim is refused rather than given that weight in the mean.
 MAX_EPOCH_ROWS = 1 << 24
 #: Knobs only the server uses (they do not travel to the clients).
-SERVER_ONLY_KEYS = ("optimizer", "max-failed-rounds")
-
-
-def weighted_mean(vectors: list[np.ndarray], weights: list[float]) -> np.ndarray:
-    """``sum_k w_k v_k / sum_k w_k`` accumulated in float64, returned as float32."""
-    total = float(sum(weights))
-    acc = np.zeros(vectors[0].size, dtype=np.float64)
-    for v, w in zip(vectors, weights, strict=True):
-        acc += (float(w) / total) * v.astype(np.float64)
-    return acc.astype(np.float32)
+SERVER_ONLY_KEYS = ("optimizer", "max-failed-rounds", "clip-factor", "weight-cap")
 
 
 def majority_vote(vectors: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
@@ -170,16 +146,25 @@ class GradientStrategy(ModelStrategy, Strategy):
         self.optimizer = (make_optimizer(config.optimizer, model.parameters(), config.lr,
                                          config.momentum, config.weight_decay)
                           if not config.majority else None)
-        self.version = 0  # model updates applied so far
-        self.node_version: dict[int, int] = {}  # downlink="sign": model version a node holds
-        self.votes: dict[int, ArrayRecord] = {}  # version v -> vote taking v-1 to v
+        self.downlink = VoteDownlink(self.dim)
         self.sent_payload_bits: dict[int, int] = {}
-        self.asked: dict[int, int] = {}
-        self.last_metrics: dict[str, MetricRecordValues] = {}
+        self.ledger = RoundLedger()
         self.failures = FailureWatch(config.max_failed_rounds, self.method)
         self.norms = NormScreen(config.norm_bound_factor)
         self.guard = StepGuard(model, self.optimizer)
         self.rolled_back = 0
+        self.decode = GradientDecoder(
+            update_keys(config, len(self.sizes)),
+            self.sizes if config.segmented else [self.dim], self.codec,
+            max_examples=(config.local_epochs * MAX_EPOCH_ROWS if config.epochs_mode
+                          else config.batch_size * config.local_steps),
+            epochs=config.local_epochs if config.epochs_mode else 0,
+            batch_size=config.batch_size, local_steps=config.local_steps)
+
+    @property
+    def version(self) -> int:
+        """Model updates applied so far."""
+        return self.downlink.version
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
@@ -193,8 +178,7 @@ class GradientStrategy(ModelStrategy, Strategy):
         """Send every sampled node the round config and the model (or the votes it lacks)."""
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
-                                round_rng(self.seed, server_round, 0, PURPOSE_SAMPLE))
-        self.asked[server_round] = len(nodes)
+                                round_rng(self.seed, server_round, 0, Purpose.SAMPLE))
         base = ConfigRecord(dict(config.items()))
         for key, value in to_config_record(self.cfg).items():
             if key not in SERVER_ONLY_KEYS:
@@ -203,7 +187,8 @@ class GradientStrategy(ModelStrategy, Strategy):
         base["server-round"] = server_round
         base["run-seed"] = self.seed  # clients draw batches from (run seed, round, node)
         w = get_flat(self.model)
-        if self.cfg.downlink_mode == "sign":
+        sign = self.cfg.downlink_mode == "sign"
+        if sign:
             base["model-version"] = self.version
             base["model-crc"] = model_crc(w)
         full, full_bits = self._model_record(w)
@@ -211,102 +196,67 @@ class GradientStrategy(ModelStrategy, Strategy):
         for node in nodes:
             cfg = ConfigRecord(dict(base.items()))
             content = RecordDict({"config": cfg})
-            held = self.node_version.get(node)
-            if (self.cfg.downlink_mode == "sign" and held is not None
-                    and 0 <= self.version - held <= MAX_VOTES_BEHIND
-                    and all(v in self.votes for v in range(held + 1, self.version + 1))):
+            held, nbits = self.downlink.fill(node, content, full, full_bits, sign)
+            if held is not None:
                 cfg["base-version"] = held
-                for v in range(held + 1, self.version + 1):
-                    content[f"{VOTE_PREFIX}{v}"] = self.votes[v]
-                bits += self.dim * (self.version - held)
-            else:
-                content[MODEL_KEY] = full
-                bits += full_bits
+            bits += nbits
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))
         self.sent_payload_bits[server_round] = bits
-        return messages
+        return self.ledger.record(server_round, messages)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate and decode the replies, aggregate them and step the server optimizer."""
+        """Screen and decode the replies, bound and aggregate them, step the optimizer."""
         t0 = time.perf_counter()
         replies = list(replies)
-        self.failures.observe(replies)
-        quorum = min(self.min_available_nodes, self.asked.pop(server_round,
-                                                              self.min_available_nodes))
-        vectors, weights, losses = [], [], []
-        scales: list[float] = []  # local-epochs: client-lr x steps, the delta's scale
-        kept_nodes: list[int] = []
-        refused: set[int] = set()
-        rejected = failed = 0
-        up_bits = raw_bits = 0
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            if msg.has_error():
-                failed += 1
-                self.node_version.pop(node, None)
-                continue
-            try:  # every exception a reply can cause is caught here
-                vec, weight, loss, nbits, raw, steps = self.check_reply(msg)
-            except Exception as exc:  # noqa: BLE001
-                rejected += 1
-                refused.add(node)
-                self.node_version.pop(node, None)
-                log_rejected(node, f"{type(exc).__name__}: {exc}")
-                continue
-            vectors.append(vec)
-            weights.append(weight)
-            losses.append(loss)
-            kept_nodes.append(node)
-            up_bits += nbits
-            raw_bits += raw
-            scales.append(self.cfg.client_lr * steps)
-            if self.cfg.downlink_mode == "sign":
-                self.node_version[node] = self.version
-        coded = len(vectors)  # replies whose payload bits are counted, screened or not
-        if vectors and not self.cfg.majority:
-            keep = self.norms.keep([float(np.linalg.norm(v)) for v in vectors])
-            for k, node in zip(keep, kept_nodes, strict=True):
-                if not k:
-                    log_rejected(node, "update norm is implausibly large against the other "
-                                 "clients' (norm-bound-factor)")
-                    self.node_version.pop(node, None)
-            rejected += keep.count(False)
-            vectors = [v for v, k in zip(vectors, keep, strict=True) if k]
-            weights = [w for w, k in zip(weights, keep, strict=True) if k]
-            losses = [x for x, k in zip(losses, keep, strict=True) if k]
-            scales = [x for x, k in zip(scales, keep, strict=True) if k]
-        if self.cfg.epochs_mode:  # screened as pseudo-gradients, averaged as model deltas
-            vectors = [v * np.float32(c) for v, c in zip(vectors, scales, strict=True)]
-        stepped = bool(vectors) and len(vectors) >= quorum
+        sent = self.ledger.take(server_round)
+        screened = screen_replies(replies, self.decode, sent)
+        self.failures.observe(replies, screened.silent)
+        quorum = min(self.min_available_nodes,
+                     len(sent) if sent is not None else self.min_available_nodes)
+        updates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
+        coded = len(updates)  # replies whose payload bits are counted, screened or not
+        up_bits = sum(u.payload_bits for u in updates)
+        raw_bits = sum(u.raw_bits for u in updates)
+        if updates and not self.cfg.majority:
+            bounded = bound_vectors([u.vector for u in updates], [u.weight for u in updates],
+                                    self.norms, clip_factor=self.cfg.clip_factor,
+                                    clip_norm=self.cfg.clip_norm,
+                                    weight_cap=self.cfg.weight_cap)
+            screened.nodes = [u.node for u in updates]
+            screened.accepted = updates
+            screened.keep(bounded.keep, "update norm is implausibly large against the "
+                          "other clients' (norm-bound-factor)")
+            updates = [GradientUpdate(u.node, v, w, u.loss, u.payload_bits, u.raw_bits,
+                                      u.steps, u.partition)
+                       for u, v, w in zip(screened.accepted, bounded.vectors, bounded.weights,
+                                          strict=True)]
+        ok = {u.node for u in updates}
+        for node in (sent or {}):
+            self.downlink.replied(node, node in ok)
+        stepped = bool(updates) and len(updates) >= quorum
         if stepped:
-            self.guard.begin()
-            self.apply(server_round, vectors, weights)
-            if not self.guard.finite_or_restore():
-                self.rolled_back += 1
-                stepped = False
-                log_round(self.method, server_round, "the step made the model non-finite: "
-                          f"rolled back; replies came from nodes {sorted(kept_nodes)}")
+            stepped = self._guarded_step(server_round, updates)
+        losses = [u.loss for u in updates]
         metrics: dict[str, MetricRecordValues] = {
-            "train-loss": (float(np.average(losses, weights=weights)) if losses
-                           else float("nan")),
+            "train-loss": (float(np.average(losses, weights=[u.weight for u in updates]))
+                           if losses else float("nan")),
             "up-payload-bits": int(up_bits),
             "up-raw-payload-bits": int(raw_bits),
             "down-payload-bits": int(self.sent_payload_bits.pop(server_round, 0)),
-            "replies": len(vectors),
+            "replies": len(updates),
             "coded-replies": coded,
-            "rejected": rejected,
-            "failed": failed,
+            "rejected": screened.rejected,
+            "failed": screened.failed,
             "stepped": int(stepped),
             "rolled-back": self.rolled_back,
             "server-time-s": time.perf_counter() - t0,
         }
-        self.last_metrics = metrics
         log_round(self.method, server_round,
-                  f"{len(vectors)} replies, rejected {rejected}, failed {failed}, "
-                  f"up {up_bits} payload bits")
+                  f"{len(updates)} replies, rejected {screened.rejected}, failed "
+                  f"{screened.failed}, up {up_bits} payload bits")
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
 
@@ -336,71 +286,27 @@ class GradientStrategy(ModelStrategy, Strategy):
         payload = make(codec, entropy=self.cfg.entropy_coder).encode(w)
         return payload.to_record(), int(payload.nbits)
 
-    def validate_reply(self, msg: Message) -> tuple[np.ndarray, float, float, int]:
-        """Check one reply and decode it: the first four fields of :meth:`check_reply`."""
-        return self.check_reply(msg)[:4]
-
-    def check_reply(self, msg: Message) -> tuple[np.ndarray, float, float, int, int, int]:
-        """Check one reply and decode it.
-
-        Returns
-        -------
-        vector : numpy.ndarray
-            The decoded float32 update, length D.
-        weight : float
-            Its ``num-examples``.
-        loss : float
-            The client's training loss.
-        nbits : int
-            The payload's exact size in bits, as sent (after lossless coding).
-        raw_nbits : int
-            The same before lossless coding.
-        steps : int
-            The client's local steps (``local-epochs``: ``E ceil(n / batch-size)`` for its
-            ``n = num-examples / E`` rows; else ``local-steps``).
-
-        Raises
-        ------
-        PayloadError
-            Missing records, another codec, a malformed payload, wrong size, non-finite
-            values, or out-of-range metrics.
-        """
-        content = msg.content
-        metrics = content.metric_records.get(METRICS_KEY)
-        if metrics is None:
-            raise PayloadError(f"reply misses its {METRICS_KEY!r} record")
-        examples = metrics.get("num-examples")
-        epochs = self.cfg.local_epochs
-        most = (epochs * MAX_EPOCH_ROWS if self.cfg.epochs_mode
-                else self.cfg.batch_size * self.cfg.local_steps)
-        if isinstance(examples, bool) or not isinstance(examples, int) \
-                or not 1 <= examples <= most:
-            raise PayloadError(f"num-examples={examples!r} is not an int in [1, {most}]")
-        if self.cfg.epochs_mode and examples % epochs:
-            raise PayloadError(f"num-examples={examples} is not {epochs} epochs of whole rows")
-        steps = (epoch_steps(examples, self.cfg.batch_size, epochs) if self.cfg.epochs_mode
-                 else self.cfg.local_steps)
-        loss = metrics.get("train-loss")
-        if not isinstance(loss, (int, float)) or not np.isfinite(loss):
-            raise PayloadError(f"train-loss={loss!r} is not a finite number")
-        keys = update_keys(self.cfg, len(self.sizes))
-        if set(content.array_records) != set(keys):
-            raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
-                               f"expected {keys}")
-        sizes = self.sizes if self.cfg.segmented else [self.dim]
-        vec, nbits, raw = decode_update(content.array_records, keys, sizes, self.codec)
-        return vec, float(examples), float(loss), nbits, raw, steps
+    def _guarded_step(self, server_round: int, updates: list[GradientUpdate]) -> bool:
+        """Aggregate and step; roll the step back if it left the model non-finite."""
+        vectors = [u.vector for u in updates]
+        if self.cfg.epochs_mode:  # screened as pseudo-gradients, averaged as model deltas
+            vectors = [v * np.float32(self.cfg.client_lr * u.steps)
+                       for v, u in zip(vectors, updates, strict=True)]
+        self.guard.begin()
+        self.apply(server_round, vectors, [u.weight for u in updates])
+        if self.guard.finite_or_restore():
+            return True
+        self.rolled_back += 1
+        log_round(self.method, server_round, "the step made the model non-finite: rolled "
+                  f"back; replies came from nodes {sorted(u.node for u in updates)}")
+        return False
 
     def aggregate(self, server_round: int, vectors: list[np.ndarray],
                   weights: list[float]) -> np.ndarray:
-        """Combine decoded updates: weighted mean, a robust rule, or the majority vote."""
+        """Combine bounded updates: weighted mean, a robust rule, or the majority vote."""
         if self.cfg.majority:
-            rng = round_rng(self.seed, server_round, 0, PURPOSE_TIES)
-            return majority_vote(vectors, rng)
-        vectors = clip_norms(vectors, self.cfg.clip_norm)
+            return majority_vote(vectors, round_rng(self.seed, server_round, 0, Purpose.TIES))
         rule = "mean" if self.cfg.aggregation == "auto" else self.cfg.aggregation
-        if rule == "mean":
-            return weighted_mean(vectors, cap_weights(weights))
         return robust_aggregate(vectors, weights, rule, self.cfg.trim_fraction)
 
     def apply(self, server_round: int, vectors: list[np.ndarray], weights: list[float]) -> None:
@@ -411,25 +317,21 @@ class GradientStrategy(ModelStrategy, Strategy):
             vote = vote_from_payload(Payload.from_record(record))  # exactly what clients see
             set_flat(self.model, sign_step(get_flat(self.model), vote, self.cfg.lr,
                                            self.cfg.weight_decay))
-            self.version += 1
-            if self.cfg.downlink_mode == "sign":
-                self.votes[self.version] = record
-                self.votes.pop(self.version - MAX_VOTES_BEHIND - 1, None)
+            self.downlink.applied(record if self.cfg.downlink_mode == "sign" else None)
             return
         assert self.optimizer is not None
         apply_flat_grad(self.model, self.optimizer, agg)
-        self.version += 1
+        self.downlink.applied(None)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Everything needed to resume: model, optimizer, versions and recent votes."""
+        """Everything needed to resume: model, optimizer, downlink, norm screen, rollbacks."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "version": self.version,
-            "node_version": dict(self.node_version),
-            "votes": {v: vote_from_payload(Payload.from_record(rec)).astype(np.int8)
-                      for v, rec in self.votes.items()},
+            **self.downlink.state_dict(),
+            "norms": self.norms.state_dict(),
+            "rolled_back": self.rolled_back,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -437,17 +339,7 @@ class GradientStrategy(ModelStrategy, Strategy):
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
-        self.node_version = {int(k): int(v) for k, v in state["node_version"].items()}
+        self.downlink.load_state_dict(state)
+        self.norms.load_state_dict(state.get("norms", {}))
+        self.rolled_back = int(state.get("rolled_back", 0))
         self._returned = None
-        sign = make("sign")
-        self.votes = {int(v): sign.encode(np.asarray(vote, np.float32)).to_record()
-                      for v, vote in state["votes"].items()}
-
-    def flat_model(self) -> np.ndarray:
-        """The server model's parameters as one float32 vector."""
-        return get_flat(self.model)
-
-
-#: The name the package used before the plugin API.
-CompressedGradientStrategy = GradientStrategy

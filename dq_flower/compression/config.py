@@ -16,7 +16,7 @@ DOWNLINKS = ("float32", "fp16")
 #: Prefix of the wrapper's keys in a train message's config record.
 MESSAGE_PREFIX = "compression-"
 #: Knobs the clients do not need (they stay on the server).
-SERVER_ONLY = ("norm-bound-factor",)
+SERVER_ONLY = ("norm-bound-factor", "clip-factor", "weight-cap")
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,17 @@ class CompressionConfig:
         ``auto`` (PowerSGD and TernGrad code each array on its own), ``on`` or ``off``.
     downlink : str
         ``float32`` (the inner strategy's broadcast, untouched) or ``fp16``.
+    clip_factor : float
+        Clip every client's update to this multiple of the round's median norm before
+        aggregating, so that one client moves the aggregate by at most a median norm times
+        its weight share (0: off; default 1).
+    weight_cap : float
+        A client's example weight counts at most this multiple of the round's median
+        weight (0: off; default 2).
     norm_bound_factor : float
-        Reject an update whose norm exceeds this multiple of the recent median (0: off).
+        Reject a vector whose norm exceeds this multiple of the recent rounds' median
+        norms (0: off; default 100: only absurd norms, since ``clip-factor`` bounds the
+        influence of the rest; see :mod:`dq_flower.server.robust`).
     seed : int
         Root of the clients' stochastic rounding (with the round and the node).
     """
@@ -61,7 +70,9 @@ class CompressionConfig:
     error_feedback: str = "auto"
     per_tensor: str = "auto"
     downlink: str = "float32"
-    norm_bound_factor: float = 5.0
+    clip_factor: float = 1.0
+    weight_cap: float = 2.0
+    norm_bound_factor: float = 100.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -74,6 +85,8 @@ class CompressionConfig:
         check(self.downlink in DOWNLINKS, "downlink",
               f"must be one of {DOWNLINKS}, got {self.downlink!r}")
         check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
+        check(self.clip_factor >= 0, "clip_factor", "must be >= 0 (0 = off)")
+        check(self.weight_cap >= 0, "weight_cap", "must be >= 0 (0 = off)")
         self.gradient_config()  # the codec, its parameters and the coder
         if self.entropy_coder == "context":  # a model of sample codes: updates get zlib
             object.__setattr__(self, "entropy_coder", "zlib")

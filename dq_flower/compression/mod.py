@@ -40,7 +40,7 @@ from dq_flower.compression.wire import (
 from dq_flower.node import node_key
 from dq_flower.protocol.gradient import update_keys
 from dq_flower.protocol.model import decode_model_payload
-from dq_flower.server.common import round_rng
+from dq_flower.seeding import round_rng
 
 __all__ = ["compression_mod", "STATE_PREFIX", "PURPOSE_CODEC"]
 

@@ -35,13 +35,16 @@ from dq_flower.compression.wire import (
 )
 from dq_flower.config import build_config, strategy_kwargs
 from dq_flower.protocol.gradient import decode_update, update_keys
-from dq_flower.server.common import ServerFigures, log_rejected, log_round, screen_replies
-from dq_flower.server.robust import NormScreen, cap_weights
+from dq_flower.server.base import ServerFigures
+from dq_flower.server.common import log_rejected, log_round
+from dq_flower.server.pipeline import RoundLedger, bound_vectors, screen_replies
+from dq_flower.server.robust import NormScreen
 
 __all__ = ["CompressedUpdates", "MAX_EXAMPLES"]
 
 #: Largest example count a reply may claim (an honest partition is far smaller); weights
-#: are further capped at 10x the round's median (``dq_flower.server.robust.cap_weights``).
+#: are further capped at ``weight-cap`` times the round's median
+#: (``dq_flower.server.robust.cap_weights``).
 MAX_EXAMPLES = 1 << 31
 NAME = "compressed-updates"
 
@@ -63,8 +66,7 @@ class _Decoded:
     metric_name: str
     metric_keys: frozenset[str]
     weight: float
-    norm: float
-    record: ArrayRecord
+    update: np.ndarray  # the decoded update (weights = reference + update)
     nbits: int
     raw_bits: int
 
@@ -142,6 +144,7 @@ class CompressedUpdates(ServerFigures, Strategy):
         self.codec = self.cfg.gradient_config().make_codec()
         self.weight_key = str(getattr(strategy, "weighted_by_key", "num-examples"))
         self.norms = NormScreen(self.cfg.norm_bound_factor)
+        self.ledger = RoundLedger()
         self._sent: dict[int, dict[int, _Sent]] = {}
 
     @classmethod
@@ -183,7 +186,7 @@ class CompressedUpdates(ServerFigures, Strategy):
                 entry = prepared[id(msg.content)] = self._prepare(msg)
             sent[int(msg.metadata.dst_node_id)] = entry
         self._sent[server_round] = sent
-        return messages
+        return self.ledger.record(server_round, messages)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -192,27 +195,25 @@ class CompressedUpdates(ServerFigures, Strategy):
         t0 = time.perf_counter()
         replies = list(replies)
         sent = self._sent.pop(server_round, {})
-        valid, rejected, failed = screen_replies(replies, lambda m: self._decode(m, sent))
-        decoded: list[_Decoded] = [d for _, d in valid]
+        screened = screen_replies(replies, lambda m: self._decode(m, sent),
+                                  self.ledger.take(server_round))
+        decoded: list[_Decoded] = screened.accepted
         coded = len(decoded)
         up_bits = sum(d.nbits for d in decoded)
         raw_bits = sum(d.raw_bits for d in decoded)
         decoded, dropped = self._consistent(decoded)
-        rejected += dropped
-        keep = self.norms.keep([d.norm for d in decoded])
-        for d, k in zip(decoded, keep, strict=True):
-            if not k:
-                log_rejected(d.msg.metadata.src_node_id, "update norm is implausibly large "
-                             "against the other clients' (norm-bound-factor)")
-        rejected += keep.count(False)
-        decoded = [d for d, k in zip(decoded, keep, strict=True) if k]
-        for d, weight in zip(decoded, cap_weights([d.weight for d in decoded]), strict=True):
-            content = d.msg.content
-            if weight < d.weight:
-                content.metric_records[d.metric_name][self.weight_key] = float(weight)
-            for name in list(content.array_records):
-                del content[name]
-            content[self._sent_layout(d, sent).key] = d.record
+        screened.rejected += dropped
+        screened.accepted = decoded
+        screened.nodes = [int(d.msg.metadata.src_node_id) for d in decoded]
+        bounded = bound_vectors([d.update for d in decoded], [d.weight for d in decoded],
+                                self.norms, clip_factor=self.cfg.clip_factor,
+                                weight_cap=self.cfg.weight_cap)
+        screened.keep(bounded.keep, "update norm is implausibly large against the other "
+                      "clients' (norm-bound-factor)")
+        decoded = screened.accepted
+        rejected, failed = screened.rejected, screened.failed
+        for d, update, weight in zip(decoded, bounded.vectors, bounded.weights, strict=True):
+            self._rebuild(d, sent[int(d.msg.metadata.src_node_id)], update, weight)
         passed = [m for m in replies if m.has_error()] + [d.msg for d in decoded]
         arrays, metrics = self.strategy.aggregate_train(server_round, passed)
         finite = arrays is None or all(
@@ -273,10 +274,6 @@ class CompressedUpdates(ServerFigures, Strategy):
                 cfg[LAYOUT_KEY] = layout.to_json()
         return _Sent(layout, reference, int(payload.nbits))
 
-    @staticmethod
-    def _sent_layout(d: _Decoded, sent: dict[int, _Sent]) -> Layout:
-        return sent[int(d.msg.metadata.src_node_id)].layout
-
     def _decode(self, msg: Message, sent: dict[int, _Sent]) -> _Decoded:
         """Check one reply and decode it into weights; ``PayloadError`` with the reason."""
         node = int(msg.metadata.src_node_id)
@@ -306,12 +303,21 @@ class CompressedUpdates(ServerFigures, Strategy):
                                "ClientApp's mods?)")
         sizes = layout.coded_sizes if gcfg.segmented else [layout.dim]
         vec, nbits, raw_bits = decode_update(content.array_records, keys, sizes, self.codec)
-        weights = entry.reference + vec
-        if not np.isfinite(weights).all():
+        if not np.isfinite(entry.reference + vec).all():
             raise PayloadError("the decoded weights are not finite")
-        record = layout.rebuild(weights, content.array_records.get(RAW_KEY))
         return _Decoded(msg, name, frozenset(metrics.keys()), float(weight),  # type: ignore[arg-type]
-                        float(np.linalg.norm(vec)), record, nbits, raw_bits)
+                        vec, nbits, raw_bits)
+
+    def _rebuild(self, d: _Decoded, entry: _Sent, update: np.ndarray, weight: float) -> None:
+        """Put the weights ``entry.reference + update`` (and a capped weight) into the reply."""
+        content = d.msg.content
+        if weight < d.weight:
+            content.metric_records[d.metric_name][self.weight_key] = float(weight)
+        raw = content.array_records.get(RAW_KEY)
+        record = entry.layout.rebuild(entry.reference + update, raw)
+        for name in list(content.array_records):
+            del content[name]
+        content[entry.layout.key] = record
 
     def _consistent(self, decoded: list[_Decoded]) -> tuple[list[_Decoded], int]:
         """Keep the replies whose metric keys are the most common set; reject the others.

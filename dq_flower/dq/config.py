@@ -148,9 +148,17 @@ class DQConfig:
         Fraction cut at each end by ``trimmed-mean``.
     clip_norm : float
         Clip every client's compensation or gradient to this L2 norm first (0: off).
+    clip_factor : float
+        Clip every client's compensation, refreshed residual or gradient to this multiple
+        of the round's median norm before aggregating, so that one client moves the
+        aggregate by at most a median norm times its weight share (0: off; default 1).
+    weight_cap : float
+        A client's example weight counts at most this multiple of the round's median
+        weight (0: off; default 2).
     norm_bound_factor : float
-        Reject a compensation or gradient whose norm exceeds this multiple of the round's
-        median (or the recent rounds' medians) (0: off).
+        Reject a vector whose norm exceeds this multiple of the recent rounds' median
+        norms (0: off; default 100: only absurd norms, since ``clip-factor`` bounds the
+        influence of the rest; see :mod:`dq_flower.server.robust`).
     max_abs_value : float
         Largest absolute data value accepted; 0 (auto) sets it to 1000 times the largest
         value of the first accepted upload (at least 1000).
@@ -198,7 +206,9 @@ class DQConfig:
     robust_aggregation: str = "auto"
     trim_fraction: float = 0.2
     clip_norm: float = 0.0
-    norm_bound_factor: float = 5.0
+    clip_factor: float = 1.0
+    weight_cap: float = 2.0
+    norm_bound_factor: float = 100.0
     max_abs_value: float = 0.0
 
     def __post_init__(self) -> None:
@@ -230,6 +240,8 @@ class DQConfig:
         _check(0 <= self.trim_fraction < 0.5, "trim_fraction", "must be in [0, 0.5)")
         _check(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0 = off)")
         _check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
+        _check(self.clip_factor >= 0, "clip_factor", "must be >= 0 (0 = off)")
+        _check(self.weight_cap >= 0, "weight_cap", "must be >= 0 (0 = off)")
         _check(self.max_abs_value >= 0, "max_abs_value", "must be >= 0 (0 = auto)")
         _check(self.compensation_mode in COMPENSATION_MODES, "compensation_mode",
                f"must be one of {COMPENSATION_MODES}, got {self.compensation_mode!r}")

@@ -74,21 +74,22 @@ from dq_flower.protocol.dq_batch import (
     range_mode,
     ranges_from_record,
 )
+from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
 from dq_flower.protocol.model import MODEL_KEY, model_record
 from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_from_record
+from dq_flower.seeding import Purpose, round_rng
+from dq_flower.server.base import ModelStrategy
 from dq_flower.server.common import (
     FailureWatch,
-    ModelStrategy,
     log_rejected,
     log_round,
     make_optimizer,
-    round_rng,
     sample_node_ids,
-    screen_replies,
 )
-from dq_flower.server.robust import NormScreen, StepGuard, aggregate, cap_weights, clip_norms
+from dq_flower.server.pipeline import RoundLedger, Screened, bound_vectors, screen_replies
+from dq_flower.server.robust import NormScreen, StepGuard, aggregate, clip_norms
 
-__all__ = ["DQStrategy", "Upload", "GradientReply"]
+__all__ = ["DQStrategy", "Upload"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
@@ -112,19 +113,6 @@ class Upload:
     ranges: tuple[np.ndarray, np.ndarray] | None = None
     refresh: np.ndarray | None = None
     holdout: np.ndarray | None = None  # which rows the store holds out (adaptive schedule)
-
-
-@dataclass
-class GradientReply:
-    """One validated reply of a gradient round."""
-
-    partition: int
-    node: int
-    examples: int
-    gradient: np.ndarray
-    payload_bits: int
-    loss: float
-    reply_bits: int
 
 
 class DQStrategy(ModelStrategy, Strategy):
@@ -222,6 +210,8 @@ class DQStrategy(ModelStrategy, Strategy):
         self.reverted = False
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
         self.norms = NormScreen(cfg.norm_bound_factor)
+        self.refresh_norms = NormScreen(cfg.norm_bound_factor)
+        self.ledger = RoundLedger()
         self.guard = StepGuard(model, self.optimizer)
         self.value_bound = float(cfg.max_abs_value) or None
         self.rolled_back = 0
@@ -287,7 +277,7 @@ class DQStrategy(ModelStrategy, Strategy):
         """
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
-                                round_rng(self.seed, server_round, 0, purpose=1))
+                                round_rng(self.seed, server_round, 0, Purpose.SAMPLE))
         rounds_left = (self.num_rounds - server_round + 1) if self.num_rounds else 1
         plan = self.planner.plan([int(n) for n in nodes], max(rounds_left, 1))
         self.plans[server_round] = plan
@@ -297,7 +287,8 @@ class DQStrategy(ModelStrategy, Strategy):
             if key in knobs:
                 cfg[key] = knobs[key]
         cfg["server-round"] = server_round
-        cfg["round-seed"] = int(round_rng(self.seed, server_round, 0, 2).integers(2**31))
+        seed_rng = round_rng(self.seed, server_round, 0, Purpose.ROUND_SEED)
+        cfg["round-seed"] = int(seed_rng.integers(2**31))
         cfg["round-mode"] = plan.mode
         if self.num_classes:
             cfg["num-classes"] = int(self.num_classes)
@@ -327,7 +318,7 @@ class DQStrategy(ModelStrategy, Strategy):
             content = RecordDict({"config": node_cfg, **shared})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))
-        return messages
+        return self.ledger.record(server_round, messages)
 
     def _adaptive_asks(self, nodes: list[int]) -> dict[int, int]:
         """Per-node asks of the adaptive schedule: ``budget`` each in the first round."""
@@ -355,25 +346,24 @@ class DQStrategy(ModelStrategy, Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, store their samples, take the server's optimizer steps."""
         replies = list(replies)
-        if self.stored == 0:  # with samples stored, a round trains whoever fails
-            self.failures.observe(replies)
-        else:
-            self.failures.observe([])
+        sent = self.ledger.take(server_round)
         plan = self.plans.pop(server_round, None)
         if plan is not None and plan.mode == "gradient":
             self.asked.pop(server_round, None)
-            return self._aggregate_gradients(server_round, replies, plan)
+            return self._aggregate_gradients(server_round, replies, plan, sent)
         t0 = time.perf_counter()
         asked = self.asked.pop(server_round, {})
-        screened, rejected, failed = screen_replies(
+        screened = screen_replies(
             replies, lambda msg: self._validate(msg, msg.metadata.src_node_id,
                                                 asked.get(msg.metadata.src_node_id,
-                                                          self.cfg.budget)))
+                                                          self.cfg.budget)), sent)
+        self._observe_failures(replies, screened)
         # Replies arrive in any order: store and combine them in the clients' partition
         # order, so that a run is reproducible from its seed.
-        candidates = sorted((u for _, u in screened), key=lambda u: (u.partition, u.node))
+        candidates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
         candidates, dropped = self._screen_deltas(candidates)
-        refreshed = self._update_control_variate(candidates)
+        refreshed, refreshes_rejected = self._update_control_variate(candidates)
+        rejected, failed = screened.rejected + dropped, screened.failed
         stored_before = self.stored
         fresh: list[Upload] = []
         for upload in candidates:
@@ -410,6 +400,7 @@ class DQStrategy(ModelStrategy, Strategy):
         metrics["rolled-back"] = self.rolled_back
         if self.cv is not None:
             metrics["refreshed"] = refreshed
+            metrics["refreshes-rejected"] = refreshes_rejected
         if self.schedule is not None:
             metrics.update(self._schedule_metrics(stored_before))
         log_round("dq", server_round, f"{metrics['selected']} new samples, "
@@ -423,15 +414,28 @@ class DQStrategy(ModelStrategy, Strategy):
         return (self.cfg.compensation_mode == "refresh" and server_round > 1
                 and server_round % self.cfg.refresh_every == 0)
 
-    def _update_control_variate(self, fresh: list[Upload]) -> int:
+    def _observe_failures(self, replies: list[Message], screened: Screened) -> None:
+        """Count the round towards ``max-failed-rounds`` while the store is empty.
+
+        With samples stored, a round trains on the store whoever fails, so it is not a dead
+        run; its failed and silent nodes are still counted in ``failed``.
+        """
+        if self.stored == 0:
+            self.failures.observe(replies, screened.silent)
+        else:
+            self.failures.observe([])
+
+    def _update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
         """Age the control variate, then enter the round's refreshed and fresh deltas.
 
         Called before the round's rows are stored, so a refreshed residual replaces the
-        share of exactly the node's earlier rows. Returns the refreshed count.
+        share of exactly the node's earlier rows. Refreshed residuals pass their own norm
+        screen and clip, as compensations do. Returns ``(refreshed, rejected refreshes)``.
         """
         if self.cv is None:
-            return 0
+            return 0, 0
         self.cv.age()
+        dropped = self._screen_refreshes(fresh)
         refreshed = 0
         for u in fresh:
             if u.refresh is not None and self.store is not None:
@@ -439,7 +443,25 @@ class DQStrategy(ModelStrategy, Strategy):
                 refreshed += 1
             if u.delta is not None and len(u.batch):
                 self.cv.add(u.node, u.delta, float(u.batch.weights.sum()))
-        return refreshed
+        return refreshed, dropped
+
+    def _screen_refreshes(self, uploads: list[Upload]) -> int:
+        """Norm-screen and clip the refreshed residuals in place; a rejected one is dropped."""
+        with_refresh = [u for u in uploads if u.refresh is not None]
+        if not with_refresh:
+            return 0
+        bounded = bound_vectors([cast(np.ndarray, u.refresh) for u in with_refresh],
+                                [1.0] * len(with_refresh), self.refresh_norms,
+                                clip_factor=self.cfg.clip_factor, clip_norm=self.cfg.clip_norm)
+        kept = iter(bounded.vectors)
+        for u, k in zip(with_refresh, bounded.keep, strict=True):
+            if k:
+                u.refresh = next(kept)
+            else:
+                u.refresh = None
+                log_rejected(u.node, "refreshed residual's norm is implausibly large against "
+                             "the other clients' (norm-bound-factor)")
+        return bounded.keep.count(False)
 
     def _rolled_back(self, server_round: int, nodes: list[int]) -> None:
         self.rolled_back += 1
@@ -447,13 +469,21 @@ class DQStrategy(ModelStrategy, Strategy):
                   f"back; the round's replies came from nodes {sorted(nodes)}")
 
     def _screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
-        """Drop uploads whose compensation norm is implausible (see ``server.robust``)."""
+        """Drop uploads whose compensation norm is implausible; clip the others' in place.
+
+        See :func:`dq_flower.server.pipeline.bound_vectors`.
+        """
         with_delta = [u for u in uploads if u.delta is not None]
         if not with_delta:
             return uploads, 0
-        keep = self.norms.keep(
-            [float(np.linalg.norm(cast(np.ndarray, u.delta))) for u in with_delta]
-        )
+        bounded = bound_vectors([cast(np.ndarray, u.delta) for u in with_delta],
+                                [1.0] * len(with_delta), self.norms,
+                                clip_factor=self.cfg.clip_factor, clip_norm=self.cfg.clip_norm)
+        keep = bounded.keep
+        kept = iter(bounded.vectors)
+        for u, k in zip(with_delta, keep, strict=True):
+            if k:
+                u.delta = next(kept)
         bad = {id(u) for u, k in zip(with_delta, keep, strict=True) if not k}
         for u in with_delta:
             if id(u) in bad:
@@ -685,59 +715,37 @@ class DQStrategy(ModelStrategy, Strategy):
                             "est-gradient-bits": float(plan.gradient_bits)})
         return metrics
 
-    def _validate_gradient(self, msg: Message) -> GradientReply:
-        """Check and decode one reply of a gradient round."""
+    def _validate_gradient(self, msg: Message) -> GradientUpdate:
+        """Check and decode one reply of a gradient round (the baselines' decoder)."""
         content = msg.content
         if SPEC_KEY in content.config_records:
             self._check_spec(content)
-        if GRADIENT_KEY not in content.array_records:
-            raise PayloadError(f"gradient round: reply misses its {GRADIENT_KEY!r} record")
-        metrics = content.metric_records.get("metrics")
-        if metrics is None:
-            raise PayloadError("reply misses its 'metrics' record")
-        examples = metrics.get("num-examples")
-        partition = metrics.get("partition-id", MAX_LOCAL_ID)
-        if not isinstance(examples, int) or not 1 <= examples <= MAX_LOCAL_ID:
-            raise PayloadError(f"'num-examples'={examples!r} must be a positive int")
-        if not isinstance(partition, int):
-            raise PayloadError(f"'partition-id'={partition!r} is not an int")
-        self._check_examples(msg.metadata.src_node_id, examples)
-        payload = Payload.from_record(content.array_records[GRADIENT_KEY])
         assert self.grad_codec is not None
-        if payload.codec != self.grad_codec.name:
-            raise PayloadError(f"gradient made by {payload.codec!r}, "
-                               f"expected {self.grad_codec.name!r}")
-        if math.prod(payload.shape) != self.num_params:
-            raise PayloadError(f"gradient declares {payload.shape}, the model has "
-                               f"{self.num_params} parameters")
-        grad = self.grad_codec.decode(payload).reshape(-1)
-        if grad.size != self.num_params or not np.isfinite(grad).all():
-            raise PayloadError("gradient has the wrong size or non-finite values")
-        loss = metrics.get("train-loss", float("nan"))
-        loss = float(loss) if isinstance(loss, (int, float)) else float("nan")
-        return GradientReply(partition, msg.metadata.src_node_id, examples, grad,
-                             int(payload.nbits), loss, reply_bits(content))
+        update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.grad_codec,
+                                 max_examples=MAX_LOCAL_ID, require_loss=False)(msg)
+        self._check_examples(update.node, int(update.weight))
+        return update
 
     def _aggregate_gradients(self, server_round: int, replies: list[Message],
-                             plan: RoundPlan) -> tuple[ArrayRecord, MetricRecord]:
-        """A gradient round: one step with the example-weighted mean, then store steps."""
+                             plan: RoundPlan, sent: dict[int, Message] | None,
+                             ) -> tuple[ArrayRecord, MetricRecord]:
+        """A gradient round: one step with the bounded mean gradient, then store steps."""
         t0 = time.perf_counter()
-        screened, rejected, failed = screen_replies(replies, self._validate_gradient)
-        valid = sorted((r for _, r in screened), key=lambda r: (r.partition, r.node))
-        keep = self.norms.keep([float(np.linalg.norm(r.gradient)) for r in valid])
-        for r, k in zip(valid, keep, strict=True):
-            if not k:
-                log_rejected(r.node, "gradient norm is implausibly large against the other "
-                             "clients' (norm-bound-factor)")
-        rejected += keep.count(False)
-        valid = [r for r, k in zip(valid, keep, strict=True) if k]
+        screened = screen_replies(replies, self._validate_gradient, sent)
+        self._observe_failures(replies, screened)
+        valid = sorted(screened.accepted, key=lambda r: (r.partition, r.node))
+        bounded = bound_vectors([r.vector for r in valid], [r.weight for r in valid],
+                                self.norms, clip_factor=self.cfg.clip_factor,
+                                clip_norm=self.cfg.clip_norm, weight_cap=self.cfg.weight_cap)
+        screened.accepted, screened.nodes = valid, [r.node for r in valid]
+        screened.keep(bounded.keep, "gradient norm is implausibly large against the other "
+                      "clients' (norm-bound-factor)")
+        valid = screened.accepted
         losses: list[float] = []
         self.guard.begin()
         if valid:
-            grads = clip_norms([r.gradient for r in valid], self.cfg.clip_norm)
-            weights = cap_weights([float(r.examples) for r in valid])
-            grad = aggregate(grads, weights, robust_rule(self.cfg.robust_aggregation),
-                             self.cfg.trim_fraction)
+            grad = aggregate(bounded.vectors, bounded.weights,
+                             robust_rule(self.cfg.robust_aggregation), self.cfg.trim_fraction)
             self.model.train()
             apply_flat_grad(self.model, self.optimizer, grad)
             losses = [r.loss for r in valid]
@@ -747,16 +755,19 @@ class DQStrategy(ModelStrategy, Strategy):
             later, losses = [], []
         loss = float(np.mean(later or losses)) if (later or losses) else float("nan")
         for r in valid:
-            self.planner.record_examples(r.node, r.examples)
-        up_bits = sum(r.payload_bits for r in valid)
+            self.planner.record_examples(r.node, int(r.weight))
         if valid:
-            self.planner.measured(gradient_bits=float(np.mean([r.reply_bits for r in valid])))
-        metrics = self._round_metrics(plan, loss=loss, selected=0, up_bits=up_bits,
-                                      replies=len(valid), rejected=rejected, failed=failed,
-                                      t0=t0)
+            self.planner.measured(gradient_bits=float(np.mean(
+                [reply_bits(m.content) for m in replies
+                 if int(m.metadata.src_node_id) in set(screened.nodes)])))
+        metrics = self._round_metrics(plan, loss=loss, selected=0,
+                                      up_bits=sum(r.payload_bits for r in valid),
+                                      replies=len(valid), rejected=screened.rejected,
+                                      failed=screened.failed, t0=t0)
         metrics["rolled-back"] = self.rolled_back
         log_round("dq", server_round, f"gradient round: {len(valid)} gradients, "
-                  f"store {metrics['stored']}, rejected {rejected}, failed {failed}")
+                  f"store {metrics['stored']}, rejected {screened.rejected}, failed "
+                  f"{screened.failed}")
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
 
@@ -811,7 +822,7 @@ class DQStrategy(ModelStrategy, Strategy):
         A round runs its store steps whatever replies it got (a round with nothing to ask,
         or whose only asked node failed, still trains on what the store holds).
         """
-        rng = round_rng(self.seed, server_round, 0, purpose=3)
+        rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         self.model.train()
         losses = []
         steps = self.cfg.server_steps
@@ -837,7 +848,7 @@ class DQStrategy(ModelStrategy, Strategy):
         if (self.store is None or not any(len(u.batch) for u in fresh)
                 or self.store.num_train == 0):  # nothing new (a full store still changes)
             return float("nan")
-        rng = round_rng(self.seed, server_round, 0, purpose=3)
+        rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         self._round_ids = {u.node: u.batch.ids for u in fresh if len(u.batch)}
         first = self._fresh_training_step(fresh)
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -944,7 +955,7 @@ class DQStrategy(ModelStrategy, Strategy):
                      rng: np.random.Generator | None = None) -> list[float]:
         """``steps`` optimizer steps on minibatches from the store; their losses."""
         if rng is None:
-            rng = round_rng(self.seed, server_round, 0, purpose=3)
+            rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         if self.store is None or len(self.store) == 0:
             return []
         self.model.train()
@@ -972,6 +983,7 @@ class DQStrategy(ModelStrategy, Strategy):
                            for k, (lo, span) in self.ranges.items()},
                 "store": None if self.store is None else self.store.state(),
                 "planner": self.planner.state(), "norms": self.norms.state(),
+                "refresh_norms": self.refresh_norms.state_dict(),
                 "value_bound": self.value_bound, "rolled_back": self.rolled_back,
                 "control_variate": None if self.cv is None else self.cv.state(),
                 "schedule": None if self.schedule is None else self.schedule.state(),
@@ -993,6 +1005,7 @@ class DQStrategy(ModelStrategy, Strategy):
         if "planner" in state:
             self.planner.load_state(state["planner"])
         self.norms.load_state(state.get("norms", []))
+        self.refresh_norms.load_state_dict(state.get("refresh_norms", {}))
         self.value_bound = state.get("value_bound", self.value_bound)
         self.rolled_back = int(state.get("rolled_back", 0))
         if self.cv is not None and state.get("control_variate") is not None:

@@ -11,10 +11,16 @@ holds for any model and data without tuning:
   that rejects every vector doubles the reference for the next round, so honest norms
   that outgrow the bar (a large step size, an error-feedback residual that keeps growing)
   lock the run out for a few rounds at most, while a hostile round can raise the bar by
-  no more than 2x. Default factor 5; 0 turns the check off.
+  no more than 2x. Default factor 100 (the screen stops absurd norms; clipping bounds the
+  rest, so honest norms that grow several-fold between rounds are not rejected); 0 turns
+  the check off.
+- **Clipping** (:func:`clip_to_median`): every vector that passed the screen is scaled
+  down to at most ``clip-factor`` (default 1) times the median norm of the round's
+  vectors, so one client in five that sends a scaled (say -4x) update moves the mean by
+  at most one median norm times its weight share, as a merely sign-flipped one would.
 - **Weights** (:func:`cap_weights`): a client's example count weighs at most ``factor``
-  times the round's median count, so one client claiming 2**31 examples cannot outweigh
-  the others.
+  (``weight-cap``, default 2) times the round's median count, so one client claiming
+  2**31 examples cannot outweigh the others.
 - **Aggregation** (:func:`aggregate`): the example-weighted mean, or, robust to a minority
   of bad clients, the coordinate-wise median (as Flower's ``FedMedian``) or the trimmed
   mean (Flower's ``FedTrimmedAvg`` helper), optionally after clipping every vector's norm.
@@ -27,7 +33,8 @@ from collections import deque
 import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
-__all__ = ["AGGREGATIONS", "aggregate", "clip_norms", "cap_weights", "NormScreen", "StepGuard"]
+__all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "clip_norms", "clip_to_median",
+           "cap_weights", "NormScreen", "StepGuard"]
 
 #: Aggregation rules of client vectors.
 AGGREGATIONS = ("mean", "median", "trimmed-mean")
@@ -44,17 +51,34 @@ def clip_norms(vectors: list[np.ndarray], clip: float) -> list[np.ndarray]:
     return out
 
 
+def clip_to_median(vectors: list[np.ndarray], factor: float) -> list[np.ndarray]:
+    """Scale every vector down to at most ``factor`` times the median norm (0: off).
+
+    Needs three vectors (with fewer the median is one of the two); a zero median leaves
+    the vectors as they are.
+    """
+    if factor <= 0 or len(vectors) < 3:
+        return vectors
+    median = float(np.median([float(np.linalg.norm(v)) for v in vectors]))
+    return clip_norms(vectors, factor * median) if median > 0 else vectors
+
+
+def weighted_mean(vectors: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """``sum_k w_k v_k / sum_k w_k`` accumulated in float64, returned as float32."""
+    total = float(sum(weights))
+    acc = np.zeros(vectors[0].size, dtype=np.float64)
+    for v, w in zip(vectors, weights, strict=True):
+        acc += (float(w) / total) * v.astype(np.float64)
+    return acc.astype(np.float32)
+
+
 def aggregate(vectors: list[np.ndarray], weights: list[float], rule: str = "mean",
               trim_fraction: float = 0.2) -> np.ndarray:
     """Combine client vectors by ``rule`` (``mean`` is weighted by ``weights``)."""
     if not vectors:
         raise ValueError("nothing to aggregate")
     if rule == "mean":
-        total = float(sum(weights))
-        acc = np.zeros(vectors[0].size, dtype=np.float64)
-        for v, w in zip(vectors, weights, strict=True):
-            acc += (float(w) / total) * v.astype(np.float64)
-        return acc.astype(np.float32)
+        return weighted_mean(vectors, weights)
     stacked = np.stack([v.astype(np.float32) for v in vectors])
     if rule == "median":
         return np.median(stacked, axis=0).astype(np.float32)
@@ -63,7 +87,7 @@ def aggregate(vectors: list[np.ndarray], weights: list[float], rule: str = "mean
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {rule!r}")
 
 
-def cap_weights(weights: list[float], factor: float = 10.0) -> list[float]:
+def cap_weights(weights: list[float], factor: float = 2.0) -> list[float]:
     """Weights capped at ``factor`` times their median (unchanged with one or two)."""
     if len(weights) < 3 or factor <= 0:
         return [float(w) for w in weights]
@@ -117,6 +141,14 @@ class NormScreen:
         """Inverse of :meth:`state`."""
         self.medians.clear()
         self.medians.extend(float(m) for m in medians)
+
+    def state_dict(self) -> dict:
+        """Checkpointed state: the recorded medians."""
+        return {"medians": self.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.load_state(state.get("medians", []))
 
 
 class StepGuard:

@@ -158,7 +158,9 @@ def test_run_config_keys_reach_the_config():
 # ---------------------------------------------------------------------------- aggregation
 def test_weighted_mean_of_mock_replies_gives_the_hand_computed_step():
     # Prepare
-    strategy, task, info = make_strategy(codec="identity", lr=0.5, momentum=0.0)
+    # the plain weighted mean: no clip to the median norm, no weight cap
+    strategy, task, info = make_strategy(codec="identity", lr=0.5, momentum=0.0,
+                                         clip_factor=0, weight_cap=0)
     w0 = get_flat(strategy.model)
     rng = np.random.default_rng(1)
     grads = [rng.normal(size=w0.size).astype(np.float32) for _ in range(3)]
@@ -565,7 +567,7 @@ def test_a_client_too_many_votes_behind_gets_the_float32_model():
     for rnd in (1, 2):
         msgs = list(strategy.configure_train(rnd, ArrayRecord(), _config(strategy), grid))
         strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
-    strategy.node_version[node(0)] = strategy.version - 40  # pretend it missed 40 votes
+    strategy.downlink.node_version[node(0)] = strategy.version - 40  # pretend it missed 40 votes
     # Execute
     msgs = list(strategy.configure_train(3, ArrayRecord(), _config(strategy), grid))
     # Assert

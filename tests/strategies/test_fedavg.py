@@ -18,7 +18,7 @@ from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.tasks.data import load_partition
 from dq_flower.model_ops import get_flat, num_params
-from dq_flower.server.common import round_rng
+from dq_flower.seeding import round_rng
 
 
 def build(**knobs):

@@ -1,0 +1,84 @@
+"""The decoder of a compressed-gradient reply, shared by every gradient-upload protocol.
+
+``GradientStrategy``'s replies (``update`` or ``update-<i>`` records) and DQ's gradient
+rounds (one ``gradient`` record) are both decoded here into a :class:`GradientUpdate`;
+:func:`dq_flower.server.pipeline.screen_replies` turns a ``PayloadError`` into a rejection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Message
+
+from dq_flower.codecs import PayloadError
+from dq_flower.protocol.gradient import METRICS_KEY, decode_update, epoch_steps
+
+__all__ = ["GradientUpdate", "GradientDecoder"]
+
+
+@dataclass
+class GradientUpdate:
+    """One decoded gradient reply."""
+
+    node: int
+    vector: np.ndarray  # float32, the model's size
+    weight: float  # its num-examples
+    loss: float  # the client's training loss (nan where the protocol has none)
+    payload_bits: int  # as sent, after lossless coding
+    raw_bits: int  # before lossless coding
+    steps: int  # local steps the update was averaged over
+    partition: int  # the client's partition id (ordering), or the node id
+
+
+@dataclass
+class GradientDecoder:
+    """Check one reply's records and metrics, then decode its update.
+
+    ``max_examples`` bounds ``num-examples``; with ``epochs`` > 0 it must be whole epochs of
+    rows and the update's local steps follow from it (``epoch_steps``), else they are
+    ``local_steps``. ``exact_records`` rejects a reply carrying other array records.
+    """
+
+    keys: Sequence[str]
+    sizes: Sequence[int]
+    codec: object
+    max_examples: int
+    epochs: int = 0
+    batch_size: int = 1
+    local_steps: int = 1
+    require_loss: bool = True
+    exact_records: bool = True
+
+    def __call__(self, msg: Message) -> GradientUpdate:  # noqa: D102
+        content = msg.content
+        node = int(msg.metadata.src_node_id)
+        metrics = content.metric_records.get(METRICS_KEY)
+        if metrics is None:
+            raise PayloadError(f"reply misses its {METRICS_KEY!r} record")
+        examples = metrics.get("num-examples")
+        if isinstance(examples, bool) or not isinstance(examples, int) \
+                or not 1 <= examples <= self.max_examples:
+            raise PayloadError(f"num-examples={examples!r} is not an int in "
+                               f"[1, {self.max_examples}]")
+        if self.epochs and examples % self.epochs:
+            raise PayloadError(f"num-examples={examples} is not {self.epochs} epochs of "
+                               "whole rows")
+        loss = metrics.get("train-loss", None if self.require_loss else float("nan"))
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or (
+                self.require_loss and not np.isfinite(loss)):
+            raise PayloadError(f"train-loss={loss!r} is not a finite number")
+        partition = metrics.get("partition-id", node)
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise PayloadError(f"'partition-id'={partition!r} is not an int")
+        if self.exact_records and set(content.array_records) != set(self.keys):
+            raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
+                               f"expected {list(self.keys)}")
+        vec, nbits, raw = decode_update(content.array_records, self.keys, self.sizes,
+                                        self.codec)
+        steps = (epoch_steps(examples, self.batch_size, self.epochs) if self.epochs
+                 else self.local_steps)
+        return GradientUpdate(node, vec, float(examples), float(loss), nbits, raw, steps,
+                              int(partition))

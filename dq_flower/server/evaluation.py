@@ -1,0 +1,91 @@
+"""Flower-style federated evaluation, mixed into the package's strategies.
+
+Replies go through the round pipeline's origin and duplicate checks
+(:mod:`dq_flower.server.pipeline`), and their example counts are capped against the round's
+median (``weight-cap``), so one node's claimed count cannot set the federation's metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from dq_flower.codecs import PayloadError
+from dq_flower.seeding import Purpose, round_rng
+from dq_flower.server.common import sample_node_ids
+from dq_flower.server.pipeline import RoundLedger, screen_replies
+from dq_flower.server.robust import cap_weights
+
+__all__ = ["FederatedEvaluation"]
+
+#: Largest ``num-examples`` an evaluate reply may claim.
+MAX_EVAL_EXAMPLES = 1 << 31
+
+
+def _evaluation(msg: Message) -> tuple[float, dict[str, float]]:
+    """``(num-examples, finite numeric metrics)`` of one evaluate reply."""
+    records = list(msg.content.metric_records.values())
+    if len(records) != 1:
+        raise PayloadError("evaluate reply needs one MetricRecord")
+    rec = records[0]
+    n = rec.get("num-examples")
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 < n < MAX_EVAL_EXAMPLES:
+        raise PayloadError(f"evaluate num-examples={n!r}")
+    values = {k: float(v) for k, v in rec.items()
+              if k != "num-examples" and isinstance(v, (int, float))
+              and not isinstance(v, bool) and np.isfinite(v)}
+    return float(n), values
+
+
+class FederatedEvaluation:
+    """Flower-style federated evaluation.
+
+    With ``fraction_evaluate > 0`` the sampled nodes get the global model as a state-dict
+    ``ArrayRecord`` under ``arrays`` and a config under ``config`` (the layout of Flower's
+    ``FedAvg``, so a ClientApp's usual ``@app.evaluate()`` handler works), and their
+    ``MetricRecord`` replies are averaged weighted by ``num-examples``, each count capped
+    at ``evaluate_weight_cap`` times the round's median count.
+    """
+
+    fraction_evaluate: float = 0.0
+    min_evaluate_nodes: int = 1
+    seed: int = 0
+    evaluate_weight_cap: float = 2.0
+
+    def _evaluate_ledger(self) -> RoundLedger:
+        ledger: Any = self.__dict__.setdefault("_eval_ledger", RoundLedger())
+        return ledger
+
+    def configure_evaluate(  # noqa: D102
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        if self.fraction_evaluate <= 0:
+            return []
+        nodes = sample_node_ids(grid, self.fraction_evaluate, self.min_evaluate_nodes,
+                                round_rng(self.seed, server_round, 0,
+                                          Purpose.EVALUATE_SAMPLE),
+                                stage="configure_evaluate")
+        cfg = ConfigRecord(dict(config.items()))
+        cfg["server-round"] = server_round
+        return self._evaluate_ledger().record(server_round, [
+            Message(content=RecordDict({"arrays": arrays, "config": cfg}),
+                    message_type=MessageType.EVALUATE, dst_node_id=n) for n in nodes])
+
+    def aggregate_evaluate(  # noqa: D102
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        screened = screen_replies(replies, _evaluation,
+                                  self._evaluate_ledger().take(server_round))
+        if not screened.accepted:
+            return None
+        weights = cap_weights([n for n, _ in screened.accepted], self.evaluate_weight_cap)
+        totals: dict[str, float] = {}
+        for weight, (_, values) in zip(weights, screened.accepted, strict=True):
+            for key, value in values.items():
+                totals[key] = totals.get(key, 0.0) + weight * value
+        total = float(sum(weights))
+        return MetricRecord({k: v / total for k, v in totals.items()})

@@ -1,0 +1,176 @@
+"""One server round, the same for every strategy of the package.
+
+A round's replies go through the same steps whatever the protocol:
+
+1. :class:`RoundLedger` keeps what the strategy sent. A reply is checked against it
+   (:func:`origin_problem`): from a node sampled in that round, of the message type sent,
+   for that round (``group_id``), answering that node's message (``reply_to``).
+2. :func:`screen_replies`: error replies and sampled nodes that sent nothing before the
+   round's timeout are ``failed``; a second reply from a node is rejected; the protocol's
+   decoder turns every other reply into a typed reply object or a rejection with a reason.
+3. :func:`bound_vectors` (for vector uploads): the norm screen rejects implausible norms
+   (:class:`~dq_flower.server.robust.NormScreen`), every surviving vector is clipped to
+   ``clip-factor`` times the round's median norm (and to ``clip-norm``), and example
+   weights are capped against the round's median (:func:`~dq_flower.server.robust.cap_weights`).
+4. :func:`~dq_flower.server.robust.aggregate` combines them; the strategy steps inside a
+   :class:`~dq_flower.server.robust.StepGuard` that rolls back a non-finite step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Generic, TypeVar
+
+import numpy as np
+from flwr.app import Message
+from flwr.common.logger import log
+
+from dq_flower.server.common import REPLY_ERRORS, log_rejected
+from dq_flower.server.robust import NormScreen, cap_weights, clip_norms, clip_to_median
+
+__all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "Bounded",
+           "bound_vectors"]
+
+T = TypeVar("T")
+
+
+class RoundLedger:
+    """What a strategy sent in each round, to check the replies against.
+
+    :meth:`record` stamps every message with its round (``group_id``, which Flower copies
+    into the reply) and keeps it by destination node; :meth:`take` hands the round's
+    messages to the round's screening (once: a round is screened once).
+    """
+
+    def __init__(self) -> None:
+        self._rounds: dict[int, dict[int, Message]] = {}
+
+    def record(self, server_round: int, messages: Iterable[Message]) -> list[Message]:
+        """Keep ``messages`` as the round's, stamped with the round; return them."""
+        out = list(messages)
+        for msg in out:
+            msg.metadata.group_id = str(int(server_round))
+        self._rounds[int(server_round)] = {int(m.metadata.dst_node_id): m for m in out}
+        return out
+
+    def take(self, server_round: int) -> dict[int, Message] | None:
+        """The round's messages by node (``None``: the round was not configured here)."""
+        return self._rounds.pop(int(server_round), None)
+
+    def sampled(self, server_round: int) -> list[int]:
+        """Nodes the round's messages went to (without taking them)."""
+        return sorted(self._rounds.get(int(server_round), {}))
+
+
+def origin_problem(reply: Message, sent: dict[int, Message] | None) -> str | None:
+    """Why ``reply`` does not answer what was sent this round (``None``: it does).
+
+    With no record of the round (a driver calling ``aggregate_train`` without
+    ``configure_train``) only the reply's content is checked.
+    """
+    if sent is None:
+        return None
+    meta = reply.metadata
+    asked = sent.get(int(meta.src_node_id))
+    if asked is None:
+        return "this node was not sampled in this round"
+    if meta.message_type != asked.metadata.message_type:
+        return (f"a {meta.message_type!r} reply to a {asked.metadata.message_type!r} "
+                "message")
+    if asked.metadata.group_id and meta.group_id != asked.metadata.group_id:
+        return f"a reply for round {meta.group_id!r}, not round {asked.metadata.group_id}"
+    if asked.metadata.message_id and meta.reply_to_message_id != asked.metadata.message_id:
+        return "the reply answers another message than the one sent to this node"
+    return None
+
+
+@dataclass
+class Screened(Generic[T]):
+    """A round's replies after screening: the decoded ones, and what happened to the rest."""
+
+    accepted: list[T] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)  # the node of each accepted reply
+    rejected: int = 0
+    failed: int = 0  # error replies and silent nodes
+    silent: int = 0  # sampled nodes that sent nothing before the round's timeout
+
+    def reject(self, node: int, reason: str) -> None:
+        """Count and log one rejected reply."""
+        self.rejected += 1
+        log_rejected(node, reason)
+
+    def keep(self, mask: Sequence[bool], reason: str) -> None:
+        """Keep the accepted replies where ``mask`` is true; reject the others."""
+        for node, k in zip(self.nodes, mask, strict=True):
+            if not k:
+                self.reject(node, reason)
+        self.accepted = [a for a, k in zip(self.accepted, mask, strict=True) if k]
+        self.nodes = [n for n, k in zip(self.nodes, mask, strict=True) if k]
+
+
+def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
+                   sent: dict[int, Message] | None = None) -> Screened[T]:
+    """Screen one round's replies and decode the good ones (see the module docstring).
+
+    Every exception ``decode`` raises rejects that reply with its reason: the round goes on.
+    """
+    out: Screened[T] = Screened()
+    seen: set[int] = set()
+    for msg in replies:
+        node = int(msg.metadata.src_node_id)
+        problem = origin_problem(msg, sent)
+        if problem is not None:
+            out.reject(node, problem)
+            continue
+        if node in seen:  # one reply per node and round: a second is not used twice
+            out.reject(node, "a second reply from this node in the same round")
+            continue
+        seen.add(node)
+        if msg.has_error():
+            out.failed += 1
+            log(WARNING, "reply from node %d failed: %s", node, msg.error.reason)
+            continue
+        try:
+            decoded = decode(msg)
+        except Exception as exc:  # noqa: BLE001  (any reply error rejects just that reply)
+            out.reject(node, str(exc) if isinstance(exc, REPLY_ERRORS) else
+                       f"{type(exc).__name__}: {exc}")
+            continue
+        out.accepted.append(decoded)
+        out.nodes.append(node)
+    if sent is not None:
+        out.silent = len(set(sent) - seen)
+        out.failed += out.silent
+    return out
+
+
+@dataclass
+class Bounded:
+    """Vectors that passed :func:`bound_vectors`, clipped, with their capped weights."""
+
+    vectors: list[np.ndarray]
+    weights: list[float]
+    keep: list[bool]  # per input vector: whether it passed the norm screen
+    clipped: int  # vectors scaled down by a clip
+
+
+def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormScreen,
+                  *, clip_factor: float, clip_norm: float = 0.0,
+                  weight_cap: float = 2.0) -> Bounded:
+    """Norm screen, clip to ``clip_factor`` x the median norm (and ``clip_norm``), cap weights.
+
+    The median is taken over the vectors that passed the screen. One client in five that
+    sends a scaled or sign-flipped update then moves the mean by at most one median norm
+    times its (capped) weight share.
+    """
+    norms = [float(np.linalg.norm(v)) for v in vectors]
+    keep = screen.keep(norms)
+    kept = [v for v, k in zip(vectors, keep, strict=True) if k]
+    kept_w = [w for w, k in zip(weights, keep, strict=True) if k]
+    before = [float(np.linalg.norm(v)) for v in kept]
+    kept = clip_norms(clip_to_median(kept, clip_factor), clip_norm)
+    clipped = sum(1 for v, n in zip(kept, before, strict=True)
+                  if float(np.linalg.norm(v)) < n * (1 - 1e-6))
+    return Bounded(kept, cap_weights(kept_w, weight_cap), keep, clipped)

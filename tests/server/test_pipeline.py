@@ -1,0 +1,143 @@
+"""The shared round pipeline: every reply checked against what was sent, silence counted.
+
+Each test here failed on the strategies before they shared the pipeline: a baseline round
+averaged a node's second reply, accepted replies from nodes it never sampled or for
+another round, counted no silent node as failed, and a resumed baseline run forgot its
+norm screen's reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from dq_flower.baselines.config import GradientConfig
+from dq_flower.baselines.strategy import GradientStrategy
+from dq_flower.codecs import Payload, make
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.runtime import build_model, task_info
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.model_ops import get_flat
+from dq_flower.server.common import ClientFailureError
+from dq_flower.server.evaluation import FederatedEvaluation
+from tests.server.replies import gradient_content, node, reply_from, sent_and_answered
+
+TASK = TaskConfig(num_partitions=3, seed=0)
+
+
+def _strategy(**knobs) -> GradientStrategy:
+    model = build_model(TASK, task_info(TASK))
+    return GradientStrategy(model, seed=0, min_available_nodes=1,
+                            config=GradientConfig(codec="identity", **knobs), method="test")
+
+
+def _config():
+    return client_task_config(TASK, "sgd")
+
+
+def _contents(strategy, n=3, seed=1, examples=32):
+    rng = np.random.default_rng(seed)
+    dim = get_flat(strategy.model).size
+    return {node(i): gradient_content(make("identity").encode(
+        rng.normal(size=dim).astype(np.float32)), examples) for i in range(n)}
+
+
+def test_a_second_reply_from_a_node_is_rejected_and_counted():
+    strategy = _strategy()
+    contents = _contents(strategy)
+    messages, replies = sent_and_answered(strategy, contents, _config())
+    twice = [*replies, reply_from(messages[0], contents[node(0)])]
+    _, metrics = strategy.aggregate_train(1, twice)
+    assert metrics["replies"] == 3 and metrics["rejected"] == 1
+
+
+def test_replies_the_round_did_not_ask_for_are_rejected():
+    strategy = _strategy()
+    contents = _contents(strategy)
+    messages, replies = sent_and_answered(strategy, contents, _config())
+    spoofed = reply_from(messages[0], contents[node(0)], src=node(9))  # never sampled
+    wrong_type = reply_from(messages[1], contents[node(1)])
+    wrong_type.metadata.__dict__["_message_type"] = "evaluate"
+    other_round = reply_from(messages[2], contents[node(2)])
+    other_round.metadata.__dict__["_group_id"] = "7"
+    _, metrics = strategy.aggregate_train(1, [replies[0], spoofed, wrong_type, other_round])
+    # one honest reply, three rejected; the two nodes whose replies were bad count as silent
+    assert metrics["replies"] == 1 and metrics["rejected"] == 3 and metrics["failed"] == 2
+
+
+def test_a_spoof_of_a_sampled_node_that_arrives_first_does_not_displace_it():
+    strategy = _strategy()
+    contents = _contents(strategy)
+    messages, replies = sent_and_answered(strategy, contents, _config())
+    # node 2's reply to node 1's message, claiming to be node 1
+    spoof = reply_from(messages[2], contents[node(2)], src=node(1))
+    _, metrics = strategy.aggregate_train(1, [spoof, *replies])
+    assert metrics["replies"] == 3 and metrics["rejected"] == 1
+
+
+def test_silent_nodes_are_failed_and_an_all_silent_run_stops():
+    strategy = _strategy(max_failed_rounds=2)
+    contents = _contents(strategy)
+    _, replies = sent_and_answered(strategy, contents, _config())
+    _, metrics = strategy.aggregate_train(1, replies[:1])
+    assert metrics["failed"] == 2
+    sent_and_answered(strategy, contents, _config(), server_round=2)
+    _, metrics = strategy.aggregate_train(2, [])
+    assert metrics["failed"] == 3 and metrics["stepped"] == 0
+    sent_and_answered(strategy, contents, _config(), server_round=3)
+    with pytest.raises(ClientFailureError, match="no reply from the 3 sampled node"):
+        strategy.aggregate_train(3, [])
+
+
+def _norm_round(strategy, server_round, scale_last):
+    """Two replies: the second ``scale_last`` times the first's size."""
+    contents = _contents(strategy, n=2, seed=server_round)
+    vec = make("identity").decode(Payload.from_record(contents[node(1)]["update"]))
+    contents[node(1)] = gradient_content(make("identity").encode(vec * scale_last), 32)
+    _, replies = sent_and_answered(strategy, contents, _config(), server_round)
+    return strategy.aggregate_train(server_round, replies)[1]
+
+
+def test_a_resumed_baseline_run_keeps_its_norm_screen_reference():
+    # rounds of three replies set the reference; a round of two cannot set its own, so
+    # only the checkpointed reference rejects its 1000x update
+    def three(strategy, server_round):
+        _, replies = sent_and_answered(strategy, _contents(strategy, seed=server_round),
+                                       _config(), server_round)
+        strategy.aggregate_train(server_round, replies)
+
+    straight = _strategy()
+    three(straight, 1)
+    three(straight, 2)
+    state = copy.deepcopy(straight.state_dict())  # a checkpoint, not live tensors
+    expected = _norm_round(straight, 3, 1000.0)
+    resumed = _strategy()
+    resumed.load_state_dict(state)
+    got = _norm_round(resumed, 3, 1000.0)
+    assert expected["rejected"] == got["rejected"] == 1
+    np.testing.assert_array_equal(get_flat(resumed.model), get_flat(straight.model))
+
+
+class _Evaluation(FederatedEvaluation):
+    fraction_evaluate = 1.0
+
+
+def test_federated_evaluation_caps_a_claimed_example_count():
+    strategy = _Evaluation()
+    contents = {node(i): RecordDict({"metrics": MetricRecord(
+        {"num-examples": 100, "accuracy": 0.5})}) for i in range(4)}
+    contents[node(4)] = RecordDict({"metrics": MetricRecord(
+        {"num-examples": 2**31 - 1, "accuracy": 1.0})})
+
+    def fake_client(msg, _context):
+        return Message(contents[msg.metadata.dst_node_id], reply_to=msg)
+
+    grid = InProcessGrid(fake_client, 5)
+    messages = strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid)
+    replies = grid.send_and_receive(messages)
+    metrics = strategy.aggregate_evaluate(1, [*replies, replies[-1]])
+    # the claim weighs as 2x the median (200 of 600): accuracy (4*50 + 200) / 600
+    assert metrics["accuracy"] == pytest.approx(400 / 600)
