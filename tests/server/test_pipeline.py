@@ -9,6 +9,7 @@ norm screen's reference.
 from __future__ import annotations
 
 import copy
+
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict

@@ -12,14 +12,22 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from dq_flower.codecs import Payload
+from dq_flower.codecs import Payload, make
+from dq_flower.dq.config import DQConfig
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config
+from dq_flower.protocol.dq_batch import GRADIENT_KEY
 from tests.server.replies import node
 
 HOSTILE = node(4)
+
+
+def _codec(cfg):
+    if isinstance(cfg, DQConfig):  # DQ's gradient rounds
+        return make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
+    return cfg.make_codec()
 
 
 def _scaled_app(run_config, scale):
@@ -30,9 +38,10 @@ def _scaled_app(run_config, scale):
         reply = client_app(msg, context)
         if msg.metadata.dst_node_id != HOSTILE or reply.has_error():
             return reply
-        for key in [k for k in reply.content.array_records if k.startswith("update")]:
+        for key in [k for k in reply.content.array_records
+                    if k.startswith("update") or k == GRADIENT_KEY]:
             payload = Payload.from_record(reply.content[key])
-            codec = cfg.make_codec()
+            codec = _codec(cfg)
             vec = np.asarray(codec.decode(payload), np.float32)
             reply.content[key] = codec.encode(vec * np.float32(scale),
                                               np.random.default_rng(0)).to_record()
@@ -63,3 +72,8 @@ def test_qsgd_holds_against_one_scaled_client_in_five():
                                     "terngrad", "sgd"])
 def test_every_codec_holds_against_one_scaled_client_in_five(method):
     _check(method, 30)
+
+
+@pytest.mark.slow
+def test_dq_gradient_rounds_hold_against_one_scaled_client_in_five():
+    _check("dq", 30, upload_mode="gradient", upload_schedule="fixed")
