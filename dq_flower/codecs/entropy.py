@@ -27,8 +27,8 @@ import numpy as np
 
 from .base import PayloadError
 
-__all__ = ["METHODS", "WINDOW_CAP", "WINDOW_FLOOR", "available", "check_method", "compress",
-           "decompress", "memory_limit", "window_limit"]
+__all__ = ["METHODS", "LZMA_STATE", "WINDOW_CAP", "WINDOW_FLOOR", "available", "check_method",
+           "compress", "decompress", "memory_limit", "window_limit"]
 
 #: Entropy coder names accepted by :func:`check_method`.
 METHODS = ("none", "zlib", "lzma", "zstd")
@@ -71,8 +71,8 @@ def memory_limit(method: str, size: int) -> int:
 
     ``lzma``: :func:`window_limit` plus :data:`LZMA_STATE` (liblzma's ``memlimit``, which
     counts the dictionary and its own state); ``zstd``: :func:`window_limit` (its
-    ``max_window_size``; zstd adds a 128 KiB block buffer). ``zlib``'s window is at most
-    32 KiB by the format, whatever the stream says.
+    ``max_window_size``; zstd adds a 128 KiB block buffer). ``zlib``: 32 KiB, its largest
+    window, fixed by the format whatever the stream says (nothing to configure).
     """
     if method == "lzma":
         return window_limit(method, size) + LZMA_STATE
