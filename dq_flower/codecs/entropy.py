@@ -1,10 +1,20 @@
 """Lossless entropy coding of packed code bytes: ``none``, ``zlib``, ``lzma``, ``zstd``.
 
 ``zlib`` (level 9) and ``lzma`` come with Python; ``zstd`` needs the optional ``zstandard``
-package. Decompression is bounded: the caller states the exact decompressed size (known
-from the payload's declared shape), streams longer or shorter than that are refused, and a
-stream whose claimed expansion exceeds what the format can produce is refused before any
-decompression starts.
+package. Decompression is bounded in output: the caller states the exact decompressed size
+(known from the payload's declared shape), streams longer or shorter than that are refused,
+and a stream whose claimed expansion exceeds what the format can produce is refused before
+any decompression starts.
+
+It is bounded in memory too. A stream declares how much history its decoder must keep
+(xz's dictionary, zstd's window), and the decoder reserves it before decoding anything: a
+hundred-byte xz stream can ask for 4 GiB. Each coder's history is capped by
+:func:`window_limit` (the expected size rounded up to a power of two, at least
+:data:`WINDOW_FLOOR`, at most :data:`WINDOW_CAP`), enforced by the library itself
+(liblzma's ``memlimit``, zstd's ``max_window_size``) and, for zstd, read from the frame
+header first; a stream beyond it is refused with the limit in the reason. Only the format
+the encoder writes is accepted (``.xz``, one zstd frame). A ``MemoryError`` while decoding
+is a refusal too, with a reason.
 """
 
 from __future__ import annotations
@@ -17,7 +27,8 @@ import numpy as np
 
 from .base import PayloadError
 
-__all__ = ["METHODS", "available", "check_method", "compress", "decompress"]
+__all__ = ["METHODS", "LZMA_STATE", "WINDOW_CAP", "WINDOW_FLOOR", "available", "check_method",
+           "compress", "decompress", "memory_limit", "window_limit"]
 
 #: Entropy coder names accepted by :func:`check_method`.
 METHODS = ("none", "zlib", "lzma", "zstd")
@@ -27,6 +38,47 @@ METHODS = ("none", "zlib", "lzma", "zstd")
 #: zstd's bound is generous. Plus a fixed allowance for tiny inputs.
 MAX_RATIO = {"zlib": 1032, "lzma": 16_000, "zstd": 65_536}
 _SLACK = 256
+
+#: Smallest history (xz dictionary, zstd window) a decoder is allowed, in bytes, whatever
+#: the expected size. ``lzma``: 8 MiB, because the encoder (``preset=6``) declares its 8 MiB
+#: dictionary for every message, however short (liblzma does not shrink it to the input).
+#: ``zstd``: 1 MiB; the encoder (level 19, one-shot, content size in the frame) shrinks its
+#: window to the message, so an honest frame never asks for more than its own size.
+WINDOW_FLOOR = {"lzma": 8 << 20, "zstd": 1 << 20}
+#: Largest history accepted for any message: 64 MiB (xz's ``preset=9`` dictionary). The
+#: encoders never go past 8 MiB (``preset=6``'s dictionary, level 19's window), however
+#: large the message; a full model of millions of parameters stays at 8 MiB.
+WINDOW_CAP = 64 << 20
+#: liblzma's memory beside the dictionary: 64 KiB measured for a one-block stream, with room.
+LZMA_STATE = 1 << 20
+#: How every accepted stream opens: the .xz stream header, a zstd frame (not a skippable one).
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def window_limit(method: str, size: int) -> int:
+    """Largest history (dictionary or window) a ``method`` stream of ``size`` bytes may need.
+
+    ``size`` rounded up to a power of two (no stream needs history beyond its own output),
+    at least :data:`WINDOW_FLOOR` of the method, at most :data:`WINDOW_CAP`.
+    """
+    rounded = 1 << max(int(size) - 1, 0).bit_length()
+    return min(WINDOW_CAP, max(WINDOW_FLOOR[method], rounded))
+
+
+def memory_limit(method: str, size: int) -> int:
+    """The decoder's memory limit for a ``method`` stream of ``size`` bytes, in bytes.
+
+    ``lzma``: :func:`window_limit` plus :data:`LZMA_STATE` (liblzma's ``memlimit``, which
+    counts the dictionary and its own state); ``zstd``: :func:`window_limit` (its
+    ``max_window_size``; zstd adds a 128 KiB block buffer). ``zlib``: 32 KiB, its largest
+    window, fixed by the format whatever the stream says (nothing to configure).
+    """
+    if method == "lzma":
+        return window_limit(method, size) + LZMA_STATE
+    if method == "zstd":
+        return window_limit(method, size)
+    return 1 << 15
 
 
 def _zstd():
@@ -74,8 +126,38 @@ def decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
     """Decompress ``data`` to exactly ``size`` bytes, or raise :class:`PayloadError`.
 
     The expansion ratio is checked before decompressing, and the decompressor never produces
-    more than ``size + 1`` bytes, so a malicious stream cannot exhaust memory.
+    more than ``size + 1`` bytes, so a malicious stream cannot exhaust memory with its
+    output; nor with its history: the decoder's memory is capped by :func:`memory_limit`
+    (an xz dictionary or zstd window beyond it is refused, with the limit in the reason).
+    A ``MemoryError`` while decoding is refused as well, with a reason saying so.
     """
+    try:
+        return _decompress(data, method, size)
+    except MemoryError:
+        raise PayloadError(f"{method} stream ran out of memory decoding {size} bytes "
+                           "(MemoryError); refused") from None
+
+
+def _zstd_header(zstandard, buf: bytes, size: int, limit: int) -> None:
+    """Refuse a zstd stream that is no zstd frame, or whose frame header asks too much."""
+    if buf[:4] != _ZSTD_MAGIC:
+        raise PayloadError(f"zstd stream is not a zstd frame (it opens {buf[:4].hex()}): "
+                           "only the frame the encoder writes is accepted, no skippable "
+                           "or magicless frame")
+    try:
+        params = zstandard.get_frame_parameters(buf)
+    except zstandard.ZstdError as exc:
+        raise PayloadError(f"zstd stream is corrupt: {exc}") from None
+    if params.dict_id:
+        raise PayloadError(f"zstd frame needs dictionary {params.dict_id}; none is accepted")
+    if params.window_size > limit:
+        raise PayloadError(f"zstd frame asks for a {params.window_size}-byte window; its "
+                           f"memory limit for {size} bytes is a {limit}-byte window")
+    if params.content_size != zstandard.CONTENTSIZE_UNKNOWN and params.content_size != size:
+        raise PayloadError(f"zstd frame declares {params.content_size} bytes, expected {size}")
+
+
+def _decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
     buf = np.ascontiguousarray(data, dtype=np.uint8).tobytes()
     if method == "none":
         if len(buf) != size:
@@ -87,26 +169,49 @@ def decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
         raise PayloadError(
             f"{method} stream of {len(buf)} bytes cannot expand to the declared {size} bytes"
         )
+    limit = memory_limit(method, size)
     try:
         if method == "zlib":
+            # memory bounded by the format: a window of at most 32 KiB (wbits=15, zlib
+            # header only) and inflate's few KiB of state, whatever the stream declares
             d = zlib.decompressobj()
             out = d.decompress(buf, size + 1)
             complete = d.eof and not d.unused_data and not d.unconsumed_tail
         elif method == "lzma":
-            dx = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+            if buf[:6] != _XZ_MAGIC:
+                raise PayloadError(
+                    f"lzma stream is not an xz stream (it opens {buf[:6].hex()}): only the "
+                    ".xz format the encoder writes is accepted, no .lzma or raw LZMA1 stream")
+            # memlimit: liblzma refuses a block whose dictionary (plus its state) exceeds
+            # it before reserving anything (an xz stream can declare up to 4 GiB)
+            dx = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=limit)
             out = dx.decompress(buf, max_length=size + 1)
             complete = dx.eof and not dx.unused_data
         else:
             zstandard = _zstd()
             if zstandard is None:
                 raise PayloadError("payload uses zstd but 'zstandard' is not installed")
-            reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(buf))
+            _zstd_header(zstandard, buf, size, limit)
+            # max_window_size: the decoder itself refuses any frame asking for more
+            dz = zstandard.ZstdDecompressor(max_window_size=limit)
+            reader = dz.stream_reader(io.BytesIO(buf))
             out = reader.read(size + 1)  # bounded read: a stream cannot expand further
             complete = reader.read(1) == b""
+    except (PayloadError, MemoryError):
+        raise
     except Exception as exc:  # zlib.error, lzma.LZMAError, zstandard.ZstdError, ...
-        if isinstance(exc, PayloadError):
-            raise
-        raise PayloadError(f"{method} stream is corrupt: {exc}") from exc
+        text = str(exc)
+        if method == "lzma" and "memory usage limit" in text.lower():
+            raise PayloadError(
+                f"lzma stream needs more than its memory limit of {limit} bytes ("
+                f"{limit >> 20} MiB: a dictionary of at most {window_limit(method, size)} "
+                f"bytes for {size} bytes): {text}") from exc
+        if method == "zstd" and "too much memory" in text.lower():
+            raise PayloadError(
+                f"zstd stream asks for a window above its memory limit of {limit} bytes "
+                f"for {size} bytes: {text}") from exc
+        raise PayloadError(f"{method} stream is corrupt: {text or type(exc).__name__}") \
+            from exc
     if len(out) != size or not complete:
         raise PayloadError(
             f"{method} stream decodes to {len(out)}{'+' if not complete else ''} bytes, "

@@ -15,8 +15,10 @@ its element count. The decoder (:func:`unpack`) is strict: the coder must be the
 was configured with; the layout is parsed and bounded (buffer names, dtypes, sizes) and its
 total size must be at most :func:`max_raw_bytes` of the declared shape and reachable within
 the coder's maximum expansion ratio, all **before** anything is decompressed; the stream
-must decode to exactly that size; the original ``nbits`` must fit in it. The codec's own
-decoder then checks every buffer as it does for an unpacked payload.
+must decode to exactly that size, within the decoder's memory limit
+(:func:`dq_flower.codecs.entropy.memory_limit`: an xz dictionary or zstd window beyond it
+is refused, as is a ``MemoryError``, each with a reason); the original ``nbits`` must fit
+in it. The codec's own decoder then checks every buffer as it does for an unpacked payload.
 
 ``make(name, entropy="zlib", **params)`` returns the codec wrapped in :class:`EntropyCoded`
 (``uniform`` has an ``entropy`` parameter of its own, which codes its packed sample codes
@@ -171,7 +173,8 @@ def unpack(p: Payload, method: str) -> Payload:
         Another coder; stray keys or buffers; a malformed or oversized layout (checked
         before decompressing: at most :func:`max_raw_bytes` of the declared shape and the
         coder's expansion bound); a stream that does not decode to exactly the layout's
-        size; an original ``nbits`` that does not fit in it.
+        size, or needs more memory than its decoder's limit (an xz dictionary or zstd
+        window too large, a ``MemoryError``); an original ``nbits`` that does not fit in it.
     """
     if CODER_META not in p.meta:
         if any(k in p.meta for k in _OWN_KEYS) or STREAM in p.buffers:
@@ -198,13 +201,18 @@ def unpack(p: Payload, method: str) -> Payload:
     if isinstance(nbits, bool) or not isinstance(nbits, int) or not 0 <= nbits <= 8 * total:
         raise PayloadError(f"entropy-coded payload's original nbits {nbits!r} does not fit "
                            f"its {total} bytes")
-    raw = decompress(stream, coder, total)  # expansion ratio checked before decompressing
+    # expansion ratio checked before decompressing; output and memory bounded while doing so
+    raw = decompress(stream, coder, total)
     buffers: dict[str, np.ndarray] = {}
     offset = 0
-    for name, dtype, size in layout:
-        nbytes = size * np.dtype(dtype).itemsize
-        buffers[name] = raw[offset:offset + nbytes].view(dtype).copy()
-        offset += nbytes
+    try:
+        for name, dtype, size in layout:
+            nbytes = size * np.dtype(dtype).itemsize
+            buffers[name] = raw[offset:offset + nbytes].view(dtype).copy()
+            offset += nbytes
+    except MemoryError:
+        raise PayloadError(f"entropy-coded payload ran out of memory splitting its {total} "
+                           "bytes (MemoryError); refused") from None
     meta = {k: v for k, v in p.meta.items() if k not in _OWN_KEYS}
     return Payload(p.codec, tuple(p.shape), meta, buffers, nbits=nbits, version=p.version)
 
