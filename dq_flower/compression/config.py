@@ -46,16 +46,16 @@ class CompressionConfig:
     downlink : str
         ``float32`` (the inner strategy's broadcast, untouched) or ``fp16``.
     clip_factor : float
-        Clip every client's update to this multiple of the round's median norm before
-        aggregating, so that one client moves the aggregate by at most a median norm times
-        its weight share (0: off; default 1).
+        Clip every client's update to this multiple of the round's median norm before the
+        inner strategy aggregates (0: off, the default: the inner strategy's aggregation is
+        the user's choice, e.g. ``FedMedian`` or ``FedTrimmedAvg`` for robustness, and a
+        lossless codec gives it exactly the weights it would get without the wrapper).
     weight_cap : float
-        A client's example weight counts at most this multiple of the round's median
-        weight (0: off; default 2).
+        A client's example count weighs at most this multiple of the round's median
+        (default 10; 0: off).
     norm_bound_factor : float
-        Reject a vector whose norm exceeds this multiple of the recent rounds' median
-        norms (0: off; default 100: only absurd norms, since ``clip-factor`` bounds the
-        influence of the rest; see :mod:`dq_flower.server.robust`).
+        Reject an update whose norm exceeds this multiple of the recent rounds' median
+        norms (default 5; 0: off; see :mod:`dq_flower.server.robust`).
     seed : int
         Root of the clients' stochastic rounding (with the round and the node).
     """
@@ -70,9 +70,9 @@ class CompressionConfig:
     error_feedback: str = "auto"
     per_tensor: str = "auto"
     downlink: str = "float32"
-    clip_factor: float = 1.0
-    weight_cap: float = 2.0
-    norm_bound_factor: float = 100.0
+    clip_factor: float = 0.0
+    weight_cap: float = 10.0
+    norm_bound_factor: float = 5.0
     seed: int = 0
 
     def __post_init__(self) -> None:

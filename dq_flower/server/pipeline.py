@@ -75,7 +75,8 @@ def origin_problem(reply: Message, sent: dict[int, Message] | None) -> str | Non
     meta = reply.metadata
     asked = sent.get(int(meta.src_node_id))
     if asked is None:
-        return "this node was not sampled in this round"
+        kind = next(iter(sent.values())).metadata.message_type if sent else "train"
+        return f"no {kind} message was sent to this node this round (it was not sampled)"
     if meta.message_type != asked.metadata.message_type:
         return (f"a {meta.message_type!r} reply to a {asked.metadata.message_type!r} "
                 "message")

@@ -159,15 +159,17 @@ def _round(wrapper, app=None, nodes=4, server_round=1):
     return arrays, replies
 
 
-def _reply(node: int, content: RecordDict) -> Message:
+def _reply(node: int, content: RecordDict, like: Message) -> Message:
+    """A reply from ``node`` to the message ``like`` answers (its id and round)."""
     request = Message(RecordDict(), dst_node_id=node, message_type=MessageType.TRAIN)
-    request.metadata.__dict__["_message_id"] = f"req-{node}"
+    request.metadata.__dict__["_message_id"] = like.metadata.reply_to_message_id
+    request.metadata.group_id = like.metadata.group_id
     return Message(content, reply_to=request)
 
 
 def _copy(reply: Message, node: int | None = None) -> Message:
     content = recorddict_from_proto(recorddict_to_proto(reply.content))
-    return _reply(reply.metadata.src_node_id if node is None else node, content)
+    return _reply(reply.metadata.src_node_id if node is None else node, content, reply)
 
 
 def _wrapper(**knobs):
@@ -230,7 +232,7 @@ def test_hostile_replies_are_rejected_with_a_reason(case, edit, reason, caplog):
     # Prepare
     wrapper = _wrapper()
     _, replies = _round(wrapper)
-    bad = _reply(replies[0].metadata.src_node_id, edit(replies[0]))
+    bad = _reply(replies[0].metadata.src_node_id, edit(replies[0]), replies[0])
     # Execute
     with caplog.at_level(logging.WARNING, logger="flwr"):
         arrays, _ = wrapper.aggregate_train(1, [bad, *replies[1:]])

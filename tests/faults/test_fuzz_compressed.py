@@ -186,6 +186,7 @@ def test_fuzzed_replies_are_rejected_counted_and_harmless():
 @pytest.mark.parametrize("method", METHODS)
 def test_good_replies_alone_are_all_used(method):
     new_strategy, good = SETUPS[method]
-    _, metrics = new_strategy().aggregate_train(1, [Message(_copy(c), reply_to=r)
-                                                    for r, c in good])
+    _, metrics = new_strategy().aggregate_train(
+        1, [Message(_copy(c), reply_to=_request_from(r.metadata.src_node_id))
+            for r, c in good])
     assert metrics["replies"] == 3 and metrics["rejected"] == 0

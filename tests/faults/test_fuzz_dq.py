@@ -24,7 +24,8 @@ from dq_flower.harness.task_config import TaskConfig
 
 TASK = TaskConfig(num_partitions=4, model="logreg", seed=5)
 # samples entropy-coded, the compensation raw (its values are what the mutations edit)
-CFG = DQConfig(budget=16, server_steps=1, compensation="fp16", entropy_coder="zlib",
+CFG = DQConfig(budget=16, server_steps=1, upload_schedule="fixed", compensation="fp16",
+               entropy_coder="zlib",
                compensation_params="entropy=none")
 _COUNT = {"corrupted": 0}
 

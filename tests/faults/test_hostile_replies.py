@@ -48,7 +48,9 @@ def _copy(reply: Message) -> Message:
     content = recorddict_from_proto(recorddict_to_proto(reply.content))
     request = Message(reply.content, dst_node_id=reply.metadata.src_node_id,
                       message_type="train")
-    request.metadata.__dict__["_message_id"] = f"req-{reply.metadata.src_node_id}"
+    # the copy answers the message the original answered (its id and round)
+    request.metadata.__dict__["_message_id"] = reply.metadata.reply_to_message_id
+    request.metadata.group_id = reply.metadata.group_id
     return Message(content, reply_to=request)
 
 

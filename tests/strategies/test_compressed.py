@@ -308,7 +308,7 @@ def test_identity_tau1_round_equals_one_large_batch_sgd_step():
     # Prepare: unequal partitions (Dirichlet) and a batch larger than some of them, so the
     # num-examples weights matter
     knobs = {"partition": "dirichlet", "dirichlet-alpha": 0.5, "batch-size": 400,
-             "lr": 0.3, "momentum": 0.0}
+             "lr": 0.3, "momentum": 0.0, "clip-factor": 0.0, "weight-cap": 0.0}
     run_config = build_run_config("sgd", num_clients=3, rounds=1, seed=2, **knobs)
     task = TaskConfig(num_partitions=3, seed=2, partition="dirichlet", dirichlet_alpha=0.5,
                       num_server_rounds=1)

@@ -60,7 +60,8 @@ def test_one_lossless_round_lands_on_fedavgs_weighted_mean_of_local_models():
 
     strategy, task, info = make_strategy(num_partitions=3, seed=2,
                                          task_kw={"partition": "dirichlet"}, codec="identity",
-                                         local_epochs=1, lr=1.0, momentum=0.0, client_lr=0.1)
+                                         local_epochs=1, lr=1.0, momentum=0.0, client_lr=0.1,
+                                         clip_factor=0.0, weight_cap=0.0)
     w0 = get_flat(strategy.model)
     expected, total = np.zeros(w0.size), 0
     for pid in range(3):
