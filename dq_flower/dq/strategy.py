@@ -363,7 +363,7 @@ class DQStrategy(ModelStrategy, Strategy):
         candidates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
         candidates, dropped = self._screen_deltas(candidates)
         refreshed, refreshes_rejected = self._update_control_variate(candidates)
-        rejected, failed = screened.rejected + dropped, screened.failed
+        rejected, failed = screened.rejected, screened.failed
         stored_before = self.stored
         fresh: list[Upload] = []
         for upload in candidates:
