@@ -24,7 +24,7 @@ import pytest
 
 import dq_flower
 
-ROOT = Path(dq_flower.__file__).parent
+ROOT = Path(dq_flower.__file__).resolve().parent
 
 #: Server modules: these and everything under ``dq_flower.server``.
 SERVER = {"dq_flower.dq.strategy", "dq_flower.dq.planner", "dq_flower.dq.store",
@@ -51,14 +51,29 @@ def _name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _package(path: Path) -> str | None:
+    """The package a relative import in ``path`` starts from (``None`` outside the tree)."""
+    if ROOT not in path.resolve().parents:
+        return None
+    name = _name(path)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
 def _imports(path: Path, top_level_only: bool) -> set[str]:
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else list(ast.walk(tree))
+    package = _package(path)
     out: set[str] = set()
     for node in nodes:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x, from .mod import y
+                if package is None:
+                    continue
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return {m for m in out if m.startswith("dq_flower")}
@@ -153,6 +168,11 @@ def test_the_checker_sees_a_lazy_import(tmp_path, source, forbidden):
     path.write_text(source)
     assert forbidden in {_resolve(i) for i in _imports(path, False)}
     assert not _imports(path, True)
+
+
+def test_the_checker_resolves_relative_imports():
+    found = {_resolve(i) for i in _imports(ROOT / "codecs" / "qsgd.py", False)}
+    assert {"dq_flower.codecs.bitpack", "dq_flower.codecs.registry"} <= found
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -1,6 +1,6 @@
 """Typed configs of the baselines: compressed-gradient SGD and Flower's FedAvg.
 
-Like :class:`dq_flower.config.DQConfig`, each is a frozen dataclass that validates itself
+Like :class:`dq_flower.dq.config.DQConfig`, each is a frozen dataclass that validates itself
 and raises ``ValueError`` naming the (hyphenated) key; the same fields are run-config keys
 (``local-steps``) and keyword arguments of :func:`dq_flower.harness.simulate` (``local_steps``).
 """

@@ -87,7 +87,7 @@ class Preset:
     description : str
         One line for ``--list-presets`` and the summary.
     dataset, model : str
-        Data set and model names (see :class:`dq_flower.config.TaskConfig`).
+        Data set and model names (see :class:`dq_flower.harness.task_config.TaskConfig`).
     num_clients : int
         Simulated clients, one partition each.
     rounds : int

@@ -52,7 +52,7 @@ def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskI
     return strategy, client_task_config(task, "dq")
 
 
-# ---------------------------------------------------------------------- baselines (issue 4)
+# ------------------------------------------------------------------------------ baselines
 
 
 @register_method("fedavg", family="fedavg", config_cls=FedAvgConfig)
@@ -85,8 +85,8 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
 
 
 #: Gradient baselines: name -> knob defaults. The codec's parameters come from
-#: ``config_baselines.CODEC_DEFAULTS``; ``signsgd``'s aggregation (majority vote), downlink
-#: (1-bit vote) and error feedback (off) follow from its ``sign`` codec.
+#: ``dq_flower.baselines.config.CODEC_DEFAULTS``; ``signsgd``'s aggregation (majority
+#: vote), downlink (1-bit vote) and error feedback (off) follow from its ``sign`` codec.
 GRADIENT_METHODS: dict[str, dict[str, Any]] = {
     "sgd": {"codec": "identity"},
     "fp16": {"codec": "fp16"},
