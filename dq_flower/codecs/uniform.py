@@ -56,6 +56,7 @@ from .base import (
     require_finite,
     require_rng,
 )
+from .dither import dither_offsets, dither_u16
 from .entropy import METHODS, check_method, compress, decompress
 from .registry import register
 
@@ -63,36 +64,6 @@ __all__ = ["Uniform", "SAMPLE_CODERS", "dither_offsets", "packed_codes"]
 
 #: Lossless coders of a ``uniform`` payload's codes: the byte coders and ``context``.
 SAMPLE_CODERS = (*METHODS, "context")
-
-_M1 = np.uint64(0x9E3779B97F4A7C15)
-_M2 = np.uint64(0xBF58476D1CE4E5B9)
-_M3 = np.uint64(0x94D049BB133111EB)
-
-
-def _dither_u16(seed: int, start: int, count: int) -> np.ndarray:
-    """16-bit dither values for flat positions ``start .. start + count - 1``."""
-    first, last = start // 4, (start + count + 3) // 4
-    z = np.arange(first, last, dtype=np.uint64)
-    z += np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (1 << 64))
-    z *= _M1
-    z ^= z >> np.uint64(30)
-    z *= _M2
-    z ^= z >> np.uint64(27)
-    z *= _M3
-    z ^= z >> np.uint64(31)
-    off = start - 4 * first
-    return z.astype("<u8").view(np.uint16)[off : off + count]
-
-
-def dither_offsets(seed: int, start: int, count: int) -> np.ndarray:
-    """Return the float32 dither offsets in (0, 1) of flat positions ``start .. start+count-1``.
-
-    The encoder rounds ``t + u`` down and the decoder adds ``1/2 - u`` back; ``u`` here is
-    ``r / 2**16`` for the 16-bit hash value ``r`` of ``(seed, position)``.
-    """
-    r = _dither_u16(int(seed), int(start), int(count))
-    return r.astype(np.float32) * np.float32(1.0 / 65536.0)
-
 
 def _safe_gain(
     span: np.ndarray, gain: np.ndarray, bump: np.float32, limit: float | np.floating
@@ -284,7 +255,7 @@ class Uniform(Codec):
                 _affine_block(blk, t, lo[s:e], scale[s:e], top, unit, bump)
             if stoch:
                 if self.dither_seed is not None:
-                    r = _dither_u16(self.dither_seed, s * width, (e - s) * width)
+                    r = dither_u16(self.dither_seed, s * width, (e - s) * width)
                 else:
                     assert rng is not None  # required above when stochastic, not dithered
                     r = random_u16(rng, t.size)
