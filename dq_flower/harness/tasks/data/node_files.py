@@ -38,6 +38,20 @@ def _node_targets(y: Any, what: str) -> np.ndarray:
                      f"{y.dtype}")
 
 
+def _checked_split(
+    x: Any, y: Any, part: str, empty_hint: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``x_<part>`` as float32 inputs and ``y_<part>`` as targets: non-empty, equally long."""
+    xs = _as_inputs(x, f"x_{part}", copy=False)
+    ys = _node_targets(y, f"y_{part}")
+    if xs.shape[0] == 0:
+        raise ValueError(f"x_{part} is empty{empty_hint}")
+    if xs.shape[0] != ys.shape[0]:
+        raise ValueError(f"x_{part} and y_{part} disagree on the sample count: "
+                         f"{xs.shape[0]} vs {ys.shape[0]}")
+    return xs, ys
+
+
 @dataclass(frozen=True, eq=False)
 class NodeData:
     """One device's own samples, as read from its node-local ``.npz`` file.
@@ -63,26 +77,15 @@ class NodeData:
     test_y: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        x = _as_inputs(self.train_x, "x_train", copy=False)
-        y = _node_targets(self.train_y, "y_train")
-        if x.shape[0] == 0:
-            raise ValueError("x_train is empty")
-        if x.shape[0] != y.shape[0]:
-            raise ValueError(f"x_train and y_train disagree on the sample count: "
-                             f"{x.shape[0]} vs {y.shape[0]}")
+        x, y = _checked_split(self.train_x, self.train_y, "train")
         object.__setattr__(self, "train_x", x)
         object.__setattr__(self, "train_y", y)
         if (self.test_x is None) != (self.test_y is None):
             raise ValueError("give both x_test and y_test, or neither")
         if self.test_x is None:
             return
-        xt = _as_inputs(self.test_x, "x_test", copy=False)
-        yt = _node_targets(self.test_y, "y_test")
-        if xt.shape[0] == 0:
-            raise ValueError("x_test is empty (leave the test split out instead)")
-        if xt.shape[0] != yt.shape[0]:
-            raise ValueError(f"x_test and y_test disagree on the sample count: "
-                             f"{xt.shape[0]} vs {yt.shape[0]}")
+        xt, yt = _checked_split(self.test_x, self.test_y, "test",
+                                " (leave the test split out instead)")
         if xt.shape[1:] != x.shape[1:]:
             raise ValueError(f"x_test sample shape {xt.shape[1:]} != x_train sample "
                              f"shape {x.shape[1:]}")
