@@ -11,7 +11,7 @@ rounding seed ``1 + i`` for gradient ``i``, and its bits per coordinate are repo
 * ``zlib`` / ``lzma`` / ``zstd``: after the generic lossless stage
   (:func:`dq_flower.codecs.lossless.pack`, codes and norms as one stream, applied only
   where it shrinks the payload: what is actually sent);
-* ``elias g/g``, ``o/o``, ``d/g``: QSGD's Elias coding (:mod:`dq_flower.codecs.elias`)
+* ``elias g/g``, ``o/o``, ``d/g``: QSGD's Elias coding (``benchmarks/elias.py``)
   with gamma, omega (the paper's recursive code) or delta gaps and gamma or omega
   magnitudes: norms + gaps + signs + magnitudes, exact bits;
 * ``H0``: the codes' zero-order empirical entropy plus the norms, for reference (what an
@@ -31,10 +31,11 @@ from __future__ import annotations
 import argparse
 import time
 
+import elias  # benchmarks/elias.py, next to this script
 import numpy as np
 import torch
 
-from dq_flower.codecs import elias, entropy, lossless, make
+from dq_flower.codecs import entropy, lossless, make
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_dataset_cached

@@ -11,9 +11,7 @@ Subcommands
 ``report``
     Redraw ``summary.md`` and the plots of an output folder from its ``results.json``.
 ``deploy``
-    Mounted when :mod:`dq_flower.deploy.cli` is importable: it must provide
-    ``add_deploy_parser(subparsers)`` that adds its parser(s) and sets ``func`` (a callable
-    ``func(args) -> int``) with ``set_defaults``.
+    Credentials, SuperLink, SuperNodes and ``flwr run`` (:mod:`dq_flower.deploy.cli`).
 
 Errors the user can fix (unknown preset or method, a bad flag or knob value, missing data
 files) end with one line on stderr and exit status 2, never a traceback. The commands
@@ -25,14 +23,15 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main", "build_parser"]
+from dq_flower import __version__
+from dq_flower.cli_common import EXIT_FAILED_RUNS, EXIT_USAGE, PROG
+from dq_flower.compare import commands
+from dq_flower.deploy.cli import add_deploy_parser
 
-PROG = "dq-flower"
-EXIT_USAGE = 2
-EXIT_FAILED_RUNS = 1
+__all__ = ["main", "build_parser", "PROG", "EXIT_USAGE", "EXIT_FAILED_RUNS"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -225,7 +224,7 @@ def _add_compare(sub: Any) -> None:
                         "summary.md")
     _add_tune_flags(p)
     _add_link_flag(p)
-    p.set_defaults(func=_command("cmd_compare"))
+    p.set_defaults(func=commands.cmd_compare)
 
 
 def _add_tune(sub: Any) -> None:
@@ -256,7 +255,7 @@ def _add_tune(sub: Any) -> None:
                    metavar="C", help="Ray CPUs per simulated client with --tune-engine "
                                      "simulation (default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="print only the choices")
-    p.set_defaults(func=_command("cmd_tune"))
+    p.set_defaults(func=commands.cmd_tune)
 
 
 def _add_report(sub: Any) -> None:
@@ -272,46 +271,20 @@ def _add_report(sub: Any) -> None:
     p.add_argument("--link", dest="links", action="append", default=[], metavar="SPEC",
                    help="report the simulated time on these link profiles instead (as "
                         "compare --link); repeatable")
-    p.set_defaults(func=_command("cmd_report"))
-
-
-def _command(name: str):
-    """``func(args)`` calling :mod:`dq_flower.compare.commands` ``name`` (imported lazily)."""
-
-    def run(args: argparse.Namespace) -> int:
-        from dq_flower.compare import commands
-
-        return getattr(commands, name)(args)
-
-    run.__name__ = name
-    return run
+    p.set_defaults(func=commands.cmd_report)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``dq-flower`` argument parser (subcommands ``compare``, ``report``, ``deploy``)."""
+    """The ``dq-flower`` argument parser: ``compare``, ``tune``, ``report``, ``deploy``."""
     parser = _Parser(prog=PROG, description="dq_flower: data quantization for "
                      "communication-efficient training in Flower, with byte-exact baselines.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_compare(sub)
     _add_tune(sub)
     _add_report(sub)
-    add_deploy_parser: Callable[[Any], argparse.ArgumentParser] | None
-    try:
-        from dq_flower.deploy.cli import add_deploy_parser  # written in the deployment issue
-    except ModuleNotFoundError as exc:  # only a missing deploy package is expected
-        if exc.name not in ("dq_flower.deploy", "dq_flower.deploy.cli"):
-            raise
-        add_deploy_parser = None
-    if add_deploy_parser is not None:
-        add_deploy_parser(sub)
+    add_deploy_parser(sub)
     return parser
-
-
-def _version() -> str:
-    from dq_flower import __version__
-
-    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

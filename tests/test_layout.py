@@ -1,9 +1,18 @@
 """The package's layout: arrows point one way.
 
-- No server module imports a client module (not even lazily inside a function).
-- The plugin (everything outside ``harness/``, ``compare/``, ``deploy/`` and ``cli.py``)
-  never imports the harness, compare or deploy.
-- Module-level imports have no cycle.
+Every rule counts every import statement of a module: at module level, inside functions
+(lazy imports) and under ``TYPE_CHECKING``.
+
+- No server module imports a client module.
+- No client module imports a server module (``dq_flower.server`` or a strategy); what
+  both ends share lives in neutral modules (``dq_flower.seeding``, ``dq_flower.protocol``,
+  ``dq_flower.codecs``, ...).
+- Nothing in ``dq_flower/protocol/`` imports ``dq_flower.baselines`` or ``dq_flower.dq``:
+  the wire formats sit below the methods that use them.
+- The plugin (everything outside ``harness/``, ``compare/``, ``deploy/``, ``cli.py`` and
+  ``cli_common.py``) never imports the harness, compare or deploy; the package root alone
+  re-exports the harness's ``simulate`` and ``RunResult``.
+- The imports have no cycle (a package and its own submodules aside).
 """
 
 from __future__ import annotations
@@ -11,19 +20,26 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import dq_flower
 
-ROOT = Path(dq_flower.__file__).parent
+ROOT = Path(dq_flower.__file__).resolve().parent
 
+#: Server modules: these and everything under ``dq_flower.server``.
 SERVER = {"dq_flower.dq.strategy", "dq_flower.dq.planner", "dq_flower.dq.store",
-          "dq_flower.dq.rows", "dq_flower.baselines.strategy", "dq_flower.server",
-          "dq_flower.server.common", "dq_flower.accounting", "dq_flower.compression.strategy"}
+          "dq_flower.dq.rows", "dq_flower.baselines.strategy", "dq_flower.accounting",
+          "dq_flower.compression.strategy", "dq_flower.harness.server_app"}
+SERVER_PACKAGES = ("dq_flower.server",)
 CLIENT = {"dq_flower.dq.client", "dq_flower.dq.scoring", "dq_flower.dq.client_model",
           "dq_flower.baselines.client", "dq_flower.client",
           "dq_flower.client.evaluate", "dq_flower.node", "dq_flower.data_input",
-          "dq_flower.compression.mod"}
+          "dq_flower.compression.mod", "dq_flower.harness.client_app",
+          "dq_flower.harness.fedavg_client"}
+PROTOCOL = ("dq_flower.protocol",)
+METHODS = ("dq_flower.baselines", "dq_flower.dq")
 OUTSIDE_PLUGIN = ("dq_flower.harness", "dq_flower.compare", "dq_flower.deploy",
-                  "dq_flower.cli")
+                  "dq_flower.cli", "dq_flower.cli_common")
 
 
 def _under(module: str, prefixes: tuple[str, ...]) -> bool:
@@ -35,14 +51,29 @@ def _name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _package(path: Path) -> str | None:
+    """The package a relative import in ``path`` starts from (``None`` outside the tree)."""
+    if ROOT not in path.resolve().parents:
+        return None
+    name = _name(path)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
 def _imports(path: Path, top_level_only: bool) -> set[str]:
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else list(ast.walk(tree))
+    package = _package(path)
     out: set[str] = set()
     for node in nodes:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x, from .mod import y
+                if package is None:
+                    continue
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return {m for m in out if m.startswith("dq_flower")}
@@ -58,9 +89,36 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
+def _imported(module: str) -> set[str]:
+    """The modules ``module`` imports anywhere in its text, itself and its package aside."""
+    found = {_resolve(i) for i in _imports(MODULES[module], False)}
+    return {m for m in found if m and not (m == module or module.startswith(m + ".")
+                                           or m.startswith(module + "."))}
+
+
+def _is_server(module: str) -> bool:
+    return module in SERVER or _under(module, SERVER_PACKAGES)
+
+
+def test_the_listed_modules_exist():
+    missing = sorted(m for m in SERVER | CLIENT if m not in MODULES)
+    assert not missing, missing
+
+
 def test_no_server_module_imports_a_client_module():
-    bad = [(mod, imp) for mod in SERVER for imp in _imports(MODULES[mod], False)
-           if _resolve(imp) in CLIENT]
+    bad = [(mod, imp) for mod in MODULES if _is_server(mod) for imp in _imported(mod)
+           if imp in CLIENT]
+    assert not bad, bad
+
+
+def test_no_client_module_imports_a_server_module():
+    bad = [(mod, imp) for mod in sorted(CLIENT) for imp in _imported(mod) if _is_server(imp)]
+    assert not bad, bad
+
+
+def test_the_protocol_never_imports_the_methods():
+    bad = [(mod, imp) for mod in MODULES if _under(mod, PROTOCOL) for imp in _imported(mod)
+           if _under(imp, METHODS)]
     assert not bad, bad
 
 
@@ -74,31 +132,49 @@ def test_the_plugin_never_imports_the_harness():
     assert not bad, bad
 
 
-def test_module_level_imports_have_no_cycle():
-    graph = {m: {r for i in _imports(p, True) if (r := _resolve(i)) and r != m}
-             for m, p in MODULES.items()}
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or ``None``."""
     state: dict[str, int] = {}
 
-    def visit(node: str, stack: list[str]) -> None:
+    def visit(node: str, stack: list[str]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph[node]):
-            if nxt.startswith(node + ".") or node.startswith(nxt + "."):
-                continue  # a package and its own submodules
             if state.get(nxt) == 1:
-                raise AssertionError(" -> ".join([*stack, node, nxt]))
-            if nxt not in state:
-                visit(nxt, [*stack, node])
+                return [*stack, node, nxt]
+            if nxt not in state and (found := visit(nxt, [*stack, node])):
+                return found
         state[node] = 2
+        return None
 
     for module in sorted(graph):
-        if module not in state:
-            visit(module, [])
+        if module not in state and (found := visit(module, [])):
+            return found
+    return None
 
 
-def test_the_checker_sees_a_forbidden_import(tmp_path):
-    # the parser must find lazy imports, or the first test could not fail
+def test_imports_have_no_cycle_lazy_ones_included():
+    graph = {m: _imported(m) for m in MODULES}
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("source, forbidden", [
+    ("def f():\n    from dq_flower.dq.client import dq_train\n", "dq_flower.dq.client"),
+    ("def f():\n    import dq_flower.server.common\n", "dq_flower.server.common"),
+])
+def test_the_checker_sees_a_lazy_import(tmp_path, source, forbidden):
+    # the parser must find lazy imports, or the rules above could not fail on them
     path = tmp_path / "mod.py"
-    path.write_text("def f():\n    from dq_flower.dq.client import dq_train\n")
-    assert _resolve(next(iter(i for i in _imports(path, False)
-                               if i.endswith("dq_train")))) == "dq_flower.dq.client"
+    path.write_text(source)
+    assert forbidden in {_resolve(i) for i in _imports(path, False)}
     assert not _imports(path, True)
+
+
+def test_the_checker_resolves_relative_imports():
+    found = {_resolve(i) for i in _imports(ROOT / "codecs" / "qsgd.py", False)}
+    assert {"dq_flower.codecs.bitpack", "dq_flower.codecs.registry"} <= found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None

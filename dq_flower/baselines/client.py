@@ -47,7 +47,7 @@ from dq_flower.protocol.gradient import (
     vote_from_payload,
 )
 from dq_flower.protocol.model import MODEL_KEY, decode_model_payload
-from dq_flower.seeding import round_rng
+from dq_flower.seeding import Purpose, round_rng
 
 __all__ = [
     "gradient_train",
@@ -69,12 +69,6 @@ MOMENTUM_KEY = "grad-momentum"
 MODEL_STATE_KEY = "grad-model"
 #: The key of an earlier snapshot layout (ignored).
 ROUND_KEY = "grad-round"
-#: ``round_rng`` purposes used by the client. The epoch shuffles use FedAvg's client's
-#: purpose (``dq_flower.harness.fedavg_client.PURPOSE_SHUFFLE``), so with ``local-epochs``
-#: a client visits its rows in exactly the order FedAvg's client does.
-PURPOSE_BATCH = 11
-PURPOSE_CODEC = 12
-PURPOSE_EPOCHS = 21
 #: Most votes a client applies from one message.
 MAX_VOTES = 64
 
@@ -85,10 +79,10 @@ def batch_indices(
     """Row indices of a client's minibatches in one round (one array per local step).
 
     Each minibatch is ``min(batch_size, n)`` distinct rows drawn from
-    ``round_rng(seed, server_round, partition_id, PURPOSE_BATCH)``, so tests and the server
+    ``round_rng(seed, server_round, partition_id, Purpose.BATCH)``, so tests and the server
     can recompute exactly the rows a client used.
     """
-    rng = round_rng(seed, server_round, partition_id, PURPOSE_BATCH)
+    rng = round_rng(seed, server_round, partition_id, Purpose.BATCH)
     size = min(int(batch_size), int(n))
     return [np.sort(rng.choice(int(n), size=size, replace=False)) for _ in range(int(steps))]
 
@@ -99,11 +93,12 @@ def epoch_batches(
     """Row indices of every minibatch of ``epochs`` full epochs over ``n`` rows.
 
     Each epoch is a fresh permutation drawn from
-    ``round_rng(seed, server_round, partition_id, PURPOSE_EPOCHS)``, cut into consecutive
-    minibatches of ``batch_size`` rows (the last one may be shorter): the same order as
-    FedAvg's client (``dq_flower.harness.fedavg_client.local_epochs``).
+    ``round_rng(seed, server_round, partition_id, Purpose.SHUFFLE)``, cut into consecutive
+    minibatches of ``batch_size`` rows (the last one may be shorter): the same purpose and
+    order as FedAvg's client (``dq_flower.harness.fedavg_client.local_epochs``), so with
+    ``local-epochs`` a client visits its rows in exactly the order FedAvg's client does.
     """
-    rng = round_rng(seed, server_round, partition_id, PURPOSE_EPOCHS)
+    rng = round_rng(seed, server_round, partition_id, Purpose.SHUFFLE)
     out: list[np.ndarray] = []
     for _ in range(int(epochs)):
         order = rng.permutation(int(n))
@@ -400,7 +395,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
         save_state_dict(context, MOMENTUM_KEY, {"m": update})
 
     shapes = [tuple(p.shape) for p in model.parameters()]
-    rng = round_rng(seed, server_round, pid, PURPOSE_CODEC)
+    rng = round_rng(seed, server_round, pid, Purpose.CODEC)
     payloads = encode_update(update, shapes, cfg, context, rng)
 
     metrics = MetricRecord({

@@ -1,6 +1,6 @@
 """Typed configs of the baselines: compressed-gradient SGD and Flower's FedAvg.
 
-Like :class:`dq_flower.config.DQConfig`, each is a frozen dataclass that validates itself
+Like :class:`dq_flower.dq.config.DQConfig`, each is a frozen dataclass that validates itself
 and raises ``ValueError`` naming the (hyphenated) key; the same fields are run-config keys
 (``local-steps``) and keyword arguments of :func:`dq_flower.harness.simulate` (``local_steps``).
 """
@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dq_flower.codecs import make
+from dq_flower.codecs.entropy import available
+from dq_flower.codecs.uniform import SAMPLE_CODERS
+from dq_flower.config import check as _check
 from dq_flower.config import parse_params
 
 __all__ = [
@@ -49,14 +53,9 @@ CODEC_DEFAULTS: dict[str, dict[str, Any]] = {
 #: Lossless coders of every payload (``entropy-coder``); ``zstd`` needs ``zstandard``.
 #: ``context`` (DQ's default, a model of quantized sample codes) is accepted so that one run
 #: config serves every method: for gradients, updates and weights it means ``zlib``.
-ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd", "context")
+ENTROPY_CODERS = SAMPLE_CODERS
 #: Codec parameters that are also run-config keys of their own (0 = not set).
 CODEC_PARAM_KNOBS = ("levels", "bucket", "ratio", "rank")
-
-
-def _check(cond: bool, key: str, message: str) -> None:
-    if not cond:
-        raise ValueError(f"{key}: {message}")
 
 
 @dataclass(frozen=True)
@@ -183,8 +182,6 @@ class GradientConfig:
                f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
         if self.entropy_coder == "context":  # sample codes only: gradients get zlib
             object.__setattr__(self, "entropy_coder", "zlib")
-        from dq_flower.codecs.entropy import available
-
         _check(self.entropy_coder in available(), "entropy-coder",
                f"{self.entropy_coder!r} needs the optional 'zstandard' package")
         _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
@@ -250,8 +247,6 @@ class GradientConfig:
 
     def make_codec(self):
         """The upload codec: the registry codec, entropy-coded with :attr:`entropy`."""
-        from dq_flower.codecs import make
-
         return make(self.codec, **{**self.codec_kwargs, "entropy": self.entropy})
 
     @property

@@ -19,7 +19,6 @@ from .base import PAYLOAD_VERSION, Codec, Payload, PayloadError
 from .error_feedback import ErrorFeedback
 from .lossless import EntropyCoded
 from .registry import make, names, register
-from .uniform import pack_labels, unpack_labels
 
 __all__ = [
     "PAYLOAD_VERSION",
@@ -30,7 +29,5 @@ __all__ = [
     "PayloadError",
     "make",
     "names",
-    "pack_labels",
     "register",
-    "unpack_labels",
 ]

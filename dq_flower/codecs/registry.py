@@ -1,11 +1,18 @@
-"""Decorator registry of codecs: ``@register("name")``, ``make(name, **params)``, ``names()``."""
+"""Decorator registry of codecs: ``@register("name")``, ``make(name, **params)``, ``names()``.
+
+A codec registers when its module is imported; the package (``dq_flower/codecs/__init__.py``)
+imports every codec module, so the table is complete before anything can look a name up.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TypeVar
 
 from .base import Codec
+from .entropy import check_method
+from .lossless import EntropyCoded
 
 __all__ = ["register", "make", "names", "codec_class"]
 
@@ -26,20 +33,8 @@ def register(name: str) -> Callable[[C], C]:
     return deco
 
 
-def _import_codec_modules() -> None:
-    """Import every module of this package so that all ``@register`` decorators have run."""
-    import importlib
-    import pkgutil
-
-    package = __name__.rpartition(".")[0]
-    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
-        importlib.import_module(f"{package}.{info.name}")
-
-
 def codec_class(name: str) -> type[Codec]:
     """Return the codec class registered under ``name``."""
-    if name not in _REGISTRY:
-        _import_codec_modules()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -55,8 +50,6 @@ def make(name: str, **params) -> Codec:
     :class:`~dq_flower.codecs.lossless.EntropyCoded`, whose payloads are entropy-coded
     where that shrinks them.
     """
-    import dataclasses
-
     cls = codec_class(name)
     coder = None
     own: set[str] = (
@@ -70,9 +63,6 @@ def make(name: str, **params) -> Codec:
         raise ValueError(f"bad parameters for codec {name!r}: {exc}") from None
     if coder is None:
         return codec
-    from .entropy import check_method
-    from .lossless import EntropyCoded
-
     if check_method(coder, "entropy") == "none":
         return codec
     return EntropyCoded(codec, coder)
@@ -80,5 +70,4 @@ def make(name: str, **params) -> Codec:
 
 def names() -> list[str]:
     """Sorted names of all registered codecs."""
-    _import_codec_modules()
     return sorted(_REGISTRY)

@@ -1,4 +1,4 @@
-"""The data quantizer ``uniform`` and the label packer.
+"""The data quantizer ``uniform``.
 
 ``uniform`` quantizes a 2-D batch ``x`` of shape ``(n, d)``, one row per sample. Each row
 (or, with ``per_channel=C``, each of the row's ``C`` equal channel slices, channel-first as
@@ -56,44 +56,14 @@ from .base import (
     require_finite,
     require_rng,
 )
+from .dither import dither_offsets, dither_u16
 from .entropy import METHODS, check_method, compress, decompress
 from .registry import register
 
-__all__ = ["Uniform", "SAMPLE_CODERS", "dither_offsets", "label_bits", "pack_labels",
-           "packed_codes", "unpack_labels"]
+__all__ = ["Uniform", "SAMPLE_CODERS", "dither_offsets", "packed_codes"]
 
 #: Lossless coders of a ``uniform`` payload's codes: the byte coders and ``context``.
 SAMPLE_CODERS = (*METHODS, "context")
-
-_M1 = np.uint64(0x9E3779B97F4A7C15)
-_M2 = np.uint64(0xBF58476D1CE4E5B9)
-_M3 = np.uint64(0x94D049BB133111EB)
-
-
-def _dither_u16(seed: int, start: int, count: int) -> np.ndarray:
-    """16-bit dither values for flat positions ``start .. start + count - 1``."""
-    first, last = start // 4, (start + count + 3) // 4
-    z = np.arange(first, last, dtype=np.uint64)
-    z += np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (1 << 64))
-    z *= _M1
-    z ^= z >> np.uint64(30)
-    z *= _M2
-    z ^= z >> np.uint64(27)
-    z *= _M3
-    z ^= z >> np.uint64(31)
-    off = start - 4 * first
-    return z.astype("<u8").view(np.uint16)[off : off + count]
-
-
-def dither_offsets(seed: int, start: int, count: int) -> np.ndarray:
-    """Return the float32 dither offsets in (0, 1) of flat positions ``start .. start+count-1``.
-
-    The encoder rounds ``t + u`` down and the decoder adds ``1/2 - u`` back; ``u`` here is
-    ``r / 2**16`` for the 16-bit hash value ``r`` of ``(seed, position)``.
-    """
-    r = _dither_u16(int(seed), int(start), int(count))
-    return r.astype(np.float32) * np.float32(1.0 / 65536.0)
-
 
 def _safe_gain(
     span: np.ndarray, gain: np.ndarray, bump: np.float32, limit: float | np.floating
@@ -285,7 +255,7 @@ class Uniform(Codec):
                 _affine_block(blk, t, lo[s:e], scale[s:e], top, unit, bump)
             if stoch:
                 if self.dither_seed is not None:
-                    r = _dither_u16(self.dither_seed, s * width, (e - s) * width)
+                    r = dither_u16(self.dither_seed, s * width, (e - s) * width)
                 else:
                     assert rng is not None  # required above when stochastic, not dithered
                     r = random_u16(rng, t.size)
@@ -451,46 +421,3 @@ def packed_codes(p: Payload, bits: int) -> np.ndarray:
         raise PayloadError(f"uniform payload entropy coder {method!r} is not a name")
     return decompress(stream, method, raw)
 
-
-def label_bits(num_classes: int) -> int:
-    """Bits per label: ``ceil(log2(num_classes))``, at least 1."""
-    check_int(num_classes, "num_classes", 1, 256)
-    return max(1, (num_classes - 1).bit_length())
-
-
-def pack_labels(y: np.ndarray, num_classes: int) -> tuple[np.ndarray, int]:
-    """Pack integer labels in ``[0, num_classes)`` at :func:`label_bits` bits each.
-
-    Returns
-    -------
-    tuple of (numpy.ndarray, int)
-        The packed uint8 bytes and the exact number of bits ``len(y) * label_bits``.
-    """
-    width = label_bits(num_classes)
-    labels = np.asarray(y).reshape(-1)
-    if labels.size and not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"labels must lie in [0, {num_classes})")
-    return bitpack.pack(labels.astype(np.uint8), width), labels.size * width
-
-
-def unpack_labels(buf: np.ndarray, num_classes: int, count: int) -> np.ndarray:
-    """Inverse of :func:`pack_labels`; returns int64 labels or raises :class:`PayloadError`."""
-    width = label_bits(num_classes)
-    arr = np.asarray(buf)
-    if arr.dtype != np.uint8:
-        raise PayloadError(f"label buffer must be uint8, got {arr.dtype}")
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-        raise PayloadError(f"label count must be a non-negative int, got {count!r}")
-    if arr.size != bitpack.packed_nbytes(count, width):
-        raise PayloadError(
-            f"label buffer holds {arr.size} bytes; {count} labels of {width} bits need "
-            f"{bitpack.packed_nbytes(count, width)}"
-        )
-    if count and not bitpack.padding_is_zero(arr, width, int(count)):
-        raise PayloadError("label buffer has non-zero padding bits")
-    labels = bitpack.unpack(arr, width, int(count)).astype(np.int64)
-    if labels.size and labels.max() >= num_classes:
-        raise PayloadError(f"label buffer holds a label >= num_classes={num_classes}")
-    return labels

@@ -14,20 +14,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dq_flower.cli import EXIT_FAILED_RUNS, EXIT_USAGE, PROG
+from dq_flower import compare
+from dq_flower.cli_common import EXIT_FAILED_RUNS, PROG, fail
+from dq_flower.compare.fmt import fmt_value, pct
+from dq_flower.compare.grids import describe_axes
+from dq_flower.compare.links import parse_links
+from dq_flower.compare.presets import load_preset, preset_names
+from dq_flower.compare.run import _quiet_flower
+from dq_flower.compare.tune import TuneSettings, apply_tuning, tune_runs
+from dq_flower.harness.methods import method_names
 
 __all__ = ["cmd_compare", "cmd_tune", "cmd_report"]
 
 
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
 def _list_presets() -> int:
-    from dq_flower.compare.presets import load_preset, preset_names
-    from dq_flower.harness.methods import method_names
-
     print("presets (simulations/*.toml):")
     for name in preset_names():
         try:
@@ -46,9 +46,6 @@ def _scenario(args: argparse.Namespace):
 
     Raises ``ValueError`` or ``FileNotFoundError`` (missing data) for the caller to report.
     """
-    from dq_flower import compare
-    from dq_flower.compare.presets import load_preset
-
     preset = load_preset(args.preset).with_overrides(
         methods=args.methods, dataset=args.dataset, model=args.model, rounds=args.rounds,
         num_clients=args.num_clients, partition=args.partition, dirichlet_alpha=args.alpha,
@@ -61,8 +58,6 @@ def _scenario(args: argparse.Namespace):
 
 
 def _tune_settings(args: argparse.Namespace, preset: Any):
-    from dq_flower.compare.tune import TuneSettings
-
     rounds = args.tune_rounds or max(1, preset.rounds // 5)
     return TuneSettings(rounds=rounds, validation_fraction=args.validation_fraction,
                         engine=args.tune_engine, max_extensions=args.tune_extensions,
@@ -77,12 +72,6 @@ def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: b
     The preset's own tuning records made under the same settings are kept (a resumed
     tuning); ``save(records)`` runs after each newly tuned method.
     """
-    from dq_flower import compare
-    from dq_flower.compare.fmt import fmt_value, pct
-    from dq_flower.compare.grids import describe_axes
-    from dq_flower.compare.run import _quiet_flower
-    from dq_flower.compare.tune import apply_tuning, tune_runs
-
     settings = _tune_settings(args, preset)
     print(f"tuning step sizes: {settings.rounds} rounds per grid point, "
           f"{pct(settings.validation_fraction)} of the training rows held out for scoring "
@@ -108,21 +97,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """``dq-flower compare``."""
     if args.list_presets:
         return _list_presets()
-    from dq_flower import compare
-    from dq_flower.compare.links import parse_links
-
     try:
         preset, sets, plans, d, n_train = _scenario(args)
         links = parse_links(args.links)
         if args.tune:
             _tune_settings(args, preset)  # validates the tuning flags before any run
     except FileNotFoundError as exc:
-        return _fail(f"{exc} On the command line: --data-dir DIR.")
+        return fail(f"{exc} On the command line: --data-dir DIR.")
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     out = Path(args.out) if args.out else Path("results") / preset.name
     if out.exists() and not out.is_dir():
-        return _fail(f"--out {out}: exists and is not a folder")
+        return fail(f"--out {out}: exists and is not a folder")
     print(f"{PROG} compare: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} "
           f"training samples), model {preset.model}, {preset.num_clients} clients, "
           f"{preset.partition} partition"
@@ -146,7 +132,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     except (ValueError, OSError) as exc:  # e.g. --out names a file
-        return _fail(str(exc))
+        return fail(str(exc))
     wall = time.perf_counter() - t0
     print()
     print((out / "summary.md").read_text())
@@ -176,17 +162,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         preset, sets, plans, d, n_train = _scenario(args)
         _tune_settings(args, preset)
     except FileNotFoundError as exc:
-        return _fail(f"{exc} On the command line: --data-dir DIR.")
+        return fail(f"{exc} On the command line: --data-dir DIR.")
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     out = Path(args.out) if args.out else Path("results") / f"{preset.name}-tuned.toml"
     if out.is_dir():
-        return _fail(f"--out {out}: is a folder; give the .toml file to write")
+        return fail(f"--out {out}: is a folder; give the .toml file to write")
     print(f"{PROG} tune: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} training "
           f"samples), model {preset.model}, {preset.num_clients} clients; methods: "
           f"{', '.join(p.spec.label for p in plans)}")
-    from dq_flower.compare.tune import apply_tuning
-
     header = (f"written by: {shlex.join([PROG, *args.argv])}\n"
               "step sizes tuned on a validation split of the training rows (see "
               "[tuning.<method>]);\nrun it with: dq-flower compare --preset " + str(out))
@@ -203,22 +187,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"\n{PROG}: interrupted; nothing written", file=sys.stderr)
         return 130
     except (ValueError, OSError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     print(f"written: {out}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``dq-flower report``."""
-    from dq_flower import compare
-    from dq_flower.compare.links import parse_links
-
     try:
         results = compare.load_results(args.folder)
         if args.links:
             results["links"] = [x.to_json() for x in parse_links(args.links)]
     except (ValueError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if args.target_accuracy is not None:
         results["target_accuracy"] = args.target_accuracy
     if args.high_target_accuracy is not None:

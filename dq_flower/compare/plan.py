@@ -13,6 +13,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dq_flower.compare.presets import MethodSpec, Preset
+from dq_flower.config import field_keys
+from dq_flower.harness.methods import get_method, method_names, validate_run_config
+from dq_flower.harness.simulate import build_run_config
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.harness.tasks.data import load_dataset_cached
 
 __all__ = ["SCENARIO_KEYS", "PlannedRun", "parse_set", "plan_runs", "check_data"]
 
@@ -93,12 +98,6 @@ def plan_runs(preset: Preset, sets: Sequence[tuple[str | None, str, Any]] = ()) 
         Unknown method or knob, a knob no selected method knows, a scenario key given as a
         knob, or a bad value (the message names the key and the method).
     """
-    from dq_flower.config import field_keys
-    from dq_flower.harness.methods import get_method, method_names
-    from dq_flower.harness.server_app import validate_run_config
-    from dq_flower.harness.simulate import build_run_config
-    from dq_flower.harness.task_config import TaskConfig
-
     specs = preset.method_specs(method_names())
     labels = [s.label for s in specs]
     allowed = {s.label: field_keys(TaskConfig) | field_keys(get_method(s.method).config_cls)
@@ -154,8 +153,6 @@ def check_data(preset: Preset) -> tuple[int, int]:
     FileNotFoundError
         Data files missing; the message says where they were looked for.
     """
-    from dq_flower.harness.tasks.data import load_dataset_cached
-
     ds = load_dataset_cached(preset.dataset, preset.data_dir or None, preset.seed)
     return ds.dim, ds.num_train
 

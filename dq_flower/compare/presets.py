@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dq_flower.compare.toml_out import preset_toml
+
 __all__ = [
     "Preset",
     "MethodSpec",
@@ -85,7 +87,7 @@ class Preset:
     description : str
         One line for ``--list-presets`` and the summary.
     dataset, model : str
-        Data set and model names (see :class:`dq_flower.config.TaskConfig`).
+        Data set and model names (see :class:`dq_flower.harness.task_config.TaskConfig`).
     num_clients : int
         Simulated clients, one partition each.
     rounds : int
@@ -194,8 +196,6 @@ class Preset:
 
     def to_toml(self, header: str = "") -> str:
         """The preset as a ``simulations/``-style TOML file (``load_preset`` reads it back)."""
-        from dq_flower.compare.toml_out import preset_toml
-
         fields = {"name": self.name, "description": self.description,
                   "dataset": self.dataset, "model": self.model,
                   "num-clients": self.num_clients, "rounds": self.rounds,

@@ -28,6 +28,9 @@ from dq_flower.compare.plan import PlannedRun, check_data, plan_runs
 from dq_flower.compare.presets import Preset
 from dq_flower.compare.reports import RESULTS_FORMAT, _jsonable, load_results, write_reports
 from dq_flower.compare.summary import error_line, fmt_bytes, is_failed, run_summaries
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.simulate import simulate
 
 __all__ = ["ENGINES", "ConsoleProgress", "run_comparison"]
 
@@ -133,9 +136,7 @@ def _run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]],
              num_cpus_per_client: float, verbose: bool, num_gpus_per_client: float = 0.0):
     cfg = plan.run_config
     if engine == "inprocess":
-        from dq_flower.harness.client_app import app as client_app
-        from dq_flower.harness.inprocess import InProcessGrid
-        from dq_flower.harness.server_app import run_server
+        from dq_flower.harness.server_app import run_server  # PyTorch, when a run starts
 
         grid = InProcessGrid(client_app, int(cfg["num-partitions"]))
         # clients run one after another here, so each may use every core (the client app
@@ -143,8 +144,6 @@ def _run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]],
         for context in grid.contexts.values():
             context.node_config["num-threads"] = max(1, os.cpu_count() or 1)
         return run_server(grid, cfg, on_round=on_round)
-    from dq_flower.harness.simulate import simulate
-
     return simulate(plan.spec.method, cfg["dataset"], cfg["model"],
                     int(cfg["num-partitions"]), int(cfg["num-server-rounds"]),
                     int(cfg["seed"]), num_cpus_per_client=num_cpus_per_client,

@@ -25,6 +25,8 @@ from typing import Any
 from dq_flower.compare.grids import grid_points, step_axes
 from dq_flower.compare.plan import PlannedRun
 from dq_flower.compare.presets import Preset, tuned_split
+from dq_flower.compare.run import _run_one
+from dq_flower.harness.methods import validate_run_config
 
 __all__ = ["TuneSettings", "tune_plan", "tune_runs", "apply_tuning", "choose", "extend_axes"]
 
@@ -179,9 +181,6 @@ def _score_points(plan: PlannedRun, points: Sequence[Mapping[str, float]], round
                   settings: TuneSettings, report: Callable[[str], None] | None,
                   num_cpus_per_client: float) -> list[dict[str, Any]]:
     """Run each grid point for ``rounds`` rounds; its validation score (or its failure)."""
-    from dq_flower.compare.run import _run_one
-    from dq_flower.harness.server_app import validate_run_config
-
     scores: list[dict[str, Any]] = []
     for i, point in enumerate(points, start=1):
         trial = _trial(plan, point, rounds, settings.validation_fraction)

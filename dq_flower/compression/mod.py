@@ -40,14 +40,12 @@ from dq_flower.compression.wire import (
 from dq_flower.node import node_key
 from dq_flower.protocol.gradient import update_keys
 from dq_flower.protocol.model import decode_model_payload
-from dq_flower.seeding import round_rng
+from dq_flower.seeding import Purpose, round_rng
 
-__all__ = ["compression_mod", "STATE_PREFIX", "PURPOSE_CODEC"]
+__all__ = ["compression_mod", "STATE_PREFIX"]
 
 #: Prefix of the mod's ``Context.state`` entries (error-feedback residuals, codec state).
 STATE_PREFIX = "compression-"
-#: ``round_rng`` purpose of the codec's stochastic rounding.
-PURPOSE_CODEC = 31
 
 
 def _error(msg: Message, reason: str) -> Message:
@@ -94,7 +92,7 @@ def _code_reply(out: Message, layout: Layout, received: ArrayRecord, cfg: Compre
     server_round = int(cast(int, config["server-round"]))
     update = layout.flat(returned) - layout.flat(received)
     gcfg = cfg.gradient_config()
-    rng = round_rng(cfg.seed, server_round, node_key(context), PURPOSE_CODEC)
+    rng = round_rng(cfg.seed, server_round, node_key(context), Purpose.MOD_CODEC)
     begin_round(context, server_round, STATE_PREFIX)
     payloads = encode_update(update, layout.coded_shapes, gcfg, context, rng, STATE_PREFIX)
     end_round(context, server_round, STATE_PREFIX)

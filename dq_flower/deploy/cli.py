@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from dq_flower.cli_common import EXIT_USAGE, PROG, fail
 from dq_flower.deploy import TRUST_MODEL
 from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
 from dq_flower.deploy.flower_cli import (
@@ -50,7 +51,6 @@ from dq_flower.deploy.supervisor import DeploymentError, start_process
 
 __all__ = ["add_deploy_parser", "parse_config_pairs"]
 
-EXIT_USAGE = 2
 EXIT_FAILED = 1
 DEFAULT_CONNECTION = "dq-flower"
 
@@ -66,8 +66,7 @@ def _say(message: str) -> None:
 
 
 def _fail(message: str) -> int:
-    _say(f"dq-flower deploy: error: {message}")
-    return EXIT_USAGE
+    return fail(message, f"{PROG} deploy")
 
 
 def parse_config_pairs(items: list[str] | None) -> dict[str, Any]:

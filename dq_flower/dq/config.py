@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dq_flower.codecs import make
+from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check as _check
 from dq_flower.config import parse_params
 
@@ -21,7 +23,8 @@ __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_M
 
 SCORERS = ("uniform", "loss", "gradnorm", "entropy", "margin")
 SELECTION_RULES = ("topk", "sample", "threshold")
-ENTROPY_CODERS = ("none", "zlib", "lzma", "zstd", "context")
+#: Lossless coders of the samples (``context``: the codes' own context model).
+ENTROPY_CODERS = SAMPLE_CODERS
 UPLOAD_MODES = ("data", "gradient", "auto")
 #: ``adaptive``: train to a plateau on the store, ask for more only while it pays
 #: (:mod:`dq_flower.dq.schedule`); ``fixed``: ``budget`` per client and ``server-steps``
@@ -265,8 +268,6 @@ class DQConfig:
         _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
         _check(self.store_eviction in {"fifo", "random"}, "store_eviction",
                f"must be fifo or random, got {self.store_eviction!r}")
-        from dq_flower.codecs import make
-
         if self.compensation != "none":
             try:
                 make(self.compensation, **self.compensation_kwargs)

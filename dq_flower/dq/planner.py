@@ -28,6 +28,7 @@ import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.accounting import content_bytes
+from dq_flower.protocol.dq_batch import GRADIENT_KEY, encode_batch, quantizer_for
 
 __all__ = ["UploadPlanner", "RoundPlan", "first_estimates", "gradient_estimate", "reply_bits",
            "ESTIMATES"]
@@ -141,8 +142,6 @@ def first_estimates(cfg: Any, mode: str, dim: int, channels: int, num_classes: i
     A full-budget data reply of uniform random rows (no entropy coding gain; ids below
     2^16) with quantizer ranges ``mode``, and a compensation where ``comp_codec`` is set.
     """
-    from dq_flower.protocol.dq_batch import encode_batch, quantizer_for
-
     rng = np.random.default_rng(seed)
     n = int(cfg.budget)
     samples = quantizer_for(cfg, mode, channels).encode(
@@ -160,8 +159,6 @@ def first_estimates(cfg: Any, mode: str, dim: int, channels: int, num_classes: i
 
 def gradient_estimate(grad_codec: Any, num_params: int, seed: int) -> float:
     """Exact size in bits of a gradient reply: a standard normal D-vector coded as clients do."""
-    from dq_flower.protocol.dq_batch import GRADIENT_KEY
-
     rng = np.random.default_rng(seed)
     grad = grad_codec.encode(rng.standard_normal(num_params).astype(np.float32), rng)
     content = RecordDict({GRADIENT_KEY: grad.to_record()})

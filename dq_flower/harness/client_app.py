@@ -78,11 +78,11 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
         _threads(require_torch(f"method {method!r}"), context)
         x, y = client_data(context, task)
         if family == "gradient":
-            from dq_flower.baselines.client import gradient_train
+            from dq_flower.baselines.client import gradient_train  # PyTorch, checked above
 
             return gradient_train(msg, context, (x, y), model=model_for(task))
         if family == "fedavg":
-            from dq_flower.harness.fedavg_client import fedavg_train
+            from dq_flower.harness.fedavg_client import fedavg_train  # PyTorch, checked above
 
             return fedavg_train(msg, context, x, y, model_for(task), task.seed,
                                 node_key(context))

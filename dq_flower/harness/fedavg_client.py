@@ -18,14 +18,12 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from dq_flower.baselines.config import FedAvgConfig
 from dq_flower.config import from_mapping
 from dq_flower.model_ops import LossFn, resolve_loss, state_arrays, targets_tensor
-from dq_flower.seeding import round_rng
+from dq_flower.seeding import Purpose, round_rng
 
-__all__ = ["fedavg_train", "local_epochs", "ARRAYS_KEY", "PURPOSE_SHUFFLE"]
+__all__ = ["fedavg_train", "local_epochs", "ARRAYS_KEY"]
 
 #: Key of the model record, as Flower's FedAvg names it (``arrayrecord_key``).
 ARRAYS_KEY = "arrays"
-#: ``round_rng`` purpose of the epoch shuffles.
-PURPOSE_SHUFFLE = 21
 
 
 def local_epochs(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: FedAvgConfig,
@@ -62,7 +60,7 @@ def fedavg_train(msg: Message, context: Context, x: np.ndarray, y: np.ndarray,
     if x.shape[0] == 0:
         raise ValueError("this node has no training data")
     model.load_state_dict(cast(ArrayRecord, msg.content[ARRAYS_KEY]).to_torch_state_dict())
-    loss = local_epochs(model, x, y, cfg, round_rng(seed, server_round, node, PURPOSE_SHUFFLE),
+    loss = local_epochs(model, x, y, cfg, round_rng(seed, server_round, node, Purpose.SHUFFLE),
                         loss_fn)
     metrics = MetricRecord({
         "num-examples": int(x.shape[0]),

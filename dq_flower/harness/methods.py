@@ -1,99 +1,45 @@
 """Registry of training methods: name -> family, config class and strategy builder.
 
 A method family has one client handler (``dq_flower.harness.client_app``) and one strategy; the
-methods of a family differ by configuration (the gradient codec, for instance).
+methods of a family differ by configuration (the gradient codec, for instance). The table
+itself is :mod:`dq_flower.harness.method_registry`; importing this module registers the
+built-in methods (:mod:`dq_flower.harness.methods_builtin`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Method", "NEUTRAL_VALUES", "register_method", "get_method", "method_names"]
+from dq_flower.config import from_mapping
+from dq_flower.harness import methods_builtin  # noqa: F401  (registers the built-in methods)
+from dq_flower.harness.method_registry import METHODS, NEUTRAL_VALUES, Method, register_method
+from dq_flower.harness.task_config import TaskConfig
 
-#: Run-config values that mean "not set" (``pyproject.toml`` lists every knob at such a
-#: value): they do not override a method's own default for the key, so the table can
-#: list ``levels = 0`` while ``fedavg-qsgd2`` keeps its ``levels = 1``.
-NEUTRAL_VALUES: dict[str, Any] = {
-    "codec-params": "", "levels": 0, "bucket": 0, "ratio": 0.0, "rank": 0,
-    "local-epochs": 0, "downlink": "auto", "aggregation": "auto", "error-feedback": "auto",
-    "per-tensor": "auto",
-}
-
-
-@dataclass(frozen=True)
-class Method:
-    """A named training method.
-
-    Attributes
-    ----------
-    name : str
-        Public name (``dq``, ``fedavg``, ``qsgd``, ...).
-    family : str
-        Client handler family (``dq``, ``gradient``, ``fedavg``).
-    config_cls : type
-        Typed config dataclass of the method's knobs.
-    build : callable
-        ``build(task, run_config, model, info) -> (strategy, train_config)``.
-    defaults : mapping
-        Knob values this method sets (e.g. ``{"codec": "qsgd"}``), overridable.
-    """
-
-    name: str
-    family: str
-    config_cls: type
-    build: Callable[..., Any]
-    defaults: Mapping[str, Any]
-
-    def merged(self, run_config: Mapping[str, Any]) -> dict[str, Any]:
-        """``run_config`` over this method's defaults.
-
-        A run-config value equal to the key's :data:`NEUTRAL_VALUES` entry ("not set") does
-        not replace the method's own default.
-        """
-        out = dict(self.defaults)
-        for key, value in run_config.items():
-            if key in out and key in NEUTRAL_VALUES and _same(value, NEUTRAL_VALUES[key]):
-                continue
-            out[key] = value
-        return out
-
-
-def _same(value: Any, neutral: Any) -> bool:
-    if isinstance(value, bool) or type(value) not in (type(neutral), int, float, str):
-        return False
-    return value == neutral
-
-
-_METHODS: dict[str, Method] = {}
-
-
-def register_method(name: str, family: str, config_cls: type,
-                    defaults: Mapping[str, Any] | None = None):
-    """Decorator registering a strategy builder as method ``name``."""
-
-    def deco(build: Callable[..., Any]) -> Callable[..., Any]:
-        _METHODS[name] = Method(name, family, config_cls, build, dict(defaults or {}))
-        return build
-
-    return deco
-
-
-def _load_all() -> None:
-    from dq_flower.harness import methods_builtin  # noqa: F401  (registers the methods)
+__all__ = ["Method", "NEUTRAL_VALUES", "register_method", "get_method", "method_names",
+           "validate_run_config"]
 
 
 def get_method(name: str) -> Method:
     """The method registered as ``name``; ``ValueError`` listing the known ones otherwise."""
-    _load_all()
     try:
-        return _METHODS[name]
+        return METHODS[name]
     except KeyError:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(method_names())}") from None
 
 
 def method_names() -> list[str]:
     """Names of all registered methods, in registration order."""
-    _load_all()
-    return list(_METHODS)
+    return list(METHODS)
+
+
+def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]:
+    """Parse and check the whole run config before any work starts.
+
+    Returns the task config and the method's config; raises ``ValueError`` naming the key.
+    """
+    method = get_method(str(run_config.get("method", "dq")))
+    merged = method.merged(run_config)
+    task = from_mapping(TaskConfig, merged)
+    knobs: Any = from_mapping(method.config_cls, merged)
+    return task, knobs

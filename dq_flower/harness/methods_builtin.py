@@ -1,4 +1,4 @@
-"""Builders of the built-in methods."""
+"""Builders of the built-in methods (registered in :mod:`dq_flower.harness.method_registry`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from flwr.app import ConfigRecord
 from dq_flower.baselines.config import FedAvgConfig, GradientConfig
 from dq_flower.config import from_mapping, to_config_record
 from dq_flower.dq.config import DQConfig
-from dq_flower.harness.methods import register_method
+from dq_flower.harness.method_registry import register_method
 from dq_flower.harness.runtime import TaskInfo
 from dq_flower.harness.task_config import CLIENT_TASK_KEYS, TaskConfig
+from dq_flower.protocol.spec import DataSpec
+
+# The client app imports this module (through ``methods``) on devices without PyTorch, so
+# each builder imports its strategy, which needs PyTorch, when it runs on the server.
 
 
 def client_task_config(task: TaskConfig, method: str) -> ConfigRecord:
@@ -32,8 +36,7 @@ def client_task_config(task: TaskConfig, method: str) -> ConfigRecord:
 @register_method("dq", family="dq", config_cls=DQConfig)
 def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
     """Data quantization: the public :class:`dq_flower.DQStrategy` on the harness's model."""
-    from dq_flower.dq.strategy import DQStrategy
-    from dq_flower.protocol.spec import DataSpec
+    from dq_flower.dq.strategy import DQStrategy  # the server side needs torch; see above
 
     # The harness knows its named data set's layout; with dataset "none" the server learns
     # it from the first valid reply, as a user's app does.
@@ -49,7 +52,7 @@ def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskI
     return strategy, client_task_config(task, "dq")
 
 
-# ---------------------------------------------------------------------- baselines (issue 4)
+# ------------------------------------------------------------------------------ baselines
 
 
 @register_method("fedavg", family="fedavg", config_cls=FedAvgConfig)
@@ -82,8 +85,8 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
 
 
 #: Gradient baselines: name -> knob defaults. The codec's parameters come from
-#: ``config_baselines.CODEC_DEFAULTS``; ``signsgd``'s aggregation (majority vote), downlink
-#: (1-bit vote) and error feedback (off) follow from its ``sign`` codec.
+#: ``dq_flower.baselines.config.CODEC_DEFAULTS``; ``signsgd``'s aggregation (majority
+#: vote), downlink (1-bit vote) and error feedback (off) follow from its ``sign`` codec.
 GRADIENT_METHODS: dict[str, dict[str, Any]] = {
     "sgd": {"codec": "identity"},
     "fp16": {"codec": "fp16"},
@@ -121,7 +124,7 @@ FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
 
 def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
     def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
-        from dq_flower.baselines.strategy import GradientStrategy
+        from dq_flower.baselines.strategy import GradientStrategy  # needs torch; see above
 
         cfg = from_mapping(GradientConfig, run_config)
         strategy = GradientStrategy(model, seed=task.seed, fraction_train=task.fraction_train,

@@ -7,6 +7,7 @@ node's data (its ``data-file``) loads without it.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,12 @@ import numpy as np
 from flwr.app import Context
 
 from dq_flower.harness.task_config import TaskConfig
-from dq_flower.harness.tasks.data import load_dataset_cached, load_partition, load_task_dataset
+from dq_flower.harness.tasks.data import (
+    load_dataset_cached,
+    load_node_data,
+    load_partition,
+    load_task_dataset,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -111,8 +117,6 @@ def client_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np.ndar
     """
     path = str(context.node_config.get("data-file", ""))
     if path:
-        from dq_flower.harness.tasks.data import load_node_data
-
         data = load_node_data(path)
         return data.train_x, data.train_y
     pid, num = node_partition(context, task)
@@ -132,8 +136,6 @@ def client_eval_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np
     """
     path = str(context.node_config.get("data-file", ""))
     if path:
-        from dq_flower.harness.tasks.data import load_node_data
-
         data = load_node_data(path)
         if data.test_x is None or data.test_y is None:
             raise ValueError(f"{path} holds no x_test/y_test for federated evaluation")
@@ -146,6 +148,7 @@ def client_eval_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np
 
 def build_model(task: TaskConfig, info: TaskInfo) -> torch.nn.Module:
     """The task's named model, initialised from the run seed, on the task's device."""
+    # PyTorch loads here, when a model is built: a node's data loads without it
     from dq_flower.harness.tasks.models import make_model
     from dq_flower.model_ops import resolve_device
 
@@ -160,9 +163,7 @@ def model_factory(model: object) -> ModelFactory | None:
     callable returning an ``nn.Module`` is called. Under Ray the factory is pickled to the
     workers, so it must be importable there (a module-level class or function).
     """
-    import copy
-
-    import torch
+    import torch  # only when a simulation starts: client devices import this module
 
     if model is None or isinstance(model, str):
         return None
@@ -174,15 +175,3 @@ def model_factory(model: object) -> ModelFactory | None:
     raise TypeError("model must be a model name, an nn.Module, or a callable returning one; "
                     f"got {type(model).__name__}")
 
-
-def __getattr__(name: str):
-    """``make_model`` and ``resolve_device``, still importable from here (with PyTorch)."""
-    if name == "make_model":
-        from dq_flower.harness.tasks.models import make_model
-
-        return make_model
-    if name == "resolve_device":
-        from dq_flower.model_ops import resolve_device
-
-        return resolve_device
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,10 +20,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from dq_flower.accounting import Ledger, MeasuredGrid
-from dq_flower.config import from_mapping
 from dq_flower.harness.checkpoint import load_latest, save_atomic
 from dq_flower.harness.history import RunResult
-from dq_flower.harness.methods import get_method
+from dq_flower.harness.methods import get_method, validate_run_config
 from dq_flower.harness.round_timing import round_timing
 from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
@@ -32,18 +31,6 @@ from dq_flower.model_ops import evaluate, num_params, state_arrays
 from dq_flower.server.common import FailureWatch
 
 __all__ = ["app", "run_server", "validate_run_config", "prepare_model"]
-
-
-def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]:
-    """Parse and check the whole run config before any work starts.
-
-    Returns the task config and the method's config; raises ``ValueError`` naming the key.
-    """
-    method = get_method(str(run_config.get("method", "dq")))
-    merged = method.merged(run_config)
-    task = from_mapping(TaskConfig, merged)
-    knobs: Any = from_mapping(method.config_cls, merged)
-    return task, knobs
 
 
 def prepare_model(task: TaskConfig, info: TaskInfo,

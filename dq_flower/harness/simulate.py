@@ -11,9 +11,12 @@ from typing import Any
 import numpy as np
 
 from dq_flower.config import field_keys
+from dq_flower.harness.client_app import make_client_app
 from dq_flower.harness.history import RunResult
-from dq_flower.harness.methods import get_method
+from dq_flower.harness.methods import get_method, validate_run_config
+from dq_flower.harness.runtime import model_factory, task_info
 from dq_flower.harness.task_config import TaskConfig
+from dq_flower.harness.tasks.data import from_arrays, save_npz
 
 __all__ = ["simulate", "build_run_config"]
 
@@ -35,8 +38,6 @@ def build_run_config(
     Unknown knobs raise ``ValueError`` naming them; bad values raise ``ValueError`` naming
     the key (see :mod:`dq_flower.config`).
     """
-    from dq_flower.harness.server_app import validate_run_config
-
     spec = get_method(method)
     if not isinstance(model, str):
         model = "custom"  # the model itself travels as a factory (see simulate)
@@ -61,8 +62,6 @@ def _dataset_arg(dataset: Any, seed: int, workdir: str) -> str:
     if isinstance(dataset, str):
         return dataset
     if isinstance(dataset, Sequence) and len(dataset) in (2, 4):
-        from dq_flower.harness.tasks.data import from_arrays, save_npz
-
         arrays = [np.asarray(a) for a in dataset]
         x_test, y_test = (arrays[2], arrays[3]) if len(arrays) == 4 else (None, None)
         ds = from_arrays(arrays[0], arrays[1], x_test, y_test, seed=seed)
@@ -128,13 +127,13 @@ def simulate(
         Every sampled client failed ``max_failed_rounds`` (default 3) rounds in a row; the
         message quotes the first client error.
     """
+    # Ray (flwr.simulation) and the server side (PyTorch) load only when a simulation runs:
+    # ``import dq_flower`` imports this module, on client devices too
     from flwr.app import ConfigRecordValues, Context
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
-    from dq_flower.harness.client_app import make_client_app
-    from dq_flower.harness.runtime import model_factory, task_info
-    from dq_flower.harness.server_app import prepare_model, run_server, validate_run_config
+    from dq_flower.harness.server_app import prepare_model, run_server
 
     run_config = build_run_config(method, dataset, model, num_clients, rounds, seed, **knobs)
     factory = model_factory(model)

@@ -11,19 +11,18 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from dq_flower.baselines.config import GradientConfig
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.lossless import raw_nbits
 
 __all__ = [
+    "GradientLayout",
     "UPDATE_KEY",
     "METRICS_KEY",
     "VOTE_PREFIX",
-    "MODEL_CODECS",
     "sign_step",
     "vote_from_payload",
     "model_crc",
@@ -39,8 +38,25 @@ UPDATE_KEY = "update"
 METRICS_KEY = "metrics"
 #: Prefix of the vote records of ``downlink="sign"``: ``vote-<model version>``.
 VOTE_PREFIX = "vote-"
-#: Codecs a ``model`` record may be encoded with (``downlink`` float32 / fp16).
-MODEL_CODECS = {"identity", "fp16"}
+
+
+class GradientLayout(Protocol):
+    """What both ends read of a :class:`dq_flower.GradientConfig` to lay out an update.
+
+    A protocol, so that the wire format does not import the baselines that configure it.
+    """
+
+    @property
+    def error_feedback(self) -> str:
+        """``auto``, ``on`` or ``off``."""
+
+    @property
+    def majority(self) -> bool:
+        """Whether the server aggregates by majority vote."""
+
+    @property
+    def segmented(self) -> bool:
+        """Whether the update is coded per parameter tensor."""
 
 
 def sign_step(w: np.ndarray, vote: np.ndarray, lr: float, weight_decay: float) -> np.ndarray:
@@ -65,14 +81,14 @@ def model_crc(w: np.ndarray) -> int:
     return int(zlib.crc32(np.ascontiguousarray(w, dtype=np.float32).tobytes()))
 
 
-def uses_error_feedback(cfg: GradientConfig, codec) -> bool:
+def uses_error_feedback(cfg: GradientLayout, codec) -> bool:
     """Whether clients wrap ``codec`` in error feedback under ``cfg``."""
     if cfg.error_feedback == "auto":
         return bool(codec.biased) and not cfg.majority
     return cfg.error_feedback == "on"
 
 
-def update_keys(cfg: GradientConfig, num_tensors: int, key: str = UPDATE_KEY) -> list[str]:
+def update_keys(cfg: GradientLayout, num_tensors: int, key: str = UPDATE_KEY) -> list[str]:
     """Reply record names: ``update``, or ``update-<i>`` per tensor when coded per tensor.
 
     ``key`` replaces ``update`` (the compressed updates of :mod:`dq_flower.compression`

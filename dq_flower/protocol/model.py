@@ -34,7 +34,7 @@ def model_record(model: torch.nn.Module, entropy: str = "none",
     ``entropy`` (``none``, ``zlib``, ``lzma``, ``zstd``) entropy-codes the vector where
     that shrinks it.
     """
-    from dq_flower.model_ops import get_flat
+    from dq_flower.model_ops import get_flat  # PyTorch only where a model is at hand
 
     if codec not in MODEL_CODECS:
         raise ValueError(f"model codec must be one of {MODEL_CODECS}, got {codec!r}")
@@ -72,7 +72,7 @@ def decode_model_payload(payload: Payload, dim: int, entropy: str | None = None)
 def load_model_record(model: torch.nn.Module, record: ArrayRecord,
                       entropy: str | None = None) -> None:
     """Load parameters sent by :func:`model_record`; raises ``ValueError`` if inconsistent."""
-    from dq_flower.model_ops import num_params, set_flat
+    from dq_flower.model_ops import num_params, set_flat  # PyTorch, as above
 
     vec = decode_model_payload(Payload.from_record(record), num_params(model), entropy)
     set_flat(model, vec)

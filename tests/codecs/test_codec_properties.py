@@ -1,5 +1,9 @@
 """Hypothesis property tests: codec round trips on arbitrary finite inputs, and the registry."""
 
+import ast
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -134,3 +138,16 @@ def test_registry_names_and_make():
         make("gzip")
     biased = {n for n in required if make(n).biased}
     assert biased == {"sign", "ef-sign", "topk", "powersgd", "bingrad"}
+
+
+def test_the_package_imports_every_module_that_registers_a_codec():
+    # registration happens on import, once, in dq_flower/codecs/__init__.py
+    import dq_flower.codecs as package
+
+    root = Path(package.__file__).parent
+    registering = {p.stem for p in root.glob("*.py")
+                   if re.search(r"^@register\(", p.read_text(), re.MULTILINE)}
+    imported = {a.name for node in ast.parse((root / "__init__.py").read_text()).body
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module
+                for a in node.names}
+    assert registering and registering <= imported, registering - imported

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dq_flower.codecs import PayloadError, make, pack_labels, unpack_labels
+from dq_flower.codecs import PayloadError, make
 from dq_flower.codecs.base import Payload
 
 GRADIENT_CODECS = [
@@ -256,22 +256,3 @@ def test_orq_rounds_between_neighbouring_levels():
         j = np.clip(np.searchsorted(lv, part, side="right") - 1, 0, 4)
         assert np.isin(dec, lv).all()
         assert ((dec == lv[j]) | (dec == lv[j + 1])).all()
-
-
-@pytest.mark.parametrize("num_classes", [1, 2, 3, 10, 17, 256])
-def test_labels_round_trip(num_classes):
-    y = np.random.default_rng(num_classes).integers(0, num_classes, 101)
-    packed, nbits = pack_labels(y, num_classes)
-    width = max(1, int(np.ceil(np.log2(num_classes))))
-    assert nbits == 101 * width and packed.size == (nbits + 7) // 8
-    np.testing.assert_array_equal(unpack_labels(packed, num_classes, 101), y)
-
-
-def test_labels_refuse_out_of_range():
-    with pytest.raises(ValueError, match="labels"):
-        pack_labels(np.array([0, 10]), 10)
-    packed, _ = pack_labels(np.array([0, 9, 3]), 10)
-    with pytest.raises(PayloadError):
-        unpack_labels(packed, 10, 5)  # 5 labels need 3 bytes, not 2
-    with pytest.raises(PayloadError, match="num_classes"):
-        unpack_labels(np.array([0xFF, 0xF0], np.uint8), 10, 3)  # code 15 >= 10

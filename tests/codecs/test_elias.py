@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dq_flower.codecs import elias, make
+from benchmarks import elias
+from dq_flower.codecs import make
 
 
 def bitstring(values, code):

@@ -285,16 +285,14 @@ def test_every_client_failing_is_a_failed_method_and_the_others_still_run(tmp_pa
                                                                           monkeypatch):
     # Prepare: the first method's in-process grid answers every message with an error, so
     # run_server's FailureWatch raises ClientFailureError (max-failed-rounds=1)
-    from dq_flower.harness import inprocess
-
-    real_grid, grids = inprocess.InProcessGrid, []
+    real_grid, grids = compare_run.InProcessGrid, []
 
     def grid(client_app, num_nodes, **kwargs):
         grids.append(num_nodes)
         failing = (lambda rnd, node: True) if len(grids) == 1 else None
         return real_grid(client_app, num_nodes, failing=failing)
 
-    monkeypatch.setattr(inprocess, "InProcessGrid", grid)
+    monkeypatch.setattr(compare_run, "InProcessGrid", grid)
     preset = Preset(name="t", methods=("qsgd", "sgd"), rounds=1, num_clients=2,
                     target_accuracy=0.5)
     progress = io.StringIO()

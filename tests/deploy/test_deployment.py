@@ -97,13 +97,12 @@ def test_local_deployment_checks_its_data_files_before_starting(tmp_path):
     assert dep.superlink is None and not dep.supernodes  # nothing was started
 
 
-def test_old_processes_module_still_exports_everything():
+def test_the_deploy_package_exports_everything_it_lists():
     import dq_flower.deploy as deploy
-    import dq_flower.deploy.processes as old
 
-    assert all(hasattr(old, name) for name in old.__all__)
     assert all(hasattr(deploy, name) for name in deploy.__all__)
-    assert old.LocalDeployment is LocalDeployment and old.DeploymentError is DeploymentError
+    assert deploy.LocalDeployment is LocalDeployment
+    assert deploy.DeploymentError is DeploymentError
 
 
 def test_format_config_round_trips_through_flower_parser():

@@ -49,7 +49,7 @@ def test_parse_params_and_config_record_round_trip():
 def test_device_knob():
     import torch
 
-    from dq_flower.harness.runtime import resolve_device
+    from dq_flower.model_ops import resolve_device
 
     with pytest.raises(ValueError, match="device"):
         TaskConfig(device="tpu")

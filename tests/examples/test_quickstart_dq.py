@@ -17,13 +17,8 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from dq_flower.deploy.processes import (
-    flower_env,
-    flower_executable,
-    free_port,
-    start_process,
-    wait_for_port,
-)
+from dq_flower.deploy.flower_cli import flower_env, flower_executable
+from dq_flower.deploy.supervisor import free_port, start_process, wait_for_port
 from dq_flower.harness.inprocess import InProcessGrid
 
 if sys.version_info >= (3, 11):

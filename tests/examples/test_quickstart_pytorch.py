@@ -23,13 +23,8 @@ import tomllib
 from flwr.app import Context, RecordDict
 
 import dq_flower
-from dq_flower.deploy.processes import (
-    flower_env,
-    flower_executable,
-    free_port,
-    start_process,
-    wait_for_port,
-)
+from dq_flower.deploy.flower_cli import flower_env, flower_executable
+from dq_flower.deploy.supervisor import free_port, start_process, wait_for_port
 from dq_flower.harness.inprocess import InProcessGrid
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

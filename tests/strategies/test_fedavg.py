@@ -10,7 +10,7 @@ from flwr.serverapp.strategy import FedAvg
 from dq_flower.accounting import content_bytes
 from dq_flower.baselines.config import FedAvgConfig
 from dq_flower.harness.client_app import app as client_app
-from dq_flower.harness.fedavg_client import PURPOSE_SHUFFLE, local_epochs
+from dq_flower.harness.fedavg_client import local_epochs
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
 from dq_flower.harness.methods import get_method
 from dq_flower.harness.runtime import build_model, task_info
@@ -18,7 +18,7 @@ from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.tasks.data import load_partition
 from dq_flower.model_ops import get_flat, num_params
-from dq_flower.seeding import round_rng
+from dq_flower.seeding import Purpose, round_rng
 
 
 def build(**knobs):
@@ -63,7 +63,7 @@ def test_one_round_is_the_weighted_mean_of_the_clients_local_training():
     for pid in range(3):
         x, y, _ = load_partition("digits", pid, 3, "dirichlet", 0.5, 2)
         local = build_model(task, task_info(task))
-        local_epochs(local, x, y, cfg, round_rng(2, 1, pid, PURPOSE_SHUFFLE))
+        local_epochs(local, x, y, cfg, round_rng(2, 1, pid, Purpose.SHUFFLE))
         expected += x.shape[0] * get_flat(local).astype(np.float64)
         total += x.shape[0]
     expected /= total

@@ -11,14 +11,13 @@ from dq_flower.baselines.client import epoch_batches
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.codecs import make
 from dq_flower.harness.client_app import app as client_app
-from dq_flower.harness.fedavg_client import PURPOSE_SHUFFLE
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods import get_method, method_names
 from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.model_ops import get_flat
 from dq_flower.protocol.gradient import epoch_steps
-from dq_flower.seeding import round_rng
+from dq_flower.seeding import Purpose, round_rng
 from tests.strategies.test_compressed import make_strategy
 
 FEDAVG_STAR = ["fedavg-qsgd2", "fedavg-qsgd4", "fedavg-ef-sign", "fedavg-topk", "fedavg-fp16",
@@ -67,7 +66,7 @@ def test_one_lossless_round_lands_on_fedavgs_weighted_mean_of_local_models():
     for pid in range(3):
         x, y, _ = load_partition("digits", pid, 3, "dirichlet", 0.5, 2)
         local = build_model(task, info)
-        local_epochs(local, x, y, FedAvgConfig(), round_rng(2, 1, pid, PURPOSE_SHUFFLE))
+        local_epochs(local, x, y, FedAvgConfig(), round_rng(2, 1, pid, Purpose.SHUFFLE))
         expected += x.shape[0] * get_flat(local).astype(np.float64)
         total += x.shape[0]
     expected /= total
@@ -86,7 +85,7 @@ def test_epoch_batches_visit_every_row_once_per_epoch_in_fedavgs_order():
     assert [b.size for b in batches] == [32, 32, 6, 32, 32, 6]
     for epoch in (batches[:3], batches[3:]):
         assert sorted(np.concatenate(epoch).tolist()) == list(range(70))
-    rng = round_rng(4, 2, 1, PURPOSE_SHUFFLE)
+    rng = round_rng(4, 2, 1, Purpose.SHUFFLE)
     np.testing.assert_array_equal(np.concatenate(batches[:3]), rng.permutation(70))
     assert epoch_steps(140, 32, 2) == 6
 

@@ -13,7 +13,6 @@ import pytest
 
 from dq_flower.harness.tasks.data import (
     Dataset,
-    _split,
     from_arrays,
     load_dataset,
     load_partition,
@@ -21,6 +20,7 @@ from dq_flower.harness.tasks.data import (
     partition_indices,
     save_npz,
 )
+from dq_flower.harness.tasks.data.arrays import _split
 
 # --------------------------------------------------------------------------- helpers
 

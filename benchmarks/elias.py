@@ -18,14 +18,17 @@ codes a final gap to one past its end, so the decoder knows where the bucket sto
 stream is planar: all norms (raw little-endian float32), all gaps, all magnitudes, all
 signs (1 = negative). It has the same codewords, so the same bit count, as the paper's
 interleaved order, and every part decodes vectorised.
+
+A measurement reference for ``benchmarks/qsgd_coding.py``, not a codec of the package: no
+codec uses it, because it codes larger than the generic lossless stage.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .base import Payload, n_buckets
-from .bitpack import unpack
+from dq_flower.codecs.base import Payload, n_buckets
+from dq_flower.codecs.bitpack import unpack
 
 __all__ = [
     "CODES",

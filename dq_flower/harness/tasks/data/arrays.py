@@ -1,0 +1,240 @@
+"""Data sets from numpy arrays and ``.npz`` files: values kept as given, only checked.
+
+Inputs are cast to float32 and must be finite; targets are int64 class labels or float32
+regression targets (``num_classes == 0``). :func:`from_arrays` and ``npz:<path>`` files
+hold user data; the named data sets' loaders (:mod:`.loaders`) hand their already
+normalised arrays to the same checks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dq_flower.harness.tasks.data.container import Dataset
+
+__all__ = ["from_arrays", "save_npz"]
+
+
+def _unit_from_uint8(x: np.ndarray) -> np.ndarray:
+    """uint8 pixels as float32 in ``[0, 1]`` (the definition of fmnist and cifar10)."""
+    out = x.astype(np.float32)
+    out *= np.float32(1.0 / 255.0)
+    return out
+
+
+def _as_inputs(x: Any, what: str, copy: bool = True) -> np.ndarray:
+    """Numeric inputs as float32, values as given; NaN or infinity is an error."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "fiub":
+        raise ValueError(f"{what} must be numeric, got dtype {x.dtype}")
+    if x.ndim < 1:
+        raise ValueError(f"{what} must have a sample axis, got a scalar")
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
+        out = x.astype(np.float32, copy=copy)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(f"{what} contains NaN or infinite values (or values beyond the "
+                         "float32 range)")
+    return out
+
+
+def _as_labels(y: Any, what: str) -> np.ndarray:
+    y = np.asarray(y)
+    if y.ndim != 1:
+        y = y.reshape(-1)
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise ValueError(f"{what}: labels must be integers")
+    elif y.dtype.kind not in "iub":
+        raise ValueError(f"{what}: labels must be integers, got dtype {y.dtype}")
+    y = y.astype(np.int64)
+    if y.size and y.min() < 0:
+        raise ValueError(f"{what}: labels must be >= 0")
+    return y
+
+
+def _as_targets(y: Any, what: str) -> np.ndarray:
+    """Float regression targets as float32 of shape ``(n,)`` or ``(n, k)``."""
+    y = np.asarray(y)
+    if y.dtype.kind not in "fiub":
+        raise ValueError(f"{what}: targets must be numeric, got dtype {y.dtype}")
+    if y.ndim not in (1, 2):
+        raise ValueError(f"{what}: targets must have shape (n,) or (n, k), got {y.shape}")
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
+        out = y.astype(np.float32)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(f"{what}: targets contain NaN or infinite values (or values "
+                         "beyond the float32 range)")
+    return out
+
+
+def _is_regression(y: Any, num_classes: int | None) -> bool:
+    """Float targets unless ``num_classes`` names classes; ``num_classes=0`` forces them."""
+    if num_classes is not None:
+        if int(num_classes) < 0:
+            raise ValueError(f"num_classes must be >= 1 (class labels) or 0 (float "
+                             f"regression targets), got {num_classes}")
+        return int(num_classes) == 0
+    return np.asarray(y).dtype.kind == "f"
+
+
+def _split(
+    n: int, y: np.ndarray, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded train/test index split, stratified where ``y`` are class labels."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(n)
+    stratify = None
+    if y.ndim == 1 and y.dtype.kind in "iu" and y.size:
+        counts = np.bincount(y)
+        present = counts[counts > 0]
+        stratify = y if present.min() >= 2 else None
+    try:
+        tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed,
+                                  stratify=stratify)
+    except ValueError:  # too few samples per class for the test size
+        tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed)
+    return np.sort(tr), np.sort(te)
+
+
+def from_arrays(
+    x: np.ndarray,
+    y: np.ndarray,
+    x_test: np.ndarray | None = None,
+    y_test: np.ndarray | None = None,
+    num_classes: int | None = None,
+    seed: int = 0,
+    name: str = "arrays",
+    test_fraction: float = 0.2,
+) -> Dataset:
+    """Build a `Dataset` from numpy arrays, keeping the values as given.
+
+    Parameters
+    ----------
+    x, y : np.ndarray
+        Inputs of shape ``(n, *input_shape)`` (flattened here) and targets: integer class
+        labels ``(n,)``, or float regression targets ``(n,)`` or ``(n, k)``.
+    x_test, y_test : np.ndarray, optional
+        Test split; when absent, ``test_fraction`` of ``(x, y)`` is held out with ``seed``.
+    num_classes : int, optional
+        Defaults to ``max(label) + 1`` for integer labels and to ``0`` (regression) for
+        float ``y``. Give ``num_classes >= 1`` to read integer-valued float ``y`` as class
+        labels, or ``0`` to read integer ``y`` as regression targets.
+    seed : int
+        Seed of the held-out split.
+    name : str
+        Name recorded in the data set.
+    test_fraction : float
+        Held-out fraction when no test split is given.
+
+    Returns
+    -------
+    Dataset
+        Inputs cast to float32 but otherwise unchanged (no rescaling); int64 labels, or
+        float32 targets with ``num_classes == 0``.
+
+    Raises
+    ------
+    ValueError
+        Non-numeric, NaN or infinite inputs or targets, mismatched shapes, or labels out
+        of range for ``num_classes``.
+    """
+    return _make_dataset(x, y, x_test, y_test, num_classes, seed, name, test_fraction,
+                         copy=True)
+
+
+def _make_dataset(
+    x: Any,
+    y: Any,
+    x_test: Any,
+    y_test: Any,
+    num_classes: int | None,
+    seed: int,
+    name: str,
+    test_fraction: float,
+    copy: bool,
+) -> Dataset:
+    """`from_arrays`; ``copy=False`` lets loaders hand over float32 arrays they own."""
+    regression = _is_regression(y, num_classes)
+    targets = _as_targets if regression else _as_labels
+    x = _as_inputs(x, "x", copy=copy)
+    y = targets(y, "y")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y disagree on the sample count: {x.shape} vs {y.shape}")
+    if x.shape[0] == 0:
+        raise ValueError("x is empty")
+    input_shape = tuple(int(s) for s in x.shape[1:]) or (1,)
+    if (x_test is None) != (y_test is None):
+        raise ValueError("give both x_test and y_test, or neither")
+    if x_test is None:
+        tr, te = _split(x.shape[0], y, test_fraction, seed)
+        x, x_test, y, y_test = x[tr], x[te], y[tr], y[te]
+    else:
+        x_test = _as_inputs(x_test, "x_test", copy=copy)
+        y_test = targets(y_test, "y_test")
+        if int(np.prod(x_test.shape[1:])) != int(np.prod(input_shape)):
+            raise ValueError(f"x_test sample shape {x_test.shape[1:]} != {x.shape[1:]}")
+        if x_test.shape[0] != y_test.shape[0]:
+            raise ValueError("x_test and y_test disagree on the sample count")
+        if y_test.shape[1:] != y.shape[1:]:
+            raise ValueError(f"y_test target shape {y_test.shape[1:]} != {y.shape[1:]}")
+    if regression:
+        num_classes = 0
+    else:
+        max_label = int(max(y.max(initial=-1), y_test.max(initial=-1)))
+        if num_classes is None:
+            num_classes = max_label + 1
+        elif max_label >= num_classes:
+            raise ValueError(f"label {max_label} out of range for num_classes={num_classes}")
+    d = int(np.prod(input_shape))
+    train_x = x.reshape(x.shape[0], d)
+    test_x = x_test.reshape(x_test.shape[0], d)
+    return Dataset(train_x=np.ascontiguousarray(train_x), train_y=y,
+                   test_x=np.ascontiguousarray(test_x), test_y=y_test,
+                   num_classes=int(num_classes), input_shape=input_shape, name=name)
+
+
+def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> Path:
+    """Write a `Dataset` to ``path`` so that ``load_dataset("npz:<path>")`` reads it back.
+
+    Inputs are stored in their original sample shape (``input_shape``), as float32;
+    targets as they are held (int64 labels, or float32 targets with ``num_classes`` 0).
+
+    Returns
+    -------
+    Path
+        The written file (numpy appends ``.npz`` when missing).
+    """
+    path = Path(path)
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shape = dataset.input_shape
+    np.savez(path,
+             x_train=dataset.train_x.reshape((-1, *shape)), y_train=dataset.train_y,
+             x_test=dataset.test_x.reshape((-1, *shape)), y_test=dataset.test_y,
+             num_classes=np.int64(dataset.num_classes))
+    return path
+
+
+def _load_npz(path: str, seed: int, test_fraction: float) -> Dataset:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"npz data set not found: {p}")
+    with np.load(p, allow_pickle=False) as f:
+        keys = set(f.files)
+        if not {"x_train", "y_train"} <= keys:
+            raise ValueError(f"{p} must contain x_train and y_train (has {sorted(keys)})")
+        has_test = {"x_test", "y_test"} <= keys
+        nc = int(f["num_classes"]) if "num_classes" in keys else None
+        return _make_dataset(f["x_train"], f["y_train"],
+                             f["x_test"] if has_test else None,
+                             f["y_test"] if has_test else None,
+                             num_classes=nc, seed=seed, name=f"npz:{p.name}",
+                             test_fraction=test_fraction, copy=False)

@@ -1,0 +1,308 @@
+"""The named data sets: digits, Fashion-MNIST (IDX files) and CIFAR-10 (python batches).
+
+Each is normalised as part of its definition, in its own loader: scikit-learn's digits
+(embedded, no download) divided by 16, Fashion-MNIST and CIFAR-10 (uint8 pixels) divided by
+255, so their values lie in ``[0, 1]``. :func:`load_dataset` also reads ``npz:<path>``
+files (:mod:`.arrays`), as given.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dq_flower.harness.tasks.data.arrays import _load_npz, _make_dataset, _split
+from dq_flower.harness.tasks.data.container import Dataset
+
+__all__ = ["DATASET_NAMES", "DEFAULT_FMNIST_DIR", "default_data_root", "load_dataset",
+           "load_dataset_cached", "parse_idx"]
+
+DATASET_NAMES: tuple[str, ...] = ("digits", "fmnist", "cifar10", "npz:<path>")
+DEFAULT_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+_FMNIST_DEBIAN_PACKAGE = "dataset-fashion-mnist"
+_IDX_IMAGES_MAGIC = 2051
+_IDX_LABELS_MAGIC = 2049
+
+
+def default_data_root() -> Path:
+    """Folder for downloads: ``$DQ_FLOWER_DATA`` or ``~/.cache/dq_flower``."""
+    return Path(os.environ.get("DQ_FLOWER_DATA", Path.home() / ".cache" / "dq_flower"))
+
+
+def _unit_from_uint8(x: np.ndarray) -> np.ndarray:
+    """uint8 pixels as float32 in ``[0, 1]`` (the definition of fmnist and cifar10)."""
+    out = x.astype(np.float32)
+    out *= np.float32(1.0 / 255.0)
+    return out
+
+
+# --------------------------------------------------------------------------- digits
+
+
+def _load_digits(seed: int, test_fraction: float) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    # the definition of the data set: pixels 0..16, normalised to [0, 1]
+    x = (np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    tr, te = _split(x.shape[0], y, test_fraction, seed)
+    return _make_dataset(x[tr], y[tr], x[te], y[te], num_classes=10, seed=seed,
+                         name="digits", test_fraction=test_fraction, copy=False)
+
+
+# --------------------------------------------------------------------------- IDX
+
+
+def _read_maybe_gzip(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(2)
+    opener = gzip.open if head == b"\x1f\x8b" else open
+    with opener(path, "rb") as f:
+        return f.read()
+
+
+def parse_idx(path: str | os.PathLike[str], expected_magic: int | None = None) -> np.ndarray:
+    """Parse an IDX file (gzipped or plain) of unsigned bytes.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The file.
+    expected_magic : int, optional
+        ``2051`` for images, ``2049`` for labels; checked when given.
+
+    Returns
+    -------
+    np.ndarray
+        uint8 array of the shape declared in the header.
+
+    Raises
+    ------
+    ValueError
+        Bad magic number, unsupported element type, or a size that disagrees with the
+        header.
+    """
+    path = Path(path)
+    raw = _read_maybe_gzip(path)
+    if len(raw) < 4:
+        raise ValueError(f"{path}: too short to be an IDX file")
+    magic = int.from_bytes(raw[:4], "big")
+    zero, dtype_code, ndim = int.from_bytes(raw[:2], "big"), raw[2], raw[3]
+    if zero != 0 or dtype_code != 0x08 or ndim == 0:
+        raise ValueError(f"{path}: bad IDX magic number {magic} (expected unsigned-byte "
+                         "IDX, e.g. 2051 for images or 2049 for labels)")
+    if expected_magic is not None and magic != expected_magic:
+        raise ValueError(f"{path}: bad IDX magic number {magic}, expected {expected_magic}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated IDX header")
+    dims = tuple(int(v) for v in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    count = int(np.prod(dims, dtype=np.int64))
+    if len(raw) - header != count:
+        raise ValueError(f"{path}: IDX header declares {dims} ({count} bytes) but the file "
+                         f"holds {len(raw) - header} data bytes")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()
+
+
+_FMNIST_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
+
+
+def _find_idx_files(folder: Path) -> dict[str, Path] | None:
+    for base in (folder, folder / "FashionMNIST" / "raw"):
+        found = {}
+        for key, stem in _FMNIST_FILES.items():
+            for cand in (base / stem, base / f"{stem}.gz"):
+                if cand.is_file():
+                    found[key] = cand
+                    break
+        if len(found) == len(_FMNIST_FILES):
+            return found
+    return None
+
+
+def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
+    folders = ([Path(data_dir).expanduser()] if data_dir is not None
+               else [Path(DEFAULT_FMNIST_DIR), default_data_root() / "fashion-mnist"])
+    files = next((f for f in map(_find_idx_files, folders) if f is not None), None)
+    if files is None and download:
+        from torchvision.datasets import FashionMNIST
+
+        target = folders[0] if data_dir is not None else folders[-1]
+        target.mkdir(parents=True, exist_ok=True)
+        FashionMNIST(root=str(target), train=True, download=True)
+        FashionMNIST(root=str(target), train=False, download=True)
+        files = _find_idx_files(target)
+    if files is None:
+        where = ", ".join(str(f) for f in folders)
+        raise FileNotFoundError(
+            f"Fashion-MNIST IDX files ({', '.join(_FMNIST_FILES.values())}, optionally "
+            f".gz) not found in {where}. Install the Debian package "
+            f"'{_FMNIST_DEBIAN_PACKAGE}' (apt-get install {_FMNIST_DEBIAN_PACKAGE}, files "
+            f"in {DEFAULT_FMNIST_DIR}), point data_dir at a folder holding them, or pass "
+            "download=True to fetch them with torchvision.")
+    train_x = parse_idx(files["train_x"], _IDX_IMAGES_MAGIC)
+    train_y = parse_idx(files["train_y"], _IDX_LABELS_MAGIC)
+    test_x = parse_idx(files["test_x"], _IDX_IMAGES_MAGIC)
+    test_y = parse_idx(files["test_y"], _IDX_LABELS_MAGIC)
+    for xs, ys, part in ((train_x, train_y, "train"), (test_x, test_y, "test")):
+        if xs.ndim != 3 or ys.ndim != 1 or xs.shape[0] != ys.shape[0]:
+            raise ValueError(f"Fashion-MNIST {part}: images {xs.shape} and labels "
+                             f"{ys.shape} do not match")
+    if max(int(train_y.max(initial=0)), int(test_y.max(initial=0))) > 9:
+        raise ValueError("Fashion-MNIST labels must be in 0..9")
+    # the definition of the data set: uint8 pixels normalised to [0, 1]
+    return _make_dataset(_unit_from_uint8(train_x[:, None]), train_y,
+                         _unit_from_uint8(test_x[:, None]), test_y, num_classes=10, seed=0,
+                         name="fmnist", test_fraction=0.2, copy=False)
+
+
+# --------------------------------------------------------------------------- CIFAR-10
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickler that only rebuilds numpy arrays and plain containers."""
+
+    _ALLOWED = {
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+        ("_codecs", "encode"),  # how protocol-2 pickles carry bytes
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a data file")
+        if module.startswith("numpy.core.") and hasattr(np, "_core"):
+            module = "numpy._core." + module.split(".", 2)[2]
+        return super().find_class(module, name)
+
+
+def _load_pickle(path: Path) -> dict[Any, Any]:
+    with open(path, "rb") as f:
+        obj = _NumpyOnlyUnpickler(f, encoding="bytes").load()
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a dict, got {type(obj).__name__}")
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in obj.items()}
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    batch = _load_pickle(path)
+    if "data" not in batch or "labels" not in batch:
+        raise ValueError(f"{path}: not a CIFAR-10 batch (needs 'data' and 'labels')")
+    data = np.asarray(batch["data"])
+    labels = np.asarray(batch["labels"], dtype=np.int64)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise ValueError(f"{path}: data must be uint8 (n, 3072), got {data.dtype} "
+                         f"{data.shape}")
+    if labels.shape != (data.shape[0],) or (labels.size and
+                                            (labels.min() < 0 or labels.max() > 9)):
+        raise ValueError(f"{path}: labels must be {data.shape[0]} integers in 0..9")
+    return data, labels
+
+
+def _load_cifar10(data_dir: str | None, download: bool) -> Dataset:
+    root = Path(data_dir).expanduser() if data_dir is not None else (
+        default_data_root() / "cifar10")
+    folder = root / "cifar-10-batches-py"
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing and download:
+        from torchvision.datasets import CIFAR10
+
+        root.mkdir(parents=True, exist_ok=True)
+        CIFAR10(root=str(root), train=True, download=True)
+        missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"CIFAR-10 python batches not found in {folder} (missing {', '.join(missing)}). "
+            "Unpack cifar-10-python.tar.gz under data_dir, or pass download=True to fetch "
+            "it with torchvision.")
+    parts = [_read_cifar_batch(folder / n) for n in names[:5]]
+    train_x = np.concatenate([p[0] for p in parts])
+    train_y = np.concatenate([p[1] for p in parts])
+    test_x, test_y = _read_cifar_batch(folder / "test_batch")
+    # rows are already channel-major: 1024 red, 1024 green, 1024 blue values
+    # the definition of the data set: uint8 pixels normalised to [0, 1]
+    return _make_dataset(_unit_from_uint8(train_x.reshape(-1, 3, 32, 32)), train_y,
+                         _unit_from_uint8(test_x.reshape(-1, 3, 32, 32)), test_y,
+                         num_classes=10, seed=0, name="cifar10", test_fraction=0.2,
+                         copy=False)
+
+
+# --------------------------------------------------------------------------- entry
+
+
+def load_dataset(
+    name: str,
+    data_dir: str | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    download: bool = False,
+) -> Dataset:
+    """Load a data set by name.
+
+    Parameters
+    ----------
+    name : str
+        ``"digits"``, ``"fmnist"``, ``"cifar10"`` or ``"npz:<path>"``.
+    data_dir : str, optional
+        Folder of the files (fmnist: IDX files, default ``/usr/share/datasets/
+        fashion-mnist``; cifar10: the folder holding ``cifar-10-batches-py``).
+    seed : int
+        Seed of the train/test split where the source has none (digits, npz).
+    test_fraction : float
+        Held-out fraction for those splits.
+    download : bool
+        Let torchvision download fmnist/cifar10 into ``data_dir`` when missing.
+
+    Returns
+    -------
+    Dataset
+        The loaded data set.
+
+    Raises
+    ------
+    ValueError
+        Unknown name or malformed files.
+    FileNotFoundError
+        Files missing (the message says where and how to get them).
+    """
+    key = name.strip()
+    if key.lower() == "digits":
+        return _load_digits(seed, test_fraction)
+    if key.lower() in ("fmnist", "fashion-mnist", "fashion_mnist"):
+        return _load_fmnist(data_dir, download)
+    if key.lower() in ("cifar10", "cifar-10"):
+        return _load_cifar10(data_dir, download)
+    if key.lower().startswith("npz:"):
+        return _load_npz(key[4:], seed, test_fraction)
+    raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASET_NAMES)}")
+
+
+@functools.lru_cache(maxsize=4)
+def load_dataset_cached(
+    name: str,
+    data_dir: str | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    download: bool = False,
+) -> Dataset:
+    """`load_dataset` memoised per process (shared by simulated clients in one worker).
+
+    The returned arrays are shared: treat them as read-only.
+    """
+    return load_dataset(name, data_dir=data_dir, seed=seed, test_fraction=test_fraction,
+                        download=download)

@@ -1,0 +1,237 @@
+"""A device's own samples: node-local ``.npz`` files (node config key ``data-file``).
+
+Kept in their sample shape, values as given (float32 inputs, int64 labels or float32
+targets), and written atomically so that a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dq_flower.harness.tasks.data.arrays import _as_inputs, _as_labels, _as_targets
+
+__all__ = ["NODE_DATA_CONFIG_KEY", "NodeData", "load_node_data", "save_node_data"]
+
+NODE_DATA_CONFIG_KEY = "data-file"
+
+
+def _node_targets(y: Any, what: str) -> np.ndarray:
+    """Node targets: int64 labels ``(n,)`` or float32 targets ``(n,)``/``(n, k)``."""
+    y = np.asarray(y)
+    if y.dtype.kind in "iub":
+        if y.ndim != 1:
+            raise ValueError(f"{what}: integer class labels must have shape (n,), got "
+                             f"{y.shape}")
+        return _as_labels(y, what)
+    if y.dtype.kind == "f":
+        return _as_targets(y, what)
+    raise ValueError(f"{what} must hold integer class labels or float targets, got dtype "
+                     f"{y.dtype}")
+
+
+def _checked_split(
+    x: Any, y: Any, part: str, empty_hint: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``x_<part>`` as float32 inputs and ``y_<part>`` as targets: non-empty, equally long."""
+    xs = _as_inputs(x, f"x_{part}", copy=False)
+    ys = _node_targets(y, f"y_{part}")
+    if xs.shape[0] == 0:
+        raise ValueError(f"x_{part} is empty{empty_hint}")
+    if xs.shape[0] != ys.shape[0]:
+        raise ValueError(f"x_{part} and y_{part} disagree on the sample count: "
+                         f"{xs.shape[0]} vs {ys.shape[0]}")
+    return xs, ys
+
+
+@dataclass(frozen=True, eq=False)
+class NodeData:
+    """One device's own samples, as read from its node-local ``.npz`` file.
+
+    Values are as given: inputs are cast to float32 and keep their sample shape (not
+    flattened); targets are int64 class labels ``(n,)`` or float32 regression targets
+    ``(n,)`` or ``(n, k)``. Arrays are checked (finite, matching lengths and shapes) on
+    construction and may share memory with the arrays passed in.
+
+    Attributes
+    ----------
+    train_x : np.ndarray
+        float32, shape ``(n, *sample_shape)``.
+    train_y : np.ndarray
+        int64 ``(n,)`` labels or float32 ``(n,)``/``(n, k)`` targets.
+    test_x, test_y : np.ndarray or None
+        The device's own test split, or both None.
+    """
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray | None = None
+    test_y: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        x, y = _checked_split(self.train_x, self.train_y, "train")
+        object.__setattr__(self, "train_x", x)
+        object.__setattr__(self, "train_y", y)
+        if (self.test_x is None) != (self.test_y is None):
+            raise ValueError("give both x_test and y_test, or neither")
+        if self.test_x is None:
+            return
+        xt, yt = _checked_split(self.test_x, self.test_y, "test",
+                                " (leave the test split out instead)")
+        if xt.shape[1:] != x.shape[1:]:
+            raise ValueError(f"x_test sample shape {xt.shape[1:]} != x_train sample "
+                             f"shape {x.shape[1:]}")
+        if yt.dtype != y.dtype or yt.shape[1:] != y.shape[1:]:
+            raise ValueError(f"y_test ({yt.dtype}, target shape {yt.shape[1:]}) does not "
+                             f"match y_train ({y.dtype}, target shape {y.shape[1:]})")
+        object.__setattr__(self, "test_x", xt)
+        object.__setattr__(self, "test_y", yt)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """Shape of one input sample, ``train_x.shape[1:]``."""
+        return tuple(int(s) for s in self.train_x.shape[1:])
+
+    @property
+    def num_train(self) -> int:
+        """Number of training samples."""
+        return int(self.train_x.shape[0])
+
+    @property
+    def has_test(self) -> bool:
+        """Whether the file holds a test split."""
+        return self.test_x is not None
+
+    @property
+    def is_regression(self) -> bool:
+        """Whether the targets are float regression targets (not class labels)."""
+        return self.train_y.dtype.kind == "f"
+
+
+def _pick_key(keys: set[str], key: str, alias: str | None, p: Path) -> str | None:
+    if alias is not None and key in keys and alias in keys:
+        raise ValueError(f"{p} holds both {key!r} and its alias {alias!r}; keep one "
+                         f"(keys present: {sorted(keys)})")
+    if key in keys:
+        return key
+    return alias if alias is not None and alias in keys else None
+
+
+def load_node_data(path: str | os.PathLike[str]) -> NodeData:
+    """Read a device's own samples from a node-local ``.npz`` file.
+
+    The file holds ``x_train`` and ``y_train`` (or their aliases ``x`` and ``y``) and
+    optionally ``x_test`` and ``y_test``; other keys are ignored. Its path is given to a
+    node by the node config key ``data-file``. `save_node_data` writes such files.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The ``.npz`` file.
+
+    Returns
+    -------
+    NodeData
+        float32 inputs in their sample shape (values as given) and int64 labels or
+        float32 targets.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file (the message names the path and the ``data-file`` key).
+    ValueError
+        Not an ``.npz`` archive, missing keys (the message lists those present),
+        mismatched lengths or shapes, non-numeric, NaN or infinite values.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"node data file not found: {p}. Set the node config key "
+            f"'{NODE_DATA_CONFIG_KEY}' to this device's .npz file (keys x_train, y_train "
+            "and optionally x_test, y_test), e.g. written with save_node_data.")
+    try:
+        archive = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, EOFError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as exc:
+        raise ValueError(f"{p}: not a readable .npz file ({exc})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{p}: expected an .npz archive with x_train and y_train, got a "
+                         "single .npy array")
+    with archive as f:
+        keys = set(f.files)
+        kx = _pick_key(keys, "x_train", "x", p)
+        ky = _pick_key(keys, "y_train", "y", p)
+        if kx is None or ky is None:
+            raise ValueError(f"{p} must contain 'x_train' and 'y_train' (or 'x' and 'y'); "
+                             f"keys present: {sorted(keys)}")
+        has_xt, has_yt = "x_test" in keys, "y_test" in keys
+        if has_xt != has_yt:
+            raise ValueError(f"{p} must contain both 'x_test' and 'y_test', or neither; "
+                             f"keys present: {sorted(keys)}")
+        try:
+            arrays = [f[k] for k in (kx, ky, *(("x_test", "y_test") if has_xt else ()))]
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"{p}: cannot read its arrays ({exc})") from None
+    try:
+        return NodeData(*arrays)
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from None
+
+
+def save_node_data(
+    path: str | os.PathLike[str],
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray | None = None,
+    y_test: np.ndarray | None = None,
+) -> Path:
+    """Write a device's own samples as a node-local ``.npz`` file for `load_node_data`.
+
+    The arrays are checked as `NodeData` checks them and stored as float32 inputs (sample
+    shape kept) and int64 labels or float32 targets. The file is written to a temporary
+    name in the same folder and renamed into place, so readers never see half a file.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        Target file; ``.npz`` is appended when missing. Parent folders are created.
+    x_train, y_train : np.ndarray
+        Training inputs ``(n, *sample_shape)`` and targets.
+    x_test, y_test : np.ndarray, optional
+        The device's test split (both or neither).
+
+    Returns
+    -------
+    Path
+        The written file.
+    """
+    data = NodeData(x_train, y_train, x_test, y_test)
+    p = Path(path).expanduser()
+    if p.suffix != ".npz":
+        p = p.with_name(p.name + ".npz")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    # np.savez's keyword arrays (its stubs type ``**kwds`` against its own bool options)
+    arrays: dict[str, Any] = {"x_train": data.train_x, "y_train": data.train_y}
+    if data.has_test:
+        arrays.update(x_test=data.test_x, y_test=data.test_y)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return p

@@ -1,0 +1,236 @@
+"""Federated partitions: flwr-datasets partitioners on the targets alone.
+
+The partitioners run on an in-memory table of ``(idx, label)`` only, so partitioning never
+copies the samples themselves; the partitions of one label array are memoised.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dq_flower.harness.tasks.data.validation import load_task_dataset
+
+__all__ = ["PARTITION_SCHEMES", "partition_indices", "load_partition"]
+
+PARTITION_SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological")
+
+
+class _LabelsKey:
+    """Hashable wrapper of a label array (hash of its bytes) for `lru_cache`."""
+
+    __slots__ = ("digest", "labels")
+
+    def __init__(self, labels: np.ndarray) -> None:
+        self.labels = labels
+        self.digest = hashlib.blake2b(labels.tobytes(), digest_size=16).hexdigest()
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _LabelsKey) and other.digest == self.digest
+
+
+def _indices_of(partitioner: Any, num_partitions: int) -> list[np.ndarray]:
+    return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64)
+            for i in range(num_partitions)]
+
+
+@functools.lru_cache(maxsize=32)
+def _partition_cached(
+    key: _LabelsKey,
+    num_partitions: int,
+    scheme: str,
+    alpha: float,
+    classes_per_partition: int,
+    seed: int,
+    min_partition_size: int,
+) -> tuple[np.ndarray, ...]:
+    import datasets
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        PathologicalPartitioner,
+    )
+
+    labels = key.labels
+    n = labels.shape[0]
+    datasets.disable_progress_bars()
+    if scheme == "iid":
+        # IidPartitioner shards contiguously; a seeded permutation makes it random.
+        perm = np.random.default_rng(seed).permutation(n)
+        table = datasets.Dataset.from_dict({"idx": perm, "label": labels[perm]})
+        part: Any = IidPartitioner(num_partitions=num_partitions)
+        part.dataset = table
+        out = _indices_of(part, num_partitions)
+    else:
+        table = datasets.Dataset.from_dict({"idx": np.arange(n), "label": labels})
+        if scheme == "dirichlet":
+            part = DirichletPartitioner(
+                num_partitions=num_partitions, partition_by="label", alpha=alpha,
+                min_partition_size=min_partition_size, self_balancing=False,
+                shuffle=True, seed=seed)
+        else:
+            num_labels = len(np.unique(labels))
+            if classes_per_partition > num_labels:
+                raise ValueError(f"classes_per_partition={classes_per_partition} exceeds "
+                                 f"the {num_labels} classes present")
+            part = PathologicalPartitioner(
+                num_partitions=num_partitions, partition_by="label",
+                num_classes_per_partition=classes_per_partition,
+                class_assignment_mode="first-deterministic", shuffle=True, seed=seed)
+        part.dataset = table
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                out = _indices_of(part, num_partitions)
+            except ValueError as exc:
+                raise ValueError(
+                    f"cannot build {num_partitions} non-empty {scheme} partitions of "
+                    f"{n} samples (alpha={alpha}, classes_per_partition="
+                    f"{classes_per_partition}, min_partition_size={min_partition_size}): "
+                    f"{exc}. Use fewer partitions or a larger alpha.") from exc
+    for i, idx in enumerate(out):
+        if idx.size == 0:
+            raise ValueError(f"{scheme} partition {i} of {num_partitions} is empty; use "
+                             "fewer partitions or a larger alpha")
+        idx.setflags(write=False)
+    return tuple(out)
+
+
+def _partition_labels(labels: Any, scheme: str) -> np.ndarray:
+    """The int64 labels the partitioner splits by: a private copy (the cache key's).
+
+    Float (regression) targets only split ``iid``, which needs nothing but their count.
+    """
+    arr = np.asarray(labels)
+    if arr.dtype.kind == "f" and arr.size:
+        if scheme != "iid":
+            raise ValueError(f"the {scheme!r} partition scheme splits by class label, but "
+                             "the targets are float (a regression data set); use "
+                             "scheme='iid'")
+        if arr.ndim < 1:
+            raise ValueError(f"targets must have a sample axis, got shape {arr.shape}")
+        return np.zeros(arr.shape[0], dtype=np.int64)
+    return np.array(arr, dtype=np.int64).reshape(-1)
+
+
+def partition_indices(
+    labels: np.ndarray | Sequence[int] | Sequence[float],
+    num_partitions: int,
+    scheme: str = "iid",
+    alpha: float = 0.5,
+    classes_per_partition: int = 2,
+    seed: int = 0,
+    min_partition_size: int | None = None,
+) -> list[np.ndarray]:
+    """Split sample indices into federated partitions with flwr-datasets.
+
+    Parameters
+    ----------
+    labels : array-like
+        Target of every sample; only targets are used, never the samples. Integer class
+        labels work with every scheme; float regression targets (``(n,)`` or ``(n, k)``)
+        only with ``iid``, which needs nothing but their count.
+    num_partitions : int
+        Number of partitions (clients).
+    scheme : {"iid", "dirichlet", "pathological"}
+        ``iid``: seeded shuffle then equal shards (`IidPartitioner`); ``dirichlet``:
+        per-class Dirichlet(alpha) proportions (`DirichletPartitioner`); ``pathological``:
+        ``classes_per_partition`` classes per client (`PathologicalPartitioner`,
+        first class deterministic so every class is used when possible).
+    alpha : float
+        Dirichlet concentration (smaller = more skewed).
+    classes_per_partition : int
+        Classes per client for ``pathological``.
+    seed : int
+        Seed; the same arguments always give the same partitions.
+    min_partition_size : int, optional
+        Dirichlet only; default ``min(10, n // (2 * num_partitions))`` but at least 1.
+
+    Returns
+    -------
+    list of np.ndarray
+        int64 index arrays, one per partition, pairwise disjoint and non-empty;
+        together they cover all samples for ``iid`` and ``dirichlet``.
+
+    Raises
+    ------
+    ValueError
+        Bad arguments, float targets with a label-based scheme, or non-empty partitions
+        cannot be built.
+    """
+    scheme = scheme.lower()
+    if scheme not in PARTITION_SCHEMES:
+        raise ValueError(f"unknown partition scheme {scheme!r}; known: "
+                         f"{', '.join(PARTITION_SCHEMES)}")
+    if int(num_partitions) < 1:
+        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    y = _partition_labels(labels, scheme)
+    min_size = _checked_min_size(scheme, int(y.shape[0]), int(num_partitions), alpha,
+                                 classes_per_partition, min_partition_size)
+    parts = _partition_cached(_LabelsKey(y), int(num_partitions), scheme, float(alpha),
+                              int(classes_per_partition), int(seed), min_size)
+    return [p.copy() for p in parts]
+
+
+def _checked_min_size(scheme: str, n: int, num_partitions: int, alpha: float,
+                      classes_per_partition: int, min_partition_size: int | None) -> int:
+    """Check the scheme's arguments; return the Dirichlet minimum partition size."""
+    if n < num_partitions:
+        raise ValueError(f"cannot split {n} samples into {num_partitions} non-empty "
+                         "partitions")
+    if scheme == "dirichlet" and not (alpha > 0 and np.isfinite(alpha)):
+        raise ValueError(f"alpha must be a positive number, got {alpha}")
+    if scheme == "pathological" and classes_per_partition < 1:
+        raise ValueError(f"classes_per_partition must be >= 1, got {classes_per_partition}")
+    if min_partition_size is None:
+        return max(1, min(10, n // (2 * num_partitions)))
+    if min_partition_size < 1:
+        raise ValueError("min_partition_size must be >= 1 (partitions must be non-empty)")
+    return int(min_partition_size)
+
+
+def load_partition(
+    name: str,
+    partition_id: int,
+    num_partitions: int,
+    scheme: str = "iid",
+    alpha: float = 0.5,
+    seed: int = 0,
+    data_dir: str | None = None,
+    classes_per_partition: int = 2,
+    validation_fraction: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Load one client's training rows.
+
+    With ``validation_fraction`` > 0 the partitions split the training rows left after the
+    validation split of :func:`load_task_dataset` (the ids index those rows).
+
+    The data set is loaded once per process (`load_dataset_cached`, whose split uses
+    ``seed``), partitioned with `partition_indices` on the training targets, and only
+    this partition's rows are copied out. Regression data sets (float targets) can only
+    be partitioned ``iid``.
+
+    Returns
+    -------
+    x : np.ndarray
+        float32 ``(m, d)`` rows (a copy).
+    y : np.ndarray
+        int64 ``(m,)`` labels, or float32 ``(m,)``/``(m, k)`` targets (a copy).
+    global_ids : np.ndarray
+        int64 ``(m,)`` row indices in the full training set.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition_id {partition_id} not in [0, {num_partitions})")
+    ds = load_task_dataset(name, data_dir, seed, validation_fraction)
+    ids = partition_indices(ds.train_y, num_partitions, scheme, alpha=alpha,
+                            classes_per_partition=classes_per_partition,
+                            seed=seed)[partition_id]
+    return ds.train_x[ids], ds.train_y[ids], ids
