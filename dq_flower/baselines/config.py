@@ -131,6 +131,9 @@ class GradientConfig:
         Clip every client's update to this multiple of the round's median norm before
         aggregating, so that one client moves the aggregate by at most a median norm times
         its weight share (0: off; default 1).
+    min_cosine : float
+        Reject an update whose cosine with the mean of the round's other ones is
+        below this (default 0: pointing against the honest majority; -1: off).
     weight_cap : float
         A client's example weight counts at most this multiple of the round's median
         weight (0: off; default 2).
@@ -163,6 +166,7 @@ class GradientConfig:
     trim_fraction: float = 0.2
     clip_norm: float = 0.0
     clip_factor: float = 1.0
+    min_cosine: float = 0.0
     weight_cap: float = 2.0
     norm_bound_factor: float = 100.0
 
@@ -173,6 +177,7 @@ class GradientConfig:
         _check(self.norm_bound_factor >= 0, "norm-bound-factor", "must be >= 0 (0 = off)")
         _check(self.clip_factor >= 0, "clip-factor", "must be >= 0 (0 = off)")
         _check(self.weight_cap >= 0, "weight-cap", "must be >= 0 (0 = off)")
+        _check(-1 <= self.min_cosine <= 1, "min-cosine", "must be in [-1, 1] (-1 = off)")
         _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
         _check(self.local_epochs >= 0, "local-epochs",
                f"must be >= 0 (0 = not set), got {self.local_epochs}")

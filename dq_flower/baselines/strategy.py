@@ -62,7 +62,8 @@ __all__ = ["GradientStrategy", "majority_vote", "weighted_mean", "SERVER_ONLY_KE
 #: smaller; a larger claim is refused rather than given that weight in the mean.
 MAX_EPOCH_ROWS = 1 << 24
 #: Knobs only the server uses (they do not travel to the clients).
-SERVER_ONLY_KEYS = ("optimizer", "max-failed-rounds", "clip-factor", "weight-cap")
+SERVER_ONLY_KEYS = ("optimizer", "max-failed-rounds", "clip-factor", "weight-cap",
+                    "min-cosine")
 
 
 def majority_vote(vectors: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
@@ -224,11 +225,11 @@ class GradientStrategy(ModelStrategy, Strategy):
             bounded = bound_vectors([u.vector for u in updates], [u.weight for u in updates],
                                     self.norms, clip_factor=self.cfg.clip_factor,
                                     clip_norm=self.cfg.clip_norm,
-                                    weight_cap=self.cfg.weight_cap)
+                                    weight_cap=self.cfg.weight_cap,
+                                    min_cosine=self.cfg.min_cosine)
             screened.nodes = [u.node for u in updates]
             screened.accepted = updates
-            screened.keep(bounded.keep, "update norm is implausibly large against the "
-                          "other clients' (norm-bound-factor)")
+            screened.keep(bounded.reasons)
             updates = [GradientUpdate(u.node, v, w, u.loss, u.payload_bits, u.raw_bits,
                                       u.steps, u.partition)
                        for u, v, w in zip(screened.accepted, bounded.vectors, bounded.weights,

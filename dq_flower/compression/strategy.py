@@ -208,8 +208,7 @@ class CompressedUpdates(ServerFigures, Strategy):
         bounded = bound_vectors([d.update for d in decoded], [d.weight for d in decoded],
                                 self.norms, clip_factor=self.cfg.clip_factor,
                                 weight_cap=self.cfg.weight_cap)
-        screened.keep(bounded.keep, "update norm is implausibly large against the other "
-                      "clients' (norm-bound-factor)")
+        screened.keep(bounded.reasons)
         decoded = screened.accepted
         rejected, failed = screened.rejected, screened.failed
         for d, update, weight in zip(decoded, bounded.vectors, bounded.weights, strict=True):

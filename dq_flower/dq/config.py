@@ -155,6 +155,9 @@ class DQConfig:
         Clip every client's compensation, refreshed residual or gradient to this multiple
         of the round's median norm before aggregating, so that one client moves the
         aggregate by at most a median norm times its weight share (0: off; default 1).
+    min_cosine : float
+        Reject a gradient-round gradient whose cosine with the mean of the round's other
+        gradients is below this (default 0: pointing against the majority; -1: off).
     weight_cap : float
         A client's example weight counts at most this multiple of the round's median
         weight (0: off; default 2).
@@ -210,6 +213,7 @@ class DQConfig:
     trim_fraction: float = 0.2
     clip_norm: float = 0.0
     clip_factor: float = 1.0
+    min_cosine: float = 0.0
     weight_cap: float = 2.0
     norm_bound_factor: float = 100.0
     max_abs_value: float = 0.0
@@ -245,6 +249,7 @@ class DQConfig:
         _check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
         _check(self.clip_factor >= 0, "clip_factor", "must be >= 0 (0 = off)")
         _check(self.weight_cap >= 0, "weight_cap", "must be >= 0 (0 = off)")
+        _check(-1 <= self.min_cosine <= 1, "min_cosine", "must be in [-1, 1] (-1 = off)")
         _check(self.max_abs_value >= 0, "max_abs_value", "must be >= 0 (0 = auto)")
         _check(self.compensation_mode in COMPENSATION_MODES, "compensation_mode",
                f"must be one of {COMPENSATION_MODES}, got {self.compensation_mode!r}")

@@ -736,10 +736,10 @@ class DQStrategy(ModelStrategy, Strategy):
         valid = sorted(screened.accepted, key=lambda r: (r.partition, r.node))
         bounded = bound_vectors([r.vector for r in valid], [r.weight for r in valid],
                                 self.norms, clip_factor=self.cfg.clip_factor,
-                                clip_norm=self.cfg.clip_norm, weight_cap=self.cfg.weight_cap)
+                                clip_norm=self.cfg.clip_norm, weight_cap=self.cfg.weight_cap,
+                                min_cosine=self.cfg.min_cosine, what="gradient")
         screened.accepted, screened.nodes = valid, [r.node for r in valid]
-        screened.keep(bounded.keep, "gradient norm is implausibly large against the other "
-                      "clients' (norm-bound-factor)")
+        screened.keep(bounded.reasons)
         valid = screened.accepted
         losses: list[float] = []
         self.guard.begin()

@@ -109,9 +109,10 @@ GRADIENT_METHODS: dict[str, dict[str, Any]] = {
 #: IEEE half precision both ways, and float32 (``fedavg-fp32``: Flower's FedAvg round for
 #: round, its upload and broadcast given the lossless ``entropy-coder`` stage). Like
 #: Flower's ``FedAvg`` they take the plain example-weighted mean (``clip-factor`` and
-#: ``weight-cap`` 0; the norm screen stays), so the comparison is against FedAvg itself.
+#: ``weight-cap`` 0, ``min-cosine`` -1; the norm screen stays), so the comparison is
+#: against FedAvg itself.
 FEDAVG_EPOCH = {"local-epochs": 1, "lr": 1.0, "momentum": 0.0, "clip-factor": 0.0,
-                "weight-cap": 0.0}
+                "weight-cap": 0.0, "min-cosine": -1.0}
 FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
     "fedavg-qsgd2": {"codec": "qsgd", "levels": 1, **FEDAVG_EPOCH},
     "fedavg-qsgd4": {"codec": "qsgd", "levels": 7, **FEDAVG_EPOCH},

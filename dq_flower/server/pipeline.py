@@ -28,7 +28,13 @@ from flwr.app import Message
 from flwr.common.logger import log
 
 from dq_flower.server.common import REPLY_ERRORS, log_rejected
-from dq_flower.server.robust import NormScreen, cap_weights, clip_norms, clip_to_median
+from dq_flower.server.robust import (
+    NormScreen,
+    agrees_with_others,
+    cap_weights,
+    clip_norms,
+    clip_to_median,
+)
 
 __all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "Bounded",
            "bound_vectors"]
@@ -102,13 +108,13 @@ class Screened(Generic[T]):
         self.rejected += 1
         log_rejected(node, reason)
 
-    def keep(self, mask: Sequence[bool], reason: str) -> None:
-        """Keep the accepted replies where ``mask`` is true; reject the others."""
-        for node, k in zip(self.nodes, mask, strict=True):
-            if not k:
+    def keep(self, reasons: Sequence[str | None]) -> None:
+        """Keep the accepted replies whose reason is ``None``; reject the others with it."""
+        for node, reason in zip(self.nodes, reasons, strict=True):
+            if reason is not None:
                 self.reject(node, reason)
-        self.accepted = [a for a, k in zip(self.accepted, mask, strict=True) if k]
-        self.nodes = [n for n, k in zip(self.nodes, mask, strict=True) if k]
+        self.accepted = [a for a, r in zip(self.accepted, reasons, strict=True) if r is None]
+        self.nodes = [n for n, r in zip(self.nodes, reasons, strict=True) if r is None]
 
 
 def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
@@ -153,25 +159,44 @@ class Bounded:
 
     vectors: list[np.ndarray]
     weights: list[float]
-    keep: list[bool]  # per input vector: whether it passed the norm screen
+    reasons: list[str | None]  # per input vector: why it was rejected (None: kept)
     clipped: int  # vectors scaled down by a clip
+
+    @property
+    def keep(self) -> list[bool]:
+        """Per input vector: whether it passed the norm and direction screens."""
+        return [r is None for r in self.reasons]
 
 
 def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormScreen,
-                  *, clip_factor: float, clip_norm: float = 0.0,
-                  weight_cap: float = 2.0) -> Bounded:
-    """Norm screen, clip to ``clip_factor`` x the median norm (and ``clip_norm``), cap weights.
+                  *, clip_factor: float, clip_norm: float = 0.0, weight_cap: float = 2.0,
+                  min_cosine: float = -1.0, what: str = "update") -> Bounded:
+    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
 
-    The median is taken over the vectors that passed the screen. One client in five that
-    sends a scaled or sign-flipped update then moves the mean by at most one median norm
-    times its (capped) weight share.
+    The median norm is taken over the vectors that passed the norm screen; the direction
+    screen (``min_cosine`` > -1) then drops clipped vectors pointing against the mean of
+    the others (:func:`~dq_flower.server.robust.agrees_with_others`). One client in five
+    that sends a scaled update then moves the mean by at most one median norm times its
+    (capped) weight share, and one that sends a sign-flipped update is dropped.
     """
     norms = [float(np.linalg.norm(v)) for v in vectors]
-    keep = screen.keep(norms)
-    kept = [v for v, k in zip(vectors, keep, strict=True) if k]
-    kept_w = [w for w, k in zip(weights, keep, strict=True) if k]
+    passed = screen.keep(norms)
+    kept = [v for v, k in zip(vectors, passed, strict=True) if k]
     before = [float(np.linalg.norm(v)) for v in kept]
     kept = clip_norms(clip_to_median(kept, clip_factor), clip_norm)
     clipped = sum(1 for v, n in zip(kept, before, strict=True)
                   if float(np.linalg.norm(v)) < n * (1 - 1e-6))
-    return Bounded(kept, cap_weights(kept_w, weight_cap), keep, clipped)
+    agree = agrees_with_others(kept, min_cosine)
+    it = iter(agree)
+    reasons: list[str | None] = []
+    for k in passed:
+        if not k:
+            reasons.append(f"{what} norm is implausibly large against the other clients' "
+                           "(norm-bound-factor)")
+        elif not next(it):
+            reasons.append(f"{what} points against the round's other updates (min-cosine)")
+        else:
+            reasons.append(None)
+    kept_w = [w for w, r in zip(weights, reasons, strict=True) if r is None]
+    kept = [v for v, a in zip(kept, agree, strict=True) if a]
+    return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, clipped)

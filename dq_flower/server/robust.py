@@ -18,6 +18,10 @@ holds for any model and data without tuning:
   down to at most ``clip-factor`` (default 1) times the median norm of the round's
   vectors, so one client in five that sends a scaled (say -4x) update moves the mean by
   at most one median norm times its weight share, as a merely sign-flipped one would.
+- **Direction** (:func:`agrees_with_others`): after the clip, a gradient update whose
+  cosine with the mean of the round's other updates is below ``min-cosine`` (default 0)
+  is rejected, so a sign-flipped client is dropped rather than merely clipped
+  (compensations, whose honest directions are close to independent, are only clipped).
 - **Weights** (:func:`cap_weights`): a client's example count weighs at most ``factor``
   (``weight-cap``, default 2) times the round's median count, so one client claiming
   2**31 examples cannot outweigh the others.
@@ -34,6 +38,7 @@ import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
 __all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "clip_norms", "clip_to_median",
+           "agrees_with_others",
            "cap_weights", "NormScreen", "StepGuard"]
 
 #: Aggregation rules of client vectors.
@@ -61,6 +66,27 @@ def clip_to_median(vectors: list[np.ndarray], factor: float) -> list[np.ndarray]
         return vectors
     median = float(np.median([float(np.linalg.norm(v)) for v in vectors]))
     return clip_norms(vectors, factor * median) if median > 0 else vectors
+
+
+def agrees_with_others(vectors: list[np.ndarray], min_cosine: float) -> list[bool]:
+    """Which vectors point with the mean of the round's other vectors (cosine >= ``min_cosine``).
+
+    Meant for vectors already clipped to a common norm (:func:`clip_to_median`): then a
+    sign-flipped update has a negative cosine with the others' mean while the honest
+    updates outnumber it, also for sparse codecs (top-k), where a coordinate-wise median
+    is mostly zero. Needs three vectors; a zero vector, a zero mean of the others or
+    ``min_cosine <= -1`` keeps the vector.
+    """
+    if min_cosine <= -1 or len(vectors) < 3:
+        return [True] * len(vectors)
+    total = np.sum(np.stack([v.astype(np.float64) for v in vectors]), axis=0)
+    out = []
+    for v in vectors:
+        others = total - v
+        norm, o_norm = float(np.linalg.norm(v)), float(np.linalg.norm(others))
+        out.append(norm == 0 or o_norm == 0
+                   or float(np.dot(v, others)) / (norm * o_norm) >= min_cosine)
+    return out
 
 
 def weighted_mean(vectors: list[np.ndarray], weights: list[float]) -> np.ndarray:

@@ -31,6 +31,8 @@ TASK = TaskConfig(num_partitions=3, seed=0)
 
 def _strategy(**knobs) -> GradientStrategy:
     model = build_model(TASK, task_info(TASK))
+    # random vectors stand in for updates: no direction screen (they are near-orthogonal)
+    knobs.setdefault("min_cosine", -1.0)
     return GradientStrategy(model, seed=0, min_available_nodes=1,
                             config=GradientConfig(codec="identity", **knobs), method="test")
 

@@ -160,7 +160,8 @@ def test_weighted_mean_of_mock_replies_gives_the_hand_computed_step():
     # Prepare
     # the plain weighted mean: no clip to the median norm, no weight cap
     strategy, task, info = make_strategy(codec="identity", lr=0.5, momentum=0.0,
-                                         clip_factor=0, weight_cap=0)
+                                         clip_factor=0, weight_cap=0,
+                                         min_cosine=-1)
     w0 = get_flat(strategy.model)
     rng = np.random.default_rng(1)
     grads = [rng.normal(size=w0.size).astype(np.float32) for _ in range(3)]
@@ -308,7 +309,8 @@ def test_identity_tau1_round_equals_one_large_batch_sgd_step():
     # Prepare: unequal partitions (Dirichlet) and a batch larger than some of them, so the
     # num-examples weights matter
     knobs = {"partition": "dirichlet", "dirichlet-alpha": 0.5, "batch-size": 400,
-             "lr": 0.3, "momentum": 0.0, "clip-factor": 0.0, "weight-cap": 0.0}
+             "lr": 0.3, "momentum": 0.0, "clip-factor": 0.0, "weight-cap": 0.0,
+             "min-cosine": -1.0}
     run_config = build_run_config("sgd", num_clients=3, rounds=1, seed=2, **knobs)
     task = TaskConfig(num_partitions=3, seed=2, partition="dirichlet", dirichlet_alpha=0.5,
                       num_server_rounds=1)

@@ -37,7 +37,8 @@ def test_lossless_local_epochs_reproduce_flowers_fedavg_round_after_round():
     # momentum: FedAvg's own update, through GradientStrategy and gradient_train
     fedavg, fedavg_acc = _run("fedavg", local_epochs=1, client_lr=0.1)
     ours, ours_acc = _run("sgd", local_epochs=1, client_lr=0.1, lr=1.0, momentum=0.0,
-                          entropy_coder="zlib", clip_factor=0.0, weight_cap=0.0)
+                          entropy_coder="zlib", clip_factor=0.0, weight_cap=0.0,
+                          min_cosine=-1.0)
     registered, registered_acc = _run("fedavg-fp32", client_lr=0.1, entropy_coder="zlib")
     # Assert: the same test accuracy and loss after every round
     assert ours_acc == fedavg_acc == registered_acc and len(ours_acc) == 4
@@ -60,7 +61,8 @@ def test_one_lossless_round_lands_on_fedavgs_weighted_mean_of_local_models():
     strategy, task, info = make_strategy(num_partitions=3, seed=2,
                                          task_kw={"partition": "dirichlet"}, codec="identity",
                                          local_epochs=1, lr=1.0, momentum=0.0, client_lr=0.1,
-                                         clip_factor=0.0, weight_cap=0.0)
+                                         clip_factor=0.0, weight_cap=0.0,
+                                         min_cosine=-1.0)
     w0 = get_flat(strategy.model)
     expected, total = np.zeros(w0.size), 0
     for pid in range(3):
