@@ -221,20 +221,23 @@ class GradientStrategy(ModelStrategy, Strategy):
         coded = len(updates)  # replies whose payload bits are counted, screened or not
         up_bits = sum(u.payload_bits for u in updates)
         raw_bits = sum(u.raw_bits for u in updates)
+        misaligned: list[int] = []
         if updates and not self.cfg.majority:
             bounded = bound_vectors([u.vector for u in updates], [u.weight for u in updates],
                                     self.norms, clip_factor=self.cfg.clip_factor,
                                     clip_norm=self.cfg.clip_norm,
                                     weight_cap=self.cfg.weight_cap,
-                                    min_cosine=self.cfg.min_cosine)
+                                    min_cosine=self.cfg.min_cosine,
+                                    nodes=[u.node for u in updates])
             screened.nodes = [u.node for u in updates]
             screened.accepted = updates
             screened.keep(bounded.reasons)
+            misaligned = bounded.misaligned
+            used = [u for u, a in zip(screened.accepted, bounded.agree, strict=True) if a]
             updates = [GradientUpdate(u.node, v, w, u.loss, u.payload_bits, u.raw_bits,
                                       u.steps, u.partition)
-                       for u, v, w in zip(screened.accepted, bounded.vectors, bounded.weights,
-                                          strict=True)]
-        ok = {u.node for u in updates}
+                       for u, v, w in zip(used, bounded.vectors, bounded.weights, strict=True)]
+        ok = {u.node for u in updates} | set(misaligned)
         for node in (sent or {}):
             self.downlink.replied(node, node in ok)
         stepped = bool(updates) and len(updates) >= quorum
@@ -247,7 +250,8 @@ class GradientStrategy(ModelStrategy, Strategy):
             "up-payload-bits": int(up_bits),
             "up-raw-payload-bits": int(raw_bits),
             "down-payload-bits": int(self.sent_payload_bits.pop(server_round, 0)),
-            "replies": len(updates),
+            "replies": len(updates) + len(misaligned),
+            "misaligned": len(misaligned),
             "coded-replies": coded,
             "rejected": screened.rejected,
             "failed": screened.failed,
@@ -256,7 +260,8 @@ class GradientStrategy(ModelStrategy, Strategy):
             "server-time-s": time.perf_counter() - t0,
         }
         log_round(self.method, server_round,
-                  f"{len(updates)} replies, rejected {screened.rejected}, failed "
+                  f"{len(updates) + len(misaligned)} replies, rejected {screened.rejected}, "
+                  f"left out {len(misaligned)}, failed "
                   f"{screened.failed}, up {up_bits} payload bits")
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)

@@ -737,7 +737,8 @@ class DQStrategy(ModelStrategy, Strategy):
         bounded = bound_vectors([r.vector for r in valid], [r.weight for r in valid],
                                 self.norms, clip_factor=self.cfg.clip_factor,
                                 clip_norm=self.cfg.clip_norm, weight_cap=self.cfg.weight_cap,
-                                min_cosine=self.cfg.min_cosine, what="gradient")
+                                min_cosine=self.cfg.min_cosine, what="gradient",
+                                nodes=[r.node for r in valid])
         screened.accepted, screened.nodes = valid, [r.node for r in valid]
         screened.keep(bounded.reasons)
         valid = screened.accepted
@@ -765,6 +766,7 @@ class DQStrategy(ModelStrategy, Strategy):
                                       replies=len(valid), rejected=screened.rejected,
                                       failed=screened.failed, t0=t0)
         metrics["rolled-back"] = self.rolled_back
+        metrics["misaligned"] = len(bounded.misaligned)
         log_round("dq", server_round, f"gradient round: {len(valid)} gradients, "
                   f"store {metrics['stored']}, rejected {screened.rejected}, failed "
                   f"{screened.failed}")

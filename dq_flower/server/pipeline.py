@@ -161,6 +161,8 @@ class Bounded:
     weights: list[float]
     reasons: list[str | None]  # per input vector: why it was rejected (None: kept)
     clipped: int  # vectors scaled down by a clip
+    agree: list[bool] = field(default_factory=list)  # per kept vector: in the mean
+    misaligned: list[int] = field(default_factory=list)  # nodes left out for direction
 
     @property
     def keep(self) -> list[bool]:
@@ -170,15 +172,20 @@ class Bounded:
 
 def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormScreen,
                   *, clip_factor: float, clip_norm: float = 0.0, weight_cap: float = 2.0,
-                  min_cosine: float = -1.0, what: str = "update") -> Bounded:
+                  min_cosine: float = -1.0, what: str = "update",
+                  nodes: Sequence[int] | None = None) -> Bounded:
     """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
 
-    The median norm is taken over the vectors that passed the norm screen; the direction
-    screen (``min_cosine`` > -1) then drops clipped vectors pointing against the mean of
-    the others (:func:`~dq_flower.server.robust.agrees_with_others`). One client in five
-    that sends a scaled update then moves the mean by at most one median norm times its
-    (capped) weight share, and one that sends a sign-flipped update is dropped.
+    The median norm is taken over the vectors that passed the norm screen (those that did
+    not get a reason in :attr:`Bounded.reasons`); with ``min_cosine`` > -1 a clipped
+    vector pointing against the mean of the others is then left out of the mean
+    (:func:`~dq_flower.server.robust.agrees_with_others`; its node in
+    :attr:`Bounded.misaligned`). One client in five that sends a scaled update moves the
+    mean by at most one median norm times its (capped) weight share; one that sends a
+    sign-flipped update is left out. ``vectors`` and ``weights`` of the result are the
+    ones to aggregate.
     """
+    nodes = list(nodes) if nodes is not None else list(range(len(vectors)))
     norms = [float(np.linalg.norm(v)) for v in vectors]
     passed = screen.keep(norms)
     kept = [v for v, k in zip(vectors, passed, strict=True) if k]
@@ -187,16 +194,15 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     clipped = sum(1 for v, n in zip(kept, before, strict=True)
                   if float(np.linalg.norm(v)) < n * (1 - 1e-6))
     agree = agrees_with_others(kept, min_cosine)
-    it = iter(agree)
-    reasons: list[str | None] = []
-    for k in passed:
-        if not k:
-            reasons.append(f"{what} norm is implausibly large against the other clients' "
-                           "(norm-bound-factor)")
-        elif not next(it):
-            reasons.append(f"{what} points against the round's other updates (min-cosine)")
-        else:
-            reasons.append(None)
-    kept_w = [w for w, r in zip(weights, reasons, strict=True) if r is None]
+    reasons: list[str | None] = [
+        None if k else (f"{what} norm is implausibly large against the other clients' "
+                        "(norm-bound-factor)") for k in passed]
+    left_out = [n for n, a in zip((n for n, k in zip(nodes, passed, strict=True) if k),
+                                  agree, strict=True) if not a]
+    for node in left_out:
+        log(WARNING, "node %d's %s points against the round's other updates: left out of "
+            "this round's mean (min-cosine)", node, what)
+    kept_w = [w for w, k in zip(weights, passed, strict=True) if k]
+    kept_w = [w for w, a in zip(kept_w, agree, strict=True) if a]
     kept = [v for v, a in zip(kept, agree, strict=True) if a]
-    return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, clipped)
+    return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, clipped, agree, left_out)
