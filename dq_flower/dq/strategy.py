@@ -502,10 +502,16 @@ class DQStrategy(ModelStrategy, Strategy):
 
     # ------------------------------------------------------------------ validation
     def _rules(self) -> Rules:
-        """What a data reply is checked against: the knobs and what the server adopted."""
-        cfg = self.cfg
+        """What a data reply is checked against: the knobs and what the server adopted.
+
+        A spec or bound learned from replies none of whose rows is stored is not enforced:
+        :meth:`_adopt` learns it again.
+        """
+        cfg, unconfirmed = self.cfg, self.stored == 0
+        spec = None if unconfirmed and self._provisional["spec"] else self.spec
+        bound = None if unconfirmed and self._provisional["bound"] else self.value_bound
         return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.per_channel,
-                     cfg.resend, self.spec, self.num_classes, self.value_bound)
+                     cfg.resend, spec, self.num_classes, bound)
 
     def _history(self, node: int) -> History:
         """What the server holds about ``node``: its examples, stored rows, feature ranges."""

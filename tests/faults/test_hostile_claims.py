@@ -15,9 +15,18 @@ import json
 
 import numpy as np
 import pytest
+from flwr.app import ConfigRecord, Message
+
+from dq_flower.dq.strategy import DQStrategy
+from dq_flower.dq.validation import VALUE_FACTOR
+from dq_flower.harness.inprocess import InProcessGrid
 
 from .digits_attack import (
     HOSTILE,
+    NODES,
+    Net,
+    X,
+    Y,
     buffer,
     claim,
     control,
@@ -162,3 +171,31 @@ def test_each_attack_at_the_readme_defaults(attack):
     assert all(m["rejected"] >= 1 for m in metrics), metrics
     assert metrics[-1]["rolled-back"] == 0
     _close_to_control(acc, ROUNDS)
+
+
+# ------------------------------------------------------------------ adoption after storing
+def test_a_bound_whose_rows_were_never_stored_is_learned_again(monkeypatch):
+    """Round 1's replies all fail store insertion: what they agreed on is not kept."""
+    strategy = DQStrategy(Net(), seed=0, **FAST)
+
+    def scaled(factor):
+        def app(msg, context):
+            k = int(context.node_config["partition-id"])
+            local = (X[k:1500:NODES] * factor, Y[k:1500:NODES])
+            return Message(honest(msg, context, local), reply_to=msg)
+        return InProcessGrid(app, NODES)
+
+    def broken(*args):
+        raise RuntimeError("disk full")
+
+    grid = scaled(1.0)
+    replies = grid.send_and_receive(strategy.configure_train(1, None, ConfigRecord(), grid))
+    with monkeypatch.context() as patch:
+        patch.setattr(strategy, "_rows", broken)
+        _, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["stored"] == 0 and metrics["rejected"] == NODES
+    grid = scaled(10.0)  # ten times round 1's values: over the bound round 1 learned
+    replies = grid.send_and_receive(strategy.configure_train(2, None, ConfigRecord(), grid))
+    _, metrics = strategy.aggregate_train(2, replies)
+    assert metrics["rejected"] == 0 and metrics["stored"] == NODES * 64
+    assert strategy.value_bound == pytest.approx(VALUE_FACTOR * 10.0)
