@@ -71,7 +71,7 @@ from dq_flower.dq.validation import (
     check_model,
     check_upload,
     decode_compensation,
-    decode_residual,
+    decode_vector,
     placeholder_rows,
     reply_spec,
 )
@@ -593,7 +593,8 @@ class DQStrategy(ModelStrategy, Strategy):
             return None
         if self.cv is None or self.comp_codec is None or self.store is None:
             raise PayloadError("unexpected refreshed residual")
-        residual = decode_residual(record, self.comp_codec, self.num_params)
+        residual = decode_vector(Payload.from_record(record), self.comp_codec,
+                                 self.num_params, "refreshed residual")
         if self.store.node_weight(node) <= 0:  # its rows were evicted: nothing to correct
             return None
         return residual

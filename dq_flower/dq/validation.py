@@ -1,41 +1,32 @@
 """Checks of DQ data replies. Pure: each returns what a reply would have the server adopt.
 
-A data reply is checked in two stages, and nothing it says (data spec, feature ranges,
-value bound, example counts) is adopted unless it passes both:
+Nothing a reply says (data spec, feature ranges, value bound, counts) is adopted unless it
+passes both stages. :func:`check_upload`, reply by reply, decodes it into an
+:class:`Upload` against :class:`Rules` (the server's knobs and what it adopted) and the
+node's :class:`History`, or raises :class:`~dq_flower.codecs.PayloadError` with the reason.
+:func:`agree`, on the round's checked uploads together, screens the example counts against
+the other nodes', agrees on the data spec while none is known (the one most uploads carry,
+confirmed by :func:`check_model`, a forward-and-loss of the server's model on their rows),
+learns the value bound while none is known and screens the uploads against it; its
+:class:`Agreement` lists the accepted and the refused (with reasons) and what to adopt.
 
-1. :func:`check_upload`, reply by reply, against what the server holds: :class:`Rules` (its
-   knobs and the spec, classes and value bound it has adopted) and the node's
-   :class:`History`. It decodes the reply into an :class:`Upload`, or raises
-   :class:`~dq_flower.codecs.PayloadError` with the reason.
-2. :func:`agree`, on the round's checked uploads together. It screens the example counts
-   against the other nodes', agrees on the data spec while none is known (the spec most
-   uploads carry, confirmed by a forward-and-loss of the server's model on their rows),
-   learns the value bound while none is known, and screens every upload against it. It
-   returns an :class:`Agreement`: the accepted uploads, the refused ones with their reasons,
-   and the spec and bound the server adopts before it stores the accepted rows.
+The bounds (``docs/reliability.md`` gives the measurements behind the factors):
 
-The bounds (their factors are this module's constants; see ``docs/reliability.md``):
-
-- values: a reply's *scale* is the largest absolute value it can decode to (with feature
-  ranges, ``max(|lo| + span)`` over the features; else its largest ``|x|``). Unless the
-  user gives ``max-abs-value``, the bound is :data:`VALUE_FACTOR` times the median scale of
-  the first round's uploads of the agreed spec. Honest clients of one data set have similar
-  ranges: images share one pixel range, and feature ranges over whole local data sets
-  differ little between nodes (measured: the digits' are all 1; for standardised or
-  heavy-tailed tabular features the largest of a few hundred rows varies by well under
-  4x), so 4 keeps every honest node while a node whose values are 500 times the data's is
-  refused. A one-reply first round has nothing to be compared with: its own scale sets the
-  bound.
-- examples: a ``num-examples`` above :data:`EXAMPLES_FACTOR` times the lower median of the
-  nodes' (the round's claims and those accepted before) is refused.
-- weight: a node's weight in a round (``max(candidates, sum of its row weights)``, which is
-  its share of the fresh step and the weight its rows carry into the store) is clipped to
-  :data:`SHARE_FACTOR` times the median node's examples. Measured Dirichlet(0.1)
-  partitions put the largest honest node at up to 3.5 times the median (digits and
-  Fashion-MNIST over 10 clients), which 4 leaves untouched.
-- history: ``num-examples`` never changes; ``candidates`` lie within the rows sent and
-  ``num-examples``, and, without ``resend``, within the rows the server does not yet hold
-  from the node.
+- values: an upload's *scale*, the largest ``|x|`` it can decode to (``max(|lo| + span)``
+  with feature ranges), is at most :data:`VALUE_FACTOR` times the median scale of the first
+  round's uploads, or ``max-abs-value``. Honest clients of one data set have similar
+  ranges (one pixel range; feature ranges over whole local data sets within 2x of each
+  other even for heavy tails); the factor leaves room for heavy-tailed uploads of 64 rows
+  (3.5x apart) and refuses values hundreds of times the data's. A one-reply first round
+  cannot be cross-checked: its own scale sets the bound.
+- counts: ``num-examples`` above :data:`EXAMPLES_FACTOR` times the nodes' lower median
+  (the round's and those accepted before) is refused; it never changes for a node;
+  ``rows <= candidates <= num-examples`` and, without ``resend``, candidates within the
+  examples the server does not yet hold from the node.
+- weight: a node's weight in a round, ``max(candidates, sum of row weights)`` (its share
+  of the fresh step, and what its rows weigh in the store), is clipped to
+  :data:`SHARE_FACTOR` times the median node's examples: measured Dirichlet(0.1)
+  partitions put the largest honest node at up to 3.5 times the median.
 """
 
 from __future__ import annotations
@@ -47,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.rows import payload_quantizer
@@ -65,7 +56,7 @@ from dq_flower.protocol.dq_batch import (
 from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_from_record
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "check_model",
-           "decode_compensation", "decode_residual", "reply_spec", "VALUE_FACTOR",
+           "decode_compensation", "decode_vector", "reply_spec", "VALUE_FACTOR",
            "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
@@ -74,7 +65,7 @@ MAX_LOCAL_ID = 1 << 31
 #: for more than 1000 times the candidates it was drawn from (see ``dq.selection``).
 MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
 #: The learned value bound: this many times the median scale of the first round's uploads.
-VALUE_FACTOR = 4.0
+VALUE_FACTOR = 10.0
 #: A ``num-examples`` above this many times the nodes' lower median is refused.
 EXAMPLES_FACTOR = 100.0
 #: A node's weight in a round is clipped to this many times the median node's examples.
@@ -104,8 +95,7 @@ class Upload:
     label_bits: int = 0  # bits per class label as sent
 
 
-#: ``check(spec, upload) -> classes``: the model check of one upload (raises PayloadError).
-Check = Callable[[DataSpec, Upload], int]
+Check = Callable[[DataSpec, Upload], int]  # check(spec, upload) -> classes, or PayloadError
 
 
 @dataclass(frozen=True)
@@ -254,36 +244,29 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
                   scale=scale, label_bits=label_bits)
 
 
+def decode_vector(payload: Payload, codec: Codec, num_params: int, what: str) -> np.ndarray:
+    """A flat model-sized vector (a compensation, a refreshed residual) decoded and checked."""
+    if payload.codec != codec.name:
+        raise PayloadError(f"{what} made by {payload.codec!r}")
+    if math.prod(payload.shape) != num_params:
+        raise PayloadError(f"{what} declares {payload.shape}, the model has {num_params} "
+                           "parameters")
+    vector = codec.decode(payload).reshape(-1)
+    if vector.size != num_params or not np.isfinite(vector).all():
+        raise PayloadError(f"{what} has the wrong size or non-finite values")
+    return vector
+
+
 def decode_compensation(batch: SampleBatch, codec: Codec | None,
                         num_params: int) -> np.ndarray | None:
-    """The reply's decoded compensation (flat), required exactly where one is configured."""
+    """The reply's decoded compensation, required exactly where one is configured."""
     if batch.compensation is None:
         if codec is not None and len(batch):
             raise PayloadError("reply misses its compensation")
         return None
     if codec is None:
         raise PayloadError("unexpected compensation payload")
-    if batch.compensation.codec != codec.name:
-        raise PayloadError(f"compensation made by {batch.compensation.codec!r}")
-    if math.prod(batch.compensation.shape) != num_params:
-        raise PayloadError(f"compensation declares {batch.compensation.shape}, the model has "
-                           f"{num_params} parameters")
-    delta = codec.decode(batch.compensation).reshape(-1)
-    if delta.size != num_params or not np.isfinite(delta).all():
-        raise PayloadError("compensation has the wrong size or non-finite values")
-    return delta
-
-
-def decode_residual(record: ArrayRecord, codec: Codec, num_params: int) -> np.ndarray:
-    """A refreshed residual, checked like a compensation."""
-    payload = Payload.from_record(record)
-    if payload.codec != codec.name:
-        raise PayloadError(f"refreshed residual made by {payload.codec!r}")
-    payload.expect_elements(num_params)
-    residual = codec.decode(payload).reshape(-1)
-    if residual.size != num_params or not np.isfinite(residual).all():
-        raise PayloadError("refreshed residual has the wrong size or non-finite values")
-    return residual
+    return decode_vector(batch.compensation, codec, num_params, "compensation")
 
 
 # ------------------------------------------------------------------ the model check
@@ -345,16 +328,13 @@ def placeholder_rows(spec: DataSpec, n: int = 2) -> tuple[np.ndarray, np.ndarray
     x = np.zeros((n, spec.dim), dtype=np.float32)
     if spec.target == "class":
         return x, np.zeros(n, dtype=np.int64)
-    shape = (n,) if spec.target_dim == 1 else (n, spec.target_dim)
-    return x, np.zeros(shape, dtype=np.float32)
+    return x, np.zeros((n,) if spec.target_dim == 1 else (n, spec.target_dim), np.float32)
 
 
 # ------------------------------------------------------------------ the round together
 def _median(values: Sequence[float], lower: bool = False) -> float:
     ordered = sorted(values)
-    if lower:
-        return float(ordered[(len(ordered) - 1) // 2])
-    return float(np.median(ordered))
+    return float(ordered[(len(ordered) - 1) // 2] if lower else np.median(ordered))
 
 
 def clip_share(upload: Upload, cap: float) -> Upload:
@@ -376,8 +356,7 @@ def screen_claims(uploads: list[Upload], known: Mapping[int, int]
     ``known`` holds the examples of nodes accepted before; the round's claims replace
     theirs.
     """
-    claims = {**known, **{u.node: u.examples for u in uploads}}
-    values = [v for v in claims.values() if v > 0]
+    values = [v for v in {**known, **{u.node: u.examples for u in uploads}}.values() if v > 0]
     if not values:
         return list(uploads), []
     low = _median(values, lower=True)
@@ -422,35 +401,29 @@ def agree_spec(uploads: list[Upload], check: Check
             agreed = spec
             break
     ok = {id(u) for u in passed}
-    tried = ok | {id(u) for u, _ in refused}
-    # untried: empty uploads, and those of specs ranked after the agreed one
-    rest = [u for u in uploads if id(u) not in tried]
-    kept = [u for u in uploads if id(u) in ok]
-    kept += [u for u in rest if agreed is None or u.spec == agreed]
+    tried = ok | {id(u) for u, _ in refused}  # untried: empty, or of a lower-ranked spec
+    kept = [u for u in uploads
+            if id(u) in ok or (id(u) not in tried and agreed in (None, u.spec))]
     refused += [(u, f"its data {u.spec} is not the {agreed} the round agreed on "
                     f"({len(passed)} of {len(uploads)} uploads)")
-                for u in rest if agreed is not None and u.spec != agreed]
-    order = {id(u): i for i, u in enumerate(uploads)}
-    return agreed, sorted(kept, key=lambda u: order[id(u)]), refused
+                for u in uploads if id(u) not in tried and agreed not in (None, u.spec)]
+    return agreed, kept, refused
 
 
 def learn_bound(uploads: list[Upload]) -> float | None:
     """:data:`VALUE_FACTOR` times the median scale of the uploads (None: nothing to learn)."""
     scales = [u.scale for u in uploads if len(u.batch) or u.ranges is not None]
-    if not scales:
-        return None
-    middle = _median(scales) or max(scales)
+    middle = (_median(scales) or max(scales)) if scales else 0.0
     return VALUE_FACTOR * middle if middle > 0 else None
 
 
 def screen_bound(uploads: list[Upload], bound: float
                  ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
     """Refuse the uploads whose scale is over ``bound``."""
-    kept = [u for u in uploads if u.scale <= bound]
     refused = [(u, f"sample values reach {u.scale:g}, over {VALUE_FACTOR:g} times the "
                    f"median upload's (max-abs-value {bound:g})")
                for u in uploads if u.scale > bound]
-    return kept, refused
+    return [u for u in uploads if u.scale <= bound], refused
 
 
 def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
@@ -463,13 +436,12 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
     """
     order = sorted(uploads, key=lambda u: (u.partition, u.node))
     kept, refused = screen_claims(order, known)
-    spec, new_spec = rules.spec, None
-    if spec is None:
+    new_spec = None
+    if rules.spec is None:
         new_spec, kept, more = agree_spec(kept, check)
         refused += more
-        spec = new_spec
     new_bound = None
-    if rules.value_bound is None and spec is not None:
+    if rules.value_bound is None and (rules.spec or new_spec) is not None:
         new_bound = learn_bound(kept)
         if new_bound is not None:
             kept, more = screen_bound(kept, new_bound)
