@@ -8,8 +8,10 @@ compensation, so its gradient equals the true-data gradient when the compensatio
 lossless; later steps draw minibatches from the store.
 
 What the server must know about the data (the sample shape, class labels or float targets)
-is learned from the first valid reply, or given, and enforced afterwards; the number of
-classes is given or read off the model's output width.
+is given, or agreed by the first data round's replies and confirmed by a forward-and-loss of
+the model on their rows, and enforced afterwards; the number of classes is given or read off
+the model's output width. Replies are checked by :mod:`dq_flower.dq.validation`; nothing a
+reply says is adopted unless the whole reply is accepted.
 
 With ``upload-mode`` ``gradient`` or ``auto`` (see :mod:`dq_flower.dq.planner`), a round
 may instead ask every client for a minibatch gradient coded by ``gradient-codec``; the
@@ -142,7 +144,8 @@ class DQStrategy(ModelStrategy, Strategy):
     num_classes : int, optional
         Classes of integer targets; default: the width of the model's output.
     data_spec : DataSpec, optional
-        Sample shape and target kind; default: learned from the first valid reply.
+        Sample shape and target kind; default: what most of the first data round's
+        replies carry, if the model trains on it.
     config : DQConfig, optional
         The method's knobs; ``**knobs`` (underscore names, e.g. ``bits=2``) override it.
     augment : callable, optional
@@ -855,12 +858,12 @@ class DQStrategy(ModelStrategy, Strategy):
 
     def _schedule_metrics(self, stored_before: int) -> dict[str, MetricRecordValues]:
         """The adaptive schedule's round metrics (steps, held-out score, gain, next ask)."""
-        assert self.schedule is not None and self.store is not None
+        assert self.schedule is not None  # the store is None until a spec is adopted
         phase = self.last_phase
         out: dict[str, MetricRecordValues] = {
             "server-steps": 0 if phase is None else phase.steps,
             "reverted": int(self.reverted and phase is not None),
-            "holdout-rows": int(self.store.holdout_mask.sum()),
+            "holdout-rows": 0 if self.store is None else int(self.store.holdout_mask.sum()),
             "next-ask": int(self.schedule.next_total or 0),
             # 0: asking; 1: stopped, the learning curve is flat; 2: every node exhausted
             "schedule-done": (0 if not self.schedule.done

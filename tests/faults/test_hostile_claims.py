@@ -113,9 +113,10 @@ def test_a_sample_shape_the_model_cannot_train_on_is_rejected_not_raised():
     _close_to_control(acc, **FAST)
 
 
-def test_a_lone_reply_with_a_shape_the_loss_refuses_is_rejected():
+@pytest.mark.parametrize("knobs", [FAST, {}], ids=["fixed", "adaptive"])
+def test_a_lone_reply_with_a_shape_the_loss_refuses_is_rejected(knobs):
     """With one node the spec is that reply's: the forward-and-loss check refuses it."""
-    acc, strategy, metrics = run(spec_1x64, 2, nodes=1, **FAST)
+    acc, strategy, metrics = run(spec_1x64, 2, nodes=1, **knobs)
     assert strategy.spec is None and strategy.stored == 0
     _rejected_every_round(metrics)
 
