@@ -466,10 +466,15 @@ class DQStrategy(ModelStrategy, Strategy):
             return self.cfg.ranges in ("auto", "feature")
         return self.mode == "feature"
 
-    def _fix_spec(self, spec: DataSpec) -> None:
-        """Adopt ``spec`` (checked against the model) and set up the store."""
-        classes = check_model(self.model, spec, *placeholder_rows(spec), self.num_classes,
-                              self.loss_fn)
+    def _fix_spec(self, spec: DataSpec, classes: int | None = None) -> None:
+        """Adopt ``spec`` and set up the store.
+
+        ``classes``: what the model check of the replies' rows gave; without it (a spec
+        given or resumed) the model and loss are checked on zero rows here.
+        """
+        if classes is None:
+            classes = check_model(self.model, spec, *placeholder_rows(spec),
+                                  self.num_classes, self.loss_fn)
         if spec.target == "class":
             self.num_classes = classes
         self.spec = spec
@@ -563,7 +568,7 @@ class DQStrategy(ModelStrategy, Strategy):
                     "median node's examples (x%.3g)", upload.node, SHARE_FACTOR,
                     upload.weight_scale)
         if verdict.spec is not None:
-            self._fix_spec(verdict.spec)
+            self._fix_spec(verdict.spec, verdict.classes)
             self._provisional["spec"] = True
         if verdict.value_bound is not None:
             self.value_bound = verdict.value_bound

@@ -129,6 +129,7 @@ class Agreement:
     accepted: list[Upload]
     refused: list[tuple[Upload, str]]
     spec: DataSpec | None = None  # a spec to adopt (None: known already, or none agreed)
+    classes: int | None = None  # the classes (or target width) the model check gave it
     value_bound: float | None = None  # a bound to adopt (None: known, or nothing to learn)
 
 
@@ -351,11 +352,7 @@ def clip_share(upload: Upload, cap: float) -> Upload:
 
 def screen_claims(uploads: list[Upload], known: Mapping[int, int]
                   ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
-    """Refuse implausible ``num-examples`` and clip over-large weights (module docstring).
-
-    ``known`` holds the examples of nodes accepted before; the round's claims replace
-    theirs.
-    """
+    """Refuse implausible ``num-examples``, clip over-large weights (module docstring)."""
     values = [v for v in {**known, **{u.node: u.examples for u in uploads}}.values() if v > 0]
     if not values:
         return list(uploads), []
@@ -375,7 +372,7 @@ def screen_claims(uploads: list[Upload], known: Mapping[int, int]
 
 
 def agree_spec(uploads: list[Upload], check: Check
-               ) -> tuple[DataSpec | None, list[Upload], list[tuple[Upload, str]]]:
+               ) -> tuple[DataSpec | None, int | None, list[Upload], list[tuple[Upload, str]]]:
     """The spec most uploads with rows carry that the model check confirms.
 
     Ties go to the spec of the first upload in ``uploads``' order; a spec none of whose
@@ -386,7 +383,7 @@ def agree_spec(uploads: list[Upload], check: Check
         if len(u.batch) and u.spec is not None:
             groups.setdefault(u.spec, []).append(u)
     refused: list[tuple[Upload, str]] = []
-    agreed, passed = None, []
+    agreed, passed, classes = None, [], None
     for spec, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         for u in members:
             try:
@@ -407,7 +404,7 @@ def agree_spec(uploads: list[Upload], check: Check
     refused += [(u, f"its data {u.spec} is not the {agreed} the round agreed on "
                     f"({len(passed)} of {len(uploads)} uploads)")
                 for u in uploads if id(u) not in tried and agreed not in (None, u.spec)]
-    return agreed, kept, refused
+    return agreed, classes, kept, refused
 
 
 def learn_bound(uploads: list[Upload]) -> float | None:
@@ -436,9 +433,9 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
     """
     order = sorted(uploads, key=lambda u: (u.partition, u.node))
     kept, refused = screen_claims(order, known)
-    new_spec = None
+    new_spec = classes = None
     if rules.spec is None:
-        new_spec, kept, more = agree_spec(kept, check)
+        new_spec, classes, kept, more = agree_spec(kept, check)
         refused += more
     new_bound = None
     if rules.value_bound is None and (rules.spec or new_spec) is not None:
@@ -446,4 +443,4 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
         if new_bound is not None:
             kept, more = screen_bound(kept, new_bound)
             refused += more
-    return Agreement(kept, refused, new_spec, new_bound)
+    return Agreement(kept, refused, new_spec, classes, new_bound)
