@@ -300,10 +300,10 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
     n = min(len(y), CHECK_ROWS)
     if n == 0:
         raise PayloadError("no rows to check the data spec against the model")
-    rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
     was_training = model.training
     model.eval()
     try:
+        rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
         dev = next(model.parameters()).device
         with torch.no_grad():
             out = model(torch.as_tensor(rows, dtype=torch.float32).to(dev))
