@@ -166,8 +166,9 @@ class DQConfig:
         norms (0: off; default 100: only absurd norms, since ``clip-factor`` bounds the
         influence of the rest; see :mod:`dq_flower.server.robust`).
     max_abs_value : float
-        Largest absolute data value accepted; 0 (auto) sets it to 1000 times the largest
-        value of the first accepted upload (at least 1000).
+        Largest absolute data value accepted (feature ranges included); 0 (auto) sets it to
+        10 times the median, over the first data round's accepted uploads, of each one's
+        largest value (see :mod:`dq_flower.dq.validation`).
     """
 
     budget: int = 64

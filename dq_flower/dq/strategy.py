@@ -8,8 +8,10 @@ compensation, so its gradient equals the true-data gradient when the compensatio
 lossless; later steps draw minibatches from the store.
 
 What the server must know about the data (the sample shape, class labels or float targets)
-is learned from the first valid reply, or given, and enforced afterwards; the number of
-classes is given or read off the model's output width.
+is given, or agreed by the first data round's replies and confirmed by a forward-and-loss of
+the model on their rows, and enforced afterwards; the number of classes is given or read off
+the model's output width. Replies are checked by :mod:`dq_flower.dq.validation`; nothing a
+reply says is adopted unless the whole reply is accepted.
 
 With ``upload-mode`` ``gradient`` or ``auto`` (see :mod:`dq_flower.dq.planner`), a round
 may instead ask every client for a minibatch gradient coded by ``gradient-codec``; the
@@ -20,10 +22,9 @@ server then takes one step with their example-weighted mean, and the remaining
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from logging import WARNING
 from typing import Any, cast
 
 import numpy as np
@@ -37,6 +38,7 @@ from flwr.app import (
     MetricRecordValues,
     RecordDict,
 )
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -54,9 +56,25 @@ from dq_flower.dq.planner import (
     reply_bits,
 )
 from dq_flower.dq.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
-from dq_flower.dq.rows import RowLayout, payload_quantizer
+from dq_flower.dq.rows import RowLayout
 from dq_flower.dq.schedule import AdaptiveSchedule, allocate, paired_gain
 from dq_flower.dq.store import SampleStore, StoredRows
+from dq_flower.dq.validation import (
+    MAX_LOCAL_ID,
+    MAX_SAMPLE_WEIGHT_FACTOR,
+    SHARE_FACTOR,
+    VALUE_FACTOR,
+    History,
+    Rules,
+    Upload,
+    agree,
+    check_model,
+    check_upload,
+    decode_compensation,
+    decode_vector,
+    placeholder_rows,
+    reply_spec,
+)
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
@@ -66,17 +84,14 @@ from dq_flower.model_ops import (
 )
 from dq_flower.protocol.dq_batch import (
     GRADIENT_KEY,
-    RANGES_KEY,
     REFRESH_KEY,
     SampleBatch,
-    decode_batch,
     denormalise,
     range_mode,
-    ranges_from_record,
 )
 from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
 from dq_flower.protocol.model import MODEL_KEY, model_record
-from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_from_record
+from dq_flower.protocol.spec import SPEC_KEY, DataSpec
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy
 from dq_flower.server.common import (
@@ -89,30 +104,7 @@ from dq_flower.server.common import (
 from dq_flower.server.pipeline import RoundLedger, Screened, bound_vectors, screen_replies
 from dq_flower.server.robust import NormScreen, StepGuard, aggregate, clip_norms
 
-__all__ = ["DQStrategy", "Upload"]
-
-#: Largest per-client sample id the server accepts (ids are client-local row numbers).
-MAX_LOCAL_ID = 1 << 31
-#: ``sample`` selection floors scores at 1e-3 of their mean, so an honest row never stands
-#: for more than 1000 times the candidates it was drawn from (see ``dq.selection``).
-MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
-
-
-@dataclass
-class Upload:
-    """One validated reply: the batch, its decoded rows, candidates count and delta."""
-
-    batch: SampleBatch
-    x: np.ndarray
-    candidates: int
-    delta: np.ndarray | None
-    node: int = 0
-    partition: int = 0
-    examples: int = 0
-    reply_bits: int = 0
-    ranges: tuple[np.ndarray, np.ndarray] | None = None
-    refresh: np.ndarray | None = None
-    holdout: np.ndarray | None = None  # which rows the store holds out (adaptive schedule)
+__all__ = ["DQStrategy", "Upload", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 
 class DQStrategy(ModelStrategy, Strategy):
@@ -138,7 +130,8 @@ class DQStrategy(ModelStrategy, Strategy):
     num_classes : int, optional
         Classes of integer targets; default: the width of the model's output.
     data_spec : DataSpec, optional
-        Sample shape and target kind; default: learned from the first valid reply.
+        Sample shape and target kind; default: what most of the first data round's
+        replies carry, if the model trains on it.
     config : DQConfig, optional
         The method's knobs; ``**knobs`` (underscore names, e.g. ``bits=2``) override it.
     augment : callable, optional
@@ -214,6 +207,9 @@ class DQStrategy(ModelStrategy, Strategy):
         self.ledger = RoundLedger()
         self.guard = StepGuard(model, self.optimizer)
         self.value_bound = float(cfg.max_abs_value) or None
+        self._given_classes = num_classes
+        #: what was learned from replies and is forgotten while no row is stored
+        self._provisional = {"spec": False, "bound": False}
         self.rolled_back = 0
         self.cv = (ControlVariate(self.num_params, cfg.compensation_decay)
                    if cfg.compensation_mode != "first-step" else None)
@@ -361,9 +357,10 @@ class DQStrategy(ModelStrategy, Strategy):
         # Replies arrive in any order: store and combine them in the clients' partition
         # order, so that a run is reproducible from its seed.
         candidates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
+        candidates, rejected = self._adopt(candidates, screened.rejected)
+        failed = screened.failed
         candidates, dropped = self._screen_deltas(candidates)
         refreshed, refreshes_rejected = self._update_control_variate(candidates)
-        rejected, failed = screened.rejected, screened.failed
         stored_before = self.stored
         fresh: list[Upload] = []
         for upload in candidates:
@@ -497,36 +494,17 @@ class DQStrategy(ModelStrategy, Strategy):
             return self.cfg.ranges in ("auto", "feature")
         return self.mode == "feature"
 
-    def _probe_model(self, spec: DataSpec) -> int:
-        """Run the model on one zero sample; return its output width per sample."""
-        dev = next(self.model.parameters()).device
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                out = self.model(torch.zeros((1, *spec.sample_shape), device=dev))
-        except Exception as exc:  # noqa: BLE001  (any model error means a wrong shape)
-            raise PayloadError(f"the model does not accept samples of shape "
-                               f"{spec.sample_shape}: {type(exc).__name__}: {exc}") from None
-        finally:
-            self.model.train(was_training)
-        return int(out.reshape(1, -1).shape[1])
+    def _fix_spec(self, spec: DataSpec, classes: int | None = None) -> None:
+        """Adopt ``spec`` and set up the store.
 
-    def _fix_spec(self, spec: DataSpec) -> None:
-        """Adopt ``spec`` (checked against the model) and set up the store."""
-        width = self._probe_model(spec)
+        ``classes``: what the model check of the replies' rows gave; without it (a spec
+        given or resumed) the model and loss are checked on zero rows here.
+        """
+        if classes is None:
+            classes = check_model(self.model, spec, *placeholder_rows(spec),
+                                  self.num_classes, self.loss_fn)
         if spec.target == "class":
-            if self.num_classes is None:
-                if width < 2:
-                    raise PayloadError(f"the model has {width} output for class labels; "
-                                       "give num_classes or use float targets")
-                self.num_classes = width
-            elif width < self.num_classes:
-                raise PayloadError(f"the model's {width} outputs cannot score "
-                                   f"{self.num_classes} classes")
-        elif width != spec.target_dim:
-            raise PayloadError(f"the model has {width} outputs per sample; the float targets "
-                               f"have {spec.target_dim}")
+            self.num_classes = classes
         self.spec = spec
         self.mode = range_mode(self.cfg.ranges, self.cfg.per_channel, spec.sample_shape)
         groups = spec.channels if self.mode == "channel" else 1
@@ -547,12 +525,8 @@ class DQStrategy(ModelStrategy, Strategy):
                                             if spec.target == "class" else ""))
 
     def _check_spec(self, content: RecordDict) -> DataSpec:
-        spec = spec_from_record(content.config_records.get(SPEC_KEY))
-        if self.spec is None:
-            self._fix_spec(spec)
-        elif spec != self.spec:
-            raise PayloadError(f"reply's data {spec} differs from the federation's {self.spec}")
-        return spec
+        """The reply's data spec, equal to the federation's where one is adopted."""
+        return reply_spec(content, self.spec)
 
     def _denormalise_rows(self, x: np.ndarray, nodes: np.ndarray) -> np.ndarray:
         out = np.empty_like(x)
@@ -563,69 +537,90 @@ class DQStrategy(ModelStrategy, Strategy):
         return out
 
     # ------------------------------------------------------------------ validation
+    def _rules(self) -> Rules:
+        """What a data reply is checked against: the knobs and what the server adopted.
+
+        A spec or bound learned from replies none of whose rows is stored is not enforced:
+        :meth:`_adopt` learns it again.
+        """
+        cfg, unconfirmed = self.cfg, self.stored == 0
+        spec = None if unconfirmed and self._provisional["spec"] else self.spec
+        bound = None if unconfirmed and self._provisional["bound"] else self.value_bound
+        return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.per_channel,
+                     cfg.resend, spec, self.num_classes, bound)
+
+    def _history(self, node: int) -> History:
+        """What the server holds about ``node``: its examples, stored rows, feature ranges."""
+        known = self.planner.clients.get(int(node))
+        stored = 0
+        if self.store is not None and self.spec is not None:
+            strata = (np.arange(self.num_classes or 1) if self.spec.target == "class"
+                      else np.zeros(1, dtype=np.int64))  # float targets: one stratum
+            stored = int(self.store.counts(node, strata)[0].sum())
+        return History(known[0] if known else 0, stored, self.ranges.get(int(node)))
+
     def _validate(self, msg: Message, node: int, max_rows: int | None = None) -> Upload:
+        """Check one data reply (:func:`~dq_flower.dq.validation.check_upload`).
+
+        Adopts nothing: what the round's accepted replies agree on is adopted by
+        :meth:`_adopt`.
+        """
         content = msg.content
-        spec = self._check_spec(content)
-        assert self.spec is not None
-        batch = decode_batch(content, self.num_classes, spec.dim, self.cfg.bits,
-                             self.cfg.budget if max_rows is None else int(max_rows),
-                             MAX_LOCAL_ID, spec.target_dim, spec.target == "float")
-        metrics = content.metric_records.get("metrics")
-        if metrics is None:
-            raise PayloadError("reply misses its 'metrics' record")
-        n_cand = metrics.get("candidates")
-        if not isinstance(n_cand, int) or not len(batch) <= n_cand <= MAX_LOCAL_ID:
-            raise PayloadError(f"'candidates'={n_cand!r} is inconsistent with the upload")
-        if (batch.samples.meta.get("dither_seed") is not None) != self.cfg.dither:
-            raise PayloadError("samples carry a dither setting the server did not configure")
-        self._check_weights(batch, n_cand)
-        fixed = self.mode == "feature"
-        groups = spec.channels if self.mode == "channel" else 0
-        x = payload_quantizer(batch.samples, self.cfg.bits, groups, fixed).decode(
-            batch.samples)
-        ranges = None
-        if fixed:
-            record = content.array_records.get(RANGES_KEY)
-            ranges = ranges_from_record(record, spec.dim) if record is not None else None
-            known = self.ranges.get(int(node))
-            if ranges is not None and known is not None and not all(
-                    np.array_equal(a, b) for a, b in zip(ranges, known, strict=True)):
-                raise PayloadError("the node's feature ranges changed since it first sent them")
-            use = ranges if ranges is not None else known
-            if use is None and len(batch):
-                raise PayloadError("reply misses its feature ranges")
-            if use is not None:
-                x = denormalise(x, *use)
-        if not np.isfinite(x).all():
-            raise PayloadError("samples decode to non-finite values")
-        self._check_values(x)
-        delta = None
-        if batch.compensation is not None:
-            if self.comp_codec is None:
-                raise PayloadError("unexpected compensation payload")
-            if batch.compensation.codec != self.comp_codec.name:
-                raise PayloadError(f"compensation made by {batch.compensation.codec!r}")
-            if math.prod(batch.compensation.shape) != self.num_params:
-                raise PayloadError(f"compensation declares {batch.compensation.shape}, the "
-                                   f"model has {self.num_params} parameters")
-            delta = self.comp_codec.decode(batch.compensation).reshape(-1)
-            if delta.size != self.num_params or not np.isfinite(delta).all():
-                raise PayloadError("compensation has the wrong size or non-finite values")
-        elif self.comp_codec is not None and len(batch):
-            raise PayloadError("reply misses its compensation")
-        refresh = self._decode_refresh(content, node)
-        assert self.store is not None
-        if self.store.has(node, batch.ids).any() and not self.cfg.resend:
+        upload = check_upload(content, node, self._rules(), self._history(node),
+                              self.cfg.budget if max_rows is None else int(max_rows))
+        upload.delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
+        upload.refresh = self._decode_refresh(content, node)
+        if (self.store is not None and self.store.has(node, upload.batch.ids).any()
+                and not self.cfg.resend):
             raise PayloadError("reply re-sends samples already stored")
-        partition = metrics.get("partition-id", MAX_LOCAL_ID)
-        if not isinstance(partition, int):
-            raise PayloadError(f"'partition-id'={partition!r} is not an int")
-        examples = metrics.get("num-examples", n_cand)
-        if not isinstance(examples, int) or not n_cand <= examples <= MAX_LOCAL_ID:
-            raise PayloadError(f"'num-examples'={examples!r} is inconsistent with the upload")
-        self._check_examples(node, examples)
-        return Upload(batch, x, n_cand, delta, node, partition, examples,
-                      reply_bits(content) if self.measuring else 0, ranges, refresh)
+        upload.reply_bits = reply_bits(content) if self.measuring else 0
+        return upload
+
+    def _adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
+        """The round's checked uploads the round agrees on, and ``rejected`` plus the others.
+
+        See :func:`~dq_flower.dq.validation.agree`: example counts screened against the
+        other nodes' (over-large weights clipped), the data spec (while none is known) that
+        most uploads carry and the model trains on, the value bound (while none is known)
+        from the median upload. The spec and bound are adopted here, before the accepted
+        rows are stored; learned from replies, they stay provisional until rows are stored.
+        """
+        self._forget_unconfirmed()
+        known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
+        verdict = agree(uploads, self._rules(), known, self._check_model)
+        for upload, reason in verdict.refused:
+            log_rejected(upload.node, reason)
+        for upload in verdict.accepted:
+            if upload.weight_scale < 1.0:
+                log(WARNING, "reply from node %d: its weight is clipped to %g times the "
+                    "median node's examples (x%.3g)", upload.node, SHARE_FACTOR,
+                    upload.weight_scale)
+        if verdict.spec is not None:
+            self._fix_spec(verdict.spec, verdict.classes)
+            self._provisional["spec"] = True
+        if verdict.value_bound is not None:
+            self.value_bound = verdict.value_bound
+            self._provisional["bound"] = True
+            log_round("dq", 0, f"data values bounded by {self.value_bound:g} (max-abs-value: "
+                      f"{VALUE_FACTOR:g} times the median upload's largest)")
+        return verdict.accepted, rejected + len(verdict.refused)
+
+    def _forget_unconfirmed(self) -> None:
+        """Forget a spec and bound learned from replies while no row of them is stored."""
+        if self.stored:
+            self._provisional = {"spec": False, "bound": False}
+            return
+        if self._provisional["spec"]:
+            self.spec, self.layout, self.store, self.mode = None, None, None, "sample"
+            self.num_classes, self.ranges = self._given_classes, {}
+        if self._provisional["bound"]:
+            self.value_bound = None
+        self._provisional = {"spec": False, "bound": False}
+
+    def _check_model(self, spec: DataSpec, upload: Upload) -> int:
+        """The forward-and-loss check of ``upload``'s rows under ``spec``; the classes."""
+        return check_model(self.model, spec, upload.x, upload.batch.labels, self.num_classes,
+                           self.loss_fn)
 
     def _decode_refresh(self, content: RecordDict, node: int) -> np.ndarray | None:
         """A refreshed residual, checked like a compensation; only where one was asked."""
@@ -634,47 +629,11 @@ class DQStrategy(ModelStrategy, Strategy):
             return None
         if self.cv is None or self.comp_codec is None or self.store is None:
             raise PayloadError("unexpected refreshed residual")
-        payload = Payload.from_record(record)
-        if payload.codec != self.comp_codec.name:
-            raise PayloadError(f"refreshed residual made by {payload.codec!r}")
-        payload.expect_elements(self.num_params)
-        residual = self.comp_codec.decode(payload).reshape(-1)
-        if residual.size != self.num_params or not np.isfinite(residual).all():
-            raise PayloadError("refreshed residual has the wrong size or non-finite values")
+        residual = decode_vector(Payload.from_record(record), self.comp_codec,
+                                 self.num_params, "refreshed residual")
         if self.store.node_weight(node) <= 0:  # its rows were evicted: nothing to correct
             return None
         return residual
-
-    def _check_weights(self, batch: SampleBatch, candidates: int) -> None:
-        """Row weights an honest client of this selection rule can send.
-
-        ``topk``/``threshold``: every row stands for ``candidates / k`` samples. ``sample``:
-        ``1 / pi_i`` lies in ``[1, 1000 * candidates]`` (scores are floored at 1e-3 of
-        their mean).
-        """
-        if not len(batch):
-            return
-        w = batch.weights.astype(np.float64)
-        if self.cfg.selection_rule == "sample":
-            top = MAX_SAMPLE_WEIGHT_FACTOR * max(candidates, 1)
-            if w.min() < 1.0 - 1e-4 or w.max() > top:
-                raise PayloadError(f"sample weights outside [1, {top:g}] for {candidates} "
-                                   "candidates")
-        elif not np.allclose(w, candidates / len(batch), rtol=1e-4):
-            raise PayloadError(f"weights must be candidates / rows = {candidates}/{len(batch)}"
-                               f" under {self.cfg.selection_rule!r} selection")
-
-    def _check_values(self, x: np.ndarray) -> None:
-        """Decoded values within the run's value bound (set from the first upload if auto)."""
-        if not x.size:
-            return
-        largest = float(np.abs(x).max())
-        if self.value_bound is None:
-            self.value_bound = 1000.0 * max(1.0, largest)
-            log_round("dq", 0, f"data values bounded by {self.value_bound:g} (max-abs-value)")
-        elif largest > self.value_bound:
-            raise PayloadError(f"sample value {largest:g} exceeds the bound "
-                               f"{self.value_bound:g} (max-abs-value)")
 
     def _check_examples(self, node: int, examples: int) -> None:
         """A node's number of examples does not change between rounds."""
@@ -915,12 +874,12 @@ class DQStrategy(ModelStrategy, Strategy):
 
     def _schedule_metrics(self, stored_before: int) -> dict[str, MetricRecordValues]:
         """The adaptive schedule's round metrics (steps, held-out score, gain, next ask)."""
-        assert self.schedule is not None and self.store is not None
+        assert self.schedule is not None  # the store is None until a spec is adopted
         phase = self.last_phase
         out: dict[str, MetricRecordValues] = {
             "server-steps": 0 if phase is None else phase.steps,
             "reverted": int(self.reverted and phase is not None),
-            "holdout-rows": int(self.store.holdout_mask.sum()),
+            "holdout-rows": 0 if self.store is None else int(self.store.holdout_mask.sum()),
             "next-ask": int(self.schedule.next_total or 0),
             # 0: asking; 1: stopped, the learning curve is flat; 2: every node exhausted
             "schedule-done": (0 if not self.schedule.done
@@ -987,6 +946,7 @@ class DQStrategy(ModelStrategy, Strategy):
                 "planner": self.planner.state(), "norms": self.norms.state(),
                 "refresh_norms": self.refresh_norms.state_dict(),
                 "value_bound": self.value_bound, "rolled_back": self.rolled_back,
+                "provisional": dict(self._provisional),
                 "control_variate": None if self.cv is None else self.cv.state(),
                 "schedule": None if self.schedule is None else self.schedule.state(),
                 "node_fit": dict(self.node_fit)}
@@ -1009,6 +969,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.norms.load_state(state.get("norms", []))
         self.refresh_norms.load_state_dict(state.get("refresh_norms", {}))
         self.value_bound = state.get("value_bound", self.value_bound)
+        self._provisional = {"spec": False, "bound": False, **state.get("provisional", {})}
         self.rolled_back = int(state.get("rolled_back", 0))
         if self.cv is not None and state.get("control_variate") is not None:
             self.cv.load_state(state["control_variate"])

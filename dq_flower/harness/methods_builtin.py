@@ -39,7 +39,7 @@ def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskI
     from dq_flower.dq.strategy import DQStrategy  # the server side needs torch; see above
 
     # The harness knows its named data set's layout; with dataset "none" the server learns
-    # it from the first valid reply, as a user's app does.
+    # it from the first data round's replies, as a user's app does.
     spec = None
     if task.dataset != "none":
         spec = DataSpec(info.input_shape, "class" if info.num_classes else "float",

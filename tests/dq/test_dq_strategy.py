@@ -106,7 +106,8 @@ def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():
     grid = InProcessGrid(client_app, 2)
     msgs = list(strategy.configure_train(1, None, _train_config(), grid))
     replies = grid.send_and_receive(msgs)
-    fresh = [strategy._validate(r, r.metadata.src_node_id) for r in replies]
+    fresh, _ = strategy._adopt([strategy._validate(r, r.metadata.src_node_id)
+                                for r in replies], 0)  # what the round agrees on
 
     _, grad = strategy.fresh_gradient(fresh)
 

@@ -1,0 +1,446 @@
+"""Checks of DQ data replies. Pure: each returns what a reply would have the server adopt.
+
+Nothing a reply says (data spec, feature ranges, value bound, counts) is adopted unless it
+passes both stages. :func:`check_upload`, reply by reply, decodes it into an
+:class:`Upload` against :class:`Rules` (the server's knobs and what it adopted) and the
+node's :class:`History`, or raises :class:`~dq_flower.codecs.PayloadError` with the reason.
+:func:`agree`, on the round's checked uploads together, screens the example counts against
+the other nodes', agrees on the data spec while none is known (the one most uploads carry,
+confirmed by :func:`check_model`, a forward-and-loss of the server's model on their rows),
+learns the value bound while none is known and screens the uploads against it; its
+:class:`Agreement` lists the accepted and the refused (with reasons) and what to adopt.
+
+The bounds (``docs/reliability.md`` gives the measurements behind the factors):
+
+- values: an upload's *scale*, the largest ``|x|`` it can decode to (``max(|lo| + span)``
+  with feature ranges), is at most :data:`VALUE_FACTOR` times the median scale of the first
+  round's uploads, or ``max-abs-value``. Honest clients of one data set have similar
+  ranges (one pixel range; feature ranges over whole local data sets within 2x of each
+  other even for heavy tails); the factor leaves room for heavy-tailed uploads of 64 rows
+  (3.5x apart) and refuses values hundreds of times the data's. A one-reply first round
+  cannot be cross-checked: its own scale sets the bound.
+- counts: ``num-examples`` above :data:`EXAMPLES_FACTOR` times the nodes' lower median
+  (the round's and those accepted before) is refused; it never changes for a node;
+  ``rows <= candidates <= num-examples`` and, without ``resend``, candidates within the
+  examples the server does not yet hold from the node.
+- weight: a node's weight in a round, ``max(candidates, sum of row weights)`` (its share
+  of the fresh step, and what its rows weigh in the store), is clipped to
+  :data:`SHARE_FACTOR` times the median node's examples: measured Dirichlet(0.1)
+  partitions put the largest honest node at up to 3.5 times the median.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import MetricRecord, RecordDict
+
+from dq_flower.codecs import Codec, Payload, PayloadError
+from dq_flower.dq.rows import payload_quantizer
+from dq_flower.model_ops import LossFn, weighted_loss_grad
+from dq_flower.protocol.dq_batch import (
+    INFO_KEY,
+    RANGES_KEY,
+    SampleBatch,
+    decode_batch,
+    denormalise,
+    label_width,
+    range_mode,
+    ranges_from_record,
+)
+from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_from_record
+
+__all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "check_model",
+           "decode_compensation", "decode_vector", "reply_spec", "VALUE_FACTOR",
+           "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
+
+#: Largest per-client sample id the server accepts (ids are client-local row numbers).
+MAX_LOCAL_ID = 1 << 31
+#: ``sample`` selection floors scores at 1e-3 of their mean, so an honest row never stands
+#: for more than 1000 times the candidates it was drawn from (see ``dq.selection``).
+MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
+#: The learned value bound: this many times the median scale of the first round's uploads.
+VALUE_FACTOR = 10.0
+#: A ``num-examples`` above this many times the nodes' lower median is refused.
+EXAMPLES_FACTOR = 100.0
+#: A node's weight in a round is clipped to this many times the median node's examples.
+SHARE_FACTOR = 4.0
+#: Rows of an upload the model check runs the model and the loss on.
+CHECK_ROWS = 4
+
+
+@dataclass
+class Upload:
+    """One checked data reply: its batch, decoded rows, claims and what it would adopt."""
+
+    batch: SampleBatch
+    x: np.ndarray
+    candidates: int
+    delta: np.ndarray | None
+    node: int = 0
+    partition: int = 0
+    examples: int = 0
+    reply_bits: int = 0
+    ranges: tuple[np.ndarray, np.ndarray] | None = None
+    refresh: np.ndarray | None = None
+    holdout: np.ndarray | None = None  # which rows the store holds out (adaptive schedule)
+    spec: DataSpec | None = None  # the data spec it carries
+    scale: float = 0.0  # the largest absolute value it can decode to
+    weight_scale: float = 1.0  # below 1 where its claimed weight was clipped
+    label_bits: int = 0  # bits per class label as sent
+
+
+Check = Callable[[DataSpec, Upload], int]  # check(spec, upload) -> classes, or PayloadError
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a data reply is checked against: the server's knobs and what it adopted."""
+
+    bits: int
+    dither: bool
+    selection_rule: str
+    ranges: str = "auto"
+    per_channel: bool = False
+    resend: bool = False
+    spec: DataSpec | None = None
+    num_classes: int | None = None
+    value_bound: float | None = None
+
+
+@dataclass(frozen=True)
+class History:
+    """What the server holds about one node: examples (0: unknown), rows, feature ranges."""
+
+    examples: int = 0
+    stored: int = 0
+    ranges: tuple[np.ndarray, np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """A round's verdict: accepted and refused uploads, and what the server adopts."""
+
+    accepted: list[Upload]
+    refused: list[tuple[Upload, str]]
+    spec: DataSpec | None = None  # a spec to adopt (None: known already, or none agreed)
+    classes: int | None = None  # the classes (or target width) the model check gave it
+    value_bound: float | None = None  # a bound to adopt (None: known, or nothing to learn)
+
+
+# ------------------------------------------------------------------ one reply
+def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:
+    """The reply's data spec; it must equal ``known`` where the server has one."""
+    spec = spec_from_record(content.config_records.get(SPEC_KEY))
+    if known is not None and spec != known:
+        raise PayloadError(f"reply's data {spec} differs from the federation's {known}")
+    return spec
+
+
+def read_counts(metrics: MetricRecord | None, rows: int, history: History,
+                resend: bool) -> tuple[int, int, int]:
+    """``(candidates, examples, partition)`` of a reply, checked against the node's history."""
+    if metrics is None:
+        raise PayloadError("reply misses its 'metrics' record")
+    cand = metrics.get("candidates")
+    if not isinstance(cand, int) or not rows <= cand <= MAX_LOCAL_ID:
+        raise PayloadError(f"'candidates'={cand!r} is inconsistent with the upload")
+    partition = metrics.get("partition-id", MAX_LOCAL_ID)
+    if not isinstance(partition, int):
+        raise PayloadError(f"'partition-id'={partition!r} is not an int")
+    examples = metrics.get("num-examples", cand)
+    if not isinstance(examples, int) or not cand <= examples <= MAX_LOCAL_ID:
+        raise PayloadError(f"'num-examples'={examples!r} is inconsistent with the upload")
+    if history.examples and history.examples != examples:
+        raise PayloadError(f"'num-examples' changed from {history.examples} to {examples}")
+    if not resend and cand > examples - history.stored:
+        raise PayloadError(f"'candidates'={cand} exceeds the {examples - history.stored} of "
+                           f"its {examples} examples the server does not hold")
+    return cand, examples, partition
+
+
+def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
+    """Row weights an honest client of this selection rule can send.
+
+    ``topk``/``threshold``: every row stands for ``candidates / k`` samples. ``sample``:
+    ``1 / pi_i`` lies in ``[1, 1000 * candidates]`` (scores are floored at 1e-3 of their
+    mean).
+    """
+    if not len(batch):
+        return
+    w = batch.weights.astype(np.float64)
+    if rule == "sample":
+        top = MAX_SAMPLE_WEIGHT_FACTOR * max(candidates, 1)
+        if w.min() < 1.0 - 1e-4 or w.max() > top:
+            raise PayloadError(f"sample weights outside [1, {top:g}] for {candidates} "
+                               "candidates")
+    elif not np.allclose(w, candidates / len(batch), rtol=1e-4):
+        raise PayloadError(f"weights must be candidates / rows = {candidates}/{len(batch)}"
+                           f" under {rule!r} selection")
+
+
+def decode_rows(content: RecordDict, batch: SampleBatch, spec: DataSpec, mode: str,
+                bits: int, known: tuple[np.ndarray, np.ndarray] | None
+                ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """Decoded float rows ``(n, dim)`` and the feature ranges the reply sent (if any)."""
+    fixed = mode == "feature"
+    groups = spec.channels if mode == "channel" else 0
+    x = payload_quantizer(batch.samples, bits, groups, fixed).decode(batch.samples)
+    ranges = None
+    if fixed:
+        record = content.array_records.get(RANGES_KEY)
+        ranges = ranges_from_record(record, spec.dim) if record is not None else None
+        if ranges is not None and known is not None and not all(
+                np.array_equal(a, b) for a, b in zip(ranges, known, strict=True)):
+            raise PayloadError("the node's feature ranges changed since it first sent them")
+        use = ranges if ranges is not None else known
+        if use is None and len(batch):
+            raise PayloadError("reply misses its feature ranges")
+        if use is not None:
+            x = denormalise(x, *use)
+    if not np.isfinite(x).all():
+        raise PayloadError("samples decode to non-finite values")
+    return x, ranges
+
+
+def data_scale(x: np.ndarray, ranges: tuple[np.ndarray, np.ndarray] | None) -> float:
+    """The largest absolute value rows can take: ``max(|lo| + span)`` with feature ranges."""
+    largest = float(np.abs(x).max()) if x.size else 0.0
+    if ranges is not None:
+        lo, span = (a.astype(np.float64) for a in ranges)
+        largest = max(largest, float((np.abs(lo) + span).max()))
+    return largest
+
+
+def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
+                 max_rows: int) -> Upload:
+    """Decode and check one data reply (see the module docstring); adopts nothing.
+
+    The compensation and refreshed residual are decoded by :func:`decode_compensation`
+    and :func:`decode_residual`; the caller adds them.
+    """
+    spec = reply_spec(content, rules.spec)
+    mode = range_mode(rules.ranges, rules.per_channel, spec.sample_shape)
+    num_classes = rules.num_classes if rules.spec is not None else None
+    batch = decode_batch(content, num_classes, spec.dim, rules.bits, max_rows, MAX_LOCAL_ID,
+                         spec.target_dim, spec.target == "float")
+    cand, examples, partition = read_counts(content.metric_records.get("metrics"),
+                                            len(batch), history, rules.resend)
+    if (batch.samples.meta.get("dither_seed") is not None) != rules.dither:
+        raise PayloadError("samples carry a dither setting the server did not configure")
+    check_weights(batch, cand, rules.selection_rule)
+    x, ranges = decode_rows(content, batch, spec, mode, rules.bits, history.ranges)
+    scale = data_scale(x, ranges if ranges is not None else history.ranges)
+    if rules.value_bound is not None and scale > rules.value_bound:
+        raise PayloadError(f"sample values reach {scale:g}, over the bound "
+                           f"{rules.value_bound:g} (max-abs-value)")
+    label_bits = int(np.frombuffer(content.array_records[INFO_KEY]["counts"].data,
+                                   dtype=np.int64)[1])  # checked by decode_batch
+    return Upload(batch, x, cand, None, node, partition, examples, ranges=ranges, spec=spec,
+                  scale=scale, label_bits=label_bits)
+
+
+def decode_vector(payload: Payload, codec: Codec, num_params: int, what: str) -> np.ndarray:
+    """A flat model-sized vector (a compensation, a refreshed residual) decoded and checked."""
+    if payload.codec != codec.name:
+        raise PayloadError(f"{what} made by {payload.codec!r}")
+    if math.prod(payload.shape) != num_params:
+        raise PayloadError(f"{what} declares {payload.shape}, the model has {num_params} "
+                           "parameters")
+    vector = codec.decode(payload).reshape(-1)
+    if vector.size != num_params or not np.isfinite(vector).all():
+        raise PayloadError(f"{what} has the wrong size or non-finite values")
+    return vector
+
+
+def decode_compensation(batch: SampleBatch, codec: Codec | None,
+                        num_params: int) -> np.ndarray | None:
+    """The reply's decoded compensation, required exactly where one is configured."""
+    if batch.compensation is None:
+        if codec is not None and len(batch):
+            raise PayloadError("reply misses its compensation")
+        return None
+    if codec is None:
+        raise PayloadError("unexpected compensation payload")
+    return decode_vector(batch.compensation, codec, num_params, "compensation")
+
+
+# ------------------------------------------------------------------ the model check
+def _classes(spec: DataSpec, width: int, num_classes: int | None) -> int:
+    """Classes (class targets) or target width (float targets) the model's output gives."""
+    if spec.target != "class":
+        if width != spec.target_dim:
+            raise PayloadError(f"the model has {width} outputs per sample; the float "
+                               f"targets have {spec.target_dim}")
+        return width
+    if num_classes is None:
+        if width < 2:
+            raise PayloadError(f"the model has {width} output for class labels; give "
+                               "num_classes or use float targets")
+        return width
+    if width < num_classes:
+        raise PayloadError(f"the model's {width} outputs cannot score {num_classes} classes")
+    return num_classes
+
+
+def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.ndarray,
+                num_classes: int | None, loss_fn: LossFn | None = None) -> int:
+    """Run the model and the training loss on a few rows shaped by ``spec``; the classes.
+
+    The loss and its gradient are computed as the server's steps compute them
+    (:func:`~dq_flower.model_ops.weighted_loss_grad`, ``loss_fn``), in eval mode so that
+    no buffer (BatchNorm statistics) changes; the parameters never do. Any error, labels
+    outside the classes, or a non-finite loss raises :class:`PayloadError`.
+    """
+    n = min(len(y), CHECK_ROWS)
+    if n == 0:
+        raise PayloadError("no rows to check the data spec against the model")
+    was_training = model.training
+    model.eval()
+    try:
+        rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
+        dev = next(model.parameters()).device
+        with torch.no_grad():
+            out = model(torch.as_tensor(rows, dtype=torch.float32).to(dev))
+        classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
+        if spec.target == "class" and int(y.max()) >= classes:
+            raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")
+        loss, grad = weighted_loss_grad(model, rows, y[:n], np.full(n, 1.0 / n, np.float32),
+                                        loss_fn)
+    except PayloadError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (any model or loss error: a wrong spec)
+        raise PayloadError(f"the model cannot train on samples of shape {spec.sample_shape}:"
+                           f" {type(exc).__name__}: {exc}") from None
+    finally:
+        model.train(was_training)
+    if not (np.isfinite(loss) and np.isfinite(grad).all()):
+        raise PayloadError("the model's training loss on the samples is not finite")
+    return classes
+
+
+def placeholder_rows(spec: DataSpec, n: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Zero rows and targets of ``spec`` (class 0 or zero targets): a spec given, not sent."""
+    x = np.zeros((n, spec.dim), dtype=np.float32)
+    if spec.target == "class":
+        return x, np.zeros(n, dtype=np.int64)
+    return x, np.zeros((n,) if spec.target_dim == 1 else (n, spec.target_dim), np.float32)
+
+
+# ------------------------------------------------------------------ the round together
+def _median(values: Sequence[float], lower: bool = False) -> float:
+    ordered = sorted(values)
+    return float(ordered[(len(ordered) - 1) // 2] if lower else np.median(ordered))
+
+
+def clip_share(upload: Upload, cap: float) -> Upload:
+    """``upload`` with its weight (candidates and row weights) clipped to ``cap``."""
+    total = max(float(upload.candidates), float(upload.batch.weights.astype(np.float64).sum()))
+    if total <= cap:
+        return upload
+    factor = cap / total
+    batch = dataclasses.replace(upload.batch,
+                                weights=(upload.batch.weights * factor).astype(np.float32))
+    return dataclasses.replace(upload, batch=batch, weight_scale=factor,
+                               candidates=max(min(upload.candidates, int(cap)), len(batch)))
+
+
+def screen_claims(uploads: list[Upload], known: Mapping[int, int]
+                  ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
+    """Refuse implausible ``num-examples``, clip over-large weights (module docstring)."""
+    values = [v for v in {**known, **{u.node: u.examples for u in uploads}}.values() if v > 0]
+    if not values:
+        return list(uploads), []
+    low = _median(values, lower=True)
+    kept, refused = [], []
+    for u in uploads:
+        if u.examples > EXAMPLES_FACTOR * low:
+            refused.append((u, f"'num-examples'={u.examples} is over {EXAMPLES_FACTOR:g} "
+                               f"times the median node's {low:g}"))
+        else:
+            kept.append(u)
+    gone = {u.node for u, _ in refused}
+    rest = {**known, **{u.node: u.examples for u in kept}}
+    values = [v for node, v in rest.items() if v > 0 and node not in gone]
+    cap = SHARE_FACTOR * _median(values) if values else float("inf")
+    return [clip_share(u, cap) for u in kept], refused
+
+
+def agree_spec(uploads: list[Upload], check: Check
+               ) -> tuple[DataSpec | None, int | None, list[Upload], list[tuple[Upload, str]]]:
+    """The spec most uploads with rows carry that the model check confirms.
+
+    Ties go to the spec of the first upload in ``uploads``' order; a spec none of whose
+    uploads passes the check gives way to the next. Uploads of other specs are refused.
+    """
+    groups: dict[DataSpec, list[Upload]] = {}
+    for u in uploads:
+        if len(u.batch) and u.spec is not None:
+            groups.setdefault(u.spec, []).append(u)
+    refused: list[tuple[Upload, str]] = []
+    agreed, passed, classes = None, [], None
+    for spec, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        for u in members:
+            try:
+                classes = check(spec, u)
+                if spec.target == "class" and u.label_bits > label_width(classes):
+                    raise PayloadError(f"labels use {u.label_bits} bits; at most "
+                                       f"{label_width(classes)} for {classes} classes")
+                passed.append(u)
+            except PayloadError as exc:
+                refused.append((u, str(exc)))
+        if passed:
+            agreed = spec
+            break
+    ok = {id(u) for u in passed}
+    tried = ok | {id(u) for u, _ in refused}  # untried: empty, or of a lower-ranked spec
+    kept = [u for u in uploads
+            if id(u) in ok or (id(u) not in tried and agreed in (None, u.spec))]
+    refused += [(u, f"its data {u.spec} is not the {agreed} the round agreed on "
+                    f"({len(passed)} of {len(uploads)} uploads)")
+                for u in uploads if id(u) not in tried and agreed not in (None, u.spec)]
+    return agreed, classes, kept, refused
+
+
+def learn_bound(uploads: list[Upload]) -> float | None:
+    """:data:`VALUE_FACTOR` times the median scale of the uploads (None: nothing to learn)."""
+    scales = [u.scale for u in uploads if len(u.batch) or u.ranges is not None]
+    middle = (_median(scales) or max(scales)) if scales else 0.0
+    return VALUE_FACTOR * middle if middle > 0 else None
+
+
+def screen_bound(uploads: list[Upload], bound: float
+                 ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
+    """Refuse the uploads whose scale is over ``bound``."""
+    refused = [(u, f"sample values reach {u.scale:g}, over {VALUE_FACTOR:g} times the "
+                   f"median upload's (max-abs-value {bound:g})")
+               for u in uploads if u.scale > bound]
+    return [u for u in uploads if u.scale <= bound], refused
+
+
+def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
+          check: Check) -> Agreement:
+    """The round's verdict on its checked uploads (see the module docstring).
+
+    ``known``: examples of the nodes accepted before; ``check(spec, upload)`` is the model
+    check (:func:`check_model` on the upload's rows), run only while no spec is known.
+    Accepted uploads come in (partition id, node) order.
+    """
+    order = sorted(uploads, key=lambda u: (u.partition, u.node))
+    kept, refused = screen_claims(order, known)
+    new_spec = classes = None
+    if rules.spec is None:
+        new_spec, classes, kept, more = agree_spec(kept, check)
+        refused += more
+    new_bound = None
+    if rules.value_bound is None and (rules.spec or new_spec) is not None:
+        new_bound = learn_bound(kept)
+        if new_bound is not None:
+            kept, more = screen_bound(kept, new_bound)
+            refused += more
+    return Agreement(kept, refused, new_spec, classes, new_bound)
