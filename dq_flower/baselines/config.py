@@ -139,8 +139,7 @@ class GradientConfig:
         weight (0: off; default 2).
     norm_bound_factor : float
         Reject a vector whose norm exceeds this multiple of the recent rounds' median
-        norms (0: off; default 100: only absurd norms, since ``clip-factor`` bounds the
-        influence of the rest; see :mod:`dq_flower.server.robust`).
+        norms (0: off; default 5; see :mod:`dq_flower.server.robust`).
     """
 
     codec: str = "identity"
@@ -168,7 +167,7 @@ class GradientConfig:
     clip_factor: float = 1.0
     min_cosine: float = 0.0
     weight_cap: float = 2.0
-    norm_bound_factor: float = 100.0
+    norm_bound_factor: float = 5.0
 
     def __post_init__(self) -> None:
         _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")

@@ -163,8 +163,7 @@ class DQConfig:
         weight (0: off; default 2).
     norm_bound_factor : float
         Reject a vector whose norm exceeds this multiple of the recent rounds' median
-        norms (0: off; default 100: only absurd norms, since ``clip-factor`` bounds the
-        influence of the rest; see :mod:`dq_flower.server.robust`).
+        norms (0: off; default 5; see :mod:`dq_flower.server.robust`).
     max_abs_value : float
         Largest absolute data value accepted (feature ranges included); 0 (auto) sets it to
         10 times the median, over the first data round's accepted uploads, of each one's
@@ -216,7 +215,7 @@ class DQConfig:
     clip_factor: float = 1.0
     min_cosine: float = 0.0
     weight_cap: float = 2.0
-    norm_bound_factor: float = 100.0
+    norm_bound_factor: float = 5.0
     max_abs_value: float = 0.0
 
     def __post_init__(self) -> None:

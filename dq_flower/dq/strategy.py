@@ -202,8 +202,11 @@ class DQStrategy(ModelStrategy, Strategy):
         #: before it, which the server then kept
         self.reverted = False
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
+        # gradient-round gradients against recent rounds; compensations and refreshed
+        # residuals, which grow between rounds of long server training, against their round
         self.norms = NormScreen(cfg.norm_bound_factor)
-        self.refresh_norms = NormScreen(cfg.norm_bound_factor)
+        self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
+        self.refresh_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
         self.ledger = RoundLedger()
         self.guard = StepGuard(model, self.optimizer)
         self.value_bound = float(cfg.max_abs_value) or None
@@ -474,7 +477,7 @@ class DQStrategy(ModelStrategy, Strategy):
         if not with_delta:
             return uploads, 0
         bounded = bound_vectors([cast(np.ndarray, u.delta) for u in with_delta],
-                                [1.0] * len(with_delta), self.norms,
+                                [1.0] * len(with_delta), self.comp_norms,
                                 clip_factor=self.cfg.clip_factor, clip_norm=self.cfg.clip_norm)
         keep = bounded.keep
         kept = iter(bounded.vectors)
@@ -945,6 +948,7 @@ class DQStrategy(ModelStrategy, Strategy):
                 "store": None if self.store is None else self.store.state(),
                 "planner": self.planner.state(), "norms": self.norms.state(),
                 "refresh_norms": self.refresh_norms.state_dict(),
+                "comp_norms": self.comp_norms.state_dict(),
                 "value_bound": self.value_bound, "rolled_back": self.rolled_back,
                 "provisional": dict(self._provisional),
                 "control_variate": None if self.cv is None else self.cv.state(),
@@ -968,6 +972,7 @@ class DQStrategy(ModelStrategy, Strategy):
             self.planner.load_state(state["planner"])
         self.norms.load_state(state.get("norms", []))
         self.refresh_norms.load_state_dict(state.get("refresh_norms", {}))
+        self.comp_norms.load_state_dict(state.get("comp_norms", {}))
         self.value_bound = state.get("value_bound", self.value_bound)
         self._provisional = {"spec": False, "bound": False, **state.get("provisional", {})}
         self.rolled_back = int(state.get("rolled_back", 0))

@@ -11,9 +11,10 @@ holds for any model and data without tuning:
   that rejects every vector doubles the reference for the next round, so honest norms
   that outgrow the bar (a large step size, an error-feedback residual that keeps growing)
   lock the run out for a few rounds at most, while a hostile round can raise the bar by
-  no more than 2x. Default factor 100 (the screen stops absurd norms; clipping bounds the
-  rest, so honest norms that grow several-fold between rounds are not rejected); 0 turns
-  the check off.
+  no more than 2x. Default factor 5; 0 turns the check off. DQ's compensations and
+  refreshed residuals, whose honest norms can grow several-fold between rounds when the
+  server trains long between uploads, are screened against their own round's median when
+  the round has three or more (``round_first``).
 - **Clipping** (:func:`clip_to_median`): every vector that passed the screen is scaled
   down to at most ``clip-factor`` (default 1) times the median norm of the round's
   vectors, so one client in five that sends a scaled (say -4x) update moves the mean by
@@ -137,13 +138,23 @@ class NormScreen:
         How much a round that rejects every vector raises the reference for the next.
     """
 
-    def __init__(self, factor: float = 5.0, history: int = 5, growth: float = 2.0) -> None:
+    def __init__(self, factor: float = 5.0, history: int = 5, growth: float = 2.0,
+                 round_first: bool = False) -> None:
         self.factor = float(factor)
         self.growth = float(growth)
+        self.round_first = bool(round_first)
         self.medians: deque[float] = deque(maxlen=history)
 
     def reference(self, norms: list[float]) -> float | None:
-        """The reference norm for a round whose valid vectors have ``norms``."""
+        """The reference norm for a round whose valid vectors have ``norms``.
+
+        With ``round_first`` a round of three or more vectors is its own reference (its
+        median), for vectors whose honest norms change a lot between rounds (DQ's
+        compensations after long server training); the recent rounds' medians serve
+        rounds with fewer.
+        """
+        if self.round_first and len(norms) >= 3:
+            return float(np.median(norms))
         if self.medians:
             return max(self.medians)
         return float(np.median(norms)) if len(norms) >= 3 else None
