@@ -96,13 +96,23 @@ def _strategy(**knobs):
     return DQStrategy(build_model(task, info), seed=task.seed, config=DQConfig(**knobs)), info
 
 
-def _reply(node, grad_payload, examples=100, record=GRADIENT_KEY):
+def _reply(node, grad_payload, examples=100, record=GRADIENT_KEY, sent=None):
+    """Node ``node``'s reply, answering the message ``sent`` to it (or a stand-in)."""
     content = RecordDict({record: grad_payload.to_record()})
     content["metrics"] = MetricRecord({"num-examples": examples, "partition-id": node})
-    request = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
-                      dst_node_id=NODE_ID_BASE + node, message_type="train")
-    request.metadata.__dict__["_message_id"] = f"req-{node}"
+    request = (sent or {}).get(NODE_ID_BASE + node)
+    if request is None:
+        request = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
+                          dst_node_id=NODE_ID_BASE + node, message_type="train")
+        request.metadata.__dict__["_message_id"] = f"req-{node}"
     return Message(content, reply_to=request)
+
+
+def _sent(messages):
+    """The round's messages by destination, with the ids a grid gives them when sent."""
+    for i, msg in enumerate(messages):
+        msg.metadata.__dict__["_message_id"] = f"sent-{i}"
+    return {m.metadata.dst_node_id: m for m in messages}
 
 
 def test_a_gradient_round_steps_by_the_example_weighted_mean_gradient():
@@ -119,8 +129,9 @@ def test_a_gradient_round_steps_by_the_example_weighted_mean_gradient():
     codec = make("identity")
     w0 = get_flat(strategy.model)
     # Execute
-    _, metrics = strategy.aggregate_train(1, [_reply(0, codec.encode(g0), 100),
-                                              _reply(1, codec.encode(g1), 300)])
+    sent = _sent(msgs)
+    _, metrics = strategy.aggregate_train(1, [_reply(0, codec.encode(g0), 100, sent=sent),
+                                              _reply(1, codec.encode(g1), 300, sent=sent)])
     # Assert: w1 = w0 - lr * (0.25 * g0 + 0.75 * g1)
     np.testing.assert_allclose(get_flat(strategy.model), w0 - 0.5 * 3.25, rtol=0, atol=1e-6)
     assert metrics["gradient-round"] == 1 and metrics["replies"] == 2
@@ -142,12 +153,16 @@ def test_bad_gradient_replies_are_rejected_and_the_round_goes_on(reply, reason, 
     # Prepare
     strategy, _ = _strategy(upload_mode="gradient", gradient_codec="identity",
                             gradient_codec_params="", server_steps=1)
-    list(strategy.configure_train(1, None, client_task_config(TASK, "dq"),
-                                  InProcessGrid(client_app, 2)))
-    good = _reply(1, make("identity").encode(np.ones(strategy.num_params, np.float32)))
+    sent = _sent(list(strategy.configure_train(1, None, client_task_config(TASK, "dq"),
+                                               InProcessGrid(client_app, 2))))
+    good = _reply(1, make("identity").encode(np.ones(strategy.num_params, np.float32)),
+                  sent=sent)
+    bad = reply(strategy.num_params)
+    bad.metadata.__dict__["_reply_to_message_id"] = sent[NODE_ID_BASE].metadata.message_id
+    bad.metadata.group_id = "1"
     w0 = get_flat(strategy.model)
     # Execute
-    _, metrics = strategy.aggregate_train(1, [reply(strategy.num_params), good])
+    _, metrics = strategy.aggregate_train(1, [bad, good])
     # Assert
     assert metrics["rejected"] == 1 and metrics["replies"] == 1
     assert reason in caplog.text
