@@ -684,7 +684,8 @@ class DQStrategy(ModelStrategy, Strategy):
             self._check_spec(content)
         assert self.grad_codec is not None
         update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.grad_codec,
-                                 max_examples=MAX_LOCAL_ID, require_loss=False)(msg)
+                                 max_examples=MAX_LOCAL_ID, require_loss=False,
+                                 exact_records=False)(msg)
         self._check_examples(update.node, int(update.weight))
         return update
 

@@ -139,9 +139,9 @@ def test_a_gradient_round_steps_by_the_example_weighted_mean_gradient():
 
 
 @pytest.mark.parametrize(("reply", "reason"), [
-    (lambda d: _reply(0, make("sign").encode(np.ones(d, np.float32))), "made by 'sign'"),
+    (lambda d: _reply(0, make("sign").encode(np.ones(d, np.float32))), "encoded by 'sign'"),
     (lambda d: _reply(0, make("identity").encode(np.ones(d + 1, np.float32))),
-     "gradient declares (651,)"),
+     "gradient declares shape (651,)"),
     (lambda d: _reply(0, Payload("identity", (d,), {}, {"values": np.full(d, np.nan, np.float32)},
                                  nbits=32 * d)), "NaN or inf"),
     (lambda d: _reply(0, make("identity").encode(np.ones(d, np.float32)), examples=0),
