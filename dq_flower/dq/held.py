@@ -24,17 +24,25 @@ allocates and raises ``ValueError`` on malformed bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 __all__ = ["encode_held", "decode_held", "runs_of", "encode_table", "decode_table",
-           "table_entry", "held_size_bound", "BITMAP", "RUNS", "PACKED_RUNS", "MAX_ID"]
+           "table_entry", "held_for", "held_size_bound", "BITMAP", "RUNS", "PACKED_RUNS",
+           "MAX_ID", "HELD_KEY", "TABLE_KEY", "EMPTY"]
 
 BITMAP, RUNS, PACKED_RUNS = 0, 1, 2
 #: Ids are client-local row numbers below ``2**63`` (the server accepts ids below 2**31).
 MAX_ID = (1 << 63) - 1
 _U64 = np.uint64
+#: Config-record keys of a DQ train message: the node's held set (where the server knows
+#: which client the node is), or the table of every client it may be (where it does not).
+HELD_KEY = "held"
+TABLE_KEY = "held-table"
+#: The empty set's bytes.
+EMPTY = bytes([RUNS, 0])
 
 
 # ------------------------------------------------------------------------------ varints
@@ -242,13 +250,13 @@ def held_size_bound(ids: Iterable[int] | np.ndarray) -> int:
 
 
 # ------------------------------------------------------------------------------ tables
-def encode_table(entries: dict[int, tuple[int, bytes]]) -> bytes:
-    """``{identity: (ask, held set bytes)}`` as one byte string, by identity.
+def encode_table(entries: Mapping[int, tuple[int, bytes]], default_ask: int = 0) -> bytes:
+    """``{identity: (ask, held set bytes)}`` and the ask of any other identity, as bytes.
 
-    ``varint(count)``, then per entry ``varint(identity)``, ``varint(ask)``,
-    ``varint(len(held))`` and the held set's bytes.
+    ``varint(default_ask)``, ``varint(count)``, then per entry, by identity,
+    ``varint(identity)``, ``varint(ask)``, ``varint(len(held))`` and the held set's bytes.
     """
-    parts = [_varint_bytes(np.array([len(entries)], dtype=_U64)).tobytes()]
+    parts = [_varint_bytes(np.array([int(default_ask), len(entries)], dtype=_U64)).tobytes()]
     for identity in sorted(entries):
         ask, held = entries[identity]
         head = np.array([int(identity), int(ask), len(held)], dtype=_U64)
@@ -257,11 +265,12 @@ def encode_table(entries: dict[int, tuple[int, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def decode_table(data: bytes) -> dict[int, tuple[int, bytes]]:
-    """Inverse of :func:`encode_table`."""
+def decode_table(data: bytes) -> tuple[int, dict[int, tuple[int, bytes]]]:
+    """Inverse of :func:`encode_table`: ``(default_ask, entries)``."""
     buf = np.frombuffer(bytes(data), dtype=np.uint8)
-    count, off = _read_one(buf, 0)
-    if count > buf.size:
+    head, off = _read_varints(buf, 0, 2)
+    default, count = int(head[0]), int(head[1])
+    if 4 * count > buf.size - off:  # each entry takes at least four bytes
         raise ValueError(f"held table: {count} entries in {buf.size} bytes")
     out: dict[int, tuple[int, bytes]] = {}
     for _ in range(count):
@@ -275,9 +284,31 @@ def decode_table(data: bytes) -> dict[int, tuple[int, bytes]]:
         off += size
     if off != buf.size:
         raise ValueError("held table: trailing bytes")
-    return out
+    return default, out
 
 
-def table_entry(data: bytes, identity: int) -> tuple[int, bytes] | None:
-    """``(ask, held set bytes)`` of ``identity`` in a table, or ``None`` if it is not there."""
-    return decode_table(data).get(int(identity))
+def table_entry(data: bytes, identity: int) -> tuple[int, bytes]:
+    """``(ask, held set bytes)`` of ``identity`` in a table; absent: the default, none held."""
+    default, entries = decode_table(data)
+    return entries.get(int(identity), (default, EMPTY))
+
+
+def held_for(config: Mapping[str, Any], identity: int, n: int) -> tuple[np.ndarray, int | None]:
+    """What a train message says the server holds of this client: ``(ids, ask)``.
+
+    ``ids``: sorted local row ids below ``n`` the server holds (none where the message
+    names none); ``ask``: the client's own ask from a table, or ``None`` (the message's
+    ``budget`` applies). ``ValueError`` on malformed bytes.
+    """
+    if TABLE_KEY in config:
+        ask, held = table_entry(_as_bytes(config[TABLE_KEY], TABLE_KEY), identity)
+        return decode_held(held, n), ask
+    if HELD_KEY in config:
+        return decode_held(_as_bytes(config[HELD_KEY], HELD_KEY), n), None
+    return np.zeros(0, dtype=np.int64), None
+
+
+def _as_bytes(value: Any, key: str) -> bytes:
+    if not isinstance(value, bytes):
+        raise ValueError(f"'{key}' must be bytes, got {type(value).__name__}")
+    return value

@@ -5,12 +5,16 @@ import pytest
 
 from dq_flower.dq.held import (
     BITMAP,
+    EMPTY,
+    HELD_KEY,
     PACKED_RUNS,
     RUNS,
+    TABLE_KEY,
     decode_held,
     decode_table,
     encode_held,
     encode_table,
+    held_for,
     held_size_bound,
     runs_of,
     table_entry,
@@ -108,11 +112,25 @@ def test_huge_zero_width_runs_cost_no_more_than_the_limit():
 def test_a_table_names_each_identity_its_ask_and_held_set():
     entries = {0: (5, encode_held([1, 2, 3])), 2**64 - 1: (0, encode_held([])),
                7: (40, encode_held(range(100)))}
-    data = encode_table(entries)
-    assert decode_table(data) == entries
+    data = encode_table(entries, default_ask=12)
+    assert decode_table(data) == (12, entries)
     assert table_entry(data, 7) == (40, encode_held(range(100)))
-    assert table_entry(data, 3) is None
-    assert decode_table(encode_table({})) == {}
-    for bad in (data[:-1], data + b"\x00", bytes([5])):
+    assert table_entry(data, 3) == (12, EMPTY)  # not listed: the default ask, none held
+    assert decode_table(encode_table({})) == (0, {})
+    for bad in (data[:-1], data + b"\x00", bytes([5]), bytes([0, 100, 1, 2])):
         with pytest.raises(ValueError):
             decode_table(bad)
+
+
+def test_what_a_client_reads_from_its_train_message():
+    table = encode_table({0: (5, encode_held([1, 2])), 3: (9, encode_held([0]))}, 7)
+    ids, ask = held_for({TABLE_KEY: table}, 0, 10)
+    assert ids.tolist() == [1, 2] and ask == 5
+    ids, ask = held_for({TABLE_KEY: table}, 4, 10)
+    assert ids.tolist() == [] and ask == 7
+    ids, ask = held_for({HELD_KEY: encode_held([3, 4, 50])}, 0, 10)
+    assert ids.tolist() == [3, 4] and ask is None  # ids beyond the client's rows: ignored
+    ids, ask = held_for({}, 0, 10)
+    assert ids.tolist() == [] and ask is None
+    with pytest.raises(ValueError, match="must be bytes"):
+        held_for({HELD_KEY: "1,2"}, 0, 10)
