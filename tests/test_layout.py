@@ -16,8 +16,9 @@ import dq_flower
 ROOT = Path(dq_flower.__file__).parent
 
 SERVER = {"dq_flower.dq.strategy", "dq_flower.dq.planner", "dq_flower.dq.store",
-          "dq_flower.dq.rows", "dq_flower.baselines.strategy", "dq_flower.server",
-          "dq_flower.server.common", "dq_flower.accounting", "dq_flower.compression.strategy"}
+          "dq_flower.dq.rows", "dq_flower.dq.identity", "dq_flower.baselines.strategy",
+          "dq_flower.server", "dq_flower.server.common", "dq_flower.accounting",
+          "dq_flower.compression.strategy"}
 CLIENT = {"dq_flower.dq.client", "dq_flower.dq.scoring", "dq_flower.dq.client_model",
           "dq_flower.baselines.client", "dq_flower.client",
           "dq_flower.client.evaluate", "dq_flower.node", "dq_flower.data_input",
