@@ -292,7 +292,10 @@ class DQStrategy(ModelStrategy, Strategy):
     ) -> Iterable[Message]:
         """Send the sampled nodes the round config (and the model where needed).
 
-        In a data round, nodes known to have uploaded all their samples are not asked.
+        In a data round, clients known to have uploaded all their samples are not asked,
+        and each message says which of the client's rows the server holds (``held``), or,
+        to a node id the server cannot name yet, gives the table of every client identity
+        it may be (``held-table``; see :mod:`dq_flower.dq.identity`).
         """
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
