@@ -360,9 +360,10 @@ class DQStrategy(ModelStrategy, Strategy):
                     plan: RoundPlan, refresh: bool) -> tuple[list[int], bytes | None]:
         """The nodes asked this round, their asks (``self.asked``), and the nodes' table.
 
-        Asks are per client identity. A node the server cannot name (new node id) gets
+        Asks are per client identity. A node the server cannot name (a new node id) gets
         the table of every identity it may be, with each one's held set and ask, and the
-        ask of an identity the table does not list (``None``: no identity is known).
+        ask of an identity the table does not list; the table is ``None`` where no such
+        node is asked, or the server knows no identity it may be.
         """
         keys = clients.keys
         asks = dict.fromkeys(keys, self.cfg.budget)
@@ -435,6 +436,11 @@ class DQStrategy(ModelStrategy, Strategy):
         upload = self._validate(msg, identity, ask)
         self.identities.claim(server_round, src, identity)
         upload.source = src
+        if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
+            dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
+            self._duplicates += dropped
+            log_round("dq", server_round, f"client {identity} (node {src}) re-sent {dropped} "
+                      "rows the server holds: those rows are dropped")
         return upload
 
     def _drop_held(self, batch: SampleBatch, x: np.ndarray,
@@ -442,8 +448,8 @@ class DQStrategy(ModelStrategy, Strategy):
         """Drop the rows of a reply the server already holds (a late reply, a replay).
 
         Without ``resend`` an honest client never sends them (each message names the rows
-        the server holds); the rest of the reply is kept, and the rows are counted in the
-        round's ``duplicate-rows``.
+        the server holds); the rest of the reply is kept, and :meth:`_validate_reply`
+        counts the dropped rows in the round's ``duplicate-rows``.
         """
         if self.cfg.resend or not len(batch):
             return batch, x
@@ -451,9 +457,6 @@ class DQStrategy(ModelStrategy, Strategy):
         held = self.store.was_received(identity, batch.ids)
         if not held.any():
             return batch, x
-        self._duplicates += int(held.sum())
-        log_round("dq", self._configured, f"client {identity} re-sent {int(held.sum())} "
-                  "rows the server holds: those rows are dropped")
         return keep_rows(batch, ~held), x[~held]
 
     def aggregate_train(

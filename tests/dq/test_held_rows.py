@@ -229,3 +229,50 @@ def test_a_replayed_reply_loses_only_its_rows_the_server_holds():
     assert _stored_by(strategy) == {0: 8, 1: 16, 2: 16}
     _, _, metrics = _round(strategy, grid, 3)  # the client is told what is held: no repeat
     assert metrics["duplicate-rows"] == 0 and _stored_by(strategy) == {0: 16, 1: 24, 2: 24}
+
+
+def test_the_client_takes_its_candidates_from_the_servers_held_set():
+    from flwr.app import ConfigRecord, MessageType
+
+    from dq_flower.client import dq_train
+    from dq_flower.dq.held import HELD_KEY, TABLE_KEY, encode_held, encode_table
+    from dq_flower.protocol.dq_batch import decode_batch
+
+    rng = np.random.default_rng(0)
+    n = 60
+    data = (rng.random((n, 64), dtype=np.float32), rng.integers(0, 10, n))
+    held = list(range(0, n, 3))
+    table = encode_table({0: (5, encode_held(held)), 1: (9, encode_held(range(n)))}, 2)
+
+    def reply(identity, extra, budget=500):
+        cfg = ConfigRecord({"server-round": 2, "round-seed": 7, "budget": budget,
+                            "num-classes": 10, **extra})
+        msg = Message(RecordDict({"config": cfg}), dst_node_id=NODE_ID_BASE,
+                      message_type=MessageType.TRAIN)
+        context = Context(run_id=1, node_id=NODE_ID_BASE, state=RecordDict(), run_config={},
+                          node_config={"partition-id": identity})  # a fresh context
+        metrics = dq_train(msg, context, data).content["metrics"]
+        return int(metrics["candidates"]), int(metrics["selected"])
+
+    assert reply(0, {}) == (n, n)  # nothing said: nothing held
+    assert reply(0, {HELD_KEY: encode_held(held)}) == (n - len(held), n - len(held))
+    # a table: the client's own entry (held set and ask)...
+    assert reply(0, {TABLE_KEY: table}) == (n - len(held), 5)
+    # ... or, for an identity it does not list, nothing held and the table's default ask
+    assert reply(7, {TABLE_KEY: table}) == (n, 2)
+    assert reply(1, {TABLE_KEY: table}) == (0, 0)  # everything held
+    assert reply(0, {TABLE_KEY: encode_table({0: (0, encode_held([]))}, 2)}) == (0, 0)
+    # the same message gives the same reply, whatever the client remembers
+    cfg = ConfigRecord({"server-round": 3, "round-seed": 9, "budget": 8, "num-classes": 10,
+                        HELD_KEY: encode_held(held)})
+    context = Context(run_id=1, node_id=NODE_ID_BASE, state=RecordDict(), run_config={},
+                      node_config={"partition-id": 0})
+    msg = Message(RecordDict({"config": cfg}), dst_node_id=NODE_ID_BASE,
+                  message_type=MessageType.TRAIN)
+    first = dq_train(msg, context, data).content
+    second = dq_train(msg, context, data).content
+    for key in ("samples", "sample-info"):
+        assert (recorddict_to_proto(RecordDict({key: first[key]})).SerializeToString()
+                == recorddict_to_proto(RecordDict({key: second[key]})).SerializeToString())
+    ids = decode_batch(first, 10, 64, 2, 8, 2**31).ids
+    assert ids.size == 8 and not set(ids.tolist()) & set(held)
