@@ -28,8 +28,9 @@ ROOT = Path(dq_flower.__file__).resolve().parent
 
 #: Server modules: these and everything under ``dq_flower.server``.
 SERVER = {"dq_flower.dq.strategy", "dq_flower.dq.planner", "dq_flower.dq.store",
-          "dq_flower.dq.rows", "dq_flower.baselines.strategy", "dq_flower.accounting",
-          "dq_flower.compression.strategy", "dq_flower.harness.server_app"}
+          "dq_flower.dq.rows", "dq_flower.dq.identity", "dq_flower.baselines.strategy",
+          "dq_flower.accounting", "dq_flower.compression.strategy",
+          "dq_flower.harness.server_app"}
 SERVER_PACKAGES = ("dq_flower.server",)
 CLIENT = {"dq_flower.dq.client", "dq_flower.dq.scoring", "dq_flower.dq.client_model",
           "dq_flower.baselines.client", "dq_flower.client",

@@ -7,15 +7,22 @@ device's own data and (where the round needs it) the user's model::
     def train(msg: Message, context: Context) -> Message:
         return dq_flower.client.dq_train(msg, context, load_local_data(), model=Net())
 
-State kept across rounds in ``Context.state``:
-- ``dq-upload-round``: for each local sample, the round it was uploaded in (0: never). In
-  round ``r`` a sample counts as uploaded only if that round is before ``r``: a server
-  that resumed from an older checkpoint and serves round ``r`` again holds exactly the
-  uploads of the rounds before ``r``, so nothing it lost is forgotten (and a replayed round
-  gets the same candidates);
+Which rows are candidates is not the client's memory: each data round's message says which
+of this client's rows the server holds (:mod:`dq_flower.dq.held`), by the client's
+identity (:func:`node_key`: its ``partition-id``, else its node id), and the candidates
+are all the local rows but those (all rows with ``resend``). A reply that was lost is
+then uploaded again later, and a client that restarts with an empty ``Context`` (or under
+a new node id) goes on where it stopped. The selection is a function of the round seed,
+the round, the identity, the held set and the received model only, so an uninterrupted
+run and a resumed one get the same replies.
+
+State kept across rounds in ``Context.state`` (lost when the client restarts; each is
+rebuilt from nothing then, which changes the replies that depend on it):
 - ``dq-ef``: the error-feedback residual of a biased compensation codec;
 - ``dq-grad-ef``: the error-feedback state of a biased codec in gradient rounds
-  (``upload-mode`` gradient or auto).
+  (``upload-mode`` gradient or auto);
+- under ``compensation-mode="refresh"``, the samples sent in each round, to recompute
+  the residual over them.
 
 Each is kept as it was before and after the last round it served, so replies are
 idempotent per round: a server that replays a round after a crash gets the same reply.
@@ -29,6 +36,7 @@ where PyTorch is missing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -40,6 +48,7 @@ from dq_flower.codecs import ErrorFeedback, Payload, make
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
+from dq_flower.dq.held import held_for
 from dq_flower.dq.selection import select
 from dq_flower.node import node_key
 from dq_flower.protocol.dq_batch import (
@@ -65,7 +74,6 @@ if TYPE_CHECKING:
 
 __all__ = ["dq_train", "model_knob", "quantizer_for", "node_key", "round_config"]
 
-UPLOAD_ROUND_KEY = "dq-upload-round"
 #: Under ``compensation-mode="refresh"``: the samples payload sent in round r
 #: (``dq-sent-<r>``) and its ids and weights (``dq-sent-rows-<r>``), to recompute residuals.
 SENT_PREFIX = "dq-sent-"
@@ -202,16 +210,6 @@ def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
                                  loss_fn)
 
 
-def _upload_rounds(context: Context, n: int) -> np.ndarray:
-    """Per local sample, the round it was uploaded in (0: never); reset if ``n`` changed."""
-    record = context.state.array_records.get(UPLOAD_ROUND_KEY)
-    if record is not None and "round" in record:
-        rounds = record["round"].numpy().astype(np.int64)
-        if rounds.shape == (n,):
-            return rounds.copy()
-    return np.zeros(n, dtype=np.int64)
-
-
 def _encode(codec, vector: np.ndarray, rng: np.random.Generator, context: Context,
             key: str, server_round: int):
     """Encode ``vector``, through error feedback kept under ``key`` for a biased codec."""
@@ -264,7 +262,9 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     msg : Message
         The train message a :class:`dq_flower.DQStrategy` sent.
     context : Context
-        The node's context; its ``state`` remembers what was uploaded.
+        The node's context: its ``node_config`` names the client (``partition-id``), its
+        ``state`` keeps error-feedback memory (never which rows were uploaded: the message
+        says which rows the server holds).
     data : tuple, Dataset or DataLoader
         The device's own training data (see :mod:`dq_flower.data_input`), used as given.
     model : torch.nn.Module, optional
@@ -308,9 +308,12 @@ def dq_train(msg: Message, context: Context, data: Any, *,
                              f"{num_classes} classes")
         num_classes = num_classes or local
 
-    up_round = _upload_rounds(context, n)
-    uploaded = (up_round > 0) & (up_round < server_round)
-    candidates = np.arange(n) if cfg.resend else np.flatnonzero(~uploaded)
+    held, ask = held_for(config, key, n)  # what the server holds of this client's rows
+    if ask is not None and ask >= 1:  # this client's own ask, from the table of every client
+        cfg = dataclasses.replace(cfg, budget=int(ask))
+    candidates = np.arange(n) if cfg.resend else np.setdiff1d(np.arange(n), held)
+    if ask == 0:  # the server asks this client for nothing this round
+        candidates = candidates[:0]
 
     if knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
         model = None
@@ -381,9 +384,6 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     for name, record in content_extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
-    if not cfg.resend:
-        up_round[chosen] = server_round
-        context.state[UPLOAD_ROUND_KEY] = ArrayRecord({"round": Array(up_round)})
     metrics = {"num-examples": int(n), "partition-id": int(key),
                "candidates": int(candidates.size), "selected": int(chosen.size),
                "up-payload-bits": int(payload_bits),

@@ -2,12 +2,13 @@
 
 Under the adaptive upload schedule the server trains on its store until a held-out part of
 the store stops improving (:mod:`dq_flower.dq.plateau`). The held-out rows are a
-deterministic, seeded fraction of each node's rows, stratified by class (one stratum for
-float targets): after every upload, each (node, class) stratum holds
+deterministic, seeded fraction of each client's rows, stratified by class (one stratum for
+float targets): after every upload, each (client, class) stratum holds
 ``round(fraction * rows)`` held-out rows, the new ones being the rows of the upload whose
-seeded hash of ``(seed, node, local id)`` is smallest. So which rows are held out does not
-depend on the order in which replies arrive, only on what each node uploaded; the test set
-is never involved.
+seeded hash of ``(seed, client, local id)`` is smallest. The client is its stable identity
+(:mod:`dq_flower.dq.identity`), not Flower's node id, so which rows are held out depends
+neither on the order in which replies arrive nor on the node ids of a run, only on what
+each client uploaded; the test set is never involved.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ with the sampled clients ``K`` and ``R`` rounds left (this one included):
 - data rounds: ``sum_k left_k * bits_per_sample + ceil(left_k / budget) * bits_per_reply``
   with ``left_k = min(samples client k has not uploaded yet, R * budget)``, known from its
   earlier replies (before its first one, ``R * budget``); a client with nothing left is not
-  asked (no uplink at all). ``bits_per_reply`` is the rest of a reply: Flower's message
-  envelope, labels' and ids' framing, metrics, and the compensation where it is on;
+  asked (no uplink at all). Clients are keyed by their identity
+  (:mod:`dq_flower.dq.identity`), which outlives a restart under new node ids.
+  ``bits_per_reply`` is the rest of a reply: Flower's message envelope, labels' and ids'
+  framing, metrics, and the compensation where it is on;
 - gradient rounds: ``R * |K| * bits_per_gradient_reply``, the whole reply.
 
 Every figure is first the exact serialized size of a synthetic reply coded as the

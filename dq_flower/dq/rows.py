@@ -13,7 +13,7 @@ packed rows plus per-row side information, without ever keeping float rows:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import cast
 
 import numpy as np
@@ -21,8 +21,34 @@ import numpy as np
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
 from dq_flower.codecs.uniform import Uniform, dither_offsets, packed_codes
+from dq_flower.protocol.dq_batch import SampleBatch
 
-__all__ = ["RowLayout", "payload_quantizer"]
+__all__ = ["RowLayout", "payload_quantizer", "keep_rows", "kept_rows"]
+
+
+@dataclass
+class _KeptBatch(SampleBatch):
+    """A validated batch of which only the payload rows ``kept`` are used."""
+
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
+    """``batch`` restricted to the rows where ``keep`` is true.
+
+    Labels, ids and weights are cut; the payload stays as sent (its sizes are what the
+    client sent), and :func:`kept_rows` names the payload rows still used.
+    """
+    idx = np.flatnonzero(np.asarray(keep, dtype=bool))
+    base = kept_rows(batch)
+    values = {f.name: getattr(batch, f.name) for f in fields(SampleBatch)}
+    values.update(labels=batch.labels[idx], ids=batch.ids[idx], weights=batch.weights[idx])
+    return _KeptBatch(**values, kept=idx if base is None else base[idx])
+
+
+def kept_rows(batch: SampleBatch) -> np.ndarray | None:
+    """The payload rows a batch uses (``None``: all of them)."""
+    return batch.kept if isinstance(batch, _KeptBatch) else None
 
 
 def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False):

@@ -2,10 +2,16 @@
 
 Rows are stored as bit-packed codes (one byte-aligned row per sample) plus the quantizer's
 per-row side information, the label, the importance weight (how many original samples the
-row stands for), the origin node, the client-local sample id and whether the row is held
+row stands for), the origin client, the client-local sample id and whether the row is held
 out (validation rows the server evaluates on and never trains on, see
 :mod:`dq_flower.dq.holdout`). Minibatches are dequantized on the fly; the dequantized float
 data is never kept.
+
+The origin is the client's stable identity (see :mod:`dq_flower.dq.identity`), not
+Flower's node id, which changes when a simulation or a SuperNode restarts. The store also
+keeps, per client, the ids of the rows it evicted, so that :meth:`SampleStore.received`
+names every row it ever received: what each round's message tells the client the server
+holds (an evicted row is not asked for again).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ class StoredRows:
     side: np.ndarray  # (n, k) side information (ranges), any float dtype
     labels: np.ndarray  # (n,) int class labels, or float targets (n,) / (n, k)
     weights: np.ndarray  # (n,) float32, original samples each row stands for
-    node: np.ndarray  # (n,) uint64 origin node ids
+    node: np.ndarray  # (n,) uint64 origin clients (their identities)
     ids: np.ndarray  # (n,) int64 client-local sample ids
     dither: np.ndarray  # (n, 2) int64 dither (seed, start) per row, or (n, 0)
     holdout: np.ndarray | None = None  # (n,) bool, held-out rows; None: none held out
@@ -89,6 +95,8 @@ class SampleStore:
         self._rng = np.random.default_rng(seed)
         self._rows: StoredRows | None = None
         self._node_table: dict[int, int] = {}
+        #: per client, the sorted ids of its evicted rows (narrowest unsigned dtype)
+        self._evicted_ids: dict[int, np.ndarray] = {}
         self.evicted = 0
 
     # ---------------------------------------------------------------- contents
@@ -101,7 +109,8 @@ class SampleStore:
         if self._rows is None:
             return 0
         r = self._rows
-        return int(sum(getattr(r, f).nbytes for f in _FIELDS))
+        return int(sum(getattr(r, f).nbytes for f in _FIELDS)
+                   + sum(v.nbytes for v in self._evicted_ids.values()))
 
     def has(self, node: int, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` from ``node`` are already stored."""
@@ -112,6 +121,26 @@ class SampleStore:
             return np.zeros(len(ids), dtype=bool)
         mine = self._rows.ids[self._rows.node == code]
         return np.isin(ids, mine)
+
+    def received(self, node: int) -> np.ndarray:
+        """Sorted int64 ids of every row received from ``node`` (evicted ones included)."""
+        stored = np.zeros(0, dtype=np.int64)
+        code = self._node_table.get(int(node))
+        if self._rows is not None and code is not None:
+            stored = self._rows.ids[self._rows.node == code].astype(np.int64)
+        evicted = self._evicted_ids.get(int(node))
+        if evicted is not None:
+            stored = np.concatenate([stored, evicted.astype(np.int64)])
+        return np.unique(stored)
+
+    def was_received(self, node: int, ids: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``ids`` from ``node`` the store received before."""
+        return np.isin(np.asarray(ids, dtype=np.int64), self.received(node))
+
+    @property
+    def clients(self) -> list[int]:
+        """Every client the store received rows from, in the order of their first rows."""
+        return sorted(self._node_table, key=self._node_table.__getitem__)
 
     def add(self, rows: StoredRows) -> None:
         """Append rows, then evict down to the bound."""
@@ -148,8 +177,19 @@ class SampleStore:
             keep = np.arange(excess, len(self))
         else:
             keep = np.sort(self._rng.choice(len(self), size=self.max_samples, replace=False))
+        gone = np.ones(len(self), dtype=bool)
+        gone[keep] = False
+        self._remember_evicted(self._take(np.flatnonzero(gone)))
         self._rows = self._take(keep)
         self.evicted += excess
+
+    def _remember_evicted(self, rows: StoredRows) -> None:
+        nodes = self.node_ids(rows)
+        for node in np.unique(nodes):
+            ids = rows.ids[nodes == node].astype(np.int64)
+            old = self._evicted_ids.get(int(node))
+            merged = ids if old is None else np.concatenate([old.astype(np.int64), ids])
+            self._evicted_ids[int(node)] = _narrow_uint(np.unique(merged))
 
     def _take(self, idx: np.ndarray) -> StoredRows:
         r = self._rows
@@ -248,6 +288,13 @@ class SampleStore:
         if self._rows is not None:
             for f in _FIELDS:
                 out[f] = getattr(self._rows, f)
+        nodes = sorted(self._evicted_ids)
+        out["evicted_nodes"] = np.array(nodes, dtype=np.uint64)
+        out["evicted_counts"] = np.array([self._evicted_ids[n].size for n in nodes],
+                                         dtype=np.int64)
+        out["evicted_ids"] = _narrow_uint(np.concatenate(
+            [self._evicted_ids[n].astype(np.int64) for n in nodes]) if nodes
+            else np.zeros(0, dtype=np.int64))
         return out
 
     def load_state(self, state: dict) -> None:
@@ -262,3 +309,11 @@ class SampleStore:
                                       else np.zeros(n, dtype=bool) for f in _FIELDS))
         else:
             self._rows = None
+        # (an older checkpoint has no evicted ids: its evicted rows count as never received)
+        self._evicted_ids = {}
+        if len(state.get("evicted_nodes", ())):
+            ids = np.asarray(state["evicted_ids"])
+            bounds = np.cumsum(np.asarray(state["evicted_counts"], dtype=np.int64))[:-1]
+            for node, part in zip(np.asarray(state["evicted_nodes"], dtype=np.uint64),
+                                  np.split(ids, bounds), strict=True):
+                self._evicted_ids[int(node)] = _narrow_uint(part)

@@ -46,7 +46,9 @@ from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.config import build_config, strategy_kwargs, to_config_record
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig, robust_rule
 from dq_flower.dq.control_variate import ControlVariate
+from dq_flower.dq.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
 from dq_flower.dq.holdout import choose_holdout
+from dq_flower.dq.identity import ClientIdentities, RoundClients, reply_identity
 from dq_flower.dq.planner import (
     ESTIMATES,
     RoundPlan,
@@ -56,7 +58,7 @@ from dq_flower.dq.planner import (
     reply_bits,
 )
 from dq_flower.dq.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
-from dq_flower.dq.rows import RowLayout
+from dq_flower.dq.rows import RowLayout, keep_rows, kept_rows
 from dq_flower.dq.schedule import AdaptiveSchedule, allocate, paired_gain
 from dq_flower.dq.store import SampleStore, StoredRows
 from dq_flower.dq.validation import (
@@ -208,6 +210,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
         self.refresh_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
         self.ledger = RoundLedger()
+        self._gradient_bits: dict[int, int] = {}  # this round's gradient replies' sizes
         self.guard = StepGuard(model, self.optimizer)
         self.value_bound = float(cfg.max_abs_value) or None
         self._given_classes = num_classes
@@ -216,6 +219,12 @@ class DQStrategy(ModelStrategy, Strategy):
         self.rolled_back = 0
         self.cv = (ControlVariate(self.num_params, cfg.compensation_decay)
                    if cfg.compensation_mode != "first-step" else None)
+        #: which client (identity) each node id is; everything per client is keyed by it
+        self.identities = ClientIdentities()
+        self._round_tables: dict[int, tuple[set[int], dict[int, int], int]] = {}
+        self._configured = 0  # the round last configured
+        self._held_bytes = 0  # bytes of held sets and tables the last round sent
+        self._duplicates = 0  # rows of this round's replies the server already held
         if data_spec is not None:
             self._fix_spec(data_spec)
 
@@ -272,13 +281,19 @@ class DQStrategy(ModelStrategy, Strategy):
     ) -> Iterable[Message]:
         """Send the sampled nodes the round config (and the model where needed).
 
-        In a data round, nodes known to have uploaded all their samples are not asked.
+        In a data round, clients known to have uploaded all their samples are not asked,
+        and each message says which of the client's rows the server holds (``held``), or,
+        to a node id the server cannot name yet, gives the table of every client identity
+        it may be (``held-table``; see :mod:`dq_flower.dq.identity`).
         """
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
                                 round_rng(self.seed, server_round, 0, Purpose.SAMPLE))
+        self._configured = server_round
+        self.identities.observe(grid.get_node_ids())
+        clients = self.identities.split([int(n) for n in nodes], self._known_identities())
         rounds_left = (self.num_rounds - server_round + 1) if self.num_rounds else 1
-        plan = self.planner.plan([int(n) for n in nodes], max(rounds_left, 1))
+        plan = self.planner.plan(clients.keys, max(rounds_left, 1))
         self.plans[server_round] = plan
         cfg = ConfigRecord(dict(config.items()))
         knobs = to_config_record(self.cfg)
@@ -296,49 +311,143 @@ class DQStrategy(ModelStrategy, Strategy):
             cfg["refresh"] = 1
         if self._scorer_now() != self.cfg.scorer:
             cfg["scorer"] = self._scorer_now()
-        asks = dict.fromkeys((int(n) for n in nodes), self.cfg.budget)
-        if plan.mode == "data" and not refresh:  # a refresh round asks every sampled node
-            if self.schedule is not None:
-                asks = self._adaptive_asks([int(n) for n in nodes])
-            nodes = [n for n in nodes if asks.get(int(n), 0) > 0
-                     and self.planner.samples_left(n, 1) > 0]
-        self.asked[server_round] = {int(n): asks.get(int(n), self.cfg.budget) for n in nodes}
+        nodes, table = self._round_asks(server_round, nodes, clients, plan, refresh)
         shared: dict[str, Any] = {}
         if nodes and (self.needs_model or plan.mode == "gradient"):
             shared[MODEL_KEY] = model_record(
                 self.model, codec="fp16" if self.cfg.model_precision == "fp16" else "identity")
         messages = []
+        self._held_bytes = 0
         for node in nodes:
             node_cfg = ConfigRecord(dict(cfg.items()))
+            identity = clients.known.get(int(node))
             if self.schedule is not None:
-                node_cfg["budget"] = self.asked[server_round][int(node)]
-            if plan.mode == "data" and self._may_use_feature_ranges():
-                node_cfg["send-ranges"] = int(node) not in self.ranges
+                node_cfg["budget"] = max(self.asked[server_round][int(node)], 1)
+            if plan.mode == "data":
+                held = table if identity is None else self._held_of(identity)
+                if held is not None:
+                    node_cfg[TABLE_KEY if identity is None else HELD_KEY] = held
+                    self._held_bytes += len(held)
+                if self._may_use_feature_ranges():
+                    node_cfg["send-ranges"] = identity is None or identity not in self.ranges
             content = RecordDict({"config": node_cfg, **shared})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))
         return self.ledger.record(server_round, messages)
 
-    def _adaptive_asks(self, nodes: list[int]) -> dict[int, int]:
-        """Per-node asks of the adaptive schedule: ``budget`` each in the first round."""
+    def _known_identities(self) -> set[int]:
+        """Every client identity the server keeps state of."""
+        known = set(self.planner.clients) | set(self.identities.node_of)
+        return known | set(self.store.clients) if self.store is not None else known
+
+    def _held_of(self, identity: int) -> bytes | None:
+        """The held-set bytes of ``identity`` (``None`` with ``resend``: nothing to say)."""
+        if self.cfg.resend:
+            return None
+        return EMPTY if self.store is None else encode_held(self.store.received(identity))
+
+    def _round_asks(self, server_round: int, nodes: list[int], clients: RoundClients,
+                    plan: RoundPlan, refresh: bool) -> tuple[list[int], bytes | None]:
+        """The nodes asked this round, their asks (``self.asked``), and the nodes' table.
+
+        Asks are per client identity. A node the server cannot name (a new node id) gets
+        the table of every identity it may be, with each one's held set and ask, and the
+        ask of an identity the table does not list; the table is ``None`` where no such
+        node is asked, or the server knows no identity it may be.
+        """
+        keys = clients.keys
+        asks = dict.fromkeys(keys, self.cfg.budget)
+        screened = plan.mode == "data" and not refresh  # a refresh round asks every node
+        if screened:
+            if self.schedule is not None:
+                asks = self._adaptive_asks(keys)
+            asks = {k: a if self.planner.samples_left(k, 1) > 0 else 0
+                    for k, a in asks.items()}
+        if clients.spare:
+            default = asks.get(clients.spare[0], 0)
+        else:  # a node beyond every known identity: asked once it is known (adaptive)
+            default = 0 if screened and self.schedule is not None else self.cfg.budget
+        table_asks = {i: asks.get(i, 0) for i in clients.free}
+        unknown_asked = default > 0 or any(a > 0 for a in table_asks.values())
+        if screened:
+            nodes = [n for n in nodes if (asks.get(clients.known[int(n)], 0) > 0
+                                          if int(n) in clients.known else unknown_asked)]
+        self.asked[server_round] = {
+            int(n): (asks.get(clients.known[int(n)], 0) if int(n) in clients.known
+                     else default) for n in nodes}
+        unknown = {int(n) for n in nodes} - set(clients.known)
+        self._round_tables = {server_round: (unknown, table_asks, default)}
+        if not unknown or not clients.free or plan.mode != "data":
+            return nodes, None
+        table = encode_table({i: (a, self._held_of(i) or EMPTY) for i, a in table_asks.items()},
+                             default)
+        return nodes, table
+
+    def _adaptive_asks(self, keys: list[int]) -> dict[int, int]:
+        """Per-client asks of the adaptive schedule: ``budget`` each in the first round.
+
+        ``keys`` are the round's client identities (and placeholders for nodes the server
+        cannot name yet, see :class:`~dq_flower.dq.identity.RoundClients`).
+        """
         assert self.schedule is not None
         if self.schedule.done:
             return {}
         if self.schedule.next_total is None:
-            return dict.fromkeys(nodes, self.cfg.budget)
+            return dict.fromkeys(keys, self.cfg.budget)
         left: dict[int, int | None] = {}
-        for node in nodes:
-            known = self.planner.clients.get(int(node))
-            left[node] = (None if known is None else
-                          known[0] if self.cfg.resend else max(known[0] - known[1], 0))
-        if all(v == 0 for v in left.values()) and self._every_node_known(nodes):
+        for key in keys:
+            known = self.planner.clients.get(int(key))
+            left[key] = (None if known is None else
+                         known[0] if self.cfg.resend else max(known[0] - known[1], 0))
+        if all(v == 0 for v in left.values()) and self._every_node_known(keys):
             self.schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
             return {}
         return allocate(self.schedule.next_total, left, self.node_fit)
 
     def _every_node_known(self, sampled: list[int]) -> bool:
-        """Whether the round sampled every node the server has heard from (or all nodes)."""
+        """Whether the round sampled every client the server has heard from (or all)."""
         return set(self.planner.clients) <= set(sampled)
+
+    def _validate_reply(self, msg: Message, server_round: int,
+                        asked: Mapping[int, int]) -> Upload:
+        """:meth:`_validate` a data reply under the client identity it claims.
+
+        The identity (its ``partition-id`` metric, else its node id) must not belong to
+        another node still connected, nor be claimed by another node this round; the
+        reply is checked against that identity's state and ask.
+        """
+        src = int(msg.metadata.src_node_id)
+        identity = reply_identity(msg.content.metric_records.get("metrics"), src)
+        self.identities.check(server_round, src, identity)
+        ask = asked.get(src, self.cfg.budget)
+        unknown, table_asks, default = self._round_tables.get(server_round, (set(), {}, 0))
+        if src in unknown:
+            ask = table_asks.get(identity, default)
+        upload = self._validate(msg, identity, ask)
+        self.identities.claim(server_round, src, identity)
+        upload.source = src
+        if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
+            dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
+            self._duplicates += dropped
+            log_round("dq", server_round, f"client {identity} (node {src}) re-sent {dropped} "
+                      "rows the server holds: those rows are dropped")
+        return upload
+
+    def _drop_held(self, batch: SampleBatch, x: np.ndarray,
+                   identity: int) -> tuple[SampleBatch, np.ndarray]:
+        """Drop the rows of a reply the server already holds (a late reply, a replay).
+
+        Without ``resend`` an honest client never sends them (each message names the rows
+        the server holds); the rest of the reply is kept, and :meth:`_validate_reply`
+        counts the dropped rows in the round's ``duplicate-rows``.
+        """
+        if self.cfg.resend or not len(batch):
+            return batch, x
+        assert self.store is not None
+        held = self.store.was_received(identity, batch.ids)
+        if not held.any():
+            return batch, x
+        return keep_rows(batch, ~held), x[~held]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -353,9 +462,7 @@ class DQStrategy(ModelStrategy, Strategy):
         t0 = time.perf_counter()
         asked = self.asked.pop(server_round, {})
         screened = screen_replies(
-            replies, lambda msg: self._validate(msg, msg.metadata.src_node_id,
-                                                asked.get(msg.metadata.src_node_id,
-                                                          self.cfg.budget)), sent)
+            replies, lambda msg: self._validate_reply(msg, server_round, asked), sent)
         self._observe_failures(replies, screened)
         # Replies arrive in any order: store and combine them in the clients' partition
         # order, so that a run is reproducible from its seed.
@@ -573,9 +680,7 @@ class DQStrategy(ModelStrategy, Strategy):
                               self.cfg.budget if max_rows is None else int(max_rows))
         upload.delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
         upload.refresh = self._decode_refresh(content, node)
-        if (self.store is not None and self.store.has(node, upload.batch.ids).any()
-                and not self.cfg.resend):
-            raise PayloadError("reply re-sends samples already stored")
+        upload.batch, upload.x = self._drop_held(upload.batch, upload.x, node)
         upload.reply_bits = reply_bits(content) if self.measuring else 0
         return upload
 
@@ -645,8 +750,12 @@ class DQStrategy(ModelStrategy, Strategy):
             raise PayloadError(f"'num-examples' changed from {known[0]} to {examples}")
 
     def _measure_data(self, fresh: list[Upload]) -> None:
-        """Tell the planner what the valid data replies carried and cost."""
+        """Tell the planner what the valid data replies carried and cost.
+
+        Each accepted reply also binds its node id to the identity it spoke for.
+        """
         for u in fresh:
+            self.identities.bind(u.source, u.node)
             self.planner.record_data(u.node, u.examples, len(u.batch))
         full = [u for u in fresh if len(u.batch)]
         if full and self.measuring:
@@ -670,7 +779,12 @@ class DQStrategy(ModelStrategy, Strategy):
             "rejected": rejected,
             "failed": failed,
             "server-time-s": time.perf_counter() - t0,
+            # rows of the round's replies the server already held (dropped), and the bytes
+            # of the held sets and tables its messages carried (part of the downlink)
+            "duplicate-rows": self._duplicates,
+            "held-set-bytes": self._held_bytes,
         }
+        self._duplicates = 0
         if plan is not None and self.cfg.upload_mode != "data":
             metrics.update({"gradient-round": int(plan.mode == "gradient"),
                             "est-data-bits": float(plan.data_bits),
@@ -683,10 +797,18 @@ class DQStrategy(ModelStrategy, Strategy):
         if SPEC_KEY in content.config_records:
             self._check_spec(content)
         assert self.grad_codec is not None
+        src = int(msg.metadata.src_node_id)
+        metrics = content.metric_records.get("metrics")
+        identity = reply_identity(metrics, src) if metrics is not None else src
+        self.identities.check(self._configured, src, identity)
         update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.grad_codec,
                                  max_examples=MAX_LOCAL_ID, require_loss=False,
                                  exact_records=False)(msg)
-        self._check_examples(update.node, int(update.weight))
+        self._check_examples(identity, int(update.weight))
+        self.identities.claim(self._configured, src, identity)
+        self.identities.bind(src, identity)
+        update.node = identity  # per-client state is keyed by the client's identity
+        self._gradient_bits[identity] = reply_bits(content)
         return update
 
     def _aggregate_gradients(self, server_round: int, replies: list[Message],
@@ -722,8 +844,8 @@ class DQStrategy(ModelStrategy, Strategy):
             self.planner.record_examples(r.node, int(r.weight))
         if valid:
             self.planner.measured(gradient_bits=float(np.mean(
-                [reply_bits(m.content) for m in replies
-                 if int(m.metadata.src_node_id) in set(screened.nodes)])))
+                [self._gradient_bits[r.node] for r in valid])))
+        self._gradient_bits.clear()
         metrics = self._round_metrics(plan, loss=loss, selected=0,
                                       up_bits=sum(r.payload_bits for r in valid),
                                       replies=len(valid), rejected=screened.rejected,
@@ -740,6 +862,9 @@ class DQStrategy(ModelStrategy, Strategy):
     def _rows(self, batch: SampleBatch, node: int) -> StoredRows:
         assert self.layout is not None and self.store is not None
         codes, side, dither = self.layout.rows(batch.samples)
+        kept = kept_rows(batch)  # a reply whose rows the server already held lost those
+        if kept is not None:
+            codes, side, dither = codes[kept], side[kept], dither[kept]
         n = len(batch)
         holdout = None
         if self.schedule is not None:
@@ -954,7 +1079,9 @@ class DQStrategy(ModelStrategy, Strategy):
                 "provisional": dict(self._provisional),
                 "control_variate": None if self.cv is None else self.cv.state(),
                 "schedule": None if self.schedule is None else self.schedule.state(),
-                "node_fit": dict(self.node_fit)}
+                "node_fit": dict(self.node_fit),
+                # per-client state above is keyed by client identity, not node id
+                "identities": self.identities.state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -982,4 +1109,8 @@ class DQStrategy(ModelStrategy, Strategy):
         if self.schedule is not None and state.get("schedule") is not None:
             self.schedule.load_state(state["schedule"])
         self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
+        self.identities.load_state(state.get("identities"))
+        if "identities" not in state and state.get("store") is not None:
+            log_round("dq", 0, "a checkpoint from before client identities: its rows stay "
+                      "under the node ids of that run, and clients may upload them again")
         self._returned = None

@@ -82,13 +82,14 @@ class Upload:
     x: np.ndarray
     candidates: int
     delta: np.ndarray | None
-    node: int = 0
+    node: int = 0  # the client's identity (dq.identity), which keys all per-client state
     partition: int = 0
     examples: int = 0
     reply_bits: int = 0
     ranges: tuple[np.ndarray, np.ndarray] | None = None
     refresh: np.ndarray | None = None
     holdout: np.ndarray | None = None  # which rows the store holds out (adaptive schedule)
+    source: int = 0  # the Flower node id the reply came from
     spec: DataSpec | None = None  # the data spec it carries
     scale: float = 0.0  # the largest absolute value it can decode to
     weight_scale: float = 1.0  # below 1 where its claimed weight was clipped

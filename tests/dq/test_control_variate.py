@@ -8,7 +8,7 @@ import pytest
 from dq_flower.dq.control_variate import ControlVariate
 from dq_flower.dq.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
-from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
+from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods_builtin import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
@@ -48,7 +48,8 @@ def test_with_lossless_refreshed_residuals_a_store_step_is_the_true_gradient():
         rows = strategy.store._take(np.arange(len(strategy.store)))
         nodes, ids = strategy.store.node_ids(rows), rows.ids.astype(np.int64)
         data = {p: load_partition("digits", p, 2, "iid", 0.5, TASK.seed)[:2] for p in (0, 1)}
-        x_true = np.stack([data[int(n) - NODE_ID_BASE][0][i] for n, i in
+        # the store keys rows by client identity: here the partition id
+        x_true = np.stack([data[int(n)][0][i] for n, i in
                             zip(nodes, ids, strict=True)])
         ws = (w / w.sum()).astype(np.float32)
         _, g_store = weighted_loss_grad(strategy.model, strategy._shaped(x), y, ws)

@@ -95,10 +95,12 @@ def test_aggregate_train_stores_valid_replies_and_rejects_bad_ones():
     after = list(strategy.model.parameters())
     moved = any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert moved
-    # The same samples again from the same node are refused.
+    # The same samples again from the same node (a replay) are dropped and counted, never
+    # stored twice; the reply itself is not rejected (its other rows would be kept).
     again = _mock_reply(NODE_ID_BASE, x, y, np.arange(8), info.num_classes)
     _, metrics = strategy.aggregate_train(2, [again])
-    assert metrics["rejected"] == 1 and metrics["stored"] == 8
+    assert metrics["rejected"] == 0 and metrics["duplicate-rows"] == 8
+    assert metrics["stored"] == 8 and metrics["selected"] == 0
 
 
 def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():

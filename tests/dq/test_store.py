@@ -249,3 +249,30 @@ def test_has_is_a_boolean_mask_in_every_case():
     mask = store.has(7, ids)
     assert mask.dtype == bool and mask.tolist() == [True, False]
     assert ids[~store.has(7, ids)].tolist() == [2]  # usable as a mask to filter with
+
+
+def test_received_names_every_row_ever_received_evicted_ones_included():
+    # Prepare: a bound of 4 rows, FIFO: node 7's first rows go when node 8's arrive
+    store = SampleStore(_dequantize, max_samples=4, eviction="fifo")
+    assert store.received(7).tolist() == [] and store.clients == []
+    store.add(_rows([5, 3, 9]))
+    store.add(_rows([1, 2, 40_000], node=8))
+    # Assert: node 7's rows 5 and 3 are evicted, yet received (they are not asked again)
+    assert not store.has(7, np.array([5, 3])).any()
+    assert store.received(7).tolist() == [3, 5, 9] and store.received(8).tolist() == [1, 2,
+                                                                                      40_000]
+    assert store.was_received(7, np.array([3, 4, 9])).tolist() == [True, False, True]
+    assert store.clients == [7, 8]
+    # the evicted ids are kept narrow and counted in nbytes, and survive a checkpoint
+    state = store.state()
+    assert state["evicted_ids"].dtype == np.uint8 and state["evicted_ids"].tolist() == [3, 5]
+    assert store.nbytes == sum(v.nbytes for k, v in state.items()
+                               if k not in ("node_table", "evicted", "rng", "evicted_nodes",
+                                            "evicted_counts"))
+    again = SampleStore(_dequantize, max_samples=4, eviction="fifo")
+    again.load_state(state)
+    assert again.received(7).tolist() == [3, 5, 9] and again.clients == [7, 8]
+    # a checkpoint from before evicted ids were kept still loads (its evicted rows unknown)
+    old = {k: v for k, v in state.items() if not k.startswith("evicted_")}
+    again.load_state(old)
+    assert again.received(7).tolist() == [9] and len(again) == 4

@@ -51,7 +51,7 @@ def _rows(history):
 @pytest.mark.parametrize(("every", "crash", "knobs"), [
     (1, 4, {}),
     (3, 5, {}),                       # resumes from round 3: rounds 4-5 were served before
-    (3, 5, {"max_store_samples": 150, "store_eviction": "random"}),
+    (3, 5, {"max_store_samples": 200, "store_eviction": "random"}),  # full from round 3
 ])
 def test_resume_from_any_checkpoint_ends_like_an_uninterrupted_run(tmp_path, every, crash,
                                                                    knobs):

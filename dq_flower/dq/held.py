@@ -1,0 +1,314 @@
+"""Compact sets of client-local row ids: which of a client's rows the server holds.
+
+Each DQ train message tells the client which of its rows the server already holds (see
+:mod:`dq_flower.dq.identity`), so a lost or late reply, or a restarted client, loses and
+duplicates nothing. A set of row ids is sent as real packed bytes, in whichever of three
+forms is smallest (first byte: the form):
+
+- ``0`` bitmap: ``varint(m)`` then ``ceil(m / 8)`` bytes, bit ``i`` (LSB first) set where
+  id ``i`` is held, ``m = max id + 1``;
+- ``1`` runs as varints: ``varint(r)``, then ``r`` gaps and ``r`` lengths as LEB128 varints
+  (the set is ``r`` maximal runs of consecutive ids; the first gap is the first run's start,
+  each later gap is the distance from the previous run's end minus one; lengths minus
+  one);
+- ``2`` runs bit-packed: ``varint(r)``, one byte each for the gap and length widths ``wg``
+  and ``wl``, then the ``r`` gaps in ``wg`` bits and the ``r`` lengths in ``wl`` bits,
+  LSB first.
+
+So a set costs at most the smaller of its bitmap and its varint runs plus a header of at
+most 11 bytes; the empty set costs 2 bytes. A per-client table (sent where the server does
+not yet know which client a node is, see :func:`encode_table`) lists ``(identity, ask,
+held set)`` per client identity. Pure numpy; decoding checks every size before it
+allocates and raises ``ValueError`` on malformed bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["encode_held", "decode_held", "runs_of", "encode_table", "decode_table",
+           "table_entry", "held_for", "held_size_bound", "BITMAP", "RUNS", "PACKED_RUNS",
+           "MAX_ID", "HELD_KEY", "TABLE_KEY", "EMPTY"]
+
+BITMAP, RUNS, PACKED_RUNS = 0, 1, 2
+#: Ids are client-local row numbers below ``2**63`` (the server accepts ids below 2**31).
+MAX_ID = (1 << 63) - 1
+_U64 = np.uint64
+#: Config-record keys of a DQ train message: the node's held set (where the server knows
+#: which client the node is), or the table of every client it may be (where it does not).
+HELD_KEY = "held"
+TABLE_KEY = "held-table"
+#: The empty set's bytes.
+EMPTY = bytes([RUNS, 0])
+
+
+# ------------------------------------------------------------------------------ varints
+def _varint_bytes(values: np.ndarray) -> np.ndarray:
+    """LEB128 bytes of non-negative ints (uint64), concatenated in order."""
+    v = np.asarray(values, dtype=_U64).reshape(-1)
+    if not v.size:
+        return np.zeros(0, dtype=np.uint8)
+    size = np.ones(v.size, dtype=np.int64)
+    for k in range(1, 10):
+        size += v >= _U64(1 << (7 * k))
+    starts = np.concatenate([[0], np.cumsum(size)[:-1]])
+    out = np.zeros(int(size.sum()), dtype=np.uint8)
+    for k in range(10):
+        here = size > k
+        if not here.any():
+            break
+        byte = (v[here] >> _U64(7 * k)) & _U64(0x7F)
+        more = (size[here] > k + 1).astype(_U64) << _U64(7)
+        out[starts[here] + k] = (byte | more).astype(np.uint8)
+    return out
+
+
+def _varint_size(values: np.ndarray) -> int:
+    v = np.asarray(values, dtype=_U64).reshape(-1)
+    size = v.size
+    for k in range(1, 10):
+        size += int((v >= _U64(1 << (7 * k))).sum())
+    return int(size)
+
+
+def _read_varints(buf: np.ndarray, offset: int, count: int) -> tuple[np.ndarray, int]:
+    """``count`` varints from ``buf[offset:]``: ``(uint64 values, offset after them)``."""
+    if count < 0:
+        raise ValueError("negative varint count")
+    if count == 0:
+        return np.zeros(0, dtype=_U64), offset
+    rest = buf[offset:]
+    ends = np.flatnonzero(rest < 0x80)
+    if ends.size < count:
+        raise ValueError("held set: truncated varints")
+    stop = int(ends[count - 1]) + 1
+    chunk = rest[:stop]
+    group = np.concatenate([[0], np.cumsum(chunk[:-1] < 0x80)])
+    first = np.concatenate([[0], ends[:count - 1] + 1])
+    pos = np.arange(stop) - first[group]
+    if pos.max() > 9 or ((pos == 9) & (chunk > 1)).any():
+        raise ValueError("held set: a varint overflows 64 bits")
+    values = np.zeros(count, dtype=_U64)
+    for k in range(int(pos.max()) + 1):
+        sel = pos == k
+        values[group[sel]] |= (chunk[sel] & 0x7F).astype(_U64) << _U64(7 * k)
+    return values, offset + stop
+
+
+def _read_one(buf: np.ndarray, offset: int) -> tuple[int, int]:
+    values, offset = _read_varints(buf, offset, 1)
+    return int(values[0]), offset
+
+
+# ------------------------------------------------------------------------------ bit fields
+def _pack_fixed(values: np.ndarray, width: int) -> np.ndarray:
+    """``values`` as ``width``-bit fields, LSB first, into bytes."""
+    if width == 0 or not values.size:
+        return np.zeros(0, dtype=np.uint8)
+    v = np.asarray(values, dtype=_U64)
+    bits = ((v[:, None] >> np.arange(width, dtype=_U64)) & _U64(1)).astype(np.uint8)
+    return np.packbits(bits.reshape(-1), bitorder="little")
+
+
+def _unpack_fixed(buf: np.ndarray, count: int, width: int) -> np.ndarray:
+    if width == 0 or count == 0:
+        return np.zeros(count, dtype=_U64)
+    bits = np.unpackbits(buf, bitorder="little")[:count * width].reshape(count, width)
+    return (bits.astype(_U64) << np.arange(width, dtype=_U64)).sum(axis=1, dtype=_U64)
+
+
+def _width(values: np.ndarray) -> int:
+    top = int(values.max()) if values.size else 0
+    return top.bit_length()
+
+
+# ------------------------------------------------------------------------------ one set
+def runs_of(ids: Iterable[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, lengths)`` of the maximal runs of consecutive ids (sorted, deduplicated)."""
+    arr = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
+    if not arr.size:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty.copy()
+    breaks = np.flatnonzero(np.diff(arr) != 1) + 1
+    starts = arr[np.concatenate([[0], breaks])]
+    ends = arr[np.concatenate([breaks - 1, [arr.size - 1]])] + 1
+    return starts, ends - starts
+
+
+def _gaps(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The runs as coded: gaps and lengths minus one (uint64)."""
+    ends = starts + lengths
+    gaps = starts.copy()
+    gaps[1:] = starts[1:] - ends[:-1] - 1
+    return gaps.astype(_U64), (lengths - 1).astype(_U64)
+
+
+def _candidates(arr: np.ndarray, every_form: bool = False) -> list[bytes]:
+    """The set's encodings (the bitmap only where it may be the smallest, or asked for)."""
+    starts, lengths = runs_of(arr)
+    r = int(starts.size)
+    count = _varint_bytes(np.array([r])).tobytes()
+    gaps, lens = _gaps(starts, lengths)
+    runs = bytes([RUNS]) + count + _varint_bytes(np.concatenate([gaps, lens])).tobytes()
+    wg, wl = _width(gaps), _width(lens)
+    packed = (bytes([PACKED_RUNS]) + count + bytes([wg, wl])
+              + np.packbits(np.concatenate([
+                  np.unpackbits(_pack_fixed(gaps, wg), bitorder="little")[:r * wg],
+                  np.unpackbits(_pack_fixed(lens, wl), bitorder="little")[:r * wl]]),
+                  bitorder="little").tobytes())
+    out = [runs, packed]
+    m = int(arr[-1]) + 1 if arr.size else 0
+    if every_form or m <= 8 * (len(runs) + 16):  # a bitmap only wins when this small
+        bits = np.zeros(m, dtype=np.uint8)
+        bits[arr] = 1
+        out.append(bytes([BITMAP]) + _varint_bytes(np.array([m])).tobytes()
+                   + np.packbits(bits, bitorder="little").tobytes())
+    return out
+
+
+def encode_held(ids: Iterable[int] | np.ndarray) -> bytes:
+    """The smallest encoding of a set of non-negative row ids (any order, repeats ignored)."""
+    arr = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
+    if arr.size and (arr[0] < 0 or arr[-1] > MAX_ID):
+        raise ValueError(f"row ids must lie in [0, {MAX_ID}]")
+    return min(_candidates(arr), key=len)
+
+
+def decode_held(data: bytes, limit: int) -> np.ndarray:
+    """The sorted int64 ids of :func:`encode_held`'s bytes that lie below ``limit``.
+
+    ``limit`` (the client's number of rows, at most ``2**31``) bounds what is materialised:
+    ids at or above it are dropped, and no array larger than ``limit`` or the input is
+    allocated.
+    """
+    buf = np.frombuffer(bytes(data), dtype=np.uint8)
+    if not buf.size:
+        raise ValueError("held set: no bytes")
+    limit = min(max(int(limit), 0), 1 << 31)
+    kind = int(buf[0])
+    if kind == BITMAP:
+        m, off = _read_one(buf, 1)
+        if buf.size - off != -(-m // 8):
+            raise ValueError(f"held set: a bitmap of {m} bits in {buf.size - off} bytes")
+        bits = np.unpackbits(buf[off:], bitorder="little")[:min(m, limit)]
+        return np.flatnonzero(bits).astype(np.int64)
+    if kind not in (RUNS, PACKED_RUNS):
+        raise ValueError(f"held set: unknown form {kind}")
+    r, off = _read_one(buf, 1)
+    if kind == RUNS:
+        if 2 * r > buf.size - off:  # two varints of at least one byte per run
+            raise ValueError(f"held set: {r} runs in {buf.size} bytes")
+        coded, off = _read_varints(buf, off, 2 * r)
+        if off != buf.size:
+            raise ValueError("held set: trailing bytes")
+        gaps, lens = coded[:r], coded[r:]
+    else:
+        if buf.size < off + 2:
+            raise ValueError("held set: truncated widths")
+        wg, wl = int(buf[off]), int(buf[off + 1])
+        if wg > 64 or wl > 64:
+            raise ValueError("held set: field width above 64 bits")
+        body = buf[off + 2:]
+        if body.size != -(-(r * (wg + wl)) // 8):
+            raise ValueError("held set: packed runs of the wrong size")
+        # zero-width fields cost nothing: read no more runs than can start below the limit
+        total, r = r, min(r, limit)
+        bits = np.unpackbits(body, bitorder="little")
+        gaps = _unpack_fixed(np.packbits(bits[:r * wg], bitorder="little"), r, wg)
+        lens = _unpack_fixed(np.packbits(bits[total * wg:total * wg + r * wl],
+                                         bitorder="little"), r, wl)
+    if not r:
+        return np.zeros(0, dtype=np.int64)
+    # Runs start at least one id apart, so only the first ``limit`` can start below it; with
+    # gaps and lengths clipped to the limit (an id at or above it ends the set anyway) the
+    # sums below stay under 2**63.
+    take = min(r, limit)
+    cap = _U64(limit)
+    g = np.minimum(gaps[:take], cap).astype(np.int64)
+    g[1:] += 1
+    n = np.minimum(lens[:take], cap).astype(np.int64) + 1
+    starts = np.cumsum(g) + np.cumsum(n) - n
+    keep = starts < limit
+    starts, ends = starts[keep], np.minimum(starts[keep] + n[keep], limit)
+    sizes = ends - starts
+    if not sizes.size:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+    return np.arange(int(sizes.sum()), dtype=np.int64) + offsets
+
+
+def held_size_bound(ids: Iterable[int] | np.ndarray) -> int:
+    """``min(bitmap bytes, varint run bytes)`` of a set, without its header (for tests)."""
+    arr = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
+    starts, lengths = runs_of(arr)
+    gaps, lens = _gaps(starts, lengths)
+    bitmap = -(-(int(arr[-1]) + 1 if arr.size else 0) // 8)
+    return min(bitmap, _varint_size(np.concatenate([gaps, lens])))
+
+
+# ------------------------------------------------------------------------------ tables
+def encode_table(entries: Mapping[int, tuple[int, bytes]], default_ask: int = 0) -> bytes:
+    """``{identity: (ask, held set bytes)}`` and the ask of any other identity, as bytes.
+
+    ``varint(default_ask)``, ``varint(count)``, then per entry, by identity,
+    ``varint(identity)``, ``varint(ask)``, ``varint(len(held))`` and the held set's bytes.
+    """
+    parts = [_varint_bytes(np.array([int(default_ask), len(entries)], dtype=_U64)).tobytes()]
+    for identity in sorted(entries):
+        ask, held = entries[identity]
+        head = np.array([int(identity), int(ask), len(held)], dtype=_U64)
+        parts.append(_varint_bytes(head).tobytes())
+        parts.append(bytes(held))
+    return b"".join(parts)
+
+
+def decode_table(data: bytes) -> tuple[int, dict[int, tuple[int, bytes]]]:
+    """Inverse of :func:`encode_table`: ``(default_ask, entries)``."""
+    buf = np.frombuffer(bytes(data), dtype=np.uint8)
+    head, off = _read_varints(buf, 0, 2)
+    default, count = int(head[0]), int(head[1])
+    if 4 * count > buf.size - off:  # each entry takes at least four bytes
+        raise ValueError(f"held table: {count} entries in {buf.size} bytes")
+    out: dict[int, tuple[int, bytes]] = {}
+    for _ in range(count):
+        head, off = _read_varints(buf, off, 3)
+        identity, ask, size = (int(v) for v in head)
+        if off + size > buf.size:
+            raise ValueError("held table: truncated entry")
+        if identity in out:
+            raise ValueError(f"held table: identity {identity} twice")
+        out[identity] = (ask, bytes(buf[off:off + size]))
+        off += size
+    if off != buf.size:
+        raise ValueError("held table: trailing bytes")
+    return default, out
+
+
+def table_entry(data: bytes, identity: int) -> tuple[int, bytes]:
+    """``(ask, held set bytes)`` of ``identity`` in a table; absent: the default, none held."""
+    default, entries = decode_table(data)
+    return entries.get(int(identity), (default, EMPTY))
+
+
+def held_for(config: Mapping[str, Any], identity: int, n: int) -> tuple[np.ndarray, int | None]:
+    """What a train message says the server holds of this client: ``(ids, ask)``.
+
+    ``ids``: sorted local row ids below ``n`` the server holds (none where the message
+    names none); ``ask``: the client's own ask from a table, or ``None`` (the message's
+    ``budget`` applies). ``ValueError`` on malformed bytes.
+    """
+    if TABLE_KEY in config:
+        ask, held = table_entry(_as_bytes(config[TABLE_KEY], TABLE_KEY), identity)
+        return decode_held(held, n), ask
+    if HELD_KEY in config:
+        return decode_held(_as_bytes(config[HELD_KEY], HELD_KEY), n), None
+    return np.zeros(0, dtype=np.int64), None
+
+
+def _as_bytes(value: Any, key: str) -> bytes:
+    if not isinstance(value, bytes):
+        raise ValueError(f"'{key}' must be bytes, got {type(value).__name__}")
+    return value

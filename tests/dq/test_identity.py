@@ -1,0 +1,59 @@
+"""Client identities: which client a Flower node id speaks for."""
+
+import pytest
+
+from dq_flower.codecs import PayloadError
+from dq_flower.dq.identity import ClientIdentities, reply_identity
+
+
+def test_a_reply_names_its_identity_by_partition_id_else_by_node_id():
+    assert reply_identity({"partition-id": 3}, 101) == 3
+    assert reply_identity({"num-examples": 5}, 101) == 101
+    assert reply_identity(None, 2**64 - 1) == 2**64 - 1
+    for bad in (-1, 2**64, 1.5, "3", True):
+        with pytest.raises(PayloadError, match="partition-id"):
+            reply_identity({"partition-id": bad}, 101)
+
+
+def test_an_identity_moves_to_a_new_node_id_only_once_the_old_one_is_gone():
+    ids = ClientIdentities()
+    ids.observe([101, 102])
+    ids.check(1, 101, 0)
+    ids.claim(1, 101, 0)
+    with pytest.raises(PayloadError, match="already claimed this round by node 101"):
+        ids.check(1, 102, 0)
+    ids.bind(101, 0)
+    with pytest.raises(PayloadError, match="belongs to node 101, which is still connected"):
+        ids.check(2, 102, 0)
+    ids.check(2, 101, 0)  # its own node, again
+    ids.observe([201, 102])  # node 101 restarted as 201
+    ids.check(3, 201, 0)
+    ids.bind(201, 0)
+    assert ids.of(201) == 0 and ids.of(101) is None and ids.node_of == {0: 201}
+    # a node that starts speaking for another identity leaves its old one free
+    ids.bind(201, 5)
+    assert ids.node_of == {5: 201} and ids.identity_of == {201: 5}
+
+
+def test_a_round_splits_nodes_into_named_ones_and_those_with_a_table():
+    ids = ClientIdentities()
+    ids.bind(101, 0)
+    ids.bind(102, 1)
+    ids.observe([101, 301, 302, 303])  # node 102 is gone; three new node ids
+    split = ids.split([101, 301, 302, 303], known={0, 1, 2})
+    assert split.known == {101: 0} and split.unknown == [301, 302, 303]
+    assert split.free == [1, 2]  # 0 is held by the connected node 101
+    assert split.spare == [-1]  # one new node more than known free identities
+    assert split.keys == [0, 1, 2, -1]
+    assert ids.split([101], known={0, 1, 2}).keys == [0]  # no new node: no table
+
+
+def test_bindings_survive_a_checkpoint():
+    ids = ClientIdentities()
+    ids.bind(101, 0)
+    ids.bind(2**63 + 5, 7)
+    again = ClientIdentities()
+    again.load_state(ids.state())
+    assert again.identity_of == ids.identity_of and again.node_of == ids.node_of
+    again.load_state(None)  # an older checkpoint: no bindings
+    assert again.identity_of == {} and again.node_of == {}
