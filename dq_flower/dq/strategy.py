@@ -441,9 +441,8 @@ class DQStrategy(ModelStrategy, Strategy):
         the server holds); the rest of the reply is kept, and :meth:`_validate_reply`
         counts the dropped rows in the round's ``duplicate-rows``.
         """
-        if self.cfg.resend or not len(batch):
+        if self.cfg.resend or not len(batch) or self.store is None:  # nothing held yet
             return batch, x
-        assert self.store is not None
         held = self.store.was_received(identity, batch.ids)
         if not held.any():
             return batch, x
