@@ -144,3 +144,29 @@ def test_federated_evaluation_caps_a_claimed_example_count():
     metrics = strategy.aggregate_evaluate(1, [*replies, replies[-1]])
     # the claim weighs as 2x the median (200 of 600): accuracy (4*50 + 200) / 600
     assert metrics["accuracy"] == pytest.approx(400 / 600)
+
+
+# ---------------------------------------------------------------------------- DQ
+def _dq_round(**knobs):
+    from dq_flower.dq.strategy import DQStrategy
+    from dq_flower.harness.client_app import app as client_app
+
+    task = TaskConfig(num_partitions=3, model="logreg", seed=7)
+    strategy = DQStrategy(build_model(task, task_info(task)), seed=7, **knobs)
+    grid = InProcessGrid(client_app, 3)
+    messages = list(strategy.configure_train(1, None, client_task_config(task, "dq"), grid))
+    return strategy, messages, grid.send_and_receive(messages)
+
+
+def test_dq_rejects_an_unsampled_node_and_a_spoof_that_arrives_first():
+    strategy, messages, replies = _dq_round(upload_schedule="fixed")
+    stranger = reply_from(messages[0], replies[0].content, src=node(9))
+    spoof = reply_from(messages[2], replies[2].content, src=node(1))
+    _, metrics = strategy.aggregate_train(1, [stranger, spoof, *replies])
+    assert metrics["replies"] == 3 and metrics["rejected"] == 2
+
+
+def test_dq_counts_silent_nodes_and_stops_a_run_nobody_answers():
+    strategy, _, replies = _dq_round(upload_schedule="fixed", max_failed_rounds=1)
+    with pytest.raises(ClientFailureError, match="no reply from the 3 sampled node"):
+        strategy.aggregate_train(1, [])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import Message, MetricRecord
 
 from dq_flower.codecs import Payload, make
 from dq_flower.dq.config import DQConfig
@@ -30,8 +30,11 @@ def _codec(cfg):
     return cfg.make_codec()
 
 
-def _scaled_app(run_config, scale):
-    """The package's ClientApp, but node 4 sends ``scale`` times its coded update."""
+def _scaled_app(run_config, scale, claim=None):
+    """The package's ClientApp, but node 4 sends ``scale`` times its coded update.
+
+    With ``claim`` it also claims that many examples.
+    """
     _, cfg = validate_run_config(run_config)
 
     def app(msg: Message, context) -> Message:
@@ -45,20 +48,24 @@ def _scaled_app(run_config, scale):
             vec = np.asarray(codec.decode(payload), np.float32)
             reply.content[key] = codec.encode(vec * np.float32(scale),
                                               np.random.default_rng(0)).to_record()
+        if claim is not None:
+            metrics = dict(reply.content["metrics"].items())
+            metrics["num-examples"] = int(claim)
+            reply.content["metrics"] = MetricRecord(metrics)
         return reply
 
     return app
 
 
-def _accuracy(method, scale, rounds, **knobs):
+def _accuracy(method, scale, rounds, claim=None, **knobs):
     run_config = build_run_config(method, num_clients=5, rounds=rounds, **knobs)
-    result = run_server(InProcessGrid(_scaled_app(run_config, scale), 5), run_config)
+    result = run_server(InProcessGrid(_scaled_app(run_config, scale, claim), 5), run_config)
     return float(np.mean([r["accuracy"] for r in result.history[-3:]]))
 
 
-def _check(method, rounds, **knobs):
+def _check(method, rounds, claim=None, scale=-4.0, **knobs):
     control = _accuracy(method, 1.0, rounds, **knobs)
-    attacked = _accuracy(method, -4.0, rounds, **knobs)
+    attacked = _accuracy(method, scale, rounds, claim, **knobs)
     print(f"{method}: control {control:.3f}, one -4x client in five {attacked:.3f}")
     assert attacked >= control - 0.05, (method, control, attacked)
     return control, attacked
@@ -78,3 +85,10 @@ def test_every_codec_holds_against_one_scaled_client_in_five(method):
 @pytest.mark.slow
 def test_dq_gradient_rounds_hold_against_one_scaled_client_in_five():
     _check("dq", 30, upload_mode="gradient", upload_schedule="fixed")
+
+
+@pytest.mark.slow
+def test_dq_gradient_rounds_hold_against_a_sign_flip_claiming_2_to_the_31_examples():
+    # the claim weighs as 2x the median node's; the flipped gradient is left out
+    _check("dq", 30, claim=2**31 - 1, scale=-1.0, upload_mode="gradient",
+           upload_schedule="fixed")
