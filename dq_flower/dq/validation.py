@@ -159,9 +159,12 @@ def read_counts(metrics: MetricRecord | None, rows: int, history: History,
         raise PayloadError(f"'num-examples'={examples!r} is inconsistent with the upload")
     if history.examples and history.examples != examples:
         raise PayloadError(f"'num-examples' changed from {history.examples} to {examples}")
-    if not resend and cand > examples - history.stored:
+    # a late or replayed reply was drawn before its own rows were stored: they count as
+    # not held (the server drops them as duplicates afterwards)
+    if not resend and cand > examples - history.stored + rows:
         raise PayloadError(f"'candidates'={cand} exceeds the {examples - history.stored} of "
-                           f"its {examples} examples the server does not hold")
+                           f"its {examples} examples the server does not hold (plus the "
+                           f"reply's own {rows} rows)")
     return cand, examples, partition
 
 
