@@ -65,10 +65,6 @@ class RoundLedger:
         """The round's messages by node (``None``: the round was not configured here)."""
         return self._rounds.pop(int(server_round), None)
 
-    def sampled(self, server_round: int) -> list[int]:
-        """Nodes the round's messages went to (without taking them)."""
-        return sorted(self._rounds.get(int(server_round), {}))
-
 
 def origin_problem(reply: Message, sent: dict[int, Message] | None) -> str | None:
     """Why ``reply`` does not answer what was sent this round (``None``: it does).
@@ -160,7 +156,6 @@ class Bounded:
     vectors: list[np.ndarray]
     weights: list[float]
     reasons: list[str | None]  # per input vector: why it was rejected (None: kept)
-    clipped: int  # vectors scaled down by a clip
     agree: list[bool] = field(default_factory=list)  # per kept vector: in the mean
     misaligned: list[int] = field(default_factory=list)  # nodes left out for direction
 
@@ -189,10 +184,7 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     norms = [float(np.linalg.norm(v)) for v in vectors]
     passed = screen.keep(norms)
     kept = [v for v, k in zip(vectors, passed, strict=True) if k]
-    before = [float(np.linalg.norm(v)) for v in kept]
     kept = clip_norms(clip_to_median(kept, clip_factor), clip_norm)
-    clipped = sum(1 for v, n in zip(kept, before, strict=True)
-                  if float(np.linalg.norm(v)) < n * (1 - 1e-6))
     agree = agrees_with_others(kept, min_cosine)
     reasons: list[str | None] = [
         None if k else (f"{what} norm is implausibly large against the other clients' "
@@ -205,4 +197,4 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     kept_w = [w for w, k in zip(weights, passed, strict=True) if k]
     kept_w = [w for w, a in zip(kept_w, agree, strict=True) if a]
     kept = [v for v, a in zip(kept, agree, strict=True) if a]
-    return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, clipped, agree, left_out)
+    return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, agree, left_out)
