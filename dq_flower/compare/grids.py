@@ -46,7 +46,7 @@ def step_axes(family: str, config: Mapping[str, Any]) -> dict[str, tuple[float, 
     Parameters
     ----------
     family : str
-        ``dq``, ``gradient`` or ``fedavg``.
+        ``dq``, ``gradient``, ``fedavg`` or ``compressed``.
     config : mapping
         The run's resolved knobs (hyphenated keys, defaults included).
 
@@ -57,7 +57,7 @@ def step_axes(family: str, config: Mapping[str, Any]) -> dict[str, tuple[float, 
     """
     if family == "dq":
         return {"lr": DQ_LR}
-    if family == "fedavg":
+    if family in ("fedavg", "compressed"):  # the server averages: only the client's step
         return {"client-lr": CLIENT_LR}
     if family != "gradient":
         return {}

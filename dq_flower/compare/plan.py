@@ -14,7 +14,12 @@ from typing import Any
 
 from dq_flower.compare.presets import MethodSpec, Preset
 from dq_flower.config import field_keys
-from dq_flower.harness.methods import get_method, method_names, validate_run_config
+from dq_flower.harness.methods import (
+    client_config,
+    get_method,
+    method_names,
+    validate_run_config,
+)
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_dataset_cached
@@ -100,7 +105,7 @@ def plan_runs(preset: Preset, sets: Sequence[tuple[str | None, str, Any]] = ()) 
     """
     specs = preset.method_specs(method_names())
     labels = [s.label for s in specs]
-    allowed = {s.label: field_keys(TaskConfig) | field_keys(get_method(s.method).config_cls)
+    allowed = {s.label: field_keys(TaskConfig) | get_method(s.method).knob_keys()
                for s in specs}
     for key in [*preset.knobs, *(k for lbl, k, _ in sets if lbl is None)]:
         _scenario_key_check(key)
@@ -132,8 +137,9 @@ def plan_runs(preset: Preset, sets: Sequence[tuple[str | None, str, Any]] = ()) 
             task, method_cfg = validate_run_config(run_config)
         except ValueError as exc:
             raise ValueError(f"method {spec.label}: {exc}") from None
+        configs = (client_config(run_config), task, method_cfg)
         resolved = {k.replace("_", "-"): v
-                    for cfg in (task, method_cfg) for k, v in asdict(cfg).items()}
+                    for cfg in configs if cfg is not None for k, v in asdict(cfg).items()}
         plans.append(PlannedRun(spec, run_config, {**scenario, **knobs},
                                 get_method(spec.method).family, resolved))
     return plans

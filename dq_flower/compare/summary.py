@@ -15,6 +15,7 @@ from dq_flower.compare.fmt import fmt_ratio as _fmt_ratio
 from dq_flower.compare.fmt import pct as _pct
 from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
 from dq_flower.compare.sections import step_size_lines, time_table, verdict_extras
+from dq_flower.harness.method_registry import family_of
 
 __all__ = [
     "REFERENCE",
@@ -76,7 +77,8 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
     rows = [r for r in record.get("history") or [] if int(r["round"]) >= 1]
     D, d = int(record["num_params"]), int(record["data_dim"])
     bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in rows)
-    if record["family"] == "dq":
+    unit = family_of(str(record["family"])).payload_unit
+    if unit == "sample":
         grad_rows = [r for r in rows if r.get("gradient_round") == 1]
         data_rows = [r for r in rows if r.get("gradient_round") != 1]
         data_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in data_rows)
@@ -92,7 +94,7 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
             unit["gradient_bits_per_coord"] = (grad_bits / (replies * D) if replies and D
                                                else float("nan"))
         return unit
-    if record["family"] == "gradient" and bits:
+    if unit == "coord" and bits:
         # the payload bits include replies the norm screen then rejected: divide by every
         # reply they count (older records lack "coded_replies": their accepted replies)
         replies = sum(float(r.get("coded_replies", r.get("replies", 0)) or 0) for r in rows)
@@ -120,7 +122,7 @@ def coder_of_run(record: Mapping[str, Any]) -> str:
     FedAvg, whose float32 weights Flower sends as they are, and for older results.
     """
     cfg = record.get("config") or {}
-    if record.get("family") == "fedavg":
+    if not family_of(str(record.get("family", "gradient"))).coded:
         return "none"
     for part in str(cfg.get("codec-params") or "").split(","):
         key, _, value = part.partition("=")
@@ -188,7 +190,8 @@ def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _is_quantized_gradient(rec: Mapping[str, Any]) -> bool:
-    return rec["family"] == "gradient" and rec["config"].get("codec") not in ("identity", None)
+    return (family_of(str(rec["family"])).payload_unit == "coord"
+            and rec["config"].get("codec") not in ("identity", None))
 
 
 # ---------------------------------------------------------------------------- formatting

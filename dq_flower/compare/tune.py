@@ -26,6 +26,7 @@ from dq_flower.compare.grids import grid_points, step_axes
 from dq_flower.compare.plan import PlannedRun
 from dq_flower.compare.presets import Preset, tuned_split
 from dq_flower.compare.run import _run_one
+from dq_flower.harness.method_registry import family_of
 from dq_flower.harness.methods import validate_run_config
 
 __all__ = ["TuneSettings", "tune_plan", "tune_runs", "apply_tuning", "choose", "extend_axes"]
@@ -62,7 +63,8 @@ class TuneSettings:
 
     def rounds_for(self, plan: PlannedRun) -> int:
         """The tuning horizon of ``plan`` (at most its own rounds)."""
-        epochs = plan.family == "fedavg" or int(plan.resolved.get("local-epochs", 0) or 0) > 0
+        epochs = (family_of(plan.family).epoch_rounds
+                  or int(plan.resolved.get("local-epochs", 0) or 0) > 0)
         rounds = self.epoch_rounds if epochs and self.epoch_rounds else self.rounds
         return min(rounds, int(plan.run_config["num-server-rounds"]))
 

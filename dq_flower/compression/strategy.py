@@ -250,6 +250,17 @@ class CompressedUpdates(ServerFigures, Strategy):
         """The inner strategy's evaluation aggregate."""
         return self.strategy.aggregate_evaluate(server_round, replies)
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs: the norm screen's reference.
+
+        The inner strategy's own state, if any, is the inner strategy's to keep.
+        """
+        return {"norms": self.norms.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.norms.load_state_dict(state["norms"])
+
     # ------------------------------------------------------------------ internals
     def _prepare(self, msg: Message) -> _Sent:
         """Note what a train message carries; with ``downlink="fp16"`` code its model."""

@@ -81,11 +81,19 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
             from dq_flower.baselines.client import gradient_train  # PyTorch, checked above
 
             return gradient_train(msg, context, (x, y), model=model_for(task))
-        if family == "fedavg":
+        if family in ("fedavg", "compressed"):
             from dq_flower.harness.fedavg_client import fedavg_train  # PyTorch, checked above
 
-            return fedavg_train(msg, context, x, y, model_for(task), task.seed,
-                                node_key(context))
+            model = model_for(task)
+
+            def local_epochs(m: Message, c: Context) -> Message:
+                return fedavg_train(m, c, x, y, model, task.seed, node_key(c))
+
+            if family == "fedavg":
+                return local_epochs(msg, context)
+            from dq_flower.compression.mod import compression_mod  # PyTorch, checked above
+
+            return compression_mod(msg, context, local_epochs)  # the coded update
         raise ValueError(f"this ClientApp has no handler for method family {family!r}")
 
     @app.evaluate()

@@ -11,7 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Method", "NEUTRAL_VALUES", "METHODS", "register_method"]
+from dq_flower.config import field_keys
+
+__all__ = ["Family", "FAMILIES", "Method", "NEUTRAL_VALUES", "METHODS", "family_of",
+           "register_method"]
 
 #: Run-config values that mean "not set" (``pyproject.toml`` lists every knob at such a
 #: value): they do not override a method's own default for the key, so the table can
@@ -26,6 +29,51 @@ NEUTRAL_VALUES: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
+class Family:
+    """What the methods of one family share; the harness's ClientApp has one handler each.
+
+    Attributes
+    ----------
+    name : str
+        ``dq``, ``gradient`` (:class:`dq_flower.GradientStrategy`), ``fedavg`` (Flower's
+        ``FedAvg``) or ``compressed`` (Flower's ``FedAvg`` in
+        :class:`dq_flower.CompressedUpdates`, the client's epoch through
+        :func:`dq_flower.compression_mod`).
+    payload_unit : str
+        How the summary counts the uplink: ``sample`` (DQ's coded samples), ``coord`` (coded
+        updates: payload bits per model coordinate and coded reply) or ``wire`` (float32
+        weights: the message bytes as Flower sends them).
+    coded : bool
+        Whether the uploads pass the lossless ``entropy-coder`` stage.
+    epoch_rounds : bool
+        Whether every round is a local epoch (tuning's ``--tune-epoch-rounds`` horizon).
+    """
+
+    name: str
+    payload_unit: str
+    coded: bool = True
+    epoch_rounds: bool = False
+
+
+#: The families, by name.
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("dq", "sample"),
+    Family("gradient", "coord"),
+    Family("fedavg", "wire", coded=False, epoch_rounds=True),
+    Family("compressed", "coord", epoch_rounds=True),
+)}
+
+
+def family_of(name: str) -> Family:
+    """The family called ``name``; ``ValueError`` listing the known ones otherwise."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown method family {name!r}; known: {', '.join(FAMILIES)}") \
+            from None
+
+
+@dataclass(frozen=True)
 class Method:
     """A named training method.
 
@@ -34,9 +82,12 @@ class Method:
     name : str
         Public name (``dq``, ``fedavg``, ``qsgd``, ...).
     family : str
-        Client handler family (``dq``, ``gradient``, ``fedavg``).
+        Name of its :class:`Family` (``dq``, ``gradient``, ``fedavg``, ``compressed``).
     config_cls : type
         Typed config dataclass of the method's knobs.
+    client_config_cls : type or None
+        Typed config of knobs that only its clients read, where ``config_cls`` does not
+        hold them (the ``compressed`` family: FedAvg's local training), checked with it.
     build : callable
         ``build(task, run_config, model, info) -> (strategy, train_config)``.
     defaults : mapping
@@ -48,6 +99,12 @@ class Method:
     config_cls: type
     build: Callable[..., Any]
     defaults: Mapping[str, Any]
+    client_config_cls: type | None = None
+
+    def knob_keys(self) -> set[str]:
+        """The hyphenated keys of every knob this method reads (server and clients)."""
+        classes = (self.config_cls, self.client_config_cls)
+        return set().union(*(field_keys(c) for c in classes if c is not None))
 
     def merged(self, run_config: Mapping[str, Any]) -> dict[str, Any]:
         """``run_config`` over this method's defaults.
@@ -74,11 +131,14 @@ METHODS: dict[str, Method] = {}
 
 
 def register_method(name: str, family: str, config_cls: type,
-                    defaults: Mapping[str, Any] | None = None):
-    """Decorator registering a strategy builder as method ``name``."""
+                    defaults: Mapping[str, Any] | None = None,
+                    client_config_cls: type | None = None):
+    """Decorator registering a strategy builder as method ``name`` of a known family."""
+    family_of(family)
 
     def deco(build: Callable[..., Any]) -> Callable[..., Any]:
-        METHODS[name] = Method(name, family, config_cls, build, dict(defaults or {}))
+        METHODS[name] = Method(name, family, config_cls, build, dict(defaults or {}),
+                               client_config_cls)
         return build
 
     return deco

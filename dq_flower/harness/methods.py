@@ -17,7 +17,7 @@ from dq_flower.harness.method_registry import METHODS, NEUTRAL_VALUES, Method, r
 from dq_flower.harness.task_config import TaskConfig
 
 __all__ = ["Method", "NEUTRAL_VALUES", "register_method", "get_method", "method_names",
-           "validate_run_config"]
+           "validate_run_config", "client_config"]
 
 
 def get_method(name: str) -> Method:
@@ -42,4 +42,16 @@ def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]
     merged = method.merged(run_config)
     task = from_mapping(TaskConfig, merged)
     knobs: Any = from_mapping(method.config_cls, merged)
+    client_config(run_config)
     return task, knobs
+
+
+def client_config(run_config: Mapping[str, Any]) -> Any | None:
+    """The method's client-only config (:attr:`Method.client_config_cls`), or ``None``.
+
+    Raises ``ValueError`` naming the key of a bad value.
+    """
+    method = get_method(str(run_config.get("method", "dq")))
+    if method.client_config_cls is None:
+        return None
+    return from_mapping(method.client_config_cls, method.merged(run_config))

@@ -172,6 +172,8 @@ def run_server(
         t_server = time.perf_counter()
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         server_s += time.perf_counter() - t_server
+        if hasattr(strategy, "round_figures"):  # a wrapper's own figures (payload bits)
+            metrics = {**strategy.round_figures(rnd), **dict((metrics or {}).items())}
         if new_arrays is not None:
             arrays = new_arrays
         fed = None

@@ -43,7 +43,7 @@ def build_run_config(
         model = "custom"  # the model itself travels as a factory (see simulate)
     if not isinstance(dataset, str):
         dataset = _dataset_arg(dataset, seed, tempfile.mkdtemp(prefix="dq-flower-"))
-    allowed = field_keys(TaskConfig) | field_keys(spec.config_cls)
+    allowed = field_keys(TaskConfig) | spec.knob_keys()
     run_config: dict[str, Any] = {
         "method": method, "dataset": dataset, "model": model,
         "num-partitions": int(num_clients), "num-server-rounds": int(rounds), "seed": int(seed),

@@ -579,10 +579,11 @@ def test_a_client_too_many_votes_behind_gets_the_float32_model():
 
 
 # ---------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("method", ["qsgd", "signsgd"])
+@pytest.mark.parametrize("method", ["qsgd", "signsgd", "fedavg-ef-sign"])
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(method, tmp_path):
-    # Prepare: unbiased codec, and majority vote with its 1-bit downlink; the clients keep
-    # their Context state (as long-running SuperNodes do), the server restarts
+    # Prepare: unbiased codec, and majority vote with its 1-bit downlink, and Flower's FedAvg
+    # in CompressedUpdates with error feedback in compression_mod; the clients keep their
+    # Context state (as long-running SuperNodes do), the server restarts
     common = {"num_clients": 2, "seed": 5}
     straight = run_server(InProcessGrid(client_app, 2),
                           build_run_config(method, rounds=6, **common))

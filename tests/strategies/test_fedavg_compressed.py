@@ -8,8 +8,9 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.client import epoch_batches
-from dq_flower.baselines.config import GradientConfig
+from dq_flower.baselines.config import FedAvgConfig, GradientConfig
 from dq_flower.codecs import make
+from dq_flower.config import from_mapping
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods import get_method, method_names
@@ -34,7 +35,8 @@ def _run(method: str, **knobs):
 def test_lossless_local_epochs_reproduce_flowers_fedavg_round_after_round():
     # Prepare: unequal Dirichlet partitions (so clients take different numbers of steps),
     # the identity codec (lossless, zlib-coded where that shrinks it), server lr 1, no
-    # momentum: FedAvg's own update, through GradientStrategy and gradient_train
+    # momentum: FedAvg's own update, through GradientStrategy and gradient_train; and the
+    # registered fedavg-fp32: Flower's FedAvg in CompressedUpdates with compression_mod
     fedavg, fedavg_acc = _run("fedavg", local_epochs=1, client_lr=0.1)
     ours, ours_acc = _run("sgd", local_epochs=1, client_lr=0.1, lr=1.0, momentum=0.0,
                           entropy_coder="zlib", clip_factor=0.0, weight_cap=0.0,
@@ -46,14 +48,16 @@ def test_lossless_local_epochs_reproduce_flowers_fedavg_round_after_round():
         np.testing.assert_allclose([r["loss"] for r in run.history],
                                    [r["loss"] for r in fedavg.history], rtol=1e-5)
         assert run.history[1]["up_bytes"] < fedavg.history[1]["up_bytes"]  # zlib on float32
-        assert run.history[1]["down_bytes"] < fedavg.history[1]["down_bytes"]
-    assert [r["cum_up_bytes"] for r in registered.history] == \
-        [r["cum_up_bytes"] for r in ours.history]
+    assert ours.history[1]["down_bytes"] < fedavg.history[1]["down_bytes"]  # zlib-coded model
+    # the wrapper sends the inner FedAvg's float32 broadcast as it is (plus its config keys)
+    assert 0 <= registered.history[1]["down_bytes"] - fedavg.history[1]["down_bytes"] \
+        < 0.01 * fedavg.history[1]["down_bytes"]
+    assert all(r["coded_replies"] == 3 and r["up_payload_bits"] <= 32 * 3 * run.num_params
+               for r in registered.history[1:])
 
 
 def test_one_lossless_round_lands_on_fedavgs_weighted_mean_of_local_models():
     # Prepare: the clients' local epochs computed by hand, with FedAvg's own shuffles
-    from dq_flower.baselines.config import FedAvgConfig
     from dq_flower.harness.fedavg_client import local_epochs
     from dq_flower.harness.runtime import build_model
     from dq_flower.harness.tasks.data import load_partition
@@ -95,38 +99,68 @@ def test_epoch_batches_visit_every_row_once_per_epoch_in_fedavgs_order():
 @pytest.mark.parametrize("name", FEDAVG_STAR)
 def test_fedavg_star_methods_are_registered_with_one_local_epoch(name):
     method = get_method(name)
-    assert name in method_names() and method.family == "gradient"
-    _, cfg = validate_run_config(build_run_config(name, rounds=1))
-    assert cfg.local_epochs == 1 and cfg.lr == 1.0 and cfg.momentum == 0.0
-    assert cfg.entropy == "zlib"  # the plugin's default, as for DQ; every preset sets it too
+    assert name in method_names() and method.family == "compressed"
+    run_config = build_run_config(name, rounds=1)
+    _, cfg = validate_run_config(run_config)
+    client = from_mapping(FedAvgConfig, method.merged(run_config))
+    assert client.local_epochs == 1 and cfg.clip_factor == 0.0 and cfg.weight_cap == 0.0
+    assert cfg.entropy_coder == "zlib"  # the plugin's default, as for DQ; every preset sets it
+
+
+def test_fedavg_star_builds_flowers_fedavg_inside_the_wrapper():
+    from flwr.serverapp.strategy import FedAvg
+
+    from dq_flower import CompressedUpdates
+    from dq_flower.harness.runtime import build_model, task_info
+
+    run_config = build_run_config("fedavg-qsgd2", rounds=1)
+    task, _ = validate_run_config(get_method("fedavg-qsgd2").merged(run_config))
+    info = task_info(task)
+    strategy, config = get_method("fedavg-qsgd2").build(
+        task, get_method("fedavg-qsgd2").merged(run_config), build_model(task, info), info)
+    assert isinstance(strategy, CompressedUpdates) and type(strategy.strategy) is FedAvg
+    assert config["method"] == "fedavg-qsgd2" and strategy.cfg.codec == "qsgd"
 
 
 def test_method_codecs_and_bits():
-    cfgs = {m: validate_run_config(build_run_config(m, rounds=1))[1] for m in FEDAVG_STAR}
+    cfgs = {m: validate_run_config(build_run_config(m, rounds=1))[1].gradient_config()
+            for m in FEDAVG_STAR}
+    downlinks = {m: validate_run_config(build_run_config(m, rounds=1))[1].downlink
+                 for m in FEDAVG_STAR}
     x = np.random.default_rng(0).standard_normal(512 * 100).astype(np.float32)
     for name, bits in (("fedavg-qsgd2", 2), ("fedavg-qsgd4", 4)):
         codec = make("qsgd", **cfgs[name].codec_kwargs)  # the fixed-length code
         assert codec.encode(x, np.random.default_rng(0)).nbits == x.size * bits + 32 * 100
     assert cfgs["fedavg-ef-sign"].codec == "ef-sign"
     assert cfgs["fedavg-topk"].codec_kwargs["ratio"] == 0.01
-    assert cfgs["fedavg-fp16"].codec == "fp16" and cfgs["fedavg-fp16"].downlink_mode == "fp16"
+    assert cfgs["fedavg-fp16"].codec == "fp16" and downlinks["fedavg-fp16"] == "fp16"
     assert cfgs["fedavg-fp32"].codec == "identity" and make("identity").lossless
+    assert {downlinks[m] for m in FEDAVG_STAR if m != "fedavg-fp16"} == {"float32"}
 
 
 def test_neutral_run_config_values_keep_each_methods_own_choices():
     # what pyproject.toml lists for every method (flwr run)
     listed = {"levels": 0, "bucket": 0, "ratio": 0.0, "codec-params": "", "local-epochs": 0,
-              "downlink": "auto"}
+              "downlink": "auto", "clip-factor": 1.0, "weight-cap": 2.0}
     _, q2 = validate_run_config({**listed, "method": "fedavg-qsgd2"})
     _, fp = validate_run_config({**listed, "method": "fedavg-fp16"})
     _, qs = validate_run_config({**listed, "method": "qsgd"})
     _, fa = validate_run_config({**listed, "method": "fedavg"})
-    assert q2.codec_kwargs["levels"] == 1 and q2.local_epochs == 1
-    assert fp.downlink_mode == "fp16"
+    q2_client = from_mapping(FedAvgConfig,
+                             get_method("fedavg-qsgd2").merged({**listed,
+                                                                "method": "fedavg-qsgd2"}))
+    assert q2.gradient_config().codec_kwargs["levels"] == 1 and q2_client.local_epochs == 1
+    assert q2.clip_factor == 0.0 and q2.weight_cap == 0.0 and q2.downlink == "float32"
+    assert fp.downlink == "fp16"
     assert qs.local_epochs == 0 and qs.codec_kwargs["levels"] == 4
     assert fa.local_epochs == 1
     _, explicit = validate_run_config({"method": "fedavg-qsgd2", "levels": 3})
-    assert explicit.codec_kwargs["levels"] == 3
+    assert explicit.gradient_config().codec_kwargs["levels"] == 3
+
+
+def test_a_bad_client_knob_of_a_fedavg_star_method_fails_naming_its_key():
+    with pytest.raises(ValueError, match="client-lr"):
+        validate_run_config({"method": "fedavg-qsgd2", "client-lr": -1.0})
 
 
 def test_local_epochs_knob_is_validated():
@@ -189,10 +223,25 @@ def test_fp16_both_ways_matches_fedavg_to_half_precision():
 
 
 def test_codec_of_a_method_decodes_its_replies():
-    cfg = validate_run_config(build_run_config("fedavg-qsgd2", rounds=1))[1]
+    cfg = validate_run_config(build_run_config("fedavg-qsgd2", rounds=1))[1].gradient_config()
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     p = cfg.make_codec().encode(x, np.random.default_rng(1))
     np.testing.assert_array_equal(cfg.make_codec().decode(p),
                                   make("qsgd", levels=1, bucket=512).decode(
                                       make("qsgd", levels=1, bucket=512).encode(
                                           x, np.random.default_rng(1))))
+
+
+def test_the_wrapper_checkpoints_its_norm_screen_reference():
+    from flwr.serverapp.strategy import FedAvg
+
+    from dq_flower import CompressedUpdates
+
+    wrapper = CompressedUpdates(FedAvg(), codec="qsgd")
+    wrapper.norms.keep([1.0, 2.0, 3.0])  # a round of three sets the reference
+    resumed = CompressedUpdates(FedAvg(), codec="qsgd")
+    resumed.load_state_dict(wrapper.state_dict())
+    # a round of two cannot set its own reference: only the restored one rejects 1000x
+    assert resumed.norms.keep([2.0, 2000.0]) == wrapper.norms.keep([2.0, 2000.0]) == \
+        [True, False]
+    assert CompressedUpdates(FedAvg(), codec="qsgd").norms.keep([2.0, 2000.0]) == [True, True]
