@@ -80,6 +80,37 @@ def test_moving_to_compressed_updates_changes_at_most_4_lines_and_keeps_train():
     assert twin[twin.index(body[start]):][:25] == body[start:start + 25]
 
 
+def _readme_diff_blocks(readme: Path) -> list[list[str]]:
+    blocks, current = [], None
+    for line in readme.read_text().splitlines():
+        if line == "```diff":
+            current = []
+        elif line == "```" and current is not None:
+            blocks.append(current)
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+@pytest.mark.parametrize("readme", [EXAMPLES / "quickstart-dq/README.md"])
+def test_a_readmes_diff_against_flowers_quickstart_is_made_of_the_apps_real_lines(readme):
+    # every +/- line of a `--- base / +++ twin` block is a line of that file, in that app
+    checked = 0
+    for block in _readme_diff_blocks(readme):
+        old = new = None
+        for line in block:
+            if line.startswith("--- "):
+                old = EXAMPLES / line[4:]
+            elif line.startswith("+++ "):
+                new = EXAMPLES / line[4:]
+            elif line[:1] in "+-" and old is not None and new is not None:
+                source = new if line[0] == "+" else old
+                assert line[1:] in source.read_text().splitlines(), (source, line)
+                checked += 1
+    assert checked >= 10
+
+
 def test_the_counter_counts():
     assert changed_lines(["a", "b", "c"], ["a", "x", "c", "d"]) == (2, 2, 1)
     assert code_lines(BASE / "pytorchexample/__init__.py") == [
