@@ -173,6 +173,31 @@ def superlink_command(
     return cmd
 
 
+def _node_data_config(partition_id: int | None, num_partitions: int | None,
+                      data_file: str | Path | None, data_dir: str | Path | None,
+                      node_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A SuperNode's node config: its data (file or partition) and the extra pairs."""
+    if partition_id is not None and num_partitions is not None \
+            and not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
+    config: dict[str, Any] = {}
+    if partition_id is not None:
+        config["partition-id"] = partition_id
+    if num_partitions is not None:
+        config["num-partitions"] = num_partitions
+    if data_file is not None:
+        config["data-file"] = _abs(data_file)
+    if data_dir is not None:
+        config["data-dir"] = _abs(data_dir)
+    config.update(node_config or {})
+    if config.get("data-file"):
+        config["data-file"] = _abs(config["data-file"])
+    elif "partition-id" not in config or "num-partitions" not in config:
+        raise ValueError("a SuperNode needs its own data file (data-file) or a partition "
+                         "(partition-id and num-partitions)")
+    return config
+
+
 def supernode_command(
     *,
     superlink: str,
@@ -201,26 +226,9 @@ def supernode_command(
     ``runtime_port`` is the node's local Runtime API port (its ``flwr-clientapp`` talks to
     it); two SuperNodes on one machine need two ports.
     """
-    if partition_id is not None and num_partitions is not None \
-            and not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
     if insecure and root_certificates is not None:
         raise ValueError("insecure=True contradicts root_certificates")
-    config: dict[str, Any] = {}
-    if partition_id is not None:
-        config["partition-id"] = partition_id
-    if num_partitions is not None:
-        config["num-partitions"] = num_partitions
-    if data_file is not None:
-        config["data-file"] = _abs(data_file)
-    if data_dir is not None:
-        config["data-dir"] = _abs(data_dir)
-    config.update(node_config or {})
-    if config.get("data-file"):
-        config["data-file"] = _abs(config["data-file"])
-    elif "partition-id" not in config or "num-partitions" not in config:
-        raise ValueError("a SuperNode needs its own data file (data-file) or a partition "
-                         "(partition-id and num-partitions)")
+    config = _node_data_config(partition_id, num_partitions, data_file, data_dir, node_config)
     cmd = [flower_executable("flower-supernode"), "--superlink", superlink,
            "--host", runtime_host, "--port", str(runtime_port)]
     if insecure:
