@@ -15,13 +15,15 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
-from dq_flower.dq.config import DQConfig
+from dq_flower.config import to_config_record
+from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
 from dq_flower.dq.identity import ClientIdentities, RoundClients
 from dq_flower.dq.intake import UploadIntake
 from dq_flower.dq.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.schedule import allocate
 from dq_flower.dq.training import ServerTrainer
+from dq_flower.seeding import Purpose, round_rng
 
 __all__ = ["RoundAsks"]
 
@@ -30,12 +32,13 @@ class RoundAsks:
     """Each round's plan and asks, kept until the round's replies are aggregated.
 
     ``trainer`` holds the adaptive schedule and the per-client fit its asks follow;
-    ``intake`` the store whose held rows each message names.
+    ``intake`` the store whose held rows each message names; ``seed`` roots the rounds'
+    seeds.
     """
 
     def __init__(self, cfg: DQConfig, planner: UploadPlanner, identities: ClientIdentities,
-                 intake: UploadIntake, trainer: ServerTrainer) -> None:
-        self.cfg, self.planner, self.identities = cfg, planner, identities
+                 intake: UploadIntake, trainer: ServerTrainer, seed: int) -> None:
+        self.cfg, self.planner, self.identities, self.seed = cfg, planner, identities, seed
         self.intake, self.trainer = intake, trainer
         self.plans: dict[int, RoundPlan] = {}
         #: per round, the number of samples asked of each node
@@ -50,6 +53,41 @@ class RoundAsks:
         plan = self.planner.plan(clients.keys, rounds_left)
         self.plans[server_round] = plan
         return clients, plan
+
+    def scorer(self) -> str:
+        """The round's scorer (``uniform`` while an adaptive run's store is empty).
+
+        An untrained model's scores carry no information, so the first upload round of the
+        adaptive schedule sends no model.
+        """
+        if self.trainer.schedule is not None and self.intake.stored == 0:
+            return "uniform"
+        return self.cfg.scorer
+
+    def refresh_round(self, server_round: int) -> bool:
+        """Whether clients send refreshed residuals this round (``compensation-mode``)."""
+        return (self.cfg.compensation_mode == "refresh" and server_round > 1
+                and server_round % self.cfg.refresh_every == 0)
+
+    def round_config(self, server_round: int, config: ConfigRecord, plan: RoundPlan,
+                     refresh: bool) -> ConfigRecord:
+        """The config every node of the round gets: the client knobs and the round's own."""
+        cfg = ConfigRecord(dict(config.items()))
+        knobs = to_config_record(self.cfg)
+        for key in CLIENT_KEYS:
+            if key in knobs:
+                cfg[key] = knobs[key]
+        cfg["server-round"] = server_round
+        seed_rng = round_rng(self.seed, server_round, 0, Purpose.ROUND_SEED)
+        cfg["round-seed"] = int(seed_rng.integers(2**31))
+        cfg["round-mode"] = plan.mode
+        if self.intake.num_classes:
+            cfg["num-classes"] = int(self.intake.num_classes)
+        if refresh:
+            cfg["refresh"] = 1
+        if self.scorer() != self.cfg.scorer:
+            cfg["scorer"] = self.scorer()
+        return cfg
 
     def take(self, server_round: int) -> tuple[RoundPlan | None, Callable[[int, int], int]]:
         """The round's plan and ``ask(node_id, identity)``: the rows a reply may carry.

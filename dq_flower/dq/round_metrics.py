@@ -14,8 +14,9 @@ from dq_flower.dq.planner import RoundPlan
 from dq_flower.dq.training import ServerTrainer
 from dq_flower.dq.validation import Upload
 
-__all__ = ["RoundMetrics", "schedule_text"]
+__all__ = ["RoundMetrics", "Metrics", "schedule_text"]
 
+#: a round's metrics by name, as ``aggregate_train`` returns them
 Metrics = dict[str, MetricRecordValues]
 
 

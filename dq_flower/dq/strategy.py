@@ -40,10 +40,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.codecs import make
-from dq_flower.config import build_config, strategy_kwargs, to_config_record
+from dq_flower.config import build_config, strategy_kwargs
 from dq_flower.dq.asks import RoundAsks
 from dq_flower.dq.compensation import Compensations
-from dq_flower.dq.config import CLIENT_KEYS, DQConfig
+from dq_flower.dq.config import DQConfig
 from dq_flower.dq.control_variate import ControlVariate
 from dq_flower.dq.gradient_rounds import GradientRounds
 from dq_flower.dq.identity import ClientIdentities
@@ -147,10 +147,12 @@ class DQStrategy(ModelStrategy, Strategy):
         self.compensations = Compensations(cfg, self.num_params, self.intake)
         self.trainer = ServerTrainer(cfg, model, self.optimizer, self.intake, self.cv,
                                      loss_fn=loss_fn, seed=self.seed, augment=augment)
-        self.asks = RoundAsks(cfg, self.planner, self.identities, self.intake, self.trainer)
-        self.gradients = GradientRounds(cfg, grad_codec, self.num_params, self.intake,
-                                        self.identities, self.planner)
+        self.asks = RoundAsks(cfg, self.planner, self.identities, self.intake, self.trainer,
+                              self.seed)
         self.metrics = RoundMetrics(cfg, self.intake, self.asks, self.trainer)
+        self.gradients = GradientRounds(cfg, grad_codec, self.num_params, intake=self.intake,
+                                        identities=self.identities, planner=self.planner,
+                                        trainer=self.trainer, metrics=self.metrics)
         self._configured = 0  # the round last configured
         if data_spec is not None:
             self.intake.fix_spec(data_spec)
@@ -222,17 +224,7 @@ class DQStrategy(ModelStrategy, Strategy):
     @property
     def needs_model(self) -> bool:
         """Whether clients need the model (compensation or model-based importance)."""
-        return self.cfg.compensation != "none" or self._scorer_now() != "uniform"
-
-    def _scorer_now(self) -> str:
-        """The round's scorer (``uniform`` while an adaptive run's store is empty).
-
-        An untrained model's scores carry no information, so the first upload round of the
-        adaptive schedule sends no model.
-        """
-        if self.trainer.schedule is not None and self.stored == 0:
-            return "uniform"
-        return self.cfg.scorer
+        return self.cfg.compensation != "none" or self.asks.scorer() != "uniform"
 
     @property
     def finished(self) -> bool:
@@ -256,8 +248,8 @@ class DQStrategy(ModelStrategy, Strategy):
         self.identities.observe(grid.get_node_ids())
         rounds_left = (self.num_rounds - server_round + 1) if self.num_rounds else 1
         clients, plan = self.asks.plan(server_round, nodes, max(rounds_left, 1))
-        refresh = self._refresh_round(server_round)
-        cfg = self._round_config(server_round, config, plan, refresh)
+        refresh = self.asks.refresh_round(server_round)
+        cfg = self.asks.round_config(server_round, config, plan, refresh)
         nodes, table = self.asks.round_asks(server_round, nodes, clients, plan, refresh)
         shared: dict[str, Any] = {}
         if nodes and (self.needs_model or plan.mode == "gradient"):
@@ -266,31 +258,6 @@ class DQStrategy(ModelStrategy, Strategy):
         messages = self.asks.messages(server_round, nodes, clients, plan, table, cfg, shared)
         return self.ledger.record(server_round, messages)
 
-    def _round_config(self, server_round: int, config: ConfigRecord, plan: RoundPlan,
-                      refresh: bool) -> ConfigRecord:
-        """The config every node of the round gets: the client knobs and the round's own."""
-        cfg = ConfigRecord(dict(config.items()))
-        knobs = to_config_record(self.cfg)
-        for key in CLIENT_KEYS:
-            if key in knobs:
-                cfg[key] = knobs[key]
-        cfg["server-round"] = server_round
-        seed_rng = round_rng(self.seed, server_round, 0, Purpose.ROUND_SEED)
-        cfg["round-seed"] = int(seed_rng.integers(2**31))
-        cfg["round-mode"] = plan.mode
-        if self.num_classes:
-            cfg["num-classes"] = int(self.num_classes)
-        if refresh:
-            cfg["refresh"] = 1
-        if self._scorer_now() != self.cfg.scorer:
-            cfg["scorer"] = self._scorer_now()
-        return cfg
-
-    def _refresh_round(self, server_round: int) -> bool:
-        """Whether clients send refreshed residuals this round (``compensation-mode``)."""
-        return (self.cfg.compensation_mode == "refresh" and server_round > 1
-                and server_round % self.cfg.refresh_every == 0)
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -298,10 +265,11 @@ class DQStrategy(ModelStrategy, Strategy):
         replies = list(replies)
         sent = self.ledger.take(server_round)
         plan, ask = self.asks.take(server_round)
-        t0 = time.perf_counter()
         if plan is not None and plan.mode == "gradient":
-            metrics = self._gradient_round(server_round, replies, plan, sent, t0)
+            metrics = self.gradients.aggregate(server_round, replies, plan, sent,
+                                               self._configured, self._observe_failures)
         else:
+            t0 = time.perf_counter()
             screened = screen_replies(
                 replies, lambda msg: self.intake.validate_reply(msg, server_round, ask), sent)
             metrics = self._data_round(server_round, replies, plan, screened, t0)
@@ -329,32 +297,6 @@ class DQStrategy(ModelStrategy, Strategy):
         log_round("dq", server_round, f"{metrics['selected']} new samples, "
                   f"store {metrics['stored']}, rejected {rejected}, failed {screened.failed}"
                   + schedule_text(metrics))
-        return metrics
-
-    def _gradient_round(self, server_round: int, replies: list[Message], plan: RoundPlan,
-                        sent: dict[int, Message] | None,
-                        t0: float) -> dict[str, MetricRecordValues]:
-        """One step with the bounded mean gradient, then store steps; the round's metrics."""
-        screened = screen_replies(
-            replies, lambda msg: self.gradients.validate(msg, self._configured), sent)
-        self._observe_failures(replies, screened)
-        combined = self.gradients.combine(screened)
-        valid = combined.valid
-        later = self.trainer.train_gradient(server_round, combined.gradient,
-                                            [r.node for r in valid])
-        losses = [r.loss for r in valid] if later is not None else []
-        later = later or []
-        loss = float(np.mean(later or losses)) if (later or losses) else float("nan")
-        self.gradients.record(valid)
-        metrics = self.metrics.common(plan, loss=loss, selected=0,
-                                      up_bits=sum(r.payload_bits for r in valid),
-                                      replies=len(valid), rejected=screened.rejected,
-                                      failed=screened.failed, t0=t0)
-        metrics["rolled-back"] = self.trainer.rolled_back
-        metrics["misaligned"] = combined.misaligned
-        log_round("dq", server_round, f"gradient round: {len(valid)} gradients, "
-                  f"store {metrics['stored']}, rejected {screened.rejected}, failed "
-                  f"{screened.failed}")
         return metrics
 
     def _observe_failures(self, replies: list[Message], screened: Screened) -> None:

@@ -74,10 +74,11 @@ class ServerTrainer:
         return loss
 
     def train_gradient(self, server_round: int, grad: np.ndarray | None,
-                       nodes: list[int]) -> list[float] | None:
+                       losses: list[float], nodes: list[int]) -> float:
         """A gradient round's steps: one with ``grad`` (if any), the others on the store.
 
-        Returns the store steps' losses, or ``None`` where the steps were rolled back.
+        Returns the store steps' mean loss, else that of ``losses`` (the replies' own);
+        NaN where the steps were rolled back.
         """
         self.guard.begin()
         if grad is not None:
@@ -87,8 +88,9 @@ class ServerTrainer:
                                  self.cfg.server_steps - (1 if grad is not None else 0))
         if not self.guard.finite_or_restore():
             self._rolled_back(server_round, nodes)
-            return None
-        return later
+            return float("nan")
+        steps = later or losses
+        return float(np.mean(steps)) if steps else float("nan")
 
     def _rolled_back(self, server_round: int, nodes: list[int]) -> None:
         self.rolled_back += 1
