@@ -10,9 +10,7 @@ step.
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-import numpy as np
+from typing import Any
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.control_variate import ControlVariate
@@ -38,32 +36,35 @@ class Compensations:
         self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
         self.refresh_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
 
-    def _bound(self, vectors: list[np.ndarray], screen: NormScreen
-               ) -> tuple[list[bool], list[np.ndarray]]:
-        """Which of ``vectors`` pass ``screen``, and those that do, clipped."""
-        bounded = bound_vectors(vectors, [1.0] * len(vectors), screen,
-                                clip_factor=self.cfg.clip_factor, clip_norm=self.cfg.clip_norm)
-        return bounded.keep, bounded.vectors
+    def _screen(self, uploads: list[Upload], name: str, screen: NormScreen,
+                what: str) -> list[Upload]:
+        """Norm-screen and clip the uploads' ``name`` vectors in place; the rejected uploads.
+
+        A rejected upload's vector is dropped (set to ``None``); ``what`` names it in the log.
+        """
+        having = [u for u in uploads if getattr(u, name) is not None]
+        if not having:
+            return []
+        bounded = bound_vectors([getattr(u, name) for u in having], [1.0] * len(having),
+                                screen, clip_factor=self.cfg.clip_factor,
+                                clip_norm=self.cfg.clip_norm)
+        kept = iter(bounded.vectors)
+        rejected = []
+        for u, k in zip(having, bounded.keep, strict=True):
+            setattr(u, name, next(kept) if k else None)
+            if not k:
+                rejected.append(u)
+                log_rejected(u.node, f"{what} is implausibly large against the other "
+                             "clients' (norm-bound-factor)")
+        return rejected
 
     def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
         """Drop uploads whose compensation norm is implausible; clip the others' in place.
 
         See :func:`dq_flower.server.pipeline.bound_vectors`.
         """
-        with_delta = [u for u in uploads if u.delta is not None]
-        if not with_delta:
-            return uploads, 0
-        keep, vectors = self._bound([cast(np.ndarray, u.delta) for u in with_delta],
-                                    self.comp_norms)
-        kept = iter(vectors)
-        for u, k in zip(with_delta, keep, strict=True):
-            if k:
-                u.delta = next(kept)
-        bad = {id(u) for u, k in zip(with_delta, keep, strict=True) if not k}
-        for u in with_delta:
-            if id(u) in bad:
-                log_rejected(u.node, "compensation norm is implausibly large against the "
-                             "other clients' (norm-bound-factor)")
+        bad = {id(u) for u in self._screen(uploads, "delta", self.comp_norms,
+                                           "compensation norm")}
         return [u for u in uploads if id(u) not in bad], len(bad)
 
     def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
@@ -89,20 +90,8 @@ class Compensations:
 
     def _screen_refreshes(self, uploads: list[Upload]) -> int:
         """Norm-screen and clip the refreshed residuals in place; a rejected one is dropped."""
-        with_refresh = [u for u in uploads if u.refresh is not None]
-        if not with_refresh:
-            return 0
-        keep, vectors = self._bound([cast(np.ndarray, u.refresh) for u in with_refresh],
-                                    self.refresh_norms)
-        kept = iter(vectors)
-        for u, k in zip(with_refresh, keep, strict=True):
-            if k:
-                u.refresh = next(kept)
-            else:
-                u.refresh = None
-                log_rejected(u.node, "refreshed residual's norm is implausibly large against "
-                             "the other clients' (norm-bound-factor)")
-        return keep.count(False)
+        return len(self._screen(uploads, "refresh", self.refresh_norms,
+                                "refreshed residual's norm"))
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
