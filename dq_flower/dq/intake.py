@@ -298,7 +298,7 @@ class UploadIntake:
             try:
                 if len(upload.batch):
                     assert self.store is not None
-                    rows = self.rows(upload.batch, upload.node)
+                    rows = self.rows(upload.batch, upload.node, upload.plain)
                     self.store.add(rows)
                     upload.holdout = rows.holdout
             except Exception as exc:  # noqa: BLE001
@@ -311,10 +311,15 @@ class UploadIntake:
             fresh.append(upload)
         return fresh, failed
 
-    def rows(self, batch: SampleBatch, node: int) -> StoredRows:
-        """The store's rows of a checked batch of client ``node`` (held-out ones chosen)."""
+    def rows(self, batch: SampleBatch, node: int, samples: Payload | None = None
+             ) -> StoredRows:
+        """The store's rows of a checked batch of client ``node`` (held-out ones chosen).
+
+        ``samples``: the batch's samples as checked (:attr:`Upload.plain`, decoded once);
+        default: the batch's own.
+        """
         assert self.layout is not None and self.store is not None
-        codes, side, dither = self.layout.rows(batch.samples)
+        codes, side, dither = self.layout.rows(batch.samples if samples is None else samples)
         kept = kept_rows(batch)  # a reply whose rows the server already held lost those
         if kept is not None:
             codes, side, dither = codes[kept], side[kept], dither[kept]
