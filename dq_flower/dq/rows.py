@@ -13,6 +13,7 @@ packed rows plus per-row side information, without ever keeping float rows:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import cast
 
@@ -23,7 +24,8 @@ from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
 from dq_flower.codecs.uniform import Uniform, dither_offsets, packed_codes
 from dq_flower.protocol.dq_batch import SampleBatch
 
-__all__ = ["RowLayout", "payload_quantizer", "keep_rows", "kept_rows"]
+__all__ = ["RowLayout", "payload_quantizer", "plain_payload", "decode_samples", "keep_rows",
+           "kept_rows"]
 
 
 @dataclass
@@ -67,6 +69,46 @@ def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool
                     fixed_range=fixed_range)
     except ValueError as exc:
         raise PayloadError(f"samples carry invalid quantizer settings: {exc}") from None
+
+
+def plain_payload(p: Payload, bits: int) -> Payload:
+    """``p`` with its lossless coder undone, so that its stream is decoded once.
+
+    The ``uniform`` decoder and :meth:`RowLayout.rows` each undo the coder of the payload
+    they are given; given this one, neither decodes the stream again. Every check of the
+    coded payload holds for this one exactly where it holds for ``p``: ``nbits`` moves by
+    the difference between the coded and the packed sizes, the context shape goes with the
+    context coder, and the padding bits (which no check of a coded stream reads) are
+    cleared. ``p`` itself is returned where it names no coder (or none validly).
+    """
+    method = p.meta.get("entropy")
+    stream = p.buffers.get("codes")
+    if (not isinstance(method, str) or method == "none" or stream is None
+            or len(p.shape) != 2):
+        return p
+    n, d = p.shape
+    packed = packed_codes(p, bits)
+    spare = 8 * packed.size - n * d * bits
+    if 0 < spare < 8:
+        packed = packed.copy()
+        packed[-1] &= np.uint8((0xFF << spare) & 0xFF)
+    meta = {k: v for k, v in p.meta.items() if k != "context_shape" or method != "context"}
+    meta["entropy"] = "none"
+    return dataclasses.replace(p, meta=meta, buffers={**p.buffers, "codes": packed},
+                               nbits=p.nbits - 8 * int(stream.size) + n * d * bits)
+
+
+def decode_samples(p: Payload, bits: int, per_channel: int, fixed_range: bool = False
+                   ) -> tuple[np.ndarray, Payload]:
+    """Float rows ``(n, d)`` of a ``uniform`` samples payload, and ``p`` decoded once.
+
+    ``p``'s settings are checked (:func:`payload_quantizer`), its stream is decoded once
+    (:func:`plain_payload`), and the rows are decoded from the plain payload, which the
+    store's :meth:`RowLayout.rows` then re-lays without decoding the stream again.
+    """
+    quantizer = payload_quantizer(p, bits, per_channel, fixed_range)
+    plain = plain_payload(p, bits)
+    return quantizer.decode(plain), plain
 
 
 @dataclass(frozen=True)

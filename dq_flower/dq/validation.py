@@ -41,7 +41,7 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
-from dq_flower.dq.rows import payload_quantizer
+from dq_flower.dq.rows import decode_samples
 from dq_flower.model_ops import LossFn, weighted_loss_grad
 from dq_flower.protocol.dq_batch import (
     INFO_KEY,
@@ -94,6 +94,7 @@ class Upload:
     scale: float = 0.0  # the largest absolute value it can decode to
     weight_scale: float = 1.0  # below 1 where its claimed weight was clipped
     label_bits: int = 0  # bits per class label as sent
+    plain: Payload | None = None  # the samples, lossless coder undone (dq.rows.plain_payload)
 
 
 Check = Callable[[DataSpec, Upload], int]  # check(spec, upload) -> classes, or PayloadError
@@ -190,11 +191,11 @@ def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
 
 def decode_rows(content: RecordDict, batch: SampleBatch, spec: DataSpec, mode: str,
                 bits: int, known: tuple[np.ndarray, np.ndarray] | None
-                ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-    """Decoded float rows ``(n, dim)`` and the feature ranges the reply sent (if any)."""
+                ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None, Payload]:
+    """Decoded float rows ``(n, dim)``, the reply's feature ranges (if any), plain samples."""
     fixed = mode == "feature"
     groups = spec.channels if mode == "channel" else 0
-    x = payload_quantizer(batch.samples, bits, groups, fixed).decode(batch.samples)
+    x, plain = decode_samples(batch.samples, bits, groups, fixed)
     ranges = None
     if fixed:
         record = content.array_records.get(RANGES_KEY)
@@ -209,7 +210,7 @@ def decode_rows(content: RecordDict, batch: SampleBatch, spec: DataSpec, mode: s
             x = denormalise(x, *use)
     if not np.isfinite(x).all():
         raise PayloadError("samples decode to non-finite values")
-    return x, ranges
+    return x, ranges, plain
 
 
 def data_scale(x: np.ndarray, ranges: tuple[np.ndarray, np.ndarray] | None) -> float:
@@ -225,8 +226,7 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
                  max_rows: int) -> Upload:
     """Decode and check one data reply (see the module docstring); adopts nothing.
 
-    The compensation and refreshed residual are decoded by :func:`decode_compensation`
-    and :func:`decode_residual`; the caller adds them.
+    The caller adds the compensation and refreshed residual (:func:`decode_vector`).
     """
     spec = reply_spec(content, rules.spec)
     mode = range_mode(rules.ranges, rules.per_channel, spec.sample_shape)
@@ -238,7 +238,7 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
     if (batch.samples.meta.get("dither_seed") is not None) != rules.dither:
         raise PayloadError("samples carry a dither setting the server did not configure")
     check_weights(batch, cand, rules.selection_rule)
-    x, ranges = decode_rows(content, batch, spec, mode, rules.bits, history.ranges)
+    x, ranges, plain = decode_rows(content, batch, spec, mode, rules.bits, history.ranges)
     scale = data_scale(x, ranges if ranges is not None else history.ranges)
     if rules.value_bound is not None and scale > rules.value_bound:
         raise PayloadError(f"sample values reach {scale:g}, over the bound "
@@ -246,7 +246,7 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
     label_bits = int(np.frombuffer(content.array_records[INFO_KEY]["counts"].data,
                                    dtype=np.int64)[1])  # checked by decode_batch
     return Upload(batch, x, cand, None, node, partition, examples, ranges=ranges, spec=spec,
-                  scale=scale, label_bits=label_bits)
+                  scale=scale, label_bits=label_bits, plain=plain)
 
 
 def decode_vector(payload: Payload, codec: Codec, num_params: int, what: str) -> np.ndarray:

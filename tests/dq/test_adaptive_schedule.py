@@ -118,9 +118,9 @@ def test_a_phase_that_makes_the_model_worse_on_its_new_rows_keeps_the_previous_m
         monkeypatch):
     import torch
 
-    import dq_flower.dq.strategy as strategy_module
+    import dq_flower.dq.training as training_module
 
-    real_phase = strategy_module.train_phase
+    real_phase = training_module.train_phase
     kept = {}
 
     def spoiling_phase(model, optimizer, base_lr, rule, step, evaluate):
@@ -134,7 +134,7 @@ def test_a_phase_that_makes_the_model_worse_on_its_new_rows_keeps_the_previous_m
         kept["calls"] += 1
         return result
 
-    monkeypatch.setattr(strategy_module, "train_phase", spoiling_phase)
+    monkeypatch.setattr(training_module, "train_phase", spoiling_phase)
     result, _ = run_inprocess(num_clients=2, rounds=2, **dict(_KNOBS, budget=200))
     rows = result.history
     assert rows[1]["reverted"] == 0 and rows[2]["reverted"] == 1

@@ -40,7 +40,7 @@ def test_with_lossless_refreshed_residuals_a_store_step_is_the_true_gradient():
     grid = InProcessGrid(client_app, 2)
     _play(strategy, grid, 1)
     captured = {}
-    original = strategy._train_steps
+    original = strategy.trainer.train_steps
 
     def spy(server_round, fresh):
         # the moment the round's store steps start: store and control variate updated
@@ -52,13 +52,13 @@ def test_with_lossless_refreshed_residuals_a_store_step_is_the_true_gradient():
         x_true = np.stack([data[int(n)][0][i] for n, i in
                             zip(nodes, ids, strict=True)])
         ws = (w / w.sum()).astype(np.float32)
-        _, g_store = weighted_loss_grad(strategy.model, strategy._shaped(x), y, ws)
-        _, g_true = weighted_loss_grad(strategy.model, strategy._shaped(x_true), y, ws)
+        _, g_store = weighted_loss_grad(strategy.model, strategy.intake.shaped(x), y, ws)
+        _, g_true = weighted_loss_grad(strategy.model, strategy.intake.shaped(x_true), y, ws)
         captured.update(store=g_store, true=g_true, cv=strategy.cv.value(),
                         refreshed=sum(u.refresh is not None for u in fresh))
         return original(server_round, fresh)
 
-    strategy._train_steps = spy
+    strategy.trainer.train_steps = spy
     _, metrics = _play(strategy, grid, 2)
     # Assert: both clients refreshed, and quantized rows + control variate = true gradient
     assert metrics["refreshed"] == 2 == captured["refreshed"]

@@ -192,7 +192,7 @@ def test_a_bound_whose_rows_were_never_stored_is_learned_again(monkeypatch):
     grid = scaled(1.0)
     replies = grid.send_and_receive(strategy.configure_train(1, None, ConfigRecord(), grid))
     with monkeypatch.context() as patch:
-        patch.setattr(strategy, "_rows", broken)
+        patch.setattr(strategy.intake, "rows", broken)
         _, metrics = strategy.aggregate_train(1, replies)
     assert metrics["stored"] == 0 and metrics["rejected"] == NODES
     grid = scaled(10.0)  # ten times round 1's values: over the bound round 1 learned

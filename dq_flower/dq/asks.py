@@ -1,0 +1,208 @@
+"""What each round asks of whom: the round's plan, per-client asks and held sets.
+
+Asks are per client identity (:mod:`dq_flower.dq.identity`). In a data round a client
+known to have uploaded all its samples is not asked; under the adaptive schedule the
+schedule sizes the round's total ask and :func:`~dq_flower.dq.schedule.allocate` shares it
+out. Each message says which of the client's rows the server holds (``held``), or, to a
+node id the server cannot name yet, gives the table of every identity it may be
+(``held-table``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+from dq_flower.config import to_config_record
+from dq_flower.dq.config import CLIENT_KEYS, DQConfig
+from dq_flower.dq.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
+from dq_flower.dq.identity import ClientIdentities, RoundClients
+from dq_flower.dq.intake import UploadIntake
+from dq_flower.dq.planner import RoundPlan, UploadPlanner
+from dq_flower.dq.schedule import allocate
+from dq_flower.dq.training import ServerTrainer
+from dq_flower.seeding import Purpose, round_rng
+
+__all__ = ["RoundAsks"]
+
+
+class RoundAsks:
+    """Each round's plan and asks, kept until the round's replies are aggregated.
+
+    ``trainer`` holds the adaptive schedule and the per-client fit its asks follow;
+    ``intake`` the store whose held rows each message names; ``seed`` roots the rounds'
+    seeds.
+    """
+
+    def __init__(self, cfg: DQConfig, planner: UploadPlanner, identities: ClientIdentities,
+                 intake: UploadIntake, trainer: ServerTrainer, seed: int) -> None:
+        self.cfg, self.planner, self.identities, self.seed = cfg, planner, identities, seed
+        self.intake, self.trainer = intake, trainer
+        self.plans: dict[int, RoundPlan] = {}
+        #: per round, the number of samples asked of each node
+        self.asked: dict[int, dict[int, int]] = {}
+        self._tables: dict[int, tuple[set[int], dict[int, int], int]] = {}
+        self.held_bytes = 0  # bytes of held sets and tables the last round sent
+
+    def plan(self, server_round: int, nodes: list[int],
+             rounds_left: int) -> tuple[RoundClients, RoundPlan]:
+        """The sampled nodes' clients and the round's plan (kept for its replies)."""
+        clients = self.identities.split([int(n) for n in nodes], self.known_identities())
+        plan = self.planner.plan(clients.keys, rounds_left)
+        self.plans[server_round] = plan
+        return clients, plan
+
+    def scorer(self) -> str:
+        """The round's scorer (``uniform`` while an adaptive run's store is empty).
+
+        An untrained model's scores carry no information, so the first upload round of the
+        adaptive schedule sends no model.
+        """
+        if self.trainer.schedule is not None and self.intake.stored == 0:
+            return "uniform"
+        return self.cfg.scorer
+
+    def refresh_round(self, server_round: int) -> bool:
+        """Whether clients send refreshed residuals this round (``compensation-mode``)."""
+        return (self.cfg.compensation_mode == "refresh" and server_round > 1
+                and server_round % self.cfg.refresh_every == 0)
+
+    def round_config(self, server_round: int, config: ConfigRecord, plan: RoundPlan,
+                     refresh: bool) -> ConfigRecord:
+        """The config every node of the round gets: the client knobs and the round's own."""
+        cfg = ConfigRecord(dict(config.items()))
+        knobs = to_config_record(self.cfg)
+        for key in CLIENT_KEYS:
+            if key in knobs:
+                cfg[key] = knobs[key]
+        cfg["server-round"] = server_round
+        seed_rng = round_rng(self.seed, server_round, 0, Purpose.ROUND_SEED)
+        cfg["round-seed"] = int(seed_rng.integers(2**31))
+        cfg["round-mode"] = plan.mode
+        if self.intake.num_classes:
+            cfg["num-classes"] = int(self.intake.num_classes)
+        if refresh:
+            cfg["refresh"] = 1
+        if self.scorer() != self.cfg.scorer:
+            cfg["scorer"] = self.scorer()
+        return cfg
+
+    def take(self, server_round: int) -> tuple[RoundPlan | None, Callable[[int, int], int]]:
+        """The round's plan and ``ask(node_id, identity)``: the rows a reply may carry.
+
+        A node the server could not name when it asked was asked what the table gave the
+        identity it speaks for.
+        """
+        plan = self.plans.pop(server_round, None)
+        asked = self.asked.pop(server_round, {})
+        unknown, table_asks, default = self._tables.get(server_round, (set(), {}, 0))
+
+        def ask(src: int, identity: int) -> int:
+            if src in unknown:
+                return table_asks.get(identity, default)
+            return asked.get(src, self.cfg.budget)
+
+        return plan, ask
+
+    def known_identities(self) -> set[int]:
+        """Every client identity the server keeps state of."""
+        known = set(self.planner.clients) | set(self.identities.node_of)
+        store = self.intake.store
+        return known | set(store.clients) if store is not None else known
+
+    def held_of(self, identity: int) -> bytes | None:
+        """The held-set bytes of ``identity`` (``None`` with ``resend``: nothing to say)."""
+        if self.cfg.resend:
+            return None
+        store = self.intake.store
+        return EMPTY if store is None else encode_held(store.received(identity))
+
+    def round_asks(self, server_round: int, nodes: list[int], clients: RoundClients,
+                   plan: RoundPlan, refresh: bool) -> tuple[list[int], bytes | None]:
+        """The nodes asked this round, their asks (``self.asked``), and the nodes' table.
+
+        A node the server cannot name (a new node id) gets the table of every identity it
+        may be, with each one's held set and ask, and the ask of an identity the table does
+        not list; the table is ``None`` where no such node is asked, or the server knows no
+        identity it may be.
+        """
+        keys = clients.keys
+        asks = dict.fromkeys(keys, self.cfg.budget)
+        adaptive = self.trainer.schedule is not None
+        screened = plan.mode == "data" and not refresh  # a refresh round asks every node
+        if screened:
+            if adaptive:
+                asks = self.adaptive_asks(keys)
+            asks = {k: a if self.planner.samples_left(k, 1) > 0 else 0
+                    for k, a in asks.items()}
+        if clients.spare:
+            default = asks.get(clients.spare[0], 0)
+        else:  # a node beyond every known identity: asked once it is known (adaptive)
+            default = 0 if screened and adaptive else self.cfg.budget
+        table_asks = {i: asks.get(i, 0) for i in clients.free}
+        unknown_asked = default > 0 or any(a > 0 for a in table_asks.values())
+        if screened:
+            nodes = [n for n in nodes if (asks.get(clients.known[int(n)], 0) > 0
+                                          if int(n) in clients.known else unknown_asked)]
+        self.asked[server_round] = {
+            int(n): (asks.get(clients.known[int(n)], 0) if int(n) in clients.known
+                     else default) for n in nodes}
+        unknown = {int(n) for n in nodes} - set(clients.known)
+        self._tables = {server_round: (unknown, table_asks, default)}
+        if not unknown or not clients.free or plan.mode != "data":
+            return nodes, None
+        table = encode_table({i: (a, self.held_of(i) or EMPTY) for i, a in table_asks.items()},
+                             default)
+        return nodes, table
+
+    def adaptive_asks(self, keys: list[int]) -> dict[int, int]:
+        """Per-client asks of the adaptive schedule: ``budget`` each in the first round.
+
+        ``keys`` are the round's client identities (and placeholders for nodes the server
+        cannot name yet, see :class:`~dq_flower.dq.identity.RoundClients`).
+        """
+        schedule = self.trainer.schedule
+        assert schedule is not None
+        if schedule.done:
+            return {}
+        if schedule.next_total is None:
+            return dict.fromkeys(keys, self.cfg.budget)
+        left: dict[int, int | None] = {}
+        for key in keys:
+            known = self.planner.clients.get(int(key))
+            left[key] = (None if known is None else
+                         known[0] if self.cfg.resend else max(known[0] - known[1], 0))
+        if all(v == 0 for v in left.values()) and self.every_node_known(keys):
+            schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
+            return {}
+        return allocate(schedule.next_total, left, self.trainer.node_fit)
+
+    def every_node_known(self, sampled: list[int]) -> bool:
+        """Whether the round sampled every client the server has heard from (or all)."""
+        return set(self.planner.clients) <= set(sampled)
+
+    def messages(self, server_round: int, nodes: list[int], clients: RoundClients,
+                 plan: RoundPlan, table: bytes | None, config: ConfigRecord,
+                 shared: dict[str, Any]) -> list[Message]:
+        """One train message per asked node: ``config``, its ask and held set, ``shared``."""
+        messages = []
+        self.held_bytes = 0
+        for node in nodes:
+            node_cfg = ConfigRecord(dict(config.items()))
+            identity = clients.known.get(int(node))
+            if self.trainer.schedule is not None:
+                node_cfg["budget"] = max(self.asked[server_round][int(node)], 1)
+            if plan.mode == "data":
+                held = table if identity is None else self.held_of(identity)
+                if held is not None:
+                    node_cfg[TABLE_KEY if identity is None else HELD_KEY] = held
+                    self.held_bytes += len(held)
+                if self.intake.may_use_feature_ranges():
+                    node_cfg["send-ranges"] = (identity is None
+                                               or identity not in self.intake.ranges)
+            content = RecordDict({"config": node_cfg, **shared})
+            messages.append(Message(content=content, message_type=MessageType.TRAIN,
+                                    dst_node_id=node))
+        return messages

@@ -1,0 +1,150 @@
+"""DQ's gradient rounds (``upload-mode`` ``gradient`` or ``auto``): check and combine.
+
+Each client sends a minibatch gradient coded by ``gradient-codec``; the replies are
+decoded by the baselines' decoder
+(:class:`~dq_flower.protocol.gradient_reply.GradientDecoder`) under the client identity
+they claim, bounded against the round's others and recent rounds
+(:func:`~dq_flower.server.pipeline.bound_vectors`), and combined by the robust rule into
+the gradient of the round's one fresh step; the server then takes the round's other
+``server-steps`` on the store (:meth:`~dq_flower.dq.training.ServerTrainer.train_gradient`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+
+from dq_flower.codecs import Codec
+from dq_flower.dq.config import DQConfig, robust_rule
+from dq_flower.dq.identity import ClientIdentities, reply_identity
+from dq_flower.dq.intake import UploadIntake
+from dq_flower.dq.planner import RoundPlan, UploadPlanner, reply_bits
+from dq_flower.dq.round_metrics import Metrics, RoundMetrics
+from dq_flower.dq.training import ServerTrainer
+from dq_flower.dq.validation import MAX_LOCAL_ID
+from dq_flower.protocol.dq_batch import GRADIENT_KEY
+from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
+from dq_flower.protocol.spec import SPEC_KEY
+from dq_flower.server.common import log_round
+from dq_flower.server.pipeline import Screened, bound_vectors, screen_replies
+from dq_flower.server.robust import NormScreen, aggregate
+
+__all__ = ["GradientRounds", "Combined"]
+
+
+@dataclass
+class Combined:
+    """A gradient round's accepted replies and their combined gradient (``None``: none)."""
+
+    valid: list[GradientUpdate] = field(default_factory=list)
+    gradient: np.ndarray | None = None
+    misaligned: int = 0  # replies left out of the mean for their direction
+
+
+class GradientRounds:
+    """Check, bound and combine the replies of gradient rounds, and take the round's steps.
+
+    ``intake`` checks a reply's data spec and example count; ``planner`` learns each
+    client's examples and the replies' sizes; ``trainer`` takes the steps and ``metrics``
+    reports the round.
+    """
+
+    def __init__(self, cfg: DQConfig, codec: Codec | None, num_params: int, *,
+                 intake: UploadIntake, identities: ClientIdentities, planner: UploadPlanner,
+                 trainer: ServerTrainer, metrics: RoundMetrics) -> None:
+        self.cfg, self.codec, self.num_params = cfg, codec, num_params
+        self.intake, self.identities, self.planner = intake, identities, planner
+        self.trainer, self.metrics = trainer, metrics
+        # gradients are screened against recent rounds
+        self.norms = NormScreen(cfg.norm_bound_factor)
+        self._bits: dict[int, int] = {}  # this round's replies' sizes, by identity
+
+    def aggregate(self, server_round: int, replies: list[Message], plan: RoundPlan,
+                  sent: dict[int, Message] | None, configured: int,
+                  observe: Callable[[list[Message], Screened], None]) -> Metrics:
+        """A gradient round: one step with the bounded mean gradient, then store steps.
+
+        Replies are checked against the round last ``configured``; ``observe`` counts the
+        screened round towards ``max-failed-rounds``. Returns the round's metrics.
+        """
+        t0 = time.perf_counter()
+        screened = screen_replies(replies, lambda msg: self.validate(msg, configured), sent)
+        observe(replies, screened)
+        combined = self.combine(screened)
+        valid = combined.valid
+        loss = self.trainer.train_gradient(server_round, combined.gradient,
+                                           [r.loss for r in valid], [r.node for r in valid])
+        self.record(valid)
+        metrics = self.metrics.common(plan, loss=loss, selected=0,
+                                      up_bits=sum(r.payload_bits for r in valid),
+                                      replies=len(valid), rejected=screened.rejected,
+                                      failed=screened.failed, t0=t0)
+        metrics["rolled-back"] = self.trainer.rolled_back
+        metrics["misaligned"] = combined.misaligned
+        log_round("dq", server_round, f"gradient round: {len(valid)} gradients, "
+                  f"store {metrics['stored']}, rejected {screened.rejected}, failed "
+                  f"{screened.failed}")
+        return metrics
+
+    def validate(self, msg: Message, server_round: int) -> GradientUpdate:
+        """Check and decode one reply of a gradient round (the baselines' decoder)."""
+        content = msg.content
+        if SPEC_KEY in content.config_records:
+            self.intake.check_spec(content)
+        assert self.codec is not None
+        src = int(msg.metadata.src_node_id)
+        metrics = content.metric_records.get("metrics")
+        identity = reply_identity(metrics, src) if metrics is not None else src
+        self.identities.check(server_round, src, identity)
+        update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.codec,
+                                 max_examples=MAX_LOCAL_ID, require_loss=False,
+                                 exact_records=False)(msg)
+        self.intake.check_examples(identity, int(update.weight))
+        self.identities.claim(server_round, src, identity)
+        self.identities.bind(src, identity)
+        update.node = identity  # per-client state is keyed by the client's identity
+        self._bits[identity] = reply_bits(content)
+        return update
+
+    def combine(self, screened: Screened[GradientUpdate]) -> Combined:
+        """Bound the screened replies (rejecting some in ``screened``) and combine them.
+
+        Replies arrive in any order: they are combined in the clients' partition order.
+        """
+        cfg = self.cfg
+        valid = sorted(screened.accepted, key=lambda r: (r.partition, r.node))
+        bounded = bound_vectors([r.vector for r in valid], [r.weight for r in valid],
+                                self.norms, clip_factor=cfg.clip_factor,
+                                clip_norm=cfg.clip_norm, weight_cap=cfg.weight_cap,
+                                min_cosine=cfg.min_cosine, what="gradient",
+                                nodes=[r.node for r in valid])
+        screened.accepted, screened.nodes = valid, [r.node for r in valid]
+        screened.keep(bounded.reasons)
+        valid = screened.accepted
+        grad = (aggregate(bounded.vectors, bounded.weights,
+                          robust_rule(cfg.robust_aggregation), cfg.trim_fraction)
+                if valid else None)
+        return Combined(valid, grad, len(bounded.misaligned))
+
+    def record(self, valid: list[GradientUpdate]) -> None:
+        """Tell the planner the accepted replies' examples and their mean size."""
+        for r in valid:
+            self.planner.record_examples(r.node, int(r.weight))
+        if valid:
+            self.planner.measured(gradient_bits=float(np.mean(
+                [self._bits[r.node] for r in valid])))
+        self._bits.clear()
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The norm screen's recent medians."""
+        return {"norms": self.norms.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.norms.load_state(state.get("norms", []))

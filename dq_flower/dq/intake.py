@@ -1,0 +1,371 @@
+"""The server's intake of DQ data replies: what it learns of the data, and the checks.
+
+:class:`UploadIntake` owns what the server knows of the federation's data: the data spec
+(and the row layout and store it sets up), each client's feature ranges and the value
+bound. A reply is checked alone (:meth:`~UploadIntake.validate_reply`, with
+:func:`~dq_flower.dq.validation.check_upload`), then with the round's others
+(:meth:`~UploadIntake.adopt`, with :func:`~dq_flower.dq.validation.agree`); nothing a
+reply says is adopted unless the whole reply is accepted, and a spec or bound learned from
+replies stays provisional until rows of them are stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Message, RecordDict
+from flwr.common.logger import log
+
+from dq_flower.codecs import Codec, Payload, PayloadError
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.holdout import choose_holdout
+from dq_flower.dq.identity import ClientIdentities, reply_identity
+from dq_flower.dq.planner import UploadPlanner, first_estimates, reply_bits
+from dq_flower.dq.rows import RowLayout, keep_rows, kept_rows
+from dq_flower.dq.store import SampleStore, StoredRows
+from dq_flower.dq.validation import (
+    SHARE_FACTOR,
+    VALUE_FACTOR,
+    History,
+    Rules,
+    Upload,
+    agree,
+    check_model,
+    check_upload,
+    decode_compensation,
+    decode_vector,
+    placeholder_rows,
+    reply_spec,
+)
+from dq_flower.model_ops import LossFn
+from dq_flower.protocol.dq_batch import REFRESH_KEY, SampleBatch, denormalise, range_mode
+from dq_flower.protocol.spec import DataSpec
+from dq_flower.server.common import log_rejected, log_round
+
+__all__ = ["UploadIntake"]
+
+#: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
+Ask = Callable[[int, int], int]
+
+
+class UploadIntake:
+    """Check data replies, learn the data spec from them, and store their rows.
+
+    ``planner`` holds each client's examples (checked against what a reply claims);
+    ``identities`` which client each node id is; ``comp_codec`` decodes compensations and
+    refreshed residuals of ``num_params`` values. With ``measuring``, each reply's size is
+    kept for the planner.
+    """
+
+    def __init__(self, cfg: DQConfig, model: torch.nn.Module, *, loss_fn: LossFn | None,
+                 seed: int, num_classes: int | None, planner: UploadPlanner,
+                 identities: ClientIdentities, comp_codec: Codec | None, num_params: int,
+                 measuring: bool) -> None:
+        self.cfg, self.model, self.loss_fn, self.seed = cfg, model, loss_fn, seed
+        self.planner, self.identities = planner, identities
+        self.comp_codec, self.num_params, self.measuring = comp_codec, num_params, measuring
+        self.num_classes = num_classes
+        self._given_classes = num_classes
+        self.spec: DataSpec | None = None
+        self.mode = "sample"
+        self.layout: RowLayout | None = None
+        self.store: SampleStore | None = None
+        self.ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.value_bound = float(cfg.max_abs_value) or None
+        #: what was learned from replies and is forgotten while no row is stored
+        self._provisional = {"spec": False, "bound": False}
+        self.duplicates = 0  # rows of this round's replies the server already held
+
+    @property
+    def stored(self) -> int:
+        """Samples in the store."""
+        return 0 if self.store is None else len(self.store)
+
+    def take_duplicates(self) -> int:
+        """Rows of the round's replies the server already held (dropped); the count restarts."""
+        out, self.duplicates = self.duplicates, 0
+        return out
+
+    # ------------------------------------------------------------------ the data spec
+    def may_use_feature_ranges(self) -> bool:
+        """Whether replies may carry feature ranges (``ranges`` ``feature``, or ``auto``)."""
+        if self.spec is None:
+            return self.cfg.ranges in ("auto", "feature")
+        return self.mode == "feature"
+
+    def fix_spec(self, spec: DataSpec, classes: int | None = None) -> None:
+        """Adopt ``spec`` and set up the store.
+
+        ``classes``: what the model check of the replies' rows gave; without it (a spec
+        given or resumed) the model and loss are checked on zero rows here.
+        """
+        if classes is None:
+            classes = check_model(self.model, spec, *placeholder_rows(spec),
+                                  self.num_classes, self.loss_fn)
+        if spec.target == "class":
+            self.num_classes = classes
+        self.spec = spec
+        cfg = self.cfg
+        self.mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
+        groups = spec.channels if self.mode == "channel" else 1
+        self.layout = RowLayout(spec.dim, cfg.bits, max(groups, 1),
+                                fixed=self.mode == "feature")
+        self.store = SampleStore(self.layout.dequantize, max_samples=cfg.max_store_samples,
+                                 eviction=cfg.store_eviction, seed=self.seed)
+        if self.mode == "feature":
+            self.store.transform = self._denormalise_rows
+        if self.measuring and self.planner.sample_bits == 0.0:
+            est = first_estimates(cfg, self.mode, spec.dim, spec.channels,
+                                  self.num_classes or 2, self.comp_codec, self.num_params,
+                                  self.seed)
+            self.planner.sample_bits = est["sample_bits"]
+            self.planner.reply_bits = est["reply_bits"]
+        log_round("dq", 0, f"data: samples {spec.sample_shape}, {spec.target} targets, "
+                  f"ranges {self.mode}" + (f", {self.num_classes} classes"
+                                            if spec.target == "class" else ""))
+
+    def check_spec(self, content: RecordDict) -> DataSpec:
+        """The reply's data spec, equal to the federation's where one is adopted."""
+        return reply_spec(content, self.spec)
+
+    def _denormalise_rows(self, x: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        for node in np.unique(nodes):
+            lo, span = self.ranges[int(node)]
+            mask = nodes == node
+            out[mask] = denormalise(x[mask], lo, span)
+        return out
+
+    def shaped(self, x: np.ndarray) -> np.ndarray:
+        """Flat rows shaped as the data spec's samples (batch first)."""
+        assert self.spec is not None
+        return x.reshape(-1, *self.spec.sample_shape)
+
+    # ------------------------------------------------------------------ one reply
+    def rules(self) -> Rules:
+        """What a data reply is checked against: the knobs and what the server adopted.
+
+        A spec or bound learned from replies none of whose rows is stored is not enforced:
+        :meth:`adopt` learns it again.
+        """
+        cfg, unconfirmed = self.cfg, self.stored == 0
+        spec = None if unconfirmed and self._provisional["spec"] else self.spec
+        bound = None if unconfirmed and self._provisional["bound"] else self.value_bound
+        return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.per_channel,
+                     cfg.resend, spec, self.num_classes, bound)
+
+    def history(self, node: int) -> History:
+        """What the server holds about ``node``: its examples, stored rows, feature ranges."""
+        known = self.planner.clients.get(int(node))
+        stored = 0
+        if self.store is not None and self.spec is not None:
+            strata = (np.arange(self.num_classes or 1) if self.spec.target == "class"
+                      else np.zeros(1, dtype=np.int64))  # float targets: one stratum
+            stored = int(self.store.counts(node, strata)[0].sum())
+        return History(known[0] if known else 0, stored, self.ranges.get(int(node)))
+
+    def validate_reply(self, msg: Message, server_round: int, ask: Ask) -> Upload:
+        """:meth:`validate` a data reply under the client identity it claims.
+
+        The identity (its ``partition-id`` metric, else its node id) must not belong to
+        another node still connected, nor be claimed by another node this round; the
+        reply is checked against that identity's state and ``ask``.
+        """
+        src = int(msg.metadata.src_node_id)
+        identity = reply_identity(msg.content.metric_records.get("metrics"), src)
+        self.identities.check(server_round, src, identity)
+        upload = self.validate(msg, identity, ask(src, identity))
+        self.identities.claim(server_round, src, identity)
+        upload.source = src
+        if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
+            dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
+            self.duplicates += dropped
+            log_round("dq", server_round, f"client {identity} (node {src}) re-sent {dropped} "
+                      "rows the server holds: those rows are dropped")
+        return upload
+
+    def validate(self, msg: Message, node: int, max_rows: int | None = None) -> Upload:
+        """Check one data reply (:func:`~dq_flower.dq.validation.check_upload`).
+
+        Adopts nothing: what the round's accepted replies agree on is adopted by
+        :meth:`adopt`.
+        """
+        content = msg.content
+        upload = check_upload(content, node, self.rules(), self.history(node),
+                              self.cfg.budget if max_rows is None else int(max_rows))
+        upload.delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
+        upload.refresh = self.decode_refresh(content, node)
+        upload.batch, upload.x = self.drop_held(upload.batch, upload.x, node)
+        upload.reply_bits = reply_bits(content) if self.measuring else 0
+        return upload
+
+    def drop_held(self, batch: SampleBatch, x: np.ndarray,
+                  identity: int) -> tuple[SampleBatch, np.ndarray]:
+        """Drop the rows of a reply the server already holds (a late reply, a replay).
+
+        Without ``resend`` an honest client never sends them (each message names the rows
+        the server holds); the rest of the reply is kept, and :meth:`validate_reply`
+        counts the dropped rows in the round's ``duplicate-rows``.
+        """
+        if self.cfg.resend or not len(batch) or self.store is None:  # nothing held yet
+            return batch, x
+        held = self.store.was_received(identity, batch.ids)
+        if not held.any():
+            return batch, x
+        return keep_rows(batch, ~held), x[~held]
+
+    def decode_refresh(self, content: RecordDict, node: int) -> np.ndarray | None:
+        """A refreshed residual, checked like a compensation; only where one was asked."""
+        record = content.array_records.get(REFRESH_KEY)
+        if record is None:
+            return None
+        if (self.cfg.compensation_mode == "first-step" or self.comp_codec is None
+                or self.store is None):  # first-step: no control variate to refresh
+            raise PayloadError("unexpected refreshed residual")
+        residual = decode_vector(Payload.from_record(record), self.comp_codec,
+                                 self.num_params, "refreshed residual")
+        if self.store.node_weight(node) <= 0:  # its rows were evicted: nothing to correct
+            return None
+        return residual
+
+    def check_examples(self, node: int, examples: int) -> None:
+        """A node's number of examples does not change between rounds."""
+        known = self.planner.clients.get(int(node))
+        if known is not None and known[0] and known[0] != examples:
+            raise PayloadError(f"'num-examples' changed from {known[0]} to {examples}")
+
+    # ------------------------------------------------------------------ the round's replies
+    def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
+        """The round's checked uploads the round agrees on, and ``rejected`` plus the others.
+
+        See :func:`~dq_flower.dq.validation.agree`: example counts screened against the
+        other nodes' (over-large weights clipped), the data spec (while none is known) that
+        most uploads carry and the model trains on, the value bound (while none is known)
+        from the median upload. The spec and bound are adopted here, before the accepted
+        rows are stored; learned from replies, they stay provisional until rows are stored.
+        """
+        self.forget_unconfirmed()
+        known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
+        verdict = agree(uploads, self.rules(), known, self._check_model)
+        for upload, reason in verdict.refused:
+            log_rejected(upload.node, reason)
+        for upload in verdict.accepted:
+            if upload.weight_scale < 1.0:
+                log(WARNING, "reply from node %d: its weight is clipped to %g times the "
+                    "median node's examples (x%.3g)", upload.node, SHARE_FACTOR,
+                    upload.weight_scale)
+        if verdict.spec is not None:
+            self.fix_spec(verdict.spec, verdict.classes)
+            self._provisional["spec"] = True
+        if verdict.value_bound is not None:
+            self.value_bound = verdict.value_bound
+            self._provisional["bound"] = True
+            log_round("dq", 0, f"data values bounded by {self.value_bound:g} (max-abs-value: "
+                      f"{VALUE_FACTOR:g} times the median upload's largest)")
+        return verdict.accepted, rejected + len(verdict.refused)
+
+    def forget_unconfirmed(self) -> None:
+        """Forget a spec and bound learned from replies while no row of them is stored."""
+        if self.stored:
+            self._provisional = {"spec": False, "bound": False}
+            return
+        if self._provisional["spec"]:
+            self.spec, self.layout, self.store, self.mode = None, None, None, "sample"
+            self.num_classes, self.ranges = self._given_classes, {}
+        if self._provisional["bound"]:
+            self.value_bound = None
+        self._provisional = {"spec": False, "bound": False}
+
+    def _check_model(self, spec: DataSpec, upload: Upload) -> int:
+        """The forward-and-loss check of ``upload``'s rows under ``spec``; the classes."""
+        return check_model(self.model, spec, upload.x, upload.batch.labels, self.num_classes,
+                           self.loss_fn)
+
+    def store_uploads(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
+        """Store the accepted uploads' rows: the uploads stored, and the number that failed.
+
+        Store insertion is part of the reply boundary: a failure rejects the upload. An
+        upload's feature ranges are kept once its rows are stored.
+        """
+        fresh: list[Upload] = []
+        failed = 0
+        for upload in uploads:
+            try:
+                if len(upload.batch):
+                    assert self.store is not None
+                    rows = self.rows(upload.batch, upload.node, upload.plain)
+                    self.store.add(rows)
+                    upload.holdout = rows.holdout
+            except Exception as exc:  # noqa: BLE001
+                failed += 1
+                log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
+                             f"{exc}")
+                continue
+            if upload.ranges is not None:
+                self.ranges[upload.node] = upload.ranges
+            fresh.append(upload)
+        return fresh, failed
+
+    def rows(self, batch: SampleBatch, node: int, samples: Payload | None = None
+             ) -> StoredRows:
+        """The store's rows of a checked batch of client ``node`` (held-out ones chosen).
+
+        ``samples``: the batch's samples as checked (:attr:`Upload.plain`, decoded once);
+        default: the batch's own.
+        """
+        assert self.layout is not None and self.store is not None
+        codes, side, dither = self.layout.rows(batch.samples if samples is None else samples)
+        kept = kept_rows(batch)  # a reply whose rows the server already held lost those
+        if kept is not None:
+            codes, side, dither = codes[kept], side[kept], dither[kept]
+        n = len(batch)
+        holdout = None
+        if self.cfg.adaptive:
+            holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
+                                     self.seed, self.store.counts)
+        return StoredRows(codes, side, batch.labels, batch.weights,
+                          np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
+
+    def measure_data(self, fresh: list[Upload]) -> None:
+        """Tell the planner what the valid data replies carried and cost.
+
+        Each accepted reply also binds its node id to the identity it spoke for.
+        """
+        for u in fresh:
+            self.identities.bind(u.source, u.node)
+            self.planner.record_data(u.node, u.examples, len(u.batch))
+        full = [u for u in fresh if len(u.batch)]
+        if full and self.measuring:
+            samples = [u.batch.samples.nbits + u.batch.info_nbits for u in full]
+            rest = [u.reply_bits - s for u, s in zip(full, samples, strict=True)]
+            self.planner.measured(sample_bits=sum(samples) / sum(len(u.batch) for u in full),
+                                  reply_bits=float(np.mean(rest)))
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """What was learned: spec, classes, feature ranges, the store, the value bound."""
+        spec = None if self.spec is None else dataclasses.asdict(self.spec)
+        return {"spec": spec, "num_classes": self.num_classes,
+                "ranges": {int(k): (lo.copy(), span.copy())
+                           for k, (lo, span) in self.ranges.items()},
+                "store": None if self.store is None else self.store.state(),
+                "value_bound": self.value_bound, "provisional": dict(self._provisional)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (a spec is adopted again, checked on zero rows)."""
+        self.num_classes = state.get("num_classes", self.num_classes)
+        if state.get("spec") is not None:
+            spec = state["spec"]
+            self.fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
+                                   int(spec["target_dim"])))
+        self.ranges = {int(k): (np.asarray(lo), np.asarray(span))
+                       for k, (lo, span) in state.get("ranges", {}).items()}
+        if self.store is not None and state.get("store") is not None:
+            self.store.load_state(state["store"])
+        self.value_bound = state.get("value_bound", self.value_bound)
+        self._provisional = {"spec": False, "bound": False, **state.get("provisional", {})}

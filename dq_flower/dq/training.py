@@ -1,0 +1,263 @@
+"""The server's training of a DQ round: the fresh compensated step, then the store.
+
+Under the ``fixed`` schedule a round takes ``server-steps`` optimizer steps: the first on
+the round's fresh rows plus their compensations (:meth:`ServerTrainer.fresh_gradient`),
+the others on minibatches of the store (corrected by the control variate where one is
+kept). Under the ``adaptive`` schedule a round whose uploads grew the store trains to a
+plateau of the held-out score (:func:`~dq_flower.dq.plateau.train_phase`), keeps the
+previous model where the new one is worse on the rows the round brought, and lets the
+schedule size the next ask. Every round's steps run inside a
+:class:`~dq_flower.server.robust.StepGuard` that rolls back a non-finite model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from dq_flower.dq.config import DQConfig, robust_rule
+from dq_flower.dq.control_variate import ControlVariate
+from dq_flower.dq.intake import UploadIntake
+from dq_flower.dq.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
+from dq_flower.dq.schedule import AdaptiveSchedule, paired_gain
+from dq_flower.dq.validation import Upload
+from dq_flower.model_ops import LossFn, apply_flat_grad, per_sample_results, weighted_loss_grad
+from dq_flower.seeding import Purpose, round_rng
+from dq_flower.server.common import log_round
+from dq_flower.server.robust import StepGuard, aggregate, clip_norms
+
+__all__ = ["ServerTrainer"]
+
+
+class ServerTrainer:
+    """The server's optimizer steps on ``model``, with the rows ``intake`` stored.
+
+    ``cv``: the control variate added to every store step's gradient (``None``: none);
+    ``augment`` is applied to every store minibatch, never to the held-out rows.
+    """
+
+    def __init__(self, cfg: DQConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 intake: UploadIntake, cv: ControlVariate | None, *, loss_fn: LossFn | None,
+                 seed: int,
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.cfg, self.model, self.optimizer, self.intake, self.cv = (
+            cfg, model, optimizer, intake, cv)
+        self.loss_fn, self.seed, self.augment = loss_fn, seed, augment
+        self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth) if cfg.adaptive
+                         else None)
+        self.plateau = PlateauRule(cfg.plateau_eval_every, cfg.plateau_patience, cfg.lr_drops,
+                                   cfg.lr_factor, cfg.max_server_steps)
+        #: mean held-out loss per node after the last training phase (adaptive asks)
+        self.node_fit: dict[int, float] = {}
+        self.last_phase: PhaseResult | None = None
+        self._round_ids: dict[int, np.ndarray] = {}  # this round's uploaded ids per node
+        #: whether the last phase's model was worse on its fresh held-out rows than the one
+        #: before it, which the server then kept
+        self.reverted = False
+        self.guard = StepGuard(model, optimizer)
+        self.rolled_back = 0
+
+    # ------------------------------------------------------------------ one round
+    def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
+        """A data round's steps (the schedule's), rolled back where they go non-finite."""
+        self.guard.begin()
+        if self.schedule is not None:
+            loss = self.train_adaptive(server_round, fresh, stored_before)
+        else:
+            loss = self.train_steps(server_round, fresh)
+        if not self.guard.finite_or_restore():
+            self._rolled_back(server_round, [u.node for u in fresh])
+            loss = float("nan")
+        return loss
+
+    def train_gradient(self, server_round: int, grad: np.ndarray | None,
+                       losses: list[float], nodes: list[int]) -> float:
+        """A gradient round's steps: one with ``grad`` (if any), the others on the store.
+
+        Returns the store steps' mean loss, else that of ``losses`` (the replies' own);
+        NaN where the steps were rolled back.
+        """
+        self.guard.begin()
+        if grad is not None:
+            self.model.train()
+            apply_flat_grad(self.model, self.optimizer, grad)
+        later = self.store_steps(server_round,
+                                 self.cfg.server_steps - (1 if grad is not None else 0))
+        if not self.guard.finite_or_restore():
+            self._rolled_back(server_round, nodes)
+            return float("nan")
+        steps = later or losses
+        return float(np.mean(steps)) if steps else float("nan")
+
+    def _rolled_back(self, server_round: int, nodes: list[int]) -> None:
+        self.rolled_back += 1
+        log_round("dq", server_round, "the round's steps made the model non-finite: rolled "
+                  f"back; the round's replies came from nodes {sorted(nodes)}")
+
+    # ------------------------------------------------------------------ the steps
+    def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
+        """Gradient of the first step: fresh quantized batch plus mean compensation.
+
+        With ``N = sum_k n_k`` candidates, it is ``(1/N) sum_i grad f(Q(x_i)) / pi_i +
+        sum_k (n_k / N) delta_k``: the Horvitz-Thompson estimate of the candidates' mean
+        gradient, exact at the true points when the compensation codec is lossless.
+        """
+        total = float(sum(u.candidates for u in fresh))
+        keep = [np.ones(len(u.batch), dtype=bool) if u.holdout is None else ~u.holdout
+                for u in fresh]  # held-out rows are never trained on
+        xs = np.concatenate([u.x[k] for u, k in zip(fresh, keep, strict=True)])
+        ys = np.concatenate([u.batch.labels[k] for u, k in zip(fresh, keep, strict=True)])
+        ws = np.concatenate([u.batch.weights[k] for u, k in zip(fresh, keep, strict=True)])
+        ws = ws / total
+        loss, grad = weighted_loss_grad(self.model, self.intake.shaped(xs), ys, ws,
+                                        self.loss_fn)
+        with_delta = [u for u in fresh if u.delta is not None]
+        if with_delta:
+            deltas = clip_norms([cast(np.ndarray, u.delta) for u in with_delta],
+                                self.cfg.clip_norm)
+            rule = robust_rule(self.cfg.robust_aggregation)
+            if rule == "mean":
+                for u, d in zip(with_delta, deltas, strict=True):
+                    grad += (u.candidates / total) * d
+            else:  # robust: one vote per client, scaled by the clients' share of candidates
+                share = sum(u.candidates for u in with_delta) / total
+                grad += np.float32(share) * aggregate(deltas, [1.0] * len(deltas), rule,
+                                                      self.cfg.trim_fraction)
+        return loss / max(float(ws.sum()), 1e-12), grad
+
+    def train_steps(self, server_round: int, fresh: list[Upload]) -> float:
+        """The round's steps: the fresh compensated step, then steps on the store.
+
+        A round runs its store steps whatever replies it got (a round with nothing to ask,
+        or whose only asked node failed, still trains on what the store holds).
+        """
+        rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
+        self.model.train()
+        losses = []
+        steps = self.cfg.server_steps
+        if sum(len(u.batch) for u in fresh):
+            loss, grad = self.fresh_gradient(fresh)
+            losses.append(loss)
+            apply_flat_grad(self.model, self.optimizer, grad)
+            steps -= 1
+        losses += self.store_steps(server_round, steps, rng)
+        return float(np.mean(losses)) if losses else float("nan")
+
+    def store_steps(self, server_round: int, steps: int,
+                    rng: np.random.Generator | None = None) -> list[float]:
+        """``steps`` optimizer steps on minibatches from the store; their losses."""
+        if rng is None:
+            rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
+        store = self.intake.store
+        if store is None or len(store) == 0:
+            return []
+        self.model.train()
+        losses = []
+        correction = self.cv.value() if self.cv else None
+        for _ in range(steps):
+            x, y, w = store.draw(self.cfg.server_batch_size, rng)
+            xb = self.intake.shaped(x)
+            if self.augment is not None:
+                xb = self.augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
+            loss, grad = weighted_loss_grad(self.model, xb, y, w / w.sum(), self.loss_fn)
+            if correction is not None:  # the control variate: see dq.control_variate
+                grad += correction
+            losses.append(loss)
+            apply_flat_grad(self.model, self.optimizer, grad)
+        return losses
+
+    # ------------------------------------------------------------------ the adaptive schedule
+    def train_adaptive(self, server_round: int, fresh: list[Upload],
+                       stored_before: int) -> float:
+        """Train to a plateau when the store grew, then let the schedule size the next ask.
+
+        The phase's first evaluation scores the model the previous phase left (or the
+        initial one) on the current held-out rows; the gain of the phase's best model over
+        it on the rows held out of this round's uploads is the paired gain the schedule
+        needs (none for the first upload round). A negative gain keeps the previous model.
+        """
+        assert self.schedule is not None
+        self.last_phase = None
+        store = self.intake.store
+        if (store is None or not any(len(u.batch) for u in fresh)
+                or store.num_train == 0):  # nothing new (a full store still changes)
+            return float("nan")
+        rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
+        self._round_ids = {u.node: u.batch.ids for u in fresh if len(u.batch)}
+        first = self.fresh_training_step(fresh)
+        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.train()
+        phase = train_phase(self.model, self.optimizer, self.cfg.lr, self.plateau,
+                            lambda: self.store_step(rng, first), self.score_holdout)
+        self.last_phase = phase
+        assert phase.final is not None and phase.initial is not None
+        gain = None
+        self.reverted = False
+        if stored_before > 0:
+            gain = paired_gain(phase.initial, phase.final)
+            if gain.gain < 0:  # worse than before on the rows it brought: keep the old model
+                self.model.load_state_dict(start)
+                self.reverted = True
+        self.schedule.after_upload(stored_before, self.intake.stored, gain)
+        self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
+        return float(np.mean(phase.losses)) if phase.losses else float("nan")
+
+    def fresh_training_step(self, fresh: list[Upload]) -> list[tuple[float, np.ndarray]]:
+        """The compensated step on the fresh rows as a one-item queue (empty if none).
+
+        Held-out rows stay out of it; only a run with compensation gains from it.
+        """
+        if self.intake.comp_codec is None or not any(u.delta is not None for u in fresh):
+            return []
+        return [self.fresh_gradient(fresh)]
+
+    def store_step(self, rng: np.random.Generator,
+                   queued: list[tuple[float, np.ndarray]]) -> float:
+        """One optimizer step: a queued gradient first, then minibatches of the store."""
+        if queued:
+            loss, grad = queued.pop()
+            apply_flat_grad(self.model, self.optimizer, grad)
+            return loss
+        return self.store_steps(0, 1, rng)[0]
+
+    def score_holdout(self) -> HeldOutScores:
+        """Per-row loss and correctness of the model on the store's held-out rows."""
+        assert self.intake.store is not None
+        losses, correct, nodes, fresh = [], [], [], []
+        for x, y, _, node_ids, ids in self.intake.store.holdout_batches():
+            loss, hit = per_sample_results(self.model, self.intake.shaped(x), y,
+                                           self.loss_fn)
+            losses.append(loss)
+            nodes.append(node_ids)
+            fresh.append(self.fresh_rows(node_ids, ids))
+            if hit is not None:
+                correct.append(hit)
+        if not losses:
+            return HeldOutScores(np.zeros(0), None, np.zeros(0, dtype=np.uint64))
+        return HeldOutScores(np.concatenate(losses),
+                             np.concatenate(correct) if correct else None,
+                             np.concatenate(nodes), np.concatenate(fresh))
+
+    def fresh_rows(self, node_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Which of these rows came with this round's uploads."""
+        mask = np.zeros(ids.size, dtype=bool)
+        for node, new_ids in self._round_ids.items():
+            here = node_ids == np.uint64(node)
+            mask[here] = np.isin(ids[here], new_ids)
+        return mask
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The schedule, the per-node fit of the last phase and the rollback count."""
+        return {"schedule": None if self.schedule is None else self.schedule.state(),
+                "node_fit": dict(self.node_fit), "rolled_back": self.rolled_back}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.rolled_back = int(state.get("rolled_back", 0))
+        if self.schedule is not None and state.get("schedule") is not None:
+            self.schedule.load_state(state["schedule"])
+        self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
