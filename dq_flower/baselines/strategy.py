@@ -52,7 +52,7 @@ from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
 from dq_flower.server.pipeline import RoundLedger, bound_vectors, screen_replies
-from dq_flower.server.robust import NormScreen, StepGuard, weighted_mean
+from dq_flower.server.robust import DirectionScreen, NormScreen, StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 
 __all__ = ["GradientStrategy", "majority_vote", "weighted_mean", "SERVER_ONLY_KEYS"]
@@ -152,6 +152,7 @@ class GradientStrategy(ModelStrategy, Strategy):
         self.ledger = RoundLedger()
         self.failures = FailureWatch(config.max_failed_rounds, self.method)
         self.norms = NormScreen(config.norm_bound_factor)
+        self.directions = DirectionScreen(config.min_cosine)
         self.guard = StepGuard(model, self.optimizer)
         self.rolled_back = 0
         self.decode = GradientDecoder(
@@ -227,7 +228,7 @@ class GradientStrategy(ModelStrategy, Strategy):
                                     self.norms, clip_factor=self.cfg.clip_factor,
                                     clip_norm=self.cfg.clip_norm,
                                     weight_cap=self.cfg.weight_cap,
-                                    min_cosine=self.cfg.min_cosine,
+                                    directions=self.directions,
                                     nodes=[u.node for u in updates])
             screened.nodes = [u.node for u in updates]
             screened.accepted = updates
@@ -337,6 +338,7 @@ class GradientStrategy(ModelStrategy, Strategy):
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             **self.downlink.state_dict(),
             "norms": self.norms.state_dict(),
+            "directions": self.directions.state_dict(),
             "rolled_back": self.rolled_back,
         }
 
@@ -347,5 +349,6 @@ class GradientStrategy(ModelStrategy, Strategy):
             self.optimizer.load_state_dict(state["optimizer"])
         self.downlink.load_state_dict(state)
         self.norms.load_state_dict(state.get("norms", {}))
+        self.directions.load_state_dict(state.get("directions", {}))
         self.rolled_back = int(state.get("rolled_back", 0))
         self._returned = None

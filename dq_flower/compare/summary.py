@@ -77,8 +77,8 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
     rows = [r for r in record.get("history") or [] if int(r["round"]) >= 1]
     D, d = int(record["num_params"]), int(record["data_dim"])
     bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in rows)
-    unit = family_of(str(record["family"])).payload_unit
-    if unit == "sample":
+    kind = family_of(str(record["family"])).payload_unit
+    if kind == "sample":
         grad_rows = [r for r in rows if r.get("gradient_round") == 1]
         data_rows = [r for r in rows if r.get("gradient_round") != 1]
         data_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in data_rows)
@@ -94,7 +94,7 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
             unit["gradient_bits_per_coord"] = (grad_bits / (replies * D) if replies and D
                                                else float("nan"))
         return unit
-    if unit == "coord" and bits:
+    if kind == "coord" and bits:
         # the payload bits include replies the norm screen then rejected: divide by every
         # reply they count (older records lack "coded_replies": their accepted replies)
         replies = sum(float(r.get("coded_replies", r.get("replies", 0)) or 0) for r in rows)

@@ -156,8 +156,10 @@ class DQConfig:
         of the round's median norm before aggregating, so that one client moves the
         aggregate by at most a median norm times its weight share (0: off; default 1).
     min_cosine : float
-        Reject a gradient-round gradient whose cosine with the mean of the round's other
-        gradients is below this (default 0: pointing against the majority; -1: off).
+        Leave a node's gradient-round gradient out of the round's mean while its cosine
+        with the mean of the round's other gradients is below this on average over its
+        last 10 gradient rounds (default -0.1; -1: off; see
+        :class:`dq_flower.server.robust.DirectionScreen`).
     weight_cap : float
         A client's example weight counts at most this multiple of the round's median
         weight (0: off; default 2).
@@ -213,7 +215,7 @@ class DQConfig:
     trim_fraction: float = 0.2
     clip_norm: float = 0.0
     clip_factor: float = 1.0
-    min_cosine: float = 0.0
+    min_cosine: float = -0.1
     weight_cap: float = 2.0
     norm_bound_factor: float = 5.0
     max_abs_value: float = 0.0

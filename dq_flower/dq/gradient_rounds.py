@@ -32,7 +32,7 @@ from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
 from dq_flower.protocol.spec import SPEC_KEY
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, bound_vectors, screen_replies
-from dq_flower.server.robust import NormScreen, aggregate
+from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
 
 __all__ = ["GradientRounds", "Combined"]
 
@@ -62,6 +62,7 @@ class GradientRounds:
         self.trainer, self.metrics = trainer, metrics
         # gradients are screened against recent rounds
         self.norms = NormScreen(cfg.norm_bound_factor)
+        self.directions = DirectionScreen(cfg.min_cosine)
         self._bits: dict[int, int] = {}  # this round's replies' sizes, by identity
 
     def aggregate(self, server_round: int, replies: list[Message], plan: RoundPlan,
@@ -121,7 +122,7 @@ class GradientRounds:
         bounded = bound_vectors([r.vector for r in valid], [r.weight for r in valid],
                                 self.norms, clip_factor=cfg.clip_factor,
                                 clip_norm=cfg.clip_norm, weight_cap=cfg.weight_cap,
-                                min_cosine=cfg.min_cosine, what="gradient",
+                                directions=self.directions, what="gradient",
                                 nodes=[r.node for r in valid])
         screened.accepted, screened.nodes = valid, [r.node for r in valid]
         screened.keep(bounded.reasons)
@@ -143,8 +144,9 @@ class GradientRounds:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The norm screen's recent medians."""
-        return {"norms": self.norms.state()}
+        return {"norms": self.norms.state(), "directions": self.directions.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""
         self.norms.load_state(state.get("norms", []))
+        self.directions.load_state_dict(state.get("directions", {}))

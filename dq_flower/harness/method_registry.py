@@ -24,7 +24,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "local-epochs": 0, "downlink": "auto", "aggregation": "auto", "error-feedback": "auto",
     "per-tensor": "auto",
     # the robust mean's defaults: the fedavg-* methods keep their plain mean under them
-    "clip-factor": 1.0, "weight-cap": 2.0, "min-cosine": 0.0,
+    "clip-factor": 1.0, "weight-cap": 2.0, "min-cosine": -0.1,
 }
 
 

@@ -29,8 +29,8 @@ from flwr.common.logger import log
 
 from dq_flower.server.common import REPLY_ERRORS, log_rejected
 from dq_flower.server.robust import (
+    DirectionScreen,
     NormScreen,
-    agrees_with_others,
     cap_weights,
     clip_norms,
     clip_to_median,
@@ -167,14 +167,14 @@ class Bounded:
 
 def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormScreen,
                   *, clip_factor: float, clip_norm: float = 0.0, weight_cap: float = 2.0,
-                  min_cosine: float = -1.0, what: str = "update",
+                  directions: DirectionScreen | None = None, what: str = "update",
                   nodes: Sequence[int] | None = None) -> Bounded:
     """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
 
     The median norm is taken over the vectors that passed the norm screen (those that did
-    not get a reason in :attr:`Bounded.reasons`); with ``min_cosine`` > -1 a clipped
-    vector pointing against the mean of the others is then left out of the mean
-    (:func:`~dq_flower.server.robust.agrees_with_others`; its node in
+    not get a reason in :attr:`Bounded.reasons`); with a ``directions`` screen the clipped
+    vector of a node that keeps pointing against the mean of the others is then left out
+    of the mean (:class:`~dq_flower.server.robust.DirectionScreen`; its node in
     :attr:`Bounded.misaligned`). One client in five that sends a scaled update moves the
     mean by at most one median norm times its (capped) weight share; one that sends a
     sign-flipped update is left out. ``vectors`` and ``weights`` of the result are the
@@ -185,15 +185,16 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     passed = screen.keep(norms)
     kept = [v for v, k in zip(vectors, passed, strict=True) if k]
     kept = clip_norms(clip_to_median(kept, clip_factor), clip_norm)
-    agree = agrees_with_others(kept, min_cosine)
+    kept_nodes = [n for n, k in zip(nodes, passed, strict=True) if k]
+    agree = (directions.keep(kept_nodes, kept) if directions is not None
+             else [True] * len(kept))
     reasons: list[str | None] = [
         None if k else (f"{what} norm is implausibly large against the other clients' "
                         "(norm-bound-factor)") for k in passed]
-    left_out = [n for n, a in zip((n for n, k in zip(nodes, passed, strict=True) if k),
-                                  agree, strict=True) if not a]
+    left_out = [n for n, a in zip(kept_nodes, agree, strict=True) if not a]
     for node in left_out:
         log(WARNING, "node %d's %s points against the round's other updates: left out of "
-            "this round's mean (min-cosine)", node, what)
+            "this round's mean (min-cosine, over its recent rounds)", node, what)
     kept_w = [w for w, k in zip(weights, passed, strict=True) if k]
     kept_w = [w for w, a in zip(kept_w, agree, strict=True) if a]
     kept = [v for v, a in zip(kept, agree, strict=True) if a]
