@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dq_flower.codecs import make
+from dq_flower.codecs import make, names
+from dq_flower.codecs.context_coded import coder_for
 from dq_flower.codecs.entropy import available
+from dq_flower.codecs.registry import codec_class
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check as _check
 from dq_flower.config import parse_params
@@ -52,8 +54,12 @@ CODEC_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 #: Lossless coders of every payload (``entropy-coder``); ``zstd`` needs ``zstandard``.
 #: ``context`` (DQ's default, a model of quantized sample codes) is accepted so that one run
-#: config serves every method: for gradients, updates and weights it means ``zlib``.
+#: config serves every method: ``qsgd`` and ``terngrad`` uploads get their codes modelled
+#: (:mod:`dq_flower.codecs.context_coded`, never larger than zlib); every other codec's
+#: uploads, and the downlink model, are zlib-coded.
 ENTROPY_CODERS = SAMPLE_CODERS
+#: Codecs whose uploads ``context`` leaves to zlib (the run's coder is then ``zlib``).
+ZLIB_UNDER_CONTEXT = tuple(n for n in names() if coder_for(codec_class(n)()) == "zlib")
 #: Codec parameters that are also run-config keys of their own (0 = not set).
 CODEC_PARAM_KNOBS = ("levels", "bucket", "ratio", "rank")
 
@@ -119,8 +125,10 @@ class GradientConfig:
         ``zlib`` (default, as DQ's), ``none`` (the codec's exact fixed-length payloads),
         ``lzma`` or ``zstd``, applied per message only where it shrinks it (``entropy=`` in
         ``codec_params`` takes precedence for the uploads). Every comparison preset sets
-        ``zlib`` for every method. ``context`` (DQ's default for its samples) is taken as
-        ``zlib`` here, so a run config shared by DQ and the baselines is valid for both.
+        ``zlib`` for every method. ``context`` (DQ's default for its samples) models the
+        codes of ``qsgd`` and ``terngrad`` uploads (per message the smaller of it and
+        zlib; the downlink model gets zlib) and is taken as ``zlib`` for every other
+        codec, so a run config shared by DQ and the baselines is valid for both.
     max_failed_rounds : int
         Stop the run when every sampled client fails this many rounds in a row (0: never).
     trim_fraction : float
@@ -186,9 +194,9 @@ class GradientConfig:
                f"runs whole epochs; it cannot be combined with local-steps={self.local_steps}")
         _check(self.entropy_coder in ENTROPY_CODERS, "entropy-coder",
                f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
-        if self.entropy_coder == "context":  # sample codes only: gradients get zlib
-            object.__setattr__(self, "entropy_coder", "zlib")
-        _check(self.entropy_coder in available(), "entropy-coder",
+        if self.entropy_coder == "context" and self.codec in ZLIB_UNDER_CONTEXT:
+            object.__setattr__(self, "entropy_coder", "zlib")  # no codes it models better
+        _check(self.entropy_coder in (*available(), "context"), "entropy-coder",
                f"{self.entropy_coder!r} needs the optional 'zstandard' package")
         _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
         _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")

@@ -17,7 +17,7 @@ module does); its parts live in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -51,6 +51,7 @@ __all__ = [
     "MAX_HEADER_DEPTH",
     "ALLOWED_DTYPES",
     "Codec",
+    "SymbolSpec",
     "Payload",
     "PayloadError",
     "check_finite",
@@ -69,6 +70,19 @@ __all__ = [
     "n_buckets",
     "flat_input",
 ]
+
+
+class SymbolSpec(NamedTuple):
+    """Where a codec's payload keeps its integer codes, for the ``context`` coder.
+
+    ``buffer`` holds one ``width``-bit code per element (:mod:`.bitpack` packing) in
+    ``[0, alphabet)``; ``side`` names the payload's other buffers (sent as they are).
+    """
+
+    buffer: str
+    width: int
+    alphabet: int
+    side: tuple[str, ...]
 
 
 class Codec(ABC):
@@ -100,6 +114,10 @@ class Codec(ABC):
         gradients, entropy-coded data), so call :meth:`Payload.expect_elements` (or check
         ``p.shape``) first.
         """
+
+    def symbol_spec(self) -> SymbolSpec | None:
+        """The layout of the payload's codes for the ``context`` coder (None: it has none)."""
+        return None
 
     def check_payload(self, p: Payload) -> None:
         """Raise :class:`PayloadError` unless ``p`` was made by this codec."""

@@ -125,6 +125,8 @@ class _Waves:
         self.shape = shape
         self.shift = 0
         self.neighbours: np.ndarray | None = None
+        self._steps: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]] | None = None
+        self._wave_rows: np.ndarray | None = None
         if shape is None:
             groups = max(min(d, MAX_CONTEXT_ROWS), 1)
             self.rows = groups
@@ -157,8 +159,45 @@ class _Waves:
         offsets = np.array([1, w + 2, w + 3, w + 1], dtype=np.int64)  # L, U, UL, UR
         self.neighbours = self.order[None, :] - offsets[:, None]
         self.levels = levels
+        self.weights = np.array([levels ** 3, levels ** 2, levels, 1], dtype=np.int32)
         for arr in (self.order, self.bounds, self.base, self.neighbours):
             arr.flags.writeable = False
+
+    @property
+    def steps(self) -> list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]:
+        """Per wave (its neighbours ``(4, m)``, its contexts' base, its positions), contiguous.
+
+        Built once per schedule (which is cached), so a decoder's wave costs no slicing.
+        """
+        if self._steps is None:
+            steps = []
+            for k in range(self.num_waves):
+                a, b = int(self.bounds[k]), int(self.bounds[k + 1])
+                nb = None if self.neighbours is None \
+                    else np.ascontiguousarray(self.neighbours[:, a:b], dtype=np.intp)
+                steps.append((nb, np.ascontiguousarray(self.base[a:b]),
+                              np.ascontiguousarray(self.order[a:b], dtype=np.intp)))
+            self._steps = steps
+        return self._steps
+
+    def step_contexts(self, grid: np.ndarray, nb: np.ndarray | None,
+                      base: np.ndarray) -> np.ndarray:
+        """Contexts of one wave from its :attr:`steps` entry (as :meth:`contexts` does)."""
+        if nb is None:
+            return base
+        top = np.take(grid, nb)
+        if self.shift:
+            top >>= self.shift
+        return base + self.weights @ top
+
+    @property
+    def wave_rows(self) -> np.ndarray:
+        """Per coding-order position, its wave's first row ``wave * rows`` (cached)."""
+        if self._wave_rows is None:
+            self._wave_rows = np.repeat(np.arange(self.num_waves, dtype=np.int64) * self.rows,
+                                        np.diff(self.bounds))
+            self._wave_rows.flags.writeable = False
+        return self._wave_rows
 
     @property
     def num_waves(self) -> int:
@@ -169,12 +208,7 @@ class _Waves:
         """Contexts of the coding-order positions ``s .. e - 1`` (their neighbours known)."""
         if self.neighbours is None:
             return self.base[s:e]
-        top = grid[self.neighbours[:, s:e]]
-        if self.shift:
-            top >>= self.shift
-        left, up, up_left, up_right = top
-        levels = self.levels
-        return self.base[s:e] + ((left * levels + up) * levels + up_left) * levels + up_right
+        return self.step_contexts(grid, self.neighbours[:, s:e], self.base[s:e])
 
     def layout(self, flat_codes: np.ndarray) -> np.ndarray:
         """The code array of ``(n * d,)`` codes (images: with a zero border per plane)."""
@@ -269,18 +303,18 @@ def encode(codes: np.ndarray, bits: int, n: int, d: int,
     if n * d:
         size = waves.order.size
         ctx = waves.contexts(grid, 0, size)
-        sym = grid[waves.order]
+        sym = np.take(grid, waves.order)
         if waves.num_waves * waves.rows * waves.symbols <= _BLOCK \
                 and size * waves.symbols <= 4 * _BLOCK:
             # every code's row at once: counts of its context in all earlier waves
-            wave = np.repeat(np.arange(waves.num_waves), np.diff(waves.bounds))
-            cell = wave * waves.rows + ctx
+            cell = waves.wave_rows + ctx
             hist = np.bincount(cell * waves.symbols + sym,
                                minlength=waves.num_waves * waves.rows * waves.symbols)
             before = np.cumsum(hist.reshape(waves.num_waves, -1), axis=0, dtype=np.float64)
             before -= hist.reshape(waves.num_waves, -1)
             before += PRIOR
-            coder.encode_reverse(sym, _MODEL, before.reshape(-1, waves.symbols)[cell])
+            coder.encode_reverse(sym, _MODEL,
+                                 np.take(before.reshape(-1, waves.symbols), cell, axis=0))
         else:
             _encode_blocks(coder, waves, ctx, sym)
         coder.encode_reverse(_count_symbols(n * d), _COUNT_MODEL)
@@ -329,15 +363,15 @@ def decode(stream: np.ndarray, bits: int, n: int, d: int,
     grid = np.zeros(waves.size, dtype=np.int32)
     counts = np.full((waves.rows, waves.symbols), PRIOR, dtype=np.float64)
     flat_counts = counts.reshape(-1)
+    symbols, cells = waves.symbols, flat_counts.size
     try:
-        for k in range(waves.num_waves):
-            a, b = int(waves.bounds[k]), int(waves.bounds[k + 1])
-            if a == b:
+        for nb, base, pos in waves.steps:
+            if not pos.size:
                 continue
-            ctx = waves.contexts(grid, a, b)
-            sym = np.asarray(coder.decode(_MODEL, counts[ctx]), dtype=np.int32)
-            grid[waves.order[a:b]] = sym
-            flat_counts += np.bincount(ctx * waves.symbols + sym, minlength=flat_counts.size)
+            ctx = waves.step_contexts(grid, nb, base)
+            sym = coder.decode(_MODEL, np.take(counts, ctx, axis=0))
+            grid[pos] = sym
+            flat_counts += np.bincount(ctx * symbols + sym, minlength=cells)
     except Exception as exc:
         raise PayloadError(f"context stream is corrupt: {exc}") from None
     if not coder.is_empty():

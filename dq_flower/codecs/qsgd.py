@@ -12,6 +12,7 @@ from .base import (
     Codec,
     Payload,
     PayloadError,
+    SymbolSpec,
     bucket_blocks,
     check_int,
     expect_buffer,
@@ -89,6 +90,10 @@ class QSGD(Codec):
     def nbits_for(self, size: int) -> int:
         """Exact payload bits for ``size`` coordinates."""
         return size * self.width + 32 * n_buckets(size, self.bucket)
+
+    def symbol_spec(self) -> SymbolSpec:
+        """The codes ``0 .. 2 s`` (``s`` is level 0) in ``codes``; the norms beside them."""
+        return SymbolSpec("codes", self.width, 2 * self.levels + 1, ("norms",))
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Quantize ``x`` (any shape) bucket by bucket; ``rng`` drives the rounding."""

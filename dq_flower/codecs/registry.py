@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .base import Codec
+from .context_coded import CONTEXT, ContextCoded
 from .entropy import check_method
 from .lossless import EntropyCoded
 
@@ -44,11 +45,13 @@ def codec_class(name: str) -> type[Codec]:
 def make(name: str, **params) -> Codec:
     """Build the codec ``name`` with ``params``; unknown names or bad params raise ValueError.
 
-    ``entropy`` (``none``, ``zlib``, ``lzma``, ``zstd``) is accepted by every codec: where
-    the codec has no parameter of that name (all but ``uniform``), a coder other than
-    ``none`` returns the codec wrapped in
+    ``entropy`` (``none``, ``zlib``, ``lzma``, ``zstd``, ``context``) is accepted by every
+    codec: where the codec has no parameter of that name (all but ``uniform``), a coder
+    other than ``none`` returns the codec wrapped in
     :class:`~dq_flower.codecs.lossless.EntropyCoded`, whose payloads are entropy-coded
-    where that shrinks them.
+    where that shrinks them (``context``:
+    :class:`~dq_flower.codecs.context_coded.ContextCoded`, which models the codes of
+    ``qsgd`` and ``terngrad`` and zlib-codes the other codecs' payloads).
     """
     cls = codec_class(name)
     coder = None
@@ -63,6 +66,8 @@ def make(name: str, **params) -> Codec:
         raise ValueError(f"bad parameters for codec {name!r}: {exc}") from None
     if coder is None:
         return codec
+    if coder == CONTEXT:
+        return ContextCoded(codec)
     if check_method(coder, "entropy") == "none":
         return codec
     return EntropyCoded(codec, coder)

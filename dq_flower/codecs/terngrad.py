@@ -12,6 +12,7 @@ from .base import (
     Codec,
     Payload,
     PayloadError,
+    SymbolSpec,
     bucket_chunks,
     expect_buffer,
     expect_nbits,
@@ -53,6 +54,10 @@ class TernGrad(Codec):
             or self.clip <= 0
         ):
             raise ValueError(f"clip must be a finite number > 0 or None, got {self.clip!r}")
+
+    def symbol_spec(self) -> SymbolSpec:
+        """The codes ``1 + t`` (0, 1, 2) in ``codes``; the scale beside them."""
+        return SymbolSpec("codes", 2, 3, ("scale",))
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Ternarize ``x`` (any shape) with one scale; ``rng`` drives the rounding."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from flwr.app import ArrayRecord
 
 from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.codecs.context_coded import CONTEXT
 from dq_flower.codecs.entropy import available
 from dq_flower.codecs.lossless import coder_of
 
@@ -64,7 +65,7 @@ def decode_model_payload(payload: Payload, dim: int, entropy: str | None = None)
         raise PayloadError(f"model sent with unsupported codec {payload.codec!r}")
     payload.expect_elements(dim)
     coder = coder_of(payload) if entropy is None else entropy
-    if coder not in available():
+    if coder not in (*available(), CONTEXT):  # context: zlib-coded (no codes to model)
         raise PayloadError(f"model payload coded with unknown coder {coder!r}")
     return make(payload.codec, entropy=coder).decode(payload).reshape(-1)
 

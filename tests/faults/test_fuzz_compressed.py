@@ -3,6 +3,8 @@
 Methods ``qsgd`` (norms side information), ``orq`` (level tables) and ``ef-signsgd``
 (scale) are fuzzed; every mutation makes a reply invalid, so each must be rejected and
 counted, the good reply used, no exception may escape and the model must stay finite.
+``qsgd`` with ``entropy-coder = "context"`` (its codes as an ANS stream) is fuzzed too,
+with mutations aimed at the stream (bit flips, cut or appended 32-bit words).
 """
 
 import json
@@ -26,11 +28,12 @@ _COUNT = {"corrupted": 0}
 METHODS = ("qsgd", "orq", "ef-signsgd")
 
 
-def _setup(method):
-    # the fixed-length payloads (no lossless coding): the fuzzer corrupts their buffers
+def _setup(method, coder="none"):
+    # the fixed-length payloads (no lossless coding): the fuzzer corrupts their buffers;
+    # ``context``: qsgd's codes as the symbol model's stream, its norms as they are
     run_config = {**get_method(method).defaults,
                   **build_run_config(method, model="logreg", num_clients=3, seed=6),
-                  "entropy-coder": "none"}
+                  "entropy-coder": coder}
     task, _ = validate_run_config(run_config)
     info = task_info(task)
 
@@ -46,6 +49,7 @@ def _setup(method):
 
 
 SETUPS = {m: _setup(m) for m in METHODS}
+CONTEXT_SETUP = _setup("qsgd", "context")
 
 
 def _request_from(node: int) -> Message:
@@ -190,3 +194,50 @@ def test_good_replies_alone_are_all_used(method):
         1, [Message(_copy(c), reply_to=_request_from(r.metadata.src_node_id))
             for r, c in good])
     assert metrics["replies"] == 3 and metrics["rejected"] == 0
+
+
+def flip_stream_bit(content, rng):
+    record = content[_pick(content, rng)]
+    data = bytearray(record["entropy-stream"].data)
+    data[int(rng.integers(len(data)))] ^= 1 << int(rng.integers(8))
+    record["entropy-stream"] = _raw(bytes(data), "uint8")
+
+
+def cut_or_extend_stream(content, rng):
+    record = content[_pick(content, rng)]
+    data = bytes(record["entropy-stream"].data)
+    data = data[:-4] if rng.integers(2) else data + data[:4]
+    header = _header(record)
+    header["nbits"] += 8 * (len(data) - len(record["entropy-stream"].data))
+    header["buffers"]["entropy-stream"][1] = len(data)
+    record["entropy-stream"] = _raw(data, "uint8")
+    _set_header(record, header)
+
+
+CONTEXT_MUTATIONS = [*MUTATIONS, flip_stream_bit, cut_or_extend_stream]
+
+
+def test_context_replies_are_context_coded():
+    for _, content in CONTEXT_SETUP[1]:
+        for key in _payload_keys(content):
+            assert _header(content[key])["meta"]["entropy-coder"] == "context"
+
+
+@settings(max_examples=80, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(CONTEXT_MUTATIONS) - 1),
+                          st.integers(0, 2**32 - 1)), min_size=3, max_size=5))
+def test_fuzzed_context_coded_replies_are_rejected(mutations):
+    new_strategy, good = CONTEXT_SETUP
+    strategy = new_strategy()
+    request, content = good[0]
+    replies = [Message(_copy(content), reply_to=request)]
+    for index, seed in mutations:
+        corrupted = _copy(good[1][1])
+        CONTEXT_MUTATIONS[index](corrupted, np.random.default_rng(seed))
+        replies.append(Message(corrupted, reply_to=_request_from(1000 + len(replies))))
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["rejected"] == len(mutations), [CONTEXT_MUTATIONS[i].__name__
+                                                   for i, _ in mutations]
+    assert metrics["replies"] == 1
+    assert all(torch.isfinite(p).all() for p in strategy.model.parameters())

@@ -88,6 +88,11 @@ def test_the_good_replies_are_context_coded():
                 min_size=3, max_size=5),
        st.integers(0, len(GOOD) - 1))
 def _fuzz_round(mutations, good_index):
+    _check_round(mutations, good_index)
+
+
+def _check_round(mutations, good_index):
+    """One round: a good reply and the ``(mutation, seed)`` corruptions of another one."""
     strategy = DQStrategy(build_model(TASK, task_info(TASK)), seed=TASK.seed, config=CFG)
     request, content = GOOD[good_index]
     replies = [Message(_copy(content), reply_to=request)]
@@ -109,3 +114,12 @@ def _fuzz_round(mutations, good_index):
 def test_fuzzed_context_replies_are_rejected_counted_and_harmless():
     _fuzz_round()
     assert _COUNT["corrupted"] >= 400
+
+
+def test_seeded_context_corruptions_are_rejected():
+    """The fast variant (CI): 30 seeded corruptions, every mutation at least three times."""
+    rng = np.random.default_rng(2024)
+    order = [i % len(MUTATIONS) for i in range(30)]
+    for start in range(0, 30, 3):
+        mutations = [(i, int(rng.integers(2**32))) for i in order[start:start + 3]]
+        _check_round(mutations, start // 3 % len(GOOD))
