@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dq_flower.baselines.config import ZLIB_UNDER_CONTEXT
 from dq_flower.compare.fmt import fmt_bytes
 from dq_flower.compare.fmt import fmt_ratio as _fmt_ratio
 from dq_flower.compare.fmt import pct as _pct
@@ -128,7 +129,10 @@ def coder_of_run(record: Mapping[str, Any]) -> str:
         key, _, value = part.partition("=")
         if key.strip() == "entropy":
             return value.strip()
-    return str(cfg.get("entropy-coder") or "none")
+    coder = str(cfg.get("entropy-coder") or "none")
+    if coder == "context" and cfg.get("codec") in ZLIB_UNDER_CONTEXT:
+        return "zlib"  # a codec whose codes the context model does not code
+    return coder
 
 
 def _links(results: Mapping[str, Any]) -> list[LinkProfile]:

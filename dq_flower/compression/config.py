@@ -37,7 +37,9 @@ class CompressionConfig:
     ratio : float
         Same for top-k's kept fraction (0 = not set).
     entropy_coder : str
-        Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``.
+        Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``,
+        or ``context`` (the codes of ``qsgd`` and ``terngrad`` updates modelled, per message
+        the smaller of it and zlib; zlib for the other codecs and the broadcast).
     error_feedback : str
         ``auto`` (for biased codecs), ``on`` or ``off``; the residual lives in each client's
         ``Context.state``.
@@ -87,9 +89,9 @@ class CompressionConfig:
         check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
         check(self.clip_factor >= 0, "clip_factor", "must be >= 0 (0 = off)")
         check(self.weight_cap >= 0, "weight_cap", "must be >= 0 (0 = off)")
-        self.gradient_config()  # the codec, its parameters and the coder
-        if self.entropy_coder == "context":  # a model of sample codes: updates get zlib
-            object.__setattr__(self, "entropy_coder", "zlib")
+        # the codec, its parameters and the coder: "context" stays for the codecs whose
+        # codes it models (qsgd, terngrad) and is zlib for the others
+        object.__setattr__(self, "entropy_coder", self.gradient_config().entropy_coder)
 
     def gradient_config(self) -> GradientConfig:
         """The same codec settings as the gradient baselines' config (shared coding code)."""

@@ -696,3 +696,18 @@ def test_a_higher_target_gets_its_own_column_and_an_early_end_is_marked():
     assert '"ended early"' in text
     plain = summary_markdown(_results([other], target=0.8))
     assert "uplink to 88" not in plain and '"ended early"' not in plain
+
+
+def test_the_coder_column_names_the_coder_each_run_used():
+    from dq_flower.compare.summary import coder_of_run
+
+    def run(family, **config):
+        return {"family": family, "config": config}
+
+    assert coder_of_run(run("gradient", codec="qsgd", **{"entropy-coder": "context"})) == \
+        "context"
+    assert coder_of_run(run("gradient", codec="sign", **{"entropy-coder": "context"})) == "zlib"
+    assert coder_of_run(run("compressed", codec="topk", **{"entropy-coder": "context"})) == \
+        "zlib"
+    assert coder_of_run(run("dq", **{"entropy-coder": "context"})) == "context"
+    assert coder_of_run(run("fedavg", **{"entropy-coder": "zlib"})) == "none"

@@ -245,3 +245,12 @@ def test_the_wrapper_checkpoints_its_norm_screen_reference():
     assert resumed.norms.keep([2.0, 2000.0]) == wrapper.norms.keep([2.0, 2000.0]) == \
         [True, False]
     assert CompressedUpdates(FedAvg(), codec="qsgd").norms.keep([2.0, 2000.0]) == [True, True]
+
+
+def test_context_coding_of_qsgd_updates_through_the_wrapper_is_never_larger_than_zlib():
+    zlib, _ = _run("fedavg-qsgd2", client_lr=0.1, entropy_coder="zlib")
+    context, _ = _run("fedavg-qsgd2", client_lr=0.1, entropy_coder="context")
+    assert [r["accuracy"] for r in context.history] == [r["accuracy"] for r in zlib.history]
+    for a, b in zip(context.history[1:], zlib.history[1:], strict=True):
+        assert a["coded_replies"] == 3 and a["up_payload_bits"] <= b["up_payload_bits"]
+    assert context.history[-1]["cum_up_bytes"] < zlib.history[-1]["cum_up_bytes"]
