@@ -43,6 +43,20 @@ def field_keys(cls: type) -> set[str]:
     return {_key(f.name) for f in dataclasses.fields(cls)}
 
 
+#: Field metadata key marking a knob that the clients read (it travels in train messages).
+CLIENT = "client"
+
+
+def client_knob(default: Any) -> Any:
+    """A config field with ``default`` that travels to the clients in each train message."""
+    return dataclasses.field(default=default, metadata={CLIENT: True})
+
+
+def client_keys(cls: type) -> tuple[str, ...]:
+    """Hyphenated keys of the fields of ``cls`` marked with :func:`client_knob`."""
+    return tuple(_key(f.name) for f in dataclasses.fields(cls) if f.metadata.get(CLIENT))
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     hints = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
     target = next((h for h in hints if h is not type(None)), annotation)

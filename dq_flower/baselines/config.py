@@ -16,7 +16,7 @@ from dq_flower.codecs.entropy import available
 from dq_flower.codecs.registry import codec_class
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check as _check
-from dq_flower.config import parse_params
+from dq_flower.config import client_knob, parse_params
 
 __all__ = [
     "GradientConfig",
@@ -152,32 +152,32 @@ class GradientConfig:
         norms (0: off; default 5; see :mod:`dq_flower.server.robust`).
     """
 
-    codec: str = "identity"
-    codec_params: str = ""
-    levels: int = 0
-    bucket: int = 0
-    ratio: float = 0.0
-    rank: int = 0
-    local_steps: int = 1
-    local_epochs: int = 0
-    batch_size: int = 32
-    client_lr: float = 0.1
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    codec: str = client_knob("identity")
+    codec_params: str = client_knob("")
+    levels: int = client_knob(0)
+    bucket: int = client_knob(0)
+    ratio: float = client_knob(0.0)
+    rank: int = client_knob(0)
+    local_steps: int = client_knob(1)
+    local_epochs: int = client_knob(0)
+    batch_size: int = client_knob(32)
+    client_lr: float = client_knob(0.1)
+    lr: float = client_knob(0.1)
+    momentum: float = client_knob(0.9)
+    weight_decay: float = client_knob(0.0)
     optimizer: str = "sgd"
-    downlink: str = "auto"
-    aggregation: str = "auto"
-    error_feedback: str = "auto"
-    per_tensor: str = "auto"
-    entropy_coder: str = "zlib"
+    downlink: str = client_knob("auto")
+    aggregation: str = client_knob("auto")
+    error_feedback: str = client_knob("auto")
+    per_tensor: str = client_knob("auto")
+    entropy_coder: str = client_knob("zlib")
     max_failed_rounds: int = 3
-    trim_fraction: float = 0.2
-    clip_norm: float = 0.0
+    trim_fraction: float = client_knob(0.2)
+    clip_norm: float = client_knob(0.0)
     clip_factor: float = 1.0
     min_cosine: float = -0.1
     weight_cap: float = 2.0
-    norm_bound_factor: float = 5.0
+    norm_bound_factor: float = client_knob(5.0)
 
     def __post_init__(self) -> None:
         _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")

@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.baselines.votes import VoteDownlink
 from dq_flower.codecs import Payload, make
-from dq_flower.config import build_config, strategy_kwargs, to_config_record
+from dq_flower.config import build_config, client_keys, strategy_kwargs, to_config_record
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
@@ -55,15 +55,12 @@ from dq_flower.server.pipeline import RoundLedger, bound_vectors, screen_replies
 from dq_flower.server.robust import DirectionScreen, NormScreen, StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 
-__all__ = ["GradientStrategy", "majority_vote", "weighted_mean", "SERVER_ONLY_KEYS"]
+__all__ = ["GradientStrategy", "majority_vote", "weighted_mean"]
 
 #: Most rows a client may claim per epoch under ``local-epochs`` (its ``num-examples`` is
 #: its rows times the epochs): an honest partition of any data set used here is far
 #: smaller; a larger claim is refused rather than given that weight in the mean.
 MAX_EPOCH_ROWS = 1 << 24
-#: Knobs only the server uses (they do not travel to the clients).
-SERVER_ONLY_KEYS = ("optimizer", "max-failed-rounds", "clip-factor", "weight-cap",
-                    "min-cosine")
 
 
 def majority_vote(vectors: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
@@ -182,8 +179,9 @@ class GradientStrategy(ModelStrategy, Strategy):
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
                                 round_rng(self.seed, server_round, 0, Purpose.SAMPLE))
         base = ConfigRecord(dict(config.items()))
+        travels = client_keys(GradientConfig)
         for key, value in to_config_record(self.cfg).items():
-            if key not in SERVER_ONLY_KEYS:
+            if key in travels:
                 base[key] = value
         base.setdefault("method", self.method)
         base["server-round"] = server_round

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq_flower.baselines.config import ERROR_FEEDBACK, PER_TENSOR, GradientConfig
-from dq_flower.config import check, from_mapping, to_config_record
+from dq_flower.config import check, client_keys, client_knob, from_mapping, to_config_record
 
 __all__ = ["CompressionConfig", "DOWNLINKS", "MESSAGE_PREFIX"]
 
@@ -15,8 +15,6 @@ __all__ = ["CompressionConfig", "DOWNLINKS", "MESSAGE_PREFIX"]
 DOWNLINKS = ("float32", "fp16")
 #: Prefix of the wrapper's keys in a train message's config record.
 MESSAGE_PREFIX = "compression-"
-#: Knobs the clients do not need (they stay on the server).
-SERVER_ONLY = ("norm-bound-factor", "clip-factor", "weight-cap")
 
 
 @dataclass(frozen=True)
@@ -62,20 +60,20 @@ class CompressionConfig:
         Root of the clients' stochastic rounding (with the round and the node).
     """
 
-    codec: str = "qsgd"
-    codec_params: str = ""
-    levels: int = 0
-    bucket: int = 0
-    ratio: float = 0.0
-    rank: int = 0
-    entropy_coder: str = "zlib"
-    error_feedback: str = "auto"
-    per_tensor: str = "auto"
-    downlink: str = "float32"
+    codec: str = client_knob("qsgd")
+    codec_params: str = client_knob("")
+    levels: int = client_knob(0)
+    bucket: int = client_knob(0)
+    ratio: float = client_knob(0.0)
+    rank: int = client_knob(0)
+    entropy_coder: str = client_knob("zlib")
+    error_feedback: str = client_knob("auto")
+    per_tensor: str = client_knob("auto")
+    downlink: str = client_knob("float32")
     clip_factor: float = 0.0
     weight_cap: float = 10.0
     norm_bound_factor: float = 5.0
-    seed: int = 0
+    seed: int = client_knob(0)
 
     def __post_init__(self) -> None:
         check(self.codec != "sign", "codec",
@@ -102,8 +100,9 @@ class CompressionConfig:
 
     def message_config(self) -> dict[str, Any]:
         """What travels in each train message's config: prefixed keys, changed knobs only."""
+        travels = client_keys(CompressionConfig)
         out = {f"{MESSAGE_PREFIX}{k}": v for k, v in to_config_record(self).items()
-               if k not in SERVER_ONLY}
+               if k in travels}
         out[f"{MESSAGE_PREFIX}codec"] = self.codec  # always present: the mod's marker
         return out
 
@@ -111,5 +110,6 @@ class CompressionConfig:
     def from_message_config(cls, config: dict[str, Any]) -> CompressionConfig:
         """Inverse of :meth:`message_config` (other keys of the config are ignored)."""
         n = len(MESSAGE_PREFIX)
+        travels = client_keys(cls)
         return from_mapping(cls, {k[n:]: v for k, v in config.items()
-                                  if k.startswith(MESSAGE_PREFIX) and k[n:] not in SERVER_ONLY})
+                                  if k.startswith(MESSAGE_PREFIX) and k[n:] in travels})

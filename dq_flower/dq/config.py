@@ -14,7 +14,7 @@ from typing import Any
 from dq_flower.codecs import make
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check as _check
-from dq_flower.config import parse_params
+from dq_flower.config import client_keys, client_knob, parse_params
 
 __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
            "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
@@ -172,7 +172,7 @@ class DQConfig:
         largest value (see :mod:`dq_flower.dq.validation`).
     """
 
-    budget: int = 64
+    budget: int = client_knob(64)
     upload_schedule: str = "adaptive"
     holdout_fraction: float = 0.1
     max_server_steps: int = 2000
@@ -182,20 +182,20 @@ class DQConfig:
     lr_factor: float = 0.1
     min_gain: float = 0.005
     max_growth: float = 1.5
-    bits: int = 2
-    stochastic: bool = False
-    per_channel: bool = False
-    ranges: str = "auto"
-    dither: bool = False
-    entropy_coder: str = "context"
-    scorer: str = "uniform"
-    selection_rule: str = "topk"
-    score_threshold: float = 0.0
-    resend: bool = False
+    bits: int = client_knob(2)
+    stochastic: bool = client_knob(False)
+    per_channel: bool = client_knob(False)
+    ranges: str = client_knob("auto")
+    dither: bool = client_knob(False)
+    entropy_coder: str = client_knob("context")
+    scorer: str = client_knob("uniform")
+    selection_rule: str = client_knob("topk")
+    score_threshold: float = client_knob(0.0)
+    resend: bool = client_knob(False)
     model_precision: str = "fp32"
-    compensation: str = "none"
-    compensation_params: str = ""
-    compensation_mode: str = "first-step"
+    compensation: str = client_knob("none")
+    compensation_params: str = client_knob("")
+    compensation_mode: str = client_knob("first-step")
     refresh_every: int = 5
     compensation_decay: float = 1.0
     server_steps: int = 20
@@ -207,9 +207,9 @@ class DQConfig:
     max_store_samples: int = 0
     store_eviction: str = "fifo"
     upload_mode: str = "data"
-    gradient_codec: str = "qsgd"
-    gradient_codec_params: str = "levels=4,bucket=512"
-    gradient_batch_size: int = 32
+    gradient_codec: str = client_knob("qsgd")
+    gradient_codec_params: str = client_knob("levels=4,bucket=512")
+    gradient_batch_size: int = client_knob(32)
     max_failed_rounds: int = 3
     robust_aggregation: str = "auto"
     trim_fraction: float = 0.2
@@ -314,10 +314,7 @@ class DQConfig:
 
 
 #: Knobs the clients read from the round config (no other knob travels to them).
-CLIENT_KEYS = ("budget", "bits", "stochastic", "per-channel", "ranges", "dither",
-               "entropy-coder", "scorer", "selection-rule", "score-threshold", "resend",
-               "compensation", "compensation-params", "compensation-mode", "gradient-codec",
-               "gradient-codec-params", "gradient-batch-size")
+CLIENT_KEYS = client_keys(DQConfig)  # the fields marked client_knob
 
 
 def robust_rule(aggregation: str) -> str:

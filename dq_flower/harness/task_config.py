@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dq_flower.config import check as _check
+from dq_flower.config import client_keys, client_knob
 
 __all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
 
 #: Task keys the package's ClientApp reads from each message (nothing else travels).
-CLIENT_TASK_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-alpha",
-                    "seed", "data-dir", "device", "input-shape", "num-classes",
-                    "fraction-evaluate", "validation-fraction")
+
 
 
 @dataclass(frozen=True)
@@ -76,25 +75,25 @@ class TaskConfig:
         to within ``eval_every`` rounds, rounded up). 1 (default): every round.
     """
 
-    dataset: str = "digits"
-    model: str = "mlp"
-    num_partitions: int = 4
-    partition: str = "iid"
-    dirichlet_alpha: float = 0.5
+    dataset: str = client_knob("digits")
+    model: str = client_knob("mlp")
+    num_partitions: int = client_knob(4)
+    partition: str = client_knob("iid")
+    dirichlet_alpha: float = client_knob(0.5)
     num_server_rounds: int = 5
     fraction_train: float = 1.0
     min_available: int = 1
-    seed: int = 0
-    data_dir: str = ""
+    seed: int = client_knob(0)
+    data_dir: str = client_knob("")
     round_timeout: float = 600.0
     checkpoint_dir: str = ""
     checkpoint_every: int = 1
-    device: str = "auto"
-    input_shape: str = ""
-    num_classes: int = 0
-    fraction_evaluate: float = 0.0
+    device: str = client_knob("auto")
+    input_shape: str = client_knob("")
+    num_classes: int = client_knob(0)
+    fraction_evaluate: float = client_knob(0.0)
     max_failed_rounds: int = 3
-    validation_fraction: float = 0.0
+    validation_fraction: float = client_knob(0.0)
     eval_every: int = 1
 
     def __post_init__(self) -> None:
@@ -122,3 +121,7 @@ class TaskConfig:
                    "must be > 0 when dataset is 'none' (no test set on the server)")
         _check(self.device in {"auto", "cpu", "cuda"}, "device",
                f"must be auto, cpu or cuda, got {self.device!r}")
+
+
+#: Task keys the package's ClientApp reads (the fields marked ``client_knob``).
+CLIENT_TASK_KEYS = client_keys(TaskConfig)
