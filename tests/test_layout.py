@@ -28,7 +28,10 @@ ROOT = Path(dq_flower.__file__).resolve().parent
 
 #: Server modules: these and everything under ``dq_flower.server``.
 SERVER = {"dq_flower.dq.strategy", "dq_flower.dq.planner", "dq_flower.dq.store",
-          "dq_flower.dq.rows", "dq_flower.dq.identity", "dq_flower.baselines.strategy",
+          "dq_flower.dq.rows", "dq_flower.dq.identity", "dq_flower.dq.intake",
+          "dq_flower.dq.training", "dq_flower.dq.asks", "dq_flower.dq.gradient_rounds",
+          "dq_flower.dq.compensation", "dq_flower.dq.round_metrics",
+          "dq_flower.baselines.strategy",
           "dq_flower.accounting", "dq_flower.compression.strategy",
           "dq_flower.harness.server_app"}
 SERVER_PACKAGES = ("dq_flower.server",)
