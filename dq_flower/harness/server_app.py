@@ -97,104 +97,138 @@ def run_server(
     run_config = method.merged(run_config)
     task, _ = validate_run_config(run_config)
     info = task_info(task)
-    # with validation-fraction the "test" rows are rows held out of the training set
-    data = (load_task_dataset(task.dataset, task.data_dir or None, task.seed,
-                              task.validation_fraction)
-            if task.dataset != "none" else None)
     model = prepare_model(task, info, model_factory)
-    eval_model = prepare_model(task, info, model_factory)
-    ledger = Ledger()
-    measured = MeasuredGrid(grid, ledger)
-    strategy, train_config = method.build(task, run_config, model, info)
-    if hasattr(strategy, "num_rounds"):
-        strategy.num_rounds = task.num_server_rounds
-    arrays = state_arrays(model)
-    history: list[dict[str, Any]] = []
-    start_round, elapsed = 0, 0.0
-    failures = FailureWatch(task.max_failed_rounds, method.name, announce=False)
-
-    checkpoint = load_latest(task.checkpoint_dir) if task.checkpoint_dir else None
-    if checkpoint is not None:
-        start_round, elapsed = checkpoint["round"], checkpoint["elapsed"]
-        arrays = ArrayRecord(checkpoint["arrays"])
-        ledger = Ledger.from_state(checkpoint["ledger"])
-        measured.ledger = ledger
-        history = checkpoint["history"]
-        if hasattr(strategy, "load_state_dict"):
-            strategy.load_state_dict(checkpoint["strategy"])
-        log(INFO, "[%s] resuming after round %d from %s", method.name, start_round,
-            task.checkpoint_dir)
-
-    t_start = time.perf_counter() - elapsed
-
-    def evaluate_round(rnd: int, metrics, fed: Mapping[str, Any] | None,
-                       timing: Mapping[str, Any] | None = None, last: bool = False) -> None:
-        mark: dict[str, Any] = {"wall_s": 0.0, **(timing or {})}
-        skipped = rnd % task.eval_every != 0 and rnd != task.num_server_rounds and not last
-        if data is not None and skipped:  # eval-every: not this round
-            mark.update(accuracy=float("nan"), loss=float("nan"))
-        elif data is not None:
-            eval_model.load_state_dict(arrays.to_torch_state_dict())
-            loss, acc = evaluate(eval_model, data.test_x, data.test_y)
-            mark.update(accuracy=acc, loss=loss)
-        else:
-            mark.update(accuracy=float((fed or {}).get("eval-acc", float("nan"))),
-                        loss=float((fed or {}).get("eval-loss", float("nan"))))
-        for key, value in (fed or {}).items():
-            mark["fed_" + key.replace("-", "_")] = value
-        mark["wall_s"] = time.perf_counter() - t_start
-        row = _row(rnd, mark, ledger, metrics)
-        history.append(row)
-        log(INFO, "[%s] round %d/%d: accuracy %.4f, loss %.4f, up %d B, down %d B",
-            method.name, rnd, task.num_server_rounds, row["accuracy"], row["loss"],
-            row["up_bytes"], row["down_bytes"])
-        if last and rnd < task.num_server_rounds:
-            row["ended_early"] = True
-            log(INFO, "[%s] ended early after round %d: %s", method.name, rnd,
-                "the adaptive upload schedule stopped asking and the server's training "
-                "reached its plateau")
-        if on_round is not None:
-            on_round(row)
-
+    run = _ServerRun(task, method.name, grid, prepare_model(task, info, model_factory),
+                     on_round)
+    run.strategy, run.train_config = method.build(task, run_config, model, info)
+    if hasattr(run.strategy, "num_rounds"):
+        run.strategy.num_rounds = task.num_server_rounds
+    run.arrays = state_arrays(model)
+    start_round = run.restore()
     if start_round == 0:
-        evaluate_round(0, None, None)
+        run.evaluate_round(0, None, None)
     # a resumed run that had ended early has no round left
-    last_round = start_round if history and history[-1].get("ended_early") else (
-        task.num_server_rounds)
+    ended_before = bool(run.history and run.history[-1].get("ended_early"))
+    last_round = start_round if ended_before else task.num_server_rounds
     for rnd in range(start_round + 1, last_round + 1):
+        ended = run.train_round(rnd)
+        run.checkpoint(rnd, ended)
+        if ended:
+            break
+    return RunResult(method.name, dict(run_config), run.history, num_params(model), info.dim)
+
+
+class _ServerRun:
+    """The state of one :func:`run_server` run and its steps (round, evaluation, save)."""
+
+    def __init__(self, task: TaskConfig, name: str, grid: Grid, eval_model: torch.nn.Module,
+                 on_round: Callable[[dict[str, Any]], None] | None) -> None:
+        self.task, self.name, self.eval_model, self.on_round = task, name, eval_model, on_round
+        # with validation-fraction the "test" rows are rows held out of the training set
+        self.data = (load_task_dataset(task.dataset, task.data_dir or None, task.seed,
+                                       task.validation_fraction)
+                     if task.dataset != "none" else None)
+        self.ledger = Ledger()
+        self.measured = MeasuredGrid(grid, self.ledger)
+        self.failures = FailureWatch(task.max_failed_rounds, name, announce=False)
+        self.history: list[dict[str, Any]] = []
+        self.strategy: Any = None
+        self.train_config: ConfigRecord = ConfigRecord()
+        self.arrays = ArrayRecord()
+        self.t_start = time.perf_counter()
+
+    def restore(self) -> int:
+        """Load the latest checkpoint of ``checkpoint-dir`` if any; the round it holds."""
+        task = self.task
+        checkpoint = load_latest(task.checkpoint_dir) if task.checkpoint_dir else None
+        if checkpoint is None:
+            self.t_start = time.perf_counter()
+            return 0
+        self.t_start = time.perf_counter() - checkpoint["elapsed"]
+        self.arrays = ArrayRecord(checkpoint["arrays"])
+        self.ledger = Ledger.from_state(checkpoint["ledger"])
+        self.measured.ledger = self.ledger
+        self.history = checkpoint["history"]
+        if hasattr(self.strategy, "load_state_dict"):
+            self.strategy.load_state_dict(checkpoint["strategy"])
+        log(INFO, "[%s] resuming after round %d from %s", self.name, checkpoint["round"],
+            task.checkpoint_dir)
+        return int(checkpoint["round"])
+
+    def train_round(self, rnd: int) -> bool:
+        """One round: train, federated evaluation, central evaluation; whether it ended."""
+        task, strategy = self.task, self.strategy
         t_server = time.perf_counter()
-        messages = strategy.configure_train(rnd, arrays, ConfigRecord(dict(train_config)),
-                                            measured)
+        messages = strategy.configure_train(rnd, self.arrays,
+                                            ConfigRecord(dict(self.train_config)),
+                                            self.measured)
         server_s = time.perf_counter() - t_server
-        replies = list(measured.send_and_receive(messages, timeout=task.round_timeout))
+        replies = list(self.measured.send_and_receive(messages, timeout=task.round_timeout))
         if not hasattr(strategy, "failures"):  # the package's strategies watch themselves
-            failures.observe(replies)
+            self.failures.observe(replies)
         t_server = time.perf_counter()
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         server_s += time.perf_counter() - t_server
         if hasattr(strategy, "round_figures"):  # a wrapper's own figures (payload bits)
             metrics = {**strategy.round_figures(rnd), **dict((metrics or {}).items())}
         if new_arrays is not None:
-            arrays = new_arrays
+            self.arrays = new_arrays
         fed = None
         if task.fraction_evaluate > 0:
-            requests = strategy.configure_evaluate(rnd, arrays, ConfigRecord(dict(train_config)),
-                                                   measured)
-            answers = measured.send_and_receive(requests, timeout=task.round_timeout)
+            requests = strategy.configure_evaluate(rnd, self.arrays,
+                                                   ConfigRecord(dict(self.train_config)),
+                                                   self.measured)
+            answers = self.measured.send_and_receive(requests, timeout=task.round_timeout)
             fed = strategy.aggregate_evaluate(rnd, answers)
         ended = bool(getattr(strategy, "finished", False))
-        evaluate_round(rnd, metrics, fed, round_timing(replies, ledger, rnd, server_s), ended)
-        if task.checkpoint_dir and (rnd % task.checkpoint_every == 0 or ended
-                                    or rnd == task.num_server_rounds):
-            save_atomic(task.checkpoint_dir, {
-                "round": rnd, "elapsed": time.perf_counter() - t_start,
-                "arrays": arrays.to_torch_state_dict(), "ledger": ledger.state(),
-                "history": history,
-                "strategy": strategy.state_dict() if hasattr(strategy, "state_dict") else None,
-            })
-        if ended:
-            break
-    return RunResult(method.name, dict(run_config), history, num_params(model), info.dim)
+        self.evaluate_round(rnd, metrics, fed,
+                            round_timing(replies, self.ledger, rnd, server_s), ended)
+        return ended
+
+    def evaluate_round(self, rnd: int, metrics, fed: Mapping[str, Any] | None,
+                       timing: Mapping[str, Any] | None = None, last: bool = False) -> None:
+        """Score the model, append the round's history row and report it."""
+        task, data = self.task, self.data
+        mark: dict[str, Any] = {"wall_s": 0.0, **(timing or {})}
+        skipped = rnd % task.eval_every != 0 and rnd != task.num_server_rounds and not last
+        if data is not None and skipped:  # eval-every: not this round
+            mark.update(accuracy=float("nan"), loss=float("nan"))
+        elif data is not None:
+            self.eval_model.load_state_dict(self.arrays.to_torch_state_dict())
+            loss, acc = evaluate(self.eval_model, data.test_x, data.test_y)
+            mark.update(accuracy=acc, loss=loss)
+        else:
+            mark.update(accuracy=float((fed or {}).get("eval-acc", float("nan"))),
+                        loss=float((fed or {}).get("eval-loss", float("nan"))))
+        for key, value in (fed or {}).items():
+            mark["fed_" + key.replace("-", "_")] = value
+        mark["wall_s"] = time.perf_counter() - self.t_start
+        row = _row(rnd, mark, self.ledger, metrics)
+        self.history.append(row)
+        log(INFO, "[%s] round %d/%d: accuracy %.4f, loss %.4f, up %d B, down %d B",
+            self.name, rnd, task.num_server_rounds, row["accuracy"], row["loss"],
+            row["up_bytes"], row["down_bytes"])
+        if last and rnd < task.num_server_rounds:
+            row["ended_early"] = True
+            log(INFO, "[%s] ended early after round %d: %s", self.name, rnd,
+                "the adaptive upload schedule stopped asking and the server's training "
+                "reached its plateau")
+        if self.on_round is not None:
+            self.on_round(row)
+
+    def checkpoint(self, rnd: int, ended: bool) -> None:
+        """Save the server's state after ``rnd`` when ``checkpoint-every`` says so."""
+        task = self.task
+        if not task.checkpoint_dir or not (rnd % task.checkpoint_every == 0 or ended
+                                           or rnd == task.num_server_rounds):
+            return
+        strategy = self.strategy
+        save_atomic(task.checkpoint_dir, {
+            "round": rnd, "elapsed": time.perf_counter() - self.t_start,
+            "arrays": self.arrays.to_torch_state_dict(), "ledger": self.ledger.state(),
+            "history": self.history,
+            "strategy": strategy.state_dict() if hasattr(strategy, "state_dict") else None,
+        })
 
 
 app = ServerApp()
