@@ -300,21 +300,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         return _gradient_round(msg, context, cfg, x_all, y, model, loss_fn, server_round, key,
                                rng, t0)
     n = x_all.shape[0]
-    num_classes = int(config.get("num-classes", 0) or 0)
-    if spec.target == "class":
-        local = int(y.max()) + 1 if n else 1
-        if num_classes and local > num_classes:
-            raise ValueError(f"local label {local - 1} is outside the server's "
-                             f"{num_classes} classes")
-        num_classes = num_classes or local
-
-    held, ask = held_for(config, key, n)  # what the server holds of this client's rows
-    if ask is not None and ask >= 1:  # this client's own ask, from the table of every client
-        cfg = dataclasses.replace(cfg, budget=int(ask))
-    candidates = np.arange(n) if cfg.resend else np.setdiff1d(np.arange(n), held)
-    if ask == 0:  # the server asks this client for nothing this round
-        candidates = candidates[:0]
-
+    num_classes = _num_classes(config, spec, y, n)
+    cfg, candidates = _candidates(config, cfg, key, n)
     if knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
         model = None
         scores = np.ones(candidates.size)
@@ -327,61 +314,26 @@ def dq_train(msg: Message, context: Context, data: Any, *,
                                   loss_fn)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
-    n_cand = max(int(candidates.size), 1)
-    represents = sel.weights * n_cand  # 1 / pi_i: original samples each row stands for
+    represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per row
 
     x_flat = x_all.reshape(n, -1)
-    mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
-    quantizer = quantizer_for(cfg, mode, spec.channels, dither_seed=int(rng.integers(2**31)),
-                              sample_shape=spec.sample_shape)
-    xb = x_flat[chosen]
-    content_extra: dict[str, ArrayRecord] = {}
-    if mode == "feature":
-        lo, span = feature_ranges(x_flat)
-        samples = quantizer.encode(normalise(xb, lo, span), rng)
-        if bool(config.get("send-ranges", True)):
-            content_extra[RANGES_KEY] = ranges_record(lo, span)
-    else:
-        samples = quantizer.encode(xb, rng)
-
+    coded = _quantize(cfg, spec, x_flat[chosen], x_flat, rng,
+                      bool(config.get("send-ranges", True)))
     compensation = None
     if cfg.compensation != "none" and chosen.size:
-        if model is None:
-            raise ValueError("compensation needs the model; the server did not send it")
-        xq = quantizer.decode(samples)  # exactly the points the server will decode
-        if mode == "feature":
-            xq = denormalise(xq, lo, span)
-        from dq_flower.dq.client_model import quantization_residual
-
-        shape = (-1, *spec.sample_shape)
-        delta = quantization_residual(model, xb.reshape(shape), xq.reshape(shape), y[chosen],
-                                      sel.weights, loss_fn)
-        codec = make(cfg.compensation, **cfg.compensation_kwargs)
-        compensation = _encode(codec, delta, rng, context, EF_KEY, server_round)
-
-    refresh = None
-    if cfg.compensation_mode == "refresh":
-        _forget_sent_from(context, server_round)
-        if bool(config.get("refresh", False)):
-            if model is None:
-                raise ValueError("a refreshed residual needs the model; the server did not "
-                                 "send it")
-            residual = _refreshed_residual(context, x_flat, y, spec, model, loss_fn, mode)
-            if residual is not None:
-                codec = make(cfg.compensation, **cfg.compensation_kwargs)
-                refresh = _encode(codec, residual, rng, context, REFRESH_EF_KEY, server_round)
+        compensation = _compensation(cfg, spec, coded, y[chosen], sel.weights, model,
+                                     loss_fn, rng, context, server_round)
+    refresh = _refresh(cfg, config, context, x_flat, y, spec, model, loss_fn, coded.mode,
+                       rng, server_round)
 
     content, payload_bits = encode_batch(
-        samples, y[chosen], chosen, represents, num_classes, n, compensation)
+        coded.samples, y[chosen], chosen, represents, num_classes, n, compensation)
     if refresh is not None:
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)
     if cfg.compensation_mode == "refresh" and chosen.size:
-        context.state[f"{SENT_PREFIX}{server_round}"] = samples.to_record()
-        context.state[f"{SENT_ROWS_PREFIX}{server_round}"] = ArrayRecord({
-            "ids": Array(chosen.astype(np.int64)),
-            "weights": Array(represents.astype(np.float32))})
-    for name, record in content_extra.items():
+        _remember_sent(context, server_round, coded.samples, chosen, represents)
+    for name, record in coded.extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
     metrics = {"num-examples": int(n), "partition-id": int(key),
@@ -389,3 +341,107 @@ def dq_train(msg: Message, context: Context, data: Any, *,
                "up-payload-bits": int(payload_bits),
                "client-time-s": time.perf_counter() - t0}
     return _reply(content, msg, spec, metrics)
+
+
+def _num_classes(config: dict[str, Any], spec: DataSpec, y: np.ndarray, n: int) -> int:
+    """The classes of the round: the server's, checked against this node's labels."""
+    num_classes = int(config.get("num-classes", 0) or 0)
+    if spec.target != "class":
+        return num_classes
+    local = int(y.max()) + 1 if n else 1
+    if num_classes and local > num_classes:
+        raise ValueError(f"local label {local - 1} is outside the server's "
+                         f"{num_classes} classes")
+    return num_classes or local
+
+
+def _candidates(config: dict[str, Any], cfg: DQConfig, key: int,
+                n: int) -> tuple[DQConfig, np.ndarray]:
+    """The node's ask (its budget) and the rows it may send: those the server lacks."""
+    held, ask = held_for(config, key, n)  # what the server holds of this client's rows
+    if ask is not None and ask >= 1:  # this client's own ask, from the table of every client
+        cfg = dataclasses.replace(cfg, budget=int(ask))
+    candidates = np.arange(n) if cfg.resend else np.setdiff1d(np.arange(n), held)
+    if ask == 0:  # the server asks this client for nothing this round
+        candidates = candidates[:0]
+    return cfg, candidates
+
+
+@dataclasses.dataclass
+class _Coded:
+    """The chosen rows quantized, as the server will decode them."""
+
+    quantizer: Any
+    samples: Payload
+    mode: str
+    xb: np.ndarray
+    lo: np.ndarray | None = None
+    span: np.ndarray | None = None
+    extra: dict[str, ArrayRecord] = dataclasses.field(default_factory=dict)
+
+    def decoded(self) -> np.ndarray:
+        """Exactly the points the server decodes."""
+        xq = self.quantizer.decode(self.samples)
+        if self.lo is not None and self.span is not None:  # per-feature ranges
+            xq = denormalise(xq, self.lo, self.span)
+        return xq
+
+
+def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
+              rng: np.random.Generator, send_ranges: bool) -> _Coded:
+    """Quantize the chosen rows ``xb`` (per-feature ranges from all of ``x_flat``)."""
+    mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
+    quantizer = quantizer_for(cfg, mode, spec.channels, dither_seed=int(rng.integers(2**31)),
+                              sample_shape=spec.sample_shape)
+    if mode != "feature":
+        return _Coded(quantizer, quantizer.encode(xb, rng), mode, xb)
+    lo, span = feature_ranges(x_flat)
+    coded = _Coded(quantizer, quantizer.encode(normalise(xb, lo, span), rng), mode, xb,
+                   lo, span)
+    if send_ranges:
+        coded.extra[RANGES_KEY] = ranges_record(lo, span)
+    return coded
+
+
+def _compensation(cfg: DQConfig, spec: DataSpec, coded: _Coded, y: np.ndarray,
+                  weights: np.ndarray, model: torch.nn.Module | None,
+                  loss_fn: LossFn | None, rng: np.random.Generator, context: Context,
+                  server_round: int) -> Payload:
+    """The coded gradient of the quantization residual of the chosen rows."""
+    if model is None:
+        raise ValueError("compensation needs the model; the server did not send it")
+    from dq_flower.dq.client_model import quantization_residual
+
+    shape = (-1, *spec.sample_shape)
+    delta = quantization_residual(model, coded.xb.reshape(shape),
+                                  coded.decoded().reshape(shape), y, weights, loss_fn)
+    codec = make(cfg.compensation, **cfg.compensation_kwargs)
+    return _encode(codec, delta, rng, context, EF_KEY, server_round)
+
+
+def _refresh(cfg: DQConfig, config: dict[str, Any], context: Context, x_flat: np.ndarray,
+             y: np.ndarray, spec: DataSpec, model: torch.nn.Module | None,
+             loss_fn: LossFn | None, mode: str, rng: np.random.Generator,
+             server_round: int) -> Payload | None:
+    """Under ``compensation-mode = "refresh"``: the refreshed residual the round asks for."""
+    if cfg.compensation_mode != "refresh":
+        return None
+    _forget_sent_from(context, server_round)
+    if not bool(config.get("refresh", False)):
+        return None
+    if model is None:
+        raise ValueError("a refreshed residual needs the model; the server did not send it")
+    residual = _refreshed_residual(context, x_flat, y, spec, model, loss_fn, mode)
+    if residual is None:
+        return None
+    codec = make(cfg.compensation, **cfg.compensation_kwargs)
+    return _encode(codec, residual, rng, context, REFRESH_EF_KEY, server_round)
+
+
+def _remember_sent(context: Context, server_round: int, samples: Payload, chosen: np.ndarray,
+                   represents: np.ndarray) -> None:
+    """Keep what this round sent, for later refreshed residuals."""
+    context.state[f"{SENT_PREFIX}{server_round}"] = samples.to_record()
+    context.state[f"{SENT_ROWS_PREFIX}{server_round}"] = ArrayRecord({
+        "ids": Array(chosen.astype(np.int64)),
+        "weights": Array(represents.astype(np.float32))})
