@@ -60,8 +60,10 @@ def mixed_deployment(tmp_path_factory):
 def test_a_supernode_without_torch_trains_with_dq_next_to_a_normal_one(mixed_deployment):
     dep, mark, log = mixed_deployment
     results = dep.workdir / "uniform.json"
+    # the fixed schedule: every node sends its budget every round (2 x 2 x BUDGET rows)
     dep.run(APP_DIR, {"num-server-rounds": 2, "budget": BUDGET, "model": "logreg",
-                      "results-path": str(results)}, timeout=300)
+                      "upload-schedule": "fixed", "results-path": str(results)},
+            timeout=300)
     history = json.loads(results.read_text())["history"]
     print(f"\naccuracy by round {[r['accuracy'] for r in history]}; "
           f"stored {history[-1]['stored']}")
@@ -79,8 +81,10 @@ def test_a_supernode_without_torch_trains_with_dq_next_to_a_normal_one(mixed_dep
 def test_a_model_knob_fails_only_the_torch_free_node_and_the_run_says_why(mixed_deployment):
     dep, _, _ = mixed_deployment
     results = dep.workdir / "gradnorm.json"
+    # the fixed schedule scores with the model from round 1 (the adaptive one starts uniform)
     dep.run(APP_DIR, {"num-server-rounds": 1, "budget": BUDGET, "model": "logreg",
-                      "scorer": "gradnorm", "results-path": str(results)}, timeout=300)
+                      "scorer": "gradnorm", "upload-schedule": "fixed",
+                      "results-path": str(results)}, timeout=300)
     row = json.loads(results.read_text())["history"][1]
     assert (row["replies"], row["failed"]) == (1, 1), row
     assert row["stored"] == BUDGET  # node 1's samples, scored with the model
