@@ -43,7 +43,7 @@ import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
 __all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "clip_norms", "clip_to_median",
-           "agrees_with_others", "cosines_with_others", "cap_weights", "DirectionScreen",
+           "cosines_with_others", "cap_weights", "DirectionScreen",
            "NormScreen", "StepGuard"]
 
 #: Aggregation rules of client vectors.
@@ -83,21 +83,6 @@ def cosines_with_others(vectors: list[np.ndarray]) -> list[float | None]:
         out.append(None if norm == 0 or o_norm == 0
                    else float(np.dot(v, others)) / (norm * o_norm))
     return out
-
-
-def agrees_with_others(vectors: list[np.ndarray], min_cosine: float) -> list[bool]:
-    """Which vectors point with the mean of the round's other vectors (cosine >= ``min_cosine``).
-
-    Meant for vectors already clipped to a common norm (:func:`clip_to_median`): then a
-    sign-flipped update has a negative cosine with the others' mean while the honest
-    updates outnumber it, also for sparse codecs (top-k), where a coordinate-wise median
-    is mostly zero. Needs three vectors; a zero vector, a zero mean of the others or
-    ``min_cosine <= -1`` keeps the vector, and so does a round where none agrees.
-    """
-    if min_cosine <= -1 or len(vectors) < 3:
-        return [True] * len(vectors)
-    out = [c is None or c >= min_cosine for c in cosines_with_others(vectors)]
-    return out if any(out) else [True] * len(vectors)  # no majority direction: keep all
 
 
 class DirectionScreen:
