@@ -37,6 +37,7 @@ Where zlib codes a message smaller (wide codes of small samples, e.g. 8-bit digi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,11 +51,9 @@ from .base import (
     check_finite,
     check_int,
     expect_buffer,
+    expect_floats,
     expect_nbits,
-    expect_shape,
-    meta_equal,
     random_u16,
-    require_finite,
     require_rng,
 )
 from .dither import dither_offsets, dither_u16
@@ -103,6 +102,7 @@ class Uniform(Codec):
     entropy: str = "none"
     fixed_range: bool = False
     sample_shape: tuple[int, ...] | None = None
+    meta_fields = ("bits", "per_channel", "dither_seed")
 
     def __post_init__(self) -> None:
         bitpack.check_width(self.bits, "bits")
@@ -175,20 +175,15 @@ class Uniform(Codec):
         img = self._image_shape(d) if self.entropy == "context" else None
         packed, method, img = self._entropy_code(packed, n, d, img)
         code_bits = n * d * self.bits if method == "none" else 8 * packed.size
-        meta = {
-            "bits": self.bits,
-            "per_channel": self.per_channel,
-            "dither_seed": self.dither_seed,
-            "entropy": method,
-        }
+        meta: dict[str, Any] = {"entropy": method}
         if method == "context" and img is not None:
             meta["context_shape"] = context.shape_text(img)
         if self.fixed_range:
             meta["fixed_range"] = True
-            return Payload(self.name, (n, d), meta, {"codes": packed}, nbits=code_bits)
+            return self.payload((n, d), {"codes": packed}, code_bits, **meta)
         assert lo is not None and scale is not None  # allocated when not fixed
         buffers = {"codes": packed, "mins": lo, "scales": scale}
-        return Payload(self.name, (n, d), meta, buffers, nbits=code_bits + 64 * rows)
+        return self.payload((n, d), buffers, code_bits + 64 * rows, **meta)
 
     def _quantize(
         self, flat: np.ndarray, rng: np.random.Generator | None
@@ -305,11 +300,7 @@ class Uniform(Codec):
 
     def _check_meta(self, p: Payload) -> object:
         """Check ``p``'s codec, 2-D shape and meta against this decoder; return its coder."""
-        self.check_payload(p)
-        expect_shape(p, ndim=2)
-        meta_equal(p, "bits", self.bits)
-        meta_equal(p, "per_channel", self.per_channel)
-        meta_equal(p, "dither_seed", self.dither_seed)
+        self.open_payload(p, ndim=2)
         fixed = p.meta.get("fixed_range", False)
         if not isinstance(fixed, bool) or fixed != self.fixed_range:
             raise PayloadError(
@@ -334,8 +325,8 @@ class Uniform(Codec):
             if extra:
                 raise PayloadError(f"fixed-range uniform payload carries side buffers {extra}")
             return None, None
-        lo = require_finite(p, "mins", expect_buffer(p, "mins", "float32", rows))
-        scale = require_finite(p, "scales", expect_buffer(p, "scales", "float32", rows))
+        lo = expect_floats(p, "mins", rows)
+        scale = expect_floats(p, "scales", rows)
         if (scale < 0).any():
             raise PayloadError("uniform payload has negative scales")
         return lo, scale
