@@ -253,10 +253,14 @@ class EntropyCoded(Codec):
     """
 
     def __init__(self, codec: Codec, coder: str) -> None:
-        if not isinstance(codec, Codec) or isinstance(codec, EntropyCoded):
-            raise ValueError(f"EntropyCoded wraps a plain Codec, got {type(codec).__name__}")
-        self.codec = codec
+        self._wrap(codec, "EntropyCoded")
         self.coder = check_method(coder, "entropy")
+
+    def _wrap(self, codec: Codec, kind: str) -> None:
+        """Hold ``codec`` (a plain one; ``kind`` names this wrapper) and take on its traits."""
+        if not isinstance(codec, Codec) or isinstance(codec, EntropyCoded):
+            raise ValueError(f"{kind} wraps a plain Codec, got {type(codec).__name__}")
+        self.codec = codec
         # the wrapped codec's class-level traits, per instance (a wrapper has no own ones)
         self.name = codec.name  # type: ignore[misc]
         self.biased = codec.biased  # type: ignore[misc]
