@@ -17,31 +17,18 @@ module does); its parts live in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from .checks import (
-    expect_buffer,
-    expect_nbits,
-    expect_shape,
-    meta_equal,
-    meta_int,
-    require_finite,
-)
+from . import checks, kernels
+from .checks import *  # noqa: F403  (re-exported: the decoders' checks)
+from .checks import expect_nbits, expect_shape, meta_equal
 from .errors import PayloadError
 from .header import MAX_HEADER_BYTES, MAX_HEADER_DEPTH
-from .kernels import (
-    bucket_blocks,
-    bucket_chunks,
-    check_finite,
-    check_int,
-    flat_input,
-    n_buckets,
-    random_u16,
-    require_rng,
-    stochastic_floor,
-)
+from .kernels import *  # noqa: F403  (re-exported: the numeric kernels)
+from .kernels import check_int
 from .payload import ALLOWED_DTYPES, MAX_ELEMENTS, PAYLOAD_VERSION, Payload
 
 __all__ = [
@@ -54,21 +41,8 @@ __all__ = [
     "SymbolSpec",
     "Payload",
     "PayloadError",
-    "check_finite",
-    "check_int",
-    "expect_buffer",
-    "meta_int",
-    "meta_equal",
-    "expect_nbits",
-    "expect_shape",
-    "require_finite",
-    "require_rng",
-    "random_u16",
-    "stochastic_floor",
-    "bucket_chunks",
-    "bucket_blocks",
-    "n_buckets",
-    "flat_input",
+    *checks.__all__,
+    *kernels.__all__,
 ]
 
 
@@ -89,7 +63,9 @@ class Codec(ABC):
     """Maps float32 arrays to payloads and back.
 
     Subclasses are frozen dataclasses whose fields are the codec's parameters; they validate
-    them in ``__post_init__`` and raise ``ValueError`` naming the field.
+    them in ``__post_init__`` (this class's checks those in :attr:`int_ranges`) and raise
+    ``ValueError`` naming the field. Encoders build payloads with :meth:`payload` and
+    decoders start with :meth:`open_payload`, so both sides agree on :attr:`meta_fields`.
     """
 
     #: Registry name, set by :func:`dq_flower.codecs.registry.register`.
@@ -98,6 +74,15 @@ class Codec(ABC):
     biased: ClassVar[bool] = False
     #: True when ``decode(encode(x)) == x`` exactly.
     lossless: ClassVar[bool] = False
+    #: Parameters every payload's meta carries, in this order, and its decoder requires equal.
+    meta_fields: ClassVar[tuple[str, ...]] = ()
+    #: Integer parameters and their inclusive ranges, checked as a dataclass codec is made.
+    int_ranges: ClassVar[Mapping[str, tuple[int, int]]] = {}
+
+    def __post_init__(self) -> None:
+        """Raise ``ValueError`` naming the first :attr:`int_ranges` parameter out of range."""
+        for name, (lo, hi) in self.int_ranges.items():
+            check_int(getattr(self, name), name, lo, hi)
 
     @abstractmethod
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
@@ -125,6 +110,33 @@ class Codec(ABC):
             raise PayloadError(f"payload made by {p.codec!r} given to codec {self.name!r}")
         if p.version != PAYLOAD_VERSION:
             raise PayloadError(f"unknown payload version {p.version!r}")
+
+    def payload(self, shape: tuple[int, ...], buffers: dict[str, np.ndarray], nbits: int,
+                **meta: Any) -> Payload:
+        """A payload of this codec, its header meta: :attr:`meta_fields`, then ``meta``."""
+        own = {key: getattr(self, key) for key in self.meta_fields}
+        return Payload(self.name, shape, {**own, **meta}, buffers, nbits=nbits)
+
+    def open_payload(self, p: Payload, nbits: Callable[[int], int] | None = None,
+                     ndim: int | None = None) -> int:
+        """Check ``p``'s codec, version, shape and :attr:`meta_fields`; return its element count.
+
+        ``nbits``, where given, maps the element count to the payload's exact ``nbits``,
+        checked last.
+
+        Raises
+        ------
+        PayloadError
+            If ``p`` was made by another codec or version, its shape is malformed (or not
+            ``ndim``-D), a meta field differs from this codec's or ``p.nbits`` from ``nbits``.
+        """
+        self.check_payload(p)
+        size = expect_shape(p, ndim)
+        for key in self.meta_fields:
+            meta_equal(p, key, getattr(self, key))
+        if nbits is not None:
+            expect_nbits(p, nbits(size))
+        return size
 
     def roundtrip(self, x: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Return ``decode(encode(x, rng))``."""

@@ -20,18 +20,15 @@ import numpy as np
 
 from . import bitpack
 from .base import (
+    BUCKET_RANGE,
     Codec,
     Payload,
     PayloadError,
     bucket_blocks,
-    check_int,
     expect_buffer,
-    expect_nbits,
-    expect_shape,
+    expect_floats,
     flat_input,
-    meta_equal,
     n_buckets,
-    require_finite,
 )
 from .registry import register
 
@@ -147,10 +144,8 @@ class BinGrad(Codec):
     bucket: int = 512
     iters: int = 3
     biased = True
-
-    def __post_init__(self) -> None:
-        check_int(self.bucket, "bucket", 1, 1 << 30)
-        check_int(self.iters, "iters", 1, 100)
+    meta_fields = ("bucket", "iters")
+    int_ranges = {"bucket": BUCKET_RANGE, "iters": (1, 100)}
 
     def nbits_for(self, size: int) -> int:
         """Exact payload bits for ``size`` coordinates."""
@@ -168,20 +163,15 @@ class BinGrad(Codec):
             np.greater_equal(v, t[:, None], out=bits[i0:i1].reshape(b1 - b0, -1))
             levels[b0:b1, 0] = low
             levels[b0:b1, 1] = high
-        meta = {"bucket": self.bucket, "iters": self.iters}
         buffers: dict[str, np.ndarray] = {"bits": np.packbits(bits), "levels": levels.reshape(-1)}
-        return Payload(self.name, shape, meta, buffers, nbits=self.nbits_for(size))
+        return self.payload(shape, buffers, self.nbits_for(size))
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``b2`` where the bit is set, else ``b1``; float32 in the payload's shape."""
-        self.check_payload(p)
-        size = expect_shape(p)
-        meta_equal(p, "bucket", self.bucket)
-        meta_equal(p, "iters", self.iters)
-        expect_nbits(p, self.nbits_for(size))
+        size = self.open_payload(p, self.nbits_for)
         nb = n_buckets(size, self.bucket)
         packed = expect_buffer(p, "bits", "uint8", bitpack.packed_nbytes(size, 1))
-        levels = require_finite(p, "levels", expect_buffer(p, "levels", "float32", 2 * nb))
+        levels = expect_floats(p, "levels", 2 * nb)
         levels = levels.reshape(nb, 2)
         if (levels[:, 0] > levels[:, 1]).any():
             raise PayloadError("bingrad payload has a bucket with b1 > b2")

@@ -10,8 +10,8 @@ import numpy as np
 from .errors import PayloadError
 from .payload import Payload, checked_shape
 
-__all__ = ["require_finite", "expect_buffer", "meta_int", "meta_equal", "expect_nbits",
-           "expect_shape"]
+__all__ = ["require_finite", "expect_buffer", "expect_floats", "meta_int", "meta_equal",
+           "expect_nbits", "expect_shape"]
 
 
 def require_finite(p: Payload, name: str, arr: np.ndarray) -> np.ndarray:
@@ -37,6 +37,11 @@ def expect_buffer(p: Payload, name: str, dtype: str, size: int) -> np.ndarray:
             f"{p.codec} buffer {name!r} holds {buf.size} elements, expected {size}"
         )
     return buf
+
+
+def expect_floats(p: Payload, name: str, size: int) -> np.ndarray:
+    """Return float32 side information ``p.buffers[name]`` of ``size`` elements, all finite."""
+    return require_finite(p, name, expect_buffer(p, name, "float32", size))
 
 
 def meta_int(p: Payload, key: str, lo: int, hi: int) -> int:

@@ -91,14 +91,9 @@ class ContextCoded(EntropyCoded):
     """
 
     def __init__(self, codec: Codec) -> None:  # noqa: D107  (the class doc says it)
-        if not isinstance(codec, Codec) or isinstance(codec, EntropyCoded):
-            raise ValueError(f"ContextCoded wraps a plain Codec, got {type(codec).__name__}")
-        self.codec = codec
+        self._wrap(codec, "ContextCoded")
         self.coder = CONTEXT
         self.spec = codec.symbol_spec()
-        self.name = codec.name  # type: ignore[misc]
-        self.biased = codec.biased  # type: ignore[misc]
-        self.lossless = codec.lossless  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"ContextCoded({self.codec!r})"

@@ -171,50 +171,67 @@ def _decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
         )
     limit = memory_limit(method, size)
     try:
-        if method == "zlib":
-            # memory bounded by the format: a window of at most 32 KiB (wbits=15, zlib
-            # header only) and inflate's few KiB of state, whatever the stream declares
-            d = zlib.decompressobj()
-            out = d.decompress(buf, size + 1)
-            complete = d.eof and not d.unused_data and not d.unconsumed_tail
-        elif method == "lzma":
-            if buf[:6] != _XZ_MAGIC:
-                raise PayloadError(
-                    f"lzma stream is not an xz stream (it opens {buf[:6].hex()}): only the "
-                    ".xz format the encoder writes is accepted, no .lzma or raw LZMA1 stream")
-            # memlimit: liblzma refuses a block whose dictionary (plus its state) exceeds
-            # it before reserving anything (an xz stream can declare up to 4 GiB)
-            dx = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=limit)
-            out = dx.decompress(buf, max_length=size + 1)
-            complete = dx.eof and not dx.unused_data
-        else:
-            zstandard = _zstd()
-            if zstandard is None:
-                raise PayloadError("payload uses zstd but 'zstandard' is not installed")
-            _zstd_header(zstandard, buf, size, limit)
-            # max_window_size: the decoder itself refuses any frame asking for more
-            dz = zstandard.ZstdDecompressor(max_window_size=limit)
-            reader = dz.stream_reader(io.BytesIO(buf))
-            out = reader.read(size + 1)  # bounded read: a stream cannot expand further
-            complete = reader.read(1) == b""
+        out, complete = _DECODERS[method](buf, size, limit)
     except (PayloadError, MemoryError):
         raise
     except Exception as exc:  # zlib.error, lzma.LZMAError, zstandard.ZstdError, ...
-        text = str(exc)
-        if method == "lzma" and "memory usage limit" in text.lower():
-            raise PayloadError(
-                f"lzma stream needs more than its memory limit of {limit} bytes ("
-                f"{limit >> 20} MiB: a dictionary of at most {window_limit(method, size)} "
-                f"bytes for {size} bytes): {text}") from exc
-        if method == "zstd" and "too much memory" in text.lower():
-            raise PayloadError(
-                f"zstd stream asks for a window above its memory limit of {limit} bytes "
-                f"for {size} bytes: {text}") from exc
-        raise PayloadError(f"{method} stream is corrupt: {text or type(exc).__name__}") \
-            from exc
+        raise _refusal(method, exc, size, limit) from exc
     if len(out) != size or not complete:
         raise PayloadError(
             f"{method} stream decodes to {len(out)}{'+' if not complete else ''} bytes, "
             f"expected {size}"
         )
     return np.frombuffer(out, dtype=np.uint8).copy()
+
+
+def _inflate_zlib(buf: bytes, size: int, limit: int) -> tuple[bytes, bool]:
+    """At most ``size + 1`` bytes of a zlib stream, and whether it ended cleanly there."""
+    # memory bounded by the format: a window of at most 32 KiB (wbits=15, zlib
+    # header only) and inflate's few KiB of state, whatever the stream declares
+    d = zlib.decompressobj()
+    out = d.decompress(buf, size + 1)
+    return out, d.eof and not d.unused_data and not d.unconsumed_tail
+
+
+def _inflate_lzma(buf: bytes, size: int, limit: int) -> tuple[bytes, bool]:
+    """At most ``size + 1`` bytes of an xz stream within ``limit``, and whether it ended."""
+    if buf[:6] != _XZ_MAGIC:
+        raise PayloadError(
+            f"lzma stream is not an xz stream (it opens {buf[:6].hex()}): only the "
+            ".xz format the encoder writes is accepted, no .lzma or raw LZMA1 stream")
+    # memlimit: liblzma refuses a block whose dictionary (plus its state) exceeds
+    # it before reserving anything (an xz stream can declare up to 4 GiB)
+    dx = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=limit)
+    out = dx.decompress(buf, max_length=size + 1)
+    return out, dx.eof and not dx.unused_data
+
+
+def _inflate_zstd(buf: bytes, size: int, limit: int) -> tuple[bytes, bool]:
+    """At most ``size + 1`` bytes of one zstd frame within ``limit``, and whether it ended."""
+    zstandard = _zstd()
+    if zstandard is None:
+        raise PayloadError("payload uses zstd but 'zstandard' is not installed")
+    _zstd_header(zstandard, buf, size, limit)
+    # max_window_size: the decoder itself refuses any frame asking for more
+    dz = zstandard.ZstdDecompressor(max_window_size=limit)
+    reader = dz.stream_reader(io.BytesIO(buf))
+    out = reader.read(size + 1)  # bounded read: a stream cannot expand further
+    return out, reader.read(1) == b""
+
+
+_DECODERS = {"zlib": _inflate_zlib, "lzma": _inflate_lzma, "zstd": _inflate_zstd}
+
+
+def _refusal(method: str, exc: Exception, size: int, limit: int) -> PayloadError:
+    """The reason a ``method`` decoder's own error ``exc`` refuses the stream."""
+    text = str(exc)
+    if method == "lzma" and "memory usage limit" in text.lower():
+        return PayloadError(
+            f"lzma stream needs more than its memory limit of {limit} bytes ("
+            f"{limit >> 20} MiB: a dictionary of at most {window_limit(method, size)} "
+            f"bytes for {size} bytes): {text}")
+    if method == "zstd" and "too much memory" in text.lower():
+        return PayloadError(
+            f"zstd stream asks for a window above its memory limit of {limit} bytes "
+            f"for {size} bytes: {text}")
+    return PayloadError(f"{method} stream is corrupt: {text or type(exc).__name__}")

@@ -18,9 +18,8 @@ from .base import (
     PayloadError,
     check_finite,
     expect_buffer,
+    expect_floats,
     expect_nbits,
-    expect_shape,
-    require_finite,
 )
 from .registry import register
 
@@ -36,14 +35,13 @@ class Identity(Codec):
         """Carry ``x`` as float32 bytes."""
         arr = check_finite(x)
         flat = np.ascontiguousarray(arr.reshape(-1))
-        return Payload(self.name, arr.shape, {}, {"values": flat.copy()}, nbits=32 * flat.size)
+        return self.payload(arr.shape, {"values": flat.copy()}, 32 * flat.size)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return the carried float32 values in the payload's shape."""
-        self.check_payload(p)
-        size = expect_shape(p)
+        size = self.open_payload(p)
         expect_nbits(p, 32 * size)
-        values = require_finite(p, "values", expect_buffer(p, "values", "float32", size))
+        values = expect_floats(p, "values", size)
         return values.astype(np.float32, copy=True).reshape(p.shape)
 
 
@@ -76,12 +74,11 @@ class Fp16(Codec):
         if flat.size and (flat.min() < -_HALF_MAX or flat.max() > _HALF_MAX):
             flat = np.clip(flat, -_HALF_MAX, _HALF_MAX)
         half = _to_half(flat)
-        return Payload(self.name, arr.shape, {}, {"values": half}, nbits=16 * half.size)
+        return self.payload(arr.shape, {"values": half}, 16 * half.size)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Widen the carried float16 values to float32 (refusing NaN or inf)."""
-        self.check_payload(p)
-        size = expect_shape(p)
+        size = self.open_payload(p)
         expect_nbits(p, 16 * size)
         values = expect_buffer(p, "values", "float16", size).astype(np.float32)
         try:

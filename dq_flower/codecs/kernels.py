@@ -15,6 +15,7 @@ __all__ = [
     "require_rng",
     "random_u16",
     "stochastic_floor",
+    "BUCKET_RANGE",
     "bucket_chunks",
     "bucket_blocks",
     "n_buckets",
@@ -81,6 +82,10 @@ def stochastic_floor(a: np.ndarray, rng: np.random.Generator, top: int) -> np.nd
     a *= np.float32(1.0 / 65536.0)
     np.clip(a, np.float32(0.0), np.float32(top), out=a)  # faster than np.minimum here
     return a.astype(np.uint8)
+
+
+#: Inclusive range of a codec's ``bucket`` parameter (coordinates per bucket).
+BUCKET_RANGE = (1, 1 << 30)
 
 
 def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):

@@ -180,6 +180,17 @@ def unpack(p: Payload, method: str) -> Payload:
         if any(k in p.meta for k in _OWN_KEYS) or STREAM in p.buffers:
             raise PayloadError("payload carries entropy-coding fields without a coder")
         return p
+    stream = _coded_stream(p, method)
+    layout, total, nbits = _bounded_layout(p)
+    # expansion ratio checked before decompressing; output and memory bounded while doing so
+    raw = decompress(stream, method, total)
+    meta = {k: v for k, v in p.meta.items() if k not in _OWN_KEYS}
+    return Payload(p.codec, tuple(p.shape), meta, _split(raw, layout, total), nbits=nbits,
+                   version=p.version)
+
+
+def _coded_stream(p: Payload, method: str) -> np.ndarray:
+    """The one stream of a packed payload, its coder and ``nbits`` checked."""
     coder = p.meta[CODER_META]
     if coder == "none" or coder != method:
         raise PayloadError(f"payload is entropy-coded with {coder!r}; this receiver accepts "
@@ -191,6 +202,11 @@ def unpack(p: Payload, method: str) -> Payload:
     if p.nbits != 8 * stream.size:
         raise PayloadError(f"entropy-coded payload declares {p.nbits} bits; its stream has "
                            f"{8 * stream.size}")
+    return stream
+
+
+def _bounded_layout(p: Payload) -> tuple[list[tuple[str, str, int]], int, int]:
+    """``(layout, its total bytes, original nbits)``, bounded by the declared shape."""
     layout = _layout(p.meta.get(LAYOUT_META))
     total = sum(size * np.dtype(dtype).itemsize for _, dtype, size in layout)
     elements = expect_shape(p)
@@ -201,8 +217,12 @@ def unpack(p: Payload, method: str) -> Payload:
     if isinstance(nbits, bool) or not isinstance(nbits, int) or not 0 <= nbits <= 8 * total:
         raise PayloadError(f"entropy-coded payload's original nbits {nbits!r} does not fit "
                            f"its {total} bytes")
-    # expansion ratio checked before decompressing; output and memory bounded while doing so
-    raw = decompress(stream, coder, total)
+    return layout, total, nbits
+
+
+def _split(raw: np.ndarray, layout: list[tuple[str, str, int]], total: int
+           ) -> dict[str, np.ndarray]:
+    """The decoded stream ``raw`` cut into the layout's buffers (copies)."""
     buffers: dict[str, np.ndarray] = {}
     offset = 0
     try:
@@ -213,8 +233,7 @@ def unpack(p: Payload, method: str) -> Payload:
     except MemoryError:
         raise PayloadError(f"entropy-coded payload ran out of memory splitting its {total} "
                            "bytes (MemoryError); refused") from None
-    meta = {k: v for k, v in p.meta.items() if k not in _OWN_KEYS}
-    return Payload(p.codec, tuple(p.shape), meta, buffers, nbits=nbits, version=p.version)
+    return buffers
 
 
 class EntropyCoded(Codec):
@@ -234,10 +253,14 @@ class EntropyCoded(Codec):
     """
 
     def __init__(self, codec: Codec, coder: str) -> None:
-        if not isinstance(codec, Codec) or isinstance(codec, EntropyCoded):
-            raise ValueError(f"EntropyCoded wraps a plain Codec, got {type(codec).__name__}")
-        self.codec = codec
+        self._wrap(codec, "EntropyCoded")
         self.coder = check_method(coder, "entropy")
+
+    def _wrap(self, codec: Codec, kind: str) -> None:
+        """Hold ``codec`` (a plain one; ``kind`` names this wrapper) and take on its traits."""
+        if not isinstance(codec, Codec) or isinstance(codec, EntropyCoded):
+            raise ValueError(f"{kind} wraps a plain Codec, got {type(codec).__name__}")
+        self.codec = codec
         # the wrapped codec's class-level traits, per instance (a wrapper has no own ones)
         self.name = codec.name  # type: ignore[misc]
         self.biased = codec.biased  # type: ignore[misc]

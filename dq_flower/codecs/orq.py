@@ -20,26 +20,23 @@ import numpy as np
 
 from . import bitpack
 from .base import (
+    BUCKET_RANGE,
     Codec,
     Payload,
     PayloadError,
     bucket_blocks,
     bucket_chunks,
-    check_int,
     expect_buffer,
-    expect_nbits,
-    expect_shape,
+    expect_floats,
     flat_input,
-    meta_equal,
     n_buckets,
     random_u16,
-    require_finite,
     require_rng,
 )
 from .bingrad import BLOCK_ELEMENTS, SortedBuckets
 from .registry import register
 
-__all__ = ["ORQ", "optimal_levels"]
+__all__ = ["ORQ", "optimal_levels", "round_between"]
 
 
 def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
@@ -76,6 +73,45 @@ def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
     return lv
 
 
+def round_between(v: np.ndarray, lv: np.ndarray, rng: np.random.Generator,
+                  out: np.ndarray) -> None:
+    """Write into ``out`` the unbiased stochastic rounding of each row of ``v`` to its levels.
+
+    Row ``i`` of ``v`` (float32) rounds to the indices of its levels ``lv[i]`` (sorted, ``s +
+    1`` of them); ``out`` is uint8 of ``v``'s shape.
+    """
+    s = lv.shape[1] - 1
+    width = v.shape[1]
+    with np.errstate(over="ignore"):
+        gaps = np.diff(lv, axis=1)
+        inv = np.divide(np.float32(65536.0), gaps, out=np.zeros_like(gaps), where=gaps > 0)
+    # Tiny gaps (2**16 / gap overflows) or huge ones (gap overflows): float64 sub-blocks.
+    wide = not (np.isfinite(gaps).all() and np.isfinite(inv).all())
+    # the rounding pass runs on cache-sized sub-blocks of buckets
+    for c0, c1 in bucket_chunks(v.shape[0], width, 1 << 16):
+        vc = v[c0:c1]
+        lvc = lv[c0:c1]
+        j = np.zeros(vc.shape, dtype=np.uint8)  # interval: interior levels <= v
+        for k in range(1, s):
+            j += vc >= lvc[:, k : k + 1]
+        idx = j + (np.arange(c1 - c0, dtype=np.int64) * s)[:, None]
+        # up = p * 2**16 for p = (v - b_j) / (b_{j+1} - b_j) in [0, 1]; with a 16-bit
+        # uniform r, rounding up iff up + r >= 2**16 happens with probability p
+        # (to 2**-16): stochastic rounding by one comparison, no clipping needed.
+        if wide:
+            lv64 = lvc.astype(np.float64)
+            low = np.take(lv64[:, :-1].reshape(-1), idx)
+            gap = np.take(np.diff(lv64, axis=1).reshape(-1), idx)
+            frac = np.divide(vc - low, gap, out=np.zeros(vc.shape), where=gap > 0)
+            up = (frac * 65536.0).astype(np.float32)
+        else:
+            up = vc - np.take(lvc[:, :-1].reshape(-1), idx)
+            up *= np.take(inv[c0:c1].reshape(-1), idx)
+        np.add(up, random_u16(rng, up.size).reshape(up.shape), out=up)
+        j += up >= np.float32(65536.0)
+        out[c0:c1] = j
+
+
 @register("orq")
 @dataclass(frozen=True)
 class ORQ(Codec):
@@ -94,11 +130,8 @@ class ORQ(Codec):
     levels: int = 3
     bucket: int = 512
     iters: int = 2
-
-    def __post_init__(self) -> None:
-        check_int(self.levels, "levels", 1, 255)
-        check_int(self.bucket, "bucket", 1, 1 << 30)
-        check_int(self.iters, "iters", 0, 100)
+    meta_fields = ("levels", "bucket")
+    int_ranges = {"levels": (1, 255), "bucket": BUCKET_RANGE, "iters": (0, 100)}
 
     @property
     def width(self) -> int:
@@ -110,60 +143,27 @@ class ORQ(Codec):
         return size * self.width + 32 * (self.levels + 1) * n_buckets(size, self.bucket)
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
-        """Quantize ``x`` (any shape) bucket by bucket; ``rng`` drives the rounding."""
+        """Round ``x`` (any shape) between each bucket's optimal levels, drawing from ``rng``."""
         flat, shape = flat_input(x)
         rng = require_rng(rng, self.name)
-        s = self.levels
         size = flat.size
         codes = np.empty(size, dtype=np.uint8)
-        table = np.empty((n_buckets(size, self.bucket), s + 1), dtype=np.float32)
+        table = np.empty((n_buckets(size, self.bucket), self.levels + 1), dtype=np.float32)
         for b0, b1, i0, i1 in bucket_blocks(size, self.bucket, BLOCK_ELEMENTS):
-            width = (i1 - i0) // (b1 - b0)
-            lv = optimal_levels(SortedBuckets(flat[i0:i1].reshape(b1 - b0, width)), s, self.iters)
+            v = flat[i0:i1].reshape(b1 - b0, -1)
+            lv = optimal_levels(SortedBuckets(v), self.levels, self.iters)
             table[b0:b1] = lv
-            with np.errstate(over="ignore"):
-                gaps = np.diff(lv, axis=1)
-                inv = np.divide(np.float32(65536.0), gaps, out=np.zeros_like(gaps), where=gaps > 0)
-            # Tiny gaps (2**16 / gap overflows) or huge ones (gap overflows): float64 sub-blocks.
-            wide = not (np.isfinite(gaps).all() and np.isfinite(inv).all())
-            # the rounding pass runs on cache-sized sub-blocks of buckets
-            for c0, c1 in bucket_chunks(b1 - b0, width, 1 << 16):
-                v = flat[i0 + c0 * width : i0 + c1 * width].reshape(c1 - c0, width)
-                lvc = lv[c0:c1]
-                j = np.zeros(v.shape, dtype=np.uint8)  # interval: interior levels <= v
-                for k in range(1, s):
-                    j += v >= lvc[:, k : k + 1]
-                idx = j + (np.arange(c1 - c0, dtype=np.int64) * s)[:, None]
-                # up = p * 2**16 for p = (v - b_j) / (b_{j+1} - b_j) in [0, 1]; with a 16-bit
-                # uniform r, rounding up iff up + r >= 2**16 happens with probability p
-                # (to 2**-16): stochastic rounding by one comparison, no clipping needed.
-                if wide:
-                    lv64 = lvc.astype(np.float64)
-                    low = np.take(lv64[:, :-1].reshape(-1), idx)
-                    gap = np.take(np.diff(lv64, axis=1).reshape(-1), idx)
-                    frac = np.divide(v - low, gap, out=np.zeros(v.shape), where=gap > 0)
-                    up = (frac * 65536.0).astype(np.float32)
-                else:
-                    up = v - np.take(lvc[:, :-1].reshape(-1), idx)
-                    up *= np.take(inv[c0:c1].reshape(-1), idx)
-                np.add(up, random_u16(rng, up.size).reshape(up.shape), out=up)
-                j += up >= np.float32(65536.0)
-                codes[i0 + c0 * width : i0 + c1 * width] = j.reshape(-1)
-        meta = {"levels": s, "bucket": self.bucket}
+            round_between(v, lv, rng, codes[i0:i1].reshape(v.shape))
         buffers = {"codes": bitpack.pack(codes, self.width), "table": table.reshape(-1)}
-        return Payload(self.name, shape, meta, buffers, nbits=self.nbits_for(size))
+        return self.payload(shape, buffers, self.nbits_for(size))
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return each code's level value, float32 in the payload's shape."""
-        self.check_payload(p)
-        size = expect_shape(p)
-        meta_equal(p, "levels", self.levels)
-        meta_equal(p, "bucket", self.bucket)
-        expect_nbits(p, self.nbits_for(size))
+        size = self.open_payload(p, self.nbits_for)
         s = self.levels
         nb = n_buckets(size, self.bucket)
         packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(size, self.width))
-        table = require_finite(p, "table", expect_buffer(p, "table", "float32", nb * (s + 1)))
+        table = expect_floats(p, "table", nb * (s + 1))
         table = table.reshape(nb, s + 1)
         if (np.diff(table, axis=1) < 0).any():
             raise PayloadError("orq payload has decreasing levels")

@@ -25,12 +25,10 @@ from .base import (
     Payload,
     PayloadError,
     check_int,
-    expect_buffer,
+    expect_floats,
     expect_nbits,
-    expect_shape,
     flat_input,
     meta_equal,
-    require_finite,
     require_rng,
 )
 from .registry import register
@@ -71,9 +69,10 @@ class PowerSGD(Codec):
     shape: tuple[int, int] | None = None
     _warm: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     biased = True
+    int_ranges = {"rank": (1, 1024)}
 
     def __post_init__(self) -> None:
-        check_int(self.rank, "rank", 1, 1024)
+        super().__post_init__()
         if self.shape is not None:
             if not isinstance(self.shape, (tuple, list)) or len(self.shape) != 2:
                 raise ValueError(f"shape must be a (rows, cols) pair or None, got {self.shape!r}")
@@ -124,7 +123,7 @@ class PowerSGD(Codec):
         rows, cols, r, compressed = self.layout(shape)
         meta = {"rows": rows, "cols": cols, "rank": r, "compressed": compressed}
         if not compressed:
-            return Payload(self.name, shape, meta, {"values": flat.copy()}, nbits=32 * flat.size)
+            return self.payload(shape, {"values": flat.copy()}, 32 * flat.size, **meta)
         m: np.ndarray
         if rows * cols == flat.size:
             m = flat.reshape(rows, cols)
@@ -147,7 +146,7 @@ class PowerSGD(Codec):
             raise ValueError("powersgd factors overflow float32; rescale the input")
         self._warm[key] = q_new.copy()
         buffers = {"p": p_mat.reshape(-1), "q": q_new.reshape(-1)}
-        return Payload(self.name, shape, meta, buffers, nbits=32 * r * (rows + cols))
+        return self.payload(shape, buffers, 32 * r * (rows + cols), **meta)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``P Q^T`` (cropped to ``D``), or the carried values; float32.
@@ -165,8 +164,7 @@ class PowerSGD(Codec):
             On any inconsistency between the header, the buffers and this codec (including
             a 1-D shape that this codec's ``shape`` hint cannot hold).
         """
-        self.check_payload(p)
-        size = expect_shape(p)
+        size = self.open_payload(p)
         try:
             rows, cols, r, compressed = self.layout(p.shape)
         except ValueError as exc:
@@ -177,10 +175,10 @@ class PowerSGD(Codec):
         meta_equal(p, "compressed", compressed)
         expect_nbits(p, self.nbits_for(p.shape))
         if not compressed:
-            values = require_finite(p, "values", expect_buffer(p, "values", "float32", size))
+            values = expect_floats(p, "values", size)
             return values.astype(np.float32, copy=True).reshape(p.shape)
-        p_mat = require_finite(p, "p", expect_buffer(p, "p", "float32", rows * r))
-        q_mat = require_finite(p, "q", expect_buffer(p, "q", "float32", cols * r))
+        p_mat = expect_floats(p, "p", rows * r)
+        q_mat = expect_floats(p, "q", cols * r)
         with np.errstate(over="ignore", invalid="ignore"):
             full = p_mat.reshape(rows, r) @ q_mat.reshape(cols, r).T
         if not np.isfinite(full).all():

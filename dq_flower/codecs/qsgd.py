@@ -9,19 +9,16 @@ import numpy as np
 
 from . import bitpack
 from .base import (
+    BUCKET_RANGE,
     Codec,
     Payload,
     PayloadError,
     SymbolSpec,
     bucket_blocks,
-    check_int,
     expect_buffer,
-    expect_nbits,
-    expect_shape,
+    expect_floats,
     flat_input,
-    meta_equal,
     n_buckets,
-    require_finite,
     require_rng,
     stochastic_floor,
 )
@@ -77,10 +74,8 @@ class QSGD(Codec):
 
     levels: int = 7
     bucket: int = 128
-
-    def __post_init__(self) -> None:
-        check_int(self.levels, "levels", 1, 127)
-        check_int(self.bucket, "bucket", 1, 1 << 30)
+    meta_fields = ("levels", "bucket")
+    int_ranges = {"levels": (1, 127), "bucket": BUCKET_RANGE}
 
     @property
     def width(self) -> int:
@@ -116,20 +111,14 @@ class QSGD(Codec):
             a += np.float32(s)
             codes[i0:i1] = stochastic_floor(a, rng, 2 * s).reshape(-1)
             norms[b0:b1] = n
-        payload_meta = {"levels": s, "bucket": self.bucket}
         buffers = {"codes": bitpack.pack(codes, self.width), "norms": norms}
-        return Payload(self.name, shape, payload_meta, buffers, nbits=self.nbits_for(size))
+        return self.payload(shape, buffers, self.nbits_for(size))
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``norm * (code - s) / s`` per coordinate, float32 in the payload's shape."""
-        self.check_payload(p)
-        size = expect_shape(p)
-        meta_equal(p, "levels", self.levels)
-        meta_equal(p, "bucket", self.bucket)
-        expect_nbits(p, self.nbits_for(size))
+        size = self.open_payload(p, self.nbits_for)
         packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(size, self.width))
-        norms = expect_buffer(p, "norms", "float32", n_buckets(size, self.bucket))
-        require_finite(p, "norms", norms)
+        norms = expect_floats(p, "norms", n_buckets(size, self.bucket))
         if (norms < 0).any():
             raise PayloadError("qsgd payload has negative norms")
         codes = bitpack.unpack(packed, self.width, size)

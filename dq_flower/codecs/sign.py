@@ -19,10 +19,9 @@ from .base import (
     PayloadError,
     bucket_chunks,
     expect_buffer,
+    expect_floats,
     expect_nbits,
-    expect_shape,
     flat_input,
-    require_finite,
 )
 from .registry import register
 
@@ -72,12 +71,11 @@ class Sign(Codec):
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Send the sign bit of each coordinate."""
         flat, shape = flat_input(x)
-        return Payload(self.name, shape, {}, {"bits": sign_bits(flat)}, nbits=flat.size)
+        return self.payload(shape, {"bits": sign_bits(flat)}, flat.size)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return +-1 per coordinate, float32 in the payload's shape."""
-        self.check_payload(p)
-        size = expect_shape(p)
+        size = self.open_payload(p)
         expect_nbits(p, size)
         return _decode_bits(self, p, size, -1.0, 1.0)
 
@@ -96,14 +94,13 @@ class EFSign(Codec):
         """Send the sign bits and the mean absolute value."""
         flat, shape = flat_input(x)
         buffers = {"bits": sign_bits(flat), "scale": np.array([abs_mean(flat)], np.float32)}
-        return Payload(self.name, shape, {}, buffers, nbits=flat.size + 32)
+        return self.payload(shape, buffers, flat.size + 32)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return +-scale per coordinate, float32 in the payload's shape."""
-        self.check_payload(p)
-        size = expect_shape(p)
+        size = self.open_payload(p)
         expect_nbits(p, size + 32)
-        scale = require_finite(p, "scale", expect_buffer(p, "scale", "float32", 1))
+        scale = expect_floats(p, "scale", 1)
         s = float(scale[0])
         if s < 0:
             raise PayloadError("ef-sign payload has a negative scale")

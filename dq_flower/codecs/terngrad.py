@@ -15,11 +15,9 @@ from .base import (
     SymbolSpec,
     bucket_chunks,
     expect_buffer,
+    expect_floats,
     expect_nbits,
-    expect_shape,
     flat_input,
-    meta_equal,
-    require_finite,
     require_rng,
     stochastic_floor,
 )
@@ -45,6 +43,7 @@ class TernGrad(Codec):
     """
 
     clip: float | None = None
+    meta_fields = ("clip",)
 
     def __post_init__(self) -> None:
         if self.clip is not None and (
@@ -79,17 +78,14 @@ class TernGrad(Codec):
             a += np.float32(1.0)
             codes[s:e] = stochastic_floor(a, rng, 2)
         buffers = {"codes": bitpack.pack(codes, 2), "scale": np.array([m], dtype=np.float32)}
-        meta = {"clip": self.clip}
-        return Payload(self.name, shape, meta, buffers, nbits=2 * flat.size + 32)
+        return self.payload(shape, buffers, 2 * flat.size + 32)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``m * (code - 1)``, float32 in the payload's shape."""
-        self.check_payload(p)
-        size = expect_shape(p)
-        meta_equal(p, "clip", self.clip)
+        size = self.open_payload(p)
         expect_nbits(p, 2 * size + 32)
         packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(size, 2))
-        scale = require_finite(p, "scale", expect_buffer(p, "scale", "float32", 1))
+        scale = expect_floats(p, "scale", 1)
         m = np.float32(scale[0])
         if m < 0:
             raise PayloadError("terngrad payload has a negative scale")

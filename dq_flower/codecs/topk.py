@@ -18,11 +18,10 @@ from .base import (
     Payload,
     PayloadError,
     expect_buffer,
+    expect_floats,
     expect_nbits,
-    expect_shape,
     flat_input,
     meta_equal,
-    require_finite,
 )
 from .registry import register
 
@@ -105,8 +104,7 @@ class TopK(Codec):
             mask = np.zeros(size, dtype=bool)
             mask[idx] = True
             where = np.packbits(mask)
-        meta = {"k": k, "mode": mode}
-        return Payload(self.name, shape, meta, {"values": values, "where": where}, nbits=nbits)
+        return self.payload(shape, {"values": values, "where": where}, nbits, k=k, mode=mode)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Scatter the values back; zeros elsewhere. Float32 in the payload's shape.
@@ -123,13 +121,12 @@ class TopK(Codec):
         PayloadError
             On any inconsistency between the header, the buffers and this codec.
         """
-        self.check_payload(p)
-        size = expect_shape(p)
+        size = self.open_payload(p)
         k, mode, nbits = self.layout(size)
         meta_equal(p, "k", k)
         meta_equal(p, "mode", mode)
         expect_nbits(p, nbits)
-        values = require_finite(p, "values", expect_buffer(p, "values", "float32", k))
+        values = expect_floats(p, "values", k)
         if mode == "index":
             width = self.index_bits(size)
             where = expect_buffer(p, "where", "uint8", bitpack.packed_nbytes(k, width))

@@ -37,10 +37,12 @@ Where zlib codes a message smaller (wide codes of small samples, e.g. 8-bit digi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from . import bitpack, context
+from .affine import affine_block
 from .base import (
     Codec,
     Payload,
@@ -49,11 +51,9 @@ from .base import (
     check_finite,
     check_int,
     expect_buffer,
+    expect_floats,
     expect_nbits,
-    expect_shape,
-    meta_equal,
     random_u16,
-    require_finite,
     require_rng,
 )
 from .dither import dither_offsets, dither_u16
@@ -64,61 +64,6 @@ __all__ = ["Uniform", "SAMPLE_CODERS", "dither_offsets", "packed_codes"]
 
 #: Lossless coders of a ``uniform`` payload's codes: the byte coders and ``context``.
 SAMPLE_CODERS = (*METHODS, "context")
-
-def _safe_gain(
-    span: np.ndarray, gain: np.ndarray, bump: np.float32, limit: float | np.floating
-) -> np.ndarray:
-    """Lower ``gain`` by a few ulps where ``fl(fl(span * gain) + bump) >= limit`` (float32).
-
-    Float32 rounding is monotone, so the largest coordinate of each row, whose offset from
-    the row minimum is ``span``, bounds every other one: after this, no code can exceed the
-    top level and the encoder needs no clipping pass.
-    """
-    limit32 = np.float32(limit)
-    for _ in range(64):
-        bad = (span * gain + bump) >= limit32
-        if not bad.any():
-            return gain
-        gain[bad] = np.nextafter(gain[bad], np.float32(0.0))
-    raise AssertionError("gain adjustment did not converge")  # pragma: no cover
-
-
-def _affine_block(
-    blk: np.ndarray,
-    t: np.ndarray,
-    lo: np.ndarray,
-    scale: np.ndarray,
-    top: int,
-    unit: float | np.floating,
-    bump: float | np.floating,
-) -> None:
-    """Write ``(blk - min) * gain`` into ``t``, and each row's min and scale into ``lo``, ``scale``.
-
-    ``gain`` is ``unit / scale``, lowered by :func:`_safe_gain` so that ``t + bump`` of a
-    row's largest value stays below ``(top + 1) * unit`` (the codes need no clipping).
-    """
-    mn = blk.min(axis=1)
-    mx = blk.max(axis=1)
-    with np.errstate(over="ignore"):
-        span = mx - mn
-        sc32 = ((mx.astype(np.float64) - mn) / top).astype(np.float32)
-        if not (np.isfinite(span).all() and np.isfinite(sc32 * np.float32(top)).all()):
-            raise ValueError("a row's range exceeds float32; cannot quantize")
-    # a positive range keeps a positive scale, even below float32's denormals
-    sc32[(sc32 == 0) & (span > 0)] = np.finfo(np.float32).smallest_subnormal
-    sc64 = sc32.astype(np.float64)
-    gain64 = np.divide(float(unit), sc64, out=np.zeros(sc32.size), where=sc64 > 0)
-    tiny = gain64 > 1e30  # scale far below float32's normal range: float64 rows
-    gain = np.where(tiny, 0.0, gain64).astype(np.float32)
-    gain = _safe_gain(span, gain, np.float32(bump), (top + 1) * unit)
-    np.subtract(blk, mn[:, None], out=t)
-    t *= gain[:, None]
-    if tiny.any():
-        sub = np.flatnonzero(tiny)
-        wide = (blk[sub].astype(np.float64) - mn[sub, None]) * gain64[sub, None]
-        t[sub] = np.minimum(wide, float(top * unit))
-    lo[...] = mn
-    scale[...] = sc32
 
 
 @register("uniform")
@@ -157,6 +102,7 @@ class Uniform(Codec):
     entropy: str = "none"
     fixed_range: bool = False
     sample_shape: tuple[int, ...] | None = None
+    meta_fields = ("bits", "per_channel", "dither_seed")
 
     def __post_init__(self) -> None:
         bitpack.check_width(self.bits, "bits")
@@ -224,9 +170,27 @@ class Uniform(Codec):
         if self.dither_seed is None and self.stochastic:
             rng = require_rng(rng, self.name)
         rows, width = n * groups, d // groups
-        top = self.levels
-        fixed = self.fixed_range
         flat = np.ascontiguousarray(arr).reshape(rows, width)
+        packed, lo, scale = self._quantize(flat, rng)
+        img = self._image_shape(d) if self.entropy == "context" else None
+        packed, method, img = self._entropy_code(packed, n, d, img)
+        code_bits = n * d * self.bits if method == "none" else 8 * packed.size
+        meta: dict[str, Any] = {"entropy": method}
+        if method == "context" and img is not None:
+            meta["context_shape"] = context.shape_text(img)
+        if self.fixed_range:
+            meta["fixed_range"] = True
+            return self.payload((n, d), {"codes": packed}, code_bits, **meta)
+        assert lo is not None and scale is not None  # allocated when not fixed
+        buffers = {"codes": packed, "mins": lo, "scales": scale}
+        return self.payload((n, d), buffers, code_bits + 64 * rows, **meta)
+
+    def _quantize(
+        self, flat: np.ndarray, rng: np.random.Generator | None
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``(packed codes, mins, scales)`` of the rows of ``flat`` (no ranges when fixed)."""
+        rows, width = flat.shape
+        fixed = self.fixed_range
         lo = None if fixed else np.zeros(rows, dtype=np.float32)
         scale = None if fixed else np.zeros(rows, dtype=np.float32)
         # Rows whose codes fill whole bytes are packed block by block while still in cache.
@@ -238,12 +202,12 @@ class Uniform(Codec):
         work = np.empty((min(step, rows), width), dtype=np.float32)
         stoch = self.dither_seed is not None or self.stochastic
         # t = (x - lo) * gain, then codes = floor(t + r) / 2**16 (r 16-bit random or dither)
-        # or floor(t + 1/2) (nearest); ``_safe_gain`` keeps the largest t of each row from
+        # or floor(t + 1/2) (nearest); ``safe_gain`` keeps the largest t of each row from
         # rounding past the top code, so no clipping pass is needed.
         unit, bump = (np.float32(65536.0), np.float32(65535.0)) if stoch else (1, 0.5)
         # Fixed range: t = clip(x, 0, 1) * top * unit, a float32 product by an exact power of
         # two times ``top``, so t <= top * unit and t + bump stays below (top + 1) * unit.
-        fixed_gain = np.float32(top * unit)
+        fixed_gain = np.float32(self.levels * unit)
         for s, e in bucket_chunks(rows, width) if width else ():
             blk = flat[s:e]
             t = work[: e - s]
@@ -252,15 +216,9 @@ class Uniform(Codec):
                 t *= fixed_gain
             else:
                 assert lo is not None and scale is not None  # allocated when not fixed
-                _affine_block(blk, t, lo[s:e], scale[s:e], top, unit, bump)
+                affine_block(blk, t, lo[s:e], scale[s:e], self.levels, unit, bump)
             if stoch:
-                if self.dither_seed is not None:
-                    r = dither_u16(self.dither_seed, s * width, (e - s) * width)
-                else:
-                    assert rng is not None  # required above when stochastic, not dithered
-                    r = random_u16(rng, t.size)
-                np.add(t, r.reshape(t.shape), out=t)
-                t *= np.float32(1.0 / 65536.0)
+                self._add_noise(t, s * width, rng)
             else:
                 t += np.float32(0.5)
             blk_codes = t.astype(np.uint8)
@@ -272,40 +230,47 @@ class Uniform(Codec):
         if not aligned:
             assert codes is not None
             packed = bitpack.pack(codes.reshape(-1), self.bits)
-        method = "none"
-        code_bits = n * d * self.bits
-        img = self._image_shape(d) if self.entropy == "context" else None
-        if self.entropy != "none" and packed.size:
-            if self.entropy == "context":
-                flat_codes = bitpack.unpack(packed, self.bits, n * d)
-                coded = context.encode(flat_codes, self.bits, n, d, img)
-                if img is not None and d <= context.MAX_PER_FEATURE_D:
-                    # small images: a per-position model may learn more than neighbours
-                    flat = context.encode(flat_codes, self.bits, n, d, None)
-                    if flat.size < coded.size:
-                        coded, img = flat, None
-                chosen = "context"
-                byte_coded = compress(packed, "zlib")  # wide codes: bytes may code smaller
-                if byte_coded.size < coded.size:
-                    coded, chosen, img = byte_coded, "zlib", None
-            else:
-                coded, chosen = compress(packed, self.entropy), self.entropy
-            if coded.size < packed.size:
-                packed, method, code_bits = coded, chosen, 8 * coded.size
-        meta = {
-            "bits": self.bits,
-            "per_channel": self.per_channel,
-            "dither_seed": self.dither_seed,
-            "entropy": method,
-        }
-        if method == "context" and img is not None:
-            meta["context_shape"] = context.shape_text(img)
-        if fixed:
-            meta["fixed_range"] = True
-            return Payload(self.name, (n, d), meta, {"codes": packed}, nbits=code_bits)
-        assert lo is not None and scale is not None  # allocated when not fixed
-        buffers = {"codes": packed, "mins": lo, "scales": scale}
-        return Payload(self.name, (n, d), meta, buffers, nbits=code_bits + 64 * rows)
+        return packed, lo, scale
+
+    def _add_noise(self, t: np.ndarray, start: int, rng: np.random.Generator | None) -> None:
+        """``t = (t + r) / 2**16`` in place, r the dither from flat index ``start``, or random."""
+        if self.dither_seed is not None:
+            r = dither_u16(self.dither_seed, start, t.size)
+        else:
+            assert rng is not None  # required in encode when stochastic, not dithered
+            r = random_u16(rng, t.size)
+        np.add(t, r.reshape(t.shape), out=t)
+        t *= np.float32(1.0 / 65536.0)
+
+    def _entropy_code(
+        self, packed: np.ndarray, n: int, d: int, img: tuple[int, int, int] | None
+    ) -> tuple[np.ndarray, str, tuple[int, int, int] | None]:
+        """``(codes as sent, coder, context shape)``: ``packed`` coded where that shrinks it."""
+        if self.entropy == "none" or not packed.size:
+            return packed, "none", img
+        if self.entropy == "context":
+            coded, chosen, img = self._context_code(packed, n, d, img)
+        else:
+            coded, chosen = compress(packed, self.entropy), self.entropy
+        if coded.size < packed.size:
+            return coded, chosen, img
+        return packed, "none", img
+
+    def _context_code(
+        self, packed: np.ndarray, n: int, d: int, img: tuple[int, int, int] | None
+    ) -> tuple[np.ndarray, str, tuple[int, int, int] | None]:
+        """The smallest of the context coder's messages (2-D, per feature) and zlib's."""
+        flat_codes = bitpack.unpack(packed, self.bits, n * d)
+        coded = context.encode(flat_codes, self.bits, n, d, img)
+        if img is not None and d <= context.MAX_PER_FEATURE_D:
+            # small images: a per-position model may learn more than neighbours
+            flat = context.encode(flat_codes, self.bits, n, d, None)
+            if flat.size < coded.size:
+                coded, img = flat, None
+        byte_coded = compress(packed, "zlib")  # wide codes: bytes may code smaller
+        if byte_coded.size < coded.size:
+            return byte_coded, "zlib", None
+        return coded, "context", img
 
     def decode(self, p: Payload) -> np.ndarray:
         """Dequantize to float32 ``(n, d)``; inconsistent payloads raise PayloadError.
@@ -316,12 +281,26 @@ class Uniform(Codec):
         than the ``(n, d)`` it declares: callers must bound the declared size (check
         ``p.shape`` or call :meth:`Payload.expect_elements`) before decoding.
         """
-        self.check_payload(p)
-        expect_shape(p, ndim=2)
+        method = self._check_meta(p)
         n, d = p.shape
-        meta_equal(p, "bits", self.bits)
-        meta_equal(p, "per_channel", self.per_channel)
-        meta_equal(p, "dither_seed", self.dither_seed)
+        groups = self._groups()
+        if d % groups:
+            raise PayloadError(f"uniform payload d={d} is not a multiple of {groups} channels")
+        rows, width = n * groups, d // groups
+        lo, scale = self._ranges(p, rows)
+        packed = self._received_codes(p, method, 0 if scale is None else 64 * rows)
+        if self.fixed_range:
+            # code / top, correctly rounded: codes 0 and top decode to exactly 0 and 1
+            ramp = (np.arange(self.levels + 1) / self.levels).astype(np.float32)
+            if self.dither_seed is None:
+                return bitpack.unpack_to(packed, self.bits, n * d, ramp).reshape(n, d)
+        else:
+            ramp = np.arange(self.levels + 1, dtype=np.float32)
+        return self._dequantize(packed, ramp, lo, scale, rows, width).reshape(n, d)
+
+    def _check_meta(self, p: Payload) -> object:
+        """Check ``p``'s codec, 2-D shape and meta against this decoder; return its coder."""
+        self.open_payload(p, ndim=2)
         fixed = p.meta.get("fixed_range", False)
         if not isinstance(fixed, bool) or fixed != self.fixed_range:
             raise PayloadError(
@@ -337,44 +316,50 @@ class Uniform(Codec):
         if "context_shape" in p.meta and method != "context":
             raise PayloadError("uniform payload carries a context shape without the context "
                                "coder")
-        groups = self._groups()
-        if d % groups:
-            raise PayloadError(f"uniform payload d={d} is not a multiple of {groups} channels")
-        rows, width = n * groups, d // groups
-        if fixed:
+        return method
+
+    def _ranges(self, p: Payload, rows: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The payload's ``(mins, scales)``, checked; ``(None, None)`` for a fixed range."""
+        if self.fixed_range:
             extra = sorted(set(p.buffers) - {"codes"})
             if extra:
                 raise PayloadError(f"fixed-range uniform payload carries side buffers {extra}")
-            lo = scale = None
-            side_bits = 0
-        else:
-            lo = require_finite(p, "mins", expect_buffer(p, "mins", "float32", rows))
-            scale = require_finite(p, "scales", expect_buffer(p, "scales", "float32", rows))
-            if (scale < 0).any():
-                raise PayloadError("uniform payload has negative scales")
-            side_bits = 64 * rows
-        raw_nbytes = bitpack.packed_nbytes(n * d, self.bits)
+            return None, None
+        lo = expect_floats(p, "mins", rows)
+        scale = expect_floats(p, "scales", rows)
+        if (scale < 0).any():
+            raise PayloadError("uniform payload has negative scales")
+        return lo, scale
+
+    def _received_codes(self, p: Payload, method: object, side_bits: int) -> np.ndarray:
+        """The payload's bit-packed codes (entropy decoded), its ``nbits`` checked."""
+        n, d = p.shape
         if method == "none":
-            packed = expect_buffer(p, "codes", "uint8", raw_nbytes)
+            packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(n * d, self.bits))
             expect_nbits(p, n * d * self.bits + side_bits)
             if packed.size and not bitpack.padding_is_zero(packed, self.bits, n * d):
                 raise PayloadError("uniform payload has non-zero padding bits")
-        else:
-            coded = p.buffers.get("codes")
-            if coded is None or coded.dtype != np.uint8 or coded.ndim != 1:
-                raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
-            expect_nbits(p, 8 * coded.size + side_bits)
-            packed = packed_codes(p, self.bits)
-        if fixed:
-            # code / top, correctly rounded: codes 0 and top decode to exactly 0 and 1
-            ramp = (np.arange(self.levels + 1) / self.levels).astype(np.float32)
-        else:
-            ramp = np.arange(self.levels + 1, dtype=np.float32)
-        if fixed and self.dither_seed is None:
-            return bitpack.unpack_to(packed, self.bits, n * d, ramp).reshape(n, d)
+            return packed
+        coded = p.buffers.get("codes")
+        if coded is None or coded.dtype != np.uint8 or coded.ndim != 1:
+            raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
+        expect_nbits(p, 8 * coded.size + side_bits)
+        return packed_codes(p, self.bits)
+
+    def _dequantize(
+        self,
+        packed: np.ndarray,
+        ramp: np.ndarray,
+        lo: np.ndarray | None,
+        scale: np.ndarray | None,
+        rows: int,
+        width: int,
+    ) -> np.ndarray:
+        """``(rows, width)`` float32 values of the codes: ``lo + ramp[code] * scale - dither``."""
+        fixed = self.fixed_range
         aligned = (width * self.bits) % 8 == 0
         row_bytes = width * self.bits // 8
-        full = None if aligned else bitpack.unpack_to(packed, self.bits, n * d, ramp)
+        full = None if aligned else bitpack.unpack_to(packed, self.bits, rows * width, ramp)
         out = np.empty((rows, width), dtype=np.float32)
         for s, e in bucket_chunks(rows, width) if width else ():
             blk = out[s:e]
@@ -399,7 +384,7 @@ class Uniform(Codec):
             if not fixed:
                 assert lo is not None
                 blk += lo[s:e, None]
-        return out.reshape(n, d)
+        return out
 
 
 def packed_codes(p: Payload, bits: int) -> np.ndarray:

@@ -102,6 +102,31 @@ def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
     return now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
 
 
+def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey,
+             days: int) -> x509.CertificateBuilder:
+    """A certificate for ``key``'s public key, ``subject`` by ``issuer``, valid ``days``."""
+    start, end = _validity(days)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+    )
+
+
+def _write_pair(out: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey,
+                overwrite: bool) -> tuple[Path, Path]:
+    """Write ``<stem>.key`` (private) then ``<stem>.crt`` into ``out``; return both paths."""
+    cert_path, key_path = out / f"{stem}.crt", out / f"{stem}.key"
+    _write(key_path, _key_pem(key), private=True, overwrite=overwrite)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), private=False,
+           overwrite=overwrite)
+    return cert_path, key_path
+
+
 def create_ca(
     out_dir: str | Path,
     *,
@@ -113,15 +138,8 @@ def create_ca(
     out = Path(out_dir)
     key = ec.generate_private_key(_CURVE())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    start, end = _validity(days)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
+        _builder(name, name, key, days)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -135,11 +153,7 @@ def create_ca(
                        critical=False)
         .sign(key, _HASH())
     )
-    cert_path, key_path = out / "ca.crt", out / "ca.key"
-    _write(key_path, _key_pem(key), private=True, overwrite=overwrite)
-    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), private=False,
-           overwrite=overwrite)
-    return cert_path, key_path
+    return _write_pair(out, "ca", cert, key, overwrite)
 
 
 def create_server_certificate(
@@ -175,15 +189,9 @@ def create_server_certificate(
     if not isinstance(ca_private, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{ca_key} is not an EC private key")
     key = ec.generate_private_key(_CURVE())
-    start, end = _validity(days)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
+        _builder(subject, ca.subject, key, days)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_san(hosts), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
@@ -194,11 +202,7 @@ def create_server_certificate(
         )
         .sign(ca_private, _HASH())
     )
-    cert_path, key_path = out / "server.crt", out / "server.key"
-    _write(key_path, _key_pem(key), private=True, overwrite=overwrite)
-    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), private=False,
-           overwrite=overwrite)
-    return cert_path, key_path
+    return _write_pair(out, "server", cert, key, overwrite)
 
 
 def create_node_keys(out_dir: str | Path, name: str, *, overwrite: bool = False) -> NodeKeys:

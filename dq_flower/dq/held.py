@@ -199,27 +199,45 @@ def decode_held(data: bytes, limit: int) -> np.ndarray:
         raise ValueError(f"held set: unknown form {kind}")
     r, off = _read_one(buf, 1)
     if kind == RUNS:
-        if 2 * r > buf.size - off:  # two varints of at least one byte per run
-            raise ValueError(f"held set: {r} runs in {buf.size} bytes")
-        coded, off = _read_varints(buf, off, 2 * r)
-        if off != buf.size:
-            raise ValueError("held set: trailing bytes")
-        gaps, lens = coded[:r], coded[r:]
+        gaps, lens = _varint_runs(buf, off, r)
     else:
-        if buf.size < off + 2:
-            raise ValueError("held set: truncated widths")
-        wg, wl = int(buf[off]), int(buf[off + 1])
-        if wg > 64 or wl > 64:
-            raise ValueError("held set: field width above 64 bits")
-        body = buf[off + 2:]
-        if body.size != -(-(r * (wg + wl)) // 8):
-            raise ValueError("held set: packed runs of the wrong size")
-        # zero-width fields cost nothing: read no more runs than can start below the limit
-        total, r = r, min(r, limit)
-        bits = np.unpackbits(body, bitorder="little")
-        gaps = _unpack_fixed(np.packbits(bits[:r * wg], bitorder="little"), r, wg)
-        lens = _unpack_fixed(np.packbits(bits[total * wg:total * wg + r * wl],
-                                         bitorder="little"), r, wl)
+        gaps, lens = _packed_runs(buf, off, r, limit)
+    return _expand_runs(gaps, lens, limit)
+
+
+def _varint_runs(buf: np.ndarray, off: int, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``r`` coded gaps and lengths of a ``RUNS`` set, its varints from ``buf[off:]``."""
+    if 2 * r > buf.size - off:  # two varints of at least one byte per run
+        raise ValueError(f"held set: {r} runs in {buf.size} bytes")
+    coded, off = _read_varints(buf, off, 2 * r)
+    if off != buf.size:
+        raise ValueError("held set: trailing bytes")
+    return coded[:r], coded[r:]
+
+
+def _packed_runs(buf: np.ndarray, off: int, r: int, limit: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The coded gaps and lengths of a ``PACKED_RUNS`` set, no more than ``limit`` runs."""
+    if buf.size < off + 2:
+        raise ValueError("held set: truncated widths")
+    wg, wl = int(buf[off]), int(buf[off + 1])
+    if wg > 64 or wl > 64:
+        raise ValueError("held set: field width above 64 bits")
+    body = buf[off + 2:]
+    if body.size != -(-(r * (wg + wl)) // 8):
+        raise ValueError("held set: packed runs of the wrong size")
+    # zero-width fields cost nothing: read no more runs than can start below the limit
+    total, r = r, min(r, limit)
+    bits = np.unpackbits(body, bitorder="little")
+    gaps = _unpack_fixed(np.packbits(bits[:r * wg], bitorder="little"), r, wg)
+    lens = _unpack_fixed(np.packbits(bits[total * wg:total * wg + r * wl],
+                                     bitorder="little"), r, wl)
+    return gaps, lens
+
+
+def _expand_runs(gaps: np.ndarray, lens: np.ndarray, limit: int) -> np.ndarray:
+    """The sorted int64 ids below ``limit`` of the runs coded as ``gaps`` and ``lens``."""
+    r = int(gaps.size)
     if not r:
         return np.zeros(0, dtype=np.int64)
     # Runs start at least one id apart, so only the first ``limit`` can start below it; with

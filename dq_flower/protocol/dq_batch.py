@@ -215,7 +215,27 @@ def decode_batch(
     """
     if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
         raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
-    samples = Payload.from_record(content.array_records[SAMPLES_KEY])
+    samples = _samples(content.array_records[SAMPLES_KEY], dim, bits, max_samples)
+    n = samples.shape[0]
+    info = content.array_records[INFO_KEY]
+    lw, iw, wn = _counts(info, n, float_targets)
+    targets, target_bits = _targets(info, n, lw, num_classes, target_dim)
+    ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
+    weights = _raw_array(info, "weights", "float32", 4 * max(n, 1))
+    ids = _ids(ids_raw, iw, n, id_upper)
+    if weights.size != wn or not np.isfinite(weights).all() or (weights <= 0).any():
+        raise PayloadError("sample weights must be finite and positive")
+    weights = np.broadcast_to(weights, (n,)).astype(np.float32)
+    compensation = None
+    if COMPENSATION_KEY in content.array_records:
+        compensation = Payload.from_record(content.array_records[COMPENSATION_KEY])
+    info_nbits = target_bits + 8 * ids_raw.size + 32 * wn
+    return SampleBatch(samples, targets, ids, weights, compensation, info_nbits)
+
+
+def _samples(record: ArrayRecord, dim: int, bits: int, max_samples: int) -> Payload:
+    """The samples payload: ``uniform``, shape ``(n, dim)``, ``n <= max_samples``, ``bits``."""
+    samples = Payload.from_record(record)
     if samples.codec != "uniform":
         raise PayloadError(f"samples were encoded with {samples.codec!r}, expected 'uniform'")
     if len(samples.shape) != 2 or samples.shape[1] != dim:
@@ -225,7 +245,11 @@ def decode_batch(
         raise PayloadError(f"{n} samples exceed the budget of {max_samples}")
     if samples.meta.get("bits") != bits:
         raise PayloadError(f"samples use {samples.meta.get('bits')!r} bits, expected {bits}")
-    info = content.array_records[INFO_KEY]
+    return samples
+
+
+def _counts(info: ArrayRecord, n: int, float_targets: bool) -> tuple[int, int, int]:
+    """``(label width, id width, weight count)`` of sample-info, checked against ``n``."""
     counts = _raw_array(info, "counts", "int64", 32)
     if counts.size != 4:
         raise PayloadError("sample-info 'counts' must hold 4 values")
@@ -238,25 +262,20 @@ def decode_batch(
         raise PayloadError("class labels sent where float targets are expected")
     if not float_targets and not lw:
         raise PayloadError("float targets sent where class labels are expected")
-    targets, target_bits = _targets(info, n, lw, num_classes, target_dim)
-    ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
-    weights = _raw_array(info, "weights", "float32", 4 * max(n, 1))
+    return lw, iw, wn
+
+
+def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
+    """The ``n`` sample ids packed at ``iw`` bits: unique, below ``id_upper`` where given."""
     try:
-        ids = unpack_wide(ids_raw, iw, n)
+        ids = unpack_wide(raw, iw, n)
     except ValueError as exc:
         raise PayloadError(str(exc)) from None
     if np.unique(ids).size != n:
         raise PayloadError("duplicated sample ids")
     if id_upper is not None and n and ids.max() >= id_upper:
         raise PayloadError(f"sample id {int(ids.max())} is out of range")
-    if weights.size != wn or not np.isfinite(weights).all() or (weights <= 0).any():
-        raise PayloadError("sample weights must be finite and positive")
-    weights = np.broadcast_to(weights, (n,)).astype(np.float32)
-    compensation = None
-    if COMPENSATION_KEY in content.array_records:
-        compensation = Payload.from_record(content.array_records[COMPENSATION_KEY])
-    info_nbits = target_bits + 8 * ids_raw.size + 32 * wn
-    return SampleBatch(samples, targets, ids, weights, compensation, info_nbits)
+    return ids
 
 
 # ---------------------------------------------------------------- quantizer ranges

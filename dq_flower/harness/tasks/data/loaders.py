@@ -292,17 +292,6 @@ def load_dataset(
     raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASET_NAMES)}")
 
 
-@functools.lru_cache(maxsize=4)
-def load_dataset_cached(
-    name: str,
-    data_dir: str | None = None,
-    seed: int = 0,
-    test_fraction: float = 0.2,
-    download: bool = False,
-) -> Dataset:
-    """`load_dataset` memoised per process (shared by simulated clients in one worker).
-
-    The returned arrays are shared: treat them as read-only.
-    """
-    return load_dataset(name, data_dir=data_dir, seed=seed, test_fraction=test_fraction,
-                        download=download)
+#: `load_dataset` memoised per process (shared by simulated clients in one worker). The
+#: returned arrays are shared: treat them as read-only.
+load_dataset_cached = functools.lru_cache(maxsize=4)(load_dataset)
