@@ -80,9 +80,13 @@ class Codec(ABC):
     int_ranges: ClassVar[Mapping[str, tuple[int, int]]] = {}
 
     def __post_init__(self) -> None:
-        """Raise ``ValueError`` naming the first :attr:`int_ranges` parameter out of range."""
+        """Check the :attr:`int_ranges` parameters and store each as a plain ``int``.
+
+        ``ValueError`` names the first one out of range; a numpy integer becomes an ``int``,
+        so the payload's meta stays JSON.
+        """
         for name, (lo, hi) in self.int_ranges.items():
-            check_int(getattr(self, name), name, lo, hi)
+            object.__setattr__(self, name, check_int(getattr(self, name), name, lo, hi))
 
     @abstractmethod
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:

@@ -353,3 +353,19 @@ def test_entropy_streams_are_bounded():
             decompress(stream[: stream.size // 2], method, data.size)  # truncated
     with pytest.raises(PayloadError, match="corrupt|decodes"):
         decompress(np.frombuffer(b"not a zlib stream at all", np.uint8), "zlib", 30)
+
+
+@pytest.mark.parametrize("name, params", [
+    ("qsgd", {"levels": np.int64(3), "bucket": np.int32(64)}),
+    ("orq", {"levels": np.uint8(3), "bucket": np.int64(64), "iters": np.int16(2)}),
+    ("bingrad", {"bucket": np.int64(64)}),
+    ("powersgd", {"rank": np.int64(2)}),
+])
+def test_numpy_integer_parameters_become_ints_and_the_payload_travels(name, params):
+    codec = make(name, **params)
+    assert all(type(getattr(codec, key)) is int for key in params)
+    x = np.random.default_rng(0).standard_normal((16, 24)).astype(np.float32)
+    payload = codec.encode(x, np.random.default_rng(1))
+    back = Payload.from_record(payload.to_record())
+    assert back.meta == payload.meta
+    assert codec.decode(back).shape == x.shape
