@@ -297,27 +297,51 @@ def _run_lines(results: Mapping[str, Any]) -> list[str]:
            if reused else "") + ".", ""]
 
 
-def _strongest_line(runs: Sequence[Mapping[str, Any]], by_label: Mapping[str, Any],
-                    ref_label: str, base: int, tpct: str) -> list[str]:
-    """The verdict line on the strongest competitor of any kind (fewest uplink bytes)."""
-    others = [(r["label"], by_label[r["label"]]) for r in runs
-              if r["label"] != ref_label and not is_failed(r)]
-    reached = [(lbl, s) for lbl, s in others if s["up_bytes_to_target"] is not None]
+def _least_uplink(pairs: Sequence[tuple[Any, Mapping[str, Any]]]
+                  ) -> tuple[Any, Mapping[str, Any], bool]:
+    """Of ``(run, stats)`` pairs, the one with the fewest uplink bytes to the target.
+
+    Where none reached the target, the one that sent the fewest bytes in all, and
+    ``False`` as third item (``True`` otherwise). ``pairs`` must not be empty.
+    """
+    reached = [(x, s) for x, s in pairs if s["up_bytes_to_target"] is not None]
     if reached:
-        lbl, s = min(reached, key=lambda ls: ls[1]["up_bytes_to_target"])
+        x, s = min(reached, key=lambda xs: xs[1]["up_bytes_to_target"])
+        return x, s, True
+    x, s = min(pairs, key=lambda xs: xs[1]["total_up_bytes"])
+    return x, s, False
+
+
+def _competitor_line(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+                     ref_label: str, base: int, tpct: str, quantized: bool) -> list[str]:
+    """The verdict line on the competitor of ``pairs`` with the fewest uplink bytes.
+
+    ``pairs`` are ``(run, stats)``: the quantized-gradient baselines (``quantized``) or
+    every other method that ran (the strongest competitor of any kind); none: no line.
+    """
+    if not pairs:
+        return []
+    r, s, reached = _least_uplink(pairs)
+    lbl = r["label"]
+    if reached:
         ratio = s["up_bytes_to_target"] / base
-        return [f"- **Strongest competitor overall** (fewest uplink bytes to {tpct} of every "
-                f"other method): {lbl} with {fmt_bytes(s['up_bytes_to_target'])}: "
-                f"{ref_label} used "
+        head = (f"- Best quantized-gradient baseline to reach {tpct}: " if quantized else
+                f"- **Strongest competitor overall** (fewest uplink bytes to {tpct} of every "
+                "other method): ")
+        return [head + f"{lbl} with {fmt_bytes(s['up_bytes_to_target'])}: {ref_label} used "
                 + (f"{_fmt_ratio(ratio)} fewer uplink bytes." if ratio >= 1 else
-                   f"more ({lbl} needed only {_fmt_ratio(ratio)} of {ref_label}'s).")]
-    if others:
-        lbl, s = min(others, key=lambda ls: ls[1]["total_up_bytes"])
-        return [f"- **Strongest competitor overall**: no other method reached {tpct}; "
-                f"{ref_label} used at least {_fmt_ratio(s['total_up_bytes'] / base)} fewer "
-                f"uplink bytes than any of them ({lbl} sent the least, "
-                f"{fmt_bytes(s['total_up_bytes'])})."]
-    return []
+                   f"more {'uplink bytes ' if quantized else ''}({lbl} needed only "
+                   f"{_fmt_ratio(ratio)} of {ref_label}'s).")]
+    if quantized:
+        return [f"- No quantized-gradient baseline reached {tpct} in these rounds, so the "
+                f"ratio to the best of them is a lower bound: at least "
+                f"{_fmt_ratio(s['total_up_bytes'] / base)} ({lbl} "
+                f"sent {fmt_bytes(s['total_up_bytes'])} without reaching {tpct}; "
+                "the others sent more). More rounds would tell the real ratio."]
+    return [f"- **Strongest competitor overall**: no other method reached {tpct}; "
+            f"{ref_label} used at least {_fmt_ratio(s['total_up_bytes'] / base)} fewer "
+            f"uplink bytes than any of them ({lbl} sent the least, "
+            f"{fmt_bytes(s['total_up_bytes'])})."]
 
 
 def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any]], ref_label: str,
@@ -332,9 +356,12 @@ def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any
     base = max(1, int(ref["up_bytes_to_target"]))
     out = [f"- {ref_label} reached {tpct} at round {ref['rounds_to_target']} with "
            f"{fmt_bytes(ref['up_bytes_to_target'])} of uplink."]
-    out += _quantized_line(runs, by_label, ref_label, base, tpct)
-    out += _strongest_line(runs, by_label, ref_label, base, tpct)
-    out += _others_lines(runs, by_label, ref_label, base, tpct)
+    others = [(r, by_label[r["label"]]) for r in runs
+              if r["label"] != ref_label and not is_failed(r)]
+    quant = [(r, st) for r, st in others if _is_quantized_gradient(r)]
+    out += _competitor_line(quant, ref_label, base, tpct, quantized=True)
+    out += _competitor_line(others, ref_label, base, tpct, quantized=False)
+    out += _others_lines(others, by_label, ref_label, base, tpct)
     return out
 
 
@@ -351,38 +378,16 @@ def _reference_missed_lines(ref: Mapping[str, Any], ref_label: str,
     return out
 
 
-def _quantized_line(runs: Sequence[Mapping[str, Any]], by_label: Mapping[str, Any],
-                    ref_label: str, base: int, tpct: str) -> list[str]:
-    """The verdict line on the best quantized-gradient baseline (none if there is none)."""
-    quant = [(r, by_label[r["label"]]) for r in runs
-             if r["label"] != ref_label and not is_failed(r) and _is_quantized_gradient(r)]
-    reached_q = [(r, s) for r, s in quant if s["up_bytes_to_target"] is not None]
-    if reached_q:
-        r, s = min(reached_q, key=lambda rs: rs[1]["up_bytes_to_target"])
-        ratio = s["up_bytes_to_target"] / base
-        return [f"- Best quantized-gradient baseline to reach {tpct}: {r['label']} with "
-                f"{fmt_bytes(s['up_bytes_to_target'])}: {ref_label} used "
-                + (f"{_fmt_ratio(ratio)} fewer uplink bytes." if ratio >= 1 else
-                   f"more uplink bytes ({r['label']} needed only {_fmt_ratio(ratio)} of "
-                   f"{ref_label}'s).")]
-    if quant:
-        least = min(quant, key=lambda rs: rs[1]["total_up_bytes"])
-        return [f"- No quantized-gradient baseline reached {tpct} in these rounds, so the "
-                f"ratio to the best of them is a lower bound: at least "
-                f"{_fmt_ratio(least[1]['total_up_bytes'] / base)} ({least[0]['label']} "
-                f"sent {fmt_bytes(least[1]['total_up_bytes'])} without reaching {tpct}; "
-                "the others sent more). More rounds would tell the real ratio."]
-    return []
+def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+                  by_label: Mapping[str, Any], ref_label: str, base: int,
+                  tpct: str) -> list[str]:
+    """The verdict lines on the methods that beat the reference, missed, or were faster.
 
-
-def _others_lines(runs: Sequence[Mapping[str, Any]], by_label: Mapping[str, Any],
-                  ref_label: str, base: int, tpct: str) -> list[str]:
-    """The verdict lines on the methods that beat the reference, missed, or were faster."""
+    ``others`` are the ``(run, stats)`` pairs of every other method that ran.
+    """
     out: list[str] = []
-    losers = [(r["label"], by_label[r["label"]]) for r in runs
-              if r["label"] != ref_label and not is_failed(r)
-              and by_label[r["label"]]["up_bytes_to_target"] is not None
-              and by_label[r["label"]]["up_bytes_to_target"] <= base]
+    losers = [(r["label"], s) for r, s in others
+              if s["up_bytes_to_target"] is not None and s["up_bytes_to_target"] <= base]
     if losers:
         out.append(f"- **{ref_label} does not win against "
                    + ", ".join(f"{lbl} ({fmt_bytes(s['up_bytes_to_target'])}, "
@@ -395,9 +400,7 @@ def _others_lines(runs: Sequence[Mapping[str, Any]], by_label: Mapping[str, Any]
                    f"{ref_label}.")
     else:
         out.append(f"- No other method reached {tpct} within the rounds.")
-    missed = [(r["label"], by_label[r["label"]]) for r in runs
-              if r["label"] != ref_label and not is_failed(r)
-              and by_label[r["label"]]["rounds_to_target"] is None]
+    missed = [(r["label"], s) for r, s in others if s["rounds_to_target"] is None]
     if missed:
         out.append(f"- Did not reach {tpct} within the rounds: "
                    + ", ".join(f"{lbl} (best {_pct(s['best_accuracy'])})" for lbl, s in missed)
