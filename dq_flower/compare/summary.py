@@ -1,7 +1,8 @@
-"""Per-run statistics and the ``summary.md`` text: table, verdict, failed runs.
+"""Per-run statistics and the ``summary.md`` text: scenario, verdict, failed runs.
 
-Everything here is a function of the content of ``results.json`` alone, so
-``dq-flower report DIR`` rewrites the summary without rerunning anything.
+The per-method table is :mod:`dq_flower.compare.table`'s. Everything here is a function of
+the content of ``results.json`` alone, so ``dq-flower report DIR`` rewrites the summary
+without rerunning anything.
 """
 
 from __future__ import annotations
