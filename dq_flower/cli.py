@@ -166,31 +166,32 @@ def _add_link_flag(p: argparse.ArgumentParser) -> None:
                         "(default: lte, wifi and datacenter)")
 
 
+def _command_parser(sub: Any, name: str, help_text: str, description: str,
+                    examples: Sequence[str]) -> argparse.ArgumentParser:
+    """A subcommand's parser: its description filled to 79 columns, then its examples."""
+    return sub.add_parser(name, help=help_text, description=textwrap.fill(description, 79),
+                          epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _add_compare(sub: Any) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="run several methods on one scenario; write results, summary and plots",
-        description=textwrap.fill(
-            "Run a list of methods on one scenario with the same data, model, partition, "
-            "clients, rounds and seed, in Flower's simulation engine (default) or in-process. "
-            "Writes results.json, results.csv (per method and round), summary.md (D, d, "
-            "uplink bits, final accuracy, rounds and uplink bytes to the target accuracy, "
-            "ratio to DQ) and PNG plots to --out. Flags override the preset's values. "
-            "DQ uploads quantized raw samples: use it on trusted networks only.", 79),
-        epilog=(
-            "examples:\n"
-            "  dq-flower compare --preset digits-mlp\n"
-            "  dq-flower compare --preset digits-mlp --methods dq,fedavg,qsgd --rounds 10 "
-            "--engine inprocess\n"
-            "  dq-flower compare --preset fmnist-wide-cnn --rounds 30 --set dq.budget=128\n"
-            "  dq-flower compare --preset digits-mlp --partition dirichlet --alpha 0.1 "
-            "--set local-steps=5\n"
-            "  dq-flower compare --preset digits-mlp --engine inprocess --tune "
-            "--tune-rounds 10\n"
-            "  dq-flower compare --preset digits-mlp --link lte --link sat=20mbit/2mbit/600ms\n"
-            "  dq-flower compare --list-presets"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _command_parser(
+        sub, "compare", "run several methods on one scenario; write results, summary and plots",
+        "Run a list of methods on one scenario with the same data, model, partition, "
+        "clients, rounds and seed, in Flower's simulation engine (default) or in-process. "
+        "Writes results.json, results.csv (per method and round), summary.md (D, d, "
+        "uplink bits, final accuracy, rounds and uplink bytes to the target accuracy, "
+        "ratio to DQ) and PNG plots to --out. Flags override the preset's values. "
+        "DQ uploads quantized raw samples: use it on trusted networks only.",
+        ["dq-flower compare --preset digits-mlp",
+         "dq-flower compare --preset digits-mlp --methods dq,fedavg,qsgd --rounds 10 "
+         "--engine inprocess",
+         "dq-flower compare --preset fmnist-wide-cnn --rounds 30 --set dq.budget=128",
+         "dq-flower compare --preset digits-mlp --partition dirichlet --alpha 0.1 "
+         "--set local-steps=5",
+         "dq-flower compare --preset digits-mlp --engine inprocess --tune --tune-rounds 10",
+         "dq-flower compare --preset digits-mlp --link lte --link sat=20mbit/2mbit/600ms",
+         "dq-flower compare --list-presets"])
     p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
                    help="scenario: a preset name from simulations/ (digits-mlp, fmnist-cnn, "
                         "fmnist-wide-cnn, cifar10-resnet, ...) or a path to a .toml file "
@@ -228,22 +229,17 @@ def _add_compare(sub: Any) -> None:
 
 
 def _add_tune(sub: Any) -> None:
-    p = sub.add_parser(
-        "tune",
-        help="tune each method's step sizes on a validation split; write a tuned preset",
-        description=textwrap.fill(
-            "For every method of the scenario, run each point of its step-size grid (server "
-            "lr; client-lr where it takes local steps or epochs; see README 'Comparing "
-            "methods') for --tune-rounds rounds, trained on the training rows minus a "
-            "held-out --validation-fraction and scored on the held-out rows (never the test "
-            "set). Choose the best validation accuracy (ties: fewer uplink bytes) and write "
-            "a preset TOML with the chosen values and the tuning record; dq-flower compare "
-            "--preset FILE then runs it.", 79),
-        epilog=("examples:\n"
-                "  dq-flower tune --preset digits-mlp --tune-rounds 10 --out tuned.toml\n"
-                "  dq-flower compare --preset tuned.toml --engine inprocess"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _command_parser(
+        sub, "tune", "tune each method's step sizes on a validation split; write a tuned preset",
+        "For every method of the scenario, run each point of its step-size grid (server "
+        "lr; client-lr where it takes local steps or epochs; see README 'Comparing "
+        "methods') for --tune-rounds rounds, trained on the training rows minus a "
+        "held-out --validation-fraction and scored on the held-out rows (never the test "
+        "set). Choose the best validation accuracy (ties: fewer uplink bytes) and write "
+        "a preset TOML with the chosen values and the tuning record; dq-flower compare "
+        "--preset FILE then runs it.",
+        ["dq-flower tune --preset digits-mlp --tune-rounds 10 --out tuned.toml",
+         "dq-flower compare --preset tuned.toml --engine inprocess"])
     p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
                    help="scenario: a preset name from simulations/ or a path to a .toml file "
                         "(default: %(default)s)")

@@ -13,7 +13,7 @@ import dataclasses
 import inspect
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord
@@ -24,6 +24,11 @@ if typing.TYPE_CHECKING:
 __all__ = [
     "build_config",
     "check",
+    "check_choice",
+    "check_off_or_more",
+    "check_robust_knobs",
+    "given_knobs",
+    "params_text",
     "from_mapping",
     "to_config_record",
     "field_keys",
@@ -153,10 +158,49 @@ def parse_params(text: str, key: str = "params") -> dict[str, Any]:
     return out
 
 
+def params_text(params: Mapping[str, Any] | str | None) -> str | None:
+    """``{"levels": 4, "bucket": 512}`` as ``"levels=4,bucket=512"`` (text and ``None`` kept)."""
+    if params is None or isinstance(params, str):
+        return params
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
 def check(cond: bool, field_name: str, message: str) -> None:
     """Raise ``ValueError`` naming the hyphenated key of ``field_name`` unless ``cond``."""
     if not cond:
         raise ValueError(f"{_key(field_name)}: {message}")
+
+
+def check_choice(value: Any, choices: Sequence[Any], field_name: str) -> None:
+    """:func:`check` that ``value`` is one of ``choices``; the message lists them."""
+    check(value in choices, field_name, f"must be one of {choices}, got {value!r}")
+
+
+def check_off_or_more(cfg: Any, names: Sequence[str]) -> None:
+    """:func:`check` that each knob of ``cfg`` in ``names`` is >= 0 (0 meaning off)."""
+    for name in names:
+        check(getattr(cfg, name) >= 0, name, "must be >= 0 (0 = off)")
+
+
+def check_robust_knobs(cfg: Any) -> None:
+    """Check the robustness knobs DQ's and the gradient baselines' configs share, in order.
+
+    ``trim_fraction``; ``clip_norm``, ``norm_bound_factor``, ``clip_factor`` and
+    ``weight_cap`` (0: off); ``min_cosine`` (-1: off).
+    """
+    check(0 <= cfg.trim_fraction < 0.5, "trim_fraction", "must be in [0, 0.5)")
+    check_off_or_more(cfg, ("clip_norm", "norm_bound_factor", "clip_factor", "weight_cap"))
+    check(-1 <= cfg.min_cosine <= 1, "min_cosine", "must be in [-1, 1] (-1 = off)")
+
+
+def given_knobs(knobs: Mapping[str, Any], **named: Any) -> dict[str, Any]:
+    """``knobs`` and, after them in this order, the ``named`` ones that are not ``None``.
+
+    What a strategy's keyword arguments set, for :func:`build_config`.
+    """
+    out = dict(knobs)
+    out.update((name, value) for name, value in named.items() if value is not None)
+    return out
 
 
 def build_config(config: Any, knobs: dict[str, Any], cls: type[Any]) -> Any:

@@ -379,34 +379,52 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     dim = int(sum(p.numel() for p in model.parameters()))
     set_flat(model, _receive_model(msg, context, cfg, config, dim))
 
-    if cfg.epochs_mode:
-        batches = epoch_batches(seed, server_round, pid, x.shape[0], cfg.batch_size,
-                                cfg.local_epochs)
-    else:
-        batches = batch_indices(seed, server_round, pid, x.shape[0], cfg.batch_size,
-                                cfg.local_steps)
-    update, loss, examples = local_update(model, x, y, batches, cfg.client_lr, loss_fn,
-                                          force_steps=cfg.epochs_mode)
-
+    update, loss, examples = _trained_update(model, x, y, cfg, seed, server_round, pid,
+                                             loss_fn)
     if cfg.majority and cfg.momentum > 0:  # Signum: client-side momentum
-        state = load_state_dict(context, MOMENTUM_KEY)
-        m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
-        update = np.asarray(m, dtype=np.float32)
-        save_state_dict(context, MOMENTUM_KEY, {"m": update})
+        update = _with_momentum(update, cfg, context)
 
     shapes = [tuple(p.shape) for p in model.parameters()]
     rng = round_rng(seed, server_round, pid, Purpose.CODEC)
     payloads = encode_update(update, shapes, cfg, context, rng)
-
-    metrics = MetricRecord({
+    content = _update_content(cfg, payloads, len(shapes), {
         "num-examples": int(examples),
         "train-loss": float(loss),
         "partition-id": int(pid),
         "up-payload-bits": int(sum(p.nbits for p in payloads)),
         "client-time-s": time.perf_counter() - t0,
     })
-    content = RecordDict({METRICS_KEY: metrics})
-    for key, payload in zip(update_keys(cfg, len(shapes)), payloads, strict=True):
-        content[key] = payload.to_record()
     end_round(context, server_round)
     return Message(content=content, reply_to=msg)
+
+
+def _trained_update(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: GradientConfig,
+                    seed: int, server_round: int, pid: int,
+                    loss_fn: LossFn | None) -> tuple[np.ndarray, float, int]:
+    """The round's local training: its update, mean loss and examples seen."""
+    if cfg.epochs_mode:
+        batches = epoch_batches(seed, server_round, pid, x.shape[0], cfg.batch_size,
+                                cfg.local_epochs)
+    else:
+        batches = batch_indices(seed, server_round, pid, x.shape[0], cfg.batch_size,
+                                cfg.local_steps)
+    return local_update(model, x, y, batches, cfg.client_lr, loss_fn,
+                        force_steps=cfg.epochs_mode)
+
+
+def _with_momentum(update: np.ndarray, cfg: GradientConfig, context: Context) -> np.ndarray:
+    """Signum's client-side momentum: ``m = momentum * m + update``, kept in the state."""
+    state = load_state_dict(context, MOMENTUM_KEY)
+    m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
+    update = np.asarray(m, dtype=np.float32)
+    save_state_dict(context, MOMENTUM_KEY, {"m": update})
+    return update
+
+
+def _update_content(cfg: GradientConfig, payloads: list[Payload], num_tensors: int,
+                    metrics: dict[str, Any]) -> RecordDict:
+    """The reply's content: the metrics and one record per coded segment."""
+    content = RecordDict({METRICS_KEY: MetricRecord(metrics)})
+    for key, payload in zip(update_keys(cfg, num_tensors), payloads, strict=True):
+        content[key] = payload.to_record()
+    return content

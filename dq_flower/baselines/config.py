@@ -16,7 +16,7 @@ from dq_flower.codecs.entropy import available
 from dq_flower.codecs.registry import codec_class
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check as _check
-from dq_flower.config import client_knob, parse_params
+from dq_flower.config import check_choice, check_robust_knobs, client_knob, parse_params
 
 __all__ = [
     "GradientConfig",
@@ -181,19 +181,13 @@ class GradientConfig:
 
     def __post_init__(self) -> None:
         _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")
-        _check(0 <= self.trim_fraction < 0.5, "trim-fraction", "must be in [0, 0.5)")
-        _check(self.clip_norm >= 0, "clip-norm", "must be >= 0 (0 = off)")
-        _check(self.norm_bound_factor >= 0, "norm-bound-factor", "must be >= 0 (0 = off)")
-        _check(self.clip_factor >= 0, "clip-factor", "must be >= 0 (0 = off)")
-        _check(self.weight_cap >= 0, "weight-cap", "must be >= 0 (0 = off)")
-        _check(-1 <= self.min_cosine <= 1, "min-cosine", "must be in [-1, 1] (-1 = off)")
+        check_robust_knobs(self)
         _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
         _check(self.local_epochs >= 0, "local-epochs",
                f"must be >= 0 (0 = not set), got {self.local_epochs}")
         _check(not (self.local_epochs and self.local_steps > 1), "local-epochs",
                f"runs whole epochs; it cannot be combined with local-steps={self.local_steps}")
-        _check(self.entropy_coder in ENTROPY_CODERS, "entropy-coder",
-               f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
+        check_choice(self.entropy_coder, ENTROPY_CODERS, "entropy-coder")
         if self.entropy_coder == "context" and self.codec in ZLIB_UNDER_CONTEXT:
             object.__setattr__(self, "entropy_coder", "zlib")  # no codes it models better
         _check(self.entropy_coder in (*available(), "context"), "entropy-coder",
@@ -208,14 +202,10 @@ class GradientConfig:
         for name in ("levels", "bucket", "rank"):
             _check(getattr(self, name) >= 0, name, "must be >= 0 (0 = not set)")
         _check(0 <= self.ratio <= 1, "ratio", "must be in [0, 1] (0 = not set)")
-        _check(self.downlink in DOWNLINKS, "downlink",
-               f"must be one of {DOWNLINKS}, got {self.downlink!r}")
-        _check(self.aggregation in AGGREGATIONS, "aggregation",
-               f"must be one of {AGGREGATIONS}, got {self.aggregation!r}")
-        _check(self.error_feedback in ERROR_FEEDBACK, "error-feedback",
-               f"must be one of {ERROR_FEEDBACK}, got {self.error_feedback!r}")
-        _check(self.per_tensor in PER_TENSOR, "per-tensor",
-               f"must be one of {PER_TENSOR}, got {self.per_tensor!r}")
+        check_choice(self.downlink, DOWNLINKS, "downlink")
+        check_choice(self.aggregation, AGGREGATIONS, "aggregation")
+        check_choice(self.error_feedback, ERROR_FEEDBACK, "error-feedback")
+        check_choice(self.per_tensor, PER_TENSOR, "per-tensor")
         if self.majority:
             _check(self.optimizer == "sgd", "optimizer",
                    "majority vote steps by the sign of the vote; use sgd")

@@ -31,7 +31,14 @@ from flwr.serverapp.strategy import Result, Strategy
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.baselines.votes import VoteDownlink
 from dq_flower.codecs import Payload, make
-from dq_flower.config import build_config, client_keys, strategy_kwargs, to_config_record
+from dq_flower.config import (
+    build_config,
+    client_keys,
+    given_knobs,
+    params_text,
+    strategy_kwargs,
+    to_config_record,
+)
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
@@ -124,16 +131,8 @@ class GradientStrategy(ModelStrategy, Strategy):
                     fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes)
         if codec is None and config is None:
             codec = "qsgd"
-        named: dict[str, Any] = dict(knobs)
-        if codec is not None:
-            named["codec"] = codec
-        if codec_params is not None:
-            named["codec_params"] = (codec_params if isinstance(codec_params, str) else
-                                     ",".join(f"{k}={v}" for k, v in codec_params.items()))
-        if local_steps is not None:
-            named["local_steps"] = local_steps
-        if lr is not None:
-            named["lr"] = lr
+        named = given_knobs(knobs, codec=codec, codec_params=params_text(codec_params),
+                            local_steps=local_steps, lr=lr)
         self.cfg: GradientConfig = build_config(config, named, GradientConfig)
         config = self.cfg
         self.loss_fn = loss_fn

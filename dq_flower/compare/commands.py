@@ -18,7 +18,7 @@ from dq_flower import compare
 from dq_flower.cli_common import EXIT_FAILED_RUNS, PROG, fail
 from dq_flower.compare.fmt import fmt_value, pct
 from dq_flower.compare.grids import describe_axes
-from dq_flower.compare.links import parse_links
+from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.presets import load_preset, preset_names
 from dq_flower.compare.run import _quiet_flower
 from dq_flower.compare.tune import TuneSettings, apply_tuning, tune_runs
@@ -109,13 +109,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("results") / preset.name
     if out.exists() and not out.is_dir():
         return fail(f"--out {out}: exists and is not a folder")
-    print(f"{PROG} compare: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} "
-          f"training samples), model {preset.model}, {preset.num_clients} clients, "
-          f"{preset.partition} partition"
-          + (f" (alpha {preset.dirichlet_alpha:g})" if preset.partition == "dirichlet" else "")
-          + f", {preset.rounds} rounds, seed {preset.seed}, engine {args.engine}")
-    print(f"methods: {', '.join(p.spec.label for p in plans)}; target accuracy "
-          f"{100 * preset.target_accuracy:.1f}%; output {out}/")
+    _print_scenario(preset, plans, d, n_train, args.engine, out)
     t0 = time.perf_counter()
     try:
         if args.tune:
@@ -133,7 +127,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 130
     except (ValueError, OSError) as exc:  # e.g. --out names a file
         return fail(str(exc))
-    wall = time.perf_counter() - t0
+    return _report_outcome(results, out, links, time.perf_counter() - t0)
+
+
+def _print_scenario(preset: Any, plans: Any, d: int, n_train: int, engine: str,
+                    out: Path) -> None:
+    """The two lines on what ``compare`` is about to run."""
+    print(f"{PROG} compare: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} "
+          f"training samples), model {preset.model}, {preset.num_clients} clients, "
+          f"{preset.partition} partition"
+          + (f" (alpha {preset.dirichlet_alpha:g})" if preset.partition == "dirichlet" else "")
+          + f", {preset.rounds} rounds, seed {preset.seed}, engine {engine}")
+    print(f"methods: {', '.join(p.spec.label for p in plans)}; target accuracy "
+          f"{100 * preset.target_accuracy:.1f}%; output {out}/")
+
+
+def _report_outcome(results: dict[str, Any], out: Path, links: list[LinkProfile],
+                    wall: float) -> int:
+    """Print the summary, the files written and the failed methods; the exit status."""
     print()
     print((out / "summary.md").read_text())
     print(f"total wall time {wall:.1f} s ({wall / 60:.1f} min)")

@@ -12,6 +12,7 @@ command, the environment and the git state of the source tree.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import platform
@@ -151,21 +152,12 @@ def _run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]],
                     on_round=on_round, **plan.knobs)
 
 
-def run_comparison(
-    preset: Preset,
-    out_dir: str | os.PathLike[str],
-    *,
-    sets: Sequence[tuple[str | None, str, Any]] = (),
-    engine: str = "simulation",
-    progress: ConsoleProgress | None = None,
-    num_cpus_per_client: float = 1.0,
-    num_gpus_per_client: float = 0.0,
-    verbose: bool = False,
-    command: str = "",
-    plans: list[PlannedRun] | None = None,
-    resume: bool = False,
-    links: Sequence[LinkProfile] | None = None,
-) -> dict[str, Any]:
+def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
+                   sets: Sequence[tuple[str | None, str, Any]] = (), engine: str = "simulation",
+                   progress: ConsoleProgress | None = None, num_cpus_per_client: float = 1.0,
+                   num_gpus_per_client: float = 0.0, verbose: bool = False, command: str = "",
+                   plans: list[PlannedRun] | None = None, resume: bool = False,
+                   links: Sequence[LinkProfile] | None = None) -> dict[str, Any]:
     """Run every method of ``preset`` on its scenario and write the reports to ``out_dir``.
 
     Parameters
@@ -211,7 +203,47 @@ def run_comparison(
     check_data(preset)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {
+    results = _new_results(preset, engine, command, links)
+    earlier = _reusable(out, engine) if resume else {}
+    execute = functools.partial(_execute, engine=engine, verbose=verbose,
+                                num_cpus_per_client=num_cpus_per_client,
+                                num_gpus_per_client=num_gpus_per_client)
+    with _quiet_flower(verbose):
+        _run_plans(plans, results, earlier, execute, progress, preset.target_accuracy, out)
+    return results
+
+
+def _run_plans(plans: list[PlannedRun], results: dict[str, Any],
+               earlier: Mapping[str, dict[str, Any]],
+               execute: Callable[[PlannedRun, Callable[[dict[str, Any]], None]], dict[str, Any]],
+               progress: ConsoleProgress | None, target: float, out: Path) -> None:
+    """Run (or reuse from ``earlier``) every plan in turn, adding its record to ``results``."""
+    t0 = time.perf_counter()
+    for i, plan in enumerate(plans, start=1):
+        # the earlier finished runs still ahead in the list stay in the file (under
+        # "pending", which the reports ignore) until they are reached: an interrupted
+        # --resume must not lose them
+        results["pending"] = [earlier[p.spec.label] for p in plans[i:]
+                              if p.spec.label in earlier]
+        if progress is not None:
+            progress.start(i, len(plans), plan)
+        old = earlier.get(plan.spec.label)
+        if old is not None and old["run_config"] == _jsonable(plan.run_config):
+            record: dict[str, Any] = {**old, "failed": False, "reused": True}
+            results["runs"].append(record)
+        else:
+            on_round = progress.round if progress is not None else (lambda row: None)
+            record = execute(plan, on_round)
+            results["runs"].append(record)
+            results["total_wall_s"] = time.perf_counter() - t0
+        # the files are rewritten after every run: an interruption must not lose it
+        _report_run(results, record, progress, target, out)
+
+
+def _new_results(preset: Preset, engine: str, command: str,
+                 links: Sequence[LinkProfile] | None) -> dict[str, Any]:
+    """The content of ``results.json`` before any method has run."""
+    return {
         "format": RESULTS_FORMAT,
         "preset": _preset_json(preset),
         "engine": engine,
@@ -223,55 +255,43 @@ def run_comparison(
         "runs": [],
         "total_wall_s": 0.0,
     }
-    earlier = _reusable(out, engine) if resume else {}
-    t0 = time.perf_counter()
-    with _quiet_flower(verbose):
-        for i, plan in enumerate(plans, start=1):
-            # the earlier finished runs still ahead in the list stay in the file (under
-            # "pending", which the reports ignore) until they are reached: an interrupted
-            # --resume must not lose them
-            results["pending"] = [earlier[p.spec.label] for p in plans[i:]
-                                  if p.spec.label in earlier]
-            if progress is not None:
-                progress.start(i, len(plans), plan)
-            old = earlier.get(plan.spec.label)
-            if old is not None and old["run_config"] == _jsonable(plan.run_config):
-                record: dict[str, Any] = {**old, "failed": False, "reused": True}
-                results["runs"].append(record)
-                record["stats"] = run_summaries(results)[-1]
-                if progress is not None:
-                    progress.end(record, preset.target_accuracy)
-                write_reports(results, out)  # an interruption must not lose a reused run
-                continue
-            record = {"label": plan.spec.label, "method": plan.spec.method,
-                      "family": plan.family, "config": plan.resolved,
-                      "run_config": plan.run_config}
-            on_round = progress.round if progress is not None else (lambda row: None)
-            t_run = time.perf_counter()
-            try:
-                result = _run_one(plan, engine, on_round, num_cpus_per_client, verbose,
-                                  num_gpus_per_client)
-            except KeyboardInterrupt:
-                raise
-            # one failing method must not stop the rest; SystemExit too: Flower's engine
-            # exits the process on some errors of its own (e.g. a missing extra)
-            except (Exception, SystemExit) as exc:  # noqa: BLE001
-                record.update(failed=True, status="failed",
-                              error=f"{type(exc).__name__}: {exc}",
-                              traceback=traceback.format_exc(), history=[], num_params=0,
-                              data_dim=0)
-            else:
-                record.update(failed=False, status="ok", error="",
-                              num_params=int(result.num_params),
-                              data_dim=int(result.data_dim), history=result.history)
-            record["wall_s"] = time.perf_counter() - t_run
-            results["runs"].append(record)
-            results["total_wall_s"] = time.perf_counter() - t0
-            record["stats"] = run_summaries(results)[-1]
-            if progress is not None:
-                progress.end(record, preset.target_accuracy)
-            write_reports(results, out)
-    return results
+
+
+def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, engine: str,
+             num_cpus_per_client: float, verbose: bool,
+             num_gpus_per_client: float) -> dict[str, Any]:
+    """Run one method and return its record, a failed one when the run raised."""
+    record: dict[str, Any] = {"label": plan.spec.label, "method": plan.spec.method,
+                              "family": plan.family, "config": plan.resolved,
+                              "run_config": plan.run_config}
+    t_run = time.perf_counter()
+    try:
+        result = _run_one(plan, engine, on_round, num_cpus_per_client, verbose,
+                          num_gpus_per_client)
+    except KeyboardInterrupt:
+        raise
+    # one failing method must not stop the rest; SystemExit too: Flower's engine
+    # exits the process on some errors of its own (e.g. a missing extra)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        record.update(failed=True, status="failed",
+                      error=f"{type(exc).__name__}: {exc}",
+                      traceback=traceback.format_exc(), history=[], num_params=0,
+                      data_dim=0)
+    else:
+        record.update(failed=False, status="ok", error="",
+                      num_params=int(result.num_params),
+                      data_dim=int(result.data_dim), history=result.history)
+    record["wall_s"] = time.perf_counter() - t_run
+    return record
+
+
+def _report_run(results: dict[str, Any], record: dict[str, Any],
+                progress: ConsoleProgress | None, target: float, out: Path) -> None:
+    """Summarise the run just appended to ``results``, tell ``progress``, rewrite the files."""
+    record["stats"] = run_summaries(results)[-1]
+    if progress is not None:
+        progress.end(record, target)
+    write_reports(results, out)
 
 
 def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:

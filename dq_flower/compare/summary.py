@@ -1,7 +1,8 @@
-"""Per-run statistics and the ``summary.md`` text: table, verdict, failed runs.
+"""Per-run statistics and the ``summary.md`` text: scenario, verdict, failed runs.
 
-Everything here is a function of the content of ``results.json`` alone, so
-``dq-flower report DIR`` rewrites the summary without rerunning anything.
+The per-method table is :mod:`dq_flower.compare.table`'s. Everything here is a function of
+the content of ``results.json`` alone, so ``dq-flower report DIR`` rewrites the summary
+without rerunning anything.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dq_flower.compare.fmt import fmt_ratio as _fmt_ratio
 from dq_flower.compare.fmt import pct as _pct
 from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
 from dq_flower.compare.sections import step_size_lines, time_table, verdict_extras
+from dq_flower.compare.table import table_lines
 from dq_flower.harness.method_registry import family_of
 
 __all__ = [
@@ -198,60 +200,43 @@ def _is_quantized_gradient(rec: Mapping[str, Any]) -> bool:
             and rec["config"].get("codec") not in ("identity", None))
 
 
-# ---------------------------------------------------------------------------- formatting
-
-
-def _fmt_unit(u: Mapping[str, Any]) -> str:
-    if u["unit"] == "sample":
-        conf = f", {u['configured_bits']} b quantizer" if u.get("configured_bits") else ""
-        data = f"{u['bits']:,.0f} b/sample ({u['bits_per_coord']:.2f} b/coord{conf})"
-        if not u.get("gradient_rounds"):
-            return data
-        grad = (f"{u['gradient_bits_per_coord']:.3g} b/coord in {u['gradient_rounds']} "
-                f"gradient round{'s' if u['gradient_rounds'] > 1 else ''}")
-        return grad if u["bits"] != u["bits"] else f"{data}; {grad}"
-    if u["unit"] == "coord (wire)":
-        return f"{u['bits']:.2f} b/coord (float32, wire)"
-    raw = u.get("raw_bits_per_coord")
-    if raw is not None and raw == raw and abs(raw - u["bits"]) > 1e-9 * max(1.0, raw):
-        return f"{u['bits']:.3g} b/coord ({raw:.3g} before coding)"
-    return f"{u['bits']:.3g} b/coord"
-
-
-def _high_cell(stats: Mapping[str, Any]) -> str:
-    """Uplink bytes to the higher target, or 'not reached'."""
-    up = stats.get("up_bytes_to_high")
-    return fmt_bytes(up) if up is not None else "not reached"
-
-
-def _ratio_cell(stats: Mapping[str, Any], ref: Mapping[str, Any] | None) -> str:
-    """Uplink bytes to target of a method divided by the reference's (DQ's)."""
-    if ref is None or ref.get("up_bytes_to_target") is None or stats["status"] != "ok":
-        return "n/a"
-    base = max(1, int(ref["up_bytes_to_target"]))
-    if stats["up_bytes_to_target"] is not None:
-        return _fmt_ratio(stats["up_bytes_to_target"] / base)
-    return f"> {_fmt_ratio(stats['total_up_bytes'] / base)} (not reached)"
+# ---------------------------------------------------------------------------- summary.md
 
 
 def summary_markdown(results: Mapping[str, Any]) -> str:
     """The ``summary.md`` text: scenario, per-method table, plain verdict."""
-    p = results["preset"]
     target = float(results["target_accuracy"])
     runs = results["runs"]
     stats = run_summaries(results)
     high = float(results.get("high_target_accuracy") or 0.0)
     by_label = {s["label"]: s for s in stats}
-    ok = [r for r in runs if not is_failed(r)]
     ref_label = REFERENCE if REFERENCE in by_label else (runs[0]["label"] if runs else "")
-    ref = by_label.get(ref_label)
+    lines = _scenario_lines(results, target)
+    lines += table_lines(runs, stats, ref_label, by_label.get(ref_label), target, high)
+    lines += _notes_lines(ref_label, stats)
+    lines += time_table(results, stats)
+    lines += step_size_lines(results)
+    lines += ["## Verdict", ""]
+    lines += _verdict(runs, stats, ref_label, target)
+    lines += verdict_extras(results, stats)
+    lines += _failed_lines(runs)
+    lines += ["", "DQ uploads quantized raw training samples to the server: use it on trusted "
+              "networks only; it is not a privacy mechanism.", ""]
+    lines += _run_lines(results)
+    return "\n".join(lines)
+
+
+def _scenario_lines(results: Mapping[str, Any], target: float) -> list[str]:
+    """The title, the description, the scenario and the model's and data's sizes."""
+    p = results["preset"]
+    ok = [r for r in results["runs"] if not is_failed(r)]
     lines = [f"# Comparison: {p['name']}", ""]
     if p.get("description"):
         lines += [p["description"], ""]
     dims = sorted({(r["num_params"], r["data_dim"]) for r in ok})
     dim_text = "; ".join(f"D = {D:,} model parameters, d = {d:,} data coordinates, "
                          f"D/d = {D / d:,.0f}" for D, d in dims if d)
-    lines += [
+    return lines + [
         f"Scenario: data set `{p['dataset']}`, model `{p['model']}`, {p['num_clients']} "
         f"clients, `{p['partition']}` partition"
         + (f" (alpha {p['dirichlet_alpha']})" if p["partition"] == "dirichlet" else "")
@@ -260,99 +245,104 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
         "",
         (dim_text + "." if dim_text else ""),
         "",
-        f"| method | D | d | uplink payload | coder | rounds | final acc | best acc "
-        f"| rounds to {_pct(target)} "
-        f"| uplink to {_pct(target)} | uplink vs {ref_label} "
-        + (f"| uplink to {_pct(high)} " if high else "")
-        + "| total uplink | total downlink | wall s |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if high else "")
-        + "---:|---:|---:|",
     ]
-    for rec, s in zip(runs, stats, strict=True):
-        if s["status"] != "ok" or "uplink" not in s:  # failed, or no round recorded
-            what = "failed" if s["status"] != "ok" else "no rounds"
-            lines.append(f"| {rec['label']} | - | - | - | - | - | {what} | - | - | - | n/a | - "
-                         + ("| - " if high else "") + f"| - | {s['wall_s']:.1f} |")
-            continue
-        reached = s["rounds_to_target"] is not None
-        final = _pct(s["final_accuracy"]) + (" **unstable**" if s.get("unstable") else "")
-        lines.append(
-            f"| {rec['label']} | {rec['num_params']:,} | {rec['data_dim']:,} | "
-            f"{_fmt_unit(s['uplink'])} | {s.get('coder', 'none')} | {s['rounds']}"
-            f"{' (ended early)' if s.get('ended_early') else ''} | {final} | "
-            f"{_pct(s['best_accuracy'])} | "
-            f"{s['rounds_to_target'] if reached else 'not reached'} | "
-            f"{fmt_bytes(s['up_bytes_to_target']) if reached else 'not reached'} | "
-            f"{_ratio_cell(s, ref)} | "
-            + (f"{_high_cell(s)} | " if high else "")
-            + f"{fmt_bytes(s['total_up_bytes'])} | "
-            f"{fmt_bytes(s['total_down_bytes'])} | {s['wall_s']:.1f} |")
-    lines += ["", f"\"uplink vs {ref_label}\" is the method's uplink bytes to reach the target "
-              f"divided by {ref_label}'s: above 1x, {ref_label} needed fewer bytes; "
-              "\"> Nx (not reached)\" divides all the bytes the method sent without reaching "
-              "it. Bytes are measured from the serialized Flower messages; \"uplink payload\" "
-              "counts the codec's exact bits (side information included) per uploaded sample "
-              "or per model coordinate and upload, as sent (after the lossless \"coder\", "
-              "applied per message where it shrinks it). "
-              + ("\"ended early\": DQ's adaptive schedule stopped asking for samples and "
-                 "its training reached a plateau, so the run stopped before its last round. "
-                 if any(st.get("ended_early") for st in stats) else "")
-              + "\"unstable\": the final accuracy is "
-              f"more than {100 * UNSTABLE_DROP:.0f} points below the best. \"wall s\" is the "
-              "method's whole run, starting the engine (Ray, in simulation) included.", ""]
-    lines += time_table(results, stats)
-    lines += step_size_lines(results)
-    lines += ["## Verdict", ""]
-    lines += _verdict(runs, stats, ref_label, target)
-    lines += verdict_extras(results, stats)
+
+
+def _notes_lines(ref_label: str, stats: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The paragraph under the table that says what its columns mean."""
+    return ["", f"\"uplink vs {ref_label}\" is the method's uplink bytes to reach the target "
+            f"divided by {ref_label}'s: above 1x, {ref_label} needed fewer bytes; "
+            "\"> Nx (not reached)\" divides all the bytes the method sent without reaching "
+            "it. Bytes are measured from the serialized Flower messages; \"uplink payload\" "
+            "counts the codec's exact bits (side information included) per uploaded sample "
+            "or per model coordinate and upload, as sent (after the lossless \"coder\", "
+            "applied per message where it shrinks it). "
+            + ("\"ended early\": DQ's adaptive schedule stopped asking for samples and "
+               "its training reached a plateau, so the run stopped before its last round. "
+               if any(st.get("ended_early") for st in stats) else "")
+            + "\"unstable\": the final accuracy is "
+            f"more than {100 * UNSTABLE_DROP:.0f} points below the best. \"wall s\" is the "
+            "method's whole run, starting the engine (Ray, in simulation) included.", ""]
+
+
+def _failed_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The "Failed runs" section (nothing when every run finished)."""
     failed = [r for r in runs if is_failed(r)]
-    if failed:
-        lines += ["", "## Failed runs", ""]
-        lines += [f"- {r['label']}: {error_line(r)}" for r in failed]
-        if len(failed) == len(runs):
-            lines += ["", "Every method failed: there is nothing to compare."]
-    lines += ["", "DQ uploads quantized raw training samples to the server: use it on trusted "
-              "networks only; it is not a privacy mechanism.", ""]
+    if not failed:
+        return []
+    lines = ["", "## Failed runs", ""]
+    lines += [f"- {r['label']}: {error_line(r)}" for r in failed]
+    if len(failed) == len(runs):
+        lines += ["", "Every method failed: there is nothing to compare."]
+    return lines
+
+
+def _run_lines(results: Mapping[str, Any]) -> list[str]:
+    """The closing line on the invocation: command, wall time, machine, commit, reuse."""
     env = results.get("environment") or {}
-    if results.get("command") or env:
-        commit = env.get("git_commit", "")
-        reused = [r["label"] for r in runs if r.get("reused")]
-        modified = env.get("git_modified") or []
-        lines += [
-            "Run: " + (f"`{results['command']}`" if results.get("command") else "")
-            + (f"; total wall time {results['total_wall_s']:.0f} s"
-               if results.get("total_wall_s") else "")
-            + (f"; {env['cpus']} CPU cores" if env.get("cpus") else "")
-            + (f", load average {env['load_average']:.1f} at the start"
-               if env.get("load_average") is not None else "")
-            + (f"; commit {commit[:10]}" if commit else "")
-            + (f" with {len(modified)} modified file(s)" if modified else "")
-            + (f"; reused from an earlier invocation (`--resume`): {', '.join(reused)}"
-               if reused else "") + ".", ""]
-    return "\n".join(lines)
+    if not (results.get("command") or env):
+        return []
+    commit = env.get("git_commit", "")
+    reused = [r["label"] for r in results["runs"] if r.get("reused")]
+    modified = env.get("git_modified") or []
+    return [
+        "Run: " + (f"`{results['command']}`" if results.get("command") else "")
+        + (f"; total wall time {results['total_wall_s']:.0f} s"
+           if results.get("total_wall_s") else "")
+        + (f"; {env['cpus']} CPU cores" if env.get("cpus") else "")
+        + (f", load average {env['load_average']:.1f} at the start"
+           if env.get("load_average") is not None else "")
+        + (f"; commit {commit[:10]}" if commit else "")
+        + (f" with {len(modified)} modified file(s)" if modified else "")
+        + (f"; reused from an earlier invocation (`--resume`): {', '.join(reused)}"
+           if reused else "") + ".", ""]
 
 
-def _strongest_line(runs: Sequence[Mapping[str, Any]], by_label: Mapping[str, Any],
-                    ref_label: str, base: int, tpct: str) -> list[str]:
-    """The verdict line on the strongest competitor of any kind (fewest uplink bytes)."""
-    others = [(r["label"], by_label[r["label"]]) for r in runs
-              if r["label"] != ref_label and not is_failed(r)]
-    reached = [(lbl, s) for lbl, s in others if s["up_bytes_to_target"] is not None]
+def _least_uplink(pairs: Sequence[tuple[Any, Mapping[str, Any]]]
+                  ) -> tuple[Any, Mapping[str, Any], bool]:
+    """Of ``(run, stats)`` pairs, the one with the fewest uplink bytes to the target.
+
+    Where none reached the target, the one that sent the fewest bytes in all, and
+    ``False`` as third item (``True`` otherwise). ``pairs`` must not be empty.
+    """
+    reached = [(x, s) for x, s in pairs if s["up_bytes_to_target"] is not None]
     if reached:
-        lbl, s = min(reached, key=lambda ls: ls[1]["up_bytes_to_target"])
+        x, s = min(reached, key=lambda xs: xs[1]["up_bytes_to_target"])
+        return x, s, True
+    x, s = min(pairs, key=lambda xs: xs[1]["total_up_bytes"])
+    return x, s, False
+
+
+def _competitor_line(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+                     ref_label: str, base: int, tpct: str, quantized: bool) -> list[str]:
+    """The verdict line on the competitor of ``pairs`` with the fewest uplink bytes.
+
+    ``pairs`` are ``(run, stats)``: the quantized-gradient baselines (``quantized``) or
+    every other method that ran (the strongest competitor of any kind); none: no line.
+    """
+    if not pairs:
+        return []
+    r, s, reached = _least_uplink(pairs)
+    lbl = r["label"]
+    if reached:
         ratio = s["up_bytes_to_target"] / base
-        return [f"- **Strongest competitor overall** (fewest uplink bytes to {tpct} of every "
-                f"other method): {lbl} with {fmt_bytes(s['up_bytes_to_target'])}: "
-                f"{ref_label} used "
+        head = (f"- Best quantized-gradient baseline to reach {tpct}: " if quantized else
+                f"- **Strongest competitor overall** (fewest uplink bytes to {tpct} of every "
+                "other method): ")
+        return [head + f"{lbl} with {fmt_bytes(s['up_bytes_to_target'])}: {ref_label} used "
                 + (f"{_fmt_ratio(ratio)} fewer uplink bytes." if ratio >= 1 else
-                   f"more ({lbl} needed only {_fmt_ratio(ratio)} of {ref_label}'s).")]
-    if others:
-        lbl, s = min(others, key=lambda ls: ls[1]["total_up_bytes"])
-        return [f"- **Strongest competitor overall**: no other method reached {tpct}; "
-                f"{ref_label} used at least {_fmt_ratio(s['total_up_bytes'] / base)} fewer "
-                f"uplink bytes than any of them ({lbl} sent the least, "
-                f"{fmt_bytes(s['total_up_bytes'])})."]
-    return []
+                   f"more {'uplink bytes ' if quantized else ''}({lbl} needed only "
+                   f"{_fmt_ratio(ratio)} of {ref_label}'s).")]
+    if quantized:
+        return [f"- No quantized-gradient baseline reached {tpct} in these rounds, so the "
+                f"ratio to the best of them is a lower bound: at least "
+                f"{_fmt_ratio(s['total_up_bytes'] / base)} ({lbl} "
+                f"sent {fmt_bytes(s['total_up_bytes'])} without reaching {tpct}; "
+                "the others sent more). More rounds would tell the real ratio."]
+    return [f"- **Strongest competitor overall**: no other method reached {tpct}; "
+            f"{ref_label} used at least {_fmt_ratio(s['total_up_bytes'] / base)} fewer "
+            f"uplink bytes than any of them ({lbl} sent the least, "
+            f"{fmt_bytes(s['total_up_bytes'])})."]
 
 
 def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any]], ref_label: str,
@@ -360,44 +350,45 @@ def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any
     by_label = {s["label"]: s for s in stats}
     ref = by_label.get(ref_label)
     tpct = _pct(target)
-    out: list[str] = []
     if ref is None or ref["status"] != "ok":
         return [f"- {ref_label} did not run successfully; no ratios to it can be given."]
     if ref["rounds_to_target"] is None:
-        out.append(f"- **{ref_label} did not reach {tpct}** in {ref['rounds']} rounds (best "
-                   f"{_pct(ref['best_accuracy'])}, {fmt_bytes(ref['total_up_bytes'])} uplink); "
-                   "no byte ratio to it can be given.")
-        winners = [s for s in stats if s["status"] == "ok" and s["rounds_to_target"] is not None]
-        if winners:
-            out.append("- Reached the target: " + ", ".join(
-                f"{s['label']} ({fmt_bytes(s['up_bytes_to_target'])})" for s in winners) + ".")
-        return out
+        return _reference_missed_lines(ref, ref_label, stats, tpct)
     base = max(1, int(ref["up_bytes_to_target"]))
-    out.append(f"- {ref_label} reached {tpct} at round {ref['rounds_to_target']} with "
-               f"{fmt_bytes(ref['up_bytes_to_target'])} of uplink.")
-    quant = [(r, by_label[r["label"]]) for r in runs
-             if r["label"] != ref_label and not is_failed(r) and _is_quantized_gradient(r)]
-    reached_q = [(r, s) for r, s in quant if s["up_bytes_to_target"] is not None]
-    if reached_q:
-        r, s = min(reached_q, key=lambda rs: rs[1]["up_bytes_to_target"])
-        ratio = s["up_bytes_to_target"] / base
-        out.append(f"- Best quantized-gradient baseline to reach {tpct}: {r['label']} with "
-                   f"{fmt_bytes(s['up_bytes_to_target'])}: {ref_label} used "
-                   + (f"{_fmt_ratio(ratio)} fewer uplink bytes." if ratio >= 1 else
-                      f"more uplink bytes ({r['label']} needed only {_fmt_ratio(ratio)} of "
-                      f"{ref_label}'s)."))
-    elif quant:
-        least = min(quant, key=lambda rs: rs[1]["total_up_bytes"])
-        out.append(f"- No quantized-gradient baseline reached {tpct} in these rounds, so the "
-                   f"ratio to the best of them is a lower bound: at least "
-                   f"{_fmt_ratio(least[1]['total_up_bytes'] / base)} ({least[0]['label']} "
-                   f"sent {fmt_bytes(least[1]['total_up_bytes'])} without reaching {tpct}; "
-                   "the others sent more). More rounds would tell the real ratio.")
-    out += _strongest_line(runs, by_label, ref_label, base, tpct)
-    losers = [(r["label"], by_label[r["label"]]) for r in runs
-              if r["label"] != ref_label and not is_failed(r)
-              and by_label[r["label"]]["up_bytes_to_target"] is not None
-              and by_label[r["label"]]["up_bytes_to_target"] <= base]
+    out = [f"- {ref_label} reached {tpct} at round {ref['rounds_to_target']} with "
+           f"{fmt_bytes(ref['up_bytes_to_target'])} of uplink."]
+    others = [(r, by_label[r["label"]]) for r in runs
+              if r["label"] != ref_label and not is_failed(r)]
+    quant = [(r, st) for r, st in others if _is_quantized_gradient(r)]
+    out += _competitor_line(quant, ref_label, base, tpct, quantized=True)
+    out += _competitor_line(others, ref_label, base, tpct, quantized=False)
+    out += _others_lines(others, by_label, ref_label, base, tpct)
+    return out
+
+
+def _reference_missed_lines(ref: Mapping[str, Any], ref_label: str,
+                            stats: Sequence[Mapping[str, Any]], tpct: str) -> list[str]:
+    """The verdict when the reference did not reach the target: who did."""
+    out = [f"- **{ref_label} did not reach {tpct}** in {ref['rounds']} rounds (best "
+           f"{_pct(ref['best_accuracy'])}, {fmt_bytes(ref['total_up_bytes'])} uplink); "
+           "no byte ratio to it can be given."]
+    winners = [s for s in stats if s["status"] == "ok" and s["rounds_to_target"] is not None]
+    if winners:
+        out.append("- Reached the target: " + ", ".join(
+            f"{s['label']} ({fmt_bytes(s['up_bytes_to_target'])})" for s in winners) + ".")
+    return out
+
+
+def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+                  by_label: Mapping[str, Any], ref_label: str, base: int,
+                  tpct: str) -> list[str]:
+    """The verdict lines on the methods that beat the reference, missed, or were faster.
+
+    ``others`` are the ``(run, stats)`` pairs of every other method that ran.
+    """
+    out: list[str] = []
+    losers = [(r["label"], s) for r, s in others
+              if s["up_bytes_to_target"] is not None and s["up_bytes_to_target"] <= base]
     if losers:
         out.append(f"- **{ref_label} does not win against "
                    + ", ".join(f"{lbl} ({fmt_bytes(s['up_bytes_to_target'])}, "
@@ -410,17 +401,14 @@ def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any
                    f"{ref_label}.")
     else:
         out.append(f"- No other method reached {tpct} within the rounds.")
-    missed = [(r["label"], by_label[r["label"]]) for r in runs
-              if r["label"] != ref_label and not is_failed(r)
-              and by_label[r["label"]]["rounds_to_target"] is None]
+    missed = [(r["label"], s) for r, s in others if s["rounds_to_target"] is None]
     if missed:
         out.append(f"- Did not reach {tpct} within the rounds: "
                    + ", ".join(f"{lbl} (best {_pct(s['best_accuracy'])})" for lbl, s in missed)
                    + ".")
+    ref_rounds = by_label[ref_label]["rounds_to_target"]
     faster = [lbl for lbl, s in by_label.items() if lbl != ref_label and s["status"] == "ok"
-              and s["rounds_to_target"] is not None
-              and s["rounds_to_target"] < ref["rounds_to_target"]]
+              and s["rounds_to_target"] is not None and s["rounds_to_target"] < ref_rounds]
     if faster:
         out.append(f"- Fewer rounds than {ref_label} to reach {tpct}: {', '.join(faster)}.")
     return out
-

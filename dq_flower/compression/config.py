@@ -6,7 +6,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq_flower.baselines.config import ERROR_FEEDBACK, PER_TENSOR, GradientConfig
-from dq_flower.config import check, client_keys, client_knob, from_mapping, to_config_record
+from dq_flower.config import (
+    check,
+    check_choice,
+    check_off_or_more,
+    client_keys,
+    client_knob,
+    from_mapping,
+    to_config_record,
+)
 
 __all__ = ["CompressionConfig", "DOWNLINKS", "MESSAGE_PREFIX"]
 
@@ -78,15 +86,10 @@ class CompressionConfig:
     def __post_init__(self) -> None:
         check(self.codec != "sign", "codec",
               "'sign' is majority vote (GradientStrategy); use 'ef-sign' for a scaled sign")
-        check(self.error_feedback in ERROR_FEEDBACK, "error_feedback",
-              f"must be one of {ERROR_FEEDBACK}, got {self.error_feedback!r}")
-        check(self.per_tensor in PER_TENSOR, "per_tensor",
-              f"must be one of {PER_TENSOR}, got {self.per_tensor!r}")
-        check(self.downlink in DOWNLINKS, "downlink",
-              f"must be one of {DOWNLINKS}, got {self.downlink!r}")
-        check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
-        check(self.clip_factor >= 0, "clip_factor", "must be >= 0 (0 = off)")
-        check(self.weight_cap >= 0, "weight_cap", "must be >= 0 (0 = off)")
+        check_choice(self.error_feedback, ERROR_FEEDBACK, "error_feedback")
+        check_choice(self.per_tensor, PER_TENSOR, "per_tensor")
+        check_choice(self.downlink, DOWNLINKS, "downlink")
+        check_off_or_more(self, ("norm_bound_factor", "clip_factor", "weight_cap"))
         # the codec, its parameters and the coder: "context" stays for the codecs whose
         # codes it models (qsgd, terngrad) and is zlib for the others
         object.__setattr__(self, "entropy_coder", self.gradient_config().entropy_coder)

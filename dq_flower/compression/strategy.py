@@ -33,7 +33,7 @@ from dq_flower.compression.wire import (
     Layout,
     single_array_record,
 )
-from dq_flower.config import build_config, strategy_kwargs
+from dq_flower.config import build_config, given_knobs, params_text, strategy_kwargs
 from dq_flower.protocol.gradient import decode_update, update_keys
 from dq_flower.server.base import ServerFigures
 from dq_flower.server.common import log_rejected, log_round
@@ -127,18 +127,10 @@ class CompressedUpdates(ServerFigures, Strategy):
             raise TypeError(f"strategy must be a Flower Strategy, got {type(strategy).__name__}")
         if codec is None and config is None:
             raise TypeError("CompressedUpdates needs codec= (e.g. 'qsgd') or config=")
-        named: dict[str, Any] = dict(knobs)
-        if codec is not None:
-            named["codec"] = codec
-        if codec_params is not None:
-            named["codec_params"] = (codec_params if isinstance(codec_params, str) else
-                                     ",".join(f"{k}={v}" for k, v in codec_params.items()))
-        if entropy_coder is not None:
-            named["entropy_coder"] = entropy_coder
-        if error_feedback is not None:
-            named["error_feedback"] = _mode(error_feedback, "on", "off", "auto")
-        if downlink is not None:
-            named["downlink"] = downlink
+        feedback = None if error_feedback is None else _mode(error_feedback, "on", "off", "auto")
+        named = given_knobs(knobs, codec=codec, codec_params=params_text(codec_params),
+                            entropy_coder=entropy_coder, error_feedback=feedback,
+                            downlink=downlink)
         self.strategy = strategy
         self.cfg: CompressionConfig = build_config(config, named, CompressionConfig)
         self.codec = self.cfg.gradient_config().make_codec()

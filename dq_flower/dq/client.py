@@ -39,14 +39,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from dq_flower.codecs import ErrorFeedback, Payload, make
+from dq_flower.codecs import Payload, make
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
+from dq_flower.dq.client_state import encode_with_feedback
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.held import held_for
 from dq_flower.dq.selection import select
@@ -118,47 +119,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: Rounds of per-round state a client keeps, so that a server resuming from a checkpoint
-#: up to this many served rounds old replays them from the right state.
-STATE_HISTORY = 8
-
-
-def _state_rounds(context: Context, key: str) -> list[int]:
-    meta = context.state.config_records.get(key + "-rounds")
-    return [] if meta is None else [int(r) for r in cast(list, meta["rounds"])]
-
-
-def _state_before(context: Context, key: str, server_round: int) -> dict[str, np.ndarray]:
-    """Arrays of state entry ``key`` as they were before ``server_round``.
-
-    The entry keeps its arrays as they were after each of the last ``STATE_HISTORY`` rounds
-    it served; the state before round ``r`` is the one after the latest served round before
-    ``r``. So a round the server replays, also after resuming from an older checkpoint,
-    gets the same reply as the first time.
-    """
-    earlier = [r for r in _state_rounds(context, key) if r < server_round]
-    if not earlier:
-        return {}
-    rec = context.state.array_records.get(f"{key}@{max(earlier)}")
-    return {} if rec is None else {name: arr.numpy().copy() for name, arr in rec.items()}
-
-
-def _save_state(context: Context, key: str, server_round: int,
-                after: dict[str, np.ndarray]) -> None:
-    """Record ``key``'s arrays after ``server_round``; later rounds' records are dropped."""
-    rounds = [r for r in _state_rounds(context, key) if r < server_round]
-    for r in _state_rounds(context, key):
-        if r >= server_round:
-            context.state.array_records.pop(f"{key}@{r}", None)
-    rounds.append(server_round)
-    for r in rounds[:-STATE_HISTORY]:
-        context.state.array_records.pop(f"{key}@{r}", None)
-    rounds = rounds[-STATE_HISTORY:]
-    context.state[f"{key}@{server_round}"] = ArrayRecord(
-        {k: Array(np.ascontiguousarray(v)) for k, v in after.items()})
-    context.state[key + "-rounds"] = ConfigRecord({"rounds": rounds})
-
-
 def _sent_rounds(context: Context) -> list[int]:
     return sorted(int(k[len(SENT_ROWS_PREFIX):]) for k in context.state.array_records
                   if k.startswith(SENT_ROWS_PREFIX))
@@ -210,20 +170,6 @@ def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
                                  loss_fn)
 
 
-def _encode(codec, vector: np.ndarray, rng: np.random.Generator, context: Context,
-            key: str, server_round: int):
-    """Encode ``vector``, through error feedback kept under ``key`` for a biased codec."""
-    if not codec.biased:
-        return codec.encode(vector, rng)
-    ef = ErrorFeedback(codec)
-    ef_before = _state_before(context, key, server_round)
-    if ef_before:
-        ef.load_state_dict(ef_before)
-    payload = ef.encode(vector, rng)
-    _save_state(context, key, server_round, ef.state_dict())
-    return payload
-
-
 def _reply(content: RecordDict, msg: Message, spec: DataSpec,
            metrics: dict[str, Any]) -> Message:
     content[SPEC_KEY] = spec_record(spec)
@@ -245,7 +191,7 @@ def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray
     idx = np.sort(rng.choice(x.shape[0], size=size, replace=False))
     loss, grad = batch_gradient(model, x[idx], y[idx], loss_fn)
     codec = make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
-    payload = _encode(codec, grad, rng, context, GRAD_EF_KEY, server_round)
+    payload = encode_with_feedback(codec, grad, rng, context, GRAD_EF_KEY, server_round)
     metrics = {"num-examples": int(x.shape[0]), "partition-id": int(key),
                "train-loss": float(loss), "up-payload-bits": int(payload.nbits),
                "client-time-s": time.perf_counter() - t0}
@@ -299,19 +245,19 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     if config.get("round-mode", "data") == "gradient":
         return _gradient_round(msg, context, cfg, x_all, y, model, loss_fn, server_round, key,
                                rng, t0)
+    return _data_round(msg, context, config, cfg, knob, x_all, y, spec, model, loss_fn,
+                       server_round, key, rng, t0)
+
+
+def _data_round(msg: Message, context: Context, config: dict[str, Any], cfg: DQConfig,
+                knob: str | None, x_all: np.ndarray, y: np.ndarray, spec: DataSpec,
+                model: torch.nn.Module | None, loss_fn: LossFn | None, server_round: int,
+                key: int, rng: np.random.Generator, t0: float) -> Message:
+    """Reply to a data round: the chosen rows quantized, with the optional compensation."""
     n = x_all.shape[0]
     num_classes = _num_classes(config, spec, y, n)
     cfg, candidates = _candidates(config, cfg, key, n)
-    if knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
-        model = None
-        scores = np.ones(candidates.size)
-    else:
-        from dq_flower.dq.client_model import received_model
-        from dq_flower.dq.scoring import score_candidates
-
-        model = received_model(msg, model, knob)
-        scores = score_candidates(cfg.scorer, model, x_all[candidates], y[candidates],
-                                  loss_fn)
+    model, scores = _scores(msg, cfg, knob, model, x_all, y, candidates, loss_fn)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
     represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per row
@@ -341,6 +287,20 @@ def dq_train(msg: Message, context: Context, data: Any, *,
                "up-payload-bits": int(payload_bits),
                "client-time-s": time.perf_counter() - t0}
     return _reply(content, msg, spec, metrics)
+
+
+def _scores(msg: Message, cfg: DQConfig, knob: str | None, model: torch.nn.Module | None,
+            x_all: np.ndarray, y: np.ndarray, candidates: np.ndarray,
+            loss_fn: LossFn | None) -> tuple[torch.nn.Module | None, np.ndarray]:
+    """The model the round uses (``None`` where it needs none) and the candidates' scores."""
+    if knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
+        return None, np.ones(candidates.size)
+    from dq_flower.dq.client_model import received_model
+    from dq_flower.dq.scoring import score_candidates
+
+    model = received_model(msg, model, knob)
+    scores = score_candidates(cfg.scorer, model, x_all[candidates], y[candidates], loss_fn)
+    return model, scores
 
 
 def _num_classes(config: dict[str, Any], spec: DataSpec, y: np.ndarray, n: int) -> int:
@@ -416,7 +376,7 @@ def _compensation(cfg: DQConfig, spec: DataSpec, coded: _Coded, y: np.ndarray,
     delta = quantization_residual(model, coded.xb.reshape(shape),
                                   coded.decoded().reshape(shape), y, weights, loss_fn)
     codec = make(cfg.compensation, **cfg.compensation_kwargs)
-    return _encode(codec, delta, rng, context, EF_KEY, server_round)
+    return encode_with_feedback(codec, delta, rng, context, EF_KEY, server_round)
 
 
 def _refresh(cfg: DQConfig, config: dict[str, Any], context: Context, x_flat: np.ndarray,
@@ -435,7 +395,7 @@ def _refresh(cfg: DQConfig, config: dict[str, Any], context: Context, x_flat: np
     if residual is None:
         return None
     codec = make(cfg.compensation, **cfg.compensation_kwargs)
-    return _encode(codec, residual, rng, context, REFRESH_EF_KEY, server_round)
+    return encode_with_feedback(codec, residual, rng, context, REFRESH_EF_KEY, server_round)
 
 
 def _remember_sent(context: Context, server_round: int, samples: Payload, chosen: np.ndarray,

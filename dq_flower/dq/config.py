@@ -14,7 +14,13 @@ from typing import Any
 from dq_flower.codecs import make
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check as _check
-from dq_flower.config import client_keys, client_knob, parse_params
+from dq_flower.config import (
+    check_choice,
+    check_robust_knobs,
+    client_keys,
+    client_knob,
+    parse_params,
+)
 
 __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
            "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
@@ -221,11 +227,18 @@ class DQConfig:
     max_abs_value: float = 0.0
 
     def __post_init__(self) -> None:
+        self._check_uploads()
+        self._check_robustness()
+        self._check_compensation()
+        self._check_client_choices()
+        self._check_server_training()
+        self._check_codecs()
+
+    def _check_uploads(self) -> None:
+        """The upload mode and schedule, the adaptive schedule's knobs, the quantizer."""
         _check(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
-        _check(self.upload_mode in UPLOAD_MODES, "upload_mode",
-               f"must be one of {UPLOAD_MODES}, got {self.upload_mode!r}")
-        _check(self.upload_schedule in UPLOAD_SCHEDULES, "upload_schedule",
-               f"must be one of {UPLOAD_SCHEDULES}, got {self.upload_schedule!r}")
+        check_choice(self.upload_mode, UPLOAD_MODES, "upload_mode")
+        check_choice(self.upload_schedule, UPLOAD_SCHEDULES, "upload_schedule")
         _check(0 <= self.holdout_fraction < 1, "holdout_fraction", "must be in [0, 1)")
         _check(self.model_precision in ("fp32", "fp16"), "model_precision",
                f"must be fp32 or fp16, got {self.model_precision!r}")
@@ -240,31 +253,33 @@ class DQConfig:
         _check(self.max_growth > 1.1, "max_growth", "must be > 1.1")
         _check(self.gradient_batch_size >= 1, "gradient_batch_size", "must be >= 1")
         _check(1 <= self.bits <= 8, "bits", f"must be in 1..8, got {self.bits}")
-        _check(self.ranges in RANGE_MODES, "ranges",
-               f"must be one of {RANGE_MODES}, got {self.ranges!r}")
+        check_choice(self.ranges, RANGE_MODES, "ranges")
+
+    def _check_robustness(self) -> None:
+        """The failure limit, the aggregation rule, the screens and the value bound."""
         _check(self.max_failed_rounds >= 0, "max_failed_rounds", "must be >= 0")
         _check(self.robust_aggregation in ("auto", "mean", "median", "trimmed-mean"),
                "robust_aggregation", "must be auto, mean, median or trimmed-mean, got "
                f"{self.robust_aggregation!r}")
-        _check(0 <= self.trim_fraction < 0.5, "trim_fraction", "must be in [0, 0.5)")
-        _check(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0 = off)")
-        _check(self.norm_bound_factor >= 0, "norm_bound_factor", "must be >= 0 (0 = off)")
-        _check(self.clip_factor >= 0, "clip_factor", "must be >= 0 (0 = off)")
-        _check(self.weight_cap >= 0, "weight_cap", "must be >= 0 (0 = off)")
-        _check(-1 <= self.min_cosine <= 1, "min_cosine", "must be in [-1, 1] (-1 = off)")
+        check_robust_knobs(self)
         _check(self.max_abs_value >= 0, "max_abs_value", "must be >= 0 (0 = auto)")
-        _check(self.compensation_mode in COMPENSATION_MODES, "compensation_mode",
-               f"must be one of {COMPENSATION_MODES}, got {self.compensation_mode!r}")
+
+    def _check_compensation(self) -> None:
+        """The compensation mode and its refresh and decay knobs."""
+        check_choice(self.compensation_mode, COMPENSATION_MODES, "compensation_mode")
         _check(self.refresh_every >= 1, "refresh_every", "must be >= 1")
         _check(0 < self.compensation_decay <= 1, "compensation_decay", "must be in (0, 1]")
         _check(self.compensation_mode == "first-step" or self.compensation != "none",
                "compensation_mode", "needs a compensation codec (compensation != 'none')")
-        _check(self.entropy_coder in ENTROPY_CODERS, "entropy_coder",
-               f"must be one of {ENTROPY_CODERS}, got {self.entropy_coder!r}")
-        _check(self.scorer in SCORERS, "scorer",
-               f"must be one of {SCORERS}, got {self.scorer!r}")
-        _check(self.selection_rule in SELECTION_RULES, "selection_rule",
-               f"must be one of {SELECTION_RULES}, got {self.selection_rule!r}")
+
+    def _check_client_choices(self) -> None:
+        """The lossless coder, the scorer and the selection rule."""
+        check_choice(self.entropy_coder, ENTROPY_CODERS, "entropy_coder")
+        check_choice(self.scorer, SCORERS, "scorer")
+        check_choice(self.selection_rule, SELECTION_RULES, "selection_rule")
+
+    def _check_server_training(self) -> None:
+        """The server's steps, optimizer and store."""
         _check(self.server_steps >= 1, "server_steps", "must be >= 1")
         _check(self.server_batch_size >= 1, "server_batch_size", "must be >= 1")
         _check(self.optimizer in {"sgd", "adam"}, "optimizer",
@@ -275,6 +290,9 @@ class DQConfig:
         _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
         _check(self.store_eviction in {"fifo", "random"}, "store_eviction",
                f"must be fifo or random, got {self.store_eviction!r}")
+
+    def _check_codecs(self) -> None:
+        """The compensation and gradient-round codecs with their parameters, where used."""
         if self.compensation != "none":
             try:
                 make(self.compensation, **self.compensation_kwargs)

@@ -69,19 +69,10 @@ def _dataset_arg(dataset: Any, seed: int, workdir: str) -> str:
     raise ValueError("dataset must be a name or a tuple (X, y) or (X, y, X_test, y_test)")
 
 
-def simulate(
-    method: str = "dq",
-    dataset: Any = "digits",
-    model: Any = "mlp",
-    num_clients: int = 4,
-    rounds: int = 5,
-    seed: int = 0,
-    num_cpus_per_client: float = 1.0,
-    num_gpus_per_client: float = 0.0,
-    verbose: bool = False,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
-    **knobs: Any,
-) -> RunResult:
+def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", num_clients: int = 4,
+             rounds: int = 5, seed: int = 0, num_cpus_per_client: float = 1.0,
+             num_gpus_per_client: float = 0.0, verbose: bool = False,
+             on_round: Callable[[dict[str, Any]], None] | None = None, **knobs: Any) -> RunResult:
     """Run ``method`` in Flower's simulation engine and return its measured history.
 
     Parameters
@@ -129,9 +120,27 @@ def simulate(
     """
     # Ray (flwr.simulation) and the server side (PyTorch) load only when a simulation runs:
     # ``import dq_flower`` imports this module, on client devices too
-    from flwr.app import ConfigRecordValues, Context
-    from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
+    server_app, client_app, holder = _apps(method, dataset, model, num_clients, rounds, seed,
+                                           knobs, on_round)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_simulation(server_app=server_app, client_app=client_app,
+                       num_supernodes=int(num_clients), verbose_logging=verbose,
+                       backend_config=_backend_config(num_cpus_per_client, num_gpus_per_client))
+    return _result(holder)
+
+
+def _apps(method: str, dataset: Any, model: Any, num_clients: int, rounds: int, seed: int,
+          knobs: dict[str, Any], on_round: Callable[[dict[str, Any]], None] | None
+          ) -> tuple[Any, Any, dict[str, Any]]:
+    """The server and client apps of a checked run, and the dict the server's outcome lands in.
+
+    Every knob and the model are checked here, before the engine starts. The server app
+    stores ``run_server``'s result under ``"result"``, or what it raised under ``"error"``.
+    """
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
 
     from dq_flower.harness.server_app import prepare_model, run_server
 
@@ -152,18 +161,23 @@ def simulate(
             holder["error"] = exc
             raise
 
-    backend_config: dict[str, dict[str, ConfigRecordValues]] = {
-        "client_resources": {"num_cpus": float(num_cpus_per_client),
-                             "num_gpus": float(num_gpus_per_client)},
-        "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False},
-    }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(server_app=server_app, client_app=client_app,
-                       num_supernodes=int(num_clients), backend_config=backend_config,
-                       verbose_logging=verbose)
+    return server_app, client_app, holder
+
+
+def _result(holder: dict[str, Any]) -> RunResult:
+    """The server app's result, or what it raised (re-raised here)."""
     if "error" in holder:
         raise holder["error"]
     if "result" not in holder:
         raise RuntimeError("the simulation ended without a result; see the log above")
     return holder["result"]
+
+
+def _backend_config(num_cpus_per_client: float,
+                    num_gpus_per_client: float) -> dict[str, dict[str, Any]]:
+    """Ray's resources: per simulated client, and every core for the engine."""
+    return {
+        "client_resources": {"num_cpus": float(num_cpus_per_client),
+                             "num_gpus": float(num_gpus_per_client)},
+        "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False},
+    }

@@ -58,3 +58,28 @@ def test_device_knob():
         assert resolve_device("auto").type == "cpu"
         with pytest.raises(ValueError, match="no CUDA GPU"):
             resolve_device("cuda")
+
+
+def test_params_text_is_the_inverse_of_parse_params():
+    from dq_flower.config import params_text
+
+    assert params_text({"levels": 4, "bucket": 512}) == "levels=4,bucket=512"
+    assert parse_params(params_text({"levels": 4, "bucket": 512})) == {"levels": 4, "bucket": 512}
+    assert params_text("levels=1") == "levels=1"
+    assert params_text(None) is None
+
+
+def test_given_knobs_adds_the_named_ones_that_are_set_after_the_others():
+    from dq_flower.config import given_knobs
+
+    out = given_knobs({"seed": 1}, codec="qsgd", lr=None, local_steps=2)
+    assert out == {"seed": 1, "codec": "qsgd", "local_steps": 2}
+    assert list(out) == ["seed", "codec", "local_steps"]
+
+
+def test_check_choice_names_the_key_and_the_choices():
+    from dq_flower.config import check_choice
+
+    check_choice("a", ("a", "b"), "some_knob")
+    with pytest.raises(ValueError, match=r"^some-knob: must be one of \('a', 'b'\), got 'c'$"):
+        check_choice("c", ("a", "b"), "some_knob")
