@@ -39,11 +39,9 @@ class CompressionConfig:
     codec_params : str
         The codec's parameters, ``"levels=1,bucket=512"``, over the defaults of the gradient
         baselines (``dq_flower.baselines.config.CODEC_DEFAULTS``).
-    levels, bucket, rank : int or None
-        Shortcuts overriding the same names in ``codec_params`` (``None``: not set; the
-        run config spells it 0, and 0 is read as ``None`` here too).
-    ratio : float or None
-        Same for top-k's kept fraction (``None``: not set; 0 in the run config).
+    levels, bucket, ratio, rank
+        The shortcuts over ``codec_params``, as in
+        :class:`dq_flower.baselines.config.GradientConfig` (``None`` or 0: not set).
     entropy_coder : str
         Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``,
         or ``context`` (the codes of ``qsgd`` and ``terngrad`` updates modelled, per message
