@@ -37,6 +37,7 @@ __all__ = [
     "to_config_record",
     "field_keys",
     "parse_params",
+    "run_config_values",
     "strategy_kwargs",
     "unset_spellings",
 ]
@@ -173,17 +174,22 @@ def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
     (``levels = 0``, which :func:`from_mapping` reads back as ``None``) or, where it
     declares none, left out; so the record is what it was when ``0`` meant "not set".
     """
-    defaults = type(cfg)()
+    values = run_config_values(cfg)
+    if changed_only:
+        defaults = run_config_values(type(cfg)())
+        values = {k: v for k, v in values.items() if defaults[k] != v}
+    return ConfigRecord({k: v for k, v in values.items() if v is not None})
+
+
+def run_config_values(cfg: Any) -> dict[str, Any]:
+    """Hyphenated key -> value of every field of ``cfg``, as a run config spells it.
+
+    A ``None`` field is its "not set" spelling (``levels = 0``) where it declares one, so
+    that the values can be written as TOML; else it stays ``None``.
+    """
     unset = unset_spellings(type(cfg))
-    out = {}
-    for name, value in dataclasses.asdict(cfg).items():
-        if changed_only and getattr(defaults, name) == value:
-            continue
-        if value is None:
-            value = unset.get(_key(name))
-        if value is not None:
-            out[_key(name)] = value
-    return ConfigRecord(out)
+    return {_key(name): unset.get(_key(name)) if value is None else value
+            for name, value in dataclasses.asdict(cfg).items()}
 
 
 def parse_params(text: str, key: str = "params") -> dict[str, Any]:
