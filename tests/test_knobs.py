@@ -64,6 +64,14 @@ def test_the_old_spelling_zero_is_normalised_to_none(cls):
     assert cls(codec="qsgd", levels=0) == cls(codec="qsgd")
 
 
+def test_gradient_local_epochs_not_set_is_none():
+    assert GradientConfig().local_epochs is None and not GradientConfig().epochs_mode
+    assert GradientConfig(local_epochs=0) == GradientConfig()
+    assert from_mapping(GradientConfig, {"local-epochs": 0}).local_epochs is None
+    cfg = from_mapping(GradientConfig, {"local-epochs": 2})
+    assert cfg.local_epochs == cfg.epochs == 2 and cfg.epochs_mode
+
+
 def test_fedavg_local_epochs_not_set_is_one():
     assert FedAvgConfig().local_epochs == 1
     assert FedAvgConfig(local_epochs=0).local_epochs == 1

@@ -91,13 +91,14 @@ class GradientConfig(RobustConfig, OptimizerConfig):
         tau: local SGD steps per round. With 1 a client sends its minibatch gradient;
         with more it sends the mean gradient along its local trajectory,
         ``(w_0 - w_tau) / (client_lr * tau)``.
-    local_epochs : int
+    local_epochs : int or None
         E: with E >= 1 each client runs E full epochs over its data (minibatches of
         ``batch_size``, shuffled as FedAvg's client does) with ``client_lr`` and sends the
         pseudo-gradient ``(w_0 - w) / (client_lr * steps)``; the server multiplies each
         decoded update by ``client_lr * steps`` (the client's model delta) before the
         weighted mean, so its ``lr`` scales the mean delta: ``lr = 1`` with momentum 0 is
-        FedAvg exactly. 0 (default) means not set: ``local_steps`` applies.
+        FedAvg exactly. ``None`` (the default; 0 in the run config, and 0 is read as
+        ``None`` here too) means not set: ``local_steps`` applies.
     batch_size : int
         Client minibatch size (per local step).
     client_lr : float
@@ -142,7 +143,7 @@ class GradientConfig(RobustConfig, OptimizerConfig):
     ratio: float | None = client_knob(None, unset=0.0)
     rank: int | None = client_knob(None, unset=0)
     local_steps: int = client_knob(1)
-    local_epochs: int = client_knob(0, unset=0)
+    local_epochs: int | None = client_knob(None, unset=0)
     batch_size: int = client_knob(32)
     client_lr: float = client_knob(0.1)
     # the groups' fields the clients read: they apply the vote (lr, weight decay) and
@@ -165,8 +166,8 @@ class GradientConfig(RobustConfig, OptimizerConfig):
         _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")
         self.check_robust()
         _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
-        _check(not self.local_epochs or self.local_epochs >= 1, "local-epochs",
-               f"must be >= 1 (0 = not set), got {self.local_epochs}")
+        _check(self.local_epochs is None or self.local_epochs >= 1, "local-epochs",
+               f"must be >= 1 (None or 0 = not set), got {self.local_epochs}")
         _check(not (self.local_epochs and self.local_steps > 1), "local-epochs",
                f"runs whole epochs; it cannot be combined with local-steps={self.local_steps}")
         check_choice(self.entropy_coder, ENTROPY_CODERS, "entropy-coder")
@@ -223,7 +224,7 @@ class GradientConfig(RobustConfig, OptimizerConfig):
     @property
     def epochs_mode(self) -> bool:
         """Whether clients run whole local epochs (``local_epochs`` set, >= 1)."""
-        return bool(self.local_epochs)
+        return self.local_epochs is not None
 
     @property
     def epochs(self) -> int:
