@@ -4,7 +4,10 @@ Every knob is a field of a frozen dataclass that validates itself and raises ``V
 naming the field (``dq_flower.dq.config.DQConfig``, ``dq_flower.baselines.config``). The
 same fields are hyphenated run-config keys (``server-steps``) in ``pyproject.toml`` /
 ``flwr run --run-config`` and keyword arguments (``server_steps``) of the strategies and of
-:func:`dq_flower.simulate`.
+:func:`dq_flower.simulate`. Field metadata says which knobs travel to the clients
+(:func:`client_knob`) and how a run config, which has no null, spells "not set" (``unset``
+of :func:`knob`); in Python a knob that may stay unset is ``None``. Knob groups several
+configs share are :mod:`dq_flower.knobs`.
 """
 
 from __future__ import annotations
