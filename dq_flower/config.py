@@ -4,7 +4,10 @@ Every knob is a field of a frozen dataclass that validates itself and raises ``V
 naming the field (``dq_flower.dq.config.DQConfig``, ``dq_flower.baselines.config``). The
 same fields are hyphenated run-config keys (``server-steps``) in ``pyproject.toml`` /
 ``flwr run --run-config`` and keyword arguments (``server_steps``) of the strategies and of
-:func:`dq_flower.simulate`.
+:func:`dq_flower.simulate`. Field metadata says which knobs travel to the clients
+(:func:`client_knob`) and how a run config, which has no null, spells "not set" (``unset``
+of :func:`knob`); in Python a knob that may stay unset is ``None``. Knob groups several
+configs share are :mod:`dq_flower.knobs`.
 """
 
 from __future__ import annotations
@@ -27,13 +30,19 @@ __all__ = [
     "check_choice",
     "check_off_or_more",
     "check_robust_knobs",
+    "clear_unset",
+    "client_knob",
+    "client_keys",
     "given_knobs",
+    "knob",
     "params_text",
     "from_mapping",
     "to_config_record",
     "field_keys",
     "parse_params",
+    "run_config_values",
     "strategy_kwargs",
+    "unset_spellings",
 ]
 
 T = TypeVar("T", bound="DataclassInstance")
@@ -50,16 +59,50 @@ def field_keys(cls: type) -> set[str]:
 
 #: Field metadata key marking a knob that the clients read (it travels in train messages).
 CLIENT = "client"
+#: Field metadata key of a knob's run-config spelling of "not set" (TOML has no null).
+UNSET = "unset"
+_NO_SPELLING = object()
 
 
-def client_knob(default: Any) -> Any:
-    """A config field with ``default`` that travels to the clients in each train message."""
-    return dataclasses.field(default=default, metadata={CLIENT: True})
+def knob(default: Any, unset: Any = _NO_SPELLING, client: bool = False) -> Any:
+    """A config field with ``default``; ``unset`` is its run-config spelling of "not set".
+
+    :func:`from_mapping` reads a value equal to ``unset`` as not given (the field keeps its
+    default, ``None`` for a knob that may stay unset), :func:`to_config_record` writes
+    ``None`` back as ``unset``, and the harness lets a method's own value win over it.
+    """
+    metadata: dict[str, Any] = {CLIENT: True} if client else {}
+    if unset is not _NO_SPELLING:
+        metadata[UNSET] = unset
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def client_knob(default: Any, unset: Any = _NO_SPELLING) -> Any:
+    """A :func:`knob` that travels to the clients in each train message."""
+    return knob(default, unset, client=True)
 
 
 def client_keys(cls: type) -> tuple[str, ...]:
     """Hyphenated keys of the fields of ``cls`` marked with :func:`client_knob`."""
     return tuple(_key(f.name) for f in dataclasses.fields(cls) if f.metadata.get(CLIENT))
+
+
+def unset_spellings(cls: type) -> dict[str, Any]:
+    """Hyphenated key -> run-config spelling of "not set", for the fields declaring one."""
+    return {_key(f.name): f.metadata[UNSET] for f in dataclasses.fields(cls)
+            if UNSET in f.metadata}
+
+
+def clear_unset(cfg: Any) -> None:
+    """Set to ``None`` each optional knob of ``cfg`` given as its "not set" spelling (``0``).
+
+    For a frozen config's ``__post_init__``: the old spelling keeps working in Python.
+    """
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if (f.default is None and UNSET in f.metadata and value is not None
+                and value == f.metadata[UNSET]):
+            object.__setattr__(cfg, f.name, None)
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -102,11 +145,14 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False)
 
     Keys that ``cls`` does not know are ignored unless ``strict``, since one run config
     carries the knobs of every method. Values are coerced to the field's type; a value that
-    cannot be coerced raises ``ValueError`` naming its key.
+    cannot be coerced raises ``ValueError`` naming its key. A value equal to the field's
+    "not set" spelling (:func:`knob`'s ``unset``, e.g. ``levels = 0``) leaves the field at
+    its default, ``None`` for the knobs that may stay unset.
     """
     hints = typing.get_type_hints(cls)
     known = {_key(f.name): f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
+    unset = unset_spellings(cls)
+    kwargs: dict[str, Any] = {}
     for raw_key, value in mapping.items():
         key = _key(raw_key)
         if key not in known:
@@ -114,7 +160,11 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False)
                 raise ValueError(f"unknown config key {key!r}")
             continue
         name = known[key]
-        kwargs[name] = _coerce(value, hints[name], key)
+        coerced = _coerce(value, hints[name], key)
+        if key in unset and coerced is not None and coerced == unset[key]:
+            kwargs.pop(name, None)  # "not set": the field's default (None where optional)
+            continue
+        kwargs[name] = coerced
     return cls(**kwargs)
 
 
@@ -122,14 +172,27 @@ def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
     """Hyphenated ``ConfigRecord`` of a config dataclass.
 
     With ``changed_only`` (the default), fields at their default value are left out: the
-    receiver rebuilds them from the same defaults, and each message stays small. ``None``
-    fields are always left out.
+    receiver rebuilds them from the same defaults, and each message stays small. A ``None``
+    field (a ConfigRecord holds no ``None``) is written as its "not set" spelling
+    (``levels = 0``, which :func:`from_mapping` reads back as ``None``) or, where it
+    declares none, left out; so the record is what it was when ``0`` meant "not set".
     """
-    defaults = type(cfg)()
-    return ConfigRecord({
-        _key(k): v for k, v in dataclasses.asdict(cfg).items()
-        if v is not None and not (changed_only and getattr(defaults, k) == v)
-    })
+    values = run_config_values(cfg)
+    if changed_only:
+        defaults = run_config_values(type(cfg)())
+        values = {k: v for k, v in values.items() if defaults[k] != v}
+    return ConfigRecord({k: v for k, v in values.items() if v is not None})
+
+
+def run_config_values(cfg: Any) -> dict[str, Any]:
+    """Hyphenated key -> value of every field of ``cfg``, as a run config spells it.
+
+    A ``None`` field is its "not set" spelling (``levels = 0``) where it declares one, so
+    that the values can be written as TOML; else it stays ``None``.
+    """
+    unset = unset_spellings(type(cfg))
+    return {_key(name): unset.get(_key(name)) if value is None else value
+            for name, value in dataclasses.asdict(cfg).items()}
 
 
 def parse_params(text: str, key: str = "params") -> dict[str, Any]:

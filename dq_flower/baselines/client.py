@@ -404,7 +404,7 @@ def _trained_update(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: G
     """The round's local training: its update, mean loss and examples seen."""
     if cfg.epochs_mode:
         batches = epoch_batches(seed, server_round, pid, x.shape[0], cfg.batch_size,
-                                cfg.local_epochs)
+                                cfg.epochs)
     else:
         batches = batch_indices(seed, server_round, pid, x.shape[0], cfg.batch_size,
                                 cfg.local_steps)

@@ -16,7 +16,8 @@ from dq_flower.codecs.entropy import available
 from dq_flower.codecs.registry import codec_class
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check as _check
-from dq_flower.config import check_choice, check_robust_knobs, client_knob, parse_params
+from dq_flower.config import check_choice, clear_unset, client_knob, knob, parse_params
+from dq_flower.knobs import OptimizerConfig, RobustConfig
 
 __all__ = [
     "GradientConfig",
@@ -60,15 +61,17 @@ CODEC_DEFAULTS: dict[str, dict[str, Any]] = {
 ENTROPY_CODERS = SAMPLE_CODERS
 #: Codecs whose uploads ``context`` leaves to zlib (the run's coder is then ``zlib``).
 ZLIB_UNDER_CONTEXT = tuple(n for n in names() if coder_for(codec_class(n)()) == "zlib")
-#: Codec parameters that are also run-config keys of their own (0 = not set).
+#: Codec parameters that are also run-config keys of their own (``None``: not set; the run
+#: config spells it 0).
 CODEC_PARAM_KNOBS = ("levels", "bucket", "ratio", "rank")
 
 
 @dataclass(frozen=True)
-class GradientConfig:
+class GradientConfig(RobustConfig, OptimizerConfig):
     """Knobs of distributed SGD with compressed uploads (the gradient baselines).
 
-    Every knob has a neutral value (``""``, ``0``, ``"auto"``) so that one run config
+    Every knob a method may set itself has a run-config spelling of "not set" (``""``,
+    ``0``, ``"auto"``; :func:`dq_flower.config.knob`'s ``unset``) so that one run config
     (``pyproject.toml``) can list them all without overriding a method's own choices.
 
     Attributes
@@ -79,34 +82,31 @@ class GradientConfig:
         sets its own.
     codec_params : str
         Codec parameters, ``"levels=4,bucket=512"``, over :data:`CODEC_DEFAULTS`.
-    levels, bucket, rank : int
-        Shortcuts overriding the same names in ``codec_params`` (0 = not set).
-    ratio : float
-        Same for top-k's kept fraction (0 = not set).
+    levels, bucket, rank : int or None
+        Shortcuts overriding the same names in ``codec_params`` (``None``: not set; the
+        run config spells it 0, and 0 is read as ``None`` here too).
+    ratio : float or None
+        Same for top-k's kept fraction (``None``: not set; 0 in the run config).
     local_steps : int
         tau: local SGD steps per round. With 1 a client sends its minibatch gradient;
         with more it sends the mean gradient along its local trajectory,
         ``(w_0 - w_tau) / (client_lr * tau)``.
-    local_epochs : int
+    local_epochs : int or None
         E: with E >= 1 each client runs E full epochs over its data (minibatches of
         ``batch_size``, shuffled as FedAvg's client does) with ``client_lr`` and sends the
         pseudo-gradient ``(w_0 - w) / (client_lr * steps)``; the server multiplies each
         decoded update by ``client_lr * steps`` (the client's model delta) before the
         weighted mean, so its ``lr`` scales the mean delta: ``lr = 1`` with momentum 0 is
-        FedAvg exactly. 0 (default) means not set: ``local_steps`` applies.
+        FedAvg exactly. ``None`` (the default; 0 in the run config, and 0 is read as
+        ``None`` here too) means not set: ``local_steps`` applies.
     batch_size : int
         Client minibatch size (per local step).
     client_lr : float
         Client step size of the local steps (only used when ``local_steps > 1``).
-    lr : float
-        Server learning rate (with majority vote: the size of the sign step).
-    momentum : float
-        Server momentum (mean aggregation); with majority vote it is the clients' own
-        momentum (Signum), since the server's step must be a pure sign.
-    weight_decay : float
-        Weight decay of the server step.
-    optimizer : str
-        ``sgd`` or ``adam`` (mean aggregation only).
+    optimizer, lr, momentum, weight_decay
+        The server optimizer (:class:`dq_flower.knobs.OptimizerConfig`; ``adam`` with mean
+        aggregation only). With majority vote ``lr`` is the size of the sign step and
+        ``momentum`` the clients' own (Signum), since the server's step must be a pure sign.
     downlink : str
         ``auto``, ``float32`` (the model as raw float32), ``fp16``, or ``sign`` (majority
         vote only: the vote, 1 bit per coordinate; clients keep a model copy and apply it).
@@ -131,60 +131,43 @@ class GradientConfig:
         codec, so a run config shared by DQ and the baselines is valid for both.
     max_failed_rounds : int
         Stop the run when every sampled client fails this many rounds in a row (0: never).
-    trim_fraction : float
-        Fraction cut at each end by ``aggregation="trimmed-mean"``.
-    clip_norm : float
-        Clip every client's update to this L2 norm before aggregating (0: off).
-    clip_factor : float
-        Clip every client's update to this multiple of the round's median norm before
-        aggregating, so that one client moves the aggregate by at most a median norm times
-        its weight share (0: off; default 1).
-    min_cosine : float
-        Leave a node's update out of the round's mean while its cosine with the mean of
-        the round's other updates is below this on average over its last 10 rounds
-        (default -0.1: it keeps pointing against the others; -1: off; see
-        :class:`dq_flower.server.robust.DirectionScreen`).
-    weight_cap : float
-        A client's example weight counts at most this multiple of the round's median
-        weight (0: off; default 2).
-    norm_bound_factor : float
-        Reject a vector whose norm exceeds this multiple of the recent rounds' median
-        norms (0: off; default 5; see :mod:`dq_flower.server.robust`).
+    trim_fraction, clip_norm, clip_factor, min_cosine, weight_cap, norm_bound_factor
+        The robust-aggregation knobs (:class:`dq_flower.knobs.RobustConfig`) of the
+        clients' decoded updates (``trimmed-mean``: ``aggregation="trimmed-mean"``).
     """
 
     codec: str = client_knob("identity")
-    codec_params: str = client_knob("")
-    levels: int = client_knob(0)
-    bucket: int = client_knob(0)
-    ratio: float = client_knob(0.0)
-    rank: int = client_knob(0)
+    codec_params: str = client_knob("", unset="")
+    levels: int | None = client_knob(None, unset=0)
+    bucket: int | None = client_knob(None, unset=0)
+    ratio: float | None = client_knob(None, unset=0.0)
+    rank: int | None = client_knob(None, unset=0)
     local_steps: int = client_knob(1)
-    local_epochs: int = client_knob(0)
+    local_epochs: int | None = client_knob(None, unset=0)
     batch_size: int = client_knob(32)
     client_lr: float = client_knob(0.1)
+    # the groups' fields the clients read: they apply the vote (lr, weight decay) and
+    # Signum's momentum themselves
     lr: float = client_knob(0.1)
     momentum: float = client_knob(0.9)
     weight_decay: float = client_knob(0.0)
-    optimizer: str = "sgd"
-    downlink: str = client_knob("auto")
-    aggregation: str = client_knob("auto")
-    error_feedback: str = client_knob("auto")
-    per_tensor: str = client_knob("auto")
+    downlink: str = client_knob("auto", unset="auto")
+    aggregation: str = client_knob("auto", unset="auto")
+    error_feedback: str = client_knob("auto", unset="auto")
+    per_tensor: str = client_knob("auto", unset="auto")
     entropy_coder: str = client_knob("zlib")
     max_failed_rounds: int = 3
-    trim_fraction: float = client_knob(0.2)
+    trim_fraction: float = client_knob(0.2)  # RobustConfig's, sent to the clients
     clip_norm: float = client_knob(0.0)
-    clip_factor: float = 1.0
-    min_cosine: float = -0.1
-    weight_cap: float = 2.0
     norm_bound_factor: float = client_knob(5.0)
 
     def __post_init__(self) -> None:
+        clear_unset(self)  # the old spelling of "not set", 0, is None
         _check(self.max_failed_rounds >= 0, "max-failed-rounds", "must be >= 0")
-        check_robust_knobs(self)
+        self.check_robust()
         _check(self.local_steps >= 1, "local-steps", f"must be >= 1, got {self.local_steps}")
-        _check(self.local_epochs >= 0, "local-epochs",
-               f"must be >= 0 (0 = not set), got {self.local_epochs}")
+        _check(self.local_epochs is None or self.local_epochs >= 1, "local-epochs",
+               f"must be >= 1 (None or 0 = not set), got {self.local_epochs}")
         _check(not (self.local_epochs and self.local_steps > 1), "local-epochs",
                f"runs whole epochs; it cannot be combined with local-steps={self.local_steps}")
         check_choice(self.entropy_coder, ENTROPY_CODERS, "entropy-coder")
@@ -194,14 +177,13 @@ class GradientConfig:
                f"{self.entropy_coder!r} needs the optional 'zstandard' package")
         _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
         _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")
-        _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
-        _check(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
-        _check(self.weight_decay >= 0, "weight-decay", f"must be >= 0, got {self.weight_decay}")
-        _check(self.optimizer in {"sgd", "adam"}, "optimizer",
-               f"must be sgd or adam, got {self.optimizer!r}")
+        self.check_optimizer()
         for name in ("levels", "bucket", "rank"):
-            _check(getattr(self, name) >= 0, name, "must be >= 0 (0 = not set)")
-        _check(0 <= self.ratio <= 1, "ratio", "must be in [0, 1] (0 = not set)")
+            value = getattr(self, name)
+            _check(value is None or value >= 1, name, f"must be >= 1 (None or 0 = not set), "
+                   f"got {value}")
+        _check(self.ratio is None or 0 < self.ratio <= 1, "ratio",
+               f"must be in (0, 1] (None or 0 = not set), got {self.ratio}")
         check_choice(self.downlink, DOWNLINKS, "downlink")
         check_choice(self.aggregation, AGGREGATIONS, "aggregation")
         check_choice(self.error_feedback, ERROR_FEEDBACK, "error-feedback")
@@ -241,8 +223,13 @@ class GradientConfig:
 
     @property
     def epochs_mode(self) -> bool:
-        """Whether clients run whole local epochs (``local_epochs`` >= 1)."""
-        return self.local_epochs > 0
+        """Whether clients run whole local epochs (``local_epochs`` set, >= 1)."""
+        return self.local_epochs is not None
+
+    @property
+    def epochs(self) -> int:
+        """``local_epochs``, 0 where it is not set."""
+        return self.local_epochs or 0
 
     @property
     def entropy(self) -> str:
@@ -260,7 +247,7 @@ class GradientConfig:
         params.update(parse_params(self.codec_params, "codec-params"))
         for name in CODEC_PARAM_KNOBS:
             value = getattr(self, name)
-            if value:
+            if value is not None:
                 params[name] = value
         return params
 
@@ -272,8 +259,9 @@ class FedAvgConfig:
     Attributes
     ----------
     local_epochs : int
-        E: epochs of local SGD over the client's partition per round (0 = not set: 1, so
-        one run config can list the key for every method).
+        E: epochs of local SGD over the client's partition per round (default 1). Not set
+        (``None``, or 0, its run-config spelling, so that one run config can list the key
+        for every method) is 1.
     client_lr : float
         Client learning rate.
     batch_size : int
@@ -282,16 +270,16 @@ class FedAvgConfig:
         Momentum of the client's SGD (restarted every round).
     """
 
-    local_epochs: int = 1
+    local_epochs: int = knob(1, unset=0)
     client_lr: float = 0.1
     batch_size: int = 32
     client_momentum: float = 0.0
 
     def __post_init__(self) -> None:
-        _check(self.local_epochs >= 0, "local-epochs",
-               f"must be >= 1 (or 0 = not set), got {self.local_epochs}")
-        if self.local_epochs == 0:
+        if self.local_epochs is None or self.local_epochs == 0:  # not set
             object.__setattr__(self, "local_epochs", 1)
+        _check(self.local_epochs >= 1, "local-epochs",
+               f"must be >= 1 (None or 0 = not set), got {self.local_epochs}")
         _check(self.client_lr > 0, "client-lr", f"must be > 0, got {self.client_lr}")
         _check(self.batch_size >= 1, "batch-size", f"must be >= 1, got {self.batch_size}")
         _check(0 <= self.client_momentum < 1, "client-momentum",

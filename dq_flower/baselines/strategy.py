@@ -154,9 +154,9 @@ class GradientStrategy(ModelStrategy, Strategy):
         self.decode = GradientDecoder(
             update_keys(config, len(self.sizes)),
             self.sizes if config.segmented else [self.dim], self.codec,
-            max_examples=(config.local_epochs * MAX_EPOCH_ROWS if config.epochs_mode
+            max_examples=(config.epochs * MAX_EPOCH_ROWS if config.epochs_mode
                           else config.batch_size * config.local_steps),
-            epochs=config.local_epochs if config.epochs_mode else 0,
+            epochs=config.epochs,
             batch_size=config.batch_size, local_steps=config.local_steps)
 
     @property

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from dq_flower.compare.presets import MethodSpec, Preset
-from dq_flower.config import field_keys
+from dq_flower.config import field_keys, run_config_values
 from dq_flower.harness.methods import (
     client_config,
     get_method,
@@ -138,8 +138,8 @@ def plan_runs(preset: Preset, sets: Sequence[tuple[str | None, str, Any]] = ()) 
         except ValueError as exc:
             raise ValueError(f"method {spec.label}: {exc}") from None
         configs = (client_config(run_config), task, method_cfg)
-        resolved = {k.replace("_", "-"): v
-                    for cfg in configs if cfg is not None for k, v in asdict(cfg).items()}
+        resolved = {k: v for cfg in configs if cfg is not None
+                    for k, v in run_config_values(cfg).items()}
         plans.append(PlannedRun(spec, run_config, {**scenario, **knobs},
                                 get_method(spec.method).family, resolved))
     return plans

@@ -10,6 +10,7 @@ from dq_flower.config import (
     check,
     check_choice,
     check_off_or_more,
+    clear_unset,
     client_keys,
     client_knob,
     from_mapping,
@@ -38,10 +39,9 @@ class CompressionConfig:
     codec_params : str
         The codec's parameters, ``"levels=1,bucket=512"``, over the defaults of the gradient
         baselines (``dq_flower.baselines.config.CODEC_DEFAULTS``).
-    levels, bucket, rank : int
-        Shortcuts overriding the same names in ``codec_params`` (0 = not set).
-    ratio : float
-        Same for top-k's kept fraction (0 = not set).
+    levels, bucket, ratio, rank
+        The shortcuts over ``codec_params``, as in
+        :class:`dq_flower.baselines.config.GradientConfig` (``None`` or 0: not set).
     entropy_coder : str
         Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``,
         or ``context`` (the codes of ``qsgd`` and ``terngrad`` updates modelled, per message
@@ -69,14 +69,14 @@ class CompressionConfig:
     """
 
     codec: str = client_knob("qsgd")
-    codec_params: str = client_knob("")
-    levels: int = client_knob(0)
-    bucket: int = client_knob(0)
-    ratio: float = client_knob(0.0)
-    rank: int = client_knob(0)
+    codec_params: str = client_knob("", unset="")
+    levels: int | None = client_knob(None, unset=0)
+    bucket: int | None = client_knob(None, unset=0)
+    ratio: float | None = client_knob(None, unset=0.0)
+    rank: int | None = client_knob(None, unset=0)
     entropy_coder: str = client_knob("zlib")
-    error_feedback: str = client_knob("auto")
-    per_tensor: str = client_knob("auto")
+    error_feedback: str = client_knob("auto", unset="auto")
+    per_tensor: str = client_knob("auto", unset="auto")
     downlink: str = client_knob("float32")
     clip_factor: float = 0.0
     weight_cap: float = 10.0
@@ -84,6 +84,7 @@ class CompressionConfig:
     seed: int = client_knob(0)
 
     def __post_init__(self) -> None:
+        clear_unset(self)  # the old spelling of "not set", 0, is None
         check(self.codec != "sign", "codec",
               "'sign' is majority vote (GradientStrategy); use 'ef-sign' for a scaled sign")
         check_choice(self.error_feedback, ERROR_FEEDBACK, "error_feedback")

@@ -14,13 +14,8 @@ from typing import Any
 from dq_flower.codecs import make
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check as _check
-from dq_flower.config import (
-    check_choice,
-    check_robust_knobs,
-    client_keys,
-    client_knob,
-    parse_params,
-)
+from dq_flower.config import check_choice, client_keys, client_knob, parse_params
+from dq_flower.knobs import OptimizerConfig, RobustConfig
 
 __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
            "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
@@ -44,7 +39,7 @@ RANGE_MODES = ("auto", "sample", "channel", "feature")
 
 
 @dataclass(frozen=True)
-class DQConfig:
+class DQConfig(RobustConfig, OptimizerConfig):
     """Knobs of the data-quantization method.
 
     Attributes
@@ -132,10 +127,9 @@ class DQConfig:
         Optimizer steps the server takes per round (fixed schedule).
     server_batch_size : int
         Minibatch size of the later steps, drawn from the store.
-    optimizer : str
-        ``sgd`` (momentum, weight decay) or ``adam``.
-    lr, momentum, weight_decay : float
-        Server optimizer settings.
+    optimizer, lr, momentum, weight_decay
+        The server optimizer (:class:`dq_flower.knobs.OptimizerConfig`; here ``lr`` 0.05,
+        ``weight_decay`` 5e-4).
     max_store_samples : int
         Bound on the store (0 = unbounded).
     store_eviction : str
@@ -153,25 +147,9 @@ class DQConfig:
     robust_aggregation : str
         How the round's compensations and gradient-round gradients combine: ``mean``
         (``auto``: weighted by examples), ``median`` (coordinate-wise) or ``trimmed-mean``.
-    trim_fraction : float
-        Fraction cut at each end by ``trimmed-mean``.
-    clip_norm : float
-        Clip every client's compensation or gradient to this L2 norm first (0: off).
-    clip_factor : float
-        Clip every client's compensation, refreshed residual or gradient to this multiple
-        of the round's median norm before aggregating, so that one client moves the
-        aggregate by at most a median norm times its weight share (0: off; default 1).
-    min_cosine : float
-        Leave a node's gradient-round gradient out of the round's mean while its cosine
-        with the mean of the round's other gradients is below this on average over its
-        last 10 gradient rounds (default -0.1; -1: off; see
-        :class:`dq_flower.server.robust.DirectionScreen`).
-    weight_cap : float
-        A client's example weight counts at most this multiple of the round's median
-        weight (0: off; default 2).
-    norm_bound_factor : float
-        Reject a vector whose norm exceeds this multiple of the recent rounds' median
-        norms (0: off; default 5; see :mod:`dq_flower.server.robust`).
+    trim_fraction, clip_norm, clip_factor, min_cosine, weight_cap, norm_bound_factor
+        The robust-aggregation knobs (:class:`dq_flower.knobs.RobustConfig`), applied to
+        every client's compensation, refreshed residual and gradient-round gradient.
     max_abs_value : float
         Largest absolute data value accepted (feature ranges included); 0 (auto) sets it to
         10 times the median, over the first data round's accepted uploads, of each one's
@@ -206,9 +184,7 @@ class DQConfig:
     compensation_decay: float = 1.0
     server_steps: int = 20
     server_batch_size: int = 64
-    optimizer: str = "sgd"
     lr: float = 0.05
-    momentum: float = 0.9
     weight_decay: float = 5e-4
     max_store_samples: int = 0
     store_eviction: str = "fifo"
@@ -218,12 +194,6 @@ class DQConfig:
     gradient_batch_size: int = client_knob(32)
     max_failed_rounds: int = 3
     robust_aggregation: str = "auto"
-    trim_fraction: float = 0.2
-    clip_norm: float = 0.0
-    clip_factor: float = 1.0
-    min_cosine: float = -0.1
-    weight_cap: float = 2.0
-    norm_bound_factor: float = 5.0
     max_abs_value: float = 0.0
 
     def __post_init__(self) -> None:
@@ -261,7 +231,7 @@ class DQConfig:
         _check(self.robust_aggregation in ("auto", "mean", "median", "trimmed-mean"),
                "robust_aggregation", "must be auto, mean, median or trimmed-mean, got "
                f"{self.robust_aggregation!r}")
-        check_robust_knobs(self)
+        self.check_robust()
         _check(self.max_abs_value >= 0, "max_abs_value", "must be >= 0 (0 = auto)")
 
     def _check_compensation(self) -> None:
@@ -282,11 +252,7 @@ class DQConfig:
         """The server's steps, optimizer and store."""
         _check(self.server_steps >= 1, "server_steps", "must be >= 1")
         _check(self.server_batch_size >= 1, "server_batch_size", "must be >= 1")
-        _check(self.optimizer in {"sgd", "adam"}, "optimizer",
-               f"must be sgd or adam, got {self.optimizer!r}")
-        _check(self.lr > 0, "lr", "must be > 0")
-        _check(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
-        _check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        self.check_optimizer()
         _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
         _check(self.store_eviction in {"fifo", "random"}, "store_eviction",
                f"must be fifo or random, got {self.store_eviction!r}")

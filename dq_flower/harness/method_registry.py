@@ -11,21 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dq_flower.config import field_keys
+from dq_flower.config import field_keys, unset_spellings
 
-__all__ = ["Family", "FAMILIES", "Method", "NEUTRAL_VALUES", "METHODS", "family_of",
+__all__ = ["Family", "FAMILIES", "Method", "METHODS", "family_of", "not_set_values",
            "register_method"]
-
-#: Run-config values that mean "not set" (``pyproject.toml`` lists every knob at such a
-#: value): they do not override a method's own default for the key, so the table can
-#: list ``levels = 0`` while ``fedavg-qsgd2`` keeps its ``levels = 1``.
-NEUTRAL_VALUES: dict[str, Any] = {
-    "codec-params": "", "levels": 0, "bucket": 0, "ratio": 0.0, "rank": 0,
-    "local-epochs": 0, "downlink": "auto", "aggregation": "auto", "error-feedback": "auto",
-    "per-tensor": "auto",
-    # the robust mean's defaults: the fedavg-* methods keep their plain mean under them
-    "clip-factor": 1.0, "weight-cap": 2.0, "min-cosine": -0.1,
-}
 
 
 @dataclass(frozen=True)
@@ -103,21 +92,47 @@ class Method:
 
     def knob_keys(self) -> set[str]:
         """The hyphenated keys of every knob this method reads (server and clients)."""
-        classes = (self.config_cls, self.client_config_cls)
-        return set().union(*(field_keys(c) for c in classes if c is not None))
+        return set().union(*(field_keys(c) for c in self.config_classes()))
+
+    def config_classes(self) -> tuple[type, ...]:
+        """``config_cls`` and, where there is one, ``client_config_cls``."""
+        return tuple(c for c in (self.config_cls, self.client_config_cls) if c is not None)
 
     def merged(self, run_config: Mapping[str, Any]) -> dict[str, Any]:
         """``run_config`` over this method's defaults.
 
-        A run-config value equal to the key's :data:`NEUTRAL_VALUES` entry ("not set") does
-        not replace the method's own default.
+        A run-config value that means "not set" (:func:`not_set_values`: ``levels = 0``,
+        ``downlink = "auto"``, ...) does not replace the method's own default, so that
+        ``pyproject.toml`` can list every knob while ``fedavg-qsgd2`` keeps its
+        ``levels = 1``.
         """
         out = dict(self.defaults)
+        unset = not_set_values()
         for key, value in run_config.items():
-            if key in out and key in NEUTRAL_VALUES and _same(value, NEUTRAL_VALUES[key]):
+            if key in out and any(_same(value, u) for u in unset.get(key, ())):
                 continue
             out[key] = value
         return out
+
+
+def not_set_values() -> dict[str, list[Any]]:
+    """Run-config key -> the values that mean "not set" for it.
+
+    The "not set" spellings the config fields of every registered method declare
+    (:func:`dq_flower.config.knob`'s ``unset``): one run config lists the knobs of every
+    method, each key once, so a spelling holds for the key whichever method runs. The
+    ``clip-factor``, ``weight-cap`` and ``min-cosine`` listed at the robust mean's defaults
+    (:class:`dq_flower.knobs.RobustConfig`) thus leave the ``fedavg-*`` methods their plain
+    mean, and ``downlink = "auto"`` (the gradient baselines') their own downlinks.
+    """
+    out: dict[str, list[Any]] = {}
+    for method in METHODS.values():
+        for cls in method.config_classes():
+            for key, value in unset_spellings(cls).items():
+                values = out.setdefault(key, [])
+                if not any(_same(value, v) for v in values):
+                    values.append(value)
+    return out
 
 
 def _same(value: Any, neutral: Any) -> bool:

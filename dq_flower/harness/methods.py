@@ -13,10 +13,10 @@ from typing import Any
 
 from dq_flower.config import from_mapping
 from dq_flower.harness import methods_builtin  # noqa: F401  (registers the built-in methods)
-from dq_flower.harness.method_registry import METHODS, NEUTRAL_VALUES, Method, register_method
+from dq_flower.harness.method_registry import METHODS, Method, register_method
 from dq_flower.harness.task_config import TaskConfig
 
-__all__ = ["Method", "NEUTRAL_VALUES", "register_method", "get_method", "method_names",
+__all__ = ["Method", "register_method", "get_method", "method_names",
            "validate_run_config", "client_config"]
 
 

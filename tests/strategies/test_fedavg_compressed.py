@@ -152,7 +152,7 @@ def test_neutral_run_config_values_keep_each_methods_own_choices():
     assert q2.gradient_config().codec_kwargs["levels"] == 1 and q2_client.local_epochs == 1
     assert q2.clip_factor == 0.0 and q2.weight_cap == 0.0 and q2.downlink == "float32"
     assert fp.downlink == "fp16"
-    assert qs.local_epochs == 0 and qs.codec_kwargs["levels"] == 4
+    assert qs.local_epochs is None and qs.codec_kwargs["levels"] == 4
     assert fa.local_epochs == 1
     _, explicit = validate_run_config({"method": "fedavg-qsgd2", "levels": 3})
     assert explicit.gradient_config().codec_kwargs["levels"] == 3

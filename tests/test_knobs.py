@@ -1,0 +1,211 @@
+"""``None`` means "not set"; one rule for the run config's "not set" listing; shared groups."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from dq_flower.baselines.config import FedAvgConfig, GradientConfig
+from dq_flower.compression.config import CompressionConfig
+from dq_flower.config import client_keys, from_mapping, to_config_record, unset_spellings
+from dq_flower.dq.config import DQConfig
+from dq_flower.harness.method_registry import not_set_values
+from dq_flower.harness.methods import get_method, method_names
+from dq_flower.knobs import OptimizerConfig, RobustConfig
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+SHORTCUTS = ("levels", "bucket", "ratio", "rank")
+
+#: The table ``Method.merged`` used before the field metadata declared the "not set"
+#: spellings (a literal copy, so that the rule that replaced it is checked against it).
+OLD_NEUTRAL_VALUES = {
+    "codec-params": "", "levels": 0, "bucket": 0, "ratio": 0.0, "rank": 0,
+    "local-epochs": 0, "downlink": "auto", "aggregation": "auto", "error-feedback": "auto",
+    "per-tensor": "auto", "clip-factor": 1.0, "weight-cap": 2.0, "min-cosine": -0.1,
+}
+
+
+def _old_same(value, neutral):
+    if isinstance(value, bool) or type(value) not in (type(neutral), int, float, str):
+        return False
+    return value == neutral
+
+
+def _old_merged(method, run_config):
+    out = dict(method.defaults)
+    for key, value in run_config.items():
+        if key in out and key in OLD_NEUTRAL_VALUES and _old_same(value,
+                                                                  OLD_NEUTRAL_VALUES[key]):
+            continue
+        out[key] = value
+    return out
+
+
+def _pyproject_run_config():
+    return tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+
+
+# ------------------------------------------------------------------ None means not set
+@pytest.mark.parametrize("cls", [GradientConfig, CompressionConfig])
+def test_the_codec_shortcuts_default_to_none(cls):
+    cfg = cls(codec="qsgd")
+    assert all(getattr(cfg, name) is None for name in SHORTCUTS)
+    gradient = cfg.gradient_config() if isinstance(cfg, CompressionConfig) else cfg
+    assert gradient.codec_kwargs == {"levels": 4, "bucket": 512}  # the codec's defaults
+
+
+@pytest.mark.parametrize("cls", [GradientConfig, CompressionConfig])
+def test_the_old_spelling_zero_is_normalised_to_none(cls):
+    cfg = cls(codec="qsgd", levels=0, bucket=0, ratio=0.0, rank=0)
+    assert all(getattr(cfg, name) is None for name in SHORTCUTS)
+    assert cls(codec="qsgd", levels=0) == cls(codec="qsgd")
+
+
+def test_gradient_local_epochs_not_set_is_none():
+    assert GradientConfig().local_epochs is None and not GradientConfig().epochs_mode
+    assert GradientConfig(local_epochs=0) == GradientConfig()
+    assert from_mapping(GradientConfig, {"local-epochs": 0}).local_epochs is None
+    cfg = from_mapping(GradientConfig, {"local-epochs": 2})
+    assert cfg.local_epochs == cfg.epochs == 2 and cfg.epochs_mode
+
+
+def test_fedavg_local_epochs_not_set_is_one():
+    assert FedAvgConfig().local_epochs == 1
+    assert FedAvgConfig(local_epochs=0).local_epochs == 1
+    assert FedAvgConfig(local_epochs=None).local_epochs == 1
+    assert from_mapping(FedAvgConfig, {"local-epochs": 0}).local_epochs == 1
+    assert from_mapping(FedAvgConfig, {"local-epochs": 3}).local_epochs == 3
+
+
+@pytest.mark.parametrize("cls", [GradientConfig, CompressionConfig])
+def test_the_run_config_spelling_of_not_set_maps_to_none(cls):
+    cfg = from_mapping(cls, {"codec": "topk", "levels": 0, "bucket": 0.0, "ratio": 0,
+                             "rank": "0"})
+    assert all(getattr(cfg, name) is None for name in SHORTCUTS)
+    cfg = from_mapping(cls, {"codec": "qsgd", "levels": 0, "bucket": 64})
+    assert (cfg.levels, cfg.bucket, cfg.ratio) == (None, 64, None)
+    assert from_mapping(cls, {"codec": "topk", "ratio": 0.05}).ratio == 0.05
+
+
+@pytest.mark.parametrize(("mapping", "key"), [
+    ({"levels": "one"}, "levels"), ({"ratio": "a tenth"}, "ratio"), ({"rank": 1.5}, "rank"),
+    ({"bucket": True}, "bucket"),
+])
+@pytest.mark.parametrize("cls", [GradientConfig, CompressionConfig])
+def test_a_wrong_type_for_an_optional_knob_names_its_key(cls, mapping, key):
+    with pytest.raises(ValueError, match=f"^config key '{key}': expected"):
+        from_mapping(cls, {"codec": "qsgd", **mapping})
+
+
+def test_the_fields_declare_their_run_config_spelling_of_not_set():
+    spellings = unset_spellings(GradientConfig)
+    assert {k: spellings[k] for k in SHORTCUTS} == {"levels": 0, "bucket": 0, "ratio": 0.0,
+                                                      "rank": 0}
+    assert spellings["codec-params"] == "" and spellings["downlink"] == "auto"
+    assert "lr" not in spellings and "codec" not in spellings  # always a real value
+    assert unset_spellings(FedAvgConfig) == {"local-epochs": 0}
+
+
+def test_a_config_record_holds_no_none_and_reads_back_the_same():
+    cfg = GradientConfig(codec="qsgd", levels=3)
+    sent = dict(to_config_record(cfg).items())
+    assert sent["levels"] == 3 and "bucket" not in sent  # None is the default: left out
+    full = dict(to_config_record(cfg, changed_only=False).items())
+    assert full["bucket"] == 0 and full["ratio"] == 0.0  # the run config's "not set"
+    assert None not in full.values()
+    assert from_mapping(GradientConfig, sent) == from_mapping(GradientConfig, full) == cfg
+    record = CompressionConfig(codec="qsgd", levels=1).message_config()
+    assert CompressionConfig.from_message_config(record).bucket is None
+
+
+# ------------------------------------------------------------ merged: one not-set rule
+def test_the_declared_spellings_are_the_old_neutral_table():
+    spellings = not_set_values()
+    assert set(spellings) == set(OLD_NEUTRAL_VALUES)
+    for key, values in spellings.items():
+        assert values == [OLD_NEUTRAL_VALUES[key]], key
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_merged_pyproject_run_config_is_what_the_old_table_gave(name):
+    method = get_method(name)
+    listed = {**_pyproject_run_config(), "method": name}
+    assert method.merged(listed) == _old_merged(method, listed)
+    # explicit values: a real value always wins (signsgd's lr=0.1 under tuning, a method's
+    # own codec), strings and bools are never "not set"
+    for extra in ({"lr": 0.1}, {"codec": "identity"}, {"clip-factor": 0.5},
+                  {"levels": 3}, {"levels": "0"}, {"downlink": "fp16"}, {"weight-cap": 2},
+                  {"local-epochs": 2}, {"local-epochs": False}, {"min-cosine": -1.0}):
+        run_config = {**listed, **extra}
+        assert method.merged(run_config) == _old_merged(method, run_config), extra
+
+
+def test_the_methods_own_values_survive_the_pyproject_listing():
+    listed = _pyproject_run_config()
+    q2 = get_method("fedavg-qsgd2").merged({**listed, "method": "fedavg-qsgd2"})
+    assert (q2["levels"], q2["local-epochs"], q2["clip-factor"], q2["weight-cap"],
+            q2["downlink"]) == (1, 1, 0.0, 0.0, "float32")
+    sign = get_method("signsgd").merged({**listed, "method": "signsgd", "lr": 0.1})
+    assert sign["lr"] == 0.1
+
+
+# ---------------------------------------------------------------------- shared groups
+@pytest.mark.parametrize("cls", [DQConfig, GradientConfig, RobustConfig])
+@pytest.mark.parametrize(("kwargs", "key"), [
+    ({"clip_factor": -1.0}, "clip-factor"), ({"trim_fraction": 0.5}, "trim-fraction"),
+    ({"weight_cap": -0.5}, "weight-cap"), ({"min_cosine": 1.5}, "min-cosine"),
+    ({"clip_norm": -1.0}, "clip-norm"), ({"norm_bound_factor": -2.0}, "norm-bound-factor"),
+])
+def test_a_bad_robust_knob_names_its_key(cls, kwargs, key):
+    with pytest.raises(ValueError, match=f"^{key}: "):
+        cls(**kwargs)
+    with pytest.raises(ValueError, match=f"^{key}: "):
+        from_mapping(cls, {key: next(iter(kwargs.values()))})
+
+
+@pytest.mark.parametrize("cls", [DQConfig, GradientConfig, OptimizerConfig])
+@pytest.mark.parametrize(("kwargs", "key"), [
+    ({"lr": 0.0}, "lr"), ({"momentum": 1.0}, "momentum"), ({"weight_decay": -1.0},
+                                                            "weight-decay"),
+    ({"optimizer": "lbfgs"}, "optimizer"),
+])
+def test_a_bad_optimizer_knob_names_its_key(cls, kwargs, key):
+    with pytest.raises(ValueError, match=f"^{key}: "):
+        cls(**kwargs)
+
+
+def test_each_config_keeps_its_own_defaults_of_the_shared_knobs():
+    assert DQConfig().optimizer_config == OptimizerConfig(lr=0.05, weight_decay=5e-4)
+    assert GradientConfig().optimizer_config == OptimizerConfig(lr=0.1, weight_decay=0.0)
+    assert (DQConfig().optimizer, DQConfig().momentum) == ("sgd", 0.9)
+    assert DQConfig().robust == GradientConfig().robust == RobustConfig(
+        trim_fraction=0.2, clip_norm=0.0, clip_factor=1.0, min_cosine=-0.1, weight_cap=2.0,
+        norm_bound_factor=5.0)
+
+
+def test_the_groups_are_flat_on_the_configs():
+    cfg = DQConfig(lr=0.3, clip_factor=0.5)
+    assert cfg.lr == 0.3 and cfg.robust.clip_factor == 0.5
+    assert from_mapping(GradientConfig, {"clip-factor": 2.0, "lr": 0.2}).robust.clip_factor \
+        == 2.0
+    assert isinstance(cfg.robust, RobustConfig) and type(cfg.robust) is RobustConfig
+    fields = {f.name for f in dataclasses.fields(RobustConfig)} | {
+        f.name for f in dataclasses.fields(OptimizerConfig)}
+    assert fields <= {f.name for f in dataclasses.fields(DQConfig)}
+    assert fields <= {f.name for f in dataclasses.fields(GradientConfig)}
+
+
+def test_which_shared_knobs_travel_is_unchanged():
+    # the gradient clients apply the vote (lr, weight decay) and Signum's momentum; DQ's
+    # clients read none of the shared knobs
+    assert set(client_keys(GradientConfig)) == {
+        "codec", "codec-params", "levels", "bucket", "ratio", "rank", "local-steps",
+        "local-epochs", "batch-size", "client-lr", "lr", "momentum", "weight-decay",
+        "downlink", "aggregation", "error-feedback", "per-tensor", "entropy-coder",
+        "trim-fraction", "clip-norm", "norm-bound-factor"}
+    assert not set(client_keys(DQConfig)) & {
+        "lr", "momentum", "weight-decay", "optimizer", "trim-fraction", "clip-norm",
+        "clip-factor", "min-cosine", "weight-cap", "norm-bound-factor"}
