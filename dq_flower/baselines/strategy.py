@@ -10,7 +10,6 @@ and replies. The server validates every reply, decodes, aggregates (mean weighte
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,7 +21,6 @@ from flwr.app import (
     Message,
     MessageType,
     MetricRecord,
-    MetricRecordValues,
     RecordDict,
 )
 from flwr.serverapp import Grid
@@ -58,7 +56,7 @@ from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
-from dq_flower.server.pipeline import RoundLedger, bound_vectors, screen_replies
+from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors, screen_replies
 from dq_flower.server.robust import DirectionScreen, NormScreen, StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 
@@ -208,17 +206,13 @@ class GradientStrategy(ModelStrategy, Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Screen and decode the replies, bound and aggregate them, step the optimizer."""
-        t0 = time.perf_counter()
-        replies = list(replies)
         sent = self.ledger.take(server_round)
         screened = screen_replies(replies, self.decode, sent)
-        self.failures.observe(replies, screened.silent)
+        self.failures.observe(screened.replies, screened.silent)
         quorum = min(self.min_available_nodes,
                      len(sent) if sent is not None else self.min_available_nodes)
         updates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
-        coded = len(updates)  # replies whose payload bits are counted, screened or not
-        up_bits = sum(u.payload_bits for u in updates)
-        raw_bits = sum(u.raw_bits for u in updates)
+        figures = UpdateFigures.decoded(screened, updates)
         misaligned: list[int] = []
         if updates and not self.cfg.majority:
             bounded = bound_vectors([u.vector for u in updates], [u.weight for u in updates],
@@ -242,25 +236,20 @@ class GradientStrategy(ModelStrategy, Strategy):
         if stepped:
             stepped = self._guarded_step(server_round, updates)
         losses = [u.loss for u in updates]
-        metrics: dict[str, MetricRecordValues] = {
+        figures.down_payload_bits = int(self.sent_payload_bits.pop(server_round, 0))
+        figures.close(screened, len(updates) + len(misaligned))
+        metrics = figures.metrics()
+        metrics.update({
             "train-loss": (float(np.average(losses, weights=[u.weight for u in updates]))
                            if losses else float("nan")),
-            "up-payload-bits": int(up_bits),
-            "up-raw-payload-bits": int(raw_bits),
-            "down-payload-bits": int(self.sent_payload_bits.pop(server_round, 0)),
-            "replies": len(updates) + len(misaligned),
             "misaligned": len(misaligned),
-            "coded-replies": coded,
-            "rejected": screened.rejected,
-            "failed": screened.failed,
             "stepped": int(stepped),
             "rolled-back": self.rolled_back,
-            "server-time-s": time.perf_counter() - t0,
-        }
+        })
         log_round(self.method, server_round,
-                  f"{len(updates) + len(misaligned)} replies, rejected {screened.rejected}, "
+                  f"{figures.replies} replies, rejected {screened.rejected}, "
                   f"left out {len(misaligned)}, failed "
-                  f"{screened.failed}, up {up_bits} payload bits")
+                  f"{screened.failed}, up {figures.up_payload_bits} payload bits")
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
 

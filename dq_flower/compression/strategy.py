@@ -10,7 +10,6 @@ inner strategy aggregates them. Evaluation is the inner strategy's, untouched.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, MetricRecordValues
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -37,7 +36,7 @@ from dq_flower.config import build_config, given_knobs, params_text, strategy_kw
 from dq_flower.protocol.gradient import decode_update, update_keys
 from dq_flower.server.base import ServerFigures
 from dq_flower.server.common import log_rejected, log_round
-from dq_flower.server.pipeline import RoundLedger, bound_vectors, screen_replies
+from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors, screen_replies
 from dq_flower.server.robust import NormScreen
 
 __all__ = ["CompressedUpdates", "MAX_EXAMPLES"]
@@ -67,7 +66,7 @@ class _Decoded:
     metric_keys: frozenset[str]
     weight: float
     update: np.ndarray  # the decoded update (weights = reference + update)
-    nbits: int
+    payload_bits: int
     raw_bits: int
 
 
@@ -184,15 +183,11 @@ class CompressedUpdates(ServerFigures, Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Screen and decode the replies into weights, then let the inner strategy aggregate."""
-        t0 = time.perf_counter()
-        replies = list(replies)
         sent = self._sent.pop(server_round, {})
         screened = screen_replies(replies, lambda m: self._decode(m, sent),
                                   self.ledger.take(server_round))
         decoded: list[_Decoded] = screened.accepted
-        coded = len(decoded)
-        up_bits = sum(d.nbits for d in decoded)
-        raw_bits = sum(d.raw_bits for d in decoded)
+        figures = UpdateFigures.decoded(screened, decoded)
         decoded, dropped = self._consistent(decoded)
         screened.rejected += dropped
         screened.accepted = decoded
@@ -202,10 +197,9 @@ class CompressedUpdates(ServerFigures, Strategy):
                                 weight_cap=self.cfg.weight_cap)
         screened.keep(bounded.reasons)
         decoded = screened.accepted
-        rejected, failed = screened.rejected, screened.failed
         for d, update, weight in zip(decoded, bounded.vectors, bounded.weights, strict=True):
             self._rebuild(d, sent[int(d.msg.metadata.src_node_id)], update, weight)
-        passed = [m for m in replies if m.has_error()] + [d.msg for d in decoded]
+        passed = [m for m in screened.replies if m.has_error()] + [d.msg for d in decoded]
         arrays, metrics = self.strategy.aggregate_train(server_round, passed)
         finite = arrays is None or all(
             np.isfinite(a.numpy()).all() for a in arrays.values()
@@ -214,20 +208,12 @@ class CompressedUpdates(ServerFigures, Strategy):
             log(WARNING, "[%s] round %d: the aggregate is not finite; the model stays as it "
                 "was", NAME, server_round)
             arrays = None
-        down_bits = sum(e.down_bits for e in sent.values())
-        figures: dict[str, MetricRecordValues] = {
-            "up-payload-bits": int(up_bits),
-            "up-raw-payload-bits": int(raw_bits),
-            "down-payload-bits": int(down_bits),
-            "replies": len(decoded),
-            "coded-replies": coded,
-            "rejected": rejected,
-            "failed": failed,
-            "server-time-s": time.perf_counter() - t0,
-        }
-        self.record_figures(server_round, figures)
-        log_round(NAME, server_round, f"{len(decoded)} updates decoded, rejected {rejected}, "
-                  f"failed {failed}, up {up_bits} payload bits")
+        figures.down_payload_bits = sum(e.down_bits for e in sent.values())
+        figures.close(screened, len(decoded))
+        self.record_figures(server_round, figures.metrics())
+        log_round(NAME, server_round, f"{len(decoded)} updates decoded, rejected "
+                  f"{figures.rejected}, failed {figures.failed}, up "
+                  f"{figures.up_payload_bits} payload bits")
         return arrays, metrics
 
     def configure_evaluate(

@@ -14,17 +14,20 @@ A round's replies go through the same steps whatever the protocol:
    weights are capped against the round's median (:func:`~dq_flower.server.robust.cap_weights`).
 4. :func:`~dq_flower.server.robust.aggregate` combines them; the strategy steps inside a
    :class:`~dq_flower.server.robust.StepGuard` that rolls back a non-finite step.
+5. :class:`UpdateFigures`: the round's uplink and screening metrics, one meaning per key,
+   for every strategy whose clients upload model updates.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import Message, MetricRecordValues
 from flwr.common.logger import log
 
 from dq_flower.server.common import REPLY_ERRORS, log_rejected
@@ -37,7 +40,7 @@ from dq_flower.server.robust import (
 )
 
 __all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "Bounded",
-           "bound_vectors"]
+           "bound_vectors", "UpdateFigures"]
 
 T = TypeVar("T")
 
@@ -98,6 +101,8 @@ class Screened(Generic[T]):
     rejected: int = 0
     failed: int = 0  # error replies and silent nodes
     silent: int = 0  # sampled nodes that sent nothing before the round's timeout
+    replies: list[Message] = field(default_factory=list)  # every reply, as received
+    started: float = field(default_factory=time.perf_counter)  # when screening began
 
     def reject(self, node: int, reason: str) -> None:
         """Count and log one rejected reply."""
@@ -119,9 +124,9 @@ def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
 
     Every exception ``decode`` raises rejects that reply with its reason: the round goes on.
     """
-    out: Screened[T] = Screened()
+    out: Screened[T] = Screened(replies=list(replies))
     seen: set[int] = set()
-    for msg in replies:
+    for msg in out.replies:
         node = int(msg.metadata.src_node_id)
         problem = origin_problem(msg, sent)
         if problem is not None:
@@ -199,3 +204,55 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     kept_w = [w for w, a in zip(kept_w, agree, strict=True) if a]
     kept = [v for v, a in zip(kept, agree, strict=True) if a]
     return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, agree, left_out)
+
+
+class Coded(Protocol):
+    """A decoded update reply: the bits its payload carried, as sent and before coding."""
+
+    @property
+    def payload_bits(self) -> int: ...  # noqa: D102
+
+    @property
+    def raw_bits(self) -> int: ...  # noqa: D102
+
+
+@dataclass
+class UpdateFigures:
+    """An update round's uplink and screening figures, one meaning per metric key.
+
+    ``coded-replies`` counts the replies that decoded (their payload bits are counted in
+    ``up-payload-bits`` whether a later screen rejects them or not); ``replies`` counts
+    those the round used; ``server-time-s`` runs from the start of screening.
+    """
+
+    coded_replies: int
+    up_payload_bits: int
+    up_raw_payload_bits: int
+    started: float
+    down_payload_bits: int = 0
+    replies: int = 0
+    rejected: int = 0
+    failed: int = 0
+
+    @classmethod
+    def decoded(cls, screened: Screened, coded: Sequence[Coded]) -> UpdateFigures:
+        """The figures of the replies ``screened`` decoded (``coded``), before bounding."""
+        return cls(len(coded), sum(int(c.payload_bits) for c in coded),
+                   sum(int(c.raw_bits) for c in coded), screened.started)
+
+    def close(self, screened: Screened, replies: int) -> None:
+        """Take the screening's final counts; ``replies``: the replies the round used."""
+        self.replies, self.rejected, self.failed = replies, screened.rejected, screened.failed
+
+    def metrics(self) -> dict[str, MetricRecordValues]:
+        """The figures by their metric keys (``server-time-s`` measured now)."""
+        return {
+            "up-payload-bits": self.up_payload_bits,
+            "up-raw-payload-bits": self.up_raw_payload_bits,
+            "down-payload-bits": self.down_payload_bits,
+            "replies": self.replies,
+            "coded-replies": self.coded_replies,
+            "rejected": self.rejected,
+            "failed": self.failed,
+            "server-time-s": time.perf_counter() - self.started,
+        }
