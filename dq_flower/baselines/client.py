@@ -13,25 +13,31 @@ when the update is coded per tensor):
 - ``grad-momentum``: the client momentum of majority vote (Signum);
 - ``grad-model`` / ``grad-model-meta``: the model copy and its version (``downlink="sign"``).
 
-After each round the client snapshots these entries (``grad-after@<round>/<key>``, the
-last few rounds, listed in ``grad-rounds``); a round the server sends again (a retry, or a
-replay after the server resumed from an older checkpoint) starts from the snapshot of the
-latest round before it, so its reply and the state it leaves are the same as the first
-time.
+After each round the client snapshots these entries (:mod:`dq_flower.client_state`:
+``grad-after@<round>/<key>``, the last few rounds, listed in ``grad-rounds``); a round the
+server sends again (a retry, or a replay after the server resumed from an older
+checkpoint) starts from the snapshot of the latest round before it, so its reply and the
+state it leaves are the same as the first time.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.config import GradientConfig
+from dq_flower.client_state import (
+    begin_round,
+    encode_keeping_state,
+    end_round,
+    load_state_dict,
+    save_state_dict,
+)
 from dq_flower.codecs import ErrorFeedback, Payload, PayloadError
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
@@ -56,10 +62,6 @@ __all__ = [
     "encode_update",
     "segments",
     "local_update",
-    "begin_round",
-    "end_round",
-    "save_state_dict",
-    "load_state_dict",
     "EF_KEY",
 ]
 
@@ -67,8 +69,6 @@ EF_KEY = "grad-ef"
 CODEC_KEY = "grad-codec"
 MOMENTUM_KEY = "grad-momentum"
 MODEL_STATE_KEY = "grad-model"
-#: The key of an earlier snapshot layout (ignored).
-ROUND_KEY = "grad-round"
 #: Most votes a client applies from one message.
 MAX_VOTES = 64
 
@@ -145,108 +145,8 @@ def local_update(
     return update, float(np.mean(losses)), int(sum(b.size for b in batches))
 
 
-# ---------------------------------------------------------------- Context.state helpers
-def save_state_dict(context: Context, key: str, state: Mapping[str, Any]) -> None:
-    """Store a state dict of arrays and scalars in ``context.state`` under ``key``.
-
-    Arrays go to ``ArrayRecord`` ``key`` (dtype and shape kept), scalars to ``ConfigRecord``
-    ``key + "-meta"``; ``None`` values are left out.
-    """
-    arrays, scalars = {}, {}
-    for name, value in state.items():
-        if value is None:
-            continue
-        if isinstance(value, np.ndarray):
-            arrays[name] = Array(np.ascontiguousarray(value))
-        elif isinstance(value, (bool, int, float, str, np.integer, np.floating)):
-            scalars[name] = value.item() if isinstance(value, np.generic) else value
-        else:
-            arrays[name] = Array(np.ascontiguousarray(np.asarray(value)))
-    context.state[key] = ArrayRecord(arrays)
-    context.state[key + "-meta"] = ConfigRecord(scalars)
-
-
-def load_state_dict(context: Context, key: str) -> dict[str, Any] | None:
-    """Inverse of :func:`save_state_dict`; ``None`` when nothing is stored under ``key``."""
-    rec = context.state.array_records.get(key)
-    if rec is None:
-        return None
-    out: dict[str, Any] = {name: arr.numpy() for name, arr in rec.items()}
-    meta = context.state.config_records.get(key + "-meta")
-    if meta is not None:
-        out.update(dict(meta.items()))
-    return out
-
-
-def _copy_record(record: Any) -> Any:
-    """A new record of the same type holding the same (immutable) items."""
-    return type(record)(dict(record.items()))
-
-
-#: Rounds of state snapshots a client keeps: a server resuming from a checkpoint up to
-#: this many served rounds old replays them from the state each started from.
-STATE_HISTORY = 8
-#: Snapshot of the live ``grad-*`` entries after round r: ``grad-after@<r>/<entry>``.
-AFTER_PREFIX = "grad-after@"
-ROUNDS_KEY = "grad-rounds"
-
-
 #: Prefix of every ``Context.state`` entry of the gradient baselines.
 STATE_PREFIX = "grad-"
-
-
-def _live_keys(context: Context, prefix: str) -> list[str]:
-    return [k for k in list(context.state.keys()) if k.startswith(prefix)
-            and not k.startswith(prefix + "after@")
-            and k not in (prefix + "round", prefix + "rounds")]
-
-
-def _snapshot_rounds(context: Context, prefix: str) -> list[int]:
-    meta = context.state.config_records.get(prefix + "rounds")
-    return [] if meta is None else [int(r) for r in cast(list, meta["rounds"])]
-
-
-def _drop_snapshot(context: Context, rnd: int, prefix: str) -> None:
-    head = f"{prefix}after@{rnd}/"
-    for key in [k for k in list(context.state.keys()) if k.startswith(head)]:
-        del context.state[key]
-
-
-def begin_round(context: Context, server_round: int, prefix: str = STATE_PREFIX) -> bool:
-    """Put the client state where it was before ``server_round``; True for a repeated round.
-
-    The live entries (``Context.state`` keys starting with ``prefix``, ``grad-`` for the
-    gradient baselines) are restored from the snapshot taken after the latest served
-    round before ``server_round`` (:func:`end_round`), and snapshots of that round or
-    later are dropped: a round the server sends again, also after resuming from an older
-    checkpoint, starts from the same state and gets the same reply.
-    """
-    rounds = _snapshot_rounds(context, prefix)
-    repeated = server_round in rounds
-    for rnd in rounds:
-        if rnd >= server_round:
-            _drop_snapshot(context, rnd, prefix)
-    earlier = [r for r in rounds if r < server_round]
-    context.state[prefix + "rounds"] = ConfigRecord({"rounds": earlier})
-    for key in _live_keys(context, prefix):
-        del context.state[key]
-    if earlier:
-        head = f"{prefix}after@{max(earlier)}/"
-        for key in [k for k in list(context.state.keys()) if k.startswith(head)]:
-            context.state[key[len(head):]] = _copy_record(context.state[key])
-    return repeated
-
-
-def end_round(context: Context, server_round: int, prefix: str = STATE_PREFIX) -> None:
-    """Snapshot the live ``prefix`` entries after ``server_round`` (keeps the last few)."""
-    rounds = ([r for r in _snapshot_rounds(context, prefix) if r < server_round]
-              + [server_round])
-    for key in _live_keys(context, prefix):
-        context.state[f"{prefix}after@{server_round}/{key}"] = _copy_record(
-            context.state[key])
-    for rnd in rounds[:-STATE_HISTORY]:
-        _drop_snapshot(context, rnd, prefix)
-    context.state[prefix + "rounds"] = ConfigRecord({"rounds": rounds[-STATE_HISTORY:]})
 
 
 # ---------------------------------------------------------------- encoding
@@ -288,14 +188,9 @@ def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: Gradie
             coder = codec
             stateful = callable(getattr(codec, "state_dict", None))
             key = f"{prefix}codec{suffix}" if stateful else None
-        state = load_state_dict(context, key) if key else None
-        if state is not None:
-            coder.load_state_dict(state)
         if codec.name == "uniform":  # the data quantizer codes rows: the update is one row
             part = part.reshape(1, -1)
-        payloads.append(coder.encode(part, rng))
-        if key:
-            save_state_dict(context, key, coder.state_dict())
+        payloads.append(encode_keeping_state(coder, part, rng, context, key))
     return payloads
 
 
@@ -374,7 +269,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     x, y = as_arrays(data, keys)
     if x.shape[0] == 0:
         raise ValueError("this node has no training data")
-    begin_round(context, server_round)
+    begin_round(context, server_round, STATE_PREFIX)
 
     dim = int(sum(p.numel() for p in model.parameters()))
     set_flat(model, _receive_model(msg, context, cfg, config, dim))
@@ -394,7 +289,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
         "up-payload-bits": int(sum(p.nbits for p in payloads)),
         "client-time-s": time.perf_counter() - t0,
     })
-    end_round(context, server_round)
+    end_round(context, server_round, STATE_PREFIX)
     return Message(content=content, reply_to=msg)
 
 

@@ -89,8 +89,8 @@ class GradientStrategy(ModelStrategy, Strategy):
     Parameters
     ----------
     model : torch.nn.Module
-        The user's model; the server trains it in place (``start`` loads
-        ``initial_arrays`` into it first).
+        What the server steps with the decoded updates, in place; ``start`` first loads
+        ``initial_arrays`` into it.
     codec : str
         Upload codec: ``identity``, ``fp16``, ``qsgd``, ``terngrad``, ``sign`` (majority
         vote), ``ef-sign``, ``topk``, ``powersgd``, ``bingrad`` or ``orq``.

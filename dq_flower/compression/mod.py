@@ -26,17 +26,11 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
-from dq_flower.baselines.client import begin_round, encode_update, end_round
+from dq_flower.baselines.client import encode_update
+from dq_flower.client_state import begin_round, end_round
 from dq_flower.codecs import Payload
+from dq_flower.compression import wire
 from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
-from dq_flower.compression.wire import (
-    LAYOUT_KEY,
-    MODEL_KEY,
-    RAW_KEY,
-    UPDATE_KEY,
-    Layout,
-    single_array_record,
-)
 from dq_flower.node import node_key
 from dq_flower.protocol.gradient import update_keys
 from dq_flower.protocol.model import decode_model_payload
@@ -64,27 +58,27 @@ def _config(msg: Message) -> dict[str, Any]:
                      "strategy wrapped in dq_flower.CompressedUpdates?")
 
 
-def _received(msg: Message, config: dict[str, Any]) -> tuple[Layout, ArrayRecord]:
+def _received(msg: Message, config: dict[str, Any]) -> tuple[wire.Layout, ArrayRecord]:
     """The model the user's ``train()`` gets (decoded into the message), and its layout."""
     content = msg.content
-    if MODEL_KEY not in content.array_records:
-        key = single_array_record(content.array_records, "the train message")
-        return Layout.of(key, content.array_records[key]), content.array_records[key]
-    layout = Layout.from_json(config.get(LAYOUT_KEY))
-    payload = Payload.from_record(content.array_records[MODEL_KEY])
+    if wire.MODEL_KEY not in content.array_records:
+        key = wire.single_array_record(content.array_records, "the train message")
+        return wire.Layout.of(key, content.array_records[key]), content.array_records[key]
+    layout = wire.Layout.from_json(config.get(wire.LAYOUT_KEY))
+    payload = Payload.from_record(content.array_records[wire.MODEL_KEY])
     vec = decode_model_payload(payload, layout.dim)  # size checked before decoding
-    record = layout.rebuild(vec, content.array_records.get(RAW_KEY))
+    record = layout.rebuild(vec, content.array_records.get(wire.RAW_KEY))
     # a new RecordDict: the message's own may be shared with other nodes' messages
-    items = {k: v for k, v in content.items() if k not in (MODEL_KEY, RAW_KEY)}
+    items = {k: v for k, v in content.items() if k not in (wire.MODEL_KEY, wire.RAW_KEY)}
     msg.content = RecordDict({**items, layout.key: record})
     return layout, record
 
 
-def _code_reply(out: Message, layout: Layout, received: ArrayRecord, cfg: CompressionConfig,
+def _code_reply(out: Message, layout: wire.Layout, received: ArrayRecord, cfg: CompressionConfig,
                 config: dict[str, Any], context: Context) -> int:
     """Replace the reply's ``ArrayRecord`` by the coded update; return its payload bits."""
     content = out.content
-    key = single_array_record(content.array_records, "the reply of train()")
+    key = wire.single_array_record(content.array_records, "the reply of train()")
     returned = content.array_records[key]
     layout.check(returned, "the returned arrays")
     if "server-round" not in config:
@@ -98,11 +92,11 @@ def _code_reply(out: Message, layout: Layout, received: ArrayRecord, cfg: Compre
     end_round(context, server_round, STATE_PREFIX)
     raw = layout.raw_record(returned)
     del content[key]
-    for name, payload in zip(update_keys(gcfg, len(layout.coded), UPDATE_KEY), payloads,
+    for name, payload in zip(update_keys(gcfg, len(layout.coded), wire.UPDATE_KEY), payloads,
                              strict=True):
         content[name] = payload.to_record()
     if len(raw):
-        content[RAW_KEY] = raw
+        content[wire.RAW_KEY] = raw
     return int(sum(p.nbits for p in payloads))
 
 

@@ -18,13 +18,15 @@ run and a resumed one get the same replies.
 
 State kept across rounds in ``Context.state`` (lost when the client restarts; each is
 rebuilt from nothing then, which changes the replies that depend on it):
-- ``dq-ef``: the error-feedback residual of a biased compensation codec;
-- ``dq-grad-ef``: the error-feedback state of a biased codec in gradient rounds
+- ``dq-ef-compensation``: the error-feedback residual of a biased compensation codec;
+- ``dq-ef-refresh``: the same for the refreshed residuals;
+- ``dq-ef-gradient``: the error-feedback state of a biased codec in gradient rounds
   (``upload-mode`` gradient or auto);
 - under ``compensation-mode="refresh"``, the samples sent in each round, to recompute
   the residual over them.
 
-Each is kept as it was before and after the last round it served, so replies are
+The ``dq-ef-`` entries are snapshotted after every round served
+(:mod:`dq_flower.client_state`) and the samples sent are kept by round, so replies are
 idempotent per round: a server that replays a round after a crash gets the same reply.
 
 A data round with the ``uniform`` scorer and no compensation needs no model, and this
@@ -44,10 +46,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
+from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
-from dq_flower.dq.client_state import encode_with_feedback
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.held import held_for
 from dq_flower.dq.selection import select
@@ -79,9 +81,11 @@ __all__ = ["dq_train", "model_knob", "quantizer_for", "node_key", "round_config"
 #: (``dq-sent-<r>``) and its ids and weights (``dq-sent-rows-<r>``), to recompute residuals.
 SENT_PREFIX = "dq-sent-"
 SENT_ROWS_PREFIX = "dq-sent-rows-"
-REFRESH_EF_KEY = "dq-refresh-ef"
-EF_KEY = "dq-ef"
-GRAD_EF_KEY = "dq-grad-ef"
+#: Prefix of the error-feedback entries, snapshotted round by round
+STATE_PREFIX = "dq-ef-"
+REFRESH_EF_KEY = STATE_PREFIX + "refresh"
+EF_KEY = STATE_PREFIX + "compensation"
+GRAD_EF_KEY = STATE_PREFIX + "gradient"
 
 
 def round_config(msg: Message) -> dict[str, Any]:
@@ -179,8 +183,7 @@ def _reply(content: RecordDict, msg: Message, spec: DataSpec,
 
 def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray,
                     y: np.ndarray, model: torch.nn.Module | None, loss_fn: LossFn | None,
-                    server_round: int, key: int, rng: np.random.Generator,
-                    t0: float) -> Message:
+                    key: int, rng: np.random.Generator, t0: float) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
     from dq_flower.dq.client_model import batch_gradient, received_model
 
@@ -191,7 +194,7 @@ def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray
     idx = np.sort(rng.choice(x.shape[0], size=size, replace=False))
     loss, grad = batch_gradient(model, x[idx], y[idx], loss_fn)
     codec = make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
-    payload = encode_with_feedback(codec, grad, rng, context, GRAD_EF_KEY, server_round)
+    payload = encode_with_feedback(codec, grad, rng, context, GRAD_EF_KEY)
     metrics = {"num-examples": int(x.shape[0]), "partition-id": int(key),
                "train-loss": float(loss), "up-payload-bits": int(payload.nbits),
                "client-time-s": time.perf_counter() - t0}
@@ -242,11 +245,14 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     rng = round_rng(round_seed, server_round, key)
     x_all, y = as_arrays(data, keys)
     spec = spec_of(x_all, y)
+    begin_round(context, server_round, STATE_PREFIX)
     if config.get("round-mode", "data") == "gradient":
-        return _gradient_round(msg, context, cfg, x_all, y, model, loss_fn, server_round, key,
-                               rng, t0)
-    return _data_round(msg, context, config, cfg, knob, x_all, y, spec, model, loss_fn,
-                       server_round, key, rng, t0)
+        reply = _gradient_round(msg, context, cfg, x_all, y, model, loss_fn, key, rng, t0)
+    else:
+        reply = _data_round(msg, context, config, cfg, knob, x_all, y, spec, model, loss_fn,
+                            server_round, key, rng, t0)
+    end_round(context, server_round, STATE_PREFIX)
+    return reply
 
 
 def _data_round(msg: Message, context: Context, config: dict[str, Any], cfg: DQConfig,
@@ -268,7 +274,7 @@ def _data_round(msg: Message, context: Context, config: dict[str, Any], cfg: DQC
     compensation = None
     if cfg.compensation != "none" and chosen.size:
         compensation = _compensation(cfg, spec, coded, y[chosen], sel.weights, model,
-                                     loss_fn, rng, context, server_round)
+                                     loss_fn, rng, context)
     refresh = _refresh(cfg, config, context, x_flat, y, spec, model, loss_fn, coded.mode,
                        rng, server_round)
 
@@ -365,8 +371,8 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
 
 def _compensation(cfg: DQConfig, spec: DataSpec, coded: _Coded, y: np.ndarray,
                   weights: np.ndarray, model: torch.nn.Module | None,
-                  loss_fn: LossFn | None, rng: np.random.Generator, context: Context,
-                  server_round: int) -> Payload:
+                  loss_fn: LossFn | None, rng: np.random.Generator,
+                  context: Context) -> Payload:
     """The coded gradient of the quantization residual of the chosen rows."""
     if model is None:
         raise ValueError("compensation needs the model; the server did not send it")
@@ -376,7 +382,7 @@ def _compensation(cfg: DQConfig, spec: DataSpec, coded: _Coded, y: np.ndarray,
     delta = quantization_residual(model, coded.xb.reshape(shape),
                                   coded.decoded().reshape(shape), y, weights, loss_fn)
     codec = make(cfg.compensation, **cfg.compensation_kwargs)
-    return encode_with_feedback(codec, delta, rng, context, EF_KEY, server_round)
+    return encode_with_feedback(codec, delta, rng, context, EF_KEY)
 
 
 def _refresh(cfg: DQConfig, config: dict[str, Any], context: Context, x_flat: np.ndarray,
@@ -395,7 +401,7 @@ def _refresh(cfg: DQConfig, config: dict[str, Any], context: Context, x_flat: np
     if residual is None:
         return None
     codec = make(cfg.compensation, **cfg.compensation_kwargs)
-    return encode_with_feedback(codec, residual, rng, context, REFRESH_EF_KEY, server_round)
+    return encode_with_feedback(codec, residual, rng, context, REFRESH_EF_KEY)
 
 
 def _remember_sent(context: Context, server_round: int, samples: Payload, chosen: np.ndarray,

@@ -208,3 +208,27 @@ def test_auto_on_logreg_costs_no_more_than_the_cheaper_mode_plus_a_small_margin(
     assert runs["auto"].history[-1]["gradient_round"] == 0
     assert runs["auto"].history[-1]["accuracy"] >= runs["data"].history[-1]["accuracy"] - 0.03
     assert _uplink_to(runs["auto"].history, 0.9) is not None
+
+
+def test_a_replayed_gradient_round_gets_the_same_error_fed_reply():
+    # Prepare: a biased gradient codec, so the client keeps an error-feedback residual
+    strategy, _ = _strategy(upload_mode="gradient", gradient_codec="sign",
+                            gradient_codec_params="", server_steps=1)
+    grid = InProcessGrid(client_app, 2)
+    config = client_task_config(TASK, "dq")
+    replies = {}
+    for rnd in (1, 2):
+        msgs = list(strategy.configure_train(rnd, None, config, grid))
+        replies[rnd] = grid.send_and_receive(msgs)
+        strategy.aggregate_train(rnd, replies[rnd])
+    # Execute: round 2 is sent again (a server resumed from its round-1 checkpoint)
+    again = grid.send_and_receive(msgs)
+    # Assert: the same payload as the first time, from the same residual
+    for first, second in zip(replies[2], again, strict=True):
+        a = Payload.from_record(first.content.array_records[GRADIENT_KEY])
+        b = Payload.from_record(second.content.array_records[GRADIENT_KEY])
+        for name, buf in a.buffers.items():
+            np.testing.assert_array_equal(buf, b.buffers[name])
+    state = grid.contexts[NODE_ID_BASE].state
+    assert any(k.startswith("dq-ef-gradient") for k in state.array_records)
+    assert "dq-ef-after@2/dq-ef-gradient" in state.array_records

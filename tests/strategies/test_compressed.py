@@ -11,12 +11,13 @@ from dq_flower.accounting import content_bytes
 from dq_flower.baselines.client import (
     EF_KEY,
     MODEL_STATE_KEY,
+    STATE_PREFIX,
     batch_indices,
-    load_state_dict,
     local_update,
 )
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.baselines.strategy import GradientStrategy, majority_vote
+from dq_flower.client_state import load_state_dict, save_state_dict
 from dq_flower.codecs import Payload, make
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
@@ -529,11 +530,9 @@ def test_client_with_a_wrong_model_copy_fails_instead_of_training_on_it():
         strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
     ctx = grid.contexts[node(0)]
     state = load_state_dict(ctx, MODEL_STATE_KEY)
-    from dq_flower.baselines.client import AFTER_PREFIX, save_state_dict
-
     save_state_dict(ctx, MODEL_STATE_KEY, {"w": state["w"] + 1e-3, "version": state["version"]})
     for key in (MODEL_STATE_KEY, MODEL_STATE_KEY + "-meta"):  # the state round 3 starts from
-        ctx.state[f"{AFTER_PREFIX}2/{key}"] = ctx.state[key]
+        ctx.state[f"{STATE_PREFIX}after@2/{key}"] = ctx.state[key]
     # Execute
     msgs = list(strategy.configure_train(3, ArrayRecord(), _config(strategy), grid))
     _, metrics = strategy.aggregate_train(3, grid.send_and_receive(msgs))
