@@ -43,7 +43,7 @@ def test_a_repeated_round_starts_from_the_state_before_it():
     # Assert: the state after round 1, and the snapshots of rounds 2 and 3 are gone
     assert repeated and _value(ctx) == 10.0
     assert not any(k.startswith(PREFIX + "after@2/") or k.startswith(PREFIX + "after@3/")
-                   for k in ctx.state.keys())
+                   for k in ctx.state)
     assert load_state_dict(ctx, PREFIX + "x")["round"] == 1
 
 
@@ -78,7 +78,7 @@ def test_only_the_last_rounds_are_kept():
     for rnd in range(1, STATE_HISTORY + 4):
         _serve(ctx, rnd, float(rnd))
     # Assert
-    kept = {int(k[len(PREFIX + "after@"):].split("/")[0]) for k in ctx.state.keys()
+    kept = {int(k[len(PREFIX + "after@"):].split("/")[0]) for k in ctx.state
             if k.startswith(PREFIX + "after@")}
     assert kept == set(range(4, STATE_HISTORY + 4))
 

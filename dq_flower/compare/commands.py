@@ -20,7 +20,7 @@ from dq_flower.compare.fmt import fmt_value, pct
 from dq_flower.compare.grids import describe_axes
 from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.presets import load_preset, preset_names
-from dq_flower.compare.run import _quiet_flower
+from dq_flower.compare.run import quiet_flower
 from dq_flower.compare.tune import TuneSettings, apply_tuning, tune_runs
 from dq_flower.harness.methods import method_names
 
@@ -76,7 +76,7 @@ def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: b
     print(f"tuning step sizes: {settings.rounds} rounds per grid point, "
           f"{pct(settings.validation_fraction)} of the training rows held out for scoring "
           f"(the test set is not used), engine {settings.engine}")
-    with _quiet_flower(False):
+    with quiet_flower(False):
         records = tune_runs(plans, settings, report=None if quiet else print,
                             num_cpus_per_client=getattr(args, "num_cpus_per_client", 1.0),
                             earlier=preset.tuning, on_record=save)

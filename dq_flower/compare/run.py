@@ -33,7 +33,7 @@ from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.simulate import simulate
 
-__all__ = ["ENGINES", "ConsoleProgress", "run_comparison"]
+__all__ = ["ENGINES", "ConsoleProgress", "run_comparison", "quiet_flower"]
 
 #: Execution engines: Flower's simulation engine (Ray) or the in-process grid.
 ENGINES = ("simulation", "inprocess")
@@ -117,7 +117,7 @@ class _FlowerNoise(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_flower(verbose: bool) -> Iterator[None]:
+def quiet_flower(verbose: bool) -> Iterator[None]:
     """Silence Flower's per-round INFO log (the progress lines replace it)."""
     logger = logging.getLogger("flwr")
     level = logger.level
@@ -133,7 +133,7 @@ def _quiet_flower(verbose: bool) -> Iterator[None]:
         logger.removeFilter(noise)
 
 
-def _run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]], None],
+def run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]], None],
              num_cpus_per_client: float, verbose: bool, num_gpus_per_client: float = 0.0):
     cfg = plan.run_config
     if engine == "inprocess":
@@ -208,7 +208,7 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
     execute = functools.partial(_execute, engine=engine, verbose=verbose,
                                 num_cpus_per_client=num_cpus_per_client,
                                 num_gpus_per_client=num_gpus_per_client)
-    with _quiet_flower(verbose):
+    with quiet_flower(verbose):
         _run_plans(plans, results, earlier, execute, progress, preset.target_accuracy, out)
     return results
 
@@ -266,7 +266,7 @@ def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, en
                               "run_config": plan.run_config}
     t_run = time.perf_counter()
     try:
-        result = _run_one(plan, engine, on_round, num_cpus_per_client, verbose,
+        result = run_one(plan, engine, on_round, num_cpus_per_client, verbose,
                           num_gpus_per_client)
     except KeyboardInterrupt:
         raise

@@ -25,7 +25,7 @@ from typing import Any
 from dq_flower.compare.grids import grid_points, step_axes
 from dq_flower.compare.plan import PlannedRun
 from dq_flower.compare.presets import Preset, tuned_split
-from dq_flower.compare.run import _run_one
+from dq_flower.compare.run import run_one
 from dq_flower.harness.method_registry import family_of
 from dq_flower.harness.methods import validate_run_config
 
@@ -189,7 +189,7 @@ def _score_points(plan: PlannedRun, points: Sequence[Mapping[str, float]], round
         t0 = time.perf_counter()
         try:
             validate_run_config(trial.run_config)
-            result = _run_one(trial, settings.engine, lambda row: None, num_cpus_per_client,
+            result = run_one(trial, settings.engine, lambda row: None, num_cpus_per_client,
                               False)
         except KeyboardInterrupt:
             raise

@@ -172,14 +172,14 @@ def test_out_must_be_a_folder(capsys, tmp_path):
 def _fail_methods(monkeypatch, labels):
     from dq_flower.compare import run as compare_run
 
-    real = compare_run._run_one
+    real = compare_run.run_one
 
     def run_one(plan, *args, **kwargs):
         if plan.spec.label in labels:
             raise RuntimeError(f"{plan.spec.label} crashed")
         return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(compare_run, "_run_one", run_one)
+    monkeypatch.setattr(compare_run, "run_one", run_one)
 
 
 def test_some_methods_failing_still_exits_zero(capsys, monkeypatch, tmp_path):

@@ -203,14 +203,14 @@ def test_progress_lines_without_a_terminal():
 
 # ---------------------------------------------------------------------------- harness
 def test_a_failing_method_is_recorded_and_the_others_run(tmp_path, monkeypatch):
-    real = compare_run._run_one
+    real = compare_run.run_one
 
     def flaky(plan, *args, **kwargs):
         if plan.spec.label == "signsgd":
             raise RuntimeError("simulated crash")
         return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(compare_run, "_run_one", flaky)
+    monkeypatch.setattr(compare_run, "run_one", flaky)
     preset = Preset(name="t", methods=("signsgd", "sgd"), rounds=1, num_clients=2,
                     target_accuracy=0.5)
     results = run_comparison(preset, tmp_path, engine="inprocess")
@@ -228,22 +228,22 @@ def test_resume_reuses_identical_runs_only(tmp_path, monkeypatch):
     preset = Preset(name="t", methods=("sgd", "fp16"), rounds=1, num_clients=2)
     first = run_comparison(preset, tmp_path, engine="inprocess")
     calls = []
-    real = compare_run._run_one
+    real = compare_run.run_one
 
     def counting(plan, *args, **kwargs):
         calls.append(plan.spec.label)
         return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(compare_run, "_run_one", counting)
+    monkeypatch.setattr(compare_run, "run_one", counting)
     # an interrupted resume keeps the reused runs in results.json
-    monkeypatch.setattr(compare_run, "_run_one", lambda *a, **k: (_ for _ in ()).throw(
+    monkeypatch.setattr(compare_run, "run_one", lambda *a, **k: (_ for _ in ()).throw(
         KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         run_comparison(preset, tmp_path, engine="inprocess", resume=True,
                        sets=parse_set(["fp16.lr=0.05"]))
     kept = json.loads((tmp_path / "results.json").read_text())
     assert [r["label"] for r in kept["runs"]] == ["sgd"]
-    monkeypatch.setattr(compare_run, "_run_one", counting)
+    monkeypatch.setattr(compare_run, "run_one", counting)
     again = run_comparison(preset, tmp_path, engine="inprocess", resume=True,
                            sets=parse_set(["fp16.lr=0.05"]))
     assert calls == ["fp16"]  # sgd unchanged: reused; fp16's config changed: rerun
@@ -259,9 +259,9 @@ def test_an_interrupted_resume_keeps_the_earlier_runs_it_had_not_reached(tmp_pat
     # (after it has rewritten the file with the reused sgd)
     run_comparison(Preset(name="t", methods=("sgd", "fp16"), rounds=1, num_clients=2),
                    tmp_path, engine="inprocess")
-    real = compare_run._run_one
+    real = compare_run.run_one
     longer = Preset(name="t", methods=("sgd", "qsgd", "fp16"), rounds=1, num_clients=2)
-    monkeypatch.setattr(compare_run, "_run_one", lambda *a, **k: (_ for _ in ()).throw(
+    monkeypatch.setattr(compare_run, "run_one", lambda *a, **k: (_ for _ in ()).throw(
         KeyboardInterrupt()))
     # Execute
     with pytest.raises(KeyboardInterrupt):
@@ -272,7 +272,7 @@ def test_an_interrupted_resume_keeps_the_earlier_runs_it_had_not_reached(tmp_pat
     assert [r["label"] for r in kept["pending"]] == ["fp16"]
     assert "| fp16 |" not in (tmp_path / "summary.md").read_text()
     calls = []
-    monkeypatch.setattr(compare_run, "_run_one",
+    monkeypatch.setattr(compare_run, "run_one",
                         lambda plan, *a, **k: calls.append(plan.spec.label) or real(plan, *a, **k))
     again = run_comparison(longer, tmp_path, engine="inprocess", resume=True)
     assert calls == ["qsgd"]  # the next resume reuses both
@@ -321,7 +321,7 @@ def test_every_client_failing_is_a_failed_method_and_the_others_still_run(tmp_pa
 
 def test_resume_reruns_a_failed_method(tmp_path, monkeypatch):
     # Prepare: fp16 fails the first time
-    real = compare_run._run_one
+    real = compare_run.run_one
     calls = []
 
     def fp16_fails(plan, *args, **kwargs):
@@ -334,11 +334,11 @@ def test_resume_reruns_a_failed_method(tmp_path, monkeypatch):
         return real(plan, *args, **kwargs)
 
     preset = Preset(name="t", methods=("sgd", "fp16"), rounds=1, num_clients=2)
-    monkeypatch.setattr(compare_run, "_run_one", fp16_fails)
+    monkeypatch.setattr(compare_run, "run_one", fp16_fails)
     first = run_comparison(preset, tmp_path, engine="inprocess")
     assert [r["failed"] for r in first["runs"]] == [False, True]
     # Execute
-    monkeypatch.setattr(compare_run, "_run_one", counting)
+    monkeypatch.setattr(compare_run, "run_one", counting)
     again = run_comparison(preset, tmp_path, engine="inprocess", resume=True)
     # Assert: sgd is reused, the failed fp16 runs again (same run config)
     assert calls == ["fp16"]

@@ -20,7 +20,7 @@ from dq_flower.harness.tasks.data import (
     partition_indices,
     save_npz,
 )
-from dq_flower.harness.tasks.data.arrays import _split
+from dq_flower.harness.tasks.data.arrays import split_indices
 
 # --------------------------------------------------------------------------- helpers
 
@@ -333,7 +333,7 @@ def test_float_targets_round_trip(tmp_path, target_shape):
     assert ds.num_classes == 0 and ds.is_regression
     assert ds.train_y.dtype == np.float32 and ds.test_y.dtype == np.float32
     assert ds.train_y.shape == (32, *target_shape) and ds.test_y.shape == (8, *target_shape)
-    tr, te = _split(40, y, 0.2, 1)
+    tr, te = split_indices(40, y, 0.2, 1)
     np.testing.assert_array_equal(ds.train_y, y[tr].astype(np.float32))
     np.testing.assert_array_equal(ds.test_y, y[te].astype(np.float32))
     np.testing.assert_array_equal(ds.train_x, x[tr].astype(np.float32))

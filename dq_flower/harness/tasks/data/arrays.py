@@ -26,7 +26,7 @@ def _unit_from_uint8(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _as_inputs(x: Any, what: str, copy: bool = True) -> np.ndarray:
+def as_inputs(x: Any, what: str, copy: bool = True) -> np.ndarray:
     """Numeric inputs as float32, values as given; NaN or infinity is an error."""
     x = np.asarray(x)
     if x.dtype.kind not in "fiub":
@@ -41,7 +41,7 @@ def _as_inputs(x: Any, what: str, copy: bool = True) -> np.ndarray:
     return out
 
 
-def _as_labels(y: Any, what: str) -> np.ndarray:
+def as_labels(y: Any, what: str) -> np.ndarray:
     y = np.asarray(y)
     if y.ndim != 1:
         y = y.reshape(-1)
@@ -56,7 +56,7 @@ def _as_labels(y: Any, what: str) -> np.ndarray:
     return y
 
 
-def _as_targets(y: Any, what: str) -> np.ndarray:
+def as_targets(y: Any, what: str) -> np.ndarray:
     """Float regression targets as float32 of shape ``(n,)`` or ``(n, k)``."""
     y = np.asarray(y)
     if y.dtype.kind not in "fiub":
@@ -81,7 +81,7 @@ def _is_regression(y: Any, num_classes: int | None) -> bool:
     return np.asarray(y).dtype.kind == "f"
 
 
-def _split(
+def split_indices(
     n: int, y: np.ndarray, test_fraction: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seeded train/test index split, stratified where ``y`` are class labels."""
@@ -145,11 +145,11 @@ def from_arrays(
         Non-numeric, NaN or infinite inputs or targets, mismatched shapes, or labels out
         of range for ``num_classes``.
     """
-    return _make_dataset(x, y, x_test, y_test, num_classes, seed, name, test_fraction,
+    return make_dataset(x, y, x_test, y_test, num_classes, seed, name, test_fraction,
                          copy=True)
 
 
-def _make_dataset(
+def make_dataset(
     x: Any,
     y: Any,
     x_test: Any,
@@ -162,8 +162,8 @@ def _make_dataset(
 ) -> Dataset:
     """`from_arrays`; ``copy=False`` lets loaders hand over float32 arrays they own."""
     regression = _is_regression(y, num_classes)
-    targets = _as_targets if regression else _as_labels
-    x = _as_inputs(x, "x", copy=copy)
+    targets = as_targets if regression else as_labels
+    x = as_inputs(x, "x", copy=copy)
     y = targets(y, "y")
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x and y disagree on the sample count: {x.shape} vs {y.shape}")
@@ -173,10 +173,10 @@ def _make_dataset(
     if (x_test is None) != (y_test is None):
         raise ValueError("give both x_test and y_test, or neither")
     if x_test is None:
-        tr, te = _split(x.shape[0], y, test_fraction, seed)
+        tr, te = split_indices(x.shape[0], y, test_fraction, seed)
         x, x_test, y, y_test = x[tr], x[te], y[tr], y[te]
     else:
-        x_test = _as_inputs(x_test, "x_test", copy=copy)
+        x_test = as_inputs(x_test, "x_test", copy=copy)
         y_test = targets(y_test, "y_test")
         if int(np.prod(x_test.shape[1:])) != int(np.prod(input_shape)):
             raise ValueError(f"x_test sample shape {x_test.shape[1:]} != {x.shape[1:]}")
@@ -223,7 +223,7 @@ def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def _load_npz(path: str, seed: int, test_fraction: float) -> Dataset:
+def load_npz(path: str, seed: int, test_fraction: float) -> Dataset:
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"npz data set not found: {p}")
@@ -233,7 +233,7 @@ def _load_npz(path: str, seed: int, test_fraction: float) -> Dataset:
             raise ValueError(f"{p} must contain x_train and y_train (has {sorted(keys)})")
         has_test = {"x_test", "y_test"} <= keys
         nc = int(f["num_classes"]) if "num_classes" in keys else None
-        return _make_dataset(f["x_train"], f["y_train"],
+        return make_dataset(f["x_train"], f["y_train"],
                              f["x_test"] if has_test else None,
                              f["y_test"] if has_test else None,
                              num_classes=nc, seed=seed, name=f"npz:{p.name}",

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.harness.tasks.data.arrays import _load_npz, _make_dataset, _split
+from dq_flower.harness.tasks.data.arrays import load_npz, make_dataset, split_indices
 from dq_flower.harness.tasks.data.container import Dataset
 
 __all__ = ["DATASET_NAMES", "DEFAULT_FMNIST_DIR", "default_data_root", "load_dataset",
@@ -52,8 +52,8 @@ def _load_digits(seed: int, test_fraction: float) -> Dataset:
     # the definition of the data set: pixels 0..16, normalised to [0, 1]
     x = (np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
     y = np.asarray(bunch.target, dtype=np.int64)
-    tr, te = _split(x.shape[0], y, test_fraction, seed)
-    return _make_dataset(x[tr], y[tr], x[te], y[te], num_classes=10, seed=seed,
+    tr, te = split_indices(x.shape[0], y, test_fraction, seed)
+    return make_dataset(x[tr], y[tr], x[te], y[te], num_classes=10, seed=seed,
                          name="digits", test_fraction=test_fraction, copy=False)
 
 
@@ -163,7 +163,7 @@ def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
     if max(int(train_y.max(initial=0)), int(test_y.max(initial=0))) > 9:
         raise ValueError("Fashion-MNIST labels must be in 0..9")
     # the definition of the data set: uint8 pixels normalised to [0, 1]
-    return _make_dataset(_unit_from_uint8(train_x[:, None]), train_y,
+    return make_dataset(_unit_from_uint8(train_x[:, None]), train_y,
                          _unit_from_uint8(test_x[:, None]), test_y, num_classes=10, seed=0,
                          name="fmnist", test_fraction=0.2, copy=False)
 
@@ -236,7 +236,7 @@ def _load_cifar10(data_dir: str | None, download: bool) -> Dataset:
     test_x, test_y = _read_cifar_batch(folder / "test_batch")
     # rows are already channel-major: 1024 red, 1024 green, 1024 blue values
     # the definition of the data set: uint8 pixels normalised to [0, 1]
-    return _make_dataset(_unit_from_uint8(train_x.reshape(-1, 3, 32, 32)), train_y,
+    return make_dataset(_unit_from_uint8(train_x.reshape(-1, 3, 32, 32)), train_y,
                          _unit_from_uint8(test_x.reshape(-1, 3, 32, 32)), test_y,
                          num_classes=10, seed=0, name="cifar10", test_fraction=0.2,
                          copy=False)
@@ -288,7 +288,7 @@ def load_dataset(
     if key.lower() in ("cifar10", "cifar-10"):
         return _load_cifar10(data_dir, download)
     if key.lower().startswith("npz:"):
-        return _load_npz(key[4:], seed, test_fraction)
+        return load_npz(key[4:], seed, test_fraction)
     raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASET_NAMES)}")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.harness.tasks.data.arrays import _as_inputs, _as_labels, _as_targets
+from dq_flower.harness.tasks.data.arrays import as_inputs, as_labels, as_targets
 
 __all__ = ["NODE_DATA_CONFIG_KEY", "NodeData", "load_node_data", "save_node_data"]
 
@@ -31,9 +31,9 @@ def _node_targets(y: Any, what: str) -> np.ndarray:
         if y.ndim != 1:
             raise ValueError(f"{what}: integer class labels must have shape (n,), got "
                              f"{y.shape}")
-        return _as_labels(y, what)
+        return as_labels(y, what)
     if y.dtype.kind == "f":
-        return _as_targets(y, what)
+        return as_targets(y, what)
     raise ValueError(f"{what} must hold integer class labels or float targets, got dtype "
                      f"{y.dtype}")
 
@@ -42,7 +42,7 @@ def _checked_split(
     x: Any, y: Any, part: str, empty_hint: str = ""
 ) -> tuple[np.ndarray, np.ndarray]:
     """``x_<part>`` as float32 inputs and ``y_<part>`` as targets: non-empty, equally long."""
-    xs = _as_inputs(x, f"x_{part}", copy=False)
+    xs = as_inputs(x, f"x_{part}", copy=False)
     ys = _node_targets(y, f"y_{part}")
     if xs.shape[0] == 0:
         raise ValueError(f"x_{part} is empty{empty_hint}")
