@@ -21,9 +21,10 @@ themselves are in :mod:`dq_flower.compare.commands`.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dq_flower import __version__
@@ -166,9 +167,14 @@ def _add_link_flag(p: argparse.ArgumentParser) -> None:
                         "(default: lte, wifi and datacenter)")
 
 
-def _command_parser(sub: Any, name: str, help_text: str, description: str,
+def _command_parser(sub: Any, name: str, help_text: str, command: Callable[..., int],
                     examples: Sequence[str]) -> argparse.ArgumentParser:
-    """A subcommand's parser: its description filled to 79 columns, then its examples."""
+    """A subcommand's parser: ``command``'s docstring body filled to 79 columns, examples.
+
+    The body is the docstring after its summary line: the command's description.
+    """
+    body = (inspect.getdoc(command) or "").split("\n\n", 1)[-1]
+    description = " ".join(body.split())
     return sub.add_parser(name, help=help_text, description=textwrap.fill(description, 79),
                           epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -177,12 +183,7 @@ def _command_parser(sub: Any, name: str, help_text: str, description: str,
 def _add_compare(sub: Any) -> None:
     p = _command_parser(
         sub, "compare", "run several methods on one scenario; write results, summary and plots",
-        "Run a list of methods on one scenario with the same data, model, partition, "
-        "clients, rounds and seed, in Flower's simulation engine (default) or in-process. "
-        "Writes results.json, results.csv (per method and round), summary.md (D, d, "
-        "uplink bits, final accuracy, rounds and uplink bytes to the target accuracy, "
-        "ratio to DQ) and PNG plots to --out. Flags override the preset's values. "
-        "DQ uploads quantized raw samples: use it on trusted networks only.",
+        commands.cmd_compare,
         ["dq-flower compare --preset digits-mlp",
          "dq-flower compare --preset digits-mlp --methods dq,fedavg,qsgd --rounds 10 "
          "--engine inprocess",
@@ -231,13 +232,7 @@ def _add_compare(sub: Any) -> None:
 def _add_tune(sub: Any) -> None:
     p = _command_parser(
         sub, "tune", "tune each method's step sizes on a validation split; write a tuned preset",
-        "For every method of the scenario, run each point of its step-size grid (server "
-        "lr; client-lr where it takes local steps or epochs; see README 'Comparing "
-        "methods') for --tune-rounds rounds, trained on the training rows minus a "
-        "held-out --validation-fraction and scored on the held-out rows (never the test "
-        "set). Choose the best validation accuracy (ties: fewer uplink bytes) and write "
-        "a preset TOML with the chosen values and the tuning record; dq-flower compare "
-        "--preset FILE then runs it.",
+        commands.cmd_tune,
         ["dq-flower tune --preset digits-mlp --tune-rounds 10 --out tuned.toml",
          "dq-flower compare --preset tuned.toml --engine inprocess"])
     p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
