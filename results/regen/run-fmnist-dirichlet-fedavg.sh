@@ -1,0 +1,9 @@
+# The Dirichlet(0.1) table's fedavg-* rows through CompressedUpdates(FedAvg), one method a
+# call (each 15 rounds, about 1.5 to 2 h on one core): bash run-fmnist-dirichlet-fedavg.sh METHOD
+# Two at once at most; then merge_runs.py into results/regen/fmnist-wide-cnn-dirichlet.
+export OMP_NUM_THREADS=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+cd /work/main
+m="$1"
+.venv/bin/dq-flower compare --preset results/regen/fmnist-wide-cnn-dirichlet.toml --engine inprocess --rounds 15 \
+  --methods "$m" --set "$m.num-server-rounds=15" --set "$m.eval-every=1" \
+  --out "results/regen/fmnist-wide-cnn-dirichlet-$m" --resume
