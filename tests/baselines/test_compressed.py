@@ -30,6 +30,8 @@ from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_partition
 from dq_flower.model_ops import get_flat, set_flat, weighted_loss_grad
 
+from .helpers import size_recording_app
+
 BASELINES = ["sgd", "fp16", "qsgd", "terngrad", "signsgd", "ef-signsgd", "topk", "powersgd",
              "bingrad", "orq"]
 
@@ -454,12 +456,7 @@ def _order(key: str) -> int:
 def test_ef_signsgd_uplink_is_d_over_8_bytes_plus_a_constant_envelope():
     # Prepare: record every reply's serialized size, per (round, node)
     sizes: dict[tuple[int, int], int] = {}
-
-    def measured_app(msg, context):
-        reply = client_app(msg, context)
-        sizes[(int(msg.content["config"]["server-round"]), msg.metadata.dst_node_id)] = \
-            content_bytes(reply.content)
-        return reply
+    measured_app = size_recording_app(sizes)
 
     # Execute
     result = run_server(InProcessGrid(measured_app, 2),  # fixed-length bits: no coder

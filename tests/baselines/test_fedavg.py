@@ -7,7 +7,6 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
-from dq_flower.accounting import content_bytes
 from dq_flower.baselines.config import FedAvgConfig
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.fedavg_client import local_epochs
@@ -19,6 +18,8 @@ from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.tasks.data import load_partition
 from dq_flower.model_ops import get_flat, num_params
 from dq_flower.seeding import Purpose, round_rng
+
+from .helpers import size_recording_app
 
 
 def build(**knobs):
@@ -81,12 +82,7 @@ def test_one_round_is_the_weighted_mean_of_the_clients_local_training():
 def test_fedavg_uplink_is_four_bytes_per_parameter_plus_a_constant_envelope():
     # Prepare: record every reply's serialized size, per (round, node)
     sizes: dict[tuple[int, int], int] = {}
-
-    def measured_app(msg, context):
-        reply = client_app(msg, context)
-        sizes[(int(msg.content["config"]["server-round"]), msg.metadata.dst_node_id)] = \
-            content_bytes(reply.content)
-        return reply
+    measured_app = size_recording_app(sizes)
 
     run_config = build_run_config("fedavg", num_clients=3, rounds=3)
     # Execute
