@@ -90,8 +90,9 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
         unit = {"unit": "sample", "bits": per,
                 "bits_per_coord": per / d if d else float("nan"),
                 "configured_bits": record["config"].get("bits")}
-        if grad_rows:  # upload-mode gradient or auto
-            replies = sum(float(r.get("replies", 0) or 0) for r in grad_rows)
+        if grad_rows:  # upload-mode gradient or auto; every decoded reply's bits count
+            replies = sum(float(r.get("coded_replies", r.get("replies", 0)) or 0)
+                          for r in grad_rows)
             grad_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in grad_rows)
             unit["gradient_rounds"] = len(grad_rows)
             unit["gradient_bits_per_coord"] = (grad_bits / (replies * D) if replies and D

@@ -11,7 +11,6 @@ the gradient of the round's one fresh step; the server then takes the round's ot
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,7 @@ from dq_flower.protocol.dq_batch import GRADIENT_KEY
 from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
 from dq_flower.protocol.spec import SPEC_KEY
 from dq_flower.server.common import log_round
-from dq_flower.server.pipeline import Screened, bound_vectors, screen_replies
+from dq_flower.server.pipeline import Screened, UpdateFigures, bound_vectors, screen_replies
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
 
 __all__ = ["GradientRounds", "Combined"]
@@ -73,18 +72,21 @@ class GradientRounds:
         Replies are checked against the round last ``configured``; ``observe`` counts the
         screened round towards ``max-failed-rounds``. Returns the round's metrics.
         """
-        t0 = time.perf_counter()
         screened = screen_replies(replies, lambda msg: self.validate(msg, configured), sent)
-        observe(replies, screened)
+        observe(screened.replies, screened)
+        # the bits of every gradient that decoded, as for the baselines' updates
+        figures = UpdateFigures.decoded(screened, screened.accepted)
         combined = self.combine(screened)
         valid = combined.valid
         loss = self.trainer.train_gradient(server_round, combined.gradient,
                                            [r.loss for r in valid], [r.node for r in valid])
         self.record(valid)
         metrics = self.metrics.common(plan, loss=loss, selected=0,
-                                      up_bits=sum(r.payload_bits for r in valid),
+                                      up_bits=figures.up_payload_bits,
                                       replies=len(valid), rejected=screened.rejected,
-                                      failed=screened.failed, t0=t0)
+                                      failed=screened.failed, t0=screened.started)
+        metrics["coded-replies"] = figures.coded_replies
+        metrics["up-raw-payload-bits"] = figures.up_raw_payload_bits
         metrics["rolled-back"] = self.trainer.rolled_back
         metrics["misaligned"] = combined.misaligned
         log_round("dq", server_round, f"gradient round: {len(valid)} gradients, "

@@ -232,3 +232,25 @@ def test_a_replayed_gradient_round_gets_the_same_error_fed_reply():
     state = grid.contexts[NODE_ID_BASE].state
     assert any(k.startswith("dq-ef-gradient") for k in state.array_records)
     assert "dq-ef-after@2/dq-ef-gradient" in state.array_records
+
+
+def test_a_gradient_rejected_by_the_norm_screen_is_counted_like_a_baselines_update():
+    # Prepare: round 1 sets the norm screen's reference; in round 2 node 0 sends 1e6 x
+    strategy, _ = _strategy(upload_mode="gradient", gradient_codec="identity",
+                            gradient_codec_params="", server_steps=1)
+    grid = InProcessGrid(client_app, 2)
+    config = client_task_config(TASK, "dq")
+    dim = strategy.num_params
+    codec = make("identity")
+    ones = np.ones(dim, np.float32)
+    sent = _sent(list(strategy.configure_train(1, None, config, grid)))
+    strategy.aggregate_train(1, [_reply(0, codec.encode(ones), sent=sent),
+                                 _reply(1, codec.encode(ones), sent=sent)])
+    sent = _sent(list(strategy.configure_train(2, None, config, grid)))
+    # Execute
+    _, metrics = strategy.aggregate_train(2, [_reply(0, codec.encode(ones * 1e6), sent=sent),
+                                              _reply(1, codec.encode(ones), sent=sent)])
+    # Assert: rejected, yet its bits went over the wire and count (one meaning per key)
+    assert metrics["rejected"] == 1 and metrics["replies"] == 1
+    assert metrics["coded-replies"] == 2
+    assert metrics["up-payload-bits"] == metrics["up-raw-payload-bits"] == 2 * 32 * dim

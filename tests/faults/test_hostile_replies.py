@@ -16,6 +16,7 @@ import torch
 from flwr.app import Array, Message, MetricRecord
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
+from dq_flower.codecs import Payload
 from dq_flower.dq.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
@@ -177,6 +178,10 @@ def test_a_gradient_baseline_rejects_an_update_scaled_by_1e30():
     _, metrics = strategy.aggregate_train(1, [*replies[1:], bad])
     assert metrics["rejected"] == 1 and metrics["replies"] == 3 and metrics["stepped"] == 1
     assert np.isfinite(get_flat(strategy.model)).all()
+    # the rejected update went over the wire: its bits count, as in every update round
+    assert metrics["coded-replies"] == 4
+    assert metrics["up-payload-bits"] == sum(
+        Payload.from_record(r.content["update"]).nbits for r in replies)
 
 
 def test_server_paths_never_travel_to_the_clients(tmp_path):
