@@ -71,3 +71,105 @@ def test_loss_score_is_the_per_sample_loss():
     expected = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y),
                                                  reduction="none").detach().numpy()
     np.testing.assert_allclose(scores, expected, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- decoded once
+def _samples(bits, crop, entropy, n=63):
+    """Digit images cropped to ``crop x crop``: rows a coder shrinks (7 x 7 leaves padding)."""
+    from sklearn.datasets import load_digits
+
+    x = (load_digits().images[:n, :crop, :crop] / 16).reshape(n, -1).astype(np.float32)
+    return make("uniform", bits=bits, entropy=entropy).encode(x, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("entropy", ["zlib", "context"])
+@pytest.mark.parametrize(("bits", "crop"), [(2, 8), (1, 8), (2, 7), (3, 7), (4, 7)])
+def test_the_plain_payload_decodes_the_same_without_decoding_its_stream_again(entropy, bits,
+                                                                               crop):
+    from dq_flower.codecs.uniform import packed_codes
+    from dq_flower.dq.rows import plain_payload
+
+    # Prepare
+    p = _samples(bits, crop, entropy)
+    assert p.meta["entropy"] == entropy  # the coder shrank it
+    n, d = p.shape
+    # Execute
+    plain = plain_payload(p, bits)
+    # Assert: the same values and sizes a packed payload of them would have
+    codec = make("uniform", bits=bits, entropy=entropy)
+    np.testing.assert_array_equal(codec.decode(plain), codec.decode(p))
+    assert plain.meta["entropy"] == "none" and "context_shape" not in plain.meta
+    assert plain.nbits == p.nbits - 8 * p.buffers["codes"].size + n * d * bits
+    packed = plain.buffers["codes"]
+    assert packed.size == -(-n * d * bits // 8)
+    spare = 8 * packed.size - n * d * bits
+    assert (spare > 0) == (crop == 7)
+    assert int(packed[-1]) & ((1 << spare) - 1) == 0  # the padding bits are cleared
+    np.testing.assert_array_equal(packed_codes(plain, bits), packed)
+    for name in ("mins", "scales"):
+        np.testing.assert_array_equal(plain.buffers[name], p.buffers[name])
+    assert p.meta["entropy"] == entropy  # the input is left as it was
+    assert plain_payload(plain, bits) is plain  # nothing left to undo
+
+
+def test_the_plain_payload_clears_padding_bits_a_coded_stream_carried():
+    import dataclasses
+    import zlib
+
+    from dq_flower.codecs.uniform import packed_codes
+    from dq_flower.dq.rows import plain_payload
+
+    # Prepare: a zlib stream whose last byte has its 3 padding bits set (63 x 49 x 3 bits)
+    p = _samples(3, 7, "zlib")
+    packed = packed_codes(p, 3).copy()
+    packed[-1] |= np.uint8(0b111)
+    dirty = dataclasses.replace(p, buffers={
+        **p.buffers, "codes": np.frombuffer(zlib.compress(packed.tobytes()), np.uint8)})
+    assert packed_codes(dirty, 3)[-1] & 0b111 == 0b111
+    # Execute
+    plain = plain_payload(dirty, 3)
+    # Assert
+    assert plain.buffers["codes"][-1] & 0b111 == 0
+    np.testing.assert_array_equal(plain.buffers["codes"][:-1], packed[:-1])
+    assert plain.buffers["codes"][-1] == packed[-1] & 0b11111000
+    assert packed_codes(dirty, 3)[-1] & 0b111 == 0b111  # the input is left as it was
+
+
+def test_the_plain_payload_keeps_a_context_shape_it_does_not_own_and_passes_odd_shapes():
+    import dataclasses
+
+    from dq_flower.dq.rows import plain_payload
+
+    p = _samples(2, 8, "zlib")
+    tagged = dataclasses.replace(p, meta={**p.meta, "context_shape": "28x28"})
+    assert plain_payload(tagged, 2).meta["context_shape"] == "28x28"  # for the check to see
+    flat = dataclasses.replace(p, shape=(63 * 64,))
+    assert plain_payload(flat, 2) is flat
+    assert plain_payload(dataclasses.replace(p, meta={**p.meta, "entropy": 7}), 2).meta[
+        "entropy"] == 7
+    no_codes = dataclasses.replace(p, buffers={k: v for k, v in p.buffers.items()
+                                               if k != "codes"})
+    assert plain_payload(no_codes, 2) is no_codes
+
+
+def test_kept_rows_cut_the_labels_and_name_the_payload_rows_still_used():
+    from dq_flower.dq.rows import keep_rows, kept_rows
+    from dq_flower.protocol.dq_batch import SampleBatch
+
+    # Prepare
+    p = _samples(2, 8, "none", n=5)
+    batch = SampleBatch(p, np.arange(5, dtype=np.int64) * 10, np.arange(100, 105),
+                        np.linspace(1, 2, 5).astype(np.float32), info_nbits=9)
+    assert kept_rows(batch) is None
+    # Execute
+    first = keep_rows(batch, np.array([True, False, True, True, False]))
+    second = keep_rows(first, [False, True, True])
+    # Assert
+    np.testing.assert_array_equal(kept_rows(first), [0, 2, 3])
+    np.testing.assert_array_equal(first.labels, [0, 20, 30])
+    np.testing.assert_array_equal(first.ids, [100, 102, 103])
+    np.testing.assert_array_equal(first.weights, batch.weights[[0, 2, 3]])
+    np.testing.assert_array_equal(kept_rows(second), [2, 3])  # rows of the payload
+    np.testing.assert_array_equal(second.ids, [102, 103])
+    assert second.samples is p and second.info_nbits == 9 and len(second) == 2
+    assert isinstance(second, SampleBatch)
