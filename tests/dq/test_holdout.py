@@ -90,3 +90,30 @@ def test_the_holdout_flags_survive_a_checkpoint():
     again = SampleStore(_dequantize)
     again.load_state(store.state())
     assert np.array_equal(again.holdout_mask, store.holdout_mask)
+
+
+def test_counts_are_per_node_per_stratum_with_the_held_out_ones_apart():
+    # Prepare: node 1 holds labels 0,0,1 (the second 0 held out), node 2 labels 1,1
+    store = SampleStore(_dequantize)
+    empty_total, empty_held = store.counts(1, [0, 1])
+    store.add(_rows([0, 1, 2], [0, 0, 1], node=1, holdout=np.array([False, True, False])))
+    store.add(_rows([0, 1], [1, 1], node=2, holdout=np.array([True, False])))
+    # Execute
+    total1, held1 = store.counts(1, np.array([[0], [1], [2]]))  # any shape of strata
+    total2, held2 = store.counts(2, [0, 1])
+    unknown = store.counts(99, [0, 1])
+    none = store.counts(1, np.array([], dtype=np.int64))
+    # Assert
+    assert empty_total.tolist() == empty_held.tolist() == [0, 0]
+    assert total1.tolist() == [2, 1, 0] and held1.tolist() == [1, 0, 0]
+    assert total2.tolist() == [0, 2] and held2.tolist() == [0, 1]
+    assert unknown[0].tolist() == unknown[1].tolist() == [0, 0]
+    assert none[0].size == none[1].size == 0
+    for arr in (empty_total, empty_held, total1, held1, total2, *unknown, *none):
+        assert arr.dtype == np.int64
+    # float targets: every row is in stratum 0, whatever its value
+    reg = SampleStore(_dequantize)
+    reg.add(_rows([0, 1, 2], np.array([0.5, 3.0, -1.0], np.float32), node=4,
+                  holdout=np.array([True, False, False])))
+    total, held = reg.counts(4, [0, 1])
+    assert total.tolist() == [3, 0] and held.tolist() == [1, 0] and total.dtype == np.int64

@@ -276,3 +276,23 @@ def test_received_names_every_row_ever_received_evicted_ones_included():
     old = {k: v for k, v in state.items() if not k.startswith("evicted_")}
     again.load_state(old)
     assert again.received(7).tolist() == [9] and len(again) == 4
+
+
+def test_a_checkpoint_without_holdout_loads_with_no_row_held_out_and_large_node_ids_survive():
+    # Prepare: node ids above 2**63 (Flower's are uint64), FIFO eviction of 2 rows
+    big, other = 2**63 + 5, 2**64 - 1
+    store = SampleStore(_dequantize, max_samples=3, eviction="fifo")
+    store.add(_rows([1, 2], node=big))
+    store.add(_rows([7, 8, 9], node=other))
+    state = store.state()
+    assert state["evicted_nodes"].dtype == np.uint64 and state["evicted_counts"].dtype == np.int64
+    # Execute
+    again = SampleStore(_dequantize, max_samples=3, eviction="fifo")
+    again.load_state(state)
+    old = SampleStore(_dequantize)
+    old.load_state({k: v for k, v in state.items() if k != "holdout"})
+    # Assert
+    assert again.received(big).tolist() == [1, 2] and again.received(other).tolist() == [7, 8, 9]
+    assert again.clients == store.clients == [big, other]
+    assert old.holdout_mask.dtype == bool and old.holdout_mask.tolist() == [False] * 3
+    assert len(old) == 3 and old.received(big).tolist() == [1, 2]
