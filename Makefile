@@ -27,7 +27,7 @@ demo: $(BIN)/dq-flower
 test: $(BIN)/dq-flower $(BIN)/mkdocs
 	$(BIN)/ruff check dq_flower tests benchmarks simulations examples docs
 	$(BIN)/mypy dq_flower
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q --durations=15
 	$(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # the documentation site, offline and strict, into site/

@@ -296,3 +296,31 @@ def test_a_checkpoint_without_holdout_loads_with_no_row_held_out_and_large_node_
     assert again.clients == store.clients == [big, other]
     assert old.holdout_mask.dtype == bool and old.holdout_mask.tolist() == [False] * 3
     assert len(old) == 3 and old.received(big).tolist() == [1, 2]
+
+
+def test_a_node_evicted_twice_keeps_every_evicted_id():
+    # Prepare: a bound of 2 rows, FIFO: node 7's rows go in two evictions
+    store = SampleStore(_dequantize, max_samples=2, eviction="fifo")
+    store.add(_rows([3, 4]))
+    store.add(_rows([5], node=8))  # evicts 7's row 3
+    store.add(_rows([6], node=8))  # evicts 7's row 4
+    # Assert
+    assert len(store) == 2 and store.evicted == 2
+    assert store.received(7).tolist() == [3, 4]
+    assert store.received(7).dtype == np.int64 and store.received(99).dtype == np.int64
+    assert store.state()["evicted_ids"].tolist() == [3, 4]
+
+
+def test_drawing_from_a_store_without_training_rows_is_refused_with_the_reason():
+    empty = SampleStore(_dequantize)
+    with pytest.raises(ValueError, match="^the sample store is empty$"):
+        empty.draw(4, np.random.default_rng(0))
+    held = SampleStore(_dequantize)
+    rows = _rows([1, 2])
+    held.add(StoredRows(**{**rows.__dict__, "holdout": np.array([True, True])}))
+    with pytest.raises(ValueError, match="^the sample store holds only held-out rows$"):
+        held.draw(4, np.random.default_rng(0))
+    one = SampleStore(_dequantize)
+    one.add(StoredRows(**{**rows.__dict__, "holdout": np.array([True, False])}))
+    x, y, w = one.draw(4, np.random.default_rng(0))  # the one training row
+    assert x.shape[0] == 1 and x[0, 0] == 2.0
