@@ -1,5 +1,6 @@
 # The Dirichlet(0.1) table's fedavg-* rows through CompressedUpdates(FedAvg), one method a
-# call (each 15 rounds, about 1.5 to 2 h on one core): bash run-fmnist-dirichlet-fedavg.sh METHOD
+# call (each 15 rounds: about 25 minutes on a free core, hours on a shared one):
+#   bash run-fmnist-dirichlet-fedavg.sh METHOD
 # Two at once at most; then merge_runs.py into results/regen/fmnist-wide-cnn-dirichlet.
 export OMP_NUM_THREADS=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 cd /work/main
