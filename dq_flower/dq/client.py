@@ -62,6 +62,7 @@ from dq_flower.protocol.dq_batch import (
     encode_batch,
     feature_ranges,
     normalise,
+    payload_quantizer,
     quantizer_for,
     range_mode,
     ranges_record,
@@ -136,13 +137,6 @@ def _forget_sent_from(context: Context, server_round: int) -> None:
             del context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
 
 
-def _decoder_of(payload: Payload):
-    meta = payload.meta
-    return make("uniform", bits=int(meta["bits"]), per_channel=int(meta.get("per_channel", 0)),
-                dither_seed=meta.get("dither_seed"), entropy=str(meta.get("entropy", "none")),
-                fixed_range=bool(meta.get("fixed_range", False)))
-
-
 def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
                         spec: DataSpec, model: torch.nn.Module, loss_fn: LossFn | None,
                         mode: str) -> np.ndarray | None:
@@ -155,7 +149,9 @@ def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
         payload = Payload.from_record(context.state.array_records[f"{SENT_PREFIX}{rnd}"])
         rows = context.state.array_records[f"{SENT_ROWS_PREFIX}{rnd}"]
         ids = rows["ids"].numpy().astype(np.int64)
-        xq = _decoder_of(payload).decode(payload)
+        meta = payload.meta
+        xq = payload_quantizer(payload, int(meta["bits"]), int(meta.get("per_channel", 0)),
+                               bool(meta.get("fixed_range", False))).decode(payload)
         if mode == "feature":
             xq = denormalise(xq, *feature_ranges(x_flat))
         xs.append(x_flat[ids])

@@ -43,7 +43,7 @@ from dq_flower.dq.validation import (
     reply_spec,
 )
 from dq_flower.model_ops import LossFn
-from dq_flower.protocol.dq_batch import REFRESH_KEY, SampleBatch, denormalise, range_mode
+from dq_flower.protocol.dq_batch import REFRESH_KEY, SampleBatch, range_mode
 from dq_flower.protocol.spec import DataSpec
 from dq_flower.server.common import log_rejected, log_round
 
@@ -75,11 +75,15 @@ class UploadIntake:
         self.mode = "sample"
         self.layout: RowLayout | None = None
         self.store: SampleStore | None = None
-        self.ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.value_bound = float(cfg.max_abs_value) or None
         #: what was learned from replies and is forgotten while no row is stored
         self._provisional = {"spec": False, "bound": False}
         self.duplicates = 0  # rows of this round's replies the server already held
+
+    @property
+    def ranges(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Each client's feature ranges ``(lo, span)``, kept by the store."""
+        return {} if self.store is None else self.store.ranges
 
     @property
     def stored(self) -> int:
@@ -117,8 +121,6 @@ class UploadIntake:
                                 fixed=self.mode == "feature")
         self.store = SampleStore(self.layout.dequantize, max_samples=cfg.max_store_samples,
                                  eviction=cfg.store_eviction, seed=self.seed)
-        if self.mode == "feature":
-            self.store.transform = self._denormalise_rows
         if self.measuring and self.planner.sample_bits == 0.0:
             est = first_estimates(cfg, self.mode, spec.dim, spec.channels,
                                   self.num_classes or 2, self.comp_codec, self.num_params,
@@ -132,14 +134,6 @@ class UploadIntake:
     def check_spec(self, content: RecordDict) -> DataSpec:
         """The reply's data spec, equal to the federation's where one is adopted."""
         return reply_spec(content, self.spec)
-
-    def _denormalise_rows(self, x: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        out = np.empty_like(x)
-        for node in np.unique(nodes):
-            lo, span = self.ranges[int(node)]
-            mask = nodes == node
-            out[mask] = denormalise(x[mask], lo, span)
-        return out
 
     def shaped(self, x: np.ndarray) -> np.ndarray:
         """Flat rows shaped as the data spec's samples (batch first)."""
@@ -276,7 +270,7 @@ class UploadIntake:
             return
         if self._provisional["spec"]:
             self.spec, self.layout, self.store, self.mode = None, None, None, "sample"
-            self.num_classes, self.ranges = self._given_classes, {}
+            self.num_classes = self._given_classes
         if self._provisional["bound"]:
             self.value_bound = None
         self._provisional = {"spec": False, "bound": False}
@@ -306,8 +300,8 @@ class UploadIntake:
                 log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
                              f"{exc}")
                 continue
-            if upload.ranges is not None:
-                self.ranges[upload.node] = upload.ranges
+            if upload.ranges is not None and self.store is not None:
+                self.store.set_ranges(upload.node, *upload.ranges)
             fresh.append(upload)
         return fresh, failed
 
@@ -363,9 +357,10 @@ class UploadIntake:
             spec = state["spec"]
             self.fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
                                    int(spec["target_dim"])))
-        self.ranges = {int(k): (np.asarray(lo), np.asarray(span))
-                       for k, (lo, span) in state.get("ranges", {}).items()}
-        if self.store is not None and state.get("store") is not None:
-            self.store.load_state(state["store"])
+        if self.store is not None:
+            for node, (lo, span) in state.get("ranges", {}).items():
+                self.store.set_ranges(int(node), lo, span)
+            if state.get("store") is not None:
+                self.store.load_state(state["store"])
         self.value_bound = state.get("value_bound", self.value_bound)
         self._provisional = {"spec": False, "bound": False, **state.get("provisional", {})}

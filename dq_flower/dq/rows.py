@@ -22,9 +22,9 @@ import numpy as np
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
 from dq_flower.codecs.uniform import Uniform, dither_offsets, packed_codes
-from dq_flower.protocol.dq_batch import SampleBatch
+from dq_flower.protocol.dq_batch import SampleBatch, payload_quantizer
 
-__all__ = ["RowLayout", "payload_quantizer", "plain_payload", "decode_samples", "keep_rows",
+__all__ = ["RowLayout", "plain_payload", "decode_samples", "keep_rows",
            "kept_rows"]
 
 
@@ -51,24 +51,6 @@ def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
 def kept_rows(batch: SampleBatch) -> np.ndarray | None:
     """The payload rows a batch uses (``None``: all of them)."""
     return batch.kept if isinstance(batch, _KeptBatch) else None
-
-
-def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False):
-    """A ``uniform`` decoder matching ``p``'s own settings, after checking the fixed ones."""
-    if (p.meta.get("bits") != bits or p.meta.get("per_channel", 0) != per_channel
-            or bool(p.meta.get("fixed_range", False)) != fixed_range):
-        raise PayloadError(f"samples use bits={p.meta.get('bits')!r}, "
-                           f"per_channel={p.meta.get('per_channel')!r}, fixed_range="
-                           f"{p.meta.get('fixed_range', False)!r}; expected {bits}, "
-                           f"{per_channel}, {fixed_range}")
-    seed = p.meta.get("dither_seed")
-    method = p.meta.get("entropy", "none")
-    try:
-        return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
-                    entropy=method if isinstance(method, str) else "invalid",
-                    fixed_range=fixed_range)
-    except ValueError as exc:
-        raise PayloadError(f"samples carry invalid quantizer settings: {exc}") from None
 
 
 def plain_payload(p: Payload, bits: int) -> Payload:
@@ -102,7 +84,8 @@ def decode_samples(p: Payload, bits: int, per_channel: int, fixed_range: bool = 
                    ) -> tuple[np.ndarray, Payload]:
     """Float rows ``(n, d)`` of a ``uniform`` samples payload, and ``p`` decoded once.
 
-    ``p``'s settings are checked (:func:`payload_quantizer`), its stream is decoded once
+    ``p``'s settings are checked
+    (:func:`~dq_flower.protocol.dq_batch.payload_quantizer`), its stream is decoded once
     (:func:`plain_payload`), and the rows are decoded from the plain payload, which the
     store's :meth:`RowLayout.rows` then re-lays without decoding the stream again.
     """

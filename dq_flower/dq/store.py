@@ -12,6 +12,10 @@ Flower's node id, which changes when a simulation or a SuperNode restarts. The s
 keeps, per client, the ids of the rows it evicted, so that :meth:`SampleStore.received`
 names every row it ever received: what each round's message tells the client the server
 holds (an evicted row is not asked for again).
+
+With ``ranges`` ``feature``, rows are coded against each client's per-feature ranges; the
+store keeps those ranges (:meth:`SampleStore.set_ranges`) and maps its rows back through
+them when it decodes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
+
+from dq_flower.protocol.dq_batch import denormalise
 
 __all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES"]
 
@@ -88,8 +94,8 @@ class SampleStore:
         if max_samples < 0:
             raise ValueError("max_samples must be >= 0")
         self._dequantize = dequantize
-        #: ``transform(x, node_ids) -> x`` applied after dequantizing (per-node ranges).
-        self.transform: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+        #: per client, the feature ranges ``(lo, span)`` its rows are coded against
+        self.ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.max_samples = int(max_samples)
         self.eviction = eviction
         self._rng = np.random.default_rng(seed)
@@ -242,10 +248,23 @@ class SampleStore:
         held = self.holdout_mask[mine][None, :]
         return match.sum(1).astype(np.int64), (match & held).sum(1).astype(np.int64)
 
+    def set_ranges(self, node: int, lo: np.ndarray, span: np.ndarray) -> None:
+        """Client ``node``'s feature ranges: its rows decode to ``lo + row * span``."""
+        self.ranges[int(node)] = (np.asarray(lo, dtype=np.float32),
+                                  np.asarray(span, dtype=np.float32))
+
+    def _denormalise(self, x: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        for node in np.unique(nodes):
+            lo, span = self.ranges[int(node)]
+            mask = nodes == node
+            out[mask] = denormalise(x[mask], lo, span)
+        return out
+
     def _decode(self, rows: StoredRows):
         x = self._dequantize(rows.codes, rows.side, rows.dither)
-        if self.transform is not None:
-            x = self.transform(x, self.node_ids(rows))
+        if self.ranges:
+            x = self._denormalise(x, self.node_ids(rows))
         y = (rows.labels.astype(np.float32) if np.issubdtype(rows.labels.dtype, np.floating)
              else rows.labels.astype(np.int64))
         return x, y

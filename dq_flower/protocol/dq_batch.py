@@ -29,6 +29,7 @@ __all__ = [
     "raw_array",
     "RANGES_KEY",
     "quantizer_for",
+    "payload_quantizer",
     "range_mode",
     "feature_ranges",
     "normalise",
@@ -315,6 +316,28 @@ def quantizer_for(cfg: Any, mode: str, channels: int = 0, dither_seed: int | Non
     if cfg.dither and dither_seed is not None:
         params["dither_seed"] = int(dither_seed)
     return make("uniform", **params)
+
+
+def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False):
+    """The ``uniform`` decoder of ``p``'s own settings, after checking the fixed ones.
+
+    The one factory of data-sample decoders: the server checks ``bits``, ``per_channel``
+    and ``fixed_range`` against its knobs, a client passes its own payload's.
+    """
+    if (p.meta.get("bits") != bits or p.meta.get("per_channel", 0) != per_channel
+            or bool(p.meta.get("fixed_range", False)) != fixed_range):
+        raise PayloadError(f"samples use bits={p.meta.get('bits')!r}, "
+                           f"per_channel={p.meta.get('per_channel')!r}, fixed_range="
+                           f"{p.meta.get('fixed_range', False)!r}; expected {bits}, "
+                           f"{per_channel}, {fixed_range}")
+    seed = p.meta.get("dither_seed")
+    method = p.meta.get("entropy", "none")
+    try:
+        return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
+                    entropy=method if isinstance(method, str) else "invalid",
+                    fixed_range=fixed_range)
+    except ValueError as exc:
+        raise PayloadError(f"samples carry invalid quantizer settings: {exc}") from None
 
 
 def feature_ranges(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

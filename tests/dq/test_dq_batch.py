@@ -7,7 +7,6 @@ from flwr.app import Array, Message
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.rows import payload_quantizer
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
@@ -19,6 +18,7 @@ from dq_flower.protocol.dq_batch import (
     decode_batch,
     encode_batch,
     label_width,
+    payload_quantizer,
     quantizer_for,
     raw_array,
     width_for,

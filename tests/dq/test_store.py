@@ -106,22 +106,22 @@ def test_draw_is_uniform_without_replacement_and_decodes_its_own_rows():
         SampleStore(_dequantize).draw(4, rng)
 
 
-def test_transform_gets_the_rows_origin_node_ids():
+def test_rows_decode_through_their_own_clients_feature_ranges():
     big = 2**63 + 5  # node ids are uint64
     store = SampleStore(_dequantize)
     store.add(_rows([1, 2], node=big))
     store.add(_rows([3], node=12))
-    seen = []
-
-    def transform(x, nodes):
-        seen.append(nodes.copy())
-        return x
-
-    store.transform = transform
-    x, _, _ = store.draw(3, np.random.default_rng(0))
-    assert seen[0].dtype == np.uint64
-    by_id = dict(zip(x[:, 0].astype(int).tolist(), seen[0].tolist(), strict=True))
-    assert by_id == {1: big, 2: big, 3: 12}
+    raw, _, _ = store.draw(3, np.random.default_rng(0))
+    store.set_ranges(big, np.full(4, 10.0), np.full(4, 2.0))
+    store.set_ranges(12, np.full(4, -1.0), np.full(4, 0.5))
+    x, _, _ = store.draw(3, np.random.default_rng(0))  # the same rows, mapped back
+    assert x.dtype == np.float32
+    scale = {1: (10.0, 2.0), 2: (10.0, 2.0), 3: (-1.0, 0.5)}
+    for row_raw, row in zip(raw, x, strict=True):
+        lo, span = scale[int(row_raw[0])]
+        np.testing.assert_allclose(row, lo + row_raw * span, rtol=1e-6)
+    assert set(store.ranges) == {big, 12}
+    assert all(lo.dtype == span.dtype == np.float32 for lo, span in store.ranges.values())
 
 
 def test_metadata_is_kept_in_the_narrowest_exact_dtype():
@@ -324,3 +324,87 @@ def test_drawing_from_a_store_without_training_rows_is_refused_with_the_reason()
     one.add(StoredRows(**{**rows.__dict__, "holdout": np.array([True, False])}))
     x, y, w = one.draw(4, np.random.default_rng(0))  # the one training row
     assert x.shape[0] == 1 and x[0, 0] == 2.0
+
+
+def test_float64_weights_and_targets_that_no_float16_holds_are_kept_as_float32():
+    rows = _rows([1, 2])
+    store = SampleStore(_dequantize)
+    store.add(StoredRows(**{**rows.__dict__, "weights": np.array([1 / 3, 1.0]),
+                            "labels": np.array([0.1, 2.5])}))
+    s = store.state()
+    assert s["weights"].dtype == np.float32 and s["labels"].dtype == np.float32
+    np.testing.assert_array_equal(s["weights"], np.float32([1 / 3, 1.0]))
+
+
+def test_the_default_seed_is_zero():
+    def evicted_ids(store):
+        store.add(_rows(range(20)))
+        return _ids(store)
+
+    default = evicted_ids(SampleStore(_dequantize, max_samples=5, eviction="random"))
+    assert default == evicted_ids(SampleStore(_dequantize, max_samples=5, eviction="random",
+                                              seed=0))
+    assert default != evicted_ids(SampleStore(_dequantize, max_samples=5, eviction="random",
+                                              seed=1))
+
+
+def test_the_refusal_of_a_negative_bound_says_what_it_must_be():
+    with pytest.raises(ValueError, match="^max_samples must be >= 0$"):
+        SampleStore(_dequantize, max_samples=-1)
+
+
+def test_evicted_ids_above_float64s_integer_range_are_kept_exactly():
+    huge = 2**53 + 1  # float64 rounds it to 2**53
+    store = SampleStore(_dequantize, max_samples=1, eviction="fifo")
+    store.add(_rows([huge]))
+    store.add(_rows([huge + 2]))  # evicts huge
+    store.add(_rows([5], node=8))  # evicts huge + 2: the node's evicted ids are merged
+    assert store.received(7).tolist() == [huge, huge + 2]
+    assert store.state()["evicted_ids"].tolist() == [huge, huge + 2]
+    again = SampleStore(_dequantize, max_samples=1, eviction="fifo")
+    again.load_state(store.state())
+    assert again.received(7).tolist() == [huge, huge + 2]
+
+
+@pytest.mark.parametrize("evictions", [0, 2])
+def test_checkpoint_tables_have_fixed_dtypes_even_when_empty(evictions):
+    store = SampleStore(_dequantize, max_samples=3, eviction="fifo")
+    store.add(_rows(range(3 + evictions)))
+    s = store.state()
+    assert s["node_table"].dtype == np.uint64 and s["evicted_nodes"].dtype == np.uint64
+    assert s["evicted_counts"].dtype == np.int64
+    assert s["evicted_counts"].tolist() == ([evictions] if evictions else [])
+
+
+def test_a_holdout_mask_given_as_ints_is_a_boolean_mask():
+    rows = _rows([1, 2, 3])
+    store = SampleStore(_dequantize)
+    store.add(StoredRows(**{**rows.__dict__, "holdout": [0, 1, 0]}))
+    assert store.holdout_mask.dtype == bool and store.holdout_mask.tolist() == [False, True,
+                                                                                 False]
+    drawn = {int(v) for _ in range(20) for v in store.draw(3, np.random.default_rng(_))[0][:, 0]}
+    assert drawn == {1, 3}  # the held-out row is never drawn
+
+
+def test_holdout_batches_come_in_chunks_of_1024_with_float32_weights_and_int64_ids():
+    n = 1030
+    rows = _rows(range(n))
+    store = SampleStore(_dequantize)
+    store.add(StoredRows(**{**rows.__dict__, "holdout": np.ones(n, dtype=bool)}))
+    chunks = list(store.holdout_batches())
+    assert [len(c[0]) for c in chunks] == [1024, 6]
+    x, y, w, nodes, ids = chunks[1]
+    assert w.dtype == np.float32 and ids.dtype == np.int64 and nodes.dtype == np.uint64
+    assert ids.tolist() == list(range(1024, n))
+
+
+def test_a_checkpoint_whose_evicted_tables_disagree_is_refused():
+    store = SampleStore(_dequantize, max_samples=1, eviction="fifo")
+    store.add(_rows([1]))
+    store.add(_rows([2], node=8))  # evicts node 7's row
+    store.add(_rows([3], node=9))  # evicts node 8's row
+    state = store.state()
+    assert state["evicted_nodes"].tolist() == [7, 8]
+    bad = {**state, "evicted_counts": np.array([2], dtype=np.int64)}  # one count, two nodes
+    with pytest.raises(ValueError):
+        SampleStore(_dequantize, max_samples=1).load_state(bad)

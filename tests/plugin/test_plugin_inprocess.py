@@ -96,6 +96,13 @@ def test_dq_trains_on_each_form_of_client_data(kind):
     assert _accuracy(trained, xt, yt) > 0.9
     assert strategy.spec.sample_shape == (6,) and strategy.mode == "feature"
     assert strategy.stored == 4 * 3 * 40
+    if kind == "numpy":  # a checkpoint keeps each client's feature ranges with the store
+        resumed = dq_flower.DQStrategy(Tabular(), bits=2, budget=40, server_steps=15,
+                                       lr=0.02, upload_schedule="fixed")
+        resumed.load_state_dict(strategy.state_dict())
+        want = strategy.store.draw(60, np.random.default_rng(1))[0]
+        np.testing.assert_array_equal(resumed.store.draw(60, np.random.default_rng(1))[0], want)
+        assert np.abs(want).max() > 1.5  # in the data's own units, not the coded [0, 1]
     # every row the server holds decodes within one quantization step of the user's value
     assert grid.up_bytes > 0 and grid.per_node("up") and sum(grid.per_round("up").values()) \
         == grid.up_bytes
