@@ -338,8 +338,9 @@ def _competitor_line(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]
         return [f"- No quantized-gradient baseline reached {tpct} in these rounds, so the "
                 f"ratio to the best of them is a lower bound: at least "
                 f"{_fmt_ratio(s['total_up_bytes'] / base)} ({lbl} "
-                f"sent {fmt_bytes(s['total_up_bytes'])} without reaching {tpct}; "
-                "the others sent more). More rounds would tell the real ratio."]
+                f"sent {fmt_bytes(s['total_up_bytes'])} without reaching {tpct}"
+                + ("; the others sent more" if len(pairs) > 1 else "")
+                + "). More rounds would tell the real ratio."]
     return [f"- **Strongest competitor overall**: no other method reached {tpct}; "
             f"{ref_label} used at least {_fmt_ratio(s['total_up_bytes'] / base)} fewer "
             f"uplink bytes than any of them ({lbl} sent the least, "
