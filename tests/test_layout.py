@@ -36,7 +36,7 @@ SERVER = {"dq_flower.dq.strategy", "dq_flower.dq.planner", "dq_flower.dq.store",
           "dq_flower.harness.server_app"}
 SERVER_PACKAGES = ("dq_flower.server",)
 CLIENT = {"dq_flower.dq.client", "dq_flower.dq.scoring", "dq_flower.dq.client_model",
-          "dq_flower.client_state",
+          "dq_flower.client_state", "dq_flower.update_coding",
           "dq_flower.baselines.client", "dq_flower.client",
           "dq_flower.client.evaluate", "dq_flower.node", "dq_flower.data_input",
           "dq_flower.compression.mod", "dq_flower.harness.client_app",

@@ -22,7 +22,6 @@ state it leaves are the same as the first time.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -33,12 +32,11 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.client_state import (
     begin_round,
-    encode_keeping_state,
     end_round,
     load_state_dict,
     save_state_dict,
 )
-from dq_flower.codecs import ErrorFeedback, Payload, PayloadError
+from dq_flower.codecs import Payload, PayloadError
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
 from dq_flower.model_ops import LossFn, get_flat, set_flat, weighted_loss_grad
@@ -49,18 +47,16 @@ from dq_flower.protocol.gradient import (
     model_crc,
     sign_step,
     update_keys,
-    uses_error_feedback,
     vote_from_payload,
 )
 from dq_flower.protocol.model import MODEL_KEY, decode_model_payload
 from dq_flower.seeding import Purpose, round_rng
+from dq_flower.update_coding import encode_update
 
 __all__ = [
     "gradient_train",
     "batch_indices",
     "epoch_batches",
-    "encode_update",
-    "segments",
     "local_update",
     "EF_KEY",
 ]
@@ -147,51 +143,6 @@ def local_update(
 
 #: Prefix of every ``Context.state`` entry of the gradient baselines.
 STATE_PREFIX = "grad-"
-
-
-# ---------------------------------------------------------------- encoding
-def segments(update: np.ndarray, shapes: list[tuple[int, ...]], per_tensor: bool
-             ) -> list[np.ndarray]:
-    """The flat update as one segment, or cut into the parameter tensors' shapes."""
-    if not per_tensor:
-        return [update]
-    out, offset = [], 0
-    for shape in shapes:
-        k = math.prod(shape)
-        out.append(update[offset:offset + k].reshape(shape))
-        offset += k
-    if offset != update.size:
-        raise ValueError(f"update has {update.size} values, the tensors {offset}")
-    return out
-
-
-def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: GradientConfig,
-                  context: Context, rng: np.random.Generator,
-                  prefix: str = STATE_PREFIX) -> list[Payload]:
-    """Encode the update (per tensor or flat), with error feedback where it applies.
-
-    The residual of each segment (and the codec's own state, e.g. PowerSGD's warm start)
-    is restored from and saved to ``context.state`` (``grad-ef[-<i>]`` with error
-    feedback, ``grad-codec[-<i>]`` for a stateful codec without it; ``prefix`` replaces
-    ``grad-``).
-    """
-    parts = segments(update, shapes, cfg.segmented)
-    payloads = []
-    for i, part in enumerate(parts):
-        suffix = f"-{i}" if cfg.segmented else ""
-        codec = cfg.make_codec()
-        coder: Any
-        key: str | None
-        if uses_error_feedback(cfg, codec):
-            coder, key = ErrorFeedback(codec), f"{prefix}ef{suffix}"
-        else:
-            coder = codec
-            stateful = callable(getattr(codec, "state_dict", None))
-            key = f"{prefix}codec{suffix}" if stateful else None
-        if codec.name == "uniform":  # the data quantizer codes rows: the update is one row
-            part = part.reshape(1, -1)
-        payloads.append(encode_keeping_state(coder, part, rng, context, key))
-    return payloads
 
 
 # ---------------------------------------------------------------- the model this round
@@ -281,7 +232,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
 
     shapes = [tuple(p.shape) for p in model.parameters()]
     rng = round_rng(seed, server_round, pid, Purpose.CODEC)
-    payloads = encode_update(update, shapes, cfg, context, rng)
+    payloads = encode_update(update, shapes, cfg, context, rng, STATE_PREFIX)
     content = _update_content(cfg, payloads, len(shapes), {
         "num-examples": int(examples),
         "train-loss": float(loss),

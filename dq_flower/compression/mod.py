@@ -26,7 +26,6 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
-from dq_flower.baselines.client import encode_update
 from dq_flower.client_state import begin_round, end_round
 from dq_flower.codecs import Payload
 from dq_flower.compression import wire
@@ -35,6 +34,7 @@ from dq_flower.node import node_key
 from dq_flower.protocol.gradient import update_keys
 from dq_flower.protocol.model import decode_model_payload
 from dq_flower.seeding import Purpose, round_rng
+from dq_flower.update_coding import encode_update
 
 __all__ = ["compression_mod", "STATE_PREFIX"]
 

@@ -6,8 +6,9 @@ context after the call and a JSON status: whether ``torch`` is in ``sys.modules`
 process's peak resident memory and the call's seconds. A raising ClientApp becomes an
 error reply, as on a SuperNode. With ``--block-torch`` any import of torch raises
 (:mod:`torch_blocker`), before anything else is imported; with ``--import-torch`` torch is
-imported first, as in a client whose app defines an ``nn.Module``. The first status also
-has ``import_s``, the seconds the imports took.
+imported first, as in a client whose app defines an ``nn.Module``; ``--app module:name``
+serves that ClientApp instead of the package's. The first status also has ``import_s``, the
+seconds the imports took.
 
 Frames are a 4-byte big-endian length and that many bytes.
 """
@@ -72,7 +73,13 @@ def main() -> None:
     from flwr.proto.message_pb2 import Context as ProtoContext
     from flwr.proto.message_pb2 import Message as ProtoMessage
 
-    from dq_flower.harness.client_app import app
+    if "--app" in sys.argv:
+        import importlib
+
+        module, _, name = sys.argv[sys.argv.index("--app") + 1].partition(":")
+        app = getattr(importlib.import_module(module), name)
+    else:
+        from dq_flower.harness.client_app import app
 
     import_s = time.perf_counter() - t_start
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer

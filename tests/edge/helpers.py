@@ -30,12 +30,14 @@ class SubprocessClient:
 
     The node's ``Context`` travels both ways, so its ``state`` persists across rounds as on
     a SuperNode. ``statuses`` keeps the worker's status after each call. ``python`` is the
-    interpreter (default: this one), e.g. a virtual environment's without PyTorch. Use as a
-    context manager: leaving stops the worker by its pid.
+    interpreter (default: this one), e.g. a virtual environment's without PyTorch; ``app``
+    (``module:name``) a ClientApp to serve instead of the package's. Use as a context
+    manager: leaving stops the worker by its pid.
     """
 
     def __init__(self, *, block_torch: bool = False, import_torch: bool = False,
-                 block_log: Path | None = None, python: str | None = None) -> None:
+                 block_log: Path | None = None, python: str | None = None,
+                 app: str | None = None) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
@@ -44,7 +46,7 @@ class SubprocessClient:
             env["DQ_TORCH_BLOCK_LOG"] = str(block_log)
         cmd = [python or sys.executable, str(WORKER)]
         cmd += (["--block-torch"] if block_torch else []) + (
-            ["--import-torch"] if import_torch else [])
+            ["--import-torch"] if import_torch else []) + (["--app", app] if app else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, cwd=str(REPO))
         self.statuses: list[dict] = []

@@ -155,3 +155,40 @@ def test_fp16_without_torch_gives_torch_bits():
     assert np.array_equal(half.view(np.uint16),
                           torch.from_numpy(x).half().numpy().view(np.uint16))
     assert np.array_equal(floats._to_half(x).view(np.uint16), half.view(np.uint16))
+
+
+def test_compression_mod_codes_a_numpy_apps_update_on_a_node_that_cannot_import_torch():
+    # Prepare: Flower's FedAvg inside CompressedUpdates, one node without PyTorch whose own
+    # train() moves each weight a tenth of the way to 1; fp16 (near-exact), then 2-bit QSGD
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+    from flwr.serverapp.strategy import FedAvg
+
+    import dq_flower
+    from tests.edge import numpy_mod_app
+
+    rng = np.random.default_rng(0)
+    start = {"w": rng.standard_normal((20, 30)).astype(np.float32),
+             "b": np.zeros(30, np.float32)}
+    want = {k: v + 0.19 * (numpy_mod_app.TARGET - v) for k, v in start.items()}  # 2 rounds
+    coords = sum(v.size for v in start.values())
+    bits = {}
+    with SubprocessClient(block_torch=True, app="tests.edge.numpy_mod_app:app") as edge:
+        for codec in ("fp16", "qsgd"):
+            strategy = dq_flower.CompressedUpdates(
+                FedAvg(fraction_evaluate=0.0, min_available_nodes=1, min_train_nodes=1),
+                codec=codec)
+            # Execute
+            result = strategy.start(
+                grid=InProcessGrid(edge, 1), num_rounds=2, train_config=ConfigRecord({}),
+                initial_arrays=ArrayRecord({k: Array(v) for k, v in start.items()}))
+            got = dict(zip(start, result.arrays.to_numpy_ndarrays(), strict=True))
+            bits[codec] = sum(float(m["up-payload-bits"])
+                              for m in result.evaluate_metrics_serverapp.values())
+            if codec == "fp16":  # FedAvg aggregated the update the mod coded, decoded
+                for name in start:
+                    np.testing.assert_allclose(got[name], want[name], atol=2e-3)
+            else:
+                assert all(np.isfinite(v).all() for v in got.values())
+        # Assert: the worker never had torch; QSGD sent about 2 bits a coordinate
+        assert len(edge.statuses) == 4 and not any(s["torch"] for s in edge.statuses)
+    assert bits["qsgd"] < 2.2 * 2 * coords < bits["fp16"]

@@ -1,0 +1,64 @@
+"""Coding a client's model update: flat or per tensor, with error feedback where it applies.
+
+Torch-free: the gradient baselines' client and :func:`dq_flower.compression_mod` (which
+runs inside a user's own ``ClientApp``) share it. The residuals and codec states live in
+the node's ``Context.state`` (:mod:`dq_flower.client_state`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+
+from dq_flower.baselines.config import GradientConfig
+from dq_flower.client_state import encode_keeping_state
+from dq_flower.codecs import ErrorFeedback, Payload
+from dq_flower.protocol.gradient import uses_error_feedback
+
+__all__ = ["encode_update", "segments"]
+
+def segments(update: np.ndarray, shapes: list[tuple[int, ...]], per_tensor: bool
+             ) -> list[np.ndarray]:
+    """The flat update as one segment, or cut into the parameter tensors' shapes."""
+    if not per_tensor:
+        return [update]
+    out, offset = [], 0
+    for shape in shapes:
+        k = math.prod(shape)
+        out.append(update[offset:offset + k].reshape(shape))
+        offset += k
+    if offset != update.size:
+        raise ValueError(f"update has {update.size} values, the tensors {offset}")
+    return out
+
+
+def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: GradientConfig,
+                  context: Context, rng: np.random.Generator,
+                  prefix: str = "grad-") -> list[Payload]:
+    """Encode the update (per tensor or flat), with error feedback where it applies.
+
+    The residual of each segment (and the codec's own state, e.g. PowerSGD's warm start)
+    is restored from and saved to ``context.state`` (``grad-ef[-<i>]`` with error
+    feedback, ``grad-codec[-<i>]`` for a stateful codec without it; ``prefix`` replaces
+    ``grad-``).
+    """
+    parts = segments(update, shapes, cfg.segmented)
+    payloads = []
+    for i, part in enumerate(parts):
+        suffix = f"-{i}" if cfg.segmented else ""
+        codec = cfg.make_codec()
+        coder: Any
+        key: str | None
+        if uses_error_feedback(cfg, codec):
+            coder, key = ErrorFeedback(codec), f"{prefix}ef{suffix}"
+        else:
+            coder = codec
+            stateful = callable(getattr(codec, "state_dict", None))
+            key = f"{prefix}codec{suffix}" if stateful else None
+        if codec.name == "uniform":  # the data quantizer codes rows: the update is one row
+            part = part.reshape(1, -1)
+        payloads.append(encode_keeping_state(coder, part, rng, context, key))
+    return payloads
