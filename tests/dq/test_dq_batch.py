@@ -204,12 +204,18 @@ def test_payload_quantizer_decodes_what_the_client_encoded(params):
         payload_quantizer(p, params["bits"], 2, fixed)
     with pytest.raises(PayloadError, match=f"fixed_range={fixed!r}"):
         payload_quantizer(p, params["bits"], params.get("per_channel", 0), not fixed)
+    with pytest.raises(PayloadError) as refused:  # the whole reason, word for word
+        payload_quantizer(p, params["bits"], 5, fixed)
+    assert str(refused.value) == (
+        f"samples use bits={params['bits']}, per_channel={p.meta.get('per_channel')!r}, "
+        f"fixed_range={p.meta.get('fixed_range', False)!r}; expected {params['bits']}, 5, "
+        f"{fixed}")
 
 
 def test_payload_quantizer_refuses_invalid_settings_in_the_header():
     p = make("uniform", bits=2).encode(np.ones((2, D), np.float32), np.random.default_rng(0))
     p.meta["entropy"] = 5  # not a method name
-    with pytest.raises(PayloadError, match="invalid quantizer settings"):
+    with pytest.raises(PayloadError, match="^samples carry invalid quantizer settings: "):
         payload_quantizer(p, 2, 0)
 
 
