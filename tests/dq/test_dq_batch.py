@@ -268,3 +268,95 @@ def test_float_targets_of_several_columns_keep_their_shape():
         decode_batch(content, None, D, 2, max_samples=N, target_dim=2, float_targets=True)
     with pytest.raises(PayloadError, match="33 target values for 11 samples of width 4"):
         decode_batch(content, None, D, 2, max_samples=N, target_dim=4, float_targets=True)
+
+
+def _set_counts(n=N, lw=4, iw=9, wn=1):
+    def tamper(content):
+        content.array_records[INFO_KEY]["counts"] = raw_array(np.array([n, lw, iw, wn],
+                                                                       np.int64))
+    return tamper
+
+
+def _set_info(key, array):
+    def tamper(content):
+        content.array_records[INFO_KEY][key] = array
+    return tamper
+
+
+def _recode_samples(**changes):
+    def tamper(content):
+        payload = Payload.from_record(content.array_records[SAMPLES_KEY])
+        for name, value in changes.items():
+            setattr(payload, name, value)
+        content[SAMPLES_KEY] = payload.to_record()
+    return tamper
+
+
+def _float_content(targets=None):
+    targets = np.linspace(0, 1, N) if targets is None else targets
+    content, _ = encode_batch(_samples(), targets, np.arange(N), np.ones(N), CLASSES, ID_UPPER)
+    return content
+
+
+#: (content, tamper, decode_batch's arguments beyond the defaults, the reason word for word)
+REFUSALS = [
+    (_content, lambda c: c.__delitem__(INFO_KEY), {}, "reply misses 'samples' or 'sample-info'"),
+    (_content, _recode_samples(codec="fp16"), {},
+     "samples were encoded with 'fp16', expected 'uniform'"),
+    (_content, None, {"dim": D + 1}, f"samples have shape ({N}, {D}), expected (n, {D + 1})"),
+    (_content, None, {"max_samples": N - 1}, f"{N} samples exceed the budget of {N - 1}"),
+    (_content, None, {"bits": 3}, "samples use 2 bits, expected 3"),
+    (_content, _set_info("counts", raw_array(np.array([N, 4, 9], np.int64))), {},
+     "sample-info 'counts' must hold 4 values"),
+    (_content, _set_counts(n=N + 1), {}, f"sample-info declares {N + 1} samples, payload "
+     f"carries {N}"),
+    (_content, _set_counts(iw=0), {}, "sample-info widths are inconsistent (labels 4, ids 0)"),
+    (_content, _set_counts(iw=33), {}, "sample-info widths are inconsistent (labels 4, ids 33)"),
+    (_content, _set_counts(lw=33), {}, "sample-info widths are inconsistent (labels 33, ids 9)"),
+    (_content, _set_counts(wn=3), {}, "sample-info widths are inconsistent (labels 4, ids 9)"),
+    (_content, _set_counts(lw=32), {}, "labels use 32 bits; at most 4 expected"),
+    (_content, _set_counts(lw=5), {}, "labels use 5 bits; at most 4 expected"),
+    (_content, _set_counts(lw=17), {"num_classes": None}, "labels use 17 bits; at most 16 "
+     "expected"),
+    (_content, _set_info("labels", raw_array(np.zeros(2, np.uint8))), {},
+     "sample-info 'labels' carries 2 bytes"),
+    (_content, None, {"float_targets": True},
+     "class labels sent where float targets are expected"),
+    (_content, None, {"target_dim": 3}, "class labels sent where float targets are expected"),
+    (_float_content, None, {}, "float targets sent where class labels are expected"),
+    (_float_content, lambda c: c.array_records[INFO_KEY].pop("targets"),
+     {"float_targets": True, "num_classes": None}, "sample-info misses its 'targets'"),
+    (_float_content, _set_info("targets", Array(np.zeros(N, np.float64))),
+     {"float_targets": True, "num_classes": None}, "targets are float64, expected float16 or "
+     "float32"),
+    (_float_content, _set_info("targets", raw_array(np.full(N, np.nan, np.float32))),
+     {"float_targets": True, "num_classes": None}, "targets must be finite"),
+    (lambda: _encoded(ids=np.zeros(N)), None, {}, "duplicated sample ids"),
+    (lambda: _encoded(weights=np.zeros(N)), None, {},
+     "sample weights must be finite and positive"),
+]
+
+
+@pytest.mark.parametrize(("make_content", "tamper", "args", "reason"), REFUSALS)
+def test_each_refusal_of_an_upload_gives_its_reason_word_for_word(make_content, tamper, args,
+                                                                    reason):
+    content = make_content()
+    if tamper is not None:
+        tamper(content)
+    kwargs = {"num_classes": CLASSES, "dim": D, "bits": 2, "max_samples": N,
+              "id_upper": ID_UPPER, **args}
+    with pytest.raises(PayloadError) as refused:
+        decode_batch(content, **kwargs)
+    assert str(refused.value) == reason
+
+
+def test_ids_too_short_to_unpack_are_refused_with_the_unpackers_reason():
+    from dq_flower.codecs.bitpack import unpack_wide
+
+    with pytest.raises(ValueError) as short:
+        unpack_wide(np.zeros(1, np.uint8), 9, N)
+    content = _content()
+    content.array_records[INFO_KEY]["ids"] = raw_array(np.zeros(1, np.uint8))
+    with pytest.raises(PayloadError) as refused:
+        decode_batch(content, CLASSES, D, 2, max_samples=N, id_upper=ID_UPPER)
+    assert str(refused.value) == str(short.value) != ""

@@ -66,7 +66,8 @@ def test_ranges_travel_as_raw_float32_and_are_checked():
     with pytest.raises(PayloadError, match="expected 6"):
         ranges_from_record(record, 3)
     for bad_span in ([2.0, 0.0], [2.0, -1.0], [np.inf, 1.0]):
-        with pytest.raises(PayloadError, match="finite with positive spans"):
+        with pytest.raises(PayloadError,
+                           match="^feature ranges must be finite with positive spans$"):
             ranges_from_record(ranges_record(lo, np.array(bad_span, np.float32)), 2)
     with pytest.raises(PayloadError, match="finite"):
         ranges_from_record(ranges_record(np.array([np.nan, 0], np.float32), span), 2)
