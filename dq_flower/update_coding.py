@@ -36,14 +36,13 @@ def segments(update: np.ndarray, shapes: list[tuple[int, ...]], per_tensor: bool
 
 
 def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: GradientConfig,
-                  context: Context, rng: np.random.Generator,
-                  prefix: str = "grad-") -> list[Payload]:
+                  context: Context, rng: np.random.Generator, prefix: str) -> list[Payload]:
     """Encode the update (per tensor or flat), with error feedback where it applies.
 
     The residual of each segment (and the codec's own state, e.g. PowerSGD's warm start)
-    is restored from and saved to ``context.state`` (``grad-ef[-<i>]`` with error
-    feedback, ``grad-codec[-<i>]`` for a stateful codec without it; ``prefix`` replaces
-    ``grad-``).
+    is restored from and saved to ``context.state`` under the caller's ``prefix``
+    (``<prefix>ef[-<i>]`` with error feedback, ``<prefix>codec[-<i>]`` for a stateful codec
+    without it).
     """
     parts = segments(update, shapes, cfg.segmented)
     payloads = []
