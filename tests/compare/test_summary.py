@@ -470,6 +470,7 @@ def test_the_run_line_without_a_command_gives_the_environment():
     ({"family": "gradient", "config": {"entropy-coder": None}}, "none"),
     ({"family": "gradient", "config": None}, "none"),
     ({"family": "gradient"}, "none"),
+    ({"config": {"entropy-coder": "zlib"}}, "zlib"),  # no family recorded: a coded update
 ])
 def test_the_coder_of_a_run(record, coder):
     assert coder_of_run(record) == coder
@@ -685,6 +686,17 @@ def test_gradient_bits_per_coordinate_count_the_replies_the_norm_screen_rejected
     assert run_summaries(results)[1]["uplink"]["bits"] == pytest.approx(4.0)
 
 
+def test_dqs_gradient_rounds_count_the_replies_the_norm_screen_rejected():
+    # DQ's gradient rounds: 8,000 payload bits a round from 4 decoded replies, 2 of them
+    # accepted: 8,000 / (4 x 1000) = 2 b/coord, not 8,000 / (2 x 1000) = 4
+    run = _rows(_record("dq", [0.1], 0, family="dq"), [
+        {"up_payload_bits": 800, "selected": 4},
+        {"gradient_round": 1, "up_payload_bits": 8000, "replies": 2, "coded_replies": 4}])
+    assert run_summaries(_results([run]))[0]["uplink"]["gradient_bits_per_coord"] == 2.0
+    del run["history"][-1]["coded_replies"]  # an older record: its accepted replies
+    assert run_summaries(_results([run]))[0]["uplink"]["gradient_bits_per_coord"] == 4.0
+
+
 def test_a_higher_target_gets_its_own_column_and_an_early_end_is_marked():
     dq = _record("dq", [0.1, 0.7, 0.85, 0.9], 100, family="dq")
     dq["history"][-1]["ended_early"] = True
@@ -698,9 +710,19 @@ def test_a_higher_target_gets_its_own_column_and_an_early_end_is_marked():
     assert "| uplink to 88.0% |" in header
     dq_row = next(line for line in text.splitlines() if line.startswith("| dq |"))
     qsgd_row = next(line for line in text.splitlines() if line.startswith("| qsgd |"))
-    assert "| 3 (ended early) |" in dq_row and "| 300 B |" in dq_row
-    assert qsgd_row.split("|")[header.split("|").index(" uplink to 88.0% ")] == " not reached "
+    high_column = header.split("|").index(" uplink to 88.0% ")
+    assert "| 3 (ended early) |" in dq_row
+    assert dq_row.split("|")[high_column] == " 300 B "
+    assert qsgd_row.split("|")[high_column] == " not reached "
     assert len(dq_row.split("|")) == len(header.split("|"))
+    # the alignment line and a failed run's row have the higher target's column too
+    lines = summary_markdown(_results([dq, other, _failed("sign")], target=0.8,
+                                      high_target_accuracy=0.88)).splitlines()
+    align = lines[lines.index(header) + 1]
+    assert align == "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    failed_row = next(line for line in lines if line.startswith("| sign |"))
+    assert failed_row == ("| sign | - | - | - | - | - | failed | - | - | - | n/a | - | - | - "
+                          "| 3.0 |")
     assert ('"ended early": DQ\'s adaptive schedule stopped asking for samples and its '
             "training reached a plateau, so the run stopped before its last round. "
             '"unstable": the final accuracy is more than 5 points below the best.') in text
