@@ -44,11 +44,26 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
                    f"(default {DEFAULT_CONNECTION})")
     p.add_argument("--superlink", metavar="HOST:PORT",
                    help="write/replace the connection NAME to this SuperLink first")
+    _add_client_tls_args(p, "no TLS (prints a warning; testing on a network you control only)")
+
+
+def _add_client_tls_args(p: argparse.ArgumentParser, insecure_help: str) -> None:
+    """The SuperLink's CA certificate, or ``--insecure`` (one of the two)."""
     tls = p.add_mutually_exclusive_group()
     tls.add_argument("--root-certificates", metavar="CA.crt",
                      help="CA certificate that signed the SuperLink's certificate")
-    tls.add_argument("--insecure", action="store_true",
-                     help="no TLS (prints a warning; testing on a network you control only)")
+    tls.add_argument("--insecure", action="store_true", help=insecure_help)
+
+
+def _add_app_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--app", default=".", metavar="DIR",
+                   help="project folder with pyproject.toml (default .)")
+
+
+def _add_process_output_args(p: argparse.ArgumentParser) -> None:
+    """Where a started process's output goes, and ``--dry-run``."""
+    p.add_argument("--log-file", metavar="PATH", help="write output here instead of stdout")
+    p.add_argument("--dry-run", action="store_true", help="print the command only")
 
 
 def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -109,8 +124,7 @@ def _superlink_parser(sub: Any) -> None:
                    help="SQLite file for the SuperLink's state (default: in memory)")
     p.add_argument("--allow-dependency-installation", action="store_true",
                    help="let each run 'uv sync' the app's dependencies (needs the network)")
-    p.add_argument("--log-file", metavar="PATH", help="write output here instead of stdout")
-    p.add_argument("--dry-run", action="store_true", help="print the command only")
+    _add_process_output_args(p)
     p.set_defaults(func=cmd_superlink)
 
 
@@ -135,10 +149,7 @@ def _supernode_parser(sub: Any) -> None:
                    help="number of partitions (required without --data-file)")
     p.add_argument("--data-dir", metavar="DIR",
                    help="this device's folder of the named data set (node config data-dir)")
-    tls = p.add_mutually_exclusive_group()
-    tls.add_argument("--root-certificates", metavar="CA.crt",
-                     help="CA certificate that signed the SuperLink's certificate")
-    tls.add_argument("--insecure", action="store_true", help="no TLS (prints a warning)")
+    _add_client_tls_args(p, "no TLS (prints a warning)")
     p.add_argument("--auth-key", metavar="PRIVATE_KEY",
                    help="this node's private key (its .pub registered with 'deploy register')")
     p.add_argument("--runtime-port", type=int, default=9094,
@@ -150,8 +161,7 @@ def _supernode_parser(sub: Any) -> None:
                    help="more node config pairs")
     p.add_argument("--max-retries", type=int, help="give up after this many reconnects")
     p.add_argument("--max-wait-time", type=float, help="give up reconnecting after seconds")
-    p.add_argument("--log-file", metavar="PATH", help="write output here instead of stdout")
-    p.add_argument("--dry-run", action="store_true", help="print the command only")
+    _add_process_output_args(p)
     p.set_defaults(func=cmd_supernode)
 
 
@@ -166,8 +176,7 @@ def _register_parser(sub: Any) -> None:
 def _run_parser(sub: Any) -> None:
     """Add ``deploy run``."""
     p = sub.add_parser("run", help="flwr run this app and show the SuperLink's traffic")
-    p.add_argument("--app", default=".", metavar="DIR",
-                   help="project folder with pyproject.toml (default .)")
+    _add_app_arg(p)
     _add_connection_args(p)
     p.add_argument("--run-config", action="append", metavar="'k=v ...'",
                    help="override [tool.flwr.app.config] keys, e.g. 'num-server-rounds=3'")
@@ -178,8 +187,7 @@ def _run_parser(sub: Any) -> None:
 def _local_parser(sub: Any) -> None:
     """Add ``deploy local``."""
     p = sub.add_parser("local", help="TLS deployment on this machine: one run, then stop")
-    p.add_argument("--app", default=".", metavar="DIR",
-                   help="project folder with pyproject.toml (default .)")
+    _add_app_arg(p)
     p.add_argument("--nodes", type=int, metavar="N",
                    help="SuperNodes (default: one per --data-file, else 2)")
     p.add_argument("--rounds", type=int, default=2, help="num-server-rounds (default 2)")
