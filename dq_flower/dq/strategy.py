@@ -50,6 +50,7 @@ from dq_flower.dq.identity import ClientIdentities
 from dq_flower.dq.intake import UploadIntake
 from dq_flower.dq.planner import ESTIMATES, RoundPlan, UploadPlanner, gradient_estimate
 from dq_flower.dq.round_metrics import RoundMetrics, schedule_text
+from dq_flower.dq.store import SampleStore
 from dq_flower.dq.training import ServerTrainer
 from dq_flower.dq.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTOR, Upload
 from dq_flower.model_ops import LossFn, state_arrays
@@ -61,11 +62,6 @@ from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sam
 from dq_flower.server.pipeline import RoundLedger, Screened, screen_replies
 
 __all__ = ["DQStrategy", "Upload", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
-
-
-def _intake_view(name: str, doc: str) -> Any:
-    """A read-only property showing ``self.intake.<name>`` (what the intake learned)."""
-    return property(lambda self: getattr(self.intake, name), doc=doc)
 
 
 class DQStrategy(ModelStrategy, Strategy):
@@ -162,23 +158,45 @@ class DQStrategy(ModelStrategy, Strategy):
             self.intake.fix_spec(data_spec)
 
     # ------------------------------------------------------------------ what it learned
-    spec = _intake_view("spec", "The federation's data spec (``None`` until given or agreed).")
-    store = _intake_view("store", "The store of uploaded rows (``None`` until a data spec is "
-                         "adopted): a :class:`~dq_flower.dq.store.SampleStore`.")
-    num_classes = _intake_view("num_classes", "Classes of integer targets (given, or read off "
-                               "the model once a spec is).")
-    mode = _intake_view("mode", "The range mode of the uploads: ``sample``, ``channel`` or "
-                        "``feature``.")
-    ranges = _intake_view("ranges", "Each client's feature ranges ``(lo, span)`` (``ranges`` "
-                          "``feature``).")
-    value_bound = _intake_view("value_bound", "The largest absolute value an upload may decode "
-                               "to (``None``: not yet known).")
-    stored = _intake_view("stored", "Samples in the store.")
+    @property
+    def spec(self) -> DataSpec | None:
+        """The federation's data spec (``None`` until given or agreed)."""
+        return self.intake.spec
+
+    @property
+    def store(self) -> SampleStore | None:
+        """The store of uploaded rows (``None`` until a data spec is adopted)."""
+        return self.intake.store
+
+    @property
+    def num_classes(self) -> int | None:
+        """Classes of integer targets (given, or read off the model once a spec is)."""
+        return self.intake.num_classes
+
+    @property
+    def mode(self) -> str:
+        """The range mode of the uploads: ``sample``, ``channel`` or ``feature``."""
+        return self.intake.mode
+
+    @property
+    def ranges(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Each client's feature ranges ``(lo, span)`` (``ranges`` ``feature``)."""
+        return self.intake.ranges
+
+    @property
+    def value_bound(self) -> float | None:
+        """The largest absolute value an upload may decode to (``None``: not yet known)."""
+        return self.intake.value_bound
 
     @property
     def cv(self) -> ControlVariate | None:
         """The control variate of the store steps (``None`` with ``first-step``)."""
         return self.compensations.cv
+
+    @property
+    def stored(self) -> int:
+        """Samples in the store."""
+        return self.intake.stored
 
     # ------------------------------------------------------------------ Strategy API
     @classmethod
@@ -268,7 +286,7 @@ class DQStrategy(ModelStrategy, Strategy):
         candidates, rejected = self.intake.adopt(candidates, screened.rejected)
         candidates, dropped = self.compensations.screen_deltas(candidates)
         refreshed = self.compensations.update_control_variate(candidates)
-        stored_before = self.intake.stored
+        stored_before = self.stored
         fresh, not_stored = self.intake.store_uploads(candidates)
         rejected += dropped + not_stored
         loss = self.trainer.train_round(server_round, fresh, stored_before)
@@ -287,7 +305,7 @@ class DQStrategy(ModelStrategy, Strategy):
         With samples stored, a round trains on the store whoever fails, so it is not a dead
         run; its failed and silent nodes are still counted in ``failed``.
         """
-        if self.intake.stored == 0:
+        if self.stored == 0:
             self.failures.observe(replies, screened.silent)
         else:
             self.failures.observe([])
