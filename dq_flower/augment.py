@@ -1,15 +1,22 @@
-"""Server-side augmentation of DQ's minibatches (``DQStrategy(model, augment=...)``).
+"""Server-side augmentation of DQ's minibatches.
 
-Any callable ``augment(x) -> x`` on a float tensor shaped like the samples (batch first)
-works; :class:`RandomShift` is a seeded choice for images.
+DQ's ``augmentation`` knob picks a built-in one (:func:`augmentation_for`: random shifts
+of image-shaped samples by default, horizontal flips only where the user says they keep
+the label); any callable ``augment(x) -> x`` on a float tensor shaped like the samples
+(batch first) given as ``DQStrategy(model, augment=...)`` replaces it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["RandomShift"]
+__all__ = ["RandomShift", "RandomFlip", "augmentation_for", "MIN_SIDE"]
+
+#: Smallest image side (pixels) that ``auto`` shifts: smaller images are left alone.
+MIN_SIDE = 14
 
 
 class RandomShift:
@@ -45,3 +52,38 @@ class RandomShift:
                      torch.arange(flat.shape[1])[None, :, None, None],
                      rows[:, None, :, None], cols[:, None, None, :]]
         return out.reshape(x.shape)
+
+
+class RandomFlip:
+    """Flip each image left-right with probability one half (seeded, own generator)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(int(seed))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of shape ``(n, ..., height, width)``, half of its images mirrored."""
+        if x.ndim < 3:
+            return x
+        flip = torch.rand(x.shape[0], generator=self.generator) < 0.5
+        return torch.where(flip.reshape(-1, *([1] * (x.ndim - 1))), x.flip(-1), x)
+
+
+def augmentation_for(name: str, sample_shape: tuple[int, ...], seed: int
+                     ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The built-in augmentation ``name`` for samples of ``sample_shape`` (or ``None``).
+
+    ``auto`` shifts image-shaped samples (``(C, H, W)`` or ``(H, W)``, both sides at least
+    :data:`MIN_SIDE`) by up to ``min(H, W) // 14`` pixels and leaves flat ones alone;
+    ``shift`` does so for any image shape (at least one pixel); ``shift-flip`` also flips
+    left-right; ``none`` is no augmentation. ``seed`` seeds its generators.
+    """
+    if name == "none" or len(sample_shape) < 2:
+        return None
+    side = min(int(sample_shape[-1]), int(sample_shape[-2]))
+    if name == "auto" and side < MIN_SIDE:
+        return None
+    shift = RandomShift(max(side // 14, 1), seed)
+    if name != "shift-flip":
+        return shift
+    flip = RandomFlip(seed + 1)
+    return lambda x: flip(shift(x))

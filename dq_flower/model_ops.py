@@ -21,6 +21,7 @@ from torch import nn
 
 __all__ = [
     "LossFn",
+    "output_width",
     "default_loss",
     "resolve_loss",
     "targets_tensor",
@@ -43,6 +44,15 @@ __all__ = [
 def num_params(model: nn.Module) -> int:
     """Count scalar parameters (the model dimension D)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def output_width(model: nn.Module) -> int | None:
+    """Output features of the model's last linear layer (``None`` where it has none).
+
+    A hint of the number of classes before any sample shape is known.
+    """
+    linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return int(linear[-1].out_features) if linear else None
 
 
 def get_flat(model: nn.Module) -> np.ndarray:

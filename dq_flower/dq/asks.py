@@ -10,6 +10,7 @@ node id the server cannot name yet, gives the table of every identity it may be
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from dq_flower.dq.intake import UploadIntake
 from dq_flower.dq.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.schedule import allocate
 from dq_flower.dq.training import ServerTrainer
+from dq_flower.model_ops import output_width
 from dq_flower.seeding import Purpose, round_rng
 
 __all__ = ["RoundAsks"]
@@ -137,10 +139,8 @@ class RoundAsks:
                 asks = self.adaptive_asks(keys)
             asks = {k: a if self.planner.samples_left(k, 1) > 0 else 0
                     for k, a in asks.items()}
-        if clients.spare:
-            default = asks.get(clients.spare[0], 0)
-        else:  # a node beyond every known identity: asked once it is known (adaptive)
-            default = 0 if screened and adaptive else self.cfg.budget
+        default = self.unknown_ask(asks, clients) if screened and adaptive else (
+            asks.get(clients.spare[0], 0) if clients.spare else self.cfg.budget)
         table_asks = {i: asks.get(i, 0) for i in clients.free}
         unknown_asked = default > 0 or any(a > 0 for a in table_asks.values())
         if screened:
@@ -157,18 +157,33 @@ class RoundAsks:
                              default)
         return nodes, table
 
+    @staticmethod
+    def unknown_ask(asks: dict[int, int], clients: RoundClients) -> int:
+        """The adaptive ask of a sampled node the server cannot name (a new client).
+
+        The mean of the round's asks over the nodes it shares them by, rounded up (at
+        least 1 while the round asks anything): under partial participation over a large
+        population most sampled nodes are new, and a total ask smaller than the number
+        of nodes must still reach them.
+        """
+        shares = [asks.get(k, 0) for k in clients.spare] or list(asks.values())
+        if not any(a > 0 for a in asks.values()):
+            return 0
+        return max(math.ceil(sum(shares) / max(len(shares), 1)), 1)
+
     def adaptive_asks(self, keys: list[int]) -> dict[int, int]:
-        """Per-client asks of the adaptive schedule: ``budget`` each in the first round.
+        """Per-client asks of the adaptive schedule (the first round: :meth:`first_ask`).
 
         ``keys`` are the round's client identities (and placeholders for nodes the server
         cannot name yet, see :class:`~dq_flower.dq.identity.RoundClients`).
         """
         schedule = self.trainer.schedule
         assert schedule is not None
-        if schedule.done:
-            return {}
         if schedule.next_total is None:
-            return dict.fromkeys(keys, self.cfg.budget)
+            return dict.fromkeys(keys, self.first_ask(len(keys)))
+        total = schedule.round_ask(self.intake.stored)
+        if total <= 0:
+            return {}
         left: dict[int, int | None] = {}
         for key in keys:
             known = self.planner.clients.get(int(key))
@@ -177,7 +192,19 @@ class RoundAsks:
         if all(v == 0 for v in left.values()) and self.every_node_known(keys):
             schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
             return {}
-        return allocate(schedule.next_total, left, self.trainer.node_fit)
+        return allocate(total, left, self.trainer.node_fit)
+
+    def first_ask(self, clients: int) -> int:
+        """The first round's ask per client: enough rows to hold out for the stop rule.
+
+        ``min-holdout-rows`` per class over ``holdout-fraction`` in all, shared by the
+        round's ``clients``, and at least ``budget`` each. The classes are the given or
+        adopted number, else the output width of the model's last linear layer (a hint:
+        at least 2).
+        """
+        classes = self.intake.num_classes or output_width(self.intake.model) or 2
+        rows = self.cfg.min_holdout_rows * max(int(classes), 2) / self.cfg.holdout_fraction
+        return max(self.cfg.budget, math.ceil(rows / max(clients, 1)))
 
     def every_node_known(self, sampled: list[int]) -> bool:
         """Whether the round sampled every client the server has heard from (or all)."""

@@ -19,7 +19,7 @@ from dq_flower.knobs import OptimizerConfig, RobustConfig
 
 __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
            "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
-           "COMPENSATION_MODES"]
+           "COMPENSATION_MODES", "AUGMENTATIONS"]
 
 
 SCORERS = ("uniform", "loss", "gradnorm", "entropy", "margin")
@@ -36,6 +36,8 @@ COMPENSATION_MODES = ("first-step", "store", "refresh")
 #: ``feature`` (one per coordinate, the client's own, sent once), ``auto`` (``feature``
 #: for flat samples, ``channel`` for images with ``per-channel``, else ``sample``).
 RANGE_MODES = ("auto", "sample", "channel", "feature")
+#: Server-side augmentation of the store's minibatches (see ``DQConfig.augmentation``).
+AUGMENTATIONS = ("auto", "none", "shift", "shift-flip")
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,11 @@ class DQConfig(RobustConfig, OptimizerConfig):
         Share of each node's stored rows (per class) held out for validation under the
         adaptive schedule; the server never trains on them.
     max_server_steps : int
-        Cap on the steps of one round's training phase (adaptive schedule).
+        Cap on the steps of one round's training phase (adaptive schedule), raised to
+        ``max_server_epochs`` passes over the store's training rows where that is more.
+    max_server_epochs : float
+        Passes over the store's training rows one training phase may take at most (so
+        the step cap follows the store's size).
     plateau_eval_every : int
         Steps between two evaluations of the held-out rows.
     plateau_patience : int
@@ -119,8 +125,24 @@ class DQConfig(RobustConfig, OptimizerConfig):
     lr_factor : float
         Factor of each learning-rate drop.
     min_gain : float
-        Held-out gain an upload must bring (accuracy for classes, relative loss for float
-        targets) for the schedule to keep asking.
+        Held-out gain per doubling of the store (accuracy for classes, relative loss for
+        float targets) below which, with 95% confidence over the pooled paired
+        comparisons, the schedule finds the learning curve flat and stops asking.
+    min_holdout_rows : int
+        Held-out rows per class (in all, for float targets) the schedule needs before it
+        may find the curve flat; the first round asks for enough rows to hold them out
+        (``min_holdout_rows * classes / holdout_fraction`` in all, at least ``budget`` per
+        client).
+    probe_after : int
+        Rounds without asking, once the curve is flat, before a small probe ask that may
+        resume asking (the wait doubles after each probe that finds it still flat; 0:
+        never probe, and a run may then end early).
+    augmentation : str
+        Server-side augmentation of the store's minibatches (never of held-out rows):
+        ``auto`` (random shifts of up to 1/14 of the side for image-shaped samples at
+        least 14 pixels wide, none for flat ones), ``none``, ``shift`` or ``shift-flip``
+        (shifts and horizontal flips: only where flips preserve the label). An
+        ``augment=`` callable given to the strategy replaces it.
     max_growth : float
         Largest growth factor of the store from one upload round to the next.
     server_steps : int
@@ -160,12 +182,16 @@ class DQConfig(RobustConfig, OptimizerConfig):
     upload_schedule: str = "adaptive"
     holdout_fraction: float = 0.1
     max_server_steps: int = 2000
+    max_server_epochs: float = 30.0
     plateau_eval_every: int = 50
     plateau_patience: int = 4
     lr_drops: int = 2
     lr_factor: float = 0.1
     min_gain: float = 0.005
+    min_holdout_rows: int = 10
+    probe_after: int = 2
     max_growth: float = 1.5
+    augmentation: str = "auto"
     bits: int = client_knob(2)
     stochastic: bool = client_knob(False)
     per_channel: bool = client_knob(False)
@@ -220,6 +246,10 @@ class DQConfig(RobustConfig, OptimizerConfig):
         _check(self.lr_drops >= 0, "lr_drops", "must be >= 0")
         _check(0 < self.lr_factor < 1, "lr_factor", "must be in (0, 1)")
         _check(self.min_gain > 0, "min_gain", "must be > 0")
+        _check(self.max_server_epochs > 0, "max_server_epochs", "must be > 0")
+        _check(self.min_holdout_rows >= 0, "min_holdout_rows", "must be >= 0")
+        _check(self.probe_after >= 0, "probe_after", "must be >= 0")
+        check_choice(self.augmentation, AUGMENTATIONS, "augmentation")
         _check(self.max_growth > 1.1, "max_growth", "must be > 1.1")
         _check(self.gradient_batch_size >= 1, "gradient_batch_size", "must be >= 1")
         _check(1 <= self.bits <= 8, "bits", f"must be in 1..8, got {self.bits}")

@@ -82,7 +82,6 @@ class HeldOutScores:
     loss: np.ndarray  # (n,) per-row loss
     correct: np.ndarray | None  # (n,) bool for class targets, None for float targets
     nodes: np.ndarray  # (n,) origin node ids
-    fresh: np.ndarray | None = None  # (n,) bool: rows held out of this round's uploads
 
     @property
     def score(self) -> float:

@@ -103,7 +103,7 @@ def schedule_text(metrics: dict[str, Any]) -> str:
     if "upload-gain" in metrics:
         text += f", gain {float(metrics['upload-gain']):+.4f}"
     if metrics.get("reverted"):
-        text += " (worse on its new held-out rows: the previous model is kept)"
+        text += " (worse on the held-out rows beyond its uncertainty: the previous model is kept)"
     if metrics["schedule-done"] == 2:
         return text + "; every node has uploaded all its samples"
     if metrics["schedule-done"]:

@@ -1,25 +1,39 @@
 """DQ's adaptive upload schedule: ask for more samples only while they pay.
 
 After each round's uploads the server trains on its store to a plateau
-(:mod:`dq_flower.dq.plateau`) and compares the new model with the one it had before the
-upload on the rows held out of this round's uploads (a paired comparison on rows neither
-model trained on, and neither phase chose its weights by). That gain, and the store sizes
-before and after, decide the next round's ask:
+(:mod:`dq_flower.dq.plateau`) and compares the new model with the one it kept before the
+upload, **paired, on every held-out row** (both models scored on the same rows, none of
+which either trained on). One comparison gives the gain ``d`` (error before minus error
+after) and its standard error ``s`` from the per-row differences (for class targets the
+variance is floored at ``1 / (n + 1)``: as if one more of the ``n`` rows told the models
+apart, so that 0 of ``n`` is no proof). The schedule turns it into a **gain per doubling
+of the store**, ``g = d / log2(N1 / N0)``, ``sigma = s / log2(N1 / N0)``, and pools the
+last :data:`POOLED` comparisons by inverse-variance weights (``G``, ``S``). Then:
 
 - the first upload round has nothing to compare with: the next ask grows the store by
   ``max_growth``;
-- a gain whose upper confidence bound (mean plus one standard error of the per-row
-  differences; for class targets the variance is floored at ``1 / (n + 1)``, as if one
-  more of the ``n`` rows told the models apart) is below ``min_gain`` means the learning
-  curve is flat: the schedule stops asking, and later rounds cost no uplink;
-- otherwise a power law ``e(N) = a N^-b`` through the two points (error before and after,
-  at the two store sizes) predicts the store size ``N*`` at which doubling it would gain
-  less than ``min_gain``; the next ask is ``N* - N``, kept between ``min_growth - 1`` and
-  ``max_growth - 1`` times the store size ``N``.
+- **flat** (stop asking) needs evidence: at least two comparisons, at least
+  ``min_rows`` held-out rows, and the pooled upper confidence bound ``G + z S`` below
+  ``min_gain`` (``z`` = :data:`Z_ONE_SIDED`, one-sided 95%). A difference within its
+  uncertainty never stops the schedule;
+- otherwise the schedule sizes the ask **optimistically**, from the upper bound
+  ``u = G + z S``: a power law ``e(N) = a N^-b`` that gains ``u`` per doubling at the
+  current error predicts the store size ``N*`` at which a doubling would gain less than
+  ``min_gain``; the next ask is ``N* - N``, kept between ``min_growth - 1`` and
+  ``max_growth - 1`` times the store size ``N``. An uncertain gain thus keeps the store
+  growing fast, and the ask shrinks smoothly to the smallest growth as the evidence
+  closes in on ``min_gain``;
+- **flat is a state the schedule can leave**: after ``probe_after`` rounds without asking
+  it asks a small probe (``min_growth - 1`` times the store), whose comparison joins the
+  pooled evidence; if the evidence no longer shows the curve flat, asking resumes,
+  otherwise the wait before the next probe doubles.
 
-Errors are ``1 - accuracy`` for class targets (``min_gain`` in accuracy points, e.g.
-0.005 = half a point) and the held-out loss for float targets (``min_gain`` relative to
-the loss before). The total ask is split over the clients by :func:`allocate`.
+The training phase keeps the new model unless it is worse than the previous one beyond
+its uncertainty (``d + z s < 0``): see :func:`significantly_worse`.
+
+Errors are ``1 - accuracy`` for class targets (``min_gain`` in accuracy points per
+doubling, e.g. 0.005 = half a point) and the held-out loss for float targets (``min_gain``
+relative to the loss before). The total ask is split over the clients by :func:`allocate`.
 """
 
 from __future__ import annotations
@@ -32,7 +46,13 @@ import numpy as np
 
 from dq_flower.dq.plateau import HeldOutScores
 
-__all__ = ["AdaptiveSchedule", "PairedGain", "paired_gain", "allocate"]
+__all__ = ["AdaptiveSchedule", "PairedGain", "paired_gain", "pooled", "significantly_worse",
+           "allocate", "Z_ONE_SIDED", "POOLED"]
+
+#: One-sided 95% normal quantile: the confidence of a stop and of a rollback.
+Z_ONE_SIDED = 1.645
+#: Comparisons pooled into the schedule's evidence (the most recent ones).
+POOLED = 3
 
 
 @dataclass(frozen=True)
@@ -47,37 +67,41 @@ class PairedGain:
 
 
 def paired_gain(before: HeldOutScores, after: HeldOutScores) -> PairedGain:
-    """Gain of ``after`` over ``before`` scored on the same held-out rows.
-
-    Where ``after.fresh`` marks the rows held out of the round's own uploads, only those
-    count: neither model was trained on them, and neither phase chose its weights by
-    them (the old model's best snapshot was chosen on the older held-out rows, which
-    would flatter it).
-    """
+    """Gain of ``after`` over ``before``, paired on every held-out row both were scored on."""
     n = int(after.loss.size)
     if n == 0 or before.loss.size != n:
         return PairedGain(0.0, math.inf, math.nan, math.nan, n)
-    keep = np.ones(n, dtype=bool) if after.fresh is None else after.fresh.astype(bool)
-    n = int(keep.sum())
-    if n == 0:
-        return PairedGain(0.0, math.inf, math.nan, math.nan, 0)
     if after.correct is not None and before.correct is not None:
-        old = 1.0 - before.correct[keep].astype(np.float64)
-        new = 1.0 - after.correct[keep].astype(np.float64)
+        old = 1.0 - before.correct.astype(np.float64)
+        new = 1.0 - after.correct.astype(np.float64)
         diff = old - new
         e0, e1 = float(old.mean()), float(new.mean())
     else:  # float targets: the loss reduction relative to the loss before
-        lo, ln = before.loss[keep].astype(np.float64), after.loss[keep].astype(np.float64)
+        lo, ln = before.loss.astype(np.float64), after.loss.astype(np.float64)
         scale = max(float(lo.mean()), 1e-12)
         diff = (lo - ln) / scale
         e0, e1 = float(lo.mean()), float(ln.mean())
+    if not np.isfinite(diff).all():
+        return PairedGain(0.0, math.inf, e0, e1, n)
     var = float(diff.var(ddof=1)) if n > 1 else math.inf
     if after.correct is not None:  # as if one more row told them apart: 0 of n is no proof
         var = max(var, 1.0 / (n + 1))
-    stderr = math.sqrt(var / n)
-    if not np.isfinite(diff).all():
-        return PairedGain(0.0, math.inf, e0, e1, n)
-    return PairedGain(float(diff.mean()), stderr, e0, e1, n)
+    return PairedGain(float(diff.mean()), math.sqrt(var / n), e0, e1, n)
+
+
+def significantly_worse(gain: PairedGain) -> bool:
+    """Whether the new model is worse than the old one beyond the comparison's uncertainty."""
+    return gain.gain + Z_ONE_SIDED * gain.stderr < 0
+
+
+def pooled(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Inverse-variance weighted mean of ``(value, stderr)`` points, and its stderr."""
+    finite = [(g, s) for g, s in points if math.isfinite(g) and math.isfinite(s) and s > 0]
+    if not finite:
+        return 0.0, math.inf
+    w = np.array([1.0 / s**2 for _, s in finite])
+    g = np.array([g for g, _ in finite])
+    return float((w * g).sum() / w.sum()), float(1.0 / math.sqrt(w.sum()))
 
 
 @dataclass
@@ -87,19 +111,31 @@ class AdaptiveSchedule:
     Parameters
     ----------
     min_gain : float
-        Gain below which (with confidence) an upload did not pay.
+        Gain per doubling of the store below which (with confidence) uploads do not pay.
     max_growth, min_growth : float
         Bounds on the store's growth factor from one upload round to the next.
+    min_rows : int
+        Held-out rows a comparison needs before it may show the curve flat.
+    probe_after : int
+        Rounds without asking, after the curve was found flat, before a probe ask
+        (0: never probe; the wait doubles after each probe that finds it still flat).
     """
 
     min_gain: float = 0.005
     max_growth: float = 1.5
     min_growth: float = 1.1
+    min_rows: int = 0
+    probe_after: int = 2
     next_total: int | None = None
     done: bool = False
     #: why the schedule stopped asking: ``flat`` (the learning curve) or ``exhausted``
     reason: str = ""
     curve: list[dict[str, float]] = field(default_factory=list)
+    #: per comparison: the gain per doubling and its standard error
+    evidence: list[tuple[float, float]] = field(default_factory=list)
+    #: rounds left before the next probe while flat, and the current wait
+    probe_in: int = 0
+    probe_wait: int = 0
 
     def __post_init__(self) -> None:
         if self.min_gain <= 0:
@@ -107,46 +143,92 @@ class AdaptiveSchedule:
         if not 1 < self.min_growth <= self.max_growth:
             raise ValueError("need 1 < min_growth <= max_growth, got "
                              f"{self.min_growth}, {self.max_growth}")
+        if self.min_rows < 0 or self.probe_after < 0:
+            raise ValueError("min_rows and probe_after must be >= 0")
+
+    @property
+    def flat(self) -> bool:
+        """Stopped on a flat learning curve (a probe may resume asking)."""
+        return self.done and self.reason == "flat"
+
+    @property
+    def finished(self) -> bool:
+        """Nothing will be asked again: every node exhausted, or flat with no probes."""
+        return self.done and (self.reason != "flat" or self.probe_after == 0)
 
     def after_upload(self, stored_before: int, stored_after: int,
                      gain: PairedGain | None) -> None:
         """Update the next ask after a round that added rows (``gain`` None: first one)."""
         n0, n1 = int(stored_before), int(stored_after)
         point: dict[str, float] = {"stored": float(n1)}
-        if gain is None or n0 <= 0:
-            self.next_total = max(int(math.ceil(n1 * (self.max_growth - 1))), 1)
-            point["ask"] = float(self.next_total)
+        if gain is None or n0 <= 0 or n1 <= n0:
+            if not self.done:
+                self.next_total = max(int(math.ceil(n1 * (self.max_growth - 1))), 1)
+            point["ask"] = float(self.next_total or 0)
             self.curve.append(point)
             return
-        point.update(gain=gain.gain, stderr=gain.stderr, error=gain.error_after)
-        if gain.gain + gain.stderr < self.min_gain:
-            self.stop("flat")
+        doubling = math.log2(n1 / n0)
+        self.evidence.append((gain.gain / doubling, gain.stderr / doubling))
+        self.evidence = self.evidence[-POOLED:]
+        g, s = pooled(self.evidence)
+        point.update(gain=gain.gain, stderr=gain.stderr, error=gain.error_after,
+                     pooled=g, pooled_stderr=s)
+        probing = self.flat
+        if self.shows_flat(g, s, gain.rows):
+            if probing:  # still flat: wait twice as long for the next probe
+                self.probe_wait *= 2
+            else:
+                self.stop("flat")
+                self.probe_wait = self.probe_after
+            self.probe_in = self.probe_wait
         else:
-            self.next_total = self._ask(n0, n1, gain)
+            self.done, self.reason = False, ""
+            self.next_total = self._ask(n1, g, s, gain.error_after)
         point["ask"] = float(self.next_total or 0)
         self.curve.append(point)
+
+    def shows_flat(self, g: float, s: float, rows: int) -> bool:
+        """Whether the pooled evidence shows the curve flat (see the module docstring)."""
+        return (len(self.evidence) >= 2 and rows >= self.min_rows
+                and g + Z_ONE_SIDED * s < self.min_gain)
+
+    def round_ask(self, stored: int) -> int:
+        """The total to ask this round (called once per data round while asking is possible).
+
+        While flat, counts the rounds down to the next probe and then asks
+        ``min_growth - 1`` times the store.
+        """
+        if not self.flat:
+            return 0 if self.done else int(self.next_total or 0)
+        if self.probe_after == 0:
+            return 0
+        self.probe_in -= 1
+        if self.probe_in > 0:
+            return 0
+        return max(int(math.ceil(stored * (self.min_growth - 1))), 1)
 
     def stop(self, reason: str) -> None:
         """Stop asking: ``flat`` learning curve, or every node ``exhausted``."""
         self.done, self.next_total, self.reason = True, 0, reason
 
-    def _ask(self, n0: int, n1: int, gain: PairedGain) -> int:
+    def _ask(self, n1: int, g: float, s: float, e1: float) -> int:
+        """The next ask from the upper bound ``g + z s`` of the gain per doubling at ``e1``."""
         lo = n1 * (self.min_growth - 1)
         hi = n1 * (self.max_growth - 1)
-        e0, e1 = gain.error_before, gain.error_after
+        u = g + Z_ONE_SIDED * s
         want = hi
-        if 0 < e1 < e0 and n1 > n0 and math.isfinite(e0):
-            b = math.log(e0 / e1) / math.log(n1 / n0)
-            per_doubling = e1 * (1 - 2.0 ** -b)  # predicted gain of doubling N
-            if per_doubling > 0 and b > 1e-6:
-                star = n1 * (per_doubling / self.min_gain) ** (1 / b)
-                want = star - n1
+        if math.isfinite(u) and 0 < u < e1 and math.isfinite(e1):
+            b = -math.log2(1 - u / e1)  # e(N) = a N^-b gains u per doubling at N1
+            if b > 1e-6:
+                want = n1 * (u / self.min_gain) ** (1 / b) - n1
         return max(int(math.ceil(min(max(want, lo), hi))), 1)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps."""
         return {"next_total": self.next_total, "done": self.done, "reason": self.reason,
-                "curve": [dict(p) for p in self.curve]}
+                "curve": [dict(p) for p in self.curve],
+                "evidence": [list(p) for p in self.evidence],
+                "probe_in": self.probe_in, "probe_wait": self.probe_wait}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state`."""
@@ -154,6 +236,9 @@ class AdaptiveSchedule:
         self.done = bool(state["done"])
         self.reason = str(state.get("reason", ""))
         self.curve = [dict(p) for p in state["curve"]]
+        self.evidence = [(float(g), float(s)) for g, s in state.get("evidence", [])]
+        self.probe_in = int(state.get("probe_in", 0))
+        self.probe_wait = int(state.get("probe_wait", 0))
 
 
 def allocate(total: int, left: dict[int, int | None], fit: dict[int, float]) -> dict[int, int]:

@@ -228,8 +228,11 @@ class DQStrategy(ModelStrategy, Strategy):
 
     @property
     def finished(self) -> bool:
-        """The adaptive schedule stopped asking and the store is trained to a plateau."""
-        return self.trainer.schedule is not None and self.trainer.schedule.done
+        """The adaptive schedule will not ask again and the store is trained to a plateau.
+
+        Every node exhausted, or the curve flat with probes off (``probe-after`` 0).
+        """
+        return self.trainer.schedule is not None and self.trainer.schedule.finished
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -12,17 +12,21 @@ schedule size the next ask. Every round's steps run inside a
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
 import torch
 
+from dq_flower.augment import augmentation_for
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.control_variate import ControlVariate
 from dq_flower.dq.intake import UploadIntake
 from dq_flower.dq.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
-from dq_flower.dq.schedule import AdaptiveSchedule, paired_gain
+from dq_flower.dq.schedule import AdaptiveSchedule, paired_gain, significantly_worse
 from dq_flower.dq.validation import Upload
 from dq_flower.model_ops import LossFn, apply_flat_grad, per_sample_results, weighted_loss_grad
 from dq_flower.seeding import Purpose, round_rng
@@ -45,17 +49,19 @@ class ServerTrainer:
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.cfg, self.model, self.optimizer, self.intake, self.cv = (
             cfg, model, optimizer, intake, cv)
-        self.loss_fn, self.seed, self.augment = loss_fn, seed, augment
-        self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth) if cfg.adaptive
+        self.loss_fn, self.seed, self.user_augment = loss_fn, seed, augment
+        self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth,
+                                          probe_after=cfg.probe_after) if cfg.adaptive
                          else None)
         self.plateau = PlateauRule(cfg.plateau_eval_every, cfg.plateau_patience, cfg.lr_drops,
                                    cfg.lr_factor, cfg.max_server_steps)
         #: mean held-out loss per node after the last training phase (adaptive asks)
         self.node_fit: dict[int, float] = {}
         self.last_phase: PhaseResult | None = None
-        self._round_ids: dict[int, np.ndarray] = {}  # this round's uploaded ids per node
-        #: whether the last phase's model was worse on its fresh held-out rows than the one
-        #: before it, which the server then kept
+        #: seconds the last round's training took (the server's compute per round)
+        self.train_seconds = 0.0
+        #: whether the last phase's model was worse on the held-out rows than the one
+        #: before it beyond the comparison's uncertainty (the server then kept the old one)
         self.reverted = False
         self.guard = StepGuard(model, optimizer)
         self.rolled_back = 0
@@ -64,10 +70,12 @@ class ServerTrainer:
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
         """A data round's steps (the schedule's), rolled back where they go non-finite."""
         self.guard.begin()
+        t0 = time.perf_counter()
         if self.schedule is not None:
             loss = self.train_adaptive(server_round, fresh, stored_before)
         else:
             loss = self.train_steps(server_round, fresh)
+        self.train_seconds = time.perf_counter() - t0
         if not self.guard.finite_or_restore():
             self._rolled_back(server_round, [u.node for u in fresh])
             loss = float("nan")
@@ -157,17 +165,33 @@ class ServerTrainer:
         self.model.train()
         losses = []
         correction = self.cv.value() if self.cv else None
+        augment = self.augmentation(rng)
         for _ in range(steps):
             x, y, w = store.draw(self.cfg.server_batch_size, rng)
             xb = self.intake.shaped(x)
-            if self.augment is not None:
-                xb = self.augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
+            if augment is not None:
+                xb = augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
             loss, grad = weighted_loss_grad(self.model, xb, y, w / w.sum(), self.loss_fn)
             if correction is not None:  # the control variate: see dq.control_variate
                 grad += correction
             losses.append(loss)
             apply_flat_grad(self.model, self.optimizer, grad)
         return losses
+
+    def augmentation(self, rng: np.random.Generator
+                     ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The minibatches' augmentation: the user's, else the ``augmentation`` knob's.
+
+        A built-in one is seeded from ``rng`` (the round's minibatch stream), so a resumed
+        round draws the same shifts.
+        """
+        if self.user_augment is not None:
+            return self.user_augment
+        spec = self.intake.spec
+        if spec is None:
+            return None
+        return augmentation_for(self.cfg.augmentation, tuple(spec.sample_shape),
+                                int(rng.integers(2**31)))
 
     # ------------------------------------------------------------------ the adaptive schedule
     def train_adaptive(self, server_round: int, fresh: list[Upload],
@@ -176,8 +200,11 @@ class ServerTrainer:
 
         The phase's first evaluation scores the model the previous phase left (or the
         initial one) on the current held-out rows; the gain of the phase's best model over
-        it on the rows held out of this round's uploads is the paired gain the schedule
-        needs (none for the first upload round). A negative gain keeps the previous model.
+        it, paired on every held-out row, is what the schedule needs (none for the first
+        upload round). A new model worse beyond that comparison's uncertainty
+        (:func:`~dq_flower.dq.schedule.significantly_worse`) is dropped for the previous
+        one. The phase's step cap follows the store: at least ``max-server-epochs`` passes
+        over its training rows.
         """
         assert self.schedule is not None
         self.last_phase = None
@@ -186,11 +213,11 @@ class ServerTrainer:
                 or store.num_train == 0):  # nothing new (a full store still changes)
             return float("nan")
         rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
-        self._round_ids = {u.node: u.batch.ids for u in fresh if len(u.batch)}
         first = self.fresh_training_step(fresh)
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.train()
-        phase = train_phase(self.model, self.optimizer, self.cfg.lr, self.plateau,
+        phase = train_phase(self.model, self.optimizer, self.cfg.lr,
+                            self.phase_rule(store.num_train),
                             lambda: self.store_step(rng, first), self.score_holdout)
         self.last_phase = phase
         assert phase.final is not None and phase.initial is not None
@@ -198,12 +225,22 @@ class ServerTrainer:
         self.reverted = False
         if stored_before > 0:
             gain = paired_gain(phase.initial, phase.final)
-            if gain.gain < 0:  # worse than before on the rows it brought: keep the old model
+            if significantly_worse(gain):
                 self.model.load_state_dict(start)
                 self.reverted = True
+        self.schedule.min_rows = self.rows_needed()
         self.schedule.after_upload(stored_before, self.intake.stored, gain)
         self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
         return float(np.mean(phase.losses)) if phase.losses else float("nan")
+
+    def phase_rule(self, train_rows: int) -> PlateauRule:
+        """The plateau rule with its step cap raised to ``max-server-epochs`` passes."""
+        epochs = math.ceil(self.cfg.max_server_epochs * train_rows / self.cfg.server_batch_size)
+        return replace(self.plateau, max_steps=max(self.plateau.max_steps, epochs))
+
+    def rows_needed(self) -> int:
+        """Held-out rows a comparison needs to show the curve flat: per class (or in all)."""
+        return self.cfg.min_holdout_rows * max(int(self.intake.num_classes or 1), 1)
 
     def fresh_training_step(self, fresh: list[Upload]) -> list[tuple[float, np.ndarray]]:
         """The compensated step on the fresh rows as a one-item queue (empty if none).
@@ -226,28 +263,19 @@ class ServerTrainer:
     def score_holdout(self) -> HeldOutScores:
         """Per-row loss and correctness of the model on the store's held-out rows."""
         assert self.intake.store is not None
-        losses, correct, nodes, fresh = [], [], [], []
-        for x, y, _, node_ids, ids in self.intake.store.holdout_batches():
+        losses, correct, nodes = [], [], []
+        for x, y, _, node_ids, _ in self.intake.store.holdout_batches():
             loss, hit = per_sample_results(self.model, self.intake.shaped(x), y,
                                            self.loss_fn)
             losses.append(loss)
             nodes.append(node_ids)
-            fresh.append(self.fresh_rows(node_ids, ids))
             if hit is not None:
                 correct.append(hit)
         if not losses:
             return HeldOutScores(np.zeros(0), None, np.zeros(0, dtype=np.uint64))
         return HeldOutScores(np.concatenate(losses),
                              np.concatenate(correct) if correct else None,
-                             np.concatenate(nodes), np.concatenate(fresh))
-
-    def fresh_rows(self, node_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Which of these rows came with this round's uploads."""
-        mask = np.zeros(ids.size, dtype=bool)
-        for node, new_ids in self._round_ids.items():
-            here = node_ids == np.uint64(node)
-            mask[here] = np.isin(ids[here], new_ids)
-        return mask
+                             np.concatenate(nodes))
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
