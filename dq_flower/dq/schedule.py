@@ -25,8 +25,9 @@ last :data:`POOLED` comparisons by inverse-variance weights (``G``, ``S``). Then
   closes in on ``min_gain``;
 - **flat is a state the schedule can leave**: after ``probe_after`` rounds without asking
   it asks a small probe (``min_growth - 1`` times the store), whose comparison joins the
-  pooled evidence; if the evidence no longer shows the curve flat, asking resumes,
-  otherwise the wait before the next probe doubles.
+  pooled evidence (a probe whose own gain is above ``min_gain`` beyond its uncertainty
+  replaces it: the curve rises again); if the evidence no longer shows the curve flat,
+  asking resumes, otherwise the wait before the next probe doubles.
 
 The training phase keeps the new model unless it is worse than the previous one beyond
 its uncertainty (``d + z s < 0``): see :func:`significantly_worse`.
@@ -168,12 +169,14 @@ class AdaptiveSchedule:
             self.curve.append(point)
             return
         doubling = math.log2(n1 / n0)
-        self.evidence.append((gain.gain / doubling, gain.stderr / doubling))
-        self.evidence = self.evidence[-POOLED:]
+        new = (gain.gain / doubling, gain.stderr / doubling)
+        probing = self.flat
+        if probing and new[0] - Z_ONE_SIDED * new[1] > self.min_gain:
+            self.evidence = []  # the probe alone shows the curve rising again: start anew
+        self.evidence = [*self.evidence, new][-POOLED:]
         g, s = pooled(self.evidence)
         point.update(gain=gain.gain, stderr=gain.stderr, error=gain.error_after,
                      pooled=g, pooled_stderr=s)
-        probing = self.flat
         if self.shows_flat(g, s, gain.rows):
             if probing:  # still flat: wait twice as long for the next probe
                 self.probe_wait *= 2
@@ -205,7 +208,7 @@ class AdaptiveSchedule:
         self.probe_in -= 1
         if self.probe_in > 0:
             return 0
-        return max(int(math.ceil(stored * (self.min_growth - 1))), 1)
+        return max(math.ceil(stored * (self.min_growth - 1) - 1e-9), 1)
 
     def stop(self, reason: str) -> None:
         """Stop asking: ``flat`` learning curve, or every node ``exhausted``."""
@@ -221,7 +224,7 @@ class AdaptiveSchedule:
             b = -math.log2(1 - u / e1)  # e(N) = a N^-b gains u per doubling at N1
             if b > 1e-6:
                 want = n1 * (u / self.min_gain) ** (1 / b) - n1
-        return max(int(math.ceil(min(max(want, lo), hi))), 1)
+        return max(math.ceil(min(max(want, lo), hi) - 1e-9), 1)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps."""

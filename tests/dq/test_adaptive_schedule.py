@@ -1,5 +1,7 @@
 """DQ's default adaptive schedule end to end, in-process on the digits MLP."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,9 @@ from dq_flower.harness.simulate import build_run_config
 
 from .helpers import run_inprocess
 
-_KNOBS = dict(budget=32, max_server_steps=300, plateau_eval_every=25, plateau_patience=2)
+# a first ask of ``budget`` per node (no held-out rows required) and a fixed step cap
+_KNOBS = dict(budget=32, max_server_steps=300, plateau_eval_every=25, plateau_patience=2,
+              min_holdout_rows=0, max_server_epochs=1)
 
 
 def _keys(row):
@@ -43,11 +47,26 @@ def test_the_schedule_grows_the_store_then_stops_asking_and_ends_early(adaptive_
 
 
 def test_rounds_after_the_curve_is_flat_cost_no_uplink():
-    result, _ = run_inprocess(num_clients=3, rounds=12, min_gain=0.5, **_KNOBS)
+    result, _ = run_inprocess(num_clients=3, rounds=12, min_gain=0.5, probe_after=0,
+                              **_KNOBS)
     rows = [r for r in result.history if r["round"] >= 1]
-    # a gain of half the accuracy can never be shown: the second upload ends the schedule
-    assert [r["schedule_done"] for r in rows] == [0, 1]
-    assert rows[-1]["ended_early"] and rows[1]["next_ask"] == 0
+    # half the accuracy per doubling is never reached: the second comparison (the third
+    # upload) shows the curve flat, and without probes the run ends there
+    assert [r["schedule_done"] for r in rows] == [0, 0, 1]
+    assert rows[-1]["ended_early"] and rows[-1]["next_ask"] == 0
+
+
+def test_a_flat_curve_is_probed_and_rounds_between_probes_cost_no_uplink():
+    result, _ = run_inprocess(num_clients=3, rounds=8, min_gain=0.5, probe_after=1,
+                              **_KNOBS)
+    rows = [r for r in result.history if r["round"] >= 1]
+    assert [r["schedule_done"] for r in rows[:3]] == [0, 0, 1]
+    # flat after round 3: a probe in round 4 (still flat), then a wait of 2 rounds
+    uploads = [r["selected"] > 0 for r in rows]
+    assert uploads == [True, True, True, True, False, True, False, False]
+    assert rows[3]["selected"] == math.ceil(0.1 * rows[2]["stored"] - 1e-9)
+    assert all(r["up_bytes"] == 0 for r, up in zip(rows, uploads, strict=True) if not up)
+    assert not rows[-1].get("ended_early")
 
 
 def test_the_held_out_rows_are_never_trained_on(monkeypatch):

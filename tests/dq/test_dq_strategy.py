@@ -68,12 +68,16 @@ def test_configure_train_sends_config_and_model_only_when_needed():
     assert "lr" not in msgs[0].content["config"]
     assert "model" in msgs[0].content.array_records
 
-    # the adaptive schedule sends each node its own ask (the budget in the first round)
+    # the adaptive schedule sends each node its own ask; the first round's is sized so
+    # that 10 rows per class (10 digits) can be held out at 10%: 1,000 over 2 nodes
     strategy, _, _ = _strategy(upload_schedule="adaptive", budget=10, scorer="loss")
     msgs = list(strategy.configure_train(1, None, _train_config(), grid))
-    assert [m.content["config"]["budget"] for m in msgs] == [10, 10]
+    assert [m.content["config"]["budget"] for m in msgs] == [500, 500]
     assert msgs[0].content["config"]["scorer"] == "uniform"  # nothing trained yet
     assert "model" not in msgs[0].content.array_records
+    strategy, _, _ = _strategy(upload_schedule="adaptive", budget=10, min_holdout_rows=0)
+    msgs = list(strategy.configure_train(1, None, _train_config(), grid))
+    assert [m.content["config"]["budget"] for m in msgs] == [10, 10]  # at least the budget
 
 
 def test_aggregate_train_stores_valid_replies_and_rejects_bad_ones():

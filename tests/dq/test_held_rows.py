@@ -123,7 +123,8 @@ def _config(tmp_path, name, **knobs):
 
 SCHEDULES = [{"upload_schedule": "fixed"},
              {"upload_schedule": "adaptive", "budget": 30, "max_server_steps": 40,
-              "plateau_eval_every": 20, "plateau_patience": 1}]
+              "plateau_eval_every": 20, "plateau_patience": 1, "min_holdout_rows": 0,
+              "max_server_epochs": 1}]
 
 
 def _crash_and_resume(tmp_path, knobs, first_node_id):

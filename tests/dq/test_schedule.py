@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from dq_flower.dq.plateau import HeldOutScores
-from dq_flower.dq.schedule import AdaptiveSchedule, PairedGain, allocate, paired_gain
+from dq_flower.dq.schedule import (
+    Z_ONE_SIDED,
+    AdaptiveSchedule,
+    PairedGain,
+    allocate,
+    paired_gain,
+    pooled,
+    significantly_worse,
+)
 
 
 def _scores(correct, loss=None):
@@ -17,6 +25,10 @@ def _scores(correct, loss=None):
 
 def _gain(gain, stderr, e0=0.3, rows=500):
     return PairedGain(gain, stderr, e0, e0 - gain, rows)
+
+
+def _per_doubling(n0, n1):
+    return math.log2(n1 / n0)
 
 
 def test_first_upload_grows_the_store_by_max_growth():
@@ -35,29 +47,96 @@ def test_a_steep_curve_keeps_asking_at_the_largest_growth():
 def test_a_flattening_curve_asks_for_less_than_the_largest_growth():
     s = AdaptiveSchedule(min_gain=0.005, max_growth=1.5, min_growth=1.1)
     s.after_upload(0, 4000, None)
-    # 0.6 points for +50% at 1.8% error: the power law through both points (b = 1)
-    # predicts that a doubling gains min_gain at N* = 7,200, so the ask is N* - N = 1,200
-    s.after_upload(4000, 6000, _gain(0.006, 0.001, e0=0.018))
-    assert 600 <= s.next_total < 3000 and not s.done
-    b = math.log(0.018 / 0.012) / math.log(1.5)
-    star = 6000 * (0.012 * (1 - 2 ** -b) / 0.005) ** (1 / b)
-    assert star == pytest.approx(7200)
-    assert s.next_total == max(math.ceil(min(max(star - 6000, 600), 3000)), 1)
+    # 0.3 +- 0.05 points for +50% at 1.2% error: the upper bound of the gain per
+    # doubling, u = (0.003 + 1.645 * 0.0005) / log2(1.5), sizes a power law through the
+    # current error, whose doubling gains min_gain at N* = 6000 (u / min_gain)^(1 / b)
+    s.after_upload(4000, 6000, _gain(0.003, 0.0005, e0=0.015))
+    u = (0.003 + Z_ONE_SIDED * 0.0005) / _per_doubling(4000, 6000)
+    b = -math.log2(1 - u / 0.012)
+    star = 6000 * (u / 0.005) ** (1 / b)
+    assert 6600 < star < 9000
+    assert s.next_total == math.ceil(star - 6000) and not s.done
 
 
-def test_a_flat_curve_stops_asking_and_stays_stopped():
-    s = AdaptiveSchedule(min_gain=0.005)
+def test_one_comparison_never_stops_the_schedule():
+    s = AdaptiveSchedule(min_gain=0.005, probe_after=0)
     s.after_upload(0, 1000, None)
-    s.after_upload(1000, 1500, _gain(0.001, 0.002))  # upper bound 0.3 points < 0.5
-    assert s.done and s.next_total == 0
-    assert [p["ask"] for p in s.curve] == [500.0, 0.0]
+    s.after_upload(1000, 1500, _gain(-0.05, 0.001))  # certainly worse, but only once
+    assert not s.done and s.next_total > 0
+
+
+def test_the_apps_noisy_curve_stopped_the_old_rule_and_not_this_one():
+    # A user's app: 320 rows, then 160 more; the new model was 2 rows in 15 worse on the
+    # new held-out rows. The old rule stopped for good on that one difference (its upper
+    # bound, gain + 1 stderr, was below min_gain); on every held-out row (48) the same
+    # difference is within its uncertainty
+    old_gain = _gain(-2 / 15, math.sqrt(1 / 16 / 15), rows=15)
+    assert old_gain.gain + old_gain.stderr < 0.005  # what stopped the old rule
+    s = AdaptiveSchedule(min_gain=0.005)
+    s.after_upload(0, 320, None)
+    s.after_upload(320, 480, _gain(-2 / 48, math.sqrt(3 / 48 / 48), rows=48))
+    assert not s.done and s.next_total == 240  # uncertain: the store keeps growing fast
+    s.after_upload(480, 720, _gain(0.02, math.sqrt(5 / 72 / 72), rows=72))
+    assert not s.done and s.next_total > 0
+
+
+def test_a_truly_flat_curve_stops_after_two_comparisons_on_enough_rows():
+    s = AdaptiveSchedule(min_gain=0.005, min_rows=100, probe_after=0)
+    s.after_upload(0, 4000, None)
+    s.after_upload(4000, 6000, _gain(0.0, 0.0005, rows=600))
+    assert not s.done and s.next_total == 600  # one comparison: the smallest growth
+    s.after_upload(6000, 6600, _gain(0.0, 0.0005, rows=660))
+    assert s.done and s.flat and s.finished and s.next_total == 0
+    assert [p["ask"] for p in s.curve] == [2000.0, 600.0, 0.0]
+
+
+def test_too_few_held_out_rows_cannot_show_the_curve_flat():
+    s = AdaptiveSchedule(min_gain=0.005, min_rows=100)
+    s.after_upload(0, 400, None)
+    s.after_upload(400, 600, _gain(0.0, 0.0005, rows=60))
+    s.after_upload(600, 900, _gain(0.0, 0.0005, rows=90))
+    assert not s.done
+
+
+def test_a_flat_schedule_probes_and_resumes_when_the_probe_pays():
+    s = AdaptiveSchedule(min_gain=0.005, probe_after=2)
+    s.after_upload(0, 4000, None)
+    s.after_upload(4000, 6000, _gain(0.0, 0.0005))
+    s.after_upload(6000, 9000, _gain(0.0, 0.0005))
+    assert s.flat and not s.finished  # probes may still resume asking
+    assert [s.round_ask(9000) for _ in range(2)] == [0, 900]  # a round's wait, then a probe
+    s.after_upload(9000, 9900, _gain(0.03, 0.002))  # the probe shows a clear gain
+    assert not s.done and s.next_total > 0 and s.round_ask(9900) == s.next_total
+
+
+def test_a_probe_that_finds_the_curve_still_flat_doubles_the_wait():
+    s = AdaptiveSchedule(min_gain=0.005, probe_after=2)
+    s.after_upload(0, 4000, None)
+    s.after_upload(4000, 6000, _gain(0.0, 0.0005))
+    s.after_upload(6000, 9000, _gain(0.0, 0.0005))
+    assert [s.round_ask(9000) for _ in range(2)] == [0, 900]
+    s.after_upload(9000, 9900, _gain(0.0, 0.001))
+    assert s.flat and [s.round_ask(9900) for _ in range(4)] == [0, 0, 0, 990]
 
 
 def test_an_uncertain_small_gain_keeps_asking():
     s = AdaptiveSchedule(min_gain=0.005)
     s.after_upload(0, 200, None)
     s.after_upload(200, 300, _gain(0.0, 0.02, rows=30))  # 0 +- 2 points: no proof of flat
-    assert not s.done and s.next_total >= 30
+    s.after_upload(300, 450, _gain(0.0, 0.02, rows=45))
+    assert not s.done and s.next_total >= 45
+
+
+def test_pooled_weights_points_by_their_inverse_variance():
+    g, s = pooled([(0.01, 0.01), (0.04, 0.02), (1.0, math.inf)])
+    assert g == pytest.approx((0.01 / 1e-4 + 0.04 / 4e-4) / (1 / 1e-4 + 1 / 4e-4))
+    assert s == pytest.approx(1 / math.sqrt(1 / 1e-4 + 1 / 4e-4))
+    assert pooled([]) == (0.0, math.inf)
+
+
+def test_only_a_difference_beyond_its_uncertainty_is_significantly_worse():
+    assert not significantly_worse(_gain(-0.04, 0.03))
+    assert significantly_worse(_gain(-0.06, 0.03))
 
 
 def test_paired_gain_counts_rows_the_models_disagree_on():
@@ -74,7 +153,7 @@ def test_paired_gain_of_identical_models_is_not_certain_on_few_rows():
     same = _scores([1] * 40 + [0] * 10)
     g = paired_gain(same, same)
     assert g.gain == 0.0 and g.stderr == pytest.approx(math.sqrt(1 / 51 / 50))
-    assert g.gain + g.stderr > 0.005  # 50 rows cannot show a flat curve at half a point
+    assert g.gain + Z_ONE_SIDED * g.stderr > 0.005  # 50 rows cannot show it flat
 
 
 def test_paired_gain_of_float_targets_is_relative_to_the_loss_before():
@@ -103,12 +182,16 @@ def test_allocate_gives_unknown_nodes_the_mean_of_the_known():
     assert sum(asks.values()) == 300 and asks[2] == 100
 
 
-def test_schedule_state_round_trips():
+def test_schedule_state_round_trips_with_its_evidence_and_probe_countdown():
     s = AdaptiveSchedule()
-    s.after_upload(0, 100, None)
+    s.after_upload(0, 4000, None)
+    s.after_upload(4000, 6000, _gain(0.0, 0.0005))
+    s.after_upload(6000, 9000, _gain(0.0, 0.0005))
+    s.round_ask(9000)
     t = AdaptiveSchedule()
     t.load_state(s.state())
-    assert t.state() == s.state()
+    assert t.state() == s.state() and t.flat and len(t.evidence) == 2
+    assert t.round_ask(9000) == s.round_ask(9000) == 900  # the same probe round
 
 
 @pytest.mark.parametrize("kwargs", [{"min_gain": 0}, {"max_growth": 1.0},

@@ -22,8 +22,10 @@ def test_dq_runs_in_flowers_simulation_engine():
 
 def test_dq_at_its_defaults_runs_in_flowers_simulation_engine():
     result = dq_flower.simulate(method="dq", dataset="digits", model="mlp", num_clients=2,
-                                rounds=2, seed=1, budget=32, max_server_steps=200)
+                                rounds=2, seed=1, budget=32, min_holdout_rows=2,
+                                max_server_steps=200, max_server_epochs=1)
     rows = result.history
-    assert rows[1]["stored"] == 2 * 32 and rows[2]["stored"] == 2 * 32 + 32  # growth 1.5
+    # the first ask holds out 2 rows per class at 10%: 200 in all, then growth 1.5
+    assert rows[1]["stored"] == 200 and rows[2]["stored"] == 300
     assert 0 < rows[1]["server_steps"] <= 200 and rows[1]["holdout_rows"] > 0
     assert rows[2]["accuracy"] > rows[0]["accuracy"]

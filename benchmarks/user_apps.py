@@ -1,0 +1,101 @@
+"""The user-app zoo at full size: each app with Flower's FedAvg and with DQ at its defaults.
+
+Runs every app of ``tests/apps`` whose data is available (or those named by ``--apps``)
+at its own size (nodes, rounds, fraction of nodes sampled per round) with both kinds,
+through Flower's simulation engine (Ray, the default) or the package's in-process grid,
+and prints a Markdown table: each kind's final central accuracy and uplink bytes, the
+uplink ratio FedAvg/DQ, DQ's downlink, and the verdict "DQ within 2 points of FedAvg's
+final accuracy (or above) with at most a fifth of its uplink". Writes ``table.md`` and
+``results.json`` (every round's accuracy, bytes and wall time) to ``--out``.
+
+Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/user_apps.py [--engine simulation|inprocess]
+        [--apps fmnist_cnn digits_skew_mlp tabular_mlp fmnist_partial] [--rounds N]
+        [--out out/user_apps]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+os.environ.setdefault("FLWR_HOME", tempfile.mkdtemp(prefix="flwr-home-"))
+os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray-"))
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.apps.runner import AppRun, run_app  # noqa: E402
+
+APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial")
+MARGIN = 0.02
+UPLINK_SHARE = 1 / 5
+
+
+def verdict(fed: AppRun, dq: AppRun) -> bool:
+    """DQ within ``MARGIN`` of FedAvg's final accuracy (or above), <= 1/5 of its uplink."""
+    return dq.final >= fed.final - MARGIN and dq.up_bytes <= UPLINK_SHARE * fed.up_bytes
+
+
+def table(rows: list[tuple[str, AppRun, AppRun]]) -> str:
+    lines = ["| app | FedAvg final acc | FedAvg uplink (B) | DQ final acc | DQ uplink (B) "
+             "| uplink FedAvg/DQ | DQ downlink (B) | within 2 points and <= 1/5 uplink |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, fed, dq in rows:
+        ratio = fed.up_bytes / dq.up_bytes if dq.up_bytes else float("inf")
+        lines.append(f"| {name} | {fed.final:.2%} | {fed.up_bytes:,} | {dq.final:.2%} "
+                     f"| {dq.up_bytes:,} | {ratio:.1f}x | {dq.down_bytes:,} "
+                     f"| {'yes' if verdict(fed, dq) else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=("simulation", "inprocess"), default="simulation")
+    parser.add_argument("--apps", nargs="+", default=list(APPS), metavar="APP",
+                        help=f"modules of tests/apps (default: {' '.join(APPS)})")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds for every app (default: each app's own ROUNDS)")
+    parser.add_argument("--out", type=Path, default=Path("out/user_apps"))
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rows, results = [], {}
+    for name in (a.removesuffix(".py") for a in args.apps):
+        app = importlib.import_module(f"tests.apps.{name}")
+        if not app.available():
+            print(f"skipping {name}: its data is not available", flush=True)
+            continue
+        runs = {}
+        for kind in ("fedavg", "dq"):
+            runs[kind] = run_app(app, kind, args.rounds, engine=args.engine)
+            r = runs[kind]
+            print(f"{app.NAME} {kind}: final {r.final:.2%}, up {r.up_bytes:,} B, "
+                  f"down {r.down_bytes:,} B, {r.wall_s:.1f} s", flush=True)
+        rows.append((app.NAME, runs["fedavg"], runs["dq"]))
+        results[app.NAME] = {
+            "module": name, "nodes": app.NUM_NODES, "rounds": args.rounds or app.ROUNDS,
+            "fraction_train": getattr(app, "FRACTION_TRAIN", 1.0), "engine": args.engine,
+            "verdict": verdict(runs["fedavg"], runs["dq"]),
+            **{kind: dataclasses.asdict(r) for kind, r in runs.items()}}
+    md = table(rows)
+    print("\n" + md)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.md").write_text(md)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out / 'table.md'} and {args.out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The zoo's verdict: each user app with DQ at its defaults against Flower's FedAvg.
+
+For every app of ``tests/apps`` (its data available), DQ's final central accuracy must be
+within :data:`MARGIN` (2 points) of FedAvg's final accuracy or above, with at most a fifth
+of FedAvg's uplink bytes, and both must end well above chance (the majority class's share
+of the test set plus half the gap to 100%). The runs here are sized for CI with the
+in-process grid: apps whose full run is slow get fewer rounds (:data:`CI_ROUNDS`), the
+same for both kinds; ``benchmarks/user_apps.py`` runs every app at full size through
+Flower's simulation engine. Each pair of runs is made once and shared by the assertions.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import numpy as np
+import pytest
+
+from tests.apps.runner import AppRun, run_app
+
+APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial")
+#: Rounds of the CI runs (None: the app's own ``ROUNDS``).
+CI_ROUNDS = {"fmnist_cnn": 3, "digits_skew_mlp": None, "tabular_mlp": None,
+             "fmnist_partial": 4}
+#: DQ's final accuracy may trail FedAvg's by at most this much.
+MARGIN = 0.02
+#: DQ's uplink may be at most this share of FedAvg's.
+UPLINK_SHARE = 1 / 5
+
+
+def load(name: str):
+    app = importlib.import_module(f"tests.apps.{name}")
+    if not app.available():
+        pytest.skip(f"{app.NAME}: its data is not available here")
+    return app
+
+
+@functools.cache
+def runs(name: str) -> dict[str, AppRun]:
+    """FedAvg's and DQ's runs of app ``name`` at its CI size (made once per session)."""
+    app = load(name)
+    return {kind: run_app(app, kind, CI_ROUNDS[name]) for kind in ("fedavg", "dq")}
+
+
+def chance(app) -> float:
+    """The accuracy of always answering the test set's most common class."""
+    _, y = app.test_set()
+    return float(np.bincount(np.asarray(y)).max() / len(y))
+
+
+def describe(r: dict[str, AppRun]) -> str:
+    fed, dq = r["fedavg"], r["dq"]
+    return (f"FedAvg {fed.final:.3f} with {fed.up_bytes:,} B up, "
+            f"DQ {dq.final:.3f} with {dq.up_bytes:,} B up")
+
+
+def check_accuracy(r: dict[str, AppRun]) -> None:
+    assert r["dq"].final >= r["fedavg"].final - MARGIN, (
+        f"DQ trails FedAvg by more than {MARGIN:.0%}: {describe(r)}")
+
+
+def check_uplink(r: dict[str, AppRun]) -> None:
+    assert r["dq"].up_bytes > 0 and r["fedavg"].up_bytes > 0
+    assert r["dq"].up_bytes <= UPLINK_SHARE * r["fedavg"].up_bytes, (
+        f"DQ's uplink is above {UPLINK_SHARE:.0%} of FedAvg's: {describe(r)}")
+
+
+def check_above_chance(app, r: dict[str, AppRun], rounds: int) -> None:
+    floor = chance(app)
+    floor += (1.0 - floor) / 2
+    for kind, run in r.items():
+        assert len(run.accuracy) == rounds + 1, f"{kind}: {run.accuracy}"  # round 0 too
+        assert run.final >= floor, f"{kind} ends at {run.final:.3f}, not above {floor:.3f}"
+
+
+@pytest.mark.parametrize("name", APPS)
+def test_dq_accuracy_within_two_points_of_fedavg_or_above(name):
+    check_accuracy(runs(name))
+
+
+@pytest.mark.parametrize("name", APPS)
+def test_dq_uplink_at_most_a_fifth_of_fedavgs(name):
+    check_uplink(runs(name))
+
+
+@pytest.mark.parametrize("name", APPS)
+def test_both_end_well_above_chance(name):
+    app = load(name)
+    check_above_chance(app, runs(name), CI_ROUNDS[name] or app.ROUNDS)
+
+
+@pytest.mark.slow
+def test_the_same_app_under_flowers_simulation_engine():
+    """``tabular_mlp`` through ``flwr.simulation.run_simulation`` (Ray), both kinds."""
+    app = load("tabular_mlp")
+    r = {kind: run_app(app, kind, engine="simulation") for kind in ("fedavg", "dq")}
+    check_accuracy(r)
+    check_uplink(r)
+    check_above_chance(app, r, app.ROUNDS)
