@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from dq_flower.config import to_config_record
@@ -192,7 +193,11 @@ class RoundAsks:
         if all(v == 0 for v in left.values()) and self.every_node_known(keys):
             schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
             return {}
-        return allocate(total, left, self.trainer.node_fit)
+        # a client the server has not heard from is counted as holding what a known
+        # client holds on average (not what known ones have left: they may be exhausted)
+        held = [v[0] for v in self.planner.clients.values()]
+        typical = float(np.mean(held)) if held else None
+        return allocate(total, left, self.trainer.node_fit, unknown=typical)
 
     def first_ask(self, clients: int) -> int:
         """The first round's ask per client: enough rows to hold out for the stop rule.

@@ -244,18 +244,22 @@ class AdaptiveSchedule:
         self.probe_wait = int(state.get("probe_wait", 0))
 
 
-def allocate(total: int, left: dict[int, int | None], fit: dict[int, float]) -> dict[int, int]:
+def allocate(total: int, left: dict[int, int | None], fit: dict[int, float],
+             unknown: float | None = None) -> dict[int, int]:
     """Split ``total`` samples over nodes, in proportion to what each has left and fits worst.
 
     ``left[node]`` is the number of samples the node has not uploaded (``None``: unknown,
-    counted as the mean of the known ones, or 1 if none is known). ``fit[node]`` is the
-    node's mean held-out loss (missing: the mean of the others); a node's weight is
-    ``left * fit``. No node is asked for more than it has left; what a full node cannot
-    take goes to the others (largest remainders break rounding). Deterministic.
+    counted as ``unknown``, by default the mean of the known ones, at least 1).
+    ``fit[node]`` is the node's mean held-out loss (missing: the mean of the others); a
+    node's weight is ``left * fit``. No node is asked for more than it has left; what a
+    full node cannot take goes to the others (largest remainders break rounding).
+    Deterministic.
     """
     nodes = sorted(left)
     known = [v for v in left.values() if v is not None]
-    mean_left = float(np.mean(known)) if known else 1.0
+    if unknown is None:
+        unknown = float(np.mean(known)) if known else 1.0
+    mean_left = max(float(unknown), 1.0)
     caps = np.array([math.inf if (v := left[n]) is None else float(v) for n in nodes])
     mean_fit = float(np.mean(list(fit.values()))) if fit else 1.0
     w = np.array([(mean_left if math.isinf(c) else c) * max(float(fit.get(n, mean_fit)), 1e-6)

@@ -159,3 +159,18 @@ def test_a_phase_that_makes_the_model_worse_on_its_new_rows_keeps_the_previous_m
     assert rows[1]["reverted"] == 0 and rows[2]["reverted"] == 1
     assert rows[2]["upload_gain"] < 0
     assert rows[2]["accuracy"] == rows[1]["accuracy"]  # the round-1 model, unchanged
+
+
+def test_partial_participation_over_many_nodes_stores_samples_every_round_that_asks():
+    # 150 nodes of about 10 digits each, 15 sampled a round: a node uploads all its rows
+    # when first asked, so the nodes the server knows have nothing left and most sampled
+    # nodes are new to it; new nodes must still be asked
+    result, grid = run_inprocess(num_clients=150, rounds=6, fraction_train=0.1,
+                                 **dict(_KNOBS, budget=32))
+    rows = [r for r in result.history if r["round"] >= 1]
+    assert all(r["selected"] > 0 for r in rows), [r["selected"] for r in rows]
+    # round 2 stores at least half of what round 1 asked for (new nodes used to be
+    # weighted by what the exhausted known ones had left: 12 of 73)
+    assert rows[1]["selected"] >= rows[0]["next_ask"] / 2
+    asked = {m.metadata.dst_node_id for m in grid.sent}
+    assert len(asked) > 15 * 4  # new nodes are asked, not only those already known
