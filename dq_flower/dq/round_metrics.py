@@ -63,6 +63,7 @@ class RoundMetrics:
             rejected=rejected, failed=failed, t0=t0)
         metrics["up-packed-bytes"] = int(sum(u.batch.packed_nbytes for u in fresh))
         metrics["rolled-back"] = self.trainer.rolled_back
+        metrics["server-train-s"] = self.trainer.train_seconds  # the server's compute
         if refreshed is not None:
             metrics["refreshed"], metrics["refreshes-rejected"] = refreshed
         if self.trainer.schedule is not None:
@@ -103,7 +104,8 @@ def schedule_text(metrics: dict[str, Any]) -> str:
     if "upload-gain" in metrics:
         text += f", gain {float(metrics['upload-gain']):+.4f}"
     if metrics.get("reverted"):
-        text += " (worse on the held-out rows beyond its uncertainty: the previous model is kept)"
+        text += (" (worse on the held-out rows beyond its uncertainty: the previous model is"
+                 " kept)")
     if metrics["schedule-done"] == 2:
         return text + "; every node has uploaded all its samples"
     if metrics["schedule-done"]:
