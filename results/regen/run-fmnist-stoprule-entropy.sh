@@ -1,0 +1,7 @@
+export OMP_NUM_THREADS=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+cd "$(dirname "$0")/../.."
+# as run-fmnist-stoprule.sh, with later uploads drawn by the predictive entropy of the
+# server's model (sent at fp16 to the nodes asked; the first round is uniform)
+.venv/bin/dq-flower compare --preset fmnist-wide-cnn --engine inprocess --rounds 5 \
+  --methods dq --set dq.scorer=entropy --set dq.selection-rule=sample \
+  --set dq.model-precision=fp16 --out results/regen/fmnist-wide-cnn-stoprule-entropy --resume
