@@ -63,7 +63,6 @@ class RoundMetrics:
             rejected=rejected, failed=failed, t0=t0)
         metrics["up-packed-bytes"] = int(sum(u.batch.packed_nbytes for u in fresh))
         metrics["rolled-back"] = self.trainer.rolled_back
-        metrics["server-train-s"] = self.trainer.train_seconds  # the server's compute
         if refreshed is not None:
             metrics["refreshed"], metrics["refreshes-rejected"] = refreshed
         if self.trainer.schedule is not None:

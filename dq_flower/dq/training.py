@@ -13,7 +13,6 @@ schedule size the next ask. Every round's steps run inside a
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
@@ -58,8 +57,6 @@ class ServerTrainer:
         #: mean held-out loss per node after the last training phase (adaptive asks)
         self.node_fit: dict[int, float] = {}
         self.last_phase: PhaseResult | None = None
-        #: seconds the last round's training took (the server's compute per round)
-        self.train_seconds = 0.0
         #: whether the last phase's model was worse on the held-out rows than the one
         #: before it beyond the comparison's uncertainty (the server then kept the old one)
         self.reverted = False
@@ -70,12 +67,10 @@ class ServerTrainer:
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
         """A data round's steps (the schedule's), rolled back where they go non-finite."""
         self.guard.begin()
-        t0 = time.perf_counter()
         if self.schedule is not None:
             loss = self.train_adaptive(server_round, fresh, stored_before)
         else:
             loss = self.train_steps(server_round, fresh)
-        self.train_seconds = time.perf_counter() - t0
         if not self.guard.finite_or_restore():
             self._rolled_back(server_round, [u.node for u in fresh])
             loss = float("nan")

@@ -427,8 +427,8 @@ def test_verdict_names_the_strongest_competitor_of_any_kind():
 def test_eval_every_skips_the_test_set_between_evaluations_and_the_summary_ignores_the_gaps():
     from tests.dq.helpers import run_inprocess
     # Execute: 5 rounds, evaluated before round 1, after rounds 3 and 5 (the last) only
-    every, _ = run_inprocess(rounds=5, seed=2, **{"eval-every": 3})
-    each, _ = run_inprocess(rounds=5, seed=2)
+    every, _ = run_inprocess(rounds=5, seed=2, min_holdout_rows=0, **{"eval-every": 3})
+    each, _ = run_inprocess(rounds=5, seed=2, min_holdout_rows=0)
     # Assert: the same training; accuracy only where evaluated, equal to the full run's
     accs = [r["accuracy"] for r in every.history]
     assert [math.isnan(a) for a in accs] == [False, True, True, False, True, False]

@@ -33,6 +33,7 @@ TASK = TaskConfig(num_partitions=4, model="logreg", seed=7)
 
 
 def _dq(**knobs):
+    knobs.setdefault("min_holdout_rows", 0)  # a first ask of ``budget`` (64) per client
     return DQStrategy(build_model(TASK, task_info(TASK)), seed=TASK.seed, **knobs)
 
 

@@ -28,7 +28,7 @@ class CrashError(Exception):
 
 def _config(tmp_path, name, **knobs):
     return build_run_config("dq", num_clients=3, rounds=ROUNDS, seed=5, budget=40,
-                            server_steps=6, checkpoint_dir=str(tmp_path / name), **knobs)
+                            server_steps=6, min_holdout_rows=0, checkpoint_dir=str(tmp_path / name), **knobs)
 
 
 def _crash_after(crash):
@@ -85,7 +85,8 @@ def test_a_second_reply_from_one_node_in_a_round_is_rejected():
     from dq_flower.harness.task_config import TaskConfig
 
     task = TaskConfig(num_partitions=2, seed=1)
-    strategy = DQStrategy(build_model(task, task_info(task)), seed=1, budget=8)
+    strategy = DQStrategy(build_model(task, task_info(task)), seed=1, budget=8,
+                          min_holdout_rows=0)
     grid = InProcessGrid(client_app, 2)
     replies = grid.send_and_receive(strategy.configure_train(
         1, None, client_task_config(task, "dq"), grid))
