@@ -58,7 +58,10 @@ def check_results(out: Path) -> dict:
         assert fed["eval-acc"] == pytest.approx(central[rnd]["accuracy"], abs=1e-6), results
     up = results["up_bytes"]
     assert sorted(up, key=int) == [str(r) for r in range(1, ROUNDS + 1)]
-    assert all(v > 0 for v in up.values()) and all(v > 0 for v in results["down_bytes"].values())
+    # round 1 uploads samples; a later round sends nothing once the store holds every row
+    # (the first ask covers 10 held-out rows per digit) but its federated evaluation
+    assert up["1"] > 0 and results["down_bytes"]["1"] > 0
+    assert all(v >= 0 for v in up.values()) and sum(results["down_bytes"].values()) > 0
     assert (out / "final_model.pt").stat().st_size > 0
     return results
 
@@ -98,8 +101,10 @@ def test_server_and_client_apps_in_process(example, tmp_path):
                       run_config=config)
     server_app.app(InProcessGrid(client_app.app, 4), context)
     results = check_results(tmp_path)
-    # 4 clients, budget 64 samples of 64 pixels at 2 bits: about 10 kB up per round
-    assert all(v < 20_000 for v in results["up_bytes"].values()), results["up_bytes"]
+    # the first ask: 10 held-out rows per digit at 10%, 1,000 samples of 64 pixels at 2
+    # bits, about 23 kB; the whole run uploads each client's rows at most once (35 kB)
+    assert results["up_bytes"]["1"] < 30_000, results["up_bytes"]
+    assert sum(results["up_bytes"].values()) < 50_000, results["up_bytes"]
 
 
 def test_flwr_run_quickstart_dq_in_simulation(tmp_path):
@@ -143,7 +148,8 @@ def test_flwr_run_quickstart_dq_in_simulation(tmp_path):
     assert "4 simulated SuperNodes" in output, output
     assert "Final accuracy" in output, output
     results = check_results(out)
-    # the 4 simulated SuperNodes each answered every round
-    assert all(v > 4 * 1000 for v in results["up_bytes"].values()), results["up_bytes"]
+    # the 4 simulated SuperNodes each uploaded samples in round 1 and evaluated in every
+    # round (check_results: federated figures for every round, equal to the central ones)
+    assert results["up_bytes"]["1"] > 4 * 1000, results["up_bytes"]
     # flwr run must not rewrite the example (legacy [tool.flwr.federations] migration)
     assert (APP_DIR / "pyproject.toml").read_bytes() == pyproject_before
