@@ -69,6 +69,7 @@ class Block:
     code: str
     kind: str = ""  # "not-run", "run-small" or ""
     arg: str = ""
+    after: str = ""  # the first non-empty line after the closing fence
 
     @property
     def id(self) -> str:
@@ -145,7 +146,8 @@ def parse_blocks(path: Path) -> list[Block]:
         code = textwrap.dedent("\n".join(body)) + "\n"
         if lang in PYTHON_LANGS | SHELL_LANGS:
             code = resolve_snippets(code, f"{rel}:{start + 1}")
-        blocks.append(Block(rel, start + 1, lang, code, kind, arg))
+        after = next((line.strip() for line in lines[i:] if line.strip()), "")
+        blocks.append(Block(rel, start + 1, lang, code, kind, arg, after))
     return blocks
 
 
@@ -312,6 +314,40 @@ def test_python_example_runs(block, python_results):
     assert block.id in results, f"the worker stopped before {block.id}:\n{log[-3000:]}"
     res = results[block.id]
     assert not res["error"], f"{res['error']}\nstdout:\n{res['stdout']}"
+
+
+PRINTS = re.compile(r"^It prints `(?P<text>[^`]+)`")
+
+
+def _documented_output(block: Block) -> str | None:
+    """What the prose right after ``block`` says it prints, if it says so.
+
+    ``It prints `TEXT``` after the block, or ``Output of ...`` followed by a ``text`` block.
+    """
+    m = PRINTS.match(block.after)
+    if m:
+        return m["text"]
+    if block.after.startswith("Output of"):
+        later = [b for b in ALL_BLOCKS if b.path == block.path and b.line > block.line]
+        if later and later[0].lang == "text":
+            return later[0].code.strip()
+    return None
+
+
+DOCUMENTED = [b for b in PYTHON if b.kind == "" and _documented_output(b) is not None]
+
+
+def test_some_printed_outputs_are_checked():
+    assert len(DOCUMENTED) >= 3, [b.id for b in DOCUMENTED]
+
+
+@pytest.mark.parametrize("block", _params(DOCUMENTED))
+def test_documented_output_is_what_the_example_prints(block, python_results):
+    results, log = python_results
+    assert block.id in results, f"the worker stopped before {block.id}:\n{log[-3000:]}"
+    expected = _documented_output(block)
+    assert expected is not None and expected in results[block.id]["stdout"], (
+        f"{block.id} documents {expected!r} but printed:\n{results[block.id]['stdout']}")
 
 
 @pytest.mark.parametrize("block", _params(SHELL))
