@@ -28,7 +28,8 @@ class CrashError(Exception):
 
 def _config(tmp_path, name, **knobs):
     return build_run_config("dq", num_clients=3, rounds=ROUNDS, seed=5, budget=40,
-                            server_steps=6, min_holdout_rows=0, checkpoint_dir=str(tmp_path / name), **knobs)
+                            server_steps=6, min_holdout_rows=0,
+                            checkpoint_dir=str(tmp_path / name), **knobs)
 
 
 def _crash_after(crash):
