@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -68,20 +69,22 @@ class RandomFlip:
         return torch.where(flip.reshape(-1, *([1] * (x.ndim - 1))), x.flip(-1), x)
 
 
-def augmentation_for(name: str, sample_shape: tuple[int, ...], seed: int
+def augmentation_for(name: str, sample_shape: tuple[int, ...], rng: np.random.Generator
                      ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The built-in augmentation ``name`` for samples of ``sample_shape`` (or ``None``).
 
     ``auto`` shifts image-shaped samples (``(C, H, W)`` or ``(H, W)``, both sides at least
     :data:`MIN_SIDE`) by up to ``min(H, W) // 14`` pixels and leaves flat ones alone;
     ``shift`` does so for any image shape (at least one pixel); ``shift-flip`` also flips
-    left-right; ``none`` is no augmentation. ``seed`` seeds its generators.
+    left-right; ``none`` is no augmentation. Its generators are seeded from one draw of
+    ``rng``, taken only where an augmentation applies.
     """
     if name == "none" or len(sample_shape) < 2:
         return None
     side = min(int(sample_shape[-1]), int(sample_shape[-2]))
     if name == "auto" and side < MIN_SIDE:
         return None
+    seed = int(rng.integers(2**31))
     shift = RandomShift(max(side // 14, 1), seed)
     if name != "shift-flip":
         return shift

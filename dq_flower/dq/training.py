@@ -150,8 +150,14 @@ class ServerTrainer:
         return float(np.mean(losses)) if losses else float("nan")
 
     def store_steps(self, server_round: int, steps: int,
-                    rng: np.random.Generator | None = None) -> list[float]:
-        """``steps`` optimizer steps on minibatches from the store; their losses."""
+                    rng: np.random.Generator | None = None,
+                    augment: Callable[[torch.Tensor], torch.Tensor] | None = None
+                    ) -> list[float]:
+        """``steps`` optimizer steps on minibatches from the store; their losses.
+
+        ``augment``: the minibatches' augmentation (default: :meth:`augmentation` of
+        ``rng``).
+        """
         if rng is None:
             rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         store = self.intake.store
@@ -160,7 +166,8 @@ class ServerTrainer:
         self.model.train()
         losses = []
         correction = self.cv.value() if self.cv else None
-        augment = self.augmentation(rng)
+        if augment is None:
+            augment = self.augmentation(rng)
         for _ in range(steps):
             x, y, w = store.draw(self.cfg.server_batch_size, rng)
             xb = self.intake.shaped(x)
@@ -185,8 +192,7 @@ class ServerTrainer:
         spec = self.intake.spec
         if spec is None:
             return None
-        return augmentation_for(self.cfg.augmentation, tuple(spec.sample_shape),
-                                int(rng.integers(2**31)))
+        return augmentation_for(self.cfg.augmentation, tuple(spec.sample_shape), rng)
 
     # ------------------------------------------------------------------ the adaptive schedule
     def train_adaptive(self, server_round: int, fresh: list[Upload],
@@ -209,11 +215,12 @@ class ServerTrainer:
             return float("nan")
         rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         first = self.fresh_training_step(fresh)
+        augment = self.augmentation(rng)  # one per phase, seeded from its minibatch stream
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.train()
         phase = train_phase(self.model, self.optimizer, self.cfg.lr,
                             self.phase_rule(store.num_train),
-                            lambda: self.store_step(rng, first), self.score_holdout)
+                            lambda: self.store_step(rng, first, augment), self.score_holdout)
         self.last_phase = phase
         assert phase.final is not None and phase.initial is not None
         gain = None
@@ -247,13 +254,14 @@ class ServerTrainer:
         return [self.fresh_gradient(fresh)]
 
     def store_step(self, rng: np.random.Generator,
-                   queued: list[tuple[float, np.ndarray]]) -> float:
+                   queued: list[tuple[float, np.ndarray]],
+                   augment: Callable[[torch.Tensor], torch.Tensor] | None) -> float:
         """One optimizer step: a queued gradient first, then minibatches of the store."""
         if queued:
             loss, grad = queued.pop()
             apply_flat_grad(self.model, self.optimizer, grad)
             return loss
-        return self.store_steps(0, 1, rng)[0]
+        return self.store_steps(0, 1, rng, augment)[0]
 
     def score_holdout(self) -> HeldOutScores:
         """Per-row loss and correctness of the model on the store's held-out rows."""
