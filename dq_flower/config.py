@@ -290,6 +290,32 @@ def _scalar(annotation: Any) -> bool:
     return len(args) == 1 and args[0] in _SCALARS
 
 
+def _check_spelling(run_config: Mapping[str, Any], known: set[str]) -> None:
+    """Refuse a run-config key that is no knob but within two edits of one.
+
+    Other keys pass (an app's own keys share the run config); a near miss is far more
+    likely a misspelled knob, which would otherwise be ignored without a word.
+    """
+    for key in run_config:
+        hyphenated = _key(key)
+        if hyphenated in known:
+            continue
+        near = [k for k in sorted(known) if _edits(hyphenated, k) <= 2 and len(k) > 3]
+        if near:
+            raise ValueError(f"{key!r} is not a knob of this strategy: did you mean "
+                             f"{near[0]!r}?")
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance of two short strings."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
 def strategy_kwargs(strategy_cls: type, config_cls: type, run_config: Mapping[str, Any],
                     overrides: Mapping[str, Any],
                     defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -305,15 +331,18 @@ def strategy_kwargs(strategy_cls: type, config_cls: type, run_config: Mapping[st
     Raises
     ------
     ValueError
-        A value of the wrong type or out of range, naming its key.
+        A value of the wrong type or out of range, naming its key; or a key that is not
+        a knob but spelled within two edits of one (``bitz`` for ``bits``), naming both.
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
+    init = vars(strategy_cls).get("__init__") or strategy_cls.__init__  # type: ignore[misc]
+    _check_spelling(run_config, {_key(f) for f in fields}
+                    | {_key(n) for n in inspect.signature(init).parameters if n != "self"})
     present = {_key(k) for k in run_config}
     mapping = {k: v for k, v in (defaults or {}).items()
                if k in fields and _key(k) not in present}
     mapping.update(run_config)
     kwargs: dict[str, Any] = {"config": from_mapping(config_cls, mapping)}
-    init = vars(strategy_cls).get("__init__") or strategy_cls.__init__  # type: ignore[misc]
     hints = typing.get_type_hints(init)
     for name, param in inspect.signature(init).parameters.items():
         key = _key(name)

@@ -64,3 +64,16 @@ def test_compressed_updates_reads_its_keys():
     assert s.codec.levels == 1
     with pytest.raises(TypeError, match="codec="):
         dq_flower.CompressedUpdates(FedAvg())
+
+
+def test_a_misspelled_knob_is_refused_naming_the_knob_it_is_close_to():
+
+    with pytest.raises(ValueError, match="'bitz' is not a knob of this strategy: did you "
+                                         "mean 'bits'"):
+        dq_flower.DQStrategy.from_run_config(torch.nn.Linear(4, 2), {"bitz": 3})
+    with pytest.raises(ValueError, match="did you mean 'min-gain'"):
+        dq_flower.DQStrategy.from_run_config(torch.nn.Linear(4, 2), {"min_gian": 0.01})
+    # an app's own keys, far from every knob, still pass
+    s = dq_flower.DQStrategy.from_run_config(torch.nn.Linear(4, 2), {"num-server-rounds": 3,
+                                                               "output-dir": "", "bits": 3})
+    assert s.cfg.bits == 3
