@@ -256,6 +256,18 @@ def check_robust_knobs(cfg: Any) -> None:
     check(-1 <= cfg.min_cosine <= 1, "min_cosine", "must be in [-1, 1] (-1 = off)")
 
 
+def changed_knobs(cfg: Any) -> str:
+    """The knobs of a config dataclass that differ from their defaults, hyphenated.
+
+    ``"defaults"`` where none does: what a strategy's start-up log line shows, instead of
+    every field.
+    """
+    default = type(cfg)()
+    changed = [f"{_key(f.name)}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)
+               if getattr(cfg, f.name) != getattr(default, f.name)]
+    return ", ".join(changed) if changed else "defaults"
+
+
 def given_knobs(knobs: Mapping[str, Any], **named: Any) -> dict[str, Any]:
     """``knobs`` and, after them in this order, the ``named`` ones that are not ``None``.
 

@@ -31,6 +31,7 @@ from dq_flower.baselines.votes import VoteDownlink
 from dq_flower.codecs import Payload, make
 from dq_flower.config import (
     build_config,
+    changed_knobs,
     client_keys,
     given_knobs,
     params_text,
@@ -166,7 +167,8 @@ class GradientStrategy(ModelStrategy, Strategy):
     def summary(self) -> None:
         """Log the configuration."""
         ef = uses_error_feedback(self.cfg, self.codec)
-        log_round(self.method, 0, f"codec {self.codec}, error feedback {ef}, config {self.cfg}")
+        log_round(self.method, 0, f"codec {self.codec}, error feedback {ef}, knobs: "
+                  f"{changed_knobs(self.cfg)}")
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -40,7 +40,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.codecs import make
-from dq_flower.config import build_config, strategy_kwargs
+from dq_flower.config import build_config, changed_knobs, strategy_kwargs
 from dq_flower.dq.asks import RoundAsks
 from dq_flower.dq.compensation import Compensations
 from dq_flower.dq.config import DQConfig
@@ -218,8 +218,8 @@ class DQStrategy(ModelStrategy, Strategy):
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def summary(self) -> None:
-        """Log the configuration."""
-        log_round("dq", 0, f"config {self.cfg}")
+        """Log the knobs that differ from their defaults."""
+        log_round("dq", 0, f"knobs: {changed_knobs(self.cfg)}")
 
     @property
     def needs_model(self) -> bool:

@@ -83,3 +83,19 @@ def test_check_choice_names_the_key_and_the_choices():
     check_choice("a", ("a", "b"), "some_knob")
     with pytest.raises(ValueError, match=r"^some-knob: must be one of \('a', 'b'\), got 'c'$"):
         check_choice("c", ("a", "b"), "some_knob")
+
+
+def test_the_start_up_log_names_only_the_knobs_that_differ_from_their_defaults(caplog):
+    import logging
+
+    import torch
+
+    import dq_flower
+
+    caplog.set_level(logging.INFO)
+    dq_flower.DQStrategy(torch.nn.Linear(3, 2), bits=3, scorer="loss").summary()
+    dq_flower.DQStrategy(torch.nn.Linear(3, 2)).summary()
+    lines = [r.getMessage() for r in caplog.records if "knobs:" in r.getMessage()]
+    assert lines[0].endswith("knobs: bits=3, scorer='loss'")
+    assert lines[1].endswith("knobs: defaults")
+    assert all(len(line) < 120 for line in lines)
