@@ -308,10 +308,7 @@ class DQStrategy(ModelStrategy, Strategy):
         With samples stored, a round trains on the store whoever fails, so it is not a dead
         run; its failed and silent nodes are still counted in ``failed``.
         """
-        if self.stored == 0:
-            self.failures.observe(replies, screened.silent)
-        else:
-            self.failures.observe([])
+        self.failures.observe(replies, screened.silent, counts=self.stored == 0)
 
     def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
         """Gradient of the first step (see :meth:`ServerTrainer.fresh_gradient`)."""

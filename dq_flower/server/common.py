@@ -107,18 +107,19 @@ class FailureWatch:
         self.streak = 0
         self.first_error = ""
 
-    def observe(self, replies: list[Message], silent: int = 0) -> None:
+    def observe(self, replies: list[Message], silent: int = 0, counts: bool = True) -> None:
         """Record one round's replies; raise :class:`ClientFailureError` at the limit.
 
         ``silent`` counts the sampled nodes that sent nothing before the timeout. A round
         counts towards the limit when it sent messages and got no reply that is not an
-        error; a round that sent nothing leaves the streak as it was.
+        error; a round that sent nothing, or one observed with ``counts`` false, leaves
+        the streak as it was (its replies are still announced).
         """
         errors = [m for m in replies if m.has_error()]
         if self.announce:
             log(INFO, "aggregate_train: Received %s results and %s failures",
                 len(replies) - len(errors), len(errors) + silent)
-        if not replies and not silent:
+        if not counts or (not replies and not silent):
             return
         if len(errors) < len(replies):
             self.streak, self.first_error = 0, ""

@@ -174,3 +174,14 @@ def test_partial_participation_over_many_nodes_stores_samples_every_round_that_a
     assert rows[1]["selected"] >= rows[0]["next_ask"] / 2
     asked = {m.metadata.dst_node_id for m in grid.sent}
     assert len(asked) > 15 * 4  # new nodes are asked, not only those already known
+
+
+def test_flowers_reply_count_line_counts_every_rounds_replies(caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    run_inprocess(num_clients=3, rounds=2, **_KNOBS)
+    counts = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith("aggregate_train: Received")]
+    # round 2 trains on a non-empty store; its replies are still counted, not "0 results"
+    assert counts == ["aggregate_train: Received 3 results and 0 failures"] * 2
