@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-__all__ = ["INSTALL_HINT", "TorchUnavailableError", "require_torch"]
+__all__ = ["INSTALL_HINT", "TorchUnavailableError", "require_torch", "torch_available"]
 
 #: What to install on a node that lacks PyTorch.
 INSTALL_HINT = "pip install 'dq-flower[server]' (or just: pip install torch)"
@@ -37,3 +37,12 @@ def require_torch(what: str) -> ModuleType:
             f"Install it here with {INSTALL_HINT}, or use only model-free knobs on this "
             "node: scorer='uniform', compensation='none', upload-mode='data'") from exc
     return torch
+
+
+def torch_available() -> bool:
+    """Whether this node can import PyTorch (imports it if so)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -13,6 +13,14 @@ os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _few_threads_for_shared_fixtures():
+    """One PyTorch thread before any module-scoped fixture runs: float results depend on it."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
     import torch

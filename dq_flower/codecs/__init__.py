@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (importing a codec module registers its codecs)
     bingrad,
     floats,
     lossless,
+    lowbit,
     orq,
     powersgd,
     qsgd,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from dq_flower.config import to_config_record
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
@@ -24,8 +24,10 @@ from dq_flower.dq.identity import ClientIdentities, RoundClients
 from dq_flower.dq.intake import UploadIntake
 from dq_flower.dq.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.schedule import allocate
+from dq_flower.dq.scorer_choice import AUTO, AUTO_SCORER_KEY, model_knob, node_rule, node_scorer
 from dq_flower.dq.training import ServerTrainer
 from dq_flower.model_ops import output_width
+from dq_flower.protocol.model import MODEL_KEY
 from dq_flower.seeding import Purpose, round_rng
 
 __all__ = ["RoundAsks"]
@@ -48,6 +50,8 @@ class RoundAsks:
         self.asked: dict[int, dict[int, int]] = {}
         self._tables: dict[int, tuple[set[int], dict[int, int], int]] = {}
         self.held_bytes = 0  # bytes of held sets and tables the last round sent
+        #: identities whose replies said they hold the model (``can-score``)
+        self.can_score: set[int] = set()
 
     def plan(self, server_round: int, nodes: list[int],
              rounds_left: int) -> tuple[RoundClients, RoundPlan]:
@@ -61,11 +65,40 @@ class RoundAsks:
         """The round's scorer (``uniform`` while an adaptive run's store is empty).
 
         An untrained model's scores carry no information, so the first upload round of the
-        adaptive schedule sends no model.
+        adaptive schedule sends no model; ``auto`` scores with the model only under the
+        adaptive schedule (the fixed one keeps uniform draws).
         """
-        if self.trainer.schedule is not None and self.intake.stored == 0:
+        adaptive = self.trainer.schedule is not None
+        if (adaptive and self.intake.stored == 0) or (not adaptive and self.cfg.scorer == AUTO):
             return "uniform"
         return self.cfg.scorer
+
+    def node_choice(self, identity: int | None, free: list[int]) -> tuple[str, str]:
+        """``(scorer, selection rule)`` a node is sent this round (``auto`` resolved).
+
+        A node the server cannot name yet (``identity`` None; ``free`` the identities it
+        may be) is sent ``auto`` to resolve itself where any of those holds the model.
+        """
+        scorer = self.scorer()
+        if scorer == AUTO and identity is None:
+            if any(i in self.can_score for i in free):
+                return AUTO, self.cfg.selection_rule
+            return "uniform", node_rule(self.cfg.selection_rule, "uniform")
+        scorer = node_scorer(scorer, identity in self.can_score)
+        return scorer, node_rule(self.cfg.selection_rule, scorer)
+
+    def needs_model(self, mode: str, scorer: str) -> bool:
+        """Whether a node sent ``scorer`` gets the model (its round may use it)."""
+        return scorer == AUTO or model_knob({"round-mode": mode, "scorer": scorer,
+                                             "compensation": self.cfg.compensation}) is not None
+
+    def note_scorers(self, identities: dict[int, bool]) -> None:
+        """Remember which identities hold the model (their replies' ``can-score``)."""
+        for identity, can in identities.items():
+            if can:
+                self.can_score.add(int(identity))
+            else:
+                self.can_score.discard(int(identity))
 
     def refresh_round(self, server_round: int) -> bool:
         """Whether clients send refreshed residuals this round (``compensation-mode``)."""
@@ -88,8 +121,8 @@ class RoundAsks:
             cfg["num-classes"] = int(self.intake.num_classes)
         if refresh:
             cfg["refresh"] = 1
-        if self.scorer() != self.cfg.scorer:
-            cfg["scorer"] = self.scorer()
+        if self.cfg.scorer == AUTO:
+            cfg[AUTO_SCORER_KEY] = 1
         return cfg
 
     def take(self, server_round: int) -> tuple[RoundPlan | None, Callable[[int, int], int]]:
@@ -217,13 +250,24 @@ class RoundAsks:
 
     def messages(self, server_round: int, nodes: list[int], clients: RoundClients,
                  plan: RoundPlan, table: bytes | None, config: ConfigRecord,
-                 shared: dict[str, Any]) -> list[Message]:
-        """One train message per asked node: ``config``, its ask and held set, ``shared``."""
+                 model: Callable[[], ArrayRecord]) -> list[Message]:
+        """One train message per asked node: ``config``, its ask, held set and choices.
+
+        ``model()`` gives the model record, built once and sent only to the nodes whose
+        round uses it.
+        """
         messages = []
         self.held_bytes = 0
+        record: ArrayRecord | None = None
         for node in nodes:
             node_cfg = ConfigRecord(dict(config.items()))
             identity = clients.known.get(int(node))
+            scorer, rule = self.node_choice(identity, clients.free)
+            node_cfg["scorer"], node_cfg["selection-rule"] = scorer, rule
+            shared: dict[str, Any] = {}
+            if self.needs_model(plan.mode, scorer):
+                record = model() if record is None else record
+                shared[MODEL_KEY] = record
             if self.trainer.schedule is not None:
                 node_cfg["budget"] = max(self.asked[server_round][int(node)], 1)
             if plan.mode == "data":

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,6 +51,7 @@ from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.held import held_for
+from dq_flower.dq.scorer_choice import CAN_SCORE_KEY, model_knob, node_rule, node_scorer
 from dq_flower.dq.selection import select
 from dq_flower.node import node_key
 from dq_flower.protocol.dq_batch import (
@@ -95,24 +95,6 @@ def round_config(msg: Message) -> dict[str, Any]:
         raise ValueError("the train message carries no 'config' record; is the server running "
                          "a dq_flower strategy?")
     return dict(msg.content.config_records["config"].items())
-
-
-def model_knob(config: Mapping[str, Any]) -> str | None:
-    """The knob that makes a round need the model (and PyTorch), or ``None``.
-
-    ``config`` is the round's config record: a gradient round (``upload-mode`` gradient or
-    auto), a ``scorer`` other than ``uniform``, or a ``compensation`` other than ``none``
-    needs the model; a data round with neither does not (the server sends no model then).
-    """
-    if config.get("round-mode", "data") == "gradient":
-        return "upload-mode (a gradient round)"
-    scorer = str(config.get("scorer", "uniform"))
-    if scorer != "uniform":
-        return f"scorer={scorer!r}"
-    compensation = str(config.get("compensation", "none"))
-    if compensation != "none":
-        return f"compensation={compensation!r}"
-    return None
 
 
 def __getattr__(name: str) -> Any:
@@ -232,7 +214,10 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     t0 = time.perf_counter()
     config = round_config(msg)
     cfg = from_mapping(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
-    knob = model_knob(config)
+    scorer = node_scorer(cfg.scorer, model is not None)  # "auto" sent as it is: resolve here
+    cfg = dataclasses.replace(cfg, scorer=scorer,
+                              selection_rule=node_rule(cfg.selection_rule, scorer))
+    knob = model_knob({**config, "scorer": scorer})
     if knob is not None:  # before any work: name the knob where PyTorch is missing
         require_torch(knob)
     server_round = int(config["server-round"])
@@ -259,6 +244,7 @@ def _data_round(msg: Message, context: Context, config: dict[str, Any], cfg: DQC
     n = x_all.shape[0]
     num_classes = _num_classes(config, spec, y, n)
     cfg, candidates = _candidates(config, cfg, key, n)
+    holds_model = model is not None
     model, scores = _scores(msg, cfg, knob, model, x_all, y, candidates, loss_fn)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
@@ -286,6 +272,7 @@ def _data_round(msg: Message, context: Context, config: dict[str, Any], cfg: DQC
         payload_bits += 8 * sum(len(a.data) for a in record.values())
     metrics = {"num-examples": int(n), "partition-id": int(key),
                "candidates": int(candidates.size), "selected": int(chosen.size),
+               CAN_SCORE_KEY: int(holds_model),
                "up-payload-bits": int(payload_bits),
                "client-time-s": time.perf_counter() - t0}
     return _reply(content, msg, spec, metrics)

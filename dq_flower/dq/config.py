@@ -22,8 +22,8 @@ __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_M
            "COMPENSATION_MODES", "AUGMENTATIONS"]
 
 
-SCORERS = ("uniform", "loss", "gradnorm", "entropy", "margin")
-SELECTION_RULES = ("topk", "sample", "threshold")
+SCORERS = ("auto", "uniform", "loss", "gradnorm", "entropy", "margin")
+SELECTION_RULES = ("auto", "topk", "sample", "threshold")
 #: Lossless coders of the samples (``context``: the codes' own context model).
 ENTROPY_CODERS = SAMPLE_CODERS
 UPLOAD_MODES = ("data", "gradient", "auto")
@@ -38,6 +38,22 @@ COMPENSATION_MODES = ("first-step", "store", "refresh")
 RANGE_MODES = ("auto", "sample", "channel", "feature")
 #: Server-side augmentation of the store's minibatches (see ``DQConfig.augmentation``).
 AUGMENTATIONS = ("auto", "none", "shift", "shift-flip")
+#: How the server weights the store's rows in its training loss.
+STORE_WEIGHTS = ("importance", "node")
+#: Precisions of the model the server sends (see :func:`model_codec`).
+MODEL_PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4")
+_MODEL_CODEC_OF = {"fp32": "identity", "fp16": "fp16", "int8": "int8", "int4": "int4"}
+
+
+def model_codec(precision: str, mode: str, compensation: str) -> str:
+    """The codec of the model a round sends: ``precision``, ``auto`` resolved.
+
+    ``auto``: ``int8`` where the clients only score with the model, float32 where they
+    compute gradients with it (a gradient round, a compensation).
+    """
+    if precision == "auto":
+        precision = "fp32" if mode == "gradient" or compensation != "none" else "int8"
+    return _MODEL_CODEC_OF[precision]
 
 
 @dataclass(frozen=True)
@@ -69,22 +85,28 @@ class DQConfig(RobustConfig, OptimizerConfig):
         zlib-coded instead where that is smaller; the compensation and gradients then use
         ``zlib``, see :attr:`payload_coder`).
     scorer : str
-        Importance score: ``uniform``, ``loss``, ``gradnorm``, ``entropy`` (the predictive
-        entropy) or ``margin`` (one minus the gap between the two most probable classes).
-        The model-based ones need the model on the clients; under the adaptive schedule
-        the first upload round, before the server has trained, uses ``uniform`` and sends
-        no model.
+        Importance score: ``auto`` (the default: ``entropy`` on each node that holds the
+        model, ``uniform`` on the others; see :mod:`dq_flower.dq.scorer_choice`),
+        ``uniform``, ``loss``, ``gradnorm``, ``entropy`` (the predictive entropy) or
+        ``margin`` (one minus the gap between the two most probable classes). The
+        model-based ones need the model on the clients; under the adaptive schedule the
+        first upload round, before the server has trained, uses ``uniform`` and sends no
+        model.
     selection_rule : str
-        ``topk``, ``sample`` (probability proportional to score, weights 1/(n p)) or
-        ``threshold``.
+        ``auto`` (the default: ``sample`` where the scores come from a model, ``topk``
+        where they are uniform), ``topk``, ``sample`` (probability proportional to score,
+        weights 1/(n p)) or ``threshold``.
     score_threshold : float
         Score above which ``threshold`` selects (still capped by the budget).
     resend : bool
         Allow samples already uploaded to be chosen again.
     model_precision : str
         Precision of the model the server sends where the clients need it (a model-based
-        scorer, compensation, gradient rounds): ``fp32`` or ``fp16`` (half the downlink;
-        the clients then score and compute at the fp16 weights).
+        scorer, compensation, gradient rounds): ``auto`` (the default: ``int8`` where the
+        clients only score with it, ``fp32`` where they compute gradients with it),
+        ``fp32``, ``fp16`` (half the downlink), ``int8`` or ``int4`` (8 or 4 bits a
+        weight, nearest rounding on ranges of 256 weights: about a quarter or an eighth of
+        the downlink); the clients then score and compute at the rounded weights.
     compensation : str
         Gradient codec for the compensation, or ``none``.
     compensation_params : str
@@ -143,6 +165,14 @@ class DQConfig(RobustConfig, OptimizerConfig):
         least 14 pixels wide, none for flat ones), ``none``, ``shift`` or ``shift-flip``
         (shifts and horizontal flips: only where flips preserve the label). An
         ``augment=`` callable given to the strategy replaces it.
+    store_weights : str
+        Weights of the store's rows in the server's training loss: ``node`` (the default:
+        every row of a node weighted by the mean of that node's rows, so each node keeps
+        its share while rows a model score drew count as they are, as in uncertainty
+        sampling) or ``importance`` (each row by the inverse of its inclusion probability:
+        an unbiased estimate of the nodes' loss, with the variance of rare large weights).
+        The two agree where rows are drawn uniformly; held-out scores always use
+        ``importance``.
     max_growth : float
         Largest growth factor of the store from one upload round to the next.
     server_steps : int
@@ -192,17 +222,18 @@ class DQConfig(RobustConfig, OptimizerConfig):
     probe_after: int = 2
     max_growth: float = 1.5
     augmentation: str = "auto"
+    store_weights: str = "node"
     bits: int = client_knob(2)
     stochastic: bool = client_knob(False)
     per_channel: bool = client_knob(False)
     ranges: str = client_knob("auto")
     dither: bool = client_knob(False)
     entropy_coder: str = client_knob("context")
-    scorer: str = client_knob("uniform")
-    selection_rule: str = client_knob("topk")
+    scorer: str = client_knob("auto")
+    selection_rule: str = client_knob("auto")
     score_threshold: float = client_knob(0.0)
     resend: bool = client_knob(False)
-    model_precision: str = "fp32"
+    model_precision: str = "auto"
     compensation: str = client_knob("none")
     compensation_params: str = client_knob("")
     compensation_mode: str = client_knob("first-step")
@@ -236,8 +267,8 @@ class DQConfig(RobustConfig, OptimizerConfig):
         check_choice(self.upload_mode, UPLOAD_MODES, "upload_mode")
         check_choice(self.upload_schedule, UPLOAD_SCHEDULES, "upload_schedule")
         _check(0 <= self.holdout_fraction < 1, "holdout_fraction", "must be in [0, 1)")
-        _check(self.model_precision in ("fp32", "fp16"), "model_precision",
-               f"must be fp32 or fp16, got {self.model_precision!r}")
+        _check(self.model_precision in MODEL_PRECISIONS, "model_precision",
+               f"must be one of {', '.join(MODEL_PRECISIONS)}, got {self.model_precision!r}")
         _check(self.upload_schedule == "fixed" or self.upload_mode != "data"
                or self.holdout_fraction > 0, "holdout_fraction",
                "must be > 0 under the adaptive upload schedule")
@@ -277,6 +308,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
         check_choice(self.entropy_coder, ENTROPY_CODERS, "entropy_coder")
         check_choice(self.scorer, SCORERS, "scorer")
         check_choice(self.selection_rule, SELECTION_RULES, "selection_rule")
+        check_choice(self.store_weights, STORE_WEIGHTS, "store_weights")
 
     def _check_server_training(self) -> None:
         """The server's steps, optimizer and store."""

@@ -269,11 +269,13 @@ class SampleStore:
              else rows.labels.astype(np.int64))
         return x, y
 
-    def draw(self, batch_size: int, rng: np.random.Generator):
+    def draw(self, batch_size: int, rng: np.random.Generator, weights: str = "importance"):
         """Draw a uniform minibatch of training rows without replacement.
 
         Returns ``(x, y, weights)``: ``x`` dequantized on the fly (float32 ``(b, d)``), ``y``
-        int64 labels or float32 targets. Held-out rows are never drawn.
+        int64 labels or float32 targets. Held-out rows are never drawn. ``weights``:
+        ``importance`` (each row's own) or ``node`` (the mean over its node's training
+        rows: the node keeps its share, its rows count alike).
         """
         if len(self) == 0:
             raise ValueError("the sample store is empty")
@@ -283,7 +285,16 @@ class SampleStore:
         pick = rng.choice(train.size, size=min(batch_size, train.size), replace=False)
         rows = self._take(np.sort(train[pick]))
         x, y = self._decode(rows)
+        if weights == "node":
+            return x, y, self._node_means(train)[rows.node].astype(np.float32)
         return x, y, rows.weights.astype(np.float32)
+
+    def _node_means(self, train: np.ndarray) -> np.ndarray:
+        """Per node index, the mean weight of its training rows (``train``: their indices)."""
+        nodes = self._rows.node[train].astype(np.int64)
+        totals = np.bincount(nodes, self._rows.weights[train].astype(np.float64))
+        counts = np.bincount(nodes)
+        return np.divide(totals, counts, out=np.zeros_like(totals), where=counts > 0)
 
     def holdout_batches(self, batch_size: int = 1024):
         """Yield the held-out rows as ``(x, y, weights, node_ids, ids)`` chunks, in store order.

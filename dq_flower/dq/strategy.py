@@ -43,7 +43,7 @@ from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs, strategy_kwargs
 from dq_flower.dq.asks import RoundAsks
 from dq_flower.dq.compensation import Compensations
-from dq_flower.dq.config import DQConfig
+from dq_flower.dq.config import DQConfig, model_codec
 from dq_flower.dq.control_variate import ControlVariate
 from dq_flower.dq.gradient_rounds import GradientRounds
 from dq_flower.dq.identity import ClientIdentities
@@ -54,7 +54,7 @@ from dq_flower.dq.store import SampleStore
 from dq_flower.dq.training import ServerTrainer
 from dq_flower.dq.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTOR, Upload
 from dq_flower.model_ops import LossFn, state_arrays
-from dq_flower.protocol.model import MODEL_KEY, model_record
+from dq_flower.protocol.model import model_record
 from dq_flower.protocol.spec import DataSpec
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy
@@ -222,11 +222,6 @@ class DQStrategy(ModelStrategy, Strategy):
         log_round("dq", 0, f"knobs: {changed_knobs(self.cfg)}")
 
     @property
-    def needs_model(self) -> bool:
-        """Whether clients need the model (compensation or model-based importance)."""
-        return self.cfg.compensation != "none" or self.asks.scorer() != "uniform"
-
-    @property
     def finished(self) -> bool:
         """The adaptive schedule will not ask again and the store is trained to a plateau.
 
@@ -254,11 +249,9 @@ class DQStrategy(ModelStrategy, Strategy):
         refresh = self.asks.refresh_round(server_round)
         cfg = self.asks.round_config(server_round, config, plan, refresh)
         nodes, table = self.asks.round_asks(server_round, nodes, clients, plan, refresh)
-        shared: dict[str, Any] = {}
-        if nodes and (self.needs_model or plan.mode == "gradient"):
-            shared[MODEL_KEY] = model_record(
-                self.model, codec="fp16" if self.cfg.model_precision == "fp16" else "identity")
-        messages = self.asks.messages(server_round, nodes, clients, plan, table, cfg, shared)
+        codec = model_codec(self.cfg.model_precision, plan.mode, self.cfg.compensation)
+        messages = self.asks.messages(server_round, nodes, clients, plan, table, cfg,
+                                      lambda: model_record(self.model, codec=codec))
         return self.ledger.record(server_round, messages)
 
     def aggregate_train(
@@ -287,6 +280,7 @@ class DQStrategy(ModelStrategy, Strategy):
         # order, so that a run is reproducible from its seed.
         candidates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
         candidates, rejected = self.intake.adopt(candidates, screened.rejected)
+        self.asks.note_scorers({u.node: u.can_score for u in candidates})
         candidates, dropped = self.compensations.screen_deltas(candidates)
         refreshed = self.compensations.update_control_variate(candidates)
         stored_before = self.stored
@@ -320,7 +314,7 @@ class DQStrategy(ModelStrategy, Strategy):
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 **self.intake.state_dict(), "planner": self.planner.state(),
                 **self.gradients.state_dict(), **self.compensations.state_dict(),
-                **self.trainer.state_dict(),
+                **self.trainer.state_dict(), "can-score": sorted(self.asks.can_score),
                 # per-client state above is keyed by client identity, not node id
                 "identities": self.identities.state()}
 
@@ -335,6 +329,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.compensations.load_state_dict(state)
         self.trainer.load_state_dict(state)
         self.identities.load_state(state.get("identities"))
+        self.asks.can_score = {int(i) for i in state.get("can-score", [])}
         if "identities" not in state and state.get("store") is not None:
             log_round("dq", 0, "a checkpoint from before client identities: its rows stay "
                       "under the node ids of that run, and clients may upload them again")

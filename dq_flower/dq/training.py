@@ -169,7 +169,9 @@ class ServerTrainer:
         if augment is None:
             augment = self.augmentation(rng)
         for _ in range(steps):
-            x, y, w = store.draw(self.cfg.server_batch_size, rng)
+            x, y, w = store.draw(self.cfg.server_batch_size, rng,
+                                 "importance" if correction is not None else
+                                 self.cfg.store_weights)
             xb = self.intake.shaped(x)
             if augment is not None:
                 xb = augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()

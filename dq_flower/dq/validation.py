@@ -42,6 +42,7 @@ from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.rows import decode_samples
+from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.model_ops import LossFn, weighted_loss_grad
 from dq_flower.protocol.dq_batch import (
     INFO_KEY,
@@ -95,6 +96,7 @@ class Upload:
     weight_scale: float = 1.0  # below 1 where its claimed weight was clipped
     label_bits: int = 0  # bits per class label as sent
     plain: Payload | None = None  # the samples, lossless coder undone (dq.rows.plain_payload)
+    can_score: bool = False  # the node holds the model (its ``can-score`` metric)
 
 
 Check = Callable[[DataSpec, Upload], int]  # check(spec, upload) -> classes, or PayloadError
@@ -174,12 +176,12 @@ def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
 
     ``topk``/``threshold``: every row stands for ``candidates / k`` samples. ``sample``:
     ``1 / pi_i`` lies in ``[1, 1000 * candidates]`` (scores are floored at 1e-3 of their
-    mean).
+    mean). ``auto``: the bounds of ``sample``, which hold for both.
     """
     if not len(batch):
         return
     w = batch.weights.astype(np.float64)
-    if rule == "sample":
+    if rule in ("sample", "auto"):  # auto: some nodes sample, the others draw uniformly
         top = MAX_SAMPLE_WEIGHT_FACTOR * max(candidates, 1)
         if w.min() < 1.0 - 1e-4 or w.max() > top:
             raise PayloadError(f"sample weights outside [1, {top:g}] for {candidates} "
@@ -245,8 +247,10 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
                            f"{rules.value_bound:g} (max-abs-value)")
     label_bits = int(np.frombuffer(content.array_records[INFO_KEY]["counts"].data,
                                    dtype=np.int64)[1])  # checked by decode_batch
+    metrics = content.metric_records["metrics"]  # read_counts checked it is there
     return Upload(batch, x, cand, None, node, partition, examples, ranges=ranges, spec=spec,
-                  scale=scale, label_bits=label_bits, plain=plain)
+                  scale=scale, label_bits=label_bits, plain=plain,
+                  can_score=metrics.get(CAN_SCORE_KEY) == 1)
 
 
 def decode_vector(payload: Payload, codec: Codec, num_params: int, what: str) -> np.ndarray:

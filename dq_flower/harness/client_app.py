@@ -6,14 +6,17 @@ config's name, or from a factory (``simulate(model=...)``). Training goes throug
 public functions a user's app calls: :func:`dq_flower.client.dq_train`,
 :func:`dq_flower.client.gradient_train` and :func:`dq_flower.client.evaluate`.
 
-A DQ data round with the ``uniform`` scorer and no compensation imports no PyTorch here: a
-SuperNode without it serves such rounds from its ``data-file``. Every other handler (a
+A DQ data round with the ``uniform`` scorer and no compensation needs no PyTorch here: a
+SuperNode without it serves such rounds from its ``data-file`` (a node with PyTorch builds
+the model, so that ``scorer="auto"`` may score with it). Every other handler (a
 model-needing DQ knob, the gradient baselines, FedAvg, federated evaluation) imports
 PyTorch first and, where it is missing, fails before any work with a reply naming the knob.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, Message
@@ -21,7 +24,7 @@ from flwr.clientapp import ClientApp
 
 from dq_flower.client import dq_train, evaluate
 from dq_flower.config import from_mapping
-from dq_flower.dq.client import model_knob
+from dq_flower.dq.scorer_choice import AUTO_SCORER_KEY, model_knob
 from dq_flower.harness.methods import get_method
 from dq_flower.harness.runtime import (
     ModelFactory,
@@ -33,7 +36,7 @@ from dq_flower.harness.runtime import (
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.node import node_key
 from dq_flower.protocol.model import MODEL_KEY
-from dq_flower.torch_support import require_torch
+from dq_flower.torch_support import require_torch, torch_available
 
 if TYPE_CHECKING:
     import torch
@@ -46,9 +49,19 @@ def _task(msg: Message) -> tuple[dict[str, Any], TaskConfig]:
     return config, from_mapping(TaskConfig, config)
 
 
-def _threads(torch: Any, context: Context) -> None:
-    """Give PyTorch the node config's ``num-threads`` (default 1)."""
+@contextmanager
+def _threads(torch: Any, context: Context) -> Iterator[None]:
+    """Give PyTorch the node config's ``num-threads`` (default 1) for one call.
+
+    The previous count comes back afterwards: in the in-process engine the server shares
+    this process, and its training must not depend on which rounds a client ran before.
+    """
+    before = torch.get_num_threads()
     torch.set_num_threads(max(1, int(context.node_config.get("num-threads", 1))))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
@@ -70,12 +83,21 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
             knob = model_knob(config)
             if knob is None and MODEL_KEY in msg.content.array_records:
                 knob = "the model the server sent"
-            if knob is not None:  # before any work: name the knob where PyTorch is missing
-                _threads(require_torch(knob), context)
-            x, y = client_data(context, task)
-            return dq_train(msg, context, (x, y),
-                            model=model_for(task) if knob is not None else None)
-        _threads(require_torch(f"method {method!r}"), context)
+            if knob is None:  # a model-free round: no thread setting, PyTorch optional
+                # under scorer "auto" a node with PyTorch holds the model, to score with it
+                holds = bool(config.get(AUTO_SCORER_KEY)) and torch_available()
+                x, y = client_data(context, task)
+                return dq_train(msg, context, (x, y), model=model_for(task) if holds else None)
+            # before any work: name the knob where PyTorch is missing
+            with _threads(require_torch(knob), context):
+                x, y = client_data(context, task)
+                return dq_train(msg, context, (x, y), model=model_for(task))
+        with _threads(require_torch(f"method {method!r}"), context):
+            return model_train(family, msg, context, task)
+
+    def model_train(family: str, msg: Message, context: Context,
+                    task: TaskConfig) -> Message:
+        """A gradient baseline's or FedAvg's reply (PyTorch imported by the caller)."""
         x, y = client_data(context, task)
         if family == "gradient":
             from dq_flower.baselines.client import gradient_train  # PyTorch, checked above
@@ -99,10 +121,10 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
     @app.evaluate()
     def evaluate_handler(msg: Message, context: Context) -> Message:
         """Evaluate the global model on this node's held-out rows."""
-        _threads(require_torch("federated evaluation (fraction-evaluate > 0)"), context)
-        _, task = _task(msg)
-        x, y = client_eval_data(context, task)
-        return evaluate(msg, context, (x, y), model=model_for(task))
+        with _threads(require_torch("federated evaluation (fraction-evaluate > 0)"), context):
+            _, task = _task(msg)
+            x, y = client_eval_data(context, task)
+            return evaluate(msg, context, (x, y), model=model_for(task))
 
     return app
 

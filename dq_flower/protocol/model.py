@@ -25,12 +25,12 @@ __all__ = ["MODEL_KEY", "model_record", "load_model_record", "decode_model_paylo
 #: Record name of the model in a train message.
 MODEL_KEY = "model"
 #: Codecs a model record may be encoded with.
-MODEL_CODECS = ("identity", "fp16")
+MODEL_CODECS = ("identity", "fp16", "int8", "int4")
 
 
 def model_record(model: torch.nn.Module, entropy: str = "none",
                  codec: str = "identity") -> ArrayRecord:
-    """The model's parameters as one raw vector: float32 (``identity``) or ``fp16``.
+    """The model's parameters as one vector: float32 (``identity``), ``fp16``, ``int8`` or ``int4``.
 
     ``entropy`` (``none``, ``zlib``, ``lzma``, ``zstd``) entropy-codes the vector where
     that shrinks it.
@@ -43,7 +43,7 @@ def model_record(model: torch.nn.Module, entropy: str = "none",
 
 
 def decode_model_payload(payload: Payload, dim: int, entropy: str | None = None):
-    """Decode a model payload of ``dim`` parameters (``identity`` or ``fp16``) to float32.
+    """Decode a model payload of ``dim`` parameters (any of :data:`MODEL_CODECS`) to float32.
 
     Parameters
     ----------

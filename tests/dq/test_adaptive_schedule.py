@@ -73,9 +73,9 @@ def test_the_held_out_rows_are_never_trained_on(monkeypatch):
     drawn_from_holdout = []
     real_draw = SampleStore.draw
 
-    def spy(self, batch_size, rng):
+    def spy(self, batch_size, rng, weights="importance"):
         state = rng.bit_generator.state
-        out = real_draw(self, batch_size, rng)
+        out = real_draw(self, batch_size, rng, weights)
         probe = np.random.default_rng()
         probe.bit_generator.state = state
         train = np.flatnonzero(~self.holdout_mask)
@@ -121,16 +121,23 @@ def test_the_fixed_schedule_keeps_todays_behaviour():
 @pytest.mark.parametrize("scorer", ["entropy", "margin"])
 def test_a_model_scorer_starts_uniform_and_the_model_travels_at_the_chosen_precision(scorer):
     knobs = dict(_KNOBS, scorer=scorer, selection_rule="sample")
-    full, _ = run_inprocess(num_clients=2, rounds=2, **knobs)
+    full, _ = run_inprocess(num_clients=2, rounds=2, model_precision="fp32", **knobs)
     half, _ = run_inprocess(num_clients=2, rounds=2, model_precision="fp16", **knobs)
+    auto, _ = run_inprocess(num_clients=2, rounds=2, **knobs)  # auto: int8 to score with
     r1, r2 = full.history[1], full.history[2]
     params = full.num_params
     assert r1["down_bytes"] < 2 * 1000  # round 1: the round config only, no model
     assert r2["down_bytes"] > 2 * 4 * params  # round 2: the trained model, float32
-    assert half.history[1]["down_bytes"] == r1["down_bytes"]
+    assert half.history[1]["down_bytes"] == auto.history[1]["down_bytes"] == r1["down_bytes"]
     saved = r2["down_bytes"] - half.history[2]["down_bytes"]
     assert abs(saved - 2 * 2 * params) < 2 * 200  # two bytes per parameter and client
-    assert r2["selected"] > 0 and half.history[2]["selected"] > 0
+    # int8: a byte per parameter (padded to buckets of 256) and 8 bytes of range per bucket
+    int8 = auto.history[2]["down_bytes"] - (r2["down_bytes"] - 2 * 4 * params)
+    buckets = math.ceil(params / 256)
+    assert 2 * 0.85 * params < int8 < 2 * buckets * (256 + 8) + 2 * 300
+    assert min(r["history"][2]["selected"] for r in
+               ({"history": full.history}, {"history": half.history},
+                {"history": auto.history})) > 0
 
 
 def test_a_phase_that_makes_the_model_worse_on_its_new_rows_keeps_the_previous_model(

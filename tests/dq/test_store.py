@@ -408,3 +408,16 @@ def test_a_checkpoint_whose_evicted_tables_disagree_is_refused():
     bad = {**state, "evicted_counts": np.array([2], dtype=np.int64)}  # one count, two nodes
     with pytest.raises(ValueError):
         SampleStore(_dequantize, max_samples=1).load_state(bad)
+
+
+def test_node_weights_give_every_row_of_a_node_its_training_rows_mean():
+    store = SampleStore(_dequantize)
+    store.add(_rows([0, 1, 2], node=7, weights=[1.0, 2.0, 6.0]))
+    store.add(_rows([3, 4], node=8, weights=[10.0, 30.0]))
+    rng = np.random.default_rng(0)
+    x, _, w = store.draw(5, rng, weights="node")
+    by_id = dict(zip(x[:, 0].astype(int).tolist(), w.tolist(), strict=True))
+    assert by_id == {0: 3.0, 1: 3.0, 2: 3.0, 3: 20.0, 4: 20.0}
+    x, _, w = store.draw(5, rng)  # importance: each row's own
+    by_id = dict(zip(x[:, 0].astype(int).tolist(), w.tolist(), strict=True))
+    assert by_id == {0: 1.0, 1: 2.0, 2: 6.0, 3: 10.0, 4: 30.0}
