@@ -214,13 +214,13 @@ class DQConfig(RobustConfig, OptimizerConfig):
     max_server_steps: int = 2000
     max_server_epochs: float = 30.0
     plateau_eval_every: int = 50
-    plateau_patience: int = 4
+    plateau_patience: int = 8
     lr_drops: int = 2
     lr_factor: float = 0.1
     min_gain: float = 0.005
     min_holdout_rows: int = 10
     probe_after: int = 2
-    max_growth: float = 1.5
+    max_growth: float = 2.0
     augmentation: str = "auto"
     store_weights: str = "node"
     bits: int = client_knob(2)
