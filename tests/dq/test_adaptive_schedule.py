@@ -32,7 +32,7 @@ def adaptive_run():
 def test_the_schedule_grows_the_store_then_stops_asking_and_ends_early(adaptive_run):
     result, _ = adaptive_run
     rows = [r for r in result.history if r["round"] >= 1]
-    assert rows[0]["stored"] == 3 * 32 and rows[0]["next_ask"] == 48  # growth 1.5
+    assert rows[0]["stored"] == 3 * 32 and rows[0]["next_ask"] == 96  # growth 2
     stored = [r["stored"] for r in rows if r["selected"]]
     assert all(b > a for a, b in zip(stored, stored[1:], strict=False))
     # it stops on a flat curve (1) or once the 3 nodes have sent all their rows (2)

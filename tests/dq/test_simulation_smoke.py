@@ -25,7 +25,7 @@ def test_dq_at_its_defaults_runs_in_flowers_simulation_engine():
                                 rounds=2, seed=1, budget=32, min_holdout_rows=2,
                                 max_server_steps=200, max_server_epochs=1)
     rows = result.history
-    # the first ask holds out 2 rows per class at 10%: 200 in all, then growth 1.5
-    assert rows[1]["stored"] == 200 and rows[2]["stored"] == 300
+    # the first ask holds out 2 rows per class at 10%: 200 in all, then growth 2
+    assert rows[1]["stored"] == 200 and rows[2]["stored"] == 400
     assert 0 < rows[1]["server_steps"] <= 200 and rows[1]["holdout_rows"] > 0
     assert rows[2]["accuracy"] > rows[0]["accuracy"]
