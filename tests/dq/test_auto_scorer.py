@@ -22,6 +22,7 @@ from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.protocol.model import MODEL_KEY
 
+from .helpers import run_inprocess
 from .test_adaptive_schedule import _KNOBS
 
 WITHOUT_MODEL = {NODE_ID_BASE + 1, NODE_ID_BASE + 3}  # these nodes run without the model
@@ -85,3 +86,24 @@ def test_later_rounds_score_with_the_model_only_where_a_node_holds_it(mixed_run)
             assert (scorer, rule, codec) == ("entropy", "sample", "int8")
     for row in result.history[1:]:
         assert row["rejected"] == 0 and row["selected"] > 0, row
+
+
+@pytest.mark.parametrize(("knobs", "expected"), [
+    ({}, {"node"}),
+    ({"store_weights": "importance"}, {"importance"}),
+    # a compensation's control variate needs the rows' own weights
+    ({"compensation": "identity", "compensation_mode": "store"}, {"importance"}),
+])
+def test_the_server_trains_with_the_store_weights_asked_for(monkeypatch, knobs, expected):
+    from dq_flower.dq.store import SampleStore
+
+    asked: set[str] = set()
+    real_draw = SampleStore.draw
+
+    def spy(self, batch_size, rng, weights="importance"):
+        asked.add(weights)
+        return real_draw(self, batch_size, rng, weights)
+
+    monkeypatch.setattr(SampleStore, "draw", spy)
+    run_inprocess(num_clients=2, rounds=2, **dict(_KNOBS, **knobs))
+    assert asked == expected
