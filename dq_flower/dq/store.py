@@ -291,8 +291,10 @@ class SampleStore:
 
     def _node_means(self, train: np.ndarray) -> np.ndarray:
         """Per node index, the mean weight of its training rows (``train``: their indices)."""
-        nodes = self._rows.node[train].astype(np.int64)
-        totals = np.bincount(nodes, self._rows.weights[train].astype(np.float64))
+        stored = self._rows
+        assert stored is not None  # draw() refuses an empty store first
+        nodes = stored.node[train].astype(np.int64)
+        totals = np.bincount(nodes, stored.weights[train].astype(np.float64))
         counts = np.bincount(nodes)
         return np.divide(totals, counts, out=np.zeros_like(totals), where=counts > 0)
 
