@@ -31,9 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dq_flower.dq.config import DQConfig
 from dq_flower.dq.schedule import AdaptiveSchedule, PairedGain
 
 HOLDOUT = 0.1
+#: The store's largest growth a round: the package's default.
+MAX_GROWTH = DQConfig().max_growth
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,10 @@ def comparison(curve: Curve, n0: int, n1: int, rows: int, rng: np.random.Generat
 
 
 def run_new(curve: Curve, first: int, rounds: int, min_gain: float, min_rows: int,
-            rng: np.random.Generator) -> tuple[bool, int]:
+            rng: np.random.Generator, max_growth: float = MAX_GROWTH) -> tuple[bool, int]:
     """Whether (and at which store size) the schedule stopped on a flat verdict."""
-    s = AdaptiveSchedule(min_gain=min_gain, min_rows=min_rows, probe_after=0)
+    s = AdaptiveSchedule(min_gain=min_gain, max_growth=max_growth, min_rows=min_rows,
+                         probe_after=0)
     n = first
     s.after_upload(0, n, None)
     for _ in range(rounds - 1):
@@ -115,13 +119,17 @@ def run_old(curve: Curve, first: int, rounds: int, min_gain: float,
 
 
 def rates(curve: Curve, *, first: int = 500, rounds: int = 8, min_gain: float = 0.005,
-          min_rows: int = 100, trials: int = 500, seed: int = 0) -> dict[str, float]:
-    """Share of trials each rule stopped in, and stopped falsely (true gain > min_gain)."""
+          min_rows: int = 100, trials: int = 500, seed: int = 0,
+          max_growth: float = MAX_GROWTH) -> dict[str, float]:
+    """Share of trials each rule stopped in, and stopped falsely (true gain > min_gain).
+
+    ``max_growth``: the new rule's (the package's default; the old rule grew by half).
+    """
     rng = np.random.default_rng(seed)
     out = {"new_stop": 0.0, "new_false": 0.0, "old_stop": 0.0, "old_false": 0.0}
     for _ in range(trials):
         for name, run in (("new", lambda: run_new(curve, first, rounds, min_gain,
-                                                   min_rows, rng)),
+                                                   min_rows, rng, max_growth)),
                           ("old", lambda: run_old(curve, first, rounds, min_gain, rng))):
             stopped, n = run()
             out[f"{name}_stop"] += stopped / trials
@@ -141,14 +149,17 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-growth", type=float, default=MAX_GROWTH)
     args = parser.parse_args()
     print(f"{args.trials} trials per curve, {args.rounds} rounds, first upload 500 rows, "
-          "min-gain 0.005, held-out a tenth of the store, training noise 0.5 points")
+          f"max-growth {args.max_growth:g}, min-gain 0.005, held-out a tenth of the store, "
+          "training noise 0.5 points")
     print("| curve | new rule: stops | new rule: false stops | old rule: stops | "
           "old rule: false stops |")
     print("|---|---:|---:|---:|---:|")
     for name, curve in CURVES.items():
-        r = rates(curve, rounds=args.rounds, trials=args.trials, seed=args.seed)
+        r = rates(curve, rounds=args.rounds, trials=args.trials, seed=args.seed,
+                  max_growth=args.max_growth)
         print(f"| {name} | {r['new_stop']:.1%} | {r['new_false']:.1%} | "
               f"{r['old_stop']:.1%} | {r['old_false']:.1%} |")
 
