@@ -32,10 +32,17 @@ samples get a per-feature model (and so do small images, at most
 :data:`~dq_flower.codecs.context.MAX_PER_FEATURE_D` values, where that codes smaller).
 Where zlib codes a message smaller (wide codes of small samples, e.g. 8-bit digits), the
 ``context`` coder sends that message zlib-coded, and its meta says so.
+
+With any coder but ``none``, the per-row ranges are coded losslessly too: the ``mins`` then
+the ``scales`` (float32 bytes) are zlib-coded into one buffer ``ranges`` (meta ``ranges:
+"zlib"``) where that is smaller, as it is for images whose rows share one range (every
+Fashion-MNIST row spans 0 to 254 or 255). :func:`expand_ranges` undoes it; the decoder
+refuses a stream that does not inflate to exactly ``8 * rows`` bytes of finite floats.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +67,13 @@ from .dither import dither_offsets, dither_u16
 from .entropy import METHODS, check_method, compress, decompress
 from .registry import register
 
-__all__ = ["Uniform", "SAMPLE_CODERS", "dither_offsets", "packed_codes"]
+__all__ = ["Uniform", "SAMPLE_CODERS", "RANGE_CODER", "dither_offsets", "expand_ranges",
+           "packed_codes"]
 
 #: Lossless coders of a ``uniform`` payload's codes: the byte coders and ``context``.
 SAMPLE_CODERS = (*METHODS, "context")
+#: Lossless coder of the per-row ranges (``mins`` then ``scales``) when the codes are coded.
+RANGE_CODER = "zlib"
 
 
 @register("uniform")
@@ -182,8 +192,16 @@ class Uniform(Codec):
             meta["fixed_range"] = True
             return self.payload((n, d), {"codes": packed}, code_bits, **meta)
         assert lo is not None and scale is not None  # allocated when not fixed
-        buffers = {"codes": packed, "mins": lo, "scales": scale}
-        return self.payload((n, d), buffers, code_bits + 64 * rows, **meta)
+        buffers: dict[str, np.ndarray] = {"codes": packed, "mins": lo, "scales": scale}
+        side_bits = 64 * rows
+        if self.entropy != "none" and rows:
+            raw = np.concatenate([lo.view(np.uint8), scale.view(np.uint8)])
+            coded_ranges = compress(raw, RANGE_CODER)
+            if coded_ranges.size < raw.size:
+                buffers = {"codes": packed, "ranges": coded_ranges}
+                meta["ranges"] = RANGE_CODER
+                side_bits = 8 * coded_ranges.size
+        return self.payload((n, d), buffers, code_bits + side_bits, **meta)
 
     def _quantize(
         self, flat: np.ndarray, rng: np.random.Generator | None
@@ -287,6 +305,9 @@ class Uniform(Codec):
         if d % groups:
             raise PayloadError(f"uniform payload d={d} is not a multiple of {groups} channels")
         rows, width = n * groups, d // groups
+        if "ranges" in p.meta and self.fixed_range:
+            raise PayloadError("fixed-range uniform payload carries coded ranges")
+        p = expand_ranges(p, rows)
         lo, scale = self._ranges(p, rows)
         packed = self._received_codes(p, method, 0 if scale is None else 64 * rows)
         if self.fixed_range:
@@ -385,6 +406,34 @@ class Uniform(Codec):
                 assert lo is not None
                 blk += lo[s:e, None]
         return out
+
+
+def expand_ranges(p: Payload, rows: int) -> Payload:
+    """``p`` with its coded ``ranges`` buffer undone into ``mins`` and ``scales``.
+
+    ``nbits`` moves by the difference between the coded and the raw sizes, so every check
+    of the raw payload holds exactly where it holds for ``p``. ``p`` itself is returned
+    where it carries no coded ranges. A stream that does not inflate to exactly
+    ``8 * rows`` bytes, or sits beside raw ``mins``/``scales``, raises :class:`PayloadError`.
+    """
+    method = p.meta.get("ranges")
+    if method is None:
+        if "ranges" in p.buffers:
+            raise PayloadError("uniform payload carries a 'ranges' buffer its meta does not name")
+        return p
+    if method != RANGE_CODER:
+        raise PayloadError(f"uniform payload ranges coder {method!r} is not {RANGE_CODER!r}")
+    if "mins" in p.buffers or "scales" in p.buffers:
+        raise PayloadError("uniform payload carries both coded ranges and raw mins/scales")
+    stream = p.buffers.get("ranges")
+    if stream is None or stream.dtype != np.uint8 or stream.ndim != 1:
+        raise PayloadError("uniform payload 'ranges' must be a flat uint8 stream")
+    raw = decompress(stream, RANGE_CODER, 8 * rows).view(np.float32)
+    buffers = {k: v for k, v in p.buffers.items() if k != "ranges"}
+    buffers.update(mins=raw[:rows].copy(), scales=raw[rows:].copy())
+    meta = {k: v for k, v in p.meta.items() if k != "ranges"}
+    return dataclasses.replace(p, meta=meta, buffers=buffers,
+                               nbits=p.nbits - 8 * int(stream.size) + 64 * rows)
 
 
 def packed_codes(p: Payload, bits: int) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
-from dq_flower.codecs.uniform import Uniform, dither_offsets, packed_codes
+from dq_flower.codecs.uniform import Uniform, dither_offsets, expand_ranges, packed_codes
 from dq_flower.protocol.dq_batch import SampleBatch, payload_quantizer
 
 __all__ = ["RowLayout", "plain_payload", "decode_samples", "keep_rows",
@@ -57,16 +57,19 @@ def plain_payload(p: Payload, bits: int) -> Payload:
     """``p`` with its lossless coder undone, so that its stream is decoded once.
 
     The ``uniform`` decoder and :meth:`RowLayout.rows` each undo the coder of the payload
-    they are given; given this one, neither decodes the stream again. Every check of the
+    they are given; given this one, neither decodes the stream again (nor its coded ranges,
+    which it carries as ``mins`` and ``scales``). Every check of the
     coded payload holds for this one exactly where it holds for ``p``: ``nbits`` moves by
     the difference between the coded and the packed sizes, the context shape goes with the
     context coder, and the padding bits (which no check of a coded stream reads) are
     cleared. ``p`` itself is returned where it names no coder (or none validly).
     """
+    if len(p.shape) != 2:
+        return p
+    p = _plain_ranges(p)
     method = p.meta.get("entropy")
     stream = p.buffers.get("codes")
-    if (not isinstance(method, str) or method == "none" or stream is None
-            or len(p.shape) != 2):
+    if not isinstance(method, str) or method == "none" or stream is None:
         return p
     n, d = p.shape
     packed = packed_codes(p, bits)
@@ -78,6 +81,14 @@ def plain_payload(p: Payload, bits: int) -> Payload:
     meta["entropy"] = "none"
     return dataclasses.replace(p, meta=meta, buffers={**p.buffers, "codes": packed},
                                nbits=p.nbits - 8 * int(stream.size) + n * d * bits)
+
+
+def _plain_ranges(p: Payload) -> Payload:
+    """``p`` with coded ranges undone (:func:`~dq_flower.codecs.uniform.expand_ranges`)."""
+    groups = p.meta.get("per_channel", 0)
+    if "ranges" not in p.meta or isinstance(groups, bool) or not isinstance(groups, int):
+        return p  # nothing to undo, or a malformed payload the decoder refuses
+    return expand_ranges(p, p.shape[0] * max(groups, 1))
 
 
 def decode_samples(p: Payload, bits: int, per_channel: int, fixed_range: bool = False
@@ -119,6 +130,7 @@ class RowLayout:
         n, d = p.shape
         if d != self.dim:
             raise PayloadError(f"samples have dimension {d}, expected {self.dim}")
+        p = expand_ranges(p, n * self.groups) if not self.fixed else p
         packed = packed_codes(p, self.bits)
         codes = unpack(packed, self.bits, n * d).reshape(n, d)
         if self.padded_dim != d:

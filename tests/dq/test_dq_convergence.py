@@ -76,12 +76,13 @@ def test_importance_half_budget_close_to_uniform_full_budget():
     # loss (measured 87 %).
     assert mean["important"] >= mean["full"] - 0.01, mean
     assert mean["important"] - mean["half"] >= 0.5 * (mean["full"] - mean["half"]), mean
-    # ... for half the samples: 0.60x the uplink payload bits (importance weights travel
-    # as one float32 per row, uniform ones as a single float) and 0.86x the wire bytes
-    # (each reply also carries metrics and record headers)
+    # ... for half the samples: 0.68x the uplink payload bits (importance weights travel
+    # as one float32 per row, uniform ones as a single float; the per-row ranges of both
+    # arms are zlib-coded) and 0.92x the wire bytes (each reply also carries metrics and
+    # record headers)
     ratio_bits = np.sum(bits["important"]) / np.sum(bits["full"])
     ratio_wire = np.sum(wire["important"]) / np.sum(wire["full"])
-    assert ratio_bits < 0.65 and ratio_wire < 0.9, (ratio_bits, ratio_wire)
+    assert ratio_bits < 0.72 and ratio_wire < 0.95, (ratio_bits, ratio_wire)
 
 
 def test_compensation_helps_1bit_data():

@@ -99,15 +99,19 @@ def test_the_plain_payload_decodes_the_same_without_decoding_its_stream_again(en
     codec = make("uniform", bits=bits, entropy=entropy)
     np.testing.assert_array_equal(codec.decode(plain), codec.decode(p))
     assert plain.meta["entropy"] == "none" and "context_shape" not in plain.meta
-    assert plain.nbits == p.nbits - 8 * p.buffers["codes"].size + n * d * bits
+    assert p.meta["ranges"] == "zlib"  # the ranges are coded too, and undone
+    assert plain.nbits == (p.nbits - 8 * p.buffers["codes"].size + n * d * bits
+                           - 8 * p.buffers["ranges"].size + 64 * n)
     packed = plain.buffers["codes"]
     assert packed.size == -(-n * d * bits // 8)
     spare = 8 * packed.size - n * d * bits
     assert (spare > 0) == (crop == 7)
     assert int(packed[-1]) & ((1 << spare) - 1) == 0  # the padding bits are cleared
     np.testing.assert_array_equal(packed_codes(plain, bits), packed)
+    raw = _samples(bits, crop, "none")  # the same rows, ranges sent raw
     for name in ("mins", "scales"):
-        np.testing.assert_array_equal(plain.buffers[name], p.buffers[name])
+        np.testing.assert_array_equal(plain.buffers[name], raw.buffers[name])
+    assert "ranges" not in plain.buffers and "ranges" not in plain.meta
     assert p.meta["entropy"] == entropy  # the input is left as it was
     assert plain_payload(plain, bits) is plain  # nothing left to undo
 
@@ -147,8 +151,10 @@ def test_the_plain_payload_keeps_a_context_shape_it_does_not_own_and_passes_odd_
     assert plain_payload(flat, 2) is flat
     assert plain_payload(dataclasses.replace(p, meta={**p.meta, "entropy": 7}), 2).meta[
         "entropy"] == 7
-    no_codes = dataclasses.replace(p, buffers={k: v for k, v in p.buffers.items()
-                                               if k != "codes"})
+    raw_ranges = _samples(2, 8, "none")
+    no_codes = dataclasses.replace(raw_ranges, meta={**raw_ranges.meta, "entropy": "zlib"},
+                                   buffers={k: v for k, v in raw_ranges.buffers.items()
+                                            if k != "codes"})
     assert plain_payload(no_codes, 2) is no_codes
 
 
