@@ -16,6 +16,7 @@ from typing import Any
 
 from dq_flower.compare.plots import write_plots
 from dq_flower.compare.summary import run_summaries, summary_markdown
+from dq_flower.json_out import strict_dumps
 
 __all__ = ["RESULTS_FORMAT", "CSV_COLUMNS", "write_reports", "write_csv", "load_results"]
 
@@ -44,24 +45,12 @@ def write_reports(results: Mapping[str, Any], out_dir: str | os.PathLike[str]) -
     data = dict(results)
     data["summaries"] = run_summaries(results)
     tmp = paths["json"].with_suffix(".json.tmp")  # atomic: a kill never leaves half a file
-    tmp.write_text(json.dumps(_jsonable(data), indent=1))
+    tmp.write_text(strict_dumps(data, indent=1))
     os.replace(tmp, paths["json"])
     write_csv(results, paths["csv"])
     paths["summary"].write_text(summary_markdown(results))
     paths.update(write_plots(results, out))
     return paths
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _jsonable(obj.item())
-    return obj
 
 
 def write_csv(results: Mapping[str, Any], path: Path) -> Path:

@@ -27,11 +27,12 @@ from typing import Any, TextIO
 from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.plan import PlannedRun, check_data, plan_runs
 from dq_flower.compare.presets import Preset
-from dq_flower.compare.reports import RESULTS_FORMAT, _jsonable, load_results, write_reports
+from dq_flower.compare.reports import RESULTS_FORMAT, load_results, write_reports
 from dq_flower.compare.summary import error_line, fmt_bytes, is_failed, run_summaries
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.simulate import simulate
+from dq_flower.json_out import jsonable
 
 __all__ = ["ENGINES", "ConsoleProgress", "run_comparison", "quiet_flower"]
 
@@ -228,7 +229,7 @@ def _run_plans(plans: list[PlannedRun], results: dict[str, Any],
         if progress is not None:
             progress.start(i, len(plans), plan)
         old = earlier.get(plan.spec.label)
-        if old is not None and old["run_config"] == _jsonable(plan.run_config):
+        if old is not None and old["run_config"] == jsonable(plan.run_config):
             record: dict[str, Any] = {**old, "failed": False, "reused": True}
             results["runs"].append(record)
         else:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dq_flower.json_out import strict_dumps
 
 __all__ = ["RunResult", "HISTORY_KEYS"]
 
@@ -65,12 +68,16 @@ class RunResult:
                     writer.writerow({"method": self.method,
                                      **{k: v for k, v in row.items() if k in keys}})
         else:
-            path.write_text(json.dumps(self.to_json(), indent=1))
+            path.write_text(strict_dumps(self.to_json(), indent=1))
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> RunResult:
-        """Read a JSON file written by :meth:`save`."""
+        """Read a JSON file written by :meth:`save` (``null`` in a history row reads as nan)."""
         data = json.loads(Path(path).read_text())
+        for row in data["history"]:
+            for key in HISTORY_KEYS:
+                if key in row and row[key] is None:  # a non-finite number (strict JSON)
+                    row[key] = math.nan
         return cls(data["method"], data["config"], data["history"], data["num_params"],
                    data["data_dim"])
