@@ -27,6 +27,7 @@ from .test_fuzz_dq import (
     _request_from,
     _set_header,
     bad_counts,
+    bad_ranges_stream,
     garbage_header,
     huge_declared_size,
     label_out_of_range,
@@ -73,7 +74,8 @@ def bad_context_shape(content, rng):
 
 # (the DQ test's ``truncate`` and ``missing_key`` also pick the compensation, absent here)
 MUTATIONS = [flip_stream_bit, cut_or_extend_stream, bad_context_shape, huge_declared_size,
-             nan_scale, label_out_of_range, wrong_bits, bad_counts, garbage_header]
+             nan_scale, bad_ranges_stream, label_out_of_range, wrong_bits, bad_counts,
+             garbage_header]
 _COUNT = {"corrupted": 0}
 
 

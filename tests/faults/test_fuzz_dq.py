@@ -6,6 +6,7 @@ model must stay finite.
 """
 
 import json
+import zlib
 
 import numpy as np
 import torch
@@ -78,8 +79,43 @@ def _info(content, name, dtype):
 
 
 # ----------------------------------------------------------------- mutations (all invalid)
+def _range_buffer(content):
+    """The samples' per-row ranges as sent: the coded ``ranges`` stream or raw ``scales``."""
+    return "ranges" if "ranges" in content["samples"] else "scales"
+
+
+def _ranges(content):
+    """The samples' ``(mins, scales)`` as float32 arrays, undoing the ranges coder."""
+    samples = content["samples"]
+    if "ranges" in samples:
+        raw = np.frombuffer(zlib.decompress(bytes(samples["ranges"].data)), dtype=np.float32)
+        half = raw.size // 2
+        return raw[:half].copy(), raw[half:].copy()
+    return (np.frombuffer(samples["mins"].data, dtype=np.float32).copy(),
+            np.frombuffer(samples["scales"].data, dtype=np.float32).copy())
+
+
+def _set_ranges(content, mins, scales):
+    """Write ``(mins, scales)`` back in the form the reply carried them, header kept exact."""
+    if "ranges" not in content["samples"]:
+        content["samples"]["mins"] = _raw(mins.astype(np.float32).tobytes(), "float32")
+        content["samples"]["scales"] = _raw(scales.astype(np.float32).tobytes(), "float32")
+        return
+    old = len(content["samples"]["ranges"].data)
+    stream = zlib.compress(np.concatenate([mins, scales]).astype(np.float32).tobytes(), 9)
+    content["samples"]["ranges"] = _raw(stream, "uint8")
+    header = _header(content)
+    header["buffers"]["ranges"][1] = len(stream)
+    header["nbits"] += 8 * (len(stream) - old)
+    _set_header(content, header)
+
+
+# ----------------------------------------------------------------- mutations (all invalid)
 def truncate(content, rng):
-    record, name = [("samples", "codes"), ("samples", "mins"), ("samples", "scales"),
+    ranges = [("samples", "mins"), ("samples", "scales")]
+    if "ranges" in content["samples"]:
+        ranges = [("samples", "ranges"), ("samples", "ranges")]
+    record, name = [("samples", "codes"), *ranges,
                     ("sample-info", "labels"), ("sample-info", "ids"),
                     ("compensation", "values")][rng.integers(6)]
     arr = content[record][name]
@@ -88,9 +124,10 @@ def truncate(content, rng):
 
 
 def wrong_dtype(content, rng):
-    arr = content["samples"]["scales"]
-    content["samples"]["scales"] = Array(dtype=["int32", "uint32", "float16"][rng.integers(3)],
-                                         shape=arr.shape, stype="raw", data=arr.data)
+    name = _range_buffer(content)
+    arr = content["samples"][name]
+    content["samples"][name] = Array(dtype=["int32", "uint32", "float16"][rng.integers(3)],
+                                     shape=arr.shape, stype="raw", data=arr.data)
 
 
 def huge_declared_size(content, rng):
@@ -103,9 +140,25 @@ def huge_declared_size(content, rng):
 
 
 def nan_scale(content, rng):
-    scales = np.frombuffer(content["samples"]["scales"].data, dtype=np.float32).copy()
+    mins, scales = _ranges(content)
     scales[rng.integers(scales.size)] = [np.nan, np.inf, -np.inf][rng.integers(3)]
-    content["samples"]["scales"] = _raw(scales.tobytes(), "float32")
+    _set_ranges(content, mins, scales)
+
+
+def bad_ranges_stream(content, rng):
+    """A ranges stream that does not inflate to two float32 per row (or is not zlib)."""
+    if "ranges" not in content["samples"]:
+        return wrong_dtype(content, rng)
+    mins, scales = _ranges(content)
+    choice = rng.integers(3)
+    if choice == 0:
+        _set_ranges(content, mins[:-1], scales)  # one value short
+    elif choice == 1:
+        _set_ranges(content, np.concatenate([mins, mins[:1]]), scales)  # one value long
+    else:
+        data = bytearray(content["samples"]["ranges"].data)
+        data[:2] = b"\x00\x00"  # not a zlib stream any more
+        content["samples"]["ranges"] = _raw(bytes(data), "uint8")
 
 
 def nan_compensation(content, rng):
@@ -182,7 +235,8 @@ def garbage_header(content, rng):
     content["samples"]["header"] = _raw(rng.bytes(int(rng.integers(0, 300))), "uint8")
 
 
-MUTATIONS = [truncate, wrong_dtype, huge_declared_size, nan_scale, nan_compensation,
+MUTATIONS = [truncate, wrong_dtype, huge_declared_size, nan_scale, bad_ranges_stream,
+             nan_compensation,
              label_out_of_range, wrong_bits, unknown_version, missing_key, duplicated_ids,
              bad_counts, bad_weights, bad_candidates, garbage_header]
 
@@ -209,6 +263,13 @@ def _fuzz_round(mutations, good_index):
     assert metrics["replies"] == 1
     assert metrics["stored"] == CFG.budget
     assert all(torch.isfinite(p).all() for p in strategy.model.parameters())
+
+
+def test_the_good_replies_carry_coded_ranges():
+    """The ranges mutations reach the coded ``ranges`` stream, the form the defaults send."""
+    for _, content in GOOD:
+        assert _header(content)["meta"].get("ranges") == "zlib"
+        assert "ranges" in content["samples"] and "scales" not in content["samples"]
 
 
 def test_fuzzed_replies_are_rejected_counted_and_harmless():
