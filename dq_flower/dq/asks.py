@@ -24,7 +24,15 @@ from dq_flower.dq.identity import ClientIdentities, RoundClients
 from dq_flower.dq.intake import UploadIntake
 from dq_flower.dq.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.schedule import allocate
-from dq_flower.dq.scorer_choice import AUTO, AUTO_SCORER_KEY, model_knob, node_rule, node_scorer
+from dq_flower.dq.scorer_choice import (
+    AUTO,
+    AUTO_SCORER_KEY,
+    RUN_MODEL_KNOB_KEY,
+    model_knob,
+    node_rule,
+    node_scorer,
+    run_model_knob,
+)
 from dq_flower.dq.training import ServerTrainer
 from dq_flower.model_ops import output_width
 from dq_flower.protocol.model import MODEL_KEY
@@ -123,6 +131,9 @@ class RoundAsks:
             cfg["refresh"] = 1
         if self.cfg.scorer == AUTO:
             cfg[AUTO_SCORER_KEY] = 1
+        needed = run_model_knob(self.cfg.scorer, self.cfg.compensation, self.cfg.upload_mode)
+        if needed is not None:
+            cfg[RUN_MODEL_KNOB_KEY] = needed
         return cfg
 
     def take(self, server_round: int) -> tuple[RoundPlan | None, Callable[[int, int], int]]:

@@ -51,7 +51,13 @@ from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.held import held_for
-from dq_flower.dq.scorer_choice import CAN_SCORE_KEY, model_knob, node_rule, node_scorer
+from dq_flower.dq.scorer_choice import (
+    CAN_SCORE_KEY,
+    RUN_MODEL_KNOB_KEY,
+    model_knob,
+    node_rule,
+    node_scorer,
+)
 from dq_flower.dq.selection import select
 from dq_flower.node import node_key
 from dq_flower.protocol.dq_batch import (
@@ -67,6 +73,7 @@ from dq_flower.protocol.dq_batch import (
     range_mode,
     ranges_record,
 )
+from dq_flower.protocol.node_errors import NodeConfigError
 from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_of, spec_record
 from dq_flower.seeding import round_rng
 from dq_flower.torch_support import require_torch
@@ -213,6 +220,11 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     """
     t0 = time.perf_counter()
     config = round_config(msg)
+    needed = config.get(RUN_MODEL_KNOB_KEY)
+    if model is None and needed:  # before any work, from the first round on
+        require_torch(str(needed))  # a node without PyTorch fails alone, naming the knob
+        raise NodeConfigError(f"{needed} needs the model: pass model= (your nn.Module) "
+                              "to dq_train")
     cfg = from_mapping(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
     scorer = node_scorer(cfg.scorer, model is not None)  # "auto" sent as it is: resolve here
     cfg = dataclasses.replace(cfg, scorer=scorer,

@@ -13,6 +13,7 @@ from flwr.app import Message
 
 from dq_flower.model_ops import LossFn, weighted_loss_grad
 from dq_flower.protocol.model import MODEL_KEY, load_model_record
+from dq_flower.protocol.node_errors import NodeConfigError
 
 __all__ = ["received_model", "quantization_residual", "batch_gradient"]
 
@@ -23,7 +24,8 @@ def received_model(msg: Message, model: torch.nn.Module | None,
     if MODEL_KEY not in msg.content.array_records:
         return None
     if model is None:
-        raise ValueError(f"{why} needs the model: pass model= (your nn.Module) to dq_train")
+        raise NodeConfigError(f"{why} needs the model: pass model= (your nn.Module) to "
+                              "dq_train")
     load_model_record(model, msg.content.array_records[MODEL_KEY])
     return model
 

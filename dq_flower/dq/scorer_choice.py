@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["AUTO", "AUTO_SCORER_KEY", "CAN_SCORE_KEY", "MODEL_SCORER", "model_knob", "node_rule",
-           "node_scorer"]
+__all__ = ["AUTO", "AUTO_SCORER_KEY", "CAN_SCORE_KEY", "MODEL_SCORER", "RUN_MODEL_KNOB_KEY",
+           "model_knob", "node_rule", "node_scorer", "run_model_knob"]
 
 #: The knob value resolved per node.
 AUTO = "auto"
@@ -27,6 +27,9 @@ CAN_SCORE_KEY = "can-score"
 #: Round config key: 1 where the run's scorer is ``auto`` (a node that can hold the model
 #: should say so, even in a round it is sent ``uniform``).
 AUTO_SCORER_KEY = "scorer-auto"
+#: Round config key: the knob of the run that will need the model on every node (sent from
+#: the first round on, so a client function given no model fails before any work).
+RUN_MODEL_KNOB_KEY = "run-model-knob"
 
 
 def node_scorer(scorer: str, can_score: bool) -> str:
@@ -59,4 +62,21 @@ def model_knob(config: Mapping[str, Any]) -> str | None:
     compensation = str(config.get("compensation", "none"))
     if compensation != "none":
         return f"compensation={compensation!r}"
+    return None
+
+
+def run_model_knob(scorer: str, compensation: str, upload_mode: str) -> str | None:
+    """The knob of the run as configured that needs the model on every node, or ``None``.
+
+    Unlike :func:`model_knob` (one round as sent: the first adaptive round sends
+    ``uniform``), this reads the run's own knobs, so a node can refuse in round 1 what it
+    could only fail later. ``scorer="auto"`` needs no model (a node without one draws
+    uniformly); ``upload_mode="auto"`` is left to its rounds.
+    """
+    if scorer not in ("uniform", AUTO):
+        return f"scorer={scorer!r}"
+    if compensation != "none":
+        return f"compensation={compensation!r}"
+    if upload_mode == "gradient":
+        return "upload_mode='gradient'"
     return None

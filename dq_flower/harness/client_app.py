@@ -24,7 +24,7 @@ from flwr.clientapp import ClientApp
 
 from dq_flower.client import dq_train, evaluate
 from dq_flower.config import from_mapping
-from dq_flower.dq.scorer_choice import AUTO_SCORER_KEY, model_knob
+from dq_flower.dq.scorer_choice import AUTO_SCORER_KEY, RUN_MODEL_KNOB_KEY, model_knob
 from dq_flower.harness.methods import get_method
 from dq_flower.harness.runtime import (
     ModelFactory,
@@ -80,7 +80,7 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
         method = str(config.get("method", "dq"))
         family = get_method(method).family
         if family == "dq":
-            knob = model_knob(config)
+            knob = model_knob(config) or config.get(RUN_MODEL_KNOB_KEY)
             if knob is None and MODEL_KEY in msg.content.array_records:
                 knob = "the model the server sent"
             if knob is None:  # a model-free round: no thread setting, PyTorch optional

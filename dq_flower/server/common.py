@@ -16,6 +16,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
+from dq_flower.protocol.node_errors import node_config_problem
 
 __all__ = [
     "sample_node_ids",
@@ -25,6 +26,7 @@ __all__ = [
     "log_round",
     "FailureWatch",
     "ClientFailureError",
+    "NodeConfigurationError",
     "REPLY_ERRORS",
 ]
 
@@ -91,6 +93,10 @@ class ClientFailureError(RuntimeError):
     """Every sampled client failed for several consecutive rounds."""
 
 
+class NodeConfigurationError(ClientFailureError):
+    """A node replied that it cannot answer the run as configured: the run stops at once."""
+
+
 class FailureWatch:
     """Stop a run whose every sampled client fails ``limit`` rounds in a row.
 
@@ -119,6 +125,12 @@ class FailureWatch:
         if self.announce:
             log(INFO, "aggregate_train: Received %s results and %s failures",
                 len(replies) - len(errors), len(errors) + silent)
+        for message in errors:
+            problem = node_config_problem(str(message.error.reason))
+            if problem is not None:
+                raise NodeConfigurationError(
+                    f"[{self.name}] node {message.metadata.src_node_id} cannot run as "
+                    f"configured: {problem}")
         if not counts or (not replies and not silent):
             return
         if len(errors) < len(replies):

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import dq_flower
 from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.server.common import NodeConfigurationError
 
 
 class Tabular(nn.Module):
@@ -169,6 +170,30 @@ def test_model_based_scorer_without_a_client_model_fails_clearly():
     with pytest.raises(RuntimeError, match="needs the model"):
         _run(strategy, client, 2, 3, model)
     assert "pass model=" in errors[0]
+
+
+@pytest.mark.parametrize("knob", [{"scorer": "loss"}, {"compensation": "qsgd"}])
+def test_a_knob_that_needs_the_model_stops_the_run_in_round_one(knob):
+    """At the defaults (adaptive: round 1 draws uniformly, no model sent) the node still
+    refuses in round 1, and the run stops with one line naming the knob and the fix."""
+    x, y = _blobs()
+    data = _shards(x, y, 2)
+    calls = []
+
+    def client(msg, context):
+        calls.append(int(msg.content["config"]["server-round"]))
+        return dq_flower.client.dq_train(msg, context, data[context.node_config["partition-id"]])
+
+    model = Tabular()
+    strategy = dq_flower.DQStrategy(model, **knob)
+    with pytest.raises(NodeConfigurationError) as info:
+        _run(strategy, client, 2, 3, model)
+    message = str(info.value)
+    name, value = next(iter(knob.items()))
+    assert f"{name}={value!r} needs the model: pass model= (your nn.Module) to dq_train" \
+        in message, message
+    assert "\n" not in message and message.startswith("[dq] node ")
+    assert calls == [1, 1]  # both nodes refused round 1; no second round was sent
 
 
 class Regressor(nn.Module):
