@@ -80,7 +80,7 @@ def _read_varints(buf: np.ndarray, offset: int, count: int) -> tuple[np.ndarray,
         raise ValueError("negative varint count")
     if count == 0:
         return np.zeros(0, dtype=_U64), offset
-    rest = buf[offset:]
+    rest = buf[offset:offset + 10 * count]  # a varint takes at most 10 bytes: linear reads
     ends = np.flatnonzero(rest < 0x80)
     if ends.size < count:
         raise ValueError("held set: truncated varints")
@@ -193,8 +193,7 @@ def decode_held(data: bytes, limit: int) -> np.ndarray:
         m, off = _read_one(buf, 1)
         if buf.size - off != -(-m // 8):
             raise ValueError(f"held set: a bitmap of {m} bits in {buf.size - off} bytes")
-        bits = np.unpackbits(buf[off:], bitorder="little")[:min(m, limit)]
-        return np.flatnonzero(bits).astype(np.int64)
+        return _bitmap_ids(buf[off:], min(m, limit))
     if kind not in (RUNS, PACKED_RUNS):
         raise ValueError(f"held set: unknown form {kind}")
     r, off = _read_one(buf, 1)
@@ -203,6 +202,35 @@ def decode_held(data: bytes, limit: int) -> np.ndarray:
     else:
         gaps, lens = _packed_runs(buf, off, r, limit)
     return _expand_runs(gaps, lens, limit)
+
+
+def _bitmap_ids(body: np.ndarray, count: int) -> np.ndarray:
+    """The set bits among the first ``count`` of a bitmap, read a bounded chunk at a time.
+
+    Only non-zero bytes are unpacked, so memory stays within a few times the chunk and
+    the ids found, not 8x the bitmap.
+    """
+    body = body[:-(-count // 8)]
+    found = []
+    for start in range(0, body.size, 1 << 20):
+        chunk = body[start:start + (1 << 20)]
+        nonzero = np.flatnonzero(chunk)
+        if not nonzero.size:
+            continue
+        bits = np.unpackbits(chunk[nonzero][:, None], axis=1, bitorder="little")
+        byte, bit = np.nonzero(bits)
+        found.append((start + nonzero[byte]).astype(np.int64) * 8 + bit)
+    ids = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+    return ids[ids < count]
+
+
+def _bit_slice(body: np.ndarray, start: int, count: int) -> np.ndarray:
+    """Bits ``[start, start + count)`` of ``body`` (LSB first), unpacking only their bytes."""
+    if count <= 0:
+        return np.zeros(0, dtype=np.uint8)
+    first, stop = start // 8, -(-(start + count) // 8)
+    bits = np.unpackbits(body[first:stop], bitorder="little")
+    return bits[start - 8 * first:start - 8 * first + count]
 
 
 def _varint_runs(buf: np.ndarray, off: int, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -228,10 +256,9 @@ def _packed_runs(buf: np.ndarray, off: int, r: int, limit: int
         raise ValueError("held set: packed runs of the wrong size")
     # zero-width fields cost nothing: read no more runs than can start below the limit
     total, r = r, min(r, limit)
-    bits = np.unpackbits(body, bitorder="little")
-    gaps = _unpack_fixed(np.packbits(bits[:r * wg], bitorder="little"), r, wg)
-    lens = _unpack_fixed(np.packbits(bits[total * wg:total * wg + r * wl],
-                                     bitorder="little"), r, wl)
+    gaps = _unpack_fixed(np.packbits(_bit_slice(body, 0, r * wg), bitorder="little"), r, wg)
+    lens = _unpack_fixed(np.packbits(_bit_slice(body, total * wg, r * wl), bitorder="little"),
+                         r, wl)
     return gaps, lens
 
 
@@ -274,35 +301,67 @@ def encode_table(entries: Mapping[int, tuple[int, bytes]], default_ask: int = 0)
     ``varint(default_ask)``, ``varint(count)``, then per entry, by identity,
     ``varint(identity)``, ``varint(ask)``, ``varint(len(held))`` and the held set's bytes.
     """
-    parts = [_varint_bytes(np.array([int(default_ask), len(entries)], dtype=_U64)).tobytes()]
+    parts = [_varint_py(int(default_ask)), _varint_py(len(entries))]
     for identity in sorted(entries):
         ask, held = entries[identity]
-        head = np.array([int(identity), int(ask), len(held)], dtype=_U64)
-        parts.append(_varint_bytes(head).tobytes())
-        parts.append(bytes(held))
+        parts += [_varint_py(int(identity)), _varint_py(int(ask)), _varint_py(len(held)),
+                  bytes(held)]
     return b"".join(parts)
 
 
+def _varint_py(value: int) -> bytes:
+    """One LEB128 varint (a table's heads: plain Python is faster than numpy per value)."""
+    if not 0 <= value < 1 << 64:
+        raise ValueError(f"held table: {value} is not a 64-bit unsigned value")
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def decode_table(data: bytes) -> tuple[int, dict[int, tuple[int, bytes]]]:
-    """Inverse of :func:`encode_table`: ``(default_ask, entries)``."""
-    buf = np.frombuffer(bytes(data), dtype=np.uint8)
-    head, off = _read_varints(buf, 0, 2)
-    default, count = int(head[0]), int(head[1])
-    if 4 * count > buf.size - off:  # each entry takes at least four bytes
-        raise ValueError(f"held table: {count} entries in {buf.size} bytes")
+    """Inverse of :func:`encode_table`: ``(default_ask, entries)``.
+
+    One pass over the bytes (a table lists every client of a large population, so the
+    work is linear in its size); every count is checked against the bytes left before use.
+    """
+    buf = bytes(data)
+    default, off = _scan_varint(buf, 0)
+    count, off = _scan_varint(buf, off)
+    if 4 * count > len(buf) - off:  # each entry takes at least four bytes
+        raise ValueError(f"held table: {count} entries in {len(buf)} bytes")
     out: dict[int, tuple[int, bytes]] = {}
     for _ in range(count):
-        head, off = _read_varints(buf, off, 3)
-        identity, ask, size = (int(v) for v in head)
-        if off + size > buf.size:
+        identity, off = _scan_varint(buf, off)
+        ask, off = _scan_varint(buf, off)
+        size, off = _scan_varint(buf, off)
+        if off + size > len(buf):
             raise ValueError("held table: truncated entry")
         if identity in out:
             raise ValueError(f"held table: identity {identity} twice")
-        out[identity] = (ask, bytes(buf[off:off + size]))
+        out[identity] = (ask, buf[off:off + size])
         off += size
-    if off != buf.size:
+    if off != len(buf):
         raise ValueError("held table: trailing bytes")
     return default, out
+
+
+def _scan_varint(buf: bytes, off: int) -> tuple[int, int]:
+    """One LEB128 varint of at most 64 bits from ``buf[off:]``: ``(value, offset after)``."""
+    value = shift = 0
+    for i in range(off, min(off + 10, len(buf))):
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if value >> 64:
+                raise ValueError("held set: a varint overflows 64 bits")
+            return value, i + 1
+        shift += 7
+    if off + 10 <= len(buf):
+        raise ValueError("held set: a varint overflows 64 bits")
+    raise ValueError("held set: truncated varints")
 
 
 def table_entry(data: bytes, identity: int) -> tuple[int, bytes]:
