@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -111,21 +112,18 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if value is None and type(None) in hints:
         return None
     try:
-        if target is bool:
-            if isinstance(value, str):
-                low = value.strip().lower()
-                if low not in {"true", "false", "1", "0", "yes", "no"}:
-                    raise ValueError
-                return low in {"true", "1", "yes"}
-            if isinstance(value, (bool, int)) and value in (0, 1, True, False):
+        if target is bool:  # true/false (any case) or 0/1: "yes" or 2 is not a boolean
+            if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+                return value.strip().lower() == "true"
+            if isinstance(value, (bool, int)) and value in (0, 1):
                 return bool(value)
             raise ValueError
         if target is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             return int(value)
-        if target is float:
-            if isinstance(value, bool):
+        if target is float:  # finite: a NaN threshold would silently select nothing
+            if isinstance(value, bool) or not math.isfinite(float(value)):
                 raise ValueError
             return float(value)
         if target is str:
@@ -136,8 +134,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         pass
     else:
         return value
-    raise ValueError(f"config key {key!r}: expected {getattr(target, '__name__', target)}, "
-                     f"got {value!r}")
+    expected = {bool: "true or false (or 0/1)", float: "a finite float"}.get(
+        target, getattr(target, "__name__", target))
+    raise ValueError(f"config key {key!r}: expected {expected}, got {value!r}")
 
 
 def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False) -> T:

@@ -99,3 +99,32 @@ def test_the_start_up_log_names_only_the_knobs_that_differ_from_their_defaults(c
     assert lines[0].endswith("knobs: bits=3, scorer='loss'")
     assert lines[1].endswith("knobs: defaults")
     assert all(len(line) < 120 for line in lines)
+
+
+@pytest.mark.parametrize(("mapping", "key", "words"), [
+    ({"score-threshold": float("nan")}, "score-threshold", "a finite float"),
+    ({"lr": float("inf")}, "lr", "a finite float"),
+    ({"resend": "yes"}, "resend", "true or false"),
+    ({"stochastic": 2}, "stochastic", "true or false"),
+    ({"stochastic": "1"}, "stochastic", "true or false"),
+])
+def test_non_finite_floats_and_non_boolean_booleans_are_refused(mapping, key, words):
+    with pytest.raises(ValueError, match=f"'{key}': expected {words}"):
+        from_mapping(DQConfig, mapping)
+
+
+def test_a_client_refuses_a_round_config_with_a_nan_threshold_before_any_work():
+    import numpy as np
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+    from dq_flower.client import dq_train
+    from dq_flower.harness.inprocess import InProcessGrid
+    InProcessGrid(lambda m, c: m, 1)  # a server identity for the message below
+    cfg = ConfigRecord({"server-round": 1, "round-seed": 7, "budget": 5,
+                        "score-threshold": float("nan"), "selection-rule": "threshold"})
+    msg = Message(RecordDict({"config": cfg}), dst_node_id=1, message_type=MessageType.TRAIN)
+    context = Context(run_id=1, node_id=1, state=RecordDict(), run_config={},
+                      node_config={"partition-id": 0})
+    data = (np.zeros((10, 4), dtype=np.float32), np.zeros(10, dtype=np.int64))
+    with pytest.raises(ValueError, match="'score-threshold': expected a finite float"):
+        dq_train(msg, context, data)
