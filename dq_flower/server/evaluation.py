@@ -2,7 +2,9 @@
 
 Replies go through the round pipeline's origin and duplicate checks
 (:mod:`dq_flower.server.pipeline`), and their example counts are capped against the round's
-median (``weight-cap``), so one node's claimed count cannot set the federation's metrics.
+median, and each metric is a trimmed mean across the nodes (the lowest and highest fifth
+dropped, then weighted by the capped counts), so one node of five cannot set the
+federation's metrics by its count or by its values.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
@@ -18,12 +19,15 @@ from dq_flower.codecs import PayloadError
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.common import sample_node_ids
 from dq_flower.server.pipeline import RoundLedger, screen_replies
-from dq_flower.server.robust import cap_weights
+from dq_flower.server.robust import cap_weights, trimmed_weighted_mean
 
 __all__ = ["FederatedEvaluation"]
 
 #: Largest ``num-examples`` an evaluate reply may claim.
 MAX_EVAL_EXAMPLES = 1 << 31
+#: Largest magnitude of a metric value that is used (larger ones are dropped, as NaN is):
+#: every weighted sum of them stays finite.
+MAX_METRIC = 1e30
 
 
 def _evaluation(msg: Message) -> tuple[float, dict[str, float]]:
@@ -37,7 +41,7 @@ def _evaluation(msg: Message) -> tuple[float, dict[str, float]]:
         raise PayloadError(f"evaluate num-examples={n!r}")
     values = {k: float(v) for k, v in rec.items()
               if k != "num-examples" and isinstance(v, (int, float))
-              and not isinstance(v, bool) and np.isfinite(v)}
+              and not isinstance(v, bool) and abs(float(v)) <= MAX_METRIC}
     return float(n), values
 
 
@@ -48,13 +52,17 @@ class FederatedEvaluation:
     ``ArrayRecord`` under ``arrays`` and a config under ``config`` (the layout of Flower's
     ``FedAvg``, so a ClientApp's usual ``@app.evaluate()`` handler works), and their
     ``MetricRecord`` replies are averaged weighted by ``num-examples``, each count capped
-    at ``evaluate_weight_cap`` times the round's median count.
+    at ``evaluate_weight_cap`` times the round's median count, after the lowest and the
+    highest ``evaluate_trim`` of the nodes' values of each metric are dropped (none with
+    fewer than five nodes at the default 0.2). Values that are not finite or exceed
+    :data:`MAX_METRIC` in magnitude are dropped.
     """
 
     fraction_evaluate: float = 0.0
     min_evaluate_nodes: int = 1
     seed: int = 0
     evaluate_weight_cap: float = 2.0
+    evaluate_trim: float = 0.2
 
     def _evaluate_ledger(self) -> RoundLedger:
         ledger: Any = self.__dict__.setdefault("_eval_ledger", RoundLedger())
@@ -83,9 +91,11 @@ class FederatedEvaluation:
         if not screened.accepted:
             return None
         weights = cap_weights([n for n, _ in screened.accepted], self.evaluate_weight_cap)
-        totals: dict[str, float] = {}
+        per_key: dict[str, tuple[list[float], list[float]]] = {}
         for weight, (_, values) in zip(weights, screened.accepted, strict=True):
             for key, value in values.items():
-                totals[key] = totals.get(key, 0.0) + weight * value
-        total = float(sum(weights))
-        return MetricRecord({k: v / total for k, v in totals.items()})
+                per_key.setdefault(key, ([], []))
+                per_key[key][0].append(value)
+                per_key[key][1].append(weight)
+        return MetricRecord({key: trimmed_weighted_mean(vals, wts, self.evaluate_trim)
+                             for key, (vals, wts) in per_key.items()})

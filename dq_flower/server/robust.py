@@ -36,13 +36,15 @@ holds for any model and data without tuning:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
-__all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "clip_norms", "clip_to_median",
+__all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "trimmed_weighted_mean", "clip_norms",
+           "clip_to_median",
            "cosines_with_others", "cap_weights", "DirectionScreen",
            "NormScreen", "StepGuard"]
 
@@ -148,6 +150,22 @@ def aggregate(vectors: list[np.ndarray], weights: list[float], rule: str = "mean
     if rule == "trimmed-mean":
         return np.asarray(trim_mean(stacked, trim_fraction), dtype=np.float32)
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {rule!r}")
+
+
+def trimmed_weighted_mean(values: list[float], weights: list[float], trim: float) -> float:
+    """The weighted mean of ``values`` without their ``floor(trim * n)`` lowest and highest.
+
+    None are dropped with fewer than ``1 / trim`` values; ``math.fsum`` keeps the sums
+    exact and finite for inputs of magnitude up to ``1e300 / n``.
+    """
+    n = len(values)
+    if n == 0 or len(weights) != n:
+        raise ValueError("trimmed_weighted_mean needs one weight per value, at least one")
+    k = int(np.floor(max(trim, 0.0) * n + 1e-9)) if n > 2 else 0
+    order = sorted(range(n), key=lambda i: values[i])
+    kept = order[k:n - k]
+    total = math.fsum(weights[i] for i in kept)
+    return math.fsum(weights[i] * values[i] for i in kept) / total
 
 
 def cap_weights(weights: list[float], factor: float = 2.0) -> list[float]:

@@ -142,8 +142,50 @@ def test_federated_evaluation_caps_a_claimed_example_count():
     messages = strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid)
     replies = grid.send_and_receive(messages)
     metrics = strategy.aggregate_evaluate(1, [*replies, replies[-1]])
-    # the claim weighs as 2x the median (200 of 600): accuracy (4*50 + 200) / 600
-    assert metrics["accuracy"] == pytest.approx(400 / 600)
+    # the highest value (the claim's) and the lowest are trimmed: the honest 0.5
+    assert metrics["accuracy"] == pytest.approx(0.5)
+    strategy.evaluate_trim = 0.0  # without the trim the claim weighs 2x the median
+    messages = strategy.configure_evaluate(2, ArrayRecord(), ConfigRecord(), grid)
+    metrics = strategy.aggregate_evaluate(2, grid.send_and_receive(messages))
+    assert metrics["accuracy"] == pytest.approx(400 / 600)  # (4*50 + 200) / 600
+
+
+def _evaluation_round(contents: dict[int, dict]) -> dict:
+    strategy = _Evaluation()
+
+    def fake_client(msg, _context):
+        return Message(RecordDict({"metrics": MetricRecord(contents[msg.metadata.dst_node_id])}),
+                       reply_to=msg)
+
+    grid = InProcessGrid(fake_client, len(contents))
+    messages = strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid)
+    return dict(strategy.aggregate_evaluate(1, grid.send_and_receive(messages)))
+
+
+HONEST = [(0.87, 0.41, 359), (0.88, 0.39, 360), (0.90, 0.33, 359), (0.91, 0.30, 360)]
+
+
+@pytest.mark.parametrize("claim", [
+    {"eval-acc": 0.0, "eval-loss": 1e308, "num-examples": 360},
+    {"eval-acc": 0.0, "eval-loss": 50.0, "num-examples": 2**31 - 1},
+    {"eval-acc": 1.0, "eval-loss": 0.0, "num-examples": 2**31 - 1},
+])
+def test_one_node_in_five_moves_the_evaluation_figures_by_at_most_a_few_points(claim):
+    contents = {node(i): {"eval-acc": acc, "eval-loss": loss, "num-examples": n}
+                for i, (acc, loss, n) in enumerate(HONEST)}
+    honest = _evaluation_round(contents)
+    contents[node(4)] = claim
+    attacked = _evaluation_round(contents)
+    # honest figures 0.890 / 0.358; the same averages with the claim, within 3 points
+    assert abs(attacked["eval-acc"] - honest["eval-acc"]) < 0.03, (honest, attacked)
+    assert np.isfinite(attacked["eval-loss"]) and abs(attacked["eval-loss"]
+                                                      - honest["eval-loss"]) < 0.05
+
+
+def test_a_huge_metric_is_dropped_and_the_sums_stay_finite():
+    contents = {node(i): {"eval-loss": 1e29 if i else 1e31, "num-examples": 10}
+                for i in range(2)}
+    assert _evaluation_round(contents)["eval-loss"] == pytest.approx(1e29)
 
 
 # ---------------------------------------------------------------------------- DQ
