@@ -64,6 +64,12 @@ class CompressionConfig:
     norm_bound_factor : float
         Reject an update whose norm exceeds this multiple of the recent rounds' median
         norms (default 5; 0: off; see :mod:`dq_flower.server.robust`).
+    min_cosine : float
+        Leave out of the round a node whose updates' mean cosine with the others' mean,
+        over its last 10 rounds (from its third), is below this (default -0.1, as the
+        gradient baselines; -1: off; see :class:`dq_flower.server.robust.DirectionScreen`).
+        A reversed or sign-flipped client points against the others every round; an honest
+        one, on average, does not.
     seed : int
         Root of the clients' stochastic rounding (with the round and the node).
     """
@@ -81,6 +87,7 @@ class CompressionConfig:
     clip_factor: float = 0.0
     weight_cap: float = 10.0
     norm_bound_factor: float = 5.0
+    min_cosine: float = -0.1
     seed: int = client_knob(0)
 
     def __post_init__(self) -> None:
@@ -91,6 +98,7 @@ class CompressionConfig:
         check_choice(self.per_tensor, PER_TENSOR, "per_tensor")
         check_choice(self.downlink, DOWNLINKS, "downlink")
         check_off_or_more(self, ("norm_bound_factor", "clip_factor", "weight_cap"))
+        check(-1.0 <= self.min_cosine <= 1.0, "min_cosine", "must lie in [-1, 1]")
         # the codec, its parameters and the coder: "context" stays for the codecs whose
         # codes it models (qsgd, terngrad) and is zlib for the others
         object.__setattr__(self, "entropy_coder", self.gradient_config().entropy_coder)

@@ -37,7 +37,7 @@ from dq_flower.protocol.gradient import decode_update, update_keys
 from dq_flower.server.base import ServerFigures
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors, screen_replies
-from dq_flower.server.robust import NormScreen
+from dq_flower.server.robust import DirectionScreen, NormScreen
 
 __all__ = ["CompressedUpdates", "MAX_EXAMPLES"]
 
@@ -135,6 +135,7 @@ class CompressedUpdates(ServerFigures, Strategy):
         self.codec = self.cfg.gradient_config().make_codec()
         self.weight_key = str(getattr(strategy, "weighted_by_key", "num-examples"))
         self.norms = NormScreen(self.cfg.norm_bound_factor)
+        self.directions = DirectionScreen(self.cfg.min_cosine)
         self.ledger = RoundLedger()
         self._sent: dict[int, dict[int, _Sent]] = {}
 
@@ -194,9 +195,11 @@ class CompressedUpdates(ServerFigures, Strategy):
         screened.nodes = [int(d.msg.metadata.src_node_id) for d in decoded]
         bounded = bound_vectors([d.update for d in decoded], [d.weight for d in decoded],
                                 self.norms, clip_factor=self.cfg.clip_factor,
-                                weight_cap=self.cfg.weight_cap)
+                                weight_cap=self.cfg.weight_cap, directions=self.directions,
+                                nodes=screened.nodes)
         screened.keep(bounded.reasons)
-        decoded = screened.accepted
+        # a valid reply that keeps pointing against the others: not rejected, left out
+        decoded = [d for d, a in zip(screened.accepted, bounded.agree, strict=True) if a]
         for d, update, weight in zip(decoded, bounded.vectors, bounded.weights, strict=True):
             self._rebuild(d, sent[int(d.msg.metadata.src_node_id)], update, weight)
         passed = [m for m in screened.replies if m.has_error()] + [d.msg for d in decoded]
@@ -210,9 +213,11 @@ class CompressedUpdates(ServerFigures, Strategy):
             arrays = None
         figures.down_payload_bits = sum(e.down_bits for e in sent.values())
         figures.close(screened, len(decoded))
-        self.record_figures(server_round, figures.metrics())
+        self.record_figures(server_round, {**figures.metrics(),
+                                           "misaligned": len(bounded.misaligned)})
         log_round(NAME, server_round, f"{len(decoded)} updates decoded, rejected "
-                  f"{figures.rejected}, failed {figures.failed}, up "
+                  f"{figures.rejected}, left out {len(bounded.misaligned)}, failed "
+                  f"{figures.failed}, up "
                   f"{figures.up_payload_bits} payload bits")
         return arrays, metrics
 
@@ -233,11 +238,12 @@ class CompressedUpdates(ServerFigures, Strategy):
 
         The inner strategy's own state, if any, is the inner strategy's to keep.
         """
-        return {"norms": self.norms.state_dict()}
+        return {"norms": self.norms.state_dict(), "directions": self.directions.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
         self.norms.load_state_dict(state["norms"])
+        self.directions.load_state_dict(state.get("directions", {}))
 
     # ------------------------------------------------------------------ internals
     def _prepare(self, msg: Message) -> _Sent:

@@ -109,10 +109,11 @@ GRADIENT_METHODS: dict[str, dict[str, Any]] = {
 #: (``levels`` 7), scaled sign with error feedback, top 1 % with error feedback, IEEE half
 #: precision both ways, and float32 (``fedavg-fp32``: Flower's FedAvg round for round, its
 #: upload given the lossless ``entropy-coder`` stage). Like Flower's ``FedAvg`` they take the
-#: plain example-weighted mean (``clip-factor`` and ``weight-cap`` 0; the wrapper's norm
-#: screen stays), so the comparison is against FedAvg itself.
+#: plain example-weighted mean (``clip-factor`` and ``weight-cap`` 0, ``min-cosine`` -1:
+#: no direction screen; the wrapper's norm screen stays), so the comparison is against
+#: FedAvg itself.
 FEDAVG_EPOCH = {"local-epochs": 1, "clip-factor": 0.0, "weight-cap": 0.0,
-                "downlink": "float32"}
+                "min-cosine": -1.0, "downlink": "float32"}
 FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
     "fedavg-qsgd2": {"codec": "qsgd", "levels": 1, **FEDAVG_EPOCH},
     "fedavg-qsgd4": {"codec": "qsgd", "levels": 7, **FEDAVG_EPOCH},

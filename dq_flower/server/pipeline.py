@@ -179,7 +179,8 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     The median norm is taken over the vectors that passed the norm screen (those that did
     not get a reason in :attr:`Bounded.reasons`); with a ``directions`` screen the clipped
     vector of a node that keeps pointing against the mean of the others is then left out
-    of the mean (:class:`~dq_flower.server.robust.DirectionScreen`; its node in
+    of the mean (:class:`~dq_flower.server.robust.DirectionScreen`, on the vectors clipped
+    to the median norm whatever ``clip_factor`` is; its node in
     :attr:`Bounded.misaligned`). One client in five that sends a scaled update moves the
     mean by at most one median norm times its (capped) weight share; one that sends a
     sign-flipped update is left out. ``vectors`` and ``weights`` of the result are the
@@ -191,7 +192,9 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     kept = [v for v, k in zip(vectors, passed, strict=True) if k]
     kept = clip_norms(clip_to_median(kept, clip_factor), clip_norm)
     kept_nodes = [n for n, k in zip(nodes, passed, strict=True) if k]
-    agree = (directions.keep(kept_nodes, kept) if directions is not None
+    # directions compared at no more than the median norm whatever the clip: one scaled,
+    # reversed vector must not turn the "mean of the others" of every honest one around
+    agree = (directions.keep(kept_nodes, clip_to_median(kept, 1.0)) if directions is not None
              else [True] * len(kept))
     reasons: list[str | None] = [
         None if k else (f"{what} norm is implausibly large against the other clients' "

@@ -76,7 +76,9 @@ def test(net: nn.Module) -> tuple[float, float]:
     return loss, (logits.argmax(1).numpy() == y).mean().item()
 
 
-def make_app(mods=()) -> ClientApp:
+def make_app(mods=(), hostile_scale: float | None = None) -> ClientApp:
+    """The quickstart's ClientApp; with ``hostile_scale`` node 0 sends its update scaled
+    by it (``-4``: four times the honest step, reversed), before any mod codes it."""
     app = ClientApp(mods=list(mods))
 
     @app.train()
@@ -87,8 +89,12 @@ def make_app(mods=()) -> ClientApp:
         loader = load_data(context.node_config["partition-id"],
                            context.node_config["num-partitions"])
         loss = train(model, loader, 1, float(msg.content["config"]["lr"]))
+        state = model.state_dict()
+        if hostile_scale is not None and int(context.node_config["partition-id"]) == 0:
+            start = msg.content["arrays"].to_torch_state_dict()
+            state = {k: start[k] + hostile_scale * (v - start[k]) for k, v in state.items()}
         metrics = MetricRecord({"train_loss": loss, "num-examples": len(loader.dataset)})
-        content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+        content = RecordDict({"arrays": ArrayRecord(state), "metrics": metrics})
         return Message(content=content, reply_to=msg)
 
     return app

@@ -49,13 +49,14 @@ def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
     return MetricRecord({"accuracy": acc, "loss": loss})
 
 
-def run(inner, wrap: dict | None, rounds: int, lr: float = 0.05, nodes: int = 4):
+def run(inner, wrap: dict | None, rounds: int, lr: float = 0.05, nodes: int = 4,
+        hostile_scale: float | None = None):
     """One run of the digits app: (uplink bytes, downlink bytes, Result)."""
     torch.manual_seed(0)
     model = Net()
     strategy = dq_flower.CompressedUpdates(inner, **wrap) if wrap is not None else inner
     mods = [dq_flower.compression_mod] if wrap is not None else []
-    grid = dq_flower.MeasuredGrid(InProcessGrid(make_app(mods), nodes))
+    grid = dq_flower.MeasuredGrid(InProcessGrid(make_app(mods, hostile_scale), nodes))
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=rounds, train_config=ConfigRecord({"lr": lr}),
                             evaluate_fn=central)
@@ -81,6 +82,27 @@ def test_qsgd2_cuts_fedavg_uplink_8x_and_learns():
     assert 0 < figures["up-payload-bits"] <= 8 * up
     assert "up-payload-bits" not in coded.train_metrics_clientapp[3]
     assert "train_loss" in coded.train_metrics_clientapp[3]
+
+
+def test_a_reversed_four_times_update_is_left_out_by_the_direction_screen():
+    """One node of five sends -4x its update (a fault as much as an attack): at the
+    defaults FedAvg inside the wrapper ends within 5 points of the honest control; with
+    the direction screen off (``min_cosine=-1``) the same node wrecks the model."""
+    wrapped = {**QSGD2}
+    _, _, control = run(FedAvg(fraction_evaluate=0.0), wrapped, rounds=20, nodes=5)
+    _, _, attacked = run(FedAvg(fraction_evaluate=0.0), wrapped, rounds=20, nodes=5,
+                         hostile_scale=-4.0)
+    _, _, unscreened = run(FedAvg(fraction_evaluate=0.0), {**QSGD2, "min_cosine": -1.0},
+                           rounds=20, nodes=5, hostile_scale=-4.0)
+    assert accuracy(attacked, 20) >= accuracy(control, 20) - 0.05, (
+        accuracy(attacked, 20), accuracy(control, 20))
+    assert accuracy(unscreened, 20) < accuracy(control, 20) - 0.3
+    # from its third round on the node is left out (or, at times, rejected for its norm);
+    # no honest node is: directions are compared at the median norm
+    figures = [attacked.evaluate_metrics_serverapp[r] for r in range(1, 21)]
+    screened = [int(f["misaligned"]) + int(f["rejected"]) for f in figures]
+    assert screened[:2] == [0, 0] and all(n == 1 for n in screened[2:]), screened
+    assert sum(int(f["misaligned"]) for f in figures) >= 12, screened
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ model must stay finite.
 """
 
 import json
-import zlib
 
 import numpy as np
 import torch
@@ -22,6 +21,7 @@ from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods_builtin import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
+from tests.faults.ranges_edit import sample_ranges, set_sample_ranges
 
 TASK = TaskConfig(num_partitions=4, model="logreg", seed=5)
 # samples entropy-coded, the compensation raw (its values are what the mutations edit)
@@ -78,36 +78,13 @@ def _info(content, name, dtype):
     return np.frombuffer(content["sample-info"][name].data, dtype=dtype).copy()
 
 
-# ----------------------------------------------------------------- mutations (all invalid)
+# ----------------------------------------------------------------- ranges, as sent
 def _range_buffer(content):
     """The samples' per-row ranges as sent: the coded ``ranges`` stream or raw ``scales``."""
     return "ranges" if "ranges" in content["samples"] else "scales"
 
 
-def _ranges(content):
-    """The samples' ``(mins, scales)`` as float32 arrays, undoing the ranges coder."""
-    samples = content["samples"]
-    if "ranges" in samples:
-        raw = np.frombuffer(zlib.decompress(bytes(samples["ranges"].data)), dtype=np.float32)
-        half = raw.size // 2
-        return raw[:half].copy(), raw[half:].copy()
-    return (np.frombuffer(samples["mins"].data, dtype=np.float32).copy(),
-            np.frombuffer(samples["scales"].data, dtype=np.float32).copy())
-
-
-def _set_ranges(content, mins, scales):
-    """Write ``(mins, scales)`` back in the form the reply carried them, header kept exact."""
-    if "ranges" not in content["samples"]:
-        content["samples"]["mins"] = _raw(mins.astype(np.float32).tobytes(), "float32")
-        content["samples"]["scales"] = _raw(scales.astype(np.float32).tobytes(), "float32")
-        return
-    old = len(content["samples"]["ranges"].data)
-    stream = zlib.compress(np.concatenate([mins, scales]).astype(np.float32).tobytes(), 9)
-    content["samples"]["ranges"] = _raw(stream, "uint8")
-    header = _header(content)
-    header["buffers"]["ranges"][1] = len(stream)
-    header["nbits"] += 8 * (len(stream) - old)
-    _set_header(content, header)
+_ranges, _set_ranges = sample_ranges, set_sample_ranges
 
 
 # ----------------------------------------------------------------- mutations (all invalid)

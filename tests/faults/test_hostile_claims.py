@@ -20,6 +20,7 @@ from flwr.app import ConfigRecord, Message
 from dq_flower.dq.strategy import DQStrategy
 from dq_flower.dq.validation import VALUE_FACTOR
 from dq_flower.harness.inprocess import InProcessGrid
+from tests.faults.ranges_edit import sample_ranges, set_sample_ranges
 
 from .digits_attack import (
     HOSTILE,
@@ -93,8 +94,8 @@ def spans_500(content, server_round):
 @edits
 def samples_all_500(content, server_round):
     """Item 3: per-sample ranges whose every value decodes to 500."""
-    content["samples"]["mins"] = raw(np.full_like(buffer(content, "samples", "mins"), 500.0))
-    content["samples"]["scales"] = raw(np.zeros_like(buffer(content, "samples", "scales")))
+    mins, scales = sample_ranges(content)
+    set_sample_ranges(content, np.full_like(mins, 500.0), np.zeros_like(scales))
 
 
 @edits
