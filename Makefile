@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 # mkdocs prints a banner about MkDocs 2.0 on every build unless told not to
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: venv demo test docs bench clean
+.PHONY: venv demo test docs bench dist clean
 
 $(BIN)/dq-flower: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,8 +38,14 @@ bench: $(BIN)/dq-flower
 	$(BIN)/python benchmarks/codecs.py
 	$(BIN)/python benchmarks/overhead.py
 
+# the sdist and the wheel, into dist/ (from this checkout, with the venv's setuptools:
+# no download); tests/test_install.py installs the wheel into a fresh environment
+dist: $(BIN)/dq-flower
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info site
+	rm -rf $(VENV) build dist *.egg-info site
 
 # Mutation testing, not part of CI (install mutmut first: $(BIN)/pip install mutmut).
 # mutmut mutates the modules that carry DQ's state and numbers (setup.cfg [mutmut]) in a

@@ -3,7 +3,7 @@
 Side by side in one run, on the same data file and server:
 
 - **installed size**: the packages a device installs, summed from each distribution's
-  ``RECORD``: the base install (``pip install dq-flower``: Flower and numpy) in a fresh
+  ``RECORD``: the base install (this checkout without extras: Flower and numpy) in a fresh
   virtual environment this script creates (``--venv``; pip fetches flwr and numpy from
   the package index once), against the full one (the ``server`` extra: PyTorch and the
   rest) as installed in this interpreter's environment;
@@ -99,7 +99,7 @@ def edge_venv(path: Path) -> str:
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
         t0 = time.perf_counter()
         subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO)], check=True)
-        print(f"pip install dq-flower (base) into {path}: {time.perf_counter() - t0:.0f} s")
+        print(f"pip install <checkout> (base) into {path}: {time.perf_counter() - t0:.0f} s")
     probe = subprocess.run([str(python), "-c", "import torch"], capture_output=True)
     if probe.returncode == 0:
         raise SystemExit(f"{path} has PyTorch; it must hold the base install only")

@@ -96,7 +96,9 @@ def main() -> None:
             reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"),
                             reply_to=msg)
         seconds = time.perf_counter() - t0
+        package = sys.modules.get("dq_flower")
         status = {"torch": "torch" in sys.modules, "seconds": seconds,
+                  "package": getattr(package, "__file__", None),
                   "maxrss_kb": peak_rss_kb(),
                   "import_s": import_s}
         write_frame(stdout, message_to_proto(reply).SerializeToString())

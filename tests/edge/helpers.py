@@ -31,24 +31,27 @@ class SubprocessClient:
     The node's ``Context`` travels both ways, so its ``state`` persists across rounds as on
     a SuperNode. ``statuses`` keeps the worker's status after each call. ``python`` is the
     interpreter (default: this one), e.g. a virtual environment's without PyTorch; ``app``
-    (``module:name``) a ClientApp to serve instead of the package's. Use as a context
+    (``module:name``) a ClientApp to serve instead of the package's; ``checkout=False``
+    keeps this checkout off its path (the package from ``python``'s environment). Use as a context
     manager: leaving stops the worker by its pid.
     """
 
     def __init__(self, *, block_torch: bool = False, import_torch: bool = False,
                  block_log: Path | None = None, python: str | None = None,
-                 app: str | None = None) -> None:
+                 app: str | None = None, checkout: bool = True) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+            p for p in ((str(REPO),) if checkout else ()) + (env.get("PYTHONPATH", ""),) if p)
         env["OMP_NUM_THREADS"] = "1"
         if block_log is not None:
             env["DQ_TORCH_BLOCK_LOG"] = str(block_log)
         cmd = [python or sys.executable, str(WORKER)]
         cmd += (["--block-torch"] if block_torch else []) + (
             ["--import-torch"] if import_torch else []) + (["--app", app] if app else [])
+        # checkout=False: the package comes from ``python``'s own environment (an installed
+        # wheel), never from this checkout
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=env, cwd=str(REPO))
+                                     env=env, cwd=str(REPO if checkout else HERE))
         self.statuses: list[dict] = []
 
     def __call__(self, msg: Message, context: Context) -> Message:
