@@ -45,13 +45,19 @@ def installed(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=120)
     python = venv / "bin" / "python"
+    # a clean environment and a folder of its own: with this checkout on the path (an
+    # earlier simulation may have put it on PYTHONPATH) pip would find the checkout's
+    # egg-info and install nothing
     done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
                            "--no-index", "--no-deps", "--quiet", str(wheels[0])],
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=300, check=False,
+                          cwd=base, env=_env(base))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     purelib = subprocess.run([str(python), "-c", "import sysconfig; "
-                              "print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+                              "print(sysconfig.get_paths()['purelib'])"], cwd=base,
+                             env=_env(base), capture_output=True, text=True,
+                             check=True).stdout.strip()
+    assert (Path(purelib) / "dq_flower" / "__init__.py").exists(), list(Path(purelib).iterdir())
     Path(purelib, "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
 

@@ -40,8 +40,11 @@ class SubprocessClient:
                  block_log: Path | None = None, python: str | None = None,
                  app: str | None = None, checkout: bool = True) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in ((str(REPO),) if checkout else ()) + (env.get("PYTHONPATH", ""),) if p)
+        if checkout:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        else:  # nothing of this process's path (a simulation may have set PYTHONPATH)
+            env.pop("PYTHONPATH", None)
         env["OMP_NUM_THREADS"] = "1"
         if block_log is not None:
             env["DQ_TORCH_BLOCK_LOG"] = str(block_log)

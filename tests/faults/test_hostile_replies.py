@@ -28,6 +28,7 @@ from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.model_ops import get_flat
 from dq_flower.protocol.dq_batch import GRADIENT_KEY
+from tests.faults.ranges_edit import sample_ranges, set_sample_ranges
 
 TASK = TaskConfig(num_partitions=4, model="logreg", seed=7)
 
@@ -117,7 +118,8 @@ def test_extreme_sample_weights_and_ranges_are_rejected():
     replies = _round(strategy, 2, grid)
     heavy, wide = _copy(replies[0]), _copy(replies[1])
     _scale(heavy, "sample-info", "weights", 1e20)
-    _scale(wide, "samples", "scales", 1e30)
+    mins, scales = sample_ranges(wide.content)  # coded or raw, as the reply carries them
+    set_sample_ranges(wide.content, mins, scales * np.float32(1e30))
     _, metrics = strategy.aggregate_train(2, [*replies[2:], heavy, wide])
     assert metrics["rejected"] == 2 and metrics["replies"] == 2
     assert np.isfinite(get_flat(strategy.model)).all()
