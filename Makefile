@@ -51,7 +51,7 @@ clean:
 # mutmut mutates the modules that carry DQ's state and numbers (setup.cfg [mutmut]) in a
 # scratch copy of the repository and runs, for each mutant, the selected fast tests that
 # cover the mutated function (-x, not slow); then prints the kill rate per module and the
-# surviving mutants. MUTANTS='dq_flower.dq.store*' limits a run to one module.
+# surviving mutants. MUTANTS='dq_flower.dq.server.store*' limits a run to one module.
 MUTATE_DIR ?= /tmp/dq-flower-mutate
 MUTANTS ?=
 .PHONY: mutate

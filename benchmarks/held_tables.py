@@ -2,7 +2,7 @@
 
 Where the server cannot yet name the node it asks (partial participation over many
 clients), a train message carries one entry per client identity: its ask and the rows the
-server holds of it (:mod:`dq_flower.dq.held`). Each client decodes the whole table, on the
+server holds of it (:mod:`dq_flower.wire.held`). Each client decodes the whole table, on the
 PyTorch path and the torch-free path alike. This prints the table's size and the median
 encode and decode times for 4,000 to 100,000 clients (each holding 600 rows, about 180 of
 them held), and the decode time per MB relative to the smallest table: about 1 where the
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from dq_flower.dq.held import decode_table, encode_held, encode_table, table_entry
+from dq_flower.wire.held import decode_table, encode_held, encode_table, table_entry
 
 
 def entries(clients: int, seed: int = 0) -> dict[int, tuple[int, bytes]]:

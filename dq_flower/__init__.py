@@ -24,14 +24,14 @@ from dq_flower.baselines.config import GradientConfig
 from dq_flower.dq.config import DQConfig
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.simulate import simulate
-from dq_flower.protocol.spec import DataSpec
+from dq_flower.wire.spec import DataSpec
 
 if TYPE_CHECKING:
     from dq_flower.baselines.strategy import GradientStrategy
     from dq_flower.compression.config import CompressionConfig
     from dq_flower.compression.mod import compression_mod
     from dq_flower.compression.strategy import CompressedUpdates
-    from dq_flower.dq.strategy import DQStrategy
+    from dq_flower.dq.server.strategy import DQStrategy
 
 __all__ = [
     "DQStrategy",
@@ -53,7 +53,8 @@ __version__ = "0.1.0"
 
 #: The strategies (and the compression wrapper and mod) may need PyTorch: imported on first
 #: use, so that a client device without PyTorch can ``import dq_flower.client``.
-_LAZY = {"DQStrategy": "dq_flower.dq.strategy", "GradientStrategy": "dq_flower.baselines.strategy",
+_LAZY = {"DQStrategy": "dq_flower.dq.server.strategy",
+         "GradientStrategy": "dq_flower.baselines.strategy",
          "CompressedUpdates": "dq_flower.compression.strategy",
          "compression_mod": "dq_flower.compression.mod",
          "CompressionConfig": "dq_flower.compression.config"}

@@ -16,7 +16,7 @@ from flwr.app import Context
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.client_state import encode_keeping_state
 from dq_flower.codecs import ErrorFeedback, Payload
-from dq_flower.protocol.gradient import uses_error_feedback
+from dq_flower.wire.gradient import uses_error_feedback
 
 __all__ = ["encode_update", "segments"]
 

@@ -30,7 +30,7 @@ from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.tasks.data import load_dataset_cached
-from dq_flower.protocol.dq_batch import quantizer_for
+from dq_flower.wire.dq_batch import quantizer_for
 
 
 def bytes_per_sample(x: np.ndarray, stochastic: bool, bits: int, seed: int) -> float:

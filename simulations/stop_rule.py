@@ -9,9 +9,9 @@ and from where the plateau phase stops), and the rows' outcomes are paired: rows
 models get wrong, rows only one of them gets wrong, plus a ``churn`` of rows on which the
 two models err independently (as two trainings of one model do: about 10% of the rows
 then tell them apart). The comparison's figures go to
-:class:`~dq_flower.dq.schedule.AdaptiveSchedule` exactly as the server gives them.
+:class:`~dq_flower.dq.server.schedule.AdaptiveSchedule` exactly as the server gives them.
 
-- **new rule**: :class:`~dq_flower.dq.schedule.AdaptiveSchedule` as the server runs it
+- **new rule**: :class:`~dq_flower.dq.server.schedule.AdaptiveSchedule` as the server runs it
   (every held-out row, per doubling, pooled, 95% bound, two comparisons at least);
 - **old rule** (before this change): the rows held out of the round's own uploads only,
   stop at once when ``gain + 1 stderr < min_gain``.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.schedule import AdaptiveSchedule, PairedGain
+from dq_flower.dq.server.schedule import AdaptiveSchedule, PairedGain
 
 HOLDOUT = 0.1
 #: The store's largest growth a round: the package's default.

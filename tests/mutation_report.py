@@ -23,7 +23,8 @@ LINE = re.compile(r"^\s*(\S+): (.+)$")
 
 
 def module_of(mutant: str) -> str:
-    """``dq_flower.dq.store.xǁSampleStoreǁadd__mutmut_3`` -> ``dq_flower.dq.store``."""
+    """``dq_flower.dq.server.store.xǁSampleStoreǁadd__mutmut_3`` -> ``dq_flower.dq.server.store``.
+    """
     return re.split(r"\.x[_ǁ]", mutant, maxsplit=1)[0]
 
 

@@ -3,12 +3,13 @@
 Every rule counts every import statement of a module: at module level, inside functions
 (lazy imports) and under ``TYPE_CHECKING``.
 
-- No server module imports a client module.
-- No client module imports a server module (``dq_flower.server`` or a strategy); what
-  both ends share lives in neutral modules (``dq_flower.seeding``, ``dq_flower.protocol``,
-  ``dq_flower.codecs``, ...).
-- Nothing in ``dq_flower/protocol/`` imports ``dq_flower.baselines`` or ``dq_flower.dq``:
-  the wire formats sit below the methods that use them.
+- No server module (``dq_flower.server``, ``dq_flower.dq.server``, a strategy) imports a
+  client module (``dq_flower.dq.client``, the client functions and mods), and no client
+  module imports a server module; what both ends share lives in neutral modules
+  (``dq_flower.wire``, ``dq_flower.codecs``, ``dq_flower.seeding``, ``dq_flower.dq.config``).
+- Nothing in ``dq_flower/wire/`` imports a method (``dq``, ``baselines``,
+  ``compression``), the server or a config class: the wire formats sit below the methods
+  that use them, and every format both ends read lives there.
 - The plugin (everything outside ``harness/``, ``compare/``, ``deploy/``, ``cli.py`` and
   ``cli_common.py``) never imports the harness, compare or deploy; the package root alone
   re-exports the harness's ``simulate`` and ``RunResult``.
@@ -26,23 +27,21 @@ import dq_flower
 
 ROOT = Path(dq_flower.__file__).resolve().parent
 
-#: Server modules: these and everything under ``dq_flower.server``.
-SERVER = {"dq_flower.dq.strategy", "dq_flower.dq.planner", "dq_flower.dq.store",
-          "dq_flower.dq.rows", "dq_flower.dq.identity", "dq_flower.dq.intake",
-          "dq_flower.dq.training", "dq_flower.dq.asks", "dq_flower.dq.gradient_rounds",
-          "dq_flower.dq.compensation", "dq_flower.dq.round_metrics",
-          "dq_flower.baselines.strategy",
-          "dq_flower.accounting", "dq_flower.compression.strategy",
-          "dq_flower.harness.server_app"}
-SERVER_PACKAGES = ("dq_flower.server",)
-CLIENT = {"dq_flower.dq.client", "dq_flower.dq.scoring", "dq_flower.dq.client_model",
-          "dq_flower.client_state", "dq_flower.update_coding",
+#: Server modules: these and everything under :data:`SERVER_PACKAGES`.
+SERVER = {"dq_flower.baselines.strategy", "dq_flower.accounting",
+          "dq_flower.compression.strategy", "dq_flower.harness.server_app"}
+SERVER_PACKAGES = ("dq_flower.server", "dq_flower.dq.server")
+#: Client modules: these and everything under :data:`CLIENT_PACKAGES`.
+CLIENT = {"dq_flower.client_state", "dq_flower.update_coding",
           "dq_flower.baselines.client", "dq_flower.client",
           "dq_flower.client.evaluate", "dq_flower.node", "dq_flower.data_input",
           "dq_flower.compression.mod", "dq_flower.harness.client_app",
           "dq_flower.harness.fedavg_client"}
-PROTOCOL = ("dq_flower.protocol",)
-METHODS = ("dq_flower.baselines", "dq_flower.dq")
+CLIENT_PACKAGES = ("dq_flower.dq.client",)
+WIRE = ("dq_flower.wire",)
+#: What the wire layer never imports: the methods and every config class.
+POLICY = ("dq_flower.baselines", "dq_flower.dq", "dq_flower.compression",
+          "dq_flower.server", "dq_flower.config", "dq_flower.knobs")
 OUTSIDE_PLUGIN = ("dq_flower.harness", "dq_flower.compare", "dq_flower.deploy",
                   "dq_flower.cli", "dq_flower.cli_common")
 
@@ -105,26 +104,40 @@ def _is_server(module: str) -> bool:
     return module in SERVER or _under(module, SERVER_PACKAGES)
 
 
+def _is_client(module: str) -> bool:
+    return module in CLIENT or _under(module, CLIENT_PACKAGES)
+
+
 def test_the_listed_modules_exist():
     missing = sorted(m for m in SERVER | CLIENT if m not in MODULES)
+    missing += [p for p in SERVER_PACKAGES + CLIENT_PACKAGES + WIRE if p not in MODULES]
     assert not missing, missing
 
 
 def test_no_server_module_imports_a_client_module():
     bad = [(mod, imp) for mod in MODULES if _is_server(mod) for imp in _imported(mod)
-           if imp in CLIENT]
+           if _is_client(imp)]
     assert not bad, bad
 
 
 def test_no_client_module_imports_a_server_module():
-    bad = [(mod, imp) for mod in sorted(CLIENT) for imp in _imported(mod) if _is_server(imp)]
+    bad = [(mod, imp) for mod in MODULES if _is_client(mod) for imp in _imported(mod)
+           if _is_server(imp)]
     assert not bad, bad
 
 
-def test_the_protocol_never_imports_the_methods():
-    bad = [(mod, imp) for mod in MODULES if _under(mod, PROTOCOL) for imp in _imported(mod)
-           if _under(imp, METHODS)]
+def test_the_wire_layer_imports_no_method_and_no_config():
+    bad = [(mod, imp) for mod in MODULES if _under(mod, WIRE) for imp in _imported(mod)
+           if _under(imp, POLICY)]
     assert not bad, bad
+
+
+def test_the_wire_layer_holds_every_encode_decode_pair():
+    # the formats both ends read live in wire/, not beside one end's policy
+    found = {mod for mod in MODULES for name in ("held", "dq_batch", "spec", "gradient",
+                                                 "compressed_update")
+             if mod.rsplit(".", 1)[-1] == name}
+    assert found and all(_under(mod, WIRE) for mod in found), sorted(found)
 
 
 def test_the_plugin_never_imports_the_harness():
@@ -164,7 +177,7 @@ def test_imports_have_no_cycle_lazy_ones_included():
 
 
 @pytest.mark.parametrize("source, forbidden", [
-    ("def f():\n    from dq_flower.dq.client import dq_train\n", "dq_flower.dq.client"),
+    ("def f():\n    from dq_flower.dq.client.train import dq_train\n", "dq_flower.dq.client.train"),
     ("def f():\n    import dq_flower.server.common\n", "dq_flower.server.common"),
 ])
 def test_the_checker_sees_a_lazy_import(tmp_path, source, forbidden):

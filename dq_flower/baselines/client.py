@@ -41,7 +41,9 @@ from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
 from dq_flower.model_ops import LossFn, get_flat, set_flat, weighted_loss_grad
 from dq_flower.node import node_key
-from dq_flower.protocol.gradient import (
+from dq_flower.seeding import Purpose, round_rng
+from dq_flower.update_coding import encode_update
+from dq_flower.wire.gradient import (
     METRICS_KEY,
     VOTE_PREFIX,
     model_crc,
@@ -49,9 +51,7 @@ from dq_flower.protocol.gradient import (
     update_keys,
     vote_from_payload,
 )
-from dq_flower.protocol.model import MODEL_KEY, decode_model_payload
-from dq_flower.seeding import Purpose, round_rng
-from dq_flower.update_coding import encode_update
+from dq_flower.wire.model import MODEL_KEY, decode_model_payload
 
 __all__ = [
     "gradient_train",

@@ -46,20 +46,20 @@ from dq_flower.model_ops import (
     set_flat,
     state_arrays,
 )
-from dq_flower.protocol.gradient import (
-    model_crc,
-    sign_step,
-    update_keys,
-    uses_error_feedback,
-    vote_from_payload,
-)
-from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
 from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors, screen_replies
 from dq_flower.server.robust import DirectionScreen, NormScreen, StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
+from dq_flower.wire.gradient import (
+    model_crc,
+    sign_step,
+    update_keys,
+    uses_error_feedback,
+    vote_from_payload,
+)
+from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
 
 __all__ = ["GradientStrategy", "majority_vote", "weighted_mean"]
 

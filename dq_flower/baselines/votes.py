@@ -1,7 +1,7 @@
 """Majority vote's 1-bit downlink: the votes a client lacks instead of the whole model.
 
 Under ``downlink="sign"`` each model update is a vote (the sign step of
-:func:`~dq_flower.protocol.gradient.sign_step`); a client holding model version ``v`` gets
+:func:`~dq_flower.wire.gradient.sign_step`); a client holding model version ``v`` gets
 the votes ``v+1 .. now`` when there are at most :data:`MAX_VOTES_BEHIND` of them, else the
 float32 model.
 """
@@ -12,8 +12,8 @@ import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
 from dq_flower.codecs import Payload, make
-from dq_flower.protocol.gradient import VOTE_PREFIX, vote_from_payload
-from dq_flower.protocol.model import MODEL_KEY
+from dq_flower.wire.gradient import VOTE_PREFIX, vote_from_payload
+from dq_flower.wire.model import MODEL_KEY
 
 __all__ = ["VoteDownlink", "MAX_VOTES_BEHIND"]
 

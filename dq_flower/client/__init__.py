@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dq_flower.client.evaluate import evaluate
-from dq_flower.dq.client import dq_train
+from dq_flower.dq.client.train import dq_train
 from dq_flower.torch_support import require_torch
 
 if TYPE_CHECKING:

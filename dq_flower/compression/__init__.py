@@ -5,5 +5,5 @@
 is its client mod, the pattern of Flower's own ``DifferentialPrivacyClientSideFixedClipping``
 and ``fixedclipping_mod``: the user's ``@app.train()`` runs unchanged, the mod codes the
 update it returns, and the wrapper screens and decodes every reply back into weights before
-the inner strategy aggregates. :mod:`dq_flower.compression.wire` is what both ends share.
+the inner strategy aggregates. :mod:`dq_flower.wire.compressed_update` is what both ends share.
 """

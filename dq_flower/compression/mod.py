@@ -28,13 +28,13 @@ from flwr.common.logger import log
 
 from dq_flower.client_state import begin_round, end_round
 from dq_flower.codecs import Payload
-from dq_flower.compression import wire
 from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
 from dq_flower.node import node_key
-from dq_flower.protocol.gradient import update_keys
-from dq_flower.protocol.model import decode_model_payload
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.update_coding import encode_update
+from dq_flower.wire import compressed_update as wire
+from dq_flower.wire.gradient import update_keys
+from dq_flower.wire.model import decode_model_payload
 
 __all__ = ["compression_mod", "STATE_PREFIX"]
 

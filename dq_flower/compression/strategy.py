@@ -24,7 +24,12 @@ from flwr.serverapp.strategy import Strategy
 
 from dq_flower.codecs import PayloadError, make
 from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
-from dq_flower.compression.wire import (
+from dq_flower.config import build_config, given_knobs, params_text, strategy_kwargs
+from dq_flower.server.base import ServerFigures
+from dq_flower.server.common import log_rejected, log_round
+from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors, screen_replies
+from dq_flower.server.robust import DirectionScreen, NormScreen
+from dq_flower.wire.compressed_update import (
     LAYOUT_KEY,
     MODEL_KEY,
     RAW_KEY,
@@ -32,12 +37,7 @@ from dq_flower.compression.wire import (
     Layout,
     single_array_record,
 )
-from dq_flower.config import build_config, given_knobs, params_text, strategy_kwargs
-from dq_flower.protocol.gradient import decode_update, update_keys
-from dq_flower.server.base import ServerFigures
-from dq_flower.server.common import log_rejected, log_round
-from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors, screen_replies
-from dq_flower.server.robust import DirectionScreen, NormScreen
+from dq_flower.wire.gradient import decode_update, update_keys
 
 __all__ = ["CompressedUpdates", "MAX_EXAMPLES"]
 

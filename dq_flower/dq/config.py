@@ -28,7 +28,7 @@ SELECTION_RULES = ("auto", "topk", "sample", "threshold")
 ENTROPY_CODERS = SAMPLE_CODERS
 UPLOAD_MODES = ("data", "gradient", "auto")
 #: ``adaptive``: train to a plateau on the store, ask for more only while it pays
-#: (:mod:`dq_flower.dq.schedule`); ``fixed``: ``budget`` per client and ``server-steps``
+#: (:mod:`dq_flower.dq.server.schedule`); ``fixed``: ``budget`` per client and ``server-steps``
 #: steps every round.
 UPLOAD_SCHEDULES = ("adaptive", "fixed")
 COMPENSATION_MODES = ("first-step", "store", "refresh")
@@ -205,7 +205,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     max_abs_value : float
         Largest absolute data value accepted (feature ranges included); 0 (auto) sets it to
         10 times the median, over the first data round's accepted uploads, of each one's
-        largest value (see :mod:`dq_flower.dq.validation`).
+        largest value (see :mod:`dq_flower.dq.server.validation`).
     """
 
     budget: int = client_knob(64)
@@ -336,6 +336,26 @@ class DQConfig(RobustConfig, OptimizerConfig):
     def adaptive(self) -> bool:
         """Whether data rounds follow the adaptive upload schedule."""
         return self.upload_schedule == "adaptive" and self.upload_mode == "data"
+
+    def sample_quantizer(self, mode: str, channels: int = 0,
+                         dither_seed: int | None = None,
+                         sample_shape: tuple[int, ...] | None = None):
+        """The ``uniform`` data quantizer of range layout ``mode`` for these knobs.
+
+        ``sample_shape`` (one sample's shape) gives the ``context`` coder its 2-D
+        neighbourhoods; it changes nothing for the other coders.
+        """
+        params: dict[str, Any] = {"bits": self.bits, "stochastic": self.stochastic,
+                                  "entropy": self.entropy_coder}
+        if self.entropy_coder == "context" and sample_shape is not None:
+            params["sample_shape"] = tuple(int(s) for s in sample_shape)
+        if mode == "channel" and channels > 1:
+            params["per_channel"] = channels
+        if mode == "feature":
+            params["fixed_range"] = True
+        if self.dither and dither_seed is not None:
+            params["dither_seed"] = int(dither_seed)
+        return make("uniform", **params)
 
     @property
     def payload_coder(self) -> str:

@@ -35,8 +35,8 @@ from dq_flower.harness.runtime import (
 )
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.node import node_key
-from dq_flower.protocol.model import MODEL_KEY
 from dq_flower.torch_support import require_torch, torch_available
+from dq_flower.wire.model import MODEL_KEY
 
 if TYPE_CHECKING:
     import torch

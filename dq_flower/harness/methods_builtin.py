@@ -14,7 +14,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.harness.method_registry import register_method
 from dq_flower.harness.runtime import TaskInfo
 from dq_flower.harness.task_config import CLIENT_TASK_KEYS, TaskConfig
-from dq_flower.protocol.spec import DataSpec
+from dq_flower.wire.spec import DataSpec
 
 # The client app imports this module (through ``methods``) on devices without PyTorch, so
 # each builder imports its strategy, which needs PyTorch, when it runs on the server.
@@ -37,7 +37,7 @@ def client_task_config(task: TaskConfig, method: str) -> ConfigRecord:
 @register_method("dq", family="dq", config_cls=DQConfig)
 def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
     """Data quantization: the public :class:`dq_flower.DQStrategy` on the harness's model."""
-    from dq_flower.dq.strategy import DQStrategy  # the server side needs torch; see above
+    from dq_flower.dq.server.strategy import DQStrategy  # the server side needs torch; see above
 
     # The harness knows its named data set's layout; with dataset "none" the server learns
     # it from the first data round's replies, as a user's app does.

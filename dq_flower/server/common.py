@@ -16,7 +16,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
-from dq_flower.protocol.node_errors import node_config_problem
+from dq_flower.wire.node_errors import node_config_problem
 
 __all__ = [
     "sample_node_ids",

@@ -12,7 +12,7 @@ from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config
-from dq_flower.protocol.model import decode_model_payload
+from dq_flower.wire.model import decode_model_payload
 
 
 def test_zlib_changes_the_bytes_and_nothing_else():

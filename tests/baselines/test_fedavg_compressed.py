@@ -17,8 +17,8 @@ from dq_flower.harness.methods import get_method, method_names
 from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.model_ops import get_flat
-from dq_flower.protocol.gradient import epoch_steps
 from dq_flower.seeding import Purpose, round_rng
+from dq_flower.wire.gradient import epoch_steps
 from tests.baselines.test_compressed import make_strategy
 
 FEDAVG_STAR = ["fedavg-qsgd2", "fedavg-qsgd4", "fedavg-ef-sign", "fedavg-topk", "fedavg-fp16",

@@ -2,7 +2,7 @@
 
 Every stream here reaches the decoder the way a reply reaches the server: a payload turned
 into its record and back (:meth:`Payload.from_record`), then decoded by the codec, through
-:func:`dq_flower.protocol.gradient.decode_update` where a whole update is decoded.
+:func:`dq_flower.wire.gradient.decode_update` where a whole update is decoded.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.entropy import compress, decompress
 from dq_flower.codecs.lossless import STREAM, coder_of
-from dq_flower.protocol.gradient import decode_update
+from dq_flower.wire.gradient import decode_update
 
 zstandard = pytest.importorskip("zstandard")
 

@@ -7,7 +7,7 @@ from dq_flower.baselines.config import GradientConfig
 from dq_flower.codecs import Payload, PayloadError, make, symbols
 from dq_flower.codecs.context_coded import ContextCoded, coder_for
 from dq_flower.codecs.lossless import NBITS_META, STREAM, coder_of
-from dq_flower.protocol.model import decode_model_payload
+from dq_flower.wire.model import decode_model_payload
 
 SIZES = (0, 1, 7, 8, 9, 100, 1000, 20_000)
 ALPHABETS = (2, 3, 15, 255, 256)

@@ -9,7 +9,7 @@ import pytest
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.lowbit import BUCKET
-from dq_flower.protocol.model import decode_model_payload
+from dq_flower.wire.model import decode_model_payload
 
 
 def _weights(size, seed=0):

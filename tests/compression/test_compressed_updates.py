@@ -27,8 +27,8 @@ from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx
 
 import dq_flower
 from dq_flower.codecs import Payload, make, names
-from dq_flower.compression.wire import MODEL_KEY, RAW_KEY, UPDATE_KEY
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
+from dq_flower.wire.compressed_update import MODEL_KEY, RAW_KEY, UPDATE_KEY
 from tests.compression import digits_app
 from tests.compression.digits_app import Net, make_app
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from dq_flower.dq.store import SampleStore
+from dq_flower.dq.server.store import SampleStore
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
@@ -144,7 +144,7 @@ def test_a_phase_that_makes_the_model_worse_on_its_new_rows_keeps_the_previous_m
         monkeypatch):
     import torch
 
-    import dq_flower.dq.training as training_module
+    import dq_flower.dq.server.training as training_module
 
     real_phase = training_module.train_phase
     kept = {}

@@ -20,7 +20,7 @@ from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
 from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config
-from dq_flower.protocol.model import MODEL_KEY
+from dq_flower.wire.model import MODEL_KEY
 
 from .helpers import run_inprocess
 from .test_adaptive_schedule import _KNOBS
@@ -95,7 +95,7 @@ def test_later_rounds_score_with_the_model_only_where_a_node_holds_it(mixed_run)
     ({"compensation": "identity", "compensation_mode": "store"}, {"importance"}),
 ])
 def test_the_server_trains_with_the_store_weights_asked_for(monkeypatch, knobs, expected):
-    from dq_flower.dq.store import SampleStore
+    from dq_flower.dq.server.store import SampleStore
 
     asked: set[str] = set()
     real_draw = SampleStore.draw

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dq_flower.dq.control_variate import ControlVariate
-from dq_flower.dq.strategy import DQStrategy
+from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods_builtin import client_task_config

@@ -11,7 +11,7 @@ from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config
-from dq_flower.protocol.dq_batch import (
+from dq_flower.wire.dq_batch import (
     COMPENSATION_KEY,
     INFO_KEY,
     SAMPLES_KEY,
@@ -19,7 +19,6 @@ from dq_flower.protocol.dq_batch import (
     encode_batch,
     label_width,
     payload_quantizer,
-    quantizer_for,
     raw_array,
     width_for,
 )
@@ -173,10 +172,10 @@ def test_labels_where_targets_are_expected_are_refused():
     ("feature", 0, None, {"per_channel": 0, "fixed_range": True, "dither_seed": None}),
     ("sample", 0, 11, {"per_channel": 0, "fixed_range": False, "dither_seed": 11}),
 ])
-def test_quantizer_for_each_range_mode(mode, channels, dither, expected):
+def test_sample_quantizer_for_each_range_mode(mode, channels, dither, expected):
     cfg = DQConfig(bits=3, stochastic=False, entropy_coder="zlib",
                    dither=dither is not None)
-    q = quantizer_for(cfg, mode, channels, dither_seed=dither if dither is not None else 5)
+    q = cfg.sample_quantizer(mode, channels, dither_seed=dither if dither is not None else 5)
     assert (q.bits, q.stochastic, q.entropy) == (3, False, "zlib")
     assert {k: getattr(q, k) for k in expected} == expected
 

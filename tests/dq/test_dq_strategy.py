@@ -6,7 +6,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from dq_flower.codecs import make
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.strategy import DQStrategy
+from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
 from dq_flower.harness.methods_builtin import client_task_config
@@ -15,8 +15,8 @@ from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_partition
 from dq_flower.harness.tasks.models import make_model
 from dq_flower.model_ops import weighted_loss_grad
-from dq_flower.protocol.dq_batch import encode_batch
-from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_record
+from dq_flower.wire.dq_batch import encode_batch
+from dq_flower.wire.spec import SPEC_KEY, DataSpec, spec_record
 
 from .helpers import run_inprocess
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from dq_flower.codecs import PayloadError, make
-from dq_flower.dq.rows import RowLayout
-from dq_flower.protocol.dq_batch import (
+from dq_flower.dq.server.rows import RowLayout
+from dq_flower.wire.dq_batch import (
     denormalise,
     feature_ranges,
     normalise,

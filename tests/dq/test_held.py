@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dq_flower.dq.held import (
+from dq_flower.wire.held import (
     BITMAP,
     EMPTY,
     HELD_KEY,
@@ -75,7 +75,7 @@ def test_decoding_stops_at_the_limit(limit):
 
 
 def _as_kind(ids, kind):
-    from dq_flower.dq.held import _candidates
+    from dq_flower.wire.held import _candidates
 
     return next(c for c in _candidates(np.asarray(ids), every_form=True) if c[0] == kind)
 
@@ -162,7 +162,7 @@ def test_a_bitmap_decodes_to_its_set_bits_below_the_limit(m, limit):
         ids = np.union1d(ids, [0, m - 1])
     bits = np.zeros(m, dtype=np.uint8)
     bits[ids] = 1
-    from dq_flower.dq.held import _varint_bytes
+    from dq_flower.wire.held import _varint_bytes
 
     data = (bytes([BITMAP]) + _varint_bytes(np.array([m])).tobytes()
             + np.packbits(bits, bitorder="little").tobytes())

@@ -12,7 +12,7 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-from dq_flower.dq.strategy import DQStrategy
+from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.checkpoint import load_latest
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
@@ -236,8 +236,8 @@ def test_the_client_takes_its_candidates_from_the_servers_held_set():
     from flwr.app import ConfigRecord, MessageType
 
     from dq_flower.client import dq_train
-    from dq_flower.dq.held import HELD_KEY, TABLE_KEY, encode_held, encode_table
-    from dq_flower.protocol.dq_batch import decode_batch
+    from dq_flower.wire.dq_batch import decode_batch
+    from dq_flower.wire.held import HELD_KEY, TABLE_KEY, encode_held, encode_table
 
     rng = np.random.default_rng(0)
     n = 60

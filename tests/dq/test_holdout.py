@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from dq_flower.dq.holdout import choose_holdout, row_hash
-from dq_flower.dq.store import SampleStore, StoredRows
+from dq_flower.dq.server.holdout import choose_holdout, row_hash
+from dq_flower.dq.server.store import SampleStore, StoredRows
 
 
 def _dequantize(codes, side, dither):

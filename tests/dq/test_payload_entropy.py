@@ -7,13 +7,13 @@ import pytest
 
 from dq_flower.codecs.lossless import STREAM
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.strategy import DQStrategy
+from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods_builtin import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
-from dq_flower.protocol.dq_batch import GRADIENT_KEY
+from dq_flower.wire.dq_batch import GRADIENT_KEY
 
 TASK = TaskConfig(num_partitions=2, model="logreg", seed=3)
 

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from dq_flower.dq.plateau import HeldOutScores
-from dq_flower.dq.schedule import (
+from dq_flower.dq.server.plateau import HeldOutScores
+from dq_flower.dq.server.schedule import (
     Z_ONE_SIDED,
     AdaptiveSchedule,
     PairedGain,

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dq_flower.dq.selection import inclusion_probabilities, select
+from dq_flower.dq.client.selection import inclusion_probabilities, select
 
 
 def test_topk_picks_highest_scores():

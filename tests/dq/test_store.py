@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dq_flower.dq.store import SampleStore, StoredRows
+from dq_flower.dq.server.store import SampleStore, StoredRows
 
 
 def _rows(ids, node=7, labels=None, weights=None, width=3):

@@ -6,15 +6,15 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from dq_flower.codecs import Payload, make
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.planner import UploadPlanner, first_estimates, gradient_estimate
-from dq_flower.dq.strategy import DQStrategy
+from dq_flower.dq.server.planner import UploadPlanner, first_estimates, gradient_estimate
+from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
 from dq_flower.harness.methods_builtin import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.model_ops import get_flat
-from dq_flower.protocol.dq_batch import GRADIENT_KEY
+from dq_flower.wire.dq_batch import GRADIENT_KEY
 
 from .helpers import run_inprocess
 

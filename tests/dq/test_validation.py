@@ -14,7 +14,7 @@ from flwr.app import MetricRecord
 from torch import nn
 
 from dq_flower.codecs import PayloadError
-from dq_flower.dq.validation import (
+from dq_flower.dq.server.validation import (
     EXAMPLES_FACTOR,
     SHARE_FACTOR,
     VALUE_FACTOR,
@@ -25,8 +25,8 @@ from dq_flower.dq.validation import (
     check_model,
     read_counts,
 )
-from dq_flower.protocol.dq_batch import SampleBatch
-from dq_flower.protocol.spec import DataSpec
+from dq_flower.wire.dq_batch import SampleBatch
+from dq_flower.wire.spec import DataSpec
 
 FLAT, WIDE = DataSpec((64,)), DataSpec((1, 64))
 RULES = Rules(bits=2, dither=False, selection_rule="topk")

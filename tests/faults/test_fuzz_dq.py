@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.strategy import DQStrategy
+from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods_builtin import client_task_config

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message
 
-from dq_flower.dq.strategy import DQStrategy
-from dq_flower.dq.validation import VALUE_FACTOR
+from dq_flower.dq.server.strategy import DQStrategy
+from dq_flower.dq.server.validation import VALUE_FACTOR
 from dq_flower.harness.inprocess import InProcessGrid
 from tests.faults.ranges_edit import sample_ranges, set_sample_ranges
 

@@ -17,7 +17,7 @@ from flwr.app import Array, Message, MetricRecord
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
 from dq_flower.codecs import Payload
-from dq_flower.dq.strategy import DQStrategy
+from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods import get_method
@@ -27,7 +27,7 @@ from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.model_ops import get_flat
-from dq_flower.protocol.dq_batch import GRADIENT_KEY
+from dq_flower.wire.dq_batch import GRADIENT_KEY
 from tests.faults.ranges_edit import sample_ranges, set_sample_ranges
 
 TASK = TaskConfig(num_partitions=4, model="logreg", seed=7)

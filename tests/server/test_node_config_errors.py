@@ -4,8 +4,8 @@ import pytest
 from flwr.app import Message, RecordDict
 
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.protocol.node_errors import MARKER, NodeConfigError, node_config_problem
 from dq_flower.server.common import ClientFailureError, FailureWatch, NodeConfigurationError
+from dq_flower.wire.node_errors import MARKER, NodeConfigError, node_config_problem
 
 PROBLEM = "scorer='loss' needs the model: pass model= (your nn.Module) to dq_train"
 
@@ -14,12 +14,12 @@ def _reason_as_flower_writes_it(where: str) -> str:
     """The error reply's reason for a ``NodeConfigError`` raised in a ClientApp."""
     text = str(NodeConfigError(PROBLEM))
     if where == "supernode":  # flwr/supernode/runtime/run_clientapp.py
-        return f"<class 'dq_flower.protocol.node_errors.NodeConfigError'>:<'{text}'>"
+        return f"<class 'dq_flower.wire.node_errors.NodeConfigError'>:<'{text}'>"
     # the simulation engine wraps it in ClientAppException, traceback first
     return ("<class 'flwr.clientapp.client_app.ClientAppException'>:<'\nException "
             "ClientAppException occurred. Message: Traceback (most recent call last):\n"
             '  File "client.py", line 3, in train\n'
-            f"dq_flower.protocol.node_errors.NodeConfigError: {text}\n'>")
+            f"dq_flower.wire.node_errors.NodeConfigError: {text}\n'>")
 
 
 @pytest.mark.parametrize("where", ["supernode", "simulation"])

@@ -190,7 +190,7 @@ def test_a_huge_metric_is_dropped_and_the_sums_stay_finite():
 
 # ---------------------------------------------------------------------------- DQ
 def _dq_round(**knobs):
-    from dq_flower.dq.strategy import DQStrategy
+    from dq_flower.dq.server.strategy import DQStrategy
     from dq_flower.harness.client_app import app as client_app
 
     task = TaskConfig(num_partitions=3, model="logreg", seed=7)

@@ -13,7 +13,7 @@ from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config
-from dq_flower.protocol.dq_batch import REFRESH_KEY
+from dq_flower.wire.dq_batch import REFRESH_KEY
 from tests.server.replies import node
 
 

@@ -8,7 +8,6 @@ that fails any check raises :class:`~dq_flower.codecs.PayloadError` with the rea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -28,7 +27,6 @@ __all__ = [
     "decode_batch",
     "raw_array",
     "RANGES_KEY",
-    "quantizer_for",
     "payload_quantizer",
     "range_mode",
     "feature_ranges",
@@ -295,27 +293,6 @@ def range_mode(ranges: str, per_channel: bool, sample_shape: tuple[int, ...]) ->
     if ranges == "auto":
         return "feature" if len(sample_shape) == 1 else "sample"
     return ranges
-
-
-def quantizer_for(cfg: Any, mode: str, channels: int = 0, dither_seed: int | None = None,
-                  sample_shape: tuple[int, ...] | None = None):
-    """The ``uniform`` data quantizer of range layout ``mode`` for DQ knobs ``cfg``.
-
-    ``cfg`` has ``bits``, ``stochastic``, ``entropy_coder`` and ``dither`` (a ``DQConfig``).
-    ``sample_shape`` (one sample's shape) gives the ``context`` coder its 2-D
-    neighbourhoods; it changes nothing for the other coders.
-    """
-    params: dict[str, Any] = {"bits": cfg.bits, "stochastic": cfg.stochastic,
-                              "entropy": cfg.entropy_coder}
-    if cfg.entropy_coder == "context" and sample_shape is not None:
-        params["sample_shape"] = tuple(int(s) for s in sample_shape)
-    if mode == "channel" and channels > 1:
-        params["per_channel"] = channels
-    if mode == "feature":
-        params["fixed_range"] = True
-    if cfg.dither and dither_seed is not None:
-        params["dither_seed"] = int(dither_seed)
-    return make("uniform", **params)
 
 
 def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False):

@@ -2,11 +2,11 @@
 
 Each client sends a minibatch gradient coded by ``gradient-codec``; the replies are
 decoded by the baselines' decoder
-(:class:`~dq_flower.protocol.gradient_reply.GradientDecoder`) under the client identity
+(:class:`~dq_flower.wire.gradient_reply.GradientDecoder`) under the client identity
 they claim, bounded against the round's others and recent rounds
 (:func:`~dq_flower.server.pipeline.bound_vectors`), and combined by the robust rule into
 the gradient of the round's one fresh step; the server then takes the round's other
-``server-steps`` on the store (:meth:`~dq_flower.dq.training.ServerTrainer.train_gradient`).
+``server-steps`` on the store (:meth:`~dq_flower.dq.server.training.ServerTrainer.train_gradient`).
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from flwr.app import Message
 
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
-from dq_flower.dq.identity import ClientIdentities, reply_identity
-from dq_flower.dq.intake import UploadIntake
-from dq_flower.dq.planner import RoundPlan, UploadPlanner, reply_bits
-from dq_flower.dq.round_metrics import Metrics, RoundMetrics
-from dq_flower.dq.training import ServerTrainer
-from dq_flower.dq.validation import MAX_LOCAL_ID
-from dq_flower.protocol.dq_batch import GRADIENT_KEY
-from dq_flower.protocol.gradient_reply import GradientDecoder, GradientUpdate
-from dq_flower.protocol.spec import SPEC_KEY
+from dq_flower.dq.server.identity import ClientIdentities, reply_identity
+from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
+from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
+from dq_flower.dq.server.training import ServerTrainer
+from dq_flower.dq.server.validation import MAX_LOCAL_ID
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, UpdateFigures, bound_vectors, screen_replies
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
+from dq_flower.wire.dq_batch import GRADIENT_KEY
+from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
+from dq_flower.wire.spec import SPEC_KEY
 
 __all__ = ["GradientRounds", "Combined"]
 

@@ -2,7 +2,7 @@
 
 ``uniform`` needs no model and is answered here too.
 
-This module imports PyTorch; :mod:`dq_flower.dq.client` imports it only for a scorer that
+This module imports PyTorch; :mod:`dq_flower.dq.client.train` imports it only for a scorer that
 needs the model, so a client without PyTorch runs the ``uniform`` scorer.
 """
 

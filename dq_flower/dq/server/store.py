@@ -4,10 +4,10 @@ Rows are stored as bit-packed codes (one byte-aligned row per sample) plus the q
 per-row side information, the label, the importance weight (how many original samples the
 row stands for), the origin client, the client-local sample id and whether the row is held
 out (validation rows the server evaluates on and never trains on, see
-:mod:`dq_flower.dq.holdout`). Minibatches are dequantized on the fly; the dequantized float
+:mod:`dq_flower.dq.server.holdout`). Minibatches are dequantized on the fly; the dequantized float
 data is never kept.
 
-The origin is the client's stable identity (see :mod:`dq_flower.dq.identity`), not
+The origin is the client's stable identity (see :mod:`dq_flower.dq.server.identity`), not
 Flower's node id, which changes when a simulation or a SuperNode restarts. The store also
 keeps, per client, the ids of the rows it evicted, so that :meth:`SampleStore.received`
 names every row it ever received: what each round's message tells the client the server
@@ -26,7 +26,7 @@ from typing import cast
 
 import numpy as np
 
-from dq_flower.protocol.dq_batch import denormalise
+from dq_flower.wire.dq_batch import denormalise
 
 __all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES"]
 

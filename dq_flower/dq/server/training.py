@@ -4,7 +4,7 @@ Under the ``fixed`` schedule a round takes ``server-steps`` optimizer steps: the
 the round's fresh rows plus their compensations (:meth:`ServerTrainer.fresh_gradient`),
 the others on minibatches of the store (corrected by the control variate where one is
 kept). Under the ``adaptive`` schedule a round whose uploads grew the store trains to a
-plateau of the held-out score (:func:`~dq_flower.dq.plateau.train_phase`), keeps the
+plateau of the held-out score (:func:`~dq_flower.dq.server.plateau.train_phase`), keeps the
 previous model where the new one is worse on the rows the round brought, and lets the
 schedule size the next ask. Every round's steps run inside a
 :class:`~dq_flower.server.robust.StepGuard` that rolls back a non-finite model.
@@ -22,11 +22,11 @@ import torch
 
 from dq_flower.augment import augmentation_for
 from dq_flower.dq.config import DQConfig, robust_rule
-from dq_flower.dq.control_variate import ControlVariate
-from dq_flower.dq.intake import UploadIntake
-from dq_flower.dq.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
-from dq_flower.dq.schedule import AdaptiveSchedule, paired_gain, significantly_worse
-from dq_flower.dq.validation import Upload
+from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
+from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
+from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import LossFn, apply_flat_grad, per_sample_results, weighted_loss_grad
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.common import log_round
@@ -205,7 +205,7 @@ class ServerTrainer:
         initial one) on the current held-out rows; the gain of the phase's best model over
         it, paired on every held-out row, is what the schedule needs (none for the first
         upload round). A new model worse beyond that comparison's uncertainty
-        (:func:`~dq_flower.dq.schedule.significantly_worse`) is dropped for the previous
+        (:func:`~dq_flower.dq.server.schedule.significantly_worse`) is dropped for the previous
         one. The phase's step cap follows the store: at least ``max-server-epochs`` passes
         over its training rows.
         """

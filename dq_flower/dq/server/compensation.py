@@ -4,7 +4,7 @@ Each kind passes its own norm screen against the round's others
 (:func:`~dq_flower.server.pipeline.bound_vectors`; compensations and residuals grow
 between rounds of long server training, so each is screened against its own round first)
 and is clipped. With ``compensation-mode`` ``store`` or ``refresh`` the accepted ones
-enter the control variate (:mod:`dq_flower.dq.control_variate`) that corrects every store
+enter the control variate (:mod:`dq_flower.dq.server.control_variate`) that corrects every store
 step.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.control_variate import ControlVariate
-from dq_flower.dq.intake import UploadIntake
-from dq_flower.dq.validation import Upload
+from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.validation import Upload
 from dq_flower.server.common import log_rejected
 from dq_flower.server.pipeline import bound_vectors
 from dq_flower.server.robust import NormScreen

@@ -8,7 +8,7 @@ with the sampled clients ``K`` and ``R`` rounds left (this one included):
   with ``left_k = min(samples client k has not uploaded yet, R * budget)``, known from its
   earlier replies (before its first one, ``R * budget``); a client with nothing left is not
   asked (no uplink at all). Clients are keyed by their identity
-  (:mod:`dq_flower.dq.identity`), which outlives a restart under new node ids.
+  (:mod:`dq_flower.dq.server.identity`), which outlives a restart under new node ids.
   ``bits_per_reply`` is the rest of a reply: Flower's message envelope, labels' and ids'
   framing, metrics, and the compensation where it is on;
 - gradient rounds: ``R * |K| * bits_per_gradient_reply``, the whole reply.
@@ -30,7 +30,7 @@ import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.accounting import content_bytes
-from dq_flower.protocol.dq_batch import GRADIENT_KEY, encode_batch, quantizer_for
+from dq_flower.wire.dq_batch import GRADIENT_KEY, encode_batch
 
 __all__ = ["UploadPlanner", "RoundPlan", "first_estimates", "gradient_estimate", "reply_bits",
            "ESTIMATES"]
@@ -146,7 +146,7 @@ def first_estimates(cfg: Any, mode: str, dim: int, channels: int, num_classes: i
     """
     rng = np.random.default_rng(seed)
     n = int(cfg.budget)
-    samples = quantizer_for(cfg, mode, channels).encode(
+    samples = cfg.sample_quantizer(mode, channels).encode(
         rng.random((n, int(dim)), dtype=np.float32), rng)
     comp = None if comp_codec is None else comp_codec.encode(
         rng.standard_normal(num_params).astype(np.float32), rng)

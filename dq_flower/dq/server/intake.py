@@ -3,8 +3,8 @@
 :class:`UploadIntake` owns what the server knows of the federation's data: the data spec
 (and the row layout and store it sets up), each client's feature ranges and the value
 bound. A reply is checked alone (:meth:`~UploadIntake.validate_reply`, with
-:func:`~dq_flower.dq.validation.check_upload`), then with the round's others
-(:meth:`~UploadIntake.adopt`, with :func:`~dq_flower.dq.validation.agree`); nothing a
+:func:`~dq_flower.dq.server.validation.check_upload`), then with the round's others
+(:meth:`~UploadIntake.adopt`, with :func:`~dq_flower.dq.server.validation.agree`); nothing a
 reply says is adopted unless the whole reply is accepted, and a spec or bound learned from
 replies stays provisional until rows of them are stored.
 """
@@ -23,12 +23,12 @@ from flwr.common.logger import log
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.holdout import choose_holdout
-from dq_flower.dq.identity import ClientIdentities, reply_identity
-from dq_flower.dq.planner import UploadPlanner, first_estimates, reply_bits
-from dq_flower.dq.rows import RowLayout, keep_rows, kept_rows
-from dq_flower.dq.store import SampleStore, StoredRows
-from dq_flower.dq.validation import (
+from dq_flower.dq.server.holdout import choose_holdout
+from dq_flower.dq.server.identity import ClientIdentities, reply_identity
+from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
+from dq_flower.dq.server.rows import RowLayout, keep_rows, kept_rows
+from dq_flower.dq.server.store import SampleStore, StoredRows
+from dq_flower.dq.server.validation import (
     SHARE_FACTOR,
     VALUE_FACTOR,
     History,
@@ -43,9 +43,9 @@ from dq_flower.dq.validation import (
     reply_spec,
 )
 from dq_flower.model_ops import LossFn
-from dq_flower.protocol.dq_batch import REFRESH_KEY, SampleBatch, range_mode
-from dq_flower.protocol.spec import DataSpec
 from dq_flower.server.common import log_rejected, log_round
+from dq_flower.wire.dq_batch import REFRESH_KEY, SampleBatch, range_mode
+from dq_flower.wire.spec import DataSpec
 
 __all__ = ["UploadIntake"]
 
@@ -184,7 +184,7 @@ class UploadIntake:
         return upload
 
     def validate(self, msg: Message, node: int, max_rows: int | None = None) -> Upload:
-        """Check one data reply (:func:`~dq_flower.dq.validation.check_upload`).
+        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`).
 
         Adopts nothing: what the round's accepted replies agree on is adopted by
         :meth:`adopt`.
@@ -237,7 +237,7 @@ class UploadIntake:
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
         """The round's checked uploads the round agrees on, and ``rejected`` plus the others.
 
-        See :func:`~dq_flower.dq.validation.agree`: example counts screened against the
+        See :func:`~dq_flower.dq.server.validation.agree`: example counts screened against the
         other nodes' (over-large weights clipped), the data spec (while none is known) that
         most uploads carry and the model trains on, the value bound (while none is known)
         from the median upload. The spec and bound are adopted here, before the accepted

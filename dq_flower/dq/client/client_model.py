@@ -1,6 +1,6 @@
 """What a DQ client computes with the received model: compensation residuals and gradients.
 
-This module imports PyTorch; :mod:`dq_flower.dq.client` imports it only for a round whose
+This module imports PyTorch; :mod:`dq_flower.dq.client.train` imports it only for a round whose
 knobs need the model (compensation, a refreshed residual, a gradient round), after
 :func:`dq_flower.torch_support.require_torch` has named the knob where PyTorch is missing.
 """
@@ -12,8 +12,8 @@ import torch
 from flwr.app import Message
 
 from dq_flower.model_ops import LossFn, weighted_loss_grad
-from dq_flower.protocol.model import MODEL_KEY, load_model_record
-from dq_flower.protocol.node_errors import NodeConfigError
+from dq_flower.wire.model import MODEL_KEY, load_model_record
+from dq_flower.wire.node_errors import NodeConfigError
 
 __all__ = ["received_model", "quantization_residual", "batch_gradient"]
 

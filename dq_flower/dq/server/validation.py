@@ -41,10 +41,10 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
-from dq_flower.dq.rows import decode_samples
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
+from dq_flower.dq.server.rows import decode_samples
 from dq_flower.model_ops import LossFn, weighted_loss_grad
-from dq_flower.protocol.dq_batch import (
+from dq_flower.wire.dq_batch import (
     INFO_KEY,
     RANGES_KEY,
     SampleBatch,
@@ -54,7 +54,7 @@ from dq_flower.protocol.dq_batch import (
     range_mode,
     ranges_from_record,
 )
-from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_from_record
+from dq_flower.wire.spec import SPEC_KEY, DataSpec, spec_from_record
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "check_model",
            "decode_compensation", "decode_vector", "reply_spec", "VALUE_FACTOR",

@@ -1,7 +1,7 @@
 """DQ's adaptive upload schedule: ask for more samples only while they pay.
 
 After each round's uploads the server trains on its store to a plateau
-(:mod:`dq_flower.dq.plateau`) and compares the new model with the one it kept before the
+(:mod:`dq_flower.dq.server.plateau`) and compares the new model with the one it kept before the
 upload, **paired, on every held-out row** (both models scored on the same rows, none of
 which either trained on). One comparison gives the gain ``d`` (error before minus error
 after) and its standard error ``s`` from the per-row differences (for class targets the
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.dq.plateau import HeldOutScores
+from dq_flower.dq.server.plateau import HeldOutScores
 
 __all__ = ["AdaptiveSchedule", "PairedGain", "paired_gain", "pooled", "significantly_worse",
            "allocate", "Z_ONE_SIDED", "POOLED"]

@@ -22,7 +22,7 @@ import numpy as np
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
 from dq_flower.codecs.uniform import Uniform, dither_offsets, expand_ranges, packed_codes
-from dq_flower.protocol.dq_batch import SampleBatch, payload_quantizer
+from dq_flower.wire.dq_batch import SampleBatch, payload_quantizer
 
 __all__ = ["RowLayout", "plain_payload", "decode_samples", "keep_rows",
            "kept_rows"]
@@ -96,7 +96,7 @@ def decode_samples(p: Payload, bits: int, per_channel: int, fixed_range: bool = 
     """Float rows ``(n, d)`` of a ``uniform`` samples payload, and ``p`` decoded once.
 
     ``p``'s settings are checked
-    (:func:`~dq_flower.protocol.dq_batch.payload_quantizer`), its stream is decoded once
+    (:func:`~dq_flower.wire.dq_batch.payload_quantizer`), its stream is decoded once
     (:func:`plain_payload`), and the rows are decoded from the plain payload, which the
     store's :meth:`RowLayout.rows` then re-lays without decoding the stream again.
     """

@@ -1,12 +1,12 @@
 """Which uploaded rows the server holds out to validate its own training.
 
 Under the adaptive upload schedule the server trains on its store until a held-out part of
-the store stops improving (:mod:`dq_flower.dq.plateau`). The held-out rows are a
+the store stops improving (:mod:`dq_flower.dq.server.plateau`). The held-out rows are a
 deterministic, seeded fraction of each client's rows, stratified by class (one stratum for
 float targets): after every upload, each (client, class) stratum holds
 ``round(fraction * rows)`` held-out rows, the new ones being the rows of the upload whose
 seeded hash of ``(seed, client, local id)`` is smallest. The client is its stable identity
-(:mod:`dq_flower.dq.identity`), not Flower's node id, so which rows are held out depends
+(:mod:`dq_flower.dq.server.identity`), not Flower's node id, so which rows are held out depends
 neither on the order in which replies arrive nor on the node ids of a run, only on what
 each client uploaded; the test set is never involved.
 """
@@ -62,7 +62,7 @@ def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: flo
         The run seed.
     stored_counts : callable
         ``stored_counts(node, strata) -> (rows, held_out)`` already in the store for each
-        stratum (:meth:`dq_flower.dq.store.SampleStore.counts`).
+        stratum (:meth:`dq_flower.dq.server.store.SampleStore.counts`).
     """
     ids = np.asarray(ids)
     mask = np.zeros(ids.shape[0], dtype=bool)

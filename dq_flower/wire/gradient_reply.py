@@ -14,7 +14,7 @@ import numpy as np
 from flwr.app import Message
 
 from dq_flower.codecs import PayloadError
-from dq_flower.protocol.gradient import METRICS_KEY, decode_update, epoch_steps
+from dq_flower.wire.gradient import METRICS_KEY, decode_update, epoch_steps
 
 __all__ = ["GradientUpdate", "GradientDecoder"]
 

@@ -7,12 +7,12 @@ from typing import Any
 
 from flwr.app import MetricRecordValues
 
-from dq_flower.dq.asks import RoundAsks
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.intake import UploadIntake
-from dq_flower.dq.planner import RoundPlan
-from dq_flower.dq.training import ServerTrainer
-from dq_flower.dq.validation import Upload
+from dq_flower.dq.server.asks import RoundAsks
+from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.planner import RoundPlan
+from dq_flower.dq.server.training import ServerTrainer
+from dq_flower.dq.server.validation import Upload
 
 __all__ = ["RoundMetrics", "Metrics", "schedule_text"]
 

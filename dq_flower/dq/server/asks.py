@@ -1,8 +1,8 @@
 """What each round asks of whom: the round's plan, per-client asks and held sets.
 
-Asks are per client identity (:mod:`dq_flower.dq.identity`). In a data round a client
+Asks are per client identity (:mod:`dq_flower.dq.server.identity`). In a data round a client
 known to have uploaded all its samples is not asked; under the adaptive schedule the
-schedule sizes the round's total ask and :func:`~dq_flower.dq.schedule.allocate` shares it
+schedule sizes the round's total ask and :func:`~dq_flower.dq.server.schedule.allocate` shares it
 out. Each message says which of the client's rows the server holds (``held``), or, to a
 node id the server cannot name yet, gives the table of every identity it may be
 (``held-table``).
@@ -19,11 +19,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from dq_flower.config import to_config_record
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
-from dq_flower.dq.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
-from dq_flower.dq.identity import ClientIdentities, RoundClients
-from dq_flower.dq.intake import UploadIntake
-from dq_flower.dq.planner import RoundPlan, UploadPlanner
-from dq_flower.dq.schedule import allocate
 from dq_flower.dq.scorer_choice import (
     AUTO,
     AUTO_SCORER_KEY,
@@ -33,10 +28,15 @@ from dq_flower.dq.scorer_choice import (
     node_scorer,
     run_model_knob,
 )
-from dq_flower.dq.training import ServerTrainer
+from dq_flower.dq.server.identity import ClientIdentities, RoundClients
+from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
+from dq_flower.dq.server.schedule import allocate
+from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.model_ops import output_width
-from dq_flower.protocol.model import MODEL_KEY
 from dq_flower.seeding import Purpose, round_rng
+from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
+from dq_flower.wire.model import MODEL_KEY
 
 __all__ = ["RoundAsks"]
 
@@ -220,7 +220,7 @@ class RoundAsks:
         """Per-client asks of the adaptive schedule (the first round: :meth:`first_ask`).
 
         ``keys`` are the round's client identities (and placeholders for nodes the server
-        cannot name yet, see :class:`~dq_flower.dq.identity.RoundClients`).
+        cannot name yet, see :class:`~dq_flower.dq.server.identity.RoundClients`).
         """
         schedule = self.trainer.schedule
         assert schedule is not None

@@ -3,7 +3,7 @@
 Each reply carries a small ``data-spec`` ``ConfigRecord``: the shape of one sample, the
 target kind (``class`` labels or ``float`` regression targets) and, for float targets,
 their width. The server adopts the spec most of the first data round's replies carry, once
-its model trains on them (or takes it as given; see :mod:`dq_flower.dq.validation`), and
+its model trains on them (or takes it as given; see :mod:`dq_flower.dq.server.validation`), and
 rejects replies that disagree. The number of classes is the server's:
 given, or the width of the model's output.
 """

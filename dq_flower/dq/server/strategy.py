@@ -10,21 +10,21 @@ lossless; later steps draw minibatches from the store.
 What the server must know about the data (the sample shape, class labels or float targets)
 is given, or agreed by the first data round's replies and confirmed by a forward-and-loss of
 the model on their rows, and enforced afterwards; the number of classes is given or read off
-the model's output width. Replies are checked by :mod:`dq_flower.dq.validation`; nothing a
+the model's output width. Replies are checked by :mod:`dq_flower.dq.server.validation`; nothing a
 reply says is adopted unless the whole reply is accepted.
 
-With ``upload-mode`` ``gradient`` or ``auto`` (see :mod:`dq_flower.dq.planner`), a round
+With ``upload-mode`` ``gradient`` or ``auto`` (see :mod:`dq_flower.dq.server.planner`), a round
 may instead ask every client for a minibatch gradient coded by ``gradient-codec``; the
 server then takes one step with their example-weighted mean, and the remaining
 ``server-steps`` from the store when it holds samples.
 
 The strategy wires its parts together and keeps Flower's ``Strategy`` interface:
-:class:`~dq_flower.dq.asks.RoundAsks` (who is asked for what),
-:class:`~dq_flower.dq.intake.UploadIntake` (the checks, the data spec and the store),
-:class:`~dq_flower.dq.compensation.Compensations` (compensations, refreshed residuals, the
-control variate), :class:`~dq_flower.dq.training.ServerTrainer` (the server's steps),
-:class:`~dq_flower.dq.gradient_rounds.GradientRounds` and
-:class:`~dq_flower.dq.round_metrics.RoundMetrics`.
+:class:`~dq_flower.dq.server.asks.RoundAsks` (who is asked for what),
+:class:`~dq_flower.dq.server.intake.UploadIntake` (the checks, the data spec and the store),
+:class:`~dq_flower.dq.server.compensation.Compensations` (compensations, refreshed residuals, the
+control variate), :class:`~dq_flower.dq.server.training.ServerTrainer` (the server's steps),
+:class:`~dq_flower.dq.server.gradient_rounds.GradientRounds` and
+:class:`~dq_flower.dq.server.round_metrics.RoundMetrics`.
 """
 
 from __future__ import annotations
@@ -41,25 +41,25 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs, strategy_kwargs
-from dq_flower.dq.asks import RoundAsks
-from dq_flower.dq.compensation import Compensations
 from dq_flower.dq.config import DQConfig, model_codec
-from dq_flower.dq.control_variate import ControlVariate
-from dq_flower.dq.gradient_rounds import GradientRounds
-from dq_flower.dq.identity import ClientIdentities
-from dq_flower.dq.intake import UploadIntake
-from dq_flower.dq.planner import ESTIMATES, RoundPlan, UploadPlanner, gradient_estimate
-from dq_flower.dq.round_metrics import RoundMetrics, schedule_text
-from dq_flower.dq.store import SampleStore
-from dq_flower.dq.training import ServerTrainer
-from dq_flower.dq.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTOR, Upload
+from dq_flower.dq.server.asks import RoundAsks
+from dq_flower.dq.server.compensation import Compensations
+from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.gradient_rounds import GradientRounds
+from dq_flower.dq.server.identity import ClientIdentities
+from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.planner import ESTIMATES, RoundPlan, UploadPlanner, gradient_estimate
+from dq_flower.dq.server.round_metrics import RoundMetrics, schedule_text
+from dq_flower.dq.server.store import SampleStore
+from dq_flower.dq.server.training import ServerTrainer
+from dq_flower.dq.server.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTOR, Upload
 from dq_flower.model_ops import LossFn, state_arrays
-from dq_flower.protocol.model import model_record
-from dq_flower.protocol.spec import DataSpec
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
 from dq_flower.server.pipeline import RoundLedger, Screened, screen_replies
+from dq_flower.wire.model import model_record
+from dq_flower.wire.spec import DataSpec
 
 __all__ = ["DQStrategy", "Upload", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
@@ -237,7 +237,7 @@ class DQStrategy(ModelStrategy, Strategy):
         In a data round, clients known to have uploaded all their samples are not asked,
         and each message says which of the client's rows the server holds (``held``), or,
         to a node id the server cannot name yet, gives the table of every client identity
-        it may be (``held-table``; see :mod:`dq_flower.dq.identity`).
+        it may be (``held-table``; see :mod:`dq_flower.dq.server.identity`).
         """
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,

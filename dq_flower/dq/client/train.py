@@ -8,7 +8,7 @@ device's own data and (where the round needs it) the user's model::
         return dq_flower.client.dq_train(msg, context, load_local_data(), model=Net())
 
 Which rows are candidates is not the client's memory: each data round's message says which
-of this client's rows the server holds (:mod:`dq_flower.dq.held`), by the client's
+of this client's rows the server holds (:mod:`dq_flower.wire.held`), by the client's
 identity (:func:`node_key`: its ``partition-id``, else its node id), and the candidates
 are all the local rows but those (all rows with ``resend``). A reply that was lost is
 then uploaded again later, and a client that restarts with an empty ``Context`` (or under
@@ -31,8 +31,8 @@ idempotent per round: a server that replays a round after a crash gets the same 
 
 A data round with the ``uniform`` scorer and no compensation needs no model, and this
 module imports no PyTorch for it: a device with Flower and numpy only can serve it. The
-knobs that need the model (see :func:`model_knob`) import :mod:`dq_flower.dq.scoring` and
-:mod:`dq_flower.dq.client_model` when used, and fail before any work, naming the knob,
+knobs that need the model (see :func:`model_knob`) import :mod:`dq_flower.dq.client.scoring` and
+:mod:`dq_flower.dq.client.client_model` when used, and fail before any work, naming the knob,
 where PyTorch is missing.
 """
 
@@ -49,8 +49,8 @@ from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
+from dq_flower.dq.client.selection import select
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
-from dq_flower.dq.held import held_for
 from dq_flower.dq.scorer_choice import (
     CAN_SCORE_KEY,
     RUN_MODEL_KNOB_KEY,
@@ -58,9 +58,10 @@ from dq_flower.dq.scorer_choice import (
     node_rule,
     node_scorer,
 )
-from dq_flower.dq.selection import select
 from dq_flower.node import node_key
-from dq_flower.protocol.dq_batch import (
+from dq_flower.seeding import round_rng
+from dq_flower.torch_support import require_torch
+from dq_flower.wire.dq_batch import (
     GRADIENT_KEY,
     RANGES_KEY,
     REFRESH_KEY,
@@ -69,21 +70,19 @@ from dq_flower.protocol.dq_batch import (
     feature_ranges,
     normalise,
     payload_quantizer,
-    quantizer_for,
     range_mode,
     ranges_record,
 )
-from dq_flower.protocol.node_errors import NodeConfigError
-from dq_flower.protocol.spec import SPEC_KEY, DataSpec, spec_of, spec_record
-from dq_flower.seeding import round_rng
-from dq_flower.torch_support import require_torch
+from dq_flower.wire.held import held_for
+from dq_flower.wire.node_errors import NodeConfigError
+from dq_flower.wire.spec import SPEC_KEY, DataSpec, spec_of, spec_record
 
 if TYPE_CHECKING:
     import torch
 
     from dq_flower.model_ops import LossFn
 
-__all__ = ["dq_train", "model_knob", "quantizer_for", "node_key", "round_config"]
+__all__ = ["dq_train", "model_knob", "node_key", "round_config"]
 
 #: Under ``compensation-mode="refresh"``: the samples payload sent in round r
 #: (``dq-sent-<r>``) and its ids and weights (``dq-sent-rows-<r>``), to recompute residuals.
@@ -105,9 +104,9 @@ def round_config(msg: Message) -> dict[str, Any]:
 
 
 def __getattr__(name: str) -> Any:
-    """``score_candidates``, imported (with PyTorch) from :mod:`dq_flower.dq.scoring`."""
+    """``score_candidates``, imported (with PyTorch) from :mod:`dq_flower.dq.client.scoring`."""
     if name == "score_candidates":
-        from dq_flower.dq.scoring import score_candidates
+        from dq_flower.dq.client.scoring import score_candidates
 
         return score_candidates
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -149,7 +148,7 @@ def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
         ws.append(rows["weights"].numpy().astype(np.float64))
     if not xs:
         return None
-    from dq_flower.dq.client_model import quantization_residual
+    from dq_flower.dq.client.client_model import quantization_residual
 
     w = np.concatenate(ws)
     w = (w / w.sum()).astype(np.float32)
@@ -170,7 +169,7 @@ def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray
                     y: np.ndarray, model: torch.nn.Module | None, loss_fn: LossFn | None,
                     key: int, rng: np.random.Generator, t0: float) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
-    from dq_flower.dq.client_model import batch_gradient, received_model
+    from dq_flower.dq.client.client_model import batch_gradient, received_model
 
     model = received_model(msg, model, "a gradient round (upload-mode gradient or auto)")
     if model is None:
@@ -296,8 +295,8 @@ def _scores(msg: Message, cfg: DQConfig, knob: str | None, model: torch.nn.Modul
     """The model the round uses (``None`` where it needs none) and the candidates' scores."""
     if knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
         return None, np.ones(candidates.size)
-    from dq_flower.dq.client_model import received_model
-    from dq_flower.dq.scoring import score_candidates
+    from dq_flower.dq.client.client_model import received_model
+    from dq_flower.dq.client.scoring import score_candidates
 
     model = received_model(msg, model, knob)
     scores = score_candidates(cfg.scorer, model, x_all[candidates], y[candidates], loss_fn)
@@ -352,8 +351,9 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
               rng: np.random.Generator, send_ranges: bool) -> _Coded:
     """Quantize the chosen rows ``xb`` (per-feature ranges from all of ``x_flat``)."""
     mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
-    quantizer = quantizer_for(cfg, mode, spec.channels, dither_seed=int(rng.integers(2**31)),
-                              sample_shape=spec.sample_shape)
+    quantizer = cfg.sample_quantizer(mode, spec.channels,
+                                     dither_seed=int(rng.integers(2**31)),
+                                     sample_shape=spec.sample_shape)
     if mode != "feature":
         return _Coded(quantizer, quantizer.encode(xb, rng), mode, xb)
     lo, span = feature_ranges(x_flat)
@@ -371,7 +371,7 @@ def _compensation(cfg: DQConfig, spec: DataSpec, coded: _Coded, y: np.ndarray,
     """The coded gradient of the quantization residual of the chosen rows."""
     if model is None:
         raise ValueError("compensation needs the model; the server did not send it")
-    from dq_flower.dq.client_model import quantization_residual
+    from dq_flower.dq.client.client_model import quantization_residual
 
     shape = (-1, *spec.sample_shape)
     delta = quantization_residual(model, coded.xb.reshape(shape),

@@ -16,7 +16,7 @@ old node id is gone (a restart), another node id may claim it.
 
 :class:`RoundClients` splits a round's sampled nodes into those the server can name and
 those it cannot (new node ids: the first round, or after any restart). The latter get a
-table of every identity they may be (:mod:`dq_flower.dq.held`), and pick their own entry.
+table of every identity they may be (:mod:`dq_flower.wire.held`), and pick their own entry.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""DQ's server side: the strategy, reply intake and checks, the store, training, schedule."""

@@ -1,1 +1,0 @@
-"""Wire formats both ends import: DQ sample batches, gradient updates, model records."""
