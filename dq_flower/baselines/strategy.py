@@ -24,7 +24,7 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.baselines.votes import VoteDownlink
@@ -204,7 +204,7 @@ class GradientStrategy(ModelStrategy, Strategy):
         self.sent_payload_bits[server_round] = bits
         return self.ledger.record(server_round, messages)
 
-    def aggregate_train(
+    def aggregate_round(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Screen and decode the replies, bound and aggregate them, step the optimizer."""
@@ -269,10 +269,6 @@ class GradientStrategy(ModelStrategy, Strategy):
         return cls(model, **strategy_kwargs(cls, GradientConfig, run_config, overrides,
                                             defaults={"codec": "qsgd"}))
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              *args: Any, **kwargs: Any) -> Result:
-        """Flower's ``Strategy.start`` (documented there)."""
-        return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     # ------------------------------------------------------------------ internals
     def _model_record(self, w: np.ndarray) -> tuple[ArrayRecord, int]:

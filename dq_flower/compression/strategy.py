@@ -180,7 +180,7 @@ class CompressedUpdates(ServerFigures, Strategy):
         self._sent[server_round] = sent
         return self.ledger.record(server_round, messages)
 
-    def aggregate_train(
+    def aggregate_round(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Screen and decode the replies into weights, then let the inner strategy aggregate."""

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO
-from typing import Any
+from typing import Any, cast
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
@@ -28,6 +28,7 @@ from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_task_dataset
 from dq_flower.model_ops import evaluate, num_params, state_arrays
+from dq_flower.server.base import DrivenStrategy, ServerFigures
 from dq_flower.server.common import FailureWatch
 
 __all__ = ["app", "run_server", "validate_run_config", "prepare_model"]
@@ -100,9 +101,10 @@ def run_server(
     model = prepare_model(task, info, model_factory)
     run = _ServerRun(task, method.name, grid, prepare_model(task, info, model_factory),
                      on_round)
-    run.strategy, run.train_config = method.build(task, run_config, model, info)
-    if hasattr(run.strategy, "num_rounds"):
-        run.strategy.num_rounds = task.num_server_rounds
+    strategy, run.train_config = method.build(task, run_config, model, info)
+    run.strategy = (cast(DrivenStrategy, strategy) if isinstance(strategy, ServerFigures)
+                    else FlowerStrategy(strategy))
+    run.strategy.num_rounds = task.num_server_rounds
     run.arrays = state_arrays(model)
     start_round = run.restore()
     if start_round == 0:
@@ -132,7 +134,7 @@ class _ServerRun:
         self.measured = MeasuredGrid(grid, self.ledger)
         self.failures = FailureWatch(task.max_failed_rounds, name, announce=False)
         self.history: list[dict[str, Any]] = []
-        self.strategy: Any = None
+        self.strategy: DrivenStrategy = FlowerStrategy(None)
         self.train_config: ConfigRecord = ConfigRecord()
         self.arrays = ArrayRecord()
         self.t_start = time.perf_counter()
@@ -149,8 +151,7 @@ class _ServerRun:
         self.ledger = Ledger.from_state(checkpoint["ledger"])
         self.measured.ledger = self.ledger
         self.history = checkpoint["history"]
-        if hasattr(self.strategy, "load_state_dict"):
-            self.strategy.load_state_dict(checkpoint["strategy"])
+        self.strategy.load_state_dict(checkpoint["strategy"] or {})
         log(INFO, "[%s] resuming after round %d from %s", self.name, checkpoint["round"],
             task.checkpoint_dir)
         return int(checkpoint["round"])
@@ -164,13 +165,13 @@ class _ServerRun:
                                             self.measured)
         server_s = time.perf_counter() - t_server
         replies = list(self.measured.send_and_receive(messages, timeout=task.round_timeout))
-        if not hasattr(strategy, "failures"):  # the package's strategies watch themselves
+        if not strategy.watches_failures:
             self.failures.observe(replies)
         t_server = time.perf_counter()
-        new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        new_arrays, train_metrics = strategy.aggregate_train(rnd, replies)
         server_s += time.perf_counter() - t_server
-        if hasattr(strategy, "round_figures"):  # a wrapper's own figures (payload bits)
-            metrics = {**strategy.round_figures(rnd), **dict((metrics or {}).items())}
+        metrics = ({**strategy.round_figures(rnd), **dict((train_metrics or {}).items())}
+                   or train_metrics)
         if new_arrays is not None:
             self.arrays = new_arrays
         fed = None
@@ -180,7 +181,7 @@ class _ServerRun:
                                                    self.measured)
             answers = self.measured.send_and_receive(requests, timeout=task.round_timeout)
             fed = strategy.aggregate_evaluate(rnd, answers)
-        ended = bool(getattr(strategy, "finished", False))
+        ended = strategy.finished
         self.evaluate_round(rnd, metrics, fed,
                             round_timing(replies, self.ledger, rnd, server_s), ended)
         return ended
@@ -222,13 +223,41 @@ class _ServerRun:
         if not task.checkpoint_dir or not (rnd % task.checkpoint_every == 0 or ended
                                            or rnd == task.num_server_rounds):
             return
-        strategy = self.strategy
         save_atomic(task.checkpoint_dir, {
             "round": rnd, "elapsed": time.perf_counter() - self.t_start,
             "arrays": self.arrays.to_torch_state_dict(), "ledger": self.ledger.state(),
             "history": self.history,
-            "strategy": strategy.state_dict() if hasattr(strategy, "state_dict") else None,
+            "strategy": self.strategy.state_dict(),
         })
+
+
+class FlowerStrategy(ServerFigures):
+    """One of Flower's own strategies (``FedAvg``) as the harness drives the package's.
+
+    Stateless between rounds as far as a resumed run is concerned, never finished early;
+    the harness watches its failures.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The inner strategy's train messages."""
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_round(self, server_round: int, replies: Iterable[Message]):
+        """The inner strategy's aggregate."""
+        return self.strategy.aggregate_train(server_round, replies)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
+                           config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """The inner strategy's evaluate messages."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        """The inner strategy's evaluation aggregate."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
 
 
 app = ServerApp()

@@ -8,7 +8,7 @@ federated evaluation.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -17,33 +17,108 @@ from flwr.serverapp.strategy import Result
 
 from dq_flower.server.evaluation import FederatedEvaluation
 
-__all__ = ["ServerFigures", "ModelStrategy"]
+__all__ = ["DrivenStrategy", "ServerFigures", "ModelStrategy"]
+
+
+class DrivenStrategy(Protocol):
+    """What a driver of rounds (the harness) calls on a strategy.
+
+    Flower's four steps and the package's additions, present on every strategy of the
+    package (:class:`ServerFigures` gives the defaults).
+    """
+
+    num_rounds: int | None
+    watches_failures: bool
+
+    @property
+    def finished(self) -> bool: ...  # noqa: D102
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord,  # noqa: D102
+                        config: ConfigRecord, grid: Grid) -> Iterable[Message]: ...
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message],  # noqa: D102
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,  # noqa: D102
+                           config: ConfigRecord, grid: Grid) -> Iterable[Message]: ...
+
+    def aggregate_evaluate(self, server_round: int,  # noqa: D102
+                           replies: Iterable[Message]) -> MetricRecord | None: ...
+
+    def round_figures(self, server_round: int) -> dict[str, Any]: ...  # noqa: D102
+
+    def state_dict(self) -> dict: ...  # noqa: D102
+
+    def load_state_dict(self, state: dict) -> None: ...  # noqa: D102
 
 
 class ServerFigures:
-    """Server-side figures of each round, reported where Flower reports the ServerApp's own.
+    """What the harness and Flower's ``start`` need of every strategy of the package.
 
-    A strategy records its round's figures (payload bits, rejected replies, server time)
-    with :meth:`record_figures`; ``start`` adds them to the round's ServerApp-side metrics
-    (``Result.evaluate_metrics_serverapp``, beside what ``evaluate_fn`` returns, whose keys
-    win), not to the aggregated ClientApp-side train metrics. A strategy whose
-    ``aggregate_train`` returns both kinds lists the client-side keys in
-    :attr:`client_metric_keys`: under ``start`` the other keys move to the figures (a
-    driver calling ``aggregate_train`` itself, as the harness does, still gets them all).
+    A template method: :meth:`aggregate_train` (Flower's) calls the strategy's
+    :meth:`aggregate_round` hook, which returns the round's arrays and all its metrics.
+    A strategy records its round's server-side figures (payload bits, rejected replies,
+    server time) with :meth:`record_figures`; under ``start`` they join the round's
+    ServerApp-side metrics (``Result.evaluate_metrics_serverapp``, beside what
+    ``evaluate_fn`` returns, whose keys win), and of ``aggregate_round``'s metrics only the
+    client-side keys listed in :attr:`client_metric_keys` stay with the aggregated train
+    metrics, the rest join the figures. A driver calling ``aggregate_train`` itself, as the
+    harness does, gets them all. :meth:`state_dict`, :meth:`load_state_dict`,
+    :attr:`finished` and :attr:`num_rounds` are the rest of what a driver talks to.
     """
 
-    #: Keys of ``aggregate_train``'s metrics aggregated from the clients' replies; ``None``
+    #: Keys of ``aggregate_round``'s metrics aggregated from the clients' replies; ``None``
     #: when all of them are (nothing moves).
     client_metric_keys: tuple[str, ...] | None = None
+    #: The run's number of rounds, where the strategy plans ahead (set by ``start``).
+    num_rounds: int | None = None
+    #: Whether the strategy stops a run whose sampled clients all fail (else its driver does).
+    watches_failures = False
+    _round_figures: dict[int, dict[str, Any]] | None = None
+    _figures_apart = False  # under ``start``: server-side metrics go to the figures
+
+    @property
+    def finished(self) -> bool:
+        """Whether the strategy has nothing left to do (a driver may stop the run)."""
+        return False
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs (nothing here)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+
+    def aggregate_round(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's new arrays and every metric of it (the strategy's hook)."""
+        raise NotImplementedError
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's ``aggregate_train``: :meth:`aggregate_round`, split under ``start``.
+
+        See the class docstring for which metrics stay.
+        """
+        arrays, metrics = self.aggregate_round(server_round, replies)
+        keys = self.client_metric_keys
+        if not self._figures_apart or keys is None or metrics is None:
+            return arrays, metrics
+        keep = {k: v for k, v in metrics.items() if k in keys}
+        self.record_figures(server_round, {k: v for k, v in metrics.items() if k not in keep})
+        return arrays, MetricRecord(keep) if keep else None
 
     def record_figures(self, server_round: int, figures: Mapping[str, Any]) -> None:
         """Keep ``figures`` of ``server_round`` for the ServerApp-side metrics."""
-        store: dict[int, dict[str, Any]] = self.__dict__.setdefault("_round_figures", {})
-        store.setdefault(int(server_round), {}).update(figures)
+        if self._round_figures is None:
+            self._round_figures = {}
+        self._round_figures.setdefault(int(server_round), {}).update(figures)
 
     def round_figures(self, server_round: int) -> dict[str, Any]:
         """The figures recorded for ``server_round`` (empty if none)."""
-        return dict(self.__dict__.get("_round_figures", {}).get(int(server_round), {}))
+        return dict((self._round_figures or {}).get(int(server_round), {}))
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
@@ -63,25 +138,13 @@ class ServerFigures:
                     out[key] = value
             return out
 
-        client_keys = self.client_metric_keys
-        if client_keys is not None:
-            aggregate = self.aggregate_train  # type: ignore[has-type]
-
-            def split(server_round: int, replies: Iterable[Message]):
-                arrays, metrics = aggregate(server_round, replies)
-                if metrics is None:
-                    return arrays, None
-                keep = {k: v for k, v in metrics.items() if k in client_keys}
-                self.record_figures(server_round, {k: v for k, v in metrics.items()
-                                                   if k not in keep})
-                return arrays, MetricRecord(keep) if keep else None
-
-            self.aggregate_train = split  # for this run only
+        self.num_rounds = int(num_rounds)
+        self._figures_apart = True
         try:
             return super().start(grid, initial_arrays, num_rounds,  # type: ignore[misc]
                                  timeout, train_config, evaluate_config, evaluate)
         finally:
-            self.__dict__.pop("aggregate_train", None)
+            self._figures_apart = False
 
 
 class ModelStrategy(ServerFigures, FederatedEvaluation):
@@ -94,6 +157,7 @@ class ModelStrategy(ServerFigures, FederatedEvaluation):
     """
 
     client_metric_keys: tuple[str, ...] | None = ()
+    watches_failures = True
 
     def _setup(self, model: torch.nn.Module, *, seed: int, fraction_train: float,
                min_available_nodes: int, fraction_evaluate: float,

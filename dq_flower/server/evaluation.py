@@ -10,7 +10,6 @@ federation's metrics by its count or by its values.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -64,9 +63,12 @@ class FederatedEvaluation:
     evaluate_weight_cap: float = 2.0
     evaluate_trim: float = 0.2
 
+    _eval_ledger: RoundLedger | None = None
+
     def _evaluate_ledger(self) -> RoundLedger:
-        ledger: Any = self.__dict__.setdefault("_eval_ledger", RoundLedger())
-        return ledger
+        if self._eval_ledger is None:
+            self._eval_ledger = RoundLedger()
+        return self._eval_ledger
 
     def configure_evaluate(  # noqa: D102
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

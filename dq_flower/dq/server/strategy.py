@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, MetricRecordValues
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 
 from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs, strategy_kwargs
@@ -120,7 +120,6 @@ class DQStrategy(ModelStrategy, Strategy):
                     fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes)
         self.cfg: DQConfig = build_config(config, knobs, DQConfig)
         cfg = self.cfg
-        self.num_rounds: int | None = None
         self.optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr,
                                         cfg.momentum, cfg.weight_decay)
         comp_codec = (make(cfg.compensation, **cfg.compensation_kwargs)
@@ -211,11 +210,6 @@ class DQStrategy(ModelStrategy, Strategy):
         """
         return cls(model, **strategy_kwargs(cls, DQConfig, run_config, overrides))
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              *args: Any, **kwargs: Any) -> Result:
-        """Flower's ``Strategy.start``; the planner learns the number of rounds from it."""
-        self.num_rounds = int(num_rounds)
-        return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def summary(self) -> None:
         """Log the knobs that differ from their defaults."""
@@ -254,7 +248,7 @@ class DQStrategy(ModelStrategy, Strategy):
                                       lambda: model_record(self.model, codec=codec))
         return self.ledger.record(server_round, messages)
 
-    def aggregate_train(
+    def aggregate_round(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, store their samples, take the server's optimizer steps."""
