@@ -11,6 +11,7 @@ and replies. The server validates every reply, decodes, aggregates (mean weighte
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,9 +48,9 @@ from dq_flower.model_ops import (
     state_arrays,
 )
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.base import ModelStrategy
+from dq_flower.server.base import ModelStrategy, ServerRound
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
-from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors, screen_replies
+from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors
 from dq_flower.server.robust import DirectionScreen, NormScreen, StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 from dq_flower.wire.gradient import (
@@ -82,6 +83,15 @@ def majority_vote(vectors: list[np.ndarray], rng: np.random.Generator) -> np.nda
     if ties.any():
         vote[ties] = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=int(ties.sum()))
     return vote
+
+
+@dataclass
+class _Kept:
+    """A gradient round's updates after :meth:`GradientStrategy.bound`."""
+
+    updates: list[GradientUpdate]
+    misaligned: list[int]  # nodes left out of the mean for their direction
+    figures: UpdateFigures
 
 
 class GradientStrategy(ModelStrategy, Strategy):
@@ -204,15 +214,20 @@ class GradientStrategy(ModelStrategy, Strategy):
         self.sent_payload_bits[server_round] = bits
         return self.ledger.record(server_round, messages)
 
-    def aggregate_round(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Screen and decode the replies, bound and aggregate them, step the optimizer."""
-        sent = self.ledger.take(server_round)
-        screened = screen_replies(replies, self.decode, sent)
-        self.failures.observe(screened.replies, screened.silent)
-        quorum = min(self.min_available_nodes,
-                     len(sent) if sent is not None else self.min_available_nodes)
+    def decode_reply(self, rnd: ServerRound, msg: Message) -> GradientUpdate:
+        """One reply's coded update, decoded and checked."""
+        return self.decode(msg)
+
+    def observe_failures(self, rnd: ServerRound) -> None:
+        """Count the round towards ``max-failed-rounds``."""
+        self.failures.observe(rnd.screened.replies, rnd.screened.silent)
+
+    def bound(self, rnd: ServerRound) -> _Kept:
+        """Norm screen, clip, direction screen and weight cap (none under ``majority``).
+
+        Replies arrive in any order: they are bounded in the clients' partition order.
+        """
+        screened = rnd.screened
         updates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
         figures = UpdateFigures.decoded(screened, updates)
         misaligned: list[int] = []
@@ -231,26 +246,36 @@ class GradientStrategy(ModelStrategy, Strategy):
             updates = [GradientUpdate(u.node, v, w, u.loss, u.payload_bits, u.raw_bits,
                                       u.steps, u.partition)
                        for u, v, w in zip(used, bounded.vectors, bounded.weights, strict=True)]
-        ok = {u.node for u in updates} | set(misaligned)
+        return _Kept(updates, misaligned, figures)
+
+    def aggregate_and_step(
+        self, rnd: ServerRound, kept: _Kept
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate the kept updates and step the optimizer, given a quorum of them."""
+        sent, screened, updates = rnd.sent, rnd.screened, kept.updates
+        quorum = min(self.min_available_nodes,
+                     len(sent) if sent is not None else self.min_available_nodes)
+        ok = {u.node for u in updates} | set(kept.misaligned)
         for node in (sent or {}):
             self.downlink.replied(node, node in ok)
         stepped = bool(updates) and len(updates) >= quorum
         if stepped:
-            stepped = self._guarded_step(server_round, updates)
+            stepped = self._guarded_step(rnd.number, updates)
         losses = [u.loss for u in updates]
-        figures.down_payload_bits = int(self.sent_payload_bits.pop(server_round, 0))
-        figures.close(screened, len(updates) + len(misaligned))
+        figures = kept.figures
+        figures.down_payload_bits = int(self.sent_payload_bits.pop(rnd.number, 0))
+        figures.close(screened, len(updates) + len(kept.misaligned))
         metrics = figures.metrics()
         metrics.update({
             "train-loss": (float(np.average(losses, weights=[u.weight for u in updates]))
                            if losses else float("nan")),
-            "misaligned": len(misaligned),
+            "misaligned": len(kept.misaligned),
             "stepped": int(stepped),
             "rolled-back": self.rolled_back,
         })
-        log_round(self.method, server_round,
+        log_round(self.method, rnd.number,
                   f"{figures.replies} replies, rejected {screened.rejected}, "
-                  f"left out {len(misaligned)}, failed "
+                  f"left out {len(kept.misaligned)}, failed "
                   f"{screened.failed}, up {figures.up_payload_bits} payload bits")
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)

@@ -25,9 +25,9 @@ from flwr.serverapp.strategy import Strategy
 from dq_flower.codecs import PayloadError, make
 from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
 from dq_flower.config import build_config, given_knobs, params_text, strategy_kwargs
-from dq_flower.server.base import ServerFigures
+from dq_flower.server.base import RoundPipeline, ServerRound
 from dq_flower.server.common import log_rejected, log_round
-from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors, screen_replies
+from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors
 from dq_flower.server.robust import DirectionScreen, NormScreen
 from dq_flower.wire.compressed_update import (
     LAYOUT_KEY,
@@ -84,7 +84,7 @@ def _mode(value: str | bool | None, on: str, off: str, default: str) -> str:
     return value
 
 
-class CompressedUpdates(ServerFigures, Strategy):
+class CompressedUpdates(RoundPipeline, Strategy):
     """Wrap any Flower strategy so that clients upload coded updates instead of weights.
 
     Use it with :func:`dq_flower.compression_mod` in the ClientApp. The inner strategy
@@ -180,15 +180,22 @@ class CompressedUpdates(ServerFigures, Strategy):
         self._sent[server_round] = sent
         return self.ledger.record(server_round, messages)
 
-    def aggregate_round(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Screen and decode the replies into weights, then let the inner strategy aggregate."""
-        sent = self._sent.pop(server_round, {})
-        screened = screen_replies(replies, lambda m: self._decode(m, sent),
-                                  self.ledger.take(server_round))
+    def begin_round(self, rnd: ServerRound) -> None:
+        """Take what each node was sent this round (its layout and reference weights)."""
+        rnd.notes["coded"] = self._sent.pop(rnd.number, {})
+
+    def decode_reply(self, rnd: ServerRound, msg: Message) -> _Decoded:
+        """One reply's update, decoded against what its node was sent."""
+        return self._decode(msg, rnd.notes["coded"])
+
+    def bound(self, rnd: ServerRound) -> list[_Decoded]:
+        """Consistent metric keys, then norm screen, clip, direction screen, weight cap.
+
+        The kept replies are rebuilt into weights for the inner strategy.
+        """
+        screened, sent = rnd.screened, rnd.notes["coded"]
         decoded: list[_Decoded] = screened.accepted
-        figures = UpdateFigures.decoded(screened, decoded)
+        rnd.notes["figures"] = UpdateFigures.decoded(screened, decoded)
         decoded, dropped = self._consistent(decoded)
         screened.rejected += dropped
         screened.accepted = decoded
@@ -198,25 +205,33 @@ class CompressedUpdates(ServerFigures, Strategy):
                                 weight_cap=self.cfg.weight_cap, directions=self.directions,
                                 nodes=screened.nodes)
         screened.keep(bounded.reasons)
+        rnd.notes["misaligned"] = len(bounded.misaligned)
         # a valid reply that keeps pointing against the others: not rejected, left out
         decoded = [d for d, a in zip(screened.accepted, bounded.agree, strict=True) if a]
         for d, update, weight in zip(decoded, bounded.vectors, bounded.weights, strict=True):
             self._rebuild(d, sent[int(d.msg.metadata.src_node_id)], update, weight)
-        passed = [m for m in screened.replies if m.has_error()] + [d.msg for d in decoded]
-        arrays, metrics = self.strategy.aggregate_train(server_round, passed)
+        return decoded
+
+    def aggregate_and_step(
+        self, rnd: ServerRound, kept: list[_Decoded]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The inner strategy aggregates the rebuilt replies (and the error replies)."""
+        screened, figures = rnd.screened, rnd.notes["figures"]
+        passed = [m for m in screened.replies if m.has_error()] + [d.msg for d in kept]
+        arrays, metrics = self.strategy.aggregate_train(rnd.number, passed)
         finite = arrays is None or all(
             np.isfinite(a.numpy()).all() for a in arrays.values()
             if str(a.dtype) in ("float16", "float32", "float64"))
         if not finite:
             log(WARNING, "[%s] round %d: the aggregate is not finite; the model stays as it "
-                "was", NAME, server_round)
+                "was", NAME, rnd.number)
             arrays = None
-        figures.down_payload_bits = sum(e.down_bits for e in sent.values())
-        figures.close(screened, len(decoded))
-        self.record_figures(server_round, {**figures.metrics(),
-                                           "misaligned": len(bounded.misaligned)})
-        log_round(NAME, server_round, f"{len(decoded)} updates decoded, rejected "
-                  f"{figures.rejected}, left out {len(bounded.misaligned)}, failed "
+        figures.down_payload_bits = sum(e.down_bits for e in rnd.notes["coded"].values())
+        figures.close(screened, len(kept))
+        misaligned = rnd.notes["misaligned"]
+        self.record_figures(rnd.number, {**figures.metrics(), "misaligned": misaligned})
+        log_round(NAME, rnd.number, f"{len(kept)} updates decoded, rejected "
+                  f"{figures.rejected}, left out {misaligned}, failed "
                   f"{figures.failed}, up "
                   f"{figures.up_payload_bits} payload bits")
         return arrays, metrics

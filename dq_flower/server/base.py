@@ -8,6 +8,7 @@ federated evaluation.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -16,8 +17,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from dq_flower.server.evaluation import FederatedEvaluation
+from dq_flower.server.pipeline import RoundLedger, Screened, screen_replies
 
-__all__ = ["DrivenStrategy", "ServerFigures", "ModelStrategy"]
+__all__ = ["DrivenStrategy", "ServerFigures", "ServerRound", "RoundPipeline", "ModelStrategy"]
 
 
 class DrivenStrategy(Protocol):
@@ -147,7 +149,63 @@ class ServerFigures:
             self._figures_apart = False
 
 
-class ModelStrategy(ServerFigures, FederatedEvaluation):
+@dataclass
+class ServerRound:
+    """One round as it goes through :class:`RoundPipeline`'s hooks."""
+
+    number: int
+    sent: dict[int, Message] | None  # what the strategy sent, by node (from its ledger)
+    screened: Screened = field(default_factory=Screened)
+    #: what the strategy's hooks pass each other within the round (a plan, what was sent)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class RoundPipeline(ServerFigures):
+    """A server round as a template method: ledger, screen and decode, bound, aggregate.
+
+    :meth:`aggregate_round` takes what the strategy sent this round from :attr:`ledger`,
+    calls :meth:`begin_round`, screens the replies (origin, duplicates, errors and silent
+    nodes: :func:`~dq_flower.server.pipeline.screen_replies`) decoding each with
+    :meth:`decode_reply`, then :meth:`observe_failures`, :meth:`bound` (the checks of the
+    decoded replies against each other) and :meth:`aggregate_and_step`. A strategy
+    overrides the hooks it needs, as Flower's strategies override ``aggregate_train``.
+    """
+
+    ledger: RoundLedger
+
+    def aggregate_round(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The template: see the class docstring."""
+        rnd = ServerRound(int(server_round), self.ledger.take(server_round))
+        self.begin_round(rnd)
+        rnd.screened = screen_replies(replies, lambda msg: self.decode_reply(rnd, msg),
+                                      rnd.sent)
+        self.observe_failures(rnd)
+        return self.aggregate_and_step(rnd, self.bound(rnd))
+
+    def begin_round(self, rnd: ServerRound) -> None:
+        """What the round needs before its replies are decoded (nothing here)."""
+
+    def decode_reply(self, rnd: ServerRound, msg: Message) -> Any:
+        """One reply decoded and checked; any exception rejects it with its reason."""
+        raise NotImplementedError
+
+    def observe_failures(self, rnd: ServerRound) -> None:
+        """Count the round's failed replies (nothing here: the driver watches)."""
+
+    def bound(self, rnd: ServerRound) -> Any:
+        """The decoded replies checked against each other (here: all of them)."""
+        return rnd.screened.accepted
+
+    def aggregate_and_step(
+        self, rnd: ServerRound, kept: Any
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Combine what :meth:`bound` kept and step the model: the round's result."""
+        raise NotImplementedError
+
+
+class ModelStrategy(RoundPipeline, FederatedEvaluation):
     """What the package's strategies share around the user's model.
 
     Seeded sampling settings, federated evaluation, loading ``initial_arrays`` (or any

@@ -1,7 +1,8 @@
 """Every strategy of the package is driven through one template and one protocol.
 
-``aggregate_train`` is :class:`ServerFigures`'s template around each strategy's
-``aggregate_round`` hook: no method is replaced for the length of ``start``; under
+``aggregate_train`` is :class:`ServerFigures`'s template around ``aggregate_round``, itself
+:class:`RoundPipeline`'s template (ledger, screen and decode, bound, aggregate and step)
+whose hooks each strategy overrides: no method is replaced for the length of ``start``; under
 ``start`` the server's figures move to the ServerApp-side metrics, called directly the
 hook's metrics come back whole. The harness drives Flower's own strategies through the
 same protocol (:class:`FlowerStrategy`).
@@ -18,7 +19,7 @@ from torch import nn
 import dq_flower
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import FlowerStrategy
-from dq_flower.server.base import ServerFigures
+from dq_flower.server.base import RoundPipeline
 
 
 def _model() -> nn.Module:
@@ -57,12 +58,13 @@ def test_start_replaces_no_method_and_splits_the_figures():
     assert "stored" in strategy.aggregate_train(3, [])[1]
 
 
-def test_every_package_strategy_is_a_driven_strategy():
+def test_every_package_strategy_overrides_hooks_not_the_template():
     for name in ("DQStrategy", "GradientStrategy", "CompressedUpdates"):
         cls = getattr(dq_flower, name)
-        assert issubclass(cls, ServerFigures), name
-        assert "aggregate_train" not in vars(cls), f"{name} overrides the template"
-        assert "aggregate_round" in vars(cls), name
+        assert issubclass(cls, RoundPipeline), name
+        own = set(vars(cls))
+        assert not own & {"aggregate_train", "aggregate_round"}, f"{name} replaces the template"
+        assert {"decode_reply", "bound", "aggregate_and_step"} <= own, name
 
 
 def test_flowers_own_strategy_is_driven_through_the_adapter():

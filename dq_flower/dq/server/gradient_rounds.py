@@ -11,7 +11,6 @@ the gradient of the round's one fresh step; the server then takes the round's ot
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import MAX_LOCAL_ID
 from dq_flower.server.common import log_round
-from dq_flower.server.pipeline import Screened, UpdateFigures, bound_vectors, screen_replies
+from dq_flower.server.pipeline import Screened, UpdateFigures, bound_vectors
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
 from dq_flower.wire.dq_batch import GRADIENT_KEY
 from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
@@ -40,6 +39,7 @@ __all__ = ["GradientRounds", "Combined"]
 class Combined:
     """A gradient round's accepted replies and their combined gradient (``None``: none)."""
 
+    figures: UpdateFigures  # of every reply that decoded, before bounding
     valid: list[GradientUpdate] = field(default_factory=list)
     gradient: np.ndarray | None = None
     misaligned: int = 0  # replies left out of the mean for their direction
@@ -64,20 +64,13 @@ class GradientRounds:
         self.directions = DirectionScreen(cfg.min_cosine)
         self._bits: dict[int, int] = {}  # this round's replies' sizes, by identity
 
-    def aggregate(self, server_round: int, replies: list[Message], plan: RoundPlan,
-                  sent: dict[int, Message] | None, configured: int,
-                  observe: Callable[[list[Message], Screened], None]) -> Metrics:
-        """A gradient round: one step with the bounded mean gradient, then store steps.
+    def step(self, server_round: int, screened: Screened[GradientUpdate], combined: Combined,
+             plan: RoundPlan) -> Metrics:
+        """A gradient round's steps: one with the combined gradient, then store steps.
 
-        Replies are checked against the round last ``configured``; ``observe`` counts the
-        screened round towards ``max-failed-rounds``. Returns the round's metrics.
+        Returns the round's metrics.
         """
-        screened = screen_replies(replies, lambda msg: self.validate(msg, configured), sent)
-        observe(screened.replies, screened)
-        # the bits of every gradient that decoded, as for the baselines' updates
-        figures = UpdateFigures.decoded(screened, screened.accepted)
-        combined = self.combine(screened)
-        valid = combined.valid
+        valid, figures = combined.valid, combined.figures
         loss = self.trainer.train_gradient(server_round, combined.gradient,
                                            [r.loss for r in valid], [r.node for r in valid])
         self.record(valid)
@@ -120,6 +113,8 @@ class GradientRounds:
         Replies arrive in any order: they are combined in the clients' partition order.
         """
         cfg = self.cfg
+        # the bits of every gradient that decoded, as for the baselines' updates
+        figures = UpdateFigures.decoded(screened, screened.accepted)
         valid = sorted(screened.accepted, key=lambda r: (r.partition, r.node))
         bounded = bound_vectors([r.vector for r in valid], [r.weight for r in valid],
                                 self.norms, clip_factor=cfg.clip_factor,
@@ -132,7 +127,7 @@ class GradientRounds:
         grad = (aggregate(bounded.vectors, bounded.weights,
                           robust_rule(cfg.robust_aggregation), cfg.trim_fraction)
                 if valid else None)
-        return Combined(valid, grad, len(bounded.misaligned))
+        return Combined(figures, valid, grad, len(bounded.misaligned))
 
     def record(self, valid: list[GradientUpdate]) -> None:
         """Tell the planner the accepted replies' examples and their mean size."""

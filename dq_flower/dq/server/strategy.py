@@ -29,8 +29,8 @@ control variate), :class:`~dq_flower.dq.server.training.ServerTrainer` (the serv
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,23 +45,32 @@ from dq_flower.dq.config import DQConfig, model_codec
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.compensation import Compensations
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.gradient_rounds import GradientRounds
+from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
 from dq_flower.dq.server.identity import ClientIdentities
 from dq_flower.dq.server.intake import UploadIntake
-from dq_flower.dq.server.planner import ESTIMATES, RoundPlan, UploadPlanner, gradient_estimate
+from dq_flower.dq.server.planner import ESTIMATES, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import RoundMetrics, schedule_text
 from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTOR, Upload
 from dq_flower.model_ops import LossFn, state_arrays
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.base import ModelStrategy
+from dq_flower.server.base import ModelStrategy, ServerRound
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
-from dq_flower.server.pipeline import RoundLedger, Screened, screen_replies
+from dq_flower.server.pipeline import RoundLedger
+from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
 from dq_flower.wire.spec import DataSpec
 
 __all__ = ["DQStrategy", "Upload", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
+
+
+@dataclass
+class _Checked:
+    """A data round's uploads after :meth:`DQStrategy.bound`, and the replies rejected."""
+
+    uploads: list[Upload]
+    rejected: int
 
 
 class DQStrategy(ModelStrategy, Strategy):
@@ -248,55 +257,69 @@ class DQStrategy(ModelStrategy, Strategy):
                                       lambda: model_record(self.model, codec=codec))
         return self.ledger.record(server_round, messages)
 
-    def aggregate_round(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, store their samples, take the server's optimizer steps."""
-        replies = list(replies)
-        sent = self.ledger.take(server_round)
-        plan, ask = self.asks.take(server_round)
-        if plan is not None and plan.mode == "gradient":
-            metrics = self.gradients.aggregate(server_round, replies, plan, sent,
-                                               self._configured, self._observe_failures)
-        else:
-            t0 = time.perf_counter()
-            screened = screen_replies(
-                replies, lambda msg: self.intake.validate_reply(msg, server_round, ask), sent)
-            metrics = self._data_round(server_round, replies, plan, screened, t0)
-        self._returned = state_arrays(self.model)
-        return self._returned, MetricRecord(metrics)
+    def begin_round(self, rnd: ServerRound) -> None:
+        """Take the round's plan (data or gradient) and what each node was asked."""
+        plan, ask = self.asks.take(rnd.number)
+        rnd.notes.update(plan=plan, ask=ask,
+                         gradient=plan is not None and plan.mode == "gradient")
 
-    def _data_round(self, server_round: int, replies: list[Message], plan: RoundPlan | None,
-                    screened: Screened[Upload], t0: float) -> dict[str, MetricRecordValues]:
-        """Adopt what the round agrees on, store its rows, train; the round's metrics."""
-        self._observe_failures(replies, screened)
-        # Replies arrive in any order: store and combine them in the clients' partition
-        # order, so that a run is reproducible from its seed.
-        candidates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
-        candidates, rejected = self.intake.adopt(candidates, screened.rejected)
-        self.asks.note_scorers({u.node: u.can_score for u in candidates})
-        candidates, dropped = self.compensations.screen_deltas(candidates)
-        refreshed = self.compensations.update_control_variate(candidates)
-        stored_before = self.stored
-        fresh, not_stored = self.intake.store_uploads(candidates)
-        rejected += dropped + not_stored
-        loss = self.trainer.train_round(server_round, fresh, stored_before)
-        self.intake.measure_data(fresh)
-        metrics = self.metrics.data_round(
-            plan, fresh, loss=loss, rejected=rejected, failed=screened.failed, t0=t0,
-            refreshed=refreshed if self.cv is not None else None)
-        log_round("dq", server_round, f"{metrics['selected']} new samples, "
-                  f"store {metrics['stored']}, rejected {rejected}, failed {screened.failed}"
-                  + schedule_text(metrics))
-        return metrics
+    def decode_reply(self, rnd: ServerRound, msg: Message) -> Upload | GradientUpdate:
+        """One reply checked and decoded: a coded gradient, or samples under its identity."""
+        if rnd.notes["gradient"]:
+            return self.gradients.validate(msg, self._configured)
+        return self.intake.validate_reply(msg, rnd.number, rnd.notes["ask"])
 
-    def _observe_failures(self, replies: list[Message], screened: Screened) -> None:
+    def observe_failures(self, rnd: ServerRound) -> None:
         """Count the round towards ``max-failed-rounds`` while the store is empty.
 
         With samples stored, a round trains on the store whoever fails, so it is not a dead
         run; its failed and silent nodes are still counted in ``failed``.
         """
-        self.failures.observe(replies, screened.silent, counts=self.stored == 0)
+        screened = rnd.screened
+        self.failures.observe(screened.replies, screened.silent, counts=self.stored == 0)
+
+    def bound(self, rnd: ServerRound) -> Combined | _Checked:
+        """Gradients bounded and combined, or uploads checked against the round's others.
+
+        Replies arrive in any order: uploads are adopted and stored in the clients'
+        partition order, so that a run is reproducible from its seed.
+        """
+        screened = rnd.screened
+        if rnd.notes["gradient"]:
+            return self.gradients.combine(screened)
+        candidates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
+        candidates, rejected = self.intake.adopt(candidates, screened.rejected)
+        self.asks.note_scorers({u.node: u.can_score for u in candidates})
+        candidates, dropped = self.compensations.screen_deltas(candidates)
+        return _Checked(candidates, rejected + dropped)
+
+    def aggregate_and_step(
+        self, rnd: ServerRound, kept: Combined | _Checked
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The gradient round's steps, or the uploads stored and trained on."""
+        if isinstance(kept, Combined):
+            metrics = self.gradients.step(rnd.number, rnd.screened, kept, rnd.notes["plan"])
+        else:
+            metrics = self._data_round(rnd, kept)
+        self._returned = state_arrays(self.model)
+        return self._returned, MetricRecord(metrics)
+
+    def _data_round(self, rnd: ServerRound, kept: _Checked) -> dict[str, MetricRecordValues]:
+        """Store the checked uploads, train; the round's metrics."""
+        screened = rnd.screened
+        refreshed = self.compensations.update_control_variate(kept.uploads)
+        stored_before = self.stored
+        fresh, not_stored = self.intake.store_uploads(kept.uploads)
+        rejected = kept.rejected + not_stored
+        loss = self.trainer.train_round(rnd.number, fresh, stored_before)
+        self.intake.measure_data(fresh)
+        metrics = self.metrics.data_round(
+            rnd.notes["plan"], fresh, loss=loss, rejected=rejected, failed=screened.failed,
+            t0=screened.started, refreshed=refreshed if self.cv is not None else None)
+        log_round("dq", rnd.number, f"{metrics['selected']} new samples, "
+                  f"store {metrics['stored']}, rejected {rejected}, failed {screened.failed}"
+                  + schedule_text(metrics))
+        return metrics
 
     def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
         """Gradient of the first step (see :meth:`ServerTrainer.fresh_gradient`)."""
