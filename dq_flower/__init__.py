@@ -16,6 +16,7 @@ strategies and the compression wrapper and mod are loaded on first use.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from dq_flower import client, codecs
@@ -63,7 +64,5 @@ _LAZY = {"DQStrategy": "dq_flower.dq.server.strategy",
 def __getattr__(name: str) -> Any:
     """The strategies, imported (with PyTorch) on first use."""
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -141,6 +141,7 @@ def _stack_items(items: Sequence[Any], what: str,
 def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     torch = _loaded_torch()
     if torch is not None:
+        # PyTorch: loaded only where a model is at hand
         from torch.utils.data import DataLoader, Dataset, IterableDataset
 
     if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], tuple) \

@@ -196,3 +196,41 @@ def test_the_checker_resolves_relative_imports():
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _unexplained_local_imports(path: Path) -> list[int]:
+    """Lines of function-local imports with no reason next to them.
+
+    A local import is kept only to defer something heavy or optional (PyTorch, Ray, the
+    server side, torchvision, ...): it says so on its line or the line above, or sits in
+    the ``try`` of an optional dependency.
+    """
+    lines = path.read_text().splitlines()
+    tree = ast.parse(path.read_text())
+    in_try = {id(s) for t in ast.walk(tree) if isinstance(t, ast.Try) for s in t.body}
+    out = []
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in in_try:
+                i = node.lineno - 1
+                while i and lines[i - 1].strip().startswith(("import ", "from ")):
+                    i -= 1  # a block of imports under one comment
+                above = lines[i - 1].strip() if i else ""
+                if "#" not in lines[node.lineno - 1] and not above.startswith("#"):
+                    out.append(node.lineno)
+    return out
+
+
+def test_every_local_import_says_why_it_is_local():
+    bad = {name: lines for name, path in MODULES.items()
+           if (lines := _unexplained_local_imports(path))}
+    assert not bad, bad
+
+
+def test_the_local_import_check_sees_a_bare_one(tmp_path):
+    path = tmp_path / "mod.py"
+    path.write_text("def f():\n    import copy\n    return copy\n\n\ndef g():\n"
+                    "    import torch  # PyTorch: deferred\n")
+    assert _unexplained_local_imports(path) == [2]

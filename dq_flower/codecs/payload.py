@@ -79,6 +79,7 @@ class Payload:
 
     def to_record(self):  # -> flwr.app.ArrayRecord
         """Serialise to a Flower ``ArrayRecord`` of raw bytes (no ``np.save`` headers)."""
+        # Flower's app side: loaded when a simulation or record needs it
         from flwr.app import Array, ArrayRecord
 
         if HEADER_KEY in self.buffers:

@@ -81,9 +81,9 @@ def parse_set(items: Sequence[str]) -> list[tuple[str | None, str, Any]]:
 
 def _scalar(raw: str) -> Any:
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # TOML, loaded where a file is read
     else:  # Python 3.10
-        import tomli as tomllib
+        import tomli as tomllib  # TOML, loaded with the command that reads it
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:

@@ -34,10 +34,10 @@ def _time_series(rec: Mapping[str, Any], link: LinkProfile) -> list[dict[str, An
 
 def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
     """Accuracy against uplink bytes, rounds (and simulated time per link) as PNG (Agg)."""
-    import matplotlib
+    import matplotlib  # matplotlib: loaded when a plot is drawn
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: loaded when a plot is drawn
 
     runs = [r for r in results["runs"] if not is_failed(r) and r.get("history")]
     target = float(results["target_accuracy"])

@@ -288,9 +288,9 @@ def _hyphen(key: str) -> str:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # TOML, loaded where a file is read
     else:  # Python 3.10
-        import tomli as tomllib
+        import tomli as tomllib  # TOML, loaded with the command that reads it
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

@@ -16,11 +16,13 @@ import functools
 import logging
 import os
 import platform
+import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -314,8 +316,6 @@ def _preset_json(preset: Preset) -> dict[str, Any]:
 
 
 def _environment() -> dict[str, Any]:
-    from importlib import metadata
-
     versions = {}
     for pkg in ("dq_flower", "flwr", "torch", "numpy"):
         try:
@@ -333,8 +333,6 @@ def _environment() -> dict[str, Any]:
 
 def _git_state() -> dict[str, Any]:
     """Commit and uncommitted files of the source tree, when it is a git checkout."""
-    import subprocess
-
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return {}

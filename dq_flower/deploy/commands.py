@@ -57,7 +57,7 @@ def _fail(message: str) -> int:
 
 def parse_config_pairs(items: list[str] | None) -> dict[str, Any]:
     """Parse ``["k=v k2='a b'", ...]`` like ``flwr``'s ``--run-config`` (TOML values)."""
-    import tomli
+    import tomli  # TOML, loaded with the command that reads it
 
     out: dict[str, Any] = {}
     pattern = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")

@@ -258,8 +258,8 @@ def write_connection(
     env: Mapping[str, str] | None = None,
 ) -> Path:
     """Add or replace ``[superlink.<name>]`` in ``$FLWR_HOME/config.toml``; return its path."""
-    import tomli
-    import tomli_w
+    import tomli  # TOML, loaded with the command that reads it
+    import tomli_w  # TOML, loaded with the command that writes it
 
     if not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
         raise ValueError(f"invalid connection name {name!r}")

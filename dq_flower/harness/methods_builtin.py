@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Any
 
 from flwr.app import ConfigRecord
+from flwr.serverapp.strategy import FedAvg
 
 from dq_flower.baselines.config import FedAvgConfig, GradientConfig
 from dq_flower.compression.config import CompressionConfig
@@ -66,10 +68,6 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
     nodes that may never connect). It samples with Python's global ``random`` module,
     which is seeded here with the run seed so runs are reproducible.
     """
-    import random
-
-    from flwr.serverapp.strategy import FedAvg
-
     knobs = from_mapping(FedAvgConfig, run_config)
     random.seed(task.seed)
     strategy = FedAvg(

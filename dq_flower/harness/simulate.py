@@ -139,9 +139,12 @@ def _apps(method: str, dataset: Any, model: Any, num_clients: int, rounds: int, 
     Every knob and the model are checked here, before the engine starts. The server app
     stores ``run_server``'s result under ``"result"``, or what it raised under ``"error"``.
     """
-    from flwr.app import Context
+    from flwr.app import Context  # Flower's app side: loaded when a simulation or record needs it
+
+    # Flower's server side: loaded when a simulation runs
     from flwr.serverapp import Grid, ServerApp
 
+    # the server side (PyTorch): loaded when a simulation runs
     from dq_flower.harness.server_app import prepare_model, run_server
 
     run_config = build_run_config(method, dataset, model, num_clients, rounds, seed, **knobs)

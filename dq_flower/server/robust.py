@@ -36,6 +36,7 @@ holds for any model and data without tuning:
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -257,15 +258,13 @@ class StepGuard:
 
     def begin(self) -> None:
         """Snapshot the model and optimizer before the round's steps."""
-        import copy
-
         opt = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
         self._saved = ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
                        opt)
 
     def finite_or_restore(self) -> bool:
         """``True`` if the model is finite; else restore the snapshot and return ``False``."""
-        import torch
+        import torch  # PyTorch: loaded only where a model is at hand
 
         finite = all(bool(torch.isfinite(v).all()) for v in self.model.state_dict().values()
                      if v.is_floating_point())

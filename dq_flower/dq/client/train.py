@@ -106,6 +106,7 @@ def round_config(msg: Message) -> dict[str, Any]:
 def __getattr__(name: str) -> Any:
     """``score_candidates``, imported (with PyTorch) from :mod:`dq_flower.dq.client.scoring`."""
     if name == "score_candidates":
+        # PyTorch: model scorers only, torch-free nodes never load it
         from dq_flower.dq.client.scoring import score_candidates
 
         return score_candidates
@@ -148,6 +149,7 @@ def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
         ws.append(rows["weights"].numpy().astype(np.float64))
     if not xs:
         return None
+    # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import quantization_residual
 
     w = np.concatenate(ws)
@@ -169,6 +171,7 @@ def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray
                     y: np.ndarray, model: torch.nn.Module | None, loss_fn: LossFn | None,
                     key: int, rng: np.random.Generator, t0: float) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
+    # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import batch_gradient, received_model
 
     model = received_model(msg, model, "a gradient round (upload-mode gradient or auto)")
@@ -295,7 +298,10 @@ def _scores(msg: Message, cfg: DQConfig, knob: str | None, model: torch.nn.Modul
     """The model the round uses (``None`` where it needs none) and the candidates' scores."""
     if knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
         return None, np.ones(candidates.size)
+    # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import received_model
+
+    # PyTorch: model scorers only, torch-free nodes never load it
     from dq_flower.dq.client.scoring import score_candidates
 
     model = received_model(msg, model, knob)
@@ -371,6 +377,7 @@ def _compensation(cfg: DQConfig, spec: DataSpec, coded: _Coded, y: np.ndarray,
     """The coded gradient of the quantization residual of the chosen rows."""
     if model is None:
         raise ValueError("compensation needs the model; the server did not send it")
+    # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import quantization_residual
 
     shape = (-1, *spec.sample_shape)

@@ -6,6 +6,7 @@ the same name lives in `dq_flower.model_ops` (alias ``load_arrays``).
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from dq_flower.harness.tasks.data import (
@@ -66,7 +67,5 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The model helpers, imported (with PyTorch) on first use."""
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

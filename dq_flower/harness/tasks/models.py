@@ -186,6 +186,7 @@ def _resnet20(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 
 @register_model("resnet18")
 def _resnet18(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    # optional (torchvision): loaded when the model is built
     from torchvision.models import resnet18
 
     c, h, w = _image_shape(input_shape, "resnet18")

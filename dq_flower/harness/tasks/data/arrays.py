@@ -87,6 +87,7 @@ def split_indices(
     """Seeded train/test index split, stratified where ``y`` are class labels."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    # scikit-learn: loaded when a split is drawn
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(n)

@@ -46,7 +46,7 @@ def _unit_from_uint8(x: np.ndarray) -> np.ndarray:
 
 
 def _load_digits(seed: int, test_fraction: float) -> Dataset:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # scikit-learn: loaded when the digits are read
 
     bunch = load_digits()
     # the definition of the data set: pixels 0..16, normalised to [0, 1]
@@ -137,6 +137,7 @@ def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
                else [Path(DEFAULT_FMNIST_DIR), default_data_root() / "fashion-mnist"])
     files = next((f for f in map(_find_idx_files, folders) if f is not None), None)
     if files is None and download:
+        # optional (torchvision): loaded when this data set is read
         from torchvision.datasets import FashionMNIST
 
         target = folders[0] if data_dir is not None else folders[-1]
@@ -220,6 +221,7 @@ def _load_cifar10(data_dir: str | None, download: bool) -> Dataset:
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
     missing = [n for n in names if not (folder / n).is_file()]
     if missing and download:
+        # optional (torchvision): loaded when this data set is read
         from torchvision.datasets import CIFAR10
 
         root.mkdir(parents=True, exist_ok=True)

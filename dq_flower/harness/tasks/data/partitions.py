@@ -52,8 +52,8 @@ def _partition_cached(
     seed: int,
     min_partition_size: int,
 ) -> tuple[np.ndarray, ...]:
-    import datasets
-    from flwr_datasets.partitioner import (
+    import datasets  # optional (Hugging Face datasets): loaded for flwr-datasets partitions
+    from flwr_datasets.partitioner import (  # optional (flwr-datasets): loaded for its partitions
         DirichletPartitioner,
         IidPartitioner,
         PathologicalPartitioner,
