@@ -167,25 +167,45 @@ def _reply(content: RecordDict, msg: Message, spec: DataSpec,
     return Message(content=content, reply_to=msg)
 
 
-def _gradient_round(msg: Message, context: Context, cfg: DQConfig, x: np.ndarray,
-                    y: np.ndarray, model: torch.nn.Module | None, loss_fn: LossFn | None,
-                    key: int, rng: np.random.Generator, t0: float) -> Message:
+@dataclasses.dataclass(frozen=True)
+class RoundInput:
+    """What one round of :func:`dq_train` works from, read once from the message."""
+
+    msg: Message
+    context: Context
+    config: dict[str, Any]  # the round config as sent
+    cfg: DQConfig  # the knobs the node reads, the scorer resolved for this node
+    knob: str | None  # the knob that needs the model this round (None: no model needed)
+    x: np.ndarray  # the node's inputs, as given
+    y: np.ndarray
+    spec: DataSpec
+    model: torch.nn.Module | None
+    loss_fn: LossFn | None
+    server_round: int
+    key: int  # the node's client identity (partition-id)
+    rng: np.random.Generator  # the round's generator: every draw of the round, in order
+    t0: float  # when the round began (client-time-s)
+
+
+def _gradient_round(r: RoundInput) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
     # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import batch_gradient, received_model
 
-    model = received_model(msg, model, "a gradient round (upload-mode gradient or auto)")
+    model = received_model(r.msg, r.model, "a gradient round (upload-mode gradient or auto)")
     if model is None:
         raise ValueError("a gradient round needs the model; the server did not send it")
+    x, y, cfg = r.x, r.y, r.cfg
     size = min(cfg.gradient_batch_size, x.shape[0])
-    idx = np.sort(rng.choice(x.shape[0], size=size, replace=False))
-    loss, grad = batch_gradient(model, x[idx], y[idx], loss_fn)
+    idx = np.sort(r.rng.choice(x.shape[0], size=size, replace=False))
+    loss, grad = batch_gradient(model, x[idx], y[idx], r.loss_fn)
     codec = make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
-    payload = encode_with_feedback(codec, grad, rng, context, GRAD_EF_KEY)
-    metrics = {"num-examples": int(x.shape[0]), "partition-id": int(key),
+    payload = encode_with_feedback(codec, grad, r.rng, r.context, GRAD_EF_KEY)
+    metrics = {"num-examples": int(x.shape[0]), "partition-id": int(r.key),
                "train-loss": float(loss), "up-payload-bits": int(payload.nbits),
-               "client-time-s": time.perf_counter() - t0}
-    return _reply(RecordDict({GRADIENT_KEY: payload.to_record()}), msg, spec_of(x, y), metrics)
+               "client-time-s": time.perf_counter() - r.t0}
+    return _reply(RecordDict({GRADIENT_KEY: payload.to_record()}), r.msg, spec_of(x, y),
+                  metrics)
 
 
 def dq_train(msg: Message, context: Context, data: Any, *,
@@ -239,40 +259,33 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     key = node_key(context)
     rng = round_rng(round_seed, server_round, key)
     x_all, y = as_arrays(data, keys)
-    spec = spec_of(x_all, y)
+    r = RoundInput(msg, context, config, cfg, knob, x_all, y, spec_of(x_all, y),
+                   model, loss_fn, server_round, key, rng, t0)
     begin_round(context, server_round, STATE_PREFIX)
-    if config.get("round-mode", "data") == "gradient":
-        reply = _gradient_round(msg, context, cfg, x_all, y, model, loss_fn, key, rng, t0)
-    else:
-        reply = _data_round(msg, context, config, cfg, knob, x_all, y, spec, model, loss_fn,
-                            server_round, key, rng, t0)
+    gradient = config.get("round-mode", "data") == "gradient"
+    reply = _gradient_round(r) if gradient else _data_round(r)
     end_round(context, server_round, STATE_PREFIX)
     return reply
 
 
-def _data_round(msg: Message, context: Context, config: dict[str, Any], cfg: DQConfig,
-                knob: str | None, x_all: np.ndarray, y: np.ndarray, spec: DataSpec,
-                model: torch.nn.Module | None, loss_fn: LossFn | None, server_round: int,
-                key: int, rng: np.random.Generator, t0: float) -> Message:
+def _data_round(r: RoundInput) -> Message:
     """Reply to a data round: the chosen rows quantized, with the optional compensation."""
-    n = x_all.shape[0]
+    config, spec, y, rng, context = r.config, r.spec, r.y, r.rng, r.context
+    n = r.x.shape[0]
     num_classes = _num_classes(config, spec, y, n)
-    cfg, candidates = _candidates(config, cfg, key, n)
-    holds_model = model is not None
-    model, scores = _scores(msg, cfg, knob, model, x_all, y, candidates, loss_fn)
+    cfg, candidates = _candidates(config, r.cfg, r.key, n)
+    model, scores = _scores(r, cfg, candidates)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
     represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per row
 
-    x_flat = x_all.reshape(n, -1)
+    x_flat = r.x.reshape(n, -1)
     coded = _quantize(cfg, spec, x_flat[chosen], x_flat, rng,
                       bool(config.get("send-ranges", True)))
     compensation = None
     if cfg.compensation != "none" and chosen.size:
-        compensation = _compensation(cfg, spec, coded, y[chosen], sel.weights, model,
-                                     loss_fn, rng, context)
-    refresh = _refresh(cfg, config, context, x_flat, y, spec, model, loss_fn, coded.mode,
-                       rng, server_round)
+        compensation = _compensation(r, cfg, coded, y[chosen], sel.weights, model)
+    refresh = _refresh(r, cfg, x_flat, model, coded.mode)
 
     content, payload_bits = encode_batch(
         coded.samples, y[chosen], chosen, represents, num_classes, n, compensation)
@@ -280,23 +293,22 @@ def _data_round(msg: Message, context: Context, config: dict[str, Any], cfg: DQC
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)
     if cfg.compensation_mode == "refresh" and chosen.size:
-        _remember_sent(context, server_round, coded.samples, chosen, represents)
+        _remember_sent(context, r.server_round, coded.samples, chosen, represents)
     for name, record in coded.extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
-    metrics = {"num-examples": int(n), "partition-id": int(key),
+    metrics = {"num-examples": int(n), "partition-id": int(r.key),
                "candidates": int(candidates.size), "selected": int(chosen.size),
-               CAN_SCORE_KEY: int(holds_model),
+               CAN_SCORE_KEY: int(r.model is not None),
                "up-payload-bits": int(payload_bits),
-               "client-time-s": time.perf_counter() - t0}
-    return _reply(content, msg, spec, metrics)
+               "client-time-s": time.perf_counter() - r.t0}
+    return _reply(content, r.msg, spec, metrics)
 
 
-def _scores(msg: Message, cfg: DQConfig, knob: str | None, model: torch.nn.Module | None,
-            x_all: np.ndarray, y: np.ndarray, candidates: np.ndarray,
-            loss_fn: LossFn | None) -> tuple[torch.nn.Module | None, np.ndarray]:
+def _scores(r: RoundInput, cfg: DQConfig,
+            candidates: np.ndarray) -> tuple[torch.nn.Module | None, np.ndarray]:
     """The model the round uses (``None`` where it needs none) and the candidates' scores."""
-    if knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
+    if r.knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
         return None, np.ones(candidates.size)
     # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import received_model
@@ -304,8 +316,8 @@ def _scores(msg: Message, cfg: DQConfig, knob: str | None, model: torch.nn.Modul
     # PyTorch: model scorers only, torch-free nodes never load it
     from dq_flower.dq.client.scoring import score_candidates
 
-    model = received_model(msg, model, knob)
-    scores = score_candidates(cfg.scorer, model, x_all[candidates], y[candidates], loss_fn)
+    model = received_model(r.msg, r.model, r.knob)
+    scores = score_candidates(cfg.scorer, model, r.x[candidates], r.y[candidates], r.loss_fn)
     return model, scores
 
 
@@ -370,40 +382,36 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
     return coded
 
 
-def _compensation(cfg: DQConfig, spec: DataSpec, coded: _Coded, y: np.ndarray,
-                  weights: np.ndarray, model: torch.nn.Module | None,
-                  loss_fn: LossFn | None, rng: np.random.Generator,
-                  context: Context) -> Payload:
+def _compensation(r: RoundInput, cfg: DQConfig, coded: _Coded, y: np.ndarray,
+                  weights: np.ndarray, model: torch.nn.Module | None) -> Payload:
     """The coded gradient of the quantization residual of the chosen rows."""
     if model is None:
         raise ValueError("compensation needs the model; the server did not send it")
     # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import quantization_residual
 
-    shape = (-1, *spec.sample_shape)
+    shape = (-1, *r.spec.sample_shape)
     delta = quantization_residual(model, coded.xb.reshape(shape),
-                                  coded.decoded().reshape(shape), y, weights, loss_fn)
+                                  coded.decoded().reshape(shape), y, weights, r.loss_fn)
     codec = make(cfg.compensation, **cfg.compensation_kwargs)
-    return encode_with_feedback(codec, delta, rng, context, EF_KEY)
+    return encode_with_feedback(codec, delta, r.rng, r.context, EF_KEY)
 
 
-def _refresh(cfg: DQConfig, config: dict[str, Any], context: Context, x_flat: np.ndarray,
-             y: np.ndarray, spec: DataSpec, model: torch.nn.Module | None,
-             loss_fn: LossFn | None, mode: str, rng: np.random.Generator,
-             server_round: int) -> Payload | None:
+def _refresh(r: RoundInput, cfg: DQConfig, x_flat: np.ndarray,
+             model: torch.nn.Module | None, mode: str) -> Payload | None:
     """Under ``compensation-mode = "refresh"``: the refreshed residual the round asks for."""
     if cfg.compensation_mode != "refresh":
         return None
-    _forget_sent_from(context, server_round)
-    if not bool(config.get("refresh", False)):
+    _forget_sent_from(r.context, r.server_round)
+    if not bool(r.config.get("refresh", False)):
         return None
     if model is None:
         raise ValueError("a refreshed residual needs the model; the server did not send it")
-    residual = _refreshed_residual(context, x_flat, y, spec, model, loss_fn, mode)
+    residual = _refreshed_residual(r.context, x_flat, r.y, r.spec, model, r.loss_fn, mode)
     if residual is None:
         return None
     codec = make(cfg.compensation, **cfg.compensation_kwargs)
-    return encode_with_feedback(codec, residual, rng, context, REFRESH_EF_KEY)
+    return encode_with_feedback(codec, residual, r.rng, r.context, REFRESH_EF_KEY)
 
 
 def _remember_sent(context: Context, server_round: int, samples: Payload, chosen: np.ndarray,
