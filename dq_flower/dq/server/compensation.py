@@ -10,7 +10,11 @@ step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.control_variate import ControlVariate
@@ -36,36 +40,41 @@ class Compensations:
         self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
         self.refresh_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
 
-    def _screen(self, uploads: list[Upload], name: str, screen: NormScreen,
-                what: str) -> list[Upload]:
-        """Norm-screen and clip the uploads' ``name`` vectors in place; the rejected uploads.
+    def _screen(self, uploads: list[Upload], get: Callable[[Upload], np.ndarray | None],
+                put: Callable[[Upload, np.ndarray | None], Upload], screen: NormScreen,
+                what: str) -> tuple[list[Upload], list[int]]:
+        """Norm-screen and clip the uploads' vectors (``get``; ``put`` a new one in).
 
-        A rejected upload's vector is dropped (set to ``None``); ``what`` names it in the log.
+        Returns the uploads with their vectors clipped (a rejected one's dropped: ``None``)
+        and the positions of the rejected ones; ``what`` names the vector in the log.
         """
-        having = [u for u in uploads if getattr(u, name) is not None]
+        vectors = [get(u) for u in uploads]
+        having = [i for i, v in enumerate(vectors) if v is not None]
+        out = list(uploads)
         if not having:
-            return []
-        bounded = bound_vectors([getattr(u, name) for u in having], [1.0] * len(having),
+            return out, []
+        bounded = bound_vectors([v for v in vectors if v is not None], [1.0] * len(having),
                                 screen, clip_factor=self.cfg.clip_factor,
                                 clip_norm=self.cfg.clip_norm)
         kept = iter(bounded.vectors)
         rejected = []
-        for u, k in zip(having, bounded.keep, strict=True):
-            setattr(u, name, next(kept) if k else None)
+        for i, k in zip(having, bounded.keep, strict=True):
+            out[i] = put(uploads[i], next(kept) if k else None)
             if not k:
-                rejected.append(u)
-                log_rejected(u.node, f"{what} is implausibly large against the other "
-                             "clients' (norm-bound-factor)")
-        return rejected
+                rejected.append(i)
+                log_rejected(uploads[i].node, f"{what} is implausibly large against the "
+                             "other clients' (norm-bound-factor)")
+        return out, rejected
 
     def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
-        """Drop uploads whose compensation norm is implausible; clip the others' in place.
+        """Drop uploads whose compensation norm is implausible; clip the others'.
 
         See :func:`dq_flower.server.pipeline.bound_vectors`.
         """
-        bad = {id(u) for u in self._screen(uploads, "delta", self.comp_norms,
-                                           "compensation norm")}
-        return [u for u in uploads if id(u) not in bad], len(bad)
+        screened, bad = self._screen(uploads, lambda u: u.delta,
+                                     lambda u, v: replace(u, delta=v), self.comp_norms,
+                                     "compensation norm")
+        return [u for i, u in enumerate(screened) if i not in set(bad)], len(bad)
 
     def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
         """Age the control variate, then enter the round's refreshed and fresh deltas.
@@ -77,7 +86,7 @@ class Compensations:
         if self.cv is None:
             return 0, 0
         self.cv.age()
-        dropped = self._screen_refreshes(fresh)
+        fresh, dropped = self._screen_refreshes(fresh)
         refreshed = 0
         store = self.intake.store
         for u in fresh:
@@ -88,10 +97,12 @@ class Compensations:
                 self.cv.add(u.node, u.delta, float(u.batch.weights.sum()))
         return refreshed, dropped
 
-    def _screen_refreshes(self, uploads: list[Upload]) -> int:
-        """Norm-screen and clip the refreshed residuals in place; a rejected one is dropped."""
-        return len(self._screen(uploads, "refresh", self.refresh_norms,
-                                "refreshed residual's norm"))
+    def _screen_refreshes(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
+        """Norm-screen and clip the refreshed residuals; a rejected one is dropped."""
+        screened, bad = self._screen(uploads, lambda u: u.refresh,
+                                     lambda u, v: replace(u, refresh=v), self.refresh_norms,
+                                     "refreshed residual's norm")
+        return screened, len(bad)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

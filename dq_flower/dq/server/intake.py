@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import replace
 from logging import WARNING
 from typing import Any
 
@@ -173,9 +174,8 @@ class UploadIntake:
         src = int(msg.metadata.src_node_id)
         identity = reply_identity(msg.content.metric_records.get("metrics"), src)
         self.identities.check(server_round, src, identity)
-        upload = self.validate(msg, identity, ask(src, identity))
+        upload = replace(self.validate(msg, identity, ask(src, identity)), source=src)
         self.identities.claim(server_round, src, identity)
-        upload.source = src
         if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
             dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
             self.duplicates += dropped
@@ -192,11 +192,11 @@ class UploadIntake:
         content = msg.content
         upload = check_upload(content, node, self.rules(), self.history(node),
                               self.cfg.budget if max_rows is None else int(max_rows))
-        upload.delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
-        upload.refresh = self.decode_refresh(content, node)
-        upload.batch, upload.x = self.drop_held(upload.batch, upload.x, node)
-        upload.reply_bits = reply_bits(content) if self.measuring else 0
-        return upload
+        delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
+        refresh = self.decode_refresh(content, node)
+        batch, x = self.drop_held(upload.batch, upload.x, node)
+        return replace(upload, delta=delta, refresh=refresh, batch=batch, x=x,
+                       reply_bits=reply_bits(content) if self.measuring else 0)
 
     def drop_held(self, batch: SampleBatch, x: np.ndarray,
                   identity: int) -> tuple[SampleBatch, np.ndarray]:
@@ -294,7 +294,7 @@ class UploadIntake:
                     assert self.store is not None
                     rows = self.rows(upload.batch, upload.node, upload.plain)
                     self.store.add(rows)
-                    upload.holdout = rows.holdout
+                    upload = replace(upload, holdout=rows.holdout)
             except Exception as exc:  # noqa: BLE001
                 failed += 1
                 log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "

@@ -75,9 +75,13 @@ SHARE_FACTOR = 4.0
 CHECK_ROWS = 4
 
 
-@dataclass
+@dataclass(frozen=True)
 class Upload:
-    """One checked data reply: its batch, decoded rows, claims and what it would adopt."""
+    """One checked data reply: its batch, decoded rows, claims and what it would adopt.
+
+    Frozen: each stage that changes an upload (dropping rows already held, clipping its
+    compensation, storing it) returns a new record (``dataclasses.replace``).
+    """
 
     batch: SampleBatch
     x: np.ndarray
