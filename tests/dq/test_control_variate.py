@@ -52,8 +52,8 @@ def test_with_lossless_refreshed_residuals_a_store_step_is_the_true_gradient():
         x_true = np.stack([data[int(n)][0][i] for n, i in
                             zip(nodes, ids, strict=True)])
         ws = (w / w.sum()).astype(np.float32)
-        _, g_store = weighted_loss_grad(strategy.model, strategy.intake.shaped(x), y, ws)
-        _, g_true = weighted_loss_grad(strategy.model, strategy.intake.shaped(x_true), y, ws)
+        _, g_store = weighted_loss_grad(strategy.model, strategy.data.shaped(x), y, ws)
+        _, g_true = weighted_loss_grad(strategy.model, strategy.data.shaped(x_true), y, ws)
         captured.update(store=g_store, true=g_true, cv=strategy.cv.value(),
                         refreshed=sum(u.refresh is not None for u in fresh))
         return original(server_round, fresh)

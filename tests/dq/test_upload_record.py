@@ -29,7 +29,7 @@ def test_screening_compensations_returns_new_records_and_leaves_the_inputs():
     deltas.append(deltas[0] * 1e6)  # one implausibly large compensation
     uploads = [_upload(k, d) for k, d in enumerate(deltas)] + [_upload(9, None)]
     before = [u.delta.copy() if u.delta is not None else None for u in uploads]
-    comps = Compensations(DQConfig(clip_factor=1.0), 50, intake=None)  # type: ignore[arg-type]
+    comps = Compensations(DQConfig(clip_factor=1.0), 50, data=None)  # type: ignore[arg-type]
     kept, rejected = comps.screen_deltas(uploads)
     assert rejected == 1 and [u.node for u in kept] == [0, 1, 2, 3, 9]
     median = float(np.median([np.linalg.norm(d) for d in deltas[:4]]))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from dq_flower.config import to_config_record
@@ -29,9 +30,9 @@ from dq_flower.dq.scorer_choice import (
     run_model_knob,
 )
 from dq_flower.dq.server.identity import ClientIdentities, RoundClients
-from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
+from dq_flower.dq.server.store import FederationData
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.model_ops import output_width
 from dq_flower.seeding import Purpose, round_rng
@@ -45,14 +46,15 @@ class RoundAsks:
     """Each round's plan and asks, kept until the round's replies are aggregated.
 
     ``trainer`` holds the adaptive schedule and the per-client fit its asks follow;
-    ``intake`` the store whose held rows each message names; ``seed`` roots the rounds'
+    ``data`` holds the store whose held rows each message names; ``seed`` roots the rounds'
     seeds.
     """
 
     def __init__(self, cfg: DQConfig, planner: UploadPlanner, identities: ClientIdentities,
-                 intake: UploadIntake, trainer: ServerTrainer, seed: int) -> None:
+                 data: FederationData, model: torch.nn.Module, trainer: ServerTrainer,
+                 seed: int) -> None:
         self.cfg, self.planner, self.identities, self.seed = cfg, planner, identities, seed
-        self.intake, self.trainer = intake, trainer
+        self.data, self.model, self.trainer = data, model, trainer
         self.plans: dict[int, RoundPlan] = {}
         #: per round, the number of samples asked of each node
         self.asked: dict[int, dict[int, int]] = {}
@@ -77,7 +79,7 @@ class RoundAsks:
         adaptive schedule (the fixed one keeps uniform draws).
         """
         adaptive = self.trainer.schedule is not None
-        if (adaptive and self.intake.stored == 0) or (not adaptive and self.cfg.scorer == AUTO):
+        if (adaptive and self.data.stored == 0) or (not adaptive and self.cfg.scorer == AUTO):
             return "uniform"
         return self.cfg.scorer
 
@@ -125,8 +127,8 @@ class RoundAsks:
         seed_rng = round_rng(self.seed, server_round, 0, Purpose.ROUND_SEED)
         cfg["round-seed"] = int(seed_rng.integers(2**31))
         cfg["round-mode"] = plan.mode
-        if self.intake.num_classes:
-            cfg["num-classes"] = int(self.intake.num_classes)
+        if self.data.num_classes:
+            cfg["num-classes"] = int(self.data.num_classes)
         if refresh:
             cfg["refresh"] = 1
         if self.cfg.scorer == AUTO:
@@ -156,14 +158,14 @@ class RoundAsks:
     def known_identities(self) -> set[int]:
         """Every client identity the server keeps state of."""
         known = set(self.planner.clients) | set(self.identities.node_of)
-        store = self.intake.store
+        store = self.data.store
         return known | set(store.clients) if store is not None else known
 
     def held_of(self, identity: int) -> bytes | None:
         """The held-set bytes of ``identity`` (``None`` with ``resend``: nothing to say)."""
         if self.cfg.resend:
             return None
-        store = self.intake.store
+        store = self.data.store
         return EMPTY if store is None else encode_held(store.received(identity))
 
     def round_asks(self, server_round: int, nodes: list[int], clients: RoundClients,
@@ -226,7 +228,7 @@ class RoundAsks:
         assert schedule is not None
         if schedule.next_total is None:
             return dict.fromkeys(keys, self.first_ask(len(keys)))
-        total = schedule.round_ask(self.intake.stored)
+        total = schedule.round_ask(self.data.stored)
         if total <= 0:
             return {}
         left: dict[int, int | None] = {}
@@ -251,7 +253,7 @@ class RoundAsks:
         adopted number, else the output width of the model's last linear layer (a hint:
         at least 2).
         """
-        classes = self.intake.num_classes or output_width(self.intake.model) or 2
+        classes = self.data.num_classes or output_width(self.model) or 2
         rows = self.cfg.min_holdout_rows * max(int(classes), 2) / self.cfg.holdout_fraction
         return max(self.cfg.budget, math.ceil(rows / max(clients, 1)))
 
@@ -286,9 +288,9 @@ class RoundAsks:
                 if held is not None:
                     node_cfg[TABLE_KEY if identity is None else HELD_KEY] = held
                     self.held_bytes += len(held)
-                if self.intake.may_use_feature_ranges():
+                if self.data.may_use_feature_ranges(self.cfg.ranges):
                     node_cfg["send-ranges"] = (identity is None
-                                               or identity not in self.intake.ranges)
+                                               or identity not in self.data.ranges)
             content = RecordDict({"config": node_cfg, **shared})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))

@@ -18,7 +18,7 @@ import numpy as np
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.store import FederationData
 from dq_flower.dq.server.validation import Upload
 from dq_flower.server.common import log_rejected
 from dq_flower.server.pipeline import bound_vectors
@@ -30,11 +30,11 @@ __all__ = ["Compensations"]
 class Compensations:
     """The norm screens of compensations and refreshed residuals, and the control variate.
 
-    ``intake`` holds the store whose per-client weights a refreshed residual replaces.
+    ``data`` holds the store whose per-client weights a refreshed residual replaces.
     """
 
-    def __init__(self, cfg: DQConfig, num_params: int, intake: UploadIntake) -> None:
-        self.cfg, self.intake = cfg, intake
+    def __init__(self, cfg: DQConfig, num_params: int, data: FederationData) -> None:
+        self.cfg, self.data = cfg, data
         self.cv = (ControlVariate(num_params, cfg.compensation_decay)
                    if cfg.compensation_mode != "first-step" else None)
         self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
@@ -88,7 +88,7 @@ class Compensations:
         self.cv.age()
         fresh, dropped = self._screen_refreshes(fresh)
         refreshed = 0
-        store = self.intake.store
+        store = self.data.store
         for u in fresh:
             if u.refresh is not None and store is not None:
                 self.cv.replace(u.node, u.refresh, store.node_weight(u.node))

@@ -28,7 +28,7 @@ from dq_flower.dq.server.holdout import choose_holdout
 from dq_flower.dq.server.identity import ClientIdentities, reply_identity
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
 from dq_flower.dq.server.rows import RowLayout, keep_rows, kept_rows
-from dq_flower.dq.server.store import SampleStore, StoredRows
+from dq_flower.dq.server.store import FederationData, SampleStore, StoredRows
 from dq_flower.dq.server.validation import (
     SHARE_FACTOR,
     VALUE_FACTOR,
@@ -63,46 +63,19 @@ class UploadIntake:
     kept for the planner.
     """
 
-    def __init__(self, cfg: DQConfig, model: torch.nn.Module, *, loss_fn: LossFn | None,
-                 seed: int, num_classes: int | None, planner: UploadPlanner,
+    def __init__(self, cfg: DQConfig, model: torch.nn.Module, data: FederationData, *,
+                 loss_fn: LossFn | None, seed: int, planner: UploadPlanner,
                  identities: ClientIdentities, comp_codec: Codec | None, num_params: int,
                  measuring: bool) -> None:
         self.cfg, self.model, self.loss_fn, self.seed = cfg, model, loss_fn, seed
         self.planner, self.identities = planner, identities
         self.comp_codec, self.num_params, self.measuring = comp_codec, num_params, measuring
-        self.num_classes = num_classes
-        self._given_classes = num_classes
-        self.spec: DataSpec | None = None
-        self.mode = "sample"
-        self.layout: RowLayout | None = None
-        self.store: SampleStore | None = None
-        self.value_bound = float(cfg.max_abs_value) or None
+        self.data = data
+        self._given_classes = data.num_classes
         #: what was learned from replies and is forgotten while no row is stored
         self._provisional = {"spec": False, "bound": False}
-        self.duplicates = 0  # rows of this round's replies the server already held
-
-    @property
-    def ranges(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Each client's feature ranges ``(lo, span)``, kept by the store."""
-        return {} if self.store is None else self.store.ranges
-
-    @property
-    def stored(self) -> int:
-        """Samples in the store."""
-        return 0 if self.store is None else len(self.store)
-
-    def take_duplicates(self) -> int:
-        """Rows of the round's replies the server already held (dropped); the count restarts."""
-        out, self.duplicates = self.duplicates, 0
-        return out
 
     # ------------------------------------------------------------------ the data spec
-    def may_use_feature_ranges(self) -> bool:
-        """Whether replies may carry feature ranges (``ranges`` ``feature``, or ``auto``)."""
-        if self.spec is None:
-            return self.cfg.ranges in ("auto", "feature")
-        return self.mode == "feature"
-
     def fix_spec(self, spec: DataSpec, classes: int | None = None) -> None:
         """Adopt ``spec`` and set up the store.
 
@@ -111,35 +84,30 @@ class UploadIntake:
         """
         if classes is None:
             classes = check_model(self.model, spec, *placeholder_rows(spec),
-                                  self.num_classes, self.loss_fn)
+                                  self.data.num_classes, self.loss_fn)
         if spec.target == "class":
-            self.num_classes = classes
-        self.spec = spec
+            self.data.num_classes = classes
+        self.data.spec = spec
         cfg = self.cfg
-        self.mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
-        groups = spec.channels if self.mode == "channel" else 1
-        self.layout = RowLayout(spec.dim, cfg.bits, max(groups, 1),
-                                fixed=self.mode == "feature")
-        self.store = SampleStore(self.layout.dequantize, max_samples=cfg.max_store_samples,
-                                 eviction=cfg.store_eviction, seed=self.seed)
+        self.data.mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
+        groups = spec.channels if self.data.mode == "channel" else 1
+        layout = self.data.layout = RowLayout(spec.dim, cfg.bits, max(groups, 1),
+                                              fixed=self.data.mode == "feature")
+        self.data.store = SampleStore(layout.dequantize, max_samples=cfg.max_store_samples,
+                                      eviction=cfg.store_eviction, seed=self.seed)
         if self.measuring and self.planner.sample_bits == 0.0:
-            est = first_estimates(cfg, self.mode, spec.dim, spec.channels,
-                                  self.num_classes or 2, self.comp_codec, self.num_params,
+            est = first_estimates(cfg, self.data.mode, spec.dim, spec.channels,
+                                  self.data.num_classes or 2, self.comp_codec, self.num_params,
                                   self.seed)
             self.planner.sample_bits = est["sample_bits"]
             self.planner.reply_bits = est["reply_bits"]
         log_round("dq", 0, f"data: samples {spec.sample_shape}, {spec.target} targets, "
-                  f"ranges {self.mode}" + (f", {self.num_classes} classes"
+                  f"ranges {self.data.mode}" + (f", {self.data.num_classes} classes"
                                             if spec.target == "class" else ""))
 
     def check_spec(self, content: RecordDict) -> DataSpec:
         """The reply's data spec, equal to the federation's where one is adopted."""
-        return reply_spec(content, self.spec)
-
-    def shaped(self, x: np.ndarray) -> np.ndarray:
-        """Flat rows shaped as the data spec's samples (batch first)."""
-        assert self.spec is not None
-        return x.reshape(-1, *self.spec.sample_shape)
+        return reply_spec(content, self.data.spec)
 
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:
@@ -148,21 +116,21 @@ class UploadIntake:
         A spec or bound learned from replies none of whose rows is stored is not enforced:
         :meth:`adopt` learns it again.
         """
-        cfg, unconfirmed = self.cfg, self.stored == 0
-        spec = None if unconfirmed and self._provisional["spec"] else self.spec
-        bound = None if unconfirmed and self._provisional["bound"] else self.value_bound
+        cfg, unconfirmed = self.cfg, self.data.stored == 0
+        spec = None if unconfirmed and self._provisional["spec"] else self.data.spec
+        bound = None if unconfirmed and self._provisional["bound"] else self.data.value_bound
         return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.per_channel,
-                     cfg.resend, spec, self.num_classes, bound)
+                     cfg.resend, spec, self.data.num_classes, bound)
 
     def history(self, node: int) -> History:
         """What the server holds about ``node``: its examples, stored rows, feature ranges."""
         known = self.planner.clients.get(int(node))
         stored = 0
-        if self.store is not None and self.spec is not None:
-            strata = (np.arange(self.num_classes or 1) if self.spec.target == "class"
+        if self.data.store is not None and self.data.spec is not None:
+            strata = (np.arange(self.data.num_classes or 1) if self.data.spec.target == "class"
                       else np.zeros(1, dtype=np.int64))  # float targets: one stratum
-            stored = int(self.store.counts(node, strata)[0].sum())
-        return History(known[0] if known else 0, stored, self.ranges.get(int(node)))
+            stored = int(self.data.store.counts(node, strata)[0].sum())
+        return History(known[0] if known else 0, stored, self.data.ranges.get(int(node)))
 
     def validate_reply(self, msg: Message, server_round: int, ask: Ask) -> Upload:
         """:meth:`validate` a data reply under the client identity it claims.
@@ -178,7 +146,7 @@ class UploadIntake:
         self.identities.claim(server_round, src, identity)
         if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
             dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
-            self.duplicates += dropped
+            self.data.duplicates += dropped
             log_round("dq", server_round, f"client {identity} (node {src}) re-sent {dropped} "
                       "rows the server holds: those rows are dropped")
         return upload
@@ -206,9 +174,9 @@ class UploadIntake:
         the server holds); the rest of the reply is kept, and :meth:`validate_reply`
         counts the dropped rows in the round's ``duplicate-rows``.
         """
-        if self.cfg.resend or not len(batch) or self.store is None:  # nothing held yet
+        if self.cfg.resend or not len(batch) or self.data.store is None:  # nothing held yet
             return batch, x
-        held = self.store.was_received(identity, batch.ids)
+        held = self.data.store.was_received(identity, batch.ids)
         if not held.any():
             return batch, x
         return keep_rows(batch, ~held), x[~held]
@@ -219,11 +187,11 @@ class UploadIntake:
         if record is None:
             return None
         if (self.cfg.compensation_mode == "first-step" or self.comp_codec is None
-                or self.store is None):  # first-step: no control variate to refresh
+                or self.data.store is None):  # first-step: no control variate to refresh
             raise PayloadError("unexpected refreshed residual")
         residual = decode_vector(Payload.from_record(record), self.comp_codec,
                                  self.num_params, "refreshed residual")
-        if self.store.node_weight(node) <= 0:  # its rows were evicted: nothing to correct
+        if self.data.store.node_weight(node) <= 0:  # its rows were evicted: nothing to correct
             return None
         return residual
 
@@ -257,27 +225,28 @@ class UploadIntake:
             self.fix_spec(verdict.spec, verdict.classes)
             self._provisional["spec"] = True
         if verdict.value_bound is not None:
-            self.value_bound = verdict.value_bound
+            self.data.value_bound = verdict.value_bound
             self._provisional["bound"] = True
-            log_round("dq", 0, f"data values bounded by {self.value_bound:g} (max-abs-value: "
+            log_round("dq", 0, f"data values bounded by {self.data.value_bound:g} (max-abs-value: "
                       f"{VALUE_FACTOR:g} times the median upload's largest)")
         return verdict.accepted, rejected + len(verdict.refused)
 
     def forget_unconfirmed(self) -> None:
         """Forget a spec and bound learned from replies while no row of them is stored."""
-        if self.stored:
+        if self.data.stored:
             self._provisional = {"spec": False, "bound": False}
             return
         if self._provisional["spec"]:
-            self.spec, self.layout, self.store, self.mode = None, None, None, "sample"
-            self.num_classes = self._given_classes
+            data = self.data
+            data.spec, data.layout, data.store, data.mode = None, None, None, "sample"
+            self.data.num_classes = self._given_classes
         if self._provisional["bound"]:
-            self.value_bound = None
+            self.data.value_bound = None
         self._provisional = {"spec": False, "bound": False}
 
     def _check_model(self, spec: DataSpec, upload: Upload) -> int:
         """The forward-and-loss check of ``upload``'s rows under ``spec``; the classes."""
-        return check_model(self.model, spec, upload.x, upload.batch.labels, self.num_classes,
+        return check_model(self.model, spec, upload.x, upload.batch.labels, self.data.num_classes,
                            self.loss_fn)
 
     def store_uploads(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
@@ -291,17 +260,17 @@ class UploadIntake:
         for upload in uploads:
             try:
                 if len(upload.batch):
-                    assert self.store is not None
+                    assert self.data.store is not None
                     rows = self.rows(upload.batch, upload.node, upload.plain)
-                    self.store.add(rows)
+                    self.data.store.add(rows)
                     upload = replace(upload, holdout=rows.holdout)
             except Exception as exc:  # noqa: BLE001
                 failed += 1
                 log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
                              f"{exc}")
                 continue
-            if upload.ranges is not None and self.store is not None:
-                self.store.set_ranges(upload.node, *upload.ranges)
+            if upload.ranges is not None and self.data.store is not None:
+                self.data.store.set_ranges(upload.node, *upload.ranges)
             fresh.append(upload)
         return fresh, failed
 
@@ -312,8 +281,8 @@ class UploadIntake:
         ``samples``: the batch's samples as checked (:attr:`Upload.plain`, decoded once);
         default: the batch's own.
         """
-        assert self.layout is not None and self.store is not None
-        codes, side, dither = self.layout.rows(batch.samples if samples is None else samples)
+        assert self.data.layout is not None and self.data.store is not None
+        codes, side, dither = self.data.layout.rows(batch.samples if samples is None else samples)
         kept = kept_rows(batch)  # a reply whose rows the server already held lost those
         if kept is not None:
             codes, side, dither = codes[kept], side[kept], dither[kept]
@@ -321,7 +290,7 @@ class UploadIntake:
         holdout = None
         if self.cfg.adaptive:
             holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
-                                     self.seed, self.store.counts)
+                                     self.seed, self.data.store.counts)
         return StoredRows(codes, side, batch.labels, batch.weights,
                           np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
 
@@ -343,24 +312,24 @@ class UploadIntake:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """What was learned: spec, classes, feature ranges, the store, the value bound."""
-        spec = None if self.spec is None else dataclasses.asdict(self.spec)
-        return {"spec": spec, "num_classes": self.num_classes,
+        spec = None if self.data.spec is None else dataclasses.asdict(self.data.spec)
+        return {"spec": spec, "num_classes": self.data.num_classes,
                 "ranges": {int(k): (lo.copy(), span.copy())
-                           for k, (lo, span) in self.ranges.items()},
-                "store": None if self.store is None else self.store.state(),
-                "value_bound": self.value_bound, "provisional": dict(self._provisional)}
+                           for k, (lo, span) in self.data.ranges.items()},
+                "store": None if self.data.store is None else self.data.store.state(),
+                "value_bound": self.data.value_bound, "provisional": dict(self._provisional)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict` (a spec is adopted again, checked on zero rows)."""
-        self.num_classes = state.get("num_classes", self.num_classes)
+        self.data.num_classes = state.get("num_classes", self.data.num_classes)
         if state.get("spec") is not None:
             spec = state["spec"]
             self.fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
                                    int(spec["target_dim"])))
-        if self.store is not None:
+        if self.data.store is not None:
             for node, (lo, span) in state.get("ranges", {}).items():
-                self.store.set_ranges(int(node), lo, span)
+                self.data.store.set_ranges(int(node), lo, span)
             if state.get("store") is not None:
-                self.store.load_state(state["store"])
-        self.value_bound = state.get("value_bound", self.value_bound)
+                self.data.store.load_state(state["store"])
+        self.data.value_bound = state.get("value_bound", self.data.value_bound)
         self._provisional = {"spec": False, "bound": False, **state.get("provisional", {})}

@@ -9,8 +9,8 @@ from flwr.app import MetricRecordValues
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.asks import RoundAsks
-from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import RoundPlan
+from dq_flower.dq.server.store import FederationData
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import Upload
 
@@ -23,18 +23,18 @@ Metrics = dict[str, MetricRecordValues]
 class RoundMetrics:
     """A round's metrics, read off the strategy's parts after the round's steps."""
 
-    def __init__(self, cfg: DQConfig, intake: UploadIntake, asks: RoundAsks,
+    def __init__(self, cfg: DQConfig, data: FederationData, asks: RoundAsks,
                  trainer: ServerTrainer) -> None:
-        self.cfg, self.intake, self.asks, self.trainer = cfg, intake, asks, trainer
+        self.cfg, self.data, self.asks, self.trainer = cfg, data, asks, trainer
 
     def common(self, plan: RoundPlan | None, *, loss: float, selected: int, up_bits: int,
                replies: int, rejected: int, failed: int, t0: float) -> Metrics:
         """The per-round metrics both kinds of round report."""
-        store = self.intake.store
+        store = self.data.store
         metrics: Metrics = {
             "train-loss": float(loss),
             "selected": int(selected),
-            "stored": self.intake.stored,
+            "stored": self.data.stored,
             "store-bytes": 0 if store is None else store.nbytes,
             "evicted": 0 if store is None else store.evicted,
             "up-payload-bits": int(up_bits),
@@ -44,7 +44,7 @@ class RoundMetrics:
             "server-time-s": time.perf_counter() - t0,
             # rows of the round's replies the server already held (dropped), and the bytes
             # of the held sets and tables its messages carried (part of the downlink)
-            "duplicate-rows": self.intake.take_duplicates(),
+            "duplicate-rows": self.data.take_duplicates(),
             "held-set-bytes": self.asks.held_bytes,
         }
         if plan is not None and self.cfg.upload_mode != "data":
@@ -71,7 +71,7 @@ class RoundMetrics:
 
     def schedule(self) -> Metrics:
         """The adaptive schedule's round metrics (steps, held-out score, gain, next ask)."""
-        schedule, phase, store = self.trainer.schedule, self.trainer.last_phase, self.intake.store
+        schedule, phase, store = self.trainer.schedule, self.trainer.last_phase, self.data.store
         assert schedule is not None  # the store is None until a spec is adopted
         out: Metrics = {
             "server-steps": 0 if phase is None else phase.steps,

@@ -22,13 +22,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from dq_flower.wire.dq_batch import denormalise
 
-__all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES"]
+if TYPE_CHECKING:
+    from dq_flower.dq.server.rows import RowLayout
+    from dq_flower.wire.spec import DataSpec
+
+__all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData"]
 
 EVICTION_POLICIES = ("fifo", "random")
 _FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither", "holdout")
@@ -349,3 +353,47 @@ class SampleStore:
             for node, part in zip(np.asarray(state["evicted_nodes"], dtype=np.uint64),
                                   np.split(ids, bounds), strict=True):
                 self._evicted_ids[int(node)] = _narrow_uint(part)
+
+
+@dataclass
+class FederationData:
+    """What the server knows of the federation's data, shared by its parts.
+
+    The strategy owns it and hands it to the intake (which adopts the spec, sets up the
+    row layout and store, and learns the value bound) and to the parts that read it
+    (training, asks, compensations, metrics). ``store`` is ``None`` until a spec is adopted.
+    """
+
+    num_classes: int | None = None
+    value_bound: float | None = None  # largest absolute value an upload may decode to
+    spec: DataSpec | None = None
+    mode: str = "sample"  # range mode of the uploads: sample, channel or feature
+    layout: RowLayout | None = None
+    store: SampleStore | None = None
+    duplicates: int = 0  # rows of this round's replies the server already held
+
+    @property
+    def ranges(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Each client's feature ranges ``(lo, span)``, kept by the store."""
+        return {} if self.store is None else self.store.ranges
+
+    @property
+    def stored(self) -> int:
+        """Samples in the store."""
+        return 0 if self.store is None else len(self.store)
+
+    def take_duplicates(self) -> int:
+        """Rows of the round's replies the server already held (dropped); the count restarts."""
+        out, self.duplicates = self.duplicates, 0
+        return out
+
+    def may_use_feature_ranges(self, ranges: str) -> bool:
+        """Whether replies may carry feature ranges under the ``ranges`` knob."""
+        if self.spec is None:
+            return ranges in ("auto", "feature")
+        return self.mode == "feature"
+
+    def shaped(self, x: np.ndarray) -> np.ndarray:
+        """Flat rows shaped as the data spec's samples (batch first)."""
+        assert self.spec is not None
+        return x.reshape(-1, *self.spec.sample_shape)

@@ -50,7 +50,7 @@ from dq_flower.dq.server.identity import ClientIdentities
 from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import ESTIMATES, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import RoundMetrics, schedule_text
-from dq_flower.dq.server.store import SampleStore
+from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTOR, Upload
 from dq_flower.model_ops import LossFn, state_arrays
@@ -147,17 +147,21 @@ class DQStrategy(ModelStrategy, Strategy):
         self.identities = ClientIdentities()
         # Reply sizes feed the planner's estimates, which only gradient and auto modes use:
         # plain data runs neither encode synthetic replies nor serialize replies twice.
-        self.intake = UploadIntake(cfg, model, loss_fn=loss_fn, seed=self.seed,
-                                   num_classes=num_classes, planner=self.planner,
+        #: what the server knows of the federation's data: spec, store, value bound
+        self.data = FederationData(num_classes=num_classes,
+                                   value_bound=float(cfg.max_abs_value) or None)
+        self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
+                                   planner=self.planner,
                                    identities=self.identities, comp_codec=comp_codec,
                                    num_params=self.num_params,
                                    measuring=cfg.upload_mode != "data")
-        self.compensations = Compensations(cfg, self.num_params, self.intake)
-        self.trainer = ServerTrainer(cfg, model, self.optimizer, self.intake, self.cv,
-                                     loss_fn=loss_fn, seed=self.seed, augment=augment)
-        self.asks = RoundAsks(cfg, self.planner, self.identities, self.intake, self.trainer,
-                              self.seed)
-        self.metrics = RoundMetrics(cfg, self.intake, self.asks, self.trainer)
+        self.compensations = Compensations(cfg, self.num_params, self.data)
+        self.trainer = ServerTrainer(cfg, model, self.optimizer, self.data, self.cv,
+                                     loss_fn=loss_fn, seed=self.seed, comp_codec=comp_codec,
+                                     augment=augment)
+        self.asks = RoundAsks(cfg, self.planner, self.identities, self.data, model,
+                              self.trainer, self.seed)
+        self.metrics = RoundMetrics(cfg, self.data, self.asks, self.trainer)
         self.gradients = GradientRounds(cfg, grad_codec, self.num_params, intake=self.intake,
                                         identities=self.identities, planner=self.planner,
                                         trainer=self.trainer, metrics=self.metrics)
@@ -169,32 +173,32 @@ class DQStrategy(ModelStrategy, Strategy):
     @property
     def spec(self) -> DataSpec | None:
         """The federation's data spec (``None`` until given or agreed)."""
-        return self.intake.spec
+        return self.data.spec
 
     @property
     def store(self) -> SampleStore | None:
         """The store of uploaded rows (``None`` until a data spec is adopted)."""
-        return self.intake.store
+        return self.data.store
 
     @property
     def num_classes(self) -> int | None:
         """Classes of integer targets (given, or read off the model once a spec is)."""
-        return self.intake.num_classes
+        return self.data.num_classes
 
     @property
     def mode(self) -> str:
         """The range mode of the uploads: ``sample``, ``channel`` or ``feature``."""
-        return self.intake.mode
+        return self.data.mode
 
     @property
     def ranges(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Each client's feature ranges ``(lo, span)`` (``ranges`` ``feature``)."""
-        return self.intake.ranges
+        return self.data.ranges
 
     @property
     def value_bound(self) -> float | None:
         """The largest absolute value an upload may decode to (``None``: not yet known)."""
-        return self.intake.value_bound
+        return self.data.value_bound
 
     @property
     def cv(self) -> ControlVariate | None:
@@ -204,7 +208,7 @@ class DQStrategy(ModelStrategy, Strategy):
     @property
     def stored(self) -> int:
         """Samples in the store."""
-        return self.intake.stored
+        return self.data.stored
 
     # ------------------------------------------------------------------ Strategy API
     @classmethod

@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 from dq_flower.augment import augmentation_for
+from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
+from dq_flower.dq.server.store import FederationData
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import LossFn, apply_flat_grad, per_sample_results, weighted_loss_grad
 from dq_flower.seeding import Purpose, round_rng
@@ -36,18 +37,19 @@ __all__ = ["ServerTrainer"]
 
 
 class ServerTrainer:
-    """The server's optimizer steps on ``model``, with the rows ``intake`` stored.
+    """The server's optimizer steps on ``model``, on the rows of ``data``'s store.
 
     ``cv``: the control variate added to every store step's gradient (``None``: none);
     ``augment`` is applied to every store minibatch, never to the held-out rows.
     """
 
     def __init__(self, cfg: DQConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 intake: UploadIntake, cv: ControlVariate | None, *, loss_fn: LossFn | None,
-                 seed: int,
+                 data: FederationData, cv: ControlVariate | None, *, loss_fn: LossFn | None,
+                 seed: int, comp_codec: Codec | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        self.cfg, self.model, self.optimizer, self.intake, self.cv = (
-            cfg, model, optimizer, intake, cv)
+        self.cfg, self.model, self.optimizer, self.data, self.cv = (
+            cfg, model, optimizer, data, cv)
+        self.comp_codec = comp_codec
         self.loss_fn, self.seed, self.user_augment = loss_fn, seed, augment
         self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth,
                                           probe_after=cfg.probe_after) if cfg.adaptive
@@ -115,7 +117,7 @@ class ServerTrainer:
         ys = np.concatenate([u.batch.labels[k] for u, k in zip(fresh, keep, strict=True)])
         ws = np.concatenate([u.batch.weights[k] for u, k in zip(fresh, keep, strict=True)])
         ws = ws / total
-        loss, grad = weighted_loss_grad(self.model, self.intake.shaped(xs), ys, ws,
+        loss, grad = weighted_loss_grad(self.model, self.data.shaped(xs), ys, ws,
                                         self.loss_fn)
         with_delta = [u for u in fresh if u.delta is not None]
         if with_delta:
@@ -160,7 +162,7 @@ class ServerTrainer:
         """
         if rng is None:
             rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
-        store = self.intake.store
+        store = self.data.store
         if store is None or len(store) == 0:
             return []
         self.model.train()
@@ -172,7 +174,7 @@ class ServerTrainer:
             x, y, w = store.draw(self.cfg.server_batch_size, rng,
                                  "importance" if correction is not None else
                                  self.cfg.store_weights)
-            xb = self.intake.shaped(x)
+            xb = self.data.shaped(x)
             if augment is not None:
                 xb = augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
             loss, grad = weighted_loss_grad(self.model, xb, y, w / w.sum(), self.loss_fn)
@@ -191,7 +193,7 @@ class ServerTrainer:
         """
         if self.user_augment is not None:
             return self.user_augment
-        spec = self.intake.spec
+        spec = self.data.spec
         if spec is None:
             return None
         return augmentation_for(self.cfg.augmentation, tuple(spec.sample_shape), rng)
@@ -211,7 +213,7 @@ class ServerTrainer:
         """
         assert self.schedule is not None
         self.last_phase = None
-        store = self.intake.store
+        store = self.data.store
         if (store is None or not any(len(u.batch) for u in fresh)
                 or store.num_train == 0):  # nothing new (a full store still changes)
             return float("nan")
@@ -233,7 +235,7 @@ class ServerTrainer:
                 self.model.load_state_dict(start)
                 self.reverted = True
         self.schedule.min_rows = self.rows_needed()
-        self.schedule.after_upload(stored_before, self.intake.stored, gain)
+        self.schedule.after_upload(stored_before, self.data.stored, gain)
         self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
         return float(np.mean(phase.losses)) if phase.losses else float("nan")
 
@@ -244,14 +246,14 @@ class ServerTrainer:
 
     def rows_needed(self) -> int:
         """Held-out rows a comparison needs to show the curve flat: per class (or in all)."""
-        return self.cfg.min_holdout_rows * max(int(self.intake.num_classes or 1), 1)
+        return self.cfg.min_holdout_rows * max(int(self.data.num_classes or 1), 1)
 
     def fresh_training_step(self, fresh: list[Upload]) -> list[tuple[float, np.ndarray]]:
         """The compensated step on the fresh rows as a one-item queue (empty if none).
 
         Held-out rows stay out of it; only a run with compensation gains from it.
         """
-        if self.intake.comp_codec is None or not any(u.delta is not None for u in fresh):
+        if self.comp_codec is None or not any(u.delta is not None for u in fresh):
             return []
         return [self.fresh_gradient(fresh)]
 
@@ -267,10 +269,10 @@ class ServerTrainer:
 
     def score_holdout(self) -> HeldOutScores:
         """Per-row loss and correctness of the model on the store's held-out rows."""
-        assert self.intake.store is not None
+        assert self.data.store is not None
         losses, correct, nodes = [], [], []
-        for x, y, _, node_ids, _ in self.intake.store.holdout_batches():
-            loss, hit = per_sample_results(self.model, self.intake.shaped(x), y,
+        for x, y, _, node_ids, _ in self.data.store.holdout_batches():
+            loss, hit = per_sample_results(self.model, self.data.shaped(x), y,
                                            self.loss_fn)
             losses.append(loss)
             nodes.append(node_ids)
