@@ -196,24 +196,37 @@ def _stored_by(strategy):
                                                   strict=True)}
 
 
-def test_an_identity_held_by_a_connected_node_cannot_be_taken_by_another():
-    # Prepare: node 102 claims node 101's partition id
+def test_an_identity_two_nodes_claim_is_granted_to_neither():
+    # Prepare: node 102 claims node 101's partition id from the first round on
     grid = InProcessGrid(client_app, 3)
     grid.contexts[NODE_ID_BASE + 1].node_config["partition-id"] = 0
     strategy = _strategy()
     for rnd in (1, 2):
         # Execute
         _, _, metrics = _round(strategy, grid, rnd)
-        # Assert: the second claimant is rejected every round; the first keeps its rows
-        assert metrics["rejected"] == 1 and metrics["replies"] == 2
-        assert _stored_by(strategy) == {0: 8 * rnd, 2: 8 * rnd}
-    # after a restart (node 101 gone), a new node id may take identity 0 over
+        # Assert: contested every round, neither claimant's rows are stored (no squatting)
+        assert metrics["rejected"] == 2 and metrics["replies"] == 1
+        assert _stored_by(strategy) == {2: 8 * rnd}
+        assert strategy.identities.node_of == {2: NODE_ID_BASE + 2}
+    # after a restart (node 101 gone, 102 gone), one new node id claims identity 0: its own
     restarted = InProcessGrid(client_app, 3)
     _fresh_contexts(restarted, 301)
     del restarted.contexts[302]
     _, _, metrics = _round(strategy, restarted, 3)
     assert metrics["rejected"] == 0 and metrics["replies"] == 2
-    assert _stored_by(strategy) == {0: 24, 2: 24}
+    assert _stored_by(strategy) == {0: 8, 2: 24}
+
+
+def test_a_connected_node_can_neither_take_a_held_identity_nor_change_its_own():
+    grid = InProcessGrid(client_app, 3)
+    strategy = _strategy()
+    _round(strategy, grid, 1)  # every node binds its own identity
+    grid.contexts[NODE_ID_BASE + 1].node_config["partition-id"] = 0  # 102 hops to 101's
+    for rnd in (2, 3):
+        _, _, metrics = _round(strategy, grid, rnd)
+        assert metrics["rejected"] == 1 and metrics["replies"] == 2
+        assert _stored_by(strategy) == {0: 8 * rnd, 1: 8, 2: 8 * rnd}
+    assert strategy.identities.node_of[0] == NODE_ID_BASE
 
 
 def test_a_replayed_reply_loses_only_its_rows_the_server_holds():

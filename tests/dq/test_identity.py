@@ -20,7 +20,7 @@ def test_an_identity_moves_to_a_new_node_id_only_once_the_old_one_is_gone():
     ids.observe([101, 102])
     ids.check(1, 101, 0)
     ids.claim(1, 101, 0)
-    with pytest.raises(PayloadError, match="already claimed this round by node 101"):
+    with pytest.raises(PayloadError, match="contested this round by nodes 101 and 102: granted to neither"):
         ids.check(1, 102, 0)
     ids.bind(101, 0)
     with pytest.raises(PayloadError, match="belongs to node 101, which is still connected"):
@@ -57,3 +57,23 @@ def test_bindings_survive_a_checkpoint():
     assert again.identity_of == ids.identity_of and again.node_of == ids.node_of
     again.load_state(None)  # an older checkpoint: no bindings
     assert again.identity_of == {} and again.node_of == {}
+
+
+def test_a_bound_node_cannot_hop_to_another_identity():
+    ids = ClientIdentities()
+    ids.observe([101, 102])
+    ids.bind(101, 0)
+    with pytest.raises(PayloadError, match="node 101 is client 0: a node cannot change"):
+        ids.check(2, 101, 5)  # an identity nobody holds: still not 101's to take
+    ids.check(2, 101, 0)
+    ids.check(2, 102, 5)  # a node not yet bound may claim a free identity
+
+
+def test_a_contest_is_reported_for_its_round_only():
+    ids = ClientIdentities()
+    ids.observe([101, 102])
+    ids.check(1, 101, 3)
+    ids.claim(1, 101, 3)
+    with pytest.raises(PayloadError, match="contested"):
+        ids.check(1, 102, 3)
+    assert ids.contested(1) == {3} and ids.contested(2) == set()

@@ -63,6 +63,7 @@ class GradientRounds:
         self.norms = NormScreen(cfg.norm_bound_factor)
         self.directions = DirectionScreen(cfg.min_cosine)
         self._bits: dict[int, int] = {}  # this round's replies' sizes, by identity
+        self._sources: dict[int, int] = {}  # this round's replies' node ids, by identity
 
     def step(self, server_round: int, screened: Screened[GradientUpdate], combined: Combined,
              plan: RoundPlan) -> Metrics:
@@ -102,20 +103,28 @@ class GradientRounds:
                                  exact_records=False)(msg)
         self.intake.check_examples(identity, int(update.weight))
         self.identities.claim(server_round, src, identity)
-        self.identities.bind(src, identity)
         update.node = identity  # per-client state is keyed by the client's identity
         self._bits[identity] = reply_bits(content)
+        self._sources[identity] = src
         return update
 
-    def combine(self, screened: Screened[GradientUpdate]) -> Combined:
+    def combine(self, screened: Screened[GradientUpdate], contested: set[int]) -> Combined:
         """Bound the screened replies (rejecting some in ``screened``) and combine them.
 
-        Replies arrive in any order: they are combined in the clients' partition order.
+        Replies arrive in any order: they are combined in the clients' partition order. The
+        replies of ``contested`` identities are rejected; the others bind their node ids.
         """
         cfg = self.cfg
         # the bits of every gradient that decoded, as for the baselines' updates
         figures = UpdateFigures.decoded(screened, screened.accepted)
         valid = sorted(screened.accepted, key=lambda r: (r.partition, r.node))
+        screened.accepted, screened.nodes = valid, [r.node for r in valid]
+        screened.keep([f"client identity {r.node} was contested this round: granted to "
+                       "neither" if r.node in contested else None for r in valid])
+        valid = screened.accepted
+        for r in valid:  # an accepted reply binds its node id to the identity it spoke for
+            self.identities.bind(self._sources[r.node], r.node)
+        self._sources.clear()
         bounded = bound_vectors([r.vector for r in valid], [r.weight for r in valid],
                                 self.norms, clip_factor=cfg.clip_factor,
                                 clip_norm=cfg.clip_norm, weight_cap=cfg.weight_cap,

@@ -10,9 +10,15 @@ it as its ``partition-id`` metric.
 
 The server learns ``node id -> identity`` from each accepted reply (:meth:`bind`). An
 identity bound to a node id that is still connected (``grid.get_node_ids()`` when the
-round was configured) cannot be taken over by another node id: such a reply is rejected
-(:meth:`check`), as is a second node id claiming an identity in the same round. Once the
-old node id is gone (a restart), another node id may claim it.
+round was configured) cannot be taken over by another node id, and a node bound to an
+identity cannot speak for another: such replies are rejected (:meth:`check`). An
+identity no connected node holds that two node ids claim in the same round is
+**contested**: granted to neither that round (:meth:`contested`; both replies are
+rejected and the contest is logged), so a node that answers first cannot squat an honest
+client's identity. Once the old node id is gone (a restart), another node id may claim
+it. What this does not stop: a node claiming, before its owner has ever replied, an
+identity nobody holds yet keeps it (without SuperNode authentication the server has
+nothing else to tell nodes apart by).
 
 :class:`RoundClients` splits a round's sampled nodes into those the server can name and
 those it cannot (new node ids: the first round, or after any restart). The latter get a
@@ -76,6 +82,7 @@ class ClientIdentities:
         self.node_of: dict[int, int] = {}
         self.connected: set[int] = set()
         self._claims: tuple[int, dict[int, int]] = (0, {})
+        self._contests: tuple[int, set[int]] = (0, set())
 
     def of(self, node: int) -> int | None:
         """The identity bound to ``node``, or ``None``."""
@@ -101,17 +108,33 @@ class ClientIdentities:
         return out
 
     def check(self, server_round: int, node: int, identity: int) -> None:
-        """Raise ``PayloadError`` where ``node`` may not speak for ``identity`` this round."""
+        """Raise ``PayloadError`` where ``node`` may not speak for ``identity`` this round.
+
+        A second node claiming an identity this round makes it contested (see the module
+        docstring): this reply is rejected here, the first claimant's by the round.
+        """
         node, identity = int(node), int(identity)
-        rnd, claims = self._claims
-        claimed = claims.get(identity) if rnd == server_round else None
-        if claimed is not None and claimed != node:
-            raise PayloadError(f"client identity {identity} was already claimed this round by "
-                               f"node {claimed}")
+        current = self.identity_of.get(node)
+        if current is not None and current != identity:
+            raise PayloadError(f"node {node} is client {current}: a node cannot change its "
+                               f"client identity (it claimed {identity})")
         bound = self.node_of.get(identity)
         if bound is not None and bound != node and bound in self.connected:
             raise PayloadError(f"client identity {identity} belongs to node {bound}, which is "
                                "still connected")
+        rnd, claims = self._claims
+        claimed = claims.get(identity) if rnd == server_round else None
+        if claimed is not None and claimed != node:
+            if self._contests[0] != server_round:
+                self._contests = (server_round, set())
+            self._contests[1].add(identity)
+            raise PayloadError(f"client identity {identity} is contested this round by nodes "
+                               f"{claimed} and {node}: granted to neither")
+
+    def contested(self, server_round: int) -> set[int]:
+        """Identities two or more nodes claimed in ``server_round`` (granted to none)."""
+        rnd, contests = self._contests
+        return set(contests) if rnd == server_round else set()
 
     def claim(self, server_round: int, node: int, identity: int) -> None:
         """Record a valid reply's claim (later claims of the identity this round fail)."""

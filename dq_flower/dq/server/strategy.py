@@ -56,7 +56,13 @@ from dq_flower.dq.server.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTO
 from dq_flower.model_ops import LossFn, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
-from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
+from dq_flower.server.common import (
+    FailureWatch,
+    log_rejected,
+    log_round,
+    make_optimizer,
+    sample_node_ids,
+)
 from dq_flower.server.pipeline import RoundLedger
 from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
@@ -290,9 +296,15 @@ class DQStrategy(ModelStrategy, Strategy):
         """
         screened = rnd.screened
         if rnd.notes["gradient"]:
-            return self.gradients.combine(screened)
+            return self.gradients.combine(screened, self.identities.contested(rnd.number))
         candidates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
-        candidates, rejected = self.intake.adopt(candidates, screened.rejected)
+        contested = self.identities.contested(rnd.number)
+        for u in (u for u in candidates if u.node in contested):
+            log_rejected(u.source, f"client identity {u.node} was contested this round: "
+                         "granted to neither")
+        kept = [u for u in candidates if u.node not in contested]
+        candidates, rejected = self.intake.adopt(kept, screened.rejected
+                                                 + len(candidates) - len(kept))
         self.asks.note_scorers({u.node: u.can_score for u in candidates})
         candidates, dropped = self.compensations.screen_deltas(candidates)
         return _Checked(candidates, rejected + dropped)
