@@ -162,7 +162,9 @@ def _add_link_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link", dest="links", action="append", default=[], metavar="SPEC",
                    help="a network profile whose simulated time to the target the summary "
                         "reports: lte (10mbit/1mbit/50ms), wifi (50mbit/20mbit/10ms), "
-                        "datacenter (10gbit/10gbit/0.1ms), or name=down/up/latency, e.g. "
+                        "datacenter (10gbit/10gbit/0.1ms), the constrained nbiot, lorawan, "
+                        "lorawan-sf12, iridium (frames with a payload limit; see the docs), "
+                        "or name=down/up/latency, e.g. "
                         "sat=20mbit/2mbit/600ms (latency: the round trip); repeatable "
                         "(default: lte, wifi and datacenter)")
 

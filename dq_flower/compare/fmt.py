@@ -27,9 +27,11 @@ def pct(x: float) -> str:
 
 
 def fmt_seconds(s: float | None) -> str:
-    """Seconds, readable: ``"0.42 s"``, ``"12.3 s"``, ``"2.1 min"``, ``"3.4 h"``."""
+    """Seconds, readable: ``"0.42 s"``, ``"12.3 s"``, ``"2.1 min"``, ``"3.4 h"``, ``"41 days"``."""
     if s is None:
         return "-"
+    if s >= 3 * 86400:
+        return f"{s / 86400:,.3g} days" if s < 1000 * 86400 else f"{s / 86400:,.0f} days"
     if s >= 7200:
         return f"{s / 3600:.3g} h"
     if s >= 120:

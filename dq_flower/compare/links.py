@@ -16,14 +16,21 @@ A profile is ``name=down/up/latency`` (``lte=10mbit/1mbit/50ms``); rates take ``
 ``kbit``, ``mbit``, ``gbit`` (also ``bps``, ``kbps``, ``mbps``, ``gbps``; decimal
 prefixes), the latency ``s``, ``ms`` or ``us`` and is the round-trip time, paid once per
 round.
+
+A direction with a payload limit (LoRaWAN, satellite messaging) has a
+:class:`~dq_flower.compare.framing.Framing`: its bytes go as frames of at most N bytes,
+each with its airtime and the duty cycle's silence (``8 bytes / rate`` is replaced by
+:meth:`Framing.seconds`). Every built-in profile names its source (``source``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from dq_flower.compare.framing import Framing, iridium_sbd_seconds, lorawan_framing
 
 __all__ = [
     "LinkProfile",
@@ -49,12 +56,20 @@ class LinkProfile:
         Downlink (server to client) and uplink rates, bits per second.
     rtt_s : float
         Round-trip latency, seconds, paid once per round.
+    down_framing, up_framing : Framing or None
+        The payload limit of each direction, where it has one (then the rate is only
+        descriptive: the frames' airtime and duty cycle give the time).
+    source : str
+        Where the figures come from (not compared: a profile is its figures).
     """
 
     name: str
     down_bps: float
     up_bps: float
     rtt_s: float
+    down_framing: Framing | None = None
+    up_framing: Framing | None = None
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", self.name):
@@ -69,26 +84,93 @@ class LinkProfile:
             raise ValueError(f"link {self.name}: rtt_s must be >= 0, got {self.rtt_s!r}")
 
     def describe(self) -> str:
-        """``lte (10 Mbit/s down, 1 Mbit/s up, 50 ms round trip)``."""
-        return (f"{self.name} ({_rate(self.down_bps)} down, {_rate(self.up_bps)} up, "
-                f"{_latency(self.rtt_s)} round trip)")
+        """``lte (10 Mbit/s down, 1 Mbit/s up, 50 ms round trip)``; framing where it has one."""
+        text = (f"{self.name} ({_rate(self.down_bps)} down, {_rate(self.up_bps)} up, "
+                f"{_latency(self.rtt_s)} round trip")
+        if self.up_framing is not None:
+            text += f"; up in {self.up_framing.describe()}"
+        if self.down_framing is not None:
+            text += f"; down in {self.down_framing.describe()}"
+        return text + ")"
+
+    def down_seconds(self, nbytes: float) -> float:
+        """Seconds to send ``nbytes`` bytes from the server to a client."""
+        if self.down_framing is not None:
+            return self.down_framing.seconds(nbytes)
+        return 8.0 * float(nbytes) / self.down_bps
+
+    def up_seconds(self, nbytes: float) -> float:
+        """Seconds to send ``nbytes`` bytes from a client to the server."""
+        if self.up_framing is not None:
+            return self.up_framing.seconds(nbytes)
+        return 8.0 * float(nbytes) / self.up_bps
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict (the fields)."""
-        return asdict(self)
+        """JSON-ready dict (the fields; the framing and source only where set)."""
+        out = {k: v for k, v in asdict(self).items() if k in _BASE_FIELDS}
+        for key in ("down_framing", "up_framing"):
+            framing = getattr(self, key)
+            if framing is not None:
+                out[key] = framing.to_json()
+        if self.source:
+            out["source"] = self.source
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LinkProfile:
         """Inverse of :meth:`to_json`."""
         return cls(str(data["name"]), float(data["down_bps"]), float(data["up_bps"]),
-                   float(data["rtt_s"]))
+                   float(data["rtt_s"]), Framing.from_json(data.get("down_framing")),
+                   Framing.from_json(data.get("up_framing")), str(data.get("source", "")))
 
 
-#: The built-in profiles: a mobile uplink, a home Wi-Fi, a data-centre network.
+_BASE_FIELDS = ("name", "down_bps", "up_bps", "rtt_s")
+
+
+def _framed(name: str, down: Framing, up: Framing, rtt_s: float, source: str) -> LinkProfile:
+    """A link whose two directions have payload limits; its rates are the sustained ones."""
+    def rate(f: Framing) -> float:
+        return 8.0 * f.payload_bytes / (f.frame_s / f.duty_cycle)
+    return LinkProfile(name, rate(down), rate(up), rtt_s, down, up, source)
+
+
+_LORAWAN_SOURCE = (
+    "LoRaWAN EU868 {dr} ({sf}/125 kHz) both ways: at most {payload} application bytes per "
+    "frame (LoRaWAN Regional Parameters RP002-1.0.x, EU863-870) plus 13 bytes of MAC "
+    "header and MIC (LoRaWAN L2 1.0.4, section 4); airtime from the Semtech SX1276 "
+    "datasheet's formula (coding rate 4/5, 8-symbol preamble, explicit header, CRC); 1% "
+    "duty cycle of the 868.0-868.6 MHz sub-band of the default channels (ETSI EN 300 "
+    "220-2); the downlink in RX1 at the uplink's data rate under the same limit; round trip "
+    "1 s (RECEIVE_DELAY1). One gateway per device assumed (no contention); a class A "
+    "device's uplink that opens each downlink window is not counted")
+
+#: The built-in profiles: a mobile uplink, a home Wi-Fi, a data-centre network, and the
+#: constrained links of IoT deployments (NB-IoT, LoRaWAN, satellite messaging).
 BUILTIN_LINKS: dict[str, LinkProfile] = {
-    "lte": LinkProfile("lte", 10e6, 1e6, 0.050),
-    "wifi": LinkProfile("wifi", 50e6, 20e6, 0.010),
-    "datacenter": LinkProfile("datacenter", 10e9, 10e9, 0.0001),
+    "lte": LinkProfile("lte", 10e6, 1e6, 0.050, source=(
+        "a modest mobile link (the package's original choice, not a measurement)")),
+    "wifi": LinkProfile("wifi", 50e6, 20e6, 0.010, source=(
+        "a home Wi-Fi behind a broadband line (the package's original choice)")),
+    "datacenter": LinkProfile("datacenter", 10e9, 10e9, 0.0001, source=(
+        "a 10 Gbit/s data-centre network (the package's original choice)")),
+    "nbiot": LinkProfile("nbiot", 26e3, 62e3, 1.6, source=(
+        "NB-IoT Cat-NB1 (3GPP Release 13): peak 26 kbit/s down and 62 kbit/s up "
+        "(multi-tone), latency 1.6 to 10 s (the low end taken); sustained rates can be "
+        "several times lower (Anritsu, 'Determining Peak Data Rates for NB-IoT'); IP "
+        "segmentation below the application, no payload limit modelled")),
+    "lorawan": _framed("lorawan", lorawan_framing(5, 0.01), lorawan_framing(5, 0.01), 1.0,
+                       _LORAWAN_SOURCE.format(dr="DR5", sf="SF7", payload=222)),
+    "lorawan-sf12": _framed("lorawan-sf12", lorawan_framing(0, 0.01),
+                            lorawan_framing(0, 0.01), 1.0,
+                            _LORAWAN_SOURCE.format(dr="DR0", sf="SF12", payload=51)),
+    "iridium": _framed(
+        "iridium", Framing(270, iridium_sbd_seconds(270)), Framing(340, iridium_sbd_seconds(340)),
+        0.0, "Iridium Short Burst Data (satellite messaging, 9602/9603 transceivers): "
+             "messages of at most 340 bytes from the device and 270 bytes to it, sent one "
+             "after another; each takes the delivery latency of a line through Iridium's "
+             "figures, about 5 s for a short message and 20 s for a 1960-byte one (NAL "
+             "Research, 'Short Burst Data'); the latency is per message, so no round trip "
+             "is added"),
 }
 #: Profiles a comparison reports when none are given.
 DEFAULT_LINKS = ("lte", "wifi", "datacenter")
@@ -152,8 +234,7 @@ def round_time(row: Mapping[str, Any], link: LinkProfile) -> float | None:
     server = float(row.get("server_compute_s") or 0.0)
     if not clients:
         return server
-    slowest = max(float(c) + 8.0 * float(d) / link.down_bps + 8.0 * float(u) / link.up_bps
-                  for c, d, u in clients)
+    slowest = max(float(c) + link.down_seconds(d) + link.up_seconds(u) for c, d, u in clients)
     return server + link.rtt_s + slowest
 
 
@@ -185,8 +266,8 @@ def time_to_target(history: Sequence[Mapping[str, Any]], link: LinkProfile,
 def _rate(bps: float) -> str:
     for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
         if bps >= scale:
-            return f"{bps / scale:g} {unit}"
-    return f"{bps:g} bit/s"
+            return f"{bps / scale:.4g} {unit}"
+    return f"{bps:.4g} bit/s"
 
 
 def _latency(s: float) -> str:

@@ -216,6 +216,9 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
     lines += table_lines(runs, stats, ref_label, by_label.get(ref_label), target, high)
     lines += _notes_lines(ref_label, stats)
     lines += time_table(results, stats)
+    from dq_flower.compare.device_report import device_section  # it imports this module
+
+    lines += device_section(results)
     lines += step_size_lines(results)
     lines += ["## Verdict", ""]
     lines += _verdict(runs, stats, ref_label, target)

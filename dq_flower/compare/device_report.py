@@ -1,0 +1,121 @@
+"""Time to the target per (device, link) pair: the summary's "Time on devices and links".
+
+Each run's history is re-timed with the device and server profiles
+(:func:`dq_flower.compare.work.profiled_history`) and then on each link
+(:func:`dq_flower.compare.links.time_to_target`). ``results.json`` carries what it needs:
+``workload`` (FLOPs per sample and rows per client), ``devices`` (the device profiles),
+``server_device`` (the server's profile) and ``links``; a summary without ``workload`` and
+``devices`` has no such section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dq_flower.compare.devices import MEASURED, ComputeProfile
+from dq_flower.compare.fmt import fmt_seconds, pct
+from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
+from dq_flower.compare.summary import is_failed
+from dq_flower.compare.work import Workload, profiled_history
+
+__all__ = ["PairTime", "pair_times", "device_link_table", "device_section"]
+
+
+@dataclass(frozen=True)
+class PairTime:
+    """One method's simulated time on one (device, link) pair.
+
+    Attributes
+    ----------
+    label : str
+        The run.
+    to_target : float or None
+        Seconds to the target accuracy (``None``: not reached, or cannot run).
+    total : float or None
+        Seconds of the whole run (``None``: no timing fields, or cannot run).
+    runs : bool
+        Whether the device can run the method at all.
+    """
+
+    label: str
+    to_target: float | None
+    total: float | None
+    runs: bool = True
+
+
+def pair_times(results: Mapping[str, Any], workload: Workload, device: ComputeProfile,
+               server: ComputeProfile, link: LinkProfile) -> list[PairTime]:
+    """Every successful run's time on ``device`` and ``link``, the server on ``server``."""
+    target = float(results["target_accuracy"])
+    out = []
+    for rec in results["runs"]:
+        if is_failed(rec) or not rec.get("history"):
+            continue
+        hist = profiled_history(rec, workload, device, server)
+        if hist is None:
+            out.append(PairTime(str(rec["label"]), None, None, runs=False))
+            continue
+        times = cumulative_times(hist, link)
+        out.append(PairTime(str(rec["label"]), time_to_target(hist, link, target),
+                            times[-1] if times else None))
+    return out
+
+
+def _cell(t: PairTime) -> str:
+    if not t.runs:
+        return "cannot train"
+    if t.to_target is not None:
+        return fmt_seconds(t.to_target)
+    return "-" if t.total is None else f"not reached ({fmt_seconds(t.total)})"
+
+
+def device_link_table(results: Mapping[str, Any], workload: Workload,
+                      devices: Sequence[ComputeProfile], server: ComputeProfile,
+                      links: Sequence[LinkProfile]) -> list[str]:
+    """The markdown table: a row per (device, link) pair, a column per method, the fastest."""
+    target = pct(float(results["target_accuracy"]))
+    labels = [str(r["label"]) for r in results["runs"]
+              if not is_failed(r) and r.get("history")]
+    if not labels:
+        return []
+    lines = [
+        "## Time on devices and links", "",
+        f"Simulated time to reach {target} with every client on the device and link of the "
+        f"row and the server on {server.describe()}: each round's compute is the model's "
+        f"FLOPs ({workload.flops.forward / 1e6:,.1f} MFLOP forward, "
+        f"{workload.flops.train / 1e6:,.1f} MFLOP forward and backward per sample, "
+        "counted with torch.utils.flop_counter) times the samples each side passes through "
+        "the model, over the profile's FLOP/s; the bytes are the measured ones over the "
+        "link. \"cannot train\": the device cannot run a backward pass, and the method's "
+        "clients train; \"not reached\" gives the time of the whole run.", "",
+        "| device | link | " + " | ".join(labels) + " | fastest |",
+        "|---|---|" + "---:|" * len(labels) + "---|"]
+    for device in devices:
+        for link in links:
+            times = pair_times(results, workload, device, server, link)
+            by_label = {t.label: t for t in times}
+            reached = [(t.to_target, t.label) for t in times if t.to_target is not None]
+            fastest = min(reached)[1] if reached else "none reached"
+            lines.append(f"| {device.name} | {link.name} | "
+                         + " | ".join(_cell(by_label[x]) for x in labels)
+                         + f" | {fastest} |")
+    lines += ["", "Profiles and their sources:", ""]
+    for profile in [*devices, *([server] if server not in devices else [])]:
+        lines.append(f"- {profile.describe()}: {profile.source}.")
+    for link in links:
+        lines.append(f"- {link.describe()}" + (f": {link.source}." if link.source else "."))
+    return lines + [""]
+
+
+def device_section(results: Mapping[str, Any]) -> list[str]:
+    """:func:`device_link_table` from ``results``' own fields (``[]`` without them)."""
+    if not results.get("workload") or not results.get("devices"):
+        return []
+    workload = Workload.from_json(results["workload"])
+    devices = [ComputeProfile.from_json(d) for d in results["devices"]]
+    server_data = results.get("server_device")
+    server = ComputeProfile.from_json(server_data) if server_data else MEASURED
+    links = [LinkProfile.from_json(x) for x in results.get("links") or []]
+    return device_link_table(results, workload, devices, server, links) if links else []
