@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq_flower.compare.devices import MEASURED, ComputeProfile
-from dq_flower.compare.fmt import fmt_seconds, pct
+from dq_flower.compare.fmt import fmt_seconds, is_failed, pct
 from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
-from dq_flower.compare.summary import is_failed
 from dq_flower.compare.work import Workload, profiled_history
 
 __all__ = ["PairTime", "pair_times", "device_link_table", "device_section"]

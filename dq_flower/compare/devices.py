@@ -15,6 +15,7 @@ at all); with a model-based scorer it runs forward passes only.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -198,8 +199,7 @@ def model_flops(model: Any, input_shape: Sequence[int], batch: int = 8) -> Model
     batch : int
         Rows per counted pass (the count is divided by it).
     """
-    import copy
-
+    # PyTorch: loaded only where a model is counted
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["fmt_bytes", "fmt_ratio", "pct", "fmt_seconds", "fmt_value"]
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["fmt_bytes", "fmt_ratio", "pct", "fmt_seconds", "fmt_value", "is_failed"]
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -42,3 +45,12 @@ def fmt_seconds(s: float | None) -> str:
 def fmt_value(v: object) -> str:
     """A knob value as it reads best (``0.03``, ``1e-05``, ``True``)."""
     return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def is_failed(record: Mapping[str, Any]) -> bool:
+    """Whether a run record of ``results.json`` is a failed run.
+
+    A record is failed when it says ``"failed": true`` or its ``status`` is not ``ok``
+    (records written before the ``failed`` key had only ``status``).
+    """
+    return bool(record.get("failed")) or record.get("status", "ok") != "ok"

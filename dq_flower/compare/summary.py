@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dq_flower.baselines.config import ZLIB_UNDER_CONTEXT
-from dq_flower.compare.fmt import fmt_bytes
+from dq_flower.compare.fmt import fmt_bytes, is_failed
 from dq_flower.compare.fmt import fmt_ratio as _fmt_ratio
 from dq_flower.compare.fmt import pct as _pct
 from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
@@ -39,15 +39,6 @@ UNSTABLE_DROP = 0.05
 
 
 # ---------------------------------------------------------------------------- failures
-
-
-def is_failed(record: Mapping[str, Any]) -> bool:
-    """Whether a run record of ``results.json`` is a failed run.
-
-    A record is failed when it says ``"failed": true`` or its ``status`` is not ``ok``
-    (records written before the ``failed`` key had only ``status``).
-    """
-    return bool(record.get("failed")) or record.get("status", "ok") != "ok"
 
 
 def failed_runs(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -216,7 +207,7 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
     lines += table_lines(runs, stats, ref_label, by_label.get(ref_label), target, high)
     lines += _notes_lines(ref_label, stats)
     lines += time_table(results, stats)
-    from dq_flower.compare.device_report import device_section  # it imports this module
+    from dq_flower.compare.device_report import device_section  # (it imports this module)
 
     lines += device_section(results)
     lines += step_size_lines(results)

@@ -195,6 +195,7 @@ def workload_of(preset: Mapping[str, Any], data_dir: str | None = None) -> Workl
     :func:`dq_flower.compare.devices.model_flops`; the rows per client are the
     partitions the harness draws (same scheme, seed and split).
     """
+    # PyTorch and the data sets: loaded only where a task's workload is counted
     from dq_flower.compare.devices import model_flops
     from dq_flower.harness.tasks import load_dataset_cached, make_model, partition_indices
 
