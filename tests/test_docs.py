@@ -20,9 +20,12 @@ Sizes are kept small by two documented mechanisms (see docs/development.md):
   (:class:`dq_flower.harness.inprocess.InProcessGrid`), the same strategies and client code
   without starting Ray.
 
-A line ``--8<-- "path"`` inside a block (pymdownx.snippets) is replaced with that file of the
-repository, as the site does. ``toml`` blocks must parse. The last test builds the site
-with ``mkdocs build --strict`` when mkdocs is installed (``make docs`` installs it).
+A file a page shows is written into it between ``<!-- inline: PATH -->`` and
+``<!-- /inline -->`` (``simulations/inline_docs.py`` rewrites them; a stale one fails a
+test), so the pages read as plain Markdown. A line ``--8<-- "path"`` inside a block
+(pymdownx.snippets) would be replaced with that file, as the site does, but no page has one.
+``toml`` blocks must parse. The last test builds the site with ``mkdocs build --strict``
+when mkdocs is installed (``make docs`` installs it).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ WORKER_TIMEOUT_S = 300  # every Python block together
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)[^`]*$")
 DIRECTIVE = re.compile(r"^\s*<!--\s*(?P<kind>not-run|run-small)\s*:\s*(?P<arg>.*?)\s*-->\s*$")
 ANY_DIRECTIVE = re.compile(r"<!--\s*(not-run|run-small)\b")
+INLINE_END = "<!-- /inline -->"
 SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^":]+)(?::(?P<start>\d*)(?::(?P<end>\d*))?)?"\s*$')
 
 
@@ -146,7 +150,8 @@ def parse_blocks(path: Path) -> list[Block]:
         code = textwrap.dedent("\n".join(body)) + "\n"
         if lang in PYTHON_LANGS | SHELL_LANGS:
             code = resolve_snippets(code, f"{rel}:{start + 1}")
-        after = next((line.strip() for line in lines[i:] if line.strip()), "")
+        after = next((line.strip() for line in lines[i:]
+                      if line.strip() and line.strip() != INLINE_END), "")
         blocks.append(Block(rel, start + 1, lang, code, kind, arg, after))
     return blocks
 
@@ -189,6 +194,24 @@ def test_directives_sit_right_above_an_example():
                 f"{where}: a directive must be the line right above a python or bash block")
             if d["kind"] == "not-run":
                 assert len(d["arg"].split()) >= 3, f"{where}: say why the block is not run"
+
+
+def test_the_pages_read_as_plain_markdown():
+    # README.md says so: a file a page shows is written into it, not an include line
+    # (pymdownx.snippets), which plain Markdown shows as literal text
+    includes = [f"{path.relative_to(ROOT)}:{n + 1}" for path in doc_files()
+                for n, line in enumerate(path.read_text().splitlines()) if SNIPPET.match(line)]
+    assert not includes, f"include lines; use <!-- inline: PATH --> markers: {includes}"
+
+
+def test_every_inlined_file_is_its_source_as_it_is_now():
+    from simulations.inline_docs import MARK, stale_pages
+
+    marks = [line for path in doc_files() for line in path.read_text().splitlines()
+             if MARK.match(line)]
+    assert len(marks) >= 20, len(marks)
+    assert not stale_pages(), ("stale inlined files; run .venv/bin/python "
+                               f"simulations/inline_docs.py: {stale_pages()}")
 
 
 def test_run_small_substitutions_apply():
