@@ -17,7 +17,7 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord
@@ -301,20 +301,39 @@ def _scalar(annotation: Any) -> bool:
     return len(args) == 1 and args[0] in _SCALARS
 
 
-def _check_spelling(run_config: Mapping[str, Any], known: set[str]) -> None:
-    """Refuse a run-config key that is no knob but within two edits of one.
+#: Run-config keys every strategy accepts without reading them (``strategy.start`` takes
+#: the number of rounds; nearly every Flower app's run config has it).
+FLOWER_KEYS = frozenset({"num-server-rounds"})
+#: Keys that other parts of the package read, with what to do instead in a user's own app.
+ELSEWHERE = {
+    "checkpoint-dir": "it is a knob of dq_flower.simulate and the package's own apps; in "
+                      "your own app save strategy.state_dict() and resume with "
+                      "load_state_dict() (docs/plugin.md, 'Resume a run')",
+    "checkpoint-every": "it is a knob of dq_flower.simulate and the package's own apps; in "
+                        "your own app save strategy.state_dict() where you choose",
+    "device": "the server trains where the model you pass is (model.to('cuda'))",
+}
 
-    Other keys pass (an app's own keys share the run config); a near miss is far more
-    likely a misspelled knob, which would otherwise be ignored without a word.
+
+def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterable[str],
+                owner: str) -> None:
+    """Refuse a run-config key that is no knob of ``owner`` and not one of ``app_keys``.
+
+    The error names the key, the nearest knob and, for a key the package reads elsewhere
+    (``checkpoint-dir``), what to do instead; a misspelled knob would otherwise be ignored
+    without a word.
     """
+    allowed = known | FLOWER_KEYS | {_key(k) for k in app_keys}
     for key in run_config:
         hyphenated = _key(key)
-        if hyphenated in known:
+        if hyphenated in allowed:
             continue
-        near = [k for k in sorted(known) if _edits(hyphenated, k) <= 2 and len(k) > 3]
-        if near:
-            raise ValueError(f"{key!r} is not a knob of this strategy: did you mean "
-                             f"{near[0]!r}?")
+        nearest = min(sorted(known), key=lambda k: _edits(hyphenated, k))
+        near = (f"did you mean {nearest!r}?" if _edits(hyphenated, nearest) <= 2
+                else f"nearest knob: {nearest!r}")
+        hint = ELSEWHERE.get(hyphenated, "if it is your app's own key, pass "
+                                         f"app_keys=[{key!r}, ...]")
+        raise ValueError(f"{key!r} is not a knob of {owner} ({near}); {hint}")
 
 
 def _edits(a: str, b: str) -> int:
@@ -327,40 +346,45 @@ def _edits(a: str, b: str) -> int:
     return row[-1]
 
 
+def _scalar_arguments(init: Any, fields: set[str]) -> dict[str, Any]:
+    """Name -> annotation of the scalar keyword arguments of ``init`` that are no field."""
+    hints = typing.get_type_hints(init)
+    return {name: hints[name] for name, param in inspect.signature(init).parameters.items()
+            if name not in fields and name != "self" and _scalar(hints.get(name))
+            and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)}
+
+
 def strategy_kwargs(strategy_cls: type, config_cls: type, run_config: Mapping[str, Any],
                     overrides: Mapping[str, Any],
-                    defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    defaults: Mapping[str, Any] | None = None,
+                    app_keys: Iterable[str] = ()) -> dict[str, Any]:
     """Keyword arguments of ``strategy_cls`` read from a run config (``from_run_config``).
 
     Every field of ``config_cls`` is read from its hyphenated key where present (the rest
     keep their defaults) into ``config=``; so is every scalar keyword argument of
     ``strategy_cls.__init__`` that is not a field (``seed``, ``fraction-train``,
-    ``fraction-evaluate``, ``min-available-nodes``, ...). Keys belonging to neither are
-    ignored (``num-server-rounds``, the app's own keys). ``defaults`` (underscore names)
-    apply where the run config lacks the key; ``overrides`` win over everything.
+    ``fraction-evaluate``, ``min-available-nodes``, ...). Any other key is refused unless it
+    is ``num-server-rounds`` or one of ``app_keys`` (the app's own keys, read by its own
+    code). ``defaults`` (underscore names) apply where the run config lacks the key;
+    ``overrides`` win over everything.
 
     Raises
     ------
     ValueError
-        A value of the wrong type or out of range, naming its key; or a key that is not
-        a knob but spelled within two edits of one (``bitz`` for ``bits``), naming both.
+        A value of the wrong type or out of range, naming its key; or a key that is no
+        knob and not in ``app_keys`` (``bitz``, ``checkpoint-dir``), naming the nearest knob.
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
     init = vars(strategy_cls).get("__init__") or strategy_cls.__init__  # type: ignore[misc]
-    _check_spelling(run_config, {_key(f) for f in fields}
-                    | {_key(n) for n in inspect.signature(init).parameters if n != "self"})
-    present = {_key(k) for k in run_config}
+    scalars = _scalar_arguments(init, fields)
+    _check_keys(run_config, {_key(n) for n in fields | set(scalars)}, app_keys,
+                strategy_cls.__name__)
+    given = {_key(k): v for k, v in run_config.items()}
     mapping = {k: v for k, v in (defaults or {}).items()
-               if k in fields and _key(k) not in present}
-    mapping.update(run_config)
+               if k in fields and _key(k) not in given}
+    mapping.update(given)
     kwargs: dict[str, Any] = {"config": from_mapping(config_cls, mapping)}
-    hints = typing.get_type_hints(init)
-    for name, param in inspect.signature(init).parameters.items():
-        key = _key(name)
-        if (name in fields or name == "self" or key not in run_config
-                or param.kind not in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
-                or not _scalar(hints.get(name))):
-            continue
-        kwargs[name] = _coerce(run_config[key], hints[name], key)
+    kwargs.update((name, _coerce(given[_key(name)], hint, _key(name)))
+                  for name, hint in scalars.items() if _key(name) in given)
     kwargs.update(overrides)
     return kwargs

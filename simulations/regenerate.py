@@ -7,11 +7,12 @@
 
 Each experiment is one ``dq-flower compare`` command (printed before it runs). Its output
 folder is ``results/readme/<experiment>/``; the summary and the two plots are then copied to
-``docs/results/<experiment>/``, which the documentation pages (``docs/experiments/``)
-include as they are. Where README.md has a block between ``<!-- results:<experiment> -->``
-and ``<!-- /results:<experiment> -->`` (the headline experiment), the summary's body (with
-the uplink plot) replaces it; experiments without a block there are left to the docs. The
-fmnist and cifar10 experiments need their data files (see docs/compare.md).
+``docs/results/<experiment>/``, and ``simulations/inline_docs.py`` writes each summary
+into the documentation pages (``docs/experiments/``) that show it. Where README.md has a
+block between ``<!-- results:<experiment> -->`` and ``<!-- /results:<experiment> -->``
+(the headline experiment), the summary's body (with the uplink plot) replaces it;
+experiments without a block there are left to the docs. The fmnist and cifar10
+experiments need their data files (see docs/compare.md).
 """
 
 from __future__ import annotations
@@ -273,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
                 README.write_text(spliced)
             where = ("README.md and " if f"<!-- results:{name} -->" in text else "")
             print(f"== {name}: updated {where}{target.relative_to(ROOT)}/", flush=True)
-    return status
+    # the docs pages show the summaries written into them (simulations/inline_docs.py)
+    inlined = subprocess.call([sys.executable, str(ROOT / "simulations" / "inline_docs.py")],
+                              cwd=ROOT)
+    return status or inlined
 
 
 if __name__ == "__main__":

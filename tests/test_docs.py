@@ -20,9 +20,12 @@ Sizes are kept small by two documented mechanisms (see docs/development.md):
   (:class:`dq_flower.harness.inprocess.InProcessGrid`), the same strategies and client code
   without starting Ray.
 
-A line ``--8<-- "path"`` inside a block (pymdownx.snippets) is replaced with that file of the
-repository, as the site does. ``toml`` blocks must parse. The last test builds the site
-with ``mkdocs build --strict`` when mkdocs is installed (``make docs`` installs it).
+A file a page shows is written into it between ``<!-- inline: PATH -->`` and
+``<!-- /inline -->`` (``simulations/inline_docs.py`` rewrites them; a stale one fails a
+test), so the pages read as plain Markdown. A line ``--8<-- "path"`` inside a block
+(pymdownx.snippets) would be replaced with that file, as the site does, but no page has one.
+``toml`` blocks must parse. The last test builds the site with ``mkdocs build --strict``
+when mkdocs is installed (``make docs`` installs it).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ WORKER_TIMEOUT_S = 300  # every Python block together
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)[^`]*$")
 DIRECTIVE = re.compile(r"^\s*<!--\s*(?P<kind>not-run|run-small)\s*:\s*(?P<arg>.*?)\s*-->\s*$")
 ANY_DIRECTIVE = re.compile(r"<!--\s*(not-run|run-small)\b")
+INLINE_END = "<!-- /inline -->"
 SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^":]+)(?::(?P<start>\d*)(?::(?P<end>\d*))?)?"\s*$')
 
 
@@ -146,7 +150,8 @@ def parse_blocks(path: Path) -> list[Block]:
         code = textwrap.dedent("\n".join(body)) + "\n"
         if lang in PYTHON_LANGS | SHELL_LANGS:
             code = resolve_snippets(code, f"{rel}:{start + 1}")
-        after = next((line.strip() for line in lines[i:] if line.strip()), "")
+        after = next((line.strip() for line in lines[i:]
+                      if line.strip() and line.strip() != INLINE_END), "")
         blocks.append(Block(rel, start + 1, lang, code, kind, arg, after))
     return blocks
 
@@ -189,6 +194,24 @@ def test_directives_sit_right_above_an_example():
                 f"{where}: a directive must be the line right above a python or bash block")
             if d["kind"] == "not-run":
                 assert len(d["arg"].split()) >= 3, f"{where}: say why the block is not run"
+
+
+def test_the_pages_read_as_plain_markdown():
+    # README.md says so: a file a page shows is written into it, not an include line
+    # (pymdownx.snippets), which plain Markdown shows as literal text
+    includes = [f"{path.relative_to(ROOT)}:{n + 1}" for path in doc_files()
+                for n, line in enumerate(path.read_text().splitlines()) if SNIPPET.match(line)]
+    assert not includes, f"include lines; use <!-- inline: PATH --> markers: {includes}"
+
+
+def test_every_inlined_file_is_its_source_as_it_is_now():
+    from simulations.inline_docs import MARK, stale_pages
+
+    marks = [line for path in doc_files() for line in path.read_text().splitlines()
+             if MARK.match(line)]
+    assert len(marks) >= 20, len(marks)
+    assert not stale_pages(), ("stale inlined files; run .venv/bin/python "
+                               f"simulations/inline_docs.py: {stale_pages()}")
 
 
 def test_run_small_substitutions_apply():
@@ -370,3 +393,86 @@ def test_mkdocs_build_strict(tmp_path):
                           check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert (tmp_path / "site" / "reference" / "strategies" / "index.html").is_file()
+
+
+# ------------------------------------------------------------------ published ratios
+REGEN = ROOT / "results" / "regen"
+RATIO = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)x\b")
+DEFAULTS = re.compile(r"(?<!not yet )\b[Aa]t (its|the) (current )?(package )?defaults\b")
+HEADLINE_COMPETITORS = ("fedavg-qsgd2", "2-bit QSGD", "qsgd-tau5")
+
+
+def _stats(run: str) -> dict[str, dict]:
+    runs = json.loads((REGEN / run / "results.json").read_text())["runs"]
+    return {r["label"]: r["stats"] for r in runs}
+
+
+def _summary_cell(name: str, method: str, heading: str) -> str:
+    """The cell of ``method``'s row under ``heading`` in a published summary's table."""
+    from simulations.inline_docs import _cells
+
+    lines = (ROOT / "docs" / "results" / name / "summary.md").read_text().splitlines()
+    head = _cells(next(line for line in lines if line.startswith("| method |")))
+    column = next(i for i, h in enumerate(head) if h.startswith(heading))
+    return next(_cells(line) for line in lines if line.startswith(f"| {method} |"))[column]
+
+
+def headline_ratios() -> dict[str, float]:
+    """DQ at its defaults against the strongest competitor, from the results files."""
+    from simulations.inline_docs import _to_bytes
+
+    iid, dirichlet = (_stats("fmnist-wide-cnn-defaults")["dq"],
+                      _stats("fmnist-wide-cnn-dirichlet-defaults")["dq"])
+    qsgd2 = _stats("fmnist-wide-cnn-more")["fedavg-qsgd2"]["up_bytes_to_target"]
+    rerun = _stats("fmnist-wide-cnn-dirichlet-fedavg-qsgd2")["fedavg-qsgd2"]
+    return {
+        "wide CNN, IID": qsgd2 / iid["up_bytes_to_target"],
+        "wide CNN, Dirichlet, published competitor": (
+            _to_bytes(_summary_cell("fmnist-wide-cnn-dirichlet", "fedavg-qsgd2", "uplink to"))
+            / dirichlet["up_bytes_to_target"]),
+        "wide CNN, Dirichlet, rerun competitor (a lower bound)": (
+            rerun["total_up_bytes"] / dirichlet["up_bytes_to_target"]),
+        # the published summaries' own ratio, from their exact bytes
+        "digits, IID": float(_summary_cell("digits-mlp", "qsgd-tau5", "uplink vs")[:-1]),
+        "digits, Dirichlet": float(
+            _summary_cell("digits-mlp-dirichlet", "qsgd-tau5", "uplink vs")[:-1]),
+    }
+
+
+def _spellings(ratio: float) -> set[str]:
+    """``11.24`` -> {"11.2", "11"}: three and two significant digits."""
+    return {f"{ratio:.3g}", f"{ratio:.2g}"}
+
+
+def _sentences(path: Path) -> list[str]:
+    """The prose sentences of a page (a table row is one), wrapped lines joined."""
+    out = []
+    for block in re.split(r"\n\s*\n", path.read_text()):
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        out += rows
+        prose = " ".join(line.strip() for line in block.splitlines() if not line.startswith("|"))
+        out += re.split(r"(?<=[.!?])\s+(?=[A-Z*`\[(])", prose)
+    return out
+
+
+def test_the_headline_ratios_are_those_of_the_results_files():
+    ratios = headline_ratios()
+    assert f"{ratios['wide CNN, IID']:.3g}" == "11.2"  # the README's headline
+    for page in ("README.md", "docs/index.md", "docs/experiments/index.md",
+                 "docs/experiments/dq-needs.md"):
+        text = (ROOT / page).read_text()
+        for name in ("wide CNN, IID", "wide CNN, Dirichlet, published competitor"):
+            assert f"{ratios[name]:.3g}x" in text, (page, name, ratios[name])
+
+
+def test_no_page_gives_dq_at_its_defaults_another_ratio():
+    # a sentence about DQ at its (current) defaults against a headline competitor states
+    # one of the ratios the results files give, on every page: no page contradicts another
+    allowed = set().union(*(_spellings(r) for r in headline_ratios().values()))
+    wrong = []
+    for path in doc_files():
+        for sentence in _sentences(path):
+            if DEFAULTS.search(sentence) and any(c in sentence for c in HEADLINE_COMPETITORS):
+                wrong += [f"{path.relative_to(ROOT)}: {m[1]}x in {sentence[:160]!r}"
+                          for m in RATIO.finditer(sentence) if m[1] not in allowed]
+    assert not wrong, f"ratios the results files do not give ({sorted(allowed)}): {wrong}"

@@ -282,17 +282,18 @@ class GradientStrategy(ModelStrategy, Strategy):
 
     @classmethod
     def from_run_config(cls, model: torch.nn.Module, run_config: Mapping[str, Any],
-                        **overrides: Any) -> GradientStrategy:
+                        *, app_keys: Iterable[str] = (), **overrides: Any) -> GradientStrategy:
         """The strategy with its knobs read from a run config (``context.run_config``).
 
         Every :class:`GradientConfig` field and scalar argument (``seed``,
         ``fraction-train``, ...) is read from its hyphenated key where present (``codec``
-        defaults to ``qsgd``), other keys are ignored and ``overrides`` win
-        (:func:`dq_flower.config.strategy_kwargs`); a value of the wrong type raises
-        ``ValueError`` naming its key.
+        defaults to ``qsgd``) and ``overrides`` win
+        (:func:`dq_flower.config.strategy_kwargs`). Any other key but ``num-server-rounds``
+        and ``app_keys`` (the app's own), and a value of the wrong type, raise
+        ``ValueError`` naming the key.
         """
         return cls(model, **strategy_kwargs(cls, GradientConfig, run_config, overrides,
-                                            defaults={"codec": "qsgd"}))
+                                            defaults={"codec": "qsgd"}, app_keys=app_keys))
 
 
     # ------------------------------------------------------------------ internals

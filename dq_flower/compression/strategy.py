@@ -141,16 +141,18 @@ class CompressedUpdates(RoundPipeline, Strategy):
 
     @classmethod
     def from_run_config(cls, strategy: Strategy, run_config: Any,
-                        **overrides: Any) -> CompressedUpdates:
+                        *, app_keys: Iterable[str] = (), **overrides: Any) -> CompressedUpdates:
         """The wrapper with its knobs read from a run config (``context.run_config``).
 
         Every :class:`CompressionConfig` field is read from its hyphenated key where present
         (``codec``, ``codec-params``, ``levels``, ``bucket``, ``ratio``, ``rank``,
         ``entropy-coder``, ``error-feedback``, ``per-tensor``, ``downlink``,
-        ``norm-bound-factor``, ``seed``); other keys are ignored; ``overrides`` win. A
-        value of the wrong type raises ``ValueError`` naming its key.
+        ``norm-bound-factor``, ``seed``); ``overrides`` win. Any other key but
+        ``num-server-rounds`` and ``app_keys`` (the app's own), and a value of the wrong
+        type, raise ``ValueError`` naming the key.
         """
-        return cls(strategy, **strategy_kwargs(cls, CompressionConfig, run_config, overrides))
+        return cls(strategy, **strategy_kwargs(cls, CompressionConfig, run_config, overrides,
+                                               app_keys=app_keys))
 
     def __repr__(self) -> str:
         return f"CompressedUpdates({self.strategy!r}, codec={self.codec!r})"

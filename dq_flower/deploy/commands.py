@@ -21,12 +21,14 @@ from dq_flower.cli_common import PROG, fail
 from dq_flower.deploy import TRUST_MODEL
 from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
 from dq_flower.deploy.flower_cli import (
+    RunOutcome,
     compare_traffic,
     flower_env,
     flower_executable,
     flwr_ls,
     format_config,
     register_node,
+    rounds_from_log,
     superlink_command,
     supernode_command,
     write_connection,
@@ -228,12 +230,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(shlex.join(cmd), flush=True)
     env = flower_env()
     run_id = None
+    output: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # noqa: S603
                           text=True, env=env, cwd=app) as proc:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
                 print(line, end="", flush=True)
+                output.append(line)
                 found = re.search(r"Successfully started run (\d+)", line)
                 if found:
                     run_id = int(found.group(1))
@@ -249,10 +253,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         except DeploymentError as exc:
             _say(str(exc))
             return EXIT_FAILED
-        info = rows[0] if rows else {}
-        print(f"run {run_id}: {info.get('status')}, SuperLink traffic "
-              f"{json.dumps(info.get('network-traffic', {}))}")
+        _report_traffic(RunOutcome(run_id, rows[0] if rows else {}, "".join(output)))
     return 0
+
+
+def _report_traffic(outcome: RunOutcome) -> None:
+    """The SuperLink's traffic and, where the log has the rounds' bytes, the envelope.
+
+    The envelope overhead per reply is what ``deploy local`` reports: the SuperLink's
+    inbound bytes less the bytes the strategy measured, divided by the replies.
+    """
+    info = outcome.info
+    print(f"run {outcome.run_id}: {info.get('status')}, SuperLink traffic "
+          f"{json.dumps(info.get('network-traffic', {}))}")
+    history = rounds_from_log(outcome.output)
+    if not history:
+        _say("no per-round byte lines of dq_flower's ServerApp in the output: the envelope "
+             "overhead needs the bytes the strategy measured (see docs/deploy.md)")
+        return
+    print(json.dumps({"run-id": outcome.run_id, "status": outcome.status,
+                      **compare_traffic(history, outcome)}, indent=1))
 
 
 def cmd_local(args: argparse.Namespace) -> int:

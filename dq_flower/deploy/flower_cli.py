@@ -26,6 +26,7 @@ from dq_flower.deploy.supervisor import DeploymentError
 __all__ = [
     "RunOutcome",
     "compare_traffic",
+    "rounds_from_log",
     "flower_env",
     "flower_executable",
     "flwr_home",
@@ -395,6 +396,24 @@ def flwr_run(
     if outcome.status != "finished:completed":
         raise DeploymentError(f"run {run_id} ended as {outcome.status}:\n{output[-4000:]}")
     return outcome
+
+
+#: The per-round log line of the package's own ServerApp (``dq_flower.harness.server_app``).
+_ROUND_LINE = re.compile(r"\[[^\]\s]+\] round (\d+)/\d+: .*?up (\d+) B, down (\d+) B"
+                         r"(?:, replies (\d+))?")
+
+
+def rounds_from_log(output: str) -> list[dict[str, int]]:
+    """Per-round ``up_bytes``, ``down_bytes`` and ``replies`` read from a run's log lines.
+
+    The lines are those the package's own ServerApp logs (streamed by ``flwr run
+    --stream``); a round logged twice keeps its last line. Empty for another app.
+    """
+    rows: dict[int, dict[str, int]] = {}
+    for m in _ROUND_LINE.finditer(output):
+        rows[int(m[1])] = {"round": int(m[1]), "up_bytes": int(m[2]),
+                           "down_bytes": int(m[3]), "replies": int(m[4] or 0)}
+    return [rows[k] for k in sorted(rows)]
 
 
 def compare_traffic(history: Sequence[Mapping[str, Any]], outcome: RunOutcome) -> dict[str, Any]:

@@ -66,6 +66,12 @@ def prepare_model(task: TaskConfig, info: TaskInfo,
     return model
 
 
+def _count(value: Any) -> int:
+    """A metric read as a whole count (0 where absent or not finite)."""
+    number = float(value or 0)
+    return int(number) if math.isfinite(number) else 0
+
+
 def _row(rnd: int, mark: dict[str, float], ledger: Ledger, metrics) -> dict[str, Any]:
     row: dict[str, Any] = {"round": rnd, **mark}
     row["up_bytes"] = ledger.round_bytes("up", rnd)
@@ -206,9 +212,10 @@ class _ServerRun:
         mark["wall_s"] = time.perf_counter() - self.t_start
         row = _row(rnd, mark, self.ledger, metrics)
         self.history.append(row)
-        log(INFO, "[%s] round %d/%d: accuracy %.4f, loss %.4f, up %d B, down %d B",
+        # `dq-flower deploy run` reads the bytes and replies of this line from the stream
+        log(INFO, "[%s] round %d/%d: accuracy %.4f, loss %.4f, up %d B, down %d B, replies %d",
             self.name, rnd, task.num_server_rounds, row["accuracy"], row["loss"],
-            row["up_bytes"], row["down_bytes"])
+            row["up_bytes"], row["down_bytes"], _count(row.get("replies")))
         if last and rnd < task.num_server_rounds:
             row["ended_early"] = True
             log(INFO, "[%s] ended early after round %d: %s", self.name, rnd,

@@ -37,12 +37,13 @@ def test_every_experiment_names_a_preset_in_simulations():
         preset = args[args.index("--preset") + 1]
         assert (ROOT / "simulations" / f"{preset}.toml").is_file(), name
     # every published experiment is shown: the headline one in the README (a block that
-    # regenerate.py splices), every one on a docs page that includes its summary.md
+    # regenerate.py splices), every one on a docs page that shows its summary.md (written
+    # into the page by simulations/inline_docs.py)
     readme = (ROOT / "README.md").read_text()
     assert "<!-- results:digits-mlp -->" in readme
     pages = "".join(p.read_text() for p in (ROOT / "docs" / "experiments").glob("*.md"))
     for name in regen.EXPERIMENTS:
-        assert f'--8<-- "docs/results/{name}/summary.md' in pages, name
+        assert f"<!-- inline: docs/results/{name}/summary.md" in pages, name
 
 
 def test_tuned_experiments_tune_first_then_compare_with_the_tuned_preset(tmp_path):

@@ -14,12 +14,13 @@ def model() -> torch.nn.Module:
 
 
 RUN_CONFIG = {"num-server-rounds": 3, "learning-rate": 0.1, "local-epochs": 1}
+APP_KEYS = ("learning-rate", "local-epochs")
 
 
-def test_dq_strategy_reads_its_keys_and_ignores_the_others():
+def test_dq_strategy_reads_its_keys_and_passes_the_apps_own():
     s = dq_flower.DQStrategy.from_run_config(
         model(), {**RUN_CONFIG, "bits": 4, "scorer": "loss", "selection-rule": "sample",
-                  "server-steps": 7, "fraction-evaluate": 0.5, "seed": 3})
+                  "server-steps": 7, "fraction-evaluate": 0.5, "seed": 3}, app_keys=APP_KEYS)
     assert (s.cfg.bits, s.cfg.scorer, s.cfg.selection_rule, s.cfg.server_steps) == (
         4, "loss", "sample", 7)
     assert s.fraction_evaluate == 0.5 and s.seed == 3
@@ -43,11 +44,12 @@ def test_overrides_win_and_unset_keys_keep_their_defaults():
 def test_a_value_of_the_wrong_type_fails_naming_its_key(cls, args, config, key):
     first = FedAvg() if cls is dq_flower.CompressedUpdates else model()
     with pytest.raises(ValueError, match=key):
-        cls.from_run_config(first, {**RUN_CONFIG, **config})
+        cls.from_run_config(first, {**RUN_CONFIG, **config}, app_keys=APP_KEYS)
 
 
 def test_gradient_strategy_defaults_to_qsgd_and_reads_its_keys():
-    assert dq_flower.GradientStrategy.from_run_config(model(), RUN_CONFIG).cfg.codec == "qsgd"
+    assert dq_flower.GradientStrategy.from_run_config(
+        model(), RUN_CONFIG, app_keys=APP_KEYS).cfg.codec == "qsgd"
     s = dq_flower.GradientStrategy.from_run_config(
         model(), {"codec": "topk", "ratio": 0.05, "local-steps": 2, "lr": 0.3,
                   "min-available-nodes": 2})
@@ -58,7 +60,8 @@ def test_gradient_strategy_defaults_to_qsgd_and_reads_its_keys():
 def test_compressed_updates_reads_its_keys():
     s = dq_flower.CompressedUpdates.from_run_config(
         FedAvg(), {**RUN_CONFIG, "codec": "qsgd", "levels": 1, "bucket": 64,
-                   "downlink": "fp16", "error-feedback": "on", "entropy-coder": "lzma"})
+                   "downlink": "fp16", "error-feedback": "on", "entropy-coder": "lzma"},
+        app_keys=APP_KEYS)
     assert (s.cfg.codec, s.cfg.levels, s.cfg.bucket, s.cfg.downlink) == ("qsgd", 1, 64, "fp16")
     assert (s.cfg.error_feedback, s.cfg.entropy_coder) == ("on", "lzma")
     assert s.codec.levels == 1
@@ -67,13 +70,29 @@ def test_compressed_updates_reads_its_keys():
 
 
 def test_a_misspelled_knob_is_refused_naming_the_knob_it_is_close_to():
-
-    with pytest.raises(ValueError, match="'bitz' is not a knob of this strategy: did you "
+    with pytest.raises(ValueError, match="'bitz' is not a knob of DQStrategy \\(did you "
                                          "mean 'bits'"):
         dq_flower.DQStrategy.from_run_config(torch.nn.Linear(4, 2), {"bitz": 3})
     with pytest.raises(ValueError, match="did you mean 'min-gain'"):
         dq_flower.DQStrategy.from_run_config(torch.nn.Linear(4, 2), {"min_gian": 0.01})
-    # an app's own keys, far from every knob, still pass
-    s = dq_flower.DQStrategy.from_run_config(torch.nn.Linear(4, 2), {"num-server-rounds": 3,
-                                                               "output-dir": "", "bits": 3})
-    assert s.cfg.bits == 3
+
+
+@pytest.mark.parametrize("cls", [dq_flower.DQStrategy, dq_flower.GradientStrategy,
+                                 dq_flower.CompressedUpdates])
+def test_a_key_no_strategy_reads_is_refused_before_any_round(cls):
+    first = FedAvg() if cls is dq_flower.CompressedUpdates else model()
+    # checkpoint-dir is simulate's knob: in a user's app it would do nothing, silently
+    with pytest.raises(ValueError, match=f"'checkpoint-dir' is not a knob of {cls.__name__} "
+                                         r"\(nearest knob: '[a-z-]+'\); .*state_dict"):
+        cls.from_run_config(first, {"checkpoint-dir": "ckpt"})
+    with pytest.raises(ValueError, match=r"'learning-rate' is not a knob .*app_keys="):
+        cls.from_run_config(first, RUN_CONFIG)
+    with pytest.raises(ValueError, match="'model' is not a knob"):  # an argument, not a knob
+        cls.from_run_config(first, {"model": "cnn"})
+
+
+def test_the_apps_own_keys_pass_when_named():
+    s = dq_flower.DQStrategy.from_run_config(
+        torch.nn.Linear(4, 2), {"num-server-rounds": 3, "output-dir": "", "bits": 3,
+                                "fraction_evaluate": 0.5}, app_keys=["output-dir"])
+    assert s.cfg.bits == 3 and s.fraction_evaluate == 0.5

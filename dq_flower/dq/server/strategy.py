@@ -219,15 +219,17 @@ class DQStrategy(ModelStrategy, Strategy):
     # ------------------------------------------------------------------ Strategy API
     @classmethod
     def from_run_config(cls, model: torch.nn.Module, run_config: Mapping[str, Any],
-                        **overrides: Any) -> DQStrategy:
+                        *, app_keys: Iterable[str] = (), **overrides: Any) -> DQStrategy:
         """The strategy with its knobs read from a run config (``context.run_config``).
 
         Every :class:`DQConfig` field and scalar argument (``seed``, ``fraction-train``,
-        ...) is read from its hyphenated key where present, other keys are ignored and
-        ``overrides`` win (:func:`dq_flower.config.strategy_kwargs`); a value of the wrong
-        type raises ``ValueError`` naming its key.
+        ...) is read from its hyphenated key where present and ``overrides`` win
+        (:func:`dq_flower.config.strategy_kwargs`). Any other key but ``num-server-rounds``
+        and ``app_keys`` (the app's own), and a value of the wrong type, raise
+        ``ValueError`` naming the key, before any round.
         """
-        return cls(model, **strategy_kwargs(cls, DQConfig, run_config, overrides))
+        return cls(model, **strategy_kwargs(cls, DQConfig, run_config, overrides,
+                                            app_keys=app_keys))
 
 
     def summary(self) -> None:

@@ -36,7 +36,8 @@ def main(grid: Grid, context: Context) -> None:
 
     # Initialize the data-quantization strategy (it trains `global_model` on the server);
     # its knobs (bits, budget, scorer, ...) come from the run config
-    strategy = dq_flower.DQStrategy.from_run_config(global_model, cfg, seed=0)
+    strategy = dq_flower.DQStrategy.from_run_config(global_model, cfg, seed=0,
+                                                    app_keys=["output-dir"])
 
     # Measure every message's serialized size, then run DQ for `num_rounds`
     measured = dq_flower.MeasuredGrid(grid)

@@ -24,7 +24,8 @@ def main(grid: Grid, context: Context) -> None:
     arrays = ArrayRecord(global_model.state_dict())
 
     # Initialize FedAvg strategy
-    strategy = dq_flower.DQStrategy.from_run_config(global_model, context.run_config)
+    strategy = dq_flower.DQStrategy.from_run_config(
+        global_model, context.run_config, app_keys=["local-epochs", "learning-rate", "batch-size"])
 
     # Start strategy, run FedAvg for `num_rounds`
     result = strategy.start(
