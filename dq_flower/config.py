@@ -18,9 +18,11 @@ import math
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
+from logging import WARNING
 from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord
+from flwr.common.logger import log
 
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -317,23 +319,34 @@ ELSEWHERE = {
 
 def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterable[str],
                 owner: str) -> None:
-    """Refuse a run-config key that is no knob of ``owner`` and not one of ``app_keys``.
+    """Refuse a misspelled knob; name every other key ``owner`` does not read.
 
-    The error names the key, the nearest knob and, for a key the package reads elsewhere
-    (``checkpoint-dir``), what to do instead; a misspelled knob would otherwise be ignored
-    without a word.
+    A key within two edits of a long knob or one of a short one (``bitz``), or one the
+    package reads elsewhere (``checkpoint-dir``), raises ``ValueError`` naming the nearest
+    knob and what to do instead. Any other key that is no knob, not ``num-server-rounds``
+    and not one of ``app_keys`` is logged once as a warning: a Flower app's run config also
+    carries the app's own keys (``local-epochs`` for its own ``train()``), which must not
+    stop it.
     """
     allowed = known | FLOWER_KEYS | {_key(k) for k in app_keys}
+    unread = []
     for key in run_config:
         hyphenated = _key(key)
         if hyphenated in allowed:
             continue
         nearest = min(sorted(known), key=lambda k: _edits(hyphenated, k))
-        near = (f"did you mean {nearest!r}?" if _edits(hyphenated, nearest) <= 2
-                else f"nearest knob: {nearest!r}")
+        # two edits on a long knob (server-stepz), one on a short one (bitz, not model)
+        close = _edits(hyphenated, nearest) <= (2 if len(nearest) > 6 else 1)
+        if not close and hyphenated not in ELSEWHERE:
+            unread.append(key)
+            continue
+        near = f"did you mean {nearest!r}?" if close else f"nearest knob: {nearest!r}"
         hint = ELSEWHERE.get(hyphenated, "if it is your app's own key, pass "
                                          f"app_keys=[{key!r}, ...]")
         raise ValueError(f"{key!r} is not a knob of {owner} ({near}); {hint}")
+    if unread:
+        log(WARNING, "%s does not read the run-config keys %s (the app's own keys? name "
+            "them in app_keys= to silence this)", owner, ", ".join(map(repr, unread)))
 
 
 def _edits(a: str, b: str) -> int:

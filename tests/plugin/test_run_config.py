@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from flwr.serverapp.strategy import FedAvg
@@ -85,10 +87,22 @@ def test_a_key_no_strategy_reads_is_refused_before_any_round(cls):
     with pytest.raises(ValueError, match=f"'checkpoint-dir' is not a knob of {cls.__name__} "
                                          r"\(nearest knob: '[a-z-]+'\); .*state_dict"):
         cls.from_run_config(first, {"checkpoint-dir": "ckpt"})
-    with pytest.raises(ValueError, match=r"'learning-rate' is not a knob .*app_keys="):
-        cls.from_run_config(first, RUN_CONFIG)
-    with pytest.raises(ValueError, match="'model' is not a knob"):  # an argument, not a knob
-        cls.from_run_config(first, {"model": "cnn"})
+    with pytest.raises(ValueError, match=r"'seeds' is not a knob .*did you mean 'seed'"):
+        cls.from_run_config(first, {"seeds": 3})
+
+
+@pytest.mark.parametrize("cls", [dq_flower.DQStrategy, dq_flower.GradientStrategy,
+                                 dq_flower.CompressedUpdates])
+def test_the_apps_own_keys_are_named_in_a_warning_not_refused(cls, caplog):
+    first = FedAvg() if cls is dq_flower.CompressedUpdates else model()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        cls.from_run_config(first, {**RUN_CONFIG, "model": "cnn"})
+    warned = [r.getMessage() for r in caplog.records if "does not read" in r.getMessage()]
+    assert len(warned) == 1 and "'learning-rate'" in warned[0] and "'model'" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        cls.from_run_config(first, RUN_CONFIG, app_keys=APP_KEYS)
+    assert not [r for r in caplog.records if "does not read" in r.getMessage()]
 
 
 def test_the_apps_own_keys_pass_when_named():
