@@ -290,7 +290,9 @@ def build_config(config: Any, knobs: dict[str, Any], cls: type[Any]) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     for name in knobs:
         if name.replace("-", "_") not in known:
-            raise ValueError(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
+            nearest = min(sorted(known), key=lambda k: _edits(name.replace("-", "_"), k))
+            raise ValueError(f"unknown knob {name!r} (nearest: {nearest!r}); known: "
+                             f"{', '.join(sorted(known))}")
     return from_mapping(cls, {**dataclasses.asdict(base), **knobs})
 
 
