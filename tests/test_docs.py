@@ -239,7 +239,7 @@ def test_results_blocks_have_a_home():
     for summary in sorted((ROOT / "docs" / "results").glob("*/summary.md")):
         name = summary.parent.name
         assert (f"<!-- results:{name} -->" in readme
-                or f'--8<-- "docs/results/{name}/summary.md' in pages), name
+                or f"<!-- inline: docs/results/{name}/summary.md" in pages), name
 
 
 # ------------------------------------------------------------------ running
