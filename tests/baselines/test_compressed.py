@@ -340,11 +340,9 @@ def test_identity_tau1_round_equals_one_large_batch_sgd_step():
         captured["w"] = get_flat(self.model)
         return out
 
-    GradientStrategy.aggregate_train = spy
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # undone whole: the class keeps no copy
+        patch.setattr(GradientStrategy, "aggregate_train", spy)
         run_server(grid, run_config)
-    finally:
-        GradientStrategy.aggregate_train = original
     # Assert
     np.testing.assert_allclose(captured["w"], w0 - np.float32(0.3) * g, rtol=0, atol=2e-6)
 
