@@ -315,7 +315,6 @@ ELSEWHERE = {
                       "load_state_dict() (docs/plugin.md, 'Resume a run')",
     "checkpoint-every": "it is a knob of dq_flower.simulate and the package's own apps; in "
                         "your own app save strategy.state_dict() where you choose",
-    "device": "the server trains where the model you pass is (model.to('cuda'))",
 }
 
 
