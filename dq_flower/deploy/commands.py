@@ -23,9 +23,9 @@ from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_crede
 from dq_flower.deploy.flower_cli import (
     RunOutcome,
     compare_traffic,
+    finished_run,
     flower_env,
     flower_executable,
-    flwr_ls,
     format_config,
     register_node,
     rounds_from_log,
@@ -247,13 +247,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     if proc.returncode != 0 or run_id is None:
         return EXIT_FAILED
-    if not args.no_stream:
-        try:
-            rows = flwr_ls(conn, run_id, env=env)
-        except DeploymentError as exc:
-            _say(str(exc))
-            return EXIT_FAILED
-        _report_traffic(RunOutcome(run_id, rows[0] if rows else {}, "".join(output)))
+    if args.no_stream:
+        return 0
+    try:  # flwr run exits 0 even where the ServerApp failed: the run's status says
+        info = finished_run(conn, run_id, env=env)
+    except DeploymentError as exc:
+        _say(str(exc))
+        return EXIT_FAILED
+    outcome = RunOutcome(run_id, info, "".join(output))
+    _report_traffic(outcome)
+    if outcome.status != "finished:completed":
+        _say(f"run {run_id} ended as {outcome.status}: the ServerApp failed (its log above)")
+        return EXIT_FAILED
     return 0
 
 

@@ -358,6 +358,24 @@ class RunOutcome:
         return int(self.info.get("network-traffic", {}).get("outbound-bytes", 0))
 
 
+def finished_run(connection: str, run_id: int, *, env: Mapping[str, str] | None = None,
+                 timeout: float = 30.0) -> dict[str, Any]:
+    """The ``flwr ls`` row of run ``run_id`` once its status is ``finished:...``.
+
+    A streamed run's output ends with the run, but its status may lag by a moment: polled
+    once a second. Raises :class:`DeploymentError` after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = flwr_ls(connection, run_id, env=env)
+        info = rows[0] if rows else {}
+        if str(info.get("status", "")).startswith("finished"):
+            return info
+        if time.monotonic() > deadline:
+            raise DeploymentError(f"run {run_id} not finished after {timeout:g} s: {info}")
+        time.sleep(1.0)
+
+
 def flwr_run(
     app_dir: str | Path,
     connection: str,
@@ -384,14 +402,8 @@ def flwr_run(
     if not match:
         raise DeploymentError(f"flwr run did not start a run:\n{output}")
     run_id = int(match.group(1))
-    while True:  # the stream ends with the run; its status may lag by a moment
-        rows = flwr_ls(connection, run_id, env=env)
-        info = rows[0] if rows else {}
-        if str(info.get("status", "")).startswith("finished"):
-            break
-        if time.monotonic() > deadline:
-            raise DeploymentError(f"run {run_id} not finished after {timeout:g} s: {info}")
-        time.sleep(1.0)
+    info = finished_run(connection, run_id, env=env,
+                        timeout=max(deadline - time.monotonic(), 0.0))
     outcome = RunOutcome(run_id, info, output)
     if outcome.status != "finished:completed":
         raise DeploymentError(f"run {run_id} ended as {outcome.status}:\n{output[-4000:]}")

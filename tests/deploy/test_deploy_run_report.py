@@ -13,7 +13,7 @@ import logging
 from flwr.common.logger import FLOWER_LOGGER
 
 from dq_flower.cli import main
-from dq_flower.deploy import commands
+from dq_flower.deploy import commands, flower_cli
 from dq_flower.deploy.flower_cli import rounds_from_log
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
@@ -65,7 +65,7 @@ def test_deploy_run_reports_the_envelope_per_reply(monkeypatch, capsys):
     text, _ = _server_log(rounds=1)
     lines = ["Successfully started run 77\n", *text.splitlines(keepends=True)]
     monkeypatch.setattr(commands.subprocess, "Popen", lambda *a, **k: _FakeRun(lines))
-    monkeypatch.setattr(commands, "flwr_ls", lambda *a, **k: [
+    monkeypatch.setattr(flower_cli, "flwr_ls", lambda *a, **k: [
         {"status": "finished:completed", "network-traffic": TRAFFIC}])
     monkeypatch.setattr(commands, "flower_executable", lambda name: name)
 
@@ -81,7 +81,7 @@ def test_deploy_run_reports_the_envelope_per_reply(monkeypatch, capsys):
 def test_deploy_run_says_why_without_the_round_lines(monkeypatch, capsys):
     lines = ["Successfully started run 78\n", "INFO : a user's own app logs its own lines\n"]
     monkeypatch.setattr(commands.subprocess, "Popen", lambda *a, **k: _FakeRun(lines))
-    monkeypatch.setattr(commands, "flwr_ls", lambda *a, **k: [
+    monkeypatch.setattr(flower_cli, "flwr_ls", lambda *a, **k: [
         {"status": "finished:completed", "network-traffic": TRAFFIC}])
     monkeypatch.setattr(commands, "flower_executable", lambda name: name)
 
@@ -89,3 +89,16 @@ def test_deploy_run_says_why_without_the_round_lines(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert '"inbound-bytes": 30000' in captured.out
     assert "envelope overhead needs the bytes the strategy measured" in captured.err
+
+
+def test_deploy_run_fails_where_the_serverapp_failed(monkeypatch, capsys):
+    """``flwr run`` exits 0 after a failed ServerApp; ``deploy run`` reads the status."""
+    text, _ = _server_log(rounds=1)
+    lines = ["Successfully started run 79\n", *text.splitlines(keepends=True)]
+    monkeypatch.setattr(commands.subprocess, "Popen", lambda *a, **k: _FakeRun(lines))
+    monkeypatch.setattr(flower_cli, "flwr_ls", lambda *a, **k: [
+        {"status": "finished:failed", "network-traffic": TRAFFIC}])
+    monkeypatch.setattr(commands, "flower_executable", lambda name: name)
+
+    assert main(["deploy", "run", "--app", APP_DIR]) == commands.EXIT_FAILED
+    assert "run 79 ended as finished:failed" in capsys.readouterr().err
