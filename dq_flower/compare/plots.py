@@ -21,7 +21,23 @@ from dq_flower.compare.fmt import pct as _pct
 from dq_flower.compare.links import LinkProfile, cumulative_times
 from dq_flower.compare.summary import REFERENCE, is_failed
 
-__all__ = ["write_plots"]
+__all__ = ["write_plots", "label_log_axis"]
+
+
+def label_log_axis(ax: Any) -> None:
+    """Readable tick labels on a log x axis, whatever the span of its data.
+
+    Over a decade or more matplotlib's powers of ten stay. Over less, its minor labels
+    (``1.0025x10^-1``, ...) run into each other: a few evenly spaced ticks with plain
+    labels instead, and no minor labels.
+    """
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # see write_plots
+
+    lo, hi = ax.get_xlim()
+    if lo > 0 and hi / lo < 10:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.5g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _time_series(rec: Mapping[str, Any], link: LinkProfile) -> list[dict[str, Any]]:
@@ -77,6 +93,7 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
                    label=f"target {_pct(target)}")
         if logx:
             ax.set_xscale("log")
+            label_log_axis(ax)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(title, fontsize=10)
