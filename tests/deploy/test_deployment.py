@@ -7,6 +7,8 @@ so it runs in the default suite.
 """
 
 import json
+import re
+import subprocess
 import sys
 import textwrap
 import time
@@ -229,6 +231,28 @@ def test_dq_two_rounds_over_tls_and_traffic_matches_superlink(deployment):
     log = deployment.superlink.log_text()
     for node_id in deployment.node_ids:
         assert f"Activated node_id={node_id}" in log
+
+
+def _round_lines(text: str) -> list[str]:
+    """The ServerApp's per-round lines (accuracy, bytes, replies), without log prefixes."""
+    return re.findall(r"\[dq\] round \d+/\d+: accuracy .*replies \d+", text)
+
+
+def test_deploy_run_prints_what_docs_deploy_md_shows(deployment):
+    """``dq-flower deploy run``, as docs/deploy.md step 6 shows it: the same round lines."""
+    command = "num-server-rounds=3 budget=32"
+    done = subprocess.run(  # noqa: S603
+        [str(Path(sys.executable).parent / "dq-flower"), "deploy", "run", "--app",
+         str(APP_DIR), "--connection", deployment.connection, "--run-config", command],
+        env=deployment.env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout[done.stdout.rindex("{\n"):])
+    assert report["status"] == "finished:completed" and report["replies"] >= 4, report
+    assert 0 < report["up_overhead_per_reply"] <= ENVELOPE_PER_REPLY, report
+    page = (APP_DIR / "docs" / "deploy.md").read_text()
+    assert f'$ dq-flower deploy run --run-config "{command}"' in page
+    documented = _round_lines(page[page.index(f'deploy run --run-config "{command}"'):])
+    assert _round_lines(done.stdout) == documented[:4], done.stdout[-3000:]
 
 
 def test_unregistered_node_is_refused(deployment):
