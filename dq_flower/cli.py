@@ -194,6 +194,7 @@ def _add_compare(sub: Any) -> None:
          "--set local-steps=5",
          "dq-flower compare --preset digits-mlp --engine inprocess --tune --tune-rounds 10",
          "dq-flower compare --preset digits-mlp --link lte --link sat=20mbit/2mbit/600ms",
+         "dq-flower compare --preset digits-mlp --ray-address 10.0.0.5:6379",
          "dq-flower compare --list-presets"])
     p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
                    help="scenario: a preset name from simulations/ (digits-mlp, fmnist-cnn, "
@@ -215,6 +216,12 @@ def _add_compare(sub: Any) -> None:
                    help="Ray GPUs per simulated client, e.g. 0.1 to let 10 clients share one "
                         "GPU; with 0 the clients train on the CPU while the server uses a GPU "
                         "when one is visible (default: %(default)s)")
+    p.add_argument("--ray-address", metavar="HOST:PORT",
+                   help="with --engine simulation: join this running Ray cluster (its head's "
+                        "address, as printed by 'ray start --head'; or auto) instead of "
+                        "starting Ray here; the cluster's nodes run the simulated clients, "
+                        "this process the server (default: $RAY_ADDRESS if set, else a Ray "
+                        "on this machine)")
     p.add_argument("--resume", action="store_true",
                    help="keep the finished methods of an earlier results.json in --out whose "
                         "engine and run config are identical; run only the others")

@@ -20,7 +20,7 @@ from dq_flower.compare.fmt import fmt_value, pct
 from dq_flower.compare.grids import describe_axes
 from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.presets import load_preset, preset_names
-from dq_flower.compare.run import quiet_flower
+from dq_flower.compare.run import check_engine, quiet_flower
 from dq_flower.compare.tune import TuneSettings, apply_tuning, tune_runs
 from dq_flower.harness.methods import method_names
 
@@ -108,6 +108,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         preset, sets, plans, d, n_train = _scenario(args)
         links = parse_links(args.links)
+        check_engine(args.engine, args.ray_address)
         if args.tune:
             _tune_settings(args, preset)  # validates the tuning flags before any run
     except FileNotFoundError as exc:
@@ -127,7 +128,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             preset, out, sets=sets, engine=args.engine, progress=progress, plans=plans,
             num_cpus_per_client=args.num_cpus_per_client,
             num_gpus_per_client=args.num_gpus_per_client, verbose=args.verbose,
-            resume=args.resume, links=links,
+            resume=args.resume, links=links, ray_address=args.ray_address,
             command=shlex.join([PROG, *args.argv]))
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted; the finished methods' results are in {out}/",

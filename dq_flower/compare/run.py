@@ -33,10 +33,11 @@ from dq_flower.compare.reports import RESULTS_FORMAT, load_results, write_report
 from dq_flower.compare.summary import error_line, fmt_bytes, is_failed, run_summaries
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.ray_backend import check_ray_address
 from dq_flower.harness.simulate import simulate
 from dq_flower.json_out import jsonable
 
-__all__ = ["ENGINES", "ConsoleProgress", "run_comparison", "quiet_flower"]
+__all__ = ["ENGINES", "ConsoleProgress", "check_engine", "quiet_flower", "run_comparison"]
 
 #: Execution engines: Flower's simulation engine (Ray) or the in-process grid.
 ENGINES = ("simulation", "inprocess")
@@ -137,7 +138,8 @@ def quiet_flower(verbose: bool) -> Iterator[None]:
 
 
 def run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]], None],
-             num_cpus_per_client: float, verbose: bool, num_gpus_per_client: float = 0.0):
+             num_cpus_per_client: float, verbose: bool, num_gpus_per_client: float = 0.0,
+             ray_address: str | None = None):
     cfg = plan.run_config
     if engine == "inprocess":
         from dq_flower.harness.server_app import run_server  # PyTorch, when a run starts
@@ -152,7 +154,18 @@ def run_one(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]], 
                     int(cfg["num-partitions"]), int(cfg["num-server-rounds"]),
                     int(cfg["seed"]), num_cpus_per_client=num_cpus_per_client,
                     num_gpus_per_client=num_gpus_per_client, verbose=verbose,
-                    on_round=on_round, **plan.knobs)
+                    on_round=on_round, ray_address=ray_address, **plan.knobs)
+
+
+def check_engine(engine: str, ray_address: str | None = None) -> None:
+    """``ValueError`` for an unknown engine, or a Ray address it cannot use."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if ray_address is not None:
+        if engine != "simulation":
+            raise ValueError(f"ray-address: joins a Ray cluster with the simulation engine, "
+                             f"not with engine {engine!r}")
+        check_ray_address(ray_address)
 
 
 def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
@@ -160,7 +173,8 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
                    progress: ConsoleProgress | None = None, num_cpus_per_client: float = 1.0,
                    num_gpus_per_client: float = 0.0, verbose: bool = False, command: str = "",
                    plans: list[PlannedRun] | None = None, resume: bool = False,
-                   links: Sequence[LinkProfile] | None = None) -> dict[str, Any]:
+                   links: Sequence[LinkProfile] | None = None,
+                   ray_address: str | None = None) -> dict[str, Any]:
     """Run every method of ``preset`` on its scenario and write the reports to ``out_dir``.
 
     Parameters
@@ -190,6 +204,9 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
     links : sequence of LinkProfile, optional
         Link profiles whose simulated time the summary reports (default: the built-in
         ``lte``, ``wifi`` and ``datacenter``; see :mod:`dq_flower.compare.links`).
+    ray_address : str, optional
+        Simulation engine: join this existing Ray cluster instead of starting Ray here
+        (see :func:`dq_flower.harness.simulate`).
 
     Returns
     -------
@@ -200,8 +217,7 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
         empty history; the others still run. The files are rewritten after every
         method, so an interrupted comparison leaves the finished methods' results.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    check_engine(engine, ray_address)
     plans = plan_runs(preset, sets) if plans is None else plans
     check_data(preset)
     out = Path(out_dir)
@@ -210,7 +226,8 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
     earlier = _reusable(out, engine) if resume else {}
     execute = functools.partial(_execute, engine=engine, verbose=verbose,
                                 num_cpus_per_client=num_cpus_per_client,
-                                num_gpus_per_client=num_gpus_per_client)
+                                num_gpus_per_client=num_gpus_per_client,
+                                ray_address=ray_address)
     with quiet_flower(verbose):
         _run_plans(plans, results, earlier, execute, progress, preset.target_accuracy, out)
     return results
@@ -262,7 +279,7 @@ def _new_results(preset: Preset, engine: str, command: str,
 
 def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, engine: str,
              num_cpus_per_client: float, verbose: bool,
-             num_gpus_per_client: float) -> dict[str, Any]:
+             num_gpus_per_client: float, ray_address: str | None) -> dict[str, Any]:
     """Run one method and return its record, a failed one when the run raised."""
     record: dict[str, Any] = {"label": plan.spec.label, "method": plan.spec.method,
                               "family": plan.family, "config": plan.resolved,
@@ -270,7 +287,7 @@ def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, en
     t_run = time.perf_counter()
     try:
         result = run_one(plan, engine, on_round, num_cpus_per_client, verbose,
-                          num_gpus_per_client)
+                          num_gpus_per_client, ray_address)
     except KeyboardInterrupt:
         raise
     # one failing method must not stop the rest; SystemExit too: Flower's engine

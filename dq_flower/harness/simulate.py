@@ -14,6 +14,7 @@ from dq_flower.config import field_keys
 from dq_flower.harness.client_app import make_client_app
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.methods import get_method, validate_run_config
+from dq_flower.harness.ray_backend import ray_backend_config
 from dq_flower.harness.runtime import model_factory, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import from_arrays, save_npz
@@ -72,7 +73,8 @@ def _dataset_arg(dataset: Any, seed: int, workdir: str) -> str:
 def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", num_clients: int = 4,
              rounds: int = 5, seed: int = 0, num_cpus_per_client: float = 1.0,
              num_gpus_per_client: float = 0.0, verbose: bool = False,
-             on_round: Callable[[dict[str, Any]], None] | None = None, **knobs: Any) -> RunResult:
+             on_round: Callable[[dict[str, Any]], None] | None = None,
+             ray_address: str | None = None, **knobs: Any) -> RunResult:
     """Run ``method`` in Flower's simulation engine and return its measured history.
 
     Parameters
@@ -100,6 +102,12 @@ def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", nu
         Ray resources of each simulated client. With ``num_gpus_per_client=0`` (default)
         Ray hides GPUs from the clients, which then train on the CPU; the server uses a GPU
         whenever one is visible (``device="auto"``).
+    ray_address : str, optional
+        Join this existing Ray cluster (``HOST:PORT`` of a head started with ``ray start
+        --head``, ``auto`` or ``ray://HOST:PORT``) instead of starting Ray here; its nodes
+        host the simulated clients, this process runs the server. ``None`` (default): the
+        ``RAY_ADDRESS`` environment variable if set, else a Ray on this machine with every
+        core. Every node must import ``dq_flower`` (and a custom model's module).
     **knobs
         Any task or method knob, in underscore form (``server_steps=10``).
 
@@ -112,8 +120,9 @@ def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", nu
     Raises
     ------
     ValueError
-        A bad knob, an unknown model name, a missing data file or a model that does not
-        take the data's samples: all checked before the engine starts.
+        A bad knob, an unknown model name, a missing data file, a model that does not
+        take the data's samples or a malformed ``ray_address``: all checked before the
+        engine starts.
     ClientFailureError
         Every sampled client failed ``max_failed_rounds`` (default 3) rounds in a row; the
         message quotes the first client error.
@@ -121,13 +130,14 @@ def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", nu
     # Ray (flwr.simulation) and the server side (PyTorch) load only when a simulation runs:
     # ``import dq_flower`` imports this module, on client devices too
     from flwr.simulation import run_simulation
+    backend_config = ray_backend_config(num_cpus_per_client, num_gpus_per_client, ray_address)
     server_app, client_app, holder = _apps(method, dataset, model, num_clients, rounds, seed,
                                            knobs, on_round)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_simulation(server_app=server_app, client_app=client_app,
                        num_supernodes=int(num_clients), verbose_logging=verbose,
-                       backend_config=_backend_config(num_cpus_per_client, num_gpus_per_client))
+                       backend_config=backend_config)
     return _result(holder)
 
 
@@ -175,12 +185,3 @@ def _result(holder: dict[str, Any]) -> RunResult:
         raise RuntimeError("the simulation ended without a result; see the log above")
     return holder["result"]
 
-
-def _backend_config(num_cpus_per_client: float,
-                    num_gpus_per_client: float) -> dict[str, dict[str, Any]]:
-    """Ray's resources: per simulated client, and every core for the engine."""
-    return {
-        "client_resources": {"num_cpus": float(num_cpus_per_client),
-                             "num_gpus": float(num_gpus_per_client)},
-        "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False},
-    }
