@@ -156,6 +156,11 @@ class DiskSampleStore(SampleStore):
         return super().nbytes + len(self) * width
 
     @property
+    def memory_bytes(self) -> int:
+        """Bytes the store keeps in memory: the rows' metadata and slots."""
+        return super().nbytes + int(self._slots.nbytes)
+
+    @property
     def disk_bytes(self) -> int:
         """Bytes of the codes file in use (evicted rows included)."""
         return 0 if self._file is None else self._file.nbytes
