@@ -219,7 +219,7 @@ def test_a_run_on_disk_crashed_and_resumed_ends_like_a_run_in_memory(tmp_path):
 
 
 # ---------------------------------------------------------------- beyond the memory limit
-LIMIT_MB, STORE_MB = 160, 320
+LIMIT_MB, STORE_MB = 256, 512
 
 
 def _child(mode, directory):
