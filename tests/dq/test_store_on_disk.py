@@ -165,6 +165,8 @@ def test_the_knob_is_checked_and_read_from_a_run_config(tmp_path):
     strategy = DQStrategy.from_run_config(torch.nn.Linear(4, 3),
                                           {"store-dir": str(tmp_path / "s")})
     assert strategy.cfg.store_dir == str(tmp_path / "s")
+    assert DQStrategy(torch.nn.Linear(4, 3), store_dir=str(tmp_path)).cfg.store_dir \
+        == str(tmp_path)
 
 
 # ---------------------------------------------------------------- a DQ run on disk
