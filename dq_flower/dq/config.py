@@ -8,6 +8,7 @@ apps (``server-steps``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,6 +187,13 @@ class DQConfig(RobustConfig, OptimizerConfig):
         Bound on the store (0 = unbounded).
     store_eviction : str
         What goes when the store is full: ``fifo`` (oldest first) or ``random``.
+    store_dir : str
+        Directory of the store's packed codes, memory-mapped from a file that grows as
+        rows arrive (:mod:`dq_flower.dq.server.disk_store`), for a store larger than
+        memory; ``""`` (the default) keeps them in memory. The directory is created if
+        missing; an old codes file there is emptied when a fresh run stores its first
+        row, and reopened when a run resumes from a checkpoint (which refers to the file
+        rather than copying it). Evicted rows keep their place in the file.
     upload_mode : str
         ``data`` (every round uploads quantized samples), ``gradient`` (every round uploads
         a minibatch gradient coded by ``gradient_codec``) or ``auto`` (per round, whichever
@@ -245,6 +253,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     weight_decay: float = 5e-4
     max_store_samples: int = 0
     store_eviction: str = "fifo"
+    store_dir: str = ""
     upload_mode: str = "data"
     gradient_codec: str = client_knob("qsgd")
     gradient_codec_params: str = client_knob("levels=4,bucket=512")
@@ -318,6 +327,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
         _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
         _check(self.store_eviction in {"fifo", "random"}, "store_eviction",
                f"must be fifo or random, got {self.store_eviction!r}")
+        _check(not self.store_dir or not os.path.exists(self.store_dir)
+               or os.path.isdir(self.store_dir), "store_dir",
+               f"must be a directory, {self.store_dir!r} is a file")
 
     def _check_codecs(self) -> None:
         """The compensation and gradient-round codecs with their parameters, where used."""

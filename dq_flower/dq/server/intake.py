@@ -24,6 +24,7 @@ from flwr.common.logger import log
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.disk_store import DiskSampleStore
 from dq_flower.dq.server.holdout import choose_holdout
 from dq_flower.dq.server.identity import ClientIdentities, reply_identity
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
@@ -93,8 +94,13 @@ class UploadIntake:
         groups = spec.channels if self.data.mode == "channel" else 1
         layout = self.data.layout = RowLayout(spec.dim, cfg.bits, max(groups, 1),
                                               fixed=self.data.mode == "feature")
-        self.data.store = SampleStore(layout.dequantize, max_samples=cfg.max_store_samples,
-                                      eviction=cfg.store_eviction, seed=self.seed)
+        if cfg.store_dir:  # the codes on disk, the rest in memory
+            self.data.store = DiskSampleStore(layout.dequantize, cfg.store_dir,
+                                              max_samples=cfg.max_store_samples,
+                                              eviction=cfg.store_eviction, seed=self.seed)
+        else:
+            self.data.store = SampleStore(layout.dequantize, max_samples=cfg.max_store_samples,
+                                          eviction=cfg.store_eviction, seed=self.seed)
         if self.measuring and self.planner.sample_bits == 0.0:
             est = first_estimates(cfg, self.data.mode, spec.dim, spec.channels,
                                   self.data.num_classes or 2, self.comp_codec, self.num_params,

@@ -154,10 +154,15 @@ class SampleStore:
 
     def add(self, rows: StoredRows) -> None:
         """Append rows, then evict down to the bound."""
+        self._append(self._compact(rows))
+        self._evict()
+
+    def _compact(self, rows: StoredRows) -> StoredRows:
+        """``rows`` in the store's narrow dtypes, their origins as node indices."""
         nodes, inverse = np.unique(rows.node, return_inverse=True)
         codes = np.array([self._node_table.setdefault(int(n), len(self._node_table))
                           for n in nodes], dtype=np.int64)
-        compact = StoredRows(
+        return StoredRows(
             codes=np.ascontiguousarray(rows.codes, dtype=np.uint8),
             side=np.ascontiguousarray(rows.side),
             labels=(_narrow_float(rows.labels) if np.issubdtype(rows.labels.dtype, np.floating)
@@ -169,6 +174,9 @@ class SampleStore:
             holdout=(np.zeros(len(rows), dtype=bool) if rows.holdout is None
                      else np.asarray(rows.holdout, dtype=bool).reshape(len(rows))),
         )
+
+    def _append(self, compact: StoredRows) -> None:
+        """Append rows already in the store's dtypes."""
         if self._rows is None:
             self._rows = compact
         else:
@@ -177,7 +185,6 @@ class SampleStore:
                 *(np.concatenate([getattr(old, f), getattr(compact, f)])
                   for f in _FIELDS)
             )
-        self._evict()
 
     def _evict(self) -> None:
         if not self.max_samples or len(self) <= self.max_samples:
@@ -189,9 +196,13 @@ class SampleStore:
             keep = np.sort(self._rng.choice(len(self), size=self.max_samples, replace=False))
         gone = np.ones(len(self), dtype=bool)
         gone[keep] = False
-        self._remember_evicted(self._take(np.flatnonzero(gone)))
-        self._rows = self._take(keep)
+        self._remember_evicted(self._take_meta(np.flatnonzero(gone)))
+        self._keep(keep)
         self.evicted += excess
+
+    def _keep(self, keep: np.ndarray) -> None:
+        """Keep only the rows at the sorted indices ``keep``."""
+        self._rows = self._take_meta(keep)
 
     def _remember_evicted(self, rows: StoredRows) -> None:
         nodes = self.node_ids(rows)
@@ -201,10 +212,15 @@ class SampleStore:
             merged = ids if old is None else np.concatenate([old.astype(np.int64), ids])
             self._evicted_ids[int(node)] = _narrow_uint(np.unique(merged))
 
-    def _take(self, idx: np.ndarray) -> StoredRows:
+    def _take_meta(self, idx: np.ndarray) -> StoredRows:
+        """The rows at ``idx`` as held in memory (all of them here; see the disk store)."""
         r = self._rows
         assert r is not None
         return StoredRows(*(getattr(r, f)[idx] for f in _FIELDS))
+
+    def _take(self, idx: np.ndarray) -> StoredRows:
+        """The rows at ``idx`` with their codes, ready to decode."""
+        return self._take_meta(idx)
 
     # ---------------------------------------------------------------- drawing
     def node_weight(self, node: int) -> float:
@@ -335,6 +351,9 @@ class SampleStore:
 
     def load_state(self, state: dict) -> None:
         """Inverse of :meth:`state`."""
+        if "disk_used" in state:
+            raise ValueError(f"store-dir: the checkpoint's store codes are on disk in "
+                             f"{state['disk_dir']!r}; set store-dir to resume it")
         self._node_table = {int(n): i for i, n in enumerate(state["node_table"])}
         self.evicted = int(state["evicted"][0])
         if "rng" in state:  # the eviction generator resumes where it stopped

@@ -1,0 +1,228 @@
+"""A sample store whose packed codes live on disk (the ``store-dir`` knob).
+
+The codes, the bulk of every row, go to one memory-mapped file of fixed-width rows,
+``store-dir/store-codes.u8``; the per-row metadata (side information, label, weight,
+origin, id, held-out flag: a few bytes a row) stays in memory, as in
+:class:`~dq_flower.dq.server.store.SampleStore`, so every bookkeeping query reads no code.
+A minibatch reads only its own rows from the file. The file only grows: rows are appended
+at its end, and when it is full its capacity doubles by extending the file in place
+(``truncate``: nothing already written is read or rewritten) and mapping it again.
+
+Because written rows never change, a checkpoint refers to the file instead of copying
+it: it holds the metadata, each row's slot, the rows in use and a fingerprint of them
+(a CRC-32 of up to 64 evenly spaced rows), and a resumed store reopens the file, checks
+the fingerprint and writes over whatever the run appended after the checkpoint. Eviction
+drops rows from the store, not from the file: evicted rows keep their place on disk.
+
+numpy's ``memmap`` needs no new dependency and reads any set of rows by index; a chunked
+array library such as zarr would add compression, which packed codes barely need, at
+the price of decoding a whole chunk to read one row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from dq_flower.dq.server.store import SampleStore, StoredRows, _narrow_uint
+
+__all__ = ["CodeFile", "DiskSampleStore", "CODE_FILE"]
+
+#: Name of the codes file in ``store-dir``.
+CODE_FILE = "store-codes.u8"
+#: Rows checked by a fingerprint at most.
+_FINGERPRINT_ROWS = 64
+
+
+class CodeFile:
+    """Fixed-width uint8 rows in a memory-mapped file that grows by doubling.
+
+    ``used`` rows are in use; rows are addressed by their slot (row number in the file).
+    """
+
+    def __init__(self, directory: str | Path, row_bytes: int, min_rows: int = 4096) -> None:
+        if row_bytes < 1:
+            raise ValueError(f"row_bytes must be >= 1, got {row_bytes}")
+        self.path = Path(directory) / CODE_FILE
+        self.row_bytes = int(row_bytes)
+        self.min_rows = int(min_rows)
+        self.used = 0
+        self._capacity = 0
+        self._map: np.memmap | None = None
+
+    @classmethod
+    def create(cls, directory: str | Path, row_bytes: int, min_rows: int = 4096) -> CodeFile:
+        """A new, empty file in ``directory`` (created; an old file there is emptied)."""
+        out = cls(directory, row_bytes, min_rows)
+        out.path.parent.mkdir(parents=True, exist_ok=True)
+        out.path.write_bytes(b"")
+        out._reserve(out.min_rows)
+        return out
+
+    @classmethod
+    def open(cls, directory: str | Path, row_bytes: int, used: int) -> CodeFile:
+        """The existing file of ``directory`` with its first ``used`` rows in use."""
+        out = cls(directory, row_bytes)
+        size = out.path.stat().st_size if out.path.is_file() else -1
+        if size < used * out.row_bytes or size % out.row_bytes:
+            raise ValueError(f"store-dir: {out.path} does not hold {used} rows of "
+                             f"{out.row_bytes} bytes (size {size})")
+        out._capacity = size // out.row_bytes
+        out._map = np.memmap(out.path, dtype=np.uint8, mode="r+",
+                             shape=(out._capacity, out.row_bytes))
+        out.used = int(used)
+        return out
+
+    def _reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows: at least double the capacity, extending the file."""
+        if rows <= self._capacity:
+            return
+        capacity = max(rows, 2 * self._capacity, self.min_rows)
+        if self._map is not None:
+            self._map.flush()
+            self._map = None  # the old mapping goes with its last reference
+        with open(self.path, "r+b") as fh:
+            fh.truncate(capacity * self.row_bytes)
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r+",
+                              shape=(capacity, self.row_bytes))
+        self._capacity = capacity
+
+    def append(self, codes: np.ndarray) -> np.ndarray:
+        """Write ``codes`` (``(n, row_bytes)`` uint8) after the rows in use; their slots."""
+        if codes.ndim != 2 or codes.shape[1] != self.row_bytes:
+            raise ValueError(f"rows of {self.row_bytes} bytes expected, got {codes.shape}")
+        n = int(codes.shape[0])
+        self._reserve(self.used + n)
+        assert self._map is not None
+        self._map[self.used:self.used + n] = codes
+        slots = np.arange(self.used, self.used + n, dtype=np.int64)
+        self.used += n
+        return slots
+
+    def read(self, slots: np.ndarray) -> np.ndarray:
+        """The rows at ``slots``, copied into memory (only those rows are read)."""
+        if self._map is None:
+            return np.zeros((0, self.row_bytes), dtype=np.uint8)
+        return np.asarray(self._map[np.asarray(slots, dtype=np.int64)]).view(np.ndarray)
+
+    def flush(self) -> None:
+        """Write the mapped rows through to the file."""
+        if self._map is not None:
+            self._map.flush()
+
+    def fingerprint(self) -> int:
+        """CRC-32 of up to 64 evenly spaced rows in use (and of their count)."""
+        picks = np.unique(np.linspace(0, self.used - 1, min(self.used, _FINGERPRINT_ROWS))
+                          .astype(np.int64)) if self.used else np.zeros(0, dtype=np.int64)
+        crc = zlib.crc32(np.array([self.used, self.row_bytes], dtype=np.int64).tobytes())
+        return zlib.crc32(np.ascontiguousarray(self.read(picks)).tobytes(), crc)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows in use."""
+        return self.used * self.row_bytes
+
+
+class DiskSampleStore(SampleStore):
+    """:class:`~dq_flower.dq.server.store.SampleStore` with its codes in ``directory``.
+
+    Same rows, same draws and same eviction as the in-memory store for the same seed; the
+    codes file is created at the first row (emptying one left there by an earlier run)
+    or reopened by :meth:`load_state`.
+    """
+
+    def __init__(
+        self,
+        dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+        directory: str | Path,
+        max_samples: int = 0,
+        eviction: str = "fifo",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(dequantize, max_samples=max_samples, eviction=eviction, seed=seed)
+        self.directory = Path(directory)
+        self._file: CodeFile | None = None
+        #: per stored row (in store order), its slot in the codes file
+        self._slots = np.zeros(0, dtype=np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored rows, codes on disk included (as the in-memory store's)."""
+        width = 0 if self._file is None else self._file.row_bytes
+        return super().nbytes + len(self) * width
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the store keeps in memory: the rows' metadata and slots."""
+        return super().nbytes + int(self._slots.nbytes)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of the codes file in use (evicted rows included)."""
+        return 0 if self._file is None else self._file.nbytes
+
+    def _append(self, compact: StoredRows) -> None:
+        if self._file is None:
+            self._file = CodeFile.create(self.directory, compact.codes.shape[1])
+        slots = self._file.append(compact.codes)
+        super()._append(dataclasses.replace(
+            compact, codes=np.zeros((len(compact), 0), dtype=np.uint8)))
+        self._slots = np.concatenate([self._slots, slots])
+
+    def _keep(self, keep: np.ndarray) -> None:
+        super()._keep(keep)
+        self._slots = self._slots[keep]
+
+    def _take(self, idx: np.ndarray) -> StoredRows:
+        assert self._file is not None
+        meta = self._take_meta(idx)
+        return dataclasses.replace(meta, codes=self._file.read(self._slots[idx]))
+
+    def state(self) -> dict:
+        """Arrays for a checkpoint: the metadata and where each row's codes are on disk."""
+        out = super().state()
+        out.pop("codes", None)
+        if self._file is not None:
+            self._file.flush()
+        out.update({
+            "disk_dir": str(self.directory.resolve()),
+            "disk_used": np.array([0 if self._file is None else self._file.used]),
+            "disk_row_bytes": np.array([0 if self._file is None else self._file.row_bytes]),
+            "disk_fingerprint": np.array([0 if self._file is None
+                                          else self._file.fingerprint()], dtype=np.int64),
+            "disk_slots": _narrow_uint(self._slots),
+        })
+        return out
+
+    def load_state(self, state: dict) -> None:
+        """Inverse of :meth:`state`; an in-memory store's state is written to the file."""
+        if "disk_used" not in state:  # from an in-memory store: its codes go to disk
+            meta = dict(state)
+            codes = meta.pop("codes", None)
+            if codes is not None:
+                meta["codes"] = np.zeros((len(codes), 0), dtype=np.uint8)
+            super().load_state(meta)
+            self._file, self._slots = None, np.zeros(0, dtype=np.int64)
+            if codes is not None and len(codes):
+                self._file = CodeFile.create(self.directory, np.asarray(codes).shape[1])
+                self._slots = self._file.append(np.ascontiguousarray(codes, dtype=np.uint8))
+            return
+        meta = {k: v for k, v in state.items() if not k.startswith("disk_")}
+        n = len(state["disk_slots"])
+        if "labels" in state:
+            meta["codes"] = np.zeros((n, 0), dtype=np.uint8)
+        super().load_state(meta)
+        used, width = int(state["disk_used"][0]), int(state["disk_row_bytes"][0])
+        self._slots = np.asarray(state["disk_slots"]).astype(np.int64)
+        self._file = None
+        if width:
+            code_file = CodeFile.open(self.directory, width, used)
+            if code_file.fingerprint() != int(state["disk_fingerprint"][0]):
+                raise ValueError(f"store-dir: {code_file.path} does not hold the rows of "
+                                 f"this checkpoint (written with store-dir "
+                                 f"{state['disk_dir']!r})")
+            self._file = code_file
