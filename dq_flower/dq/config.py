@@ -39,6 +39,8 @@ COMPENSATION_MODES = ("first-step", "store", "refresh")
 RANGE_MODES = ("auto", "sample", "channel", "feature")
 #: Server-side augmentation of the store's minibatches (see ``DQConfig.augmentation``).
 AUGMENTATIONS = ("auto", "none", "shift", "shift-flip")
+#: How long a client identity stays with its node id (see ``DQConfig.identity_binding``).
+IDENTITY_BINDINGS = ("connected", "node")
 #: How the server weights the store's rows in its training loss.
 STORE_WEIGHTS = ("importance", "node")
 #: Precisions of the model the server sends (see :func:`model_codec`).
@@ -194,6 +196,14 @@ class DQConfig(RobustConfig, OptimizerConfig):
         missing; an old codes file there is emptied when a fresh run stores its first
         row, and reopened when a run resumes from a checkpoint (which refers to the file
         rather than copying it). Evicted rows keep their place in the file.
+    identity_binding : str
+        How long a client identity stays with the node id that first held it
+        (:mod:`dq_flower.dq.server.identity`): ``connected`` (the default: while that node
+        is connected; a restarted node under a new id takes its identity back) or ``node``
+        (for good). Use ``node`` with SuperNode authentication, where a node id is the one
+        its registered key was given and stays the same when the SuperNode restarts: the
+        identity is then bound to the key. Without authentication (a simulation draws new
+        node ids on a restart) ``node`` leaves a restarted client unable to reclaim it.
     upload_mode : str
         ``data`` (every round uploads quantized samples), ``gradient`` (every round uploads
         a minibatch gradient coded by ``gradient_codec``) or ``auto`` (per round, whichever
@@ -254,6 +264,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     max_store_samples: int = 0
     store_eviction: str = "fifo"
     store_dir: str = ""
+    identity_binding: str = "connected"
     upload_mode: str = "data"
     gradient_codec: str = client_knob("qsgd")
     gradient_codec_params: str = client_knob("levels=4,bucket=512")
@@ -330,6 +341,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
         _check(not self.store_dir or not os.path.exists(self.store_dir)
                or os.path.isdir(self.store_dir), "store_dir",
                f"must be a directory, {self.store_dir!r} is a file")
+        check_choice(self.identity_binding, IDENTITY_BINDINGS, "identity_binding")
 
     def _check_codecs(self) -> None:
         """The compensation and gradient-round codecs with their parameters, where used."""

@@ -77,3 +77,37 @@ def test_a_contest_is_reported_for_its_round_only():
     with pytest.raises(PayloadError, match="contested"):
         ids.check(1, 102, 3)
     assert ids.contested(1) == {3} and ids.contested(2) == set()
+
+
+def test_under_node_binding_an_identity_never_leaves_its_node():
+    """``identity-binding = "node"``: with SuperNode authentication, bound to the node's key."""
+    ids = ClientIdentities(permanent=True)
+    ids.observe([101, 102])
+    ids.bind(101, 0)
+    ids.observe([102, 201])  # node 101 gone: under "connected" 201 could now take 0
+    for node in (102, 201):
+        with pytest.raises(PayloadError, match="belongs to node 101 for good"):
+            ids.check(2, node, 0)
+    split = ids.split([201], known={0, 1})
+    assert split.free == [1]  # 0 is not offered to a new node
+    ids.observe([101, 102])  # an authenticated SuperNode restarts under its own node id
+    ids.check(3, 101, 0)
+    connected = ClientIdentities()  # the default, for contrast
+    connected.bind(101, 0)
+    connected.observe([102, 201])
+    connected.check(2, 201, 0)
+    assert connected.split([201], known={0, 1}).free == [0, 1]
+
+
+def test_identity_binding_is_a_checked_knob():
+    from dq_flower import DQStrategy
+    from dq_flower.dq.config import DQConfig
+
+    assert DQConfig(identity_binding="node").identity_binding == "node"
+    with pytest.raises(ValueError, match="identity-binding"):
+        DQConfig(identity_binding="key")
+    import torch  # PyTorch: the strategy needs a model
+
+    strategy = DQStrategy.from_run_config(torch.nn.Linear(4, 2),
+                                          {"identity-binding": "node"})
+    assert strategy.identities.permanent

@@ -75,9 +75,14 @@ class RoundClients:
 
 
 class ClientIdentities:
-    """``node id <-> identity`` bindings, with the connected nodes of the current round."""
+    """``node id <-> identity`` bindings, with the connected nodes of the current round.
 
-    def __init__(self) -> None:
+    ``permanent``: an identity stays with the node id that first held it for good, not only
+    while that node is connected (``identity-binding = "node"``).
+    """
+
+    def __init__(self, permanent: bool = False) -> None:
+        self.permanent = permanent
         self.identity_of: dict[int, int] = {}
         self.node_of: dict[int, int] = {}
         self.connected: set[int] = set()
@@ -103,7 +108,8 @@ class ClientIdentities:
                 out.known[int(node)] = identity
         if out.unknown:
             out.free = sorted(i for i in set(known) | set(self.node_of)
-                              if self.node_of.get(i) not in self.connected)
+                              if self.node_of.get(i) is None
+                              or (not self.permanent and self.node_of[i] not in self.connected))
             out.spare = [-1 - i for i in range(max(len(out.unknown) - len(out.free), 0))]
         return out
 
@@ -119,6 +125,9 @@ class ClientIdentities:
             raise PayloadError(f"node {node} is client {current}: a node cannot change its "
                                f"client identity (it claimed {identity})")
         bound = self.node_of.get(identity)
+        if bound is not None and bound != node and self.permanent:
+            raise PayloadError(f"client identity {identity} belongs to node {bound} for good "
+                               "(identity-binding 'node')")
         if bound is not None and bound != node and bound in self.connected:
             raise PayloadError(f"client identity {identity} belongs to node {bound}, which is "
                                "still connected")

@@ -150,7 +150,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
         self.ledger = RoundLedger()
         #: which client (identity) each node id is; everything per client is keyed by it
-        self.identities = ClientIdentities()
+        self.identities = ClientIdentities(permanent=cfg.identity_binding == "node")
         # Reply sizes feed the planner's estimates, which only gradient and auto modes use:
         # plain data runs neither encode synthetic replies nor serialize replies twice.
         #: what the server knows of the federation's data: spec, store, value bound
