@@ -178,6 +178,21 @@ class DQConfig(RobustConfig, OptimizerConfig):
         ``importance``.
     max_growth : float
         Largest growth factor of the store from one upload round to the next.
+    node_rows_cap : float
+        Rows the adaptive schedule asks of one client in all, at most this many times the
+        median client's ``num-examples`` (0: no cap), so that one client holding far more
+        rows than the others cannot take most of the store (see
+        :mod:`dq_flower.dq.server.node_screen`).
+    screen_margin : float
+        Held-out error (accuracy points; relative loss for float targets) above the median
+        client's beyond which a client's rows are excluded from training and asks after a
+        training phase (adaptive schedule; 0: off); see
+        :class:`~dq_flower.dq.server.node_screen.AgreementScreen`.
+    copy_margin : float
+        Share of copied rows (packed rows equal to one the client sent before, under new
+        row ids) above the median client's beyond which a client's copies are not stored
+        (0: counted, never dropped); see
+        :class:`~dq_flower.dq.server.node_screen.CopyScreen`.
     server_steps : int
         Optimizer steps the server takes per round (fixed schedule).
     server_batch_size : int
@@ -239,6 +254,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
     min_holdout_rows: int = 10
     probe_after: int = 2
     max_growth: float = 2.0
+    node_rows_cap: float = 4.0
+    screen_margin: float = 0.4
+    copy_margin: float = 0.1
     augmentation: str = "auto"
     store_weights: str = "node"
     bits: int = client_knob(2)
@@ -302,6 +320,12 @@ class DQConfig(RobustConfig, OptimizerConfig):
         _check(self.probe_after >= 0, "probe_after", "must be >= 0")
         check_choice(self.augmentation, AUGMENTATIONS, "augmentation")
         _check(self.max_growth > 1.1, "max_growth", "must be > 1.1")
+        _check(self.node_rows_cap == 0 or self.node_rows_cap >= 1, "node_rows_cap",
+               f"must be 0 (off) or >= 1, got {self.node_rows_cap}")
+        _check(0 <= self.screen_margin <= 1, "screen_margin",
+               f"must be in [0, 1] (0: off), got {self.screen_margin}")
+        _check(0 <= self.copy_margin <= 1, "copy_margin",
+               f"must be in [0, 1] (0: never drop), got {self.copy_margin}")
         _check(self.gradient_batch_size >= 1, "gradient_batch_size", "must be >= 1")
         _check(1 <= self.bits <= 8, "bits", f"must be in 1..8, got {self.bits}")
         check_choice(self.ranges, RANGE_MODES, "ranges")

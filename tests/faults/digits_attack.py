@@ -131,12 +131,15 @@ def _accuracy(model: nn.Module) -> float:
     return float((pred == Y_TEST).mean())
 
 
-def run(attack: Attack | None = None, rounds: int = 3, nodes: int = NODES,
+def run(attack: Attack | None = None, rounds: int = 3, nodes: int = NODES, seed: int = 0,
         **knobs: Any) -> tuple[float, dq_flower.DQStrategy, list[dict]]:
-    """Final test accuracy, the strategy and each round's metrics of one run."""
-    torch.manual_seed(0)
+    """Final test accuracy, the strategy and each round's metrics of one run.
+
+    ``seed`` seeds the model's initial weights and the strategy.
+    """
+    torch.manual_seed(seed)
     model = Net()
-    strategy = dq_flower.DQStrategy(model, seed=0, **knobs)
+    strategy = dq_flower.DQStrategy(model, seed=seed, **knobs)
     grid = InProcessGrid(_client(attack, nodes), nodes)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=rounds)
@@ -147,6 +150,6 @@ def run(attack: Attack | None = None, rounds: int = 3, nodes: int = NODES,
 
 
 @lru_cache(maxsize=8)
-def control(rounds: int = 3, **knobs: Any) -> float:
+def control(rounds: int = 3, seed: int = 0, **knobs: Any) -> float:
     """Accuracy of the same run with every node honest."""
-    return run(None, rounds, **knobs)[0]
+    return run(None, rounds, seed=seed, **knobs)[0]

@@ -27,6 +27,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.disk_store import DiskSampleStore
 from dq_flower.dq.server.holdout import choose_holdout
 from dq_flower.dq.server.identity import ClientIdentities, reply_identity
+from dq_flower.dq.server.node_screen import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
 from dq_flower.dq.server.rows import RowLayout, keep_rows, kept_rows
 from dq_flower.dq.server.store import FederationData, SampleStore, StoredRows
@@ -55,6 +56,10 @@ __all__ = ["UploadIntake"]
 Ask = Callable[[int, int], int]
 
 
+#: A batch's rows in the store's layout: ``(codes, side, dither)``.
+Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
 class UploadIntake:
     """Check data replies, learn the data spec from them, and store their rows.
 
@@ -75,6 +80,8 @@ class UploadIntake:
         self._given_classes = data.num_classes
         #: what was learned from replies and is forgotten while no row is stored
         self._provisional = {"spec": False, "bound": False}
+        #: each client's rows that copy rows it sent before (dq.server.node_screen)
+        self.copies = CopyScreen(cfg.copy_margin)
 
     # ------------------------------------------------------------------ the data spec
     def fix_spec(self, spec: DataSpec, classes: int | None = None) -> None:
@@ -255,21 +262,44 @@ class UploadIntake:
         return check_model(self.model, spec, upload.x, upload.batch.labels, self.data.num_classes,
                            self.loss_fn)
 
-    def store_uploads(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
+    def store_uploads(self, uploads: list[Upload],
+                      server_round: int = 0) -> tuple[list[Upload], int]:
         """Store the accepted uploads' rows: the uploads stored, and the number that failed.
 
         Store insertion is part of the reply boundary: a failure rejects the upload. An
-        upload's feature ranges are kept once its rows are stored.
+        upload's feature ranges are kept once its rows are stored. Every upload's copied
+        rows are counted first (:class:`~dq_flower.dq.server.node_screen.CopyScreen`);
+        a copying client's copies are then not stored (counted in ``duplicate-rows``,
+        their ids remembered as received).
         """
-        fresh: list[Upload] = []
+        packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
         failed = 0
         for upload in uploads:
             try:
-                if len(upload.batch):
-                    assert self.data.store is not None
-                    rows = self.rows(upload.batch, upload.node, upload.plain)
-                    self.data.store.add(rows)
-                    upload = replace(upload, holdout=rows.holdout)
+                rows = self.packed(upload.batch, upload.plain) if len(upload.batch) else None
+                copied = (None if rows is None
+                          else self.copies.copied(upload.node, rows[0], rows[1]))
+            except Exception as exc:  # noqa: BLE001
+                failed += 1
+                log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
+                             f"{exc}")
+                continue
+            packed.append((upload, rows, copied))
+        copying = self.copies.review(server_round)
+        means = [float(u.batch.weights.mean()) for u, _, c in packed if c is not None
+                 and len(u.batch) and u.node not in copying]
+        cap = float(np.median(means)) if means else None
+        fresh: list[Upload] = []
+        for upload, rows, copied in packed:
+            try:
+                if rows is not None:
+                    assert self.data.store is not None and copied is not None
+                    if upload.node in copying:
+                        upload, rows = self.drop_copies(upload, rows, copied, cap)
+                    stored = self.rows(upload.batch, upload.node, packed=rows)
+                    if len(stored):
+                        self.data.store.add(stored)
+                    upload = replace(upload, holdout=stored.holdout)
             except Exception as exc:  # noqa: BLE001
                 failed += 1
                 log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
@@ -280,18 +310,47 @@ class UploadIntake:
             fresh.append(upload)
         return fresh, failed
 
-    def rows(self, batch: SampleBatch, node: int, samples: Payload | None = None
-             ) -> StoredRows:
-        """The store's rows of a checked batch of client ``node`` (held-out ones chosen).
+    def drop_copies(self, upload: Upload, rows: Packed, copied: np.ndarray,
+                    cap: float | None) -> tuple[Upload, Packed]:
+        """A copying client's ``upload`` and packed ``rows`` without the ``copied`` ones.
+
+        The copies' ids are remembered as received and counted; the rest weigh at most
+        ``cap`` each (the round's median client's mean row weight: a client whose rows
+        repeat has no credible count of examples to weigh them by).
+        """
+        assert self.data.store is not None
+        self.data.store.note_received(upload.node, upload.batch.ids[copied])
+        self.data.duplicates += int(copied.sum())
+        keep = ~copied
+        batch = keep_rows(upload.batch, keep)
+        if cap is not None:
+            batch = replace(batch, weights=np.minimum(batch.weights, np.float32(cap)))
+        upload = replace(upload, batch=batch, x=upload.x[keep],
+                         copies=upload.copies + int(copied.sum()))
+        return upload, (rows[0][keep], rows[1][keep], rows[2][keep])
+
+    def packed(self, batch: SampleBatch, samples: Payload | None = None) -> Packed:
+        """The batch's rows in the store's layout: ``(codes, side, dither)``, kept rows only.
 
         ``samples``: the batch's samples as checked (:attr:`Upload.plain`, decoded once);
         default: the batch's own.
         """
-        assert self.data.layout is not None and self.data.store is not None
+        assert self.data.layout is not None
         codes, side, dither = self.data.layout.rows(batch.samples if samples is None else samples)
         kept = kept_rows(batch)  # a reply whose rows the server already held lost those
         if kept is not None:
             codes, side, dither = codes[kept], side[kept], dither[kept]
+        return codes, side, dither
+
+    def rows(self, batch: SampleBatch, node: int, samples: Payload | None = None,
+             packed: Packed | None = None) -> StoredRows:
+        """The store's rows of a checked batch of client ``node`` (held-out ones chosen).
+
+        ``packed``: the batch's rows as :meth:`packed` gives them (default: computed from
+        ``samples``, see :meth:`packed`).
+        """
+        assert self.data.store is not None
+        codes, side, dither = self.packed(batch, samples) if packed is None else packed
         n = len(batch)
         holdout = None
         if self.cfg.adaptive:
@@ -307,7 +366,7 @@ class UploadIntake:
         """
         for u in fresh:
             self.identities.bind(u.source, u.node)
-            self.planner.record_data(u.node, u.examples, len(u.batch))
+            self.planner.record_data(u.node, u.examples, len(u.batch) + u.copies)
         full = [u for u in fresh if len(u.batch)]
         if full and self.measuring:
             samples = [u.batch.samples.nbits + u.batch.info_nbits for u in full]
@@ -323,7 +382,8 @@ class UploadIntake:
                 "ranges": {int(k): (lo.copy(), span.copy())
                            for k, (lo, span) in self.data.ranges.items()},
                 "store": None if self.data.store is None else self.data.store.state(),
-                "value_bound": self.data.value_bound, "provisional": dict(self._provisional)}
+                "value_bound": self.data.value_bound, "provisional": dict(self._provisional),
+                "copy_screen": self.copies.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict` (a spec is adopted again, checked on zero rows)."""
@@ -339,3 +399,4 @@ class UploadIntake:
                 self.data.store.load_state(state["store"])
         self.data.value_bound = state.get("value_bound", self.data.value_bound)
         self._provisional = {"spec": False, "bound": False, **state.get("provisional", {})}
+        self.copies.load_state(state.get("copy_screen"))

@@ -289,17 +289,19 @@ class SampleStore:
              else rows.labels.astype(np.int64))
         return x, y
 
-    def draw(self, batch_size: int, rng: np.random.Generator, weights: str = "importance"):
+    def draw(self, batch_size: int, rng: np.random.Generator, weights: str = "importance",
+             skip: frozenset[int] = frozenset()):
         """Draw a uniform minibatch of training rows without replacement.
 
         Returns ``(x, y, weights)``: ``x`` dequantized on the fly (float32 ``(b, d)``), ``y``
-        int64 labels or float32 targets. Held-out rows are never drawn. ``weights``:
-        ``importance`` (each row's own) or ``node`` (the mean over its node's training
-        rows: the node keeps its share, its rows count alike).
+        int64 labels or float32 targets. Held-out rows are never drawn, nor the rows of the
+        clients in ``skip`` (kept, not trained on). ``weights``: ``importance`` (each row's
+        own) or ``node`` (the mean over its node's training rows: the node keeps its
+        share, its rows count alike).
         """
         if len(self) == 0:
             raise ValueError("the sample store is empty")
-        train = np.flatnonzero(~self.holdout_mask)
+        train = np.flatnonzero(~self.holdout_mask & ~self.rows_of(skip))
         if train.size == 0:
             raise ValueError("the sample store holds only held-out rows")
         pick = rng.choice(train.size, size=min(batch_size, train.size), replace=False)
@@ -308,6 +310,20 @@ class SampleStore:
         if weights == "node":
             return x, y, self._node_means(train)[rows.node].astype(np.float32)
         return x, y, rows.weights.astype(np.float32)
+
+    def rows_of(self, nodes: frozenset[int]) -> np.ndarray:
+        """Boolean mask of the rows stored from the clients ``nodes``, in store order."""
+        codes = [self._node_table[n] for n in nodes if n in self._node_table]
+        if self._rows is None or not codes:
+            return np.zeros(len(self), dtype=bool)
+        return np.isin(self._rows.node, codes)
+
+    def note_received(self, node: int, ids: np.ndarray) -> None:
+        """Remember ``ids`` of ``node`` as received though not stored (as evicted rows are)."""
+        if len(ids):
+            old = self._evicted_ids.get(int(node), np.zeros(0, dtype=np.int64))
+            merged = np.concatenate([old.astype(np.int64), np.asarray(ids, dtype=np.int64)])
+            self._evicted_ids[int(node)] = _narrow_uint(np.unique(merged))
 
     def _node_means(self, train: np.ndarray) -> np.ndarray:
         """Per node index, the mean weight of its training rows (``train``: their indices)."""

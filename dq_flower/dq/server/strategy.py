@@ -327,7 +327,7 @@ class DQStrategy(ModelStrategy, Strategy):
         screened = rnd.screened
         refreshed = self.compensations.update_control_variate(kept.uploads)
         stored_before = self.stored
-        fresh, not_stored = self.intake.store_uploads(kept.uploads)
+        fresh, not_stored = self.intake.store_uploads(kept.uploads, rnd.number)
         rejected = kept.rejected + not_stored
         loss = self.trainer.train_round(rnd.number, fresh, stored_before)
         self.intake.measure_data(fresh)

@@ -24,6 +24,7 @@ from dq_flower.augment import augmentation_for
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.node_screen import AgreementScreen
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
 from dq_flower.dq.server.store import FederationData
@@ -64,6 +65,8 @@ class ServerTrainer:
         self.reverted = False
         self.guard = StepGuard(model, optimizer)
         self.rolled_back = 0
+        #: clients whose held-out rows disagree with the others' (adaptive schedule)
+        self.screen = AgreementScreen(cfg.screen_margin)
 
     # ------------------------------------------------------------------ one round
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
@@ -173,7 +176,7 @@ class ServerTrainer:
         for _ in range(steps):
             x, y, w = store.draw(self.cfg.server_batch_size, rng,
                                  "importance" if correction is not None else
-                                 self.cfg.store_weights)
+                                 self.cfg.store_weights, skip=self.excluded)
             xb = self.data.shaped(x)
             if augment is not None:
                 xb = augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
@@ -225,6 +228,15 @@ class ServerTrainer:
         phase = train_phase(self.model, self.optimizer, self.cfg.lr,
                             self.phase_rule(store.num_train),
                             lambda: self.store_step(rng, first, augment), self.score_holdout)
+        if self.screen.review(server_round, self.score_holdout(everyone=True)):
+            # a client excluded or restored: the phase again from its start, without it
+            self.model.load_state_dict(start)
+            self.model.train()
+            steps = phase.steps
+            phase = train_phase(self.model, self.optimizer, self.cfg.lr,
+                                self.phase_rule(store.num_train),
+                                lambda: self.store_step(rng, [], augment), self.score_holdout)
+            phase.steps += steps
         self.last_phase = phase
         assert phase.final is not None and phase.initial is not None
         gain = None
@@ -267,11 +279,25 @@ class ServerTrainer:
             return loss
         return self.store_steps(0, 1, rng, augment)[0]
 
-    def score_holdout(self) -> HeldOutScores:
-        """Per-row loss and correctness of the model on the store's held-out rows."""
+    @property
+    def excluded(self) -> frozenset[int]:
+        """Clients the agreement screen excluded: not trained on, nor scored, nor asked."""
+        return frozenset(self.screen.excluded)
+
+    def score_holdout(self, everyone: bool = False) -> HeldOutScores:
+        """Per-row loss and correctness of the model on the store's held-out rows.
+
+        The rows of :attr:`excluded` clients are left out unless ``everyone``.
+        """
         assert self.data.store is not None
         losses, correct, nodes = [], [], []
+        skip = np.array(sorted(self.excluded) if not everyone else [], dtype=np.uint64)
         for x, y, _, node_ids, _ in self.data.store.holdout_batches():
+            if skip.size:
+                keep = ~np.isin(node_ids, skip)
+                x, y, node_ids = x[keep], y[keep], node_ids[keep]
+                if not keep.any():
+                    continue
             loss, hit = per_sample_results(self.model, self.data.shaped(x), y,
                                            self.loss_fn)
             losses.append(loss)
@@ -288,7 +314,8 @@ class ServerTrainer:
     def state_dict(self) -> dict[str, Any]:
         """The schedule, the per-node fit of the last phase and the rollback count."""
         return {"schedule": None if self.schedule is None else self.schedule.state(),
-                "node_fit": dict(self.node_fit), "rolled_back": self.rolled_back}
+                "node_fit": dict(self.node_fit), "rolled_back": self.rolled_back,
+                "node_screen": self.screen.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -296,3 +323,4 @@ class ServerTrainer:
         if self.schedule is not None and state.get("schedule") is not None:
             self.schedule.load_state(state["schedule"])
         self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
+        self.screen.load_state(state.get("node_screen"))

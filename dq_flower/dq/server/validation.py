@@ -101,6 +101,7 @@ class Upload:
     label_bits: int = 0  # bits per class label as sent
     plain: Payload | None = None  # the samples, lossless coder undone (dq.rows.plain_payload)
     can_score: bool = False  # the node holds the model (its ``can-score`` metric)
+    copies: int = 0  # rows not stored as copies of rows the client sent before
 
 
 Check = Callable[[DataSpec, Upload], int]  # check(spec, upload) -> classes, or PayloadError

@@ -1,0 +1,229 @@
+"""Screens of one node's data: copied rows, and labels that disagree with every other node's.
+
+Two screens, both per client identity, both on what the server already holds:
+
+- **copies** (:class:`CopyScreen`): a row whose packed codes and side information equal
+  those of a row the same client sent before (or earlier in the same reply) is a copy
+  under a new row id. Every client's copies are counted; a client whose share of copied
+  rows exceeds the median client's by more than ``copy-margin`` is a *copying* client,
+  and its copies are not stored (counted once, in the round's ``duplicate-rows``, their
+  ids remembered as received so they are not asked for again). Honest clients of one data
+  set copy alike (images: none), so the screen acts on none of them; identical rows an
+  honest data set holds (low-cardinality tabular data) keep counting where every client
+  holds them.
+- **agreement** (:class:`AgreementScreen`, adaptive schedule): after each training phase,
+  every client's held-out rows are scored by the server's model. A client whose held-out
+  error (class targets; for float targets its mean held-out loss relative to the median
+  client's, see :func:`excess`) exceeds the median client's by more than
+  ``screen-margin`` and by more than :data:`Z_ROBUST` robust standard deviations (MAD over
+  the clients, and the binomial error of its own rows) is **excluded**: its rows stay in
+  the store but are neither trained on, nor scored for the plateau and the schedule, nor
+  asked for again. Each later phase scores it again under the model trained without it,
+  and it is restored when its excess falls under half the margin. Every exclusion and
+  restoration is logged with its reason, and kept in the checkpoint.
+
+Neither screen can tell a faulty device from a hostile one: a device whose labels are
+systematically wrong is excluded the same way (the log says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dq_flower.dq.server.plateau import HeldOutScores
+from dq_flower.server.common import log_round
+
+__all__ = ["CopyScreen", "AgreementScreen", "NodeVerdict", "row_keys", "excess", "Z_ROBUST",
+           "MIN_ROWS", "MIN_NODES"]
+
+#: Robust standard deviations (1.4826 MAD over the clients) a client's excess must exceed.
+Z_ROBUST = 4.0
+#: Held-out rows a client needs before the agreement screen judges it.
+MIN_ROWS = 10
+#: Clients with enough held-out rows the agreement screen needs to judge any of them.
+MIN_NODES = 3
+#: Copied rows a client needs before the copy screen may act on it.
+MIN_COPIES = 5
+#: Reviews :class:`AgreementScreen` keeps (each one's verdicts, for the record).
+KEPT_REVIEWS = 20
+#: Bytes of a row's key (a BLAKE2b digest of its codes and side information).
+KEY_BYTES = 16
+
+
+def row_keys(codes: np.ndarray, side: np.ndarray) -> list[bytes]:
+    """One digest per row of its packed codes and side information."""
+    codes = np.ascontiguousarray(codes, dtype=np.uint8)
+    side = np.ascontiguousarray(side).reshape(len(codes), -1)
+    return [hashlib.blake2b(c.tobytes() + s.tobytes(), digest_size=KEY_BYTES).digest()
+            for c, s in zip(codes, side, strict=True)]
+
+
+@dataclass
+class CopyScreen:
+    """Copied rows per client, and which clients' copies are not stored.
+
+    ``margin``: the share of copied rows above the median client's that makes a client a
+    copying one (0: the screen never acts; copies are still counted).
+    """
+
+    margin: float = 0.1
+    keys: dict[int, set[bytes]] = field(default_factory=dict)
+    received: dict[int, int] = field(default_factory=dict)
+    copies: dict[int, int] = field(default_factory=dict)
+    copying: set[int] = field(default_factory=set)
+
+    def copied(self, node: int, codes: np.ndarray, side: np.ndarray) -> np.ndarray:
+        """Mask of the rows of one upload that copy a row ``node`` sent before; counts them.
+
+        The rows' keys join the client's (the first of equal rows stays the original).
+        """
+        seen = self.keys.setdefault(int(node), set())
+        mask = np.zeros(len(codes), dtype=bool)
+        for i, key in enumerate(row_keys(codes, side)):
+            if key in seen:
+                mask[i] = True
+            else:
+                seen.add(key)
+        self.received[int(node)] = self.received.get(int(node), 0) + len(codes)
+        self.copies[int(node)] = self.copies.get(int(node), 0) + int(mask.sum())
+        return mask
+
+    def review(self, server_round: int) -> set[int]:
+        """The copying clients after this round's uploads were counted (logs new ones)."""
+        if self.margin <= 0:
+            return set()
+        shares = {n: self.copies.get(n, 0) / r for n, r in self.received.items() if r}
+        if len(shares) < 2:
+            return set(self.copying)
+        middle = float(np.median(list(shares.values())))
+        for node, share in shares.items():
+            if (node not in self.copying and self.copies.get(node, 0) >= MIN_COPIES
+                    and share > middle + self.margin):
+                self.copying.add(node)
+                log_round("dq", server_round, f"client {node}: {self.copies[node]} of its "
+                          f"{self.received[node]} rows copy rows it sent before under new "
+                          f"row ids ({share:.0%}, the median client {middle:.0%}): its "
+                          "copies are not stored (counted once)")
+        return set(self.copying)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (the keys as one byte string per client)."""
+        return {"keys": {n: b"".join(sorted(k)) for n, k in self.keys.items()},
+                "received": dict(self.received), "copies": dict(self.copies),
+                "copying": sorted(self.copying)}
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """Inverse of :meth:`state` (an older checkpoint: nothing counted)."""
+        state = state or {}
+        self.keys = {int(n): {bytes(b[i:i + KEY_BYTES]) for i in range(0, len(b), KEY_BYTES)}
+                     for n, b in state.get("keys", {}).items()}
+        self.received = {int(n): int(v) for n, v in state.get("received", {}).items()}
+        self.copies = {int(n): int(v) for n, v in state.get("copies", {}).items()}
+        self.copying = {int(n) for n in state.get("copying", [])}
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    """One client's held-out figure against the median client's."""
+
+    node: int
+    rows: int
+    error: float  # held-out error (class targets) or mean loss (float targets)
+    median: float
+    excess: float  # see :func:`excess`
+    bound: float  # the excess beyond which the client is excluded
+
+
+def excess(value: float, median: float, classes: bool) -> float:
+    """How far a client's held-out figure is above the median client's.
+
+    Class targets: the error difference (accuracy points). Float targets: the relative
+    loss difference capped at 1 (``1 - median / value``: 0.5 is twice the median's loss).
+    """
+    if classes:
+        return value - median
+    return 0.0 if value <= median or value <= 0 else 1.0 - median / value
+
+
+@dataclass
+class AgreementScreen:
+    """Clients excluded from training because their held-out rows disagree with the others'.
+
+    ``margin``: the least excess (:func:`excess`) over the median client that excludes a
+    client (0: off).
+    """
+
+    margin: float = 0.4
+    excluded: dict[int, str] = field(default_factory=dict)
+    #: per review, every judged client's verdict (the last :data:`KEPT_REVIEWS`)
+    reviews: list[dict[str, Any]] = field(default_factory=list)
+
+    def verdicts(self, scores: HeldOutScores) -> list[NodeVerdict]:
+        """Each client's held-out figure against the median (empty: too few to judge)."""
+        classes = scores.correct is not None
+        figures: dict[int, tuple[float, int, float]] = {}
+        for node in np.unique(scores.nodes):
+            mine = scores.nodes == node
+            rows = int(mine.sum())
+            if rows < MIN_ROWS:
+                continue
+            if classes:
+                assert scores.correct is not None
+                err = 1.0 - float(scores.correct[mine].mean())
+                spread = math.sqrt(max(err * (1 - err), 1.0 / rows) / rows)
+            else:
+                loss = scores.loss[mine].astype(np.float64)
+                err = float(loss.mean())
+                spread = float(loss.std(ddof=1) / math.sqrt(rows)) / max(err, 1e-12)
+            figures[int(node)] = (err, rows, spread)
+        if len(figures) < MIN_NODES:
+            return []
+        values = np.array([f[0] for f in figures.values()])
+        middle = float(np.median(values))
+        ex = np.array([excess(v, middle, classes) for v in values])
+        mad = 1.4826 * float(np.median(np.abs(ex - np.median(ex))))
+        return [NodeVerdict(node, rows, err, middle, excess(err, middle, classes),
+                            max(self.margin, Z_ROBUST * math.hypot(mad, spread)))
+                for node, (err, rows, spread) in figures.items()]
+
+    def review(self, server_round: int, scores: HeldOutScores) -> bool:
+        """Exclude and restore clients from the scores of every held-out row (True: changed)."""
+        if self.margin <= 0:
+            return False
+        changed = False
+        verdicts = self.verdicts(scores)
+        for v in verdicts:
+            if v.node not in self.excluded and v.excess > v.bound:
+                self.excluded[v.node] = (
+                    f"held-out error {v.error:.3g} against the median client's {v.median:.3g} "
+                    f"on {v.rows} rows (excess {v.excess:.3g} > {v.bound:.3g})")
+                changed = True
+                log_round("dq", server_round, f"client {v.node} excluded from training and "
+                          f"asks: its rows disagree with the other clients' "
+                          f"({self.excluded[v.node]}): a faulty device (wrong labels or "
+                          "data) or a hostile one; its rows stay in the store")
+            elif v.node in self.excluded and v.excess < self.margin / 2:
+                del self.excluded[v.node]
+                changed = True
+                log_round("dq", server_round, f"client {v.node} restored: its held-out "
+                          f"error {v.error:.3g} is within {self.margin / 2:g} of the median "
+                          f"client's {v.median:.3g} under the model trained without it")
+        self.reviews = [*self.reviews, {"round": int(server_round), "verdicts": [
+            [v.node, v.rows, v.error, v.median, v.excess, v.bound] for v in verdicts]}
+        ][-KEPT_REVIEWS:]
+        return changed
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps."""
+        return {"excluded": dict(self.excluded), "reviews": [dict(r) for r in self.reviews]}
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """Inverse of :meth:`state` (an older checkpoint: nobody excluded)."""
+        state = state or {}
+        self.excluded = {int(n): str(r) for n, r in state.get("excluded", {}).items()}
+        self.reviews = [dict(r) for r in state.get("reviews", [])]

@@ -1,0 +1,148 @@
+"""The screens of one node's data (copies, held-out agreement) and the per-client row cap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.node_screen import (
+    MIN_ROWS,
+    AgreementScreen,
+    CopyScreen,
+    excess,
+    row_keys,
+)
+from dq_flower.dq.server.plateau import HeldOutScores
+from dq_flower.dq.server.store import SampleStore, StoredRows
+from dq_flower.dq.server.strategy import DQStrategy
+
+
+def _codes(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, 8), dtype=np.uint8)
+
+
+def test_row_keys_tell_rows_apart_by_codes_and_side():
+    codes = _codes(3, 0)
+    codes[2] = codes[0]
+    side = np.zeros((3, 2), dtype=np.float32)
+    keys = row_keys(codes, side)
+    assert keys[0] == keys[2] != keys[1]
+    side[2, 0] = 1.0
+    assert len(set(row_keys(codes, side))) == 3
+
+
+def test_copies_are_counted_per_client_and_a_copying_client_found():
+    screen = CopyScreen(margin=0.1)
+    side = np.zeros((40, 0), dtype=np.float32)
+    for node in (1, 2, 3):
+        assert not screen.copied(node, _codes(40, node), side).any()
+    rows = np.tile(_codes(10, 9), (4, 1))  # 10 rows, each sent 4 times
+    mask = screen.copied(0, rows, side)
+    assert mask.sum() == 30 and not mask[:10].any()
+    assert screen.copied(0, rows[:5], side[:5]).all()  # sent again in a later round
+    assert screen.review(1) == {0}
+    assert screen.copies == {1: 0, 2: 0, 3: 0, 0: 35}
+    restored = CopyScreen()
+    restored.load_state(screen.state())
+    assert restored.state() == screen.state()
+    assert restored.copied(0, rows[:1], side[:1]).all()
+
+
+def test_copies_every_client_shares_are_not_acted_on():
+    screen = CopyScreen(margin=0.1)
+    side = np.zeros((20, 0), dtype=np.float32)
+    for node in range(4):  # every client repeats its rows alike (low-cardinality data)
+        screen.copied(node, np.tile(_codes(10, node), (2, 1)), side)
+    assert screen.review(1) == set()
+    assert CopyScreen(margin=0).review(1) == set()
+
+
+def _scores(errors: dict[int, float], rows: int = 20, seed: int = 0) -> HeldOutScores:
+    rng = np.random.default_rng(seed)
+    correct, nodes = [], []
+    for node, err in errors.items():
+        wrong = np.zeros(rows, dtype=bool)
+        wrong[:round(err * rows)] = True
+        correct.append(~rng.permutation(wrong))
+        nodes.append(np.full(rows, node, dtype=np.uint64))
+    c = np.concatenate(correct)
+    return HeldOutScores(np.where(c, 0.1, 2.0), c, np.concatenate(nodes))
+
+
+def test_a_client_far_worse_on_its_own_rows_is_excluded_then_restored():
+    screen = AgreementScreen(margin=0.4)
+    assert screen.review(1, _scores({0: 0.9, 1: 0.05, 2: 0.1, 3: 0.05, 4: 0.1}))
+    assert set(screen.excluded) == {0} and "held-out error 0.9" in screen.excluded[0]
+    assert not screen.review(2, _scores({0: 0.5, 1: 0.05, 2: 0.1, 3: 0.05, 4: 0.1}))
+    assert set(screen.excluded) == {0}  # hysteresis: restored under half the margin only
+    assert screen.review(3, _scores({0: 0.15, 1: 0.05, 2: 0.1, 3: 0.05, 4: 0.1}))
+    assert screen.excluded == {}
+    assert [r["round"] for r in screen.reviews] == [1, 2, 3]
+
+
+def test_the_agreement_screen_needs_rows_clients_and_a_margin():
+    # a skewed honest client within the margin; too few rows; too few clients; off
+    assert not AgreementScreen().review(1, _scores({0: 0.35, 1: 0.0, 2: 0.05, 3: 0.0}))
+    few = _scores({0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}, rows=MIN_ROWS - 1)
+    assert AgreementScreen().verdicts(few) == []
+    assert AgreementScreen().verdicts(_scores({0: 1.0, 1: 0.0})) == []
+    assert not AgreementScreen(margin=0).review(1, _scores({0: 1.0, 1: 0.0, 2: 0.0}))
+
+
+def test_float_targets_are_judged_by_relative_loss():
+    assert excess(4.0, 1.0, classes=False) == pytest.approx(0.75)
+    assert excess(0.5, 1.0, classes=False) == 0.0
+    loss = np.concatenate([np.full(20, 10.0), np.full(60, 1.0)]) + np.tile([0, 0.01], 40)
+    nodes = np.repeat(np.arange(4, dtype=np.uint64), 20)
+    screen = AgreementScreen()
+    assert screen.review(1, HeldOutScores(loss, None, nodes))
+    assert set(screen.excluded) == {0}
+
+
+def _store() -> SampleStore:
+    store = SampleStore(lambda c, s, d: c.astype(np.float32))
+    n = 6
+    store.add(StoredRows(np.arange(n, dtype=np.uint8).reshape(n, 1), np.zeros((n, 0)),
+                         np.zeros(n, dtype=np.int64), np.ones(n, dtype=np.float32),
+                         np.array([7, 7, 7, 8, 8, 9], dtype=np.uint64), np.arange(n),
+                         np.zeros((n, 0), dtype=np.int64)))
+    return store
+
+
+def test_the_store_draws_no_row_of_a_skipped_client_and_remembers_dropped_ids():
+    store = _store()
+    x, _, _ = store.draw(10, np.random.default_rng(0), "node", skip=frozenset({7, 5}))
+    assert sorted(x.ravel().tolist()) == [3.0, 4.0, 5.0]
+    assert store.rows_of(frozenset({8})).tolist() == [False] * 3 + [True] * 2 + [False]
+    store.note_received(9, np.array([40, 41]))
+    assert store.received(9).tolist() == [5, 40, 41]
+    assert len(store) == 6
+
+
+@pytest.mark.parametrize("knob,value", [("node_rows_cap", 0.5), ("node_rows_cap", float("nan")),
+                                        ("screen_margin", -0.1), ("screen_margin", 2.0),
+                                        ("copy_margin", float("nan"))])
+def test_bad_screen_knobs_fail_naming_the_key(knob, value):
+    with pytest.raises(ValueError, match=knob.replace("_", "-")):
+        DQConfig(**{knob: value})
+
+
+def test_no_client_is_asked_past_the_row_cap_nor_once_excluded():
+    strategy = DQStrategy(torch.nn.Linear(4, 2))
+    strategy.planner.clients = {0: [9000, 0], 1: [300, 0], 2: [300, 0], 3: [300, 0],
+                                4: [300, 100]}
+    assert strategy.asks.rows_cap() == 1200  # 4 times the median client's 300 rows
+    schedule = strategy.trainer.schedule
+    schedule.next_total = 1000
+    asks = strategy.asks.adaptive_asks([0, 1, 2, 3, 4])
+    left = {0: 1200, 1: 300, 2: 300, 3: 300, 4: 200}  # node 0 capped; node 4 sent 100
+    assert sum(asks.values()) == 1000
+    assert all(abs(asks[n] - 1000 * v / 2300) < 1 for n, v in left.items()), asks
+    strategy.planner.clients[0][1] = 1200
+    assert strategy.asks.adaptive_asks([0, 1, 2, 3, 4])[0] == 0
+    strategy.planner.clients[0][1] = 0
+    strategy.trainer.screen.excluded[0] = "held-out error"
+    assert strategy.asks.adaptive_asks([0, 1, 2, 3, 4])[0] == 0
+    assert DQStrategy(torch.nn.Linear(4, 2), node_rows_cap=0).asks.rows_cap() == float("inf")
