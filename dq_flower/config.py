@@ -315,7 +315,12 @@ ELSEWHERE = {
                       "load_state_dict() (docs/plugin.md, 'Resume a run')",
     "checkpoint-every": "it is a knob of dq_flower.simulate and the package's own apps; in "
                         "your own app save strategy.state_dict() where you choose",
+    "holdout-secret": "the clients read the run config: give it to the strategy in the "
+                      "ServerApp (holdout_secret=...) or set DQ_FLOWER_HOLDOUT_SECRET in the "
+                      "server's environment",
 }
+#: Keyword arguments of a strategy that a run config may not set (the clients read it).
+SERVER_ONLY = frozenset({"holdout_secret"})
 
 
 def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterable[str],
@@ -364,7 +369,8 @@ def _scalar_arguments(init: Any, fields: set[str]) -> dict[str, Any]:
     """Name -> annotation of the scalar keyword arguments of ``init`` that are no field."""
     hints = typing.get_type_hints(init)
     return {name: hints[name] for name, param in inspect.signature(init).parameters.items()
-            if name not in fields and name != "self" and _scalar(hints.get(name))
+            if name not in fields and name != "self" and name not in SERVER_ONLY
+            and _scalar(hints.get(name))
             and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)}
 
 

@@ -9,13 +9,39 @@ seeded hash of ``(seed, client, local id)`` is smallest. The client is its stabl
 (:mod:`dq_flower.dq.server.identity`), not Flower's node id, so which rows are held out depends
 neither on the order in which replies arrive nor on the node ids of a run, only on what
 each client uploaded; the test set is never involved.
+
+The hash's key is the run's seed, which every client knows, unless the server is given a
+secret (:func:`holdout_key`): a client that knows the key could compute which of its rows
+the server holds out, and shape only those.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import numpy as np
 
-__all__ = ["row_hash", "strata_of", "choose_holdout"]
+__all__ = ["row_hash", "strata_of", "choose_holdout", "holdout_key", "SECRET_ENV"]
+
+#: Environment variable of the server process that holds the held-out secret, where the
+#: strategy is given none (the clients never see the server's environment).
+SECRET_ENV = "DQ_FLOWER_HOLDOUT_SECRET"
+
+
+def holdout_key(seed: int, secret: str | None) -> int:
+    """The held-out hash's key: ``seed`` without a secret, else a 64-bit digest of both.
+
+    ``secret`` ``None`` reads :data:`SECRET_ENV` from the environment (unset or empty: no
+    secret). The secret never leaves the server: it is neither a knob of the run config,
+    which the clients read, nor part of any message.
+    """
+    if secret is None:
+        secret = os.environ.get(SECRET_ENV) or None
+    if secret is None:
+        return int(seed)
+    digest = hashlib.blake2b(f"{int(seed)}\0{secret}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -59,7 +85,7 @@ def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: flo
     fraction : float
         Share of each (node, class) stratum held out, in ``[0, 1)``.
     seed : int
-        The run seed.
+        The hash's key: the run seed, or :func:`holdout_key` of it and a secret.
     stored_counts : callable
         ``stored_counts(node, strata) -> (rows, held_out)`` already in the store for each
         stratum (:meth:`dq_flower.dq.server.store.SampleStore.counts`).

@@ -72,8 +72,10 @@ class UploadIntake:
     def __init__(self, cfg: DQConfig, model: torch.nn.Module, data: FederationData, *,
                  loss_fn: LossFn | None, seed: int, planner: UploadPlanner,
                  identities: ClientIdentities, comp_codec: Codec | None, num_params: int,
-                 measuring: bool) -> None:
+                 measuring: bool, holdout_key: int | None = None) -> None:
         self.cfg, self.model, self.loss_fn, self.seed = cfg, model, loss_fn, seed
+        #: the held-out hash's key (:func:`~dq_flower.dq.server.holdout.holdout_key`)
+        self.holdout_key = seed if holdout_key is None else holdout_key
         self.planner, self.identities = planner, identities
         self.comp_codec, self.num_params, self.measuring = comp_codec, num_params, measuring
         self.data = data
@@ -355,7 +357,7 @@ class UploadIntake:
         holdout = None
         if self.cfg.adaptive:
             holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
-                                     self.seed, self.data.store.counts)
+                                     self.holdout_key, self.data.store.counts)
         return StoredRows(codes, side, batch.labels, batch.weights,
                           np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
 

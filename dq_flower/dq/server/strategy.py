@@ -29,6 +29,7 @@ control variate), :class:`~dq_flower.dq.server.training.ServerTrainer` (the serv
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.compensation import Compensations
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
+from dq_flower.dq.server.holdout import SECRET_ENV, holdout_key
 from dq_flower.dq.server.identity import ClientIdentities
 from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import ESTIMATES, UploadPlanner, gradient_estimate
@@ -126,6 +128,7 @@ class DQStrategy(ModelStrategy, Strategy):
         data_spec: DataSpec | None = None,
         config: DQConfig | None = None,
         augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        holdout_secret: str | None = None,
         **knobs: Any,
     ) -> None:
         if num_classes is not None and num_classes < 1:
@@ -156,7 +159,12 @@ class DQStrategy(ModelStrategy, Strategy):
         #: what the server knows of the federation's data: spec, store, value bound
         self.data = FederationData(num_classes=num_classes,
                                    value_bound=float(cfg.max_abs_value) or None)
+        key = holdout_key(self.seed, holdout_secret)
+        #: a digest of the held-out key, kept in checkpoints: a resume under another one
+        #: would hold out other rows of the new uploads
+        self._holdout_check = hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
         self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
+                                   holdout_key=key,
                                    planner=self.planner,
                                    identities=self.identities, comp_codec=comp_codec,
                                    num_params=self.num_params,
@@ -351,10 +359,13 @@ class DQStrategy(ModelStrategy, Strategy):
                 **self.gradients.state_dict(), **self.compensations.state_dict(),
                 **self.trainer.state_dict(), "can-score": sorted(self.asks.can_score),
                 # per-client state above is keyed by client identity, not node id
-                "identities": self.identities.state()}
+                "identities": self.identities.state(), "holdout-check": self._holdout_check}
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
+        if state.get("holdout-check", self._holdout_check) != self._holdout_check:
+            raise ValueError("holdout_secret: the checkpoint was written under another "
+                             f"held-out secret (give the run's secret, or the same {SECRET_ENV})")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.intake.load_state_dict(state)
