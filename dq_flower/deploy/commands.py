@@ -307,6 +307,8 @@ def cmd_local(args: argparse.Namespace) -> int:
              "(give --run-config \"dataset='none' input-shape='...' num-classes=K "
              "fraction-evaluate=1.0\" for a server that holds no data)")
     results = workdir / "results.json"
+    if not args.insecure:  # authenticated SuperNodes: an identity stays with its node's key
+        overrides.setdefault("identity-binding", "node")
     overrides.setdefault("num-server-rounds", args.rounds)
     overrides["results-path"] = str(results)
     _say(f"working folder {workdir} (certs, logs, FLWR_HOME)")
