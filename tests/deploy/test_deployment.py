@@ -276,6 +276,26 @@ def test_unregistered_node_is_refused(deployment):
     assert all(r["status"].startswith("finished") for r in runs)
 
 
+def test_a_restarted_supernode_keeps_its_node_id(deployment):
+    """What ``identity-binding = "node"`` relies on: the node id belongs to the key.
+
+    Runs after the module's other tests of this deployment (it restarts node 1).
+    """
+    node = deployment.supernodes[1]
+    node.stop()
+    again = deployment.start_supernode(1, deployment.credentials.nodes[1],
+                                       name="supernode-1-restarted")
+    deadline = time.monotonic() + 90
+    while not (found := re.search(r"SuperNode ID: (\d+)", again.log_text())):
+        assert again.poll() is None, again.log_text()
+        assert time.monotonic() < deadline, again.log_text()
+        time.sleep(1.0)
+    assert int(found.group(1)) == deployment.node_ids[1], again.log_text()
+    assert re.search(rf"SuperNode ID: {deployment.node_ids[1]}\b", node.log_text())
+    nodes = list_nodes(deployment.connection, env=deployment.env)
+    assert sorted(int(n["node-id"]) for n in nodes) == sorted(deployment.node_ids)
+
+
 def test_deployment_error_carries_the_log(tmp_path):
     with pytest.raises(DeploymentError, match="last lines"), \
             managed_process([sys.executable, "-c", "print('boom'); raise SystemExit(3)"],
