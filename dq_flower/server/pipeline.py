@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from flwr.app import Message, MetricRecordValues
@@ -116,6 +116,17 @@ class Screened(Generic[T]):
                 self.reject(node, reason)
         self.accepted = [a for a, r in zip(self.accepted, reasons, strict=True) if r is None]
         self.nodes = [n for n, r in zip(self.nodes, reasons, strict=True) if r is None]
+
+    def keep_uncontested(self, identity: Callable[[T], int], contested: set[int],
+                         order: Callable[[T], Any], node: Callable[[T], int]) -> None:
+        """Accepted replies in ``order``; those speaking for a ``contested`` identity rejected.
+
+        ``identity``, ``node``: the client identity a reply speaks for and its node id.
+        """
+        self.accepted = sorted(self.accepted, key=order)
+        self.nodes = [node(a) for a in self.accepted]
+        self.keep([f"client identity {identity(a)} was contested this round: granted to "
+                   "neither" if identity(a) in contested else None for a in self.accepted])
 
 
 def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],

@@ -117,10 +117,9 @@ class GradientRounds:
         cfg = self.cfg
         # the bits of every gradient that decoded, as for the baselines' updates
         figures = UpdateFigures.decoded(screened, screened.accepted)
-        valid = sorted(screened.accepted, key=lambda r: (r.partition, r.node))
-        screened.accepted, screened.nodes = valid, [r.node for r in valid]
-        screened.keep([f"client identity {r.node} was contested this round: granted to "
-                       "neither" if r.node in contested else None for r in valid])
+        screened.keep_uncontested(lambda r: r.node, contested,
+                                  order=lambda r: (r.partition, r.node),
+                                  node=lambda r: self._sources[r.node])
         valid = screened.accepted
         for r in valid:  # an accepted reply binds its node id to the identity it spoke for
             self.identities.bind(self._sources[r.node], r.node)

@@ -60,7 +60,6 @@ from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
 from dq_flower.server.common import (
     FailureWatch,
-    log_rejected,
     log_round,
     make_optimizer,
     sample_node_ids,
@@ -307,14 +306,10 @@ class DQStrategy(ModelStrategy, Strategy):
         screened = rnd.screened
         if rnd.notes["gradient"]:
             return self.gradients.combine(screened, self.identities.contested(rnd.number))
-        candidates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
-        contested = self.identities.contested(rnd.number)
-        for u in (u for u in candidates if u.node in contested):
-            log_rejected(u.source, f"client identity {u.node} was contested this round: "
-                         "granted to neither")
-        kept = [u for u in candidates if u.node not in contested]
-        candidates, rejected = self.intake.adopt(kept, screened.rejected
-                                                 + len(candidates) - len(kept))
+        screened.keep_uncontested(lambda u: u.node, self.identities.contested(rnd.number),
+                                  order=lambda u: (u.partition, u.node),
+                                  node=lambda u: u.source)
+        candidates, rejected = self.intake.adopt(screened.accepted, screened.rejected)
         self.asks.note_scorers({u.node: u.can_score for u in candidates})
         candidates, dropped = self.compensations.screen_deltas(candidates)
         return _Checked(candidates, rejected + dropped)
