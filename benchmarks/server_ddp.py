@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import time
 
@@ -55,18 +56,24 @@ def federation(rows: int, seed: int = 0) -> FederationData:
                           store=store)
 
 
-def phase_seconds(processes: int, data: FederationData, steps: int) -> float:
-    """Wall seconds of ``steps`` store steps of a fresh wide CNN on ``processes``."""
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its joined children (the workers)."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def phase_seconds(processes: int, data: FederationData, steps: int) -> tuple[float, float]:
+    """Wall and CPU seconds of ``steps`` store steps of a fresh wide CNN on ``processes``."""
     cfg = DQConfig(server_processes=processes, upload_schedule="fixed")
     model = make_model("wide-cnn", SHAPE, CLASSES, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay)
     trainer = ServerTrainer(cfg, model, optimizer, data, None, loss_fn=None, seed=0)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     losses = trainer.store_steps(1, steps, np.random.default_rng(1))
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
     assert len(losses) == steps and np.isfinite(losses).all()
-    return seconds
+    return seconds, cpu
 
 
 def main() -> None:
@@ -79,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     steps, reps = (10, 1) if args.quick else (args.steps, args.reps)
     data = federation(args.rows)
-    times: dict[tuple[int, int], list[float]] = {}
+    times: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for _ in range(reps):  # interleaved, so that other load hits every setting alike
         for n in args.processes:
             for s in (steps, 2 * steps):
@@ -87,19 +94,22 @@ def main() -> None:
     cpu = platform.processor() or platform.machine()
     print(f"wide-cnn, {args.rows} stored 2-bit rows, minibatch 64; {cpu}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; medians of {reps}")
-    print(f"{'processes':>9} | {'threads each':>12} | {f'{steps} steps s':>12} | "
-          f"{f'{2 * steps} steps s':>12} | {'per step ms':>11} | {'start s':>7} | "
-          f"{'vs 1 process':>12}")
+          f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f} at the "
+          f"end; medians of {reps}")
+    print(f"| processes | threads each | {steps} steps s | {2 * steps} steps s | per step ms "
+          f"| start s | per step vs 1 process | CPU s per step |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = None
     for n in args.processes:
-        one, two = (statistics.median(times[(n, s)]) for s in (steps, 2 * steps))
+        one, two = (statistics.median(t for t, _ in times[(n, s)]) for s in (steps, 2 * steps))
+        cpu_one, cpu_two = (statistics.median(c for _, c in times[(n, s)])
+                            for s in (steps, 2 * steps))
         per_step = (two - one) / steps
         base = base if base is not None else per_step
         threads = max(1, torch.get_num_threads() // n) if n > 1 else torch.get_num_threads()
-        print(f"{n:>9} | {threads:>12} | {one:>12.2f} | {two:>12.2f} | "
-              f"{1000 * per_step:>11.1f} | {2 * one - two:>7.2f} | "
-              f"{base / per_step:>11.2f}x")
+        print(f"| {n} | {threads} | {one:.2f} | {two:.2f} | {1000 * per_step:.1f} | "
+              f"{2 * one - two:.2f} | {base / per_step:.2f}x | "
+              f"{(cpu_two - cpu_one) / steps:.3f} |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ float sums, so after a few steps the parameters agree to :data:`TOL`.
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from dq_flower.dq.server.rows import RowLayout
 from dq_flower.dq.server.store import FederationData, SampleStore, StoredRows
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.wire.spec import DataSpec
+
+from .helpers import run_inprocess
 
 #: Largest absolute difference allowed between one and two processes' parameters.
 TOL = 1e-5
@@ -51,8 +54,8 @@ def _data(rows: int, held: int) -> FederationData:
 
 
 def _trainer(processes: int, data: FederationData, **knobs) -> ServerTrainer:
-    cfg = DQConfig(server_processes=processes, server_batch_size=32, augmentation="none",
-                   **knobs)
+    cfg = DQConfig(**{"server_processes": processes, "server_batch_size": 32,
+                      "augmentation": "none", **knobs})
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9,
                                 weight_decay=cfg.weight_decay)
@@ -98,6 +101,38 @@ def test_two_processes_run_the_adaptive_phase_one_process_runs():
     np.testing.assert_array_equal(final[1].nodes, final[0].nodes)
     np.testing.assert_allclose(final[1].loss, final[0].loss, rtol=1e-4, atol=TOL)
     assert float((_params(two) - _params(one)).abs().max()) <= TOL
+
+
+def _image_data(rows: int) -> FederationData:
+    """``_data``'s rows as 1x4x5 images (so the built-in shifts apply)."""
+    data = _data(rows, 0)
+    return FederationData(num_classes=CLASSES, spec=DataSpec((1, 4, 5)), layout=data.layout,
+                          store=data.store)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [50, 2])  # 50 rows: 17, 17, 16; 2 rows: one idle process
+def test_three_processes_with_shifted_images_take_the_one_process_steps(batch):
+    data = _image_data(300)
+    trainers = [_trainer(n, data, upload_schedule="fixed", augmentation="shift",
+                         server_batch_size=batch, store_weights="node") for n in (1, 3)]
+    losses = [t.store_steps(1, 10, np.random.default_rng(5)) for t in trainers]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=1e-7)
+    assert float((_params(trainers[1]) - _params(trainers[0])).abs().max()) <= TOL
+
+
+@pytest.mark.slow
+def test_a_dq_run_on_two_server_processes_trains_as_one_process():
+    knobs = dict(budget=32, max_server_steps=100, plateau_eval_every=25, plateau_patience=2,
+                 min_holdout_rows=0, max_server_epochs=1)
+    runs = [run_inprocess(num_clients=2, rounds=2, server_processes=n, **knobs)[0]
+            for n in (1, 2)]
+    first = [next(r for r in run.history if r["round"] == 1) for run in runs]
+    for key in ("stored", "cum_up_bytes", "server_steps", "holdout_rows"):
+        assert first[1][key] == first[0][key], key
+    assert first[0]["server_steps"] > 0
+    assert abs(first[1]["accuracy"] - first[0]["accuracy"]) <= 0.01
+    assert math.isfinite(runs[1].history[-1]["accuracy"])
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True])
