@@ -16,6 +16,7 @@ import torch
 
 from dq_flower import DQStrategy
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server import distributed
 from dq_flower.dq.server.distributed import portable, restore
 from dq_flower.dq.server.rows import RowLayout
 from dq_flower.dq.server.store import FederationData, SampleStore, StoredRows
@@ -31,7 +32,7 @@ DIM, CLASSES = 20, 4
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(DIM, 32), torch.nn.ReLU(),
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(DIM, 32), torch.nn.ReLU(),
                                torch.nn.Linear(32, CLASSES))
 
 
@@ -122,11 +123,20 @@ def test_three_processes_with_shifted_images_take_the_one_process_steps(batch):
 
 
 @pytest.mark.slow
-def test_a_dq_run_on_two_server_processes_trains_as_one_process():
+def test_a_dq_run_on_two_server_processes_trains_as_one_process(monkeypatch):
     knobs = dict(budget=32, max_server_steps=100, plateau_eval_every=25, plateau_patience=2,
                  min_holdout_rows=0, max_server_epochs=1)
+    phases = []
+    on_processes = distributed._on_processes
+
+    def counted(trainer, task):
+        phases.append(trainer.cfg.server_processes)
+        return on_processes(trainer, task)
+
+    monkeypatch.setattr(distributed, "_on_processes", counted)
     runs = [run_inprocess(num_clients=2, rounds=2, server_processes=n, **knobs)[0]
             for n in (1, 2)]
+    assert phases and set(phases) == {2}  # the two-process run's phases ran on workers
     first = [next(r for r in run.history if r["round"] == 1) for run in runs]
     for key in ("stored", "cum_up_bytes", "server_steps", "holdout_rows"):
         assert first[1][key] == first[0][key], key
