@@ -197,6 +197,11 @@ class DQConfig(RobustConfig, OptimizerConfig):
         Optimizer steps the server takes per round (fixed schedule).
     server_batch_size : int
         Minibatch size of the later steps, drawn from the store.
+    server_processes : int
+        Processes the server trains in (1, the default: the server's own process). With
+        more, each round's training runs in that many worker processes joined by
+        ``torch.distributed``, each computing the gradient of its share of every minibatch
+        of ``server_batch_size`` rows (see :mod:`dq_flower.dq.server.distributed`).
     optimizer, lr, momentum, weight_decay
         The server optimizer (:class:`dq_flower.knobs.OptimizerConfig`; here ``lr`` 0.05,
         ``weight_decay`` 5e-4).
@@ -277,6 +282,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     compensation_decay: float = 1.0
     server_steps: int = 20
     server_batch_size: int = 64
+    server_processes: int = 1
     lr: float = 0.05
     weight_decay: float = 5e-4
     max_store_samples: int = 0
@@ -358,6 +364,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
         """The server's steps, optimizer and store."""
         _check(self.server_steps >= 1, "server_steps", "must be >= 1")
         _check(self.server_batch_size >= 1, "server_batch_size", "must be >= 1")
+        _check(isinstance(self.server_processes, int)
+               and not isinstance(self.server_processes, bool) and self.server_processes >= 1,
+               "server_processes", f"must be an integer >= 1, got {self.server_processes!r}")
         self.check_optimizer()
         _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
         _check(self.store_eviction in {"fifo", "random"}, "store_eviction",

@@ -24,6 +24,12 @@ from dq_flower.augment import augmentation_for
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.distributed import (
+    BatchGradient,
+    check_portable,
+    sharded_phase,
+    sharded_steps,
+)
 from dq_flower.dq.server.node_screen import AgreementScreen
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
@@ -67,6 +73,11 @@ class ServerTrainer:
         self.rolled_back = 0
         #: clients whose held-out rows disagree with the others' (adaptive schedule)
         self.screen = AgreementScreen(cfg.screen_margin)
+        #: the store steps' minibatch gradient; in a worker process of ``server-processes``
+        #: its share of the minibatch, summed over the processes (see ``distributed``)
+        self.batch_gradient: BatchGradient = weighted_loss_grad
+        if cfg.server_processes > 1:  # what the worker processes get must pickle
+            check_portable(model, loss_fn, augment)
 
     # ------------------------------------------------------------------ one round
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
@@ -168,6 +179,8 @@ class ServerTrainer:
         store = self.data.store
         if store is None or len(store) == 0:
             return []
+        if self.cfg.server_processes > 1 and steps > 0:
+            return sharded_steps(self, steps, rng, augment)
         self.model.train()
         losses = []
         correction = self.cv.value() if self.cv else None
@@ -180,7 +193,7 @@ class ServerTrainer:
             xb = self.data.shaped(x)
             if augment is not None:
                 xb = augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
-            loss, grad = weighted_loss_grad(self.model, xb, y, w / w.sum(), self.loss_fn)
+            loss, grad = self.batch_gradient(self.model, xb, y, w / w.sum(), self.loss_fn)
             if correction is not None:  # the control variate: see dq.control_variate
                 grad += correction
             losses.append(loss)
@@ -222,20 +235,15 @@ class ServerTrainer:
             return float("nan")
         rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         first = self.fresh_training_step(fresh)
-        augment = self.augmentation(rng)  # one per phase, seeded from its minibatch stream
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.train()
-        phase = train_phase(self.model, self.optimizer, self.cfg.lr,
-                            self.phase_rule(store.num_train),
-                            lambda: self.store_step(rng, first, augment), self.score_holdout)
+        phase = self.run_phase(store.num_train, rng, first)
         if self.screen.review(server_round, self.score_holdout(everyone=True)):
             # a client excluded or restored: the phase again from its start, without it
             self.model.load_state_dict(start)
             self.model.train()
             steps = phase.steps
-            phase = train_phase(self.model, self.optimizer, self.cfg.lr,
-                                self.phase_rule(store.num_train),
-                                lambda: self.store_step(rng, [], augment), self.score_holdout)
+            phase = self.run_phase(store.num_train, rng, [])
             phase.steps += steps
         self.last_phase = phase
         assert phase.final is not None and phase.initial is not None
@@ -250,6 +258,19 @@ class ServerTrainer:
         self.schedule.after_upload(stored_before, self.data.stored, gain)
         self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
         return float(np.mean(phase.losses)) if phase.losses else float("nan")
+
+    def run_phase(self, train_rows: int, rng: np.random.Generator,
+                  queued: list[tuple[float, np.ndarray]]) -> PhaseResult:
+        """One training phase on the store's ``train_rows`` rows, minibatches from ``rng``.
+
+        ``queued``: gradients to step with first. With ``server-processes`` above 1 the
+        phase runs in worker processes (:func:`~dq_flower.dq.server.distributed.sharded_phase`).
+        """
+        if self.cfg.server_processes > 1:
+            return sharded_phase(self, train_rows, rng, queued)
+        augment = self.augmentation(rng)  # one per phase, seeded from its minibatch stream
+        return train_phase(self.model, self.optimizer, self.cfg.lr, self.phase_rule(train_rows),
+                           lambda: self.store_step(rng, queued, augment), self.score_holdout)
 
     def phase_rule(self, train_rows: int) -> PlateauRule:
         """The plateau rule with its step cap raised to ``max-server-epochs`` passes."""
