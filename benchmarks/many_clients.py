@@ -35,13 +35,13 @@ from dq_flower.harness.simulate import build_run_config  # noqa: E402
 from dq_flower.harness.tasks.data import load_dataset  # noqa: E402
 
 
-def tiled_fmnist(rows: int, data_dir: str | None, folder: Path) -> str:
-    """An ``npz:`` data set of Fashion-MNIST's training rows tiled to ``rows`` rows."""
-    data = load_dataset("fmnist", data_dir=data_dir)
+def tiled_fmnist(rows: int, data_dir: str | None, folder: Path, name: str = "fmnist") -> str:
+    """An ``npz:`` data set of Fashion-MNIST's (or ``name``'s) training rows tiled to ``rows``."""
+    data = load_dataset(name, data_dir=data_dir)
     reps = -(-rows // len(data.train_y))
     x = np.concatenate([data.train_x] * reps)[:rows]
     y = np.concatenate([data.train_y] * reps)[:rows]
-    path = folder / "fmnist-tiled.npz"
+    path = folder / f"{name}-tiled.npz"
     np.savez(path, x_train=x, y_train=y, x_test=data.test_x[:2000],
              y_test=data.test_y[:2000], num_classes=10)
     return f"npz:{path}"

@@ -7,6 +7,8 @@ sample, the seconds per step and the sustained GFLOP/s: the figure behind the
 ``laptop-core`` compute profile.
 
 Usage: python benchmarks/train_flops.py [--model wide-cnn] [--batch 32] [--steps 40]
+       python benchmarks/train_flops.py --model torchvision:resnet18 --shape 3,224,224
+           --classes 1000 --batch 8 --steps 2 --repeats 2
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="wide-cnn")
+    parser.add_argument("--model", default="wide-cnn",
+                        help="a model name of the package, or torchvision:NAME (e.g. "
+                             "torchvision:resnet18, ImageNet's ResNet-18)")
     parser.add_argument("--shape", default="1,28,28", help="one sample's shape")
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--batch", type=int, default=32)
@@ -34,13 +38,21 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     shape = tuple(int(s) for s in args.shape.split(","))
-    model = make_model(args.model, shape, args.classes)
+    if args.model.startswith("torchvision:"):
+        import torchvision  # only for a torchvision model
+
+        model = getattr(torchvision.models, args.model.split(":", 1)[1])(
+            num_classes=args.classes)
+    else:
+        model = make_model(args.model, shape, args.classes)
     flops = model_flops(model, shape)
     size = 1
     for s in shape:
         size *= s
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(args.batch, size, generator=gen)
+    if args.model.startswith("torchvision:"):
+        x = x.reshape(args.batch, *shape)  # torchvision's models take image tensors
     y = torch.randint(0, args.classes, (args.batch,), generator=gen)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 

@@ -147,6 +147,8 @@ def _apps(method: str, dataset: Any, model: Any, num_clients: int, rounds: int, 
     """The server and client apps of a checked run, and the dict the server's outcome lands in.
 
     Every knob and the model are checked here, before the engine starts. The server app
+    first waits until all ``num_clients`` nodes have registered (Flower's engine registers
+    them while the server app already runs), so round 1 samples from every client; then it
     stores ``run_server``'s result under ``"result"``, or what it raised under ``"error"``.
     """
     from flwr.app import Context  # Flower's app side: loaded when a simulation or record needs it
@@ -156,6 +158,7 @@ def _apps(method: str, dataset: Any, model: Any, num_clients: int, rounds: int, 
 
     # the server side (PyTorch): loaded when a simulation runs
     from dq_flower.harness.server_app import prepare_model, run_server
+    from dq_flower.server.common import wait_for_nodes  # the server side (PyTorch), likewise
 
     run_config = build_run_config(method, dataset, model, num_clients, rounds, seed, **knobs)
     factory = model_factory(model)
@@ -168,6 +171,8 @@ def _apps(method: str, dataset: Any, model: Any, num_clients: int, rounds: int, 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
         try:
+            # the engine registers its nodes while this thread already runs: sample from all
+            wait_for_nodes(grid, int(num_clients))
             holder["result"] = run_server(grid, run_config, on_round=on_round,
                                           model_factory=factory)
         except BaseException as exc:

@@ -21,6 +21,7 @@ from dq_flower.harness.tasks.data import (
     save_npz,
 )
 from dq_flower.harness.tasks.data.arrays import split_indices
+from dq_flower.harness.tasks.data.partitions import iid_shards
 
 # --------------------------------------------------------------------------- helpers
 
@@ -418,6 +419,23 @@ def test_iid_partitions_balanced_disjoint_complete_deterministic():
         np.testing.assert_array_equal(a, b)
     other = partition_indices(y, 7, "iid", seed=4)
     assert not np.array_equal(parts[0], other[0])
+
+
+@pytest.mark.parametrize(("n", "k"), [(103, 7), (100, 10), (50, 50), (1797, 200)])
+def test_iid_shards_are_flwr_datasets_iid_partitions(n, k):
+    """The shards computed at once are IidPartitioner's, row for row (runs stay identical)."""
+    import datasets
+    from flwr_datasets.partitioner import IidPartitioner
+
+    perm = np.random.default_rng(1).permutation(n)
+    partitioner = IidPartitioner(num_partitions=k)
+    partitioner.dataset = datasets.Dataset.from_dict({"idx": perm, "label": np.zeros(n)})
+    got = iid_shards(perm, k)
+    assert len(got) == k
+    for i, shard in enumerate(got):
+        expected = np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64)
+        assert shard.dtype == np.int64
+        np.testing.assert_array_equal(shard, expected)
 
 
 def _skew(y: np.ndarray, parts: list[np.ndarray], classes: int = 10) -> float:
