@@ -73,9 +73,10 @@ def test_the_held_out_rows_are_never_trained_on(monkeypatch):
     drawn_from_holdout = []
     real_draw = SampleStore.draw
 
-    def spy(self, batch_size, rng, weights="importance"):
+    def spy(self, batch_size, rng, weights="importance", skip=frozenset()):
+        assert not skip  # honest clients: the agreement screen excludes nobody
         state = rng.bit_generator.state
-        out = real_draw(self, batch_size, rng, weights)
+        out = real_draw(self, batch_size, rng, weights, skip=skip)
         probe = np.random.default_rng()
         probe.bit_generator.state = state
         train = np.flatnonzero(~self.holdout_mask)

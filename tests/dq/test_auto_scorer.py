@@ -100,9 +100,9 @@ def test_the_server_trains_with_the_store_weights_asked_for(monkeypatch, knobs, 
     asked: set[str] = set()
     real_draw = SampleStore.draw
 
-    def spy(self, batch_size, rng, weights="importance"):
+    def spy(self, batch_size, rng, weights="importance", skip=frozenset()):
         asked.add(weights)
-        return real_draw(self, batch_size, rng, weights)
+        return real_draw(self, batch_size, rng, weights, skip=skip)
 
     monkeypatch.setattr(SampleStore, "draw", spy)
     run_inprocess(num_clients=2, rounds=2, **dict(_KNOBS, **knobs))
