@@ -207,10 +207,7 @@ class SampleStore:
     def _remember_evicted(self, rows: StoredRows) -> None:
         nodes = self.node_ids(rows)
         for node in np.unique(nodes):
-            ids = rows.ids[nodes == node].astype(np.int64)
-            old = self._evicted_ids.get(int(node))
-            merged = ids if old is None else np.concatenate([old.astype(np.int64), ids])
-            self._evicted_ids[int(node)] = _narrow_uint(np.unique(merged))
+            self.note_received(int(node), rows.ids[nodes == node])
 
     def _take_meta(self, idx: np.ndarray) -> StoredRows:
         """The rows at ``idx`` as held in memory (all of them here; see the disk store)."""
@@ -301,7 +298,10 @@ class SampleStore:
         """
         if len(self) == 0:
             raise ValueError("the sample store is empty")
-        train = np.flatnonzero(~self.holdout_mask & ~self.rows_of(skip))
+        usable = ~self.holdout_mask
+        if skip:
+            usable &= ~self.rows_of(skip)
+        train = np.flatnonzero(usable)
         if train.size == 0:
             raise ValueError("the sample store holds only held-out rows")
         pick = rng.choice(train.size, size=min(batch_size, train.size), replace=False)
