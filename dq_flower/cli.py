@@ -169,6 +169,16 @@ def _add_link_flag(p: argparse.ArgumentParser) -> None:
                         "(default: lte, wifi and datacenter)")
 
 
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", dest="devices", action="append", default=[], metavar="NAME",
+                   help="a device profile whose time to the target per link the summary "
+                        "reports: measured (this machine's times), mcu, rpi4, phone, "
+                        "laptop-core, or name=GFLOPS; repeatable (default: no such table)")
+    p.add_argument("--server-device", default="measured", metavar="NAME",
+                   help="the server's profile for --device: measured, gpu, laptop-core or "
+                        "name=GFLOPS (default: %(default)s)")
+
+
 def _command_parser(sub: Any, name: str, help_text: str, command: Callable[..., int],
                     examples: Sequence[str]) -> argparse.ArgumentParser:
     """A subcommand's parser: ``command``'s docstring body filled to 79 columns, examples.
@@ -235,6 +245,7 @@ def _add_compare(sub: Any) -> None:
                         "summary.md")
     _add_tune_flags(p)
     _add_link_flag(p)
+    _add_device_flags(p)
     p.set_defaults(func=commands.cmd_compare)
 
 
@@ -271,6 +282,7 @@ def _add_report(sub: Any) -> None:
     p.add_argument("--link", dest="links", action="append", default=[], metavar="SPEC",
                    help="report the simulated time on these link profiles instead (as "
                         "compare --link); repeatable")
+    _add_device_flags(p)
     p.set_defaults(func=commands.cmd_report)
 
 

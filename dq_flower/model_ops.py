@@ -33,6 +33,8 @@ __all__ = [
     "flat_grad",
     "from_arrays",
     "get_flat",
+    "float_buffers",
+    "set_float_buffers",
     "load_arrays",
     "loss_and_grad",
     "num_params",
@@ -61,6 +63,20 @@ def get_flat(model: nn.Module) -> np.ndarray:
     if not params:
         return np.zeros(0, dtype=np.float32)
     return torch.cat(params).numpy().copy()
+
+
+def float_buffers(model: nn.Module) -> dict[str, np.ndarray]:
+    """The model's floating-point buffers (BatchNorm's running statistics), float32 copies."""
+    return {name: b.detach().to("cpu", torch.float32).numpy().copy()
+            for name, b in model.named_buffers() if b.is_floating_point()}
+
+
+def set_float_buffers(model: nn.Module, values: dict[str, np.ndarray]) -> None:
+    """Write ``values`` (named as :func:`float_buffers` names them) into the buffers."""
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in values.items():
+            buffers[name].copy_(torch.as_tensor(value).reshape(buffers[name].shape))
 
 
 def set_flat(model: nn.Module, vec: np.ndarray | torch.Tensor) -> None:

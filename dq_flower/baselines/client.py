@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.client_state import (
@@ -39,7 +39,14 @@ from dq_flower.client_state import (
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
-from dq_flower.model_ops import LossFn, get_flat, set_flat, weighted_loss_grad
+from dq_flower.model_ops import (
+    LossFn,
+    float_buffers,
+    get_flat,
+    set_flat,
+    set_float_buffers,
+    weighted_loss_grad,
+)
 from dq_flower.node import node_key
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.update_coding import encode_update
@@ -52,6 +59,7 @@ from dq_flower.wire.gradient import (
     vote_from_payload,
 )
 from dq_flower.wire.model import MODEL_KEY, decode_model_payload
+from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, read_buffers
 
 __all__ = [
     "gradient_train",
@@ -224,6 +232,10 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
 
     dim = int(sum(p.numel() for p in model.parameters()))
     set_flat(model, _receive_model(msg, context, cfg, config, dim))
+    buffers = float_buffers(model)
+    if buffers:  # BatchNorm statistics: the server's, and ours back after the round
+        set_float_buffers(model, read_buffers(
+            _buffers_of(msg), {k: v.shape for k, v in buffers.items()}))
 
     update, loss, examples = _trained_update(model, x, y, cfg, seed, server_round, pid,
                                              loss_fn)
@@ -240,8 +252,19 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
         "up-payload-bits": int(sum(p.nbits for p in payloads)),
         "client-time-s": time.perf_counter() - t0,
     })
+    if buffers:
+        content[BUFFERS_KEY] = buffers_record(float_buffers(model))
     end_round(context, server_round, STATE_PREFIX)
     return Message(content=content, reply_to=msg)
+
+
+def _buffers_of(msg: Message) -> ArrayRecord:
+    """The server's buffers in a train message (a ``PayloadError`` where they are missing)."""
+    record = msg.content.array_records.get(BUFFERS_KEY)
+    if record is None:
+        raise PayloadError(f"the train message carries no {BUFFERS_KEY!r} record for this "
+                           "model's BatchNorm statistics")
+    return record
 
 
 def _trained_update(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: GradientConfig,

@@ -42,9 +42,11 @@ from dq_flower.config import (
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
+    float_buffers,
     get_flat,
     num_params,
     set_flat,
+    set_float_buffers,
     state_arrays,
 )
 from dq_flower.seeding import Purpose, round_rng
@@ -61,6 +63,7 @@ from dq_flower.wire.gradient import (
     vote_from_payload,
 )
 from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
+from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, weighted_buffers
 
 __all__ = ["GradientStrategy", "majority_vote", "weighted_mean"]
 
@@ -166,7 +169,8 @@ class GradientStrategy(ModelStrategy, Strategy):
             max_examples=(config.epochs * MAX_EPOCH_ROWS if config.epochs_mode
                           else config.batch_size * config.local_steps),
             epochs=config.epochs,
-            batch_size=config.batch_size, local_steps=config.local_steps)
+            batch_size=config.batch_size, local_steps=config.local_steps,
+            buffer_shapes={k: v.shape for k, v in float_buffers(model).items()})
 
     @property
     def version(self) -> int:
@@ -201,11 +205,16 @@ class GradientStrategy(ModelStrategy, Strategy):
             base["model-version"] = self.version
             base["model-crc"] = model_crc(w)
         full, full_bits = self._model_record(w)
+        buffers = float_buffers(self.model)  # BatchNorm statistics travel as they are
+        record = buffers_record(buffers) if buffers else None
         messages, bits = [], 0
         for node in nodes:
             cfg = ConfigRecord(dict(base.items()))
             content = RecordDict({"config": cfg})
             held, nbits = self.downlink.fill(node, content, full, full_bits, sign)
+            if record is not None:
+                content[BUFFERS_KEY] = record
+                nbits += 32 * sum(v.size for v in buffers.values())
             if held is not None:
                 cfg["base-version"] = held
             bits += nbits
@@ -244,7 +253,7 @@ class GradientStrategy(ModelStrategy, Strategy):
             misaligned = bounded.misaligned
             used = [u for u, a in zip(screened.accepted, bounded.agree, strict=True) if a]
             updates = [GradientUpdate(u.node, v, w, u.loss, u.payload_bits, u.raw_bits,
-                                      u.steps, u.partition)
+                                      u.steps, u.partition, u.buffers)
                        for u, v, w in zip(used, bounded.vectors, bounded.weights, strict=True)]
         return _Kept(updates, misaligned, figures)
 
@@ -261,6 +270,10 @@ class GradientStrategy(ModelStrategy, Strategy):
         stepped = bool(updates) and len(updates) >= quorum
         if stepped:
             stepped = self._guarded_step(rnd.number, updates)
+        if stepped and updates[0].buffers is not None:  # the replies' mean statistics
+            set_float_buffers(self.model, weighted_buffers(
+                [u.buffers for u in updates if u.buffers is not None],
+                [u.weight for u in updates if u.buffers is not None]))
         losses = [u.loss for u in updates]
         figures = kept.figures
         figures.down_payload_bits = int(self.sent_payload_bits.pop(rnd.number, 0))

@@ -17,6 +17,8 @@ from typing import Any
 from dq_flower import compare
 from dq_flower.cli_common import EXIT_FAILED_RUNS, PROG, fail
 from dq_flower.compare.fmt import fmt_value, pct
+from dq_flower.compare.device_report import attach_devices
+from dq_flower.compare.devices import parse_device, parse_server
 from dq_flower.compare.grids import describe_axes
 from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.presets import load_preset, preset_names
@@ -54,7 +56,8 @@ def _scenario(args: argparse.Namespace):
     sets = compare.parse_set(args.sets)
     plans = compare.plan_runs(preset, sets)
     d, n_train = compare.check_data(preset)
-    return preset, sets, plans, d, n_train
+    subset = int(plans[0].resolved.get("train-rows", 0) or 0) if plans else 0
+    return preset, sets, plans, d, min(n_train, subset) if subset else n_train
 
 
 def _tune_settings(args: argparse.Namespace, preset: Any):
@@ -108,6 +111,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         preset, sets, plans, d, n_train = _scenario(args)
         links = parse_links(args.links)
+        devices = [parse_device(d) for d in args.devices]
+        server_device = parse_server(args.server_device)
         check_engine(args.engine, args.ray_address)
         if args.tune:
             _tune_settings(args, preset)  # validates the tuning flags before any run
@@ -129,6 +134,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             num_cpus_per_client=args.num_cpus_per_client,
             num_gpus_per_client=args.num_gpus_per_client, verbose=args.verbose,
             resume=args.resume, links=links, ray_address=args.ray_address,
+            devices=devices, server_device=server_device,
             command=shlex.join([PROG, *args.argv]))
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted; the finished methods' results are in {out}/",
@@ -226,6 +232,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         results = compare.load_results(args.folder)
         if args.links:
             results["links"] = [x.to_json() for x in parse_links(args.links)]
+        if args.devices:
+            attach_devices(results, [parse_device(d) for d in args.devices],
+                           parse_server(args.server_device))
     except (ValueError, FileNotFoundError) as exc:
         return fail(str(exc))
     if args.target_accuracy is not None:

@@ -5,7 +5,8 @@ Each run's history is re-timed with the device and server profiles
 (:func:`dq_flower.compare.links.time_to_target`). ``results.json`` carries what it needs:
 ``workload`` (FLOPs per sample and rows per client), ``devices`` (the device profiles),
 ``server_device`` (the server's profile) and ``links``; a summary without ``workload`` and
-``devices`` has no such section.
+``devices`` has no such section; :func:`attach_devices` adds them (``dq-flower compare``
+and ``report`` with ``--device``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 from dq_flower.compare.devices import MEASURED, ComputeProfile
 from dq_flower.compare.fmt import fmt_seconds, is_failed, pct
 from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
-from dq_flower.compare.work import Workload, profiled_history
+from dq_flower.compare.work import Workload, profiled_history, workload_of
 
-__all__ = ["PairTime", "pair_times", "device_link_table", "device_section"]
+__all__ = ["PairTime", "pair_times", "device_link_table", "device_section", "attach_devices"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,12 @@ def _cell(t: PairTime) -> str:
     return "-" if t.total is None else f"not reached ({fmt_seconds(t.total)})"
 
 
+def _mflop(flops: float) -> str:
+    """``22.9``, ``1,112.3``; three significant digits below one MFLOP (``0.0192``)."""
+    mflop = flops / 1e6
+    return f"{mflop:,.1f}" if mflop >= 1 else f"{mflop:.3g}"
+
+
 def device_link_table(results: Mapping[str, Any], workload: Workload,
                       devices: Sequence[ComputeProfile], server: ComputeProfile,
                       links: Sequence[LinkProfile]) -> list[str]:
@@ -83,8 +90,8 @@ def device_link_table(results: Mapping[str, Any], workload: Workload,
         "## Time on devices and links", "",
         f"Simulated time to reach {target} with every client on the device and link of the "
         f"row and the server on {server.describe()}: each round's compute is the model's "
-        f"FLOPs ({workload.flops.forward / 1e6:,.1f} MFLOP forward, "
-        f"{workload.flops.train / 1e6:,.1f} MFLOP forward and backward per sample, "
+        f"FLOPs ({_mflop(workload.flops.forward)} MFLOP forward, "
+        f"{_mflop(workload.flops.train)} MFLOP forward and backward per sample, "
         "counted with torch.utils.flop_counter) times the samples each side passes through "
         "the model, over the profile's FLOP/s; the bytes are the measured ones over the "
         "link. \"cannot train\": the device cannot run a backward pass, and the method's "
@@ -118,3 +125,28 @@ def device_section(results: Mapping[str, Any]) -> list[str]:
     server = ComputeProfile.from_json(server_data) if server_data else MEASURED
     links = [LinkProfile.from_json(x) for x in results.get("links") or []]
     return device_link_table(results, workload, devices, server, links) if links else []
+
+
+def _train_rows(results: Mapping[str, Any]) -> int:
+    """The ``train-rows`` subset the runs trained on (0: all rows)."""
+    for run in results.get("runs") or []:
+        value = (run.get("config") or {}).get("train-rows")
+        if isinstance(value, int) and value > 0:
+            return value
+    value = (results.get("preset") or {}).get("knobs", {}).get("train-rows", 0)
+    return int(value) if isinstance(value, int) else 0
+
+
+def attach_devices(results: dict[str, Any], devices: Sequence[ComputeProfile],
+                   server: ComputeProfile, train_rows: int | None = None) -> None:
+    """Give ``results`` what :func:`device_section` reads: workload and profiles.
+
+    The workload (the model's FLOPs per sample, each client's rows) is counted from the
+    preset's model and data set (:func:`~dq_flower.compare.work.workload_of`), on the
+    ``train_rows`` subset (default: the runs' own ``train-rows``); nothing is rerun.
+    """
+    rows = _train_rows(results) if train_rows is None else train_rows
+    workload = workload_of(results["preset"], None, rows)
+    results["workload"] = workload.to_json()
+    results["devices"] = [d.to_json() for d in devices]
+    results["server_device"] = server.to_json()

@@ -26,6 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
+from dq_flower.compare.device_report import attach_devices
+from dq_flower.compare.devices import MEASURED, ComputeProfile
 from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.plan import PlannedRun, check_data, plan_runs
 from dq_flower.compare.presets import Preset
@@ -174,7 +176,9 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
                    num_gpus_per_client: float = 0.0, verbose: bool = False, command: str = "",
                    plans: list[PlannedRun] | None = None, resume: bool = False,
                    links: Sequence[LinkProfile] | None = None,
-                   ray_address: str | None = None) -> dict[str, Any]:
+                   ray_address: str | None = None,
+                   devices: Sequence[ComputeProfile] = (),
+                   server_device: ComputeProfile = MEASURED) -> dict[str, Any]:
     """Run every method of ``preset`` on its scenario and write the reports to ``out_dir``.
 
     Parameters
@@ -207,6 +211,10 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
     ray_address : str, optional
         Simulation engine: join this existing Ray cluster instead of starting Ray here
         (see :func:`dq_flower.harness.simulate`).
+    devices, server_device : ComputeProfile
+        Device profiles (and the server's) whose time to the target per (device, link)
+        pair the summary reports (:mod:`dq_flower.compare.device_report`); none: no
+        such table.
 
     Returns
     -------
@@ -223,6 +231,9 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = _new_results(preset, engine, command, links)
+    if devices:
+        train_rows = plans[0].resolved.get("train-rows", 0) if plans else 0
+        attach_devices(results, devices, server_device, int(train_rows or 0))
     earlier = _reusable(out, engine) if resume else {}
     execute = functools.partial(_execute, engine=engine, verbose=verbose,
                                 num_cpus_per_client=num_cpus_per_client,

@@ -188,19 +188,22 @@ def profiled_history(record: Mapping[str, Any], workload: Workload, device: Comp
     return out
 
 
-def workload_of(preset: Mapping[str, Any], data_dir: str | None = None) -> Workload:
+def workload_of(preset: Mapping[str, Any], data_dir: str | None = None,
+                train_rows: int = 0) -> Workload:
     """The workload of a comparison preset (``results["preset"]``): loads its data set.
 
     The model is built as the harness builds it and counted with
     :func:`dq_flower.compare.devices.model_flops`; the rows per client are the
-    partitions the harness draws (same scheme, seed and split).
+    partitions the harness draws (same scheme, seed and split; of the ``train_rows``
+    subset where the runs had one).
     """
     # PyTorch and the data sets: loaded only where a task's workload is counted
     from dq_flower.compare.devices import model_flops
-    from dq_flower.harness.tasks import load_dataset_cached, make_model, partition_indices
+    from dq_flower.harness.tasks import make_model, partition_indices
+    from dq_flower.harness.tasks.data import load_task_dataset
 
-    ds = load_dataset_cached(str(preset["dataset"]), data_dir or preset.get("data_dir") or None,
-                             int(preset.get("seed", 0)))
+    ds = load_task_dataset(str(preset["dataset"]), data_dir or preset.get("data_dir") or None,
+                           int(preset.get("seed", 0)), 0.0, train_rows)
     model = make_model(str(preset["model"]), ds.input_shape, ds.num_classes)
     parts = partition_indices(ds.train_y, int(preset["num_clients"]),
                               str(preset.get("partition", "iid")),

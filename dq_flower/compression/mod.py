@@ -9,7 +9,8 @@ Add it to the ``ClientApp`` (``ClientApp(mods=[dq_flower.compression_mod])``); t
 3. replaces the ``ArrayRecord`` it returns by the coded update, returned minus received
    weights (with error feedback for biased codecs, its state in ``Context.state`` under
    ``compression-*`` keys, restored per round so that a round sent again gets the same
-   reply); the arrays that are not floating point travel as returned.
+   reply); the arrays that are not floating point, and BatchNorm's running statistics,
+   travel as returned.
 
 Other messages (evaluate, query) pass through untouched. A train message without the
 wrapper's keys, or a reply the mod cannot code, is answered with an error naming the cause,

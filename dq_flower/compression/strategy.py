@@ -221,6 +221,9 @@ class CompressedUpdates(RoundPipeline, Strategy):
         screened, figures = rnd.screened, rnd.notes["figures"]
         passed = [m for m in screened.replies if m.has_error()] + [d.msg for d in kept]
         arrays, metrics = self.strategy.aggregate_train(rnd.number, passed)
+        sent = list(rnd.notes["coded"].values())
+        if arrays is not None and sent:  # integer buffers averaged into floats go back
+            arrays = sent[0].layout.with_dtypes(arrays)
         finite = arrays is None or all(
             np.isfinite(a.numpy()).all() for a in arrays.values()
             if str(a.dtype) in ("float16", "float32", "float64"))

@@ -123,7 +123,8 @@ def client_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np.ndar
     data_dir = str(context.node_config.get("data-dir", "")) or task.data_dir or None
     x, y, _ = load_partition(task.dataset, pid, num, task.partition, task.dirichlet_alpha,
                              task.seed, data_dir,
-                             validation_fraction=task.validation_fraction)
+                             validation_fraction=task.validation_fraction,
+                             train_rows=task.train_rows)
     return _shaped(x, task, task_info(task)), y
 
 
@@ -142,7 +143,8 @@ def client_eval_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np
         return data.test_x, data.test_y
     pid, num = node_partition(context, task)
     data_dir = str(context.node_config.get("data-dir", "")) or task.data_dir or None
-    ds = load_task_dataset(task.dataset, data_dir, task.seed, task.validation_fraction)
+    ds = load_task_dataset(task.dataset, data_dir, task.seed, task.validation_fraction,
+                           task.train_rows, task.test_rows)
     return _shaped(ds.test_x[pid::num], task, task_info(task)), ds.test_y[pid::num]
 
 

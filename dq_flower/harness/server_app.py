@@ -134,7 +134,8 @@ class _ServerRun:
         self.task, self.name, self.eval_model, self.on_round = task, name, eval_model, on_round
         # with validation-fraction the "test" rows are rows held out of the training set
         self.data = (load_task_dataset(task.dataset, task.data_dir or None, task.seed,
-                                       task.validation_fraction)
+                                       task.validation_fraction, task.train_rows,
+                                       task.test_rows)
                      if task.dataset != "none" else None)
         self.ledger = Ledger()
         self.measured = MeasuredGrid(grid, self.ledger)

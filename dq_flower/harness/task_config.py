@@ -68,6 +68,12 @@ class TaskConfig:
         training rows, drawn by ``seed``, is held out: clients train on the other rows only
         and the model is evaluated on the held-out ones instead of the test set, which is
         never read (see :func:`dq_flower.harness.tasks.data.validation_view`). 0 = off.
+    train_rows : int
+        Train on a subset of this many of the named data set's training rows, drawn by
+        ``seed`` (the clients partition the subset), to size a run to a slow machine.
+        0 (default): all.
+    test_rows : int
+        Evaluate on a subset of this many of its test rows, drawn by ``seed``. 0: all.
     eval_every : int
         The server evaluates the global model on its test rows every ``eval_every``
         rounds, and always before the first and after the last; the other rounds' history
@@ -94,6 +100,8 @@ class TaskConfig:
     fraction_evaluate: float = client_knob(0.0)
     max_failed_rounds: int = 3
     validation_fraction: float = client_knob(0.0)
+    train_rows: int = client_knob(0)
+    test_rows: int = client_knob(0)
     eval_every: int = 1
 
     def __post_init__(self) -> None:
@@ -110,6 +118,8 @@ class TaskConfig:
         _check(self.num_classes >= 0, "num_classes", "must be >= 0")
         _check(self.max_failed_rounds >= 0, "max_failed_rounds", "must be >= 0")
         _check(self.eval_every >= 1, "eval_every", "must be >= 1")
+        _check(self.train_rows >= 0, "train_rows", "must be >= 0 (0: all)")
+        _check(self.test_rows >= 0, "test_rows", "must be >= 0 (0: all)")
         _check(0 <= self.validation_fraction < 1, "validation_fraction", "must be in [0, 1)")
         if self.validation_fraction:
             _check(self.dataset != "none", "validation_fraction",

@@ -2,15 +2,17 @@
 
 A train message of :class:`dq_flower.CompressedUpdates` is the inner strategy's message with
 the knobs added to its config (``compression-*`` keys). With ``downlink="fp16"`` its one
-``ArrayRecord`` is replaced by ``compression-model`` (every floating-point array, flat, as
-an ``fp16`` codec payload), ``compression-raw`` (the other arrays, as they were) and the
+``ArrayRecord`` is replaced by ``compression-model`` (every coded array, flat, as an
+``fp16`` codec payload), ``compression-raw`` (the other arrays, as they were) and the
 layout in the config (``compression-layout``, JSON), from which the mod rebuilds the
 ``ArrayRecord`` the user's ``train()`` reads.
 
-A reply carries the update (returned minus received weights of the floating-point arrays,
-flat or per array) as codec payloads ``compression-update`` (or ``compression-update-<i>``),
-the other arrays as returned under ``compression-raw``, and the user's own ``MetricRecord``
-(and any ``ConfigRecord``) untouched.
+A reply carries the update (returned minus received weights of the coded arrays, flat or
+per array) as codec payloads ``compression-update`` (or ``compression-update-<i>``), the
+other arrays as returned under ``compression-raw``, and the user's own ``MetricRecord``
+(and any ``ConfigRecord``) untouched. The coded arrays are the floating-point ones but
+BatchNorm's running statistics (names ending in ``running_mean`` / ``running_var``), which
+travel as they are: a lossy codec could turn a variance negative.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from flwr.app import Array, ArrayRecord
 from dq_flower.codecs import PayloadError
 
 __all__ = ["Layout", "MODEL_KEY", "RAW_KEY", "UPDATE_KEY", "LAYOUT_KEY", "FLOAT_DTYPES",
-           "MAX_ARRAYS"]
+           "RAW_SUFFIXES", "MAX_ARRAYS"]
 
 #: Record of the fp16-coded floating-point arrays of a train message (``downlink="fp16"``).
 MODEL_KEY = "compression-model"
@@ -39,6 +41,9 @@ UPDATE_KEY = "compression-update"
 LAYOUT_KEY = "compression-layout"
 #: Array dtypes whose update is coded; every other array travels as it is.
 FLOAT_DTYPES = ("float16", "float32", "float64")
+#: Name endings of floating-point arrays that travel as they are all the same: BatchNorm's
+#: running statistics (PyTorch's names), which a lossy codec could make negative variances.
+RAW_SUFFIXES = ("running_mean", "running_var")
 #: Most arrays a layout may list, and most dimensions per array.
 MAX_ARRAYS = 1 << 16
 MAX_NDIM = 16
@@ -71,15 +76,19 @@ class Layout:
                    tuple(tuple(int(d) for d in a.shape) for _, a in items))
 
     # ------------------------------------------------------------------ coded arrays
+    def is_coded(self, i: int) -> bool:
+        """Whether array ``i``'s update is coded: floating point, not a BatchNorm statistic."""
+        return self.dtypes[i] in FLOAT_DTYPES and not self.names[i].endswith(RAW_SUFFIXES)
+
     @property
     def coded(self) -> list[int]:
-        """Positions of the floating-point arrays (their update is coded)."""
-        return [i for i, d in enumerate(self.dtypes) if d in FLOAT_DTYPES]
+        """Positions of the arrays whose update is coded."""
+        return [i for i in range(len(self.names)) if self.is_coded(i)]
 
     @property
     def raw(self) -> list[int]:
         """Positions of the other arrays (sent as they are)."""
-        return [i for i, d in enumerate(self.dtypes) if d not in FLOAT_DTYPES]
+        return [i for i in range(len(self.names)) if not self.is_coded(i)]
 
     @property
     def coded_shapes(self) -> list[tuple[int, ...]]:
@@ -107,6 +116,30 @@ class Layout:
         """The arrays of ``record`` that are not floating point."""
         return ArrayRecord({self.names[i]: record[self.names[i]] for i in self.raw})
 
+    def with_dtypes(self, record: ArrayRecord) -> ArrayRecord:
+        """``record`` with each array of this layout back in the layout's dtype.
+
+        An aggregate averages integer arrays (a batch-norm layer's ``num_batches_tracked``)
+        into floats, of shape ``(1,)`` where they were scalars (as Flower's FedAvg returns
+        them); they are rounded and reshaped back, so every round's broadcast has one
+        layout.
+        """
+        arrays: dict[str, Array] = {}
+        for name, arr in record.items():
+            if name not in self.names:
+                arrays[name] = arr
+                continue
+            i = self.names.index(name)
+            want, shape = self.dtypes[i], self.shapes[i]
+            if str(arr.dtype) == want and tuple(arr.shape) == shape:
+                arrays[name] = arr
+                continue
+            values = arr.numpy().reshape(shape)  # a 0-d array may come back as (1,)
+            if np.dtype(want).kind in "iub":
+                values = np.rint(values)
+            arrays[name] = Array(np.array(values, dtype=want, order="C"))  # 0-d stays 0-d
+        return ArrayRecord(arrays)
+
     def rebuild(self, vec: np.ndarray, raw: ArrayRecord | None) -> ArrayRecord:
         """The ``ArrayRecord`` of this layout from a flat vector and the raw arrays.
 
@@ -124,11 +157,11 @@ class Layout:
         offset = 0
         for i, name in enumerate(self.names):
             shape, dtype = self.shapes[i], self.dtypes[i]
-            if dtype in FLOAT_DTYPES:
+            if self.is_coded(i):
                 n = math.prod(shape)
                 part = vec[offset:offset + n].astype(dtype).reshape(shape)
                 offset += n
-                arrays[name] = Array(np.ascontiguousarray(part))
+                arrays[name] = Array(np.array(part, order="C"))  # 0-d stays 0-d
                 continue
             assert raw is not None
             arr = raw[name]

@@ -7,14 +7,15 @@ rounds (one ``gradient`` record) are both decoded here into a :class:`GradientUp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Message
 
 from dq_flower.codecs import PayloadError
 from dq_flower.wire.gradient import METRICS_KEY, decode_update, epoch_steps
+from dq_flower.wire.model_buffers import BUFFERS_KEY, read_buffers
 
 __all__ = ["GradientUpdate", "GradientDecoder"]
 
@@ -31,6 +32,7 @@ class GradientUpdate:
     raw_bits: int  # before lossless coding
     steps: int  # local steps the update was averaged over
     partition: int  # the client's partition id (ordering), or the node id
+    buffers: dict[str, np.ndarray] | None = None  # the model's floating-point buffers
 
 
 @dataclass
@@ -40,6 +42,8 @@ class GradientDecoder:
     ``max_examples`` bounds ``num-examples``; with ``epochs`` > 0 it must be whole epochs of
     rows and the update's local steps follow from it (``epoch_steps``), else they are
     ``local_steps``. ``exact_records`` rejects a reply carrying other array records.
+    With ``buffer_shapes`` (the model's floating-point buffers) a reply must carry them
+    in a :data:`~dq_flower.wire.model_buffers.BUFFERS_KEY` record, checked.
     """
 
     keys: Sequence[str]
@@ -51,6 +55,7 @@ class GradientDecoder:
     local_steps: int = 1
     require_loss: bool = True
     exact_records: bool = True
+    buffer_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __call__(self, msg: Message) -> GradientUpdate:  # noqa: D102
         content = msg.content
@@ -73,12 +78,18 @@ class GradientDecoder:
         partition = metrics.get("partition-id", node)
         if isinstance(partition, bool) or not isinstance(partition, int):
             raise PayloadError(f"'partition-id'={partition!r} is not an int")
-        if self.exact_records and set(content.array_records) != set(self.keys):
+        expected = [*self.keys, *([BUFFERS_KEY] if self.buffer_shapes else [])]
+        if self.exact_records and set(content.array_records) != set(expected):
             raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
-                               f"expected {list(self.keys)}")
+                               f"expected {expected}")
+        buffers = None
+        if self.buffer_shapes:
+            if BUFFERS_KEY not in content.array_records:
+                raise PayloadError(f"reply misses the model's buffers ({BUFFERS_KEY!r})")
+            buffers = read_buffers(content.array_records[BUFFERS_KEY], self.buffer_shapes)
         vec, nbits, raw = decode_update(content.array_records, self.keys, self.sizes,
                                         self.codec)
         steps = (epoch_steps(examples, self.batch_size, self.epochs) if self.epochs
                  else self.local_steps)
         return GradientUpdate(node, vec, float(examples), float(loss), nbits, raw, steps,
-                              int(partition))
+                              int(partition), buffers)

@@ -254,3 +254,27 @@ def test_context_coding_of_qsgd_updates_through_the_wrapper_is_never_larger_than
     for a, b in zip(context.history[1:], zlib.history[1:], strict=True):
         assert a["coded_replies"] == 3 and a["up_payload_bits"] <= b["up_payload_bits"]
     assert context.history[-1]["cum_up_bytes"] < zlib.history[-1]["cum_up_bytes"]
+
+
+def test_a_batch_norm_model_keeps_its_integer_buffers_round_after_round():
+    # Flower's FedAvg averages BatchNorm's int64 num_batches_tracked into a float; the
+    # wrapper puts it back in its dtype, so every round's replies match the broadcast
+    # layout (before, every reply of round 2 was refused: "is int64 (), received float64")
+    result, acc = _run("fedavg-qsgd2", model="resnet20", client_lr=0.1)
+    assert [r["coded_replies"] for r in result.history[1:]] == [3, 3, 3]
+    assert acc[-1] > acc[0]
+
+
+def test_layout_with_dtypes_rounds_averaged_integer_arrays_back():
+    from flwr.app import Array
+
+    from dq_flower.wire.compressed_update import Layout
+
+    sent = ArrayRecord({"w": Array(np.ones(3, np.float32)),
+                        "n": Array(np.array(4, dtype=np.int64))})
+    layout = Layout.of("arrays", sent)
+    averaged = ArrayRecord({"w": Array(np.full(3, 0.5, np.float32)),
+                            "n": Array(np.array([4.6], dtype=np.float64))})
+    back = layout.with_dtypes(averaged)
+    assert str(back["n"].dtype) == "int64" and back["n"].shape == () and int(back["n"].numpy()) == 5
+    np.testing.assert_array_equal(back["w"].numpy(), averaged["w"].numpy())

@@ -214,3 +214,39 @@ def test_compare_in_flowers_simulation_engine(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["engine"] == "simulation"
     assert [len(r["history"]) for r in data["runs"]] == [3, 3]
+
+
+def test_compare_on_a_row_subset_reports_time_per_device_and_link(tmp_path, capsys):
+    out = tmp_path / "devices"
+    code = main(["compare", "--preset", "digits-mlp", "--methods", "dq,fedavg", *FAST,
+                 "--set", "train-rows=300", "--set", "test-rows=100", "--device", "rpi4",
+                 "--device", "mcu", "--server-device", "gpu", "--link", "lte", "--link",
+                 "nbiot", "--out", str(out)])
+    assert code == 0
+    assert "(d = 64, 300 training samples)" in capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    assert data["workload"]["rows_per_client"] == [150, 150]  # the subset, split in two
+    assert [d["name"] for d in data["devices"]] == ["rpi4", "mcu"]
+    assert data["server_device"]["name"] == "gpu"
+    assert all(r["config"]["train-rows"] == 300 for r in data["runs"])
+    text = (out / "summary.md").read_text()
+    rows = [x for x in text.splitlines() if x.startswith(("| rpi4 |", "| mcu |"))]
+    assert len(rows) == 4  # two devices on two links
+    mcu_lte = next(x for x in rows if x.startswith("| mcu | lte |"))
+    assert mcu_lte.split("|")[4].strip() == "cannot train"  # fedavg's clients train
+    assert "Raspberry Pi 4" in text and "NB-IoT" in text
+
+
+def test_report_adds_the_device_table_without_rerunning(compare_run, capsys):
+    _, out = compare_run
+    before = json.loads((out / "results.json").read_text())
+    assert "workload" not in before
+    assert main(["report", str(out), "--device", "phone", "--device", "slowpi=2"]) == 0
+    text = (out / "summary.md").read_text()
+    assert "| phone | lte |" in text and "| slowpi | wifi |" in text
+    assert "server on measured" in text
+    after = json.loads((out / "results.json").read_text())
+    assert after["workload"]["rows_per_client"] == [719, 718]  # digits' 1,437 training rows
+    assert [r["history"] for r in after["runs"]] == [r["history"] for r in before["runs"]]
+    err = _error(capsys, ["report", str(out), "--device", "toaster"])
+    assert "unknown device profile 'toaster'" in err and "rpi4" in err

@@ -214,11 +214,13 @@ def load_partition(
     data_dir: str | None = None,
     classes_per_partition: int = 2,
     validation_fraction: float = 0.0,
+    train_rows: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Load one client's training rows.
 
     With ``validation_fraction`` > 0 the partitions split the training rows left after the
-    validation split of :func:`load_task_dataset` (the ids index those rows).
+    validation split of :func:`load_task_dataset` (the ids index those rows); with
+    ``train_rows`` > 0 they split that seeded subset of the training rows.
 
     The data set is loaded once per process (`load_dataset_cached`, whose split uses
     ``seed``), partitioned with `partition_indices` on the training targets, and only
@@ -236,7 +238,7 @@ def load_partition(
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition_id {partition_id} not in [0, {num_partitions})")
-    ds = load_task_dataset(name, data_dir, seed, validation_fraction)
+    ds = load_task_dataset(name, data_dir, seed, validation_fraction, train_rows)
     ids = partition_indices(ds.train_y, num_partitions, scheme, alpha=alpha,
                             classes_per_partition=classes_per_partition,
                             seed=seed)[partition_id]

@@ -1,4 +1,5 @@
-"""The data a run trains and evaluates on: a validation split for tuning, memoised."""
+"""The data a run trains and evaluates on: a row subset, a validation split for tuning,
+memoised."""
 
 from __future__ import annotations
 
@@ -9,12 +10,42 @@ import numpy as np
 from dq_flower.harness.tasks.data.container import Dataset
 from dq_flower.harness.tasks.data.loaders import load_dataset_cached
 
-__all__ = ["VALIDATION_PURPOSE", "validation_view", "load_task_dataset"]
+__all__ = ["VALIDATION_PURPOSE", "SUBSET_PURPOSE", "subset_view", "validation_view",
+           "load_task_dataset"]
 
 
 #: Purpose mixed into the seed of the validation split (so it does not follow the
 #: train/test split or the partitions drawn from the same run seed).
 VALIDATION_PURPOSE = 0x5A11D
+
+#: Purpose mixed into the seed of the ``train-rows`` / ``test-rows`` subsets.
+SUBSET_PURPOSE = 0x50B5E7
+
+
+def _seeded_rows(n: int, keep: int, seed: int, split: int) -> np.ndarray:
+    """``keep`` of ``n`` row indices drawn by the seed, in their original order."""
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, SUBSET_PURPOSE, split])
+    return np.sort(rng.permutation(n)[:keep])
+
+
+def subset_view(ds: Dataset, train_rows: int = 0, test_rows: int = 0, seed: int = 0) -> Dataset:
+    """``ds`` cut to ``train_rows`` training and ``test_rows`` test rows drawn by ``seed``.
+
+    For runs sized to a slow machine (a large model on a few thousand rows). 0 keeps a
+    split whole; a count at or above a split's size keeps it whole too. The rows are drawn
+    by ``numpy.random.default_rng([seed, SUBSET_PURPOSE, split])`` and keep their order,
+    so every process of a run (server, each client) cuts the same rows.
+    """
+    if train_rows < 0 or test_rows < 0:
+        raise ValueError(f"train_rows and test_rows must be >= 0, got {train_rows}, {test_rows}")
+    tr = (_seeded_rows(ds.num_train, train_rows, seed, 0)
+          if 0 < train_rows < ds.num_train else slice(None))
+    te = (_seeded_rows(len(ds.test_y), test_rows, seed, 1)
+          if 0 < test_rows < len(ds.test_y) else slice(None))
+    if isinstance(tr, slice) and isinstance(te, slice):
+        return ds
+    return Dataset(ds.train_x[tr], ds.train_y[tr], ds.test_x[te], ds.test_y[te],
+                   ds.num_classes, tuple(ds.input_shape), f"{ds.name} (subset)")
 
 
 def validation_view(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
@@ -54,14 +85,16 @@ def validation_view(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
 
 @functools.lru_cache(maxsize=4)
 def load_task_dataset(name: str, data_dir: str | None = None, seed: int = 0,
-                      validation_fraction: float = 0.0) -> Dataset:
+                      validation_fraction: float = 0.0, train_rows: int = 0,
+                      test_rows: int = 0) -> Dataset:
     """The data set a run trains and evaluates on (memoised per process).
 
-    With ``validation_fraction`` 0 it is :func:`load_dataset_cached`; otherwise its
-    :func:`validation_view`: clients partition the remaining training rows and the server
+    :func:`load_dataset_cached`, cut by :func:`subset_view` to ``train_rows`` /
+    ``test_rows`` (0: all); with ``validation_fraction`` > 0 its :func:`validation_view`
+    of what is left: clients partition the remaining training rows and the server
     evaluates on the held-out ones.
     """
-    ds = load_dataset_cached(name, data_dir, seed)
+    ds = subset_view(load_dataset_cached(name, data_dir, seed), train_rows, test_rows, seed)
     if not validation_fraction:
         return ds
     return validation_view(ds, float(validation_fraction), seed)

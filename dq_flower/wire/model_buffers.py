@@ -1,0 +1,62 @@
+"""A model's floating-point buffers (BatchNorm's running statistics) on the wire.
+
+The gradient baselines send parameters down and gradients up; a model's buffers are
+neither, yet its evaluation uses them. Where the model has floating-point buffers the
+server sends its own with the model and each client replies with its buffers after the
+round's forward passes (float32, uncompressed: a few kilobytes), in one
+:data:`BUFFERS_KEY` record; the server keeps the example-weighted mean of the replies it
+accepted. A reply's buffers are checked against the server's: the same names, shapes and
+dtype, finite values, and no negative running variance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from dq_flower.codecs import PayloadError
+
+__all__ = ["BUFFERS_KEY", "buffers_record", "read_buffers", "weighted_buffers"]
+
+#: Record of the model's floating-point buffers, down with the model and up with a reply.
+BUFFERS_KEY = "model-buffers"
+
+
+def buffers_record(buffers: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """The buffers as a record of float32 arrays, in the given order."""
+    return ArrayRecord({name: Array(np.array(value, dtype=np.float32, order="C"))
+                        for name, value in buffers.items()})
+
+
+def read_buffers(record: ArrayRecord,
+                 shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """The buffers of ``record``, checked against ``shapes``; ``PayloadError`` with why."""
+    if list(record.keys()) != list(shapes):
+        raise PayloadError(f"{BUFFERS_KEY} holds {list(record.keys())[:4]}..., expected "
+                           f"the model's {len(shapes)} floating-point buffers")
+    out: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        arr = record[name]
+        if str(arr.dtype) != "float32" or tuple(arr.shape) != tuple(shape):
+            raise PayloadError(f"{BUFFERS_KEY}[{name!r}] is {arr.dtype} {tuple(arr.shape)}, "
+                               f"expected float32 {tuple(shape)}")
+        value = arr.numpy()
+        if not np.isfinite(value).all():
+            raise PayloadError(f"{BUFFERS_KEY}[{name!r}] is not finite")
+        if name.endswith("running_var") and (value < 0).any():
+            raise PayloadError(f"{BUFFERS_KEY}[{name!r}] has a negative variance")
+        out[name] = value
+    return out
+
+
+def weighted_buffers(parts: list[dict[str, np.ndarray]],
+                     weights: list[float]) -> dict[str, np.ndarray]:
+    """The ``weights``-weighted mean of each buffer over ``parts`` (float32)."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    return {name: np.asarray(sum(wi * p[name].astype(np.float64) for wi, p in zip(w, parts,
+                                                                                 strict=True)),
+                             dtype=np.float32)
+            for name in parts[0]}
