@@ -16,9 +16,9 @@ from typing import Any
 
 from dq_flower import compare
 from dq_flower.cli_common import EXIT_FAILED_RUNS, PROG, fail
-from dq_flower.compare.fmt import fmt_value, pct
 from dq_flower.compare.device_report import attach_devices
 from dq_flower.compare.devices import parse_device, parse_server
+from dq_flower.compare.fmt import fmt_value, pct
 from dq_flower.compare.grids import describe_axes
 from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.presets import load_preset, preset_names

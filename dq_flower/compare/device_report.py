@@ -20,7 +20,8 @@ from dq_flower.compare.fmt import fmt_seconds, is_failed, pct
 from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
 from dq_flower.compare.work import Workload, profiled_history, workload_of
 
-__all__ = ["PairTime", "pair_times", "device_link_table", "device_section", "attach_devices"]
+__all__ = ["PairTime", "pair_times", "device_link_table", "device_section", "device_verdict",
+           "attach_devices"]
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,39 @@ def device_section(results: Mapping[str, Any]) -> list[str]:
     """:func:`device_link_table` from ``results``' own fields (``[]`` without them)."""
     if not results.get("workload") or not results.get("devices"):
         return []
+    workload, devices, server, links = _profiles(results)
+    return device_link_table(results, workload, devices, server, links) if links else []
+
+
+def _profiles(results: Mapping[str, Any]
+              ) -> tuple[Workload, list[ComputeProfile], ComputeProfile, list[LinkProfile]]:
     workload = Workload.from_json(results["workload"])
     devices = [ComputeProfile.from_json(d) for d in results["devices"]]
     server_data = results.get("server_device")
     server = ComputeProfile.from_json(server_data) if server_data else MEASURED
     links = [LinkProfile.from_json(x) for x in results.get("links") or []]
-    return device_link_table(results, workload, devices, server, links) if links else []
+    return workload, devices, server, links
+
+
+def device_verdict(results: Mapping[str, Any]) -> list[str]:
+    """Verdict lines: per device profile, the fastest method to the target on each link."""
+    if not results.get("workload") or not results.get("devices"):
+        return []
+    workload, devices, server, links = _profiles(results)
+    target = pct(float(results["target_accuracy"]))
+    out = []
+    for device in devices:
+        parts = []
+        for link in links:
+            reached = [(t.to_target, t.label) for t in
+                       pair_times(results, workload, device, server, link)
+                       if t.to_target is not None]
+            parts.append(f"{link.name} {min(reached)[1]} ({fmt_seconds(min(reached)[0])})"
+                         if reached else f"{link.name} none")
+        if parts:
+            out.append(f"- Fastest to {target} with every client on {device.name} (server "
+                       f"on {server.name}): " + "; ".join(parts) + ".")
+    return out
 
 
 def _train_rows(results: Mapping[str, Any]) -> int:

@@ -207,13 +207,15 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
     lines += table_lines(runs, stats, ref_label, by_label.get(ref_label), target, high)
     lines += _notes_lines(ref_label, stats)
     lines += time_table(results, stats)
-    from dq_flower.compare.device_report import device_section  # (it imports this module)
+    # (device_report imports this module)
+    from dq_flower.compare.device_report import device_section, device_verdict
 
     lines += device_section(results)
     lines += step_size_lines(results)
     lines += ["## Verdict", ""]
     lines += _verdict(runs, stats, ref_label, target)
     lines += verdict_extras(results, stats)
+    lines += device_verdict(results)
     lines += _failed_lines(runs)
     lines += ["", "DQ uploads quantized raw training samples to the server: use it on trusted "
               "networks only; it is not a privacy mechanism.", ""]

@@ -235,6 +235,9 @@ def test_compare_on_a_row_subset_reports_time_per_device_and_link(tmp_path, caps
     mcu_lte = next(x for x in rows if x.startswith("| mcu | lte |"))
     assert mcu_lte.split("|")[4].strip() == "cannot train"  # fedavg's clients train
     assert "Raspberry Pi 4" in text and "NB-IoT" in text
+    verdict = text.split("## Verdict")[1]
+    assert "with every client on mcu (server on gpu): lte " in verdict  # fastest per pair
+    assert "with every client on rpi4 (server on gpu): lte " in verdict
 
 
 def test_report_adds_the_device_table_without_rerunning(compare_run, capsys):

@@ -11,7 +11,10 @@ only, each row weighted by its share of the whole minibatch, and ``all_reduce`` 
 parts: the step is the one-process step up to the order of the float sums. The held-out
 rows are scored in the store's 1,024-row chunks, chunk ``i`` by process ``i % N``, and
 gathered, so every process takes the same plateau decisions. Process 0 sends the model,
-the optimizer and the generator back to the server's process.
+the optimizer and the generator back to the server's process. A worker killed by a signal
+(a crash in native code, seen a few times in a hundred starts while the workers were
+leaving) has its round's training started again once from the same state; the workers now
+leave with ``os._exit`` once their result is written.
 
 The store travels as the arrays of its checkpoint state (:meth:`SampleStore.state`): an
 array memory-mapped from a file (``numpy.memmap``) by its file name, reopened read-only
@@ -30,15 +33,18 @@ import mmap
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from logging import WARNING
 from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from flwr.common.logger import log
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
@@ -53,6 +59,8 @@ BatchGradient = Callable[[torch.nn.Module, np.ndarray, np.ndarray, np.ndarray,
                           "LossFn | None"], tuple[float, np.ndarray]]
 #: Arrays smaller than this travel by copy, larger ones through shared memory or a file.
 SHARED_BYTES = 1 << 16
+#: Starts of a round's workers when one is killed by a signal (the first and one more).
+MAX_STARTS = 2
 _RESULT = "result.pkl"
 
 
@@ -263,6 +271,11 @@ def _worker(rank: int, world: int, job: bytes, state: dict[str, Any],
         dist.barrier()  # no process leaves while another still talks to it
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the work is done and the result written: leave without the interpreter's teardown,
+    # where the process group's C++ threads have been seen to abort (SIGABRT, SIGSEGV)
+    os._exit(0)
 
 
 # ---------------------------------------------------------------------- in the server
@@ -277,18 +290,37 @@ def _on_processes(trainer: _Trainer, task: _Task) -> Any:
     payload = pickle.dumps(replace(task, trainer=job))
     state = {k: portable(v) for k, v in store.state().items()}
     threads = max(1, torch.get_num_threads() // world)
-    folder = tempfile.mkdtemp(prefix="dq-ddp-")
-    try:
-        mp.spawn(_worker, args=(world, payload, state, dict(store.ranges), folder, threads),
-                 nprocs=world, join=True)
-        with open(os.path.join(folder, _RESULT), "rb") as f:
-            result = pickle.load(f)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    result = _spawn(world, payload, state, dict(store.ranges), threads)
     trainer.model.load_state_dict(result["model"])
     trainer.optimizer.load_state_dict(result["optimizer"])
     task.rng.bit_generator.state = result["rng"]
     return result["out"]
+
+
+def _spawn(world: int, payload: bytes, state: dict[str, Any],
+           ranges: dict[int, tuple[np.ndarray, np.ndarray]], threads: int) -> Any:
+    """Start the workers, wait for them, return process 0's result.
+
+    A worker killed by a signal (a crash in native code) is started again once, with
+    the others, from the same job: nothing in this process changed meanwhile, so the
+    rerun gives the result the first run would have. A second death, or a worker that
+    raised, is an error.
+    """
+    for attempt in range(1, MAX_STARTS + 1):
+        folder = tempfile.mkdtemp(prefix="dq-ddp-")
+        try:
+            mp.spawn(_worker, args=(world, payload, state, ranges, folder, threads),
+                     nprocs=world, join=True)
+            with open(os.path.join(folder, _RESULT), "rb") as f:
+                return pickle.load(f)
+        except mp.ProcessExitedException as exc:
+            if exc.signal_name is None or attempt == MAX_STARTS:
+                raise
+            log(WARNING, "server-processes: worker %d died by %s; its training starts "
+                "again from the same state", exc.error_index, exc.signal_name)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    raise AssertionError("unreachable")
 
 
 def sharded_steps(trainer: _Trainer, steps: int, rng: np.random.Generator,

@@ -1,5 +1,4 @@
-"""The data a run trains and evaluates on: a row subset, a validation split for tuning,
-memoised."""
+"""The data a run trains and evaluates on: a row subset, a tuning split, memoised."""
 
 from __future__ import annotations
 
