@@ -465,6 +465,18 @@ def test_the_headline_ratios_are_those_of_the_results_files():
             assert f"{ratios[name]:.3g}x" in text, (page, name, ratios[name])
 
 
+def test_the_resnet18_page_and_index_state_the_published_ratio_and_bytes():
+    # the prose around the inlined tables: DQ's and fedavg-qsgd2's bytes to 80%, the ratio
+    ratio = _summary_cell("fmnist-resnet18", "fedavg-qsgd2", "uplink vs")
+    dq_bytes = _summary_cell("fmnist-resnet18", "dq", "uplink to")
+    qsgd2_bytes = _summary_cell("fmnist-resnet18", "fedavg-qsgd2", "uplink to")
+    page = " ".join((ROOT / "docs/experiments/fmnist-resnet18.md").read_text().split())
+    assert f"{ratio} DQ's bytes" in page and f"with {dq_bytes} of uplink" in page
+    assert f"needs {qsgd2_bytes} at round" in page
+    index = " ".join((ROOT / "docs/experiments/index.md").read_text().split())
+    assert f"80% with {dq_bytes}, {ratio} below `fedavg-qsgd2`" in index
+
+
 def test_no_page_gives_dq_at_its_defaults_another_ratio():
     # a sentence about DQ at its (current) defaults against a headline competitor states
     # one of the ratios the results files give, on every page: no page contradicts another
