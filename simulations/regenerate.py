@@ -87,10 +87,7 @@ EXPERIMENTS: dict[str, list[str]] = {
     # and PowerSGD (100 one-step rounds); step sizes from the wide CNN's tuning. Time to the
     # target per (device, link) pair with the server on the gpu profile. About two hours of
     # both cores (the methods can run as separate --methods processes into one --out).
-    # fedavg-topk, in the preset, is left out here: a round took 12 minutes beside the
-    # others and it was at 9.8% after 2 rounds when it was stopped for time.
     "fmnist-resnet18": ["--preset", "fmnist-resnet18", "--engine", "inprocess",
-                        "--methods", "dq,fedavg-qsgd2,powersgd",
                         *(arg for d in ("measured", "mcu", "rpi4", "phone")
                           for arg in ("--device", d)), "--server-device", "gpu",
                         *(arg for x in ("lte", "wifi", "datacenter", "nbiot", "lorawan",
