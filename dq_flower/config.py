@@ -1,12 +1,11 @@
-"""Helpers of the typed configs: mapping <-> dataclass, hyphenated keys, codec params.
+"""Typed configs <-> run configs: hyphenated keys, coercion, unknown keys, codec params.
 
-Every knob is a field of a frozen dataclass that validates itself and raises ``ValueError``
-naming the field (``dq_flower.dq.config.DQConfig``, ``dq_flower.baselines.config``). The
-same fields are hyphenated run-config keys (``server-steps``) in ``pyproject.toml`` /
+Every knob is a :class:`~dq_flower.knob.Knob` field of a frozen dataclass
+(``dq_flower.dq.config.DQConfig``, ``dq_flower.baselines.config``), checked as it is set.
+The same fields are hyphenated run-config keys (``server-steps``) in ``pyproject.toml`` /
 ``flwr run --run-config`` and keyword arguments (``server_steps``) of the strategies and of
-:func:`dq_flower.simulate`. Field metadata says which knobs travel to the clients
-(:func:`client_knob`) and how a run config, which has no null, spells "not set" (``unset``
-of :func:`knob`); in Python a knob that may stay unset is ``None``. Knob groups several
+:func:`dq_flower.simulate`; each knob says whether it travels to the clients and how a run
+config, which has no null, spells "not set" (in Python: ``None``). Knob groups several
 configs share are :mod:`dq_flower.knobs`.
 """
 
@@ -24,6 +23,8 @@ from typing import Any, TypeVar
 from flwr.app import ConfigRecord
 from flwr.common.logger import log
 
+from dq_flower.knob import knobs_of
+
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -31,13 +32,8 @@ __all__ = [
     "build_config",
     "check",
     "check_choice",
-    "check_off_or_more",
-    "check_robust_knobs",
-    "clear_unset",
-    "client_knob",
     "client_keys",
     "given_knobs",
-    "knob",
     "params_text",
     "from_mapping",
     "to_config_record",
@@ -60,52 +56,14 @@ def field_keys(cls: type) -> set[str]:
     return {_key(f.name) for f in dataclasses.fields(cls)}
 
 
-#: Field metadata key marking a knob that the clients read (it travels in train messages).
-CLIENT = "client"
-#: Field metadata key of a knob's run-config spelling of "not set" (TOML has no null).
-UNSET = "unset"
-_NO_SPELLING = object()
-
-
-def knob(default: Any, unset: Any = _NO_SPELLING, client: bool = False) -> Any:
-    """A config field with ``default``; ``unset`` is its run-config spelling of "not set".
-
-    :func:`from_mapping` reads a value equal to ``unset`` as not given (the field keeps its
-    default, ``None`` for a knob that may stay unset), :func:`to_config_record` writes
-    ``None`` back as ``unset``, and the harness lets a method's own value win over it.
-    """
-    metadata: dict[str, Any] = {CLIENT: True} if client else {}
-    if unset is not _NO_SPELLING:
-        metadata[UNSET] = unset
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def client_knob(default: Any, unset: Any = _NO_SPELLING) -> Any:
-    """A :func:`knob` that travels to the clients in each train message."""
-    return knob(default, unset, client=True)
-
-
 def client_keys(cls: type) -> tuple[str, ...]:
-    """Hyphenated keys of the fields of ``cls`` marked with :func:`client_knob`."""
-    return tuple(_key(f.name) for f in dataclasses.fields(cls) if f.metadata.get(CLIENT))
+    """Hyphenated keys of the knobs of ``cls`` that travel to the clients."""
+    return tuple(k.key for k in knobs_of(cls).values() if k.client)
 
 
 def unset_spellings(cls: type) -> dict[str, Any]:
-    """Hyphenated key -> run-config spelling of "not set", for the fields declaring one."""
-    return {_key(f.name): f.metadata[UNSET] for f in dataclasses.fields(cls)
-            if UNSET in f.metadata}
-
-
-def clear_unset(cfg: Any) -> None:
-    """Set to ``None`` each optional knob of ``cfg`` given as its "not set" spelling (``0``).
-
-    For a frozen config's ``__post_init__``: the old spelling keeps working in Python.
-    """
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if (f.default is None and UNSET in f.metadata and value is not None
-                and value == f.metadata[UNSET]):
-            object.__setattr__(cfg, f.name, None)
+    """Hyphenated key -> run-config spelling of "not set", for the knobs declaring one."""
+    return {k.key: k.unset for k in knobs_of(cls).values() if k.has_unset}
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -146,13 +104,12 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False)
 
     Keys that ``cls`` does not know are ignored unless ``strict``, since one run config
     carries the knobs of every method. Values are coerced to the field's type; a value that
-    cannot be coerced raises ``ValueError`` naming its key. A value equal to the field's
-    "not set" spelling (:func:`knob`'s ``unset``, e.g. ``levels = 0``) leaves the field at
-    its default, ``None`` for the knobs that may stay unset.
+    cannot be coerced raises ``ValueError`` naming its key. A value equal to the knob's
+    "not set" spelling (``levels = 0``) is its default, ``None`` for the knobs that may stay
+    unset (:class:`~dq_flower.knob.Knob`).
     """
     hints = typing.get_type_hints(cls)
     known = {_key(f.name): f.name for f in dataclasses.fields(cls)}
-    unset = unset_spellings(cls)
     kwargs: dict[str, Any] = {}
     for raw_key, value in mapping.items():
         key = _key(raw_key)
@@ -160,13 +117,8 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False)
             if strict:
                 raise ValueError(f"unknown config key {key!r}")
             continue
-        name = known[key]
-        coerced = _coerce(value, hints[name], key)
-        if key in unset and coerced is not None and coerced == unset[key]:
-            kwargs.pop(name, None)  # "not set": the field's default (None where optional)
-            continue
-        kwargs[name] = coerced
-    return cls(**kwargs)
+        kwargs[known[key]] = _coerce(value, hints[known[key]], key)
+    return cls(**kwargs)  # a "not set" spelling is the default (the Knob's)
 
 
 def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
@@ -238,23 +190,6 @@ def check(cond: bool, field_name: str, message: str) -> None:
 def check_choice(value: Any, choices: Sequence[Any], field_name: str) -> None:
     """:func:`check` that ``value`` is one of ``choices``; the message lists them."""
     check(value in choices, field_name, f"must be one of {choices}, got {value!r}")
-
-
-def check_off_or_more(cfg: Any, names: Sequence[str]) -> None:
-    """:func:`check` that each knob of ``cfg`` in ``names`` is >= 0 (0 meaning off)."""
-    for name in names:
-        check(getattr(cfg, name) >= 0, name, "must be >= 0 (0 = off)")
-
-
-def check_robust_knobs(cfg: Any) -> None:
-    """Check the robustness knobs DQ's and the gradient baselines' configs share, in order.
-
-    ``trim_fraction``; ``clip_norm``, ``norm_bound_factor``, ``clip_factor`` and
-    ``weight_cap`` (0: off); ``min_cosine`` (-1: off).
-    """
-    check(0 <= cfg.trim_fraction < 0.5, "trim_fraction", "must be in [0, 0.5)")
-    check_off_or_more(cfg, ("clip_norm", "norm_bound_factor", "clip_factor", "weight_cap"))
-    check(-1 <= cfg.min_cosine <= 1, "min_cosine", "must be in [-1, 1] (-1 = off)")
 
 
 def changed_knobs(cfg: Any) -> str:

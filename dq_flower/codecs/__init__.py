@@ -17,18 +17,22 @@ from . import (  # noqa: F401  (importing a codec module registers its codecs)
     uniform,
 )
 from .base import PAYLOAD_VERSION, Codec, Payload, PayloadError
+from .context_coded import CONTEXT
 from .error_feedback import ErrorFeedback
 from .lossless import EntropyCoded
-from .registry import make, names, register
+from .registry import coder_for, make, names, payload_coder, register
 
 __all__ = [
+    "CONTEXT",
     "PAYLOAD_VERSION",
     "Codec",
     "EntropyCoded",
     "ErrorFeedback",
     "Payload",
     "PayloadError",
+    "coder_for",
     "make",
     "names",
+    "payload_coder",
     "register",
 ]

@@ -17,7 +17,7 @@ module does); its parts live in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -28,7 +28,6 @@ from .checks import expect_nbits, expect_shape, meta_equal
 from .errors import PayloadError
 from .header import MAX_HEADER_BYTES, MAX_HEADER_DEPTH
 from .kernels import *  # noqa: F403  (re-exported: the numeric kernels)
-from .kernels import check_int
 from .payload import ALLOWED_DTYPES, MAX_ELEMENTS, PAYLOAD_VERSION, Payload
 
 __all__ = [
@@ -63,9 +62,10 @@ class Codec(ABC):
     """Maps float32 arrays to payloads and back.
 
     Subclasses are frozen dataclasses whose fields are the codec's parameters; they validate
-    them in ``__post_init__`` (this class's checks those in :attr:`int_ranges`) and raise
-    ``ValueError`` naming the field. Encoders build payloads with :meth:`payload` and
-    decoders start with :meth:`open_payload`, so both sides agree on :attr:`meta_fields`.
+    them as they are set (:func:`~dq_flower.codecs.kernels.int_param` fields) or in
+    ``__post_init__`` and raise ``ValueError`` naming the field. Encoders build payloads
+    with :meth:`payload` and decoders start with :meth:`open_payload`, so both sides agree
+    on :attr:`meta_fields`.
     """
 
     #: Registry name, set by :func:`dq_flower.codecs.registry.register`.
@@ -76,18 +76,6 @@ class Codec(ABC):
     lossless: ClassVar[bool] = False
     #: Parameters every payload's meta carries, in this order, and its decoder requires equal.
     meta_fields: ClassVar[tuple[str, ...]] = ()
-    #: Integer parameters and their inclusive ranges, checked as a dataclass codec is made.
-    int_ranges: ClassVar[Mapping[str, tuple[int, int]]] = {}
-
-    def __post_init__(self) -> None:
-        """Check the :attr:`int_ranges` parameters and store each as a plain ``int``.
-
-        ``ValueError`` names the first one out of range; a numpy integer becomes an ``int``,
-        so the payload's meta stays JSON.
-        """
-        for name, (lo, hi) in self.int_ranges.items():
-            object.__setattr__(self, name, check_int(getattr(self, name), name, lo, hi))
-
     @abstractmethod
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Encode ``x`` (float32, finite) into a payload; random choices draw from ``rng``."""

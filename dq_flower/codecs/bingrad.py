@@ -30,6 +30,7 @@ from .base import (
     flat_input,
     n_buckets,
 )
+from .kernels import int_param
 from .registry import register
 
 __all__ = ["BinGrad", "SortedBuckets", "lloyd_max_2"]
@@ -141,11 +142,10 @@ class BinGrad(Codec):
         Lloyd-Max iterations from ``t = 0``, 1 to 100.
     """
 
-    bucket: int = 512
-    iters: int = 3
+    bucket: int = int_param("bucket", 512, *BUCKET_RANGE)
+    iters: int = int_param("iters", 3, 1, 100)
     biased = True
     meta_fields = ("bucket", "iters")
-    int_ranges = {"bucket": BUCKET_RANGE, "iters": (1, 100)}
 
     def nbits_for(self, size: int) -> int:
         """Exact payload bits for ``size`` coordinates."""

@@ -5,8 +5,9 @@ A codec that says where its integer codes are (:meth:`Codec.symbol_spec`: ``qsgd
 :mod:`.symbols`, its side information (norms, scale) sent as it is. Per message, the
 encoder also packs the payload with zlib (:func:`.lossless.pack`) and sends the smaller, so
 a message never codes larger than with zlib; codecs without codes to model (``sign``,
-``ef-sign``, ``topk``, ``fp16``, ...) are zlib-coded. The payload says which coder coded it
-(meta :data:`~.lossless.CODER_META`: ``context``, ``zlib``, or absent when sent as is).
+``ef-sign``, ``topk``, ``fp16``, ...) are zlib-coded (the registry's ``coder_for``). The
+payload says which coder coded it (meta :data:`~.lossless.CODER_META`: ``context``,
+``zlib``, or absent when sent as is).
 
 A context-coded payload carries the stream :data:`~.lossless.STREAM` and the side buffers,
 meta ``entropy-coder = "context"`` and the original ``nbits`` (:data:`~.lossless.NBITS_META`);
@@ -27,17 +28,12 @@ from .lossless import CODER_META, LAYOUT_META, NBITS_META, STREAM, EntropyCoded
 from .lossless import pack as pack_bytes
 from .lossless import unpack as unpack_bytes
 
-__all__ = ["CONTEXT", "ContextCoded", "coder_for", "pack", "unpack"]
+__all__ = ["CONTEXT", "FALLBACK", "ContextCoded", "pack", "unpack"]
 
 #: The coder's name (meta value and ``entropy=``).
 CONTEXT = "context"
 #: The byte coder a context-coded codec falls back to.
 FALLBACK = "zlib"
-
-
-def coder_for(codec: Codec) -> str:
-    """The coder ``entropy="context"`` uses for ``codec``'s payloads where it can."""
-    return CONTEXT if codec.symbol_spec() is not None else FALLBACK
 
 
 def pack(p: Payload, spec: SymbolSpec) -> Payload | None:

@@ -9,7 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from dq_flower.knob import knob
+
 __all__ = [
+    "int_param",
     "check_finite",
     "check_int",
     "require_rng",
@@ -50,6 +53,11 @@ def check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
         span = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
         raise ValueError(f"{name} must be an integer {span}, got {value!r}")
     return int(value)
+
+
+def int_param(name: str, default: int, lo: int, hi: int | None = None) -> Any:
+    """A codec parameter field: an int in ``lo..hi``, stored as a plain ``int`` (JSON meta)."""
+    return knob(default, coerce=lambda value: check_int(value, name, lo, hi))
 
 
 def require_rng(rng: Any, codec: str) -> np.random.Generator:

@@ -34,6 +34,7 @@ from .base import (
     require_rng,
 )
 from .bingrad import BLOCK_ELEMENTS, SortedBuckets
+from .kernels import int_param
 from .registry import register
 
 __all__ = ["ORQ", "optimal_levels", "round_between"]
@@ -127,11 +128,10 @@ class ORQ(Codec):
         Coordinate sweeps over the interior levels, 0 to 100 (0 keeps even spacing).
     """
 
-    levels: int = 3
-    bucket: int = 512
-    iters: int = 2
+    levels: int = int_param("levels", 3, 1, 255)
+    bucket: int = int_param("bucket", 512, *BUCKET_RANGE)
+    iters: int = int_param("iters", 2, 0, 100)
     meta_fields = ("levels", "bucket")
-    int_ranges = {"levels": (1, 255), "bucket": BUCKET_RANGE, "iters": (0, 100)}
 
     @property
     def width(self) -> int:

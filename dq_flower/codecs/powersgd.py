@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from dq_flower.knob import knob
 
 from .base import (
     Codec,
@@ -31,6 +34,7 @@ from .base import (
     meta_equal,
     require_rng,
 )
+from .kernels import int_param
 from .registry import register
 
 __all__ = ["PowerSGD", "matrix_shape"]
@@ -51,6 +55,13 @@ def matrix_shape(shape: tuple[int, ...], hint: tuple[int, int] | None = None) ->
     return rows, -(-size // rows)
 
 
+def _matrix_shape(shape: Any) -> tuple[int, int]:
+    """``shape`` as a ``(rows, cols)`` pair of plain ints, or ``ValueError``."""
+    if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+        raise ValueError(f"shape must be a (rows, cols) pair or None, got {shape!r}")
+    return check_int(shape[0], "shape[0]", 1), check_int(shape[1], "shape[1]", 1)
+
+
 @register("powersgd")
 @dataclass(frozen=True)
 class PowerSGD(Codec):
@@ -65,20 +76,10 @@ class PowerSGD(Codec):
         near-square shape.
     """
 
-    rank: int = 2
-    shape: tuple[int, int] | None = None
+    rank: int = int_param("rank", 2, 1, 1024)
+    shape: tuple[int, int] | None = knob(None, coerce=_matrix_shape)
     _warm: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     biased = True
-    int_ranges = {"rank": (1, 1024)}
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.shape is not None:
-            if not isinstance(self.shape, (tuple, list)) or len(self.shape) != 2:
-                raise ValueError(f"shape must be a (rows, cols) pair or None, got {self.shape!r}")
-            check_int(self.shape[0], "shape[0]", 1)
-            check_int(self.shape[1], "shape[1]", 1)
-            object.__setattr__(self, "shape", (int(self.shape[0]), int(self.shape[1])))
 
     def layout(self, shape: tuple[int, ...]) -> tuple[int, int, int, bool]:
         """Return ``(rows, cols, r, compressed)`` for an input of ``shape``."""

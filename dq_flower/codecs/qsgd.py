@@ -22,6 +22,7 @@ from .base import (
     require_rng,
     stochastic_floor,
 )
+from .kernels import int_param
 from .registry import register
 
 __all__ = ["QSGD", "bucket_norms", "qsgd_variance_bound"]
@@ -72,10 +73,9 @@ class QSGD(Codec):
         be shorter. With the defaults the variance is at most ``1.6 ||v||**2``.
     """
 
-    levels: int = 7
-    bucket: int = 128
+    levels: int = int_param("levels", 7, 1, 127)
+    bucket: int = int_param("bucket", 128, *BUCKET_RANGE)
     meta_fields = ("levels", "bucket")
-    int_ranges = {"levels": (1, 127), "bucket": BUCKET_RANGE}
 
     @property
     def width(self) -> int:

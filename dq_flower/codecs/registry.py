@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .base import Codec
-from .context_coded import CONTEXT, ContextCoded
+from .context_coded import CONTEXT, FALLBACK, ContextCoded
 from .entropy import check_method
 from .lossless import EntropyCoded
 
-__all__ = ["register", "make", "names", "codec_class"]
+__all__ = ["register", "make", "names", "codec_class", "coder_for", "payload_coder"]
 
 _REGISTRY: dict[str, type[Codec]] = {}
 C = TypeVar("C", bound=type[Codec])
@@ -42,6 +42,28 @@ def codec_class(name: str) -> type[Codec]:
         raise ValueError(f"unknown codec {name!r}; known: {', '.join(names())}") from None
 
 
+def coder_for(codec: Codec | str, coder: str) -> str:
+    """The lossless stage ``coder`` gives ``codec``'s payloads: the one place it is chosen.
+
+    ``context`` models integer codes: it stays ``context`` for a codec that says where its
+    codes are (:meth:`Codec.symbol_spec`: ``qsgd``, ``terngrad``; ``uniform`` models its
+    sample codes itself) and is ``zlib`` for every other codec, whose payloads it would
+    zlib-code anyway. Every other coder is itself.
+    """
+    if coder != CONTEXT:
+        return coder
+    plain = codec_class(codec)() if isinstance(codec, str) else codec
+    return CONTEXT if plain.name == "uniform" or plain.symbol_spec() is not None else FALLBACK
+
+
+def payload_coder(coder: str) -> str:
+    """DQ's coder of its compensations and gradient-round gradients under ``coder``.
+
+    DQ's ``context`` models its sample codes only: these payloads get ``zlib`` under it.
+    """
+    return FALLBACK if coder == CONTEXT else coder
+
+
 def make(name: str, **params) -> Codec:
     """Build the codec ``name`` with ``params``; unknown names or bad params raise ValueError.
 
@@ -49,9 +71,9 @@ def make(name: str, **params) -> Codec:
     codec: where the codec has no parameter of that name (all but ``uniform``), a coder
     other than ``none`` returns the codec wrapped in
     :class:`~dq_flower.codecs.lossless.EntropyCoded`, whose payloads are entropy-coded
-    where that shrinks them (``context``:
-    :class:`~dq_flower.codecs.context_coded.ContextCoded`, which models the codes of
-    ``qsgd`` and ``terngrad`` and zlib-codes the other codecs' payloads).
+    where that shrinks them (``context`` as :func:`coder_for` resolves it:
+    :class:`~dq_flower.codecs.context_coded.ContextCoded` for ``qsgd`` and ``terngrad``,
+    ``zlib`` for the other codecs).
     """
     cls = codec_class(name)
     coder = None
@@ -66,8 +88,9 @@ def make(name: str, **params) -> Codec:
         raise ValueError(f"bad parameters for codec {name!r}: {exc}") from None
     if coder is None:
         return codec
-    if coder == CONTEXT:
+    if coder_for(codec, coder) == CONTEXT:
         return ContextCoded(codec)
+    coder = coder_for(codec, coder)
     if check_method(coder, "entropy") == "none":
         return codec
     return EntropyCoded(codec, coder)

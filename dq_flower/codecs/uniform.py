@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from dq_flower.knob import knob
+
 from . import bitpack, context
 from .affine import affine_block
 from .base import (
@@ -74,6 +76,24 @@ __all__ = ["Uniform", "SAMPLE_CODERS", "RANGE_CODER", "dither_offsets", "expand_
 SAMPLE_CODERS = (*METHODS, "context")
 #: Lossless coder of the per-row ranges (``mins`` then ``scales``) when the codes are coded.
 RANGE_CODER = "zlib"
+
+
+def _sample_shape(shape: Any) -> tuple[int, ...]:
+    """``shape`` as 1 to 3 plain positive ints, or ``ValueError``."""
+    if (not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 3
+            or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
+                   for v in shape)):
+        raise ValueError(f"sample_shape must be 1 to 3 positive ints, got {shape!r}")
+    return tuple(int(v) for v in shape)
+
+
+def _flag(name: str) -> Any:
+    """A coercion to a plain ``bool`` that refuses anything but a (numpy) bool."""
+    def coerce(value: Any) -> bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+        return bool(value)
+    return coerce
 
 
 @register("uniform")
@@ -110,8 +130,8 @@ class Uniform(Codec):
     per_channel: int = 0
     dither_seed: int | None = None
     entropy: str = "none"
-    fixed_range: bool = False
-    sample_shape: tuple[int, ...] | None = None
+    fixed_range: bool = knob(False, coerce=_flag("fixed_range"))
+    sample_shape: tuple[int, ...] | None = knob(None, coerce=_sample_shape)
     meta_fields = ("bits", "per_channel", "dither_seed")
 
     def __post_init__(self) -> None:
@@ -123,16 +143,6 @@ class Uniform(Codec):
             check_int(self.dither_seed, "dither_seed", 0, (1 << 63) - 1)
         if self.entropy != "context":
             check_method(self.entropy, "entropy")
-        if self.sample_shape is not None:
-            shape = self.sample_shape
-            if (not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 3
-                    or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
-                           for v in shape)):
-                raise ValueError(f"sample_shape must be 1 to 3 positive ints, got {shape!r}")
-            object.__setattr__(self, "sample_shape", tuple(int(v) for v in shape))
-        if not isinstance(self.fixed_range, (bool, np.bool_)):
-            raise ValueError(f"fixed_range must be a bool, got {self.fixed_range!r}")
-        object.__setattr__(self, "fixed_range", bool(self.fixed_range))
         if self.fixed_range and self.per_channel:
             raise ValueError(
                 "per_channel has no meaning with fixed_range: every channel shares [0, 1]"

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dq_flower.baselines.config import ZLIB_UNDER_CONTEXT
+from dq_flower.codecs import coder_for, names
 from dq_flower.compare.fmt import fmt_bytes, is_failed
 from dq_flower.compare.fmt import fmt_ratio as _fmt_ratio
 from dq_flower.compare.fmt import pct as _pct
@@ -124,9 +124,8 @@ def coder_of_run(record: Mapping[str, Any]) -> str:
         if key.strip() == "entropy":
             return value.strip()
     coder = str(cfg.get("entropy-coder") or "none")
-    if coder == "context" and cfg.get("codec") in ZLIB_UNDER_CONTEXT:
-        return "zlib"  # a codec whose codes the context model does not code
-    return coder
+    codec = cfg.get("codec")
+    return coder_for(codec, coder) if codec in names() else coder
 
 
 def _links(results: Mapping[str, Any]) -> list[LinkProfile]:

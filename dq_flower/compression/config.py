@@ -5,17 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dq_flower.baselines.config import ERROR_FEEDBACK, PER_TENSOR, GradientConfig
-from dq_flower.config import (
-    check,
-    check_choice,
-    check_off_or_more,
-    clear_unset,
-    client_keys,
-    client_knob,
-    from_mapping,
-    to_config_record,
-)
+from dq_flower.baselines.config import GradientConfig
+from dq_flower.config import client_keys, from_mapping, to_config_record
+from dq_flower.knob import NO_SPELLING, inherit, knob, one_of
+from dq_flower.knobs import RobustConfig
 
 __all__ = ["CompressionConfig", "DOWNLINKS", "MESSAGE_PREFIX"]
 
@@ -30,78 +23,39 @@ MESSAGE_PREFIX = "compression-"
 class CompressionConfig:
     """Knobs of :class:`dq_flower.CompressedUpdates` (run-config keys hyphenated).
 
-    Attributes
-    ----------
-    codec : str
-        Registry codec of the update (``identity``, ``fp16``, ``qsgd``, ``terngrad``,
-        ``ef-sign``, ``topk``, ``powersgd``, ``bingrad``, ``orq``). ``sign`` (majority vote)
-        is :class:`dq_flower.GradientStrategy`'s: its 1-bit update carries no scale.
-    codec_params : str
-        The codec's parameters, ``"levels=1,bucket=512"``, over the defaults of the gradient
-        baselines (``dq_flower.baselines.config.CODEC_DEFAULTS``).
-    levels, bucket, ratio, rank
-        The shortcuts over ``codec_params``, as in
-        :class:`dq_flower.baselines.config.GradientConfig` (``None`` or 0: not set).
-    entropy_coder : str
-        Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``,
-        or ``context`` (the codes of ``qsgd`` and ``terngrad`` updates modelled, per message
-        the smaller of it and zlib; zlib for the other codecs and the broadcast).
-    error_feedback : str
-        ``auto`` (for biased codecs), ``on`` or ``off``; the residual lives in each client's
-        ``Context.state``.
-    per_tensor : str
-        ``auto`` (PowerSGD and TernGrad code each array on its own), ``on`` or ``off``.
-    downlink : str
-        ``float32`` (the inner strategy's broadcast, untouched) or ``fp16``.
-    clip_factor : float
-        Clip every client's update to this multiple of the round's median norm before the
-        inner strategy aggregates (0: off, the default: the inner strategy's aggregation is
-        the user's choice, e.g. ``FedMedian`` or ``FedTrimmedAvg`` for robustness, and a
-        lossless codec gives it exactly the weights it would get without the wrapper).
-    weight_cap : float
-        A client's example count weighs at most this multiple of the round's median
-        (default 10; 0: off).
-    norm_bound_factor : float
-        Reject an update whose norm exceeds this multiple of the recent rounds' median
-        norms (default 5; 0: off; see :mod:`dq_flower.server.robust`).
-    min_cosine : float
-        Leave out of the round a node whose updates' mean cosine with the others' mean,
-        over its last 10 rounds (from its third), is below this (default -0.1, as the
-        gradient baselines; -1: off; see :class:`dq_flower.server.robust.DirectionScreen`).
-        A reversed or sign-flipped client points against the others every round; an honest
-        one, on average, does not.
-    seed : int
-        Root of the clients' stochastic rounding (with the round and the node).
+    Every field is a :class:`~dq_flower.knob.Knob`, checked as it is set; ``codec``, its
+    parameters and ``entropy-coder`` are checked together by building the codec. The
+    default ``clip-factor`` 0 leaves the aggregation to the inner strategy (``FedMedian``
+    or ``FedTrimmedAvg`` for robustness): a lossless codec gives it exactly the weights it
+    would get without the wrapper.
     """
 
-    codec: str = client_knob("qsgd")
-    codec_params: str = client_knob("", unset="")
-    levels: int | None = client_knob(None, unset=0)
-    bucket: int | None = client_knob(None, unset=0)
-    ratio: float | None = client_knob(None, unset=0.0)
-    rank: int | None = client_knob(None, unset=0)
-    entropy_coder: str = client_knob("zlib")
-    error_feedback: str = client_knob("auto", unset="auto")
-    per_tensor: str = client_knob("auto", unset="auto")
-    downlink: str = client_knob("float32")
-    clip_factor: float = 0.0
-    weight_cap: float = 10.0
-    norm_bound_factor: float = 5.0
-    min_cosine: float = -0.1
-    seed: int = client_knob(0)
+    codec: str = knob("qsgd", lambda v: None if v != "sign" else (
+        "'sign' is majority vote (GradientStrategy); use 'ef-sign' for a scaled sign"),
+        client=True, doc="registry codec of the update (not `sign`: majority vote is "
+                         "`GradientStrategy`'s)")
+    codec_params: str = inherit(GradientConfig, "codec_params")
+    levels: int | None = inherit(GradientConfig, "levels")
+    bucket: int | None = inherit(GradientConfig, "bucket")
+    ratio: float | None = inherit(GradientConfig, "ratio")
+    rank: int | None = inherit(GradientConfig, "rank")
+    entropy_coder: str = inherit(GradientConfig, "entropy_coder")
+    error_feedback: str = inherit(GradientConfig, "error_feedback", doc=(
+        "`on`, `off`; `auto` = on for biased codecs (the residual lives in each client's "
+        "`Context.state`)"))
+    per_tensor: str = inherit(GradientConfig, "per_tensor")
+    downlink: str = knob("float32", one_of(DOWNLINKS), client=True, doc=(
+        "`float32` (the inner strategy's broadcast, untouched) or `fp16`"))
+    clip_factor: float = inherit(RobustConfig, "clip_factor", default=0.0, unset=NO_SPELLING)
+    weight_cap: float = inherit(RobustConfig, "weight_cap", default=10.0, unset=NO_SPELLING)
+    norm_bound_factor: float = inherit(RobustConfig, "norm_bound_factor")
+    min_cosine: float = inherit(RobustConfig, "min_cosine", unset=NO_SPELLING)
+    seed: int = knob(0, client=True, doc=(
+        "root of the clients' stochastic rounding (with the round and the node)"))
 
     def __post_init__(self) -> None:
-        clear_unset(self)  # the old spelling of "not set", 0, is None
-        check(self.codec != "sign", "codec",
-              "'sign' is majority vote (GradientStrategy); use 'ef-sign' for a scaled sign")
-        check_choice(self.error_feedback, ERROR_FEEDBACK, "error_feedback")
-        check_choice(self.per_tensor, PER_TENSOR, "per_tensor")
-        check_choice(self.downlink, DOWNLINKS, "downlink")
-        check_off_or_more(self, ("norm_bound_factor", "clip_factor", "weight_cap"))
-        check(-1.0 <= self.min_cosine <= 1.0, "min_cosine", "must lie in [-1, 1]")
-        # the codec, its parameters and the coder: "context" stays for the codecs whose
-        # codes it models (qsgd, terngrad) and is zlib for the others
-        object.__setattr__(self, "entropy_coder", self.gradient_config().entropy_coder)
+        """The codec, its parameters and the coder, checked together."""
+        self.gradient_config()
 
     def gradient_config(self) -> GradientConfig:
         """The same codec settings as the gradient baselines' config (shared coding code)."""

@@ -275,8 +275,7 @@ class CompressedUpdates(RoundPipeline, Strategy):
         reference = layout.flat(record)
         if self.cfg.downlink == "float32":
             return _Sent(layout, reference, 32 * layout.dim)
-        entropy = "zlib" if self.cfg.entropy_coder == "context" else self.cfg.entropy_coder
-        coder = make("fp16", entropy=entropy)  # the broadcast: weights, not codes
+        coder = make("fp16", entropy=self.cfg.entropy_coder)  # the registry: zlib for fp16
         payload = coder.encode(reference)
         reference = np.asarray(coder.decode(payload), np.float32).reshape(-1)
         raw = layout.raw_record(record)

@@ -1,7 +1,7 @@
 """Typed knobs of the data-quantization method (``DQConfig``).
 
-Each knob is a field of a frozen dataclass that validates itself and raises
-``ValueError`` naming the hyphenated key. The same fields are keyword arguments of
+Each knob is a :class:`~dq_flower.knob.Knob` field of a frozen dataclass, checked as it is
+set (``ValueError`` naming the hyphenated key). The same fields are keyword arguments of
 :class:`dq_flower.DQStrategy` (``server_steps=10``) and run-config keys of the package's
 apps (``server-steps``).
 """
@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from dq_flower.codecs import make
+from dq_flower.codecs import CONTEXT, make, payload_coder
 from dq_flower.codecs.uniform import SAMPLE_CODERS
-from dq_flower.config import check as _check
-from dq_flower.config import check_choice, client_keys, client_knob, parse_params
+from dq_flower.config import check, client_keys, parse_params
+from dq_flower.knob import above, at_least, between, inherit, knob, one_of
 from dq_flower.knobs import OptimizerConfig, RobustConfig
 
 __all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
@@ -63,321 +63,155 @@ def model_codec(precision: str, mode: str, compensation: str) -> str:
 class DQConfig(RobustConfig, OptimizerConfig):
     """Knobs of the data-quantization method.
 
-    Attributes
-    ----------
-    budget : int
-        Samples each client uploads per round (at most) under the ``fixed`` schedule; the
-        first round's ask per client under the ``adaptive`` one.
-    bits : int
-        Bits per data coordinate, 1 to 8.
-    stochastic : bool
-        Stochastic (unbiased) rounding; nearest rounding (the default) when false. At equal
-        uplink bytes nearest rounding bought more accuracy (its codes compress better:
-        ``simulations/rounding.py``).
-    per_channel : bool
-        One affine range per channel instead of per sample (same as ``ranges="channel"``).
-    ranges : str
-        ``auto``, ``sample``, ``channel`` or ``feature`` (see :data:`RANGE_MODES`).
-    dither : bool
-        Subtractive dither drawn from the round seed.
-    entropy_coder : str
-        Lossless coding of every upload: the packed sample codes, the compensation and
-        the gradient-round gradients (unless their params set ``entropy=``), per message
-        only where it shrinks it: ``none``, ``zlib``, ``lzma``, ``zstd`` or ``context``
-        (the default: a context-model ANS coder of the sample codes, each message sent
-        zlib-coded instead where that is smaller; the compensation and gradients then use
-        ``zlib``, see :attr:`payload_coder`).
-    scorer : str
-        Importance score: ``auto`` (the default: ``entropy`` on each node that holds the
-        model, ``uniform`` on the others; see :mod:`dq_flower.dq.scorer_choice`),
-        ``uniform``, ``loss``, ``gradnorm``, ``entropy`` (the predictive entropy) or
-        ``margin`` (one minus the gap between the two most probable classes). The
-        model-based ones need the model on the clients; under the adaptive schedule the
-        first upload round, before the server has trained, uses ``uniform`` and sends no
-        model.
-    selection_rule : str
-        ``auto`` (the default: ``sample`` where the scores come from a model, ``topk``
-        where they are uniform), ``topk``, ``sample`` (probability proportional to score,
-        weights 1/(n p)) or ``threshold``.
-    score_threshold : float
-        Score above which ``threshold`` selects (still capped by the budget).
-    resend : bool
-        Allow samples already uploaded to be chosen again.
-    model_precision : str
-        Precision of the model the server sends where the clients need it (a model-based
-        scorer, compensation, gradient rounds): ``auto`` (the default: ``int8`` where the
-        clients only score with it, ``fp32`` where they compute gradients with it),
-        ``fp32``, ``fp16`` (half the downlink), ``int8`` or ``int4`` (8 or 4 bits a
-        weight, nearest rounding on ranges of 256 weights: about a quarter or an eighth of
-        the downlink); the clients then score and compute at the rounded weights.
-    compensation : str
-        Gradient codec for the compensation, or ``none``.
-    compensation_params : str
-        Its parameters, ``"levels=4,bucket=512"``.
-    compensation_mode : str
-        Where the compensation corrects the server's steps: ``first-step`` (only the
-        round's first step, on the fresh batch), ``store`` (also every store step, through
-        a control variate: the weighted mean of the decoded deltas of the stored samples)
-        or ``refresh`` (``store``, and every ``refresh_every`` rounds each client replaces
-        its share by a fresh residual over all it uploaded, at the current model).
-    refresh_every : int
-        Rounds between refreshed residuals under ``compensation_mode="refresh"``.
-    compensation_decay : float
-        Each round the control variate's old contributions are multiplied by this factor
-        (1: no decay); a share refreshed or uploaded in the round is fresh.
-    upload_schedule : str
-        ``adaptive`` (the default): after each round's uploads the server trains on its
-        store to a plateau of a held-out part of it and asks for more samples only while
-        the last upload raised the held-out score by ``min_gain`` (the asks sized from the
-        observed learning curve); ``fixed``: ``budget`` samples per client and
-        ``server_steps`` steps every round. Applies to ``upload_mode="data"``; the other
-        upload modes keep the fixed schedule.
-    holdout_fraction : float
-        Share of each node's stored rows (per class) held out for validation under the
-        adaptive schedule; the server never trains on them.
-    max_server_steps : int
-        Cap on the steps of one round's training phase (adaptive schedule), raised to
-        ``max_server_epochs`` passes over the store's training rows where that is more.
-    max_server_epochs : float
-        Passes over the store's training rows one training phase may take at most (so
-        the step cap follows the store's size).
-    plateau_eval_every : int
-        Steps between two evaluations of the held-out rows.
-    plateau_patience : int
-        Evaluations without improvement before the learning rate drops (or the phase ends).
-    lr_drops : int
-        Learning-rate drops (by ``lr_factor``) before a phase ends at a plateau.
-    lr_factor : float
-        Factor of each learning-rate drop.
-    min_gain : float
-        Held-out gain per doubling of the store (accuracy for classes, relative loss for
-        float targets) below which, with 95% confidence over the pooled paired
-        comparisons, the schedule finds the learning curve flat and stops asking.
-    min_holdout_rows : int
-        Held-out rows per class (in all, for float targets) the schedule needs before it
-        may find the curve flat; the first round asks for enough rows to hold them out
-        (``min_holdout_rows * classes / holdout_fraction`` in all, at least ``budget`` per
-        client).
-    probe_after : int
-        Rounds without asking, once the curve is flat, before a small probe ask that may
-        resume asking (the wait doubles after each probe that finds it still flat; 0:
-        never probe, and a run may then end early).
-    augmentation : str
-        Server-side augmentation of the store's minibatches (never of held-out rows):
-        ``auto`` (random shifts of up to 1/14 of the side for image-shaped samples at
-        least 14 pixels wide, none for flat ones), ``none``, ``shift`` or ``shift-flip``
-        (shifts and horizontal flips: only where flips preserve the label). An
-        ``augment=`` callable given to the strategy replaces it.
-    store_weights : str
-        Weights of the store's rows in the server's training loss: ``node`` (the default:
-        every row of a node weighted by the mean of that node's rows, so each node keeps
-        its share while rows a model score drew count as they are, as in uncertainty
-        sampling) or ``importance`` (each row by the inverse of its inclusion probability:
-        an unbiased estimate of the nodes' loss, with the variance of rare large weights).
-        The two agree where rows are drawn uniformly; held-out scores always use
-        ``importance``.
-    max_growth : float
-        Largest growth factor of the store from one upload round to the next.
-    node_rows_cap : float
-        Rows the adaptive schedule asks of one client in all, at most this many times the
-        median client's ``num-examples`` (0: no cap), so that one client holding far more
-        rows than the others cannot take most of the store (see
-        :mod:`dq_flower.dq.server.node_screen`).
-    screen_margin : float
-        Held-out error (accuracy points; relative loss for float targets) above the median
-        client's beyond which a client's rows are excluded from training and asks after a
-        training phase (adaptive schedule; 0: off); see
-        :class:`~dq_flower.dq.server.node_screen.AgreementScreen`.
-    copy_margin : float
-        Share of copied rows (packed rows equal to one the client sent before, under new
-        row ids) above the median client's beyond which a client's copies are not stored
-        (0: counted, never dropped); see
-        :class:`~dq_flower.dq.server.node_screen.CopyScreen`.
-    server_steps : int
-        Optimizer steps the server takes per round (fixed schedule).
-    server_batch_size : int
-        Minibatch size of the later steps, drawn from the store.
-    server_processes : int
-        Processes the server trains in (1, the default: the server's own process). With
-        more, each round's training runs in that many worker processes joined by
-        ``torch.distributed``, each computing the gradient of its share of every minibatch
-        of ``server_batch_size`` rows (see :mod:`dq_flower.dq.server.distributed`).
-    optimizer, lr, momentum, weight_decay
-        The server optimizer (:class:`dq_flower.knobs.OptimizerConfig`; here ``lr`` 0.05,
-        ``weight_decay`` 5e-4).
-    max_store_samples : int
-        Bound on the store (0 = unbounded).
-    store_eviction : str
-        What goes when the store is full: ``fifo`` (oldest first) or ``random``.
-    store_dir : str
-        Directory of the store's packed codes, memory-mapped from a file that grows as
-        rows arrive (:mod:`dq_flower.dq.server.disk_store`), for a store larger than
-        memory; ``""`` (the default) keeps them in memory. The directory is created if
-        missing; an old codes file there is emptied when a fresh run stores its first
-        row, and reopened when a run resumes from a checkpoint (which refers to the file
-        rather than copying it). Evicted rows keep their place in the file.
-    identity_binding : str
-        How long a client identity stays with the node id that first held it
-        (:mod:`dq_flower.dq.server.identity`): ``connected`` (the default: while that node
-        is connected; a restarted node under a new id takes its identity back) or ``node``
-        (for good). Use ``node`` with SuperNode authentication, where a node id is the one
-        its registered key was given and stays the same when the SuperNode restarts: the
-        identity is then bound to the key. Without authentication (a simulation draws new
-        node ids on a restart) ``node`` leaves a restarted client unable to reclaim it.
-    upload_mode : str
-        ``data`` (every round uploads quantized samples), ``gradient`` (every round uploads
-        a minibatch gradient coded by ``gradient_codec``) or ``auto`` (per round, whichever
-        the server estimates to cost fewer uplink bits).
-    gradient_codec, gradient_codec_params : str
-        Codec (and its parameters) of gradient rounds; error feedback for biased codecs.
-    gradient_batch_size : int
-        Minibatch size of a client's gradient in gradient rounds.
-    max_failed_rounds : int
-        Stop the run when every sampled client fails this many rounds in a row (0: never).
-    robust_aggregation : str
-        How the round's compensations and gradient-round gradients combine: ``mean``
-        (``auto``: weighted by examples), ``median`` (coordinate-wise) or ``trimmed-mean``.
-    trim_fraction, clip_norm, clip_factor, min_cosine, weight_cap, norm_bound_factor
-        The robust-aggregation knobs (:class:`dq_flower.knobs.RobustConfig`), applied to
-        every client's compensation, refreshed residual and gradient-round gradient.
-    max_abs_value : float
-        Largest absolute data value accepted (feature ranges included); 0 (auto) sets it to
-        10 times the median, over the first data round's accepted uploads, of each one's
-        largest value (see :mod:`dq_flower.dq.server.validation`).
+    Every field is a :class:`~dq_flower.knob.Knob`: checked as the config is built
+    (``ValueError`` naming the hyphenated key), read from a run config by its hyphenated key,
+    sent to the clients where marked ``client``; its meaning is the ``doc`` that the knob
+    table of ``docs/method.md`` (``dq_flower.knob.knob_table(DQConfig)``) is generated from.
+    The groups :class:`~dq_flower.knobs.RobustConfig` (robust aggregation of compensations
+    and gradient-round gradients) and :class:`~dq_flower.knobs.OptimizerConfig` (the
+    server's optimizer; here ``lr`` 0.05, ``weight_decay`` 5e-4) are inherited.
     """
 
-    budget: int = client_knob(64)
-    upload_schedule: str = "adaptive"
-    holdout_fraction: float = 0.1
-    max_server_steps: int = 2000
-    max_server_epochs: float = 30.0
-    plateau_eval_every: int = 50
-    plateau_patience: int = 8
-    lr_drops: int = 2
-    lr_factor: float = 0.1
-    min_gain: float = 0.005
-    min_holdout_rows: int = 10
-    probe_after: int = 2
-    max_growth: float = 2.0
-    node_rows_cap: float = 4.0
-    screen_margin: float = 0.4
-    copy_margin: float = 0.1
-    augmentation: str = "auto"
-    store_weights: str = "node"
-    bits: int = client_knob(2)
-    stochastic: bool = client_knob(False)
-    per_channel: bool = client_knob(False)
-    ranges: str = client_knob("auto")
-    dither: bool = client_knob(False)
-    entropy_coder: str = client_knob("context")
-    scorer: str = client_knob("auto")
-    selection_rule: str = client_knob("auto")
-    score_threshold: float = client_knob(0.0)
-    resend: bool = client_knob(False)
-    model_precision: str = "auto"
-    compensation: str = client_knob("none")
-    compensation_params: str = client_knob("")
-    compensation_mode: str = client_knob("first-step")
-    refresh_every: int = 5
-    compensation_decay: float = 1.0
-    server_steps: int = 20
-    server_batch_size: int = 64
-    server_processes: int = 1
-    lr: float = 0.05
-    weight_decay: float = 5e-4
-    max_store_samples: int = 0
-    store_eviction: str = "fifo"
-    store_dir: str = ""
-    identity_binding: str = "connected"
-    upload_mode: str = "data"
-    gradient_codec: str = client_knob("qsgd")
-    gradient_codec_params: str = client_knob("levels=4,bucket=512")
-    gradient_batch_size: int = client_knob(32)
-    max_failed_rounds: int = 3
-    robust_aggregation: str = "auto"
-    max_abs_value: float = 0.0
+    budget: int = knob(64, at_least(1), client=True, doc=(
+        "samples each client uploads per round (at most); with the adaptive schedule, the "
+        "least first-round ask per client (see [the first ask]"
+        "(#uploads-paced-by-need-the-adaptive-schedule))"))
+    upload_schedule: str = knob("adaptive", one_of(UPLOAD_SCHEDULES), doc=(
+        "`adaptive` (train to a plateau, ask while it pays) or `fixed` (see [the adaptive "
+        "schedule](#uploads-paced-by-need-the-adaptive-schedule))"))
+    holdout_fraction: float = knob(0.1, between(0, 1, high_open=True), doc=(
+        "share of each node's stored rows, per class, held out for validation (adaptive)"))
+    max_server_steps: int = knob(2000, at_least(1), doc=(
+        "cap on the steps of one round's training phase (adaptive), raised to "
+        "`max-server-epochs` passes where that is more"))
+    max_server_epochs: float = knob(30.0, above(0), doc=(
+        "passes over the store's training rows one phase may take (the cap follows the "
+        "store)"))
+    plateau_eval_every: int = knob(50, at_least(1), doc="steps between held-out scores")
+    plateau_patience: int = knob(8, at_least(1), doc=(
+        "held-out scores without a gain before the learning rate drops"))
+    lr_drops: int = knob(2, at_least(0), doc="learning-rate drops before a phase ends")
+    lr_factor: float = knob(0.1, between(0, 1, low_open=True, high_open=True),
+                            doc="factor of each learning-rate drop")
+    min_gain: float = knob(0.005, above(0), doc=(
+        "held-out gain per doubling of the store (accuracy; relative loss for float "
+        "targets) below which, at 95% over the pooled comparisons, the curve is flat"))
+    min_holdout_rows: int = knob(10, at_least(0), doc=(
+        "held-out rows per class the first ask provides for, and a flat verdict needs"))
+    probe_after: int = knob(2, at_least(0), doc=(
+        "rounds without uploads, once flat, before a probe of a tenth of the store (0: "
+        "never)"))
+    max_growth: float = knob(2.0, above(1.1), doc=(
+        "largest growth of the store from one upload round to the next"))
+    node_rows_cap: float = knob(4.0, lambda v: None if v == 0 or v >= 1 else
+                                f"must be 0 (off) or >= 1, got {v}", doc=(
+        "the adaptive schedule asks one client for at most this many times the median "
+        "client's `num-examples` rows in all (0: off)"))
+    screen_margin: float = knob(0.4, between(0, 1, note="0: off"), doc=(
+        "a client whose held-out error exceeds the median client's by more than this (and "
+        "4 robust deviations) is left out of training and asks, reversibly (0: off; see "
+        "[Reliability](reliability.md))"))
+    copy_margin: float = knob(0.1, between(0, 1, note="0: never drop"), doc=(
+        "a client whose share of copied rows exceeds the median client's by more than this "
+        "has its copies dropped (0: counted only)"))
+    augmentation: str = knob("auto", one_of(AUGMENTATIONS), doc=(
+        "store minibatches: `auto` (shifts for images at least 14 px wide), `none`, "
+        "`shift`, `shift-flip`"))
+    store_weights: str = knob("node", one_of(STORE_WEIGHTS), doc=(
+        "weights of the store's rows in the training loss: `node` (each node's rows alike, "
+        "at the node's mean) or `importance` (each row by 1/its inclusion probability); a "
+        "compensation's control variate uses `importance`"))
+    bits: int = knob(2, lambda v: None if 1 <= v <= 8 else f"must be in 1..8, got {v}",
+                     client=True, doc="bits per data coordinate, 1 to 8")
+    stochastic: bool = knob(False, client=True, doc=(
+        "stochastic (unbiased) rounding when true; nearest by default"))
+    per_channel: bool = knob(False, client=True, doc=(
+        "one range per image channel instead of per sample (as `ranges = \"channel\"`)"))
+    ranges: str = knob("auto", one_of(RANGE_MODES), client=True, doc=(
+        "quantizer ranges: `sample`, `channel`, `feature` (sent once per client), `auto`"))
+    dither: bool = knob(False, client=True, doc="subtractive dither from the round seed")
+    entropy_coder: str = knob("context", one_of(ENTROPY_CODERS), client=True, doc=(
+        "lossless stage of every upload: the packed sample codes (`context`: a "
+        "context-model coder of the codes, each message zlib-coded where that is smaller), "
+        "the compensation and the gradient rounds' gradients, per message only where it "
+        "shrinks it: `none`, `zlib`, `lzma`, `zstd` (`pip install \"dq-flower[zstd]\"`), "
+        "`context`; an `entropy=` in `compensation-params` / `gradient-codec-params` "
+        "overrides it for that payload"))
+    scorer: str = knob("auto", one_of(SCORERS), client=True, doc=(
+        "`auto` (`entropy` on the nodes that hold the model, `uniform` on the others), "
+        "`uniform`, `loss`, `gradnorm`, `entropy` (predictive entropy), `margin` (1 minus "
+        "the top-two gap)"))
+    selection_rule: str = knob("auto", one_of(SELECTION_RULES), client=True, doc=(
+        "`auto` (`sample` with model scores, `topk` with uniform ones), `topk`, `sample`, "
+        "`threshold`"))
+    score_threshold: float = knob(0.0, client=True, doc=(
+        "score at or above which `threshold` selects"))
+    resend: bool = knob(False, client=True, doc=(
+        "allow already uploaded samples to be chosen again"))
+    model_precision: str = knob("auto", one_of(MODEL_PRECISIONS), doc=(
+        "the model sent to the nodes that use it: `auto` (`int8` to score with, `fp32` to "
+        "compute gradients with), `fp32`, `fp16`, `int8`, `int4` (per 256 weights: a "
+        "float32 range and nearest rounding)"))
+    compensation: str = knob("none", client=True, doc=(
+        "gradient codec of the compensation (`identity`, `fp16`, `qsgd`, ...)"))
+    compensation_params: str = knob("", client=True, doc=(
+        "its parameters, e.g. `\"levels=4,bucket=512\"`"))
+    compensation_mode: str = knob("first-step", one_of(COMPENSATION_MODES), client=True,
+                                  doc=("`first-step`, `store` (control variate on every "
+                                       "store step) or `refresh`"))
+    refresh_every: int = knob(5, at_least(1), doc=(
+        "rounds between refreshed residuals (`compensation-mode = \"refresh\"`)"))
+    compensation_decay: float = knob(1.0, between(0, 1, low_open=True), doc=(
+        "per-round decay of the control variate's old contributions"))
+    server_steps: int = knob(20, at_least(1), doc=(
+        "optimizer steps per round on the server (fixed schedule)"))
+    server_batch_size: int = knob(64, at_least(1), doc="minibatch size of the store steps")
+    server_processes: int = knob(1, lambda v: None if isinstance(v, int) and not isinstance(
+        v, bool) and v >= 1 else f"must be an integer >= 1, got {v!r}", doc=(
+        "processes the server trains in: 1 (its own) or N worker processes joined by "
+        "`torch.distributed`, each computing the gradient of 1/N of every minibatch (see "
+        "[Server training on several processes](scaling-ddp.md))"))
+    lr: float = inherit(OptimizerConfig, "lr", default=0.05)
+    weight_decay: float = inherit(OptimizerConfig, "weight_decay", default=5e-4)
+    max_store_samples: int = knob(0, at_least(0), doc=(
+        "bound on the store (0 = unbounded), oldest evicted first"))
+    store_eviction: str = knob("fifo", one_of(("fifo", "random")), doc=(
+        "what goes when the store is full: `fifo` or `random`"))
+    store_dir: str = knob("", lambda v: None if not v or not os.path.exists(v)
+                          or os.path.isdir(v) else f"must be a directory, {v!r} is a file",
+                          doc=("directory of the store's packed codes, kept in a "
+                               "memory-mapped file there for a store larger than memory; "
+                               "checkpoints refer to the file (see [A store larger than "
+                               "memory](scaling-store.md)); `\"\"`: in memory"))
+    identity_binding: str = knob("connected", one_of(IDENTITY_BINDINGS), doc=(
+        "how long a client identity stays with its node id: `connected` (while that node "
+        "is connected) or `node` (for good: with SuperNode authentication, bound to the "
+        "node's registered key; see [Spoofing, squatting and hopping](reliability.md"
+        "#what-the-server-holds-and-how-a-restarted-client-continues))"))
+    upload_mode: str = knob("data", one_of(UPLOAD_MODES), doc=(
+        "`data`, `gradient` or `auto` (see [Upload modes](#upload-modes-data-gradient-auto))"))
+    gradient_codec: str = knob("qsgd", client=True, doc=(
+        "codec of gradient rounds (any registry codec; biased ones get error feedback)"))
+    gradient_codec_params: str = knob("levels=4,bucket=512", client=True,
+                                      doc="its parameters")
+    gradient_batch_size: int = knob(32, at_least(1), client=True, doc=(
+        "minibatch of a client's gradient in gradient rounds"))
+    max_failed_rounds: int = knob(3, at_least(0), doc=(
+        "stop when every sampled client failed this many rounds in a row (0: never)"))
+    robust_aggregation: str = knob("auto", one_of(("auto", "mean", "median", "trimmed-mean")),
+                                   doc=("compensations and gradient rounds: `mean`, "
+                                        "`median`, `trimmed-mean` (`auto`: `mean`)"))
+    max_abs_value: float = knob(0.0, at_least(0, "0 = auto"), doc=(
+        "bound on decoded data values (0, auto: 10x the median largest of the first data "
+        "round's uploads)"))
 
     def __post_init__(self) -> None:
-        self._check_uploads()
-        self._check_robustness()
-        self._check_compensation()
-        self._check_client_choices()
-        self._check_server_training()
-        self._check_codecs()
-
-    def _check_uploads(self) -> None:
-        """The upload mode and schedule, the adaptive schedule's knobs, the quantizer."""
-        _check(self.budget >= 1, "budget", f"must be >= 1, got {self.budget}")
-        check_choice(self.upload_mode, UPLOAD_MODES, "upload_mode")
-        check_choice(self.upload_schedule, UPLOAD_SCHEDULES, "upload_schedule")
-        _check(0 <= self.holdout_fraction < 1, "holdout_fraction", "must be in [0, 1)")
-        _check(self.model_precision in MODEL_PRECISIONS, "model_precision",
-               f"must be one of {', '.join(MODEL_PRECISIONS)}, got {self.model_precision!r}")
-        _check(self.upload_schedule == "fixed" or self.upload_mode != "data"
-               or self.holdout_fraction > 0, "holdout_fraction",
-               "must be > 0 under the adaptive upload schedule")
-        for name in ("max_server_steps", "plateau_eval_every", "plateau_patience"):
-            _check(getattr(self, name) >= 1, name, "must be >= 1")
-        _check(self.lr_drops >= 0, "lr_drops", "must be >= 0")
-        _check(0 < self.lr_factor < 1, "lr_factor", "must be in (0, 1)")
-        _check(self.min_gain > 0, "min_gain", "must be > 0")
-        _check(self.max_server_epochs > 0, "max_server_epochs", "must be > 0")
-        _check(self.min_holdout_rows >= 0, "min_holdout_rows", "must be >= 0")
-        _check(self.probe_after >= 0, "probe_after", "must be >= 0")
-        check_choice(self.augmentation, AUGMENTATIONS, "augmentation")
-        _check(self.max_growth > 1.1, "max_growth", "must be > 1.1")
-        _check(self.node_rows_cap == 0 or self.node_rows_cap >= 1, "node_rows_cap",
-               f"must be 0 (off) or >= 1, got {self.node_rows_cap}")
-        _check(0 <= self.screen_margin <= 1, "screen_margin",
-               f"must be in [0, 1] (0: off), got {self.screen_margin}")
-        _check(0 <= self.copy_margin <= 1, "copy_margin",
-               f"must be in [0, 1] (0: never drop), got {self.copy_margin}")
-        _check(self.gradient_batch_size >= 1, "gradient_batch_size", "must be >= 1")
-        _check(1 <= self.bits <= 8, "bits", f"must be in 1..8, got {self.bits}")
-        check_choice(self.ranges, RANGE_MODES, "ranges")
-
-    def _check_robustness(self) -> None:
-        """The failure limit, the aggregation rule, the screens and the value bound."""
-        _check(self.max_failed_rounds >= 0, "max_failed_rounds", "must be >= 0")
-        _check(self.robust_aggregation in ("auto", "mean", "median", "trimmed-mean"),
-               "robust_aggregation", "must be auto, mean, median or trimmed-mean, got "
-               f"{self.robust_aggregation!r}")
-        self.check_robust()
-        _check(self.max_abs_value >= 0, "max_abs_value", "must be >= 0 (0 = auto)")
-
-    def _check_compensation(self) -> None:
-        """The compensation mode and its refresh and decay knobs."""
-        check_choice(self.compensation_mode, COMPENSATION_MODES, "compensation_mode")
-        _check(self.refresh_every >= 1, "refresh_every", "must be >= 1")
-        _check(0 < self.compensation_decay <= 1, "compensation_decay", "must be in (0, 1]")
-        _check(self.compensation_mode == "first-step" or self.compensation != "none",
-               "compensation_mode", "needs a compensation codec (compensation != 'none')")
-
-    def _check_client_choices(self) -> None:
-        """The lossless coder, the scorer and the selection rule."""
-        check_choice(self.entropy_coder, ENTROPY_CODERS, "entropy_coder")
-        check_choice(self.scorer, SCORERS, "scorer")
-        check_choice(self.selection_rule, SELECTION_RULES, "selection_rule")
-        check_choice(self.store_weights, STORE_WEIGHTS, "store_weights")
-
-    def _check_server_training(self) -> None:
-        """The server's steps, optimizer and store."""
-        _check(self.server_steps >= 1, "server_steps", "must be >= 1")
-        _check(self.server_batch_size >= 1, "server_batch_size", "must be >= 1")
-        _check(isinstance(self.server_processes, int)
-               and not isinstance(self.server_processes, bool) and self.server_processes >= 1,
-               "server_processes", f"must be an integer >= 1, got {self.server_processes!r}")
-        self.check_optimizer()
-        _check(self.max_store_samples >= 0, "max_store_samples", "must be >= 0")
-        _check(self.store_eviction in {"fifo", "random"}, "store_eviction",
-               f"must be fifo or random, got {self.store_eviction!r}")
-        _check(not self.store_dir or not os.path.exists(self.store_dir)
-               or os.path.isdir(self.store_dir), "store_dir",
-               f"must be a directory, {self.store_dir!r} is a file")
-        check_choice(self.identity_binding, IDENTITY_BINDINGS, "identity_binding")
-
-    def _check_codecs(self) -> None:
-        """The compensation and gradient-round codecs with their parameters, where used."""
+        """The checks that involve two knobs (each knob checked itself as it is set)."""
+        check(self.upload_schedule == "fixed" or self.upload_mode != "data"
+              or self.holdout_fraction > 0, "holdout_fraction",
+              "must be > 0 under the adaptive upload schedule")
+        check(self.compensation_mode == "first-step" or self.compensation != "none",
+              "compensation_mode", "needs a compensation codec (compensation != 'none')")
         if self.compensation != "none":
             try:
                 make(self.compensation, **self.compensation_kwargs)
@@ -404,7 +238,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
         """
         params: dict[str, Any] = {"bits": self.bits, "stochastic": self.stochastic,
                                   "entropy": self.entropy_coder}
-        if self.entropy_coder == "context" and sample_shape is not None:
+        if self.entropy_coder == CONTEXT and sample_shape is not None:
             params["sample_shape"] = tuple(int(s) for s in sample_shape)
         if mode == "channel" and channels > 1:
             params["per_channel"] = channels
@@ -416,12 +250,11 @@ class DQConfig(RobustConfig, OptimizerConfig):
 
     @property
     def payload_coder(self) -> str:
-        """The coder of compensations and gradients.
+        """The coder of compensations and gradients (``zlib`` under ``context``).
 
-        ``entropy_coder``, but ``zlib`` for ``context`` (which models sample codes, not
-        gradient payloads).
+        See :func:`dq_flower.codecs.payload_coder`: DQ's ``context`` models sample codes only.
         """
-        return "zlib" if self.entropy_coder == "context" else self.entropy_coder
+        return payload_coder(self.entropy_coder)
 
     @property
     def compensation_kwargs(self) -> dict[str, Any]:
@@ -437,7 +270,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
 
 
 #: Knobs the clients read from the round config (no other knob travels to them).
-CLIENT_KEYS = client_keys(DQConfig)  # the fields marked client_knob
+CLIENT_KEYS = client_keys(DQConfig)  # the knobs marked client
 
 
 def robust_rule(aggregation: str) -> str:

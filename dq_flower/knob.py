@@ -1,0 +1,178 @@
+"""One descriptor for every knob and codec parameter: default, check, side, "not set", meaning.
+
+A field of a frozen dataclass declared as ``bits: int = Knob(2, between(1, 8))`` is checked
+each time the dataclass is built (the generated ``__init__`` stores fields through the
+descriptor), so no ``__post_init__`` rewrites a field. From the same descriptors
+:mod:`dq_flower.config` reads a run config (the hyphenated keys, the "not set" spellings,
+which knobs travel to the clients) and the docs' knob tables are generated
+(:func:`knob_table`). Checks that involve two knobs stay in the dataclass's ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["Knob", "NO_SPELLING", "knob", "inherit", "knob_of", "knobs_of", "knob_table",
+           "at_least", "between", "one_of", "above"]
+
+#: ``unset=NO_SPELLING``: the knob has no run-config spelling of "not set".
+NO_SPELLING = object()
+#: A check returns the error message for a bad value, or ``None``.
+Check = Callable[[Any], "str | None"]
+
+
+class Knob:
+    """A checked dataclass field.
+
+    Parameters
+    ----------
+    default : Any
+        The field's default (``None`` for a knob that may stay unset).
+    check : callable, optional
+        ``value -> message or None``; a message raises ``ValueError("key: message")``.
+    coerce : callable, optional
+        Applied to every value first (``int`` for a numpy integer); it raises itself.
+    client : bool
+        Whether the knob travels to the clients in each train message.
+    unset : Any, optional
+        The run config's spelling of "not set" (TOML has no null): a value equal to it, or
+        ``None``, is the default.
+    doc : str
+        One line of meaning, for the docs' knob tables.
+    """
+
+    def __init__(self, default: Any, check: Check | None = None, *,
+                 coerce: Callable[[Any], Any] | None = None, client: bool = False,
+                 unset: Any = NO_SPELLING, doc: str = "") -> None:
+        self.default, self.check, self.coerce = default, check, coerce
+        self.client, self.unset, self.doc = client, unset, doc
+        self.name = ""
+
+    def but(self, **changes: Any) -> Any:
+        """A copy with ``changes`` (another default, or sent to the clients)."""
+        fields = {"default": self.default, "check": self.check, "coerce": self.coerce,
+                  "client": self.client, "unset": self.unset, "doc": self.doc, **changes}
+        return Knob(**fields)
+
+    @property
+    def key(self) -> str:
+        """The hyphenated run-config key."""
+        return self.name.replace("_", "-")
+
+    @property
+    def has_unset(self) -> bool:
+        """Whether the knob declares a run-config spelling of "not set"."""
+        return self.unset is not NO_SPELLING
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self.default  # what dataclasses read as the field's default
+        return obj.__dict__[self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if self.has_unset and (value is None or _same(value, self.unset)):
+            value = self.default
+        if self.coerce is not None and value is not None:
+            value = self.coerce(value)
+        if self.check is not None and value is not None:
+            message = self.check(value)
+            if message:
+                raise ValueError(f"{self.key}: {message}")
+        obj.__dict__[self.name] = value
+
+
+def knob(default: Any, check: Check | None = None, **options: Any) -> Any:
+    """A :class:`Knob` field (typed ``Any``, so ``bits: int = knob(2)`` type-checks)."""
+    return Knob(default, check, **options)
+
+
+def inherit(cls: type, name: str, **changes: Any) -> Any:
+    """Knob ``name`` of ``cls`` with ``changes``, for a subclass (``default=0.05``)."""
+    found = knob_of(cls, name)
+    if found is None:
+        raise TypeError(f"{cls.__name__}.{name} is not a Knob")
+    return found.but(**changes)
+
+
+def _same(value: Any, spelling: Any) -> bool:
+    return type(value) is not bool and value == spelling
+
+
+def knob_of(cls: type, name: str) -> Knob | None:
+    """The :class:`Knob` declaring field ``name`` of ``cls`` (``None`` for a plain field)."""
+    for klass in cls.__mro__:
+        found = vars(klass).get(name)
+        if found is not None:
+            return found if isinstance(found, Knob) else None
+    return None
+
+
+def knobs_of(cls: type) -> dict[str, Knob]:
+    """Field name -> :class:`Knob` of every knob field of dataclass ``cls``, in order."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        found = knob_of(cls, f.name)
+        if found is not None:
+            out[f.name] = found
+    return out
+
+
+def at_least(low: float, note: str = "") -> Check:
+    """A check that a value is ``>= low`` (``note``: what the low end means)."""
+    extra = f" ({note})" if note else ""
+    return lambda v: None if v >= low else f"must be >= {low:g}{extra}, got {v}"
+
+
+def above(low: float) -> Check:
+    """A check that a value is ``> low``."""
+    return lambda v: None if v > low else f"must be > {low:g}, got {v}"
+
+
+def between(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+            note: str = "") -> Check:
+    """A check that ``low <= value <= high`` (``low_open``/``high_open``: strict)."""
+    text = f"must be in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    extra = f" ({note})" if note else ""
+
+    def check(v: Any) -> str | None:
+        inside = (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+        return None if inside else f"{text}{extra}, got {v}"
+
+    return check
+
+
+def one_of(choices: Sequence[Any]) -> Check:
+    """A check that a value is one of ``choices``; the message lists them."""
+    return lambda v: None if v in choices else f"must be one of {tuple(choices)}, got {v!r}"
+
+
+def knob_table(cls: type, defaults: dict[str, str] | None = None) -> list[str]:
+    """Markdown rows ``| key | default | meaning |`` of the knobs of ``cls`` with a meaning.
+
+    ``defaults`` replaces the default column of some keys (``set by the method``).
+    """
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for found in knobs_of(cls).values():
+        if not found.doc:
+            continue
+        shown = (defaults or {}).get(found.key)
+        if shown is None:
+            shown = _shown(found.unset if found.default is None and found.has_unset
+                           else found.default)
+            if found.default is None:
+                shown += " (not set)"
+        rows.append(f"| `{found.key}` | {shown} | {found.doc} |")
+    return rows
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f"`{value}`" if value else '`""`'
+    return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
