@@ -154,10 +154,14 @@ def one_of(choices: Sequence[Any]) -> Check:
 def knob_table(cls: type, defaults: dict[str, str] | None = None) -> list[str]:
     """Markdown rows ``| key | default | meaning |`` of the knobs of ``cls`` with a meaning.
 
-    ``defaults`` replaces the default column of some keys (``set by the method``).
+    The knobs ``cls`` declares first comes first, then those of the groups it inherits;
+    ``defaults`` replaces the default column of some keys.
     """
     rows = ["| key | default | meaning |", "|---|---|---|"]
-    for found in knobs_of(cls).values():
+    found_all = knobs_of(cls)
+    own = [name for name in found_all if name in vars(cls)
+           and not any(name in vars(base) for base in cls.__mro__[1:])]
+    for found in (found_all[name] for name in [*own, *(n for n in found_all if n not in own)]):
         if not found.doc:
             continue
         shown = (defaults or {}).get(found.key)

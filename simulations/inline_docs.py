@@ -11,7 +11,9 @@ A page shows a file, or lines of it, between two markers::
 A Markdown file (a results summary) goes in without a fence; ``PATH:START:END`` takes lines
 START to END (1-based, either may be empty: ``summary.md:2:`` drops the title), and
 ``PATH#verdict`` a results summary's short verdict table: DQ and the three methods that
-reached the target with the fewest uplink bytes, from the summary's main table.
+reached the target with the fewest uplink bytes, from the summary's main table;
+``dq_flower/dq/config.py#knobs:DQConfig`` the knob table generated from that config class's
+fields (:func:`dq_flower.knob.knob_table`: key, default, meaning).
 
     .venv/bin/python simulations/inline_docs.py          # rewrite every region
     .venv/bin/python simulations/inline_docs.py --check  # list the stale ones (exit 1)
@@ -23,13 +25,14 @@ pages after it publishes new summaries.
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = re.compile(r"^<!-- inline: (?P<path>[^\s:#]+)(?::(?P<start>\d*):(?P<end>\d*)"
-                  r"|#(?P<part>verdict))? -->$")
+                  r"|#(?P<part>verdict|knobs:\w+))? -->$")
 END = "<!-- /inline -->"
 LANGS = {".py": "python", ".toml": "toml", ".sh": "bash", ".json": "json"}
 #: columns of the verdict table, by their heading's start in the summary's main table
@@ -49,6 +52,8 @@ def region(mark: re.Match[str]) -> list[str]:
     lines = path.read_text().splitlines()
     if mark["part"] == "verdict":
         return ["", *verdict_table(lines), ""]
+    if mark["part"] and mark["part"].startswith("knobs:"):
+        return ["", *knobs_table(mark["path"], mark["part"].split(":", 1)[1]), ""]
     start = int(mark["start"]) if mark["start"] else 1
     end = int(mark["end"]) if mark["end"] else len(lines)
     body = lines[start - 1:end]
@@ -86,6 +91,14 @@ def verdict_table(summary: list[str]) -> list[str]:
            "|---|" + "---:|" * (len(columns) - 1)]
     out += ["| " + " | ".join(r[i] for i in columns) + " |" for r in chosen]
     return out
+
+
+def knobs_table(path: str, class_name: str) -> list[str]:
+    """The knob table of config class ``class_name`` of the module at ``path``."""
+    from dq_flower.knob import knob_table  # the package, only for the pages that show one
+
+    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    return knob_table(getattr(module, class_name))
 
 
 def inline(text: str, where: str = "") -> str:

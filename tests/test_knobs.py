@@ -5,15 +5,19 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tomllib
 
 from dq_flower.baselines.config import FedAvgConfig, GradientConfig
+from dq_flower.codecs import coder_for, make, payload_coder
 from dq_flower.compression.config import CompressionConfig
 from dq_flower.config import client_keys, from_mapping, to_config_record, unset_spellings
 from dq_flower.dq.config import DQConfig
 from dq_flower.harness.method_registry import not_set_values
 from dq_flower.harness.methods import get_method, method_names
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.knob import Knob, knob_of, knob_table
 from dq_flower.knobs import OptimizerConfig, RobustConfig
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -209,3 +213,76 @@ def test_which_shared_knobs_travel_is_unchanged():
     assert not set(client_keys(DQConfig)) & {
         "lr", "momentum", "weight-decay", "optimizer", "trim-fraction", "clip-norm",
         "clip-factor", "min-cosine", "weight-cap", "norm-bound-factor"}
+
+
+# ----------------------------------------------------------- one knob descriptor
+CONFIGS = (DQConfig, GradientConfig, FedAvgConfig, CompressionConfig, RobustConfig,
+           OptimizerConfig, TaskConfig)
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_every_field_of_every_config_is_a_knob_with_a_meaning(cls):
+    # a subclass that re-declared a field with a plain value would drop its check and its
+    # row of the generated knob table
+    for f in dataclasses.fields(cls):
+        found = knob_of(cls, f.name)
+        assert isinstance(found, Knob), f"{cls.__name__}.{f.name} is not a Knob"
+        assert found.doc, f"{cls.__name__}.{f.name} has no meaning for the knob table"
+    rows = knob_table(cls)
+    assert len(rows) == 2 + len(dataclasses.fields(cls))
+
+
+def test_a_knob_checks_as_it_is_set_and_keeps_the_dataclass_frozen():
+    with pytest.raises(ValueError, match=r"^bits: must be in 1\.\.8, got 9$"):
+        DQConfig(bits=9)
+    with pytest.raises(ValueError, match=r"^trim-fraction: must be in \[0, 0\.5\)"):
+        GradientConfig(trim_fraction=0.5)
+    # an inherited knob with another default keeps the group's check
+    with pytest.raises(ValueError, match="^lr: must be > 0"):
+        DQConfig(lr=0.0)
+    cfg = DQConfig(bits=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.bits = 4  # type: ignore[misc]
+    assert dataclasses.replace(cfg, bits=4).bits == 4 and cfg.bits == 3
+    assert DQConfig(bits=3) == cfg and hash(DQConfig(bits=3)) == hash(cfg)
+
+
+def test_a_not_set_spelling_is_the_default_in_python_too():
+    assert GradientConfig(levels=0).levels is None
+    assert GradientConfig(codec="qsgd", levels=3).levels == 3
+    assert GradientConfig(ratio=0.0).ratio is None
+    assert FedAvgConfig(local_epochs=0).local_epochs == 1
+    assert FedAvgConfig(local_epochs=None).local_epochs == 1  # type: ignore[arg-type]
+    # a knob without a spelling keeps 0 as a value
+    assert CompressionConfig(clip_factor=0.0).clip_factor == 0.0
+    assert "clip-factor" not in unset_spellings(CompressionConfig)
+    assert unset_spellings(GradientConfig)["clip-factor"] == 1.0
+
+
+def test_a_codec_parameter_is_coerced_and_checked_by_its_knob():
+    q = make("qsgd", levels=np.int64(3), bucket=np.int32(64))
+    assert type(q.levels) is int and type(q.bucket) is int  # the payload's meta stays JSON
+    with pytest.raises(ValueError, match="levels must be an integer in 1..127"):
+        make("qsgd", levels=0)
+    u = make("uniform", bits=2, fixed_range=np.bool_(True), sample_shape=[np.int64(8), 8])
+    assert u.fixed_range is True and u.sample_shape == (8, 8)
+    with pytest.raises(ValueError, match="sample_shape"):
+        make("uniform", sample_shape=(0, 8))
+    assert make("powersgd", shape=[np.int64(4), 5]).shape == (4, 5)
+
+
+def test_the_lossless_stage_is_chosen_in_the_registry():
+    assert coder_for("qsgd", "context") == "context"
+    assert coder_for("terngrad", "context") == "context"
+    assert coder_for("sign", "context") == "zlib" and coder_for("fp16", "context") == "zlib"
+    assert coder_for("sign", "lzma") == "lzma"
+    assert payload_coder("context") == "zlib" and payload_coder("none") == "none"
+    assert GradientConfig(codec="topk", entropy_coder="context").coder == "zlib"
+    assert DQConfig().payload_coder == "zlib"
+
+
+def test_no_field_is_rewritten_behind_a_frozen_dataclass():
+    root = Path(__file__).resolve().parents[1] / "dq_flower"
+    found = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if "object.__setattr__" in p.read_text()]
+    assert found == []

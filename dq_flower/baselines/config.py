@@ -87,7 +87,8 @@ class GradientConfig(RobustConfig, OptimizerConfig):
     size of the sign step and ``momentum`` the clients' own (Signum).
     """
 
-    codec: str = knob("identity", client=True, doc="registry codec of the uploads")
+    codec: str = knob("identity", client=True, doc=(
+        "registry codec of the uploads (each method sets its own)"))
     codec_params: str = knob("", client=True, unset="", doc=(
         "codec parameters, `\"levels=4,bucket=512\"`, layered over the baseline defaults "
         "(`qsgd` levels 4 bucket 512, `orq` levels 3 bucket 512, `bingrad` bucket 512, "
@@ -111,7 +112,7 @@ class GradientConfig(RobustConfig, OptimizerConfig):
     # the groups' fields the clients read: they apply the vote (lr, weight decay) and
     # Signum's momentum themselves
     lr: float = inherit(OptimizerConfig, "lr", client=True, doc=(
-        "server learning rate; under majority vote the sign step"))
+        "server learning rate (`signsgd`: 0.005); under majority vote the sign step"))
     momentum: float = inherit(OptimizerConfig, "momentum", client=True, doc=(
         "server momentum; under majority vote the clients' (Signum)"))
     weight_decay: float = inherit(OptimizerConfig, "weight_decay", client=True)

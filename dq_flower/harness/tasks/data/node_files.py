@@ -58,8 +58,8 @@ class NodeData:
 
     Values are as given: inputs are cast to float32 and keep their sample shape (not
     flattened); targets are int64 class labels ``(n,)`` or float32 regression targets
-    ``(n,)`` or ``(n, k)``. Arrays are checked (finite, matching lengths and shapes) on
-    construction and may share memory with the arrays passed in.
+    ``(n,)`` or ``(n, k)``. :meth:`checked` builds one from arrays it checks (finite,
+    matching lengths and shapes); they may share memory with the arrays passed in.
 
     Attributes
     ----------
@@ -76,24 +76,23 @@ class NodeData:
     test_x: np.ndarray | None = None
     test_y: np.ndarray | None = None
 
-    def __post_init__(self) -> None:
-        x, y = _checked_split(self.train_x, self.train_y, "train")
-        object.__setattr__(self, "train_x", x)
-        object.__setattr__(self, "train_y", y)
-        if (self.test_x is None) != (self.test_y is None):
+    @classmethod
+    def checked(cls, train_x: Any, train_y: Any, test_x: Any = None,
+                test_y: Any = None) -> NodeData:
+        """The arrays checked and converted (``ValueError`` naming the bad one)."""
+        x, y = _checked_split(train_x, train_y, "train")
+        if (test_x is None) != (test_y is None):
             raise ValueError("give both x_test and y_test, or neither")
-        if self.test_x is None:
-            return
-        xt, yt = _checked_split(self.test_x, self.test_y, "test",
-                                " (leave the test split out instead)")
+        if test_x is None:
+            return cls(x, y)
+        xt, yt = _checked_split(test_x, test_y, "test", " (leave the test split out instead)")
         if xt.shape[1:] != x.shape[1:]:
             raise ValueError(f"x_test sample shape {xt.shape[1:]} != x_train sample "
                              f"shape {x.shape[1:]}")
         if yt.dtype != y.dtype or yt.shape[1:] != y.shape[1:]:
             raise ValueError(f"y_test ({yt.dtype}, target shape {yt.shape[1:]}) does not "
                              f"match y_train ({y.dtype}, target shape {y.shape[1:]})")
-        object.__setattr__(self, "test_x", xt)
-        object.__setattr__(self, "test_y", yt)
+        return cls(x, y, xt, yt)
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -181,7 +180,7 @@ def load_node_data(path: str | os.PathLike[str]) -> NodeData:
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise ValueError(f"{p}: cannot read its arrays ({exc})") from None
     try:
-        return NodeData(*arrays)
+        return NodeData.checked(*arrays)
     except ValueError as exc:
         raise ValueError(f"{p}: {exc}") from None
 
@@ -213,7 +212,7 @@ def save_node_data(
     Path
         The written file.
     """
-    data = NodeData(x_train, y_train, x_test, y_test)
+    data = NodeData.checked(x_train, y_train, x_test, y_test)
     p = Path(path).expanduser()
     if p.suffix != ".npz":
         p = p.with_name(p.name + ".npz")
