@@ -30,6 +30,7 @@ if typing.TYPE_CHECKING:
 
 __all__ = [
     "build_config",
+    "unknown_knob",
     "check",
     "check_choice",
     "client_keys",
@@ -225,9 +226,7 @@ def build_config(config: Any, knobs: dict[str, Any], cls: type[Any]) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     for name in knobs:
         if name.replace("-", "_") not in known:
-            nearest = min(sorted(known), key=lambda k: _edits(name.replace("-", "_"), k))
-            raise ValueError(f"unknown knob {name!r} (nearest: {nearest!r}); known: "
-                             f"{', '.join(sorted(known))}")
+            raise unknown_knob(name.replace("-", "_"), known)
     return from_mapping(cls, {**dataclasses.asdict(base), **knobs})
 
 
@@ -288,6 +287,15 @@ def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterab
     if unread:
         log(WARNING, "%s does not read the run-config keys %s (the app's own keys? name "
             "them in app_keys= to silence this)", owner, ", ".join(map(repr, unread)))
+
+
+def unknown_knob(name: str, known: Iterable[str], owner: str = "") -> ValueError:
+    """The error for a knob ``name`` not in ``known``, naming the nearest and all known."""
+    names = sorted(known)
+    nearest = min(names, key=lambda k: _edits(name, k))
+    where = f" for {owner}" if owner else ""
+    return ValueError(f"unknown knob {name!r}{where} (nearest: {nearest!r}); known: "
+                      f"{', '.join(names)}")
 
 
 def _edits(a: str, b: str) -> int:

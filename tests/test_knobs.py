@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomllib
+import torch
 
 from dq_flower.baselines.config import FedAvgConfig, GradientConfig
 from dq_flower.codecs import coder_for, make, payload_coder
@@ -286,3 +287,21 @@ def test_no_field_is_rewritten_behind_a_frozen_dataclass():
     found = [str(p.relative_to(root)) for p in root.rglob("*.py")
              if "object.__setattr__" in p.read_text()]
     assert found == []
+
+
+def test_an_unknown_key_is_refused_everywhere_naming_the_nearest_knob():
+    from dq_flower.harness.methods import validate_run_config
+    from dq_flower.harness.simulate import build_run_config
+
+    with pytest.raises(ValueError, match=r"unknown knob 'bitz' for the package's apps "
+                                         r"\(nearest: 'bits'\)"):
+        validate_run_config({"method": "dq", "bitz": 3})
+    with pytest.raises(ValueError, match=r"unknown knob 'server-stepz' for method 'dq' "
+                                         r"\(nearest: 'server-steps'\)"):
+        build_run_config("dq", server_stepz=3)
+    with pytest.raises(ValueError, match=r"unknown knob 'levelz' \(nearest: 'levels'\)"):
+        from dq_flower.baselines.strategy import GradientStrategy
+        GradientStrategy(torch.nn.Linear(2, 2), levelz=3)
+    # every key of the package's own run config is known
+    cfg = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    validate_run_config(cfg)

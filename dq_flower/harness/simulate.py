@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.config import field_keys
+from dq_flower.config import field_keys, unknown_knob
 from dq_flower.harness.client_app import make_client_app
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.methods import get_method, validate_run_config
@@ -52,8 +52,7 @@ def build_run_config(
     for name, value in knobs.items():
         key = name.replace("_", "-")
         if key not in allowed:
-            raise ValueError(f"unknown knob {name!r} for method {method!r}; known: "
-                             f"{', '.join(sorted(allowed))}")
+            raise unknown_knob(key, allowed, f"method {method!r}")
         run_config[key] = value
     validate_run_config(run_config)
     return run_config
