@@ -16,7 +16,7 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from logging import WARNING
 from typing import Any, TypeVar
 
@@ -32,7 +32,6 @@ __all__ = [
     "build_config",
     "unknown_knob",
     "check",
-    "check_choice",
     "client_keys",
     "given_knobs",
     "params_text",
@@ -186,11 +185,6 @@ def check(cond: bool, field_name: str, message: str) -> None:
     """Raise ``ValueError`` naming the hyphenated key of ``field_name`` unless ``cond``."""
     if not cond:
         raise ValueError(f"{_key(field_name)}: {message}")
-
-
-def check_choice(value: Any, choices: Sequence[Any], field_name: str) -> None:
-    """:func:`check` that ``value`` is one of ``choices``; the message lists them."""
-    check(value in choices, field_name, f"must be one of {choices}, got {value!r}")
 
 
 def changed_knobs(cfg: Any) -> str:

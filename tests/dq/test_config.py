@@ -77,12 +77,11 @@ def test_given_knobs_adds_the_named_ones_that_are_set_after_the_others():
     assert list(out) == ["seed", "codec", "local_steps"]
 
 
-def test_check_choice_names_the_key_and_the_choices():
-    from dq_flower.config import check_choice
-
-    check_choice("a", ("a", "b"), "some_knob")
-    with pytest.raises(ValueError, match=r"^some-knob: must be one of \('a', 'b'\), got 'c'$"):
-        check_choice("c", ("a", "b"), "some_knob")
+def test_a_choice_knob_names_the_key_and_the_choices():
+    with pytest.raises(ValueError, match=r"^scorer: must be one of \('auto', 'uniform', "
+                                         r"'loss', 'gradnorm', 'entropy', 'margin'\), "
+                                         r"got 'lossy'$"):
+        DQConfig(scorer="lossy")
 
 
 def test_the_start_up_log_names_only_the_knobs_that_differ_from_their_defaults(caplog):
