@@ -65,6 +65,8 @@ from dq_flower.wire.dq_batch import (
     GRADIENT_KEY,
     RANGES_KEY,
     REFRESH_KEY,
+    SPEC_KEY,
+    DataSpec,
     denormalise,
     encode_batch,
     feature_ranges,
@@ -72,10 +74,11 @@ from dq_flower.wire.dq_batch import (
     payload_quantizer,
     range_mode,
     ranges_record,
+    spec_of,
+    spec_record,
 )
 from dq_flower.wire.held import held_for
 from dq_flower.wire.node_errors import NodeConfigError
-from dq_flower.wire.spec import SPEC_KEY, DataSpec, spec_of, spec_record
 
 if TYPE_CHECKING:
     import torch

@@ -28,9 +28,8 @@ from dq_flower.dq.server.validation import MAX_LOCAL_ID
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, UpdateFigures, bound_vectors
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
-from dq_flower.wire.dq_batch import GRADIENT_KEY
+from dq_flower.wire.dq_batch import GRADIENT_KEY, SPEC_KEY
 from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
-from dq_flower.wire.spec import SPEC_KEY
 
 __all__ = ["GradientRounds", "Combined"]
 

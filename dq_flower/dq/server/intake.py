@@ -47,8 +47,7 @@ from dq_flower.dq.server.validation import (
 )
 from dq_flower.model_ops import LossFn
 from dq_flower.server.common import log_rejected, log_round
-from dq_flower.wire.dq_batch import REFRESH_KEY, SampleBatch, range_mode
-from dq_flower.wire.spec import DataSpec
+from dq_flower.wire.dq_batch import REFRESH_KEY, DataSpec, SampleBatch, range_mode
 
 __all__ = ["UploadIntake"]
 

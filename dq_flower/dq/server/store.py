@@ -30,7 +30,7 @@ from dq_flower.wire.dq_batch import denormalise
 
 if TYPE_CHECKING:
     from dq_flower.dq.server.rows import RowLayout
-    from dq_flower.wire.spec import DataSpec
+    from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData"]
 

@@ -65,9 +65,9 @@ from dq_flower.server.common import (
     sample_node_ids,
 )
 from dq_flower.server.pipeline import RoundLedger
+from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
-from dq_flower.wire.spec import DataSpec
 
 __all__ = ["DQStrategy", "Upload", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 

@@ -47,14 +47,16 @@ from dq_flower.model_ops import LossFn, weighted_loss_grad
 from dq_flower.wire.dq_batch import (
     INFO_KEY,
     RANGES_KEY,
+    SPEC_KEY,
+    DataSpec,
     SampleBatch,
     decode_batch,
     denormalise,
     label_width,
     range_mode,
     ranges_from_record,
+    spec_from_record,
 )
-from dq_flower.wire.spec import SPEC_KEY, DataSpec, spec_from_record
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "check_model",
            "decode_compensation", "decode_vector", "reply_spec", "VALUE_FACTOR",
