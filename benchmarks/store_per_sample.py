@@ -24,8 +24,7 @@ import time
 import numpy as np
 
 from dq_flower.codecs import make
-from dq_flower.dq.server.rows import RowLayout
-from dq_flower.dq.server.store import SampleStore, StoredRows
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 
 
 def main() -> None:

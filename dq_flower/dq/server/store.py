@@ -1,21 +1,22 @@
-"""The server's sample store: every received sample, kept in packed form.
+"""The server's sample store: every received sample, kept in packed form, and its held-out rows.
 
-Rows are stored as bit-packed codes (one byte-aligned row per sample) plus the quantizer's
-per-row side information, the label, the importance weight (how many original samples the
-row stands for), the origin client, the client-local sample id and whether the row is held
-out (validation rows the server evaluates on and never trains on, see
-:mod:`dq_flower.dq.server.holdout`). Minibatches are dequantized on the fly; the dequantized float
-data is never kept.
+Rows are stored as bit-packed codes plus the quantizer's per-row side information, the
+label, the importance weight (how many original samples the row stands for), the origin
+client (its identity, :mod:`dq_flower.dq.server.intake`, not Flower's node id), the
+client-local sample id and whether the row is held out. Minibatches are dequantized on the
+fly. Per client, the store keeps the ids of the rows it evicted, so that
+:meth:`SampleStore.received` names every row it ever received (what each round's message
+tells the client the server holds), and, with ``ranges`` ``feature``, the feature ranges its
+rows are coded against.
 
-The origin is the client's stable identity (see :mod:`dq_flower.dq.server.identity`), not
-Flower's node id, which changes when a simulation or a SuperNode restarts. The store also
-keeps, per client, the ids of the rows it evicted, so that :meth:`SampleStore.received`
-names every row it ever received: what each round's message tells the client the server
-holds (an evicted row is not asked for again).
-
-With ``ranges`` ``feature``, rows are coded against each client's per-feature ranges; the
-store keeps those ranges (:meth:`SampleStore.set_ranges`) and maps its rows back through
-them when it decodes.
+Held-out rows (which the adaptive schedule validates the server's training on, see
+:mod:`dq_flower.dq.server.plateau`) are a seeded fraction of each (client, class) stratum
+(one stratum for float targets): after every upload each stratum holds
+``round(fraction * rows)`` of them, the new ones being the upload's rows whose hash of
+``(key, client, local id)`` is smallest (:func:`choose_holdout`), whatever the order of the
+replies or the node ids of the run. The key is the run's seed unless the server has a
+secret (:func:`~dq_flower.dq.server.strategy.holdout_key`): a client that knows the key
+could compute which of its rows are held out, and shape only those.
 """
 
 from __future__ import annotations
@@ -26,16 +27,96 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
+from dq_flower.codecs.uniform import Uniform, dither_offsets, expand_ranges, packed_codes
 from dq_flower.wire.dq_batch import denormalise
 
 if TYPE_CHECKING:
-    from dq_flower.dq.server.rows import RowLayout
     from dq_flower.wire.dq_batch import DataSpec
 
-__all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData"]
+__all__ = ["RowLayout", "SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData",
+           "row_hash", "strata_of", "choose_holdout"]
 
 EVICTION_POLICIES = ("fifo", "random")
 _FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither", "holdout")
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Byte-aligned row layout for data of dimension ``dim`` at ``bits`` bits."""
+
+    dim: int
+    bits: int
+    groups: int = 1
+    fixed: bool = False
+
+    @property
+    def padded_dim(self) -> int:
+        """Codes per row including padding to a whole byte."""
+        per_byte = 8 // np.gcd(8, self.bits)
+        return -(-self.dim // per_byte) * per_byte
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per packed row."""
+        return packed_nbytes(self.padded_dim, self.bits)
+
+    def rows(self, p: Payload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(codes, side, dither)`` of a validated ``uniform`` payload, re-laid by row."""
+        n, d = p.shape
+        if d != self.dim:
+            raise PayloadError(f"samples have dimension {d}, expected {self.dim}")
+        p = expand_ranges(p, n * self.groups) if not self.fixed else p
+        packed = packed_codes(p, self.bits)
+        codes = unpack(packed, self.bits, n * d).reshape(n, d)
+        if self.padded_dim != d:
+            codes = np.pad(codes, ((0, 0), (0, self.padded_dim - d)))
+        rows = pack(codes.reshape(-1), self.bits).reshape(n, self.row_bytes)
+        if self.fixed:
+            side = np.zeros((n, 0), dtype=np.float32)
+        else:
+            mins = p.buffers["mins"].reshape(n, self.groups)
+            scales = p.buffers["scales"].reshape(n, self.groups)
+            side = np.concatenate([mins, scales], axis=1).astype(np.float32)
+        seed = p.meta.get("dither_seed")
+        if seed is None:
+            dither = np.zeros((n, 0), dtype=np.int64)
+        else:
+            dither = np.stack([np.full(n, int(seed)), np.arange(n) * d], axis=1).astype(np.int64)
+        return rows, side, dither
+
+    def dequantize(self, codes: np.ndarray, side: np.ndarray, dither: np.ndarray) -> np.ndarray:
+        """Float32 ``(n, dim)`` rows from the row layout."""
+        n = codes.shape[0]
+        if self.fixed:
+            return self._dequantize_fixed(codes, dither)
+        g, width = self.groups, self.dim // self.groups
+        values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
+        values = values.reshape(n, self.padded_dim)[:, : self.dim].astype(np.float32)
+        mins, scales = side[:, :g], side[:, g:]
+        out = values.reshape(n, g, width) * scales[:, :, None]
+        if dither.shape[1]:
+            u = np.stack([dither_offsets(int(s), int(o), self.dim) for s, o in dither])
+            out -= (u.reshape(n, g, width) - np.float32(0.5)) * scales[:, :, None]
+        out += mins[:, :, None]
+        return out.reshape(n, self.dim)
+
+    def _dequantize_fixed(self, codes: np.ndarray, dither: np.ndarray) -> np.ndarray:
+        """Fixed-range rows, with the ``uniform`` decoder's own arithmetic (bit-identical)."""
+        n = codes.shape[0]
+        top = (1 << self.bits) - 1
+        ramp = (np.arange(top + 1) / top).astype(np.float32)
+        values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
+        out = ramp[values.reshape(n, self.padded_dim)[:, : self.dim]]
+        if dither.shape[1]:
+            step = cast(Uniform, make("uniform", bits=self.bits, fixed_range=True)).fixed_step
+            for i, (s, o) in enumerate(dither):
+                u = dither_offsets(int(s), int(o), self.dim)
+                u -= np.float32(0.5)
+                u *= step
+                out[i] -= u
+        return out
 
 
 @dataclass(frozen=True)
@@ -67,6 +148,70 @@ def _narrow_float(values: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=np.float32)
     half = values.astype(np.float16)
     return half if np.array_equal(half.astype(np.float32), values) else values
+
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, vectorised (uint64 in, uint64 out)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
+    """A seeded 64-bit hash of each ``(seed, node, local id)``: the held-out draw order."""
+    with np.errstate(over="ignore"):
+        base = _mix(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
+        base = _mix(base ^ np.array([int(node) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+        return _mix(base ^ (np.asarray(ids).astype(np.uint64) * _GOLDEN))
+
+
+def strata_of(labels: np.ndarray) -> np.ndarray:
+    """Each row's stratum: its class label, or 0 for every float target."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind in "iu":
+        return labels.reshape(-1).astype(np.int64)
+    return np.zeros(labels.shape[0] if labels.ndim else 0, dtype=np.int64)
+
+
+def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: float,
+                   seed: int, stored_counts) -> np.ndarray:
+    """Boolean mask over a node's new rows: which of them are held out.
+
+    Parameters
+    ----------
+    labels, ids : numpy.ndarray
+        The new rows' labels (or float targets) and client-local ids.
+    node : int
+        The rows' origin node.
+    fraction : float
+        Share of each (node, class) stratum held out, in ``[0, 1)``.
+    seed : int
+        The hash's key: the run seed, or :func:`holdout_key` of it and a secret.
+    stored_counts : callable
+        ``stored_counts(node, strata) -> (rows, held_out)`` already in the store for each
+        stratum (:meth:`dq_flower.dq.server.store.SampleStore.counts`).
+    """
+    ids = np.asarray(ids)
+    mask = np.zeros(ids.shape[0], dtype=bool)
+    if fraction <= 0 or not ids.size:
+        return mask
+    strata = strata_of(labels)
+    keys = np.unique(strata)
+    stored, held = stored_counts(node, keys)
+    order = row_hash(seed, node, ids)
+    for key, before, kept in zip(keys, stored, held, strict=True):
+        rows = np.flatnonzero(strata == key)
+        target = int(np.floor(fraction * (int(before) + rows.size) + 0.5)) - int(kept)
+        take = min(max(target, 0), rows.size)
+        if take:
+            mask[rows[np.argsort(order[rows], kind="stable")[:take]]] = True
+    return mask
 
 
 class SampleStore:
@@ -258,10 +403,7 @@ class SampleStore:
             zeros = np.zeros(strata.size, dtype=np.int64)
             return zeros, zeros.copy()
         mine = self._rows.node == code
-        stored = self._rows.labels[mine]
-        keys = (stored.reshape(-1) if stored.dtype.kind in "iu"
-                else np.zeros(int(mine.sum()), dtype=np.int64))
-        match = keys[None, :] == strata[:, None]
+        match = strata_of(self._rows.labels[mine])[None, :] == strata[:, None]
         held = self.holdout_mask[mine][None, :]
         return match.sum(1).astype(np.int64), (match & held).sum(1).astype(np.int64)
 

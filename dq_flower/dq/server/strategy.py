@@ -30,6 +30,7 @@ control variate), :class:`~dq_flower.dq.server.training.ServerTrainer` (the serv
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,14 +48,12 @@ from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.compensation import Compensations
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
-from dq_flower.dq.server.holdout import SECRET_ENV, holdout_key
-from dq_flower.dq.server.identity import ClientIdentities
-from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.intake import ClientIdentities, UploadIntake
 from dq_flower.dq.server.planner import ESTIMATES, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import RoundMetrics, schedule_text
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTOR, Upload
+from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import LossFn, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
@@ -69,7 +68,26 @@ from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
 
-__all__ = ["DQStrategy", "Upload", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
+__all__ = ["DQStrategy", "holdout_key", "SECRET_ENV"]
+
+#: Environment variable of the server process that holds the held-out secret, where the
+#: strategy is given none (the clients never see the server's environment).
+SECRET_ENV = "DQ_FLOWER_HOLDOUT_SECRET"
+
+
+def holdout_key(seed: int, secret: str | None) -> int:
+    """The held-out hash's key: ``seed`` without a secret, else a 64-bit digest of both.
+
+    ``secret`` ``None`` reads :data:`SECRET_ENV` from the environment (unset or empty: no
+    secret). The secret never leaves the server: it is neither a knob of the run config,
+    which the clients read, nor part of any message.
+    """
+    if secret is None:
+        secret = os.environ.get(SECRET_ENV) or None
+    if secret is None:
+        return int(seed)
+    digest = hashlib.blake2b(f"{int(seed)}\0{secret}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 @dataclass
@@ -259,7 +277,7 @@ class DQStrategy(ModelStrategy, Strategy):
         In a data round, clients known to have uploaded all their samples are not asked,
         and each message says which of the client's rows the server holds (``held``), or,
         to a node id the server cannot name yet, gives the table of every client identity
-        it may be (``held-table``; see :mod:`dq_flower.dq.server.identity`).
+        it may be (``held-table``; see :mod:`dq_flower.dq.server.intake`).
         """
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,

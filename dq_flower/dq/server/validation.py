@@ -34,15 +34,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
+from dq_flower.codecs.uniform import expand_ranges, packed_codes
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
-from dq_flower.dq.server.rows import decode_samples
 from dq_flower.model_ops import LossFn, weighted_loss_grad
 from dq_flower.wire.dq_batch import (
     INFO_KEY,
@@ -53,14 +53,16 @@ from dq_flower.wire.dq_batch import (
     decode_batch,
     denormalise,
     label_width,
+    payload_quantizer,
     range_mode,
     ranges_from_record,
     spec_from_record,
 )
 
-__all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "check_model",
-           "decode_compensation", "decode_vector", "reply_spec", "VALUE_FACTOR",
-           "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
+__all__ = ["plain_payload", "decode_samples", "keep_rows", "kept_rows", "Upload", "Rules",
+           "History", "Agreement", "check_upload", "agree", "check_model", "decode_compensation",
+           "decode_vector", "reply_spec", "VALUE_FACTOR", "EXAMPLES_FACTOR", "SHARE_FACTOR",
+           "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
@@ -101,7 +103,7 @@ class Upload:
     scale: float = 0.0  # the largest absolute value it can decode to
     weight_scale: float = 1.0  # below 1 where its claimed weight was clipped
     label_bits: int = 0  # bits per class label as sent
-    plain: Payload | None = None  # the samples, lossless coder undone (dq.rows.plain_payload)
+    plain: Payload | None = None  # the samples, lossless coder undone (plain_payload)
     can_score: bool = False  # the node holds the model (its ``can-score`` metric)
     copies: int = 0  # rows not stored as copies of rows the client sent before
 
@@ -145,6 +147,83 @@ class Agreement:
 
 
 # ------------------------------------------------------------------ one reply
+@dataclass
+class _KeptBatch(SampleBatch):
+    """A validated batch of which only the payload rows ``kept`` are used."""
+
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
+    """``batch`` restricted to the rows where ``keep`` is true.
+
+    Labels, ids and weights are cut; the payload stays as sent (its sizes are what the
+    client sent), and :func:`kept_rows` names the payload rows still used.
+    """
+    idx = np.flatnonzero(np.asarray(keep, dtype=bool))
+    base = kept_rows(batch)
+    values = {f.name: getattr(batch, f.name) for f in fields(SampleBatch)}
+    values.update(labels=batch.labels[idx], ids=batch.ids[idx], weights=batch.weights[idx])
+    return _KeptBatch(**values, kept=idx if base is None else base[idx])
+
+
+def kept_rows(batch: SampleBatch) -> np.ndarray | None:
+    """The payload rows a batch uses (``None``: all of them)."""
+    return batch.kept if isinstance(batch, _KeptBatch) else None
+
+
+def plain_payload(p: Payload, bits: int) -> Payload:
+    """``p`` with its lossless coder undone, so that its stream is decoded once.
+
+    The ``uniform`` decoder and :meth:`RowLayout.rows` each undo the coder of the payload
+    they are given; given this one, neither decodes the stream again (nor its coded ranges,
+    which it carries as ``mins`` and ``scales``). Every check of the
+    coded payload holds for this one exactly where it holds for ``p``: ``nbits`` moves by
+    the difference between the coded and the packed sizes, the context shape goes with the
+    context coder, and the padding bits (which no check of a coded stream reads) are
+    cleared. ``p`` itself is returned where it names no coder (or none validly).
+    """
+    if len(p.shape) != 2:
+        return p
+    p = _plain_ranges(p)
+    method = p.meta.get("entropy")
+    stream = p.buffers.get("codes")
+    if not isinstance(method, str) or method == "none" or stream is None:
+        return p
+    n, d = p.shape
+    packed = packed_codes(p, bits)
+    spare = 8 * packed.size - n * d * bits
+    if 0 < spare < 8:
+        packed = packed.copy()
+        packed[-1] &= np.uint8((0xFF << spare) & 0xFF)
+    meta = {k: v for k, v in p.meta.items() if k != "context_shape" or method != "context"}
+    meta["entropy"] = "none"
+    return dataclasses.replace(p, meta=meta, buffers={**p.buffers, "codes": packed},
+                               nbits=p.nbits - 8 * int(stream.size) + n * d * bits)
+
+
+def _plain_ranges(p: Payload) -> Payload:
+    """``p`` with coded ranges undone (:func:`~dq_flower.codecs.uniform.expand_ranges`)."""
+    groups = p.meta.get("per_channel", 0)
+    if "ranges" not in p.meta or isinstance(groups, bool) or not isinstance(groups, int):
+        return p  # nothing to undo, or a malformed payload the decoder refuses
+    return expand_ranges(p, p.shape[0] * max(groups, 1))
+
+
+def decode_samples(p: Payload, bits: int, per_channel: int, fixed_range: bool = False
+                   ) -> tuple[np.ndarray, Payload]:
+    """Float rows ``(n, d)`` of a ``uniform`` samples payload, and ``p`` decoded once.
+
+    ``p``'s settings are checked
+    (:func:`~dq_flower.wire.dq_batch.payload_quantizer`), its stream is decoded once
+    (:func:`plain_payload`), and the rows are decoded from the plain payload, which the
+    store's :meth:`RowLayout.rows` then re-lays without decoding the stream again.
+    """
+    quantizer = payload_quantizer(p, bits, per_channel, fixed_range)
+    plain = plain_payload(p, bits)
+    return quantizer.decode(plain), plain
+
+
 def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:
     """The reply's data spec; it must equal ``known`` where the server has one."""
     spec = spec_from_record(content.config_records.get(SPEC_KEY))
