@@ -50,16 +50,14 @@ from dq_flower.dq.server.validation import (
     Rules,
     Upload,
     agree,
-    check_model,
     check_upload,
     decode_compensation,
     decode_vector,
     keep_rows,
     kept_rows,
-    placeholder_rows,
     reply_spec,
 )
-from dq_flower.model_ops import LossFn
+from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.wire.dq_batch import REFRESH_KEY, DataSpec, SampleBatch, range_mode
 

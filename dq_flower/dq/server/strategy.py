@@ -21,7 +21,7 @@ server then takes one step with their example-weighted mean, and the remaining
 The strategy wires its parts together and keeps Flower's ``Strategy`` interface:
 :class:`~dq_flower.dq.server.asks.RoundAsks` (who is asked for what),
 :class:`~dq_flower.dq.server.intake.UploadIntake` (the checks, the data spec and the store),
-:class:`~dq_flower.dq.server.compensation.Compensations` (compensations, refreshed residuals, the
+:class:`~dq_flower.dq.server.validation.Compensations` (compensations, refreshed residuals, the
 control variate), :class:`~dq_flower.dq.server.training.ServerTrainer` (the server's steps),
 :class:`~dq_flower.dq.server.gradient_rounds.GradientRounds` and
 :class:`~dq_flower.dq.server.round_metrics.RoundMetrics`.
@@ -45,7 +45,6 @@ from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs, strategy_kwargs
 from dq_flower.dq.config import DQConfig, model_codec
 from dq_flower.dq.server.asks import RoundAsks
-from dq_flower.dq.server.compensation import Compensations
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
 from dq_flower.dq.server.intake import ClientIdentities, UploadIntake
@@ -53,7 +52,7 @@ from dq_flower.dq.server.planner import ESTIMATES, UploadPlanner, gradient_estim
 from dq_flower.dq.server.round_metrics import RoundMetrics, schedule_text
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import Upload
+from dq_flower.dq.server.validation import Compensations, Upload
 from dq_flower.model_ops import LossFn, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound

@@ -34,16 +34,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.codecs.uniform import expand_ranges, packed_codes
+from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
-from dq_flower.model_ops import LossFn, weighted_loss_grad
+from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.store import FederationData
+from dq_flower.server.common import log_rejected
+from dq_flower.server.pipeline import bound_vectors
+from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import (
     INFO_KEY,
     RANGES_KEY,
@@ -60,7 +65,7 @@ from dq_flower.wire.dq_batch import (
 )
 
 __all__ = ["plain_payload", "decode_samples", "keep_rows", "kept_rows", "Upload", "Rules",
-           "History", "Agreement", "check_upload", "agree", "check_model", "decode_compensation",
+           "History", "Agreement", "check_upload", "agree", "Compensations", "decode_compensation",
            "decode_vector", "reply_spec", "VALUE_FACTOR", "EXAMPLES_FACTOR", "SHARE_FACTOR",
            "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
@@ -75,8 +80,6 @@ VALUE_FACTOR = 10.0
 EXAMPLES_FACTOR = 100.0
 #: A node's weight in a round is clipped to this many times the median node's examples.
 SHARE_FACTOR = 4.0
-#: Rows of an upload the model check runs the model and the loss on.
-CHECK_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -364,68 +367,6 @@ def decode_compensation(batch: SampleBatch, codec: Codec | None,
     return decode_vector(batch.compensation, codec, num_params, "compensation")
 
 
-# ------------------------------------------------------------------ the model check
-def _classes(spec: DataSpec, width: int, num_classes: int | None) -> int:
-    """Classes (class targets) or target width (float targets) the model's output gives."""
-    if spec.target != "class":
-        if width != spec.target_dim:
-            raise PayloadError(f"the model has {width} outputs per sample; the float "
-                               f"targets have {spec.target_dim}")
-        return width
-    if num_classes is None:
-        if width < 2:
-            raise PayloadError(f"the model has {width} output for class labels; give "
-                               "num_classes or use float targets")
-        return width
-    if width < num_classes:
-        raise PayloadError(f"the model's {width} outputs cannot score {num_classes} classes")
-    return num_classes
-
-
-def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.ndarray,
-                num_classes: int | None, loss_fn: LossFn | None = None) -> int:
-    """Run the model and the training loss on a few rows shaped by ``spec``; the classes.
-
-    The loss and its gradient are computed as the server's steps compute them
-    (:func:`~dq_flower.model_ops.weighted_loss_grad`, ``loss_fn``), in eval mode so that
-    no buffer (BatchNorm statistics) changes; the parameters never do. Any error, labels
-    outside the classes, or a non-finite loss raises :class:`PayloadError`.
-    """
-    n = min(len(y), CHECK_ROWS)
-    if n == 0:
-        raise PayloadError("no rows to check the data spec against the model")
-    was_training = model.training
-    model.eval()
-    try:
-        rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
-        dev = next(model.parameters()).device
-        with torch.no_grad():
-            out = model(torch.as_tensor(rows, dtype=torch.float32).to(dev))
-        classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
-        if spec.target == "class" and int(y.max()) >= classes:
-            raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")
-        loss, grad = weighted_loss_grad(model, rows, y[:n], np.full(n, 1.0 / n, np.float32),
-                                        loss_fn)
-    except PayloadError:
-        raise
-    except Exception as exc:  # noqa: BLE001  (any model or loss error: a wrong spec)
-        raise PayloadError(f"the model cannot train on samples of shape {spec.sample_shape}:"
-                           f" {type(exc).__name__}: {exc}") from None
-    finally:
-        model.train(was_training)
-    if not (np.isfinite(loss) and np.isfinite(grad).all()):
-        raise PayloadError("the model's training loss on the samples is not finite")
-    return classes
-
-
-def placeholder_rows(spec: DataSpec, n: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """Zero rows and targets of ``spec`` (class 0 or zero targets): a spec given, not sent."""
-    x = np.zeros((n, spec.dim), dtype=np.float32)
-    if spec.target == "class":
-        return x, np.zeros(n, dtype=np.int64)
-    return x, np.zeros((n,) if spec.target_dim == 1 else (n, spec.target_dim), np.float32)
-
-
 # ------------------------------------------------------------------ the round together
 def _median(values: Sequence[float], lower: bool = False) -> float:
     ordered = sorted(values)
@@ -538,3 +479,96 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
             kept, more = screen_bound(kept, new_bound)
             refused += more
     return Agreement(kept, refused, new_spec, classes, new_bound)
+
+
+# ------------------------------------------------------------------ compensations
+class Compensations:
+    """The norm screens of compensations and refreshed residuals, and the control variate.
+
+    ``data`` holds the store whose per-client weights a refreshed residual replaces.
+    """
+
+    def __init__(self, cfg: DQConfig, num_params: int, data: FederationData) -> None:
+        self.cfg, self.data = cfg, data
+        self.cv = (ControlVariate(num_params, cfg.compensation_decay)
+                   if cfg.compensation_mode != "first-step" else None)
+        self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
+        self.refresh_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
+
+    def _screen(self, uploads: list[Upload], get: Callable[[Upload], np.ndarray | None],
+                put: Callable[[Upload, np.ndarray | None], Upload], screen: NormScreen,
+                what: str) -> tuple[list[Upload], list[int]]:
+        """Norm-screen and clip the uploads' vectors (``get``; ``put`` a new one in).
+
+        Returns the uploads with their vectors clipped (a rejected one's dropped: ``None``)
+        and the positions of the rejected ones; ``what`` names the vector in the log.
+        """
+        vectors = [get(u) for u in uploads]
+        having = [i for i, v in enumerate(vectors) if v is not None]
+        out = list(uploads)
+        if not having:
+            return out, []
+        bounded = bound_vectors([v for v in vectors if v is not None], [1.0] * len(having),
+                                screen, clip_factor=self.cfg.clip_factor,
+                                clip_norm=self.cfg.clip_norm)
+        kept = iter(bounded.vectors)
+        rejected = []
+        for i, k in zip(having, bounded.keep, strict=True):
+            out[i] = put(uploads[i], next(kept) if k else None)
+            if not k:
+                rejected.append(i)
+                log_rejected(uploads[i].node, f"{what} is implausibly large against the "
+                             "other clients' (norm-bound-factor)")
+        return out, rejected
+
+    def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
+        """Drop uploads whose compensation norm is implausible; clip the others'.
+
+        See :func:`dq_flower.server.pipeline.bound_vectors`.
+        """
+        screened, bad = self._screen(uploads, lambda u: u.delta,
+                                     lambda u, v: replace(u, delta=v), self.comp_norms,
+                                     "compensation norm")
+        return [u for i, u in enumerate(screened) if i not in set(bad)], len(bad)
+
+    def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
+        """Age the control variate, then enter the round's refreshed and fresh deltas.
+
+        Called before the round's rows are stored, so a refreshed residual replaces the
+        share of exactly the node's earlier rows. Refreshed residuals pass their own norm
+        screen and clip, as compensations do. Returns ``(refreshed, rejected refreshes)``.
+        """
+        if self.cv is None:
+            return 0, 0
+        self.cv.age()
+        fresh, dropped = self._screen_refreshes(fresh)
+        refreshed = 0
+        store = self.data.store
+        for u in fresh:
+            if u.refresh is not None and store is not None:
+                self.cv.replace(u.node, u.refresh, store.node_weight(u.node))
+                refreshed += 1
+            if u.delta is not None and len(u.batch):
+                self.cv.add(u.node, u.delta, float(u.batch.weights.sum()))
+        return refreshed, dropped
+
+    def _screen_refreshes(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
+        """Norm-screen and clip the refreshed residuals; a rejected one is dropped."""
+        screened, bad = self._screen(uploads, lambda u: u.refresh,
+                                     lambda u, v: replace(u, refresh=v), self.refresh_norms,
+                                     "refreshed residual's norm")
+        return screened, len(bad)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The two norm screens' histories and the control variate."""
+        return {"refresh_norms": self.refresh_norms.state_dict(),
+                "comp_norms": self.comp_norms.state_dict(),
+                "control_variate": None if self.cv is None else self.cv.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.refresh_norms.load_state_dict(state.get("refresh_norms", {}))
+        self.comp_norms.load_state_dict(state.get("comp_norms", {}))
+        if self.cv is not None and state.get("control_variate") is not None:
+            self.cv.load_state(state["control_variate"])
