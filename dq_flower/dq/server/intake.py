@@ -69,10 +69,7 @@ MAX_IDENTITY = (1 << 64) - 1
 
 
 def reply_identity(metrics: Mapping[str, Any] | None, node: int) -> int:
-    """The identity a reply claims: its ``partition-id`` metric, else its node id.
-
-    ``PayloadError`` where the metric is not an int in ``[0, 2**64)``.
-    """
+    """The identity a reply claims: its ``partition-id`` metric (``[0, 2**64)``), else its node."""
     value = None if metrics is None else metrics.get("partition-id")
     if value is None:
         return int(node)
@@ -84,11 +81,10 @@ def reply_identity(metrics: Mapping[str, Any] | None, node: int) -> int:
 
 @dataclass
 class RoundClients:
-    """A round's sampled nodes, split by whether the server knows which client each is.
+    """A round's sampled nodes: ``known`` (node id -> identity) and ``unknown`` node ids.
 
-    ``known`` maps node ids to identities; ``unknown`` lists the other node ids; ``free``
-    are the identities an unknown node may be (known to the server, bound to no connected
-    node); ``spare`` are placeholder keys (negative ints) for unknown nodes beyond them.
+    An unknown node gets a table of the identities it may be (:mod:`dq_flower.wire.held`):
+    ``free`` (bound to no connected node), then ``spare`` placeholders (negative ints).
     """
 
     known: dict[int, int] = field(default_factory=dict)
@@ -106,8 +102,8 @@ class RoundClients:
 class ClientIdentities:
     """``node id <-> identity`` bindings, with the connected nodes of the current round.
 
-    ``permanent``: an identity stays with the node id that first held it for good, not only
-    while that node is connected (``identity-binding = "node"``).
+    ``permanent``: an identity stays with its first node id for good, not only while that
+    node is connected (``identity-binding = "node"``).
     """
 
     def __init__(self, permanent: bool = False) -> None:
@@ -145,8 +141,8 @@ class ClientIdentities:
     def check(self, server_round: int, node: int, identity: int) -> None:
         """Raise ``PayloadError`` where ``node`` may not speak for ``identity`` this round.
 
-        A second node claiming an identity this round makes it contested (see the module
-        docstring): this reply is rejected here, the first claimant's by the round.
+        A second claim makes the identity contested: this reply is rejected here, the
+        first claimant's by the round.
         """
         node, identity = int(node), int(identity)
         current = self.identity_of.get(node)
@@ -214,9 +210,8 @@ Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
 class UploadIntake:
     """Check data replies, learn the data spec from them, and store their rows.
 
-    ``planner`` holds each client's examples (checked against what a reply claims);
-    ``identities`` which client each node id is; ``comp_codec`` decodes compensations and
-    refreshed residuals of ``num_params`` values. With ``measuring``, each reply's size is
+    ``planner`` holds each client's examples; ``comp_codec`` decodes compensations and
+    refreshed residuals of ``num_params`` values; with ``measuring`` each reply's size is
     kept for the planner.
     """
 
@@ -277,11 +272,7 @@ class UploadIntake:
 
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:
-        """What a data reply is checked against: the knobs and what the server adopted.
-
-        A spec or bound learned from replies none of whose rows is stored is not enforced:
-        :meth:`adopt` learns it again.
-        """
+        """What a reply is checked against (a provisional spec or bound is not enforced)."""
         cfg, unconfirmed = self.cfg, self.data.stored == 0
         spec = None if unconfirmed and self._provisional["spec"] else self.data.spec
         bound = None if unconfirmed and self._provisional["bound"] else self.data.value_bound
@@ -299,12 +290,7 @@ class UploadIntake:
         return History(known[0] if known else 0, stored, self.data.ranges.get(int(node)))
 
     def validate_reply(self, msg: Message, server_round: int, ask: Ask) -> Upload:
-        """:meth:`validate` a data reply under the client identity it claims.
-
-        The identity (its ``partition-id`` metric, else its node id) must not belong to
-        another node still connected, nor be claimed by another node this round; the
-        reply is checked against that identity's state and ``ask``.
-        """
+        """:meth:`validate` a data reply under the identity it claims (if ``node`` may)."""
         src = int(msg.metadata.src_node_id)
         identity = reply_identity(msg.content.metric_records.get("metrics"), src)
         self.identities.check(server_round, src, identity)
@@ -318,11 +304,7 @@ class UploadIntake:
         return upload
 
     def validate(self, msg: Message, node: int, max_rows: int | None = None) -> Upload:
-        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`).
-
-        Adopts nothing: what the round's accepted replies agree on is adopted by
-        :meth:`adopt`.
-        """
+        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`)."""
         content = msg.content
         upload = check_upload(content, node, self.rules(), self.history(node),
                               self.cfg.budget if max_rows is None else int(max_rows))
@@ -334,12 +316,7 @@ class UploadIntake:
 
     def drop_held(self, batch: SampleBatch, x: np.ndarray,
                   identity: int) -> tuple[SampleBatch, np.ndarray]:
-        """Drop the rows of a reply the server already holds (a late reply, a replay).
-
-        Without ``resend`` an honest client never sends them (each message names the rows
-        the server holds); the rest of the reply is kept, and :meth:`validate_reply`
-        counts the dropped rows in the round's ``duplicate-rows``.
-        """
+        """Drop the rows of a reply the server already holds (a late reply, a replay)."""
         if self.cfg.resend or not len(batch) or self.data.store is None:  # nothing held yet
             return batch, x
         held = self.data.store.was_received(identity, batch.ids)
@@ -369,13 +346,9 @@ class UploadIntake:
 
     # ------------------------------------------------------------------ the round's replies
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
-        """The round's checked uploads the round agrees on, and ``rejected`` plus the others.
+        """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others.
 
-        See :func:`~dq_flower.dq.server.validation.agree`: example counts screened against the
-        other nodes' (over-large weights clipped), the data spec (while none is known) that
-        most uploads carry and the model trains on, the value bound (while none is known)
-        from the median upload. The spec and bound are adopted here, before the accepted
-        rows are stored; learned from replies, they stay provisional until rows are stored.
+        A spec or bound agreed here stays provisional until rows of it are stored.
         """
         self.forget_unconfirmed()
         known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
@@ -419,23 +392,24 @@ class UploadIntake:
                       server_round: int = 0) -> tuple[list[Upload], int]:
         """Store the accepted uploads' rows: the uploads stored, and the number that failed.
 
-        Store insertion is part of the reply boundary: a failure rejects the upload. An
-        upload's feature ranges are kept once its rows are stored. Every upload's copied
-        rows are counted first (:class:`~dq_flower.dq.server.node_screen.CopyScreen`);
-        a copying client's copies are then not stored (counted in ``duplicate-rows``,
-        their ids remembered as received).
+        A failure rejects the upload. A copying client's copies
+        (:class:`~dq_flower.dq.server.node_screen.CopyScreen`) are not stored.
         """
         packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
         failed = 0
+
+        def fail(upload: Upload, exc: Exception) -> None:
+            nonlocal failed
+            failed += 1
+            log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: {exc}")
+
         for upload in uploads:
             try:
                 rows = self.packed(upload.batch, upload.plain) if len(upload.batch) else None
                 copied = (None if rows is None
                           else self.copies.copied(upload.node, rows[0], rows[1]))
             except Exception as exc:  # noqa: BLE001
-                failed += 1
-                log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
-                             f"{exc}")
+                fail(upload, exc)
                 continue
             packed.append((upload, rows, copied))
         copying = self.copies.review(server_round)
@@ -454,9 +428,7 @@ class UploadIntake:
                         self.data.store.add(stored)
                     upload = replace(upload, holdout=stored.holdout)
             except Exception as exc:  # noqa: BLE001
-                failed += 1
-                log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
-                             f"{exc}")
+                fail(upload, exc)
                 continue
             if upload.ranges is not None and self.data.store is not None:
                 self.data.store.set_ranges(upload.node, *upload.ranges)

@@ -1,22 +1,17 @@
-"""The server's sample store: every received sample, kept in packed form, and its held-out rows.
+"""The server's sample store: every received sample in packed form, and its held-out rows.
 
-Rows are stored as bit-packed codes plus the quantizer's per-row side information, the
-label, the importance weight (how many original samples the row stands for), the origin
-client (its identity, :mod:`dq_flower.dq.server.intake`, not Flower's node id), the
-client-local sample id and whether the row is held out. Minibatches are dequantized on the
-fly. Per client, the store keeps the ids of the rows it evicted, so that
-:meth:`SampleStore.received` names every row it ever received (what each round's message
-tells the client the server holds), and, with ``ranges`` ``feature``, the feature ranges its
-rows are coded against.
+Rows are kept as :class:`RowLayout` codes with their label, importance weight, origin client
+(its identity, :mod:`dq_flower.dq.server.intake`), client-local id and held-out flag, and are
+dequantized on the fly. The store remembers the ids of the rows it evicted, so that
+:meth:`SampleStore.received` names every row it ever received, and, with ``ranges``
+``feature``, each client's feature ranges.
 
-Held-out rows (which the adaptive schedule validates the server's training on, see
-:mod:`dq_flower.dq.server.plateau`) are a seeded fraction of each (client, class) stratum
-(one stratum for float targets): after every upload each stratum holds
-``round(fraction * rows)`` of them, the new ones being the upload's rows whose hash of
-``(key, client, local id)`` is smallest (:func:`choose_holdout`), whatever the order of the
-replies or the node ids of the run. The key is the run's seed unless the server has a
-secret (:func:`~dq_flower.dq.server.strategy.holdout_key`): a client that knows the key
-could compute which of its rows are held out, and shape only those.
+Held-out rows (the adaptive schedule's validation, :mod:`dq_flower.dq.server.plateau`) are
+``round(fraction * rows)`` of each (client, class) stratum after every upload: the upload's
+rows whose hash of ``(key, client, local id)`` is smallest (:func:`choose_holdout`), whatever
+the replies' order or the run's node ids. The key is the seed unless the server has a
+secret (:func:`~dq_flower.dq.server.strategy.holdout_key`), so that no client can compute
+which of its rows are held out.
 """
 
 from __future__ import annotations
@@ -44,7 +39,13 @@ _FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither", "holdo
 
 @dataclass(frozen=True)
 class RowLayout:
-    """Byte-aligned row layout for data of dimension ``dim`` at ``bits`` bits."""
+    """Byte-aligned rows of ``dim`` codes at ``bits`` bits: how the store keeps samples.
+
+    A ``uniform`` payload packs a batch as one bit stream; the store needs single rows, so
+    :meth:`rows` re-lays it as ``codes`` (uint8 ``(n, row_bytes)``, MSB first), ``side``
+    (float32 ``(n, 2 * groups)``: per-group minimums then scales; ``(n, 0)`` for fixed
+    ranges) and ``dither`` (int64 ``(n, 2)`` seed and flat start, or ``(n, 0)``).
+    """
 
     dim: int
     bits: int
@@ -181,21 +182,11 @@ def strata_of(labels: np.ndarray) -> np.ndarray:
 
 def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: float,
                    seed: int, stored_counts) -> np.ndarray:
-    """Boolean mask over a node's new rows: which of them are held out.
+    """Boolean mask over client ``node``'s new rows (``labels``, ``ids``): the held-out ones.
 
-    Parameters
-    ----------
-    labels, ids : numpy.ndarray
-        The new rows' labels (or float targets) and client-local ids.
-    node : int
-        The rows' origin node.
-    fraction : float
-        Share of each (node, class) stratum held out, in ``[0, 1)``.
-    seed : int
-        The hash's key: the run seed, or :func:`holdout_key` of it and a secret.
-    stored_counts : callable
-        ``stored_counts(node, strata) -> (rows, held_out)`` already in the store for each
-        stratum (:meth:`dq_flower.dq.server.store.SampleStore.counts`).
+    ``fraction`` of each stratum is held out, in ``[0, 1)``; ``seed`` is the hash's key;
+    ``stored_counts(node, strata) -> (rows, held_out)`` counts the stored ones
+    (:meth:`SampleStore.counts`).
     """
     ids = np.asarray(ids)
     mask = np.zeros(ids.shape[0], dtype=bool)
@@ -217,9 +208,7 @@ def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: flo
 class SampleStore:
     """Append-only packed sample store with an optional bound and eviction policy.
 
-    Per-row metadata is kept in the narrowest dtype that holds it exactly (labels, node
-    index and ids as the smallest unsigned ints, weights as float16 when exact), and
-    arrays are sized exactly, so memory is the packed rows plus a few bytes per row.
+    Per-row metadata is kept in the narrowest exact dtype, arrays sized exactly.
 
     Parameters
     ----------
@@ -231,13 +220,8 @@ class SampleStore:
         ``fifo`` (oldest first) or ``random`` (uniformly chosen rows, seeded).
     """
 
-    def __init__(
-        self,
-        dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
-        max_samples: int = 0,
-        eviction: str = "fifo",
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+                 max_samples: int = 0, eviction: str = "fifo", seed: int = 0) -> None:
         if eviction not in EVICTION_POLICIES:
             raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
         if max_samples < 0:
@@ -267,22 +251,24 @@ class SampleStore:
         return int(sum(getattr(r, f).nbytes for f in _FIELDS)
                    + sum(v.nbytes for v in self._evicted_ids.values()))
 
+    def _mine(self, node: int) -> np.ndarray | None:
+        """Mask of the rows stored from client ``node`` (``None``: it has none)."""
+        code = self._node_table.get(int(node))
+        return None if self._rows is None or code is None else self._rows.node == code
+
     def has(self, node: int, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` from ``node`` are already stored."""
-        if self._rows is None:
+        mine = self._mine(node)
+        if mine is None:
             return np.zeros(len(ids), dtype=bool)
-        code = self._node_table.get(int(node))
-        if code is None:
-            return np.zeros(len(ids), dtype=bool)
-        mine = self._rows.ids[self._rows.node == code]
-        return np.isin(ids, mine)
+        assert self._rows is not None
+        return np.isin(ids, self._rows.ids[mine])
 
     def received(self, node: int) -> np.ndarray:
         """Sorted int64 ids of every row received from ``node`` (evicted ones included)."""
         stored = np.zeros(0, dtype=np.int64)
-        code = self._node_table.get(int(node))
-        if self._rows is not None and code is not None:
-            stored = self._rows.ids[self._rows.node == code].astype(np.int64)
+        if (mine := self._mine(node)) is not None and self._rows is not None:
+            stored = self._rows.ids[mine].astype(np.int64)
         evicted = self._evicted_ids.get(int(node))
         if evicted is not None:
             stored = np.concatenate([stored, evicted.astype(np.int64)])
@@ -367,18 +353,13 @@ class SampleStore:
     # ---------------------------------------------------------------- drawing
     def node_weight(self, node: int) -> float:
         """Sum of the weights of the rows stored from ``node``."""
-        code = self._node_table.get(int(node))
-        if self._rows is None or code is None:
+        if (mine := self._mine(node)) is None or self._rows is None:
             return 0.0
-        mine = self._rows.node == code
         return float(self._rows.weights[mine].astype(np.float64).sum())
 
     def node_ids(self, rows: StoredRows) -> np.ndarray:
         """Origin node ids (uint64, as Flower draws them) of rows taken from this store."""
-        table = np.array(
-            sorted(self._node_table, key=self._node_table.__getitem__), dtype=np.uint64
-        )
-        return table[rows.node.astype(np.int64)]
+        return np.array(self.clients, dtype=np.uint64)[rows.node.astype(np.int64)]
 
     @property
     def holdout_mask(self) -> np.ndarray:
@@ -398,11 +379,10 @@ class SampleStore:
         A row's stratum is its class label; every float-target row is in stratum 0.
         """
         strata = np.asarray(strata).reshape(-1)
-        code = self._node_table.get(int(node))
-        if self._rows is None or code is None or not strata.size:
+        mine = self._mine(node)
+        if mine is None or self._rows is None or not strata.size:
             zeros = np.zeros(strata.size, dtype=np.int64)
             return zeros, zeros.copy()
-        mine = self._rows.node == code
         match = strata_of(self._rows.labels[mine])[None, :] == strata[:, None]
         held = self.holdout_mask[mine][None, :]
         return match.sum(1).astype(np.int64), (match & held).sum(1).astype(np.int64)
@@ -430,13 +410,10 @@ class SampleStore:
 
     def draw(self, batch_size: int, rng: np.random.Generator, weights: str = "importance",
              skip: frozenset[int] = frozenset()):
-        """Draw a uniform minibatch of training rows without replacement.
+        """A uniform minibatch ``(x, y, weights)`` of training rows, without replacement.
 
-        Returns ``(x, y, weights)``: ``x`` dequantized on the fly (float32 ``(b, d)``), ``y``
-        int64 labels or float32 targets. Held-out rows are never drawn, nor the rows of the
-        clients in ``skip`` (kept, not trained on). ``weights``: ``importance`` (each row's
-        own) or ``node`` (the mean over its node's training rows: the node keeps its
-        share, its rows count alike).
+        Held-out rows and those of the clients in ``skip`` are never drawn. ``weights``:
+        ``importance`` (each row's own) or ``node`` (its node's mean training row weight).
         """
         if len(self) == 0:
             raise ValueError("the sample store is empty")
@@ -477,10 +454,7 @@ class SampleStore:
         return np.divide(totals, counts, out=np.zeros_like(totals), where=counts > 0)
 
     def holdout_batches(self, batch_size: int = 1024):
-        """Yield the held-out rows as ``(x, y, weights, node_ids, ids)`` chunks, in store order.
-
-        ``ids`` are the rows' client-local sample ids.
-        """
+        """Yield the held-out rows as ``(x, y, weights, node_ids, ids)`` chunks, in store order."""
         held = np.flatnonzero(self.holdout_mask)
         for start in range(0, held.size, batch_size):
             rows = self._take(held[start:start + batch_size])
@@ -491,8 +465,7 @@ class SampleStore:
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:
         """Arrays for a checkpoint."""
-        out = {"node_table": np.array(sorted(self._node_table, key=self._node_table.__getitem__),
-                                      dtype=np.uint64),
+        out = {"node_table": np.array(self.clients, dtype=np.uint64),
                "evicted": np.array([self.evicted]),
                "rng": self._rng.bit_generator.state}
         if self._rows is not None:
@@ -536,9 +509,8 @@ class SampleStore:
 class FederationData:
     """What the server knows of the federation's data, shared by its parts.
 
-    The strategy owns it and hands it to the intake (which adopts the spec, sets up the
-    row layout and store, and learns the value bound) and to the parts that read it
-    (training, asks, compensations, metrics). ``store`` is ``None`` until a spec is adopted.
+    The intake adopts the spec, sets up the layout and store (``None`` until then) and
+    learns the value bound; training, asks, compensations and metrics read it.
     """
 
     num_classes: int | None = None

@@ -1,32 +1,18 @@
-"""Checks of DQ data replies. Pure: each returns what a reply would have the server adopt.
+"""Checks of DQ data replies, alone and against the round's others.
 
 Nothing a reply says (data spec, feature ranges, value bound, counts) is adopted unless it
-passes both stages. :func:`check_upload`, reply by reply, decodes it into an
-:class:`Upload` against :class:`Rules` (the server's knobs and what it adopted) and the
-node's :class:`History`, or raises :class:`~dq_flower.codecs.PayloadError` with the reason.
-:func:`agree`, on the round's checked uploads together, screens the example counts against
-the other nodes', agrees on the data spec while none is known (the one most uploads carry,
-confirmed by :func:`check_model`, a forward-and-loss of the server's model on their rows),
-learns the value bound while none is known and screens the uploads against it; its
-:class:`Agreement` lists the accepted and the refused (with reasons) and what to adopt.
-
-The bounds (``docs/reliability.md`` gives the measurements behind the factors):
-
-- values: an upload's *scale*, the largest ``|x|`` it can decode to (``max(|lo| + span)``
-  with feature ranges), is at most :data:`VALUE_FACTOR` times the median scale of the first
-  round's uploads, or ``max-abs-value``. Honest clients of one data set have similar
-  ranges (one pixel range; feature ranges over whole local data sets within 2x of each
-  other even for heavy tails); the factor leaves room for heavy-tailed uploads of 64 rows
-  (3.5x apart) and refuses values hundreds of times the data's. A one-reply first round
-  cannot be cross-checked: its own scale sets the bound.
-- counts: ``num-examples`` above :data:`EXAMPLES_FACTOR` times the nodes' lower median
-  (the round's and those accepted before) is refused; it never changes for a node;
-  ``rows <= candidates <= num-examples`` and, without ``resend``, candidates within the
-  examples the server does not yet hold from the node.
-- weight: a node's weight in a round, ``max(candidates, sum of row weights)`` (its share
-  of the fresh step, and what its rows weigh in the store), is clipped to
-  :data:`SHARE_FACTOR` times the median node's examples: measured Dirichlet(0.1)
-  partitions put the largest honest node at up to 3.5 times the median.
+passes both stages. :func:`check_upload` decodes one reply into an :class:`Upload` against
+:class:`Rules` (the knobs and what the server adopted) and the node's :class:`History`, or
+raises :class:`~dq_flower.codecs.PayloadError` with the reason; its samples' stream is
+decoded once (:func:`plain_payload`). :func:`agree` screens the round's uploads together:
+``num-examples`` over :data:`EXAMPLES_FACTOR` times the nodes' lower median is refused and
+a node's weight clipped to :data:`SHARE_FACTOR` times the median node's examples; while none
+is known, the data spec most uploads carry that the model trains on
+(:func:`~dq_flower.model_ops.check_model`) is agreed, and the value bound learned
+(:data:`VALUE_FACTOR` times the median upload's largest value) and enforced.
+:class:`Compensations` screens the round's compensations and refreshed residuals by norm
+and keeps them in the control variate. ``docs/reliability.md`` gives the measurements
+behind the factors.
 """
 
 from __future__ import annotations
@@ -64,7 +50,7 @@ from dq_flower.wire.dq_batch import (
     spec_from_record,
 )
 
-__all__ = ["plain_payload", "decode_samples", "keep_rows", "kept_rows", "Upload", "Rules",
+__all__ = ["plain_payload", "keep_rows", "kept_rows", "Upload", "Rules",
            "History", "Agreement", "check_upload", "agree", "Compensations", "decode_compensation",
            "decode_vector", "reply_spec", "VALUE_FACTOR", "EXAMPLES_FACTOR", "SHARE_FACTOR",
            "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
@@ -86,15 +72,14 @@ SHARE_FACTOR = 4.0
 class Upload:
     """One checked data reply: its batch, decoded rows, claims and what it would adopt.
 
-    Frozen: each stage that changes an upload (dropping rows already held, clipping its
-    compensation, storing it) returns a new record (``dataclasses.replace``).
+    Frozen: each stage that changes an upload returns a new record (``replace``).
     """
 
     batch: SampleBatch
     x: np.ndarray
     candidates: int
     delta: np.ndarray | None
-    node: int = 0  # the client's identity (dq.identity), which keys all per-client state
+    node: int = 0  # the client's identity, which keys all per-client state
     partition: int = 0
     examples: int = 0
     reply_bits: int = 0
@@ -158,10 +143,9 @@ class _KeptBatch(SampleBatch):
 
 
 def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
-    """``batch`` restricted to the rows where ``keep`` is true.
+    """``batch`` cut to the rows where ``keep`` is true; the payload stays as sent.
 
-    Labels, ids and weights are cut; the payload stays as sent (its sizes are what the
-    client sent), and :func:`kept_rows` names the payload rows still used.
+    :func:`kept_rows` names the payload rows still used.
     """
     idx = np.flatnonzero(np.asarray(keep, dtype=bool))
     base = kept_rows(batch)
@@ -176,19 +160,17 @@ def kept_rows(batch: SampleBatch) -> np.ndarray | None:
 
 
 def plain_payload(p: Payload, bits: int) -> Payload:
-    """``p`` with its lossless coder undone, so that its stream is decoded once.
+    """``p`` with its lossless coder and coded ranges undone: its stream is decoded once.
 
-    The ``uniform`` decoder and :meth:`RowLayout.rows` each undo the coder of the payload
-    they are given; given this one, neither decodes the stream again (nor its coded ranges,
-    which it carries as ``mins`` and ``scales``). Every check of the
-    coded payload holds for this one exactly where it holds for ``p``: ``nbits`` moves by
-    the difference between the coded and the packed sizes, the context shape goes with the
-    context coder, and the padding bits (which no check of a coded stream reads) are
-    cleared. ``p`` itself is returned where it names no coder (or none validly).
+    Every check of ``p`` holds for the result exactly where it holds for ``p`` (``nbits``
+    moves by the coded minus the packed size, padding bits are cleared); ``p`` itself
+    where it names no coder (or none validly).
     """
     if len(p.shape) != 2:
         return p
-    p = _plain_ranges(p)
+    groups = p.meta.get("per_channel", 0)
+    if "ranges" in p.meta and isinstance(groups, int) and not isinstance(groups, bool):
+        p = expand_ranges(p, p.shape[0] * max(groups, 1))  # else malformed: the decoder refuses
     method = p.meta.get("entropy")
     stream = p.buffers.get("codes")
     if not isinstance(method, str) or method == "none" or stream is None:
@@ -203,28 +185,6 @@ def plain_payload(p: Payload, bits: int) -> Payload:
     meta["entropy"] = "none"
     return dataclasses.replace(p, meta=meta, buffers={**p.buffers, "codes": packed},
                                nbits=p.nbits - 8 * int(stream.size) + n * d * bits)
-
-
-def _plain_ranges(p: Payload) -> Payload:
-    """``p`` with coded ranges undone (:func:`~dq_flower.codecs.uniform.expand_ranges`)."""
-    groups = p.meta.get("per_channel", 0)
-    if "ranges" not in p.meta or isinstance(groups, bool) or not isinstance(groups, int):
-        return p  # nothing to undo, or a malformed payload the decoder refuses
-    return expand_ranges(p, p.shape[0] * max(groups, 1))
-
-
-def decode_samples(p: Payload, bits: int, per_channel: int, fixed_range: bool = False
-                   ) -> tuple[np.ndarray, Payload]:
-    """Float rows ``(n, d)`` of a ``uniform`` samples payload, and ``p`` decoded once.
-
-    ``p``'s settings are checked
-    (:func:`~dq_flower.wire.dq_batch.payload_quantizer`), its stream is decoded once
-    (:func:`plain_payload`), and the rows are decoded from the plain payload, which the
-    store's :meth:`RowLayout.rows` then re-lays without decoding the stream again.
-    """
-    quantizer = payload_quantizer(p, bits, per_channel, fixed_range)
-    plain = plain_payload(p, bits)
-    return quantizer.decode(plain), plain
 
 
 def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:
@@ -285,8 +245,10 @@ def decode_rows(content: RecordDict, batch: SampleBatch, spec: DataSpec, mode: s
                 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None, Payload]:
     """Decoded float rows ``(n, dim)``, the reply's feature ranges (if any), plain samples."""
     fixed = mode == "feature"
-    groups = spec.channels if mode == "channel" else 0
-    x, plain = decode_samples(batch.samples, bits, groups, fixed)
+    quantizer = payload_quantizer(batch.samples, bits, spec.channels if mode == "channel" else 0,
+                                  fixed)
+    plain = plain_payload(batch.samples, bits)  # the stream decoded once, here and to store
+    x = quantizer.decode(plain)
     ranges = None
     if fixed:
         record = content.array_records.get(RANGES_KEY)
@@ -485,7 +447,10 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
 class Compensations:
     """The norm screens of compensations and refreshed residuals, and the control variate.
 
-    ``data`` holds the store whose per-client weights a refreshed residual replaces.
+    Each kind is screened against its own round's others
+    (:func:`~dq_flower.server.pipeline.bound_vectors`) and clipped; with
+    ``compensation-mode`` ``store`` or ``refresh`` the accepted ones enter the control
+    variate that corrects every store step. ``data``: whose store weights a refresh replaces.
     """
 
     def __init__(self, cfg: DQConfig, num_params: int, data: FederationData) -> None:
@@ -498,11 +463,7 @@ class Compensations:
     def _screen(self, uploads: list[Upload], get: Callable[[Upload], np.ndarray | None],
                 put: Callable[[Upload, np.ndarray | None], Upload], screen: NormScreen,
                 what: str) -> tuple[list[Upload], list[int]]:
-        """Norm-screen and clip the uploads' vectors (``get``; ``put`` a new one in).
-
-        Returns the uploads with their vectors clipped (a rejected one's dropped: ``None``)
-        and the positions of the rejected ones; ``what`` names the vector in the log.
-        """
+        """The uploads' vectors (``get``, ``put``) clipped (``None``: rejected); the rejected."""
         vectors = [get(u) for u in uploads]
         having = [i for i, v in enumerate(vectors) if v is not None]
         out = list(uploads)
@@ -522,26 +483,23 @@ class Compensations:
         return out, rejected
 
     def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
-        """Drop uploads whose compensation norm is implausible; clip the others'.
-
-        See :func:`dq_flower.server.pipeline.bound_vectors`.
-        """
+        """Drop uploads whose compensation norm is implausible; clip the others'."""
         screened, bad = self._screen(uploads, lambda u: u.delta,
                                      lambda u, v: replace(u, delta=v), self.comp_norms,
                                      "compensation norm")
         return [u for i, u in enumerate(screened) if i not in set(bad)], len(bad)
 
     def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
-        """Age the control variate, then enter the round's refreshed and fresh deltas.
+        """Age the control variate, enter the round's screened refreshes and deltas.
 
-        Called before the round's rows are stored, so a refreshed residual replaces the
-        share of exactly the node's earlier rows. Refreshed residuals pass their own norm
-        screen and clip, as compensations do. Returns ``(refreshed, rejected refreshes)``.
+        Called before the round's rows are stored, so a refresh replaces the share of
+        exactly the node's earlier rows. Returns ``(refreshed, rejected refreshes)``.
         """
         if self.cv is None:
             return 0, 0
         self.cv.age()
-        fresh, dropped = self._screen_refreshes(fresh)
+        fresh, bad = self._screen(fresh, lambda u: u.refresh, lambda u, v: replace(u, refresh=v),
+                                  self.refresh_norms, "refreshed residual's norm")
         refreshed = 0
         store = self.data.store
         for u in fresh:
@@ -550,14 +508,7 @@ class Compensations:
                 refreshed += 1
             if u.delta is not None and len(u.batch):
                 self.cv.add(u.node, u.delta, float(u.batch.weights.sum()))
-        return refreshed, dropped
-
-    def _screen_refreshes(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
-        """Norm-screen and clip the refreshed residuals; a rejected one is dropped."""
-        screened, bad = self._screen(uploads, lambda u: u.refresh,
-                                     lambda u, v: replace(u, refresh=v), self.refresh_norms,
-                                     "refreshed residual's norm")
-        return screened, len(bad)
+        return refreshed, len(bad)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
