@@ -106,16 +106,6 @@ def round_config(msg: Message) -> dict[str, Any]:
     return dict(msg.content.config_records["config"].items())
 
 
-def __getattr__(name: str) -> Any:
-    """``score_candidates``, imported (with PyTorch) from :mod:`dq_flower.dq.client.scoring`."""
-    if name == "score_candidates":
-        # PyTorch: model scorers only, torch-free nodes never load it
-        from dq_flower.dq.client.scoring import score_candidates
-
-        return score_candidates
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _sent_rounds(context: Context) -> list[int]:
     return sorted(int(k[len(SENT_ROWS_PREFIX):]) for k in context.state.array_records
                   if k.startswith(SENT_ROWS_PREFIX))
@@ -315,8 +305,6 @@ def _scores(r: RoundInput, cfg: DQConfig,
         return None, np.ones(candidates.size)
     # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import received_model
-
-    # PyTorch: model scorers only, torch-free nodes never load it
     from dq_flower.dq.client.scoring import score_candidates
 
     model = received_model(r.msg, r.model, r.knob)

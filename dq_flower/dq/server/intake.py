@@ -372,15 +372,12 @@ class UploadIntake:
 
     def forget_unconfirmed(self) -> None:
         """Forget a spec and bound learned from replies while no row of them is stored."""
-        if self.data.stored:
-            self._provisional = {"spec": False, "bound": False}
-            return
-        if self._provisional["spec"]:
-            data = self.data
+        data = self.data
+        if not data.stored and self._provisional["spec"]:
             data.spec, data.layout, data.store, data.mode = None, None, None, "sample"
-            self.data.num_classes = self._given_classes
-        if self._provisional["bound"]:
-            self.data.value_bound = None
+            data.num_classes = self._given_classes
+        if not data.stored and self._provisional["bound"]:
+            data.value_bound = None
         self._provisional = {"spec": False, "bound": False}
 
     def _check_model(self, spec: DataSpec, upload: Upload) -> int:

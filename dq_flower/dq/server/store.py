@@ -308,14 +308,9 @@ class SampleStore:
 
     def _append(self, compact: StoredRows) -> None:
         """Append rows already in the store's dtypes."""
-        if self._rows is None:
-            self._rows = compact
-        else:
-            old = self._rows
-            self._rows = StoredRows(
-                *(np.concatenate([getattr(old, f), getattr(compact, f)])
-                  for f in _FIELDS)
-            )
+        old = self._rows
+        self._rows = compact if old is None else StoredRows(
+            *(np.concatenate([getattr(old, f), getattr(compact, f)]) for f in _FIELDS))
 
     def _evict(self) -> None:
         if not self.max_samples or len(self) <= self.max_samples:
