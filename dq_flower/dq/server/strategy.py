@@ -7,16 +7,12 @@ takes ``server-steps`` optimizer steps. The first step uses the fresh batch plus
 compensation, so its gradient equals the true-data gradient when the compensation codec is
 lossless; later steps draw minibatches from the store.
 
-What the server must know about the data (the sample shape, class labels or float targets)
-is given, or agreed by the first data round's replies and confirmed by a forward-and-loss of
-the model on their rows, and enforced afterwards; the number of classes is given or read off
-the model's output width. Replies are checked by :mod:`dq_flower.dq.server.validation`; nothing a
-reply says is adopted unless the whole reply is accepted.
-
-With ``upload-mode`` ``gradient`` or ``auto`` (see :mod:`dq_flower.dq.server.planner`), a round
-may instead ask every client for a minibatch gradient coded by ``gradient-codec``; the
-server then takes one step with their example-weighted mean, and the remaining
-``server-steps`` from the store when it holds samples.
+The data spec (sample shape, class labels or float targets) is given, or agreed by the
+first data round's replies (:mod:`dq_flower.dq.server.intake`). With ``upload-mode``
+``gradient`` or ``auto`` (see :mod:`dq_flower.dq.server.planner`), a round may instead ask
+every client for a minibatch gradient coded by ``gradient-codec``; the server then takes
+one step with their example-weighted mean, and the remaining ``server-steps`` from the
+store when it holds samples.
 
 The strategy wires its parts together and keeps Flower's ``Strategy`` interface:
 :class:`~dq_flower.dq.server.asks.RoundAsks` (who is asked for what),
@@ -170,8 +166,6 @@ class DQStrategy(ModelStrategy, Strategy):
         self.ledger = RoundLedger()
         #: which client (identity) each node id is; everything per client is keyed by it
         self.identities = ClientIdentities(permanent=cfg.identity_binding == "node")
-        # Reply sizes feed the planner's estimates, which only gradient and auto modes use:
-        # plain data runs neither encode synthetic replies nor serialize replies twice.
         #: what the server knows of the federation's data: spec, store, value bound
         self.data = FederationData(num_classes=num_classes,
                                    value_bound=float(cfg.max_abs_value) or None)
@@ -179,9 +173,9 @@ class DQStrategy(ModelStrategy, Strategy):
         #: a digest of the held-out key, kept in checkpoints: a resume under another one
         #: would hold out other rows of the new uploads
         self._holdout_check = hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
+        # reply sizes feed the planner's estimates, which only gradient and auto modes use
         self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
-                                   holdout_key=key,
-                                   planner=self.planner,
+                                   holdout_key=key, planner=self.planner,
                                    identities=self.identities, comp_codec=comp_codec,
                                    num_params=self.num_params,
                                    measuring=cfg.upload_mode != "data")
