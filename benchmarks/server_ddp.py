@@ -30,11 +30,10 @@ import numpy as np
 import torch
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.server.rows import RowLayout
-from dq_flower.dq.server.store import FederationData, SampleStore, StoredRows
+from dq_flower.dq.server.store import FederationData, RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.harness.tasks.models import make_model
-from dq_flower.wire.spec import DataSpec
+from dq_flower.wire.dq_batch import DataSpec
 
 SHAPE = (1, 28, 28)
 CLASSES = 10

@@ -34,8 +34,7 @@ import time
 import numpy as np
 
 from dq_flower.dq.server.disk_store import DiskSampleStore
-from dq_flower.dq.server.rows import RowLayout
-from dq_flower.dq.server.store import SampleStore, StoredRows
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 
 
 def chunks(layout: RowLayout, rows: int, chunk: int, seed: int):

@@ -2,7 +2,7 @@
 
 Quantizes ``--n`` random samples of ``--shape`` (values 0-255, like image pixels) with the
 ``uniform`` codec at ``--bits`` bits and per-sample ranges (DQ's default for images), lays
-them out as the server's store does (:class:`~dq_flower.dq.server.rows.RowLayout`), adds
+them out as the server's store does (:class:`~dq_flower.dq.server.store.RowLayout`), adds
 them to a :class:`~dq_flower.dq.server.store.SampleStore` with labels of ``--classes``
 classes, ids, weights and ``--clients`` origin clients, and prints the store's bytes per
 sample (packed codes and per-row metadata), the float32 size it replaces, the projected
@@ -24,8 +24,7 @@ import time
 import numpy as np
 
 from dq_flower.codecs import make
-from dq_flower.dq.server.rows import RowLayout
-from dq_flower.dq.server.store import SampleStore, StoredRows
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 
 
 def main() -> None:

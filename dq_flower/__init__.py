@@ -25,7 +25,7 @@ from dq_flower.baselines.config import GradientConfig
 from dq_flower.dq.config import DQConfig
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.simulate import simulate
-from dq_flower.wire.spec import DataSpec
+from dq_flower.wire.dq_batch import DataSpec
 
 if TYPE_CHECKING:
     from dq_flower.baselines.strategy import GradientStrategy

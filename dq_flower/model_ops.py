@@ -12,6 +12,7 @@ squared error (averaged over the output's other axes) for float targets.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,8 +20,15 @@ import torch.nn.functional as F  # noqa: N812
 from flwr.app import ArrayRecord
 from torch import nn
 
+from dq_flower.codecs import PayloadError
+
+if TYPE_CHECKING:
+    from dq_flower.wire.dq_batch import DataSpec
+
 __all__ = [
     "LossFn",
+    "check_model",
+    "placeholder_rows",
     "output_width",
     "default_loss",
     "resolve_loss",
@@ -303,3 +311,69 @@ def resolve_device(name: str) -> torch.device:
 def state_arrays(model: nn.Module) -> ArrayRecord:
     """The model's state dict as a Flower ``ArrayRecord`` (tensors copied to the CPU)."""
     return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+
+
+# ------------------------------------------------------------------ the model check
+#: Rows of an upload the model check runs the model and the loss on.
+CHECK_ROWS = 4
+
+
+def _classes(spec: DataSpec, width: int, num_classes: int | None) -> int:
+    """Classes (class targets) or target width (float targets) the model's output gives."""
+    if spec.target != "class":
+        if width != spec.target_dim:
+            raise PayloadError(f"the model has {width} outputs per sample; the float "
+                               f"targets have {spec.target_dim}")
+        return width
+    if num_classes is None:
+        if width < 2:
+            raise PayloadError(f"the model has {width} output for class labels; give "
+                               "num_classes or use float targets")
+        return width
+    if width < num_classes:
+        raise PayloadError(f"the model's {width} outputs cannot score {num_classes} classes")
+    return num_classes
+
+
+def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.ndarray,
+                num_classes: int | None, loss_fn: LossFn | None = None) -> int:
+    """Run the model and the training loss on a few rows shaped by ``spec``; the classes.
+
+    The loss and its gradient are computed as the server's steps compute them
+    (:func:`~dq_flower.model_ops.weighted_loss_grad`, ``loss_fn``), in eval mode so that
+    no buffer (BatchNorm statistics) changes; the parameters never do. Any error, labels
+    outside the classes, or a non-finite loss raises :class:`PayloadError`.
+    """
+    n = min(len(y), CHECK_ROWS)
+    if n == 0:
+        raise PayloadError("no rows to check the data spec against the model")
+    was_training = model.training
+    model.eval()
+    try:
+        rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
+        dev = next(model.parameters()).device
+        with torch.no_grad():
+            out = model(torch.as_tensor(rows, dtype=torch.float32).to(dev))
+        classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
+        if spec.target == "class" and int(y.max()) >= classes:
+            raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")
+        loss, grad = weighted_loss_grad(model, rows, y[:n], np.full(n, 1.0 / n, np.float32),
+                                        loss_fn)
+    except PayloadError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (any model or loss error: a wrong spec)
+        raise PayloadError(f"the model cannot train on samples of shape {spec.sample_shape}:"
+                           f" {type(exc).__name__}: {exc}") from None
+    finally:
+        model.train(was_training)
+    if not (np.isfinite(loss) and np.isfinite(grad).all()):
+        raise PayloadError("the model's training loss on the samples is not finite")
+    return classes
+
+
+def placeholder_rows(spec: DataSpec, n: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Zero rows and targets of ``spec`` (class 0 or zero targets): a spec given, not sent."""
+    x = np.zeros((n, spec.dim), dtype=np.float32)
+    if spec.target == "class":
+        return x, np.zeros(n, dtype=np.int64)
+    return x, np.zeros((n,) if spec.target_dim == 1 else (n, spec.target_dim), np.float32)

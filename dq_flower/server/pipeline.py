@@ -1,21 +1,11 @@
-"""One server round, the same for every strategy of the package.
+"""One server round's replies, the same steps for every strategy of the package.
 
-A round's replies go through the same steps whatever the protocol:
-
-1. :class:`RoundLedger` keeps what the strategy sent. A reply is checked against it
-   (:func:`origin_problem`): from a node sampled in that round, of the message type sent,
-   for that round (``group_id``), answering that node's message (``reply_to``).
-2. :func:`screen_replies`: error replies and sampled nodes that sent nothing before the
-   round's timeout are ``failed``; a second reply from a node is rejected; the protocol's
-   decoder turns every other reply into a typed reply object or a rejection with a reason.
-3. :func:`bound_vectors` (for vector uploads): the norm screen rejects implausible norms
-   (:class:`~dq_flower.server.robust.NormScreen`), every surviving vector is clipped to
-   ``clip-factor`` times the round's median norm (and to ``clip-norm``), and example
-   weights are capped against the round's median (:func:`~dq_flower.server.robust.cap_weights`).
-4. :func:`~dq_flower.server.robust.aggregate` combines them; the strategy steps inside a
-   :class:`~dq_flower.server.robust.StepGuard` that rolls back a non-finite step.
-5. :class:`UpdateFigures`: the round's uplink and screening metrics, one meaning per key,
-   for every strategy whose clients upload model updates.
+:class:`RoundLedger` keeps what the strategy sent and :func:`origin_problem` checks each
+reply against it; :func:`screen_replies` counts errors and silent nodes as failed, rejects
+second replies and decodes the rest; :func:`bound_vectors` screens, clips and weighs
+uploaded vectors (:mod:`dq_flower.server.robust`), which the strategy aggregates inside a
+:class:`~dq_flower.server.robust.StepGuard`; :class:`UpdateFigures` holds an update round's
+uplink and screening figures.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Compact sets of client-local row ids: which of a client's rows the server holds.
 
 Each DQ train message tells the client which of its rows the server already holds (see
-:mod:`dq_flower.dq.server.identity`), so a lost or late reply, or a restarted client, loses and
+:mod:`dq_flower.dq.server.intake`), so a lost or late reply, or a restarted client, loses and
 duplicates nothing. A set of row ids is sent as real packed bytes, in whichever of three
 forms is smallest (first byte: the form):
 

@@ -24,8 +24,11 @@ import numpy as np  # noqa: E402
 
 from dq_flower.codecs.bitpack import pack  # noqa: E402
 from dq_flower.dq.server.disk_store import DiskSampleStore  # noqa: E402
-from dq_flower.dq.server.rows import RowLayout  # noqa: E402
-from dq_flower.dq.server.store import SampleStore, StoredRows  # noqa: E402
+from dq_flower.dq.server.store import (  # noqa: E402
+    RowLayout,  # noqa: E402
+    SampleStore,
+    StoredRows,
+)
 
 DIM, BITS, CLASSES, CHUNK_MB, SEED = 3072, 2, 10, 8, 0
 

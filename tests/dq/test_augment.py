@@ -78,7 +78,7 @@ def test_dq_shifts_image_minibatches_by_default_and_a_users_callable_replaces_it
     from torch import nn
 
     import dq_flower
-    from dq_flower.wire.spec import DataSpec
+    from dq_flower.wire.dq_batch import DataSpec
 
     def model():
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 10))

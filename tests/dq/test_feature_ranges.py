@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dq_flower.codecs import PayloadError, make
-from dq_flower.dq.server.rows import RowLayout
+from dq_flower.dq.server.store import RowLayout
 from dq_flower.wire.dq_batch import (
     denormalise,
     feature_ranges,

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from dq_flower.codecs import make
 from dq_flower.dq.client.scoring import score_candidates
-from dq_flower.dq.server.rows import RowLayout
+from dq_flower.dq.server.store import RowLayout
 from dq_flower.harness.tasks.models import make_model
 
 
@@ -87,7 +87,7 @@ def _samples(bits, crop, entropy, n=63):
 def test_the_plain_payload_decodes_the_same_without_decoding_its_stream_again(entropy, bits,
                                                                                crop):
     from dq_flower.codecs.uniform import packed_codes
-    from dq_flower.dq.server.rows import plain_payload
+    from dq_flower.dq.server.validation import plain_payload
 
     # Prepare
     p = _samples(bits, crop, entropy)
@@ -121,7 +121,7 @@ def test_the_plain_payload_clears_padding_bits_a_coded_stream_carried():
     import zlib
 
     from dq_flower.codecs.uniform import packed_codes
-    from dq_flower.dq.server.rows import plain_payload
+    from dq_flower.dq.server.validation import plain_payload
 
     # Prepare: a zlib stream whose last byte has its 3 padding bits set (63 x 49 x 3 bits)
     p = _samples(3, 7, "zlib")
@@ -142,7 +142,7 @@ def test_the_plain_payload_clears_padding_bits_a_coded_stream_carried():
 def test_the_plain_payload_keeps_a_context_shape_it_does_not_own_and_passes_odd_shapes():
     import dataclasses
 
-    from dq_flower.dq.server.rows import plain_payload
+    from dq_flower.dq.server.validation import plain_payload
 
     p = _samples(2, 8, "zlib")
     tagged = dataclasses.replace(p, meta={**p.meta, "context_shape": "28x28"})
@@ -159,7 +159,7 @@ def test_the_plain_payload_keeps_a_context_shape_it_does_not_own_and_passes_odd_
 
 
 def test_kept_rows_cut_the_labels_and_name_the_payload_rows_still_used():
-    from dq_flower.dq.server.rows import keep_rows, kept_rows
+    from dq_flower.dq.server.validation import keep_rows, kept_rows
     from dq_flower.wire.dq_batch import SampleBatch
 
     # Prepare

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.server.compensation import Compensations
-from dq_flower.dq.server.validation import Upload
+from dq_flower.dq.server.validation import Compensations, Upload
 
 
 def _upload(node: int, delta: np.ndarray | None) -> Upload:

@@ -22,11 +22,10 @@ from dq_flower.dq.server.validation import (
     Rules,
     Upload,
     agree,
-    check_model,
     read_counts,
 )
-from dq_flower.wire.dq_batch import SampleBatch
-from dq_flower.wire.spec import DataSpec
+from dq_flower.model_ops import check_model
+from dq_flower.wire.dq_batch import DataSpec, SampleBatch
 
 FLAT, WIDE = DataSpec((64,)), DataSpec((1, 64))
 RULES = Rules(bits=2, dither=False, selection_rule="topk")

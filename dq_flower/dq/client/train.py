@@ -65,6 +65,8 @@ from dq_flower.wire.dq_batch import (
     GRADIENT_KEY,
     RANGES_KEY,
     REFRESH_KEY,
+    SPEC_KEY,
+    DataSpec,
     denormalise,
     encode_batch,
     feature_ranges,
@@ -72,10 +74,11 @@ from dq_flower.wire.dq_batch import (
     payload_quantizer,
     range_mode,
     ranges_record,
+    spec_of,
+    spec_record,
 )
 from dq_flower.wire.held import held_for
 from dq_flower.wire.node_errors import NodeConfigError
-from dq_flower.wire.spec import SPEC_KEY, DataSpec, spec_of, spec_record
 
 if TYPE_CHECKING:
     import torch
@@ -101,16 +104,6 @@ def round_config(msg: Message) -> dict[str, Any]:
         raise ValueError("the train message carries no 'config' record; is the server running "
                          "a dq_flower strategy?")
     return dict(msg.content.config_records["config"].items())
-
-
-def __getattr__(name: str) -> Any:
-    """``score_candidates``, imported (with PyTorch) from :mod:`dq_flower.dq.client.scoring`."""
-    if name == "score_candidates":
-        # PyTorch: model scorers only, torch-free nodes never load it
-        from dq_flower.dq.client.scoring import score_candidates
-
-        return score_candidates
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _sent_rounds(context: Context) -> list[int]:
@@ -312,8 +305,6 @@ def _scores(r: RoundInput, cfg: DQConfig,
         return None, np.ones(candidates.size)
     # PyTorch: model knobs only, torch-free nodes never load it
     from dq_flower.dq.client.client_model import received_model
-
-    # PyTorch: model scorers only, torch-free nodes never load it
     from dq_flower.dq.client.scoring import score_candidates
 
     model = received_model(r.msg, r.model, r.knob)

@@ -1,6 +1,6 @@
 """What each round asks of whom: the round's plan, per-client asks and held sets.
 
-Asks are per client identity (:mod:`dq_flower.dq.server.identity`). In a data round a client
+Asks are per client identity (:mod:`dq_flower.dq.server.intake`). In a data round a client
 known to have uploaded all its samples is not asked; under the adaptive schedule the
 schedule sizes the round's total ask and :func:`~dq_flower.dq.server.schedule.allocate` shares it
 out. Each message says which of the client's rows the server holds (``held``), or, to a
@@ -29,7 +29,7 @@ from dq_flower.dq.scorer_choice import (
     node_scorer,
     run_model_knob,
 )
-from dq_flower.dq.server.identity import ClientIdentities, RoundClients
+from dq_flower.dq.server.intake import ClientIdentities, RoundClients
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.store import FederationData
@@ -222,7 +222,7 @@ class RoundAsks:
         """Per-client asks of the adaptive schedule (the first round: :meth:`first_ask`).
 
         ``keys`` are the round's client identities (and placeholders for nodes the server
-        cannot name yet, see :class:`~dq_flower.dq.server.identity.RoundClients`).
+        cannot name yet, see :class:`~dq_flower.dq.server.intake.RoundClients`).
         """
         schedule = self.trainer.schedule
         assert schedule is not None

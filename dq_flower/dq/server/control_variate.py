@@ -2,7 +2,7 @@
 
 Each client's compensation ``delta_k`` is the weighted mean of ``grad f(x_i) - grad
 f(Q(x_i))`` over the rows it uploaded in that round. The server keeps, per client (its
-identity, see :mod:`dq_flower.dq.server.identity`), the sum of ``W_u * delta_u`` over its uploads
+identity, see :mod:`dq_flower.dq.server.intake`), the sum of ``W_u * delta_u`` over its uploads
 ``u`` (``W_u`` the sum of the rows' weights) and the sum of the weights, so that
 
     c = sum_nodes sum_u W_u delta_u / sum_nodes sum_u W_u

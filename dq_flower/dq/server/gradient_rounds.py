@@ -19,8 +19,7 @@ from flwr.app import Message
 
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
-from dq_flower.dq.server.identity import ClientIdentities, reply_identity
-from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.intake import ClientIdentities, UploadIntake, reply_identity
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
@@ -28,9 +27,8 @@ from dq_flower.dq.server.validation import MAX_LOCAL_ID
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, UpdateFigures, bound_vectors
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
-from dq_flower.wire.dq_batch import GRADIENT_KEY
+from dq_flower.wire.dq_batch import GRADIENT_KEY, SPEC_KEY
 from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
-from dq_flower.wire.spec import SPEC_KEY
 
 __all__ = ["GradientRounds", "Combined"]
 

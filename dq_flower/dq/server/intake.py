@@ -1,19 +1,28 @@
-"""The server's intake of DQ data replies: what it learns of the data, and the checks.
+"""The server's intake of DQ data replies: which client sent each, what it learns, the checks.
 
-:class:`UploadIntake` owns what the server knows of the federation's data: the data spec
-(and the row layout and store it sets up), each client's feature ranges and the value
-bound. A reply is checked alone (:meth:`~UploadIntake.validate_reply`, with
+Flower's node ids change when a simulation or a SuperNode restarts, so DQ keys everything it
+keeps per client by the client's **identity**: its ``partition-id`` metric
+(:func:`dq_flower.node.node_key`), else its node id. :class:`ClientIdentities` learns
+``node id -> identity`` from accepted replies. An identity bound to a node id still
+connected cannot be taken over, a node cannot change identity, and an identity two node ids
+claim in one round is **contested**: granted to neither (:meth:`ClientIdentities.check`).
+A node claiming an identity nobody holds yet keeps it (without SuperNode authentication the
+server has nothing else to tell nodes apart by).
+
+:class:`UploadIntake` owns what the server knows of the federation's data (the data spec,
+the row layout and store it sets up, feature ranges, the value bound). A reply is checked
+alone (:meth:`~UploadIntake.validate_reply`, with
 :func:`~dq_flower.dq.server.validation.check_upload`), then with the round's others
-(:meth:`~UploadIntake.adopt`, with :func:`~dq_flower.dq.server.validation.agree`); nothing a
-reply says is adopted unless the whole reply is accepted, and a spec or bound learned from
+(:meth:`~UploadIntake.adopt`, with :func:`~dq_flower.dq.server.validation.agree`); nothing
+a reply says is adopted unless the whole reply is accepted, and a spec or bound learned from
 replies stays provisional until rows of them are stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from logging import WARNING
 from typing import Any
 
@@ -25,12 +34,15 @@ from flwr.common.logger import log
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.disk_store import DiskSampleStore
-from dq_flower.dq.server.holdout import choose_holdout
-from dq_flower.dq.server.identity import ClientIdentities, reply_identity
 from dq_flower.dq.server.node_screen import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
-from dq_flower.dq.server.rows import RowLayout, keep_rows, kept_rows
-from dq_flower.dq.server.store import FederationData, SampleStore, StoredRows
+from dq_flower.dq.server.store import (
+    FederationData,
+    RowLayout,
+    SampleStore,
+    StoredRows,
+    choose_holdout,
+)
 from dq_flower.dq.server.validation import (
     SHARE_FACTOR,
     VALUE_FACTOR,
@@ -38,19 +50,154 @@ from dq_flower.dq.server.validation import (
     Rules,
     Upload,
     agree,
-    check_model,
     check_upload,
     decode_compensation,
     decode_vector,
-    placeholder_rows,
+    keep_rows,
+    kept_rows,
     reply_spec,
 )
-from dq_flower.model_ops import LossFn
+from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
-from dq_flower.wire.dq_batch import REFRESH_KEY, SampleBatch, range_mode
-from dq_flower.wire.spec import DataSpec
+from dq_flower.wire.dq_batch import REFRESH_KEY, DataSpec, SampleBatch, range_mode
 
-__all__ = ["UploadIntake"]
+__all__ = ["UploadIntake", "ClientIdentities", "RoundClients", "reply_identity",
+           "MAX_IDENTITY"]
+
+#: Identities are non-negative and fit Flower's unsigned 64-bit node ids.
+MAX_IDENTITY = (1 << 64) - 1
+
+
+def reply_identity(metrics: Mapping[str, Any] | None, node: int) -> int:
+    """The identity a reply claims: its ``partition-id`` metric (``[0, 2**64)``), else its node."""
+    value = None if metrics is None else metrics.get("partition-id")
+    if value is None:
+        return int(node)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_IDENTITY:
+        raise PayloadError(f"'partition-id'={value!r} is not a client identity (an int in "
+                           "[0, 2**64))")
+    return int(value)
+
+
+@dataclass
+class RoundClients:
+    """A round's sampled nodes: ``known`` (node id -> identity) and ``unknown`` node ids.
+
+    An unknown node gets a table of the identities it may be (:mod:`dq_flower.wire.held`):
+    ``free`` (bound to no connected node), then ``spare`` placeholders (negative ints).
+    """
+
+    known: dict[int, int] = field(default_factory=dict)
+    unknown: list[int] = field(default_factory=list)
+    free: list[int] = field(default_factory=list)
+    spare: list[int] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[int]:
+        """The identities (and placeholders) the round's asks are shared out over."""
+        named = sorted(set(self.known.values()))
+        return named + (self.free + self.spare if self.unknown else [])
+
+
+class ClientIdentities:
+    """``node id <-> identity`` bindings, with the connected nodes of the current round.
+
+    ``permanent``: an identity stays with its first node id for good, not only while that
+    node is connected (``identity-binding = "node"``).
+    """
+
+    def __init__(self, permanent: bool = False) -> None:
+        self.permanent = permanent
+        self.identity_of: dict[int, int] = {}
+        self.node_of: dict[int, int] = {}
+        self.connected: set[int] = set()
+        self._claims: tuple[int, dict[int, int]] = (0, {})
+        self._contests: tuple[int, set[int]] = (0, set())
+
+    def of(self, node: int) -> int | None:
+        """The identity bound to ``node``, or ``None``."""
+        return self.identity_of.get(int(node))
+
+    def observe(self, connected: Iterable[int]) -> None:
+        """The nodes connected when a round is configured (a new round's claims start)."""
+        self.connected = {int(n) for n in connected}
+
+    def split(self, sampled: Iterable[int], known: Iterable[int]) -> RoundClients:
+        """:class:`RoundClients` of ``sampled``; ``known``: identities the server has state of."""
+        out = RoundClients()
+        for node in sampled:
+            identity = self.of(node)
+            if identity is None:
+                out.unknown.append(int(node))
+            else:
+                out.known[int(node)] = identity
+        if out.unknown:
+            out.free = sorted(i for i in set(known) | set(self.node_of)
+                              if self.node_of.get(i) is None
+                              or (not self.permanent and self.node_of[i] not in self.connected))
+            out.spare = [-1 - i for i in range(max(len(out.unknown) - len(out.free), 0))]
+        return out
+
+    def check(self, server_round: int, node: int, identity: int) -> None:
+        """Raise ``PayloadError`` where ``node`` may not speak for ``identity`` this round.
+
+        A second claim makes the identity contested: this reply is rejected here, the
+        first claimant's by the round.
+        """
+        node, identity = int(node), int(identity)
+        current = self.identity_of.get(node)
+        if current is not None and current != identity:
+            raise PayloadError(f"node {node} is client {current}: a node cannot change its "
+                               f"client identity (it claimed {identity})")
+        bound = self.node_of.get(identity)
+        if bound is not None and bound != node and self.permanent:
+            raise PayloadError(f"client identity {identity} belongs to node {bound} for good "
+                               "(identity-binding 'node')")
+        if bound is not None and bound != node and bound in self.connected:
+            raise PayloadError(f"client identity {identity} belongs to node {bound}, which is "
+                               "still connected")
+        rnd, claims = self._claims
+        claimed = claims.get(identity) if rnd == server_round else None
+        if claimed is not None and claimed != node:
+            if self._contests[0] != server_round:
+                self._contests = (server_round, set())
+            self._contests[1].add(identity)
+            raise PayloadError(f"client identity {identity} is contested this round by nodes "
+                               f"{claimed} and {node}: granted to neither")
+
+    def contested(self, server_round: int) -> set[int]:
+        """Identities two or more nodes claimed in ``server_round`` (granted to none)."""
+        rnd, contests = self._contests
+        return set(contests) if rnd == server_round else set()
+
+    def claim(self, server_round: int, node: int, identity: int) -> None:
+        """Record a valid reply's claim (later claims of the identity this round fail)."""
+        rnd, claims = self._claims
+        if rnd != server_round:
+            self._claims = (server_round, {})
+        self._claims[1][int(identity)] = int(node)
+
+    def bind(self, node: int, identity: int) -> None:
+        """An accepted reply: ``node`` is ``identity`` (dropping either side's old binding)."""
+        node, identity = int(node), int(identity)
+        old_identity = self.identity_of.pop(node, None)
+        if old_identity is not None and self.node_of.get(old_identity) == node:
+            del self.node_of[old_identity]
+        old_node = self.node_of.get(identity)
+        if old_node is not None:
+            self.identity_of.pop(old_node, None)
+        self.identity_of[node] = identity
+        self.node_of[identity] = node
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (the bindings)."""
+        return {"identity_of": dict(self.identity_of)}
+
+    def load_state(self, state: Mapping[str, Any] | None) -> None:
+        """Inverse of :meth:`state` (``None``: no bindings, an older checkpoint)."""
+        self.identity_of, self.node_of = {}, {}
+        for node, identity in (state or {}).get("identity_of", {}).items():
+            self.bind(int(node), int(identity))
 
 #: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
 Ask = Callable[[int, int], int]
@@ -63,9 +210,8 @@ Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
 class UploadIntake:
     """Check data replies, learn the data spec from them, and store their rows.
 
-    ``planner`` holds each client's examples (checked against what a reply claims);
-    ``identities`` which client each node id is; ``comp_codec`` decodes compensations and
-    refreshed residuals of ``num_params`` values. With ``measuring``, each reply's size is
+    ``planner`` holds each client's examples; ``comp_codec`` decodes compensations and
+    refreshed residuals of ``num_params`` values; with ``measuring`` each reply's size is
     kept for the planner.
     """
 
@@ -74,7 +220,7 @@ class UploadIntake:
                  identities: ClientIdentities, comp_codec: Codec | None, num_params: int,
                  measuring: bool, holdout_key: int | None = None) -> None:
         self.cfg, self.model, self.loss_fn, self.seed = cfg, model, loss_fn, seed
-        #: the held-out hash's key (:func:`~dq_flower.dq.server.holdout.holdout_key`)
+        #: the held-out hash's key (:func:`~dq_flower.dq.server.strategy.holdout_key`)
         self.holdout_key = seed if holdout_key is None else holdout_key
         self.planner, self.identities = planner, identities
         self.comp_codec, self.num_params, self.measuring = comp_codec, num_params, measuring
@@ -126,11 +272,7 @@ class UploadIntake:
 
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:
-        """What a data reply is checked against: the knobs and what the server adopted.
-
-        A spec or bound learned from replies none of whose rows is stored is not enforced:
-        :meth:`adopt` learns it again.
-        """
+        """What a reply is checked against (a provisional spec or bound is not enforced)."""
         cfg, unconfirmed = self.cfg, self.data.stored == 0
         spec = None if unconfirmed and self._provisional["spec"] else self.data.spec
         bound = None if unconfirmed and self._provisional["bound"] else self.data.value_bound
@@ -148,12 +290,7 @@ class UploadIntake:
         return History(known[0] if known else 0, stored, self.data.ranges.get(int(node)))
 
     def validate_reply(self, msg: Message, server_round: int, ask: Ask) -> Upload:
-        """:meth:`validate` a data reply under the client identity it claims.
-
-        The identity (its ``partition-id`` metric, else its node id) must not belong to
-        another node still connected, nor be claimed by another node this round; the
-        reply is checked against that identity's state and ``ask``.
-        """
+        """:meth:`validate` a data reply under the identity it claims (if ``node`` may)."""
         src = int(msg.metadata.src_node_id)
         identity = reply_identity(msg.content.metric_records.get("metrics"), src)
         self.identities.check(server_round, src, identity)
@@ -167,11 +304,7 @@ class UploadIntake:
         return upload
 
     def validate(self, msg: Message, node: int, max_rows: int | None = None) -> Upload:
-        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`).
-
-        Adopts nothing: what the round's accepted replies agree on is adopted by
-        :meth:`adopt`.
-        """
+        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`)."""
         content = msg.content
         upload = check_upload(content, node, self.rules(), self.history(node),
                               self.cfg.budget if max_rows is None else int(max_rows))
@@ -183,12 +316,7 @@ class UploadIntake:
 
     def drop_held(self, batch: SampleBatch, x: np.ndarray,
                   identity: int) -> tuple[SampleBatch, np.ndarray]:
-        """Drop the rows of a reply the server already holds (a late reply, a replay).
-
-        Without ``resend`` an honest client never sends them (each message names the rows
-        the server holds); the rest of the reply is kept, and :meth:`validate_reply`
-        counts the dropped rows in the round's ``duplicate-rows``.
-        """
+        """Drop the rows of a reply the server already holds (a late reply, a replay)."""
         if self.cfg.resend or not len(batch) or self.data.store is None:  # nothing held yet
             return batch, x
         held = self.data.store.was_received(identity, batch.ids)
@@ -218,13 +346,9 @@ class UploadIntake:
 
     # ------------------------------------------------------------------ the round's replies
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
-        """The round's checked uploads the round agrees on, and ``rejected`` plus the others.
+        """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others.
 
-        See :func:`~dq_flower.dq.server.validation.agree`: example counts screened against the
-        other nodes' (over-large weights clipped), the data spec (while none is known) that
-        most uploads carry and the model trains on, the value bound (while none is known)
-        from the median upload. The spec and bound are adopted here, before the accepted
-        rows are stored; learned from replies, they stay provisional until rows are stored.
+        A spec or bound agreed here stays provisional until rows of it are stored.
         """
         self.forget_unconfirmed()
         known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
@@ -248,15 +372,12 @@ class UploadIntake:
 
     def forget_unconfirmed(self) -> None:
         """Forget a spec and bound learned from replies while no row of them is stored."""
-        if self.data.stored:
-            self._provisional = {"spec": False, "bound": False}
-            return
-        if self._provisional["spec"]:
-            data = self.data
+        data = self.data
+        if not data.stored and self._provisional["spec"]:
             data.spec, data.layout, data.store, data.mode = None, None, None, "sample"
-            self.data.num_classes = self._given_classes
-        if self._provisional["bound"]:
-            self.data.value_bound = None
+            data.num_classes = self._given_classes
+        if not data.stored and self._provisional["bound"]:
+            data.value_bound = None
         self._provisional = {"spec": False, "bound": False}
 
     def _check_model(self, spec: DataSpec, upload: Upload) -> int:
@@ -268,23 +389,24 @@ class UploadIntake:
                       server_round: int = 0) -> tuple[list[Upload], int]:
         """Store the accepted uploads' rows: the uploads stored, and the number that failed.
 
-        Store insertion is part of the reply boundary: a failure rejects the upload. An
-        upload's feature ranges are kept once its rows are stored. Every upload's copied
-        rows are counted first (:class:`~dq_flower.dq.server.node_screen.CopyScreen`);
-        a copying client's copies are then not stored (counted in ``duplicate-rows``,
-        their ids remembered as received).
+        A failure rejects the upload. A copying client's copies
+        (:class:`~dq_flower.dq.server.node_screen.CopyScreen`) are not stored.
         """
         packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
         failed = 0
+
+        def fail(upload: Upload, exc: Exception) -> None:
+            nonlocal failed
+            failed += 1
+            log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: {exc}")
+
         for upload in uploads:
             try:
                 rows = self.packed(upload.batch, upload.plain) if len(upload.batch) else None
                 copied = (None if rows is None
                           else self.copies.copied(upload.node, rows[0], rows[1]))
             except Exception as exc:  # noqa: BLE001
-                failed += 1
-                log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
-                             f"{exc}")
+                fail(upload, exc)
                 continue
             packed.append((upload, rows, copied))
         copying = self.copies.review(server_round)
@@ -303,9 +425,7 @@ class UploadIntake:
                         self.data.store.add(stored)
                     upload = replace(upload, holdout=stored.holdout)
             except Exception as exc:  # noqa: BLE001
-                failed += 1
-                log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: "
-                             f"{exc}")
+                fail(upload, exc)
                 continue
             if upload.ranges is not None and self.data.store is not None:
                 self.data.store.set_ranges(upload.node, *upload.ranges)

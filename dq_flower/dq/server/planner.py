@@ -8,7 +8,7 @@ with the sampled clients ``K`` and ``R`` rounds left (this one included):
   with ``left_k = min(samples client k has not uploaded yet, R * budget)``, known from its
   earlier replies (before its first one, ``R * budget``); a client with nothing left is not
   asked (no uplink at all). Clients are keyed by their identity
-  (:mod:`dq_flower.dq.server.identity`), which outlives a restart under new node ids.
+  (:mod:`dq_flower.dq.server.intake`), which outlives a restart under new node ids.
   ``bits_per_reply`` is the rest of a reply: Flower's message envelope, labels' and ids'
   framing, metrics, and the compensation where it is on;
 - gradient rounds: ``R * |K| * bits_per_gradient_reply``, the whole reply.

@@ -1,21 +1,17 @@
-"""The server's sample store: every received sample, kept in packed form.
+"""The server's sample store: every received sample in packed form, and its held-out rows.
 
-Rows are stored as bit-packed codes (one byte-aligned row per sample) plus the quantizer's
-per-row side information, the label, the importance weight (how many original samples the
-row stands for), the origin client, the client-local sample id and whether the row is held
-out (validation rows the server evaluates on and never trains on, see
-:mod:`dq_flower.dq.server.holdout`). Minibatches are dequantized on the fly; the dequantized float
-data is never kept.
+Rows are kept as :class:`RowLayout` codes with their label, importance weight, origin client
+(its identity, :mod:`dq_flower.dq.server.intake`), client-local id and held-out flag, and are
+dequantized on the fly. The store remembers the ids of the rows it evicted, so that
+:meth:`SampleStore.received` names every row it ever received, and, with ``ranges``
+``feature``, each client's feature ranges.
 
-The origin is the client's stable identity (see :mod:`dq_flower.dq.server.identity`), not
-Flower's node id, which changes when a simulation or a SuperNode restarts. The store also
-keeps, per client, the ids of the rows it evicted, so that :meth:`SampleStore.received`
-names every row it ever received: what each round's message tells the client the server
-holds (an evicted row is not asked for again).
-
-With ``ranges`` ``feature``, rows are coded against each client's per-feature ranges; the
-store keeps those ranges (:meth:`SampleStore.set_ranges`) and maps its rows back through
-them when it decodes.
+Held-out rows (the adaptive schedule's validation, :mod:`dq_flower.dq.server.plateau`) are
+``round(fraction * rows)`` of each (client, class) stratum after every upload: the upload's
+rows whose hash of ``(key, client, local id)`` is smallest (:func:`choose_holdout`), whatever
+the replies' order or the run's node ids. The key is the seed unless the server has a
+secret (:func:`~dq_flower.dq.server.strategy.holdout_key`), so that no client can compute
+which of its rows are held out.
 """
 
 from __future__ import annotations
@@ -26,16 +22,102 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
+from dq_flower.codecs.uniform import Uniform, dither_offsets, expand_ranges, packed_codes
 from dq_flower.wire.dq_batch import denormalise
 
 if TYPE_CHECKING:
-    from dq_flower.dq.server.rows import RowLayout
-    from dq_flower.wire.spec import DataSpec
+    from dq_flower.wire.dq_batch import DataSpec
 
-__all__ = ["SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData"]
+__all__ = ["RowLayout", "SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData",
+           "row_hash", "strata_of", "choose_holdout"]
 
 EVICTION_POLICIES = ("fifo", "random")
 _FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither", "holdout")
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Byte-aligned rows of ``dim`` codes at ``bits`` bits: how the store keeps samples.
+
+    A ``uniform`` payload packs a batch as one bit stream; the store needs single rows, so
+    :meth:`rows` re-lays it as ``codes`` (uint8 ``(n, row_bytes)``, MSB first), ``side``
+    (float32 ``(n, 2 * groups)``: per-group minimums then scales; ``(n, 0)`` for fixed
+    ranges) and ``dither`` (int64 ``(n, 2)`` seed and flat start, or ``(n, 0)``).
+    """
+
+    dim: int
+    bits: int
+    groups: int = 1
+    fixed: bool = False
+
+    @property
+    def padded_dim(self) -> int:
+        """Codes per row including padding to a whole byte."""
+        per_byte = 8 // np.gcd(8, self.bits)
+        return -(-self.dim // per_byte) * per_byte
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per packed row."""
+        return packed_nbytes(self.padded_dim, self.bits)
+
+    def rows(self, p: Payload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(codes, side, dither)`` of a validated ``uniform`` payload, re-laid by row."""
+        n, d = p.shape
+        if d != self.dim:
+            raise PayloadError(f"samples have dimension {d}, expected {self.dim}")
+        p = expand_ranges(p, n * self.groups) if not self.fixed else p
+        packed = packed_codes(p, self.bits)
+        codes = unpack(packed, self.bits, n * d).reshape(n, d)
+        if self.padded_dim != d:
+            codes = np.pad(codes, ((0, 0), (0, self.padded_dim - d)))
+        rows = pack(codes.reshape(-1), self.bits).reshape(n, self.row_bytes)
+        if self.fixed:
+            side = np.zeros((n, 0), dtype=np.float32)
+        else:
+            mins = p.buffers["mins"].reshape(n, self.groups)
+            scales = p.buffers["scales"].reshape(n, self.groups)
+            side = np.concatenate([mins, scales], axis=1).astype(np.float32)
+        seed = p.meta.get("dither_seed")
+        if seed is None:
+            dither = np.zeros((n, 0), dtype=np.int64)
+        else:
+            dither = np.stack([np.full(n, int(seed)), np.arange(n) * d], axis=1).astype(np.int64)
+        return rows, side, dither
+
+    def dequantize(self, codes: np.ndarray, side: np.ndarray, dither: np.ndarray) -> np.ndarray:
+        """Float32 ``(n, dim)`` rows from the row layout."""
+        n = codes.shape[0]
+        if self.fixed:
+            return self._dequantize_fixed(codes, dither)
+        g, width = self.groups, self.dim // self.groups
+        values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
+        values = values.reshape(n, self.padded_dim)[:, : self.dim].astype(np.float32)
+        mins, scales = side[:, :g], side[:, g:]
+        out = values.reshape(n, g, width) * scales[:, :, None]
+        if dither.shape[1]:
+            u = np.stack([dither_offsets(int(s), int(o), self.dim) for s, o in dither])
+            out -= (u.reshape(n, g, width) - np.float32(0.5)) * scales[:, :, None]
+        out += mins[:, :, None]
+        return out.reshape(n, self.dim)
+
+    def _dequantize_fixed(self, codes: np.ndarray, dither: np.ndarray) -> np.ndarray:
+        """Fixed-range rows, with the ``uniform`` decoder's own arithmetic (bit-identical)."""
+        n = codes.shape[0]
+        top = (1 << self.bits) - 1
+        ramp = (np.arange(top + 1) / top).astype(np.float32)
+        values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
+        out = ramp[values.reshape(n, self.padded_dim)[:, : self.dim]]
+        if dither.shape[1]:
+            step = cast(Uniform, make("uniform", bits=self.bits, fixed_range=True)).fixed_step
+            for i, (s, o) in enumerate(dither):
+                u = dither_offsets(int(s), int(o), self.dim)
+                u -= np.float32(0.5)
+                u *= step
+                out[i] -= u
+        return out
 
 
 @dataclass(frozen=True)
@@ -69,12 +151,64 @@ def _narrow_float(values: np.ndarray) -> np.ndarray:
     return half if np.array_equal(half.astype(np.float32), values) else values
 
 
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, vectorised (uint64 in, uint64 out)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
+    """A seeded 64-bit hash of each ``(seed, node, local id)``: the held-out draw order."""
+    with np.errstate(over="ignore"):
+        base = _mix(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
+        base = _mix(base ^ np.array([int(node) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+        return _mix(base ^ (np.asarray(ids).astype(np.uint64) * _GOLDEN))
+
+
+def strata_of(labels: np.ndarray) -> np.ndarray:
+    """Each row's stratum: its class label, or 0 for every float target."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind in "iu":
+        return labels.reshape(-1).astype(np.int64)
+    return np.zeros(labels.shape[0] if labels.ndim else 0, dtype=np.int64)
+
+
+def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: float,
+                   seed: int, stored_counts) -> np.ndarray:
+    """Boolean mask over client ``node``'s new rows (``labels``, ``ids``): the held-out ones.
+
+    ``fraction`` of each stratum is held out, in ``[0, 1)``; ``seed`` is the hash's key;
+    ``stored_counts(node, strata) -> (rows, held_out)`` counts the stored ones
+    (:meth:`SampleStore.counts`).
+    """
+    ids = np.asarray(ids)
+    mask = np.zeros(ids.shape[0], dtype=bool)
+    if fraction <= 0 or not ids.size:
+        return mask
+    strata = strata_of(labels)
+    keys = np.unique(strata)
+    stored, held = stored_counts(node, keys)
+    order = row_hash(seed, node, ids)
+    for key, before, kept in zip(keys, stored, held, strict=True):
+        rows = np.flatnonzero(strata == key)
+        target = int(np.floor(fraction * (int(before) + rows.size) + 0.5)) - int(kept)
+        take = min(max(target, 0), rows.size)
+        if take:
+            mask[rows[np.argsort(order[rows], kind="stable")[:take]]] = True
+    return mask
+
+
 class SampleStore:
     """Append-only packed sample store with an optional bound and eviction policy.
 
-    Per-row metadata is kept in the narrowest dtype that holds it exactly (labels, node
-    index and ids as the smallest unsigned ints, weights as float16 when exact), and
-    arrays are sized exactly, so memory is the packed rows plus a few bytes per row.
+    Per-row metadata is kept in the narrowest exact dtype, arrays sized exactly.
 
     Parameters
     ----------
@@ -86,13 +220,8 @@ class SampleStore:
         ``fifo`` (oldest first) or ``random`` (uniformly chosen rows, seeded).
     """
 
-    def __init__(
-        self,
-        dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
-        max_samples: int = 0,
-        eviction: str = "fifo",
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+                 max_samples: int = 0, eviction: str = "fifo", seed: int = 0) -> None:
         if eviction not in EVICTION_POLICIES:
             raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
         if max_samples < 0:
@@ -122,22 +251,24 @@ class SampleStore:
         return int(sum(getattr(r, f).nbytes for f in _FIELDS)
                    + sum(v.nbytes for v in self._evicted_ids.values()))
 
+    def _mine(self, node: int) -> np.ndarray | None:
+        """Mask of the rows stored from client ``node`` (``None``: it has none)."""
+        code = self._node_table.get(int(node))
+        return None if self._rows is None or code is None else self._rows.node == code
+
     def has(self, node: int, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` from ``node`` are already stored."""
-        if self._rows is None:
+        mine = self._mine(node)
+        if mine is None:
             return np.zeros(len(ids), dtype=bool)
-        code = self._node_table.get(int(node))
-        if code is None:
-            return np.zeros(len(ids), dtype=bool)
-        mine = self._rows.ids[self._rows.node == code]
-        return np.isin(ids, mine)
+        assert self._rows is not None
+        return np.isin(ids, self._rows.ids[mine])
 
     def received(self, node: int) -> np.ndarray:
         """Sorted int64 ids of every row received from ``node`` (evicted ones included)."""
         stored = np.zeros(0, dtype=np.int64)
-        code = self._node_table.get(int(node))
-        if self._rows is not None and code is not None:
-            stored = self._rows.ids[self._rows.node == code].astype(np.int64)
+        if (mine := self._mine(node)) is not None and self._rows is not None:
+            stored = self._rows.ids[mine].astype(np.int64)
         evicted = self._evicted_ids.get(int(node))
         if evicted is not None:
             stored = np.concatenate([stored, evicted.astype(np.int64)])
@@ -177,14 +308,9 @@ class SampleStore:
 
     def _append(self, compact: StoredRows) -> None:
         """Append rows already in the store's dtypes."""
-        if self._rows is None:
-            self._rows = compact
-        else:
-            old = self._rows
-            self._rows = StoredRows(
-                *(np.concatenate([getattr(old, f), getattr(compact, f)])
-                  for f in _FIELDS)
-            )
+        old = self._rows
+        self._rows = compact if old is None else StoredRows(
+            *(np.concatenate([getattr(old, f), getattr(compact, f)]) for f in _FIELDS))
 
     def _evict(self) -> None:
         if not self.max_samples or len(self) <= self.max_samples:
@@ -222,18 +348,13 @@ class SampleStore:
     # ---------------------------------------------------------------- drawing
     def node_weight(self, node: int) -> float:
         """Sum of the weights of the rows stored from ``node``."""
-        code = self._node_table.get(int(node))
-        if self._rows is None or code is None:
+        if (mine := self._mine(node)) is None or self._rows is None:
             return 0.0
-        mine = self._rows.node == code
         return float(self._rows.weights[mine].astype(np.float64).sum())
 
     def node_ids(self, rows: StoredRows) -> np.ndarray:
         """Origin node ids (uint64, as Flower draws them) of rows taken from this store."""
-        table = np.array(
-            sorted(self._node_table, key=self._node_table.__getitem__), dtype=np.uint64
-        )
-        return table[rows.node.astype(np.int64)]
+        return np.array(self.clients, dtype=np.uint64)[rows.node.astype(np.int64)]
 
     @property
     def holdout_mask(self) -> np.ndarray:
@@ -253,15 +374,11 @@ class SampleStore:
         A row's stratum is its class label; every float-target row is in stratum 0.
         """
         strata = np.asarray(strata).reshape(-1)
-        code = self._node_table.get(int(node))
-        if self._rows is None or code is None or not strata.size:
+        mine = self._mine(node)
+        if mine is None or self._rows is None or not strata.size:
             zeros = np.zeros(strata.size, dtype=np.int64)
             return zeros, zeros.copy()
-        mine = self._rows.node == code
-        stored = self._rows.labels[mine]
-        keys = (stored.reshape(-1) if stored.dtype.kind in "iu"
-                else np.zeros(int(mine.sum()), dtype=np.int64))
-        match = keys[None, :] == strata[:, None]
+        match = strata_of(self._rows.labels[mine])[None, :] == strata[:, None]
         held = self.holdout_mask[mine][None, :]
         return match.sum(1).astype(np.int64), (match & held).sum(1).astype(np.int64)
 
@@ -288,13 +405,10 @@ class SampleStore:
 
     def draw(self, batch_size: int, rng: np.random.Generator, weights: str = "importance",
              skip: frozenset[int] = frozenset()):
-        """Draw a uniform minibatch of training rows without replacement.
+        """A uniform minibatch ``(x, y, weights)`` of training rows, without replacement.
 
-        Returns ``(x, y, weights)``: ``x`` dequantized on the fly (float32 ``(b, d)``), ``y``
-        int64 labels or float32 targets. Held-out rows are never drawn, nor the rows of the
-        clients in ``skip`` (kept, not trained on). ``weights``: ``importance`` (each row's
-        own) or ``node`` (the mean over its node's training rows: the node keeps its
-        share, its rows count alike).
+        Held-out rows and those of the clients in ``skip`` are never drawn. ``weights``:
+        ``importance`` (each row's own) or ``node`` (its node's mean training row weight).
         """
         if len(self) == 0:
             raise ValueError("the sample store is empty")
@@ -335,10 +449,7 @@ class SampleStore:
         return np.divide(totals, counts, out=np.zeros_like(totals), where=counts > 0)
 
     def holdout_batches(self, batch_size: int = 1024):
-        """Yield the held-out rows as ``(x, y, weights, node_ids, ids)`` chunks, in store order.
-
-        ``ids`` are the rows' client-local sample ids.
-        """
+        """Yield the held-out rows as ``(x, y, weights, node_ids, ids)`` chunks, in store order."""
         held = np.flatnonzero(self.holdout_mask)
         for start in range(0, held.size, batch_size):
             rows = self._take(held[start:start + batch_size])
@@ -349,8 +460,7 @@ class SampleStore:
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:
         """Arrays for a checkpoint."""
-        out = {"node_table": np.array(sorted(self._node_table, key=self._node_table.__getitem__),
-                                      dtype=np.uint64),
+        out = {"node_table": np.array(self.clients, dtype=np.uint64),
                "evicted": np.array([self.evicted]),
                "rng": self._rng.bit_generator.state}
         if self._rows is not None:
@@ -394,9 +504,8 @@ class SampleStore:
 class FederationData:
     """What the server knows of the federation's data, shared by its parts.
 
-    The strategy owns it and hands it to the intake (which adopts the spec, sets up the
-    row layout and store, and learns the value bound) and to the parts that read it
-    (training, asks, compensations, metrics). ``store`` is ``None`` until a spec is adopted.
+    The intake adopts the spec, sets up the layout and store (``None`` until then) and
+    learns the value bound; training, asks, compensations and metrics read it.
     """
 
     num_classes: int | None = None

@@ -7,21 +7,17 @@ takes ``server-steps`` optimizer steps. The first step uses the fresh batch plus
 compensation, so its gradient equals the true-data gradient when the compensation codec is
 lossless; later steps draw minibatches from the store.
 
-What the server must know about the data (the sample shape, class labels or float targets)
-is given, or agreed by the first data round's replies and confirmed by a forward-and-loss of
-the model on their rows, and enforced afterwards; the number of classes is given or read off
-the model's output width. Replies are checked by :mod:`dq_flower.dq.server.validation`; nothing a
-reply says is adopted unless the whole reply is accepted.
-
-With ``upload-mode`` ``gradient`` or ``auto`` (see :mod:`dq_flower.dq.server.planner`), a round
-may instead ask every client for a minibatch gradient coded by ``gradient-codec``; the
-server then takes one step with their example-weighted mean, and the remaining
-``server-steps`` from the store when it holds samples.
+The data spec (sample shape, class labels or float targets) is given, or agreed by the
+first data round's replies (:mod:`dq_flower.dq.server.intake`). With ``upload-mode``
+``gradient`` or ``auto`` (see :mod:`dq_flower.dq.server.planner`), a round may instead ask
+every client for a minibatch gradient coded by ``gradient-codec``; the server then takes
+one step with their example-weighted mean, and the remaining ``server-steps`` from the
+store when it holds samples.
 
 The strategy wires its parts together and keeps Flower's ``Strategy`` interface:
 :class:`~dq_flower.dq.server.asks.RoundAsks` (who is asked for what),
 :class:`~dq_flower.dq.server.intake.UploadIntake` (the checks, the data spec and the store),
-:class:`~dq_flower.dq.server.compensation.Compensations` (compensations, refreshed residuals, the
+:class:`~dq_flower.dq.server.validation.Compensations` (compensations, refreshed residuals, the
 control variate), :class:`~dq_flower.dq.server.training.ServerTrainer` (the server's steps),
 :class:`~dq_flower.dq.server.gradient_rounds.GradientRounds` and
 :class:`~dq_flower.dq.server.round_metrics.RoundMetrics`.
@@ -30,6 +26,7 @@ control variate), :class:`~dq_flower.dq.server.training.ServerTrainer` (the serv
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,17 +41,14 @@ from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs, strategy_kwargs
 from dq_flower.dq.config import DQConfig, model_codec
 from dq_flower.dq.server.asks import RoundAsks
-from dq_flower.dq.server.compensation import Compensations
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
-from dq_flower.dq.server.holdout import SECRET_ENV, holdout_key
-from dq_flower.dq.server.identity import ClientIdentities
-from dq_flower.dq.server.intake import UploadIntake
+from dq_flower.dq.server.intake import ClientIdentities, UploadIntake
 from dq_flower.dq.server.planner import ESTIMATES, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import RoundMetrics, schedule_text
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import MAX_LOCAL_ID, MAX_SAMPLE_WEIGHT_FACTOR, Upload
+from dq_flower.dq.server.validation import Compensations, Upload
 from dq_flower.model_ops import LossFn, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
@@ -65,11 +59,30 @@ from dq_flower.server.common import (
     sample_node_ids,
 )
 from dq_flower.server.pipeline import RoundLedger
+from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
-from dq_flower.wire.spec import DataSpec
 
-__all__ = ["DQStrategy", "Upload", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
+__all__ = ["DQStrategy", "holdout_key", "SECRET_ENV"]
+
+#: Environment variable of the server process that holds the held-out secret, where the
+#: strategy is given none (the clients never see the server's environment).
+SECRET_ENV = "DQ_FLOWER_HOLDOUT_SECRET"
+
+
+def holdout_key(seed: int, secret: str | None) -> int:
+    """The held-out hash's key: ``seed`` without a secret, else a 64-bit digest of both.
+
+    ``secret`` ``None`` reads :data:`SECRET_ENV` from the environment (unset or empty: no
+    secret). The secret never leaves the server: it is neither a knob of the run config,
+    which the clients read, nor part of any message.
+    """
+    if secret is None:
+        secret = os.environ.get(SECRET_ENV) or None
+    if secret is None:
+        return int(seed)
+    digest = hashlib.blake2b(f"{int(seed)}\0{secret}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 @dataclass
@@ -153,8 +166,6 @@ class DQStrategy(ModelStrategy, Strategy):
         self.ledger = RoundLedger()
         #: which client (identity) each node id is; everything per client is keyed by it
         self.identities = ClientIdentities(permanent=cfg.identity_binding == "node")
-        # Reply sizes feed the planner's estimates, which only gradient and auto modes use:
-        # plain data runs neither encode synthetic replies nor serialize replies twice.
         #: what the server knows of the federation's data: spec, store, value bound
         self.data = FederationData(num_classes=num_classes,
                                    value_bound=float(cfg.max_abs_value) or None)
@@ -162,9 +173,9 @@ class DQStrategy(ModelStrategy, Strategy):
         #: a digest of the held-out key, kept in checkpoints: a resume under another one
         #: would hold out other rows of the new uploads
         self._holdout_check = hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
+        # reply sizes feed the planner's estimates, which only gradient and auto modes use
         self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
-                                   holdout_key=key,
-                                   planner=self.planner,
+                                   holdout_key=key, planner=self.planner,
                                    identities=self.identities, comp_codec=comp_codec,
                                    num_params=self.num_params,
                                    measuring=cfg.upload_mode != "data")
@@ -259,7 +270,7 @@ class DQStrategy(ModelStrategy, Strategy):
         In a data round, clients known to have uploaded all their samples are not asked,
         and each message says which of the client's rows the server holds (``held``), or,
         to a node id the server cannot name yet, gives the table of every client identity
-        it may be (``held-table``; see :mod:`dq_flower.dq.server.identity`).
+        it may be (``held-table``; see :mod:`dq_flower.dq.server.intake`).
         """
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,

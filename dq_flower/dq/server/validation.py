@@ -1,32 +1,18 @@
-"""Checks of DQ data replies. Pure: each returns what a reply would have the server adopt.
+"""Checks of DQ data replies, alone and against the round's others.
 
 Nothing a reply says (data spec, feature ranges, value bound, counts) is adopted unless it
-passes both stages. :func:`check_upload`, reply by reply, decodes it into an
-:class:`Upload` against :class:`Rules` (the server's knobs and what it adopted) and the
-node's :class:`History`, or raises :class:`~dq_flower.codecs.PayloadError` with the reason.
-:func:`agree`, on the round's checked uploads together, screens the example counts against
-the other nodes', agrees on the data spec while none is known (the one most uploads carry,
-confirmed by :func:`check_model`, a forward-and-loss of the server's model on their rows),
-learns the value bound while none is known and screens the uploads against it; its
-:class:`Agreement` lists the accepted and the refused (with reasons) and what to adopt.
-
-The bounds (``docs/reliability.md`` gives the measurements behind the factors):
-
-- values: an upload's *scale*, the largest ``|x|`` it can decode to (``max(|lo| + span)``
-  with feature ranges), is at most :data:`VALUE_FACTOR` times the median scale of the first
-  round's uploads, or ``max-abs-value``. Honest clients of one data set have similar
-  ranges (one pixel range; feature ranges over whole local data sets within 2x of each
-  other even for heavy tails); the factor leaves room for heavy-tailed uploads of 64 rows
-  (3.5x apart) and refuses values hundreds of times the data's. A one-reply first round
-  cannot be cross-checked: its own scale sets the bound.
-- counts: ``num-examples`` above :data:`EXAMPLES_FACTOR` times the nodes' lower median
-  (the round's and those accepted before) is refused; it never changes for a node;
-  ``rows <= candidates <= num-examples`` and, without ``resend``, candidates within the
-  examples the server does not yet hold from the node.
-- weight: a node's weight in a round, ``max(candidates, sum of row weights)`` (its share
-  of the fresh step, and what its rows weigh in the store), is clipped to
-  :data:`SHARE_FACTOR` times the median node's examples: measured Dirichlet(0.1)
-  partitions put the largest honest node at up to 3.5 times the median.
+passes both stages. :func:`check_upload` decodes one reply into an :class:`Upload` against
+:class:`Rules` (the knobs and what the server adopted) and the node's :class:`History`, or
+raises :class:`~dq_flower.codecs.PayloadError` with the reason; its samples' stream is
+decoded once (:func:`plain_payload`). :func:`agree` screens the round's uploads together:
+``num-examples`` over :data:`EXAMPLES_FACTOR` times the nodes' lower median is refused and
+a node's weight clipped to :data:`SHARE_FACTOR` times the median node's examples; while none
+is known, the data spec most uploads carry that the model trains on
+(:func:`~dq_flower.model_ops.check_model`) is agreed, and the value bound learned
+(:data:`VALUE_FACTOR` times the median upload's largest value) and enforced.
+:class:`Compensations` screens the round's compensations and refreshed residuals by norm
+and keeps them in the control variate. ``docs/reliability.md`` gives the measurements
+behind the factors.
 """
 
 from __future__ import annotations
@@ -34,31 +20,40 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
+from dq_flower.codecs.uniform import expand_ranges, packed_codes
+from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
-from dq_flower.dq.server.rows import decode_samples
-from dq_flower.model_ops import LossFn, weighted_loss_grad
+from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.store import FederationData
+from dq_flower.server.common import log_rejected
+from dq_flower.server.pipeline import bound_vectors
+from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import (
     INFO_KEY,
     RANGES_KEY,
+    SPEC_KEY,
+    DataSpec,
     SampleBatch,
     decode_batch,
     denormalise,
     label_width,
+    payload_quantizer,
     range_mode,
     ranges_from_record,
+    spec_from_record,
 )
-from dq_flower.wire.spec import SPEC_KEY, DataSpec, spec_from_record
 
-__all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "check_model",
-           "decode_compensation", "decode_vector", "reply_spec", "VALUE_FACTOR",
-           "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
+__all__ = ["plain_payload", "keep_rows", "kept_rows", "Upload", "Rules",
+           "History", "Agreement", "check_upload", "agree", "Compensations", "decode_compensation",
+           "decode_vector", "reply_spec", "VALUE_FACTOR", "EXAMPLES_FACTOR", "SHARE_FACTOR",
+           "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
@@ -71,23 +66,20 @@ VALUE_FACTOR = 10.0
 EXAMPLES_FACTOR = 100.0
 #: A node's weight in a round is clipped to this many times the median node's examples.
 SHARE_FACTOR = 4.0
-#: Rows of an upload the model check runs the model and the loss on.
-CHECK_ROWS = 4
 
 
 @dataclass(frozen=True)
 class Upload:
     """One checked data reply: its batch, decoded rows, claims and what it would adopt.
 
-    Frozen: each stage that changes an upload (dropping rows already held, clipping its
-    compensation, storing it) returns a new record (``dataclasses.replace``).
+    Frozen: each stage that changes an upload returns a new record (``replace``).
     """
 
     batch: SampleBatch
     x: np.ndarray
     candidates: int
     delta: np.ndarray | None
-    node: int = 0  # the client's identity (dq.identity), which keys all per-client state
+    node: int = 0  # the client's identity, which keys all per-client state
     partition: int = 0
     examples: int = 0
     reply_bits: int = 0
@@ -99,7 +91,7 @@ class Upload:
     scale: float = 0.0  # the largest absolute value it can decode to
     weight_scale: float = 1.0  # below 1 where its claimed weight was clipped
     label_bits: int = 0  # bits per class label as sent
-    plain: Payload | None = None  # the samples, lossless coder undone (dq.rows.plain_payload)
+    plain: Payload | None = None  # the samples, lossless coder undone (plain_payload)
     can_score: bool = False  # the node holds the model (its ``can-score`` metric)
     copies: int = 0  # rows not stored as copies of rows the client sent before
 
@@ -143,6 +135,58 @@ class Agreement:
 
 
 # ------------------------------------------------------------------ one reply
+@dataclass
+class _KeptBatch(SampleBatch):
+    """A validated batch of which only the payload rows ``kept`` are used."""
+
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
+    """``batch`` cut to the rows where ``keep`` is true; the payload stays as sent.
+
+    :func:`kept_rows` names the payload rows still used.
+    """
+    idx = np.flatnonzero(np.asarray(keep, dtype=bool))
+    base = kept_rows(batch)
+    values = {f.name: getattr(batch, f.name) for f in fields(SampleBatch)}
+    values.update(labels=batch.labels[idx], ids=batch.ids[idx], weights=batch.weights[idx])
+    return _KeptBatch(**values, kept=idx if base is None else base[idx])
+
+
+def kept_rows(batch: SampleBatch) -> np.ndarray | None:
+    """The payload rows a batch uses (``None``: all of them)."""
+    return batch.kept if isinstance(batch, _KeptBatch) else None
+
+
+def plain_payload(p: Payload, bits: int) -> Payload:
+    """``p`` with its lossless coder and coded ranges undone: its stream is decoded once.
+
+    Every check of ``p`` holds for the result exactly where it holds for ``p`` (``nbits``
+    moves by the coded minus the packed size, padding bits are cleared); ``p`` itself
+    where it names no coder (or none validly).
+    """
+    if len(p.shape) != 2:
+        return p
+    groups = p.meta.get("per_channel", 0)
+    if "ranges" in p.meta and isinstance(groups, int) and not isinstance(groups, bool):
+        p = expand_ranges(p, p.shape[0] * max(groups, 1))  # else malformed: the decoder refuses
+    method = p.meta.get("entropy")
+    stream = p.buffers.get("codes")
+    if not isinstance(method, str) or method == "none" or stream is None:
+        return p
+    n, d = p.shape
+    packed = packed_codes(p, bits)
+    spare = 8 * packed.size - n * d * bits
+    if 0 < spare < 8:
+        packed = packed.copy()
+        packed[-1] &= np.uint8((0xFF << spare) & 0xFF)
+    meta = {k: v for k, v in p.meta.items() if k != "context_shape" or method != "context"}
+    meta["entropy"] = "none"
+    return dataclasses.replace(p, meta=meta, buffers={**p.buffers, "codes": packed},
+                               nbits=p.nbits - 8 * int(stream.size) + n * d * bits)
+
+
 def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:
     """The reply's data spec; it must equal ``known`` where the server has one."""
     spec = spec_from_record(content.config_records.get(SPEC_KEY))
@@ -201,8 +245,10 @@ def decode_rows(content: RecordDict, batch: SampleBatch, spec: DataSpec, mode: s
                 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None, Payload]:
     """Decoded float rows ``(n, dim)``, the reply's feature ranges (if any), plain samples."""
     fixed = mode == "feature"
-    groups = spec.channels if mode == "channel" else 0
-    x, plain = decode_samples(batch.samples, bits, groups, fixed)
+    quantizer = payload_quantizer(batch.samples, bits, spec.channels if mode == "channel" else 0,
+                                  fixed)
+    plain = plain_payload(batch.samples, bits)  # the stream decoded once, here and to store
+    x = quantizer.decode(plain)
     ranges = None
     if fixed:
         record = content.array_records.get(RANGES_KEY)
@@ -281,68 +327,6 @@ def decode_compensation(batch: SampleBatch, codec: Codec | None,
     if codec is None:
         raise PayloadError("unexpected compensation payload")
     return decode_vector(batch.compensation, codec, num_params, "compensation")
-
-
-# ------------------------------------------------------------------ the model check
-def _classes(spec: DataSpec, width: int, num_classes: int | None) -> int:
-    """Classes (class targets) or target width (float targets) the model's output gives."""
-    if spec.target != "class":
-        if width != spec.target_dim:
-            raise PayloadError(f"the model has {width} outputs per sample; the float "
-                               f"targets have {spec.target_dim}")
-        return width
-    if num_classes is None:
-        if width < 2:
-            raise PayloadError(f"the model has {width} output for class labels; give "
-                               "num_classes or use float targets")
-        return width
-    if width < num_classes:
-        raise PayloadError(f"the model's {width} outputs cannot score {num_classes} classes")
-    return num_classes
-
-
-def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.ndarray,
-                num_classes: int | None, loss_fn: LossFn | None = None) -> int:
-    """Run the model and the training loss on a few rows shaped by ``spec``; the classes.
-
-    The loss and its gradient are computed as the server's steps compute them
-    (:func:`~dq_flower.model_ops.weighted_loss_grad`, ``loss_fn``), in eval mode so that
-    no buffer (BatchNorm statistics) changes; the parameters never do. Any error, labels
-    outside the classes, or a non-finite loss raises :class:`PayloadError`.
-    """
-    n = min(len(y), CHECK_ROWS)
-    if n == 0:
-        raise PayloadError("no rows to check the data spec against the model")
-    was_training = model.training
-    model.eval()
-    try:
-        rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
-        dev = next(model.parameters()).device
-        with torch.no_grad():
-            out = model(torch.as_tensor(rows, dtype=torch.float32).to(dev))
-        classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
-        if spec.target == "class" and int(y.max()) >= classes:
-            raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")
-        loss, grad = weighted_loss_grad(model, rows, y[:n], np.full(n, 1.0 / n, np.float32),
-                                        loss_fn)
-    except PayloadError:
-        raise
-    except Exception as exc:  # noqa: BLE001  (any model or loss error: a wrong spec)
-        raise PayloadError(f"the model cannot train on samples of shape {spec.sample_shape}:"
-                           f" {type(exc).__name__}: {exc}") from None
-    finally:
-        model.train(was_training)
-    if not (np.isfinite(loss) and np.isfinite(grad).all()):
-        raise PayloadError("the model's training loss on the samples is not finite")
-    return classes
-
-
-def placeholder_rows(spec: DataSpec, n: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """Zero rows and targets of ``spec`` (class 0 or zero targets): a spec given, not sent."""
-    x = np.zeros((n, spec.dim), dtype=np.float32)
-    if spec.target == "class":
-        return x, np.zeros(n, dtype=np.int64)
-    return x, np.zeros((n,) if spec.target_dim == 1 else (n, spec.target_dim), np.float32)
 
 
 # ------------------------------------------------------------------ the round together
@@ -457,3 +441,85 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
             kept, more = screen_bound(kept, new_bound)
             refused += more
     return Agreement(kept, refused, new_spec, classes, new_bound)
+
+
+# ------------------------------------------------------------------ compensations
+class Compensations:
+    """The norm screens of compensations and refreshed residuals, and the control variate.
+
+    Each kind is screened against its own round's others
+    (:func:`~dq_flower.server.pipeline.bound_vectors`) and clipped; with
+    ``compensation-mode`` ``store`` or ``refresh`` the accepted ones enter the control
+    variate that corrects every store step. ``data``: whose store weights a refresh replaces.
+    """
+
+    def __init__(self, cfg: DQConfig, num_params: int, data: FederationData) -> None:
+        self.cfg, self.data = cfg, data
+        self.cv = (ControlVariate(num_params, cfg.compensation_decay)
+                   if cfg.compensation_mode != "first-step" else None)
+        self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
+        self.refresh_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
+
+    def _screen(self, uploads: list[Upload], get: Callable[[Upload], np.ndarray | None],
+                put: Callable[[Upload, np.ndarray | None], Upload], screen: NormScreen,
+                what: str) -> tuple[list[Upload], list[int]]:
+        """The uploads' vectors (``get``, ``put``) clipped (``None``: rejected); the rejected."""
+        vectors = [get(u) for u in uploads]
+        having = [i for i, v in enumerate(vectors) if v is not None]
+        out = list(uploads)
+        if not having:
+            return out, []
+        bounded = bound_vectors([v for v in vectors if v is not None], [1.0] * len(having),
+                                screen, clip_factor=self.cfg.clip_factor,
+                                clip_norm=self.cfg.clip_norm)
+        kept = iter(bounded.vectors)
+        rejected = []
+        for i, k in zip(having, bounded.keep, strict=True):
+            out[i] = put(uploads[i], next(kept) if k else None)
+            if not k:
+                rejected.append(i)
+                log_rejected(uploads[i].node, f"{what} is implausibly large against the "
+                             "other clients' (norm-bound-factor)")
+        return out, rejected
+
+    def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
+        """Drop uploads whose compensation norm is implausible; clip the others'."""
+        screened, bad = self._screen(uploads, lambda u: u.delta,
+                                     lambda u, v: replace(u, delta=v), self.comp_norms,
+                                     "compensation norm")
+        return [u for i, u in enumerate(screened) if i not in set(bad)], len(bad)
+
+    def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
+        """Age the control variate, enter the round's screened refreshes and deltas.
+
+        Called before the round's rows are stored, so a refresh replaces the share of
+        exactly the node's earlier rows. Returns ``(refreshed, rejected refreshes)``.
+        """
+        if self.cv is None:
+            return 0, 0
+        self.cv.age()
+        fresh, bad = self._screen(fresh, lambda u: u.refresh, lambda u, v: replace(u, refresh=v),
+                                  self.refresh_norms, "refreshed residual's norm")
+        refreshed = 0
+        store = self.data.store
+        for u in fresh:
+            if u.refresh is not None and store is not None:
+                self.cv.replace(u.node, u.refresh, store.node_weight(u.node))
+                refreshed += 1
+            if u.delta is not None and len(u.batch):
+                self.cv.add(u.node, u.delta, float(u.batch.weights.sum()))
+        return refreshed, len(bad)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The two norm screens' histories and the control variate."""
+        return {"refresh_norms": self.refresh_norms.state_dict(),
+                "comp_norms": self.comp_norms.state_dict(),
+                "control_variate": None if self.cv is None else self.cv.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.refresh_norms.load_state_dict(state.get("refresh_norms", {}))
+        self.comp_norms.load_state_dict(state.get("comp_norms", {}))
+        if self.cv is not None and state.get("control_variate") is not None:
+            self.cv.load_state(state["control_variate"])
