@@ -1,12 +1,4 @@
-"""What the server must know about the clients' data, learned from their replies.
-
-Each reply carries a small ``data-spec`` ``ConfigRecord``: the shape of one sample, the
-target kind (``class`` labels or ``float`` regression targets) and, for float targets,
-their width. The server adopts the spec most of the first data round's replies carry, once
-its model trains on them (or takes it as given; see :mod:`dq_flower.dq.server.validation`), and
-rejects replies that disagree. The number of classes is the server's:
-given, or the width of the model's output.
-"""
+"""The clients' data spec (sample shape, target kind and width), sent in each reply."""
 
 from __future__ import annotations
 
@@ -21,7 +13,6 @@ from dq_flower.codecs import PayloadError
 
 __all__ = ["SPEC_KEY", "DataSpec", "spec_of", "spec_record", "spec_from_record", "MAX_DIM"]
 
-#: Record name of the data spec in a reply.
 SPEC_KEY = "data-spec"
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
@@ -64,11 +55,6 @@ class DataSpec:
         """Channels of an image sample ``(C, H, W)``; 0 for other layouts."""
         return int(self.sample_shape[0]) if len(self.sample_shape) == 3 else 0
 
-    @property
-    def tabular(self) -> bool:
-        """Whether a sample is a flat feature vector."""
-        return len(self.sample_shape) == 1
-
 
 def spec_of(x: np.ndarray, y: np.ndarray) -> DataSpec:
     """The spec of a client's arrays ``(x, y)`` (see :mod:`dq_flower.data_input`)."""
@@ -88,8 +74,7 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     """Parse a reply's spec; raise :class:`PayloadError` with the reason when malformed."""
     if record is None:
         raise PayloadError(f"reply misses its {SPEC_KEY!r} record")
-    shape, target, tdim = (record.get("sample-shape"), record.get("target"),
-                           record.get("target-dim"))
+    shape, target, tdim = (record.get(k) for k in ("sample-shape", "target", "target-dim"))
     if (not isinstance(shape, list) or not 1 <= len(shape) <= 8
             or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
                        for s in shape)):
