@@ -94,11 +94,7 @@ class Layout:
         return ArrayRecord({self.names[i]: record[self.names[i]] for i in self.raw})
 
     def with_dtypes(self, record: ArrayRecord) -> ArrayRecord:
-        """``record`` with its arrays back in this layout's dtypes and shapes.
-
-        An aggregate averages integer arrays (``num_batches_tracked``) into floats, of shape
-        ``(1,)`` for scalars; they are rounded and reshaped back.
-        """
+        """``record`` back in this layout's dtypes and shapes (averaged integers rounded)."""
         arrays: dict[str, Array] = {}
         for name, arr in record.items():
             if name not in self.names:

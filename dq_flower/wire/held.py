@@ -336,10 +336,7 @@ def table_entry(data: bytes, identity: int) -> tuple[int, bytes]:
 
 
 def held_for(config: Mapping[str, Any], identity: int, n: int) -> tuple[np.ndarray, int | None]:
-    """``(held row ids below n, the client's ask from a table or None)`` of a train message.
-
-    ``ValueError`` on malformed bytes.
-    """
+    """``(held row ids below n, own ask from a table or None)``; ``ValueError`` if malformed."""
     if TABLE_KEY in config:
         ask, held = table_entry(_as_bytes(config[TABLE_KEY], TABLE_KEY), identity)
         return decode_held(held, n), ask

@@ -1,8 +1,4 @@
-"""A model's floating-point buffers (BatchNorm's running statistics) on the wire.
-
-The gradient baselines send them down with the model and up with each reply (float32,
-uncompressed); the server keeps the example-weighted mean of the accepted replies.
-"""
+"""A model's float buffers (BatchNorm's statistics), sent by the gradient baselines both ways."""
 
 from __future__ import annotations
 
