@@ -88,7 +88,15 @@ def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: b
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``dq-flower compare``: run several methods on one scenario, write the reports to --out."""
+    """``dq-flower compare``: run several methods on one scenario.
+
+    Run a list of methods on one scenario with the same data, model, partition, clients,
+    rounds and seed, in Flower's simulation engine (default) or in-process. Writes
+    results.json, results.csv (per method and round), summary.md (D, d, uplink bits, final
+    accuracy, rounds and uplink bytes to the target accuracy, ratio to DQ) and PNG plots to
+    --out. Flags override the preset's values. DQ uploads quantized raw samples: use it on
+    trusted networks only.
+    """
     if args.list_presets:
         return _list_presets()
     try:
@@ -164,7 +172,15 @@ def _report_outcome(results: dict[str, Any], out: Path, links: list[LinkProfile]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """``dq-flower tune``: write a preset with step sizes tuned on a validation split."""
+    """``dq-flower tune``: write a preset with tuned step sizes.
+
+    For every method of the scenario, run each point of its step-size grid (server lr;
+    client-lr where it takes local steps or epochs; see README 'Comparing methods') for
+    --tune-rounds rounds, trained on the training rows minus a held-out
+    --validation-fraction and scored on the held-out rows (never the test set). Choose the
+    best validation accuracy (ties: fewer uplink bytes) and write a preset TOML with the
+    chosen values and the tuning record; dq-flower compare --preset FILE then runs it.
+    """
     try:
         preset, sets, plans, d, n_train = _scenario(args)
         _tune_settings(args, preset)

@@ -57,8 +57,7 @@ def _cell(t: PairTime) -> str:
 
 
 def _mflop(flops: float) -> str:
-    """``22.9``, ``1,112.3``; three significant digits below one MFLOP (``0.0192``)."""
-    mflop = flops / 1e6
+    mflop = flops / 1e6  # 22.9, 1,112.3; three significant digits below one (0.0192)
     return f"{mflop:,.1f}" if mflop >= 1 else f"{mflop:.3g}"
 
 

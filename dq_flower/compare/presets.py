@@ -132,16 +132,13 @@ class Preset:
 
     def to_toml(self, header: str = "") -> str:
         """The preset as a ``simulations/``-style TOML file (``load_preset`` reads it back)."""
-        fields = {"name": self.name, "description": self.description,
-                  "dataset": self.dataset, "model": self.model,
-                  "num-clients": self.num_clients, "rounds": self.rounds,
+        fields = {"name": self.name, "description": self.description, "dataset": self.dataset,
+                  "model": self.model, "num-clients": self.num_clients, "rounds": self.rounds,
                   "partition": self.partition, "dirichlet-alpha": self.dirichlet_alpha,
-                  "fraction-train": self.fraction_train,
-                  "target-accuracy": self.target_accuracy,
+                  "fraction-train": self.fraction_train, "target-accuracy": self.target_accuracy,
                   **({"high-target-accuracy": self.high_target_accuracy}
                      if self.high_target_accuracy else {}),
-                  "seed": self.seed,
-                  "data-dir": self.data_dir, "run": list(self.methods)}
+                  "seed": self.seed, "data-dir": self.data_dir, "run": list(self.methods)}
         tables = {"knobs": {"": dict(self.knobs)},
                   "methods": {k: dict(v) for k, v in self.method_knobs.items()},
                   "tuning": {k: dict(v) for k, v in self.tuning.items()}}
@@ -225,10 +222,10 @@ def _hyphen(key: str) -> str:
 def toml_module() -> Any:
     """``tomllib``, or ``tomli`` on Python 3.10 (loaded where TOML is read)."""
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # TOML, loaded where a file is read
 
         return tomllib
-    import tomli
+    import tomli  # TOML (Python 3.10), loaded where a file is read
 
     return tomli
 

@@ -218,7 +218,6 @@ def _run_plans(plans: list[PlannedRun], results: dict[str, Any],
 
 def _new_results(preset: Preset, engine: str, command: str,
                  links: Sequence[LinkProfile] | None) -> dict[str, Any]:
-    """The content of ``results.json`` before any method has run."""
     return {"format": RESULTS_FORMAT, "preset": _preset_json(preset), "engine": engine,
             "target_accuracy": preset.target_accuracy,
             "high_target_accuracy": preset.high_target_accuracy,
@@ -256,7 +255,6 @@ def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, en
 
 
 def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
-    """Finished runs of an earlier ``results.json`` in ``out`` made with ``engine``."""
     try:
         data = load_results(out)
     except (OSError, ValueError):

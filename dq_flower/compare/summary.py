@@ -195,7 +195,6 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
 
 
 def _scenario_lines(results: Mapping[str, Any], target: float) -> list[str]:
-    """The title, the description, the scenario and the model's and data's sizes."""
     p = results["preset"]
     ok = [r for r in results["runs"] if not is_failed(r)]
     lines = [f"# Comparison: {p['name']}", ""]
@@ -234,7 +233,6 @@ def _notes_lines(ref_label: str, stats: Sequence[Mapping[str, Any]]) -> list[str
 
 
 def _failed_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The "Failed runs" section (nothing when every run finished)."""
     failed = [r for r in runs if is_failed(r)]
     if not failed:
         return []
