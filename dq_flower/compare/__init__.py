@@ -17,29 +17,6 @@ output folder receives
 
 ``summary.md`` and the plots are functions of ``results.json`` alone
 (:func:`write_reports`), so ``dq-flower report DIR`` redraws them without rerunning.
-
-Modules
--------
-:mod:`~dq_flower.compare.presets`
-    Presets (``simulations/*.toml``) and their method entries.
-:mod:`~dq_flower.compare.plan`
-    :func:`parse_set`, :func:`plan_runs` (knob layering and validation), :func:`check_data`.
-:mod:`~dq_flower.compare.run`
-    :func:`run_comparison` (``--resume`` included), :class:`ConsoleProgress`.
-:mod:`~dq_flower.compare.summary`
-    :func:`run_summaries`, :func:`summary_markdown` (table and verdict), failed runs.
-:mod:`~dq_flower.compare.reports`
-    :func:`write_reports`, :func:`write_csv`, :func:`load_results`.
-:mod:`~dq_flower.compare.plots`
-    :func:`write_plots`.
-:mod:`~dq_flower.compare.sections`
-    The summary's "Time on links" and "Step sizes" sections and verdict notes.
-:mod:`~dq_flower.compare.links`
-    Link profiles and the time model (simulated time per round from measured quantities).
-:mod:`~dq_flower.compare.grids`, :mod:`~dq_flower.compare.tune`
-    Step-size grids per method family; tuning on a validation split of the training rows.
-:mod:`~dq_flower.compare.commands`
-    What ``dq-flower compare``, ``tune`` and ``report`` do.
 """
 
 from dq_flower.compare.links import BUILTIN_LINKS, LinkProfile, parse_link, parse_links
@@ -64,31 +41,8 @@ from dq_flower.compare.summary import (
     summary_markdown,
 )
 
-__all__ = [
-    "ENGINES",
-    "BUILTIN_LINKS",
-    "LinkProfile",
-    "parse_link",
-    "parse_links",
-    "UNSTABLE_DROP",
-    "SCENARIO_KEYS",
-    "RESULTS_FORMAT",
-    "REFERENCE",
-    "PlannedRun",
-    "ConsoleProgress",
-    "plan_runs",
-    "check_data",
-    "run_comparison",
-    "run_summaries",
-    "write_reports",
-    "write_csv",
-    "write_plots",
-    "summary_markdown",
-    "CSV_COLUMNS",
-    "load_results",
-    "parse_set",
-    "fmt_bytes",
-    "is_failed",
-    "failed_runs",
-    "error_line",
-]
+__all__ = ["ENGINES", "BUILTIN_LINKS", "LinkProfile", "parse_link", "parse_links",
+           "UNSTABLE_DROP", "SCENARIO_KEYS", "RESULTS_FORMAT", "REFERENCE", "PlannedRun",
+           "ConsoleProgress", "plan_runs", "check_data", "run_comparison", "run_summaries",
+           "write_reports", "write_csv", "write_plots", "summary_markdown", "CSV_COLUMNS",
+           "load_results", "parse_set", "fmt_bytes", "is_failed", "failed_runs", "error_line"]

@@ -1,8 +1,6 @@
-"""What the ``dq-flower`` subcommands ``compare``, ``tune`` and ``report`` do.
+"""``dq-flower compare``, ``tune`` and ``report``: parsed arguments in, exit status out.
 
-:mod:`dq_flower.cli` defines the arguments; these functions take the parsed arguments and
-return the exit status. Errors the user can fix (unknown preset or method, a bad flag or
-knob value, missing data files) end with one line on stderr and status 2.
+Errors the user can fix end with one line on stderr and status 2.
 """
 
 from __future__ import annotations
@@ -44,10 +42,7 @@ def _list_presets() -> int:
 
 
 def _scenario(args: argparse.Namespace):
-    """The preset with the flags applied, the parsed ``--set`` items and the planned runs.
-
-    Raises ``ValueError`` or ``FileNotFoundError`` (missing data) for the caller to report.
-    """
+    """The preset with the flags, ``--set`` items, planned runs, ``d`` and training rows."""
     preset = load_preset(args.preset).with_overrides(
         methods=args.methods, dataset=args.dataset, model=args.model, rounds=args.rounds,
         num_clients=args.num_clients, partition=args.partition, dirichlet_alpha=args.alpha,
@@ -70,11 +65,7 @@ def _tune_settings(args: argparse.Namespace, preset: Any):
 
 def _tune(args: argparse.Namespace, preset: Any, sets: Any, plans: Any, quiet: bool,
           save: Any = None):
-    """Tune, print the choices; return the tuned preset and its plans.
-
-    The preset's own tuning records made under the same settings are kept (a resumed
-    tuning); ``save(records)`` runs after each newly tuned method.
-    """
+    """Tune, print the choices; the tuned preset and its plans (``save`` after each method)."""
     settings = _tune_settings(args, preset)
     print(f"tuning step sizes: {settings.rounds} rounds per grid point, "
           f"{pct(settings.validation_fraction)} of the training rows held out for scoring "
@@ -147,7 +138,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _print_scenario(preset: Any, plans: Any, d: int, n_train: int, engine: str,
                     out: Path) -> None:
-    """The two lines on what ``compare`` is about to run."""
     print(f"{PROG} compare: preset {preset.name}: {preset.dataset} (d = {d}, {n_train} "
           f"training samples), model {preset.model}, {preset.num_clients} clients, "
           f"{preset.partition} partition"
@@ -159,7 +149,6 @@ def _print_scenario(preset: Any, plans: Any, d: int, n_train: int, engine: str,
 
 def _report_outcome(results: dict[str, Any], out: Path, links: list[LinkProfile],
                     wall: float) -> int:
-    """Print the summary, the files written and the failed methods; the exit status."""
     print()
     print((out / "summary.md").read_text())
     print(f"total wall time {wall:.1f} s ({wall / 60:.1f} min)")

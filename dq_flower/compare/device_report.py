@@ -1,12 +1,7 @@
 """Time to the target per (device, link) pair: the summary's "Time on devices and links".
 
-Each run's history is re-timed with the device and server profiles
-(:func:`dq_flower.compare.work.profiled_history`) and then on each link
-(:func:`dq_flower.compare.links.time_to_target`). ``results.json`` carries what it needs:
-``workload`` (FLOPs per sample and rows per client), ``devices`` (the device profiles),
-``server_device`` (the server's profile) and ``links``; a summary without ``workload`` and
-``devices`` has no such section; :func:`attach_devices` adds them (``dq-flower compare``
-and ``report`` with ``--device``).
+Needs ``workload``, ``devices``, ``server_device`` and ``links`` in ``results.json``
+(:func:`attach_devices` adds the first three).
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ from typing import Any
 from dq_flower.compare.devices import MEASURED, ComputeProfile
 from dq_flower.compare.fmt import fmt_seconds, is_failed, pct
 from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
+from dq_flower.compare.sections import links_of
 from dq_flower.compare.work import Workload, profiled_history, workload_of
 
 __all__ = ["PairTime", "pair_times", "device_link_table", "device_section", "device_verdict",
@@ -26,24 +22,12 @@ __all__ = ["PairTime", "pair_times", "device_link_table", "device_section", "dev
 
 @dataclass(frozen=True)
 class PairTime:
-    """One method's simulated time on one (device, link) pair.
-
-    Attributes
-    ----------
-    label : str
-        The run.
-    to_target : float or None
-        Seconds to the target accuracy (``None``: not reached, or cannot run).
-    total : float or None
-        Seconds of the whole run (``None``: no timing fields, or cannot run).
-    runs : bool
-        Whether the device can run the method at all.
-    """
+    """One method's simulated seconds on one (device, link) pair (``None``: unknown)."""
 
     label: str
-    to_target: float | None
-    total: float | None
-    runs: bool = True
+    to_target: float | None  # None: not reached
+    total: float | None  # the whole run
+    runs: bool = True  # whether the device can run the method at all
 
 
 def pair_times(results: Mapping[str, Any], workload: Workload, device: ComputeProfile,
@@ -73,8 +57,7 @@ def _cell(t: PairTime) -> str:
 
 
 def _mflop(flops: float) -> str:
-    """``22.9``, ``1,112.3``; three significant digits below one MFLOP (``0.0192``)."""
-    mflop = flops / 1e6
+    mflop = flops / 1e6  # 22.9, 1,112.3; three significant digits below one (0.0192)
     return f"{mflop:,.1f}" if mflop >= 1 else f"{mflop:.3g}"
 
 
@@ -130,8 +113,7 @@ def _profiles(results: Mapping[str, Any]
     devices = [ComputeProfile.from_json(d) for d in results["devices"]]
     server_data = results.get("server_device")
     server = ComputeProfile.from_json(server_data) if server_data else MEASURED
-    links = [LinkProfile.from_json(x) for x in results.get("links") or []]
-    return workload, devices, server, links
+    return workload, devices, server, links_of(results)
 
 
 def device_verdict(results: Mapping[str, Any]) -> list[str]:
@@ -167,12 +149,7 @@ def _train_rows(results: Mapping[str, Any]) -> int:
 
 def attach_devices(results: dict[str, Any], devices: Sequence[ComputeProfile],
                    server: ComputeProfile, train_rows: int | None = None) -> None:
-    """Give ``results`` what :func:`device_section` reads: workload and profiles.
-
-    The workload (the model's FLOPs per sample, each client's rows) is counted from the
-    preset's model and data set (:func:`~dq_flower.compare.work.workload_of`), on the
-    ``train_rows`` subset (default: the runs' own ``train-rows``); nothing is rerun.
-    """
+    """Give ``results`` the workload (of its preset, on ``train_rows``) and profiles."""
     rows = _train_rows(results) if train_rows is None else train_rows
     workload = workload_of(results["preset"], None, rows)
     results["workload"] = workload.to_json()

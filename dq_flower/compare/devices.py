@@ -1,59 +1,30 @@
 """Compute profiles: how fast a device (or the server) runs the model, in FLOP/s.
 
-A profile is a sustained FLOP/s figure with its source. A client's compute in a round is
-then ``(train samples * train FLOPs per sample + forward samples * forward FLOPs per
-sample) / FLOP/s`` (:mod:`dq_flower.compare.work`); the FLOPs per sample are counted from
-the model (:func:`model_flops`). The profile ``measured`` keeps every device and the
-server as fast as this machine: the times each measured for itself (the default, and the
-only model before profiles existed).
-
-A device that cannot train (``can_train=False``, a microcontroller) cannot run a method
-whose clients train; it can still run DQ's client, which trains nothing: with the
-``uniform`` scorer and no compensation it quantizes and codes the chosen rows (no model
-at all); with a model-based scorer it runs forward passes only.
+A round's compute is its FLOPs (:mod:`dq_flower.compare.work`, :func:`model_flops`) over
+the profile's sustained FLOP/s; ``measured`` keeps this machine's measured times. A device
+that cannot train (a microcontroller) can still run DQ's client, which trains nothing.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = [
-    "ComputeProfile",
-    "ModelFlops",
-    "MEASURED",
-    "BUILTIN_DEVICES",
-    "BUILTIN_SERVERS",
-    "DEFAULT_DEVICES",
-    "parse_device",
-    "parse_server",
-    "model_flops",
-]
+__all__ = ["ComputeProfile", "ModelFlops", "MEASURED", "BUILTIN_DEVICES", "BUILTIN_SERVERS",
+           "parse_device", "parse_server", "model_flops"]
 
 
 @dataclass(frozen=True)
 class ComputeProfile:
-    """A device class and its sustained throughput.
+    """A device class and its sustained throughput."""
 
-    Attributes
-    ----------
-    name : str
-        Profile name (``measured``, ``rpi4``, ...).
-    flops : float
-        Sustained FLOP/s on the model's arithmetic; 0 for ``measured`` (this machine's
-        measured times are used instead).
-    can_train : bool
-        Whether the device can run a backward pass (a microcontroller cannot).
-    source : str
-        Where the figure comes from.
-    """
-
-    name: str
-    flops: float
-    can_train: bool = True
-    source: str = ""
+    name: str  # measured, rpi4, ...
+    flops: float  # sustained FLOP/s; 0 for measured (this machine's measured times)
+    can_train: bool = True  # whether it can run a backward pass
+    source: str = ""  # where the figure comes from
 
     def __post_init__(self) -> None:
         if not (self.flops >= 0 and self.flops < float("inf")):
@@ -132,9 +103,6 @@ BUILTIN_SERVERS: dict[str, ComputeProfile] = {p.name: p for p in (
         BUILTIN_DEVICES["laptop-core"].source),
 )}
 
-#: Device profiles a report gives when none are named.
-DEFAULT_DEVICES = ("measured",)
-
 
 def _parse(text: str, builtins: Mapping[str, ComputeProfile], what: str) -> ComputeProfile:
     name, sep, spec = text.strip().partition("=")
@@ -167,9 +135,8 @@ def parse_server(text: str) -> ComputeProfile:
 class ModelFlops:
     """FLOPs per sample of a model: one forward pass, one training step (forward + backward).
 
-    Counted by :func:`model_flops` with ``torch.utils.flop_counter.FlopCounterMode``
-    (matrix products and convolutions, 2 FLOPs per multiply-add; elementwise work such as
-    activations and the optimizer update is not counted).
+    Matrix products and convolutions only (2 FLOPs per multiply-add), as PyTorch's
+    ``FlopCounterMode`` counts them.
     """
 
     forward: float
@@ -186,28 +153,17 @@ class ModelFlops:
 
 
 def model_flops(model: Any, input_shape: Sequence[int], batch: int = 8) -> ModelFlops:
-    """Count ``model``'s FLOPs per sample, forward and forward + backward.
+    """Count ``model``'s FLOPs per sample, forward and forward + backward, on a copy.
 
-    Parameters
-    ----------
-    model : torch.nn.Module
-        Takes flat rows ``(batch, prod(input_shape))`` (the harness's models) or, failing
-        that, ``(batch, *input_shape)``; returns logits. A copy is counted, so the model
-        (its BatchNorm statistics, its gradients) is left unchanged.
-    input_shape : sequence of int
-        One sample's shape.
-    batch : int
-        Rows per counted pass (the count is divided by it).
+    The model takes flat rows or, failing that, ``(batch, *input_shape)``; the count over
+    ``batch`` rows is divided by ``batch``.
     """
     # PyTorch: loaded only where a model is counted
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     model = copy.deepcopy(model).train()
-    size = 1
-    for s in input_shape:
-        size *= int(s)
-    x = torch.zeros(batch, size)
+    x = torch.zeros(batch, math.prod(int(s) for s in input_shape))
     try:
         with torch.no_grad():
             model(x)

@@ -48,9 +48,5 @@ def fmt_value(v: object) -> str:
 
 
 def is_failed(record: Mapping[str, Any]) -> bool:
-    """Whether a run record of ``results.json`` is a failed run.
-
-    A record is failed when it says ``"failed": true`` or its ``status`` is not ``ok``
-    (records written before the ``failed`` key had only ``status``).
-    """
+    """Whether a run record says ``"failed": true`` or (older records) a status but ``ok``."""
     return bool(record.get("failed")) or record.get("status", "ok") != "ok"

@@ -19,33 +19,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = [
-    "Framing",
-    "LORAWAN_HEADER_BYTES",
-    "EU868_MAX_PAYLOAD",
-    "lora_airtime",
-    "lorawan_framing",
-    "iridium_sbd_seconds",
-]
+__all__ = ["Framing", "LORAWAN_HEADER_BYTES", "EU868_MAX_PAYLOAD", "lora_airtime",
+           "lorawan_framing", "iridium_sbd_seconds"]
 
 
 @dataclass(frozen=True)
 class Framing:
-    """One direction of a link that carries at most ``payload_bytes`` per frame.
+    """One direction of a link that carries at most ``payload_bytes`` per frame."""
 
-    Attributes
-    ----------
-    payload_bytes : int
-        Most message bytes one frame carries (the link's own headers not included).
-    frame_s : float
-        Seconds one full frame occupies the channel (airtime, or per-message delivery).
-    duty_cycle : float
-        Fraction of the time the sender may transmit (1.0: no limit).
-    """
-
-    payload_bytes: int
-    frame_s: float
-    duty_cycle: float = 1.0
+    payload_bytes: int  # message bytes per frame, the link's own headers not included
+    frame_s: float  # seconds a full frame occupies the channel
+    duty_cycle: float = 1.0  # fraction of the time the sender may transmit
 
     def __post_init__(self) -> None:
         if not (isinstance(self.payload_bytes, int) and self.payload_bytes >= 1):
@@ -122,12 +106,10 @@ def lorawan_framing(data_rate: int, duty_cycle: float) -> Framing:
 
 
 def iridium_sbd_seconds(message_bytes: int) -> float:
-    """Delivery time of one Iridium SBD message: a line through Iridium's two figures.
+    """Delivery time of one Iridium SBD message: ``5 s + 15 s * bytes / 1960``.
 
-    The network's delivery latency ranges from about 5 s for a short message to about
-    20 s for a maximum-length (1960-byte) one (NAL Research, 'Short Burst Data',
-    http://nalresearch.com/NetRef_SBD.html); the line through them is
-    ``5 s + 15 s * bytes / 1960``.
+    The line through about 5 s for a short message and 20 s for a 1960-byte one (NAL
+    Research, 'Short Burst Data', http://nalresearch.com/NetRef_SBD.html).
     """
     return 5.0 + 15.0 * float(message_bytes) / 1960.0
 

@@ -1,21 +1,7 @@
-"""The step-size grids learning-rate tuning searches, one per method family.
+"""The step-size grids tuning starts from, one per method family (:func:`step_axes`).
 
-Each method tunes the step sizes it has (:mod:`dq_flower.compare.tune`):
-
-- ``dq``: its server ``lr`` in 0.01, 0.03, 0.1, 0.3;
-- gradient baselines with one local step: the server ``lr`` in 0.01, 0.03, 0.1, 0.3;
-- ``signsgd`` (majority vote): the sign step ``lr`` in 0.001, 0.003, 0.01;
-- gradient baselines with ``local-steps`` > 1: the server ``lr`` (applied to the mean
-  local update; 1 is FedAvg's step) in 0.3, 1, 3 times ``client-lr`` in 0.03, 0.1, 0.3
-  (nine runs);
-- ``fedavg`` and the ``fedavg-*`` methods: ``client-lr`` in 0.01, 0.03, 0.1, 0.3 (the
-  server step is FedAvg's own, the mean model delta).
-
-A gradient step of 0.1 is the baselines' default and DQ's is 0.05, so every grid brackets
-the default with a factor of about 3 either side; signSGD's step moves every coordinate by
-``lr`` and needs a 30x smaller one. Tuning extends an axis whose best value sits at its
-edge (:func:`dq_flower.compare.tune.extend_axes`), so a grid is a starting bracket, not a
-bound.
+Each brackets the default step by about 3x either side (signSGD's is 30x smaller); tuning
+extends an axis whose best value sits at its edge, so a grid is no bound.
 """
 
 from __future__ import annotations
@@ -27,12 +13,12 @@ from typing import Any
 __all__ = ["DQ_LR", "GRADIENT_LR", "SIGN_LR", "LOCAL_LR", "LOCAL_CLIENT_LR", "CLIENT_LR",
            "step_axes", "grid_points", "describe_axes"]
 
-DQ_LR = (0.01, 0.03, 0.1, 0.3)
-GRADIENT_LR = (0.01, 0.03, 0.1, 0.3)
-SIGN_LR = (0.001, 0.003, 0.01)
-LOCAL_LR = (0.3, 1.0, 3.0)
-LOCAL_CLIENT_LR = (0.03, 0.1, 0.3)
-CLIENT_LR = (0.01, 0.03, 0.1, 0.3)
+DQ_LR = (0.01, 0.03, 0.1, 0.3)  # dq's server lr
+GRADIENT_LR = (0.01, 0.03, 0.1, 0.3)  # gradient baselines, one local step
+SIGN_LR = (0.001, 0.003, 0.01)  # majority vote's sign step
+LOCAL_LR = (0.3, 1.0, 3.0)  # server lr on the mean local update (local-steps > 1) ...
+LOCAL_CLIENT_LR = (0.03, 0.1, 0.3)  # ... times client-lr
+CLIENT_LR = (0.01, 0.03, 0.1, 0.3)  # fedavg, fedavg-* (and local-epochs): client-lr
 
 
 def _majority(config: Mapping[str, Any]) -> bool:
@@ -41,20 +27,7 @@ def _majority(config: Mapping[str, Any]) -> bool:
 
 
 def step_axes(family: str, config: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:
-    """The step-size knobs of a run and the values tuning tries for each.
-
-    Parameters
-    ----------
-    family : str
-        ``dq``, ``gradient``, ``fedavg`` or ``compressed``.
-    config : mapping
-        The run's resolved knobs (hyphenated keys, defaults included).
-
-    Returns
-    -------
-    dict
-        Knob -> values, in the order the grid is searched (empty for an unknown family).
-    """
+    """Knob -> values tuning tries, of a run of ``family`` with resolved knobs ``config``."""
     if family == "dq":
         return {"lr": DQ_LR}
     if family in ("fedavg", "compressed"):  # the server averages: only the client's step

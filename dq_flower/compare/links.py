@@ -1,26 +1,14 @@
 """Time on links: what each round would take on a given network, from measured quantities.
 
-Nothing sleeps and nothing is throttled. Per round, with the history row's measured
-``clients`` (``[compute_s, down_bytes, up_bytes]`` per replying client) and
-``server_compute_s``::
+Per round, from the history row's ``clients`` (``[compute_s, down_bytes, up_bytes]`` per
+replying client) and ``server_compute_s``::
 
     T_round = server_compute_s + rtt + max_k (compute_k + 8 down_k / down_bps + 8 up_k / up_bps)
 
-the slowest sampled client's critical path (its compute, its downlink and uplink bytes over
-the link), one round trip of latency, and the server's compute. A round in which no client
-replied (a DQ round that trains on its store) costs the server's compute alone. Round 0 (the
-initial model) costs nothing. Rows without ``clients`` (results written before the timing
-fields existed) give no time.
-
-A profile is ``name=down/up/latency`` (``lte=10mbit/1mbit/50ms``); rates take ``bit``,
-``kbit``, ``mbit``, ``gbit`` (also ``bps``, ``kbps``, ``mbps``, ``gbps``; decimal
-prefixes), the latency ``s``, ``ms`` or ``us`` and is the round-trip time, paid once per
-round.
-
-A direction with a payload limit (LoRaWAN, satellite messaging) has a
-:class:`~dq_flower.compare.framing.Framing`: its bytes go as frames of at most N bytes,
-each with its airtime and the duty cycle's silence (``8 bytes / rate`` is replaced by
-:meth:`Framing.seconds`). Every built-in profile names its source (``source``).
+A round no client replied to costs the server's compute alone, round 0 nothing, a row
+without ``clients`` gives no time. A profile is ``name=down/up/latency``
+(``lte=10mbit/1mbit/50ms``, decimal prefixes, round-trip latency); a direction with a
+payload limit has a :class:`~dq_flower.compare.framing.Framing` instead of ``8 B / rate``.
 """
 
 from __future__ import annotations
@@ -32,44 +20,21 @@ from typing import Any
 
 from dq_flower.compare.framing import Framing, iridium_sbd_seconds, lorawan_framing
 
-__all__ = [
-    "LinkProfile",
-    "BUILTIN_LINKS",
-    "DEFAULT_LINKS",
-    "parse_link",
-    "parse_links",
-    "round_time",
-    "cumulative_times",
-    "time_to_target",
-]
+__all__ = ["LinkProfile", "BUILTIN_LINKS", "DEFAULT_LINKS", "parse_link", "parse_links",
+           "round_time", "cumulative_times", "time_to_target"]
 
 
 @dataclass(frozen=True)
 class LinkProfile:
-    """A network link every client has to the server.
-
-    Attributes
-    ----------
-    name : str
-        Profile name (``lte``, ``wifi``, ``datacenter`` or the user's).
-    down_bps, up_bps : float
-        Downlink (server to client) and uplink rates, bits per second.
-    rtt_s : float
-        Round-trip latency, seconds, paid once per round.
-    down_framing, up_framing : Framing or None
-        The payload limit of each direction, where it has one (then the rate is only
-        descriptive: the frames' airtime and duty cycle give the time).
-    source : str
-        Where the figures come from (not compared: a profile is its figures).
-    """
+    """A network link every client has to the server (rates in bit/s, latency in s)."""
 
     name: str
     down_bps: float
     up_bps: float
-    rtt_s: float
-    down_framing: Framing | None = None
+    rtt_s: float  # round trip, paid once per round
+    down_framing: Framing | None = None  # a payload limit: then it gives the time
     up_framing: Framing | None = None
-    source: str = field(default="", compare=False)
+    source: str = field(default="", compare=False)  # where the figures come from
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", self.name):
@@ -191,13 +156,7 @@ def _quantity(text: str, units: Mapping[str, float], what: str) -> float:
 
 
 def parse_link(text: str) -> LinkProfile:
-    """A profile from ``name`` (built-in) or ``name=down/up/latency``.
-
-    Raises
-    ------
-    ValueError
-        An unknown built-in name, or a malformed or non-positive rate or latency.
-    """
+    """A profile from ``name`` (built-in) or ``name=down/up/latency``; ``ValueError`` if bad."""
     name, sep, spec = text.strip().partition("=")
     name = name.strip()
     if not sep:

@@ -7,12 +7,11 @@ file is reported before the first method runs.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dq_flower.compare.presets import MethodSpec, Preset
+from dq_flower.compare.presets import MethodSpec, Preset, toml_module
 from dq_flower.config import field_keys, run_config_values
 from dq_flower.harness.methods import (
     client_config,
@@ -34,38 +33,17 @@ SCENARIO_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-a
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """One method of a comparison, validated and ready to run.
-
-    Attributes
-    ----------
-    spec : MethodSpec
-        Label, registered method and the entry's own knobs.
-    run_config : dict
-        The complete hyphenated run config (validated by ``build_run_config``).
-    knobs : dict
-        The knobs beyond the scenario (what ``simulate(**knobs)`` receives).
-    family : str
-        Method family (``dq``, ``gradient``, ``fedavg``).
-    resolved : dict
-        Every task and method knob with its effective value (defaults included).
-    """
+    """One method of a comparison, validated and ready to run."""
 
     spec: MethodSpec
-    run_config: dict[str, Any]
-    knobs: dict[str, Any]
-    family: str
-    resolved: dict[str, Any]
+    run_config: dict[str, Any]  # complete and validated
+    knobs: dict[str, Any]  # beyond the scenario: what simulate(**knobs) receives
+    family: str  # dq, gradient, fedavg, compressed
+    resolved: dict[str, Any]  # every task and method knob's effective value
 
 
 def parse_set(items: Sequence[str]) -> list[tuple[str | None, str, Any]]:
-    """Parse ``--set`` items ``key=value`` or ``label.key=value``.
-
-    Values are read as TOML scalars (``3``, ``0.1``, ``true``, ``"x"``), else kept as text.
-
-    Returns
-    -------
-    list of (label or None, key, value)
-    """
+    """``(label or None, key, value)`` of ``--set`` items ``[label.]key=value`` (TOML or text)."""
     out: list[tuple[str | None, str, Any]] = []
     for item in items:
         key, sep, raw = item.partition("=")
@@ -80,10 +58,7 @@ def parse_set(items: Sequence[str]) -> list[tuple[str | None, str, Any]]:
 
 
 def _scalar(raw: str) -> Any:
-    if sys.version_info >= (3, 11):
-        import tomllib  # TOML, loaded where a file is read
-    else:  # Python 3.10
-        import tomli as tomllib  # TOML, loaded with the command that reads it
+    tomllib = toml_module()
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -93,15 +68,8 @@ def _scalar(raw: str) -> Any:
 def plan_runs(preset: Preset, sets: Sequence[tuple[str | None, str, Any]] = ()) -> list[PlannedRun]:
     """Resolve and validate every run of ``preset`` before any work starts.
 
-    Knobs are layered: the preset's ``[knobs]`` (to every method that knows the key), its
-    ``[methods.<label>]`` table, then ``--set key=value`` (every method that knows it) and
-    ``--set label.key=value`` (that entry only).
-
-    Raises
-    ------
-    ValueError
-        Unknown method or knob, a knob no selected method knows, a scenario key given as a
-        knob, or a bad value (the message names the key and the method).
+    Knobs are layered: ``[knobs]``, ``[methods.<label>]``, ``--set key=value``, then
+    ``--set label.key=value``. ``ValueError`` names an unknown, misplaced or bad knob.
     """
     specs = preset.method_specs(method_names())
     labels = [s.label for s in specs]
@@ -152,13 +120,7 @@ def _scenario_key_check(key: str) -> None:
 
 
 def check_data(preset: Preset) -> tuple[int, int]:
-    """Load the data set once (errors early, e.g. a missing folder); return ``(d, n_train)``.
-
-    Raises
-    ------
-    FileNotFoundError
-        Data files missing; the message says where they were looked for.
-    """
+    """Load the data set once (``FileNotFoundError`` early); return ``(d, n_train)``."""
     ds = load_dataset_cached(preset.dataset, preset.data_dir or None, preset.seed)
     return ds.dim, ds.num_train
 

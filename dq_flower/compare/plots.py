@@ -1,12 +1,6 @@
-"""The comparison's plots: test accuracy against uplink bytes, rounds and simulated time.
+"""The comparison's plots: test accuracy against uplink bytes, rounds and time per link.
 
-On the uplink plot each method's curve is the best accuracy it reached within each byte
-budget (the running maximum over its evaluated rounds): a method is as good as the best
-model its bytes bought.
-
-Functions of the content of ``results.json`` alone; failed runs (no history) are left out.
-One ``accuracy_vs_time_<link>.png`` per link profile of ``results["links"]`` plots the
-accuracy against the simulated time on that link (:mod:`dq_flower.compare.links`).
+On the uplink plot a curve is the best accuracy reached within each byte budget.
 """
 
 from __future__ import annotations
@@ -25,12 +19,7 @@ __all__ = ["write_plots", "label_log_axis"]
 
 
 def label_log_axis(ax: Any) -> None:
-    """Readable tick labels on a log x axis, whatever the span of its data.
-
-    Over a decade or more matplotlib's powers of ten stay. Over less, its minor labels
-    (``1.0025x10^-1``, ...) run into each other: a few evenly spaced ticks with plain
-    labels instead, and no minor labels.
-    """
+    """Readable tick labels on a log x axis: a few plain ones where it spans under a decade."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # see write_plots
 
     lo, hi = ax.get_xlim()

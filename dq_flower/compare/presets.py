@@ -36,104 +36,48 @@ from typing import Any
 
 from dq_flower.compare.toml_out import preset_toml
 
-__all__ = [
-    "Preset",
-    "MethodSpec",
-    "PRESET_DIR",
-    "BUILTIN_PRESETS",
-    "preset_names",
-    "load_preset",
-    "parse_preset",
-]
+__all__ = ["Preset", "MethodSpec", "PRESET_DIR", "BUILTIN_PRESETS", "preset_names",
+           "load_preset", "parse_preset"]
 
 #: Folder of the preset files (the repository's ``simulations/``).
 PRESET_DIR = Path(__file__).resolve().parents[2] / "simulations"
 
-_TOP_KEYS = {
-    "name", "description", "dataset", "model", "num-clients", "rounds", "partition",
-    "dirichlet-alpha", "fraction-train", "target-accuracy", "high-target-accuracy", "seed",
-    "data-dir", "run",
-    "methods", "knobs", "tuning",
-}
+_TOP_KEYS = {"name", "description", "dataset", "model", "num-clients", "rounds", "partition",
+             "dirichlet-alpha", "fraction-train", "target-accuracy", "high-target-accuracy",
+             "seed", "data-dir", "run", "methods", "knobs", "tuning"}
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One entry of a comparison: a label, the registered method it runs, its knobs.
+    """One entry of a comparison: its label, the registered method it runs, its own knobs."""
 
-    Attributes
-    ----------
-    label : str
-        Name shown in the tables and plots (the method name, or a variant's own name).
-    method : str
-        Registered method name (:func:`dq_flower.harness.methods.method_names`).
-    knobs : dict
-        Hyphenated knobs for this entry only (they override the preset's common knobs).
-    """
-
-    label: str
+    label: str  # shown in tables and plots (the method's name, or a variant's)
     method: str
-    knobs: Mapping[str, Any] = field(default_factory=dict)
+    knobs: Mapping[str, Any] = field(default_factory=dict)  # override the common knobs
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A named comparison scenario.
+    """A named comparison scenario: the fields of a preset file, hyphens as underscores."""
 
-    Attributes
-    ----------
-    name : str
-        Preset name (the file's stem).
-    description : str
-        One line for ``--list-presets`` and the summary.
-    dataset, model : str
-        Data set and model names (see :class:`dq_flower.harness.task_config.TaskConfig`).
-    num_clients : int
-        Simulated clients, one partition each.
-    rounds : int
-        Server rounds of every method.
-    partition : str
-        ``iid``, ``dirichlet`` or ``pathological``.
-    dirichlet_alpha : float
-        Concentration of the Dirichlet partition.
-    fraction_train : float
-        Fraction of the clients sampled each round.
-    target_accuracy : float
-        Test accuracy whose cost (rounds, uplink bytes) the summary compares.
-    high_target_accuracy : float
-        A second, higher target whose uplink bytes the summary also reports (0: none).
-    seed : int
-        Root of every random choice, the same for all methods.
-    data_dir : str
-        Folder of the data files ("" = the data set's default).
-    methods : tuple of str
-        Labels to run, in order; ``("all",)`` means every registered method.
-    knobs : dict
-        Knobs for every method that knows the key.
-    method_knobs : dict
-        ``label -> knobs`` (a label that is not a registered method needs ``method``).
-    tuning : dict
-        ``label -> record`` of a learning-rate tuning (``dq-flower tune``): the grid, the
-        validation scores and the choice (already in ``method_knobs``); the summary reports
-        it. Empty when the step sizes were not tuned.
-    """
-
-    name: str
-    description: str = ""
+    name: str  # the file's stem
+    description: str = ""  # one line for --list-presets and the summary
     dataset: str = "digits"
     model: str = "mlp"
-    num_clients: int = 4
+    num_clients: int = 4  # one partition each
     rounds: int = 20
-    partition: str = "iid"
+    partition: str = "iid"  # iid, dirichlet or pathological
     dirichlet_alpha: float = 0.5
-    fraction_train: float = 1.0
-    target_accuracy: float = 0.9
-    high_target_accuracy: float = 0.0
+    fraction_train: float = 1.0  # of the clients, sampled each round
+    target_accuracy: float = 0.9  # whose cost (rounds, uplink bytes) the summary compares
+    high_target_accuracy: float = 0.0  # a second target (uplink bytes only; 0: none)
     seed: int = 0
-    data_dir: str = ""
-    methods: tuple[str, ...] = ("all",)
-    knobs: Mapping[str, Any] = field(default_factory=dict)
+    data_dir: str = ""  # "": the data set's default
+    methods: tuple[str, ...] = ("all",)  # labels to run, in order; "all": every method
+    knobs: Mapping[str, Any] = field(default_factory=dict)  # for every method knowing them
+    # label -> knobs (a label that is not a registered method needs "method")
     method_knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # label -> record of a `dq-flower tune` (grid, scores, choice); empty: not tuned
     tuning: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -166,17 +110,9 @@ class Preset:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def method_specs(self, available: list[str]) -> list[MethodSpec]:
-        """Resolve :attr:`methods` into entries, checking every name.
+        """Resolve :attr:`methods` (``"all"``: ``available``) into entries.
 
-        Parameters
-        ----------
-        available : list of str
-            Registered method names (``"all"`` expands to these, in order).
-
-        Raises
-        ------
-        ValueError
-            An unknown method or variant, or a variant without a registered ``method``.
+        ``ValueError`` for an unknown method or variant.
         """
         labels: list[str] = []
         for label in self.methods:
@@ -196,16 +132,13 @@ class Preset:
 
     def to_toml(self, header: str = "") -> str:
         """The preset as a ``simulations/``-style TOML file (``load_preset`` reads it back)."""
-        fields = {"name": self.name, "description": self.description,
-                  "dataset": self.dataset, "model": self.model,
-                  "num-clients": self.num_clients, "rounds": self.rounds,
+        fields = {"name": self.name, "description": self.description, "dataset": self.dataset,
+                  "model": self.model, "num-clients": self.num_clients, "rounds": self.rounds,
                   "partition": self.partition, "dirichlet-alpha": self.dirichlet_alpha,
-                  "fraction-train": self.fraction_train,
-                  "target-accuracy": self.target_accuracy,
+                  "fraction-train": self.fraction_train, "target-accuracy": self.target_accuracy,
                   **({"high-target-accuracy": self.high_target_accuracy}
                      if self.high_target_accuracy else {}),
-                  "seed": self.seed,
-                  "data-dir": self.data_dir, "run": list(self.methods)}
+                  "seed": self.seed, "data-dir": self.data_dir, "run": list(self.methods)}
         tables = {"knobs": {"": dict(self.knobs)},
                   "methods": {k: dict(v) for k, v in self.method_knobs.items()},
                   "tuning": {k: dict(v) for k, v in self.tuning.items()}}
@@ -286,11 +219,19 @@ def _hyphen(key: str) -> str:
     return str(key).replace("_", "-")
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def toml_module() -> Any:
+    """``tomllib``, or ``tomli`` on Python 3.10 (loaded where TOML is read)."""
     if sys.version_info >= (3, 11):
         import tomllib  # TOML, loaded where a file is read
-    else:  # Python 3.10
-        import tomli as tomllib  # TOML, loaded with the command that reads it
+
+        return tomllib
+    import tomli  # TOML (Python 3.10), loaded where a file is read
+
+    return tomli
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    tomllib = toml_module()
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
@@ -323,13 +264,7 @@ def preset_names(folder: Path | None = None) -> list[str]:
 
 
 def load_preset(name_or_path: str, folder: Path | None = None) -> Preset:
-    """Load a preset by name (``simulations/<name>.toml``) or from a ``.toml`` path.
-
-    Raises
-    ------
-    ValueError
-        Unknown preset (the message lists the known ones) or a bad value in the file.
-    """
+    """Load a preset by name (``simulations/<name>.toml``) or path; ``ValueError`` if bad."""
     folder = PRESET_DIR if folder is None else folder
     path = Path(name_or_path).expanduser()
     if path.suffix == ".toml" or path.is_file():

@@ -27,17 +27,8 @@ CSV_COLUMNS = ("label", "method", "round", "accuracy", "loss", "up_bytes", "down
                "cum_up_bytes", "cum_down_bytes", "wall_s")
 
 
-# ---------------------------------------------------------------------------- writing
-
-
 def write_reports(results: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> dict[str, Path]:
-    """Write ``results.json``, ``results.csv``, ``summary.md`` and the PNG plots.
-
-    Returns
-    -------
-    dict
-        ``name -> path`` of every written file.
-    """
+    """Write ``results.json``, ``results.csv``, ``summary.md`` and the plots; name -> path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "csv": out / "results.csv",
@@ -54,10 +45,7 @@ def write_reports(results: Mapping[str, Any], out_dir: str | os.PathLike[str]) -
 
 
 def write_csv(results: Mapping[str, Any], path: Path) -> Path:
-    """One row per method and round: :data:`CSV_COLUMNS`, then the methods' own metrics.
-
-    Scalar columns only: the per-client ``clients`` lists stay in ``results.json``.
-    """
+    """One row per method and round: :data:`CSV_COLUMNS`, then the methods' scalar metrics."""
     extras = sorted({k for rec in results["runs"] for row in rec.get("history") or []
                      for k, v in row.items() if not isinstance(v, (list, dict))}
                     - set(CSV_COLUMNS))

@@ -1,13 +1,4 @@
-"""Running a comparison: every planned method, one after another, with console progress.
-
-Every method runs with the same data set, model, partition, clients, rounds and seed, in
-Flower's simulation engine (:func:`dq_flower.harness.simulate`, one Ray simulation per
-method) or in-process (:class:`dq_flower.harness.inprocess.InProcessGrid`, fast, for tests
-and quick looks). A method whose run raises is recorded as failed (``"failed": true`` and
-its error) and the others still run. The output files are rewritten after every method
-(:func:`dq_flower.compare.reports.write_reports`); ``results.json`` also records the
-command, the environment and the git state of the source tree.
-"""
+"""Running a comparison: every planned method, one after another, with console progress."""
 
 from __future__ import annotations
 
@@ -45,15 +36,8 @@ __all__ = ["ENGINES", "ConsoleProgress", "check_engine", "quiet_flower", "run_co
 ENGINES = ("simulation", "inprocess")
 
 
-# ---------------------------------------------------------------------------- progress
-
-
 class ConsoleProgress:
-    """Prints one line per method start and end and one per round.
-
-    On a terminal the round line is rewritten in place; elsewhere (logs, pipes) every
-    round gets its own line. ``rounds=False`` prints only the per-method lines.
-    """
+    """One line per method start and end, and per round (rewritten in place on a terminal)."""
 
     def __init__(self, stream: TextIO | None = None, rounds: bool = True) -> None:
         self.stream = stream if stream is not None else sys.stdout
@@ -108,10 +92,6 @@ class ConsoleProgress:
                     f"{100 * stats['final_accuracy']:.1f}%, {reach}")
 
 
-
-# ---------------------------------------------------------------------------- running
-
-
 class _FlowerNoise(logging.Filter):
     """Drops Flower messages that say nothing about this comparison."""
 
@@ -127,7 +107,6 @@ def quiet_flower(verbose: bool) -> Iterator[None]:
     """Silence Flower's per-round INFO log (the progress lines replace it)."""
     logger = logging.getLogger("flwr")
     level = logger.level
-
     noise = _FlowerNoise()
     if not verbose:
         logger.setLevel(logging.WARNING)
@@ -179,51 +158,15 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
                    ray_address: str | None = None,
                    devices: Sequence[ComputeProfile] = (),
                    server_device: ComputeProfile = MEASURED) -> dict[str, Any]:
-    """Run every method of ``preset`` on its scenario and write the reports to ``out_dir``.
+    """Run every method of ``preset`` and write the reports to ``out_dir``; the results.
 
-    Parameters
-    ----------
-    preset : Preset
-        The scenario (with the command line's overrides already applied).
-    out_dir : path
-        Output folder (created; files in it are overwritten).
-    sets : sequence
-        Parsed ``--set`` overrides (:func:`parse_set`).
-    engine : str
-        ``simulation`` (Flower's simulation engine) or ``inprocess``.
-    progress : ConsoleProgress, optional
-        Receives start, round and end events; ``None`` prints nothing.
-    num_cpus_per_client, num_gpus_per_client : float
-        Ray resources per simulated client (simulation engine).
-    verbose : bool
-        Keep Flower's own logs.
-    command : str
-        The command line, recorded in ``results.json``.
-    plans : list of PlannedRun, optional
-        Already validated runs (else :func:`plan_runs` is called).
-    resume : bool
-        Keep the finished runs of an earlier ``results.json`` in ``out_dir`` whose engine
-        and complete run config are identical (marked ``reused``); run only the others
-        (a method that failed there runs again).
-    links : sequence of LinkProfile, optional
-        Link profiles whose simulated time the summary reports (default: the built-in
-        ``lte``, ``wifi`` and ``datacenter``; see :mod:`dq_flower.compare.links`).
-    ray_address : str, optional
-        Simulation engine: join this existing Ray cluster instead of starting Ray here
-        (see :func:`dq_flower.harness.simulate`).
-    devices, server_device : ComputeProfile
-        Device profiles (and the server's) whose time to the target per (device, link)
-        pair the summary reports (:mod:`dq_flower.compare.device_report`); none: no
-        such table.
-
-    Returns
-    -------
-    dict
-        The content of ``results.json``. A method whose run raises (a
-        ``ClientFailureError``, any error of the engine) is recorded with ``"failed":
-        true``, status ``failed``, its error (``"Type: message"``) and traceback, and an
-        empty history; the others still run. The files are rewritten after every
-        method, so an interrupted comparison leaves the finished methods' results.
+    ``sets`` are parsed ``--set`` items; ``engine`` is ``simulation`` (Ray; ``ray_address``
+    joins a cluster) or ``inprocess``; ``plans`` skips :func:`plan_runs`. ``resume`` keeps
+    an earlier ``results.json``'s finished runs with the same engine and run config.
+    ``links`` (default ``lte``, ``wifi``, ``datacenter``) and ``devices`` (with
+    ``server_device``) are what the summary times the runs on. A method that raises is
+    recorded as failed (error, traceback, empty history) and the others still run; the
+    files are rewritten after every method.
     """
     check_engine(engine, ray_address)
     plans = plan_runs(preset, sets) if plans is None else plans
@@ -267,25 +210,19 @@ def _run_plans(plans: list[PlannedRun], results: dict[str, Any],
             record = execute(plan, on_round)
             results["runs"].append(record)
             results["total_wall_s"] = time.perf_counter() - t0
-        # the files are rewritten after every run: an interruption must not lose it
-        _report_run(results, record, progress, target, out)
+        record["stats"] = run_summaries(results)[-1]
+        if progress is not None:
+            progress.end(record, target)
+        write_reports(results, out)  # after every run: an interruption must not lose it
 
 
 def _new_results(preset: Preset, engine: str, command: str,
                  links: Sequence[LinkProfile] | None) -> dict[str, Any]:
-    """The content of ``results.json`` before any method has run."""
-    return {
-        "format": RESULTS_FORMAT,
-        "preset": _preset_json(preset),
-        "engine": engine,
-        "target_accuracy": preset.target_accuracy,
-        "high_target_accuracy": preset.high_target_accuracy,
-        "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
-        "command": command,
-        "environment": _environment(),
-        "runs": [],
-        "total_wall_s": 0.0,
-    }
+    return {"format": RESULTS_FORMAT, "preset": _preset_json(preset), "engine": engine,
+            "target_accuracy": preset.target_accuracy,
+            "high_target_accuracy": preset.high_target_accuracy,
+            "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
+            "command": command, "environment": _environment(), "runs": [], "total_wall_s": 0.0}
 
 
 def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, engine: str,
@@ -316,17 +253,8 @@ def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, en
     return record
 
 
-def _report_run(results: dict[str, Any], record: dict[str, Any],
-                progress: ConsoleProgress | None, target: float, out: Path) -> None:
-    """Summarise the run just appended to ``results``, tell ``progress``, rewrite the files."""
-    record["stats"] = run_summaries(results)[-1]
-    if progress is not None:
-        progress.end(record, target)
-    write_reports(results, out)
-
 
 def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
-    """Finished runs of an earlier ``results.json`` in ``out`` made with ``engine``."""
     try:
         data = load_results(out)
     except (OSError, ValueError):
@@ -337,10 +265,9 @@ def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
             if not is_failed(rec) and "run_config" in rec}
 
 
+
 def _preset_json(preset: Preset) -> dict[str, Any]:
-    data = asdict(preset)
-    data["methods"] = list(preset.methods)
-    return data
+    return {**asdict(preset), "methods": list(preset.methods)}
 
 
 def _environment() -> dict[str, Any]:
@@ -350,8 +277,7 @@ def _environment() -> dict[str, Any]:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = "?"
-    env: dict[str, Any] = {"python": platform.python_version(),
-                           "platform": platform.platform(),
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
                            "cpus": os.cpu_count(), "versions": versions}
     if hasattr(os, "getloadavg"):
         env["load_average"] = os.getloadavg()[0]

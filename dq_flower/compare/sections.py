@@ -12,16 +12,17 @@ from dq_flower.compare.fmt import fmt_seconds, fmt_value, pct
 from dq_flower.compare.grids import describe_axes, step_axes
 from dq_flower.compare.links import LinkProfile
 
-__all__ = ["time_table", "step_size_lines", "verdict_extras", "tuning_of"]
+__all__ = ["time_table", "step_size_lines", "verdict_extras", "tuning_of", "links_of"]
 
 
-def _links(results: Mapping[str, Any]) -> list[LinkProfile]:
+def links_of(results: Mapping[str, Any]) -> list[LinkProfile]:
+    """The link profiles of ``results``."""
     return [LinkProfile.from_json(x) for x in results.get("links") or []]
 
 
 def time_table(results: Mapping[str, Any], stats: Sequence[Mapping[str, Any]]) -> list[str]:
     """The "Time on links" table: simulated time to the target per link profile."""
-    links = _links(results)
+    links = links_of(results)
     ok = [s for s in stats if s["status"] == "ok"]
     if not links or not any(s["total_time"].get(link.name) is not None
                             for s in ok for link in links):
@@ -140,7 +141,7 @@ def verdict_extras(results: Mapping[str, Any], stats: Sequence[Mapping[str, Any]
                    + ", ".join(f"{s['label']} (final {pct(s['final_accuracy'])}, best "
                                f"{pct(s['best_accuracy'])})" for s in unstable) + ".")
     target = pct(float(results["target_accuracy"]))
-    for link in _links(results):
+    for link in links_of(results):
         reached = [(s["time_to_target"][link.name], s["label"]) for s in stats
                    if s["status"] == "ok" and s["time_to_target"].get(link.name) is not None]
         if reached:

@@ -15,30 +15,18 @@ from dq_flower.codecs import coder_for, names
 from dq_flower.compare.fmt import fmt_bytes, is_failed
 from dq_flower.compare.fmt import fmt_ratio as _fmt_ratio
 from dq_flower.compare.fmt import pct as _pct
-from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
-from dq_flower.compare.sections import step_size_lines, time_table, verdict_extras
+from dq_flower.compare.links import cumulative_times, time_to_target
+from dq_flower.compare.sections import links_of, step_size_lines, time_table, verdict_extras
 from dq_flower.compare.table import table_lines
 from dq_flower.harness.method_registry import family_of
 
-__all__ = [
-    "REFERENCE",
-    "UNSTABLE_DROP",
-    "coder_of_run",
-    "is_failed",
-    "failed_runs",
-    "error_line",
-    "run_summaries",
-    "summary_markdown",
-    "fmt_bytes",
-]
+__all__ = ["REFERENCE", "UNSTABLE_DROP", "coder_of_run", "is_failed", "failed_runs",
+           "error_line", "run_summaries", "summary_markdown", "fmt_bytes"]
 
 #: The method every other one is compared with (ratios of uplink bytes to the target).
 REFERENCE = "dq"
 #: A run whose final accuracy is more than this below its best is marked unstable.
 UNSTABLE_DROP = 0.05
-
-
-# ---------------------------------------------------------------------------- failures
 
 
 def failed_runs(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -47,16 +35,9 @@ def failed_runs(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def error_line(record: Mapping[str, Any], limit: int = 300) -> str:
-    """A failed run's error on one line, at most ``limit`` characters.
-
-    Client errors quoted by ``ClientFailureError`` may hold a whole traceback;
-    ``results.json`` keeps the full text.
-    """
+    """A failed run's error on one line, at most ``limit`` characters (the JSON keeps all)."""
     text = " ".join(str(record.get("error") or "unknown error").split())
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
-
-
-# ---------------------------------------------------------------------------- statistics
 
 
 def _first_reaching(history: list[Mapping[str, Any]], target: float) -> Mapping[str, Any] | None:
@@ -128,20 +109,13 @@ def coder_of_run(record: Mapping[str, Any]) -> str:
     return coder_for(codec, coder) if codec in names() else coder
 
 
-def _links(results: Mapping[str, Any]) -> list[LinkProfile]:
-    return [LinkProfile.from_json(x) for x in results.get("links") or []]
-
-
 def run_summaries(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per-run statistics: final and best accuracy, cost to reach the target, totals.
+    """Per-run statistics: accuracy, cost to the target, totals, coder, ``unstable``.
 
-    Also whether a run is ``unstable`` (final accuracy more than :data:`UNSTABLE_DROP`
-    below its best), its lossless ``coder``, and per link profile of ``results["links"]``
-    the simulated ``time_to_target`` and ``total_time`` (seconds, see
-    :mod:`dq_flower.compare.links`).
+    ``time_to_target`` and ``total_time`` are simulated seconds per link of ``results``.
     """
     target = float(results["target_accuracy"])
-    links = _links(results)
+    links = links_of(results)
     out = []
     for rec in results["runs"]:
         hist = rec.get("history") or []
@@ -191,9 +165,6 @@ def _is_quantized_gradient(rec: Mapping[str, Any]) -> bool:
             and rec["config"].get("codec") not in ("identity", None))
 
 
-# ---------------------------------------------------------------------------- summary.md
-
-
 def summary_markdown(results: Mapping[str, Any]) -> str:
     """The ``summary.md`` text: scenario, per-method table, plain verdict."""
     target = float(results["target_accuracy"])
@@ -223,7 +194,6 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
 
 
 def _scenario_lines(results: Mapping[str, Any], target: float) -> list[str]:
-    """The title, the description, the scenario and the model's and data's sizes."""
     p = results["preset"]
     ok = [r for r in results["runs"] if not is_failed(r)]
     lines = [f"# Comparison: {p['name']}", ""]
@@ -262,7 +232,6 @@ def _notes_lines(ref_label: str, stats: Sequence[Mapping[str, Any]]) -> list[str
 
 
 def _failed_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The "Failed runs" section (nothing when every run finished)."""
     failed = [r for r in runs if is_failed(r)]
     if not failed:
         return []
@@ -296,10 +265,9 @@ def _run_lines(results: Mapping[str, Any]) -> list[str]:
 
 def _least_uplink(pairs: Sequence[tuple[Any, Mapping[str, Any]]]
                   ) -> tuple[Any, Mapping[str, Any], bool]:
-    """Of ``(run, stats)`` pairs, the one with the fewest uplink bytes to the target.
+    """Of ``(run, stats)`` pairs, the fewest uplink bytes to the target and ``True``.
 
-    Where none reached the target, the one that sent the fewest bytes in all, and
-    ``False`` as third item (``True`` otherwise). ``pairs`` must not be empty.
+    Where none reached it, the fewest bytes in all and ``False``.
     """
     reached = [(x, s) for x, s in pairs if s["up_bytes_to_target"] is not None]
     if reached:
@@ -311,11 +279,7 @@ def _least_uplink(pairs: Sequence[tuple[Any, Mapping[str, Any]]]
 
 def _competitor_line(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
                      ref_label: str, base: int, tpct: str, quantized: bool) -> list[str]:
-    """The verdict line on the competitor of ``pairs`` with the fewest uplink bytes.
-
-    ``pairs`` are ``(run, stats)``: the quantized-gradient baselines (``quantized``) or
-    every other method that ran (the strongest competitor of any kind); none: no line.
-    """
+    """The verdict line on the ``(run, stats)`` of ``pairs`` with the fewest uplink bytes."""
     if not pairs:
         return []
     r, s, reached = _least_uplink(pairs)
@@ -379,10 +343,7 @@ def _reference_missed_lines(ref: Mapping[str, Any], ref_label: str,
 def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
                   by_label: Mapping[str, Any], ref_label: str, base: int,
                   tpct: str) -> list[str]:
-    """The verdict lines on the methods that beat the reference, missed, or were faster.
-
-    ``others`` are the ``(run, stats)`` pairs of every other method that ran.
-    """
+    """The verdict lines on the ``others`` that beat the reference, missed, or were faster."""
     out: list[str] = []
     losers = [(r["label"], s) for r, s in others
               if s["up_bytes_to_target"] is not None and s["up_bytes_to_target"] <= base]

@@ -1,8 +1,4 @@
-"""Writing presets back as TOML (``dq-flower tune`` saves the tuned preset this way).
-
-A small writer for what presets hold: strings, booleans, numbers, lists and nested tables
-(written as ``[section.label]`` tables at the top level, inline tables below that).
-"""
+"""Writing presets back as TOML (``dq-flower tune`` saves the tuned preset this way)."""
 
 from __future__ import annotations
 
@@ -49,17 +45,10 @@ def toml_value(value: Any) -> str:
 
 def preset_toml(fields: Mapping[str, Any], tables: Mapping[str, Mapping[str, Mapping]],
                 header: str = "") -> str:
-    """A preset file: top-level ``fields``, then ``[section.label]`` tables.
+    """A preset file: ``header`` comments, top-level ``fields``, then the tables.
 
-    Parameters
-    ----------
-    fields : mapping
-        Top-level keys (``dataset``, ``run``, ...); ``None`` values are left out.
-    tables : mapping
-        ``section -> label -> table`` (``knobs`` may map straight to a table: give it as
-        ``{"knobs": {"": {...}}}``, written as ``[knobs]``).
-    header : str
-        Comment lines written first (without the ``#``).
+    ``None`` fields are left out; ``tables`` maps ``section -> label -> table``, written as
+    ``[section.label]`` (label ``""``: ``[section]``).
     """
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
     lines += [f"{_key(k)} = {toml_value(v)}" for k, v in fields.items() if v is not None]

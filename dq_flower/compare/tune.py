@@ -1,15 +1,10 @@
 """Learning-rate tuning that cannot see the test set (``dq-flower tune``, ``compare --tune``).
 
-For every planned run, each point of its step-size grid (:mod:`dq_flower.compare.grids`)
-runs for a short horizon (``rounds``) on the same scenario with ``validation-fraction`` set:
-the clients train on the training rows minus a held-out fraction (drawn by the seed), and
-the model is scored on those held-out rows. The test set is not loaded into the run at all
-(:func:`dq_flower.harness.tasks.data.validation_view`). The choice is the grid point with
-the best final validation accuracy; ties go to fewer uplink bytes, then to the earlier
-point. While the best point sits at the edge of an axis, that axis is extended by one value
-beyond it (0.3 -> 1 -> 3; at most ``max_extensions`` times) and the new points run too.
-The grid, every score and the choice make the tuning record, kept in the preset
-(``[tuning.<label>]``), in ``results.json`` and in the summary.
+Each point of a run's step-size grid runs ``rounds`` rounds trained on the training rows
+minus a held-out ``validation-fraction`` and is scored on those rows. The best validation
+accuracy wins (ties: fewer uplink bytes, then the earlier point); an axis whose best value
+sits at its edge is extended (0.3 -> 1 -> 3, at most ``max_extensions`` times). The
+record (grid, scores, choice) is kept in the preset's ``[tuning.<label>]``.
 """
 
 from __future__ import annotations
@@ -31,34 +26,21 @@ from dq_flower.harness.methods import validate_run_config
 
 __all__ = ["TuneSettings", "tune_plan", "tune_runs", "apply_tuning", "choose", "extend_axes"]
 
-#: Engines a tuning may run on.
 TUNE_ENGINES = ("inprocess", "simulation")
+
+
+def _check_int(value: Any, low: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """How tuning runs.
+    """How tuning runs (the ``--tune-*`` and ``--validation-fraction`` flags).
 
-    Attributes
-    ----------
-    rounds : int
-        Rounds of every grid point (``--tune-rounds``; at most the run's own rounds).
-    validation_fraction : float
-        Fraction of the training rows held out for scoring (``--validation-fraction``).
-    engine : str
-        ``inprocess`` (default: the same strategies and client code without Ray, fast) or
-        ``simulation``.
-    max_extensions : int
-        How many times an axis whose best value sits at its edge is extended by one more
-        value beyond it (``--tune-extensions``, default 2; 0 keeps the grid as it is).
-    epoch_rounds : int or None
-        Rounds of the methods that train a whole local epoch per round (``fedavg``, the
-        ``fedavg-*`` methods; ``--tune-epoch-rounds``): one such round is many local
-        steps, so a shorter horizon tunes them as far; default: ``rounds``.
-    share : tuple of (label, source)
-        Runs that take the tuned step sizes of another run instead of a search of their
-        own (``--tune-share fedavg-qsgd2=fedavg``: the compressed-update variants train
-        locally exactly as FedAvg does). Their record says so (``shared-from``).
+    ``epoch_rounds`` (default ``rounds``) is the horizon of the methods that train a whole
+    local epoch per round; ``share`` holds ``(label, source)`` pairs of runs that take
+    another run's tuned step sizes (``--tune-share fedavg-qsgd2=fedavg``).
     """
 
     def rounds_for(self, plan: PlannedRun) -> int:
@@ -69,10 +51,7 @@ class TuneSettings:
         return min(rounds, int(plan.run_config["num-server-rounds"]))
 
     def matches(self, record: Mapping[str, Any], plan: PlannedRun) -> bool:
-        """Whether ``record`` (an earlier tuning of ``plan``) ran under these settings.
-
-        A record shared from another run (``shared-from``) is no search of ``plan``'s own.
-        """
+        """Whether ``record``, an earlier search of ``plan`` (not shared), ran under these."""
         return (not record.get("shared-from")
                 and record.get("rounds") == self.rounds_for(plan)
                 and record.get("validation-fraction") == self.validation_fraction
@@ -81,10 +60,10 @@ class TuneSettings:
                 and all(record.get(k, v) == v for k, v in tuned_split(plan.run_config).items())
                 and bool(record.get("choice")))
 
-    rounds: int = 10
+    rounds: int = 10  # of every grid point, at most the run's own
     validation_fraction: float = 0.2
-    engine: str = "inprocess"
-    max_extensions: int = 2
+    engine: str = "inprocess"  # or simulation
+    max_extensions: int = 2  # 0 keeps the grid as it is
     epoch_rounds: int | None = None
     share: tuple[tuple[str, str], ...] = ()
 
@@ -93,17 +72,10 @@ class TuneSettings:
             if not label or not source or label == source:
                 raise ValueError(f"tune-share: expected LABEL=SOURCE with two different "
                                  f"labels, got {label}={source}")
-        if self.epoch_rounds is not None and (
-                isinstance(self.epoch_rounds, bool) or not isinstance(self.epoch_rounds, int)
-                or self.epoch_rounds < 1):
-            raise ValueError(f"tune-epoch-rounds: must be an integer >= 1, got "
-                             f"{self.epoch_rounds!r}")
-        if (isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int)
-                or self.max_extensions < 0):
-            raise ValueError(f"tune-extensions: must be an integer >= 0, got "
-                             f"{self.max_extensions!r}")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
-            raise ValueError(f"tune-rounds: must be an integer >= 1, got {self.rounds!r}")
+        if self.epoch_rounds is not None:
+            _check_int(self.epoch_rounds, 1, "tune-epoch-rounds")
+        _check_int(self.max_extensions, 0, "tune-extensions")
+        _check_int(self.rounds, 1, "tune-rounds")
         if not 0 < self.validation_fraction < 1:
             raise ValueError(f"validation-fraction: must be in (0, 1), got "
                              f"{self.validation_fraction!r}")
@@ -113,10 +85,7 @@ class TuneSettings:
 
 
 def choose(scores: Sequence[Mapping[str, Any]]) -> int | None:
-    """Index of the best score: highest accuracy, then fewest uplink bytes, then first.
-
-    Failed points and NaN accuracies never win; ``None`` when every point failed.
-    """
+    """Index of the best score (accuracy, fewer uplink bytes, first); ``None``: all failed."""
     best, key = None, None
     for i, sc in enumerate(scores):
         acc = float(sc.get("accuracy", float("nan")))
@@ -139,16 +108,11 @@ def _trial(plan: PlannedRun, point: Mapping[str, float], rounds: int,
 def tune_plan(plan: PlannedRun, settings: TuneSettings,
               report: Callable[[str], None] | None = None,
               num_cpus_per_client: float = 1.0) -> dict[str, Any] | None:
-    """Tune one planned run; return its tuning record (``None``: it has no step sizes).
+    """Tune one planned run; its tuning record (``None``: it has no step sizes).
 
-    Returns
-    -------
-    dict or None
-        ``method``, ``rounds``, ``validation-fraction``, ``engine``, ``partition`` (and
-        ``dirichlet-alpha`` for a Dirichlet split: the client data it was tuned on),
-        ``axes`` (knob -> values), ``scores`` (per grid point: ``knobs``, ``accuracy``
-        and ``up-bytes`` after the last round, or ``failed`` and ``error``) and
-        ``choice`` (the chosen knobs; empty when every point failed).
+    The record: the settings and client split, ``axes``, ``scores`` (per grid point:
+    ``knobs`` and ``accuracy`` and ``up-bytes``, or ``failed`` and ``error``) and
+    ``choice`` (empty when every point failed).
     """
     axes = step_axes(plan.family, plan.resolved)
     if not axes:
@@ -211,11 +175,7 @@ def _score_points(plan: PlannedRun, points: Sequence[Mapping[str, float]], round
 
 
 def _next_value(value: float, values: Sequence[float], up: bool) -> float:
-    """The next grid value beyond ``value`` (up or down).
-
-    The 1-3-10 sequence for 1 and 3 times a power of ten (0.3 -> 1 -> 3, 0.01 -> 0.003),
-    else the ratio of the two values at that edge.
-    """
+    """The next grid value beyond ``value``: 1-3-10 steps, else the edge's own ratio."""
     exponent = math.floor(math.log10(value))
     mantissa = round(value / 10.0 ** exponent, 6)
     if mantissa in (1.0, 3.0):
@@ -230,10 +190,9 @@ def _next_value(value: float, values: Sequence[float], up: bool) -> float:
 
 def extend_axes(axes: Mapping[str, tuple[float, ...]],
                 choice: Mapping[str, float]) -> dict[str, tuple[float, ...]]:
-    """``axes`` with one more value beyond every edge the ``choice`` sits on.
+    """``axes`` with one more value beyond each edge ``choice`` sits on.
 
-    An axis of one value, or a choice inside the axis, is left as it is; so is the lower
-    edge of an axis whose smallest value is not positive.
+    Not for a one-value axis, nor below a value that is not positive.
     """
     out: dict[str, tuple[float, ...]] = {}
     for key, values in axes.items():
@@ -253,10 +212,10 @@ def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
               earlier: Mapping[str, Mapping[str, Any]] | None = None,
               on_record: Callable[[dict[str, dict[str, Any]]], None] | None = None,
               ) -> dict[str, dict[str, Any]]:
-    """Tune every planned run that has step sizes: ``label -> tuning record``.
+    """``label -> tuning record`` of every run with step sizes.
 
-    A run whose record in ``earlier`` was made under the same settings keeps it (resuming
-    an interrupted tuning); ``on_record`` gets the records so far after each new one.
+    ``earlier`` records that :meth:`TuneSettings.matches` are kept; ``on_record`` gets the
+    records after each new one.
     """
     out: dict[str, dict[str, Any]] = {}
     shared = dict(settings.share)
@@ -268,22 +227,18 @@ def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
     # the sources first, so that every run sharing their step sizes finds them
     order = sorted(plans, key=lambda p: p.spec.label in shared)
     for plan in order:
-        if plan.spec.label in shared:
-            record = _shared_record(plan, out.get(shared[plan.spec.label]),
-                                    shared[plan.spec.label])
-            if record is not None:
-                out[plan.spec.label] = record
-                if on_record is not None:
-                    on_record(out)
-            continue
         old = (earlier or {}).get(plan.spec.label)
-        if old is not None and settings.matches(old, plan):
+        if plan.spec.label in shared:
+            source = shared[plan.spec.label]
+            record = _shared_record(plan, out.get(source), source)
+        elif old is not None and settings.matches(old, plan):
             out[plan.spec.label] = dict(old)
             if report is not None:
                 report(f"[tune {plan.spec.label}] kept the earlier tuning: "
                        + ", ".join(f"{k} {v:g}" for k, v in old["choice"].items()))
             continue
-        record = tune_plan(plan, settings, report, num_cpus_per_client)
+        else:
+            record = tune_plan(plan, settings, report, num_cpus_per_client)
         if record is not None:
             out[plan.spec.label] = record
             if on_record is not None:
@@ -307,10 +262,7 @@ def _shared_record(plan: PlannedRun, source: Mapping[str, Any] | None,
 
 
 def apply_tuning(preset: Preset, records: Mapping[str, Mapping[str, Any]]) -> Preset:
-    """``preset`` with every record's choice in its ``[methods.<label>]`` and the records kept.
-
-    Tracebacks of failed points are dropped (``results.json`` keeps the error line).
-    """
+    """``preset`` with the choices in ``[methods.<label>]`` and the records (no tracebacks)."""
     knobs = {k: dict(v) for k, v in preset.method_knobs.items()}
     kept: dict[str, dict[str, Any]] = {}
     for label, record in records.items():

@@ -1,26 +1,17 @@
 """What each round computes, in model passes, and its time on a compute profile.
 
-From a run's config and history row: the samples each client trains (forward + backward)
-and forwards only, and the server's. Per family:
+Per family, the samples each client trains (forward + backward) and forwards only, and
+the server's:
 
-- ``fedavg``, ``compressed``: ``local-epochs`` epochs over the client's rows; ``gradient``
-  the same where ``local-epochs`` is set, else ``local-steps * batch-size`` samples. The
-  server trains nothing (its aggregation and decoding are not counted).
-- ``dq``: a client trains nothing. It forwards its candidate rows where it scores them with
-  the model (a model-based scorer; ``auto`` where the round sent it the model), and trains
-  twice on its chosen rows where it sends a compensation (the gradient at the true and at
-  the quantized rows); in a gradient round (``upload-mode`` gradient or auto) it trains on
-  ``gradient-batch-size`` rows. The server trains ``server_steps * server-batch-size``
-  samples and forwards its held-out rows at every plateau check.
+- ``fedavg``, ``compressed`` (and ``gradient`` with ``local-epochs``): ``local-epochs``
+  epochs over the client's rows; ``gradient``: ``local-steps * batch-size``; no server work.
+- ``dq``: a client forwards its candidates where a model scores them, trains twice on its
+  chosen rows where it sends a compensation, and ``gradient-batch-size`` rows in a gradient
+  round; the server trains ``server_steps * server-batch-size`` samples and forwards its
+  held-out rows at every plateau check.
 
-The rows per client come from the comparison's :class:`Workload` (the largest partition's,
-for every replying client: exact for equal partitions, an upper bound otherwise); the
-chosen rows per client are the round's ``selected`` over its replies, and a client's
-candidates its rows less an even share of what the server stores. Quantizing and coding
-(a few operations per coordinate of the chosen rows) are not counted.
-
-:func:`profiled_history` rewrites a run's history with these times in place of the
-measured ones, so :mod:`dq_flower.compare.links` times it on any link unchanged.
+A client's rows are the largest partition's (an upper bound for unequal partitions).
+Quantizing and coding are not counted.
 """
 
 from __future__ import annotations
@@ -41,15 +32,7 @@ MODEL_SCORERS = frozenset({"loss", "gradnorm", "entropy", "margin"})
 
 @dataclass(frozen=True)
 class Workload:
-    """What a comparison's model costs per sample and how many rows each client holds.
-
-    Attributes
-    ----------
-    flops : ModelFlops
-        FLOPs per sample of the model (forward; forward + backward).
-    rows_per_client : tuple of int
-        Training rows of each partition.
-    """
+    """The model's FLOPs per sample and the training rows of each partition."""
 
     flops: ModelFlops
     rows_per_client: tuple[int, ...]
@@ -72,15 +55,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class RoundWork:
-    """Samples passed through the model in one round.
-
-    Attributes
-    ----------
-    client_train, client_forward : float
-        Per replying client: samples trained (forward + backward) and forwarded only.
-    server_train, server_forward : float
-        The server's.
-    """
+    """Samples trained (forward + backward) and forwarded in one round, per client and server."""
 
     client_train: float = 0.0
     client_forward: float = 0.0
@@ -104,19 +79,10 @@ def _num(config: Mapping[str, Any], key: str, default: float = 0.0) -> float:
 def round_work(record: Mapping[str, Any], row: Mapping[str, Any],
                previous: Mapping[str, Any] | None, rows: int,
                num_params: int = 0) -> RoundWork:
-    """The model passes of history row ``row`` of run ``record``.
+    """The model passes of history ``row`` (after ``previous``) of run ``record``.
 
-    Parameters
-    ----------
-    record : mapping
-        The run record (``family``, ``config``).
-    row, previous : mapping
-        The round's history row and the one before it (``None`` for the first).
-    rows : int
-        Training rows of a client (the largest partition's).
-    num_params : int
-        The model's parameters (a DQ client with ``auto`` scoring got the model, and
-        scored, where its downlink carried at least one byte per parameter).
+    ``rows`` per client; ``num_params``: a DQ client with ``auto`` scoring scored where its
+    downlink carried at least one byte per parameter.
     """
     if int(row.get("round", 0)) == 0:
         return RoundWork()
@@ -162,12 +128,10 @@ def _dq_work(cfg: Mapping[str, Any], row: Mapping[str, Any],
 
 def profiled_history(record: Mapping[str, Any], workload: Workload, device: ComputeProfile,
                      server: ComputeProfile) -> list[dict[str, Any]] | None:
-    """``record``'s history with each round's compute taken from the profiles.
+    """``record``'s history with each round's compute times from the profiles.
 
-    Each client's compute (``clients[k][0]``) becomes its FLOPs over ``device``'s FLOP/s
-    and ``server_compute_s`` the server's FLOPs over ``server``'s; a ``measured`` profile
-    keeps the measured times. ``None`` where the device cannot run the method (it cannot
-    train and a round asks it to). Rows without ``clients`` stay as they are.
+    A ``measured`` profile keeps the measured times; ``None`` where ``device`` cannot
+    train and a round asks it to.
     """
     out: list[dict[str, Any]] = []
     previous: Mapping[str, Any] | None = None
@@ -190,13 +154,7 @@ def profiled_history(record: Mapping[str, Any], workload: Workload, device: Comp
 
 def workload_of(preset: Mapping[str, Any], data_dir: str | None = None,
                 train_rows: int = 0) -> Workload:
-    """The workload of a comparison preset (``results["preset"]``): loads its data set.
-
-    The model is built as the harness builds it and counted with
-    :func:`dq_flower.compare.devices.model_flops`; the rows per client are the
-    partitions the harness draws (same scheme, seed and split; of the ``train_rows``
-    subset where the runs had one).
-    """
+    """The workload of ``results["preset"]``: its model and partitions, as the runs drew them."""
     # PyTorch and the data sets: loaded only where a task's workload is counted
     from dq_flower.compare.devices import model_flops
     from dq_flower.harness.tasks import make_model, partition_indices

@@ -2,14 +2,6 @@
 
 DQ uploads quantized raw samples: deploy it on trusted networks only. TLS and SuperNode
 authentication are the defaults; insecure mode is an explicit flag with a warning.
-
-Modules
--------
-``certs``       the CA, the SuperLink certificate and SuperNode key pairs
-``supervisor``  processes started with their logs and stopped by pid; waiting for ports
-``flower_cli``  Flower's command lines, ``flwr`` calls and ``config.toml`` connections
-``local``       :class:`LocalDeployment`: a whole TLS deployment on this machine
-``cli``         the ``dq-flower deploy`` subcommands
 """
 
 from dq_flower.deploy.certs import Credentials, NodeKeys, create_credentials, load_credentials
@@ -36,20 +28,7 @@ TRUST_MODEL = (
     "link, not the data from the server."
 )
 
-__all__ = [
-    "TRUST_MODEL",
-    "Credentials",
-    "DeploymentError",
-    "LocalDeployment",
-    "ManagedProcess",
-    "NodeKeys",
-    "ProcessGroup",
-    "RunOutcome",
-    "compare_traffic",
-    "create_credentials",
-    "flwr_run",
-    "load_credentials",
-    "managed_process",
-    "register_node",
-    "write_connection",
-]
+__all__ = ["TRUST_MODEL", "Credentials", "DeploymentError", "LocalDeployment", "ManagedProcess",
+           "NodeKeys", "ProcessGroup", "RunOutcome", "compare_traffic", "create_credentials",
+           "flwr_run", "load_credentials", "managed_process", "register_node",
+           "write_connection"]

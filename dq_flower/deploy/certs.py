@@ -1,16 +1,9 @@
-"""Credentials for a TLS deployment with SuperNode authentication.
+"""Credentials for a TLS deployment with SuperNode authentication (``cryptography``).
 
-Creates, with the ``cryptography`` package (installed with ``flwr``):
-
-- a self-signed certificate authority (``ca.crt``, ``ca.key``);
-- a SuperLink server certificate signed by that CA, valid for the given host names and IP
-  addresses (``server.crt``, ``server.key``; default ``127.0.0.1`` and ``localhost``);
-- one ECDSA P-384 key pair per SuperNode in OpenSSH format (``node-K``, ``node-K.pub``),
-  the format ``flower-supernode --auth-supernode-private-key`` and
-  ``flwr supernode register`` read.
-
-Private keys are written with mode ``0o600``. Existing files are never overwritten unless
-``overwrite=True``.
+A self-signed CA (``ca.crt``, ``ca.key``), the SuperLink's certificate signed by it
+(``server.crt``, ``server.key``) and one ECDSA P-384 OpenSSH key pair per SuperNode
+(``node-K``, ``node-K.pub``). Private keys get mode ``0o600``; existing files are only
+replaced with ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -27,16 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = [
-    "DEFAULT_HOSTS",
-    "Credentials",
-    "NodeKeys",
-    "create_ca",
-    "create_credentials",
-    "create_node_keys",
-    "create_server_certificate",
-    "load_credentials",
-]
+__all__ = ["DEFAULT_HOSTS", "Credentials", "NodeKeys", "create_ca", "create_credentials",
+           "create_node_keys", "create_server_certificate", "load_credentials"]
 
 #: Names the SuperLink certificate is valid for when none are given (loopback).
 DEFAULT_HOSTS: tuple[str, ...] = ("127.0.0.1", "localhost")
@@ -77,12 +62,8 @@ def _write(path: Path, data: bytes, *, private: bool, overwrite: bool) -> None:
         path.write_bytes(data)
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+def _private_bytes(key: ec.EllipticCurvePrivateKey, fmt: serialization.PrivateFormat) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, fmt, serialization.NoEncryption())
 
 
 def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
@@ -95,91 +76,54 @@ def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(names)
 
 
-def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
-    if days < 1:
-        raise ValueError(f"days must be >= 1, got {days}")
-    now = dt.datetime.now(dt.timezone.utc)
-    return now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
-
-
 def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey,
              days: int) -> x509.CertificateBuilder:
     """A certificate for ``key``'s public key, ``subject`` by ``issuer``, valid ``days``."""
-    start, end = _validity(days)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-    )
+    if days < 1:
+        raise ValueError(f"days must be >= 1, got {days}")
+    now = dt.datetime.now(dt.timezone.utc)
+    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=days)))
 
 
 def _write_pair(out: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey,
                 overwrite: bool) -> tuple[Path, Path]:
     """Write ``<stem>.key`` (private) then ``<stem>.crt`` into ``out``; return both paths."""
     cert_path, key_path = out / f"{stem}.crt", out / f"{stem}.key"
-    _write(key_path, _key_pem(key), private=True, overwrite=overwrite)
+    _write(key_path, _private_bytes(key, serialization.PrivateFormat.PKCS8), private=True,
+           overwrite=overwrite)
     _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), private=False,
            overwrite=overwrite)
     return cert_path, key_path
 
 
-def create_ca(
-    out_dir: str | Path,
-    *,
-    common_name: str = "dq-flower CA",
-    days: int = 365,
-    overwrite: bool = False,
-) -> tuple[Path, Path]:
+def create_ca(out_dir: str | Path, *, common_name: str = "dq-flower CA", days: int = 365,
+              overwrite: bool = False) -> tuple[Path, Path]:
     """Create a self-signed CA; return ``(ca.crt, ca.key)`` paths in ``out_dir``."""
-    out = Path(out_dir)
     key = ec.generate_private_key(_CURVE())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    cert = (
-        _builder(name, name, key, days)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                       critical=False)
-        .sign(key, _HASH())
-    )
-    return _write_pair(out, "ca", cert, key, overwrite)
+    usage = x509.KeyUsage(digital_signature=True, content_commitment=False,
+                          key_encipherment=False, data_encipherment=False, key_agreement=False,
+                          key_cert_sign=True, crl_sign=True, encipher_only=False,
+                          decipher_only=False)
+    cert = (_builder(name, name, key, days)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(usage, critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                           critical=False)
+            .sign(key, _HASH()))
+    return _write_pair(Path(out_dir), "ca", cert, key, overwrite)
 
 
-def create_server_certificate(
-    out_dir: str | Path,
-    ca_cert: str | Path,
-    ca_key: str | Path,
-    *,
-    hosts: Sequence[str] = DEFAULT_HOSTS,
-    days: int = 365,
-    overwrite: bool = False,
-) -> tuple[Path, Path]:
+def create_server_certificate(out_dir: str | Path, ca_cert: str | Path, ca_key: str | Path, *,
+                              hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 365,
+                              overwrite: bool = False) -> tuple[Path, Path]:
     """Create the SuperLink's certificate signed by the CA; return ``(server.crt, server.key)``.
 
-    Parameters
-    ----------
-    out_dir : str or Path
-        Folder to write to.
-    ca_cert, ca_key : str or Path
-        The CA from :func:`create_ca`.
-    hosts : sequence of str
-        Every name or IP address SuperNodes and the ``flwr`` CLI use to reach the SuperLink
-        (becomes the certificate's subject alternative names).
-    days : int
-        Validity.
-    overwrite : bool
-        Replace existing files.
+    ``hosts``: every name or IP address SuperNodes and ``flwr`` reach the SuperLink at
+    (the certificate's subject alternative names).
     """
     if not hosts:
         raise ValueError("hosts must name at least one host name or IP address")
@@ -190,18 +134,14 @@ def create_server_certificate(
         raise ValueError(f"{ca_key} is not an EC private key")
     key = ec.generate_private_key(_CURVE())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    cert = (
-        _builder(subject, ca.subject, key, days)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_san(hosts), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                       critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_private.public_key()),
-            critical=False,
-        )
-        .sign(ca_private, _HASH())
-    )
+    authority = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_private.public_key())
+    cert = (_builder(subject, ca.subject, key, days)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_san(hosts), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .add_extension(authority, critical=False)
+            .sign(ca_private, _HASH()))
     return _write_pair(out, "server", cert, key, overwrite)
 
 
@@ -211,44 +151,30 @@ def create_node_keys(out_dir: str | Path, name: str, *, overwrite: bool = False)
         raise ValueError(f"invalid key name {name!r}")
     out = Path(out_dir)
     key = ec.generate_private_key(_CURVE())
-    private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
+    private = _private_bytes(key, serialization.PrivateFormat.OpenSSH)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH)
     keys = NodeKeys(out / name, out / f"{name}.pub")
     _write(keys.private_key, private, private=True, overwrite=overwrite)
     _write(keys.public_key, public + f" {name}\n".encode(), private=False, overwrite=overwrite)
     return keys
 
 
-def create_credentials(
-    out_dir: str | Path,
-    *,
-    num_nodes: int = 2,
-    hosts: Sequence[str] = DEFAULT_HOSTS,
-    days: int = 365,
-    overwrite: bool = False,
-    include_loopback: bool = True,
-) -> Credentials:
-    """Create the CA, the SuperLink certificate and ``num_nodes`` SuperNode key pairs.
+def create_credentials(out_dir: str | Path, *, num_nodes: int = 2,
+                       hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 365,
+                       overwrite: bool = False, include_loopback: bool = True) -> Credentials:
+    """Create the CA, the SuperLink certificate and key pairs ``node-0`` ... ``node-{N-1}``.
 
-    Node keys are named ``node-0`` ... ``node-{num_nodes-1}``. The certificate is valid for
-    ``hosts`` and, with ``include_loopback``, also for ``127.0.0.1`` and ``localhost``: the
-    SuperLink's own helper (``flower-superexec``) connects through loopback with TLS when
-    the SuperLink listens on ``0.0.0.0``.
+    With ``include_loopback`` the certificate is valid for loopback too: the SuperLink's
+    ``flower-superexec`` connects through it when the SuperLink listens on ``0.0.0.0``.
     """
     if num_nodes < 0:
         raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
     names = list(dict.fromkeys([*hosts, *(DEFAULT_HOSTS if include_loopback else ())]))
     out = Path(out_dir)
     ca_cert, ca_key = create_ca(out, days=days, overwrite=overwrite)
-    server_cert, server_key = create_server_certificate(
-        out, ca_cert, ca_key, hosts=names, days=days, overwrite=overwrite
-    )
+    server_cert, server_key = create_server_certificate(out, ca_cert, ca_key, hosts=names,
+                                                        days=days, overwrite=overwrite)
     nodes = tuple(create_node_keys(out, f"node-{k}", overwrite=overwrite)
                   for k in range(num_nodes))
     return Credentials(ca_cert, ca_key, server_cert, server_key, nodes)

@@ -1,20 +1,4 @@
-"""``dq-flower deploy``: credentials, SuperLink, SuperNodes, registration and ``flwr run``.
-
-Subcommands
------------
-``certs``      create a CA, the SuperLink certificate and SuperNode key pairs
-``superlink``  run a SuperLink (TLS and SuperNode authentication by default)
-``supernode``  run a SuperNode on the device's own data file (``--data-file``), or on
-               partition K of N of a named data set
-``register``   register a SuperNode's public key with the SuperLink
-``run``        ``flwr run`` this app on a SuperLink and report the SuperLink's traffic figures
-``local``      all of the above on this machine (loopback), one run, then stop everything
-               (``--data-file`` once per SuperNode: each node trains on its own file)
-
-``superlink`` and ``supernode`` run in the foreground until Ctrl-C or SIGTERM; the Flower
-process is then stopped by its pid (SIGTERM, then SIGKILL). ``--dry-run`` prints the command
-line instead. Insecure mode exists only behind ``--insecure`` and prints a warning.
-"""
+"""The ``dq-flower deploy`` parser (the subcommands are :mod:`dq_flower.deploy.commands`)."""
 
 from __future__ import annotations
 
@@ -48,7 +32,6 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_client_tls_args(p: argparse.ArgumentParser, insecure_help: str) -> None:
-    """The SuperLink's CA certificate, or ``--insecure`` (one of the two)."""
     tls = p.add_mutually_exclusive_group()
     tls.add_argument("--root-certificates", metavar="CA.crt",
                      help="CA certificate that signed the SuperLink's certificate")
@@ -61,7 +44,6 @@ def _add_app_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _add_process_output_args(p: argparse.ArgumentParser) -> None:
-    """Where a started process's output goes, and ``--dry-run``."""
     p.add_argument("--log-file", metavar="PATH", help="write output here instead of stdout")
     p.add_argument("--dry-run", action="store_true", help="print the command only")
 
@@ -79,18 +61,13 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
         return EXIT_USAGE
 
     deploy.set_defaults(func=show_help)
-
-    _certs_parser(sub)
-    _superlink_parser(sub)
-    _supernode_parser(sub)
-    _register_parser(sub)
-    _run_parser(sub)
-    _local_parser(sub)
+    for add in (_certs_parser, _superlink_parser, _supernode_parser, _register_parser,
+                _run_parser, _local_parser):
+        add(sub)
     return deploy
 
 
 def _certs_parser(sub: Any) -> None:
-    """Add ``deploy certs``."""
     p = sub.add_parser("certs", help="create a CA, the SuperLink certificate, SuperNode keys")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
     p.add_argument("--nodes", type=int, default=2, metavar="N",
@@ -104,7 +81,6 @@ def _certs_parser(sub: Any) -> None:
 
 
 def _superlink_parser(sub: Any) -> None:
-    """Add ``deploy superlink``."""
     p = sub.add_parser("superlink", help="run a SuperLink (TLS + SuperNode authentication)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 for all interfaces (default 127.0.0.1)")
@@ -129,7 +105,6 @@ def _superlink_parser(sub: Any) -> None:
 
 
 def _supernode_parser(sub: Any) -> None:
-    """Add ``deploy supernode``."""
     p = sub.add_parser(
         "supernode", help="run a SuperNode on its own data file or on partition K of N",
         description="Run a SuperNode. Its data is this device's own .npz file (--data-file; "
@@ -166,7 +141,6 @@ def _supernode_parser(sub: Any) -> None:
 
 
 def _register_parser(sub: Any) -> None:
-    """Add ``deploy register``."""
     p = sub.add_parser("register", help="register a SuperNode public key with the SuperLink")
     p.add_argument("public_key", metavar="KEY.pub")
     _add_connection_args(p)
@@ -174,7 +148,6 @@ def _register_parser(sub: Any) -> None:
 
 
 def _run_parser(sub: Any) -> None:
-    """Add ``deploy run``."""
     p = sub.add_parser("run", help="flwr run this app and show the SuperLink's traffic")
     _add_app_arg(p)
     _add_connection_args(p)
@@ -185,7 +158,6 @@ def _run_parser(sub: Any) -> None:
 
 
 def _local_parser(sub: Any) -> None:
-    """Add ``deploy local``."""
     p = sub.add_parser("local", help="TLS deployment on this machine: one run, then stop")
     _add_app_arg(p)
     p.add_argument("--nodes", type=int, metavar="N",

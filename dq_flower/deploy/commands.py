@@ -1,6 +1,5 @@
 """The ``dq-flower deploy`` subcommands (their parser is :mod:`dq_flower.deploy.cli`)."""
 
-
 from __future__ import annotations
 
 import argparse
@@ -21,6 +20,7 @@ from dq_flower.cli_common import PROG, fail
 from dq_flower.deploy import TRUST_MODEL
 from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
 from dq_flower.deploy.flower_cli import (
+    RUN_STARTED,
     RunOutcome,
     compare_traffic,
     finished_run,
@@ -107,7 +107,16 @@ def _foreground(cmd: list[str], dry_run: bool, log_file: str | None = None) -> i
         proc.stop()
 
 
-# --- subcommands ------------------------------------------------------------------------------
+def _no_app(app: Path) -> int | None:
+    if (app / "pyproject.toml").is_file():
+        return None
+    return _fail(f"{app} has no pyproject.toml; run from the dq_flower project folder or pass "
+                 "--app")
+
+
+def _print_traffic(history: list[Any], outcome: RunOutcome) -> None:
+    print(json.dumps({"run-id": outcome.run_id, "status": outcome.status,
+                      **compare_traffic(history, outcome)}, indent=1))
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
@@ -172,8 +181,7 @@ def cmd_supernode(args: argparse.Namespace) -> int:
             extra["num-threads"] = args.num_threads
         cmd = supernode_command(
             superlink=args.superlink, partition_id=args.partition_id,
-            num_partitions=args.num_partitions, data_file=args.data_file,
-            data_dir=args.data_dir,
+            num_partitions=args.num_partitions, data_file=args.data_file, data_dir=args.data_dir,
             root_certificates=args.root_certificates, private_key=args.auth_key,
             insecure=args.insecure, runtime_port=args.runtime_port, node_config=extra,
             max_retries=args.max_retries, max_wait_time=args.max_wait_time)
@@ -214,9 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``dq-flower deploy run``: ``flwr run`` with the output shown, then the traffic."""
     _say(TRUST_MODEL)
     app = Path(args.app)
-    if not (app / "pyproject.toml").is_file():
-        return _fail(f"{app} has no pyproject.toml; run from the dq_flower project folder "
-                     "or pass --app")
+    if (failed := _no_app(app)) is not None:
+        return failed
     try:
         conn = _connection(args)
         overrides = parse_config_pairs(args.run_config)
@@ -238,7 +245,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             for line in proc.stdout:
                 print(line, end="", flush=True)
                 output.append(line)
-                found = re.search(r"Successfully started run (\d+)", line)
+                found = RUN_STARTED.search(line)
                 if found:
                     run_id = int(found.group(1))
         except KeyboardInterrupt:
@@ -263,11 +270,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _report_traffic(outcome: RunOutcome) -> None:
-    """The SuperLink's traffic and, where the log has the rounds' bytes, the envelope.
-
-    The envelope overhead per reply is what ``deploy local`` reports: the SuperLink's
-    inbound bytes less the bytes the strategy measured, divided by the replies.
-    """
+    """The SuperLink's traffic and, where the log has the rounds' bytes, the envelope."""
     info = outcome.info
     print(f"run {outcome.run_id}: {info.get('status')}, SuperLink traffic "
           f"{json.dumps(info.get('network-traffic', {}))}")
@@ -276,8 +279,7 @@ def _report_traffic(outcome: RunOutcome) -> None:
         _say("no per-round byte lines of dq_flower's ServerApp in the output: the envelope "
              "overhead needs the bytes the strategy measured (see docs/deploy.md)")
         return
-    print(json.dumps({"run-id": outcome.run_id, "status": outcome.status,
-                      **compare_traffic(history, outcome)}, indent=1))
+    _print_traffic(history, outcome)
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -286,9 +288,8 @@ def cmd_local(args: argparse.Namespace) -> int:
     if args.insecure:
         _say(INSECURE_WARNING)
     app = Path(args.app)
-    if not (app / "pyproject.toml").is_file():
-        return _fail(f"{app} has no pyproject.toml; run from the dq_flower project folder "
-                     "or pass --app")
+    if (failed := _no_app(app)) is not None:
+        return failed
     data_files = [Path(f) for f in args.data_file or []]
     nodes = args.nodes if args.nodes is not None else (len(data_files) or 2)
     if data_files and len(data_files) != nodes:
@@ -330,11 +331,5 @@ def cmd_local(args: argparse.Namespace) -> int:
     for row in history:
         print(f"round {row['round']}: accuracy {row['accuracy']:.4f}, up {row['up_bytes']} B, "
               f"down {row['down_bytes']} B")
-    traffic = compare_traffic(history, outcome)
-    print(json.dumps({"run-id": outcome.run_id, "status": outcome.status, **traffic}, indent=1))
+    _print_traffic(history, outcome)
     return 0
-
-
-# --- parser -----------------------------------------------------------------------------------
-
-

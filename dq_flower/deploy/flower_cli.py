@@ -1,11 +1,4 @@
-"""Flower's command-line tools: command lines, ``flwr`` calls and ``config.toml`` connections.
-
-Builds the ``flower-superlink`` and ``flower-supernode`` command lines (TLS, SuperNode
-authentication, node configs), writes ``[superlink.<name>]`` connections to
-``$FLWR_HOME/config.toml`` and wraps ``flwr run``, ``flwr ls``, ``flwr supernode register``
-and ``flwr supernode ls``. Starting and stopping the processes is
-:mod:`dq_flower.deploy.supervisor`'s job.
-"""
+"""Flower's command-line tools: command lines, ``flwr`` calls and ``config.toml`` connections."""
 
 from __future__ import annotations
 
@@ -23,35 +16,15 @@ from typing import Any
 
 from dq_flower.deploy.supervisor import DeploymentError
 
-__all__ = [
-    "RunOutcome",
-    "compare_traffic",
-    "rounds_from_log",
-    "flower_env",
-    "flower_executable",
-    "flwr_home",
-    "flwr_ls",
-    "flwr_run",
-    "format_config",
-    "list_nodes",
-    "register_node",
-    "superlink_command",
-    "supernode_command",
-    "write_connection",
-]
+__all__ = ["RunOutcome", "compare_traffic", "rounds_from_log", "flower_env", "flower_executable",
+           "flwr_home", "flwr_ls", "flwr_run", "format_config", "list_nodes", "register_node",
+           "superlink_command", "supernode_command", "write_connection", "RUN_STARTED"]
 
-_RUN_STARTED = re.compile(r"Successfully started run (\d+)")
-
-
-# --- environment ----------------------------------------------------------------------------
+RUN_STARTED = re.compile(r"Successfully started run (\d+)")
 
 
 def flower_executable(name: str) -> str:
-    """Path of a Flower console script (``flwr``, ``flower-superlink``, ...).
-
-    The one next to the running Python interpreter wins (a virtual environment need not be
-    activated); otherwise ``PATH`` is searched.
-    """
+    """Path of a Flower console script: the one next to the interpreter, else on ``PATH``."""
     local = Path(sys.executable).parent / name
     if local.is_file() and os.access(local, os.X_OK):
         return str(local)
@@ -62,19 +35,13 @@ def flower_executable(name: str) -> str:
     raise FileNotFoundError(f"{name!r} not found; install flwr (pip install 'flwr[simulation]')")
 
 
-def flower_env(
-    *,
-    flwr_home: str | Path | None = None,
-    ray_tmpdir: str | Path | None = None,
-    base: Mapping[str, str] | None = None,
-    extra: Mapping[str, str] | None = None,
-) -> dict[str, str]:
+def flower_env(*, flwr_home: str | Path | None = None, ray_tmpdir: str | Path | None = None,
+               base: Mapping[str, str] | None = None,
+               extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for Flower subprocesses.
 
-    Puts the interpreter's ``bin`` folder first on ``PATH`` (the SuperLink and SuperNode
-    start ``flower-superexec`` by name), turns telemetry and the update check off, makes
-    Python output unbuffered (logs appear as they happen) and sets ``FLWR_HOME`` and
-    ``RAY_TMPDIR`` when given.
+    The interpreter's ``bin`` first on ``PATH`` (``flower-superexec`` is started by name),
+    no telemetry or update check, unbuffered output, ``FLWR_HOME`` and ``RAY_TMPDIR``.
     """
     env = dict(os.environ if base is None else base)
     bindir = str(Path(sys.executable).parent)
@@ -93,8 +60,7 @@ def flower_env(
 
 def flwr_home(env: Mapping[str, str] | None = None) -> Path:
     """``$FLWR_HOME`` (default ``~/.flwr``): where ``flwr`` keeps ``config.toml``."""
-    env = os.environ if env is None else env
-    home = env.get("FLWR_HOME")
+    home = (os.environ if env is None else env).get("FLWR_HOME")
     return Path(home).expanduser() if home else Path.home() / ".flwr"
 
 
@@ -121,34 +87,22 @@ def format_config(config: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-# --- command lines ----------------------------------------------------------------------------
-
-
 def _abs(path: str | Path | None) -> str:
     """Absolute path (Flower's helper processes may run in another folder)."""
     return str(Path(str(path)).expanduser().resolve())
 
 
-def superlink_command(
-    *,
-    host: str = "127.0.0.1",
-    port: int = 9093,
-    ca_cert: str | Path | None = None,
-    server_cert: str | Path | None = None,
-    server_key: str | Path | None = None,
-    insecure: bool = False,
-    supernode_auth: bool = True,
-    simulation: bool = False,
-    database: str | Path | None = None,
-    dependency_installation: bool = False,
-    log_file: str | Path | None = None,
-) -> list[str]:
+def superlink_command(*, host: str = "127.0.0.1", port: int = 9093,
+                      ca_cert: str | Path | None = None, server_cert: str | Path | None = None,
+                      server_key: str | Path | None = None, insecure: bool = False,
+                      supernode_auth: bool = True, simulation: bool = False,
+                      database: str | Path | None = None, dependency_installation: bool = False,
+                      log_file: str | Path | None = None) -> list[str]:
     """The ``flower-superlink`` command line.
 
-    TLS needs all of ``ca_cert``, ``server_cert`` and ``server_key``, or ``insecure=True``.
-    ``supernode_auth`` adds ``--enable-supernode-auth`` (not used with ``simulation``).
-    Runtime dependency installation (``uv sync`` of the app's dependencies, which needs the
-    network) is off unless ``dependency_installation``.
+    TLS needs ``ca_cert``, ``server_cert`` and ``server_key``, or ``insecure=True``;
+    ``supernode_auth`` is not used with ``simulation``; runtime dependency installation
+    (``uv sync``) is off unless ``dependency_installation``.
     """
     tls = (ca_cert, server_cert, server_key)
     if insecure and any(t is not None for t in tls):
@@ -181,15 +135,10 @@ def _node_data_config(partition_id: int | None, num_partitions: int | None,
     if partition_id is not None and num_partitions is not None \
             and not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    config: dict[str, Any] = {}
-    if partition_id is not None:
-        config["partition-id"] = partition_id
-    if num_partitions is not None:
-        config["num-partitions"] = num_partitions
-    if data_file is not None:
-        config["data-file"] = _abs(data_file)
-    if data_dir is not None:
-        config["data-dir"] = _abs(data_dir)
+    pairs = (("partition-id", partition_id), ("num-partitions", num_partitions))
+    config: dict[str, Any] = {k: v for k, v in pairs if v is not None}
+    config.update({k: _abs(v) for k, v in (("data-file", data_file), ("data-dir", data_dir))
+                   if v is not None})
     config.update(node_config or {})
     if config.get("data-file"):
         config["data-file"] = _abs(config["data-file"])
@@ -199,33 +148,20 @@ def _node_data_config(partition_id: int | None, num_partitions: int | None,
     return config
 
 
-def supernode_command(
-    *,
-    superlink: str,
-    partition_id: int | None = None,
-    num_partitions: int | None = None,
-    data_file: str | Path | None = None,
-    data_dir: str | Path | None = None,
-    root_certificates: str | Path | None = None,
-    private_key: str | Path | None = None,
-    insecure: bool = False,
-    runtime_port: int = 9094,
-    runtime_host: str = "127.0.0.1",
-    node_config: Mapping[str, Any] | None = None,
-    max_retries: int | None = None,
-    max_wait_time: float | None = None,
-) -> list[str]:
+def supernode_command(*, superlink: str, partition_id: int | None = None,
+                      num_partitions: int | None = None, data_file: str | Path | None = None,
+                      data_dir: str | Path | None = None,
+                      root_certificates: str | Path | None = None,
+                      private_key: str | Path | None = None, insecure: bool = False,
+                      runtime_port: int = 9094, runtime_host: str = "127.0.0.1",
+                      node_config: Mapping[str, Any] | None = None,
+                      max_retries: int | None = None,
+                      max_wait_time: float | None = None) -> list[str]:
     """The ``flower-supernode`` command line of one node, with its data in ``--node-config``.
 
-    The node trains on ``data_file`` (node config ``data-file``: the device's own ``.npz``,
-    used as it is, see :func:`dq_flower.harness.tasks.data.save_node_data`) or, without
-    one, on partition ``partition_id`` of ``num_partitions`` of the run's named data set
-    (``data_dir`` is that data set's folder on this device). With a data file,
-    ``partition_id`` is optional and only the node's stable key for seeds and the order
-    of uploads. A ``data-file`` (given here or in ``node_config``) is made absolute.
-
-    ``runtime_port`` is the node's local Runtime API port (its ``flwr-clientapp`` talks to
-    it); two SuperNodes on one machine need two ports.
+    The node trains on ``data_file`` (its own ``.npz``, made absolute) or else on partition
+    ``partition_id`` of ``num_partitions`` of the run's data set (in ``data_dir``). Two
+    SuperNodes on one machine need two ``runtime_port``.
     """
     if insecure and root_certificates is not None:
         raise ValueError("insecure=True contradicts root_certificates")
@@ -246,18 +182,9 @@ def supernode_command(
     return cmd
 
 
-# --- the flwr CLI -----------------------------------------------------------------------------
-
-
-def write_connection(
-    name: str,
-    address: str,
-    *,
-    root_certificates: str | Path | None = None,
-    insecure: bool = False,
-    make_default: bool = False,
-    env: Mapping[str, str] | None = None,
-) -> Path:
+def write_connection(name: str, address: str, *, root_certificates: str | Path | None = None,
+                     insecure: bool = False, make_default: bool = False,
+                     env: Mapping[str, str] | None = None) -> Path:
     """Add or replace ``[superlink.<name>]`` in ``$FLWR_HOME/config.toml``; return its path."""
     import tomli  # TOML, loaded with the command that reads it
     import tomli_w  # TOML, loaded with the command that writes it
@@ -286,10 +213,8 @@ def _flwr(args: Sequence[str], *, env: Mapping[str, str] | None, timeout: float,
           cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [flower_executable("flwr"), *args]
     try:
-        done = subprocess.run(  # noqa: S603
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-            env=dict(env) if env is not None else None, check=False,
-        )
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,  # noqa: S603
+                              cwd=cwd, env=dict(env) if env is not None else None, check=False)
     except subprocess.TimeoutExpired as exc:
         raise DeploymentError(f"{shlex.join(cmd)} timed out after {timeout:g} s") from exc
     if done.returncode != 0:
@@ -349,7 +274,7 @@ class RunOutcome:
 
     @property
     def inbound_bytes(self) -> int:
-        """Bytes the SuperLink received from SuperNodes for this run (its Fleet API)."""
+        """Bytes the SuperLink received from SuperNodes for this run."""
         return int(self.info.get("network-traffic", {}).get("inbound-bytes", 0))
 
     @property
@@ -360,11 +285,7 @@ class RunOutcome:
 
 def finished_run(connection: str, run_id: int, *, env: Mapping[str, str] | None = None,
                  timeout: float = 30.0) -> dict[str, Any]:
-    """The ``flwr ls`` row of run ``run_id`` once its status is ``finished:...``.
-
-    A streamed run's output ends with the run, but its status may lag by a moment: polled
-    once a second. Raises :class:`DeploymentError` after ``timeout`` seconds.
-    """
+    """The ``flwr ls`` row of run ``run_id`` once finished; ``DeploymentError`` at timeout."""
     deadline = time.monotonic() + timeout
     while True:
         rows = flwr_ls(connection, run_id, env=env)
@@ -376,15 +297,9 @@ def finished_run(connection: str, run_id: int, *, env: Mapping[str, str] | None 
         time.sleep(1.0)
 
 
-def flwr_run(
-    app_dir: str | Path,
-    connection: str,
-    *,
-    run_config: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    timeout: float = 600.0,
-    log_path: str | Path | None = None,
-) -> RunOutcome:
+def flwr_run(app_dir: str | Path, connection: str, *, run_config: Mapping[str, Any] | None = None,
+             env: Mapping[str, str] | None = None, timeout: float = 600.0,
+             log_path: str | Path | None = None) -> RunOutcome:
     """``flwr run APP CONNECTION --run-config ... --stream``; wait for the end of the run.
 
     Raises :class:`DeploymentError` if the run cannot start, does not finish within
@@ -398,7 +313,7 @@ def flwr_run(
     output = done.stdout + done.stderr
     if log_path is not None:
         Path(log_path).write_text(output)
-    match = _RUN_STARTED.search(output)
+    match = RUN_STARTED.search(output)
     if not match:
         raise DeploymentError(f"flwr run did not start a run:\n{output}")
     run_id = int(match.group(1))
@@ -416,11 +331,7 @@ _ROUND_LINE = re.compile(r"\[[^\]\s]+\] round (\d+)/\d+: .*?up (\d+) B, down (\d
 
 
 def rounds_from_log(output: str) -> list[dict[str, int]]:
-    """Per-round ``up_bytes``, ``down_bytes`` and ``replies`` read from a run's log lines.
-
-    The lines are those the package's own ServerApp logs (streamed by ``flwr run
-    --stream``); a round logged twice keeps its last line. Empty for another app.
-    """
+    """Per-round ``up_bytes``, ``down_bytes``, ``replies`` of our ServerApp's log lines."""
     rows: dict[int, dict[str, int]] = {}
     for m in _ROUND_LINE.finditer(output):
         rows[int(m[1])] = {"round": int(m[1]), "up_bytes": int(m[2]),
@@ -429,25 +340,16 @@ def rounds_from_log(output: str) -> list[dict[str, int]]:
 
 
 def compare_traffic(history: Sequence[Mapping[str, Any]], outcome: RunOutcome) -> dict[str, Any]:
-    """Compare the bytes the strategy measured with the SuperLink's own figures.
-
-    Returns up and down totals from the history (message content as Flower serialises
-    it), the SuperLink's inbound and outbound bytes, and the envelope overhead: the
-    difference, in total and per reply (``replies`` from the history, else one per node and
-    round is not assumed and the per-reply figure is omitted).
-    """
+    """Strategy-measured and SuperLink bytes and their difference (in total and per reply)."""
     up = int(sum(int(r.get("up_bytes", 0)) for r in history))
     down = int(sum(int(r.get("down_bytes", 0)) for r in history))
     replies = int(sum(int(float(r.get("replies", 0) or 0)) for r in history))
     result: dict[str, Any] = {
-        "strategy_up_bytes": up,
-        "strategy_down_bytes": down,
+        "strategy_up_bytes": up, "strategy_down_bytes": down,
         "superlink_inbound_bytes": outcome.inbound_bytes,
         "superlink_outbound_bytes": outcome.outbound_bytes,
         "up_overhead_bytes": outcome.inbound_bytes - up,
-        "down_overhead_bytes": outcome.outbound_bytes - down,
-        "replies": replies,
-    }
+        "down_overhead_bytes": outcome.outbound_bytes - down, "replies": replies}
     if replies:
         result["up_overhead_per_reply"] = (outcome.inbound_bytes - up) / replies
         result["down_overhead_per_message"] = (outcome.outbound_bytes - down) / replies

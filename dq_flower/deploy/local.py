@@ -1,10 +1,4 @@
-"""The local deployment: a whole TLS deployment on this machine (``dq-flower deploy local``).
-
-:class:`LocalDeployment` creates credentials, starts a SuperLink and SuperNodes (with
-:mod:`dq_flower.deploy.supervisor`), writes the ``flwr`` connection and registers the nodes
-(with :mod:`dq_flower.deploy.flower_cli`). It is a context manager: leaving the ``with``
-block, normally or by an exception, stops every process it started.
-"""
+"""The local deployment: a whole TLS deployment on this machine (``dq-flower deploy local``)."""
 
 from __future__ import annotations
 
@@ -38,25 +32,13 @@ _NODE_ONLINE = re.compile(r"SuperNode ID: (\d+)")
 class LocalDeployment:
     """A SuperLink and SuperNodes on this machine, with TLS and node authentication.
 
-    Entering creates credentials under ``workdir/certs`` (unless ``credentials`` is given),
-    starts the SuperLink on a free port, writes the ``flwr`` connection ``connection`` in
-    ``workdir/flwr-home/config.toml``, registers and starts ``num_nodes`` SuperNodes (node
-    ``k`` holds partition ``k`` of ``num_nodes``) and waits until all are online. Leaving
-    stops every process by pid, also after an error. Logs go to ``workdir/logs``.
-
-    With ``data_files`` (one per node), node ``k`` trains on its own file ``data_files[k]``
-    (node config ``data-file``, a ``.npz`` written by
-    :func:`dq_flower.harness.tasks.data.save_node_data`) instead of a partition; its
-    ``partition-id`` is then only its stable key. Only that SuperNode is told the path: give
-    the run config ``dataset = "none"`` (with ``input-shape``, ``num-classes`` and
-    ``fraction-evaluate``) for a server that holds no data.
-
-    ``node_env`` adds environment variables to node ``k``'s SuperNode (and so to the
-    ClientApp processes it starts), e.g. a ``PYTHONPATH`` that makes one node's Python
-    differ from the others'.
-
-    With ``simulation=True`` the SuperLink runs Flower's simulation engine instead and no
-    SuperNodes are started (``num_nodes`` is ignored).
+    Entering creates credentials in ``workdir/certs`` (unless given), starts the SuperLink
+    on a free port, writes the ``flwr`` connection in ``workdir/flwr-home``, registers and
+    starts ``num_nodes`` SuperNodes (node ``k``: partition ``k``, or its own file
+    ``data_files[k]``) and waits until all are online; leaving stops every process by pid,
+    also after an error. Logs go to ``workdir/logs``. ``node_env[k]`` adds environment
+    variables to node ``k``. ``simulation=True`` runs Flower's simulation engine instead
+    and starts no SuperNodes.
     """
 
     workdir: Path
@@ -133,13 +115,12 @@ class LocalDeployment:
                 hosts=(self.host, "localhost"), overwrite=True)
         creds = self.credentials if self.tls else None
         self.port = free_port(self.host)
-        cmd = superlink_command(
-            host=self.host, port=self.port,
-            ca_cert=creds.ca_cert if creds else None,
-            server_cert=creds.server_cert if creds else None,
-            server_key=creds.server_key if creds else None,
-            insecure=not self.tls, supernode_auth=self.supernode_auth,
-            simulation=self.simulation)
+        cmd = superlink_command(host=self.host, port=self.port,
+                                ca_cert=creds.ca_cert if creds else None,
+                                server_cert=creds.server_cert if creds else None,
+                                server_key=creds.server_key if creds else None,
+                                insecure=not self.tls, supernode_auth=self.supernode_auth,
+                                simulation=self.simulation)
         self.superlink = self.group.start(cmd, log_path=self.logs / "superlink.log",
                                           env=self.env, cwd=self.workdir, name="superlink")
         wait_for_port(self.host, self.port, self.startup_timeout, self.superlink)
@@ -174,11 +155,7 @@ class LocalDeployment:
                         num_partitions: int | None = None, name: str | None = None,
                         max_retries: int | None = None,
                         data_file: str | Path | None = None) -> ManagedProcess:
-        """Start one SuperNode (not waited for); it is stopped when the deployment ends.
-
-        Its data is ``data_file``, else ``data_files[partition_id]`` where given, else
-        partition ``partition_id``.
-        """
+        """Start a SuperNode on ``data_file``, ``data_files[partition_id]`` or that partition."""
         creds = self.credentials if self.tls else None
         if data_file is None and partition_id < len(self.data_files):
             data_file = self.data_files[partition_id]

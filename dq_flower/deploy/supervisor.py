@@ -1,14 +1,8 @@
 """Process supervision: start processes with their logs, wait for them, stop them by pid.
 
-Every process is started with its output in a log file and is stopped by its pid: SIGTERM,
-then SIGKILL after a grace period. Flower's SuperLink and SuperNode start helper processes
-of their own (``flower-superexec``, ``flwr-serverapp``, ``flwr-clientapp``), some in a new
-session; :meth:`ManagedProcess.stop` snapshots the descendants (from ``/proc`` on Linux)
-before it signals the parent, and stops the ones still alive afterwards, each by pid (with
-its start time checked, so a recycled pid is never hit).
-
-:class:`ProcessGroup` is a context manager: leaving the ``with`` block, normally or by an
-exception, stops every process it started. Nothing here knows about Flower.
+A process is stopped by pid (SIGTERM, then SIGKILL), and so are its descendants
+(Flower's helpers, some in a new session): :meth:`ManagedProcess.stop` snapshots them from
+``/proc`` first and checks each one's start time, so a recycled pid is never hit.
 """
 
 from __future__ import annotations
@@ -27,15 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-__all__ = [
-    "DeploymentError",
-    "ManagedProcess",
-    "ProcessGroup",
-    "free_port",
-    "managed_process",
-    "start_process",
-    "wait_for_port",
-]
+__all__ = ["DeploymentError", "ManagedProcess", "ProcessGroup", "free_port", "managed_process",
+           "start_process", "wait_for_port"]
 
 
 class DeploymentError(RuntimeError):
@@ -69,16 +56,19 @@ def wait_for_port(host: str, port: int, timeout: float,
             time.sleep(0.2)
 
 
-def _start_time(pid: int) -> int | None:
-    """Start time of ``pid`` (clock ticks since boot) or ``None`` if gone or a zombie."""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name, or ``None``."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of ``pid`` (clock ticks since boot) or ``None`` if gone or a zombie."""
+    fields = _stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
 
 def _descendants(pid: int) -> list[tuple[int, int]]:
@@ -89,14 +79,9 @@ def _descendants(pid: int) -> list[tuple[int, int]]:
     except OSError:
         return []
     for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
     found: list[tuple[int, int]] = []
     stack = list(children.get(pid, []))
     while stack:
@@ -145,10 +130,8 @@ class ManagedProcess:
 
     def log_text(self) -> str:
         """The whole log so far ("" when output goes to the terminal)."""
-        if self.log_path is None:
-            return ""
         try:
-            return self.log_path.read_text(errors="replace")
+            return self.log_path.read_text(errors="replace") if self.log_path else ""
         except OSError:
             return ""
 
@@ -166,8 +149,8 @@ class ManagedProcess:
                      allow_exit: bool = False) -> re.Match[str]:
         """Wait until the log matches ``pattern``; return the match.
 
-        Raises :class:`DeploymentError` on timeout, or when the process exits first (unless
-        ``allow_exit``: then its final log is still searched).
+        :class:`DeploymentError` on timeout or when the process exits first (with
+        ``allow_exit``, after its final log is searched).
         """
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         deadline = time.monotonic() + timeout
@@ -192,9 +175,8 @@ class ManagedProcess:
     def stop(self, timeout: float = 10.0, grace: float = 3.0) -> int | None:
         """Stop the process and its descendants by pid; return the exit status.
 
-        SIGTERM first; SIGKILL after ``timeout`` seconds. Descendants get ``grace`` seconds
-        to exit with their parent (Flower's helpers watch their parent's pid), then SIGTERM,
-        then SIGKILL.
+        SIGTERM, then SIGKILL after ``timeout`` s; descendants get ``grace`` s to exit with
+        their parent first.
         """
         self.remember_descendants()
         if self.poll() is None:
@@ -231,19 +213,10 @@ def _stop_pids(pids: Mapping[int, int], *, grace: float, timeout: float) -> None
             time.sleep(0.1)
 
 
-def start_process(
-    args: Sequence[str],
-    *,
-    log_path: str | Path | None,
-    env: Mapping[str, str] | None = None,
-    cwd: str | Path | None = None,
-    name: str | None = None,
-) -> ManagedProcess:
-    """Start ``args`` with stdout and stderr appended to ``log_path`` (``None``: inherited).
-
-    The process gets a session of its own, so a terminal's Ctrl-C reaches only the parent
-    (which then stops it by pid) and children stop in order.
-    """
+def start_process(args: Sequence[str], *, log_path: str | Path | None,
+                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+                  name: str | None = None) -> ManagedProcess:
+    """Start ``args`` in a session of its own, output appended to ``log_path`` (or inherited)."""
     log = Path(log_path) if log_path is not None else None
     with ExitStack() as stack:
         out: IO[bytes] | None = None
@@ -253,26 +226,17 @@ def start_process(
         popen = subprocess.Popen(  # noqa: S603  (fixed argument list, no shell)
             list(args), stdout=out, stderr=subprocess.STDOUT if out is not None else None,
             stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None, cwd=cwd,
-            start_new_session=True,
-        )
+            start_new_session=True)
     return ManagedProcess(name or Path(args[0]).name, list(args), log, popen)
 
 
 @contextmanager
-def managed_process(
-    args: Sequence[str],
-    *,
-    log_path: str | Path,
-    env: Mapping[str, str] | None = None,
-    cwd: str | Path | None = None,
-    name: str | None = None,
-    ready: Callable[[ManagedProcess], object] | None = None,
-    stop_timeout: float = 10.0,
-) -> Iterator[ManagedProcess]:
-    """Start a process, wait for ``ready(proc)``, yield it, and always stop it by pid.
-
-    ``stop_timeout`` is the SIGTERM-to-SIGKILL wait (see :meth:`ManagedProcess.stop`).
-    """
+def managed_process(args: Sequence[str], *, log_path: str | Path,
+                    env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+                    name: str | None = None,
+                    ready: Callable[[ManagedProcess], object] | None = None,
+                    stop_timeout: float = 10.0) -> Iterator[ManagedProcess]:
+    """Start a process, wait for ``ready(proc)``, yield it, always stop it (``stop_timeout``)."""
     proc = start_process(args, log_path=log_path, env=env, cwd=cwd, name=name)
     try:
         if ready is not None:

@@ -16,7 +16,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.harness.method_registry import register_method
 from dq_flower.harness.runtime import TaskInfo
 from dq_flower.harness.task_config import CLIENT_TASK_KEYS, TaskConfig
-from dq_flower.wire.spec import DataSpec
+from dq_flower.wire.dq_batch import DataSpec
 
 # The client app imports this module (through ``methods``) on devices without PyTorch, so
 # each builder imports its strategy, which needs PyTorch, when it runs on the server.

@@ -1,18 +1,12 @@
-"""What the wrapper and the mod share: record names and the layout of the model's arrays.
+"""Record names and array layout shared by :class:`dq_flower.CompressedUpdates` and its mod.
 
-A train message of :class:`dq_flower.CompressedUpdates` is the inner strategy's message with
-the knobs added to its config (``compression-*`` keys). With ``downlink="fp16"`` its one
-``ArrayRecord`` is replaced by ``compression-model`` (every coded array, flat, as an
-``fp16`` codec payload), ``compression-raw`` (the other arrays, as they were) and the
-layout in the config (``compression-layout``, JSON), from which the mod rebuilds the
-``ArrayRecord`` the user's ``train()`` reads.
-
-A reply carries the update (returned minus received weights of the coded arrays, flat or
-per array) as codec payloads ``compression-update`` (or ``compression-update-<i>``), the
-other arrays as returned under ``compression-raw``, and the user's own ``MetricRecord``
-(and any ``ConfigRecord``) untouched. The coded arrays are the floating-point ones but
-BatchNorm's running statistics (names ending in ``running_mean`` / ``running_var``), which
-travel as they are: a lossy codec could turn a variance negative.
+A train message is the inner strategy's plus ``compression-*`` config keys; with
+``downlink="fp16"`` its ``ArrayRecord`` becomes ``compression-model`` (coded arrays, flat,
+fp16), ``compression-raw`` (the others) and ``compression-layout`` (JSON). A reply carries
+the update (returned minus received coded arrays) as ``compression-update[-<i>]``, the
+other arrays under ``compression-raw`` and the user's own records untouched. Coded arrays
+are the floating-point ones except BatchNorm's running statistics (a lossy codec could make
+a variance negative).
 """
 
 from __future__ import annotations
@@ -31,37 +25,21 @@ from dq_flower.codecs import PayloadError
 __all__ = ["Layout", "MODEL_KEY", "RAW_KEY", "UPDATE_KEY", "LAYOUT_KEY", "FLOAT_DTYPES",
            "RAW_SUFFIXES", "MAX_ARRAYS"]
 
-#: Record of the fp16-coded floating-point arrays of a train message (``downlink="fp16"``).
 MODEL_KEY = "compression-model"
-#: Record of the arrays that are not floating point (counters such as BatchNorm's).
 RAW_KEY = "compression-raw"
-#: Record name (and prefix, per array) of the coded update in a reply.
 UPDATE_KEY = "compression-update"
-#: Config key of the JSON layout (``downlink="fp16"``).
 LAYOUT_KEY = "compression-layout"
 #: Array dtypes whose update is coded; every other array travels as it is.
 FLOAT_DTYPES = ("float16", "float32", "float64")
-#: Name endings of floating-point arrays that travel as they are all the same: BatchNorm's
-#: running statistics (PyTorch's names), which a lossy codec could make negative variances.
+#: Floating-point arrays sent as they are: BatchNorm's running statistics.
 RAW_SUFFIXES = ("running_mean", "running_var")
-#: Most arrays a layout may list, and most dimensions per array.
+#: Most arrays a layout may list (at most 16 dimensions each).
 MAX_ARRAYS = 1 << 16
-MAX_NDIM = 16
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Names, dtypes and shapes of the arrays of one ``ArrayRecord``, in order.
-
-    Attributes
-    ----------
-    key : str
-        The record's name in the message (``arrays`` for Flower's strategies).
-    names, dtypes : tuple of str
-        Each array's name and numpy dtype.
-    shapes : tuple of tuple of int
-        Each array's shape.
-    """
+    """Names, dtypes and shapes of the arrays of the ``ArrayRecord`` named ``key``, in order."""
 
     key: str
     names: tuple[str, ...]
@@ -75,34 +53,33 @@ class Layout:
         return cls(key, tuple(k for k, _ in items), tuple(str(a.dtype) for _, a in items),
                    tuple(tuple(int(d) for d in a.shape) for _, a in items))
 
-    # ------------------------------------------------------------------ coded arrays
     def is_coded(self, i: int) -> bool:
         """Whether array ``i``'s update is coded: floating point, not a BatchNorm statistic."""
         return self.dtypes[i] in FLOAT_DTYPES and not self.names[i].endswith(RAW_SUFFIXES)
 
     @property
     def coded(self) -> list[int]:
-        """Positions of the arrays whose update is coded."""
+        """Positions of the coded arrays."""
         return [i for i in range(len(self.names)) if self.is_coded(i)]
 
     @property
     def raw(self) -> list[int]:
-        """Positions of the other arrays (sent as they are)."""
+        """Positions of the arrays sent as they are."""
         return [i for i in range(len(self.names)) if not self.is_coded(i)]
 
     @property
     def coded_shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of the floating-point arrays."""
+        """Shapes of the coded arrays."""
         return [self.shapes[i] for i in self.coded]
 
     @property
     def coded_sizes(self) -> list[int]:
-        """Element counts of the floating-point arrays."""
+        """Element counts of the coded arrays."""
         return [math.prod(s) for s in self.coded_shapes]
 
     @property
     def dim(self) -> int:
-        """Total floating-point elements: the length of the flat update."""
+        """Length of the flat update."""
         return int(sum(self.coded_sizes))
 
     def flat(self, record: ArrayRecord) -> np.ndarray:
@@ -117,13 +94,7 @@ class Layout:
         return ArrayRecord({self.names[i]: record[self.names[i]] for i in self.raw})
 
     def with_dtypes(self, record: ArrayRecord) -> ArrayRecord:
-        """``record`` with each array of this layout back in the layout's dtype.
-
-        An aggregate averages integer arrays (a batch-norm layer's ``num_batches_tracked``)
-        into floats, of shape ``(1,)`` where they were scalars (as Flower's FedAvg returns
-        them); they are rounded and reshaped back, so every round's broadcast has one
-        layout.
-        """
+        """``record`` back in this layout's dtypes and shapes (averaged integers rounded)."""
         arrays: dict[str, Array] = {}
         for name, arr in record.items():
             if name not in self.names:
@@ -141,10 +112,9 @@ class Layout:
         return ArrayRecord(arrays)
 
     def rebuild(self, vec: np.ndarray, raw: ArrayRecord | None) -> ArrayRecord:
-        """The ``ArrayRecord`` of this layout from a flat vector and the raw arrays.
+        """The ``ArrayRecord`` from a flat vector and the raw arrays.
 
-        Raises :class:`PayloadError` when ``vec`` has another length or ``raw`` lacks an
-        array, holds another one, or one of another dtype or shape.
+        Raises :class:`PayloadError` when ``vec`` or ``raw`` does not match the layout.
         """
         if vec.size != self.dim:
             raise PayloadError(f"{vec.size} values for {self.dim} floating-point elements")
@@ -172,11 +142,7 @@ class Layout:
         return ArrayRecord(arrays)
 
     def check(self, record: ArrayRecord, what: str) -> None:
-        """Raise ``ValueError`` unless ``record`` has this layout's arrays and shapes.
-
-        A floating-point array may come back in another floating-point dtype (a model
-        loaded from float64 weights returns float32); any other array keeps its dtype.
-        """
+        """Raise ``ValueError`` unless ``record`` has this layout (any float dtype for floats)."""
         got = Layout.of(self.key, record)
         if got.names != self.names:
             raise ValueError(f"{what} hold arrays {list(got.names)[:8]}..., expected "
@@ -187,7 +153,6 @@ class Layout:
             if not same or s0 != s1:
                 raise ValueError(f"{what}[{name!r}] is {d1} {s1}, received {d0} {s0}")
 
-    # ------------------------------------------------------------------ JSON
     def to_json(self) -> str:
         """The layout as compact JSON (a config value)."""
         return json.dumps([self.key, list(self.names), list(self.dtypes),
@@ -202,7 +167,7 @@ class Layout:
             ok = (isinstance(key, str) and 0 < n <= MAX_ARRAYS and len(dtypes) == n
                   and len(shapes) == n and all(isinstance(x, str) for x in names)
                   and all(isinstance(x, str) for x in dtypes)
-                  and all(isinstance(s, list) and len(s) <= MAX_NDIM
+                  and all(isinstance(s, list) and len(s) <= 16
                           and all(isinstance(d, int) and 0 <= d < 1 << 31 for d in s)
                           for s in shapes))
         except (ValueError, TypeError) as exc:

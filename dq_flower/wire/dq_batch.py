@@ -1,13 +1,9 @@
 """Message layout of a DQ upload: quantized samples, labels, ids, weights, compensation.
 
-Each reply also carries its data spec (:class:`DataSpec`: sample shape, target kind and
-width) as a small ``data-spec`` ``ConfigRecord``; the server adopts the spec most of the
-first data round's replies carry (see :mod:`dq_flower.dq.server.validation`) and rejects
-replies that disagree.
-
-Shared by the client (which builds it) and the server (which validates and reads it), so
-neither strategy nor client knows bit layouts. Everything is checked before use: a reply
-that fails any check raises :class:`~dq_flower.codecs.PayloadError` with the reason.
+Built by the client, validated by the server: a failed check raises
+:class:`~dq_flower.codecs.PayloadError` with the reason. Each reply also carries its data
+spec (:class:`DataSpec`) as a ``data-spec`` ``ConfigRecord``; the server adopts the one
+most of the first data round's replies carry and rejects replies that disagree.
 """
 
 from __future__ import annotations
@@ -22,79 +18,37 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 
-__all__ = [
-    "SAMPLES_KEY",
-    "INFO_KEY",
-    "COMPENSATION_KEY",
-    "GRADIENT_KEY",
-    "REFRESH_KEY",
-    "SampleBatch",
-    "label_width",
-    "encode_batch",
-    "decode_batch",
-    "raw_array",
-    "RANGES_KEY",
-    "payload_quantizer",
-    "range_mode",
-    "feature_ranges",
-    "normalise",
-    "denormalise",
-    "ranges_record",
-    "ranges_from_record",
-    "SPEC_KEY",
-    "DataSpec",
-    "spec_of",
-    "spec_record",
-    "spec_from_record",
-    "MAX_DIM",
-]
+__all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
+           "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
+           "RANGES_KEY", "payload_quantizer", "range_mode", "feature_ranges", "normalise",
+           "denormalise", "ranges_record", "ranges_from_record", "SPEC_KEY", "DataSpec",
+           "spec_of", "spec_record", "spec_from_record", "MAX_DIM"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
 COMPENSATION_KEY = "compensation"
-#: Record of a gradient-round reply (``upload-mode`` gradient or auto).
-GRADIENT_KEY = "gradient"
-#: Record of a refreshed residual (``compensation-mode`` refresh).
-REFRESH_KEY = "refresh"
-_RAW = "raw"
+GRADIENT_KEY = "gradient"  # a gradient round's reply
+REFRESH_KEY = "refresh"  # a refreshed residual (compensation-mode refresh)
 
 
 def width_for(upper: int) -> int:
-    """Bits needed for values in ``[0, upper)`` (at least 1)."""
+    """Bits needed for values in ``[0, upper)`` (at least 1): ``ceil(log2 C)`` per label."""
     return max(1, int(upper - 1).bit_length())
 
 
-def label_width(num_classes: int) -> int:
-    """Bits per label: ``ceil(log2 C)``, at least 1."""
-    return width_for(num_classes)
+label_width = width_for
 
 
 @dataclass
 class SampleBatch:
-    """A client's upload for one round, decoded from packed form only where cheap.
+    """A client's upload for one round, decoded from packed form only where cheap."""
 
-    Attributes
-    ----------
-    samples : Payload
-        ``uniform`` payload of the quantized rows.
-    labels : numpy.ndarray
-        Targets: int64 class labels, or float32 regression targets ``(n,)``/``(n, k)``.
-    ids : numpy.ndarray
-        Client-local sample ids (int64).
-    weights : numpy.ndarray
-        Original samples each row stands for (``1 / pi_i``), float32.
-    compensation : Payload or None
-        Encoded compensation delta.
-    info_nbits : int
-        Exact bits of labels, ids and weights as sent.
-    """
-
-    samples: Payload
-    labels: np.ndarray
-    ids: np.ndarray
-    weights: np.ndarray
-    compensation: Payload | None = None
-    info_nbits: int = 0
+    samples: Payload  # ``uniform`` payload of the quantized rows
+    labels: np.ndarray  # int64 class labels, or float32 targets (n,) / (n, k)
+    ids: np.ndarray  # client-local sample ids (int64)
+    weights: np.ndarray  # original samples each row stands for (1 / pi_i), float32
+    compensation: Payload | None = None  # encoded compensation delta
+    info_nbits: int = 0  # exact bits of labels, ids and weights as sent
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -117,7 +71,7 @@ class SampleBatch:
 def raw_array(arr: np.ndarray) -> Array:
     """Flat Flower ``Array`` carrying ``arr``'s bytes as they are (no ``np.save`` header)."""
     flat = np.ascontiguousarray(arr).reshape(-1)
-    return Array(dtype=str(flat.dtype), shape=(flat.size,), stype=_RAW, data=flat.tobytes())
+    return Array(dtype=str(flat.dtype), shape=(flat.size,), stype="raw", data=flat.tobytes())
 
 
 def encode_batch(
@@ -131,9 +85,8 @@ def encode_batch(
 ) -> tuple[RecordDict, int]:
     """Records of one upload and its exact payload bits.
 
-    Integer ``targets`` are class labels packed at ``ceil(log2 num_classes)`` bits; float
-    targets travel as float16 where that is exact, else float32. Weights are sent as one
-    float when they are all equal, else one float32 per row.
+    Class labels are packed at ``ceil(log2 num_classes)`` bits, float targets sent as
+    float16 where exact (else float32), equal weights as one float32.
     """
     n = int(targets.shape[0])
     iw = width_for(max(id_upper, 1))
@@ -218,12 +171,11 @@ def decode_batch(
     target_dim: int = 1,
     float_targets: bool = False,
 ) -> SampleBatch:
-    """Parse and validate one upload; raise :class:`PayloadError` with the reason.
+    """Parse and validate one upload (sizes before unpacking); :class:`PayloadError` if bad.
 
-    Checks: records present, counts consistent with the samples payload, shape ``(n, dim)``
-    with ``n <= max_samples``, the configured bit width, labels within ``num_classes`` (or
-    finite float targets of width ``target_dim``), unique ids within ``id_upper``, finite
-    positive weights. Sizes are checked before anything is unpacked.
+    Checks the records, counts, shape ``(n, dim)`` with ``n <= max_samples``, ``bits``,
+    labels below ``num_classes`` (or finite float targets of width ``target_dim``), unique
+    ids below ``id_upper`` and finite positive weights.
     """
     if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
         raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
@@ -290,17 +242,12 @@ def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
     return ids
 
 
-# ---------------------------------------------------------------- quantizer ranges
-#: Record holding a client's per-feature ranges (``lo`` then ``span``, float32 each).
+#: Record of a client's per-feature ranges (``lo`` then ``span``, float32 each).
 RANGES_KEY = "feature-ranges"
 
 
 def range_mode(ranges: str, per_channel: bool, sample_shape: tuple[int, ...]) -> str:
-    """The quantizer's range layout for samples of ``sample_shape``.
-
-    ``auto`` gives ``feature`` for flat samples (tabular data), ``channel`` for images
-    ``(C, H, W)`` with ``per_channel`` and ``C > 1``, else ``sample``.
-    """
+    """``auto``: ``feature`` (flat rows), ``channel`` (per_channel, C > 1), else ``sample``."""
     if ranges == "channel" or (ranges == "auto" and per_channel):
         return "channel" if len(sample_shape) == 3 and sample_shape[0] > 1 else "sample"
     if ranges == "auto":
@@ -309,11 +256,7 @@ def range_mode(ranges: str, per_channel: bool, sample_shape: tuple[int, ...]) ->
 
 
 def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False):
-    """The ``uniform`` decoder of ``p``'s own settings, after checking the fixed ones.
-
-    The one factory of data-sample decoders: the server checks ``bits``, ``per_channel``
-    and ``fixed_range`` against its knobs, a client passes its own payload's.
-    """
+    """The ``uniform`` decoder of ``p``, its ``bits``, ``per_channel``, ``fixed_range`` checked."""
     if (p.meta.get("bits") != bits or p.meta.get("per_channel", 0) != per_channel
             or bool(p.meta.get("fixed_range", False)) != fixed_range):
         raise PayloadError(f"samples use bits={p.meta.get('bits')!r}, "
@@ -409,11 +352,6 @@ class DataSpec:
     def channels(self) -> int:
         """Channels of an image sample ``(C, H, W)``; 0 for other layouts."""
         return int(self.sample_shape[0]) if len(self.sample_shape) == 3 else 0
-
-    @property
-    def tabular(self) -> bool:
-        """Whether a sample is a flat feature vector."""
-        return len(self.sample_shape) == 1
 
 
 def spec_of(x: np.ndarray, y: np.ndarray) -> DataSpec:

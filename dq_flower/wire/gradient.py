@@ -1,9 +1,8 @@
 """Wire format of the compressed-gradient rounds, shared by server and client.
 
-A reply carries the encoded update under ``update`` (or ``update-<i>`` per parameter tensor)
-and its metrics under ``metrics``. Under majority vote with ``downlink="sign"`` the server
-sends the 1-bit votes a client lacks (``vote-<version>``); both ends apply them with
-:func:`sign_step`, so the client's copy of the model stays bit-identical (checked by CRC).
+A reply carries the update under ``update`` (or ``update-<i>`` per tensor) and its metrics
+under ``metrics``. Under majority vote with ``downlink="sign"`` the server sends the votes a
+client lacks (``vote-<version>``), applied by both ends with :func:`sign_step`.
 """
 
 from __future__ import annotations
@@ -18,33 +17,18 @@ import numpy as np
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.lossless import raw_nbits
 
-__all__ = [
-    "GradientLayout",
-    "UPDATE_KEY",
-    "METRICS_KEY",
-    "VOTE_PREFIX",
-    "sign_step",
-    "vote_from_payload",
-    "model_crc",
-    "uses_error_feedback",
-    "update_keys",
-    "decode_update",
-    "epoch_steps",
-]
+__all__ = ["GradientLayout", "UPDATE_KEY", "METRICS_KEY", "VOTE_PREFIX", "sign_step",
+           "vote_from_payload", "model_crc", "uses_error_feedback", "update_keys",
+           "decode_update", "epoch_steps"]
 
-#: Reply record holding the encoded update.
 UPDATE_KEY = "update"
-#: Reply record holding the metrics.
 METRICS_KEY = "metrics"
 #: Prefix of the vote records of ``downlink="sign"``: ``vote-<model version>``.
 VOTE_PREFIX = "vote-"
 
 
 class GradientLayout(Protocol):
-    """What both ends read of a :class:`dq_flower.GradientConfig` to lay out an update.
-
-    A protocol, so that the wire format does not import the baselines that configure it.
-    """
+    """What both ends read of a :class:`dq_flower.GradientConfig` to lay out an update."""
 
     @property
     def error_feedback(self) -> str:
@@ -60,11 +44,7 @@ class GradientLayout(Protocol):
 
 
 def sign_step(w: np.ndarray, vote: np.ndarray, lr: float, weight_decay: float) -> np.ndarray:
-    """The majority-vote step ``w - lr * (vote + weight_decay * w)`` in float32.
-
-    Server and clients both call this function, so a client's copy of the model stays
-    bit-identical to the server's (checked with :func:`model_crc`).
-    """
+    """The majority-vote step ``w - lr * (vote + weight_decay * w)`` in float32 (both ends)."""
     w = np.asarray(w, dtype=np.float32)
     d = np.asarray(vote, dtype=np.float32) + np.float32(weight_decay) * w
     return (w - np.float32(lr) * d).astype(np.float32)
@@ -89,11 +69,7 @@ def uses_error_feedback(cfg: GradientLayout, codec) -> bool:
 
 
 def update_keys(cfg: GradientLayout, num_tensors: int, key: str = UPDATE_KEY) -> list[str]:
-    """Reply record names: ``update``, or ``update-<i>`` per tensor when coded per tensor.
-
-    ``key`` replaces ``update`` (the compressed updates of :mod:`dq_flower.compression`
-    use their own name).
-    """
+    """Reply record names: ``key``, or ``<key>-<i>`` per tensor when coded per tensor."""
     if cfg.segmented:
         return [f"{key}-{i}" for i in range(num_tensors)]
     return [key]
@@ -101,12 +77,10 @@ def update_keys(cfg: GradientLayout, num_tensors: int, key: str = UPDATE_KEY) ->
 
 def decode_update(records: Mapping[str, Any], keys: Sequence[str], sizes: Sequence[int],
                   codec: Any) -> tuple[np.ndarray, int, int]:
-    """Decode the payloads ``records[key]`` of one update (segment ``i`` has ``sizes[i]``).
+    """Decode ``records[keys[i]]`` (``sizes[i]`` values each): ``(vector, bits, raw bits)``.
 
-    Returns the concatenated float32 vector, its exact payload bits as sent and the same
-    before lossless coding. Raises :class:`PayloadError` for a missing record, another
-    codec, a declared or decoded size other than expected, or non-finite values; every
-    size is checked before anything is decoded.
+    The bits are as sent and before lossless coding. Raises :class:`PayloadError` for a
+    missing record, another codec or size (checked before decoding), or non-finite values.
     """
     parts, nbits, raw = [], 0, 0
     for key, size in zip(keys, sizes, strict=True):
@@ -130,10 +104,6 @@ def decode_update(records: Mapping[str, Any], keys: Sequence[str], sizes: Sequen
 
 
 def epoch_steps(examples: int, batch_size: int, epochs: int) -> int:
-    """Local steps of ``epochs`` epochs over ``examples / epochs`` rows (``ceil`` per epoch).
-
-    Under ``local-epochs`` a client reports ``num-examples`` = its rows times the epochs, so
-    the server knows how many steps its update was averaged over.
-    """
+    """Local steps of ``epochs`` epochs over ``examples / epochs`` rows (``ceil`` per epoch)."""
     rows = int(examples) // int(epochs)
     return int(epochs) * -(-rows // int(batch_size))

@@ -1,9 +1,4 @@
-"""The decoder of a compressed-gradient reply, shared by every gradient-upload protocol.
-
-``GradientStrategy``'s replies (``update`` or ``update-<i>`` records) and DQ's gradient
-rounds (one ``gradient`` record) are both decoded here into a :class:`GradientUpdate`;
-:func:`dq_flower.server.pipeline.screen_replies` turns a ``PayloadError`` into a rejection.
-"""
+"""The decoder of a compressed-gradient reply (``GradientStrategy``'s and DQ's)."""
 
 from __future__ import annotations
 
@@ -39,11 +34,9 @@ class GradientUpdate:
 class GradientDecoder:
     """Check one reply's records and metrics, then decode its update.
 
-    ``max_examples`` bounds ``num-examples``; with ``epochs`` > 0 it must be whole epochs of
-    rows and the update's local steps follow from it (``epoch_steps``), else they are
-    ``local_steps``. ``exact_records`` rejects a reply carrying other array records.
-    With ``buffer_shapes`` (the model's floating-point buffers) a reply must carry them
-    in a :data:`~dq_flower.wire.model_buffers.BUFFERS_KEY` record, checked.
+    ``max_examples`` bounds ``num-examples``; with ``epochs`` > 0 it must be whole epochs
+    and sets the local steps, else ``local_steps``. ``exact_records`` rejects other array
+    records; with ``buffer_shapes`` a reply must carry the model's buffers.
     """
 
     keys: Sequence[str]

@@ -1,25 +1,18 @@
 """Compact sets of client-local row ids: which of a client's rows the server holds.
 
-Each DQ train message tells the client which of its rows the server already holds (see
-:mod:`dq_flower.dq.server.intake`), so a lost or late reply, or a restarted client, loses and
-duplicates nothing. A set of row ids is sent as real packed bytes, in whichever of three
-forms is smallest (first byte: the form):
+A set is sent in the smallest of three forms (first byte: the form):
 
-- ``0`` bitmap: ``varint(m)`` then ``ceil(m / 8)`` bytes, bit ``i`` (LSB first) set where
+- ``0`` bitmap: ``varint(m)``, then ``ceil(m / 8)`` bytes, bit ``i`` (LSB first) set where
   id ``i`` is held, ``m = max id + 1``;
 - ``1`` runs as varints: ``varint(r)``, then ``r`` gaps and ``r`` lengths as LEB128 varints
-  (the set is ``r`` maximal runs of consecutive ids; the first gap is the first run's start,
-  each later gap is the distance from the previous run's end minus one; lengths minus
-  one);
-- ``2`` runs bit-packed: ``varint(r)``, one byte each for the gap and length widths ``wg``
-  and ``wl``, then the ``r`` gaps in ``wg`` bits and the ``r`` lengths in ``wl`` bits,
-  LSB first.
+  (first gap: the first run's start; later gaps: distance from the previous run's end
+  minus one; lengths minus one);
+- ``2`` runs bit-packed: ``varint(r)``, widths ``wg`` and ``wl`` (a byte each), then the
+  gaps in ``wg`` bits and the lengths in ``wl`` bits, LSB first.
 
-So a set costs at most the smaller of its bitmap and its varint runs plus a header of at
-most 11 bytes; the empty set costs 2 bytes. A per-client table (sent where the server does
-not yet know which client a node is, see :func:`encode_table`) lists ``(identity, ask,
-held set)`` per client identity. Pure numpy; decoding checks every size before it
-allocates and raises ``ValueError`` on malformed bytes.
+A set costs at most its bitmap or varint runs plus 11 bytes; :func:`encode_table` lists
+``(identity, ask, held set)`` per client. Decoding checks every size before it allocates
+and raises ``ValueError`` on malformed bytes.
 """
 
 from __future__ import annotations
@@ -34,18 +27,14 @@ __all__ = ["encode_held", "decode_held", "runs_of", "encode_table", "decode_tabl
            "MAX_ID", "HELD_KEY", "TABLE_KEY", "EMPTY"]
 
 BITMAP, RUNS, PACKED_RUNS = 0, 1, 2
-#: Ids are client-local row numbers below ``2**63`` (the server accepts ids below 2**31).
 MAX_ID = (1 << 63) - 1
 _U64 = np.uint64
-#: Config-record keys of a DQ train message: the node's held set (where the server knows
-#: which client the node is), or the table of every client it may be (where it does not).
+#: Config keys of a train message: the node's held set, or the table of every client.
 HELD_KEY = "held"
 TABLE_KEY = "held-table"
-#: The empty set's bytes.
 EMPTY = bytes([RUNS, 0])
 
 
-# ------------------------------------------------------------------------------ varints
 def _varint_bytes(values: np.ndarray) -> np.ndarray:
     """LEB128 bytes of non-negative ints (uint64), concatenated in order."""
     v = np.asarray(values, dtype=_U64).reshape(-1)
@@ -64,14 +53,6 @@ def _varint_bytes(values: np.ndarray) -> np.ndarray:
         more = (size[here] > k + 1).astype(_U64) << _U64(7)
         out[starts[here] + k] = (byte | more).astype(np.uint8)
     return out
-
-
-def _varint_size(values: np.ndarray) -> int:
-    v = np.asarray(values, dtype=_U64).reshape(-1)
-    size = v.size
-    for k in range(1, 10):
-        size += int((v >= _U64(1 << (7 * k))).sum())
-    return int(size)
 
 
 def _read_varints(buf: np.ndarray, offset: int, count: int) -> tuple[np.ndarray, int]:
@@ -103,7 +84,6 @@ def _read_one(buf: np.ndarray, offset: int) -> tuple[int, int]:
     return int(values[0]), offset
 
 
-# ------------------------------------------------------------------------------ bit fields
 def _pack_fixed(values: np.ndarray, width: int) -> np.ndarray:
     """``values`` as ``width``-bit fields, LSB first, into bytes."""
     if width == 0 or not values.size:
@@ -121,11 +101,9 @@ def _unpack_fixed(buf: np.ndarray, count: int, width: int) -> np.ndarray:
 
 
 def _width(values: np.ndarray) -> int:
-    top = int(values.max()) if values.size else 0
-    return top.bit_length()
+    return (int(values.max()) if values.size else 0).bit_length()
 
 
-# ------------------------------------------------------------------------------ one set
 def runs_of(ids: Iterable[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, lengths)`` of the maximal runs of consecutive ids (sorted, deduplicated)."""
     arr = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
@@ -178,11 +156,9 @@ def encode_held(ids: Iterable[int] | np.ndarray) -> bytes:
 
 
 def decode_held(data: bytes, limit: int) -> np.ndarray:
-    """The sorted int64 ids of :func:`encode_held`'s bytes that lie below ``limit``.
+    """The sorted int64 ids below ``limit`` (at most ``2**31``) of :func:`encode_held`'s bytes.
 
-    ``limit`` (the client's number of rows, at most ``2**31``) bounds what is materialised:
-    ids at or above it are dropped, and no array larger than ``limit`` or the input is
-    allocated.
+    No array larger than ``limit`` or the input is allocated.
     """
     buf = np.frombuffer(bytes(data), dtype=np.uint8)
     if not buf.size:
@@ -205,11 +181,7 @@ def decode_held(data: bytes, limit: int) -> np.ndarray:
 
 
 def _bitmap_ids(body: np.ndarray, count: int) -> np.ndarray:
-    """The set bits among the first ``count`` of a bitmap, read a bounded chunk at a time.
-
-    Only non-zero bytes are unpacked, so memory stays within a few times the chunk and
-    the ids found, not 8x the bitmap.
-    """
+    """The set bits among the first ``count`` of a bitmap (non-zero bytes, chunk by chunk)."""
     body = body[:-(-count // 8)]
     found = []
     for start in range(0, body.size, 1 << 20):
@@ -267,9 +239,7 @@ def _expand_runs(gaps: np.ndarray, lens: np.ndarray, limit: int) -> np.ndarray:
     r = int(gaps.size)
     if not r:
         return np.zeros(0, dtype=np.int64)
-    # Runs start at least one id apart, so only the first ``limit`` can start below it; with
-    # gaps and lengths clipped to the limit (an id at or above it ends the set anyway) the
-    # sums below stay under 2**63.
+    # only the first ``limit`` runs can start below it; clipping keeps sums under 2**63
     take = min(r, limit)
     cap = _U64(limit)
     g = np.minimum(gaps[:take], cap).astype(np.int64)
@@ -291,15 +261,14 @@ def held_size_bound(ids: Iterable[int] | np.ndarray) -> int:
     starts, lengths = runs_of(arr)
     gaps, lens = _gaps(starts, lengths)
     bitmap = -(-(int(arr[-1]) + 1 if arr.size else 0) // 8)
-    return min(bitmap, _varint_size(np.concatenate([gaps, lens])))
+    return min(bitmap, int(_varint_bytes(np.concatenate([gaps, lens])).size))
 
 
-# ------------------------------------------------------------------------------ tables
 def encode_table(entries: Mapping[int, tuple[int, bytes]], default_ask: int = 0) -> bytes:
-    """``{identity: (ask, held set bytes)}`` and the ask of any other identity, as bytes.
+    """``{identity: (ask, held set bytes)}`` and any other identity's ask, as bytes.
 
-    ``varint(default_ask)``, ``varint(count)``, then per entry, by identity,
-    ``varint(identity)``, ``varint(ask)``, ``varint(len(held))`` and the held set's bytes.
+    ``varint(default_ask)``, ``varint(count)``, then per identity (sorted) its varints
+    identity, ask and ``len(held)`` and the held set's bytes.
     """
     parts = [_varint_py(int(default_ask)), _varint_py(len(entries))]
     for identity in sorted(entries):
@@ -310,7 +279,7 @@ def encode_table(entries: Mapping[int, tuple[int, bytes]], default_ask: int = 0)
 
 
 def _varint_py(value: int) -> bytes:
-    """One LEB128 varint (a table's heads: plain Python is faster than numpy per value)."""
+    """One LEB128 varint (plain Python: faster than numpy for one value)."""
     if not 0 <= value < 1 << 64:
         raise ValueError(f"held table: {value} is not a 64-bit unsigned value")
     out = bytearray()
@@ -322,11 +291,7 @@ def _varint_py(value: int) -> bytes:
 
 
 def decode_table(data: bytes) -> tuple[int, dict[int, tuple[int, bytes]]]:
-    """Inverse of :func:`encode_table`: ``(default_ask, entries)``.
-
-    One pass over the bytes (a table lists every client of a large population, so the
-    work is linear in its size); every count is checked against the bytes left before use.
-    """
+    """Inverse of :func:`encode_table`: ``(default_ask, entries)``, in one checked pass."""
     buf = bytes(data)
     default, off = _scan_varint(buf, 0)
     count, off = _scan_varint(buf, off)
@@ -371,12 +336,7 @@ def table_entry(data: bytes, identity: int) -> tuple[int, bytes]:
 
 
 def held_for(config: Mapping[str, Any], identity: int, n: int) -> tuple[np.ndarray, int | None]:
-    """What a train message says the server holds of this client: ``(ids, ask)``.
-
-    ``ids``: sorted local row ids below ``n`` the server holds (none where the message
-    names none); ``ask``: the client's own ask from a table, or ``None`` (the message's
-    ``budget`` applies). ``ValueError`` on malformed bytes.
-    """
+    """``(held row ids below n, own ask from a table or None)``; ``ValueError`` if malformed."""
     if TABLE_KEY in config:
         ask, held = table_entry(_as_bytes(config[TABLE_KEY], TABLE_KEY), identity)
         return decode_held(held, n), ask

@@ -1,10 +1,4 @@
-"""The model as it travels to clients: one raw float32 vector (no ``np.save`` headers).
-
-With an entropy coder (``entropy="zlib"``, ...) the vector is entropy-coded where that
-shrinks it (see :mod:`dq_flower.codecs.lossless`); the receiver bounds the declared size by
-its own model's before anything is decompressed. Only the functions that take a model
-import PyTorch (:data:`MODEL_KEY` and decoding do not).
-"""
+"""The model as it travels to clients: one vector, entropy-coded where that shrinks it."""
 
 from __future__ import annotations
 
@@ -22,19 +16,13 @@ if TYPE_CHECKING:
 
 __all__ = ["MODEL_KEY", "model_record", "load_model_record", "decode_model_payload"]
 
-#: Record name of the model in a train message.
 MODEL_KEY = "model"
-#: Codecs a model record may be encoded with.
 MODEL_CODECS = ("identity", "fp16", "int8", "int4")
 
 
 def model_record(model: torch.nn.Module, entropy: str = "none",
                  codec: str = "identity") -> ArrayRecord:
-    """The model's parameters as one vector: float32 (``identity``), ``fp16``, ``int8`` or ``int4``.
-
-    ``entropy`` (``none``, ``zlib``, ``lzma``, ``zstd``) entropy-codes the vector where
-    that shrinks it.
-    """
+    """The parameters as one ``codec`` vector, ``entropy``-coded where that shrinks it."""
     from dq_flower.model_ops import get_flat  # PyTorch only where a model is at hand
 
     if codec not in MODEL_CODECS:
@@ -43,23 +31,10 @@ def model_record(model: torch.nn.Module, entropy: str = "none",
 
 
 def decode_model_payload(payload: Payload, dim: int, entropy: str | None = None):
-    """Decode a model payload of ``dim`` parameters (any of :data:`MODEL_CODECS`) to float32.
+    """Decode a model payload of ``dim`` parameters to float32.
 
-    Parameters
-    ----------
-    payload : Payload
-        The received payload.
-    dim : int
-        The receiver's own number of parameters; a payload declaring another size is refused
-        before anything is decoded or decompressed.
-    entropy : str, optional
-        The coder the receiver is configured with; ``None`` accepts any coder available
-        here (the size bound holds whatever the coder).
-
-    Raises
-    ------
-    PayloadError
-        Another codec, another size, an unknown coder, or a malformed payload.
+    ``dim`` is checked before decompressing; ``entropy=None`` accepts any available coder.
+    Raises :class:`PayloadError` for another codec, size or coder, or a malformed payload.
     """
     if payload.codec not in MODEL_CODECS:
         raise PayloadError(f"model sent with unsupported codec {payload.codec!r}")

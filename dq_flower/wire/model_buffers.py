@@ -1,13 +1,4 @@
-"""A model's floating-point buffers (BatchNorm's running statistics) on the wire.
-
-The gradient baselines send parameters down and gradients up; a model's buffers are
-neither, yet its evaluation uses them. Where the model has floating-point buffers the
-server sends its own with the model and each client replies with its buffers after the
-round's forward passes (float32, uncompressed: a few kilobytes), in one
-:data:`BUFFERS_KEY` record; the server keeps the example-weighted mean of the replies it
-accepted. A reply's buffers are checked against the server's: the same names, shapes and
-dtype, finite values, and no negative running variance.
-"""
+"""A model's float buffers (BatchNorm's statistics), sent by the gradient baselines both ways."""
 
 from __future__ import annotations
 
@@ -20,7 +11,6 @@ from dq_flower.codecs import PayloadError
 
 __all__ = ["BUFFERS_KEY", "buffers_record", "read_buffers", "weighted_buffers"]
 
-#: Record of the model's floating-point buffers, down with the model and up with a reply.
 BUFFERS_KEY = "model-buffers"
 
 
@@ -55,8 +45,6 @@ def weighted_buffers(parts: list[dict[str, np.ndarray]],
                      weights: list[float]) -> dict[str, np.ndarray]:
     """The ``weights``-weighted mean of each buffer over ``parts`` (float32)."""
     w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    return {name: np.asarray(sum(wi * p[name].astype(np.float64) for wi, p in zip(w, parts,
-                                                                                 strict=True)),
-                             dtype=np.float32)
-            for name in parts[0]}
+    pairs = list(zip(w / w.sum(), parts, strict=True))
+    return {name: np.asarray(sum(wi * p[name].astype(np.float64) for wi, p in pairs),
+                             dtype=np.float32) for name in parts[0]}

@@ -1,12 +1,4 @@
-"""A node's own configuration error, told to the server so that the run stops at once.
-
-A client function that cannot answer the run as configured (a knob needs the model it was
-not given, a label outside the server's classes) raises :class:`NodeConfigError`. Flower
-turns it into an error reply whose reason quotes the message; the server finds the
-:data:`MARKER` in it and stops the run with one line (:func:`node_config_problem`) instead
-of counting the node as failed round after round. Both ends import this module: it needs
-neither PyTorch nor Flower.
-"""
+"""A node's configuration error, found by the server in an error reply to stop the run."""
 
 from __future__ import annotations
 
@@ -25,18 +17,10 @@ class NodeConfigError(ValueError):
 
 
 def node_config_problem(reason: str) -> str | None:
-    """The problem a node reported in an error reply's ``reason``, or ``None``.
-
-    Flower wraps the message (``<class '...'>:<'...'>``, a traceback in simulation); the
-    problem is the text after :data:`MARKER` up to the end of its line, without Flower's
-    closing ``'>``.
-    """
+    """The text after :data:`MARKER` in ``reason`` to its line's end (no ``'>``), or ``None``."""
     start = reason.find(MARKER)
     if start < 0:
         return None
-    text = reason[start + len(MARKER):].splitlines()[0] if reason[start + len(MARKER):] else ""
-    for tail in ("'>", "'"):
-        if text.endswith(tail):
-            text = text[: -len(tail)]
-            break
+    text = (reason[start + len(MARKER):].splitlines() or [""])[0]
+    text = text[:-2] if text.endswith("'>") else text.removesuffix("'")
     return text.strip() or None

@@ -41,27 +41,10 @@ if TYPE_CHECKING:
         to_arrays,
     )
 
-__all__ = [
-    "DATASET_NAMES",
-    "MODEL_NAMES",
-    "PARTITION_SCHEMES",
-    "Dataset",
-    "evaluate",
-    "flat_grad",
-    "from_arrays",
-    "get_flat",
-    "load_arrays",
-    "load_dataset",
-    "load_dataset_cached",
-    "load_partition",
-    "loss_and_grad",
-    "make_model",
-    "num_params",
-    "partition_indices",
-    "save_npz",
-    "set_flat",
-    "to_arrays",
-]
+__all__ = ["DATASET_NAMES", "MODEL_NAMES", "PARTITION_SCHEMES", "Dataset", "evaluate",
+           "flat_grad", "from_arrays", "get_flat", "load_arrays", "load_dataset",
+           "load_dataset_cached", "load_partition", "loss_and_grad", "make_model", "num_params",
+           "partition_indices", "save_npz", "set_flat", "to_arrays"]
 
 
 def __getattr__(name: str) -> Any:

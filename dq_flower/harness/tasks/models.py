@@ -8,6 +8,7 @@ BatchNorm), ``resnet20`` (CIFAR ResNet-20, option-A shortcuts, BatchNorm) and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,15 +35,7 @@ def register_model(name: str) -> Callable[[_Builder], _Builder]:
 
 
 class FlatInput(nn.Module):
-    """Reshape flat rows ``(batch, d)`` to ``(batch, *shape)`` before ``body``.
-
-    Parameters
-    ----------
-    shape : tuple of int
-        Sample shape the body expects.
-    body : nn.Module
-        The network.
-    """
+    """Reshape flat rows ``(batch, d)`` to ``(batch, *shape)`` before the network ``body``."""
 
     def __init__(self, shape: Sequence[int], body: nn.Module) -> None:
         super().__init__()
@@ -52,13 +45,6 @@ class FlatInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Reshape and run the body."""
         return self.body(x.reshape(x.shape[0], *self.shape))
-
-
-def _dim(input_shape: Sequence[int]) -> int:
-    d = 1
-    for s in input_shape:
-        d *= int(s)
-    return d
 
 
 def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]:
@@ -72,15 +58,14 @@ def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]
 
 @register_model("logreg")
 def _logreg(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(_dim(input_shape), num_classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
 @register_model("mlp")
-def _mlp(
-    input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (128,)
-) -> nn.Module:
+def _mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (128,)
+         ) -> nn.Module:
     layers: list[nn.Module] = [nn.Flatten()]
-    width = _dim(input_shape)
+    width = math.prod(input_shape)
     for h in hidden:
         layers += [nn.Linear(width, int(h)), nn.ReLU()]
         width = int(h)
@@ -88,10 +73,8 @@ def _mlp(
     return nn.Sequential(*layers)
 
 
-def _two_conv(
-    input_shape: Sequence[int], num_classes: int, c1: int, c2: int, fc: int | None,
-    model: str,
-) -> nn.Module:
+def _two_conv(input_shape: Sequence[int], num_classes: int, c1: int, c2: int, fc: int | None,
+              model: str) -> nn.Module:
     c, h, w = _image_shape(input_shape, model)
     if h < 4 or w < 4:
         raise ValueError(f"{model} needs images of at least 4x4, got {h}x{w}")
@@ -144,17 +127,7 @@ class _BasicBlockA(nn.Module):
 
 
 class ResNetCifar(nn.Module):
-    """ResNet-(6n+2) for small images (He et al. 2016, section 4.2, option A).
-
-    Parameters
-    ----------
-    in_channels : int
-        Input channels.
-    num_classes : int
-        Output classes.
-    n : int
-        Blocks per stage (3 gives ResNet-20).
-    """
+    """ResNet-(6n+2) for small images (He et al. 2016, section 4.2, option A); n=3: ResNet-20."""
 
     def __init__(self, in_channels: int, num_classes: int, n: int = 3) -> None:
         super().__init__()
@@ -201,33 +174,22 @@ def _resnet18(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 
-def make_model(
-    name: str,
-    input_shape: Sequence[int],
-    num_classes: int,
-    seed: int = 0,
-    **kwargs: Any,
-) -> nn.Module:
-    """Build a model that takes flat float32 rows ``(batch, prod(input_shape))``.
+def make_model(name: str, input_shape: Sequence[int], num_classes: int, seed: int = 0,
+               **kwargs: Any) -> nn.Module:
+    """Build a model (CPU, training mode) that takes flat float32 rows.
 
     Parameters
     ----------
     name : str
         One of `MODEL_NAMES`.
     input_shape : tuple of int
-        Shape of one sample, e.g. ``(1, 28, 28)``; ``(d,)`` for tabular data (only
-        ``logreg`` and ``mlp`` accept it).
+        Shape of one sample, e.g. ``(1, 28, 28)``; ``(d,)`` only for ``logreg`` and ``mlp``.
     num_classes : int
         Number of output logits.
     seed : int
         Initialisation seed; the global torch RNG is left untouched.
     **kwargs
         Builder options, e.g. ``hidden=(256, 128)`` for ``mlp``.
-
-    Returns
-    -------
-    torch.nn.Module
-        The model on the CPU, in training mode.
 
     Raises
     ------

@@ -1,30 +1,10 @@
 """Data sets, node-local data files and federated partitions.
 
-Every data set is held as flat float32 rows plus targets: int64 class labels, or float32
-regression targets (``num_classes == 0``). ``Dataset.input_shape`` remembers the original
-sample shape so models can reshape.
-
-Values are never rescaled behind the user's back. The named data sets are normalised as
-part of their definition, explicitly in their own loaders: scikit-learn's digits
-(embedded, no download) divided by 16 (its pixel range is 0..16), Fashion-MNIST from IDX
-files and CIFAR-10 from torchvision's python-pickle folder divided by 255 (uint8 pixels),
-so their values lie in ``[0, 1]``. User data (any numpy pair given to `from_arrays`, any
-``npz:<path>`` file) is used as given: only cast to float32 and checked to be finite.
-
-A device's own samples live in a node-local ``.npz`` file (`load_node_data`,
-`save_node_data`; node config key ``data-file``), kept in its sample shape.
-
-Partitions are computed with flwr-datasets partitioners on an in-memory table of
-``(idx, label)`` only, so partitioning never copies the samples themselves.
-
-Modules
--------
-``container``   :class:`Dataset`
-``arrays``      `from_arrays`, `save_npz` and ``npz:<path>`` files; the checks of all data
-``node_files``  :class:`NodeData`, `load_node_data`, `save_node_data`
-``loaders``     the named data sets, `parse_idx`, `load_dataset`, `load_dataset_cached`
-``validation``  `validation_view`, `load_task_dataset`
-``partitions``  `partition_indices`, `load_partition`
+A data set is flat float32 rows plus int64 class labels or float32 regression targets
+(``num_classes == 0``); ``Dataset.input_shape`` keeps the sample shape. The named data
+sets are normalised by their own loaders (digits / 16, Fashion-MNIST and CIFAR-10 / 255);
+user data (`from_arrays`, ``npz:<path>``, node-local files of `load_node_data`) is only
+cast to float32 and checked to be finite. Partitions are computed on the labels alone.
 """
 
 from __future__ import annotations
@@ -56,24 +36,8 @@ from dq_flower.harness.tasks.data.validation import (
     validation_view,
 )
 
-__all__ = [
-    "DATASET_NAMES",
-    "DEFAULT_FMNIST_DIR",
-    "NODE_DATA_CONFIG_KEY",
-    "PARTITION_SCHEMES",
-    "VALIDATION_PURPOSE",
-    "Dataset",
-    "NodeData",
-    "default_data_root",
-    "from_arrays",
-    "load_dataset",
-    "load_dataset_cached",
-    "load_task_dataset",
-    "validation_view",
-    "load_node_data",
-    "load_partition",
-    "parse_idx",
-    "partition_indices",
-    "save_node_data",
-    "save_npz",
-]
+__all__ = ["DATASET_NAMES", "DEFAULT_FMNIST_DIR", "NODE_DATA_CONFIG_KEY", "PARTITION_SCHEMES",
+           "VALIDATION_PURPOSE", "Dataset", "NodeData", "default_data_root", "from_arrays",
+           "load_dataset", "load_dataset_cached", "load_task_dataset", "validation_view",
+           "load_node_data", "load_partition", "parse_idx", "partition_indices",
+           "save_node_data", "save_npz"]

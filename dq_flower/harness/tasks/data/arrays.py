@@ -1,10 +1,4 @@
-"""Data sets from numpy arrays and ``.npz`` files: values kept as given, only checked.
-
-Inputs are cast to float32 and must be finite; targets are int64 class labels or float32
-regression targets (``num_classes == 0``). :func:`from_arrays` and ``npz:<path>`` files
-hold user data; the named data sets' loaders (:mod:`.loaders`) hand their already
-normalised arrays to the same checks.
-"""
+"""Data sets from numpy arrays and ``.npz`` files: values kept as given, only checked."""
 
 from __future__ import annotations
 
@@ -19,10 +13,12 @@ from dq_flower.harness.tasks.data.container import Dataset
 __all__ = ["from_arrays", "save_npz"]
 
 
-def _unit_from_uint8(x: np.ndarray) -> np.ndarray:
-    """uint8 pixels as float32 in ``[0, 1]`` (the definition of fmnist and cifar10)."""
-    out = x.astype(np.float32)
-    out *= np.float32(1.0 / 255.0)
+def _finite_float32(x: np.ndarray, problem: str, copy: bool = True) -> np.ndarray:
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
+        out = x.astype(np.float32, copy=copy)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(f"{problem} NaN or infinite values (or values beyond the float32 "
+                         "range)")
     return out
 
 
@@ -33,12 +29,7 @@ def as_inputs(x: Any, what: str, copy: bool = True) -> np.ndarray:
         raise ValueError(f"{what} must be numeric, got dtype {x.dtype}")
     if x.ndim < 1:
         raise ValueError(f"{what} must have a sample axis, got a scalar")
-    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
-        out = x.astype(np.float32, copy=copy)
-    if not np.all(np.isfinite(out)):
-        raise ValueError(f"{what} contains NaN or infinite values (or values beyond the "
-                         "float32 range)")
-    return out
+    return _finite_float32(x, f"{what} contains", copy)
 
 
 def as_labels(y: Any, what: str) -> np.ndarray:
@@ -63,12 +54,7 @@ def as_targets(y: Any, what: str) -> np.ndarray:
         raise ValueError(f"{what}: targets must be numeric, got dtype {y.dtype}")
     if y.ndim not in (1, 2):
         raise ValueError(f"{what}: targets must have shape (n,) or (n, k), got {y.shape}")
-    with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
-        out = y.astype(np.float32)
-    if not np.all(np.isfinite(out)):
-        raise ValueError(f"{what}: targets contain NaN or infinite values (or values "
-                         "beyond the float32 range)")
-    return out
+    return _finite_float32(y, f"{what}: targets contain")
 
 
 def _is_regression(y: Any, num_classes: int | None) -> bool:
@@ -81,9 +67,8 @@ def _is_regression(y: Any, num_classes: int | None) -> bool:
     return np.asarray(y).dtype.kind == "f"
 
 
-def split_indices(
-    n: int, y: np.ndarray, test_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def split_indices(n: int, y: np.ndarray, test_fraction: float, seed: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Seeded train/test index split, stratified where ``y`` are class labels."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
@@ -104,16 +89,9 @@ def split_indices(
     return np.sort(tr), np.sort(te)
 
 
-def from_arrays(
-    x: np.ndarray,
-    y: np.ndarray,
-    x_test: np.ndarray | None = None,
-    y_test: np.ndarray | None = None,
-    num_classes: int | None = None,
-    seed: int = 0,
-    name: str = "arrays",
-    test_fraction: float = 0.2,
-) -> Dataset:
+def from_arrays(x: np.ndarray, y: np.ndarray, x_test: np.ndarray | None = None,
+                y_test: np.ndarray | None = None, num_classes: int | None = None,
+                seed: int = 0, name: str = "arrays", test_fraction: float = 0.2) -> Dataset:
     """Build a `Dataset` from numpy arrays, keeping the values as given.
 
     Parameters
@@ -134,12 +112,6 @@ def from_arrays(
     test_fraction : float
         Held-out fraction when no test split is given.
 
-    Returns
-    -------
-    Dataset
-        Inputs cast to float32 but otherwise unchanged (no rescaling); int64 labels, or
-        float32 targets with ``num_classes == 0``.
-
     Raises
     ------
     ValueError
@@ -150,17 +122,8 @@ def from_arrays(
                          copy=True)
 
 
-def make_dataset(
-    x: Any,
-    y: Any,
-    x_test: Any,
-    y_test: Any,
-    num_classes: int | None,
-    seed: int,
-    name: str,
-    test_fraction: float,
-    copy: bool,
-) -> Dataset:
+def make_dataset(x: Any, y: Any, x_test: Any, y_test: Any, num_classes: int | None, seed: int,
+                 name: str, test_fraction: float, copy: bool) -> Dataset:
     """`from_arrays`; ``copy=False`` lets loaders hand over float32 arrays they own."""
     regression = _is_regression(y, num_classes)
     targets = as_targets if regression else as_labels
@@ -194,28 +157,27 @@ def make_dataset(
         elif max_label >= num_classes:
             raise ValueError(f"label {max_label} out of range for num_classes={num_classes}")
     d = int(np.prod(input_shape))
-    train_x = x.reshape(x.shape[0], d)
-    test_x = x_test.reshape(x_test.shape[0], d)
-    return Dataset(train_x=np.ascontiguousarray(train_x), train_y=y,
-                   test_x=np.ascontiguousarray(test_x), test_y=y_test,
-                   num_classes=int(num_classes), input_shape=input_shape, name=name)
+    return Dataset(train_x=np.ascontiguousarray(x.reshape(x.shape[0], d)), train_y=y,
+                   test_x=np.ascontiguousarray(x_test.reshape(x_test.shape[0], d)),
+                   test_y=y_test, num_classes=int(num_classes), input_shape=input_shape,
+                   name=name)
+
+
+def npz_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` with ``.npz`` appended when missing, its parent folders created."""
+    p = Path(path)
+    if p.suffix != ".npz":
+        p = p.with_name(p.name + ".npz")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
 
 
 def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> Path:
-    """Write a `Dataset` to ``path`` so that ``load_dataset("npz:<path>")`` reads it back.
+    """Write a `Dataset` (inputs in their sample shape) for ``load_dataset("npz:<path>")``.
 
-    Inputs are stored in their original sample shape (``input_shape``), as float32;
-    targets as they are held (int64 labels, or float32 targets with ``num_classes`` 0).
-
-    Returns
-    -------
-    Path
-        The written file (numpy appends ``.npz`` when missing).
+    Returns the written file (``.npz`` appended when missing).
     """
-    path = Path(path)
-    if path.suffix != ".npz":
-        path = path.with_name(path.name + ".npz")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = npz_path(path)
     shape = dataset.input_shape
     np.savez(path,
              x_train=dataset.train_x.reshape((-1, *shape)), y_train=dataset.train_y,

@@ -1,10 +1,4 @@
-"""The named data sets: digits, Fashion-MNIST (IDX files) and CIFAR-10 (python batches).
-
-Each is normalised as part of its definition, in its own loader: scikit-learn's digits
-(embedded, no download) divided by 16, Fashion-MNIST and CIFAR-10 (uint8 pixels) divided by
-255, so their values lie in ``[0, 1]``. :func:`load_dataset` also reads ``npz:<path>``
-files (:mod:`.arrays`), as given.
-"""
+"""The named data sets (digits, Fashion-MNIST, CIFAR-10, normalised to [0, 1]) and npz files."""
 
 from __future__ import annotations
 
@@ -42,8 +36,6 @@ def _unit_from_uint8(x: np.ndarray) -> np.ndarray:
     return out
 
 
-# --------------------------------------------------------------------------- digits
-
 
 def _load_digits(seed: int, test_fraction: float) -> Dataset:
     from sklearn.datasets import load_digits  # scikit-learn: loaded when the digits are read
@@ -57,8 +49,6 @@ def _load_digits(seed: int, test_fraction: float) -> Dataset:
                          name="digits", test_fraction=test_fraction, copy=False)
 
 
-# --------------------------------------------------------------------------- IDX
-
 
 def _read_maybe_gzip(path: Path) -> bytes:
     with open(path, "rb") as f:
@@ -69,25 +59,10 @@ def _read_maybe_gzip(path: Path) -> bytes:
 
 
 def parse_idx(path: str | os.PathLike[str], expected_magic: int | None = None) -> np.ndarray:
-    """Parse an IDX file (gzipped or plain) of unsigned bytes.
+    """Parse an IDX file (gzipped or plain) of unsigned bytes into a uint8 array.
 
-    Parameters
-    ----------
-    path : str or PathLike
-        The file.
-    expected_magic : int, optional
-        ``2051`` for images, ``2049`` for labels; checked when given.
-
-    Returns
-    -------
-    np.ndarray
-        uint8 array of the shape declared in the header.
-
-    Raises
-    ------
-    ValueError
-        Bad magic number, unsupported element type, or a size that disagrees with the
-        header.
+    ``expected_magic`` (2051 images, 2049 labels) is checked when given. Raises
+    ``ValueError`` for a bad magic number or element type, or a size other than declared.
     """
     path = Path(path)
     raw = _read_maybe_gzip(path)
@@ -111,12 +86,8 @@ def parse_idx(path: str | os.PathLike[str], expected_magic: int | None = None) -
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()
 
 
-_FMNIST_FILES = {
-    "train_x": "train-images-idx3-ubyte",
-    "train_y": "train-labels-idx1-ubyte",
-    "test_x": "t10k-images-idx3-ubyte",
-    "test_y": "t10k-labels-idx1-ubyte",
-}
+_FMNIST_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
+                 "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
 
 
 def _find_idx_files(folder: Path) -> dict[str, Path] | None:
@@ -168,8 +139,6 @@ def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
                          _unit_from_uint8(test_x[:, None]), test_y, num_classes=10, seed=0,
                          name="fmnist", test_fraction=0.2, copy=False)
 
-
-# --------------------------------------------------------------------------- CIFAR-10
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
@@ -244,16 +213,8 @@ def _load_cifar10(data_dir: str | None, download: bool) -> Dataset:
                          copy=False)
 
 
-# --------------------------------------------------------------------------- entry
-
-
-def load_dataset(
-    name: str,
-    data_dir: str | None = None,
-    seed: int = 0,
-    test_fraction: float = 0.2,
-    download: bool = False,
-) -> Dataset:
+def load_dataset(name: str, data_dir: str | None = None, seed: int = 0,
+                 test_fraction: float = 0.2, download: bool = False) -> Dataset:
     """Load a data set by name.
 
     Parameters
@@ -269,11 +230,6 @@ def load_dataset(
         Held-out fraction for those splits.
     download : bool
         Let torchvision download fmnist/cifar10 into ``data_dir`` when missing.
-
-    Returns
-    -------
-    Dataset
-        The loaded data set.
 
     Raises
     ------
@@ -294,6 +250,5 @@ def load_dataset(
     raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASET_NAMES)}")
 
 
-#: `load_dataset` memoised per process (shared by simulated clients in one worker). The
-#: returned arrays are shared: treat them as read-only.
+#: `load_dataset` memoised per process; the returned arrays are shared: read-only.
 load_dataset_cached = functools.lru_cache(maxsize=4)(load_dataset)

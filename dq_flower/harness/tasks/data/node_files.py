@@ -1,8 +1,4 @@
-"""A device's own samples: node-local ``.npz`` files (node config key ``data-file``).
-
-Kept in their sample shape, values as given (float32 inputs, int64 labels or float32
-targets), and written atomically so that a reader never sees half a file.
-"""
+"""A device's own samples: node-local ``.npz`` files (node config key ``data-file``)."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.harness.tasks.data.arrays import as_inputs, as_labels, as_targets
+from dq_flower.harness.tasks.data.arrays import as_inputs, as_labels, as_targets, npz_path
 
 __all__ = ["NODE_DATA_CONFIG_KEY", "NodeData", "load_node_data", "save_node_data"]
 
@@ -38,9 +34,8 @@ def _node_targets(y: Any, what: str) -> np.ndarray:
                      f"{y.dtype}")
 
 
-def _checked_split(
-    x: Any, y: Any, part: str, empty_hint: str = ""
-) -> tuple[np.ndarray, np.ndarray]:
+def _checked_split(x: Any, y: Any, part: str, empty_hint: str = ""
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """``x_<part>`` as float32 inputs and ``y_<part>`` as targets: non-empty, equally long."""
     xs = as_inputs(x, f"x_{part}", copy=False)
     ys = _node_targets(y, f"y_{part}")
@@ -54,12 +49,7 @@ def _checked_split(
 
 @dataclass(frozen=True, eq=False)
 class NodeData:
-    """One device's own samples, as read from its node-local ``.npz`` file.
-
-    Values are as given: inputs are cast to float32 and keep their sample shape (not
-    flattened); targets are int64 class labels ``(n,)`` or float32 regression targets
-    ``(n,)`` or ``(n, k)``. :meth:`checked` builds one from arrays it checks (finite,
-    matching lengths and shapes); they may share memory with the arrays passed in.
+    """One device's own samples, built checked by :meth:`checked` (may share their memory).
 
     Attributes
     ----------
@@ -125,22 +115,10 @@ def _pick_key(keys: set[str], key: str, alias: str | None, p: Path) -> str | Non
 
 
 def load_node_data(path: str | os.PathLike[str]) -> NodeData:
-    """Read a device's own samples from a node-local ``.npz`` file.
+    """Read a device's own samples from a node-local ``.npz`` file (node config ``data-file``).
 
-    The file holds ``x_train`` and ``y_train`` (or their aliases ``x`` and ``y``) and
-    optionally ``x_test`` and ``y_test``; other keys are ignored. Its path is given to a
-    node by the node config key ``data-file``. `save_node_data` writes such files.
-
-    Parameters
-    ----------
-    path : str or PathLike
-        The ``.npz`` file.
-
-    Returns
-    -------
-    NodeData
-        float32 inputs in their sample shape (values as given) and int64 labels or
-        float32 targets.
+    The file holds ``x_train`` and ``y_train`` (or ``x`` and ``y``) and optionally
+    ``x_test`` and ``y_test``; other keys are ignored.
 
     Raises
     ------
@@ -185,38 +163,15 @@ def load_node_data(path: str | os.PathLike[str]) -> NodeData:
         raise ValueError(f"{p}: {exc}") from None
 
 
-def save_node_data(
-    path: str | os.PathLike[str],
-    x_train: np.ndarray,
-    y_train: np.ndarray,
-    x_test: np.ndarray | None = None,
-    y_test: np.ndarray | None = None,
-) -> Path:
-    """Write a device's own samples as a node-local ``.npz`` file for `load_node_data`.
+def save_node_data(path: str | os.PathLike[str], x_train: np.ndarray, y_train: np.ndarray,
+                   x_test: np.ndarray | None = None, y_test: np.ndarray | None = None) -> Path:
+    """Write a device's own samples, checked as `NodeData`, for `load_node_data`.
 
-    The arrays are checked as `NodeData` checks them and stored as float32 inputs (sample
-    shape kept) and int64 labels or float32 targets. The file is written to a temporary
-    name in the same folder and renamed into place, so readers never see half a file.
-
-    Parameters
-    ----------
-    path : str or PathLike
-        Target file; ``.npz`` is appended when missing. Parent folders are created.
-    x_train, y_train : np.ndarray
-        Training inputs ``(n, *sample_shape)`` and targets.
-    x_test, y_test : np.ndarray, optional
-        The device's test split (both or neither).
-
-    Returns
-    -------
-    Path
-        The written file.
+    ``.npz`` is appended to ``path`` when missing and its folders are created; the file is
+    renamed into place, so readers never see half a file. Returns the written file.
     """
     data = NodeData.checked(x_train, y_train, x_test, y_test)
-    p = Path(path).expanduser()
-    if p.suffix != ".npz":
-        p = p.with_name(p.name + ".npz")
-    p.parent.mkdir(parents=True, exist_ok=True)
+    p = npz_path(Path(path).expanduser())
     # np.savez's keyword arrays (its stubs type ``**kwds`` against its own bool options)
     arrays: dict[str, Any] = {"x_train": data.train_x, "y_train": data.train_y}
     if data.has_test:

@@ -1,8 +1,4 @@
-"""Federated partitions: flwr-datasets partitioners on the targets alone.
-
-The partitioners run on an in-memory table of ``(idx, label)`` only, so partitioning never
-copies the samples themselves; the partitions of one label array are memoised.
-"""
+"""Federated partitions: flwr-datasets partitioners on the labels alone (memoised)."""
 
 from __future__ import annotations
 
@@ -37,32 +33,18 @@ class _LabelsKey:
         return isinstance(other, _LabelsKey) and other.digest == self.digest
 
 
-def _indices_of(partitioner: Any, num_partitions: int) -> list[np.ndarray]:
-    return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64)
-            for i in range(num_partitions)]
-
-
 def iid_shards(perm: np.ndarray, num_partitions: int) -> list[np.ndarray]:
-    """``perm`` cut into ``num_partitions`` contiguous shards: flwr-datasets' IID partitions.
+    """``perm`` cut into contiguous shards, as ``IidPartitioner`` cuts it, all at once.
 
-    The shards ``IidPartitioner`` (``Dataset.shard(contiguous=True)``) gives, the first
-    ``len % num_partitions`` one row longer, computed at once: the partitioner builds each
-    shard as a data-set view (milliseconds each, minutes for 100,000 partitions, in every
-    process that loads a partition).
+    (The partitioner builds each shard as a data-set view: minutes for 100,000 of them.)
     """
     return [np.array(part, dtype=np.int64) for part in np.array_split(perm, num_partitions)]
 
 
 @functools.lru_cache(maxsize=32)
-def _partition_cached(
-    key: _LabelsKey,
-    num_partitions: int,
-    scheme: str,
-    alpha: float,
-    classes_per_partition: int,
-    seed: int,
-    min_partition_size: int,
-) -> tuple[np.ndarray, ...]:
+def _partition_cached(key: _LabelsKey, num_partitions: int, scheme: str, alpha: float,
+                      classes_per_partition: int, seed: int, min_partition_size: int
+                      ) -> tuple[np.ndarray, ...]:
     import datasets  # optional (Hugging Face datasets): loaded for flwr-datasets partitions
     from flwr_datasets.partitioner import (  # optional (flwr-datasets): loaded for its partitions
         DirichletPartitioner,
@@ -96,7 +78,8 @@ def _partition_cached(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                out = _indices_of(part, num_partitions)
+                out = [np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
+                       for i in range(num_partitions)]
             except ValueError as exc:
                 raise ValueError(
                     f"cannot build {num_partitions} non-empty {scheme} partitions of "
@@ -112,10 +95,7 @@ def _partition_cached(
 
 
 def _partition_labels(labels: Any, scheme: str) -> np.ndarray:
-    """The int64 labels the partitioner splits by: a private copy (the cache key's).
-
-    Float (regression) targets only split ``iid``, which needs nothing but their count.
-    """
+    """The int64 labels to split by (a private copy); float targets only split ``iid``."""
     arr = np.asarray(labels)
     if arr.dtype.kind == "f" and arr.size:
         if scheme != "iid":
@@ -128,23 +108,17 @@ def _partition_labels(labels: Any, scheme: str) -> np.ndarray:
     return np.array(arr, dtype=np.int64).reshape(-1)
 
 
-def partition_indices(
-    labels: np.ndarray | Sequence[int] | Sequence[float],
-    num_partitions: int,
-    scheme: str = "iid",
-    alpha: float = 0.5,
-    classes_per_partition: int = 2,
-    seed: int = 0,
-    min_partition_size: int | None = None,
-) -> list[np.ndarray]:
+def partition_indices(labels: np.ndarray | Sequence[int] | Sequence[float],
+                      num_partitions: int, scheme: str = "iid", alpha: float = 0.5,
+                      classes_per_partition: int = 2, seed: int = 0,
+                      min_partition_size: int | None = None) -> list[np.ndarray]:
     """Split sample indices into federated partitions with flwr-datasets.
 
     Parameters
     ----------
     labels : array-like
-        Target of every sample; only targets are used, never the samples. Integer class
-        labels work with every scheme; float regression targets (``(n,)`` or ``(n, k)``)
-        only with ``iid``, which needs nothing but their count.
+        Target of every sample: class labels (every scheme) or float regression targets
+        (``iid`` only).
     num_partitions : int
         Number of partitions (clients).
     scheme : {"iid", "dirichlet", "pathological"}
@@ -204,28 +178,14 @@ def _checked_min_size(scheme: str, n: int, num_partitions: int, alpha: float,
     return int(min_partition_size)
 
 
-def load_partition(
-    name: str,
-    partition_id: int,
-    num_partitions: int,
-    scheme: str = "iid",
-    alpha: float = 0.5,
-    seed: int = 0,
-    data_dir: str | None = None,
-    classes_per_partition: int = 2,
-    validation_fraction: float = 0.0,
-    train_rows: int = 0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Load one client's training rows.
+def load_partition(name: str, partition_id: int, num_partitions: int, scheme: str = "iid",
+                   alpha: float = 0.5, seed: int = 0, data_dir: str | None = None,
+                   classes_per_partition: int = 2, validation_fraction: float = 0.0,
+                   train_rows: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Load one client's training rows (of :func:`load_task_dataset`'s, loaded once).
 
-    With ``validation_fraction`` > 0 the partitions split the training rows left after the
-    validation split of :func:`load_task_dataset` (the ids index those rows); with
-    ``train_rows`` > 0 they split that seeded subset of the training rows.
-
-    The data set is loaded once per process (`load_dataset_cached`, whose split uses
-    ``seed``), partitioned with `partition_indices` on the training targets, and only
-    this partition's rows are copied out. Regression data sets (float targets) can only
-    be partitioned ``iid``.
+    The data set (its split seeded by ``seed``, less any validation rows, cut to
+    ``train_rows``) is split with `partition_indices`; only this partition's rows are copied.
 
     Returns
     -------

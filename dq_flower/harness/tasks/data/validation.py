@@ -13,11 +13,8 @@ __all__ = ["VALIDATION_PURPOSE", "SUBSET_PURPOSE", "subset_view", "validation_vi
            "load_task_dataset"]
 
 
-#: Purpose mixed into the seed of the validation split (so it does not follow the
-#: train/test split or the partitions drawn from the same run seed).
+#: Mixed into the seeds of the validation split and of the train-rows/test-rows subsets.
 VALIDATION_PURPOSE = 0x5A11D
-
-#: Purpose mixed into the seed of the ``train-rows`` / ``test-rows`` subsets.
 SUBSET_PURPOSE = 0x50B5E7
 
 
@@ -28,12 +25,9 @@ def _seeded_rows(n: int, keep: int, seed: int, split: int) -> np.ndarray:
 
 
 def subset_view(ds: Dataset, train_rows: int = 0, test_rows: int = 0, seed: int = 0) -> Dataset:
-    """``ds`` cut to ``train_rows`` training and ``test_rows`` test rows drawn by ``seed``.
+    """``ds`` cut to ``train_rows`` / ``test_rows`` rows (0 or more: whole) drawn by ``seed``.
 
-    For runs sized to a slow machine (a large model on a few thousand rows). 0 keeps a
-    split whole; a count at or above a split's size keeps it whole too. The rows are drawn
-    by ``numpy.random.default_rng([seed, SUBSET_PURPOSE, split])`` and keep their order,
-    so every process of a run (server, each client) cuts the same rows.
+    The rows keep their order and are the same in every process of a run.
     """
     if train_rows < 0 or test_rows < 0:
         raise ValueError(f"train_rows and test_rows must be >= 0, got {train_rows}, {test_rows}")
@@ -50,25 +44,9 @@ def subset_view(ds: Dataset, train_rows: int = 0, test_rows: int = 0, seed: int 
 def validation_view(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
     """``ds`` with a validation split carved from its TRAINING rows, for tuning.
 
-    A fraction ``fraction`` of the training rows (at least one, at least one left), drawn by
-    ``numpy.random.default_rng([seed, VALIDATION_PURPOSE])``, becomes the returned data
-    set's "test" split; the other training rows are its training split. The original test
-    split is not in the result at all, so nothing evaluated or trained on it can see it.
-
-    Parameters
-    ----------
-    ds : Dataset
-        The data set.
-    fraction : float
-        Held-out fraction of the training rows, in (0, 1).
-    seed : int
-        Seed of the split; the same arguments always give the same rows.
-
-    Returns
-    -------
-    Dataset
-        Training rows minus the held-out ones, and the held-out rows as its test split
-        (both in their original order).
+    ``fraction`` (in (0, 1)) of the training rows, drawn by ``seed`` (at least one, at
+    least one left), becomes the "test" split, both splits in their original order; the
+    original test split is not in the result at all.
     """
     if not 0 < fraction < 1:
         raise ValueError(f"validation fraction must be in (0, 1), got {fraction}")
@@ -86,13 +64,7 @@ def validation_view(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
 def load_task_dataset(name: str, data_dir: str | None = None, seed: int = 0,
                       validation_fraction: float = 0.0, train_rows: int = 0,
                       test_rows: int = 0) -> Dataset:
-    """The data set a run trains and evaluates on (memoised per process).
-
-    :func:`load_dataset_cached`, cut by :func:`subset_view` to ``train_rows`` /
-    ``test_rows`` (0: all); with ``validation_fraction`` > 0 its :func:`validation_view`
-    of what is left: clients partition the remaining training rows and the server
-    evaluates on the held-out ones.
-    """
+    """The run's data: cached, :func:`subset_view`, then :func:`validation_view` (memoised)."""
     ds = subset_view(load_dataset_cached(name, data_dir, seed), train_rows, test_rows, seed)
     if not validation_fraction:
         return ds
