@@ -1,11 +1,10 @@
-"""What a round cost in time, measured: each client's compute and bytes, the server's compute.
+"""What a round cost in time: each client's compute and bytes, the server's compute.
 
-The history rows carry, per round, ``client_time_s`` (the slowest reply's ``client-time-s``,
-as each client measured its own handler), ``server_compute_s`` (the server's
-``configure_train`` plus ``aggregate_train``, measured by the harness for every method,
-Flower's FedAvg included) and ``clients``: one ``[client_time_s, down_bytes, up_bytes]``
-triple per node that replied, its bytes measured from the round's messages. From these,
-:mod:`dq_flower.compare.links` computes the time a round would take on a given link.
+Per round, the history rows carry ``client_time_s`` (the slowest reply's
+``client-time-s``, as each client measured its handler), ``server_compute_s`` (the
+server's ``configure_train`` plus ``aggregate_train``, for every method) and ``clients``
+(``[client_time_s, down_bytes, up_bytes]`` per replying node). :mod:`dq_flower.compare.links`
+turns them into the time a round takes on a given link.
 """
 
 from __future__ import annotations
@@ -25,10 +24,7 @@ CLIENT_TIME_KEY = "client-time-s"
 
 
 def reply_compute_s(msg: Message) -> float | None:
-    """The ``client-time-s`` a reply reports (any of its metric records), or ``None``.
-
-    A value that is not a finite non-negative number counts as missing.
-    """
+    """A reply's ``client-time-s`` (``None`` if missing, not finite or negative)."""
     if msg.has_error():
         return None
     for record in msg.content.metric_records.values():
@@ -43,31 +39,15 @@ def round_timing(replies: Iterable[Message], ledger: Ledger, server_round: int,
                  server_compute_s: float) -> dict[str, Any]:
     """The timing fields of one round's history row.
 
-    Parameters
-    ----------
-    replies : iterable of Message
-        The round's train replies (error replies are skipped).
-    ledger : Ledger
-        The measured bytes; the round's bytes per node are read from it.
-    server_round : int
-        The round.
-    server_compute_s : float
-        The server's measured compute for the round.
-
-    Returns
-    -------
-    dict
-        ``client_time_s`` (max over the replies, 0 without any), ``server_compute_s`` and
-        ``clients`` (``[client_time_s, down_bytes, up_bytes]`` per replying node, by node
-        id; a reply without the metric counts 0 s of compute).
+    ``client_time_s`` (max over the replies that are not errors, 0 without any),
+    ``server_compute_s`` and ``clients`` (``[client_time_s, down_bytes, up_bytes]`` per
+    replying node, by node id, bytes read from ``ledger``; no metric counts 0 s).
     """
     down = ledger.down.get(server_round, {})
     up = ledger.up.get(server_round, {})
-    clients = []
-    for msg in sorted((m for m in replies if not m.has_error()),
-                      key=lambda m: m.metadata.src_node_id):
-        node = msg.metadata.src_node_id
-        clients.append([reply_compute_s(msg) or 0.0, int(down.get(node, 0)),
-                        int(up.get(node, 0))])
+    clients = [[reply_compute_s(msg) or 0.0, int(down.get(msg.metadata.src_node_id, 0)),
+                int(up.get(msg.metadata.src_node_id, 0))]
+               for msg in sorted((m for m in replies if not m.has_error()),
+                                 key=lambda m: m.metadata.src_node_id)]
     return {"client_time_s": max((c[0] for c in clients), default=0.0),
             "server_compute_s": float(server_compute_s), "clients": clients}

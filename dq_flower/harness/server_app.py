@@ -1,9 +1,8 @@
-"""The package's ``ServerApp``: builds the method's public strategy from the run config.
+"""The package's ``ServerApp``: the method's public strategy, built from the run config.
 
-Every message is measured (:class:`~dq_flower.MeasuredGrid`), the global model is evaluated
-on the held-out test set after every round (or by the clients, with
-``fraction-evaluate``), and the server's state can be checkpointed every few rounds so that
-a killed run resumes where it stopped.
+Every message is measured (:class:`~dq_flower.MeasuredGrid`), the model is evaluated after
+every round (centrally, or by the clients with ``fraction-evaluate``) and the server's state
+is checkpointed every few rounds, so that a killed run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from dq_flower.harness.round_timing import round_timing
 from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_task_dataset
-from dq_flower.model_ops import evaluate, num_params, state_arrays
+from dq_flower.model_ops import evaluate, inference, num_params, state_arrays
 from dq_flower.server.base import DrivenStrategy, ServerFigures
 from dq_flower.server.common import FailureWatch
 
@@ -49,38 +48,17 @@ def prepare_model(task: TaskConfig, info: TaskInfo,
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model factory returned {type(model).__name__}, not an nn.Module")
     dev = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
+        with inference(model):
             out = model(torch.zeros((2, *info.input_shape), device=dev))
     except Exception as exc:  # noqa: BLE001  (any error: the model cannot take the samples)
         raise ValueError(f"model: it does not accept samples of shape {info.input_shape}: "
                          f"{type(exc).__name__}: {exc}") from None
-    finally:
-        model.train(was_training)
     width = math.prod(out.shape[1:])
     if out.shape[0] != 2 or width != info.outputs:
         raise ValueError(f"model: output of shape {tuple(out.shape)} for 2 samples; the task "
                          f"needs {info.outputs} outputs per sample")
     return model
-
-
-def _count(value: Any) -> int:
-    """A metric read as a whole count (0 where absent or not finite)."""
-    number = float(value or 0)
-    return int(number) if math.isfinite(number) else 0
-
-
-def _row(rnd: int, mark: dict[str, float], ledger: Ledger, metrics) -> dict[str, Any]:
-    row: dict[str, Any] = {"round": rnd, **mark}
-    row["up_bytes"] = ledger.round_bytes("up", rnd)
-    row["down_bytes"] = ledger.round_bytes("down", rnd)
-    row["cum_up_bytes"] = ledger.total_bytes("up", rnd)
-    row["cum_down_bytes"] = ledger.total_bytes("down", rnd)
-    for key, value in (metrics or {}).items():
-        row.setdefault(key.replace("-", "_"), value)
-    return row
 
 
 def run_server(
@@ -91,14 +69,12 @@ def run_server(
 ) -> RunResult:
     """Run one method to completion on ``grid`` and return its measured history.
 
-    The loop is Flower's ``Strategy.start`` (configure, send and receive, aggregate,
-    federated evaluation, central evaluation) with two additions: the server's state is
-    checkpointed every ``checkpoint-every`` rounds into ``checkpoint-dir`` (a run finding a
-    checkpoint there resumes after its round), and ``on_round(row)`` is called with each
-    history row. A run whose every sampled client fails ``max-failed-rounds`` rounds in a
-    row raises :class:`~dq_flower.server.common.ClientFailureError`. Each row also carries
-    the round's measured compute and bytes per client and the server's compute
-    (:mod:`dq_flower.harness.round_timing`).
+    Flower's ``Strategy.start`` loop, plus: the state is checkpointed every
+    ``checkpoint-every`` rounds into ``checkpoint-dir`` (a run finding a checkpoint there
+    resumes after its round) and ``on_round(row)`` gets each history row, which also carries
+    the round's timing (:mod:`dq_flower.harness.round_timing`). Raises
+    :class:`~dq_flower.server.common.ClientFailureError` when every sampled client fails
+    ``max-failed-rounds`` rounds in a row.
     """
     method = get_method(str(run_config.get("method", "dq")))
     run_config = method.merged(run_config)
@@ -211,12 +187,20 @@ class _ServerRun:
         for key, value in (fed or {}).items():
             mark["fed_" + key.replace("-", "_")] = value
         mark["wall_s"] = time.perf_counter() - self.t_start
-        row = _row(rnd, mark, self.ledger, metrics)
+        ledger = self.ledger
+        row: dict[str, Any] = {
+            "round": rnd, **mark, "up_bytes": ledger.round_bytes("up", rnd),
+            "down_bytes": ledger.round_bytes("down", rnd),
+            "cum_up_bytes": ledger.total_bytes("up", rnd),
+            "cum_down_bytes": ledger.total_bytes("down", rnd)}
+        for key, value in (metrics or {}).items():
+            row.setdefault(key.replace("-", "_"), value)
         self.history.append(row)
+        replies = float(row.get("replies") or 0)
         # `dq-flower deploy run` reads the bytes and replies of this line from the stream
         log(INFO, "[%s] round %d/%d: accuracy %.4f, loss %.4f, up %d B, down %d B, replies %d",
             self.name, rnd, task.num_server_rounds, row["accuracy"], row["loss"],
-            row["up_bytes"], row["down_bytes"], _count(row.get("replies")))
+            row["up_bytes"], row["down_bytes"], int(replies) if math.isfinite(replies) else 0)
         if last and rnd < task.num_server_rounds:
             row["ended_early"] = True
             log(INFO, "[%s] ended early after round %d: %s", self.name, rnd,
@@ -240,10 +224,9 @@ class _ServerRun:
 
 
 class FlowerStrategy(ServerFigures):
-    """One of Flower's own strategies (``FedAvg``) as the harness drives the package's.
+    """One of Flower's own strategies (``FedAvg``), driven as the package's are.
 
-    Stateless between rounds as far as a resumed run is concerned, never finished early;
-    the harness watches its failures.
+    Stateless for a resumed run, never finished early; the harness watches its failures.
     """
 
     def __init__(self, strategy: Any) -> None:
