@@ -187,10 +187,7 @@ def inference(model: nn.Module) -> Iterator[None]:
 
 def evaluate(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
              batch_size: int = 1024, loss_fn: LossFn | None = None) -> tuple[float, float]:
-    """Mean loss and accuracy (``nan`` for float targets), in eval mode without gradients.
-
-    The model's train/eval mode is restored afterwards.
-    """
+    """Mean loss and accuracy (``nan`` for float targets), under :func:`inference`."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = _device(model)
@@ -217,10 +214,9 @@ def evaluate(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | tor
     return total_loss / n, (correct / n if classes else float("nan"))
 
 
-def per_sample_results(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, loss_fn: LossFn | None = None,
-    batch_size: int = 1024,
-) -> tuple[np.ndarray, np.ndarray | None]:
+def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
+                       loss_fn: LossFn | None = None, batch_size: int = 1024
+                       ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-sample losses and, for class targets, whether the argmax is right (as `evaluate`)."""
     dev = _device(model)
     fn = resolve_loss(loss_fn)

@@ -59,13 +59,9 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
     """
     knobs = from_mapping(FedAvgConfig, run_config)
     random.seed(task.seed)
-    strategy = FedAvg(
-        fraction_train=task.fraction_train,
-        fraction_evaluate=task.fraction_evaluate,
-        min_train_nodes=1,
-        min_evaluate_nodes=1,
-        min_available_nodes=task.min_available,
-    )
+    strategy = FedAvg(fraction_train=task.fraction_train,
+                      fraction_evaluate=task.fraction_evaluate, min_train_nodes=1,
+                      min_evaluate_nodes=1, min_available_nodes=task.min_available)
     config = client_task_config(task, "fedavg")
     for key, value in to_config_record(knobs).items():
         config[key] = value
@@ -76,16 +72,10 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
 #: ``dq_flower.baselines.config.CODEC_DEFAULTS``; ``signsgd``'s aggregation (majority
 #: vote), downlink (1-bit vote) and error feedback (off) follow from its ``sign`` codec.
 GRADIENT_METHODS: dict[str, dict[str, Any]] = {
-    "sgd": {"codec": "identity"},
-    "fp16": {"codec": "fp16"},
-    "qsgd": {"codec": "qsgd"},
-    "terngrad": {"codec": "terngrad"},
-    "signsgd": {"codec": "sign", "lr": 0.005},
-    "ef-signsgd": {"codec": "ef-sign"},
-    "topk": {"codec": "topk"},
-    "powersgd": {"codec": "powersgd"},
-    "bingrad": {"codec": "bingrad"},
-    "orq": {"codec": "orq"},
+    "sgd": {"codec": "identity"}, "fp16": {"codec": "fp16"}, "qsgd": {"codec": "qsgd"},
+    "terngrad": {"codec": "terngrad"}, "signsgd": {"codec": "sign", "lr": 0.005},
+    "ef-signsgd": {"codec": "ef-sign"}, "topk": {"codec": "topk"},
+    "powersgd": {"codec": "powersgd"}, "bingrad": {"codec": "bingrad"}, "orq": {"codec": "orq"},
 }
 
 

@@ -2,7 +2,9 @@
 
 Every message is measured (:class:`~dq_flower.MeasuredGrid`), the model is evaluated after
 every round (centrally, or by the clients with ``fraction-evaluate``) and the server's state
-is checkpointed every few rounds, so that a killed run resumes where it stopped.
+is checkpointed every few rounds, so that a killed run resumes where it stopped. Each
+history row carries the round's time (:func:`round_timing`), which
+:mod:`dq_flower.compare.links` turns into the time a round takes on a given link.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from dq_flower.accounting import Ledger, MeasuredGrid
 from dq_flower.harness.checkpoint import load_latest, save_atomic
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.methods import get_method, validate_run_config
-from dq_flower.harness.round_timing import round_timing
 from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_task_dataset
@@ -30,7 +31,11 @@ from dq_flower.model_ops import evaluate, inference, num_params, state_arrays
 from dq_flower.server.base import DrivenStrategy, ServerFigures
 from dq_flower.server.common import FailureWatch
 
-__all__ = ["app", "run_server", "validate_run_config", "prepare_model"]
+__all__ = ["app", "run_server", "validate_run_config", "prepare_model", "CLIENT_TIME_KEY",
+           "reply_compute_s", "round_timing"]
+
+#: Metric every client handler of this package puts in its reply.
+CLIENT_TIME_KEY = "client-time-s"
 
 
 def prepare_model(task: TaskConfig, info: TaskInfo,
@@ -61,18 +66,15 @@ def prepare_model(task: TaskConfig, info: TaskInfo,
     return model
 
 
-def run_server(
-    grid: Grid,
-    run_config: Mapping[str, Any],
-    on_round: Callable[[dict[str, Any]], None] | None = None,
-    model_factory: ModelFactory | None = None,
-) -> RunResult:
+def run_server(grid: Grid, run_config: Mapping[str, Any],
+               on_round: Callable[[dict[str, Any]], None] | None = None,
+               model_factory: ModelFactory | None = None) -> RunResult:
     """Run one method to completion on ``grid`` and return its measured history.
 
     Flower's ``Strategy.start`` loop, plus: the state is checkpointed every
     ``checkpoint-every`` rounds into ``checkpoint-dir`` (a run finding a checkpoint there
     resumes after its round) and ``on_round(row)`` gets each history row, which also carries
-    the round's timing (:mod:`dq_flower.harness.round_timing`). Raises
+    the round's timing (:func:`round_timing`). Raises
     :class:`~dq_flower.server.common.ClientFailureError` when every sampled client fails
     ``max-failed-rounds`` rounds in a row.
     """
@@ -100,6 +102,38 @@ def run_server(
         if ended:
             break
     return RunResult(method.name, dict(run_config), run.history, num_params(model), info.dim)
+
+
+def reply_compute_s(msg: Message) -> float | None:
+    """A reply's ``client-time-s`` (``None`` if missing, not finite or negative)."""
+    if msg.has_error():
+        return None
+    for record in msg.content.metric_records.values():
+        value = record.get(CLIENT_TIME_KEY)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and value >= 0:
+            return float(value)
+    return None
+
+
+def round_timing(replies: Iterable[Message], ledger: Ledger, server_round: int,
+                 server_compute_s: float) -> dict[str, Any]:
+    """The timing fields of one round's history row.
+
+    ``client_time_s`` (the slowest reply's ``client-time-s``, as each client measured its
+    handler; 0 without replies), ``server_compute_s`` (``configure_train`` plus
+    ``aggregate_train``, measured by the harness for every method)
+    and ``clients`` (``[client_time_s, down_bytes, up_bytes]`` per
+    replying node, by node id, bytes read from ``ledger``; no metric counts 0 s).
+    """
+    down = ledger.down.get(server_round, {})
+    up = ledger.up.get(server_round, {})
+    clients = [[reply_compute_s(msg) or 0.0, int(down.get(msg.metadata.src_node_id, 0)),
+                int(up.get(msg.metadata.src_node_id, 0))]
+               for msg in sorted((m for m in replies if not m.has_error()),
+                                 key=lambda m: m.metadata.src_node_id)]
+    return {"client_time_s": max((c[0] for c in clients), default=0.0),
+            "server_compute_s": float(server_compute_s), "clients": clients}
 
 
 class _ServerRun:
@@ -232,23 +266,21 @@ class FlowerStrategy(ServerFigures):
     def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(self, *args: Any) -> Iterable[Message]:
         """The inner strategy's train messages."""
-        return self.strategy.configure_train(server_round, arrays, config, grid)
+        return self.strategy.configure_train(*args)
 
-    def aggregate_round(self, server_round: int, replies: Iterable[Message]):
+    def aggregate_round(self, *args: Any):
         """The inner strategy's aggregate."""
-        return self.strategy.aggregate_train(server_round, replies)
+        return self.strategy.aggregate_train(*args)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
-                           config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(self, *args: Any) -> Iterable[Message]:
         """The inner strategy's evaluate messages."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        return self.strategy.configure_evaluate(*args)
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+    def aggregate_evaluate(self, *args: Any):
         """The inner strategy's evaluation aggregate."""
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        return self.strategy.aggregate_evaluate(*args)
 
 
 app = ServerApp()
