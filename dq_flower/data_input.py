@@ -123,8 +123,8 @@ def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray
         # PyTorch: loaded only where a model is at hand
         from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], tuple) \
-            and not isinstance(data[0], Mapping):
+    if isinstance(data, (tuple, list)) and len(data) == 2 \
+            and not isinstance(data[0], (tuple, Mapping)):
         return _normalise(data[0], data[1], "data (x, y)")
     if torch is not None and isinstance(data, DataLoader):
         inner = data.dataset

@@ -28,10 +28,9 @@ class Family:
     payload_unit : str
         How the summary counts the uplink: ``sample`` (DQ's coded samples), ``coord`` (bits
         per model coordinate and coded reply) or ``wire`` (the float32 message bytes).
-    coded : bool
-        Whether the uploads pass the lossless ``entropy-coder`` stage.
-    epoch_rounds : bool
-        Whether every round is a local epoch (tuning's ``--tune-epoch-rounds`` horizon).
+    coded, epoch_rounds : bool
+        Whether the uploads pass the lossless ``entropy-coder`` stage; whether every round is
+        a local epoch (tuning's ``--tune-epoch-rounds`` horizon).
     """
 
     name: str
@@ -64,10 +63,8 @@ class Method:
 
     Attributes
     ----------
-    name : str
-        Public name (``dq``, ``fedavg``, ``qsgd``, ...).
-    family : str
-        Name of its :class:`Family` (``dq``, ``gradient``, ``fedavg``, ``compressed``).
+    name, family : str
+        Public name (``dq``, ``fedavg``, ``qsgd``, ...) and its :class:`Family`'s name.
     config_cls : type
         Typed config dataclass of the method's knobs.
     client_config_cls : type or None
