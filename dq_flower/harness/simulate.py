@@ -34,7 +34,13 @@ def build_run_config(method: str = "dq", dataset: Any = "digits", model: Any = "
     if not isinstance(model, str):
         model = "custom"  # the model itself travels as a factory (see simulate)
     if not isinstance(dataset, str):
-        dataset = _dataset_arg(dataset, seed, tempfile.mkdtemp(prefix="dq-flower-"))
+        if not (isinstance(dataset, Sequence) and len(dataset) in (2, 4)):
+            raise ValueError("dataset must be a name or a tuple (X, y) or (X, y, X_test, y_test)")
+        arrays = [np.asarray(a) for a in dataset]
+        x_test, y_test = (arrays[2], arrays[3]) if len(arrays) == 4 else (None, None)
+        ds = from_arrays(arrays[0], arrays[1], x_test, y_test, seed=seed)
+        npz = os.path.join(tempfile.mkdtemp(prefix="dq-flower-"), "dataset.npz")
+        dataset = "npz:" + str(save_npz(ds, npz))
     allowed = field_keys(TaskConfig) | spec.knob_keys()
     run_config: dict[str, Any] = {
         "method": method, "dataset": dataset, "model": model,
@@ -47,15 +53,6 @@ def build_run_config(method: str = "dq", dataset: Any = "digits", model: Any = "
         run_config[key] = value
     validate_run_config(run_config)
     return run_config
-
-
-def _dataset_arg(dataset: Any, seed: int, workdir: str) -> str:
-    if isinstance(dataset, Sequence) and len(dataset) in (2, 4):
-        arrays = [np.asarray(a) for a in dataset]
-        x_test, y_test = (arrays[2], arrays[3]) if len(arrays) == 4 else (None, None)
-        ds = from_arrays(arrays[0], arrays[1], x_test, y_test, seed=seed)
-        return "npz:" + str(save_npz(ds, os.path.join(workdir, "dataset.npz")))
-    raise ValueError("dataset must be a name or a tuple (X, y) or (X, y, X_test, y_test)")
 
 
 def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", num_clients: int = 4,
