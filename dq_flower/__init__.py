@@ -34,26 +34,12 @@ if TYPE_CHECKING:
     from dq_flower.compression.strategy import CompressedUpdates
     from dq_flower.dq.server.strategy import DQStrategy
 
-__all__ = [
-    "DQStrategy",
-    "GradientStrategy",
-    "CompressedUpdates",
-    "compression_mod",
-    "CompressionConfig",
-    "MeasuredGrid",
-    "Ledger",
-    "DQConfig",
-    "GradientConfig",
-    "DataSpec",
-    "client",
-    "codecs",
-    "simulate",
-    "RunResult",
-]
+__all__ = ["DQStrategy", "GradientStrategy", "CompressedUpdates", "compression_mod",
+           "CompressionConfig", "MeasuredGrid", "Ledger", "DQConfig", "GradientConfig",
+           "DataSpec", "client", "codecs", "simulate", "RunResult"]
 __version__ = "0.1.0"
 
-#: The strategies (and the compression wrapper and mod) may need PyTorch: imported on first
-#: use, so that a client device without PyTorch can ``import dq_flower.client``.
+#: Imported (with PyTorch) on first use, so that a client without it imports the package.
 _LAZY = {"DQStrategy": "dq_flower.dq.server.strategy",
          "GradientStrategy": "dq_flower.baselines.strategy",
          "CompressedUpdates": "dq_flower.compression.strategy",

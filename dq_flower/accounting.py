@@ -1,9 +1,7 @@
-"""Measuring communication: bytes per direction, node and round, from the messages themselves.
+"""Bytes per direction, node and round, measured as Flower serialises each message.
 
-Every message's content is serialised the way Flower serialises it
-(``flwr.common.serde.recorddict_to_proto``) and its ``ByteSize()`` is recorded. The
-:class:`MeasuredGrid` wraps any Flower ``Grid`` so that every strategy, Flower's own
-``FedAvg`` included, is measured the same way without being changed.
+:class:`MeasuredGrid` wraps any Flower ``Grid``, so every strategy (Flower's ``FedAvg``
+included) is measured the same way, unchanged.
 """
 
 from __future__ import annotations
@@ -45,49 +43,40 @@ class Ledger:
     up_payload_bits: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     down_payload_bits: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
+    def table(self, direction: str) -> dict[int, dict[int, int]]:
+        """Bytes per round and node in ``direction`` ("up" or "down")."""
+        return self.up if direction == "up" else self.down
+
     def add(self, direction: str, server_round: int, node_id: int, nbytes: int) -> None:
-        """Add ``nbytes`` sent in ``direction`` ("up" or "down") by or to ``node_id``."""
-        table = self.up if direction == "up" else self.down
-        per_node = table[server_round]
+        """Add ``nbytes`` sent in ``direction`` by or to ``node_id``."""
+        per_node = self.table(direction)[server_round]
         per_node[node_id] = per_node.get(node_id, 0) + int(nbytes)
 
     def round_bytes(self, direction: str, server_round: int) -> int:
         """Total bytes in ``direction`` during ``server_round``."""
-        table = self.up if direction == "up" else self.down
-        return int(sum(table.get(server_round, {}).values()))
+        return int(sum(self.table(direction).get(server_round, {}).values()))
 
     def total_bytes(self, direction: str, through_round: int | None = None) -> int:
         """Cumulative bytes in ``direction`` up to and including ``through_round``."""
-        table = self.up if direction == "up" else self.down
-        return int(
-            sum(
-                sum(per_node.values())
-                for rnd, per_node in table.items()
-                if through_round is None or rnd <= through_round
-            )
-        )
+        return int(sum(sum(per_node.values()) for rnd, per_node in self.table(direction).items()
+                       if through_round is None or rnd <= through_round))
 
     def state(self) -> dict:
         """Plain-dict copy, for checkpoints."""
-        return {
-            "up": {r: dict(v) for r, v in self.up.items()},
-            "down": {r: dict(v) for r, v in self.down.items()},
-            "up_payload_bits": dict(self.up_payload_bits),
-            "down_payload_bits": dict(self.down_payload_bits),
-        }
+        return {"up": {r: dict(v) for r, v in self.up.items()},
+                "down": {r: dict(v) for r, v in self.down.items()},
+                "up_payload_bits": dict(self.up_payload_bits),
+                "down_payload_bits": dict(self.down_payload_bits)}
 
     @classmethod
     def from_state(cls, state: dict) -> Ledger:
         """Inverse of :meth:`state`."""
         ledger = cls()
-        for r, v in state["up"].items():
-            ledger.up[int(r)] = {int(k): int(b) for k, b in v.items()}
-        for r, v in state["down"].items():
-            ledger.down[int(r)] = {int(k): int(b) for k, b in v.items()}
-        ledger.up_payload_bits.update({int(k): int(v) for k, v in state["up_payload_bits"].items()})
-        ledger.down_payload_bits.update(
-            {int(k): int(v) for k, v in state["down_payload_bits"].items()}
-        )
+        for key in ("up", "down"):
+            for r, v in state[key].items():
+                ledger.table(key)[int(r)] = {int(k): int(b) for k, b in v.items()}
+            getattr(ledger, f"{key}_payload_bits").update(
+                {int(k): int(v) for k, v in state[f"{key}_payload_bits"].items()})
         return ledger
 
 
@@ -117,7 +106,6 @@ class MeasuredGrid(Grid):
         self.ledger = ledger if ledger is not None else Ledger()
         self._last_round = 0
 
-    # --- totals ------------------------------------------------------------------------
     @property
     def up_bytes(self) -> int:
         """Bytes of every reply so far (client to server)."""
@@ -130,19 +118,17 @@ class MeasuredGrid(Grid):
 
     def per_round(self, direction: str) -> dict[int, int]:
         """Bytes per server round in ``direction`` (``up`` or ``down``)."""
-        table = self.ledger.up if direction == "up" else self.ledger.down
-        return {int(r): int(sum(v.values())) for r, v in sorted(table.items())}
+        return {int(r): int(sum(v.values()))
+                for r, v in sorted(self.ledger.table(direction).items())}
 
     def per_node(self, direction: str) -> dict[int, int]:
         """Bytes per node over all rounds in ``direction`` (``up`` or ``down``)."""
-        table = self.ledger.up if direction == "up" else self.ledger.down
         out: dict[int, int] = {}
-        for per_node in table.values():
+        for per_node in self.ledger.table(direction).values():
             for node, nbytes in per_node.items():
                 out[int(node)] = out.get(int(node), 0) + int(nbytes)
         return out
 
-    # --- measurement -------------------------------------------------------------------
     def _record_out(self, messages: list[Message]) -> int:
         rnd = self._last_round
         for msg in messages:
@@ -159,7 +145,6 @@ class MeasuredGrid(Grid):
                 self.ledger.add("up", rnd, msg.metadata.src_node_id, content_bytes(msg.content))
         return replies
 
-    # --- Grid API ------------------------------------------------------------------------
     def set_run(self, run) -> None:  # noqa: D102
         self._grid.set_run(run)
 

@@ -1,9 +1,6 @@
-"""Server-side augmentation of DQ's minibatches.
+"""Server-side augmentation of DQ's minibatches (the ``augmentation`` knob).
 
-DQ's ``augmentation`` knob picks a built-in one (:func:`augmentation_for`: random shifts
-of image-shaped samples by default, horizontal flips only where the user says they keep
-the label); any callable ``augment(x) -> x`` on a float tensor shaped like the samples
-(batch first) given as ``DQStrategy(model, augment=...)`` replaces it.
+``DQStrategy(model, augment=...)`` takes any ``augment(x) -> x`` on a batch instead.
 """
 
 from __future__ import annotations
@@ -23,12 +20,7 @@ MIN_SIDE = 14
 class RandomShift:
     """Shift each image by up to ``max_shift`` pixels along each spatial axis (zero padded).
 
-    Parameters
-    ----------
-    max_shift : int
-        Largest shift in pixels, in each direction.
-    seed : int
-        Seed of the shifts' own generator (never the global RNG).
+    ``seed`` seeds the shifts' own generator (never the global RNG).
     """
 
     def __init__(self, max_shift: int = 2, seed: int = 0) -> None:
@@ -73,11 +65,10 @@ def augmentation_for(name: str, sample_shape: tuple[int, ...], rng: np.random.Ge
                      ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The built-in augmentation ``name`` for samples of ``sample_shape`` (or ``None``).
 
-    ``auto`` shifts image-shaped samples (``(C, H, W)`` or ``(H, W)``, both sides at least
-    :data:`MIN_SIDE`) by up to ``min(H, W) // 14`` pixels and leaves flat ones alone;
-    ``shift`` does so for any image shape (at least one pixel); ``shift-flip`` also flips
-    left-right; ``none`` is no augmentation. Its generators are seeded from one draw of
-    ``rng``, taken only where an augmentation applies.
+    ``auto`` shifts images with both sides at least :data:`MIN_SIDE` by up to
+    ``min(H, W) // 14`` pixels; ``shift`` any image (at least one pixel); ``shift-flip``
+    also flips left-right; ``none``: none. Seeded by one draw of ``rng``, taken only where
+    an augmentation applies.
     """
     if name == "none" or len(sample_shape) < 2:
         return None

@@ -1,21 +1,7 @@
-"""The ``dq-flower`` command.
+"""The ``dq-flower`` command's parser: ``compare``, ``tune``, ``report`` and ``deploy``.
 
-Subcommands
------------
-``compare``
-    Run a list of methods on one scenario (a preset from ``simulations/``, with flags that
-    override it) and write ``results.json``, ``results.csv``, ``summary.md`` and plots.
-``tune``
-    Tune every method's step sizes on a validation split of the training rows (never the
-    test set) and write a preset TOML with the chosen values and the tuning record.
-``report``
-    Redraw ``summary.md`` and the plots of an output folder from its ``results.json``.
-``deploy``
-    Credentials, SuperLink, SuperNodes and ``flwr run`` (:mod:`dq_flower.deploy.cli`).
-
-Errors the user can fix (unknown preset or method, a bad flag or knob value, missing data
-files) end with one line on stderr and exit status 2, never a traceback. The commands
-themselves are in :mod:`dq_flower.compare.commands`.
+The commands are in :mod:`dq_flower.compare.commands` and :mod:`dq_flower.deploy.cli`.
+Errors the user can fix end with one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -42,16 +28,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
 def _share_arg(text: str) -> str:
     label, sep, source = text.partition("=")
     if not sep or not label.strip() or not source.strip():
@@ -59,18 +35,20 @@ def _share_arg(text: str) -> str:
     return f"{label.strip()}={source.strip()}"
 
 
-def _int_at_least_0(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
+def _int_type(lo: int | None = None, expected: str = "an integer") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if lo is not None and value < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+_int, _int_at_least_0, _positive_int = _int_type(), _int_type(0), _int_type(1, "an integer >= 1")
 
 
 def _float_in(lo: float, hi: float | None, lo_open: bool = True):
@@ -181,10 +159,7 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
 
 def _command_parser(sub: Any, name: str, help_text: str, command: Callable[..., int],
                     examples: Sequence[str]) -> argparse.ArgumentParser:
-    """A subcommand's parser: ``command``'s docstring body filled to 79 columns, examples.
-
-    The body is the docstring after its summary line: the command's description.
-    """
+    """A subcommand's parser: its description ``command``'s docstring after the summary."""
     body = (inspect.getdoc(command) or "").split("\n\n", 1)[-1]
     description = " ".join(body.split())
     return sub.add_parser(name, help=help_text, description=textwrap.fill(description, 79),

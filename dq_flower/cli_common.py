@@ -1,8 +1,4 @@
-"""What the ``dq-flower`` command's parts share: its name, its exit statuses, its errors.
-
-:mod:`dq_flower.cli` (the parser), :mod:`dq_flower.compare.commands` and
-:mod:`dq_flower.deploy.cli` import these, so none of them imports another for them.
-"""
+"""What the ``dq-flower`` command's parts share: its name, its exit statuses, its errors."""
 
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
 """What a client keeps in ``Context.state`` between rounds, replayable round by round.
 
-One protocol for every client of the package (DQ's, the gradient baselines',
-:func:`dq_flower.compression_mod`): a client owns the ``Context.state`` entries whose keys
-start with its prefix. It calls :func:`begin_round` before a round's work and
-:func:`end_round` once the reply is built. :func:`end_round` snapshots the live entries
-(``<prefix>after@<round>/<key>``, the last :data:`STATE_HISTORY` served rounds, listed in
-``<prefix>rounds``); :func:`begin_round` puts the live entries back as they were after the
-latest served round before this one. So a round the server sends again (a retry, or a
-replay after the server resumed from an older checkpoint) starts from the same state and
-gets the same reply as the first time; a round that failed half-way leaves nothing behind.
-
-Entries are state dicts of arrays and scalars (:func:`save_state_dict`,
-:func:`load_state_dict`); :func:`encode_keeping_state` runs a stateful coder (error
-feedback, PowerSGD's warm start) through one of them.
+Every client of the package owns the ``Context.state`` entries whose keys start with its
+prefix, and calls :func:`begin_round` before a round's work and :func:`end_round` once the
+reply is built. :func:`end_round` snapshots the live entries (``<prefix>after@<round>/<key>``,
+the last :data:`STATE_HISTORY` served rounds, listed in ``<prefix>rounds``);
+:func:`begin_round` restores them as they were after the latest served round before this
+one. So a round sent again (a retry, or a replay after the server resumed from an older
+checkpoint) gets the same reply, and a round that failed half-way leaves nothing behind.
+Entries are state dicts of arrays and scalars (:func:`save_state_dict`).
 """
 
 from __future__ import annotations
@@ -66,13 +61,16 @@ def load_state_dict(context: Context, key: str) -> dict[str, Any] | None:
 
 
 def _copy_record(record: Any) -> Any:
-    """A new record of the same type holding the same (immutable) items."""
     return type(record)(dict(record.items()))
 
 
+def _keys(context: Context, head: str) -> list[str]:
+    return [k for k in list(context.state.keys()) if k.startswith(head)]
+
+
 def _live_keys(context: Context, prefix: str) -> list[str]:
-    return [k for k in list(context.state.keys()) if k.startswith(prefix)
-            and not k.startswith(prefix + "after@") and k != prefix + "rounds"]
+    return [k for k in _keys(context, prefix)
+            if not k.startswith(prefix + "after@") and k != prefix + "rounds"]
 
 
 def _snapshot_rounds(context: Context, prefix: str) -> list[int]:
@@ -81,17 +79,14 @@ def _snapshot_rounds(context: Context, prefix: str) -> list[int]:
 
 
 def _drop_snapshot(context: Context, rnd: int, prefix: str) -> None:
-    head = f"{prefix}after@{rnd}/"
-    for key in [k for k in list(context.state.keys()) if k.startswith(head)]:
+    for key in _keys(context, f"{prefix}after@{rnd}/"):
         del context.state[key]
 
 
 def begin_round(context: Context, server_round: int, prefix: str) -> bool:
-    """Put the ``prefix`` entries where they were before ``server_round``; True if repeated.
+    """Restore the ``prefix`` entries as they were before ``server_round``; True if repeated.
 
-    The live entries are restored from the snapshot taken after the latest served round
-    before ``server_round`` (:func:`end_round`; none before the first), and snapshots of
-    that round or later are dropped.
+    Snapshots of that round or later are dropped.
     """
     rounds = _snapshot_rounds(context, prefix)
     repeated = server_round in rounds
@@ -104,7 +99,7 @@ def begin_round(context: Context, server_round: int, prefix: str) -> bool:
         del context.state[key]
     if earlier:
         head = f"{prefix}after@{max(earlier)}/"
-        for key in [k for k in list(context.state.keys()) if k.startswith(head)]:
+        for key in _keys(context, head):
             context.state[key[len(head):]] = _copy_record(context.state[key])
     return repeated
 
@@ -123,10 +118,7 @@ def end_round(context: Context, server_round: int, prefix: str) -> None:
 
 def encode_keeping_state(coder: Any, vector: np.ndarray, rng: np.random.Generator,
                          context: Context, key: str | None) -> Payload:
-    """``coder.encode(vector, rng)``, its state loaded from and saved to entry ``key``.
-
-    ``key`` ``None``: a stateless coder, nothing is kept.
-    """
+    """``coder.encode(vector, rng)``, its state kept in entry ``key`` (``None``: stateless)."""
     state = load_state_dict(context, key) if key else None
     if state is not None:
         coder.load_state_dict(state)

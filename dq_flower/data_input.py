@@ -5,27 +5,24 @@ pairs (a ``TensorDataset``, a torchvision data set with its transform, ...) or d
 flwr-datasets partition, a Hugging Face ``datasets.Dataset`` with ``with_transform``, a
 torchvision-style wrapper of one), or a ``DataLoader`` over either. A dict sample's keys are
 found from common names (:data:`SAMPLE_KEYS`, :data:`LABEL_KEYS`) or given as
-``keys=("img", "label")``. Every form becomes the same two arrays, in a fixed order,
-because a client identifies its samples by their row number across rounds:
+``keys=("img", "label")``. Every form becomes two arrays in a fixed order (a client
+identifies its samples by row number across rounds):
 
 - ``x``: float32 ``(n, *sample_shape)``, values exactly as given (never rescaled);
 - ``y``: int64 ``(n,)`` class labels when the targets are integers, else float32
   ``(n,)`` or ``(n, k)`` regression targets.
 
 A ``DataLoader`` over a map-style data set is read through its ``dataset`` in index
-order (its sampler and shuffling are ignored, so row ids stay stable across rounds); a
-loader over an iterable data set is read batch by batch and must yield the same rows in the
-same order every time.
-
-PyTorch is not needed for numpy data: torch's types are checked only where torch is
-already imported (a torch object exists only then), so a client without PyTorch works.
+order (sampler and shuffling ignored); over an iterable data set, batch by batch, which
+must yield the same rows in the same order every time. Torch's types are checked only
+where torch is already imported, so a client without PyTorch works.
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,9 +35,7 @@ SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "features")
 #: Names of a dict sample's target, in order of preference.
 LABEL_KEYS = ("label", "labels", "y", "target")
 
-#: Converted arrays of recently seen data objects (a client handler gets the same object
-#: every round), keyed by ``id`` (and the keys given) and dropped when the object is
-#: collected.
+#: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
 _CACHE: dict[tuple[int, Any], tuple[Any, tuple[np.ndarray, np.ndarray]]] = {}
 
 
@@ -49,13 +44,8 @@ def is_class_target(y: np.ndarray) -> bool:
     return np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_
 
 
-def _loaded_torch() -> Any:
-    """The ``torch`` module if this process imported it, else ``None`` (never imports it)."""
-    return sys.modules.get("torch")
-
-
 def _to_numpy(value: Any) -> np.ndarray:
-    torch = _loaded_torch()
+    torch = sys.modules.get("torch")  # never imported here
     if torch is not None and isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()
     return np.asarray(value)
@@ -92,10 +82,7 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
 
 def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
               what: str) -> tuple[str, str]:
-    """The (input, target) keys of a dict sample: ``keys`` if given, else common names.
-
-    Raises ``ValueError`` naming the keys seen when either is missing.
-    """
+    """The (input, target) keys of a dict sample: ``keys``, else common names; or ValueError."""
     seen = sorted(str(k) for k in sample)
     if keys is not None:
         if len(keys) != 2:
@@ -117,7 +104,6 @@ def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
 
 
 def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]:
-    """``(x, y)`` of one sample (or one collated batch): a pair or a dict."""
     if isinstance(item, Mapping):
         kx, ky = dict_keys(item, keys, what)
         return item[kx], item[ky]
@@ -126,47 +112,39 @@ def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]
     return item[0], item[1]
 
 
-def _stack_items(items: Sequence[Any], what: str,
-                 keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    if not items:
-        raise ValueError(f"{what} is empty")
-    xs, ys = [], []
-    for i, item in enumerate(items):
-        x, y = _pair(item, keys, f"{what}[{i}]")
-        xs.append(_to_numpy(x))
-        ys.append(_to_numpy(y))
-    return np.stack(xs), np.stack(ys)
+def _joined(pairs: list[tuple[Any, Any]], join: Callable[[list], np.ndarray]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    return join([_to_numpy(x) for x, _ in pairs]), join([_to_numpy(y) for _, y in pairs])
 
 
 def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    torch = _loaded_torch()
+    torch = sys.modules.get("torch")
     if torch is not None:
         # PyTorch: loaded only where a model is at hand
         from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], tuple) \
-            and not isinstance(data[0], Mapping):
+    if isinstance(data, (tuple, list)) and len(data) == 2 \
+            and not isinstance(data[0], (tuple, Mapping)):
         return _normalise(data[0], data[1], "data (x, y)")
     if torch is not None and isinstance(data, DataLoader):
         inner = data.dataset
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
             return _convert(inner, keys)
-        xs, ys = [], []
-        for batch in data:
-            x, y = _pair(batch, keys, "a DataLoader batch")
-            xs.append(_to_numpy(x))
-            ys.append(_to_numpy(y))
-        if not xs:
+        pairs = [_pair(batch, keys, "a DataLoader batch") for batch in data]
+        if not pairs:
             raise ValueError("the DataLoader yielded no batches")
-        return _normalise(np.concatenate(xs), np.concatenate(ys), "DataLoader")
+        return _normalise(*_joined(pairs, np.concatenate), "DataLoader")
     if (torch is not None and isinstance(data, Dataset)) or (
             hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         if (torch is not None and isinstance(data, torch.utils.data.TensorDataset)
                 and len(data.tensors) >= 2):
             return _normalise(data.tensors[0], data.tensors[1], "TensorDataset")
         name = type(data).__name__
-        x, y = _stack_items([data[i] for i in range(len(data))], name, keys)
-        return _normalise(x, y, name)
+        items = [data[i] for i in range(len(data))]
+        if not items:
+            raise ValueError(f"{name} is empty")
+        pairs = [_pair(item, keys, f"{name}[{i}]") for i, item in enumerate(items)]
+        return _normalise(*_joined(pairs, np.stack), name)
     raise TypeError("data must be numpy arrays (x, y), a map-style data set of (x, y) pairs "
                     f"or dicts, or a DataLoader; got {type(data).__name__}")
 
@@ -179,11 +157,11 @@ def as_arrays(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarra
     data : tuple, Dataset or DataLoader
         The device's data; its samples are pairs ``(x, y)`` or dicts.
     keys : tuple of str, optional
-        ``(input key, target key)`` of dict samples (default: found from
-        :data:`SAMPLE_KEYS` and :data:`LABEL_KEYS`).
+        ``(input key, target key)`` of dict samples (default: :data:`SAMPLE_KEYS` and
+        :data:`LABEL_KEYS`).
 
-    Raises ``TypeError`` for an unsupported type and ``ValueError`` for inconsistent,
-    non-finite or empty data, or dict samples whose keys are not found.
+    Raises ``TypeError`` for an unsupported type, ``ValueError`` for inconsistent,
+    non-finite or empty data or dict keys not found.
     """
     key = (id(data), None if keys is None else tuple(keys))
     hit = _CACHE.get(key)

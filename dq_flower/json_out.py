@@ -1,9 +1,6 @@
 """Strict JSON for results files: NaN and infinities become ``null``, never ``NaN``.
 
-Python's ``json`` writes ``NaN`` and ``Infinity``, which no other JSON reader accepts
-(``jq`` turns them into ``null`` silently, JavaScript refuses the file). A round that trains
-nothing has no loss, and a method that never reaches the target has no round: both are
-``null`` in every ``results.json`` the package writes.
+Python's ``json`` writes ``NaN`` and ``Infinity``, which other JSON readers refuse.
 """
 
 from __future__ import annotations

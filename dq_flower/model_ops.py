@@ -1,17 +1,14 @@
 """Flat parameter vectors, losses, gradients, Flower records and evaluation for torch models.
 
-Flat vectors cover ``model.parameters()`` in ``named_parameters()`` order; buffers
-(BatchNorm running statistics) are not part of them but are part of the
-`ArrayRecord` made by `to_arrays`.
-
-A loss function ``loss_fn(outputs, targets)`` returns one loss per sample (shape
-``(n,)``). :func:`default_loss` is cross-entropy for integer class targets and the mean
-squared error (averaged over the output's other axes) for float targets.
+Flat vectors cover ``model.parameters()`` in order; buffers (BatchNorm statistics) are in
+the `ArrayRecord` of `to_arrays` only. ``loss_fn(outputs, targets)`` returns one loss per
+sample, shape ``(n,)`` (:func:`default_loss` by default).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,30 +22,11 @@ from dq_flower.codecs import PayloadError
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
-__all__ = [
-    "LossFn",
-    "check_model",
-    "placeholder_rows",
-    "output_width",
-    "default_loss",
-    "resolve_loss",
-    "targets_tensor",
-    "weighted_loss_grad",
-    "resolve_device",
-    "state_arrays",
-    "apply_flat_grad",
-    "evaluate",
-    "flat_grad",
-    "from_arrays",
-    "get_flat",
-    "float_buffers",
-    "set_float_buffers",
-    "load_arrays",
-    "loss_and_grad",
-    "num_params",
-    "set_flat",
-    "to_arrays",
-]
+__all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
+           "resolve_loss", "targets_tensor", "weighted_loss_grad", "resolve_device",
+           "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
+           "from_arrays", "get_flat", "float_buffers", "set_float_buffers", "load_arrays",
+           "loss_and_grad", "num_params", "set_flat", "to_arrays"]
 
 
 def num_params(model: nn.Module) -> int:
@@ -57,20 +35,19 @@ def num_params(model: nn.Module) -> int:
 
 
 def output_width(model: nn.Module) -> int | None:
-    """Output features of the model's last linear layer (``None`` where it has none).
-
-    A hint of the number of classes before any sample shape is known.
-    """
+    """Output features of the last linear layer (a class-count hint), ``None`` without one."""
     linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
     return int(linear[-1].out_features) if linear else None
 
 
+def _flat(tensors) -> np.ndarray:
+    parts = [t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]
+    return torch.cat(parts).numpy().copy() if parts else np.zeros(0, dtype=np.float32)
+
+
 def get_flat(model: nn.Module) -> np.ndarray:
     """All parameters concatenated as one float32 vector of length D (a copy)."""
-    params = [p.detach().reshape(-1).to("cpu", torch.float32) for p in model.parameters()]
-    if not params:
-        return np.zeros(0, dtype=np.float32)
-    return torch.cat(params).numpy().copy()
+    return _flat(model.parameters())
 
 
 def float_buffers(model: nn.Module) -> dict[str, np.ndarray]:
@@ -88,13 +65,7 @@ def set_float_buffers(model: nn.Module, values: dict[str, np.ndarray]) -> None:
 
 
 def set_flat(model: nn.Module, vec: np.ndarray | torch.Tensor) -> None:
-    """Write a flat vector of length D into the parameters, in place.
-
-    Raises
-    ------
-    ValueError
-        ``vec`` is not one-dimensional of length `num_params`.
-    """
+    """Write a flat vector of length D into the parameters; ``ValueError`` for another shape."""
     t = torch.as_tensor(np.asarray(vec) if not isinstance(vec, torch.Tensor) else vec)
     total = num_params(model)
     if t.ndim != 1 or t.numel() != total:
@@ -109,14 +80,8 @@ def set_flat(model: nn.Module, vec: np.ndarray | torch.Tensor) -> None:
 
 def flat_grad(model: nn.Module) -> np.ndarray:
     """Concatenate every parameter's ``.grad`` (zeros where it is None) as float32."""
-    parts = [
-        (p.grad.detach() if p.grad is not None else torch.zeros_like(p))
-        .reshape(-1).to("cpu", torch.float32)
-        for p in model.parameters()
-    ]
-    if not parts:
-        return np.zeros(0, dtype=np.float32)
-    return torch.cat(parts).numpy().copy()
+    return _flat(p.grad if p.grad is not None else torch.zeros_like(p)
+                 for p in model.parameters())
 
 
 def to_arrays(model: nn.Module) -> ArrayRecord:
@@ -170,14 +135,9 @@ def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -
     return losses
 
 
-def weighted_loss_grad(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray,
-    loss_fn: LossFn | None = None,
-) -> tuple[float, np.ndarray]:
-    """``sum_i w_i loss(model(x_i), y_i)`` and its flat float32 gradient.
-
-    Uses ``torch.autograd.grad``, so the parameters' ``.grad`` fields are left untouched.
-    """
+def weighted_loss_grad(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray,
+                       loss_fn: LossFn | None = None) -> tuple[float, np.ndarray]:
+    """``sum_i w_i loss(model(x_i), y_i)`` and its flat float32 gradient (``.grad`` untouched)."""
     params = list(model.parameters())
     dev = _device(model)
     xt = torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32).to(dev)
@@ -191,13 +151,9 @@ def weighted_loss_grad(
     return float(loss.detach()), flat.detach().cpu().numpy().astype(np.float32, copy=True)
 
 
-def loss_and_grad(
-    model: nn.Module,
-    x: np.ndarray | torch.Tensor,
-    y: np.ndarray | torch.Tensor,
-    reduction: str = "mean",
-    loss_fn: LossFn | None = None,
-) -> tuple[float, np.ndarray]:
+def loss_and_grad(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
+                  reduction: str = "mean", loss_fn: LossFn | None = None
+                  ) -> tuple[float, np.ndarray]:
     """Loss on ``(x, y)`` (mean or sum over the batch) and its flat float32 gradient."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -223,18 +179,21 @@ def apply_flat_grad(model: nn.Module, optimizer: torch.optim.Optimizer, grad: np
     optimizer.zero_grad(set_to_none=True)
 
 
-def evaluate(
-    model: nn.Module,
-    x: np.ndarray | torch.Tensor,
-    y: np.ndarray | torch.Tensor,
-    batch_size: int = 1024,
-    loss_fn: LossFn | None = None,
-) -> tuple[float, float]:
-    """Mean loss and accuracy, in eval mode and without gradients.
+@contextmanager
+def inference(model: nn.Module) -> Iterator[None]:
+    """Eval mode without gradients; the model's train/eval mode is restored on exit."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
 
-    Accuracy is the fraction of correct argmax predictions for class targets and ``nan``
-    for float targets. The model's previous train/eval mode is restored afterwards.
-    """
+
+def evaluate(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
+             batch_size: int = 1024, loss_fn: LossFn | None = None) -> tuple[float, float]:
+    """Mean loss and accuracy (``nan`` for float targets), under :func:`inference`."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = _device(model)
@@ -249,52 +208,37 @@ def evaluate(
         raise ValueError("empty batch")
     fn = resolve_loss(loss_fn)
     classes = not torch.is_floating_point(yt)
-    was_training = model.training
-    model.eval()
     total_loss, correct = 0.0, 0
-    try:
-        with torch.no_grad():
-            for i in range(0, xt.shape[0], batch_size):
-                out = model(xt[i:i + batch_size])
-                yb = yt[i:i + batch_size]
-                total_loss += float(_per_sample(fn, out, yb).sum())
-                if classes:
-                    correct += int((out.argmax(dim=1) == yb).sum())
-    finally:
-        model.train(was_training)
+    with inference(model):
+        for i in range(0, xt.shape[0], batch_size):
+            out = model(xt[i:i + batch_size])
+            yb = yt[i:i + batch_size]
+            total_loss += float(_per_sample(fn, out, yb).sum())
+            if classes:
+                correct += int((out.argmax(dim=1) == yb).sum())
     n = int(yt.shape[0])
     return total_loss / n, (correct / n if classes else float("nan"))
 
 
-def per_sample_results(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, loss_fn: LossFn | None = None,
-    batch_size: int = 1024,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per-sample losses and, for class targets, whether the argmax is right.
-
-    In eval mode and without gradients; the model's train/eval mode is restored after.
-    """
+def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
+                       loss_fn: LossFn | None = None, batch_size: int = 1024
+                       ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-sample losses and, for class targets, whether the argmax is right (as `evaluate`)."""
     dev = _device(model)
     fn = resolve_loss(loss_fn)
     yt = targets_tensor(y, dev)
     classes = not torch.is_floating_point(yt)
     if classes and yt.ndim == 2:
         yt = yt.reshape(-1)
-    was_training = model.training
-    model.eval()
     losses, hits = [], []
-    try:
-        with torch.no_grad():
-            for i in range(0, len(x), batch_size):
-                xb = torch.as_tensor(np.ascontiguousarray(x[i:i + batch_size]),
-                                     dtype=torch.float32).to(dev)
-                out = model(xb)
-                yb = yt[i:i + batch_size]
-                losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
-                if classes:
-                    hits.append((out.argmax(dim=1) == yb).cpu().numpy())
-    finally:
-        model.train(was_training)
+    with inference(model):
+        for i in range(0, len(x), batch_size):
+            out = model(torch.as_tensor(np.ascontiguousarray(x[i:i + batch_size]),
+                                        dtype=torch.float32).to(dev))
+            yb = yt[i:i + batch_size]
+            losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
+            if classes:
+                hits.append((out.argmax(dim=1) == yb).cpu().numpy())
     loss = np.concatenate(losses) if losses else np.zeros(0)
     return loss, (np.concatenate(hits) if hits else np.zeros(0, dtype=bool)) if classes else None
 

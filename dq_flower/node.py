@@ -10,8 +10,7 @@ __all__ = ["node_key"]
 def node_key(context: Context) -> int:
     """The node's stable key for seeds and ordering: ``partition-id`` if set, else its id.
 
-    Simulation sets ``partition-id``; a SuperNode may set it with ``--node-config``. Without
-    it the node id is used, which Flower draws anew for each simulation.
+    A SuperNode may set ``partition-id`` with ``--node-config``; simulation sets it.
     """
     pid = context.node_config.get("partition-id")
     if isinstance(pid, (int, float, str)) and str(pid).lstrip("-").isdigit():

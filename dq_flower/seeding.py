@@ -1,7 +1,6 @@
 """Seeded random generators: every random choice flows from (run seed, round, node, purpose).
 
-Pure numpy, so that both ends (and a client without PyTorch) import it. Each random choice
-has its own named purpose (:class:`Purpose`), so two choices never share a stream.
+Pure numpy; each kind of choice has its own :class:`Purpose`, so no two share a stream.
 """
 
 from __future__ import annotations
@@ -16,26 +15,16 @@ __all__ = ["round_rng", "Purpose"]
 class Purpose(IntEnum):
     """What a ``round_rng`` stream is for (the values are part of the reproducibility)."""
 
-    #: DQ client's own draws (selection, stochastic rounding), keyed by its round seed
-    CLIENT = 0
-    #: the server's node sample of a training round
-    SAMPLE = 1
-    #: DQ's per-round seed sent to the clients
-    ROUND_SEED = 2
-    #: DQ's server minibatches
-    SERVER_BATCHES = 3
-    #: majority-vote ties
-    TIES = 4
-    #: the node sample of a federated evaluation round
-    EVALUATE_SAMPLE = 5
-    #: a gradient client's minibatch
-    BATCH = 11
-    #: a gradient client's codec (stochastic rounding, random projections)
-    CODEC = 12
-    #: local-epoch shuffles (FedAvg clients and gradient clients with ``local-epochs``)
-    SHUFFLE = 21
-    #: the compression mod's codec
-    MOD_CODEC = 31
+    CLIENT = 0  # DQ client's own draws (selection, rounding), keyed by its round seed
+    SAMPLE = 1  # the server's node sample of a training round
+    ROUND_SEED = 2  # DQ's per-round seed sent to the clients
+    SERVER_BATCHES = 3  # DQ's server minibatches
+    TIES = 4  # majority-vote ties
+    EVALUATE_SAMPLE = 5  # the node sample of a federated evaluation round
+    BATCH = 11  # a gradient client's minibatch
+    CODEC = 12  # a gradient client's codec (stochastic rounding, random projections)
+    SHUFFLE = 21  # local-epoch shuffles (FedAvg clients, gradient clients' local-epochs)
+    MOD_CODEC = 31  # the compression mod's codec
 
 
 def round_rng(seed: int, server_round: int, node: int, purpose: int = 0) -> np.random.Generator:

@@ -1,9 +1,7 @@
 """PyTorch where a step needs it: imported on demand, with a clear error where it is missing.
 
-A DQ data round with the ``uniform`` scorer needs no model, so a client device may run
-without PyTorch (Flower and numpy only). What does need the model (the ``loss`` and
-``gradnorm`` scorers, compensation, gradient rounds, the gradient baselines, federated
-evaluation) calls :func:`require_torch` before any work, naming the knob.
+A client device may run DQ's model-free rounds without PyTorch; what needs the model calls
+:func:`require_torch` before any work, naming the knob.
 """
 
 from __future__ import annotations
@@ -21,14 +19,7 @@ class TorchUnavailableError(ImportError):
 
 
 def require_torch(what: str) -> ModuleType:
-    """``torch``, imported now; :class:`TorchUnavailableError` naming ``what`` if missing.
-
-    Parameters
-    ----------
-    what : str
-        The knob or function that needs PyTorch (``"scorer='loss'"``, ...), quoted in the
-        error.
-    """
+    """``torch``, imported now; :class:`TorchUnavailableError` quoting ``what`` if missing."""
     try:
         import torch
     except ImportError as exc:

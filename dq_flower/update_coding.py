@@ -1,8 +1,6 @@
 """Coding a client's model update: flat or per tensor, with error feedback where it applies.
 
-Torch-free: the gradient baselines' client and :func:`dq_flower.compression_mod` (which
-runs inside a user's own ``ClientApp``) share it. The residuals and codec states live in
-the node's ``Context.state`` (:mod:`dq_flower.client_state`).
+Torch-free; shared by the gradient baselines' client and :func:`dq_flower.compression_mod`.
 """
 
 from __future__ import annotations
@@ -39,14 +37,11 @@ def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: Gradie
                   context: Context, rng: np.random.Generator, prefix: str) -> list[Payload]:
     """Encode the update (per tensor or flat), with error feedback where it applies.
 
-    The residual of each segment (and the codec's own state, e.g. PowerSGD's warm start)
-    is restored from and saved to ``context.state`` under the caller's ``prefix``
-    (``<prefix>ef[-<i>]`` with error feedback, ``<prefix>codec[-<i>]`` for a stateful codec
-    without it).
+    Each segment's residual or codec state is kept in ``context.state`` under
+    ``<prefix>ef[-<i>]`` (error feedback) or ``<prefix>codec[-<i>]`` (a stateful codec).
     """
-    parts = segments(update, shapes, cfg.segmented)
     payloads = []
-    for i, part in enumerate(parts):
+    for i, part in enumerate(segments(update, shapes, cfg.segmented)):
         suffix = f"-{i}" if cfg.segmented else ""
         codec = cfg.make_codec()
         coder: Any

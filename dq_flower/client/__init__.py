@@ -30,7 +30,7 @@ def __getattr__(name: str) -> Any:
     """``gradient_train``, imported with PyTorch on first use."""
     if name == "gradient_train":
         require_torch("gradient_train (the compressed-gradient baselines)")
-        from dq_flower.baselines.client import gradient_train  # PyTorch: see the docstring
+        from dq_flower.baselines.client import gradient_train  # PyTorch, checked above
 
         return gradient_train
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

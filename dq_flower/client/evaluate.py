@@ -22,11 +22,11 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
              loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None) -> Message:
     """Evaluate the global model the message carries on ``data``; reply its metrics.
 
-    The message holds the model as a state-dict ``ArrayRecord`` under ``arrays`` (the
-    layout of Flower's ``FedAvg`` and of this package's strategies). The reply's
-    ``MetricRecord`` has ``eval-loss``, ``eval-acc`` (class targets only) and
-    ``num-examples``, which the server uses as the weight. ``data`` is any form of
-    :mod:`dq_flower.data_input`; ``keys`` names the input and target of dict samples.
+    The message holds the model's state dict under ``arrays`` (as Flower's ``FedAvg`` and
+    this package's strategies send it). The reply's ``MetricRecord`` has ``eval-loss``,
+    ``eval-acc`` (class targets only) and ``num-examples`` (the server's weight). ``data``
+    is any form of :mod:`dq_flower.data_input`; ``keys`` names a dict sample's input and
+    target.
     """
     del context  # evaluation keeps no state
     require_torch("federated evaluation (fraction-evaluate > 0)")
@@ -37,9 +37,8 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     x, y = as_arrays(data, keys)
     loss, acc = evaluate_model(model, x, y, loss_fn=loss_fn)
-    metrics: dict[str, MetricRecordValues] = {
-        "eval-loss": float(loss), "num-examples": int(x.shape[0])
-    }
+    metrics: dict[str, MetricRecordValues] = {"eval-loss": float(loss),
+                                               "num-examples": int(x.shape[0])}
     if not math.isnan(acc):
         metrics["eval-acc"] = float(acc)
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -1,9 +1,7 @@
-"""Atomic checkpoints of the server's state: write to a temporary file, then rename.
+"""Atomic checkpoints of the server's state: one ``torch.save`` file, written then renamed.
 
-A checkpoint is one ``torch.save`` file holding plain Python, numpy and torch objects
-(model and optimizer state dicts, the sample store's arrays, the ledger, the history so
-far, the round). ``os.replace`` makes the new file visible all at once, so a process
-killed while writing leaves the previous checkpoint intact.
+``os.replace`` shows the new file all at once: a process killed while writing leaves the
+previous checkpoint intact.
 """
 
 from __future__ import annotations
@@ -24,23 +22,20 @@ def save_atomic(directory: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``directory/server-state.pt`` atomically and durably."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / CHECKPOINT_NAME
     fd, tmp = tempfile.mkstemp(prefix=".server-state-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             torch.save(state, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
+        os.replace(tmp, directory / CHECKPOINT_NAME)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
+    return directory / CHECKPOINT_NAME
 
 
 def load_latest(directory: str | Path) -> dict[str, Any] | None:
     """The last complete checkpoint in ``directory``, or ``None`` if there is none."""
     path = Path(directory) / CHECKPOINT_NAME
-    if not path.exists():
-        return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None

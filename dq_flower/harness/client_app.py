@@ -1,16 +1,9 @@
 """The package's ``ClientApp``: the public client functions on the harness's named tasks.
 
-Each node finds its data from its node config (``data-file`` for the device's own ``.npz``,
-else ``partition-id``/``num-partitions`` of the named data set) and its model from the run
-config's name, or from a factory (``simulate(model=...)``). Training goes through the same
-public functions a user's app calls: :func:`dq_flower.client.dq_train`,
-:func:`dq_flower.client.gradient_train` and :func:`dq_flower.client.evaluate`.
-
-A DQ data round with the ``uniform`` scorer and no compensation needs no PyTorch here: a
-SuperNode without it serves such rounds from its ``data-file`` (a node with PyTorch builds
-the model, so that ``scorer="auto"`` may score with it). Every other handler (a
-model-needing DQ knob, the gradient baselines, FedAvg, federated evaluation) imports
-PyTorch first and, where it is missing, fails before any work with a reply naming the knob.
+A node's data comes from its node config (``data-file``, else ``partition-id`` of the named
+data set), its model from the run config's name or a factory (``simulate(model=...)``). A
+DQ data round with the ``uniform`` scorer and no compensation needs no PyTorch; every
+other handler imports it first and, where it is missing, fails naming the knob.
 """
 
 from __future__ import annotations
@@ -51,10 +44,9 @@ def _task(msg: Message) -> tuple[dict[str, Any], TaskConfig]:
 
 @contextmanager
 def _threads(torch: Any, context: Context) -> Iterator[None]:
-    """Give PyTorch the node config's ``num-threads`` (default 1) for one call.
+    """Give PyTorch the node config's ``num-threads`` (default 1) for one call, then restore.
 
-    The previous count comes back afterwards: in the in-process engine the server shares
-    this process, and its training must not depend on which rounds a client ran before.
+    In the in-process engine the server shares this process and must not depend on it.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, int(context.node_config.get("num-threads", 1))))
@@ -69,9 +61,7 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
     app = ClientApp()
 
     def model_for(task: TaskConfig) -> torch.nn.Module:
-        if model_factory is not None:
-            return model_factory()
-        return build_model(task, task_info(task))
+        return build_model(task, task_info(task)) if model_factory is None else model_factory()
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -83,12 +73,10 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
             knob = model_knob(config) or config.get(RUN_MODEL_KNOB_KEY)
             if knob is None and MODEL_KEY in msg.content.array_records:
                 knob = "the model the server sent"
-            if knob is None:  # a model-free round: no thread setting, PyTorch optional
-                # under scorer "auto" a node with PyTorch holds the model, to score with it
+            if knob is None:  # model-free; under scorer "auto" a node with PyTorch scores
                 holds = bool(config.get(AUTO_SCORER_KEY)) and torch_available()
                 x, y = client_data(context, task)
                 return dq_train(msg, context, (x, y), model=model_for(task) if holds else None)
-            # before any work: name the knob where PyTorch is missing
             with _threads(require_torch(knob), context):
                 x, y = client_data(context, task)
                 return dq_train(msg, context, (x, y), model=model_for(task))

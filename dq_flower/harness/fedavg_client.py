@@ -1,9 +1,7 @@
 """Client side of Flower's FedAvg: E local epochs of SGD, reply the float32 weights.
 
-The message is the one ``flwr.serverapp.strategy.FedAvg`` builds: the model as an
-``ArrayRecord`` of the state dict under ``arrays`` and the train config under ``config``.
-The reply carries exactly one ``ArrayRecord`` (the new state dict) and one ``MetricRecord``
-with ``num-examples`` (the partition size, FedAvg's weight) and ``train-loss``.
+The reply carries the new state dict under ``arrays`` and a ``MetricRecord`` with
+``num-examples`` (FedAvg's weight) and ``train-loss``.
 """
 
 from __future__ import annotations
@@ -62,10 +60,7 @@ def fedavg_train(msg: Message, context: Context, x: np.ndarray, y: np.ndarray,
     model.load_state_dict(cast(ArrayRecord, msg.content[ARRAYS_KEY]).to_torch_state_dict())
     loss = local_epochs(model, x, y, cfg, round_rng(seed, server_round, node, Purpose.SHUFFLE),
                         loss_fn)
-    metrics = MetricRecord({
-        "num-examples": int(x.shape[0]),
-        "train-loss": loss,
-        "client-time-s": time.perf_counter() - t0,
-    })
+    metrics = MetricRecord({"num-examples": int(x.shape[0]), "train-loss": loss,
+                            "client-time-s": time.perf_counter() - t0})
     content = RecordDict({ARRAYS_KEY: state_arrays(model), "metrics": metrics})
     return Message(content=content, reply_to=msg)

@@ -1,9 +1,4 @@
-"""An in-process ``Grid`` that calls a ``ClientApp`` directly: fast tests, no Ray.
-
-Each node keeps its own ``Context`` (so ``Context.state`` persists across rounds, as in a
-real SuperNode) and a ``node_config`` with ``partition-id`` and ``num-partitions``. A node
-listed in ``failing`` answers every message with an error reply, as a crashed client would.
-"""
+"""An in-process ``Grid`` that calls a ``ClientApp`` directly: fast tests, no Ray."""
 
 from __future__ import annotations
 
@@ -19,6 +14,8 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from dq_flower.accounting import round_of
+
 __all__ = ["InProcessGrid", "NODE_ID_BASE"]
 
 #: Id of the first node (the SuperLink itself is node 1).
@@ -27,6 +24,9 @@ NODE_ID_BASE = 101
 
 class InProcessGrid(Grid):
     """Deliver messages to ``client_app`` in this process, one ``Context`` per node.
+
+    Each node's ``Context.state`` persists across rounds, as in a SuperNode, and its
+    ``node_config`` has ``partition-id`` and ``num-partitions``.
 
     Parameters
     ----------
@@ -59,7 +59,7 @@ class InProcessGrid(Grid):
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             for node, ctx in self.contexts.items():
-                path = self.state_dir / f"node-{node}.bin"
+                path = self._state_path(node)
                 if path.exists():
                     proto = ProtoRecordDict()
                     proto.ParseFromString(path.read_bytes())
@@ -95,8 +95,7 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_message_id"] = f"m{self._counter}"
             self.sent.append(msg)
             node = msg.metadata.dst_node_id
-            rnd = _round(msg)
-            if self.failing is not None and self.failing(rnd, node):
+            if self.failing is not None and self.failing(round_of(msg) or 0, node):
                 replies.append(Message(Error(code=0, reason="simulated failure"), reply_to=msg))
                 continue
             try:
@@ -108,17 +107,11 @@ class InProcessGrid(Grid):
             self._persist(node)
         return replies
 
+    def _state_path(self, node: int) -> Path:
+        return cast(Path, self.state_dir) / f"node-{node}.bin"
+
     def _persist(self, node: int) -> None:
-        if self.state_dir is None:
-            return
-        path = self.state_dir / f"node-{node}.bin"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(recorddict_to_proto(self.contexts[node].state).SerializeToString())
-        os.replace(tmp, path)
-
-
-def _round(msg: Message) -> int:
-    for record in msg.content.config_records.values():
-        if "server-round" in record:
-            return int(cast(int, record["server-round"]))
-    return 0
+        if self.state_dir is not None:
+            tmp = self._state_path(node).with_suffix(".tmp")
+            tmp.write_bytes(recorddict_to_proto(self.contexts[node].state).SerializeToString())
+            os.replace(tmp, self._state_path(node))

@@ -1,8 +1,7 @@
-"""The table of training methods: :class:`Method` and :func:`register_method`.
+"""The table of training methods: builders register here, lookups go through ``methods``.
 
-Builders register themselves here (:mod:`dq_flower.harness.methods_builtin`); callers look
-methods up through :mod:`dq_flower.harness.methods`, which imports the built-in ones first,
-so a lookup never misses a method.
+:mod:`dq_flower.harness.methods` imports :mod:`~dq_flower.harness.methods_builtin` first,
+so a lookup never misses a built-in method.
 """
 
 from __future__ import annotations
@@ -25,17 +24,13 @@ class Family:
     ----------
     name : str
         ``dq``, ``gradient`` (:class:`dq_flower.GradientStrategy`), ``fedavg`` (Flower's
-        ``FedAvg``) or ``compressed`` (Flower's ``FedAvg`` in
-        :class:`dq_flower.CompressedUpdates`, the client's epoch through
-        :func:`dq_flower.compression_mod`).
+        ``FedAvg``) or ``compressed`` (``FedAvg`` in :class:`dq_flower.CompressedUpdates`).
     payload_unit : str
-        How the summary counts the uplink: ``sample`` (DQ's coded samples), ``coord`` (coded
-        updates: payload bits per model coordinate and coded reply) or ``wire`` (float32
-        weights: the message bytes as Flower sends them).
-    coded : bool
-        Whether the uploads pass the lossless ``entropy-coder`` stage.
-    epoch_rounds : bool
-        Whether every round is a local epoch (tuning's ``--tune-epoch-rounds`` horizon).
+        How the summary counts the uplink: ``sample`` (DQ's coded samples), ``coord`` (bits
+        per model coordinate and coded reply) or ``wire`` (the float32 message bytes).
+    coded, epoch_rounds : bool
+        Whether the uploads pass the lossless ``entropy-coder`` stage; whether every round is
+        a local epoch (tuning's ``--tune-epoch-rounds`` horizon).
     """
 
     name: str
@@ -68,15 +63,12 @@ class Method:
 
     Attributes
     ----------
-    name : str
-        Public name (``dq``, ``fedavg``, ``qsgd``, ...).
-    family : str
-        Name of its :class:`Family` (``dq``, ``gradient``, ``fedavg``, ``compressed``).
+    name, family : str
+        Public name (``dq``, ``fedavg``, ``qsgd``, ...) and its :class:`Family`'s name.
     config_cls : type
         Typed config dataclass of the method's knobs.
     client_config_cls : type or None
-        Typed config of knobs that only its clients read, where ``config_cls`` does not
-        hold them (the ``compressed`` family: FedAvg's local training), checked with it.
+        Typed config of knobs only its clients read, where ``config_cls`` lacks them.
     build : callable
         ``build(task, run_config, model, info) -> (strategy, train_config)``.
     defaults : mapping
@@ -101,10 +93,8 @@ class Method:
     def merged(self, run_config: Mapping[str, Any]) -> dict[str, Any]:
         """``run_config`` over this method's defaults.
 
-        A run-config value that means "not set" (:func:`not_set_values`: ``levels = 0``,
-        ``downlink = "auto"``, ...) does not replace the method's own default, so that
-        ``pyproject.toml`` can list every knob while ``fedavg-qsgd2`` keeps its
-        ``levels = 1``.
+        A value meaning "not set" (:func:`not_set_values`) keeps the method's own default, so
+        ``pyproject.toml`` can list every knob while ``fedavg-qsgd2`` keeps ``levels = 1``.
         """
         out = dict(self.defaults)
         unset = not_set_values()
@@ -116,14 +106,10 @@ class Method:
 
 
 def not_set_values() -> dict[str, list[Any]]:
-    """Run-config key -> the values that mean "not set" for it.
+    """Run-config key -> the values that mean "not set" for it, for any registered method.
 
-    The "not set" spellings the config fields of every registered method declare
-    (:func:`dq_flower.config.knob`'s ``unset``): one run config lists the knobs of every
-    method, each key once, so a spelling holds for the key whichever method runs. The
-    ``clip-factor``, ``weight-cap`` and ``min-cosine`` listed at the robust mean's defaults
-    (:class:`dq_flower.knobs.RobustConfig`) thus leave the ``fedavg-*`` methods their plain
-    mean, and ``downlink = "auto"`` (the gradient baselines') their own downlinks.
+    The spellings the config fields declare (:func:`dq_flower.config.knob`'s ``unset``),
+    e.g. the robust mean's defaults leave the ``fedavg-*`` methods their plain mean.
     """
     out: dict[str, list[Any]] = {}
     for method in METHODS.values():

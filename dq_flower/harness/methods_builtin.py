@@ -18,16 +18,11 @@ from dq_flower.harness.runtime import TaskInfo
 from dq_flower.harness.task_config import CLIENT_TASK_KEYS, TaskConfig
 from dq_flower.wire.dq_batch import DataSpec
 
-# The client app imports this module (through ``methods``) on devices without PyTorch, so
-# each builder imports its strategy, which needs PyTorch, when it runs on the server.
+# Client devices without PyTorch import this module: builders import their strategies.
 
 
 def client_task_config(task: TaskConfig, method: str) -> ConfigRecord:
-    """The config the package's ClientApp needs to find its data and model.
-
-    The method name and the task keys that differ from their defaults; never server paths
-    such as checkpoints.
-    """
+    """The method name and the task keys (not at their defaults) the ClientApp needs."""
     record = to_config_record(task)
     out = ConfigRecord({"method": method})
     for key in CLIENT_TASK_KEYS:
@@ -39,10 +34,9 @@ def client_task_config(task: TaskConfig, method: str) -> ConfigRecord:
 @register_method("dq", family="dq", config_cls=DQConfig)
 def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
     """Data quantization: the public :class:`dq_flower.DQStrategy` on the harness's model."""
-    from dq_flower.dq.server.strategy import DQStrategy  # the server side needs torch; see above
+    from dq_flower.dq.server.strategy import DQStrategy  # PyTorch: see above
 
-    # The harness knows its named data set's layout; with dataset "none" the server learns
-    # it from the first data round's replies, as a user's app does.
+    # with dataset "none" the server learns the layout from the first data round's replies
     spec = None
     if task.dataset != "none":
         spec = DataSpec(info.input_shape, "class" if info.num_classes else "float",
@@ -55,28 +49,19 @@ def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskI
     return strategy, client_task_config(task, "dq")
 
 
-# ------------------------------------------------------------------------------ baselines
-
 
 @register_method("fedavg", family="fedavg", config_cls=FedAvgConfig)
 def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
     """Flower's own ``FedAvg`` (float32 weights, E local epochs), configured, not rewritten.
 
-    Central evaluation is done by the server app's ``evaluate_fn``, so
-    ``fraction_evaluate`` is 0. FedAvg samples ``max(int(fraction_train * connected), 1)``
-    of the connected nodes (``min_train_nodes=1``: a larger minimum would make it wait for
-    nodes that may never connect). It samples with Python's global ``random`` module,
-    which is seeded here with the run seed so runs are reproducible.
+    ``min_train_nodes=1``: a larger minimum would wait for nodes that may never connect.
+    FedAvg samples with Python's global ``random``, seeded here with the run seed.
     """
     knobs = from_mapping(FedAvgConfig, run_config)
     random.seed(task.seed)
-    strategy = FedAvg(
-        fraction_train=task.fraction_train,
-        fraction_evaluate=task.fraction_evaluate,
-        min_train_nodes=1,
-        min_evaluate_nodes=1,
-        min_available_nodes=task.min_available,
-    )
+    strategy = FedAvg(fraction_train=task.fraction_train,
+                      fraction_evaluate=task.fraction_evaluate, min_train_nodes=1,
+                      min_evaluate_nodes=1, min_available_nodes=task.min_available)
     config = client_task_config(task, "fedavg")
     for key, value in to_config_record(knobs).items():
         config[key] = value
@@ -87,29 +72,19 @@ def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: T
 #: ``dq_flower.baselines.config.CODEC_DEFAULTS``; ``signsgd``'s aggregation (majority
 #: vote), downlink (1-bit vote) and error feedback (off) follow from its ``sign`` codec.
 GRADIENT_METHODS: dict[str, dict[str, Any]] = {
-    "sgd": {"codec": "identity"},
-    "fp16": {"codec": "fp16"},
-    "qsgd": {"codec": "qsgd"},
-    "terngrad": {"codec": "terngrad"},
-    "signsgd": {"codec": "sign", "lr": 0.005},
-    "ef-signsgd": {"codec": "ef-sign"},
-    "topk": {"codec": "topk"},
-    "powersgd": {"codec": "powersgd"},
-    "bingrad": {"codec": "bingrad"},
-    "orq": {"codec": "orq"},
+    "sgd": {"codec": "identity"}, "fp16": {"codec": "fp16"}, "qsgd": {"codec": "qsgd"},
+    "terngrad": {"codec": "terngrad"}, "signsgd": {"codec": "sign", "lr": 0.005},
+    "ef-signsgd": {"codec": "ef-sign"}, "topk": {"codec": "topk"},
+    "powersgd": {"codec": "powersgd"}, "bingrad": {"codec": "bingrad"}, "orq": {"codec": "orq"},
 }
 
 
-#: FedAvg with a compressed update, as a Flower user builds it: Flower's own ``FedAvg`` in
-#: :class:`dq_flower.CompressedUpdates`, each client's local epoch (``local-epochs``,
-#: ``client-lr``: FedAvg's client) uploaded through :func:`dq_flower.compression_mod` as the
-#: coded difference of its weights. QSGD at 2 bits (``levels`` 1: codes -1, 0, 1) and 4 bits
-#: (``levels`` 7), scaled sign with error feedback, top 1 % with error feedback, IEEE half
-#: precision both ways, and float32 (``fedavg-fp32``: Flower's FedAvg round for round, its
-#: upload given the lossless ``entropy-coder`` stage). Like Flower's ``FedAvg`` they take the
-#: plain example-weighted mean (``clip-factor`` and ``weight-cap`` 0, ``min-cosine`` -1:
-#: no direction screen; the wrapper's norm screen stays), so the comparison is against
-#: FedAvg itself.
+#: FedAvg with a compressed update, as a Flower user builds it: ``FedAvg`` in
+#: :class:`dq_flower.CompressedUpdates`, each client's local epoch uploaded through
+#: :func:`dq_flower.compression_mod` as the coded difference of its weights (``levels`` 1:
+#: 2-bit QSGD, 7: 4-bit; ``fedavg-fp32``: FedAvg round for round, with the lossless
+#: ``entropy-coder`` stage). Like ``FedAvg`` they take the plain example-weighted mean
+#: (no clipping, weight cap or direction screen; the wrapper's norm screen stays).
 FEDAVG_EPOCH = {"local-epochs": 1, "clip-factor": 0.0, "weight-cap": 0.0,
                 "min-cosine": -1.0, "downlink": "float32"}
 FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
@@ -124,7 +99,7 @@ FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
 
 def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
     def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
-        from dq_flower.baselines.strategy import GradientStrategy  # needs torch; see above
+        from dq_flower.baselines.strategy import GradientStrategy  # PyTorch: see above
 
         cfg = from_mapping(GradientConfig, run_config)
         strategy = GradientStrategy(model, seed=task.seed, fraction_train=task.fraction_train,
@@ -140,7 +115,7 @@ def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
 
 def _register_compressed(name: str, defaults: Mapping[str, Any]) -> None:
     def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
-        from dq_flower.compression.strategy import CompressedUpdates  # needs torch; see above
+        from dq_flower.compression.strategy import CompressedUpdates  # PyTorch: see above
 
         inner, config = build_fedavg(task, run_config, model, info)
         config["method"] = name

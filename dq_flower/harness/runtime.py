@@ -1,8 +1,7 @@
 """The harness's glue: named tasks to models and to each node's own data.
 
-Everything here knows the harness's named data sets and models; the plugin (strategies,
-client functions) never imports it. PyTorch is imported only where a model is built, so a
-node's data (its ``data-file``) loads without it.
+The plugin never imports it. PyTorch is imported only where a model is built, so a node's
+data (its ``data-file``) loads without it.
 """
 
 from __future__ import annotations
@@ -27,16 +26,8 @@ from dq_flower.harness.tasks.data import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "TaskInfo",
-    "ModelFactory",
-    "task_info",
-    "node_partition",
-    "client_data",
-    "client_eval_data",
-    "build_model",
-    "model_factory",
-]
+__all__ = ["TaskInfo", "ModelFactory", "task_info", "node_partition", "client_data",
+           "client_eval_data", "build_model", "model_factory"]
 
 #: ``factory() -> nn.Module``: a user's model given to ``simulate`` instead of a name.
 ModelFactory = Callable[[], "torch.nn.Module"]
@@ -44,10 +35,7 @@ ModelFactory = Callable[[], "torch.nn.Module"]
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """What the harness knows about a task's data: classes, sample shape, dimension.
-
-    ``num_classes`` is 0 for float (regression) targets, whose width is ``target_dim``.
-    """
+    """A task's data: classes (0 for float targets, ``target_dim`` wide), sample shape, d."""
 
     num_classes: int
     input_shape: tuple[int, ...]
@@ -71,10 +59,10 @@ def _parse_shape(text: str) -> tuple[int, ...]:
 
 
 def task_info(task: TaskConfig) -> TaskInfo:
-    """Describe the task's data (loads the named data set once per process).
+    """Describe the task's data (the named data set, loaded once per process).
 
-    With ``dataset = "none"`` (a server that holds no data: every node brings its own
-    ``data-file``) the run config's ``input-shape`` and ``num-classes`` describe it.
+    With ``dataset = "none"`` (every node brings its own ``data-file``) the run config's
+    ``input-shape`` and ``num-classes`` describe it.
     """
     if task.dataset == "none":
         shape = _parse_shape(task.input_shape)
@@ -101,39 +89,39 @@ def node_partition(context: Context, task: TaskConfig) -> tuple[int, int]:
     return pid, num
 
 
-def _shaped(x: np.ndarray, task: TaskConfig, info: TaskInfo | None) -> np.ndarray:
-    shape = info.input_shape if info is not None else ()
+def _shaped(x: np.ndarray, task: TaskConfig) -> np.ndarray:
+    shape = task_info(task).input_shape
     if shape and x.ndim == 2 and len(shape) > 1 and x.shape[1] == math.prod(shape):
         return x.reshape(x.shape[0], *shape)
     return x
 
 
-def client_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The node's own training rows ``(x, y)``, never the whole data set.
+def _data_dir(context: Context, task: TaskConfig) -> str | None:
+    return str(context.node_config.get("data-dir", "")) or task.data_dir or None
 
-    A node whose config names a ``data-file`` uses that file as it is (no partitioning, no
-    shared copy); otherwise it takes its partition of the named data set, with samples in
-    their shape (``(n, C, H, W)`` for images).
+
+def client_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The node's own training rows ``(x, y)``: its ``data-file`` as it is, else its partition.
+
+    The partition's samples are in their shape (``(n, C, H, W)`` for images).
     """
     path = str(context.node_config.get("data-file", ""))
     if path:
         data = load_node_data(path)
         return data.train_x, data.train_y
     pid, num = node_partition(context, task)
-    data_dir = str(context.node_config.get("data-dir", "")) or task.data_dir or None
     x, y, _ = load_partition(task.dataset, pid, num, task.partition, task.dirichlet_alpha,
-                             task.seed, data_dir,
+                             task.seed, _data_dir(context, task),
                              validation_fraction=task.validation_fraction,
                              train_rows=task.train_rows)
-    return _shaped(x, task, task_info(task)), y
+    return _shaped(x, task), y
 
 
 def client_eval_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The node's held-out rows for federated evaluation.
+    """The node's held-out rows: its ``data-file``'s ``x_test``/``y_test``, else its share.
 
-    The ``x_test``/``y_test`` of its ``data-file``, or its share (every ``num``-th row from
-    ``partition-id``) of the named data set's test split (its validation rows with
-    ``validation-fraction``).
+    The share is every ``num``-th row from ``partition-id`` of the test split (the
+    validation rows with ``validation-fraction``).
     """
     path = str(context.node_config.get("data-file", ""))
     if path:
@@ -142,15 +130,14 @@ def client_eval_data(context: Context, task: TaskConfig) -> tuple[np.ndarray, np
             raise ValueError(f"{path} holds no x_test/y_test for federated evaluation")
         return data.test_x, data.test_y
     pid, num = node_partition(context, task)
-    data_dir = str(context.node_config.get("data-dir", "")) or task.data_dir or None
-    ds = load_task_dataset(task.dataset, data_dir, task.seed, task.validation_fraction,
-                           task.train_rows, task.test_rows)
-    return _shaped(ds.test_x[pid::num], task, task_info(task)), ds.test_y[pid::num]
+    ds = load_task_dataset(task.dataset, _data_dir(context, task), task.seed,
+                           task.validation_fraction, task.train_rows, task.test_rows)
+    return _shaped(ds.test_x[pid::num], task), ds.test_y[pid::num]
 
 
 def build_model(task: TaskConfig, info: TaskInfo) -> torch.nn.Module:
     """The task's named model, initialised from the run seed, on the task's device."""
-    # PyTorch loads here, when a model is built: a node's data loads without it
+    # PyTorch: loaded only where a model is built
     from dq_flower.harness.tasks.models import make_model
     from dq_flower.model_ops import resolve_device
 
@@ -161,9 +148,8 @@ def build_model(task: TaskConfig, info: TaskInfo) -> torch.nn.Module:
 def model_factory(model: object) -> ModelFactory | None:
     """A factory for ``simulate(model=...)``: ``None`` for a model name.
 
-    An ``nn.Module`` instance is copied (``copy.deepcopy``) each time; a class or any
-    callable returning an ``nn.Module`` is called. Under Ray the factory is pickled to the
-    workers, so it must be importable there (a module-level class or function).
+    An ``nn.Module`` is deep-copied each time; a class or callable returning one is called
+    (under Ray it must be importable on the workers).
     """
     import torch  # only when a simulation starts: client devices import this module
 
@@ -176,4 +162,3 @@ def model_factory(model: object) -> ModelFactory | None:
         return model
     raise TypeError("model must be a model name, an nn.Module, or a callable returning one; "
                     f"got {type(model).__name__}")
-

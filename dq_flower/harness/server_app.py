@@ -1,9 +1,10 @@
-"""The package's ``ServerApp``: builds the method's public strategy from the run config.
+"""The package's ``ServerApp``: the method's public strategy, built from the run config.
 
-Every message is measured (:class:`~dq_flower.MeasuredGrid`), the global model is evaluated
-on the held-out test set after every round (or by the clients, with
-``fraction-evaluate``), and the server's state can be checkpointed every few rounds so that
-a killed run resumes where it stopped.
+Every message is measured (:class:`~dq_flower.MeasuredGrid`), the model is evaluated after
+every round (centrally, or by the clients with ``fraction-evaluate``) and the server's state
+is checkpointed every few rounds, so that a killed run resumes where it stopped. Each
+history row carries the round's time (:func:`round_timing`), which
+:mod:`dq_flower.compare.links` turns into the time a round takes on a given link.
 """
 
 from __future__ import annotations
@@ -23,15 +24,18 @@ from dq_flower.accounting import Ledger, MeasuredGrid
 from dq_flower.harness.checkpoint import load_latest, save_atomic
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.methods import get_method, validate_run_config
-from dq_flower.harness.round_timing import round_timing
 from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_task_dataset
-from dq_flower.model_ops import evaluate, num_params, state_arrays
+from dq_flower.model_ops import evaluate, inference, num_params, state_arrays
 from dq_flower.server.base import DrivenStrategy, ServerFigures
 from dq_flower.server.common import FailureWatch
 
-__all__ = ["app", "run_server", "validate_run_config", "prepare_model"]
+__all__ = ["app", "run_server", "validate_run_config", "prepare_model", "CLIENT_TIME_KEY",
+           "reply_compute_s", "round_timing"]
+
+#: Metric every client handler of this package puts in its reply.
+CLIENT_TIME_KEY = "client-time-s"
 
 
 def prepare_model(task: TaskConfig, info: TaskInfo,
@@ -49,16 +53,12 @@ def prepare_model(task: TaskConfig, info: TaskInfo,
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model factory returned {type(model).__name__}, not an nn.Module")
     dev = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
+        with inference(model):
             out = model(torch.zeros((2, *info.input_shape), device=dev))
     except Exception as exc:  # noqa: BLE001  (any error: the model cannot take the samples)
         raise ValueError(f"model: it does not accept samples of shape {info.input_shape}: "
                          f"{type(exc).__name__}: {exc}") from None
-    finally:
-        model.train(was_training)
     width = math.prod(out.shape[1:])
     if out.shape[0] != 2 or width != info.outputs:
         raise ValueError(f"model: output of shape {tuple(out.shape)} for 2 samples; the task "
@@ -66,39 +66,17 @@ def prepare_model(task: TaskConfig, info: TaskInfo,
     return model
 
 
-def _count(value: Any) -> int:
-    """A metric read as a whole count (0 where absent or not finite)."""
-    number = float(value or 0)
-    return int(number) if math.isfinite(number) else 0
-
-
-def _row(rnd: int, mark: dict[str, float], ledger: Ledger, metrics) -> dict[str, Any]:
-    row: dict[str, Any] = {"round": rnd, **mark}
-    row["up_bytes"] = ledger.round_bytes("up", rnd)
-    row["down_bytes"] = ledger.round_bytes("down", rnd)
-    row["cum_up_bytes"] = ledger.total_bytes("up", rnd)
-    row["cum_down_bytes"] = ledger.total_bytes("down", rnd)
-    for key, value in (metrics or {}).items():
-        row.setdefault(key.replace("-", "_"), value)
-    return row
-
-
-def run_server(
-    grid: Grid,
-    run_config: Mapping[str, Any],
-    on_round: Callable[[dict[str, Any]], None] | None = None,
-    model_factory: ModelFactory | None = None,
-) -> RunResult:
+def run_server(grid: Grid, run_config: Mapping[str, Any],
+               on_round: Callable[[dict[str, Any]], None] | None = None,
+               model_factory: ModelFactory | None = None) -> RunResult:
     """Run one method to completion on ``grid`` and return its measured history.
 
-    The loop is Flower's ``Strategy.start`` (configure, send and receive, aggregate,
-    federated evaluation, central evaluation) with two additions: the server's state is
-    checkpointed every ``checkpoint-every`` rounds into ``checkpoint-dir`` (a run finding a
-    checkpoint there resumes after its round), and ``on_round(row)`` is called with each
-    history row. A run whose every sampled client fails ``max-failed-rounds`` rounds in a
-    row raises :class:`~dq_flower.server.common.ClientFailureError`. Each row also carries
-    the round's measured compute and bytes per client and the server's compute
-    (:mod:`dq_flower.harness.round_timing`).
+    Flower's ``Strategy.start`` loop, plus: the state is checkpointed every
+    ``checkpoint-every`` rounds into ``checkpoint-dir`` (a run finding a checkpoint there
+    resumes after its round) and ``on_round(row)`` gets each history row, which also carries
+    the round's timing (:func:`round_timing`). Raises
+    :class:`~dq_flower.server.common.ClientFailureError` when every sampled client fails
+    ``max-failed-rounds`` rounds in a row.
     """
     method = get_method(str(run_config.get("method", "dq")))
     run_config = method.merged(run_config)
@@ -124,6 +102,38 @@ def run_server(
         if ended:
             break
     return RunResult(method.name, dict(run_config), run.history, num_params(model), info.dim)
+
+
+def reply_compute_s(msg: Message) -> float | None:
+    """A reply's ``client-time-s`` (``None`` if missing, not finite or negative)."""
+    if msg.has_error():
+        return None
+    for record in msg.content.metric_records.values():
+        value = record.get(CLIENT_TIME_KEY)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and value >= 0:
+            return float(value)
+    return None
+
+
+def round_timing(replies: Iterable[Message], ledger: Ledger, server_round: int,
+                 server_compute_s: float) -> dict[str, Any]:
+    """The timing fields of one round's history row.
+
+    ``client_time_s`` (the slowest reply's ``client-time-s``, as each client measured its
+    handler; 0 without replies), ``server_compute_s`` (``configure_train`` plus
+    ``aggregate_train``, measured by the harness for every method)
+    and ``clients`` (``[client_time_s, down_bytes, up_bytes]`` per
+    replying node, by node id, bytes read from ``ledger``; no metric counts 0 s).
+    """
+    down = ledger.down.get(server_round, {})
+    up = ledger.up.get(server_round, {})
+    clients = [[reply_compute_s(msg) or 0.0, int(down.get(msg.metadata.src_node_id, 0)),
+                int(up.get(msg.metadata.src_node_id, 0))]
+               for msg in sorted((m for m in replies if not m.has_error()),
+                                 key=lambda m: m.metadata.src_node_id)]
+    return {"client_time_s": max((c[0] for c in clients), default=0.0),
+            "server_compute_s": float(server_compute_s), "clients": clients}
 
 
 class _ServerRun:
@@ -211,12 +221,20 @@ class _ServerRun:
         for key, value in (fed or {}).items():
             mark["fed_" + key.replace("-", "_")] = value
         mark["wall_s"] = time.perf_counter() - self.t_start
-        row = _row(rnd, mark, self.ledger, metrics)
+        ledger = self.ledger
+        row: dict[str, Any] = {
+            "round": rnd, **mark, "up_bytes": ledger.round_bytes("up", rnd),
+            "down_bytes": ledger.round_bytes("down", rnd),
+            "cum_up_bytes": ledger.total_bytes("up", rnd),
+            "cum_down_bytes": ledger.total_bytes("down", rnd)}
+        for key, value in (metrics or {}).items():
+            row.setdefault(key.replace("-", "_"), value)
         self.history.append(row)
+        replies = float(row.get("replies") or 0)
         # `dq-flower deploy run` reads the bytes and replies of this line from the stream
         log(INFO, "[%s] round %d/%d: accuracy %.4f, loss %.4f, up %d B, down %d B, replies %d",
             self.name, rnd, task.num_server_rounds, row["accuracy"], row["loss"],
-            row["up_bytes"], row["down_bytes"], _count(row.get("replies")))
+            row["up_bytes"], row["down_bytes"], int(replies) if math.isfinite(replies) else 0)
         if last and rnd < task.num_server_rounds:
             row["ended_early"] = True
             log(INFO, "[%s] ended early after round %d: %s", self.name, rnd,
@@ -240,32 +258,29 @@ class _ServerRun:
 
 
 class FlowerStrategy(ServerFigures):
-    """One of Flower's own strategies (``FedAvg``) as the harness drives the package's.
+    """One of Flower's own strategies (``FedAvg``), driven as the package's are.
 
-    Stateless between rounds as far as a resumed run is concerned, never finished early;
-    the harness watches its failures.
+    Stateless for a resumed run, never finished early; the harness watches its failures.
     """
 
     def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(self, *args: Any) -> Iterable[Message]:
         """The inner strategy's train messages."""
-        return self.strategy.configure_train(server_round, arrays, config, grid)
+        return self.strategy.configure_train(*args)
 
-    def aggregate_round(self, server_round: int, replies: Iterable[Message]):
+    def aggregate_round(self, *args: Any):
         """The inner strategy's aggregate."""
-        return self.strategy.aggregate_train(server_round, replies)
+        return self.strategy.aggregate_train(*args)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
-                           config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(self, *args: Any) -> Iterable[Message]:
         """The inner strategy's evaluate messages."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        return self.strategy.configure_evaluate(*args)
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+    def aggregate_evaluate(self, *args: Any):
         """The inner strategy's evaluation aggregate."""
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        return self.strategy.aggregate_evaluate(*args)
 
 
 app = ServerApp()

@@ -22,28 +22,25 @@ from dq_flower.harness.tasks.data import from_arrays, save_npz
 __all__ = ["simulate", "build_run_config"]
 
 
-def build_run_config(
-    method: str = "dq",
-    dataset: Any = "digits",
-    model: Any = "mlp",
-    num_clients: int = 4,
-    rounds: int = 5,
-    seed: int = 0,
-    **knobs: Any,
-) -> dict[str, Any]:
-    """The hyphenated run config ``simulate`` would use; validates every knob first.
+def build_run_config(method: str = "dq", dataset: Any = "digits", model: Any = "mlp",
+                     num_clients: int = 4, rounds: int = 5, seed: int = 0, **knobs: Any
+                     ) -> dict[str, Any]:
+    """The hyphenated run config ``simulate`` would use, every knob checked.
 
-    A dataset given as numpy arrays is written to a temporary ``.npz`` file that the
-    clients read (``npz:<path>``).
-
-    Unknown knobs raise ``ValueError`` naming them; bad values raise ``ValueError`` naming
-    the key (see :mod:`dq_flower.config`).
+    Numpy arrays as ``dataset`` are written to a temporary ``.npz`` (``npz:<path>``). An
+    unknown knob or a bad value raises ``ValueError`` naming the key.
     """
     spec = get_method(method)
     if not isinstance(model, str):
         model = "custom"  # the model itself travels as a factory (see simulate)
     if not isinstance(dataset, str):
-        dataset = _dataset_arg(dataset, seed, tempfile.mkdtemp(prefix="dq-flower-"))
+        if not (isinstance(dataset, Sequence) and len(dataset) in (2, 4)):
+            raise ValueError("dataset must be a name or a tuple (X, y) or (X, y, X_test, y_test)")
+        arrays = [np.asarray(a) for a in dataset]
+        x_test, y_test = (arrays[2], arrays[3]) if len(arrays) == 4 else (None, None)
+        ds = from_arrays(arrays[0], arrays[1], x_test, y_test, seed=seed)
+        npz = os.path.join(tempfile.mkdtemp(prefix="dq-flower-"), "dataset.npz")
+        dataset = "npz:" + str(save_npz(ds, npz))
     allowed = field_keys(TaskConfig) | spec.knob_keys()
     run_config: dict[str, Any] = {
         "method": method, "dataset": dataset, "model": model,
@@ -56,17 +53,6 @@ def build_run_config(
         run_config[key] = value
     validate_run_config(run_config)
     return run_config
-
-
-def _dataset_arg(dataset: Any, seed: int, workdir: str) -> str:
-    if isinstance(dataset, str):
-        return dataset
-    if isinstance(dataset, Sequence) and len(dataset) in (2, 4):
-        arrays = [np.asarray(a) for a in dataset]
-        x_test, y_test = (arrays[2], arrays[3]) if len(arrays) == 4 else (None, None)
-        ds = from_arrays(arrays[0], arrays[1], x_test, y_test, seed=seed)
-        return "npz:" + str(save_npz(ds, os.path.join(workdir, "dataset.npz")))
-    raise ValueError("dataset must be a name or a tuple (X, y) or (X, y, X_test, y_test)")
 
 
 def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", num_clients: int = 4,
@@ -126,8 +112,7 @@ def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", nu
         Every sampled client failed ``max_failed_rounds`` (default 3) rounds in a row; the
         message quotes the first client error.
     """
-    # Ray (flwr.simulation) and the server side (PyTorch) load only when a simulation runs:
-    # ``import dq_flower`` imports this module, on client devices too
+    # Ray and the server side (PyTorch) load only here: client devices import this module
     from flwr.simulation import run_simulation
     backend_config = ray_backend_config(num_cpus_per_client, num_gpus_per_client, ray_address)
     server_app, client_app, holder = _apps(method, dataset, model, num_clients, rounds, seed,
@@ -137,27 +122,28 @@ def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", nu
         run_simulation(server_app=server_app, client_app=client_app,
                        num_supernodes=int(num_clients), verbose_logging=verbose,
                        backend_config=backend_config)
-    return _result(holder)
+    if "error" in holder:
+        raise holder["error"]
+    if "result" not in holder:
+        raise RuntimeError("the simulation ended without a result; see the log above")
+    return holder["result"]
 
 
 def _apps(method: str, dataset: Any, model: Any, num_clients: int, rounds: int, seed: int,
           knobs: dict[str, Any], on_round: Callable[[dict[str, Any]], None] | None
           ) -> tuple[Any, Any, dict[str, Any]]:
-    """The server and client apps of a checked run, and the dict the server's outcome lands in.
+    """The server and client apps of a run checked before the engine starts, and a holder.
 
-    Every knob and the model are checked here, before the engine starts. The server app
-    first waits until all ``num_clients`` nodes have registered (Flower's engine registers
-    them while the server app already runs), so round 1 samples from every client; then it
-    stores ``run_server``'s result under ``"result"``, or what it raised under ``"error"``.
+    The server app stores ``run_server``'s result in the holder under ``"result"``, or what
+    it raised under ``"error"``.
     """
-    from flwr.app import Context  # Flower's app side: loaded when a simulation or record needs it
-
     # Flower's server side: loaded when a simulation runs
+    from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
 
-    # the server side (PyTorch): loaded when a simulation runs
+    # the server side (PyTorch): likewise
     from dq_flower.harness.server_app import prepare_model, run_server
-    from dq_flower.server.common import wait_for_nodes  # the server side (PyTorch), likewise
+    from dq_flower.server.common import wait_for_nodes
 
     run_config = build_run_config(method, dataset, model, num_clients, rounds, seed, **knobs)
     factory = model_factory(model)
@@ -179,13 +165,3 @@ def _apps(method: str, dataset: Any, model: Any, num_clients: int, rounds: int, 
             raise
 
     return server_app, client_app, holder
-
-
-def _result(holder: dict[str, Any]) -> RunResult:
-    """The server app's result, or what it raised (re-raised here)."""
-    if "error" in holder:
-        raise holder["error"]
-    if "result" not in holder:
-        raise RuntimeError("the simulation ended without a result; see the log above")
-    return holder["result"]
-
