@@ -1,17 +1,8 @@
-"""Codec and Payload: the contract every codec follows.
+"""Codec and Payload: the contract every codec follows, and its one import path.
 
-A :class:`Codec` maps a float32 array to a :class:`Payload` (packed bytes plus side
-information) and back. A payload knows its exact wire size in bits (``nbits``) and travels
-inside a Flower ``ArrayRecord`` as raw bytes, with one small JSON header array.
-
-This module is the contract's one import path (``from .base import ...``, as every codec
-module does); its parts live in
-
-- :mod:`.payload`: :class:`Payload`, its wire record and its limits;
-- :mod:`.header`: the strict, bounded parser of a record's JSON header;
-- :mod:`.checks`: what decoders check of a payload before they allocate;
-- :mod:`.kernels`: numeric helpers (input checks, random draws, bucket loops);
-- :mod:`.errors`: :class:`PayloadError`.
+Its parts live in :mod:`.payload` (:class:`Payload`, wire record, limits), :mod:`.header`
+(the JSON header parser), :mod:`.checks` (decoder checks), :mod:`.kernels` (numeric
+helpers) and :mod:`.errors` (:class:`PayloadError`).
 """
 
 from __future__ import annotations

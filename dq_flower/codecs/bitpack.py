@@ -1,16 +1,9 @@
-"""Bit packing of small unsigned integer codes (widths 1 to 8) into uint8 bytes.
+"""Bit packing of unsigned codes of 1 to 8 bits into uint8 bytes, vectorised.
 
-Layout: codes are written most-significant bit first, code after code, with no padding
-between codes; only the final byte may carry up to 7 zero padding bits. Every width has a
-vectorised fast path (no per-element Python loops):
-
-- widths 1, 2 and 4 pack whole codes per byte (``np.packbits``, a multiply-shift on 32-bit
-  words, a shift-or on 16-bit words) and unpack through a 256-entry lookup table;
-- widths 3, 5, 6 and 7 pack groups of 8 codes into ``bits`` bytes through one 64-bit word;
-- width 8 is a copy.
-
-:func:`pack_wide` and :func:`unpack_wide` do the same for unsigned values of 1 to 32 bits
-(indices of sparse codecs).
+Codes are written most-significant bit first, without padding between codes; only the last
+byte may carry up to 7 zero padding bits. Widths 1, 2, 4 pack whole codes per byte and
+unpack through a 256-entry table; 3, 5, 6, 7 pack 8 codes into ``bits`` bytes via one
+64-bit word; 8 is a copy. :func:`pack_wide` / :func:`unpack_wide` take 1 to 32 bits.
 """
 
 from __future__ import annotations
@@ -124,11 +117,9 @@ def _lut(bits: int) -> np.ndarray:
 _LUT2 = _lut(2)
 _LUT4 = _lut(4)
 #: byte value -> its codes, shape (256, 8 // bits), for widths 1, 2 and 4.
-_BYTE_CODES = {
-    1: np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1),
-    2: _LUT2.view(np.uint8).reshape(256, 4),
-    4: _LUT4.view(np.uint8).reshape(256, 2),
-}
+_BYTE_CODES = {1: np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1),
+               2: _LUT2.view(np.uint8).reshape(256, 4),
+               4: _LUT4.view(np.uint8).reshape(256, 2)}
 
 
 def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:

@@ -10,8 +10,8 @@ import numpy as np
 from .errors import PayloadError
 from .payload import Payload, checked_shape
 
-__all__ = ["require_finite", "expect_buffer", "expect_floats", "meta_int", "meta_equal",
-           "expect_nbits", "expect_shape"]
+__all__ = ["require_finite", "expect_buffer", "expect_floats", "expect_stream", "meta_int",
+           "meta_equal", "expect_nbits", "expect_shape"]
 
 
 def require_finite(p: Payload, name: str, arr: np.ndarray) -> np.ndarray:
@@ -33,15 +33,21 @@ def expect_buffer(p: Payload, name: str, dtype: str, size: int) -> np.ndarray:
     if str(buf.dtype) != dtype:
         raise PayloadError(f"{p.codec} buffer {name!r} is {buf.dtype}, expected {dtype}")
     if buf.size != size:
-        raise PayloadError(
-            f"{p.codec} buffer {name!r} holds {buf.size} elements, expected {size}"
-        )
+        raise PayloadError(f"{p.codec} buffer {name!r} holds {buf.size} elements, expected {size}")
     return buf
 
 
 def expect_floats(p: Payload, name: str, size: int) -> np.ndarray:
     """Return float32 side information ``p.buffers[name]`` of ``size`` elements, all finite."""
     return require_finite(p, name, expect_buffer(p, name, "float32", size))
+
+
+def expect_stream(p: Payload, name: str, owner: str = "") -> np.ndarray:
+    """Return ``p.buffers[name]`` after checking it is a flat uint8 stream."""
+    stream = p.buffers.get(name)
+    if stream is None or stream.dtype != np.uint8 or stream.ndim != 1:
+        raise PayloadError(f"{owner or p.codec} payload {name!r} must be a flat uint8 stream")
+    return stream
 
 
 def meta_int(p: Payload, key: str, lo: int, hi: int) -> int:

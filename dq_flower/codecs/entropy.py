@@ -1,20 +1,13 @@
 """Lossless entropy coding of packed code bytes: ``none``, ``zlib``, ``lzma``, ``zstd``.
 
-``zlib`` (level 9) and ``lzma`` come with Python; ``zstd`` needs the optional ``zstandard``
-package. Decompression is bounded in output: the caller states the exact decompressed size
-(known from the payload's declared shape), streams longer or shorter than that are refused,
-and a stream whose claimed expansion exceeds what the format can produce is refused before
-any decompression starts.
-
-It is bounded in memory too. A stream declares how much history its decoder must keep
-(xz's dictionary, zstd's window), and the decoder reserves it before decoding anything: a
-hundred-byte xz stream can ask for 4 GiB. Each coder's history is capped by
-:func:`window_limit` (the expected size rounded up to a power of two, at least
-:data:`WINDOW_FLOOR`, at most :data:`WINDOW_CAP`), enforced by the library itself
-(liblzma's ``memlimit``, zstd's ``max_window_size``) and, for zstd, read from the frame
-header first; a stream beyond it is refused with the limit in the reason. Only the format
-the encoder writes is accepted (``.xz``, one zstd frame). A ``MemoryError`` while decoding
-is a refusal too, with a reason.
+``zstd`` needs the optional ``zstandard`` package. Decompression is bounded in output (the
+caller states the exact size; longer or shorter streams, and claimed expansions beyond the
+format's, are refused before decompressing) and in memory: the history a stream asks for
+(xz's dictionary, zstd's window, read from the frame header first) is capped by
+:func:`window_limit` (the expected size rounded up to a power of two, between
+:data:`WINDOW_FLOOR` and :data:`WINDOW_CAP`), enforced by the library (liblzma's
+``memlimit``, zstd's ``max_window_size``). Only ``.xz`` and one zstd frame are accepted; a
+``MemoryError`` while decoding is a refusal with a reason.
 """
 
 from __future__ import annotations

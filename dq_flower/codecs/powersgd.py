@@ -1,16 +1,12 @@
 """PowerSGD (Vogels et al., 2019): rank-``r`` factors by one warm-started power iteration.
 
-The input is treated as a matrix ``M``: an array with two or more dimensions as
-``(shape[0], prod(shape[1:]))``; a vector (or scalar) as ``shape`` if that hint is given,
-otherwise as the near-square ``(ceil(sqrt(D)), ceil(D / rows))`` matrix, zero-padded at the
-end. With ``Q`` the factor kept from the previous call on a matrix of the same size (first
-call: a standard normal draw from ``rng``), the encoder computes ``P = orth(M Q)`` and
-``Q' = M^T P``, sends ``P`` and ``Q'`` as float32 and keeps ``Q'`` for the next call (the
-warm start). The decoder returns ``P Q'^T = P P^T M``, the projection of ``M`` onto the span
-of ``P``: ``||M - P P^T M|| <= ||M||``. Matrices too small to gain (``r (rows + cols) >= rows
-cols``) go uncompressed as float32, counted. ``nbits = 32 r (rows + cols)``, or ``32 D``.
-
-Biased: use it inside :class:`~.ErrorFeedback`, which adds the residual memory.
+``M`` is the input as ``(shape[0], prod(shape[1:]))``, or a vector as the ``shape`` hint or
+the near-square ``(ceil(sqrt(D)), ceil(D / rows))`` matrix, zero-padded. With ``Q`` kept
+from the last call on a matrix of that size (first: standard normal from ``rng``), the
+encoder sends ``P = orth(M Q)`` and ``Q' = M^T P`` as float32 and keeps ``Q'``; the decoder
+returns ``P Q'^T = P P^T M`` (``||M - P P^T M|| <= ||M||``). Matrices with ``r (rows + cols)
+>= rows cols`` go as float32. ``nbits = 32 r (rows + cols)``, or ``32 D``. Biased: use it
+inside :class:`~.ErrorFeedback`.
 """
 
 from __future__ import annotations

@@ -66,11 +66,9 @@ class TopK(Codec):
     biased = True
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.ratio, bool)
+        if (isinstance(self.ratio, bool)
             or not isinstance(self.ratio, (int, float))
-            or not 0 < self.ratio <= 1
-        ):
+            or not 0 < self.ratio <= 1):
             raise ValueError(f"ratio must be a number in (0, 1], got {self.ratio!r}")
 
     def k_for(self, size: int) -> int:

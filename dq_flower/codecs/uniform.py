@@ -1,43 +1,21 @@
-"""The data quantizer ``uniform``.
+"""The data quantizer ``uniform``: per-sample affine ``bits``-bit codes of a batch ``(n, d)``.
 
-``uniform`` quantizes a 2-D batch ``x`` of shape ``(n, d)``, one row per sample. Each row
-(or, with ``per_channel=C``, each of the row's ``C`` equal channel slices, channel-first as
-in a flattened CHW image) gets its own affine range: ``lo = min``, ``scale = (max - lo) /
-(2**bits - 1)``, both float32 side information. A coordinate's code is
-``floor(t + u)`` for ``t = (x - lo) / scale``, with ``u`` uniform in [0, 1) (stochastic
-rounding, unbiased: ``E[decode] = x``) or ``u = 1/2`` (nearest). The decoder returns
-``lo + code * scale``; the error is below one step ``scale`` per coordinate (half a step
-with nearest rounding), and a constant row decodes exactly.
+Each row (or each of its ``per_channel=C`` channel slices, channel-first) gets float32
+``lo = min`` and ``scale = (max - lo) / (2**bits - 1)``; a code is ``floor(t + u)`` for
+``t = (x - lo) / scale``, ``u`` uniform in [0, 1) (stochastic, unbiased) or 1/2 (nearest),
+and decodes to ``lo + code * scale`` (error below one step, half with nearest; a constant
+row decodes exactly). ``dither_seed``: subtractive dither, ``u`` from a splitmix64 hash of
+``(seed, flat index)`` (row ``i``'s is ``dither_offsets(seed, i * d, d)``) subtracted again
+by the decoder. ``fixed_range``: values clipped to [0, 1], ``lo = 0``, ``scale = 1 / (2**bits
+- 1)``, codes only (decoded correctly rounded, so 0 and the top code give exactly 0 and 1).
 
-Subtractive dither (``dither_seed``): the encoder adds a pseudo-random offset ``u`` that
-both sides derive from the seed and the coordinate's position, and the decoder subtracts
-it again, so the error is uniform on half a step either side and independent of ``x``. The
-offsets come from a counter-based hash (splitmix64) of ``(seed, flat index)``: the dither of
-any row ``i`` of a batch is :func:`dither_offsets(seed, i * d, d) <dither_offsets>`, so a
-store that keeps rows apart can still decode them one by one.
-
-Fixed range (``fixed_range=True``): every row is quantized on the range [0, 1], ``lo = 0`` and
-``scale = 1 / (2**bits - 1)``; the encoder clips values to [0, 1] first and the payload
-carries the codes only (no ``mins``/``scales``), so ``nbits`` counts code bits alone. This
-suits data that the sender has already normalised into [0, 1] once (tabular features
-scaled by per-feature ranges sent separately); the decoder returns ``code / (2**bits - 1)``
-(correctly rounded to float32, so codes 0 and the top code decode to exactly 0 and 1).
-
-Packed codes can be entropy-coded losslessly (``entropy``); the encoder falls back to the
-raw packing whenever coding would not shrink it, and ``nbits`` counts what is sent. The
-``context`` coder (:mod:`dq_flower.codecs.context`) models the codes themselves: with
-``sample_shape`` an image shape ``(C, H, W)`` (or ``(H, W)``) each code is predicted from
-its neighbours in 2-D, and the payload's meta ``context_shape`` records that shape; flat
-samples get a per-feature model (and so do small images, at most
-:data:`~dq_flower.codecs.context.MAX_PER_FEATURE_D` values, where that codes smaller).
-Where zlib codes a message smaller (wide codes of small samples, e.g. 8-bit digits), the
-``context`` coder sends that message zlib-coded, and its meta says so.
-
-With any coder but ``none``, the per-row ranges are coded losslessly too: the ``mins`` then
-the ``scales`` (float32 bytes) are zlib-coded into one buffer ``ranges`` (meta ``ranges:
-"zlib"``) where that is smaller, as it is for images whose rows share one range (every
-Fashion-MNIST row spans 0 to 254 or 255). :func:`expand_ranges` undoes it; the decoder
-refuses a stream that does not inflate to exactly ``8 * rows`` bytes of finite floats.
+``entropy`` codes the packed codes losslessly where that shrinks them (``nbits`` counts what
+is sent); ``context`` (:mod:`dq_flower.codecs.context`) models the codes in 2-D with
+``sample_shape`` (meta ``context_shape``) or per feature (also tried for images of at most
+:data:`~dq_flower.codecs.context.MAX_PER_FEATURE_D` values), or sends zlib's message where
+smaller. With any coder the ranges (``mins`` then ``scales``) are zlib-coded into ``ranges``
+(meta ``ranges: "zlib"``) where smaller; :func:`expand_ranges` undoes that and refuses a
+stream that does not inflate to exactly ``8 * rows`` bytes of finite floats.
 """
 
 from __future__ import annotations
@@ -62,6 +40,7 @@ from .base import (
     expect_buffer,
     expect_floats,
     expect_nbits,
+    expect_stream,
     random_u16,
     require_rng,
 )
@@ -371,10 +350,7 @@ class Uniform(Codec):
             if packed.size and not bitpack.padding_is_zero(packed, self.bits, n * d):
                 raise PayloadError("uniform payload has non-zero padding bits")
             return packed
-        coded = p.buffers.get("codes")
-        if coded is None or coded.dtype != np.uint8 or coded.ndim != 1:
-            raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
-        expect_nbits(p, 8 * coded.size + side_bits)
+        expect_nbits(p, 8 * expect_stream(p, "codes", "uniform").size + side_bits)
         return packed_codes(p, self.bits)
 
     def _dequantize(
@@ -435,9 +411,7 @@ def expand_ranges(p: Payload, rows: int) -> Payload:
         raise PayloadError(f"uniform payload ranges coder {method!r} is not {RANGE_CODER!r}")
     if "mins" in p.buffers or "scales" in p.buffers:
         raise PayloadError("uniform payload carries both coded ranges and raw mins/scales")
-    stream = p.buffers.get("ranges")
-    if stream is None or stream.dtype != np.uint8 or stream.ndim != 1:
-        raise PayloadError("uniform payload 'ranges' must be a flat uint8 stream")
+    stream = expect_stream(p, "ranges", "uniform")
     raw = decompress(stream, RANGE_CODER, 8 * rows).view(np.float32)
     buffers = {k: v for k, v in p.buffers.items() if k != "ranges"}
     buffers.update(mins=raw[:rows].copy(), scales=raw[rows:].copy())
@@ -456,9 +430,7 @@ def packed_codes(p: Payload, bits: int) -> np.ndarray:
     n, d = p.shape
     raw = bitpack.packed_nbytes(n * d, bits)
     method = p.meta.get("entropy", "none")
-    stream = p.buffers.get("codes")
-    if stream is None or stream.dtype != np.uint8 or stream.ndim != 1:
-        raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
+    stream = expect_stream(p, "codes", "uniform")
     if method == "none":
         return stream
     if method == "context":

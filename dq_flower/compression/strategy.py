@@ -1,11 +1,9 @@
 """``CompressedUpdates``: compressed model updates for any Flower strategy.
 
-A strategy wrapper in the pattern of Flower's ``DifferentialPrivacyClientSideFixedClipping``:
-``configure_train`` adds the codec settings to the inner strategy's train messages (and,
-with ``downlink="fp16"``, codes their model), the client's :func:`dq_flower.compression_mod`
-codes the update the user's own ``train()`` returns, and ``aggregate_train`` screens and
-decodes every reply back into weights (the weights sent plus the decoded update) before the
-inner strategy aggregates them. Evaluation is the inner strategy's, untouched.
+``configure_train`` adds the codec settings to the inner strategy's train messages (with
+``downlink="fp16"`` it codes their model); :func:`dq_flower.compression_mod` codes the
+update; ``aggregate_train`` screens and decodes every reply into weights (sent plus update)
+for the inner strategy. Evaluation is the inner strategy's.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ from dq_flower.wire.gradient import decode_update, update_keys
 
 __all__ = ["CompressedUpdates", "MAX_EXAMPLES"]
 
-#: Largest example count a reply may claim (an honest partition is far smaller); weights
-#: are further capped at ``weight-cap`` times the round's median
-#: (``dq_flower.server.robust.cap_weights``).
+#: Largest example count a reply may claim; weights are further capped at ``weight-cap``
+#: times the round's median (``dq_flower.server.robust.cap_weights``).
 MAX_EXAMPLES = 1 << 31
 NAME = "compressed-updates"
 
@@ -87,9 +84,8 @@ def _mode(value: str | bool | None, on: str, off: str, default: str) -> str:
 class CompressedUpdates(RoundPipeline, Strategy):
     """Wrap any Flower strategy so that clients upload coded updates instead of weights.
 
-    Use it with :func:`dq_flower.compression_mod` in the ClientApp. The inner strategy
-    samples, configures and aggregates exactly as it would without the wrapper; it sees
-    each reply's weights as the weights it sent plus the decoded update.
+    Use it with :func:`dq_flower.compression_mod`; the inner strategy works unchanged and
+    sees each reply's weights as the weights it sent plus the decoded update.
 
     Parameters
     ----------
@@ -144,12 +140,9 @@ class CompressedUpdates(RoundPipeline, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> CompressedUpdates:
         """The wrapper with its knobs read from a run config (``context.run_config``).
 
-        Every :class:`CompressionConfig` field is read from its hyphenated key where present
-        (``codec``, ``codec-params``, ``levels``, ``bucket``, ``ratio``, ``rank``,
-        ``entropy-coder``, ``error-feedback``, ``per-tensor``, ``downlink``,
-        ``norm-bound-factor``, ``seed``); ``overrides`` win. Any other key but
-        ``num-server-rounds`` and ``app_keys`` (the app's own), and a value of the wrong
-        type, raise ``ValueError`` naming the key.
+        Every :class:`CompressionConfig` field by its hyphenated key, ``overrides`` winning;
+        unknown keys (but ``num-server-rounds`` and ``app_keys``) and wrongly typed values
+        raise ``ValueError`` naming the key.
         """
         return cls(strategy, **strategy_kwargs(cls, CompressionConfig, run_config, overrides,
                                                app_keys=app_keys))
@@ -191,10 +184,7 @@ class CompressedUpdates(RoundPipeline, Strategy):
         return self._decode(msg, rnd.notes["coded"])
 
     def bound(self, rnd: ServerRound) -> list[_Decoded]:
-        """Consistent metric keys, then norm screen, clip, direction screen, weight cap.
-
-        The kept replies are rebuilt into weights for the inner strategy.
-        """
+        """Consistent metric keys, norm screen, clip, direction screen, weight cap; rebuild."""
         screened, sent = rnd.screened, rnd.notes["coded"]
         decoded: list[_Decoded] = screened.accepted
         rnd.notes["figures"] = UpdateFigures.decoded(screened, decoded)
@@ -235,29 +225,23 @@ class CompressedUpdates(RoundPipeline, Strategy):
         figures.close(screened, len(kept))
         misaligned = rnd.notes["misaligned"]
         self.record_figures(rnd.number, {**figures.metrics(), "misaligned": misaligned})
-        log_round(NAME, rnd.number, f"{len(kept)} updates decoded, rejected "
-                  f"{figures.rejected}, left out {misaligned}, failed "
-                  f"{figures.failed}, up "
+        log_round(NAME, rnd.number, f"{len(kept)} updates decoded, rejected {figures.rejected}, "
+                  f"left out {misaligned}, failed {figures.failed}, up "
                   f"{figures.up_payload_bits} payload bits")
         return arrays, metrics
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
         """The inner strategy's evaluate messages."""
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
+    def aggregate_evaluate(self, server_round: int,
+                           replies: Iterable[Message]) -> MetricRecord | None:
         """The inner strategy's evaluation aggregate."""
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     def state_dict(self) -> dict:
-        """What a resumed run needs: the norm screen's reference.
-
-        The inner strategy's own state, if any, is the inner strategy's to keep.
-        """
+        """The screens' references (the inner strategy keeps its own state)."""
         return {"norms": self.norms.state_dict(), "directions": self.directions.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -334,20 +318,15 @@ class CompressedUpdates(RoundPipeline, Strategy):
         content[entry.layout.key] = record
 
     def _consistent(self, decoded: list[_Decoded]) -> tuple[list[_Decoded], int]:
-        """Keep the replies whose metric keys are the most common set; reject the others.
-
-        Flower's strategies refuse a whole round whose replies' metric keys differ.
-        """
+        """Keep the replies with the most common metric keys (Flower refuses mixed ones)."""
         if not decoded:
             return decoded, 0
         counts = Counter(d.metric_keys for d in decoded)
         top = max(counts.values())
         common = next(d.metric_keys for d in decoded if counts[d.metric_keys] == top)
-        kept = []
+        kept = [d for d in decoded if d.metric_keys == common]
         for d in decoded:
-            if d.metric_keys == common:
-                kept.append(d)
-            else:
+            if d.metric_keys != common:
                 log_rejected(d.msg.metadata.src_node_id,
                              f"metric keys {sorted(d.metric_keys)} differ from the other "
                              f"replies' {sorted(common)}")
