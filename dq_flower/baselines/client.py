@@ -19,12 +19,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.config import GradientConfig
-from dq_flower.client_state import (
-    begin_round,
-    end_round,
-    load_state_dict,
-    save_state_dict,
-)
+from dq_flower.client_state import begin_round, end_round, load_state_dict, save_state_dict
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
@@ -50,13 +45,7 @@ from dq_flower.wire.gradient import (
 from dq_flower.wire.model import MODEL_KEY, decode_model_payload
 from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, read_buffers
 
-__all__ = [
-    "gradient_train",
-    "batch_indices",
-    "epoch_batches",
-    "local_update",
-    "EF_KEY",
-]
+__all__ = ["gradient_train", "batch_indices", "epoch_batches", "local_update", "EF_KEY"]
 
 EF_KEY = "grad-ef"
 MOMENTUM_KEY = "grad-momentum"
@@ -65,18 +54,16 @@ MODEL_STATE_KEY = "grad-model"
 MAX_VOTES = 64
 
 
-def batch_indices(
-    seed: int, server_round: int, partition_id: int, n: int, batch_size: int, steps: int = 1
-) -> list[np.ndarray]:
+def batch_indices(seed: int, server_round: int, partition_id: int, n: int, batch_size: int,
+                  steps: int = 1) -> list[np.ndarray]:
     """Per local step, ``min(batch_size, n)`` sorted distinct rows (``Purpose.BATCH``)."""
     rng = round_rng(seed, server_round, partition_id, Purpose.BATCH)
     size = min(int(batch_size), int(n))
     return [np.sort(rng.choice(int(n), size=size, replace=False)) for _ in range(int(steps))]
 
 
-def epoch_batches(
-    seed: int, server_round: int, partition_id: int, n: int, batch_size: int, epochs: int
-) -> list[np.ndarray]:
+def epoch_batches(seed: int, server_round: int, partition_id: int, n: int, batch_size: int,
+                  epochs: int) -> list[np.ndarray]:
     """Minibatches of ``epochs`` ``Purpose.SHUFFLE`` permutations, as FedAvg's client's.
 
     See ``dq_flower.harness.fedavg_client.local_epochs``; the last batch may be shorter.

@@ -14,14 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -178,9 +171,8 @@ class GradientStrategy(ModelStrategy, Strategy):
         log_round(self.method, 0, f"codec {self.codec}, error feedback {ef}, knobs: "
                   f"{changed_knobs(self.cfg)}")
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
         """Send every sampled node the round config and the model (or the votes it lacks)."""
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,

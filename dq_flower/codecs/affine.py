@@ -29,15 +29,8 @@ def safe_gain(
     raise AssertionError("gain adjustment did not converge")  # pragma: no cover
 
 
-def affine_block(
-    blk: np.ndarray,
-    t: np.ndarray,
-    lo: np.ndarray,
-    scale: np.ndarray,
-    top: int,
-    unit: float | np.floating,
-    bump: float | np.floating,
-) -> None:
+def affine_block(blk: np.ndarray, t: np.ndarray, lo: np.ndarray, scale: np.ndarray, top: int,
+                 unit: float | np.floating, bump: float | np.floating) -> None:
     """Write ``(blk - min) * gain`` into ``t``, and each row's min and scale into ``lo``, ``scale``.
 
     ``gain`` is ``unit / scale``, lowered by :func:`safe_gain` so that ``t + bump`` of a

@@ -10,16 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = [
-    "pack",
-    "unpack",
-    "packed_nbytes",
-    "check_width",
-    "pack_wide",
-    "unpack_wide",
-    "padding_is_zero",
-    "unpack_to",
-]
+__all__ = ["pack", "unpack", "packed_nbytes", "check_width", "pack_wide", "unpack_wide",
+           "padding_is_zero", "unpack_to"]
 
 
 def check_width(bits: int, name: str = "bits") -> int:
@@ -45,12 +37,7 @@ def _padded(codes: np.ndarray, multiple: int) -> np.ndarray:
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Pack a flat array of codes, each ``< 2**bits``, into ``ceil(n * bits / 8)`` bytes.
-
-    Codes are written most-significant bit first, code after code, with no padding between
-    codes; only the final byte may carry up to 7 zero padding bits. Codes must already be
-    below ``2**bits``; higher bits are not masked off.
-    """
+    """Pack codes ``< 2**bits`` (not masked) MSB first into ``ceil(n * bits / 8)`` bytes."""
     bits = check_width(bits)
     codes = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
     n = codes.size
@@ -157,14 +144,11 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     return _split8(word, bits).astype("<u8").view(np.uint8)[:count]
 
 
-def unpack_to(
-    data: np.ndarray, bits: int, count: int, table: np.ndarray, out: np.ndarray | None = None
-) -> np.ndarray:
-    """Return ``table[unpack(data, bits, count)]`` as float32, fused for widths 1, 2 and 4.
+def unpack_to(data: np.ndarray, bits: int, count: int, table: np.ndarray,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Return ``table[unpack(data, bits, count)]`` as float32 (into ``out`` if given).
 
-    For those widths each byte maps through a 256-entry table straight to its ``8 // bits``
-    output values (one gather per byte, no intermediate code array). ``out``, if given, is a
-    C-contiguous float32 array of ``count`` elements that receives the values.
+    Widths 1, 2 and 4 map each byte through a 256-entry table straight to its values.
     """
     bits = check_width(bits)
     tab = np.ascontiguousarray(table, dtype=np.float32).reshape(-1)

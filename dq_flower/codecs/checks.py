@@ -22,11 +22,7 @@ def require_finite(p: Payload, name: str, arr: np.ndarray) -> np.ndarray:
 
 
 def expect_buffer(p: Payload, name: str, dtype: str, size: int) -> np.ndarray:
-    """Return ``p.buffers[name]`` after checking its dtype and element count.
-
-    Decoders call this before allocating their output, so a payload that declares a huge
-    shape but carries few bytes is refused without allocating anything.
-    """
+    """Return ``p.buffers[name]``, its dtype and element count checked (before allocating)."""
     if name not in p.buffers:
         raise PayloadError(f"{p.codec} payload misses buffer {name!r}")
     buf = p.buffers[name]

@@ -60,12 +60,10 @@ def window_limit(method: str, size: int) -> int:
 
 
 def memory_limit(method: str, size: int) -> int:
-    """The decoder's memory limit for a ``method`` stream of ``size`` bytes, in bytes.
+    """The decoder's memory limit in bytes for a ``method`` stream of ``size`` bytes.
 
-    ``lzma``: :func:`window_limit` plus :data:`LZMA_STATE` (liblzma's ``memlimit``, which
-    counts the dictionary and its own state); ``zstd``: :func:`window_limit` (its
-    ``max_window_size``; zstd adds a 128 KiB block buffer). ``zlib``: 32 KiB, its largest
-    window, fixed by the format whatever the stream says (nothing to configure).
+    ``lzma``: :func:`window_limit` + :data:`LZMA_STATE` (``memlimit``); ``zstd``:
+    :func:`window_limit` (``max_window_size``); ``zlib``: its fixed 32 KiB window.
     """
     if method == "lzma":
         return window_limit(method, size) + LZMA_STATE
@@ -118,11 +116,8 @@ def compress(data: np.ndarray, method: str) -> np.ndarray:
 def decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
     """Decompress ``data`` to exactly ``size`` bytes, or raise :class:`PayloadError`.
 
-    The expansion ratio is checked before decompressing, and the decompressor never produces
-    more than ``size + 1`` bytes, so a malicious stream cannot exhaust memory with its
-    output; nor with its history: the decoder's memory is capped by :func:`memory_limit`
-    (an xz dictionary or zstd window beyond it is refused, with the limit in the reason).
-    A ``MemoryError`` while decoding is refused as well, with a reason saying so.
+    The expansion ratio is checked first, output is capped at ``size + 1`` bytes and memory
+    at :func:`memory_limit`; a ``MemoryError`` is a refusal with a reason.
     """
     try:
         return _decompress(data, method, size)

@@ -45,10 +45,7 @@ class ErrorFeedback:
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Encode ``x + residual`` and keep the new residual.
 
-        Raises
-        ------
-        ValueError
-            If ``x`` holds NaN or inf, or its shape differs from the residual's.
+        Raises ``ValueError`` if ``x`` holds NaN or inf or its shape differs from the residual's.
         """
         arr = check_finite(x)
         if self.residual is None:
@@ -88,8 +85,7 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore what :meth:`state_dict` returned.
 
-        A missing ``residual`` means a zero residual; the codec's state is loaded only when
-        the dict carries ``codec/...`` keys (otherwise the codec keeps its own).
+        No ``residual`` means zero; without ``codec/`` keys the codec keeps its own state.
 
         Raises
         ------

@@ -11,19 +11,9 @@ import numpy as np
 
 from dq_flower.knob import knob
 
-__all__ = [
-    "int_param",
-    "check_finite",
-    "check_int",
-    "require_rng",
-    "random_u16",
-    "stochastic_floor",
-    "BUCKET_RANGE",
-    "bucket_chunks",
-    "bucket_blocks",
-    "n_buckets",
-    "flat_input",
-]
+__all__ = ["int_param", "check_finite", "check_int", "require_rng", "random_u16",
+           "stochastic_floor", "BUCKET_RANGE", "bucket_chunks", "bucket_blocks", "n_buckets",
+           "flat_input"]
 
 
 def check_finite(x: np.ndarray, what: str = "input") -> np.ndarray:
@@ -44,12 +34,8 @@ def check_finite(x: np.ndarray, what: str = "input") -> np.ndarray:
 
 def check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
     """Return ``value`` as an int, or raise ``ValueError`` naming ``name`` if out of range."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo
+            or (hi is not None and value > hi)):
         span = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
         raise ValueError(f"{name} must be an integer {span}, got {value!r}")
     return int(value)
@@ -78,11 +64,8 @@ def random_u16(rng: np.random.Generator, count: int) -> np.ndarray:
 def stochastic_floor(a: np.ndarray, rng: np.random.Generator, top: int) -> np.ndarray:
     """Return ``min(floor(a + u), top)`` as uint8, ``u`` uniform in [0, 1), overwriting ``a``.
 
-    ``a`` is a float32 array with ``0 <= a <= top + tiny`` and ``top <= 255``. ``u`` takes the
-    65,536 values ``r / 2**16`` for a uniform 16-bit ``r`` (four per 64-bit draw, a quarter of
-    the cost of float32 uniforms), so the probability of rounding up is the fractional part
-    of ``a`` truncated to 16 bits: unbiased up to less than ``2**-16`` of a step, far below
-    what any Monte-Carlo test of the codecs can resolve.
+    ``0 <= a <= top + tiny``, ``top <= 255``; ``u = r / 2**16`` for uniform 16-bit ``r`` (four
+    per 64-bit draw): unbiased up to ``2**-16`` of a step.
     """
     r = random_u16(rng, a.size).reshape(a.shape)
     a *= np.float32(65536.0)

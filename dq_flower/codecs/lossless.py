@@ -22,18 +22,8 @@ import numpy as np
 from .base import ALLOWED_DTYPES, MAX_ELEMENTS, Codec, Payload, PayloadError, expect_shape
 from .entropy import check_method, compress, decompress
 
-__all__ = [
-    "CODER_META",
-    "LAYOUT_META",
-    "NBITS_META",
-    "STREAM",
-    "EntropyCoded",
-    "max_raw_bytes",
-    "pack",
-    "unpack",
-    "coder_of",
-    "raw_nbits",
-]
+__all__ = ["CODER_META", "LAYOUT_META", "NBITS_META", "STREAM", "EntropyCoded", "max_raw_bytes",
+           "pack", "unpack", "coder_of", "raw_nbits"]
 
 #: Meta key naming the coder of a packed payload.
 CODER_META = "entropy-coder"

@@ -148,18 +148,14 @@ class PowerSGD(Codec):
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``P Q^T`` (cropped to ``D``), or the carried values; float32.
 
-        The factors are checked against the declared shape before the product is formed,
-        so a payload whose buffers do not match its shape is refused without a large
-        allocation. A consistent payload is still only ``r (rows + cols)`` floats for a
-        ``rows * cols`` output (under 1 MB may declare ``2**31`` elements): callers must bound
-        the declared size (:meth:`Payload.expect_elements` with the model size) before
-        decoding.
+        Factors are checked against the declared shape before the product is formed; callers
+        bound the declared size first (:meth:`Payload.expect_elements`).
 
         Raises
         ------
         PayloadError
-            On any inconsistency between the header, the buffers and this codec (including
-            a 1-D shape that this codec's ``shape`` hint cannot hold).
+            On any inconsistency between the header, the buffers and this codec (including a
+            1-D shape that the ``shape`` hint cannot hold).
         """
         size = self.open_payload(p)
         try:

@@ -21,6 +21,7 @@ stream that does not inflate to exactly ``8 * rows`` bytes of finite floats.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,14 +144,12 @@ class Uniform(Codec):
     def _image_shape(self, d: int) -> tuple[int, int, int] | None:
         """The context coder's ``(C, H, W)`` for samples of ``d`` values (``None``: flat)."""
         shape = self.sample_shape
-        if shape is None or len(shape) == 1:
-            if shape is not None and shape[0] != d:
-                raise ValueError(f"sample_shape {shape} does not hold d={d} values")
-            return None
-        img = (1, *shape) if len(shape) == 2 else shape
-        if img[0] * img[1] * img[2] != d:
+        if shape is not None and math.prod(shape) != d:
             raise ValueError(f"sample_shape {shape} does not hold d={d} values")
-        return (int(img[0]), int(img[1]), int(img[2]))
+        if shape is None or len(shape) == 1:
+            return None
+        c, h, w = (1, *shape) if len(shape) == 2 else shape
+        return (int(c), int(h), int(w))
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding.
@@ -353,15 +352,8 @@ class Uniform(Codec):
         expect_nbits(p, 8 * expect_stream(p, "codes", "uniform").size + side_bits)
         return packed_codes(p, self.bits)
 
-    def _dequantize(
-        self,
-        packed: np.ndarray,
-        ramp: np.ndarray,
-        lo: np.ndarray | None,
-        scale: np.ndarray | None,
-        rows: int,
-        width: int,
-    ) -> np.ndarray:
+    def _dequantize(self, packed: np.ndarray, ramp: np.ndarray, lo: np.ndarray | None,
+                    scale: np.ndarray | None, rows: int, width: int) -> np.ndarray:
         """``(rows, width)`` float32 values of the codes: ``lo + ramp[code] * scale - dither``."""
         fixed = self.fixed_range
         aligned = (width * self.bits) % 8 == 0

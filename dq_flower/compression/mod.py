@@ -96,18 +96,9 @@ def _code_reply(out: Message, layout: wire.Layout, received: ArrayRecord, cfg: C
 def compression_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Client mod coding the update that the ``@app.train()`` function returns.
 
-    Use it with :class:`dq_flower.CompressedUpdates` in the ServerApp::
-
-        app = ClientApp(mods=[dq_flower.compression_mod])
-
-    Parameters
-    ----------
-    msg : Message
-        The incoming message; only ``MessageType.TRAIN`` messages are changed.
-    ctxt : Context
-        The node's context (error-feedback state lives in ``ctxt.state``).
-    call_next : callable
-        The next mod or the ClientApp's own handler.
+    Use it as ``ClientApp(mods=[dq_flower.compression_mod])`` with
+    :class:`dq_flower.CompressedUpdates` in the ServerApp. Only ``MessageType.TRAIN``
+    messages are changed; error-feedback state lives in ``ctxt.state``.
     """
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)

@@ -73,14 +73,6 @@ def _numeric(value: Any) -> bool:
                for v in values)
 
 
-def _mode(value: str | bool | None, on: str, off: str, default: str) -> str:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return on if value else off
-    return value
-
-
 class CompressedUpdates(RoundPipeline, Strategy):
     """Wrap any Flower strategy so that clients upload coded updates instead of weights.
 
@@ -90,26 +82,20 @@ class CompressedUpdates(RoundPipeline, Strategy):
     Parameters
     ----------
     strategy : flwr.serverapp.strategy.Strategy
-        The strategy to wrap (``FedAvg``, ``FedProx``, ``FedAdam``, ``FedAvgM``,
-        ``FedMedian``, ``FedTrimmedAvg``, ...); its train messages must carry one
-        ``ArrayRecord`` (the model).
+        The strategy to wrap (``FedAvg``, ``FedProx``, ``FedAdam``, ...); its train messages
+        carry one ``ArrayRecord`` (the model).
     codec : str
-        Registry codec of the update (``qsgd``, ``terngrad``, ``ef-sign``, ``topk``,
-        ``powersgd``, ``bingrad``, ``orq``, ``fp16``, ``identity``).
+        Registry codec of the update (``qsgd``, ``terngrad``, ``ef-sign``, ``topk``, ...).
     codec_params : dict or str, optional
         The codec's parameters (``{"levels": 1}`` or ``"levels=1,bucket=512"``).
     entropy_coder : str
         Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``.
     error_feedback : bool or str, optional
-        Residual memory on the clients: ``None``/``"auto"`` for biased codecs (``ef-sign``,
-        ``topk``, ``powersgd``, ``bingrad``), ``True``/``"on"``, ``False``/``"off"``.
+        ``None``/``"auto"`` (for biased codecs), ``True``/``"on"``, ``False``/``"off"``.
     downlink : str, optional
-        ``None``/``"float32"``: the inner strategy's broadcast as it is; ``"fp16"``: every
-        floating-point array in half precision (the clients' update is taken against the
-        weights they decoded).
+        ``None``/``"float32"`` as broadcast, or ``"fp16"`` (updates against the decoded model).
     config : CompressionConfig, optional
-        All knobs; the arguments above and ``**knobs`` (``levels``, ``bucket``, ``ratio``,
-        ``rank``, ``per_tensor``, ``norm_bound_factor``, ``seed``) override it.
+        All knobs; the arguments above and ``**knobs`` override it.
     """
 
     def __init__(self, strategy: Strategy, *, codec: str | None = None,
@@ -122,7 +108,8 @@ class CompressedUpdates(RoundPipeline, Strategy):
             raise TypeError(f"strategy must be a Flower Strategy, got {type(strategy).__name__}")
         if codec is None and config is None:
             raise TypeError("CompressedUpdates needs codec= (e.g. 'qsgd') or config=")
-        feedback = None if error_feedback is None else _mode(error_feedback, "on", "off", "auto")
+        feedback = (("on" if error_feedback else "off") if isinstance(error_feedback, bool)
+                    else error_feedback)
         named = given_knobs(knobs, codec=codec, codec_params=params_text(codec_params),
                             entropy_coder=entropy_coder, error_feedback=feedback,
                             downlink=downlink)
@@ -158,9 +145,8 @@ class CompressedUpdates(RoundPipeline, Strategy):
             self.cfg.downlink)
         self.strategy.summary()
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
         """The inner strategy's train messages, with the codec settings in their config."""
         for key, value in self.cfg.message_config().items():
             config[key] = value
