@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.client_state import begin_round, end_round, load_state_dict, save_state_dict
@@ -189,8 +189,11 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     set_flat(model, _receive_model(msg, context, cfg, config, dim))
     buffers = float_buffers(model)
     if buffers:  # BatchNorm statistics: the server's, and ours back after the round
-        set_float_buffers(model, read_buffers(
-            _buffers_of(msg), {k: v.shape for k, v in buffers.items()}))
+        record = msg.content.array_records.get(BUFFERS_KEY)
+        if record is None:
+            raise PayloadError(f"the train message carries no {BUFFERS_KEY!r} record for this "
+                               "model's BatchNorm statistics")
+        set_float_buffers(model, read_buffers(record, {k: v.shape for k, v in buffers.items()}))
 
     if cfg.epochs_mode:
         batches = epoch_batches(seed, server_round, pid, x.shape[0], cfg.batch_size, cfg.epochs)
@@ -199,8 +202,11 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
                                 cfg.local_steps)
     update, loss, examples = local_update(model, x, y, batches, cfg.client_lr, loss_fn,
                                           force_steps=cfg.epochs_mode)
-    if cfg.majority and cfg.momentum > 0:  # Signum: client-side momentum
-        update = _with_momentum(update, cfg, context)
+    if cfg.majority and cfg.momentum > 0:  # Signum: client momentum m = momentum * m + update
+        state = load_state_dict(context, MOMENTUM_KEY)
+        m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
+        update = np.asarray(m, dtype=np.float32)
+        save_state_dict(context, MOMENTUM_KEY, {"m": update})
 
     shapes = [tuple(p.shape) for p in model.parameters()]
     rng = round_rng(seed, server_round, pid, Purpose.CODEC)
@@ -218,21 +224,3 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
         content[BUFFERS_KEY] = buffers_record(float_buffers(model))
     end_round(context, server_round, STATE_PREFIX)
     return Message(content=content, reply_to=msg)
-
-
-def _buffers_of(msg: Message) -> ArrayRecord:
-    """The server's buffers in a train message (a ``PayloadError`` where they are missing)."""
-    record = msg.content.array_records.get(BUFFERS_KEY)
-    if record is None:
-        raise PayloadError(f"the train message carries no {BUFFERS_KEY!r} record for this "
-                           "model's BatchNorm statistics")
-    return record
-
-
-def _with_momentum(update: np.ndarray, cfg: GradientConfig, context: Context) -> np.ndarray:
-    """Signum's client-side momentum: ``m = momentum * m + update``, kept in the state."""
-    state = load_state_dict(context, MOMENTUM_KEY)
-    m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
-    update = np.asarray(m, dtype=np.float32)
-    save_state_dict(context, MOMENTUM_KEY, {"m": update})
-    return update

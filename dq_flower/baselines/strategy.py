@@ -114,8 +114,7 @@ class GradientStrategy(ModelStrategy, Strategy):
         Name written into the messages' config (``qsgd``, ``signsgd``, ...).
     """
 
-    #: The clients' weighted training loss is ClientApp-side; every other figure the
-    #: server's (reported with the ServerApp-side metrics under ``start``).
+    #: The clients' weighted training loss is ClientApp-side; every other figure the server's.
     client_metric_keys = ("train-loss",)
 
     def __init__(self, model: torch.nn.Module, codec: str | None = None, *,
@@ -220,10 +219,7 @@ class GradientStrategy(ModelStrategy, Strategy):
         self.failures.observe(rnd.screened.replies, rnd.screened.silent)
 
     def bound(self, rnd: ServerRound) -> _Kept:
-        """Norm screen, clip, direction screen and weight cap (none under ``majority``).
-
-        Replies arrive in any order: they are bounded in the clients' partition order.
-        """
+        """Norm screen, clip, direction screen, weight cap (not under majority), partition order."""
         screened = rnd.screened
         updates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
         figures = UpdateFigures.decoded(screened, updates)

@@ -126,9 +126,8 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     buf = np.ascontiguousarray(buf).reshape(-1)
     expected = packed_nbytes(count, bits)
     if buf.size != expected:
-        raise ValueError(
-            f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits need {expected}"
-        )
+        raise ValueError(f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits "
+                         f"need {expected}")
     if bits == 8:
         return buf.copy()
     if bits == 1:
@@ -154,9 +153,8 @@ def unpack_to(data: np.ndarray, bits: int, count: int, table: np.ndarray,
     tab = np.ascontiguousarray(table, dtype=np.float32).reshape(-1)
     if tab.size != 1 << bits:
         raise ValueError(f"table must hold 2**bits={1 << bits} values, got {tab.size}")
-    if out is not None and (
-        out.dtype != np.float32 or out.size != count or not out.flags.c_contiguous
-    ):
+    if out is not None and (out.dtype != np.float32 or out.size != count
+                            or not out.flags.c_contiguous):
         raise ValueError("out must be a C-contiguous float32 array of count elements")
     if bits not in (1, 2, 4):
         values = tab[unpack(data, bits, count)]
@@ -166,10 +164,8 @@ def unpack_to(data: np.ndarray, bits: int, count: int, table: np.ndarray,
         return out
     buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if buf.size != packed_nbytes(count, bits):
-        raise ValueError(
-            f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits need "
-            f"{packed_nbytes(count, bits)}"
-        )
+        raise ValueError(f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits "
+                         f"need {packed_nbytes(count, bits)}")
     per = 8 // bits
     lut = np.ascontiguousarray(tab[_BYTE_CODES[bits]])  # (256, per): byte -> its values
     if out is not None and count == buf.size * per:
@@ -209,10 +205,8 @@ def unpack_wide(data: np.ndarray, bits: int, count: int) -> np.ndarray:
         raise ValueError(f"bits must be an integer in 1..32, got {bits!r}")
     buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if buf.size != packed_nbytes(count, bits):
-        raise ValueError(
-            f"packed buffer holds {buf.size} bytes but {count} values of {bits} bits need "
-            f"{packed_nbytes(count, bits)}"
-        )
+        raise ValueError(f"packed buffer holds {buf.size} bytes but {count} values of {bits} bits "
+                         f"need {packed_nbytes(count, bits)}")
     planes = np.unpackbits(buf, count=count * bits).reshape(count, bits)
     full = np.zeros((count, 32), dtype=np.uint8)
     full[:, 32 - bits :] = planes

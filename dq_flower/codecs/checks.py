@@ -50,9 +50,8 @@ def meta_int(p: Payload, key: str, lo: int, hi: int) -> int:
     """Return integer ``p.meta[key]`` after checking ``lo <= value <= hi``."""
     value = p.meta.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise PayloadError(
-            f"{p.codec} payload meta {key!r}={value!r} is not an int in [{lo}, {hi}]"
-        )
+        raise PayloadError(f"{p.codec} payload meta {key!r}={value!r} is not an int in "
+                           f"[{lo}, {hi}]")
     return value
 
 
@@ -60,9 +59,8 @@ def meta_equal(p: Payload, key: str, expected: Any) -> None:
     """Raise :class:`PayloadError` unless ``p.meta[key] == expected`` (the decoder's own value)."""
     value = p.meta.get(key)
     if type(value) is not type(expected) or value != expected:
-        raise PayloadError(
-            f"{p.codec} payload meta {key!r}={value!r} does not match the decoder's {expected!r}"
-        )
+        raise PayloadError(f"{p.codec} payload meta {key!r}={value!r} does not match the "
+                           f"decoder's {expected!r}")
 
 
 def expect_nbits(p: Payload, expected: int) -> None:

@@ -73,9 +73,7 @@ def unpack(p: Payload, spec: SymbolSpec) -> Payload:
 class ContextCoded(EntropyCoded):
     """A codec whose payloads are context-coded (or zlib-coded) where that shrinks them.
 
-    ``encode`` is the codec's own, then the smaller of :func:`pack` (codecs with a
-    :meth:`~Codec.symbol_spec`) and zlib; ``decode`` accepts either (and an uncoded payload),
-    then runs the codec's own decoder.
+    ``encode`` sends the smaller of :func:`pack` and zlib; ``decode`` accepts either (or none).
     """
 
     def __init__(self, codec: Codec) -> None:  # noqa: D107  (the class doc says it)

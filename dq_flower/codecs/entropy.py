@@ -154,9 +154,8 @@ def _decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
     if method not in MAX_RATIO:
         raise PayloadError(f"unknown entropy coder {method!r}")
     if size > MAX_RATIO[method] * len(buf) + _SLACK:
-        raise PayloadError(
-            f"{method} stream of {len(buf)} bytes cannot expand to the declared {size} bytes"
-        )
+        raise PayloadError(f"{method} stream of {len(buf)} bytes cannot expand to the declared "
+                           f"{size} bytes")
     limit = memory_limit(method, size)
     try:
         out, complete = _DECODERS[method](buf, size, limit)
@@ -165,10 +164,8 @@ def _decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
     except Exception as exc:  # zlib.error, lzma.LZMAError, zstandard.ZstdError, ...
         raise _refusal(method, exc, size, limit) from exc
     if len(out) != size or not complete:
-        raise PayloadError(
-            f"{method} stream decodes to {len(out)}{'+' if not complete else ''} bytes, "
-            f"expected {size}"
-        )
+        raise PayloadError(f"{method} stream decodes to {len(out)}{'+' if not complete else ''} "
+                           f"bytes, expected {size}")
     return np.frombuffer(out, dtype=np.uint8).copy()
 
 

@@ -52,10 +52,8 @@ class ErrorFeedback:
             target = arr.astype(np.float32, copy=True)
         else:
             if self.residual.shape != arr.shape:
-                raise ValueError(
-                    f"input shape {arr.shape} differs from the residual's {self.residual.shape}; "
-                    "call reset() when the model changes"
-                )
+                raise ValueError(f"input shape {arr.shape} differs from the residual's "
+                                 f"{self.residual.shape}; call reset() when the model changes")
             target = arr + self.residual
         payload = self.codec.encode(target, rng)
         target -= self.codec.decode(payload)
@@ -96,9 +94,8 @@ class ErrorFeedback:
         if unknown:
             raise ValueError(f"unknown error-feedback state keys {unknown}")
         residual = state.get(_RESIDUAL)
-        codec_state = {
-            k[len(_CODEC_PREFIX) :]: v for k, v in state.items() if k.startswith(_CODEC_PREFIX)
-        }
+        codec_state = {k[len(_CODEC_PREFIX):]: v for k, v in state.items()
+                       if k.startswith(_CODEC_PREFIX)}
         if codec_state and not hasattr(self.codec, "load_state_dict"):
             raise ValueError(f"codec {self.codec.name!r} keeps no state")
         new_residual = None if residual is None else check_finite(residual, "residual").copy()

@@ -49,9 +49,8 @@ def int_param(name: str, default: int, lo: int, hi: int | None = None) -> Any:
 def require_rng(rng: Any, codec: str) -> np.random.Generator:
     """Return ``rng`` if it is a ``numpy.random.Generator``, else raise ``ValueError``."""
     if not isinstance(rng, np.random.Generator):
-        raise ValueError(
-            f"codec {codec!r} draws random numbers: pass an explicit numpy.random.Generator"
-        )
+        raise ValueError(f"codec {codec!r} draws random numbers: pass an explicit "
+                         "numpy.random.Generator")
     return rng
 
 
@@ -80,10 +79,7 @@ BUCKET_RANGE = (1, 1 << 30)
 
 
 def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):
-    """Yield ``(start, stop)`` row ranges of about ``target`` elements (cache-sized blocks).
-
-    Codecs loop over these blocks and vectorise within each, so temporaries stay in cache.
-    """
+    """Yield ``(start, stop)`` row ranges of about ``target`` elements (cache-sized blocks)."""
     step = max(1, target // max(1, row_len))
     for start in range(0, n_rows, step):
         yield start, min(n_rows, start + step)
@@ -92,8 +88,7 @@ def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):
 def bucket_blocks(n: int, bucket: int, target: int = 1 << 17):
     """Yield ``(b0, b1, i0, i1)``: buckets ``b0:b1`` covering elements ``i0:i1`` of a flat array.
 
-    Full buckets come in cache-sized blocks (``flat[i0:i1].reshape(b1 - b0, bucket)``); a
-    final shorter bucket, if ``n`` is not a multiple of ``bucket``, comes alone.
+    Full buckets come in cache-sized blocks; a final shorter bucket comes alone.
     """
     nfull, tail = divmod(int(n), int(bucket))
     for s, e in bucket_chunks(nfull, bucket, target):

@@ -65,9 +65,8 @@ class TopK(Codec):
     biased = True
 
     def __post_init__(self) -> None:
-        if (isinstance(self.ratio, bool)
-            or not isinstance(self.ratio, (int, float))
-            or not 0 < self.ratio <= 1):
+        if (isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))
+                or not 0 < self.ratio <= 1):
             raise ValueError(f"ratio must be a number in (0, 1], got {self.ratio!r}")
 
     def k_for(self, size: int) -> int:

@@ -124,9 +124,8 @@ class Uniform(Codec):
         if self.entropy != "context":
             check_method(self.entropy, "entropy")
         if self.fixed_range and self.per_channel:
-            raise ValueError(
-                "per_channel has no meaning with fixed_range: every channel shares [0, 1]"
-            )
+            raise ValueError("per_channel has no meaning with fixed_range: every channel shares "
+                             "[0, 1]")
 
     @property
     def levels(self) -> int:
@@ -152,15 +151,11 @@ class Uniform(Codec):
         return (int(c), int(h), int(w))
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
-        """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding.
-
-        With ``fixed_range`` the values are clipped to [0, 1] and quantized on that range.
-        """
+        """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding."""
         arr = check_finite(x)
         if arr.ndim != 2:
-            raise ValueError(
-                f"uniform encodes a 2-D batch (n, d), one row per sample; got shape {arr.shape}"
-            )
+            raise ValueError(f"uniform encodes a 2-D batch (n, d), one row per sample; got shape "
+                             f"{arr.shape}")
         n, d = arr.shape
         groups = self._groups()
         if d % groups:
@@ -281,11 +276,9 @@ class Uniform(Codec):
     def decode(self, p: Payload) -> np.ndarray:
         """Dequantize to float32 ``(n, d)``; inconsistent payloads raise PayloadError.
 
-        The payload's ``fixed_range`` (absent means False) must equal the codec's; a
-        fixed-range payload carries ``codes`` only. Buffers are checked against the declared
-        shape before the output is allocated, but an entropy-coded payload may be far smaller
-        than the ``(n, d)`` it declares: callers must bound the declared size (check
-        ``p.shape`` or call :meth:`Payload.expect_elements`) before decoding.
+        The payload's ``fixed_range`` (absent: False) must equal the codec's. Buffers are checked
+        before allocating, but a coded payload may be far smaller than its ``(n, d)``: callers
+        bound ``p.shape`` first (:meth:`Payload.expect_elements`).
         """
         method = self._check_meta(p)
         n, d = p.shape
@@ -312,10 +305,8 @@ class Uniform(Codec):
         self.open_payload(p, ndim=2)
         fixed = p.meta.get("fixed_range", False)
         if not isinstance(fixed, bool) or fixed != self.fixed_range:
-            raise PayloadError(
-                f"uniform payload meta 'fixed_range'={fixed!r} does not match the decoder's "
-                f"{self.fixed_range!r}"
-            )
+            raise PayloadError(f"uniform payload meta 'fixed_range'={fixed!r} does not match the "
+                               f"decoder's {self.fixed_range!r}")
         method = p.meta.get("entropy")
         # a context encoder sends a message zlib-coded where that is smaller
         accepted = ("none", self.entropy, "zlib") if self.entropy == "context" \
@@ -387,12 +378,11 @@ class Uniform(Codec):
 
 
 def expand_ranges(p: Payload, rows: int) -> Payload:
-    """``p`` with its coded ``ranges`` buffer undone into ``mins`` and ``scales``.
+    """``p`` with its coded ``ranges`` undone into ``mins`` and ``scales`` (``p`` if uncoded).
 
-    ``nbits`` moves by the difference between the coded and the raw sizes, so every check
-    of the raw payload holds exactly where it holds for ``p``. ``p`` itself is returned
-    where it carries no coded ranges. A stream that does not inflate to exactly
-    ``8 * rows`` bytes, or sits beside raw ``mins``/``scales``, raises :class:`PayloadError`.
+    ``nbits`` moves by the coded minus the raw size, so the raw payload's checks hold as for
+    ``p``. A stream not inflating to exactly ``8 * rows`` bytes, or beside raw
+    ``mins``/``scales``, raises :class:`PayloadError`.
     """
     method = p.meta.get("ranges")
     if method is None:
@@ -413,11 +403,10 @@ def expand_ranges(p: Payload, rows: int) -> Payload:
 
 
 def packed_codes(p: Payload, bits: int) -> np.ndarray:
-    """The bit-packed codes of a ``uniform`` payload, undoing its lossless coder.
+    """The bit-packed codes of a ``uniform`` payload, its lossless coder undone.
 
-    ``p``'s shape must already be bounded by the caller (the work and memory of decoding
-    follow the declared ``(n, d)``); the stream decodes to exactly ``n * d`` codes of
-    ``bits`` bits or :class:`PayloadError` is raised.
+    The caller bounds ``p.shape`` first; a stream not decoding to exactly ``n * d`` codes of
+    ``bits`` bits raises :class:`PayloadError`.
     """
     n, d = p.shape
     raw = bitpack.packed_nbytes(n * d, bits)

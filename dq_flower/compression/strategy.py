@@ -165,10 +165,6 @@ class CompressedUpdates(RoundPipeline, Strategy):
         """Take what each node was sent this round (its layout and reference weights)."""
         rnd.notes["coded"] = self._sent.pop(rnd.number, {})
 
-    def decode_reply(self, rnd: ServerRound, msg: Message) -> _Decoded:
-        """One reply's update, decoded against what its node was sent."""
-        return self._decode(msg, rnd.notes["coded"])
-
     def bound(self, rnd: ServerRound) -> list[_Decoded]:
         """Consistent metric keys, norm screen, clip, direction screen, weight cap; rebuild."""
         screened, sent = rnd.screened, rnd.notes["coded"]
@@ -258,10 +254,10 @@ class CompressedUpdates(RoundPipeline, Strategy):
                 cfg[LAYOUT_KEY] = layout.to_json()
         return _Sent(layout, reference, int(payload.nbits))
 
-    def _decode(self, msg: Message, sent: dict[int, _Sent]) -> _Decoded:
-        """Check one reply and decode it into weights; ``PayloadError`` with the reason."""
+    def decode_reply(self, rnd: ServerRound, msg: Message) -> _Decoded:
+        """Check one reply and decode it against what its node was sent (or PayloadError)."""
         node = int(msg.metadata.src_node_id)
-        entry = sent.get(node)
+        entry = rnd.notes["coded"].get(node)
         if entry is None:
             raise PayloadError("no train message was sent to this node this round")
         content = msg.content
