@@ -29,11 +29,7 @@ def packed_nbytes(count: int, bits: int) -> int:
 def _padded(codes: np.ndarray, multiple: int) -> np.ndarray:
     """Return ``codes`` zero-padded to a multiple of ``multiple`` elements (no copy if aligned)."""
     rem = codes.size % multiple
-    if rem == 0:
-        return codes
-    out = np.zeros(codes.size + multiple - rem, dtype=codes.dtype)
-    out[: codes.size] = codes
-    return out
+    return codes if rem == 0 else np.pad(codes, (0, multiple - rem))
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -95,9 +91,8 @@ def _lut(bits: int) -> np.ndarray:
     """Lookup table: byte value -> the ``8 // bits`` codes it holds (as one word)."""
     per = 8 // bits
     values = np.arange(256, dtype=np.uint16)
-    codes = np.stack(
-        [(values >> (bits * (per - 1 - j))) & ((1 << bits) - 1) for j in range(per)], axis=1
-    ).astype(np.uint8)
+    codes = np.stack([(values >> (bits * (per - 1 - j))) & ((1 << bits) - 1)
+                      for j in range(per)], axis=1).astype(np.uint8)
     return np.ascontiguousarray(codes).view({2: "<u4", 4: "<u2"}[bits]).reshape(-1)
 
 
@@ -112,8 +107,8 @@ _BYTE_CODES = {1: np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1)
 def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     """Inverse of :func:`pack`: read ``count`` codes of ``bits`` bits from ``data``.
 
-    Raises ``ValueError`` when ``data`` does not hold exactly ``ceil(count * bits / 8)`` bytes;
-    the length is checked before anything is allocated.
+    Raises ``ValueError`` (before allocating) unless ``data`` holds ``ceil(count * bits / 8)``
+    bytes.
     """
     bits = check_width(bits)
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:

@@ -121,13 +121,8 @@ class PowerSGD(Codec):
         meta = {"rows": rows, "cols": cols, "rank": r, "compressed": compressed}
         if not compressed:
             return self.payload(shape, {"values": flat.copy()}, 32 * flat.size, **meta)
-        m: np.ndarray
-        if rows * cols == flat.size:
-            m = flat.reshape(rows, cols)
-        else:
-            m = np.zeros(rows * cols, dtype=np.float32)
-            m[: flat.size] = flat
-            m = m.reshape(rows, cols)
+        pad = rows * cols - flat.size  # zero-padded at the end
+        m = (np.pad(flat, (0, pad)) if pad else flat).reshape(rows, cols)
         key = (rows, cols, r)
         q = self._warm.get(key)
         if q is None:
@@ -162,10 +157,8 @@ class PowerSGD(Codec):
             rows, cols, r, compressed = self.layout(p.shape)
         except ValueError as exc:
             raise PayloadError(f"powersgd payload shape {list(p.shape)}: {exc}") from None
-        meta_equal(p, "rows", rows)
-        meta_equal(p, "cols", cols)
-        meta_equal(p, "rank", r)
-        meta_equal(p, "compressed", compressed)
+        for key, value in (("rows", rows), ("cols", cols), ("rank", r), ("compressed", compressed)):
+            meta_equal(p, key, value)
         expect_nbits(p, self.nbits_for(p.shape))
         if not compressed:
             values = expect_floats(p, "values", size)

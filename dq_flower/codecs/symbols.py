@@ -115,11 +115,8 @@ def _open(stream: np.ndarray, alphabet: int, count: int):
 def decode(stream: np.ndarray, alphabet: int, count: int) -> np.ndarray:
     """Decode exactly ``count`` codes (uint8).
 
-    Raises
-    ------
-    PayloadError
-        A stream that is not whole 32-bit words, too short for ``count`` codes, made for
-        another count or alphabet, corrupt, or with data left after the declared codes.
+    Raises :class:`PayloadError` for a stream not of whole 32-bit words, too short, made for
+    another count or alphabet, corrupt, or with data left after the declared codes.
     """
     coder = _open(stream, alphabet, count)
     bounds = wave_bounds(int(count))

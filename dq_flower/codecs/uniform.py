@@ -137,9 +137,6 @@ class Uniform(Codec):
         """The step ``1 / (2**bits - 1)`` of the fixed range [0, 1], as float32."""
         return np.float32(1.0 / self.levels)
 
-    def _groups(self) -> int:
-        return self.per_channel if self.per_channel else 1
-
     def _image_shape(self, d: int) -> tuple[int, int, int] | None:
         """The context coder's ``(C, H, W)`` for samples of ``d`` values (``None``: flat)."""
         shape = self.sample_shape
@@ -157,7 +154,7 @@ class Uniform(Codec):
             raise ValueError(f"uniform encodes a 2-D batch (n, d), one row per sample; got shape "
                              f"{arr.shape}")
         n, d = arr.shape
-        groups = self._groups()
+        groups = self.per_channel or 1
         if d % groups:
             raise ValueError(f"per_channel={self.per_channel} does not divide d={d}")
         if self.dither_seed is None and self.stochastic:
@@ -282,7 +279,7 @@ class Uniform(Codec):
         """
         method = self._check_meta(p)
         n, d = p.shape
-        groups = self._groups()
+        groups = self.per_channel or 1
         if d % groups:
             raise PayloadError(f"uniform payload d={d} is not a multiple of {groups} channels")
         rows, width = n * groups, d // groups
