@@ -26,21 +26,17 @@ __all__ = ["METHODS", "LZMA_STATE", "WINDOW_CAP", "WINDOW_FLOOR", "available", "
 #: Entropy coder names accepted by :func:`check_method`.
 METHODS = ("none", "zlib", "lzma", "zstd")
 
-#: Largest decompressed/compressed size ratio accepted per method. Deflate cannot expand
-#: more than 1032:1; lzma measured 6,800:1 on 100 MB of zeros here (bound set at 2x);
-#: zstd's bound is generous. Plus a fixed allowance for tiny inputs.
+#: Largest decompressed/compressed ratio per method (deflate's limit is 1032:1; lzma measured
+#: 6,800:1 on 100 MB of zeros, bound at 2x; zstd generous), plus ``_SLACK`` for tiny inputs.
 MAX_RATIO = {"zlib": 1032, "lzma": 16_000, "zstd": 65_536}
 _SLACK = 256
 
-#: Smallest history (xz dictionary, zstd window) a decoder is allowed, in bytes, whatever
-#: the expected size. ``lzma``: 8 MiB, because the encoder (``preset=6``) declares its 8 MiB
-#: dictionary for every message, however short (liblzma does not shrink it to the input).
-#: ``zstd``: 1 MiB; the encoder (level 19, one-shot, content size in the frame) shrinks its
-#: window to the message, so an honest frame never asks for more than its own size.
+#: Smallest history (xz dictionary, zstd window) a decoder is allowed, in bytes: ``lzma``
+#: 8 MiB (``preset=6`` declares its 8 MiB dictionary for any message); ``zstd`` 1 MiB (level
+#: 19 one-shot shrinks its window to the message).
 WINDOW_FLOOR = {"lzma": 8 << 20, "zstd": 1 << 20}
-#: Largest history accepted for any message: 64 MiB (xz's ``preset=9`` dictionary). The
-#: encoders never go past 8 MiB (``preset=6``'s dictionary, level 19's window), however
-#: large the message; a full model of millions of parameters stays at 8 MiB.
+#: Largest history accepted for any message: 64 MiB (xz's ``preset=9`` dictionary); the
+#: encoders never go past 8 MiB.
 WINDOW_CAP = 64 << 20
 #: liblzma's memory beside the dictionary: 64 KiB measured for a one-block stream, with room.
 LZMA_STATE = 1 << 20
