@@ -1,23 +1,12 @@
 """Client side of the compressed-gradient baselines: gradient (or tau local steps), encode, reply.
 
-The server's message carries the round config and the model in one of three forms
-(``downlink``): a float32 or fp16 codec payload under ``model``, or, for majority vote with
-``downlink="sign"``, the 1-bit votes the client has not applied yet (``vote-<v>``), which it
-applies to its own model copy kept in ``Context.state``.
-
-State kept across rounds in ``Context.state`` (with ``-<i>`` appended per parameter tensor
-when the update is coded per tensor):
-- ``grad-ef``: the error-feedback state of a biased codec (the residual, plus the codec's
-  own state such as PowerSGD's warm start, as ``ErrorFeedback.state_dict`` gives it);
-- ``grad-codec``: the codec's own state when it runs without error feedback;
-- ``grad-momentum``: the client momentum of majority vote (Signum);
-- ``grad-model`` / ``grad-model-meta``: the model copy and its version (``downlink="sign"``).
-
-After each round the client snapshots these entries (:mod:`dq_flower.client_state`:
-``grad-after@<round>/<key>``, the last few rounds, listed in ``grad-rounds``); a round the
-server sends again (a retry, or a replay after the server resumed from an older
-checkpoint) starts from the snapshot of the latest round before it, so its reply and the
-state it leaves are the same as the first time.
+The model arrives as a float32 or fp16 payload under ``model`` or, for majority vote with
+``downlink="sign"``, as the 1-bit votes (``vote-<v>``) to apply to the copy kept in
+``Context.state``. State (``-<i>`` appended per tensor when coded per tensor): ``grad-ef``
+(``ErrorFeedback.state_dict``), ``grad-codec`` (codec state without error feedback),
+``grad-momentum`` (Signum), ``grad-model`` / ``grad-model-meta`` (the model copy). Each
+round's state is snapshotted (:mod:`dq_flower.client_state`), so a resent round starts from
+the snapshot before it and replies as the first time.
 """
 
 from __future__ import annotations
@@ -27,15 +16,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.config import GradientConfig
-from dq_flower.client_state import (
-    begin_round,
-    end_round,
-    load_state_dict,
-    save_state_dict,
-)
+from dq_flower.client_state import begin_round, end_round, load_state_dict, save_state_dict
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.config import from_mapping
 from dq_flower.data_input import as_arrays
@@ -61,46 +45,28 @@ from dq_flower.wire.gradient import (
 from dq_flower.wire.model import MODEL_KEY, decode_model_payload
 from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, read_buffers
 
-__all__ = [
-    "gradient_train",
-    "batch_indices",
-    "epoch_batches",
-    "local_update",
-    "EF_KEY",
-]
+__all__ = ["gradient_train", "batch_indices", "epoch_batches", "local_update", "EF_KEY"]
 
 EF_KEY = "grad-ef"
-CODEC_KEY = "grad-codec"
 MOMENTUM_KEY = "grad-momentum"
 MODEL_STATE_KEY = "grad-model"
 #: Most votes a client applies from one message.
 MAX_VOTES = 64
 
 
-def batch_indices(
-    seed: int, server_round: int, partition_id: int, n: int, batch_size: int, steps: int = 1
-) -> list[np.ndarray]:
-    """Row indices of a client's minibatches in one round (one array per local step).
-
-    Each minibatch is ``min(batch_size, n)`` distinct rows drawn from
-    ``round_rng(seed, server_round, partition_id, Purpose.BATCH)``, so tests and the server
-    can recompute exactly the rows a client used.
-    """
+def batch_indices(seed: int, server_round: int, partition_id: int, n: int, batch_size: int,
+                  steps: int = 1) -> list[np.ndarray]:
+    """Per local step, ``min(batch_size, n)`` sorted distinct rows (``Purpose.BATCH``)."""
     rng = round_rng(seed, server_round, partition_id, Purpose.BATCH)
     size = min(int(batch_size), int(n))
     return [np.sort(rng.choice(int(n), size=size, replace=False)) for _ in range(int(steps))]
 
 
-def epoch_batches(
-    seed: int, server_round: int, partition_id: int, n: int, batch_size: int, epochs: int
-) -> list[np.ndarray]:
-    """Row indices of every minibatch of ``epochs`` full epochs over ``n`` rows.
+def epoch_batches(seed: int, server_round: int, partition_id: int, n: int, batch_size: int,
+                  epochs: int) -> list[np.ndarray]:
+    """Minibatches of ``epochs`` ``Purpose.SHUFFLE`` permutations, as FedAvg's client's.
 
-    Each epoch is a fresh permutation drawn from
-    ``round_rng(seed, server_round, partition_id, Purpose.SHUFFLE)``, cut into consecutive
-    minibatches of ``batch_size`` rows (the last one may be shorter): the same purpose and
-    order as FedAvg's client (``dq_flower.harness.fedavg_client.local_epochs``), so with
-    ``local-epochs`` a client visits its rows in exactly the order FedAvg's client does.
+    See ``dq_flower.harness.fedavg_client.local_epochs``; the last batch may be shorter.
     """
     rng = round_rng(seed, server_round, partition_id, Purpose.SHUFFLE)
     out: list[np.ndarray] = []
@@ -114,34 +80,23 @@ def local_update(
     model, x: np.ndarray, y: np.ndarray, batches: list[np.ndarray], client_lr: float,
     loss_fn: LossFn | None = None, force_steps: bool = False,
 ) -> tuple[np.ndarray, float, int]:
-    """Gradient (one batch) or mean trajectory gradient (several) of the model on ``x, y``.
+    """``(update, mean loss, rows used)``: one batch's gradient, or a pseudo-gradient.
 
-    With ``force_steps`` a single batch is also stepped (``local-epochs``: the update is
-    always ``(w_0 - w) / (client_lr * steps)``).
-
-    Returns
-    -------
-    update : numpy.ndarray
-        With one batch, the mean loss gradient on it. With tau batches, tau plain
-        SGD steps are taken with ``client_lr`` and ``(w_0 - w_tau) / (client_lr * tau)`` is
-        returned: a pseudo-gradient on the same scale as a gradient.
-    loss : float
-        Mean loss over the steps (each at the weights the step starts from).
-    examples : int
-        Rows used, counting repeats across steps.
+    After tau SGD steps with ``client_lr`` (also one, with ``force_steps``) the update is
+    ``(w_0 - w_tau) / (client_lr * tau)``, on a gradient's scale.
     """
-    losses = []
+    def grad_at(idx: np.ndarray) -> tuple[float, np.ndarray]:
+        return weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size),
+                                  loss_fn)
     if len(batches) == 1 and not force_steps:
-        idx = batches[0]
-        loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size),
-                                        loss_fn)
-        return grad, float(loss), int(idx.size)
+        loss, grad = grad_at(batches[0])
+        return grad, float(loss), int(batches[0].size)
     w0 = get_flat(model)
     w = w0.copy()
     lr = np.float32(client_lr)
+    losses = []
     for idx in batches:
-        loss, grad = weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size),
-                                        loss_fn)
+        loss, grad = grad_at(idx)
         losses.append(loss)
         w -= lr * grad
         set_flat(model, w)
@@ -234,66 +189,38 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     set_flat(model, _receive_model(msg, context, cfg, config, dim))
     buffers = float_buffers(model)
     if buffers:  # BatchNorm statistics: the server's, and ours back after the round
-        set_float_buffers(model, read_buffers(
-            _buffers_of(msg), {k: v.shape for k, v in buffers.items()}))
+        record = msg.content.array_records.get(BUFFERS_KEY)
+        if record is None:
+            raise PayloadError(f"the train message carries no {BUFFERS_KEY!r} record for this "
+                               "model's BatchNorm statistics")
+        set_float_buffers(model, read_buffers(record, {k: v.shape for k, v in buffers.items()}))
 
-    update, loss, examples = _trained_update(model, x, y, cfg, seed, server_round, pid,
-                                             loss_fn)
-    if cfg.majority and cfg.momentum > 0:  # Signum: client-side momentum
-        update = _with_momentum(update, cfg, context)
+    if cfg.epochs_mode:
+        batches = epoch_batches(seed, server_round, pid, x.shape[0], cfg.batch_size, cfg.epochs)
+    else:
+        batches = batch_indices(seed, server_round, pid, x.shape[0], cfg.batch_size,
+                                cfg.local_steps)
+    update, loss, examples = local_update(model, x, y, batches, cfg.client_lr, loss_fn,
+                                          force_steps=cfg.epochs_mode)
+    if cfg.majority and cfg.momentum > 0:  # Signum: client momentum m = momentum * m + update
+        state = load_state_dict(context, MOMENTUM_KEY)
+        m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
+        update = np.asarray(m, dtype=np.float32)
+        save_state_dict(context, MOMENTUM_KEY, {"m": update})
 
     shapes = [tuple(p.shape) for p in model.parameters()]
     rng = round_rng(seed, server_round, pid, Purpose.CODEC)
     payloads = encode_update(update, shapes, cfg, context, rng, STATE_PREFIX)
-    content = _update_content(cfg, payloads, len(shapes), {
+    content = RecordDict({METRICS_KEY: MetricRecord({
         "num-examples": int(examples),
         "train-loss": float(loss),
         "partition-id": int(pid),
         "up-payload-bits": int(sum(p.nbits for p in payloads)),
         "client-time-s": time.perf_counter() - t0,
-    })
+    })})
+    for key, payload in zip(update_keys(cfg, len(shapes)), payloads, strict=True):
+        content[key] = payload.to_record()
     if buffers:
         content[BUFFERS_KEY] = buffers_record(float_buffers(model))
     end_round(context, server_round, STATE_PREFIX)
     return Message(content=content, reply_to=msg)
-
-
-def _buffers_of(msg: Message) -> ArrayRecord:
-    """The server's buffers in a train message (a ``PayloadError`` where they are missing)."""
-    record = msg.content.array_records.get(BUFFERS_KEY)
-    if record is None:
-        raise PayloadError(f"the train message carries no {BUFFERS_KEY!r} record for this "
-                           "model's BatchNorm statistics")
-    return record
-
-
-def _trained_update(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: GradientConfig,
-                    seed: int, server_round: int, pid: int,
-                    loss_fn: LossFn | None) -> tuple[np.ndarray, float, int]:
-    """The round's local training: its update, mean loss and examples seen."""
-    if cfg.epochs_mode:
-        batches = epoch_batches(seed, server_round, pid, x.shape[0], cfg.batch_size,
-                                cfg.epochs)
-    else:
-        batches = batch_indices(seed, server_round, pid, x.shape[0], cfg.batch_size,
-                                cfg.local_steps)
-    return local_update(model, x, y, batches, cfg.client_lr, loss_fn,
-                        force_steps=cfg.epochs_mode)
-
-
-def _with_momentum(update: np.ndarray, cfg: GradientConfig, context: Context) -> np.ndarray:
-    """Signum's client-side momentum: ``m = momentum * m + update``, kept in the state."""
-    state = load_state_dict(context, MOMENTUM_KEY)
-    m = update if state is None else np.float32(cfg.momentum) * state["m"] + update
-    update = np.asarray(m, dtype=np.float32)
-    save_state_dict(context, MOMENTUM_KEY, {"m": update})
-    return update
-
-
-def _update_content(cfg: GradientConfig, payloads: list[Payload], num_tensors: int,
-                    metrics: dict[str, Any]) -> RecordDict:
-    """The reply's content: the metrics and one record per coded segment."""
-    content = RecordDict({METRICS_KEY: MetricRecord(metrics)})
-    for key, payload in zip(update_keys(cfg, num_tensors), payloads, strict=True):
-        content[key] = payload.to_record()
-    return content

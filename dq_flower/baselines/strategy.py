@@ -1,11 +1,9 @@
 """Distributed SGD with compressed uploads: the gradient-compression baselines.
 
-One message exchange per round. The server sends the model (``downlink``: float32, fp16,
-or for majority vote the 1-bit votes the client lacks); each sampled client computes the
-gradient of its minibatch (``local-steps`` = 1) or the mean gradient along tau local SGD
-steps, encodes it with a registry codec (inside error feedback where the codec is biased)
-and replies. The server validates every reply, decodes, aggregates (mean weighted by
-``num-examples``, or majority vote: the sign of the sum of signs) and steps its optimizer.
+Per round the server sends the model (float32, fp16, or the 1-bit votes a client lacks);
+each client replies with its coded gradient (or mean gradient along tau local steps, error
+feedback for biased codecs); the server validates, decodes, aggregates (weighted mean or
+majority vote) and steps its optimizer.
 """
 
 from __future__ import annotations
@@ -16,14 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -67,17 +58,13 @@ from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, weighted_b
 
 __all__ = ["GradientStrategy", "majority_vote", "weighted_mean"]
 
-#: Most rows a client may claim per epoch under ``local-epochs`` (its ``num-examples`` is
-#: its rows times the epochs): an honest partition of any data set used here is far
-#: smaller; a larger claim is refused rather than given that weight in the mean.
+#: Most rows a client may claim per epoch under ``local-epochs`` (``num-examples`` is rows
+#: times epochs); a larger claim is refused rather than weighted in the mean.
 MAX_EPOCH_ROWS = 1 << 24
 
 
 def majority_vote(vectors: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """``sign(sum_k sign(v_k))`` as +-1 float32; ties (a zero sum) go to a seeded coin flip.
-
-    Every client has one vote, whatever its number of examples.
-    """
+    """``sign(sum_k sign(v_k))`` as +-1 float32, one vote per client; ties: a seeded coin."""
     total = np.zeros(vectors[0].size, dtype=np.int64)
     for v in vectors:
         total += np.sign(v).astype(np.int64)
@@ -127,8 +114,7 @@ class GradientStrategy(ModelStrategy, Strategy):
         Name written into the messages' config (``qsgd``, ``signsgd``, ...).
     """
 
-    #: The clients' weighted training loss is ClientApp-side; every other figure the
-    #: server's (reported with the ServerApp-side metrics under ``start``).
+    #: The clients' weighted training loss is ClientApp-side; every other figure the server's.
     client_metric_keys = ("train-loss",)
 
     def __init__(self, model: torch.nn.Module, codec: str | None = None, *,
@@ -184,9 +170,8 @@ class GradientStrategy(ModelStrategy, Strategy):
         log_round(self.method, 0, f"codec {self.codec}, error feedback {ef}, knobs: "
                   f"{changed_knobs(self.cfg)}")
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
         """Send every sampled node the round config and the model (or the votes it lacks)."""
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
@@ -204,7 +189,9 @@ class GradientStrategy(ModelStrategy, Strategy):
         if sign:
             base["model-version"] = self.version
             base["model-crc"] = model_crc(w)
-        full, full_bits = self._model_record(w)
+        payload = make("fp16" if self.cfg.downlink_mode == "fp16" else "identity",
+                       entropy=self.cfg.entropy_coder).encode(w)  # the downlink model
+        full, full_bits = payload.to_record(), int(payload.nbits)
         buffers = float_buffers(self.model)  # BatchNorm statistics travel as they are
         record = buffers_record(buffers) if buffers else None
         messages, bits = [], 0
@@ -232,10 +219,7 @@ class GradientStrategy(ModelStrategy, Strategy):
         self.failures.observe(rnd.screened.replies, rnd.screened.silent)
 
     def bound(self, rnd: ServerRound) -> _Kept:
-        """Norm screen, clip, direction screen and weight cap (none under ``majority``).
-
-        Replies arrive in any order: they are bounded in the clients' partition order.
-        """
+        """Norm screen, clip, direction screen, weight cap (not under majority), partition order."""
         screened = rnd.screened
         updates = sorted(screened.accepted, key=lambda u: (u.partition, u.node))
         figures = UpdateFigures.decoded(screened, updates)
@@ -298,24 +282,15 @@ class GradientStrategy(ModelStrategy, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> GradientStrategy:
         """The strategy with its knobs read from a run config (``context.run_config``).
 
-        Every :class:`GradientConfig` field and scalar argument (``seed``,
-        ``fraction-train``, ...) is read from its hyphenated key where present (``codec``
-        defaults to ``qsgd``) and ``overrides`` win
-        (:func:`dq_flower.config.strategy_kwargs`). Any other key but ``num-server-rounds``
-        and ``app_keys`` (the app's own), and a value of the wrong type, raise
-        ``ValueError`` naming the key.
+        Every :class:`GradientConfig` field and scalar argument by its hyphenated key
+        (``codec`` defaults to ``qsgd``), ``overrides`` winning
+        (:func:`dq_flower.config.strategy_kwargs`); unknown keys (but ``num-server-rounds``
+        and ``app_keys``) and wrongly typed values raise ``ValueError`` naming the key.
         """
         return cls(model, **strategy_kwargs(cls, GradientConfig, run_config, overrides,
                                             defaults={"codec": "qsgd"}, app_keys=app_keys))
 
-
     # ------------------------------------------------------------------ internals
-    def _model_record(self, w: np.ndarray) -> tuple[ArrayRecord, int]:
-        """The downlink model record (float32 or fp16, entropy-coded) and its payload bits."""
-        codec = "fp16" if self.cfg.downlink_mode == "fp16" else "identity"
-        payload = make(codec, entropy=self.cfg.entropy_coder).encode(w)
-        return payload.to_record(), int(payload.nbits)
-
     def _guarded_step(self, server_round: int, updates: list[GradientUpdate]) -> bool:
         """Aggregate and step; roll the step back if it left the model non-finite."""
         vectors = [u.vector for u in updates]

@@ -1,9 +1,7 @@
 """Majority vote's 1-bit downlink: the votes a client lacks instead of the whole model.
 
-Under ``downlink="sign"`` each model update is a vote (the sign step of
-:func:`~dq_flower.wire.gradient.sign_step`); a client holding model version ``v`` gets
-the votes ``v+1 .. now`` when there are at most :data:`MAX_VOTES_BEHIND` of them, else the
-float32 model.
+Under ``downlink="sign"`` a client at version ``v`` gets the votes ``v+1 .. now``
+(:func:`~dq_flower.wire.gradient.sign_step`), at most :data:`MAX_VOTES_BEHIND`, else the model.
 """
 
 from __future__ import annotations

@@ -22,17 +22,5 @@ from .error_feedback import ErrorFeedback
 from .lossless import EntropyCoded
 from .registry import coder_for, make, names, payload_coder, register
 
-__all__ = [
-    "CONTEXT",
-    "PAYLOAD_VERSION",
-    "Codec",
-    "EntropyCoded",
-    "ErrorFeedback",
-    "Payload",
-    "PayloadError",
-    "coder_for",
-    "make",
-    "names",
-    "payload_coder",
-    "register",
-]
+__all__ = ["CONTEXT", "PAYLOAD_VERSION", "Codec", "EntropyCoded", "ErrorFeedback", "Payload",
+           "PayloadError", "coder_for", "make", "names", "payload_coder", "register"]

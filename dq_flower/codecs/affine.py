@@ -11,14 +11,12 @@ import numpy as np
 __all__ = ["affine_block", "safe_gain"]
 
 
-def safe_gain(
-    span: np.ndarray, gain: np.ndarray, bump: np.float32, limit: float | np.floating
-) -> np.ndarray:
+def safe_gain(span: np.ndarray, gain: np.ndarray, bump: np.float32,
+              limit: float | np.floating) -> np.ndarray:
     """Lower ``gain`` by a few ulps where ``fl(fl(span * gain) + bump) >= limit`` (float32).
 
-    Float32 rounding is monotone, so the largest coordinate of each row, whose offset from
-    the row minimum is ``span``, bounds every other one: after this, no code can exceed the
-    top level and the encoder needs no clipping pass.
+    Rounding is monotone, so each row's largest value (``span`` above the minimum) bounds
+    the others: no code exceeds the top level.
     """
     limit32 = np.float32(limit)
     for _ in range(64):
@@ -29,19 +27,11 @@ def safe_gain(
     raise AssertionError("gain adjustment did not converge")  # pragma: no cover
 
 
-def affine_block(
-    blk: np.ndarray,
-    t: np.ndarray,
-    lo: np.ndarray,
-    scale: np.ndarray,
-    top: int,
-    unit: float | np.floating,
-    bump: float | np.floating,
-) -> None:
+def affine_block(blk: np.ndarray, t: np.ndarray, lo: np.ndarray, scale: np.ndarray, top: int,
+                 unit: float | np.floating, bump: float | np.floating) -> None:
     """Write ``(blk - min) * gain`` into ``t``, and each row's min and scale into ``lo``, ``scale``.
 
-    ``gain`` is ``unit / scale``, lowered by :func:`safe_gain` so that ``t + bump`` of a
-    row's largest value stays below ``(top + 1) * unit`` (the codes need no clipping).
+    ``gain = unit / scale``, lowered by :func:`safe_gain` below ``(top + 1) * unit``.
     """
     mn = blk.min(axis=1)
     mx = blk.max(axis=1)

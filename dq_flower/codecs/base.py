@@ -1,17 +1,8 @@
-"""Codec and Payload: the contract every codec follows.
+"""Codec and Payload: the contract every codec follows, and its one import path.
 
-A :class:`Codec` maps a float32 array to a :class:`Payload` (packed bytes plus side
-information) and back. A payload knows its exact wire size in bits (``nbits``) and travels
-inside a Flower ``ArrayRecord`` as raw bytes, with one small JSON header array.
-
-This module is the contract's one import path (``from .base import ...``, as every codec
-module does); its parts live in
-
-- :mod:`.payload`: :class:`Payload`, its wire record and its limits;
-- :mod:`.header`: the strict, bounded parser of a record's JSON header;
-- :mod:`.checks`: what decoders check of a payload before they allocate;
-- :mod:`.kernels`: numeric helpers (input checks, random draws, bucket loops);
-- :mod:`.errors`: :class:`PayloadError`.
+Its parts live in :mod:`.payload` (:class:`Payload`, wire record, limits), :mod:`.header`
+(the JSON header parser), :mod:`.checks` (decoder checks), :mod:`.kernels` (numeric
+helpers) and :mod:`.errors` (:class:`PayloadError`).
 """
 
 from __future__ import annotations
@@ -30,19 +21,9 @@ from .header import MAX_HEADER_BYTES, MAX_HEADER_DEPTH
 from .kernels import *  # noqa: F403  (re-exported: the numeric kernels)
 from .payload import ALLOWED_DTYPES, MAX_ELEMENTS, PAYLOAD_VERSION, Payload
 
-__all__ = [
-    "PAYLOAD_VERSION",
-    "MAX_ELEMENTS",
-    "MAX_HEADER_BYTES",
-    "MAX_HEADER_DEPTH",
-    "ALLOWED_DTYPES",
-    "Codec",
-    "SymbolSpec",
-    "Payload",
-    "PayloadError",
-    *checks.__all__,
-    *kernels.__all__,
-]
+__all__ = ["PAYLOAD_VERSION", "MAX_ELEMENTS", "MAX_HEADER_BYTES", "MAX_HEADER_DEPTH",
+           "ALLOWED_DTYPES", "Codec", "SymbolSpec", "Payload", "PayloadError", *checks.__all__,
+           *kernels.__all__]
 
 
 class SymbolSpec(NamedTuple):
@@ -61,11 +42,8 @@ class SymbolSpec(NamedTuple):
 class Codec(ABC):
     """Maps float32 arrays to payloads and back.
 
-    Subclasses are frozen dataclasses whose fields are the codec's parameters; they validate
-    them as they are set (:func:`~dq_flower.codecs.kernels.int_param` fields) or in
-    ``__post_init__`` and raise ``ValueError`` naming the field. Encoders build payloads
-    with :meth:`payload` and decoders start with :meth:`open_payload`, so both sides agree
-    on :attr:`meta_fields`.
+    Subclasses are frozen dataclasses of checked parameters (``ValueError`` naming the field);
+    encoders build payloads with :meth:`payload`, decoders start with :meth:`open_payload`.
     """
 
     #: Registry name, set by :func:`dq_flower.codecs.registry.register`.
@@ -84,12 +62,8 @@ class Codec(ABC):
     def decode(self, p: Payload) -> np.ndarray:
         """Decode a payload to a float32 array of its declared shape.
 
-        Every decoder checks that the buffers match the declared shape before allocating its
-        output, so a payload whose bytes do not back its declared size is refused cheaply.
-        The declared size itself (up to :data:`MAX_ELEMENTS`) is the caller's to bound:
-        some payloads are legitimately far smaller than their output (sparse or low-rank
-        gradients, entropy-coded data), so call :meth:`Payload.expect_elements` (or check
-        ``p.shape``) first.
+        Buffers are checked against the shape before allocating; the declared size (up to
+        :data:`MAX_ELEMENTS`) is the caller's to bound: call :meth:`Payload.expect_elements`.
         """
 
     def symbol_spec(self) -> SymbolSpec | None:
@@ -113,14 +87,11 @@ class Codec(ABC):
                      ndim: int | None = None) -> int:
         """Check ``p``'s codec, version, shape and :attr:`meta_fields`; return its element count.
 
-        ``nbits``, where given, maps the element count to the payload's exact ``nbits``,
-        checked last.
-
         Raises
         ------
         PayloadError
-            If ``p`` was made by another codec or version, its shape is malformed (or not
-            ``ndim``-D), a meta field differs from this codec's or ``p.nbits`` from ``nbits``.
+            Another codec or version, a malformed (or not ``ndim``-D) shape, a meta field unlike
+            this codec's, or ``p.nbits`` unlike ``nbits(count)`` where ``nbits`` is given.
         """
         self.check_payload(p)
         size = expect_shape(p, ndim)

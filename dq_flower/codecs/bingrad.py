@@ -1,15 +1,11 @@
 """BinGrad (Xu, Huo, Huang, 2020): two MSE-optimal levels per bucket, 1 bit per coordinate.
 
-Per bucket, the levels ``b1 <= b2`` and threshold ``t`` satisfy the two-level Lloyd-Max
-conditions ``t = (b1 + b2) / 2``, ``b1 = E[v | v < t]``, ``b2 = E[v | v >= t]``, reached by
-``iters`` iterations from ``t = 0``. The first iteration's partition is the sign partition,
-and each Lloyd step can only lower the squared error, so BinGrad's error is never above
-the scaled sign's (``ef-sign`` with any scale). Deterministic and biased: use it inside
-:class:`~.ErrorFeedback`. ``nbits = D + 64 * n_buckets``.
-
-The iterations run on sorted buckets: with block prefix sums, each conditional mean costs a
-binary search and a 32-element partial sum per bucket instead of a pass over the bucket.
-:class:`SortedBuckets` is shared with :mod:`~.orq`.
+Per bucket, levels ``b1 <= b2`` and threshold ``t`` meet the two-level Lloyd-Max conditions
+``t = (b1 + b2) / 2``, ``b1 = E[v | v < t]``, ``b2 = E[v | v >= t]`` after ``iters``
+iterations from ``t = 0`` (the sign partition, so the error never exceeds the scaled
+sign's). Deterministic and biased: use it inside :class:`~.ErrorFeedback`.
+``nbits = D + 64 * n_buckets``. :class:`SortedBuckets` (shared with :mod:`~.orq`) makes each
+conditional mean a binary search and a 32-element partial sum over block prefix sums.
 """
 
 from __future__ import annotations

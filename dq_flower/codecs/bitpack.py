@@ -1,32 +1,17 @@
-"""Bit packing of small unsigned integer codes (widths 1 to 8) into uint8 bytes.
+"""Bit packing of unsigned codes of 1 to 8 bits into uint8 bytes, vectorised.
 
-Layout: codes are written most-significant bit first, code after code, with no padding
-between codes; only the final byte may carry up to 7 zero padding bits. Every width has a
-vectorised fast path (no per-element Python loops):
-
-- widths 1, 2 and 4 pack whole codes per byte (``np.packbits``, a multiply-shift on 32-bit
-  words, a shift-or on 16-bit words) and unpack through a 256-entry lookup table;
-- widths 3, 5, 6 and 7 pack groups of 8 codes into ``bits`` bytes through one 64-bit word;
-- width 8 is a copy.
-
-:func:`pack_wide` and :func:`unpack_wide` do the same for unsigned values of 1 to 32 bits
-(indices of sparse codecs).
+Codes are written most-significant bit first, without padding between codes; only the last
+byte may carry up to 7 zero padding bits. Widths 1, 2, 4 pack whole codes per byte and
+unpack through a 256-entry table; 3, 5, 6, 7 pack 8 codes into ``bits`` bytes via one
+64-bit word; 8 is a copy. :func:`pack_wide` / :func:`unpack_wide` take 1 to 32 bits.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = [
-    "pack",
-    "unpack",
-    "packed_nbytes",
-    "check_width",
-    "pack_wide",
-    "unpack_wide",
-    "padding_is_zero",
-    "unpack_to",
-]
+__all__ = ["pack", "unpack", "packed_nbytes", "check_width", "pack_wide", "unpack_wide",
+           "padding_is_zero", "unpack_to"]
 
 
 def check_width(bits: int, name: str = "bits") -> int:
@@ -44,20 +29,11 @@ def packed_nbytes(count: int, bits: int) -> int:
 def _padded(codes: np.ndarray, multiple: int) -> np.ndarray:
     """Return ``codes`` zero-padded to a multiple of ``multiple`` elements (no copy if aligned)."""
     rem = codes.size % multiple
-    if rem == 0:
-        return codes
-    out = np.zeros(codes.size + multiple - rem, dtype=codes.dtype)
-    out[: codes.size] = codes
-    return out
+    return codes if rem == 0 else np.pad(codes, (0, multiple - rem))
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Pack a flat array of codes, each ``< 2**bits``, into ``ceil(n * bits / 8)`` bytes.
-
-    Codes are written most-significant bit first, code after code, with no padding between
-    codes; only the final byte may carry up to 7 zero padding bits. Codes must already be
-    below ``2**bits``; higher bits are not masked off.
-    """
+    """Pack codes ``< 2**bits`` (not masked) MSB first into ``ceil(n * bits / 8)`` bytes."""
     bits = check_width(bits)
     codes = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
     n = codes.size
@@ -115,27 +91,24 @@ def _lut(bits: int) -> np.ndarray:
     """Lookup table: byte value -> the ``8 // bits`` codes it holds (as one word)."""
     per = 8 // bits
     values = np.arange(256, dtype=np.uint16)
-    codes = np.stack(
-        [(values >> (bits * (per - 1 - j))) & ((1 << bits) - 1) for j in range(per)], axis=1
-    ).astype(np.uint8)
+    codes = np.stack([(values >> (bits * (per - 1 - j))) & ((1 << bits) - 1)
+                      for j in range(per)], axis=1).astype(np.uint8)
     return np.ascontiguousarray(codes).view({2: "<u4", 4: "<u2"}[bits]).reshape(-1)
 
 
 _LUT2 = _lut(2)
 _LUT4 = _lut(4)
 #: byte value -> its codes, shape (256, 8 // bits), for widths 1, 2 and 4.
-_BYTE_CODES = {
-    1: np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1),
-    2: _LUT2.view(np.uint8).reshape(256, 4),
-    4: _LUT4.view(np.uint8).reshape(256, 2),
-}
+_BYTE_CODES = {1: np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1),
+               2: _LUT2.view(np.uint8).reshape(256, 4),
+               4: _LUT4.view(np.uint8).reshape(256, 2)}
 
 
 def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     """Inverse of :func:`pack`: read ``count`` codes of ``bits`` bits from ``data``.
 
-    Raises ``ValueError`` when ``data`` does not hold exactly ``ceil(count * bits / 8)`` bytes;
-    the length is checked before anything is allocated.
+    Raises ``ValueError`` (before allocating) unless ``data`` holds ``ceil(count * bits / 8)``
+    bytes.
     """
     bits = check_width(bits)
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
@@ -148,9 +121,8 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     buf = np.ascontiguousarray(buf).reshape(-1)
     expected = packed_nbytes(count, bits)
     if buf.size != expected:
-        raise ValueError(
-            f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits need {expected}"
-        )
+        raise ValueError(f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits "
+                         f"need {expected}")
     if bits == 8:
         return buf.copy()
     if bits == 1:
@@ -166,22 +138,18 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
     return _split8(word, bits).astype("<u8").view(np.uint8)[:count]
 
 
-def unpack_to(
-    data: np.ndarray, bits: int, count: int, table: np.ndarray, out: np.ndarray | None = None
-) -> np.ndarray:
-    """Return ``table[unpack(data, bits, count)]`` as float32, fused for widths 1, 2 and 4.
+def unpack_to(data: np.ndarray, bits: int, count: int, table: np.ndarray,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Return ``table[unpack(data, bits, count)]`` as float32 (into ``out`` if given).
 
-    For those widths each byte maps through a 256-entry table straight to its ``8 // bits``
-    output values (one gather per byte, no intermediate code array). ``out``, if given, is a
-    C-contiguous float32 array of ``count`` elements that receives the values.
+    Widths 1, 2 and 4 map each byte through a 256-entry table straight to its values.
     """
     bits = check_width(bits)
     tab = np.ascontiguousarray(table, dtype=np.float32).reshape(-1)
     if tab.size != 1 << bits:
         raise ValueError(f"table must hold 2**bits={1 << bits} values, got {tab.size}")
-    if out is not None and (
-        out.dtype != np.float32 or out.size != count or not out.flags.c_contiguous
-    ):
+    if out is not None and (out.dtype != np.float32 or out.size != count
+                            or not out.flags.c_contiguous):
         raise ValueError("out must be a C-contiguous float32 array of count elements")
     if bits not in (1, 2, 4):
         values = tab[unpack(data, bits, count)]
@@ -191,10 +159,8 @@ def unpack_to(
         return out
     buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if buf.size != packed_nbytes(count, bits):
-        raise ValueError(
-            f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits need "
-            f"{packed_nbytes(count, bits)}"
-        )
+        raise ValueError(f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits "
+                         f"need {packed_nbytes(count, bits)}")
     per = 8 // bits
     lut = np.ascontiguousarray(tab[_BYTE_CODES[bits]])  # (256, per): byte -> its values
     if out is not None and count == buf.size * per:
@@ -234,10 +200,8 @@ def unpack_wide(data: np.ndarray, bits: int, count: int) -> np.ndarray:
         raise ValueError(f"bits must be an integer in 1..32, got {bits!r}")
     buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if buf.size != packed_nbytes(count, bits):
-        raise ValueError(
-            f"packed buffer holds {buf.size} bytes but {count} values of {bits} bits need "
-            f"{packed_nbytes(count, bits)}"
-        )
+        raise ValueError(f"packed buffer holds {buf.size} bytes but {count} values of {bits} bits "
+                         f"need {packed_nbytes(count, bits)}")
     planes = np.unpackbits(buf, count=count * bits).reshape(count, bits)
     full = np.zeros((count, 32), dtype=np.uint8)
     full[:, 32 - bits :] = planes

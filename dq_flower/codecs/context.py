@@ -1,26 +1,16 @@
 """Context-model arithmetic coding of quantized codes: the ``context`` sample coder.
 
-The codes of a batch of quantized samples are coded with an ANS coder
-(:class:`constriction.stream.stack.AnsCoder`) under an adaptive context model that both
-ends rebuild from the message alone: every probability row is ``counts + 1/2`` (the
-Krichevsky-Trofimov estimate) of the codes already coded in the same context, so nothing
-beyond the stream and the payload's declared shape is shared.
+An ANS coder (:class:`constriction.stream.stack.AnsCoder`) under an adaptive model both ends
+rebuild from the message alone: each probability row is ``counts + 1/2`` (the
+Krichevsky-Trofimov estimate) of the codes already coded in its context. Images ``(C, H, W)``
+(channel-first): the context is the channel group and the top :data:`NEIGHBOUR_BITS` bits of
+the left, upper, upper-left and upper-right codes (zero outside); code ``(r, c)`` is coded in
+*wave* ``2 r + c``, after all its neighbours, one vectorised step per wave. Flat samples: the
+context is the feature (grouped where there are many), a sample (or group) per wave.
 
-Image-shaped samples ``(C, H, W)`` (codes laid out channel-first, as a flattened CHW
-image): a code's context is its channel group and the codes of its left, upper,
-upper-left and upper-right neighbours (zero outside the image), each reduced to its top
-:data:`NEIGHBOUR_BITS` bits. The codes are coded in *waves*: code ``(r, c)`` belongs to
-wave ``2 r + c``, so all four neighbours lie in earlier waves and every wave, across all
-samples and channels at once, is one vectorised step; the counts are updated between
-waves. Flat samples (tabular rows) use a per-feature model: a code's context is its
-feature (features grouped where there are very many), and each sample (or group of
-samples) is one wave.
-
-The stream opens with the code count (32 bits), so a stream made for another count is
-refused before any code is decoded. Decoding is bounded: the declared count fixes the work
-and memory (the caller has bounded the declared shape), the model's size is bounded by
-:data:`MAX_CONTEXT_ROWS`, and a stream that holds data beyond the declared codes, or is
-truncated or corrupt, raises :class:`~dq_flower.codecs.base.PayloadError`.
+The stream opens with the code count (32 bits); the declared count fixes work and memory,
+:data:`MAX_CONTEXT_ROWS` bounds the model, and a stream with data left over, truncated or
+corrupt raises :class:`~dq_flower.codecs.base.PayloadError`.
 """
 
 from __future__ import annotations
@@ -67,11 +57,8 @@ def _count_symbols(count: int) -> np.ndarray:
 def check_shape(shape: object, d: int) -> tuple[int, int, int] | None:
     """Validate an image shape ``(C, H, W)`` of ``d`` codes per sample; ``None`` means flat.
 
-    Raises
-    ------
-    PayloadError
-        Not three positive ints, a product other than ``d``, or more than
-        :data:`MAX_WAVES` waves.
+    Raises :class:`PayloadError` for other than three positive ints of product ``d`` and
+    at most :data:`MAX_WAVES` waves.
     """
     if shape is None:
         return None
@@ -95,13 +82,7 @@ def shape_text(shape: tuple[int, int, int]) -> str:
 
 
 def parse_shape(text: object, d: int) -> tuple[int, int, int] | None:
-    """Parse and check a meta ``"CxHxW"`` (``None`` stays ``None``: flat samples).
-
-    Raises
-    ------
-    PayloadError
-        Not of that form, or not a valid shape of ``d`` codes (see :func:`check_shape`).
-    """
+    """Parse and :func:`check_shape` a meta ``"CxHxW"`` (``None`` stays ``None``: flat)."""
     if text is None:
         return None
     match = _SHAPE_TEXT.fullmatch(text) if isinstance(text, str) else None
@@ -165,10 +146,7 @@ class _Waves:
 
     @property
     def steps(self) -> list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]:
-        """Per wave (its neighbours ``(4, m)``, its contexts' base, its positions), contiguous.
-
-        Built once per schedule (which is cached), so a decoder's wave costs no slicing.
-        """
+        """Per wave (its neighbours ``(4, m)``, contexts' base, positions), built once."""
         if self._steps is None:
             steps = []
             for k in range(self.num_waves):
@@ -275,24 +253,10 @@ def _encode_blocks(coder, waves: _Waves, ctx: np.ndarray, sym: np.ndarray) -> No
 
 def encode(codes: np.ndarray, bits: int, n: int, d: int,
            shape: tuple[int, int, int] | None = None) -> np.ndarray:
-    """Code ``n * d`` codes of ``bits`` bits (sample after sample) into a uint8 stream.
+    """Code ``n * d`` codes in ``[0, 2**bits)`` (sample after sample) into a uint8 stream.
 
-    Parameters
-    ----------
-    codes : numpy.ndarray
-        ``n * d`` integer codes in ``[0, 2**bits)``.
-    bits : int
-        Bits per code, 1 to 8.
-    n, d : int
-        Samples and codes per sample.
-    shape : tuple of int or None
-        Image shape ``(C, H, W)`` of a sample (``C * H * W == d``); ``None`` for flat
-        samples (per-feature model).
-
-    Returns
-    -------
-    numpy.ndarray
-        The ANS stream (uint8, a whole number of 32-bit words, little-endian).
+    ``shape`` is a sample's image shape ``(C, H, W)``, ``None`` for flat samples. The stream
+    is a whole number of little-endian 32-bit words.
     """
     waves = _schedule(int(n), int(d), int(bits), check_shape(shape, d))
     flat = np.asarray(codes).reshape(-1)
@@ -324,17 +288,10 @@ def encode(codes: np.ndarray, bits: int, n: int, d: int,
 
 def decode(stream: np.ndarray, bits: int, n: int, d: int,
            shape: tuple[int, int, int] | None = None) -> np.ndarray:
-    """Decode exactly ``n * d`` codes from a :func:`encode` stream, or raise PayloadError.
+    """Decode exactly ``n * d`` uint8 codes from a :func:`encode` stream.
 
-    The caller bounds ``n * d`` (the work and memory are proportional to it); the model's
-    size is bounded here. A stream with data left after the declared codes, a length that
-    is not whole 32-bit words, or one that cannot be decoded raises
-    :class:`~dq_flower.codecs.base.PayloadError`.
-
-    Returns
-    -------
-    numpy.ndarray
-        The ``n * d`` codes as uint8.
+    The caller bounds ``n * d``. Data left over, a length that is not whole 32-bit words or
+    an undecodable stream raise :class:`~dq_flower.codecs.base.PayloadError`.
     """
     if not 1 <= int(bits) <= 8:
         raise PayloadError(f"context stream of {bits!r}-bit codes; 1 to 8 accepted")
@@ -349,11 +306,8 @@ def decode(stream: np.ndarray, bits: int, n: int, d: int,
             raise PayloadError("context stream carries data for no codes")
         return np.zeros(0, dtype=np.uint8)
     words = buf.view("<u4").astype(np.uint32)
-    try:
+    try:  # a stream whose last word is zero is no valid ANS state
         coder = constriction.stream.stack.AnsCoder(words)
-    except Exception as exc:  # a stream whose last word is zero is no valid ANS state
-        raise PayloadError(f"context stream is corrupt: {exc}") from None
-    try:
         head = np.asarray(coder.decode(_COUNT_MODEL, 2), dtype=np.int32)
     except Exception as exc:
         raise PayloadError(f"context stream is corrupt: {exc}") from None

@@ -1,19 +1,11 @@
 """``entropy-coder = "context"`` for the gradient codecs: their codes through :mod:`.symbols`.
 
-A codec that says where its integer codes are (:meth:`Codec.symbol_spec`: ``qsgd``,
-``terngrad``) has them coded one symbol each by the adaptive order-0 ANS coder of
-:mod:`.symbols`, its side information (norms, scale) sent as it is. Per message, the
-encoder also packs the payload with zlib (:func:`.lossless.pack`) and sends the smaller, so
-a message never codes larger than with zlib; codecs without codes to model (``sign``,
-``ef-sign``, ``topk``, ``fp16``, ...) are zlib-coded (the registry's ``coder_for``). The
-payload says which coder coded it (meta :data:`~.lossless.CODER_META`: ``context``,
-``zlib``, or absent when sent as is).
-
-A context-coded payload carries the stream :data:`~.lossless.STREAM` and the side buffers,
-meta ``entropy-coder = "context"`` and the original ``nbits`` (:data:`~.lossless.NBITS_META`);
-its ``nbits`` is 8 x its bytes. Its decoder (:func:`unpack`) checks the buffers and bits,
-bounds the declared code count by the stream's length (:func:`.symbols.fits`) before
-decoding, and rebuilds the codec's own payload, which the codec's decoder then checks.
+A codec with a :meth:`Codec.symbol_spec` (``qsgd``, ``terngrad``) has its codes coded by the
+adaptive order-0 ANS coder of :mod:`.symbols`, side buffers sent as they are; the encoder
+sends the smaller of that and zlib (:func:`.lossless.pack`), named by meta
+:data:`~.lossless.CODER_META`. A context-coded payload carries :data:`~.lossless.STREAM`, the
+side buffers and the original ``nbits`` (:data:`~.lossless.NBITS_META`), ``nbits`` 8 x its
+bytes; :func:`unpack` bounds the code count by the stream (:func:`.symbols.fits`) first.
 """
 
 from __future__ import annotations
@@ -81,9 +73,7 @@ def unpack(p: Payload, spec: SymbolSpec) -> Payload:
 class ContextCoded(EntropyCoded):
     """A codec whose payloads are context-coded (or zlib-coded) where that shrinks them.
 
-    ``encode`` is the codec's own, then the smaller of :func:`pack` (codecs with a
-    :meth:`~Codec.symbol_spec`) and zlib; ``decode`` accepts either (and an uncoded payload),
-    then runs the codec's own decoder.
+    ``encode`` sends the smaller of :func:`pack` and zlib; ``decode`` accepts either (or none).
     """
 
     def __init__(self, codec: Codec) -> None:  # noqa: D107  (the class doc says it)

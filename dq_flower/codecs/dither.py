@@ -31,10 +31,9 @@ def dither_u16(seed: int, start: int, count: int) -> np.ndarray:
 
 
 def dither_offsets(seed: int, start: int, count: int) -> np.ndarray:
-    """Return the float32 dither offsets in (0, 1) of flat positions ``start .. start+count-1``.
+    """Float32 dither offsets ``u = r / 2**16`` in (0, 1) of positions ``start ..``.
 
-    The encoder rounds ``t + u`` down and the decoder adds ``1/2 - u`` back; ``u`` here is
-    ``r / 2**16`` for the 16-bit hash value ``r`` of ``(seed, position)``.
+    The encoder rounds ``t + u`` down and the decoder adds ``1/2 - u`` back.
     """
     r = dither_u16(int(seed), int(start), int(count))
     return r.astype(np.float32) * np.float32(1.0 / 65536.0)

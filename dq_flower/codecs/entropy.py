@@ -1,20 +1,13 @@
 """Lossless entropy coding of packed code bytes: ``none``, ``zlib``, ``lzma``, ``zstd``.
 
-``zlib`` (level 9) and ``lzma`` come with Python; ``zstd`` needs the optional ``zstandard``
-package. Decompression is bounded in output: the caller states the exact decompressed size
-(known from the payload's declared shape), streams longer or shorter than that are refused,
-and a stream whose claimed expansion exceeds what the format can produce is refused before
-any decompression starts.
-
-It is bounded in memory too. A stream declares how much history its decoder must keep
-(xz's dictionary, zstd's window), and the decoder reserves it before decoding anything: a
-hundred-byte xz stream can ask for 4 GiB. Each coder's history is capped by
-:func:`window_limit` (the expected size rounded up to a power of two, at least
-:data:`WINDOW_FLOOR`, at most :data:`WINDOW_CAP`), enforced by the library itself
-(liblzma's ``memlimit``, zstd's ``max_window_size``) and, for zstd, read from the frame
-header first; a stream beyond it is refused with the limit in the reason. Only the format
-the encoder writes is accepted (``.xz``, one zstd frame). A ``MemoryError`` while decoding
-is a refusal too, with a reason.
+``zstd`` needs the optional ``zstandard`` package. Decompression is bounded in output (the
+caller states the exact size; longer or shorter streams, and claimed expansions beyond the
+format's, are refused before decompressing) and in memory: the history a stream asks for
+(xz's dictionary, zstd's window, read from the frame header first) is capped by
+:func:`window_limit` (the expected size rounded up to a power of two, between
+:data:`WINDOW_FLOOR` and :data:`WINDOW_CAP`), enforced by the library (liblzma's
+``memlimit``, zstd's ``max_window_size``). Only ``.xz`` and one zstd frame are accepted; a
+``MemoryError`` while decoding is a refusal with a reason.
 """
 
 from __future__ import annotations
@@ -33,21 +26,17 @@ __all__ = ["METHODS", "LZMA_STATE", "WINDOW_CAP", "WINDOW_FLOOR", "available", "
 #: Entropy coder names accepted by :func:`check_method`.
 METHODS = ("none", "zlib", "lzma", "zstd")
 
-#: Largest decompressed/compressed size ratio accepted per method. Deflate cannot expand
-#: more than 1032:1; lzma measured 6,800:1 on 100 MB of zeros here (bound set at 2x);
-#: zstd's bound is generous. Plus a fixed allowance for tiny inputs.
+#: Largest decompressed/compressed ratio per method (deflate's limit is 1032:1; lzma measured
+#: 6,800:1 on 100 MB of zeros, bound at 2x; zstd generous), plus ``_SLACK`` for tiny inputs.
 MAX_RATIO = {"zlib": 1032, "lzma": 16_000, "zstd": 65_536}
 _SLACK = 256
 
-#: Smallest history (xz dictionary, zstd window) a decoder is allowed, in bytes, whatever
-#: the expected size. ``lzma``: 8 MiB, because the encoder (``preset=6``) declares its 8 MiB
-#: dictionary for every message, however short (liblzma does not shrink it to the input).
-#: ``zstd``: 1 MiB; the encoder (level 19, one-shot, content size in the frame) shrinks its
-#: window to the message, so an honest frame never asks for more than its own size.
+#: Smallest history (xz dictionary, zstd window) a decoder is allowed, in bytes: ``lzma``
+#: 8 MiB (``preset=6`` declares its 8 MiB dictionary for any message); ``zstd`` 1 MiB (level
+#: 19 one-shot shrinks its window to the message).
 WINDOW_FLOOR = {"lzma": 8 << 20, "zstd": 1 << 20}
-#: Largest history accepted for any message: 64 MiB (xz's ``preset=9`` dictionary). The
-#: encoders never go past 8 MiB (``preset=6``'s dictionary, level 19's window), however
-#: large the message; a full model of millions of parameters stays at 8 MiB.
+#: Largest history accepted for any message: 64 MiB (xz's ``preset=9`` dictionary); the
+#: encoders never go past 8 MiB.
 WINDOW_CAP = 64 << 20
 #: liblzma's memory beside the dictionary: 64 KiB measured for a one-block stream, with room.
 LZMA_STATE = 1 << 20
@@ -67,12 +56,10 @@ def window_limit(method: str, size: int) -> int:
 
 
 def memory_limit(method: str, size: int) -> int:
-    """The decoder's memory limit for a ``method`` stream of ``size`` bytes, in bytes.
+    """The decoder's memory limit in bytes for a ``method`` stream of ``size`` bytes.
 
-    ``lzma``: :func:`window_limit` plus :data:`LZMA_STATE` (liblzma's ``memlimit``, which
-    counts the dictionary and its own state); ``zstd``: :func:`window_limit` (its
-    ``max_window_size``; zstd adds a 128 KiB block buffer). ``zlib``: 32 KiB, its largest
-    window, fixed by the format whatever the stream says (nothing to configure).
+    ``lzma``: :func:`window_limit` + :data:`LZMA_STATE` (``memlimit``); ``zstd``:
+    :func:`window_limit` (``max_window_size``); ``zlib``: its fixed 32 KiB window.
     """
     if method == "lzma":
         return window_limit(method, size) + LZMA_STATE
@@ -125,11 +112,8 @@ def compress(data: np.ndarray, method: str) -> np.ndarray:
 def decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
     """Decompress ``data`` to exactly ``size`` bytes, or raise :class:`PayloadError`.
 
-    The expansion ratio is checked before decompressing, and the decompressor never produces
-    more than ``size + 1`` bytes, so a malicious stream cannot exhaust memory with its
-    output; nor with its history: the decoder's memory is capped by :func:`memory_limit`
-    (an xz dictionary or zstd window beyond it is refused, with the limit in the reason).
-    A ``MemoryError`` while decoding is refused as well, with a reason saying so.
+    The expansion ratio is checked first, output is capped at ``size + 1`` bytes and memory
+    at :func:`memory_limit`; a ``MemoryError`` is a refusal with a reason.
     """
     try:
         return _decompress(data, method, size)
@@ -166,9 +150,8 @@ def _decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
     if method not in MAX_RATIO:
         raise PayloadError(f"unknown entropy coder {method!r}")
     if size > MAX_RATIO[method] * len(buf) + _SLACK:
-        raise PayloadError(
-            f"{method} stream of {len(buf)} bytes cannot expand to the declared {size} bytes"
-        )
+        raise PayloadError(f"{method} stream of {len(buf)} bytes cannot expand to the declared "
+                           f"{size} bytes")
     limit = memory_limit(method, size)
     try:
         out, complete = _DECODERS[method](buf, size, limit)
@@ -177,10 +160,8 @@ def _decompress(data: np.ndarray, method: str, size: int) -> np.ndarray:
     except Exception as exc:  # zlib.error, lzma.LZMAError, zstandard.ZstdError, ...
         raise _refusal(method, exc, size, limit) from exc
     if len(out) != size or not complete:
-        raise PayloadError(
-            f"{method} stream decodes to {len(out)}{'+' if not complete else ''} bytes, "
-            f"expected {size}"
-        )
+        raise PayloadError(f"{method} stream decodes to {len(out)}{'+' if not complete else ''} "
+                           f"bytes, expected {size}")
     return np.frombuffer(out, dtype=np.uint8).copy()
 
 

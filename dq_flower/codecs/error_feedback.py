@@ -45,20 +45,15 @@ class ErrorFeedback:
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Encode ``x + residual`` and keep the new residual.
 
-        Raises
-        ------
-        ValueError
-            If ``x`` holds NaN or inf, or its shape differs from the residual's.
+        Raises ``ValueError`` if ``x`` holds NaN or inf or its shape differs from the residual's.
         """
         arr = check_finite(x)
         if self.residual is None:
             target = arr.astype(np.float32, copy=True)
         else:
             if self.residual.shape != arr.shape:
-                raise ValueError(
-                    f"input shape {arr.shape} differs from the residual's {self.residual.shape}; "
-                    "call reset() when the model changes"
-                )
+                raise ValueError(f"input shape {arr.shape} differs from the residual's "
+                                 f"{self.residual.shape}; call reset() when the model changes")
             target = arr + self.residual
         payload = self.codec.encode(target, rng)
         target -= self.codec.decode(payload)
@@ -88,8 +83,7 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore what :meth:`state_dict` returned.
 
-        A missing ``residual`` means a zero residual; the codec's state is loaded only when
-        the dict carries ``codec/...`` keys (otherwise the codec keeps its own).
+        No ``residual`` means zero; without ``codec/`` keys the codec keeps its own state.
 
         Raises
         ------
@@ -100,9 +94,8 @@ class ErrorFeedback:
         if unknown:
             raise ValueError(f"unknown error-feedback state keys {unknown}")
         residual = state.get(_RESIDUAL)
-        codec_state = {
-            k[len(_CODEC_PREFIX) :]: v for k, v in state.items() if k.startswith(_CODEC_PREFIX)
-        }
+        codec_state = {k[len(_CODEC_PREFIX):]: v for k, v in state.items()
+                       if k.startswith(_CODEC_PREFIX)}
         if codec_state and not hasattr(self.codec, "load_state_dict"):
             raise ValueError(f"codec {self.codec.name!r} keeps no state")
         new_residual = None if residual is None else check_finite(residual, "residual").copy()

@@ -1,9 +1,7 @@
 """Lossless and half-precision float codecs: ``identity`` (float32) and ``fp16``.
 
-``fp16`` casts through torch where it is installed, for its fast vectorised
-half-precision conversion, and through numpy otherwise (the same IEEE round-to-nearest-even
-bits); everything else in ``dq_flower.codecs`` is numpy, so a client without PyTorch has
-every codec.
+``fp16`` casts through torch where installed (several times faster), else numpy (the same
+round-to-nearest-even bits): a client without PyTorch has every codec.
 """
 
 from __future__ import annotations
@@ -63,12 +61,7 @@ class Fp16(Codec):
     """IEEE half precision: 16 bits per coordinate (values beyond +-65504 saturate)."""
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
-        """Round ``x`` to float16, saturating out-of-range values.
-
-        The cast runs through torch where it is installed (vectorised half-precision
-        conversion, several times faster than numpy's), else through numpy, with the same
-        result; values are clipped only when the range needs it.
-        """
+        """Round ``x`` to float16, saturating out-of-range values."""
         arr = check_finite(x)
         flat = np.ascontiguousarray(arr.reshape(-1))
         if flat.size and (flat.min() < -_HALF_MAX or flat.max() > _HALF_MAX):

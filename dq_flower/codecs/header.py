@@ -1,8 +1,7 @@
 """Strict, bounded parsing of a payload record's JSON header and raw byte arrays.
 
-A header from the network is bounded in size (:data:`MAX_HEADER_BYTES`) and in nesting
-depth (:data:`MAX_HEADER_DEPTH`, measured in linear time before ``json.loads`` runs), must be
-strict JSON (no NaN or infinities, no repeated keys), and every failure is a
+Bounded in size (:data:`MAX_HEADER_BYTES`) and depth (:data:`MAX_HEADER_DEPTH`, measured
+before ``json.loads``), strict JSON (no NaN, no repeated keys); every failure is a
 :class:`~dq_flower.codecs.errors.PayloadError`.
 """
 
@@ -21,28 +20,20 @@ __all__ = ["MAX_HEADER_BYTES", "MAX_HEADER_DEPTH", "parse_header", "record_array
 
 #: Upper bound on the JSON header of a record, in bytes.
 MAX_HEADER_BYTES = 1 << 16
-#: Deepest nesting of JSON arrays and objects a header may have. Headers written by
-#: :meth:`~dq_flower.codecs.payload.Payload.to_record` nest 3 deep (header object,
-#: ``buffers`` object, one buffer's ``[dtype, size]`` list); anything deeper is refused
-#: before ``json.loads`` runs, so a crafted header cannot exhaust the parser's recursion.
+#: Deepest nesting of JSON arrays and objects a header may have (``to_record`` writes 3),
+#: checked before ``json.loads`` runs so that it cannot exhaust the parser's recursion.
 MAX_HEADER_DEPTH = 8
 
 
-# A JSON string: a quote, then characters other than quote and backslash, or escapes, up
-# to the closing quote or, for an unterminated string, the end of the text. Every attempt
-# from a quote matches, so the scan is linear even on text made of quotes and backslashes.
+# A JSON string, up to its closing quote or (unterminated) the end of the text: every
+# attempt from a quote matches, so the scan is linear on any text.
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.DOTALL)
 _OPEN = np.frombuffer(b"[{", dtype=np.uint8)
 _CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
 
 
 def _json_depth(raw: bytes) -> int:
-    """Deepest nesting of ``[``/``{`` in JSON text ``raw``, brackets inside strings ignored.
-
-    Strings are removed first (a quote up to the next unescaped quote, exactly where a JSON
-    parser ends them), then the running depth is a cumulative sum over the bracket bytes:
-    linear time, no recursion, whatever the input.
-    """
+    """Deepest ``[``/``{`` nesting of JSON text ``raw`` (strings removed first), linear time."""
     bare = np.frombuffer(_JSON_STRING.sub(b"", raw), dtype=np.uint8)
     step = np.isin(bare, _OPEN).astype(np.int64) - np.isin(bare, _CLOSE)
     return int(np.cumsum(step).max(initial=0))
@@ -73,16 +64,11 @@ def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     raw = bytes(raw)
     depth = _json_depth(raw)
     if depth > MAX_HEADER_DEPTH:
-        raise PayloadError(
-            f"payload header nests {depth} levels deep; at most {MAX_HEADER_DEPTH} allowed"
-        )
+        raise PayloadError(f"payload header nests {depth} levels deep; at most "
+                           f"{MAX_HEADER_DEPTH} allowed")
     try:
-        header = json.loads(
-            raw.decode("utf-8"),
-            parse_constant=_reject_constant,
-            parse_float=_finite_float,
-            object_pairs_hook=_unique_object,
-        )
+        header = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant,
+                            parse_float=_finite_float, object_pairs_hook=_unique_object)
     except PayloadError:
         raise
     except (RecursionError, MemoryError) as exc:  # pragma: no cover - the depth bound stops it

@@ -11,19 +11,9 @@ import numpy as np
 
 from dq_flower.knob import knob
 
-__all__ = [
-    "int_param",
-    "check_finite",
-    "check_int",
-    "require_rng",
-    "random_u16",
-    "stochastic_floor",
-    "BUCKET_RANGE",
-    "bucket_chunks",
-    "bucket_blocks",
-    "n_buckets",
-    "flat_input",
-]
+__all__ = ["int_param", "check_finite", "check_int", "require_rng", "random_u16",
+           "stochastic_floor", "BUCKET_RANGE", "bucket_chunks", "bucket_blocks", "n_buckets",
+           "flat_input"]
 
 
 def check_finite(x: np.ndarray, what: str = "input") -> np.ndarray:
@@ -44,12 +34,8 @@ def check_finite(x: np.ndarray, what: str = "input") -> np.ndarray:
 
 def check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
     """Return ``value`` as an int, or raise ``ValueError`` naming ``name`` if out of range."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo
+            or (hi is not None and value > hi)):
         span = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
         raise ValueError(f"{name} must be an integer {span}, got {value!r}")
     return int(value)
@@ -63,9 +49,8 @@ def int_param(name: str, default: int, lo: int, hi: int | None = None) -> Any:
 def require_rng(rng: Any, codec: str) -> np.random.Generator:
     """Return ``rng`` if it is a ``numpy.random.Generator``, else raise ``ValueError``."""
     if not isinstance(rng, np.random.Generator):
-        raise ValueError(
-            f"codec {codec!r} draws random numbers: pass an explicit numpy.random.Generator"
-        )
+        raise ValueError(f"codec {codec!r} draws random numbers: pass an explicit "
+                         "numpy.random.Generator")
     return rng
 
 
@@ -78,11 +63,8 @@ def random_u16(rng: np.random.Generator, count: int) -> np.ndarray:
 def stochastic_floor(a: np.ndarray, rng: np.random.Generator, top: int) -> np.ndarray:
     """Return ``min(floor(a + u), top)`` as uint8, ``u`` uniform in [0, 1), overwriting ``a``.
 
-    ``a`` is a float32 array with ``0 <= a <= top + tiny`` and ``top <= 255``. ``u`` takes the
-    65,536 values ``r / 2**16`` for a uniform 16-bit ``r`` (four per 64-bit draw, a quarter of
-    the cost of float32 uniforms), so the probability of rounding up is the fractional part
-    of ``a`` truncated to 16 bits: unbiased up to less than ``2**-16`` of a step, far below
-    what any Monte-Carlo test of the codecs can resolve.
+    ``0 <= a <= top + tiny``, ``top <= 255``; ``u = r / 2**16`` for uniform 16-bit ``r`` (four
+    per 64-bit draw): unbiased up to ``2**-16`` of a step.
     """
     r = random_u16(rng, a.size).reshape(a.shape)
     a *= np.float32(65536.0)
@@ -97,10 +79,7 @@ BUCKET_RANGE = (1, 1 << 30)
 
 
 def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):
-    """Yield ``(start, stop)`` row ranges of about ``target`` elements (cache-sized blocks).
-
-    Codecs loop over these blocks and vectorise within each, so temporaries stay in cache.
-    """
+    """Yield ``(start, stop)`` row ranges of about ``target`` elements (cache-sized blocks)."""
     step = max(1, target // max(1, row_len))
     for start in range(0, n_rows, step):
         yield start, min(n_rows, start + step)
@@ -109,8 +88,7 @@ def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):
 def bucket_blocks(n: int, bucket: int, target: int = 1 << 17):
     """Yield ``(b0, b1, i0, i1)``: buckets ``b0:b1`` covering elements ``i0:i1`` of a flat array.
 
-    Full buckets come in cache-sized blocks (``flat[i0:i1].reshape(b1 - b0, bucket)``); a
-    final shorter bucket, if ``n`` is not a multiple of ``bucket``, comes alone.
+    Full buckets come in cache-sized blocks; a final shorter bucket comes alone.
     """
     nfull, tail = divmod(int(n), int(bucket))
     for s, e in bucket_chunks(nfull, bucket, target):

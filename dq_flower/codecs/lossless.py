@@ -1,28 +1,14 @@
-"""The same lossless coding for every codec's payload: ``pack``, ``unpack``, ``EntropyCoded``.
+"""Lossless coding of any codec's payload: :func:`pack`, :func:`unpack`, :class:`EntropyCoded`.
 
-Any payload can be entropy-coded after its codec made it: all its buffers (packed codes and
-side information, in the payload's buffer order) are concatenated and compressed as one
-stream with :func:`dq_flower.codecs.entropy.compress` (``zlib`` level 9, ``lzma``, or
-``zstd`` where installed). The packed payload keeps the codec name and shape; it carries
-one ``uint8`` buffer (:data:`STREAM`) and three meta keys: the coder
-(:data:`CODER_META`), the original buffers' layout ``name:dtype:size;...``
-(:data:`LAYOUT_META`) and the original ``nbits`` (:data:`NBITS_META`). Its ``nbits`` is
-``8 *`` the stream's bytes: what is sent.
-
-The encoder packs a payload only where coding shrinks it (per message: an incompressible
-payload goes as it is) and only when its buffers hold at most :func:`max_raw_bytes` for
-its element count. The decoder (:func:`unpack`) is strict: the coder must be the one it
-was configured with; the layout is parsed and bounded (buffer names, dtypes, sizes) and its
-total size must be at most :func:`max_raw_bytes` of the declared shape and reachable within
-the coder's maximum expansion ratio, all **before** anything is decompressed; the stream
-must decode to exactly that size, within the decoder's memory limit
-(:func:`dq_flower.codecs.entropy.memory_limit`: an xz dictionary or zstd window beyond it
-is refused, as is a ``MemoryError``, each with a reason); the original ``nbits`` must fit
-in it. The codec's own decoder then checks every buffer as it does for an unpacked payload.
-
-``make(name, entropy="zlib", **params)`` returns the codec wrapped in :class:`EntropyCoded`
-(``uniform`` has an ``entropy`` parameter of its own, which codes its packed sample codes
-and leaves its ranges raw).
+:func:`pack` concatenates a payload's buffers and compresses them as one stream
+(:func:`dq_flower.codecs.entropy.compress`: ``zlib`` level 9, ``lzma``, ``zstd``) where that
+shrinks it and they hold at most :func:`max_raw_bytes`; the packed payload keeps codec and
+shape, carries one ``uint8`` buffer :data:`STREAM`, meta :data:`CODER_META`, the layout
+``name:dtype:size;...`` (:data:`LAYOUT_META`) and the original ``nbits``
+(:data:`NBITS_META`), and its ``nbits`` is 8 x the stream's bytes. :func:`unpack` is strict:
+the configured coder only; the layout parsed and bounded (by :func:`max_raw_bytes` of the
+declared shape and the coder's expansion ratio) **before** decompressing; exactly that many
+bytes within :func:`dq_flower.codecs.entropy.memory_limit`; the original ``nbits`` fitting.
 """
 
 from __future__ import annotations
@@ -36,18 +22,8 @@ import numpy as np
 from .base import ALLOWED_DTYPES, MAX_ELEMENTS, Codec, Payload, PayloadError, expect_shape
 from .entropy import check_method, compress, decompress
 
-__all__ = [
-    "CODER_META",
-    "LAYOUT_META",
-    "NBITS_META",
-    "STREAM",
-    "EntropyCoded",
-    "max_raw_bytes",
-    "pack",
-    "unpack",
-    "coder_of",
-    "raw_nbits",
-]
+__all__ = ["CODER_META", "LAYOUT_META", "NBITS_META", "STREAM", "EntropyCoded", "max_raw_bytes",
+           "pack", "unpack", "coder_of", "raw_nbits"]
 
 #: Meta key naming the coder of a packed payload.
 CODER_META = "entropy-coder"
@@ -60,10 +36,8 @@ STREAM = "entropy-stream"
 #: Most buffers a packed layout may list, and the longest layout text.
 MAX_LAYOUT_BUFFERS = 16
 MAX_LAYOUT_CHARS = 2048
-#: Bound on the bytes a packed payload may decode to: 8 bytes (64 bits) per declared
-#: element plus 64 KiB of side information. Every codec with its baseline parameters stays
-#: far below it (the widest, ``topk`` at ratio 1 and ``identity``, take 33 and 32 bits per
-#: element); a payload above it is simply sent without coding.
+#: Bound on a packed payload's decoded bytes: 8 per declared element plus 64 KiB (the
+#: widest codec, ``topk`` at ratio 1, takes 33 bits); a larger payload is sent uncoded.
 RAW_BYTES_PER_ELEMENT = 8
 RAW_ALLOWANCE = 1 << 16
 
@@ -92,21 +66,10 @@ def raw_nbits(p: Payload) -> int:
 
 
 def pack(p: Payload, method: str) -> Payload:
-    """Entropy-code ``p`` with ``method`` where that shrinks it; else return ``p`` itself.
+    """``p`` (as its codec made it) coded with ``method`` (``none``, ``zlib``, ``lzma``, ``zstd``).
 
-    Parameters
-    ----------
-    p : Payload
-        A payload as a codec made it (not already packed).
-    method : str
-        ``none``, ``zlib``, ``lzma`` or ``zstd``.
-
-    Returns
-    -------
-    Payload
-        The packed payload (same codec and shape, one stream buffer, ``nbits`` = 8 x the
-        stream's bytes), or ``p`` when ``method`` is ``none``, the payload is empty or too
-        large for :func:`max_raw_bytes`, or coding would not make it smaller.
+    ``p`` itself is returned for ``none``, an empty payload, one above :func:`max_raw_bytes`
+    or one that coding would not shrink.
     """
     check_method(method)
     if method == "none" or any(k in p.meta for k in _OWN_KEYS):
@@ -153,28 +116,15 @@ def _layout(text: Any) -> list[tuple[str, str, int]]:
 
 
 def unpack(p: Payload, method: str) -> Payload:
-    """Undo :func:`pack` strictly; a payload that was not packed is returned as it is.
-
-    Parameters
-    ----------
-    p : Payload
-        A received payload (after :meth:`Payload.from_record`).
-    method : str
-        The coder the receiver is configured with: a packed payload must use it.
-
-    Returns
-    -------
-    Payload
-        The payload as the codec made it (its original buffers, meta and ``nbits``).
+    """Undo :func:`pack` strictly (coded with ``method``); an unpacked ``p`` is returned as is.
 
     Raises
     ------
     PayloadError
         Another coder; stray keys or buffers; a malformed or oversized layout (checked
-        before decompressing: at most :func:`max_raw_bytes` of the declared shape and the
-        coder's expansion bound); a stream that does not decode to exactly the layout's
-        size, or needs more memory than its decoder's limit (an xz dictionary or zstd
-        window too large, a ``MemoryError``); an original ``nbits`` that does not fit in it.
+        before decompressing); a stream that does not decode to exactly the layout's size
+        or needs more memory than its decoder's limit; an original ``nbits`` that does not
+        fit in it.
     """
     if CODER_META not in p.meta:
         if any(k in p.meta for k in _OWN_KEYS) or STREAM in p.buffers:
@@ -239,10 +189,8 @@ def _split(raw: np.ndarray, layout: list[tuple[str, str, int]], total: int
 class EntropyCoded(Codec):
     """A codec whose payloads are entropy-coded with ``coder`` where that shrinks them.
 
-    ``encode`` is the codec's own, then :func:`pack`; ``decode`` is :func:`unpack`, then the
-    codec's own decoder. Everything else (``biased``, ``lossless``, parameters, state such
-    as PowerSGD's warm start) is the wrapped codec's, so ``ErrorFeedback(EntropyCoded(c))``
-    behaves as ``ErrorFeedback(c)`` with smaller payloads.
+    ``encode`` is the codec's, then :func:`pack`; ``decode`` is :func:`unpack`, then the
+    codec's. Everything else (traits, parameters, state) is the wrapped codec's.
 
     Parameters
     ----------

@@ -1,11 +1,8 @@
 """Low-precision model codecs: ``int8`` and ``int4``, nearest rounding on per-bucket ranges.
 
-A model's flat parameter vector is cut into buckets of :data:`BUCKET` coordinates (the last
-one padded with its own last value); each bucket is quantized by the ``uniform`` data
-quantizer with nearest rounding on its own affine range (float32 minimum and step), so the
-error of a coordinate is at most half its bucket's step. 8 bits: 8.25 bits a coordinate
-with the ranges; 4 bits: 4.25. Deterministic: no random draw, so server and clients that
-code the same weights get the same payload.
+Buckets of :data:`BUCKET` coordinates (the last padded with its last value) go through
+``uniform`` with nearest rounding on their own float32 range: error at most half a step,
+8.25 (4.25) bits a coordinate with the ranges; deterministic.
 """
 
 from __future__ import annotations

@@ -43,10 +43,7 @@ __all__ = ["ORQ", "optimal_levels", "round_between"]
 def optimal_levels(sb: SortedBuckets, levels: int, iters: int) -> np.ndarray:
     """Variance-optimal levels ``(n_buckets, levels + 1)`` float32 by coordinate sweeps.
 
-    Each level carries its rank in the sorted bucket (the number of values below it, or,
-    once it is a data point, that point's index): the slope above depends on the ranks only
-    through ``S - a #[a, b) - c #[b, c)``, which is the same whichever copy of a repeated
-    value the rank points at, so an update needs one prefix sum and no search.
+    Each level keeps its rank in the sorted bucket, so an update needs one prefix sum.
     """
     low = sb.sorted[:, 0].astype(np.float64)
     high = sb.sorted[:, -1].astype(np.float64)

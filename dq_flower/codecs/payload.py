@@ -93,29 +93,19 @@ class Payload:
             "buffers": {k: [str(v.dtype), int(v.size)] for k, v in self.buffers.items()},
         }
         raw = json.dumps(header, separators=(",", ":")).encode()
-        arrays = {
-            HEADER_KEY: Array(dtype="uint8", shape=(len(raw),), stype=RAW_STYPE, data=raw),
-        }
+        arrays = {HEADER_KEY: Array(dtype="uint8", shape=(len(raw),), stype=RAW_STYPE, data=raw)}
         for name, buf in self.buffers.items():
             flat = np.ascontiguousarray(buf).reshape(-1)
-            arrays[name] = Array(
-                dtype=str(flat.dtype), shape=(flat.size,), stype=RAW_STYPE, data=flat.tobytes()
-            )
+            arrays[name] = Array(dtype=str(flat.dtype), shape=(flat.size,), stype=RAW_STYPE,
+                                 data=flat.tobytes())
         return ArrayRecord(arrays)
 
     def expect_elements(self, n: int) -> None:
         """Raise :class:`PayloadError` unless the declared shape holds exactly ``n`` elements.
 
-        Decoders allocate their output from the declared shape, and some (``topk``,
-        ``powersgd``, entropy-coded ``uniform``) legitimately carry far fewer bytes than
-        they decode to. A receiver that knows how large the array must be (the model size
-        for a gradient or compensation payload) calls this before :meth:`Codec.decode`, so
-        a payload declaring a larger array is refused before anything is allocated.
-
-        Parameters
-        ----------
-        n : int
-            The number of elements the receiver expects.
+        Some payloads (``topk``, ``powersgd``, entropy-coded ``uniform``) carry far fewer
+        bytes than they decode to: a receiver that knows the size calls this before
+        :meth:`Codec.decode`, so nothing larger is allocated.
 
         Raises
         ------
@@ -128,45 +118,31 @@ class Payload:
         shape = checked_shape(self.shape)
         count = math.prod(shape)
         if count != n:
-            raise PayloadError(
-                f"{self.codec!r} payload declares {count} elements (shape {list(shape)}); "
-                f"expected {n}"
-            )
+            raise PayloadError(f"{self.codec!r} payload declares {count} elements (shape "
+                               f"{list(shape)}); expected {n}")
 
     @classmethod
     def from_record(cls, record) -> Payload:
         """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly.
 
-        The header is bounded in size (:data:`~dq_flower.codecs.header.MAX_HEADER_BYTES`)
-        and nesting depth (:data:`~dq_flower.codecs.header.MAX_HEADER_DEPTH`, checked
-        before parsing), must be strict JSON (no NaN or
-        infinities, no repeated keys), and every field is type-checked: ``codec`` a string,
-        ``version`` the int :data:`PAYLOAD_VERSION`, ``shape`` at most 8 non-negative ints,
-        ``meta`` an object of scalars, ``nbits`` a non-negative int and ``buffers`` an object
-        of ``[dtype, size]`` pairs. The declared shape is not compared with the buffers here
-        (decoders do that); receivers that know the expected size should also call
-        :meth:`expect_elements` before decoding.
+        The header is bounded in size (:data:`~dq_flower.codecs.header.MAX_HEADER_BYTES`) and
+        depth (:data:`~dq_flower.codecs.header.MAX_HEADER_DEPTH`), strict JSON (no NaN, no
+        repeated keys), every field type-checked. Decoders compare shape and buffers; call
+        :meth:`expect_elements` first where the size is known.
 
         Raises
         ------
         PayloadError
-            On any malformed record or header: missing, oversized, too deeply nested or
-            unparsable header, unknown version, fields of the wrong type, unknown dtype, or
-            any buffer whose carried byte count differs from what its header declares.
+            On any malformed record or header, unknown version or dtype, or a buffer whose
+            byte count differs from its declaration.
         """
         keys = _record_keys(record)
         head_dtype, head_data = record_array(record, HEADER_KEY)
         if head_dtype != "uint8":
             raise PayloadError(f"payload header array is {head_dtype}, expected uint8")
         codec, shape, meta, nbits, declared = _header_fields(parse_header(head_data))
-        return cls(
-            codec=codec,
-            shape=shape,
-            meta=meta,
-            buffers=_buffers(record, keys, declared),
-            nbits=nbits,
-            version=PAYLOAD_VERSION,
-        )
+        return cls(codec=codec, shape=shape, meta=meta, buffers=_buffers(record, keys, declared),
+                   nbits=nbits, version=PAYLOAD_VERSION)
 
 
 def _record_keys(record: Any) -> list[str]:
@@ -200,10 +176,8 @@ def _header_fields(header: dict[str, Any]) -> tuple[str, tuple[int, ...], dict[s
         raise PayloadError("payload header 'meta' and 'buffers' must be objects")
     for key, value in meta.items():
         if not isinstance(value, _META_TYPES):
-            raise PayloadError(
-                f"payload meta {key!r} must be a string, number, bool or null, "
-                f"got {type(value).__name__}"
-            )
+            raise PayloadError(f"payload meta {key!r} must be a string, number, bool or null, "
+                               f"got {type(value).__name__}")
     nbits = header["nbits"]
     if isinstance(nbits, bool) or not isinstance(nbits, int) or nbits < 0:
         raise PayloadError(f"payload nbits must be a non-negative int, got {nbits!r}")
@@ -233,9 +207,7 @@ def _buffers(record: Any, keys: list[str], declared: dict[str, Any]) -> dict[str
             raise PayloadError(f"payload buffer {name!r} is {arr_dtype} but declared {dtype}")
         itemsize = np.dtype(dtype).itemsize
         if len(data) != size * itemsize:
-            raise PayloadError(
-                f"payload buffer {name!r} carries {len(data)} bytes, "
-                f"declared {size} x {itemsize}"
-            )
+            raise PayloadError(f"payload buffer {name!r} carries {len(data)} bytes, "
+                               f"declared {size} x {itemsize}")
         buffers[name] = np.frombuffer(data, dtype=dtype)
     return buffers

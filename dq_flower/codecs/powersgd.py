@@ -1,16 +1,12 @@
 """PowerSGD (Vogels et al., 2019): rank-``r`` factors by one warm-started power iteration.
 
-The input is treated as a matrix ``M``: an array with two or more dimensions as
-``(shape[0], prod(shape[1:]))``; a vector (or scalar) as ``shape`` if that hint is given,
-otherwise as the near-square ``(ceil(sqrt(D)), ceil(D / rows))`` matrix, zero-padded at the
-end. With ``Q`` the factor kept from the previous call on a matrix of the same size (first
-call: a standard normal draw from ``rng``), the encoder computes ``P = orth(M Q)`` and
-``Q' = M^T P``, sends ``P`` and ``Q'`` as float32 and keeps ``Q'`` for the next call (the
-warm start). The decoder returns ``P Q'^T = P P^T M``, the projection of ``M`` onto the span
-of ``P``: ``||M - P P^T M|| <= ||M||``. Matrices too small to gain (``r (rows + cols) >= rows
-cols``) go uncompressed as float32, counted. ``nbits = 32 r (rows + cols)``, or ``32 D``.
-
-Biased: use it inside :class:`~.ErrorFeedback`, which adds the residual memory.
+``M`` is the input as ``(shape[0], prod(shape[1:]))``, or a vector as the ``shape`` hint or
+the near-square ``(ceil(sqrt(D)), ceil(D / rows))`` matrix, zero-padded. With ``Q`` kept
+from the last call on a matrix of that size (first: standard normal from ``rng``), the
+encoder sends ``P = orth(M Q)`` and ``Q' = M^T P`` as float32 and keeps ``Q'``; the decoder
+returns ``P Q'^T = P P^T M`` (``||M - P P^T M|| <= ||M||``). Matrices with ``r (rows + cols)
+>= rows cols`` go as float32. ``nbits = 32 r (rows + cols)``, or ``32 D``. Biased: use it
+inside :class:`~.ErrorFeedback`.
 """
 
 from __future__ import annotations
@@ -125,13 +121,8 @@ class PowerSGD(Codec):
         meta = {"rows": rows, "cols": cols, "rank": r, "compressed": compressed}
         if not compressed:
             return self.payload(shape, {"values": flat.copy()}, 32 * flat.size, **meta)
-        m: np.ndarray
-        if rows * cols == flat.size:
-            m = flat.reshape(rows, cols)
-        else:
-            m = np.zeros(rows * cols, dtype=np.float32)
-            m[: flat.size] = flat
-            m = m.reshape(rows, cols)
+        pad = rows * cols - flat.size  # zero-padded at the end
+        m = (np.pad(flat, (0, pad)) if pad else flat).reshape(rows, cols)
         key = (rows, cols, r)
         q = self._warm.get(key)
         if q is None:
@@ -152,28 +143,22 @@ class PowerSGD(Codec):
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``P Q^T`` (cropped to ``D``), or the carried values; float32.
 
-        The factors are checked against the declared shape before the product is formed,
-        so a payload whose buffers do not match its shape is refused without a large
-        allocation. A consistent payload is still only ``r (rows + cols)`` floats for a
-        ``rows * cols`` output (under 1 MB may declare ``2**31`` elements): callers must bound
-        the declared size (:meth:`Payload.expect_elements` with the model size) before
-        decoding.
+        Factors are checked against the declared shape before the product is formed; callers
+        bound the declared size first (:meth:`Payload.expect_elements`).
 
         Raises
         ------
         PayloadError
-            On any inconsistency between the header, the buffers and this codec (including
-            a 1-D shape that this codec's ``shape`` hint cannot hold).
+            On any inconsistency between the header, the buffers and this codec (including a
+            1-D shape that the ``shape`` hint cannot hold).
         """
         size = self.open_payload(p)
         try:
             rows, cols, r, compressed = self.layout(p.shape)
         except ValueError as exc:
             raise PayloadError(f"powersgd payload shape {list(p.shape)}: {exc}") from None
-        meta_equal(p, "rows", rows)
-        meta_equal(p, "cols", cols)
-        meta_equal(p, "rank", r)
-        meta_equal(p, "compressed", compressed)
+        for key, value in (("rows", rows), ("cols", cols), ("rank", r), ("compressed", compressed)):
+            meta_equal(p, key, value)
         expect_nbits(p, self.nbits_for(p.shape))
         if not compressed:
             values = expect_floats(p, "values", size)

@@ -1,9 +1,8 @@
 """One-bit sign codecs: ``sign`` (signSGD, majority vote) and ``ef-sign`` (scaled sign).
 
-Bit 1 means a negative coordinate; zero counts as positive. ``sign`` decodes to +-1 (the
-server takes the sign of the sum, i.e. a majority vote); ``ef-sign`` carries the scale
-``||p||_1 / D`` and decodes to +-scale, to be used inside :class:`~.ErrorFeedback` (the
-wrapper keeps the residual ``e``, so that the coded vector is ``p = v + e``).
+Bit 1 means negative (zero counts as positive). ``sign`` decodes to +-1 (the server takes a
+majority vote); ``ef-sign`` carries ``||p||_1 / D`` and decodes to +-scale, for use inside
+:class:`~.ErrorFeedback` (which codes ``p = v + e``).
 """
 
 from __future__ import annotations

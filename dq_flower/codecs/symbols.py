@@ -1,19 +1,13 @@
 """Adaptive order-0 ANS coding of a gradient codec's integer codes: the ``context`` coder.
 
-A codec's codes (QSGD's levels, TernGrad's ternary values) are coded one symbol each with
-an ANS coder (:class:`constriction.stream.stack.AnsCoder`) under an adaptive order-0
-model that both ends rebuild from the message alone: the codes are cut into *waves* of
-doubling length (:data:`FIRST_WAVE` codes, then as many as came before), and every code
-of a wave is coded with the Krichevsky-Trofimov estimate (``counts + 1/2``) of all codes
-of earlier waves. Each wave is one vectorised step with one probability row, so coding
-takes ``log2(count / FIRST_WAVE) + 2`` calls into the coder, whatever the count.
-
-The stream opens with the code count (32 bits) and the alphabet size (8 bits), so a stream
-made for another payload is refused before any code is decoded. Decoding is bounded: the
-caller bounds the declared count, and :func:`decode` refuses a count above
-:data:`MAX_CODES_PER_BYTE` codes per stream byte (the encoder sends such a message with
-another coder) before allocating anything; a stream that is truncated, corrupt or holds
-data beyond the declared codes raises :class:`~dq_flower.codecs.base.PayloadError`.
+Codes (QSGD's levels, TernGrad's ternary values) are coded with an ANS coder
+(:class:`constriction.stream.stack.AnsCoder`) in *waves* of doubling length
+(:data:`FIRST_WAVE` codes, then as many as came before), each code under the
+Krichevsky-Trofimov estimate (``counts + 1/2``) of earlier waves: ``log2(count /
+FIRST_WAVE) + 2`` vectorised calls. The stream opens with the code count (32 bits) and the
+alphabet size (8 bits); :func:`decode` refuses above :data:`MAX_CODES_PER_BYTE` codes per
+stream byte before allocating, and a truncated, corrupt or overlong stream raises
+:class:`~dq_flower.codecs.base.PayloadError`.
 """
 
 from __future__ import annotations
@@ -121,11 +115,8 @@ def _open(stream: np.ndarray, alphabet: int, count: int):
 def decode(stream: np.ndarray, alphabet: int, count: int) -> np.ndarray:
     """Decode exactly ``count`` codes (uint8).
 
-    Raises
-    ------
-    PayloadError
-        A stream that is not whole 32-bit words, too short for ``count`` codes, made for
-        another count or alphabet, corrupt, or with data left after the declared codes.
+    Raises :class:`PayloadError` for a stream not of whole 32-bit words, too short, made for
+    another count or alphabet, corrupt, or with data left after the declared codes.
     """
     coder = _open(stream, alphabet, count)
     bounds = wave_bounds(int(count))

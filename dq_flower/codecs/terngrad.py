@@ -46,12 +46,8 @@ class TernGrad(Codec):
     meta_fields = ("clip",)
 
     def __post_init__(self) -> None:
-        if self.clip is not None and (
-            isinstance(self.clip, bool)
-            or not isinstance(self.clip, (int, float))
-            or not math.isfinite(self.clip)
-            or self.clip <= 0
-        ):
+        if self.clip is not None and (isinstance(self.clip, bool) or not isinstance(
+                self.clip, (int, float)) or not math.isfinite(self.clip) or self.clip <= 0):
             raise ValueError(f"clip must be a finite number > 0 or None, got {self.clip!r}")
 
     def symbol_spec(self) -> SymbolSpec:

@@ -29,11 +29,10 @@ __all__ = ["TopK", "topk_indices"]
 
 
 def topk_indices(mag: np.ndarray, k: int) -> np.ndarray:
-    """Sorted indices of the ``k`` largest entries of ``mag`` (ties broken arbitrarily).
+    """Sorted indices of the ``k`` largest entries of ``mag`` (exact; ties broken arbitrarily).
 
-    For large inputs a strided sample gives a threshold a little below the k-th largest
-    value; one pass keeps the candidates above it and ``np.argpartition`` runs on those only
-    (falling back to the full array if the sample was unlucky). The result is exact.
+    Large inputs: a strided sample's threshold picks candidates for ``np.argpartition``
+    (the full array where the sample was unlucky).
     """
     n = mag.size
     if k >= n:
@@ -66,11 +65,8 @@ class TopK(Codec):
     biased = True
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.ratio, bool)
-            or not isinstance(self.ratio, (int, float))
-            or not 0 < self.ratio <= 1
-        ):
+        if (isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))
+                or not 0 < self.ratio <= 1):
             raise ValueError(f"ratio must be a number in (0, 1], got {self.ratio!r}")
 
     def k_for(self, size: int) -> int:
@@ -107,14 +103,10 @@ class TopK(Codec):
         return self.payload(shape, {"values": values, "where": where}, nbits, k=k, mode=mode)
 
     def decode(self, p: Payload) -> np.ndarray:
-        """Scatter the values back; zeros elsewhere. Float32 in the payload's shape.
+        """Scatter the values back, zeros elsewhere; float32 in the payload's shape.
 
-        ``values`` and ``where`` are checked against the declared shape before the dense
-        output is allocated, so a payload whose buffers do not match its shape is refused
-        without a large allocation. A consistent payload is still about ``ratio * D``
-        values for a ``D``-element output (a few kB may declare ``2**31`` elements): callers
-        must bound the declared size (:meth:`Payload.expect_elements` with the model size)
-        before decoding.
+        Buffers are checked against the declared shape before the output is allocated; callers
+        bound the declared size first (:meth:`Payload.expect_elements`).
 
         Raises
         ------

@@ -1,48 +1,27 @@
-"""The data quantizer ``uniform``.
+"""The data quantizer ``uniform``: per-sample affine ``bits``-bit codes of a batch ``(n, d)``.
 
-``uniform`` quantizes a 2-D batch ``x`` of shape ``(n, d)``, one row per sample. Each row
-(or, with ``per_channel=C``, each of the row's ``C`` equal channel slices, channel-first as
-in a flattened CHW image) gets its own affine range: ``lo = min``, ``scale = (max - lo) /
-(2**bits - 1)``, both float32 side information. A coordinate's code is
-``floor(t + u)`` for ``t = (x - lo) / scale``, with ``u`` uniform in [0, 1) (stochastic
-rounding, unbiased: ``E[decode] = x``) or ``u = 1/2`` (nearest). The decoder returns
-``lo + code * scale``; the error is below one step ``scale`` per coordinate (half a step
-with nearest rounding), and a constant row decodes exactly.
+Each row (or each of its ``per_channel=C`` channel slices, channel-first) gets float32
+``lo = min`` and ``scale = (max - lo) / (2**bits - 1)``; a code is ``floor(t + u)`` for
+``t = (x - lo) / scale``, ``u`` uniform in [0, 1) (stochastic, unbiased) or 1/2 (nearest),
+and decodes to ``lo + code * scale`` (error below one step, half with nearest; a constant
+row decodes exactly). ``dither_seed``: subtractive dither, ``u`` from a splitmix64 hash of
+``(seed, flat index)`` (row ``i``'s is ``dither_offsets(seed, i * d, d)``) subtracted again
+by the decoder. ``fixed_range``: values clipped to [0, 1], ``lo = 0``, ``scale = 1 / (2**bits
+- 1)``, codes only (decoded correctly rounded, so 0 and the top code give exactly 0 and 1).
 
-Subtractive dither (``dither_seed``): the encoder adds a pseudo-random offset ``u`` that
-both sides derive from the seed and the coordinate's position, and the decoder subtracts
-it again, so the error is uniform on half a step either side and independent of ``x``. The
-offsets come from a counter-based hash (splitmix64) of ``(seed, flat index)``: the dither of
-any row ``i`` of a batch is :func:`dither_offsets(seed, i * d, d) <dither_offsets>`, so a
-store that keeps rows apart can still decode them one by one.
-
-Fixed range (``fixed_range=True``): every row is quantized on the range [0, 1], ``lo = 0`` and
-``scale = 1 / (2**bits - 1)``; the encoder clips values to [0, 1] first and the payload
-carries the codes only (no ``mins``/``scales``), so ``nbits`` counts code bits alone. This
-suits data that the sender has already normalised into [0, 1] once (tabular features
-scaled by per-feature ranges sent separately); the decoder returns ``code / (2**bits - 1)``
-(correctly rounded to float32, so codes 0 and the top code decode to exactly 0 and 1).
-
-Packed codes can be entropy-coded losslessly (``entropy``); the encoder falls back to the
-raw packing whenever coding would not shrink it, and ``nbits`` counts what is sent. The
-``context`` coder (:mod:`dq_flower.codecs.context`) models the codes themselves: with
-``sample_shape`` an image shape ``(C, H, W)`` (or ``(H, W)``) each code is predicted from
-its neighbours in 2-D, and the payload's meta ``context_shape`` records that shape; flat
-samples get a per-feature model (and so do small images, at most
-:data:`~dq_flower.codecs.context.MAX_PER_FEATURE_D` values, where that codes smaller).
-Where zlib codes a message smaller (wide codes of small samples, e.g. 8-bit digits), the
-``context`` coder sends that message zlib-coded, and its meta says so.
-
-With any coder but ``none``, the per-row ranges are coded losslessly too: the ``mins`` then
-the ``scales`` (float32 bytes) are zlib-coded into one buffer ``ranges`` (meta ``ranges:
-"zlib"``) where that is smaller, as it is for images whose rows share one range (every
-Fashion-MNIST row spans 0 to 254 or 255). :func:`expand_ranges` undoes it; the decoder
-refuses a stream that does not inflate to exactly ``8 * rows`` bytes of finite floats.
+``entropy`` codes the packed codes losslessly where that shrinks them (``nbits`` counts what
+is sent); ``context`` (:mod:`dq_flower.codecs.context`) models the codes in 2-D with
+``sample_shape`` (meta ``context_shape``) or per feature (also tried for images of at most
+:data:`~dq_flower.codecs.context.MAX_PER_FEATURE_D` values), or sends zlib's message where
+smaller. With any coder the ranges (``mins`` then ``scales``) are zlib-coded into ``ranges``
+(meta ``ranges: "zlib"``) where smaller; :func:`expand_ranges` undoes that and refuses a
+stream that does not inflate to exactly ``8 * rows`` bytes of finite floats.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +41,7 @@ from .base import (
     expect_buffer,
     expect_floats,
     expect_nbits,
+    expect_stream,
     random_u16,
     require_rng,
 )
@@ -144,9 +124,8 @@ class Uniform(Codec):
         if self.entropy != "context":
             check_method(self.entropy, "entropy")
         if self.fixed_range and self.per_channel:
-            raise ValueError(
-                "per_channel has no meaning with fixed_range: every channel shares [0, 1]"
-            )
+            raise ValueError("per_channel has no meaning with fixed_range: every channel shares "
+                             "[0, 1]")
 
     @property
     def levels(self) -> int:
@@ -158,33 +137,24 @@ class Uniform(Codec):
         """The step ``1 / (2**bits - 1)`` of the fixed range [0, 1], as float32."""
         return np.float32(1.0 / self.levels)
 
-    def _groups(self) -> int:
-        return self.per_channel if self.per_channel else 1
-
     def _image_shape(self, d: int) -> tuple[int, int, int] | None:
         """The context coder's ``(C, H, W)`` for samples of ``d`` values (``None``: flat)."""
         shape = self.sample_shape
-        if shape is None or len(shape) == 1:
-            if shape is not None and shape[0] != d:
-                raise ValueError(f"sample_shape {shape} does not hold d={d} values")
-            return None
-        img = (1, *shape) if len(shape) == 2 else shape
-        if img[0] * img[1] * img[2] != d:
+        if shape is not None and math.prod(shape) != d:
             raise ValueError(f"sample_shape {shape} does not hold d={d} values")
-        return (int(img[0]), int(img[1]), int(img[2]))
+        if shape is None or len(shape) == 1:
+            return None
+        c, h, w = (1, *shape) if len(shape) == 2 else shape
+        return (int(c), int(h), int(w))
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
-        """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding.
-
-        With ``fixed_range`` the values are clipped to [0, 1] and quantized on that range.
-        """
+        """Quantize the rows of ``x`` (float32, finite, 2-D); ``rng`` drives stochastic rounding."""
         arr = check_finite(x)
         if arr.ndim != 2:
-            raise ValueError(
-                f"uniform encodes a 2-D batch (n, d), one row per sample; got shape {arr.shape}"
-            )
+            raise ValueError(f"uniform encodes a 2-D batch (n, d), one row per sample; got shape "
+                             f"{arr.shape}")
         n, d = arr.shape
-        groups = self._groups()
+        groups = self.per_channel or 1
         if d % groups:
             raise ValueError(f"per_channel={self.per_channel} does not divide d={d}")
         if self.dither_seed is None and self.stochastic:
@@ -303,15 +273,13 @@ class Uniform(Codec):
     def decode(self, p: Payload) -> np.ndarray:
         """Dequantize to float32 ``(n, d)``; inconsistent payloads raise PayloadError.
 
-        The payload's ``fixed_range`` (absent means False) must equal the codec's; a
-        fixed-range payload carries ``codes`` only. Buffers are checked against the declared
-        shape before the output is allocated, but an entropy-coded payload may be far smaller
-        than the ``(n, d)`` it declares: callers must bound the declared size (check
-        ``p.shape`` or call :meth:`Payload.expect_elements`) before decoding.
+        The payload's ``fixed_range`` (absent: False) must equal the codec's. Buffers are checked
+        before allocating, but a coded payload may be far smaller than its ``(n, d)``: callers
+        bound ``p.shape`` first (:meth:`Payload.expect_elements`).
         """
         method = self._check_meta(p)
         n, d = p.shape
-        groups = self._groups()
+        groups = self.per_channel or 1
         if d % groups:
             raise PayloadError(f"uniform payload d={d} is not a multiple of {groups} channels")
         rows, width = n * groups, d // groups
@@ -334,10 +302,8 @@ class Uniform(Codec):
         self.open_payload(p, ndim=2)
         fixed = p.meta.get("fixed_range", False)
         if not isinstance(fixed, bool) or fixed != self.fixed_range:
-            raise PayloadError(
-                f"uniform payload meta 'fixed_range'={fixed!r} does not match the decoder's "
-                f"{self.fixed_range!r}"
-            )
+            raise PayloadError(f"uniform payload meta 'fixed_range'={fixed!r} does not match the "
+                               f"decoder's {self.fixed_range!r}")
         method = p.meta.get("entropy")
         # a context encoder sends a message zlib-coded where that is smaller
         accepted = ("none", self.entropy, "zlib") if self.entropy == "context" \
@@ -371,21 +337,11 @@ class Uniform(Codec):
             if packed.size and not bitpack.padding_is_zero(packed, self.bits, n * d):
                 raise PayloadError("uniform payload has non-zero padding bits")
             return packed
-        coded = p.buffers.get("codes")
-        if coded is None or coded.dtype != np.uint8 or coded.ndim != 1:
-            raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
-        expect_nbits(p, 8 * coded.size + side_bits)
+        expect_nbits(p, 8 * expect_stream(p, "codes", "uniform").size + side_bits)
         return packed_codes(p, self.bits)
 
-    def _dequantize(
-        self,
-        packed: np.ndarray,
-        ramp: np.ndarray,
-        lo: np.ndarray | None,
-        scale: np.ndarray | None,
-        rows: int,
-        width: int,
-    ) -> np.ndarray:
+    def _dequantize(self, packed: np.ndarray, ramp: np.ndarray, lo: np.ndarray | None,
+                    scale: np.ndarray | None, rows: int, width: int) -> np.ndarray:
         """``(rows, width)`` float32 values of the codes: ``lo + ramp[code] * scale - dither``."""
         fixed = self.fixed_range
         aligned = (width * self.bits) % 8 == 0
@@ -419,12 +375,11 @@ class Uniform(Codec):
 
 
 def expand_ranges(p: Payload, rows: int) -> Payload:
-    """``p`` with its coded ``ranges`` buffer undone into ``mins`` and ``scales``.
+    """``p`` with its coded ``ranges`` undone into ``mins`` and ``scales`` (``p`` if uncoded).
 
-    ``nbits`` moves by the difference between the coded and the raw sizes, so every check
-    of the raw payload holds exactly where it holds for ``p``. ``p`` itself is returned
-    where it carries no coded ranges. A stream that does not inflate to exactly
-    ``8 * rows`` bytes, or sits beside raw ``mins``/``scales``, raises :class:`PayloadError`.
+    ``nbits`` moves by the coded minus the raw size, so the raw payload's checks hold as for
+    ``p``. A stream not inflating to exactly ``8 * rows`` bytes, or beside raw
+    ``mins``/``scales``, raises :class:`PayloadError`.
     """
     method = p.meta.get("ranges")
     if method is None:
@@ -435,9 +390,7 @@ def expand_ranges(p: Payload, rows: int) -> Payload:
         raise PayloadError(f"uniform payload ranges coder {method!r} is not {RANGE_CODER!r}")
     if "mins" in p.buffers or "scales" in p.buffers:
         raise PayloadError("uniform payload carries both coded ranges and raw mins/scales")
-    stream = p.buffers.get("ranges")
-    if stream is None or stream.dtype != np.uint8 or stream.ndim != 1:
-        raise PayloadError("uniform payload 'ranges' must be a flat uint8 stream")
+    stream = expect_stream(p, "ranges", "uniform")
     raw = decompress(stream, RANGE_CODER, 8 * rows).view(np.float32)
     buffers = {k: v for k, v in p.buffers.items() if k != "ranges"}
     buffers.update(mins=raw[:rows].copy(), scales=raw[rows:].copy())
@@ -447,18 +400,15 @@ def expand_ranges(p: Payload, rows: int) -> Payload:
 
 
 def packed_codes(p: Payload, bits: int) -> np.ndarray:
-    """The bit-packed codes of a ``uniform`` payload, undoing its lossless coder.
+    """The bit-packed codes of a ``uniform`` payload, its lossless coder undone.
 
-    ``p``'s shape must already be bounded by the caller (the work and memory of decoding
-    follow the declared ``(n, d)``); the stream decodes to exactly ``n * d`` codes of
-    ``bits`` bits or :class:`PayloadError` is raised.
+    The caller bounds ``p.shape`` first; a stream not decoding to exactly ``n * d`` codes of
+    ``bits`` bits raises :class:`PayloadError`.
     """
     n, d = p.shape
     raw = bitpack.packed_nbytes(n * d, bits)
     method = p.meta.get("entropy", "none")
-    stream = p.buffers.get("codes")
-    if stream is None or stream.dtype != np.uint8 or stream.ndim != 1:
-        raise PayloadError("uniform payload 'codes' must be a flat uint8 stream")
+    stream = expect_stream(p, "codes", "uniform")
     if method == "none":
         return stream
     if method == "context":

@@ -1,20 +1,12 @@
 """``compression_mod``: the client mod of :class:`dq_flower.CompressedUpdates`.
 
-Add it to the ``ClientApp`` (``ClientApp(mods=[dq_flower.compression_mod])``); the
-``@app.train()`` function stays as it is. For each train message the mod
-
-1. reads the wrapper's knobs from the config (``compression-*`` keys) and, with
-   ``downlink="fp16"``, rebuilds the model's ``ArrayRecord`` from the coded broadcast;
-2. calls the user's ``train()``;
-3. replaces the ``ArrayRecord`` it returns by the coded update, returned minus received
-   weights (with error feedback for biased codecs, its state in ``Context.state`` under
-   ``compression-*`` keys, restored per round so that a round sent again gets the same
-   reply); the arrays that are not floating point, and BatchNorm's running statistics,
-   travel as returned.
-
-Other messages (evaluate, query) pass through untouched. A train message without the
-wrapper's keys, or a reply the mod cannot code, is answered with an error naming the cause,
-as Flower's own ``fixedclipping_mod`` does.
+``ClientApp(mods=[dq_flower.compression_mod])``, ``@app.train()`` unchanged. Per train
+message the mod reads the ``compression-*`` knobs (and decodes an fp16 broadcast), calls
+``train()``, then replaces the returned ``ArrayRecord`` by the coded update (returned minus
+received weights; error-feedback state in ``Context.state`` under ``compression-*``,
+restored per round so a resent round gets the same reply); non-float arrays and BatchNorm
+statistics travel as returned. Other messages pass untouched; a train message without the
+wrapper's keys, or a reply it cannot code, is answered with an error naming the cause.
 """
 
 from __future__ import annotations
@@ -104,18 +96,9 @@ def _code_reply(out: Message, layout: wire.Layout, received: ArrayRecord, cfg: C
 def compression_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Client mod coding the update that the ``@app.train()`` function returns.
 
-    Use it with :class:`dq_flower.CompressedUpdates` in the ServerApp::
-
-        app = ClientApp(mods=[dq_flower.compression_mod])
-
-    Parameters
-    ----------
-    msg : Message
-        The incoming message; only ``MessageType.TRAIN`` messages are changed.
-    ctxt : Context
-        The node's context (error-feedback state lives in ``ctxt.state``).
-    call_next : callable
-        The next mod or the ClientApp's own handler.
+    Use it as ``ClientApp(mods=[dq_flower.compression_mod])`` with
+    :class:`dq_flower.CompressedUpdates` in the ServerApp. Only ``MessageType.TRAIN``
+    messages are changed; error-feedback state lives in ``ctxt.state``.
     """
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)

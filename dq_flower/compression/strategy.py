@@ -1,11 +1,9 @@
 """``CompressedUpdates``: compressed model updates for any Flower strategy.
 
-A strategy wrapper in the pattern of Flower's ``DifferentialPrivacyClientSideFixedClipping``:
-``configure_train`` adds the codec settings to the inner strategy's train messages (and,
-with ``downlink="fp16"``, codes their model), the client's :func:`dq_flower.compression_mod`
-codes the update the user's own ``train()`` returns, and ``aggregate_train`` screens and
-decodes every reply back into weights (the weights sent plus the decoded update) before the
-inner strategy aggregates them. Evaluation is the inner strategy's, untouched.
+``configure_train`` adds the codec settings to the inner strategy's train messages (with
+``downlink="fp16"`` it codes their model); :func:`dq_flower.compression_mod` codes the
+update; ``aggregate_train`` screens and decodes every reply into weights (sent plus update)
+for the inner strategy. Evaluation is the inner strategy's.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ from dq_flower.wire.gradient import decode_update, update_keys
 
 __all__ = ["CompressedUpdates", "MAX_EXAMPLES"]
 
-#: Largest example count a reply may claim (an honest partition is far smaller); weights
-#: are further capped at ``weight-cap`` times the round's median
-#: (``dq_flower.server.robust.cap_weights``).
+#: Largest example count a reply may claim; weights are further capped at ``weight-cap``
+#: times the round's median (``dq_flower.server.robust.cap_weights``).
 MAX_EXAMPLES = 1 << 31
 NAME = "compressed-updates"
 
@@ -76,44 +73,29 @@ def _numeric(value: Any) -> bool:
                for v in values)
 
 
-def _mode(value: str | bool | None, on: str, off: str, default: str) -> str:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return on if value else off
-    return value
-
-
 class CompressedUpdates(RoundPipeline, Strategy):
     """Wrap any Flower strategy so that clients upload coded updates instead of weights.
 
-    Use it with :func:`dq_flower.compression_mod` in the ClientApp. The inner strategy
-    samples, configures and aggregates exactly as it would without the wrapper; it sees
-    each reply's weights as the weights it sent plus the decoded update.
+    Use it with :func:`dq_flower.compression_mod`; the inner strategy works unchanged and
+    sees each reply's weights as the weights it sent plus the decoded update.
 
     Parameters
     ----------
     strategy : flwr.serverapp.strategy.Strategy
-        The strategy to wrap (``FedAvg``, ``FedProx``, ``FedAdam``, ``FedAvgM``,
-        ``FedMedian``, ``FedTrimmedAvg``, ...); its train messages must carry one
-        ``ArrayRecord`` (the model).
+        The strategy to wrap (``FedAvg``, ``FedProx``, ``FedAdam``, ...); its train messages
+        carry one ``ArrayRecord`` (the model).
     codec : str
-        Registry codec of the update (``qsgd``, ``terngrad``, ``ef-sign``, ``topk``,
-        ``powersgd``, ``bingrad``, ``orq``, ``fp16``, ``identity``).
+        Registry codec of the update (``qsgd``, ``terngrad``, ``ef-sign``, ``topk``, ...).
     codec_params : dict or str, optional
         The codec's parameters (``{"levels": 1}`` or ``"levels=1,bucket=512"``).
     entropy_coder : str
         Lossless coding of every payload: ``none``, ``zlib`` (default), ``lzma``, ``zstd``.
     error_feedback : bool or str, optional
-        Residual memory on the clients: ``None``/``"auto"`` for biased codecs (``ef-sign``,
-        ``topk``, ``powersgd``, ``bingrad``), ``True``/``"on"``, ``False``/``"off"``.
+        ``None``/``"auto"`` (for biased codecs), ``True``/``"on"``, ``False``/``"off"``.
     downlink : str, optional
-        ``None``/``"float32"``: the inner strategy's broadcast as it is; ``"fp16"``: every
-        floating-point array in half precision (the clients' update is taken against the
-        weights they decoded).
+        ``None``/``"float32"`` as broadcast, or ``"fp16"`` (updates against the decoded model).
     config : CompressionConfig, optional
-        All knobs; the arguments above and ``**knobs`` (``levels``, ``bucket``, ``ratio``,
-        ``rank``, ``per_tensor``, ``norm_bound_factor``, ``seed``) override it.
+        All knobs; the arguments above and ``**knobs`` override it.
     """
 
     def __init__(self, strategy: Strategy, *, codec: str | None = None,
@@ -126,7 +108,8 @@ class CompressedUpdates(RoundPipeline, Strategy):
             raise TypeError(f"strategy must be a Flower Strategy, got {type(strategy).__name__}")
         if codec is None and config is None:
             raise TypeError("CompressedUpdates needs codec= (e.g. 'qsgd') or config=")
-        feedback = None if error_feedback is None else _mode(error_feedback, "on", "off", "auto")
+        feedback = (("on" if error_feedback else "off") if isinstance(error_feedback, bool)
+                    else error_feedback)
         named = given_knobs(knobs, codec=codec, codec_params=params_text(codec_params),
                             entropy_coder=entropy_coder, error_feedback=feedback,
                             downlink=downlink)
@@ -144,12 +127,9 @@ class CompressedUpdates(RoundPipeline, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> CompressedUpdates:
         """The wrapper with its knobs read from a run config (``context.run_config``).
 
-        Every :class:`CompressionConfig` field is read from its hyphenated key where present
-        (``codec``, ``codec-params``, ``levels``, ``bucket``, ``ratio``, ``rank``,
-        ``entropy-coder``, ``error-feedback``, ``per-tensor``, ``downlink``,
-        ``norm-bound-factor``, ``seed``); ``overrides`` win. Any other key but
-        ``num-server-rounds`` and ``app_keys`` (the app's own), and a value of the wrong
-        type, raise ``ValueError`` naming the key.
+        Every :class:`CompressionConfig` field by its hyphenated key, ``overrides`` winning;
+        unknown keys (but ``num-server-rounds`` and ``app_keys``) and wrongly typed values
+        raise ``ValueError`` naming the key.
         """
         return cls(strategy, **strategy_kwargs(cls, CompressionConfig, run_config, overrides,
                                                app_keys=app_keys))
@@ -165,9 +145,8 @@ class CompressedUpdates(RoundPipeline, Strategy):
             self.cfg.downlink)
         self.strategy.summary()
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
         """The inner strategy's train messages, with the codec settings in their config."""
         for key, value in self.cfg.message_config().items():
             config[key] = value
@@ -186,15 +165,8 @@ class CompressedUpdates(RoundPipeline, Strategy):
         """Take what each node was sent this round (its layout and reference weights)."""
         rnd.notes["coded"] = self._sent.pop(rnd.number, {})
 
-    def decode_reply(self, rnd: ServerRound, msg: Message) -> _Decoded:
-        """One reply's update, decoded against what its node was sent."""
-        return self._decode(msg, rnd.notes["coded"])
-
     def bound(self, rnd: ServerRound) -> list[_Decoded]:
-        """Consistent metric keys, then norm screen, clip, direction screen, weight cap.
-
-        The kept replies are rebuilt into weights for the inner strategy.
-        """
+        """Consistent metric keys, norm screen, clip, direction screen, weight cap; rebuild."""
         screened, sent = rnd.screened, rnd.notes["coded"]
         decoded: list[_Decoded] = screened.accepted
         rnd.notes["figures"] = UpdateFigures.decoded(screened, decoded)
@@ -235,29 +207,23 @@ class CompressedUpdates(RoundPipeline, Strategy):
         figures.close(screened, len(kept))
         misaligned = rnd.notes["misaligned"]
         self.record_figures(rnd.number, {**figures.metrics(), "misaligned": misaligned})
-        log_round(NAME, rnd.number, f"{len(kept)} updates decoded, rejected "
-                  f"{figures.rejected}, left out {misaligned}, failed "
-                  f"{figures.failed}, up "
+        log_round(NAME, rnd.number, f"{len(kept)} updates decoded, rejected {figures.rejected}, "
+                  f"left out {misaligned}, failed {figures.failed}, up "
                   f"{figures.up_payload_bits} payload bits")
         return arrays, metrics
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
         """The inner strategy's evaluate messages."""
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
+    def aggregate_evaluate(self, server_round: int,
+                           replies: Iterable[Message]) -> MetricRecord | None:
         """The inner strategy's evaluation aggregate."""
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     def state_dict(self) -> dict:
-        """What a resumed run needs: the norm screen's reference.
-
-        The inner strategy's own state, if any, is the inner strategy's to keep.
-        """
+        """The screens' references (the inner strategy keeps its own state)."""
         return {"norms": self.norms.state_dict(), "directions": self.directions.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -288,10 +254,10 @@ class CompressedUpdates(RoundPipeline, Strategy):
                 cfg[LAYOUT_KEY] = layout.to_json()
         return _Sent(layout, reference, int(payload.nbits))
 
-    def _decode(self, msg: Message, sent: dict[int, _Sent]) -> _Decoded:
-        """Check one reply and decode it into weights; ``PayloadError`` with the reason."""
+    def decode_reply(self, rnd: ServerRound, msg: Message) -> _Decoded:
+        """Check one reply and decode it against what its node was sent (or PayloadError)."""
         node = int(msg.metadata.src_node_id)
-        entry = sent.get(node)
+        entry = rnd.notes["coded"].get(node)
         if entry is None:
             raise PayloadError("no train message was sent to this node this round")
         content = msg.content
@@ -334,20 +300,15 @@ class CompressedUpdates(RoundPipeline, Strategy):
         content[entry.layout.key] = record
 
     def _consistent(self, decoded: list[_Decoded]) -> tuple[list[_Decoded], int]:
-        """Keep the replies whose metric keys are the most common set; reject the others.
-
-        Flower's strategies refuse a whole round whose replies' metric keys differ.
-        """
+        """Keep the replies with the most common metric keys (Flower refuses mixed ones)."""
         if not decoded:
             return decoded, 0
         counts = Counter(d.metric_keys for d in decoded)
         top = max(counts.values())
         common = next(d.metric_keys for d in decoded if counts[d.metric_keys] == top)
-        kept = []
+        kept = [d for d in decoded if d.metric_keys == common]
         for d in decoded:
-            if d.metric_keys == common:
-                kept.append(d)
-            else:
+            if d.metric_keys != common:
                 log_rejected(d.msg.metadata.src_node_id,
                              f"metric keys {sorted(d.metric_keys)} differ from the other "
                              f"replies' {sorted(common)}")
