@@ -62,7 +62,10 @@ class RoundAsks:
     def plan(self, server_round: int, nodes: list[int],
              rounds_left: int) -> tuple[RoundClients, RoundPlan]:
         """The sampled nodes' clients and the round's plan (kept for its replies)."""
-        clients = self.identities.split([int(n) for n in nodes], self.known_identities())
+        store = self.data.store  # every client identity the server keeps state of:
+        known = (set(self.planner.clients) | set(self.identities.node_of)
+                 | set(store.clients if store is not None else ()))
+        clients = self.identities.split([int(n) for n in nodes], known)
         plan = self.planner.plan(clients.keys, rounds_left)
         self.plans[server_round] = plan
         return clients, plan
@@ -87,11 +90,6 @@ class RoundAsks:
             return "uniform", node_rule(self.cfg.selection_rule, "uniform")
         scorer = node_scorer(scorer, identity in self.can_score)
         return scorer, node_rule(self.cfg.selection_rule, scorer)
-
-    def needs_model(self, mode: str, scorer: str) -> bool:
-        """Whether a node sent ``scorer`` gets the model (its round may use it)."""
-        return scorer == AUTO or model_knob({"round-mode": mode, "scorer": scorer,
-                                             "compensation": self.cfg.compensation}) is not None
 
     def note_scorers(self, identities: dict[int, bool]) -> None:
         """Remember which identities hold the model (their replies' ``can-score``)."""
@@ -141,12 +139,6 @@ class RoundAsks:
             return asked.get(src, self.cfg.budget)
 
         return plan, ask
-
-    def known_identities(self) -> set[int]:
-        """Every client identity the server keeps state of."""
-        known = set(self.planner.clients) | set(self.identities.node_of)
-        store = self.data.store
-        return known | set(store.clients) if store is not None else known
 
     def held_of(self, identity: int) -> bytes | None:
         """The held-set bytes of ``identity`` (``None`` with ``resend``: nothing to say)."""
@@ -258,7 +250,9 @@ class RoundAsks:
             scorer, rule = self.node_choice(identity, clients.free)
             node_cfg["scorer"], node_cfg["selection-rule"] = scorer, rule
             shared: dict[str, Any] = {}
-            if self.needs_model(plan.mode, scorer):
+            knob = model_knob({"round-mode": plan.mode, "scorer": scorer,
+                               "compensation": self.cfg.compensation})
+            if scorer == AUTO or knob is not None:  # its round may use the model
                 record = model() if record is None else record
                 shared[MODEL_KEY] = record
             if self.trainer.schedule is not None:

@@ -291,19 +291,13 @@ class UploadIntake:
                               self.cfg.budget if max_rows is None else int(max_rows))
         delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
         refresh = self.decode_refresh(content, node)
-        batch, x = self.drop_held(upload.batch, upload.x, node)
+        batch, x, store = upload.batch, upload.x, self.data.store
+        if not self.cfg.resend and len(batch) and store is not None:  # drop rows already
+            held = store.was_received(node, batch.ids)  # held (a late reply, a replay)
+            if held.any():
+                batch, x = keep_rows(batch, ~held), x[~held]
         return replace(upload, delta=delta, refresh=refresh, batch=batch, x=x,
                        reply_bits=reply_bits(content) if self.measuring else 0)
-
-    def drop_held(self, batch: SampleBatch, x: np.ndarray,
-                  identity: int) -> tuple[SampleBatch, np.ndarray]:
-        """Drop the rows of a reply the server already holds (a late reply, a replay)."""
-        if self.cfg.resend or not len(batch) or self.data.store is None:  # nothing held yet
-            return batch, x
-        held = self.data.store.was_received(identity, batch.ids)
-        if not held.any():
-            return batch, x
-        return keep_rows(batch, ~held), x[~held]
 
     def decode_refresh(self, content: RecordDict, node: int) -> np.ndarray | None:
         """A refreshed residual, checked like a compensation; only where one was asked."""
@@ -369,11 +363,8 @@ class UploadIntake:
         A failure rejects the upload; a copying client's copies are not stored.
         """
         packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
-        failed = 0
 
         def fail(upload: Upload, exc: Exception) -> None:
-            nonlocal failed
-            failed += 1
             log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: {exc}")
 
         for upload in uploads:
@@ -406,7 +397,7 @@ class UploadIntake:
             if upload.ranges is not None and self.data.store is not None:
                 self.data.store.set_ranges(upload.node, *upload.ranges)
             fresh.append(upload)
-        return fresh, failed
+        return fresh, len(uploads) - len(fresh)  # every other upload failed
 
     def drop_copies(self, upload: Upload, rows: Packed, copied: np.ndarray,
                     cap: float | None) -> tuple[Upload, Packed]:

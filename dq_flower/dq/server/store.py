@@ -310,17 +310,15 @@ class SampleStore:
             keep = np.sort(self._rng.choice(len(self), size=self.max_samples, replace=False))
         gone = np.ones(len(self), dtype=bool)
         gone[keep] = False
-        self._remember_evicted(self._take_meta(np.flatnonzero(gone)))
+        evicted = self._take_meta(np.flatnonzero(gone))
+        nodes = self.node_ids(evicted)
+        for node in np.unique(nodes):  # evicted rows stay received
+            self.note_received(int(node), evicted.ids[nodes == node])
         self._keep(keep)
         self.evicted += excess
 
     def _keep(self, keep: np.ndarray) -> None:  # keep: sorted indices
         self._rows = self._take_meta(keep)
-
-    def _remember_evicted(self, rows: StoredRows) -> None:
-        nodes = self.node_ids(rows)
-        for node in np.unique(nodes):
-            self.note_received(int(node), rows.ids[nodes == node])
 
     def _take_meta(self, idx: np.ndarray) -> StoredRows:  # the rows as held in memory
         assert self._rows is not None
@@ -368,18 +366,13 @@ class SampleStore:
         self.ranges[int(node)] = (np.asarray(lo, dtype=np.float32),
                                   np.asarray(span, dtype=np.float32))
 
-    def _denormalise(self, x: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        out = np.empty_like(x)
-        for node in np.unique(nodes):
-            lo, span = self.ranges[int(node)]
-            mask = nodes == node
-            out[mask] = denormalise(x[mask], lo, span)
-        return out
-
     def _decode(self, rows: StoredRows):
         x = self._dequantize(rows.codes, rows.side, rows.dither)
-        if self.ranges:
-            x = self._denormalise(x, self.node_ids(rows))
+        if self.ranges:  # each client's rows by its feature ranges
+            nodes, out = self.node_ids(rows), np.empty_like(x)
+            for node in np.unique(nodes):
+                out[nodes == node] = denormalise(x[nodes == node], *self.ranges[int(node)])
+            x = out
         y = (rows.labels.astype(np.float32) if np.issubdtype(rows.labels.dtype, np.floating)
              else rows.labels.astype(np.int64))
         return x, y
