@@ -23,11 +23,7 @@ __all__ = ["DrivenStrategy", "ServerFigures", "ServerRound", "RoundPipeline", "M
 
 
 class DrivenStrategy(Protocol):
-    """What a driver of rounds (the harness) calls on a strategy.
-
-    Flower's four steps and the package's additions, present on every strategy of the
-    package (:class:`ServerFigures` gives the defaults).
-    """
+    """What a driver of rounds (the harness) calls on a strategy (see :class:`ServerFigures`)."""
 
     num_rounds: int | None
     watches_failures: bool
@@ -57,16 +53,11 @@ class DrivenStrategy(Protocol):
 class ServerFigures:
     """What the harness and Flower's ``start`` need of every strategy of the package.
 
-    A template method: :meth:`aggregate_train` (Flower's) calls the strategy's
-    :meth:`aggregate_round` hook, which returns the round's arrays and all its metrics.
-    A strategy records its round's server-side figures (payload bits, rejected replies,
-    server time) with :meth:`record_figures`; under ``start`` they join the round's
-    ServerApp-side metrics (``Result.evaluate_metrics_serverapp``, beside what
-    ``evaluate_fn`` returns, whose keys win), and of ``aggregate_round``'s metrics only the
-    client-side keys listed in :attr:`client_metric_keys` stay with the aggregated train
-    metrics, the rest join the figures. A driver calling ``aggregate_train`` itself, as the
-    harness does, gets them all. :meth:`state_dict`, :meth:`load_state_dict`,
-    :attr:`finished` and :attr:`num_rounds` are the rest of what a driver talks to.
+    :meth:`aggregate_train` calls the :meth:`aggregate_round` hook (the round's arrays and
+    all its metrics). Under ``start``, figures kept with :meth:`record_figures` join the
+    ServerApp-side metrics (``evaluate_fn``'s keys win), and only the metrics listed in
+    :attr:`client_metric_keys` stay with the train metrics; a driver calling
+    ``aggregate_train`` itself gets them all.
     """
 
     #: Keys of ``aggregate_round``'s metrics aggregated from the clients' replies; ``None``
@@ -100,10 +91,7 @@ class ServerFigures:
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's ``aggregate_train``: :meth:`aggregate_round`, split under ``start``.
-
-        See the class docstring for which metrics stay.
-        """
+        """Flower's ``aggregate_train``: :meth:`aggregate_round`, split under ``start``."""
         arrays, metrics = self.aggregate_round(server_round, replies)
         keys = self.client_metric_keys
         if not self._figures_apart or keys is None or metrics is None:
@@ -163,12 +151,9 @@ class ServerRound:
 class RoundPipeline(ServerFigures):
     """A server round as a template method: ledger, screen and decode, bound, aggregate.
 
-    :meth:`aggregate_round` takes what the strategy sent this round from :attr:`ledger`,
-    calls :meth:`begin_round`, screens the replies (origin, duplicates, errors and silent
-    nodes: :func:`~dq_flower.server.pipeline.screen_replies`) decoding each with
-    :meth:`decode_reply`, then :meth:`observe_failures`, :meth:`bound` (the checks of the
-    decoded replies against each other) and :meth:`aggregate_and_step`. A strategy
-    overrides the hooks it needs, as Flower's strategies override ``aggregate_train``.
+    :meth:`aggregate_round` calls the hooks :meth:`begin_round`, :meth:`decode_reply` (per
+    reply, within :func:`~dq_flower.server.pipeline.screen_replies`),
+    :meth:`observe_failures`, :meth:`bound` and :meth:`aggregate_and_step`.
     """
 
     ledger: RoundLedger
@@ -208,10 +193,8 @@ class RoundPipeline(ServerFigures):
 class ModelStrategy(RoundPipeline, FederatedEvaluation):
     """What the package's strategies share around the user's model.
 
-    Seeded sampling settings, federated evaluation, loading ``initial_arrays`` (or any
-    arrays the strategy did not return itself) into the model at the start of a round, and
-    server-side figures reported with the ServerApp's own (:class:`ServerFigures`; every
-    metric of the round is the server's unless :attr:`client_metric_keys` lists it).
+    Seeded sampling settings, federated evaluation, loading arrays the strategy did not
+    return itself (``initial_arrays``), and every metric reported as a server figure.
     """
 
     client_metric_keys: tuple[str, ...] | None = ()

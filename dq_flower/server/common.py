@@ -1,8 +1,4 @@
-"""Pieces every strategy of this package shares: node sampling, optimizers, logging.
-
-Also the failure watch: a run whose sampled clients all fail (or stay silent) for several
-consecutive rounds stops with the first client error.
-"""
+"""What every strategy of the package shares: node sampling, optimizers, logging, failures."""
 
 from __future__ import annotations
 
@@ -18,17 +14,8 @@ from flwr.serverapp import Grid
 from dq_flower.codecs import PayloadError
 from dq_flower.wire.node_errors import node_config_problem
 
-__all__ = [
-    "sample_node_ids",
-    "wait_for_nodes",
-    "make_optimizer",
-    "log_rejected",
-    "log_round",
-    "FailureWatch",
-    "ClientFailureError",
-    "NodeConfigurationError",
-    "REPLY_ERRORS",
-]
+__all__ = ["sample_node_ids", "wait_for_nodes", "make_optimizer", "log_rejected", "log_round",
+           "FailureWatch", "ClientFailureError", "NodeConfigurationError", "REPLY_ERRORS"]
 
 #: What a reply validator may raise for a malformed reply.
 REPLY_ERRORS = (PayloadError, ValueError, KeyError, TypeError)
@@ -53,8 +40,7 @@ def sample_node_ids(
 ) -> list[int]:
     """Seeded sample of ``ceil(fraction * connected)`` nodes (at least ``min_nodes``).
 
-    Waits for ``min_nodes`` connected nodes first and logs the line Flower's strategies
-    log (``configure_train: Sampled 4 nodes (out of 4)``, ``stage`` naming the step).
+    Waits for ``min_nodes`` connected nodes; logs Flower's ``<stage>: Sampled k nodes`` line.
     """
     nodes = wait_for_nodes(grid, min_nodes)
     if not nodes:
@@ -63,8 +49,7 @@ def sample_node_ids(
     log(INFO, "%s: Sampled %s nodes (out of %s)", stage, k, len(nodes))
     if k == len(nodes):
         return nodes
-    # Draw positions, not ids: Flower's node ids are unsigned 64-bit, which numpy would
-    # turn into float64 (losing digits) when ids on both sides of 2**63 are mixed.
+    # positions, not ids: numpy turns uint64 ids on both sides of 2**63 into float64
     return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False))
 
 
@@ -98,12 +83,10 @@ class NodeConfigurationError(ClientFailureError):
 
 
 class FailureWatch:
-    """Stop a run whose every sampled client fails ``limit`` rounds in a row.
+    """Stop a run whose every sampled client fails ``limit`` rounds in a row (0: never).
 
-    ``limit`` 0 never stops. The error quotes the first client error seen in that streak,
-    which is usually the cause (an unknown model, a missing data file, a bad shape). With
-    ``announce`` each round logs the line Flower's strategies log
-    (``aggregate_train: Received 4 results and 0 failures``).
+    The error quotes the streak's first client error; ``announce`` logs Flower's
+    ``aggregate_train: Received ...`` line each round.
     """
 
     def __init__(self, limit: int, name: str, announce: bool = True) -> None:
@@ -116,10 +99,8 @@ class FailureWatch:
     def observe(self, replies: list[Message], silent: int = 0, counts: bool = True) -> None:
         """Record one round's replies; raise :class:`ClientFailureError` at the limit.
 
-        ``silent`` counts the sampled nodes that sent nothing before the timeout. A round
-        counts towards the limit when it sent messages and got no reply that is not an
-        error; a round that sent nothing, or one observed with ``counts`` false, leaves
-        the streak as it was (its replies are still announced).
+        ``silent``: sampled nodes that sent nothing. A round with no successful reply counts
+        unless it sent nothing or ``counts`` is false.
         """
         errors = [m for m in replies if m.has_error()]
         if self.announce:

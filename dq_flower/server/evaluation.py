@@ -1,11 +1,4 @@
-"""Flower-style federated evaluation, mixed into the package's strategies.
-
-Replies go through the round pipeline's origin and duplicate checks
-(:mod:`dq_flower.server.pipeline`), and their example counts are capped against the round's
-median, and each metric is a trimmed mean across the nodes (the lowest and highest fifth
-dropped, then weighted by the capped counts), so one node of five cannot set the
-federation's metrics by its count or by its values.
-"""
+"""Flower-style federated evaluation, mixed into the package's strategies."""
 
 from __future__ import annotations
 
@@ -47,14 +40,11 @@ def _evaluation(msg: Message) -> tuple[float, dict[str, float]]:
 class FederatedEvaluation:
     """Flower-style federated evaluation.
 
-    With ``fraction_evaluate > 0`` the sampled nodes get the global model as a state-dict
-    ``ArrayRecord`` under ``arrays`` and a config under ``config`` (the layout of Flower's
-    ``FedAvg``, so a ClientApp's usual ``@app.evaluate()`` handler works), and their
-    ``MetricRecord`` replies are averaged weighted by ``num-examples``, each count capped
-    at ``evaluate_weight_cap`` times the round's median count, after the lowest and the
-    highest ``evaluate_trim`` of the nodes' values of each metric are dropped (none with
-    fewer than five nodes at the default 0.2). Values that are not finite or exceed
-    :data:`MAX_METRIC` in magnitude are dropped.
+    With ``fraction_evaluate > 0`` the sampled nodes get ``arrays`` and ``config`` as from
+    Flower's ``FedAvg``; each metric of their replies is averaged weighted by
+    ``num-examples`` (capped at ``evaluate_weight_cap`` times the median) after the lowest
+    and highest ``evaluate_trim`` of the values are dropped, so one node of five cannot set
+    it. Values that are not finite or exceed :data:`MAX_METRIC` in magnitude are dropped.
     """
 
     fraction_evaluate: float = 0.0
@@ -96,8 +86,8 @@ class FederatedEvaluation:
         per_key: dict[str, tuple[list[float], list[float]]] = {}
         for weight, (_, values) in zip(weights, screened.accepted, strict=True):
             for key, value in values.items():
-                per_key.setdefault(key, ([], []))
-                per_key[key][0].append(value)
-                per_key[key][1].append(weight)
+                vals, wts = per_key.setdefault(key, ([], []))
+                vals.append(value)
+                wts.append(weight)
         return MetricRecord({key: trimmed_weighted_mean(vals, wts, self.evaluate_trim)
                              for key, (vals, wts) in per_key.items()})

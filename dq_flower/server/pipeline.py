@@ -1,11 +1,8 @@
 """One server round's replies, the same steps for every strategy of the package.
 
-:class:`RoundLedger` keeps what the strategy sent and :func:`origin_problem` checks each
-reply against it; :func:`screen_replies` counts errors and silent nodes as failed, rejects
-second replies and decodes the rest; :func:`bound_vectors` screens, clips and weighs
-uploaded vectors (:mod:`dq_flower.server.robust`), which the strategy aggregates inside a
-:class:`~dq_flower.server.robust.StepGuard`; :class:`UpdateFigures` holds an update round's
-uplink and screening figures.
+:func:`screen_replies` checks each reply's origin against the :class:`RoundLedger`, counts
+errors and silent nodes as failed, rejects second replies and decodes the rest;
+:func:`bound_vectors` screens, clips and weighs uploaded vectors.
 """
 
 from __future__ import annotations
@@ -36,12 +33,7 @@ T = TypeVar("T")
 
 
 class RoundLedger:
-    """What a strategy sent in each round, to check the replies against.
-
-    :meth:`record` stamps every message with its round (``group_id``, which Flower copies
-    into the reply) and keeps it by destination node; :meth:`take` hands the round's
-    messages to the round's screening (once: a round is screened once).
-    """
+    """What a strategy sent in each round (by node, stamped with the round's ``group_id``)."""
 
     def __init__(self) -> None:
         self._rounds: dict[int, dict[int, Message]] = {}
@@ -60,11 +52,7 @@ class RoundLedger:
 
 
 def origin_problem(reply: Message, sent: dict[int, Message] | None) -> str | None:
-    """Why ``reply`` does not answer what was sent this round (``None``: it does).
-
-    With no record of the round (a driver calling ``aggregate_train`` without
-    ``configure_train``) only the reply's content is checked.
-    """
+    """Why ``reply`` does not answer what was sent this round (``None``: it does, or unknown)."""
     if sent is None:
         return None
     meta = reply.metadata
@@ -109,10 +97,7 @@ class Screened(Generic[T]):
 
     def keep_uncontested(self, identity: Callable[[T], int], contested: set[int],
                          order: Callable[[T], Any], node: Callable[[T], int]) -> None:
-        """Accepted replies in ``order``; those speaking for a ``contested`` identity rejected.
-
-        ``identity``, ``node``: the client identity a reply speaks for and its node id.
-        """
+        """Accepted replies in ``order``; those of a ``contested`` ``identity`` rejected."""
         self.accepted = sorted(self.accepted, key=order)
         self.nodes = [node(a) for a in self.accepted]
         self.keep([f"client identity {identity(a)} was contested this round: granted to "
@@ -121,10 +106,7 @@ class Screened(Generic[T]):
 
 def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
                    sent: dict[int, Message] | None = None) -> Screened[T]:
-    """Screen one round's replies and decode the good ones (see the module docstring).
-
-    Every exception ``decode`` raises rejects that reply with its reason: the round goes on.
-    """
+    """Screen one round's replies and decode the good ones (an exception rejects just one)."""
     out: Screened[T] = Screened(replies=list(replies))
     seen: set[int] = set()
     for msg in out.replies:
@@ -177,15 +159,8 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
                   nodes: Sequence[int] | None = None) -> Bounded:
     """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
 
-    The median norm is taken over the vectors that passed the norm screen (those that did
-    not get a reason in :attr:`Bounded.reasons`); with a ``directions`` screen the clipped
-    vector of a node that keeps pointing against the mean of the others is then left out
-    of the mean (:class:`~dq_flower.server.robust.DirectionScreen`, on the vectors clipped
-    to the median norm whatever ``clip_factor`` is; its node in
-    :attr:`Bounded.misaligned`). One client in five that sends a scaled update moves the
-    mean by at most one median norm times its (capped) weight share; one that sends a
-    sign-flipped update is left out. ``vectors`` and ``weights`` of the result are the
-    ones to aggregate.
+    The median is over the vectors that passed the norm screen; ``directions`` compares
+    them clipped to the median norm and leaves misaligned nodes out of the mean.
     """
     nodes = list(nodes) if nodes is not None else list(range(len(vectors)))
     norms = [float(np.linalg.norm(v)) for v in vectors]
@@ -224,9 +199,8 @@ class Coded(Protocol):
 class UpdateFigures:
     """An update round's uplink and screening figures, one meaning per metric key.
 
-    ``coded-replies`` counts the replies that decoded (their payload bits are counted in
-    ``up-payload-bits`` whether a later screen rejects them or not); ``replies`` counts
-    those the round used; ``server-time-s`` runs from the start of screening.
+    ``coded-replies``: replies that decoded (all in ``up-payload-bits``); ``replies``:
+    those the round used; ``server-time-s``: from the start of screening.
     """
 
     coded_replies: int

@@ -1,37 +1,26 @@
 """Robust aggregation and plausibility bounds for the vectors clients send.
 
-Every bound here is derived from what honest clients send in the same run, so that it
-holds for any model and data without tuning:
+Every bound is derived from what honest clients send in the same run (no tuning):
 
-- **Norms** (:class:`NormScreen`): a compensation or gradient whose L2 norm exceeds
-  ``factor`` times a reference is rejected. The reference is the largest of the median
-  accepted norms of the last five rounds (an honest client's norm drifts slowly from
-  round to round, and a round with many bad replies cannot raise its own bar); in the
-  first round it is that round's median, when at least three vectors arrived. A round
-  that rejects every vector doubles the reference for the next round, so honest norms
-  that outgrow the bar (a large step size, an error-feedback residual that keeps growing)
-  lock the run out for a few rounds at most, while a hostile round can raise the bar by
-  no more than 2x. Default factor 5; 0 turns the check off. DQ's compensations and
-  refreshed residuals, whose honest norms can grow several-fold between rounds when the
-  server trains long between uploads, are screened against their own round's median when
-  the round has three or more (``round_first``).
-- **Clipping** (:func:`clip_to_median`): every vector that passed the screen is scaled
-  down to at most ``clip-factor`` (default 1) times the median norm of the round's
-  vectors, so one client in five that sends a scaled (say -4x) update moves the mean by
-  at most one median norm times its weight share, as a merely sign-flipped one would.
-- **Direction** (:class:`DirectionScreen`): after the clip, the update of a node whose
-  cosine with the mean of the round's other updates is below ``min-cosine`` (default
-  -0.1) on average over its last 10 rounds is left out of the round's mean (counted in
-  ``misaligned``, not ``rejected``: the reply itself was valid), so a sign-flipped client
-  cannot pull the aggregate back. Honest updates point against the others' mean now and
-  then (on non-IID data a third of the time), but not on average, so they stay in.
-  Compensations, whose honest directions are close to independent, are only clipped.
-- **Weights** (:func:`cap_weights`): a client's example count weighs at most ``factor``
-  (``weight-cap``, default 2) times the round's median count, so one client claiming
-  2**31 examples cannot outweigh the others.
-- **Aggregation** (:func:`aggregate`): the example-weighted mean, or, robust to a minority
-  of bad clients, the coordinate-wise median (as Flower's ``FedMedian``) or the trimmed
-  mean (Flower's ``FedTrimmedAvg`` helper), optionally after clipping every vector's norm.
+- **Norms** (:class:`NormScreen`): a vector whose L2 norm exceeds ``factor`` (default 5,
+  0: off) times a reference is rejected. The reference is the largest median accepted norm
+  of the last five rounds (the first round: its own median, from three vectors); a round
+  rejecting every vector doubles it, so outgrown honest norms lock out a few rounds at
+  most and a hostile round raises the bar 2x at most. With ``round_first`` (DQ's
+  compensations, whose honest norms can grow several-fold) a round of three or more is
+  its own reference.
+- **Clipping** (:func:`clip_to_median`): every vector is scaled down to at most
+  ``clip-factor`` (default 1) times the round's median norm, so a scaled (say -4x) update
+  moves the mean no more than a sign-flipped one.
+- **Direction** (:class:`DirectionScreen`): a node whose cosine with the mean of the
+  round's other updates is below ``min-cosine`` (default -0.1) on average over its last 10
+  rounds is left out of the mean (``misaligned``, not ``rejected``). Honest updates point
+  against the others now and then (non-IID: a third of the time), not on average.
+  Compensations (close to independent directions) are only clipped.
+- **Weights** (:func:`cap_weights`): an example count weighs at most ``weight-cap``
+  (default 2) times the round's median.
+- **Aggregation** (:func:`aggregate`): the example-weighted mean, the coordinate-wise
+  median (``FedMedian``) or the trimmed mean (``FedTrimmedAvg``'s helper).
 """
 
 from __future__ import annotations
@@ -45,8 +34,7 @@ import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
 __all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "trimmed_weighted_mean", "clip_norms",
-           "clip_to_median",
-           "cosines_with_others", "cap_weights", "DirectionScreen",
+           "clip_to_median", "cosines_with_others", "cap_weights", "DirectionScreen",
            "NormScreen", "StepGuard"]
 
 #: Aggregation rules of client vectors.
@@ -67,8 +55,7 @@ def clip_norms(vectors: list[np.ndarray], clip: float) -> list[np.ndarray]:
 def clip_to_median(vectors: list[np.ndarray], factor: float) -> list[np.ndarray]:
     """Scale every vector down to at most ``factor`` times the median norm (0: off).
 
-    Needs three vectors (with fewer the median is one of the two); a zero median leaves
-    the vectors as they are.
+    Needs three vectors; a zero median leaves them as they are.
     """
     if factor <= 0 or len(vectors) < 3:
         return vectors
@@ -91,13 +78,9 @@ def cosines_with_others(vectors: list[np.ndarray]) -> list[float | None]:
 class DirectionScreen:
     """Leave out the updates of nodes that keep pointing against the others' mean.
 
-    Every round of three or more (clipped) vectors, each vector's cosine with the mean of
-    the round's others joins its node's last ``window`` cosines; a node whose mean over
-    them is below ``min_cosine`` is left out of the round's mean once it has ``warmup`` of
-    them. A sign-flipped client points against the others every round; an honest one does
-    now and then, on non-IID data often (a third of the rounds on Dirichlet(0.1) splits of
-    the digits), while its mean over rounds stays positive. ``min_cosine <= -1``: off. A
-    round where no node passes keeps every vector.
+    In rounds of three or more vectors, a node whose mean cosine over its last ``window``
+    (at least ``warmup``) is below ``min_cosine`` is left out (``<= -1``: off); a round
+    where no node passes keeps every vector.
     """
 
     def __init__(self, min_cosine: float = -0.1, window: int = 10, warmup: int = 3) -> None:
@@ -156,8 +139,7 @@ def aggregate(vectors: list[np.ndarray], weights: list[float], rule: str = "mean
 def trimmed_weighted_mean(values: list[float], weights: list[float], trim: float) -> float:
     """The weighted mean of ``values`` without their ``floor(trim * n)`` lowest and highest.
 
-    None are dropped with fewer than ``1 / trim`` values; ``math.fsum`` keeps the sums
-    exact and finite for inputs of magnitude up to ``1e300 / n``.
+    ``math.fsum`` keeps the sums exact and finite up to magnitudes of ``1e300 / n``.
     """
     n = len(values)
     if n == 0 or len(weights) != n:
@@ -198,13 +180,7 @@ class NormScreen:
         self.medians: deque[float] = deque(maxlen=history)
 
     def reference(self, norms: list[float]) -> float | None:
-        """The reference norm for a round whose valid vectors have ``norms``.
-
-        With ``round_first`` a round of three or more vectors is its own reference (its
-        median), for vectors whose honest norms change a lot between rounds (DQ's
-        compensations after long server training); the recent rounds' medians serve
-        rounds with fewer.
-        """
+        """The reference norm for a round whose valid vectors have ``norms`` (module docstring)."""
         if self.round_first and len(norms) >= 3:
             return float(np.median(norms))
         if self.medians:
@@ -244,12 +220,7 @@ class NormScreen:
 
 
 class StepGuard:
-    """Undo a round's optimizer steps that left the model non-finite.
-
-    ``begin()`` snapshots the model's and the optimizer's state; ``finite_or_restore()``
-    checks every parameter and buffer after the steps and, if any is NaN or infinite,
-    restores the snapshot and returns ``False``.
-    """
+    """Undo a round's optimizer steps that left a parameter or buffer non-finite."""
 
     def __init__(self, model, optimizer) -> None:
         self.model = model

@@ -72,13 +72,8 @@ def _systematic(pi: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.sort(order[np.minimum(picks, pi.size - 1)])
 
 
-def select(
-    scores: np.ndarray,
-    budget: int,
-    rule: str,
-    rng: np.random.Generator,
-    threshold: float = 0.0,
-) -> Selection:
+def select(scores: np.ndarray, budget: int, rule: str, rng: np.random.Generator,
+           threshold: float = 0.0) -> Selection:
     """Pick at most ``budget`` candidates by ``rule``; see the module docstring."""
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 1:

@@ -7,33 +7,18 @@ device's own data and (where the round needs it) the user's model::
     def train(msg: Message, context: Context) -> Message:
         return dq_flower.client.dq_train(msg, context, load_local_data(), model=Net())
 
-Which rows are candidates is not the client's memory: each data round's message says which
-of this client's rows the server holds (:mod:`dq_flower.wire.held`), by the client's
-identity (:func:`node_key`: its ``partition-id``, else its node id), and the candidates
-are all the local rows but those (all rows with ``resend``). A reply that was lost is
-then uploaded again later, and a client that restarts with an empty ``Context`` (or under
-a new node id) goes on where it stopped. The selection is a function of the round seed,
-the round, the identity, the held set and the received model only, so an uninterrupted
-run and a resumed one get the same replies.
+The candidates are the local rows but those the message says the server holds (by the
+client's identity, :func:`node_key`), so a lost reply is uploaded again and a restarted
+client goes on where it stopped; the selection depends only on the round seed, round,
+identity, held set and received model.
 
-State kept across rounds in ``Context.state`` (lost when the client restarts; each is
-rebuilt from nothing then, which changes the replies that depend on it):
-- ``dq-ef-compensation``: the error-feedback residual of a biased compensation codec;
-- ``dq-ef-refresh``: the same for the refreshed residuals;
-- ``dq-ef-gradient``: the error-feedback state of a biased codec in gradient rounds
-  (``upload-mode`` gradient or auto);
-- under ``compensation-mode="refresh"``, the samples sent in each round, to recompute
-  the residual over them.
+``Context.state`` keeps the ``dq-ef-`` error-feedback entries (``compensation``,
+``refresh``, ``gradient``; snapshotted per round, so a replayed round gets the same reply)
+and, under ``compensation-mode="refresh"``, the samples sent in each round.
 
-The ``dq-ef-`` entries are snapshotted after every round served
-(:mod:`dq_flower.client_state`) and the samples sent are kept by round, so replies are
-idempotent per round: a server that replays a round after a crash gets the same reply.
-
-A data round with the ``uniform`` scorer and no compensation needs no model, and this
-module imports no PyTorch for it: a device with Flower and numpy only can serve it. The
-knobs that need the model (see :func:`model_knob`) import :mod:`dq_flower.dq.client.scoring` and
-:mod:`dq_flower.dq.client.client_model` when used, and fail before any work, naming the knob,
-where PyTorch is missing.
+A data round with the ``uniform`` scorer and no compensation imports no PyTorch; the knobs
+that need the model (:func:`model_knob`) import it (``client_model``, ``scoring``) only
+where used, and fail before any work, naming the knob, where it is missing.
 """
 
 from __future__ import annotations
@@ -142,8 +127,7 @@ def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
         ws.append(rows["weights"].numpy().astype(np.float64))
     if not xs:
         return None
-    # PyTorch: model knobs only, torch-free nodes never load it
-    from dq_flower.dq.client.client_model import quantization_residual
+    from dq_flower.dq.client.client_model import quantization_residual  # PyTorch: deferred
 
     w = np.concatenate(ws)
     w = (w / w.sum()).astype(np.float32)
@@ -182,8 +166,7 @@ class RoundInput:
 
 def _gradient_round(r: RoundInput) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
-    # PyTorch: model knobs only, torch-free nodes never load it
-    from dq_flower.dq.client.client_model import batch_gradient, received_model
+    from dq_flower.dq.client.client_model import batch_gradient, received_model  # PyTorch: deferred
 
     model = received_model(r.msg, r.model, "a gradient round (upload-mode gradient or auto)")
     if model is None:
@@ -303,9 +286,8 @@ def _scores(r: RoundInput, cfg: DQConfig,
     """The model the round uses (``None`` where it needs none) and the candidates' scores."""
     if r.knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
         return None, np.ones(candidates.size)
-    # PyTorch: model knobs only, torch-free nodes never load it
-    from dq_flower.dq.client.client_model import received_model
-    from dq_flower.dq.client.scoring import score_candidates
+    from dq_flower.dq.client.client_model import received_model  # PyTorch: deferred
+    from dq_flower.dq.client.scoring import score_candidates  # PyTorch: deferred
 
     model = received_model(r.msg, r.model, r.knob)
     scores = score_candidates(cfg.scorer, model, r.x[candidates], r.y[candidates], r.loss_fn)
@@ -378,8 +360,7 @@ def _compensation(r: RoundInput, cfg: DQConfig, coded: _Coded, y: np.ndarray,
     """The coded gradient of the quantization residual of the chosen rows."""
     if model is None:
         raise ValueError("compensation needs the model; the server did not send it")
-    # PyTorch: model knobs only, torch-free nodes never load it
-    from dq_flower.dq.client.client_model import quantization_residual
+    from dq_flower.dq.client.client_model import quantization_residual  # PyTorch: deferred
 
     shape = (-1, *r.spec.sample_shape)
     delta = quantization_residual(model, coded.xb.reshape(shape),

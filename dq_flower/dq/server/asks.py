@@ -1,11 +1,8 @@
 """What each round asks of whom: the round's plan, per-client asks and held sets.
 
-Asks are per client identity (:mod:`dq_flower.dq.server.intake`). In a data round a client
-known to have uploaded all its samples is not asked; under the adaptive schedule the
-schedule sizes the round's total ask and :func:`~dq_flower.dq.server.schedule.allocate` shares it
-out. Each message says which of the client's rows the server holds (``held``), or, to a
-node id the server cannot name yet, gives the table of every identity it may be
-(``held-table``).
+Asks are per client identity; a client known to have uploaded everything is not asked in a
+data round. Each message names the client's rows the server holds (``held``), or, to a node
+the server cannot name yet, the table of every identity it may be (``held-table``).
 """
 
 from __future__ import annotations
@@ -45,9 +42,8 @@ __all__ = ["RoundAsks"]
 class RoundAsks:
     """Each round's plan and asks, kept until the round's replies are aggregated.
 
-    ``trainer`` holds the adaptive schedule and the per-client fit its asks follow;
-    ``data`` holds the store whose held rows each message names; ``seed`` roots the rounds'
-    seeds.
+    ``trainer``: the adaptive schedule and per-client fit; ``data``: the store whose held
+    rows the messages name.
     """
 
     def __init__(self, cfg: DQConfig, planner: UploadPlanner, identities: ClientIdentities,
@@ -66,18 +62,16 @@ class RoundAsks:
     def plan(self, server_round: int, nodes: list[int],
              rounds_left: int) -> tuple[RoundClients, RoundPlan]:
         """The sampled nodes' clients and the round's plan (kept for its replies)."""
-        clients = self.identities.split([int(n) for n in nodes], self.known_identities())
+        store = self.data.store  # every client identity the server keeps state of:
+        known = (set(self.planner.clients) | set(self.identities.node_of)
+                 | set(store.clients if store is not None else ()))
+        clients = self.identities.split([int(n) for n in nodes], known)
         plan = self.planner.plan(clients.keys, rounds_left)
         self.plans[server_round] = plan
         return clients, plan
 
     def scorer(self) -> str:
-        """The round's scorer (``uniform`` while an adaptive run's store is empty).
-
-        An untrained model's scores carry no information, so the first upload round of the
-        adaptive schedule sends no model; ``auto`` scores with the model only under the
-        adaptive schedule (the fixed one keeps uniform draws).
-        """
+        """The round's scorer (``uniform``: adaptive with an empty store, or fixed ``auto``)."""
         adaptive = self.trainer.schedule is not None
         if (adaptive and self.data.stored == 0) or (not adaptive and self.cfg.scorer == AUTO):
             return "uniform"
@@ -86,8 +80,8 @@ class RoundAsks:
     def node_choice(self, identity: int | None, free: list[int]) -> tuple[str, str]:
         """``(scorer, selection rule)`` a node is sent this round (``auto`` resolved).
 
-        A node the server cannot name yet (``identity`` None; ``free`` the identities it
-        may be) is sent ``auto`` to resolve itself where any of those holds the model.
+        An unnamed node (``identity`` None) is sent ``auto`` where any ``free`` identity
+        holds the model.
         """
         scorer = self.scorer()
         if scorer == AUTO and identity is None:
@@ -96,11 +90,6 @@ class RoundAsks:
             return "uniform", node_rule(self.cfg.selection_rule, "uniform")
         scorer = node_scorer(scorer, identity in self.can_score)
         return scorer, node_rule(self.cfg.selection_rule, scorer)
-
-    def needs_model(self, mode: str, scorer: str) -> bool:
-        """Whether a node sent ``scorer`` gets the model (its round may use it)."""
-        return scorer == AUTO or model_knob({"round-mode": mode, "scorer": scorer,
-                                             "compensation": self.cfg.compensation}) is not None
 
     def note_scorers(self, identities: dict[int, bool]) -> None:
         """Remember which identities hold the model (their replies' ``can-score``)."""
@@ -139,11 +128,7 @@ class RoundAsks:
         return cfg
 
     def take(self, server_round: int) -> tuple[RoundPlan | None, Callable[[int, int], int]]:
-        """The round's plan and ``ask(node_id, identity)``: the rows a reply may carry.
-
-        A node the server could not name when it asked was asked what the table gave the
-        identity it speaks for.
-        """
+        """The round's plan and ``ask(node_id, identity)``: the rows a reply may carry."""
         plan = self.plans.pop(server_round, None)
         asked = self.asked.pop(server_round, {})
         unknown, table_asks, default = self._tables.get(server_round, (set(), {}, 0))
@@ -155,12 +140,6 @@ class RoundAsks:
 
         return plan, ask
 
-    def known_identities(self) -> set[int]:
-        """Every client identity the server keeps state of."""
-        known = set(self.planner.clients) | set(self.identities.node_of)
-        store = self.data.store
-        return known | set(store.clients) if store is not None else known
-
     def held_of(self, identity: int) -> bytes | None:
         """The held-set bytes of ``identity`` (``None`` with ``resend``: nothing to say)."""
         if self.cfg.resend:
@@ -170,12 +149,10 @@ class RoundAsks:
 
     def round_asks(self, server_round: int, nodes: list[int], clients: RoundClients,
                    plan: RoundPlan, refresh: bool) -> tuple[list[int], bytes | None]:
-        """The nodes asked this round, their asks (``self.asked``), and the nodes' table.
+        """The nodes asked this round, their asks (``self.asked``), and the unnamed nodes' table.
 
-        A node the server cannot name (a new node id) gets the table of every identity it
-        may be, with each one's held set and ask, and the ask of an identity the table does
-        not list; the table is ``None`` where no such node is asked, or the server knows no
-        identity it may be.
+        The table lists each identity an unnamed node may be with its held set and ask, and
+        the ask of any other; ``None`` where no such node is asked or no identity is free.
         """
         keys = clients.keys
         asks = dict.fromkeys(keys, self.cfg.budget)
@@ -206,24 +183,14 @@ class RoundAsks:
 
     @staticmethod
     def unknown_ask(asks: dict[int, int], clients: RoundClients) -> int:
-        """The adaptive ask of a sampled node the server cannot name (a new client).
-
-        The mean of the round's asks over the nodes it shares them by, rounded up (at
-        least 1 while the round asks anything): under partial participation over a large
-        population most sampled nodes are new, and a total ask smaller than the number
-        of nodes must still reach them.
-        """
+        """The adaptive ask of an unnamed node: the mean ask rounded up (1+ if any is asked)."""
         shares = [asks.get(k, 0) for k in clients.spare] or list(asks.values())
         if not any(a > 0 for a in asks.values()):
             return 0
         return max(math.ceil(sum(shares) / max(len(shares), 1)), 1)
 
     def adaptive_asks(self, keys: list[int]) -> dict[int, int]:
-        """Per-client asks of the adaptive schedule (the first round: :meth:`first_ask`).
-
-        ``keys`` are the round's client identities (and placeholders for nodes the server
-        cannot name yet, see :class:`~dq_flower.dq.server.intake.RoundClients`).
-        """
+        """Per-client asks of the adaptive schedule over ``keys`` (:attr:`RoundClients.keys`)."""
         schedule = self.trainer.schedule
         assert schedule is not None
         if schedule.next_total is None:
@@ -240,7 +207,7 @@ class RoundAsks:
                          else max(int(min(known[0], cap)) - known[1], 0))
             if int(key) in self.trainer.excluded:
                 left[key] = 0  # its rows disagree with the others': not asked
-        if all(v == 0 for v in left.values()) and self.every_node_known(keys):
+        if all(v == 0 for v in left.values()) and set(self.planner.clients) <= set(keys):
             schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
             return {}
         # a client the server has not heard from is counted as holding what a known
@@ -252,10 +219,8 @@ class RoundAsks:
     def rows_cap(self) -> float:
         """Rows one client is asked for in all: ``node-rows-cap`` times the median client's.
 
-        The median of the ``num-examples`` of every client heard from (infinite with the
-        knob at 0 or no client known): no client can take most of the store by claiming
-        far more rows than the others hold (honest Dirichlet(0.1) splits measured up to
-        3.5 times the median).
+        Infinite with the knob at 0 or no client known; honest Dirichlet(0.1) splits
+        measured up to 3.5 times the median ``num-examples``.
         """
         held = [v[0] for v in self.planner.clients.values() if v[0] > 0]
         if not self.cfg.node_rows_cap or not held:
@@ -265,27 +230,17 @@ class RoundAsks:
     def first_ask(self, clients: int) -> int:
         """The first round's ask per client: enough rows to hold out for the stop rule.
 
-        ``min-holdout-rows`` per class over ``holdout-fraction`` in all, shared by the
-        round's ``clients``, and at least ``budget`` each. The classes are the given or
-        adopted number, else the output width of the model's last linear layer (a hint:
-        at least 2).
+        ``min-holdout-rows`` per class (known, else the model's output width, at least 2)
+        over ``holdout-fraction``, shared by ``clients``, at least ``budget`` each.
         """
         classes = self.data.num_classes or output_width(self.model) or 2
         rows = self.cfg.min_holdout_rows * max(int(classes), 2) / self.cfg.holdout_fraction
         return max(self.cfg.budget, math.ceil(rows / max(clients, 1)))
 
-    def every_node_known(self, sampled: list[int]) -> bool:
-        """Whether the round sampled every client the server has heard from (or all)."""
-        return set(self.planner.clients) <= set(sampled)
-
     def messages(self, server_round: int, nodes: list[int], clients: RoundClients,
                  plan: RoundPlan, table: bytes | None, config: ConfigRecord,
                  model: Callable[[], ArrayRecord]) -> list[Message]:
-        """One train message per asked node: ``config``, its ask, held set and choices.
-
-        ``model()`` gives the model record, built once and sent only to the nodes whose
-        round uses it.
-        """
+        """One train message per asked node; ``model()`` is built once, sent where used."""
         messages = []
         self.held_bytes = 0
         record: ArrayRecord | None = None
@@ -295,7 +250,9 @@ class RoundAsks:
             scorer, rule = self.node_choice(identity, clients.free)
             node_cfg["scorer"], node_cfg["selection-rule"] = scorer, rule
             shared: dict[str, Any] = {}
-            if self.needs_model(plan.mode, scorer):
+            knob = model_knob({"round-mode": plan.mode, "scorer": scorer,
+                               "compensation": self.cfg.compensation})
+            if scorer == AUTO or knob is not None:  # its round may use the model
                 record = model() if record is None else record
                 shared[MODEL_KEY] = record
             if self.trainer.schedule is not None:

@@ -1,21 +1,11 @@
 """The store-level compensation: a control variate over the stored samples.
 
-Each client's compensation ``delta_k`` is the weighted mean of ``grad f(x_i) - grad
-f(Q(x_i))`` over the rows it uploaded in that round. The server keeps, per client (its
-identity, see :mod:`dq_flower.dq.server.intake`), the sum of ``W_u * delta_u`` over its uploads
-``u`` (``W_u`` the sum of the rows' weights) and the sum of the weights, so that
-
-    c = sum_nodes sum_u W_u delta_u / sum_nodes sum_u W_u
-
-is the weighted mean gradient difference over everything stored: adding ``c`` to a store
-step (whose gradient is the weighted mean over a uniform minibatch of the store) corrects
-that step in expectation, as the fresh compensation corrects the first step.
-
-It is stale: each ``delta_u`` was computed at the model of its round. Two remedies: a
-decay (every round the old contributions are multiplied by ``decay``, so old rounds count
-less; a round's fresh uploads enter undecayed), and refreshed residuals (a client replaces
-its whole share by one delta over all it uploaded, computed at the current model).
-Evicted rows keep their contribution (the control variate is not recomputed on eviction).
+A client's compensation ``delta_u`` is the weighted mean of ``grad f(x_i) - grad f(Q(x_i))``
+over the rows of its upload ``u`` (total weight ``W_u``). Per client identity the server
+keeps ``sum_u W_u delta_u`` and ``sum_u W_u``, so ``c = sum W_u delta_u / sum W_u`` over
+everything stored corrects a store step in expectation. Staleness is reduced by ``decay``
+(old contributions shrink each round) and refreshed residuals (a client's whole share
+replaced by one delta at the current model). Evicted rows keep their contribution.
 """
 
 from __future__ import annotations
@@ -49,12 +39,8 @@ class ControlVariate:
         """Add an upload's ``delta`` standing for rows of total weight ``weight``."""
         node = int(node)
         contribution = np.float32(weight) * delta.astype(np.float32)
-        if node in self.sums:
-            self.sums[node] += contribution
-            self.weights[node] += float(weight)
-        else:
-            self.sums[node] = contribution
-            self.weights[node] = float(weight)
+        self.sums[node] = self.sums[node] + contribution if node in self.sums else contribution
+        self.weights[node] = self.weights.get(node, 0.0) + float(weight)
 
     def replace(self, node: int, delta: np.ndarray, weight: float) -> None:
         """Replace a node's whole share by one ``delta`` over rows of weight ``weight``."""

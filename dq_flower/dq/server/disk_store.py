@@ -1,22 +1,12 @@
 """A sample store whose packed codes live on disk (the ``store-dir`` knob).
 
-The codes, the bulk of every row, go to one memory-mapped file of fixed-width rows,
-``store-dir/store-codes.u8``; the per-row metadata (side information, label, weight,
-origin, id, held-out flag: a few bytes a row) stays in memory, as in
-:class:`~dq_flower.dq.server.store.SampleStore`, so every bookkeeping query reads no code.
-A minibatch reads only its own rows from the file. The file only grows: rows are appended
-at its end, and when it is full its capacity doubles by extending the file in place
-(``truncate``: nothing already written is read or rewritten) and mapping it again.
-
-Because written rows never change, a checkpoint refers to the file instead of copying
-it: it holds the metadata, each row's slot, the rows in use and a fingerprint of them
-(a CRC-32 of up to 64 evenly spaced rows), and a resumed store reopens the file, checks
-the fingerprint and writes over whatever the run appended after the checkpoint. Eviction
-drops rows from the store, not from the file: evicted rows keep their place on disk.
-
-numpy's ``memmap`` needs no new dependency and reads any set of rows by index; a chunked
-array library such as zarr would add compression, which packed codes barely need, at
-the price of decoding a whole chunk to read one row.
+The codes go to one memory-mapped file of fixed-width rows, ``store-dir/store-codes.u8``;
+the per-row metadata stays in memory, so bookkeeping reads no code and a minibatch reads
+only its own rows. The file only grows (appended; full: its capacity doubles in place).
+Written rows never change, so a checkpoint refers to the file: the metadata, each row's
+slot, the rows in use and a fingerprint (CRC-32 of up to 64 evenly spaced rows); a resume
+reopens the file, checks the fingerprint and writes over rows appended after it. Evicted
+rows keep their place on disk.
 """
 
 from __future__ import annotations
@@ -130,19 +120,13 @@ class CodeFile:
 class DiskSampleStore(SampleStore):
     """:class:`~dq_flower.dq.server.store.SampleStore` with its codes in ``directory``.
 
-    Same rows, same draws and same eviction as the in-memory store for the same seed; the
-    codes file is created at the first row (emptying one left there by an earlier run)
-    or reopened by :meth:`load_state`.
+    Same rows, draws and eviction as the in-memory store; the codes file is created at the
+    first row (emptying an old one) or reopened by :meth:`load_state`.
     """
 
-    def __init__(
-        self,
-        dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
-        directory: str | Path,
-        max_samples: int = 0,
-        eviction: str = "fifo",
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+                 directory: str | Path, max_samples: int = 0, eviction: str = "fifo",
+                 seed: int = 0) -> None:
         super().__init__(dequantize, max_samples=max_samples, eviction=eviction, seed=seed)
         self.directory = Path(directory)
         self._file: CodeFile | None = None

@@ -1,28 +1,18 @@
 """DQ's server training on several processes (the ``server-processes`` knob).
 
-With ``server-processes`` N above 1, the training of a round (the fixed schedule's store
-steps, the adaptive schedule's phase) runs in N worker processes started by
-``torch.multiprocessing`` (spawn) and joined by ``torch.distributed``: ``gloo`` where the
-model is on the CPU, ``nccl`` where it is on CUDA (one GPU per process; that path has not
-been run on a GPU). Every process holds the same model and draws every minibatch of
-``server-batch-size`` rows from its own copy of the round's seeded generator, so each draws
-the rows one process would; process ``rank`` computes the gradient of rows ``rank::N``
-only, each row weighted by its share of the whole minibatch, and ``all_reduce`` sums the N
-parts: the step is the one-process step up to the order of the float sums. The held-out
-rows are scored in the store's 1,024-row chunks, chunk ``i`` by process ``i % N``, and
-gathered, so every process takes the same plateau decisions. Process 0 sends the model,
-the optimizer and the generator back to the server's process. A worker killed by a signal
-(a crash in native code, seen a few times in a hundred starts while the workers were
-leaving) has its round's training started again once from the same state; the workers now
-leave with ``os._exit`` once their result is written.
+With N above 1 a round's training (store steps, or an adaptive phase) runs in N spawned
+workers joined by ``torch.distributed`` (``gloo`` on CPU, ``nccl`` on CUDA, one GPU each;
+not run on a GPU). Each worker draws every minibatch from its own copy of the round's
+generator, computes the gradient of rows ``rank::N`` weighted by their share of the whole
+minibatch, and ``all_reduce`` sums the parts: the one-process step up to the order of the
+float sums. Held-out chunk ``i`` is scored by process ``i % N`` and gathered, so every
+process takes the same plateau decisions; process 0 sends the model, optimizer and
+generator back. A worker killed by a signal has the round's training started again once.
 
-The store travels as the arrays of its checkpoint state (:meth:`SampleStore.state`): an
-array memory-mapped from a file (``numpy.memmap``) by its file name, reopened read-only
-in each worker, any other large array once through shared memory. What else the trainer
-holds (the model, the loss, the ``augment`` callable) is pickled, so it must pickle:
-:func:`check_portable` says so when the strategy is built. A model with batch
-normalisation normalises over each process's rows (as DDP does without ``SyncBatchNorm``),
-and state a user's ``augment`` keeps is advanced in the workers only.
+The store travels as its checkpoint arrays (a ``numpy.memmap`` by file name, other large
+arrays through shared memory); the model, loss and ``augment`` are pickled
+(:func:`check_portable`). Batch normalisation normalises over each process's rows (as DDP
+without ``SyncBatchNorm``); state a user's ``augment`` keeps advances in the workers only.
 """
 
 from __future__ import annotations
@@ -103,11 +93,7 @@ def check_portable(model: torch.nn.Module, loss_fn: LossFn | None,
 # ---------------------------------------------------------------------- in the workers
 @dataclass(frozen=True)
 class ShardGradient:
-    """Rows ``rank::world`` of each minibatch; the loss and gradient summed over processes.
-
-    The weights ``w`` are already normalised over the whole minibatch, so the sum of the
-    processes' parts is the whole minibatch's gradient.
-    """
+    """Rows ``rank::world`` of each minibatch (``w`` normalised over the whole minibatch)."""
 
     rank: int
     world: int
@@ -184,9 +170,8 @@ class _Mapped:
 def portable(value: Any) -> Any:
     """``value`` as it travels to the workers (see :func:`restore`).
 
-    A ``numpy.memmap`` opened from a file goes by its file name; another array of at
-    least :data:`SHARED_BYTES` as a tensor, which the spawn pickler moves to shared memory
-    (one copy whatever the number of workers); anything else as it is.
+    A file-backed ``numpy.memmap`` by its file name; another array of at least
+    :data:`SHARED_BYTES` as a tensor (moved once to shared memory); anything else as is.
     """
     if not isinstance(value, np.ndarray) or value.nbytes < SHARED_BYTES:
         return value
@@ -228,12 +213,6 @@ class _Task:
                            lambda: store.gathered(t.score_holdout()))
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
 def _worker(rank: int, world: int, job: bytes, state: dict[str, Any],
             ranges: dict[int, tuple[np.ndarray, np.ndarray]], folder: str,
             threads: int) -> None:
@@ -242,7 +221,7 @@ def _worker(rank: int, world: int, job: bytes, state: dict[str, Any],
     torch.set_num_threads(threads)
     task: _Task = pickle.loads(job)
     trainer: _Trainer = task.trainer
-    device = _model_device(trainer.model)
+    device = next((p.device for p in trainer.model.parameters()), torch.device("cpu"))
     if device.type == "cuda":  # one GPU per process
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
@@ -301,10 +280,8 @@ def _spawn(world: int, payload: bytes, state: dict[str, Any],
            ranges: dict[int, tuple[np.ndarray, np.ndarray]], threads: int) -> Any:
     """Start the workers, wait for them, return process 0's result.
 
-    A worker killed by a signal (a crash in native code) is started again once, with
-    the others, from the same job: nothing in this process changed meanwhile, so the
-    rerun gives the result the first run would have. A second death, or a worker that
-    raised, is an error.
+    A worker killed by a signal (a native crash) is started again once with the others,
+    from the same job; a second death, or a worker that raised, is an error.
     """
     for attempt in range(1, MAX_STARTS + 1):
         folder = tempfile.mkdtemp(prefix="dq-ddp-")
@@ -331,10 +308,7 @@ def sharded_steps(trainer: _Trainer, steps: int, rng: np.random.Generator,
 
 def sharded_phase(trainer: _Trainer, train_rows: int, rng: np.random.Generator,
                   queued: list[tuple[float, np.ndarray]]) -> PhaseResult:
-    """A training phase (:func:`~dq_flower.dq.server.plateau.train_phase`) on the workers.
-
-    ``queued`` gradients are stepped with first, as in one process.
-    """
+    """A training phase on the workers (``queued`` gradients stepped with first)."""
     result = _on_processes(trainer, _Task(trainer, rng, train_rows=train_rows,
                                           queued=tuple(queued)))
     queued.clear()

@@ -1,12 +1,9 @@
 """DQ's gradient rounds (``upload-mode`` ``gradient`` or ``auto``): check and combine.
 
-Each client sends a minibatch gradient coded by ``gradient-codec``; the replies are
-decoded by the baselines' decoder
-(:class:`~dq_flower.wire.gradient_reply.GradientDecoder`) under the client identity
-they claim, bounded against the round's others and recent rounds
-(:func:`~dq_flower.server.pipeline.bound_vectors`), and combined by the robust rule into
-the gradient of the round's one fresh step; the server then takes the round's other
-``server-steps`` on the store (:meth:`~dq_flower.dq.server.training.ServerTrainer.train_gradient`).
+Each client's gradient (coded by ``gradient-codec``) is decoded by the baselines' decoder
+under the identity it claims, bounded against the round's others and recent rounds, and
+combined by the robust rule into the round's fresh step; the other ``server-steps`` are
+taken on the store.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from dq_flower.dq.server.intake import ClientIdentities, UploadIntake, reply_ide
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import MAX_LOCAL_ID
+from dq_flower.dq.server.validation import MAX_LOCAL_ID, reply_spec
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, UpdateFigures, bound_vectors
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
@@ -44,12 +41,7 @@ class Combined:
 
 
 class GradientRounds:
-    """Check, bound and combine the replies of gradient rounds, and take the round's steps.
-
-    ``intake`` checks a reply's data spec and example count; ``planner`` learns each
-    client's examples and the replies' sizes; ``trainer`` takes the steps and ``metrics``
-    reports the round.
-    """
+    """Check, bound and combine the replies of gradient rounds, and take the round's steps."""
 
     def __init__(self, cfg: DQConfig, codec: Codec | None, num_params: int, *,
                  intake: UploadIntake, identities: ClientIdentities, planner: UploadPlanner,
@@ -57,7 +49,6 @@ class GradientRounds:
         self.cfg, self.codec, self.num_params = cfg, codec, num_params
         self.intake, self.identities, self.planner = intake, identities, planner
         self.trainer, self.metrics = trainer, metrics
-        # gradients are screened against recent rounds
         self.norms = NormScreen(cfg.norm_bound_factor)
         self.directions = DirectionScreen(cfg.min_cosine)
         self._bits: dict[int, int] = {}  # this round's replies' sizes, by identity
@@ -65,10 +56,7 @@ class GradientRounds:
 
     def step(self, server_round: int, screened: Screened[GradientUpdate], combined: Combined,
              plan: RoundPlan) -> Metrics:
-        """A gradient round's steps: one with the combined gradient, then store steps.
-
-        Returns the round's metrics.
-        """
+        """A gradient round's steps (the combined gradient, then the store); its metrics."""
         valid, figures = combined.valid, combined.figures
         loss = self.trainer.train_gradient(server_round, combined.gradient,
                                            [r.loss for r in valid], [r.node for r in valid])
@@ -90,7 +78,7 @@ class GradientRounds:
         """Check and decode one reply of a gradient round (the baselines' decoder)."""
         content = msg.content
         if SPEC_KEY in content.config_records:
-            self.intake.check_spec(content)
+            reply_spec(content, self.intake.data.spec)  # the federation's, where adopted
         assert self.codec is not None
         src = int(msg.metadata.src_node_id)
         metrics = content.metric_records.get("metrics")
@@ -109,8 +97,7 @@ class GradientRounds:
     def combine(self, screened: Screened[GradientUpdate], contested: set[int]) -> Combined:
         """Bound the screened replies (rejecting some in ``screened``) and combine them.
 
-        Replies arrive in any order: they are combined in the clients' partition order. The
-        replies of ``contested`` identities are rejected; the others bind their node ids.
+        Replies are combined in partition order; ``contested`` identities' are rejected.
         """
         cfg = self.cfg
         # the bits of every gradient that decoded, as for the baselines' updates

@@ -1,21 +1,10 @@
 """The server's intake of DQ data replies: which client sent each, what it learns, the checks.
 
-Flower's node ids change when a simulation or a SuperNode restarts, so DQ keys everything it
-keeps per client by the client's **identity**: its ``partition-id`` metric
-(:func:`dq_flower.node.node_key`), else its node id. :class:`ClientIdentities` learns
-``node id -> identity`` from accepted replies. An identity bound to a node id still
-connected cannot be taken over, a node cannot change identity, and an identity two node ids
-claim in one round is **contested**: granted to neither (:meth:`ClientIdentities.check`).
-A node claiming an identity nobody holds yet keeps it (without SuperNode authentication the
-server has nothing else to tell nodes apart by).
-
-:class:`UploadIntake` owns what the server knows of the federation's data (the data spec,
-the row layout and store it sets up, feature ranges, the value bound). A reply is checked
-alone (:meth:`~UploadIntake.validate_reply`, with
-:func:`~dq_flower.dq.server.validation.check_upload`), then with the round's others
-(:meth:`~UploadIntake.adopt`, with :func:`~dq_flower.dq.server.validation.agree`); nothing
-a reply says is adopted unless the whole reply is accepted, and a spec or bound learned from
-replies stays provisional until rows of them are stored.
+Node ids change when a simulation or a SuperNode restarts, so per-client state is keyed by
+the client's **identity**: its ``partition-id`` metric, else its node id
+(:class:`ClientIdentities`; an identity claimed by two nodes in one round is contested and
+granted to neither). :class:`UploadIntake` checks each reply alone, then with the round's
+others; a spec or bound learned from replies stays provisional until rows are stored.
 """
 
 from __future__ import annotations
@@ -55,7 +44,6 @@ from dq_flower.dq.server.validation import (
     decode_vector,
     keep_rows,
     kept_rows,
-    reply_spec,
 )
 from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
@@ -83,8 +71,8 @@ def reply_identity(metrics: Mapping[str, Any] | None, node: int) -> int:
 class RoundClients:
     """A round's sampled nodes: ``known`` (node id -> identity) and ``unknown`` node ids.
 
-    An unknown node gets a table of the identities it may be (:mod:`dq_flower.wire.held`):
-    ``free`` (bound to no connected node), then ``spare`` placeholders (negative ints).
+    An unknown node may be any ``free`` identity (bound to no connected node) or a
+    ``spare`` placeholder (negative ints).
     """
 
     known: dict[int, int] = field(default_factory=dict)
@@ -102,8 +90,8 @@ class RoundClients:
 class ClientIdentities:
     """``node id <-> identity`` bindings, with the connected nodes of the current round.
 
-    ``permanent``: an identity stays with its first node id for good, not only while that
-    node is connected (``identity-binding = "node"``).
+    ``permanent``: an identity stays with its first node id for good (``identity-binding``
+    ``node``), not only while that node is connected.
     """
 
     def __init__(self, permanent: bool = False) -> None:
@@ -141,8 +129,7 @@ class ClientIdentities:
     def check(self, server_round: int, node: int, identity: int) -> None:
         """Raise ``PayloadError`` where ``node`` may not speak for ``identity`` this round.
 
-        A second claim makes the identity contested: this reply is rejected here, the
-        first claimant's by the round.
+        A second claim makes the identity contested (both claimants' replies rejected).
         """
         node, identity = int(node), int(identity)
         current = self.identity_of.get(node)
@@ -199,10 +186,9 @@ class ClientIdentities:
         for node, identity in (state or {}).get("identity_of", {}).items():
             self.bind(int(node), int(identity))
 
+
 #: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
 Ask = Callable[[int, int], int]
-
-
 #: A batch's rows in the store's layout: ``(codes, side, dither)``.
 Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -210,9 +196,8 @@ Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
 class UploadIntake:
     """Check data replies, learn the data spec from them, and store their rows.
 
-    ``planner`` holds each client's examples; ``comp_codec`` decodes compensations and
-    refreshed residuals of ``num_params`` values; with ``measuring`` each reply's size is
-    kept for the planner.
+    ``comp_codec`` decodes compensations and refreshed residuals of ``num_params`` values;
+    with ``measuring`` (gradient and auto modes) reply sizes feed the planner.
     """
 
     def __init__(self, cfg: DQConfig, model: torch.nn.Module, data: FederationData, *,
@@ -235,8 +220,8 @@ class UploadIntake:
     def fix_spec(self, spec: DataSpec, classes: int | None = None) -> None:
         """Adopt ``spec`` and set up the store.
 
-        ``classes``: what the model check of the replies' rows gave; without it (a spec
-        given or resumed) the model and loss are checked on zero rows here.
+        ``classes``: from the model check of the replies' rows; ``None`` (a spec given or
+        resumed): the model and loss are checked on zero rows here.
         """
         if classes is None:
             classes = check_model(self.model, spec, *placeholder_rows(spec),
@@ -265,10 +250,6 @@ class UploadIntake:
         log_round("dq", 0, f"data: samples {spec.sample_shape}, {spec.target} targets, "
                   f"ranges {self.data.mode}" + (f", {self.data.num_classes} classes"
                                             if spec.target == "class" else ""))
-
-    def check_spec(self, content: RecordDict) -> DataSpec:
-        """The reply's data spec, equal to the federation's where one is adopted."""
-        return reply_spec(content, self.data.spec)
 
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:
@@ -310,19 +291,13 @@ class UploadIntake:
                               self.cfg.budget if max_rows is None else int(max_rows))
         delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
         refresh = self.decode_refresh(content, node)
-        batch, x = self.drop_held(upload.batch, upload.x, node)
+        batch, x, store = upload.batch, upload.x, self.data.store
+        if not self.cfg.resend and len(batch) and store is not None:  # drop rows already
+            held = store.was_received(node, batch.ids)  # held (a late reply, a replay)
+            if held.any():
+                batch, x = keep_rows(batch, ~held), x[~held]
         return replace(upload, delta=delta, refresh=refresh, batch=batch, x=x,
                        reply_bits=reply_bits(content) if self.measuring else 0)
-
-    def drop_held(self, batch: SampleBatch, x: np.ndarray,
-                  identity: int) -> tuple[SampleBatch, np.ndarray]:
-        """Drop the rows of a reply the server already holds (a late reply, a replay)."""
-        if self.cfg.resend or not len(batch) or self.data.store is None:  # nothing held yet
-            return batch, x
-        held = self.data.store.was_received(identity, batch.ids)
-        if not held.any():
-            return batch, x
-        return keep_rows(batch, ~held), x[~held]
 
     def decode_refresh(self, content: RecordDict, node: int) -> np.ndarray | None:
         """A refreshed residual, checked like a compensation; only where one was asked."""
@@ -352,7 +327,8 @@ class UploadIntake:
         """
         self.forget_unconfirmed()
         known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
-        verdict = agree(uploads, self.rules(), known, self._check_model)
+        verdict = agree(uploads, self.rules(), known, lambda spec, u: check_model(
+            self.model, spec, u.x, u.batch.labels, self.data.num_classes, self.loss_fn))
         for upload, reason in verdict.refused:
             log_rejected(upload.node, reason)
         for upload in verdict.accepted:
@@ -380,24 +356,15 @@ class UploadIntake:
             data.value_bound = None
         self._provisional = {"spec": False, "bound": False}
 
-    def _check_model(self, spec: DataSpec, upload: Upload) -> int:
-        """The forward-and-loss check of ``upload``'s rows under ``spec``; the classes."""
-        return check_model(self.model, spec, upload.x, upload.batch.labels, self.data.num_classes,
-                           self.loss_fn)
-
     def store_uploads(self, uploads: list[Upload],
                       server_round: int = 0) -> tuple[list[Upload], int]:
         """Store the accepted uploads' rows: the uploads stored, and the number that failed.
 
-        A failure rejects the upload. A copying client's copies
-        (:class:`~dq_flower.dq.server.node_screen.CopyScreen`) are not stored.
+        A failure rejects the upload; a copying client's copies are not stored.
         """
         packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
-        failed = 0
 
         def fail(upload: Upload, exc: Exception) -> None:
-            nonlocal failed
-            failed += 1
             log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: {exc}")
 
         for upload in uploads:
@@ -430,15 +397,14 @@ class UploadIntake:
             if upload.ranges is not None and self.data.store is not None:
                 self.data.store.set_ranges(upload.node, *upload.ranges)
             fresh.append(upload)
-        return fresh, failed
+        return fresh, len(uploads) - len(fresh)  # every other upload failed
 
     def drop_copies(self, upload: Upload, rows: Packed, copied: np.ndarray,
                     cap: float | None) -> tuple[Upload, Packed]:
         """A copying client's ``upload`` and packed ``rows`` without the ``copied`` ones.
 
-        The copies' ids are remembered as received and counted; the rest weigh at most
-        ``cap`` each (the round's median client's mean row weight: a client whose rows
-        repeat has no credible count of examples to weigh them by).
+        The copies count as received; the rest weigh at most ``cap`` each (the round's
+        median client's mean row weight: a copying client's example count is not credible).
         """
         assert self.data.store is not None
         self.data.store.note_received(upload.node, upload.batch.ids[copied])
@@ -454,8 +420,7 @@ class UploadIntake:
     def packed(self, batch: SampleBatch, samples: Payload | None = None) -> Packed:
         """The batch's rows in the store's layout: ``(codes, side, dither)``, kept rows only.
 
-        ``samples``: the batch's samples as checked (:attr:`Upload.plain`, decoded once);
-        default: the batch's own.
+        ``samples``: the samples as checked (:attr:`Upload.plain`); default: the batch's own.
         """
         assert self.data.layout is not None
         codes, side, dither = self.data.layout.rows(batch.samples if samples is None else samples)
@@ -468,8 +433,7 @@ class UploadIntake:
              packed: Packed | None = None) -> StoredRows:
         """The store's rows of a checked batch of client ``node`` (held-out ones chosen).
 
-        ``packed``: the batch's rows as :meth:`packed` gives them (default: computed from
-        ``samples``, see :meth:`packed`).
+        ``packed``: the rows as :meth:`packed` gives them (default: computed from ``samples``).
         """
         assert self.data.store is not None
         codes, side, dither = self.packed(batch, samples) if packed is None else packed
@@ -482,10 +446,7 @@ class UploadIntake:
                           np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
 
     def measure_data(self, fresh: list[Upload]) -> None:
-        """Tell the planner what the valid data replies carried and cost.
-
-        Each accepted reply also binds its node id to the identity it spoke for.
-        """
+        """Tell the planner what the replies carried and cost; bind their node ids."""
         for u in fresh:
             self.identities.bind(u.source, u.node)
             self.planner.record_data(u.node, u.examples, len(u.batch) + u.copies)

@@ -1,29 +1,18 @@
 """Screens of one node's data: copied rows, and labels that disagree with every other node's.
 
-Two screens, both per client identity, both on what the server already holds:
+- **copies** (:class:`CopyScreen`): a row whose packed codes and side information equal a
+  row the same client sent before is a copy under a new id. A client whose share of copies
+  exceeds the median client's by more than ``copy-margin`` is *copying*: its copies are
+  not stored (counted once in ``duplicate-rows``, their ids remembered as received).
+  Honest clients of one data set copy alike, so the screen acts on none of them.
+- **agreement** (:class:`AgreementScreen`, adaptive schedule): a client whose held-out
+  error (float targets: loss relative to the median's, :func:`excess`) exceeds the median
+  client's by more than ``screen-margin`` and :data:`Z_ROBUST` robust standard deviations
+  (MAD over the clients, and the binomial error of its own rows) is **excluded** from
+  training, scoring and asks (its rows stay stored); it is restored when its excess under
+  the model trained without it falls under half the margin.
 
-- **copies** (:class:`CopyScreen`): a row whose packed codes and side information equal
-  those of a row the same client sent before (or earlier in the same reply) is a copy
-  under a new row id. Every client's copies are counted; a client whose share of copied
-  rows exceeds the median client's by more than ``copy-margin`` is a *copying* client,
-  and its copies are not stored (counted once, in the round's ``duplicate-rows``, their
-  ids remembered as received so they are not asked for again). Honest clients of one data
-  set copy alike (images: none), so the screen acts on none of them; identical rows an
-  honest data set holds (low-cardinality tabular data) keep counting where every client
-  holds them.
-- **agreement** (:class:`AgreementScreen`, adaptive schedule): after each training phase,
-  every client's held-out rows are scored by the server's model. A client whose held-out
-  error (class targets; for float targets its mean held-out loss relative to the median
-  client's, see :func:`excess`) exceeds the median client's by more than
-  ``screen-margin`` and by more than :data:`Z_ROBUST` robust standard deviations (MAD over
-  the clients, and the binomial error of its own rows) is **excluded**: its rows stay in
-  the store but are neither trained on, nor scored for the plateau and the schedule, nor
-  asked for again. Each later phase scores it again under the model trained without it,
-  and it is restored when its excess falls under half the margin. Every exclusion and
-  restoration is logged with its reason, and kept in the checkpoint.
-
-Neither screen can tell a faulty device from a hostile one: a device whose labels are
-systematically wrong is excluded the same way (the log says so).
+Neither screen can tell a faulty device from a hostile one.
 """
 
 from __future__ import annotations
@@ -78,10 +67,7 @@ class CopyScreen:
     copying: set[int] = field(default_factory=set)
 
     def copied(self, node: int, codes: np.ndarray, side: np.ndarray) -> np.ndarray:
-        """Mask of the rows of one upload that copy a row ``node`` sent before; counts them.
-
-        The rows' keys join the client's (the first of equal rows stays the original).
-        """
+        """Mask of the rows of one upload that copy a row ``node`` sent before; counts them."""
         seen = self.keys.setdefault(int(node), set())
         mask = np.zeros(len(codes), dtype=bool)
         for i, key in enumerate(row_keys(codes, side)):
@@ -142,8 +128,8 @@ class NodeVerdict:
 def excess(value: float, median: float, classes: bool) -> float:
     """How far a client's held-out figure is above the median client's.
 
-    Class targets: the error difference (accuracy points). Float targets: the relative
-    loss difference capped at 1 (``1 - median / value``: 0.5 is twice the median's loss).
+    Class targets: the error difference. Float targets: ``1 - median / value`` (0.5 is twice
+    the median's loss).
     """
     if classes:
         return value - median

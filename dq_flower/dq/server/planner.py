@@ -1,24 +1,16 @@
 """DQ's ``upload-mode``: per round, upload quantized samples or a compressed gradient.
 
-The planner projects the uplink bits the rest of the run would cost either way and picks
-the cheaper one (``auto``), or always one of them (``data``, ``gradient``). For a round
+``auto`` picks the mode whose uplink bits over the rest of the run are projected lower;
 with the sampled clients ``K`` and ``R`` rounds left (this one included):
 
-- data rounds: ``sum_k left_k * bits_per_sample + ceil(left_k / budget) * bits_per_reply``
-  with ``left_k = min(samples client k has not uploaded yet, R * budget)``, known from its
-  earlier replies (before its first one, ``R * budget``); a client with nothing left is not
-  asked (no uplink at all). Clients are keyed by their identity
-  (:mod:`dq_flower.dq.server.intake`), which outlives a restart under new node ids.
-  ``bits_per_reply`` is the rest of a reply: Flower's message envelope, labels' and ids'
-  framing, metrics, and the compensation where it is on;
-- gradient rounds: ``R * |K| * bits_per_gradient_reply``, the whole reply.
+- data: ``sum_k left_k * bits_per_sample + ceil(left_k / budget) * bits_per_reply``,
+  ``left_k = min(samples client k has not uploaded, R * budget)`` (``bits_per_reply``: the
+  envelope, framing, metrics and compensation);
+- gradient: ``R * |K| * bits_per_gradient_reply``.
 
-Every figure is first the exact serialized size of a synthetic reply coded as the
-clients code theirs (random rows: no entropy coding gain), then the mean measured on the
-last round of that kind. Data uploads are paid once (the store keeps them) and gradients
-every round: hence the projection over the remaining rounds rather than a per-round
-comparison. The choice is about uplink bytes only; it does not predict which mode trains
-faster (a run of few rounds may be cheaper in gradients and still reach a lower accuracy).
+Each figure starts as the exact size of a synthetic reply coded as the clients code theirs
+(random rows) and becomes the mean measured in the last round of its kind. The choice is
+about uplink bytes only, not about which mode trains better.
 """
 
 from __future__ import annotations
@@ -105,15 +97,10 @@ class UploadPlanner:
 
     def record_examples(self, node: int, examples: int) -> None:
         """A node's valid gradient reply: its number of examples (uploads unchanged)."""
-        uploaded = self.clients.get(int(node), [0, 0])[1]
-        self.clients[int(node)] = [int(examples), uploaded]
+        self.record_data(node, examples, 0)
 
     def measured(self, **bits: float) -> None:
-        """Replace estimates by the means measured in the last round of their kind.
-
-        Keys are ``sample_bits``, ``reply_bits`` and ``gradient_bits``; non-finite values
-        are ignored.
-        """
+        """Replace estimates (:data:`ESTIMATES`) by measured means; non-finite ones are ignored."""
         for name, value in bits.items():
             if name not in ESTIMATES:
                 raise ValueError(f"unknown estimate {name!r}")
@@ -139,11 +126,7 @@ def reply_bits(content: RecordDict) -> int:
 
 def first_estimates(cfg: Any, mode: str, dim: int, channels: int, num_classes: int,
                     comp_codec: Any, num_params: int, seed: int) -> dict[str, float]:
-    """Exact sizes of a synthetic data reply coded as the clients code theirs.
-
-    A full-budget data reply of uniform random rows (no entropy coding gain; ids below
-    2^16) with quantizer ranges ``mode``, and a compensation where ``comp_codec`` is set.
-    """
+    """Exact sizes of a full-budget data reply of random rows coded as the clients code theirs."""
     rng = np.random.default_rng(seed)
     n = int(cfg.budget)
     samples = cfg.sample_quantizer(mode, channels).encode(

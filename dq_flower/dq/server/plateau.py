@@ -1,16 +1,12 @@
 """Train on the store until the held-out rows stop improving.
 
-One *phase* per round of the adaptive upload schedule: from the base learning rate, the
-server takes optimizer steps on minibatches of its training rows and scores the held-out
-rows every ``eval_every`` steps. A score that beats the phase's best by more than
+A *phase* (one per adaptive upload round) steps from the base learning rate and scores
+the held-out rows every ``eval_every`` steps. A score beating the best by more than
 ``min_delta`` resets the patience and snapshots the weights; ``patience`` evaluations
-without such a gain divide the learning rate by ``1 / lr_factor`` (reduce on plateau), and
-the patience running out after ``lr_drops`` drops, or ``max_steps`` steps, ends the phase.
-The phase leaves the model at its best snapshot after training began (the starting weights
-are scored, for the schedule's paired gain, but never kept over trained ones).
-
-The score is higher-is-better: accuracy for class targets (ties broken by the held-out
-loss) and minus the loss for float targets.
+without one multiply the learning rate by ``lr_factor``; the patience running out after
+``lr_drops`` drops, or ``max_steps`` steps, ends the phase at its best snapshot after
+training began (the starting weights are scored but never kept). Scores are
+higher-is-better: accuracy (ties broken by the loss), or minus the loss for float targets.
 """
 
 from __future__ import annotations
@@ -90,10 +86,7 @@ class HeldOutScores:
 
     def node_loss(self) -> dict[int, float]:
         """Mean held-out loss per origin node."""
-        out: dict[int, float] = {}
-        for node in np.unique(self.nodes):
-            out[int(node)] = float(self.loss[self.nodes == node].mean())
-        return out
+        return {int(n): float(self.loss[self.nodes == n].mean()) for n in np.unique(self.nodes)}
 
 
 def score_of(scores: HeldOutScores) -> float:
@@ -128,18 +121,16 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_lr: float,
                 rule: PlateauRule, step: Callable[[], float],
                 evaluate: Callable[[], HeldOutScores]) -> PhaseResult:
-    """Run one phase: ``step()`` takes one optimizer step and returns its loss.
+    """Run one phase: ``step()`` takes a step (its loss), ``evaluate()`` scores held-out rows.
 
-    ``evaluate()`` scores the held-out rows. The model ends at the best snapshot taken
-    after training began and the learning rate at ``base_lr``.
+    The model ends at the best snapshot after training began, the learning rate at ``base_lr``.
     """
     tracker = PlateauTracker(rule)
     result = PhaseResult()
     lr = base_lr
     _set_lr(optimizer, lr)
-    # The starting point is scored (the schedule's paired gain needs it) but is no
-    # candidate: a phase always keeps trained weights, so a lucky score of the old model on
-    # a small held-out set cannot throw the new rows' training away.
+    # the starting point is scored (for the paired gain) but is no candidate: a lucky score
+    # of the old model on a small held-out set cannot throw the new rows' training away
     first = evaluate()
     best_state: dict[str, torch.Tensor] = {}
     best_scores = first

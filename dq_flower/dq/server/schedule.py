@@ -1,40 +1,27 @@
 """DQ's adaptive upload schedule: ask for more samples only while they pay.
 
-After each round's uploads the server trains on its store to a plateau
-(:mod:`dq_flower.dq.server.plateau`) and compares the new model with the one it kept before the
-upload, **paired, on every held-out row** (both models scored on the same rows, none of
-which either trained on). One comparison gives the gain ``d`` (error before minus error
-after) and its standard error ``s`` from the per-row differences (for class targets the
-variance is floored at ``1 / (n + 1)``: as if one more of the ``n`` rows told the models
-apart, so that 0 of ``n`` is no proof). The schedule turns it into a **gain per doubling
-of the store**, ``g = d / log2(N1 / N0)``, ``sigma = s / log2(N1 / N0)``, and pools the
-last :data:`POOLED` comparisons by inverse-variance weights (``G``, ``S``). Then:
+After each upload round the server trains to a plateau and compares the new model with
+the one before, **paired on every held-out row**: the gain ``d`` (error before minus after)
+and its standard error ``s`` (class targets: variance floored at ``1 / (n + 1)``, so 0 of
+``n`` is no proof). Per doubling of the store, ``g = d / log2(N1 / N0)`` and
+``sigma = s / log2(N1 / N0)``; the last :data:`POOLED` are pooled by inverse variance
+(``G``, ``S``); ``z`` = :data:`Z_ONE_SIDED` (one-sided 95%).
 
-- the first upload round has nothing to compare with: the next ask grows the store by
-  ``max_growth``;
-- **flat** (stop asking) needs evidence: at least two comparisons, at least
-  ``min_rows`` held-out rows, and the pooled upper confidence bound ``G + z S`` below
-  ``min_gain`` (``z`` = :data:`Z_ONE_SIDED`, one-sided 95%). A difference within its
-  uncertainty never stops the schedule;
-- otherwise the schedule sizes the ask **optimistically**, from the upper bound
-  ``u = G + z S``: a power law ``e(N) = a N^-b`` that gains ``u`` per doubling at the
-  current error predicts the store size ``N*`` at which a doubling would gain less than
-  ``min_gain``; the next ask is ``N* - N``, kept between ``min_growth - 1`` and
-  ``max_growth - 1`` times the store size ``N``. An uncertain gain thus keeps the store
-  growing fast, and the ask shrinks smoothly to the smallest growth as the evidence
-  closes in on ``min_gain``;
-- **flat is a state the schedule can leave**: after ``probe_after`` rounds without asking
-  it asks a small probe (``min_growth - 1`` times the store), whose comparison joins the
-  pooled evidence (a probe whose own gain is above ``min_gain`` beyond its uncertainty
-  replaces it: the curve rises again); if the evidence no longer shows the curve flat,
-  asking resumes, otherwise the wait before the next probe doubles.
+- the first upload round grows the store by ``max_growth``;
+- **flat** (stop asking) needs two comparisons, ``min_rows`` held-out rows and
+  ``G + z S < min_gain``;
+- otherwise the ask is sized optimistically from ``u = G + z S``: the power law
+  ``e(N) = a N^-b`` gaining ``u`` per doubling predicts the ``N*`` where a doubling gains
+  less than ``min_gain``; the ask ``N* - N`` is kept within ``[min_growth - 1,
+  max_growth - 1]`` times ``N``;
+- while flat, every ``probe_after`` rounds a probe asks ``min_growth - 1`` times the store;
+  its comparison joins the evidence (replaces it where its own gain is above ``min_gain``
+  beyond its uncertainty); still flat: the wait doubles.
 
-The training phase keeps the new model unless it is worse than the previous one beyond
-its uncertainty (``d + z s < 0``): see :func:`significantly_worse`.
-
-Errors are ``1 - accuracy`` for class targets (``min_gain`` in accuracy points per
-doubling, e.g. 0.005 = half a point) and the held-out loss for float targets (``min_gain``
-relative to the loss before). The total ask is split over the clients by :func:`allocate`.
+A phase's new model is dropped where ``d + z s < 0`` (:func:`significantly_worse`). Errors
+are ``1 - accuracy`` for class targets (``min_gain`` in accuracy points per doubling) and
+the held-out loss relative to the loss before for float targets. :func:`allocate` splits
+the total ask over the clients.
 """
 
 from __future__ import annotations
@@ -196,11 +183,7 @@ class AdaptiveSchedule:
                 and g + Z_ONE_SIDED * s < self.min_gain)
 
     def round_ask(self, stored: int) -> int:
-        """The total to ask this round (called once per data round while asking is possible).
-
-        While flat, counts the rounds down to the next probe and then asks
-        ``min_growth - 1`` times the store.
-        """
+        """The total to ask this round (once per data round; while flat, counts to a probe)."""
         if not self.flat:
             return 0 if self.done else int(self.next_total or 0)
         if self.probe_after == 0:
@@ -248,12 +231,10 @@ def allocate(total: int, left: dict[int, int | None], fit: dict[int, float],
              unknown: float | None = None) -> dict[int, int]:
     """Split ``total`` samples over nodes, in proportion to what each has left and fits worst.
 
-    ``left[node]`` is the number of samples the node has not uploaded (``None``: unknown,
-    counted as ``unknown``, by default the mean of the known ones, at least 1).
-    ``fit[node]`` is the node's mean held-out loss (missing: the mean of the others); a
-    node's weight is ``left * fit``. No node is asked for more than it has left; what a
-    full node cannot take goes to the others (largest remainders break rounding).
-    Deterministic.
+    ``left[node]``: samples not uploaded (``None``: ``unknown``, default the known ones'
+    mean, at least 1); ``fit[node]``: mean held-out loss (missing: the others' mean). A
+    node's weight is ``left * fit``; no node is asked for more than it has left (the rest
+    goes to the others, largest remainders break rounding).
     """
     nodes = sorted(left)
     known = [v for v in left.values() if v is not None]

@@ -1,17 +1,11 @@
 """The server's sample store: every received sample in packed form, and its held-out rows.
 
-Rows are kept as :class:`RowLayout` codes with their label, importance weight, origin client
-(its identity, :mod:`dq_flower.dq.server.intake`), client-local id and held-out flag, and are
-dequantized on the fly. The store remembers the ids of the rows it evicted, so that
-:meth:`SampleStore.received` names every row it ever received, and, with ``ranges``
-``feature``, each client's feature ranges.
-
-Held-out rows (the adaptive schedule's validation, :mod:`dq_flower.dq.server.plateau`) are
-``round(fraction * rows)`` of each (client, class) stratum after every upload: the upload's
-rows whose hash of ``(key, client, local id)`` is smallest (:func:`choose_holdout`), whatever
-the replies' order or the run's node ids. The key is the seed unless the server has a
-secret (:func:`~dq_flower.dq.server.strategy.holdout_key`), so that no client can compute
-which of its rows are held out.
+Rows are :class:`RowLayout` codes with label, weight, origin client identity, client-local
+id and held-out flag, dequantized on the fly; evicted rows' ids are remembered.
+Held-out rows are ``round(fraction * rows)`` of each (client, class) stratum after every
+upload: the rows with the smallest hash of ``(key, client, local id)``
+(:func:`choose_holdout`), whatever the replies' order; with a server secret in the key no
+client can compute which of its rows are held out.
 """
 
 from __future__ import annotations
@@ -41,10 +35,9 @@ _FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither", "holdo
 class RowLayout:
     """Byte-aligned rows of ``dim`` codes at ``bits`` bits: how the store keeps samples.
 
-    A ``uniform`` payload packs a batch as one bit stream; the store needs single rows, so
-    :meth:`rows` re-lays it as ``codes`` (uint8 ``(n, row_bytes)``, MSB first), ``side``
-    (float32 ``(n, 2 * groups)``: per-group minimums then scales; ``(n, 0)`` for fixed
-    ranges) and ``dither`` (int64 ``(n, 2)`` seed and flat start, or ``(n, 0)``).
+    :meth:`rows` re-lays a ``uniform`` payload's stream as ``codes`` (uint8
+    ``(n, row_bytes)``, MSB first), ``side`` (float32 ``(n, 2 * groups)``: minimums then
+    scales; ``(n, 0)`` for fixed ranges) and ``dither`` (int64 ``(n, 2)`` or ``(n, 0)``).
     """
 
     dim: int
@@ -206,9 +199,7 @@ def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: flo
 
 
 class SampleStore:
-    """Append-only packed sample store with an optional bound and eviction policy.
-
-    Per-row metadata is kept in the narrowest exact dtype, arrays sized exactly.
+    """Append-only packed sample store (narrowest exact dtypes) with optional eviction.
 
     Parameters
     ----------
@@ -251,8 +242,7 @@ class SampleStore:
         return int(sum(getattr(r, f).nbytes for f in _FIELDS)
                    + sum(v.nbytes for v in self._evicted_ids.values()))
 
-    def _mine(self, node: int) -> np.ndarray | None:
-        """Mask of the rows stored from client ``node`` (``None``: it has none)."""
+    def _mine(self, node: int) -> np.ndarray | None:  # node's rows (None: it has none)
         code = self._node_table.get(int(node))
         return None if self._rows is None or code is None else self._rows.node == code
 
@@ -288,8 +278,7 @@ class SampleStore:
         self._append(self._compact(rows))
         self._evict()
 
-    def _compact(self, rows: StoredRows) -> StoredRows:
-        """``rows`` in the store's narrow dtypes, their origins as node indices."""
+    def _compact(self, rows: StoredRows) -> StoredRows:  # narrow dtypes, node indices
         nodes, inverse = np.unique(rows.node, return_inverse=True)
         codes = np.array([self._node_table.setdefault(int(n), len(self._node_table))
                           for n in nodes], dtype=np.int64)
@@ -307,7 +296,6 @@ class SampleStore:
         )
 
     def _append(self, compact: StoredRows) -> None:
-        """Append rows already in the store's dtypes."""
         old = self._rows
         self._rows = compact if old is None else StoredRows(
             *(np.concatenate([getattr(old, f), getattr(compact, f)]) for f in _FIELDS))
@@ -322,28 +310,22 @@ class SampleStore:
             keep = np.sort(self._rng.choice(len(self), size=self.max_samples, replace=False))
         gone = np.ones(len(self), dtype=bool)
         gone[keep] = False
-        self._remember_evicted(self._take_meta(np.flatnonzero(gone)))
+        evicted = self._take_meta(np.flatnonzero(gone))
+        nodes = self.node_ids(evicted)
+        for node in np.unique(nodes):  # evicted rows stay received
+            self.note_received(int(node), evicted.ids[nodes == node])
         self._keep(keep)
         self.evicted += excess
 
-    def _keep(self, keep: np.ndarray) -> None:
-        """Keep only the rows at the sorted indices ``keep``."""
+    def _keep(self, keep: np.ndarray) -> None:  # keep: sorted indices
         self._rows = self._take_meta(keep)
 
-    def _remember_evicted(self, rows: StoredRows) -> None:
-        nodes = self.node_ids(rows)
-        for node in np.unique(nodes):
-            self.note_received(int(node), rows.ids[nodes == node])
-
-    def _take_meta(self, idx: np.ndarray) -> StoredRows:
-        """The rows at ``idx`` as held in memory (all of them here; see the disk store)."""
-        r = self._rows
-        assert r is not None
-        return StoredRows(*(getattr(r, f)[idx] for f in _FIELDS))
+    def _take_meta(self, idx: np.ndarray) -> StoredRows:  # the rows as held in memory
+        assert self._rows is not None
+        return StoredRows(*(getattr(self._rows, f)[idx] for f in _FIELDS))
 
     def _take(self, idx: np.ndarray) -> StoredRows:
-        """The rows at ``idx`` with their codes, ready to decode."""
-        return self._take_meta(idx)
+        return self._take_meta(idx)  # with the codes (the disk store reads them)
 
     # ---------------------------------------------------------------- drawing
     def node_weight(self, node: int) -> float:
@@ -369,10 +351,7 @@ class SampleStore:
         return len(self) - int(self.holdout_mask.sum())
 
     def counts(self, node: int, strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows stored from ``node`` in each of ``strata``: ``(all, held out)``.
-
-        A row's stratum is its class label; every float-target row is in stratum 0.
-        """
+        """Rows stored from ``node`` in each of ``strata`` (class, or 0): ``(all, held out)``."""
         strata = np.asarray(strata).reshape(-1)
         mine = self._mine(node)
         if mine is None or self._rows is None or not strata.size:
@@ -387,18 +366,13 @@ class SampleStore:
         self.ranges[int(node)] = (np.asarray(lo, dtype=np.float32),
                                   np.asarray(span, dtype=np.float32))
 
-    def _denormalise(self, x: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        out = np.empty_like(x)
-        for node in np.unique(nodes):
-            lo, span = self.ranges[int(node)]
-            mask = nodes == node
-            out[mask] = denormalise(x[mask], lo, span)
-        return out
-
     def _decode(self, rows: StoredRows):
         x = self._dequantize(rows.codes, rows.side, rows.dither)
-        if self.ranges:
-            x = self._denormalise(x, self.node_ids(rows))
+        if self.ranges:  # each client's rows by its feature ranges
+            nodes, out = self.node_ids(rows), np.empty_like(x)
+            for node in np.unique(nodes):
+                out[nodes == node] = denormalise(x[nodes == node], *self.ranges[int(node)])
+            x = out
         y = (rows.labels.astype(np.float32) if np.issubdtype(rows.labels.dtype, np.floating)
              else rows.labels.astype(np.int64))
         return x, y
@@ -439,8 +413,7 @@ class SampleStore:
             merged = np.concatenate([old.astype(np.int64), np.asarray(ids, dtype=np.int64)])
             self._evicted_ids[int(node)] = _narrow_uint(np.unique(merged))
 
-    def _node_means(self, train: np.ndarray) -> np.ndarray:
-        """Per node index, the mean weight of its training rows (``train``: their indices)."""
+    def _node_means(self, train: np.ndarray) -> np.ndarray:  # per node index
         stored = self._rows
         assert stored is not None  # draw() refuses an empty store first
         nodes = stored.node[train].astype(np.int64)
@@ -502,11 +475,7 @@ class SampleStore:
 
 @dataclass
 class FederationData:
-    """What the server knows of the federation's data, shared by its parts.
-
-    The intake adopts the spec, sets up the layout and store (``None`` until then) and
-    learns the value bound; training, asks, compensations and metrics read it.
-    """
+    """What the server knows of the federation's data (the intake writes, the rest reads)."""
 
     num_classes: int | None = None
     value_bound: float | None = None  # largest absolute value an upload may decode to

@@ -1,26 +1,12 @@
 """The data-quantization strategy, for any ``nn.Module`` and any client data.
 
-One message exchange per round: the server sends the round's config (and the model where
-the clients need it), each client replies with quantized samples (and optionally a
-compensation), the server validates the replies, stores the samples in packed form and
-takes ``server-steps`` optimizer steps. The first step uses the fresh batch plus the
-compensation, so its gradient equals the true-data gradient when the compensation codec is
-lossless; later steps draw minibatches from the store.
-
-The data spec (sample shape, class labels or float targets) is given, or agreed by the
-first data round's replies (:mod:`dq_flower.dq.server.intake`). With ``upload-mode``
-``gradient`` or ``auto`` (see :mod:`dq_flower.dq.server.planner`), a round may instead ask
-every client for a minibatch gradient coded by ``gradient-codec``; the server then takes
-one step with their example-weighted mean, and the remaining ``server-steps`` from the
-store when it holds samples.
-
-The strategy wires its parts together and keeps Flower's ``Strategy`` interface:
-:class:`~dq_flower.dq.server.asks.RoundAsks` (who is asked for what),
-:class:`~dq_flower.dq.server.intake.UploadIntake` (the checks, the data spec and the store),
-:class:`~dq_flower.dq.server.validation.Compensations` (compensations, refreshed residuals, the
-control variate), :class:`~dq_flower.dq.server.training.ServerTrainer` (the server's steps),
-:class:`~dq_flower.dq.server.gradient_rounds.GradientRounds` and
-:class:`~dq_flower.dq.server.round_metrics.RoundMetrics`.
+Each round the clients reply with quantized samples (and optionally a compensation); the
+server checks and stores them and takes ``server-steps`` optimizer steps, the first on the
+fresh batch plus the compensation (the true-data gradient when the compensation codec is
+lossless), the others on store minibatches. With ``upload-mode`` ``gradient`` or ``auto``
+a round may instead ask for coded minibatch gradients (:mod:`.planner`). The strategy
+wires its parts (asks, intake, compensations, trainer, gradient rounds, round metrics)
+behind Flower's ``Strategy`` interface.
 """
 
 from __future__ import annotations
@@ -52,12 +38,7 @@ from dq_flower.dq.server.validation import Compensations, Upload
 from dq_flower.model_ops import LossFn, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
-from dq_flower.server.common import (
-    FailureWatch,
-    log_round,
-    make_optimizer,
-    sample_node_ids,
-)
+from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
 from dq_flower.server.pipeline import RoundLedger
 from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.gradient_reply import GradientUpdate
@@ -73,9 +54,8 @@ SECRET_ENV = "DQ_FLOWER_HOLDOUT_SECRET"
 def holdout_key(seed: int, secret: str | None) -> int:
     """The held-out hash's key: ``seed`` without a secret, else a 64-bit digest of both.
 
-    ``secret`` ``None`` reads :data:`SECRET_ENV` from the environment (unset or empty: no
-    secret). The secret never leaves the server: it is neither a knob of the run config,
-    which the clients read, nor part of any message.
+    ``secret`` ``None`` reads :data:`SECRET_ENV` (unset or empty: none). The secret never
+    leaves the server (no knob, no message).
     """
     if secret is None:
         secret = os.environ.get(SECRET_ENV) or None
@@ -159,8 +139,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.num_params = sum(p.numel() for p in model.parameters())
         estimates: dict[str, Any] = dict.fromkeys(ESTIMATES, 0.0)  # UploadPlanner's floats
         if grad_codec is not None:
-            estimates["gradient_bits"] = gradient_estimate(grad_codec, self.num_params,
-                                                           self.seed)
+            estimates["gradient_bits"] = gradient_estimate(grad_codec, self.num_params, seed)
         self.planner = UploadPlanner(cfg.upload_mode, cfg.budget, cfg.resend, **estimates)
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
         self.ledger = RoundLedger()
@@ -170,10 +149,8 @@ class DQStrategy(ModelStrategy, Strategy):
         self.data = FederationData(num_classes=num_classes,
                                    value_bound=float(cfg.max_abs_value) or None)
         key = holdout_key(self.seed, holdout_secret)
-        #: a digest of the held-out key, kept in checkpoints: a resume under another one
-        #: would hold out other rows of the new uploads
+        #: digest of the held-out key, checked on resume (another key holds out other rows)
         self._holdout_check = hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
-        # reply sizes feed the planner's estimates, which only gradient and auto modes use
         self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
                                    holdout_key=key, planner=self.planner,
                                    identities=self.identities, comp_codec=comp_codec,
@@ -249,29 +226,19 @@ class DQStrategy(ModelStrategy, Strategy):
         return cls(model, **strategy_kwargs(cls, DQConfig, run_config, overrides,
                                             app_keys=app_keys))
 
-
     def summary(self) -> None:
         """Log the knobs that differ from their defaults."""
         log_round("dq", 0, f"knobs: {changed_knobs(self.cfg)}")
 
     @property
     def finished(self) -> bool:
-        """The adaptive schedule will not ask again and the store is trained to a plateau.
-
-        Every node exhausted, or the curve flat with probes off (``probe-after`` 0).
-        """
+        """No more asks: every node exhausted, or the curve flat with ``probe-after`` 0."""
         return self.trainer.schedule is not None and self.trainer.schedule.finished
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Send the sampled nodes the round config (and the model where needed).
-
-        In a data round, clients known to have uploaded all their samples are not asked,
-        and each message says which of the client's rows the server holds (``held``), or,
-        to a node id the server cannot name yet, gives the table of every client identity
-        it may be (``held-table``; see :mod:`dq_flower.dq.server.intake`).
-        """
+        """Send the sampled nodes the round config, asks and held sets (see :mod:`.asks`)."""
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
                                 round_rng(self.seed, server_round, 0, Purpose.SAMPLE))
@@ -302,8 +269,7 @@ class DQStrategy(ModelStrategy, Strategy):
     def observe_failures(self, rnd: ServerRound) -> None:
         """Count the round towards ``max-failed-rounds`` while the store is empty.
 
-        With samples stored, a round trains on the store whoever fails, so it is not a dead
-        run; its failed and silent nodes are still counted in ``failed``.
+        With samples stored a round still trains, so it is not a dead run.
         """
         screened = rnd.screened
         self.failures.observe(screened.replies, screened.silent, counts=self.stored == 0)
@@ -311,8 +277,7 @@ class DQStrategy(ModelStrategy, Strategy):
     def bound(self, rnd: ServerRound) -> Combined | _Checked:
         """Gradients bounded and combined, or uploads checked against the round's others.
 
-        Replies arrive in any order: uploads are adopted and stored in the clients'
-        partition order, so that a run is reproducible from its seed.
+        Uploads are adopted in the clients' partition order (reproducible from the seed).
         """
         screened = rnd.screened
         if rnd.notes["gradient"]:
@@ -338,7 +303,6 @@ class DQStrategy(ModelStrategy, Strategy):
 
     def _data_round(self, rnd: ServerRound, kept: _Checked) -> dict[str, MetricRecordValues]:
         """Store the checked uploads, train; the round's metrics."""
-        screened = rnd.screened
         refreshed = self.compensations.update_control_variate(kept.uploads)
         stored_before = self.stored
         fresh, not_stored = self.intake.store_uploads(kept.uploads, rnd.number)
@@ -346,10 +310,10 @@ class DQStrategy(ModelStrategy, Strategy):
         loss = self.trainer.train_round(rnd.number, fresh, stored_before)
         self.intake.measure_data(fresh)
         metrics = self.metrics.data_round(
-            rnd.notes["plan"], fresh, loss=loss, rejected=rejected, failed=screened.failed,
-            t0=screened.started, refreshed=refreshed if self.cv is not None else None)
-        log_round("dq", rnd.number, f"{metrics['selected']} new samples, "
-                  f"store {metrics['stored']}, rejected {rejected}, failed {screened.failed}"
+            rnd.notes["plan"], fresh, loss=loss, rejected=rejected, failed=rnd.screened.failed,
+            t0=rnd.screened.started, refreshed=refreshed if self.cv is not None else None)
+        log_round("dq", rnd.number, f"{metrics['selected']} new samples, store "
+                  f"{metrics['stored']}, rejected {rejected}, failed {rnd.screened.failed}"
                   + schedule_text(metrics))
         return metrics
 

@@ -1,13 +1,10 @@
 """The server's training of a DQ round: the fresh compensated step, then the store.
 
-Under the ``fixed`` schedule a round takes ``server-steps`` optimizer steps: the first on
-the round's fresh rows plus their compensations (:meth:`ServerTrainer.fresh_gradient`),
-the others on minibatches of the store (corrected by the control variate where one is
-kept). Under the ``adaptive`` schedule a round whose uploads grew the store trains to a
-plateau of the held-out score (:func:`~dq_flower.dq.server.plateau.train_phase`), keeps the
-previous model where the new one is worse on the rows the round brought, and lets the
-schedule size the next ask. Every round's steps run inside a
-:class:`~dq_flower.server.robust.StepGuard` that rolls back a non-finite model.
+``fixed`` schedule: ``server-steps`` steps, the first on the fresh rows plus compensations,
+the others on store minibatches (plus the control variate). ``adaptive``: a round that grew
+the store trains to a plateau of the held-out score and keeps the previous model where the
+new one is significantly worse. A :class:`~dq_flower.server.robust.StepGuard` rolls back a
+non-finite model.
 """
 
 from __future__ import annotations
@@ -46,8 +43,8 @@ __all__ = ["ServerTrainer"]
 class ServerTrainer:
     """The server's optimizer steps on ``model``, on the rows of ``data``'s store.
 
-    ``cv``: the control variate added to every store step's gradient (``None``: none);
-    ``augment`` is applied to every store minibatch, never to the held-out rows.
+    ``cv``: the control variate added to every store step (``None``: none); ``augment``:
+    applied to every store minibatch, never to the held-out rows.
     """
 
     def __init__(self, cfg: DQConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -66,15 +63,13 @@ class ServerTrainer:
         #: mean held-out loss per node after the last training phase (adaptive asks)
         self.node_fit: dict[int, float] = {}
         self.last_phase: PhaseResult | None = None
-        #: whether the last phase's model was worse on the held-out rows than the one
-        #: before it beyond the comparison's uncertainty (the server then kept the old one)
+        #: whether the last phase's model was significantly worse (the old one was kept)
         self.reverted = False
         self.guard = StepGuard(model, optimizer)
         self.rolled_back = 0
         #: clients whose held-out rows disagree with the others' (adaptive schedule)
         self.screen = AgreementScreen(cfg.screen_margin)
-        #: the store steps' minibatch gradient; in a worker process of ``server-processes``
-        #: its share of the minibatch, summed over the processes (see ``distributed``)
+        #: the store steps' minibatch gradient (a worker's share in ``distributed``)
         self.batch_gradient: BatchGradient = weighted_loss_grad
         if cfg.server_processes > 1:  # what the worker processes get must pickle
             check_portable(model, loss_fn, augment)
@@ -96,8 +91,7 @@ class ServerTrainer:
                        losses: list[float], nodes: list[int]) -> float:
         """A gradient round's steps: one with ``grad`` (if any), the others on the store.
 
-        Returns the store steps' mean loss, else that of ``losses`` (the replies' own);
-        NaN where the steps were rolled back.
+        Returns the store steps' mean loss, else that of ``losses``; NaN if rolled back.
         """
         self.guard.begin()
         if grad is not None:
@@ -148,11 +142,7 @@ class ServerTrainer:
         return loss / max(float(ws.sum()), 1e-12), grad
 
     def train_steps(self, server_round: int, fresh: list[Upload]) -> float:
-        """The round's steps: the fresh compensated step, then steps on the store.
-
-        A round runs its store steps whatever replies it got (a round with nothing to ask,
-        or whose only asked node failed, still trains on what the store holds).
-        """
+        """The fresh compensated step, then store steps (whatever replies the round got)."""
         rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         self.model.train()
         losses = []
@@ -169,11 +159,7 @@ class ServerTrainer:
                     rng: np.random.Generator | None = None,
                     augment: Callable[[torch.Tensor], torch.Tensor] | None = None
                     ) -> list[float]:
-        """``steps`` optimizer steps on minibatches from the store; their losses.
-
-        ``augment``: the minibatches' augmentation (default: :meth:`augmentation` of
-        ``rng``).
-        """
+        """``steps`` steps on store minibatches; their losses (``augment``: default of ``rng``)."""
         if rng is None:
             rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         store = self.data.store
@@ -202,11 +188,7 @@ class ServerTrainer:
 
     def augmentation(self, rng: np.random.Generator
                      ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """The minibatches' augmentation: the user's, else the ``augmentation`` knob's.
-
-        A built-in one is seeded from ``rng`` (the round's minibatch stream), so a resumed
-        round draws the same shifts.
-        """
+        """The minibatches' augmentation: the user's, else the knob's (seeded from ``rng``)."""
         if self.user_augment is not None:
             return self.user_augment
         spec = self.data.spec
@@ -219,13 +201,9 @@ class ServerTrainer:
                        stored_before: int) -> float:
         """Train to a plateau when the store grew, then let the schedule size the next ask.
 
-        The phase's first evaluation scores the model the previous phase left (or the
-        initial one) on the current held-out rows; the gain of the phase's best model over
-        it, paired on every held-out row, is what the schedule needs (none for the first
-        upload round). A new model worse beyond that comparison's uncertainty
-        (:func:`~dq_flower.dq.server.schedule.significantly_worse`) is dropped for the previous
-        one. The phase's step cap follows the store: at least ``max-server-epochs`` passes
-        over its training rows.
+        The gain of the phase's best model over the one it started from, paired on every
+        held-out row, feeds the schedule (none for the first upload round); a significantly
+        worse new model is dropped for the previous one.
         """
         assert self.schedule is not None
         self.last_phase = None
@@ -234,7 +212,9 @@ class ServerTrainer:
                 or store.num_train == 0):  # nothing new (a full store still changes)
             return float("nan")
         rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
-        first = self.fresh_training_step(fresh)
+        # the compensated step on the fresh rows, queued (only with compensations)
+        first = ([] if self.comp_codec is None or not any(u.delta is not None for u in fresh)
+                 else [self.fresh_gradient(fresh)])
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.train()
         phase = self.run_phase(store.num_train, rng, first)
@@ -254,18 +234,15 @@ class ServerTrainer:
             if significantly_worse(gain):
                 self.model.load_state_dict(start)
                 self.reverted = True
-        self.schedule.min_rows = self.rows_needed()
+        # held-out rows a comparison needs to show the curve flat: per class (or in all)
+        self.schedule.min_rows = self.cfg.min_holdout_rows * max(int(self.data.num_classes or 1), 1)
         self.schedule.after_upload(stored_before, self.data.stored, gain)
         self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
         return float(np.mean(phase.losses)) if phase.losses else float("nan")
 
     def run_phase(self, train_rows: int, rng: np.random.Generator,
                   queued: list[tuple[float, np.ndarray]]) -> PhaseResult:
-        """One training phase on the store's ``train_rows`` rows, minibatches from ``rng``.
-
-        ``queued``: gradients to step with first. With ``server-processes`` above 1 the
-        phase runs in worker processes (:func:`~dq_flower.dq.server.distributed.sharded_phase`).
-        """
+        """One phase on the store's ``train_rows`` rows (``queued`` gradients stepped first)."""
         if self.cfg.server_processes > 1:
             return sharded_phase(self, train_rows, rng, queued)
         augment = self.augmentation(rng)  # one per phase, seeded from its minibatch stream
@@ -276,19 +253,6 @@ class ServerTrainer:
         """The plateau rule with its step cap raised to ``max-server-epochs`` passes."""
         epochs = math.ceil(self.cfg.max_server_epochs * train_rows / self.cfg.server_batch_size)
         return replace(self.plateau, max_steps=max(self.plateau.max_steps, epochs))
-
-    def rows_needed(self) -> int:
-        """Held-out rows a comparison needs to show the curve flat: per class (or in all)."""
-        return self.cfg.min_holdout_rows * max(int(self.data.num_classes or 1), 1)
-
-    def fresh_training_step(self, fresh: list[Upload]) -> list[tuple[float, np.ndarray]]:
-        """The compensated step on the fresh rows as a one-item queue (empty if none).
-
-        Held-out rows stay out of it; only a run with compensation gains from it.
-        """
-        if self.comp_codec is None or not any(u.delta is not None for u in fresh):
-            return []
-        return [self.fresh_gradient(fresh)]
 
     def store_step(self, rng: np.random.Generator,
                    queued: list[tuple[float, np.ndarray]],
@@ -306,10 +270,7 @@ class ServerTrainer:
         return frozenset(self.screen.excluded)
 
     def score_holdout(self, everyone: bool = False) -> HeldOutScores:
-        """Per-row loss and correctness of the model on the store's held-out rows.
-
-        The rows of :attr:`excluded` clients are left out unless ``everyone``.
-        """
+        """Per-row loss and correctness on the held-out rows (excluded clients: if ``everyone``)."""
         assert self.data.store is not None
         losses, correct, nodes = [], [], []
         skip = np.array(sorted(self.excluded) if not everyone else [], dtype=np.uint64)

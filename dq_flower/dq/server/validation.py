@@ -1,18 +1,14 @@
 """Checks of DQ data replies, alone and against the round's others.
 
-Nothing a reply says (data spec, feature ranges, value bound, counts) is adopted unless it
-passes both stages. :func:`check_upload` decodes one reply into an :class:`Upload` against
-:class:`Rules` (the knobs and what the server adopted) and the node's :class:`History`, or
-raises :class:`~dq_flower.codecs.PayloadError` with the reason; its samples' stream is
-decoded once (:func:`plain_payload`). :func:`agree` screens the round's uploads together:
-``num-examples`` over :data:`EXAMPLES_FACTOR` times the nodes' lower median is refused and
-a node's weight clipped to :data:`SHARE_FACTOR` times the median node's examples; while none
-is known, the data spec most uploads carry that the model trains on
-(:func:`~dq_flower.model_ops.check_model`) is agreed, and the value bound learned
-(:data:`VALUE_FACTOR` times the median upload's largest value) and enforced.
-:class:`Compensations` screens the round's compensations and refreshed residuals by norm
-and keeps them in the control variate. ``docs/reliability.md`` gives the measurements
-behind the factors.
+:func:`check_upload` decodes one reply against :class:`Rules` and the node's
+:class:`History`, or raises :class:`~dq_flower.codecs.PayloadError` with the reason.
+:func:`agree` screens the round's uploads together: ``num-examples`` over
+:data:`EXAMPLES_FACTOR` times the nodes' lower median is refused, a node's weight clipped to
+:data:`SHARE_FACTOR` times the median node's examples; while none is known, the data spec
+most uploads carry that the model trains on is agreed, and the value bound
+(:data:`VALUE_FACTOR` times the median upload's largest value) learned and enforced.
+:class:`Compensations` screens compensations and refreshed residuals by norm and keeps them
+in the control variate. ``docs/reliability.md`` gives the measurements behind the factors.
 """
 
 from __future__ import annotations
@@ -70,10 +66,7 @@ SHARE_FACTOR = 4.0
 
 @dataclass(frozen=True)
 class Upload:
-    """One checked data reply: its batch, decoded rows, claims and what it would adopt.
-
-    Frozen: each stage that changes an upload returns a new record (``replace``).
-    """
+    """One checked data reply: its batch, decoded rows, claims and what it would adopt."""
 
     batch: SampleBatch
     x: np.ndarray
@@ -143,10 +136,7 @@ class _KeptBatch(SampleBatch):
 
 
 def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
-    """``batch`` cut to the rows where ``keep`` is true; the payload stays as sent.
-
-    :func:`kept_rows` names the payload rows still used.
-    """
+    """``batch`` cut to the rows where ``keep`` is true (the payload stays as sent)."""
     idx = np.flatnonzero(np.asarray(keep, dtype=bool))
     base = kept_rows(batch)
     values = {f.name: getattr(batch, f.name) for f in fields(SampleBatch)}
@@ -160,11 +150,10 @@ def kept_rows(batch: SampleBatch) -> np.ndarray | None:
 
 
 def plain_payload(p: Payload, bits: int) -> Payload:
-    """``p`` with its lossless coder and coded ranges undone: its stream is decoded once.
+    """``p`` with its lossless coder and coded ranges undone (its stream decoded once).
 
     Every check of ``p`` holds for the result exactly where it holds for ``p`` (``nbits``
-    moves by the coded minus the packed size, padding bits are cleared); ``p`` itself
-    where it names no coder (or none validly).
+    moves by the coded minus the packed size, padding bits are cleared).
     """
     if len(p.shape) != 2:
         return p
@@ -223,9 +212,8 @@ def read_counts(metrics: MetricRecord | None, rows: int, history: History,
 def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
     """Row weights an honest client of this selection rule can send.
 
-    ``topk``/``threshold``: every row stands for ``candidates / k`` samples. ``sample``:
-    ``1 / pi_i`` lies in ``[1, 1000 * candidates]`` (scores are floored at 1e-3 of their
-    mean). ``auto``: the bounds of ``sample``, which hold for both.
+    ``topk``/``threshold``: ``candidates / k`` each. ``sample`` and ``auto``: ``1 / pi_i``
+    in ``[1, 1000 * candidates]`` (scores are floored at 1e-3 of their mean).
     """
     if not len(batch):
         return
@@ -277,10 +265,7 @@ def data_scale(x: np.ndarray, ranges: tuple[np.ndarray, np.ndarray] | None) -> f
 
 def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
                  max_rows: int) -> Upload:
-    """Decode and check one data reply (see the module docstring); adopts nothing.
-
-    The caller adds the compensation and refreshed residual (:func:`decode_vector`).
-    """
+    """Decode and check one data reply; adopts nothing (the caller adds the vectors)."""
     spec = reply_spec(content, rules.spec)
     mode = range_mode(rules.ranges, rules.per_channel, spec.sample_shape)
     num_classes = rules.num_classes if rules.spec is not None else None
@@ -372,8 +357,8 @@ def agree_spec(uploads: list[Upload], check: Check
                ) -> tuple[DataSpec | None, int | None, list[Upload], list[tuple[Upload, str]]]:
     """The spec most uploads with rows carry that the model check confirms.
 
-    Ties go to the spec of the first upload in ``uploads``' order; a spec none of whose
-    uploads passes the check gives way to the next. Uploads of other specs are refused.
+    Ties go to the first upload's spec; a spec none of whose uploads passes the check gives
+    way to the next. Uploads of other specs are refused.
     """
     groups: dict[DataSpec, list[Upload]] = {}
     for u in uploads:
@@ -404,29 +389,12 @@ def agree_spec(uploads: list[Upload], check: Check
     return agreed, classes, kept, refused
 
 
-def learn_bound(uploads: list[Upload]) -> float | None:
-    """:data:`VALUE_FACTOR` times the median scale of the uploads (None: nothing to learn)."""
-    scales = [u.scale for u in uploads if len(u.batch) or u.ranges is not None]
-    middle = (_median(scales) or max(scales)) if scales else 0.0
-    return VALUE_FACTOR * middle if middle > 0 else None
-
-
-def screen_bound(uploads: list[Upload], bound: float
-                 ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
-    """Refuse the uploads whose scale is over ``bound``."""
-    refused = [(u, f"sample values reach {u.scale:g}, over {VALUE_FACTOR:g} times the "
-                   f"median upload's (max-abs-value {bound:g})")
-               for u in uploads if u.scale > bound]
-    return [u for u in uploads if u.scale <= bound], refused
-
-
 def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
           check: Check) -> Agreement:
-    """The round's verdict on its checked uploads (see the module docstring).
+    """The round's verdict on its checked uploads, in (partition id, node) order.
 
-    ``known``: examples of the nodes accepted before; ``check(spec, upload)`` is the model
-    check (:func:`check_model` on the upload's rows), run only while no spec is known.
-    Accepted uploads come in (partition id, node) order.
+    ``known``: examples of the nodes accepted before; ``check(spec, upload)``: the model
+    check, run only while no spec is known.
     """
     order = sorted(uploads, key=lambda u: (u.partition, u.node))
     kept, refused = screen_claims(order, known)
@@ -436,10 +404,14 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
         refused += more
     new_bound = None
     if rules.value_bound is None and (rules.spec or new_spec) is not None:
-        new_bound = learn_bound(kept)
-        if new_bound is not None:
-            kept, more = screen_bound(kept, new_bound)
-            refused += more
+        scales = [u.scale for u in kept if len(u.batch) or u.ranges is not None]
+        middle = (_median(scales) or max(scales)) if scales else 0.0
+        if middle > 0:  # the bound learned: VALUE_FACTOR times the median upload's scale
+            new_bound = VALUE_FACTOR * middle
+            refused += [(u, f"sample values reach {u.scale:g}, over {VALUE_FACTOR:g} times "
+                            f"the median upload's (max-abs-value {new_bound:g})")
+                        for u in kept if u.scale > new_bound]
+            kept = [u for u in kept if u.scale <= new_bound]
     return Agreement(kept, refused, new_spec, classes, new_bound)
 
 
@@ -447,10 +419,8 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
 class Compensations:
     """The norm screens of compensations and refreshed residuals, and the control variate.
 
-    Each kind is screened against its own round's others
-    (:func:`~dq_flower.server.pipeline.bound_vectors`) and clipped; with
-    ``compensation-mode`` ``store`` or ``refresh`` the accepted ones enter the control
-    variate that corrects every store step. ``data``: whose store weights a refresh replaces.
+    Each kind is screened against its round's others and clipped; with ``compensation-mode``
+    ``store`` or ``refresh`` the accepted ones enter the control variate.
     """
 
     def __init__(self, cfg: DQConfig, num_params: int, data: FederationData) -> None:
@@ -492,8 +462,8 @@ class Compensations:
     def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
         """Age the control variate, enter the round's screened refreshes and deltas.
 
-        Called before the round's rows are stored, so a refresh replaces the share of
-        exactly the node's earlier rows. Returns ``(refreshed, rejected refreshes)``.
+        Called before the round's rows are stored (a refresh replaces the share of exactly
+        the node's earlier rows). Returns ``(refreshed, rejected refreshes)``.
         """
         if self.cv is None:
             return 0, 0
