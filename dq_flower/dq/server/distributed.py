@@ -138,18 +138,16 @@ class _ShardStore(SampleStore):
         if total == 0:
             return mine
         used = [0] * self.world
-        loss, correct, nodes = [], [], []
+        ordered = []
         for i, start in enumerate(range(0, total, self.chunk)):
             n, r = min(self.chunk, total - start), i % self.world
             part, at = parts[r], used[r]
-            loss.append(part.loss[at:at + n])
-            nodes.append(part.nodes[at:at + n])
-            if part.correct is not None:
-                correct.append(part.correct[at:at + n])
+            ordered.append(HeldOutScores(
+                part.loss[at:at + n],
+                None if part.correct is None else part.correct[at:at + n],
+                part.nodes[at:at + n]))
             used[r] += n
-        return HeldOutScores(np.concatenate(loss),
-                             np.concatenate(correct) if correct else None,
-                             np.concatenate(nodes))
+        return HeldOutScores.concat(ordered)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,16 @@ class HeldOutScores:
         """Mean held-out loss per origin node."""
         return {int(n): float(self.loss[self.nodes == n].mean()) for n in np.unique(self.nodes)}
 
+    @classmethod
+    def concat(cls, parts: list[HeldOutScores]) -> HeldOutScores:
+        """``parts`` one after the other (none: no rows)."""
+        if not parts:
+            return cls(np.zeros(0), None, np.zeros(0, dtype=np.uint64))
+        correct = [p.correct for p in parts if p.correct is not None]
+        return cls(np.concatenate([p.loss for p in parts]),
+                   np.concatenate(correct) if correct else None,
+                   np.concatenate([p.nodes for p in parts]))
+
 
 def score_of(scores: HeldOutScores) -> float:
     """Accuracy minus a loss tie-break (class targets), or minus the mean loss (float)."""

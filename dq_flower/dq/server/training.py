@@ -77,15 +77,11 @@ class ServerTrainer:
     # ------------------------------------------------------------------ one round
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
         """A data round's steps (the schedule's), rolled back where they go non-finite."""
-        self.guard.begin()
         if self.schedule is not None:
-            loss = self.train_adaptive(server_round, fresh, stored_before)
-        else:
-            loss = self.train_steps(server_round, fresh)
-        if not self.guard.finite_or_restore():
-            self._rolled_back(server_round, [u.node for u in fresh])
-            loss = float("nan")
-        return loss
+            return self._guarded(server_round, [u.node for u in fresh],
+                                 lambda: self.train_adaptive(server_round, fresh, stored_before))
+        return self._guarded(server_round, [u.node for u in fresh],
+                             lambda: self.train_steps(server_round, fresh))
 
     def train_gradient(self, server_round: int, grad: np.ndarray | None,
                        losses: list[float], nodes: list[int]) -> float:
@@ -93,22 +89,27 @@ class ServerTrainer:
 
         Returns the store steps' mean loss, else that of ``losses``; NaN if rolled back.
         """
-        self.guard.begin()
-        if grad is not None:
-            self.model.train()
-            apply_flat_grad(self.model, self.optimizer, grad)
-        later = self.store_steps(server_round,
-                                 self.cfg.server_steps - (1 if grad is not None else 0))
-        if not self.guard.finite_or_restore():
-            self._rolled_back(server_round, nodes)
-            return float("nan")
-        steps = later or losses
-        return float(np.mean(steps)) if steps else float("nan")
+        def steps() -> float:
+            if grad is not None:
+                self.model.train()
+                apply_flat_grad(self.model, self.optimizer, grad)
+            later = self.store_steps(server_round,
+                                     self.cfg.server_steps - (1 if grad is not None else 0))
+            return _mean(later or losses)
 
-    def _rolled_back(self, server_round: int, nodes: list[int]) -> None:
+        return self._guarded(server_round, nodes, steps)
+
+    def _guarded(self, server_round: int, nodes: list[int], steps: Callable[[], float]
+                 ) -> float:
+        """``steps()``'s loss; NaN where they left the model non-finite (rolled back)."""
+        self.guard.begin()
+        loss = steps()
+        if self.guard.finite_or_restore():
+            return loss
         self.rolled_back += 1
         log_round("dq", server_round, "the round's steps made the model non-finite: rolled "
                   f"back; the round's replies came from nodes {sorted(nodes)}")
+        return float("nan")
 
     # ------------------------------------------------------------------ the steps
     def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
@@ -143,7 +144,6 @@ class ServerTrainer:
 
     def train_steps(self, server_round: int, fresh: list[Upload]) -> float:
         """The fresh compensated step, then store steps (whatever replies the round got)."""
-        rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
         self.model.train()
         losses = []
         steps = self.cfg.server_steps
@@ -152,8 +152,7 @@ class ServerTrainer:
             losses.append(loss)
             apply_flat_grad(self.model, self.optimizer, grad)
             steps -= 1
-        losses += self.store_steps(server_round, steps, rng)
-        return float(np.mean(losses)) if losses else float("nan")
+        return _mean(losses + self.store_steps(server_round, steps))
 
     def store_steps(self, server_round: int, steps: int,
                     rng: np.random.Generator | None = None,
@@ -161,7 +160,7 @@ class ServerTrainer:
                     ) -> list[float]:
         """``steps`` steps on store minibatches; their losses (``augment``: default of ``rng``)."""
         if rng is None:
-            rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
+            rng = self.batch_rng(server_round)
         store = self.data.store
         if store is None or len(store) == 0:
             return []
@@ -185,6 +184,10 @@ class ServerTrainer:
             losses.append(loss)
             apply_flat_grad(self.model, self.optimizer, grad)
         return losses
+
+    def batch_rng(self, server_round: int) -> np.random.Generator:
+        """The round's store-minibatch stream (its draws and the augmentation's seed)."""
+        return round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
 
     def augmentation(self, rng: np.random.Generator
                      ) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -211,7 +214,7 @@ class ServerTrainer:
         if (store is None or not any(len(u.batch) for u in fresh)
                 or store.num_train == 0):  # nothing new (a full store still changes)
             return float("nan")
-        rng = round_rng(self.seed, server_round, 0, Purpose.SERVER_BATCHES)
+        rng = self.batch_rng(server_round)
         # the compensated step on the fresh rows, queued (only with compensations)
         first = ([] if self.comp_codec is None or not any(u.delta is not None for u in fresh)
                  else [self.fresh_gradient(fresh)])
@@ -238,7 +241,7 @@ class ServerTrainer:
         self.schedule.min_rows = self.cfg.min_holdout_rows * max(int(self.data.num_classes or 1), 1)
         self.schedule.after_upload(stored_before, self.data.stored, gain)
         self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
-        return float(np.mean(phase.losses)) if phase.losses else float("nan")
+        return _mean(phase.losses)
 
     def run_phase(self, train_rows: int, rng: np.random.Generator,
                   queued: list[tuple[float, np.ndarray]]) -> PhaseResult:
@@ -272,7 +275,7 @@ class ServerTrainer:
     def score_holdout(self, everyone: bool = False) -> HeldOutScores:
         """Per-row loss and correctness on the held-out rows (excluded clients: if ``everyone``)."""
         assert self.data.store is not None
-        losses, correct, nodes = [], [], []
+        parts = []
         skip = np.array(sorted(self.excluded) if not everyone else [], dtype=np.uint64)
         for x, y, _, node_ids, _ in self.data.store.holdout_batches():
             if skip.size:
@@ -282,15 +285,8 @@ class ServerTrainer:
                     continue
             loss, hit = per_sample_results(self.model, self.data.shaped(x), y,
                                            self.loss_fn)
-            losses.append(loss)
-            nodes.append(node_ids)
-            if hit is not None:
-                correct.append(hit)
-        if not losses:
-            return HeldOutScores(np.zeros(0), None, np.zeros(0, dtype=np.uint64))
-        return HeldOutScores(np.concatenate(losses),
-                             np.concatenate(correct) if correct else None,
-                             np.concatenate(nodes))
+            parts.append(HeldOutScores(loss, hit, node_ids))
+        return HeldOutScores.concat(parts)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -306,3 +302,8 @@ class ServerTrainer:
             self.schedule.load_state(state["schedule"])
         self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
         self.screen.load_state(state.get("node_screen"))
+
+
+def _mean(losses: list[float]) -> float:
+    """The mean loss (NaN for none)."""
+    return float(np.mean(losses)) if losses else float("nan")
