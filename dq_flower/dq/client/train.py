@@ -104,10 +104,9 @@ def _forget_sent_from(context: Context, server_round: int) -> None:
             del context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
 
 
-def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
-                        spec: DataSpec, model: torch.nn.Module, loss_fn: LossFn | None,
-                        mode: str) -> np.ndarray | None:
-    """``sum_i w_i [grad f(x_i) - grad f(Q(x_i))] / sum_i w_i`` over every earlier upload.
+def _sent_rows(context: Context, x_flat: np.ndarray, y: np.ndarray, mode: str
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every earlier upload's ``x_i``, ``Q(x_i)``, ``y_i`` and normalised weights ``w_i``.
 
     ``Q(x_i)`` is decoded from the very payloads sent, so it is what the server stores.
     """
@@ -127,14 +126,27 @@ def _refreshed_residual(context: Context, x_flat: np.ndarray, y: np.ndarray,
         ws.append(rows["weights"].numpy().astype(np.float64))
     if not xs:
         return None
+    w = np.concatenate(ws)
+    return (np.concatenate(xs), np.concatenate(xqs), np.concatenate(ys),
+            (w / w.sum()).astype(np.float32))
+
+
+def _coded_residual(r: RoundInput, cfg: DQConfig, model: torch.nn.Module, x: np.ndarray,
+                    xq: np.ndarray, y: np.ndarray, w: np.ndarray, ef_key: str) -> Payload:
+    """``sum_i w_i [grad f(x_i) - grad f(xq_i)]``, coded with error feedback at ``ef_key``."""
     from dq_flower.dq.client.client_model import quantization_residual  # PyTorch: deferred
 
-    w = np.concatenate(ws)
-    w = (w / w.sum()).astype(np.float32)
-    shape = (-1, *spec.sample_shape)
-    return quantization_residual(model, np.concatenate(xs).reshape(shape),
-                                 np.concatenate(xqs).reshape(shape), np.concatenate(ys), w,
-                                 loss_fn)
+    shape = (-1, *r.spec.sample_shape)
+    delta = quantization_residual(model, x.reshape(shape), xq.reshape(shape), y, w, r.loss_fn)
+    codec = make(cfg.compensation, **cfg.compensation_kwargs)
+    return encode_with_feedback(codec, delta, r.rng, r.context, ef_key)
+
+
+def _needed(model: torch.nn.Module | None, what: str) -> torch.nn.Module:
+    """``model``; ``ValueError`` where the server did not send it."""
+    if model is None:
+        raise ValueError(f"{what} needs the model; the server did not send it")
+    return model
 
 
 def _reply(content: RecordDict, msg: Message, spec: DataSpec,
@@ -168,9 +180,9 @@ def _gradient_round(r: RoundInput) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
     from dq_flower.dq.client.client_model import batch_gradient, received_model  # PyTorch: deferred
 
-    model = received_model(r.msg, r.model, "a gradient round (upload-mode gradient or auto)")
-    if model is None:
-        raise ValueError("a gradient round needs the model; the server did not send it")
+    model = _needed(received_model(r.msg, r.model,
+                                   "a gradient round (upload-mode gradient or auto)"),
+                    "a gradient round")
     x, y, cfg = r.x, r.y, r.cfg
     size = min(cfg.gradient_batch_size, x.shape[0])
     idx = np.sort(r.rng.choice(x.shape[0], size=size, replace=False))
@@ -358,15 +370,8 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
 def _compensation(r: RoundInput, cfg: DQConfig, coded: _Coded, y: np.ndarray,
                   weights: np.ndarray, model: torch.nn.Module | None) -> Payload:
     """The coded gradient of the quantization residual of the chosen rows."""
-    if model is None:
-        raise ValueError("compensation needs the model; the server did not send it")
-    from dq_flower.dq.client.client_model import quantization_residual  # PyTorch: deferred
-
-    shape = (-1, *r.spec.sample_shape)
-    delta = quantization_residual(model, coded.xb.reshape(shape),
-                                  coded.decoded().reshape(shape), y, weights, r.loss_fn)
-    codec = make(cfg.compensation, **cfg.compensation_kwargs)
-    return encode_with_feedback(codec, delta, r.rng, r.context, EF_KEY)
+    return _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb, coded.decoded(),
+                           y, weights, EF_KEY)
 
 
 def _refresh(r: RoundInput, cfg: DQConfig, x_flat: np.ndarray,
@@ -377,13 +382,9 @@ def _refresh(r: RoundInput, cfg: DQConfig, x_flat: np.ndarray,
     _forget_sent_from(r.context, r.server_round)
     if not bool(r.config.get("refresh", False)):
         return None
-    if model is None:
-        raise ValueError("a refreshed residual needs the model; the server did not send it")
-    residual = _refreshed_residual(r.context, x_flat, r.y, r.spec, model, r.loss_fn, mode)
-    if residual is None:
-        return None
-    codec = make(cfg.compensation, **cfg.compensation_kwargs)
-    return encode_with_feedback(codec, residual, r.rng, r.context, REFRESH_EF_KEY)
+    model = _needed(model, "a refreshed residual")
+    sent = _sent_rows(r.context, x_flat, r.y, mode)
+    return None if sent is None else _coded_residual(r, cfg, model, *sent, REFRESH_EF_KEY)
 
 
 def _remember_sent(context: Context, server_round: int, samples: Payload, chosen: np.ndarray,
