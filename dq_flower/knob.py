@@ -77,6 +77,8 @@ class Knob:
     def __set__(self, obj: Any, value: Any) -> None:
         if self.has_unset and (value is None or _same(value, self.unset)):
             value = self.default
+        if value is None and self.default is not None:
+            raise ValueError(f"{self.key}: must be given a value, got None")
         if self.coerce is not None and value is not None:
             value = self.coerce(value)
         if self.check is not None and value is not None:

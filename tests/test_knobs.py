@@ -241,6 +241,8 @@ def test_a_knob_checks_as_it_is_set_and_keeps_the_dataclass_frozen():
     # an inherited knob with another default keeps the group's check
     with pytest.raises(ValueError, match="^lr: must be > 0"):
         DQConfig(lr=0.0)
+    with pytest.raises(ValueError, match="^bits: must be given a value, got None$"):
+        DQConfig(bits=None)  # type: ignore[arg-type]
     cfg = DQConfig(bits=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.bits = 4  # type: ignore[misc]
