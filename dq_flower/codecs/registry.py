@@ -88,9 +88,9 @@ def make(name: str, **params) -> Codec:
         raise ValueError(f"bad parameters for codec {name!r}: {exc}") from None
     if coder is None:
         return codec
-    if coder_for(codec, coder) == CONTEXT:
-        return ContextCoded(codec)
     coder = coder_for(codec, coder)
+    if coder == CONTEXT:
+        return ContextCoded(codec)
     if check_method(coder, "entropy") == "none":
         return codec
     return EntropyCoded(codec, coder)
