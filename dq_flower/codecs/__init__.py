@@ -3,22 +3,10 @@
 Pure numpy; nothing here imports Flower except :meth:`Payload.to_record`/``from_record``.
 """
 
-from . import (  # noqa: F401  (importing a codec module registers its codecs)
-    bingrad,
-    floats,
-    lossless,
-    lowbit,
-    orq,
-    powersgd,
-    qsgd,
-    sign,
-    terngrad,
-    topk,
-    uniform,
-)
-from .base import PAYLOAD_VERSION, Codec, Payload, PayloadError
+# importing a codec module registers its codecs
+from . import bingrad, lossless, lowbit, qsgd, sign, topk, uniform  # noqa: F401
+from .base import PAYLOAD_VERSION, Codec, ErrorFeedback, Payload, PayloadError
 from .context_coded import CONTEXT
-from .error_feedback import ErrorFeedback
 from .lossless import EntropyCoded
 from .registry import coder_for, make, names, payload_coder, register
 

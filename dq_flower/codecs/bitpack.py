@@ -14,10 +14,10 @@ __all__ = ["pack", "unpack", "packed_nbytes", "check_width", "pack_wide", "unpac
            "padding_is_zero", "unpack_to"]
 
 
-def check_width(bits: int, name: str = "bits") -> int:
-    """Return ``bits`` as an int, or raise ``ValueError`` naming ``name`` if not in 1..8."""
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-        raise ValueError(f"{name} must be an integer in 1..8, got {bits!r}")
+def check_width(bits: int, name: str = "bits", top: int = 8) -> int:
+    """Return ``bits`` as an int, or raise ``ValueError`` naming ``name`` if not in 1..top."""
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= top:
+        raise ValueError(f"{name} must be an integer in 1..{top}, got {bits!r}")
     return int(bits)
 
 
@@ -96,12 +96,11 @@ def _lut(bits: int) -> np.ndarray:
     return np.ascontiguousarray(codes).view({2: "<u4", 4: "<u2"}[bits]).reshape(-1)
 
 
-_LUT2 = _lut(2)
-_LUT4 = _lut(4)
+_LUTS = {2: _lut(2), 4: _lut(4)}
 #: byte value -> its codes, shape (256, 8 // bits), for widths 1, 2 and 4.
 _BYTE_CODES = {1: np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1),
-               2: _LUT2.view(np.uint8).reshape(256, 4),
-               4: _LUT4.view(np.uint8).reshape(256, 2)}
+               2: _LUTS[2].view(np.uint8).reshape(256, 4),
+               4: _LUTS[4].view(np.uint8).reshape(256, 2)}
 
 
 def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
@@ -127,10 +126,8 @@ def unpack(data: np.ndarray | bytes, bits: int, count: int) -> np.ndarray:
         return buf.copy()
     if bits == 1:
         return np.unpackbits(buf, count=count)
-    if bits == 2:
-        return _LUT2[buf].view(np.uint8)[:count]
-    if bits == 4:
-        return _LUT4[buf].view(np.uint8)[:count]
+    if bits in _LUTS:
+        return _LUTS[bits][buf].view(np.uint8)[:count]
     groups = _padded(buf, bits).reshape(-1, bits)
     word = np.zeros(groups.shape[0], dtype=np.uint64)
     for i in range(bits):  # byte planes, most significant first
@@ -151,25 +148,22 @@ def unpack_to(data: np.ndarray, bits: int, count: int, table: np.ndarray,
     if out is not None and (out.dtype != np.float32 or out.size != count
                             or not out.flags.c_contiguous):
         raise ValueError("out must be a C-contiguous float32 array of count elements")
-    if bits not in (1, 2, 4):
+    if bits not in _BYTE_CODES:
         values = tab[unpack(data, bits, count)]
-        if out is None:
-            return values
-        out.reshape(-1)[...] = values
-        return out
-    buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
-    if buf.size != packed_nbytes(count, bits):
-        raise ValueError(f"packed buffer holds {buf.size} bytes but {count} codes of {bits} bits "
-                         f"need {packed_nbytes(count, bits)}")
-    per = 8 // bits
-    lut = np.ascontiguousarray(tab[_BYTE_CODES[bits]])  # (256, per): byte -> its values
-    if out is not None and count == buf.size * per:
-        np.take(lut, buf, axis=0, out=out.reshape(buf.size, per))
-        return out
-    full = np.take(lut, buf, axis=0).reshape(-1)
+    else:
+        buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+        if buf.size != packed_nbytes(count, bits):
+            raise ValueError(f"packed buffer holds {buf.size} bytes but {count} codes of {bits} "
+                             f"bits need {packed_nbytes(count, bits)}")
+        per = 8 // bits
+        lut = np.ascontiguousarray(tab[_BYTE_CODES[bits]])  # (256, per): byte -> its values
+        if out is not None and count == buf.size * per:
+            np.take(lut, buf, axis=0, out=out.reshape(buf.size, per))
+            return out
+        values = np.take(lut, buf, axis=0).reshape(-1)[:count]
     if out is None:
-        return full[:count]
-    out.reshape(-1)[...] = full[:count]
+        return values
+    out.reshape(-1)[...] = values
     return out
 
 
@@ -184,8 +178,7 @@ def padding_is_zero(data: np.ndarray, bits: int, count: int) -> bool:
 
 def pack_wide(values: np.ndarray, bits: int) -> np.ndarray:
     """Pack unsigned ints below ``2**bits`` (``1 <= bits <= 32``) MSB-first into bytes."""
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 32:
-        raise ValueError(f"bits must be an integer in 1..32, got {bits!r}")
+    check_width(bits, top=32)
     vals = np.ascontiguousarray(values, dtype=">u4").reshape(-1)
     planes = np.unpackbits(vals.view(np.uint8).reshape(-1, 4), axis=1)[:, 32 - bits :]
     return np.packbits(planes.reshape(-1))
@@ -196,8 +189,7 @@ def unpack_wide(data: np.ndarray, bits: int, count: int) -> np.ndarray:
 
     Raises ``ValueError`` when ``data`` does not hold exactly ``ceil(count * bits / 8)`` bytes.
     """
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 32:
-        raise ValueError(f"bits must be an integer in 1..32, got {bits!r}")
+    check_width(bits, top=32)
     buf = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if buf.size != packed_nbytes(count, bits):
         raise ValueError(f"packed buffer holds {buf.size} bytes but {count} values of {bits} bits "

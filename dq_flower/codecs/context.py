@@ -16,7 +16,7 @@ corrupt raises :class:`~dq_flower.codecs.base.PayloadError`.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import constriction  # type: ignore[import-untyped]
 import numpy as np
@@ -101,16 +101,13 @@ class _Waves:
     """
 
     def __init__(self, n: int, d: int, bits: int, shape: tuple[int, int, int] | None) -> None:
-        self.n, self.d, self.bits = n, d, bits
+        self.n = n
         self.symbols = 1 << bits
         self.shape = shape
         self.shift = 0
         self.neighbours: np.ndarray | None = None
-        self._steps: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]] | None = None
-        self._wave_rows: np.ndarray | None = None
         if shape is None:
-            groups = max(min(d, MAX_CONTEXT_ROWS), 1)
-            self.rows = groups
+            self.rows = groups = max(min(d, MAX_CONTEXT_ROWS), 1)
             waves = min(n, MAX_FLAT_WAVES)
             self.size = n * d
             self.order = np.arange(n * d, dtype=np.int64)
@@ -139,28 +136,25 @@ class _Waves:
             if cells else np.zeros(0, np.int64)
         offsets = np.array([1, w + 2, w + 3, w + 1], dtype=np.int64)  # L, U, UL, UR
         self.neighbours = self.order[None, :] - offsets[:, None]
-        self.levels = levels
         self.weights = np.array([levels ** 3, levels ** 2, levels, 1], dtype=np.int32)
         for arr in (self.order, self.bounds, self.base, self.neighbours):
             arr.flags.writeable = False
 
-    @property
+    @cached_property
     def steps(self) -> list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]:
         """Per wave (its neighbours ``(4, m)``, contexts' base, positions), built once."""
-        if self._steps is None:
-            steps = []
-            for k in range(self.num_waves):
-                a, b = int(self.bounds[k]), int(self.bounds[k + 1])
-                nb = None if self.neighbours is None \
-                    else np.ascontiguousarray(self.neighbours[:, a:b], dtype=np.intp)
-                steps.append((nb, np.ascontiguousarray(self.base[a:b]),
-                              np.ascontiguousarray(self.order[a:b], dtype=np.intp)))
-            self._steps = steps
-        return self._steps
+        steps = []
+        for k in range(self.num_waves):
+            a, b = int(self.bounds[k]), int(self.bounds[k + 1])
+            nb = None if self.neighbours is None \
+                else np.ascontiguousarray(self.neighbours[:, a:b], dtype=np.intp)
+            steps.append((nb, np.ascontiguousarray(self.base[a:b]),
+                          np.ascontiguousarray(self.order[a:b], dtype=np.intp)))
+        return steps
 
     def step_contexts(self, grid: np.ndarray, nb: np.ndarray | None,
                       base: np.ndarray) -> np.ndarray:
-        """Contexts of one wave from its :attr:`steps` entry (as :meth:`contexts` does)."""
+        """Contexts of the positions with neighbours ``nb`` (all known) and base ``base``."""
         if nb is None:
             return base
         top = np.take(grid, nb)
@@ -168,25 +162,18 @@ class _Waves:
             top >>= self.shift
         return base + self.weights @ top
 
-    @property
+    @cached_property
     def wave_rows(self) -> np.ndarray:
         """Per coding-order position, its wave's first row ``wave * rows`` (cached)."""
-        if self._wave_rows is None:
-            self._wave_rows = np.repeat(np.arange(self.num_waves, dtype=np.int64) * self.rows,
-                                        np.diff(self.bounds))
-            self._wave_rows.flags.writeable = False
-        return self._wave_rows
+        rows = np.repeat(np.arange(self.num_waves, dtype=np.int64) * self.rows,
+                         np.diff(self.bounds))
+        rows.flags.writeable = False
+        return rows
 
     @property
     def num_waves(self) -> int:
         """Sequential steps of the schedule."""
         return int(self.bounds.size - 1)
-
-    def contexts(self, grid: np.ndarray, s: int, e: int) -> np.ndarray:
-        """Contexts of the coding-order positions ``s .. e - 1`` (their neighbours known)."""
-        if self.neighbours is None:
-            return self.base[s:e]
-        return self.step_contexts(grid, self.neighbours[:, s:e], self.base[s:e])
 
     def layout(self, flat_codes: np.ndarray) -> np.ndarray:
         """The code array of ``(n * d,)`` codes (images: with a zero border per plane)."""
@@ -266,7 +253,7 @@ def encode(codes: np.ndarray, bits: int, n: int, d: int,
     coder = constriction.stream.stack.AnsCoder()
     if n * d:
         size = waves.order.size
-        ctx = waves.contexts(grid, 0, size)
+        ctx = waves.step_contexts(grid, waves.neighbours, waves.base)
         sym = np.take(grid, waves.order)
         if waves.num_waves * waves.rows * waves.symbols <= _BLOCK \
                 and size * waves.symbols <= 4 * _BLOCK:

@@ -10,8 +10,6 @@ bytes; :func:`unpack` bounds the code count by the stream (:func:`.symbols.fits`
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from . import bitpack, symbols
@@ -83,11 +81,6 @@ class ContextCoded(EntropyCoded):
 
     def __repr__(self) -> str:
         return f"ContextCoded({self.codec!r})"
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr in ("codec", "spec"):  # not set yet (copy, unpickling): no recursion
-            raise AttributeError(attr)
-        return getattr(self.codec, attr)
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """The codec's payload of ``x``, coded by whichever of context and zlib is smaller."""

@@ -18,11 +18,11 @@ from .base import (
     expect_buffer,
     expect_floats,
     flat_input,
+    int_param,
     n_buckets,
     require_rng,
     stochastic_floor,
 )
-from .kernels import int_param
 from .registry import register
 
 __all__ = ["QSGD", "bucket_norms", "qsgd_variance_bound"]

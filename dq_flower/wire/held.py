@@ -84,20 +84,20 @@ def _read_one(buf: np.ndarray, offset: int) -> tuple[int, int]:
     return int(values[0]), offset
 
 
-def _pack_fixed(values: np.ndarray, width: int) -> np.ndarray:
-    """``values`` as ``width``-bit fields, LSB first, into bytes."""
-    if width == 0 or not values.size:
-        return np.zeros(0, dtype=np.uint8)
+def _field_bits(values: np.ndarray, width: int) -> np.ndarray:
+    """The bits of ``values`` as ``width``-bit fields, LSB first (one uint8 per bit)."""
     v = np.asarray(values, dtype=_U64)
-    bits = ((v[:, None] >> np.arange(width, dtype=_U64)) & _U64(1)).astype(np.uint8)
-    return np.packbits(bits.reshape(-1), bitorder="little")
+    return ((v[:, None] >> np.arange(width, dtype=_U64)) & _U64(1)).astype(np.uint8).reshape(-1)
 
 
-def _unpack_fixed(buf: np.ndarray, count: int, width: int) -> np.ndarray:
+def _fields(body: np.ndarray, start: int, count: int, width: int) -> np.ndarray:
+    """``count`` ``width``-bit fields (uint64) from bit ``start`` of ``body``, LSB first."""
     if width == 0 or count == 0:
         return np.zeros(count, dtype=_U64)
-    bits = np.unpackbits(buf, bitorder="little")[:count * width].reshape(count, width)
-    return (bits.astype(_U64) << np.arange(width, dtype=_U64)).sum(axis=1, dtype=_U64)
+    first, stop = start // 8, -(-(start + count * width) // 8)
+    bits = np.unpackbits(body[first:stop], bitorder="little")
+    grid = bits[start - 8 * first:start - 8 * first + count * width].reshape(count, width)
+    return (grid.astype(_U64) << np.arange(width, dtype=_U64)).sum(axis=1, dtype=_U64)
 
 
 def _width(values: np.ndarray) -> int:
@@ -133,10 +133,8 @@ def _candidates(arr: np.ndarray, every_form: bool = False) -> list[bytes]:
     runs = bytes([RUNS]) + count + _varint_bytes(np.concatenate([gaps, lens])).tobytes()
     wg, wl = _width(gaps), _width(lens)
     packed = (bytes([PACKED_RUNS]) + count + bytes([wg, wl])
-              + np.packbits(np.concatenate([
-                  np.unpackbits(_pack_fixed(gaps, wg), bitorder="little")[:r * wg],
-                  np.unpackbits(_pack_fixed(lens, wl), bitorder="little")[:r * wl]]),
-                  bitorder="little").tobytes())
+              + np.packbits(np.concatenate([_field_bits(gaps, wg), _field_bits(lens, wl)]),
+                            bitorder="little").tobytes())
     out = [runs, packed]
     m = int(arr[-1]) + 1 if arr.size else 0
     if every_form or m <= 8 * (len(runs) + 16):  # a bitmap only wins when this small
@@ -196,15 +194,6 @@ def _bitmap_ids(body: np.ndarray, count: int) -> np.ndarray:
     return ids[ids < count]
 
 
-def _bit_slice(body: np.ndarray, start: int, count: int) -> np.ndarray:
-    """Bits ``[start, start + count)`` of ``body`` (LSB first), unpacking only their bytes."""
-    if count <= 0:
-        return np.zeros(0, dtype=np.uint8)
-    first, stop = start // 8, -(-(start + count) // 8)
-    bits = np.unpackbits(body[first:stop], bitorder="little")
-    return bits[start - 8 * first:start - 8 * first + count]
-
-
 def _varint_runs(buf: np.ndarray, off: int, r: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``r`` coded gaps and lengths of a ``RUNS`` set, its varints from ``buf[off:]``."""
     if 2 * r > buf.size - off:  # two varints of at least one byte per run
@@ -228,10 +217,7 @@ def _packed_runs(buf: np.ndarray, off: int, r: int, limit: int
         raise ValueError("held set: packed runs of the wrong size")
     # zero-width fields cost nothing: read no more runs than can start below the limit
     total, r = r, min(r, limit)
-    gaps = _unpack_fixed(np.packbits(_bit_slice(body, 0, r * wg), bitorder="little"), r, wg)
-    lens = _unpack_fixed(np.packbits(_bit_slice(body, total * wg, r * wl), bitorder="little"),
-                         r, wl)
-    return gaps, lens
+    return _fields(body, 0, r, wg), _fields(body, total * wg, r, wl)
 
 
 def _expand_runs(gaps: np.ndarray, lens: np.ndarray, limit: int) -> np.ndarray:
