@@ -25,9 +25,9 @@ import numpy as np
 from dq_flower.knob import knob
 
 __all__ = ["PAYLOAD_VERSION", "MAX_ELEMENTS", "MAX_HEADER_BYTES", "MAX_HEADER_DEPTH",
-           "ALLOWED_DTYPES", "Codec", "SymbolSpec", "Payload", "PayloadError", "require_finite",
-           "expect_buffer", "expect_floats", "expect_stream", "meta_equal", "expect_nbits",
-           "expect_shape", "int_param", "check_finite", "check_int", "require_rng", "random_u16",
+           "ALLOWED_DTYPES", "Codec", "SymbolSpec", "Payload", "PayloadError", "expect_buffer",
+           "expect_floats", "expect_stream", "meta_equal", "expect_nbits", "expect_shape",
+           "int_param", "check_finite", "check_int", "require_rng", "random_u16",
            "stochastic_floor", "BUCKET_RANGE", "bucket_chunks", "bucket_blocks", "n_buckets",
            "flat_input", "ErrorFeedback"]
 
@@ -192,9 +192,9 @@ class Payload:
             "nbits": int(self.nbits),
             "buffers": {k: [str(v.dtype), int(v.size)] for k, v in self.buffers.items()},
         }
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        arrays = {HEADER_KEY: Array(dtype="uint8", shape=(len(raw),), stype=RAW_STYPE, data=raw)}
-        for name, buf in self.buffers.items():
+        raw = np.frombuffer(json.dumps(header, separators=(",", ":")).encode(), dtype=np.uint8)
+        arrays = {}
+        for name, buf in {HEADER_KEY: raw, **self.buffers}.items():
             flat = np.ascontiguousarray(buf).reshape(-1)
             arrays[name] = Array(dtype=str(flat.dtype), shape=(flat.size,), stype=RAW_STYPE,
                                  data=flat.tobytes())
@@ -225,10 +225,9 @@ class Payload:
     def from_record(cls, record) -> Payload:
         """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly.
 
-        The header is bounded in size (:data:`MAX_HEADER_BYTES`) and
-        depth (:data:`MAX_HEADER_DEPTH`), strict JSON (no NaN, no
-        repeated keys), every field type-checked. Decoders compare shape and buffers; call
-        :meth:`expect_elements` first where the size is known.
+        The header is bounded in size (:data:`MAX_HEADER_BYTES`) and depth
+        (:data:`MAX_HEADER_DEPTH`), strict JSON (no NaN, no repeated keys), every field
+        type-checked. Decoders compare shape and buffers; call :meth:`expect_elements` first.
 
         Raises
         ------
@@ -396,13 +395,6 @@ def flat_input(x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
     return np.ascontiguousarray(arr).reshape(-1), tuple(arr.shape)
 
 
-def require_finite(p: Payload, name: str, arr: np.ndarray) -> np.ndarray:
-    """Raise :class:`PayloadError` if side information ``arr`` holds NaN or inf."""
-    if not np.isfinite(arr).all():
-        raise PayloadError(f"{p.codec} payload side information {name!r} holds NaN or inf")
-    return arr
-
-
 def expect_buffer(p: Payload, name: str, dtype: str, size: int) -> np.ndarray:
     """Return ``p.buffers[name]``, its dtype and element count checked (before allocating)."""
     if name not in p.buffers:
@@ -417,7 +409,10 @@ def expect_buffer(p: Payload, name: str, dtype: str, size: int) -> np.ndarray:
 
 def expect_floats(p: Payload, name: str, size: int) -> np.ndarray:
     """Return float32 side information ``p.buffers[name]`` of ``size`` elements, all finite."""
-    return require_finite(p, name, expect_buffer(p, name, "float32", size))
+    arr = expect_buffer(p, name, "float32", size)
+    if not np.isfinite(arr).all():
+        raise PayloadError(f"{p.codec} payload side information {name!r} holds NaN or inf")
+    return arr
 
 
 def expect_stream(p: Payload, name: str, owner: str = "") -> np.ndarray:

@@ -48,18 +48,6 @@ def fits(count: int, nbytes: int) -> bool:
     return 0 <= count <= min(MAX_ELEMENTS, MAX_CODES_PER_BYTE * nbytes)
 
 
-def _head(count: int, alphabet: int) -> tuple[np.ndarray, np.ndarray]:
-    """The stream's head: the count as two 16-bit symbols, and ``alphabet - 1``."""
-    return (np.array([count & 0xFFFF, count >> 16], dtype=np.int32),
-            np.array([alphabet - 1], dtype=np.int32))
-
-
-def _models(hist: np.ndarray) -> list:
-    """One categorical model per wave from the per-wave histograms ``(waves, alphabet)``."""
-    before = np.cumsum(hist, axis=0, dtype=np.float64) - hist + PRIOR
-    return [constriction.stream.model.Categorical(row, perfect=False) for row in before]
-
-
 def encode(codes: np.ndarray, alphabet: int) -> np.ndarray:
     """Code integer ``codes`` in ``[0, alphabet)`` into a uint8 stream (whole 32-bit words).
 
@@ -77,13 +65,16 @@ def encode(codes: np.ndarray, alphabet: int) -> np.ndarray:
     bounds = wave_bounds(sym.size)
     wave = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
     hist = np.bincount(wave * alphabet + sym, minlength=(bounds.size - 1) * alphabet)
-    models = _models(hist.reshape(-1, alphabet))
+    hist = hist.reshape(-1, alphabet)
+    # one model per wave: the Krichevsky-Trofimov counts of the waves before it
+    before = np.cumsum(hist, axis=0, dtype=np.float64) - hist + PRIOR
+    models = [constriction.stream.model.Categorical(row, perfect=False) for row in before]
     coder = constriction.stream.stack.AnsCoder()
     for k in range(bounds.size - 2, -1, -1):  # a stack: last wave first
         coder.encode_reverse(sym[bounds[k]:bounds[k + 1]], models[k])
-    count, alpha = _head(sym.size, alphabet)
-    coder.encode_reverse(alpha, _ALPHA)
-    coder.encode_reverse(count, _HEAD)
+    # the head: ``alphabet - 1``, then the count as two 16-bit symbols (decoded first)
+    coder.encode_reverse(np.array([alphabet - 1], dtype=np.int32), _ALPHA)
+    coder.encode_reverse(np.array([sym.size & 0xFFFF, sym.size >> 16], dtype=np.int32), _HEAD)
     words = coder.get_compressed()
     return np.ascontiguousarray(words, dtype="<u4").view(np.uint8).copy()
 

@@ -136,18 +136,15 @@ class TopK(Codec):
         meta_equal(p, "mode", mode)
         expect_nbits(p, nbits)
         values = expect_floats(p, "values", k)
+        width, count = (self.index_bits(size), k) if mode == "index" else (1, size)
+        where = expect_buffer(p, "where", "uint8", bitpack.packed_nbytes(count, width))
+        if count and not bitpack.padding_is_zero(where, width, count):
+            raise PayloadError("topk payload has non-zero padding bits")
         if mode == "index":
-            width = self.index_bits(size)
-            where = expect_buffer(p, "where", "uint8", bitpack.packed_nbytes(k, width))
-            if k and not bitpack.padding_is_zero(where, width, k):
-                raise PayloadError("topk payload has non-zero padding bits")
             idx = bitpack.unpack_wide(where, width, k)
             if k and (idx[-1] >= size or (k > 1 and (np.diff(idx) <= 0).any())):
                 raise PayloadError("topk indices must be strictly increasing and below D")
         else:
-            where = expect_buffer(p, "where", "uint8", bitpack.packed_nbytes(size, 1))
-            if size and not bitpack.padding_is_zero(where, 1, size):
-                raise PayloadError("topk payload has non-zero padding bits")
             idx = np.flatnonzero(np.unpackbits(where, count=size))
             if idx.size != k:
                 raise PayloadError(f"topk mask marks {idx.size} coordinates, expected {k}")
