@@ -52,6 +52,7 @@ from .base import (
     expect_floats,
     expect_nbits,
     expect_stream,
+    flat_input,
     random_u16,
     require_rng,
 )
@@ -514,9 +515,8 @@ class Identity(Codec):
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Carry ``x`` as float32 bytes."""
-        arr = check_finite(x)
-        flat = np.ascontiguousarray(arr.reshape(-1))
-        return self.payload(arr.shape, {"values": flat.copy()}, 32 * flat.size)
+        flat, shape = flat_input(x)
+        return self.payload(shape, {"values": flat.copy()}, 32 * flat.size)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return the carried float32 values in the payload's shape."""
@@ -543,12 +543,11 @@ class Fp16(Codec):
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Round ``x`` to float16, saturating out-of-range values."""
-        arr = check_finite(x)
-        flat = np.ascontiguousarray(arr.reshape(-1))
+        flat, shape = flat_input(x)
         if flat.size and (flat.min() < -_HALF_MAX or flat.max() > _HALF_MAX):
             flat = np.clip(flat, -_HALF_MAX, _HALF_MAX)
         half = _to_half(flat)
-        return self.payload(arr.shape, {"values": half}, 16 * half.size)
+        return self.payload(shape, {"values": half}, 16 * half.size)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Widen the carried float16 values to float32 (refusing NaN or inf)."""
@@ -571,14 +570,13 @@ class _Rounded(Codec):
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Round ``x`` (float32, finite, any shape) to ``bits`` bits per coordinate."""
-        arr = check_finite(x)
-        flat = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+        flat, shape = flat_input(x)
         if not flat.size:
-            return self.payload(arr.shape, {}, 0)
+            return self.payload(shape, {}, 0)
         rows = -(-flat.size // BUCKET)
         padded = np.pad(flat, (0, rows * BUCKET - flat.size), mode="edge")
         inner = self._rows().encode(padded.reshape(rows, BUCKET))
-        return self.payload(arr.shape, dict(inner.buffers), inner.nbits)
+        return self.payload(shape, dict(inner.buffers), inner.nbits)
 
     def decode(self, p: Payload) -> np.ndarray:
         """Widen the codes back to float32 in the payload's shape."""
