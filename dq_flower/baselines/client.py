@@ -39,7 +39,6 @@ from dq_flower.wire.gradient import (
     VOTE_PREFIX,
     model_crc,
     sign_step,
-    update_keys,
     vote_from_payload,
 )
 from dq_flower.wire.model import MODEL_KEY, decode_model_payload
@@ -210,16 +209,14 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
 
     shapes = [tuple(p.shape) for p in model.parameters()]
     rng = round_rng(seed, server_round, pid, Purpose.CODEC)
-    payloads = encode_update(update, shapes, cfg, context, rng, STATE_PREFIX)
+    records, nbits = encode_update(update, shapes, cfg, context, rng, STATE_PREFIX)
     content = RecordDict({METRICS_KEY: MetricRecord({
         "num-examples": int(examples),
         "train-loss": float(loss),
         "partition-id": int(pid),
-        "up-payload-bits": int(sum(p.nbits for p in payloads)),
+        "up-payload-bits": nbits,
         "client-time-s": time.perf_counter() - t0,
-    })})
-    for key, payload in zip(update_keys(cfg, len(shapes)), payloads, strict=True):
-        content[key] = payload.to_record()
+    }), **records})
     if buffers:
         content[BUFFERS_KEY] = buffers_record(float_buffers(model))
     end_round(context, server_round, STATE_PREFIX)

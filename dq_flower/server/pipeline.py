@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import Message, MetricRecordValues
 from flwr.common.logger import log
 
-from dq_flower.server.common import REPLY_ERRORS, log_rejected
+from dq_flower.server.common import REPLY_ERRORS, log_rejected, log_round
 from dq_flower.server.robust import (
     DirectionScreen,
     NormScreen,
@@ -27,7 +27,7 @@ from dq_flower.server.robust import (
 )
 
 __all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "Bounded",
-           "bound_vectors", "UpdateFigures"]
+           "bound_vectors", "UpdateScreens", "UpdateFigures"]
 
 T = TypeVar("T")
 
@@ -185,6 +185,28 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, agree, left_out)
 
 
+class UpdateScreens:
+    """The norm and direction screens of a strategy's update vectors, across rounds."""
+
+    def _screens(self, cfg: Any) -> None:
+        """The screens of ``cfg``'s ``norm-bound-factor`` and ``min-cosine``."""
+        self.norms = NormScreen(cfg.norm_bound_factor)
+        self.directions = DirectionScreen(cfg.min_cosine)
+
+    def _bound(self, screened: Screened[T], items: list[T], vectors: list[np.ndarray],
+               weights: list[float], nodes: list[int], **clips: Any
+               ) -> tuple[list[T], Bounded]:
+        """``items`` (of ``nodes``) as accepted, bounded: those left in the mean, the bounds."""
+        screened.accepted, screened.nodes = items, nodes
+        bounded = bound_vectors(vectors, weights, self.norms, directions=self.directions,
+                                nodes=nodes, **clips)
+        screened.keep(bounded.reasons)
+        return [i for i, a in zip(screened.accepted, bounded.agree, strict=True) if a], bounded
+
+    def _screens_state(self) -> dict:
+        return {"norms": self.norms.state_dict(), "directions": self.directions.state_dict()}
+
+
 class Coded(Protocol):
     """A decoded update reply: the bits its payload carried, as sent and before coding."""
 
@@ -221,6 +243,11 @@ class UpdateFigures:
     def close(self, screened: Screened, replies: int) -> None:
         """Take the screening's final counts; ``replies``: the replies the round used."""
         self.replies, self.rejected, self.failed = replies, screened.rejected, screened.failed
+
+    def log(self, name: str, server_round: int, lead: str, misaligned: int) -> None:
+        """The round's progress line: ``lead``, then what was rejected, left out, sent."""
+        log_round(name, server_round, f"{lead}, rejected {self.rejected}, left out "
+                  f"{misaligned}, failed {self.failed}, up {self.up_payload_bits} payload bits")
 
     def metrics(self) -> dict[str, MetricRecordValues]:
         """The figures by their metric keys (``server-time-s`` measured now)."""
