@@ -1,12 +1,8 @@
 """Client side of the compressed-gradient baselines: gradient (or tau local steps), encode, reply.
 
-The model arrives as a float32 or fp16 payload under ``model`` or, for majority vote with
-``downlink="sign"``, as the 1-bit votes (``vote-<v>``) to apply to the copy kept in
-``Context.state``. State (``-<i>`` appended per tensor when coded per tensor): ``grad-ef``
-(``ErrorFeedback.state_dict``), ``grad-codec`` (codec state without error feedback),
-``grad-momentum`` (Signum), ``grad-model`` / ``grad-model-meta`` (the model copy). Each
-round's state is snapshotted (:mod:`dq_flower.client_state`), so a resent round starts from
-the snapshot before it and replies as the first time.
+The model arrives as a float32 or fp16 payload or, under majority vote with
+``downlink="sign"``, as the 1-bit votes to apply to the copy kept in ``Context.state``
+(with error feedback, codec and Signum state under ``grad-*``, snapshotted per round).
 """
 
 from __future__ import annotations
@@ -63,10 +59,7 @@ def batch_indices(seed: int, server_round: int, partition_id: int, n: int, batch
 
 def epoch_batches(seed: int, server_round: int, partition_id: int, n: int, batch_size: int,
                   epochs: int) -> list[np.ndarray]:
-    """Minibatches of ``epochs`` ``Purpose.SHUFFLE`` permutations, as FedAvg's client's.
-
-    See ``dq_flower.harness.fedavg_client.local_epochs``; the last batch may be shorter.
-    """
+    """Minibatches of ``epochs`` ``Purpose.SHUFFLE`` permutations, as FedAvg's client's."""
     rng = round_rng(seed, server_round, partition_id, Purpose.SHUFFLE)
     out: list[np.ndarray] = []
     for _ in range(int(epochs)):
@@ -81,8 +74,7 @@ def local_update(
 ) -> tuple[np.ndarray, float, int]:
     """``(update, mean loss, rows used)``: one batch's gradient, or a pseudo-gradient.
 
-    After tau SGD steps with ``client_lr`` (also one, with ``force_steps``) the update is
-    ``(w_0 - w_tau) / (client_lr * tau)``, on a gradient's scale.
+    ``(w_0 - w_tau) / (client_lr * tau)`` after tau SGD steps (also one: ``force_steps``).
     """
     def grad_at(idx: np.ndarray) -> tuple[float, np.ndarray]:
         return weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size),

@@ -1,9 +1,7 @@
 """Distributed SGD with compressed uploads: the gradient-compression baselines.
 
-Per round the server sends the model (float32, fp16, or the 1-bit votes a client lacks);
-each client replies with its coded gradient (or mean gradient along tau local steps, error
-feedback for biased codecs); the server validates, decodes, aggregates (weighted mean or
-majority vote) and steps its optimizer.
+Each client replies with its coded gradient (or local-step pseudo-gradient); the server
+validates, decodes, aggregates (weighted mean or majority vote) and steps its optimizer.
 """
 
 from __future__ import annotations

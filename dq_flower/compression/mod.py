@@ -1,12 +1,8 @@
 """``compression_mod``: the client mod of :class:`dq_flower.CompressedUpdates`.
 
-``ClientApp(mods=[dq_flower.compression_mod])``, ``@app.train()`` unchanged. Per train
-message the mod reads the ``compression-*`` knobs (and decodes an fp16 broadcast), calls
+Per train message it reads the ``compression-*`` knobs (decoding an fp16 broadcast), calls
 ``train()``, then replaces the returned ``ArrayRecord`` by the coded update (returned minus
-received weights; error-feedback state in ``Context.state`` under ``compression-*``,
-restored per round so a resent round gets the same reply); non-float arrays and BatchNorm
-statistics travel as returned. Other messages pass untouched; a train message without the
-wrapper's keys, or a reply it cannot code, is answered with an error naming the cause.
+received weights); other messages pass untouched; a failure is an error reply naming it.
 """
 
 from __future__ import annotations

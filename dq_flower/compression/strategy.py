@@ -1,9 +1,7 @@
 """``CompressedUpdates``: compressed model updates for any Flower strategy.
 
-``configure_train`` adds the codec settings to the inner strategy's train messages (with
-``downlink="fp16"`` it codes their model); :func:`dq_flower.compression_mod` codes the
-update; ``aggregate_train`` screens and decodes every reply into weights (sent plus update)
-for the inner strategy. Evaluation is the inner strategy's.
+Train messages carry the codec settings; every reply is screened and decoded into weights
+(sent plus update) for the inner strategy. Evaluation is the inner strategy's.
 """
 
 from __future__ import annotations

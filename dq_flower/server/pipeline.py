@@ -1,8 +1,7 @@
 """One server round's replies, the same steps for every strategy of the package.
 
-:func:`screen_replies` checks each reply's origin against the :class:`RoundLedger`, counts
-errors and silent nodes as failed, rejects second replies and decodes the rest;
-:func:`bound_vectors` screens, clips and weighs uploaded vectors.
+:func:`screen_replies` screens and decodes replies; :func:`bound_vectors` screens, clips
+and weighs uploaded vectors.
 """
 
 from __future__ import annotations
