@@ -24,11 +24,7 @@ STATE_HISTORY = 8
 
 
 def save_state_dict(context: Context, key: str, state: Mapping[str, Any]) -> None:
-    """Store a state dict of arrays and scalars in ``context.state`` under ``key``.
-
-    Arrays go to ``ArrayRecord`` ``key`` (dtype and shape kept), scalars to ``ConfigRecord``
-    ``key + "-meta"``; ``None`` values are left out.
-    """
+    """Store a state dict of arrays and scalars (``None`` left out) in ``context.state``."""
     arrays, scalars = {}, {}
     for name, value in state.items():
         if value is None:
@@ -79,10 +75,7 @@ def _drop_snapshot(context: Context, rnd: int, prefix: str) -> None:
 
 
 def begin_round(context: Context, server_round: int, prefix: str) -> bool:
-    """Restore the ``prefix`` entries as they were before ``server_round``; True if repeated.
-
-    Snapshots of that round or later are dropped.
-    """
+    """Restore the ``prefix`` entries as they were before ``server_round``; True if repeated."""
     rounds = _snapshot_rounds(context, prefix)
     repeated = server_round in rounds
     for rnd in rounds:

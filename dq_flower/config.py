@@ -24,21 +24,9 @@ from dq_flower.knob import knobs_of
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = [
-    "build_config",
-    "unknown_knob",
-    "check",
-    "client_keys",
-    "given_knobs",
-    "params_text",
-    "from_mapping",
-    "to_config_record",
-    "field_keys",
-    "parse_params",
-    "run_config_values",
-    "strategy_kwargs",
-    "unset_spellings",
-]
+__all__ = ["build_config", "unknown_knob", "check", "client_keys", "given_knobs", "params_text",
+           "from_mapping", "to_config_record", "field_keys", "parse_params", "run_config_values",
+           "strategy_kwargs", "unset_spellings"]
 
 T = TypeVar("T", bound="DataclassInstance")
 

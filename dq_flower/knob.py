@@ -49,9 +49,7 @@ class Knob:
 
     def but(self, **changes: Any) -> Any:
         """A copy with ``changes`` (another default, or sent to the clients)."""
-        fields = {"default": self.default, "check": self.check, "coerce": self.coerce,
-                  "client": self.client, "unset": self.unset, "doc": self.doc, **changes}
-        return Knob(**fields)
+        return Knob(**{**{k: v for k, v in vars(self).items() if k != "name"}, **changes})
 
     @property
     def key(self) -> str:

@@ -1,7 +1,4 @@
-"""Coding a client's model update: flat or per tensor, with error feedback where it applies.
-
-Torch-free; shared by the gradient baselines' client and :func:`dq_flower.compression_mod`.
-"""
+"""Coding a client's model update: flat or per tensor, with error feedback where it applies."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from dq_flower.model_ops import (
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
-from dq_flower.server.pipeline import RoundLedger, UpdateFigures, UpdateScreens
+from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
 from dq_flower.server.robust import StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 from dq_flower.wire.gradient import (
@@ -141,7 +141,6 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
                           if not config.majority else None)
         self.downlink = VoteDownlink(self.dim)
         self.sent_payload_bits: dict[int, int] = {}
-        self.ledger = RoundLedger()
         self.failures = FailureWatch(config.max_failed_rounds, self.method)
         self._screens(config)
         self.guard = StepGuard(model, self.optimizer)

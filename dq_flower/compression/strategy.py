@@ -23,7 +23,7 @@ from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
 from dq_flower.config import build_config, given_knobs, params_text, strategy_kwargs
 from dq_flower.server.base import RoundPipeline, ServerRound
 from dq_flower.server.common import log_rejected
-from dq_flower.server.pipeline import RoundLedger, UpdateFigures, UpdateScreens
+from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
 from dq_flower.wire.compressed_update import (
     LAYOUT_KEY,
     MODEL_KEY,
@@ -115,7 +115,6 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         self.codec = self.cfg.gradient_config().make_codec()
         self.weight_key = str(getattr(strategy, "weighted_by_key", "num-examples"))
         self._screens(self.cfg)
-        self.ledger = RoundLedger()
         self._sent: dict[int, dict[int, _Sent]] = {}
 
     @classmethod
@@ -123,9 +122,7 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> CompressedUpdates:
         """The wrapper with its knobs read from a run config (``context.run_config``).
 
-        Every :class:`CompressionConfig` field by its hyphenated key, ``overrides`` winning;
-        unknown keys (but ``num-server-rounds`` and ``app_keys``) and wrongly typed values
-        raise ``ValueError`` naming the key.
+        As :func:`dq_flower.config.strategy_kwargs` reads them, ``overrides`` winning.
         """
         return cls(strategy, **strategy_kwargs(cls, CompressionConfig, run_config, overrides,
                                                app_keys=app_keys))

@@ -156,11 +156,7 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
                   *, clip_factor: float, clip_norm: float = 0.0, weight_cap: float = 2.0,
                   directions: DirectionScreen | None = None, what: str = "update",
                   nodes: Sequence[int] | None = None) -> Bounded:
-    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
-
-    The median is over the vectors that passed the norm screen; ``directions`` compares
-    them clipped to the median norm and leaves misaligned nodes out of the mean.
-    """
+    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights."""
     nodes = list(nodes) if nodes is not None else list(range(len(vectors)))
     norms = [float(np.linalg.norm(v)) for v in vectors]
     passed = screen.keep(norms)
@@ -188,7 +184,8 @@ class UpdateScreens:
     """The norm and direction screens of a strategy's update vectors, across rounds."""
 
     def _screens(self, cfg: Any) -> None:
-        """The screens of ``cfg``'s ``norm-bound-factor`` and ``min-cosine``."""
+        """The round ledger, and the screens of ``cfg``'s ``norm-bound-factor``, ``min-cosine``."""
+        self.ledger = RoundLedger()
         self.norms = NormScreen(cfg.norm_bound_factor)
         self.directions = DirectionScreen(cfg.min_cosine)
 
@@ -218,11 +215,7 @@ class Coded(Protocol):
 
 @dataclass
 class UpdateFigures:
-    """An update round's uplink and screening figures, one meaning per metric key.
-
-    ``coded-replies``: replies that decoded (all in ``up-payload-bits``); ``replies``:
-    those the round used; ``server-time-s``: from the start of screening.
-    """
+    """An update round's uplink and screening figures (``replies``: those the round used)."""
 
     coded_replies: int
     up_payload_bits: int
