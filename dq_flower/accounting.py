@@ -1,8 +1,4 @@
-"""Bytes per direction, node and round, measured as Flower serialises each message.
-
-:class:`MeasuredGrid` wraps any Flower ``Grid``, so every strategy (Flower's ``FedAvg``
-included) is measured the same way, unchanged.
-"""
+"""Bytes per direction, node and round, measured as Flower serialises each message."""
 
 from __future__ import annotations
 

@@ -18,10 +18,7 @@ MIN_SIDE = 14
 
 
 class RandomShift:
-    """Shift each image by up to ``max_shift`` pixels along each spatial axis (zero padded).
-
-    ``seed`` seeds the shifts' own generator (never the global RNG).
-    """
+    """Shift each image by up to ``max_shift`` pixels along each spatial axis (zero padded)."""
 
     def __init__(self, max_shift: int = 2, seed: int = 0) -> None:
         if max_shift < 0:
@@ -65,10 +62,8 @@ def augmentation_for(name: str, sample_shape: tuple[int, ...], rng: np.random.Ge
                      ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The built-in augmentation ``name`` for samples of ``sample_shape`` (or ``None``).
 
-    ``auto`` shifts images with both sides at least :data:`MIN_SIDE` by up to
-    ``min(H, W) // 14`` pixels; ``shift`` any image (at least one pixel); ``shift-flip``
-    also flips left-right; ``none``: none. Seeded by one draw of ``rng``, taken only where
-    an augmentation applies.
+    ``auto`` and ``shift`` shift by up to ``min(H, W) // 14`` pixels (``auto``: sides of
+    :data:`MIN_SIDE` up), ``shift-flip`` also flips; seeded by one draw of ``rng``.
     """
     if name == "none" or len(sample_shape) < 2:
         return None

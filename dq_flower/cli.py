@@ -1,6 +1,5 @@
 """The ``dq-flower`` command's parser: ``compare``, ``tune``, ``report`` and ``deploy``.
 
-The commands are in :mod:`dq_flower.compare.commands` and :mod:`dq_flower.deploy.cli`.
 Errors the user can fix end with one line on stderr and exit status 2, never a traceback.
 """
 

@@ -1,13 +1,8 @@
 """What a client keeps in ``Context.state`` between rounds, replayable round by round.
 
-Every client of the package owns the ``Context.state`` entries whose keys start with its
-prefix, and calls :func:`begin_round` before a round's work and :func:`end_round` once the
-reply is built. :func:`end_round` snapshots the live entries (``<prefix>after@<round>/<key>``,
-the last :data:`STATE_HISTORY` served rounds, listed in ``<prefix>rounds``);
-:func:`begin_round` restores them as they were after the latest served round before this
-one. So a round sent again (a retry, or a replay after the server resumed from an older
-checkpoint) gets the same reply, and a round that failed half-way leaves nothing behind.
-Entries are state dicts of arrays and scalars (:func:`save_state_dict`).
+A client owns the entries under its prefix; :func:`end_round` snapshots them after a round
+(the last :data:`STATE_HISTORY` rounds) and :func:`begin_round` restores them as they were
+after the latest round before, so a round sent again gets the same reply.
 """
 
 from __future__ import annotations
@@ -29,11 +24,7 @@ STATE_HISTORY = 8
 
 
 def save_state_dict(context: Context, key: str, state: Mapping[str, Any]) -> None:
-    """Store a state dict of arrays and scalars in ``context.state`` under ``key``.
-
-    Arrays go to ``ArrayRecord`` ``key`` (dtype and shape kept), scalars to ``ConfigRecord``
-    ``key + "-meta"``; ``None`` values are left out.
-    """
+    """Store a state dict of arrays and scalars (``None`` left out) in ``context.state``."""
     arrays, scalars = {}, {}
     for name, value in state.items():
         if value is None:
@@ -84,10 +75,7 @@ def _drop_snapshot(context: Context, rnd: int, prefix: str) -> None:
 
 
 def begin_round(context: Context, server_round: int, prefix: str) -> bool:
-    """Restore the ``prefix`` entries as they were before ``server_round``; True if repeated.
-
-    Snapshots of that round or later are dropped.
-    """
+    """Restore the ``prefix`` entries as they were before ``server_round``; True if repeated."""
     rounds = _snapshot_rounds(context, prefix)
     repeated = server_round in rounds
     for rnd in rounds:

@@ -1,12 +1,8 @@
 """Typed configs <-> run configs: hyphenated keys, coercion, unknown keys, codec params.
 
-Every knob is a :class:`~dq_flower.knob.Knob` field of a frozen dataclass
-(``dq_flower.dq.config.DQConfig``, ``dq_flower.baselines.config``), checked as it is set.
-The same fields are hyphenated run-config keys (``server-steps``) in ``pyproject.toml`` /
-``flwr run --run-config`` and keyword arguments (``server_steps``) of the strategies and of
-:func:`dq_flower.simulate`; each knob says whether it travels to the clients and how a run
-config, which has no null, spells "not set" (in Python: ``None``). Knob groups several
-configs share are :mod:`dq_flower.knobs`.
+Every knob is a :class:`~dq_flower.knob.Knob` field of a frozen dataclass; the same
+fields are hyphenated run-config keys (``server-steps``) and keyword arguments
+(``server_steps``) of the strategies and of :func:`dq_flower.simulate`.
 """
 
 from __future__ import annotations
@@ -28,21 +24,9 @@ from dq_flower.knob import knobs_of
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = [
-    "build_config",
-    "unknown_knob",
-    "check",
-    "client_keys",
-    "given_knobs",
-    "params_text",
-    "from_mapping",
-    "to_config_record",
-    "field_keys",
-    "parse_params",
-    "run_config_values",
-    "strategy_kwargs",
-    "unset_spellings",
-]
+__all__ = ["build_config", "unknown_knob", "check", "client_keys", "given_knobs", "params_text",
+           "from_mapping", "to_config_record", "field_keys", "parse_params", "run_config_values",
+           "strategy_kwargs", "unset_spellings"]
 
 T = TypeVar("T", bound="DataclassInstance")
 
@@ -102,11 +86,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
 def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False) -> T:
     """Build config ``cls`` from a mapping with hyphenated (or underscored) keys.
 
-    Keys that ``cls`` does not know are ignored unless ``strict``, since one run config
-    carries the knobs of every method. Values are coerced to the field's type; a value that
-    cannot be coerced raises ``ValueError`` naming its key. A value equal to the knob's
-    "not set" spelling (``levels = 0``) is its default, ``None`` for the knobs that may stay
-    unset (:class:`~dq_flower.knob.Knob`).
+    Unknown keys are ignored unless ``strict`` (one run config carries every method's
+    knobs); values are coerced to the field's type, else ``ValueError`` naming the key.
     """
     hints = typing.get_type_hints(cls)
     known = {_key(f.name): f.name for f in dataclasses.fields(cls)}
@@ -122,13 +103,9 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False)
 
 
 def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
-    """Hyphenated ``ConfigRecord`` of a config dataclass.
+    """Hyphenated ``ConfigRecord`` of a config dataclass (``changed_only``: non-defaults).
 
-    With ``changed_only`` (the default), fields at their default value are left out: the
-    receiver rebuilds them from the same defaults, and each message stays small. A ``None``
-    field (a ConfigRecord holds no ``None``) is written as its "not set" spelling
-    (``levels = 0``, which :func:`from_mapping` reads back as ``None``) or, where it
-    declares none, left out; so the record is what it was when ``0`` meant "not set".
+    A ``None`` field is its "not set" spelling where it declares one, else left out.
     """
     values = run_config_values(cfg)
     if changed_only:
@@ -138,21 +115,14 @@ def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
 
 
 def run_config_values(cfg: Any) -> dict[str, Any]:
-    """Hyphenated key -> value of every field of ``cfg``, as a run config spells it.
-
-    A ``None`` field is its "not set" spelling (``levels = 0``) where it declares one, so
-    that the values can be written as TOML; else it stays ``None``.
-    """
+    """Hyphenated key -> value of every field of ``cfg`` (``None``: its "not set" spelling)."""
     unset = unset_spellings(type(cfg))
     return {_key(name): unset.get(_key(name)) if value is None else value
             for name, value in dataclasses.asdict(cfg).items()}
 
 
 def parse_params(text: str, key: str = "params") -> dict[str, Any]:
-    """Parse ``"levels=4,bucket=512"`` into ``{"levels": 4, "bucket": 512}``.
-
-    Values are read as int, then float, then bool (``true``/``false``), else kept as str.
-    """
+    """Parse ``"levels=4,bucket=512"`` into ``{"levels": 4, "bucket": 512}``."""
     out: dict[str, Any] = {}
     if not text.strip():
         return out
@@ -188,11 +158,7 @@ def check(cond: bool, field_name: str, message: str) -> None:
 
 
 def changed_knobs(cfg: Any) -> str:
-    """The knobs of a config dataclass that differ from their defaults, hyphenated.
-
-    ``"defaults"`` where none does: what a strategy's start-up log line shows, instead of
-    every field.
-    """
+    """The knobs of a config dataclass that differ from their defaults, or ``"defaults"``."""
     default = type(cfg)()
     changed = [f"{_key(f.name)}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)
                if getattr(cfg, f.name) != getattr(default, f.name)]
@@ -200,20 +166,14 @@ def changed_knobs(cfg: Any) -> str:
 
 
 def given_knobs(knobs: Mapping[str, Any], **named: Any) -> dict[str, Any]:
-    """``knobs`` and, after them in this order, the ``named`` ones that are not ``None``.
-
-    What a strategy's keyword arguments set, for :func:`build_config`.
-    """
+    """``knobs`` and, after them in this order, the ``named`` ones that are not ``None``."""
     out = dict(knobs)
     out.update((name, value) for name, value in named.items() if value is not None)
     return out
 
 
 def build_config(config: Any, knobs: dict[str, Any], cls: type[Any]) -> Any:
-    """``config`` (a ``cls`` or ``None``) with ``knobs`` (underscore names) applied.
-
-    Raises ``ValueError`` naming an unknown knob or a bad value.
-    """
+    """``config`` (a ``cls`` or ``None``) with ``knobs`` applied; ``ValueError`` names a bad one."""
     base = config if config is not None else cls()
     if not isinstance(base, cls):
         raise TypeError(f"config must be a {cls.__name__}, got {type(base).__name__}")
@@ -253,14 +213,9 @@ SERVER_ONLY = frozenset({"holdout_secret"})
 
 def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterable[str],
                 owner: str) -> None:
-    """Refuse a misspelled knob; name every other key ``owner`` does not read.
+    """Refuse a misspelled knob or one read elsewhere; warn once of the other unread keys.
 
-    A key within two edits of a long knob or one of a short one (``bitz``), or one the
-    package reads elsewhere (``checkpoint-dir``), raises ``ValueError`` naming the nearest
-    knob and what to do instead. Any other key that is no knob, not ``num-server-rounds``
-    and not one of ``app_keys`` is logged once as a warning: a Flower app's run config also
-    carries the app's own keys (``local-epochs`` for its own ``train()``), which must not
-    stop it.
+    Other keys are logged, not refused: a Flower app's run config carries its own keys.
     """
     allowed = known | FLOWER_KEYS | {_key(k) for k in app_keys}
     unread = []
@@ -317,19 +272,10 @@ def strategy_kwargs(strategy_cls: type, config_cls: type, run_config: Mapping[st
                     app_keys: Iterable[str] = ()) -> dict[str, Any]:
     """Keyword arguments of ``strategy_cls`` read from a run config (``from_run_config``).
 
-    Every field of ``config_cls`` is read from its hyphenated key where present (the rest
-    keep their defaults) into ``config=``; so is every scalar keyword argument of
-    ``strategy_cls.__init__`` that is not a field (``seed``, ``fraction-train``,
-    ``fraction-evaluate``, ``min-available-nodes``, ...). Any other key is refused unless it
-    is ``num-server-rounds`` or one of ``app_keys`` (the app's own keys, read by its own
-    code). ``defaults`` (underscore names) apply where the run config lacks the key;
-    ``overrides`` win over everything.
-
-    Raises
-    ------
-    ValueError
-        A value of the wrong type or out of range, naming its key; or a key that is no
-        knob and not in ``app_keys`` (``bitz``, ``checkpoint-dir``), naming the nearest knob.
+    The fields of ``config_cls`` go into ``config=``, the other scalar keyword arguments of
+    ``strategy_cls.__init__`` (``seed``, ``fraction-train``, ...) as they are; ``defaults``
+    apply where a key is missing, ``overrides`` win. A bad value or an unknown key (but
+    ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
     init = vars(strategy_cls).get("__init__") or strategy_cls.__init__  # type: ignore[misc]

@@ -1,21 +1,10 @@
 """A device's own training data, as the client functions accept it.
 
-``data`` may be a pair of numpy arrays ``(x, y)``, a map-style data set yielding ``(x, y)``
-pairs (a ``TensorDataset``, a torchvision data set with its transform, ...) or dicts (a
-flwr-datasets partition, a Hugging Face ``datasets.Dataset`` with ``with_transform``, a
-torchvision-style wrapper of one), or a ``DataLoader`` over either. A dict sample's keys are
-found from common names (:data:`SAMPLE_KEYS`, :data:`LABEL_KEYS`) or given as
-``keys=("img", "label")``. Every form becomes two arrays in a fixed order (a client
-identifies its samples by row number across rounds):
-
-- ``x``: float32 ``(n, *sample_shape)``, values exactly as given (never rescaled);
-- ``y``: int64 ``(n,)`` class labels when the targets are integers, else float32
-  ``(n,)`` or ``(n, k)`` regression targets.
-
-A ``DataLoader`` over a map-style data set is read through its ``dataset`` in index
-order (sampler and shuffling ignored); over an iterable data set, batch by batch, which
-must yield the same rows in the same order every time. Torch's types are checked only
-where torch is already imported, so a client without PyTorch works.
+``data`` may be a pair of numpy arrays ``(x, y)``, a map-style data set of ``(x, y)`` pairs
+or dicts (keys from :data:`SAMPLE_KEYS`, :data:`LABEL_KEYS` or ``keys=("img", "label")``),
+or a ``DataLoader`` over either. Every form becomes, in a fixed row order, float32 ``x``
+``(n, *sample_shape)`` as given, and int64 class labels or float32 targets ``y``. Torch's
+types are checked only where torch is already imported.
 """
 
 from __future__ import annotations
@@ -151,14 +140,6 @@ def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray
 
 def as_arrays(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The device's data as ``(x, y)`` numpy arrays (see the module docstring).
-
-    Parameters
-    ----------
-    data : tuple, Dataset or DataLoader
-        The device's data; its samples are pairs ``(x, y)`` or dicts.
-    keys : tuple of str, optional
-        ``(input key, target key)`` of dict samples (default: :data:`SAMPLE_KEYS` and
-        :data:`LABEL_KEYS`).
 
     Raises ``TypeError`` for an unsupported type, ``ValueError`` for inconsistent,
     non-finite or empty data or dict keys not found.

@@ -1,7 +1,4 @@
-"""Strict JSON for results files: NaN and infinities become ``null``, never ``NaN``.
-
-Python's ``json`` writes ``NaN`` and ``Infinity``, which other JSON readers refuse.
-"""
+"""Strict JSON for results files: NaN and infinities become ``null``, never ``NaN``."""
 
 from __future__ import annotations
 

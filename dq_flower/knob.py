@@ -1,11 +1,8 @@
 """One descriptor for every knob and codec parameter: default, check, side, "not set", meaning.
 
-A field of a frozen dataclass declared as ``bits: int = Knob(2, between(1, 8))`` is checked
-each time the dataclass is built (the generated ``__init__`` stores fields through the
-descriptor), so no ``__post_init__`` rewrites a field. From the same descriptors
-:mod:`dq_flower.config` reads a run config (the hyphenated keys, the "not set" spellings,
-which knobs travel to the clients) and the docs' knob tables are generated
-(:func:`knob_table`). Checks that involve two knobs stay in the dataclass's ``__post_init__``.
+A frozen dataclass field ``bits: int = knob(2, between(1, 8))`` is checked each time the
+dataclass is built; :mod:`dq_flower.config` reads run configs and :func:`knob_table` the
+docs' tables from the same descriptors.
 """
 
 from __future__ import annotations
@@ -52,9 +49,7 @@ class Knob:
 
     def but(self, **changes: Any) -> Any:
         """A copy with ``changes`` (another default, or sent to the clients)."""
-        fields = {"default": self.default, "check": self.check, "coerce": self.coerce,
-                  "client": self.client, "unset": self.unset, "doc": self.doc, **changes}
-        return Knob(**fields)
+        return Knob(**{**{k: v for k, v in vars(self).items() if k != "name"}, **changes})
 
     @property
     def key(self) -> str:
@@ -156,8 +151,7 @@ def one_of(choices: Sequence[Any]) -> Check:
 def knob_table(cls: type, defaults: dict[str, str] | None = None) -> list[str]:
     """Markdown rows ``| key | default | meaning |`` of the knobs of ``cls`` with a meaning.
 
-    The knobs ``cls`` declares first comes first, then those of the groups it inherits;
-    ``defaults`` replaces the default column of some keys.
+    Its own knobs first, then its groups'; ``defaults`` replaces some keys' default column.
     """
     rows = ["| key | default | meaning |", "|---|---|---|"]
     found_all = knobs_of(cls)

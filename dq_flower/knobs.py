@@ -1,11 +1,7 @@
 """Knob groups that several methods' configs share: robust aggregation and the optimizer.
 
-Each group is a frozen dataclass that validates itself. :class:`dq_flower.DQConfig` and
-:class:`dq_flower.baselines.config.GradientConfig` inherit both, so the knobs stay flat
-(``DQConfig(lr=0.1)``, ``cfg.clip_factor``, run-config key ``clip-factor``) while each group
-is declared and checked once; ``cfg.robust`` and ``cfg.optimizer_config`` return a config's
-group as its own dataclass. A config may override a field to give it another default or
-send it to its clients (:func:`dq_flower.knob.inherit`).
+Configs inherit them, so the knobs stay flat (``DQConfig(lr=0.1)``, ``clip-factor``);
+``cfg.robust`` and ``cfg.optimizer_config`` return a config's group as its own dataclass.
 """
 
 from __future__ import annotations
@@ -31,9 +27,7 @@ def _values(cfg: Any, group: type) -> dict[str, Any]:
 class RobustConfig:
     """Knobs of the robust aggregation of client vectors (updates, gradients, compensations).
 
-    The run config's listing of ``clip-factor``, ``min-cosine`` and ``weight-cap`` at their
-    defaults means "not set": a method that sets its own (the ``fedavg-*`` methods' plain
-    mean) keeps it.
+    ``clip-factor``, ``min-cosine`` and ``weight-cap`` at their defaults mean "not set".
     """
 
     trim_fraction: float = knob(0.2, between(0, 0.5, high_open=True), doc=(

@@ -1,8 +1,7 @@
 """Flat parameter vectors, losses, gradients, Flower records and evaluation for torch models.
 
-Flat vectors cover ``model.parameters()`` in order; buffers (BatchNorm statistics) are in
-the `ArrayRecord` of `to_arrays` only. ``loss_fn(outputs, targets)`` returns one loss per
-sample, shape ``(n,)`` (:func:`default_loss` by default).
+Flat vectors cover ``model.parameters()`` in order; ``loss_fn(outputs, targets)`` returns
+one loss per sample, shape ``(n,)`` (:func:`default_loss` by default).
 """
 
 from __future__ import annotations
@@ -283,10 +282,8 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
                 num_classes: int | None, loss_fn: LossFn | None = None) -> int:
     """Run the model and the training loss on a few rows shaped by ``spec``; the classes.
 
-    The loss and its gradient are computed as the server's steps compute them
-    (:func:`~dq_flower.model_ops.weighted_loss_grad`, ``loss_fn``), in eval mode so that
-    no buffer (BatchNorm statistics) changes; the parameters never do. Any error, labels
-    outside the classes, or a non-finite loss raises :class:`PayloadError`.
+    In eval mode (no buffer changes); any error, an out-of-range label or a non-finite
+    loss raises :class:`PayloadError`.
     """
     n = min(len(y), CHECK_ROWS)
     if n == 0:

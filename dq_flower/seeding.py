@@ -1,7 +1,4 @@
-"""Seeded random generators: every random choice flows from (run seed, round, node, purpose).
-
-Pure numpy; each kind of choice has its own :class:`Purpose`, so no two share a stream.
-"""
+"""Seeded random generators: every random choice flows from (run seed, round, node, purpose)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""PyTorch where a step needs it: imported on demand, with a clear error where it is missing.
-
-A client device may run DQ's model-free rounds without PyTorch; what needs the model calls
-:func:`require_torch` before any work, naming the knob.
-"""
+"""PyTorch where a step needs it: imported on demand, with a clear error where it is missing."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Coding a client's model update: flat or per tensor, with error feedback where it applies.
-
-Torch-free; shared by the gradient baselines' client and :func:`dq_flower.compression_mod`.
-"""
+"""Coding a client's model update: flat or per tensor, with error feedback where it applies."""
 
 from __future__ import annotations
 
@@ -9,12 +6,12 @@ import math
 from typing import Any
 
 import numpy as np
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context
 
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.client_state import encode_keeping_state
-from dq_flower.codecs import ErrorFeedback, Payload
-from dq_flower.wire.gradient import uses_error_feedback
+from dq_flower.codecs import ErrorFeedback
+from dq_flower.wire.gradient import UPDATE_KEY, update_keys, uses_error_feedback
 
 __all__ = ["encode_update", "segments"]
 
@@ -34,25 +31,27 @@ def segments(update: np.ndarray, shapes: list[tuple[int, ...]], per_tensor: bool
 
 
 def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: GradientConfig,
-                  context: Context, rng: np.random.Generator, prefix: str) -> list[Payload]:
-    """Encode the update (per tensor or flat), with error feedback where it applies.
+                  context: Context, rng: np.random.Generator, prefix: str,
+                  key: str = UPDATE_KEY) -> tuple[dict[str, ArrayRecord], int]:
+    """The update's reply records (per tensor or flat, named by ``key``) and payload bits.
 
-    Each segment's residual or codec state is kept in ``context.state`` under
-    ``<prefix>ef[-<i>]`` (error feedback) or ``<prefix>codec[-<i>]`` (a stateful codec).
+    Error feedback applies where it does; each segment's residual or codec state is kept
+    in ``context.state`` under ``<prefix>ef[-<i>]`` or ``<prefix>codec[-<i>]``.
     """
     payloads = []
     for i, part in enumerate(segments(update, shapes, cfg.segmented)):
         suffix = f"-{i}" if cfg.segmented else ""
         codec = cfg.make_codec()
         coder: Any
-        key: str | None
+        state_key: str | None
         if uses_error_feedback(cfg, codec):
-            coder, key = ErrorFeedback(codec), f"{prefix}ef{suffix}"
+            coder, state_key = ErrorFeedback(codec), f"{prefix}ef{suffix}"
         else:
             coder = codec
             stateful = callable(getattr(codec, "state_dict", None))
-            key = f"{prefix}codec{suffix}" if stateful else None
+            state_key = f"{prefix}codec{suffix}" if stateful else None
         if codec.name == "uniform":  # the data quantizer codes rows: the update is one row
             part = part.reshape(1, -1)
-        payloads.append(encode_keeping_state(coder, part, rng, context, key))
-    return payloads
+        payloads.append(encode_keeping_state(coder, part, rng, context, state_key))
+    records = zip(update_keys(cfg, len(shapes), key), payloads, strict=True)
+    return ({name: p.to_record() for name, p in records}, int(sum(p.nbits for p in payloads)))

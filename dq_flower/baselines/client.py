@@ -1,12 +1,8 @@
 """Client side of the compressed-gradient baselines: gradient (or tau local steps), encode, reply.
 
-The model arrives as a float32 or fp16 payload under ``model`` or, for majority vote with
-``downlink="sign"``, as the 1-bit votes (``vote-<v>``) to apply to the copy kept in
-``Context.state``. State (``-<i>`` appended per tensor when coded per tensor): ``grad-ef``
-(``ErrorFeedback.state_dict``), ``grad-codec`` (codec state without error feedback),
-``grad-momentum`` (Signum), ``grad-model`` / ``grad-model-meta`` (the model copy). Each
-round's state is snapshotted (:mod:`dq_flower.client_state`), so a resent round starts from
-the snapshot before it and replies as the first time.
+The model arrives as a float32 or fp16 payload or, under majority vote with
+``downlink="sign"``, as the 1-bit votes to apply to the copy kept in ``Context.state``
+(with error feedback, codec and Signum state under ``grad-*``, snapshotted per round).
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ from dq_flower.wire.gradient import (
     VOTE_PREFIX,
     model_crc,
     sign_step,
-    update_keys,
     vote_from_payload,
 )
 from dq_flower.wire.model import MODEL_KEY, decode_model_payload
@@ -64,10 +59,7 @@ def batch_indices(seed: int, server_round: int, partition_id: int, n: int, batch
 
 def epoch_batches(seed: int, server_round: int, partition_id: int, n: int, batch_size: int,
                   epochs: int) -> list[np.ndarray]:
-    """Minibatches of ``epochs`` ``Purpose.SHUFFLE`` permutations, as FedAvg's client's.
-
-    See ``dq_flower.harness.fedavg_client.local_epochs``; the last batch may be shorter.
-    """
+    """Minibatches of ``epochs`` ``Purpose.SHUFFLE`` permutations, as FedAvg's client's."""
     rng = round_rng(seed, server_round, partition_id, Purpose.SHUFFLE)
     out: list[np.ndarray] = []
     for _ in range(int(epochs)):
@@ -82,8 +74,7 @@ def local_update(
 ) -> tuple[np.ndarray, float, int]:
     """``(update, mean loss, rows used)``: one batch's gradient, or a pseudo-gradient.
 
-    After tau SGD steps with ``client_lr`` (also one, with ``force_steps``) the update is
-    ``(w_0 - w_tau) / (client_lr * tau)``, on a gradient's scale.
+    ``(w_0 - w_tau) / (client_lr * tau)`` after tau SGD steps (also one: ``force_steps``).
     """
     def grad_at(idx: np.ndarray) -> tuple[float, np.ndarray]:
         return weighted_loss_grad(model, x[idx], y[idx], np.full(idx.size, 1.0 / idx.size),
@@ -210,16 +201,14 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
 
     shapes = [tuple(p.shape) for p in model.parameters()]
     rng = round_rng(seed, server_round, pid, Purpose.CODEC)
-    payloads = encode_update(update, shapes, cfg, context, rng, STATE_PREFIX)
+    records, nbits = encode_update(update, shapes, cfg, context, rng, STATE_PREFIX)
     content = RecordDict({METRICS_KEY: MetricRecord({
         "num-examples": int(examples),
         "train-loss": float(loss),
         "partition-id": int(pid),
-        "up-payload-bits": int(sum(p.nbits for p in payloads)),
+        "up-payload-bits": nbits,
         "client-time-s": time.perf_counter() - t0,
-    })})
-    for key, payload in zip(update_keys(cfg, len(shapes)), payloads, strict=True):
-        content[key] = payload.to_record()
+    }), **records})
     if buffers:
         content[BUFFERS_KEY] = buffers_record(float_buffers(model))
     end_round(context, server_round, STATE_PREFIX)

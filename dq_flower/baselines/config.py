@@ -1,9 +1,4 @@
-"""Typed configs of the baselines: compressed-gradient SGD and Flower's FedAvg.
-
-Like :class:`dq_flower.dq.config.DQConfig`, each is a frozen dataclass that validates itself
-and raises ``ValueError`` naming the (hyphenated) key; the same fields are run-config keys
-(``local-steps``) and keyword arguments of :func:`dq_flower.harness.simulate` (``local_steps``).
-"""
+"""Typed configs of the baselines: compressed-gradient SGD and Flower's FedAvg."""
 
 from __future__ import annotations
 
@@ -17,16 +12,8 @@ from dq_flower.config import check, parse_params
 from dq_flower.knob import above, at_least, between, inherit, knob, one_of
 from dq_flower.knobs import OptimizerConfig, RobustConfig
 
-__all__ = [
-    "GradientConfig",
-    "FedAvgConfig",
-    "DOWNLINKS",
-    "AGGREGATIONS",
-    "ERROR_FEEDBACK",
-    "PER_TENSOR",
-    "CODEC_DEFAULTS",
-    "ENTROPY_CODERS",
-]
+__all__ = ["GradientConfig", "FedAvgConfig", "DOWNLINKS", "AGGREGATIONS", "ERROR_FEEDBACK",
+           "PER_TENSOR", "CODEC_DEFAULTS", "ENTROPY_CODERS"]
 
 #: How the server sends the model to the clients (``auto``: ``sign`` under majority vote,
 #: else ``float32``).
@@ -213,11 +200,7 @@ class GradientConfig(RobustConfig, OptimizerConfig):
 
 @dataclass(frozen=True)
 class FedAvgConfig:
-    """Client knobs of Flower's FedAvg (the server side is ``flwr.serverapp.strategy.FedAvg``).
-
-    Every field is a :class:`~dq_flower.knob.Knob` (its ``doc`` is the ``fedavg`` knob table
-    of ``docs/baselines.md``).
-    """
+    """Client knobs of Flower's FedAvg (the server side is ``flwr.serverapp.strategy.FedAvg``)."""
 
     local_epochs: int = knob(1, at_least(1), unset=0, doc=(
         "E, epochs over the partition per round (`0` or `None`: not set, 1)"))

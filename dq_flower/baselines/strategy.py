@@ -1,9 +1,7 @@
 """Distributed SGD with compressed uploads: the gradient-compression baselines.
 
-Per round the server sends the model (float32, fp16, or the 1-bit votes a client lacks);
-each client replies with its coded gradient (or mean gradient along tau local steps, error
-feedback for biased codecs); the server validates, decodes, aggregates (weighted mean or
-majority vote) and steps its optimizer.
+Each client replies with its coded gradient (or local-step pseudo-gradient); the server
+validates, decodes, aggregates (weighted mean or majority vote) and steps its optimizer.
 """
 
 from __future__ import annotations
@@ -43,8 +41,8 @@ from dq_flower.model_ops import (
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
-from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors
-from dq_flower.server.robust import DirectionScreen, NormScreen, StepGuard, weighted_mean
+from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
+from dq_flower.server.robust import StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 from dq_flower.wire.gradient import (
     model_crc,
@@ -84,7 +82,7 @@ class _Kept:
     figures: UpdateFigures
 
 
-class GradientStrategy(ModelStrategy, Strategy):
+class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
     """Distributed SGD whose clients upload compressed gradients (or local-step deltas).
 
     Parameters
@@ -143,10 +141,8 @@ class GradientStrategy(ModelStrategy, Strategy):
                           if not config.majority else None)
         self.downlink = VoteDownlink(self.dim)
         self.sent_payload_bits: dict[int, int] = {}
-        self.ledger = RoundLedger()
         self.failures = FailureWatch(config.max_failed_rounds, self.method)
-        self.norms = NormScreen(config.norm_bound_factor)
-        self.directions = DirectionScreen(config.min_cosine)
+        self._screens(config)
         self.guard = StepGuard(model, self.optimizer)
         self.rolled_back = 0
         self.decode = GradientDecoder(
@@ -225,17 +221,11 @@ class GradientStrategy(ModelStrategy, Strategy):
         figures = UpdateFigures.decoded(screened, updates)
         misaligned: list[int] = []
         if updates and not self.cfg.majority:
-            bounded = bound_vectors([u.vector for u in updates], [u.weight for u in updates],
-                                    self.norms, clip_factor=self.cfg.clip_factor,
-                                    clip_norm=self.cfg.clip_norm,
-                                    weight_cap=self.cfg.weight_cap,
-                                    directions=self.directions,
-                                    nodes=[u.node for u in updates])
-            screened.nodes = [u.node for u in updates]
-            screened.accepted = updates
-            screened.keep(bounded.reasons)
+            used, bounded = self._bound(
+                screened, updates, [u.vector for u in updates], [u.weight for u in updates],
+                [u.node for u in updates], clip_factor=self.cfg.clip_factor,
+                clip_norm=self.cfg.clip_norm, weight_cap=self.cfg.weight_cap)
             misaligned = bounded.misaligned
-            used = [u for u, a in zip(screened.accepted, bounded.agree, strict=True) if a]
             updates = [GradientUpdate(u.node, v, w, u.loss, u.payload_bits, u.raw_bits,
                                       u.steps, u.partition, u.buffers)
                        for u, v, w in zip(used, bounded.vectors, bounded.weights, strict=True)]
@@ -270,10 +260,7 @@ class GradientStrategy(ModelStrategy, Strategy):
             "stepped": int(stepped),
             "rolled-back": self.rolled_back,
         })
-        log_round(self.method, rnd.number,
-                  f"{figures.replies} replies, rejected {screened.rejected}, "
-                  f"left out {len(kept.misaligned)}, failed "
-                  f"{screened.failed}, up {figures.up_payload_bits} payload bits")
+        figures.log(self.method, rnd.number, f"{figures.replies} replies", len(kept.misaligned))
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
 
@@ -335,8 +322,7 @@ class GradientStrategy(ModelStrategy, Strategy):
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             **self.downlink.state_dict(),
-            "norms": self.norms.state_dict(),
-            "directions": self.directions.state_dict(),
+            **self._screens_state(),
             "rolled_back": self.rolled_back,
         }
 

@@ -1,8 +1,4 @@
-"""Majority vote's 1-bit downlink: the votes a client lacks instead of the whole model.
-
-Under ``downlink="sign"`` a client at version ``v`` gets the votes ``v+1 .. now``
-(:func:`~dq_flower.wire.gradient.sign_step`), at most :data:`MAX_VOTES_BEHIND`, else the model.
-"""
+"""Majority vote's 1-bit downlink: the votes a client lacks instead of the whole model."""
 
 from __future__ import annotations
 
@@ -31,10 +27,7 @@ class VoteDownlink:
 
     def fill(self, node: int, content: RecordDict, full: ArrayRecord, full_bits: int,
              sign: bool) -> tuple[int | None, int]:
-        """Put the model (or, under ``sign``, the votes the node lacks) into ``content``.
-
-        Returns ``(base version or None, payload bits)``.
-        """
+        """Put the model (or the votes the node lacks); ``(base version or None, bits)``."""
         held = self.node_version.get(node) if sign else None
         if (held is not None and 0 <= self.version - held <= MAX_VOTES_BEHIND
                 and all(v in self.votes for v in range(held + 1, self.version + 1))):

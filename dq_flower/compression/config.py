@@ -23,11 +23,8 @@ MESSAGE_PREFIX = "compression-"
 class CompressionConfig:
     """Knobs of :class:`dq_flower.CompressedUpdates` (run-config keys hyphenated).
 
-    Every field is a :class:`~dq_flower.knob.Knob`, checked as it is set; ``codec``, its
-    parameters and ``entropy-coder`` are checked together by building the codec. The
-    default ``clip-factor`` 0 leaves the aggregation to the inner strategy (``FedMedian``
-    or ``FedTrimmedAvg`` for robustness): a lossless codec gives it exactly the weights it
-    would get without the wrapper.
+    The default ``clip-factor`` 0 leaves the aggregation to the inner strategy: a lossless
+    codec gives it exactly the weights it would get without the wrapper.
     """
 
     codec: str = knob("qsgd", lambda v: None if v != "sign" else (

@@ -1,12 +1,8 @@
 """``compression_mod``: the client mod of :class:`dq_flower.CompressedUpdates`.
 
-``ClientApp(mods=[dq_flower.compression_mod])``, ``@app.train()`` unchanged. Per train
-message the mod reads the ``compression-*`` knobs (and decodes an fp16 broadcast), calls
+Per train message it reads the ``compression-*`` knobs (decoding an fp16 broadcast), calls
 ``train()``, then replaces the returned ``ArrayRecord`` by the coded update (returned minus
-received weights; error-feedback state in ``Context.state`` under ``compression-*``,
-restored per round so a resent round gets the same reply); non-float arrays and BatchNorm
-statistics travel as returned. Other messages pass untouched; a train message without the
-wrapper's keys, or a reply it cannot code, is answered with an error naming the cause.
+received weights); other messages pass untouched; a failure is an error reply naming it.
 """
 
 from __future__ import annotations
@@ -26,7 +22,6 @@ from dq_flower.node import node_key
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.update_coding import encode_update
 from dq_flower.wire import compressed_update as wire
-from dq_flower.wire.gradient import update_keys
 from dq_flower.wire.model import decode_model_payload
 
 __all__ = ["compression_mod", "STATE_PREFIX"]
@@ -78,19 +73,18 @@ def _code_reply(out: Message, layout: wire.Layout, received: ArrayRecord, cfg: C
         raise ValueError("the train message's config has no 'server-round'")
     server_round = int(cast(int, config["server-round"]))
     update = layout.flat(returned) - layout.flat(received)
-    gcfg = cfg.gradient_config()
     rng = round_rng(cfg.seed, server_round, node_key(context), Purpose.MOD_CODEC)
     begin_round(context, server_round, STATE_PREFIX)
-    payloads = encode_update(update, layout.coded_shapes, gcfg, context, rng, STATE_PREFIX)
+    records, nbits = encode_update(update, layout.coded_shapes, cfg.gradient_config(), context,
+                                   rng, STATE_PREFIX, wire.UPDATE_KEY)
     end_round(context, server_round, STATE_PREFIX)
     raw = layout.raw_record(returned)
     del content[key]
-    for name, payload in zip(update_keys(gcfg, len(layout.coded), wire.UPDATE_KEY), payloads,
-                             strict=True):
-        content[name] = payload.to_record()
+    for name, record in records.items():
+        content[name] = record
     if len(raw):
         content[wire.RAW_KEY] = raw
-    return int(sum(p.nbits for p in payloads))
+    return nbits
 
 
 def compression_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:

@@ -1,9 +1,7 @@
 """``CompressedUpdates``: compressed model updates for any Flower strategy.
 
-``configure_train`` adds the codec settings to the inner strategy's train messages (with
-``downlink="fp16"`` it codes their model); :func:`dq_flower.compression_mod` codes the
-update; ``aggregate_train`` screens and decodes every reply into weights (sent plus update)
-for the inner strategy. Evaluation is the inner strategy's.
+Train messages carry the codec settings; every reply is screened and decoded into weights
+(sent plus update) for the inner strategy. Evaluation is the inner strategy's.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ from dq_flower.codecs import PayloadError, make
 from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
 from dq_flower.config import build_config, given_knobs, params_text, strategy_kwargs
 from dq_flower.server.base import RoundPipeline, ServerRound
-from dq_flower.server.common import log_rejected, log_round
-from dq_flower.server.pipeline import RoundLedger, UpdateFigures, bound_vectors
-from dq_flower.server.robust import DirectionScreen, NormScreen
+from dq_flower.server.common import log_rejected
+from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
 from dq_flower.wire.compressed_update import (
     LAYOUT_KEY,
     MODEL_KEY,
@@ -73,7 +70,7 @@ def _numeric(value: Any) -> bool:
                for v in values)
 
 
-class CompressedUpdates(RoundPipeline, Strategy):
+class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
     """Wrap any Flower strategy so that clients upload coded updates instead of weights.
 
     Use it with :func:`dq_flower.compression_mod`; the inner strategy works unchanged and
@@ -117,9 +114,7 @@ class CompressedUpdates(RoundPipeline, Strategy):
         self.cfg: CompressionConfig = build_config(config, named, CompressionConfig)
         self.codec = self.cfg.gradient_config().make_codec()
         self.weight_key = str(getattr(strategy, "weighted_by_key", "num-examples"))
-        self.norms = NormScreen(self.cfg.norm_bound_factor)
-        self.directions = DirectionScreen(self.cfg.min_cosine)
-        self.ledger = RoundLedger()
+        self._screens(self.cfg)
         self._sent: dict[int, dict[int, _Sent]] = {}
 
     @classmethod
@@ -127,9 +122,7 @@ class CompressedUpdates(RoundPipeline, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> CompressedUpdates:
         """The wrapper with its knobs read from a run config (``context.run_config``).
 
-        Every :class:`CompressionConfig` field by its hyphenated key, ``overrides`` winning;
-        unknown keys (but ``num-server-rounds`` and ``app_keys``) and wrongly typed values
-        raise ``ValueError`` naming the key.
+        As :func:`dq_flower.config.strategy_kwargs` reads them, ``overrides`` winning.
         """
         return cls(strategy, **strategy_kwargs(cls, CompressionConfig, run_config, overrides,
                                                app_keys=app_keys))
@@ -172,16 +165,12 @@ class CompressedUpdates(RoundPipeline, Strategy):
         rnd.notes["figures"] = UpdateFigures.decoded(screened, decoded)
         decoded, dropped = self._consistent(decoded)
         screened.rejected += dropped
-        screened.accepted = decoded
-        screened.nodes = [int(d.msg.metadata.src_node_id) for d in decoded]
-        bounded = bound_vectors([d.update for d in decoded], [d.weight for d in decoded],
-                                self.norms, clip_factor=self.cfg.clip_factor,
-                                weight_cap=self.cfg.weight_cap, directions=self.directions,
-                                nodes=screened.nodes)
-        screened.keep(bounded.reasons)
-        rnd.notes["misaligned"] = len(bounded.misaligned)
         # a valid reply that keeps pointing against the others: not rejected, left out
-        decoded = [d for d, a in zip(screened.accepted, bounded.agree, strict=True) if a]
+        decoded, bounded = self._bound(
+            screened, decoded, [d.update for d in decoded], [d.weight for d in decoded],
+            [int(d.msg.metadata.src_node_id) for d in decoded],
+            clip_factor=self.cfg.clip_factor, weight_cap=self.cfg.weight_cap)
+        rnd.notes["misaligned"] = len(bounded.misaligned)
         for d, update, weight in zip(decoded, bounded.vectors, bounded.weights, strict=True):
             self._rebuild(d, sent[int(d.msg.metadata.src_node_id)], update, weight)
         return decoded
@@ -207,9 +196,7 @@ class CompressedUpdates(RoundPipeline, Strategy):
         figures.close(screened, len(kept))
         misaligned = rnd.notes["misaligned"]
         self.record_figures(rnd.number, {**figures.metrics(), "misaligned": misaligned})
-        log_round(NAME, rnd.number, f"{len(kept)} updates decoded, rejected {figures.rejected}, "
-                  f"left out {misaligned}, failed {figures.failed}, up "
-                  f"{figures.up_payload_bits} payload bits")
+        figures.log(NAME, rnd.number, f"{len(kept)} updates decoded", misaligned)
         return arrays, metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -224,7 +211,7 @@ class CompressedUpdates(RoundPipeline, Strategy):
 
     def state_dict(self) -> dict:
         """The screens' references (the inner strategy keeps its own state)."""
-        return {"norms": self.norms.state_dict(), "directions": self.directions.state_dict()}
+        return self._screens_state()
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""

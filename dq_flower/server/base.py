@@ -1,9 +1,4 @@
-"""What the package's strategies share around Flower's ``Strategy``.
-
-:class:`ServerFigures` reports the server's own figures of a round with the ServerApp-side
-metrics; :class:`ModelStrategy` adds the user's model, seeded sampling settings and
-federated evaluation.
-"""
+"""What the package's strategies share around Flower's ``Strategy``: figures, rounds, model."""
 
 from __future__ import annotations
 
@@ -53,11 +48,8 @@ class DrivenStrategy(Protocol):
 class ServerFigures:
     """What the harness and Flower's ``start`` need of every strategy of the package.
 
-    :meth:`aggregate_train` calls the :meth:`aggregate_round` hook (the round's arrays and
-    all its metrics). Under ``start``, figures kept with :meth:`record_figures` join the
-    ServerApp-side metrics (``evaluate_fn``'s keys win), and only the metrics listed in
-    :attr:`client_metric_keys` stay with the train metrics; a driver calling
-    ``aggregate_train`` itself gets them all.
+    Under ``start``, the :meth:`aggregate_round` metrics not in :attr:`client_metric_keys`
+    and the :meth:`record_figures` join the ServerApp-side metrics (``evaluate_fn``'s win).
     """
 
     #: Keys of ``aggregate_round``'s metrics aggregated from the clients' replies; ``None``
@@ -149,12 +141,7 @@ class ServerRound:
 
 
 class RoundPipeline(ServerFigures):
-    """A server round as a template method: ledger, screen and decode, bound, aggregate.
-
-    :meth:`aggregate_round` calls the hooks :meth:`begin_round`, :meth:`decode_reply` (per
-    reply, within :func:`~dq_flower.server.pipeline.screen_replies`),
-    :meth:`observe_failures`, :meth:`bound` and :meth:`aggregate_and_step`.
-    """
+    """A server round as a template method: ledger, screen and decode, bound, aggregate."""
 
     ledger: RoundLedger
 
@@ -191,11 +178,7 @@ class RoundPipeline(ServerFigures):
 
 
 class ModelStrategy(RoundPipeline, FederatedEvaluation):
-    """What the package's strategies share around the user's model.
-
-    Seeded sampling settings, federated evaluation, loading arrays the strategy did not
-    return itself (``initial_arrays``), and every metric reported as a server figure.
-    """
+    """What the package's strategies share around the user's model: sampling, evaluation."""
 
     client_metric_keys: tuple[str, ...] | None = ()
     watches_failures = True

@@ -83,11 +83,7 @@ class NodeConfigurationError(ClientFailureError):
 
 
 class FailureWatch:
-    """Stop a run whose every sampled client fails ``limit`` rounds in a row (0: never).
-
-    The error quotes the streak's first client error; ``announce`` logs Flower's
-    ``aggregate_train: Received ...`` line each round.
-    """
+    """Stop a run whose every sampled client fails ``limit`` rounds in a row (0: never)."""
 
     def __init__(self, limit: int, name: str, announce: bool = True) -> None:
         self.limit = int(limit)
@@ -97,11 +93,7 @@ class FailureWatch:
         self.first_error = ""
 
     def observe(self, replies: list[Message], silent: int = 0, counts: bool = True) -> None:
-        """Record one round's replies; raise :class:`ClientFailureError` at the limit.
-
-        ``silent``: sampled nodes that sent nothing. A round with no successful reply counts
-        unless it sent nothing or ``counts`` is false.
-        """
+        """Record one round's replies (``silent``: nodes that sent nothing); raise at the limit."""
         errors = [m for m in replies if m.has_error()]
         if self.announce:
             log(INFO, "aggregate_train: Received %s results and %s failures",

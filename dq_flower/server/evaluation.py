@@ -40,11 +40,8 @@ def _evaluation(msg: Message) -> tuple[float, dict[str, float]]:
 class FederatedEvaluation:
     """Flower-style federated evaluation.
 
-    With ``fraction_evaluate > 0`` the sampled nodes get ``arrays`` and ``config`` as from
-    Flower's ``FedAvg``; each metric of their replies is averaged weighted by
-    ``num-examples`` (capped at ``evaluate_weight_cap`` times the median) after the lowest
-    and highest ``evaluate_trim`` of the values are dropped, so one node of five cannot set
-    it. Values that are not finite or exceed :data:`MAX_METRIC` in magnitude are dropped.
+    Each metric is averaged weighted by ``num-examples`` (capped at ``evaluate_weight_cap``
+    times the median) without the lowest and highest ``evaluate_trim`` of its values.
     """
 
     fraction_evaluate: float = 0.0

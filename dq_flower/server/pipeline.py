@@ -1,8 +1,7 @@
 """One server round's replies, the same steps for every strategy of the package.
 
-:func:`screen_replies` checks each reply's origin against the :class:`RoundLedger`, counts
-errors and silent nodes as failed, rejects second replies and decodes the rest;
-:func:`bound_vectors` screens, clips and weighs uploaded vectors.
+:func:`screen_replies` screens and decodes replies; :func:`bound_vectors` screens, clips
+and weighs uploaded vectors.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import numpy as np
 from flwr.app import Message, MetricRecordValues
 from flwr.common.logger import log
 
-from dq_flower.server.common import REPLY_ERRORS, log_rejected
+from dq_flower.server.common import REPLY_ERRORS, log_rejected, log_round
 from dq_flower.server.robust import (
     DirectionScreen,
     NormScreen,
@@ -27,7 +26,7 @@ from dq_flower.server.robust import (
 )
 
 __all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "Bounded",
-           "bound_vectors", "UpdateFigures"]
+           "bound_vectors", "UpdateScreens", "UpdateFigures"]
 
 T = TypeVar("T")
 
@@ -157,11 +156,7 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
                   *, clip_factor: float, clip_norm: float = 0.0, weight_cap: float = 2.0,
                   directions: DirectionScreen | None = None, what: str = "update",
                   nodes: Sequence[int] | None = None) -> Bounded:
-    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
-
-    The median is over the vectors that passed the norm screen; ``directions`` compares
-    them clipped to the median norm and leaves misaligned nodes out of the mean.
-    """
+    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights."""
     nodes = list(nodes) if nodes is not None else list(range(len(vectors)))
     norms = [float(np.linalg.norm(v)) for v in vectors]
     passed = screen.keep(norms)
@@ -185,6 +180,29 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, agree, left_out)
 
 
+class UpdateScreens:
+    """The norm and direction screens of a strategy's update vectors, across rounds."""
+
+    def _screens(self, cfg: Any) -> None:
+        """The round ledger, and the screens of ``cfg``'s ``norm-bound-factor``, ``min-cosine``."""
+        self.ledger = RoundLedger()
+        self.norms = NormScreen(cfg.norm_bound_factor)
+        self.directions = DirectionScreen(cfg.min_cosine)
+
+    def _bound(self, screened: Screened[T], items: list[T], vectors: list[np.ndarray],
+               weights: list[float], nodes: list[int], **clips: Any
+               ) -> tuple[list[T], Bounded]:
+        """``items`` (of ``nodes``) as accepted, bounded: those left in the mean, the bounds."""
+        screened.accepted, screened.nodes = items, nodes
+        bounded = bound_vectors(vectors, weights, self.norms, directions=self.directions,
+                                nodes=nodes, **clips)
+        screened.keep(bounded.reasons)
+        return [i for i, a in zip(screened.accepted, bounded.agree, strict=True) if a], bounded
+
+    def _screens_state(self) -> dict:
+        return {"norms": self.norms.state_dict(), "directions": self.directions.state_dict()}
+
+
 class Coded(Protocol):
     """A decoded update reply: the bits its payload carried, as sent and before coding."""
 
@@ -197,11 +215,7 @@ class Coded(Protocol):
 
 @dataclass
 class UpdateFigures:
-    """An update round's uplink and screening figures, one meaning per metric key.
-
-    ``coded-replies``: replies that decoded (all in ``up-payload-bits``); ``replies``:
-    those the round used; ``server-time-s``: from the start of screening.
-    """
+    """An update round's uplink and screening figures (``replies``: those the round used)."""
 
     coded_replies: int
     up_payload_bits: int
@@ -221,6 +235,11 @@ class UpdateFigures:
     def close(self, screened: Screened, replies: int) -> None:
         """Take the screening's final counts; ``replies``: the replies the round used."""
         self.replies, self.rejected, self.failed = replies, screened.rejected, screened.failed
+
+    def log(self, name: str, server_round: int, lead: str, misaligned: int) -> None:
+        """The round's progress line: ``lead``, then what was rejected, left out, sent."""
+        log_round(name, server_round, f"{lead}, rejected {self.rejected}, left out "
+                  f"{misaligned}, failed {self.failed}, up {self.up_payload_bits} payload bits")
 
     def metrics(self) -> dict[str, MetricRecordValues]:
         """The figures by their metric keys (``server-time-s`` measured now)."""

@@ -1,26 +1,10 @@
 """Robust aggregation and plausibility bounds for the vectors clients send.
 
-Every bound is derived from what honest clients send in the same run (no tuning):
-
-- **Norms** (:class:`NormScreen`): a vector whose L2 norm exceeds ``factor`` (default 5,
-  0: off) times a reference is rejected. The reference is the largest median accepted norm
-  of the last five rounds (the first round: its own median, from three vectors); a round
-  rejecting every vector doubles it, so outgrown honest norms lock out a few rounds at
-  most and a hostile round raises the bar 2x at most. With ``round_first`` (DQ's
-  compensations, whose honest norms can grow several-fold) a round of three or more is
-  its own reference.
-- **Clipping** (:func:`clip_to_median`): every vector is scaled down to at most
-  ``clip-factor`` (default 1) times the round's median norm, so a scaled (say -4x) update
-  moves the mean no more than a sign-flipped one.
-- **Direction** (:class:`DirectionScreen`): a node whose cosine with the mean of the
-  round's other updates is below ``min-cosine`` (default -0.1) on average over its last 10
-  rounds is left out of the mean (``misaligned``, not ``rejected``). Honest updates point
-  against the others now and then (non-IID: a third of the time), not on average.
-  Compensations (close to independent directions) are only clipped.
-- **Weights** (:func:`cap_weights`): an example count weighs at most ``weight-cap``
-  (default 2) times the round's median.
-- **Aggregation** (:func:`aggregate`): the example-weighted mean, the coordinate-wise
-  median (``FedMedian``) or the trimmed mean (``FedTrimmedAvg``'s helper).
+Every bound derives from what honest clients send in the same run (no tuning): a norm
+screen against recent median norms (:class:`NormScreen`), clipping to the round's median
+norm (:func:`clip_to_median`), leaving out nodes that keep pointing against the others
+(:class:`DirectionScreen`), capped example weights (:func:`cap_weights`) and the robust
+rules of :func:`aggregate`.
 """
 
 from __future__ import annotations
@@ -53,10 +37,7 @@ def clip_norms(vectors: list[np.ndarray], clip: float) -> list[np.ndarray]:
 
 
 def clip_to_median(vectors: list[np.ndarray], factor: float) -> list[np.ndarray]:
-    """Scale every vector down to at most ``factor`` times the median norm (0: off).
-
-    Needs three vectors; a zero median leaves them as they are.
-    """
+    """Scale every vector down to at most ``factor`` times the median norm (0: off, < 3)."""
     if factor <= 0 or len(vectors) < 3:
         return vectors
     median = float(np.median([float(np.linalg.norm(v)) for v in vectors]))
@@ -76,11 +57,10 @@ def cosines_with_others(vectors: list[np.ndarray]) -> list[float | None]:
 
 
 class DirectionScreen:
-    """Leave out the updates of nodes that keep pointing against the others' mean.
+    """Leave out nodes whose mean cosine with the others' mean is below ``min_cosine``.
 
-    In rounds of three or more vectors, a node whose mean cosine over its last ``window``
-    (at least ``warmup``) is below ``min_cosine`` is left out (``<= -1``: off); a round
-    where no node passes keeps every vector.
+    Over a node's last ``window`` rounds (at least ``warmup``), in rounds of three or more
+    vectors (``<= -1``: off); a round where no node passes keeps every vector.
     """
 
     def __init__(self, min_cosine: float = -0.1, window: int = 10, warmup: int = 3) -> None:
@@ -137,10 +117,7 @@ def aggregate(vectors: list[np.ndarray], weights: list[float], rule: str = "mean
 
 
 def trimmed_weighted_mean(values: list[float], weights: list[float], trim: float) -> float:
-    """The weighted mean of ``values`` without their ``floor(trim * n)`` lowest and highest.
-
-    ``math.fsum`` keeps the sums exact and finite up to magnitudes of ``1e300 / n``.
-    """
+    """The weighted mean of ``values`` without their ``floor(trim * n)`` lowest and highest."""
     n = len(values)
     if n == 0 or len(weights) != n:
         raise ValueError("trimmed_weighted_mean needs one weight per value, at least one")
@@ -160,16 +137,11 @@ def cap_weights(weights: list[float], factor: float = 2.0) -> list[float]:
 
 
 class NormScreen:
-    """Reject vectors whose norm is implausibly large against a robust reference.
+    """Reject vectors whose norm exceeds ``factor`` (0: off) times a robust reference.
 
-    Parameters
-    ----------
-    factor : float
-        A vector with ``norm > factor * reference`` is rejected; 0 disables the screen.
-    history : int
-        Rounds of medians kept for the reference when a round has fewer than 3 vectors.
-    growth : float
-        How much a round that rejects every vector raises the reference for the next.
+    The reference is the largest of the last ``history`` accepted medians (a first round:
+    its own, from three vectors; with ``round_first`` a round of three or more is its own);
+    a round rejecting every vector raises it ``growth`` times.
     """
 
     def __init__(self, factor: float = 5.0, history: int = 5, growth: float = 2.0,
@@ -180,7 +152,7 @@ class NormScreen:
         self.medians: deque[float] = deque(maxlen=history)
 
     def reference(self, norms: list[float]) -> float | None:
-        """The reference norm for a round whose valid vectors have ``norms`` (module docstring)."""
+        """The reference norm for a round whose valid vectors have ``norms``."""
         if self.round_first and len(norms) >= 3:
             return float(np.median(norms))
         if self.medians:
