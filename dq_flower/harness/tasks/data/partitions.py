@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.harness.tasks.data.validation import load_task_dataset
+from dq_flower.harness.tasks.data.loaders import load_task_dataset
 
 __all__ = ["PARTITION_SCHEMES", "partition_indices", "load_partition"]
 
