@@ -75,11 +75,10 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
                 knob = "the model the server sent"
             if knob is None:  # model-free; under scorer "auto" a node with PyTorch scores
                 holds = bool(config.get(AUTO_SCORER_KEY)) and torch_available()
-                x, y = client_data(context, task)
-                return dq_train(msg, context, (x, y), model=model_for(task) if holds else None)
+                return dq_train(msg, context, client_data(context, task),
+                                model=model_for(task) if holds else None)
             with _threads(require_torch(knob), context):
-                x, y = client_data(context, task)
-                return dq_train(msg, context, (x, y), model=model_for(task))
+                return dq_train(msg, context, client_data(context, task), model=model_for(task))
         with _threads(require_torch(f"method {method!r}"), context):
             return model_train(family, msg, context, task)
 
@@ -111,8 +110,7 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
         """Evaluate the global model on this node's held-out rows."""
         with _threads(require_torch("federated evaluation (fraction-evaluate > 0)"), context):
             _, task = _task(msg)
-            x, y = client_eval_data(context, task)
-            return evaluate(msg, context, (x, y), model=model_for(task))
+            return evaluate(msg, context, client_eval_data(context, task), model=model_for(task))
 
     return app
 

@@ -32,12 +32,14 @@ def default_data_root() -> Path:
     return Path(os.environ.get("DQ_FLOWER_DATA", Path.home() / ".cache" / "dq_flower"))
 
 
-def _unit_from_uint8(x: np.ndarray) -> np.ndarray:
-    """uint8 pixels as float32 in ``[0, 1]`` (the definition of fmnist and cifar10)."""
-    out = x.astype(np.float32)
-    out *= np.float32(1.0 / 255.0)
-    return out
-
+def _unit_images(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
+                 test_y: np.ndarray) -> Dataset:
+    """The 10 classes of uint8 images, pixels as float32 in ``[0, 1]`` (fmnist, cifar10)."""
+    unit = [x.astype(np.float32) for x in (train_x, test_x)]
+    for x in unit:
+        x *= np.float32(1.0 / 255.0)
+    return make_dataset(unit[0], train_y, unit[1], test_y, num_classes=10, seed=0, name=name,
+                        test_fraction=0.2, copy=False)
 
 
 def _load_digits(seed: int, test_fraction: float) -> Dataset:
@@ -50,7 +52,6 @@ def _load_digits(seed: int, test_fraction: float) -> Dataset:
     tr, te = split_indices(x.shape[0], y, test_fraction, seed)
     return make_dataset(x[tr], y[tr], x[te], y[te], num_classes=10, seed=seed,
                          name="digits", test_fraction=test_fraction, copy=False)
-
 
 
 def _read_maybe_gzip(path: Path) -> bytes:
@@ -137,11 +138,7 @@ def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
                              f"{ys.shape} do not match")
     if max(int(train_y.max(initial=0)), int(test_y.max(initial=0))) > 9:
         raise ValueError("Fashion-MNIST labels must be in 0..9")
-    # the definition of the data set: uint8 pixels normalised to [0, 1]
-    return make_dataset(_unit_from_uint8(train_x[:, None]), train_y,
-                         _unit_from_uint8(test_x[:, None]), test_y, num_classes=10, seed=0,
-                         name="fmnist", test_fraction=0.2, copy=False)
-
+    return _unit_images("fmnist", train_x[:, None], train_y, test_x[:, None], test_y)
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
@@ -209,11 +206,8 @@ def _load_cifar10(data_dir: str | None, download: bool) -> Dataset:
     train_y = np.concatenate([p[1] for p in parts])
     test_x, test_y = _read_cifar_batch(folder / "test_batch")
     # rows are already channel-major: 1024 red, 1024 green, 1024 blue values
-    # the definition of the data set: uint8 pixels normalised to [0, 1]
-    return make_dataset(_unit_from_uint8(train_x.reshape(-1, 3, 32, 32)), train_y,
-                         _unit_from_uint8(test_x.reshape(-1, 3, 32, 32)), test_y,
-                         num_classes=10, seed=0, name="cifar10", test_fraction=0.2,
-                         copy=False)
+    return _unit_images("cifar10", train_x.reshape(-1, 3, 32, 32), train_y,
+                        test_x.reshape(-1, 3, 32, 32), test_y)
 
 
 def load_dataset(name: str, data_dir: str | None = None, seed: int = 0,
