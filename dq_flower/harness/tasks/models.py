@@ -114,13 +114,11 @@ class ResNetCifar(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)
-        blocks: list[nn.Module] = []
-        cin = 16
-        for i, cout in enumerate((16, 32, 64)):
-            for j in range(n):
-                blocks.append(_BasicBlockA(cin, cout, 2 if (i > 0 and j == 0) else 1))
-                cin = cout
-        self.layers = nn.Sequential(*blocks)
+        # block k of stage k // n: the first of stages 2 and 3 halves the size, doubles the width
+        width = [16, *(cout for cout in (16, 32, 64) for _ in range(n))]
+        self.layers = nn.Sequential(*(_BasicBlockA(width[k], width[k + 1],
+                                                   2 if k >= n and k % n == 0 else 1)
+                                      for k in range(3 * n)))
         self.fc = nn.Linear(64, num_classes)
         for m in self.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):

@@ -372,13 +372,11 @@ class NodeData:
         return self.train_y.dtype.kind == "f"
 
 
-def _pick_key(keys: set[str], key: str, alias: str | None, p: Path) -> str | None:
-    if alias is not None and key in keys and alias in keys:
+def _pick_key(keys: set[str], key: str, alias: str, p: Path) -> str | None:
+    if key in keys and alias in keys:
         raise ValueError(f"{p} holds both {key!r} and its alias {alias!r}; keep one "
                          f"(keys present: {sorted(keys)})")
-    if key in keys:
-        return key
-    return alias if alias is not None and alias in keys else None
+    return key if key in keys else alias if alias in keys else None
 
 
 def load_node_data(path: str | os.PathLike[str]) -> NodeData:

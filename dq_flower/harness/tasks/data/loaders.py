@@ -10,7 +10,7 @@ import gzip
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -96,14 +96,10 @@ _FMNIST_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-
 
 def _find_idx_files(folder: Path) -> dict[str, Path] | None:
     for base in (folder, folder / "FashionMNIST" / "raw"):
-        found = {}
-        for key, stem in _FMNIST_FILES.items():
-            for cand in (base / stem, base / f"{stem}.gz"):
-                if cand.is_file():
-                    found[key] = cand
-                    break
-        if len(found) == len(_FMNIST_FILES):
-            return found
+        found = {key: next((c for c in (base / stem, base / f"{stem}.gz") if c.is_file()), None)
+                 for key, stem in _FMNIST_FILES.items()}
+        if None not in found.values():
+            return cast(dict[str, Path], found)
     return None
 
 
@@ -128,10 +124,9 @@ def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
             f"'{_FMNIST_DEBIAN_PACKAGE}' (apt-get install {_FMNIST_DEBIAN_PACKAGE}, files "
             f"in {DEFAULT_FMNIST_DIR}), point data_dir at a folder holding them, or pass "
             "download=True to fetch them with torchvision.")
-    train_x = parse_idx(files["train_x"], _IDX_IMAGES_MAGIC)
-    train_y = parse_idx(files["train_y"], _IDX_LABELS_MAGIC)
-    test_x = parse_idx(files["test_x"], _IDX_IMAGES_MAGIC)
-    test_y = parse_idx(files["test_y"], _IDX_LABELS_MAGIC)
+    train_x, train_y, test_x, test_y = (
+        parse_idx(files[k], _IDX_IMAGES_MAGIC if k.endswith("_x") else _IDX_LABELS_MAGIC)
+        for k in _FMNIST_FILES)
     for xs, ys, part in ((train_x, train_y, "train"), (test_x, test_y, "test")):
         if xs.ndim != 3 or ys.ndim != 1 or xs.shape[0] != ys.shape[0]:
             raise ValueError(f"Fashion-MNIST {part}: images {xs.shape} and labels "
