@@ -114,9 +114,7 @@ def as_inputs(x: Any, what: str, copy: bool = True) -> np.ndarray:
 
 
 def as_labels(y: Any, what: str) -> np.ndarray:
-    y = np.asarray(y)
-    if y.ndim != 1:
-        y = y.reshape(-1)
+    y = np.asarray(y).reshape(-1)
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
             raise ValueError(f"{what}: labels must be integers")
@@ -157,11 +155,8 @@ def split_indices(n: int, y: np.ndarray, test_fraction: float, seed: int
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(n)
-    stratify = None
-    if y.ndim == 1 and y.dtype.kind in "iu" and y.size:
-        counts = np.bincount(y)
-        present = counts[counts > 0]
-        stratify = y if present.min() >= 2 else None
+    counts = np.bincount(y) if y.ndim == 1 and y.dtype.kind in "iu" and y.size else None
+    stratify = y if counts is not None and counts[counts > 0].min() >= 2 else None
     try:
         tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed,
                                   stratify=stratify)
@@ -172,7 +167,8 @@ def split_indices(n: int, y: np.ndarray, test_fraction: float, seed: int
 
 def from_arrays(x: np.ndarray, y: np.ndarray, x_test: np.ndarray | None = None,
                 y_test: np.ndarray | None = None, num_classes: int | None = None,
-                seed: int = 0, name: str = "arrays", test_fraction: float = 0.2) -> Dataset:
+                seed: int = 0, name: str = "arrays", test_fraction: float = 0.2,
+                copy: bool = True) -> Dataset:
     """Build a `Dataset` from numpy arrays, keeping the values as given.
 
     Parameters
@@ -192,6 +188,8 @@ def from_arrays(x: np.ndarray, y: np.ndarray, x_test: np.ndarray | None = None,
         Name recorded in the data set.
     test_fraction : float
         Held-out fraction when no test split is given.
+    copy : bool
+        ``False`` lets loaders hand over float32 arrays they own.
 
     Raises
     ------
@@ -199,13 +197,6 @@ def from_arrays(x: np.ndarray, y: np.ndarray, x_test: np.ndarray | None = None,
         Non-numeric, NaN or infinite inputs or targets, mismatched shapes, or labels out
         of range for ``num_classes``.
     """
-    return make_dataset(x, y, x_test, y_test, num_classes, seed, name, test_fraction,
-                         copy=True)
-
-
-def make_dataset(x: Any, y: Any, x_test: Any, y_test: Any, num_classes: int | None, seed: int,
-                 name: str, test_fraction: float, copy: bool) -> Dataset:
-    """`from_arrays`; ``copy=False`` lets loaders hand over float32 arrays they own."""
     regression = _is_regression(y, num_classes)
     targets = as_targets if regression else as_labels
     x = as_inputs(x, "x", copy=copy)
@@ -277,11 +268,9 @@ def load_npz(path: str, seed: int, test_fraction: float) -> Dataset:
             raise ValueError(f"{p} must contain x_train and y_train (has {sorted(keys)})")
         has_test = {"x_test", "y_test"} <= keys
         nc = int(f["num_classes"]) if "num_classes" in keys else None
-        return make_dataset(f["x_train"], f["y_train"],
-                             f["x_test"] if has_test else None,
-                             f["y_test"] if has_test else None,
-                             num_classes=nc, seed=seed, name=f"npz:{p.name}",
-                             test_fraction=test_fraction, copy=False)
+        return from_arrays(f["x_train"], f["y_train"], f["x_test"] if has_test else None,
+                           f["y_test"] if has_test else None, num_classes=nc, seed=seed,
+                           name=f"npz:{p.name}", test_fraction=test_fraction, copy=False)
 
 
 NODE_DATA_CONFIG_KEY = "data-file"

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from dq_flower.harness.tasks.data.arrays import Dataset, load_npz, make_dataset, split_indices
+from dq_flower.harness.tasks.data.arrays import Dataset, from_arrays, load_npz, split_indices
 
 __all__ = ["DATASET_NAMES", "DEFAULT_FMNIST_DIR", "default_data_root", "load_dataset",
            "load_dataset_cached", "parse_idx", "VALIDATION_PURPOSE", "SUBSET_PURPOSE",
@@ -38,8 +38,8 @@ def _unit_images(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np
     unit = [x.astype(np.float32) for x in (train_x, test_x)]
     for x in unit:
         x *= np.float32(1.0 / 255.0)
-    return make_dataset(unit[0], train_y, unit[1], test_y, num_classes=10, seed=0, name=name,
-                        test_fraction=0.2, copy=False)
+    return from_arrays(unit[0], train_y, unit[1], test_y, num_classes=10, seed=0, name=name,
+                       test_fraction=0.2, copy=False)
 
 
 def _load_digits(seed: int, test_fraction: float) -> Dataset:
@@ -50,8 +50,8 @@ def _load_digits(seed: int, test_fraction: float) -> Dataset:
     x = (np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
     y = np.asarray(bunch.target, dtype=np.int64)
     tr, te = split_indices(x.shape[0], y, test_fraction, seed)
-    return make_dataset(x[tr], y[tr], x[te], y[te], num_classes=10, seed=seed,
-                         name="digits", test_fraction=test_fraction, copy=False)
+    return from_arrays(x[tr], y[tr], x[te], y[te], num_classes=10, seed=seed, name="digits",
+                       test_fraction=test_fraction, copy=False)
 
 
 def _read_maybe_gzip(path: Path) -> bytes:
