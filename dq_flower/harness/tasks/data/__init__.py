@@ -19,20 +19,14 @@ from dq_flower.harness.tasks.data.arrays import (
     save_npz,
 )
 from dq_flower.harness.tasks.data.loaders import (
-    DATASET_NAMES,
     load_dataset,
     load_dataset_cached,
     load_task_dataset,
     parse_idx,
     validation_view,
 )
-from dq_flower.harness.tasks.data.partitions import (
-    PARTITION_SCHEMES,
-    load_partition,
-    partition_indices,
-)
+from dq_flower.harness.tasks.data.partitions import load_partition, partition_indices
 
-__all__ = ["DATASET_NAMES", "NODE_DATA_CONFIG_KEY", "PARTITION_SCHEMES", "Dataset", "NodeData",
-           "from_arrays", "load_dataset", "load_dataset_cached", "load_task_dataset",
-           "validation_view", "load_node_data", "load_partition", "parse_idx",
-           "partition_indices", "save_node_data", "save_npz"]
+__all__ = ["NODE_DATA_CONFIG_KEY", "Dataset", "NodeData", "from_arrays", "load_dataset",
+           "load_dataset_cached", "load_task_dataset", "validation_view", "load_node_data",
+           "load_partition", "parse_idx", "partition_indices", "save_node_data", "save_npz"]

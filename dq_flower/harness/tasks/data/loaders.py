@@ -113,8 +113,8 @@ def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
 
         target = folders[0] if data_dir is not None else folders[-1]
         target.mkdir(parents=True, exist_ok=True)
-        FashionMNIST(root=str(target), train=True, download=True)
-        FashionMNIST(root=str(target), train=False, download=True)
+        for train in (True, False):
+            FashionMNIST(root=str(target), train=train, download=True)
         files = _find_idx_files(target)
     if files is None:
         where = ", ".join(str(f) for f in folders)
