@@ -75,44 +75,37 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
                 knob = "the model the server sent"
             if knob is None:  # model-free; under scorer "auto" a node with PyTorch scores
                 holds = bool(config.get(AUTO_SCORER_KEY)) and torch_available()
-                x, y = client_data(context, task)
-                return dq_train(msg, context, (x, y), model=model_for(task) if holds else None)
+                return dq_train(msg, context, client_data(context, task),
+                                model=model_for(task) if holds else None)
             with _threads(require_torch(knob), context):
-                x, y = client_data(context, task)
-                return dq_train(msg, context, (x, y), model=model_for(task))
+                return dq_train(msg, context, client_data(context, task), model=model_for(task))
         with _threads(require_torch(f"method {method!r}"), context):
-            return model_train(family, msg, context, task)
+            x, y = client_data(context, task)
+            if family == "gradient":
+                from dq_flower.baselines.client import gradient_train  # PyTorch, checked above
 
-    def model_train(family: str, msg: Message, context: Context,
-                    task: TaskConfig) -> Message:
-        """A gradient baseline's or FedAvg's reply (PyTorch imported by the caller)."""
-        x, y = client_data(context, task)
-        if family == "gradient":
-            from dq_flower.baselines.client import gradient_train  # PyTorch, checked above
+                return gradient_train(msg, context, (x, y), model=model_for(task))
+            if family in ("fedavg", "compressed"):
+                from dq_flower.harness.fedavg_client import fedavg_train  # PyTorch, checked above
 
-            return gradient_train(msg, context, (x, y), model=model_for(task))
-        if family in ("fedavg", "compressed"):
-            from dq_flower.harness.fedavg_client import fedavg_train  # PyTorch, checked above
+                model = model_for(task)
 
-            model = model_for(task)
+                def local_epochs(m: Message, c: Context) -> Message:
+                    return fedavg_train(m, c, x, y, model, task.seed, node_key(c))
 
-            def local_epochs(m: Message, c: Context) -> Message:
-                return fedavg_train(m, c, x, y, model, task.seed, node_key(c))
+                if family == "fedavg":
+                    return local_epochs(msg, context)
+                from dq_flower.compression.mod import compression_mod  # PyTorch, checked above
 
-            if family == "fedavg":
-                return local_epochs(msg, context)
-            from dq_flower.compression.mod import compression_mod  # PyTorch, checked above
-
-            return compression_mod(msg, context, local_epochs)  # the coded update
-        raise ValueError(f"this ClientApp has no handler for method family {family!r}")
+                return compression_mod(msg, context, local_epochs)  # the coded update
+            raise ValueError(f"this ClientApp has no handler for method family {family!r}")
 
     @app.evaluate()
     def evaluate_handler(msg: Message, context: Context) -> Message:
         """Evaluate the global model on this node's held-out rows."""
         with _threads(require_torch("federated evaluation (fraction-evaluate > 0)"), context):
             _, task = _task(msg)
-            x, y = client_eval_data(context, task)
-            return evaluate(msg, context, (x, y), model=model_for(task))
+            return evaluate(msg, context, client_eval_data(context, task), model=model_for(task))
 
     return app
 

@@ -75,9 +75,7 @@ class RunResult:
     def load(cls, path: str | Path) -> RunResult:
         """Read a JSON file written by :meth:`save` (``null`` in a history row reads as nan)."""
         data = json.loads(Path(path).read_text())
-        for row in data["history"]:
-            for key in HISTORY_KEYS:
-                if key in row and row[key] is None:  # a non-finite number (strict JSON)
-                    row[key] = math.nan
+        for row in data["history"]:  # null: a non-finite number (strict JSON)
+            row.update({k: math.nan for k in HISTORY_KEYS if k in row and row[k] is None})
         return cls(data["method"], data["config"], data["history"], data["num_params"],
                    data["data_dim"])

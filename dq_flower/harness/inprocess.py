@@ -61,9 +61,7 @@ class InProcessGrid(Grid):
             for node, ctx in self.contexts.items():
                 path = self._state_path(node)
                 if path.exists():
-                    proto = ProtoRecordDict()
-                    proto.ParseFromString(path.read_bytes())
-                    ctx.state = recorddict_from_proto(proto)
+                    ctx.state = recorddict_from_proto(ProtoRecordDict.FromString(path.read_bytes()))
         self._run = None
         self.sent: list[Message] = []
         self._counter = 0

@@ -1,7 +1,7 @@
 """The table of training methods: builders register here, lookups go through ``methods``.
 
-:mod:`dq_flower.harness.methods` imports :mod:`~dq_flower.harness.methods_builtin` first,
-so a lookup never misses a built-in method.
+:mod:`dq_flower.harness.methods` registers the built-in methods as it is imported, so a
+lookup through it never misses one.
 """
 
 from __future__ import annotations
@@ -96,13 +96,9 @@ class Method:
         A value meaning "not set" (:func:`not_set_values`) keeps the method's own default, so
         ``pyproject.toml`` can list every knob while ``fedavg-qsgd2`` keeps ``levels = 1``.
         """
-        out = dict(self.defaults)
         unset = not_set_values()
-        for key, value in run_config.items():
-            if key in out and any(_same(value, u) for u in unset.get(key, ())):
-                continue
-            out[key] = value
-        return out
+        return {**self.defaults, **{k: v for k, v in run_config.items() if k not in self.defaults
+                                    or not any(_same(v, u) for u in unset.get(k, ()))}}
 
 
 def not_set_values() -> dict[str, list[Any]]:

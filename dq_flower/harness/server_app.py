@@ -206,7 +206,7 @@ class _ServerRun:
     def evaluate_round(self, rnd: int, metrics, fed: Mapping[str, Any] | None,
                        timing: Mapping[str, Any] | None = None, last: bool = False) -> None:
         """Score the model, append the round's history row and report it."""
-        task, data = self.task, self.data
+        task, data, fed = self.task, self.data, fed or {}
         mark: dict[str, Any] = {"wall_s": 0.0, **(timing or {})}
         skipped = rnd % task.eval_every != 0 and rnd != task.num_server_rounds and not last
         if data is not None and skipped:  # eval-every: not this round
@@ -216,10 +216,9 @@ class _ServerRun:
             loss, acc = evaluate(self.eval_model, data.test_x, data.test_y)
             mark.update(accuracy=acc, loss=loss)
         else:
-            mark.update(accuracy=float((fed or {}).get("eval-acc", float("nan"))),
-                        loss=float((fed or {}).get("eval-loss", float("nan"))))
-        for key, value in (fed or {}).items():
-            mark["fed_" + key.replace("-", "_")] = value
+            mark.update(accuracy=float(fed.get("eval-acc", float("nan"))),
+                        loss=float(fed.get("eval-loss", float("nan"))))
+        mark.update({"fed_" + key.replace("-", "_"): value for key, value in fed.items()})
         mark["wall_s"] = time.perf_counter() - self.t_start
         ledger = self.ledger
         row: dict[str, Any] = {
@@ -261,26 +260,19 @@ class FlowerStrategy(ServerFigures):
     """One of Flower's own strategies (``FedAvg``), driven as the package's are.
 
     Stateless for a resumed run, never finished early; the harness watches its failures.
+    ``configure_train``, ``configure_evaluate`` and ``aggregate_evaluate`` are the inner
+    strategy's.
     """
 
     def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
 
-    def configure_train(self, *args: Any) -> Iterable[Message]:
-        """The inner strategy's train messages."""
-        return self.strategy.configure_train(*args)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.strategy, name)
 
     def aggregate_round(self, *args: Any):
         """The inner strategy's aggregate."""
         return self.strategy.aggregate_train(*args)
-
-    def configure_evaluate(self, *args: Any) -> Iterable[Message]:
-        """The inner strategy's evaluate messages."""
-        return self.strategy.configure_evaluate(*args)
-
-    def aggregate_evaluate(self, *args: Any):
-        """The inner strategy's evaluation aggregate."""
-        return self.strategy.aggregate_evaluate(*args)
 
 
 app = ServerApp()

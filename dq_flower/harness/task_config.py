@@ -14,9 +14,6 @@ from dq_flower.knob import above, at_least, between, knob, one_of
 
 __all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
 
-#: Task keys the package's ClientApp reads from each message (nothing else travels).
-
-
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -88,5 +85,6 @@ class TaskConfig:
                    "must be > 0 when dataset is 'none' (no test set on the server)")
 
 
-#: Task keys the package's ClientApp reads (the knobs marked ``client``).
+#: Task keys the package's ClientApp reads from each message (the knobs marked ``client``;
+#: nothing else travels).
 CLIENT_TASK_KEYS = client_keys(TaskConfig)

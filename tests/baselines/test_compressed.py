@@ -21,8 +21,7 @@ from dq_flower.client_state import load_state_dict, save_state_dict
 from dq_flower.codecs import Payload, make
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
-from dq_flower.harness.methods import get_method, method_names
-from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.methods import client_task_config, get_method, method_names
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config

@@ -9,7 +9,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
-from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.methods import client_task_config
 from dq_flower.harness.runtime import TaskInfo, build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_partition

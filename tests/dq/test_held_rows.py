@@ -16,7 +16,7 @@ from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.checkpoint import load_latest
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
-from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.methods import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config

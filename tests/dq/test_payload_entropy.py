@@ -10,7 +10,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.methods import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.wire.dq_batch import GRADIENT_KEY

@@ -10,7 +10,7 @@ from dq_flower.dq.server.planner import UploadPlanner, first_estimates, gradient
 from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
-from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.methods import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.model_ops import get_flat

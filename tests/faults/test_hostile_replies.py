@@ -20,8 +20,7 @@ from dq_flower.codecs import Payload
 from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.harness.methods import get_method
-from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.methods import client_task_config, get_method
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.server_app import run_server, validate_run_config
 from dq_flower.harness.simulate import build_run_config

@@ -85,7 +85,7 @@ def test_resume_from_any_checkpoint_ends_like_an_uninterrupted_run(tmp_path, eve
 
 def test_a_second_reply_from_one_node_in_a_round_is_rejected():
     from dq_flower.dq.server.strategy import DQStrategy
-    from dq_flower.harness.methods_builtin import client_task_config
+    from dq_flower.harness.methods import client_task_config
     from dq_flower.harness.runtime import build_model, task_info
     from dq_flower.harness.task_config import TaskConfig
 

@@ -18,7 +18,7 @@ from dq_flower.baselines.config import GradientConfig
 from dq_flower.baselines.strategy import GradientStrategy
 from dq_flower.codecs import Payload, make
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.harness.methods_builtin import client_task_config
+from dq_flower.harness.methods import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.model_ops import get_flat

@@ -10,41 +10,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from dq_flower.harness.tasks.data import (
-    DATASET_NAMES,
-    PARTITION_SCHEMES,
-    Dataset,
     from_arrays,
     load_dataset,
-    load_dataset_cached,
     load_partition,
     partition_indices,
     save_npz,
 )
 
 #: Names that need PyTorch, imported on first use (a node's data loads without it).
-_LAZY = {"MODEL_NAMES": "dq_flower.harness.tasks.models",
-         "make_model": "dq_flower.harness.tasks.models",
-         **{name: "dq_flower.model_ops" for name in (
-             "evaluate", "flat_grad", "get_flat", "load_arrays", "loss_and_grad", "num_params",
-             "set_flat", "to_arrays")}}
+_LAZY = {"make_model": "dq_flower.harness.tasks.models", "num_params": "dq_flower.model_ops"}
 
 if TYPE_CHECKING:
-    from dq_flower.harness.tasks.models import MODEL_NAMES, make_model
-    from dq_flower.model_ops import (
-        evaluate,
-        flat_grad,
-        get_flat,
-        load_arrays,
-        loss_and_grad,
-        num_params,
-        set_flat,
-        to_arrays,
-    )
+    from dq_flower.harness.tasks.models import make_model
+    from dq_flower.model_ops import num_params
 
-__all__ = ["DATASET_NAMES", "MODEL_NAMES", "PARTITION_SCHEMES", "Dataset", "evaluate",
-           "flat_grad", "from_arrays", "get_flat", "load_arrays", "load_dataset",
-           "load_dataset_cached", "load_partition", "loss_and_grad", "make_model", "num_params",
-           "partition_indices", "save_npz", "set_flat", "to_arrays"]
+__all__ = ["from_arrays", "load_dataset", "load_partition", "make_model", "num_params",
+           "partition_indices", "save_npz"]
 
 
 def __getattr__(name: str) -> Any:

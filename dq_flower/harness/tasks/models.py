@@ -16,22 +16,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-__all__ = ["MODEL_NAMES", "FlatInput", "make_model", "register_model"]
-
-_Builder = Callable[..., nn.Module]
-_REGISTRY: dict[str, _Builder] = {}
-
-
-def register_model(name: str) -> Callable[[_Builder], _Builder]:
-    """Register a builder ``f(input_shape, num_classes, **kwargs) -> nn.Module``."""
-
-    def deco(fn: _Builder) -> _Builder:
-        if name in _REGISTRY:
-            raise ValueError(f"model {name!r} already registered")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+__all__ = ["MODEL_NAMES", "FlatInput", "make_model"]
 
 
 class FlatInput(nn.Module):
@@ -56,12 +41,10 @@ def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]
     return shape
 
 
-@register_model("logreg")
 def _logreg(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
-@register_model("mlp")
 def _mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (128,)
          ) -> nn.Module:
     layers: list[nn.Module] = [nn.Flatten()]
@@ -91,13 +74,11 @@ def _two_conv(input_shape: Sequence[int], num_classes: int, c1: int, c2: int, fc
     return FlatInput((c, h, w), nn.Sequential(*layers))
 
 
-@register_model("cnn")
 def _cnn(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     # conv5x5(16) - pool - conv5x5(32) - pool - linear: 28,938 parameters on 1x28x28.
     return _two_conv(input_shape, num_classes, 16, 32, None, "cnn")
 
 
-@register_model("wide-cnn")
 def _wide_cnn(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     # conv5x5(32) - pool - conv5x5(64) - pool - fc 256 - linear: 857,738 on 1x28x28.
     return _two_conv(input_shape, num_classes, 32, 64, 256, "wide-cnn")
@@ -133,13 +114,11 @@ class ResNetCifar(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)
-        blocks: list[nn.Module] = []
-        cin = 16
-        for i, cout in enumerate((16, 32, 64)):
-            for j in range(n):
-                blocks.append(_BasicBlockA(cin, cout, 2 if (i > 0 and j == 0) else 1))
-                cin = cout
-        self.layers = nn.Sequential(*blocks)
+        # block k of stage k // n: the first of stages 2 and 3 halves the size, doubles the width
+        width = [16, *(cout for cout in (16, 32, 64) for _ in range(n))]
+        self.layers = nn.Sequential(*(_BasicBlockA(width[k], width[k + 1],
+                                                   2 if k >= n and k % n == 0 else 1)
+                                      for k in range(3 * n)))
         self.fc = nn.Linear(64, num_classes)
         for m in self.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
@@ -151,13 +130,11 @@ class ResNetCifar(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
 
 
-@register_model("resnet20")
 def _resnet20(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     c, h, w = _image_shape(input_shape, "resnet20")
     return FlatInput((c, h, w), ResNetCifar(c, num_classes, n=3))
 
 
-@register_model("resnet18")
 def _resnet18(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     # optional (torchvision): loaded when the model is built
     from torchvision.models import resnet18
@@ -171,6 +148,10 @@ def _resnet18(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     return FlatInput((c, h, w), net)
 
 
+#: Builders ``f(input_shape, num_classes, **kwargs) -> nn.Module``, by model name.
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {
+    "logreg": _logreg, "mlp": _mlp, "cnn": _cnn, "wide-cnn": _wide_cnn,
+    "resnet20": _resnet20, "resnet18": _resnet18}
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_dataset, load_partition
-from dq_flower.harness.tasks.data.validation import load_task_dataset, subset_view
+from dq_flower.harness.tasks.data.loaders import load_task_dataset, subset_view
 
 
 def _rows(x: np.ndarray, of: np.ndarray) -> np.ndarray:

@@ -9,35 +9,24 @@ cast to float32 and checked to be finite. Partitions are computed on the labels 
 
 from __future__ import annotations
 
-from dq_flower.harness.tasks.data.arrays import from_arrays, save_npz
-from dq_flower.harness.tasks.data.container import Dataset
-from dq_flower.harness.tasks.data.loaders import (
-    DATASET_NAMES,
-    DEFAULT_FMNIST_DIR,
-    default_data_root,
-    load_dataset,
-    load_dataset_cached,
-    parse_idx,
-)
-from dq_flower.harness.tasks.data.node_files import (
+from dq_flower.harness.tasks.data.arrays import (
     NODE_DATA_CONFIG_KEY,
+    Dataset,
     NodeData,
+    from_arrays,
     load_node_data,
     save_node_data,
+    save_npz,
 )
-from dq_flower.harness.tasks.data.partitions import (
-    PARTITION_SCHEMES,
-    load_partition,
-    partition_indices,
-)
-from dq_flower.harness.tasks.data.validation import (
-    VALIDATION_PURPOSE,
+from dq_flower.harness.tasks.data.loaders import (
+    load_dataset,
+    load_dataset_cached,
     load_task_dataset,
+    parse_idx,
     validation_view,
 )
+from dq_flower.harness.tasks.data.partitions import load_partition, partition_indices
 
-__all__ = ["DATASET_NAMES", "DEFAULT_FMNIST_DIR", "NODE_DATA_CONFIG_KEY", "PARTITION_SCHEMES",
-           "VALIDATION_PURPOSE", "Dataset", "NodeData", "default_data_root", "from_arrays",
-           "load_dataset", "load_dataset_cached", "load_task_dataset", "validation_view",
-           "load_node_data", "load_partition", "parse_idx", "partition_indices",
-           "save_node_data", "save_npz"]
+__all__ = ["NODE_DATA_CONFIG_KEY", "Dataset", "NodeData", "from_arrays", "load_dataset",
+           "load_dataset_cached", "load_task_dataset", "validation_view", "load_node_data",
+           "load_partition", "parse_idx", "partition_indices", "save_node_data", "save_npz"]

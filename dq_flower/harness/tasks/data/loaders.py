@@ -1,4 +1,7 @@
-"""The named data sets (digits, Fashion-MNIST, CIFAR-10, normalised to [0, 1]) and npz files."""
+"""The named data sets (digits, Fashion-MNIST, CIFAR-10, normalised to [0, 1]) and npz files.
+
+Also the data a run trains and evaluates on: a row subset, a tuning split, memoised.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +10,15 @@ import gzip
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from dq_flower.harness.tasks.data.arrays import load_npz, make_dataset, split_indices
-from dq_flower.harness.tasks.data.container import Dataset
+from dq_flower.harness.tasks.data.arrays import Dataset, from_arrays, load_npz, split_indices
 
 __all__ = ["DATASET_NAMES", "DEFAULT_FMNIST_DIR", "default_data_root", "load_dataset",
-           "load_dataset_cached", "parse_idx"]
+           "load_dataset_cached", "parse_idx", "VALIDATION_PURPOSE", "SUBSET_PURPOSE",
+           "subset_view", "validation_view", "load_task_dataset"]
 
 DATASET_NAMES: tuple[str, ...] = ("digits", "fmnist", "cifar10", "npz:<path>")
 DEFAULT_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -29,12 +32,14 @@ def default_data_root() -> Path:
     return Path(os.environ.get("DQ_FLOWER_DATA", Path.home() / ".cache" / "dq_flower"))
 
 
-def _unit_from_uint8(x: np.ndarray) -> np.ndarray:
-    """uint8 pixels as float32 in ``[0, 1]`` (the definition of fmnist and cifar10)."""
-    out = x.astype(np.float32)
-    out *= np.float32(1.0 / 255.0)
-    return out
-
+def _unit_images(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
+                 test_y: np.ndarray) -> Dataset:
+    """The 10 classes of uint8 images, pixels as float32 in ``[0, 1]`` (fmnist, cifar10)."""
+    unit = [x.astype(np.float32) for x in (train_x, test_x)]
+    for x in unit:
+        x *= np.float32(1.0 / 255.0)
+    return from_arrays(unit[0], train_y, unit[1], test_y, num_classes=10, seed=0, name=name,
+                       test_fraction=0.2, copy=False)
 
 
 def _load_digits(seed: int, test_fraction: float) -> Dataset:
@@ -45,9 +50,8 @@ def _load_digits(seed: int, test_fraction: float) -> Dataset:
     x = (np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
     y = np.asarray(bunch.target, dtype=np.int64)
     tr, te = split_indices(x.shape[0], y, test_fraction, seed)
-    return make_dataset(x[tr], y[tr], x[te], y[te], num_classes=10, seed=seed,
-                         name="digits", test_fraction=test_fraction, copy=False)
-
+    return from_arrays(x[tr], y[tr], x[te], y[te], num_classes=10, seed=seed, name="digits",
+                       test_fraction=test_fraction, copy=False)
 
 
 def _read_maybe_gzip(path: Path) -> bytes:
@@ -92,14 +96,10 @@ _FMNIST_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-
 
 def _find_idx_files(folder: Path) -> dict[str, Path] | None:
     for base in (folder, folder / "FashionMNIST" / "raw"):
-        found = {}
-        for key, stem in _FMNIST_FILES.items():
-            for cand in (base / stem, base / f"{stem}.gz"):
-                if cand.is_file():
-                    found[key] = cand
-                    break
-        if len(found) == len(_FMNIST_FILES):
-            return found
+        found = {key: next((c for c in (base / stem, base / f"{stem}.gz") if c.is_file()), None)
+                 for key, stem in _FMNIST_FILES.items()}
+        if None not in found.values():
+            return cast(dict[str, Path], found)
     return None
 
 
@@ -113,8 +113,8 @@ def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
 
         target = folders[0] if data_dir is not None else folders[-1]
         target.mkdir(parents=True, exist_ok=True)
-        FashionMNIST(root=str(target), train=True, download=True)
-        FashionMNIST(root=str(target), train=False, download=True)
+        for train in (True, False):
+            FashionMNIST(root=str(target), train=train, download=True)
         files = _find_idx_files(target)
     if files is None:
         where = ", ".join(str(f) for f in folders)
@@ -124,21 +124,16 @@ def _load_fmnist(data_dir: str | None, download: bool) -> Dataset:
             f"'{_FMNIST_DEBIAN_PACKAGE}' (apt-get install {_FMNIST_DEBIAN_PACKAGE}, files "
             f"in {DEFAULT_FMNIST_DIR}), point data_dir at a folder holding them, or pass "
             "download=True to fetch them with torchvision.")
-    train_x = parse_idx(files["train_x"], _IDX_IMAGES_MAGIC)
-    train_y = parse_idx(files["train_y"], _IDX_LABELS_MAGIC)
-    test_x = parse_idx(files["test_x"], _IDX_IMAGES_MAGIC)
-    test_y = parse_idx(files["test_y"], _IDX_LABELS_MAGIC)
+    train_x, train_y, test_x, test_y = (
+        parse_idx(files[k], _IDX_IMAGES_MAGIC if k.endswith("_x") else _IDX_LABELS_MAGIC)
+        for k in _FMNIST_FILES)
     for xs, ys, part in ((train_x, train_y, "train"), (test_x, test_y, "test")):
         if xs.ndim != 3 or ys.ndim != 1 or xs.shape[0] != ys.shape[0]:
             raise ValueError(f"Fashion-MNIST {part}: images {xs.shape} and labels "
                              f"{ys.shape} do not match")
     if max(int(train_y.max(initial=0)), int(test_y.max(initial=0))) > 9:
         raise ValueError("Fashion-MNIST labels must be in 0..9")
-    # the definition of the data set: uint8 pixels normalised to [0, 1]
-    return make_dataset(_unit_from_uint8(train_x[:, None]), train_y,
-                         _unit_from_uint8(test_x[:, None]), test_y, num_classes=10, seed=0,
-                         name="fmnist", test_fraction=0.2, copy=False)
-
+    return _unit_images("fmnist", train_x[:, None], train_y, test_x[:, None], test_y)
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
@@ -206,11 +201,8 @@ def _load_cifar10(data_dir: str | None, download: bool) -> Dataset:
     train_y = np.concatenate([p[1] for p in parts])
     test_x, test_y = _read_cifar_batch(folder / "test_batch")
     # rows are already channel-major: 1024 red, 1024 green, 1024 blue values
-    # the definition of the data set: uint8 pixels normalised to [0, 1]
-    return make_dataset(_unit_from_uint8(train_x.reshape(-1, 3, 32, 32)), train_y,
-                         _unit_from_uint8(test_x.reshape(-1, 3, 32, 32)), test_y,
-                         num_classes=10, seed=0, name="cifar10", test_fraction=0.2,
-                         copy=False)
+    return _unit_images("cifar10", train_x.reshape(-1, 3, 32, 32), train_y,
+                        test_x.reshape(-1, 3, 32, 32), test_y)
 
 
 def load_dataset(name: str, data_dir: str | None = None, seed: int = 0,
@@ -252,3 +244,61 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0,
 
 #: `load_dataset` memoised per process; the returned arrays are shared: read-only.
 load_dataset_cached = functools.lru_cache(maxsize=4)(load_dataset)
+
+
+#: Mixed into the seeds of the validation split and of the train-rows/test-rows subsets.
+VALIDATION_PURPOSE = 0x5A11D
+SUBSET_PURPOSE = 0x50B5E7
+
+
+def _seeded_rows(n: int, keep: int, seed: int, split: int) -> np.ndarray:
+    """``keep`` of ``n`` row indices drawn by the seed, in their original order."""
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, SUBSET_PURPOSE, split])
+    return np.sort(rng.permutation(n)[:keep])
+
+
+def subset_view(ds: Dataset, train_rows: int = 0, test_rows: int = 0, seed: int = 0) -> Dataset:
+    """``ds`` cut to ``train_rows`` / ``test_rows`` rows (0 or more: whole) drawn by ``seed``.
+
+    The rows keep their order and are the same in every process of a run.
+    """
+    if train_rows < 0 or test_rows < 0:
+        raise ValueError(f"train_rows and test_rows must be >= 0, got {train_rows}, {test_rows}")
+    tr = (_seeded_rows(ds.num_train, train_rows, seed, 0)
+          if 0 < train_rows < ds.num_train else slice(None))
+    te = (_seeded_rows(len(ds.test_y), test_rows, seed, 1)
+          if 0 < test_rows < len(ds.test_y) else slice(None))
+    if isinstance(tr, slice) and isinstance(te, slice):
+        return ds
+    return Dataset(ds.train_x[tr], ds.train_y[tr], ds.test_x[te], ds.test_y[te],
+                   ds.num_classes, tuple(ds.input_shape), f"{ds.name} (subset)")
+
+
+def validation_view(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
+    """``ds`` with a validation split carved from its TRAINING rows, for tuning.
+
+    ``fraction`` (in (0, 1)) of the training rows, drawn by ``seed`` (at least one, at
+    least one left), becomes the "test" split, both splits in their original order; the
+    original test split is not in the result at all.
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation fraction must be in (0, 1), got {fraction}")
+    n = ds.num_train
+    if n < 2:
+        raise ValueError(f"cannot hold out validation rows from {n} training row(s)")
+    held = min(n - 1, max(1, int(round(fraction * n))))
+    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, VALIDATION_PURPOSE]).permutation(n)
+    val, keep = np.sort(perm[:held]), np.sort(perm[held:])
+    return Dataset(ds.train_x[keep], ds.train_y[keep], ds.train_x[val], ds.train_y[val],
+                   ds.num_classes, tuple(ds.input_shape), f"{ds.name} (validation split)")
+
+
+@functools.lru_cache(maxsize=4)
+def load_task_dataset(name: str, data_dir: str | None = None, seed: int = 0,
+                      validation_fraction: float = 0.0, train_rows: int = 0,
+                      test_rows: int = 0) -> Dataset:
+    """The run's data: cached, :func:`subset_view`, then :func:`validation_view` (memoised)."""
+    ds = subset_view(load_dataset_cached(name, data_dir, seed), train_rows, test_rows, seed)
+    if not validation_fraction:
+        return ds
+    return validation_view(ds, float(validation_fraction), seed)

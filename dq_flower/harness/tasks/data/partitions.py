@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from dq_flower.harness.tasks.data.validation import load_task_dataset
+from dq_flower.harness.tasks.data.loaders import load_task_dataset
 
 __all__ = ["PARTITION_SCHEMES", "partition_indices", "load_partition"]
 
 PARTITION_SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological")
-
-
-class _LabelsKey:
-    """Hashable wrapper of a label array (hash of its bytes) for `lru_cache`."""
-
-    __slots__ = ("digest", "labels")
-
-    def __init__(self, labels: np.ndarray) -> None:
-        self.labels = labels
-        self.digest = hashlib.blake2b(labels.tobytes(), digest_size=16).hexdigest()
-
-    def __hash__(self) -> int:
-        return hash(self.digest)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _LabelsKey) and other.digest == self.digest
 
 
 def iid_shards(perm: np.ndarray, num_partitions: int) -> list[np.ndarray]:
@@ -42,7 +25,7 @@ def iid_shards(perm: np.ndarray, num_partitions: int) -> list[np.ndarray]:
 
 
 @functools.lru_cache(maxsize=32)
-def _partition_cached(key: _LabelsKey, num_partitions: int, scheme: str, alpha: float,
+def _partition_cached(key: bytes, num_partitions: int, scheme: str, alpha: float,
                       classes_per_partition: int, seed: int, min_partition_size: int
                       ) -> tuple[np.ndarray, ...]:
     import datasets  # optional (Hugging Face datasets): loaded for flwr-datasets partitions
@@ -51,7 +34,7 @@ def _partition_cached(key: _LabelsKey, num_partitions: int, scheme: str, alpha: 
         PathologicalPartitioner,
     )
 
-    labels = key.labels
+    labels = np.frombuffer(key, dtype=np.int64)  # the int64 labels' bytes: the cache key
     n = labels.shape[0]
     datasets.disable_progress_bars()
     if scheme == "iid":
@@ -156,7 +139,7 @@ def partition_indices(labels: np.ndarray | Sequence[int] | Sequence[float],
     y = _partition_labels(labels, scheme)
     min_size = _checked_min_size(scheme, int(y.shape[0]), int(num_partitions), alpha,
                                  classes_per_partition, min_partition_size)
-    parts = _partition_cached(_LabelsKey(y), int(num_partitions), scheme, float(alpha),
+    parts = _partition_cached(y.tobytes(), int(num_partitions), scheme, float(alpha),
                               int(classes_per_partition), int(seed), min_size)
     return [p.copy() for p in parts]
 
