@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dq_flower.codecs.base import Payload, n_buckets
+from dq_flower.codecs.base import n_buckets
 from dq_flower.codecs.bitpack import unpack
+from dq_flower.codecs.payload import Payload
 
 __all__ = [
     "CODES",

@@ -5,9 +5,10 @@ Pure numpy; nothing here imports Flower except :meth:`Payload.to_record`/``from_
 
 # importing a codec module registers its codecs
 from . import bingrad, lossless, qsgd, sign, topk, uniform  # noqa: F401
-from .base import PAYLOAD_VERSION, Codec, ErrorFeedback, Payload, PayloadError
+from .base import Codec, ErrorFeedback
 from .context_coded import CONTEXT
 from .lossless import EntropyCoded
+from .payload import PAYLOAD_VERSION, Payload, PayloadError
 from .registry import coder_for, make, names, payload_coder, register
 
 __all__ = ["CONTEXT", "PAYLOAD_VERSION", "Codec", "EntropyCoded", "ErrorFeedback", "Payload",

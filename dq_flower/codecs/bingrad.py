@@ -33,18 +33,15 @@ from . import bitpack
 from .base import (
     BUCKET_RANGE,
     Codec,
-    Payload,
-    PayloadError,
     bucket_blocks,
     bucket_chunks,
-    expect_buffer,
-    expect_floats,
     flat_input,
     int_param,
     n_buckets,
     random_u16,
     require_rng,
 )
+from .payload import Payload, PayloadError, expect_buffer, expect_floats
 from .registry import register
 
 __all__ = ["BinGrad", "ORQ", "SortedBuckets", "lloyd_max_2", "optimal_levels", "round_between"]

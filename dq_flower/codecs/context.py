@@ -21,7 +21,7 @@ from functools import cached_property, lru_cache
 import constriction  # type: ignore[import-untyped]
 import numpy as np
 
-from .base import MAX_ELEMENTS, PayloadError
+from .payload import MAX_ELEMENTS, PayloadError
 
 __all__ = ["NEIGHBOUR_BITS", "MAX_CONTEXT_ROWS", "MAX_WAVES", "MAX_PER_FEATURE_D",
            "check_shape", "shape_text", "parse_shape", "encode", "decode"]

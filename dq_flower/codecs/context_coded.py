@@ -13,10 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import bitpack, symbols
-from .base import Codec, Payload, PayloadError, SymbolSpec, expect_shape
+from .base import Codec, SymbolSpec
 from .lossless import CODER_META, LAYOUT_META, NBITS_META, STREAM, EntropyCoded
 from .lossless import pack as pack_bytes
 from .lossless import unpack as unpack_bytes
+from .payload import Payload, PayloadError, expect_shape
 
 __all__ = ["CONTEXT", "FALLBACK", "ContextCoded", "pack", "unpack"]
 

@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 
-from .base import PayloadError
+from .payload import PayloadError
 
 __all__ = ["METHODS", "LZMA_STATE", "WINDOW_CAP", "WINDOW_FLOOR", "available", "check_method",
            "compress", "decompress", "memory_limit", "window_limit"]

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import ALLOWED_DTYPES, MAX_ELEMENTS, Codec, Payload, PayloadError, expect_shape
+from .base import Codec
 from .entropy import check_method, compress, decompress
+from .payload import ALLOWED_DTYPES, MAX_ELEMENTS, Payload, PayloadError, expect_shape
 
 __all__ = ["CODER_META", "LAYOUT_META", "NBITS_META", "STREAM", "EntropyCoded", "max_raw_bytes",
            "pack", "unpack", "coder_of", "raw_nbits"]

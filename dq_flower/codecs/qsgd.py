@@ -11,18 +11,15 @@ from . import bitpack
 from .base import (
     BUCKET_RANGE,
     Codec,
-    Payload,
-    PayloadError,
     SymbolSpec,
     bucket_blocks,
-    expect_buffer,
-    expect_floats,
     flat_input,
     int_param,
     n_buckets,
     require_rng,
     stochastic_floor,
 )
+from .payload import Payload, PayloadError, expect_buffer, expect_floats
 from .registry import register
 
 __all__ = ["QSGD", "bucket_norms", "qsgd_variance_bound"]

@@ -14,18 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import bitpack
-from .base import (
-    Codec,
-    Payload,
-    PayloadError,
-    SymbolSpec,
-    bucket_chunks,
-    expect_buffer,
-    expect_floats,
-    flat_input,
-    require_rng,
-    stochastic_floor,
-)
+from .base import Codec, SymbolSpec, bucket_chunks, flat_input, require_rng, stochastic_floor
+from .payload import Payload, PayloadError, expect_buffer, expect_floats
 from .registry import register
 
 __all__ = ["Sign", "EFSign", "TernGrad", "sign_bits", "abs_mean"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import constriction  # type: ignore[import-untyped]
 import numpy as np
 
-from .base import MAX_ELEMENTS, PayloadError
+from .payload import MAX_ELEMENTS, PayloadError
 
 __all__ = ["FIRST_WAVE", "MAX_ALPHABET", "MAX_CODES_PER_BYTE", "PRIOR", "wave_bounds",
            "fits", "encode", "decode"]

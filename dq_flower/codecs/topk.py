@@ -27,18 +27,15 @@ import numpy as np
 from dq_flower.knob import knob
 
 from . import bitpack
-from .base import (
-    Codec,
+from .base import Codec, flat_input, int_param, require_rng
+from .payload import (
     Payload,
     PayloadError,
     check_int,
     expect_buffer,
     expect_floats,
     expect_nbits,
-    flat_input,
-    int_param,
     meta_equal,
-    require_rng,
 )
 from .registry import register
 

@@ -41,22 +41,17 @@ import numpy as np
 from dq_flower.knob import knob
 
 from . import bitpack, context
-from .base import (
-    Codec,
+from .base import Codec, bucket_chunks, check_finite, flat_input, random_u16, require_rng
+from .entropy import METHODS, check_method, compress, decompress
+from .payload import (
     Payload,
     PayloadError,
-    bucket_chunks,
-    check_finite,
     check_int,
     expect_buffer,
     expect_floats,
     expect_nbits,
     expect_stream,
-    flat_input,
-    random_u16,
-    require_rng,
 )
-from .entropy import METHODS, check_method, compress, decompress
 from .registry import register
 
 __all__ = ["Uniform", "SAMPLE_CODERS", "RANGE_CODER", "dither_offsets", "expand_ranges",

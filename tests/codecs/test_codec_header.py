@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dq_flower.codecs import Payload, PayloadError, make, names
-from dq_flower.codecs.base import MAX_ELEMENTS, MAX_HEADER_BYTES, MAX_HEADER_DEPTH
 from dq_flower.codecs.bitpack import pack_wide
+from dq_flower.codecs.payload import MAX_ELEMENTS, MAX_HEADER_BYTES, MAX_HEADER_DEPTH
 from dq_flower.codecs.topk import TopK
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dq_flower.codecs import PayloadError, make
-from dq_flower.codecs.base import Payload
+from dq_flower.codecs.payload import Payload
 
 GRADIENT_CODECS = [
     ("identity", {}),
