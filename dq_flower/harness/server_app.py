@@ -260,19 +260,26 @@ class FlowerStrategy(ServerFigures):
     """One of Flower's own strategies (``FedAvg``), driven as the package's are.
 
     Stateless for a resumed run, never finished early; the harness watches its failures.
-    ``configure_train``, ``configure_evaluate`` and ``aggregate_evaluate`` are the inner
-    strategy's.
     """
 
     def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.strategy, name)
+    def configure_train(self, *args: Any) -> Iterable[Message]:
+        """The inner strategy's train messages."""
+        return self.strategy.configure_train(*args)
 
     def aggregate_round(self, *args: Any):
         """The inner strategy's aggregate."""
         return self.strategy.aggregate_train(*args)
+
+    def configure_evaluate(self, *args: Any) -> Iterable[Message]:
+        """The inner strategy's evaluate messages."""
+        return self.strategy.configure_evaluate(*args)
+
+    def aggregate_evaluate(self, *args: Any):
+        """The inner strategy's evaluation aggregate."""
+        return self.strategy.aggregate_evaluate(*args)
 
 
 app = ServerApp()
