@@ -17,8 +17,8 @@ identity, held set and received model.
 and, under ``compensation-mode="refresh"``, the samples sent in each round.
 
 A data round with the ``uniform`` scorer and no compensation imports no PyTorch; the knobs
-that need the model (:func:`model_knob`) import it (``client_model``, ``scoring``) only
-where used, and fail before any work, naming the knob, where it is missing.
+that need the model (:func:`model_knob`) import it (``scoring``) only where used, and fail
+before any work, naming the knob, where it is missing.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def _sent_rows(context: Context, x_flat: np.ndarray, y: np.ndarray, mode: str
 def _coded_residual(r: RoundInput, cfg: DQConfig, model: torch.nn.Module, x: np.ndarray,
                     xq: np.ndarray, y: np.ndarray, w: np.ndarray, ef_key: str) -> Payload:
     """``sum_i w_i [grad f(x_i) - grad f(xq_i)]``, coded with error feedback at ``ef_key``."""
-    from dq_flower.dq.client.client_model import quantization_residual  # PyTorch: deferred
+    from dq_flower.dq.client.scoring import quantization_residual  # PyTorch: deferred
 
     shape = (-1, *r.spec.sample_shape)
     delta = quantization_residual(model, x.reshape(shape), xq.reshape(shape), y, w, r.loss_fn)
@@ -178,7 +178,7 @@ class RoundInput:
 
 def _gradient_round(r: RoundInput) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
-    from dq_flower.dq.client.client_model import batch_gradient, received_model  # PyTorch: deferred
+    from dq_flower.dq.client.scoring import batch_gradient, received_model  # PyTorch: deferred
 
     model = _needed(received_model(r.msg, r.model,
                                    "a gradient round (upload-mode gradient or auto)"),
@@ -298,8 +298,7 @@ def _scores(r: RoundInput, cfg: DQConfig,
     """The model the round uses (``None`` where it needs none) and the candidates' scores."""
     if r.knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
         return None, np.ones(candidates.size)
-    from dq_flower.dq.client.client_model import received_model  # PyTorch: deferred
-    from dq_flower.dq.client.scoring import score_candidates  # PyTorch: deferred
+    from dq_flower.dq.client.scoring import received_model, score_candidates  # PyTorch: deferred
 
     model = received_model(r.msg, r.model, r.knob)
     scores = score_candidates(cfg.scorer, model, r.x[candidates], r.y[candidates], r.loss_fn)

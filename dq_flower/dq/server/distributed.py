@@ -37,7 +37,12 @@ import torch.multiprocessing as mp
 from flwr.common.logger import log
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
+from dq_flower.dq.server.schedule import (
+    HeldOutScores,
+    PhaseResult,
+    PlateauRule,
+    train_phase,
+)
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.model_ops import LossFn, weighted_loss_grad
 

@@ -81,36 +81,32 @@ class RowLayout:
         return rows, side, dither
 
     def dequantize(self, codes: np.ndarray, side: np.ndarray, dither: np.ndarray) -> np.ndarray:
-        """Float32 ``(n, dim)`` rows from the row layout."""
+        """Float32 ``(n, dim)`` rows from the row layout.
+
+        Fixed ranges: with the ``uniform`` decoder's own arithmetic (bit-identical).
+        """
         n = codes.shape[0]
-        if self.fixed:
-            return self._dequantize_fixed(codes, dither)
-        g, width = self.groups, self.dim // self.groups
         values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
-        values = values.reshape(n, self.padded_dim)[:, : self.dim].astype(np.float32)
+        values = values.reshape(n, self.padded_dim)[:, : self.dim]
+        if self.fixed:
+            top = (1 << self.bits) - 1
+            out = (np.arange(top + 1) / top).astype(np.float32)[values]
+            if dither.shape[1]:
+                step = cast(Uniform, make("uniform", bits=self.bits, fixed_range=True)).fixed_step
+                for i, (s, o) in enumerate(dither):
+                    u = dither_offsets(int(s), int(o), self.dim)
+                    u -= np.float32(0.5)
+                    u *= step
+                    out[i] -= u
+            return out
+        g, width = self.groups, self.dim // self.groups
         mins, scales = side[:, :g], side[:, g:]
-        out = values.reshape(n, g, width) * scales[:, :, None]
+        out = values.astype(np.float32).reshape(n, g, width) * scales[:, :, None]
         if dither.shape[1]:
             u = np.stack([dither_offsets(int(s), int(o), self.dim) for s, o in dither])
             out -= (u.reshape(n, g, width) - np.float32(0.5)) * scales[:, :, None]
         out += mins[:, :, None]
         return out.reshape(n, self.dim)
-
-    def _dequantize_fixed(self, codes: np.ndarray, dither: np.ndarray) -> np.ndarray:
-        """Fixed-range rows, with the ``uniform`` decoder's own arithmetic (bit-identical)."""
-        n = codes.shape[0]
-        top = (1 << self.bits) - 1
-        ramp = (np.arange(top + 1) / top).astype(np.float32)
-        values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
-        out = ramp[values.reshape(n, self.padded_dim)[:, : self.dim]]
-        if dither.shape[1]:
-            step = cast(Uniform, make("uniform", bits=self.bits, fixed_range=True)).fixed_step
-            for i, (s, o) in enumerate(dither):
-                u = dither_offsets(int(s), int(o), self.dim)
-                u -= np.float32(0.5)
-                u *= step
-                out[i] -= u
-        return out
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,15 @@ from dq_flower.dq.server.distributed import (
     sharded_steps,
 )
 from dq_flower.dq.server.node_screen import AgreementScreen
-from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
-from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
+from dq_flower.dq.server.schedule import (
+    AdaptiveSchedule,
+    HeldOutScores,
+    PhaseResult,
+    PlateauRule,
+    paired_gain,
+    significantly_worse,
+    train_phase,
+)
 from dq_flower.dq.server.store import FederationData
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import LossFn, apply_flat_grad, per_sample_results, weighted_loss_grad
