@@ -59,13 +59,13 @@ def score_candidates(
         for i in range(0, x.shape[0], 1024):
             xb = torch.as_tensor(x[i:i + 1024], dtype=torch.float32).to(dev)
             yb = targets_tensor(y[i:i + 1024], dev)
-            if scorer == "loss":
+            if scorer in ("loss", "entropy", "margin"):
                 with torch.no_grad():
-                    scores.append(fn(model(xb), yb).reshape(-1))
-                continue
-            if scorer in ("entropy", "margin"):
-                with torch.no_grad():
-                    p = torch.softmax(model(xb).reshape(xb.shape[0], -1).double(), dim=1)
+                    out = model(xb)
+                    if scorer == "loss":
+                        scores.append(fn(out, yb).reshape(-1))
+                        continue
+                    p = torch.softmax(out.reshape(xb.shape[0], -1).double(), dim=1)
                 if scorer == "entropy":
                     scores.append(-(p * torch.log(p.clamp_min(1e-12))).sum(1))
                 else:

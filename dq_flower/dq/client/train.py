@@ -96,21 +96,13 @@ def _sent_rounds(context: Context) -> list[int]:
                   if k.startswith(SENT_ROWS_PREFIX))
 
 
-def _forget_sent_from(context: Context, server_round: int) -> None:
-    """Drop the uploads of rounds the server is serving again (it did not keep them)."""
-    for rnd in _sent_rounds(context):
-        if rnd >= server_round:
-            del context.state[f"{SENT_PREFIX}{rnd}"]
-            del context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
-
-
 def _sent_rows(context: Context, x_flat: np.ndarray, y: np.ndarray, mode: str
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Every earlier upload's ``x_i``, ``Q(x_i)``, ``y_i`` and normalised weights ``w_i``.
 
     ``Q(x_i)`` is decoded from the very payloads sent, so it is what the server stores.
     """
-    xs, xqs, ys, ws = [], [], [], []
+    parts = []
     for rnd in _sent_rounds(context):
         payload = Payload.from_record(context.state.array_records[f"{SENT_PREFIX}{rnd}"])
         rows = context.state.array_records[f"{SENT_ROWS_PREFIX}{rnd}"]
@@ -120,15 +112,11 @@ def _sent_rows(context: Context, x_flat: np.ndarray, y: np.ndarray, mode: str
                                bool(meta.get("fixed_range", False))).decode(payload)
         if mode == "feature":
             xq = denormalise(xq, *feature_ranges(x_flat))
-        xs.append(x_flat[ids])
-        xqs.append(xq)
-        ys.append(y[ids])
-        ws.append(rows["weights"].numpy().astype(np.float64))
-    if not xs:
+        parts.append((x_flat[ids], xq, y[ids], rows["weights"].numpy().astype(np.float64)))
+    if not parts:
         return None
-    w = np.concatenate(ws)
-    return (np.concatenate(xs), np.concatenate(xqs), np.concatenate(ys),
-            (w / w.sum()).astype(np.float32))
+    xs, xqs, ys, w = (np.concatenate(p) for p in zip(*parts, strict=True))
+    return xs, xqs, ys, (w / w.sum()).astype(np.float32)
 
 
 def _coded_residual(r: RoundInput, cfg: DQConfig, model: torch.nn.Module, x: np.ndarray,
@@ -243,9 +231,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     if knob is not None:  # before any work: name the knob where PyTorch is missing
         require_torch(knob)
     server_round = int(config["server-round"])
-    round_seed = int(config.get("round-seed", 0))
     key = node_key(context)
-    rng = round_rng(round_seed, server_round, key)
+    rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
     x_all, y = as_arrays(data, keys)
     r = RoundInput(msg, context, config, cfg, knob, x_all, y, spec_of(x_all, y),
                    model, loss_fn, server_round, key, rng, t0)
@@ -272,7 +259,8 @@ def _data_round(r: RoundInput) -> Message:
                       bool(config.get("send-ranges", True)))
     compensation = None
     if cfg.compensation != "none" and chosen.size:
-        compensation = _compensation(r, cfg, coded, y[chosen], sel.weights, model)
+        compensation = _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb,
+                                       coded.decoded(), y[chosen], sel.weights, EF_KEY)
     refresh = _refresh(r, cfg, x_flat, model, coded.mode)
 
     content, payload_bits = encode_batch(
@@ -280,8 +268,11 @@ def _data_round(r: RoundInput) -> Message:
     if refresh is not None:
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)
-    if cfg.compensation_mode == "refresh" and chosen.size:
-        _remember_sent(context, r.server_round, coded.samples, chosen, represents)
+    if cfg.compensation_mode == "refresh" and chosen.size:  # for later refreshed residuals
+        context.state[f"{SENT_PREFIX}{r.server_round}"] = coded.samples.to_record()
+        context.state[f"{SENT_ROWS_PREFIX}{r.server_round}"] = ArrayRecord({
+            "ids": Array(chosen.astype(np.int64)),
+            "weights": Array(represents.astype(np.float32))})
     for name, record in coded.extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
@@ -366,30 +357,17 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
     return coded
 
 
-def _compensation(r: RoundInput, cfg: DQConfig, coded: _Coded, y: np.ndarray,
-                  weights: np.ndarray, model: torch.nn.Module | None) -> Payload:
-    """The coded gradient of the quantization residual of the chosen rows."""
-    return _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb, coded.decoded(),
-                           y, weights, EF_KEY)
-
-
 def _refresh(r: RoundInput, cfg: DQConfig, x_flat: np.ndarray,
              model: torch.nn.Module | None, mode: str) -> Payload | None:
     """Under ``compensation-mode = "refresh"``: the refreshed residual the round asks for."""
     if cfg.compensation_mode != "refresh":
         return None
-    _forget_sent_from(r.context, r.server_round)
+    for rnd in _sent_rounds(r.context):  # rounds the server serves again: it kept none of them
+        if rnd >= r.server_round:
+            del r.context.state[f"{SENT_PREFIX}{rnd}"]
+            del r.context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
     if not bool(r.config.get("refresh", False)):
         return None
     model = _needed(model, "a refreshed residual")
     sent = _sent_rows(r.context, x_flat, r.y, mode)
     return None if sent is None else _coded_residual(r, cfg, model, *sent, REFRESH_EF_KEY)
-
-
-def _remember_sent(context: Context, server_round: int, samples: Payload, chosen: np.ndarray,
-                   represents: np.ndarray) -> None:
-    """Keep what this round sent, for later refreshed residuals."""
-    context.state[f"{SENT_PREFIX}{server_round}"] = samples.to_record()
-    context.state[f"{SENT_ROWS_PREFIX}{server_round}"] = ArrayRecord({
-        "ids": Array(chosen.astype(np.int64)),
-        "weights": Array(represents.astype(np.float32))})

@@ -170,16 +170,15 @@ class DiskSampleStore(SampleStore):
         """Arrays for a checkpoint: the metadata and where each row's codes are on disk."""
         out = super().state()
         out.pop("codes", None)
-        if self._file is not None:
-            self._file.flush()
-        out.update({
-            "disk_dir": str(self.directory.resolve()),
-            "disk_used": np.array([0 if self._file is None else self._file.used]),
-            "disk_row_bytes": np.array([0 if self._file is None else self._file.row_bytes]),
-            "disk_fingerprint": np.array([0 if self._file is None
-                                          else self._file.fingerprint()], dtype=np.int64),
-            "disk_slots": _narrow_uint(self._slots),
-        })
+        file = self._file
+        if file is not None:
+            file.flush()
+        used, width, crc = (0, 0, 0) if file is None else (file.used, file.row_bytes,
+                                                           file.fingerprint())
+        out.update({"disk_dir": str(self.directory.resolve()), "disk_used": np.array([used]),
+                    "disk_row_bytes": np.array([width]),
+                    "disk_fingerprint": np.array([crc], dtype=np.int64),
+                    "disk_slots": _narrow_uint(self._slots)})
         return out
 
     def load_state(self, state: dict) -> None:

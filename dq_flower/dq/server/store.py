@@ -252,13 +252,10 @@ class SampleStore:
 
     def received(self, node: int) -> np.ndarray:
         """Sorted int64 ids of every row received from ``node`` (evicted ones included)."""
-        stored = np.zeros(0, dtype=np.int64)
-        if (mine := self._mine(node)) is not None and self._rows is not None:
-            stored = self._rows.ids[mine].astype(np.int64)
-        evicted = self._evicted_ids.get(int(node))
-        if evicted is not None:
-            stored = np.concatenate([stored, evicted.astype(np.int64)])
-        return np.unique(stored)
+        mine, rows, none = self._mine(node), self._rows, np.zeros(0, dtype=np.int64)
+        stored = none if mine is None or rows is None else rows.ids[mine]
+        evicted = self._evicted_ids.get(int(node), none)
+        return np.unique(np.concatenate([stored.astype(np.int64), evicted.astype(np.int64)]))
 
     def was_received(self, node: int, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` from ``node`` the store received before."""
@@ -429,12 +426,10 @@ class SampleStore:
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:
         """Arrays for a checkpoint."""
+        rows = self._rows
         out = {"node_table": np.array(self.clients, dtype=np.uint64),
-               "evicted": np.array([self.evicted]),
-               "rng": self._rng.bit_generator.state}
-        if self._rows is not None:
-            for f in _FIELDS:
-                out[f] = getattr(self._rows, f)
+               "evicted": np.array([self.evicted]), "rng": self._rng.bit_generator.state,
+               **({} if rows is None else {f: getattr(rows, f) for f in _FIELDS})}
         nodes = sorted(self._evicted_ids)
         out["evicted_nodes"] = np.array(nodes, dtype=np.uint64)
         out["evicted_counts"] = np.array([self._evicted_ids[n].size for n in nodes],

@@ -36,13 +36,7 @@ from dq_flower.dq.config import DQConfig, model_codec, robust_rule
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.intake import ClientIdentities, UploadIntake, reply_identity
-from dq_flower.dq.server.planner import (
-    ESTIMATES,
-    RoundPlan,
-    UploadPlanner,
-    gradient_estimate,
-    reply_bits,
-)
+from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate, reply_bits
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import MAX_LOCAL_ID, Compensations, Upload, reply_spec
@@ -356,10 +350,10 @@ class DQStrategy(ModelStrategy, Strategy):
         grad_codec = (make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
                       if cfg.upload_mode != "data" else None)
         self.num_params = sum(p.numel() for p in model.parameters())
-        estimates: dict[str, Any] = dict.fromkeys(ESTIMATES, 0.0)  # UploadPlanner's floats
-        if grad_codec is not None:
-            estimates["gradient_bits"] = gradient_estimate(grad_codec, self.num_params, seed)
-        self.planner = UploadPlanner(cfg.upload_mode, cfg.budget, cfg.resend, **estimates)
+        self.planner = UploadPlanner(  # sample and reply bits: estimated once a spec is known
+            cfg.upload_mode, cfg.budget, cfg.resend, sample_bits=0.0, reply_bits=0.0,
+            gradient_bits=0.0 if grad_codec is None
+            else gradient_estimate(grad_codec, self.num_params, seed))
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
         self.ledger = RoundLedger()
         #: which client (identity) each node id is; everything per client is keyed by it
