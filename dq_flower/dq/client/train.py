@@ -137,11 +137,13 @@ def _needed(model: torch.nn.Module | None, what: str) -> torch.nn.Module:
     return model
 
 
-def _reply(content: RecordDict, msg: Message, spec: DataSpec,
-           metrics: dict[str, Any]) -> Message:
-    content[SPEC_KEY] = spec_record(spec)
-    content["metrics"] = MetricRecord(metrics)
-    return Message(content=content, reply_to=msg)
+def _reply(r: RoundInput, content: RecordDict, bits: int, metrics: dict[str, Any]) -> Message:
+    """``content`` with the data spec and the round's metrics (``metrics`` in the middle)."""
+    content[SPEC_KEY] = spec_record(r.spec)
+    content["metrics"] = MetricRecord({
+        "num-examples": int(r.x.shape[0]), "partition-id": int(r.key), **metrics,
+        "up-payload-bits": int(bits), "client-time-s": time.perf_counter() - r.t0})
+    return Message(content=content, reply_to=r.msg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,11 +179,8 @@ def _gradient_round(r: RoundInput) -> Message:
     loss, grad = batch_gradient(model, x[idx], y[idx], r.loss_fn)
     codec = make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
     payload = encode_with_feedback(codec, grad, r.rng, r.context, GRAD_EF_KEY)
-    metrics = {"num-examples": int(x.shape[0]), "partition-id": int(r.key),
-               "train-loss": float(loss), "up-payload-bits": int(payload.nbits),
-               "client-time-s": time.perf_counter() - r.t0}
-    return _reply(RecordDict({GRADIENT_KEY: payload.to_record()}), r.msg, spec_of(x, y),
-                  metrics)
+    return _reply(r, RecordDict({GRADIENT_KEY: payload.to_record()}), payload.nbits,
+                  {"train-loss": float(loss)})
 
 
 def dq_train(msg: Message, context: Context, data: Any, *,
@@ -276,12 +275,9 @@ def _data_round(r: RoundInput) -> Message:
     for name, record in coded.extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
-    metrics = {"num-examples": int(n), "partition-id": int(r.key),
-               "candidates": int(candidates.size), "selected": int(chosen.size),
-               CAN_SCORE_KEY: int(r.model is not None),
-               "up-payload-bits": int(payload_bits),
-               "client-time-s": time.perf_counter() - r.t0}
-    return _reply(content, r.msg, spec, metrics)
+    return _reply(r, content, payload_bits, {"candidates": int(candidates.size),
+                                             "selected": int(chosen.size),
+                                             CAN_SCORE_KEY: int(r.model is not None)})
 
 
 def _scores(r: RoundInput, cfg: DQConfig,

@@ -183,22 +183,17 @@ class DiskSampleStore(SampleStore):
 
     def load_state(self, state: dict) -> None:
         """Inverse of :meth:`state`; an in-memory store's state is written to the file."""
+        meta = {k: v for k, v in state.items() if not k.startswith("disk_") and k != "codes"}
+        if "labels" in state:  # rows: their codes are on disk, none in memory
+            meta["codes"] = np.zeros((len(state["labels"]), 0), dtype=np.uint8)
+        super().load_state(meta)
         if "disk_used" not in state:  # from an in-memory store: its codes go to disk
-            meta = dict(state)
-            codes = meta.pop("codes", None)
-            if codes is not None:
-                meta["codes"] = np.zeros((len(codes), 0), dtype=np.uint8)
-            super().load_state(meta)
+            codes = state.get("codes")
             self._file, self._slots = None, np.zeros(0, dtype=np.int64)
             if codes is not None and len(codes):
                 self._file = CodeFile.create(self.directory, np.asarray(codes).shape[1])
                 self._slots = self._file.append(np.ascontiguousarray(codes, dtype=np.uint8))
             return
-        meta = {k: v for k, v in state.items() if not k.startswith("disk_")}
-        n = len(state["disk_slots"])
-        if "labels" in state:
-            meta["codes"] = np.zeros((n, 0), dtype=np.uint8)
-        super().load_state(meta)
         used, width = int(state["disk_used"][0]), int(state["disk_row_bytes"][0])
         self._slots = np.asarray(state["disk_slots"]).astype(np.int64)
         self._file = None

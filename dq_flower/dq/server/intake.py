@@ -117,13 +117,9 @@ class ClientIdentities:
 
     def split(self, sampled: Iterable[int], known: Iterable[int]) -> RoundClients:
         """:class:`RoundClients` of ``sampled``; ``known``: identities the server has state of."""
-        out = RoundClients()
-        for node in sampled:
-            identity = self.of(node)
-            if identity is None:
-                out.unknown.append(int(node))
-            else:
-                out.known[int(node)] = identity
+        of = {int(node): self.of(node) for node in sampled}
+        out = RoundClients({n: i for n, i in of.items() if i is not None},
+                           [n for n, i in of.items() if i is None])
         if out.unknown:
             out.free = sorted(i for i in set(known) | set(self.node_of)
                               if self.node_of.get(i) is None

@@ -162,16 +162,13 @@ def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_l
     The model ends at the best snapshot after training began, the learning rate at ``base_lr``.
     """
     tracker = PlateauTracker(rule)
-    result = PhaseResult()
     lr = base_lr
     _set_lr(optimizer, lr)
     # the starting point is scored (for the paired gain) but is no candidate: a lucky score
     # of the old model on a small held-out set cannot throw the new rows' training away
-    first = evaluate()
+    result = PhaseResult(evaluations=1, initial=evaluate())
     best_state: dict[str, torch.Tensor] = {}
-    best_scores = first
-    result.initial = first
-    result.evaluations = 1
+    best_scores = result.initial
     while result.steps < rule.max_steps:
         chunk = min(rule.eval_every, rule.max_steps - result.steps)
         for _ in range(chunk):

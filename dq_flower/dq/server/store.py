@@ -67,17 +67,12 @@ class RowLayout:
         if self.padded_dim != d:
             codes = np.pad(codes, ((0, 0), (0, self.padded_dim - d)))
         rows = pack(codes.reshape(-1), self.bits).reshape(n, self.row_bytes)
-        if self.fixed:
-            side = np.zeros((n, 0), dtype=np.float32)
-        else:
-            mins = p.buffers["mins"].reshape(n, self.groups)
-            scales = p.buffers["scales"].reshape(n, self.groups)
-            side = np.concatenate([mins, scales], axis=1).astype(np.float32)
+        side = (np.zeros((n, 0), dtype=np.float32) if self.fixed else np.concatenate(
+            [p.buffers[k].reshape(n, self.groups) for k in ("mins", "scales")], axis=1
+        ).astype(np.float32))
         seed = p.meta.get("dither_seed")
-        if seed is None:
-            dither = np.zeros((n, 0), dtype=np.int64)
-        else:
-            dither = np.stack([np.full(n, int(seed)), np.arange(n) * d], axis=1).astype(np.int64)
+        dither = (np.zeros((n, 0), dtype=np.int64) if seed is None
+                  else np.stack([np.full(n, int(seed)), np.arange(n) * d], axis=1).astype(np.int64))
         return rows, side, dither
 
     def dequantize(self, codes: np.ndarray, side: np.ndarray, dither: np.ndarray) -> np.ndarray:
