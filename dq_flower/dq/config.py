@@ -212,16 +212,13 @@ class DQConfig(RobustConfig, OptimizerConfig):
               "must be > 0 under the adaptive upload schedule")
         check(self.compensation_mode == "first-step" or self.compensation != "none",
               "compensation_mode", "needs a compensation codec (compensation != 'none')")
-        if self.compensation != "none":
+        for key, used in (("compensation", self.compensation != "none"),
+                          ("gradient_codec", self.upload_mode != "data")):
             try:
-                make(self.compensation, **self.compensation_kwargs)
+                if used:
+                    make(getattr(self, key), **getattr(self, f"{key}_kwargs"))
             except ValueError as exc:
-                raise ValueError(f"compensation: {exc}") from None
-        if self.upload_mode != "data":
-            try:
-                make(self.gradient_codec, **self.gradient_codec_kwargs)
-            except ValueError as exc:
-                raise ValueError(f"gradient_codec: {exc}") from None
+                raise ValueError(f"{key}: {exc}") from None
 
     @property
     def adaptive(self) -> bool:

@@ -14,7 +14,7 @@ from dq_flower.dq.server.node_screen import (
     excess,
     row_keys,
 )
-from dq_flower.dq.server.plateau import HeldOutScores
+from dq_flower.dq.server.schedule import HeldOutScores
 from dq_flower.dq.server.store import SampleStore, StoredRows
 from dq_flower.dq.server.strategy import DQStrategy
 

@@ -1,19 +1,25 @@
-"""Importance of candidate samples: ``loss``, ``gradnorm``, ``entropy`` and ``margin``.
+"""What a DQ client computes with the received model: scores, residuals and gradients.
 
-``uniform`` needs no model and is answered here too.
+Importance of candidate samples (``loss``, ``gradnorm``, ``entropy``, ``margin``; ``uniform``
+needs no model and is answered here too), compensation residuals and minibatch gradients.
 
-This module imports PyTorch; :mod:`dq_flower.dq.client.train` imports it only for a scorer that
-needs the model, so a client without PyTorch runs the ``uniform`` scorer.
+This module imports PyTorch; :mod:`dq_flower.dq.client.train` imports it only for a round whose
+knobs need the model (a scorer other than ``uniform``, compensation, a refreshed residual, a
+gradient round), after :func:`dq_flower.torch_support.require_torch` has named the knob where
+PyTorch is missing, so a client without PyTorch runs the ``uniform`` scorer.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from flwr.app import Message
 
-from dq_flower.model_ops import LossFn, resolve_loss, targets_tensor
+from dq_flower.model_ops import LossFn, resolve_loss, targets_tensor, weighted_loss_grad
+from dq_flower.wire.model import MODEL_KEY, load_model_record
+from dq_flower.wire.node_errors import NodeConfigError
 
-__all__ = ["score_candidates"]
+__all__ = ["score_candidates", "received_model", "quantization_residual", "batch_gradient"]
 
 
 def _last_linear_input(model: torch.nn.Module):
@@ -53,13 +59,13 @@ def score_candidates(
         for i in range(0, x.shape[0], 1024):
             xb = torch.as_tensor(x[i:i + 1024], dtype=torch.float32).to(dev)
             yb = targets_tensor(y[i:i + 1024], dev)
-            if scorer == "loss":
+            if scorer in ("loss", "entropy", "margin"):
                 with torch.no_grad():
-                    scores.append(fn(model(xb), yb).reshape(-1))
-                continue
-            if scorer in ("entropy", "margin"):
-                with torch.no_grad():
-                    p = torch.softmax(model(xb).reshape(xb.shape[0], -1).double(), dim=1)
+                    out = model(xb)
+                    if scorer == "loss":
+                        scores.append(fn(out, yb).reshape(-1))
+                        continue
+                    p = torch.softmax(out.reshape(xb.shape[0], -1).double(), dim=1)
                 if scorer == "entropy":
                     scores.append(-(p * torch.log(p.clamp_min(1e-12))).sum(1))
                 else:
@@ -80,3 +86,35 @@ def score_candidates(
             hook.remove()
         model.train(was_training)
     return torch.cat(scores).double().cpu().numpy()
+
+
+def received_model(msg: Message, model: torch.nn.Module | None,
+                   why: str) -> torch.nn.Module | None:
+    """Load the server's weights into ``model`` when the message carries them."""
+    if MODEL_KEY not in msg.content.array_records:
+        return None
+    if model is None:
+        raise NodeConfigError(f"{why} needs the model: pass model= (your nn.Module) to "
+                              "dq_train")
+    load_model_record(model, msg.content.array_records[MODEL_KEY])
+    return model
+
+
+def quantization_residual(model: torch.nn.Module, x: np.ndarray, xq: np.ndarray,
+                          y: np.ndarray, weights: np.ndarray,
+                          loss_fn: LossFn | None) -> np.ndarray:
+    """``sum_i w_i [grad f(x_i) - grad f(Q(x_i))]``: the true minus the quantized gradient.
+
+    ``x`` and ``xq`` are in the model's input shape; ``weights`` sum to one.
+    """
+    _, g_true = weighted_loss_grad(model, x, y, weights, loss_fn)
+    _, g_quant = weighted_loss_grad(model, xq, y, weights, loss_fn)
+    return g_true - g_quant
+
+
+def batch_gradient(model: torch.nn.Module, x: np.ndarray, y: np.ndarray,
+                   loss_fn: LossFn | None) -> tuple[float, np.ndarray]:
+    """Mean loss and flat gradient of the model over the minibatch ``(x, y)``."""
+    size = x.shape[0]
+    loss, grad = weighted_loss_grad(model, x, y, np.full(size, 1.0 / size), loss_fn)
+    return float(loss), grad

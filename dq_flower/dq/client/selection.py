@@ -84,21 +84,14 @@ def select(scores: np.ndarray, budget: int, rule: str, rng: np.random.Generator,
     m = min(int(budget), n)
     if m <= 0:
         return Selection(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-    if rule == "topk":
-        order = rng.permutation(n)
-        top = order[np.argsort(-scores[order], kind="stable")[:m]]
-        idx = np.sort(top)
-    elif rule == "threshold":
-        above = np.flatnonzero(scores >= threshold)
-        top = above[np.argsort(-scores[above], kind="stable")[:m]]
-        idx = np.sort(top)
-    elif rule == "sample":
-        pi = inclusion_probabilities(scores, m)
-        idx = _systematic(pi, rng)
-        weights = (1.0 / (n * pi[idx])).astype(np.float32)
-        return Selection(idx.astype(np.int64), weights)
-    else:
+    if rule in ("topk", "threshold"):  # the highest scores (topk: ties in a random order)
+        pool = rng.permutation(n) if rule == "topk" else np.flatnonzero(scores >= threshold)
+        idx = np.sort(pool[np.argsort(-scores[pool], kind="stable")[:m]])
+        k = idx.size
+        return Selection(idx.astype(np.int64),
+                         np.full(k, 1.0 / k if k else 0.0, dtype=np.float32))
+    if rule != "sample":
         raise ValueError(f"selection-rule must be one of {RULES}, got {rule!r}")
-    k = idx.size
-    weights = np.full(k, 1.0 / k if k else 0.0, dtype=np.float32)
-    return Selection(idx.astype(np.int64), weights)
+    pi = inclusion_probabilities(scores, m)
+    idx = _systematic(pi, rng)
+    return Selection(idx.astype(np.int64), (1.0 / (n * pi[idx])).astype(np.float32))

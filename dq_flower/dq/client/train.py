@@ -17,8 +17,8 @@ identity, held set and received model.
 and, under ``compensation-mode="refresh"``, the samples sent in each round.
 
 A data round with the ``uniform`` scorer and no compensation imports no PyTorch; the knobs
-that need the model (:func:`model_knob`) import it (``client_model``, ``scoring``) only
-where used, and fail before any work, naming the knob, where it is missing.
+that need the model (:func:`model_knob`) import it (``scoring``) only where used, and fail
+before any work, naming the knob, where it is missing.
 """
 
 from __future__ import annotations
@@ -96,21 +96,13 @@ def _sent_rounds(context: Context) -> list[int]:
                   if k.startswith(SENT_ROWS_PREFIX))
 
 
-def _forget_sent_from(context: Context, server_round: int) -> None:
-    """Drop the uploads of rounds the server is serving again (it did not keep them)."""
-    for rnd in _sent_rounds(context):
-        if rnd >= server_round:
-            del context.state[f"{SENT_PREFIX}{rnd}"]
-            del context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
-
-
 def _sent_rows(context: Context, x_flat: np.ndarray, y: np.ndarray, mode: str
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Every earlier upload's ``x_i``, ``Q(x_i)``, ``y_i`` and normalised weights ``w_i``.
 
     ``Q(x_i)`` is decoded from the very payloads sent, so it is what the server stores.
     """
-    xs, xqs, ys, ws = [], [], [], []
+    parts = []
     for rnd in _sent_rounds(context):
         payload = Payload.from_record(context.state.array_records[f"{SENT_PREFIX}{rnd}"])
         rows = context.state.array_records[f"{SENT_ROWS_PREFIX}{rnd}"]
@@ -120,21 +112,17 @@ def _sent_rows(context: Context, x_flat: np.ndarray, y: np.ndarray, mode: str
                                bool(meta.get("fixed_range", False))).decode(payload)
         if mode == "feature":
             xq = denormalise(xq, *feature_ranges(x_flat))
-        xs.append(x_flat[ids])
-        xqs.append(xq)
-        ys.append(y[ids])
-        ws.append(rows["weights"].numpy().astype(np.float64))
-    if not xs:
+        parts.append((x_flat[ids], xq, y[ids], rows["weights"].numpy().astype(np.float64)))
+    if not parts:
         return None
-    w = np.concatenate(ws)
-    return (np.concatenate(xs), np.concatenate(xqs), np.concatenate(ys),
-            (w / w.sum()).astype(np.float32))
+    xs, xqs, ys, w = (np.concatenate(p) for p in zip(*parts, strict=True))
+    return xs, xqs, ys, (w / w.sum()).astype(np.float32)
 
 
 def _coded_residual(r: RoundInput, cfg: DQConfig, model: torch.nn.Module, x: np.ndarray,
                     xq: np.ndarray, y: np.ndarray, w: np.ndarray, ef_key: str) -> Payload:
     """``sum_i w_i [grad f(x_i) - grad f(xq_i)]``, coded with error feedback at ``ef_key``."""
-    from dq_flower.dq.client.client_model import quantization_residual  # PyTorch: deferred
+    from dq_flower.dq.client.scoring import quantization_residual  # PyTorch: deferred
 
     shape = (-1, *r.spec.sample_shape)
     delta = quantization_residual(model, x.reshape(shape), xq.reshape(shape), y, w, r.loss_fn)
@@ -149,11 +137,13 @@ def _needed(model: torch.nn.Module | None, what: str) -> torch.nn.Module:
     return model
 
 
-def _reply(content: RecordDict, msg: Message, spec: DataSpec,
-           metrics: dict[str, Any]) -> Message:
-    content[SPEC_KEY] = spec_record(spec)
-    content["metrics"] = MetricRecord(metrics)
-    return Message(content=content, reply_to=msg)
+def _reply(r: RoundInput, content: RecordDict, bits: int, metrics: dict[str, Any]) -> Message:
+    """``content`` with the data spec and the round's metrics (``metrics`` in the middle)."""
+    content[SPEC_KEY] = spec_record(r.spec)
+    content["metrics"] = MetricRecord({
+        "num-examples": int(r.x.shape[0]), "partition-id": int(r.key), **metrics,
+        "up-payload-bits": int(bits), "client-time-s": time.perf_counter() - r.t0})
+    return Message(content=content, reply_to=r.msg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +168,7 @@ class RoundInput:
 
 def _gradient_round(r: RoundInput) -> Message:
     """Reply to a gradient round: a coded minibatch gradient at the server's model."""
-    from dq_flower.dq.client.client_model import batch_gradient, received_model  # PyTorch: deferred
+    from dq_flower.dq.client.scoring import batch_gradient, received_model  # PyTorch: deferred
 
     model = _needed(received_model(r.msg, r.model,
                                    "a gradient round (upload-mode gradient or auto)"),
@@ -189,11 +179,8 @@ def _gradient_round(r: RoundInput) -> Message:
     loss, grad = batch_gradient(model, x[idx], y[idx], r.loss_fn)
     codec = make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
     payload = encode_with_feedback(codec, grad, r.rng, r.context, GRAD_EF_KEY)
-    metrics = {"num-examples": int(x.shape[0]), "partition-id": int(r.key),
-               "train-loss": float(loss), "up-payload-bits": int(payload.nbits),
-               "client-time-s": time.perf_counter() - r.t0}
-    return _reply(RecordDict({GRADIENT_KEY: payload.to_record()}), r.msg, spec_of(x, y),
-                  metrics)
+    return _reply(r, RecordDict({GRADIENT_KEY: payload.to_record()}), payload.nbits,
+                  {"train-loss": float(loss)})
 
 
 def dq_train(msg: Message, context: Context, data: Any, *,
@@ -243,9 +230,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     if knob is not None:  # before any work: name the knob where PyTorch is missing
         require_torch(knob)
     server_round = int(config["server-round"])
-    round_seed = int(config.get("round-seed", 0))
     key = node_key(context)
-    rng = round_rng(round_seed, server_round, key)
+    rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
     x_all, y = as_arrays(data, keys)
     r = RoundInput(msg, context, config, cfg, knob, x_all, y, spec_of(x_all, y),
                    model, loss_fn, server_round, key, rng, t0)
@@ -272,7 +258,8 @@ def _data_round(r: RoundInput) -> Message:
                       bool(config.get("send-ranges", True)))
     compensation = None
     if cfg.compensation != "none" and chosen.size:
-        compensation = _compensation(r, cfg, coded, y[chosen], sel.weights, model)
+        compensation = _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb,
+                                       coded.decoded(), y[chosen], sel.weights, EF_KEY)
     refresh = _refresh(r, cfg, x_flat, model, coded.mode)
 
     content, payload_bits = encode_batch(
@@ -280,17 +267,17 @@ def _data_round(r: RoundInput) -> Message:
     if refresh is not None:
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)
-    if cfg.compensation_mode == "refresh" and chosen.size:
-        _remember_sent(context, r.server_round, coded.samples, chosen, represents)
+    if cfg.compensation_mode == "refresh" and chosen.size:  # for later refreshed residuals
+        context.state[f"{SENT_PREFIX}{r.server_round}"] = coded.samples.to_record()
+        context.state[f"{SENT_ROWS_PREFIX}{r.server_round}"] = ArrayRecord({
+            "ids": Array(chosen.astype(np.int64)),
+            "weights": Array(represents.astype(np.float32))})
     for name, record in coded.extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
-    metrics = {"num-examples": int(n), "partition-id": int(r.key),
-               "candidates": int(candidates.size), "selected": int(chosen.size),
-               CAN_SCORE_KEY: int(r.model is not None),
-               "up-payload-bits": int(payload_bits),
-               "client-time-s": time.perf_counter() - r.t0}
-    return _reply(content, r.msg, spec, metrics)
+    return _reply(r, content, payload_bits, {"candidates": int(candidates.size),
+                                             "selected": int(chosen.size),
+                                             CAN_SCORE_KEY: int(r.model is not None)})
 
 
 def _scores(r: RoundInput, cfg: DQConfig,
@@ -298,8 +285,7 @@ def _scores(r: RoundInput, cfg: DQConfig,
     """The model the round uses (``None`` where it needs none) and the candidates' scores."""
     if r.knob is None:  # the uniform scorer, no compensation: no model, no PyTorch
         return None, np.ones(candidates.size)
-    from dq_flower.dq.client.client_model import received_model  # PyTorch: deferred
-    from dq_flower.dq.client.scoring import score_candidates  # PyTorch: deferred
+    from dq_flower.dq.client.scoring import received_model, score_candidates  # PyTorch: deferred
 
     model = received_model(r.msg, r.model, r.knob)
     scores = score_candidates(cfg.scorer, model, r.x[candidates], r.y[candidates], r.loss_fn)
@@ -367,30 +353,17 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
     return coded
 
 
-def _compensation(r: RoundInput, cfg: DQConfig, coded: _Coded, y: np.ndarray,
-                  weights: np.ndarray, model: torch.nn.Module | None) -> Payload:
-    """The coded gradient of the quantization residual of the chosen rows."""
-    return _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb, coded.decoded(),
-                           y, weights, EF_KEY)
-
-
 def _refresh(r: RoundInput, cfg: DQConfig, x_flat: np.ndarray,
              model: torch.nn.Module | None, mode: str) -> Payload | None:
     """Under ``compensation-mode = "refresh"``: the refreshed residual the round asks for."""
     if cfg.compensation_mode != "refresh":
         return None
-    _forget_sent_from(r.context, r.server_round)
+    for rnd in _sent_rounds(r.context):  # rounds the server serves again: it kept none of them
+        if rnd >= r.server_round:
+            del r.context.state[f"{SENT_PREFIX}{rnd}"]
+            del r.context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
     if not bool(r.config.get("refresh", False)):
         return None
     model = _needed(model, "a refreshed residual")
     sent = _sent_rows(r.context, x_flat, r.y, mode)
     return None if sent is None else _coded_residual(r, cfg, model, *sent, REFRESH_EF_KEY)
-
-
-def _remember_sent(context: Context, server_round: int, samples: Payload, chosen: np.ndarray,
-                   represents: np.ndarray) -> None:
-    """Keep what this round sent, for later refreshed residuals."""
-    context.state[f"{SENT_PREFIX}{server_round}"] = samples.to_record()
-    context.state[f"{SENT_ROWS_PREFIX}{server_round}"] = ArrayRecord({
-        "ids": Array(chosen.astype(np.int64)),
-        "weights": Array(represents.astype(np.float32))})

@@ -93,11 +93,8 @@ class RoundAsks:
 
     def note_scorers(self, identities: dict[int, bool]) -> None:
         """Remember which identities hold the model (their replies' ``can-score``)."""
-        for identity, can in identities.items():
-            if can:
-                self.can_score.add(int(identity))
-            else:
-                self.can_score.discard(int(identity))
+        self.can_score -= {int(i) for i, can in identities.items() if not can}
+        self.can_score |= {int(i) for i, can in identities.items() if can}
 
     def refresh_round(self, server_round: int) -> bool:
         """Whether clients send refreshed residuals this round (``compensation-mode``)."""
@@ -109,9 +106,7 @@ class RoundAsks:
         """The config every node of the round gets: the client knobs and the round's own."""
         cfg = ConfigRecord(dict(config.items()))
         knobs = to_config_record(self.cfg)
-        for key in CLIENT_KEYS:
-            if key in knobs:
-                cfg[key] = knobs[key]
+        cfg.update({key: knobs[key] for key in CLIENT_KEYS if key in knobs})
         cfg["server-round"] = server_round
         seed_rng = round_rng(self.seed, server_round, 0, Purpose.ROUND_SEED)
         cfg["round-seed"] = int(seed_rng.integers(2**31))
@@ -198,15 +193,12 @@ class RoundAsks:
         total = schedule.round_ask(self.data.stored)
         if total <= 0:
             return {}
-        left: dict[int, int | None] = {}
         cap = self.rows_cap()
-        for key in keys:
-            known = self.planner.clients.get(int(key))
-            left[key] = (None if known is None else
-                         known[0] if self.cfg.resend
-                         else max(int(min(known[0], cap)) - known[1], 0))
-            if int(key) in self.trainer.excluded:
-                left[key] = 0  # its rows disagree with the others': not asked
+        left: dict[int, int | None] = {  # an excluded client's rows disagree: it is not asked
+            key: 0 if int(key) in self.trainer.excluded
+            else None if (known := self.planner.clients.get(int(key))) is None
+            else known[0] if self.cfg.resend else max(int(min(known[0], cap)) - known[1], 0)
+            for key in keys}
         if all(v == 0 for v in left.values()) and set(self.planner.clients) <= set(keys):
             schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
             return {}

@@ -53,9 +53,8 @@ class ControlVariate:
         total = sum(self.weights.values())
         if total <= 0:
             return np.zeros(self.dim, dtype=np.float32)
-        acc = np.zeros(self.dim, dtype=np.float64)
-        for s in self.sums.values():
-            acc += s.astype(np.float64)
+        acc = sum((s.astype(np.float64) for s in self.sums.values()),
+                  np.zeros(self.dim, dtype=np.float64))
         return (acc / total).astype(np.float32)
 
     def state(self) -> dict:

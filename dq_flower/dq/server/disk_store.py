@@ -170,36 +170,30 @@ class DiskSampleStore(SampleStore):
         """Arrays for a checkpoint: the metadata and where each row's codes are on disk."""
         out = super().state()
         out.pop("codes", None)
-        if self._file is not None:
-            self._file.flush()
-        out.update({
-            "disk_dir": str(self.directory.resolve()),
-            "disk_used": np.array([0 if self._file is None else self._file.used]),
-            "disk_row_bytes": np.array([0 if self._file is None else self._file.row_bytes]),
-            "disk_fingerprint": np.array([0 if self._file is None
-                                          else self._file.fingerprint()], dtype=np.int64),
-            "disk_slots": _narrow_uint(self._slots),
-        })
+        file = self._file
+        if file is not None:
+            file.flush()
+        used, width, crc = (0, 0, 0) if file is None else (file.used, file.row_bytes,
+                                                           file.fingerprint())
+        out.update({"disk_dir": str(self.directory.resolve()), "disk_used": np.array([used]),
+                    "disk_row_bytes": np.array([width]),
+                    "disk_fingerprint": np.array([crc], dtype=np.int64),
+                    "disk_slots": _narrow_uint(self._slots)})
         return out
 
     def load_state(self, state: dict) -> None:
         """Inverse of :meth:`state`; an in-memory store's state is written to the file."""
+        meta = {k: v for k, v in state.items() if not k.startswith("disk_") and k != "codes"}
+        if "labels" in state:  # rows: their codes are on disk, none in memory
+            meta["codes"] = np.zeros((len(state["labels"]), 0), dtype=np.uint8)
+        super().load_state(meta)
         if "disk_used" not in state:  # from an in-memory store: its codes go to disk
-            meta = dict(state)
-            codes = meta.pop("codes", None)
-            if codes is not None:
-                meta["codes"] = np.zeros((len(codes), 0), dtype=np.uint8)
-            super().load_state(meta)
+            codes = state.get("codes")
             self._file, self._slots = None, np.zeros(0, dtype=np.int64)
             if codes is not None and len(codes):
                 self._file = CodeFile.create(self.directory, np.asarray(codes).shape[1])
                 self._slots = self._file.append(np.ascontiguousarray(codes, dtype=np.uint8))
             return
-        meta = {k: v for k, v in state.items() if not k.startswith("disk_")}
-        n = len(state["disk_slots"])
-        if "labels" in state:
-            meta["codes"] = np.zeros((n, 0), dtype=np.uint8)
-        super().load_state(meta)
         used, width = int(state["disk_used"][0]), int(state["disk_row_bytes"][0])
         self._slots = np.asarray(state["disk_slots"]).astype(np.int64)
         self._file = None

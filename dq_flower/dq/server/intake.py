@@ -99,8 +99,13 @@ class ClientIdentities:
         self.identity_of: dict[int, int] = {}
         self.node_of: dict[int, int] = {}
         self.connected: set[int] = set()
-        self._claims: tuple[int, dict[int, int]] = (0, {})
-        self._contests: tuple[int, set[int]] = (0, set())
+        self._round = 0  # the round of the claims and contests below
+        self._claims: dict[int, int] = {}
+        self._contests: set[int] = set()
+
+    def _in_round(self, server_round: int) -> None:  # a new round's claims start afresh
+        if self._round != server_round:
+            self._round, self._claims, self._contests = server_round, {}, set()
 
     def of(self, node: int) -> int | None:
         """The identity bound to ``node``, or ``None``."""
@@ -112,13 +117,9 @@ class ClientIdentities:
 
     def split(self, sampled: Iterable[int], known: Iterable[int]) -> RoundClients:
         """:class:`RoundClients` of ``sampled``; ``known``: identities the server has state of."""
-        out = RoundClients()
-        for node in sampled:
-            identity = self.of(node)
-            if identity is None:
-                out.unknown.append(int(node))
-            else:
-                out.known[int(node)] = identity
+        of = {int(node): self.of(node) for node in sampled}
+        out = RoundClients({n: i for n, i in of.items() if i is not None},
+                           [n for n, i in of.items() if i is None])
         if out.unknown:
             out.free = sorted(i for i in set(known) | set(self.node_of)
                               if self.node_of.get(i) is None
@@ -143,26 +144,21 @@ class ClientIdentities:
         if bound is not None and bound != node and bound in self.connected:
             raise PayloadError(f"client identity {identity} belongs to node {bound}, which is "
                                "still connected")
-        rnd, claims = self._claims
-        claimed = claims.get(identity) if rnd == server_round else None
+        self._in_round(server_round)
+        claimed = self._claims.get(identity)
         if claimed is not None and claimed != node:
-            if self._contests[0] != server_round:
-                self._contests = (server_round, set())
-            self._contests[1].add(identity)
+            self._contests.add(identity)
             raise PayloadError(f"client identity {identity} is contested this round by nodes "
                                f"{claimed} and {node}: granted to neither")
 
     def contested(self, server_round: int) -> set[int]:
         """Identities two or more nodes claimed in ``server_round`` (granted to none)."""
-        rnd, contests = self._contests
-        return set(contests) if rnd == server_round else set()
+        return set(self._contests) if self._round == server_round else set()
 
     def claim(self, server_round: int, node: int, identity: int) -> None:
         """Record a valid reply's claim (later claims of the identity this round fail)."""
-        rnd, claims = self._claims
-        if rnd != server_round:
-            self._claims = (server_round, {})
-        self._claims[1][int(identity)] = int(node)
+        self._in_round(server_round)
+        self._claims[int(identity)] = int(node)
 
     def bind(self, node: int, identity: int) -> None:
         """An accepted reply: ``node`` is ``identity`` (dropping either side's old binding)."""
@@ -234,13 +230,11 @@ class UploadIntake:
         groups = spec.channels if self.data.mode == "channel" else 1
         layout = self.data.layout = RowLayout(spec.dim, cfg.bits, max(groups, 1),
                                               fixed=self.data.mode == "feature")
-        if cfg.store_dir:  # the codes on disk, the rest in memory
-            self.data.store = DiskSampleStore(layout.dequantize, cfg.store_dir,
-                                              max_samples=cfg.max_store_samples,
-                                              eviction=cfg.store_eviction, seed=self.seed)
-        else:
-            self.data.store = SampleStore(layout.dequantize, max_samples=cfg.max_store_samples,
-                                          eviction=cfg.store_eviction, seed=self.seed)
+        limits: dict[str, Any] = {"max_samples": cfg.max_store_samples,
+                                  "eviction": cfg.store_eviction, "seed": self.seed}
+        self.data.store = (DiskSampleStore(layout.dequantize, cfg.store_dir, **limits)
+                           if cfg.store_dir  # the codes on disk, the rest in memory
+                           else SampleStore(layout.dequantize, **limits))
         if self.measuring and self.planner.sample_bits == 0.0:
             est = first_estimates(cfg, self.data.mode, spec.dim, spec.channels,
                                   self.data.num_classes or 2, self.comp_codec, self.num_params,
@@ -425,18 +419,15 @@ class UploadIntake:
         assert self.data.layout is not None
         codes, side, dither = self.data.layout.rows(batch.samples if samples is None else samples)
         kept = kept_rows(batch)  # a reply whose rows the server already held lost those
-        if kept is not None:
-            codes, side, dither = codes[kept], side[kept], dither[kept]
-        return codes, side, dither
+        return (codes, side, dither) if kept is None else (codes[kept], side[kept], dither[kept])
 
-    def rows(self, batch: SampleBatch, node: int, samples: Payload | None = None,
-             packed: Packed | None = None) -> StoredRows:
+    def rows(self, batch: SampleBatch, node: int, packed: Packed | None = None) -> StoredRows:
         """The store's rows of a checked batch of client ``node`` (held-out ones chosen).
 
-        ``packed``: the rows as :meth:`packed` gives them (default: computed from ``samples``).
+        ``packed``: the rows as :meth:`packed` gives them (default: computed from the batch).
         """
         assert self.data.store is not None
-        codes, side, dither = self.packed(batch, samples) if packed is None else packed
+        codes, side, dither = self.packed(batch) if packed is None else packed
         n = len(batch)
         holdout = None
         if self.cfg.adaptive:

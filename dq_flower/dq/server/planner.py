@@ -82,10 +82,9 @@ class UploadPlanner:
     def plan(self, nodes: list[int], rounds_left: int) -> RoundPlan:
         """Project both modes' uplink over ``rounds_left`` rounds with ``nodes``; choose."""
         rounds_left = max(int(rounds_left), 1)
-        data = 0.0
-        for node in nodes:
-            k = self.samples_left(node, rounds_left)
-            data += k * self.sample_bits + -(-k // self.budget) * self.reply_bits
+        left = [self.samples_left(node, rounds_left) for node in nodes]
+        data = sum((k * self.sample_bits + -(-k // self.budget) * self.reply_bits for k in left),
+                   0.0)
         grad = rounds_left * len(nodes) * self.gradient_bits
         choice = "gradient" if grad < data else "data"
         return RoundPlan(choice if self.mode == "auto" else self.mode, data, grad)

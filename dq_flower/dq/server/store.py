@@ -67,50 +67,41 @@ class RowLayout:
         if self.padded_dim != d:
             codes = np.pad(codes, ((0, 0), (0, self.padded_dim - d)))
         rows = pack(codes.reshape(-1), self.bits).reshape(n, self.row_bytes)
-        if self.fixed:
-            side = np.zeros((n, 0), dtype=np.float32)
-        else:
-            mins = p.buffers["mins"].reshape(n, self.groups)
-            scales = p.buffers["scales"].reshape(n, self.groups)
-            side = np.concatenate([mins, scales], axis=1).astype(np.float32)
+        side = (np.zeros((n, 0), dtype=np.float32) if self.fixed else np.concatenate(
+            [p.buffers[k].reshape(n, self.groups) for k in ("mins", "scales")], axis=1
+        ).astype(np.float32))
         seed = p.meta.get("dither_seed")
-        if seed is None:
-            dither = np.zeros((n, 0), dtype=np.int64)
-        else:
-            dither = np.stack([np.full(n, int(seed)), np.arange(n) * d], axis=1).astype(np.int64)
+        dither = (np.zeros((n, 0), dtype=np.int64) if seed is None
+                  else np.stack([np.full(n, int(seed)), np.arange(n) * d], axis=1).astype(np.int64))
         return rows, side, dither
 
     def dequantize(self, codes: np.ndarray, side: np.ndarray, dither: np.ndarray) -> np.ndarray:
-        """Float32 ``(n, dim)`` rows from the row layout."""
+        """Float32 ``(n, dim)`` rows from the row layout.
+
+        Fixed ranges: with the ``uniform`` decoder's own arithmetic (bit-identical).
+        """
         n = codes.shape[0]
-        if self.fixed:
-            return self._dequantize_fixed(codes, dither)
-        g, width = self.groups, self.dim // self.groups
         values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
-        values = values.reshape(n, self.padded_dim)[:, : self.dim].astype(np.float32)
+        values = values.reshape(n, self.padded_dim)[:, : self.dim]
+        if self.fixed:
+            top = (1 << self.bits) - 1
+            out = (np.arange(top + 1) / top).astype(np.float32)[values]
+            if dither.shape[1]:
+                step = cast(Uniform, make("uniform", bits=self.bits, fixed_range=True)).fixed_step
+                for i, (s, o) in enumerate(dither):
+                    u = dither_offsets(int(s), int(o), self.dim)
+                    u -= np.float32(0.5)
+                    u *= step
+                    out[i] -= u
+            return out
+        g, width = self.groups, self.dim // self.groups
         mins, scales = side[:, :g], side[:, g:]
-        out = values.reshape(n, g, width) * scales[:, :, None]
+        out = values.astype(np.float32).reshape(n, g, width) * scales[:, :, None]
         if dither.shape[1]:
             u = np.stack([dither_offsets(int(s), int(o), self.dim) for s, o in dither])
             out -= (u.reshape(n, g, width) - np.float32(0.5)) * scales[:, :, None]
         out += mins[:, :, None]
         return out.reshape(n, self.dim)
-
-    def _dequantize_fixed(self, codes: np.ndarray, dither: np.ndarray) -> np.ndarray:
-        """Fixed-range rows, with the ``uniform`` decoder's own arithmetic (bit-identical)."""
-        n = codes.shape[0]
-        top = (1 << self.bits) - 1
-        ramp = (np.arange(top + 1) / top).astype(np.float32)
-        values = unpack(np.ascontiguousarray(codes).reshape(-1), self.bits, n * self.padded_dim)
-        out = ramp[values.reshape(n, self.padded_dim)[:, : self.dim]]
-        if dither.shape[1]:
-            step = cast(Uniform, make("uniform", bits=self.bits, fixed_range=True)).fixed_step
-            for i, (s, o) in enumerate(dither):
-                u = dither_offsets(int(s), int(o), self.dim)
-                u -= np.float32(0.5)
-                u *= step
-                out[i] -= u
-        return out
 
 
 @dataclass(frozen=True)
@@ -256,13 +247,10 @@ class SampleStore:
 
     def received(self, node: int) -> np.ndarray:
         """Sorted int64 ids of every row received from ``node`` (evicted ones included)."""
-        stored = np.zeros(0, dtype=np.int64)
-        if (mine := self._mine(node)) is not None and self._rows is not None:
-            stored = self._rows.ids[mine].astype(np.int64)
-        evicted = self._evicted_ids.get(int(node))
-        if evicted is not None:
-            stored = np.concatenate([stored, evicted.astype(np.int64)])
-        return np.unique(stored)
+        mine, rows, none = self._mine(node), self._rows, np.zeros(0, dtype=np.int64)
+        stored = none if mine is None or rows is None else rows.ids[mine]
+        evicted = self._evicted_ids.get(int(node), none)
+        return np.unique(np.concatenate([stored.astype(np.int64), evicted.astype(np.int64)]))
 
     def was_received(self, node: int, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` from ``node`` the store received before."""
@@ -433,12 +421,10 @@ class SampleStore:
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:
         """Arrays for a checkpoint."""
+        rows = self._rows
         out = {"node_table": np.array(self.clients, dtype=np.uint64),
-               "evicted": np.array([self.evicted]),
-               "rng": self._rng.bit_generator.state}
-        if self._rows is not None:
-            for f in _FIELDS:
-                out[f] = getattr(self._rows, f)
+               "evicted": np.array([self.evicted]), "rng": self._rng.bit_generator.state,
+               **({} if rows is None else {f: getattr(rows, f) for f in _FIELDS})}
         nodes = sorted(self._evicted_ids)
         out["evicted_nodes"] = np.array(nodes, dtype=np.uint64)
         out["evicted_counts"] = np.array([self._evicted_ids[n].size for n in nodes],

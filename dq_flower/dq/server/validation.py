@@ -339,13 +339,9 @@ def screen_claims(uploads: list[Upload], known: Mapping[int, int]
     if not values:
         return list(uploads), []
     low = _median(values, lower=True)
-    kept, refused = [], []
-    for u in uploads:
-        if u.examples > EXAMPLES_FACTOR * low:
-            refused.append((u, f"'num-examples'={u.examples} is over {EXAMPLES_FACTOR:g} "
-                               f"times the median node's {low:g}"))
-        else:
-            kept.append(u)
+    kept = [u for u in uploads if u.examples <= EXAMPLES_FACTOR * low]
+    refused = [(u, f"'num-examples'={u.examples} is over {EXAMPLES_FACTOR:g} times the median "
+                   f"node's {low:g}") for u in uploads if u.examples > EXAMPLES_FACTOR * low]
     gone = {u.node for u, _ in refused}
     rest = {**known, **{u.node: u.examples for u in kept}}
     values = [v for node, v in rest.items() if v > 0 and node not in gone]
