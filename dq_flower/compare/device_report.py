@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq_flower.compare.devices import MEASURED, ComputeProfile
-from dq_flower.compare.fmt import fmt_seconds, is_failed, pct
-from dq_flower.compare.links import LinkProfile, cumulative_times, time_to_target
-from dq_flower.compare.sections import links_of
+from dq_flower.compare.fmt import fmt_seconds, is_failed, pct, time_cell
+from dq_flower.compare.links import LinkProfile, cumulative_times, links_of, time_to_target
 from dq_flower.compare.work import Workload, profiled_history, workload_of
 
 __all__ = ["PairTime", "pair_times", "device_link_table", "device_section", "device_verdict",
@@ -48,12 +47,9 @@ def pair_times(results: Mapping[str, Any], workload: Workload, device: ComputePr
     return out
 
 
-def _cell(t: PairTime) -> str:
-    if not t.runs:
-        return "cannot train"
-    if t.to_target is not None:
-        return fmt_seconds(t.to_target)
-    return "-" if t.total is None else f"not reached ({fmt_seconds(t.total)})"
+def _fastest(times: Sequence[PairTime]) -> tuple[float, str] | None:
+    """``(seconds, label)`` of the first run to reach the target (``None``: none did)."""
+    return min(((t.to_target, t.label) for t in times if t.to_target is not None), default=None)
 
 
 def _mflop(flops: float) -> str:
@@ -86,11 +82,11 @@ def device_link_table(results: Mapping[str, Any], workload: Workload,
         for link in links:
             times = pair_times(results, workload, device, server, link)
             by_label = {t.label: t for t in times}
-            reached = [(t.to_target, t.label) for t in times if t.to_target is not None]
-            fastest = min(reached)[1] if reached else "none reached"
+            fastest = _fastest(times)
             lines.append(f"| {device.name} | {link.name} | "
-                         + " | ".join(_cell(by_label[x]) for x in labels)
-                         + f" | {fastest} |")
+                         + " | ".join(time_cell(by_label[x].to_target, by_label[x].total)
+                                      if by_label[x].runs else "cannot train" for x in labels)
+                         + f" | {fastest[1] if fastest else 'none reached'} |")
     lines += ["", "Profiles and their sources:", ""]
     for profile in [*devices, *([server] if server not in devices else [])]:
         lines.append(f"- {profile.describe()}: {profile.source}.")
@@ -101,14 +97,14 @@ def device_link_table(results: Mapping[str, Any], workload: Workload,
 
 def device_section(results: Mapping[str, Any]) -> list[str]:
     """:func:`device_link_table` from ``results``' own fields (``[]`` without them)."""
-    if not results.get("workload") or not results.get("devices"):
-        return []
-    workload, devices, server, links = _profiles(results)
-    return device_link_table(results, workload, devices, server, links) if links else []
+    profiles = _profiles(results)
+    return device_link_table(results, *profiles) if profiles and profiles[3] else []
 
 
 def _profiles(results: Mapping[str, Any]
-              ) -> tuple[Workload, list[ComputeProfile], ComputeProfile, list[LinkProfile]]:
+              ) -> tuple[Workload, list[ComputeProfile], ComputeProfile, list[LinkProfile]] | None:
+    if not results.get("workload") or not results.get("devices"):
+        return None
     workload = Workload.from_json(results["workload"])
     devices = [ComputeProfile.from_json(d) for d in results["devices"]]
     server_data = results.get("server_device")
@@ -118,19 +114,18 @@ def _profiles(results: Mapping[str, Any]
 
 def device_verdict(results: Mapping[str, Any]) -> list[str]:
     """Verdict lines: per device profile, the fastest method to the target on each link."""
-    if not results.get("workload") or not results.get("devices"):
+    profiles = _profiles(results)
+    if profiles is None:
         return []
-    workload, devices, server, links = _profiles(results)
+    workload, devices, server, links = profiles
     target = pct(float(results["target_accuracy"]))
     out = []
     for device in devices:
         parts = []
         for link in links:
-            reached = [(t.to_target, t.label) for t in
-                       pair_times(results, workload, device, server, link)
-                       if t.to_target is not None]
-            parts.append(f"{link.name} {min(reached)[1]} ({fmt_seconds(min(reached)[0])})"
-                         if reached else f"{link.name} none")
+            fastest = _fastest(pair_times(results, workload, device, server, link))
+            parts.append(f"{link.name} {fastest[1]} ({fmt_seconds(fastest[0])})"
+                         if fastest else f"{link.name} none")
         if parts:
             out.append(f"- Fastest to {target} with every client on {device.name} (server "
                        f"on {server.name}): " + "; ".join(parts) + ".")

@@ -21,7 +21,7 @@ from typing import Any
 from dq_flower.compare.framing import Framing, iridium_sbd_seconds, lorawan_framing
 
 __all__ = ["LinkProfile", "BUILTIN_LINKS", "DEFAULT_LINKS", "parse_link", "parse_links",
-           "round_time", "cumulative_times", "time_to_target"]
+           "round_time", "cumulative_times", "time_to_target", "links_of"]
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,11 @@ def parse_links(texts: Sequence[str]) -> list[LinkProfile]:
     if len(set(names)) != len(names):
         raise ValueError(f"link names must be unique, got {', '.join(names)}")
     return links
+
+
+def links_of(results: Mapping[str, Any]) -> list[LinkProfile]:
+    """The link profiles of ``results``."""
+    return [LinkProfile.from_json(x) for x in results.get("links") or []]
 
 
 def round_time(row: Mapping[str, Any], link: LinkProfile) -> float | None:
