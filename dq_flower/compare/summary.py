@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dq_flower.codecs import coder_for, names
-from dq_flower.compare.device_report import device_section, device_verdict
 from dq_flower.compare.fmt import (
     fmt_bytes,
     fmt_ratio,
@@ -23,6 +22,7 @@ from dq_flower.compare.fmt import (
 )
 from dq_flower.compare.grids import describe_axes, step_axes
 from dq_flower.compare.links import cumulative_times, links_of, time_to_target
+from dq_flower.compare.work import device_section, device_verdict
 from dq_flower.harness.method_registry import family_of
 
 __all__ = ["REFERENCE", "UNSTABLE_DROP", "coder_of_run", "is_failed", "failed_runs",
