@@ -8,7 +8,6 @@ knob or a missing file is reported before the first method runs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import platform
@@ -287,69 +286,52 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
     check_data(preset)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = _new_results(preset, engine, command, links)
+    results: dict[str, Any] = {
+        "format": RESULTS_FORMAT, "preset": {**asdict(preset), "methods": list(preset.methods)},
+        "engine": engine, "target_accuracy": preset.target_accuracy,
+        "high_target_accuracy": preset.high_target_accuracy,
+        "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
+        "command": command, "environment": _environment(), "runs": [], "total_wall_s": 0.0}
     if devices:
         train_rows = plans[0].resolved.get("train-rows", 0) if plans else 0
         attach_devices(results, devices, server_device, int(train_rows or 0))
     earlier = _reusable(out, engine) if resume else {}
-    execute = functools.partial(_execute, engine=engine, verbose=verbose,
-                                num_cpus_per_client=num_cpus_per_client,
-                                num_gpus_per_client=num_gpus_per_client,
-                                ray_address=ray_address)
+    t0 = time.perf_counter()
     with quiet_flower(verbose):
-        _run_plans(plans, results, earlier, execute, progress, preset.target_accuracy, out)
+        for i, plan in enumerate(plans, start=1):
+            # the earlier finished runs still ahead in the list stay in the file (under
+            # "pending", which the reports ignore) until they are reached: an interrupted
+            # --resume must not lose them
+            results["pending"] = [earlier[p.spec.label] for p in plans[i:]
+                                  if p.spec.label in earlier]
+            if progress is not None:
+                progress.start(i, len(plans), plan)
+            old = earlier.get(plan.spec.label)
+            if old is not None and old["run_config"] == jsonable(plan.run_config):
+                record: dict[str, Any] = {**old, "failed": False, "reused": True}
+                results["runs"].append(record)
+            else:
+                on_round = progress.round if progress is not None else (lambda row: None)
+                record = _execute(plan, engine, on_round, num_cpus_per_client, verbose,
+                                  num_gpus_per_client, ray_address)
+                results["runs"].append(record)
+                results["total_wall_s"] = time.perf_counter() - t0
+            record["stats"] = run_summaries(results)[-1]
+            if progress is not None:
+                progress.end(record, preset.target_accuracy)
+            write_reports(results, out)  # after every run: an interruption must not lose it
     return results
 
 
-def _run_plans(plans: list[PlannedRun], results: dict[str, Any],
-               earlier: Mapping[str, dict[str, Any]],
-               execute: Callable[[PlannedRun, Callable[[dict[str, Any]], None]], dict[str, Any]],
-               progress: ConsoleProgress | None, target: float, out: Path) -> None:
-    """Run (or reuse from ``earlier``) every plan in turn, adding its record to ``results``."""
-    t0 = time.perf_counter()
-    for i, plan in enumerate(plans, start=1):
-        # the earlier finished runs still ahead in the list stay in the file (under
-        # "pending", which the reports ignore) until they are reached: an interrupted
-        # --resume must not lose them
-        results["pending"] = [earlier[p.spec.label] for p in plans[i:]
-                              if p.spec.label in earlier]
-        if progress is not None:
-            progress.start(i, len(plans), plan)
-        old = earlier.get(plan.spec.label)
-        if old is not None and old["run_config"] == jsonable(plan.run_config):
-            record: dict[str, Any] = {**old, "failed": False, "reused": True}
-            results["runs"].append(record)
-        else:
-            on_round = progress.round if progress is not None else (lambda row: None)
-            record = execute(plan, on_round)
-            results["runs"].append(record)
-            results["total_wall_s"] = time.perf_counter() - t0
-        record["stats"] = run_summaries(results)[-1]
-        if progress is not None:
-            progress.end(record, target)
-        write_reports(results, out)  # after every run: an interruption must not lose it
-
-
-def _new_results(preset: Preset, engine: str, command: str,
-                 links: Sequence[LinkProfile] | None) -> dict[str, Any]:
-    return {"format": RESULTS_FORMAT, "preset": _preset_json(preset), "engine": engine,
-            "target_accuracy": preset.target_accuracy,
-            "high_target_accuracy": preset.high_target_accuracy,
-            "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
-            "command": command, "environment": _environment(), "runs": [], "total_wall_s": 0.0}
-
-
-def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, engine: str,
-             num_cpus_per_client: float, verbose: bool,
-             num_gpus_per_client: float, ray_address: str | None) -> dict[str, Any]:
-    """Run one method and return its record, a failed one when the run raised."""
+def _execute(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]], None],
+             *options: Any) -> dict[str, Any]:
+    """Run one method (:func:`run_one`) and return its record, a failed one if it raised."""
     record: dict[str, Any] = {"label": plan.spec.label, "method": plan.spec.method,
                               "family": plan.family, "config": plan.resolved,
                               "run_config": plan.run_config}
     t_run = time.perf_counter()
     try:
-        result = run_one(plan, engine, on_round, num_cpus_per_client, verbose,
-                          num_gpus_per_client, ray_address)
+        result = run_one(plan, engine, on_round, *options)
     except KeyboardInterrupt:
         raise
     # one failing method must not stop the rest; SystemExit too: Flower's engine
@@ -367,7 +349,6 @@ def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, en
     return record
 
 
-
 def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
     try:
         data = load_results(out)
@@ -377,11 +358,6 @@ def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
         return {}
     return {rec["label"]: rec for rec in [*data.get("pending", []), *data.get("runs", [])]
             if not is_failed(rec) and "run_config" in rec}
-
-
-
-def _preset_json(preset: Preset) -> dict[str, Any]:
-    return {**asdict(preset), "methods": list(preset.methods)}
 
 
 def _environment() -> dict[str, Any]:
@@ -404,12 +380,13 @@ def _git_state() -> dict[str, Any]:
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return {}
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True, timeout=10,
-                               check=True).stdout.split("\n")
+        commit = git("rev-parse", "HEAD").strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no").split("\n")
     except (OSError, subprocess.SubprocessError):
         return {}
     return {"git_commit": commit,

@@ -9,7 +9,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,11 @@ def _abs(path: str | Path | None) -> str:
     return str(Path(str(path)).expanduser().resolve())
 
 
+def _flag(flag: str, value: Any, convert: Callable[[Any], str] = str) -> list[str]:
+    """``[flag, convert(value)]``, or nothing for ``None``."""
+    return [] if value is None else [flag, convert(value)]
+
+
 def superlink_command(*, host: str = "127.0.0.1", port: int = 9093,
                       ca_cert: str | Path | None = None, server_cert: str | Path | None = None,
                       server_key: str | Path | None = None, insecure: bool = False,
@@ -121,11 +126,7 @@ def superlink_command(*, host: str = "127.0.0.1", port: int = 9093,
         cmd.append("--enable-supernode-auth")
     if not dependency_installation:
         cmd.append("--disable-runtime-dependency-installation")
-    if database is not None:
-        cmd += ["--database", _abs(database)]
-    if log_file is not None:
-        cmd += ["--log-file", _abs(log_file)]
-    return cmd
+    return cmd + _flag("--database", database, _abs) + _flag("--log-file", log_file, _abs)
 
 
 def _node_data_config(partition_id: int | None, num_partitions: int | None,
@@ -170,16 +171,11 @@ def supernode_command(*, superlink: str, partition_id: int | None = None,
            "--host", runtime_host, "--port", str(runtime_port)]
     if insecure:
         cmd.append("--insecure")
-    elif root_certificates is not None:
-        cmd += ["--root-certificates", _abs(root_certificates)]
-    if private_key is not None:
-        cmd += ["--auth-supernode-private-key", _abs(private_key)]
-    if max_retries is not None:
-        cmd += ["--max-retries", str(max_retries)]
-    if max_wait_time is not None:
-        cmd += ["--max-wait-time", str(max_wait_time)]
-    cmd += ["--node-config", format_config(config)]
-    return cmd
+    else:
+        cmd += _flag("--root-certificates", root_certificates, _abs)
+    return [*cmd, *_flag("--auth-supernode-private-key", private_key, _abs),
+            *_flag("--max-retries", max_retries), *_flag("--max-wait-time", max_wait_time),
+            "--node-config", format_config(config)]
 
 
 def write_connection(name: str, address: str, *, root_certificates: str | Path | None = None,
@@ -223,7 +219,10 @@ def _flwr(args: Sequence[str], *, env: Mapping[str, str] | None, timeout: float,
     return done
 
 
-def _json_out(text: str) -> dict[str, Any]:
+def _flwr_json(args: Sequence[str], *, env: Mapping[str, str] | None,
+               timeout: float) -> dict[str, Any]:
+    """The JSON ``flwr args`` prints."""
+    text = _flwr(args, env=env, timeout=timeout).stdout
     start = text.find("{")
     if start < 0:
         raise DeploymentError(f"no JSON in flwr output:\n{text}")
@@ -233,9 +232,8 @@ def _json_out(text: str) -> dict[str, Any]:
 def register_node(public_key: str | Path, connection: str, *,
                   env: Mapping[str, str] | None = None, timeout: float = 60.0) -> int:
     """``flwr supernode register KEY.pub <connection>``; return the new node id."""
-    done = _flwr(["supernode", "register", str(public_key), connection, "--format", "json"],
-                 env=env, timeout=timeout)
-    out = _json_out(done.stdout)
+    out = _flwr_json(["supernode", "register", str(public_key), connection, "--format", "json"],
+                     env=env, timeout=timeout)
     if not out.get("success"):
         raise DeploymentError(f"registration failed: {out}")
     return int(out["node-id"])
@@ -247,15 +245,14 @@ def flwr_ls(connection: str, run_id: int | None = None, *,
     args = ["ls", connection, "--format", "json"]
     if run_id is not None:
         args += ["--run-id", str(run_id)]
-    out = _json_out(_flwr(args, env=env, timeout=timeout).stdout)
-    return list(out.get("runs", []))
+    return list(_flwr_json(args, env=env, timeout=timeout).get("runs", []))
 
 
 def list_nodes(connection: str, *, env: Mapping[str, str] | None = None,
                timeout: float = 60.0) -> list[dict[str, Any]]:
     """``flwr supernode ls <connection> --format json``: registered nodes and their status."""
-    out = _json_out(_flwr(["supernode", "ls", connection, "--format", "json"], env=env,
-                          timeout=timeout).stdout)
+    out = _flwr_json(["supernode", "ls", connection, "--format", "json"], env=env,
+                     timeout=timeout)
     return list(out.get("nodes", []))
 
 
