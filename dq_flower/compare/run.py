@@ -287,8 +287,8 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
-        "format": RESULTS_FORMAT, "preset": {**asdict(preset), "methods": list(preset.methods)},
-        "engine": engine, "target_accuracy": preset.target_accuracy,
+        "format": RESULTS_FORMAT, "preset": _preset_json(preset), "engine": engine,
+        "target_accuracy": preset.target_accuracy,
         "high_target_accuracy": preset.high_target_accuracy,
         "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
         "command": command, "environment": _environment(), "runs": [], "total_wall_s": 0.0}
@@ -358,6 +358,10 @@ def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
         return {}
     return {rec["label"]: rec for rec in [*data.get("pending", []), *data.get("runs", [])]
             if not is_failed(rec) and "run_config" in rec}
+
+
+def _preset_json(preset: Preset) -> dict[str, Any]:
+    return {**asdict(preset), "methods": list(preset.methods)}
 
 
 def _environment() -> dict[str, Any]:

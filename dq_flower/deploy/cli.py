@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -371,15 +371,14 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
         deploy.print_help()
         return EXIT_USAGE
 
+    def parser(name: str, func: Callable[[argparse.Namespace], int],
+               **kwargs: Any) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, **kwargs)
+        p.set_defaults(func=func)
+        return p
+
     deploy.set_defaults(func=show_help)
-    for add in (_certs_parser, _superlink_parser, _supernode_parser, _register_parser,
-                _run_parser, _local_parser):
-        add(sub)
-    return deploy
-
-
-def _certs_parser(sub: Any) -> None:
-    p = sub.add_parser("certs", help="create a CA, the SuperLink certificate, SuperNode keys")
+    p = parser("certs", cmd_certs, help="create a CA, the SuperLink certificate, SuperNode keys")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
     p.add_argument("--nodes", type=int, default=2, metavar="N",
                    help="SuperNode key pairs node-0 .. node-{N-1} (default 2)")
@@ -388,11 +387,7 @@ def _certs_parser(sub: Any) -> None:
                    f"several ({' and '.join(DEFAULT_HOSTS)} are always added)")
     p.add_argument("--days", type=int, default=365, help="validity (default 365)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
-    p.set_defaults(func=cmd_certs)
-
-
-def _superlink_parser(sub: Any) -> None:
-    p = sub.add_parser("superlink", help="run a SuperLink (TLS + SuperNode authentication)")
+    p = parser("superlink", cmd_superlink, help="run a SuperLink (TLS + SuperNode authentication)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 for all interfaces (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9093,
@@ -412,12 +407,9 @@ def _superlink_parser(sub: Any) -> None:
     p.add_argument("--allow-dependency-installation", action="store_true",
                    help="let each run 'uv sync' the app's dependencies (needs the network)")
     _add_process_output_args(p)
-    p.set_defaults(func=cmd_superlink)
-
-
-def _supernode_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "supernode", help="run a SuperNode on its own data file or on partition K of N",
+    p = parser(
+        "supernode", cmd_supernode,
+        help="run a SuperNode on its own data file or on partition K of N",
         description="Run a SuperNode. Its data is this device's own .npz file (--data-file; "
         "keys x_train, y_train and, for federated evaluation, x_test, y_test; written by "
         "dq_flower.harness.tasks.data.save_node_data), used as it is; only this SuperNode "
@@ -448,28 +440,16 @@ def _supernode_parser(sub: Any) -> None:
     p.add_argument("--max-retries", type=int, help="give up after this many reconnects")
     p.add_argument("--max-wait-time", type=float, help="give up reconnecting after seconds")
     _add_process_output_args(p)
-    p.set_defaults(func=cmd_supernode)
-
-
-def _register_parser(sub: Any) -> None:
-    p = sub.add_parser("register", help="register a SuperNode public key with the SuperLink")
+    p = parser("register", cmd_register, help="register a SuperNode public key with the SuperLink")
     p.add_argument("public_key", metavar="KEY.pub")
     _add_connection_args(p)
-    p.set_defaults(func=cmd_register)
-
-
-def _run_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="flwr run this app and show the SuperLink's traffic")
+    p = parser("run", cmd_run, help="flwr run this app and show the SuperLink's traffic")
     _add_app_arg(p)
     _add_connection_args(p)
     p.add_argument("--run-config", action="append", metavar="'k=v ...'",
                    help="override [tool.flwr.app.config] keys, e.g. 'num-server-rounds=3'")
     p.add_argument("--no-stream", action="store_true", help="submit the run and return")
-    p.set_defaults(func=cmd_run)
-
-
-def _local_parser(sub: Any) -> None:
-    p = sub.add_parser("local", help="TLS deployment on this machine: one run, then stop")
+    p = parser("local", cmd_local, help="TLS deployment on this machine: one run, then stop")
     _add_app_arg(p)
     p.add_argument("--nodes", type=int, metavar="N",
                    help="SuperNodes (default: one per --data-file, else 2)")
@@ -484,4 +464,4 @@ def _local_parser(sub: Any) -> None:
     p.add_argument("--workdir", metavar="DIR", help="certs, logs, FLWR_HOME (default: temp)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the run")
     p.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
-    p.set_defaults(func=cmd_local)
+    return deploy

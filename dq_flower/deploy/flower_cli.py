@@ -46,15 +46,11 @@ def flower_env(*, flwr_home: str | Path | None = None, ray_tmpdir: str | Path | 
     env = dict(os.environ if base is None else base)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")]).rstrip(os.pathsep)
-    env["FLWR_TELEMETRY_ENABLED"] = "0"
-    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    if flwr_home is not None:
-        env["FLWR_HOME"] = str(flwr_home)
-    if ray_tmpdir is not None:
-        env["RAY_TMPDIR"] = str(ray_tmpdir)
-    if extra:
-        env.update(extra)
+    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
+    env.update({key: str(value) for key, value in (("FLWR_HOME", flwr_home),
+                                                   ("RAY_TMPDIR", ray_tmpdir))
+                if value is not None})
+    env.update(extra or {})
     return env
 
 
@@ -129,26 +125,6 @@ def superlink_command(*, host: str = "127.0.0.1", port: int = 9093,
     return cmd + _flag("--database", database, _abs) + _flag("--log-file", log_file, _abs)
 
 
-def _node_data_config(partition_id: int | None, num_partitions: int | None,
-                      data_file: str | Path | None, data_dir: str | Path | None,
-                      node_config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A SuperNode's node config: its data (file or partition) and the extra pairs."""
-    if partition_id is not None and num_partitions is not None \
-            and not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    pairs = (("partition-id", partition_id), ("num-partitions", num_partitions))
-    config: dict[str, Any] = {k: v for k, v in pairs if v is not None}
-    config.update({k: _abs(v) for k, v in (("data-file", data_file), ("data-dir", data_dir))
-                   if v is not None})
-    config.update(node_config or {})
-    if config.get("data-file"):
-        config["data-file"] = _abs(config["data-file"])
-    elif "partition-id" not in config or "num-partitions" not in config:
-        raise ValueError("a SuperNode needs its own data file (data-file) or a partition "
-                         "(partition-id and num-partitions)")
-    return config
-
-
 def supernode_command(*, superlink: str, partition_id: int | None = None,
                       num_partitions: int | None = None, data_file: str | Path | None = None,
                       data_dir: str | Path | None = None,
@@ -166,7 +142,20 @@ def supernode_command(*, superlink: str, partition_id: int | None = None,
     """
     if insecure and root_certificates is not None:
         raise ValueError("insecure=True contradicts root_certificates")
-    config = _node_data_config(partition_id, num_partitions, data_file, data_dir, node_config)
+    # the node config: its data (file or partition) and the extra pairs
+    if partition_id is not None and num_partitions is not None \
+            and not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
+    pairs = (("partition-id", partition_id), ("num-partitions", num_partitions))
+    config: dict[str, Any] = {k: v for k, v in pairs if v is not None}
+    config.update({k: _abs(v) for k, v in (("data-file", data_file), ("data-dir", data_dir))
+                   if v is not None})
+    config.update(node_config or {})
+    if config.get("data-file"):
+        config["data-file"] = _abs(config["data-file"])
+    elif "partition-id" not in config or "num-partitions" not in config:
+        raise ValueError("a SuperNode needs its own data file (data-file) or a partition "
+                         "(partition-id and num-partitions)")
     cmd = [flower_executable("flower-supernode"), "--superlink", superlink,
            "--host", runtime_host, "--port", str(runtime_port)]
     if insecure:
