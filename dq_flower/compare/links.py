@@ -72,14 +72,8 @@ class LinkProfile:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (the fields; the framing and source only where set)."""
-        out = {k: v for k, v in asdict(self).items() if k in _BASE_FIELDS}
-        for key in ("down_framing", "up_framing"):
-            framing = getattr(self, key)
-            if framing is not None:
-                out[key] = framing.to_json()
-        if self.source:
-            out["source"] = self.source
-        return out
+        return {k: v for k, v in asdict(self).items()
+                if k in ("name", "down_bps", "up_bps", "rtt_s") or v}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LinkProfile:
@@ -87,9 +81,6 @@ class LinkProfile:
         return cls(str(data["name"]), float(data["down_bps"]), float(data["up_bps"]),
                    float(data["rtt_s"]), Framing.from_json(data.get("down_framing")),
                    Framing.from_json(data.get("up_framing")), str(data.get("source", "")))
-
-
-_BASE_FIELDS = ("name", "down_bps", "up_bps", "rtt_s")
 
 
 def _framed(name: str, down: Framing, up: Framing, rtt_s: float, source: str) -> LinkProfile:

@@ -271,10 +271,7 @@ def _run_lines(results: Mapping[str, Any]) -> list[str]:
 
 def _least_uplink(pairs: Sequence[tuple[Any, Mapping[str, Any]]]
                   ) -> tuple[Any, Mapping[str, Any], bool]:
-    """Of ``(run, stats)`` pairs, the fewest uplink bytes to the target and ``True``.
-
-    Where none reached it, the fewest bytes in all and ``False``.
-    """
+    """Of ``(run, stats)`` pairs, the fewest bytes to the target, True (else in all, False)."""
     reached = [(x, s) for x, s in pairs if s["up_bytes_to_target"] is not None]
     if reached:
         x, s = min(reached, key=lambda xs: xs[1]["up_bytes_to_target"])

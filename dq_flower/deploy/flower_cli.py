@@ -38,12 +38,9 @@ def flower_executable(name: str) -> str:
 def flower_env(*, flwr_home: str | Path | None = None, ray_tmpdir: str | Path | None = None,
                base: Mapping[str, str] | None = None,
                extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for Flower subprocesses.
-
-    The interpreter's ``bin`` first on ``PATH`` (``flower-superexec`` is started by name),
-    no telemetry or update check, unbuffered output, ``FLWR_HOME`` and ``RAY_TMPDIR``.
-    """
+    """Environment for Flower subprocesses."""
     env = dict(os.environ if base is None else base)
+    # the interpreter's bin first on PATH: flower-superexec is started by name
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")]).rstrip(os.pathsep)
     env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
