@@ -79,9 +79,7 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
         for row in record.get("history") or []:
             # results.json writes a non-finite number (a round that was not evaluated)
             # as null: read it back as the nan it was
-            for key, value in row.items():
-                if value is None:
-                    row[key] = math.nan
+            row.update({key: math.nan for key, value in row.items() if value is None})
     return data
 
 
