@@ -20,16 +20,24 @@ output folder receives
 """
 
 from dq_flower.compare.links import BUILTIN_LINKS, LinkProfile, parse_link, parse_links
-from dq_flower.compare.plan import SCENARIO_KEYS, PlannedRun, check_data, parse_set, plan_runs
-from dq_flower.compare.plots import write_plots
 from dq_flower.compare.reports import (
     CSV_COLUMNS,
     RESULTS_FORMAT,
     load_results,
     write_csv,
+    write_plots,
     write_reports,
 )
-from dq_flower.compare.run import ENGINES, ConsoleProgress, run_comparison
+from dq_flower.compare.run import (
+    ENGINES,
+    SCENARIO_KEYS,
+    ConsoleProgress,
+    PlannedRun,
+    check_data,
+    parse_set,
+    plan_runs,
+    run_comparison,
+)
 from dq_flower.compare.summary import (
     REFERENCE,
     UNSTABLE_DROP,

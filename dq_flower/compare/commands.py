@@ -14,7 +14,6 @@ from typing import Any
 
 from dq_flower import compare
 from dq_flower.cli_common import EXIT_FAILED_RUNS, PROG, fail
-from dq_flower.compare.device_report import attach_devices
 from dq_flower.compare.devices import parse_device, parse_server
 from dq_flower.compare.fmt import fmt_value, pct
 from dq_flower.compare.grids import describe_axes
@@ -22,6 +21,7 @@ from dq_flower.compare.links import LinkProfile, parse_links
 from dq_flower.compare.presets import load_preset, preset_names
 from dq_flower.compare.run import check_engine, quiet_flower
 from dq_flower.compare.tune import TuneSettings, apply_tuning, tune_runs
+from dq_flower.compare.work import attach_devices
 from dq_flower.harness.methods import method_names
 
 __all__ = ["cmd_compare", "cmd_tune", "cmd_report"]

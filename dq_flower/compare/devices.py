@@ -98,9 +98,7 @@ BUILTIN_SERVERS: dict[str, ComputeProfile] = {p.name: p for p in (
         "gpu", 19.5e12, True,
         "datacenter GPU: NVIDIA A100, 19.5 TFLOP/s FP32 peak (NVIDIA A100 Tensor Core GPU "
         "datasheet); a peak a small model does not reach: an optimistic bound"),
-    ComputeProfile(
-        "laptop-core", BUILTIN_DEVICES["laptop-core"].flops, True,
-        BUILTIN_DEVICES["laptop-core"].source),
+    BUILTIN_DEVICES["laptop-core"],
 )}
 
 

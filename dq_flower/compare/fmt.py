@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["fmt_bytes", "fmt_ratio", "pct", "fmt_seconds", "fmt_value", "is_failed"]
+__all__ = ["fmt_bytes", "fmt_ratio", "pct", "fmt_seconds", "time_cell", "fmt_value",
+           "is_failed"]
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -40,6 +41,13 @@ def fmt_seconds(s: float | None) -> str:
     if s >= 120:
         return f"{s / 60:.3g} min"
     return f"{s:.3g} s"
+
+
+def time_cell(to_target: float | None, total: float | None) -> str:
+    """Seconds to the target, else ``not reached (<the whole run>)``, ``-`` without times."""
+    if to_target is not None:
+        return fmt_seconds(to_target)
+    return "-" if total is None else f"not reached ({fmt_seconds(total)})"
 
 
 def fmt_value(v: object) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from dq_flower.compare.framing import Framing, iridium_sbd_seconds, lorawan_framing
 
 __all__ = ["LinkProfile", "BUILTIN_LINKS", "DEFAULT_LINKS", "parse_link", "parse_links",
-           "round_time", "cumulative_times", "time_to_target"]
+           "round_time", "cumulative_times", "time_to_target", "links_of"]
 
 
 @dataclass(frozen=True)
@@ -72,14 +72,8 @@ class LinkProfile:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (the fields; the framing and source only where set)."""
-        out = {k: v for k, v in asdict(self).items() if k in _BASE_FIELDS}
-        for key in ("down_framing", "up_framing"):
-            framing = getattr(self, key)
-            if framing is not None:
-                out[key] = framing.to_json()
-        if self.source:
-            out["source"] = self.source
-        return out
+        return {k: v for k, v in asdict(self).items()
+                if k in ("name", "down_bps", "up_bps", "rtt_s") or v}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LinkProfile:
@@ -87,9 +81,6 @@ class LinkProfile:
         return cls(str(data["name"]), float(data["down_bps"]), float(data["up_bps"]),
                    float(data["rtt_s"]), Framing.from_json(data.get("down_framing")),
                    Framing.from_json(data.get("up_framing")), str(data.get("source", "")))
-
-
-_BASE_FIELDS = ("name", "down_bps", "up_bps", "rtt_s")
 
 
 def _framed(name: str, down: Framing, up: Framing, rtt_s: float, source: str) -> LinkProfile:
@@ -181,6 +172,11 @@ def parse_links(texts: Sequence[str]) -> list[LinkProfile]:
     if len(set(names)) != len(names):
         raise ValueError(f"link names must be unique, got {', '.join(names)}")
     return links
+
+
+def links_of(results: Mapping[str, Any]) -> list[LinkProfile]:
+    """The link profiles of ``results``."""
+    return [LinkProfile.from_json(x) for x in results.get("links") or []]
 
 
 def round_time(row: Mapping[str, Any], link: LinkProfile) -> float | None:

@@ -1,9 +1,13 @@
-"""Running a comparison: every planned method, one after another, with console progress."""
+"""Planning and running a comparison: every planned method, one after another.
+
+:func:`plan_runs` layers the knobs (preset, its method tables, ``--set``) and validates every
+method's complete run config, and :func:`check_data` loads the data set once, so that a bad
+knob or a missing file is reported before the first method runs.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import platform
@@ -12,25 +16,134 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from dq_flower.compare.device_report import attach_devices
 from dq_flower.compare.devices import MEASURED, ComputeProfile
 from dq_flower.compare.links import LinkProfile, parse_links
-from dq_flower.compare.plan import PlannedRun, check_data, plan_runs
-from dq_flower.compare.presets import Preset
+from dq_flower.compare.presets import MethodSpec, Preset, toml_module
 from dq_flower.compare.reports import RESULTS_FORMAT, load_results, write_reports
 from dq_flower.compare.summary import error_line, fmt_bytes, is_failed, run_summaries
+from dq_flower.compare.work import attach_devices
+from dq_flower.config import field_keys, run_config_values
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.methods import (
+    client_config,
+    get_method,
+    method_names,
+    validate_run_config,
+)
 from dq_flower.harness.ray_backend import check_ray_address
-from dq_flower.harness.simulate import simulate
+from dq_flower.harness.simulate import build_run_config, simulate
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.harness.tasks.data import load_dataset_cached
 from dq_flower.json_out import jsonable
 
-__all__ = ["ENGINES", "ConsoleProgress", "check_engine", "quiet_flower", "run_comparison"]
+__all__ = ["ENGINES", "ConsoleProgress", "check_engine", "quiet_flower", "run_comparison",
+           "SCENARIO_KEYS", "PlannedRun", "parse_set", "plan_runs", "check_data"]
+
+#: Run-config keys that define the scenario: the same for every method. (The number of
+#: rounds may differ per method: ``--set fedavg.num-server-rounds=10``.)
+SCENARIO_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-alpha",
+                 "fraction-train", "seed", "data-dir", "validation-fraction")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One method of a comparison, validated and ready to run."""
+
+    spec: MethodSpec
+    run_config: dict[str, Any]  # complete and validated
+    knobs: dict[str, Any]  # beyond the scenario: what simulate(**knobs) receives
+    family: str  # dq, gradient, fedavg, compressed
+    resolved: dict[str, Any]  # every task and method knob's effective value
+
+
+def parse_set(items: Sequence[str]) -> list[tuple[str | None, str, Any]]:
+    """``(label or None, key, value)`` of ``--set`` items ``[label.]key=value`` (TOML or text)."""
+    out: list[tuple[str | None, str, Any]] = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected key=value or method.key=value")
+        label: str | None = None
+        if "." in key:
+            label, key = key.rsplit(".", 1)
+        out.append((label, key.replace("_", "-"), _scalar(raw.strip())))
+    return out
+
+
+def _scalar(raw: str) -> Any:
+    tomllib = toml_module()
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def plan_runs(preset: Preset, sets: Sequence[tuple[str | None, str, Any]] = ()) -> list[PlannedRun]:
+    """Resolve and validate every run of ``preset`` before any work starts.
+
+    Knobs are layered: ``[knobs]``, ``[methods.<label>]``, ``--set key=value``, then
+    ``--set label.key=value``. ``ValueError`` names an unknown, misplaced or bad knob.
+    """
+    specs = preset.method_specs(method_names())
+    labels = [s.label for s in specs]
+    allowed = {s.label: field_keys(TaskConfig) | get_method(s.method).knob_keys()
+               for s in specs}
+    for key in [*preset.knobs, *(k for lbl, k, _ in sets if lbl is None)]:
+        _scenario_key_check(key)
+        if not any(key in allowed[lbl] for lbl in labels):
+            raise ValueError(f"knob {key!r} is not known by any selected method "
+                             f"({', '.join(labels)})")
+    for lbl, key, _ in sets:
+        if lbl is not None and lbl not in allowed:
+            raise ValueError(f"--set {lbl}.{key}: {lbl!r} is not among the selected methods "
+                             f"({', '.join(labels)})")
+    plans = []
+    for spec in specs:
+        knobs = {k: v for k, v in preset.knobs.items() if k in allowed[spec.label]}
+        for key in spec.knobs:
+            _scenario_key_check(key)
+        knobs.update(spec.knobs)
+        for lbl, key, value in sets:
+            if lbl is None and key in allowed[spec.label]:
+                knobs[key] = value
+            elif lbl == spec.label:
+                _scenario_key_check(key)
+                knobs[key] = value
+        scenario = {"partition": preset.partition, "dirichlet-alpha": preset.dirichlet_alpha,
+                    "fraction-train": preset.fraction_train, "data-dir": preset.data_dir}
+        try:
+            run_config = build_run_config(spec.method, preset.dataset, preset.model,
+                                          preset.num_clients, preset.rounds, preset.seed,
+                                          **scenario, **knobs)
+            task, method_cfg = validate_run_config(run_config)
+        except ValueError as exc:
+            raise ValueError(f"method {spec.label}: {exc}") from None
+        configs = (client_config(run_config), task, method_cfg)
+        resolved = {k: v for cfg in configs if cfg is not None
+                    for k, v in run_config_values(cfg).items()}
+        plans.append(PlannedRun(spec, run_config, {**scenario, **knobs},
+                                get_method(spec.method).family, resolved))
+    return plans
+
+
+def _scenario_key_check(key: str) -> None:
+    if key in SCENARIO_KEYS:
+        raise ValueError(f"knob {key!r} is part of the scenario, the same for every method; "
+                         "set it with its own flag or preset field")
+
+
+def check_data(preset: Preset) -> tuple[int, int]:
+    """Load the data set once (``FileNotFoundError`` early); return ``(d, n_train)``."""
+    ds = load_dataset_cached(preset.dataset, preset.data_dir or None, preset.seed)
+    return ds.dim, ds.num_train
+
 
 #: Execution engines: Flower's simulation engine (Ray) or the in-process grid.
 ENGINES = ("simulation", "inprocess")
@@ -173,69 +286,52 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
     check_data(preset)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = _new_results(preset, engine, command, links)
+    results: dict[str, Any] = {
+        "format": RESULTS_FORMAT, "preset": _preset_json(preset), "engine": engine,
+        "target_accuracy": preset.target_accuracy,
+        "high_target_accuracy": preset.high_target_accuracy,
+        "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
+        "command": command, "environment": _environment(), "runs": [], "total_wall_s": 0.0}
     if devices:
         train_rows = plans[0].resolved.get("train-rows", 0) if plans else 0
         attach_devices(results, devices, server_device, int(train_rows or 0))
     earlier = _reusable(out, engine) if resume else {}
-    execute = functools.partial(_execute, engine=engine, verbose=verbose,
-                                num_cpus_per_client=num_cpus_per_client,
-                                num_gpus_per_client=num_gpus_per_client,
-                                ray_address=ray_address)
+    t0 = time.perf_counter()
     with quiet_flower(verbose):
-        _run_plans(plans, results, earlier, execute, progress, preset.target_accuracy, out)
+        for i, plan in enumerate(plans, start=1):
+            # the earlier finished runs still ahead in the list stay in the file (under
+            # "pending", which the reports ignore) until they are reached: an interrupted
+            # --resume must not lose them
+            results["pending"] = [earlier[p.spec.label] for p in plans[i:]
+                                  if p.spec.label in earlier]
+            if progress is not None:
+                progress.start(i, len(plans), plan)
+            old = earlier.get(plan.spec.label)
+            if old is not None and old["run_config"] == jsonable(plan.run_config):
+                record: dict[str, Any] = {**old, "failed": False, "reused": True}
+                results["runs"].append(record)
+            else:
+                on_round = progress.round if progress is not None else (lambda row: None)
+                record = _execute(plan, engine, on_round, num_cpus_per_client, verbose,
+                                  num_gpus_per_client, ray_address)
+                results["runs"].append(record)
+                results["total_wall_s"] = time.perf_counter() - t0
+            record["stats"] = run_summaries(results)[-1]
+            if progress is not None:
+                progress.end(record, preset.target_accuracy)
+            write_reports(results, out)  # after every run: an interruption must not lose it
     return results
 
 
-def _run_plans(plans: list[PlannedRun], results: dict[str, Any],
-               earlier: Mapping[str, dict[str, Any]],
-               execute: Callable[[PlannedRun, Callable[[dict[str, Any]], None]], dict[str, Any]],
-               progress: ConsoleProgress | None, target: float, out: Path) -> None:
-    """Run (or reuse from ``earlier``) every plan in turn, adding its record to ``results``."""
-    t0 = time.perf_counter()
-    for i, plan in enumerate(plans, start=1):
-        # the earlier finished runs still ahead in the list stay in the file (under
-        # "pending", which the reports ignore) until they are reached: an interrupted
-        # --resume must not lose them
-        results["pending"] = [earlier[p.spec.label] for p in plans[i:]
-                              if p.spec.label in earlier]
-        if progress is not None:
-            progress.start(i, len(plans), plan)
-        old = earlier.get(plan.spec.label)
-        if old is not None and old["run_config"] == jsonable(plan.run_config):
-            record: dict[str, Any] = {**old, "failed": False, "reused": True}
-            results["runs"].append(record)
-        else:
-            on_round = progress.round if progress is not None else (lambda row: None)
-            record = execute(plan, on_round)
-            results["runs"].append(record)
-            results["total_wall_s"] = time.perf_counter() - t0
-        record["stats"] = run_summaries(results)[-1]
-        if progress is not None:
-            progress.end(record, target)
-        write_reports(results, out)  # after every run: an interruption must not lose it
-
-
-def _new_results(preset: Preset, engine: str, command: str,
-                 links: Sequence[LinkProfile] | None) -> dict[str, Any]:
-    return {"format": RESULTS_FORMAT, "preset": _preset_json(preset), "engine": engine,
-            "target_accuracy": preset.target_accuracy,
-            "high_target_accuracy": preset.high_target_accuracy,
-            "links": [link.to_json() for link in (parse_links(()) if links is None else links)],
-            "command": command, "environment": _environment(), "runs": [], "total_wall_s": 0.0}
-
-
-def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, engine: str,
-             num_cpus_per_client: float, verbose: bool,
-             num_gpus_per_client: float, ray_address: str | None) -> dict[str, Any]:
-    """Run one method and return its record, a failed one when the run raised."""
+def _execute(plan: PlannedRun, engine: str, on_round: Callable[[dict[str, Any]], None],
+             *options: Any) -> dict[str, Any]:
+    """Run one method (:func:`run_one`) and return its record, a failed one if it raised."""
     record: dict[str, Any] = {"label": plan.spec.label, "method": plan.spec.method,
                               "family": plan.family, "config": plan.resolved,
                               "run_config": plan.run_config}
     t_run = time.perf_counter()
     try:
-        result = run_one(plan, engine, on_round, num_cpus_per_client, verbose,
-                          num_gpus_per_client, ray_address)
+        result = run_one(plan, engine, on_round, *options)
     except KeyboardInterrupt:
         raise
     # one failing method must not stop the rest; SystemExit too: Flower's engine
@@ -253,7 +349,6 @@ def _execute(plan: PlannedRun, on_round: Callable[[dict[str, Any]], None], *, en
     return record
 
 
-
 def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
     try:
         data = load_results(out)
@@ -263,7 +358,6 @@ def _reusable(out: Path, engine: str) -> dict[str, dict[str, Any]]:
         return {}
     return {rec["label"]: rec for rec in [*data.get("pending", []), *data.get("runs", [])]
             if not is_failed(rec) and "run_config" in rec}
-
 
 
 def _preset_json(preset: Preset) -> dict[str, Any]:
@@ -290,12 +384,13 @@ def _git_state() -> dict[str, Any]:
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return {}
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True, timeout=10,
-                               check=True).stdout.split("\n")
+        commit = git("rev-parse", "HEAD").strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no").split("\n")
     except (OSError, subprocess.SubprocessError):
         return {}
     return {"git_commit": commit,

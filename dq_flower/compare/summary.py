@@ -1,27 +1,33 @@
-"""Per-run statistics and the ``summary.md`` text: scenario, verdict, failed runs.
+"""Per-run statistics and the ``summary.md`` text: scenario, table, sections, verdict.
 
-The per-method table is :mod:`dq_flower.compare.table`'s. Everything here is a function of
-the content of ``results.json`` alone, so ``dq-flower report DIR`` rewrites the summary
-without rerunning anything.
+Everything here is a function of the content of ``results.json`` alone, so
+``dq-flower report DIR`` rewrites the summary without rerunning anything.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dq_flower.codecs import coder_for, names
-from dq_flower.compare.fmt import fmt_bytes, is_failed
-from dq_flower.compare.fmt import fmt_ratio as _fmt_ratio
-from dq_flower.compare.fmt import pct as _pct
-from dq_flower.compare.links import cumulative_times, time_to_target
-from dq_flower.compare.sections import links_of, step_size_lines, time_table, verdict_extras
-from dq_flower.compare.table import table_lines
+from dq_flower.compare.fmt import (
+    fmt_bytes,
+    fmt_ratio,
+    fmt_seconds,
+    fmt_value,
+    is_failed,
+    pct,
+    time_cell,
+)
+from dq_flower.compare.grids import describe_axes, step_axes
+from dq_flower.compare.links import cumulative_times, links_of, time_to_target
+from dq_flower.compare.work import device_section, device_verdict
 from dq_flower.harness.method_registry import family_of
 
 __all__ = ["REFERENCE", "UNSTABLE_DROP", "coder_of_run", "is_failed", "failed_runs",
-           "error_line", "run_summaries", "summary_markdown", "fmt_bytes"]
+           "error_line", "run_summaries", "summary_markdown", "fmt_bytes", "time_table",
+           "step_size_lines", "verdict_extras"]
 
 #: The method every other one is compared with (ratios of uplink bytes to the target).
 REFERENCE = "dq"
@@ -47,46 +53,49 @@ def _first_reaching(history: list[Mapping[str, Any]], target: float) -> Mapping[
     return None
 
 
+def _sum(rows: Sequence[Mapping[str, Any]], key: str) -> float:
+    return sum(float(r.get(key, 0) or 0) for r in rows)
+
+
+def _per(bits: float, count: float) -> float:
+    return bits / count if count else float("nan")
+
+
 def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
     """Uplink payload size per unit: per sample for DQ, per coordinate for weights/gradients."""
     rows = [r for r in record.get("history") or [] if int(r["round"]) >= 1]
     D, d = int(record["num_params"]), int(record["data_dim"])
-    bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in rows)
+    bits = _sum(rows, "up_payload_bits")
     kind = family_of(str(record["family"])).payload_unit
+
+    def replies(rows: Sequence[Mapping[str, Any]]) -> float:
+        # the payload bits include replies the norm screen then rejected: divide by every
+        # reply they count (older records lack "coded_replies": their accepted replies)
+        return sum(float(r.get("coded_replies", r.get("replies", 0)) or 0) for r in rows)
+
     if kind == "sample":
         grad_rows = [r for r in rows if r.get("gradient_round") == 1]
         data_rows = [r for r in rows if r.get("gradient_round") != 1]
-        data_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in data_rows)
-        samples = sum(float(r.get("selected", 0) or 0) for r in data_rows)
-        per = data_bits / samples if samples else float("nan")
-        unit = {"unit": "sample", "bits": per,
-                "bits_per_coord": per / d if d else float("nan"),
+        per = _per(_sum(data_rows, "up_payload_bits"), _sum(data_rows, "selected"))
+        unit = {"unit": "sample", "bits": per, "bits_per_coord": _per(per, d),
                 "configured_bits": record["config"].get("bits")}
         if grad_rows:  # upload-mode gradient or auto; every decoded reply's bits count
-            replies = sum(float(r.get("coded_replies", r.get("replies", 0)) or 0)
-                          for r in grad_rows)
-            grad_bits = sum(float(r.get("up_payload_bits", 0) or 0) for r in grad_rows)
             unit["gradient_rounds"] = len(grad_rows)
-            unit["gradient_bits_per_coord"] = (grad_bits / (replies * D) if replies and D
-                                               else float("nan"))
+            unit["gradient_bits_per_coord"] = _per(_sum(grad_rows, "up_payload_bits"),
+                                                   replies(grad_rows) * D)
         return unit
     if kind == "coord" and bits:
-        # the payload bits include replies the norm screen then rejected: divide by every
-        # reply they count (older records lack "coded_replies": their accepted replies)
-        replies = sum(float(r.get("coded_replies", r.get("replies", 0)) or 0) for r in rows)
-        per = bits / (replies * D) if replies and D else float("nan")
+        per = _per(bits, replies(rows) * D)
         unit = {"unit": "coord", "bits": per, "bits_per_coord": per, "configured_bits": None}
         if all("up_raw_payload_bits" in r for r in rows):
-            raw = sum(float(r["up_raw_payload_bits"] or 0) for r in rows)
-            unit["raw_bits_per_coord"] = (raw / (replies * D) if replies and D
-                                          else float("nan"))
+            unit["raw_bits_per_coord"] = _per(_sum(rows, "up_raw_payload_bits"),
+                                              replies(rows) * D)
         return unit
     # FedAvg: float32 weights; the payload bits are not reported, the wire bytes are
     cfg = record["config"]
     n = int(cfg.get("num-partitions", 1))
-    replies = len(rows) * max(1, math.ceil(float(cfg.get("fraction-train", 1.0)) * n))
-    wire = 8 * sum(float(r["up_bytes"]) for r in rows)
-    per = wire / (replies * D) if replies and D else float("nan")
+    count = len(rows) * max(1, math.ceil(float(cfg.get("fraction-train", 1.0)) * n))
+    per = _per(8 * sum(float(r["up_bytes"]) for r in rows), count * D)
     return {"unit": "coord (wire)", "bits": per, "bits_per_coord": per,
             "configured_bits": None}
 
@@ -174,12 +183,9 @@ def summary_markdown(results: Mapping[str, Any]) -> str:
     by_label = {s["label"]: s for s in stats}
     ref_label = REFERENCE if REFERENCE in by_label else (runs[0]["label"] if runs else "")
     lines = _scenario_lines(results, target)
-    lines += table_lines(runs, stats, ref_label, by_label.get(ref_label), target, high)
+    lines += _table_lines(runs, stats, ref_label, by_label.get(ref_label), target, high)
     lines += _notes_lines(ref_label, stats)
     lines += time_table(results, stats)
-    # (device_report imports this module)
-    from dq_flower.compare.device_report import device_section, device_verdict
-
     lines += device_section(results)
     lines += step_size_lines(results)
     lines += ["## Verdict", ""]
@@ -207,7 +213,7 @@ def _scenario_lines(results: Mapping[str, Any], target: float) -> list[str]:
         f"clients, `{p['partition']}` partition"
         + (f" (alpha {p['dirichlet_alpha']})" if p["partition"] == "dirichlet" else "")
         + f", fraction-train {p['fraction_train']}, {p['rounds']} rounds, seed {p['seed']}, "
-        f"engine `{results['engine']}`. Target test accuracy: {_pct(target)}.",
+        f"engine `{results['engine']}`. Target test accuracy: {pct(target)}.",
         "",
         (dim_text + "." if dim_text else ""),
         "",
@@ -265,10 +271,7 @@ def _run_lines(results: Mapping[str, Any]) -> list[str]:
 
 def _least_uplink(pairs: Sequence[tuple[Any, Mapping[str, Any]]]
                   ) -> tuple[Any, Mapping[str, Any], bool]:
-    """Of ``(run, stats)`` pairs, the fewest uplink bytes to the target and ``True``.
-
-    Where none reached it, the fewest bytes in all and ``False``.
-    """
+    """Of ``(run, stats)`` pairs, the fewest bytes to the target, True (else in all, False)."""
     reached = [(x, s) for x, s in pairs if s["up_bytes_to_target"] is not None]
     if reached:
         x, s = min(reached, key=lambda xs: xs[1]["up_bytes_to_target"])
@@ -290,18 +293,18 @@ def _competitor_line(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]
                 f"- **Strongest competitor overall** (fewest uplink bytes to {tpct} of every "
                 "other method): ")
         return [head + f"{lbl} with {fmt_bytes(s['up_bytes_to_target'])}: {ref_label} used "
-                + (f"{_fmt_ratio(ratio)} fewer uplink bytes." if ratio >= 1 else
+                + (f"{fmt_ratio(ratio)} fewer uplink bytes." if ratio >= 1 else
                    f"more {'uplink bytes ' if quantized else ''}({lbl} needed only "
-                   f"{_fmt_ratio(ratio)} of {ref_label}'s).")]
+                   f"{fmt_ratio(ratio)} of {ref_label}'s).")]
     if quantized:
         return [f"- No quantized-gradient baseline reached {tpct} in these rounds, so the "
                 f"ratio to the best of them is a lower bound: at least "
-                f"{_fmt_ratio(s['total_up_bytes'] / base)} ({lbl} "
+                f"{fmt_ratio(s['total_up_bytes'] / base)} ({lbl} "
                 f"sent {fmt_bytes(s['total_up_bytes'])} without reaching {tpct}"
                 + ("; the others sent more" if len(pairs) > 1 else "")
                 + "). More rounds would tell the real ratio."]
     return [f"- **Strongest competitor overall**: no other method reached {tpct}; "
-            f"{ref_label} used at least {_fmt_ratio(s['total_up_bytes'] / base)} fewer "
+            f"{ref_label} used at least {fmt_ratio(s['total_up_bytes'] / base)} fewer "
             f"uplink bytes than any of them ({lbl} sent the least, "
             f"{fmt_bytes(s['total_up_bytes'])})."]
 
@@ -310,7 +313,7 @@ def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any
              target: float) -> list[str]:
     by_label = {s["label"]: s for s in stats}
     ref = by_label.get(ref_label)
-    tpct = _pct(target)
+    tpct = pct(target)
     if ref is None or ref["status"] != "ok":
         return [f"- {ref_label} did not run successfully; no ratios to it can be given."]
     if ref["rounds_to_target"] is None:
@@ -331,7 +334,7 @@ def _reference_missed_lines(ref: Mapping[str, Any], ref_label: str,
                             stats: Sequence[Mapping[str, Any]], tpct: str) -> list[str]:
     """The verdict when the reference did not reach the target: who did."""
     out = [f"- **{ref_label} did not reach {tpct}** in {ref['rounds']} rounds (best "
-           f"{_pct(ref['best_accuracy'])}, {fmt_bytes(ref['total_up_bytes'])} uplink); "
+           f"{pct(ref['best_accuracy'])}, {fmt_bytes(ref['total_up_bytes'])} uplink); "
            "no byte ratio to it can be given."]
     winners = [s for s in stats if s["status"] == "ok" and s["rounds_to_target"] is not None]
     if winners:
@@ -350,7 +353,7 @@ def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
     if losers:
         out.append(f"- **{ref_label} does not win against "
                    + ", ".join(f"{lbl} ({fmt_bytes(s['up_bytes_to_target'])}, "
-                               f"{_fmt_ratio(s['up_bytes_to_target'] / base)})"
+                               f"{fmt_ratio(s['up_bytes_to_target'] / base)})"
                                for lbl, s in losers)
                    + f"**: they reached {tpct} with no more uplink bytes than {ref_label}.")
     elif any(s["rounds_to_target"] is not None for lbl, s in by_label.items()
@@ -362,11 +365,196 @@ def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
     missed = [(r["label"], s) for r, s in others if s["rounds_to_target"] is None]
     if missed:
         out.append(f"- Did not reach {tpct} within the rounds: "
-                   + ", ".join(f"{lbl} (best {_pct(s['best_accuracy'])})" for lbl, s in missed)
+                   + ", ".join(f"{lbl} (best {pct(s['best_accuracy'])})" for lbl, s in missed)
                    + ".")
     ref_rounds = by_label[ref_label]["rounds_to_target"]
     faster = [lbl for lbl, s in by_label.items() if lbl != ref_label and s["status"] == "ok"
               and s["rounds_to_target"] is not None and s["rounds_to_target"] < ref_rounds]
     if faster:
         out.append(f"- Fewer rounds than {ref_label} to reach {tpct}: {', '.join(faster)}.")
+    return out
+
+
+def _fmt_unit(u: Mapping[str, Any]) -> str:
+    if u["unit"] == "sample":
+        conf = f", {u['configured_bits']} b quantizer" if u.get("configured_bits") else ""
+        data = f"{u['bits']:,.0f} b/sample ({u['bits_per_coord']:.2f} b/coord{conf})"
+        if not u.get("gradient_rounds"):
+            return data
+        grad = (f"{u['gradient_bits_per_coord']:.3g} b/coord in {u['gradient_rounds']} "
+                f"gradient round{'s' if u['gradient_rounds'] > 1 else ''}")
+        return grad if u["bits"] != u["bits"] else f"{data}; {grad}"
+    if u["unit"] == "coord (wire)":
+        return f"{u['bits']:.2f} b/coord (float32, wire)"
+    raw = u.get("raw_bits_per_coord")
+    if raw is not None and raw == raw and abs(raw - u["bits"]) > 1e-9 * max(1.0, raw):
+        return f"{u['bits']:.3g} b/coord ({raw:.3g} before coding)"
+    return f"{u['bits']:.3g} b/coord"
+
+
+def _or_not_reached(value: Any, fmt: Callable[[Any], str] = str) -> str:
+    return "not reached" if value is None else fmt(value)
+
+
+def _ratio_cell(stats: Mapping[str, Any], ref: Mapping[str, Any] | None) -> str:
+    """Uplink bytes to target of a method divided by the reference's (DQ's)."""
+    if ref is None or ref.get("up_bytes_to_target") is None or stats["status"] != "ok":
+        return "n/a"
+    base = max(1, int(ref["up_bytes_to_target"]))
+    if stats["up_bytes_to_target"] is not None:
+        return fmt_ratio(stats["up_bytes_to_target"] / base)
+    return f"> {fmt_ratio(stats['total_up_bytes'] / base)} (not reached)"
+
+
+def _row(rec: Mapping[str, Any], s: Mapping[str, Any], ref: Mapping[str, Any] | None,
+         high: float) -> str:
+    """One method's row."""
+    if s["status"] != "ok" or "uplink" not in s:  # failed, or no round recorded
+        what = "failed" if s["status"] != "ok" else "no rounds"
+        return (f"| {rec['label']} | - | - | - | - | - | {what} | - | - | - | n/a | - "
+                + ("| - " if high else "") + f"| - | {s['wall_s']:.1f} |")
+    final = pct(s["final_accuracy"]) + (" **unstable**" if s.get("unstable") else "")
+    return (
+        f"| {rec['label']} | {rec['num_params']:,} | {rec['data_dim']:,} | "
+        f"{_fmt_unit(s['uplink'])} | {s.get('coder', 'none')} | {s['rounds']}"
+        f"{' (ended early)' if s.get('ended_early') else ''} | {final} | "
+        f"{pct(s['best_accuracy'])} | "
+        f"{_or_not_reached(s['rounds_to_target'])} | "
+        f"{_or_not_reached(s['up_bytes_to_target'], fmt_bytes)} | "
+        f"{_ratio_cell(s, ref)} | "
+        + (f"{_or_not_reached(s.get('up_bytes_to_high'), fmt_bytes)} | " if high else "")
+        + f"{fmt_bytes(s['total_up_bytes'])} | "
+        f"{fmt_bytes(s['total_down_bytes'])} | {s['wall_s']:.1f} |")
+
+
+def _table_lines(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any]],
+                 ref_label: str, ref: Mapping[str, Any] | None, target: float,
+                 high: float) -> list[str]:
+    """The per-method table; ratios of uplink bytes to ``ref``, ``ref_label``'s statistics."""
+    return [
+        f"| method | D | d | uplink payload | coder | rounds | final acc | best acc "
+        f"| rounds to {pct(target)} "
+        f"| uplink to {pct(target)} | uplink vs {ref_label} "
+        + (f"| uplink to {pct(high)} " if high else "")
+        + "| total uplink | total downlink | wall s |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if high else "")
+        + "---:|---:|---:|",
+        *(_row(rec, s, ref, high) for rec, s in zip(runs, stats, strict=True))]
+
+
+def time_table(results: Mapping[str, Any], stats: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The "Time on links" table: simulated time to the target per link profile."""
+    links = links_of(results)
+    ok = [s for s in stats if s["status"] == "ok"]
+    if not links or not any(s["total_time"].get(link.name) is not None
+                            for s in ok for link in links):
+        return []
+    target = pct(float(results["target_accuracy"]))
+    lines = ["## Time on links", "",
+             f"Simulated time to reach {target} on each link (nothing sleeps): per round, "
+             "the slowest sampled client's measured compute plus its measured downlink and "
+             "uplink bytes over the link, one round trip of latency, and the server's "
+             "measured compute; \"not reached\" gives the time of the whole run. Links: "
+             + "; ".join(link.describe() for link in links) + ".", "",
+             "| method | " + " | ".join(link.name for link in links) + " |",
+             "|---|" + "---:|" * len(links)]
+    for s in stats:
+        cells = ["-" if s["status"] != "ok" else time_cell(s["time_to_target"].get(link.name),
+                                                           s["total_time"].get(link.name))
+                 for link in links]
+        lines.append(f"| {s['label']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _tuning_of(results: Mapping[str, Any], label: str) -> Mapping[str, Any] | None:
+    """The tuning record of run ``label`` (``results["preset"]["tuning"]``), if any."""
+    record = ((results.get("preset") or {}).get("tuning") or {}).get(label)
+    return record if isinstance(record, Mapping) else None
+
+
+def _split_text(scenario: Mapping[str, Any]) -> str:
+    """``iid`` or ``dirichlet (alpha 0.1)``; empty when ``scenario`` does not say."""
+    partition = scenario.get("partition")
+    if not partition:
+        return ""
+    if partition == "dirichlet":
+        alpha = scenario.get("dirichlet-alpha", scenario.get("dirichlet_alpha"))
+        return f"dirichlet (alpha {fmt_value(alpha)})"
+    return str(partition)
+
+
+def step_size_lines(results: Mapping[str, Any]) -> list[str]:
+    """The "Step sizes" section: what each run used and, if tuned, the grid and scores."""
+    lines = ["## Step sizes", ""]
+    tuned_any = False
+    for rec in results["runs"]:
+        config = rec.get("config") or {}
+        axes = step_axes(str(rec.get("family")), config)
+        if not axes:
+            continue
+        record = _tuning_of(results, rec["label"])
+        used = ", ".join(f"{k} {fmt_value(config.get(k))}" for k in axes)
+        if record is None:
+            lines.append(f"- {rec['label']}: {used} (default, not tuned)")
+            continue
+        tuned_any = True
+        choice = record.get("choice") or {}
+        if record.get("shared-from"):
+            lines.append(f"- {rec['label']}: {used}, as tuned for {record['shared-from']} "
+                         "(the same local training; not tuned separately)")
+            continue
+        grid = record.get("axes") or {k: [] for k in choice}
+        scores = ", ".join(
+            "failed" if sc.get("failed") else pct(float(sc.get("accuracy", float("nan"))))
+            for sc in record.get("scores") or [])
+        text = f"- {rec['label']}: {used}, tuned over {describe_axes(grid)}"
+        text += f" (validation accuracy {scores})" if scores else ""
+        edge = [k for k, v in choice.items() if grid.get(k) and len(grid[k]) > 1
+                and v in (grid[k][0], grid[k][-1])]
+        if record.get("extensions"):
+            text += (f"; the grid was extended {record['extensions']} time(s) beyond the "
+                     "edge the best point sat on")
+        if edge:
+            text += "; at the edge of the grid (" + ", ".join(edge) + ")"
+        tuned_on = _split_text(record)
+        if tuned_on and tuned_on != _split_text(results.get("preset") or {}):
+            text += (f"; **tuned on the {tuned_on} split, used unchanged on this run's "
+                     f"{_split_text(results.get('preset') or {})}**")
+        mismatch = [k for k, v in choice.items() if config.get(k) != v]
+        if mismatch:
+            text += "; **the tuned " + ", ".join(
+                f"{k} {fmt_value(choice[k])}" for k in mismatch) + " was overridden**"
+        lines.append(text)
+    if len(lines) == 2:
+        return []
+    if tuned_any:  # the first run's tuning that is not None
+        some = next(t for t in (_tuning_of(results, r["label"]) for r in results["runs"])
+                    if t is not None)
+        held = pct(float(some.get("validation-fraction", 0)))
+        lines += ["", f"Tuning ran each grid point for {some.get('rounds')} rounds, trained "
+                  f"on the training rows minus a held-out {held} of them (drawn by the "
+                  "seed) and scored on those held-out rows: the test "
+                  "set was never read. The choice is the best final validation accuracy; "
+                  "ties go to fewer uplink bytes. While the best point sat at the edge of "
+                  "an axis, the axis was extended by one value beyond it (at most twice by "
+                  "default)."]
+    return lines + [""]
+
+
+def verdict_extras(results: Mapping[str, Any], stats: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Verdict lines on unstable runs and on the fastest method to the target per link."""
+    out: list[str] = []
+    unstable = [s for s in stats if s["status"] == "ok" and s.get("unstable")]
+    if unstable:
+        out.append("- **Unstable** (final accuracy more than 5 points below its best): "
+                   + ", ".join(f"{s['label']} (final {pct(s['final_accuracy'])}, best "
+                               f"{pct(s['best_accuracy'])})" for s in unstable) + ".")
+    target = pct(float(results["target_accuracy"]))
+    for link in links_of(results):
+        reached = [(s["time_to_target"][link.name], s["label"]) for s in stats
+                   if s["status"] == "ok" and s["time_to_target"].get(link.name) is not None]
+        if reached:
+            t, label = min(reached)
+            out.append(f"- Fastest to {target} on {link.name}: {label} "
+                       f"({fmt_seconds(t)} simulated).")
     return out

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq_flower.compare.grids import grid_points, step_axes
-from dq_flower.compare.plan import PlannedRun
 from dq_flower.compare.presets import Preset, tuned_split
-from dq_flower.compare.run import run_one
+from dq_flower.compare.run import PlannedRun, run_one
 from dq_flower.harness.method_registry import family_of
 from dq_flower.harness.methods import validate_run_config
 

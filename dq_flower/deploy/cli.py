@@ -1,25 +1,336 @@
-"""The ``dq-flower deploy`` parser (the subcommands are :mod:`dq_flower.deploy.commands`)."""
+"""The ``dq-flower deploy`` parser and its subcommands."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from dq_flower.cli_common import EXIT_USAGE
+from dq_flower.cli_common import EXIT_USAGE, PROG, fail
 from dq_flower.deploy import TRUST_MODEL
-from dq_flower.deploy.certs import DEFAULT_HOSTS
-from dq_flower.deploy.commands import (
-    DEFAULT_CONNECTION,
-    cmd_certs,
-    cmd_local,
-    cmd_register,
-    cmd_run,
-    cmd_superlink,
-    cmd_supernode,
-    parse_config_pairs,
+from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
+from dq_flower.deploy.flower_cli import (
+    RUN_STARTED,
+    RunOutcome,
+    compare_traffic,
+    finished_run,
+    flower_env,
+    flower_executable,
+    format_config,
+    register_node,
+    rounds_from_log,
+    superlink_command,
+    supernode_command,
+    write_connection,
+)
+from dq_flower.deploy.local import LocalDeployment
+from dq_flower.deploy.supervisor import DeploymentError, start_process
+
+__all__ = ["add_deploy_parser", "parse_config_pairs", "cmd_certs", "cmd_superlink",
+           "cmd_supernode", "cmd_register", "cmd_run", "cmd_local", "DEFAULT_CONNECTION",
+           "EXIT_FAILED"]
+
+EXIT_FAILED = 1
+DEFAULT_CONNECTION = "dq-flower"
+
+INSECURE_WARNING = (
+    "WARNING: --insecure turns TLS off: quantized training samples and the model cross the "
+    "network in clear text, and SuperNodes cannot verify the SuperLink. Use it only on a "
+    "network you control, for testing."
 )
 
-__all__ = ["add_deploy_parser", "parse_config_pairs"]
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _warn(args: argparse.Namespace) -> None:
+    """The trust model, and the warning of ``--insecure``."""
+    _say(TRUST_MODEL)
+    if args.insecure:
+        _say(INSECURE_WARNING)
+
+
+def _failed(exc: DeploymentError) -> int:
+    _say(str(exc))
+    return EXIT_FAILED
+
+
+def _fail(message: str) -> int:
+    return fail(message, f"{PROG} deploy")
+
+
+def parse_config_pairs(items: list[str] | None) -> dict[str, Any]:
+    """Parse ``["k=v k2='a b'", ...]`` like ``flwr``'s ``--run-config`` (TOML values)."""
+    import tomli  # TOML, loaded with the command that reads it
+
+    out: dict[str, Any] = {}
+    pattern = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+    for item in items or []:
+        rest = pattern.sub("", item).strip()
+        if rest:
+            raise ValueError(f"cannot parse {rest!r} in {item!r}; expected key=value pairs")
+        for key, raw in pattern.findall(item):
+            try:
+                out[key] = tomli.loads(f"v = {raw}")["v"]
+            except tomli.TOMLDecodeError:
+                out[key] = raw  # a bare word (method=dq): taken as a string
+    return out
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into ``KeyboardInterrupt`` so ``finally`` blocks stop child processes."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _foreground(cmd: list[str], dry_run: bool, log_file: str | None = None) -> int:
+    """Print ``cmd``; unless ``dry_run``, run it until it exits or Ctrl-C/SIGTERM."""
+    print(shlex.join(cmd), flush=True)
+    if dry_run:
+        return 0
+    proc = start_process(cmd, log_path=log_file, env=flower_env())
+    _say(f"started {proc.name} (pid {proc.pid})"
+         + (f", log: {log_file}" if log_file else "") + "; Ctrl-C stops it")
+    try:
+        with _sigterm_as_interrupt():
+            return proc.wait()
+    except KeyboardInterrupt:
+        _say(f"stopping {proc.name} (pid {proc.pid})")
+        return 0
+    finally:
+        proc.stop()
+
+
+def _no_app(app: Path) -> int | None:
+    if (app / "pyproject.toml").is_file():
+        return None
+    return _fail(f"{app} has no pyproject.toml; run from the dq_flower project folder or pass "
+                 "--app")
+
+
+def _print_traffic(history: list[Any], outcome: RunOutcome) -> None:
+    print(json.dumps({"run-id": outcome.run_id, "status": outcome.status,
+                      **compare_traffic(history, outcome)}, indent=1))
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    """``dq-flower deploy certs``."""
+    hosts = list(dict.fromkeys([*(args.host or []), *DEFAULT_HOSTS]))
+    try:
+        creds = create_credentials(args.out, num_nodes=args.nodes, hosts=hosts,
+                                   days=args.days, overwrite=args.force)
+    except (FileExistsError, ValueError) as exc:
+        return _fail(str(exc))
+    print(f"CA certificate      {creds.ca_cert}  (copy to every SuperNode and flwr user)")
+    print(f"CA key              {creds.ca_key}  (keep offline)")
+    print(f"SuperLink cert/key  {creds.server_cert}, {creds.server_key}  (valid for "
+          f"{', '.join(hosts)})")
+    for keys in creds.nodes:
+        print(f"SuperNode key pair  {keys.private_key} (private, copy to that device only), "
+              f"{keys.public_key} (register it)")
+    return 0
+
+
+def _tls_paths(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+    if args.certs:
+        creds = load_credentials(args.certs)
+        return str(creds.ca_cert), str(creds.server_cert), str(creds.server_key)
+    return args.ssl_ca_certfile, args.ssl_certfile, args.ssl_keyfile
+
+
+def cmd_superlink(args: argparse.Namespace) -> int:
+    """``dq-flower deploy superlink``."""
+    _warn(args)
+    try:
+        ca, cert, key = (None, None, None) if args.insecure else _tls_paths(args)
+        if args.no_auth and not args.simulation:
+            _say("WARNING: --no-auth: the SuperLink accepts any SuperNode that can reach it.")
+        cmd = superlink_command(
+            host=args.host, port=args.port, ca_cert=ca, server_cert=cert, server_key=key,
+            insecure=args.insecure, supernode_auth=not args.no_auth,
+            simulation=args.simulation, database=args.database,
+            dependency_installation=args.allow_dependency_installation)
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(f"{exc} (give --certs DIR from 'dq-flower deploy certs', or --insecure)")
+    return _foreground(cmd, args.dry_run, args.log_file)
+
+
+def cmd_supernode(args: argparse.Namespace) -> int:
+    """``dq-flower deploy supernode``."""
+    _warn(args)
+    if not args.insecure and args.root_certificates is None:
+        _say("note: no --root-certificates: the SuperLink's certificate must be trusted by "
+             "this system's CA store")
+    if args.auth_key is None:
+        _say("note: no --auth-key: only a SuperLink started with --no-auth accepts this node")
+    if args.data_file is not None and not args.dry_run and not Path(args.data_file).is_file():
+        return _fail(f"no such data file: {args.data_file}")
+    try:
+        extra = parse_config_pairs(args.node_config)
+        if args.num_threads is not None:
+            extra["num-threads"] = args.num_threads
+        cmd = supernode_command(
+            superlink=args.superlink, partition_id=args.partition_id,
+            num_partitions=args.num_partitions, data_file=args.data_file, data_dir=args.data_dir,
+            root_certificates=args.root_certificates, private_key=args.auth_key,
+            insecure=args.insecure, runtime_port=args.runtime_port, node_config=extra,
+            max_retries=args.max_retries, max_wait_time=args.max_wait_time)
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(f"{exc} (give --data-file PATH, or --partition-id K --num-partitions N)")
+    return _foreground(cmd, args.dry_run, args.log_file)
+
+
+def _connection(args: argparse.Namespace) -> str:
+    """The ``flwr`` connection to use; written to ``$FLWR_HOME/config.toml`` if needed."""
+    if args.superlink:
+        path = write_connection(args.connection, args.superlink,
+                                root_certificates=args.root_certificates,
+                                insecure=args.insecure)
+        _say(f"connection [superlink.{args.connection}] -> {args.superlink} written to {path}")
+    if args.insecure:
+        _say(INSECURE_WARNING)
+    return str(args.connection)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    """``dq-flower deploy register``."""
+    if not Path(args.public_key).is_file():
+        return _fail(f"no such public key file: {args.public_key}")
+    try:
+        conn = _connection(args)
+        node_id = register_node(args.public_key, conn, env=flower_env())
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    except DeploymentError as exc:
+        return _failed(exc)
+    print(f"registered {args.public_key}: node id {node_id}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``dq-flower deploy run``: ``flwr run`` with the output shown, then the traffic."""
+    _say(TRUST_MODEL)
+    app = Path(args.app)
+    if (failed := _no_app(app)) is not None:
+        return failed
+    try:
+        conn = _connection(args)
+        overrides = parse_config_pairs(args.run_config)
+        cmd = [flower_executable("flwr"), "run", str(app.resolve()), conn]
+        if overrides:
+            cmd += ["--run-config", format_config(overrides)]
+        if not args.no_stream:
+            cmd.append("--stream")
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    print(shlex.join(cmd), flush=True)
+    env = flower_env()
+    run_id = None
+    output: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # noqa: S603
+                          text=True, env=env, cwd=app) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                output.append(line)
+                found = RUN_STARTED.search(line)
+                if found:
+                    run_id = int(found.group(1))
+        except KeyboardInterrupt:
+            proc.terminate()
+            _say(f"stopped following the run; it goes on (flwr stop {run_id} {conn})")
+            return EXIT_FAILED
+    if proc.returncode != 0 or run_id is None:
+        return EXIT_FAILED
+    if args.no_stream:
+        return 0
+    try:  # flwr run exits 0 even where the ServerApp failed: the run's status says
+        info = finished_run(conn, run_id, env=env)
+    except DeploymentError as exc:
+        return _failed(exc)
+    outcome = RunOutcome(run_id, info, "".join(output))
+    print(f"run {run_id}: {info.get('status')}, SuperLink traffic "
+          f"{json.dumps(info.get('network-traffic', {}))}")
+    history = rounds_from_log(outcome.output)
+    if history:  # the rounds' bytes of the log give the envelope
+        _print_traffic(history, outcome)
+    else:
+        _say("no per-round byte lines of dq_flower's ServerApp in the output: the envelope "
+             "overhead needs the bytes the strategy measured (see docs/deploy.md)")
+    if outcome.status != "finished:completed":
+        _say(f"run {run_id} ended as {outcome.status}: the ServerApp failed (its log above)")
+        return EXIT_FAILED
+    return 0
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """``dq-flower deploy local``: a whole TLS deployment on loopback, one run, then stop."""
+    _warn(args)
+    app = Path(args.app)
+    if (failed := _no_app(app)) is not None:
+        return failed
+    data_files = [Path(f) for f in args.data_file or []]
+    nodes = args.nodes if args.nodes is not None else (len(data_files) or 2)
+    if data_files and len(data_files) != nodes:
+        return _fail(f"{len(data_files)} --data-file for {nodes} nodes; give one per node")
+    missing = [str(f) for f in data_files if not f.is_file()]
+    if missing:
+        return _fail(f"no such data file: {', '.join(missing)}")
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dq-deploy-"))
+    try:
+        overrides = parse_config_pairs(args.run_config)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if data_files and overrides.get("dataset", "digits") != "none":
+        _say("note: the SuperNodes train on their --data-file; with dataset="
+             f"{overrides.get('dataset', 'digits')!r} the server evaluates on that data set "
+             "(give --run-config \"dataset='none' input-shape='...' num-classes=K "
+             "fraction-evaluate=1.0\" for a server that holds no data)")
+    results = workdir / "results.json"
+    if not args.insecure:  # authenticated SuperNodes: an identity stays with its node's key
+        overrides.setdefault("identity-binding", "node")
+    overrides.setdefault("num-server-rounds", args.rounds)
+    overrides["results-path"] = str(results)
+    _say(f"working folder {workdir} (certs, logs, FLWR_HOME)")
+    try:
+        with _sigterm_as_interrupt(), LocalDeployment(
+                workdir, num_nodes=nodes, tls=not args.insecure,
+                supernode_auth=not args.insecure, data_dir=args.data_dir,
+                data_files=data_files) as dep:
+            _say(f"SuperLink {dep.address} (pid {dep.superlink.pid if dep.superlink else '?'})"
+                 f", SuperNodes {[p.pid for p in dep.supernodes]}, node ids {dep.node_ids}")
+            outcome = dep.run(app, overrides, timeout=args.timeout)
+    except KeyboardInterrupt:
+        _say("interrupted; every process was stopped")
+        return EXIT_FAILED
+    except DeploymentError as exc:
+        return _failed(exc)
+    history = json.loads(results.read_text())["history"]
+    for row in history:
+        print(f"round {row['round']}: accuracy {row['accuracy']:.4f}, up {row['up_bytes']} B, "
+              f"down {row['down_bytes']} B")
+    _print_traffic(history, outcome)
+    return 0
 
 
 def _add_connection_args(p: argparse.ArgumentParser) -> None:
@@ -60,15 +371,14 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
         deploy.print_help()
         return EXIT_USAGE
 
+    def parser(name: str, func: Callable[[argparse.Namespace], int],
+               **kwargs: Any) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, **kwargs)
+        p.set_defaults(func=func)
+        return p
+
     deploy.set_defaults(func=show_help)
-    for add in (_certs_parser, _superlink_parser, _supernode_parser, _register_parser,
-                _run_parser, _local_parser):
-        add(sub)
-    return deploy
-
-
-def _certs_parser(sub: Any) -> None:
-    p = sub.add_parser("certs", help="create a CA, the SuperLink certificate, SuperNode keys")
+    p = parser("certs", cmd_certs, help="create a CA, the SuperLink certificate, SuperNode keys")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
     p.add_argument("--nodes", type=int, default=2, metavar="N",
                    help="SuperNode key pairs node-0 .. node-{N-1} (default 2)")
@@ -77,11 +387,7 @@ def _certs_parser(sub: Any) -> None:
                    f"several ({' and '.join(DEFAULT_HOSTS)} are always added)")
     p.add_argument("--days", type=int, default=365, help="validity (default 365)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
-    p.set_defaults(func=cmd_certs)
-
-
-def _superlink_parser(sub: Any) -> None:
-    p = sub.add_parser("superlink", help="run a SuperLink (TLS + SuperNode authentication)")
+    p = parser("superlink", cmd_superlink, help="run a SuperLink (TLS + SuperNode authentication)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 for all interfaces (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9093,
@@ -101,12 +407,9 @@ def _superlink_parser(sub: Any) -> None:
     p.add_argument("--allow-dependency-installation", action="store_true",
                    help="let each run 'uv sync' the app's dependencies (needs the network)")
     _add_process_output_args(p)
-    p.set_defaults(func=cmd_superlink)
-
-
-def _supernode_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "supernode", help="run a SuperNode on its own data file or on partition K of N",
+    p = parser(
+        "supernode", cmd_supernode,
+        help="run a SuperNode on its own data file or on partition K of N",
         description="Run a SuperNode. Its data is this device's own .npz file (--data-file; "
         "keys x_train, y_train and, for federated evaluation, x_test, y_test; written by "
         "dq_flower.harness.tasks.data.save_node_data), used as it is; only this SuperNode "
@@ -137,28 +440,16 @@ def _supernode_parser(sub: Any) -> None:
     p.add_argument("--max-retries", type=int, help="give up after this many reconnects")
     p.add_argument("--max-wait-time", type=float, help="give up reconnecting after seconds")
     _add_process_output_args(p)
-    p.set_defaults(func=cmd_supernode)
-
-
-def _register_parser(sub: Any) -> None:
-    p = sub.add_parser("register", help="register a SuperNode public key with the SuperLink")
+    p = parser("register", cmd_register, help="register a SuperNode public key with the SuperLink")
     p.add_argument("public_key", metavar="KEY.pub")
     _add_connection_args(p)
-    p.set_defaults(func=cmd_register)
-
-
-def _run_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="flwr run this app and show the SuperLink's traffic")
+    p = parser("run", cmd_run, help="flwr run this app and show the SuperLink's traffic")
     _add_app_arg(p)
     _add_connection_args(p)
     p.add_argument("--run-config", action="append", metavar="'k=v ...'",
                    help="override [tool.flwr.app.config] keys, e.g. 'num-server-rounds=3'")
     p.add_argument("--no-stream", action="store_true", help="submit the run and return")
-    p.set_defaults(func=cmd_run)
-
-
-def _local_parser(sub: Any) -> None:
-    p = sub.add_parser("local", help="TLS deployment on this machine: one run, then stop")
+    p = parser("local", cmd_local, help="TLS deployment on this machine: one run, then stop")
     _add_app_arg(p)
     p.add_argument("--nodes", type=int, metavar="N",
                    help="SuperNodes (default: one per --data-file, else 2)")
@@ -173,4 +464,4 @@ def _local_parser(sub: Any) -> None:
     p.add_argument("--workdir", metavar="DIR", help="certs, logs, FLWR_HOME (default: temp)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the run")
     p.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
-    p.set_defaults(func=cmd_local)
+    return deploy

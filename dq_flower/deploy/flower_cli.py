@@ -9,7 +9,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,23 +38,16 @@ def flower_executable(name: str) -> str:
 def flower_env(*, flwr_home: str | Path | None = None, ray_tmpdir: str | Path | None = None,
                base: Mapping[str, str] | None = None,
                extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for Flower subprocesses.
-
-    The interpreter's ``bin`` first on ``PATH`` (``flower-superexec`` is started by name),
-    no telemetry or update check, unbuffered output, ``FLWR_HOME`` and ``RAY_TMPDIR``.
-    """
+    """Environment for Flower subprocesses."""
     env = dict(os.environ if base is None else base)
+    # the interpreter's bin first on PATH: flower-superexec is started by name
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")]).rstrip(os.pathsep)
-    env["FLWR_TELEMETRY_ENABLED"] = "0"
-    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    if flwr_home is not None:
-        env["FLWR_HOME"] = str(flwr_home)
-    if ray_tmpdir is not None:
-        env["RAY_TMPDIR"] = str(ray_tmpdir)
-    if extra:
-        env.update(extra)
+    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
+    env.update({key: str(value) for key, value in (("FLWR_HOME", flwr_home),
+                                                   ("RAY_TMPDIR", ray_tmpdir))
+                if value is not None})
+    env.update(extra or {})
     return env
 
 
@@ -92,6 +85,11 @@ def _abs(path: str | Path | None) -> str:
     return str(Path(str(path)).expanduser().resolve())
 
 
+def _flag(flag: str, value: Any, convert: Callable[[Any], str] = str) -> list[str]:
+    """``[flag, convert(value)]``, or nothing for ``None``."""
+    return [] if value is None else [flag, convert(value)]
+
+
 def superlink_command(*, host: str = "127.0.0.1", port: int = 9093,
                       ca_cert: str | Path | None = None, server_cert: str | Path | None = None,
                       server_key: str | Path | None = None, insecure: bool = False,
@@ -121,31 +119,7 @@ def superlink_command(*, host: str = "127.0.0.1", port: int = 9093,
         cmd.append("--enable-supernode-auth")
     if not dependency_installation:
         cmd.append("--disable-runtime-dependency-installation")
-    if database is not None:
-        cmd += ["--database", _abs(database)]
-    if log_file is not None:
-        cmd += ["--log-file", _abs(log_file)]
-    return cmd
-
-
-def _node_data_config(partition_id: int | None, num_partitions: int | None,
-                      data_file: str | Path | None, data_dir: str | Path | None,
-                      node_config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A SuperNode's node config: its data (file or partition) and the extra pairs."""
-    if partition_id is not None and num_partitions is not None \
-            and not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    pairs = (("partition-id", partition_id), ("num-partitions", num_partitions))
-    config: dict[str, Any] = {k: v for k, v in pairs if v is not None}
-    config.update({k: _abs(v) for k, v in (("data-file", data_file), ("data-dir", data_dir))
-                   if v is not None})
-    config.update(node_config or {})
-    if config.get("data-file"):
-        config["data-file"] = _abs(config["data-file"])
-    elif "partition-id" not in config or "num-partitions" not in config:
-        raise ValueError("a SuperNode needs its own data file (data-file) or a partition "
-                         "(partition-id and num-partitions)")
-    return config
+    return cmd + _flag("--database", database, _abs) + _flag("--log-file", log_file, _abs)
 
 
 def supernode_command(*, superlink: str, partition_id: int | None = None,
@@ -165,21 +139,29 @@ def supernode_command(*, superlink: str, partition_id: int | None = None,
     """
     if insecure and root_certificates is not None:
         raise ValueError("insecure=True contradicts root_certificates")
-    config = _node_data_config(partition_id, num_partitions, data_file, data_dir, node_config)
+    # the node config: its data (file or partition) and the extra pairs
+    if partition_id is not None and num_partitions is not None \
+            and not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
+    pairs = (("partition-id", partition_id), ("num-partitions", num_partitions))
+    config: dict[str, Any] = {k: v for k, v in pairs if v is not None}
+    config.update({k: _abs(v) for k, v in (("data-file", data_file), ("data-dir", data_dir))
+                   if v is not None})
+    config.update(node_config or {})
+    if config.get("data-file"):
+        config["data-file"] = _abs(config["data-file"])
+    elif "partition-id" not in config or "num-partitions" not in config:
+        raise ValueError("a SuperNode needs its own data file (data-file) or a partition "
+                         "(partition-id and num-partitions)")
     cmd = [flower_executable("flower-supernode"), "--superlink", superlink,
            "--host", runtime_host, "--port", str(runtime_port)]
     if insecure:
         cmd.append("--insecure")
-    elif root_certificates is not None:
-        cmd += ["--root-certificates", _abs(root_certificates)]
-    if private_key is not None:
-        cmd += ["--auth-supernode-private-key", _abs(private_key)]
-    if max_retries is not None:
-        cmd += ["--max-retries", str(max_retries)]
-    if max_wait_time is not None:
-        cmd += ["--max-wait-time", str(max_wait_time)]
-    cmd += ["--node-config", format_config(config)]
-    return cmd
+    else:
+        cmd += _flag("--root-certificates", root_certificates, _abs)
+    return [*cmd, *_flag("--auth-supernode-private-key", private_key, _abs),
+            *_flag("--max-retries", max_retries), *_flag("--max-wait-time", max_wait_time),
+            "--node-config", format_config(config)]
 
 
 def write_connection(name: str, address: str, *, root_certificates: str | Path | None = None,
@@ -223,7 +205,10 @@ def _flwr(args: Sequence[str], *, env: Mapping[str, str] | None, timeout: float,
     return done
 
 
-def _json_out(text: str) -> dict[str, Any]:
+def _flwr_json(args: Sequence[str], *, env: Mapping[str, str] | None,
+               timeout: float) -> dict[str, Any]:
+    """The JSON ``flwr args`` prints."""
+    text = _flwr(args, env=env, timeout=timeout).stdout
     start = text.find("{")
     if start < 0:
         raise DeploymentError(f"no JSON in flwr output:\n{text}")
@@ -233,9 +218,8 @@ def _json_out(text: str) -> dict[str, Any]:
 def register_node(public_key: str | Path, connection: str, *,
                   env: Mapping[str, str] | None = None, timeout: float = 60.0) -> int:
     """``flwr supernode register KEY.pub <connection>``; return the new node id."""
-    done = _flwr(["supernode", "register", str(public_key), connection, "--format", "json"],
-                 env=env, timeout=timeout)
-    out = _json_out(done.stdout)
+    out = _flwr_json(["supernode", "register", str(public_key), connection, "--format", "json"],
+                     env=env, timeout=timeout)
     if not out.get("success"):
         raise DeploymentError(f"registration failed: {out}")
     return int(out["node-id"])
@@ -247,15 +231,14 @@ def flwr_ls(connection: str, run_id: int | None = None, *,
     args = ["ls", connection, "--format", "json"]
     if run_id is not None:
         args += ["--run-id", str(run_id)]
-    out = _json_out(_flwr(args, env=env, timeout=timeout).stdout)
-    return list(out.get("runs", []))
+    return list(_flwr_json(args, env=env, timeout=timeout).get("runs", []))
 
 
 def list_nodes(connection: str, *, env: Mapping[str, str] | None = None,
                timeout: float = 60.0) -> list[dict[str, Any]]:
     """``flwr supernode ls <connection> --format json``: registered nodes and their status."""
-    out = _json_out(_flwr(["supernode", "ls", connection, "--format", "json"], env=env,
-                          timeout=timeout).stdout)
+    out = _flwr_json(["supernode", "ls", connection, "--format", "json"], env=env,
+                     timeout=timeout)
     return list(out.get("nodes", []))
 
 

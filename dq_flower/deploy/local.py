@@ -115,12 +115,11 @@ class LocalDeployment:
                 hosts=(self.host, "localhost"), overwrite=True)
         creds = self.credentials if self.tls else None
         self.port = free_port(self.host)
-        cmd = superlink_command(host=self.host, port=self.port,
-                                ca_cert=creds.ca_cert if creds else None,
-                                server_cert=creds.server_cert if creds else None,
-                                server_key=creds.server_key if creds else None,
-                                insecure=not self.tls, supernode_auth=self.supernode_auth,
-                                simulation=self.simulation)
+        tls: dict[str, Any] = ({"ca_cert": creds.ca_cert, "server_cert": creds.server_cert,
+                                "server_key": creds.server_key} if creds else {})
+        cmd = superlink_command(host=self.host, port=self.port, insecure=not self.tls,
+                                supernode_auth=self.supernode_auth,
+                                simulation=self.simulation, **tls)
         self.superlink = self.group.start(cmd, log_path=self.logs / "superlink.log",
                                           env=self.env, cwd=self.workdir, name="superlink")
         wait_for_port(self.host, self.port, self.startup_timeout, self.superlink)

@@ -19,7 +19,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 __all__ = ["DeploymentError", "ManagedProcess", "ProcessGroup", "free_port", "managed_process",
            "start_process", "wait_for_port"]
@@ -231,13 +231,11 @@ def start_process(args: Sequence[str], *, log_path: str | Path | None,
 
 
 @contextmanager
-def managed_process(args: Sequence[str], *, log_path: str | Path,
-                    env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                    name: str | None = None,
+def managed_process(args: Sequence[str], *,
                     ready: Callable[[ManagedProcess], object] | None = None,
-                    stop_timeout: float = 10.0) -> Iterator[ManagedProcess]:
+                    stop_timeout: float = 10.0, **start: Any) -> Iterator[ManagedProcess]:
     """Start a process, wait for ``ready(proc)``, yield it, always stop it (``stop_timeout``)."""
-    proc = start_process(args, log_path=log_path, env=env, cwd=cwd, name=name)
+    proc = start_process(args, **start)
     try:
         if ready is not None:
             ready(proc)
@@ -252,11 +250,9 @@ class ProcessGroup:
     def __init__(self) -> None:
         self.processes: list[ManagedProcess] = []
 
-    def start(self, args: Sequence[str], *, log_path: str | Path,
-              env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-              name: str | None = None) -> ManagedProcess:
-        """Start a process that this group will stop."""
-        proc = start_process(args, log_path=log_path, env=env, cwd=cwd, name=name)
+    def start(self, args: Sequence[str], **start: Any) -> ManagedProcess:
+        """Start a process that this group will stop (:func:`start_process`'s keywords)."""
+        proc = start_process(args, **start)
         self.processes.append(proc)
         return proc
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from dq_flower.compare.device_report import device_link_table, device_section, pair_times
 from dq_flower.compare.devices import (
     BUILTIN_DEVICES,
     BUILTIN_SERVERS,
@@ -34,7 +33,15 @@ from dq_flower.compare.links import (
     time_to_target,
 )
 from dq_flower.compare.summary import run_summaries, summary_markdown
-from dq_flower.compare.work import RoundWork, Workload, profiled_history, round_work
+from dq_flower.compare.work import (
+    RoundWork,
+    Workload,
+    device_link_table,
+    device_section,
+    pair_times,
+    profiled_history,
+    round_work,
+)
 
 # --------------------------------------------------------------------------- FLOPs
 

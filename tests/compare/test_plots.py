@@ -8,7 +8,7 @@ matplotlib.use("Agg", force=True)
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from dq_flower.compare.plots import label_log_axis  # noqa: E402
+from dq_flower.compare.reports import label_log_axis  # noqa: E402
 
 
 def _tick_boxes(lo: float, hi: float, fix: bool) -> tuple[list[str], bool]:

@@ -10,8 +10,12 @@ from dq_flower import compare
 from dq_flower.compare import LinkProfile, run_summaries, summary_markdown
 from dq_flower.compare import run as compare_run
 from dq_flower.compare.presets import Preset
-from dq_flower.compare.sections import step_size_lines, time_table, verdict_extras
-from dq_flower.compare.summary import coder_of_run
+from dq_flower.compare.summary import (
+    coder_of_run,
+    step_size_lines,
+    time_table,
+    verdict_extras,
+)
 
 D = 1000  # model parameters
 

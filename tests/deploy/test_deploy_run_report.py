@@ -13,7 +13,8 @@ import logging
 from flwr.common.logger import FLOWER_LOGGER
 
 from dq_flower.cli import main
-from dq_flower.deploy import commands, flower_cli
+from dq_flower.deploy import cli as commands
+from dq_flower.deploy import flower_cli
 from dq_flower.deploy.flower_cli import rounds_from_log
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
