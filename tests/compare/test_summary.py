@@ -218,7 +218,7 @@ PRIVACY = ("DQ uploads quantized raw training samples to the server: use it on t
 
 
 def _sections(results):
-    """What :mod:`dq_flower.compare.sections` adds: (before the verdict, after its lines)."""
+    """What :mod:`dq_flower.compare.summary` adds: (before the verdict, after its lines)."""
     stats = run_summaries(results)
     return (time_table(results, stats) + step_size_lines(results),
             verdict_extras(results, stats))
