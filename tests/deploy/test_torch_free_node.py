@@ -62,7 +62,8 @@ def test_a_supernode_without_torch_trains_with_dq_next_to_a_normal_one(mixed_dep
     results = dep.workdir / "uniform.json"
     # the fixed schedule: every node sends its budget every round (2 x 2 x BUDGET rows)
     dep.run(APP_DIR, {"num-server-rounds": 2, "budget": BUDGET, "model": "logreg",
-                      "upload-schedule": "fixed", "results-path": str(results)},
+                      "scorer": "uniform", "upload-schedule": "fixed",
+                      "results-path": str(results)},
             timeout=300)
     history = json.loads(results.read_text())["history"]
     print(f"\naccuracy by round {[r['accuracy'] for r in history]}; "
