@@ -2,7 +2,7 @@
 
 Usage: python -m tests.faults.simulation_process WORKDIR [KILL_AFTER]
 
-Runs DQ on the digits (4 clients, 5 rounds, the README's quickstart) in Flower's simulation
+Runs DQ on the digits (4 clients, 5 rounds, the fixed upload schedule) in Flower's simulation
 engine, checkpointing every round into WORKDIR/ckpt. With KILL_AFTER = k > 0 the process
 sends itself SIGKILL as soon as round k's history row exists, before round k's checkpoint
 is written. Run again with the same WORKDIR, the simulation restarts: new node ids, empty
@@ -18,15 +18,16 @@ from pathlib import Path
 
 import dq_flower
 
+#: the fixed schedule (each client sends its budget every round), so that all 5 rounds run
 KNOBS = dict(method="dq", dataset="digits", model="mlp", num_clients=4, rounds=5, seed=0,
-             budget=64, bits=2)
+             budget=64, bits=2, upload_schedule="fixed")
 
 
 def main(workdir: str, kill_after: int = 0) -> None:
     work = Path(workdir)
 
     def on_round(row: dict) -> None:
-        if row["round"] == kill_after:
+        if kill_after and row["round"] == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
     result = dq_flower.simulate(**KNOBS, checkpoint_dir=str(work / "ckpt"),
