@@ -8,7 +8,6 @@ fields are hyphenated run-config keys (``server-steps``) and keyword arguments
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import types
 import typing
@@ -184,15 +183,6 @@ def build_config(config: Any, knobs: dict[str, Any], cls: type[Any]) -> Any:
     return from_mapping(cls, {**dataclasses.asdict(base), **knobs})
 
 
-_SCALARS = (bool, int, float, str)
-
-
-def _scalar(annotation: Any) -> bool:
-    hints = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
-    args = [h for h in hints if h is not type(None)] if hints else [annotation]
-    return len(args) == 1 and args[0] in _SCALARS
-
-
 #: Run-config keys every strategy accepts without reading them (``strategy.start`` takes
 #: the number of rounds; nearly every Flower app's run config has it).
 FLOWER_KEYS = frozenset({"num-server-rounds"})
@@ -207,8 +197,6 @@ ELSEWHERE = {
                       "ServerApp (holdout_secret=...) or set DQ_FLOWER_HOLDOUT_SECRET in the "
                       "server's environment",
 }
-#: Keyword arguments of a strategy that a run config may not set (the clients read it).
-SERVER_ONLY = frozenset({"holdout_secret"})
 
 
 def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterable[str],
@@ -257,37 +245,28 @@ def _edits(a: str, b: str) -> int:
     return row[-1]
 
 
-def _scalar_arguments(init: Any, fields: set[str]) -> dict[str, Any]:
-    """Name -> annotation of the scalar keyword arguments of ``init`` that are no field."""
-    hints = typing.get_type_hints(init)
-    return {name: hints[name] for name, param in inspect.signature(init).parameters.items()
-            if name not in fields and name != "self" and name not in SERVER_ONLY
-            and _scalar(hints.get(name))
-            and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)}
-
-
-def strategy_kwargs(strategy_cls: type, config_cls: type, run_config: Mapping[str, Any],
-                    overrides: Mapping[str, Any],
+def strategy_kwargs(owner: str, config_cls: type, run_config: Mapping[str, Any],
+                    overrides: Mapping[str, Any], *, args_cls: type | None = None,
                     defaults: Mapping[str, Any] | None = None,
                     app_keys: Iterable[str] = ()) -> dict[str, Any]:
-    """Keyword arguments of ``strategy_cls`` read from a run config (``from_run_config``).
+    """Keyword arguments of strategy ``owner`` read from a run config (``from_run_config``).
 
-    The fields of ``config_cls`` go into ``config=``, the other scalar keyword arguments of
-    ``strategy_cls.__init__`` (``seed``, ``fraction-train``, ...) as they are; ``defaults``
-    apply where a key is missing, ``overrides`` win. A bad value or an unknown key (but
-    ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
+    The fields of ``config_cls`` go into ``config=``, those of ``args_cls`` (its other
+    knobs, a :class:`~dq_flower.knobs.StrategyConfig`) as keyword arguments where given;
+    ``defaults`` apply where a key is missing, ``overrides`` win. A bad value or an unknown
+    key (but ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
-    init = vars(strategy_cls).get("__init__") or strategy_cls.__init__  # type: ignore[misc]
-    scalars = _scalar_arguments(init, fields)
-    _check_keys(run_config, {_key(n) for n in fields | set(scalars)}, app_keys,
-                strategy_cls.__name__)
+    args = {_key(f.name) for f in dataclasses.fields(args_cls)} if args_cls else set()
+    _check_keys(run_config, {_key(n) for n in fields} | args, app_keys, owner)
     given = {_key(k): v for k, v in run_config.items()}
     mapping = {k: v for k, v in (defaults or {}).items()
                if k in fields and _key(k) not in given}
     mapping.update(given)
     kwargs: dict[str, Any] = {"config": from_mapping(config_cls, mapping)}
-    kwargs.update((name, _coerce(given[_key(name)], hint, _key(name)))
-                  for name, hint in scalars.items() if _key(name) in given)
+    if args_cls is not None:
+        read = from_mapping(args_cls, {k: v for k, v in given.items() if k in args})
+        kwargs.update((k.replace("-", "_"), getattr(read, k.replace("-", "_")))
+                      for k in args if k in given)
     kwargs.update(overrides)
     return kwargs

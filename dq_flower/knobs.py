@@ -1,7 +1,9 @@
-"""Knob groups that several methods' configs share: robust aggregation and the optimizer.
+"""Knob groups that several configs share: robust aggregation, the optimizer, a strategy's.
 
-Configs inherit them, so the knobs stay flat (``DQConfig(lr=0.1)``, ``clip-factor``);
-``cfg.robust`` and ``cfg.optimizer_config`` return a config's group as its own dataclass.
+Configs inherit the first two, so the knobs stay flat (``DQConfig(lr=0.1)``,
+``clip-factor``); ``cfg.robust`` and ``cfg.optimizer_config`` return a config's group as its
+own dataclass. :class:`StrategyConfig` holds the keyword arguments a strategy takes beside
+its method's config (``seed``, ``fraction-train``, ...), as Flower's strategies take them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from dq_flower.knob import at_least, between, knob, one_of
 
-__all__ = ["RobustConfig", "OptimizerConfig", "OPTIMIZERS"]
+__all__ = ["RobustConfig", "OptimizerConfig", "StrategyConfig", "OPTIMIZERS"]
 
 #: The server optimizers (:func:`dq_flower.server.common.make_optimizer`).
 OPTIMIZERS = ("sgd", "adam")
@@ -67,3 +69,23 @@ class OptimizerConfig:
     def optimizer_config(self) -> OptimizerConfig:
         """The optimizer knobs of this config, as an :class:`OptimizerConfig`."""
         return OptimizerConfig(**_values(self, OptimizerConfig))
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """Keyword arguments of ``DQStrategy`` and ``GradientStrategy`` beside their config.
+
+    Checked as a strategy is built; ``from_run_config`` reads them by their hyphenated keys.
+    """
+
+    seed: int = knob(0, coerce=int, doc=(
+        "root of every random choice (node sampling, round seeds, minibatches)"))
+    fraction_train: float = knob(1.0, between(0, 1, low_open=True), coerce=float, doc=(
+        "fraction of the connected nodes sampled each round"))
+    min_available_nodes: int = knob(1, at_least(1), coerce=int, doc=(
+        "nodes that must be connected before a round samples (as in Flower's strategies)"))
+    fraction_evaluate: float = knob(0.0, between(0, 1), coerce=float, doc=(
+        "fraction of the nodes that evaluate the model on their own held-out rows each "
+        "round (0: off)"))
+    min_evaluate_nodes: int = knob(1, at_least(0), coerce=int, doc=(
+        "nodes that must be connected before a round evaluates"))

@@ -28,6 +28,7 @@ from dq_flower.config import (
     strategy_kwargs,
     to_config_record,
 )
+from dq_flower.knobs import StrategyConfig
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
@@ -122,9 +123,9 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
                  fraction_evaluate: float = 0.0, min_evaluate_nodes: int = 1,
                  loss_fn: LossFn | None = None, config: GradientConfig | None = None,
                  method: str | None = None, **knobs: Any) -> None:
-        self._setup(model, seed=seed, fraction_train=fraction_train,
-                    min_available_nodes=min_available_nodes,
-                    fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes)
+        self._setup(model, StrategyConfig(
+            seed=seed, fraction_train=fraction_train, min_available_nodes=min_available_nodes,
+            fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes))
         if codec is None and config is None:
             codec = "qsgd"
         named = given_knobs(knobs, codec=codec, codec_params=params_text(codec_params),
@@ -269,13 +270,14 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> GradientStrategy:
         """The strategy with its knobs read from a run config (``context.run_config``).
 
-        Every :class:`GradientConfig` field and scalar argument by its hyphenated key
-        (``codec`` defaults to ``qsgd``), ``overrides`` winning
+        Every :class:`GradientConfig` and :class:`~dq_flower.knobs.StrategyConfig` field by
+        its hyphenated key (``codec`` defaults to ``qsgd``), ``overrides`` winning
         (:func:`dq_flower.config.strategy_kwargs`); unknown keys (but ``num-server-rounds``
         and ``app_keys``) and wrongly typed values raise ``ValueError`` naming the key.
         """
-        return cls(model, **strategy_kwargs(cls, GradientConfig, run_config, overrides,
-                                            defaults={"codec": "qsgd"}, app_keys=app_keys))
+        return cls(model, **strategy_kwargs(
+            cls.__name__, GradientConfig, run_config, overrides, args_cls=StrategyConfig,
+            defaults={"codec": "qsgd"}, app_keys=app_keys))
 
     # ------------------------------------------------------------------ internals
     def _guarded_step(self, server_round: int, updates: list[GradientUpdate]) -> bool:

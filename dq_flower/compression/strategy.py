@@ -124,8 +124,8 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
 
         As :func:`dq_flower.config.strategy_kwargs` reads them, ``overrides`` winning.
         """
-        return cls(strategy, **strategy_kwargs(cls, CompressionConfig, run_config, overrides,
-                                               app_keys=app_keys))
+        return cls(strategy, **strategy_kwargs(cls.__name__, CompressionConfig, run_config,
+                                               overrides, app_keys=app_keys))
 
     def __repr__(self) -> str:
         return f"CompressedUpdates({self.strategy!r}, codec={self.codec!r})"

@@ -16,9 +16,9 @@ from dq_flower.codecs import CONTEXT, make, payload_coder
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import check, client_keys, parse_params
 from dq_flower.knob import above, at_least, between, inherit, knob, one_of
-from dq_flower.knobs import OptimizerConfig, RobustConfig
+from dq_flower.knobs import OptimizerConfig, RobustConfig, StrategyConfig
 
-__all__ = ["DQConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
+__all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
            "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
            "COMPENSATION_MODES", "AUGMENTATIONS"]
 
@@ -264,6 +264,14 @@ class DQConfig(RobustConfig, OptimizerConfig):
         """Parsed ``gradient_codec_params``; ``entropy`` defaults to :attr:`payload_coder`."""
         return {"entropy": self.payload_coder,
                 **parse_params(self.gradient_codec_params, "gradient-codec-params")}
+
+
+@dataclass(frozen=True)
+class DQStrategyConfig(StrategyConfig):
+    """Keyword arguments of ``DQStrategy`` beside its config: a strategy's, and the classes."""
+
+    num_classes: int | None = knob(None, at_least(1), coerce=int, doc=(
+        "classes of integer targets (not set: the width of the model's output)"))
 
 
 #: Knobs the clients read from the round config (no other knob travels to them).

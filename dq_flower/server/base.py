@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from dq_flower.knobs import StrategyConfig
 from dq_flower.server.evaluation import FederatedEvaluation
 from dq_flower.server.pipeline import RoundLedger, Screened, screen_replies
 
@@ -183,24 +184,15 @@ class ModelStrategy(RoundPipeline, FederatedEvaluation):
     client_metric_keys: tuple[str, ...] | None = ()
     watches_failures = True
 
-    def _setup(self, model: torch.nn.Module, *, seed: int, fraction_train: float,
-               min_available_nodes: int, fraction_evaluate: float,
-               min_evaluate_nodes: int) -> None:
-        """Check and keep the arguments every strategy of the package takes."""
+    def _setup(self, model: torch.nn.Module, args: StrategyConfig) -> None:
+        """Keep the model and the arguments every strategy of the package takes (checked)."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not 0 < fraction_train <= 1:
-            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-        if not 0 <= fraction_evaluate <= 1:
-            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
-        if min_available_nodes < 1:
-            raise ValueError(f"min_available_nodes must be >= 1, got {min_available_nodes}")
         self.model = model
-        self.seed = int(seed)
-        self.fraction_train = float(fraction_train)
-        self.min_available_nodes = int(min_available_nodes)
-        self.fraction_evaluate = float(fraction_evaluate)
-        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.seed, self.fraction_train = args.seed, args.fraction_train
+        self.min_available_nodes = args.min_available_nodes
+        self.fraction_evaluate, self.min_evaluate_nodes = (args.fraction_evaluate,
+                                                           args.min_evaluate_nodes)
         self._returned: ArrayRecord | None = None
 
     def _load_arrays(self, arrays: ArrayRecord | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import pytest
@@ -9,6 +10,9 @@ import torch
 from flwr.serverapp.strategy import FedAvg
 
 import dq_flower
+import dq_flower.dq.config
+import dq_flower.knobs
+from dq_flower.knob import knobs_of
 
 
 def model() -> torch.nn.Module:
@@ -110,3 +114,36 @@ def test_the_apps_own_keys_pass_when_named():
         torch.nn.Linear(4, 2), {"num-server-rounds": 3, "output-dir": "", "bits": 3,
                                 "fraction_evaluate": 0.5}, app_keys=["output-dir"])
     assert s.cfg.bits == 3 and s.fraction_evaluate == 0.5
+
+
+@pytest.mark.parametrize(("cls", "args_cls"), [
+    (dq_flower.DQStrategy, dq_flower.dq.config.DQStrategyConfig),
+    (dq_flower.GradientStrategy, dq_flower.knobs.StrategyConfig),
+])
+def test_the_strategy_arguments_are_knobs_with_the_signatures_defaults(cls, args_cls):
+    params = inspect.signature(cls.__init__).parameters
+    for name, found in knobs_of(args_cls).items():
+        assert params[name].default == found.default, name
+    read = cls.from_run_config(model(), {"seed": 7, "fraction-train": 0.5,
+                                         "min-available-nodes": 2, "min-evaluate-nodes": 3})
+    assert (read.seed, read.fraction_train, read.min_available_nodes,
+            read.min_evaluate_nodes) == (7, 0.5, 2, 3)
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [
+    ({"fraction_train": 0.0}, "fraction-train"), ({"fraction_evaluate": 1.5}, "fraction-evaluate"),
+    ({"min_available_nodes": 0}, "min-available-nodes"), ({"num_classes": 0}, "num-classes"),
+])
+def test_a_bad_strategy_argument_fails_naming_its_key(kwargs, key):
+    with pytest.raises(ValueError, match=f"^{key}: must be"):
+        dq_flower.DQStrategy(model(), **kwargs)
+    run_config = {k.replace("_", "-"): v for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=f"^{key}: must be"):
+        dq_flower.DQStrategy.from_run_config(model(), run_config)
+
+
+def test_num_classes_is_read_from_the_run_config_by_dq_only(caplog):
+    assert dq_flower.DQStrategy.from_run_config(model(), {"num-classes": 5}).num_classes == 5
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        dq_flower.GradientStrategy.from_run_config(model(), {"num-classes": 5})
+    assert "GradientStrategy does not read the run-config keys 'num-classes'" in caplog.text

@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import Strategy
 
 from dq_flower.codecs import Codec, make
 from dq_flower.config import build_config, changed_knobs, strategy_kwargs
-from dq_flower.dq.config import DQConfig, model_codec, robust_rule
+from dq_flower.dq.config import DQConfig, DQStrategyConfig, model_codec, robust_rule
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.intake import ClientIdentities, UploadIntake, reply_identity
@@ -336,11 +336,11 @@ class DQStrategy(ModelStrategy, Strategy):
         holdout_secret: str | None = None,
         **knobs: Any,
     ) -> None:
-        if num_classes is not None and num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-        self._setup(model, seed=seed, fraction_train=fraction_train,
-                    min_available_nodes=min_available_nodes,
-                    fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes)
+        args = DQStrategyConfig(
+            seed=seed, fraction_train=fraction_train, min_available_nodes=min_available_nodes,
+            fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes,
+            num_classes=num_classes)
+        self._setup(model, args)
         self.cfg: DQConfig = build_config(config, knobs, DQConfig)
         cfg = self.cfg
         self.optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr,
@@ -359,7 +359,7 @@ class DQStrategy(ModelStrategy, Strategy):
         #: which client (identity) each node id is; everything per client is keyed by it
         self.identities = ClientIdentities(permanent=cfg.identity_binding == "node")
         #: what the server knows of the federation's data: spec, store, value bound
-        self.data = FederationData(num_classes=num_classes,
+        self.data = FederationData(num_classes=args.num_classes,
                                    value_bound=float(cfg.max_abs_value) or None)
         key = holdout_key(self.seed, holdout_secret)
         #: digest of the held-out key, checked on resume (another key holds out other rows)
@@ -430,14 +430,14 @@ class DQStrategy(ModelStrategy, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> DQStrategy:
         """The strategy with its knobs read from a run config (``context.run_config``).
 
-        Every :class:`DQConfig` field and scalar argument (``seed``, ``fraction-train``,
-        ...) is read from its hyphenated key where present and ``overrides`` win
-        (:func:`dq_flower.config.strategy_kwargs`). Any other key but ``num-server-rounds``
+        Every :class:`DQConfig` and :class:`~dq_flower.dq.config.DQStrategyConfig` field
+        (``seed``, ``fraction-train``, ...) is read from its hyphenated key where present and
+        ``overrides`` win (:func:`dq_flower.config.strategy_kwargs`). Any other key but ``num-server-rounds``
         and ``app_keys`` (the app's own), and a value of the wrong type, raise
         ``ValueError`` naming the key, before any round.
         """
-        return cls(model, **strategy_kwargs(cls, DQConfig, run_config, overrides,
-                                            app_keys=app_keys))
+        return cls(model, **strategy_kwargs(cls.__name__, DQConfig, run_config, overrides,
+                                            args_cls=DQStrategyConfig, app_keys=app_keys))
 
     def summary(self) -> None:
         """Log the knobs that differ from their defaults."""
