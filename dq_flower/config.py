@@ -193,6 +193,7 @@ ELSEWHERE = {
                       "load_state_dict() (docs/plugin.md, 'Resume a run')",
     "checkpoint-every": "it is a knob of dq_flower.simulate and the package's own apps; in "
                         "your own app save strategy.state_dict() where you choose",
+    "per-channel": "it was removed: ranges = 'channel' is the same",
     "holdout-secret": "the clients read the run config: give it to the strategy in the "
                       "ServerApp (holdout_secret=...) or set DQ_FLOWER_HOLDOUT_SECRET in the "
                       "server's environment",
@@ -231,7 +232,8 @@ def unknown_knob(name: str, known: Iterable[str], owner: str = "") -> ValueError
     names = sorted(known)
     nearest = min(names, key=lambda k: _edits(name, k))
     where = f" for {owner}" if owner else ""
-    return ValueError(f"unknown knob {name!r}{where} (nearest: {nearest!r}); known: "
+    hint = f"; {ELSEWHERE[_key(name)]}" if _key(name) in ELSEWHERE else ""
+    return ValueError(f"unknown knob {name!r}{where} (nearest: {nearest!r}){hint}; known: "
                       f"{', '.join(names)}")
 
 

@@ -18,8 +18,8 @@ from dq_flower.config import check, client_keys, parse_params
 from dq_flower.knob import above, at_least, between, inherit, knob, one_of
 from dq_flower.knobs import OptimizerConfig, RobustConfig, StrategyConfig
 
-__all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS", "UPLOAD_MODES",
-           "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
+__all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS",
+           "UPLOAD_MODES", "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
            "COMPENSATION_MODES", "AUGMENTATIONS"]
 
 
@@ -35,7 +35,7 @@ UPLOAD_SCHEDULES = ("adaptive", "fixed")
 COMPENSATION_MODES = ("first-step", "store", "refresh")
 #: Quantizer ranges: ``sample`` (one per sample), ``channel`` (one per image channel),
 #: ``feature`` (one per coordinate, the client's own, sent once), ``auto`` (``feature``
-#: for flat samples, ``channel`` for images with ``per-channel``, else ``sample``).
+#: for flat samples, else ``sample``).
 RANGE_MODES = ("auto", "sample", "channel", "feature")
 #: Server-side augmentation of the store's minibatches (see ``DQConfig.augmentation``).
 AUGMENTATIONS = ("auto", "none", "shift", "shift-flip")
@@ -125,8 +125,6 @@ class DQConfig(RobustConfig, OptimizerConfig):
                      client=True, doc="bits per data coordinate, 1 to 8")
     stochastic: bool = knob(False, client=True, doc=(
         "stochastic (unbiased) rounding when true; nearest by default"))
-    per_channel: bool = knob(False, client=True, doc=(
-        "one range per image channel instead of per sample (as `ranges = \"channel\"`)"))
     ranges: str = knob("auto", one_of(RANGE_MODES), client=True, doc=(
         "quantizer ranges: `sample`, `channel`, `feature` (sent once per client), `auto`"))
     dither: bool = knob(False, client=True, doc="subtractive dither from the round seed")

@@ -246,9 +246,9 @@ def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
 RANGES_KEY = "feature-ranges"
 
 
-def range_mode(ranges: str, per_channel: bool, sample_shape: tuple[int, ...]) -> str:
-    """``auto``: ``feature`` (flat rows), ``channel`` (per_channel, C > 1), else ``sample``."""
-    if ranges == "channel" or (ranges == "auto" and per_channel):
+def range_mode(ranges: str, sample_shape: tuple[int, ...]) -> str:
+    """``auto``: ``feature`` (flat rows), else ``sample``; ``channel`` needs C > 1 channels."""
+    if ranges == "channel":
         return "channel" if len(sample_shape) == 3 and sample_shape[0] > 1 else "sample"
     if ranges == "auto":
         return "feature" if len(sample_shape) == 1 else "sample"

@@ -3,7 +3,9 @@ row layout, which must decode exactly like the fixed-range quantizer."""
 
 import numpy as np
 import pytest
+import torch
 
+from dq_flower import DQStrategy
 from dq_flower.codecs import PayloadError, make
 from dq_flower.dq.server.store import RowLayout
 from dq_flower.wire.dq_batch import (
@@ -73,18 +75,25 @@ def test_ranges_travel_as_raw_float32_and_are_checked():
         ranges_from_record(ranges_record(np.array([np.nan, 0], np.float32), span), 2)
 
 
-@pytest.mark.parametrize(("ranges", "per_channel", "shape", "mode"), [
-    ("auto", False, (20,), "feature"),      # flat samples (tabular): per feature
-    ("auto", False, (1, 8, 8), "sample"),   # images: per sample
-    ("auto", True, (3, 8, 8), "channel"),   # colour images with per-channel
-    ("auto", True, (1, 8, 8), "sample"),    # one channel: nothing to split
-    ("channel", False, (3, 4, 4), "channel"),
-    ("channel", False, (12,), "sample"),
-    ("sample", False, (20,), "sample"),
-    ("feature", False, (1, 8, 8), "feature"),
+@pytest.mark.parametrize(("ranges", "shape", "mode"), [
+    ("auto", (20,), "feature"),      # flat samples (tabular): per feature
+    ("auto", (1, 8, 8), "sample"),   # images: per sample
+    ("auto", (3, 8, 8), "sample"),
+    ("channel", (3, 4, 4), "channel"),
+    ("channel", (1, 8, 8), "sample"),  # one channel: nothing to split
+    ("channel", (12,), "sample"),
+    ("sample", (20,), "sample"),
+    ("feature", (1, 8, 8), "feature"),
 ])
-def test_range_mode(ranges, per_channel, shape, mode):
-    assert range_mode(ranges, per_channel, shape) == mode
+def test_range_mode(ranges, shape, mode):
+    assert range_mode(ranges, shape) == mode
+
+
+def test_per_channel_is_gone_and_its_key_says_what_replaces_it():
+    with pytest.raises(ValueError, match="ranges = 'channel' is the same"):
+        DQStrategy.from_run_config(torch.nn.Linear(4, 2), {"per-channel": True})
+    with pytest.raises(ValueError, match="unknown knob 'per_channel'.*ranges = 'channel'"):
+        DQStrategy(torch.nn.Linear(4, 2), per_channel=True)
 
 
 def test_rows_refuse_samples_of_another_dimension():

@@ -339,7 +339,7 @@ class _Coded:
 def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
               rng: np.random.Generator, send_ranges: bool) -> _Coded:
     """Quantize the chosen rows ``xb`` (per-feature ranges from all of ``x_flat``)."""
-    mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
+    mode = range_mode(cfg.ranges, spec.sample_shape)
     quantizer = cfg.sample_quantizer(mode, spec.channels,
                                      dither_seed=int(rng.integers(2**31)),
                                      sample_shape=spec.sample_shape)

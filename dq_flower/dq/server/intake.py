@@ -226,7 +226,7 @@ class UploadIntake:
             self.data.num_classes = classes
         self.data.spec = spec
         cfg = self.cfg
-        self.data.mode = range_mode(cfg.ranges, cfg.per_channel, spec.sample_shape)
+        self.data.mode = range_mode(cfg.ranges, spec.sample_shape)
         groups = spec.channels if self.data.mode == "channel" else 1
         layout = self.data.layout = RowLayout(spec.dim, cfg.bits, max(groups, 1),
                                               fixed=self.data.mode == "feature")
@@ -251,7 +251,7 @@ class UploadIntake:
         cfg, unconfirmed = self.cfg, self.data.stored == 0
         spec = None if unconfirmed and self._provisional["spec"] else self.data.spec
         bound = None if unconfirmed and self._provisional["bound"] else self.data.value_bound
-        return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.per_channel,
+        return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges,
                      cfg.resend, spec, self.data.num_classes, bound)
 
     def history(self, node: int) -> History:

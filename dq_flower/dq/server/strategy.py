@@ -432,9 +432,9 @@ class DQStrategy(ModelStrategy, Strategy):
 
         Every :class:`DQConfig` and :class:`~dq_flower.dq.config.DQStrategyConfig` field
         (``seed``, ``fraction-train``, ...) is read from its hyphenated key where present and
-        ``overrides`` win (:func:`dq_flower.config.strategy_kwargs`). Any other key but ``num-server-rounds``
-        and ``app_keys`` (the app's own), and a value of the wrong type, raise
-        ``ValueError`` naming the key, before any round.
+        ``overrides`` win (:func:`dq_flower.config.strategy_kwargs`). Any other key but
+        ``num-server-rounds`` and ``app_keys`` (the app's own), and a value of the wrong type,
+        raise ``ValueError`` naming the key, before any round.
         """
         return cls(model, **strategy_kwargs(cls.__name__, DQConfig, run_config, overrides,
                                             args_cls=DQStrategyConfig, app_keys=app_keys))

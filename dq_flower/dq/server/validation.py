@@ -100,7 +100,6 @@ class Rules:
     dither: bool
     selection_rule: str
     ranges: str = "auto"
-    per_channel: bool = False
     resend: bool = False
     spec: DataSpec | None = None
     num_classes: int | None = None
@@ -267,7 +266,7 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
                  max_rows: int) -> Upload:
     """Decode and check one data reply; adopts nothing (the caller adds the vectors)."""
     spec = reply_spec(content, rules.spec)
-    mode = range_mode(rules.ranges, rules.per_channel, spec.sample_shape)
+    mode = range_mode(rules.ranges, spec.sample_shape)
     num_classes = rules.num_classes if rules.spec is not None else None
     batch = decode_batch(content, num_classes, spec.dim, rules.bits, max_rows, MAX_LOCAL_ID,
                          spec.target_dim, spec.target == "float")
