@@ -11,7 +11,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from logging import WARNING
 from typing import Any, TypeVar
 
@@ -23,9 +23,9 @@ from dq_flower.knob import knobs_of
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["build_config", "unknown_knob", "check", "client_keys", "given_knobs", "params_text",
+__all__ = ["build_config", "unknown_knob", "check", "client_keys", "given_knobs", "CodecParams",
            "from_mapping", "to_config_record", "field_keys", "parse_params", "run_config_values",
-           "strategy_kwargs", "unset_spellings"]
+           "strategy_kwargs", "unset_spellings", "known_key"]
 
 T = TypeVar("T", bound="DataclassInstance")
 
@@ -87,17 +87,31 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False)
 
     Unknown keys are ignored unless ``strict`` (one run config carries every method's
     knobs); values are coerced to the field's type, else ``ValueError`` naming the key.
+    A table of codec parameters may come as dotted keys (``codec-params.levels = 4``, as
+    Flower flattens ``[tool.flwr.app.config.codec-params]``).
     """
     hints = typing.get_type_hints(cls)
     known = {_key(f.name): f.name for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
+    tables: dict[str, dict[str, Any]] = {}
     for raw_key, value in mapping.items():
         key = _key(raw_key)
-        if key not in known:
+        table, dot, param = key.partition(".")
+        if key not in known and table not in known:
             if strict:
                 raise ValueError(f"unknown config key {key!r}")
             continue
-        kwargs[known[key]] = _coerce(value, hints[known[key]], key)
+        if dot:
+            if hints[known[table]] is not CodecParams:
+                raise ValueError(f"config key {key!r}: {table!r} is not a table of parameters")
+            tables.setdefault(known[table], {})[param] = value
+        else:
+            kwargs[known[key]] = _coerce(value, hints[known[key]], key)
+    for name, params in tables.items():
+        if kwargs.get(name):
+            raise ValueError(f"config key {_key(name)!r}: given both as text and as "
+                             f"{_key(name)}.<name> keys")
+        kwargs[name] = params
     return cls(**kwargs)  # a "not set" spelling is the default (the Knob's)
 
 
@@ -116,11 +130,12 @@ def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
 def run_config_values(cfg: Any) -> dict[str, Any]:
     """Hyphenated key -> value of every field of ``cfg`` (``None``: its "not set" spelling)."""
     unset = unset_spellings(type(cfg))
-    return {_key(name): unset.get(_key(name)) if value is None else value
-            for name, value in dataclasses.asdict(cfg).items()}
+    return {_key(f.name): unset.get(_key(f.name)) if value is None
+            else str(value) if isinstance(value, CodecParams) else value
+            for f in dataclasses.fields(cfg) for value in [getattr(cfg, f.name)]}
 
 
-def parse_params(text: str, key: str = "params") -> dict[str, Any]:
+def parse_params(text: str) -> dict[str, Any]:
     """Parse ``"levels=4,bucket=512"`` into ``{"levels": 4, "bucket": 512}``."""
     out: dict[str, Any] = {}
     if not text.strip():
@@ -129,7 +144,7 @@ def parse_params(text: str, key: str = "params") -> dict[str, Any]:
         name, sep, raw = part.partition("=")
         name, raw = name.strip(), raw.strip()
         if not sep or not name:
-            raise ValueError(f"config key {key!r}: expected 'name=value,...', got {text!r}")
+            raise ValueError(f"expected 'name=value,...', got {text!r}")
         value: Any
         for conv in (int, float):
             try:
@@ -143,11 +158,46 @@ def parse_params(text: str, key: str = "params") -> dict[str, Any]:
     return out
 
 
-def params_text(params: Mapping[str, Any] | str | None) -> str | None:
-    """``{"levels": 4, "bucket": 512}`` as ``"levels=4,bucket=512"`` (text and ``None`` kept)."""
-    if params is None or isinstance(params, str):
-        return params
-    return ",".join(f"{k}={v}" for k, v in params.items())
+class CodecParams(Mapping[str, Any]):
+    """A codec's parameters: an immutable mapping of names to numbers, booleans or text.
+
+    Built from a mapping (``{"levels": 4, "bucket": 512}``), from a run config's table of
+    them (``codec-params.levels = 4``, gathered by :func:`from_mapping`), from its text
+    spelling ``"levels=4,bucket=512"``, or from nothing (``None``, ``""``). ``str()`` is the
+    text spelling, which a ``ConfigRecord`` carries to the clients.
+    """
+
+    __slots__ = ("_params",)
+
+    def __init__(self, params: Mapping[str, Any] | str | None = None) -> None:
+        if params is None or isinstance(params, str):
+            self._params = parse_params(params or "")
+            return
+        if not isinstance(params, Mapping):
+            raise ValueError(f"expected a mapping or 'name=value,...' text, got {params!r}")
+        for name, value in params.items():
+            if not isinstance(name, str) or not isinstance(value, (bool, int, float, str)):
+                raise ValueError(f"parameter {name!r}: expected a number, a boolean or text, "
+                                 f"got {value!r}")
+        self._params = {name.replace("-", "_"): value for name, value in params.items()}
+
+    def __getitem__(self, name: str) -> Any:
+        return self._params[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._params.items()))
+
+    def __str__(self) -> str:
+        return ",".join(f"{name}={value}" for name, value in self._params.items())
+
+    def __repr__(self) -> str:
+        return repr(self._params)
 
 
 def check(cond: bool, field_name: str, message: str) -> None:
@@ -210,7 +260,7 @@ def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterab
     unread = []
     for key in run_config:
         hyphenated = _key(key)
-        if hyphenated in allowed:
+        if known_key(hyphenated, allowed):
             continue
         nearest = min(sorted(known), key=lambda k: _edits(hyphenated, k))
         # two edits on a long knob (server-stepz), one on a short one (bitz, not model)
@@ -225,6 +275,11 @@ def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterab
     if unread:
         log(WARNING, "%s does not read the run-config keys %s (the app's own keys? name "
             "them in app_keys= to silence this)", owner, ", ".join(map(repr, unread)))
+
+
+def known_key(key: str, known: set[str] | frozenset[str]) -> bool:
+    """Whether run-config ``key`` is in ``known``, or an entry of a table in it (``a.b``)."""
+    return _key(key) in known or _key(key).partition(".")[0] in known
 
 
 def unknown_knob(name: str, known: Iterable[str], owner: str = "") -> ValueError:
@@ -267,7 +322,7 @@ def strategy_kwargs(owner: str, config_cls: type, run_config: Mapping[str, Any],
     mapping.update(given)
     kwargs: dict[str, Any] = {"config": from_mapping(config_cls, mapping)}
     if args_cls is not None:
-        read = from_mapping(args_cls, {k: v for k, v in given.items() if k in args})
+        read: Any = from_mapping(args_cls, {k: v for k, v in given.items() if k in args})
         kwargs.update((k.replace("-", "_"), getattr(read, k.replace("-", "_")))
                       for k in args if k in given)
     kwargs.update(overrides)

@@ -8,7 +8,7 @@ docs' tables from the same descriptors.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["Knob", "NO_SPELLING", "knob", "inherit", "knob_of", "knobs_of", "knob_table",
@@ -30,7 +30,8 @@ class Knob:
     check : callable, optional
         ``value -> message or None``; a message raises ``ValueError("key: message")``.
     coerce : callable, optional
-        Applied to every value first (``int`` for a numpy integer); it raises itself.
+        Applied to every value first (``int`` for a numpy integer); an error it raises is
+        prefixed with the key unless its message starts with the field's name.
     client : bool
         Whether the knob travels to the clients in each train message.
     unset : Any, optional
@@ -75,7 +76,12 @@ class Knob:
         if value is None and self.default is not None:
             raise ValueError(f"{self.key}: must be given a value, got None")
         if self.coerce is not None and value is not None:
-            value = self.coerce(value)
+            try:
+                value = self.coerce(value)
+            except (TypeError, ValueError) as exc:  # named as the check's messages are
+                text = str(exc)
+                raise ValueError(text if text.startswith(self.name)
+                                 else f"{self.key}: {text}") from None
         if self.check is not None and value is not None:
             message = self.check(value)
             if message:
@@ -171,6 +177,8 @@ def knob_table(cls: type, defaults: dict[str, str] | None = None) -> list[str]:
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, Mapping):  # a table of parameters: its text spelling
+        value = ",".join(f"{k}={v}" for k, v in value.items())
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, str):

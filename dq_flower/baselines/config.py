@@ -8,7 +8,7 @@ from typing import Any
 from dq_flower.codecs import CONTEXT, coder_for, make
 from dq_flower.codecs.entropy import available
 from dq_flower.codecs.uniform import SAMPLE_CODERS
-from dq_flower.config import check, parse_params
+from dq_flower.config import CodecParams, check
 from dq_flower.knob import above, at_least, between, inherit, knob, one_of
 from dq_flower.knobs import OptimizerConfig, RobustConfig
 
@@ -76,10 +76,12 @@ class GradientConfig(RobustConfig, OptimizerConfig):
 
     codec: str = knob("identity", client=True, doc=(
         "registry codec of the uploads (each method sets its own)"))
-    codec_params: str = knob("", client=True, unset="", doc=(
-        "codec parameters, `\"levels=4,bucket=512\"`, layered over the baseline defaults "
-        "(`qsgd` levels 4 bucket 512, `orq` levels 3 bucket 512, `bingrad` bucket 512, "
-        "`topk` ratio 0.01, `powersgd` rank 2)"))
+    codec_params: CodecParams = knob(CodecParams(), client=True, unset="", coerce=CodecParams,
+                                     doc=(
+        "codec parameters (`codec-params.levels = 4`, or the text `\"levels=4,bucket=512\"`; "
+        "in Python a dict), layered over the baseline defaults (`qsgd` levels 4 bucket 512, "
+        "`orq` levels 3 bucket 512, `bingrad` bucket 512, `topk` ratio 0.01, `powersgd` "
+        "rank 2)"))
     levels: int | None = knob(None, _off_or_positive, client=True, unset=0, doc=(
         "shortcut overriding the codec parameter `levels`"))
     bucket: int | None = knob(None, _off_or_positive, client=True, unset=0, doc=(
@@ -190,7 +192,7 @@ class GradientConfig(RobustConfig, OptimizerConfig):
     def codec_kwargs(self) -> dict[str, Any]:
         """The codec's parameters: defaults, then ``codec_params``, then the shortcut knobs."""
         params = dict(CODEC_DEFAULTS.get(self.codec, {}))
-        params.update(parse_params(self.codec_params, "codec-params"))
+        params.update(self.codec_params)
         for name in CODEC_PARAM_KNOBS:
             value = getattr(self, name)
             if value is not None:

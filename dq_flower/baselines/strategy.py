@@ -24,7 +24,6 @@ from dq_flower.config import (
     changed_knobs,
     client_keys,
     given_knobs,
-    params_text,
     strategy_kwargs,
     to_config_record,
 )
@@ -128,7 +127,7 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
             fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes))
         if codec is None and config is None:
             codec = "qsgd"
-        named = given_knobs(knobs, codec=codec, codec_params=params_text(codec_params),
+        named = given_knobs(knobs, codec=codec, codec_params=codec_params,
                             local_steps=local_steps, lr=lr)
         self.cfg: GradientConfig = build_config(config, named, GradientConfig)
         config = self.cfg

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq_flower.baselines.config import GradientConfig
-from dq_flower.config import client_keys, from_mapping, to_config_record
+from dq_flower.config import CodecParams, client_keys, from_mapping, to_config_record
 from dq_flower.knob import NO_SPELLING, inherit, knob, one_of
 from dq_flower.knobs import RobustConfig
 
@@ -31,7 +31,7 @@ class CompressionConfig:
         "'sign' is majority vote (GradientStrategy); use 'ef-sign' for a scaled sign"),
         client=True, doc="registry codec of the update (not `sign`: majority vote is "
                          "`GradientStrategy`'s)")
-    codec_params: str = inherit(GradientConfig, "codec_params")
+    codec_params: CodecParams = inherit(GradientConfig, "codec_params")
     levels: int | None = inherit(GradientConfig, "levels")
     bucket: int | None = inherit(GradientConfig, "bucket")
     ratio: float | None = inherit(GradientConfig, "ratio")

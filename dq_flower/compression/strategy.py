@@ -20,7 +20,7 @@ from flwr.serverapp.strategy import Strategy
 
 from dq_flower.codecs import PayloadError, make
 from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
-from dq_flower.config import build_config, given_knobs, params_text, strategy_kwargs
+from dq_flower.config import build_config, given_knobs, strategy_kwargs
 from dq_flower.server.base import RoundPipeline, ServerRound
 from dq_flower.server.common import log_rejected
 from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
@@ -107,7 +107,7 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
             raise TypeError("CompressedUpdates needs codec= (e.g. 'qsgd') or config=")
         feedback = (("on" if error_feedback else "off") if isinstance(error_feedback, bool)
                     else error_feedback)
-        named = given_knobs(knobs, codec=codec, codec_params=params_text(codec_params),
+        named = given_knobs(knobs, codec=codec, codec_params=codec_params,
                             entropy_coder=entropy_coder, error_feedback=feedback,
                             downlink=downlink)
         self.strategy = strategy

@@ -14,7 +14,7 @@ from typing import Any
 
 from dq_flower.codecs import CONTEXT, make, payload_coder
 from dq_flower.codecs.uniform import SAMPLE_CODERS
-from dq_flower.config import check, client_keys, parse_params
+from dq_flower.config import CodecParams, check, client_keys
 from dq_flower.knob import above, at_least, between, inherit, knob, one_of
 from dq_flower.knobs import OptimizerConfig, RobustConfig, StrategyConfig
 
@@ -152,8 +152,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "float32 range and nearest rounding)"))
     compensation: str = knob("none", client=True, doc=(
         "gradient codec of the compensation (`identity`, `fp16`, `qsgd`, ...)"))
-    compensation_params: str = knob("", client=True, doc=(
-        "its parameters, e.g. `\"levels=4,bucket=512\"`"))
+    compensation_params: CodecParams = knob(CodecParams(), client=True, coerce=CodecParams, doc=(
+        "its parameters: `compensation-params.levels = 4` (or the text "
+        "`\"levels=4,bucket=512\"`; in Python a dict)"))
     compensation_mode: str = knob("first-step", one_of(COMPENSATION_MODES), client=True,
                                   doc=("`first-step`, `store` (control variate on every "
                                        "store step) or `refresh`"))
@@ -190,8 +191,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "`data`, `gradient` or `auto` (see [Upload modes](#upload-modes-data-gradient-auto))"))
     gradient_codec: str = knob("qsgd", client=True, doc=(
         "codec of gradient rounds (any registry codec; biased ones get error feedback)"))
-    gradient_codec_params: str = knob("levels=4,bucket=512", client=True,
-                                      doc="its parameters")
+    gradient_codec_params: CodecParams = knob(
+        CodecParams({"levels": 4, "bucket": 512}), client=True, coerce=CodecParams,
+        doc="its parameters, as `compensation-params`")
     gradient_batch_size: int = knob(32, at_least(1), client=True, doc=(
         "minibatch of a client's gradient in gradient rounds"))
     max_failed_rounds: int = knob(3, at_least(0), doc=(
@@ -254,14 +256,12 @@ class DQConfig(RobustConfig, OptimizerConfig):
     @property
     def compensation_kwargs(self) -> dict[str, Any]:
         """Parsed ``compensation_params``; ``entropy`` defaults to :attr:`payload_coder`."""
-        return {"entropy": self.payload_coder,
-                **parse_params(self.compensation_params, "compensation-params")}
+        return {"entropy": self.payload_coder, **self.compensation_params}
 
     @property
     def gradient_codec_kwargs(self) -> dict[str, Any]:
         """Parsed ``gradient_codec_params``; ``entropy`` defaults to :attr:`payload_coder`."""
-        return {"entropy": self.payload_coder,
-                **parse_params(self.gradient_codec_params, "gradient-codec-params")}
+        return {"entropy": self.payload_coder, **self.gradient_codec_params}
 
 
 @dataclass(frozen=True)

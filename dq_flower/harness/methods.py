@@ -17,7 +17,13 @@ from flwr.serverapp.strategy import FedAvg
 
 from dq_flower.baselines.config import FedAvgConfig, GradientConfig
 from dq_flower.compression.config import CompressionConfig
-from dq_flower.config import field_keys, from_mapping, to_config_record, unknown_knob
+from dq_flower.config import (
+    field_keys,
+    from_mapping,
+    known_key,
+    to_config_record,
+    unknown_knob,
+)
 from dq_flower.dq.config import DQConfig
 from dq_flower.harness.method_registry import METHODS, Method, register_method
 from dq_flower.harness.runtime import TaskInfo
@@ -60,7 +66,7 @@ def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]
     method = get_method(str(run_config.get("method", "dq")))
     known = run_config_keys()
     for key in run_config:
-        if key.replace("_", "-") not in known:
+        if not known_key(key, known):
             raise unknown_knob(key, known, "the package's apps")
     merged = method.merged(run_config)
     task = from_mapping(TaskConfig, merged)

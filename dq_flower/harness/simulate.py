@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,7 +50,10 @@ def build_run_config(method: str = "dq", dataset: Any = "digits", model: Any = "
         key = name.replace("_", "-")
         if key not in allowed:
             raise unknown_knob(key, allowed, f"method {method!r}")
-        run_config[key] = value
+        if isinstance(value, Mapping):  # a table of codec parameters, as Flower flattens one
+            run_config.update((f"{key}.{param}", v) for param, v in value.items())
+        else:
+            run_config[key] = value
     validate_run_config(run_config)
     return run_config
 

@@ -60,70 +60,61 @@ def test_device_knob():
             resolve_device("cuda")
 
 
-def test_params_text_is_the_inverse_of_parse_params():
-    from dq_flower.config import params_text
+def test_codec_params_are_a_typed_mapping_from_any_of_its_spellings():
+    from dq_flower.baselines.config import GradientConfig
+    from dq_flower.config import CodecParams
 
-    assert params_text({"levels": 4, "bucket": 512}) == "levels=4,bucket=512"
-    assert parse_params(params_text({"levels": 4, "bucket": 512})) == {"levels": 4, "bucket": 512}
-    assert params_text("levels=1") == "levels=1"
-    assert params_text(None) is None
-
-
-def test_given_knobs_adds_the_named_ones_that_are_set_after_the_others():
-    from dq_flower.config import given_knobs
-
-    out = given_knobs({"seed": 1}, codec="qsgd", lr=None, local_steps=2)
-    assert out == {"seed": 1, "codec": "qsgd", "local_steps": 2}
-    assert list(out) == ["seed", "codec", "local_steps"]
-
-
-def test_a_choice_knob_names_the_key_and_the_choices():
-    with pytest.raises(ValueError, match=r"^scorer: must be one of \('auto', 'uniform', "
-                                         r"'loss', 'gradnorm', 'entropy', 'margin'\), "
-                                         r"got 'lossy'$"):
-        DQConfig(scorer="lossy")
+    given = {"levels": 4, "bucket": 512}
+    assert CodecParams(given) == CodecParams("levels=4,bucket=512") == given
+    assert str(CodecParams(given)) == "levels=4,bucket=512"  # what a ConfigRecord carries
+    assert CodecParams(None) == CodecParams("") == {} and not CodecParams()
+    assert hash(CodecParams(given)) == hash(CodecParams({"bucket": 512, "levels": 4}))
+    as_dict = GradientConfig(codec="qsgd", codec_params=given)
+    as_text = GradientConfig(codec="qsgd", codec_params="levels=4,bucket=512")
+    as_table = from_mapping(GradientConfig, {"codec": "qsgd", "codec-params.levels": 4,
+                                             "codec-params.bucket": 512})
+    assert as_dict == as_text == as_table and as_table.codec_params == given
+    record = to_config_record(as_table)  # to the clients: the text spelling, read back equal
+    assert record["codec-params"] == "levels=4,bucket=512"
+    assert from_mapping(GradientConfig, dict(record.items())) == as_table
 
 
-def test_the_start_up_log_names_only_the_knobs_that_differ_from_their_defaults(caplog):
-    import logging
+@pytest.mark.parametrize(("mapping", "message"), [
+    ({"codec-params": "levels"}, "^codec-params: expected 'name=value,...', got 'levels'"),
+    ({"codec-params": {"levels": [1]}}, "^codec-params: parameter 'levels': expected a number"),
+    ({"codec-params": "levels=2", "codec-params.bucket": 64}, "given both as text and as"),
+    ({"levels.x": 1}, "'levels' is not a table of parameters"),
+    ({"codec-params.levels": 0, "codec": "qsgd"}, "codec-params"),
+])
+def test_bad_codec_params_fail_naming_their_key(mapping, message):
+    from dq_flower.baselines.config import GradientConfig
 
+    with pytest.raises(ValueError, match=message):
+        from_mapping(GradientConfig, mapping)
+
+
+def test_a_strategys_run_config_takes_a_table_of_codec_params():
     import torch
 
     import dq_flower
+    import dq_flower.codecs
 
-    caplog.set_level(logging.INFO)
-    dq_flower.DQStrategy(torch.nn.Linear(3, 2), bits=3, scorer="loss").summary()
-    dq_flower.DQStrategy(torch.nn.Linear(3, 2)).summary()
-    lines = [r.getMessage() for r in caplog.records if "knobs:" in r.getMessage()]
-    assert lines[0].endswith("knobs: bits=3, scorer='loss'")
-    assert lines[1].endswith("knobs: defaults")
-    assert all(len(line) < 120 for line in lines)
-
-
-@pytest.mark.parametrize(("mapping", "key", "words"), [
-    ({"score-threshold": float("nan")}, "score-threshold", "a finite float"),
-    ({"lr": float("inf")}, "lr", "a finite float"),
-    ({"resend": "yes"}, "resend", "true or false"),
-    ({"stochastic": 2}, "stochastic", "true or false"),
-    ({"stochastic": "1"}, "stochastic", "true or false"),
-])
-def test_non_finite_floats_and_non_boolean_booleans_are_refused(mapping, key, words):
-    with pytest.raises(ValueError, match=f"'{key}': expected {words}"):
-        from_mapping(DQConfig, mapping)
+    s = dq_flower.DQStrategy.from_run_config(
+        torch.nn.Linear(4, 2), {"compensation": "qsgd", "compensation-params.levels": 2,
+                                "compensation-params.bucket": 64})
+    assert s.cfg.compensation_params == {"levels": 2, "bucket": 64}
+    assert dq_flower.codecs.make(s.cfg.compensation, **s.cfg.compensation_kwargs).levels == 2
 
 
-def test_a_client_refuses_a_round_config_with_a_nan_threshold_before_any_work():
-    import numpy as np
-    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+def test_simulate_takes_codec_params_as_a_dict_and_passes_flowers_flat_keys():
+    from dq_flower.harness.methods import validate_run_config
+    from dq_flower.harness.simulate import build_run_config
 
-    from dq_flower.client import dq_train
-    from dq_flower.harness.inprocess import InProcessGrid
-    InProcessGrid(lambda m, c: m, 1)  # a server identity for the message below
-    cfg = ConfigRecord({"server-round": 1, "round-seed": 7, "budget": 5,
-                        "score-threshold": float("nan"), "selection-rule": "threshold"})
-    msg = Message(RecordDict({"config": cfg}), dst_node_id=1, message_type=MessageType.TRAIN)
-    context = Context(run_id=1, node_id=1, state=RecordDict(), run_config={},
-                      node_config={"partition-id": 0})
-    data = (np.zeros((10, 4), dtype=np.float32), np.zeros(10, dtype=np.int64))
-    with pytest.raises(ValueError, match="'score-threshold': expected a finite float"):
-        dq_train(msg, context, data)
+    run_config = build_run_config("dq", compensation="qsgd",
+                                  compensation_params={"levels": 2, "bucket": 64})
+    assert run_config["compensation-params.levels"] == 2  # scalars only, as Flower's
+    assert all(not isinstance(v, dict) for v in run_config.values())
+    _, knobs = validate_run_config(run_config)
+    assert knobs.compensation_params == {"levels": 2, "bucket": 64}
+    with pytest.raises(ValueError, match="compensation-params: parameter 'levels'"):
+        build_run_config("dq", compensation="qsgd", compensation_params={"levels": [2]})

@@ -147,3 +147,40 @@ def test_num_classes_is_read_from_the_run_config_by_dq_only(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         dq_flower.GradientStrategy.from_run_config(model(), {"num-classes": 5})
     assert "GradientStrategy does not read the run-config keys 'num-classes'" in caplog.text
+
+
+PYPROJECT = """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "myapp"
+version = "1.0.0"
+
+[tool.flwr.app]
+publisher = "me"
+
+[tool.flwr.app.components]
+serverapp = "myapp.server_app:app"
+clientapp = "myapp.client_app:app"
+
+[tool.flwr.app.config]
+num-server-rounds = 3
+codec = "qsgd"
+
+[tool.flwr.app.config.codec-params]
+levels = 1
+bucket = 64
+"""
+
+
+def test_a_pyproject_table_of_codec_params_reaches_the_codec(tmp_path):
+    from flwr.common.config import get_fused_config_from_dir
+
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    run_config = get_fused_config_from_dir(tmp_path, {"codec-params.levels": 3})
+    assert run_config["codec-params.levels"] == 3  # Flower flattened the table
+    s = dq_flower.CompressedUpdates.from_run_config(FedAvg(), run_config)
+    assert s.cfg.codec_params == {"levels": 3, "bucket": 64}
+    assert (s.codec.levels, s.codec.bucket) == (3, 64)
