@@ -4,7 +4,7 @@ Pure numpy; nothing here imports Flower except :meth:`Payload.to_record`/``from_
 """
 
 # importing a codec module registers its codecs
-from . import bingrad, lossless, qsgd, sign, topk, uniform  # noqa: F401
+from . import bingrad, lossless, model, qsgd, sign, topk, uniform  # noqa: F401
 from .base import Codec, ErrorFeedback
 from .context_coded import CONTEXT
 from .lossless import EntropyCoded

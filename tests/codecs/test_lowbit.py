@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dq_flower.codecs import Payload, PayloadError, make
-from dq_flower.codecs.uniform import BUCKET
+from dq_flower.codecs.model import BUCKET
 from dq_flower.wire.model import decode_model_payload
 
 

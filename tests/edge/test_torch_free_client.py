@@ -146,7 +146,7 @@ def test_a_run_whose_only_node_lacks_torch_stops_naming_the_knob(tmp_path, knob,
 def test_fp16_without_torch_gives_torch_bits():
     import torch
 
-    from dq_flower.codecs import uniform as floats
+    from dq_flower.codecs import model as floats
 
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.standard_normal(20_000) * 10.0 ** rng.integers(-9, 5, 20_000),
