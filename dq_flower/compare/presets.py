@@ -37,6 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
+
 __all__ = ["Preset", "MethodSpec", "PRESET_DIR", "BUILTIN_PRESETS", "preset_names",
            "load_preset", "parse_preset", "toml_value", "preset_toml"]
 
@@ -221,14 +226,8 @@ def _hyphen(key: str) -> str:
 
 
 def toml_module() -> Any:
-    """``tomllib``, or ``tomli`` on Python 3.10 (loaded where TOML is read)."""
-    if sys.version_info >= (3, 11):
-        import tomllib  # TOML, loaded where a file is read
-
-        return tomllib
-    import tomli  # TOML (Python 3.10), loaded where a file is read
-
-    return tomli
+    """``tomllib``, or ``tomli`` on Python 3.10."""
+    return tomllib
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import tomli
+
 from dq_flower.cli_common import EXIT_USAGE, PROG, fail
 from dq_flower.deploy import TRUST_MODEL
 from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
@@ -72,8 +74,6 @@ def _fail(message: str) -> int:
 
 def parse_config_pairs(items: list[str] | None) -> dict[str, Any]:
     """Parse ``["k=v k2='a b'", ...]`` like ``flwr``'s ``--run-config`` (TOML values)."""
-    import tomli  # TOML, loaded with the command that reads it
-
     out: dict[str, Any] = {}
     pattern = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
     for item in items or []:

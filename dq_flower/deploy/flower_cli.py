@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomli
+import tomli_w
+
 from dq_flower.deploy.supervisor import DeploymentError
 
 __all__ = ["RunOutcome", "compare_traffic", "rounds_from_log", "flower_env", "flower_executable",
@@ -168,9 +171,6 @@ def write_connection(name: str, address: str, *, root_certificates: str | Path |
                      insecure: bool = False, make_default: bool = False,
                      env: Mapping[str, str] | None = None) -> Path:
     """Add or replace ``[superlink.<name>]`` in ``$FLWR_HOME/config.toml``; return its path."""
-    import tomli  # TOML, loaded with the command that reads it
-    import tomli_w  # TOML, loaded with the command that writes it
-
     if not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
         raise ValueError(f"invalid connection name {name!r}")
     if insecure and root_certificates is not None:
