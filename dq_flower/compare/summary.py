@@ -47,10 +47,7 @@ def error_line(record: Mapping[str, Any], limit: int = 300) -> str:
 
 
 def _first_reaching(history: list[Mapping[str, Any]], target: float) -> Mapping[str, Any] | None:
-    for row in history:
-        if float(row["accuracy"]) >= target:
-            return row
-    return None
+    return next((row for row in history if float(row["accuracy"]) >= target), None)
 
 
 def _sum(rows: Sequence[Mapping[str, Any]], key: str) -> float:
@@ -516,10 +513,9 @@ def step_size_lines(results: Mapping[str, Any]) -> list[str]:
                      "edge the best point sat on")
         if edge:
             text += "; at the edge of the grid (" + ", ".join(edge) + ")"
-        tuned_on = _split_text(record)
-        if tuned_on and tuned_on != _split_text(results.get("preset") or {}):
-            text += (f"; **tuned on the {tuned_on} split, used unchanged on this run's "
-                     f"{_split_text(results.get('preset') or {})}**")
+        tuned_on, used_on = _split_text(record), _split_text(results.get("preset") or {})
+        if tuned_on and tuned_on != used_on:
+            text += f"; **tuned on the {tuned_on} split, used unchanged on this run's {used_on}**"
         mismatch = [k for k, v in choice.items() if config.get(k) != v]
         if mismatch:
             text += "; **the tuned " + ", ".join(
