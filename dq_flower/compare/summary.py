@@ -405,7 +405,6 @@ def _ratio_cell(stats: Mapping[str, Any], ref: Mapping[str, Any] | None) -> str:
 
 def _row(rec: Mapping[str, Any], s: Mapping[str, Any], ref: Mapping[str, Any] | None,
          high: float) -> str:
-    """One method's row."""
     if s["status"] != "ok" or "uplink" not in s:  # failed, or no round recorded
         what = "failed" if s["status"] != "ok" else "no rounds"
         return (f"| {rec['label']} | - | - | - | - | - | {what} | - | - | - | n/a | - "
@@ -464,7 +463,6 @@ def time_table(results: Mapping[str, Any], stats: Sequence[Mapping[str, Any]]) -
 
 
 def _tuning_of(results: Mapping[str, Any], label: str) -> Mapping[str, Any] | None:
-    """The tuning record of run ``label`` (``results["preset"]["tuning"]``), if any."""
     record = ((results.get("preset") or {}).get("tuning") or {}).get(label)
     return record if isinstance(record, Mapping) else None
 

@@ -219,8 +219,7 @@ def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
             raise ValueError(f"tune-share {label}={source}: both must be among the runs "
                              f"({', '.join(sorted(labels))})")
     # the sources first, so that every run sharing their step sizes finds them
-    order = sorted(plans, key=lambda p: p.spec.label in shared)
-    for plan in order:
+    for plan in sorted(plans, key=lambda p: p.spec.label in shared):
         old = (earlier or {}).get(plan.spec.label)
         if plan.spec.label in shared:
             source = shared[plan.spec.label]
