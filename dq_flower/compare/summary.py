@@ -323,7 +323,7 @@ def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any
     quant = [(r, st) for r, st in others if _is_quantized_gradient(r)]
     out += _competitor_line(quant, ref_label, base, tpct, quantized=True)
     out += _competitor_line(others, ref_label, base, tpct, quantized=False)
-    out += _others_lines(others, by_label, ref_label, base, tpct)
+    out += _others_lines(others, ref_label, ref["rounds_to_target"], base, tpct)
     return out
 
 
@@ -341,8 +341,7 @@ def _reference_missed_lines(ref: Mapping[str, Any], ref_label: str,
 
 
 def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
-                  by_label: Mapping[str, Any], ref_label: str, base: int,
-                  tpct: str) -> list[str]:
+                  ref_label: str, ref_rounds: int, base: int, tpct: str) -> list[str]:
     """The verdict lines on the ``others`` that beat the reference, missed, or were faster."""
     out: list[str] = []
     losers = [(r["label"], s) for r, s in others
@@ -353,8 +352,7 @@ def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
                                f"{fmt_ratio(s['up_bytes_to_target'] / base)})"
                                for lbl, s in losers)
                    + f"**: they reached {tpct} with no more uplink bytes than {ref_label}.")
-    elif any(s["rounds_to_target"] is not None for lbl, s in by_label.items()
-             if lbl != ref_label and s["status"] == "ok"):
+    elif any(s["rounds_to_target"] is not None for _, s in others):
         out.append(f"- Every other method that reached {tpct} needed more uplink bytes than "
                    f"{ref_label}.")
     else:
@@ -364,9 +362,8 @@ def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
         out.append(f"- Did not reach {tpct} within the rounds: "
                    + ", ".join(f"{lbl} (best {pct(s['best_accuracy'])})" for lbl, s in missed)
                    + ".")
-    ref_rounds = by_label[ref_label]["rounds_to_target"]
-    faster = [lbl for lbl, s in by_label.items() if lbl != ref_label and s["status"] == "ok"
-              and s["rounds_to_target"] is not None and s["rounds_to_target"] < ref_rounds]
+    faster = [r["label"] for r, s in others
+              if s["rounds_to_target"] is not None and s["rounds_to_target"] < ref_rounds]
     if faster:
         out.append(f"- Fewer rounds than {ref_label} to reach {tpct}: {', '.join(faster)}.")
     return out
