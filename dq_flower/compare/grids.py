@@ -46,9 +46,7 @@ def step_axes(family: str, config: Mapping[str, Any]) -> dict[str, tuple[float, 
 
 def grid_points(axes: Mapping[str, tuple[float, ...]]) -> list[dict[str, float]]:
     """Every combination of the axes' values (the first axis varies slowest)."""
-    keys = list(axes)
-    return [dict(zip(keys, values, strict=True))
-            for values in itertools.product(*(axes[k] for k in keys))]
+    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
 def describe_axes(axes: Mapping[str, Any]) -> str:

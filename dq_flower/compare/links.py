@@ -212,10 +212,8 @@ def time_to_target(history: Sequence[Mapping[str, Any]], link: LinkProfile,
     times = cumulative_times(history, link)
     if times is None:
         return None
-    for row, t in zip(history, times, strict=True):
-        if float(row["accuracy"]) >= target:
-            return t
-    return None
+    return next((t for row, t in zip(history, times, strict=True)
+                 if float(row["accuracy"]) >= target), None)
 
 
 def _rate(bps: float) -> str:

@@ -231,7 +231,6 @@ def toml_module() -> Any:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    tomllib = toml_module()
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

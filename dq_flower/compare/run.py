@@ -309,13 +309,12 @@ def run_comparison(preset: Preset, out_dir: str | os.PathLike[str], *,
             old = earlier.get(plan.spec.label)
             if old is not None and old["run_config"] == jsonable(plan.run_config):
                 record: dict[str, Any] = {**old, "failed": False, "reused": True}
-                results["runs"].append(record)
             else:
                 on_round = progress.round if progress is not None else (lambda row: None)
                 record = _execute(plan, engine, on_round, num_cpus_per_client, verbose,
                                   num_gpus_per_client, ray_address)
-                results["runs"].append(record)
                 results["total_wall_s"] = time.perf_counter() - t0
+            results["runs"].append(record)
             record["stats"] = run_summaries(results)[-1]
             if progress is not None:
                 progress.end(record, preset.target_accuracy)

@@ -47,10 +47,7 @@ def error_line(record: Mapping[str, Any], limit: int = 300) -> str:
 
 
 def _first_reaching(history: list[Mapping[str, Any]], target: float) -> Mapping[str, Any] | None:
-    for row in history:
-        if float(row["accuracy"]) >= target:
-            return row
-    return None
+    return next((row for row in history if float(row["accuracy"]) >= target), None)
 
 
 def _sum(rows: Sequence[Mapping[str, Any]], key: str) -> float:
@@ -326,7 +323,7 @@ def _verdict(runs: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any
     quant = [(r, st) for r, st in others if _is_quantized_gradient(r)]
     out += _competitor_line(quant, ref_label, base, tpct, quantized=True)
     out += _competitor_line(others, ref_label, base, tpct, quantized=False)
-    out += _others_lines(others, by_label, ref_label, base, tpct)
+    out += _others_lines(others, ref_label, ref["rounds_to_target"], base, tpct)
     return out
 
 
@@ -344,8 +341,7 @@ def _reference_missed_lines(ref: Mapping[str, Any], ref_label: str,
 
 
 def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
-                  by_label: Mapping[str, Any], ref_label: str, base: int,
-                  tpct: str) -> list[str]:
+                  ref_label: str, ref_rounds: int, base: int, tpct: str) -> list[str]:
     """The verdict lines on the ``others`` that beat the reference, missed, or were faster."""
     out: list[str] = []
     losers = [(r["label"], s) for r, s in others
@@ -356,8 +352,7 @@ def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
                                f"{fmt_ratio(s['up_bytes_to_target'] / base)})"
                                for lbl, s in losers)
                    + f"**: they reached {tpct} with no more uplink bytes than {ref_label}.")
-    elif any(s["rounds_to_target"] is not None for lbl, s in by_label.items()
-             if lbl != ref_label and s["status"] == "ok"):
+    elif any(s["rounds_to_target"] is not None for _, s in others):
         out.append(f"- Every other method that reached {tpct} needed more uplink bytes than "
                    f"{ref_label}.")
     else:
@@ -367,9 +362,8 @@ def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
         out.append(f"- Did not reach {tpct} within the rounds: "
                    + ", ".join(f"{lbl} (best {pct(s['best_accuracy'])})" for lbl, s in missed)
                    + ".")
-    ref_rounds = by_label[ref_label]["rounds_to_target"]
-    faster = [lbl for lbl, s in by_label.items() if lbl != ref_label and s["status"] == "ok"
-              and s["rounds_to_target"] is not None and s["rounds_to_target"] < ref_rounds]
+    faster = [r["label"] for r, s in others
+              if s["rounds_to_target"] is not None and s["rounds_to_target"] < ref_rounds]
     if faster:
         out.append(f"- Fewer rounds than {ref_label} to reach {tpct}: {', '.join(faster)}.")
     return out
@@ -408,7 +402,6 @@ def _ratio_cell(stats: Mapping[str, Any], ref: Mapping[str, Any] | None) -> str:
 
 def _row(rec: Mapping[str, Any], s: Mapping[str, Any], ref: Mapping[str, Any] | None,
          high: float) -> str:
-    """One method's row."""
     if s["status"] != "ok" or "uplink" not in s:  # failed, or no round recorded
         what = "failed" if s["status"] != "ok" else "no rounds"
         return (f"| {rec['label']} | - | - | - | - | - | {what} | - | - | - | n/a | - "
@@ -467,7 +460,6 @@ def time_table(results: Mapping[str, Any], stats: Sequence[Mapping[str, Any]]) -
 
 
 def _tuning_of(results: Mapping[str, Any], label: str) -> Mapping[str, Any] | None:
-    """The tuning record of run ``label`` (``results["preset"]["tuning"]``), if any."""
     record = ((results.get("preset") or {}).get("tuning") or {}).get(label)
     return record if isinstance(record, Mapping) else None
 
@@ -516,10 +508,9 @@ def step_size_lines(results: Mapping[str, Any]) -> list[str]:
                      "edge the best point sat on")
         if edge:
             text += "; at the edge of the grid (" + ", ".join(edge) + ")"
-        tuned_on = _split_text(record)
-        if tuned_on and tuned_on != _split_text(results.get("preset") or {}):
-            text += (f"; **tuned on the {tuned_on} split, used unchanged on this run's "
-                     f"{_split_text(results.get('preset') or {})}**")
+        tuned_on, used_on = _split_text(record), _split_text(results.get("preset") or {})
+        if tuned_on and tuned_on != used_on:
+            text += f"; **tuned on the {tuned_on} split, used unchanged on this run's {used_on}**"
         mismatch = [k for k, v in choice.items() if config.get(k) != v]
         if mismatch:
             text += "; **the tuned " + ", ".join(

@@ -85,15 +85,10 @@ class TuneSettings:
 
 def choose(scores: Sequence[Mapping[str, Any]]) -> int | None:
     """Index of the best score (accuracy, fewer uplink bytes, first); ``None``: all failed."""
-    best, key = None, None
-    for i, sc in enumerate(scores):
-        acc = float(sc.get("accuracy", float("nan")))
-        if sc.get("failed") or not math.isfinite(acc):
-            continue
-        k = (-acc, int(sc.get("up-bytes", 0)), i)
-        if key is None or k < key:
-            best, key = i, k
-    return best
+    ranked = [(-float(sc["accuracy"]), int(sc.get("up-bytes", 0)), i)
+              for i, sc in enumerate(scores)
+              if not sc.get("failed") and math.isfinite(float(sc.get("accuracy", math.nan)))]
+    return min(ranked)[2] if ranked else None
 
 
 def _trial(plan: PlannedRun, point: Mapping[str, float], rounds: int,
@@ -224,8 +219,7 @@ def tune_runs(plans: Sequence[PlannedRun], settings: TuneSettings,
             raise ValueError(f"tune-share {label}={source}: both must be among the runs "
                              f"({', '.join(sorted(labels))})")
     # the sources first, so that every run sharing their step sizes finds them
-    order = sorted(plans, key=lambda p: p.spec.label in shared)
-    for plan in order:
+    for plan in sorted(plans, key=lambda p: p.spec.label in shared):
         old = (earlier or {}).get(plan.spec.label)
         if plan.spec.label in shared:
             source = shared[plan.spec.label]

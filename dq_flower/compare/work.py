@@ -245,10 +245,10 @@ def device_link_table(results: Mapping[str, Any], workload: Workload,
                                       if by_label[x].runs else "cannot train" for x in labels)
                          + f" | {fastest[1] if fastest else 'none reached'} |")
     lines += ["", "Profiles and their sources:", ""]
-    for profile in [*devices, *([server] if server not in devices else [])]:
-        lines.append(f"- {profile.describe()}: {profile.source}.")
-    for link in links:
-        lines.append(f"- {link.describe()}" + (f": {link.source}." if link.source else "."))
+    lines += [f"- {profile.describe()}: {profile.source}."
+              for profile in [*devices, *([server] if server not in devices else [])]]
+    lines += [f"- {link.describe()}" + (f": {link.source}." if link.source else ".")
+              for link in links]
     return lines + [""]
 
 
