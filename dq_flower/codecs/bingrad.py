@@ -41,7 +41,7 @@ from .base import (
     random_u16,
     require_rng,
 )
-from .payload import Payload, PayloadError, expect_buffer, expect_floats
+from .payload import Payload, PayloadError, expect_buffer, expect_floats, expect_packed
 from .registry import register
 
 __all__ = ["BinGrad", "ORQ", "SortedBuckets", "lloyd_max_2", "optimal_levels", "round_between"]
@@ -181,12 +181,10 @@ class BinGrad(Codec):
         """Return ``b2`` where the bit is set, else ``b1``; float32 in the payload's shape."""
         size = self.open_payload(p, self.nbits_for)
         nb = n_buckets(size, self.bucket)
-        packed = expect_buffer(p, "bits", "uint8", bitpack.packed_nbytes(size, 1))
+        packed = expect_packed(p, "bits", 1, size)
         levels = expect_floats(p, "levels", 2 * nb).reshape(nb, 2)
         if (levels[:, 0] > levels[:, 1]).any():
             raise PayloadError("bingrad payload has a bucket with b1 > b2")
-        if size and not bitpack.padding_is_zero(packed, 1, size):
-            raise PayloadError("bingrad payload has non-zero padding bits")
         bits = np.unpackbits(packed, count=size).view(bool)
         out = np.empty(size, dtype=np.float32)
         for b0, b1, i0, i1 in bucket_blocks(size, self.bucket):

@@ -18,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from . import bitpack
+
 __all__ = ["PAYLOAD_VERSION", "MAX_ELEMENTS", "MAX_HEADER_BYTES", "MAX_HEADER_DEPTH",
            "ALLOWED_DTYPES", "Payload", "PayloadError", "check_int", "expect_buffer",
-           "expect_floats", "expect_stream", "meta_equal", "expect_nbits", "expect_shape"]
+           "expect_floats", "expect_packed", "expect_stream", "meta_equal", "expect_nbits",
+           "expect_shape"]
 
 
 class PayloadError(ValueError):
@@ -314,6 +317,14 @@ def expect_buffer(p: Payload, name: str, dtype: str, size: int) -> np.ndarray:
     if buf.size != size:
         raise PayloadError(f"{p.codec} buffer {name!r} holds {buf.size} elements, expected {size}")
     return buf
+
+
+def expect_packed(p: Payload, name: str, bits: int, count: int) -> np.ndarray:
+    """Return ``p.buffers[name]``: ``count`` bit-packed ``bits``-bit codes, padding bits zero."""
+    packed = expect_buffer(p, name, "uint8", bitpack.packed_nbytes(count, bits))
+    if count and not bitpack.padding_is_zero(packed, bits, count):
+        raise PayloadError(f"{p.codec} payload has non-zero padding bits")
+    return packed
 
 
 def expect_floats(p: Payload, name: str, size: int) -> np.ndarray:

@@ -32,9 +32,9 @@ from .payload import (
     Payload,
     PayloadError,
     check_int,
-    expect_buffer,
     expect_floats,
     expect_nbits,
+    expect_packed,
     meta_equal,
 )
 from .registry import register
@@ -121,11 +121,6 @@ class TopK(Codec):
 
         Buffers are checked against the declared shape before the output is allocated; callers
         bound the declared size first (:meth:`Payload.expect_elements`).
-
-        Raises
-        ------
-        PayloadError
-            On any inconsistency between the header, the buffers and this codec.
         """
         size = self.open_payload(p)
         k, mode, nbits = self.layout(size)
