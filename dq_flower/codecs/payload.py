@@ -200,14 +200,8 @@ class Payload:
 
         Some payloads (``topk``, ``powersgd``, entropy-coded ``uniform``) carry far fewer
         bytes than they decode to: a receiver that knows the size calls this before
-        :meth:`Codec.decode`, so nothing larger is allocated.
-
-        Raises
-        ------
-        PayloadError
-            If ``math.prod(self.shape) != n`` (or the shape itself is malformed).
-        ValueError
-            If ``n`` is not a non-negative int.
+        :meth:`Codec.decode`, so nothing larger is allocated. A malformed shape raises
+        :class:`PayloadError` too; an ``n`` that is no non-negative int, ``ValueError``.
         """
         n = check_int(n, "n", 0)
         shape = checked_shape(self.shape)
