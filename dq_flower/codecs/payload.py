@@ -212,17 +212,12 @@ class Payload:
 
     @classmethod
     def from_record(cls, record) -> Payload:
-        """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly.
+        """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly (see the module doc).
 
-        The header is bounded in size (:data:`MAX_HEADER_BYTES`) and depth
-        (:data:`MAX_HEADER_DEPTH`), strict JSON (no NaN, no repeated keys), every field
-        type-checked. Decoders compare shape and buffers; call :meth:`expect_elements` first.
-
-        Raises
-        ------
-        PayloadError
-            On any malformed record or header, unknown version or dtype, or a buffer whose
-            byte count differs from its declaration.
+        Every header field is type-checked; a malformed record or header, an unknown version or
+        dtype, or a buffer whose byte count differs from its declaration raises
+        :class:`PayloadError`. Decoders compare shape and buffers; call :meth:`expect_elements`
+        first.
         """
         keys = _record_keys(record)
         head_dtype, head_data = record_array(record, HEADER_KEY)
