@@ -7,7 +7,7 @@ Per bucket, levels ``b1 <= b2`` and threshold ``t`` meet the two-level Lloyd-Max
 iterations from ``t = 0`` (the sign partition, so the error never exceeds the scaled
 sign's). Deterministic and biased: use it inside :class:`~.ErrorFeedback`.
 ``nbits = D + 64 * n_buckets``. :class:`SortedBuckets` (shared with ORQ) makes each
-conditional mean a binary search and a 32-element partial sum over block prefix sums.
+conditional mean a binary search and an 8-element partial sum over block prefix sums.
 
 ORQ: unbiased multi-level quantization with data-optimal levels.
 
@@ -53,13 +53,7 @@ BLOCK_ELEMENTS = 1 << 20
 
 
 class SortedBuckets:
-    """The rows of ``v`` (buckets) sorted, with prefix sums in blocks of 32.
-
-    Parameters
-    ----------
-    v : numpy.ndarray
-        Float32 array ``(n_buckets, bucket)``.
-    """
+    """The rows of float32 ``v`` ``(n_buckets, bucket)`` sorted, with prefix sums in blocks of 8."""
 
     def __init__(self, v: np.ndarray) -> None:
         self.sorted = np.sort(v, axis=1)
@@ -70,7 +64,7 @@ class SortedBuckets:
         self._subs = padded.reshape(self.nb, nsub, _SUB)
         with np.errstate(over="ignore"):
             sums = np.einsum("ij->i", padded.reshape(-1, _SUB)).reshape(self.nb, nsub)
-        if not np.isfinite(sums).all():  # float32 overflow of a 32-value sum: redo in float64
+        if not np.isfinite(sums).all():  # float32 overflow of an 8-value sum: redo in float64
             sums = padded.reshape(-1, _SUB).sum(axis=1, dtype=np.float64).reshape(self.nb, nsub)
         self._cum = np.zeros((self.nb, nsub + 1), dtype=np.float64)
         self._cum[:, 1:] = sums
