@@ -474,7 +474,6 @@ def packed_codes(p: Payload, bits: int) -> np.ndarray:
     ``bits`` bits raises :class:`PayloadError`.
     """
     n, d = p.shape
-    raw = bitpack.packed_nbytes(n * d, bits)
     method = p.meta.get("entropy", "none")
     stream = expect_stream(p, "codes", "uniform")
     if method == "none":
@@ -484,4 +483,4 @@ def packed_codes(p: Payload, bits: int) -> np.ndarray:
         return bitpack.pack(context.decode(stream, bits, n, d, shape), bits)
     if not isinstance(method, str):
         raise PayloadError(f"uniform payload entropy coder {method!r} is not a name")
-    return decompress(stream, method, raw)
+    return decompress(stream, method, bitpack.packed_nbytes(n * d, bits))
