@@ -172,11 +172,8 @@ class Codec(ABC):
                      ndim: int | None = None) -> int:
         """Check ``p``'s codec, version, shape and :attr:`meta_fields`; return its element count.
 
-        Raises
-        ------
-        PayloadError
-            Another codec or version, a malformed (or not ``ndim``-D) shape, a meta field unlike
-            this codec's, or ``p.nbits`` unlike ``nbits(count)`` where ``nbits`` is given.
+        ``p.nbits`` is checked against ``nbits(count)`` where ``nbits`` is given, the shape's
+        dimensions against ``ndim`` where that is given.
         """
         self.check_payload(p)
         size = expect_shape(p, ndim)
@@ -267,11 +264,7 @@ class ErrorFeedback:
         """Restore what :meth:`state_dict` returned.
 
         No ``residual`` means zero; without ``codec/`` keys the codec keeps its own state.
-
-        Raises
-        ------
-        ValueError
-            On unknown keys or a residual with NaN or inf.
+        Unknown keys or a residual with NaN or inf raise ``ValueError``.
         """
         unknown = [k for k in state if k != _RESIDUAL and not k.startswith(_CODEC_PREFIX)]
         if unknown:

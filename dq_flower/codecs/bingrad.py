@@ -7,7 +7,7 @@ Per bucket, levels ``b1 <= b2`` and threshold ``t`` meet the two-level Lloyd-Max
 iterations from ``t = 0`` (the sign partition, so the error never exceeds the scaled
 sign's). Deterministic and biased: use it inside :class:`~.ErrorFeedback`.
 ``nbits = D + 64 * n_buckets``. :class:`SortedBuckets` (shared with ORQ) makes each
-conditional mean a binary search and a 32-element partial sum over block prefix sums.
+conditional mean a binary search and an 8-element partial sum over block prefix sums.
 
 ORQ: unbiased multi-level quantization with data-optimal levels.
 
@@ -41,7 +41,7 @@ from .base import (
     random_u16,
     require_rng,
 )
-from .payload import Payload, PayloadError, expect_buffer, expect_floats
+from .payload import Payload, PayloadError, expect_buffer, expect_floats, expect_packed
 from .registry import register
 
 __all__ = ["BinGrad", "ORQ", "SortedBuckets", "lloyd_max_2", "optimal_levels", "round_between"]
@@ -53,13 +53,7 @@ BLOCK_ELEMENTS = 1 << 20
 
 
 class SortedBuckets:
-    """The rows of ``v`` (buckets) sorted, with prefix sums in blocks of 32.
-
-    Parameters
-    ----------
-    v : numpy.ndarray
-        Float32 array ``(n_buckets, bucket)``.
-    """
+    """The rows of float32 ``v`` ``(n_buckets, bucket)`` sorted, with prefix sums in blocks of 8."""
 
     def __init__(self, v: np.ndarray) -> None:
         self.sorted = np.sort(v, axis=1)
@@ -70,7 +64,7 @@ class SortedBuckets:
         self._subs = padded.reshape(self.nb, nsub, _SUB)
         with np.errstate(over="ignore"):
             sums = np.einsum("ij->i", padded.reshape(-1, _SUB)).reshape(self.nb, nsub)
-        if not np.isfinite(sums).all():  # float32 overflow of a 32-value sum: redo in float64
+        if not np.isfinite(sums).all():  # float32 overflow of an 8-value sum: redo in float64
             sums = padded.reshape(-1, _SUB).sum(axis=1, dtype=np.float64).reshape(self.nb, nsub)
         self._cum = np.zeros((self.nb, nsub + 1), dtype=np.float64)
         self._cum[:, 1:] = sums
@@ -181,12 +175,10 @@ class BinGrad(Codec):
         """Return ``b2`` where the bit is set, else ``b1``; float32 in the payload's shape."""
         size = self.open_payload(p, self.nbits_for)
         nb = n_buckets(size, self.bucket)
-        packed = expect_buffer(p, "bits", "uint8", bitpack.packed_nbytes(size, 1))
+        packed = expect_packed(p, "bits", 1, size)
         levels = expect_floats(p, "levels", 2 * nb).reshape(nb, 2)
         if (levels[:, 0] > levels[:, 1]).any():
             raise PayloadError("bingrad payload has a bucket with b1 > b2")
-        if size and not bitpack.padding_is_zero(packed, 1, size):
-            raise PayloadError("bingrad payload has non-zero padding bits")
         bits = np.unpackbits(packed, count=size).view(bool)
         out = np.empty(size, dtype=np.float32)
         for b0, b1, i0, i1 in bucket_blocks(size, self.bucket):

@@ -119,13 +119,10 @@ def _layout(text: Any) -> list[tuple[str, str, int]]:
 def unpack(p: Payload, method: str) -> Payload:
     """Undo :func:`pack` strictly (coded with ``method``); an unpacked ``p`` is returned as is.
 
-    Raises
-    ------
-    PayloadError
-        Another coder; stray keys or buffers; a malformed or oversized layout (checked
-        before decompressing); a stream that does not decode to exactly the layout's size
-        or needs more memory than its decoder's limit; an original ``nbits`` that does not
-        fit in it.
+    :class:`PayloadError` for another coder; stray keys or buffers; a malformed or oversized
+    layout (checked before decompressing); a stream that does not decode to exactly the
+    layout's size or needs more memory than its decoder's limit; an original ``nbits`` that
+    does not fit in it.
     """
     if CODER_META not in p.meta:
         if any(k in p.meta for k in _OWN_KEYS) or STREAM in p.buffers:

@@ -18,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from . import bitpack
+
 __all__ = ["PAYLOAD_VERSION", "MAX_ELEMENTS", "MAX_HEADER_BYTES", "MAX_HEADER_DEPTH",
            "ALLOWED_DTYPES", "Payload", "PayloadError", "check_int", "expect_buffer",
-           "expect_floats", "expect_stream", "meta_equal", "expect_nbits", "expect_shape"]
+           "expect_floats", "expect_packed", "expect_stream", "meta_equal", "expect_nbits",
+           "expect_shape"]
 
 
 class PayloadError(ValueError):
@@ -197,14 +200,8 @@ class Payload:
 
         Some payloads (``topk``, ``powersgd``, entropy-coded ``uniform``) carry far fewer
         bytes than they decode to: a receiver that knows the size calls this before
-        :meth:`Codec.decode`, so nothing larger is allocated.
-
-        Raises
-        ------
-        PayloadError
-            If ``math.prod(self.shape) != n`` (or the shape itself is malformed).
-        ValueError
-            If ``n`` is not a non-negative int.
+        :meth:`Codec.decode`, so nothing larger is allocated. A malformed shape raises
+        :class:`PayloadError` too; an ``n`` that is no non-negative int, ``ValueError``.
         """
         n = check_int(n, "n", 0)
         shape = checked_shape(self.shape)
@@ -215,17 +212,12 @@ class Payload:
 
     @classmethod
     def from_record(cls, record) -> Payload:
-        """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly.
+        """Parse an ``ArrayRecord`` made by :meth:`to_record`, strictly (see the module doc).
 
-        The header is bounded in size (:data:`MAX_HEADER_BYTES`) and depth
-        (:data:`MAX_HEADER_DEPTH`), strict JSON (no NaN, no repeated keys), every field
-        type-checked. Decoders compare shape and buffers; call :meth:`expect_elements` first.
-
-        Raises
-        ------
-        PayloadError
-            On any malformed record or header, unknown version or dtype, or a buffer whose
-            byte count differs from its declaration.
+        Every header field is type-checked; a malformed record or header, an unknown version or
+        dtype, or a buffer whose byte count differs from its declaration raises
+        :class:`PayloadError`. Decoders compare shape and buffers; call :meth:`expect_elements`
+        first.
         """
         keys = _record_keys(record)
         head_dtype, head_data = record_array(record, HEADER_KEY)
@@ -314,6 +306,14 @@ def expect_buffer(p: Payload, name: str, dtype: str, size: int) -> np.ndarray:
     if buf.size != size:
         raise PayloadError(f"{p.codec} buffer {name!r} holds {buf.size} elements, expected {size}")
     return buf
+
+
+def expect_packed(p: Payload, name: str, bits: int, count: int) -> np.ndarray:
+    """Return ``p.buffers[name]``: ``count`` bit-packed ``bits``-bit codes, padding bits zero."""
+    packed = expect_buffer(p, name, "uint8", bitpack.packed_nbytes(count, bits))
+    if count and not bitpack.padding_is_zero(packed, bits, count):
+        raise PayloadError(f"{p.codec} payload has non-zero padding bits")
+    return packed
 
 
 def expect_floats(p: Payload, name: str, size: int) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import bitpack
 from .base import Codec, SymbolSpec, bucket_chunks, flat_input, require_rng, stochastic_floor
-from .payload import Payload, PayloadError, expect_buffer, expect_floats
+from .payload import Payload, PayloadError, expect_floats, expect_packed
 from .registry import register
 
 __all__ = ["Sign", "EFSign", "TernGrad", "sign_bits", "abs_mean"]
@@ -46,10 +46,8 @@ def abs_mean(flat: np.ndarray) -> np.float32:
     return np.float32(total / flat.size)
 
 
-def _decode_bits(codec: Codec, p: Payload, size: int, low: float, high: float) -> np.ndarray:
-    packed = expect_buffer(p, "bits", "uint8", bitpack.packed_nbytes(size, 1))
-    if size and not bitpack.padding_is_zero(packed, 1, size):
-        raise PayloadError(f"{codec.name} payload has non-zero padding bits")
+def _decode_bits(p: Payload, size: int, low: float, high: float) -> np.ndarray:
+    packed = expect_packed(p, "bits", 1, size)
     table = np.array([high, low], dtype=np.float32)
     return bitpack.unpack_to(packed, 1, size, table).reshape(p.shape)
 
@@ -69,7 +67,7 @@ class Sign(Codec):
     def decode(self, p: Payload) -> np.ndarray:
         """Return +-1 per coordinate, float32 in the payload's shape."""
         size = self.open_payload(p, lambda n: n)
-        return _decode_bits(self, p, size, -1.0, 1.0)
+        return _decode_bits(p, size, -1.0, 1.0)
 
 
 @register("ef-sign")
@@ -94,7 +92,7 @@ class EFSign(Codec):
         s = float(expect_floats(p, "scale", 1)[0])
         if s < 0:
             raise PayloadError("ef-sign payload has a negative scale")
-        return _decode_bits(self, p, size, -s, s)
+        return _decode_bits(p, size, -s, s)
 
 
 @register("terngrad")
@@ -150,12 +148,10 @@ class TernGrad(Codec):
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``m * (code - 1)``, float32 in the payload's shape."""
         size = self.open_payload(p, lambda n: 2 * n + 32)
-        packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(size, 2))
+        packed = expect_packed(p, "codes", 2, size)
         m = np.float32(expect_floats(p, "scale", 1)[0])
         if m < 0:
             raise PayloadError("terngrad payload has a negative scale")
-        if size and not bitpack.padding_is_zero(packed, 2, size):
-            raise PayloadError("terngrad payload has non-zero padding bits")
         table = np.array([-m, 0.0, m, np.nan], dtype=np.float32)
         out = bitpack.unpack_to(packed, 2, size, table)
         if np.isnan(out).any():

@@ -32,9 +32,9 @@ from .payload import (
     Payload,
     PayloadError,
     check_int,
-    expect_buffer,
     expect_floats,
     expect_nbits,
+    expect_packed,
     meta_equal,
 )
 from .registry import register
@@ -121,11 +121,6 @@ class TopK(Codec):
 
         Buffers are checked against the declared shape before the output is allocated; callers
         bound the declared size first (:meth:`Payload.expect_elements`).
-
-        Raises
-        ------
-        PayloadError
-            On any inconsistency between the header, the buffers and this codec.
         """
         size = self.open_payload(p)
         k, mode, nbits = self.layout(size)
@@ -134,9 +129,7 @@ class TopK(Codec):
         expect_nbits(p, nbits)
         values = expect_floats(p, "values", k)
         width, count = (self.index_bits(size), k) if mode == "index" else (1, size)
-        where = expect_buffer(p, "where", "uint8", bitpack.packed_nbytes(count, width))
-        if count and not bitpack.padding_is_zero(where, width, count):
-            raise PayloadError("topk payload has non-zero padding bits")
+        where = expect_packed(p, "where", width, count)
         if mode == "index":
             idx = bitpack.unpack_wide(where, width, k)
             if k and (idx[-1] >= size or (k > 1 and (np.diff(idx) <= 0).any())):
@@ -203,7 +196,6 @@ class PowerSGD(Codec):
         rows, cols, r, compressed = self.layout(shape)
         return 32 * r * (rows + cols) if compressed else 32 * math.prod(shape)
 
-    # -- warm-start state ---------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
         """The warm-start factors, keyed ``"q/<rows>x<cols>x<r>"`` (float32 arrays)."""
         return {f"q/{r}x{c}x{k}": q.copy() for (r, c, k), q in self._warm.items()}
@@ -227,7 +219,6 @@ class PowerSGD(Codec):
         """Forget the warm start."""
         self._warm.clear()
 
-    # -- coding ----------------------------------------------------------------------------
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> Payload:
         """Compress ``x``; the first call per matrix size draws ``Q`` from ``rng``."""
         flat, shape = flat_input(x)
@@ -258,13 +249,8 @@ class PowerSGD(Codec):
         """Return ``P Q^T`` (cropped to ``D``), or the carried values; float32.
 
         Factors are checked against the declared shape before the product is formed; callers
-        bound the declared size first (:meth:`Payload.expect_elements`).
-
-        Raises
-        ------
-        PayloadError
-            On any inconsistency between the header, the buffers and this codec (including a
-            1-D shape that the ``shape`` hint cannot hold).
+        bound the declared size first (:meth:`Payload.expect_elements`). A 1-D shape that the
+        ``shape`` hint cannot hold raises :class:`PayloadError`.
         """
         size = self.open_payload(p)
         try:

@@ -39,9 +39,9 @@ from .payload import (
     Payload,
     PayloadError,
     check_int,
-    expect_buffer,
     expect_floats,
     expect_nbits,
+    expect_packed,
     expect_stream,
 )
 from .registry import register
@@ -402,10 +402,8 @@ class Uniform(Codec):
         """The payload's bit-packed codes (entropy decoded), its ``nbits`` checked."""
         n, d = p.shape
         if method == "none":
-            packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(n * d, self.bits))
+            packed = expect_packed(p, "codes", self.bits, n * d)
             expect_nbits(p, n * d * self.bits + side_bits)
-            if packed.size and not bitpack.padding_is_zero(packed, self.bits, n * d):
-                raise PayloadError("uniform payload has non-zero padding bits")
             return packed
         expect_nbits(p, 8 * expect_stream(p, "codes", "uniform").size + side_bits)
         return packed_codes(p, self.bits)
@@ -476,7 +474,6 @@ def packed_codes(p: Payload, bits: int) -> np.ndarray:
     ``bits`` bits raises :class:`PayloadError`.
     """
     n, d = p.shape
-    raw = bitpack.packed_nbytes(n * d, bits)
     method = p.meta.get("entropy", "none")
     stream = expect_stream(p, "codes", "uniform")
     if method == "none":
@@ -486,4 +483,4 @@ def packed_codes(p: Payload, bits: int) -> np.ndarray:
         return bitpack.pack(context.decode(stream, bits, n, d, shape), bits)
     if not isinstance(method, str):
         raise PayloadError(f"uniform payload entropy coder {method!r} is not a name")
-    return decompress(stream, method, raw)
+    return decompress(stream, method, bitpack.packed_nbytes(n * d, bits))
