@@ -130,9 +130,15 @@ def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
 def run_config_values(cfg: Any) -> dict[str, Any]:
     """Hyphenated key -> value of every field of ``cfg`` (``None``: its "not set" spelling)."""
     unset = unset_spellings(type(cfg))
-    return {_key(f.name): unset.get(_key(f.name)) if value is None
-            else str(value) if isinstance(value, CodecParams) else value
-            for f in dataclasses.fields(cfg) for value in [getattr(cfg, f.name)]}
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        key, value = _key(f.name), getattr(cfg, f.name)
+        if value is None:
+            value = unset.get(key)
+        elif isinstance(value, CodecParams):  # its text spelling: a ConfigRecord holds scalars
+            value = str(value)
+        values[key] = value
+    return values
 
 
 def parse_params(text: str) -> dict[str, Any]:
@@ -314,16 +320,15 @@ def strategy_kwargs(owner: str, config_cls: type, run_config: Mapping[str, Any],
     key (but ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
-    args = {_key(f.name) for f in dataclasses.fields(args_cls)} if args_cls else set()
-    _check_keys(run_config, {_key(n) for n in fields} | args, app_keys, owner)
+    args = {_key(f.name): f.name for f in dataclasses.fields(args_cls)} if args_cls else {}
+    _check_keys(run_config, {_key(n) for n in fields} | set(args), app_keys, owner)
     given = {_key(k): v for k, v in run_config.items()}
     mapping = {k: v for k, v in (defaults or {}).items()
                if k in fields and _key(k) not in given}
     mapping.update(given)
     kwargs: dict[str, Any] = {"config": from_mapping(config_cls, mapping)}
-    if args_cls is not None:
+    if args_cls is not None:  # checked as the strategy will check them, passed where given
         read: Any = from_mapping(args_cls, {k: v for k, v in given.items() if k in args})
-        kwargs.update((k.replace("-", "_"), getattr(read, k.replace("-", "_")))
-                      for k in args if k in given)
+        kwargs.update((name, getattr(read, name)) for key, name in args.items() if key in given)
     kwargs.update(overrides)
     return kwargs

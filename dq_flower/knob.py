@@ -177,8 +177,8 @@ def knob_table(cls: type, defaults: dict[str, str] | None = None) -> list[str]:
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, Mapping):  # a table of parameters: its text spelling
-        value = ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, Mapping):  # a table of parameters (CodecParams): its text spelling
+        value = str(value)
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, str):

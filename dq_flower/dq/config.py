@@ -255,12 +255,12 @@ class DQConfig(RobustConfig, OptimizerConfig):
 
     @property
     def compensation_kwargs(self) -> dict[str, Any]:
-        """Parsed ``compensation_params``; ``entropy`` defaults to :attr:`payload_coder`."""
+        """``compensation_params``, ``entropy`` defaulting to :attr:`payload_coder`."""
         return {"entropy": self.payload_coder, **self.compensation_params}
 
     @property
     def gradient_codec_kwargs(self) -> dict[str, Any]:
-        """Parsed ``gradient_codec_params``; ``entropy`` defaults to :attr:`payload_coder`."""
+        """``gradient_codec_params``, ``entropy`` defaulting to :attr:`payload_coder`."""
         return {"entropy": self.payload_coder, **self.gradient_codec_params}
 
 
