@@ -16,6 +16,7 @@ from dq_flower import __version__
 from dq_flower.cli_common import EXIT_FAILED_RUNS, EXIT_USAGE, PROG
 from dq_flower.compare import commands
 from dq_flower.deploy.cli import add_deploy_parser
+from dq_flower.harness.tasks.data.partitions import PARTITION_SCHEMES
 
 __all__ = ["main", "build_parser", "PROG", "EXIT_USAGE", "EXIT_FAILED_RUNS"]
 
@@ -78,17 +79,17 @@ def _add_scenario_flags(p: argparse.ArgumentParser) -> None:
                    help="comma-separated methods (registered names, the preset's variants, "
                         "or 'all'); default: the preset's list")
     p.add_argument("--dataset", metavar="NAME",
-                   help="data set: digits, fmnist, cifar10 or npz:<path> (default: the "
-                        "preset's)")
+                   help="data set: digits, fmnist, cifar10, hapt or npz:<path> (default: "
+                        "the preset's)")
     p.add_argument("--model", metavar="NAME",
-                   help="model: logreg, mlp, cnn, wide-cnn, resnet20 or resnet18 (default: the "
-                        "preset's)")
+                   help="model: logreg, mlp, cnn, wide-cnn, cnn1d, resnet20 or resnet18 "
+                        "(default: the preset's)")
     p.add_argument("--rounds", type=_positive_int, metavar="N",
                    help="server rounds of every method (>= 1; a method's own "
                         "num-server-rounds, from the preset or --set, takes precedence)")
     p.add_argument("--num-clients", type=_positive_int, metavar="N",
                    help="simulated clients, one data partition each (>= 1)")
-    p.add_argument("--partition", choices=("iid", "dirichlet", "pathological"),
+    p.add_argument("--partition", choices=PARTITION_SCHEMES,
                    help="how the training set is split among the clients")
     p.add_argument("--alpha", type=_float_in(0.0, None), metavar="A",
                    help="Dirichlet concentration for --partition dirichlet (> 0; smaller is "

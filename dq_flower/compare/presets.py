@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dq_flower.harness.tasks.data.partitions import PARTITION_SCHEMES
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10
@@ -72,7 +74,7 @@ class Preset:
     model: str = "mlp"
     num_clients: int = 4  # one partition each
     rounds: int = 20
-    partition: str = "iid"  # iid, dirichlet or pathological
+    partition: str = "iid"  # iid, dirichlet, pathological or natural
     dirichlet_alpha: float = 0.5
     fraction_train: float = 1.0  # of the clients, sampled each round
     target_accuracy: float = 0.9  # whose cost (rounds, uplink bytes) the summary compares
@@ -91,8 +93,8 @@ class Preset:
                f"must be an integer >= 1, got {self.num_clients!r}")
         _check(isinstance(self.rounds, int) and self.rounds >= 1, "rounds",
                f"must be an integer >= 1, got {self.rounds!r}")
-        _check(self.partition in ("iid", "dirichlet", "pathological"), "partition",
-               f"must be iid, dirichlet or pathological, got {self.partition!r}")
+        _check(self.partition in PARTITION_SCHEMES, "partition",
+               f"must be {', '.join(PARTITION_SCHEMES)}, got {self.partition!r}")
         _check(_number(self.dirichlet_alpha) and self.dirichlet_alpha > 0,
                "dirichlet-alpha", f"must be > 0, got {self.dirichlet_alpha!r}")
         _check(_number(self.fraction_train) and 0 < self.fraction_train <= 1,
@@ -248,6 +250,8 @@ BUILTIN_PRESETS: dict[str, Preset] = {
         methods=("all", "qsgd-tau5", "ef-signsgd-tau5"),
         knobs={"entropy-coder": "zlib"},
         method_knobs={"dq": {"entropy-coder": "context"},
+                      "upload-all": {"entropy-coder": "context"},
+                      "upload-all-8bit": {"entropy-coder": "context"},
                       "fedavg": {"local-epochs": 1},
                       "qsgd-tau5": {"method": "qsgd", "local-steps": 5},
                       "ef-signsgd-tau5": {"method": "ef-signsgd", "local-steps": 5}},

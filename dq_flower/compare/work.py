@@ -172,7 +172,7 @@ def workload_of(preset: Mapping[str, Any], data_dir: str | None = None,
     parts = partition_indices(ds.train_y, int(preset["num_clients"]),
                               str(preset.get("partition", "iid")),
                               alpha=float(preset.get("dirichlet_alpha", 0.5)),
-                              seed=int(preset.get("seed", 0)))
+                              seed=int(preset.get("seed", 0)), groups=ds.train_groups)
     return Workload(model_flops(model, ds.input_shape), tuple(len(p) for p in parts))
 
 

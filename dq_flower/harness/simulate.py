@@ -70,10 +70,10 @@ def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", nu
     method : str
         ``dq`` or a baseline name (see :func:`dq_flower.harness.methods.method_names`).
     dataset : str or tuple
-        A data-set name (``digits``, ``fmnist``, ``cifar10``, ``npz:<path>``) or numpy
+        A data-set name (``digits``, ``fmnist``, ``cifar10``, ``hapt``, ``npz:<path>``) or numpy
         arrays ``(X, y)`` / ``(X, y, X_test, y_test)``.
     model : str, nn.Module or callable
-        A model name (``logreg``, ``mlp``, ``cnn``, ``wide-cnn``, ``resnet20``,
+        A model name (``logreg``, ``mlp``, ``cnn``, ``wide-cnn``, ``cnn1d``, ``resnet20``,
         ``resnet18``), an ``nn.Module`` (copied for the server and each client), or a class
         or factory returning one. Ray pickles it to its workers, so it must be importable
         there: a class or function defined at module level, not inside a function.

