@@ -171,7 +171,8 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
         """Send every sampled node the round config and the model (or the votes it lacks)."""
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
-                                round_rng(self.seed, server_round, 0, Purpose.SAMPLE))
+                                round_rng(self.seed, server_round, 0, Purpose.SAMPLE),
+                                min_sampled=1)
         base = ConfigRecord(dict(config.items()))
         travels = client_keys(GradientConfig)
         for key, value in to_config_record(self.cfg).items():

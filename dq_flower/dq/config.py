@@ -16,7 +16,7 @@ from dq_flower.codecs import CONTEXT, make, payload_coder
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import CodecParams, check, client_keys
 from dq_flower.knob import above, at_least, between, inherit, knob, one_of
-from dq_flower.knobs import OptimizerConfig, RobustConfig, StrategyConfig
+from dq_flower.knobs import OPTIMIZERS, OptimizerConfig, RobustConfig, StrategyConfig
 
 __all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS",
            "UPLOAD_MODES", "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
@@ -30,8 +30,9 @@ ENTROPY_CODERS = SAMPLE_CODERS
 UPLOAD_MODES = ("data", "gradient", "auto")
 #: ``adaptive``: train to a plateau on the store, ask for more only while it pays
 #: (:mod:`dq_flower.dq.server.schedule`); ``fixed``: ``budget`` per client and ``server-steps``
-#: steps every round.
-UPLOAD_SCHEDULES = ("adaptive", "fixed")
+#: steps every round; ``all``: every node uploads all its rows once, the server trains to a
+#: plateau (the ``upload-all`` baseline).
+UPLOAD_SCHEDULES = ("adaptive", "fixed", "all")
 COMPENSATION_MODES = ("first-step", "store", "refresh")
 #: Quantizer ranges: ``sample`` (one per sample), ``channel`` (one per image channel),
 #: ``feature`` (one per coordinate, the client's own, sent once), ``auto`` (``feature``
@@ -77,8 +78,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "least first-round ask per client (see [the first ask]"
         "(#uploads-paced-by-need-the-adaptive-schedule))"))
     upload_schedule: str = knob("adaptive", one_of(UPLOAD_SCHEDULES), doc=(
-        "`adaptive` (train to a plateau, ask while it pays) or `fixed` (see [the adaptive "
-        "schedule](#uploads-paced-by-need-the-adaptive-schedule))"))
+        "`adaptive` (train to a plateau, ask while it pays), `fixed`, or `all` (every node "
+        "uploads all its rows once, the server trains to a plateau: the `upload-all` "
+        "baseline; see [the adaptive schedule](#uploads-paced-by-need-the-adaptive-schedule))"))
     holdout_fraction: float = knob(0.1, between(0, 1, high_open=True), doc=(
         "share of each node's stored rows, per class, held out for validation (adaptive)"))
     max_server_steps: int = knob(2000, at_least(1), doc=(
@@ -105,8 +107,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "largest growth of the store from one upload round to the next"))
     node_rows_cap: float = knob(4.0, lambda v: None if v == 0 or v >= 1 else
                                 f"must be 0 (off) or >= 1, got {v}", doc=(
-        "the adaptive schedule asks one client for at most this many times the median "
-        "client's `num-examples` rows in all (0: off)"))
+        "the adaptive schedule asks one client for at most this many times the larger of "
+        "the median client's `num-examples` and the rows the client has sent, in all (0: "
+        "off): a large site's asks grow with what it sends; the log says when it binds"))
     screen_margin: float = knob(0.4, between(0, 1, note="0: off"), doc=(
         "a client whose held-out error exceeds the median client's by more than this (and "
         "4 robust deviations) is left out of training and asks, reversibly (0: off; see "
@@ -170,7 +173,15 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "processes the server trains in: 1 (its own) or N worker processes joined by "
         "`torch.distributed`, each computing the gradient of 1/N of every minibatch (see "
         "[Server training on several processes](scaling-ddp.md))"))
-    lr: float = inherit(OptimizerConfig, "lr", default=0.05)
+    optimizer: str = inherit(OptimizerConfig, "optimizer", default="auto",
+                             check=one_of(("auto", *OPTIMIZERS)), doc=(
+        "`auto` (the first training phase probes `sgd` at `lr` and `adam` at 1e-3, or at "
+        "`lr` where given, and keeps `sgd` unless `adam` is better on the held-out rows; "
+        "see [the server's optimizer](#the-servers-optimizer-and-step-size)), `sgd` "
+        "(momentum, weight decay) or `adam`; a `train_config` `optimizer` is honoured"))
+    lr: float = inherit(OptimizerConfig, "lr", default=0.05, doc=(
+        "server learning rate (a `train_config` `lr` given to `strategy.start` is honoured "
+        "where this knob is at its default)"))
     weight_decay: float = inherit(OptimizerConfig, "weight_decay", default=5e-4)
     max_store_samples: int = knob(0, at_least(0), doc=(
         "bound on the store (0 = unbounded), oldest evicted first"))
@@ -222,8 +233,13 @@ class DQConfig(RobustConfig, OptimizerConfig):
 
     @property
     def adaptive(self) -> bool:
-        """Whether data rounds follow the adaptive upload schedule."""
-        return self.upload_schedule == "adaptive" and self.upload_mode == "data"
+        """Whether data rounds train to a plateau (the ``adaptive`` and ``all`` schedules)."""
+        return self.upload_schedule != "fixed" and self.upload_mode == "data"
+
+    @property
+    def uploads_all(self) -> bool:
+        """Whether every node is asked for all its rows (the ``all`` schedule)."""
+        return self.adaptive and self.upload_schedule == "all"
 
     def sample_quantizer(self, mode: str, channels: int = 0,
                          dither_seed: int | None = None,

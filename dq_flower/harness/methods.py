@@ -111,6 +111,16 @@ def build_dq(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskI
     return strategy, client_task_config(task, "dq")
 
 
+#: DQ's selection and schedule replaced by one upload of every row, trained to a plateau:
+#: at DQ's bits and coder, and at 8 bits (lossless for 8-bit images)
+UPLOAD_ALL_METHODS: dict[str, dict[str, Any]] = {
+    "upload-all": {"upload-schedule": "all"},
+    "upload-all-8bit": {"upload-schedule": "all", "bits": 8},
+}
+for _name, _defaults in UPLOAD_ALL_METHODS.items():
+    register_method(_name, family="dq", config_cls=DQConfig, defaults=_defaults)(build_dq)
+
+
 @register_method("fedavg", family="fedavg", config_cls=FedAvgConfig)
 def build_fedavg(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
     """Flower's own ``FedAvg`` (float32 weights, E local epochs), configured, not rewritten.

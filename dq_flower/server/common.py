@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from logging import INFO, WARNING
 
 import numpy as np
@@ -36,18 +37,37 @@ def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float = 3600.0) -> list[
 
 def sample_node_ids(
     grid: Grid, fraction: float, min_nodes: int, rng: np.random.Generator,
-    stage: str = "configure_train",
+    stage: str = "configure_train", *, min_sampled: int | None = None,
+    prefer: Callable[[int], bool] | None = None,
 ) -> list[int]:
-    """Seeded sample of ``ceil(fraction * connected)`` nodes (at least ``min_nodes``).
+    """Seeded sample of ``ceil(fraction * connected)`` nodes, at least ``min_sampled``.
 
-    Waits for ``min_nodes`` connected nodes; logs Flower's ``<stage>: Sampled k nodes`` line.
+    Waits for ``min_nodes`` connected nodes (Flower's ``min_available_nodes``);
+    ``min_sampled`` (default ``min_nodes``, as Flower's ``min_evaluate_nodes``) is the
+    least sample. ``prefer(node)``: nodes it is true of are drawn first, the others only
+    to fill the sample. Logs Flower's ``<stage>: Sampled k nodes`` line.
     """
     nodes = wait_for_nodes(grid, min_nodes)
     if not nodes:
         return []
-    k = min(len(nodes), max(min_nodes, int(np.ceil(fraction * len(nodes))), 1))
+    least = min_nodes if min_sampled is None else min_sampled
+    k = min(len(nodes), max(least, int(np.ceil(fraction * len(nodes))), 1))
+    wanted = nodes if prefer is None else [n for n in nodes if prefer(n)]
+    if prefer is not None and len(wanted) < len(nodes):
+        log(INFO, "%s: Sampled %s nodes (out of %s; %s of them still hold rows the server "
+            "lacks)", stage, min(k, len(wanted)) if wanted else k, len(nodes), len(wanted))
+        if len(wanted) >= k:
+            return _draw(wanted, k, rng)
+        if wanted:  # fewer than the sample: only those are worth asking
+            return wanted
+        return _draw(nodes, k, rng)
     log(INFO, "%s: Sampled %s nodes (out of %s)", stage, k, len(nodes))
-    if k == len(nodes):
+    return _draw(nodes, k, rng)
+
+
+def _draw(nodes: list[int], k: int, rng: np.random.Generator) -> list[int]:
+    """``k`` of ``nodes`` drawn by ``rng`` without replacement, sorted (all: as given)."""
+    if k >= len(nodes):
         return nodes
     # positions, not ids: numpy turns uint64 ids on both sides of 2**63 into float64
     return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False))

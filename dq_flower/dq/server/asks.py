@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from logging import INFO
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
 
 from dq_flower.config import to_config_record
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
@@ -36,7 +38,10 @@ from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
 from dq_flower.wire.model import MODEL_KEY
 
-__all__ = ["RoundAsks"]
+__all__ = ["RoundAsks", "ALL_ROWS"]
+
+#: The ``all`` schedule's ask of a client whose row count the server does not know yet.
+ALL_ROWS = 1 << 24
 
 
 class RoundAsks:
@@ -188,18 +193,19 @@ class RoundAsks:
         """Per-client asks of the adaptive schedule over ``keys`` (:attr:`RoundClients.keys`)."""
         schedule = self.trainer.schedule
         assert schedule is not None
+        if self.cfg.uploads_all:
+            return self.all_rows(keys)
         if schedule.next_total is None:
             return dict.fromkeys(keys, self.first_ask(len(keys)))
         total = schedule.round_ask(self.data.stored)
         if total <= 0:
             return {}
-        cap = self.rows_cap()
         left: dict[int, int | None] = {  # an excluded client's rows disagree: it is not asked
             key: 0 if int(key) in self.trainer.excluded
             else None if (known := self.planner.clients.get(int(key))) is None
-            else known[0] if self.cfg.resend else max(int(min(known[0], cap)) - known[1], 0)
+            else known[0] if self.cfg.resend else self.capped_left(int(key), *known)
             for key in keys}
-        if all(v == 0 for v in left.values()) and set(self.planner.clients) <= set(keys):
+        if all(v == 0 for v in left.values()) and self.all_heard_of(keys):
             schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
             return {}
         # a client the server has not heard from is counted as holding what a known
@@ -208,16 +214,71 @@ class RoundAsks:
         typical = float(np.mean(held)) if held else None
         return allocate(total, left, self.trainer.node_fit, unknown=typical)
 
-    def rows_cap(self) -> float:
-        """Rows one client is asked for in all: ``node-rows-cap`` times the median client's.
+    def all_rows(self, keys: list[int]) -> dict[int, int]:
+        """The ``all`` schedule's asks: every row a client has not uploaded yet.
 
-        Infinite with the knob at 0 or no client known; honest Dirichlet(0.1) splits
-        measured up to 3.5 times the median ``num-examples``.
+        A client the server has not heard from is asked for :data:`ALL_ROWS`; the schedule
+        stops once every known client is exhausted and no other is left.
+        """
+        schedule = self.trainer.schedule
+        assert schedule is not None
+        asks = {}
+        for key in keys:
+            known = self.planner.clients.get(int(key))
+            asks[key] = (0 if int(key) in self.trainer.excluded
+                         else ALL_ROWS if known is None
+                         else known[0] if self.cfg.resend else max(known[0] - known[1], 0))
+        if not any(asks.values()) and self.all_heard_of(keys):
+            schedule.stop("exhausted")
+        return asks
+
+    def all_heard_of(self, keys: list[int]) -> bool:
+        """Whether ``keys`` hold every client the server knows and every connected node has one.
+
+        Until then a client not sampled this round, or a connected node never heard from,
+        may still hold rows the server lacks.
+        """
+        return (set(self.planner.clients) <= set(keys)
+                and all(self.identities.of(n) is not None for n in self.identities.connected))
+
+    def worth_asking(self, node: int) -> bool:
+        """Whether a data round's ask of ``node`` can bring rows the server lacks.
+
+        A node never heard from may; a known client only while it holds rows not uploaded
+        (or with ``resend``) and the agreement screen has not left it out.
+        """
+        identity = self.identities.of(node)
+        if identity is None:
+            return True
+        if identity in self.trainer.excluded:
+            return False
+        return self.cfg.resend or self.planner.samples_left(identity, 1) > 0
+
+    def rows_cap(self, uploaded: int = 0) -> float:
+        """Rows one client is asked for in all (see ``node-rows-cap``).
+
+        ``node-rows-cap`` times the larger of the median client's ``num-examples`` and the
+        rows the client has ``uploaded``; infinite with the knob at 0 or no client known.
+        Honest Dirichlet(0.1) splits measured up to 3.5 times the median ``num-examples``; a
+        large client not left out by the agreement screen earns its rows in steps of
+        ``node-rows-cap`` times what it has sent, so the cap slows, but never stops, an
+        honest large site.
         """
         held = [v[0] for v in self.planner.clients.values() if v[0] > 0]
         if not self.cfg.node_rows_cap or not held:
             return math.inf
-        return self.cfg.node_rows_cap * float(np.median(held))
+        return self.cfg.node_rows_cap * max(float(np.median(held)), float(uploaded))
+
+    def capped_left(self, identity: int, examples: int, uploaded: int) -> int:
+        """Rows the client may still be asked for under :meth:`rows_cap` (logged where it binds)."""
+        cap = self.rows_cap(uploaded)
+        left = max(int(min(examples, cap)) - uploaded, 0)
+        if cap < examples:
+            log(INFO, f"[dq] node-rows-cap binds for client {identity}: {left:,} of its "
+                      f"{examples - uploaded:,} rows left may be asked this round ({cap:,.0f} "
+                      f"in all: {self.cfg.node_rows_cap:g} times the larger of the median "
+                      f"client's rows and the {uploaded:,} it has sent)")
+        return left
 
     def first_ask(self, clients: int) -> int:
         """The first round's ask per client: enough rows to hold out for the stop rule.

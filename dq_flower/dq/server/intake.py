@@ -321,15 +321,17 @@ class UploadIntake:
         """
         self.forget_unconfirmed()
         known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
+        sent = {int(n): int(v[1]) for n, v in self.planner.clients.items()}
         verdict = agree(uploads, self.rules(), known, lambda spec, u: check_model(
-            self.model, spec, u.x, u.batch.labels, self.data.num_classes, self.loss_fn))
+            self.model, spec, u.x, u.batch.labels, self.data.num_classes, self.loss_fn),
+            sent)
         for upload, reason in verdict.refused:
             log_rejected(upload.node, reason)
         for upload in verdict.accepted:
             if upload.weight_scale < 1.0:
                 log(WARNING, "reply from node %d: its weight is clipped to %g times the "
-                    "median node's examples (x%.3g)", upload.node, SHARE_FACTOR,
-                    upload.weight_scale)
+                    "median node's examples or the rows it has sent, the larger (x%.3g)",
+                    upload.node, SHARE_FACTOR, upload.weight_scale)
         if verdict.spec is not None:
             self.fix_spec(verdict.spec, verdict.classes)
             self._provisional["spec"] = True

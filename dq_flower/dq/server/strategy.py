@@ -343,8 +343,9 @@ class DQStrategy(ModelStrategy, Strategy):
         self._setup(model, args)
         self.cfg: DQConfig = build_config(config, knobs, DQConfig)
         cfg = self.cfg
-        self.optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr,
-                                        cfg.momentum, cfg.weight_decay)
+        # ``auto`` starts with SGD; the first training phase may choose another
+        optimizer = make_optimizer("sgd" if cfg.optimizer == "auto" else cfg.optimizer,
+                                   model.parameters(), cfg.lr, cfg.momentum, cfg.weight_decay)
         comp_codec = (make(cfg.compensation, **cfg.compensation_kwargs)
                       if cfg.compensation != "none" else None)
         grad_codec = (make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
@@ -370,7 +371,7 @@ class DQStrategy(ModelStrategy, Strategy):
                                    num_params=self.num_params,
                                    measuring=cfg.upload_mode != "data")
         self.compensations = Compensations(cfg, self.num_params, self.data)
-        self.trainer = ServerTrainer(cfg, model, self.optimizer, self.data, self.cv,
+        self.trainer = ServerTrainer(cfg, model, optimizer, self.data, self.cv,
                                      loss_fn=loss_fn, seed=self.seed, comp_codec=comp_codec,
                                      augment=augment)
         self.asks = RoundAsks(cfg, self.planner, self.identities, self.data, model,
@@ -384,6 +385,11 @@ class DQStrategy(ModelStrategy, Strategy):
             self.intake.fix_spec(data_spec)
 
     # ------------------------------------------------------------------ what it learned
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The server's optimizer (``optimizer = "auto"``: replaced once it is chosen)."""
+        return self.trainer.optimizer
+
     @property
     def spec(self) -> DataSpec | None:
         """The federation's data spec (``None`` until given or agreed)."""
@@ -453,10 +459,15 @@ class DQStrategy(ModelStrategy, Strategy):
     ) -> Iterable[Message]:
         """Send the sampled nodes the round config, asks and held sets (see :mod:`.asks`)."""
         self._load_arrays(arrays)
-        nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
-                                round_rng(self.seed, server_round, 0, Purpose.SAMPLE))
-        self._configured = server_round
+        if not self._configured:  # the run's train_config: its optimizer and step size
+            self.trainer.apply_train_config(config)
         self.identities.observe(grid.get_node_ids())
+        nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
+                                round_rng(self.seed, server_round, 0, Purpose.SAMPLE),
+                                min_sampled=1, prefer=(self.asks.worth_asking
+                                                       if self.cfg.upload_mode == "data"
+                                                       else None))
+        self._configured = server_round
         rounds_left = (self.num_rounds - server_round + 1) if self.num_rounds else 1
         clients, plan = self.asks.plan(server_round, nodes, max(rounds_left, 1))
         refresh = self.asks.refresh_round(server_round)
@@ -550,13 +561,13 @@ class DQStrategy(ModelStrategy, Strategy):
             raise ValueError("holdout_secret: the checkpoint was written under another "
                              f"held-out secret (give the run's secret, or the same {SECRET_ENV})")
         self.model.load_state_dict(state["model"])
+        self.trainer.load_state_dict(state)  # first: it rebuilds the chosen optimizer
         self.optimizer.load_state_dict(state["optimizer"])
         self.intake.load_state_dict(state)
         if "planner" in state:
             self.planner.load_state(state["planner"])
         self.gradients.load_state_dict(state)
         self.compensations.load_state_dict(state)
-        self.trainer.load_state_dict(state)
         self.identities.load_state(state.get("identities"))
         self.asks.can_score = {int(i) for i in state.get("can-score", [])}
         if "identities" not in state and state.get("store") is not None:

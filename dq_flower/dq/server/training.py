@@ -33,7 +33,7 @@ import pickle
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from logging import WARNING
 from typing import Any, Literal, cast
@@ -49,6 +49,13 @@ from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.node_screen import AgreementScreen
+from dq_flower.dq.server.optimizer_choice import (
+    AUTO,
+    OptimizerChoice,
+    candidates,
+    from_train_config,
+    pick,
+)
 from dq_flower.dq.server.schedule import (
     AdaptiveSchedule,
     HeldOutScores,
@@ -62,7 +69,7 @@ from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import LossFn, apply_flat_grad, per_sample_results, weighted_loss_grad
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.common import log_round
+from dq_flower.server.common import log_round, make_optimizer
 from dq_flower.server.robust import StepGuard, aggregate, clip_norms
 
 __all__ = ["ServerTrainer", "BatchGradient", "ShardGradient", "check_portable", "sharded_steps",
@@ -82,6 +89,11 @@ class ServerTrainer:
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.cfg, self.model, self.optimizer, self.data, self.cv = (
             cfg, model, optimizer, data, cv)
+        #: the server's optimizer and base step size (``None``: chosen by the first phase)
+        self.choice: OptimizerChoice | None = (
+            None if cfg.optimizer == AUTO else OptimizerChoice(cfg.optimizer, cfg.lr))
+        self.lr = cfg.lr
+        self.lr_given = False  # whether a step size came from the user (knob or train_config)
         self.comp_codec = comp_codec
         self.loss_fn, self.seed, self.user_augment = loss_fn, seed, augment
         self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth,
@@ -102,6 +114,76 @@ class ServerTrainer:
         self.batch_gradient: BatchGradient = weighted_loss_grad
         if cfg.server_processes > 1:  # what the worker processes get must pickle
             check_portable(model, loss_fn, augment)
+
+    # ------------------------------------------------------------------ the optimizer
+    def use_optimizer(self, choice: OptimizerChoice) -> None:
+        """Train with ``choice`` from now on (a new optimizer, its state empty)."""
+        cfg = self.cfg
+        self.optimizer = make_optimizer(choice.name, self.model.parameters(), choice.lr,
+                                        cfg.momentum, cfg.weight_decay)
+        self.guard.optimizer = self.optimizer
+        self.choice, self.lr = choice, choice.lr
+
+    def apply_train_config(self, config: Mapping[str, Any]) -> None:
+        """Honour a ``train_config``'s optimizer and step size (see :mod:`.optimizer_choice`)."""
+        lr_default = float(DQConfig.lr)  # the field's default (a knob reads as it)
+        name, lr, reasons = from_train_config(config, self.cfg.optimizer, self.cfg.lr,
+                                              lr_default)
+        for reason in reasons:
+            log(WARNING, "[dq] %s", reason)
+        self.lr_given = self.cfg.lr != lr_default or lr is not None
+        if lr is not None:
+            self.lr = lr
+        if name is not None and (self.choice is None or self.choice.source != "held-out"):
+            self.use_optimizer(OptimizerChoice(name, self.lr, "train-config"))
+        elif lr is not None and self.choice is not None and self.choice.source != "held-out":
+            self.use_optimizer(OptimizerChoice(self.choice.name, lr, "train-config"))
+        if name is not None or lr is not None:
+            log_round("dq", 0, f"train_config: the server trains with "
+                      f"{self.choice.describe() if self.choice else f'lr {self.lr:g}'}"
+                      + ("" if self.choice else " (optimizer chosen on the held-out rows)"))
+
+    def choose_optimizer(self, server_round: int, rng: np.random.Generator) -> None:
+        """The probe of :mod:`.optimizer_choice`: each candidate's short phase, the best kept.
+
+        Every candidate starts from the same weights and draws the same minibatches (a copy
+        of ``rng``); the model is put back at its start for the phase that follows.
+        """
+        store = self.data.store
+        if store is None or not store.holdout_mask.any():
+            default = replace(candidates(self.lr, self.lr_given)[0], source="default")
+            self.use_optimizer(default)
+            log_round("dq", server_round, f"server optimizer: {default.describe()} (no "
+                      "held-out rows to choose on)")
+            return
+        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        rule = replace(self.plateau, lr_drops=0,
+                       max_steps=min(self.plateau.max_steps, PROBE_EVALUATIONS
+                                     * self.plateau.eval_every))
+        options = candidates(self.lr, self.lr_given)
+        results: list[HeldOutScores | None] = []
+        for option in options:
+            self.model.load_state_dict(start)
+            self.use_optimizer(option)
+            probe_rng = copy.deepcopy(rng)
+            augment = self.augmentation(probe_rng)
+            self.model.train()
+            phase = train_phase(self.model, self.optimizer, option.lr, rule,
+                                _probe_step(self, probe_rng, augment), self.score_holdout)
+            finite = all(bool(torch.isfinite(v).all()) for v in self.model.state_dict().values()
+                         if v.is_floating_point())
+            results.append(phase.final if finite else None)
+        best, gain = pick(results)
+        self.model.load_state_dict(start)
+        self.use_optimizer(options[best])
+        text = "; ".join(f"{o.describe()}: " + ("non-finite" if r is None else
+                                                 _score_text(r)) for o, r in zip(
+                                                     options, results, strict=True))
+        why = ("the others went non-finite" if gain is None and best > 0 else
+               f"better on the held-out rows by {gain.gain:+.4f} (stderr {gain.stderr:.4f})"
+               if gain is not None else "no other is better beyond the uncertainty")
+        log_round("dq", server_round, f"server optimizer: {options[best].describe()} "
+                  f"({why}; {rule.max_steps}-step probes on the held-out rows: {text})")
 
     # ------------------------------------------------------------------ one round
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
@@ -246,6 +328,8 @@ class ServerTrainer:
         # the compensated step on the fresh rows, queued (only with compensations)
         first = ([] if self.comp_codec is None or not any(u.delta is not None for u in fresh)
                  else [self.fresh_gradient(fresh)])
+        if self.choice is None:  # optimizer auto: probe the candidates on the held-out rows
+            self.choose_optimizer(server_round, rng)
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.train()
         phase = self.run_phase(store.num_train, rng, first)
@@ -267,7 +351,10 @@ class ServerTrainer:
                 self.reverted = True
         # held-out rows a comparison needs to show the curve flat: per class (or in all)
         self.schedule.min_rows = self.cfg.min_holdout_rows * max(int(self.data.num_classes or 1), 1)
-        self.schedule.after_upload(stored_before, self.data.stored, gain)
+        if self.cfg.uploads_all:  # the asks are every row left, whatever the curve
+            self.schedule.curve.append({"stored": float(self.data.stored)})
+        else:
+            self.schedule.after_upload(stored_before, self.data.stored, gain)
         self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
         return _mean(phase.losses)
 
@@ -284,7 +371,7 @@ class ServerTrainer:
         augment = self.augmentation(rng)  # one per phase, seeded from its minibatch stream
         epochs = math.ceil(self.cfg.max_server_epochs * train_rows / self.cfg.server_batch_size)
         rule = replace(self.plateau, max_steps=max(self.plateau.max_steps, epochs))
-        return train_phase(self.model, self.optimizer, self.cfg.lr, rule,
+        return train_phase(self.model, self.optimizer, self.lr, rule,
                            lambda: self.store_step(rng, queued, augment),
                            evaluate or self.score_holdout)
 
@@ -324,15 +411,41 @@ class ServerTrainer:
         """The schedule, the per-node fit of the last phase and the rollback count."""
         return {"schedule": None if self.schedule is None else self.schedule.state(),
                 "node_fit": dict(self.node_fit), "rolled_back": self.rolled_back,
-                "node_screen": self.screen.state()}
+                "node_screen": self.screen.state(),
+                "optimizer_choice": None if self.choice is None else self.choice.state(),
+                "lr": self.lr, "lr_given": self.lr_given}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`."""
+        """Inverse of :meth:`state_dict` (the optimizer rebuilt as chosen, its state empty).
+
+        A checkpoint from before the choice trained with the knobs' optimizer (``sgd`` for
+        ``auto``).
+        """
+        self.lr, self.lr_given = float(state.get("lr", self.lr)), bool(state.get("lr_given"))
+        if "optimizer_choice" not in state:
+            name = "sgd" if self.cfg.optimizer == AUTO else self.cfg.optimizer
+            self.use_optimizer(OptimizerChoice(name, self.lr, "checkpoint"))
+        elif state["optimizer_choice"] is not None:
+            self.use_optimizer(OptimizerChoice.from_state(state["optimizer_choice"]))
         self.rolled_back = int(state.get("rolled_back", 0))
         if self.schedule is not None and state.get("schedule") is not None:
             self.schedule.load_state(state["schedule"])
         self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
         self.screen.load_state(state.get("node_screen"))
+
+
+def _probe_step(trainer: ServerTrainer, rng: np.random.Generator,
+                augment: Callable[[torch.Tensor], torch.Tensor] | None) -> Callable[[], float]:
+    """One store step of an optimizer probe, on the probe's own minibatch stream."""
+    return lambda: trainer.store_steps(0, 1, rng, augment)[0]
+
+
+def _score_text(scores: HeldOutScores) -> str:
+    """``accuracy 0.9412, loss 0.2103`` (or the loss alone for float targets)."""
+    loss = f"loss {float(scores.loss.mean()):.4g}"
+    if scores.correct is None:
+        return loss
+    return f"accuracy {float(scores.correct.mean()):.4f}, {loss}"
 
 
 def _mean(losses: list[float]) -> float:
@@ -343,6 +456,8 @@ def _mean(losses: list[float]) -> float:
 #: A store step's minibatch gradient: ``(model, x, y, w, loss_fn) -> (loss, flat grad)``.
 BatchGradient = Callable[[torch.nn.Module, np.ndarray, np.ndarray, np.ndarray,
                           "LossFn | None"], tuple[float, np.ndarray]]
+#: Held-out scores of each optimizer probe (its steps: this many ``plateau-eval-every``).
+PROBE_EVALUATIONS = 4
 #: Arrays smaller than this travel by copy, larger ones through shared memory or a file.
 SHARED_BYTES = 1 << 16
 #: Starts of a round's workers when one is killed by a signal (the first and one more).

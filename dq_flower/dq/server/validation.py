@@ -331,9 +331,16 @@ def clip_share(upload: Upload, cap: float) -> Upload:
                                candidates=max(min(upload.candidates, int(cap)), len(batch)))
 
 
-def screen_claims(uploads: list[Upload], known: Mapping[int, int]
+def screen_claims(uploads: list[Upload], known: Mapping[int, int],
+                  sent: Mapping[int, int] | None = None
                   ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
-    """Refuse implausible ``num-examples``, clip over-large weights (module docstring)."""
+    """Refuse implausible ``num-examples``, clip over-large weights (module docstring).
+
+    ``sent``: rows each node has uploaded before. A node's weight is clipped to the larger
+    of :data:`SHARE_FACTOR` times the median node's examples and the rows it has really
+    sent (before and in this reply): rows in hand are no claim, so a large honest node
+    weighs what it has sent.
+    """
     values = [v for v in {**known, **{u.node: u.examples for u in uploads}}.values() if v > 0]
     if not values:
         return list(uploads), []
@@ -345,7 +352,8 @@ def screen_claims(uploads: list[Upload], known: Mapping[int, int]
     rest = {**known, **{u.node: u.examples for u in kept}}
     values = [v for node, v in rest.items() if v > 0 and node not in gone]
     cap = SHARE_FACTOR * _median(values) if values else float("inf")
-    return [clip_share(u, cap) for u in kept], refused
+    sent = sent or {}
+    return [clip_share(u, max(cap, sent.get(u.node, 0) + len(u.batch))) for u in kept], refused
 
 
 def agree_spec(uploads: list[Upload], check: Check
@@ -385,14 +393,14 @@ def agree_spec(uploads: list[Upload], check: Check
 
 
 def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
-          check: Check) -> Agreement:
+          check: Check, sent: Mapping[int, int] | None = None) -> Agreement:
     """The round's verdict on its checked uploads, in (partition id, node) order.
 
-    ``known``: examples of the nodes accepted before; ``check(spec, upload)``: the model
-    check, run only while no spec is known.
+    ``known``: examples of the nodes accepted before; ``sent``: the rows they uploaded;
+    ``check(spec, upload)``: the model check, run only while no spec is known.
     """
     order = sorted(uploads, key=lambda u: (u.partition, u.node))
-    kept, refused = screen_claims(order, known)
+    kept, refused = screen_claims(order, known, sent)
     new_spec = classes = None
     if rules.spec is None:
         new_spec, classes, kept, more = agree_spec(kept, check)

@@ -1,0 +1,126 @@
+"""The server's optimizer and step size: the user's where given, else chosen on held-out rows."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+from torch import nn
+
+import dq_flower
+from dq_flower.dq.server.optimizer_choice import ADAM_LR, candidates, from_train_config, pick
+from dq_flower.dq.server.schedule import HeldOutScores
+from dq_flower.harness.inprocess import InProcessGrid
+
+
+def _scores(correct: np.ndarray, loss: float = 1.0) -> HeldOutScores:
+    return HeldOutScores(np.full(len(correct), loss), correct.astype(bool),
+                         np.zeros(len(correct), dtype=np.uint64))
+
+
+def test_the_first_candidate_stays_unless_another_is_better_beyond_the_uncertainty():
+    rng = np.random.default_rng(0)
+    base = rng.random(200) < 0.80
+    close = base.copy()
+    close[rng.choice(200, 4, replace=False)] ^= True  # a few rows flipped either way
+    assert pick([_scores(base), _scores(close)]) == (0, None)
+    better = base | (rng.random(200) < 0.5)  # about half the errors fixed
+    index, gain = pick([_scores(base), _scores(better)])
+    assert index == 1 and gain is not None and gain.gain > 0.05
+
+
+def test_a_first_candidate_gone_non_finite_loses_to_a_finite_one():
+    ok = _scores(np.ones(20))
+    assert pick([None, ok])[0] == 1
+    assert pick([_scores(np.ones(20), loss=float("nan")), ok])[0] == 1
+    assert pick([None, None])[0] == 0  # nothing better: the default
+
+
+def test_candidates_are_sgd_at_lr_then_adam_at_its_own_or_the_given_step_size():
+    assert [(c.name, c.lr) for c in candidates(0.05, False)] == [("sgd", 0.05),
+                                                                 ("adam", ADAM_LR)]
+    assert [(c.name, c.lr) for c in candidates(0.003, True)] == [("sgd", 0.003),
+                                                                 ("adam", 0.003)]
+
+
+def test_a_train_config_is_honoured_or_refused_with_a_reason():
+    assert from_train_config({"lr": 0.001}, "auto", 0.05, 0.05) == (None, 0.001, [])
+    assert from_train_config({"learning-rate": 0.01, "optimizer": "Adam"}, "auto", 0.05,
+                             0.05) == ("adam", 0.01, [])
+    name, lr, reasons = from_train_config({"lr": 0.001}, "auto", 0.2, 0.05)
+    assert (name, lr) == (None, None) and "lr knob" in reasons[0]
+    name, lr, reasons = from_train_config({"lr": -1.0, "optimizer": "rmsprop"}, "auto",
+                                          0.05, 0.05)
+    assert (name, lr) == (None, None) and len(reasons) == 2
+    assert "positive" in reasons[0] and "rmsprop" in reasons[1]
+    _, _, reasons = from_train_config({"optimizer": "adam"}, "sgd", 0.05, 0.05)
+    assert "optimizer knob" in reasons[0]
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Linear(32, 3))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _wine():
+    """scikit-learn's wine as loaded: 13 unscaled features (proline about 1,000)."""
+    from sklearn.datasets import load_wine
+
+    x, y = load_wine(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(y))
+    x, y = x[order].astype(np.float32), y[order].astype(np.int64)
+    return x[:142], y[:142], x[142:], y[142:]
+
+
+def _run_wine(train_config=None, **knobs):
+    x, y, xt, yt = _wine()
+    shards = [(x[k::4], y[k::4]) for k in range(4)]
+
+    def client(msg, context):
+        return dq_flower.client.dq_train(msg, context, shards[context.node_config["partition-id"]])
+
+    model = _Net()
+    strategy = dq_flower.DQStrategy(model, seed=0, **knobs)
+    result = strategy.start(grid=InProcessGrid(client, 4),
+                            initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2,
+                            train_config=ConfigRecord(train_config or {}))
+    trained = _Net()
+    trained.load_state_dict(result.arrays.to_torch_state_dict())
+    with torch.no_grad():
+        accuracy = float((trained(torch.from_numpy(xt)).argmax(1).numpy() == yt).mean())
+    return accuracy, strategy
+
+
+def test_raw_table_features_at_the_defaults_learn_where_the_fixed_sgd_collapses(caplog):
+    pytest.importorskip("sklearn")
+    fixed, _ = _run_wine(optimizer="sgd")  # the server's SGD at 0.05 alone
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        chosen, strategy = _run_wine()
+    line = next(r.getMessage() for r in caplog.records if "server optimizer" in r.getMessage())
+    # docs/method.md shows this run's line
+    assert line in (Path(__file__).parents[2] / "docs" / "method.md").read_text()
+    assert chosen > 0.85 and chosen > fixed + 0.3, (chosen, fixed)
+    assert strategy.trainer.choice is not None and strategy.trainer.choice.name == "adam"
+    assert isinstance(strategy.optimizer, torch.optim.Adam)
+    # the choice is checkpointed: a resumed strategy trains with the same optimizer
+    resumed = dq_flower.DQStrategy(_Net(), seed=0)
+    resumed.load_state_dict(strategy.state_dict())
+    assert isinstance(resumed.optimizer, torch.optim.Adam)
+    assert resumed.trainer.choice == strategy.trainer.choice
+
+
+def test_the_users_train_config_step_size_is_the_servers():
+    pytest.importorskip("sklearn")
+    accuracy, strategy = _run_wine(train_config={"lr": 0.002, "optimizer": "adam"})
+    assert strategy.trainer.choice is not None
+    assert (strategy.trainer.choice.name, strategy.trainer.choice.lr) == ("adam", 0.002)
+    assert strategy.trainer.choice.source == "train-config" and accuracy > 0.75
