@@ -6,6 +6,14 @@ training for FedAvg (``local_train``) and its own test set (``test_set``). This 
 only builds the two halves every app shares (the ``ServerApp`` main and the
 ``ClientApp`` train function) and runs them, either through Flower's own
 ``run_simulation`` (Ray) or through the package's in-process grid (fast tests).
+
+What a user's server passes beyond the defaults, an app declares with optional module
+attributes, the same for both kinds: ``TRAIN_CONFIG`` (a dict, sent as
+``train_config=ConfigRecord(...)`` to ``strategy.start``; FedAvg's nodes then call
+``local_train(model, data, msg.content["config"])``), ``FRACTION_TRAIN`` and
+``MIN_AVAILABLE_NODES`` (the strategy's arguments). An app scored by something other
+than accuracy names it (``METRIC``), computes it (``score(model, x, y)``) and says
+whether lower is better (``LOWER_IS_BETTER``).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
@@ -34,27 +42,59 @@ class AppRun:
 
     app: str
     kind: str
-    accuracy: list[float] = field(default_factory=list)
+    #: the app's metric on its test set after each round, round 0 (the start) first
+    scores: list[float] = field(default_factory=list)
     up_bytes: int = 0
     down_bytes: int = 0
     wall_s: float = 0.0
+    metric: str = "accuracy"
+    #: uplink bytes by round and by node id (which nodes were heard from, and when)
+    up_by_round: dict[int, int] = field(default_factory=dict)
+    up_by_node: dict[int, int] = field(default_factory=dict)
 
     @property
     def final(self) -> float:
-        return self.accuracy[-1] if self.accuracy else float("nan")
+        return self.scores[-1] if self.scores else float("nan")
+
+
+def metric_name(app: ModuleType) -> str:
+    """The app's metric: ``METRIC``, or accuracy."""
+    return str(getattr(app, "METRIC", "accuracy"))
+
+
+def accuracy(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    """Share of the rows ``x`` whose highest output is their label ``y``."""
+    with torch.no_grad():
+        pred = model(torch.as_tensor(x)).argmax(1).numpy()
+    return float((pred == np.asarray(y)).mean())
+
+
+def lower_is_better(app: ModuleType) -> bool:
+    """Whether the app's metric is a loss (``LOWER_IS_BETTER``), not a score."""
+    return bool(getattr(app, "LOWER_IS_BETTER", False))
+
+
+def dq_keeps_up(app: ModuleType, fedavg: float, dq: float, margin: float = 0.02) -> bool:
+    """Whether DQ's final metric ``dq`` is FedAvg's ``fedavg`` or better within tolerance.
+
+    A score (accuracy) may trail by ``margin`` (2 points); a lower-is-better metric may be
+    at most ``1 + app.TOLERANCE`` times FedAvg's (the app states and justifies it).
+    """
+    if lower_is_better(app):
+        return dq <= (1.0 + float(app.TOLERANCE)) * fedavg
+    return dq >= fedavg - margin
 
 
 def central_eval_fn(app: ModuleType):
-    """The app's ``evaluate_fn``: accuracy of the model on the app's test set."""
+    """The app's ``evaluate_fn``: its metric (``score``, or accuracy) on its test set."""
     xt, yt = app.test_set()
+    score = getattr(app, "score", accuracy)
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = app.Net()
         model.load_state_dict(arrays.to_torch_state_dict())
         model.eval()
-        with torch.no_grad():
-            pred = model(torch.as_tensor(xt)).argmax(1).numpy()
-        return MetricRecord({"accuracy": float((pred == np.asarray(yt)).mean())})
+        return MetricRecord({metric_name(app): float(score(model, xt, yt))})
 
     return evaluate
 
@@ -64,19 +104,25 @@ def server_main(app: ModuleType, kind: str, rounds: int, out: AppRun):
 
     def main(grid: Grid, context: Context) -> None:
         model = app.Net()
-        fraction = getattr(app, "FRACTION_TRAIN", 1.0)
+        kwargs: dict[str, Any] = {"fraction_train": getattr(app, "FRACTION_TRAIN", 1.0)}
+        if hasattr(app, "MIN_AVAILABLE_NODES"):
+            kwargs["min_available_nodes"] = app.MIN_AVAILABLE_NODES
         if kind == "dq":
-            strategy: Any = dq_flower.DQStrategy(model, fraction_train=fraction, seed=0)
+            strategy: Any = dq_flower.DQStrategy(model, seed=0, **kwargs)
         else:
-            strategy = FedAvg(fraction_train=fraction, fraction_evaluate=0.0)
+            strategy = FedAvg(fraction_evaluate=0.0, **kwargs)
+        train_config = getattr(app, "TRAIN_CONFIG", None)
         measured = dq_flower.MeasuredGrid(grid)
         start = time.perf_counter()
-        result = strategy.start(grid=measured, initial_arrays=ArrayRecord(model.state_dict()),
-                                num_rounds=rounds, evaluate_fn=central_eval_fn(app))
+        result = strategy.start(
+            grid=measured, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds,
+            train_config=None if train_config is None else ConfigRecord(dict(train_config)),
+            evaluate_fn=central_eval_fn(app))
         out.wall_s = time.perf_counter() - start
-        out.accuracy = [float(m["accuracy"])
-                        for _, m in sorted(result.evaluate_metrics_serverapp.items())]
+        out.scores = [float(m[out.metric])
+                      for _, m in sorted(result.evaluate_metrics_serverapp.items())]
         out.up_bytes, out.down_bytes = measured.up_bytes, measured.down_bytes
+        out.up_by_round, out.up_by_node = measured.per_round("up"), measured.per_node("up")
 
     return main
 
@@ -90,7 +136,10 @@ def client_train(app: ModuleType, kind: str):
             return dq_flower.client.dq_train(msg, context, data)
         model = app.Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        examples = app.local_train(model, data)
+        if hasattr(app, "TRAIN_CONFIG"):  # the user's train reads what the server sent
+            examples = app.local_train(model, data, msg.content["config"])
+        else:
+            examples = app.local_train(model, data)
         content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
                               "metrics": MetricRecord({"num-examples": examples})})
         return Message(content=content, reply_to=msg)
@@ -102,7 +151,7 @@ def run_app(app: ModuleType, kind: str, rounds: int | None = None, *,
             engine: str = "inprocess") -> AppRun:
     """Run ``app`` with ``kind`` (``fedavg`` or ``dq``) for ``rounds`` (the app's own)."""
     rounds = int(rounds or app.ROUNDS)
-    out = AppRun(app.NAME, kind)
+    out = AppRun(app.NAME, kind, metric=metric_name(app))
     main = server_main(app, kind, rounds, out)
     train = client_train(app, kind)
     if engine == "inprocess":
