@@ -18,7 +18,11 @@ MIN_SIDE = 14
 
 
 class RandomShift:
-    """Shift each image by up to ``max_shift`` pixels along each spatial axis (zero padded)."""
+    """Shift each image by up to ``max_shift`` pixels along each spatial axis.
+
+    The pixels a shift uncovers repeat the image's edge, so a normalised image whose
+    background is not 0 (e.g. -2) keeps its background.
+    """
 
     def __init__(self, max_shift: int = 2, seed: int = 0) -> None:
         if max_shift < 0:
@@ -33,7 +37,7 @@ class RandomShift:
         s = self.max_shift
         n, h, w = x.shape[0], x.shape[-2], x.shape[-1]
         flat = x.reshape(n, -1, h, w)  # every leading axis after the batch as channels
-        padded = F.pad(flat, (s, s, s, s))
+        padded = F.pad(flat, (s, s, s, s), mode="replicate")
         dy = torch.randint(0, 2 * s + 1, (n,), generator=self.generator)
         dx = torch.randint(0, 2 * s + 1, (n,), generator=self.generator)
         rows = dy[:, None] + torch.arange(h)[None, :]  # (n, h): rows of the padded image

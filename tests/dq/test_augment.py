@@ -30,12 +30,19 @@ def test_a_negative_shift_is_refused():
 
 
 def _shift(img, dy, dx):
-    """``img`` moved by (dy, dx) pixels, zero padded (reference implementation)."""
-    out = torch.zeros_like(img)
+    """``img`` moved by (dy, dx) pixels, the edge repeated (reference implementation)."""
     h, w = img.shape[-2:]
-    src = img[..., max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)]
-    out[..., max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)] = src
-    return out
+    rows = (torch.arange(h) + dy).clamp(0, h - 1)
+    cols = (torch.arange(w) + dx).clamp(0, w - 1)
+    return img[..., rows[:, None], cols[None, :]]
+
+
+def test_a_shift_keeps_a_normalised_images_background():
+    """Images normalised to a background of -2 are padded with -2, never with 0."""
+    x = torch.full((40, 1, 16, 16), -2.0)
+    x[:, :, 5:11, 5:11] = 1.5
+    y = RandomShift(3, seed=0)(x)
+    assert set(torch.unique(y).tolist()) == {-2.0, 1.5}
 
 
 def test_random_flip_mirrors_about_half_of_the_images_and_nothing_else():
