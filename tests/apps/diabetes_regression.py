@@ -11,10 +11,9 @@ epoch per round with Adam (lr 0.01, batch 16) on the mean squared error.
 Its metric is the test set's mean squared error in the standardized units (lower is
 better; always predicting the training mean scores about 0.84, a linear least-squares fit
 0.56). DQ passes where its final MSE is at most ``1 + TOLERANCE`` times FedAvg's: the 89
-test rows make the MSE itself uncertain by about sqrt(2 / 89), some 15% (its errors'
-squares scatter as much as their mean), so a 10% excess is a difference the test set can
-barely tell; 2 points of accuracy on a 1,000-row test set are the same order (1.4 standard
-errors).
+test rows make the MSE itself uncertain by about sqrt(2 / 89), some 15% (for normal
+errors), while FedAvg's own MSE moves by about 3% over its last eight rounds; 10% lies
+between the two.
 """
 
 from __future__ import annotations
