@@ -124,3 +124,33 @@ def test_the_users_train_config_step_size_is_the_servers():
     assert strategy.trainer.choice is not None
     assert (strategy.trainer.choice.name, strategy.trainer.choice.lr) == ("adam", 0.002)
     assert strategy.trainer.choice.source == "train-config" and accuracy > 0.75
+
+
+def test_the_users_own_optimizer_is_the_one_the_server_steps_with():
+    pytest.importorskip("sklearn")
+    model = _Net()
+    users = torch.optim.AdamW(model.parameters(), lr=0.003)
+    strategy = dq_flower.DQStrategy(model, seed=0, optimizer=users)
+    assert strategy.optimizer is users
+    x, y, xt, yt = _wine()
+    shards = [(x[k::4], y[k::4]) for k in range(4)]
+
+    def client(msg, context):
+        return dq_flower.client.dq_train(msg, context, shards[context.node_config["partition-id"]])
+
+    strategy.start(grid=InProcessGrid(client, 4), initial_arrays=ArrayRecord(model.state_dict()),
+                   num_rounds=1, train_config=ConfigRecord({"lr": 0.1}))
+    assert strategy.optimizer is users and users.state  # stepped, no probe, no lr from it
+    assert strategy.trainer.choice is not None
+    assert (strategy.trainer.choice.name, strategy.trainer.choice.lr) == ("AdamW", 0.003)
+    # a checkpoint restores into the resumed strategy's own optimizer object
+    again = _Net()
+    theirs = torch.optim.AdamW(again.parameters(), lr=0.003)
+    resumed = dq_flower.DQStrategy(again, seed=0, optimizer=theirs)
+    resumed.load_state_dict(strategy.state_dict())
+    assert resumed.optimizer is theirs and theirs.state
+
+
+def test_an_optimizer_over_other_parameters_is_refused_by_name():
+    with pytest.raises(ValueError, match="optimizer"):
+        dq_flower.DQStrategy(_Net(), optimizer=torch.optim.SGD(_Net().parameters(), lr=0.1))

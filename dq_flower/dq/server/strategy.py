@@ -313,6 +313,9 @@ class DQStrategy(ModelStrategy, Strategy):
         replies carry, if the model trains on it.
     config : DQConfig, optional
         The method's knobs; ``**knobs`` (underscore names, e.g. ``bits=2``) override it.
+        ``optimizer`` may also be the user's own ``torch.optim.Optimizer`` over the model's
+        parameters: the server then trains with it (its step size the base of the
+        plateau's drops), no probe.
     augment : callable, optional
         ``augment(x) -> x`` applied to every server minibatch (a float tensor shaped like
         the samples, batch first) before the step, e.g. random shifts for images (see
@@ -341,11 +344,14 @@ class DQStrategy(ModelStrategy, Strategy):
             fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes,
             num_classes=num_classes)
         self._setup(model, args)
+        users = knobs.pop("optimizer", None) if isinstance(
+            knobs.get("optimizer"), torch.optim.Optimizer) else None
         self.cfg: DQConfig = build_config(config, knobs, DQConfig)
         cfg = self.cfg
         # ``auto`` starts with SGD; the first training phase may choose another
-        optimizer = make_optimizer("sgd" if cfg.optimizer == "auto" else cfg.optimizer,
-                                   model.parameters(), cfg.lr, cfg.momentum, cfg.weight_decay)
+        optimizer = users or make_optimizer(
+            "sgd" if cfg.optimizer == "auto" else cfg.optimizer, model.parameters(), cfg.lr,
+            cfg.momentum, cfg.weight_decay)
         comp_codec = (make(cfg.compensation, **cfg.compensation_kwargs)
                       if cfg.compensation != "none" else None)
         grad_codec = (make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
@@ -374,6 +380,8 @@ class DQStrategy(ModelStrategy, Strategy):
         self.trainer = ServerTrainer(cfg, model, optimizer, self.data, self.cv,
                                      loss_fn=loss_fn, seed=self.seed, comp_codec=comp_codec,
                                      augment=augment)
+        if users is not None:
+            self.trainer.use_users(users)
         self.asks = RoundAsks(cfg, self.planner, self.identities, self.data, model,
                               self.trainer, self.seed)
         self.metrics = RoundMetrics(cfg, self.data, self.asks, self.trainer)

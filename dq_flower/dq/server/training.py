@@ -124,6 +124,19 @@ class ServerTrainer:
         self.guard.optimizer = self.optimizer
         self.choice, self.lr = choice, choice.lr
 
+    def use_users(self, optimizer: torch.optim.Optimizer) -> None:
+        """Train with the user's own ``optimizer`` (over every parameter of the model)."""
+        mine = {id(p) for p in self.model.parameters()}
+        theirs = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if not mine <= theirs:
+            raise ValueError("optimizer: the optimizer given must hold every parameter of "
+                             "the strategy's model (build it from model.parameters())")
+        self.optimizer = optimizer
+        self.guard.optimizer = optimizer
+        lr = float(optimizer.param_groups[0]["lr"])
+        self.choice, self.lr, self.lr_given = (
+            OptimizerChoice(type(optimizer).__name__, lr, "user"), lr, True)
+
     def apply_train_config(self, config: Mapping[str, Any]) -> None:
         """Honour a ``train_config``'s optimizer and step size (see :mod:`.optimizer_choice`)."""
         lr_default = float(DQConfig.lr)  # the field's default (a knob reads as it)
@@ -134,6 +147,11 @@ class ServerTrainer:
         self.lr_given = self.cfg.lr != lr_default or lr is not None
         if lr is not None:
             self.lr = lr
+        if self.choice is not None and self.choice.source == "user":
+            if name is not None or lr is not None:
+                log(WARNING, "[dq] train_config's optimizer and lr are not used: the strategy "
+                    "was given its optimizer (%s)", self.choice.describe())
+            return
         if name is not None and (self.choice is None or self.choice.source != "held-out"):
             self.use_optimizer(OptimizerChoice(name, self.lr, "train-config"))
         elif lr is not None and self.choice is not None and self.choice.source != "held-out":
@@ -421,12 +439,14 @@ class ServerTrainer:
         A checkpoint from before the choice trained with the knobs' optimizer (``sgd`` for
         ``auto``).
         """
-        self.lr, self.lr_given = float(state.get("lr", self.lr)), bool(state.get("lr_given"))
-        if "optimizer_choice" not in state:
-            name = "sgd" if self.cfg.optimizer == AUTO else self.cfg.optimizer
-            self.use_optimizer(OptimizerChoice(name, self.lr, "checkpoint"))
-        elif state["optimizer_choice"] is not None:
-            self.use_optimizer(OptimizerChoice.from_state(state["optimizer_choice"]))
+        if self.choice is None or self.choice.source != "user":  # the user's own stays
+            if "optimizer_choice" not in state:
+                name = "sgd" if self.cfg.optimizer == AUTO else self.cfg.optimizer
+                self.use_optimizer(OptimizerChoice(name, self.lr, "checkpoint"))
+            elif state["optimizer_choice"] is not None:
+                self.use_optimizer(OptimizerChoice.from_state(state["optimizer_choice"]))
+            self.lr = float(state.get("lr", self.lr))
+            self.lr_given = bool(state.get("lr_given"))
         self.rolled_back = int(state.get("rolled_back", 0))
         if self.schedule is not None and state.get("schedule") is not None:
             self.schedule.load_state(state["schedule"])
