@@ -183,9 +183,12 @@ def test_a_bad_optimizer_knob_names_its_key(cls, kwargs, key):
 
 
 def test_each_config_keeps_its_own_defaults_of_the_shared_knobs():
-    assert DQConfig().optimizer_config == OptimizerConfig(lr=0.05, weight_decay=5e-4)
+    # DQ's server chooses its optimizer on its held-out rows by default (``auto``)
+    assert DQConfig(optimizer="sgd").optimizer_config == OptimizerConfig(lr=0.05,
+                                                                         weight_decay=5e-4)
     assert GradientConfig().optimizer_config == OptimizerConfig(lr=0.1, weight_decay=0.0)
-    assert (DQConfig().optimizer, DQConfig().momentum) == ("sgd", 0.9)
+    assert (DQConfig().optimizer, DQConfig().momentum) == ("auto", 0.9)
+    assert GradientConfig().optimizer == "sgd"
     assert DQConfig().robust == GradientConfig().robust == RobustConfig(
         trim_fraction=0.2, clip_norm=0.0, clip_factor=1.0, min_cosine=-0.1, weight_cap=2.0,
         norm_bound_factor=5.0)

@@ -140,9 +140,13 @@ def test_no_client_is_asked_past_the_row_cap_nor_once_excluded():
     left = {0: 1200, 1: 300, 2: 300, 3: 300, 4: 200}  # node 0 capped; node 4 sent 100
     assert sum(asks.values()) == 1000
     assert all(abs(asks[n] - 1000 * v / 2300) < 1 for n, v in left.items()), asks
+    # the cap grows with what a client has sent: 4 times its 1,200 rows, 3,600 more
     strategy.planner.clients[0][1] = 1200
-    assert strategy.asks.adaptive_asks([0, 1, 2, 3, 4])[0] == 0
+    assert strategy.asks.rows_cap(1200) == 4800
+    schedule.next_total = 10000
+    assert strategy.asks.adaptive_asks([0, 1, 2, 3, 4])[0] == 3600
     strategy.planner.clients[0][1] = 0
+    schedule.next_total = 1000
     strategy.trainer.screen.excluded[0] = "held-out error"
     assert strategy.asks.adaptive_asks([0, 1, 2, 3, 4])[0] == 0
     assert DQStrategy(torch.nn.Linear(4, 2), node_rows_cap=0).asks.rows_cap() == float("inf")
