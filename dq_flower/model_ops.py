@@ -39,6 +39,17 @@ def output_width(model: nn.Module) -> int | None:
     return int(linear[-1].out_features) if linear else None
 
 
+def input_width(model: nn.Module) -> int | None:
+    """Input features of the model's first layer where it is linear (flat samples), else ``None``.
+
+    The first module holding parameters of its own, in registration order.
+    """
+    for module in model.modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            return int(module.in_features) if isinstance(module, nn.Linear) else None
+    return None
+
+
 def _flat(tensors) -> np.ndarray:
     parts = [t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]
     return torch.cat(parts).numpy().copy() if parts else np.zeros(0, dtype=np.float32)

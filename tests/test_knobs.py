@@ -237,7 +237,7 @@ def test_every_field_of_every_config_is_a_knob_with_a_meaning(cls):
 
 
 def test_a_knob_checks_as_it_is_set_and_keeps_the_dataclass_frozen():
-    with pytest.raises(ValueError, match=r"^bits: must be in 1\.\.8, got 9$"):
+    with pytest.raises(ValueError, match=r"^bits: must be in 0\.\.8, got 9$"):
         DQConfig(bits=9)
     with pytest.raises(ValueError, match=r"^trim-fraction: must be in \[0, 0\.5\)"):
         GradientConfig(trim_fraction=0.5)

@@ -371,7 +371,9 @@ def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
 
 def _fmt_unit(u: Mapping[str, Any]) -> str:
     if u["unit"] == "sample":
-        conf = f", {u['configured_bits']} b quantizer" if u.get("configured_bits") else ""
+        bits = u.get("configured_bits")
+        conf = (f", {bits} b quantizer" if bits else ", quantizer bits auto" if bits == 0
+                else "")
         data = f"{u['bits']:,.0f} b/sample ({u['bits_per_coord']:.2f} b/coord{conf})"
         if not u.get("gradient_rounds"):
             return data

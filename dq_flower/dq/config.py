@@ -20,7 +20,7 @@ from dq_flower.knobs import OPTIMIZERS, OptimizerConfig, RobustConfig, StrategyC
 
 __all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS",
            "UPLOAD_MODES", "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
-           "COMPENSATION_MODES", "AUGMENTATIONS"]
+           "COMPENSATION_MODES", "AUGMENTATIONS", "auto_bits"]
 
 
 SCORERS = ("auto", "uniform", "loss", "gradnorm", "entropy", "margin")
@@ -47,6 +47,18 @@ STORE_WEIGHTS = ("importance", "node")
 #: Precisions of the model the server sends (see :func:`model_codec`).
 MODEL_PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4")
 _MODEL_CODEC_OF = {"fp32": "identity", "fp16": "fp16", "int8": "int8", "int4": "int4"}
+
+
+#: ``bits = 0`` (auto): flat samples of fewer than this many coordinates get
+#: :data:`TABLE_BITS` bits per coordinate, every other sample :data:`DEFAULT_BITS`.
+TABLE_MAX_DIM = 64
+TABLE_BITS = 4
+DEFAULT_BITS = 2
+
+
+def auto_bits(dim: int | None) -> int:
+    """The bits of ``bits = 0`` for samples of ``dim`` flat coordinates (``None``: not flat)."""
+    return TABLE_BITS if dim is not None and dim < TABLE_MAX_DIM else DEFAULT_BITS
 
 
 def model_codec(precision: str, mode: str, compensation: str) -> str:
@@ -124,8 +136,11 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "weights of the store's rows in the training loss: `node` (each node's rows alike, "
         "at the node's mean) or `importance` (each row by 1/its inclusion probability); a "
         "compensation's control variate uses `importance`"))
-    bits: int = knob(2, lambda v: None if 1 <= v <= 8 else f"must be in 1..8, got {v}",
-                     client=True, doc="bits per data coordinate, 1 to 8")
+    bits: int = knob(0, lambda v: None if 0 <= v <= 8 else f"must be in 0..8, got {v}",
+                     client=True, doc=(
+        "bits per data coordinate, 1 to 8; 0 (auto): 4 for flat samples of fewer than "
+        "64 features (a table: each feature carries more of the signal, and d is small), "
+        "else 2 (see [the bits of a table](#the-bits-of-a-table))"))
     stochastic: bool = knob(False, client=True, doc=(
         "stochastic (unbiased) rounding when true; nearest by default"))
     ranges: str = knob("auto", one_of(RANGE_MODES), client=True, doc=(
@@ -249,7 +264,10 @@ class DQConfig(RobustConfig, OptimizerConfig):
         ``sample_shape`` (one sample's shape) gives the ``context`` coder its 2-D
         neighbourhoods; it changes nothing for the other coders.
         """
-        params: dict[str, Any] = {"bits": self.bits, "stochastic": self.stochastic,
+        bits = self.bits or auto_bits(
+            int(sample_shape[0]) if sample_shape is not None and len(sample_shape) == 1
+            else None)  # the strategy resolves 0 before sending; this is the fallback
+        params: dict[str, Any] = {"bits": bits, "stochastic": self.stochastic,
                                   "entropy": self.entropy_coder}
         if self.entropy_coder == CONTEXT and sample_shape is not None:
             params["sample_shape"] = tuple(int(s) for s in sample_shape)

@@ -13,7 +13,7 @@ def test_hyphenated_keys_map_to_fields_and_coerce():
 
 @pytest.mark.parametrize(
     ("mapping", "key"),
-    [({"bits": 9}, "bits"), ({"bits": 0}, "bits"), ({"budget": 0}, "budget"),
+    [({"bits": 9}, "bits"), ({"bits": -1}, "bits"), ({"budget": 0}, "budget"),
      ({"selection-rule": "best"}, "selection-rule"), ({"lr": -1.0}, "lr"),
      ({"server-steps": 1.5}, "server-steps"), ({"compensation": "nope"}, "compensation")],
 )

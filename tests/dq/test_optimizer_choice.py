@@ -17,20 +17,32 @@ from dq_flower.dq.server.schedule import HeldOutScores
 from dq_flower.harness.inprocess import InProcessGrid
 
 
-def _scores(correct: np.ndarray, loss: float = 1.0) -> HeldOutScores:
-    return HeldOutScores(np.full(len(correct), loss), correct.astype(bool),
-                         np.zeros(len(correct), dtype=np.uint64))
+def _scores(correct: np.ndarray, loss: np.ndarray | float = 1.0) -> HeldOutScores:
+    return HeldOutScores(np.broadcast_to(np.asarray(loss, dtype=float), len(correct)).copy(),
+                         correct.astype(bool), np.zeros(len(correct), dtype=np.uint64))
 
 
-def test_the_first_candidate_stays_unless_another_is_better_beyond_the_uncertainty():
+def test_the_first_candidate_stays_unless_another_has_a_lower_loss_beyond_the_uncertainty():
     rng = np.random.default_rng(0)
-    base = rng.random(200) < 0.80
-    close = base.copy()
-    close[rng.choice(200, 4, replace=False)] ^= True  # a few rows flipped either way
-    assert pick([_scores(base), _scores(close)]) == (0, None)
-    better = base | (rng.random(200) < 0.5)  # about half the errors fixed
-    index, gain = pick([_scores(base), _scores(better)])
-    assert index == 1 and gain is not None and gain.gain > 0.05
+    correct = rng.random(200) < 0.8
+    base = rng.exponential(0.5, 200)
+    close = base * rng.normal(1.0, 0.3, 200)  # the same losses, give or take
+    assert pick([_scores(correct, base), _scores(correct, close)]) == (0, None)
+    lower = base * rng.uniform(0.3, 0.9, 200)  # every row's loss lower
+    index, gain = pick([_scores(correct, base), _scores(correct, lower)])
+    assert index == 1 and gain is not None and 0.2 < gain.gain < 0.5
+    # on a dozen rows too: a collapsed SGD (the prior's loss, ln 3) against a learning Adam
+    prior = np.full(13, np.log(3))
+    assert pick([_scores(np.arange(13) < 5, prior),
+                 _scores(np.arange(13) < 9, prior * rng.uniform(0.2, 0.7, 13))])[0] == 1
+
+
+def test_a_lower_loss_that_costs_accuracy_beyond_its_uncertainty_does_not_win():
+    rng = np.random.default_rng(1)
+    base = rng.exponential(0.5, 300)
+    right = np.ones(300, dtype=bool)
+    worse = rng.random(300) < 0.7  # 30% of the rows now wrong
+    assert pick([_scores(right, base), _scores(worse, base * 0.5)]) == (0, None)
 
 
 def test_a_first_candidate_gone_non_finite_loses_to_a_finite_one():

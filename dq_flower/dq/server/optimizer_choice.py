@@ -6,9 +6,9 @@ diverge or collapse to the class prior where Adam at 1e-3 learns. So with ``opti
 "auto"`` (the default) the first training phase of the adaptive schedule starts with a
 probe: each :func:`candidates` entry trains a short phase from the same weights on the same
 minibatches, and a later candidate replaces the first (SGD, the documented default) only
-where the first went non-finite or the later one is better on the held-out rows beyond the
-paired comparison's uncertainty (:func:`pick`). The winner is logged and checkpointed; the
-phase then starts again from the same weights with it.
+where the first went non-finite or the later one's held-out loss is lower beyond the paired
+comparison's uncertainty (:func:`pick`). The winner is logged and checkpointed; the phase
+then starts again from the same weights with it.
 
 A user's choice is honoured: the ``optimizer`` and ``lr`` knobs, or ``lr`` (also
 ``learning-rate``) and ``optimizer`` in the ``train_config`` given to ``strategy.start``
@@ -23,7 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dq_flower.dq.server.schedule import Z_ONE_SIDED, PairedGain, paired_gain
+from dq_flower.dq.server.schedule import (
+    Z_ONE_SIDED,
+    HeldOutScores,
+    PairedGain,
+    paired_gain,
+    significantly_worse,
+)
 from dq_flower.knobs import OPTIMIZERS
 
 __all__ = ["OptimizerChoice", "candidates", "pick", "from_train_config", "AUTO",
@@ -69,8 +75,10 @@ def pick(scores: list[Any]) -> tuple[int, PairedGain | None]:
     """The index of the winning candidate and its paired gain over the first.
 
     ``scores``: each candidate's held-out scores (``HeldOutScores``, ``None`` where it went
-    non-finite). The first stands unless it failed, or a later one beats it beyond the
-    comparison's uncertainty (one-sided 95%).
+    non-finite). The first stands unless it failed, or a later one has a lower held-out loss
+    beyond the paired comparison's uncertainty (the relative loss reduction, row by row,
+    one-sided 95%: more telling on a few rows than right or wrong) and is not worse in
+    accuracy beyond its own. The gain returned is that relative loss reduction.
     """
     first = scores[0]
     best, best_gain = 0, None
@@ -80,11 +88,17 @@ def pick(scores: list[Any]) -> tuple[int, PairedGain | None]:
     for i, s in enumerate(scores[1:], start=1):
         if not _finite(s):
             continue
-        gain = paired_gain(first, s)
-        if gain.gain - Z_ONE_SIDED * gain.stderr > 0 and (
-                best_gain is None or gain.gain > best_gain.gain):
+        gain = paired_gain(_losses(first), _losses(s))  # relative loss, row by row
+        if (gain.gain - Z_ONE_SIDED * gain.stderr > 0
+                and not significantly_worse(paired_gain(first, s))  # nor worse in accuracy
+                and (best_gain is None or gain.gain > best_gain.gain)):
             best, best_gain = i, gain
     return best, best_gain
+
+
+def _losses(scores: HeldOutScores) -> HeldOutScores:
+    """``scores`` compared by their per-row losses alone (no accuracy)."""
+    return HeldOutScores(scores.loss, None, scores.nodes)
 
 
 def _finite(scores: Any) -> bool:

@@ -17,6 +17,7 @@ the parts; :func:`schedule_text` is the adaptive schedule's part of its log line
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -32,7 +33,13 @@ from flwr.serverapp.strategy import Strategy
 
 from dq_flower.codecs import Codec, make
 from dq_flower.config import build_config, changed_knobs, strategy_kwargs
-from dq_flower.dq.config import DQConfig, DQStrategyConfig, model_codec, robust_rule
+from dq_flower.dq.config import (
+    DQConfig,
+    DQStrategyConfig,
+    auto_bits,
+    model_codec,
+    robust_rule,
+)
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.intake import ClientIdentities, UploadIntake, reply_identity
@@ -40,7 +47,7 @@ from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estim
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import MAX_LOCAL_ID, Compensations, Upload, reply_spec
-from dq_flower.model_ops import LossFn, state_arrays
+from dq_flower.model_ops import LossFn, input_width, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
@@ -346,8 +353,15 @@ class DQStrategy(ModelStrategy, Strategy):
         self._setup(model, args)
         users = knobs.pop("optimizer", None) if isinstance(
             knobs.get("optimizer"), torch.optim.Optimizer) else None
-        self.cfg: DQConfig = build_config(config, knobs, DQConfig)
-        cfg = self.cfg
+        cfg = build_config(config, knobs, DQConfig)
+        if cfg.bits == 0:  # auto: a table's few features get more bits (dq.config.auto_bits)
+            flat = (data_spec.dim if data_spec is not None and len(data_spec.sample_shape) == 1
+                    else None if data_spec is not None else input_width(model))
+            cfg = dataclasses.replace(cfg, bits=auto_bits(flat))
+            log_round("dq", 0, f"bits auto: {cfg.bits} per coordinate ("
+                      + (f"flat samples of {flat} features" if flat is not None
+                         else "samples that are not a small table") + ")")
+        self.cfg: DQConfig = cfg
         # ``auto`` starts with SGD; the first training phase may choose another
         optimizer = users or make_optimizer(
             "sgd" if cfg.optimizer == "auto" else cfg.optimizer, model.parameters(), cfg.lr,

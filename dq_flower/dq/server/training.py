@@ -198,7 +198,7 @@ class ServerTrainer:
                                                  _score_text(r)) for o, r in zip(
                                                      options, results, strict=True))
         why = ("the others went non-finite" if gain is None and best > 0 else
-               f"better on the held-out rows by {gain.gain:+.4f} (stderr {gain.stderr:.4f})"
+               f"held-out loss lower by {gain.gain:.1%} (stderr {gain.stderr:.1%})"
                if gain is not None else "no other is better beyond the uncertainty")
         log_round("dq", server_round, f"server optimizer: {options[best].describe()} "
                   f"({why}; {rule.max_steps}-step probes on the held-out rows: {text})")

@@ -1,0 +1,46 @@
+"""``bits = 0`` (auto): 4 bits per feature for small tables, 2 for everything else."""
+
+from torch import nn
+
+import dq_flower
+from dq_flower.dq.config import auto_bits
+from dq_flower.model_ops import input_width
+from dq_flower.wire.dq_batch import DataSpec
+
+
+def test_the_rule_reads_the_flat_width():
+    assert [auto_bits(d) for d in (13, 30, 63, 64, 784, None)] == [4, 4, 4, 2, 2, 2]
+
+
+def test_the_strategy_resolves_auto_from_the_model_or_the_spec():
+    table = nn.Sequential(nn.Linear(13, 16), nn.ReLU(), nn.Linear(16, 3))
+    assert input_width(table) == 13
+    assert dq_flower.DQStrategy(table).cfg.bits == 4
+    image = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    assert dq_flower.DQStrategy(image).cfg.bits == 2
+    conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+    assert input_width(conv) is None and dq_flower.DQStrategy(conv).cfg.bits == 2
+    # a given spec decides: flat 13 features, or the same 64 values as an 8x8 image
+    assert dq_flower.DQStrategy(table, data_spec=DataSpec((13,), "class", 1)).cfg.bits == 4
+    flat_in = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    assert dq_flower.DQStrategy(flat_in, data_spec=DataSpec((1, 8, 8), "class", 1)
+                                ).cfg.bits == 2
+
+
+def test_given_bits_are_used_as_given():
+    table = nn.Linear(13, 3)
+    assert dq_flower.DQStrategy(table, bits=2).cfg.bits == 2
+    assert dq_flower.DQStrategy(table, bits=8).cfg.bits == 8
+
+
+def test_the_clients_are_sent_the_resolved_bits():
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from dq_flower.harness.inprocess import InProcessGrid
+
+    table = nn.Linear(13, 3)
+    strategy = dq_flower.DQStrategy(table)
+    grid = InProcessGrid(lambda msg, context: msg, 2)
+    messages = list(strategy.configure_train(1, ArrayRecord(table.state_dict()),
+                                             ConfigRecord({}), grid))
+    assert messages and all(m.content["config"]["bits"] == 4 for m in messages)
