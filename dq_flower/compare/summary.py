@@ -23,6 +23,7 @@ from dq_flower.compare.fmt import (
 from dq_flower.compare.grids import describe_axes, step_axes
 from dq_flower.compare.links import cumulative_times, links_of, time_to_target
 from dq_flower.compare.work import device_section, device_verdict
+from dq_flower.dq.config import auto_bits
 from dq_flower.harness.method_registry import family_of
 
 __all__ = ["REFERENCE", "UNSTABLE_DROP", "coder_of_run", "is_failed", "failed_runs",
@@ -74,8 +75,11 @@ def _uplink_unit(record: Mapping[str, Any]) -> dict[str, Any]:
         grad_rows = [r for r in rows if r.get("gradient_round") == 1]
         data_rows = [r for r in rows if r.get("gradient_round") != 1]
         per = _per(_sum(data_rows, "up_payload_bits"), _sum(data_rows, "selected"))
+        configured = record["config"].get("bits")
+        if configured == 0:  # auto: the strategy's choice for d (every harness sample
+            configured = auto_bits(d)  # under 64 coordinates is a flat table's)
         unit = {"unit": "sample", "bits": per, "bits_per_coord": _per(per, d),
-                "configured_bits": record["config"].get("bits")}
+                "configured_bits": configured}
         if grad_rows:  # upload-mode gradient or auto; every decoded reply's bits count
             unit["gradient_rounds"] = len(grad_rows)
             unit["gradient_bits_per_coord"] = _per(_sum(grad_rows, "up_payload_bits"),
@@ -371,9 +375,7 @@ def _others_lines(others: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
 
 def _fmt_unit(u: Mapping[str, Any]) -> str:
     if u["unit"] == "sample":
-        bits = u.get("configured_bits")
-        conf = (f", {bits} b quantizer" if bits else ", quantizer bits auto" if bits == 0
-                else "")
+        conf = f", {u['configured_bits']} b quantizer" if u.get("configured_bits") else ""
         data = f"{u['bits']:,.0f} b/sample ({u['bits_per_coord']:.2f} b/coord{conf})"
         if not u.get("gradient_rounds"):
             return data
