@@ -29,13 +29,15 @@ def test_every_row_arrives_in_the_first_round_and_nothing_is_asked_after(method,
 
 def test_each_round_samples_the_nodes_that_still_hold_rows():
     """Half the nodes a round: the second round samples the other half, not a used one."""
-    result, _ = run_inprocess(method="upload-all", num_clients=8, rounds=4,
+    result, _ = run_inprocess(method="upload-all", num_clients=8, rounds=8,
                               fraction_train=0.25, max_server_steps=100,
                               max_server_epochs=1)
     rows = _rows(result)
     stored = [r["stored"] for r in rows]
     assert all(r["replies"] == 2 for r in rows[:4]), [r["replies"] for r in rows]
     assert stored[0] < stored[1] < stored[2] < stored[3] == _DIGITS_TRAIN_ROWS
+    # then every node has sent all it has, sampled this round or not: the run ends early
+    assert rows[-1]["schedule_done"] == 2 and rows[-1]["ended_early"] and len(rows) < 8
 
 
 def test_the_schedule_is_a_knob_value_checked_by_name():

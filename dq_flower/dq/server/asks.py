@@ -233,12 +233,15 @@ class RoundAsks:
         return asks
 
     def all_heard_of(self, keys: list[int]) -> bool:
-        """Whether ``keys`` hold every client the server knows and every connected node has one.
+        """Whether no client outside ``keys`` may still hold rows the server lacks.
 
-        Until then a client not sampled this round, or a connected node never heard from,
-        may still hold rows the server lacks.
+        Every client the server knows and did not sample has sent all its rows (or is left
+        out by the agreement screen), and every connected node is a known client: a node
+        never heard from may hold anything.
         """
-        return (set(self.planner.clients) <= set(keys)
+        others = set(self.planner.clients) - {int(k) for k in keys}
+        return (all(int(c) in self.trainer.excluded or self.planner.samples_left(c, 1) == 0
+                    for c in others)
                 and all(self.identities.of(n) is not None for n in self.identities.connected))
 
     def worth_asking(self, node: int) -> bool:
