@@ -19,8 +19,9 @@ import numpy as np
 __all__ = ["as_arrays", "is_class_target", "dict_keys", "SAMPLE_KEYS", "LABEL_KEYS"]
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
-#: ``img`` or ``image``, Hugging Face processors ``pixel_values``).
-SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "features")
+#: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
+#: ``signal``).
+SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "features", "signal")
 #: Names of a dict sample's target, in order of preference.
 LABEL_KEYS = ("label", "labels", "y", "target")
 

@@ -45,7 +45,7 @@ def check(arrays) -> None:
 
 @pytest.mark.parametrize(("kx", "ky"), [("img", "label"), ("image", "labels"),
                                         ("pixel_values", "y"), ("x", "target"),
-                                        ("features", "label")])
+                                        ("features", "label"), ("signal", "label")])
 def test_common_names_are_found(kx, ky):
     check(as_arrays(DictDataset(kx, ky)))
 

@@ -112,11 +112,11 @@ def synthetic_recording(seed: int) -> Recording:
     return signals, labels
 
 
-def synthetic_persons(persons: Sequence[int] = (1, 2, 3, 4), seed: int = 0
-                      ) -> dict[int, list[Recording]]:
-    """One recording per person (two for the first), seeded."""
+def synthetic_persons(persons: Sequence[int] = (1, 2, 3, 4), seed: int = 0,
+                      recordings: int = 1) -> dict[int, list[Recording]]:
+    """``recordings`` recordings per person (one more for the first), seeded."""
     return {p: [synthetic_recording(seed * 1000 + 10 * p + k)
-                for k in range(2 if i == 0 else 1)]
+                for k in range(recordings + (i == 0))]
             for i, p in enumerate(persons)}
 
 

@@ -10,8 +10,7 @@ import pickletools
 import numpy as np
 import pytest
 
-from dq_flower.harness.tasks.data import load_dataset, load_partition, partition_indices
-from dq_flower.harness.tasks.data import hapt
+from dq_flower.harness.tasks.data import hapt, load_dataset, load_partition, partition_indices
 from dq_flower.harness.tasks.data.hapt import (
     TEST_PERSONS,
     Recording,
@@ -121,7 +120,8 @@ def test_a_missing_package_says_how_to_install_it(monkeypatch, tmp_path):
 
 
 def _globals(path) -> set[str]:
-    raw = gzip.open(path).read()
+    with gzip.open(path) as f:
+        raw = f.read()
     return {arg for op, arg, _ in pickletools.genops(raw) if op.name == "GLOBAL"}
 
 
