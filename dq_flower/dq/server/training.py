@@ -175,9 +175,8 @@ class ServerTrainer:
                       "held-out rows to choose on)")
             return
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        rule = replace(self.plateau, lr_drops=0,
-                       max_steps=min(self.plateau.max_steps, PROBE_EVALUATIONS
-                                     * self.plateau.eval_every))
+        rule = replace(self.plateau, lr_drops=0, max_steps=max(1, min(
+            self.plateau.max_steps // PROBE_SHARE, PROBE_EVALUATIONS * self.plateau.eval_every)))
         options = candidates(self.lr, self.lr_given)
         results: list[HeldOutScores | None] = []
         for option in options:
@@ -476,8 +475,10 @@ def _mean(losses: list[float]) -> float:
 #: A store step's minibatch gradient: ``(model, x, y, w, loss_fn) -> (loss, flat grad)``.
 BatchGradient = Callable[[torch.nn.Module, np.ndarray, np.ndarray, np.ndarray,
                           "LossFn | None"], tuple[float, np.ndarray]]
-#: Held-out scores of each optimizer probe (its steps: this many ``plateau-eval-every``).
+#: Held-out scores of each optimizer probe (its steps: this many ``plateau-eval-every``,
+#: at most a :data:`PROBE_SHARE`-th of the phase's step cap).
 PROBE_EVALUATIONS = 4
+PROBE_SHARE = 4
 #: Arrays smaller than this travel by copy, larger ones through shared memory or a file.
 SHARED_BYTES = 1 << 16
 #: Starts of a round's workers when one is killed by a signal (the first and one more).
