@@ -283,15 +283,19 @@ class ServerTrainer:
 
     def store_steps(self, server_round: int, steps: int,
                     rng: np.random.Generator | None = None,
-                    augment: Callable[[torch.Tensor], torch.Tensor] | None = None
-                    ) -> list[float]:
-        """``steps`` steps on store minibatches; their losses (``augment``: default of ``rng``)."""
+                    augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    sharded: bool = True) -> list[float]:
+        """``steps`` steps on store minibatches; their losses (``augment``: default of ``rng``).
+
+        ``sharded``: on the ``server-processes`` workers where there are several (the
+        optimizer probe's single steps stay in this process).
+        """
         if rng is None:
             rng = self.batch_rng(server_round)
         store = self.data.store
         if store is None or len(store) == 0:
             return []
-        if self.cfg.server_processes > 1 and steps > 0:
+        if sharded and self.cfg.server_processes > 1 and steps > 0:
             return sharded_steps(self, steps, rng, augment)
         self.model.train()
         losses = []
@@ -456,7 +460,7 @@ class ServerTrainer:
 def _probe_step(trainer: ServerTrainer, rng: np.random.Generator,
                 augment: Callable[[torch.Tensor], torch.Tensor] | None) -> Callable[[], float]:
     """One store step of an optimizer probe, on the probe's own minibatch stream."""
-    return lambda: trainer.store_steps(0, 1, rng, augment)[0]
+    return lambda: trainer.store_steps(0, 1, rng, augment, sharded=False)[0]
 
 
 def _score_text(scores: HeldOutScores) -> str:
