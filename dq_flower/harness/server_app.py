@@ -117,18 +117,21 @@ def reply_compute_s(msg: Message) -> float | None:
 
 
 def round_timing(replies: Iterable[Message], ledger: Ledger, server_round: int,
-                 server_compute_s: float) -> dict[str, Any]:
+                 server_compute_s: float, exchange_s: float = math.inf) -> dict[str, Any]:
     """The timing fields of one round's history row.
 
     ``client_time_s`` (the slowest reply's ``client-time-s``, as each client measured its
-    handler; 0 without replies), ``server_compute_s`` (``configure_train`` plus
+    handler, at most ``exchange_s``, the wall time of the exchange that carried it: a node
+    cannot have computed longer, so one that says 1e30 s sets no round's time; 0 without
+    replies), ``server_compute_s`` (``configure_train`` plus
     ``aggregate_train``, measured by the harness for every method)
     and ``clients`` (``[client_time_s, down_bytes, up_bytes]`` per
     replying node, by node id, bytes read from ``ledger``; no metric counts 0 s).
     """
     down = ledger.down.get(server_round, {})
     up = ledger.up.get(server_round, {})
-    clients = [[reply_compute_s(msg) or 0.0, int(down.get(msg.metadata.src_node_id, 0)),
+    clients = [[min(reply_compute_s(msg) or 0.0, float(exchange_s)),
+                int(down.get(msg.metadata.src_node_id, 0)),
                 int(up.get(msg.metadata.src_node_id, 0))]
                for msg in sorted((m for m in replies if not m.has_error()),
                                  key=lambda m: m.metadata.src_node_id)]
@@ -181,7 +184,9 @@ class _ServerRun:
                                             ConfigRecord(dict(self.train_config)),
                                             self.measured)
         server_s = time.perf_counter() - t_server
+        t_exchange = time.perf_counter()
         replies = list(self.measured.send_and_receive(messages, timeout=task.round_timeout))
+        exchange_s = time.perf_counter() - t_exchange
         if not strategy.watches_failures:
             self.failures.observe(replies)
         t_server = time.perf_counter()
@@ -200,7 +205,8 @@ class _ServerRun:
             fed = strategy.aggregate_evaluate(rnd, answers)
         ended = strategy.finished
         self.evaluate_round(rnd, metrics, fed,
-                            round_timing(replies, self.ledger, rnd, server_s), ended)
+                            round_timing(replies, self.ledger, rnd, server_s, exchange_s),
+                            ended)
         return ended
 
     def evaluate_round(self, rnd: int, metrics, fed: Mapping[str, Any] | None,
