@@ -20,8 +20,8 @@ MIN_SIDE = 14
 class RandomShift:
     """Shift each image by up to ``max_shift`` pixels along each spatial axis.
 
-    The pixels a shift uncovers repeat the image's edge, so a normalised image whose
-    background is not 0 (e.g. -2) keeps its background.
+    The pixels a shift uncovers take each image channel's smallest value, its background
+    in most images: 0 for raw pixels, -2 for an image normalised to a background of -2.
     """
 
     def __init__(self, max_shift: int = 2, seed: int = 0) -> None:
@@ -37,7 +37,8 @@ class RandomShift:
         s = self.max_shift
         n, h, w = x.shape[0], x.shape[-2], x.shape[-1]
         flat = x.reshape(n, -1, h, w)  # every leading axis after the batch as channels
-        padded = F.pad(flat, (s, s, s, s), mode="replicate")
+        low = flat.amin(dim=(-2, -1), keepdim=True)  # each image channel's background
+        padded = F.pad(flat - low, (s, s, s, s)) + low
         dy = torch.randint(0, 2 * s + 1, (n,), generator=self.generator)
         dx = torch.randint(0, 2 * s + 1, (n,), generator=self.generator)
         rows = dy[:, None] + torch.arange(h)[None, :]  # (n, h): rows of the padded image

@@ -175,6 +175,9 @@ class ServerTrainer:
                       "held-out rows to choose on)")
             return
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # the probes' dropout draws from torch's global generator: put it back afterwards,
+        # so that a run that keeps SGD trains exactly as it would without the probe
+        torch_rng = torch.get_rng_state()
         rule = replace(self.plateau, lr_drops=0, max_steps=max(1, min(
             self.plateau.max_steps // PROBE_SHARE, PROBE_EVALUATIONS * self.plateau.eval_every)))
         options = candidates(self.lr, self.lr_given)
@@ -191,6 +194,7 @@ class ServerTrainer:
                          if v.is_floating_point())
             results.append(phase.final if finite else None)
         best, gain = pick(results)
+        torch.set_rng_state(torch_rng)
         self.model.load_state_dict(start)
         self.use_optimizer(options[best])
         text = "; ".join(f"{o.describe()}: " + ("non-finite" if r is None else
