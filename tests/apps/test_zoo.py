@@ -23,11 +23,13 @@ import pytest
 from tests.apps.runner import AppRun, dq_keeps_up, lower_is_better, run_app
 
 APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial", "wine_raw",
-        "giant_node", "many_small", "cancer_raw", "diabetes_regression", "tiny_nodes")
+        "giant_node", "many_small", "cancer_raw", "diabetes_regression", "tiny_nodes",
+        "hapt_cnn")
 #: Rounds of the CI runs (None: the app's own ``ROUNDS``).
 CI_ROUNDS = {"fmnist_cnn": 3, "digits_skew_mlp": None, "tabular_mlp": None,
              "fmnist_partial": 4, "wine_raw": None, "giant_node": None, "many_small": None,
-             "cancer_raw": None, "diabetes_regression": None, "tiny_nodes": None}
+             "cancer_raw": None, "diabetes_regression": None, "tiny_nodes": None,
+             "hapt_cnn": 2}
 #: DQ's final accuracy may trail FedAvg's by at most this much.
 MARGIN = 0.02
 #: DQ's uplink may be at most this share of FedAvg's.
