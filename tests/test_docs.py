@@ -30,6 +30,7 @@ when mkdocs is installed (``make docs`` installs it).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -475,6 +476,33 @@ def test_the_resnet18_page_and_index_state_the_published_ratio_and_bytes():
     assert f"needs {qsgd2_bytes} at round" in page
     index = " ".join((ROOT / "docs/experiments/index.md").read_text().split())
     assert f"80% with {dq_bytes}, {ratio} below `fedavg-qsgd2`" in index
+
+
+def _time_cell(name: str, method: str, link: str) -> str:
+    """``method``'s simulated time to the target on ``link`` in a published summary."""
+    from simulations.inline_docs import _cells
+
+    lines = (ROOT / "docs" / "results" / name / "summary.md").read_text().splitlines()
+    start = lines.index("## Time on links")
+    head = _cells(next(line for line in lines[start:] if line.startswith("| method |")))
+    row = next(_cells(line) for line in lines[start:] if line.startswith(f"| {method} |"))
+    return row[head.index(link)]
+
+
+def test_the_hapt_page_and_index_state_the_published_bytes_ratios_and_times():
+    cell = functools.partial(_summary_cell, "hapt-cnn")
+    dq_bytes = cell("dq", "uplink to")
+    page = " ".join((ROOT / "docs/experiments/hapt.md").read_text().split())
+    assert f"1,344 in all, {dq_bytes} of uplink" in page
+    assert (f"{cell('upload-all', 'uplink to')}, {cell('upload-all', 'uplink vs')} DQ's bytes"
+            in page)
+    assert (f"{cell('fedavg-qsgd2', 'uplink to')} ({cell('fedavg-qsgd2', 'uplink vs')})"
+            in page)
+    assert f"{_time_cell('hapt-cnn', 'dq', 'lte')} on lte" in page
+    assert f"`signsgd` needs {_time_cell('hapt-cnn', 'signsgd', 'lte')}" in page
+    index = " ".join((ROOT / "docs/experiments/index.md").read_text().split())
+    assert (f"DQ 85% with {dq_bytes}, {cell('upload-all', 'uplink vs')} below `upload-all` "
+            f"and {cell('fedavg-qsgd2', 'uplink vs')} below `fedavg-qsgd2`" in index)
 
 
 def test_no_page_gives_dq_at_its_defaults_another_ratio():

@@ -139,10 +139,12 @@ def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, Path]:
             acc = [100 * float(r["accuracy"]) for r in rows]
             if name == "accuracy_vs_uplink":
                 acc = list(itertools.accumulate(acc, max))
-            ax.plot([float(r[xkey]) for r in rows], acc,
-                    label=rec["label"], color="black" if is_ref else cmap(i % 10),
+            xs = [float(r[xkey]) for r in rows]
+            ax.plot(xs, acc, label=rec["label"], color="black" if is_ref else cmap(i % 10),
                     linestyle="-" if is_ref else styles[i % len(styles)],
-                    linewidth=2.6 if is_ref else 1.4, zorder=3 if is_ref else 2)
+                    linewidth=2.6 if is_ref else 1.4, zorder=3 if is_ref else 2,
+                    # a run at one abscissa (one upload of every row) is a point, not a line
+                    marker="o" if len(set(xs)) == 1 else None)
         ax.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":",
                    label=f"target {pct(target)}")
         if logx:
