@@ -16,6 +16,7 @@ import numpy as np
 from flwr.app import Message, MetricRecordValues
 from flwr.common.logger import log
 
+from dq_flower.server.client_errors import FAILED_REPLIES
 from dq_flower.server.common import REPLY_ERRORS, log_rejected, log_round
 from dq_flower.server.robust import (
     DirectionScreen,
@@ -23,6 +24,7 @@ from dq_flower.server.robust import (
     cap_weights,
     clip_norms,
     clip_to_median,
+    hold_against,
 )
 
 __all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "Bounded",
@@ -120,7 +122,7 @@ def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
         seen.add(node)
         if msg.has_error():
             out.failed += 1
-            log(WARNING, "reply from node %d failed: %s", node, msg.error.reason)
+            FAILED_REPLIES.log(node, str(msg.error.reason))
             continue
         try:
             decoded = decode(msg)
@@ -156,7 +158,11 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
                   *, clip_factor: float, clip_norm: float = 0.0, weight_cap: float = 2.0,
                   directions: DirectionScreen | None = None, what: str = "update",
                   nodes: Sequence[int] | None = None) -> Bounded:
-    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights."""
+    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
+
+    A vector against this round's others (:attr:`DirectionScreen.against`) is held to the
+    median norm and weight even where its node's history keeps it in the mean.
+    """
     nodes = list(nodes) if nodes is not None else list(range(len(vectors)))
     norms = [float(np.linalg.norm(v)) for v in vectors]
     passed = screen.keep(norms)
@@ -167,6 +173,9 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     # reversed vector must not turn the "mean of the others" of every honest one around
     agree = (directions.keep(kept_nodes, clip_to_median(kept, 1.0)) if directions is not None
              else [True] * len(kept))
+    kept_w = [w for w, k in zip(weights, passed, strict=True) if k]
+    if directions is not None:  # this round's reversals: at most a median step and weight
+        kept, kept_w = hold_against(kept, kept_w, directions.against)
     reasons: list[str | None] = [
         None if k else (f"{what} norm is implausibly large against the other clients' "
                         "(norm-bound-factor)") for k in passed]
@@ -174,7 +183,6 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     for node in left_out:
         log(WARNING, "node %d's %s points against the round's other updates: left out of "
             "this round's mean (min-cosine, over its recent rounds)", node, what)
-    kept_w = [w for w, k in zip(weights, passed, strict=True) if k]
     kept_w = [w for w, a in zip(kept_w, agree, strict=True) if a]
     kept = [v for v, a in zip(kept, agree, strict=True) if a]
     return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, agree, left_out)

@@ -18,7 +18,8 @@ import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
 __all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "trimmed_weighted_mean", "clip_norms",
-           "clip_to_median", "cosines_with_others", "cap_weights", "DirectionScreen",
+           "clip_to_median", "cosines_with_others", "cap_weights", "hold_against",
+           "DirectionScreen",
            "NormScreen", "StepGuard"]
 
 #: Aggregation rules of client vectors.
@@ -61,6 +62,8 @@ class DirectionScreen:
 
     Over a node's last ``window`` rounds (at least ``warmup``), in rounds of three or more
     vectors (``<= -1``: off); a round where no node passes keeps every vector.
+    :attr:`against` marks the vectors of the last round whose own cosine is below
+    ``min_cosine``, whatever their node's history (see :func:`hold_against`).
     """
 
     def __init__(self, min_cosine: float = -0.1, window: int = 10, warmup: int = 3) -> None:
@@ -68,13 +71,17 @@ class DirectionScreen:
         self.window = int(window)
         self.warmup = int(warmup)
         self.cosines: dict[int, deque[float]] = {}
+        self.against: list[bool] = []
 
     def keep(self, nodes: Sequence[int], vectors: list[np.ndarray]) -> list[bool]:
         """Which vectors go into the round's mean; records their nodes' cosines."""
+        self.against = [False] * len(vectors)
         if self.min_cosine <= -1 or len(vectors) < 3:
             return [True] * len(vectors)
         out = []
-        for node, cos in zip(nodes, cosines_with_others(vectors), strict=True):
+        cosines = cosines_with_others(vectors)
+        self.against = [c is not None and c < self.min_cosine for c in cosines]
+        for node, cos in zip(nodes, cosines, strict=True):
             history = self.cosines.setdefault(int(node), deque(maxlen=self.window))
             if cos is not None:
                 history.append(cos)
@@ -90,6 +97,25 @@ class DirectionScreen:
         """Inverse of :meth:`state_dict`."""
         self.cosines = {int(node): deque((float(c) for c in values), maxlen=self.window)
                         for node, values in state.get("cosines", {}).items()}
+
+
+def hold_against(vectors: list[np.ndarray], weights: list[float],
+                 against: Sequence[bool]) -> tuple[list[np.ndarray], list[float]]:
+    """Vectors ``against`` the round scaled to at most the median norm, weights to the median.
+
+    A node's good rounds (or the direction screen's warm-up) cannot buy a reversed step of
+    more than an honest one's size and weight; the others are returned as they are.
+    """
+    if not any(against) or len(vectors) < 3:
+        return vectors, [float(w) for w in weights]
+    norm = float(np.median([float(np.linalg.norm(v)) for v in vectors]))
+    weight = float(np.median(weights))
+    held = clip_norms([v for v, a in zip(vectors, against, strict=True) if a], norm)
+    out, taken = [], iter(held)
+    for v, a in zip(vectors, against, strict=True):
+        out.append(next(taken) if a else v)
+    return out, [min(float(w), weight) if a else float(w)
+                 for w, a in zip(weights, against, strict=True)]
 
 
 def weighted_mean(vectors: list[np.ndarray], weights: list[float]) -> np.ndarray:

@@ -76,9 +76,11 @@ def test(net: nn.Module) -> tuple[float, float]:
     return loss, (logits.argmax(1).numpy() == y).mean().item()
 
 
-def make_app(mods=(), hostile_scale: float | None = None) -> ClientApp:
+def make_app(mods=(), hostile_scale: float | None = None,
+             hostile_rounds: frozenset[int] | None = None) -> ClientApp:
     """The quickstart's ClientApp; with ``hostile_scale`` node 0 sends its update scaled
-    by it (``-4``: four times the honest step, reversed), before any mod codes it."""
+    by it (``-4``: four times the honest step, reversed), before any mod codes it; only in
+    ``hostile_rounds`` if given (the config's ``server-round``)."""
     app = ClientApp(mods=list(mods))
 
     @app.train()
@@ -90,7 +92,9 @@ def make_app(mods=(), hostile_scale: float | None = None) -> ClientApp:
                            context.node_config["num-partitions"])
         loss = train(model, loader, 1, float(msg.content["config"]["lr"]))
         state = model.state_dict()
-        if hostile_scale is not None and int(context.node_config["partition-id"]) == 0:
+        rnd = int(msg.content["config"]["server-round"])
+        if hostile_scale is not None and int(context.node_config["partition-id"]) == 0 \
+                and (hostile_rounds is None or rnd in hostile_rounds):
             start = msg.content["arrays"].to_torch_state_dict()
             state = {k: start[k] + hostile_scale * (v - start[k]) for k, v in state.items()}
         metrics = MetricRecord({"train_loss": loss, "num-examples": len(loader.dataset)})
