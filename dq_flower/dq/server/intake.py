@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from logging import WARNING
+from logging import ERROR, WARNING
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from flwr.common.logger import log
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.server.disk_store import DiskSampleStore
+from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
 from dq_flower.dq.server.node_screen import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
 from dq_flower.dq.server.store import (
@@ -32,6 +32,7 @@ from dq_flower.dq.server.store import (
     StoredRows,
     choose_holdout,
 )
+from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.validation import (
     SHARE_FACTOR,
     VALUE_FACTOR,
@@ -211,6 +212,8 @@ class UploadIntake:
         self._provisional = {"spec": False, "bound": False}
         #: each client's rows that copy rows it sent before (dq.server.node_screen)
         self.copies = CopyScreen(cfg.copy_margin)
+        #: one run per store-dir: a second process's run is refused here, before any round
+        self.store_lock = lock_store_dir(cfg.store_dir) if cfg.store_dir else None
 
     # ------------------------------------------------------------------ the data spec
     def fix_spec(self, spec: DataSpec, classes: int | None = None) -> None:
@@ -356,7 +359,9 @@ class UploadIntake:
                       server_round: int = 0) -> tuple[list[Upload], int]:
         """Store the accepted uploads' rows: the uploads stored, and the number that failed.
 
-        A failure rejects the upload; a copying client's copies are not stored.
+        A failure rejects the upload; a copying client's copies are not stored. The server's
+        own disk refusing rows (:class:`StoreDiskError`) is no reply's fault: it stops the
+        run, every row stored before kept.
         """
         packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
 
@@ -387,6 +392,9 @@ class UploadIntake:
                     if len(stored):
                         self.data.store.add(stored)
                     upload = replace(upload, holdout=stored.holdout)
+            except StoreDiskError as exc:
+                log(ERROR, "[dq] round %d: the server's disk: %s", server_round, exc)
+                raise
             except Exception as exc:  # noqa: BLE001
                 fail(upload, exc)
                 continue
