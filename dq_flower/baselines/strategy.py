@@ -41,6 +41,7 @@ from dq_flower.model_ops import (
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
+from dq_flower.server.majority import bounded_mean, robust_buffers
 from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
 from dq_flower.server.robust import StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
@@ -52,7 +53,7 @@ from dq_flower.wire.gradient import (
     vote_from_payload,
 )
 from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
-from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, weighted_buffers
+from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record
 
 __all__ = ["GradientStrategy", "majority_vote", "weighted_mean"]
 
@@ -245,18 +246,19 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
         stepped = bool(updates) and len(updates) >= quorum
         if stepped:
             stepped = self._guarded_step(rnd.number, updates)
-        if stepped and updates[0].buffers is not None:  # the replies' mean statistics
-            set_float_buffers(self.model, weighted_buffers(
+        if stepped and updates[0].buffers is not None:  # statistics bounded by the majority
+            set_float_buffers(self.model, robust_buffers(
                 [u.buffers for u in updates if u.buffers is not None],
-                [u.weight for u in updates if u.buffers is not None]))
+                [u.weight for u in updates if u.buffers is not None],
+                float_buffers(self.model)))
         losses = [u.loss for u in updates]
         figures = kept.figures
         figures.down_payload_bits = int(self.sent_payload_bits.pop(rnd.number, 0))
         figures.close(screened, len(updates) + len(kept.misaligned))
         metrics = figures.metrics()
         metrics.update({
-            "train-loss": (float(np.average(losses, weights=[u.weight for u in updates]))
-                           if losses else float("nan")),
+            # each loss bounded by the others' (no one node sets the round's figure)
+            "train-loss": bounded_mean(losses, [u.weight for u in updates]),
             "misaligned": len(kept.misaligned),
             "stepped": int(stepped),
             "rolled-back": self.rolled_back,

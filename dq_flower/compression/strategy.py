@@ -13,7 +13,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -23,7 +23,10 @@ from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
 from dq_flower.config import build_config, given_knobs, strategy_kwargs
 from dq_flower.server.base import RoundPipeline, ServerRound
 from dq_flower.server.common import log_rejected
-from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
+from dq_flower.server.evaluation import MAX_METRIC_KEYS, common_keys, read_evaluation
+from dq_flower.server.majority import bounded_parts, winsorize
+from dq_flower.server.pipeline import UpdateFigures, UpdateScreens, screen_replies
+from dq_flower.server.robust import cap_weights
 from dq_flower.wire.compressed_update import (
     LAYOUT_KEY,
     MODEL_KEY,
@@ -33,12 +36,16 @@ from dq_flower.wire.compressed_update import (
     single_array_record,
 )
 from dq_flower.wire.gradient import decode_update, update_keys
+from dq_flower.wire.model_buffers import statistic_problem
 
 __all__ = ["CompressedUpdates", "MAX_EXAMPLES"]
 
 #: Largest example count a reply may claim; weights are further capped at ``weight-cap``
 #: times the round's median (``dq_flower.server.robust.cap_weights``).
 MAX_EXAMPLES = 1 << 31
+#: Evaluate replies' counts are capped at this many times their median (as the package's
+#: own strategies cap theirs, ``FederatedEvaluation.evaluate_weight_cap``).
+EVAL_WEIGHT_CAP = 2.0
 NAME = "compressed-updates"
 
 
@@ -49,6 +56,7 @@ class _Sent:
     layout: Layout
     reference: np.ndarray
     down_bits: int
+    raw: dict[str, np.ndarray]  # the arrays sent as they are (BatchNorm statistics, ...)
 
 
 @dataclass
@@ -62,6 +70,7 @@ class _Decoded:
     update: np.ndarray  # the decoded update (weights = reference + update)
     payload_bits: int
     raw_bits: int
+    raw: dict[str, np.ndarray]  # the arrays returned as they are, checked
 
 
 def _numeric(value: Any) -> bool:
@@ -159,7 +168,11 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         rnd.notes["coded"] = self._sent.pop(rnd.number, {})
 
     def bound(self, rnd: ServerRound) -> list[_Decoded]:
-        """Consistent metric keys, norm screen, clip, direction screen, weight cap; rebuild."""
+        """Consistent metric keys, norm screen, clip, direction screen, weight cap; rebuild.
+
+        The arrays sent as they are (BatchNorm statistics, counters) are bounded per element
+        by the kept replies' majority and what was sent (:mod:`dq_flower.server.majority`).
+        """
         screened, sent = rnd.screened, rnd.notes["coded"]
         decoded: list[_Decoded] = screened.accepted
         rnd.notes["figures"] = UpdateFigures.decoded(screened, decoded)
@@ -171,8 +184,12 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
             [int(d.msg.metadata.src_node_id) for d in decoded],
             clip_factor=self.cfg.clip_factor, weight_cap=self.cfg.weight_cap)
         rnd.notes["misaligned"] = len(bounded.misaligned)
-        for d, update, weight in zip(decoded, bounded.vectors, bounded.weights, strict=True):
-            self._rebuild(d, sent[int(d.msg.metadata.src_node_id)], update, weight)
+        entries = [sent[int(d.msg.metadata.src_node_id)] for d in decoded]
+        one = len({id(e) for e in entries}) == 1  # one broadcast: its arrays set bounds too
+        raws = bounded_parts([d.raw for d in decoded], entries[0].raw if one else None)
+        for d, e, update, weight, raw in zip(decoded, entries, bounded.vectors,
+                                             bounded.weights, raws, strict=True):
+            self._rebuild(d, e, update, weight, raw)
         return decoded
 
     def aggregate_and_step(
@@ -206,8 +223,20 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
-        """The inner strategy's evaluation aggregate."""
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        """The inner strategy's evaluation aggregate of the screened replies.
+
+        As :class:`dq_flower.server.evaluation.FederatedEvaluation` bounds its own: a reply
+        needs one ``MetricRecord`` of at most ``MAX_METRIC_KEYS`` keys and a count in range;
+        the inner strategy sees the keys at least half the replies hold (a reply lacking
+        one is rejected), counts capped at ``EVAL_WEIGHT_CAP`` times their median and each
+        value bounded by the others' (:func:`dq_flower.server.majority.winsorize`).
+        """
+        replies = list(replies)
+        screened = screen_replies(
+            replies, lambda m: (m, *read_evaluation(m, self.weight_key)))
+        passed = [m for m in replies if m.has_error()] + self._bounded_evaluations(
+            screened.accepted)
+        return self.strategy.aggregate_evaluate(server_round, passed)
 
     def state_dict(self) -> dict:
         """The screens' references (the inner strategy keeps its own state)."""
@@ -226,8 +255,9 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         record = content.array_records[key]
         layout = Layout.of(key, record)
         reference = layout.flat(record)
+        sent_raw = {layout.names[i]: record[layout.names[i]].numpy() for i in layout.raw}
         if self.cfg.downlink == "float32":
-            return _Sent(layout, reference, 32 * layout.dim)
+            return _Sent(layout, reference, 32 * layout.dim, sent_raw)
         coder = make("fp16", entropy=self.cfg.entropy_coder)  # the registry: zlib for fp16
         payload = coder.encode(reference)
         reference = np.asarray(coder.decode(payload), np.float32).reshape(-1)
@@ -239,7 +269,7 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         for cfg in content.config_records.values():
             if f"{MESSAGE_PREFIX}codec" in cfg:
                 cfg[LAYOUT_KEY] = layout.to_json()
-        return _Sent(layout, reference, int(payload.nbits))
+        return _Sent(layout, reference, int(payload.nbits), sent_raw)
 
     def decode_reply(self, rnd: ServerRound, msg: Message) -> _Decoded:
         """Check one reply and decode it against what its node was sent (or PayloadError)."""
@@ -252,6 +282,9 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
             raise PayloadError(f"reply carries {len(content.metric_records)} MetricRecords, "
                                "expected 1")
         name, metrics = next(iter(content.metric_records.items()))
+        if len(metrics) > MAX_METRIC_KEYS:
+            raise PayloadError(f"reply carries {len(metrics)} metrics; at most "
+                               f"{MAX_METRIC_KEYS}")
         weight = metrics.get(self.weight_key)
         if not _numeric(weight) or isinstance(weight, list) or \
                 not 0 < float(weight) < MAX_EXAMPLES:  # type: ignore[arg-type]
@@ -268,23 +301,54 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
             raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
                                f"expected {sorted(expected)} (is compression_mod in the "
                                "ClientApp's mods?)")
+        raw = layout.read_raw(content.array_records.get(RAW_KEY) if layout.raw else None)
+        for array, values in raw.items():
+            problem = statistic_problem(array, values)
+            if problem is not None:
+                raise PayloadError(f"{RAW_KEY}[{array!r}] {problem}")
         sizes = layout.coded_sizes if gcfg.segmented else [layout.dim]
         vec, nbits, raw_bits = decode_update(content.array_records, keys, sizes, self.codec)
         if not np.isfinite(entry.reference + vec).all():
             raise PayloadError("the decoded weights are not finite")
         return _Decoded(msg, name, frozenset(metrics.keys()), float(weight),  # type: ignore[arg-type]
-                        vec, nbits, raw_bits)
+                        vec, nbits, raw_bits, raw)
 
-    def _rebuild(self, d: _Decoded, entry: _Sent, update: np.ndarray, weight: float) -> None:
-        """Put the weights ``entry.reference + update`` (and a capped weight) into the reply."""
+    def _rebuild(self, d: _Decoded, entry: _Sent, update: np.ndarray, weight: float,
+                 raw: dict[str, np.ndarray]) -> None:
+        """Put the weights ``entry.reference + update``, ``raw`` and a capped weight in."""
         content = d.msg.content
         if weight < d.weight:
             content.metric_records[d.metric_name][self.weight_key] = float(weight)
-        raw = content.array_records.get(RAW_KEY)
-        record = entry.layout.rebuild(entry.reference + update, raw)
+        record = entry.layout.rebuild(entry.reference + update, ArrayRecord(
+            {name: Array(np.array(values, order="C")) for name, values in raw.items()}))
         for name in list(content.array_records):
             del content[name]
         content[entry.layout.key] = record
+
+    def _bounded_evaluations(self, accepted: list[tuple[Message, float, dict[str, float]]]
+                             ) -> list[Message]:
+        """Evaluate replies with common keys only, capped counts and bounded values."""
+        keys = common_keys([values for _, _, values in accepted])
+        full = []
+        for item in accepted:
+            if keys <= item[2].keys():
+                full.append(item)
+            else:
+                log_rejected(item[0].metadata.src_node_id, "evaluate metrics lack "
+                             f"{sorted(keys - item[2].keys())[:8]}, which the others report")
+        weights = cap_weights([n for _, n, _ in full], EVAL_WEIGHT_CAP)
+        bounded = {k: winsorize([np.asarray(values[k]) for _, _, values in full])
+                   for k in sorted(keys)}
+        out = []
+        for i, ((msg, _n, _), weight) in enumerate(zip(full, weights, strict=True)):
+            name = next(iter(msg.content.metric_records))
+            claimed = msg.content.metric_records[name][self.weight_key]
+            count: int | float = (max(1, int(weight)) if isinstance(claimed, int)
+                                  else float(weight))
+            msg.content[name] = MetricRecord(
+                {self.weight_key: count, **{k: float(v[i]) for k, v in bounded.items()}})
+            out.append(msg)
+        return out
 
     def _consistent(self, decoded: list[_Decoded]) -> tuple[list[_Decoded], int]:
         """Keep the replies with the most common metric keys (Flower refuses mixed ones)."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -13,7 +14,7 @@ from dq_flower.server.common import sample_node_ids
 from dq_flower.server.pipeline import RoundLedger, screen_replies
 from dq_flower.server.robust import cap_weights, trimmed_weighted_mean
 
-__all__ = ["FederatedEvaluation"]
+__all__ = ["FederatedEvaluation", "MAX_METRIC_KEYS", "common_keys", "read_evaluation"]
 
 #: Largest ``num-examples`` an evaluate reply may claim.
 MAX_EVAL_EXAMPLES = 1 << 31
@@ -22,26 +23,47 @@ MAX_EVAL_EXAMPLES = 1 << 31
 MAX_METRIC = 1e30
 
 
-def _evaluation(msg: Message) -> tuple[float, dict[str, float]]:
-    """``(num-examples, finite numeric metrics)`` of one evaluate reply."""
+#: Most metrics one evaluate reply may carry; a reply with more is rejected before any is
+#: read (Flower's own evaluation figures are a handful).
+MAX_METRIC_KEYS = 256
+
+
+def read_evaluation(msg: Message, weight_key: str = "num-examples"
+                    ) -> tuple[float, dict[str, float]]:
+    """``(weight_key's count, finite numeric metrics)`` of one evaluate reply.
+
+    Raises :class:`PayloadError` for anything but one ``MetricRecord`` of at most
+    :data:`MAX_METRIC_KEYS` keys whose count is in ``(0, MAX_EVAL_EXAMPLES)``; other values
+    (lists, non-finite or beyond :data:`MAX_METRIC`) are left out.
+    """
     records = list(msg.content.metric_records.values())
     if len(records) != 1:
         raise PayloadError("evaluate reply needs one MetricRecord")
     rec = records[0]
-    n = rec.get("num-examples")
+    if len(rec) > MAX_METRIC_KEYS:
+        raise PayloadError(f"evaluate reply carries {len(rec)} metrics; at most "
+                           f"{MAX_METRIC_KEYS}")
+    n = rec.get(weight_key)
     if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 < n < MAX_EVAL_EXAMPLES:
-        raise PayloadError(f"evaluate num-examples={n!r}")
+        raise PayloadError(f"evaluate {weight_key}={n!r}")
     values = {k: float(v) for k, v in rec.items()
-              if k != "num-examples" and isinstance(v, (int, float))
+              if k != weight_key and isinstance(v, (int, float))
               and not isinstance(v, bool) and abs(float(v)) <= MAX_METRIC}
     return float(n), values
+
+
+def common_keys(values: Sequence[Mapping[str, float]]) -> set[str]:
+    """The keys at least half of ``values`` hold: one reply of three or more adds none."""
+    counts = Counter(k for v in values for k in v)
+    return {k for k, c in counts.items() if 2 * c >= len(values)}
 
 
 class FederatedEvaluation:
     """Flower-style federated evaluation.
 
-    Each metric is averaged weighted by ``num-examples`` (capped at ``evaluate_weight_cap``
-    times the median) without the lowest and highest ``evaluate_trim`` of its values.
+    Each metric at least half the replies report is averaged weighted by ``num-examples``
+    (capped at ``evaluate_weight_cap`` times the median) without the lowest and highest
+    ``evaluate_trim`` of its values.
     """
 
     fraction_evaluate: float = 0.0
@@ -75,14 +97,17 @@ class FederatedEvaluation:
     def aggregate_evaluate(  # noqa: D102
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        screened = screen_replies(replies, _evaluation,
+        screened = screen_replies(replies, read_evaluation,
                                   self._evaluate_ledger().take(server_round))
         if not screened.accepted:
             return None
         weights = cap_weights([n for n, _ in screened.accepted], self.evaluate_weight_cap)
         per_key: dict[str, tuple[list[float], list[float]]] = {}
+        keys = common_keys([values for _, values in screened.accepted])
         for weight, (_, values) in zip(weights, screened.accepted, strict=True):
             for key, value in values.items():
+                if key not in keys:
+                    continue
                 vals, wts = per_key.setdefault(key, ([], []))
                 vals.append(value)
                 wts.append(weight)

@@ -141,6 +141,26 @@ class Layout:
             arrays[name] = arr
         return ArrayRecord(arrays)
 
+    def read_raw(self, raw: ArrayRecord | None) -> dict[str, np.ndarray]:
+        """The arrays of a reply's ``raw`` record by name, checked against the layout.
+
+        Raises :class:`PayloadError` for a missing, extra or misshapen array.
+        """
+        names = [self.names[i] for i in self.raw]
+        have = [] if raw is None else list(raw.keys())
+        if sorted(have) != sorted(names):
+            raise PayloadError(f"{RAW_KEY} holds arrays {sorted(have)[:8]}, expected "
+                               f"{sorted(names)[:8]}")
+        out: dict[str, np.ndarray] = {}
+        for i in self.raw:
+            assert raw is not None
+            name, arr = self.names[i], raw[self.names[i]]
+            if str(arr.dtype) != self.dtypes[i] or tuple(arr.shape) != self.shapes[i]:
+                raise PayloadError(f"{RAW_KEY}[{name!r}] is {arr.dtype} {tuple(arr.shape)}, "
+                                   f"expected {self.dtypes[i]} {self.shapes[i]}")
+            out[name] = arr.numpy()
+        return out
+
     def check(self, record: ArrayRecord, what: str) -> None:
         """Raise ``ValueError`` unless ``record`` has this layout (any float dtype for floats)."""
         got = Layout.of(self.key, record)

@@ -9,7 +9,8 @@ from flwr.app import Array, ArrayRecord
 
 from dq_flower.codecs import PayloadError
 
-__all__ = ["BUFFERS_KEY", "buffers_record", "read_buffers", "weighted_buffers"]
+__all__ = ["BUFFERS_KEY", "buffers_record", "read_buffers", "statistic_problem",
+           "weighted_buffers"]
 
 BUFFERS_KEY = "model-buffers"
 
@@ -33,12 +34,25 @@ def read_buffers(record: ArrayRecord,
             raise PayloadError(f"{BUFFERS_KEY}[{name!r}] is {arr.dtype} {tuple(arr.shape)}, "
                                f"expected float32 {tuple(shape)}")
         value = arr.numpy()
-        if not np.isfinite(value).all():
-            raise PayloadError(f"{BUFFERS_KEY}[{name!r}] is not finite")
-        if name.endswith("running_var") and (value < 0).any():
-            raise PayloadError(f"{BUFFERS_KEY}[{name!r}] has a negative variance")
+        problem = statistic_problem(name, value)
+        if problem is not None:
+            raise PayloadError(f"{BUFFERS_KEY}[{name!r}] {problem}")
         out[name] = value
     return out
+
+
+def statistic_problem(name: str, value: np.ndarray) -> str | None:
+    """Why a buffer named ``name`` cannot hold ``value`` (``None``: it can).
+
+    Floating-point values must be finite, a ``running_var``'s non-negative.
+    """
+    if value.dtype.kind not in "fc":
+        return None
+    if not np.isfinite(value).all():
+        return "is not finite"
+    if name.endswith("running_var") and (value < 0).any():
+        return "has a negative variance"
+    return None
 
 
 def weighted_buffers(parts: list[dict[str, np.ndarray]],

@@ -18,6 +18,7 @@ from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
 from dq_flower.harness.simulate import build_run_config
 from dq_flower.model_ops import float_buffers, get_flat
+from dq_flower.server.majority import robust_buffers
 from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, weighted_buffers
 
 from .test_compressed import exchange, make_strategy, node, reply_content
@@ -34,7 +35,7 @@ def _with_buffers(content, buffers):
     return content
 
 
-def test_the_server_keeps_the_example_weighted_mean_of_the_replies_statistics():
+def test_the_server_keeps_the_weighted_mean_of_the_statistics_bounded_by_the_majority():
     strategy = _bn_strategy()
     initial = float_buffers(strategy.model)
     assert initial and all(k.endswith(("running_mean", "running_var")) for k in initial)
@@ -47,10 +48,16 @@ def test_the_server_keeps_the_example_weighted_mean_of_the_replies_statistics():
     _, metrics = strategy.aggregate_train(1, replies)
     assert metrics["replies"] == 3 and metrics["stepped"] == 1
     got = float_buffers(strategy.model)
-    expected = (1 * 4 + 2 * 8 + 3 * 12) / 24  # weights 4, 8, 12
+    # 1, 2, 3 and the broadcast (mean 0, variance 1): every value clipped to [1, 2], the
+    # second lowest and second highest of the four; then weighted 4, 8, 12
+    expected = (1 * 4 + 2 * 8 + 2 * 12) / 24
     assert all(np.allclose(v, expected) for v in got.values())
-    mean = weighted_buffers(parts, [4, 8, 12])
+    mean = robust_buffers(parts, [4, 8, 12], initial)
     assert all(np.allclose(mean[k], got[k]) for k in got)
+    # replies that agree keep their example-weighted mean
+    same = [{k: np.full_like(v, 2.0) for k, v in initial.items()}] * 3
+    assert all(np.allclose(v, weighted_buffers(same, [1, 2, 3])[k])
+               for k, v in robust_buffers(same, [1, 2, 3], initial).items())
 
 
 def test_a_reply_without_statistics_or_with_a_negative_variance_is_rejected():
