@@ -8,24 +8,21 @@ fields are hyphenated run-config keys (``server-steps``) and keyword arguments
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
+import difflib
 import typing
 from collections.abc import Iterable, Iterator, Mapping
-from logging import WARNING
 from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord
-from flwr.common.logger import log
 
-from dq_flower.knob import knobs_of
+from dq_flower.knob import coerce_type, kind_of, knob_of, knobs_of
 
 if typing.TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 __all__ = ["build_config", "unknown_knob", "check", "client_keys", "given_knobs", "CodecParams",
            "from_mapping", "to_config_record", "field_keys", "parse_params", "run_config_values",
-           "strategy_kwargs", "unset_spellings", "known_key"]
+           "strategy_kwargs", "unset_spellings", "known_key", "closest"]
 
 T = TypeVar("T", bound="DataclassInstance")
 
@@ -50,48 +47,27 @@ def unset_spellings(cls: type) -> dict[str, Any]:
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    hints = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
-    target = next((h for h in hints if h is not type(None)), annotation)
-    if value is None and type(None) in hints:
+    """``value`` for a plain (not :class:`~dq_flower.knob.Knob`) field; a knob checks its own."""
+    if value is None:
         return None
     try:
-        if target is bool:  # true/false (any case) or 0/1: "yes" or 2 is not a boolean
-            if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-                return value.strip().lower() == "true"
-            if isinstance(value, (bool, int)) and value in (0, 1):
-                return bool(value)
-            raise ValueError
-        if target is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if target is float:  # finite: a NaN threshold would silently select nothing
-            if isinstance(value, bool) or not math.isfinite(float(value)):
-                raise ValueError
-            return float(value)
-        if target is str:
-            if not isinstance(value, str):
-                raise ValueError
-            return value
-    except (TypeError, ValueError):
-        pass
-    else:
-        return value
-    expected = {bool: "true or false (or 0/1)", float: "a finite float"}.get(
-        target, getattr(target, "__name__", target))
-    raise ValueError(f"config key {key!r}: expected {expected}, got {value!r}")
+        return coerce_type(kind_of(annotation), value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False) -> T:
     """Build config ``cls`` from a mapping with hyphenated (or underscored) keys.
 
     Unknown keys are ignored unless ``strict`` (one run config carries every method's
-    knobs); values are coerced to the field's type, else ``ValueError`` naming the key.
+    knobs); values are coerced to the field's type as keyword arguments are
+    (:func:`~dq_flower.knob.coerce_type`), else ``ValueError`` naming the key.
     A table of codec parameters may come as dotted keys (``codec-params.levels = 4``, as
     Flower flattens ``[tool.flwr.app.config.codec-params]``).
     """
     hints = typing.get_type_hints(cls)
     known = {_key(f.name): f.name for f in dataclasses.fields(cls)}
+    plain = {name for name in known.values() if knob_of(cls, name) is None}
     kwargs: dict[str, Any] = {}
     tables: dict[str, dict[str, Any]] = {}
     for raw_key, value in mapping.items():
@@ -106,7 +82,8 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False)
                 raise ValueError(f"config key {key!r}: {table!r} is not a table of parameters")
             tables.setdefault(known[table], {})[param] = value
         else:
-            kwargs[known[key]] = _coerce(value, hints[known[key]], key)
+            name = known[key]  # a knob coerces and checks its value as it is set
+            kwargs[name] = _coerce(value, hints[name], key) if name in plain else value
     for name, params in tables.items():
         if kwargs.get(name):
             raise ValueError(f"config key {_key(name)!r}: given both as text and as "
@@ -258,29 +235,16 @@ ELSEWHERE = {
 
 def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterable[str],
                 owner: str) -> None:
-    """Refuse a misspelled knob or one read elsewhere; warn once of the other unread keys.
+    """Refuse every run-config key that is not a knob, Flower's or the app's own.
 
-    Other keys are logged, not refused: a Flower app's run config carries its own keys.
+    The error names the key, the closest knobs and how to declare the app's own keys.
     """
     allowed = known | FLOWER_KEYS | {_key(k) for k in app_keys}
-    unread = []
     for key in run_config:
-        hyphenated = _key(key)
-        if known_key(hyphenated, allowed):
-            continue
-        nearest = min(sorted(known), key=lambda k: _edits(hyphenated, k))
-        # two edits on a long knob (server-stepz), one on a short one (bitz, not model)
-        close = _edits(hyphenated, nearest) <= (2 if len(nearest) > 6 else 1)
-        if not close and hyphenated not in ELSEWHERE:
-            unread.append(key)
-            continue
-        near = f"did you mean {nearest!r}?" if close else f"nearest knob: {nearest!r}"
-        hint = ELSEWHERE.get(hyphenated, "if it is your app's own key, pass "
-                                         f"app_keys=[{key!r}, ...]")
-        raise ValueError(f"{key!r} is not a knob of {owner} ({near}); {hint}")
-    if unread:
-        log(WARNING, "%s does not read the run-config keys %s (the app's own keys? name "
-            "them in app_keys= to silence this)", owner, ", ".join(map(repr, unread)))
+        if not known_key(_key(key), allowed):
+            raise ValueError(f"{key!r} is not a knob of {owner} ({closest(key, known)}); "
+                             + ELSEWHERE.get(_key(key), "if it is your app's own key, pass "
+                                                        f"app_keys=[{key!r}, ...]"))
 
 
 def known_key(key: str, known: set[str] | frozenset[str]) -> bool:
@@ -288,24 +252,24 @@ def known_key(key: str, known: set[str] | frozenset[str]) -> bool:
     return _key(key) in known or _key(key).partition(".")[0] in known
 
 
-def unknown_knob(name: str, known: Iterable[str], owner: str = "") -> ValueError:
-    """The error for a knob ``name`` not in ``known``, naming the nearest and all known."""
+def closest(key: str, known: Iterable[str], what: str = "knob") -> str:
+    """``did you mean 'a' or 'b'?``: difflib's closest of ``known`` (``what`` they are)."""
     names = sorted(known)
-    nearest = min(names, key=lambda k: _edits(name, k))
+    close = difflib.get_close_matches(_key(key), names, n=3)
+    if not close:
+        return f"no {what} is spelled like it"
+    quoted = [repr(k) for k in close]
+    said = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return f"did you mean {said}?"
+
+
+def unknown_knob(name: str, known: Iterable[str], owner: str = "") -> ValueError:
+    """The error for a knob ``name`` not in ``known``, naming the closest and all known."""
+    names = sorted(known)
     where = f" for {owner}" if owner else ""
     hint = f"; {ELSEWHERE[_key(name)]}" if _key(name) in ELSEWHERE else ""
-    return ValueError(f"unknown knob {name!r}{where} (nearest: {nearest!r}){hint}; known: "
+    return ValueError(f"unknown knob {name!r}{where} ({closest(name, names)}){hint}; known: "
                       f"{', '.join(names)}")
-
-
-def _edits(a: str, b: str) -> int:
-    """Levenshtein distance of two short strings."""
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
 
 
 def strategy_kwargs(owner: str, config_cls: type, run_config: Mapping[str, Any],
@@ -317,7 +281,7 @@ def strategy_kwargs(owner: str, config_cls: type, run_config: Mapping[str, Any],
     The fields of ``config_cls`` go into ``config=``, those of ``args_cls`` (its other
     knobs, a :class:`~dq_flower.knobs.StrategyConfig`) as keyword arguments where given;
     ``defaults`` apply where a key is missing, ``overrides`` win. A bad value or an unknown
-    key (but ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
+    key (any but ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
     args = {_key(f.name): f.name for f in dataclasses.fields(args_cls)} if args_cls else {}

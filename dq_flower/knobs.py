@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from dq_flower.knob import at_least, between, knob, one_of
+from dq_flower.knob import MAX_NODES, at_least, between, knob, one_of
 
 __all__ = ["RobustConfig", "OptimizerConfig", "StrategyConfig", "OPTIMIZERS"]
 
@@ -78,14 +78,14 @@ class StrategyConfig:
     Checked as a strategy is built; ``from_run_config`` reads them by their hyphenated keys.
     """
 
-    seed: int = knob(0, coerce=int, doc=(
+    seed: int = knob(0, doc=(
         "root of every random choice (node sampling, round seeds, minibatches)"))
-    fraction_train: float = knob(1.0, between(0, 1, low_open=True), coerce=float, doc=(
+    fraction_train: float = knob(1.0, between(0, 1, low_open=True), doc=(
         "fraction of the connected nodes sampled each round"))
-    min_available_nodes: int = knob(1, at_least(1), coerce=int, doc=(
+    min_available_nodes: int = knob(1, between(1, MAX_NODES), doc=(
         "nodes that must be connected before a round samples (as in Flower's strategies)"))
-    fraction_evaluate: float = knob(0.0, between(0, 1), coerce=float, doc=(
+    fraction_evaluate: float = knob(0.0, between(0, 1), doc=(
         "fraction of the nodes that evaluate the model on their own held-out rows each "
         "round (0: off)"))
-    min_evaluate_nodes: int = knob(1, at_least(0), coerce=int, doc=(
+    min_evaluate_nodes: int = knob(1, between(0, MAX_NODES), doc=(
         "nodes that must be connected before a round evaluates"))

@@ -9,7 +9,17 @@ from dq_flower.codecs import CONTEXT, coder_for, make
 from dq_flower.codecs.entropy import available
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import CodecParams, check
-from dq_flower.knob import above, at_least, between, inherit, knob, one_of
+from dq_flower.knob import (
+    MAX_EPOCHS,
+    MAX_ROWS,
+    MAX_STEPS,
+    above,
+    at_least,
+    between,
+    inherit,
+    knob,
+    one_of,
+)
 from dq_flower.knobs import OptimizerConfig, RobustConfig
 
 __all__ = ["GradientConfig", "FedAvgConfig", "DOWNLINKS", "AGGREGATIONS", "ERROR_FEEDBACK",
@@ -91,12 +101,13 @@ class GradientConfig(RobustConfig, OptimizerConfig):
         doc="top-k's kept fraction")
     rank: int | None = knob(None, _off_or_positive, client=True, unset=0, doc=(
         "shortcut overriding PowerSGD's `rank`"))
-    local_steps: int = knob(1, at_least(1), client=True, doc=(
+    local_steps: int = knob(1, between(1, MAX_STEPS), client=True, doc=(
         "tau; with more than 1, the client sends its mean trajectory gradient"))
-    local_epochs: int | None = knob(None, _off_or_positive, client=True, unset=0, doc=(
+    local_epochs: int | None = knob(None, between(1, MAX_EPOCHS, note="None or 0 = not set"),
+                                     client=True, unset=0, doc=(
         "E >= 1: whole local epochs per round, FedAvg-style (the `fedavg-*` methods set 1; "
         "not with `local-steps` > 1)"))
-    batch_size: int = knob(32, at_least(1), client=True, doc="client minibatch per step")
+    batch_size: int = knob(32, between(1, MAX_ROWS), client=True, doc="client minibatch per step")
     client_lr: float = knob(0.1, above(0), client=True, doc="client step size for tau > 1")
     # the groups' fields the clients read: they apply the vote (lr, weight decay) and
     # Signum's momentum themselves

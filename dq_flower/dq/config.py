@@ -15,7 +15,19 @@ from typing import Any
 from dq_flower.codecs import CONTEXT, make, payload_coder
 from dq_flower.codecs.uniform import SAMPLE_CODERS
 from dq_flower.config import CodecParams, check, client_keys
-from dq_flower.knob import above, at_least, between, inherit, knob, one_of
+from dq_flower.knob import (
+    MAX_CLASSES,
+    MAX_EPOCHS,
+    MAX_PROCESSES,
+    MAX_ROWS,
+    MAX_STEPS,
+    above,
+    at_least,
+    between,
+    inherit,
+    knob,
+    one_of,
+)
 from dq_flower.knobs import OPTIMIZERS, OptimizerConfig, RobustConfig, StrategyConfig
 
 __all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS",
@@ -85,7 +97,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     server's optimizer; here ``lr`` 0.05, ``weight_decay`` 5e-4) are inherited.
     """
 
-    budget: int = knob(64, at_least(1), client=True, doc=(
+    budget: int = knob(64, between(1, MAX_ROWS), client=True, doc=(
         "samples each client uploads per round (at most); with the adaptive schedule, the "
         "least first-round ask per client (see [the first ask]"
         "(#uploads-paced-by-need-the-adaptive-schedule))"))
@@ -95,13 +107,13 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "baseline; see [the adaptive schedule](#uploads-paced-by-need-the-adaptive-schedule))"))
     holdout_fraction: float = knob(0.1, between(0, 1, high_open=True), doc=(
         "share of each node's stored rows, per class, held out for validation (adaptive)"))
-    max_server_steps: int = knob(2000, at_least(1), doc=(
+    max_server_steps: int = knob(2000, between(1, MAX_STEPS), doc=(
         "cap on the steps of one round's training phase (adaptive), raised to "
         "`max-server-epochs` passes where that is more"))
-    max_server_epochs: float = knob(30.0, above(0), doc=(
+    max_server_epochs: float = knob(30.0, between(0, MAX_EPOCHS, low_open=True), doc=(
         "passes over the store's training rows one phase may take (the cap follows the "
         "store)"))
-    plateau_eval_every: int = knob(50, at_least(1), doc="steps between held-out scores")
+    plateau_eval_every: int = knob(50, between(1, MAX_STEPS), doc="steps between held-out scores")
     plateau_patience: int = knob(8, at_least(1), doc=(
         "held-out scores without a gain before the learning rate drops"))
     lr_drops: int = knob(2, at_least(0), doc="learning-rate drops before a phase ends")
@@ -110,7 +122,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     min_gain: float = knob(0.005, above(0), doc=(
         "held-out gain per doubling of the store (accuracy; relative loss for float "
         "targets) below which, at 95% over the pooled comparisons, the curve is flat"))
-    min_holdout_rows: int = knob(10, at_least(0), doc=(
+    min_holdout_rows: int = knob(10, between(0, MAX_ROWS), doc=(
         "held-out rows per class the first ask provides for, and a flat verdict needs"))
     probe_after: int = knob(2, at_least(0), doc=(
         "rounds without uploads, once flat, before a probe of a tenth of the store (0: "
@@ -180,11 +192,10 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "rounds between refreshed residuals (`compensation-mode = \"refresh\"`)"))
     compensation_decay: float = knob(1.0, between(0, 1, low_open=True), doc=(
         "per-round decay of the control variate's old contributions"))
-    server_steps: int = knob(20, at_least(1), doc=(
+    server_steps: int = knob(20, between(1, MAX_STEPS), doc=(
         "optimizer steps per round on the server (fixed schedule)"))
-    server_batch_size: int = knob(64, at_least(1), doc="minibatch size of the store steps")
-    server_processes: int = knob(1, lambda v: None if isinstance(v, int) and not isinstance(
-        v, bool) and v >= 1 else f"must be an integer >= 1, got {v!r}", doc=(
+    server_batch_size: int = knob(64, between(1, MAX_ROWS), doc="minibatch size of the store steps")
+    server_processes: int = knob(1, between(1, MAX_PROCESSES), doc=(
         "processes the server trains in: 1 (its own) or N worker processes joined by "
         "`torch.distributed`, each computing the gradient of 1/N of every minibatch (see "
         "[Server training on several processes](scaling-ddp.md))"))
@@ -198,7 +209,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "server learning rate (a `train_config` `lr` given to `strategy.start` is honoured "
         "where this knob is at its default)"))
     weight_decay: float = inherit(OptimizerConfig, "weight_decay", default=5e-4)
-    max_store_samples: int = knob(0, at_least(0), doc=(
+    max_store_samples: int = knob(0, between(0, MAX_ROWS), doc=(
         "bound on the store (0 = unbounded), oldest evicted first"))
     store_eviction: str = knob("fifo", one_of(("fifo", "random")), doc=(
         "what goes when the store is full: `fifo` or `random`"))
@@ -220,7 +231,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     gradient_codec_params: CodecParams = knob(
         CodecParams({"levels": 4, "bucket": 512}), client=True, coerce=CodecParams,
         doc="its parameters, as `compensation-params`")
-    gradient_batch_size: int = knob(32, at_least(1), client=True, doc=(
+    gradient_batch_size: int = knob(32, between(1, MAX_ROWS), client=True, doc=(
         "minibatch of a client's gradient in gradient rounds"))
     max_failed_rounds: int = knob(3, at_least(0), doc=(
         "stop when every sampled client failed this many rounds in a row (0: never)"))
@@ -302,7 +313,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
 class DQStrategyConfig(StrategyConfig):
     """Keyword arguments of ``DQStrategy`` beside its config: a strategy's, and the classes."""
 
-    num_classes: int | None = knob(None, at_least(1), coerce=int, doc=(
+    num_classes: int | None = knob(None, between(1, MAX_CLASSES), doc=(
         "classes of integer targets (not set: the width of the model's output)"))
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from dq_flower.config import check as _check
 from dq_flower.config import client_keys
 from dq_flower.harness.tasks.data.partitions import PARTITION_SCHEMES
-from dq_flower.knob import above, at_least, between, knob, one_of
+from dq_flower.knob import MAX_CLASSES, MAX_NODES, MAX_ROWS, above, at_least, between, knob, one_of
 
 __all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
 
@@ -33,7 +33,7 @@ class TaskConfig:
     model: str = knob("mlp", client=True, doc=(
         "`logreg`, `mlp`, `cnn`, `wide-cnn`, `cnn1d` (sensor windows), `resnet20` or "
         "`resnet18`"))
-    num_partitions: int = knob(4, at_least(1), client=True, doc=(
+    num_partitions: int = knob(4, between(1, MAX_NODES), client=True, doc=(
         "client partitions (the SuperNodes in simulation)"))
     partition: str = knob("iid", one_of(PARTITION_SCHEMES), client=True, doc=(
         "`iid`, `dirichlet`, `pathological` or `natural` (the data's own groups: HAPT's "
@@ -43,7 +43,7 @@ class TaskConfig:
     num_server_rounds: int = knob(5, at_least(1), doc="server rounds")
     fraction_train: float = knob(1.0, between(0, 1, low_open=True), doc=(
         "fraction of available clients sampled each round"))
-    min_available: int = knob(1, at_least(1), doc=(
+    min_available: int = knob(1, between(1, MAX_NODES), doc=(
         "fewest valid replies a round needs to update the model"))
     seed: int = knob(0, client=True, doc="root of every random choice")
     data_dir: str = knob("", client=True, doc=(
@@ -58,7 +58,7 @@ class TaskConfig:
         "or `cuda`"))
     input_shape: str = knob("", client=True, doc=(
         "sample shape (`\"1,28,28\"`) when `dataset` is `none`"))
-    num_classes: int = knob(0, at_least(0), client=True, doc=(
+    num_classes: int = knob(0, between(0, MAX_CLASSES), client=True, doc=(
         "classes when `dataset` is `none` (0 for float targets)"))
     fraction_evaluate: float = knob(0.0, between(0, 1), client=True, doc=(
         "fraction of the nodes that evaluate the global model on their own held-out rows "
@@ -68,10 +68,10 @@ class TaskConfig:
     validation_fraction: float = knob(0.0, between(0, 1, high_open=True), client=True, doc=(
         "f > 0: a fraction f of the named data set's training rows, drawn by `seed`, is "
         "held out and evaluated on instead of the test set, which is never read (0: off)"))
-    train_rows: int = knob(0, at_least(0, "0: all"), client=True, doc=(
+    train_rows: int = knob(0, between(0, MAX_ROWS, note="0: all"), client=True, doc=(
         "train on a subset of this many of the named data set's training rows, drawn by "
         "`seed` (0: all)"))
-    test_rows: int = knob(0, at_least(0, "0: all"), client=True, doc=(
+    test_rows: int = knob(0, between(0, MAX_ROWS, note="0: all"), client=True, doc=(
         "evaluate on a subset of this many of its test rows, drawn by `seed` (0: all)"))
     eval_every: int = knob(1, at_least(1), doc=(
         "the server evaluates every this many rounds, and always before the first and "

@@ -6,7 +6,7 @@ from dq_flower.harness.task_config import TaskConfig
 
 
 def test_hyphenated_keys_map_to_fields_and_coerce():
-    cfg = from_mapping(DQConfig, {"server-steps": "7", "bits": 3, "stochastic": "false",
+    cfg = from_mapping(DQConfig, {"server-steps": 7.0, "bits": 3, "stochastic": 0,
                                   "other-method-knob": 1})
     assert cfg.server_steps == 7 and cfg.bits == 3 and cfg.stochastic is False
 

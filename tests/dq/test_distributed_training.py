@@ -172,9 +172,9 @@ def test_a_dq_run_on_two_server_processes_trains_as_one_process(monkeypatch):
     assert math.isfinite(runs[1].history[-1]["accuracy"])
 
 
-@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, 10**18])
 def test_a_bad_number_of_processes_fails_naming_the_knob(value):
-    with pytest.raises(ValueError, match="^server-processes: must be an integer >= 1"):
+    with pytest.raises(ValueError, match="^server-processes: (must be in|expected an integer)"):
         DQConfig(server_processes=value)
     with pytest.raises(ValueError, match="server-processes"):
         DQStrategy.from_run_config(_model(), {"server-processes": value})

@@ -270,7 +270,7 @@ def test_federated_evaluation_weights_clients_by_examples():
 
 
 def test_unknown_knob_and_bad_values_fail_at_construction():
-    with pytest.raises(ValueError, match=r"unknown knob 'bitz' \(nearest: 'bits'\)"):
+    with pytest.raises(ValueError, match=r"unknown knob 'bitz' \(did you mean 'bits'\?\)"):
         dq_flower.DQStrategy(Tabular(), bitz=2)
     with pytest.raises(ValueError, match="bits"):
         dq_flower.DQStrategy(Tabular(), bits=12)

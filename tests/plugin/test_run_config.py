@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
 
 import pytest
 import torch
@@ -89,7 +88,7 @@ def test_a_key_no_strategy_reads_is_refused_before_any_round(cls):
     first = FedAvg() if cls is dq_flower.CompressedUpdates else model()
     # checkpoint-dir is simulate's knob: in a user's app it would do nothing, silently
     with pytest.raises(ValueError, match=f"'checkpoint-dir' is not a knob of {cls.__name__} "
-                                         r"\(nearest knob: '[a-z-]+'\); .*state_dict"):
+                                         r"\(no knob is spelled like it\); .*state_dict"):
         cls.from_run_config(first, {"checkpoint-dir": "ckpt"})
     with pytest.raises(ValueError, match=r"'seeds' is not a knob .*did you mean 'seed'"):
         cls.from_run_config(first, {"seeds": 3})
@@ -97,16 +96,22 @@ def test_a_key_no_strategy_reads_is_refused_before_any_round(cls):
 
 @pytest.mark.parametrize("cls", [dq_flower.DQStrategy, dq_flower.GradientStrategy,
                                  dq_flower.CompressedUpdates])
-def test_the_apps_own_keys_are_named_in_a_warning_not_refused(cls, caplog):
+def test_a_key_neither_a_knob_nor_declared_by_the_app_is_refused(cls):
     first = FedAvg() if cls is dq_flower.CompressedUpdates else model()
-    with caplog.at_level(logging.WARNING, logger="flwr"):
-        cls.from_run_config(first, {**RUN_CONFIG, "model": "cnn"})
-    warned = [r.getMessage() for r in caplog.records if "does not read" in r.getMessage()]
-    assert len(warned) == 1 and "'learning-rate'" in warned[0] and "'model'" in warned[0]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="flwr"):
-        cls.from_run_config(first, RUN_CONFIG, app_keys=APP_KEYS)
-    assert not [r for r in caplog.records if "does not read" in r.getMessage()]
+    with pytest.raises(ValueError, match=f"^'learning-rate' is not a knob of {cls.__name__} "
+                                         r"\(no knob is spelled like it\); if it is your "
+                                         r"app's own key, pass app_keys=\['learning-rate'"):
+        cls.from_run_config(first, RUN_CONFIG)
+    with pytest.raises(ValueError, match=r"^'max-rounds' is not a knob "):
+        cls.from_run_config(first, {"max-rounds": 3})
+    read = cls.from_run_config(first, {**RUN_CONFIG, "seed": 4}, app_keys=APP_KEYS)
+    assert read.cfg.seed == 4 if cls is dq_flower.CompressedUpdates else read.seed == 4
+
+
+def test_an_unknown_key_names_the_closest_knobs():
+    with pytest.raises(ValueError, match=r"^'max-rounds' is not a knob of DQStrategy \(did "
+                                         r"you mean 'max-failed-rounds' or 'max-growth'\?\)"):
+        dq_flower.DQStrategy.from_run_config(model(), {"max-rounds": 3})
 
 
 def test_the_apps_own_keys_pass_when_named():
@@ -142,11 +147,10 @@ def test_a_bad_strategy_argument_fails_naming_its_key(kwargs, key):
         dq_flower.DQStrategy.from_run_config(model(), run_config)
 
 
-def test_num_classes_is_read_from_the_run_config_by_dq_only(caplog):
+def test_num_classes_is_read_from_the_run_config_by_dq_only():
     assert dq_flower.DQStrategy.from_run_config(model(), {"num-classes": 5}).num_classes == 5
-    with caplog.at_level(logging.WARNING, logger="flwr"):
+    with pytest.raises(ValueError, match="^'num-classes' is not a knob of GradientStrategy"):
         dq_flower.GradientStrategy.from_run_config(model(), {"num-classes": 5})
-    assert "GradientStrategy does not read the run-config keys 'num-classes'" in caplog.text
 
 
 PYPROJECT = """

@@ -1,0 +1,104 @@
+"""Knob values: one type rule for keyword arguments and run configs, and upper bounds.
+
+A value is checked where the config is built, naming its key, never later inside Flower's
+serializer, a process spawn or a wait.
+"""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+import torch
+from flwr.app import ConfigRecord
+from flwr.serverapp.strategy import FedAvg
+
+import dq_flower
+from dq_flower.baselines.config import FedAvgConfig, GradientConfig
+from dq_flower.compression.config import CompressionConfig
+from dq_flower.config import from_mapping
+from dq_flower.dq.config import DQConfig, DQStrategyConfig
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.knob import INT_RANGE, kind_of, knobs_of
+from dq_flower.knobs import StrategyConfig
+
+#: Every config class with integer knobs (RobustConfig's and OptimizerConfig's are floats).
+CONFIGS = (DQConfig, DQStrategyConfig, StrategyConfig, GradientConfig, FedAvgConfig,
+           CompressionConfig, TaskConfig)
+
+
+def model() -> torch.nn.Module:
+    return torch.nn.Linear(4, 3)
+
+
+def _build(cls: type, name: str, value: object) -> object:
+    base = {"codec": "qsgd"} if cls is CompressionConfig else {}
+    return cls(**{**base, name: value})
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [
+    ({"bits": 2.5}, "bits"), ({"bits": "2"}, "bits"), ({"dither": "yes"}, "dither"),
+    ({"stochastic": "false"}, "stochastic"), ({"lr": "0.1"}, "lr"),
+    ({"lr": float("inf")}, "lr"), ({"scorer": 3}, "scorer"),
+])
+def test_keyword_arguments_and_run_configs_refuse_the_same_values(kwargs, key):
+    run_config = {k.replace("_", "-"): v for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=f"^{key}: expected"):
+        DQConfig(**kwargs)
+    with pytest.raises(ValueError, match=f"^{key}: expected"):
+        from_mapping(DQConfig, run_config)
+    with pytest.raises(ValueError, match=f"^{key}: expected"):
+        dq_flower.DQStrategy.from_run_config(model(), run_config)
+
+
+def test_whole_numbers_and_paths_are_taken_as_their_type(tmp_path):
+    cfg = DQConfig(budget=64.0, dither=1, lr=1, store_dir=tmp_path)
+    assert (cfg.budget, cfg.dither, cfg.lr, cfg.store_dir) == (64, True, 1.0, str(tmp_path))
+    assert type(cfg.budget) is int and type(cfg.lr) is float
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_every_integer_knob_holds_what_a_config_record_carries(cls):
+    """A 64-bit integer at most; a float only where it is exactly a whole number."""
+    hints = typing.get_type_hints(cls)
+    ints = [name for name, found in knobs_of(cls).items()
+            if found.coerce is None and kind_of(hints[name]) is int]
+    assert ints
+    for name in ints:
+        key = name.replace("_", "-")
+        for value in (INT_RANGE[1] + 1, INT_RANGE[0] - 1, 1e300, 2.0**60):
+            with pytest.raises(ValueError, match=f"^{key}: "):
+                _build(cls, name, value)
+    ConfigRecord({"x": INT_RANGE[1]})  # what the bound is: Flower's own limit
+
+
+@pytest.mark.parametrize(("build", "key"), [
+    (lambda: dq_flower.DQStrategy(model(), budget=1e300), "budget"),
+    (lambda: dq_flower.DQStrategy(model(), budget=10**18), "budget"),
+    (lambda: dq_flower.DQStrategy(model(), num_classes=10**18), "num-classes"),
+    (lambda: dq_flower.DQStrategy(model(), server_processes=10**18), "server-processes"),
+    (lambda: dq_flower.DQStrategy(model(), min_available_nodes=10**18),
+     "min-available-nodes"),
+    (lambda: dq_flower.DQStrategy(model(), min_available_nodes=1e300), "min-available-nodes"),
+    (lambda: dq_flower.DQStrategy(model(), seed=2.5), "seed"),
+    (lambda: dq_flower.GradientStrategy(model(), local_steps=10**18), "local-steps"),
+    (lambda: dq_flower.GradientStrategy(model(), min_available_nodes=10**18),
+     "min-available-nodes"),
+    (lambda: dq_flower.CompressedUpdates(FedAvg(), codec="qsgd", seed=1e300), "seed"),
+    (lambda: dq_flower.CompressedUpdates.from_run_config(
+        FedAvg(), {"codec": "qsgd", "seed": 2**63}), "seed"),
+    (lambda: dq_flower.DQStrategy.from_run_config(model(), {"num-classes": 10**18}),
+     "num-classes"),
+    (lambda: dq_flower.GradientStrategy.from_run_config(model(), {"local-steps": 10**9}),
+     "local-steps"),
+])
+def test_a_huge_value_is_refused_at_construction_naming_its_key(build, key):
+    with pytest.raises(ValueError, match=f"^{key}: (must be|expected)"):
+        build()
+
+
+def test_the_largest_allowed_values_are_accepted():
+    strategy = dq_flower.DQStrategy(model(), budget=2**31 - 1, num_classes=1_000_000,
+                                    server_processes=256, min_available_nodes=1_000_000)
+    assert strategy.cfg.budget == 2**31 - 1 and strategy.min_available_nodes == 1_000_000
+    assert GradientConfig(local_steps=1_000_000).local_steps == 1_000_000
