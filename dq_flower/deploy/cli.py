@@ -18,9 +18,10 @@ from typing import Any
 
 import tomli
 
-from dq_flower.cli_common import EXIT_USAGE, PROG, fail
+from dq_flower.cli_common import EXIT_USAGE, PROG, fail, float_arg, int_arg
 from dq_flower.deploy import TRUST_MODEL
 from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
+from dq_flower.deploy.checks import FlowerApp, check_run_config, declared_only, read_app
 from dq_flower.deploy.flower_cli import (
     RUN_STARTED,
     RunOutcome,
@@ -44,6 +45,9 @@ __all__ = ["add_deploy_parser", "parse_config_pairs", "cmd_certs", "cmd_superlin
 
 EXIT_FAILED = 1
 DEFAULT_CONNECTION = "dq-flower"
+#: SuperNodes ``deploy local`` starts on one machine, at most (a process each, and helpers).
+MAX_LOCAL_NODES = 256
+MAX_PORT = 65535
 
 INSECURE_WARNING = (
     "WARNING: --insecure turns TLS off: quantized training samples and the model cross the "
@@ -118,13 +122,6 @@ def _foreground(cmd: list[str], dry_run: bool, log_file: str | None = None) -> i
         return 0
     finally:
         proc.stop()
-
-
-def _no_app(app: Path) -> int | None:
-    if (app / "pyproject.toml").is_file():
-        return None
-    return _fail(f"{app} has no pyproject.toml; run from the dq_flower project folder or pass "
-                 "--app")
 
 
 def _print_traffic(history: list[Any], outcome: RunOutcome) -> None:
@@ -229,12 +226,15 @@ def cmd_register(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """``dq-flower deploy run``: ``flwr run`` with the output shown, then the traffic."""
     _say(TRUST_MODEL)
-    app = Path(args.app)
-    if (failed := _no_app(app)) is not None:
-        return failed
+    try:  # the app and its run config before anything runs
+        flower_app = read_app(args.app)
+        overrides = parse_config_pairs(args.run_config)
+        check_run_config(flower_app, overrides)
+    except ValueError as exc:
+        return _fail(str(exc))
+    app = flower_app.path
     try:
         conn = _connection(args)
-        overrides = parse_config_pairs(args.run_config)
         cmd = [flower_executable("flwr"), "run", str(app.resolve()), conn]
         if overrides:
             cmd += ["--run-config", format_config(overrides)]
@@ -283,34 +283,67 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_local(args: argparse.Namespace) -> int:
-    """``dq-flower deploy local``: a whole TLS deployment on loopback, one run, then stop."""
-    _warn(args)
-    app = Path(args.app)
-    if (failed := _no_app(app)) is not None:
-        return failed
+def _local_plan(args: argparse.Namespace) -> tuple[FlowerApp, int, list[Path], dict[str, Any]]:
+    """The app, nodes, data files and run config of ``deploy local``, all checked.
+
+    Raises ``ValueError`` naming what is wrong; nothing has started yet.
+    """
+    app = read_app(args.app)
     data_files = [Path(f) for f in args.data_file or []]
     nodes = args.nodes if args.nodes is not None else (len(data_files) or 2)
     if data_files and len(data_files) != nodes:
-        return _fail(f"{len(data_files)} --data-file for {nodes} nodes; give one per node")
+        raise ValueError(f"{len(data_files)} --data-file for {nodes} nodes; give one per node")
     missing = [str(f) for f in data_files if not f.is_file()]
     if missing:
-        return _fail(f"no such data file: {', '.join(missing)}")
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dq-deploy-"))
-    try:
-        overrides = parse_config_pairs(args.run_config)
+        raise ValueError(f"no such data file: {', '.join(missing)}")
+    overrides = parse_config_pairs(args.run_config)
+    if args.rounds is not None and "num-server-rounds" not in app.config:
+        raise ValueError(f"--rounds: {app.path} declares no num-server-rounds in its "
+                         "[tool.flwr.app.config]")
+    # what the command adds, only where the app declares it (Flower refuses other keys)
+    added = {"num-server-rounds": args.rounds or 2, "results-path": "results.json"}
+    if not args.insecure:  # authenticated SuperNodes: an identity stays with its node's key
+        added["identity-binding"] = "node"
+    run_config = {**declared_only(app, added), **overrides}
+    check_run_config(app, run_config, nodes=nodes)
+    return app, nodes, data_files, run_config
+
+
+def _print_outcome(outcome: RunOutcome, results: Path | None, run_log: Path) -> None:
+    """The rounds and the traffic (the package's app: its results file), or the run's status.
+
+    Another app's rounds are its own; its output is in ``run_log``.
+    """
+    if results is not None and results.is_file():
+        history = json.loads(results.read_text())["history"]
+        for row in history:
+            print(f"round {row['round']}: accuracy {row['accuracy']:.4f}, "
+                  f"up {row['up_bytes']} B, down {row['down_bytes']} B")
+        _print_traffic(history, outcome)
+        return
+    print(f"run {outcome.run_id}: {outcome.status}, SuperLink traffic "
+          f"{json.dumps(outcome.info.get('network-traffic', {}))}; the run's output: {run_log}")
+    if history := rounds_from_log(outcome.output):
+        _print_traffic(history, outcome)
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """``dq-flower deploy local``: a whole TLS deployment on loopback, one run, then stop."""
+    _warn(args)
+    try:  # every argument and the run config, before anything starts
+        app, nodes, data_files, run_config = _local_plan(args)
     except ValueError as exc:
         return _fail(str(exc))
-    if data_files and overrides.get("dataset", "digits") != "none":
+    if data_files and run_config.get("dataset", "digits") != "none" and app.is_package_app:
         _say("note: the SuperNodes train on their --data-file; with dataset="
-             f"{overrides.get('dataset', 'digits')!r} the server evaluates on that data set "
+             f"{run_config.get('dataset', 'digits')!r} the server evaluates on that data set "
              "(give --run-config \"dataset='none' input-shape='...' num-classes=K "
              "fraction-evaluate=1.0\" for a server that holds no data)")
-    results = workdir / "results.json"
-    if not args.insecure:  # authenticated SuperNodes: an identity stays with its node's key
-        overrides.setdefault("identity-binding", "node")
-    overrides.setdefault("num-server-rounds", args.rounds)
-    overrides["results-path"] = str(results)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dq-deploy-"))
+    results = None
+    if "results-path" in run_config:
+        results = workdir.resolve() / "results.json"
+        run_config["results-path"] = str(results)
     _say(f"working folder {workdir} (certs, logs, FLWR_HOME)")
     try:
         with _sigterm_as_interrupt(), LocalDeployment(
@@ -319,17 +352,13 @@ def cmd_local(args: argparse.Namespace) -> int:
                 data_files=data_files) as dep:
             _say(f"SuperLink {dep.address} (pid {dep.superlink.pid if dep.superlink else '?'})"
                  f", SuperNodes {[p.pid for p in dep.supernodes]}, node ids {dep.node_ids}")
-            outcome = dep.run(app, overrides, timeout=args.timeout)
+            outcome = dep.run(app.path, run_config, timeout=args.timeout)
     except KeyboardInterrupt:
         _say("interrupted; every process was stopped")
         return EXIT_FAILED
     except DeploymentError as exc:
         return _failed(exc)
-    history = json.loads(results.read_text())["history"]
-    for row in history:
-        print(f"round {row['round']}: accuracy {row['accuracy']:.4f}, up {row['up_bytes']} B, "
-              f"down {row['down_bytes']} B")
-    _print_traffic(history, outcome)
+    _print_outcome(outcome, results, dep.logs / "flwr-run.log")
     return 0
 
 
@@ -351,7 +380,8 @@ def _add_client_tls_args(p: argparse.ArgumentParser, insecure_help: str) -> None
 
 def _add_app_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--app", default=".", metavar="DIR",
-                   help="project folder with pyproject.toml (default .)")
+                   help="a Flower app's folder, with its pyproject.toml: any Flower app, or "
+                   "the dq_flower project folder for the package's own app (default .)")
 
 
 def _add_process_output_args(p: argparse.ArgumentParser) -> None:
@@ -380,17 +410,17 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
     deploy.set_defaults(func=show_help)
     p = parser("certs", cmd_certs, help="create a CA, the SuperLink certificate, SuperNode keys")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
-    p.add_argument("--nodes", type=int, default=2, metavar="N",
+    p.add_argument("--nodes", type=int_arg(0, MAX_LOCAL_NODES), default=2, metavar="N",
                    help="SuperNode key pairs node-0 .. node-{N-1} (default 2)")
     p.add_argument("--host", action="append", metavar="NAME_OR_IP",
                    help="a name or IP address SuperNodes reach the SuperLink at; repeat for "
                    f"several ({' and '.join(DEFAULT_HOSTS)} are always added)")
-    p.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    p.add_argument("--days", type=int_arg(1), default=365, help="validity (default 365)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p = parser("superlink", cmd_superlink, help="run a SuperLink (TLS + SuperNode authentication)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 for all interfaces (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9093,
+    p.add_argument("--port", type=int_arg(1, MAX_PORT), default=9093,
                    help="port of the Fleet, Control and Runtime APIs (default 9093)")
     p.add_argument("--certs", metavar="DIR",
                    help="folder from 'deploy certs' (ca.crt, server.crt, server.key)")
@@ -420,25 +450,27 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="this device's own .npz (node config data-file, made absolute); the "
                    "run config then usually has dataset='none', input-shape, num-classes "
                    "and fraction-evaluate > 0")
-    p.add_argument("--partition-id", type=int, metavar="K",
+    p.add_argument("--partition-id", type=int_arg(0), metavar="K",
                    help="partition of the named data set (required without --data-file; "
                    "with it, only the node's stable key for seeds and upload order)")
-    p.add_argument("--num-partitions", type=int, metavar="N",
+    p.add_argument("--num-partitions", type=int_arg(1), metavar="N",
                    help="number of partitions (required without --data-file)")
     p.add_argument("--data-dir", metavar="DIR",
                    help="this device's folder of the named data set (node config data-dir)")
     _add_client_tls_args(p, "no TLS (prints a warning)")
     p.add_argument("--auth-key", metavar="PRIVATE_KEY",
                    help="this node's private key (its .pub registered with 'deploy register')")
-    p.add_argument("--runtime-port", type=int, default=9094,
+    p.add_argument("--runtime-port", type=int_arg(1, MAX_PORT), default=9094,
                    help="local port for this node's ClientApp processes (default 9094; "
                    "one per SuperNode on a machine)")
-    p.add_argument("--num-threads", type=int, metavar="T",
+    p.add_argument("--num-threads", type=int_arg(1), metavar="T",
                    help="torch threads for training on this device (node config num-threads)")
     p.add_argument("--node-config", action="append", metavar="'k=v ...'",
                    help="more node config pairs")
-    p.add_argument("--max-retries", type=int, help="give up after this many reconnects")
-    p.add_argument("--max-wait-time", type=float, help="give up reconnecting after seconds")
+    p.add_argument("--max-retries", type=int_arg(0),
+                   help="give up after this many reconnects")
+    p.add_argument("--max-wait-time", type=float_arg(0),
+                   help="give up reconnecting after seconds")
     _add_process_output_args(p)
     p = parser("register", cmd_register, help="register a SuperNode public key with the SuperLink")
     p.add_argument("public_key", metavar="KEY.pub")
@@ -451,9 +483,10 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-stream", action="store_true", help="submit the run and return")
     p = parser("local", cmd_local, help="TLS deployment on this machine: one run, then stop")
     _add_app_arg(p)
-    p.add_argument("--nodes", type=int, metavar="N",
+    p.add_argument("--nodes", type=int_arg(1, MAX_LOCAL_NODES), metavar="N",
                    help="SuperNodes (default: one per --data-file, else 2)")
-    p.add_argument("--rounds", type=int, default=2, help="num-server-rounds (default 2)")
+    p.add_argument("--rounds", type=int_arg(1), metavar="N",
+                   help="num-server-rounds, where the app declares it (default 2)")
     p.add_argument("--run-config", action="append", metavar="'k=v ...'")
     p.add_argument("--data-dir", metavar="DIR", help="data folder given to every SuperNode")
     p.add_argument("--data-file", action="append", metavar="PATH",
@@ -462,6 +495,7 @@ def add_deploy_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "path). Use with --run-config \"dataset='none' input-shape='1,8,8' "
                    "num-classes=10 fraction-evaluate=1.0\" for a server that holds no data")
     p.add_argument("--workdir", metavar="DIR", help="certs, logs, FLWR_HOME (default: temp)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds for the run")
+    p.add_argument("--timeout", type=float_arg(0), default=900.0,
+                   help="seconds for the run")
     p.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
     return deploy

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from dq_flower.deploy.certs import Credentials, NodeKeys, create_credentials
+from dq_flower.deploy.checks import run_errors
 from dq_flower.deploy.flower_cli import (
     RunOutcome,
     flower_env,
@@ -21,7 +22,13 @@ from dq_flower.deploy.flower_cli import (
     supernode_command,
     write_connection,
 )
-from dq_flower.deploy.supervisor import ManagedProcess, ProcessGroup, free_port, wait_for_port
+from dq_flower.deploy.supervisor import (
+    DeploymentError,
+    ManagedProcess,
+    ProcessGroup,
+    free_port,
+    wait_for_port,
+)
 
 __all__ = ["LocalDeployment"]
 
@@ -173,8 +180,23 @@ class LocalDeployment:
 
     def run(self, app_dir: str | Path, run_config: Mapping[str, Any] | None = None, *,
             timeout: float = 600.0) -> RunOutcome:
-        """``flwr run`` the app in ``app_dir`` on this deployment and wait for its end."""
+        """``flwr run`` the app in ``app_dir`` on this deployment and wait for its end.
+
+        A run that fails raises :class:`DeploymentError` with ``flwr``'s output and the
+        SuperLink's own error lines of the run (``Invalid run configuration`` says why
+        only there).
+        """
+        seen = 0
         if self.superlink is not None:
             self.superlink.remember_descendants()
-        return flwr_run(app_dir, self.connection, run_config=run_config, env=self.env,
-                        timeout=timeout, log_path=self.logs / "flwr-run.log")
+            seen = len(self.superlink.log_text().splitlines())
+        try:
+            return flwr_run(app_dir, self.connection, run_config=run_config, env=self.env,
+                            timeout=timeout, log_path=self.logs / "flwr-run.log")
+        except DeploymentError as exc:
+            lines = self.superlink.log_text().splitlines()[seen:] if self.superlink else []
+            errors = run_errors(lines)
+            if not errors:
+                raise
+            raise DeploymentError(f"{exc}\nthe SuperLink's log ({self.logs / 'superlink.log'})"
+                                  ":\n" + "\n".join(errors)) from None

@@ -12,6 +12,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from dq_flower.knobs import StrategyConfig
+from dq_flower.server.client_errors import one_traceback_per_cause
 from dq_flower.server.evaluation import FederatedEvaluation
 from dq_flower.server.pipeline import RoundLedger, Screened, screen_replies
 
@@ -124,8 +125,9 @@ class ServerFigures:
         self.num_rounds = int(num_rounds)
         self._figures_apart = True
         try:
-            return super().start(grid, initial_arrays, num_rounds,  # type: ignore[misc]
-                                 timeout, train_config, evaluate_config, evaluate)
+            with one_traceback_per_cause():
+                return super().start(grid, initial_arrays, num_rounds,  # type: ignore[misc]
+                                     timeout, train_config, evaluate_config, evaluate)
         finally:
             self._figures_apart = False
 

@@ -13,6 +13,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
+from dq_flower.server.client_errors import failure_cause
 from dq_flower.wire.node_errors import node_config_problem
 
 __all__ = ["sample_node_ids", "wait_for_nodes", "make_optimizer", "log_rejected", "log_round",
@@ -131,7 +132,7 @@ class FailureWatch:
             return
         self.streak += 1
         if not self.first_error:
-            self.first_error = (str(errors[0].error.reason) if errors else
+            self.first_error = (failure_cause(str(errors[0].error.reason)) if errors else
                                 f"no reply from the {silent} sampled node(s) before the "
                                 "round's timeout")
         if self.limit and self.streak >= self.limit:

@@ -16,6 +16,7 @@ import numpy as np
 from flwr.app import Message, MetricRecordValues
 from flwr.common.logger import log
 
+from dq_flower.server.client_errors import FAILED_REPLIES
 from dq_flower.server.common import REPLY_ERRORS, log_rejected, log_round
 from dq_flower.server.robust import (
     DirectionScreen,
@@ -121,7 +122,7 @@ def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
         seen.add(node)
         if msg.has_error():
             out.failed += 1
-            log(WARNING, "reply from node %d failed: %s", node, msg.error.reason)
+            FAILED_REPLIES.log(node, str(msg.error.reason))
             continue
         try:
             decoded = decode(msg)
