@@ -102,3 +102,13 @@ def test_the_largest_allowed_values_are_accepted():
                                     server_processes=256, min_available_nodes=1_000_000)
     assert strategy.cfg.budget == 2**31 - 1 and strategy.min_available_nodes == 1_000_000
     assert GradientConfig(local_steps=1_000_000).local_steps == 1_000_000
+
+
+def test_a_simulation_refuses_more_replies_than_its_nodes_can_send():
+    """The server would wait an hour for the third node of two."""
+    from dq_flower.harness.simulate import build_run_config
+
+    with pytest.raises(ValueError, match="^min-available: 3 replies a round cannot come from "
+                                         "2 nodes"):
+        build_run_config("dq", num_clients=2, min_available=3)
+    assert build_run_config("dq", num_clients=2, min_available=2)["min-available"] == 2

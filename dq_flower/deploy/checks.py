@@ -77,10 +77,7 @@ def check_run_config(app: FlowerApp, overrides: Mapping[str, Any], *,
         return
     from dq_flower.harness.methods import validate_run_config
 
-    task, _ = validate_run_config({**app.config, **overrides})
-    if nodes is not None and task.min_available > nodes:
-        raise ValueError(f"min-available: {task.min_available} replies a round cannot come "
-                         f"from {nodes} SuperNodes (--nodes {nodes})")
+    validate_run_config({**app.config, **overrides}, nodes=nodes)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -58,10 +58,13 @@ def run_config_keys() -> set[str]:
     return known.union(*(get_method(name).knob_keys() for name in method_names()))
 
 
-def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]:
+def validate_run_config(run_config: Mapping[str, Any],
+                        nodes: int | None = None) -> tuple[TaskConfig, Any]:
     """Parse and check the whole run config before any work starts.
 
-    Returns the task config and the method's config; raises ``ValueError`` naming the key.
+    Returns the task config and the method's config; raises ``ValueError`` naming the key,
+    also where ``min-available`` asks for more replies than the run's ``nodes`` can send
+    (the server would wait for them).
     """
     method = get_method(str(run_config.get("method", "dq")))
     known = run_config_keys()
@@ -72,6 +75,9 @@ def validate_run_config(run_config: Mapping[str, Any]) -> tuple[TaskConfig, Any]
     task = from_mapping(TaskConfig, merged)
     knobs: Any = from_mapping(method.config_cls, merged)
     client_config(run_config)
+    if nodes is not None and task.min_available > nodes:
+        raise ValueError(f"min-available: {task.min_available} replies a round cannot come "
+                         f"from {nodes} nodes")
     return task, knobs
 
 

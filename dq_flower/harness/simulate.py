@@ -54,7 +54,7 @@ def build_run_config(method: str = "dq", dataset: Any = "digits", model: Any = "
             run_config.update((f"{key}.{param}", v) for param, v in value.items())
         else:
             run_config[key] = value
-    validate_run_config(run_config)
+    validate_run_config(run_config, nodes=int(num_clients))
     return run_config
 
 

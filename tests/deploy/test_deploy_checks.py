@@ -69,7 +69,7 @@ def _status(argv: list[str]) -> int:
     (["--run-config", "max-rounds=3"],
      "'max-rounds' is not declared in .* \\(did you mean 'max-failed-rounds'"),
     (["--run-config", "min-available=3"], "min-available: 3 replies a round cannot come "
-                                          "from 2 SuperNodes"),
+                                          "from 2 nodes"),
     (["--run-config", "server-processes=1000000000000000000"],
      "server-processes: must be in \\[1, 256\\]"),
 ])
