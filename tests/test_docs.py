@@ -203,6 +203,23 @@ def test_the_pages_read_as_plain_markdown():
     includes = [f"{path.relative_to(ROOT)}:{n + 1}" for path in doc_files()
                 for n, line in enumerate(path.read_text().splitlines()) if SNIPPET.match(line)]
     assert not includes, f"include lines; use <!-- inline: PATH --> markers: {includes}"
+    # admonitions (!!! / ???) show as literal text outside the site: blockquotes instead
+    admonitions = [f"{path.relative_to(ROOT)}:{n + 1}" for path in doc_files()
+                   for n, line in enumerate(path.read_text().splitlines())
+                   if re.match(r"(!!!|\?\?\?\+?) ", line)]
+    assert not admonitions, f"admonitions; write a > **Title.** blockquote: {admonitions}"
+    # a mkdocstrings directive is empty in plain Markdown: the page names help() for it
+    for path in doc_files():
+        text = path.read_text()
+        flat = " ".join(text.split())
+        missing = [name for name in re.findall(r"^::: ([\w.]+)", text, re.M)
+                   if f"`help({name})`" not in flat]
+        assert not missing, f"{path.relative_to(ROOT)}: say help(...) for {missing}"
+
+
+def test_the_built_site_opens_from_files():
+    # folder URLs (page/) need a web server; page.html links open from the file system
+    assert re.search(r"^use_directory_urls: false$", (ROOT / "mkdocs.yml").read_text(), re.M)
 
 
 def test_every_inlined_file_is_its_source_as_it_is_now():
@@ -393,7 +410,7 @@ def test_mkdocs_build_strict(tmp_path):
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert (tmp_path / "site" / "reference" / "strategies" / "index.html").is_file()
+    assert (tmp_path / "site" / "reference" / "strategies.html").is_file()
 
 
 # ------------------------------------------------------------------ published ratios
