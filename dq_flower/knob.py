@@ -56,7 +56,9 @@ def coerce_type(kind: Any, value: Any) -> Any:
     text a ``str`` (or a path). Raises ``ValueError`` with the message.
     """
     if kind is bool:
-        if isinstance(value, (bool, numbers.Integral)) and value in (0, 1):
+        numpy_bool = (getattr(getattr(value, "dtype", None), "kind", "") == "b"
+                      and getattr(value, "shape", None) == ())  # numpy's bool scalar
+        if (isinstance(value, (bool, numbers.Integral)) or numpy_bool) and value in (0, 1):
             return bool(value)
         raise ValueError(f"expected true or false (or 0/1), got {value!r}")
     if kind is int:

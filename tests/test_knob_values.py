@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typing
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord
@@ -51,10 +52,13 @@ def test_keyword_arguments_and_run_configs_refuse_the_same_values(kwargs, key):
         dq_flower.DQStrategy.from_run_config(model(), run_config)
 
 
-def test_whole_numbers_and_paths_are_taken_as_their_type(tmp_path):
+def test_whole_numbers_numpy_scalars_and_paths_are_taken_as_their_type(tmp_path):
     cfg = DQConfig(budget=64.0, dither=1, lr=1, store_dir=tmp_path)
     assert (cfg.budget, cfg.dither, cfg.lr, cfg.store_dir) == (64, True, 1.0, str(tmp_path))
     assert type(cfg.budget) is int and type(cfg.lr) is float
+    cfg = DQConfig(budget=np.int64(8), dither=np.bool_(True), lr=np.float32(0.5))
+    assert (cfg.budget, cfg.dither, cfg.lr) == (8, True, 0.5)
+    assert (type(cfg.budget), type(cfg.dither), type(cfg.lr)) == (int, bool, float)
 
 
 @pytest.mark.parametrize("cls", CONFIGS)
