@@ -201,20 +201,22 @@ def test_an_identity_two_nodes_claim_is_granted_to_neither():
     grid = InProcessGrid(client_app, 3)
     grid.contexts[NODE_ID_BASE + 1].node_config["partition-id"] = 0
     strategy = _strategy()
+    a, b = NODE_ID_BASE, NODE_ID_BASE + 1
     for rnd in (1, 2):
         # Execute
         _, _, metrics = _round(strategy, grid, rnd)
-        # Assert: contested every round, neither claimant's rows are stored (no squatting)
-        assert metrics["rejected"] == 2 and metrics["replies"] == 1
-        assert _stored_by(strategy) == {2: 8 * rnd}
-        assert strategy.identities.node_of == {2: NODE_ID_BASE + 2}
+        # Assert: contested every round, granted to neither; each claimant's rows are
+        # kept under its own node id (no squatting, and no one locked out)
+        assert metrics["rejected"] == 0 and metrics["replies"] == 3
+        assert _stored_by(strategy) == {a: 8 * rnd, b: 8 * rnd, 2: 8 * rnd}
+        assert strategy.identities.node_of == {a: a, b: b, 2: NODE_ID_BASE + 2}
     # after a restart (node 101 gone, 102 gone), one new node id claims identity 0: its own
     restarted = InProcessGrid(client_app, 3)
     _fresh_contexts(restarted, 301)
     del restarted.contexts[302]
     _, _, metrics = _round(strategy, restarted, 3)
     assert metrics["rejected"] == 0 and metrics["replies"] == 2
-    assert _stored_by(strategy) == {0: 8, 2: 24}
+    assert _stored_by(strategy) == {a: 16, b: 16, 0: 8, 2: 24}
 
 
 def test_a_connected_node_can_neither_take_a_held_identity_nor_change_its_own():

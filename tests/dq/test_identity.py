@@ -111,3 +111,27 @@ def test_identity_binding_is_a_checked_knob():
     strategy = DQStrategy.from_run_config(torch.nn.Linear(4, 2),
                                           {"identity-binding": "node"})
     assert strategy.identities.permanent
+
+
+def test_a_claim_that_cannot_be_granted_keeps_the_reply_under_its_own_node_id():
+    ids = ClientIdentities()
+    ids.observe([101, 102, 103])
+    ids.prescan(1, [(101, 1), (102, 1), (103, 2)])  # 101 squats identity 1, read first
+    assert ids.resolve(1, 101, 1)[0] == 101
+    identity, why = ids.resolve(1, 102, 1)
+    assert identity == 102 and "claimed by two or more nodes" in why
+    assert ids.resolve(1, 103, 2) == (2, "")
+    for node, identity in ((101, 101), (102, 102), (103, 2)):
+        ids.bind(node, identity)
+    # later rounds: both stay themselves, whatever they claim; nobody holds identity 1
+    assert ids.resolve(2, 102, 1) == (102, "") and ids.resolve(2, 101, 1) == (101, "")
+    assert 1 not in ids.node_of
+    # an identity a connected node holds: the newcomer is kept as itself, not rejected
+    ids.observe([101, 102, 103, 104])
+    assert ids.resolve(3, 104, 2)[0] == 104
+    # hopping is still refused
+    with pytest.raises(PayloadError, match="cannot change its client identity"):
+        ids.resolve(3, 103, 7)
+    again = ClientIdentities()
+    again.load_state(ids.state())
+    assert again.as_itself == {101, 102, 104} and again.resolve(4, 102, 1) == (102, "")

@@ -150,3 +150,30 @@ def test_no_client_is_asked_past_the_row_cap_nor_once_excluded():
     strategy.trainer.screen.excluded[0] = "held-out error"
     assert strategy.asks.adaptive_asks([0, 1, 2, 3, 4])[0] == 0
     assert DQStrategy(torch.nn.Linear(4, 2), node_rows_cap=0).asks.rows_cap() == float("inf")
+
+
+def test_a_row_two_codes_from_an_earlier_one_is_a_near_copy():
+    from dq_flower.codecs.bitpack import pack
+    from dq_flower.dq.server.near_copies import REFERENCE_ROWS, NearCopies, near_codes
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 4, (40, 64))  # 2-bit rows of 64 codes, about 48 apart
+    moved = codes[:10].copy()
+    moved[:, [5, 9]] = (moved[:, [5, 9]] + 1) % 4  # two codes moved by one level
+
+    def packed(rows):
+        return pack(rows.reshape(-1), 2).reshape(len(rows), 16)
+
+    screen = CopyScreen(margin=0.1, bits=2)
+    assert near_codes(64) == 4
+    assert not screen.copied(7, packed(codes), np.zeros((40, 0))).any()
+    assert screen.copied(7, packed(moved), np.zeros((10, 0))).all()  # exact hashes differ
+    assert not screen.copied(8, packed(moved), np.zeros((10, 0))).any()  # another client's
+    assert screen.copies == {7: 10, 8: 0}
+    again = CopyScreen(margin=0.1, bits=2)
+    again.load_state(screen.state())
+    assert again.copied(7, packed(moved[:3]), np.zeros((3, 0))).all()
+    # the reservoir is bounded and seeded
+    big = NearCopies(2)
+    big.mask(1, packed(rng.integers(0, 4, (REFERENCE_ROWS + 500, 64))))
+    assert big.reference[1].shape == (REFERENCE_ROWS, 16) and big.seen[1] == REFERENCE_ROWS + 500

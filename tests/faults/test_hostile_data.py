@@ -5,8 +5,9 @@ digits MLP at DQ's defaults (the adaptive schedule), every reply through Flower'
 (:mod:`tests.faults.digits_attack`). The hostile node runs the package's own client on
 data of its own: 30 times an honest node's row count of uniform noise with random labels;
 its rows with labels ``y -> 9 - y``, repeated 4 times under new row ids; the flipped rows
-alone. An honest Dirichlet(0.1) split checks that the screens leave honest non-IID nodes
-alone.
+alone; its rows and 20 near-copies of each of its class-3 rows (two pixels moved by one
+2-bit level each) labelled 8. An honest Dirichlet(0.1) split checks that the screens leave
+honest non-IID nodes alone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from flwr.app import ArrayRecord, Message
 import dq_flower
 from dq_flower.harness.inprocess import InProcessGrid
 
-from .digits_attack import Net, X, Y, honest, run, wire
+from .digits_attack import X_TEST, Y_TEST, Net, X, Y, honest, run, wire
 
 ROUNDS = 3  # the screens act after round 1; the honest nodes' rows are all stored by round 2
 HONEST_ROWS = 4 * 300  # the honest nodes' rows (every fifth of the first 1,500 each)
@@ -48,6 +49,28 @@ def flipped(msg, context, local):
     return honest(msg, context, (x, 9 - y))
 
 
+def near_copies(msg, context, local):
+    """Its rows, and 20 near-copies of each class-3 row (two codes moved a level), as 8s."""
+    x, y = local
+    lo, span = x.min(0), x.max(0) - x.min(0)
+    live = np.flatnonzero(span > 0)
+    rng = np.random.default_rng(3)
+    levels = np.rint((x[y == 3] - lo) / np.where(span > 0, span, 1) * 3)  # its 2-bit codes
+    copies = np.repeat(levels, 20, axis=0)
+    for row in copies:
+        for j in rng.choice(live, 2, replace=False):
+            row[j] += 1 if row[j] < 3 else -1
+    moved = (lo + copies / 3 * span).astype(np.float32)  # on the levels: quantized exactly
+    return honest(msg, context, (np.concatenate([x, moved]),
+                                 np.concatenate([y, np.full(len(moved), 8)])))
+
+
+def class_accuracy(strategy, label: int) -> float:
+    with torch.no_grad():
+        pred = strategy.model(torch.from_numpy(X_TEST)).argmax(1).numpy()
+    return float((pred[label == Y_TEST] == label).mean())
+
+
 def stored_by_node(strategy) -> dict[int, int]:
     store = strategy.store
     rows = np.zeros(0, dtype=np.uint64) if store is None or not len(store) else (
@@ -60,9 +83,14 @@ def uplink(metrics: list[dict]) -> int:
 
 
 @lru_cache(maxsize=4)
+def control_run(seed: int = 0):
+    """The control run: its accuracy, strategy and metrics."""
+    return run(None, ROUNDS, seed=seed)
+
+
 def reference(seed: int = 0) -> tuple[float, int, tuple[int, ...]]:
     """The control run's accuracy, uplink bytes and rows stored per node."""
-    acc, strategy, metrics = run(None, ROUNDS, seed=seed)
+    acc, strategy, metrics = control_run(seed)
     stored = stored_by_node(strategy)
     return acc, uplink(metrics), tuple(stored.get(n, 0) for n in range(5))
 
@@ -104,6 +132,15 @@ def test_flipped_labels_on_copied_rows_are_screened():
 def test_flipped_labels_alone_are_screened():
     _, strategy, _ = _flips_hold(flipped, 0)
     assert strategy.intake.copies.copying == set()
+
+
+def test_near_copies_with_a_new_label_are_screened_as_copies():
+    acc, strategy, metrics = run(near_copies, ROUNDS)
+    control_acc, control, _ = control_run(0)
+    assert strategy.intake.copies.copying == {0}
+    assert sum(m["duplicate-rows"] for m in metrics) > 500  # of its 600 near-copies
+    assert class_accuracy(strategy, 3) > class_accuracy(control, 3) - 0.05
+    assert acc > control_acc - 0.05, (acc, control_acc)
 
 
 @pytest.mark.slow

@@ -2,8 +2,11 @@
 
 Node ids change when a simulation or a SuperNode restarts, so per-client state is keyed by
 the client's **identity**: its ``partition-id`` metric, else its node id
-(:class:`ClientIdentities`; an identity claimed by two nodes in one round is contested and
-granted to neither). :class:`UploadIntake` checks each reply alone, then with the round's
+(:class:`ClientIdentities`). An identity claimed by two nodes in one round is contested
+and granted to neither; an identity another connected node holds is not granted either.
+Such a claimant is no liar the server can tell: its reply is kept under its own node id
+(and so are its later ones), so a node that claims an honest client's identity first
+locks no one out. :class:`UploadIntake` checks each reply alone, then with the round's
 others; a spec or bound learned from replies stays provisional until rows are stored.
 """
 
@@ -51,7 +54,7 @@ from dq_flower.server.common import log_rejected, log_round
 from dq_flower.wire.dq_batch import REFRESH_KEY, DataSpec, SampleBatch, range_mode
 
 __all__ = ["UploadIntake", "ClientIdentities", "RoundClients", "reply_identity",
-           "MAX_IDENTITY"]
+           "IdentityTakenError", "reply_claims", "MAX_IDENTITY"]
 
 #: Identities are non-negative and fit Flower's unsigned 64-bit node ids.
 MAX_IDENTITY = (1 << 64) - 1
@@ -66,6 +69,20 @@ def reply_identity(metrics: Mapping[str, Any] | None, node: int) -> int:
         raise PayloadError(f"'partition-id'={value!r} is not a client identity (an int in "
                            "[0, 2**64))")
     return int(value)
+
+
+def reply_claims(replies: Iterable[Message]) -> list[tuple[int, int]]:
+    """``(node, identity)`` each reply claims (replies with an error or a bad claim: none)."""
+    out = []
+    for msg in replies:
+        if msg.has_error():
+            continue
+        src = int(msg.metadata.src_node_id)
+        try:
+            out.append((src, reply_identity(msg.content.metric_records.get("metrics"), src)))
+        except PayloadError:
+            continue
+    return out
 
 
 @dataclass
@@ -88,6 +105,10 @@ class RoundClients:
         return named + (self.free + self.spare if self.unknown else [])
 
 
+class IdentityTakenError(PayloadError):
+    """The identity a node claims is another node's, or contested, this round."""
+
+
 class ClientIdentities:
     """``node id <-> identity`` bindings, with the connected nodes of the current round.
 
@@ -103,10 +124,55 @@ class ClientIdentities:
         self._round = 0  # the round of the claims and contests below
         self._claims: dict[int, int] = {}
         self._contests: set[int] = set()
+        #: identities two unbound nodes claim in the round's replies (:meth:`prescan`)
+        self._disputed: set[int] = set()
+        #: nodes kept under their own node id because a claim of theirs failed
+        self.as_itself: set[int] = set()
 
     def _in_round(self, server_round: int) -> None:  # a new round's claims start afresh
         if self._round != server_round:
             self._round, self._claims, self._contests = server_round, {}, set()
+            self._disputed = set()
+
+    def prescan(self, server_round: int, claims: Iterable[tuple[int, int]]) -> None:
+        """The round's ``(node, identity)`` claims, read before any reply is checked.
+
+        An identity that two nodes bound to no identity claim is disputed: :meth:`resolve`
+        grants it to neither, whichever reply is read first.
+        """
+        self._in_round(server_round)
+        claimants: dict[int, set[int]] = {}
+        for node, identity in claims:
+            if int(node) not in self.identity_of:
+                claimants.setdefault(int(identity), set()).add(int(node))
+        self._disputed = {i for i, nodes in claimants.items() if len(nodes) > 1}
+
+    def resolve(self, server_round: int, node: int, identity: int) -> tuple[int, str]:
+        """The identity ``node``'s reply is kept under, and why not the one it claims ("").
+
+        The claimed identity where :meth:`check` grants it; the node's own id where the
+        identity is another node's or disputed (then, and in every later round, the node
+        is itself: its replies keep arriving). A bound node claiming another identity
+        (hopping) raises ``PayloadError``.
+        """
+        node, identity = int(node), int(identity)
+        current = self.identity_of.get(node)
+        if current == node and node in self.as_itself:
+            return node, ""
+        try:
+            self._in_round(server_round)
+            if current is None and identity in self._disputed:
+                raise IdentityTakenError(f"client identity {identity} is claimed by two or "
+                                         "more nodes this round: granted to none")
+            self.check(server_round, node, identity)
+        except IdentityTakenError as exc:
+            holder = self.node_of.get(node)
+            if holder is not None and holder != node:
+                raise PayloadError(f"{exc}; and node id {node} is itself the identity of "
+                                   f"node {holder}") from exc
+            self.as_itself.add(node)
+            return node, f"{exc}: its reply is kept under its own node id {node}"
+        return identity, ""
 
     def of(self, node: int) -> int | None:
         """The identity bound to ``node``, or ``None``."""
@@ -140,17 +206,17 @@ class ClientIdentities:
                                f"client identity (it claimed {identity})")
         bound = self.node_of.get(identity)
         if bound is not None and bound != node and self.permanent:
-            raise PayloadError(f"client identity {identity} belongs to node {bound} for good "
-                               "(identity-binding 'node')")
+            raise IdentityTakenError(f"client identity {identity} belongs to node {bound} for "
+                                     "good (identity-binding 'node')")
         if bound is not None and bound != node and bound in self.connected:
-            raise PayloadError(f"client identity {identity} belongs to node {bound}, which is "
-                               "still connected")
+            raise IdentityTakenError(f"client identity {identity} belongs to node {bound}, "
+                                     "which is still connected")
         self._in_round(server_round)
         claimed = self._claims.get(identity)
         if claimed is not None and claimed != node:
             self._contests.add(identity)
-            raise PayloadError(f"client identity {identity} is contested this round by nodes "
-                               f"{claimed} and {node}: granted to neither")
+            raise IdentityTakenError(f"client identity {identity} is contested this round by "
+                                     f"nodes {claimed} and {node}: granted to neither")
 
     def contested(self, server_round: int) -> set[int]:
         """Identities two or more nodes claimed in ``server_round`` (granted to none)."""
@@ -175,13 +241,14 @@ class ClientIdentities:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps (the bindings)."""
-        return {"identity_of": dict(self.identity_of)}
+        return {"identity_of": dict(self.identity_of), "as_itself": sorted(self.as_itself)}
 
     def load_state(self, state: Mapping[str, Any] | None) -> None:
         """Inverse of :meth:`state` (``None``: no bindings, an older checkpoint)."""
         self.identity_of, self.node_of = {}, {}
         for node, identity in (state or {}).get("identity_of", {}).items():
             self.bind(int(node), int(identity))
+        self.as_itself = {int(n) for n in (state or {}).get("as_itself", [])}
 
 
 #: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
@@ -211,7 +278,7 @@ class UploadIntake:
         #: what was learned from replies and is forgotten while no row is stored
         self._provisional = {"spec": False, "bound": False}
         #: each client's rows that copy rows it sent before (dq.server.node_screen)
-        self.copies = CopyScreen(cfg.copy_margin)
+        self.copies = CopyScreen(cfg.copy_margin, bits=cfg.bits)
         #: one run per store-dir: a second process's run is refused here, before any round
         self.store_lock = lock_store_dir(cfg.store_dir) if cfg.store_dir else None
 
@@ -270,8 +337,10 @@ class UploadIntake:
     def validate_reply(self, msg: Message, server_round: int, ask: Ask) -> Upload:
         """:meth:`validate` a data reply under the identity it claims (if ``node`` may)."""
         src = int(msg.metadata.src_node_id)
-        identity = reply_identity(msg.content.metric_records.get("metrics"), src)
-        self.identities.check(server_round, src, identity)
+        claimed = reply_identity(msg.content.metric_records.get("metrics"), src)
+        identity, why = self.identities.resolve(server_round, src, claimed)
+        if why:
+            log(WARNING, "[dq] round %d: %s", server_round, why)
         upload = replace(self.validate(msg, identity, ask(src, identity)), source=src)
         self.identities.claim(server_round, src, identity)
         if kept_rows(upload.batch) is not None:  # rows the server already held: dropped

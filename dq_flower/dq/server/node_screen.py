@@ -1,9 +1,10 @@
 """Screens of one node's data: copied rows, and labels that disagree with every other node's.
 
 - **copies** (:class:`CopyScreen`): a row whose packed codes and side information equal a
-  row the same client sent before is a copy under a new id. A client whose share of copies
-  exceeds the median client's by more than ``copy-margin`` is *copying*: its copies are
-  not stored (counted once in ``duplicate-rows``, their ids remembered as received).
+  row the same client sent before is a copy under a new id; so is a near-copy, a row
+  within a few codes of one (:mod:`.near_copies`; with ``bits``). A client whose share of
+  copies exceeds the median client's by more than ``copy-margin`` is *copying*: its copies
+  are not stored (counted once in ``duplicate-rows``, their ids remembered as received).
   Honest clients of one data set copy alike, so the screen acts on none of them.
 - **agreement** (:class:`AgreementScreen`, adaptive schedule): a client whose held-out
   error (float targets: loss relative to the median's, :func:`excess`) exceeds the median
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from dq_flower.dq.server.near_copies import NearCopies
 from dq_flower.dq.server.schedule import HeldOutScores
 from dq_flower.server.common import log_round
 
@@ -40,6 +42,13 @@ MIN_NODES = 3
 MIN_COPIES = 5
 #: Reviews :class:`AgreementScreen` keeps (each one's verdicts, for the record).
 KEPT_REVIEWS = 20
+#: Float targets: standard errors, and share of their mean, by which the other clients'
+#: held-out loss must fall without a client for its exclusion to stand.
+Z_HARM = 2.0
+MIN_HARM = 0.02
+#: Float targets: how much higher (relative to the median) a cleared client's loss must be
+#: to be judged again.
+REJUDGE = 1.5
 #: Bytes of a row's key (a BLAKE2b digest of its codes and side information).
 KEY_BYTES = 16
 
@@ -57,17 +66,24 @@ class CopyScreen:
     """Copied rows per client, and which clients' copies are not stored.
 
     ``margin``: the share of copied rows above the median client's that makes a client a
-    copying one (0: the screen never acts; copies are still counted).
+    copying one (0: the screen never acts; copies are still counted). ``bits``: bits per
+    code of the packed rows, to count near-copies too (0: exact copies only).
     """
 
     margin: float = 0.1
+    bits: int = 0
     keys: dict[int, set[bytes]] = field(default_factory=dict)
     received: dict[int, int] = field(default_factory=dict)
     copies: dict[int, int] = field(default_factory=dict)
     copying: set[int] = field(default_factory=set)
+    near: NearCopies | None = None
+
+    def __post_init__(self) -> None:
+        if self.bits and self.near is None:
+            self.near = NearCopies(self.bits)
 
     def copied(self, node: int, codes: np.ndarray, side: np.ndarray) -> np.ndarray:
-        """Mask of the rows of one upload that copy a row ``node`` sent before; counts them."""
+        """Mask of the rows of one upload copying (or nearly) a row ``node`` sent; counted."""
         seen = self.keys.setdefault(int(node), set())
         mask = np.zeros(len(codes), dtype=bool)
         for i, key in enumerate(row_keys(codes, side)):
@@ -75,6 +91,8 @@ class CopyScreen:
                 mask[i] = True
             else:
                 seen.add(key)
+        if self.near is not None:
+            mask |= self.near.mask(int(node), codes)
         self.received[int(node)] = self.received.get(int(node), 0) + len(codes)
         self.copies[int(node)] = self.copies.get(int(node), 0) + int(mask.sum())
         return mask
@@ -101,7 +119,8 @@ class CopyScreen:
         """What a checkpoint keeps (the keys as one byte string per client)."""
         return {"keys": {n: b"".join(sorted(k)) for n, k in self.keys.items()},
                 "received": dict(self.received), "copies": dict(self.copies),
-                "copying": sorted(self.copying)}
+                "copying": sorted(self.copying),
+                **({} if self.near is None else {"near": self.near.state()})}
 
     def load_state(self, state: dict[str, Any] | None) -> None:
         """Inverse of :meth:`state` (an older checkpoint: nothing counted)."""
@@ -111,6 +130,8 @@ class CopyScreen:
         self.received = {int(n): int(v) for n, v in state.get("received", {}).items()}
         self.copies = {int(n): int(v) for n, v in state.get("copies", {}).items()}
         self.copying = {int(n) for n in state.get("copying", [])}
+        if self.near is not None:
+            self.near.load_state(state.get("near"))
 
 
 @dataclass(frozen=True)
@@ -146,6 +167,8 @@ class AgreementScreen:
 
     margin: float = 0.4
     excluded: dict[int, str] = field(default_factory=dict)
+    #: float targets: clients :meth:`confirm` cleared, with their loss over the median's then
+    cleared: dict[int, float] = field(default_factory=dict)
     #: per review, every judged client's verdict (the last :data:`KEPT_REVIEWS`)
     reviews: list[dict[str, Any]] = field(default_factory=list)
 
@@ -178,12 +201,19 @@ class AgreementScreen:
                 for node, (err, rows, spread) in figures.items()]
 
     def review(self, server_round: int, scores: HeldOutScores) -> bool:
-        """Exclude and restore clients from the scores of every held-out row (True: changed)."""
+        """Exclude and restore clients from the scores of every held-out row (True: changed).
+
+        With float targets a client cleared by :meth:`confirm` is judged again only once
+        its loss, relative to the median client's, is :data:`REJUDGE` times what it was.
+        """
         if self.margin <= 0:
             return False
         changed = False
         verdicts = self.verdicts(scores)
         for v in verdicts:
+            cleared = self.cleared.get(v.node)
+            if cleared is not None and v.error < REJUDGE * cleared * v.median:
+                continue
             if v.node not in self.excluded and v.excess > v.bound:
                 self.excluded[v.node] = (
                     f"held-out error {v.error:.3g} against the median client's {v.median:.3g} "
@@ -204,12 +234,45 @@ class AgreementScreen:
         ][-KEPT_REVIEWS:]
         return changed
 
+    def confirm(self, server_round: int, new: set[int], kept: HeldOutScores,
+                without: HeldOutScores) -> bool:
+        """Whether leaving the clients ``new`` out helped the others (float targets).
+
+        ``kept``: the held-out scores under the model trained with them; ``without``: under
+        the model trained again without them. Their exclusion stands where the other
+        clients' held-out loss fell by more than :data:`Z_HARM` standard errors and
+        :data:`MIN_HARM` of its mean (paired on the same rows); else it is undone and the
+        clients are cleared: their loss is high because their own data is harder or noisier
+        (a region no other client holds), not because it disagrees with anyone's.
+        """
+        others = ~np.isin(kept.nodes, np.array(sorted(new), dtype=kept.nodes.dtype))
+        before, after = kept.loss[others].astype(np.float64), without.loss.astype(np.float64)
+        if before.shape != after.shape or before.size < 2:
+            return True
+        diff = before - after
+        gain, stderr = float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))
+        if gain > Z_HARM * stderr and gain > MIN_HARM * float(before.mean()):
+            return True
+        for node in sorted(new):
+            del self.excluded[node]
+            ratio = next((v[2] / v[3] for v in self.reviews[-1]["verdicts"] if v[0] == node
+                          and v[3] > 0), 1.0) if self.reviews else 1.0
+            self.cleared[node] = float(ratio)
+            log_round("dq", server_round, f"client {node} kept: leaving it out did not help "
+                      f"the other clients (their held-out loss {before.mean():.4g} with it, "
+                      f"{after.mean():.4g} without, a change of {gain:+.3g} +- {stderr:.2g}): "
+                      "its data is harder or noisier, not in disagreement; judged again only "
+                      f"once its loss is {REJUDGE:g} times its {ratio:.3g} times the median's")
+        return False
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps."""
-        return {"excluded": dict(self.excluded), "reviews": [dict(r) for r in self.reviews]}
+        return {"excluded": dict(self.excluded), "reviews": [dict(r) for r in self.reviews],
+                "cleared": dict(self.cleared)}
 
     def load_state(self, state: dict[str, Any] | None) -> None:
         """Inverse of :meth:`state` (an older checkpoint: nobody excluded)."""
         state = state or {}
         self.excluded = {int(n): str(r) for n, r in state.get("excluded", {}).items()}
         self.reviews = [dict(r) for r in state.get("reviews", [])]
+        self.cleared = {int(n): float(r) for n, r in state.get("cleared", {}).items()}

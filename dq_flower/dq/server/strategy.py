@@ -42,7 +42,12 @@ from dq_flower.dq.config import (
 )
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.intake import ClientIdentities, UploadIntake, reply_identity
+from dq_flower.dq.server.intake import (
+    ClientIdentities,
+    UploadIntake,
+    reply_claims,
+    reply_identity,
+)
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate, reply_bits
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
@@ -225,8 +230,8 @@ class GradientRounds:
             reply_spec(content, self.intake.data.spec)  # the federation's, where adopted
         assert self.codec is not None
         src = int(msg.metadata.src_node_id)
-        identity = reply_identity(content.metric_records.get("metrics"), src)
-        self.identities.check(server_round, src, identity)
+        claimed = reply_identity(content.metric_records.get("metrics"), src)
+        identity, _ = self.identities.resolve(server_round, src, claimed)
         update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.codec,
                                  max_examples=MAX_LOCAL_ID, require_loss=False,
                                  exact_records=False)(msg)
@@ -499,6 +504,14 @@ class DQStrategy(ModelStrategy, Strategy):
         messages = self.asks.messages(server_round, nodes, clients, plan, table, cfg,
                                       lambda: model_record(self.model, codec=codec))
         return self.ledger.record(server_round, messages)
+
+    def aggregate_round(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's replies, their identity claims read first (:meth:`.prescan`)."""
+        replies = list(replies)
+        self.identities.prescan(server_round, reply_claims(replies))
+        return super().aggregate_round(server_round, replies)
 
     def begin_round(self, rnd: ServerRound) -> None:
         """Take the round's plan (data or gradient) and what each node was asked."""

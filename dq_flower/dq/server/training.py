@@ -358,13 +358,9 @@ class ServerTrainer:
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.train()
         phase = self.run_phase(store.num_train, rng, first)
+        excluded = set(self.screen.excluded)
         if self.screen.review(server_round, self.score_holdout(everyone=True)):
-            # a client excluded or restored: the phase again from its start, without it
-            self.model.load_state_dict(start)
-            self.model.train()
-            steps = phase.steps
-            phase = self.run_phase(store.num_train, rng, [])
-            phase.steps += steps
+            phase = self.rerun_phase(server_round, phase, start, excluded, rng)
         self.last_phase = phase
         assert phase.final is not None and phase.initial is not None
         gain = None
@@ -382,6 +378,34 @@ class ServerTrainer:
             self.schedule.after_upload(stored_before, self.data.stored, gain)
         self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
         return _mean(phase.losses)
+
+    def rerun_phase(self, server_round: int, phase: PhaseResult,
+                    start: dict[str, torch.Tensor], excluded: set[int],
+                    rng: np.random.Generator) -> PhaseResult:
+        """A client excluded or restored: the phase again from its start, without it.
+
+        Float targets, clients only excluded: the exclusion stands only where it helped the
+        others (:meth:`AgreementScreen.confirm`); else the phase with them is kept.
+        """
+        store = self.data.store
+        assert store is not None and phase.final is not None
+        new = set(self.screen.excluded) - excluded
+        check = bool(new) and excluded <= set(self.screen.excluded) \
+            and phase.final.correct is None
+        kept = ((copy.deepcopy(self.model.state_dict()),
+                 copy.deepcopy(self.optimizer.state_dict()), phase) if check else None)
+        self.model.load_state_dict(start)
+        self.model.train()
+        steps = phase.steps
+        phase = self.run_phase(store.num_train, rng, [])
+        phase.steps += steps
+        if kept is not None and kept[2].final is not None and phase.final is not None \
+                and not self.screen.confirm(server_round, new, kept[2].final, phase.final):
+            self.model.load_state_dict(kept[0])
+            self.optimizer.load_state_dict(kept[1])
+            total, phase = phase.steps, kept[2]
+            phase.steps = total
+        return phase
 
     def run_phase(self, train_rows: int, rng: np.random.Generator,
                   queued: list[tuple[float, np.ndarray]],
