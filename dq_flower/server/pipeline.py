@@ -161,7 +161,8 @@ def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormS
     """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
 
     A vector against this round's others (:attr:`DirectionScreen.against`) is held to the
-    median norm and weight even where its node's history keeps it in the mean.
+    median weight, and to the median norm if it is large (:func:`hold_against`), even where
+    its node's history keeps it in the mean.
     """
     nodes = list(nodes) if nodes is not None else list(range(len(vectors)))
     norms = [float(np.linalg.norm(v)) for v in vectors]

@@ -22,6 +22,9 @@ __all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "trimmed_weighted_mean"
            "DirectionScreen",
            "NormScreen", "StepGuard"]
 
+#: A vector against its round whose norm exceeds this many times the median is scaled to
+#: the median (:func:`hold_against`).
+HOLD_ABOVE = 2.0
 #: Aggregation rules of client vectors.
 AGGREGATIONS = ("mean", "median", "trimmed-mean")
 
@@ -99,21 +102,22 @@ class DirectionScreen:
                         for node, values in state.get("cosines", {}).items()}
 
 
-def hold_against(vectors: list[np.ndarray], weights: list[float],
-                 against: Sequence[bool]) -> tuple[list[np.ndarray], list[float]]:
-    """Vectors ``against`` the round scaled to at most the median norm, weights to the median.
+def hold_against(vectors: list[np.ndarray], weights: list[float], against: Sequence[bool],
+                 above: float = HOLD_ABOVE) -> tuple[list[np.ndarray], list[float]]:
+    """Vectors ``against`` the round at the median weight at most, large ones at its norm.
 
-    A node's good rounds (or the direction screen's warm-up) cannot buy a reversed step of
-    more than an honest one's size and weight; the others are returned as they are.
+    Large: a norm above ``above`` times the round's median; such a vector is scaled to the
+    median norm. A node's good rounds (or the direction screen's warm-up) cannot buy a
+    large reversed step; honest updates that point against the others now and then
+    (non-IID data) keep their size. The others are returned as they are.
     """
     if not any(against) or len(vectors) < 3:
         return vectors, [float(w) for w in weights]
     norm = float(np.median([float(np.linalg.norm(v)) for v in vectors]))
     weight = float(np.median(weights))
-    held = clip_norms([v for v, a in zip(vectors, against, strict=True) if a], norm)
-    out, taken = [], iter(held)
-    for v, a in zip(vectors, against, strict=True):
-        out.append(next(taken) if a else v)
+    out = [(v * np.float32(norm / n)).astype(np.float32)
+           if a and (n := float(np.linalg.norm(v))) > above * norm else v
+           for v, a in zip(vectors, against, strict=True)]
     return out, [min(float(w), weight) if a else float(w)
                  for w, a in zip(weights, against, strict=True)]
 

@@ -3,7 +3,8 @@
 One node of five sends -4x its update (reversed, four times the honest step) in rounds
 1-3 and 18-20 only, honest in between: the warm-up let its first rounds through and its
 honest rounds kept its mean cosine above ``min-cosine`` at the end. Against-the-round
-updates are now held to the round's median norm and weight whatever the node's history.
+updates are now held to the round's median weight, and those above twice the median norm
+to the median norm, whatever the node's history.
 """
 
 from __future__ import annotations
@@ -51,17 +52,19 @@ def _accuracy(hostile_rounds: frozenset[int] | None, rounds: int = 20, **knobs) 
                             initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=rounds, train_config=ConfigRecord({"lr": 0.05}),
                             evaluate_fn=_central)
-    return float(result.evaluate_metrics_serverapp[rounds]["accuracy"])
+    # the mean of the last three rounds: the attack's last rounds, less one round's noise
+    return float(np.mean([result.evaluate_metrics_serverapp[r]["accuracy"]
+                          for r in range(rounds - 2, rounds + 1)]))
 
 
 def test_reversals_paced_around_the_warm_up_and_the_window_do_not_wreck_the_model():
-    # before: 78.1% against the control's 86.7% (the node was left out in round 3 only)
+    # mean of rounds 18-20 before: 74.0% against the control's 85.0% (left out in round 3)
     control = _accuracy(None)
     paced = _accuracy(PACED)
     assert paced >= control - 0.05, (paced, control)
 
 
-def test_a_reversed_vector_is_held_to_the_median_norm_and_weight():
+def test_a_large_reversed_vector_is_held_to_the_median_norm_and_weight():
     ones = np.ones(4, dtype=np.float32)
     vectors = [ones, 2 * ones, 3 * ones, -40 * ones]
     held, weights = hold_against(vectors, [1.0, 2.0, 3.0, 1e6], [False, False, False, True])
@@ -69,6 +72,9 @@ def test_a_reversed_vector_is_held_to_the_median_norm_and_weight():
     median = float(np.median([np.linalg.norm(v) for v in vectors]))
     assert np.isclose(np.linalg.norm(held[3]), median) and held[3][0] < 0
     assert weights[3] == 2.5
+    # an update against the round at under twice the median norm keeps its size
+    small, _ = hold_against(vectors[:3] + [-4 * ones], [1.0] * 4, [False] * 3 + [True])
+    assert np.array_equal(small[3], -4 * ones)  # norm 8, median 5
     screen = DirectionScreen(min_cosine=-0.1)
     screen.keep([1, 2, 3, 4], clip_to_median(vectors, 1.0))  # as bound_vectors does
     assert screen.against == [False, False, False, True]
