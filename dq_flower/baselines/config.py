@@ -65,7 +65,7 @@ def _coder_here(value: Any) -> str | None:
     if value not in ENTROPY_CODERS:
         return f"must be one of {ENTROPY_CODERS}, got {value!r}"
     if value not in (*available(), CONTEXT):
-        return f"{value!r} needs the optional 'zstandard' package"
+        return f"{value!r} needs the optional 'zstandard' package: pip install zstandard"
     return None
 
 
@@ -129,7 +129,7 @@ class GradientConfig(RobustConfig, OptimizerConfig):
         "`on`, `off`; `auto` = on for `powersgd` and `terngrad`"))
     entropy_coder: str = knob("zlib", _coder_here, client=True, doc=(
         "lossless stage of every upload and of the model broadcast: `none`, `zlib`, `lzma`, "
-        "`zstd` (with `zstandard`: `pip install \"dq-flower[zstd]\"`), `context` (the codes "
+        "`zstd` (with `pip install zstandard`), `context` (the codes "
         "of `qsgd` and `terngrad` modelled, `zlib` for the other codecs and the broadcast); "
         "per message only where it shrinks it"))
     max_failed_rounds: int = knob(3, at_least(0), doc=(

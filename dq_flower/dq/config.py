@@ -162,7 +162,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "lossless stage of every upload: the packed sample codes (`context`: a "
         "context-model coder of the codes, each message zlib-coded where that is smaller), "
         "the compensation and the gradient rounds' gradients, per message only where it "
-        "shrinks it: `none`, `zlib`, `lzma`, `zstd` (`pip install \"dq-flower[zstd]\"`), "
+        "shrinks it: `none`, `zlib`, `lzma`, `zstd` (`pip install zstandard`), "
         "`context`; an `entropy=` in `compensation-params` / `gradient-codec-params` "
         "overrides it for that payload"))
     scorer: str = knob("auto", one_of(SCORERS), client=True, doc=(
