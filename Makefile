@@ -38,11 +38,15 @@ bench: $(BIN)/dq-flower
 	$(BIN)/python benchmarks/codecs.py
 	$(BIN)/python benchmarks/overhead.py
 
-# the sdist and the wheel, into dist/ (from this checkout, with the venv's setuptools:
-# no download); tests/test_install.py installs the wheel into a fresh environment
-dist: $(BIN)/dq-flower
+# the sdist and the wheel, into dist/: `python -m build` in an isolated build environment
+# (setuptools from the package index), from a small tools environment of its own, not .venv
+# (about 20 s); tests/test_install.py installs the wheel into a fresh environment
+DIST_TOOLS := build/dist-tools
+dist:
 	rm -rf dist
-	$(BIN)/python -m build --no-isolation --outdir dist .
+	test -x $(DIST_TOOLS)/bin/python || $(PY) -m venv $(DIST_TOOLS)
+	$(DIST_TOOLS)/bin/python -m pip install --quiet --disable-pip-version-check "build>=1.2"
+	$(DIST_TOOLS)/bin/python -m build --outdir dist .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info site

@@ -23,6 +23,7 @@ from dq_flower import client, codecs
 from dq_flower.accounting import Ledger, MeasuredGrid
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.dq.config import DQConfig
+from dq_flower.extras import explain_missing
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.simulate import simulate
 from dq_flower.wire.dq_batch import DataSpec
@@ -50,5 +51,6 @@ _LAZY = {"DQStrategy": "dq_flower.dq.server.strategy",
 def __getattr__(name: str) -> Any:
     """The strategies, imported (with PyTorch) on first use."""
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        with explain_missing(f"dq_flower.{name}"):  # a client-only install: name the extra
+            return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ Errors the user can fix end with one line on stderr and exit status 2, never a t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import sys
 import textwrap
@@ -13,9 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dq_flower import __version__
-from dq_flower.cli_common import EXIT_FAILED_RUNS, EXIT_USAGE, PROG
+from dq_flower.cli_common import EXIT_FAILED_RUNS, EXIT_USAGE, PROG, fail
 from dq_flower.compare import commands
 from dq_flower.deploy.cli import add_deploy_parser
+from dq_flower.extras import install_hint, missing_extra
 from dq_flower.harness.tasks.data.partitions import PARTITION_SCHEMES
 
 __all__ = ["main", "build_parser", "PROG", "EXIT_USAGE", "EXIT_FAILED_RUNS"]
@@ -182,8 +184,9 @@ def _add_compare(sub: Any) -> None:
          "dq-flower compare --preset digits-mlp --ray-address 10.0.0.5:6379",
          "dq-flower compare --list-presets"])
     p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
-                   help="scenario: a preset name from simulations/ (digits-mlp, fmnist-cnn, "
-                        "fmnist-wide-cnn, cifar10-resnet, ...) or a path to a .toml file "
+                   help="scenario: a preset name (digits-mlp, fmnist-cnn, fmnist-wide-cnn, "
+                        "cifar10-resnet, ...; --list-presets lists them) or a path to a "
+                        ".toml file "
                         "(default: %(default)s)")
     p.add_argument("--list-presets", action="store_true",
                    help="list the presets and the registered methods, then exit")
@@ -231,7 +234,8 @@ def _add_tune(sub: Any) -> None:
         ["dq-flower tune --preset digits-mlp --tune-rounds 10 --out tuned.toml",
          "dq-flower compare --preset tuned.toml --engine inprocess"])
     p.add_argument("--preset", default="digits-mlp", metavar="NAME|FILE",
-                   help="scenario: a preset name from simulations/ or a path to a .toml file "
+                   help="scenario: a preset name (see compare --list-presets) or a path to "
+                        "a .toml file "
                         "(default: %(default)s)")
     _add_scenario_flags(p)
     _add_tune_flags(p)
@@ -283,7 +287,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return EXIT_USAGE
-    return int(args.func(args) or 0)
+    try:
+        if args.command in ("compare", "tune") and not getattr(args, "list_presets", False):
+            for module in ("torch", "sklearn"):  # every run trains: fail before the first
+                if importlib.util.find_spec(module) is None:
+                    raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:  # a client-only install: one line naming the extra
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        return fail(f"{PROG} {args.command} needs the {extra!r} extra (no module named "
+                    f"{exc.name!r} here); install it: {install_hint(extra)}")
 
 
 if __name__ == "__main__":

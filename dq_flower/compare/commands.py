@@ -18,7 +18,7 @@ from dq_flower.compare.devices import parse_device, parse_server
 from dq_flower.compare.fmt import fmt_value, pct
 from dq_flower.compare.grids import describe_axes
 from dq_flower.compare.links import LinkProfile, parse_links
-from dq_flower.compare.presets import load_preset, preset_names
+from dq_flower.compare.presets import PRESET_DIR, load_preset, preset_names
 from dq_flower.compare.run import check_engine, quiet_flower
 from dq_flower.compare.tune import TuneSettings, apply_tuning, tune_runs
 from dq_flower.compare.work import attach_devices
@@ -28,7 +28,7 @@ __all__ = ["cmd_compare", "cmd_tune", "cmd_report"]
 
 
 def _list_presets() -> int:
-    print("presets (simulations/*.toml):")
+    print(f"presets ({PRESET_DIR}):")
     for name in preset_names():
         try:
             pr = load_preset(name)

@@ -1,8 +1,9 @@
-"""Comparison scenarios ("presets"): small TOML files in ``simulations/``.
+"""Comparison scenarios ("presets"): small TOML files in ``dq_flower/presets/``.
 
 A preset fixes one scenario (data set, model, clients, partition, rounds, target accuracy,
 seed) and the list of methods to run on it, with optional knobs for all methods and per
-method. Example (``simulations/digits-mlp.toml``)::
+method. The files are package data: an installed wheel has every one of them. Example
+(``dq_flower/presets/digits-mlp.toml``)::
 
     description = "Handwritten digits (embedded), MLP"
     dataset = "digits"
@@ -44,11 +45,11 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10
     import tomli as tomllib
 
-__all__ = ["Preset", "MethodSpec", "PRESET_DIR", "BUILTIN_PRESETS", "preset_names",
+__all__ = ["Preset", "MethodSpec", "PRESET_DIR", "preset_names",
            "load_preset", "parse_preset", "toml_value", "preset_toml"]
 
-#: Folder of the preset files (the repository's ``simulations/``).
-PRESET_DIR = Path(__file__).resolve().parents[2] / "simulations"
+#: Folder of the preset files, inside the package (the wheel ships them).
+PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 
 _TOP_KEYS = {"name", "description", "dataset", "model", "num-clients", "rounds", "partition",
              "dirichlet-alpha", "fraction-train", "target-accuracy", "high-target-accuracy",
@@ -139,7 +140,7 @@ class Preset:
         return specs
 
     def to_toml(self, header: str = "") -> str:
-        """The preset as a ``simulations/``-style TOML file (``load_preset`` reads it back)."""
+        """The preset as a preset TOML file (``load_preset`` reads it back)."""
         fields = {"name": self.name, "description": self.description, "dataset": self.dataset,
                   "model": self.model, "num-clients": self.num_clients, "rounds": self.rounds,
                   "partition": self.partition, "dirichlet-alpha": self.dirichlet_alpha,
@@ -240,45 +241,26 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ValueError(f"preset file {path}: {exc}") from None
 
 
-#: Presets that exist even without the ``simulations/`` folder (an installed wheel).
-BUILTIN_PRESETS: dict[str, Preset] = {
-    "digits-mlp": Preset(
-        name="digits-mlp",
-        description="scikit-learn's handwritten digits (embedded, 8x8), MLP, 4 IID clients",
-        dataset="digits", model="mlp", num_clients=4, rounds=50, partition="iid",
-        dirichlet_alpha=0.1, fraction_train=1.0, target_accuracy=0.9, seed=0,
-        methods=("all", "qsgd-tau5", "ef-signsgd-tau5"),
-        knobs={"entropy-coder": "zlib"},
-        method_knobs={"dq": {"entropy-coder": "context"},
-                      "upload-all": {"entropy-coder": "context"},
-                      "upload-all-8bit": {"entropy-coder": "context"},
-                      "fedavg": {"local-epochs": 1},
-                      "qsgd-tau5": {"method": "qsgd", "local-steps": 5},
-                      "ef-signsgd-tau5": {"method": "ef-signsgd", "local-steps": 5}},
-    ),
-}
-
-
 def preset_names(folder: Path | None = None) -> list[str]:
-    """Names of the presets in ``folder`` (default :data:`PRESET_DIR`) and the built-ins."""
+    """Names of the presets in ``folder`` (default :data:`PRESET_DIR`)."""
     folder = PRESET_DIR if folder is None else folder
-    names = {p.stem for p in folder.glob("*.toml")} if folder.is_dir() else set()
-    return sorted(names | set(BUILTIN_PRESETS))
+    return sorted(p.stem for p in folder.glob("*.toml"))
 
 
 def load_preset(name_or_path: str, folder: Path | None = None) -> Preset:
-    """Load a preset by name (``simulations/<name>.toml``) or path; ``ValueError`` if bad."""
+    """Load a preset by name (``dq_flower/presets/<name>.toml``) or path; ``ValueError`` if bad."""
     folder = PRESET_DIR if folder is None else folder
     path = Path(name_or_path).expanduser()
     if path.suffix == ".toml" or path.is_file():
+        if not path.is_file() and path.parent.name == "simulations" \
+                and (folder / path.name).is_file():
+            path = folder / path.name  # the presets' old folder, named by recorded commands
         if not path.is_file():
             raise ValueError(f"preset file not found: {path}")
         return parse_preset(_read_toml(path), path.stem)
     candidate = folder / f"{name_or_path}.toml"
     if candidate.is_file():
         return parse_preset(_read_toml(candidate), name_or_path)
-    if name_or_path in BUILTIN_PRESETS:
-        return BUILTIN_PRESETS[name_or_path]
     raise ValueError(f"unknown preset {name_or_path!r}; known: "
                      f"{', '.join(preset_names(folder))} (or a path to a .toml file)")
 

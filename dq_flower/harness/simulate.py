@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from dq_flower.config import field_keys, unknown_knob
+from dq_flower.extras import explain_missing
 from dq_flower.harness.client_app import make_client_app
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.methods import get_method, validate_run_config
@@ -58,6 +59,7 @@ def build_run_config(method: str = "dq", dataset: Any = "digits", model: Any = "
     return run_config
 
 
+@explain_missing("dq_flower.simulate")  # a client-only install: name the extra
 def simulate(method: str = "dq", dataset: Any = "digits", model: Any = "mlp", num_clients: int = 4,
              rounds: int = 5, seed: int = 0, num_cpus_per_client: float = 1.0,
              num_gpus_per_client: float = 0.0, verbose: bool = False,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
 
+import dq_flower
 from dq_flower import compare
 from dq_flower.compare import (
     ConsoleProgress,
@@ -19,7 +21,6 @@ from dq_flower.compare import (
 )
 from dq_flower.compare import run as compare_run
 from dq_flower.compare.presets import (
-    BUILTIN_PRESETS,
     PRESET_DIR,
     Preset,
     load_preset,
@@ -49,8 +50,12 @@ def test_every_preset_loads_and_validates(name):
     assert len(scenario) == 1  # same seed, partition, clients, data and model for all
 
 
-def test_builtin_digits_preset_matches_its_file():
-    assert load_preset("digits-mlp") == BUILTIN_PRESETS["digits-mlp"]
+def test_the_presets_are_package_data():
+    # the wheel ships dq_flower/ only: the presets live inside it, one file each
+    assert PRESET_DIR.parent == Path(dq_flower.__file__).parent
+    assert set(preset_names()) == {p.stem for p in PRESET_DIR.glob("*.toml")}
+    # commands recorded with the presets' old folder still find them
+    assert load_preset("simulations/digits-mlp.toml") == load_preset("digits-mlp")
     labels = [p.spec.label for p in plan_runs(load_preset("digits-mlp"))]
     assert labels[:len(method_names())] == method_names()  # "all" = every registered method
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from dq_flower.compare.presets import PRESET_DIR
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,16 +33,16 @@ def test_readme_block_replaces_only_its_marked_region():
     assert regen.splice_readme(text, "z", "new") == text  # no markers: unchanged
 
 
-def test_every_experiment_names_a_preset_in_simulations():
+def test_every_experiment_names_a_packaged_preset():
     regen = _module()
     for name, args in regen.EXPERIMENTS.items():
         preset = args[args.index("--preset") + 1]
-        assert (ROOT / "simulations" / f"{preset}.toml").is_file(), name
+        assert (PRESET_DIR / f"{preset}.toml").is_file(), name
     # every published experiment is shown: the headline one in the README (a block that
     # regenerate.py splices), every one on a docs page that shows its summary.md (written
     # into the page by simulations/inline_docs.py)
     readme = (ROOT / "README.md").read_text()
-    assert "<!-- results:digits-mlp -->" in readme
+    assert "<!-- inline: docs/results/digits-mlp/summary.md#verdict -->" in readme
     pages = "".join(p.read_text() for p in (ROOT / "docs" / "experiments").glob("*.md"))
     for name in regen.EXPERIMENTS:
         assert f"<!-- inline: docs/results/{name}/summary.md" in pages, name
