@@ -1,8 +1,9 @@
 """``dq-flower deploy local --app``: a user's own Flower app on a real local deployment.
 
 Each test starts a SuperLink and SuperNodes through the command and checks that it stopped
-every one of them by pid (the pids it prints). The failing app fails in its first seconds
-(about 30 s in all); the example app's two DQ rounds take minutes, hence ``slow``.
+every one of them by pid (the pids it prints). Both are ``slow`` (the failing app about
+30 s, the example's two DQ rounds 2-3 minutes on 2 cores); ``test_deploy_checks.py`` holds
+their fast versions, with the deployment replaced by a fake.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def _failing_app(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_failing_app_shows_its_own_error_and_exits_non_zero(tmp_path, capsys):
     app = _failing_app(tmp_path / "app")
     status = main(["deploy", "local", "--app", str(app), "--nodes", "1", "--rounds", "2",
