@@ -8,21 +8,35 @@ path without running its ``.pth`` files, so this checkout's editable install sta
 ``import dq_flower`` finds the wheel's files. From there the README quickstart runs in
 Flower's simulation engine and prints what the README shows, the console script answers,
 and a node that cannot import PyTorch answers DQ rounds.
+
+What a user of the wheel runs besides, each from a folder outside this checkout: ``flwr run``
+of the examples and of the app that docs/plugin.md shows, against the SuperLink that ``flwr``
+starts itself (the default ``local`` connection, Flower's runtime dependency installation
+on: nothing is set but this test's own folders and ports), stopped by its pid at the end;
+the presets that ``dq-flower compare --help`` names; ``dq-flower deploy local`` with the
+package's own app; the missing-extra errors of a client-only install. ``make dist`` builds
+in an isolated build environment without ``.venv``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomli
 
 from tests.edge.helpers import SubprocessClient
 from tests.test_docs import ALL_BLOCKS, _documented_output
@@ -59,7 +73,25 @@ def installed(tmp_path_factory) -> Path:
                              check=True).stdout.strip()
     assert (Path(purelib) / "dq_flower" / "__init__.py").exists(), list(Path(purelib).iterdir())
     Path(purelib, "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _flower_scripts(venv)
     return venv
+
+
+def _flower_scripts(venv: Path) -> None:
+    """Flower's console scripts in the new environment, as ``pip install flwr`` writes them.
+
+    The wheel went in with ``--no-deps`` (its dependencies come through the ``.pth`` line),
+    so ``flwr``, ``flower-superlink``, ... are written here, run by the new environment's
+    interpreter: the SuperLink that ``flwr run`` starts by name then imports the wheel.
+    """
+    for entry in metadata.distribution("flwr").entry_points:
+        if entry.group != "console_scripts":
+            continue
+        module, _, attr = entry.value.partition(":")
+        script = venv / "bin" / entry.name
+        script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import "
+                          f"{attr.split('.')[0]}\nsys.exit({attr}())\n")
+        script.chmod(0o755)
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -125,3 +157,248 @@ def test_a_torch_free_node_answers_dq_rounds_from_the_wheel(installed, tmp_path)
     for row in result.history[1:]:
         assert (row["replies"], row["rejected"], row["failed"]) == (2, 0, 0), row
     assert result.history[-1]["stored"] == 2 * ROUNDS * BUDGET
+
+
+# ------------------------------------------------------------ flwr run, as a user runs it
+def _local_superlinks(flwr_home: Path) -> list[int]:
+    """Pids of the SuperLinks that ``flwr`` started for ``flwr_home`` (their log is in it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(b"flower-superlink" in a for a in args[:2]) and any(
+                    str(flwr_home).encode() in a for a in args):
+                found.append(int(entry.name))
+    return found
+
+
+def _stop_with_descendants(pids: list[int]) -> None:
+    """Stop ``pids`` and every process below them (Flower's helpers, Ray) by pid."""
+    from dq_flower.deploy.supervisor import _descendants, _start_time, _stop_pids
+
+    snapshot = {pid: start for pid in pids if (start := _start_time(pid)) is not None}
+    for pid in pids:
+        snapshot.update(_descendants(pid))
+    _stop_pids(snapshot, grace=0.0, timeout=10.0)
+
+
+@pytest.fixture(scope="module")
+def flwr_user(installed, tmp_path_factory):
+    """The wheel's environment as a user's shell has it: ``flwr`` on ``PATH``, nothing set.
+
+    Only this test's folders (``FLWR_HOME``, Ray's) and the ports of Flower's local SuperLink
+    (free ones, not 39091 and 39093) are its own. The SuperLink that the first ``flwr run``
+    starts in the background stays for the module's runs, as it would for a user, and is
+    stopped by its pid at the end.
+    """
+    from dq_flower.deploy.supervisor import free_port
+
+    home = tmp_path_factory.mktemp("user")
+    env = _env(home)
+    for key in ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "VIRTUAL_ENV", "UV_FIND_LINKS"):
+        env.pop(key, None)
+    env["PATH"] = os.pathsep.join([str(installed / "bin"), env.get("PATH", "")])
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
+    env["UV_CACHE_DIR"] = str(home / "uv-cache")
+    try:
+        yield env
+    finally:
+        superlinks = _local_superlinks(Path(env["FLWR_HOME"]))
+        _stop_with_descendants(superlinks)
+        assert not [p for p in superlinks if Path(f"/proc/{p}").exists()
+                    and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[1][:3]]
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+
+
+def _flwr_run(env: dict[str, str], app: Path, *args: str, timeout: float = 300) -> str:
+    """``flwr run APP --stream ...`` from the app's parent folder; its output."""
+    done = subprocess.run(["flwr", "run", app.name, *args, "--stream"], cwd=app.parent,
+                          env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    # Flower's runtime installation ran (it is on) and installed nothing
+    assert "No additional application dependencies needed installation." in output, \
+        output[-4000:]
+    assert "Exit Code" not in output and "ERROR" not in output, output[-4000:]
+    return output
+
+
+def _requirement_names(project: dict) -> set[str]:
+    def name(req: str) -> str:
+        return re.split(r"[\s\[<>=!~;@]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+    reqs = list(project["project"].get("dependencies", []))
+    for extra in project["project"].get("optional-dependencies", {}).values():
+        reqs += extra
+    return {name(r) for r in reqs} - {project["project"]["name"]}
+
+
+@pytest.mark.parametrize("folder", ["", "examples/quickstart-dq", "examples/quickstart-pytorch",
+                                    "examples/quickstart-pytorch-compressed",
+                                    "examples/quickstart-pytorch-dq"])
+def test_every_app_leaves_its_packages_to_the_environment(folder):
+    # Flower's runtime installation (uv sync) resolves every package of [project], extras
+    # included; one that [tool.uv] does not exclude is fetched from an index at each run,
+    # and dq-flower is on none
+    with (ROOT / folder / "pyproject.toml").open("rb") as f:
+        project = tomli.load(f)
+    excluded = set(project.get("tool", {}).get("uv", {}).get("exclude-dependencies", []))
+    assert _requirement_names(project) <= excluded, _requirement_names(project) - excluded
+
+
+def _copy_app(name: str, tmp_path: Path) -> Path:
+    app = tmp_path / name
+    shutil.copytree(ROOT / "examples" / name, app,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return app
+
+
+def test_flwr_run_of_quickstart_dq_from_the_wheel(installed, flwr_user, tmp_path):
+    app = _copy_app("quickstart-dq", tmp_path)
+    output = _flwr_run(flwr_user, app, "--federation-config", "num-supernodes=2",
+                       "--run-config", "num-server-rounds=1")
+    assert re.search(r"Final accuracy 0\.9\d+, uplink \d+ bytes", output), output[-3000:]
+    # the SuperLink that flwr started imports the wheel, not this checkout
+    assert _local_superlinks(Path(flwr_user["FLWR_HOME"]))
+    assert str(ROOT / "dq_flower") not in output
+
+
+def test_flwr_run_of_the_plugin_pages_app_from_the_wheel(installed, flwr_user, tmp_path):
+    # docs/plugin.md: the one-file app and the pyproject.toml it shows beside it
+    code = next(b.code for b in ALL_BLOCKS if b.path == "docs/plugin.md"
+                and b.code.startswith("# dq_app.py"))
+    project = next(b.code for b in ALL_BLOCKS if b.path == "docs/plugin.md"
+                   and b.lang == "toml" and 'serverapp = "dq_app:server_app"' in b.code)
+    app = tmp_path / "dq-app"
+    app.mkdir()
+    (app / "dq_app.py").write_text(code)
+    (app / "pyproject.toml").write_text(project)
+    output = _flwr_run(flwr_user, app, "--federation-config", "num-supernodes=4")
+    found = re.search(r"accuracy (0\.\d+), up (\d+) B, down (\d+) B", output)
+    assert found and float(found[1]) > 0.85, output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["quickstart-pytorch", "quickstart-pytorch-compressed",
+                                  "quickstart-pytorch-dq"])
+def test_flwr_run_of_every_example_from_the_wheel(installed, flwr_user, tmp_path, name):
+    app = _copy_app(name, tmp_path)
+    output = _flwr_run(flwr_user, app, "--run-config", "num-server-rounds=1",
+                       "--federation-config", "num-supernodes=2", timeout=600)
+    assert "Saving final model to disk" in output, output[-3000:]
+
+
+@pytest.mark.slow
+def test_flwr_run_of_the_package_app_from_the_wheel(installed, flwr_user, tmp_path):
+    # the app the wheel ships (dq_flower/app/pyproject.toml), run from its installed folder
+    app = Path(subprocess.run(
+        [str(installed / "bin" / "python"), "-c",
+         "from dq_flower.harness.app_folder import app_folder; print(app_folder())"],
+        cwd=tmp_path, env=flwr_user, capture_output=True, text=True, check=True).stdout.strip())
+    assert app.is_relative_to(installed) and app.name == "app", app
+    results = tmp_path / "results.json"
+    _flwr_run(flwr_user, app, "--run-config",
+              f"num-server-rounds=1 results-path='{results}'", timeout=600)
+    history = json.loads(results.read_text())["history"]
+    assert [r["round"] for r in history] == [0, 1] and history[1]["accuracy"] > 0.5, history
+
+
+# ------------------------------------------------------ what --help names, from the wheel
+def test_the_presets_that_help_names_resolve_from_the_wheel(installed, tmp_path):
+    dq_flower = installed / "bin" / "dq-flower"
+    env = _env(tmp_path)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(dq_flower), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    named = re.search(r"preset name \(([^;)]*)", " ".join(run("compare", "--help").stdout.split()))
+    assert named, "compare --help names no presets"
+    names = [n.strip() for n in named[1].split(",") if n.strip() not in ("", "...")]
+    assert {"digits-mlp", "fmnist-wide-cnn"} <= set(names), names
+    listed = run("compare", "--list-presets")
+    assert listed.returncode == 0, listed.stderr
+    for name in names:  # each listed with its scenario, none invalid
+        assert re.search(rf"^  {name} +\S+/\S+, \d+ clients", listed.stdout, re.M), \
+            (name, listed.stdout)
+    assert "invalid" not in listed.stdout
+    # the preset resolves: the command goes on to its data (absent from this empty folder)
+    (tmp_path / "no-data").mkdir()
+    done = run("compare", "--preset", "fmnist-wide-cnn", "--data-dir", str(tmp_path / "no-data"),
+               "--engine", "inprocess", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "unknown preset" not in done.stderr and "no-data" in done.stderr, done.stderr
+
+
+def test_deploy_local_runs_the_package_app_from_the_wheel(installed, tmp_path):
+    # outside any checkout: no pyproject.toml in the folder it runs from
+    env = _env(tmp_path)
+    workdir = Path(tempfile.mkdtemp(prefix="dqd-"))  # short: Ray's and gRPC's socket paths
+    try:
+        done = subprocess.run([str(installed / "bin" / "dq-flower"), "deploy", "local",
+                               "--nodes", "2", "--rounds", "1", "--workdir", str(workdir)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=400, check=False)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"^round 1: accuracy 0\.\d+, up \d+ B", done.stdout, re.M), done.stdout
+
+
+# ------------------------------------------------------------- a client-only install
+_BLOCK_SERVER_EXTRA = """
+import importlib.abc, sys
+class _NoServerExtra(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"torch", "torchvision", "sklearn", "matplotlib"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NoServerExtra())
+"""
+
+
+@pytest.mark.parametrize("call", [
+    "import dq_flower; dq_flower.DQStrategy",
+    "import dq_flower; dq_flower.simulate('dq', rounds=1)",
+    "import sys; from dq_flower.cli import main; sys.exit(main(['compare', '--rounds', '1']))",
+])
+def test_a_client_only_install_names_the_missing_extra(installed, tmp_path, call):
+    done = subprocess.run([str(installed / "bin" / "python"), "-c", _BLOCK_SERVER_EXTRA + call],
+                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=120, check=False)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and "'server' extra" in last, done.stderr[-2000:]
+    assert "[server]" in last and "download.pytorch.org/whl/cpu" in last, last
+
+
+# ------------------------------------------------------------------------- make dist
+def test_make_dist_builds_in_an_isolated_environment_without_the_venv(tmp_path):
+    # a copy of the checkout's tracked and new files: no .venv, no build/ or dist/
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not p.startswith(str(ROOT)))
+    start = time.monotonic()
+    done = subprocess.run(["make", "dist", f"PY={sys.base_prefix}/bin/python3"], cwd=src,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    took = time.monotonic() - start
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (src / ".venv").exists()
+    assert "Creating isolated environment" in done.stdout + done.stderr, done.stderr[-3000:]
+    wheel = next((src / "dist").glob("dq_flower-*.whl"))
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+    assert "dq_flower/app/pyproject.toml" in names
+    assert {f"dq_flower/presets/{p.name}" for p in (ROOT / "dq_flower" / "presets").glob(
+        "*.toml")} <= names
+    assert took < 60, f"make dist took {took:.0f} s"

@@ -38,6 +38,8 @@ from dq_flower.deploy.flower_cli import (
 )
 from dq_flower.deploy.local import LocalDeployment
 from dq_flower.deploy.supervisor import DeploymentError, start_process
+from dq_flower.extras import NOT_ON_INDEX, RUNTIME_INSTALL_HINT
+from dq_flower.harness.app_folder import default_app
 
 __all__ = ["add_deploy_parser", "parse_config_pairs", "cmd_certs", "cmd_superlink",
            "cmd_supernode", "cmd_register", "cmd_run", "cmd_local", "DEFAULT_CONNECTION",
@@ -260,6 +262,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             proc.terminate()
             _say(f"stopped following the run; it goes on (flwr stop {run_id} {conn})")
             return EXIT_FAILED
+    if NOT_ON_INDEX in "".join(output):  # Flower's runtime installation found no dq-flower
+        _say(RUNTIME_INSTALL_HINT)
     if proc.returncode != 0 or run_id is None:
         return EXIT_FAILED
     if args.no_stream:
@@ -379,9 +383,10 @@ def _add_client_tls_args(p: argparse.ArgumentParser, insecure_help: str) -> None
 
 
 def _add_app_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--app", default=".", metavar="DIR",
+    p.add_argument("--app", default=str(default_app()), metavar="DIR",
                    help="a Flower app's folder, with its pyproject.toml: any Flower app, or "
-                   "the dq_flower project folder for the package's own app (default .)")
+                   "the dq_flower project folder for the package's own app (default: . "
+                   "where it has a pyproject.toml, else the package's own app)")
 
 
 def _add_process_output_args(p: argparse.ArgumentParser) -> None:
