@@ -40,7 +40,7 @@ bench: $(BIN)/dq-flower
 
 # the sdist and the wheel, into dist/: `python -m build` in an isolated build environment
 # (setuptools from the package index), from a small tools environment of its own, not .venv
-# (about 20 s); tests/test_install.py installs the wheel into a fresh environment
+# (14 to 22 s here); tests/test_install.py installs the wheel into a fresh environment
 DIST_TOOLS := build/dist-tools
 dist:
 	rm -rf dist
