@@ -177,3 +177,25 @@ def test_a_row_two_codes_from_an_earlier_one_is_a_near_copy():
     big = NearCopies(2)
     big.mask(1, packed(rng.integers(0, 4, (REFERENCE_ROWS + 500, 64))))
     assert big.reference[1].shape == (REFERENCE_ROWS, 16) and big.seen[1] == REFERENCE_ROWS + 500
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_packed_code_distances_count_the_codes_that_differ(bits):
+    from dq_flower.codecs.bitpack import pack
+    from dq_flower.dq.server.near_copies import NearCopies, code_distance
+
+    rng = np.random.default_rng(bits)
+    dim = 60
+    padded = -(-dim // (8 // np.gcd(8, bits))) * (8 // np.gcd(8, bits))
+    a = rng.integers(0, 1 << bits, (7, dim))
+    b = rng.integers(0, 1 << bits, (9, dim))
+    b[0], b[1] = a[0], a[1]
+    b[1, :3] ^= 1  # three codes moved
+
+    def packed(rows):
+        return pack(np.pad(rows, ((0, 0), (0, padded - dim))).reshape(-1), bits).reshape(
+            len(rows), -1)
+
+    got = NearCopies(bits).distance(packed(a), packed(b))
+    np.testing.assert_array_equal(got, code_distance(a, b))
+    assert got[0, 0] == 0 and got[1, 1] == 3

@@ -24,6 +24,10 @@ __all__ = ["NearCopies", "near_codes", "code_distance", "REFERENCE_ROWS"]
 REFERENCE_ROWS = 2048
 #: New rows compared at once (bounds the temporary ``chunk x reference x codes`` array).
 _CHUNK = 16
+#: New rows compared at once on packed words.
+_WORD_CHUNK = 4
+#: Per byte, the lowest bit of each code (MSB-first packing) for bits that divide 8.
+_LOW_BITS = {1: 0xFF, 2: 0x55, 4: 0x11, 8: 0x01}
 
 
 def near_codes(codes: int) -> int:
@@ -37,6 +41,31 @@ def code_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     for start in range(0, len(a), _CHUNK):
         part = a[start:start + _CHUNK, None, :]
         out[start:start + _CHUNK] = (part != b[None, :, :]).sum(axis=2)
+    return out
+
+
+def _words(packed: np.ndarray) -> np.ndarray:  # rows as uint64 words (zero padded)
+    pad = -packed.shape[1] % 8
+    rows = np.pad(packed, ((0, 0), (0, pad))) if pad else packed
+    return np.ascontiguousarray(rows).view(np.uint64)
+
+
+def packed_distance(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """:func:`code_distance` of packed rows of 1, 2, 4 or 8-bit codes (none straddles a byte).
+
+    XOR, each code's bits folded onto its lowest, counted (``np.bitwise_count``).
+    """
+    low = np.uint64(int.from_bytes(bytes([_LOW_BITS[bits]]) * 8, "little"))
+    wa, wb = _words(a), _words(b)
+    out = np.empty((len(a), len(b)), dtype=np.int64)
+    for start in range(0, len(a), _WORD_CHUNK):  # small chunks: the XORs stay in cache
+        diff = wa[start:start + _WORD_CHUNK, None, :] ^ wb[None, :, :]
+        shift = 1
+        while shift < bits:
+            diff |= diff >> np.uint64(shift)
+            shift *= 2
+        diff &= low
+        out[start:start + _WORD_CHUNK] = np.bitwise_count(diff).sum(axis=2)
     return out
 
 
@@ -57,19 +86,24 @@ class NearCopies:
         return unpack(np.ascontiguousarray(packed).reshape(-1), self.bits,
                       n * count).reshape(n, count)
 
+    def distance(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Differing codes between packed rows ``a`` and ``b`` (all pairs)."""
+        if self.bits in _LOW_BITS:
+            return packed_distance(a, b, self.bits)
+        return code_distance(self._unpack(a), self._unpack(b))
+
     def mask(self, node: int, packed: np.ndarray) -> np.ndarray:
         """Which rows of one upload (packed codes) are near-copies; they join the reservoir."""
         packed = np.ascontiguousarray(packed, dtype=np.uint8)
         n = len(packed)
         if n == 0:
             return np.zeros(0, dtype=bool)
-        rows = self._unpack(packed)
-        limit = near_codes(rows.shape[1])
+        limit = near_codes(packed.shape[1] * 8 // self.bits)
         near = np.zeros(n, dtype=bool)
         old = self.reference.get(int(node))
         if old is not None and len(old):
-            near |= code_distance(rows, self._unpack(old)).min(axis=1) <= limit
-        within = code_distance(rows, rows)
+            near |= self.distance(packed, old).min(axis=1) <= limit
+        within = self.distance(packed, packed)
         within[np.triu_indices(n)] = limit + 1  # only earlier rows of the upload count
         near |= within.min(axis=1) <= limit
         self._remember(int(node), packed)
