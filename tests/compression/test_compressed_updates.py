@@ -243,6 +243,8 @@ HOSTILE = [
     ("NaN metric", lambda r: _edit_metrics(r, train_loss=float("nan")),
      "not finite numbers"),
     ("other metric keys", lambda r: _edit_metrics(r, extra=1.0), "differ from the other"),
+    ("a metric key flood", lambda r: _edit_metrics(r, **{f"m{i}": 1.0 for i in range(300)}),
+     "302 metrics; at most 256"),
     ("huge update", lambda r: RecordDict({
         UPDATE_KEY: _payload(np.full(_dim(), 1e4, np.float32)),
         "metrics": r.content.metric_records["metrics"]}), "norm is implausibly large"),
