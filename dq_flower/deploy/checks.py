@@ -39,6 +39,7 @@ class FlowerApp:
 
 def read_app(path: str | Path) -> FlowerApp:
     """The Flower app in folder ``path``; ``ValueError`` where it is not one."""
+    # Flower's config readers: only where an app folder is read (the CLI starts fast)
     from flwr.common.config import flatten_dict, get_project_config
 
     folder = Path(path)
@@ -75,6 +76,7 @@ def check_run_config(app: FlowerApp, overrides: Mapping[str, Any], *,
                              "Flower accepts only the keys an app declares")
     if not app.is_package_app:
         return
+    # the harness (PyTorch): only for the package's own app
     from dq_flower.harness.methods import validate_run_config
 
     validate_run_config({**app.config, **overrides}, nodes=nodes)
