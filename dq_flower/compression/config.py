@@ -23,8 +23,10 @@ MESSAGE_PREFIX = "compression-"
 class CompressionConfig:
     """Knobs of :class:`dq_flower.CompressedUpdates` (run-config keys hyphenated).
 
-    The default ``clip-factor`` 0 leaves the aggregation to the inner strategy: a lossless
-    codec gives it exactly the weights it would get without the wrapper.
+    The default ``clip-factor`` 2 scales an update above twice the round's median norm
+    down to it (from the first round: a node's first updates get no free pass); honest
+    updates are seldom that far out, so a lossless codec still gives the inner strategy the
+    weights it would get without the wrapper (``clip-factor`` 0: always).
     """
 
     codec: str = knob("qsgd", lambda v: None if v != "sign" else (
@@ -43,7 +45,7 @@ class CompressionConfig:
     per_tensor: str = inherit(GradientConfig, "per_tensor")
     downlink: str = knob("float32", one_of(DOWNLINKS), client=True, doc=(
         "`float32` (the inner strategy's broadcast, untouched) or `fp16`"))
-    clip_factor: float = inherit(RobustConfig, "clip_factor", default=0.0, unset=NO_SPELLING)
+    clip_factor: float = inherit(RobustConfig, "clip_factor", default=2.0, unset=NO_SPELLING)
     weight_cap: float = inherit(RobustConfig, "weight_cap", default=10.0, unset=NO_SPELLING)
     norm_bound_factor: float = inherit(RobustConfig, "norm_bound_factor")
     min_cosine: float = inherit(RobustConfig, "min_cosine", unset=NO_SPELLING)

@@ -87,12 +87,14 @@ def test_qsgd2_cuts_fedavg_uplink_8x_and_learns():
 def test_a_reversed_four_times_update_is_left_out_by_the_direction_screen():
     """One node of five sends -4x its update (a fault as much as an attack): at the
     defaults FedAvg inside the wrapper ends within 5 points of the honest control; with
-    the direction screen off (``min_cosine=-1``) the same node wrecks the model."""
+    the direction screen and the clip off (``min_cosine=-1``, ``clip_factor=0``) the same
+    node wrecks the model."""
     wrapped = {**QSGD2}
     _, _, control = run(FedAvg(fraction_evaluate=0.0), wrapped, rounds=20, nodes=5)
     _, _, attacked = run(FedAvg(fraction_evaluate=0.0), wrapped, rounds=20, nodes=5,
                          hostile_scale=-4.0)
-    _, _, unscreened = run(FedAvg(fraction_evaluate=0.0), {**QSGD2, "min_cosine": -1.0},
+    _, _, unscreened = run(FedAvg(fraction_evaluate=0.0),
+                           {**QSGD2, "min_cosine": -1.0, "clip_factor": 0.0},
                            rounds=20, nodes=5, hostile_scale=-4.0)
     assert accuracy(attacked, 20) >= accuracy(control, 20) - 0.05, (
         accuracy(attacked, 20), accuracy(control, 20))

@@ -4,7 +4,8 @@ One node of five sends -4x its update (reversed, four times the honest step) in 
 1-3 and 18-20 only, honest in between: the warm-up let its first rounds through and its
 honest rounds kept its mean cosine above ``min-cosine`` at the end. Against-the-round
 updates are now held to the round's median weight, and those above twice the median norm
-to the median norm, whatever the node's history.
+to the median norm, whatever the node's history; and the wrapper's ``clip-factor`` is 2 by
+default, so no update moves the mean by more than twice an honest one from round 1.
 """
 
 from __future__ import annotations
