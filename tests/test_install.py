@@ -348,6 +348,11 @@ def test_deploy_local_runs_the_package_app_from_the_wheel(installed, tmp_path):
         shutil.rmtree(workdir, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"^round 1: accuracy 0\.\d+, up \d+ B", done.stdout, re.M), done.stdout
+    # docs/deploy.md's transcript of `deploy local` shows this round (its bytes and accuracy)
+    page = (ROOT / "docs" / "deploy.md").read_text()
+    shown = page[page.index("$ dq-flower deploy local --nodes 2 --rounds 2"):]
+    documented = re.search(r"^round 1: .*$", shown, re.M)
+    assert documented and documented[0] in done.stdout.splitlines(), done.stdout
 
 
 # ------------------------------------------------------------- a client-only install

@@ -7,6 +7,7 @@ run-config overrides. The SuperLink is stopped by its pid in a ``finally``. Abou
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -63,5 +64,10 @@ def test_flwr_run_against_simulation_superlink(tmp_path):
     assert [r["round"] for r in history] == [0, 1, 2]
     assert history[2]["accuracy"] > history[0]["accuracy"] + 0.2, history
     assert history[1]["up_bytes"] > 0 and history[1]["down_bytes"] > 0
+    # docs/deploy.md's observed output is this run's: the same round lines
+    page = (APP_DIR / "docs" / "deploy.md").read_text()
+    shown = page[page.index("Observed output (2 simulated clients"):].split("```")[1]
+    round_line = r"\[dq\] round \d+/2: .*"
+    assert re.findall(round_line, output) == re.findall(round_line, shown), output[-3000:]
     # flwr run must not rewrite the project (legacy [tool.flwr.federations] migration)
     assert (APP_DIR / "pyproject.toml").read_bytes() == pyproject_before
