@@ -229,7 +229,8 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         needs one ``MetricRecord`` of at most ``MAX_METRIC_KEYS`` keys and a count in range;
         the inner strategy sees the keys at least half the replies hold (a reply lacking
         one is rejected), counts capped at ``EVAL_WEIGHT_CAP`` times their median and each
-        value bounded by the others' (:func:`dq_flower.server.majority.winsorize`).
+        value bounded by the others' (:func:`dq_flower.server.majority.winsorize`); a reply
+        whose value that bound moved counts at most the median count.
         """
         replies = list(replies)
         screened = screen_replies(
@@ -339,6 +340,11 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         weights = cap_weights([n for _, n, _ in full], EVAL_WEIGHT_CAP)
         bounded = {k: winsorize([np.asarray(values[k]) for _, _, values in full])
                    for k in sorted(keys)}
+        # a reply whose value the bound moved counts no more than the median reply
+        median = float(np.median(weights)) if weights else 0.0
+        moved = [any(float(v[i]) != float(values[k]) for k, v in bounded.items())
+                 for i, (_, _, values) in enumerate(full)]
+        weights = [min(w, median) if m else w for w, m in zip(weights, moved, strict=True)]
         out = []
         for i, ((msg, _n, _), weight) in enumerate(zip(full, weights, strict=True)):
             name = next(iter(msg.content.metric_records))
