@@ -67,6 +67,10 @@ def test_a_flat_curve_is_probed_and_rounds_between_probes_cost_no_uplink():
     assert rows[3]["selected"] == math.ceil(0.1 * rows[2]["stored"] - 1e-9)
     assert all(r["up_bytes"] == 0 for r, up in zip(rows, uploads, strict=True) if not up)
     assert not rows[-1].get("ended_early")
+    # a round that trained nothing reports no training loss (not a NaN one)
+    assert all("train_loss" not in r for r, up in zip(rows, uploads, strict=True) if not up)
+    assert all(math.isfinite(r["train_loss"]) for r, up in zip(rows, uploads, strict=True)
+               if up)
 
 
 def test_the_held_out_rows_are_never_trained_on(monkeypatch):

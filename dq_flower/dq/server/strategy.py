@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -110,7 +111,6 @@ class RoundMetrics:
         """The per-round metrics both kinds of round report."""
         store = self.data.store
         metrics: Metrics = {
-            "train-loss": float(loss),
             "selected": int(selected),
             "stored": self.data.stored,
             "store-bytes": 0 if store is None else store.nbytes,
@@ -125,6 +125,8 @@ class RoundMetrics:
             "duplicate-rows": self.data.take_duplicates(),
             "held-set-bytes": self.asks.held_bytes,
         }
+        if math.isfinite(loss):  # a round that trained nothing (no new rows) reports none
+            metrics["train-loss"] = float(loss)
         if plan is not None and self.cfg.upload_mode != "data":
             metrics.update({"gradient-round": int(plan.mode == "gradient"),
                             "est-data-bits": float(plan.data_bits),
