@@ -138,6 +138,7 @@ class ServerRound:
 
     number: int
     sent: dict[int, Message] | None  # what the strategy sent, by node (from its ledger)
+    replies: list[Message] = field(default_factory=list)  # every reply, as they came
     screened: Screened = field(default_factory=Screened)
     #: what the strategy's hooks pass each other within the round (a plan, what was sent)
     notes: dict[str, Any] = field(default_factory=dict)
@@ -152,15 +153,18 @@ class RoundPipeline(ServerFigures):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The template: see the class docstring."""
-        rnd = ServerRound(int(server_round), self.ledger.take(server_round))
+        rnd = ServerRound(int(server_round), self.ledger.take(server_round), list(replies))
         self.begin_round(rnd)
-        rnd.screened = screen_replies(replies, lambda msg: self.decode_reply(rnd, msg),
+        rnd.screened = screen_replies(rnd.replies, lambda msg: self.decode_reply(rnd, msg),
                                       rnd.sent)
         self.observe_failures(rnd)
         return self.aggregate_and_step(rnd, self.bound(rnd))
 
     def begin_round(self, rnd: ServerRound) -> None:
-        """What the round needs before its replies are decoded (nothing here)."""
+        """What the round needs before its replies are decoded (here nothing).
+
+        Every reply is in ``rnd.replies``.
+        """
 
     def decode_reply(self, rnd: ServerRound, msg: Message) -> Any:
         """One reply decoded and checked; any exception rejects it with its reason."""

@@ -518,16 +518,12 @@ class DQStrategy(ModelStrategy, Strategy):
                                       lambda: model_record(self.model, codec=codec))
         return self.ledger.record(server_round, messages)
 
-    def aggregate_round(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The round's replies, their identity claims read first (:meth:`.prescan`)."""
-        replies = list(replies)
-        self.identities.prescan(server_round, reply_claims(replies))
-        return super().aggregate_round(server_round, replies)
-
     def begin_round(self, rnd: ServerRound) -> None:
-        """Take the round's plan (data or gradient) and what each node was asked."""
+        """Take the round's plan (data or gradient) and what each node was asked.
+
+        Every reply's identity claim is read before any reply is checked (:meth:`.prescan`).
+        """
+        self.identities.prescan(rnd.number, reply_claims(rnd.replies))
         plan, ask = self.asks.take(rnd.number)
         rnd.notes.update(plan=plan, ask=ask,
                          gradient=plan is not None and plan.mode == "gradient")
