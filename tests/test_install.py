@@ -281,6 +281,10 @@ def test_flwr_run_of_the_plugin_pages_app_from_the_wheel(installed, flwr_user, t
     output = _flwr_run(flwr_user, app, "--federation-config", "num-supernodes=4")
     found = re.search(r"accuracy (0\.\d+), up (\d+) B, down (\d+) B", output)
     assert found and float(found[1]) > 0.85, output[-3000:]
+    # what the page (and the README) say `flwr run` prints
+    said = re.search(r"`flwr run \.` prints `(accuracy [^`]+)`",
+                     " ".join((ROOT / "docs" / "plugin.md").read_text().split()))
+    assert said and said[1] == found[0], (said and said[1], found[0])
 
 
 @pytest.mark.slow
