@@ -199,3 +199,25 @@ def test_packed_code_distances_count_the_codes_that_differ(bits):
     got = NearCopies(bits).distance(packed(a), packed(b))
     np.testing.assert_array_equal(got, code_distance(a, b))
     assert got[0, 0] == 0 and got[1, 1] == 3
+
+
+def test_the_near_copy_reservoir_keeps_a_uniform_sample_of_a_clients_rows(monkeypatch):
+    # seeded Monte Carlo: 400 clients send rows 0..499 in two uploads into a reservoir of 50;
+    # each row should stay with probability 0.1, 40 times in expectation (sd 6): the first
+    # upload's rows and the second's within 3 of it on average, every row within 5 sd
+    from dq_flower.dq.server import near_copies
+
+    monkeypatch.setattr(near_copies, "REFERENCE_ROWS", 50)
+    rows = np.arange(500, dtype=np.uint16)
+    packed = np.stack([rows & 255, rows >> 8], axis=1).astype(np.uint8)
+    kept = np.zeros(500)
+    for client in range(400):
+        screen = near_copies.NearCopies(bits=8)
+        screen._remember(client, packed[:120])
+        screen._remember(client, packed[120:])
+        ref = screen.reference[client].astype(np.int64)
+        ids = ref[:, 0] + 256 * ref[:, 1]
+        assert len(set(ids.tolist())) == 50  # 50 distinct rows
+        kept[ids] += 1
+    assert abs(kept[:120].mean() - 40) < 3 and abs(kept[120:].mean() - 40) < 3
+    assert np.all(np.abs(kept - 40) < 5 * 6)

@@ -116,10 +116,13 @@ class NearCopies:
         rng = np.random.default_rng([node % (1 << 63), seen])
         room = max(REFERENCE_ROWS - len(ref), 0)
         ref = np.concatenate([ref, packed[:room]])
-        for i, row in enumerate(packed[room:], start=seen + room):
-            j = int(rng.integers(0, i + 1))
-            if j < REFERENCE_ROWS:
-                ref[j] = row
+        rest = packed[room:]
+        if len(rest):  # row i replaces a uniform slot of the first i + 1 (Algorithm R)
+            slots = rng.integers(0, np.arange(seen + room, seen + len(packed)) + 1)
+            taken = np.flatnonzero(slots < REFERENCE_ROWS)
+            # a slot drawn twice keeps the later row, as the row-by-row rule does
+            last = len(taken) - 1 - np.unique(slots[taken][::-1], return_index=True)[1]
+            ref[slots[taken[last]]] = rest[taken[last]]
         self.reference[node], self.seen[node] = ref, seen + len(packed)
 
     def state(self) -> dict[str, Any]:
