@@ -229,8 +229,9 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         needs one ``MetricRecord`` of at most ``MAX_METRIC_KEYS`` keys and a count in range;
         the inner strategy sees the keys at least half the replies hold (a reply lacking
         one is rejected), counts capped at ``EVAL_WEIGHT_CAP`` times their median and each
-        value bounded by the others' (:func:`dq_flower.server.majority.winsorize`); a reply
-        whose value that bound moved counts at most the median count.
+        value outside the span of the middle replies' values
+        (:func:`dq_flower.server.majority.winsorize`) replaced by their median, its reply
+        counted at most the median count.
         """
         replies = list(replies)
         screened = screen_replies(
@@ -340,7 +341,13 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         weights = cap_weights([n for _, n, _ in full], EVAL_WEIGHT_CAP)
         bounded = {k: winsorize([np.asarray(values[k]) for _, _, values in full])
                    for k in sorted(keys)}
-        # a reply whose value the bound moved counts no more than the median reply
+        # a value outside the middle replies' span counts as their median, and its reply no
+        # more than the median reply: one node moves the figure by the median's distance
+        # from the mean at most, not by the span's edge
+        for k, clipped in bounded.items():
+            middle = float(np.median([float(values[k]) for _, _, values in full]))
+            bounded[k] = [np.asarray(middle) if float(c) != float(values[k]) else c
+                          for c, (_, _, values) in zip(clipped, full, strict=True)]
         median = float(np.median(weights)) if weights else 0.0
         moved = [any(float(v[i]) != float(values[k]) for k, v in bounded.items())
                  for i, (_, _, values) in enumerate(full)]
