@@ -11,7 +11,9 @@ server phase needs. Printed side by side, with their ratios:
 
 - steps, seconds and samples per second of each;
 - DQ's seconds over the loop's (what the phase costs beyond the training the target
-  needs: the optimizer probe, the plateau's extra steps, scoring, the store's draws).
+  needs: the losing optimizer probe, the plateau's extra steps, scoring, the store's
+  draws). DQ's steps count the winning probe's (the phase goes on from it), not the
+  loser's, whose time is in DQ's seconds.
 
 Usage: python benchmarks/server_time.py [--scenario digits-mlp] [--scenario fmnist-wide-cnn]
        [--scenario fmnist-resnet18] [--repeats 3]

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
-           "resolve_loss", "targets_tensor", "weighted_loss_grad", "resolve_device",
+           "resolve_loss", "targets_tensor", "weighted_loss_grad", "weighted_step",
+           "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
            "from_arrays", "get_flat", "float_buffers", "set_float_buffers", "load_arrays",
            "loss_and_grad", "num_params", "set_flat", "to_arrays"]
@@ -159,6 +160,29 @@ def weighted_loss_grad(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.nda
     flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
                       for g, p in zip(grads, params, strict=True)])
     return float(loss.detach()), flat.detach().cpu().numpy().astype(np.float32, copy=True)
+
+
+def weighted_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: np.ndarray,
+                  y: np.ndarray, w: np.ndarray, loss_fn: LossFn | None = None) -> float:
+    """One optimizer step on ``sum_i w_i loss(model(x_i), y_i)``; returns that loss.
+
+    The step :func:`weighted_loss_grad` then :func:`apply_flat_grad` take, without the flat
+    vector: a parameter the loss does not reach gets a zero gradient as there.
+    """
+    dev = _device(model)
+    xt = torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32).to(dev)
+    yt = targets_tensor(y, dev)
+    wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        loss = (_per_sample(resolve_loss(loss_fn), model(xt), yt) * wt).sum()
+        loss.backward()
+    for p in model.parameters():
+        if p.grad is None and p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
 
 
 def loss_and_grad(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,

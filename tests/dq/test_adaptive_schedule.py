@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 
 from dq_flower.dq.server.store import SampleStore
@@ -75,21 +74,29 @@ def test_a_flat_curve_is_probed_and_rounds_between_probes_cost_no_uplink():
 
 def test_the_held_out_rows_are_never_trained_on(monkeypatch):
     drawn_from_holdout = []
-    real_draw = SampleStore.draw
+    real_draw, real_take = SampleStore.draw_batches, SampleStore._take
+    drawing = []
 
-    def spy(self, batch_size, rng, weights="importance", skip=frozenset()):
+    def spy(self, count, batch_size, rng, weights="importance", skip=frozenset(), **kwargs):
         assert not skip  # honest clients: the agreement screen excludes nobody
-        state = rng.bit_generator.state
-        out = real_draw(self, batch_size, rng, weights, skip=skip)
-        probe = np.random.default_rng()
-        probe.bit_generator.state = state
-        train = np.flatnonzero(~self.holdout_mask)
-        idx = train[probe.choice(train.size, size=min(batch_size, train.size),
-                                 replace=False)]
-        drawn_from_holdout.append(bool(self.holdout_mask[idx].any()))
-        return out
+        batches = real_draw(self, count, batch_size, rng, weights, skip, **kwargs)
+        while True:  # the rows the minibatches are read from are noted by _take below
+            drawing.append(True)
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                drawing.pop()
+            yield batch
 
-    monkeypatch.setattr(SampleStore, "draw", spy)
+    def take(self, idx):
+        if drawing:
+            drawn_from_holdout.append(bool(self.holdout_mask[idx].any()))
+        return real_take(self, idx)
+
+    monkeypatch.setattr(SampleStore, "draw_batches", spy)
+    monkeypatch.setattr(SampleStore, "_take", take)
     result, _ = run_inprocess(num_clients=2, rounds=2, **_KNOBS)
     assert result.history[-1]["holdout_rows"] > 0
     assert drawn_from_holdout and not any(drawn_from_holdout)
@@ -154,9 +161,9 @@ def test_a_phase_that_makes_the_model_worse_on_its_new_rows_keeps_the_previous_m
     real_phase = training_module.train_phase
     kept = {}
 
-    def spoiling_phase(model, optimizer, base_lr, rule, step, evaluate):
+    def spoiling_phase(model, optimizer, base_lr, rule, step, evaluate, **kwargs):
         kept["start"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        result = real_phase(model, optimizer, base_lr, rule, step, evaluate)
+        result = real_phase(model, optimizer, base_lr, rule, step, evaluate, **kwargs)
         if kept.setdefault("calls", 0) >= 1:  # from the second upload on: a ruined model
             with torch.no_grad():  # constant outputs: class 0 for every row
                 for p in model.parameters():

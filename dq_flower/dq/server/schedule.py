@@ -24,20 +24,23 @@ the held-out loss relative to the loss before for float targets. :func:`allocate
 the total ask over the clients.
 
 Training to a plateau: a *phase* (one per adaptive upload round) steps from the base
-learning rate and scores the held-out rows every ``eval_every`` steps. A score beating the
-best by more than ``min_delta`` resets the patience and snapshots the weights;
-``patience`` evaluations without one multiply the learning rate by ``lr_factor``; the
-patience running out after ``lr_drops`` drops, or ``max_steps`` steps, ends the phase at
-its best snapshot after training began (the starting weights are scored but never kept).
-Scores are higher-is-better: accuracy (ties broken by the loss), or minus the loss for
-float targets.
+learning rate and scores the held-out rows every ``eval_every`` steps. A score above the
+best snapshots the weights; only *progress* resets the patience: more held-out rows right
+than ever before in the phase, or a held-out loss 1% below its lowest so far (the loss alone
+for float targets), so a loss creeping down by less at equal accuracy does not keep a phase
+going. ``patience`` evaluations without progress multiply the learning rate by
+``lr_factor``; the patience running out after ``lr_drops`` drops, or ``max_steps`` steps,
+ends the phase at its best snapshot after training began (the starting weights are scored
+but never kept). A phase may go on from another's tracker, snapshot and steps
+(:class:`PhaseStart`: the optimizer probe's winner goes on). Scores are higher-is-better:
+accuracy (ties broken by the loss), or minus the loss for float targets.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -45,22 +48,28 @@ import torch
 
 __all__ = ["AdaptiveSchedule", "PairedGain", "paired_gain", "pooled", "significantly_worse",
            "allocate", "Z_ONE_SIDED", "POOLED", "PlateauRule", "PlateauTracker", "PhaseResult",
-           "HeldOutScores", "train_phase", "score_of"]
+           "HeldOutScores", "PhaseStart", "train_phase", "score_of", "progress_of"]
 
 #: Weight of the loss in the score of class targets: a tie-breaker below one row in 1,000.
 LOSS_TIE_BREAK = 1e-4
+#: Relative fall of the held-out loss that counts as one unit of progress.
+LOSS_PROGRESS = 0.01
 
 
 @dataclass(frozen=True)
 class PlateauRule:
-    """When a training phase on the store stops (see the module docstring)."""
+    """When a training phase on the store stops (see the module docstring).
+
+    ``min_delta``: the rise in :func:`progress_of` units that counts as progress (0.99:
+    one held-out row, or a 1% lower loss, the small margin for the loss's float rounding).
+    """
 
     eval_every: int = 50
     patience: int = 4
-    lr_drops: int = 2
+    lr_drops: int = 1
     lr_factor: float = 0.1
     max_steps: int = 2000
-    min_delta: float = 0.0
+    min_delta: float = 0.99
 
     def __post_init__(self) -> None:
         for name in ("eval_every", "patience", "max_steps"):
@@ -74,27 +83,41 @@ class PlateauRule:
 
 @dataclass
 class PlateauTracker:
-    """Feeds on held-out scores; answers ``improved``, ``wait``, ``drop`` or ``stop``."""
+    """Feeds on held-out scores: whether to snapshot, and what the phase does next."""
 
     rule: PlateauRule
     best: float = -math.inf
     best_step: int = 0
+    marks: tuple[float, ...] = ()
     waited: int = 0
     drops: int = 0
 
-    def observe(self, step: int, score: float) -> str:
-        """Record the score after ``step`` steps and say what the phase does next."""
-        if score > self.best + self.rule.min_delta:
-            self.best, self.best_step, self.waited = float(score), int(step), 0
-            return "improved"
+    def observe(self, step: int, score: float, progress: tuple[float, ...] | None = None
+                ) -> tuple[bool, str]:
+        """Record the scores after ``step`` steps: ``(snapshot, what the phase does next)``.
+
+        ``score`` picks the snapshot (any rise); ``progress`` (default ``(score,)``) resets
+        the patience where one of its parts rises more than ``min_delta`` above its mark
+        (the part's highest value at a progress so far).
+        """
+        snapshot = score > self.best
+        if snapshot:
+            self.best, self.best_step = float(score), int(step)
+        values = (score,) if progress is None else progress
+        if not self.marks:
+            self.marks = tuple(-math.inf for _ in values)
+        if any(v > m + self.rule.min_delta for v, m in zip(values, self.marks, strict=True)):
+            self.marks = tuple(max(v, m) for v, m in zip(values, self.marks, strict=True))
+            self.waited = 0
+            return snapshot, "progress"
         self.waited += 1
         if self.waited < self.rule.patience:
-            return "wait"
+            return snapshot, "wait"
         if self.drops < self.rule.lr_drops:
             self.drops += 1
             self.waited = 0
-            return "drop"
-        return "stop"
+            return snapshot, "drop"
+        return snapshot, "stop"
 
 
 @dataclass(frozen=True)
@@ -135,6 +158,18 @@ def score_of(scores: HeldOutScores) -> float:
     return float(scores.correct.mean()) - LOSS_TIE_BREAK * min(loss, 1e3)
 
 
+def progress_of(scores: HeldOutScores) -> tuple[float, ...]:
+    """``-log`` of the held-out loss in 1% steps, and the held-out rows right (class targets)."""
+    if not scores.loss.size:
+        return (-math.inf,) if scores.correct is None else (-math.inf, -math.inf)
+    loss = float(scores.loss.mean())
+    fall = (-math.log(max(loss, 1e-30)) / -math.log(1.0 - LOSS_PROGRESS)
+            if math.isfinite(loss) else -math.inf)
+    if scores.correct is None:
+        return (fall,)
+    return (fall, float(scores.correct.sum()))
+
+
 @dataclass
 class PhaseResult:
     """What one training phase did."""
@@ -147,6 +182,10 @@ class PhaseResult:
     losses: list[float] = field(default_factory=list)
     initial: HeldOutScores | None = None
     final: HeldOutScores | None = None
+    #: whether the plateau rule ended it (not the step cap)
+    stopped: bool = False
+    #: where a later phase can go on from (a ``keep_going`` phase only)
+    resume: PhaseStart | None = None
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -154,43 +193,67 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+@dataclass
+class PhaseStart:
+    """Where a phase goes on from: another phase's result, tracker and best snapshot."""
+
+    result: PhaseResult
+    tracker: PlateauTracker
+    best_state: dict[str, torch.Tensor]
+    lr: float
+
+
 def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_lr: float,
-                rule: PlateauRule, step: Callable[[], float],
-                evaluate: Callable[[], HeldOutScores]) -> PhaseResult:
-    """Run one phase: ``step()`` takes a step (its loss), ``evaluate()`` scores held-out rows.
+                rule: PlateauRule, steps: Callable[[int], Sequence[float]],
+                evaluate: Callable[[], HeldOutScores],
+                start: PhaseStart | None = None, keep_going: bool = False) -> PhaseResult:
+    """Run one phase: ``steps(n)`` takes ``n`` steps (their losses), ``evaluate()`` scores.
 
     The model ends at the best snapshot after training began, the learning rate at ``base_lr``.
+    ``start``: go on from it (its steps count against ``rule.max_steps``); ``keep_going``:
+    leave the model where training stopped (not at the snapshot) and fill ``start``-like
+    fields in :attr:`PhaseResult.resume` for a later phase.
     """
-    tracker = PlateauTracker(rule)
-    lr = base_lr
+    if start is None:
+        tracker = PlateauTracker(rule)
+        lr = base_lr
+        # the starting point is scored (for the paired gain) but is no candidate: a lucky
+        # score of the old model on a small held-out set cannot throw the new rows' training
+        # away
+        result = PhaseResult(evaluations=1, initial=evaluate())
+        best_state: dict[str, torch.Tensor] = {}
+        best_scores = result.initial
+    else:
+        tracker, result, best_state, lr = (replace(start.tracker, rule=rule), start.result,
+                                           start.best_state, start.lr)
+        best_scores = result.final if result.final is not None else result.initial
     _set_lr(optimizer, lr)
-    # the starting point is scored (for the paired gain) but is no candidate: a lucky score
-    # of the old model on a small held-out set cannot throw the new rows' training away
-    result = PhaseResult(evaluations=1, initial=evaluate())
-    best_state: dict[str, torch.Tensor] = {}
-    best_scores = result.initial
+    stopped = False
     while result.steps < rule.max_steps:
         chunk = min(rule.eval_every, rule.max_steps - result.steps)
-        for _ in range(chunk):
-            result.losses.append(float(step()))
+        result.losses.extend(float(v) for v in steps(chunk))
         result.steps += chunk
         scores = evaluate()
         result.evaluations += 1
-        action = tracker.observe(result.steps, scores.score)
-        if action == "improved" or not best_state:
+        snapshot, action = tracker.observe(result.steps, scores.score, progress_of(scores))
+        if snapshot or not best_state:
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             best_scores = scores
-        elif action == "drop":
+        if action == "drop":
             lr *= rule.lr_factor
             _set_lr(optimizer, lr)
             result.lr_drops += 1
         elif action == "stop":
+            stopped = True
             break
-    if best_state:
-        model.load_state_dict(best_state)
-    _set_lr(optimizer, base_lr)
     result.best_step, result.best_score = tracker.best_step, tracker.best
     result.final = best_scores
+    if keep_going:
+        result.resume = PhaseStart(result, tracker, best_state, lr)
+    elif best_state:
+        model.load_state_dict(best_state)
+    result.stopped = stopped
+    _set_lr(optimizer, base_lr)
     return result
 
 

@@ -28,6 +28,8 @@ __all__ = ["RowLayout", "SampleStore", "StoredRows", "EVICTION_POLICIES", "Feder
            "row_hash", "strata_of", "choose_holdout"]
 
 EVICTION_POLICIES = ("fifo", "random")
+#: Decoded float32 bytes of the minibatches :meth:`SampleStore.draw_batches` decodes at once.
+DECODE_BYTES = 1 << 24
 _FIELDS = ("codes", "side", "labels", "weights", "node", "ids", "dither", "holdout")
 
 
@@ -372,6 +374,18 @@ class SampleStore:
         Held-out rows and those of the clients in ``skip`` are never drawn. ``weights``:
         ``importance`` (each row's own) or ``node`` (its node's mean training row weight).
         """
+        return next(self.draw_batches(1, batch_size, rng, weights, skip))
+
+    def draw_batches(self, count: int, batch_size: int, rng: np.random.Generator,
+                     weights: str = "importance", skip: frozenset[int] = frozenset(),
+                     max_bytes: int = DECODE_BYTES):
+        """``count`` minibatches, each as :meth:`draw` gives it, from the same draws of ``rng``.
+
+        The rows of consecutive minibatches are decoded together, up to ``max_bytes`` of
+        float32 values at a time: one decode per group instead of one per step.
+        """
+        if count <= 0:
+            return
         if len(self) == 0:
             raise ValueError("the sample store is empty")
         usable = ~self.holdout_mask
@@ -380,12 +394,21 @@ class SampleStore:
         train = np.flatnonzero(usable)
         if train.size == 0:
             raise ValueError("the sample store holds only held-out rows")
-        pick = rng.choice(train.size, size=min(batch_size, train.size), replace=False)
-        rows = self._take(np.sort(train[pick]))
-        x, y = self._decode(rows)
-        if weights == "node":
-            return x, y, self._node_means(train)[rows.node].astype(np.float32)
-        return x, y, rows.weights.astype(np.float32)
+        size = min(batch_size, train.size)
+        means = self._node_means(train) if weights == "node" else None
+        done, group = 0, 1  # the first minibatch alone: its decoded size sets the groups
+        while done < count:
+            n = min(group, count - done)
+            picks = [np.sort(train[rng.choice(train.size, size=size, replace=False)])
+                     for _ in range(n)]
+            rows = self._take(np.concatenate(picks))
+            x, y = self._decode(rows)
+            w = (means[rows.node] if means is not None else rows.weights).astype(np.float32)
+            for i in range(n):
+                part = slice(i * size, (i + 1) * size)
+                yield x[part], y[part], w[part]
+            done += n
+            group = max(1, max_bytes // max(1, x.nbytes // n))
 
     def rows_of(self, nodes: frozenset[int]) -> np.ndarray:
         """Boolean mask of the rows stored from the clients ``nodes``, in store order."""

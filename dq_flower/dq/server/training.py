@@ -60,6 +60,7 @@ from dq_flower.dq.server.schedule import (
     AdaptiveSchedule,
     HeldOutScores,
     PhaseResult,
+    PhaseStart,
     PlateauRule,
     paired_gain,
     significantly_worse,
@@ -67,13 +68,19 @@ from dq_flower.dq.server.schedule import (
 )
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.validation import Upload
-from dq_flower.model_ops import LossFn, apply_flat_grad, per_sample_results, weighted_loss_grad
+from dq_flower.model_ops import (
+    LossFn,
+    apply_flat_grad,
+    per_sample_results,
+    weighted_loss_grad,
+    weighted_step,
+)
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.common import log_round, make_optimizer
 from dq_flower.server.robust import StepGuard, aggregate, clip_norms
 
-__all__ = ["ServerTrainer", "BatchGradient", "ShardGradient", "check_portable", "sharded_steps",
-           "sharded_phase", "portable", "restore"]
+__all__ = ["ServerTrainer", "Continuation", "BatchGradient", "ShardGradient", "check_portable",
+           "sharded_steps", "sharded_phase", "portable", "restore"]
 
 
 class ServerTrainer:
@@ -161,11 +168,14 @@ class ServerTrainer:
                       f"{self.choice.describe() if self.choice else f'lr {self.lr:g}'}"
                       + ("" if self.choice else " (optimizer chosen on the held-out rows)"))
 
-    def choose_optimizer(self, server_round: int, rng: np.random.Generator) -> None:
+    def choose_optimizer(self, server_round: int, rng: np.random.Generator
+                         ) -> Continuation | None:
         """The probe of :mod:`.optimizer_choice`: each candidate's short phase, the best kept.
 
         Every candidate starts from the same weights and draws the same minibatches (a copy
-        of ``rng``); the model is put back at its start for the phase that follows.
+        of ``rng``). The winner's probe is not thrown away: the model, the optimizer and
+        ``rng`` are left where its probe ended, and the returned continuation lets the phase
+        go on from there (``None``: no held-out rows, no probe).
         """
         store = self.data.store
         if store is None or not store.holdout_mask.any():
@@ -173,15 +183,13 @@ class ServerTrainer:
             self.use_optimizer(default)
             log_round("dq", server_round, f"server optimizer: {default.describe()} (no "
                       "held-out rows to choose on)")
-            return
+            return None
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        # the probes' dropout draws from torch's global generator: put it back afterwards,
-        # so that a run that keeps SGD trains exactly as it would without the probe
-        torch_rng = torch.get_rng_state()
         rule = replace(self.plateau, lr_drops=0, max_steps=max(1, min(
             self.plateau.max_steps // PROBE_SHARE, PROBE_EVALUATIONS * self.plateau.eval_every)))
         options = candidates(self.lr, self.lr_given)
         results: list[HeldOutScores | None] = []
+        ends: list[Continuation] = []
         for option in options:
             self.model.load_state_dict(start)
             self.use_optimizer(option)
@@ -189,14 +197,20 @@ class ServerTrainer:
             augment = self.augmentation(probe_rng)
             self.model.train()
             phase = train_phase(self.model, self.optimizer, option.lr, rule,
-                                _probe_step(self, probe_rng, augment), self.score_holdout)
+                                _probe_steps(self, probe_rng, augment), self.score_holdout,
+                                keep_going=True)
             finite = all(bool(torch.isfinite(v).all()) for v in self.model.state_dict().values()
                          if v.is_floating_point())
             results.append(phase.final if finite else None)
+            assert phase.resume is not None
+            ends.append(Continuation(phase.resume, copy.deepcopy(self.model.state_dict()),
+                                     self.optimizer, probe_rng.bit_generator.state, augment))
         best, gain = pick(results)
-        torch.set_rng_state(torch_rng)
-        self.model.load_state_dict(start)
+        winner = ends[best]
+        self.model.load_state_dict(winner.model)
         self.use_optimizer(options[best])
+        self.optimizer = self.guard.optimizer = winner.optimizer  # its state goes on
+        rng.bit_generator.state = winner.rng_state
         text = "; ".join(f"{o.describe()}: " + ("non-finite" if r is None else
                                                  _score_text(r)) for o, r in zip(
                                                      options, results, strict=True))
@@ -204,7 +218,9 @@ class ServerTrainer:
                f"held-out loss lower by {gain.gain:.1%} (stderr {gain.stderr:.1%})"
                if gain is not None else "no other is better beyond the uncertainty")
         log_round("dq", server_round, f"server optimizer: {options[best].describe()} "
-                  f"({why}; {rule.max_steps}-step probes on the held-out rows: {text})")
+                  f"({why}; {rule.max_steps}-step probes on the held-out rows: {text}; the "
+                  "phase goes on from its probe)")
+        return winner if results[best] is not None else None
 
     # ------------------------------------------------------------------ one round
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
@@ -329,13 +345,17 @@ class ServerTrainer:
         correction = self.cv.value() if self.cv else None
         if augment is None:
             augment = self.augmentation(rng)
-        for _ in range(steps):
-            x, y, w = store.draw(self.cfg.server_batch_size, rng,
-                                 "importance" if correction is not None else
-                                 self.cfg.store_weights, skip=self.excluded)
+        batches = store.draw_batches(steps, self.cfg.server_batch_size, rng,
+                                     "importance" if correction is not None else
+                                     self.cfg.store_weights, skip=self.excluded)
+        for x, y, w in batches:
             xb = self.data.shaped(x)
             if augment is not None:
                 xb = augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
+            if correction is None and self.batch_gradient is weighted_loss_grad:
+                losses.append(weighted_step(self.model, self.optimizer, xb, y, w / w.sum(),
+                                            self.loss_fn))
+                continue  # a plain PyTorch step: no flat gradient where nothing needs one
             loss, grad = self.batch_gradient(self.model, xb, y, w / w.sum(), self.loss_fn)
             if correction is not None:  # the control variate: see dq.control_variate
                 grad += correction
@@ -376,11 +396,11 @@ class ServerTrainer:
         # the compensated step on the fresh rows, queued (only with compensations)
         first = ([] if self.comp_codec is None or not any(u.delta is not None for u in fresh)
                  else [self.fresh_gradient(fresh)])
-        if self.choice is None:  # optimizer auto: probe the candidates on the held-out rows
-            self.choose_optimizer(server_round, rng)
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # optimizer auto: probe the candidates on the held-out rows; the winner goes on
+        probe = self.choose_optimizer(server_round, rng) if self.choice is None else None
         self.model.train()
-        phase = self.run_phase(store.num_train, rng, first)
+        phase = self.run_phase(store.num_train, rng, first, resume=probe)
         excluded = set(self.screen.excluded)
         if self.screen.review(server_round, self.score_holdout(everyone=True)):
             phase = self.rerun_phase(server_round, phase, start, excluded, rng)
@@ -432,30 +452,34 @@ class ServerTrainer:
 
     def run_phase(self, train_rows: int, rng: np.random.Generator,
                   queued: list[tuple[float, np.ndarray]],
-                  evaluate: Callable[[], HeldOutScores] | None = None) -> PhaseResult:
+                  evaluate: Callable[[], HeldOutScores] | None = None,
+                  resume: Continuation | None = None) -> PhaseResult:
         """One phase on the store's ``train_rows`` rows (``queued`` gradients stepped first).
 
         Its step cap is raised to ``max-server-epochs`` passes; ``evaluate``: the held-out
-        scores (default :meth:`score_holdout`).
+        scores (default :meth:`score_holdout`); ``resume``: go on from an optimizer probe.
         """
         if self.cfg.server_processes > 1:
-            return sharded_phase(self, train_rows, rng, queued)
-        augment = self.augmentation(rng)  # one per phase, seeded from its minibatch stream
+            return sharded_phase(self, train_rows, rng, queued, resume)
+        # one augmentation per phase, seeded from its minibatch stream (or the probe's)
+        augment = self.augmentation(rng) if resume is None else resume.augment
         epochs = math.ceil(self.cfg.max_server_epochs * train_rows / self.cfg.server_batch_size)
         rule = replace(self.plateau, max_steps=max(self.plateau.max_steps, epochs))
         return train_phase(self.model, self.optimizer, self.lr, rule,
-                           lambda: self.store_step(rng, queued, augment),
-                           evaluate or self.score_holdout)
+                           lambda n: self.phase_steps(n, rng, queued, augment),
+                           evaluate or self.score_holdout,
+                           start=None if resume is None else resume.start)
 
-    def store_step(self, rng: np.random.Generator,
-                   queued: list[tuple[float, np.ndarray]],
-                   augment: Callable[[torch.Tensor], torch.Tensor] | None) -> float:
-        """One optimizer step: a queued gradient first, then minibatches of the store."""
-        if queued:
+    def phase_steps(self, count: int, rng: np.random.Generator,
+                    queued: list[tuple[float, np.ndarray]],
+                    augment: Callable[[torch.Tensor], torch.Tensor] | None) -> list[float]:
+        """``count`` optimizer steps: queued gradients first, then minibatches of the store."""
+        losses: list[float] = []
+        while queued and len(losses) < count:
             loss, grad = queued.pop()
             apply_flat_grad(self.model, self.optimizer, grad)
-            return loss
-        return self.store_steps(0, 1, rng, augment)[0]
+            losses.append(loss)
+        return losses + self.store_steps(0, count - len(losses), rng, augment, sharded=False)
 
     @property
     def excluded(self) -> frozenset[int]:
@@ -508,10 +532,11 @@ class ServerTrainer:
         self.screen.load_state(state.get("node_screen"))
 
 
-def _probe_step(trainer: ServerTrainer, rng: np.random.Generator,
-                augment: Callable[[torch.Tensor], torch.Tensor] | None) -> Callable[[], float]:
-    """One store step of an optimizer probe, on the probe's own minibatch stream."""
-    return lambda: trainer.store_steps(0, 1, rng, augment, sharded=False)[0]
+def _probe_steps(trainer: ServerTrainer, rng: np.random.Generator,
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None
+                 ) -> Callable[[int], list[float]]:
+    """Store steps of an optimizer probe, on the probe's own minibatch stream."""
+    return lambda n: trainer.store_steps(0, n, rng, augment, sharded=False)
 
 
 def _score_text(scores: HeldOutScores) -> str:
@@ -525,6 +550,17 @@ def _score_text(scores: HeldOutScores) -> str:
 def _mean(losses: list[float]) -> float:
     """The mean loss (NaN for none)."""
     return float(np.mean(losses)) if losses else float("nan")
+
+
+@dataclass
+class Continuation:
+    """An optimizer probe's end, for the phase to go on from."""
+
+    start: PhaseStart
+    model: dict[str, torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    rng_state: Mapping[str, Any]
+    augment: Callable[[torch.Tensor], torch.Tensor] | None
 
 
 #: A store step's minibatch gradient: ``(model, x, y, w, loss_fn) -> (loss, flat grad)``.
@@ -661,13 +697,14 @@ class _Task:
     augment: Callable[[torch.Tensor], torch.Tensor] | None = None
     train_rows: int | None = None
     queued: tuple[tuple[float, np.ndarray], ...] = ()
+    resume: Continuation | None = None
 
     def run(self, store: _ShardStore) -> Any:
         t = self.trainer
         if self.train_rows is None:
             return t.store_steps(0, self.steps, self.rng, self.augment)
         return t.run_phase(self.train_rows, self.rng, list(self.queued),
-                           lambda: store.gathered(t.score_holdout()))
+                           lambda: store.gathered(t.score_holdout()), self.resume)
 
 
 def _worker(rank: int, world: int, job: bytes, state: dict[str, Any],
@@ -758,10 +795,11 @@ def sharded_steps(trainer: ServerTrainer, steps: int, rng: np.random.Generator,
 
 
 def sharded_phase(trainer: ServerTrainer, train_rows: int, rng: np.random.Generator,
-                  queued: list[tuple[float, np.ndarray]]) -> PhaseResult:
+                  queued: list[tuple[float, np.ndarray]],
+                  resume: Continuation | None = None) -> PhaseResult:
     """A training phase on the workers (``queued`` gradients stepped with first)."""
     result = _on_processes(trainer, _Task(trainer, rng, train_rows=train_rows,
-                                          queued=tuple(queued)))
+                                          queued=tuple(queued), resume=resume))
     queued.clear()
     assert isinstance(result, PhaseResult)
     return result
