@@ -30,15 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.knob import knob
+from dq_flower.config import knob
 
 from . import bitpack, context
-from .base import Codec, bucket_chunks, check_finite, random_u16, require_rng
+from .base import Codec, bucket_chunks, check_finite, int_param, random_u16, require_rng
 from .entropy import METHODS, check_method, compress, decompress
 from .payload import (
     Payload,
     PayloadError,
-    check_int,
     expect_floats,
     expect_nbits,
     expect_packed,
@@ -176,23 +175,16 @@ class Uniform(Codec):
         ``context`` coder reads it; decoders need not know it.
     """
 
-    bits: int = 2
-    stochastic: bool = True
-    per_channel: int = 0
-    dither_seed: int | None = None
-    entropy: str = "none"
+    bits: int = knob(2, coerce=bitpack.check_width)
+    stochastic: bool = knob(True, coerce=_flag("stochastic"))
+    per_channel: int = int_param("per_channel", 0, 0, 1 << 24)
+    dither_seed: int | None = int_param("dither_seed", None, 0, (1 << 63) - 1)
+    entropy: str = knob("none", coerce=lambda v: v if v == "context" else check_method(v))
     fixed_range: bool = knob(False, coerce=_flag("fixed_range"))
     sample_shape: tuple[int, ...] | None = knob(None, coerce=_sample_shape)
     meta_fields = ("bits", "per_channel", "dither_seed")
 
     def __post_init__(self) -> None:
-        bitpack.check_width(self.bits, "bits")
-        _flag("stochastic")(self.stochastic)
-        check_int(self.per_channel, "per_channel", 0, 1 << 24)
-        if self.dither_seed is not None:
-            check_int(self.dither_seed, "dither_seed", 0, (1 << 63) - 1)
-        if self.entropy != "context":
-            check_method(self.entropy, "entropy")
         if self.fixed_range and self.per_channel:
             raise ValueError("per_channel has no meaning with fixed_range: every channel shares "
                              "[0, 1]")
