@@ -180,13 +180,12 @@ def knob_of(cls: type, name: str) -> Knob | None:
 
 def inherit(cls: type, name: str, **changes: Any) -> Any:
     """Knob ``name`` of ``cls`` with ``changes``, for a subclass (``default=0.05``)."""
-    found = knob_of(cls, name)
-    if found is None:
+    if (found := knob_of(cls, name)) is None:
         raise TypeError(f"{cls.__name__}.{name} is not a Knob")
     return found.but(**changes)
 
 
-_KNOBS: dict[type, dict[str, Knob]] = {}
+_KNOBS: dict[type, dict[str, Knob]] = {}  # a class's knobs, found once
 
 
 def knobs_of(cls: type) -> dict[str, Knob]:
@@ -270,11 +269,10 @@ def closest(key: str, known: Iterable[str], what: str = "knob") -> str:
 
 def refuse_unknown(keys: Iterable[str], known: Iterable[str], where: str = "", *,
                    owner: str = "", also: Iterable[str] = ()) -> None:
-    """``ValueError`` for the first of ``keys`` that is no knob: the check of every source.
+    """``ValueError`` for the first of ``keys`` not ``known``: the check of every source.
 
-    A key ``a.b`` is known where ``a`` is (a table of codec parameters); ``also`` are keys
-    accepted but never suggested. The error names the closest knobs and, for a strategy's
-    run config (``owner``), how to pass the app's own keys; else ``where`` the keys came from.
+    ``a.b`` is known where ``a`` is; ``also``: accepted, never suggested. The error names the
+    closest knobs and ``where`` the keys came from, or how ``owner``'s app declares its own.
     """
     known = list(known)
     allowed = {_key(k) for k in (*known, *also)}
@@ -295,13 +293,10 @@ _FIELDS: dict[type, dict[str, str]] = {}
 
 def read(cls: type[Any], source: Mapping[str, Any], base: Any = None, *,
          strict: bool = False) -> Any:
-    """Config ``cls`` from ``source`` over ``base`` (a ``cls``, else the defaults).
+    """Config ``cls`` from ``source`` over ``base``: run configs, keywords, message configs.
 
-    The one reader of run configs, keyword arguments and message configs: keys hyphenated
-    or underscored, a table of codec parameters also as dotted keys (``codec-params.levels
-    = 4``, as Flower flattens ``[tool.flwr.app.config.codec-params]``). Other keys are
-    ignored (a run config carries every method's knobs) unless ``strict``. The knobs coerce
-    and check the values (``ValueError`` naming the key).
+    Keys hyphenated or underscored, a table of codec parameters also dotted (``codec-params.
+    levels = 4``, as Flower flattens a table); other keys ignored unless ``strict``.
     """
     names = _FIELDS.get(cls) or _FIELDS.setdefault(
         cls, {_key(f.name): f.name for f in dataclasses.fields(cls)})
@@ -333,11 +328,10 @@ def read(cls: type[Any], source: Mapping[str, Any], base: Any = None, *,
 
 def write(cfg: Any, changed_only: bool = False,
           keys: Iterable[str] | None = None) -> dict[str, Any]:
-    """Hyphenated key -> value of the knobs of ``cfg``: the one writer, :func:`read`'s inverse.
+    """Hyphenated key -> value of the knobs of ``cfg`` (``keys``: only these).
 
-    ``None`` is written as its "not set" spelling (left out where it has none), codec
-    parameters as their text. ``changed_only``: the knobs that differ from the defaults of
-    the config a reader builds (a preset's base); ``keys``: only these.
+    :func:`read`'s inverse: ``None`` as its "not set" spelling, codec parameters as text;
+    ``changed_only``: the values unlike the defaults of a preset's base.
     """
     root = knobs_of(getattr(type(cfg), "preset_of", type(cfg)))
     wanted = None if keys is None else set(keys)
@@ -371,10 +365,9 @@ def build_config(config: Any, cls: type[Any], knobs: Mapping[str, Any], **named:
 
 
 def preset(base: type, name: str, doc: str, **defaults: Any) -> type:
-    """Config class ``name``: ``base`` with other defaults for the knobs ``defaults``.
+    """Method preset ``name``: config ``base`` with other defaults for the knobs ``defaults``.
 
-    A method preset: each knob keeps its check and its "not set" spelling, which means the
-    preset's default; :func:`write` compares with the base's defaults (what clients read).
+    Each keeps its check and its "not set" spelling, which means the preset's default.
     """
     hints = typing.get_type_hints(base)
     namespace: dict[str, Any] = {
