@@ -373,3 +373,29 @@ def test_an_unknown_key_is_refused_everywhere_naming_the_nearest_knob():
     # every key of the package's own run config is known
     cfg = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
     validate_run_config(cfg)
+
+
+def test_every_source_refuses_an_unknown_key_with_the_one_check():
+    """Keyword arguments, a strategy's run config, the package's run config, simulate's
+    keywords and a strict read: each names the nearest knobs and the same hint."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from dq_flower import CompressedUpdates, DQStrategy
+    from dq_flower.harness.methods import validate_run_config
+    from dq_flower.harness.simulate import build_run_config
+
+    hint = "it was removed: ranges = 'channel' is the same"
+    model = torch.nn.Linear(2, 2)
+    sources = [
+        lambda: DQStrategy(model, per_channel=1),
+        lambda: DQStrategy.from_run_config(model, {"per-channel": 1}),
+        lambda: CompressedUpdates(FedAvg(), codec="qsgd", per_channel=1),
+        lambda: validate_run_config({"method": "dq", "per-channel": 1}),
+        lambda: build_run_config("dq", per_channel=1),
+        lambda: read(DQConfig, {"per-channel": 1}, strict=True),
+    ]
+    for build in sources:
+        with pytest.raises(ValueError, match=r"'per[-_]channel'.*\(no knob is spelled like "
+                                             rf"it\).*{hint}"):
+            build()
+    assert read(DQConfig, {"per-channel": 1}) == DQConfig()  # not strict: another's key
