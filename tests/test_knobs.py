@@ -399,3 +399,13 @@ def test_every_source_refuses_an_unknown_key_with_the_one_check():
                                              rf"it\).*{hint}"):
             build()
     assert read(DQConfig, {"per-channel": 1}) == DQConfig()  # not strict: another's key
+
+
+def test_every_methods_config_pickles_and_names_its_method():
+    import pickle
+
+    for name in method_names():
+        cls = get_method(name).config_cls
+        cfg = read(cls, {})
+        assert pickle.loads(pickle.dumps(cfg)) == cfg, name
+        assert cls.__doc__ and (cls in (DQConfig, FedAvgConfig) or name in cls.__doc__)

@@ -95,6 +95,19 @@ def client_task_config(task: TaskConfig, method: str) -> ConfigRecord:
                          **write(task, changed_only=True, keys=CLIENT_TASK_KEYS)})
 
 
+def _preset(base: type, method: str, defaults: Mapping[str, Any]) -> type:
+    """Method ``method``'s config class: ``base`` with its ``defaults`` (``QsgdConfig``).
+
+    A class of this module, so that its configs pickle.
+    """
+    name = "".join(part.title() for part in method.split("-")) + "Config"
+    cls = preset(base, name, f"The knobs of method {method!r}: {base.__name__} with "
+                 f"{dict(defaults)}.", **defaults)
+    cls.__module__ = __name__
+    globals()[name] = cls
+    return cls
+
+
 def _register_dq(name: str, config_cls: type) -> None:
     def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
         from dq_flower.dq.server.strategy import DQStrategy  # PyTorch: see above
@@ -125,7 +138,7 @@ UPLOAD_ALL_METHODS: dict[str, dict[str, Any]] = {
 }
 _register_dq("dq", DQConfig)
 for _name, _defaults in UPLOAD_ALL_METHODS.items():
-    _register_dq(_name, preset(DQConfig, "UploadAllConfig", f"Method {_name!r}.", **_defaults))
+    _register_dq(_name, _preset(DQConfig, _name, _defaults))
 
 
 @register_method("fedavg", family="fedavg", config_cls=FedAvgConfig)
@@ -189,12 +202,8 @@ FEDAVG_COMPRESSED_METHODS: dict[str, dict[str, Any]] = {
 }
 
 
-def _class_name(method: str) -> str:
-    return "".join(part.title() for part in method.split("-")) + "Config"
-
-
 def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
-    config_cls = preset(GradientConfig, _class_name(name), f"Method {name!r}.", **defaults)
+    config_cls = _preset(GradientConfig, name, defaults)
 
     def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
         from dq_flower.baselines.strategy import GradientStrategy  # PyTorch: see above
@@ -211,8 +220,7 @@ def _register_gradient(name: str, defaults: Mapping[str, Any]) -> None:
 
 
 def _register_compressed(name: str, defaults: Mapping[str, Any]) -> None:
-    config_cls = preset(FedAvgCompressionConfig, _class_name(name), f"Method {name!r}.",
-                        **defaults)
+    config_cls = _preset(FedAvgCompressionConfig, name, defaults)
 
     def build(task: TaskConfig, run_config: Mapping[str, Any], model, info: TaskInfo):
         from dq_flower.compression.strategy import CompressedUpdates  # PyTorch: see above
