@@ -50,9 +50,9 @@ class Layout:
     @classmethod
     def of(cls, key: str, record: ArrayRecord) -> Layout:
         """The layout of ``record`` (named ``key``)."""
-        items = list(record.items())
-        return cls(key, tuple(k for k, _ in items), tuple(str(a.dtype) for _, a in items),
-                   tuple(tuple(int(d) for d in a.shape) for _, a in items))
+        items = list(record.items())  # lists, not generators: a message has many arrays
+        return cls(key, tuple([k for k, _ in items]), tuple([str(a.dtype) for _, a in items]),
+                   tuple([tuple(map(int, a.shape)) for _, a in items]))
 
     def is_coded(self, i: int) -> bool:
         """Whether array ``i``'s update is coded: floating point, not a BatchNorm statistic."""
