@@ -1,34 +1,199 @@
-"""Typed configs <-> run configs: hyphenated keys, coercion, unknown keys, codec params.
+"""Knobs: one checked field descriptor, one reader and one writer, the shared groups.
 
-Every knob is a :class:`~dq_flower.knob.Knob` field of a frozen dataclass; the same
-fields are hyphenated run-config keys (``server-steps``) and keyword arguments
-(``server_steps``) of the strategies and of :func:`dq_flower.simulate`.
+A frozen dataclass field ``bits: int = knob(2, between(1, 8))`` is a :class:`Knob`: built
+from any source (:func:`read`: run configs, keyword arguments, message configs; written
+back by :func:`write`), the value is coerced to the field's type, a "not set" spelling
+becomes the default and the check runs (``ValueError("bits: ...")``). A method preset is a
+config subclass with other defaults (:func:`preset`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import numbers
+import os
+import types
 import typing
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from flwr.app import ConfigRecord
+__all__ = ["Knob", "knob", "inherit", "knob_of", "knobs_of", "at_least", "above",
+           "between", "one_of", "coerce_type", "kind_of",
+           "read", "write", "build_config", "refuse_unknown", "field_keys",
+           "client_keys", "check", "preset", "RobustConfig", "OptimizerConfig",
+           "StrategyConfig", "OPTIMIZERS", "INT_RANGE", "MAX_NODES", "MAX_ROWS",
+           "MAX_CLASSES", "MAX_STEPS", "MAX_EPOCHS", "MAX_PROCESSES"]
 
-from dq_flower.knob import coerce_type, kind_of, knob_of, knobs_of
-
-if typing.TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-__all__ = ["build_config", "unknown_knob", "check", "client_keys", "given_knobs", "CodecParams",
-           "from_mapping", "to_config_record", "field_keys", "parse_params", "run_config_values",
-           "strategy_kwargs", "unset_spellings", "known_key", "closest"]
-
-T = TypeVar("T", bound="DataclassInstance")
+#: ``unset=NO_SPELLING``: the knob has no run-config spelling of "not set".
+NO_SPELLING = object()
+#: A check returns the error message for a bad value, or ``None``.
+Check = Callable[[Any], "str | None"]
+#: Every integer knob: a ``ConfigRecord`` carries integers as protobuf ``sint64``.
+INT_RANGE = (-(2**63), 2**63 - 1)
+#: Upper bounds of the knobs that have one (what one run can use), named in their errors.
+MAX_NODES = 1_000_000  # nodes a round waits for: more than one SuperLink serves
+MAX_ROWS = 2**31 - 1  # rows of a batch, an ask, a store: int32 row indices
+MAX_CLASSES = 1_000_000  # classes: per-class counts are allocated
+MAX_STEPS = 1_000_000  # optimizer steps of one round, on a client or on the server
+MAX_EPOCHS = 10_000  # passes over the data in one round
+MAX_PROCESSES = 256  # server training processes
+#: The server optimizers (:func:`dq_flower.server.common.make_optimizer`).
+OPTIMIZERS = ("sgd", "adam")
 
 
 def _key(name: str) -> str:
     return name.replace("_", "-")
+
+
+def kind_of(annotation: Any) -> Any:
+    """``int`` of ``int | None``; the annotation itself otherwise."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        hints = [h for h in typing.get_args(annotation) if h is not type(None)]
+        return hints[0] if len(hints) == 1 else None
+    return annotation
+
+
+def coerce_type(kind: Any, value: Any) -> Any:
+    """``value`` as a ``kind`` (``bool``, ``int``, ``float``, ``str``; others as given).
+
+    No text for numbers or booleans, booleans ``True``/``False`` or 0/1, integers exact and
+    within :data:`INT_RANGE` (a float only where it is a whole number below 2**53), floats
+    finite, text a ``str`` (or a path). Else ``ValueError``.
+    """
+    if kind is bool:
+        numpy_bool = getattr(getattr(value, "dtype", None), "kind", "") == "b" and \
+            getattr(value, "shape", None) == ()
+        if (isinstance(value, (bool, numbers.Integral)) or numpy_bool) and value in (0, 1):
+            return bool(value)
+        raise ValueError(f"expected true or false (or 0/1), got {value!r}")
+    if kind is int:
+        whole = isinstance(value, float) and math.isfinite(value) and value.is_integer()
+        if isinstance(value, bool) or not (isinstance(value, numbers.Integral) or (
+                isinstance(value, numbers.Real) and math.isfinite(value)
+                and float(value).is_integer() and abs(float(value)) <= 2**53)):
+            raise ValueError(f"expected an integer, got {value!r}"
+                             + (" (not exactly an integer)" if whole else ""))
+        if not INT_RANGE[0] <= (number := int(value)) <= INT_RANGE[1]:  # type: ignore[call-overload]
+            raise ValueError(f"must be in [-2**63, 2**63 - 1] (a run config's 64-bit "
+                             f"integers), got {number}")
+        return number
+    if kind is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            try:
+                if math.isfinite(real := float(value)):
+                    return real
+            except OverflowError:
+                pass
+        raise ValueError(f"expected a finite float, got {value!r}")
+    if kind is str:
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        if not isinstance(value, str):
+            raise ValueError(f"expected text, got {value!r}")
+    return value
+
+
+class Knob:
+    """A checked dataclass field: its default, check, side, "not set" spelling and meaning.
+
+    ``check(value)`` returns an error message or ``None`` (raised as ``"key: message"``);
+    ``coerce`` replaces :func:`coerce_type` of the field's annotation (an error starting
+    with the field's name is raised as it is); ``client``: the knob travels to the clients
+    in each train message; ``unset``: the run config's spelling of "not set" (TOML has no
+    null), which, like ``None``, is the default; ``doc``: one line for the knob tables.
+    """
+
+    def __init__(self, default: Any, check: Check | None = None, *,
+                 coerce: Callable[[Any], Any] | None = None, client: bool = False,
+                 unset: Any = NO_SPELLING, doc: str = "", kind: Any = None) -> None:
+        self.default, self.check, self.coerce = default, check, coerce
+        self.client, self.unset, self.doc = client, unset, doc
+        self.name, self.key = "", ""
+        self._owner: type | None = None
+        self._kind = kind  # the annotation's type, resolved at the first value
+
+    def but(self, **changes: Any) -> Any:
+        """A copy with ``changes`` (another default, or sent to the clients)."""
+        options = {"default": self.default, "check": self.check, "coerce": self.coerce,
+                   "client": self.client, "unset": self.unset, "doc": self.doc,
+                   "kind": self._kind}
+        return Knob(**{**options, **changes})
+
+    @property
+    def has_unset(self) -> bool:
+        """Whether the knob declares a run-config spelling of "not set"."""
+        return self.unset is not NO_SPELLING
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.key, self._owner = name, _key(name), owner
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self.default  # what dataclasses read as the field's default
+        return obj.__dict__[self.name]
+
+    def _coerced(self, value: Any) -> Any:
+        if self.coerce is not None:
+            return self.coerce(value)
+        if self._kind is None:
+            try:
+                hint = typing.get_type_hints(self._owner)[self.name] if self._owner else Any
+            except (NameError, KeyError, TypeError):
+                hint = Any
+            self._kind = kind_of(hint) or Any
+        return coerce_type(self._kind, value)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if self.unset is not NO_SPELLING and (value is None or (
+                type(value) is not bool and value == self.unset)):
+            value = self.default
+        if value is None:
+            if self.default is not None:
+                raise ValueError(f"{self.key}: must be given a value, got None")
+        else:
+            try:
+                value = self._coerced(value)
+                message = self.check(value) if self.check is not None else None
+            except (TypeError, ValueError) as exc:  # named as the check's messages are
+                message = str(exc)
+                if message.startswith(self.name):
+                    raise ValueError(message) from None
+            if message:
+                raise ValueError(f"{self.key}: {message}")
+        obj.__dict__[self.name] = value
+
+
+def knob(default: Any, check: Check | None = None, **options: Any) -> Any:
+    """A :class:`Knob` field (typed ``Any``, so ``bits: int = knob(2)`` type-checks)."""
+    return Knob(default, check, **options)
+
+
+def knob_of(cls: type, name: str) -> Knob | None:
+    """The :class:`Knob` declaring field ``name`` of ``cls`` (``None`` for a plain field)."""
+    for klass in cls.__mro__:
+        if (found := vars(klass).get(name)) is not None:
+            return found if isinstance(found, Knob) else None
+    return None
+
+
+def inherit(cls: type, name: str, **changes: Any) -> Any:
+    """Knob ``name`` of ``cls`` with ``changes``, for a subclass (``default=0.05``)."""
+    if (found := knob_of(cls, name)) is None:
+        raise TypeError(f"{cls.__name__}.{name} is not a Knob")
+    return found.but(**changes)
+
+
+_KNOBS: dict[type, dict[str, Knob]] = {}  # a class's knobs, found once
+
+
+def knobs_of(cls: type) -> dict[str, Knob]:
+    """Field name -> :class:`Knob` of every knob field of dataclass ``cls``, in order."""
+    if cls not in _KNOBS:
+        _KNOBS[cls] = {f.name: k for f in dataclasses.fields(cls)
+                       if (k := knob_of(cls, f.name)) is not None}
+    return _KNOBS[cls]
 
 
 def field_keys(cls: type) -> set[str]:
@@ -41,146 +206,34 @@ def client_keys(cls: type) -> tuple[str, ...]:
     return tuple(k.key for k in knobs_of(cls).values() if k.client)
 
 
-def unset_spellings(cls: type) -> dict[str, Any]:
-    """Hyphenated key -> run-config spelling of "not set", for the knobs declaring one."""
-    return {k.key: k.unset for k in knobs_of(cls).values() if k.has_unset}
+def _num(x: float) -> str:
+    """``x`` as the docs write it: whole numbers in full, others as ``%g``."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """``value`` for a plain (not :class:`~dq_flower.knob.Knob`) field; a knob checks its own."""
-    if value is None:
-        return None
-    try:
-        return coerce_type(kind_of(annotation), value)
-    except ValueError as exc:
-        raise ValueError(f"{key}: {exc}") from None
+def at_least(low: float, note: str = "") -> Check:
+    """A check that a value is ``>= low`` (``note``: what the low end means)."""
+    extra = f" ({note})" if note else ""
+    return lambda v: None if v >= low else f"must be >= {_num(low)}{extra}, got {v}"
 
 
-def from_mapping(cls: type[T], mapping: Mapping[str, Any], strict: bool = False) -> T:
-    """Build config ``cls`` from a mapping with hyphenated (or underscored) keys.
-
-    Unknown keys are ignored unless ``strict`` (one run config carries every method's
-    knobs); values are coerced to the field's type as keyword arguments are
-    (:func:`~dq_flower.knob.coerce_type`), else ``ValueError`` naming the key.
-    A table of codec parameters may come as dotted keys (``codec-params.levels = 4``, as
-    Flower flattens ``[tool.flwr.app.config.codec-params]``).
-    """
-    hints = typing.get_type_hints(cls)
-    known = {_key(f.name): f.name for f in dataclasses.fields(cls)}
-    plain = {name for name in known.values() if knob_of(cls, name) is None}
-    kwargs: dict[str, Any] = {}
-    tables: dict[str, dict[str, Any]] = {}
-    for raw_key, value in mapping.items():
-        key = _key(raw_key)
-        table, dot, param = key.partition(".")
-        if key not in known and table not in known:
-            if strict:
-                raise ValueError(f"unknown config key {key!r}")
-            continue
-        if dot:
-            if hints[known[table]] is not CodecParams:
-                raise ValueError(f"config key {key!r}: {table!r} is not a table of parameters")
-            tables.setdefault(known[table], {})[param] = value
-        else:
-            name = known[key]  # a knob coerces and checks its value as it is set
-            kwargs[name] = _coerce(value, hints[name], key) if name in plain else value
-    for name, params in tables.items():
-        if kwargs.get(name):
-            raise ValueError(f"config key {_key(name)!r}: given both as text and as "
-                             f"{_key(name)}.<name> keys")
-        kwargs[name] = params
-    return cls(**kwargs)  # a "not set" spelling is the default (the Knob's)
+def above(low: float) -> Check:
+    """A check that a value is ``> low``."""
+    return lambda v: None if v > low else f"must be > {_num(low)}, got {v}"
 
 
-def to_config_record(cfg: Any, changed_only: bool = True) -> ConfigRecord:
-    """Hyphenated ``ConfigRecord`` of a config dataclass (``changed_only``: non-defaults).
-
-    A ``None`` field is its "not set" spelling where it declares one, else left out.
-    """
-    values = run_config_values(cfg)
-    if changed_only:
-        defaults = run_config_values(type(cfg)())
-        values = {k: v for k, v in values.items() if defaults[k] != v}
-    return ConfigRecord({k: v for k, v in values.items() if v is not None})
+def between(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+            note: str = "") -> Check:
+    """A check that ``low <= value <= high`` (``low_open``/``high_open``: strict)."""
+    text = (f"must be in {'(' if low_open else '['}{_num(low)}, {_num(high)}"
+            f"{')' if high_open else ']'}{f' ({note})' if note else ''}")
+    return lambda v: None if ((v > low if low_open else v >= low)
+                              and (v < high if high_open else v <= high)) else f"{text}, got {v}"
 
 
-def run_config_values(cfg: Any) -> dict[str, Any]:
-    """Hyphenated key -> value of every field of ``cfg`` (``None``: its "not set" spelling)."""
-    unset = unset_spellings(type(cfg))
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        key, value = _key(f.name), getattr(cfg, f.name)
-        if value is None:
-            value = unset.get(key)
-        elif isinstance(value, CodecParams):  # its text spelling: a ConfigRecord holds scalars
-            value = str(value)
-        values[key] = value
-    return values
-
-
-def parse_params(text: str) -> dict[str, Any]:
-    """Parse ``"levels=4,bucket=512"`` into ``{"levels": 4, "bucket": 512}``."""
-    out: dict[str, Any] = {}
-    if not text.strip():
-        return out
-    for part in text.split(","):
-        name, sep, raw = part.partition("=")
-        name, raw = name.strip(), raw.strip()
-        if not sep or not name:
-            raise ValueError(f"expected 'name=value,...', got {text!r}")
-        value: Any
-        for conv in (int, float):
-            try:
-                value = conv(raw)
-                break
-            except ValueError:
-                continue
-        else:
-            value = {"true": True, "false": False}.get(raw.lower(), raw)
-        out[name.replace("-", "_")] = value
-    return out
-
-
-class CodecParams(Mapping[str, Any]):
-    """A codec's parameters: an immutable mapping of names to numbers, booleans or text.
-
-    Built from a mapping (``{"levels": 4, "bucket": 512}``), from a run config's table of
-    them (``codec-params.levels = 4``, gathered by :func:`from_mapping`), from its text
-    spelling ``"levels=4,bucket=512"``, or from nothing (``None``, ``""``). ``str()`` is the
-    text spelling, which a ``ConfigRecord`` carries to the clients.
-    """
-
-    __slots__ = ("_params",)
-
-    def __init__(self, params: Mapping[str, Any] | str | None = None) -> None:
-        if params is None or isinstance(params, str):
-            self._params = parse_params(params or "")
-            return
-        if not isinstance(params, Mapping):
-            raise ValueError(f"expected a mapping or 'name=value,...' text, got {params!r}")
-        for name, value in params.items():
-            if not isinstance(name, str) or not isinstance(value, (bool, int, float, str)):
-                raise ValueError(f"parameter {name!r}: expected a number, a boolean or text, "
-                                 f"got {value!r}")
-        self._params = {name.replace("-", "_"): value for name, value in params.items()}
-
-    def __getitem__(self, name: str) -> Any:
-        return self._params[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._params.items()))
-
-    def __str__(self) -> str:
-        return ",".join(f"{name}={value}" for name, value in self._params.items())
-
-    def __repr__(self) -> str:
-        return repr(self._params)
+def one_of(choices: Sequence[Any]) -> Check:
+    """A check that a value is one of ``choices``; the message lists them."""
+    return lambda v: None if v in choices else f"must be one of {tuple(choices)}, got {v!r}"
 
 
 def check(cond: bool, field_name: str, message: str) -> None:
@@ -189,36 +242,7 @@ def check(cond: bool, field_name: str, message: str) -> None:
         raise ValueError(f"{_key(field_name)}: {message}")
 
 
-def changed_knobs(cfg: Any) -> str:
-    """The knobs of a config dataclass that differ from their defaults, or ``"defaults"``."""
-    default = type(cfg)()
-    changed = [f"{_key(f.name)}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)
-               if getattr(cfg, f.name) != getattr(default, f.name)]
-    return ", ".join(changed) if changed else "defaults"
-
-
-def given_knobs(knobs: Mapping[str, Any], **named: Any) -> dict[str, Any]:
-    """``knobs`` and, after them in this order, the ``named`` ones that are not ``None``."""
-    out = dict(knobs)
-    out.update((name, value) for name, value in named.items() if value is not None)
-    return out
-
-
-def build_config(config: Any, knobs: dict[str, Any], cls: type[Any]) -> Any:
-    """``config`` (a ``cls`` or ``None``) with ``knobs`` applied; ``ValueError`` names a bad one."""
-    base = config if config is not None else cls()
-    if not isinstance(base, cls):
-        raise TypeError(f"config must be a {cls.__name__}, got {type(base).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    for name in knobs:
-        if name.replace("-", "_") not in known:
-            raise unknown_knob(name.replace("-", "_"), known)
-    return from_mapping(cls, {**dataclasses.asdict(base), **knobs})
-
-
-#: Run-config keys every strategy accepts without reading them (``strategy.start`` takes
-#: the number of rounds; nearly every Flower app's run config has it).
-FLOWER_KEYS = frozenset({"num-server-rounds"})
+# ------------------------------------------------------------ one reader, one writer
 #: Keys that other parts of the package read, with what to do instead in a user's own app.
 ELSEWHERE = {
     "checkpoint-dir": "it is a knob of dq_flower.simulate and the package's own apps; in "
@@ -233,66 +257,194 @@ ELSEWHERE = {
 }
 
 
-def _check_keys(run_config: Mapping[str, Any], known: set[str], app_keys: Iterable[str],
-                owner: str) -> None:
-    """Refuse every run-config key that is not a knob, Flower's or the app's own.
-
-    The error names the key, the closest knobs and how to declare the app's own keys.
-    """
-    allowed = known | FLOWER_KEYS | {_key(k) for k in app_keys}
-    for key in run_config:
-        if not known_key(_key(key), allowed):
-            raise ValueError(f"{key!r} is not a knob of {owner} ({closest(key, known)}); "
-                             + ELSEWHERE.get(_key(key), "if it is your app's own key, pass "
-                                                        f"app_keys=[{key!r}, ...]"))
-
-
-def known_key(key: str, known: set[str] | frozenset[str]) -> bool:
-    """Whether run-config ``key`` is in ``known``, or an entry of a table in it (``a.b``)."""
-    return _key(key) in known or _key(key).partition(".")[0] in known
-
-
 def closest(key: str, known: Iterable[str], what: str = "knob") -> str:
     """``did you mean 'a' or 'b'?``: difflib's closest of ``known`` (``what`` they are)."""
-    names = sorted(known)
-    close = difflib.get_close_matches(_key(key), names, n=3)
+    names = {_key(k): k for k in known}
+    close = [repr(names[k]) for k in difflib.get_close_matches(_key(key), sorted(names), n=3)]
     if not close:
         return f"no {what} is spelled like it"
-    quoted = [repr(k) for k in close]
-    said = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-    return f"did you mean {said}?"
+    return f"did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1])}" + (
+        f" or {close[-1]}?" if len(close) > 1 else "?")
 
 
-def unknown_knob(name: str, known: Iterable[str], owner: str = "") -> ValueError:
-    """The error for a knob ``name`` not in ``known``, naming the closest and all known."""
-    names = sorted(known)
-    where = f" for {owner}" if owner else ""
-    hint = f"; {ELSEWHERE[_key(name)]}" if _key(name) in ELSEWHERE else ""
-    return ValueError(f"unknown knob {name!r}{where} ({closest(name, names)}){hint}; known: "
-                      f"{', '.join(names)}")
+def refuse_unknown(keys: Iterable[str], known: Iterable[str], where: str = "", *,
+                   owner: str = "", also: Iterable[str] = ()) -> None:
+    """``ValueError`` for the first of ``keys`` not ``known``: the check of every source.
 
-
-def strategy_kwargs(owner: str, config_cls: type, run_config: Mapping[str, Any],
-                    overrides: Mapping[str, Any], *, args_cls: type | None = None,
-                    defaults: Mapping[str, Any] | None = None,
-                    app_keys: Iterable[str] = ()) -> dict[str, Any]:
-    """Keyword arguments of strategy ``owner`` read from a run config (``from_run_config``).
-
-    The fields of ``config_cls`` go into ``config=``, those of ``args_cls`` (its other
-    knobs, a :class:`~dq_flower.knobs.StrategyConfig`) as keyword arguments where given;
-    ``defaults`` apply where a key is missing, ``overrides`` win. A bad value or an unknown
-    key (any but ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
+    ``a.b`` is known where ``a`` is; ``also``: accepted, never suggested. The error names the
+    closest knobs and ``where`` the keys came from, or how ``owner``'s app declares its own.
     """
-    fields = {f.name for f in dataclasses.fields(config_cls)}
-    args = {_key(f.name): f.name for f in dataclasses.fields(args_cls)} if args_cls else {}
-    _check_keys(run_config, {_key(n) for n in fields} | set(args), app_keys, owner)
-    given = {_key(k): v for k, v in run_config.items()}
-    mapping = {k: v for k, v in (defaults or {}).items()
-               if k in fields and _key(k) not in given}
-    mapping.update(given)
-    kwargs: dict[str, Any] = {"config": from_mapping(config_cls, mapping)}
-    if args_cls is not None:  # checked as the strategy will check them, passed where given
-        read: Any = from_mapping(args_cls, {k: v for k, v in given.items() if k in args})
-        kwargs.update((name, getattr(read, name)) for key, name in args.items() if key in given)
-    kwargs.update(overrides)
-    return kwargs
+    known = list(known)
+    allowed = {_key(k) for k in (*known, *also)}
+    for key in keys:
+        hyphen = _key(key)
+        if hyphen in allowed or hyphen.partition(".")[0] in allowed:
+            continue
+        near, hint = closest(key, known), ELSEWHERE.get(hyphen)
+        if owner:
+            raise ValueError(f"{key!r} is not a knob of {owner} ({near}); " + (
+                hint or f"if it is your app's own key, pass app_keys=[{key!r}, ...]"))
+        raise ValueError(f"unknown knob {key!r}{f' {where}' if where else ''} ({near})"
+                         f"{f'; {hint}' if hint else ''}; known: {', '.join(sorted(known))}")
+
+
+_FIELDS: dict[type, dict[str, str]] = {}
+
+
+def read(cls: type[Any], source: Mapping[str, Any], base: Any = None, *,
+         strict: bool = False) -> Any:
+    """Config ``cls`` from ``source`` over ``base``: run configs, keywords, message configs.
+
+    Keys hyphenated or underscored, a table of codec parameters also dotted (``codec-params.
+    levels = 4``, as Flower flattens a table); other keys ignored unless ``strict``.
+    """
+    names = _FIELDS.get(cls) or _FIELDS.setdefault(
+        cls, {_key(f.name): f.name for f in dataclasses.fields(cls)})
+    values = {} if base is None else {name: getattr(base, name) for name in names.values()}
+    given: set[str] = set()
+    tables: dict[str, dict[str, Any]] = {}
+    for raw, value in source.items():
+        key = _key(raw)
+        table, dot, param = key.partition(".")
+        name = names.get(table if dot else key)
+        if name is None:
+            if strict:
+                refuse_unknown([raw], names.values())
+            continue
+        if not dot:
+            values[name] = value
+            given.add(name)
+        elif isinstance(knobs_of(cls)[name].default, Mapping):
+            tables.setdefault(name, {})[param] = value
+        else:
+            raise ValueError(f"config key {key!r}: {table!r} is not a table of parameters")
+    for name, params in tables.items():
+        if name in given and values[name]:
+            raise ValueError(f"config key {_key(name)!r}: given both as text and as "
+                             f"{_key(name)}.<name> keys")
+        values[name] = params
+    return cls(**values)
+
+
+def write(cfg: Any, changed_only: bool = False,
+          keys: Iterable[str] | None = None) -> dict[str, Any]:
+    """Hyphenated key -> value of the knobs of ``cfg`` (``keys``: only these).
+
+    :func:`read`'s inverse: ``None`` as its "not set" spelling, codec parameters as text;
+    ``changed_only``: the values unlike the defaults of a preset's base.
+    """
+    root = knobs_of(getattr(type(cfg), "preset_of", type(cfg)))
+    wanted = None if keys is None else set(keys)
+    out: dict[str, Any] = {}
+    for name, found in knobs_of(type(cfg)).items():
+        value = cfg.__dict__[name]
+        if (wanted is not None and found.key not in wanted) or (
+                changed_only and value == root[name].default):
+            continue
+        if value is None:
+            value = found.unset if found.has_unset else None
+        if value is not None:
+            out[found.key] = str(value) if isinstance(value, Mapping) else value
+    return out
+
+
+def changed_knobs(cfg: Any) -> str:
+    """The knobs of a config that differ from their defaults, or ``"defaults"`` (for logs)."""
+    return ", ".join(f"{k}={v!r}" for k, v in write(cfg, True).items()) or "defaults"
+
+
+def build_config(config: Any, cls: type[Any], knobs: Mapping[str, Any], **named: Any) -> Any:
+    """``config`` (a ``cls``, else the defaults) with the keyword arguments applied.
+
+    ``knobs``, then the ``named`` ones that are not ``None``: :func:`read`, strict.
+    """
+    if config is not None and not isinstance(config, cls):
+        raise TypeError(f"config must be a {cls.__name__}, got {type(config).__name__}")
+    knobs = {**knobs, **{name: value for name, value in named.items() if value is not None}}
+    return config if config is not None and not knobs else read(cls, knobs, config, strict=True)
+
+
+def preset(base: type, name: str, doc: str, **defaults: Any) -> type:
+    """Method preset ``name``: config ``base`` with other defaults for the knobs ``defaults``.
+
+    Each keeps its check and its "not set" spelling, which means the preset's default.
+    """
+    hints = typing.get_type_hints(base)
+    namespace: dict[str, Any] = {
+        field: inherit(base, field, default=value, kind=kind_of(hints[field]) or Any)
+        for field, value in defaults.items()}
+    namespace.update(__annotations__={field: hints[field] for field in defaults},
+                     __module__=base.__module__, __doc__=doc,
+                     preset_of=getattr(base, "preset_of", base))
+    return dataclass(frozen=True)(type(name, (base,), namespace))
+
+
+# ------------------------------------------------------------------ shared groups
+def _values(cfg: Any, group: type) -> dict[str, Any]:
+    """The values in ``cfg`` of the fields that ``group`` declares."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(group)}
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """Knobs of the robust aggregation of client vectors (updates, gradients, compensations).
+
+    ``clip-factor``, ``min-cosine`` and ``weight-cap`` at their defaults mean "not set".
+    """
+
+    trim_fraction: float = knob(0.2, between(0, 0.5, high_open=True), doc=(
+        "fraction cut at each end by the `trimmed-mean` aggregation"))
+    clip_norm: float = knob(0.0, at_least(0, "0 = off"), doc=(
+        "clip every client's vector to this L2 norm before aggregating (0: off)"))
+    clip_factor: float = knob(1.0, at_least(0, "0 = off"), unset=1.0, doc=(
+        "clip each client's vector to this multiple of the round's median norm before "
+        "combining (0: off)"))
+    min_cosine: float = knob(-0.1, between(-1, 1, note="-1 = off"), unset=-0.1, doc=(
+        "leave a node's vector out of the round's mean while it points against the mean "
+        "of the round's other vectors on average over its last 10 rounds (-1: off)"))
+    weight_cap: float = knob(2.0, at_least(0, "0 = off"), unset=2.0, doc=(
+        "a client's example count weighs at most this multiple of the round's median "
+        "(0: off)"))
+    norm_bound_factor: float = knob(5.0, at_least(0, "0 = off"), doc=(
+        "reject a vector above this multiple of recent median norms (0: off)"))
+
+    @property
+    def robust(self) -> RobustConfig:
+        """The robust-aggregation knobs of this config, as a :class:`RobustConfig`."""
+        return RobustConfig(**_values(self, RobustConfig))
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Knobs of the server's optimizer."""
+
+    optimizer: str = knob("sgd", one_of(OPTIMIZERS), doc=(
+        "`sgd` (momentum, weight decay) or `adam`"))
+    lr: float = knob(0.1, above(0), doc="server learning rate")
+    momentum: float = knob(0.9, between(0, 1, high_open=True), doc="server momentum")
+    weight_decay: float = knob(0.0, at_least(0), doc="server weight decay")
+
+    @property
+    def optimizer_config(self) -> OptimizerConfig:
+        """The optimizer knobs of this config, as an :class:`OptimizerConfig`."""
+        return OptimizerConfig(**_values(self, OptimizerConfig))
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """Keyword arguments of ``DQStrategy`` and ``GradientStrategy`` beside their config.
+
+    Checked as a strategy is built; ``from_run_config`` reads them by their hyphenated keys.
+    """
+
+    seed: int = knob(0, doc=(
+        "root of every random choice (node sampling, round seeds, minibatches)"))
+    fraction_train: float = knob(1.0, between(0, 1, low_open=True), doc=(
+        "fraction of the connected nodes sampled each round"))
+    min_available_nodes: int = knob(1, between(1, MAX_NODES), doc=(
+        "nodes that must be connected before a round samples (as in Flower's strategies)"))
+    fraction_evaluate: float = knob(0.0, between(0, 1), doc=(
+        "fraction of the nodes that evaluate the model on their own held-out rows each "
+        "round (0: off)"))
+    min_evaluate_nodes: int = knob(1, between(0, MAX_NODES), doc=(
+        "nodes that must be connected before a round evaluates"))

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Context
 
-from dq_flower.baselines.config import GradientConfig
 from dq_flower.client_state import encode_keeping_state
+from dq_flower.codec_choice import CodecChoice
 from dq_flower.codecs import ErrorFeedback
 from dq_flower.wire.gradient import UPDATE_KEY, update_keys, uses_error_feedback
 
@@ -30,7 +30,7 @@ def segments(update: np.ndarray, shapes: list[tuple[int, ...]], per_tensor: bool
     return out
 
 
-def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: GradientConfig,
+def encode_update(update: np.ndarray, shapes: list[tuple[int, ...]], cfg: CodecChoice,
                   context: Context, rng: np.random.Generator, prefix: str,
                   key: str = UPDATE_KEY) -> tuple[dict[str, ArrayRecord], int]:
     """The update's reply records (per tensor or flat, named by ``key``) and payload bits.

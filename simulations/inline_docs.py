@@ -13,7 +13,7 @@ START to END (1-based, either may be empty: ``summary.md:2:`` drops the title), 
 ``PATH#verdict`` a results summary's short verdict table: DQ and the three methods that
 reached the target with the fewest uplink bytes, from the summary's main table;
 ``dq_flower/dq/config.py#knobs:DQConfig`` the knob table generated from that config class's
-fields (:func:`dq_flower.knob.knob_table`: key, default, meaning).
+fields (:func:`knob_table`: key, default, meaning).
 
     .venv/bin/python simulations/inline_docs.py          # rewrite every region
     .venv/bin/python simulations/inline_docs.py --check  # list the stale ones (exit 1)
@@ -28,6 +28,7 @@ import argparse
 import importlib
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,10 +96,33 @@ def verdict_table(summary: list[str]) -> list[str]:
 
 def knobs_table(path: str, class_name: str) -> list[str]:
     """The knob table of config class ``class_name`` of the module at ``path``."""
-    from dq_flower.knob import knob_table  # the package, only for the pages that show one
-
     module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
     return knob_table(getattr(module, class_name))
+
+
+def knob_table(cls: type, defaults: dict[str, str] | None = None) -> list[str]:
+    """Markdown rows ``| key | default | meaning |`` of the knobs of ``cls`` with a meaning.
+
+    Its own knobs first, then its groups'; ``defaults`` replaces some keys' default column.
+    """
+    from dq_flower.config import knobs_of  # the package, only for the pages that show one
+
+    found_all = knobs_of(cls)
+    own = [n for n in found_all if n in vars(cls)
+           and not any(n in vars(base) for base in cls.__mro__[1:])]
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for found in (found_all[n] for n in [*own, *(n for n in found_all if n not in own)]):
+        shown = (defaults or {}).get(found.key)
+        if shown is None:
+            value = found.unset if found.default is None and found.has_unset else found.default
+            value = str(value) if isinstance(value, Mapping) else value
+            shown = (f"`{str(value).lower()}`" if isinstance(value, bool) else
+                     (f"`{value}`" if value else '`""`') if isinstance(value, str) else
+                     f"`{value:g}`" if isinstance(value, float) else f"`{value}`")
+            shown += " (not set)" if found.default is None else ""
+        if found.doc:
+            rows.append(f"| `{found.key}` | {shown} | {found.doc} |")
+    return rows
 
 
 def inline(text: str, where: str = "") -> str:

@@ -6,6 +6,7 @@ serializer, a process spawn or a wait.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 
 import numpy as np
@@ -16,12 +17,22 @@ from flwr.serverapp.strategy import FedAvg
 
 import dq_flower
 from dq_flower.baselines.config import FedAvgConfig, GradientConfig
+from dq_flower.codecs import make, names
+from dq_flower.codecs.registry import codec_class
 from dq_flower.compression.config import CompressionConfig
-from dq_flower.config import from_mapping
+from dq_flower.config import (
+    INT_RANGE,
+    OptimizerConfig,
+    RobustConfig,
+    StrategyConfig,
+    kind_of,
+    knob_of,
+    knobs_of,
+    read,
+)
 from dq_flower.dq.config import DQConfig, DQStrategyConfig
+from dq_flower.harness.methods import get_method, method_names
 from dq_flower.harness.task_config import TaskConfig
-from dq_flower.knob import INT_RANGE, kind_of, knobs_of
-from dq_flower.knobs import StrategyConfig
 
 #: Every config class with integer knobs (RobustConfig's and OptimizerConfig's are floats).
 CONFIGS = (DQConfig, DQStrategyConfig, StrategyConfig, GradientConfig, FedAvgConfig,
@@ -47,7 +58,7 @@ def test_keyword_arguments_and_run_configs_refuse_the_same_values(kwargs, key):
     with pytest.raises(ValueError, match=f"^{key}: expected"):
         DQConfig(**kwargs)
     with pytest.raises(ValueError, match=f"^{key}: expected"):
-        from_mapping(DQConfig, run_config)
+        read(DQConfig, run_config)
     with pytest.raises(ValueError, match=f"^{key}: expected"):
         dq_flower.DQStrategy.from_run_config(model(), run_config)
 
@@ -116,3 +127,49 @@ def test_a_simulation_refuses_more_replies_than_its_nodes_can_send():
                                          "2 nodes"):
         build_run_config("dq", num_clients=2, min_available=3)
     assert build_run_config("dq", num_clients=2, min_available=2)["min-available"] == 2
+
+
+#: Values a run config or a caller may give any knob: wrong types, out of range, "not set".
+PROBES = (2.5, 2, "2", "yes", True, -1, 0, 10**19, float("inf"), None, "", "auto",
+          {"levels": 2}, [1])
+
+
+def _outcome(build, *args):
+    try:
+        return build(*args)
+    except (ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.parametrize("cls", [*CONFIGS, OptimizerConfig, RobustConfig,
+                                 *(get_method(m).config_cls for m in method_names())],
+                         ids=lambda c: c.__name__)
+def test_direct_construction_refuses_what_the_run_config_reader_refuses(cls):
+    """One coercion, in the knob: ``cls(bits=2.5)`` fails as ``bits = 2.5`` in a run config
+    does, with the same message, and a value both take builds the same config."""
+    base = {"codec": "qsgd"} if issubclass(cls, CompressionConfig) else {}
+    refused = 0
+    for name, found in knobs_of(cls).items():
+        for value in PROBES:
+            direct = _outcome(lambda kwargs: cls(**kwargs), {**base, name: value})
+            read_back = _outcome(read, cls, {**base, found.key: value})
+            assert direct == read_back, (name, value)
+            refused += isinstance(direct, str)
+    assert refused > len(knobs_of(cls))  # the probes do find refusals
+
+
+def test_every_codec_parameter_is_a_knob():
+    """A codec's parameters are coerced and checked by their knobs, none by hand."""
+    for name in names():
+        codec = codec_class(name)
+        if dataclasses.is_dataclass(codec):
+            plain = [f.name for f in dataclasses.fields(codec)
+                     if f.init and knob_of(codec, f.name) is None]
+            assert not plain, (name, plain)
+    with pytest.raises(ValueError, match=r"^ratio must be a number in \(0, 1\], got 2$"):
+        make("topk", ratio=2)
+    with pytest.raises(ValueError, match="^bits must be an integer in 1..8, got 2.5$"):
+        make("uniform", bits=2.5)
+    with pytest.raises(ValueError, match="^clip must be a finite number > 0"):
+        make("terngrad", clip=float("nan"))
+    assert make("terngrad", clip=2).clip == 2 and type(make("topk", ratio=1).ratio) is int

@@ -1,4 +1,4 @@
-"""``None`` means "not set"; one rule for the run config's "not set" listing; shared groups."""
+"""``None`` means "not set"; method presets keep their own defaults; shared groups."""
 
 from __future__ import annotations
 
@@ -13,23 +13,49 @@ import torch
 from dq_flower.baselines.config import FedAvgConfig, GradientConfig
 from dq_flower.codecs import coder_for, make, payload_coder
 from dq_flower.compression.config import CompressionConfig
-from dq_flower.config import client_keys, from_mapping, to_config_record, unset_spellings
+from dq_flower.config import (
+    Knob,
+    OptimizerConfig,
+    RobustConfig,
+    client_keys,
+    knob_of,
+    knobs_of,
+    read,
+    write,
+)
 from dq_flower.dq.config import DQConfig
-from dq_flower.harness.method_registry import not_set_values
 from dq_flower.harness.methods import get_method, method_names
 from dq_flower.harness.task_config import TaskConfig
-from dq_flower.knob import Knob, knob_of, knob_table
-from dq_flower.knobs import OptimizerConfig, RobustConfig
+from simulations.inline_docs import knob_table
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 SHORTCUTS = ("levels", "bucket", "ratio", "rank")
 
-#: The table ``Method.merged`` used before the field metadata declared the "not set"
-#: spellings (a literal copy, so that the rule that replaced it is checked against it).
+#: The "not set" table the run-config reader used before the knobs declared their own
+#: spellings (a literal copy, so that the presets that replaced it are checked against it).
 OLD_NEUTRAL_VALUES = {
     "codec-params": "", "levels": 0, "bucket": 0, "ratio": 0.0, "rank": 0,
     "local-epochs": 0, "downlink": "auto", "aggregation": "auto", "error-feedback": "auto",
     "per-tensor": "auto", "clip-factor": 1.0, "weight-cap": 2.0, "min-cosine": -0.1,
+}
+#: The methods' own defaults as the registry listed them before they became config
+#: subclasses (a literal copy).
+_FEDAVG_EPOCH = {"local-epochs": 1, "clip-factor": 0.0, "weight-cap": 0.0, "min-cosine": -1.0,
+                 "downlink": "float32"}
+OLD_DEFAULTS = {
+    "dq": {}, "upload-all": {"upload-schedule": "all"},
+    "upload-all-8bit": {"upload-schedule": "all", "bits": 8}, "fedavg": {},
+    **{name: {"codec": codec} for name, codec in (
+        ("sgd", "identity"), ("fp16", "fp16"), ("qsgd", "qsgd"), ("terngrad", "terngrad"),
+        ("ef-signsgd", "ef-sign"), ("topk", "topk"), ("powersgd", "powersgd"),
+        ("bingrad", "bingrad"), ("orq", "orq"))},
+    "signsgd": {"codec": "sign", "lr": 0.005},
+    "fedavg-qsgd2": {"codec": "qsgd", "levels": 1, **_FEDAVG_EPOCH},
+    "fedavg-qsgd4": {"codec": "qsgd", "levels": 7, **_FEDAVG_EPOCH},
+    "fedavg-ef-sign": {"codec": "ef-sign", **_FEDAVG_EPOCH},
+    "fedavg-topk": {"codec": "topk", "ratio": 0.01, **_FEDAVG_EPOCH},
+    "fedavg-fp16": {"codec": "fp16", **_FEDAVG_EPOCH, "downlink": "fp16"},
+    "fedavg-fp32": {"codec": "identity", **_FEDAVG_EPOCH},
 }
 
 
@@ -39,14 +65,26 @@ def _old_same(value, neutral):
     return value == neutral
 
 
-def _old_merged(method, run_config):
-    out = dict(method.defaults)
+def _old_merged(name, run_config):
+    out = dict(OLD_DEFAULTS[name])
     for key, value in run_config.items():
         if key in out and key in OLD_NEUTRAL_VALUES and _old_same(value,
                                                                   OLD_NEUTRAL_VALUES[key]):
             continue
         out[key] = value
     return out
+
+
+def _read_as_before(name, run_config):
+    """What the old reader built: the strategy's own config over the merged table."""
+    method = get_method(name)
+    root = getattr(method.config_cls, "preset_of", method.config_cls)
+    return [write(read(cls, _old_merged(name, run_config)))
+            for cls in (root, method.client_config_cls) if cls is not None]
+
+
+def _read_now(name, run_config):
+    return [write(read(cls, run_config)) for cls in get_method(name).config_classes()]
 
 
 def _pyproject_run_config():
@@ -58,8 +96,7 @@ def _pyproject_run_config():
 def test_the_codec_shortcuts_default_to_none(cls):
     cfg = cls(codec="qsgd")
     assert all(getattr(cfg, name) is None for name in SHORTCUTS)
-    gradient = cfg.gradient_config() if isinstance(cfg, CompressionConfig) else cfg
-    assert gradient.codec_kwargs == {"levels": 4, "bucket": 512}  # the codec's defaults
+    assert cfg.codec_kwargs == {"levels": 4, "bucket": 512}  # the codec's defaults
 
 
 @pytest.mark.parametrize("cls", [GradientConfig, CompressionConfig])
@@ -72,8 +109,8 @@ def test_the_old_spelling_zero_is_normalised_to_none(cls):
 def test_gradient_local_epochs_not_set_is_none():
     assert GradientConfig().local_epochs is None and not GradientConfig().epochs_mode
     assert GradientConfig(local_epochs=0) == GradientConfig()
-    assert from_mapping(GradientConfig, {"local-epochs": 0}).local_epochs is None
-    cfg = from_mapping(GradientConfig, {"local-epochs": 2})
+    assert read(GradientConfig, {"local-epochs": 0}).local_epochs is None
+    cfg = read(GradientConfig, {"local-epochs": 2})
     assert cfg.local_epochs == cfg.epochs == 2 and cfg.epochs_mode
 
 
@@ -81,18 +118,18 @@ def test_fedavg_local_epochs_not_set_is_one():
     assert FedAvgConfig().local_epochs == 1
     assert FedAvgConfig(local_epochs=0).local_epochs == 1
     assert FedAvgConfig(local_epochs=None).local_epochs == 1
-    assert from_mapping(FedAvgConfig, {"local-epochs": 0}).local_epochs == 1
-    assert from_mapping(FedAvgConfig, {"local-epochs": 3}).local_epochs == 3
+    assert read(FedAvgConfig, {"local-epochs": 0}).local_epochs == 1
+    assert read(FedAvgConfig, {"local-epochs": 3}).local_epochs == 3
 
 
 @pytest.mark.parametrize("cls", [GradientConfig, CompressionConfig])
 def test_the_run_config_spelling_of_not_set_maps_to_none(cls):
-    cfg = from_mapping(cls, {"codec": "topk", "levels": 0, "bucket": 0.0, "ratio": 0,
+    cfg = read(cls, {"codec": "topk", "levels": 0, "bucket": 0.0, "ratio": 0,
                              "rank": 0})
     assert all(getattr(cfg, name) is None for name in SHORTCUTS)
-    cfg = from_mapping(cls, {"codec": "qsgd", "levels": 0, "bucket": 64})
+    cfg = read(cls, {"codec": "qsgd", "levels": 0, "bucket": 64})
     assert (cfg.levels, cfg.bucket, cfg.ratio) == (None, 64, None)
-    assert from_mapping(cls, {"codec": "topk", "ratio": 0.05}).ratio == 0.05
+    assert read(cls, {"codec": "topk", "ratio": 0.05}).ratio == 0.05
 
 
 @pytest.mark.parametrize(("mapping", "key"), [
@@ -102,59 +139,85 @@ def test_the_run_config_spelling_of_not_set_maps_to_none(cls):
 @pytest.mark.parametrize("cls", [GradientConfig, CompressionConfig])
 def test_a_wrong_type_for_an_optional_knob_names_its_key(cls, mapping, key):
     with pytest.raises(ValueError, match=f"^{key}: expected"):
-        from_mapping(cls, {"codec": "qsgd", **mapping})
+        read(cls, {"codec": "qsgd", **mapping})
+
+
+def _spellings(cls):
+    return {k.key: k.unset for k in knobs_of(cls).values() if k.has_unset}
 
 
 def test_the_fields_declare_their_run_config_spelling_of_not_set():
-    spellings = unset_spellings(GradientConfig)
+    spellings = _spellings(GradientConfig)
     assert {k: spellings[k] for k in SHORTCUTS} == {"levels": 0, "bucket": 0, "ratio": 0.0,
                                                       "rank": 0}
     assert spellings["codec-params"] == "" and spellings["downlink"] == "auto"
     assert "lr" not in spellings and "codec" not in spellings  # always a real value
-    assert unset_spellings(FedAvgConfig) == {"local-epochs": 0}
+    assert _spellings(FedAvgConfig) == {"local-epochs": 0}
 
 
 def test_a_config_record_holds_no_none_and_reads_back_the_same():
     cfg = GradientConfig(codec="qsgd", levels=3)
-    sent = dict(to_config_record(cfg).items())
+    sent = write(cfg, changed_only=True)
     assert sent["levels"] == 3 and "bucket" not in sent  # None is the default: left out
-    full = dict(to_config_record(cfg, changed_only=False).items())
+    full = write(cfg)
     assert full["bucket"] == 0 and full["ratio"] == 0.0  # the run config's "not set"
     assert None not in full.values()
-    assert from_mapping(GradientConfig, sent) == from_mapping(GradientConfig, full) == cfg
+    assert read(GradientConfig, sent) == read(GradientConfig, full) == cfg
     record = CompressionConfig(codec="qsgd", levels=1).message_config()
     assert CompressionConfig.from_message_config(record).bucket is None
 
 
-# ------------------------------------------------------------ merged: one not-set rule
+# ------------------------------------------------- presets: a method's own defaults
 def test_the_declared_spellings_are_the_old_neutral_table():
-    spellings = not_set_values()
-    assert set(spellings) == set(OLD_NEUTRAL_VALUES)
-    for key, values in spellings.items():
-        assert values == [OLD_NEUTRAL_VALUES[key]], key
+    spellings: dict[str, list] = {}
+    for name in method_names():
+        for cls in get_method(name).config_classes():
+            for key, value in _spellings(cls).items():
+                spellings.setdefault(key, [])
+                if value not in spellings[key]:
+                    spellings[key].append(value)
+    assert spellings == {key: [value] for key, value in OLD_NEUTRAL_VALUES.items()}
+
+
+def test_the_presets_are_the_old_method_defaults():
+    for name in method_names():
+        method = get_method(name)
+        assert method.defaults.items() <= OLD_DEFAULTS[name].items(), name
+        assert _read_now(name, {}) == _read_as_before(name, {}), name
 
 
 @pytest.mark.parametrize("name", method_names())
-def test_merged_pyproject_run_config_is_what_the_old_table_gave(name):
-    method = get_method(name)
+def test_a_preset_reads_the_pyproject_run_config_as_the_old_table_did(name):
     listed = {**_pyproject_run_config(), "method": name}
-    assert method.merged(listed) == _old_merged(method, listed)
+    assert _read_now(name, listed) == _read_as_before(name, listed)
     # explicit values: a real value always wins (signsgd's lr=0.1 under tuning, a method's
-    # own codec), strings and bools are never "not set"
+    # own codec), strings and bools are never "not set" (and so refused where they are not
+    # the knob's type, by both)
     for extra in ({"lr": 0.1}, {"codec": "identity"}, {"clip-factor": 0.5},
                   {"levels": 3}, {"levels": "0"}, {"downlink": "fp16"}, {"weight-cap": 2},
                   {"local-epochs": 2}, {"local-epochs": False}, {"min-cosine": -1.0}):
         run_config = {**listed, **extra}
-        assert method.merged(run_config) == _old_merged(method, run_config), extra
+        assert _outcome(_read_now, name, run_config) == \
+            _outcome(_read_as_before, name, run_config), extra
+
+
+def _outcome(reader, name, run_config):
+    try:
+        return reader(name, run_config)
+    except ValueError as exc:
+        return f"ValueError: {exc}"
 
 
 def test_the_methods_own_values_survive_the_pyproject_listing():
     listed = _pyproject_run_config()
-    q2 = get_method("fedavg-qsgd2").merged({**listed, "method": "fedavg-qsgd2"})
-    assert (q2["levels"], q2["local-epochs"], q2["clip-factor"], q2["weight-cap"],
-            q2["downlink"]) == (1, 1, 0.0, 0.0, "float32")
-    sign = get_method("signsgd").merged({**listed, "method": "signsgd", "lr": 0.1})
-    assert sign["lr"] == 0.1
+    q2 = read(get_method("fedavg-qsgd2").config_cls, listed)
+    assert (q2.levels, q2.clip_factor, q2.weight_cap, q2.downlink) == (1, 0.0, 0.0, "float32")
+    assert read(FedAvgConfig, listed).local_epochs == 1
+    sign = read(get_method("signsgd").config_cls, {**listed, "lr": 0.1})
+    assert sign.lr == 0.1 and read(get_method("signsgd").config_cls, listed).lr == 0.005
+    # a preset is its base with other defaults: what travels is compared with the base's
+    assert isinstance(q2, CompressionConfig)
+    assert q2.message_config()["compression-levels"] == 1
 
 
 # ---------------------------------------------------------------------- shared groups
@@ -168,7 +231,7 @@ def test_a_bad_robust_knob_names_its_key(cls, kwargs, key):
     with pytest.raises(ValueError, match=f"^{key}: "):
         cls(**kwargs)
     with pytest.raises(ValueError, match=f"^{key}: "):
-        from_mapping(cls, {key: next(iter(kwargs.values()))})
+        read(cls, {key: next(iter(kwargs.values()))})
 
 
 @pytest.mark.parametrize("cls", [DQConfig, GradientConfig, OptimizerConfig])
@@ -197,7 +260,7 @@ def test_each_config_keeps_its_own_defaults_of_the_shared_knobs():
 def test_the_groups_are_flat_on_the_configs():
     cfg = DQConfig(lr=0.3, clip_factor=0.5)
     assert cfg.lr == 0.3 and cfg.robust.clip_factor == 0.5
-    assert from_mapping(GradientConfig, {"clip-factor": 2.0, "lr": 0.2}).robust.clip_factor \
+    assert read(GradientConfig, {"clip-factor": 2.0, "lr": 0.2}).robust.clip_factor \
         == 2.0
     assert isinstance(cfg.robust, RobustConfig) and type(cfg.robust) is RobustConfig
     fields = {f.name for f in dataclasses.fields(RobustConfig)} | {
@@ -261,8 +324,8 @@ def test_a_not_set_spelling_is_the_default_in_python_too():
     assert FedAvgConfig(local_epochs=None).local_epochs == 1  # type: ignore[arg-type]
     # a knob without a spelling keeps 0 as a value
     assert CompressionConfig(clip_factor=0.0).clip_factor == 0.0
-    assert "clip-factor" not in unset_spellings(CompressionConfig)
-    assert unset_spellings(GradientConfig)["clip-factor"] == 1.0
+    assert "clip-factor" not in _spellings(CompressionConfig)
+    assert _spellings(GradientConfig)["clip-factor"] == 1.0
 
 
 def test_a_codec_parameter_is_coerced_and_checked_by_its_knob():
@@ -310,3 +373,39 @@ def test_an_unknown_key_is_refused_everywhere_naming_the_nearest_knob():
     # every key of the package's own run config is known
     cfg = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
     validate_run_config(cfg)
+
+
+def test_every_source_refuses_an_unknown_key_with_the_one_check():
+    """Keyword arguments, a strategy's run config, the package's run config, simulate's
+    keywords and a strict read: each names the nearest knobs and the same hint."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from dq_flower import CompressedUpdates, DQStrategy
+    from dq_flower.harness.methods import validate_run_config
+    from dq_flower.harness.simulate import build_run_config
+
+    hint = "it was removed: ranges = 'channel' is the same"
+    model = torch.nn.Linear(2, 2)
+    sources = [
+        lambda: DQStrategy(model, per_channel=1),
+        lambda: DQStrategy.from_run_config(model, {"per-channel": 1}),
+        lambda: CompressedUpdates(FedAvg(), codec="qsgd", per_channel=1),
+        lambda: validate_run_config({"method": "dq", "per-channel": 1}),
+        lambda: build_run_config("dq", per_channel=1),
+        lambda: read(DQConfig, {"per-channel": 1}, strict=True),
+    ]
+    for build in sources:
+        with pytest.raises(ValueError, match=r"'per[-_]channel'.*\(no knob is spelled like "
+                                             rf"it\).*{hint}"):
+            build()
+    assert read(DQConfig, {"per-channel": 1}) == DQConfig()  # not strict: another's key
+
+
+def test_every_methods_config_pickles_and_names_its_method():
+    import pickle
+
+    for name in method_names():
+        cls = get_method(name).config_cls
+        cfg = read(cls, {})
+        assert pickle.loads(pickle.dumps(cfg)) == cfg, name
+        assert cls.__doc__ and (cls in (DQConfig, FedAvgConfig) or name in cls.__doc__)

@@ -41,7 +41,7 @@ CLIENT_PACKAGES = ("dq_flower.dq.client",)
 WIRE = ("dq_flower.wire",)
 #: What the wire layer never imports: the methods and every config class.
 POLICY = ("dq_flower.baselines", "dq_flower.dq", "dq_flower.compression",
-          "dq_flower.server", "dq_flower.config", "dq_flower.knobs")
+          "dq_flower.server", "dq_flower.config", "dq_flower.codec_choice")
 OUTSIDE_PLUGIN = ("dq_flower.harness", "dq_flower.compare", "dq_flower.deploy",
                   "dq_flower.cli", "dq_flower.cli_common")
 

@@ -17,7 +17,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.client_state import begin_round, end_round, load_state_dict, save_state_dict
 from dq_flower.codecs import Payload, PayloadError
-from dq_flower.config import from_mapping
+from dq_flower.config import read
 from dq_flower.data_input import as_arrays
 from dq_flower.model_ops import (
     LossFn,
@@ -167,7 +167,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     if "config" not in msg.content.config_records:
         raise ValueError("the train message carries no 'config' record")
     config: dict[str, Any] = dict(msg.content.config_records["config"].items())
-    cfg = from_mapping(GradientConfig, config)
+    cfg = read(GradientConfig, config)
     server_round = int(config["server-round"])
     seed = int(config.get("run-seed", 0))
     pid = node_key(context)

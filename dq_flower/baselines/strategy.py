@@ -19,15 +19,7 @@ from flwr.serverapp.strategy import Strategy
 from dq_flower.baselines.config import GradientConfig
 from dq_flower.baselines.votes import VoteDownlink
 from dq_flower.codecs import Payload, make
-from dq_flower.config import (
-    build_config,
-    changed_knobs,
-    client_keys,
-    given_knobs,
-    strategy_kwargs,
-    to_config_record,
-)
-from dq_flower.knobs import StrategyConfig
+from dq_flower.config import StrategyConfig, build_config, changed_knobs, client_keys, write
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
@@ -39,7 +31,7 @@ from dq_flower.model_ops import (
     state_arrays,
 )
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.base import ModelStrategy, ServerRound
+from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
 from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
 from dq_flower.server.majority import bounded_mean, robust_buffers
 from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
@@ -60,6 +52,8 @@ __all__ = ["GradientStrategy", "majority_vote", "weighted_mean"]
 #: Most rows a client may claim per epoch under ``local-epochs`` (``num-examples`` is rows
 #: times epochs); a larger claim is refused rather than weighted in the mean.
 MAX_EPOCH_ROWS = 1 << 24
+#: The knobs that travel to the clients in each train message.
+CLIENT_KEYS = client_keys(GradientConfig)
 
 
 def majority_vote(vectors: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
@@ -128,9 +122,9 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
             fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes))
         if codec is None and config is None:
             codec = "qsgd"
-        named = given_knobs(knobs, codec=codec, codec_params=codec_params,
-                            local_steps=local_steps, lr=lr)
-        self.cfg: GradientConfig = build_config(config, named, GradientConfig)
+        self.cfg: GradientConfig = build_config(
+            config, GradientConfig, knobs, codec=codec, codec_params=codec_params,
+            local_steps=local_steps, lr=lr)
         config = self.cfg
         self.loss_fn = loss_fn
         self.method = method or config.codec
@@ -175,10 +169,7 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
                                 round_rng(self.seed, server_round, 0, Purpose.SAMPLE),
                                 min_sampled=1)
         base = ConfigRecord(dict(config.items()))
-        travels = client_keys(GradientConfig)
-        for key, value in to_config_record(self.cfg).items():
-            if key in travels:
-                base[key] = value
+        base.update(write(self.cfg, changed_only=True, keys=CLIENT_KEYS))
         base.setdefault("method", self.method)
         base["server-round"] = server_round
         base["run-seed"] = self.seed  # clients draw batches from (run seed, round, node)
@@ -272,9 +263,9 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> GradientStrategy:
         """The strategy with its knobs read from a run config (``context.run_config``).
 
-        Every :class:`GradientConfig` and :class:`~dq_flower.knobs.StrategyConfig` field by
+        Every :class:`GradientConfig` and :class:`~dq_flower.config.StrategyConfig` field by
         its hyphenated key (``codec`` defaults to ``qsgd``), ``overrides`` winning
-        (:func:`dq_flower.config.strategy_kwargs`); unknown keys (but ``num-server-rounds``
+        (:func:`dq_flower.server.base.strategy_kwargs`); unknown keys (but ``num-server-rounds``
         and ``app_keys``) and wrongly typed values raise ``ValueError`` naming the key.
         """
         return cls(model, **strategy_kwargs(

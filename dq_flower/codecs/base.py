@@ -11,7 +11,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from dq_flower.knob import knob
+from dq_flower.config import knob
 
 from .payload import (
     PAYLOAD_VERSION,
@@ -44,7 +44,7 @@ def check_finite(x: np.ndarray, what: str = "input") -> np.ndarray:
     return arr
 
 
-def int_param(name: str, default: int, lo: int, hi: int | None = None) -> Any:
+def int_param(name: str, default: int | None, lo: int, hi: int | None = None) -> Any:
     """A codec parameter field: an int in ``lo..hi``, stored as a plain ``int`` (JSON meta)."""
     return knob(default, coerce=lambda value: check_int(value, name, lo, hi))
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from dq_flower.config import knob
 
 from . import bitpack
 from .base import Codec, SymbolSpec, bucket_chunks, flat_input, require_rng, stochastic_floor
@@ -95,6 +98,14 @@ class EFSign(Codec):
         return _decode_bits(p, size, -s, s)
 
 
+def _clip(value: Any) -> Any:
+    """``value`` if it is a finite number > 0 (kept as given: the payload's meta)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value <= 0:
+        raise ValueError(f"clip must be a finite number > 0 or None, got {value!r}")
+    return value
+
+
 @register("terngrad")
 @dataclass(frozen=True)
 class TernGrad(Codec):
@@ -111,13 +122,8 @@ class TernGrad(Codec):
         Clipping factor ``c > 0`` in units of the standard deviation, or None.
     """
 
-    clip: float | None = None
+    clip: float | None = knob(None, coerce=_clip)
     meta_fields = ("clip",)
-
-    def __post_init__(self) -> None:
-        if self.clip is not None and (isinstance(self.clip, bool) or not isinstance(
-                self.clip, (int, float)) or not math.isfinite(self.clip) or self.clip <= 0):
-            raise ValueError(f"clip must be a finite number > 0 or None, got {self.clip!r}")
 
     def symbol_spec(self) -> SymbolSpec:
         """The codes ``1 + t`` (0, 1, 2) in ``codes``; the scale beside them."""

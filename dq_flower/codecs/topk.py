@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.knob import knob
+from dq_flower.config import knob
 
 from . import bitpack
 from .base import Codec, flat_input, int_param, require_rng
@@ -64,6 +64,13 @@ def topk_indices(mag: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.argpartition(mag, n - k)[n - k :]).astype(np.int64)
 
 
+def _ratio(value: Any) -> Any:
+    """``value`` if it is a number in (0, 1] (kept as given)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"ratio must be a number in (0, 1], got {value!r}")
+    return value
+
+
 @register("topk")
 @dataclass(frozen=True)
 class TopK(Codec):
@@ -75,13 +82,8 @@ class TopK(Codec):
         Fraction of coordinates kept, in (0, 1].
     """
 
-    ratio: float = 0.01
+    ratio: float = knob(0.01, coerce=_ratio)
     biased = True
-
-    def __post_init__(self) -> None:
-        if (isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))
-                or not 0 < self.ratio <= 1):
-            raise ValueError(f"ratio must be a number in (0, 1], got {self.ratio!r}")
 
     def k_for(self, size: int) -> int:
         """Number of coordinates kept out of ``size``."""

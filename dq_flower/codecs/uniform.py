@@ -30,15 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.knob import knob
+from dq_flower.config import knob
 
 from . import bitpack, context
-from .base import Codec, bucket_chunks, check_finite, random_u16, require_rng
+from .affine import affine_block, dither_offsets, dither_u16
+from .base import Codec, bucket_chunks, check_finite, int_param, random_u16, require_rng
 from .entropy import METHODS, check_method, compress, decompress
 from .payload import (
     Payload,
     PayloadError,
-    check_int,
     expect_floats,
     expect_nbits,
     expect_packed,
@@ -53,81 +53,6 @@ __all__ = ["Uniform", "SAMPLE_CODERS", "RANGE_CODER", "dither_offsets", "expand_
 SAMPLE_CODERS = (*METHODS, "context")
 #: Lossless coder of the per-row ranges (``mins`` then ``scales``) when the codes are coded.
 RANGE_CODER = "zlib"
-
-_M1 = np.uint64(0x9E3779B97F4A7C15)
-_M2 = np.uint64(0xBF58476D1CE4E5B9)
-_M3 = np.uint64(0x94D049BB133111EB)
-
-
-def dither_u16(seed: int, start: int, count: int) -> np.ndarray:
-    """16-bit dither values for flat positions ``start .. start + count - 1``."""
-    first, last = start // 4, (start + count + 3) // 4
-    z = np.arange(first, last, dtype=np.uint64)
-    z += np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (1 << 64))
-    z *= _M1
-    z ^= z >> np.uint64(30)
-    z *= _M2
-    z ^= z >> np.uint64(27)
-    z *= _M3
-    z ^= z >> np.uint64(31)
-    off = start - 4 * first
-    return z.astype("<u8").view(np.uint16)[off : off + count]
-
-
-def dither_offsets(seed: int, start: int, count: int) -> np.ndarray:
-    """Float32 dither offsets ``u = r / 2**16`` in (0, 1) of positions ``start ..``.
-
-    The encoder rounds ``t + u`` down and the decoder adds ``1/2 - u`` back.
-    """
-    r = dither_u16(int(seed), int(start), int(count))
-    return r.astype(np.float32) * np.float32(1.0 / 65536.0)
-
-
-def safe_gain(span: np.ndarray, gain: np.ndarray, bump: np.float32,
-              limit: float | np.floating) -> np.ndarray:
-    """Lower ``gain`` by a few ulps where ``fl(fl(span * gain) + bump) >= limit`` (float32).
-
-    Rounding is monotone, so each row's largest value (``span`` above the minimum) bounds
-    the others: no code exceeds the top level.
-    """
-    limit32 = np.float32(limit)
-    for _ in range(64):
-        bad = (span * gain + bump) >= limit32
-        if not bad.any():
-            return gain
-        gain[bad] = np.nextafter(gain[bad], np.float32(0.0))
-    raise AssertionError("gain adjustment did not converge")  # pragma: no cover
-
-
-def affine_block(blk: np.ndarray, t: np.ndarray, lo: np.ndarray, scale: np.ndarray, top: int,
-                 unit: float | np.floating, bump: float | np.floating) -> None:
-    """Write ``(blk - min) * gain`` into ``t``, and each row's min and scale into ``lo``, ``scale``.
-
-    ``gain = unit / scale``, lowered by :func:`safe_gain` below ``(top + 1) * unit``.
-    """
-    mn = blk.min(axis=1)
-    mx = blk.max(axis=1)
-    with np.errstate(over="ignore"):
-        span = mx - mn
-        sc32 = ((mx.astype(np.float64) - mn) / top).astype(np.float32)
-        if not (np.isfinite(span).all() and np.isfinite(sc32 * np.float32(top)).all()):
-            raise ValueError("a row's range exceeds float32; cannot quantize")
-    # a positive range keeps a positive scale, even below float32's denormals
-    sc32[(sc32 == 0) & (span > 0)] = np.finfo(np.float32).smallest_subnormal
-    sc64 = sc32.astype(np.float64)
-    gain64 = np.divide(float(unit), sc64, out=np.zeros(sc32.size), where=sc64 > 0)
-    tiny = gain64 > 1e30  # scale far below float32's normal range: float64 rows
-    gain = np.where(tiny, 0.0, gain64).astype(np.float32)
-    gain = safe_gain(span, gain, np.float32(bump), (top + 1) * unit)
-    np.subtract(blk, mn[:, None], out=t)
-    t *= gain[:, None]
-    if tiny.any():
-        sub = np.flatnonzero(tiny)
-        wide = (blk[sub].astype(np.float64) - mn[sub, None]) * gain64[sub, None]
-        t[sub] = np.minimum(wide, float(top * unit))
-    lo[...] = mn
-    scale[...] = sc32
-
 
 def _sample_shape(shape: Any) -> tuple[int, ...]:
     """``shape`` as 1 to 3 plain positive ints, or ``ValueError``."""
@@ -176,23 +101,16 @@ class Uniform(Codec):
         ``context`` coder reads it; decoders need not know it.
     """
 
-    bits: int = 2
-    stochastic: bool = True
-    per_channel: int = 0
-    dither_seed: int | None = None
-    entropy: str = "none"
+    bits: int = knob(2, coerce=bitpack.check_width)
+    stochastic: bool = knob(True, coerce=_flag("stochastic"))
+    per_channel: int = int_param("per_channel", 0, 0, 1 << 24)
+    dither_seed: int | None = int_param("dither_seed", None, 0, (1 << 63) - 1)
+    entropy: str = knob("none", coerce=lambda v: v if v == "context" else check_method(v))
     fixed_range: bool = knob(False, coerce=_flag("fixed_range"))
     sample_shape: tuple[int, ...] | None = knob(None, coerce=_sample_shape)
     meta_fields = ("bits", "per_channel", "dither_seed")
 
     def __post_init__(self) -> None:
-        bitpack.check_width(self.bits, "bits")
-        _flag("stochastic")(self.stochastic)
-        check_int(self.per_channel, "per_channel", 0, 1 << 24)
-        if self.dither_seed is not None:
-            check_int(self.dither_seed, "dither_seed", 0, (1 << 63) - 1)
-        if self.entropy != "context":
-            check_method(self.entropy, "entropy")
         if self.fixed_range and self.per_channel:
             raise ValueError("per_channel has no meaning with fixed_range: every channel shares "
                              "[0, 1]")

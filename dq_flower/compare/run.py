@@ -27,7 +27,7 @@ from dq_flower.compare.presets import MethodSpec, Preset, toml_module
 from dq_flower.compare.reports import RESULTS_FORMAT, load_results, write_reports
 from dq_flower.compare.summary import error_line, fmt_bytes, is_failed, run_summaries
 from dq_flower.compare.work import attach_devices
-from dq_flower.config import field_keys, run_config_values
+from dq_flower.config import field_keys, write
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods import (
@@ -127,7 +127,7 @@ def plan_runs(preset: Preset, sets: Sequence[tuple[str | None, str, Any]] = ()) 
             raise ValueError(f"method {spec.label}: {exc}") from None
         configs = (client_config(run_config), task, method_cfg)
         resolved = {k: v for cfg in configs if cfg is not None
-                    for k, v in run_config_values(cfg).items()}
+                    for k, v in write(cfg).items()}
         plans.append(PlannedRun(spec, run_config, {**scenario, **knobs},
                                 get_method(spec.method).family, resolved))
     return plans

@@ -75,8 +75,8 @@ def _code_reply(out: Message, layout: wire.Layout, received: ArrayRecord, cfg: C
     update = layout.flat(returned) - layout.flat(received)
     rng = round_rng(cfg.seed, server_round, node_key(context), Purpose.MOD_CODEC)
     begin_round(context, server_round, STATE_PREFIX)
-    records, nbits = encode_update(update, layout.coded_shapes, cfg.gradient_config(), context,
-                                   rng, STATE_PREFIX, wire.UPDATE_KEY)
+    records, nbits = encode_update(update, layout.coded_shapes, cfg, context, rng, STATE_PREFIX,
+                                   wire.UPDATE_KEY)
     end_round(context, server_round, STATE_PREFIX)
     raw = layout.raw_record(returned)
     del content[key]

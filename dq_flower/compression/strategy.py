@@ -20,8 +20,8 @@ from flwr.serverapp.strategy import Strategy
 
 from dq_flower.codecs import PayloadError, make
 from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
-from dq_flower.config import build_config, given_knobs, strategy_kwargs
-from dq_flower.server.base import RoundPipeline, ServerRound
+from dq_flower.config import build_config
+from dq_flower.server.base import RoundPipeline, ServerRound, strategy_kwargs
 from dq_flower.server.common import log_rejected
 from dq_flower.server.evaluation import MAX_METRIC_KEYS, common_keys, read_evaluation
 from dq_flower.server.majority import bounded_parts, winsorize
@@ -116,12 +116,12 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
             raise TypeError("CompressedUpdates needs codec= (e.g. 'qsgd') or config=")
         feedback = (("on" if error_feedback else "off") if isinstance(error_feedback, bool)
                     else error_feedback)
-        named = given_knobs(knobs, codec=codec, codec_params=codec_params,
-                            entropy_coder=entropy_coder, error_feedback=feedback,
-                            downlink=downlink)
         self.strategy = strategy
-        self.cfg: CompressionConfig = build_config(config, named, CompressionConfig)
-        self.codec = self.cfg.gradient_config().make_codec()
+        self.cfg: CompressionConfig = build_config(
+            config, CompressionConfig, knobs, codec=codec, codec_params=codec_params,
+            entropy_coder=entropy_coder, error_feedback=feedback, downlink=downlink)
+        self.codec = self.cfg.make_codec()  # once: every reply is decoded with it
+        self._message_config = self.cfg.message_config()
         self.weight_key = str(getattr(strategy, "weighted_by_key", "num-examples"))
         self._screens(self.cfg)
         self._sent: dict[int, dict[int, _Sent]] = {}
@@ -131,7 +131,7 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
                         *, app_keys: Iterable[str] = (), **overrides: Any) -> CompressedUpdates:
         """The wrapper with its knobs read from a run config (``context.run_config``).
 
-        As :func:`dq_flower.config.strategy_kwargs` reads them, ``overrides`` winning.
+        As :func:`dq_flower.server.base.strategy_kwargs` reads them, ``overrides`` winning.
         """
         return cls(strategy, **strategy_kwargs(cls.__name__, CompressionConfig, run_config,
                                                overrides, app_keys=app_keys))
@@ -150,8 +150,7 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """The inner strategy's train messages, with the codec settings in their config."""
-        for key, value in self.cfg.message_config().items():
-            config[key] = value
+        config.update(self._message_config)
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         prepared: dict[int, _Sent] = {}
         sent: dict[int, _Sent] = {}
@@ -296,8 +295,7 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         if bad:
             raise PayloadError(f"metrics {bad} are not finite numbers")
         layout = entry.layout
-        gcfg = self.cfg.gradient_config()
-        keys = update_keys(gcfg, len(layout.coded), UPDATE_KEY)
+        keys = update_keys(self.cfg, len(layout.coded), UPDATE_KEY)
         expected = set(keys) | ({RAW_KEY} if layout.raw else set())
         if set(content.array_records) != expected:
             raise PayloadError(f"reply carries records {sorted(content.array_records)}, "
@@ -308,7 +306,7 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
             problem = statistic_problem(array, values)
             if problem is not None:
                 raise PayloadError(f"{RAW_KEY}[{array!r}] {problem}")
-        sizes = layout.coded_sizes if gcfg.segmented else [layout.dim]
+        sizes = layout.coded_sizes if self.cfg.segmented else [layout.dim]
         vec, nbits, raw_bits = decode_update(content.array_records, keys, sizes, self.codec)
         if not np.isfinite(entry.reference + vec).all():
             raise PayloadError("the decoded weights are not finite")

@@ -1,6 +1,6 @@
 """Typed knobs of the data-quantization method (``DQConfig``).
 
-Each knob is a :class:`~dq_flower.knob.Knob` field of a frozen dataclass, checked as it is
+Each knob is a :class:`~dq_flower.config.Knob` field of a frozen dataclass, checked as it is
 set (``ValueError`` naming the hyphenated key). The same fields are keyword arguments of
 :class:`dq_flower.DQStrategy` (``server_steps=10``) and run-config keys of the package's
 apps (``server-steps``).
@@ -13,22 +13,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq_flower.codecs import CONTEXT, make, payload_coder
+from dq_flower.codecs.params import CodecParams
 from dq_flower.codecs.uniform import SAMPLE_CODERS
-from dq_flower.config import CodecParams, check, client_keys
-from dq_flower.knob import (
+from dq_flower.config import (
     MAX_CLASSES,
     MAX_EPOCHS,
     MAX_PROCESSES,
     MAX_ROWS,
     MAX_STEPS,
+    OPTIMIZERS,
+    OptimizerConfig,
+    RobustConfig,
+    StrategyConfig,
     above,
     at_least,
     between,
+    check,
+    client_keys,
     inherit,
     knob,
     one_of,
 )
-from dq_flower.knobs import OPTIMIZERS, OptimizerConfig, RobustConfig, StrategyConfig
 
 __all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS",
            "UPLOAD_MODES", "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
@@ -88,12 +93,12 @@ def model_codec(precision: str, mode: str, compensation: str) -> str:
 class DQConfig(RobustConfig, OptimizerConfig):
     """Knobs of the data-quantization method.
 
-    Every field is a :class:`~dq_flower.knob.Knob`: checked as the config is built
+    Every field is a :class:`~dq_flower.config.Knob`: checked as the config is built
     (``ValueError`` naming the hyphenated key), read from a run config by its hyphenated key,
     sent to the clients where marked ``client``; its meaning is the ``doc`` that the knob
-    table of ``docs/method.md`` (``dq_flower.knob.knob_table(DQConfig)``) is generated from.
-    The groups :class:`~dq_flower.knobs.RobustConfig` (robust aggregation of compensations
-    and gradient-round gradients) and :class:`~dq_flower.knobs.OptimizerConfig` (the
+    table of ``docs/method.md`` (``simulations/inline_docs.py``) is generated from.
+    The groups :class:`~dq_flower.config.RobustConfig` (robust aggregation of compensations
+    and gradient-round gradients) and :class:`~dq_flower.config.OptimizerConfig` (the
     server's optimizer; here ``lr`` 0.05, ``weight_decay`` 5e-4) are inherited.
     """
 

@@ -16,7 +16,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from dq_flower.client import dq_train, evaluate
-from dq_flower.config import from_mapping
+from dq_flower.config import read
 from dq_flower.dq.scorer_choice import AUTO_SCORER_KEY, RUN_MODEL_KNOB_KEY, model_knob
 from dq_flower.harness.methods import get_method
 from dq_flower.harness.runtime import (
@@ -39,7 +39,7 @@ __all__ = ["app", "make_client_app"]
 
 def _task(msg: Message) -> tuple[dict[str, Any], TaskConfig]:
     config = dict(msg.content["config"].items()) if "config" in msg.content else {}
-    return config, from_mapping(TaskConfig, config)
+    return config, read(TaskConfig, config)
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from dq_flower.baselines.config import FedAvgConfig
-from dq_flower.config import from_mapping
+from dq_flower.config import read
 from dq_flower.model_ops import LossFn, resolve_loss, state_arrays, targets_tensor
 from dq_flower.seeding import Purpose, round_rng
 
@@ -53,7 +53,7 @@ def fedavg_train(msg: Message, context: Context, x: np.ndarray, y: np.ndarray,
     del context  # FedAvg's client keeps no state
     t0 = time.perf_counter()
     config: dict[str, Any] = dict(msg.content["config"].items())
-    cfg = from_mapping(FedAvgConfig, config)
+    cfg = read(FedAvgConfig, config)
     server_round = int(config["server-round"])
     if x.shape[0] == 0:
         raise ValueError("this node has no training data")

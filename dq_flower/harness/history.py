@@ -27,7 +27,8 @@ class RunResult:
     method : str
         Method name.
     config : dict
-        The full run config (hyphenated keys).
+        The run config (hyphenated keys) with the method's knobs as the run used them (a
+        method's own defaults in, "not set" spellings resolved).
     history : list of dict
         One row per round (round 0 is the initial model): at least :data:`HISTORY_KEYS`,
         plus the strategy's per-round metrics (``up_payload_bits``, ``selected``, ...).

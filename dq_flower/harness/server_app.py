@@ -21,6 +21,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from dq_flower.accounting import Ledger, MeasuredGrid
+from dq_flower.config import write
 from dq_flower.harness.checkpoint import load_latest, save_atomic
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.methods import get_method, validate_run_config
@@ -79,8 +80,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any],
     ``max-failed-rounds`` rounds in a row.
     """
     method = get_method(str(run_config.get("method", "dq")))
-    run_config = method.merged(run_config)
-    task, _ = validate_run_config(run_config)
+    task, knobs = validate_run_config(run_config)
     info = task_info(task)
     model = prepare_model(task, info, model_factory)
     run = _ServerRun(task, method.name, grid, prepare_model(task, info, model_factory),
@@ -101,7 +101,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any],
         run.checkpoint(rnd, ended)
         if ended:
             break
-    return RunResult(method.name, dict(run_config), run.history, num_params(model), info.dim)
+    return RunResult(method.name, {**run_config, **write(knobs)}, run.history, num_params(model),
+                     info.dim)
 
 
 def reply_compute_s(msg: Message) -> float | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.config import field_keys, unknown_knob
+from dq_flower.config import field_keys, refuse_unknown
 from dq_flower.extras import explain_missing
 from dq_flower.harness.client_app import make_client_app
 from dq_flower.harness.history import RunResult
@@ -47,10 +47,9 @@ def build_run_config(method: str = "dq", dataset: Any = "digits", model: Any = "
         "method": method, "dataset": dataset, "model": model,
         "num-partitions": int(num_clients), "num-server-rounds": int(rounds), "seed": int(seed),
     }
+    refuse_unknown([name.replace("_", "-") for name in knobs], allowed, f"for method {method!r}")
     for name, value in knobs.items():
         key = name.replace("_", "-")
-        if key not in allowed:
-            raise unknown_knob(key, allowed, f"method {method!r}")
         if isinstance(value, Mapping):  # a table of codec parameters, as Flower flattens one
             run_config.update((f"{key}.{param}", v) for param, v in value.items())
         else:

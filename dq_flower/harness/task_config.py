@@ -8,10 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dq_flower.config import (
+    MAX_CLASSES,
+    MAX_NODES,
+    MAX_ROWS,
+    above,
+    at_least,
+    between,
+    client_keys,
+    knob,
+    one_of,
+)
 from dq_flower.config import check as _check
-from dq_flower.config import client_keys
 from dq_flower.harness.tasks.data.partitions import PARTITION_SCHEMES
-from dq_flower.knob import MAX_CLASSES, MAX_NODES, MAX_ROWS, above, at_least, between, knob, one_of
 
 __all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
 
@@ -20,7 +29,7 @@ __all__ = ["TaskConfig", "CLIENT_TASK_KEYS"]
 class TaskConfig:
     """What is trained on what: data set, model, partition, clients, rounds, seed.
 
-    Every field is a :class:`~dq_flower.knob.Knob`, checked as it is set; ``client`` ones
+    Every field is a :class:`~dq_flower.config.Knob`, checked as it is set; ``client`` ones
     travel to the package's ClientApp. The checks involving two knobs are in
     ``__post_init__``.
     """

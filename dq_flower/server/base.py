@@ -11,12 +11,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from dq_flower.knobs import StrategyConfig
+from dq_flower.config import StrategyConfig, field_keys, read, refuse_unknown
 from dq_flower.server.client_errors import one_traceback_per_cause
 from dq_flower.server.evaluation import FederatedEvaluation
 from dq_flower.server.pipeline import RoundLedger, Screened, screen_replies
 
-__all__ = ["DrivenStrategy", "ServerFigures", "ServerRound", "RoundPipeline", "ModelStrategy"]
+__all__ = ["DrivenStrategy", "ServerFigures", "ServerRound", "RoundPipeline", "ModelStrategy",
+           "strategy_kwargs"]
 
 
 class DrivenStrategy(Protocol):
@@ -208,3 +209,30 @@ class ModelStrategy(RoundPipeline, FederatedEvaluation):
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         self._returned = arrays
 
+
+#: Run-config keys every strategy accepts without reading them (``strategy.start`` takes
+#: the number of rounds; nearly every Flower app's run config has it).
+FLOWER_KEYS = frozenset({"num-server-rounds"})
+
+
+def strategy_kwargs(owner: str, config_cls: type, run_config: Mapping[str, Any],
+                    overrides: Mapping[str, Any], *, args_cls: type | None = None,
+                    defaults: Mapping[str, Any] | None = None,
+                    app_keys: Iterable[str] = ()) -> dict[str, Any]:
+    """Keyword arguments of strategy ``owner`` read from a run config (``from_run_config``).
+
+    The knobs of ``config_cls`` go into ``config=``, those of ``args_cls`` (a
+    :class:`StrategyConfig`) as keyword arguments where given; ``defaults`` apply where a
+    key is missing, ``overrides`` win. A bad value or an unknown key (any but
+    ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
+    """
+    args = field_keys(args_cls) if args_cls is not None else set()
+    refuse_unknown(run_config, field_keys(config_cls) | args, owner=owner,
+                   also=FLOWER_KEYS | {k.replace("_", "-") for k in app_keys})
+    given = {k.replace("_", "-"): v for k, v in run_config.items()}
+    kwargs: dict[str, Any] = {"config": read(config_cls, {**(defaults or {}), **given})}
+    if args_cls is not None:  # checked as the strategy will check them, passed where given
+        values = read(args_cls, {k: v for k, v in given.items() if k in args})
+        kwargs.update((k.replace("-", "_"), getattr(values, k.replace("-", "_")))
+                      for k in args if k in given)
+    return {**kwargs, **overrides}

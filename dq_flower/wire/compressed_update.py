@@ -11,6 +11,7 @@ a variance negative).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -49,35 +50,35 @@ class Layout:
     @classmethod
     def of(cls, key: str, record: ArrayRecord) -> Layout:
         """The layout of ``record`` (named ``key``)."""
-        items = list(record.items())
-        return cls(key, tuple(k for k, _ in items), tuple(str(a.dtype) for _, a in items),
-                   tuple(tuple(int(d) for d in a.shape) for _, a in items))
+        items = list(record.items())  # lists, not generators: a message has many arrays
+        return cls(key, tuple([k for k, _ in items]), tuple([str(a.dtype) for _, a in items]),
+                   tuple([tuple(map(int, a.shape)) for _, a in items]))
 
     def is_coded(self, i: int) -> bool:
         """Whether array ``i``'s update is coded: floating point, not a BatchNorm statistic."""
         return self.dtypes[i] in FLOAT_DTYPES and not self.names[i].endswith(RAW_SUFFIXES)
 
-    @property
+    @functools.cached_property
     def coded(self) -> list[int]:
-        """Positions of the coded arrays."""
+        """Positions of the coded arrays (worked out once per layout, as the next four)."""
         return [i for i in range(len(self.names)) if self.is_coded(i)]
 
-    @property
+    @functools.cached_property
     def raw(self) -> list[int]:
         """Positions of the arrays sent as they are."""
-        return [i for i in range(len(self.names)) if not self.is_coded(i)]
+        return [i for i in range(len(self.names)) if i not in self.coded]
 
-    @property
+    @functools.cached_property
     def coded_shapes(self) -> list[tuple[int, ...]]:
         """Shapes of the coded arrays."""
         return [self.shapes[i] for i in self.coded]
 
-    @property
+    @functools.cached_property
     def coded_sizes(self) -> list[int]:
         """Element counts of the coded arrays."""
         return [math.prod(s) for s in self.coded_shapes]
 
-    @property
+    @functools.cached_property
     def dim(self) -> int:
         """Length of the flat update."""
         return int(sum(self.coded_sizes))

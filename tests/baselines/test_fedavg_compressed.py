@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from dq_flower.baselines.client import epoch_batches
 from dq_flower.baselines.config import FedAvgConfig, GradientConfig
 from dq_flower.codecs import make
-from dq_flower.config import from_mapping
+from dq_flower.config import read
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods import get_method, method_names
@@ -102,7 +102,7 @@ def test_fedavg_star_methods_are_registered_with_one_local_epoch(name):
     assert name in method_names() and method.family == "compressed"
     run_config = build_run_config(name, rounds=1)
     _, cfg = validate_run_config(run_config)
-    client = from_mapping(FedAvgConfig, method.merged(run_config))
+    client = read(FedAvgConfig, run_config)
     assert client.local_epochs == 1 and cfg.clip_factor == 0.0 and cfg.weight_cap == 0.0
     assert cfg.entropy_coder == "zlib"  # the plugin's default, as for DQ; every preset sets it
 
@@ -114,16 +114,16 @@ def test_fedavg_star_builds_flowers_fedavg_inside_the_wrapper():
     from dq_flower.harness.runtime import build_model, task_info
 
     run_config = build_run_config("fedavg-qsgd2", rounds=1)
-    task, _ = validate_run_config(get_method("fedavg-qsgd2").merged(run_config))
+    task, _ = validate_run_config(run_config)
     info = task_info(task)
     strategy, config = get_method("fedavg-qsgd2").build(
-        task, get_method("fedavg-qsgd2").merged(run_config), build_model(task, info), info)
+        task, run_config, build_model(task, info), info)
     assert isinstance(strategy, CompressedUpdates) and type(strategy.strategy) is FedAvg
     assert config["method"] == "fedavg-qsgd2" and strategy.cfg.codec == "qsgd"
 
 
 def test_method_codecs_and_bits():
-    cfgs = {m: validate_run_config(build_run_config(m, rounds=1))[1].gradient_config()
+    cfgs = {m: validate_run_config(build_run_config(m, rounds=1))[1]
             for m in FEDAVG_STAR}
     downlinks = {m: validate_run_config(build_run_config(m, rounds=1))[1].downlink
                  for m in FEDAVG_STAR}
@@ -146,16 +146,14 @@ def test_neutral_run_config_values_keep_each_methods_own_choices():
     _, fp = validate_run_config({**listed, "method": "fedavg-fp16"})
     _, qs = validate_run_config({**listed, "method": "qsgd"})
     _, fa = validate_run_config({**listed, "method": "fedavg"})
-    q2_client = from_mapping(FedAvgConfig,
-                             get_method("fedavg-qsgd2").merged({**listed,
-                                                                "method": "fedavg-qsgd2"}))
-    assert q2.gradient_config().codec_kwargs["levels"] == 1 and q2_client.local_epochs == 1
+    q2_client = read(FedAvgConfig, {**listed, "method": "fedavg-qsgd2"})
+    assert q2.codec_kwargs["levels"] == 1 and q2_client.local_epochs == 1
     assert q2.clip_factor == 0.0 and q2.weight_cap == 0.0 and q2.downlink == "float32"
     assert fp.downlink == "fp16"
     assert qs.local_epochs is None and qs.codec_kwargs["levels"] == 4
     assert fa.local_epochs == 1
     _, explicit = validate_run_config({"method": "fedavg-qsgd2", "levels": 3})
-    assert explicit.gradient_config().codec_kwargs["levels"] == 3
+    assert explicit.codec_kwargs["levels"] == 3
 
 
 def test_a_bad_client_knob_of_a_fedavg_star_method_fails_naming_its_key():
@@ -223,7 +221,7 @@ def test_fp16_both_ways_matches_fedavg_to_half_precision():
 
 
 def test_codec_of_a_method_decodes_its_replies():
-    cfg = validate_run_config(build_run_config("fedavg-qsgd2", rounds=1))[1].gradient_config()
+    cfg = validate_run_config(build_run_config("fedavg-qsgd2", rounds=1))[1]
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     p = cfg.make_codec().encode(x, np.random.default_rng(1))
     np.testing.assert_array_equal(cfg.make_codec().decode(p),

@@ -1,12 +1,13 @@
 import pytest
 
-from dq_flower.config import from_mapping, parse_params, to_config_record
+from dq_flower.codecs.params import parse_params
+from dq_flower.config import read, write
 from dq_flower.dq.config import DQConfig
 from dq_flower.harness.task_config import TaskConfig
 
 
 def test_hyphenated_keys_map_to_fields_and_coerce():
-    cfg = from_mapping(DQConfig, {"server-steps": 7.0, "bits": 3, "stochastic": 0,
+    cfg = read(DQConfig, {"server-steps": 7.0, "bits": 3, "stochastic": 0,
                                   "other-method-knob": 1})
     assert cfg.server_steps == 7 and cfg.bits == 3 and cfg.stochastic is False
 
@@ -19,7 +20,7 @@ def test_hyphenated_keys_map_to_fields_and_coerce():
 )
 def test_bad_values_name_their_key(mapping, key):
     with pytest.raises(ValueError, match=key):
-        from_mapping(DQConfig, mapping)
+        read(DQConfig, mapping)
 
 
 def test_task_config_validation():
@@ -30,8 +31,8 @@ def test_task_config_validation():
 
 
 def test_strict_mode_rejects_unknown_keys():
-    with pytest.raises(ValueError, match="unknown config key 'nope'"):
-        from_mapping(TaskConfig, {"nope": 1}, strict=True)
+    with pytest.raises(ValueError, match="unknown knob 'nope' \\(no knob is spelled like it"):
+        read(TaskConfig, {"nope": 1}, strict=True)
 
 
 def test_parse_params_and_config_record_round_trip():
@@ -39,10 +40,10 @@ def test_parse_params_and_config_record_round_trip():
         "levels": 4, "bucket": 512, "clip": 2.5, "flag": True}
     with pytest.raises(ValueError):
         parse_params("levels")
-    record = to_config_record(TaskConfig(num_partitions=3))
-    assert dict(record.items()) == {"num-partitions": 3}  # defaults are left out
-    assert from_mapping(TaskConfig, dict(record.items())) == TaskConfig(num_partitions=3)
-    full = to_config_record(TaskConfig(num_partitions=3), changed_only=False)
+    record = write(TaskConfig(num_partitions=3), changed_only=True)
+    assert record == {"num-partitions": 3}  # defaults are left out
+    assert read(TaskConfig, record) == TaskConfig(num_partitions=3)
+    full = write(TaskConfig(num_partitions=3))
     assert full["dataset"] == "digits" and full["num-partitions"] == 3
 
 
@@ -62,7 +63,7 @@ def test_device_knob():
 
 def test_codec_params_are_a_typed_mapping_from_any_of_its_spellings():
     from dq_flower.baselines.config import GradientConfig
-    from dq_flower.config import CodecParams
+    from dq_flower.codecs.params import CodecParams
 
     given = {"levels": 4, "bucket": 512}
     assert CodecParams(given) == CodecParams("levels=4,bucket=512") == given
@@ -71,12 +72,12 @@ def test_codec_params_are_a_typed_mapping_from_any_of_its_spellings():
     assert hash(CodecParams(given)) == hash(CodecParams({"bucket": 512, "levels": 4}))
     as_dict = GradientConfig(codec="qsgd", codec_params=given)
     as_text = GradientConfig(codec="qsgd", codec_params="levels=4,bucket=512")
-    as_table = from_mapping(GradientConfig, {"codec": "qsgd", "codec-params.levels": 4,
+    as_table = read(GradientConfig, {"codec": "qsgd", "codec-params.levels": 4,
                                              "codec-params.bucket": 512})
     assert as_dict == as_text == as_table and as_table.codec_params == given
-    record = to_config_record(as_table)  # to the clients: the text spelling, read back equal
+    record = write(as_table, changed_only=True)  # to the clients: the text, read back equal
     assert record["codec-params"] == "levels=4,bucket=512"
-    assert from_mapping(GradientConfig, dict(record.items())) == as_table
+    assert read(GradientConfig, record) == as_table
 
 
 @pytest.mark.parametrize(("mapping", "message"), [
@@ -90,7 +91,7 @@ def test_bad_codec_params_fail_naming_their_key(mapping, message):
     from dq_flower.baselines.config import GradientConfig
 
     with pytest.raises(ValueError, match=message):
-        from_mapping(GradientConfig, mapping)
+        read(GradientConfig, mapping)
 
 
 def test_a_strategys_run_config_takes_a_table_of_codec_params():

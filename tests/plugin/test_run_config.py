@@ -9,9 +9,9 @@ import torch
 from flwr.serverapp.strategy import FedAvg
 
 import dq_flower
+import dq_flower.config
 import dq_flower.dq.config
-import dq_flower.knobs
-from dq_flower.knob import knobs_of
+from dq_flower.config import knobs_of
 
 
 def model() -> torch.nn.Module:
@@ -123,7 +123,7 @@ def test_the_apps_own_keys_pass_when_named():
 
 @pytest.mark.parametrize(("cls", "args_cls"), [
     (dq_flower.DQStrategy, dq_flower.dq.config.DQStrategyConfig),
-    (dq_flower.GradientStrategy, dq_flower.knobs.StrategyConfig),
+    (dq_flower.GradientStrategy, dq_flower.config.StrategyConfig),
 ])
 def test_the_strategy_arguments_are_knobs_with_the_signatures_defaults(cls, args_cls):
     params = inspect.signature(cls.__init__).parameters

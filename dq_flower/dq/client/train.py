@@ -32,7 +32,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 
 from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
-from dq_flower.config import from_mapping
+from dq_flower.config import read
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.client.selection import select
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
@@ -222,7 +222,7 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         require_torch(str(needed))  # a node without PyTorch fails alone, naming the knob
         raise NodeConfigError(f"{needed} needs the model: pass model= (your nn.Module) "
                               "to dq_train")
-    cfg = from_mapping(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
+    cfg = read(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
     scorer = node_scorer(cfg.scorer, model is not None)  # "auto" sent as it is: resolve here
     cfg = dataclasses.replace(cfg, scorer=scorer,
                               selection_rule=node_rule(cfg.selection_rule, scorer))

@@ -17,7 +17,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 
-from dq_flower.config import to_config_record
+from dq_flower.config import write
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.scorer_choice import (
     AUTO,
@@ -110,8 +110,7 @@ class RoundAsks:
                      refresh: bool) -> ConfigRecord:
         """The config every node of the round gets: the client knobs and the round's own."""
         cfg = ConfigRecord(dict(config.items()))
-        knobs = to_config_record(self.cfg)
-        cfg.update({key: knobs[key] for key in CLIENT_KEYS if key in knobs})
+        cfg.update(write(self.cfg, changed_only=True, keys=CLIENT_KEYS))
         cfg["server-round"] = server_round
         seed_rng = round_rng(self.seed, server_round, 0, Purpose.ROUND_SEED)
         cfg["round-seed"] = int(seed_rng.integers(2**31))

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dq_flower.config import OPTIMIZERS
 from dq_flower.dq.server.schedule import (
     Z_ONE_SIDED,
     HeldOutScores,
@@ -30,7 +31,6 @@ from dq_flower.dq.server.schedule import (
     paired_gain,
     significantly_worse,
 )
-from dq_flower.knobs import OPTIMIZERS
 
 __all__ = ["OptimizerChoice", "candidates", "pick", "from_train_config", "AUTO",
            "ADAM_LR", "LR_KEYS"]

@@ -33,7 +33,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from dq_flower.codecs import Codec, make
-from dq_flower.config import build_config, changed_knobs, strategy_kwargs
+from dq_flower.config import build_config, changed_knobs
 from dq_flower.dq.config import (
     DQConfig,
     DQStrategyConfig,
@@ -55,7 +55,7 @@ from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import MAX_LOCAL_ID, Compensations, Upload, reply_spec
 from dq_flower.model_ops import LossFn, input_width, state_arrays
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.base import ModelStrategy, ServerRound
+from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
 from dq_flower.server.common import (
     FailureWatch,
     log_rejected,
@@ -371,7 +371,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self._setup(model, args)
         users = knobs.pop("optimizer", None) if isinstance(
             knobs.get("optimizer"), torch.optim.Optimizer) else None
-        cfg = build_config(config, knobs, DQConfig)
+        cfg = build_config(config, DQConfig, knobs)
         if cfg.bits == 0:  # auto: a table's few features get more bits (dq.config.auto_bits)
             flat = (data_spec.dim if data_spec is not None and len(data_spec.sample_shape) == 1
                     else None if data_spec is not None else input_width(model))
@@ -478,7 +478,7 @@ class DQStrategy(ModelStrategy, Strategy):
 
         Every :class:`DQConfig` and :class:`~dq_flower.dq.config.DQStrategyConfig` field
         (``seed``, ``fraction-train``, ...) is read from its hyphenated key where present and
-        ``overrides`` win (:func:`dq_flower.config.strategy_kwargs`). Any other key but
+        ``overrides`` win (:func:`dq_flower.server.base.strategy_kwargs`). Any other key but
         ``num-server-rounds`` and ``app_keys`` (the app's own), and a value of the wrong type,
         raise ``ValueError`` naming the key, before any round.
         """
