@@ -49,16 +49,14 @@ _U_RENORM = np.uint64(64 - _PRECISION)  # a state this high must shed a word fir
 _U_REFILL = np.uint64(1 << 32)  # a state below takes a word
 _U_BIN = np.uint64(_COUNT_BIN)
 _U_ZERO = np.uint64(0)
+_U_ONE_, _U_TWO = np.uint64(1), np.uint64(2)
 _jit = (lambda f: f) if _numba is None else _numba.njit(cache=True, nogil=True)
+_literally = (lambda x: x) if _numba is None else _numba.literally
 
 
 @_jit
 def _model(rows, symbols):
-    """The model in one array, and where its edges and marks start.
-
-    Counts (rows x S), every row's inner edges (rows x (S - 1)), marks of the rows a wave
-    counted in (rows).
-    """
+    """The model: counts (rows x S), inner edges (rows x (S - 1)), marks (rows); offsets."""
     edges = rows * symbols
     return np.zeros(rows * 2 * symbols, np.int64), edges, edges + rows * (symbols - 1)
 
@@ -97,10 +95,9 @@ def _copy_planes(codes, grid, planes, h, w, into_grid):
 
 @_jit
 def _wave(geom, k):
-    """Wave ``k``: ``(a0, a1, m, stride, at, step)``.
+    """Wave ``k``: blocks ``[a0, a1)`` of ``m`` codes from ``a * stride + at``, ``step`` apart.
 
-    Blocks ``[a0, a1)`` (image planes, flat samples) of ``m`` codes each, block ``a``'s
-    first position ``a * stride + at`` and the step between its positions.
+    Blocks are image planes (cells ``(r, k - 2 r)``) or flat samples (features).
     """
     if not geom[0]:
         waves, n, d = geom[1], geom[2], geom[3]
@@ -157,131 +154,136 @@ def _span(s, below, above, last):
     return lo, (_U_ONE if s == last else above) - lo
 
 
-def _kernels(kind: int, image: bool) -> tuple:
-    """The encoder and the decoder of rows of ``kind`` symbols (2, 4; 0: any).
+@_jit
+def _refresh(model, rows, symbols, edges, marks, kind):
+    """Every row's inner edges (from ``edges`` on) from its counts, constriction's way.
 
-    ``kind`` and ``image`` (or flat batches) are constants of the compiled loops, so each of
-    the six forms keeps only its own branches. Both walk the batch alike: wave by wave,
-    block by block, each code under the counts of the waves before its own; the walk is
-    written out in each (a call taking arrays would count references on every code).
+    Only the marked rows (marks cleared) where ``marks``; rows of ``kind`` (2, 4) symbols
+    are all refreshed, a loop unrolled, no mark kept.
     """
-    fixed = {2: 1, 4: 2}.get(kind, 0)  # the neighbour bits, fixed for 2 and 4 symbols
-    one, two = np.uint64(1), np.uint64(2)
+    _literally(kind)
+    size = kind if kind else symbols
+    free = np.float64(_ONE - size)
+    for row in range(rows):
+        if marks:
+            if not model[marks + row]:
+                continue
+            model[marks + row] = 0
+        at, total = row * size, 0
+        for s in range(size):
+            total += model[at + s]
+        scale = free / (np.float64(total) + 0.5 * size)
+        cum = 0
+        for s in range(1, size):
+            cum += model[at + s - 1]
+            model[edges + row * (size - 1) + s - 1] = \
+                np.int64((np.float64(cum) + 0.5 * s) * scale) + s
 
-    @_jit
-    def refresh(model, rows, symbols, edges, marks):
-        """Every row's inner edges (from ``edges`` on) from its counts.
 
-        As constriction's lazy model quantizes ``counts + 1/2``; only the marked rows
-        (marks cleared) where ``marks``. Rows of 2 and 4 symbols are all refreshed each
-        wave, their loop unrolled, no mark kept.
-        """
-        size = kind if kind else symbols
-        free = np.float64(_ONE - size)
-        for row in range(rows):
-            if marks:
-                if not model[marks + row]:
-                    continue
-                model[marks + row] = 0
-            at, total = row * size, 0
-            for s in range(size):
-                total += model[at + s]
-            scale = free / (np.float64(total) + 0.5 * size)
-            cum = 0
-            for s in range(1, size):
-                cum += model[at + s - 1]
-                model[edges + row * (size - 1) + s - 1] = \
-                    np.int64((np.float64(cum) + 0.5 * s) * scale) + s
+@_jit
+def _encode(codes, geom, feature, rows, symbols, kind, image):
+    """The stream's words of ``codes`` (see :func:`encode_words`).
 
-    @_jit
-    def encode(codes, geom, feature, rows, symbols):
-        if codes.max() >= symbols:  # out of the model: no stream (the caller refuses)
-            return np.empty(0, np.uint32)
-        model, edges, marks = _model(rows, symbols)
-        refresh(model, rows, symbols, edges, 0)
-        grid, base = _layout(geom, feature, codes, True)
-        w, q_bits = np.uint64(geom[5]), np.uint64(fixed if fixed else geom[7])
-        shift, size = np.uint64(0 if fixed else geom[8]), np.uint64(kind if kind else symbols)
-        last, inner, marked = size - one, np.uint64(edges), np.uint64(marks)
-        interval = np.empty(2 * codes.size, np.uint64)
-        i = 0
-        for k in range(geom[1]):
-            a0, a1, m, stride, at, step = _wave(geom, k)
-            for a in range(a0, a1):
-                pos, chan = np.uint64(a * stride + at), np.uint64(base[a] if image else 0)
-                for b in range(m):
-                    if image:
-                        ctx = chan + _neighbours(grid[pos - one], grid[pos - w - two],
-                                                 grid[pos - w - two - one],
-                                                 grid[pos - w - one], q_bits, shift)
-                    else:
-                        ctx = np.uint64(base[b])
-                    s = np.uint64(grid[pos])
-                    e = inner + ctx * last + s  # the edge above s
-                    interval[i], interval[i + 1] = _span(s, np.uint64(model[e - one]),
-                                                         np.uint64(model[e]), last)
-                    i += 2
-                    model[ctx * size + s] += 1
-                    if not kind:
-                        model[marked + ctx] = 1
-                    pos += np.uint64(step)
-            refresh(model, rows, symbols, edges, 0 if kind else marks)
-        return _ans_encode(interval)
+    ``kind`` (rows of 2, 4 symbols; 0: any) and ``image`` are compile-time constants
+    (numba's literal dispatch): each of the six forms keeps only its own branches. The
+    encoder and the decoder walk the batch alike, wave by wave, block by block, each code
+    under the counts of the waves before its own; the walk is written out in each (a call
+    taking arrays would count references on every code).
+    """
+    _literally(kind)
+    _literally(image)
+    fixed, one, two = 1 if kind == 2 else (2 if kind == 4 else 0), _U_ONE_, _U_TWO
+    if codes.max() >= symbols:  # out of the model: no stream (the caller refuses)
+        return np.empty(0, np.uint32)
+    model, edges, marks = _model(rows, symbols)
+    _refresh(model, rows, symbols, edges, 0, kind)
+    grid, base = _layout(geom, feature, codes, True)
+    w, q_bits = np.uint64(geom[5]), np.uint64(fixed if fixed else geom[7])
+    shift, size = np.uint64(0 if fixed else geom[8]), np.uint64(kind if kind else symbols)
+    last, inner, marked = size - one, np.uint64(edges), np.uint64(marks)
+    interval = np.empty(2 * codes.size, np.uint64)
+    i = 0
+    for k in range(geom[1]):
+        a0, a1, m, stride, at, step = _wave(geom, k)
+        for a in range(a0, a1):
+            pos, chan = np.uint64(a * stride + at), np.uint64(base[a] if image else 0)
+            for b in range(m):
+                if image:
+                    ctx = chan + _neighbours(grid[pos - one], grid[pos - w - two],
+                                             grid[pos - w - two - one],
+                                             grid[pos - w - one], q_bits, shift)
+                else:
+                    ctx = np.uint64(base[b])
+                s = np.uint64(grid[pos])
+                e = inner + ctx * last + s  # the edge above s
+                interval[i], interval[i + 1] = _span(s, np.uint64(model[e - one]),
+                                                     np.uint64(model[e]), last)
+                i += 2
+                model[ctx * size + s] += 1
+                if not kind:
+                    model[marked + ctx] = 1
+                pos += np.uint64(step)
+        _refresh(model, rows, symbols, edges, 0 if kind else marks, kind)
+    return _ans_encode(interval)
 
-    @_jit
-    def decode(words, out, geom, feature, rows, symbols):
-        state, left, head = _open(words)
-        if head != out.size:
-            return (ZERO_END if head < 0 else BAD_COUNT), head
-        model, edges, marks = _model(rows, symbols)
-        refresh(model, rows, symbols, edges, 0)
-        grid, base = _layout(geom, feature, out, False)
-        w, q_bits = np.uint64(geom[5]), np.uint64(fixed if fixed else geom[7])
-        shift, size = np.uint64(0 if fixed else geom[8]), np.uint64(kind if kind else symbols)
-        last, inner, marked = size - one, np.uint64(edges), np.uint64(marks)
-        for k in range(geom[1]):
-            a0, a1, m, stride, at, step = _wave(geom, k)
-            for a in range(a0, a1):
-                pos, chan = np.uint64(a * stride + at), np.uint64(base[a] if image else 0)
-                for b in range(m):
-                    if image:
-                        ctx = chan + _neighbours(grid[pos - one], grid[pos - w - two],
-                                                 grid[pos - w - two - one],
-                                                 grid[pos - w - one], q_bits, shift)
-                    else:
-                        ctx = np.uint64(base[b])
-                    e = inner + ctx * last
-                    if kind == 2:
-                        s, state = _binary(state, np.uint64(model[e]))
-                    elif kind == 4:
-                        s, state = _quad(state, np.uint64(model[e]), np.uint64(model[e + one]),
-                                         np.uint64(model[e + one + one]))
-                    else:  # a binary search of the row's edges
-                        q = state & _U_MASK
-                        s, top = _U_ZERO, last + one
-                        while top - s > one:
-                            mid = (s + top) >> one
-                            if np.uint64(model[e + mid - one]) <= q:
-                                s = mid
-                            else:
-                                top = mid
-                        lo, width = _span(s, np.uint64(model[e + s - one]),
-                                          np.uint64(model[e + s]), last)
-                        state = (state >> _U_PRECISION) * width + q - lo
-                    if state < _U_REFILL and left:
-                        left -= one
-                        state = (state << _U_WORD) | np.uint64(words[left])
-                    grid[pos] = s
-                    model[ctx * size + s] += 1
-                    if not kind:
-                        model[marked + ctx] = 1
-                    pos += np.uint64(step)
-            refresh(model, rows, symbols, edges, 0 if kind else marks)
-        if image:
-            _copy_planes(out, grid, geom[2], geom[4], geom[5], False)
-        return (OK if state == 0 and left == 0 else LEFT_OVER), head
 
-    return encode, decode
+@_jit
+def _decode(words, out, geom, feature, rows, symbols, kind, image):
+    """Decode into ``out`` (see :func:`decode_words`)."""
+    _literally(kind)
+    _literally(image)
+    fixed, one, two = 1 if kind == 2 else (2 if kind == 4 else 0), _U_ONE_, _U_TWO
+    state, left, head = _open(words)
+    if head != out.size:
+        return (ZERO_END if head < 0 else BAD_COUNT), head
+    model, edges, marks = _model(rows, symbols)
+    _refresh(model, rows, symbols, edges, 0, kind)
+    grid, base = _layout(geom, feature, out, False)
+    w, q_bits = np.uint64(geom[5]), np.uint64(fixed if fixed else geom[7])
+    shift, size = np.uint64(0 if fixed else geom[8]), np.uint64(kind if kind else symbols)
+    last, inner, marked = size - one, np.uint64(edges), np.uint64(marks)
+    for k in range(geom[1]):
+        a0, a1, m, stride, at, step = _wave(geom, k)
+        for a in range(a0, a1):
+            pos, chan = np.uint64(a * stride + at), np.uint64(base[a] if image else 0)
+            for b in range(m):
+                if image:
+                    ctx = chan + _neighbours(grid[pos - one], grid[pos - w - two],
+                                             grid[pos - w - two - one],
+                                             grid[pos - w - one], q_bits, shift)
+                else:
+                    ctx = np.uint64(base[b])
+                e = inner + ctx * last
+                if kind == 2:
+                    s, state = _binary(state, np.uint64(model[e]))
+                elif kind == 4:
+                    s, state = _quad(state, np.uint64(model[e]), np.uint64(model[e + one]),
+                                     np.uint64(model[e + one + one]))
+                else:  # a binary search of the row's edges
+                    q = state & _U_MASK
+                    s, top = _U_ZERO, last + one
+                    while top - s > one:
+                        mid = (s + top) >> one
+                        if np.uint64(model[e + mid - one]) <= q:
+                            s = mid
+                        else:
+                            top = mid
+                    lo, width = _span(s, np.uint64(model[e + s - one]),
+                                      np.uint64(model[e + s]), last)
+                    state = (state >> _U_PRECISION) * width + q - lo
+                if state < _U_REFILL and left:
+                    left -= one
+                    state = (state << _U_WORD) | np.uint64(words[left])
+                grid[pos] = s
+                model[ctx * size + s] += 1
+                if not kind:
+                    model[marked + ctx] = 1
+                pos += np.uint64(step)
+        _refresh(model, rows, symbols, edges, 0 if kind else marks, kind)
+    if image:
+        _copy_planes(out, grid, geom[2], geom[4], geom[5], False)
+    return (OK if state == 0 and left == 0 else LEFT_OVER), head
+
 
 
 @_jit
@@ -340,20 +342,83 @@ def _open(words):
     return state, np.uint64(left), head
 
 
-_KERNELS: dict[tuple[int, bool], tuple] = {}
+# Entry points, ``kind`` and ``image`` constants: a literal argument passed from Python would
+# be resolved again on every call.
+@_jit
+def _encode_2_image(codes, geom, feature, rows, symbols):
+    return _encode(codes, geom, feature, rows, symbols, 2, True)
 
 
-def _pick(symbols: int, image: bool) -> tuple:
-    key = (symbols if symbols in (2, 4) else 0, bool(image))
-    if key not in _KERNELS:
-        _KERNELS[key] = _kernels(*key)
-    return _KERNELS[key]
+@_jit
+def _encode_2_flat(codes, geom, feature, rows, symbols):
+    return _encode(codes, geom, feature, rows, symbols, 2, False)
+
+
+@_jit
+def _encode_4_image(codes, geom, feature, rows, symbols):
+    return _encode(codes, geom, feature, rows, symbols, 4, True)
+
+
+@_jit
+def _encode_4_flat(codes, geom, feature, rows, symbols):
+    return _encode(codes, geom, feature, rows, symbols, 4, False)
+
+
+@_jit
+def _encode_any_image(codes, geom, feature, rows, symbols):
+    return _encode(codes, geom, feature, rows, symbols, 0, True)
+
+
+@_jit
+def _encode_any_flat(codes, geom, feature, rows, symbols):
+    return _encode(codes, geom, feature, rows, symbols, 0, False)
+
+
+@_jit
+def _decode_2_image(words, out, geom, feature, rows, symbols):
+    return _decode(words, out, geom, feature, rows, symbols, 2, True)
+
+
+@_jit
+def _decode_2_flat(words, out, geom, feature, rows, symbols):
+    return _decode(words, out, geom, feature, rows, symbols, 2, False)
+
+
+@_jit
+def _decode_4_image(words, out, geom, feature, rows, symbols):
+    return _decode(words, out, geom, feature, rows, symbols, 4, True)
+
+
+@_jit
+def _decode_4_flat(words, out, geom, feature, rows, symbols):
+    return _decode(words, out, geom, feature, rows, symbols, 4, False)
+
+
+@_jit
+def _decode_any_image(words, out, geom, feature, rows, symbols):
+    return _decode(words, out, geom, feature, rows, symbols, 0, True)
+
+
+@_jit
+def _decode_any_flat(words, out, geom, feature, rows, symbols):
+    return _decode(words, out, geom, feature, rows, symbols, 0, False)
+
+
+_ENTRIES = {(2, True): (_encode_2_image, _decode_2_image),
+            (2, False): (_encode_2_flat, _decode_2_flat),
+            (4, True): (_encode_4_image, _decode_4_image),
+            (4, False): (_encode_4_flat, _decode_4_flat),
+            (0, True): (_encode_any_image, _decode_any_image),
+            (0, False): (_encode_any_flat, _decode_any_flat)}
+
+
+def _entry(symbols: int, geom: np.ndarray) -> tuple:
+    return _ENTRIES[symbols if symbols in (2, 4) else 0, bool(geom[0])]
 
 
 def _check() -> None:
     if _numba is None:
-        raise RuntimeError("the compiled context coder needs numba: pip install numba "
-                           "(or dq-flower[fast])")
+        raise RuntimeError("the compiled context coder needs numba (dq-flower[fast])")
 
 
 def encode_words(codes: np.ndarray, geom: np.ndarray, feature: np.ndarray, rows: int,
@@ -366,7 +431,7 @@ def encode_words(codes: np.ndarray, geom: np.ndarray, feature: np.ndarray, rows:
     where a code is ``symbols`` or more.
     """
     _check()
-    return _pick(symbols, geom[0])[0](codes, geom, feature, rows, symbols)
+    return _entry(symbols, geom)[0](codes, geom, feature, rows, symbols)
 
 
 def decode_words(words: np.ndarray, out: np.ndarray, geom: np.ndarray, feature: np.ndarray,
@@ -378,5 +443,5 @@ def decode_words(words: np.ndarray, out: np.ndarray, geom: np.ndarray, feature: 
     the last code).
     """
     _check()
-    status, head = _pick(symbols, geom[0])[1](words, out, geom, feature, rows, symbols)
+    status, head = _entry(symbols, geom)[1](words, out, geom, feature, rows, symbols)
     return int(status), int(head)
