@@ -136,3 +136,25 @@ def test_a_zero_last_word_and_left_over_words_are_refused():
         context.decode(np.concatenate([stream, np.zeros(4, np.uint8)]), 1, 1, 64, (1, 8, 8))
     with pytest.raises(PayloadError, match="does not end"):
         context.decode(np.concatenate([stream[:4], stream]), 1, 1, 64, (1, 8, 8))
+
+
+def test_the_benchmark_prints_both_ratios(capsys, monkeypatch):
+    """benchmarks/context_coder.py on the breast-cancer table at 1 bit: a row with the
+    context/zlib encode and decode ratios, and which coder ran."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "context_coder.py"
+    spec = importlib.util.spec_from_file_location("context_coder_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["context_coder.py", "--data", "cancer", "--bits", "1",
+                                      "--repeats", "1", "--fmnist-dir", "/nonexistent"])
+    module.main()
+    out = capsys.readouterr().out
+    assert out.startswith("context coder: compiled (numba)")
+    row = next(line for line in out.splitlines() if line.startswith("| cancer | 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[5]) < float(cells[3])  # context codes smaller than zlib here
+    assert cells[8].endswith("x") and cells[11].endswith("x") and cells[12].endswith("x")
