@@ -12,14 +12,18 @@ quantized samples coded in messages of 64 samples as DQ sends them, stochastic r
   with per-feature ranges on [0, 1] as DQ's ``ranges=feature`` does (a flat, per-feature
   model).
 
-Speed: per 64-sample message, the median over messages and repeats of the encode and the
-decode time of each coder on the same codes, measured side by side in one run; the
-``context / zlib`` ratios are printed.
+Speed: per 64-sample message, the median over messages of the median over repeats of the
+encode and the decode time of each coder on the same codes, measured side by side in one
+run; the ``context / zlib`` ratios are printed. Times are the CPU time of the calling thread
+by default (every coder here runs on that one thread), so other processes on a shared
+machine do not lengthen one coder's calls more than another's; ``--clock wall`` takes
+wall-clock time instead. The first line says which context coder ran (compiled with numba,
+or constriction's) and how long its first calls took (compiling, or loading numba's cache).
 
 Usage::
 
     python benchmarks/context_coder.py                # bits 1, 2, 4, 8; all data sets
-    python benchmarks/context_coder.py --bits 2 --repeats 5
+    python benchmarks/context_coder.py --bits 1 2 --repeats 5
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.datasets import load_breast_cancer, load_digits
 
-from dq_flower.codecs import make
+from dq_flower.codecs import context, make
 from dq_flower.codecs.bitpack import unpack
 from dq_flower.codecs.entropy import compress, decompress
 from dq_flower.wire.dq_batch import feature_ranges, normalise
@@ -58,13 +62,28 @@ def datasets(fmnist_dir: str) -> dict[str, tuple[np.ndarray, tuple[int, ...] | N
     return out
 
 
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+_clock = CLOCKS["cpu"]
+
+
 def _time(fn, repeats: int) -> float:
     best = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = _clock()
         fn()
-        best.append(time.perf_counter() - t0)
+        best.append(_clock() - t0)
     return float(np.median(best))
+
+
+def first_calls() -> float:
+    """Seconds of the context coder's first encode and decode of each kind of batch."""
+
+    t0 = time.perf_counter()
+    for bits in (1, 2, 3):
+        for shape in ((1, 2, 2), None):
+            codes = np.zeros(8, np.uint8)
+            context.decode(context.encode(codes, bits, 2, 4, shape), bits, 2, 4, shape)
+    return time.perf_counter() - t0
 
 
 def measure(x: np.ndarray, shape, fixed: bool, bits: int, repeats: int) -> dict[str, dict]:
@@ -91,7 +110,6 @@ def measure(x: np.ndarray, shape, fixed: bool, bits: int, repeats: int) -> dict[
                 _time(partial(decompress, stream, coder, packed.size), repeats))
         # the context coder on the same codes, through the quantizer's own coding stage
         codes = unpack(packed, bits, xb.size)
-        from dq_flower.codecs import context
 
         img = ctx_q._image_shape(xb.shape[1])
         stream = context.encode(codes, bits, *xb.shape, img)
@@ -118,24 +136,31 @@ def measure(x: np.ndarray, shape, fixed: bool, bits: int, repeats: int) -> dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bits", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--bits", type=int, nargs="+", action="extend")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     parser.add_argument("--fmnist-dir", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--data", nargs="+", default=["fmnist", "digits", "cancer"])
     args = parser.parse_args()
+    global _clock
+    _clock = CLOCKS[args.clock]
+
+    coder = "compiled (numba)" if context.compiled() else "constriction (numba not installed)"
+    print(f"context coder: {coder}; its first calls, 6 kinds of batch: {first_calls():.2f} s; "
+          f"clock: {args.clock}\n")
     print("| data | bits | packed | zlib-9 | lzma | context | context enc ms | zlib enc ms "
           "| enc ratio | context dec ms | zlib dec ms | dec ratio | round-trip ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, (x, shape, fixed) in datasets(args.fmnist_dir).items():
         if name not in args.data:
             continue
-        for bits in args.bits:
+        for bits in args.bits or [1, 2, 4, 8]:
             r = measure(x, shape, fixed, bits, args.repeats)
             c, z = r["context"], r["zlib"]
             print(f"| {name} | {bits} | {r['packed']['bpc']:.3f} | {z['bpc']:.3f} | "
-                  f"{r['lzma']['bpc']:.3f} | {c['bpc']:.3f} | {c['enc_ms']:.2f} | "
-                  f"{z['enc_ms']:.2f} | {c['enc_ms'] / z['enc_ms']:.1f}x | "
-                  f"{c['dec_ms']:.2f} | {z['dec_ms']:.3f} | {c['dec_ms'] / z['dec_ms']:.0f}x | "
+                  f"{r['lzma']['bpc']:.3f} | {c['bpc']:.3f} | {c['enc_ms']:.3f} | "
+                  f"{z['enc_ms']:.3f} | {c['enc_ms'] / z['enc_ms']:.1f}x | "
+                  f"{c['dec_ms']:.3f} | {z['dec_ms']:.3f} | {c['dec_ms'] / z['dec_ms']:.1f}x | "
                   f"{(c['enc_ms'] + c['dec_ms']) / (z['enc_ms'] + z['dec_ms']):.1f}x |",
                   flush=True)
 

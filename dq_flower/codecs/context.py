@@ -11,6 +11,10 @@ context is the feature (grouped where there are many), a sample (or group) per w
 The stream opens with the code count (32 bits); the declared count fixes work and memory,
 :data:`MAX_CONTEXT_ROWS` bounds the model, and a stream with data left over, truncated or
 corrupt raises :class:`~dq_flower.codecs.base.PayloadError`.
+
+Where numba is installed (the ``server`` and ``fast`` extras), :mod:`.context_ans` codes
+the same stream, byte for byte, in one compiled loop (:func:`compiled`); without it the
+constriction coder above does.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 from .payload import MAX_ELEMENTS, PayloadError
 
 __all__ = ["NEIGHBOUR_BITS", "MAX_CONTEXT_ROWS", "MAX_WAVES", "MAX_PER_FEATURE_D",
-           "check_shape", "shape_text", "parse_shape", "encode", "decode"]
+           "check_shape", "shape_text", "parse_shape", "compiled", "encode", "decode"]
 
 #: Bits of each neighbour's code that enter the context (2 neighbours' top bits each).
 NEIGHBOUR_BITS = 2
@@ -238,6 +242,66 @@ def _encode_blocks(coder, waves: _Waves, ctx: np.ndarray, sym: np.ndarray) -> No
         k = first
 
 
+@lru_cache(maxsize=1)
+def _compiled():
+    """The compiled coder (:mod:`.context_ans`) where numba is installed, else None."""
+    from . import context_ans
+
+    return context_ans if context_ans.available() else None
+
+
+def compiled() -> bool:
+    """Whether :func:`encode` and :func:`decode` run the compiled coder (numba installed)."""
+    return _compiled() is not None
+
+
+@lru_cache(maxsize=64)
+def _geometry(n: int, d: int, bits: int, shape: tuple[int, int, int] | None) -> tuple:
+    """The compiled coder's view of a batch: ``(geometry, feature contexts, rows)``.
+
+    The same schedule as :class:`_Waves` (see :func:`.context_ans.encode_words`).
+    """
+    if shape is None:
+        rows = groups = max(min(d, MAX_CONTEXT_ROWS), 1)
+        waves = min(n, MAX_FLAT_WAVES)
+        geom = [0, waves, n, d, 0, 0, 0, 0, 0]
+        feature = np.arange(d, dtype=np.int64) * groups // max(d, 1)
+    else:
+        c, h, w = shape
+        q = min(bits, NEIGHBOUR_BITS)
+        groups = min(c, MAX_CHANNEL_GROUPS)
+        rows = groups << (4 * q)
+        geom = [1, 2 * (h - 1) + w, n * c, c, h, w, groups, q, bits - q]
+        feature = np.zeros(0, dtype=np.int64)
+    out = np.array(geom, dtype=np.int64)
+    for arr in (out, feature):
+        arr.flags.writeable = False
+    return out, feature, rows
+
+
+def _encode_constriction(waves: _Waves, grid: np.ndarray, count: int) -> np.ndarray:
+    """The stream's words through constriction's ANS coder, one vectorised step per wave."""
+    coder = constriction.stream.stack.AnsCoder()
+    size = waves.order.size
+    ctx = waves.step_contexts(grid, waves.neighbours, waves.base)
+    sym = np.take(grid, waves.order)
+    if waves.num_waves * waves.rows * waves.symbols <= _BLOCK \
+            and size * waves.symbols <= 4 * _BLOCK:
+        # every code's row at once: counts of its context in all earlier waves
+        cell = waves.wave_rows + ctx
+        hist = np.bincount(cell * waves.symbols + sym,
+                           minlength=waves.num_waves * waves.rows * waves.symbols)
+        before = np.cumsum(hist.reshape(waves.num_waves, -1), axis=0, dtype=np.float64)
+        before -= hist.reshape(waves.num_waves, -1)
+        before += PRIOR
+        coder.encode_reverse(sym, _MODEL,
+                             np.take(before.reshape(-1, waves.symbols), cell, axis=0))
+    else:
+        _encode_blocks(coder, waves, ctx, sym)
+    coder.encode_reverse(_count_symbols(count), _COUNT_MODEL)
+    return coder.get_compressed()
+
+
 def encode(codes: np.ndarray, bits: int, n: int, d: int,
            shape: tuple[int, int, int] | None = None) -> np.ndarray:
     """Code ``n * d`` codes in ``[0, 2**bits)`` (sample after sample) into a uint8 stream.
@@ -245,32 +309,79 @@ def encode(codes: np.ndarray, bits: int, n: int, d: int,
     ``shape`` is a sample's image shape ``(C, H, W)``, ``None`` for flat samples. The stream
     is a whole number of little-endian 32-bit words.
     """
-    waves = _schedule(int(n), int(d), int(bits), check_shape(shape, d))
+    img = check_shape(shape, d)
     flat = np.asarray(codes).reshape(-1)
     if flat.size != n * d:
         raise ValueError(f"expected {n * d} codes, got {flat.size}")
-    grid = waves.layout(flat)
-    coder = constriction.stream.stack.AnsCoder()
-    if n * d:
-        size = waves.order.size
-        ctx = waves.step_contexts(grid, waves.neighbours, waves.base)
-        sym = np.take(grid, waves.order)
-        if waves.num_waves * waves.rows * waves.symbols <= _BLOCK \
-                and size * waves.symbols <= 4 * _BLOCK:
-            # every code's row at once: counts of its context in all earlier waves
-            cell = waves.wave_rows + ctx
-            hist = np.bincount(cell * waves.symbols + sym,
-                               minlength=waves.num_waves * waves.rows * waves.symbols)
-            before = np.cumsum(hist.reshape(waves.num_waves, -1), axis=0, dtype=np.float64)
-            before -= hist.reshape(waves.num_waves, -1)
-            before += PRIOR
-            coder.encode_reverse(sym, _MODEL,
-                                 np.take(before.reshape(-1, waves.symbols), cell, axis=0))
-        else:
-            _encode_blocks(coder, waves, ctx, sym)
-        coder.encode_reverse(_count_symbols(n * d), _COUNT_MODEL)
-    words = coder.get_compressed()
+    if not n * d:
+        return np.zeros(0, dtype=np.uint8)
+    if flat.dtype != np.uint8 and (flat.min() < 0 or flat.max() > 255):
+        raise ValueError(f"codes must lie in [0, {1 << bits}) for {bits}-bit codes")
+    kernels = _compiled()
+    if kernels is not None:
+        geom, feature, rows = _geometry(int(n), int(d), int(bits), img)
+        words = kernels.encode_words(np.ascontiguousarray(flat, dtype=np.uint8), geom,
+                                     feature, rows, 1 << bits)
+        if not words.size:  # the only stream of no words is that of no codes
+            raise ValueError(f"codes must lie in [0, {1 << bits}) for {bits}-bit codes")
+    else:
+        if flat.max() >= 1 << bits:
+            raise ValueError(f"codes must lie in [0, {1 << bits}) for {bits}-bit codes")
+        waves = _schedule(int(n), int(d), int(bits), img)
+        words = _encode_constriction(waves, waves.layout(flat), n * d)
     return np.ascontiguousarray(words, dtype="<u4").view(np.uint8).copy()
+
+
+def _decode_constriction(waves: _Waves, words: np.ndarray, count: int) -> np.ndarray:
+    """The codes' grid through constriction's ANS coder, one vectorised step per wave."""
+    try:  # a stream whose last word is zero is no valid ANS state
+        coder = constriction.stream.stack.AnsCoder(words)
+        head = np.asarray(coder.decode(_COUNT_MODEL, 2), dtype=np.int32)
+    except Exception as exc:
+        raise PayloadError(f"context stream is corrupt: {exc}") from None
+    if not np.array_equal(head, _count_symbols(count)):
+        _refuse_count(int(head[0]) + (int(head[1]) << 16), count)
+    grid = np.zeros(waves.size, dtype=np.int32)
+    counts = np.full((waves.rows, waves.symbols), PRIOR, dtype=np.float64)
+    flat_counts = counts.reshape(-1)
+    symbols, cells = waves.symbols, flat_counts.size
+    try:
+        for nb, base, pos in waves.steps:
+            if not pos.size:
+                continue
+            ctx = waves.step_contexts(grid, nb, base)
+            sym = coder.decode(_MODEL, np.take(counts, ctx, axis=0))
+            grid[pos] = sym
+            flat_counts += np.bincount(ctx * symbols + sym, minlength=cells)
+    except Exception as exc:
+        raise PayloadError(f"context stream is corrupt: {exc}") from None
+    if not coder.is_empty() or coder.num_words():
+        _refuse_left_over(count)
+    return grid
+
+
+def _decode_compiled(kernels, words: np.ndarray, bits: int, n: int, d: int,
+                     img: tuple[int, int, int] | None) -> np.ndarray:
+    """The codes through the compiled coder (the same checks, the same messages)."""
+    out = np.empty(n * d, dtype=np.uint8)
+    geom, feature, rows = _geometry(n, d, bits, img)
+    status, head = kernels.decode_words(words, out, geom, feature, rows, 1 << bits)
+    if status == kernels.ZERO_END:
+        raise PayloadError("context stream is corrupt: it ends in a zero word")
+    if status == kernels.BAD_COUNT:
+        _refuse_count(head, n * d)
+    if status != kernels.OK:
+        _refuse_left_over(n * d)
+    return out
+
+
+def _refuse_count(head: int, count: int) -> None:
+    raise PayloadError(f"context stream was made for {head} codes, not the declared {count}")
+
+
+def _refuse_left_over(count: int) -> None:
+    raise PayloadError(f"context stream does not end after the declared {count} codes "
+                       "(data left over, missing or corrupt)")
 
 
 def decode(stream: np.ndarray, bits: int, n: int, d: int,
@@ -287,36 +398,15 @@ def decode(stream: np.ndarray, bits: int, n: int, d: int,
     buf = np.ascontiguousarray(stream, dtype=np.uint8)
     if buf.ndim != 1 or buf.size % 4:
         raise PayloadError(f"context stream holds {buf.size} bytes, not whole 32-bit words")
-    waves = _schedule(int(n), int(d), int(bits), check_shape(shape, d))
+    n, d, bits = int(n), int(d), int(bits)
+    img = check_shape(shape, d)
     if n * d == 0:
         if buf.size:
             raise PayloadError("context stream carries data for no codes")
         return np.zeros(0, dtype=np.uint8)
     words = buf.view("<u4").astype(np.uint32)
-    try:  # a stream whose last word is zero is no valid ANS state
-        coder = constriction.stream.stack.AnsCoder(words)
-        head = np.asarray(coder.decode(_COUNT_MODEL, 2), dtype=np.int32)
-    except Exception as exc:
-        raise PayloadError(f"context stream is corrupt: {exc}") from None
-    if not np.array_equal(head, _count_symbols(n * d)):
-        raise PayloadError(f"context stream was made for {int(head[0]) + (int(head[1]) << 16)} "
-                           f"codes, not the declared {n * d}")
-    grid = np.zeros(waves.size, dtype=np.int32)
-    counts = np.full((waves.rows, waves.symbols), PRIOR, dtype=np.float64)
-    flat_counts = counts.reshape(-1)
-    symbols, cells = waves.symbols, flat_counts.size
-    try:
-        for nb, base, pos in waves.steps:
-            if not pos.size:
-                continue
-            ctx = waves.step_contexts(grid, nb, base)
-            sym = coder.decode(_MODEL, np.take(counts, ctx, axis=0))
-            grid[pos] = sym
-            flat_counts += np.bincount(ctx * symbols + sym, minlength=cells)
-    except Exception as exc:
-        raise PayloadError(f"context stream is corrupt: {exc}") from None
-    if not coder.is_empty():
-        raise PayloadError(f"context stream does not end after the declared {n * d} codes "
-                           "(data left over, missing or corrupt)")
-    return waves.unlayout(grid)
-
+    kernels = _compiled()
+    if kernels is not None:
+        return _decode_compiled(kernels, words, bits, n, d, img)
+    waves = _schedule(n, d, bits, img)
+    return waves.unlayout(_decode_constriction(waves, words, n * d))
