@@ -245,7 +245,7 @@ def _encode_blocks(coder, waves: _Waves, ctx: np.ndarray, sym: np.ndarray) -> No
 @lru_cache(maxsize=1)
 def _compiled():
     """The compiled coder (:mod:`.context_ans`) where numba is installed, else None."""
-    from . import context_ans
+    from . import context_ans  # numba (optional, slow to import): deferred to the first use
 
     return context_ans if context_ans.available() else None
 
