@@ -36,6 +36,7 @@ from dq_flower.dq.server.store import (
     choose_holdout,
 )
 from dq_flower.dq.server.store_lock import lock_store_dir
+from dq_flower.dq.server.token_intake import layout_of
 from dq_flower.dq.server.validation import (
     SHARE_FACTOR,
     VALUE_FACTOR,
@@ -296,10 +297,11 @@ class UploadIntake:
             self.data.num_classes = classes
         self.data.spec = spec
         cfg = self.cfg
-        self.data.mode = range_mode(cfg.ranges, spec.sample_shape)
+        tokens = spec.target == "tokens"  # token windows: ids as bytes, no ranges
+        self.data.mode = "sample" if tokens else range_mode(cfg.ranges, spec.sample_shape)
         groups = spec.channels if self.data.mode == "channel" else 1
-        layout = self.data.layout = RowLayout(spec.dim, cfg.bits, max(groups, 1),
-                                              fixed=self.data.mode == "feature")
+        layout = self.data.layout = layout_of(spec) if tokens else RowLayout(
+            spec.dim, cfg.bits, max(groups, 1), fixed=self.data.mode == "feature")
         limits: dict[str, Any] = {"max_samples": cfg.max_store_samples,
                                   "eviction": cfg.store_eviction, "seed": self.seed}
         self.data.store = (DiskSampleStore(layout.dequantize, cfg.store_dir, **limits)

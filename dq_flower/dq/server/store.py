@@ -22,6 +22,7 @@ from dq_flower.codecs.uniform import Uniform, dither_offsets, expand_ranges, pac
 from dq_flower.wire.dq_batch import denormalise
 
 if TYPE_CHECKING:
+    from dq_flower.dq.server.token_intake import TokenLayout
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["RowLayout", "SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData",
@@ -159,9 +160,9 @@ def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
 
 
 def strata_of(labels: np.ndarray) -> np.ndarray:
-    """Each row's stratum: its class label, or 0 for every float target."""
+    """Each row's stratum: its class label, or 0 for every float target or token window."""
     labels = np.asarray(labels)
-    if labels.dtype.kind in "iu":
+    if labels.dtype.kind in "iu" and labels.ndim == 1:
         return labels.reshape(-1).astype(np.int64)
     return np.zeros(labels.shape[0] if labels.ndim else 0, dtype=np.int64)
 
@@ -490,7 +491,7 @@ class FederationData:
     value_bound: float | None = None  # largest absolute value an upload may decode to
     spec: DataSpec | None = None
     mode: str = "sample"  # range mode of the uploads: sample, channel or feature
-    layout: RowLayout | None = None
+    layout: RowLayout | TokenLayout | None = None
     store: SampleStore | None = None
     duplicates: int = 0  # rows of this round's replies the server already held
 

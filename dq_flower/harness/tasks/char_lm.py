@@ -14,8 +14,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F  # noqa: N812
 from torch import nn
+
+from dq_flower.model_ops import next_token_loss
 
 __all__ = ["CharTransformer", "char_transformer", "next_token_loss", "perplexity"]
 
@@ -64,14 +65,6 @@ def char_transformer(input_shape: Sequence[int], num_classes: int, width: int = 
     if len(shape) != 1:
         raise ValueError(f"char-transformer needs token windows (length,), got {shape}")
     return CharTransformer(num_classes, shape[0], width, blocks, heads)
-
-
-def next_token_loss(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
-    """Per-window mean cross-entropy (nats) of tokens ``1..`` given those before them."""
-    ids = windows.reshape(windows.shape[0], -1)
-    ids = ids.round().long() if ids.is_floating_point() else ids.long()
-    per_token = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
-    return per_token.mean(dim=1)
 
 
 @torch.no_grad()
