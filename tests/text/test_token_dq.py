@@ -201,3 +201,19 @@ def test_the_next_token_loss_is_the_default_for_windows():
     ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(1))
     assert torch.equal(dq_flower.model_ops.default_loss(logits, ids),
                        next_token_loss(logits, ids))
+
+
+def test_the_copy_screen_sees_windows_sent_again_under_new_ids():
+    from dq_flower.dq.server.node_screen import CopyScreen
+    from dq_flower.dq.server.token_intake import layout_of
+
+    layout = layout_of(DataSpec((8,), "tokens", 300))
+    screen = CopyScreen(0.1, bits=2)
+    windows = _windows(6)
+    first = layout.rows(layout.plain(windows, 300))
+    assert not screen.copied(0, first[0], first[1]).any()
+    again = np.concatenate([windows[:4], _windows(2, top=299) + 1])  # 4 of 6 sent before
+    rows = layout.rows(layout.plain(again, 300))
+    assert screen.copied(0, rows[0], rows[1]).tolist() == [True] * 4 + [False] * 2
+    decoded = layout.dequantize(*rows)
+    assert np.array_equal(decoded, again.astype(np.float32))  # the store's rows are exact
