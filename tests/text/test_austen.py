@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,12 @@ def test_devices_per_group_of_chapters(small_db):
 def test_xz_compressed_database(tmp_path):
     folder = write_db(tmp_path / "xz", {n: novel_lines(n, 3) for n in NOVELS}, compression=3)
     assert read_novels(folder)["persuasion"] == novel_lines("persuasion", 3)
+
+
+def test_without_rdata_the_error_names_the_text_extra(small_db, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rdata", None)  # as where it is not installed
+    with pytest.raises(ModuleNotFoundError, match=r"install the 'text' extra.*\[text\]"):
+        read_novels(small_db)
 
 
 def test_missing_data_names_the_apt_package(tmp_path):

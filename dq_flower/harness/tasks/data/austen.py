@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from dq_flower.extras import explain_missing
+
 __all__ = ["AUSTEN_APT_PACKAGE", "DEFAULT_AUSTEN_DIR", "NOVELS", "TextDevice",
            "TextFederation", "find_austen_db", "read_novels", "split_chapters", "load_austen"]
 
@@ -87,7 +89,8 @@ def find_austen_db(data_dir: str | os.PathLike[str] | None = None) -> tuple[Path
 
 def _unserialize(raw: bytes, where: str) -> Any:
     """One R-serialized object, converted by ``rdata``; ``ValueError`` where it is not one."""
-    import rdata  # the `text` extra: loaded when the novels are read
+    with explain_missing("reading Jane Austen's novels (load_austen)"):
+        import rdata  # the `text` extra: loaded when the novels are read
 
     try:
         with warnings.catch_warnings():  # a bare serialization: rdata says it assumed RDS
