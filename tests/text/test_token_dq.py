@@ -186,6 +186,8 @@ def test_the_server_stores_trains_and_checkpoints_token_windows(caplog):
     assert strategy.store.num_train < strategy.stored  # held-out windows
     x, y, _ = strategy.store.draw(20, np.random.default_rng(0))
     assert np.array_equal(x, y.astype(np.float32))  # the windows are their own targets
+    per_row = strategy.store.nbytes / strategy.stored  # ids, a stratum, weight, node, id
+    assert 32 < per_row < 32 + 8  # 32 one-byte ids: the window is kept once
     rows = {tuple(r) for w in honest for r in w.tolist()}
     assert all(tuple(r) in rows for r in y.tolist())  # stored exactly as the devices hold them
     assert text_app.perplexity(result.arrays) < 0.5 * start

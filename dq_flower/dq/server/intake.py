@@ -307,6 +307,7 @@ class UploadIntake:
         self.data.store = (DiskSampleStore(layout.dequantize, cfg.store_dir, **limits)
                            if cfg.store_dir  # the codes on disk, the rest in memory
                            else SampleStore(layout.dequantize, **limits))
+        self.data.store.inputs_are_targets = tokens  # a window is its own target
         if self.measuring and self.planner.sample_bits == 0.0:
             est = first_estimates(cfg, self.data.mode, spec.dim, spec.channels,
                                   self.data.num_classes or 2, self.comp_codec, self.num_params,
@@ -514,7 +515,9 @@ class UploadIntake:
         if self.cfg.adaptive:
             holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
                                      self.holdout_key, self.data.store.counts)
-        return StoredRows(codes, side, batch.labels, batch.weights,
+        labels = (np.zeros(n, np.int64) if self.data.store.inputs_are_targets
+                  else batch.labels)  # token windows: their ids are their targets
+        return StoredRows(codes, side, labels, batch.weights,
                           np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
 
     def measure_data(self, fresh: list[Upload]) -> None:

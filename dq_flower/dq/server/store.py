@@ -222,6 +222,8 @@ class SampleStore:
         #: per client, the sorted ids of its evicted rows (narrowest unsigned dtype)
         self._evicted_ids: dict[int, np.ndarray] = {}
         self.evicted = 0
+        #: token windows: a row's targets are its own ids (its stored label is a stratum)
+        self.inputs_are_targets = False
 
     # ---------------------------------------------------------------- contents
     def __len__(self) -> int:
@@ -359,6 +361,8 @@ class SampleStore:
 
     def _decode(self, rows: StoredRows):
         x = self._dequantize(rows.codes, rows.side, rows.dither)
+        if self.inputs_are_targets:
+            return x, np.rint(x).astype(np.int64)
         if self.ranges:  # each client's rows by its feature ranges
             nodes, out = self.node_ids(rows), np.empty_like(x)
             for node in np.unique(nodes):
