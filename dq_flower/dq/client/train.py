@@ -236,7 +236,7 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         require_torch(str(needed))  # a node without PyTorch fails alone, naming the knob
         raise NodeConfigError(f"{needed} needs the model: pass model= (your nn.Module) "
                               "to dq_train")
-    cfg = read(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
+    cfg = _client_config(config)
     scorer = node_scorer(cfg.scorer, model is not None)  # "auto" sent as it is: resolve here
     cfg = dataclasses.replace(cfg, scorer=scorer,
                               selection_rule=node_rule(cfg.selection_rule, scorer))
@@ -256,10 +256,15 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     return reply
 
 
+def _client_config(config: dict[str, Any]) -> DQConfig:
+    """The knobs a node reads from the round's config."""
+    return read(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
+
+
 def _token_round(msg: Message, context: Context, data: Any, config: dict[str, Any],
                  t0: float, window: int, tokenizer: Any, vocab: int | None) -> Message:
     """Reply to a data round with the device's token windows (no model, no PyTorch)."""
-    cfg = from_mapping(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
+    cfg = _client_config(config)
     check_token_round(config, cfg)
     cfg = dataclasses.replace(cfg, scorer="uniform",
                               selection_rule=node_rule(cfg.selection_rule, "uniform"))
