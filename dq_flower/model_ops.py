@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
+           "next_token_loss",
            "resolve_loss", "targets_tensor", "weighted_loss_grad", "weighted_step",
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
@@ -113,8 +114,25 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
 
 
+def next_token_loss(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+    """Per-window mean cross-entropy (nats) of tokens ``1..`` given those before them.
+
+    ``logits`` ``(n, length, vocab)``: position ``t`` scores token ``t + 1``.
+    """
+    ids = windows.reshape(windows.shape[0], -1)
+    ids = ids.round().long() if ids.is_floating_point() else ids.long()
+    per_token = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    return per_token.mean(dim=1)
+
+
 def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-sample loss: cross-entropy for integer targets, else mean squared error."""
+    """Per-sample loss: cross-entropy for integer targets, else mean squared error.
+
+    Integer windows ``(n, length)`` scored by logits ``(n, length, vocab)``: the
+    next-token loss (:func:`next_token_loss`).
+    """
+    if not torch.is_floating_point(targets) and outputs.ndim == 3 and targets.ndim == 2:
+        return next_token_loss(outputs, targets)
     if not torch.is_floating_point(targets):
         return F.cross_entropy(outputs, targets.long(), reduction="none")
     out = outputs.reshape(outputs.shape[0], -1)
@@ -261,7 +279,8 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
     dev = _device(model)
     fn = resolve_loss(loss_fn)
     yt = targets_tensor(y, dev)
-    classes = not torch.is_floating_point(yt)
+    windows = yt.ndim == 2 and yt.shape[1] > 1 and not torch.is_floating_point(yt)
+    classes = not torch.is_floating_point(yt) and not windows  # token windows: no hits
     if classes and yt.ndim == 2:
         yt = yt.reshape(-1)
     losses, hits = [], []
@@ -298,6 +317,12 @@ CHECK_ROWS = 4
 
 def _classes(spec: DataSpec, width: int, num_classes: int | None) -> int:
     """Classes (class targets) or target width (float targets) the model's output gives."""
+    if spec.target == "tokens":  # next-token logits (length, vocab) per window
+        if width != spec.dim * spec.target_dim:
+            raise PayloadError(f"the model has {width} outputs per window; next-token "
+                               f"logits of {spec.dim} tokens of a vocabulary of "
+                               f"{spec.target_dim} are {spec.dim * spec.target_dim}")
+        return spec.target_dim
     if spec.target != "class":
         if width != spec.target_dim:
             raise PayloadError(f"the model has {width} outputs per sample; the float "
@@ -350,6 +375,8 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
 def placeholder_rows(spec: DataSpec, n: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """Zero rows and targets of ``spec`` (class 0 or zero targets): a spec given, not sent."""
     x = np.zeros((n, spec.dim), dtype=np.float32)
+    if spec.target == "tokens":  # windows of token 0, their own targets
+        return x, np.zeros((n, spec.dim), dtype=np.int64)
     if spec.target == "class":
         return x, np.zeros(n, dtype=np.int64)
     return x, np.zeros((n,) if spec.target_dim == 1 else (n, spec.target_dim), np.float32)

@@ -17,12 +17,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
+from dq_flower.codecs.tokens import token_width
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
            "RANGES_KEY", "payload_quantizer", "range_mode", "feature_ranges", "normalise",
            "denormalise", "ranges_record", "ranges_from_record", "SPEC_KEY", "DataSpec",
-           "spec_of", "spec_record", "spec_from_record", "MAX_DIM"]
+           "spec_of", "spec_record", "spec_from_record", "MAX_DIM", "expect_rows"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
@@ -57,6 +58,9 @@ class SampleBatch:
     def packed_nbytes(self) -> int:
         """Bytes of the upload bit-packed but before entropy coding (samples and info)."""
         n, d = self.samples.shape
+        if self.samples.codec == "tokens":  # ids at whole bytes each (.token_batch)
+            width = token_width(int(self.samples.meta["vocab"]))
+            return n * d * width + (self.info_nbits + 7) // 8
         side = sum(b.nbytes for k, b in self.samples.buffers.items() if k != "codes")
         return int(packed_nbytes(n * d, int(self.samples.meta["bits"])) + side
                    + (self.info_nbits + 7) // 8)
@@ -197,16 +201,23 @@ def decode_batch(
     return SampleBatch(samples, targets, ids, weights, compensation, info_nbits)
 
 
+def expect_rows(samples: Payload, codec: str, dim: int, max_samples: int,
+                what: str = "samples") -> int:
+    """The rows of a batch's payload: made by ``codec``, shape ``(n, dim)``, ``n`` in budget."""
+    if samples.codec != codec:
+        raise PayloadError(f"{what} were encoded with {samples.codec!r}, expected {codec!r}")
+    if len(samples.shape) != 2 or samples.shape[1] != dim:
+        raise PayloadError(f"{what} have shape {samples.shape}, expected (n, {dim})")
+    n = int(samples.shape[0])
+    if n > max_samples:
+        raise PayloadError(f"{n} {what} exceed the budget of {max_samples}")
+    return n
+
+
 def _samples(record: ArrayRecord, dim: int, bits: int, max_samples: int) -> Payload:
     """The samples payload: ``uniform``, shape ``(n, dim)``, ``n <= max_samples``, ``bits``."""
     samples = Payload.from_record(record)
-    if samples.codec != "uniform":
-        raise PayloadError(f"samples were encoded with {samples.codec!r}, expected 'uniform'")
-    if len(samples.shape) != 2 or samples.shape[1] != dim:
-        raise PayloadError(f"samples have shape {samples.shape}, expected (n, {dim})")
-    n = samples.shape[0]
-    if n > max_samples:
-        raise PayloadError(f"{n} samples exceed the budget of {max_samples}")
+    expect_rows(samples, "uniform", dim, max_samples)
     if samples.meta.get("bits") != bits:
         raise PayloadError(f"samples use {samples.meta.get('bits')!r} bits, expected {bits}")
     return samples
@@ -314,7 +325,7 @@ def ranges_from_record(record: ArrayRecord, dim: int) -> tuple[np.ndarray, np.nd
 SPEC_KEY = "data-spec"
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
-TARGET_KINDS = ("class", "float")
+TARGET_KINDS = ("class", "float", "tokens")
 
 
 @dataclass(frozen=True)
@@ -326,9 +337,11 @@ class DataSpec:
     sample_shape : tuple of int
         Shape of one sample, e.g. ``(1, 28, 28)`` or ``(30,)``.
     target : str
-        ``class`` (integer labels) or ``float`` (regression targets).
+        ``class`` (integer labels), ``float`` (regression targets) or ``tokens``
+        (windows of token ids, their own targets: :mod:`.token_batch`).
     target_dim : int
-        Values per target: 1 for class labels and scalar targets.
+        Values per target: 1 for class labels and scalar targets; for ``tokens``, the
+        vocabulary size.
     """
 
     sample_shape: tuple[int, ...]

@@ -35,6 +35,7 @@ from dq_flower.codecs import Payload, make
 from dq_flower.config import read
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.client.selection import select
+from dq_flower.dq.client.tokens import check_token_round, token_upload
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.scorer_choice import (
     CAN_SCORE_KEY,
@@ -45,6 +46,7 @@ from dq_flower.dq.scorer_choice import (
 )
 from dq_flower.node import node_key
 from dq_flower.seeding import round_rng
+from dq_flower.text_input import token_windows
 from dq_flower.torch_support import require_torch
 from dq_flower.wire.dq_batch import (
     GRADIENT_KEY,
@@ -185,7 +187,9 @@ def _gradient_round(r: RoundInput) -> Message:
 
 def dq_train(msg: Message, context: Context, data: Any, *,
              model: torch.nn.Module | None = None,
-             loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None) -> Message:
+             loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None,
+             window: int | None = None, tokenizer: Any = None,
+             vocab: int | None = None) -> Message:
     """Answer one DQ round with this device's quantized samples (and a compensation).
 
     Parameters
@@ -208,6 +212,14 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     keys : tuple of str, optional
         ``(input key, target key)`` of dict samples (``("img", "label")``); by default
         found from common names (see :mod:`dq_flower.data_input`).
+    window : int, optional
+        Token samples: ``data`` is the device's text (strings, a ``datasets.Dataset`` of
+        strings, or token ids; see :mod:`dq_flower.text_input`) and the samples are its
+        consecutive windows of ``window`` tokens, sent exactly.
+    tokenizer : callable or tokenizer, optional
+        With ``window``: ``str -> ids`` (or an object with ``encode``); default UTF-8 bytes.
+    vocab : int, optional
+        With ``window``: the vocabulary size (default: the tokenizer's; needed for ids).
 
     Returns
     -------
@@ -217,12 +229,14 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     """
     t0 = time.perf_counter()
     config = round_config(msg)
+    if window is not None:
+        return _token_round(msg, context, data, config, t0, window, tokenizer, vocab)
     needed = config.get(RUN_MODEL_KNOB_KEY)
     if model is None and needed:  # before any work, from the first round on
         require_torch(str(needed))  # a node without PyTorch fails alone, naming the knob
         raise NodeConfigError(f"{needed} needs the model: pass model= (your nn.Module) "
                               "to dq_train")
-    cfg = read(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
+    cfg = _client_config(config)
     scorer = node_scorer(cfg.scorer, model is not None)  # "auto" sent as it is: resolve here
     cfg = dataclasses.replace(cfg, scorer=scorer,
                               selection_rule=node_rule(cfg.selection_rule, scorer))
@@ -240,6 +254,29 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     reply = _gradient_round(r) if gradient else _data_round(r)
     end_round(context, server_round, STATE_PREFIX)
     return reply
+
+
+def _client_config(config: dict[str, Any]) -> DQConfig:
+    """The knobs a node reads from the round's config."""
+    return read(DQConfig, {k: config[k] for k in CLIENT_KEYS if k in config})
+
+
+def _token_round(msg: Message, context: Context, data: Any, config: dict[str, Any],
+                 t0: float, window: int, tokenizer: Any, vocab: int | None) -> Message:
+    """Reply to a data round with the device's token windows (no model, no PyTorch)."""
+    cfg = _client_config(config)
+    check_token_round(config, cfg)
+    cfg = dataclasses.replace(cfg, scorer="uniform",
+                              selection_rule=node_rule(cfg.selection_rule, "uniform"))
+    windows, vocab = token_windows(data, window, vocab, tokenizer)
+    server_round, key = int(config["server-round"]), node_key(context)
+    rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
+    spec = DataSpec((window,), "tokens", vocab)
+    r = RoundInput(msg, context, config, cfg, None, windows, windows, spec, None, None,
+                   server_round, key, rng, t0)
+    cfg, candidates = _candidates(config, cfg, key, windows.shape[0])
+    content, bits, metrics = token_upload(windows, vocab, cfg, candidates, rng)
+    return _reply(r, content, bits, metrics)
 
 
 def _data_round(r: RoundInput) -> Message:

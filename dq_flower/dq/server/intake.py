@@ -36,6 +36,7 @@ from dq_flower.dq.server.store import (
     choose_holdout,
 )
 from dq_flower.dq.server.store_lock import lock_store_dir
+from dq_flower.dq.server.token_intake import layout_of
 from dq_flower.dq.server.validation import (
     SHARE_FACTOR,
     VALUE_FACTOR,
@@ -296,15 +297,17 @@ class UploadIntake:
             self.data.num_classes = classes
         self.data.spec = spec
         cfg = self.cfg
-        self.data.mode = range_mode(cfg.ranges, spec.sample_shape)
+        tokens = spec.target == "tokens"  # token windows: ids as bytes, no ranges
+        self.data.mode = "sample" if tokens else range_mode(cfg.ranges, spec.sample_shape)
         groups = spec.channels if self.data.mode == "channel" else 1
-        layout = self.data.layout = RowLayout(spec.dim, cfg.bits, max(groups, 1),
-                                              fixed=self.data.mode == "feature")
+        layout = self.data.layout = layout_of(spec) if tokens else RowLayout(
+            spec.dim, cfg.bits, max(groups, 1), fixed=self.data.mode == "feature")
         limits: dict[str, Any] = {"max_samples": cfg.max_store_samples,
                                   "eviction": cfg.store_eviction, "seed": self.seed}
         self.data.store = (DiskSampleStore(layout.dequantize, cfg.store_dir, **limits)
                            if cfg.store_dir  # the codes on disk, the rest in memory
                            else SampleStore(layout.dequantize, **limits))
+        self.data.store.inputs_are_targets = tokens  # a window is its own target
         if self.measuring and self.planner.sample_bits == 0.0:
             est = first_estimates(cfg, self.data.mode, spec.dim, spec.channels,
                                   self.data.num_classes or 2, self.comp_codec, self.num_params,
@@ -512,7 +515,9 @@ class UploadIntake:
         if self.cfg.adaptive:
             holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
                                      self.holdout_key, self.data.store.counts)
-        return StoredRows(codes, side, batch.labels, batch.weights,
+        labels = (np.zeros(n, np.int64) if self.data.store.inputs_are_targets
+                  else batch.labels)  # token windows: their ids are their targets
+        return StoredRows(codes, side, labels, batch.weights,
                           np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
 
     def measure_data(self, fresh: list[Upload]) -> None:

@@ -22,6 +22,7 @@ from dq_flower.codecs.uniform import Uniform, dither_offsets, expand_ranges, pac
 from dq_flower.wire.dq_batch import denormalise
 
 if TYPE_CHECKING:
+    from dq_flower.dq.server.token_intake import TokenLayout
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["RowLayout", "SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData",
@@ -159,9 +160,9 @@ def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
 
 
 def strata_of(labels: np.ndarray) -> np.ndarray:
-    """Each row's stratum: its class label, or 0 for every float target."""
+    """Each row's stratum: its class label, or 0 for every float target or token window."""
     labels = np.asarray(labels)
-    if labels.dtype.kind in "iu":
+    if labels.dtype.kind in "iu" and labels.ndim == 1:
         return labels.reshape(-1).astype(np.int64)
     return np.zeros(labels.shape[0] if labels.ndim else 0, dtype=np.int64)
 
@@ -221,6 +222,8 @@ class SampleStore:
         #: per client, the sorted ids of its evicted rows (narrowest unsigned dtype)
         self._evicted_ids: dict[int, np.ndarray] = {}
         self.evicted = 0
+        #: token windows: a row's targets are its own ids (its stored label is a stratum)
+        self.inputs_are_targets = False
 
     # ---------------------------------------------------------------- contents
     def __len__(self) -> int:
@@ -358,6 +361,8 @@ class SampleStore:
 
     def _decode(self, rows: StoredRows):
         x = self._dequantize(rows.codes, rows.side, rows.dither)
+        if self.inputs_are_targets:
+            return x, np.rint(x).astype(np.int64)
         if self.ranges:  # each client's rows by its feature ranges
             nodes, out = self.node_ids(rows), np.empty_like(x)
             for node in np.unique(nodes):
@@ -490,7 +495,7 @@ class FederationData:
     value_bound: float | None = None  # largest absolute value an upload may decode to
     spec: DataSpec | None = None
     mode: str = "sample"  # range mode of the uploads: sample, channel or feature
-    layout: RowLayout | None = None
+    layout: RowLayout | TokenLayout | None = None
     store: SampleStore | None = None
     duplicates: int = 0  # rows of this round's replies the server already held
 

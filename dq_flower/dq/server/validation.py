@@ -28,6 +28,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.store import FederationData
+from dq_flower.dq.server.token_intake import check_token_upload
 from dq_flower.server.common import log_rejected
 from dq_flower.server.pipeline import bound_vectors
 from dq_flower.server.robust import NormScreen
@@ -266,6 +267,13 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
                  max_rows: int) -> Upload:
     """Decode and check one data reply; adopts nothing (the caller adds the vectors)."""
     spec = reply_spec(content, rules.spec)
+    if spec.target == "tokens":  # windows of token ids, sent exactly (.token_intake)
+        batch, x, plain, can_score = check_token_upload(content, spec, max_rows, MAX_LOCAL_ID)
+        cand, examples, partition = read_counts(content.metric_records.get("metrics"),
+                                                len(batch), history, rules.resend)
+        check_weights(batch, cand, rules.selection_rule)
+        return Upload(batch, x, cand, None, node, partition, examples, spec=spec,
+                      scale=float(x.max(initial=0.0)), plain=plain, can_score=can_score)
     mode = range_mode(rules.ranges, spec.sample_shape)
     num_classes = rules.num_classes if rules.spec is not None else None
     batch = decode_batch(content, num_classes, spec.dim, rules.bits, max_rows, MAX_LOCAL_ID,

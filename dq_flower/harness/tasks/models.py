@@ -4,8 +4,9 @@ Names (`MODEL_NAMES`): ``logreg`` (one linear layer, the convex case), ``mlp``,
 ``cnn`` (small, no BatchNorm), ``wide-cnn`` (about 0.86M parameters on 1x28x28, no
 BatchNorm), ``cnn1d`` (three 1-D convolutions over sensor windows ``(channels, time)``,
 about 32k parameters on 6x128, no BatchNorm), ``resnet20`` (CIFAR ResNet-20, option-A
-shortcuts, BatchNorm) and ``resnet18`` (torchvision's ResNet-18 with the CIFAR stem,
-BatchNorm).
+shortcuts, BatchNorm), ``resnet18`` (torchvision's ResNet-18 with the CIFAR stem,
+BatchNorm) and ``char-transformer`` (a tiny causal transformer over token windows
+``(length,)``, ``num_classes`` its vocabulary: `dq_flower.harness.tasks.char_lm`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+
+from dq_flower.harness.tasks.char_lm import char_transformer
 
 __all__ = ["MODEL_NAMES", "FlatInput", "make_model"]
 
@@ -168,7 +171,7 @@ def _resnet18(input_shape: Sequence[int], num_classes: int) -> nn.Module:
 #: Builders ``f(input_shape, num_classes, **kwargs) -> nn.Module``, by model name.
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "logreg": _logreg, "mlp": _mlp, "cnn": _cnn, "wide-cnn": _wide_cnn, "cnn1d": _cnn1d,
-    "resnet20": _resnet20, "resnet18": _resnet18}
+    "resnet20": _resnet20, "resnet18": _resnet18, "char-transformer": char_transformer}
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 

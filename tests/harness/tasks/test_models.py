@@ -35,7 +35,7 @@ CASES = [
 
 def test_model_names():
     assert set(MODEL_NAMES) == {"logreg", "mlp", "cnn", "wide-cnn", "cnn1d", "resnet20",
-                                "resnet18"}
+                                "resnet18", "char-transformer"}
     with pytest.raises(ValueError, match="logreg.*resnet18"):
         make_model("vgg", (3, 32, 32), 10)
 

@@ -1,0 +1,81 @@
+"""The server's side of token windows: a reply's checks and the store's row layout.
+
+A token reply (``DataSpec((length,), "tokens", vocab)``) is decoded by
+:func:`~dq_flower.wire.token_batch.decode_token_batch` (shape, vocabulary, counts and
+budget checked before its stream is decoded, ids after), then its counts and weights are
+checked as any data reply's. Its rows are the windows' ids: the store keeps them once, as
+``width`` big-endian bytes per token (:class:`TokenLayout`), decodes them to float32 ids,
+which the model reads as integers, and gives the same ids as the rows' targets
+(``SampleStore.inputs_are_targets``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import RecordDict
+
+from dq_flower.codecs import Payload, PayloadError
+from dq_flower.codecs.tokens import token_width
+from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
+from dq_flower.wire.dq_batch import DataSpec
+from dq_flower.wire.token_batch import TOKENS_CODEC, decode_token_batch
+
+__all__ = ["TokenLayout", "PLAIN_BUFFER", "check_token_upload"]
+
+#: The buffer of a decoded (plain) tokens payload: the ids' bytes, never on the wire.
+PLAIN_BUFFER = "id-bytes"
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Rows of ``length`` token ids of ``width`` bytes each: how the store keeps windows."""
+
+    length: int
+    width: int
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per stored row."""
+        return self.length * self.width
+
+    def plain(self, windows: np.ndarray, vocab: int) -> Payload:
+        """The checked windows as the store's rows will hold them (a server-side payload)."""
+        shifts = np.arange(self.width - 1, -1, -1, dtype=np.int64) * 8
+        data = ((windows.astype(np.int64)[:, :, None] >> shifts) & 0xFF).astype(np.uint8)
+        return Payload(TOKENS_CODEC, tuple(windows.shape), {"vocab": int(vocab)},
+                       {PLAIN_BUFFER: data.reshape(-1)}, nbits=8 * data.size)
+
+    def rows(self, p: Payload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(codes, side, dither)`` of a :meth:`plain` payload: no side, no dither."""
+        if p.codec != TOKENS_CODEC or PLAIN_BUFFER not in p.buffers:
+            raise PayloadError("token rows are stored from their checked (plain) payload")
+        n = int(p.shape[0])
+        codes = p.buffers[PLAIN_BUFFER].reshape(n, self.row_bytes)
+        return codes, np.zeros((n, 0), np.float32), np.zeros((n, 0), np.int64)
+
+    def dequantize(self, codes: np.ndarray, side: np.ndarray, dither: np.ndarray) -> np.ndarray:
+        """Float32 ids ``(n, length)`` of stored rows (exact: ids are below 2**24)."""
+        n = codes.shape[0]
+        parts = codes.reshape(n, self.length, self.width).astype(np.int64)
+        shifts = np.arange(self.width - 1, -1, -1, dtype=np.int64) * 8
+        return (parts << shifts).sum(axis=2).astype(np.float32)
+
+
+def layout_of(spec: DataSpec) -> TokenLayout:
+    """The store's layout of a token federation's windows."""
+    return TokenLayout(int(spec.sample_shape[0]), token_width(spec.target_dim))
+
+
+def check_token_upload(content: RecordDict, spec: DataSpec, max_rows: int, id_upper: int):
+    """``(batch, x, plain, can_score)`` of a token reply: checked windows and float ids."""
+    if len(spec.sample_shape) != 1 or spec.sample_shape[0] < 2:
+        raise PayloadError(f"token windows must be (length,) with length >= 2, got "
+                           f"{spec.sample_shape}")
+    batch = decode_token_batch(content, spec.target_dim, spec.sample_shape[0], max_rows,
+                               id_upper)
+    plain = layout_of(spec).plain(batch.labels, spec.target_dim)
+    metrics = content.metric_records.get("metrics")
+    can_score = metrics is not None and metrics.get(CAN_SCORE_KEY) == 1
+    return batch, batch.labels.astype(np.float32), plain, can_score
