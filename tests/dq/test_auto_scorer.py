@@ -98,12 +98,12 @@ def test_the_server_trains_with_the_store_weights_asked_for(monkeypatch, knobs, 
     from dq_flower.dq.server.store import SampleStore
 
     asked: set[str] = set()
-    real_draw = SampleStore.draw
+    real_draw = SampleStore.draw_batches
 
-    def spy(self, batch_size, rng, weights="importance", skip=frozenset()):
+    def spy(self, count, batch_size, rng, weights="importance", skip=frozenset(), **kwargs):
         asked.add(weights)
-        return real_draw(self, batch_size, rng, weights, skip=skip)
+        return real_draw(self, count, batch_size, rng, weights, skip=skip, **kwargs)
 
-    monkeypatch.setattr(SampleStore, "draw", spy)
+    monkeypatch.setattr(SampleStore, "draw_batches", spy)
     run_inprocess(num_clients=2, rounds=2, **dict(_KNOBS, **knobs))
     assert asked == expected
