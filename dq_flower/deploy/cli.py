@@ -40,6 +40,7 @@ from dq_flower.deploy.local import LocalDeployment
 from dq_flower.deploy.supervisor import DeploymentError, start_process
 from dq_flower.extras import NOT_ON_INDEX, RUNTIME_INSTALL_HINT
 from dq_flower.harness.app_folder import default_app
+from dq_flower.server.client_errors import last_exception
 
 __all__ = ["add_deploy_parser", "parse_config_pairs", "cmd_certs", "cmd_superlink",
            "cmd_supernode", "cmd_register", "cmd_run", "cmd_local", "DEFAULT_CONNECTION",
@@ -71,6 +72,8 @@ def _warn(args: argparse.Namespace) -> None:
 
 def _failed(exc: DeploymentError) -> int:
     _say(str(exc))
+    if cause := last_exception(str(exc)):  # the run's own error last, out of the log above
+        _say(f"{PROG} deploy: failed: {cause}")
     return EXIT_FAILED
 
 
@@ -282,7 +285,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say("no per-round byte lines of dq_flower's ServerApp in the output: the envelope "
              "overhead needs the bytes the strategy measured (see docs/deploy.md)")
     if outcome.status != "finished:completed":
-        _say(f"run {run_id} ended as {outcome.status}: the ServerApp failed (its log above)")
+        cause = last_exception(outcome.output) or "its log above"
+        _say(f"run {run_id} ended as {outcome.status}: the ServerApp failed: {cause}")
         return EXIT_FAILED
     return 0
 
