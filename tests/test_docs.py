@@ -318,7 +318,11 @@ for block in blocks:
     signal.alarm(block["timeout"])
     try:
         with contextlib.redirect_stdout(out):
-            exec(compile(block["code"], block["id"], "exec"), {"__name__": "__main__"})
+            scope = {"__name__": "__main__"}
+            exec(compile(block["code"], block["id"], "exec"), scope)
+            if block["app_nodes"]:  # a Flower app: run as flwr run would, on that many nodes
+                run_simulation_inprocess(scope["server_app"], scope["client_app"],
+                                         block["app_nodes"])
         error = ""
     except BaseException:
         error = traceback.format_exc()
@@ -331,11 +335,41 @@ for block in blocks:
 '''
 
 
+APP_NODES = re.compile(r'--federation-config "num-supernodes=(\d+)"')
+
+
+def app_nodes(block: Block) -> int | None:
+    """The nodes of a block that defines a Flower app and runs nothing (``flwr run .``).
+
+    Such a block has a module-level ``server_app = ServerApp()`` and ``client_app =
+    ClientApp()`` and no ``run_simulation``; the prose after it gives the ``flwr run``
+    command, whose ``num-supernodes`` the test uses (on the in-process grid).
+    """
+    code = block.code
+    if "run_simulation(" in code or not (re.search(r"^server_app = ServerApp\(", code, re.M)
+                                         and re.search(r"^client_app = ClientApp\(", code, re.M)):
+        return None
+    page = (ROOT / block.path).read_text().splitlines()
+    found = APP_NODES.search("\n".join(page[max(block.line - 12, 0):]))
+    assert found, f"{block.id}: a Flower app's page names its flwr run --federation-config"
+    return int(found[1])
+
+
+def test_the_readme_quickstart_is_the_plugin_pages_app_and_runs_as_flower_documents():
+    # the README shows no deprecated run_simulation: its app runs with flwr run .
+    apps = [b for b in PYTHON if b.code.startswith("# dq_app.py")]
+    assert [b.path for b in apps] == ["README.md", "docs/plugin.md"], [b.id for b in apps]
+    assert apps[0].code == apps[1].code
+    assert all(app_nodes(b) == 4 for b in apps)
+    readme = (ROOT / "README.md").read_text()
+    assert "run_simulation" not in readme and "flwr run ." in readme
+
+
 @pytest.fixture(scope="module")
 def python_results(sandbox):
     """Run every Python block that is not marked not-run, in one worker process."""
-    todo = [{"id": b.id, "code": b.runnable_code(), "timeout": PYTHON_TIMEOUT_S}
-            for b in PYTHON if b.kind != "not-run"]
+    todo = [{"id": b.id, "code": b.runnable_code(), "timeout": PYTHON_TIMEOUT_S,
+             "app_nodes": app_nodes(b)} for b in PYTHON if b.kind != "not-run"]
     blocks_file, results_file = sandbox / ".docs-blocks.json", sandbox / ".docs-results.json"
     blocks_file.write_text(json.dumps(todo))
     try:
