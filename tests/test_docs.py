@@ -490,6 +490,8 @@ def headline_ratios() -> dict[str, float]:
             / _stats("fmnist-wide-cnn-upload-all")["dq"]["up_bytes_to_target"]),
         # the published summaries' own ratio, from their exact bytes
         "digits, IID": float(_summary_cell("digits-mlp", "qsgd-tau5", "uplink vs")[:-1]),
+        "digits, IID, fedavg-qsgd2": float(
+            _summary_cell("digits-mlp", "fedavg-qsgd2", "uplink vs")[:-1]),
         "digits, Dirichlet": float(
             _summary_cell("digits-mlp-dirichlet", "qsgd-tau5", "uplink vs")[:-1]),
     }
@@ -501,11 +503,12 @@ def _spellings(ratio: float) -> set[str]:
 
 
 def _sentences(path: Path) -> list[str]:
-    """The prose sentences of a page (a table row is one), wrapped lines joined."""
+    """The prose sentences of a page, wrapped lines joined; a table row is one, its header's
+    text before it (a column "at the defaults" speaks of each row)."""
     out = []
     for block in re.split(r"\n\s*\n", path.read_text()):
         rows = [line for line in block.splitlines() if line.lstrip().startswith("|")]
-        out += rows
+        out += rows[:1] + [f"{rows[0]} {row}" for row in rows[2:]]
         prose = " ".join(line.strip() for line in block.splitlines()
                          if not line.lstrip().startswith("|"))
         out += re.split(r"(?<=[.!?])\s+(?=[A-Z*`\[(])", prose)
@@ -644,10 +647,13 @@ def test_the_quickstart_prints_the_published_dq_rows_first_rounds():
 
 def test_no_page_gives_dq_at_its_defaults_another_ratio():
     # a sentence about DQ at its (current) defaults against a headline competitor states
-    # one of the ratios the results files give, on every page: no page contradicts another
+    # one of the ratios the results files give, on every page: no page contradicts another;
+    # a table row counts as a sentence of its own, with its header's text
     allowed = set().union(*(_spellings(r) for r in headline_ratios().values()))
     wrong = []
     for path in doc_files():
+        if path == ROOT / "docs" / "changelog.md":  # the figures later runs replaced
+            continue
         for sentence in _sentences(path):
             if DEFAULTS.search(sentence) and any(c in sentence for c in HEADLINE_COMPETITORS):
                 wrong += [f"{path.relative_to(ROOT)}: {m[1]}x in {sentence[:160]!r}"
