@@ -4,13 +4,13 @@ An error reply carries the exception's type and message only (a SuperNode sends
 ``<class 'ValueError'>:<'message'>``; Flower's simulation engine sends the traceback too), and
 the server knows a node by Flower's node id alone. The package's client functions
 (:func:`~dq_flower.client.dq_train`, :func:`~dq_flower.client.gradient_train`,
-:func:`~dq_flower.compression_mod`, which wraps the app's own ``train()``) end the message of
-an exception raised inside them with ``[partition-id K]``, ``K`` from the node's
-``node_config``; :func:`partition_of` finds it in the reply's reason. An exception whose type
-formats its message itself (``KeyError``, an ``OSError`` with an errno) gets the tag as a
-note instead, which a traceback shows but a SuperNode's reason does not. An error raised
-before the package's code runs (in the app's own ``train()`` outside the mod) names no
-partition.
+:func:`~dq_flower.client.evaluate`, :func:`~dq_flower.compression_mod`, which wraps the
+app's own ``train()``, and the package's own ClientApp) end the message of an exception
+raised inside them with ``[partition-id K]``, ``K`` from the node's ``node_config``;
+:func:`partition_of` finds it in the reply's reason. An exception whose type formats its
+message itself (``KeyError``, an ``OSError`` with an errno) gets the tag as a note instead,
+which a traceback shows but a SuperNode's reason does not. An error raised before the
+package's code runs (in the app's own ``train()`` outside the mod) names no partition.
 """
 
 from __future__ import annotations
