@@ -14,8 +14,8 @@ of the examples and of the app that docs/plugin.md shows, against the SuperLink 
 starts itself (the default ``local`` connection, Flower's runtime dependency installation
 on: nothing is set but this test's own folders and ports), stopped by its pid at the end;
 the presets that ``dq-flower compare --help`` names; ``dq-flower deploy local`` with the
-package's own app; the missing-extra errors of a client-only install. ``make dist`` builds
-in an isolated build environment without ``.venv``.
+package's own app and with plugin.md's app (``--app``); the missing-extra errors of a
+client-only install. ``make dist`` builds in an isolated build environment without ``.venv``.
 """
 
 from __future__ import annotations
@@ -268,23 +268,33 @@ def test_flwr_run_of_quickstart_dq_from_the_wheel(installed, flwr_user, tmp_path
     assert str(ROOT / "dq_flower") not in output
 
 
-def test_flwr_run_of_the_plugin_pages_app_from_the_wheel(installed, flwr_user, tmp_path):
-    # docs/plugin.md: the one-file app and the pyproject.toml it shows beside it
-    code = next(b.code for b in ALL_BLOCKS if b.path == "docs/plugin.md"
-                and b.code.startswith("# dq_app.py"))
+def _plugin_pages_app(tmp_path: Path) -> Path:
+    """The README's one-file app (docs/plugin.md shows it too) and plugin.md's pyproject."""
+    apps = [b.code for b in ALL_BLOCKS if b.code.startswith("# dq_app.py")]
+    assert len(apps) == 2 and apps[0] == apps[1]  # README.md's and docs/plugin.md's
     project = next(b.code for b in ALL_BLOCKS if b.path == "docs/plugin.md"
                    and b.lang == "toml" and 'serverapp = "dq_app:server_app"' in b.code)
     app = tmp_path / "dq-app"
     app.mkdir()
-    (app / "dq_app.py").write_text(code)
+    (app / "dq_app.py").write_text(apps[0])
     (app / "pyproject.toml").write_text(project)
+    return app
+
+
+def test_flwr_run_of_the_readme_and_plugin_pages_app_from_the_wheel(installed, flwr_user,
+                                                                    tmp_path):
+    # the README's quickstart, exactly as shown, run as both pages say: flwr run .
+    app = _plugin_pages_app(tmp_path)
     output = _flwr_run(flwr_user, app, "--federation-config", "num-supernodes=4")
     found = re.search(r"accuracy (0\.\d+), up (\d+) B, down (\d+) B", output)
     assert found and float(found[1]) > 0.85, output[-3000:]
-    # what the page (and the README) say `flwr run` prints
+    # what both pages say `flwr run` prints
     said = re.search(r"`flwr run \.` prints `(accuracy [^`]+)`",
                      " ".join((ROOT / "docs" / "plugin.md").read_text().split()))
     assert said and said[1] == found[0], (said and said[1], found[0])
+    readme = next(b for b in ALL_BLOCKS if b.path == "README.md"
+                  and b.code.startswith("# dq_app.py"))
+    assert _documented_output(readme) == found[0]
 
 
 @pytest.mark.slow
@@ -357,6 +367,39 @@ def test_deploy_local_runs_the_package_app_from_the_wheel(installed, tmp_path):
     shown = page[page.index("$ dq-flower deploy local --nodes 2 --rounds 2"):]
     documented = re.search(r"^round 1: .*$", shown, re.M)
     assert documented and documented[0] in done.stdout.splitlines(), done.stdout
+
+
+SMALLER = [("\nROUNDS = 5\n", "\nROUNDS = 1\n"),
+           ("DQStrategy(model, seed=0)", "DQStrategy(model, seed=0, max_server_steps=100)")]
+
+
+@pytest.mark.parametrize("small", [
+    pytest.param(True, id="1-round"),
+    pytest.param(False, id="as-shown", marks=pytest.mark.slow),  # 85 s on 2 cores
+])
+def test_deploy_local_runs_a_users_app_from_the_wheel(installed, tmp_path, small):
+    # plugin.md's app, a user's own, on a TLS deployment of two SuperNodes: as shown, or one
+    # round of 100 server steps (it declares no num-server-rounds for --rounds to set)
+    app = _plugin_pages_app(tmp_path)
+    code = (app / "dq_app.py").read_text()
+    for old, new in SMALLER if small else []:
+        assert old in code
+        code = code.replace(old, new)
+    (app / "dq_app.py").write_text(code)
+    workdir = Path(tempfile.mkdtemp(prefix="dqd-"))  # short: Ray's and gRPC's socket paths
+    try:
+        done = subprocess.run([str(installed / "bin" / "dq-flower"), "deploy", "local",
+                               "--app", str(app), "--nodes", "2", "--workdir", str(workdir)],
+                              cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                              text=True, timeout=400, check=False)
+        run_log = (workdir / "logs" / "flwr-run.log").read_text()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"^run \d+: finished:completed, SuperLink traffic \{\"inbound-bytes\": "
+                     r"[1-9]\d*", done.stdout, re.M), done.stdout
+    found = re.search(r"accuracy (0\.\d+), up [1-9]\d* B, down \d+ B", run_log)
+    assert found and float(found[1]) > (0.7 if small else 0.85), run_log[-3000:]
 
 
 # ------------------------------------------------------------- a client-only install

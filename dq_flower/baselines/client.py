@@ -39,6 +39,7 @@ from dq_flower.wire.gradient import (
 )
 from dq_flower.wire.model import MODEL_KEY, decode_model_payload
 from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, read_buffers
+from dq_flower.wire.partition import names_partition
 
 __all__ = ["gradient_train", "batch_indices", "epoch_batches", "local_update", "EF_KEY"]
 
@@ -138,6 +139,7 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
     return w
 
 
+@names_partition
 def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
                    loss_fn: LossFn | None = None,
                    keys: tuple[str, str] | None = None) -> Message:
@@ -148,7 +150,8 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     msg : Message
         The train message (round config and the model, or the votes the client lacks).
     context : Context
-        The node's context; its ``state`` keeps error feedback and codec state.
+        The node's context; its ``state`` keeps error feedback and codec state; its
+        ``partition-id`` ends the message of any error raised here.
     data : tuple, Dataset or DataLoader
         The device's own training data (see :mod:`dq_flower.data_input`), used as given.
     model : torch.nn.Module

@@ -9,6 +9,7 @@ from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordD
 
 from dq_flower.data_input import as_arrays
 from dq_flower.torch_support import require_torch
+from dq_flower.wire.partition import names_partition
 
 if TYPE_CHECKING:
     import torch
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["evaluate"]
 
 
+@names_partition
 def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
              loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None) -> Message:
     """Evaluate the global model the message carries on ``data``; reply its metrics.
@@ -26,7 +28,7 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     this package's strategies send it). The reply's ``MetricRecord`` has ``eval-loss``,
     ``eval-acc`` (class targets only) and ``num-examples`` (the server's weight). ``data``
     is any form of :mod:`dq_flower.data_input`; ``keys`` names a dict sample's input and
-    target.
+    target. An error raised here ends with the node's ``[partition-id K]``.
     """
     del context  # evaluation keeps no state
     require_torch("federated evaluation (fraction-evaluate > 0)")

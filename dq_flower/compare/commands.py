@@ -161,8 +161,9 @@ def _report_outcome(results: dict[str, Any], out: Path, links: list[LinkProfile]
     failed = compare.failed_runs(results)
     for rec in failed:
         print(f"{PROG}: {rec['label']} failed: {compare.error_line(rec)}", file=sys.stderr)
-    if failed and len(failed) == len(results["runs"]):
-        print(f"{PROG}: error: every method failed (see summary.md and results.json)",
+    if failed and len(failed) == len(results["runs"]):  # the last line names a cause
+        print(f"{PROG}: error: every method failed (see summary.md and results.json); "
+              f"{failed[0]['label']}: {compare.error_line(failed[0], limit=2000)}",
               file=sys.stderr)
         return EXIT_FAILED_RUNS
     if failed:

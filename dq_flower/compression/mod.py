@@ -3,6 +3,7 @@
 Per train message it reads the ``compression-*`` knobs (decoding an fp16 broadcast), calls
 ``train()``, then replaces the returned ``ArrayRecord`` by the coded update (returned minus
 received weights); other messages pass untouched; a failure is an error reply naming it.
+Both, and an exception the app's own ``train()`` raises, name the node's ``partition-id``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dq_flower.seeding import Purpose, round_rng
 from dq_flower.update_coding import encode_update
 from dq_flower.wire import compressed_update as wire
 from dq_flower.wire.model import decode_model_payload
+from dq_flower.wire.partition import names_partition, partition_tag
 
 __all__ = ["compression_mod", "STATE_PREFIX"]
 
@@ -87,6 +89,7 @@ def _code_reply(out: Message, layout: wire.Layout, received: ArrayRecord, cfg: C
     return nbits
 
 
+@names_partition
 def compression_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Client mod coding the update that the ``@app.train()`` function returns.
 
@@ -101,14 +104,14 @@ def compression_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
         cfg = CompressionConfig.from_message_config(config)
         layout, received = _received(msg, config)
     except Exception as exc:  # noqa: BLE001  (answered as an error reply)
-        return _error(msg, str(exc))
+        return _error(msg, str(exc) + partition_tag(ctxt))
     out = call_next(msg, ctxt)
     if out.has_error():
         return out
     try:
         nbits = _code_reply(out, layout, received, cfg, config, ctxt)
     except Exception as exc:  # noqa: BLE001
-        return _error(msg, str(exc))
+        return _error(msg, str(exc) + partition_tag(ctxt))
     log(INFO, "compression_mod: update coded by %s, %d payload bits (float32: %d)",
         cfg.codec, nbits, 32 * layout.dim)
     return out

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
-import signal
 import subprocess
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-import tomli
-
-from dq_flower.cli_common import EXIT_USAGE, PROG, fail, float_arg, int_arg
+from dq_flower.cli_common import EXIT_USAGE, PROG, float_arg, int_arg
 from dq_flower.deploy import TRUST_MODEL
-from dq_flower.deploy.certs import DEFAULT_HOSTS, create_credentials, load_credentials
+from dq_flower.deploy.certs import DEFAULT_HOSTS
 from dq_flower.deploy.checks import FlowerApp, check_run_config, declared_only, read_app
 from dq_flower.deploy.flower_cli import (
     RUN_STARTED,
@@ -32,14 +25,24 @@ from dq_flower.deploy.flower_cli import (
     format_config,
     register_node,
     rounds_from_log,
-    superlink_command,
-    supernode_command,
     write_connection,
 )
 from dq_flower.deploy.local import LocalDeployment
-from dq_flower.deploy.supervisor import DeploymentError, start_process
+from dq_flower.deploy.process_commands import (
+    INSECURE_WARNING,
+    cmd_certs,
+    cmd_superlink,
+    cmd_supernode,
+    fail_deploy,
+    parse_config_pairs,
+    say,
+    sigterm_as_interrupt,
+    warn,
+)
+from dq_flower.deploy.supervisor import DeploymentError
 from dq_flower.extras import NOT_ON_INDEX, RUNTIME_INSTALL_HINT
 from dq_flower.harness.app_folder import default_app
+from dq_flower.server.client_errors import last_exception
 
 __all__ = ["add_deploy_parser", "parse_config_pairs", "cmd_certs", "cmd_superlink",
            "cmd_supernode", "cmd_register", "cmd_run", "cmd_local", "DEFAULT_CONNECTION",
@@ -51,151 +54,17 @@ DEFAULT_CONNECTION = "dq-flower"
 MAX_LOCAL_NODES = 256
 MAX_PORT = 65535
 
-INSECURE_WARNING = (
-    "WARNING: --insecure turns TLS off: quantized training samples and the model cross the "
-    "network in clear text, and SuperNodes cannot verify the SuperLink. Use it only on a "
-    "network you control, for testing."
-)
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _warn(args: argparse.Namespace) -> None:
-    """The trust model, and the warning of ``--insecure``."""
-    _say(TRUST_MODEL)
-    if args.insecure:
-        _say(INSECURE_WARNING)
-
 
 def _failed(exc: DeploymentError) -> int:
-    _say(str(exc))
+    say(str(exc))
+    if cause := last_exception(str(exc)):  # the run's own error last, out of the log above
+        say(f"{PROG} deploy: failed: {cause}")
     return EXIT_FAILED
-
-
-def _fail(message: str) -> int:
-    return fail(message, f"{PROG} deploy")
-
-
-def parse_config_pairs(items: list[str] | None) -> dict[str, Any]:
-    """Parse ``["k=v k2='a b'", ...]`` like ``flwr``'s ``--run-config`` (TOML values)."""
-    out: dict[str, Any] = {}
-    pattern = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
-    for item in items or []:
-        rest = pattern.sub("", item).strip()
-        if rest:
-            raise ValueError(f"cannot parse {rest!r} in {item!r}; expected key=value pairs")
-        for key, raw in pattern.findall(item):
-            try:
-                out[key] = tomli.loads(f"v = {raw}")["v"]
-            except tomli.TOMLDecodeError:
-                out[key] = raw  # a bare word (method=dq): taken as a string
-    return out
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into ``KeyboardInterrupt`` so ``finally`` blocks stop child processes."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _foreground(cmd: list[str], dry_run: bool, log_file: str | None = None) -> int:
-    """Print ``cmd``; unless ``dry_run``, run it until it exits or Ctrl-C/SIGTERM."""
-    print(shlex.join(cmd), flush=True)
-    if dry_run:
-        return 0
-    proc = start_process(cmd, log_path=log_file, env=flower_env())
-    _say(f"started {proc.name} (pid {proc.pid})"
-         + (f", log: {log_file}" if log_file else "") + "; Ctrl-C stops it")
-    try:
-        with _sigterm_as_interrupt():
-            return proc.wait()
-    except KeyboardInterrupt:
-        _say(f"stopping {proc.name} (pid {proc.pid})")
-        return 0
-    finally:
-        proc.stop()
 
 
 def _print_traffic(history: list[Any], outcome: RunOutcome) -> None:
     print(json.dumps({"run-id": outcome.run_id, "status": outcome.status,
                       **compare_traffic(history, outcome)}, indent=1))
-
-
-def cmd_certs(args: argparse.Namespace) -> int:
-    """``dq-flower deploy certs``."""
-    hosts = list(dict.fromkeys([*(args.host or []), *DEFAULT_HOSTS]))
-    try:
-        creds = create_credentials(args.out, num_nodes=args.nodes, hosts=hosts,
-                                   days=args.days, overwrite=args.force)
-    except (FileExistsError, ValueError) as exc:
-        return _fail(str(exc))
-    print(f"CA certificate      {creds.ca_cert}  (copy to every SuperNode and flwr user)")
-    print(f"CA key              {creds.ca_key}  (keep offline)")
-    print(f"SuperLink cert/key  {creds.server_cert}, {creds.server_key}  (valid for "
-          f"{', '.join(hosts)})")
-    for keys in creds.nodes:
-        print(f"SuperNode key pair  {keys.private_key} (private, copy to that device only), "
-              f"{keys.public_key} (register it)")
-    return 0
-
-
-def _tls_paths(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
-    if args.certs:
-        creds = load_credentials(args.certs)
-        return str(creds.ca_cert), str(creds.server_cert), str(creds.server_key)
-    return args.ssl_ca_certfile, args.ssl_certfile, args.ssl_keyfile
-
-
-def cmd_superlink(args: argparse.Namespace) -> int:
-    """``dq-flower deploy superlink``."""
-    _warn(args)
-    try:
-        ca, cert, key = (None, None, None) if args.insecure else _tls_paths(args)
-        if args.no_auth and not args.simulation:
-            _say("WARNING: --no-auth: the SuperLink accepts any SuperNode that can reach it.")
-        cmd = superlink_command(
-            host=args.host, port=args.port, ca_cert=ca, server_cert=cert, server_key=key,
-            insecure=args.insecure, supernode_auth=not args.no_auth,
-            simulation=args.simulation, database=args.database,
-            dependency_installation=args.allow_dependency_installation)
-    except (FileNotFoundError, ValueError) as exc:
-        return _fail(f"{exc} (give --certs DIR from 'dq-flower deploy certs', or --insecure)")
-    return _foreground(cmd, args.dry_run, args.log_file)
-
-
-def cmd_supernode(args: argparse.Namespace) -> int:
-    """``dq-flower deploy supernode``."""
-    _warn(args)
-    if not args.insecure and args.root_certificates is None:
-        _say("note: no --root-certificates: the SuperLink's certificate must be trusted by "
-             "this system's CA store")
-    if args.auth_key is None:
-        _say("note: no --auth-key: only a SuperLink started with --no-auth accepts this node")
-    if args.data_file is not None and not args.dry_run and not Path(args.data_file).is_file():
-        return _fail(f"no such data file: {args.data_file}")
-    try:
-        extra = parse_config_pairs(args.node_config)
-        if args.num_threads is not None:
-            extra["num-threads"] = args.num_threads
-        cmd = supernode_command(
-            superlink=args.superlink, partition_id=args.partition_id,
-            num_partitions=args.num_partitions, data_file=args.data_file, data_dir=args.data_dir,
-            root_certificates=args.root_certificates, private_key=args.auth_key,
-            insecure=args.insecure, runtime_port=args.runtime_port, node_config=extra,
-            max_retries=args.max_retries, max_wait_time=args.max_wait_time)
-    except (FileNotFoundError, ValueError) as exc:
-        return _fail(f"{exc} (give --data-file PATH, or --partition-id K --num-partitions N)")
-    return _foreground(cmd, args.dry_run, args.log_file)
 
 
 def _connection(args: argparse.Namespace) -> str:
@@ -204,21 +73,21 @@ def _connection(args: argparse.Namespace) -> str:
         path = write_connection(args.connection, args.superlink,
                                 root_certificates=args.root_certificates,
                                 insecure=args.insecure)
-        _say(f"connection [superlink.{args.connection}] -> {args.superlink} written to {path}")
+        say(f"connection [superlink.{args.connection}] -> {args.superlink} written to {path}")
     if args.insecure:
-        _say(INSECURE_WARNING)
+        say(INSECURE_WARNING)
     return str(args.connection)
 
 
 def cmd_register(args: argparse.Namespace) -> int:
     """``dq-flower deploy register``."""
     if not Path(args.public_key).is_file():
-        return _fail(f"no such public key file: {args.public_key}")
+        return fail_deploy(f"no such public key file: {args.public_key}")
     try:
         conn = _connection(args)
         node_id = register_node(args.public_key, conn, env=flower_env())
     except (FileNotFoundError, ValueError) as exc:
-        return _fail(str(exc))
+        return fail_deploy(str(exc))
     except DeploymentError as exc:
         return _failed(exc)
     print(f"registered {args.public_key}: node id {node_id}")
@@ -227,13 +96,13 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``dq-flower deploy run``: ``flwr run`` with the output shown, then the traffic."""
-    _say(TRUST_MODEL)
+    say(TRUST_MODEL)
     try:  # the app and its run config before anything runs
         flower_app = read_app(args.app)
         overrides = parse_config_pairs(args.run_config)
         check_run_config(flower_app, overrides)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail_deploy(str(exc))
     app = flower_app.path
     try:
         conn = _connection(args)
@@ -243,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.no_stream:
             cmd.append("--stream")
     except (FileNotFoundError, ValueError) as exc:
-        return _fail(str(exc))
+        return fail_deploy(str(exc))
     print(shlex.join(cmd), flush=True)
     env = flower_env()
     run_id = None
@@ -260,10 +129,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     run_id = int(found.group(1))
         except KeyboardInterrupt:
             proc.terminate()
-            _say(f"stopped following the run; it goes on (flwr stop {run_id} {conn})")
+            say(f"stopped following the run; it goes on (flwr stop {run_id} {conn})")
             return EXIT_FAILED
     if NOT_ON_INDEX in "".join(output):  # Flower's runtime installation found no dq-flower
-        _say(RUNTIME_INSTALL_HINT)
+        say(RUNTIME_INSTALL_HINT)
     if proc.returncode != 0 or run_id is None:
         return EXIT_FAILED
     if args.no_stream:
@@ -279,10 +148,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if history:  # the rounds' bytes of the log give the envelope
         _print_traffic(history, outcome)
     else:
-        _say("no per-round byte lines of dq_flower's ServerApp in the output: the envelope "
+        say("no per-round byte lines of dq_flower's ServerApp in the output: the envelope "
              "overhead needs the bytes the strategy measured (see docs/deploy.md)")
     if outcome.status != "finished:completed":
-        _say(f"run {run_id} ended as {outcome.status}: the ServerApp failed (its log above)")
+        cause = last_exception(outcome.output) or "its log above"
+        say(f"run {run_id} ended as {outcome.status}: the ServerApp failed: {cause}")
         return EXIT_FAILED
     return 0
 
@@ -333,13 +203,13 @@ def _print_outcome(outcome: RunOutcome, results: Path | None, run_log: Path) -> 
 
 def cmd_local(args: argparse.Namespace) -> int:
     """``dq-flower deploy local``: a whole TLS deployment on loopback, one run, then stop."""
-    _warn(args)
+    warn(args)
     try:  # every argument and the run config, before anything starts
         app, nodes, data_files, run_config = _local_plan(args)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail_deploy(str(exc))
     if data_files and run_config.get("dataset", "digits") != "none" and app.is_package_app:
-        _say("note: the SuperNodes train on their --data-file; with dataset="
+        say("note: the SuperNodes train on their --data-file; with dataset="
              f"{run_config.get('dataset', 'digits')!r} the server evaluates on that data set "
              "(give --run-config \"dataset='none' input-shape='...' num-classes=K "
              "fraction-evaluate=1.0\" for a server that holds no data)")
@@ -348,17 +218,17 @@ def cmd_local(args: argparse.Namespace) -> int:
     if "results-path" in run_config:
         results = workdir.resolve() / "results.json"
         run_config["results-path"] = str(results)
-    _say(f"working folder {workdir} (certs, logs, FLWR_HOME)")
+    say(f"working folder {workdir} (certs, logs, FLWR_HOME)")
     try:
-        with _sigterm_as_interrupt(), LocalDeployment(
+        with sigterm_as_interrupt(), LocalDeployment(
                 workdir, num_nodes=nodes, tls=not args.insecure,
                 supernode_auth=not args.insecure, data_dir=args.data_dir,
                 data_files=data_files) as dep:
-            _say(f"SuperLink {dep.address} (pid {dep.superlink.pid if dep.superlink else '?'})"
+            say(f"SuperLink {dep.address} (pid {dep.superlink.pid if dep.superlink else '?'})"
                  f", SuperNodes {[p.pid for p in dep.supernodes]}, node ids {dep.node_ids}")
             outcome = dep.run(app.path, run_config, timeout=args.timeout)
     except KeyboardInterrupt:
-        _say("interrupted; every process was stopped")
+        say("interrupted; every process was stopped")
         return EXIT_FAILED
     except DeploymentError as exc:
         return _failed(exc)

@@ -30,6 +30,7 @@ from dq_flower.harness.task_config import TaskConfig
 from dq_flower.node import node_key
 from dq_flower.torch_support import require_torch, torch_available
 from dq_flower.wire.model import MODEL_KEY
+from dq_flower.wire.partition import names_partition
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +65,7 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
         return build_model(task, task_info(task)) if model_factory is None else model_factory()
 
     @app.train()
+    @names_partition  # its own checks' errors too, as the client functions' below
     def train(msg: Message, context: Context) -> Message:
         """Route a train message to the method family's client function."""
         config, task = _task(msg)
@@ -101,6 +103,7 @@ def make_client_app(model_factory: ModelFactory | None = None) -> ClientApp:
             raise ValueError(f"this ClientApp has no handler for method family {family!r}")
 
     @app.evaluate()
+    @names_partition
     def evaluate_handler(msg: Message, context: Context) -> Message:
         """Evaluate the global model on this node's held-out rows."""
         with _threads(require_torch("federated evaluation (fraction-evaluate > 0)"), context):

@@ -1,9 +1,11 @@
 """A failed client reply in one line: its cause, and the client's traceback once per run.
 
 A ``ClientApp`` that raises comes back to the server as an error reply whose reason holds the
-whole traceback (in Flower's simulation engine wrapped in Ray's, twice). The server logs one
-line per failed reply, naming the node and the cause (``ValueError: my data file is
-missing``), and the full reason only the first time that cause appears. While a strategy of
+exception (in Flower's simulation engine its whole traceback, wrapped in Ray's, twice). The
+server logs one line per failed reply, naming the node, its partition where the error names
+one (:mod:`dq_flower.wire.partition`: the package's client functions add it) and the cause
+(``ValueError: my data file is missing``), and the full reason only the first time that
+cause appears. While a strategy of
 this package runs, :func:`one_traceback_per_cause` also keeps Flower's simulation engine from
 logging the same client traceback again for every failure: its reply carries it already.
 """
@@ -17,6 +19,8 @@ from collections.abc import Iterator
 from logging import WARNING
 
 from flwr.common.logger import log
+
+from dq_flower.wire.partition import partition_of, without_partition
 
 #: A line naming an exception and its message, as a traceback's last line does.
 _EXCEPTION_LINE = re.compile(
@@ -35,14 +39,14 @@ MAX_CAUSES_SHOWN = 1000
 
 
 def failure_cause(reason: str) -> str:
-    """The client's own exception in one line (``"ValueError: my data file is missing"``)."""
-    text = str(reason)
-    raised = [found for line in text.splitlines()
-              if (found := _EXCEPTION_LINE.match(line.strip()))
-              and not any(wrapper in found[1] for wrapper in _WRAPPERS)]
-    if raised:  # the last exception the client's own code raised (chained ones come first)
-        found = raised[-1]
-        return _one_line(f"{found[1]}: {found[2]}" if found[2] else found[1])
+    """The client's own exception in one line (``"ValueError: my data file is missing"``).
+
+    Partition tags are left out: :func:`failed_node` names the partition.
+    """
+    text = without_partition(str(reason))
+    raised = last_exception(text)
+    if raised is not None:
+        return raised
     wrapped = _CLASS_REASON.match(text.strip())
     if wrapped:
         name, message = wrapped[1], _FLOWER_PREFIX.sub("", wrapped[2]).strip()
@@ -54,9 +58,31 @@ def failure_cause(reason: str) -> str:
     return _one_line(first or "no reason given")
 
 
+def last_exception(text: str) -> str | None:
+    """The last line of ``text`` naming an exception and its message, Flower's wrappers aside.
+
+    In a traceback that is the exception raised last (chained ones come first).
+    """
+    raised = [found for line in str(text).splitlines()
+              if (found := _EXCEPTION_LINE.match(line.strip()))
+              and not any(wrapper in found[1] for wrapper in _WRAPPERS)]
+    if not raised:
+        return None
+    found = raised[-1]
+    return _one_line(f"{found[1]}: {found[2]}" if found[2] else found[1])
+
+
 def _one_line(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= MAX_CAUSE else text[:MAX_CAUSE - 3] + "..."
+
+
+def failed_node(node: int, reason: str) -> str:
+    """``node 5 (partition 2)``, or the partition unknown where the error names none."""
+    partition = partition_of(reason)
+    if partition is None:
+        return f"node {node} (partition unknown: the error names none)"
+    return f"node {node} (partition {partition})"
 
 
 class FailedReplies:
@@ -68,7 +94,7 @@ class FailedReplies:
     def log(self, node: int, reason: str) -> str:
         """Log node ``node``'s failed reply; returns its one-line cause."""
         cause = failure_cause(reason)
-        log(WARNING, "reply from node %d failed: %s", node, cause)
+        log(WARNING, "reply from %s failed: %s", failed_node(node, reason), cause)
         if cause not in self.shown and len(self.shown) < MAX_CAUSES_SHOWN:
             self.shown.add(cause)
             log(WARNING, "the client's whole error (shown once for this cause):\n%s",

@@ -13,8 +13,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
-from dq_flower.server.client_errors import failure_cause
+from dq_flower.server.client_errors import failed_node, failure_cause
 from dq_flower.wire.node_errors import node_config_problem
+from dq_flower.wire.partition import without_partition
 
 __all__ = ["sample_node_ids", "wait_for_nodes", "make_optimizer", "log_rejected", "log_round",
            "FailureWatch", "ClientFailureError", "NodeConfigurationError", "REPLY_ERRORS"]
@@ -120,11 +121,12 @@ class FailureWatch:
             log(INFO, "aggregate_train: Received %s results and %s failures",
                 len(replies) - len(errors), len(errors) + silent)
         for message in errors:
-            problem = node_config_problem(str(message.error.reason))
+            reason = str(message.error.reason)
+            problem = node_config_problem(reason)
             if problem is not None:
                 raise NodeConfigurationError(
-                    f"[{self.name}] node {message.metadata.src_node_id} cannot run as "
-                    f"configured: {problem}")
+                    f"[{self.name}] {failed_node(message.metadata.src_node_id, reason)} cannot "
+                    f"run as configured: {without_partition(problem)}")
         if not counts or (not replies and not silent):
             return
         if len(errors) < len(replies):
@@ -132,10 +134,17 @@ class FailureWatch:
             return
         self.streak += 1
         if not self.first_error:
-            self.first_error = (failure_cause(str(errors[0].error.reason)) if errors else
-                                f"no reply from the {silent} sampled node(s) before the "
+            self.first_error = (self._first(errors[0]) if errors else
+                                f": no reply from the {silent} sampled node(s) before the "
                                 "round's timeout")
         if self.limit and self.streak >= self.limit:
             raise ClientFailureError(
                 f"[{self.name}] every sampled client failed for {self.streak} consecutive "
-                f"rounds; first client error: {self.first_error}")
+                f"rounds; first client error{self.first_error}")
+
+    @staticmethod
+    def _first(error: Message) -> str:
+        """``, from node 5 (partition 2): ValueError: ...`` for a failed reply."""
+        reason = str(error.error.reason)
+        return (f", from {failed_node(error.metadata.src_node_id, reason)}: "
+                f"{failure_cause(reason)}")

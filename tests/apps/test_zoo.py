@@ -8,7 +8,8 @@ of the test set plus half the gap to 100%). A regression app scores a loss inste
 app justifies its tolerance), and both must end at most 3/4 of the loss of always
 predicting the training mean (its ``chance_score()``). The runs here are sized for CI with the
 in-process grid: apps whose full run is slow get fewer rounds (:data:`CI_ROUNDS`), the
-same for both kinds; ``benchmarks/user_apps.py`` runs every app at full size through
+same for both kinds, and the apps whose CI runs take a minute or more (:data:`SLOW`) run
+with ``-m slow`` only; ``benchmarks/user_apps.py`` runs every app at full size through
 Flower's simulation engine. Each pair of runs is made once and shared by the assertions.
 """
 
@@ -30,6 +31,11 @@ CI_ROUNDS = {"fmnist_cnn": 3, "digits_skew_mlp": None, "tabular_mlp": None,
              "fmnist_partial": 4, "wine_raw": None, "giant_node": None, "many_small": None,
              "cancer_raw": None, "diabetes_regression": None, "tiny_nodes": None,
              "hapt_cnn": 2}
+#: The apps whose CI runs take a minute or more on 2 cores: ``slow`` (the others, unmarked,
+#: are the suite's version of the check).
+SLOW = ("fmnist_cnn", "hapt_cnn", "fmnist_partial", "giant_node", "many_small")
+PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
+          for name in APPS]
 #: DQ's final accuracy may trail FedAvg's by at most this much.
 MARGIN = 0.02
 #: DQ's uplink may be at most this share of FedAvg's.
@@ -90,17 +96,17 @@ def check_above_chance(app, r: dict[str, AppRun], rounds: int) -> None:
             assert run.final >= floor, f"{kind} ends at {run.final:.3f}, not above {floor:.3f}"
 
 
-@pytest.mark.parametrize("name", APPS)
+@pytest.mark.parametrize("name", PARAMS)
 def test_dq_accuracy_within_two_points_of_fedavg_or_above(name):
     check_accuracy(load(name), runs(name))
 
 
-@pytest.mark.parametrize("name", APPS)
+@pytest.mark.parametrize("name", PARAMS)
 def test_dq_uplink_at_most_a_fifth_of_fedavgs(name):
     check_uplink(runs(name))
 
 
-@pytest.mark.parametrize("name", APPS)
+@pytest.mark.parametrize("name", PARAMS)
 def test_both_end_well_above_chance(name):
     app = load(name)
     check_above_chance(app, runs(name), CI_ROUNDS[name] or app.ROUNDS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -204,6 +205,26 @@ def test_every_method_failing_exits_non_zero(capsys, monkeypatch, tmp_path):
     assert "sgd failed: RuntimeError: sgd crashed" in err
     assert "every method failed" in err
     assert (tmp_path / "summary.md").is_file()
+
+
+def test_every_client_failing_ends_compare_with_the_cause_in_its_last_line(capsys, monkeypatch,
+                                                                          tmp_path):
+    from dq_flower.compare import run as compare_run
+
+    real_grid = compare_run.InProcessGrid
+
+    def failing_grid(client_app, num_nodes, **kwargs):  # every reply an error reply
+        return real_grid(client_app, num_nodes, failing=lambda _rnd, _node: True)
+
+    monkeypatch.setattr(compare_run, "InProcessGrid", failing_grid)
+    code = main(["compare", "--methods", "qsgd", *FAST, "--rounds", "3", "--out",
+                 str(tmp_path)])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1
+    assert last.startswith("dq-flower: error: every method failed"), last
+    assert re.search(r"qsgd: ClientFailureError: \[qsgd\] every sampled client failed for 3 "
+                     r"consecutive rounds; first client error, from node \d+ \(partition "
+                     r"unknown: the error names none\): simulated failure$", last), last
 
 
 @pytest.mark.slow

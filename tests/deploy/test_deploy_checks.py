@@ -146,6 +146,29 @@ def test_deploy_local_passes_a_users_app_only_the_keys_it_declares(tmp_path, fak
     assert len(fake_deployment) == 1
 
 
+# the tail of a failed run's flwr output: the ServerApp's traceback, then Flower's own lines
+FAILED_RUN = (
+    "run 5 ended as finished:failed:\nERROR :      ServerApp raised an exception\n"
+    "Traceback (most recent call last):\n  File \"server_app.py\", line 9, in main\n"
+    "dq_flower.server.common.ClientFailureError: [dq] every sampled client failed for 3 "
+    "consecutive rounds; first client error, from node 7 (partition 1): ValueError: no rows\n"
+    "INFO :      Run finished")
+
+
+def test_a_failed_run_ends_the_output_with_its_cause(tmp_path, fake_deployment, monkeypatch,
+                                                      capsys):
+    def failing_run(self, app_dir, run_config, *, timeout):
+        raise DeploymentError(FAILED_RUN)
+
+    monkeypatch.setattr(_FakeDeployment, "run", failing_run)
+    app = _user_app(tmp_path / "myapp", "num-server-rounds = 3\n")
+    assert _status(["deploy", "local", "--app", str(app), "--workdir", str(tmp_path / "w")]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("dq-flower deploy: failed: ClientFailureError: [dq] every sampled client "
+                    "failed for 3 consecutive rounds; first client error, from node 7 "
+                    "(partition 1): ValueError: no rows"), last
+
+
 class _LogOnly:
     """A SuperLink's log, grown by the run (what ``ManagedProcess.log_text`` returns)."""
 

@@ -103,3 +103,13 @@ def test_deploy_run_fails_where_the_serverapp_failed(monkeypatch, capsys):
 
     assert main(["deploy", "run", "--app", APP_DIR]) == commands.EXIT_FAILED
     assert "run 79 ended as finished:failed" in capsys.readouterr().err
+    # the ServerApp's own error, where the stream shows it, ends the output
+    cause = ("dq_flower.server.common.ClientFailureError: [dq] every sampled client failed "
+             "for 3 consecutive rounds; first client error, from node 7 (partition 1): "
+             "ValueError: no rows\n")
+    monkeypatch.setattr(commands.subprocess, "Popen", lambda *a, **k: _FakeRun(
+        [*lines, "Traceback (most recent call last):\n", cause, "INFO :      Run finished\n"]))
+    assert main(["deploy", "run", "--app", APP_DIR]) == commands.EXIT_FAILED
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("run 79 ended as finished:failed: the ServerApp failed: ClientFailureError: "
+                    + cause.split("ClientFailureError: ", 1)[1].strip()), last

@@ -3,7 +3,9 @@
 Exactly what a user types (see the README, "Run with flwr run"): start
 ``flower-superlink --simulation --disable-runtime-dependency-installation``, add a
 ``[superlink.<name>]`` entry to ``$FLWR_HOME/config.toml`` and ``flwr run . <name>`` with
-run-config overrides. The SuperLink is stopped by its pid in a ``finally``. About 25 s.
+run-config overrides. The SuperLink is stopped by its pid in a ``finally``. About 40 s on
+2 cores, hence ``slow``: ``flwr run`` of the package's example and of a user's app runs in
+every run of the suite from the installed wheel (``tests/test_install.py``).
 """
 
 import json
@@ -14,12 +16,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from dq_flower.deploy.flower_cli import flower_env, flower_executable
 from dq_flower.deploy.supervisor import free_port, start_process, wait_for_port
 
 APP_DIR = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_flwr_run_against_simulation_superlink(tmp_path):
     # Ray's socket paths must stay under 108 bytes: a short folder, not pytest's tmp_path
     ray_tmp = Path(tempfile.mkdtemp(prefix="dq-ray-"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,10 @@ def test_a_model_knob_fails_only_the_torch_free_node_and_the_run_says_why(mixed_
     text = (dep.logs / "flwr-run.log").read_text()
     assert "scorer='gradnorm' needs PyTorch" in text, text[-3000:]
     assert "pip install" in text
+    # docs/deploy.md shows this run's lines about the failed reply (node ids aside)
+    page = (APP_DIR / "docs" / "deploy.md").read_text()
+    shown = page[page.index("which checks these lines"):].split("```")[1]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    for line in shown.strip().splitlines()[1:4]:  # after the block's language
+        pattern = re.escape(re.sub(r"node \d+", "node NODE", line)).replace("NODE", r"\d+")
+        assert re.search(pattern, plain), (line, plain[-3000:])

@@ -3,7 +3,9 @@
 The fast test imports the app's modules and calls its ``ServerApp`` on an in-process grid
 whose nodes run its ``ClientApp`` (no Ray, a few seconds). The end-to-end test is what the
 example's README tells a user to type: a simulation SuperLink (started and stopped here by
-its pid) and ``flwr run examples/quickstart-dq`` with 4 simulated SuperNodes. About 25 s.
+its pid) and ``flwr run examples/quickstart-dq`` with 4 simulated SuperNodes, 3 rounds
+(about 30 s, ``slow``: ``tests/test_install.py`` runs ``flwr run`` of a copy of this app
+from the installed wheel in every run of the suite).
 """
 
 import json
@@ -107,6 +109,7 @@ def test_server_and_client_apps_in_process(example, tmp_path):
     assert sum(results["up_bytes"].values()) < 50_000, results["up_bytes"]
 
 
+@pytest.mark.slow  # 34 s; flwr run of this app unmarked: tests/test_install.py, from the wheel
 def test_flwr_run_quickstart_dq_in_simulation(tmp_path):
     # Ray's socket paths must stay under 108 bytes: a short folder, not pytest's tmp_path
     ray_tmp = Path(tempfile.mkdtemp(prefix="dq-ray-"))

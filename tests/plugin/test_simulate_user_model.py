@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import cloudpickle
 import pytest
+import torch
 from torch import nn
 
 import dq_flower
@@ -40,3 +43,32 @@ def test_a_model_that_does_not_fit_the_data_fails_before_the_engine_starts():
     with pytest.raises(FileNotFoundError):
         dq_flower.simulate(method="dq", dataset="npz:/nonexistent/file.npz", num_clients=2,
                            rounds=1)
+
+
+class TrainsNowhere(DigitsNet):
+    """A model that evaluates (no gradient) but fails wherever it trains: on every client."""
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            raise ValueError("this model cannot train here")
+        return self.body(x)
+
+
+@pytest.mark.slow
+def test_simulate_raises_when_every_client_fails_naming_the_cause_last(monkeypatch):
+    # Flower's simulation engine (30 s): each qsgd client computes a gradient and fails; the
+    # run stops after max_failed_rounds and simulate() raises, its one line ending with the
+    # cause (in-process: tests/faults/test_dropouts.py, tests/server/test_client_errors.py)
+    import sys
+
+    from dq_flower.server.common import ClientFailureError
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with pytest.raises(ClientFailureError) as caught:
+        dq_flower.simulate(method="qsgd", model=TrainsNowhere(), num_clients=2, rounds=3,
+                           seed=0, max_failed_rounds=2)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("[qsgd] every sampled client failed "
+                                                      "for 2 consecutive rounds"), message
+    assert re.search(r"; first client error, from node \d+ \(partition [01]\): ValueError: "
+                     r"this model cannot train here$", message), message

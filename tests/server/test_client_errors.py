@@ -9,18 +9,22 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import pytest
-from flwr.app import Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.server.client_errors import (
     FailedReplies,
     _EngineTracebacks,
+    failed_node,
     failure_cause,
     one_traceback_per_cause,
 )
 from dq_flower.server.common import ClientFailureError, FailureWatch
+from dq_flower.torch_support import TorchUnavailableError
+from dq_flower.wire.partition import name_partition, names_partition, partition_of, partition_tag
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,14 +73,59 @@ def test_each_failure_is_one_line_and_the_whole_error_is_shown_once_per_cause(ca
         for node in (7, 8, 7):
             assert failed.log(node, RAY_REASON) == "ValueError: my data file is missing"
         failed.log(9, "<class 'KeyError'>:<''label''>")
+        # the same cause from partition 3: its line names it, its traceback is not shown again
+        failed.log(10, RAY_REASON.replace("missing", "missing [partition-id 3]"))
     lines = [r.getMessage() for r in caplog.records]
+    unknown = "(partition unknown: the error names none)"
     assert [line for line in lines if line.startswith("reply from node")] == [
-        "reply from node 7 failed: ValueError: my data file is missing",
-        "reply from node 8 failed: ValueError: my data file is missing",
-        "reply from node 7 failed: ValueError: my data file is missing",
-        "reply from node 9 failed: KeyError: 'label'"]
+        f"reply from node 7 {unknown} failed: ValueError: my data file is missing",
+        f"reply from node 8 {unknown} failed: ValueError: my data file is missing",
+        f"reply from node 7 {unknown} failed: ValueError: my data file is missing",
+        f"reply from node 9 {unknown} failed: KeyError: 'label'",
+        "reply from node 10 (partition 3) failed: ValueError: my data file is missing"]
     wholes = [line for line in lines if line.startswith("the client's whole error")]
     assert len(wholes) == 2 and 'raise ValueError("my data file is missing")' in wholes[0]
+
+
+def _context(partition=None):
+    config = {} if partition is None else {"partition-id": partition, "num-partitions": 4}
+    return Context(run_id=1, node_id=77, node_config=config, state=RecordDict(), run_config={})
+
+
+def _flower_reason(exc: BaseException) -> str:
+    """A SuperNode's reason for ``exc`` (flwr/supernode/runtime/run_clientapp.py)."""
+    return str(type(exc)) + ":<'" + str(exc) + "'>"
+
+
+@pytest.mark.parametrize("exc, shown", [
+    (ValueError("bad rows"), "bad rows [partition-id 3]"),
+    (TorchUnavailableError("no torch here"), "no torch here [partition-id 3]"),
+    (ModuleNotFoundError("No module named 'x'", name="x"), "No module named 'x' [partition-id 3]"),
+])
+def test_an_error_raised_in_a_client_function_names_its_partition(exc, shown):
+    @names_partition
+    def client(msg, context):
+        raise exc
+
+    with pytest.raises(type(exc)) as caught:
+        client(None, _context(3))
+    assert caught.value is exc and str(exc) == shown  # the same exception, its type kept
+    assert partition_of(_flower_reason(exc)) == 3
+    assert failure_cause(_flower_reason(exc)) == f"{type(exc).__name__}: {shown[:-17]}"
+    name_partition(exc, _context(3))  # named once, however many wrappers it passes
+    assert str(exc) == shown
+
+
+def test_a_message_its_type_formats_gets_a_note_and_no_partition_is_no_tag():
+    key = KeyError("label")
+    name_partition(key, _context(2))
+    assert str(key) == "'label'" and key.__notes__ == ["[partition-id 2]"]
+    assert partition_of(_flower_reason(key)) is None  # a SuperNode's reason lacks the note
+    plain = ValueError("bad rows")
+    name_partition(plain, _context(None))  # a SuperNode started without partition-id
+    name_partition(plain, _context("two"))
+    assert str(plain) == "bad rows" and not hasattr(plain, "__notes__")
+    assert partition_tag(_context("5")) == " [partition-id 5]"
 
 
 def _record(path: str, func: str, level: int = logging.ERROR) -> logging.LogRecord:
@@ -113,7 +162,9 @@ def test_a_run_whose_every_client_fails_ends_with_the_cause():
     one_round()
     with pytest.raises(ClientFailureError) as caught:
         one_round()
-    assert str(caught.value).endswith("first client error: ValueError: my data file is missing")
+    assert str(caught.value).endswith(
+        f"first client error, from node {node} (partition unknown: the error names none): "
+        "ValueError: my data file is missing")
     assert "\n" not in str(caught.value)
 
 
@@ -145,17 +196,19 @@ APP = textwrap.dedent('''
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
         k = context.node_config["partition-id"]
-        if k == 1:
+        if k == 1:  # the app's own code, before dq_train runs
             raise ValueError("my data file is missing")
-        return dq_flower.client.dq_train(msg, context, (X[k::3], Y[k::3]))
+        labels = Y[:5] if k == 2 else Y[k::4]  # partition 2: dq_train refuses its data
+        return dq_flower.client.dq_train(msg, context, (X[k::4], labels))
 
 
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=3)
+    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=4)
 ''')
 
 
-def test_one_failing_client_in_flowers_simulation_engine(tmp_path):
-    # a user's app in Flower's simulation engine, one of three clients raising every round
+def test_failing_clients_in_flowers_simulation_engine(tmp_path):
+    # a user's app in Flower's simulation engine, two of four clients raising every round:
+    # one in its own code (no partition known), one in dq_train (its partition named)
     (tmp_path / "app.py").write_text(APP)
     # RAY_TMPDIR: the suite's short one (conftest.py); Ray's socket paths must stay short
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0",
@@ -165,8 +218,33 @@ def test_one_failing_client_in_flowers_simulation_engine(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     failures = [line for line in out.splitlines() if "failed: ValueError" in line]
-    assert len(failures) == 2 and all(
-        re.search(r"reply from node \d+ failed: ValueError: my data file is missing$", line)
-        for line in failures), failures
+    assert len(failures) == 4, failures
+    own = [line for line in failures if line.endswith("my data file is missing")]
+    assert len(own) == 2 and all(re.search(
+        r"reply from node \d+ \(partition unknown: the error names none\) failed: "
+        r"ValueError: my data file is missing$", line) for line in own), own
+    refused = [line for line in failures if line not in own]
+    assert len(refused) == 2 and all(re.search(
+        r"reply from node \d+ \(partition 2\) failed: ValueError: data \(x, y\): x has 75 "
+        r"samples, y has 5$", line) for line in refused), refused
     assert out.count('raise ValueError("my data file is missing")') == 1, out
+    assert out.count("the client's whole error") == 2, out
     assert "An exception was raised when processing a message" not in out
+
+
+def test_compression_mod_names_the_partition_of_its_own_and_the_apps_errors():
+    from dq_flower import compression_mod
+
+    msg = Message(RecordDict(), dst_node_id=77, message_type="train")
+    refused = compression_mod(msg, _context(1), lambda m, c: m)  # no CompressedUpdates knobs
+    assert refused.has_error() and partition_of(refused.error.reason) == 1
+    assert failed_node(77, refused.error.reason) == "node 77 (partition 1)"
+
+    def raising_train(m, c):  # an app's own train() failing under the mod
+        raise ValueError("my data file is missing")
+
+    with mock.patch("dq_flower.compression.mod._config", return_value={}), \
+            mock.patch("dq_flower.compression.mod.CompressionConfig"), \
+            mock.patch("dq_flower.compression.mod._received", return_value=(None, None)), \
+            pytest.raises(ValueError, match=r"missing \[partition-id 1\]$"):
+        compression_mod(msg, _context(1), raising_train)

@@ -6,6 +6,7 @@ from flwr.app import Message, RecordDict
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.server.common import ClientFailureError, FailureWatch, NodeConfigurationError
 from dq_flower.wire.node_errors import MARKER, NodeConfigError, node_config_problem
+from dq_flower.wire.partition import names_partition
 
 PROBLEM = "scorer='loss' needs the model: pass model= (your nn.Module) to dq_train"
 
@@ -38,6 +39,7 @@ def _round(grid: InProcessGrid, nodes: list[int]) -> list[Message]:
 
 
 def test_a_configuration_error_stops_at_the_first_round_other_errors_count():
+    @names_partition  # as dq_train: its errors name the node's partition
     def client(msg, context):
         if int(context.node_config["partition-id"]) == 0:
             raise ValueError("disk full")
@@ -50,5 +52,6 @@ def test_a_configuration_error_stops_at_the_first_round_other_errors_count():
     assert watch.streak == 1
     with pytest.raises(NodeConfigurationError) as info:
         watch.observe(_round(grid, [first, second]))
-    assert str(info.value) == f"[dq] node {second} cannot run as configured: {PROBLEM}"
+    assert str(info.value) == (f"[dq] node {second} (partition 1) cannot run as configured: "
+                               f"{PROBLEM}")
     assert isinstance(info.value, ClientFailureError)  # what the commands already report

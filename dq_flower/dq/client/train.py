@@ -66,6 +66,7 @@ from dq_flower.wire.dq_batch import (
 )
 from dq_flower.wire.held import held_for
 from dq_flower.wire.node_errors import NodeConfigError
+from dq_flower.wire.partition import names_partition
 
 if TYPE_CHECKING:
     import torch
@@ -185,6 +186,7 @@ def _gradient_round(r: RoundInput) -> Message:
                   {"train-loss": float(loss)})
 
 
+@names_partition
 def dq_train(msg: Message, context: Context, data: Any, *,
              model: torch.nn.Module | None = None,
              loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None,
@@ -197,9 +199,10 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     msg : Message
         The train message a :class:`dq_flower.DQStrategy` sent.
     context : Context
-        The node's context: its ``node_config`` names the client (``partition-id``), its
-        ``state`` keeps error-feedback memory (never which rows were uploaded: the message
-        says which rows the server holds).
+        The node's context: its ``node_config`` names the client (``partition-id``, also
+        added to the message of any error raised here), its ``state`` keeps error-feedback
+        memory (never which rows were uploaded: the message says which rows the server
+        holds).
     data : tuple, Dataset or DataLoader
         The device's own training data (see :mod:`dq_flower.data_input`), used as given.
     model : torch.nn.Module, optional
