@@ -233,6 +233,16 @@ def test_dq_two_rounds_over_tls_and_traffic_matches_superlink(deployment):
         assert f"Activated node_id={node_id}" in log
 
 
+LOSS = re.compile(r"loss \d+\.\d+")
+
+
+def _loss(line: str) -> float:
+    """The loss a round line prints."""
+    found = LOSS.search(line)
+    assert found, line
+    return float(found.group(0).split()[1])
+
+
 def _round_lines(text: str) -> list[str]:
     """The ServerApp's per-round lines (accuracy, bytes, replies), without log prefixes."""
     return re.findall(r"\[dq\] round \d+/\d+: accuracy .*replies \d+", text)
@@ -252,7 +262,13 @@ def test_deploy_run_prints_what_docs_deploy_md_shows(deployment):
     page = (APP_DIR / "docs" / "deploy.md").read_text()
     assert f'$ dq-flower deploy run --run-config "{command}"' in page
     documented = _round_lines(page[page.index(f'deploy run --run-config "{command}"'):])
-    assert _round_lines(done.stdout) == documented[:4], done.stdout[-3000:]
+    printed = _round_lines(done.stdout)
+    assert len(printed) == len(documented[:4]), done.stdout[-3000:]
+    for got, shown in zip(printed, documented, strict=False):
+        # the loss's fourth decimal moves with PyTorch's thread count (its sums' order);
+        # accuracy, bytes and replies are exact
+        assert LOSS.sub("loss", got) == LOSS.sub("loss", shown), (got, shown)
+        assert abs(_loss(got) - _loss(shown)) <= 2e-4, (got, shown)
 
 
 def test_unregistered_node_is_refused(deployment):
