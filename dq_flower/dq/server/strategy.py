@@ -49,6 +49,7 @@ from dq_flower.dq.server.intake import (
     reply_claims,
     reply_identity,
 )
+from dq_flower.dq.server.optimizer_choice import apply_train_config
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate, reply_bits
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
@@ -500,7 +501,7 @@ class DQStrategy(ModelStrategy, Strategy):
         """Send the sampled nodes the round config, asks and held sets (see :mod:`.asks`)."""
         self._load_arrays(arrays)
         if not self._configured:  # the run's train_config: its optimizer and step size
-            self.trainer.apply_train_config(config)
+            apply_train_config(self.trainer, config)
         self.identities.observe(grid.get_node_ids())
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
                                 round_rng(self.seed, server_round, 0, Purpose.SAMPLE),
