@@ -8,6 +8,7 @@ most of the first data round's replies carry and rejects replies that disagree.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import cast
@@ -277,11 +278,17 @@ def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool
     seed = p.meta.get("dither_seed")
     method = p.meta.get("entropy", "none")
     try:
-        return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
-                    entropy=method if isinstance(method, str) else "invalid",
-                    fixed_range=fixed_range)
-    except ValueError as exc:
+        return _quantizer(bits, per_channel, seed, method if isinstance(method, str)
+                          else "invalid", fixed_range)
+    except (ValueError, TypeError) as exc:  # TypeError: a seed that cannot be a cache key
         raise PayloadError(f"samples carry invalid quantizer settings: {exc}") from None
+
+
+@functools.lru_cache(maxsize=64, typed=True)  # typed: 1 and True build apart
+def _quantizer(bits: int, per_channel: int, seed: object, method: str, fixed_range: bool):
+    """The ``uniform`` codec of these settings, built once (codecs are frozen)."""
+    return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
+                entropy=method, fixed_range=fixed_range)
 
 
 def feature_ranges(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
