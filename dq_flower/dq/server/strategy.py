@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, MetricRecordValues
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -39,13 +39,14 @@ from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
 from dq_flower.dq.server.intake import (
+    Ask,
     ClientIdentities,
     UploadIntake,
     reply_claims,
 )
 from dq_flower.dq.server.optimizer_choice import apply_train_config
-from dq_flower.dq.server.planner import UploadPlanner, gradient_estimate
-from dq_flower.dq.server.round_metrics import RoundMetrics
+from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
+from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import Compensations, Upload
@@ -89,6 +90,19 @@ def holdout_key(seed: int, secret: str | None) -> int:
 #: own quantized rows (or the round's median one, if larger). Measured on honest digits
 #: replies (logreg and MLP, 1 to 4 bits): at most 0.43.
 DELTA_SCALE = 100.0
+
+@dataclass(frozen=True)
+class _Round:
+    """What a DQ round takes before its replies are decoded: its plan and the asks."""
+
+    plan: RoundPlan | None  # None: the round was not configured here
+    ask: Ask  # the rows each reply may carry
+
+    @property
+    def gradient(self) -> bool:
+        """Whether the round asked for coded gradients."""
+        return self.plan is not None and self.plan.mode == "gradient"
+
 
 @dataclass
 class _Checked:
@@ -305,23 +319,21 @@ class DQStrategy(ModelStrategy, Strategy):
                                       lambda: model_record(self.model, codec=codec))
         return self.ledger.record(server_round, messages)
 
-    def begin_round(self, rnd: ServerRound) -> None:
+    def begin_round(self, server_round: int, replies: list[Message]) -> _Round:
         """Take the round's plan (data or gradient) and what each node was asked.
 
         Every reply's identity claim is read before any reply is checked (:meth:`.prescan`).
         """
-        self.identities.prescan(rnd.number, reply_claims(rnd.replies))
-        plan, ask = self.asks.take(rnd.number)
-        rnd.notes.update(plan=plan, ask=ask,
-                         gradient=plan is not None and plan.mode == "gradient")
+        self.identities.prescan(server_round, reply_claims(replies))
+        return _Round(*self.asks.take(server_round))
 
-    def decode_reply(self, rnd: ServerRound, msg: Message) -> Upload | GradientUpdate:
+    def decode_reply(self, rnd: ServerRound[_Round], msg: Message) -> Upload | GradientUpdate:
         """One reply checked and decoded: a coded gradient, or samples under its identity."""
-        if rnd.notes["gradient"]:
+        if rnd.plan.gradient:
             return self.gradients.validate(msg, self._configured)
-        return self.intake.validate_reply(msg, rnd.number, rnd.notes["ask"])
+        return self.intake.validate_reply(msg, rnd.number, rnd.plan.ask)
 
-    def observe_failures(self, rnd: ServerRound) -> None:
+    def observe_failures(self, rnd: ServerRound[_Round]) -> None:
         """Count the round towards ``max-failed-rounds`` while the store is empty.
 
         With samples stored a round still trains, so it is not a dead run.
@@ -329,13 +341,13 @@ class DQStrategy(ModelStrategy, Strategy):
         screened = rnd.screened
         self.failures.observe(screened.replies, screened.silent, counts=self.stored == 0)
 
-    def bound(self, rnd: ServerRound) -> Combined | _Checked:
+    def bound(self, rnd: ServerRound[_Round]) -> Combined | _Checked:
         """Gradients bounded and combined, or uploads checked against the round's others.
 
         Uploads are adopted in the clients' partition order (reproducible from the seed).
         """
         screened = rnd.screened
-        if rnd.notes["gradient"]:
+        if rnd.plan.gradient:
             return self.gradients.combine(screened, self.identities.contested(rnd.number))
         screened.keep_uncontested(lambda u: u.node, self.identities.contested(rnd.number),
                                   order=lambda u: (u.partition, u.node),
@@ -371,17 +383,18 @@ class DQStrategy(ModelStrategy, Strategy):
         return kept, len(uploads) - len(kept)
 
     def aggregate_and_step(
-        self, rnd: ServerRound, kept: Combined | _Checked
+        self, rnd: ServerRound[_Round], kept: Combined | _Checked
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The gradient round's steps, or the uploads stored and trained on."""
         if isinstance(kept, Combined):
-            metrics = self.gradients.step(rnd.number, rnd.screened, kept, rnd.notes["plan"])
+            assert rnd.plan.plan is not None  # a gradient round was planned
+            metrics = self.gradients.step(rnd.number, rnd.screened, kept, rnd.plan.plan)
         else:
             metrics = self._data_round(rnd, kept)
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
 
-    def _data_round(self, rnd: ServerRound, kept: _Checked) -> dict[str, MetricRecordValues]:
+    def _data_round(self, rnd: ServerRound[_Round], kept: _Checked) -> Metrics:
         """Store the checked uploads, train; the round's metrics."""
         refreshed = self.compensations.update_control_variate(kept.uploads)
         stored_before = self.stored
@@ -390,7 +403,7 @@ class DQStrategy(ModelStrategy, Strategy):
         loss = self.trainer.train_round(rnd.number, fresh, stored_before)
         self.intake.measure_data(fresh)
         return self.metrics.data_round(
-            rnd.number, rnd.notes["plan"], fresh, loss=loss, rejected=rejected,
+            rnd.number, rnd.plan.plan, fresh, loss=loss, rejected=rejected,
             failed=rnd.screened.failed, t0=rnd.screened.started,
             refreshed=refreshed if self.cv is not None else None)
 
