@@ -8,7 +8,7 @@ taken on the store.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -88,7 +88,7 @@ class GradientRounds(UpdateScreens):
                                  exact_records=False)(msg)
         self.intake.check_examples(identity, int(update.weight))
         self.identities.claim(server_round, src, identity)
-        update.node = identity  # per-client state is keyed by the client's identity
+        update = replace(update, node=identity)  # per-client state is keyed by identity
         self._bits[identity] = reply_bits(content)
         self._sources[identity] = src
         return update
