@@ -20,11 +20,11 @@ from dq_flower.dq.server.intake import ClientIdentities, UploadIntake, reply_ide
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import MAX_LOCAL_ID, reply_spec
+from dq_flower.dq.server.validation import MAX_LOCAL_ID
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
-from dq_flower.wire.dq_batch import GRADIENT_KEY, SPEC_KEY
+from dq_flower.wire.dq_batch import GRADIENT_KEY, SPEC_KEY, reply_spec
 from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
 
 __all__ = ["Combined", "GradientRounds"]

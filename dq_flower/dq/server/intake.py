@@ -47,12 +47,17 @@ from dq_flower.dq.server.validation import (
     check_upload,
     decode_compensation,
     decode_vector,
-    keep_rows,
-    kept_rows,
 )
 from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
-from dq_flower.wire.dq_batch import REFRESH_KEY, DataSpec, SampleBatch, range_mode
+from dq_flower.wire.dq_batch import (
+    REFRESH_KEY,
+    DataSpec,
+    SampleBatch,
+    keep_rows,
+    kept_rows,
+    range_mode,
+)
 
 __all__ = ["UploadIntake", "ClientIdentities", "RoundClients", "reply_identity",
            "IdentityTakenError", "reply_claims", "MAX_IDENTITY"]
