@@ -28,7 +28,7 @@ from dq_flower.dq.scorer_choice import (
     node_scorer,
     run_model_knob,
 )
-from dq_flower.dq.server.intake import ClientIdentities, RoundClients
+from dq_flower.dq.server.identities import ClientIdentities, RoundClients
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.store import FederationData

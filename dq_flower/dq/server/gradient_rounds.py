@@ -16,7 +16,8 @@ from flwr.app import Message
 
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
-from dq_flower.dq.server.intake import ClientIdentities, UploadIntake, reply_identity
+from dq_flower.dq.server.identities import ClientIdentities, reply_identity
+from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer

@@ -38,12 +38,8 @@ from dq_flower.dq.config import (
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
-from dq_flower.dq.server.intake import (
-    Ask,
-    ClientIdentities,
-    UploadIntake,
-    reply_claims,
-)
+from dq_flower.dq.server.identities import ClientIdentities, reply_claims
+from dq_flower.dq.server.intake import Ask, UploadIntake
 from dq_flower.dq.server.optimizer_choice import apply_train_config
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
