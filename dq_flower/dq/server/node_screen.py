@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dq_flower.dq.server.schedule import HeldOutScores
+from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.server.common import log_round
 
 __all__ = ["AgreementScreen", "NodeVerdict", "excess", "Z_ROBUST", "MIN_ROWS", "MIN_NODES"]

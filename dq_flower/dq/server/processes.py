@@ -38,7 +38,7 @@ from flwr.common.logger import log
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.optimizer_choice import Continuation
-from dq_flower.dq.server.schedule import HeldOutScores, PhaseResult
+from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult
 from dq_flower.dq.server.store import FederationData, SampleStore
 from dq_flower.model_ops import LossFn, weighted_loss_grad
 

@@ -32,16 +32,9 @@ from dq_flower.dq.server.optimizer_choice import (
     OptimizerChoice,
     probe,
 )
+from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.server.processes import check_portable, sharded_phase, sharded_steps
-from dq_flower.dq.server.schedule import (
-    AdaptiveSchedule,
-    HeldOutScores,
-    PhaseResult,
-    PlateauRule,
-    paired_gain,
-    significantly_worse,
-    train_phase,
-)
+from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
 from dq_flower.dq.server.store import FederationData
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import (
