@@ -21,16 +21,11 @@ from flwr.common.logger import log
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.identities import ClientIdentities, reply_identity
 from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
-from dq_flower.dq.server.store import (
-    FederationData,
-    RowLayout,
-    SampleStore,
-    StoredRows,
-    choose_holdout,
-)
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows, strata_of
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of
 from dq_flower.dq.server.validation import (
@@ -55,12 +50,62 @@ from dq_flower.wire.dq_batch import (
     range_mode,
 )
 
-__all__ = ["UploadIntake", "Ask"]
+__all__ = ["UploadIntake", "Ask", "choose_holdout", "row_hash"]
 
 #: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
 Ask = Callable[[int, int], int]
 #: A batch's rows in the store's layout: ``(codes, side, dither)``.
 Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+#: Held-out rows are ``round(fraction * rows)`` of each (client, class) stratum after every
+#: upload: the rows with the smallest hash of ``(key, client, local id)``
+#: (:func:`choose_holdout`), whatever the replies' order; with a server secret in the key
+#: no client can compute which of its rows are held out.
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, vectorised (uint64 in, uint64 out)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
+    """A seeded 64-bit hash of each ``(seed, node, local id)``: the held-out draw order."""
+    with np.errstate(over="ignore"):
+        base = _mix(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
+        base = _mix(base ^ np.array([int(node) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+        return _mix(base ^ (np.asarray(ids).astype(np.uint64) * _GOLDEN))
+
+
+def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: float,
+                   seed: int, stored_counts) -> np.ndarray:
+    """Boolean mask over client ``node``'s new rows (``labels``, ``ids``): the held-out ones.
+
+    ``fraction`` of each stratum is held out, in ``[0, 1)``; ``seed`` is the hash's key;
+    ``stored_counts(node, strata) -> (rows, held_out)`` counts the stored ones
+    (:meth:`SampleStore.counts`).
+    """
+    ids = np.asarray(ids)
+    mask = np.zeros(ids.shape[0], dtype=bool)
+    if fraction <= 0 or not ids.size:
+        return mask
+    strata = strata_of(labels)
+    keys = np.unique(strata)
+    stored, held = stored_counts(node, keys)
+    order = row_hash(seed, node, ids)
+    for key, before, kept in zip(keys, stored, held, strict=True):
+        rows = np.flatnonzero(strata == key)
+        target = int(np.floor(fraction * (int(before) + rows.size) + 0.5)) - int(kept)
+        take = min(max(target, 0), rows.size)
+        if take:
+            mask[rows[np.argsort(order[rows], kind="stable")[:take]]] = True
+    return mask
 
 
 class UploadIntake:
@@ -75,6 +120,7 @@ class UploadIntake:
                  identities: ClientIdentities, comp_codec: Codec | None, num_params: int,
                  measuring: bool, holdout_key: int | None = None) -> None:
         self.cfg, self.model, self.loss_fn, self.seed = cfg, model, loss_fn, seed
+        self.adaptive = cfg.adaptive  # whether stored rows are held out (read once)
         #: the held-out hash's key (:func:`~dq_flower.dq.server.strategy.holdout_key`)
         self.holdout_key = seed if holdout_key is None else holdout_key
         self.planner, self.identities = planner, identities
@@ -317,7 +363,7 @@ class UploadIntake:
         codes, side, dither = self.packed(batch) if packed is None else packed
         n = len(batch)
         holdout = None
-        if self.cfg.adaptive:
+        if self.adaptive:
             holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
                                      self.holdout_key, self.data.store.counts)
         labels = (np.zeros(n, np.int64) if self.data.store.inputs_are_targets

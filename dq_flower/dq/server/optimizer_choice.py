@@ -31,9 +31,9 @@ from flwr.common.logger import log
 
 from dq_flower.config import OPTIMIZERS
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseStart, PlateauRule, train_phase
 from dq_flower.dq.server.schedule import Z_ONE_SIDED, PairedGain, paired_gain, significantly_worse
-from dq_flower.dq.server.store import FederationData
 from dq_flower.server.common import log_round
 from dq_flower.server.robust import StepGuard
 

@@ -37,9 +37,10 @@ import torch.multiprocessing as mp
 from flwr.common.logger import log
 
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.optimizer_choice import Continuation
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult
-from dq_flower.dq.server.store import FederationData, SampleStore
+from dq_flower.dq.server.store import SampleStore
 from dq_flower.model_ops import LossFn, weighted_loss_grad
 
 __all__ = ["Trainer", "ShardGradient", "check_portable", "sharded_steps", "sharded_phase",

@@ -14,8 +14,8 @@ from flwr.app import MetricRecordValues
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.asks import RoundAsks
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.planner import RoundPlan
-from dq_flower.dq.server.store import FederationData
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import Upload
 from dq_flower.server.common import log_round

@@ -37,13 +37,14 @@ from dq_flower.dq.config import (
 )
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
 from dq_flower.dq.server.identities import ClientIdentities, reply_claims
 from dq_flower.dq.server.intake import Ask, UploadIntake
 from dq_flower.dq.server.optimizer_choice import apply_train_config
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
-from dq_flower.dq.server.store import FederationData, SampleStore
+from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import Compensations, Upload
 from dq_flower.model_ops import LossFn, input_width, state_arrays

@@ -25,6 +25,7 @@ from dq_flower.augment import augmentation_for
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.node_screen import AgreementScreen
 from dq_flower.dq.server.optimizer_choice import (
     AUTO,
@@ -35,7 +36,6 @@ from dq_flower.dq.server.optimizer_choice import (
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.server.processes import check_portable, sharded_phase, sharded_steps
 from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
-from dq_flower.dq.server.store import FederationData
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import (
     LossFn,

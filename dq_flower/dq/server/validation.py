@@ -27,7 +27,7 @@ from dq_flower.codecs.uniform import plain_payload
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.store import FederationData
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.token_intake import check_token_upload
 from dq_flower.server.common import log_rejected
 from dq_flower.server.pipeline import bound_vectors
