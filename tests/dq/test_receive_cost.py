@@ -10,6 +10,8 @@ the measured figures with a small margin and fail where the receive stage grows 
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,17 @@ def test_a_round_from_replies_to_stored_rows_stays_within_its_calls(receive):
 def test_a_round_from_replies_to_stored_rows_goes_through_few_modules(receive):
     found, _ = receive
     assert len(found.ours) <= 22, sorted(found.ours)  # measured: 22
+
+
+def _pictured() -> set[str]:
+    """The modules the development page's picture of one upload's path names."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "development.md").read_text()
+    block = page.split("<!-- upload-path:", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    return set(re.findall(r"[a-z_/]+\.py", block))
+
+
+def test_the_docs_picture_the_path_the_round_takes(receive):
+    found, _ = receive
+    pictured = _pictured()
+    assert pictured == set(found.ours), (sorted(pictured - set(found.ours)),
+                                         sorted(set(found.ours) - pictured))
