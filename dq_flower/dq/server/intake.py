@@ -188,14 +188,18 @@ class UploadIntake:
             stored = int(self.data.store.counts(node, strata)[0].sum())
         return History(known[0] if known else 0, stored, self.data.ranges.get(int(node)))
 
-    def validate_reply(self, msg: Message, server_round: int, ask: Ask) -> Upload:
-        """:meth:`validate` a data reply under the identity it claims (if ``node`` may)."""
+    def validate_reply(self, msg: Message, server_round: int, ask: Ask,
+                       rules: Rules | None = None) -> Upload:
+        """:meth:`validate` a data reply under the identity it claims (if ``node`` may).
+
+        ``rules``: the round's (:meth:`rules`, taken once before its replies are read).
+        """
         src = int(msg.metadata.src_node_id)
         claimed = reply_identity(msg.content.metric_records.get("metrics"), src)
         identity, why = self.identities.resolve(server_round, src, claimed)
         if why:
             log(WARNING, "[dq] round %d: %s", server_round, why)
-        upload = replace(self.validate(msg, identity, ask(src, identity)), source=src)
+        upload = self.validate(msg, identity, ask(src, identity), rules, source=src)
         self.identities.claim(server_round, src, identity)
         if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
             dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
@@ -204,19 +208,24 @@ class UploadIntake:
                       "rows the server holds: those rows are dropped")
         return upload
 
-    def validate(self, msg: Message, node: int, max_rows: int | None = None) -> Upload:
-        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`)."""
-        content = msg.content
-        upload = check_upload(content, node, self.rules(), self.history(node),
+    def validate(self, msg: Message, node: int, max_rows: int | None = None,
+                 rules: Rules | None = None, *, source: int = 0) -> Upload:
+        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`).
+
+        The checked record is completed once: its compensation, refreshed residual, the
+        rows the server does not hold yet and the Flower node it came from (``source``).
+        """
+        content, rules = msg.content, rules or self.rules()
+        upload = check_upload(content, node, rules, self.history(node),
                               self.cfg.budget if max_rows is None else int(max_rows))
         delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
         refresh = self.decode_refresh(content, node)
         batch, x, store = upload.batch, upload.x, self.data.store
-        if not self.cfg.resend and len(batch) and store is not None:  # drop rows already
+        if not rules.resend and len(batch) and store is not None:  # drop rows already
             held = store.was_received(node, batch.ids)  # held (a late reply, a replay)
             if held.any():
                 batch, x = keep_rows(batch, ~held), x[~held]
-        return replace(upload, delta=delta, refresh=refresh, batch=batch, x=x,
+        return replace(upload, delta=delta, refresh=refresh, batch=batch, x=x, source=source,
                        reply_bits=reply_bits(content) if self.measuring else 0)
 
     def decode_refresh(self, content: RecordDict, node: int) -> np.ndarray | None:

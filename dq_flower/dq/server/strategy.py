@@ -46,7 +46,7 @@ from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estim
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import Compensations, Upload
+from dq_flower.dq.server.validation import Compensations, Rules, Upload
 from dq_flower.model_ops import LossFn, input_width, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
@@ -94,6 +94,7 @@ class _Round:
 
     plan: RoundPlan | None  # None: the round was not configured here
     ask: Ask  # the rows each reply may carry
+    rules: Rules  # what each data reply is checked against (the same for all of them)
 
     @property
     def gradient(self) -> bool:
@@ -322,13 +323,13 @@ class DQStrategy(ModelStrategy, Strategy):
         Every reply's identity claim is read before any reply is checked (:meth:`.prescan`).
         """
         self.identities.prescan(server_round, reply_claims(replies))
-        return _Round(*self.asks.take(server_round))
+        return _Round(*self.asks.take(server_round), self.intake.rules())
 
     def decode_reply(self, rnd: ServerRound[_Round], msg: Message) -> Upload | GradientUpdate:
         """One reply checked and decoded: a coded gradient, or samples under its identity."""
         if rnd.plan.gradient:
             return self.gradients.validate(msg, self._configured)
-        return self.intake.validate_reply(msg, rnd.number, rnd.plan.ask)
+        return self.intake.validate_reply(msg, rnd.number, rnd.plan.ask, rnd.plan.rules)
 
     def observe_failures(self, rnd: ServerRound[_Round]) -> None:
         """Count the round towards ``max-failed-rounds`` while the store is empty.
