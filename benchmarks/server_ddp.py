@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.server.store import FederationData, RowLayout, SampleStore, StoredRows
+from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.harness.tasks.models import make_model
 from dq_flower.wire.dq_batch import DataSpec

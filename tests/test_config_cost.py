@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import io
 import logging
-import sys
 import tokenize
 from collections import Counter
 from pathlib import Path
@@ -25,27 +24,13 @@ import dq_flower
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods import validate_run_config
 from tests.compression.digits_app import Net, make_app
-
-PACKAGE = str(Path(dq_flower.__file__).resolve().parent)
+from tests.tracing import PACKAGE, trace
 
 
 def traced(fn) -> tuple[int, Counter]:
     """``fn()``'s Python calls: all of them, and the package's by module."""
-    total, ours = [0], Counter()
-
-    def profile(frame, event, arg):
-        if event == "call":
-            total[0] += 1
-            path = frame.f_code.co_filename
-            if path.startswith(PACKAGE):
-                ours[path[len(PACKAGE) + 1:]] += 1
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return total[0], ours
+    found = trace(fn)
+    return found.total, found.ours
 
 
 def test_the_tracer_counts_calls():

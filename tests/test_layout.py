@@ -14,6 +14,7 @@ Every rule counts every import statement of a module: at module level, inside fu
   ``cli_common.py``) never imports the harness, compare or deploy; the package root alone
   re-exports the harness's ``simulate`` and ``RunResult``.
 - The imports have no cycle (a package and its own submodules aside).
+- No module is over :data:`MAX_MODULE_LINES` lines.
 """
 
 from __future__ import annotations
@@ -234,3 +235,14 @@ def test_the_local_import_check_sees_a_bare_one(tmp_path):
     path.write_text("def f():\n    import copy\n    return copy\n\n\ndef g():\n"
                     "    import torch  # PyTorch: deferred\n")
     assert _unexplained_local_imports(path) == [2]
+
+
+#: Lines a module of the package may have: one job each, small enough to read at once.
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_over_450_lines():
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long
+

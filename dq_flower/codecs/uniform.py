@@ -47,7 +47,7 @@ from .payload import (
 from .registry import register
 
 __all__ = ["Uniform", "SAMPLE_CODERS", "RANGE_CODER", "dither_offsets", "expand_ranges",
-           "packed_codes"]
+           "packed_codes", "plain_payload"]
 
 #: Lossless coders of a ``uniform`` payload's codes: the byte coders and ``context``.
 SAMPLE_CODERS = (*METHODS, "context")
@@ -402,3 +402,30 @@ def packed_codes(p: Payload, bits: int) -> np.ndarray:
     if not isinstance(method, str):
         raise PayloadError(f"uniform payload entropy coder {method!r} is not a name")
     return decompress(stream, method, bitpack.packed_nbytes(n * d, bits))
+
+
+def plain_payload(p: Payload, bits: int) -> Payload:
+    """``p`` with its lossless coder and coded ranges undone (its stream decoded once).
+
+    Every check of ``p`` holds for the result exactly where it holds for ``p`` (``nbits``
+    moves by the coded minus the packed size, padding bits are cleared).
+    """
+    if len(p.shape) != 2:
+        return p
+    groups = p.meta.get("per_channel", 0)
+    if "ranges" in p.meta and isinstance(groups, int) and not isinstance(groups, bool):
+        p = expand_ranges(p, p.shape[0] * max(groups, 1))  # else malformed: the decoder refuses
+    method = p.meta.get("entropy")
+    stream = p.buffers.get("codes")
+    if not isinstance(method, str) or method == "none" or stream is None:
+        return p
+    n, d = p.shape
+    packed = packed_codes(p, bits)
+    spare = 8 * packed.size - n * d * bits
+    if 0 < spare < 8:
+        packed = packed.copy()
+        packed[-1] &= np.uint8((0xFF << spare) & 0xFF)
+    meta = {k: v for k, v in p.meta.items() if k != "context_shape" or method != "context"}
+    meta["entropy"] = "none"
+    return dataclasses.replace(p, meta=meta, buffers={**p.buffers, "codes": packed},
+                               nbits=p.nbits - 8 * int(stream.size) + n * d * bits)

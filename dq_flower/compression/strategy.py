@@ -73,6 +73,15 @@ class _Decoded:
     raw: dict[str, np.ndarray]  # the arrays returned as they are, checked
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A round's rebuilt replies, the figures of all it decoded, and how many were left out."""
+
+    decoded: list[_Decoded]
+    figures: UpdateFigures
+    misaligned: int
+
+
 def _numeric(value: Any) -> bool:
     values = value if isinstance(value, list) else [value]
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
@@ -162,19 +171,19 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         self._sent[server_round] = sent
         return self.ledger.record(server_round, messages)
 
-    def begin_round(self, rnd: ServerRound) -> None:
+    def begin_round(self, server_round: int, replies: list[Message]) -> dict[int, _Sent]:
         """Take what each node was sent this round (its layout and reference weights)."""
-        rnd.notes["coded"] = self._sent.pop(rnd.number, {})
+        return self._sent.pop(server_round, {})
 
-    def bound(self, rnd: ServerRound) -> list[_Decoded]:
+    def bound(self, rnd: ServerRound[dict[int, _Sent]]) -> _Kept:
         """Consistent metric keys, norm screen, clip, direction screen, weight cap; rebuild.
 
         The arrays sent as they are (BatchNorm statistics, counters) are bounded per element
         by the kept replies' majority and what was sent (:mod:`dq_flower.server.majority`).
         """
-        screened, sent = rnd.screened, rnd.notes["coded"]
+        screened, sent = rnd.screened, rnd.plan
         decoded: list[_Decoded] = screened.accepted
-        rnd.notes["figures"] = UpdateFigures.decoded(screened, decoded)
+        figures = UpdateFigures.decoded(screened, decoded)
         decoded, dropped = self._consistent(decoded)
         screened.rejected += dropped
         # a valid reply that keeps pointing against the others: not rejected, left out
@@ -182,23 +191,22 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
             screened, decoded, [d.update for d in decoded], [d.weight for d in decoded],
             [int(d.msg.metadata.src_node_id) for d in decoded],
             clip_factor=self.cfg.clip_factor, weight_cap=self.cfg.weight_cap)
-        rnd.notes["misaligned"] = len(bounded.misaligned)
         entries = [sent[int(d.msg.metadata.src_node_id)] for d in decoded]
         one = len({id(e) for e in entries}) == 1  # one broadcast: its arrays set bounds too
         raws = bounded_parts([d.raw for d in decoded], entries[0].raw if one else None)
         for d, e, update, weight, raw in zip(decoded, entries, bounded.vectors,
                                              bounded.weights, raws, strict=True):
             self._rebuild(d, e, update, weight, raw)
-        return decoded
+        return _Kept(decoded, figures, len(bounded.misaligned))
 
     def aggregate_and_step(
-        self, rnd: ServerRound, kept: list[_Decoded]
+        self, rnd: ServerRound[dict[int, _Sent]], kept: _Kept
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The inner strategy aggregates the rebuilt replies (and the error replies)."""
-        screened, figures = rnd.screened, rnd.notes["figures"]
-        passed = [m for m in screened.replies if m.has_error()] + [d.msg for d in kept]
+        screened, figures = rnd.screened, kept.figures
+        passed = [m for m in screened.replies if m.has_error()] + [d.msg for d in kept.decoded]
         arrays, metrics = self.strategy.aggregate_train(rnd.number, passed)
-        sent = list(rnd.notes["coded"].values())
+        sent = list(rnd.plan.values())
         if arrays is not None and sent:  # integer buffers averaged into floats go back
             arrays = sent[0].layout.with_dtypes(arrays)
         finite = arrays is None or all(
@@ -208,11 +216,11 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
             log(WARNING, "[%s] round %d: the aggregate is not finite; the model stays as it "
                 "was", NAME, rnd.number)
             arrays = None
-        figures.down_payload_bits = sum(e.down_bits for e in rnd.notes["coded"].values())
-        figures.close(screened, len(kept))
-        misaligned = rnd.notes["misaligned"]
+        figures.down_payload_bits = sum(e.down_bits for e in sent)
+        figures.close(screened, len(kept.decoded))
+        misaligned = kept.misaligned
         self.record_figures(rnd.number, {**figures.metrics(), "misaligned": misaligned})
-        figures.log(NAME, rnd.number, f"{len(kept)} updates decoded", misaligned)
+        figures.log(NAME, rnd.number, f"{len(kept.decoded)} updates decoded", misaligned)
         return arrays, metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -272,10 +280,10 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
                 cfg[LAYOUT_KEY] = layout.to_json()
         return _Sent(layout, reference, int(payload.nbits), sent_raw)
 
-    def decode_reply(self, rnd: ServerRound, msg: Message) -> _Decoded:
+    def decode_reply(self, rnd: ServerRound[dict[int, _Sent]], msg: Message) -> _Decoded:
         """Check one reply and decode it against what its node was sent (or PayloadError)."""
         node = int(msg.metadata.src_node_id)
-        entry = rnd.notes["coded"].get(node)
+        entry = rnd.plan.get(node)
         if entry is None:
             raise PayloadError("no train message was sent to this node this round")
         content = msg.content

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -133,16 +133,18 @@ class ServerFigures:
             self._figures_apart = False
 
 
+P = TypeVar("P")
+
+
 @dataclass
-class ServerRound:
+class ServerRound(Generic[P]):
     """One round as it goes through :class:`RoundPipeline`'s hooks."""
 
     number: int
     sent: dict[int, Message] | None  # what the strategy sent, by node (from its ledger)
+    plan: P  # what :meth:`RoundPipeline.begin_round` took for the round (the strategy's type)
     replies: list[Message] = field(default_factory=list)  # every reply, as they came
     screened: Screened = field(default_factory=Screened)
-    #: what the strategy's hooks pass each other within the round (a plan, what was sent)
-    notes: dict[str, Any] = field(default_factory=dict)
 
 
 class RoundPipeline(ServerFigures):
@@ -154,18 +156,17 @@ class RoundPipeline(ServerFigures):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The template: see the class docstring."""
-        rnd = ServerRound(int(server_round), self.ledger.take(server_round), list(replies))
-        self.begin_round(rnd)
+        replies = list(replies)
+        rnd = ServerRound(int(server_round), self.ledger.take(server_round),
+                          self.begin_round(int(server_round), replies), replies)
         rnd.screened = screen_replies(rnd.replies, lambda msg: self.decode_reply(rnd, msg),
                                       rnd.sent)
         self.observe_failures(rnd)
         return self.aggregate_and_step(rnd, self.bound(rnd))
 
-    def begin_round(self, rnd: ServerRound) -> None:
-        """What the round needs before its replies are decoded (here nothing).
-
-        Every reply is in ``rnd.replies``.
-        """
+    def begin_round(self, server_round: int, replies: list[Message]) -> Any:
+        """The round's plan, taken before its replies are decoded (here ``None``)."""
+        return None
 
     def decode_reply(self, rnd: ServerRound, msg: Message) -> Any:
         """One reply decoded and checked; any exception rejects it with its reason."""

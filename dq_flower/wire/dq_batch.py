@@ -3,13 +3,15 @@
 Built by the client, validated by the server: a failed check raises
 :class:`~dq_flower.codecs.PayloadError` with the reason. Each reply also carries its data
 spec (:class:`DataSpec`) as a ``data-spec`` ``ConfigRecord``; the server adopts the one
-most of the first data round's replies carry and rejects replies that disagree.
+most of the first data round's replies carry and rejects replies that disagree. The
+server's view of a batch: :func:`keep_rows`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import cast
 
 import numpy as np
@@ -23,7 +25,8 @@ __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRE
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
            "RANGES_KEY", "payload_quantizer", "range_mode", "feature_ranges", "normalise",
            "denormalise", "ranges_record", "ranges_from_record", "SPEC_KEY", "DataSpec",
-           "spec_of", "spec_record", "spec_from_record", "MAX_DIM", "expect_rows"]
+           "spec_of", "spec_record", "spec_from_record", "MAX_DIM", "expect_rows",
+           "keep_rows", "kept_rows", "reply_spec"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
@@ -277,11 +280,17 @@ def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool
     seed = p.meta.get("dither_seed")
     method = p.meta.get("entropy", "none")
     try:
-        return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
-                    entropy=method if isinstance(method, str) else "invalid",
-                    fixed_range=fixed_range)
-    except ValueError as exc:
+        return _quantizer(bits, per_channel, seed, method if isinstance(method, str)
+                          else "invalid", fixed_range)
+    except (ValueError, TypeError) as exc:  # TypeError: a seed that cannot be a cache key
         raise PayloadError(f"samples carry invalid quantizer settings: {exc}") from None
+
+
+@functools.lru_cache(maxsize=64, typed=True)  # typed: 1 and True build apart
+def _quantizer(bits: int, per_channel: int, seed: object, method: str, fixed_range: bool):
+    """The ``uniform`` codec of these settings, built once (codecs are frozen)."""
+    return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
+                entropy=method, fixed_range=fixed_range)
 
 
 def feature_ranges(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -399,3 +408,32 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     if not isinstance(tdim, int) or isinstance(tdim, bool) or not 1 <= tdim <= 1 << 16:
         raise PayloadError(f"data-spec 'target-dim'={tdim!r} is not a positive int")
     return DataSpec(tuple(shape), target, tdim)
+
+
+@dataclass
+class _KeptBatch(SampleBatch):
+    """A validated batch of which only the payload rows ``kept`` are used."""
+
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
+    """``batch`` cut to the rows where ``keep`` is true (the payload stays as sent)."""
+    idx = np.flatnonzero(np.asarray(keep, dtype=bool))
+    base = kept_rows(batch)
+    values = {f.name: getattr(batch, f.name) for f in fields(SampleBatch)}
+    values.update(labels=batch.labels[idx], ids=batch.ids[idx], weights=batch.weights[idx])
+    return _KeptBatch(**values, kept=idx if base is None else base[idx])
+
+
+def kept_rows(batch: SampleBatch) -> np.ndarray | None:
+    """The payload rows a batch uses (``None``: all of them)."""
+    return batch.kept if isinstance(batch, _KeptBatch) else None
+
+
+def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:
+    """The reply's data spec; it must equal ``known`` where the server has one."""
+    spec = spec_from_record(content.config_records.get(SPEC_KEY))
+    if known is not None and spec != known:
+        raise PayloadError(f"reply's data {spec} differs from the federation's {known}")
+    return spec

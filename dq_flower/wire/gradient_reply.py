@@ -15,7 +15,7 @@ from dq_flower.wire.model_buffers import BUFFERS_KEY, read_buffers
 __all__ = ["GradientUpdate", "GradientDecoder"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class GradientUpdate:
     """One decoded gradient reply."""
 

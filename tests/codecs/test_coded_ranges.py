@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from dq_flower.codecs import PayloadError, make
-from dq_flower.codecs.uniform import expand_ranges
-from dq_flower.dq.server.validation import plain_payload
+from dq_flower.codecs.uniform import expand_ranges, plain_payload
 
 
 def images(n: int = 40, d: int = 64, seed: int = 0) -> np.ndarray:

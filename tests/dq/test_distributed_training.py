@@ -18,9 +18,11 @@ import torch
 
 from dq_flower import DQStrategy
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.server import training as distributed
-from dq_flower.dq.server.store import FederationData, RowLayout, SampleStore, StoredRows
-from dq_flower.dq.server.training import ServerTrainer, portable, restore
+from dq_flower.dq.server import processes as distributed
+from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.processes import portable, restore
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
+from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.wire.dq_batch import DataSpec
 
 from .helpers import run_inprocess

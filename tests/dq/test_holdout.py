@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from dq_flower.dq.server.store import SampleStore, StoredRows, choose_holdout, row_hash
+from dq_flower.dq.server.intake import choose_holdout, row_hash
+from dq_flower.dq.server.store import SampleStore, StoredRows
 
 
 def _dequantize(codes, side, dither):

@@ -7,14 +7,9 @@ import pytest
 import torch
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.server.node_screen import (
-    MIN_ROWS,
-    AgreementScreen,
-    CopyScreen,
-    excess,
-    row_keys,
-)
-from dq_flower.dq.server.schedule import HeldOutScores
+from dq_flower.dq.server.near_copies import CopyScreen, row_keys
+from dq_flower.dq.server.node_screen import MIN_ROWS, AgreementScreen, excess
+from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.dq.server.store import SampleStore, StoredRows
 from dq_flower.dq.server.strategy import DQStrategy
 

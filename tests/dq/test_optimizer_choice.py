@@ -13,7 +13,7 @@ from torch import nn
 
 import dq_flower
 from dq_flower.dq.server.optimizer_choice import ADAM_LR, candidates, from_train_config, pick
-from dq_flower.dq.server.schedule import HeldOutScores
+from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.harness.inprocess import InProcessGrid
 
 

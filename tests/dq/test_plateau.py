@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from dq_flower.dq.server.schedule import (
+from dq_flower.dq.server.plateau import (
     HeldOutScores,
     PlateauRule,
     PlateauTracker,

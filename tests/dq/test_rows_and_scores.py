@@ -86,8 +86,7 @@ def _samples(bits, crop, entropy, n=63):
 @pytest.mark.parametrize(("bits", "crop"), [(2, 8), (1, 8), (2, 7), (3, 7), (4, 7)])
 def test_the_plain_payload_decodes_the_same_without_decoding_its_stream_again(entropy, bits,
                                                                                crop):
-    from dq_flower.codecs.uniform import packed_codes
-    from dq_flower.dq.server.validation import plain_payload
+    from dq_flower.codecs.uniform import packed_codes, plain_payload
 
     # Prepare
     p = _samples(bits, crop, entropy)
@@ -120,8 +119,7 @@ def test_the_plain_payload_clears_padding_bits_a_coded_stream_carried():
     import dataclasses
     import zlib
 
-    from dq_flower.codecs.uniform import packed_codes
-    from dq_flower.dq.server.validation import plain_payload
+    from dq_flower.codecs.uniform import packed_codes, plain_payload
 
     # Prepare: a zlib stream whose last byte has its 3 padding bits set (63 x 49 x 3 bits)
     p = _samples(3, 7, "zlib")
@@ -142,7 +140,7 @@ def test_the_plain_payload_clears_padding_bits_a_coded_stream_carried():
 def test_the_plain_payload_keeps_a_context_shape_it_does_not_own_and_passes_odd_shapes():
     import dataclasses
 
-    from dq_flower.dq.server.validation import plain_payload
+    from dq_flower.codecs.uniform import plain_payload
 
     p = _samples(2, 8, "zlib")
     tagged = dataclasses.replace(p, meta={**p.meta, "context_shape": "28x28"})
@@ -159,8 +157,7 @@ def test_the_plain_payload_keeps_a_context_shape_it_does_not_own_and_passes_odd_
 
 
 def test_kept_rows_cut_the_labels_and_name_the_payload_rows_still_used():
-    from dq_flower.dq.server.validation import keep_rows, kept_rows
-    from dq_flower.wire.dq_batch import SampleBatch
+    from dq_flower.wire.dq_batch import SampleBatch, keep_rows, kept_rows
 
     # Prepare
     p = _samples(2, 8, "none", n=5)

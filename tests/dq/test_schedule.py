@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
+from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.dq.server.schedule import (
     Z_ONE_SIDED,
     AdaptiveSchedule,
-    HeldOutScores,
     PairedGain,
     allocate,
     paired_gain,

@@ -1,4 +1,4 @@
-"""A checked upload is a frozen record: each stage returns a new one, none edits it."""
+"""A checked upload (and a decoded gradient) is a frozen record: each stage returns a new one."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.validation import Compensations, Upload
+from dq_flower.wire.gradient_reply import GradientUpdate
 
 
 def _upload(node: int, delta: np.ndarray | None) -> Upload:
@@ -20,6 +21,15 @@ def test_an_upload_cannot_be_edited():
     upload = _upload(1, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         upload.node = 2  # type: ignore[misc]
+
+
+def test_a_decoded_gradient_cannot_be_edited():
+    # a gradient round keys it by the client's identity in a new record, not in place
+    update = GradientUpdate(7, np.zeros(3, np.float32), 1.0, 0.5, 96, 96, 1, 0)
+    keyed = dataclasses.replace(update, node=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        update.node = 3  # type: ignore[misc]
+    assert (update.node, keyed.node) == (7, 3) and keyed.vector is update.vector
 
 
 def test_screening_compensations_returns_new_records_and_leaves_the_inputs():

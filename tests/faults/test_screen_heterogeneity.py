@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, Message
 
 import dq_flower
 from dq_flower.dq.server.node_screen import REJUDGE, AgreementScreen
-from dq_flower.dq.server.schedule import HeldOutScores
+from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.harness.inprocess import InProcessGrid
 
 from . import regions

@@ -206,7 +206,7 @@ def test_the_next_token_loss_is_the_default_for_windows():
 
 
 def test_the_copy_screen_sees_windows_sent_again_under_new_ids():
-    from dq_flower.dq.server.node_screen import CopyScreen
+    from dq_flower.dq.server.near_copies import CopyScreen
     from dq_flower.dq.server.token_intake import layout_of
 
     layout = layout_of(DataSpec((8,), "tokens", 300))

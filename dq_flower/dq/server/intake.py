@@ -1,20 +1,15 @@
-"""The server's intake of DQ data replies: which client sent each, what it learns, the checks.
+"""The server's intake of DQ data replies: what it learns from them, the checks, the store.
 
-Node ids change when a simulation or a SuperNode restarts, so per-client state is keyed by
-the client's **identity**: its ``partition-id`` metric, else its node id
-(:class:`ClientIdentities`). An identity claimed by two nodes in one round is contested
-and granted to neither; an identity another connected node holds is not granted either.
-Such a claimant is no liar the server can tell: its reply is kept under its own node id
-(and so are its later ones), so a node that claims an honest client's identity first
-locks no one out. :class:`UploadIntake` checks each reply alone, then with the round's
-others; a spec or bound learned from replies stays provisional until rows are stored.
+:class:`UploadIntake` checks each reply alone (under the client identity
+:mod:`.identities` grants it), then with the round's others; a spec or bound learned from
+replies stays provisional until rows are stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from logging import ERROR, WARNING
 from typing import Any
 
@@ -26,15 +21,11 @@ from flwr.common.logger import log
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
-from dq_flower.dq.server.node_screen import CopyScreen
+from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.identities import ClientIdentities, reply_identity
+from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
-from dq_flower.dq.server.store import (
-    FederationData,
-    RowLayout,
-    SampleStore,
-    StoredRows,
-    choose_holdout,
-)
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows, strata_of
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of
 from dq_flower.dq.server.validation import (
@@ -47,215 +38,74 @@ from dq_flower.dq.server.validation import (
     check_upload,
     decode_compensation,
     decode_vector,
-    keep_rows,
-    kept_rows,
 )
 from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
-from dq_flower.wire.dq_batch import REFRESH_KEY, DataSpec, SampleBatch, range_mode
+from dq_flower.wire.dq_batch import (
+    REFRESH_KEY,
+    DataSpec,
+    SampleBatch,
+    keep_rows,
+    kept_rows,
+    range_mode,
+)
 
-__all__ = ["UploadIntake", "ClientIdentities", "RoundClients", "reply_identity",
-           "IdentityTakenError", "reply_claims", "MAX_IDENTITY"]
-
-#: Identities are non-negative and fit Flower's unsigned 64-bit node ids.
-MAX_IDENTITY = (1 << 64) - 1
-
-
-def reply_identity(metrics: Mapping[str, Any] | None, node: int) -> int:
-    """The identity a reply claims: its ``partition-id`` metric (``[0, 2**64)``), else its node."""
-    value = None if metrics is None else metrics.get("partition-id")
-    if value is None:
-        return int(node)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_IDENTITY:
-        raise PayloadError(f"'partition-id'={value!r} is not a client identity (an int in "
-                           "[0, 2**64))")
-    return int(value)
-
-
-def reply_claims(replies: Iterable[Message]) -> list[tuple[int, int]]:
-    """``(node, identity)`` each reply claims (replies with an error or a bad claim: none)."""
-    out = []
-    for msg in replies:
-        if msg.has_error():
-            continue
-        src = int(msg.metadata.src_node_id)
-        try:
-            out.append((src, reply_identity(msg.content.metric_records.get("metrics"), src)))
-        except PayloadError:
-            continue
-    return out
-
-
-@dataclass
-class RoundClients:
-    """A round's sampled nodes: ``known`` (node id -> identity) and ``unknown`` node ids.
-
-    An unknown node may be any ``free`` identity (bound to no connected node) or a
-    ``spare`` placeholder (negative ints).
-    """
-
-    known: dict[int, int] = field(default_factory=dict)
-    unknown: list[int] = field(default_factory=list)
-    free: list[int] = field(default_factory=list)
-    spare: list[int] = field(default_factory=list)
-
-    @property
-    def keys(self) -> list[int]:
-        """The identities (and placeholders) the round's asks are shared out over."""
-        named = sorted(set(self.known.values()))
-        return named + (self.free + self.spare if self.unknown else [])
-
-
-class IdentityTakenError(PayloadError):
-    """The identity a node claims is another node's, or contested, this round."""
-
-
-class ClientIdentities:
-    """``node id <-> identity`` bindings, with the connected nodes of the current round.
-
-    ``permanent``: an identity stays with its first node id for good (``identity-binding``
-    ``node``), not only while that node is connected.
-    """
-
-    def __init__(self, permanent: bool = False) -> None:
-        self.permanent = permanent
-        self.identity_of: dict[int, int] = {}
-        self.node_of: dict[int, int] = {}
-        self.connected: set[int] = set()
-        self._round = 0  # the round of the claims and contests below
-        self._claims: dict[int, int] = {}
-        self._contests: set[int] = set()
-        #: identities two unbound nodes claim in the round's replies (:meth:`prescan`)
-        self._disputed: set[int] = set()
-        #: nodes kept under their own node id because a claim of theirs failed
-        self.as_itself: set[int] = set()
-
-    def _in_round(self, server_round: int) -> None:  # a new round's claims start afresh
-        if self._round != server_round:
-            self._round, self._claims, self._contests = server_round, {}, set()
-            self._disputed = set()
-
-    def prescan(self, server_round: int, claims: Iterable[tuple[int, int]]) -> None:
-        """The round's ``(node, identity)`` claims, read before any reply is checked.
-
-        An identity that two nodes bound to no identity claim is disputed: :meth:`resolve`
-        grants it to neither, whichever reply is read first.
-        """
-        self._in_round(server_round)
-        claimants: dict[int, set[int]] = {}
-        for node, identity in claims:
-            if int(node) not in self.identity_of:
-                claimants.setdefault(int(identity), set()).add(int(node))
-        self._disputed = {i for i, nodes in claimants.items() if len(nodes) > 1}
-
-    def resolve(self, server_round: int, node: int, identity: int) -> tuple[int, str]:
-        """The identity ``node``'s reply is kept under, and why not the one it claims ("").
-
-        The claimed identity where :meth:`check` grants it; the node's own id where the
-        identity is another node's or disputed (then, and in every later round, the node
-        is itself: its replies keep arriving). A bound node claiming another identity
-        (hopping) raises ``PayloadError``.
-        """
-        node, identity = int(node), int(identity)
-        current = self.identity_of.get(node)
-        if current == node and node in self.as_itself:
-            return node, ""
-        try:
-            self._in_round(server_round)
-            if current is None and identity in self._disputed:
-                raise IdentityTakenError(f"client identity {identity} is claimed by two or "
-                                         "more nodes this round: granted to none")
-            self.check(server_round, node, identity)
-        except IdentityTakenError as exc:
-            holder = self.node_of.get(node)
-            if holder is not None and holder != node:
-                raise PayloadError(f"{exc}; and node id {node} is itself the identity of "
-                                   f"node {holder}") from exc
-            self.as_itself.add(node)
-            return node, f"{exc}: its reply is kept under its own node id {node}"
-        return identity, ""
-
-    def of(self, node: int) -> int | None:
-        """The identity bound to ``node``, or ``None``."""
-        return self.identity_of.get(int(node))
-
-    def observe(self, connected: Iterable[int]) -> None:
-        """The nodes connected when a round is configured (a new round's claims start)."""
-        self.connected = {int(n) for n in connected}
-
-    def split(self, sampled: Iterable[int], known: Iterable[int]) -> RoundClients:
-        """:class:`RoundClients` of ``sampled``; ``known``: identities the server has state of."""
-        of = {int(node): self.of(node) for node in sampled}
-        out = RoundClients({n: i for n, i in of.items() if i is not None},
-                           [n for n, i in of.items() if i is None])
-        if out.unknown:
-            out.free = sorted(i for i in set(known) | set(self.node_of)
-                              if self.node_of.get(i) is None
-                              or (not self.permanent and self.node_of[i] not in self.connected))
-            out.spare = [-1 - i for i in range(max(len(out.unknown) - len(out.free), 0))]
-        return out
-
-    def check(self, server_round: int, node: int, identity: int) -> None:
-        """Raise ``PayloadError`` where ``node`` may not speak for ``identity`` this round.
-
-        A second claim makes the identity contested (both claimants' replies rejected).
-        """
-        node, identity = int(node), int(identity)
-        current = self.identity_of.get(node)
-        if current is not None and current != identity:
-            raise PayloadError(f"node {node} is client {current}: a node cannot change its "
-                               f"client identity (it claimed {identity})")
-        bound = self.node_of.get(identity)
-        if bound is not None and bound != node and self.permanent:
-            raise IdentityTakenError(f"client identity {identity} belongs to node {bound} for "
-                                     "good (identity-binding 'node')")
-        if bound is not None and bound != node and bound in self.connected:
-            raise IdentityTakenError(f"client identity {identity} belongs to node {bound}, "
-                                     "which is still connected")
-        self._in_round(server_round)
-        claimed = self._claims.get(identity)
-        if claimed is not None and claimed != node:
-            self._contests.add(identity)
-            raise IdentityTakenError(f"client identity {identity} is contested this round by "
-                                     f"nodes {claimed} and {node}: granted to neither")
-
-    def contested(self, server_round: int) -> set[int]:
-        """Identities two or more nodes claimed in ``server_round`` (granted to none)."""
-        return set(self._contests) if self._round == server_round else set()
-
-    def claim(self, server_round: int, node: int, identity: int) -> None:
-        """Record a valid reply's claim (later claims of the identity this round fail)."""
-        self._in_round(server_round)
-        self._claims[int(identity)] = int(node)
-
-    def bind(self, node: int, identity: int) -> None:
-        """An accepted reply: ``node`` is ``identity`` (dropping either side's old binding)."""
-        node, identity = int(node), int(identity)
-        old_identity = self.identity_of.pop(node, None)
-        if old_identity is not None and self.node_of.get(old_identity) == node:
-            del self.node_of[old_identity]
-        old_node = self.node_of.get(identity)
-        if old_node is not None:
-            self.identity_of.pop(old_node, None)
-        self.identity_of[node] = identity
-        self.node_of[identity] = node
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps (the bindings)."""
-        return {"identity_of": dict(self.identity_of), "as_itself": sorted(self.as_itself)}
-
-    def load_state(self, state: Mapping[str, Any] | None) -> None:
-        """Inverse of :meth:`state` (``None``: no bindings, an older checkpoint)."""
-        self.identity_of, self.node_of = {}, {}
-        for node, identity in (state or {}).get("identity_of", {}).items():
-            self.bind(int(node), int(identity))
-        self.as_itself = {int(n) for n in (state or {}).get("as_itself", [])}
-
+__all__ = ["UploadIntake", "Ask", "choose_holdout", "row_hash"]
 
 #: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
 Ask = Callable[[int, int], int]
 #: A batch's rows in the store's layout: ``(codes, side, dither)``.
 Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+#: Held-out rows are ``round(fraction * rows)`` of each (client, class) stratum after every
+#: upload: the rows with the smallest hash of ``(key, client, local id)``
+#: (:func:`choose_holdout`), whatever the replies' order; with a server secret in the key
+#: no client can compute which of its rows are held out.
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, vectorised (uint64 in, uint64 out)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
+    """A seeded 64-bit hash of each ``(seed, node, local id)``: the held-out draw order."""
+    with np.errstate(over="ignore"):
+        base = _mix(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
+        base = _mix(base ^ np.array([int(node) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+        return _mix(base ^ (np.asarray(ids).astype(np.uint64) * _GOLDEN))
+
+
+def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: float,
+                   seed: int, stored_counts) -> np.ndarray:
+    """Boolean mask over client ``node``'s new rows (``labels``, ``ids``): the held-out ones.
+
+    ``fraction`` of each stratum is held out, in ``[0, 1)``; ``seed`` is the hash's key;
+    ``stored_counts(node, strata) -> (rows, held_out)`` counts the stored ones
+    (:meth:`SampleStore.counts`).
+    """
+    ids = np.asarray(ids)
+    mask = np.zeros(ids.shape[0], dtype=bool)
+    if fraction <= 0 or not ids.size:
+        return mask
+    strata = strata_of(labels)
+    keys = np.unique(strata)
+    stored, held = stored_counts(node, keys)
+    order = row_hash(seed, node, ids)
+    for key, before, kept in zip(keys, stored, held, strict=True):
+        rows = np.flatnonzero(strata == key)
+        target = int(np.floor(fraction * (int(before) + rows.size) + 0.5)) - int(kept)
+        take = min(max(target, 0), rows.size)
+        if take:
+            mask[rows[np.argsort(order[rows], kind="stable")[:take]]] = True
+    return mask
 
 
 class UploadIntake:
@@ -270,6 +120,7 @@ class UploadIntake:
                  identities: ClientIdentities, comp_codec: Codec | None, num_params: int,
                  measuring: bool, holdout_key: int | None = None) -> None:
         self.cfg, self.model, self.loss_fn, self.seed = cfg, model, loss_fn, seed
+        self.adaptive = cfg.adaptive  # whether stored rows are held out (read once)
         #: the held-out hash's key (:func:`~dq_flower.dq.server.strategy.holdout_key`)
         self.holdout_key = seed if holdout_key is None else holdout_key
         self.planner, self.identities = planner, identities
@@ -337,14 +188,18 @@ class UploadIntake:
             stored = int(self.data.store.counts(node, strata)[0].sum())
         return History(known[0] if known else 0, stored, self.data.ranges.get(int(node)))
 
-    def validate_reply(self, msg: Message, server_round: int, ask: Ask) -> Upload:
-        """:meth:`validate` a data reply under the identity it claims (if ``node`` may)."""
+    def validate_reply(self, msg: Message, server_round: int, ask: Ask,
+                       rules: Rules | None = None) -> Upload:
+        """:meth:`validate` a data reply under the identity it claims (if ``node`` may).
+
+        ``rules``: the round's (:meth:`rules`, taken once before its replies are read).
+        """
         src = int(msg.metadata.src_node_id)
         claimed = reply_identity(msg.content.metric_records.get("metrics"), src)
         identity, why = self.identities.resolve(server_round, src, claimed)
         if why:
             log(WARNING, "[dq] round %d: %s", server_round, why)
-        upload = replace(self.validate(msg, identity, ask(src, identity)), source=src)
+        upload = self.validate(msg, identity, ask(src, identity), rules, source=src)
         self.identities.claim(server_round, src, identity)
         if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
             dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
@@ -353,19 +208,24 @@ class UploadIntake:
                       "rows the server holds: those rows are dropped")
         return upload
 
-    def validate(self, msg: Message, node: int, max_rows: int | None = None) -> Upload:
-        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`)."""
-        content = msg.content
-        upload = check_upload(content, node, self.rules(), self.history(node),
+    def validate(self, msg: Message, node: int, max_rows: int | None = None,
+                 rules: Rules | None = None, *, source: int = 0) -> Upload:
+        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`).
+
+        The checked record is completed once: its compensation, refreshed residual, the
+        rows the server does not hold yet and the Flower node it came from (``source``).
+        """
+        content, rules = msg.content, rules or self.rules()
+        upload = check_upload(content, node, rules, self.history(node),
                               self.cfg.budget if max_rows is None else int(max_rows))
         delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
         refresh = self.decode_refresh(content, node)
         batch, x, store = upload.batch, upload.x, self.data.store
-        if not self.cfg.resend and len(batch) and store is not None:  # drop rows already
+        if not rules.resend and len(batch) and store is not None:  # drop rows already
             held = store.was_received(node, batch.ids)  # held (a late reply, a replay)
             if held.any():
                 batch, x = keep_rows(batch, ~held), x[~held]
-        return replace(upload, delta=delta, refresh=refresh, batch=batch, x=x,
+        return replace(upload, delta=delta, refresh=refresh, batch=batch, x=x, source=source,
                        reply_bits=reply_bits(content) if self.measuring else 0)
 
     def decode_refresh(self, content: RecordDict, node: int) -> np.ndarray | None:
@@ -512,7 +372,7 @@ class UploadIntake:
         codes, side, dither = self.packed(batch) if packed is None else packed
         n = len(batch)
         holdout = None
-        if self.cfg.adaptive:
+        if self.adaptive:
             holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
                                      self.holdout_key, self.data.store.counts)
         labels = (np.zeros(n, np.int64) if self.data.store.inputs_are_targets

@@ -1,4 +1,11 @@
-"""Near-copies: rows within a few codes of a row the same client sent before.
+"""The copy screen: rows that copy, or nearly copy, rows the same client sent before.
+
+A row whose packed codes and side information equal a row the same client sent before is
+a copy under a new id; so is a near-copy, a row within a few codes of one (with ``bits``).
+:class:`CopyScreen`: a client whose share of copies exceeds the median client's by more
+than ``copy-margin`` is *copying*: its copies are not stored (counted once in
+``duplicate-rows``, their ids remembered as received). Honest clients of one data set copy
+alike, so the screen acts on none of them.
 
 An exact hash misses a copy with a code or two moved by one level. Here a row is a
 **near-copy** where at most :func:`near_codes` of its codes (one in 16) differ from a row of
@@ -6,22 +13,29 @@ the same client: one of a seeded sample of up to :data:`REFERENCE_ROWS` of its e
 (a reservoir, so memory and time per upload stay bounded), or an earlier row of the same
 upload. Honest digits rows are at least 3 codes of 64 from their client's nearest other
 row (5 or more for 99%), so a client's share of near-copies is judged against the median
-client's as exact copies are (:class:`~dq_flower.dq.server.node_screen.CopyScreen`).
+client's as exact copies are. The screen cannot tell a faulty device from a hostile one.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from dq_flower.codecs.bitpack import unpack
+from dq_flower.server.common import log_round
 
-__all__ = ["NearCopies", "near_codes", "code_distance", "REFERENCE_ROWS"]
+__all__ = ["CopyScreen", "NearCopies", "near_codes", "code_distance", "row_keys",
+           "REFERENCE_ROWS", "MIN_COPIES"]
 
 #: Earlier rows per client a new row is compared with at most (a seeded reservoir).
 REFERENCE_ROWS = 2048
+#: Copied rows a client needs before the copy screen may act on it.
+MIN_COPIES = 5
+#: Bytes of a row's key (a BLAKE2b digest of its codes and side information).
+KEY_BYTES = 16
 #: New rows compared at once (bounds the temporary ``chunk x reference x codes`` array).
 _CHUNK = 16
 #: New rows compared at once on packed words.
@@ -136,3 +150,84 @@ class NearCopies:
         self.reference = {int(n): np.asarray(r, dtype=np.uint8)
                           for n, r in state.get("reference", {}).items()}
         self.seen = {int(n): int(v) for n, v in state.get("seen", {}).items()}
+
+
+def row_keys(codes: np.ndarray, side: np.ndarray) -> list[bytes]:
+    """One digest per row of its packed codes and side information."""
+    codes = np.ascontiguousarray(codes, dtype=np.uint8)
+    side = np.ascontiguousarray(side).reshape(len(codes), -1)
+    return [hashlib.blake2b(c.tobytes() + s.tobytes(), digest_size=KEY_BYTES).digest()
+            for c, s in zip(codes, side, strict=True)]
+
+
+@dataclass
+class CopyScreen:
+    """Copied rows per client, and which clients' copies are not stored.
+
+    ``margin``: the share of copied rows above the median client's that makes a client a
+    copying one (0: the screen never acts; copies are still counted). ``bits``: bits per
+    code of the packed rows, to count near-copies too (0: exact copies only).
+    """
+
+    margin: float = 0.1
+    bits: int = 0
+    keys: dict[int, set[bytes]] = field(default_factory=dict)
+    received: dict[int, int] = field(default_factory=dict)
+    copies: dict[int, int] = field(default_factory=dict)
+    copying: set[int] = field(default_factory=set)
+    near: NearCopies | None = None
+
+    def __post_init__(self) -> None:
+        if self.bits and self.near is None:
+            self.near = NearCopies(self.bits)
+
+    def copied(self, node: int, codes: np.ndarray, side: np.ndarray) -> np.ndarray:
+        """Mask of the rows of one upload copying (or nearly) a row ``node`` sent; counted."""
+        seen = self.keys.setdefault(int(node), set())
+        mask = np.zeros(len(codes), dtype=bool)
+        for i, key in enumerate(row_keys(codes, side)):
+            if key in seen:
+                mask[i] = True
+            else:
+                seen.add(key)
+        if self.near is not None:
+            mask |= self.near.mask(int(node), codes)
+        self.received[int(node)] = self.received.get(int(node), 0) + len(codes)
+        self.copies[int(node)] = self.copies.get(int(node), 0) + int(mask.sum())
+        return mask
+
+    def review(self, server_round: int) -> set[int]:
+        """The copying clients after this round's uploads were counted (logs new ones)."""
+        if self.margin <= 0:
+            return set()
+        shares = {n: self.copies.get(n, 0) / r for n, r in self.received.items() if r}
+        if len(shares) < 2:
+            return set(self.copying)
+        middle = float(np.median(list(shares.values())))
+        for node, share in shares.items():
+            if (node not in self.copying and self.copies.get(node, 0) >= MIN_COPIES
+                    and share > middle + self.margin):
+                self.copying.add(node)
+                log_round("dq", server_round, f"client {node}: {self.copies[node]} of its "
+                          f"{self.received[node]} rows copy rows it sent before under new "
+                          f"row ids ({share:.0%}, the median client {middle:.0%}): its "
+                          "copies are not stored (counted once)")
+        return set(self.copying)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (the keys as one byte string per client)."""
+        return {"keys": {n: b"".join(sorted(k)) for n, k in self.keys.items()},
+                "received": dict(self.received), "copies": dict(self.copies),
+                "copying": sorted(self.copying),
+                **({} if self.near is None else {"near": self.near.state()})}
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """Inverse of :meth:`state` (an older checkpoint: nothing counted)."""
+        state = state or {}
+        self.keys = {int(n): {bytes(b[i:i + KEY_BYTES]) for i in range(0, len(b), KEY_BYTES)}
+                     for n, b in state.get("keys", {}).items()}
+        self.received = {int(n): int(v) for n, v in state.get("received", {}).items()}
+        self.copies = {int(n): int(v) for n, v in state.get("copies", {}).items()}
+        self.copying = {int(n) for n in state.get("copying", [])}
+        if self.near is not None:
+            self.near.load_state(state.get("near"))

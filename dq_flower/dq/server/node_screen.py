@@ -1,36 +1,26 @@
-"""Screens of one node's data: copied rows, and labels that disagree with every other node's.
+"""A screen of one node's data: labels that disagree with every other node's.
 
-- **copies** (:class:`CopyScreen`): a row whose packed codes and side information equal a
-  row the same client sent before is a copy under a new id; so is a near-copy, a row
-  within a few codes of one (:mod:`.near_copies`; with ``bits``). A client whose share of
-  copies exceeds the median client's by more than ``copy-margin`` is *copying*: its copies
-  are not stored (counted once in ``duplicate-rows``, their ids remembered as received).
-  Honest clients of one data set copy alike, so the screen acts on none of them.
-- **agreement** (:class:`AgreementScreen`, adaptive schedule): a client whose held-out
-  error (float targets: loss relative to the median's, :func:`excess`) exceeds the median
-  client's by more than ``screen-margin`` and :data:`Z_ROBUST` robust standard deviations
-  (MAD over the clients, and the binomial error of its own rows) is **excluded** from
-  training, scoring and asks (its rows stay stored); it is restored when its excess under
-  the model trained without it falls under half the margin.
-
-Neither screen can tell a faulty device from a hostile one.
+:class:`AgreementScreen` (adaptive schedule): a client whose held-out error (float targets:
+loss relative to the median's, :func:`excess`) exceeds the median client's by more than
+``screen-margin`` and :data:`Z_ROBUST` robust standard deviations (MAD over the clients,
+and the binomial error of its own rows) is **excluded** from training, scoring and asks
+(its rows stay stored); it is restored when its excess under the model trained without it
+falls under half the margin. Copied rows are screened by :mod:`.near_copies`. The screen
+cannot tell a faulty device from a hostile one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from dq_flower.dq.server.near_copies import NearCopies
-from dq_flower.dq.server.schedule import HeldOutScores
+from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.server.common import log_round
 
-__all__ = ["CopyScreen", "AgreementScreen", "NodeVerdict", "row_keys", "excess", "Z_ROBUST",
-           "MIN_ROWS", "MIN_NODES"]
+__all__ = ["AgreementScreen", "NodeVerdict", "excess", "Z_ROBUST", "MIN_ROWS", "MIN_NODES"]
 
 #: Robust standard deviations (1.4826 MAD over the clients) a client's excess must exceed.
 Z_ROBUST = 4.0
@@ -38,8 +28,6 @@ Z_ROBUST = 4.0
 MIN_ROWS = 10
 #: Clients with enough held-out rows the agreement screen needs to judge any of them.
 MIN_NODES = 3
-#: Copied rows a client needs before the copy screen may act on it.
-MIN_COPIES = 5
 #: Reviews :class:`AgreementScreen` keeps (each one's verdicts, for the record).
 KEPT_REVIEWS = 20
 #: Float targets: standard errors, and share of their mean, by which the other clients'
@@ -49,89 +37,6 @@ MIN_HARM = 0.02
 #: Float targets: how much higher (relative to the median) a cleared client's loss must be
 #: to be judged again.
 REJUDGE = 1.5
-#: Bytes of a row's key (a BLAKE2b digest of its codes and side information).
-KEY_BYTES = 16
-
-
-def row_keys(codes: np.ndarray, side: np.ndarray) -> list[bytes]:
-    """One digest per row of its packed codes and side information."""
-    codes = np.ascontiguousarray(codes, dtype=np.uint8)
-    side = np.ascontiguousarray(side).reshape(len(codes), -1)
-    return [hashlib.blake2b(c.tobytes() + s.tobytes(), digest_size=KEY_BYTES).digest()
-            for c, s in zip(codes, side, strict=True)]
-
-
-@dataclass
-class CopyScreen:
-    """Copied rows per client, and which clients' copies are not stored.
-
-    ``margin``: the share of copied rows above the median client's that makes a client a
-    copying one (0: the screen never acts; copies are still counted). ``bits``: bits per
-    code of the packed rows, to count near-copies too (0: exact copies only).
-    """
-
-    margin: float = 0.1
-    bits: int = 0
-    keys: dict[int, set[bytes]] = field(default_factory=dict)
-    received: dict[int, int] = field(default_factory=dict)
-    copies: dict[int, int] = field(default_factory=dict)
-    copying: set[int] = field(default_factory=set)
-    near: NearCopies | None = None
-
-    def __post_init__(self) -> None:
-        if self.bits and self.near is None:
-            self.near = NearCopies(self.bits)
-
-    def copied(self, node: int, codes: np.ndarray, side: np.ndarray) -> np.ndarray:
-        """Mask of the rows of one upload copying (or nearly) a row ``node`` sent; counted."""
-        seen = self.keys.setdefault(int(node), set())
-        mask = np.zeros(len(codes), dtype=bool)
-        for i, key in enumerate(row_keys(codes, side)):
-            if key in seen:
-                mask[i] = True
-            else:
-                seen.add(key)
-        if self.near is not None:
-            mask |= self.near.mask(int(node), codes)
-        self.received[int(node)] = self.received.get(int(node), 0) + len(codes)
-        self.copies[int(node)] = self.copies.get(int(node), 0) + int(mask.sum())
-        return mask
-
-    def review(self, server_round: int) -> set[int]:
-        """The copying clients after this round's uploads were counted (logs new ones)."""
-        if self.margin <= 0:
-            return set()
-        shares = {n: self.copies.get(n, 0) / r for n, r in self.received.items() if r}
-        if len(shares) < 2:
-            return set(self.copying)
-        middle = float(np.median(list(shares.values())))
-        for node, share in shares.items():
-            if (node not in self.copying and self.copies.get(node, 0) >= MIN_COPIES
-                    and share > middle + self.margin):
-                self.copying.add(node)
-                log_round("dq", server_round, f"client {node}: {self.copies[node]} of its "
-                          f"{self.received[node]} rows copy rows it sent before under new "
-                          f"row ids ({share:.0%}, the median client {middle:.0%}): its "
-                          "copies are not stored (counted once)")
-        return set(self.copying)
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps (the keys as one byte string per client)."""
-        return {"keys": {n: b"".join(sorted(k)) for n, k in self.keys.items()},
-                "received": dict(self.received), "copies": dict(self.copies),
-                "copying": sorted(self.copying),
-                **({} if self.near is None else {"near": self.near.state()})}
-
-    def load_state(self, state: dict[str, Any] | None) -> None:
-        """Inverse of :meth:`state` (an older checkpoint: nothing counted)."""
-        state = state or {}
-        self.keys = {int(n): {bytes(b[i:i + KEY_BYTES]) for i in range(0, len(b), KEY_BYTES)}
-                     for n, b in state.get("keys", {}).items()}
-        self.received = {int(n): int(v) for n, v in state.get("received", {}).items()}
-        self.copies = {int(n): int(v) for n, v in state.get("copies", {}).items()}
-        self.copying = {int(n) for n in state.get("copying", [])}
-        if self.near is not None:
-            self.near.load_state(state.get("near"))
 
 
 @dataclass(frozen=True)

@@ -18,22 +18,28 @@ server cannot use is refused with a logged reason (:func:`from_train_config`).
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from logging import WARNING
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from flwr.common.logger import log
 
 from dq_flower.config import OPTIMIZERS
-from dq_flower.dq.server.schedule import (
-    Z_ONE_SIDED,
-    HeldOutScores,
-    PairedGain,
-    paired_gain,
-    significantly_worse,
-)
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.plateau import HeldOutScores, PhaseStart, PlateauRule, train_phase
+from dq_flower.dq.server.schedule import Z_ONE_SIDED, PairedGain, paired_gain, significantly_worse
+from dq_flower.server.common import log_round
+from dq_flower.server.robust import StepGuard
 
-__all__ = ["OptimizerChoice", "candidates", "pick", "from_train_config", "AUTO",
-           "ADAM_LR", "LR_KEYS"]
+__all__ = ["OptimizerChoice", "Continuation", "candidates", "pick", "from_train_config", "AUTO",
+           "ADAM_LR", "LR_KEYS", "probe", "Probed",
+           "apply_train_config"]
 
 #: The ``optimizer`` value that lets the server choose.
 AUTO = "auto"
@@ -142,3 +148,140 @@ def from_train_config(config: Mapping[str, Any], knob_optimizer: str, knob_lr: f
         else:
             name = text
     return name, lr, reasons
+
+
+@dataclass
+class Continuation:
+    """An optimizer probe's end, for the phase to go on from."""
+
+    start: PhaseStart
+    model: dict[str, torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    rng_state: Mapping[str, Any]
+    augment: Callable[[torch.Tensor], torch.Tensor] | None
+
+
+#: Held-out scores of each optimizer probe (its steps: this many ``plateau-eval-every``,
+#: at most a :data:`PROBE_SHARE`-th of the phase's step cap).
+PROBE_EVALUATIONS = 4
+PROBE_SHARE = 4
+
+
+class Probed(Protocol):
+    """What :func:`probe` uses of the server's trainer (:class:`~.training.ServerTrainer`)."""
+
+    data: FederationData
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    guard: StepGuard
+    plateau: PlateauRule
+    cfg: DQConfig
+    choice: OptimizerChoice | None
+    lr: float
+    lr_given: bool
+
+    def use_optimizer(self, choice: OptimizerChoice) -> None: ...  # noqa: D102
+
+    def augmentation(self, rng: np.random.Generator  # noqa: D102
+                     ) -> Callable[[torch.Tensor], torch.Tensor] | None: ...
+
+    def store_steps(self, server_round: int, steps: int,  # noqa: D102
+                    rng: np.random.Generator | None = None,
+                    augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    sharded: bool = True) -> list[float]: ...
+
+    def score_holdout(self, everyone: bool = False) -> HeldOutScores: ...  # noqa: D102
+
+
+def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Continuation | None:
+    """Each candidate's short phase on the ``trainer``'s store, the best kept.
+
+    Every candidate starts from the same weights and draws the same minibatches (a copy
+    of ``rng``). The winner's probe is not thrown away: the model, the optimizer and
+    ``rng`` are left where its probe ended, and the returned continuation lets the phase
+    go on from there (``None``: no held-out rows, no probe).
+    """
+    store = trainer.data.store
+    if store is None or not store.holdout_mask.any():
+        default = replace(candidates(trainer.lr, trainer.lr_given)[0], source="default")
+        trainer.use_optimizer(default)
+        log_round("dq", server_round, f"server optimizer: {default.describe()} (no "
+                  "held-out rows to choose on)")
+        return None
+    start = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    rule = replace(trainer.plateau, lr_drops=0, max_steps=max(1, min(
+        trainer.plateau.max_steps // PROBE_SHARE, PROBE_EVALUATIONS * trainer.plateau.eval_every)))
+    options = candidates(trainer.lr, trainer.lr_given)
+    results: list[HeldOutScores | None] = []
+    ends: list[Continuation] = []
+    for option in options:
+        trainer.model.load_state_dict(start)
+        trainer.use_optimizer(option)
+        probe_rng = copy.deepcopy(rng)
+        augment = trainer.augmentation(probe_rng)
+        trainer.model.train()
+        phase = train_phase(trainer.model, trainer.optimizer, option.lr, rule,
+                            _probe_steps(trainer, probe_rng, augment), trainer.score_holdout,
+                            keep_going=True)
+        finite = all(bool(torch.isfinite(v).all()) for v in trainer.model.state_dict().values()
+                     if v.is_floating_point())
+        results.append(phase.final if finite else None)
+        assert phase.resume is not None
+        ends.append(Continuation(phase.resume, copy.deepcopy(trainer.model.state_dict()),
+                                 trainer.optimizer, probe_rng.bit_generator.state, augment))
+    best, gain = pick(results)
+    winner = ends[best]
+    trainer.model.load_state_dict(winner.model)
+    trainer.use_optimizer(options[best])
+    trainer.optimizer = trainer.guard.optimizer = winner.optimizer  # its state goes on
+    rng.bit_generator.state = winner.rng_state
+    text = "; ".join(f"{o.describe()}: " + ("non-finite" if r is None else
+                                             _score_text(r)) for o, r in zip(
+                                                 options, results, strict=True))
+    why = ("the others went non-finite" if gain is None and best > 0 else
+           f"held-out loss lower by {gain.gain:.1%} (stderr {gain.stderr:.1%})"
+           if gain is not None else "no other is better beyond the uncertainty")
+    log_round("dq", server_round, f"server optimizer: {options[best].describe()} "
+              f"({why}; {rule.max_steps}-step probes on the held-out rows: {text}; the "
+              "phase goes on from its probe)")
+    return winner if results[best] is not None else None
+
+
+def _probe_steps(trainer: Probed, rng: np.random.Generator,
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None
+                 ) -> Callable[[int], list[float]]:
+    """Store steps of an optimizer probe, on the probe's own minibatch stream."""
+    return lambda n: trainer.store_steps(0, n, rng, augment, sharded=False)
+
+
+def _score_text(scores: HeldOutScores) -> str:
+    """``accuracy 0.9412, loss 0.2103`` (or the loss alone for float targets)."""
+    loss = f"loss {float(scores.loss.mean()):.4g}"
+    if scores.correct is None:
+        return loss
+    return f"accuracy {float(scores.correct.mean()):.4f}, {loss}"
+
+
+def apply_train_config(trainer: Probed, config: Mapping[str, Any]) -> None:
+    """Honour a ``train_config``'s optimizer and step size in ``trainer`` (see above)."""
+    lr_default = float(DQConfig.lr)  # the field's default (a knob reads as it)
+    name, lr, reasons = from_train_config(config, trainer.cfg.optimizer, trainer.cfg.lr,
+                                          lr_default)
+    for reason in reasons:
+        log(WARNING, "[dq] %s", reason)
+    trainer.lr_given = trainer.cfg.lr != lr_default or lr is not None
+    if lr is not None:
+        trainer.lr = lr
+    if trainer.choice is not None and trainer.choice.source == "user":
+        if name is not None or lr is not None:
+            log(WARNING, "[dq] train_config's optimizer and lr are not used: the strategy "
+                "was given its optimizer (%s)", trainer.choice.describe())
+        return
+    if name is not None and (trainer.choice is None or trainer.choice.source != "held-out"):
+        trainer.use_optimizer(OptimizerChoice(name, trainer.lr, "train-config"))
+    elif lr is not None and trainer.choice is not None and trainer.choice.source != "held-out":
+        trainer.use_optimizer(OptimizerChoice(trainer.choice.name, lr, "train-config"))
+    if name is not None or lr is not None:
+        log_round("dq", 0, f"train_config: the server trains with "
+                  f"{trainer.choice.describe() if trainer.choice else f'lr {trainer.lr:g}'}"
+                  + ("" if trainer.choice else " (optimizer chosen on the held-out rows)"))

@@ -2,17 +2,14 @@
 
 Rows are :class:`RowLayout` codes with label, weight, origin client identity, client-local
 id and held-out flag, dequantized on the fly; evicted rows' ids are remembered.
-Held-out rows are ``round(fraction * rows)`` of each (client, class) stratum after every
-upload: the rows with the smallest hash of ``(key, client, local id)``
-(:func:`choose_holdout`), whatever the replies' order; with a server secret in the key no
-client can compute which of its rows are held out.
+Which rows are held out is chosen on the way in (:func:`~.intake.choose_holdout`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
@@ -21,12 +18,7 @@ from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
 from dq_flower.codecs.uniform import Uniform, dither_offsets, expand_ranges, packed_codes
 from dq_flower.wire.dq_batch import denormalise
 
-if TYPE_CHECKING:
-    from dq_flower.dq.server.token_intake import TokenLayout
-    from dq_flower.wire.dq_batch import DataSpec
-
-__all__ = ["RowLayout", "SampleStore", "StoredRows", "EVICTION_POLICIES", "FederationData",
-           "row_hash", "strata_of", "choose_holdout"]
+__all__ = ["RowLayout", "SampleStore", "StoredRows", "EVICTION_POLICIES", "strata_of"]
 
 EVICTION_POLICIES = ("fifo", "random")
 #: Decoded float32 bytes of the minibatches :meth:`SampleStore.draw_batches` decodes at once.
@@ -138,58 +130,12 @@ def _narrow_float(values: np.ndarray) -> np.ndarray:
     return half if np.array_equal(half.astype(np.float32), values) else values
 
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, vectorised (uint64 in, uint64 out)."""
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
-
-
-def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
-    """A seeded 64-bit hash of each ``(seed, node, local id)``: the held-out draw order."""
-    with np.errstate(over="ignore"):
-        base = _mix(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
-        base = _mix(base ^ np.array([int(node) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
-        return _mix(base ^ (np.asarray(ids).astype(np.uint64) * _GOLDEN))
-
-
 def strata_of(labels: np.ndarray) -> np.ndarray:
     """Each row's stratum: its class label, or 0 for every float target or token window."""
     labels = np.asarray(labels)
     if labels.dtype.kind in "iu" and labels.ndim == 1:
         return labels.reshape(-1).astype(np.int64)
     return np.zeros(labels.shape[0] if labels.ndim else 0, dtype=np.int64)
-
-
-def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: float,
-                   seed: int, stored_counts) -> np.ndarray:
-    """Boolean mask over client ``node``'s new rows (``labels``, ``ids``): the held-out ones.
-
-    ``fraction`` of each stratum is held out, in ``[0, 1)``; ``seed`` is the hash's key;
-    ``stored_counts(node, strata) -> (rows, held_out)`` counts the stored ones
-    (:meth:`SampleStore.counts`).
-    """
-    ids = np.asarray(ids)
-    mask = np.zeros(ids.shape[0], dtype=bool)
-    if fraction <= 0 or not ids.size:
-        return mask
-    strata = strata_of(labels)
-    keys = np.unique(strata)
-    stored, held = stored_counts(node, keys)
-    order = row_hash(seed, node, ids)
-    for key, before, kept in zip(keys, stored, held, strict=True):
-        rows = np.flatnonzero(strata == key)
-        target = int(np.floor(fraction * (int(before) + rows.size) + 0.5)) - int(kept)
-        take = min(max(target, 0), rows.size)
-        if take:
-            mask[rows[np.argsort(order[rows], kind="stable")[:take]]] = True
-    return mask
 
 
 class SampleStore:
@@ -485,42 +431,3 @@ class SampleStore:
             for node, part in zip(np.asarray(state["evicted_nodes"], dtype=np.uint64),
                                   np.split(ids, bounds), strict=True):
                 self._evicted_ids[int(node)] = _narrow_uint(part)
-
-
-@dataclass
-class FederationData:
-    """What the server knows of the federation's data (the intake writes, the rest reads)."""
-
-    num_classes: int | None = None
-    value_bound: float | None = None  # largest absolute value an upload may decode to
-    spec: DataSpec | None = None
-    mode: str = "sample"  # range mode of the uploads: sample, channel or feature
-    layout: RowLayout | TokenLayout | None = None
-    store: SampleStore | None = None
-    duplicates: int = 0  # rows of this round's replies the server already held
-
-    @property
-    def ranges(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Each client's feature ranges ``(lo, span)``, kept by the store."""
-        return {} if self.store is None else self.store.ranges
-
-    @property
-    def stored(self) -> int:
-        """Samples in the store."""
-        return 0 if self.store is None else len(self.store)
-
-    def take_duplicates(self) -> int:
-        """Rows of the round's replies the server already held (dropped); the count restarts."""
-        out, self.duplicates = self.duplicates, 0
-        return out
-
-    def may_use_feature_ranges(self, ranges: str) -> bool:
-        """Whether replies may carry feature ranges under the ``ranges`` knob."""
-        if self.spec is None:
-            return ranges in ("auto", "feature")
-        return self.mode == "feature"
-
-    def shaped(self, x: np.ndarray) -> np.ndarray:
-        """Flat rows shaped as the data spec's samples (batch first)."""
-        assert self.spec is not None
-        return x.reshape(-1, *self.spec.sample_shape)

@@ -8,51 +8,45 @@ a round may instead ask for coded minibatch gradients (:mod:`.planner`). The str
 wires its parts (asks, intake, compensations, trainer, gradient rounds, round metrics)
 behind Flower's ``Strategy`` interface.
 
-In a gradient round each client's gradient (coded by ``gradient-codec``) is decoded by the
-baselines' decoder under the identity it claims, bounded against the round's others and
-recent rounds, and combined by the robust rule into the round's fresh step; the other
-``server-steps`` are taken on the store. :class:`RoundMetrics` reads a round's metrics off
-the parts; :func:`schedule_text` is the adaptive schedule's part of its log line.
+Gradient rounds are checked and combined by :mod:`.gradient_rounds`; a round's metrics
+are read off the parts by :mod:`.round_metrics`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, MetricRecordValues
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from dq_flower.codecs import Codec, make
+from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs
 from dq_flower.dq.config import (
     DQConfig,
     DQStrategyConfig,
     auto_bits,
     model_codec,
-    robust_rule,
 )
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.intake import (
-    ClientIdentities,
-    UploadIntake,
-    reply_claims,
-    reply_identity,
-)
-from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate, reply_bits
-from dq_flower.dq.server.store import FederationData, SampleStore
+from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
+from dq_flower.dq.server.identities import ClientIdentities, reply_claims
+from dq_flower.dq.server.intake import Ask, UploadIntake
+from dq_flower.dq.server.optimizer_choice import apply_train_config
+from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
+from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
+from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import MAX_LOCAL_ID, Compensations, Upload, reply_spec
+from dq_flower.dq.server.validation import Compensations, Rules, Upload
 from dq_flower.model_ops import LossFn, input_width, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
@@ -63,10 +57,9 @@ from dq_flower.server.common import (
     make_optimizer,
     sample_node_ids,
 )
-from dq_flower.server.pipeline import RoundLedger, Screened, UpdateFigures, bound_vectors
-from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
-from dq_flower.wire.dq_batch import GRADIENT_KEY, SPEC_KEY, DataSpec
-from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
+from dq_flower.server.pipeline import RoundLedger
+from dq_flower.wire.dq_batch import DataSpec
+from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
 
 __all__ = ["DQStrategy", "holdout_key", "SECRET_ENV"]
@@ -95,212 +88,18 @@ def holdout_key(seed: int, secret: str | None) -> int:
 #: replies (logreg and MLP, 1 to 4 bits): at most 0.43.
 DELTA_SCALE = 100.0
 
-#: a round's metrics by name, as ``aggregate_train`` returns them
-Metrics = dict[str, MetricRecordValues]
+@dataclass(frozen=True)
+class _Round:
+    """What a DQ round takes before its replies are decoded: its plan and the asks."""
 
+    plan: RoundPlan | None  # None: the round was not configured here
+    ask: Ask  # the rows each reply may carry
+    rules: Rules  # what each data reply is checked against (the same for all of them)
 
-class RoundMetrics:
-    """A round's metrics, read off the strategy's parts after the round's steps."""
-
-    def __init__(self, cfg: DQConfig, data: FederationData, asks: RoundAsks,
-                 trainer: ServerTrainer) -> None:
-        self.cfg, self.data, self.asks, self.trainer = cfg, data, asks, trainer
-
-    def common(self, plan: RoundPlan | None, *, loss: float, selected: int, up_bits: int,
-               replies: int, rejected: int, failed: int, t0: float) -> Metrics:
-        """The per-round metrics both kinds of round report."""
-        store = self.data.store
-        metrics: Metrics = {
-            "selected": int(selected),
-            "stored": self.data.stored,
-            "store-bytes": 0 if store is None else store.nbytes,
-            "evicted": 0 if store is None else store.evicted,
-            "up-payload-bits": int(up_bits),
-            "replies": replies,
-            "rejected": rejected,
-            "failed": failed,
-            "server-time-s": time.perf_counter() - t0,
-            # rows of the round's replies the server already held (dropped), and the bytes
-            # of the held sets and tables its messages carried (part of the downlink)
-            "duplicate-rows": self.data.take_duplicates(),
-            "held-set-bytes": self.asks.held_bytes,
-        }
-        if math.isfinite(loss):  # a round that trained nothing (no new rows) reports none
-            metrics["train-loss"] = float(loss)
-        if plan is not None and self.cfg.upload_mode != "data":
-            metrics.update({"gradient-round": int(plan.mode == "gradient"),
-                            "est-data-bits": float(plan.data_bits),
-                            "est-gradient-bits": float(plan.gradient_bits)})
-        return metrics
-
-    def data_round(self, plan: RoundPlan | None, fresh: list[Upload], *, loss: float,
-                   rejected: int, failed: int, t0: float,
-                   refreshed: tuple[int, int] | None) -> Metrics:
-        """A data round's metrics; ``refreshed``: ``(refreshed, rejected)`` residuals."""
-        metrics = self.common(
-            plan, loss=loss, selected=sum(len(u.batch) for u in fresh),
-            up_bits=sum(u.batch.payload_bits for u in fresh), replies=len(fresh),
-            rejected=rejected, failed=failed, t0=t0)
-        metrics["up-packed-bytes"] = int(sum(u.batch.packed_nbytes for u in fresh))
-        metrics["rolled-back"] = self.trainer.rolled_back
-        if refreshed is not None:
-            metrics["refreshed"], metrics["refreshes-rejected"] = refreshed
-        if self.trainer.schedule is not None:
-            metrics.update(self.schedule())
-        return metrics
-
-    def schedule(self) -> Metrics:
-        """The adaptive schedule's round metrics (steps, held-out score, gain, next ask)."""
-        schedule, phase, store = self.trainer.schedule, self.trainer.last_phase, self.data.store
-        assert schedule is not None  # the store is None until a spec is adopted
-        out: Metrics = {
-            "server-steps": 0 if phase is None else phase.steps,
-            "reverted": int(self.trainer.reverted and phase is not None),
-            "holdout-rows": 0 if store is None else int(store.holdout_mask.sum()),
-            "next-ask": int(schedule.next_total or 0),
-            # 0: asking; 1: stopped, the learning curve is flat; 2: every node exhausted
-            "schedule-done": (0 if not schedule.done
-                              else 2 if schedule.reason == "exhausted" else 1),
-        }
-        if phase is not None and phase.final is not None and phase.final.loss.size:
-            out["holdout-loss"] = float(phase.final.loss.mean())
-            if phase.final.correct is not None:
-                out["holdout-acc"] = float(phase.final.correct.mean())
-        point = schedule.curve[-1] if phase is not None and schedule.curve else {}
-        if "gain" in point:
-            out["upload-gain"] = float(point["gain"])
-            out["upload-gain-stderr"] = float(point["stderr"])
-        return out
-
-
-def schedule_text(metrics: dict[str, Any]) -> str:
-    """The adaptive schedule's part of a data round's log line (empty without one)."""
-    if "next-ask" not in metrics:
-        return ""
-    text = f", {metrics['server-steps']} server steps"
-    if "holdout-acc" in metrics:
-        text += f", held-out accuracy {float(metrics['holdout-acc']):.4f}"
-    if "upload-gain" in metrics:
-        text += f", gain {float(metrics['upload-gain']):+.4f}"
-    if metrics.get("reverted"):
-        text += (" (worse on the held-out rows beyond its uncertainty: the previous model is"
-                 " kept)")
-    if metrics["schedule-done"] == 2:
-        return text + "; every node has uploaded all its samples"
-    if metrics["schedule-done"]:
-        return text + "; the learning curve is flat: no more uploads"
-    return text + f"; next ask {metrics['next-ask']} samples"
-
-
-@dataclass
-class Combined:
-    """A gradient round's accepted replies and their combined gradient (``None``: none)."""
-
-    figures: UpdateFigures  # of every reply that decoded, before bounding
-    valid: list[GradientUpdate] = field(default_factory=list)
-    gradient: np.ndarray | None = None
-    misaligned: int = 0  # replies left out of the mean for their direction
-
-
-class GradientRounds:
-    """Check, bound and combine the replies of gradient rounds, and take the round's steps."""
-
-    def __init__(self, cfg: DQConfig, codec: Codec | None, num_params: int, *,
-                 intake: UploadIntake, identities: ClientIdentities, planner: UploadPlanner,
-                 trainer: ServerTrainer, metrics: RoundMetrics) -> None:
-        self.cfg, self.codec, self.num_params = cfg, codec, num_params
-        self.intake, self.identities, self.planner = intake, identities, planner
-        self.trainer, self.metrics = trainer, metrics
-        self.norms = NormScreen(cfg.norm_bound_factor)
-        self.directions = DirectionScreen(cfg.min_cosine)
-        self._bits: dict[int, int] = {}  # this round's replies' sizes, by identity
-        self._sources: dict[int, int] = {}  # this round's replies' node ids, by identity
-
-    def step(self, server_round: int, screened: Screened[GradientUpdate], combined: Combined,
-             plan: RoundPlan) -> Metrics:
-        """A gradient round's steps (the combined gradient, then the store); its metrics."""
-        valid, figures = combined.valid, combined.figures
-        loss = self.trainer.train_gradient(server_round, combined.gradient,
-                                           [r.loss for r in valid], [r.node for r in valid])
-        self.record(valid)
-        metrics = self.metrics.common(plan, loss=loss, selected=0,
-                                      up_bits=figures.up_payload_bits,
-                                      replies=len(valid), rejected=screened.rejected,
-                                      failed=screened.failed, t0=screened.started)
-        metrics["coded-replies"] = figures.coded_replies
-        metrics["up-raw-payload-bits"] = figures.up_raw_payload_bits
-        metrics["rolled-back"] = self.trainer.rolled_back
-        metrics["misaligned"] = combined.misaligned
-        log_round("dq", server_round, f"gradient round: {len(valid)} gradients, "
-                  f"store {metrics['stored']}, rejected {screened.rejected}, failed "
-                  f"{screened.failed}")
-        return metrics
-
-    def validate(self, msg: Message, server_round: int) -> GradientUpdate:
-        """Check and decode one reply of a gradient round (the baselines' decoder)."""
-        content = msg.content
-        if SPEC_KEY in content.config_records:
-            reply_spec(content, self.intake.data.spec)  # the federation's, where adopted
-        assert self.codec is not None
-        src = int(msg.metadata.src_node_id)
-        claimed = reply_identity(content.metric_records.get("metrics"), src)
-        identity, _ = self.identities.resolve(server_round, src, claimed)
-        update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.codec,
-                                 max_examples=MAX_LOCAL_ID, require_loss=False,
-                                 exact_records=False)(msg)
-        self.intake.check_examples(identity, int(update.weight))
-        self.identities.claim(server_round, src, identity)
-        update.node = identity  # per-client state is keyed by the client's identity
-        self._bits[identity] = reply_bits(content)
-        self._sources[identity] = src
-        return update
-
-    def combine(self, screened: Screened[GradientUpdate], contested: set[int]) -> Combined:
-        """Bound the screened replies (rejecting some in ``screened``) and combine them.
-
-        Replies are combined in partition order; ``contested`` identities' are rejected.
-        """
-        cfg = self.cfg
-        # the bits of every gradient that decoded, as for the baselines' updates
-        figures = UpdateFigures.decoded(screened, screened.accepted)
-        screened.keep_uncontested(lambda r: r.node, contested,
-                                  order=lambda r: (r.partition, r.node),
-                                  node=lambda r: self._sources[r.node])
-        valid = screened.accepted
-        for r in valid:  # an accepted reply binds its node id to the identity it spoke for
-            self.identities.bind(self._sources[r.node], r.node)
-        self._sources.clear()
-        bounded = bound_vectors([r.vector for r in valid], [r.weight for r in valid],
-                                self.norms, clip_factor=cfg.clip_factor,
-                                clip_norm=cfg.clip_norm, weight_cap=cfg.weight_cap,
-                                directions=self.directions, what="gradient",
-                                nodes=[r.node for r in valid])
-        screened.accepted, screened.nodes = valid, [r.node for r in valid]
-        screened.keep(bounded.reasons)
-        valid = screened.accepted
-        grad = (aggregate(bounded.vectors, bounded.weights,
-                          robust_rule(cfg.robust_aggregation), cfg.trim_fraction)
-                if valid else None)
-        return Combined(figures, valid, grad, len(bounded.misaligned))
-
-    def record(self, valid: list[GradientUpdate]) -> None:
-        """Tell the planner the accepted replies' examples and their mean size."""
-        for r in valid:
-            self.planner.record_examples(r.node, int(r.weight))
-        if valid:
-            self.planner.measured(gradient_bits=float(np.mean(
-                [self._bits[r.node] for r in valid])))
-        self._bits.clear()
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """The norm screen's recent medians."""
-        return {"norms": self.norms.state(), "directions": self.directions.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`."""
-        self.norms.load_state(state.get("norms", []))
-        self.directions.load_state_dict(state.get("directions", {}))
+    @property
+    def gradient(self) -> bool:
+        """Whether the round asked for coded gradients."""
+        return self.plan is not None and self.plan.mode == "gradient"
 
 
 @dataclass
@@ -500,7 +299,7 @@ class DQStrategy(ModelStrategy, Strategy):
         """Send the sampled nodes the round config, asks and held sets (see :mod:`.asks`)."""
         self._load_arrays(arrays)
         if not self._configured:  # the run's train_config: its optimizer and step size
-            self.trainer.apply_train_config(config)
+            apply_train_config(self.trainer, config)
         self.identities.observe(grid.get_node_ids())
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
                                 round_rng(self.seed, server_round, 0, Purpose.SAMPLE),
@@ -518,23 +317,21 @@ class DQStrategy(ModelStrategy, Strategy):
                                       lambda: model_record(self.model, codec=codec))
         return self.ledger.record(server_round, messages)
 
-    def begin_round(self, rnd: ServerRound) -> None:
+    def begin_round(self, server_round: int, replies: list[Message]) -> _Round:
         """Take the round's plan (data or gradient) and what each node was asked.
 
         Every reply's identity claim is read before any reply is checked (:meth:`.prescan`).
         """
-        self.identities.prescan(rnd.number, reply_claims(rnd.replies))
-        plan, ask = self.asks.take(rnd.number)
-        rnd.notes.update(plan=plan, ask=ask,
-                         gradient=plan is not None and plan.mode == "gradient")
+        self.identities.prescan(server_round, reply_claims(replies))
+        return _Round(*self.asks.take(server_round), self.intake.rules())
 
-    def decode_reply(self, rnd: ServerRound, msg: Message) -> Upload | GradientUpdate:
+    def decode_reply(self, rnd: ServerRound[_Round], msg: Message) -> Upload | GradientUpdate:
         """One reply checked and decoded: a coded gradient, or samples under its identity."""
-        if rnd.notes["gradient"]:
+        if rnd.plan.gradient:
             return self.gradients.validate(msg, self._configured)
-        return self.intake.validate_reply(msg, rnd.number, rnd.notes["ask"])
+        return self.intake.validate_reply(msg, rnd.number, rnd.plan.ask, rnd.plan.rules)
 
-    def observe_failures(self, rnd: ServerRound) -> None:
+    def observe_failures(self, rnd: ServerRound[_Round]) -> None:
         """Count the round towards ``max-failed-rounds`` while the store is empty.
 
         With samples stored a round still trains, so it is not a dead run.
@@ -542,13 +339,13 @@ class DQStrategy(ModelStrategy, Strategy):
         screened = rnd.screened
         self.failures.observe(screened.replies, screened.silent, counts=self.stored == 0)
 
-    def bound(self, rnd: ServerRound) -> Combined | _Checked:
+    def bound(self, rnd: ServerRound[_Round]) -> Combined | _Checked:
         """Gradients bounded and combined, or uploads checked against the round's others.
 
         Uploads are adopted in the clients' partition order (reproducible from the seed).
         """
         screened = rnd.screened
-        if rnd.notes["gradient"]:
+        if rnd.plan.gradient:
             return self.gradients.combine(screened, self.identities.contested(rnd.number))
         screened.keep_uncontested(lambda u: u.node, self.identities.contested(rnd.number),
                                   order=lambda u: (u.partition, u.node),
@@ -584,17 +381,18 @@ class DQStrategy(ModelStrategy, Strategy):
         return kept, len(uploads) - len(kept)
 
     def aggregate_and_step(
-        self, rnd: ServerRound, kept: Combined | _Checked
+        self, rnd: ServerRound[_Round], kept: Combined | _Checked
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The gradient round's steps, or the uploads stored and trained on."""
         if isinstance(kept, Combined):
-            metrics = self.gradients.step(rnd.number, rnd.screened, kept, rnd.notes["plan"])
+            assert rnd.plan.plan is not None  # a gradient round was planned
+            metrics = self.gradients.step(rnd.number, rnd.screened, kept, rnd.plan.plan)
         else:
             metrics = self._data_round(rnd, kept)
         self._returned = state_arrays(self.model)
         return self._returned, MetricRecord(metrics)
 
-    def _data_round(self, rnd: ServerRound, kept: _Checked) -> dict[str, MetricRecordValues]:
+    def _data_round(self, rnd: ServerRound[_Round], kept: _Checked) -> Metrics:
         """Store the checked uploads, train; the round's metrics."""
         refreshed = self.compensations.update_control_variate(kept.uploads)
         stored_before = self.stored
@@ -602,13 +400,10 @@ class DQStrategy(ModelStrategy, Strategy):
         rejected = kept.rejected + not_stored
         loss = self.trainer.train_round(rnd.number, fresh, stored_before)
         self.intake.measure_data(fresh)
-        metrics = self.metrics.data_round(
-            rnd.notes["plan"], fresh, loss=loss, rejected=rejected, failed=rnd.screened.failed,
-            t0=rnd.screened.started, refreshed=refreshed if self.cv is not None else None)
-        log_round("dq", rnd.number, f"{metrics['selected']} new samples, store "
-                  f"{metrics['stored']}, rejected {rejected}, failed {rnd.screened.failed}"
-                  + schedule_text(metrics))
-        return metrics
+        return self.metrics.data_round(
+            rnd.number, rnd.plan.plan, fresh, loss=loss, rejected=rejected,
+            failed=rnd.screened.failed, t0=rnd.screened.started,
+            refreshed=refreshed if self.cv is not None else None)
 
     def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
         """Gradient of the first step (see :meth:`ServerTrainer.fresh_gradient`)."""

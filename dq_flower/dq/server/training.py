@@ -6,67 +6,36 @@ the store trains to a plateau of the held-out score and keeps the previous model
 new one is significantly worse. A :class:`~dq_flower.server.robust.StepGuard` rolls back a
 non-finite model.
 
-On several processes (the ``server-processes`` knob): with N above 1 a round's training
-(store steps, or an adaptive phase) runs in N spawned workers joined by
-``torch.distributed`` (``gloo`` on CPU, ``nccl`` on CUDA, one GPU each; not run on a GPU).
-Each worker draws every minibatch from its own copy of the round's generator, computes the
-gradient of rows ``rank::N`` weighted by their share of the whole minibatch, and
-``all_reduce`` sums the parts: the one-process step up to the order of the float sums.
-Held-out chunk ``i`` is scored by process ``i % N`` and gathered, so every process takes the
-same plateau decisions; process 0 sends the model, optimizer and generator back. A worker
-killed by a signal has the round's training started again once.
-
-The store travels as its checkpoint arrays (a ``numpy.memmap`` by file name, other large
-arrays through shared memory); the model, loss and ``augment`` are pickled
-(:func:`check_portable`). Batch normalisation normalises over each process's rows (as DDP
-without ``SyncBatchNorm``); state a user's ``augment`` keeps advances in the workers only.
+On several processes (the ``server-processes`` knob) a round's training runs in spawned
+workers (:mod:`.processes`).
 """
 
 from __future__ import annotations
 
 import copy
-import faulthandler
 import math
-import mmap
-import os
-import pickle
-import shutil
-import sys
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from logging import WARNING
-from typing import Any, Literal, cast
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, cast
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from flwr.common.logger import log
 
 from dq_flower.augment import augmentation_for
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.node_screen import AgreementScreen
 from dq_flower.dq.server.optimizer_choice import (
     AUTO,
+    Continuation,
     OptimizerChoice,
-    candidates,
-    from_train_config,
-    pick,
+    probe,
 )
-from dq_flower.dq.server.schedule import (
-    AdaptiveSchedule,
-    HeldOutScores,
-    PhaseResult,
-    PhaseStart,
-    PlateauRule,
-    paired_gain,
-    significantly_worse,
-    train_phase,
-)
-from dq_flower.dq.server.store import FederationData, SampleStore
+from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
+from dq_flower.dq.server.processes import check_portable, sharded_phase, sharded_steps
+from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import (
     LossFn,
@@ -79,8 +48,7 @@ from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.common import log_round, make_optimizer
 from dq_flower.server.robust import StepGuard, aggregate, clip_norms
 
-__all__ = ["ServerTrainer", "Continuation", "BatchGradient", "ShardGradient", "check_portable",
-           "sharded_steps", "sharded_phase", "portable", "restore"]
+__all__ = ["ServerTrainer", "BatchGradient"]
 
 
 class ServerTrainer:
@@ -144,83 +112,10 @@ class ServerTrainer:
         self.choice, self.lr, self.lr_given = (
             OptimizerChoice(type(optimizer).__name__, lr, "user"), lr, True)
 
-    def apply_train_config(self, config: Mapping[str, Any]) -> None:
-        """Honour a ``train_config``'s optimizer and step size (see :mod:`.optimizer_choice`)."""
-        lr_default = float(DQConfig.lr)  # the field's default (a knob reads as it)
-        name, lr, reasons = from_train_config(config, self.cfg.optimizer, self.cfg.lr,
-                                              lr_default)
-        for reason in reasons:
-            log(WARNING, "[dq] %s", reason)
-        self.lr_given = self.cfg.lr != lr_default or lr is not None
-        if lr is not None:
-            self.lr = lr
-        if self.choice is not None and self.choice.source == "user":
-            if name is not None or lr is not None:
-                log(WARNING, "[dq] train_config's optimizer and lr are not used: the strategy "
-                    "was given its optimizer (%s)", self.choice.describe())
-            return
-        if name is not None and (self.choice is None or self.choice.source != "held-out"):
-            self.use_optimizer(OptimizerChoice(name, self.lr, "train-config"))
-        elif lr is not None and self.choice is not None and self.choice.source != "held-out":
-            self.use_optimizer(OptimizerChoice(self.choice.name, lr, "train-config"))
-        if name is not None or lr is not None:
-            log_round("dq", 0, f"train_config: the server trains with "
-                      f"{self.choice.describe() if self.choice else f'lr {self.lr:g}'}"
-                      + ("" if self.choice else " (optimizer chosen on the held-out rows)"))
-
     def choose_optimizer(self, server_round: int, rng: np.random.Generator
                          ) -> Continuation | None:
-        """The probe of :mod:`.optimizer_choice`: each candidate's short phase, the best kept.
-
-        Every candidate starts from the same weights and draws the same minibatches (a copy
-        of ``rng``). The winner's probe is not thrown away: the model, the optimizer and
-        ``rng`` are left where its probe ended, and the returned continuation lets the phase
-        go on from there (``None``: no held-out rows, no probe).
-        """
-        store = self.data.store
-        if store is None or not store.holdout_mask.any():
-            default = replace(candidates(self.lr, self.lr_given)[0], source="default")
-            self.use_optimizer(default)
-            log_round("dq", server_round, f"server optimizer: {default.describe()} (no "
-                      "held-out rows to choose on)")
-            return None
-        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        rule = replace(self.plateau, lr_drops=0, max_steps=max(1, min(
-            self.plateau.max_steps // PROBE_SHARE, PROBE_EVALUATIONS * self.plateau.eval_every)))
-        options = candidates(self.lr, self.lr_given)
-        results: list[HeldOutScores | None] = []
-        ends: list[Continuation] = []
-        for option in options:
-            self.model.load_state_dict(start)
-            self.use_optimizer(option)
-            probe_rng = copy.deepcopy(rng)
-            augment = self.augmentation(probe_rng)
-            self.model.train()
-            phase = train_phase(self.model, self.optimizer, option.lr, rule,
-                                _probe_steps(self, probe_rng, augment), self.score_holdout,
-                                keep_going=True)
-            finite = all(bool(torch.isfinite(v).all()) for v in self.model.state_dict().values()
-                         if v.is_floating_point())
-            results.append(phase.final if finite else None)
-            assert phase.resume is not None
-            ends.append(Continuation(phase.resume, copy.deepcopy(self.model.state_dict()),
-                                     self.optimizer, probe_rng.bit_generator.state, augment))
-        best, gain = pick(results)
-        winner = ends[best]
-        self.model.load_state_dict(winner.model)
-        self.use_optimizer(options[best])
-        self.optimizer = self.guard.optimizer = winner.optimizer  # its state goes on
-        rng.bit_generator.state = winner.rng_state
-        text = "; ".join(f"{o.describe()}: " + ("non-finite" if r is None else
-                                                 _score_text(r)) for o, r in zip(
-                                                     options, results, strict=True))
-        why = ("the others went non-finite" if gain is None and best > 0 else
-               f"held-out loss lower by {gain.gain:.1%} (stderr {gain.stderr:.1%})"
-               if gain is not None else "no other is better beyond the uncertainty")
-        log_round("dq", server_round, f"server optimizer: {options[best].describe()} "
-                  f"({why}; {rule.max_steps}-step probes on the held-out rows: {text}; the "
-                  "phase goes on from its probe)")
-        return winner if results[best] is not None else None
+        """The optimizer probe (:func:`~.optimizer_choice.probe`) from this trainer."""
+        return probe(self, server_round, rng)
 
     # ------------------------------------------------------------------ one round
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
@@ -532,274 +427,10 @@ class ServerTrainer:
         self.screen.load_state(state.get("node_screen"))
 
 
-def _probe_steps(trainer: ServerTrainer, rng: np.random.Generator,
-                 augment: Callable[[torch.Tensor], torch.Tensor] | None
-                 ) -> Callable[[int], list[float]]:
-    """Store steps of an optimizer probe, on the probe's own minibatch stream."""
-    return lambda n: trainer.store_steps(0, n, rng, augment, sharded=False)
-
-
-def _score_text(scores: HeldOutScores) -> str:
-    """``accuracy 0.9412, loss 0.2103`` (or the loss alone for float targets)."""
-    loss = f"loss {float(scores.loss.mean()):.4g}"
-    if scores.correct is None:
-        return loss
-    return f"accuracy {float(scores.correct.mean()):.4f}, {loss}"
-
-
 def _mean(losses: list[float]) -> float:
     """The mean loss (NaN for none)."""
     return float(np.mean(losses)) if losses else float("nan")
 
-
-@dataclass
-class Continuation:
-    """An optimizer probe's end, for the phase to go on from."""
-
-    start: PhaseStart
-    model: dict[str, torch.Tensor]
-    optimizer: torch.optim.Optimizer
-    rng_state: Mapping[str, Any]
-    augment: Callable[[torch.Tensor], torch.Tensor] | None
-
-
 #: A store step's minibatch gradient: ``(model, x, y, w, loss_fn) -> (loss, flat grad)``.
 BatchGradient = Callable[[torch.nn.Module, np.ndarray, np.ndarray, np.ndarray,
                           "LossFn | None"], tuple[float, np.ndarray]]
-#: Held-out scores of each optimizer probe (its steps: this many ``plateau-eval-every``,
-#: at most a :data:`PROBE_SHARE`-th of the phase's step cap).
-PROBE_EVALUATIONS = 4
-PROBE_SHARE = 4
-#: Arrays smaller than this travel by copy, larger ones through shared memory or a file.
-SHARED_BYTES = 1 << 16
-#: Starts of a round's workers when one is killed by a signal (the first and one more).
-MAX_STARTS = 2
-_RESULT = "result.pkl"
-
-
-def check_portable(model: torch.nn.Module, loss_fn: LossFn | None,
-                   augment: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
-    """Raise ``ValueError`` naming ``server-processes`` unless each of them pickles."""
-    for name, value in (("model", model), ("loss_fn", loss_fn), ("augment", augment)):
-        try:
-            pickle.dumps(value)
-        except Exception as exc:  # any pickling failure: a lambda, a local class, a lock
-            raise ValueError(f"server-processes: training in worker processes needs a "
-                             f"{name} that pickles ({exc})") from None
-
-
-# ---------------------------------------------------------------------- in the workers
-@dataclass(frozen=True)
-class ShardGradient:
-    """Rows ``rank::world`` of each minibatch (``w`` normalised over the whole minibatch)."""
-
-    rank: int
-    world: int
-    device: torch.device
-
-    def __call__(self, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray,
-                 loss_fn: LossFn | None) -> tuple[float, np.ndarray]:
-        """The loss and gradient of rows ``rank::world``, summed over the processes."""
-        part = slice(self.rank, None, self.world)
-        if len(w[part]):
-            loss, grad = weighted_loss_grad(model, x[part], y[part], w[part], loss_fn)
-        else:  # fewer rows than processes: this one adds nothing
-            loss = 0.0
-            grad = np.zeros(sum(p.numel() for p in model.parameters()), dtype=np.float32)
-        total = torch.from_numpy(grad).to(self.device)
-        dist.all_reduce(total)
-        summed = torch.tensor([loss], dtype=torch.float64, device=self.device)
-        dist.all_reduce(summed)
-        return float(summed.item()), total.cpu().numpy()
-
-
-class _ShardStore(SampleStore):
-    """The store as one worker reads it: its own chunks of the held-out rows only."""
-
-    def __init__(self, dequantize: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
-                 rank: int, world: int) -> None:
-        super().__init__(dequantize)
-        self.rank, self.world, self.chunk = rank, world, 1024
-
-    def holdout_batches(self, batch_size: int = 1024) -> Iterator[Any]:
-        """Chunk ``i`` of the held-out rows where ``i % world == rank``."""
-        self.chunk = batch_size
-        for i, chunk in enumerate(super().holdout_batches(batch_size)):
-            if i % self.world == self.rank:
-                yield chunk
-
-    def gathered(self, mine: HeldOutScores) -> HeldOutScores:
-        """Every process's scores of its chunks, put back in store order."""
-        parts: list[Any] = [None] * self.world
-        dist.all_gather_object(parts, mine)
-        total = int(self.holdout_mask.sum())
-        if total == 0:
-            return mine
-        used = [0] * self.world
-        ordered = []
-        for i, start in enumerate(range(0, total, self.chunk)):
-            n, r = min(self.chunk, total - start), i % self.world
-            part, at = parts[r], used[r]
-            ordered.append(HeldOutScores(
-                part.loss[at:at + n],
-                None if part.correct is None else part.correct[at:at + n],
-                part.nodes[at:at + n]))
-            used[r] += n
-        return HeldOutScores.concat(ordered)
-
-
-@dataclass(frozen=True)
-class _Mapped:
-    """A memory-mapped array, reopened read-only from its file in each worker."""
-
-    filename: str
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    order: Literal["C", "F"]
-
-    def open(self) -> np.ndarray:
-        return np.memmap(self.filename, dtype=np.dtype(self.dtype), mode="r",
-                         shape=self.shape, offset=self.offset, order=self.order)
-
-
-def portable(value: Any) -> Any:
-    """``value`` as it travels to the workers (see :func:`restore`).
-
-    A file-backed ``numpy.memmap`` by its file name; another array of at least
-    :data:`SHARED_BYTES` as a tensor (moved once to shared memory); anything else as is.
-    """
-    if not isinstance(value, np.ndarray) or value.nbytes < SHARED_BYTES:
-        return value
-    if (isinstance(value, np.memmap) and value.filename and isinstance(value.base, mmap.mmap)
-            and (value.flags.c_contiguous or value.flags.f_contiguous)):
-        return _Mapped(str(value.filename), value.dtype.str, tuple(value.shape),
-                       int(value.offset), "C" if value.flags.c_contiguous else "F")
-    return torch.from_numpy(np.ascontiguousarray(value))
-
-
-def restore(value: Any) -> Any:
-    """Inverse of :func:`portable`: the array again (a memory map stays one)."""
-    if isinstance(value, _Mapped):
-        return value.open()
-    if isinstance(value, torch.Tensor):
-        return value.numpy()
-    return value
-
-
-@dataclass(frozen=True)
-class _Task:
-    """One round's training: ``steps`` store steps, or a phase on ``train_rows`` rows."""
-
-    trainer: ServerTrainer
-    rng: np.random.Generator
-    steps: int = 0
-    augment: Callable[[torch.Tensor], torch.Tensor] | None = None
-    train_rows: int | None = None
-    queued: tuple[tuple[float, np.ndarray], ...] = ()
-    resume: Continuation | None = None
-
-    def run(self, store: _ShardStore) -> Any:
-        t = self.trainer
-        if self.train_rows is None:
-            return t.store_steps(0, self.steps, self.rng, self.augment)
-        return t.run_phase(self.train_rows, self.rng, list(self.queued),
-                           lambda: store.gathered(t.score_holdout()), self.resume)
-
-
-def _worker(rank: int, world: int, job: bytes, state: dict[str, Any],
-            ranges: dict[int, tuple[np.ndarray, np.ndarray]], folder: str,
-            threads: int) -> None:
-    """Process ``rank`` of ``world``: run the pickled task on the store's arrays."""
-    faulthandler.enable()  # a worker that aborts in C++ still shows where
-    torch.set_num_threads(threads)
-    task: _Task = pickle.loads(job)
-    trainer = task.trainer
-    device = next((p.device for p in trainer.model.parameters()), torch.device("cpu"))
-    if device.type == "cuda":  # one GPU per process
-        device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
-        trainer.model.to(device)
-        trainer.optimizer.load_state_dict(trainer.optimizer.state_dict())  # state follows
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=f"file://{os.path.join(folder, 'rendezvous')}",
-                            rank=rank, world_size=world)
-    try:
-        layout = trainer.data.layout
-        assert layout is not None  # a store exists only once the data spec is adopted
-        store = _ShardStore(layout.dequantize, rank, world)
-        store.load_state({k: restore(v) for k, v in state.items()})
-        store.ranges.update(ranges)
-        trainer.data = replace(trainer.data, store=store)
-        trainer.batch_gradient = ShardGradient(rank, world, device)
-        out = task.run(store)
-        if rank == 0:
-            result = {"model": {k: v.detach().cpu()
-                                for k, v in trainer.model.state_dict().items()},
-                      "optimizer": trainer.optimizer.state_dict(),
-                      "rng": task.rng.bit_generator.state, "out": out}
-            with open(os.path.join(folder, _RESULT + ".tmp"), "wb") as f:
-                pickle.dump(result, f)
-            os.replace(os.path.join(folder, _RESULT + ".tmp"), os.path.join(folder, _RESULT))
-        dist.barrier()  # no process leaves while another still talks to it
-    finally:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # the work is done and the result written: leave without the interpreter's teardown,
-    # where the process group's C++ threads have been seen to abort (SIGABRT, SIGSEGV)
-    os._exit(0)
-
-
-# ---------------------------------------------------------------------- in the server
-def _on_processes(trainer: ServerTrainer, task: _Task) -> Any:
-    """Run ``task`` on ``server-processes`` workers; take process 0's model back.
-
-    A worker killed by a signal (a native crash) is started again once with the others,
-    from the same job; a second death, or a worker that raised, is an error.
-    """
-    world = trainer.cfg.server_processes
-    store = trainer.data.store
-    assert store is not None
-    job = copy.copy(trainer)
-    job.cfg = replace(trainer.cfg, server_processes=1)  # each worker trains as one process
-    job.data = replace(trainer.data, store=None)  # the store travels as arrays
-    payload = pickle.dumps(replace(task, trainer=job))
-    state = {k: portable(v) for k, v in store.state().items()}
-    args = (world, payload, state, dict(store.ranges))
-    threads = max(1, torch.get_num_threads() // world)
-    for attempt in range(1, MAX_STARTS + 1):
-        folder = tempfile.mkdtemp(prefix="dq-ddp-")
-        try:
-            mp.spawn(_worker, args=(*args, folder, threads), nprocs=world, join=True)
-            with open(os.path.join(folder, _RESULT), "rb") as f:
-                result = pickle.load(f)
-            break
-        except mp.ProcessExitedException as exc:
-            if exc.signal_name is None or attempt == MAX_STARTS:
-                raise
-            log(WARNING, "server-processes: worker %d died by %s; its training starts "
-                "again from the same state", exc.error_index, exc.signal_name)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-    trainer.model.load_state_dict(result["model"])
-    trainer.optimizer.load_state_dict(result["optimizer"])
-    task.rng.bit_generator.state = result["rng"]
-    return result["out"]
-
-
-def sharded_steps(trainer: ServerTrainer, steps: int, rng: np.random.Generator,
-                  augment: Callable[[torch.Tensor], torch.Tensor] | None) -> list[float]:
-    """``steps`` store steps on the worker processes; their losses (as one process's)."""
-    return list(_on_processes(trainer, _Task(trainer, rng, steps=steps, augment=augment)))
-
-
-def sharded_phase(trainer: ServerTrainer, train_rows: int, rng: np.random.Generator,
-                  queued: list[tuple[float, np.ndarray]],
-                  resume: Continuation | None = None) -> PhaseResult:
-    """A training phase on the workers (``queued`` gradients stepped with first)."""
-    result = _on_processes(trainer, _Task(trainer, rng, train_rows=train_rows,
-                                          queued=tuple(queued), resume=resume))
-    queued.clear()
-    assert isinstance(result, PhaseResult)
-    return result

@@ -16,18 +16,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
-from dq_flower.codecs.uniform import expand_ranges, packed_codes
+from dq_flower.codecs.uniform import plain_payload
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.store import FederationData
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.token_intake import check_token_upload
 from dq_flower.server.common import log_rejected
 from dq_flower.server.pipeline import bound_vectors
@@ -35,7 +35,6 @@ from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import (
     INFO_KEY,
     RANGES_KEY,
-    SPEC_KEY,
     DataSpec,
     SampleBatch,
     decode_batch,
@@ -44,13 +43,12 @@ from dq_flower.wire.dq_batch import (
     payload_quantizer,
     range_mode,
     ranges_from_record,
-    spec_from_record,
+    reply_spec,
 )
 
-__all__ = ["plain_payload", "keep_rows", "kept_rows", "Upload", "Rules",
-           "History", "Agreement", "check_upload", "agree", "Compensations", "decode_compensation",
-           "decode_vector", "reply_spec", "VALUE_FACTOR", "EXAMPLES_FACTOR", "SHARE_FACTOR",
-           "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
+__all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "Compensations",
+           "decode_compensation", "decode_vector", "VALUE_FACTOR",
+           "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
@@ -128,62 +126,6 @@ class Agreement:
 
 
 # ------------------------------------------------------------------ one reply
-@dataclass
-class _KeptBatch(SampleBatch):
-    """A validated batch of which only the payload rows ``kept`` are used."""
-
-    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-
-
-def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
-    """``batch`` cut to the rows where ``keep`` is true (the payload stays as sent)."""
-    idx = np.flatnonzero(np.asarray(keep, dtype=bool))
-    base = kept_rows(batch)
-    values = {f.name: getattr(batch, f.name) for f in fields(SampleBatch)}
-    values.update(labels=batch.labels[idx], ids=batch.ids[idx], weights=batch.weights[idx])
-    return _KeptBatch(**values, kept=idx if base is None else base[idx])
-
-
-def kept_rows(batch: SampleBatch) -> np.ndarray | None:
-    """The payload rows a batch uses (``None``: all of them)."""
-    return batch.kept if isinstance(batch, _KeptBatch) else None
-
-
-def plain_payload(p: Payload, bits: int) -> Payload:
-    """``p`` with its lossless coder and coded ranges undone (its stream decoded once).
-
-    Every check of ``p`` holds for the result exactly where it holds for ``p`` (``nbits``
-    moves by the coded minus the packed size, padding bits are cleared).
-    """
-    if len(p.shape) != 2:
-        return p
-    groups = p.meta.get("per_channel", 0)
-    if "ranges" in p.meta and isinstance(groups, int) and not isinstance(groups, bool):
-        p = expand_ranges(p, p.shape[0] * max(groups, 1))  # else malformed: the decoder refuses
-    method = p.meta.get("entropy")
-    stream = p.buffers.get("codes")
-    if not isinstance(method, str) or method == "none" or stream is None:
-        return p
-    n, d = p.shape
-    packed = packed_codes(p, bits)
-    spare = 8 * packed.size - n * d * bits
-    if 0 < spare < 8:
-        packed = packed.copy()
-        packed[-1] &= np.uint8((0xFF << spare) & 0xFF)
-    meta = {k: v for k, v in p.meta.items() if k != "context_shape" or method != "context"}
-    meta["entropy"] = "none"
-    return dataclasses.replace(p, meta=meta, buffers={**p.buffers, "codes": packed},
-                               nbits=p.nbits - 8 * int(stream.size) + n * d * bits)
-
-
-def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:
-    """The reply's data spec; it must equal ``known`` where the server has one."""
-    spec = spec_from_record(content.config_records.get(SPEC_KEY))
-    if known is not None and spec != known:
-        raise PayloadError(f"reply's data {spec} differs from the federation's {known}")
-    return spec
-
-
 def read_counts(metrics: MetricRecord | None, rows: int, history: History,
                 resend: bool) -> tuple[int, int, int]:
     """``(candidates, examples, partition)`` of a reply, checked against the node's history."""

@@ -9,21 +9,19 @@ cast to float32 and checked to be finite. Partitions are computed on the labels 
 
 from __future__ import annotations
 
-from dq_flower.harness.tasks.data.arrays import (
-    NODE_DATA_CONFIG_KEY,
-    Dataset,
-    NodeData,
-    from_arrays,
-    load_node_data,
-    save_node_data,
-    save_npz,
-)
+from dq_flower.harness.tasks.data.arrays import Dataset, from_arrays, save_npz
 from dq_flower.harness.tasks.data.loaders import (
     load_dataset,
     load_dataset_cached,
     load_task_dataset,
     parse_idx,
     validation_view,
+)
+from dq_flower.harness.tasks.data.node_data import (
+    NODE_DATA_CONFIG_KEY,
+    NodeData,
+    load_node_data,
+    save_node_data,
 )
 from dq_flower.harness.tasks.data.partitions import load_partition, partition_indices
 

@@ -1,0 +1,122 @@
+"""A DQ round's metrics, read off the strategy's parts after the round's steps.
+
+:class:`RoundMetrics` gives both kinds of round's metrics; :func:`schedule_text` is the
+adaptive schedule's part of a data round's log line.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from flwr.app import MetricRecordValues
+
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.asks import RoundAsks
+from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.planner import RoundPlan
+from dq_flower.dq.server.training import ServerTrainer
+from dq_flower.dq.server.validation import Upload
+from dq_flower.server.common import log_round
+
+__all__ = ["Metrics", "RoundMetrics", "schedule_text"]
+
+#: a round's metrics by name, as ``aggregate_train`` returns them
+Metrics = dict[str, MetricRecordValues]
+
+
+class RoundMetrics:
+    """A round's metrics, read off the strategy's parts after the round's steps."""
+
+    def __init__(self, cfg: DQConfig, data: FederationData, asks: RoundAsks,
+                 trainer: ServerTrainer) -> None:
+        self.cfg, self.data, self.asks, self.trainer = cfg, data, asks, trainer
+
+    def common(self, plan: RoundPlan | None, *, loss: float, selected: int, up_bits: int,
+               replies: int, rejected: int, failed: int, t0: float) -> Metrics:
+        """The per-round metrics both kinds of round report."""
+        store = self.data.store
+        metrics: Metrics = {
+            "selected": int(selected),
+            "stored": self.data.stored,
+            "store-bytes": 0 if store is None else store.nbytes,
+            "evicted": 0 if store is None else store.evicted,
+            "up-payload-bits": int(up_bits),
+            "replies": replies,
+            "rejected": rejected,
+            "failed": failed,
+            "server-time-s": time.perf_counter() - t0,
+            # rows of the round's replies the server already held (dropped), and the bytes
+            # of the held sets and tables its messages carried (part of the downlink)
+            "duplicate-rows": self.data.take_duplicates(),
+            "held-set-bytes": self.asks.held_bytes,
+        }
+        if math.isfinite(loss):  # a round that trained nothing (no new rows) reports none
+            metrics["train-loss"] = float(loss)
+        if plan is not None and self.cfg.upload_mode != "data":
+            metrics.update({"gradient-round": int(plan.mode == "gradient"),
+                            "est-data-bits": float(plan.data_bits),
+                            "est-gradient-bits": float(plan.gradient_bits)})
+        return metrics
+
+    def data_round(self, server_round: int, plan: RoundPlan | None, fresh: list[Upload], *,
+                   loss: float, rejected: int, failed: int, t0: float,
+                   refreshed: tuple[int, int] | None) -> Metrics:
+        """A data round's metrics, logged; ``refreshed``: ``(refreshed, rejected)`` residuals."""
+        metrics = self.common(
+            plan, loss=loss, selected=sum(len(u.batch) for u in fresh),
+            up_bits=sum(u.batch.payload_bits for u in fresh), replies=len(fresh),
+            rejected=rejected, failed=failed, t0=t0)
+        metrics["up-packed-bytes"] = int(sum(u.batch.packed_nbytes for u in fresh))
+        metrics["rolled-back"] = self.trainer.rolled_back
+        if refreshed is not None:
+            metrics["refreshed"], metrics["refreshes-rejected"] = refreshed
+        if self.trainer.schedule is not None:
+            metrics.update(self.schedule())
+        log_round("dq", server_round, f"{metrics['selected']} new samples, store "
+                  f"{metrics['stored']}, rejected {rejected}, failed {failed}"
+                  + schedule_text(metrics))
+        return metrics
+
+    def schedule(self) -> Metrics:
+        """The adaptive schedule's round metrics (steps, held-out score, gain, next ask)."""
+        schedule, phase, store = self.trainer.schedule, self.trainer.last_phase, self.data.store
+        assert schedule is not None  # the store is None until a spec is adopted
+        out: Metrics = {
+            "server-steps": 0 if phase is None else phase.steps,
+            "reverted": int(self.trainer.reverted and phase is not None),
+            "holdout-rows": 0 if store is None else int(store.holdout_mask.sum()),
+            "next-ask": int(schedule.next_total or 0),
+            # 0: asking; 1: stopped, the learning curve is flat; 2: every node exhausted
+            "schedule-done": (0 if not schedule.done
+                              else 2 if schedule.reason == "exhausted" else 1),
+        }
+        if phase is not None and phase.final is not None and phase.final.loss.size:
+            out["holdout-loss"] = float(phase.final.loss.mean())
+            if phase.final.correct is not None:
+                out["holdout-acc"] = float(phase.final.correct.mean())
+        point = schedule.curve[-1] if phase is not None and schedule.curve else {}
+        if "gain" in point:
+            out["upload-gain"] = float(point["gain"])
+            out["upload-gain-stderr"] = float(point["stderr"])
+        return out
+
+
+def schedule_text(metrics: dict[str, Any]) -> str:
+    """The adaptive schedule's part of a data round's log line (empty without one)."""
+    if "next-ask" not in metrics:
+        return ""
+    text = f", {metrics['server-steps']} server steps"
+    if "holdout-acc" in metrics:
+        text += f", held-out accuracy {float(metrics['holdout-acc']):.4f}"
+    if "upload-gain" in metrics:
+        text += f", gain {float(metrics['upload-gain']):+.4f}"
+    if metrics.get("reverted"):
+        text += (" (worse on the held-out rows beyond its uncertainty: the previous model is"
+                 " kept)")
+    if metrics["schedule-done"] == 2:
+        return text + "; every node has uploaded all its samples"
+    if metrics["schedule-done"]:
+        return text + "; the learning curve is flat: no more uploads"
+    return text + f"; next ask {metrics['next-ask']} samples"
