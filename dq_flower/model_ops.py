@@ -164,14 +164,19 @@ def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -
     return losses
 
 
+def _batch_tensors(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A weighted minibatch as tensors on the model's device."""
+    dev = _device(model)
+    return (torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32).to(dev),
+            targets_tensor(y, dev), torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev))
+
+
 def weighted_loss_grad(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray,
                        loss_fn: LossFn | None = None) -> tuple[float, np.ndarray]:
     """``sum_i w_i loss(model(x_i), y_i)`` and its flat float32 gradient (``.grad`` untouched)."""
     params = list(model.parameters())
-    dev = _device(model)
-    xt = torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32).to(dev)
-    yt = targets_tensor(y, dev)
-    wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev)
+    xt, yt, wt = _batch_tensors(model, x, y, w)
     with torch.enable_grad():
         loss = (_per_sample(resolve_loss(loss_fn), model(xt), yt) * wt).sum()
         grads = torch.autograd.grad(loss, params, allow_unused=True)
@@ -187,10 +192,7 @@ def weighted_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: np.ndar
     The step :func:`weighted_loss_grad` then :func:`apply_flat_grad` take, without the flat
     vector: a parameter the loss does not reach gets a zero gradient as there.
     """
-    dev = _device(model)
-    xt = torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32).to(dev)
-    yt = targets_tensor(y, dev)
-    wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev)
+    xt, yt, wt = _batch_tensors(model, x, y, w)
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():
         loss = (_per_sample(resolve_loss(loss_fn), model(xt), yt) * wt).sum()

@@ -87,3 +87,31 @@ def test_minibatches_drawn_together_are_those_drawn_one_by_one(weights):
         np.testing.assert_array_equal(y, y1)
         np.testing.assert_array_equal(w, w1)
     assert one.bit_generator.state == many.bit_generator.state  # the same draws, no more
+
+
+def test_probes_that_all_go_non_finite_leave_the_phase_its_starting_weights(monkeypatch):
+    pytest.importorskip("sklearn")
+    from dq_flower.dq.server import optimizer_choice
+
+    real_phase, seen = optimizer_choice.train_phase, []
+
+    def ruined(model, *args, **kwargs):  # every probe ends with NaN weights
+        result = real_phase(model, *args, **kwargs)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))
+        return result
+
+    real_probe = optimizer_choice.probe
+
+    def recording(trainer, server_round, rng):
+        start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        out = real_probe(trainer, server_round, rng)
+        seen.append((out, all(torch.equal(start[k], v)
+                              for k, v in trainer.model.state_dict().items())))
+        return out
+
+    monkeypatch.setattr(optimizer_choice, "train_phase", ruined)
+    monkeypatch.setattr(training, "probe", recording)
+    _run_wine()
+    assert seen == [(None, True)]

@@ -180,7 +180,8 @@ class Probed(Protocol):
     lr: float
     lr_given: bool
 
-    def use_optimizer(self, choice: OptimizerChoice) -> None: ...  # noqa: D102
+    def use_optimizer(self, choice: OptimizerChoice,  # noqa: D102
+                      built: torch.optim.Optimizer | None = None) -> None: ...
 
     def augmentation(self, rng: np.random.Generator  # noqa: D102
                      ) -> Callable[[torch.Tensor], torch.Tensor] | None: ...
@@ -230,11 +231,14 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
         ends.append(Continuation(phase.resume, copy.deepcopy(trainer.model.state_dict()),
                                  trainer.optimizer, probe_rng.bit_generator.state, augment))
     best, gain = pick(results)
-    winner = ends[best]
-    trainer.model.load_state_dict(winner.model)
-    trainer.use_optimizer(options[best])
-    trainer.optimizer = trainer.guard.optimizer = winner.optimizer  # its state goes on
-    rng.bit_generator.state = winner.rng_state
+    winner: Continuation | None = ends[best] if results[best] is not None else None
+    if winner is None:  # every probe went non-finite: the phase starts over from the start
+        trainer.model.load_state_dict(start)
+        trainer.use_optimizer(options[best])
+    else:  # the winner's weights, optimizer state and minibatch stream go on
+        trainer.model.load_state_dict(winner.model)
+        trainer.use_optimizer(options[best], winner.optimizer)
+        rng.bit_generator.state = winner.rng_state
     text = "; ".join(f"{o.describe()}: " + ("non-finite" if r is None else
                                              _score_text(r)) for o, r in zip(
                                                  options, results, strict=True))
@@ -243,8 +247,8 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
            if gain is not None else "no other is better beyond the uncertainty")
     log_round("dq", server_round, f"server optimizer: {options[best].describe()} "
               f"({why}; {rule.max_steps}-step probes on the held-out rows: {text}; the "
-              "phase goes on from its probe)")
-    return winner if results[best] is not None else None
+              + ("phase goes on from its probe)" if winner else "phase starts over)"))
+    return winner
 
 
 def _probe_steps(trainer: Probed, rng: np.random.Generator,

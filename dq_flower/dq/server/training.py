@@ -91,11 +91,12 @@ class ServerTrainer:
             check_portable(model, loss_fn, augment)
 
     # ------------------------------------------------------------------ the optimizer
-    def use_optimizer(self, choice: OptimizerChoice) -> None:
-        """Train with ``choice`` from now on (a new optimizer, its state empty)."""
+    def use_optimizer(self, choice: OptimizerChoice,
+                      built: torch.optim.Optimizer | None = None) -> None:
+        """Train with ``choice`` from now on: ``built`` (its state goes on), else a new one."""
         cfg = self.cfg
-        self.optimizer = make_optimizer(choice.name, self.model.parameters(), choice.lr,
-                                        cfg.momentum, cfg.weight_decay)
+        self.optimizer = built if built is not None else make_optimizer(
+            choice.name, self.model.parameters(), choice.lr, cfg.momentum, cfg.weight_decay)
         self.guard.optimizer = self.optimizer
         self.choice, self.lr = choice, choice.lr
 
