@@ -98,3 +98,32 @@ def test_summary_reports_time_to_target_per_link_and_draws_the_time_plot(tmp_pat
     assert "Fastest to 80.0% on lte: dq (4.3 s simulated)." in text
     assert (tmp_path / "accuracy_vs_time_lte.png").is_file()
     assert "clients" not in paths["csv"].read_text().splitlines()[0]
+
+
+def test_compute_is_cpu_time_so_waiting_on_a_shared_machine_does_not_count(monkeypatch):
+    # A process that waits (here: sleeps) uses no CPU; on a machine shared with other work
+    # wall-clock compute would grow with the load. Each client and the server wait 1.5 s in
+    # their step; a round of FedAvg on the digits MLP computes well under a second of each.
+    import time
+
+    from dq_flower.harness import fedavg_client
+    from dq_flower.harness.server_app import FlowerStrategy
+
+    real_epochs, real_aggregate = fedavg_client.local_epochs, FlowerStrategy.aggregate_round
+
+    def slow_epochs(*args, **kwargs):
+        time.sleep(1.5)
+        return real_epochs(*args, **kwargs)
+
+    def slow_aggregate(self, *args, **kwargs):
+        time.sleep(1.5)
+        return real_aggregate(self, *args, **kwargs)
+
+    monkeypatch.setattr(fedavg_client, "local_epochs", slow_epochs)
+    monkeypatch.setattr(FlowerStrategy, "aggregate_round", slow_aggregate)
+    t0 = time.perf_counter()
+    row = run_server(InProcessGrid(client_app, 2),
+                     build_run_config("fedavg", num_clients=2, rounds=1)).history[1]
+    assert time.perf_counter() - t0 > 3 * 1.5  # the waits happened
+    assert 0 < min(c[0] for c in row["clients"]) < 1.0
+    assert 0 < row["server_compute_s"] < 1.0

@@ -145,7 +145,7 @@ def _reply(r: RoundInput, content: RecordDict, bits: int, metrics: dict[str, Any
     content[SPEC_KEY] = spec_record(r.spec)
     content["metrics"] = MetricRecord({
         "num-examples": int(r.x.shape[0]), "partition-id": int(r.key), **metrics,
-        "up-payload-bits": int(bits), "client-time-s": time.perf_counter() - r.t0})
+        "up-payload-bits": int(bits), "client-time-s": time.process_time() - r.t0})
     return Message(content=content, reply_to=r.msg)
 
 
@@ -230,7 +230,7 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         The reply: packed samples, their labels or targets, ids and weights, the optional
         compensation, the data spec and the metrics (``num-examples``, ``selected``, ...).
     """
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     config = round_config(msg)
     if window is not None:
         return _token_round(msg, context, data, config, t0, window, tokenizer, vocab)
