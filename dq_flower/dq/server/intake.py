@@ -7,7 +7,6 @@ replies stays provisional until rows are stored.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import replace
 from logging import ERROR, WARNING
@@ -126,55 +125,52 @@ class UploadIntake:
         self.planner, self.identities = planner, identities
         self.comp_codec, self.num_params, self.measuring = comp_codec, num_params, measuring
         self.data = data
-        self._given_classes = data.num_classes
-        #: what was learned from replies and is forgotten while no row is stored
-        self._provisional = {"spec": False, "bound": False}
         #: each client's rows that copy rows it sent before (dq.server.node_screen)
         self.copies = CopyScreen(cfg.copy_margin, bits=cfg.bits)
         #: one run per store-dir: a second process's run is refused here, before any round
         self.store_lock = lock_store_dir(cfg.store_dir) if cfg.store_dir else None
 
     # ------------------------------------------------------------------ the data spec
-    def fix_spec(self, spec: DataSpec, classes: int | None = None) -> None:
+    def fix_spec(self, spec: DataSpec, classes: int | None = None,
+                 provisional: bool = False) -> None:
         """Adopt ``spec`` and set up the store.
 
         ``classes``: from the model check of the replies' rows; ``None`` (a spec given or
-        resumed): the model and loss are checked on zero rows here.
+        resumed): the model and loss are checked on zero rows here. ``provisional``: agreed
+        by a round's replies (:meth:`FederationData.forget_unconfirmed`).
         """
         if classes is None:
             classes = check_model(self.model, spec, *placeholder_rows(spec),
                                   self.data.num_classes, self.loss_fn)
-        if spec.target == "class":
-            self.data.num_classes = classes
-        self.data.spec = spec
         cfg = self.cfg
         tokens = spec.target == "tokens"  # token windows: ids as bytes, no ranges
-        self.data.mode = "sample" if tokens else range_mode(cfg.ranges, spec.sample_shape)
-        groups = spec.channels if self.data.mode == "channel" else 1
-        layout = self.data.layout = layout_of(spec) if tokens else RowLayout(
-            spec.dim, cfg.bits, max(groups, 1), fixed=self.data.mode == "feature")
+        mode = "sample" if tokens else range_mode(cfg.ranges, spec.sample_shape)
+        groups = spec.channels if mode == "channel" else 1
+        layout = layout_of(spec) if tokens else RowLayout(
+            spec.dim, cfg.bits, max(groups, 1), fixed=mode == "feature")
         limits: dict[str, Any] = {"max_samples": cfg.max_store_samples,
                                   "eviction": cfg.store_eviction, "seed": self.seed}
-        self.data.store = (DiskSampleStore(layout.dequantize, cfg.store_dir, **limits)
-                           if cfg.store_dir  # the codes on disk, the rest in memory
-                           else SampleStore(layout.dequantize, **limits))
-        self.data.store.inputs_are_targets = tokens  # a window is its own target
+        store = (DiskSampleStore(layout.dequantize, cfg.store_dir, **limits)
+                 if cfg.store_dir  # the codes on disk, the rest in memory
+                 else SampleStore(layout.dequantize, **limits))
+        store.inputs_are_targets = tokens  # a window is its own target
+        self.data.adopt(spec, classes, mode, layout, store, provisional)
         if self.measuring and self.planner.sample_bits == 0.0:
-            est = first_estimates(cfg, self.data.mode, spec.dim, spec.channels,
+            est = first_estimates(cfg, mode, spec.dim, spec.channels,
                                   self.data.num_classes or 2, self.comp_codec, self.num_params,
                                   self.seed)
             self.planner.sample_bits = est["sample_bits"]
             self.planner.reply_bits = est["reply_bits"]
         log_round("dq", 0, f"data: samples {spec.sample_shape}, {spec.target} targets, "
-                  f"ranges {self.data.mode}" + (f", {self.data.num_classes} classes"
-                                            if spec.target == "class" else ""))
+                  f"ranges {mode}" + (f", {self.data.num_classes} classes"
+                                      if spec.target == "class" else ""))
 
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:
         """What a reply is checked against (a provisional spec or bound is not enforced)."""
-        cfg, unconfirmed = self.cfg, self.data.stored == 0
-        spec = None if unconfirmed and self._provisional["spec"] else self.data.spec
-        bound = None if unconfirmed and self._provisional["bound"] else self.data.value_bound
+        cfg, unconfirmed, provisional = self.cfg, self.data.stored == 0, self.data.provisional
+        spec = None if unconfirmed and provisional["spec"] else self.data.spec
+        bound = None if unconfirmed and provisional["bound"] else self.data.value_bound
         return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges,
                      cfg.resend, spec, self.data.num_classes, bound)
 
@@ -203,7 +199,7 @@ class UploadIntake:
         self.identities.claim(server_round, src, identity)
         if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
             dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
-            self.data.duplicates += dropped
+            self.data.count_duplicates(dropped)
             log_round("dq", server_round, f"client {identity} (node {src}) re-sent {dropped} "
                       "rows the server holds: those rows are dropped")
         return upload
@@ -254,7 +250,7 @@ class UploadIntake:
 
         A spec or bound agreed here stays provisional until rows of it are stored.
         """
-        self.forget_unconfirmed()
+        self.data.forget_unconfirmed()
         known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
         sent = {int(n): int(v[1]) for n, v in self.planner.clients.items()}
         verdict = agree(uploads, self.rules(), known, lambda spec, u: check_model(
@@ -268,24 +264,12 @@ class UploadIntake:
                     "median node's examples or the rows it has sent, the larger (x%.3g)",
                     upload.node, SHARE_FACTOR, upload.weight_scale)
         if verdict.spec is not None:
-            self.fix_spec(verdict.spec, verdict.classes)
-            self._provisional["spec"] = True
+            self.fix_spec(verdict.spec, verdict.classes, provisional=True)
         if verdict.value_bound is not None:
-            self.data.value_bound = verdict.value_bound
-            self._provisional["bound"] = True
+            self.data.learn_bound(verdict.value_bound)
             log_round("dq", 0, f"data values bounded by {self.data.value_bound:g} (max-abs-value: "
                       f"{VALUE_FACTOR:g} times the median upload's largest)")
         return verdict.accepted, rejected + len(verdict.refused)
-
-    def forget_unconfirmed(self) -> None:
-        """Forget a spec and bound learned from replies while no row of them is stored."""
-        data = self.data
-        if not data.stored and self._provisional["spec"]:
-            data.spec, data.layout, data.store, data.mode = None, None, None, "sample"
-            data.num_classes = self._given_classes
-        if not data.stored and self._provisional["bound"]:
-            data.value_bound = None
-        self._provisional = {"spec": False, "bound": False}
 
     def store_uploads(self, uploads: list[Upload],
                       server_round: int = 0) -> tuple[list[Upload], int]:
@@ -344,7 +328,7 @@ class UploadIntake:
         """
         assert self.data.store is not None
         self.data.store.note_received(upload.node, upload.batch.ids[copied])
-        self.data.duplicates += int(copied.sum())
+        self.data.count_duplicates(int(copied.sum()))
         keep = ~copied
         batch = keep_rows(upload.batch, keep)
         if cap is not None:
@@ -394,27 +378,10 @@ class UploadIntake:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """What was learned: spec, classes, feature ranges, the store, the value bound."""
-        spec = None if self.data.spec is None else dataclasses.asdict(self.data.spec)
-        return {"spec": spec, "num_classes": self.data.num_classes,
-                "ranges": {int(k): (lo.copy(), span.copy())
-                           for k, (lo, span) in self.data.ranges.items()},
-                "store": None if self.data.store is None else self.data.store.state(),
-                "value_bound": self.data.value_bound, "provisional": dict(self._provisional),
-                "copy_screen": self.copies.state()}
+        """What was learned (:meth:`FederationData.state`) and the copy screen."""
+        return {**self.data.state(), "copy_screen": self.copies.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict` (a spec is adopted again, checked on zero rows)."""
-        self.data.num_classes = state.get("num_classes", self.data.num_classes)
-        if state.get("spec") is not None:
-            spec = state["spec"]
-            self.fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
-                                   int(spec["target_dim"])))
-        if self.data.store is not None:
-            for node, (lo, span) in state.get("ranges", {}).items():
-                self.data.store.set_ranges(int(node), lo, span)
-            if state.get("store") is not None:
-                self.data.store.load_state(state["store"])
-        self.data.value_bound = state.get("value_bound", self.data.value_bound)
-        self._provisional = {"spec": False, "bound": False, **state.get("provisional", {})}
+        self.data.load_state(state, self.fix_spec)
         self.copies.load_state(state.get("copy_screen"))
