@@ -231,7 +231,7 @@ def _counts(info: ArrayRecord, n: int, float_targets: bool) -> tuple[int, int, i
     counts = _raw_array(info, "counts", "int64", 32)
     if counts.size != 4:
         raise PayloadError("sample-info 'counts' must hold 4 values")
-    count, lw, iw, wn = (int(v) for v in counts)
+    count, lw, iw, wn = counts.tolist()
     if count != n:
         raise PayloadError(f"sample-info declares {count} samples, payload carries {n}")
     if not 1 <= iw <= 32 or wn not in {1, n} or not 0 <= lw <= 32:
@@ -358,7 +358,7 @@ class DataSpec:
     target_dim: int = 1
 
     def __post_init__(self) -> None:
-        if not self.sample_shape or any(int(s) < 1 for s in self.sample_shape):
+        if not self.sample_shape or min(map(int, self.sample_shape)) < 1:
             raise ValueError(f"sample_shape must be positive sizes, got {self.sample_shape}")
         if self.target not in TARGET_KINDS:
             raise ValueError(f"target must be one of {TARGET_KINDS}, got {self.target!r}")
@@ -397,8 +397,7 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     shape, target, tdim = (record.get("sample-shape"), record.get("target"),
                            record.get("target-dim"))
     if (not isinstance(shape, list) or not 1 <= len(shape) <= 8
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
-                       for s in shape)):
+            or not all([type(s) is int and s >= 1 for s in shape])):
         raise PayloadError(f"data-spec 'sample-shape'={shape!r} is not a list of sizes")
     shape = cast(list[int], shape)  # checked just above
     if math.prod(shape) > MAX_DIM:

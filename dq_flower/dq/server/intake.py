@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import Message
 from flwr.common.logger import log
 
 from dq_flower.codecs import Codec, Payload, PayloadError
@@ -23,7 +23,7 @@ from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.identities import ClientIdentities, reply_identity
 from dq_flower.dq.server.near_copies import CopyScreen
-from dq_flower.dq.server.planner import UploadPlanner, first_estimates, reply_bits
+from dq_flower.dq.server.planner import UploadPlanner, first_estimates
 from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows, strata_of
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of
@@ -35,13 +35,10 @@ from dq_flower.dq.server.validation import (
     Upload,
     agree,
     check_upload,
-    decode_compensation,
-    decode_vector,
 )
 from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.wire.dq_batch import (
-    REFRESH_KEY,
     DataSpec,
     SampleBatch,
     keep_rows,
@@ -168,21 +165,25 @@ class UploadIntake:
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:
         """What a reply is checked against (a provisional spec or bound is not enforced)."""
-        cfg, unconfirmed, provisional = self.cfg, self.data.stored == 0, self.data.provisional
-        spec = None if unconfirmed and provisional["spec"] else self.data.spec
-        bound = None if unconfirmed and provisional["bound"] else self.data.value_bound
-        return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges,
-                     cfg.resend, spec, self.data.num_classes, bound)
+        cfg, data = self.cfg, self.data
+        unconfirmed, provisional = data.stored == 0, data.provisional
+        spec = None if unconfirmed and provisional["spec"] else data.spec
+        bound = None if unconfirmed and provisional["bound"] else data.value_bound
+        return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend, spec,
+                     data.num_classes, bound, self.comp_codec, self.num_params,
+                     cfg.compensation_mode != "first-step" and data.store is not None,
+                     self.measuring)
 
     def history(self, node: int) -> History:
-        """What the server holds about ``node``: its examples, stored rows, feature ranges."""
-        known = self.planner.clients.get(int(node))
-        stored = 0
-        if self.data.store is not None and self.data.spec is not None:
-            strata = (np.arange(self.data.num_classes or 1) if self.data.spec.target == "class"
-                      else np.zeros(1, dtype=np.int64))  # float targets: one stratum
-            stored = int(self.data.store.counts(node, strata)[0].sum())
-        return History(known[0] if known else 0, stored, self.data.ranges.get(int(node)))
+        """What the server holds about ``node``: examples, rows, feature ranges, ids, weight."""
+        known, store, spec = self.planner.clients.get(int(node)), self.data.store, self.data.spec
+        if store is None or spec is None:
+            return History(known[0] if known else 0)
+        strata = (np.arange(self.data.num_classes or 1) if spec.target == "class"
+                  else np.zeros(1, dtype=np.int64))  # float targets: one stratum
+        return History(known[0] if known else 0, int(store.counts(node, strata)[0].sum()),
+                       store.ranges.get(int(node)), store.received(node),
+                       store.node_weight(node))
 
     def validate_reply(self, msg: Message, server_round: int, ask: Ask,
                        rules: Rules | None = None) -> Upload:
@@ -197,46 +198,17 @@ class UploadIntake:
             log(WARNING, "[dq] round %d: %s", server_round, why)
         upload = self.validate(msg, identity, ask(src, identity), rules, source=src)
         self.identities.claim(server_round, src, identity)
-        if kept_rows(upload.batch) is not None:  # rows the server already held: dropped
-            dropped = int(upload.batch.samples.shape[0]) - len(upload.batch)
-            self.data.count_duplicates(dropped)
-            log_round("dq", server_round, f"client {identity} (node {src}) re-sent {dropped} "
-                      "rows the server holds: those rows are dropped")
+        if upload.resent:  # rows the server already held: dropped
+            self.data.count_duplicates(upload.resent)
+            log_round("dq", server_round, f"client {identity} (node {src}) re-sent "
+                      f"{upload.resent} rows the server holds: those rows are dropped")
         return upload
 
     def validate(self, msg: Message, node: int, max_rows: int | None = None,
                  rules: Rules | None = None, *, source: int = 0) -> Upload:
-        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`).
-
-        The checked record is completed once: its compensation, refreshed residual, the
-        rows the server does not hold yet and the Flower node it came from (``source``).
-        """
-        content, rules = msg.content, rules or self.rules()
-        upload = check_upload(content, node, rules, self.history(node),
-                              self.cfg.budget if max_rows is None else int(max_rows))
-        delta = decode_compensation(upload.batch, self.comp_codec, self.num_params)
-        refresh = self.decode_refresh(content, node)
-        batch, x, store = upload.batch, upload.x, self.data.store
-        if not rules.resend and len(batch) and store is not None:  # drop rows already
-            held = store.was_received(node, batch.ids)  # held (a late reply, a replay)
-            if held.any():
-                batch, x = keep_rows(batch, ~held), x[~held]
-        return replace(upload, delta=delta, refresh=refresh, batch=batch, x=x, source=source,
-                       reply_bits=reply_bits(content) if self.measuring else 0)
-
-    def decode_refresh(self, content: RecordDict, node: int) -> np.ndarray | None:
-        """A refreshed residual, checked like a compensation; only where one was asked."""
-        record = content.array_records.get(REFRESH_KEY)
-        if record is None:
-            return None
-        if (self.cfg.compensation_mode == "first-step" or self.comp_codec is None
-                or self.data.store is None):  # first-step: no control variate to refresh
-            raise PayloadError("unexpected refreshed residual")
-        residual = decode_vector(Payload.from_record(record), self.comp_codec,
-                                 self.num_params, "refreshed residual")
-        if self.data.store.node_weight(node) <= 0:  # its rows were evicted: nothing to correct
-            return None
-        return residual
+        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`)."""
+        return check_upload(msg.content, node, rules or self.rules(), self.history(node),
+                            self.cfg.budget if max_rows is None else int(max_rows), source)
 
     def check_examples(self, node: int, examples: int) -> None:
         """A node's number of examples does not change between rounds."""

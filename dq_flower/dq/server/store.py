@@ -237,7 +237,7 @@ class SampleStore:
     def _append(self, compact: StoredRows) -> None:
         old = self._rows
         self._rows = compact if old is None else StoredRows(
-            *(np.concatenate([getattr(old, f), getattr(compact, f)]) for f in _FIELDS))
+            *[np.concatenate([getattr(old, f), getattr(compact, f)]) for f in _FIELDS])
 
     def _evict(self) -> None:
         if not self.max_samples or len(self) <= self.max_samples:

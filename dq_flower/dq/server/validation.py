@@ -28,6 +28,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.planner import reply_bits
 from dq_flower.dq.server.token_intake import check_token_upload
 from dq_flower.server.common import log_rejected
 from dq_flower.server.pipeline import bound_vectors
@@ -35,10 +36,12 @@ from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import (
     INFO_KEY,
     RANGES_KEY,
+    REFRESH_KEY,
     DataSpec,
     SampleBatch,
     decode_batch,
     denormalise,
+    keep_rows,
     label_width,
     payload_quantizer,
     range_mode,
@@ -86,6 +89,7 @@ class Upload:
     plain: Payload | None = None  # the samples, lossless coder undone (plain_payload)
     can_score: bool = False  # the node holds the model (its ``can-score`` metric)
     copies: int = 0  # rows not stored as copies of rows the client sent before
+    resent: int = 0  # rows dropped as the server held them already (a late reply, a replay)
 
 
 Check = Callable[[DataSpec, Upload], int]  # check(spec, upload) -> classes, or PayloadError
@@ -103,15 +107,25 @@ class Rules:
     spec: DataSpec | None = None
     num_classes: int | None = None
     value_bound: float | None = None
+    comp_codec: Codec | None = None  # decodes compensations (None: none may come)
+    num_params: int = 0  # values of a compensation or refreshed residual
+    refresh: bool = False  # whether a refreshed residual may come (a control variate)
+    measuring: bool = False  # whether a reply's size is measured (gradient and auto modes)
 
 
 @dataclass(frozen=True)
 class History:
-    """What the server holds about one node: examples (0: unknown), rows, feature ranges."""
+    """What the server holds about one node: examples (0: unknown), rows, feature ranges.
+
+    ``received``: the ids of every row it sent before (``None``: no store yet);
+    ``weight``: the summed weight of its stored rows.
+    """
 
     examples: int = 0
     stored: int = 0
     ranges: tuple[np.ndarray, np.ndarray] | None = None
+    received: np.ndarray | None = None
+    weight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -206,36 +220,61 @@ def data_scale(x: np.ndarray, ranges: tuple[np.ndarray, np.ndarray] | None) -> f
 
 
 def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
-                 max_rows: int) -> Upload:
-    """Decode and check one data reply; adopts nothing (the caller adds the vectors)."""
+                 max_rows: int, source: int = 0) -> Upload:
+    """Decode and check one data reply in one pass: the record the round and store take.
+
+    Rows the node sent before are dropped unless ``rules.resend``; ``source``: the Flower
+    node it came from. Adopts nothing (the round's replies together do: :func:`agree`).
+    """
     spec = reply_spec(content, rules.spec)
+    metrics = content.metric_records.get("metrics")
+    ranges, label_bits = None, 0
     if spec.target == "tokens":  # windows of token ids, sent exactly (.token_intake)
         batch, x, plain, can_score = check_token_upload(content, spec, max_rows, MAX_LOCAL_ID)
-        cand, examples, partition = read_counts(content.metric_records.get("metrics"),
-                                                len(batch), history, rules.resend)
+        cand, examples, partition = read_counts(metrics, len(batch), history, rules.resend)
         check_weights(batch, cand, rules.selection_rule)
-        return Upload(batch, x, cand, None, node, partition, examples, spec=spec,
-                      scale=float(x.max(initial=0.0)), plain=plain, can_score=can_score)
-    mode = range_mode(rules.ranges, spec.sample_shape)
-    num_classes = rules.num_classes if rules.spec is not None else None
-    batch = decode_batch(content, num_classes, spec.dim, rules.bits, max_rows, MAX_LOCAL_ID,
-                         spec.target_dim, spec.target == "float")
-    cand, examples, partition = read_counts(content.metric_records.get("metrics"),
-                                            len(batch), history, rules.resend)
-    if (batch.samples.meta.get("dither_seed") is not None) != rules.dither:
-        raise PayloadError("samples carry a dither setting the server did not configure")
-    check_weights(batch, cand, rules.selection_rule)
-    x, ranges, plain = decode_rows(content, batch, spec, mode, rules.bits, history.ranges)
-    scale = data_scale(x, ranges if ranges is not None else history.ranges)
-    if rules.value_bound is not None and scale > rules.value_bound:
-        raise PayloadError(f"sample values reach {scale:g}, over the bound "
-                           f"{rules.value_bound:g} (max-abs-value)")
-    label_bits = int(np.frombuffer(content.array_records[INFO_KEY]["counts"].data,
-                                   dtype=np.int64)[1])  # checked by decode_batch
-    metrics = content.metric_records["metrics"]  # read_counts checked it is there
-    return Upload(batch, x, cand, None, node, partition, examples, ranges=ranges, spec=spec,
-                  scale=scale, label_bits=label_bits, plain=plain,
-                  can_score=metrics.get(CAN_SCORE_KEY) == 1)
+        scale = float(x.max(initial=0.0))
+    else:
+        num_classes = rules.num_classes if rules.spec is not None else None
+        batch = decode_batch(content, num_classes, spec.dim, rules.bits, max_rows,
+                             MAX_LOCAL_ID, spec.target_dim, spec.target == "float")
+        cand, examples, partition = read_counts(metrics, len(batch), history, rules.resend)
+        if (batch.samples.meta.get("dither_seed") is not None) != rules.dither:
+            raise PayloadError("samples carry a dither setting the server did not configure")
+        check_weights(batch, cand, rules.selection_rule)
+        x, ranges, plain = decode_rows(content, batch, spec,
+                                       range_mode(rules.ranges, spec.sample_shape),
+                                       rules.bits, history.ranges)
+        scale = data_scale(x, ranges if ranges is not None else history.ranges)
+        if rules.value_bound is not None and scale > rules.value_bound:
+            raise PayloadError(f"sample values reach {scale:g}, over the bound "
+                               f"{rules.value_bound:g} (max-abs-value)")
+        label_bits = int(np.frombuffer(content.array_records[INFO_KEY]["counts"].data,
+                                       dtype=np.int64)[1])  # checked by decode_batch
+        can_score = metrics is not None and metrics.get(CAN_SCORE_KEY) == 1
+    delta = decode_compensation(batch, rules.comp_codec, rules.num_params)
+    refresh = decode_refresh(content, rules, history)
+    resent = 0
+    if not rules.resend and len(batch) and history.received is not None:
+        held = np.isin(np.asarray(batch.ids, dtype=np.int64), history.received)
+        if held.any():
+            batch, x, resent = keep_rows(batch, ~held), x[~held], int(held.sum())
+    return Upload(batch, x, cand, delta, node, partition, examples,
+                  reply_bits(content) if rules.measuring else 0, ranges, refresh,
+                  source=source, spec=spec, scale=scale, label_bits=label_bits, plain=plain,
+                  can_score=can_score, resent=resent)
+
+
+def decode_refresh(content: RecordDict, rules: Rules, history: History) -> np.ndarray | None:
+    """A refreshed residual, checked like a compensation; only where one was asked."""
+    record = content.array_records.get(REFRESH_KEY)
+    if record is None:
+        return None
+    if not rules.refresh or rules.comp_codec is None:  # no control variate to refresh
+        raise PayloadError("unexpected refreshed residual")
+    residual = decode_vector(Payload.from_record(record), rules.comp_codec,
+                             rules.num_params, "refreshed residual")
+    return residual if history.weight > 0 else None  # rows evicted: nothing to correct
 
 
 def decode_vector(payload: Payload, codec: Codec, num_params: int, what: str) -> np.ndarray:
