@@ -45,6 +45,23 @@ def test_rows_are_byte_aligned_with_less_than_one_code_group_of_padding():
                 assert padding_bits == 0
 
 
+@pytest.mark.parametrize("bits,d", [(1, 16), (2, 64), (3, 8), (4, 6), (8, 5), (2, 7)])
+def test_rows_of_whole_bytes_are_the_stream_itself(bits, d):
+    # rows that end on a whole byte are taken from the packed stream as it is; they equal
+    # the codes unpacked, padded and packed again row by row
+    from dq_flower.codecs.bitpack import pack, unpack
+
+    rng = np.random.default_rng(bits * d)
+    payload = make("uniform", bits=bits).encode(rng.random((5, d)).astype(np.float32), rng)
+    layout = RowLayout(d, bits)
+    codes = unpack(payload.buffers["codes"], bits, 5 * d).reshape(5, d)
+    codes = np.pad(codes, ((0, 0), (0, layout.padded_dim - d)))
+    expected = pack(codes.reshape(-1), bits).reshape(5, layout.row_bytes)
+    rows = layout.rows(payload)[0]
+    np.testing.assert_array_equal(rows, expected)
+    assert rows.flags.writeable and not np.shares_memory(rows, payload.buffers["codes"])
+
+
 def test_gradnorm_score_is_the_last_layer_gradient_norm():
     torch.manual_seed(0)
     model = make_model("mlp", (1, 8, 8), 10, seed=1)

@@ -421,3 +421,17 @@ def test_node_weights_give_every_row_of_a_node_its_training_rows_mean():
     x, _, w = store.draw(5, rng)  # importance: each row's own
     by_id = dict(zip(x[:, 0].astype(int).tolist(), w.tolist(), strict=True))
     assert by_id == {0: 1.0, 1: 2.0, 2: 6.0, 3: 10.0, 4: 30.0}
+
+
+def test_holding_is_what_counts_received_and_node_weight_say():
+    store = SampleStore(_dequantize, max_samples=4)
+    store.add(_rows([5, 3, 9], labels=[1, 2, 1], weights=[1, 2, 3]))
+    store.add(_rows([1, 2], node=8))
+    store.note_received(7, np.array([11]))
+    strata = np.array([1, 2])
+    for node in (7, 8, 9):
+        stored, received, weight = store.holding(node, strata)
+        assert stored == int(store.counts(node, strata)[0].sum())
+        np.testing.assert_array_equal(received, store.received(node))
+        assert weight == store.node_weight(node)
+    assert store.holding(7, np.array([2]))[0] == 1  # the other stratum's rows not counted

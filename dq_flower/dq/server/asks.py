@@ -131,11 +131,12 @@ class RoundAsks:
         plan = self.plans.pop(server_round, None)
         asked = self.asked.pop(server_round, {})
         unknown, table_asks, default = self._tables.get(server_round, (set(), {}, 0))
+        budget = self.cfg.budget
 
         def ask(src: int, identity: int) -> int:
             if src in unknown:
                 return table_asks.get(identity, default)
-            return asked.get(src, self.cfg.budget)
+            return asked.get(src, budget)
 
         return plan, ask
 

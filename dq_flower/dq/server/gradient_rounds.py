@@ -9,6 +9,7 @@ taken on the store.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import MAX_LOCAL_ID
+from dq_flower.dq.server.validation import BY_PARTITION, MAX_LOCAL_ID
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
@@ -102,8 +103,7 @@ class GradientRounds(UpdateScreens):
         cfg = self.cfg
         # the bits of every gradient that decoded, as for the baselines' updates
         figures = UpdateFigures.decoded(screened, screened.accepted)
-        screened.keep_uncontested(lambda r: r.node, contested,
-                                  order=lambda r: (r.partition, r.node),
+        screened.keep_uncontested(attrgetter("node"), contested, order=BY_PARTITION,
                                   node=lambda r: self._sources[r.node])
         valid = screened.accepted
         for r in valid:  # an accepted reply binds its node id to the identity it spoke for

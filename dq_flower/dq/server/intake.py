@@ -122,6 +122,10 @@ class UploadIntake:
         self.planner, self.identities = planner, identities
         self.comp_codec, self.num_params, self.measuring = comp_codec, num_params, measuring
         self.data = data
+        #: the knobs every reply is checked against (:meth:`rules` adds what was learned)
+        self._rules = Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend,
+                            comp_codec=comp_codec, num_params=num_params, measuring=measuring,
+                            refresh=cfg.compensation_mode != "first-step")
         #: each client's rows that copy rows it sent before (dq.server.node_screen)
         self.copies = CopyScreen(cfg.copy_margin, bits=cfg.bits)
         #: one run per store-dir: a second process's run is refused here, before any round
@@ -165,14 +169,13 @@ class UploadIntake:
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:
         """What a reply is checked against (a provisional spec or bound is not enforced)."""
-        cfg, data = self.cfg, self.data
+        data = self.data
         unconfirmed, provisional = data.stored == 0, data.provisional
-        spec = None if unconfirmed and provisional["spec"] else data.spec
-        bound = None if unconfirmed and provisional["bound"] else data.value_bound
-        return Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend, spec,
-                     data.num_classes, bound, self.comp_codec, self.num_params,
-                     cfg.compensation_mode != "first-step" and data.store is not None,
-                     self.measuring)
+        return replace(self._rules, num_classes=data.num_classes,
+                       spec=None if unconfirmed and provisional["spec"] else data.spec,
+                       value_bound=(None if unconfirmed and provisional["bound"]
+                                    else data.value_bound),
+                       refresh=self._rules.refresh and data.store is not None)
 
     def history(self, node: int) -> History:
         """What the server holds about ``node``: examples, rows, feature ranges, ids, weight."""
@@ -181,9 +184,9 @@ class UploadIntake:
             return History(known[0] if known else 0)
         strata = (np.arange(self.data.num_classes or 1) if spec.target == "class"
                   else np.zeros(1, dtype=np.int64))  # float targets: one stratum
-        return History(known[0] if known else 0, int(store.counts(node, strata)[0].sum()),
-                       store.ranges.get(int(node)), store.received(node),
-                       store.node_weight(node))
+        stored, received, weight = store.holding(node, strata)
+        return History(known[0] if known else 0, stored, store.ranges.get(int(node)),
+                       received, weight)
 
     def validate_reply(self, msg: Message, server_round: int, ask: Ask,
                        rules: Rules | None = None) -> Upload:
@@ -196,7 +199,8 @@ class UploadIntake:
         identity, why = self.identities.resolve(server_round, src, claimed)
         if why:
             log(WARNING, "[dq] round %d: %s", server_round, why)
-        upload = self.validate(msg, identity, ask(src, identity), rules, source=src)
+        upload = check_upload(msg.content, identity, rules or self.rules(),
+                              self.history(identity), ask(src, identity), src)
         self.identities.claim(server_round, src, identity)
         if upload.resent:  # rows the server already held: dropped
             self.data.count_duplicates(upload.resent)
@@ -266,8 +270,8 @@ class UploadIntake:
                 continue
             packed.append((upload, rows, copied))
         copying = self.copies.review(server_round)
-        means = [float(u.batch.weights.mean()) for u, _, c in packed if c is not None
-                 and len(u.batch) and u.node not in copying]
+        means = [float(u.batch.weights.mean()) for u, _, c in packed
+                 if c is not None and u.node not in copying]  # copied: of stored rows
         cap = float(np.median(means)) if means else None
         fresh: list[Upload] = []
         for upload, rows, copied in packed:
@@ -326,7 +330,7 @@ class UploadIntake:
         """
         assert self.data.store is not None
         codes, side, dither = self.packed(batch) if packed is None else packed
-        n = len(batch)
+        n = codes.shape[0]  # the batch's rows
         holdout = None
         if self.adaptive:
             holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
@@ -341,8 +345,10 @@ class UploadIntake:
         for u in fresh:
             self.identities.bind(u.source, u.node)
             self.planner.record_data(u.node, u.examples, len(u.batch) + u.copies)
+        if not self.measuring:
+            return
         full = [u for u in fresh if len(u.batch)]
-        if full and self.measuring:
+        if full:
             samples = [u.batch.samples.nbits + u.batch.info_nbits for u in full]
             rest = [u.reply_bits - s for u, s in zip(full, samples, strict=True)]
             self.planner.measured(sample_bits=sum(samples) / sum(len(u.batch) for u in full),

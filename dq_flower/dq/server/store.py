@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import cast
 
 import numpy as np
@@ -40,13 +41,13 @@ class RowLayout:
     groups: int = 1
     fixed: bool = False
 
-    @property
+    @cached_property
     def padded_dim(self) -> int:
         """Codes per row including padding to a whole byte."""
         per_byte = 8 // np.gcd(8, self.bits)
         return -(-self.dim // per_byte) * per_byte
 
-    @property
+    @cached_property
     def row_bytes(self) -> int:
         """Bytes per packed row."""
         return packed_nbytes(self.padded_dim, self.bits)
@@ -57,11 +58,13 @@ class RowLayout:
         if d != self.dim:
             raise PayloadError(f"samples have dimension {d}, expected {self.dim}")
         p = expand_ranges(p, n * self.groups) if not self.fixed else p
-        packed = packed_codes(p, self.bits)
-        codes = unpack(packed, self.bits, n * d).reshape(n, d)
-        if self.padded_dim != d:
+        packed, width = packed_codes(p, self.bits), self.row_bytes
+        if self.padded_dim == d and packed.size == n * width:  # rows end on whole bytes:
+            rows = np.array(packed, dtype=np.uint8).reshape(n, width)  # laid by row already
+        else:
+            codes = unpack(packed, self.bits, n * d).reshape(n, d)
             codes = np.pad(codes, ((0, 0), (0, self.padded_dim - d)))
-        rows = pack(codes.reshape(-1), self.bits).reshape(n, self.row_bytes)
+            rows = pack(codes.reshape(-1), self.bits).reshape(n, width)
         side = (np.zeros((n, 0), dtype=np.float32) if self.fixed else np.concatenate(
             [p.buffers[k].reshape(n, self.groups) for k in ("mins", "scales")], axis=1
         ).astype(np.float32))
@@ -173,7 +176,7 @@ class SampleStore:
 
     # ---------------------------------------------------------------- contents
     def __len__(self) -> int:
-        return 0 if self._rows is None else len(self._rows)
+        return 0 if self._rows is None else int(self._rows.codes.shape[0])
 
     @property
     def nbytes(self) -> int:
@@ -202,6 +205,16 @@ class SampleStore:
         stored = none if mine is None or rows is None else rows.ids[mine]
         evicted = self._evicted_ids.get(int(node), none)
         return np.unique(np.concatenate([stored.astype(np.int64), evicted.astype(np.int64)]))
+
+    def holding(self, node: int, strata: np.ndarray) -> tuple[int, np.ndarray, float]:
+        """``node``'s stored rows in ``strata``, the ids it ever sent, its stored rows' weight."""
+        mine, rows = self._mine(node), self._rows
+        evicted = self._evicted_ids.get(int(node), np.zeros(0, dtype=np.int64)).astype(np.int64)
+        if mine is None or rows is None:
+            return 0, np.unique(evicted), 0.0
+        ids = np.unique(np.concatenate([rows.ids[mine].astype(np.int64), evicted]))
+        return (int(np.isin(strata_of(rows.labels[mine]), strata).sum()), ids,
+                float(rows.weights[mine].astype(np.float64).sum()))
 
     def was_received(self, node: int, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` from ``node`` the store received before."""

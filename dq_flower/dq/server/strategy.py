@@ -19,6 +19,7 @@ import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,7 @@ from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estim
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import Compensations, Rules, Upload
+from dq_flower.dq.server.validation import BY_PARTITION, Compensations, Rules, Upload
 from dq_flower.model_ops import LossFn, input_width, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
@@ -95,11 +96,7 @@ class _Round:
     plan: RoundPlan | None  # None: the round was not configured here
     ask: Ask  # the rows each reply may carry
     rules: Rules  # what each data reply is checked against (the same for all of them)
-
-    @property
-    def gradient(self) -> bool:
-        """Whether the round asked for coded gradients."""
-        return self.plan is not None and self.plan.mode == "gradient"
+    gradient: bool  # whether the round asked for coded gradients
 
 
 @dataclass
@@ -323,7 +320,9 @@ class DQStrategy(ModelStrategy, Strategy):
         Every reply's identity claim is read before any reply is checked (:meth:`.prescan`).
         """
         self.identities.prescan(server_round, reply_claims(replies))
-        return _Round(*self.asks.take(server_round), self.intake.rules())
+        plan, ask = self.asks.take(server_round)
+        return _Round(plan, ask, self.intake.rules(),
+                      plan is not None and plan.mode == "gradient")
 
     def decode_reply(self, rnd: ServerRound[_Round], msg: Message) -> Upload | GradientUpdate:
         """One reply checked and decoded: a coded gradient, or samples under its identity."""
@@ -347,9 +346,8 @@ class DQStrategy(ModelStrategy, Strategy):
         screened = rnd.screened
         if rnd.plan.gradient:
             return self.gradients.combine(screened, self.identities.contested(rnd.number))
-        screened.keep_uncontested(lambda u: u.node, self.identities.contested(rnd.number),
-                                  order=lambda u: (u.partition, u.node),
-                                  node=lambda u: u.source)
+        screened.keep_uncontested(attrgetter("node"), self.identities.contested(rnd.number),
+                                  order=BY_PARTITION, node=attrgetter("source"))
         candidates, rejected = self.intake.adopt(screened.accepted, screened.rejected)
         self.asks.note_scorers({u.node: u.can_score for u in candidates})
         candidates, implausible = self.screen_delta_scales(candidates)

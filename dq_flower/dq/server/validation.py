@@ -17,6 +17,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ from dq_flower.wire.dq_batch import (
 )
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "Compensations",
-           "decode_compensation", "decode_vector", "VALUE_FACTOR",
+           "decode_compensation", "decode_vector", "VALUE_FACTOR", "BY_PARTITION",
            "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
@@ -92,6 +93,8 @@ class Upload:
     resent: int = 0  # rows dropped as the server held them already (a late reply, a replay)
 
 
+#: The order a round's uploads are taken in: by partition id, then client identity.
+BY_PARTITION = attrgetter("partition", "node")
 Check = Callable[[DataSpec, Upload], int]  # check(spec, upload) -> classes, or PayloadError
 
 
@@ -171,7 +174,8 @@ def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
     ``topk``/``threshold``: ``candidates / k`` each. ``sample`` and ``auto``: ``1 / pi_i``
     in ``[1, 1000 * candidates]`` (scores are floored at 1e-3 of their mean).
     """
-    if not len(batch):
+    rows = len(batch)
+    if not rows:
         return
     w = batch.weights.astype(np.float64)
     if rule in ("sample", "auto"):  # auto: some nodes sample, the others draw uniformly
@@ -179,8 +183,8 @@ def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
         if w.min() < 1.0 - 1e-4 or w.max() > top:
             raise PayloadError(f"sample weights outside [1, {top:g}] for {candidates} "
                                "candidates")
-    elif not np.allclose(w, candidates / len(batch), rtol=1e-4):
-        raise PayloadError(f"weights must be candidates / rows = {candidates}/{len(batch)}"
+    elif not np.allclose(w, candidates / rows, rtol=1e-4):
+        raise PayloadError(f"weights must be candidates / rows = {candidates}/{rows}"
                            f" under {rule!r} selection")
 
 
@@ -255,7 +259,7 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
     delta = decode_compensation(batch, rules.comp_codec, rules.num_params)
     refresh = decode_refresh(content, rules, history)
     resent = 0
-    if not rules.resend and len(batch) and history.received is not None:
+    if not rules.resend and history.received is not None:
         held = np.isin(np.asarray(batch.ids, dtype=np.int64), history.received)
         if held.any():
             batch, x, resent = keep_rows(batch, ~held), x[~held], int(held.sum())
@@ -388,7 +392,7 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
     ``known``: examples of the nodes accepted before; ``sent``: the rows they uploaded;
     ``check(spec, upload)``: the model check, run only while no spec is known.
     """
-    order = sorted(uploads, key=lambda u: (u.partition, u.node))
+    order = sorted(uploads, key=BY_PARTITION)
     kept, refused = screen_claims(order, known, sent)
     new_spec = classes = None
     if rules.spec is None:
@@ -446,7 +450,7 @@ class Compensations:
 
     def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
         """Drop uploads whose compensation norm is implausible; clip the others'."""
-        screened, bad = self._screen(uploads, lambda u: u.delta,
+        screened, bad = self._screen(uploads, attrgetter("delta"),
                                      lambda u, v: replace(u, delta=v), self.comp_norms,
                                      "compensation norm")
         return [u for i, u in enumerate(screened) if i not in set(bad)], len(bad)
@@ -460,7 +464,7 @@ class Compensations:
         if self.cv is None:
             return 0, 0
         self.cv.age()
-        fresh, bad = self._screen(fresh, lambda u: u.refresh, lambda u, v: replace(u, refresh=v),
+        fresh, bad = self._screen(fresh, attrgetter("refresh"), lambda u, v: replace(u, refresh=v),
                                   self.refresh_norms, "refreshed residual's norm")
         refreshed = 0
         store = self.data.store
