@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dq_flower.dq.config import DQConfig
-from dq_flower.dq.server.validation import Compensations, Upload
+from dq_flower.dq.server.intake import Compensations
+from dq_flower.dq.server.validation import Upload
 from dq_flower.wire.gradient_reply import GradientUpdate
 
 

@@ -2,7 +2,8 @@
 
 :class:`UploadIntake` checks each reply alone (under the client identity
 :mod:`.identities` grants it), then with the round's others; a spec or bound learned from
-replies stays provisional until rows are stored.
+replies stays provisional until rows are stored. :class:`Compensations` screens the
+replies' compensations and refreshed residuals by norm and keeps them in the control variate.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from logging import ERROR, WARNING
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -19,12 +21,13 @@ from flwr.common.logger import log
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
-from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.federation import FederationData, choose_holdout
 from dq_flower.dq.server.identities import ClientIdentities, reply_identity
 from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates
-from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows, strata_of
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of
 from dq_flower.dq.server.validation import (
@@ -38,6 +41,8 @@ from dq_flower.dq.server.validation import (
 )
 from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
+from dq_flower.server.pipeline import bound_vectors
+from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import (
     DataSpec,
     SampleBatch,
@@ -46,62 +51,12 @@ from dq_flower.wire.dq_batch import (
     range_mode,
 )
 
-__all__ = ["UploadIntake", "Ask", "choose_holdout", "row_hash"]
+__all__ = ["UploadIntake", "Compensations", "Ask"]
 
 #: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
 Ask = Callable[[int, int], int]
 #: A batch's rows in the store's layout: ``(codes, side, dither)``.
 Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-#: Held-out rows are ``round(fraction * rows)`` of each (client, class) stratum after every
-#: upload: the rows with the smallest hash of ``(key, client, local id)``
-#: (:func:`choose_holdout`), whatever the replies' order; with a server secret in the key
-#: no client can compute which of its rows are held out.
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, vectorised (uint64 in, uint64 out)."""
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
-
-
-def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
-    """A seeded 64-bit hash of each ``(seed, node, local id)``: the held-out draw order."""
-    with np.errstate(over="ignore"):
-        base = _mix(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
-        base = _mix(base ^ np.array([int(node) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
-        return _mix(base ^ (np.asarray(ids).astype(np.uint64) * _GOLDEN))
-
-
-def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: float,
-                   seed: int, stored_counts) -> np.ndarray:
-    """Boolean mask over client ``node``'s new rows (``labels``, ``ids``): the held-out ones.
-
-    ``fraction`` of each stratum is held out, in ``[0, 1)``; ``seed`` is the hash's key;
-    ``stored_counts(node, strata) -> (rows, held_out)`` counts the stored ones
-    (:meth:`SampleStore.counts`).
-    """
-    ids = np.asarray(ids)
-    mask = np.zeros(ids.shape[0], dtype=bool)
-    if fraction <= 0 or not ids.size:
-        return mask
-    strata = strata_of(labels)
-    keys = np.unique(strata)
-    stored, held = stored_counts(node, keys)
-    order = row_hash(seed, node, ids)
-    for key, before, kept in zip(keys, stored, held, strict=True):
-        rows = np.flatnonzero(strata == key)
-        target = int(np.floor(fraction * (int(before) + rows.size) + 0.5)) - int(kept)
-        take = min(max(target, 0), rows.size)
-        if take:
-            mask[rows[np.argsort(order[rows], kind="stable")[:take]]] = True
-    return mask
 
 
 class UploadIntake:
@@ -363,3 +318,83 @@ class UploadIntake:
         """Inverse of :meth:`state_dict` (a spec is adopted again, checked on zero rows)."""
         self.data.load_state(state, self.fix_spec)
         self.copies.load_state(state.get("copy_screen"))
+
+
+# ------------------------------------------------------------------ compensations
+class Compensations:
+    """The norm screens of compensations and refreshed residuals, and the control variate.
+
+    Each kind is screened against its round's others and clipped; with ``compensation-mode``
+    ``store`` or ``refresh`` the accepted ones enter the control variate.
+    """
+
+    def __init__(self, cfg: DQConfig, num_params: int, data: FederationData) -> None:
+        self.cfg, self.data = cfg, data
+        self.cv = (ControlVariate(num_params, cfg.compensation_decay)
+                   if cfg.compensation_mode != "first-step" else None)
+        self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
+        self.refresh_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
+
+    def _screen(self, uploads: list[Upload], get: Callable[[Upload], np.ndarray | None],
+                put: Callable[[Upload, np.ndarray | None], Upload], screen: NormScreen,
+                what: str) -> tuple[list[Upload], list[int]]:
+        """The uploads' vectors (``get``, ``put``) clipped (``None``: rejected); the rejected."""
+        vectors = [get(u) for u in uploads]
+        having = [i for i, v in enumerate(vectors) if v is not None]
+        out = list(uploads)
+        if not having:
+            return out, []
+        bounded = bound_vectors([v for v in vectors if v is not None], [1.0] * len(having),
+                                screen, clip_factor=self.cfg.clip_factor,
+                                clip_norm=self.cfg.clip_norm)
+        kept = iter(bounded.vectors)
+        rejected = []
+        for i, k in zip(having, bounded.keep, strict=True):
+            out[i] = put(uploads[i], next(kept) if k else None)
+            if not k:
+                rejected.append(i)
+                log_rejected(uploads[i].node, f"{what} is implausibly large against the "
+                             "other clients' (norm-bound-factor)")
+        return out, rejected
+
+    def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
+        """Drop uploads whose compensation norm is implausible; clip the others'."""
+        screened, bad = self._screen(uploads, attrgetter("delta"),
+                                     lambda u, v: replace(u, delta=v), self.comp_norms,
+                                     "compensation norm")
+        return [u for i, u in enumerate(screened) if i not in set(bad)], len(bad)
+
+    def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
+        """Age the control variate, enter the round's screened refreshes and deltas.
+
+        Called before the round's rows are stored (a refresh replaces the share of exactly
+        the node's earlier rows). Returns ``(refreshed, rejected refreshes)``.
+        """
+        if self.cv is None:
+            return 0, 0
+        self.cv.age()
+        fresh, bad = self._screen(fresh, attrgetter("refresh"), lambda u, v: replace(u, refresh=v),
+                                  self.refresh_norms, "refreshed residual's norm")
+        refreshed = 0
+        store = self.data.store
+        for u in fresh:
+            if u.refresh is not None and store is not None:
+                self.cv.replace(u.node, u.refresh, store.node_weight(u.node))
+                refreshed += 1
+            if u.delta is not None and len(u.batch):
+                self.cv.add(u.node, u.delta, float(u.batch.weights.sum()))
+        return refreshed, len(bad)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The two norm screens' histories and the control variate."""
+        return {"refresh_norms": self.refresh_norms.state_dict(),
+                "comp_norms": self.comp_norms.state_dict(),
+                "control_variate": None if self.cv is None else self.cv.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.refresh_norms.load_state_dict(state.get("refresh_norms", {}))
+        self.comp_norms.load_state_dict(state.get("comp_norms", {}))
+        if self.cv is not None and state.get("control_variate") is not None:
+            self.cv.load_state(state["control_variate"])

@@ -2,7 +2,7 @@
 
 Rows are :class:`RowLayout` codes with label, weight, origin client identity, client-local
 id and held-out flag, dequantized on the fly; evicted rows' ids are remembered.
-Which rows are held out is chosen on the way in (:func:`~.intake.choose_holdout`).
+Which rows are held out is chosen on the way in (:func:`~.federation.choose_holdout`).
 """
 
 from __future__ import annotations

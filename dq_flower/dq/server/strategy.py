@@ -41,13 +41,13 @@ from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
 from dq_flower.dq.server.identities import ClientIdentities, reply_claims
-from dq_flower.dq.server.intake import Ask, UploadIntake
+from dq_flower.dq.server.intake import Ask, Compensations, UploadIntake
 from dq_flower.dq.server.optimizer_choice import apply_train_config
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import BY_PARTITION, Compensations, Rules, Upload
+from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
 from dq_flower.model_ops import LossFn, input_width, state_arrays
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs

@@ -1,14 +1,13 @@
 """Checks of DQ data replies, alone and against the round's others.
 
-:func:`check_upload` decodes one reply against :class:`Rules` and the node's
+:func:`check_upload` decodes and checks one reply in one pass against :class:`Rules` and the node's
 :class:`History`, or raises :class:`~dq_flower.codecs.PayloadError` with the reason.
 :func:`agree` screens the round's uploads together: ``num-examples`` over
 :data:`EXAMPLES_FACTOR` times the nodes' lower median is refused, a node's weight clipped to
 :data:`SHARE_FACTOR` times the median node's examples; while none is known, the data spec
 most uploads carry that the model trains on is agreed, and the value bound
 (:data:`VALUE_FACTOR` times the median upload's largest value) learned and enforced.
-:class:`Compensations` screens compensations and refreshed residuals by norm and keeps them
-in the control variate. ``docs/reliability.md`` gives the measurements behind the factors.
+``docs/reliability.md`` gives the measurements behind the factors.
 """
 
 from __future__ import annotations
@@ -16,24 +15,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
 
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.codecs.uniform import plain_payload
-from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
-from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.planner import reply_bits
 from dq_flower.dq.server.token_intake import check_token_upload
-from dq_flower.server.common import log_rejected
-from dq_flower.server.pipeline import bound_vectors
-from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import (
     INFO_KEY,
     RANGES_KEY,
@@ -50,7 +42,7 @@ from dq_flower.wire.dq_batch import (
     reply_spec,
 )
 
-__all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree", "Compensations",
+__all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree",
            "decode_compensation", "decode_vector", "VALUE_FACTOR", "BY_PARTITION",
            "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
@@ -409,83 +401,3 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
                         for u in kept if u.scale > new_bound]
             kept = [u for u in kept if u.scale <= new_bound]
     return Agreement(kept, refused, new_spec, classes, new_bound)
-
-
-# ------------------------------------------------------------------ compensations
-class Compensations:
-    """The norm screens of compensations and refreshed residuals, and the control variate.
-
-    Each kind is screened against its round's others and clipped; with ``compensation-mode``
-    ``store`` or ``refresh`` the accepted ones enter the control variate.
-    """
-
-    def __init__(self, cfg: DQConfig, num_params: int, data: FederationData) -> None:
-        self.cfg, self.data = cfg, data
-        self.cv = (ControlVariate(num_params, cfg.compensation_decay)
-                   if cfg.compensation_mode != "first-step" else None)
-        self.comp_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
-        self.refresh_norms = NormScreen(cfg.norm_bound_factor, round_first=True)
-
-    def _screen(self, uploads: list[Upload], get: Callable[[Upload], np.ndarray | None],
-                put: Callable[[Upload, np.ndarray | None], Upload], screen: NormScreen,
-                what: str) -> tuple[list[Upload], list[int]]:
-        """The uploads' vectors (``get``, ``put``) clipped (``None``: rejected); the rejected."""
-        vectors = [get(u) for u in uploads]
-        having = [i for i, v in enumerate(vectors) if v is not None]
-        out = list(uploads)
-        if not having:
-            return out, []
-        bounded = bound_vectors([v for v in vectors if v is not None], [1.0] * len(having),
-                                screen, clip_factor=self.cfg.clip_factor,
-                                clip_norm=self.cfg.clip_norm)
-        kept = iter(bounded.vectors)
-        rejected = []
-        for i, k in zip(having, bounded.keep, strict=True):
-            out[i] = put(uploads[i], next(kept) if k else None)
-            if not k:
-                rejected.append(i)
-                log_rejected(uploads[i].node, f"{what} is implausibly large against the "
-                             "other clients' (norm-bound-factor)")
-        return out, rejected
-
-    def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
-        """Drop uploads whose compensation norm is implausible; clip the others'."""
-        screened, bad = self._screen(uploads, attrgetter("delta"),
-                                     lambda u, v: replace(u, delta=v), self.comp_norms,
-                                     "compensation norm")
-        return [u for i, u in enumerate(screened) if i not in set(bad)], len(bad)
-
-    def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
-        """Age the control variate, enter the round's screened refreshes and deltas.
-
-        Called before the round's rows are stored (a refresh replaces the share of exactly
-        the node's earlier rows). Returns ``(refreshed, rejected refreshes)``.
-        """
-        if self.cv is None:
-            return 0, 0
-        self.cv.age()
-        fresh, bad = self._screen(fresh, attrgetter("refresh"), lambda u, v: replace(u, refresh=v),
-                                  self.refresh_norms, "refreshed residual's norm")
-        refreshed = 0
-        store = self.data.store
-        for u in fresh:
-            if u.refresh is not None and store is not None:
-                self.cv.replace(u.node, u.refresh, store.node_weight(u.node))
-                refreshed += 1
-            if u.delta is not None and len(u.batch):
-                self.cv.add(u.node, u.delta, float(u.batch.weights.sum()))
-        return refreshed, len(bad)
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """The two norm screens' histories and the control variate."""
-        return {"refresh_norms": self.refresh_norms.state_dict(),
-                "comp_norms": self.comp_norms.state_dict(),
-                "control_variate": None if self.cv is None else self.cv.state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`."""
-        self.refresh_norms.load_state_dict(state.get("refresh_norms", {}))
-        self.comp_norms.load_state_dict(state.get("comp_norms", {}))
-        if self.cv is not None and state.get("control_variate") is not None:
-            self.cv.load_state(state["control_variate"])
