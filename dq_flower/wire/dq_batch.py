@@ -3,16 +3,15 @@
 Built by the client, validated by the server: a failed check raises
 :class:`~dq_flower.codecs.PayloadError` with the reason. Each reply also carries its data
 spec (:class:`DataSpec`) as a ``data-spec`` ``ConfigRecord``; the server adopts the one
-most of the first data round's replies carry and rejects replies that disagree. The
-server's view of a batch: :func:`keep_rows`.
+most of the first data round's replies carry and rejects replies that disagree.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field, fields
-from typing import cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
@@ -26,7 +25,7 @@ __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRE
            "RANGES_KEY", "payload_quantizer", "range_mode", "feature_ranges", "normalise",
            "denormalise", "ranges_record", "ranges_from_record", "SPEC_KEY", "DataSpec",
            "spec_of", "spec_record", "spec_from_record", "MAX_DIM", "expect_rows",
-           "keep_rows", "kept_rows", "reply_spec"]
+           "reply_spec", "DataReply", "read_reply"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
@@ -53,6 +52,7 @@ class SampleBatch:
     weights: np.ndarray  # original samples each row stands for (1 / pi_i), float32
     compensation: Payload | None = None  # encoded compensation delta
     info_nbits: int = 0  # exact bits of labels, ids and weights as sent
+    label_bits: int = 0  # bits per class label as sent (0: float targets)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -186,8 +186,10 @@ def decode_batch(
     """
     if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
         raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
-    samples = _samples(content.array_records[SAMPLES_KEY], dim, bits, max_samples)
-    n = samples.shape[0]
+    samples = Payload.from_record(content.array_records[SAMPLES_KEY])
+    n = expect_rows(samples, "uniform", dim, max_samples)
+    if samples.meta.get("bits") != bits:
+        raise PayloadError(f"samples use {samples.meta.get('bits')!r} bits, expected {bits}")
     info = content.array_records[INFO_KEY]
     lw, iw, wn = _counts(info, n, float_targets)
     targets, target_bits = _targets(info, n, lw, num_classes, target_dim)
@@ -201,7 +203,7 @@ def decode_batch(
     if COMPENSATION_KEY in content.array_records:
         compensation = Payload.from_record(content.array_records[COMPENSATION_KEY])
     info_nbits = target_bits + 8 * ids_raw.size + 32 * wn
-    return SampleBatch(samples, targets, ids, weights, compensation, info_nbits)
+    return SampleBatch(samples, targets, ids, weights, compensation, info_nbits, lw)
 
 
 def expect_rows(samples: Payload, codec: str, dim: int, max_samples: int,
@@ -215,15 +217,6 @@ def expect_rows(samples: Payload, codec: str, dim: int, max_samples: int,
     if n > max_samples:
         raise PayloadError(f"{n} {what} exceed the budget of {max_samples}")
     return n
-
-
-def _samples(record: ArrayRecord, dim: int, bits: int, max_samples: int) -> Payload:
-    """The samples payload: ``uniform``, shape ``(n, dim)``, ``n <= max_samples``, ``bits``."""
-    samples = Payload.from_record(record)
-    expect_rows(samples, "uniform", dim, max_samples)
-    if samples.meta.get("bits") != bits:
-        raise PayloadError(f"samples use {samples.meta.get('bits')!r} bits, expected {bits}")
-    return samples
 
 
 def _counts(info: ArrayRecord, n: int, float_targets: bool) -> tuple[int, int, int]:
@@ -409,25 +402,34 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     return DataSpec(tuple(shape), target, tdim)
 
 
-@dataclass
-class _KeptBatch(SampleBatch):
-    """A validated batch of which only the payload rows ``kept`` are used."""
+@dataclass(frozen=True)
+class DataReply:
+    """A data reply's checked records (token windows, :mod:`.token_batch`: the spec alone)."""
 
-    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-
-
-def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
-    """``batch`` cut to the rows where ``keep`` is true (the payload stays as sent)."""
-    idx = np.flatnonzero(np.asarray(keep, dtype=bool))
-    base = kept_rows(batch)
-    values = {f.name: getattr(batch, f.name) for f in fields(SampleBatch)}
-    values.update(labels=batch.labels[idx], ids=batch.ids[idx], weights=batch.weights[idx])
-    return _KeptBatch(**values, kept=idx if base is None else base[idx])
+    spec: DataSpec
+    mode: str = "sample"  # range mode: sample, channel or feature
+    batch: SampleBatch | None = None
+    decoder: Any = None  # the ``uniform`` codec of its samples (:func:`payload_quantizer`)
+    ranges: tuple[np.ndarray, np.ndarray] | None = None  # the feature ranges it carries
 
 
-def kept_rows(batch: SampleBatch) -> np.ndarray | None:
-    """The payload rows a batch uses (``None``: all of them)."""
-    return batch.kept if isinstance(batch, _KeptBatch) else None
+def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: int,
+               num_classes: int | None, max_samples: int, id_upper: int) -> DataReply:
+    """A data reply's records checked (sizes first), not decoded; ``ranges``: the knob.
+
+    ``known``: the federation's spec, which the reply must carry (labels below ``num_classes``).
+    """
+    spec = reply_spec(content, known)
+    if spec.target == "tokens":
+        return DataReply(spec)
+    mode = range_mode(ranges, spec.sample_shape)
+    batch = decode_batch(content, num_classes if known is not None else None, spec.dim, bits,
+                         max_samples, id_upper, spec.target_dim, spec.target == "float")
+    decoder = payload_quantizer(batch.samples, bits, spec.channels if mode == "channel" else 0,
+                                mode == "feature")
+    record = content.array_records.get(RANGES_KEY) if mode == "feature" else None
+    return DataReply(spec, mode, batch, decoder,
+                     None if record is None else ranges_from_record(record, spec.dim))
 
 
 def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:

@@ -174,7 +174,8 @@ def test_the_plain_payload_keeps_a_context_shape_it_does_not_own_and_passes_odd_
 
 
 def test_kept_rows_cut_the_labels_and_name_the_payload_rows_still_used():
-    from dq_flower.wire.dq_batch import SampleBatch, keep_rows, kept_rows
+    from dq_flower.dq.server.validation import keep_rows, kept_rows
+    from dq_flower.wire.dq_batch import SampleBatch
 
     # Prepare
     p = _samples(2, 8, "none", n=5)

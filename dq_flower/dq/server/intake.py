@@ -38,6 +38,8 @@ from dq_flower.dq.server.validation import (
     Upload,
     agree,
     check_upload,
+    keep_rows,
+    kept_rows,
 )
 from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
@@ -46,8 +48,6 @@ from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import (
     DataSpec,
     SampleBatch,
-    keep_rows,
-    kept_rows,
     range_mode,
 )
 

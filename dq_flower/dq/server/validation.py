@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 import numpy as np
@@ -27,23 +27,18 @@ from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.dq.server.planner import reply_bits
 from dq_flower.dq.server.token_intake import check_token_upload
 from dq_flower.wire.dq_batch import (
-    INFO_KEY,
-    RANGES_KEY,
     REFRESH_KEY,
+    DataReply,
     DataSpec,
     SampleBatch,
-    decode_batch,
     denormalise,
-    keep_rows,
     label_width,
-    payload_quantizer,
-    range_mode,
-    ranges_from_record,
-    reply_spec,
+    read_reply,
 )
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree",
-           "decode_compensation", "decode_vector", "VALUE_FACTOR", "BY_PARTITION",
+           "decode_compensation", "decode_vector", "VALUE_FACTOR", "BY_PARTITION", "keep_rows",
+           "kept_rows",
            "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
@@ -134,6 +129,28 @@ class Agreement:
     value_bound: float | None = None  # a bound to adopt (None: known, or nothing to learn)
 
 
+# ------------------------------------------------------------------ the server's view of a batch
+@dataclass
+class _KeptBatch(SampleBatch):
+    """A validated batch of which only the payload rows ``kept`` are used."""
+
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def keep_rows(batch: SampleBatch, keep: np.ndarray) -> SampleBatch:
+    """``batch`` cut to the rows where ``keep`` is true (the payload stays as sent)."""
+    idx = np.flatnonzero(np.asarray(keep, dtype=bool))
+    base = kept_rows(batch)
+    values = {f.name: getattr(batch, f.name) for f in fields(SampleBatch)}
+    values.update(labels=batch.labels[idx], ids=batch.ids[idx], weights=batch.weights[idx])
+    return _KeptBatch(**values, kept=idx if base is None else base[idx])
+
+
+def kept_rows(batch: SampleBatch) -> np.ndarray | None:
+    """The payload rows a batch uses (``None``: all of them)."""
+    return batch.kept if isinstance(batch, _KeptBatch) else None
+
+
 # ------------------------------------------------------------------ one reply
 def read_counts(metrics: MetricRecord | None, rows: int, history: History,
                 resend: bool) -> tuple[int, int, int]:
@@ -180,30 +197,24 @@ def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
                            f" under {rule!r} selection")
 
 
-def decode_rows(content: RecordDict, batch: SampleBatch, spec: DataSpec, mode: str,
-                bits: int, known: tuple[np.ndarray, np.ndarray] | None
-                ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None, Payload]:
-    """Decoded float rows ``(n, dim)``, the reply's feature ranges (if any), plain samples."""
-    fixed = mode == "feature"
-    quantizer = payload_quantizer(batch.samples, bits, spec.channels if mode == "channel" else 0,
-                                  fixed)
-    plain = plain_payload(batch.samples, bits)  # the stream decoded once, here and to store
-    x = quantizer.decode(plain)
-    ranges = None
-    if fixed:
-        record = content.array_records.get(RANGES_KEY)
-        ranges = ranges_from_record(record, spec.dim) if record is not None else None
-        if ranges is not None and known is not None and not all(
-                np.array_equal(a, b) for a, b in zip(ranges, known, strict=True)):
+def decode_rows(wire: DataReply, bits: int, known: tuple[np.ndarray, np.ndarray] | None
+                ) -> tuple[np.ndarray, Payload]:
+    """Decoded float rows ``(n, dim)`` of a reply's batch, and its plain samples."""
+    assert wire.batch is not None
+    plain = plain_payload(wire.batch.samples, bits)  # the stream decoded once, here and to store
+    x = wire.decoder.decode(plain)
+    if wire.mode == "feature":
+        if wire.ranges is not None and known is not None and not all(
+                np.array_equal(a, b) for a, b in zip(wire.ranges, known, strict=True)):
             raise PayloadError("the node's feature ranges changed since it first sent them")
-        use = ranges if ranges is not None else known
-        if use is None and len(batch):
+        use = wire.ranges if wire.ranges is not None else known
+        if use is None and len(wire.batch):
             raise PayloadError("reply misses its feature ranges")
         if use is not None:
             x = denormalise(x, *use)
     if not np.isfinite(x).all():
         raise PayloadError("samples decode to non-finite values")
-    return x, ranges, plain
+    return x, plain
 
 
 def data_scale(x: np.ndarray, ranges: tuple[np.ndarray, np.ndarray] | None) -> float:
@@ -222,31 +233,25 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
     Rows the node sent before are dropped unless ``rules.resend``; ``source``: the Flower
     node it came from. Adopts nothing (the round's replies together do: :func:`agree`).
     """
-    spec = reply_spec(content, rules.spec)
-    metrics = content.metric_records.get("metrics")
-    ranges, label_bits = None, 0
-    if spec.target == "tokens":  # windows of token ids, sent exactly (.token_intake)
+    wire = read_reply(content, rules.spec, rules.ranges, rules.bits, rules.num_classes,
+                      max_rows, MAX_LOCAL_ID)
+    spec, ranges, metrics = wire.spec, wire.ranges, content.metric_records.get("metrics")
+    if wire.batch is None:  # windows of token ids, sent exactly (.token_intake)
         batch, x, plain, can_score = check_token_upload(content, spec, max_rows, MAX_LOCAL_ID)
         cand, examples, partition = read_counts(metrics, len(batch), history, rules.resend)
         check_weights(batch, cand, rules.selection_rule)
         scale = float(x.max(initial=0.0))
     else:
-        num_classes = rules.num_classes if rules.spec is not None else None
-        batch = decode_batch(content, num_classes, spec.dim, rules.bits, max_rows,
-                             MAX_LOCAL_ID, spec.target_dim, spec.target == "float")
+        batch = wire.batch
         cand, examples, partition = read_counts(metrics, len(batch), history, rules.resend)
         if (batch.samples.meta.get("dither_seed") is not None) != rules.dither:
             raise PayloadError("samples carry a dither setting the server did not configure")
         check_weights(batch, cand, rules.selection_rule)
-        x, ranges, plain = decode_rows(content, batch, spec,
-                                       range_mode(rules.ranges, spec.sample_shape),
-                                       rules.bits, history.ranges)
+        x, plain = decode_rows(wire, rules.bits, history.ranges)
         scale = data_scale(x, ranges if ranges is not None else history.ranges)
         if rules.value_bound is not None and scale > rules.value_bound:
             raise PayloadError(f"sample values reach {scale:g}, over the bound "
                                f"{rules.value_bound:g} (max-abs-value)")
-        label_bits = int(np.frombuffer(content.array_records[INFO_KEY]["counts"].data,
-                                       dtype=np.int64)[1])  # checked by decode_batch
         can_score = metrics is not None and metrics.get(CAN_SCORE_KEY) == 1
     delta = decode_compensation(batch, rules.comp_codec, rules.num_params)
     refresh = decode_refresh(content, rules, history)
@@ -257,8 +262,8 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
             batch, x, resent = keep_rows(batch, ~held), x[~held], int(held.sum())
     return Upload(batch, x, cand, delta, node, partition, examples,
                   reply_bits(content) if rules.measuring else 0, ranges, refresh,
-                  source=source, spec=spec, scale=scale, label_bits=label_bits, plain=plain,
-                  can_score=can_score, resent=resent)
+                  source=source, spec=spec, scale=scale, label_bits=batch.label_bits,
+                  plain=plain, can_score=can_score, resent=resent)
 
 
 def decode_refresh(content: RecordDict, rules: Rules, history: History) -> np.ndarray | None:
