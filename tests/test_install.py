@@ -240,7 +240,7 @@ def _requirement_names(project: dict) -> set[str]:
 
 @pytest.mark.parametrize("folder", ["", "examples/quickstart-dq", "examples/quickstart-pytorch",
                                     "examples/quickstart-pytorch-compressed",
-                                    "examples/quickstart-pytorch-dq"])
+                                    "examples/quickstart-pytorch-dq", "examples/text-dq"])
 def test_every_app_leaves_its_packages_to_the_environment(folder):
     # Flower's runtime installation (uv sync) resolves every package of [project], extras
     # included; one that [tool.uv] does not exclude is fetched from an index at each run,

@@ -1,0 +1,1 @@
+"""text_dq: a Flower app whose devices upload their text to train a language model (dq-flower)."""
