@@ -81,6 +81,8 @@ class UploadIntake:
         self._rules = Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend,
                             comp_codec=comp_codec, num_params=num_params, measuring=measuring,
                             refresh=cfg.compensation_mode != "first-step")
+        #: how ``bits = 0`` was resolved, logged once the samples are known not to be tokens
+        self.bits_note: str | None = None
         #: each client's rows that copy rows it sent before (dq.server.node_screen)
         self.copies = CopyScreen(cfg.copy_margin, bits=cfg.bits)
         #: one run per store-dir: a second process's run is refused here, before any round
@@ -117,9 +119,16 @@ class UploadIntake:
                                   self.seed)
             self.planner.sample_bits = est["sample_bits"]
             self.planner.reply_bits = est["reply_bits"]
-        log_round("dq", 0, f"data: samples {spec.sample_shape}, {spec.target} targets, "
-                  f"ranges {mode}" + (f", {self.data.num_classes} classes"
-                                      if spec.target == "class" else ""))
+        if tokens:  # no quantizer: bits and ranges are not used
+            log_round("dq", 0, f"data: token windows of {spec.sample_shape[0]} ids, vocabulary "
+                      f"{spec.target_dim}, coded losslessly (no quantizer: bits and value "
+                      "bounds do not apply)")
+        else:
+            if self.bits_note:
+                log_round("dq", 0, self.bits_note)
+            log_round("dq", 0, f"data: samples {spec.sample_shape}, {spec.target} targets, "
+                      f"ranges {mode}" + (f", {self.data.num_classes} classes"
+                                          if spec.target == "class" else ""))
 
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:

@@ -168,13 +168,14 @@ class DQStrategy(ModelStrategy, Strategy):
         users = knobs.pop("optimizer", None) if isinstance(
             knobs.get("optimizer"), torch.optim.Optimizer) else None
         cfg = build_config(config, DQConfig, knobs)
+        bits_note = None
         if cfg.bits == 0:  # auto: a table's few features get more bits (dq.config.auto_bits)
             flat = (data_spec.dim if data_spec is not None and len(data_spec.sample_shape) == 1
                     else None if data_spec is not None else input_width(model))
             cfg = dataclasses.replace(cfg, bits=auto_bits(flat))
-            log_round("dq", 0, f"bits auto: {cfg.bits} per coordinate ("
-                      + (f"flat samples of {flat} features" if flat is not None
-                         else "samples that are not a small table") + ")")
+            bits_note = (f"bits auto: {cfg.bits} per coordinate ("  # logged with the spec
+                         + (f"flat samples of {flat} features" if flat is not None
+                            else "samples that are not a small table") + ")")
         self.cfg: DQConfig = cfg
         # ``auto`` starts with SGD; the first training phase may choose another
         optimizer = users or make_optimizer(
@@ -204,6 +205,7 @@ class DQStrategy(ModelStrategy, Strategy):
                                    identities=self.identities, comp_codec=comp_codec,
                                    num_params=self.num_params,
                                    measuring=cfg.upload_mode != "data")
+        self.intake.bits_note = bits_note
         self.compensations = Compensations(cfg, self.num_params, self.data)
         self.trainer = ServerTrainer(cfg, model, optimizer, self.data, self.cv,
                                      loss_fn=loss_fn, seed=self.seed, comp_codec=comp_codec,

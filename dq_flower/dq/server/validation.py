@@ -396,7 +396,8 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
         new_spec, classes, kept, more = agree_spec(kept, check)
         refused += more
     new_bound = None
-    if rules.value_bound is None and (rules.spec or new_spec) is not None:
+    spec = rules.spec or new_spec  # token ids are names, not magnitudes: no bound
+    if rules.value_bound is None and spec is not None and spec.target != "tokens":
         scales = [u.scale for u in kept if len(u.batch) or u.ranges is not None]
         middle = (_median(scales) or max(scales)) if scales else 0.0
         if middle > 0:  # the bound learned: VALUE_FACTOR times the median upload's scale
