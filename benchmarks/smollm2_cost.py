@@ -33,9 +33,9 @@ def timed(fn):
     return out, time.process_time() - cpu, time.perf_counter() - wall
 
 
-def held_out(tokenizer, length: int, windows: int) -> torch.Tensor:
+def held_out(tokenizer, fed, length: int, windows: int) -> torch.Tensor:
     rows = []
-    for device in load_austen(seed=0).devices:
+    for device in fed.devices:
         ids = tokenizer(device.test).input_ids[:length * windows]
         rows.append(torch.tensor(ids).reshape(-1, length))
     return torch.cat(rows)
@@ -69,27 +69,29 @@ def step_seconds(model, batch: torch.Tensor, repeats: int) -> tuple[float, float
     return cpu / repeats, wall / repeats
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
+    """Measure, print and return the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--windows", type=int, default=8, help="held-out windows per novel")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--data-dir", default=None, help="the novels' R database folder")
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     rows = []
     (model, tokenizer), cpu, wall = timed(load_smollm2)
     params = sum(p.numel() for p in model.parameters())
     rows.append(("load (GGUF cached; tokenizer and model)", f"{cpu:.1f} s CPU, {wall:.1f} s wall"))
     rows.append(("parameters (float32)", f"{params:,}"))
-    fed = load_austen(seed=0)
+    fed = load_austen(args.data_dir, seed=0)
     train_chars = sum(len(d.train) for d in fed.devices)
     (train_tokens), tcpu, _ = timed(lambda: sum(len(tokenizer(d.train).input_ids)
                                                for d in fed.devices))
     rows.append(("devices' training text", f"{train_chars:,} characters, {train_tokens:,} "
                  f"tokens ({train_chars / train_tokens:.2f} characters a token)"))
-    windows = held_out(tokenizer, args.length, args.windows)
+    windows = held_out(tokenizer, fed, args.length, args.windows)
     torch.set_num_threads(1)
     ppl, cpu, wall = timed(lambda: perplexity(model, windows, args.batch))
     rows.append((f"held-out perplexity ({len(windows)} windows of {args.length} tokens, "
@@ -115,9 +117,10 @@ def main() -> None:
             cpu, wall = step_seconds(lora, batch, args.repeats)
             rows.append((f"LoRA step, {args.batch} x {args.length} tokens, "
                          f"{threads} thread(s)", f"{cpu:.1f} s CPU, {wall:.1f} s wall"))
-    print("| measured | value |\n|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    table = "\n".join(["| measured | value |", "|---|---|",
+                       *(f"| {name} | {value} |" for name, value in rows)])
+    print(table)
+    return table
 
 
 if __name__ == "__main__":
