@@ -68,6 +68,31 @@ def test_large_image_batches_agree(bits):
         np.testing.assert_array_equal(context.decode(stream, bits, 64, d, shape), codes)
 
 
+@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("n,shape", [(64, (1, 28, 28)), (5, (3, 6, 7)), (9, (4, 2, 9)),
+                                     (3, (1, 1, 1)), (4, (1, 1, 6)), (6, (2, 5, 1)),
+                                     (7, (1, 3, 2)), (2, (6, 4, 3))])
+def test_wave_layout_image_decoder_reads_the_same_stream(bits, n, shape):
+    """1-bit and 2-bit images decode through the wave-by-wave layout (byte cells where every
+    context fits, 16-bit cells for 2-bit codes of several channel groups): the codes of the
+    constriction coder's stream, on edge shapes (a single row, column or cell) and DQ's."""
+    from dq_flower.codecs import context_ans
+
+    rng = np.random.default_rng(bits * 100 + n)
+    d = int(np.prod(shape))
+    for skew in (0.3, 0.9):
+        codes = np.minimum(rng.geometric(skew, n * d) - 1, (1 << bits) - 1).astype(np.uint8)
+        stream = _constriction_encode(codes, bits, n, d, shape)
+        np.testing.assert_array_equal(context.encode(codes, bits, n, d, shape), stream)
+        np.testing.assert_array_equal(context.decode(stream, bits, n, d, shape), codes)
+        geom, feature, rows = context._geometry(n, d, bits, shape)
+        out = np.full(n * d, 255, np.uint8)
+        status, head = context_ans.decode_words(stream.view("<u4").astype(np.uint32), out,
+                                                geom, feature, rows, 1 << bits)
+        assert (status, head) == (context_ans.OK, n * d)
+        np.testing.assert_array_equal(out, codes)
+
+
 def test_the_constriction_path_runs_without_numba(monkeypatch):
     """Without numba the module falls back to constriction: the same stream, decoded."""
     codes = np.random.default_rng(5).integers(0, 4, 10 * 64).astype(np.uint8)
