@@ -11,9 +11,9 @@ Counts grow after each wave, as the vectorised coder's do.
 Images of 1-bit and 2-bit codes decode through :func:`_decode_image`: the planes' cells are
 laid out wave by wave (a wave's cells of every plane contiguous, the neighbours at fixed
 offsets), so each wave's contexts come from one vectorised pass before its codes, and the
-serial loop does little more than the ANS step; the count tables alternate from code to code
-and only the rows a wave touched are requantized. The same stream as :func:`_decode`, which
-decodes every other batch.
+serial loop does little more than the ANS step; two-symbol counts alternate between two tables
+from code to code, and of four-symbol rows only those a wave touched are requantized. The
+same stream as :func:`_decode`, which decodes every other batch.
 
 Needs numba (:func:`available`); the kernels compile on first use and are cached on disk.
 """
@@ -328,7 +328,7 @@ def _edges_2(counts, edges, rows):
 
 @_jit
 def _edges_4(counts, edges, rows, marks):
-    """The marked four-symbol rows' three edges from their counts (marks cleared)."""
+    """The marked four-symbol rows' three edges from their counts (one table; marks cleared)."""
     free = np.float64(_ONE - 4)
     touched = np.empty(rows, np.int64)
     n = 0
@@ -338,10 +338,8 @@ def _edges_4(counts, edges, rows, marks):
         marks[row] = 0
     for j in range(n):
         row = touched[j]
-        c0 = counts[8 * row] + counts[8 * row + 1]
-        c1 = counts[8 * row + 2] + counts[8 * row + 3]
-        c2 = counts[8 * row + 4] + counts[8 * row + 5]
-        c3 = counts[8 * row + 6] + counts[8 * row + 7]
+        c0, c1, c2, c3 = counts[4 * row], counts[4 * row + 1], counts[4 * row + 2], \
+            counts[4 * row + 3]
         scale = free / (np.float64(c0 + c1 + c2 + c3) + 2.0)
         edges[4 * row] = np.int64((np.float64(c0) + 0.5) * scale) + 1
         edges[4 * row + 1] = np.int64((np.float64(c0 + c1) + 1.0) * scale) + 2
@@ -364,7 +362,7 @@ def _decode_image(words, out, geom, rows, kind, proto):
         return (ZERO_END if head < 0 else BAD_COUNT), head
     planes, c, h, w, groups, q_bits = geom[2], geom[3], geom[4], geom[5], geom[6], geom[7]
     size = np.uint64(kind)
-    counts = np.zeros(2 * rows * kind, np.int64)  # (row, symbol, table)
+    counts = np.zeros(2 * rows * kind, np.int64)  # (row, symbol, table); 4 symbols: one table
     marks = np.ones(rows, np.int64)
     edges = np.empty(rows * kind, np.int64)
     chan = np.empty(h * planes, proto.dtype)  # each plane's context base, once per row
@@ -409,9 +407,10 @@ def _decode_image(words, out, geom, rows, kind, proto):
                     state = (state << _U_WORD) | np.uint64(words[left])
                 cells[cell] = s
                 out[code] = s
-                # two tables, code by code: no increment waits on the one before
-                counts[((x * size + s) << _U_ONE_) + np.uint64(b & 1)] += 1
-                if kind == 4:
+                if kind == 2:  # two tables, code by code: no increment waits on the last
+                    counts[((x * size + s) << _U_ONE_) + np.uint64(b & 1)] += 1
+                else:  # the longer four-symbol step outlasts an increment
+                    counts[x * size + s] += 1
                     marks[x] = 1
                 cell += next_plane
                 code += step
