@@ -66,6 +66,11 @@ def check_shape(shape: object, d: int) -> tuple[int, int, int] | None:
     """
     if shape is None:
         return None
+    if type(shape) is tuple and len(shape) == 3:  # the common case, checked at once
+        c, h, w = shape
+        if type(c) is int and type(h) is int and type(w) is int and c >= 1 and h >= 1 \
+                and w >= 1 and c * h * w == d and 2 * (h - 1) + w <= MAX_WAVES:
+            return shape
     if (not isinstance(shape, (list, tuple)) or len(shape) != 3
             or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape)):
         raise PayloadError(f"context shape must be three positive ints, got {shape!r}")
