@@ -318,11 +318,11 @@ def _wave_contexts(cells, chan, at, count, stride, planes, q_bits):
 
 @_jit
 def _edges_2(counts, edges, rows):
-    """Every two-symbol row's edge from its counts (two tables, interleaved)."""
+    """Every two-symbol row's edge from its counts (two tables, ``2 rows`` apart)."""
     free = np.float64(_ONE - 2)
     for row in range(rows):
-        c0 = counts[4 * row] + counts[4 * row + 1]
-        c1 = counts[4 * row + 2] + counts[4 * row + 3]
+        c0 = counts[2 * row] + counts[2 * rows + 2 * row]
+        c1 = counts[2 * row + 1] + counts[2 * rows + 2 * row + 1]
         edges[row] = np.int64((np.float64(c0) + 0.5) * (free / (np.float64(c0 + c1) + 1.0))) + 1
 
 
@@ -362,8 +362,9 @@ def _decode_image(words, out, geom, rows, kind, proto):
         return (ZERO_END if head < 0 else BAD_COUNT), head
     planes, c, h, w, groups, q_bits = geom[2], geom[3], geom[4], geom[5], geom[6], geom[7]
     size = np.uint64(kind)
-    counts = np.zeros(2 * rows * kind, np.int64)  # (row, symbol, table); 4 symbols: one table
+    counts = np.zeros(2 * rows * kind, np.int64)  # (table, row, symbol); 4 symbols: one table
     marks = np.ones(rows, np.int64)
+    table, other = _U_ZERO, np.uint64(2 * rows)  # two-symbol counts: the table in use
     edges = np.empty(rows * kind, np.int64)
     chan = np.empty(h * planes, proto.dtype)  # each plane's context base, once per row
     for p in range(planes):
@@ -394,7 +395,7 @@ def _decode_image(words, out, geom, rows, kind, proto):
         cell0, code0 = np.uint64(at), np.uint64(first * (w - 2) + k)
         for a in range(planes):
             cell, code = cell0 + np.uint64(a), code0 + np.uint64(a) * plane_codes
-            for b in range(m):
+            for _ in range(m):
                 x = np.uint64(cells[cell])
                 if kind == 2:
                     s, state = _binary(state, np.uint64(edges[x]))
@@ -408,7 +409,8 @@ def _decode_image(words, out, geom, rows, kind, proto):
                 cells[cell] = s
                 out[code] = s
                 if kind == 2:  # two tables, code by code: no increment waits on the last
-                    counts[((x * size + s) << _U_ONE_) + np.uint64(b & 1)] += 1
+                    counts[table + x * size + s] += 1
+                    table ^= other
                 else:  # the longer four-symbol step outlasts an increment
                     counts[x * size + s] += 1
                     marks[x] = 1
