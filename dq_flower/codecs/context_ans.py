@@ -20,45 +20,36 @@ Needs numba (:func:`available`); the kernels compile on first use and are cached
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 import numpy as np
 
-try:
-    _numba: Any = importlib.import_module("numba")
-except ImportError:  # pragma: no cover - context.py uses the constriction coder instead
-    _numba = None
+from dq_flower.codecs.ans_step import (
+    _ONE,
+    _U_BIN,
+    _U_LOW,
+    _U_MASK,
+    _U_ONE,
+    _U_ONE_,
+    _U_PRECISION,
+    _U_REFILL,
+    _U_RENORM,
+    _U_TWO,
+    _U_WORD,
+    _U_ZERO,
+    BAD_COUNT,
+    LEFT_OVER,
+    OK,
+    ZERO_END,
+    _binary,
+    _jit,
+    _literally,
+    _open,
+    _quad,
+    available,
+)
+from dq_flower.codecs.context_image import _NARROW, _WIDE, _decode_image
 
 __all__ = ["available", "encode_words", "decode_words", "OK", "ZERO_END", "BAD_COUNT",
            "LEFT_OVER"]
-
-#: :func:`decode_words` results: decoded exactly, a last word of zero (no valid ANS state),
-#: the stream's count is not the declared one, data left over or the stream corrupt.
-OK, ZERO_END, BAD_COUNT, LEFT_OVER = 0, 1, 2, 3
-
-_PRECISION = 24
-_ONE = 1 << _PRECISION
-#: The count travels as two 16-bit symbols of a uniform model: 2**24 / 2**16 each.
-_COUNT_BIN = 1 << 8
-
-
-def available() -> bool:
-    """Whether numba is installed (the compiled coder can run)."""
-    return _numba is not None
-
-
-# the kernels' constants, typed: numba turns mixed uint64 / int64 arithmetic into floats
-_U_ONE, _U_MASK = np.uint64(_ONE), np.uint64(_ONE - 1)
-_U_PRECISION, _U_WORD = np.uint64(_PRECISION), np.uint64(32)
-_U_LOW = np.uint64(0xFFFFFFFF)
-_U_RENORM = np.uint64(64 - _PRECISION)  # a state this high must shed a word first
-_U_REFILL = np.uint64(1 << 32)  # a state below takes a word
-_U_BIN = np.uint64(_COUNT_BIN)
-_U_ZERO = np.uint64(0)
-_U_ONE_, _U_TWO = np.uint64(1), np.uint64(2)
-_jit = (lambda f: f) if _numba is None else _numba.njit(cache=True, nogil=True)
-_literally = (lambda x: x) if _numba is None else _numba.literally
 
 
 @_jit
@@ -121,39 +112,6 @@ def _neighbours(left, up, up_left, up_right, q_bits, shift):
     return ((np.uint64(left) >> shift) << (3 * q_bits)
             | (np.uint64(up) >> shift) << (2 * q_bits)
             | (np.uint64(up_left) >> shift) << q_bits | (np.uint64(up_right) >> shift))
-
-
-@_jit
-def _binary(state, e1):
-    """``(symbol, next state)`` of a two-symbol row, before any refill.
-
-    Both successors share one product (``x * 2**24 + q`` is the state itself), then one is
-    picked: no branch to mispredict.
-    """
-    q = state & _U_MASK
-    t = (state >> _U_PRECISION) * e1
-    bit = q >= e1
-    return np.uint64(bit), (state - t - e1) if bit else (t + q)
-
-
-@_jit
-def _quad(state, e1, e2, e3):
-    """``(symbol, next state)`` of a four-symbol row of inner edges ``e1 < e2 < e3``.
-
-    The interval's start and width are picked from the comparisons first (selects of
-    values held in registers, no branch), then one product: ``x * width + q - start``, the
-    same state as constriction's, on a shorter chain than three products and their
-    differences.
-    """
-    q = state & _U_MASK
-    a, b, c = q >= e1, q >= e2, q >= e3
-    lo_low = e1 if a else _U_ZERO
-    w_low = (e2 - e1) if a else e1
-    lo_high = e3 if c else e2
-    w_high = (_U_ONE - e3) if c else (e3 - e2)
-    lo = lo_high if b else lo_low
-    width = w_high if b else w_low
-    return np.uint64(a) + np.uint64(b) + np.uint64(c), (state >> _U_PRECISION) * width + q - lo
 
 
 @_jit
@@ -299,127 +257,6 @@ def _decode(words, out, geom, feature, rows, symbols, kind, image):
 
 
 @_jit
-def _wave_contexts(cells, chan, at, count, stride, planes, q_bits):
-    """Write the contexts of the ``count`` cells from ``at`` from their neighbours.
-
-    A wave of :func:`_decode_image`'s layout; ``q_bits`` is a constant, so the pass
-    vectorises.
-    """
-    _literally(q_bits)
-    left, up = at - stride * planes, at - (2 * stride + 1) * planes
-    up_left, up_right = at - (3 * stride + 1) * planes, at - (stride + 1) * planes
-    lft, upp = cells[left:left + count], cells[up:up + count]
-    upl, upr = cells[up_left:up_left + count], cells[up_right:up_right + count]
-    out = cells[at:at + count]
-    for i in range(count):
-        out[i] = chan[i] + ((lft[i] << (3 * q_bits)) | (upp[i] << (2 * q_bits))
-                            | (upl[i] << q_bits) | upr[i])
-
-
-@_jit
-def _edges_2(counts, edges, rows):
-    """Every two-symbol row's edge from its counts (two tables, ``2 rows`` apart)."""
-    free = np.float64(_ONE - 2)
-    for row in range(rows):
-        c0 = counts[2 * row] + counts[2 * rows + 2 * row]
-        c1 = counts[2 * row + 1] + counts[2 * rows + 2 * row + 1]
-        edges[row] = np.int64((np.float64(c0) + 0.5) * (free / (np.float64(c0 + c1) + 1.0))) + 1
-
-
-@_jit
-def _edges_4(counts, edges, rows, marks):
-    """The marked four-symbol rows' three edges from their counts (one table; marks cleared)."""
-    free = np.float64(_ONE - 4)
-    touched = np.empty(rows, np.int64)
-    n = 0
-    for row in range(rows):
-        touched[n] = row
-        n += marks[row]
-        marks[row] = 0
-    for j in range(n):
-        row = touched[j]
-        c0, c1, c2, c3 = counts[4 * row], counts[4 * row + 1], counts[4 * row + 2], \
-            counts[4 * row + 3]
-        scale = free / (np.float64(c0 + c1 + c2 + c3) + 2.0)
-        edges[4 * row] = np.int64((np.float64(c0) + 0.5) * scale) + 1
-        edges[4 * row + 1] = np.int64((np.float64(c0 + c1) + 1.0) * scale) + 2
-        edges[4 * row + 2] = np.int64((np.float64(c0 + c1 + c2) + 1.5) * scale) + 3
-
-
-@_jit
-def _decode_image(words, out, geom, rows, kind, proto):
-    """:func:`_decode` of an image batch of two- or four-symbol rows (``kind``, a constant).
-
-    The cells (``proto``'s dtype: uint8 where every context fits, else uint16) are laid out
-    wave by wave: cell ``(r, c)`` of plane ``p`` at ``((2 r + c + 3) (H + 1) + r + 1) P + p``,
-    so a wave is one contiguous run (plane fastest) whose neighbours sit at fixed offsets, and
-    only the border (row -1, columns -1 and W) is zeroed. A cell holds its context until its
-    code is decoded, then the code. The codes go to ``out`` as they are decoded.
-    """
-    _literally(kind)
-    state, left, head = _open(words)
-    if head != out.size:
-        return (ZERO_END if head < 0 else BAD_COUNT), head
-    planes, c, h, w, groups, q_bits = geom[2], geom[3], geom[4], geom[5], geom[6], geom[7]
-    size = np.uint64(kind)
-    counts = np.zeros(2 * rows * kind, np.int64)  # (table, row, symbol); 4 symbols: one table
-    marks = np.ones(rows, np.int64)
-    table, other = _U_ZERO, np.uint64(2 * rows)  # two-symbol counts: the table in use
-    edges = np.empty(rows * kind, np.int64)
-    chan = np.empty(h * planes, proto.dtype)  # each plane's context base, once per row
-    for p in range(planes):
-        chan[p] = ((p % c) * groups // c) << (4 * q_bits)
-    for p in range(planes, h * planes):
-        chan[p] = chan[p - planes]
-    stride, slots = h + 1, 2 * h + w + 2
-    cells = np.empty(slots * stride * planes, proto.dtype)
-    for slot in range(slots):
-        cells[slot * stride * planes:(slot * stride + 1) * planes] = 0
-    for r in range(h):
-        for col in (-1, w):
-            at = ((2 * r + col + 3) * stride + r + 1) * planes
-            cells[at:at + planes] = 0
-    plane_codes, step, next_plane = np.uint64(h * w), np.uint64(w - 2), np.uint64(planes)
-    for k in range(geom[1]):
-        if kind == 2:
-            _edges_2(counts, edges, rows)
-        else:
-            _edges_4(counts, edges, rows, marks)
-        first = max(0, -(-(k - w + 1) // 2))
-        m = min(h - 1, k // 2) + 1 - first
-        at = ((k + 3) * stride + first + 1) * planes
-        if kind == 2:
-            _wave_contexts(cells, chan, at, m * planes, stride, planes, 1)
-        else:
-            _wave_contexts(cells, chan, at, m * planes, stride, planes, 2)
-        cell0, code0 = np.uint64(at), np.uint64(first * (w - 2) + k)
-        for a in range(planes):
-            cell, code = cell0 + np.uint64(a), code0 + np.uint64(a) * plane_codes
-            for _ in range(m):
-                x = np.uint64(cells[cell])
-                if kind == 2:
-                    s, state = _binary(state, np.uint64(edges[x]))
-                else:
-                    e = x << _U_TWO
-                    s, state = _quad(state, np.uint64(edges[e]), np.uint64(edges[e + _U_ONE_]),
-                                     np.uint64(edges[e + _U_TWO]))
-                if state < _U_REFILL and left:
-                    left -= _U_ONE_
-                    state = (state << _U_WORD) | np.uint64(words[left])
-                cells[cell] = s
-                out[code] = s
-                if kind == 2:  # two tables, code by code: no increment waits on the last
-                    counts[table + x * size + s] += 1
-                    table ^= other
-                else:  # the longer four-symbol step outlasts an increment
-                    counts[x * size + s] += 1
-                    marks[x] = 1
-                cell += next_plane
-                code += step
-    return (OK if state == 0 and left == 0 else LEFT_OVER), head
-
-
-@_jit
 def _ans_encode(interval):
     """The stack ANS words of the intervals ``(start, width)``, then of their count.
 
@@ -446,37 +283,6 @@ def _ans_encode(interval):
         n += 1
         state >>= _U_WORD
     return out[:n]
-
-
-@_jit
-def _open(words):
-    """The initial state, the words left and the stream's count (-1: a last word of zero)."""
-    left = words.size
-    state = _U_ZERO
-    if left:
-        left -= 1
-        state = np.uint64(words[left])
-        if not state:
-            return state, np.uint64(left), -1
-        while left:
-            left -= 1
-            state = (state << _U_WORD) | np.uint64(words[left])
-            if state >= _U_REFILL:
-                break
-    head = 0
-    for half in range(2):
-        q = state & _U_MASK
-        s = q // _U_BIN
-        state = (state >> _U_PRECISION) * _U_BIN + (q - s * _U_BIN)
-        if state < _U_REFILL and left:
-            left -= 1
-            state = (state << _U_WORD) | np.uint64(words[left])
-        head |= np.int64(s) << (16 * half)
-    return state, np.uint64(left), head
-
-
-#: Dtypes of :func:`_decode_image`'s cells: contexts of at most 256 rows fit a byte.
-_NARROW, _WIDE = np.zeros(0, np.uint8), np.zeros(0, np.uint16)
 
 
 # Entry points, ``kind`` and ``image`` constants: a literal argument passed from Python would
@@ -558,7 +364,7 @@ def _entry(symbols: int, geom: np.ndarray) -> tuple:
 
 
 def _check() -> None:
-    if _numba is None:
+    if not available():
         raise RuntimeError("the compiled context coder needs numba (dq-flower[fast])")
 
 

@@ -127,6 +127,7 @@ def load_smollm2(cache_dir: str | os.PathLike[str] | None = None, *,
     ``smollm2`` extra where ``transformers`` or ``gguf`` is missing.
     """
     with explain_missing("loading SmolLM2-135M (load_smollm2)"):
+        # the smollm2 extra and PyTorch: optional, deferred to the call
         import gguf  # noqa: F401  (transformers reads GGUF files through it)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
