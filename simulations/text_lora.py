@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-min", type=float, default=3e-4)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
-    p.add_argument("--dq-rounds", type=int, default=3)
+    p.add_argument("--dq-rounds", type=int, default=2)
     p.add_argument("--dq-knobs", default="",
                    help="DQ knobs as key=value,... (default: none, DQ at its defaults)")
     return p

@@ -15,6 +15,13 @@ __all__ = ["to_target", "summary_rows", "markdown_table", "device_table", "round
            "plot_histories", "fmt_bytes"]
 
 
+#: Line styles: DQ in black on top, upload-all as crosses (the two often share a point).
+_STYLES: dict[str, dict[str, Any]] = {
+    "dq": {"marker": "o", "color": "black", "markersize": 9, "zorder": 4},
+    "upload-all": {"marker": "x", "color": "tab:red", "markersize": 11, "mew": 2, "zorder": 5},
+}
+
+
 def fmt_bytes(n: float | None) -> str:
     """``1,234 B``, ``12.3 kB``, ``4.56 MB`` (powers of 1,000); ``not reached`` for None."""
     if n is None:
@@ -130,7 +137,8 @@ def plot_histories(results: Mapping[str, Mapping[str, Any]], path: str,
             up += p["up_bytes"]
             xs.append(max(up, 1))
             ys.append(p["perplexity"])
-        ax.plot(xs, ys, marker="o", label=method)
+        style = _STYLES.get(method, {"marker": "o"})
+        ax.plot(xs, ys, label=method, **style)
     if reference in results:
         target = results[reference]["history"][-1]["perplexity"]
         ax.axhline(target, color="grey", linestyle=":", label=f"{reference} final")
