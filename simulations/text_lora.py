@@ -1,0 +1,203 @@
+"""DQ against federated LoRA fine-tuning on the Austen federation, every byte from messages.
+
+Four methods fine-tune the same base, the package's tiny ``CharTransformer`` pretrained on
+the Python documentation (Debian's ``python3.11-doc``), on six devices that each hold the
+first ``--chars`` characters of one Jane Austen novel's training chapters
+(``r-cran-janeaustenr``): ``lora-fedavg`` (Flower's ``FedAvg`` on ``peft`` LoRA adapters, as
+FlowerTune runs it), ``lora-fedavg-qsgd2`` (the same, uploads coded by ``CompressedUpdates``
+with 2-bit QSGD), ``upload-all`` (all text uploaded once, the server fine-tunes) and ``dq``
+(``DQStrategy`` at its defaults). Each runs in this process under ``MeasuredGrid``; the
+held-out perplexity is measured on ``--held-windows`` windows of each novel's held-out
+chapters. Writes ``results.json`` (``--resume`` keeps the methods already there when the
+settings match), ``summary.md`` and ``perplexity_vs_uplink.png`` under ``--out``.
+
+    OMP_NUM_THREADS=1 python simulations/text_lora.py --out results/text_lora
+
+``--tiny`` runs a small version on text every Python has (the standard library's
+docstrings: three devices, a few hundred characters each), for the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dq_flower.harness.lora.adapters import LoraSettings
+from dq_flower.harness.lora.client import LocalTraining
+from dq_flower.harness.lora.compare import METHODS, TextTask, run_method
+from dq_flower.harness.lora.report import (
+    device_table,
+    markdown_table,
+    plot_histories,
+    round_table,
+)
+from dq_flower.harness.lora.server import held_out_windows
+from dq_flower.harness.tasks.pretrain import PretrainSettings, pretrained_char_transformer
+
+#: --tiny: three devices' text and the pretraining corpus, from standard-library docstrings
+TINY_DEVICES = (("argparse", "csv"), ("logging", "textwrap"), ("decimal", "heapq"))
+TINY_CORPUS = ("json", "difflib", "statistics", "shlex", "fractions", "bisect")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="results/text_lora")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the methods already in OUT/results.json run with these settings")
+    p.add_argument("--tiny", action="store_true", help="a small run on docstrings (tests)")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--chars", type=int, default=16_000, help="training characters a device")
+    p.add_argument("--held-windows", type=int, default=100, help="held-out windows a device")
+    p.add_argument("--pretrain-steps", type=int, default=500)
+    p.add_argument("--pretrain-chars", type=int, default=4_000_000)
+    p.add_argument("--cache-dir", default="results/text_lora/cache",
+                   help="where the pretrained base is cached")
+    p.add_argument("--lora-rounds", type=int, default=10)
+    p.add_argument("--local-steps", type=int, default=10)
+    p.add_argument("--local-batch", type=int, default=16)
+    p.add_argument("--lr-max", type=float, default=3e-3)
+    p.add_argument("--lr-min", type=float, default=3e-4)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--alpha", type=int, default=16)
+    p.add_argument("--dq-rounds", type=int, default=2)
+    p.add_argument("--dq-knobs", default="",
+                   help="DQ knobs as key=value,... (default: none, DQ at its defaults)")
+    return p
+
+
+def _knobs(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        out[key.strip().replace("-", "_")] = json.loads(value)
+    return out
+
+
+def _docstrings(modules: tuple[str, ...]) -> str:
+    return "\n".join(importlib.import_module(m).__doc__ or "" for m in modules)
+
+
+def _task(args: argparse.Namespace) -> tuple[TextTask, str, Any]:
+    """The devices' text, the held-out windows, and the pretraining corpus (name, text)."""
+    if args.tiny:
+        texts = [_docstrings(d) for d in TINY_DEVICES]
+        names = tuple("+".join(d) for d in TINY_DEVICES)
+        train = tuple(t[:args.chars] for t in texts)
+        held = [t[args.chars:] for t in texts]
+        return (TextTask(names, train, held_out_windows(names, held, args.window,
+                                                        args.held_windows), args.window),
+                "docstrings", lambda: _docstrings(TINY_CORPUS))
+    from dq_flower.harness.tasks.data.austen import load_austen
+    from dq_flower.harness.tasks.data.pydocs import python_docs_text
+
+    fed = load_austen(seed=args.seed)
+    names = tuple(d.name for d in fed.devices)
+    task = TextTask(names, tuple(d.train[:args.chars] for d in fed.devices),
+                    held_out_windows(names, [d.test for d in fed.devices], args.window,
+                                     args.held_windows), args.window)
+    return task, "python-docs", lambda: python_docs_text(max_chars=args.pretrain_chars)
+
+
+def _settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
+    """The settings a method's result depends on (``--resume`` reruns it when they differ)."""
+    keys = ["tiny", "seed", "window", "chars", "held_windows", "pretrain_steps",
+            "pretrain_chars"]
+    keys += (["lora_rounds", "local_steps", "local_batch", "lr_max", "lr_min", "rank", "alpha"]
+             if method.startswith("lora") else ["dq_rounds", "dq_knobs"])
+    return {k: getattr(args, k) for k in keys}
+
+
+def _summary(results: dict[str, Any], args: argparse.Namespace, command: str,
+             base_note: str) -> str:
+    lora = results.get("lora-fedavg")
+    lines = ["# DQ against federated LoRA fine-tuning", "", f"Command: `{command}`", "",
+             base_note, ""]
+    if lora is not None:
+        lines += [f"LoRA: rank {args.rank}, alpha {args.alpha}, on "
+                  f"{', '.join(lora['lora']['targets'])}; {lora['adapter_bytes']:,} bytes of "
+                  f"adapters (float32); {args.lora_rounds} rounds of {args.local_steps} steps "
+                  f"of {args.local_batch} windows a device, AdamW, cosine learning rate "
+                  f"{args.lr_max:g} -> {args.lr_min:g}.", ""]
+        lines += markdown_table(results)
+    lines += ["", "Held-out perplexity per device after the last round:", ""]
+    lines += device_table(results)
+    lines += ["", "Every round:", ""] + round_table(results)
+    lines += ["", "Seconds per method (this machine): " + ", ".join(
+        f"{m} {r['seconds']:.0f} s" for m, r in results.items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _parser().parse_args(argv)
+    if args.tiny:
+        defaults = {"chars": 600, "held_windows": 4, "window": 32, "pretrain_steps": 30,
+                    "lora_rounds": 2, "local_steps": 2, "local_batch": 4, "dq_rounds": 2,
+                    "dq_knobs": "max_server_steps=30"}
+        given = {a.lstrip("-").split("=")[0].replace("-", "_") for a in (argv or sys.argv[1:])}
+        for key, value in defaults.items():
+            if key not in given:
+                setattr(args, key, value)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    stored: dict[str, Any] = json.loads(path.read_text()) if args.resume and path.exists() \
+        else {}
+    task, corpus, corpus_text = _task(args)
+    t0 = time.perf_counter()
+    base = pretrained_char_transformer(
+        corpus_text, PretrainSettings(window=args.window, steps=args.pretrain_steps,
+                                      seed=args.seed),
+        corpus=corpus, cache_dir=None if args.tiny else args.cache_dir)
+    print(f"base: CharTransformer pretrained on {corpus} ({args.pretrain_steps} steps; "
+          f"{time.perf_counter() - t0:.0f} s{'' if args.tiny else ', cached'})", flush=True)
+    results: dict[str, Any] = {}
+    for method in args.methods.split(","):
+        settings = _settings(args, method)
+        if method in stored and stored[method].get("settings") == settings:
+            results[method] = stored[method]
+            print(f"{method}: kept from {path}", flush=True)
+            continue
+        lora = method.startswith("lora")
+        run = run_method(
+            method, task, base, rounds=args.lora_rounds if lora else args.dq_rounds,
+            lora=LoraSettings(rank=args.rank, alpha=args.alpha, seed=args.seed),
+            local=LocalTraining(steps=args.local_steps, batch_size=args.local_batch,
+                                lr_max=args.lr_max, lr_min=args.lr_min,
+                                num_rounds=args.lora_rounds, seed=args.seed),
+            seed=args.seed, dq_knobs=_knobs(args.dq_knobs))
+        results[method] = {**run, "settings": settings}
+        last = run["history"][-1]
+        print(f"{method}: perplexity {run['history'][0]['perplexity']:.2f} -> "
+              f"{last['perplexity']:.3f}, uplink {sum(p['up_bytes'] for p in run['history']):,}"
+              f" B, {run['seconds']:.0f} s", flush=True)
+        stored[method] = results[method]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(stored, indent=1))
+        os.replace(tmp, path)
+    command = "python simulations/text_lora.py " + " ".join(argv if argv is not None
+                                                            else sys.argv[1:])
+    note = (f"Base: the package's tiny CharTransformer (285,568 parameters) pretrained "
+            f"{args.pretrain_steps} steps on {corpus}; devices: "
+            f"{', '.join(task.names)}, {args.chars:,} training characters each; held out: "
+            f"{args.held_windows} windows of {args.window} bytes a device.")
+    summary = _summary(results, args, command.strip(), note)
+    (out / "summary.md").write_text(summary)
+    if "lora-fedavg" in results:
+        plot_histories(results, str(out / "perplexity_vs_uplink.png"))
+        print("\n".join(markdown_table(results)))
+    return results
+
+
+if __name__ == "__main__":
+    main()
