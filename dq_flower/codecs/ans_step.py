@@ -29,11 +29,6 @@ _ONE = 1 << _PRECISION
 _COUNT_BIN = 1 << 8
 
 
-def available() -> bool:
-    """Whether numba is installed (the compiled coder can run)."""
-    return _numba is not None
-
-
 # the kernels' constants, typed: numba turns mixed uint64 / int64 arithmetic into floats
 _U_ONE, _U_MASK = np.uint64(_ONE), np.uint64(_ONE - 1)
 _U_PRECISION, _U_WORD = np.uint64(_PRECISION), np.uint64(32)

@@ -42,9 +42,9 @@ from dq_flower.codecs.ans_step import (
     _binary,
     _jit,
     _literally,
+    _numba,
     _open,
     _quad,
-    available,
 )
 from dq_flower.codecs.context_image import _NARROW, _WIDE, _decode_image
 
@@ -361,6 +361,11 @@ _ENTRIES = {(2, True): (_encode_2_image, _decode_2_image),
 
 def _entry(symbols: int, geom: np.ndarray) -> tuple:
     return _ENTRIES[symbols if symbols in (2, 4) else 0, bool(geom[0])]
+
+
+def available() -> bool:
+    """Whether numba is installed (the compiled coder can run)."""
+    return _numba is not None
 
 
 def _check() -> None:
