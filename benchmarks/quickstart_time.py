@@ -6,7 +6,10 @@ and optimizer steps) with the final accuracy and bytes. Medians over ``--repeats
 To set two commits side by side, run it from each checkout (``PYTHONPATH=<checkout>``)
 on the same machine in one sitting.
 
-Usage: python benchmarks/quickstart_time.py [--repeats 3]
+The process keeps PyTorch's own thread count (one per core, as a user's ServerApp under
+``flwr run`` has) unless ``--threads`` sets it; the server's phases use ``server-threads``.
+
+Usage: python benchmarks/quickstart_time.py [--repeats 3] [--threads N]
 """
 
 from __future__ import annotations
@@ -74,8 +77,13 @@ def one_run(app: dict) -> tuple[list[tuple[float, int]], float, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help=(
+        "PyTorch threads of this process (default 0: PyTorch's own setting, as in a user's "
+        "ServerApp)"))
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"PyTorch threads of this process: {torch.get_num_threads()}")
     app = app_namespace()
     runs = [one_run(app) for _ in range(args.repeats)]
     rounds = min(len(r[0]) for r in runs)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
-           "next_token_loss",
+           "next_token_loss", "torch_threads",
            "resolve_loss", "targets_tensor", "weighted_loss_grad", "weighted_step",
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
@@ -231,6 +231,19 @@ def apply_flat_grad(model: nn.Module, optimizer: torch.optim.Optimizer, grad: np
         offset += k
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """PyTorch's intra-op threads set to ``threads`` (0: left as they are), then restored."""
+    before = torch.get_num_threads()
+    if threads > 0 and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 @contextmanager

@@ -41,6 +41,7 @@ from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
     per_sample_results,
+    torch_threads,
     weighted_loss_grad,
     weighted_step,
 )
@@ -146,7 +147,8 @@ class ServerTrainer:
                  ) -> float:
         """``steps()``'s loss; NaN where they left the model non-finite (rolled back)."""
         self.guard.begin()
-        loss = steps()
+        with torch_threads(self.cfg.server_threads):
+            loss = steps()
         if self.guard.finite_or_restore():
             return loss
         self.rolled_back += 1
