@@ -163,22 +163,24 @@ class ServerTrainer:
         The gradient is the server's, on the reply's quantized rows, the model in eval mode;
         ``(0, 0)`` for an upload without a compensation.
         """
-        out = []
         was_training = self.model.training
         self.model.eval()
         try:
-            for u in uploads:
-                if u.delta is None or not len(u.batch):
-                    out.append((0.0, 0.0))
-                    continue
-                n = len(u.batch)
-                grad = weighted_loss_grad(self.model, self.data.shaped(u.x), u.batch.labels,
-                                          np.full(n, 1.0 / n, np.float32), self.loss_fn)[1]
-                out.append((float(np.linalg.norm(u.delta.astype(np.float64))),
-                            float(np.linalg.norm(grad.astype(np.float64)))))
+            with torch_threads(self.cfg.server_threads):
+                out = [self._delta_norm(u) for u in uploads]
         finally:
             self.model.train(was_training)
         return out
+
+    def _delta_norm(self, u: Upload) -> tuple[float, float]:
+        """One upload's compensation norm and its rows' own gradient norm (0s without one)."""
+        if u.delta is None or not len(u.batch):
+            return 0.0, 0.0
+        n = len(u.batch)
+        grad = weighted_loss_grad(self.model, self.data.shaped(u.x), u.batch.labels,
+                                  np.full(n, 1.0 / n, np.float32), self.loss_fn)[1]
+        return (float(np.linalg.norm(u.delta.astype(np.float64))),
+                float(np.linalg.norm(grad.astype(np.float64))))
 
     def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
         """Gradient of the first step: fresh quantized batch plus mean compensation.
