@@ -42,6 +42,29 @@ _jit = (lambda f: f) if _numba is None else _numba.njit(cache=True, nogil=True)
 _literally = (lambda x: x) if _numba is None else _numba.literally
 
 
+def _select(cond, a, b):
+    """``a if cond else b`` of two uint64 (compiled: a select LLVM keeps branch-free)."""
+    return a if cond else b
+
+
+if _numba is not None:
+    def _select_typed(typingctx, cond, a, b):
+        """The select marked ``!unpredictable``: a conditional move, never a branch.
+
+        LLVM turns a select of a value loaded for it alone into a branch, which a decoded
+        symbol mispredicts about as often as it is not the likeliest.
+        """
+        types = importlib.import_module("numba.core.types")
+
+        def codegen(context, builder, signature, args):
+            out = builder.select(*args)
+            out.set_metadata("unpredictable", builder.module.add_metadata([]))
+            return out
+        return types.uint64(types.boolean, types.uint64, types.uint64), codegen
+
+    _select = importlib.import_module("numba.extending").intrinsic(_select_typed)
+
+
 @_jit
 def _binary(state, e1):
     """``(symbol, next state)`` of a two-symbol row, before any refill.

@@ -320,8 +320,8 @@ def _encode_any_flat(codes, geom, feature, rows, symbols):
 @_jit
 def _decode_2_image(words, out, geom, feature, rows, symbols):
     if rows > 256:
-        return _decode_image(words, out, geom, rows, 2, _WIDE)
-    return _decode_image(words, out, geom, rows, 2, _NARROW)
+        return _decode_image(words, out, geom, rows, 2, _WIDE, 0)
+    return _decode_image(words, out, geom, rows, 2, _NARROW, 0)
 
 
 @_jit
@@ -331,9 +331,11 @@ def _decode_2_flat(words, out, geom, feature, rows, symbols):
 
 @_jit
 def _decode_4_image(words, out, geom, feature, rows, symbols):
+    if rows > 1024:  # more channel groups than the context coder makes
+        return _decode(words, out, geom, feature, rows, symbols, 4, True)
     if rows > 256:
-        return _decode_image(words, out, geom, rows, 4, _WIDE)
-    return _decode_image(words, out, geom, rows, 4, _NARROW)
+        return _decode_image(words, out, geom, rows, 4, _WIDE, 1024)
+    return _decode_image(words, out, geom, rows, 4, _NARROW, 256)
 
 
 @_jit

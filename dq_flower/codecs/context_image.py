@@ -13,7 +13,9 @@ import numpy as np
 
 from dq_flower.codecs.ans_step import (
     _ONE,
+    _U_LOW,
     _U_ONE_,
+    _U_PRECISION,
     _U_REFILL,
     _U_TWO,
     _U_WORD,
@@ -27,9 +29,10 @@ from dq_flower.codecs.ans_step import (
     _literally,
     _numba,
     _open,
-    _quad,
+    _select,
 )
 
+_U_FORTY, _U_BYTE, _U_THREE = np.uint64(40), np.uint64(0xFF), np.uint64(3)
 #: Dtypes of :func:`_decode_image`'s cells: contexts of at most 256 rows fit a byte.
 _NARROW, _WIDE = np.zeros(0, np.uint8), np.zeros(0, np.uint16)
 
@@ -68,24 +71,46 @@ def _edges_2(counts, edges, rows):
 
 
 @_vec
-def _edges_4(counts, edges, rows):
-    """Every four-symbol row's three edges from its counts (the fourth: ``2**24``).
+def _rows_4(counts, table, rows, span):
+    """Every four-symbol row's symbols packed for :func:`_quad_packed`, from its counts.
 
-    All rows each wave: a vectorised pass costs less than finding the rows a wave touched.
+    Symbol ``s`` of row ``r`` (edges ``e_s``, ``e_0 = 0``, ``e_4 = 2**24``): its count at
+    ``counts[s span + r]``, its word at ``table[s span + r]``: ``(((e_s - 1) << 8 | s) << 32)
+    | (e_(s+1) - e_s)``, symbol 0's high half ``0xFFFFFF00``. Four contiguous runs each: the
+    pass vectorises, and costs less than finding the rows a wave touched.
     """
     free = np.float64(_ONE - 4)
     for row in range(rows):
-        c0, c1, c2, c3 = counts[4 * row], counts[4 * row + 1], counts[4 * row + 2], \
-            counts[4 * row + 3]
+        c0, c1 = counts[row], counts[span + row]
+        c2, c3 = counts[2 * span + row], counts[3 * span + row]
         scale = free / (np.float64(c0 + c1 + c2 + c3) + 2.0)
-        edges[4 * row] = np.int64((np.float64(c0) + 0.5) * scale) + 1
-        edges[4 * row + 1] = np.int64((np.float64(c0 + c1) + 1.0) * scale) + 2
-        edges[4 * row + 2] = np.int64((np.float64(c0 + c1 + c2) + 1.5) * scale) + 3
-        edges[4 * row + 3] = _ONE
+        e1 = np.int64((np.float64(c0) + 0.5) * scale) + 1
+        e2 = np.int64((np.float64(c0 + c1) + 1.0) * scale) + 2
+        e3 = np.int64((np.float64(c0 + c1 + c2) + 1.5) * scale) + 3
+        table[row] = np.uint64(0xFFFFFF00 << 32) | np.uint64(e1)
+        table[span + row] = np.uint64((((e1 - 1) << 8) | 1) << 32) | np.uint64(e2 - e1)
+        table[2 * span + row] = np.uint64((((e2 - 1) << 8) | 2) << 32) | np.uint64(e3 - e2)
+        table[3 * span + row] = np.uint64((((e3 - 1) << 8) | 3) << 32) | np.uint64(_ONE - e3)
 
 
 @_jit
-def _decode_image(words, out, geom, rows, kind, proto):
+def _quad_packed(state, p0, p1, p2, p3):
+    """:func:`.ans_step._quad` on a row of :func:`_rows_4`: ``(symbol, next state)``.
+
+    With ``q`` the state's low 24 bits, ``q << 40 >= p_s`` exactly where ``q >= e_s``, and
+    ``((q << 40) - p_s) >> 40`` is ``q - e_s`` (``q`` for symbol 0): three compares, three
+    conditional moves, one product, the symbol read off the chosen word.
+    """
+    high = state << _U_FORTY
+    low_half = _select(high >= p1, p1, p0)
+    high_half = _select(high >= p3, p3, p2)
+    pick = _select(high >= p2, high_half, low_half)
+    return (pick >> _U_WORD) & _U_BYTE, \
+        (state >> _U_PRECISION) * (pick & _U_LOW) + ((high - pick) >> _U_FORTY)
+
+
+@_jit
+def _decode_image(words, out, geom, rows, kind, proto, span):
     """:func:`_decode` of an image batch of two- or four-symbol rows (``kind``, a constant).
 
     The cells (``proto``'s dtype: uint8 where every context fits, else uint16) are laid out
@@ -95,14 +120,17 @@ def _decode_image(words, out, geom, rows, kind, proto):
     code is decoded, then the code. The codes go to ``out`` as they are decoded.
     """
     _literally(kind)
+    _literally(span)
     state, left, head = _open(words)
     if head != out.size:
         return (ZERO_END if head < 0 else BAD_COUNT), head
     planes, c, h, w, groups, q_bits = geom[2], geom[3], geom[4], geom[5], geom[6], geom[7]
     size = np.uint64(kind)
-    counts = np.zeros(2 * rows * kind, np.int64)  # (table, row, symbol); 4 symbols: one table
-    table, other = _U_ZERO, np.uint64(2 * rows)  # two-symbol counts: the table in use
-    edges = np.empty(rows * kind, np.int64)
+    if kind == 2:  # (table, row, symbol); the table in use
+        counts, edges = np.zeros(4 * rows, np.int64), np.empty(rows, np.uint64)
+    else:  # (symbol, row): rows ``span`` apart, a constant (as of :func:`_rows_4`'s table)
+        counts, edges = np.zeros(4 * span, np.int64), np.empty(4 * span, np.uint64)
+    table, other, wide = _U_ZERO, np.uint64(2 * rows), np.uint64(span)
     chan = np.empty(h * planes, proto.dtype)  # each plane's context base, once per row
     for p in range(planes):
         chan[p] = ((p % c) * groups // c) << (4 * q_bits)
@@ -121,7 +149,7 @@ def _decode_image(words, out, geom, rows, kind, proto):
         if kind == 2:
             _edges_2(counts, edges, rows)
         else:
-            _edges_4(counts, edges, rows)
+            _rows_4(counts, edges, rows, span)
         first = max(0, -(-(k - w + 1) // 2))
         m = min(h - 1, k // 2) + 1 - first
         at = ((k + 3) * stride + first + 1) * planes
@@ -137,9 +165,9 @@ def _decode_image(words, out, geom, rows, kind, proto):
                 if kind == 2:
                     s, state = _binary(state, np.uint64(edges[x]))
                 else:
-                    e = x << _U_TWO
-                    s, state = _quad(state, np.uint64(edges[e]), np.uint64(edges[e + _U_ONE_]),
-                                     np.uint64(edges[e + _U_TWO]))
+                    s, state = _quad_packed(state, edges[x], edges[x + wide],
+                                            edges[x + _U_TWO * wide],
+                                            edges[x + _U_THREE * wide])
                 if state < _U_REFILL and left:
                     left -= _U_ONE_
                     state = (state << _U_WORD) | np.uint64(words[left])
@@ -149,7 +177,7 @@ def _decode_image(words, out, geom, rows, kind, proto):
                     counts[table + x * size + s] += 1
                     table ^= other
                 else:  # the longer four-symbol step outlasts an increment
-                    counts[x * size + s] += 1
+                    counts[s * wide + x] += 1
                 cell += next_plane
                 code += step
     return (OK if state == 0 and left == 0 else LEFT_OVER), head
