@@ -2,9 +2,13 @@
 
 Shared by :mod:`.context_ans` (every batch) and :mod:`.context_image` (1-bit and 2-bit
 images): the typed constants of a stack ANS coder of 32-bit words, a 64-bit state and 24-bit
-probabilities, the numba decorator (kernels compiled on first use, cached on disk), one
-decode step of a two- and of a four-symbol row, and the opening of a stream (its state and
-its declared count).
+probabilities, the numba decorator (kernels compiled on first use, cached on disk), a
+branch-free select, one decode step of a two- and of a four-symbol row, and the opening of a
+stream (its state and its declared count).
+
+numba's cache checks only the source file of the function called from Python: after an edit
+here or in :mod:`.context_image` alone, delete ``__pycache__/*.nbi`` and ``*.nbc`` beside
+this file, or :mod:`.context_ans`'s entries load the kernels compiled before it.
 """
 
 from __future__ import annotations

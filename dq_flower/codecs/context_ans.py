@@ -12,8 +12,9 @@ Images of 1-bit and 2-bit codes decode through :func:`_decode_image`: the planes
 laid out wave by wave (a wave's cells of every plane contiguous, the neighbours at fixed
 offsets), so each wave's contexts come from one vectorised pass before its codes, and the
 serial loop does little more than the ANS step; two-symbol counts alternate between two tables
-from code to code, and every row is requantized after each wave in one vectorised pass. The
-same stream as :func:`_decode`, which decodes every other batch.
+from code to code, every row is requantized after each wave in one vectorised pass, and a
+four-symbol row is one packed word per symbol. The same stream as :func:`_decode`, which
+decodes every other batch.
 
 Needs numba (:func:`available`); the kernels compile on first use and are cached on disk.
 """

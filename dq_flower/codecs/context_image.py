@@ -4,7 +4,9 @@ The same stream as :mod:`.context_ans`'s general decoder, faster: the planes' ce
 out wave by wave (a wave's cells of every plane contiguous, the neighbours at fixed offsets),
 so each wave's contexts come from one vectorised pass before its codes, and the serial loop
 does little more than the ANS step; two-symbol counts alternate between two tables from code
-to code, and every row is requantized after each wave in one vectorised pass.
+to code, and every row is requantized after each wave in one vectorised pass. A four-symbol
+row is four words, one per symbol (its start, its width and the symbol), and its step picks
+one with three comparisons and conditional moves before its one product.
 """
 
 from __future__ import annotations
@@ -117,7 +119,9 @@ def _decode_image(words, out, geom, rows, kind, proto, span):
     wave by wave: cell ``(r, c)`` of plane ``p`` at ``((2 r + c + 3) (H + 1) + r + 1) P + p``,
     so a wave is one contiguous run (plane fastest) whose neighbours sit at fixed offsets, and
     only the border (row -1, columns -1 and W) is zeroed. A cell holds its context until its
-    code is decoded, then the code. The codes go to ``out`` as they are decoded.
+    code is decoded, then the code. The codes go to ``out`` as they are decoded. Four-symbol
+    rows keep each symbol's counts and words ``span`` apart (a constant, at least ``rows``),
+    so a code's four words load at fixed offsets from its context.
     """
     _literally(kind)
     _literally(span)
