@@ -2,9 +2,13 @@
 
 Shared by :mod:`.context_ans` (every batch) and :mod:`.context_image` (1-bit and 2-bit
 images): the typed constants of a stack ANS coder of 32-bit words, a 64-bit state and 24-bit
-probabilities, the numba decorator (kernels compiled on first use, cached on disk), one
-decode step of a two- and of a four-symbol row, and the opening of a stream (its state and
-its declared count).
+probabilities, the numba decorator (kernels compiled on first use, cached on disk), a
+branch-free select, one decode step of a two- and of a four-symbol row, and the opening of a
+stream (its state and its declared count).
+
+numba's cache checks only the source file of the function called from Python: after an edit
+here or in :mod:`.context_image` alone, delete ``__pycache__/*.nbi`` and ``*.nbc`` beside
+this file, or :mod:`.context_ans`'s entries load the kernels compiled before it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,29 @@ _U_ZERO = np.uint64(0)
 _U_ONE_, _U_TWO = np.uint64(1), np.uint64(2)
 _jit = (lambda f: f) if _numba is None else _numba.njit(cache=True, nogil=True)
 _literally = (lambda x: x) if _numba is None else _numba.literally
+
+
+def _select(cond, a, b):
+    """``a if cond else b`` of two uint64 (compiled: a select LLVM keeps branch-free)."""
+    return a if cond else b
+
+
+if _numba is not None:
+    def _select_typed(typingctx, cond, a, b):
+        """The select marked ``!unpredictable``: a conditional move, never a branch.
+
+        LLVM turns a select of a value loaded for it alone into a branch, which a decoded
+        symbol mispredicts about as often as it is not the likeliest.
+        """
+        types = importlib.import_module("numba.core.types")
+
+        def codegen(context, builder, signature, args):
+            out = builder.select(*args)
+            out.set_metadata("unpredictable", builder.module.add_metadata([]))
+            return out
+        return types.uint64(types.boolean, types.uint64, types.uint64), codegen
+
+    _select = importlib.import_module("numba.extending").intrinsic(_select_typed)
 
 
 @_jit

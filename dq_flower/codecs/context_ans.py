@@ -12,8 +12,9 @@ Images of 1-bit and 2-bit codes decode through :func:`_decode_image`: the planes
 laid out wave by wave (a wave's cells of every plane contiguous, the neighbours at fixed
 offsets), so each wave's contexts come from one vectorised pass before its codes, and the
 serial loop does little more than the ANS step; two-symbol counts alternate between two tables
-from code to code, and of four-symbol rows only those a wave touched are requantized. The
-same stream as :func:`_decode`, which decodes every other batch.
+from code to code, every row is requantized after each wave in one vectorised pass, and a
+four-symbol row is one packed word per symbol. The same stream as :func:`_decode`, which
+decodes every other batch.
 
 Needs numba (:func:`available`); the kernels compile on first use and are cached on disk.
 """
@@ -320,8 +321,8 @@ def _encode_any_flat(codes, geom, feature, rows, symbols):
 @_jit
 def _decode_2_image(words, out, geom, feature, rows, symbols):
     if rows > 256:
-        return _decode_image(words, out, geom, rows, 2, _WIDE)
-    return _decode_image(words, out, geom, rows, 2, _NARROW)
+        return _decode_image(words, out, geom, rows, 2, _WIDE, 0)
+    return _decode_image(words, out, geom, rows, 2, _NARROW, 0)
 
 
 @_jit
@@ -331,9 +332,11 @@ def _decode_2_flat(words, out, geom, feature, rows, symbols):
 
 @_jit
 def _decode_4_image(words, out, geom, feature, rows, symbols):
+    if rows > 1024:  # more channel groups than the context coder makes
+        return _decode(words, out, geom, feature, rows, symbols, 4, True)
     if rows > 256:
-        return _decode_image(words, out, geom, rows, 4, _WIDE)
-    return _decode_image(words, out, geom, rows, 4, _NARROW)
+        return _decode_image(words, out, geom, rows, 4, _WIDE, 1024)
+    return _decode_image(words, out, geom, rows, 4, _NARROW, 256)
 
 
 @_jit

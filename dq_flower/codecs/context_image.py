@@ -4,7 +4,9 @@ The same stream as :mod:`.context_ans`'s general decoder, faster: the planes' ce
 out wave by wave (a wave's cells of every plane contiguous, the neighbours at fixed offsets),
 so each wave's contexts come from one vectorised pass before its codes, and the serial loop
 does little more than the ANS step; two-symbol counts alternate between two tables from code
-to code, and of four-symbol rows only those a wave touched are requantized.
+to code, and every row is requantized after each wave in one vectorised pass. A four-symbol
+row is four words, one per symbol (its start, its width and the symbol), and its step picks
+one with three comparisons and conditional moves before its one product.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import numpy as np
 
 from dq_flower.codecs.ans_step import (
     _ONE,
+    _U_LOW,
     _U_ONE_,
+    _U_PRECISION,
     _U_REFILL,
     _U_TWO,
     _U_WORD,
@@ -25,10 +29,12 @@ from dq_flower.codecs.ans_step import (
     _binary,
     _jit,
     _literally,
+    _numba,
     _open,
-    _quad,
+    _select,
 )
 
+_U_FORTY, _U_BYTE, _U_THREE = np.uint64(40), np.uint64(0xFF), np.uint64(3)
 #: Dtypes of :func:`_decode_image`'s cells: contexts of at most 256 rows fit a byte.
 _NARROW, _WIDE = np.zeros(0, np.uint8), np.zeros(0, np.uint16)
 
@@ -51,7 +57,12 @@ def _wave_contexts(cells, chan, at, count, stride, planes, q_bits):
                             | (upl[i] << q_bits) | upr[i])
 
 
-@_jit
+#: The edge passes: ``error_model="numpy"`` drops the division's zero check (every divisor is
+#: at least 1), so the loop over the rows vectorises; the same IEEE operations, the same edges.
+_vec = _jit if _numba is None else _numba.njit(cache=True, nogil=True, error_model="numpy")
+
+
+@_vec
 def _edges_2(counts, edges, rows):
     """Every two-symbol row's edge from its counts (two tables, ``2 rows`` apart)."""
     free = np.float64(_ONE - 2)
@@ -61,46 +72,69 @@ def _edges_2(counts, edges, rows):
         edges[row] = np.int64((np.float64(c0) + 0.5) * (free / (np.float64(c0 + c1) + 1.0))) + 1
 
 
-@_jit
-def _edges_4(counts, edges, rows, marks):
-    """The marked four-symbol rows' three edges from their counts (one table; marks cleared)."""
+@_vec
+def _rows_4(counts, table, rows, span):
+    """Every four-symbol row's symbols packed for :func:`_quad_packed`, from its counts.
+
+    Symbol ``s`` of row ``r`` (edges ``e_s``, ``e_0 = 0``, ``e_4 = 2**24``): its count at
+    ``counts[s span + r]``, its word at ``table[s span + r]``: ``(((e_s - 1) << 8 | s) << 32)
+    | (e_(s+1) - e_s)``, symbol 0's high half ``0xFFFFFF00``. Four contiguous runs each: the
+    pass vectorises, and costs less than finding the rows a wave touched.
+    """
     free = np.float64(_ONE - 4)
-    touched = np.empty(rows, np.int64)
-    n = 0
     for row in range(rows):
-        touched[n] = row
-        n += marks[row]
-        marks[row] = 0
-    for j in range(n):
-        row = touched[j]
-        c0, c1, c2, c3 = counts[4 * row], counts[4 * row + 1], counts[4 * row + 2], \
-            counts[4 * row + 3]
+        c0, c1 = counts[row], counts[span + row]
+        c2, c3 = counts[2 * span + row], counts[3 * span + row]
         scale = free / (np.float64(c0 + c1 + c2 + c3) + 2.0)
-        edges[4 * row] = np.int64((np.float64(c0) + 0.5) * scale) + 1
-        edges[4 * row + 1] = np.int64((np.float64(c0 + c1) + 1.0) * scale) + 2
-        edges[4 * row + 2] = np.int64((np.float64(c0 + c1 + c2) + 1.5) * scale) + 3
+        e1 = np.int64((np.float64(c0) + 0.5) * scale) + 1
+        e2 = np.int64((np.float64(c0 + c1) + 1.0) * scale) + 2
+        e3 = np.int64((np.float64(c0 + c1 + c2) + 1.5) * scale) + 3
+        table[row] = np.uint64(0xFFFFFF00 << 32) | np.uint64(e1)
+        table[span + row] = np.uint64((((e1 - 1) << 8) | 1) << 32) | np.uint64(e2 - e1)
+        table[2 * span + row] = np.uint64((((e2 - 1) << 8) | 2) << 32) | np.uint64(e3 - e2)
+        table[3 * span + row] = np.uint64((((e3 - 1) << 8) | 3) << 32) | np.uint64(_ONE - e3)
 
 
 @_jit
-def _decode_image(words, out, geom, rows, kind, proto):
+def _quad_packed(state, p0, p1, p2, p3):
+    """:func:`.ans_step._quad` on a row of :func:`_rows_4`: ``(symbol, next state)``.
+
+    With ``q`` the state's low 24 bits, ``q << 40 >= p_s`` exactly where ``q >= e_s``, and
+    ``((q << 40) - p_s) >> 40`` is ``q - e_s`` (``q`` for symbol 0): three compares, three
+    conditional moves, one product, the symbol read off the chosen word.
+    """
+    high = state << _U_FORTY
+    low_half = _select(high >= p1, p1, p0)
+    high_half = _select(high >= p3, p3, p2)
+    pick = _select(high >= p2, high_half, low_half)
+    return (pick >> _U_WORD) & _U_BYTE, \
+        (state >> _U_PRECISION) * (pick & _U_LOW) + ((high - pick) >> _U_FORTY)
+
+
+@_jit
+def _decode_image(words, out, geom, rows, kind, proto, span):
     """:func:`_decode` of an image batch of two- or four-symbol rows (``kind``, a constant).
 
     The cells (``proto``'s dtype: uint8 where every context fits, else uint16) are laid out
     wave by wave: cell ``(r, c)`` of plane ``p`` at ``((2 r + c + 3) (H + 1) + r + 1) P + p``,
     so a wave is one contiguous run (plane fastest) whose neighbours sit at fixed offsets, and
     only the border (row -1, columns -1 and W) is zeroed. A cell holds its context until its
-    code is decoded, then the code. The codes go to ``out`` as they are decoded.
+    code is decoded, then the code. The codes go to ``out`` as they are decoded. Four-symbol
+    rows keep each symbol's counts and words ``span`` apart (a constant, at least ``rows``),
+    so a code's four words load at fixed offsets from its context.
     """
     _literally(kind)
+    _literally(span)
     state, left, head = _open(words)
     if head != out.size:
         return (ZERO_END if head < 0 else BAD_COUNT), head
     planes, c, h, w, groups, q_bits = geom[2], geom[3], geom[4], geom[5], geom[6], geom[7]
     size = np.uint64(kind)
-    counts = np.zeros(2 * rows * kind, np.int64)  # (table, row, symbol); 4 symbols: one table
-    marks = np.ones(rows, np.int64)
-    table, other = _U_ZERO, np.uint64(2 * rows)  # two-symbol counts: the table in use
-    edges = np.empty(rows * kind, np.int64)
+    if kind == 2:  # (table, row, symbol); the table in use
+        counts, edges = np.zeros(4 * rows, np.int64), np.empty(rows, np.uint64)
+    else:  # (symbol, row): rows ``span`` apart, a constant (as of :func:`_rows_4`'s table)
+        counts, edges = np.zeros(4 * span, np.int64), np.empty(4 * span, np.uint64)
+    table, other, wide = _U_ZERO, np.uint64(2 * rows), np.uint64(span)
     chan = np.empty(h * planes, proto.dtype)  # each plane's context base, once per row
     for p in range(planes):
         chan[p] = ((p % c) * groups // c) << (4 * q_bits)
@@ -119,7 +153,7 @@ def _decode_image(words, out, geom, rows, kind, proto):
         if kind == 2:
             _edges_2(counts, edges, rows)
         else:
-            _edges_4(counts, edges, rows, marks)
+            _rows_4(counts, edges, rows, span)
         first = max(0, -(-(k - w + 1) // 2))
         m = min(h - 1, k // 2) + 1 - first
         at = ((k + 3) * stride + first + 1) * planes
@@ -135,9 +169,9 @@ def _decode_image(words, out, geom, rows, kind, proto):
                 if kind == 2:
                     s, state = _binary(state, np.uint64(edges[x]))
                 else:
-                    e = x << _U_TWO
-                    s, state = _quad(state, np.uint64(edges[e]), np.uint64(edges[e + _U_ONE_]),
-                                     np.uint64(edges[e + _U_TWO]))
+                    s, state = _quad_packed(state, edges[x], edges[x + wide],
+                                            edges[x + _U_TWO * wide],
+                                            edges[x + _U_THREE * wide])
                 if state < _U_REFILL and left:
                     left -= _U_ONE_
                     state = (state << _U_WORD) | np.uint64(words[left])
@@ -147,8 +181,7 @@ def _decode_image(words, out, geom, rows, kind, proto):
                     counts[table + x * size + s] += 1
                     table ^= other
                 else:  # the longer four-symbol step outlasts an increment
-                    counts[x * size + s] += 1
-                    marks[x] = 1
+                    counts[s * wide + x] += 1
                 cell += next_plane
                 code += step
     return (OK if state == 0 and left == 0 else LEFT_OVER), head
