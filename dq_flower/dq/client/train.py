@@ -285,8 +285,11 @@ def _token_round(msg: Message, context: Context, data: Any, config: dict[str, An
                    server_round, key, rng, t0)
     cfg, candidates = _candidates(config, cfg, key, windows.shape[0])
     scores = None
-    if scorer != "uniform":  # PyTorch: deferred to the rounds that score
-        from dq_flower.dq.client.scoring import received_model, score_windows
+    if scorer != "uniform":  # the rounds that score import PyTorch
+        from dq_flower.dq.client.scoring import (  # PyTorch: deferred
+            received_model,
+            score_windows,
+        )
 
         scoring = received_model(msg, model, f"scorer={scorer!r}")
         if scoring is None:
