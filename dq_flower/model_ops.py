@@ -27,7 +27,7 @@ __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
            "from_arrays", "get_flat", "float_buffers", "set_float_buffers", "load_arrays",
-           "loss_and_grad", "num_params", "set_flat", "to_arrays"]
+           "loss_and_grad", "num_params", "reads_windows", "set_flat", "to_arrays"]
 
 
 def num_params(model: nn.Module) -> int:
@@ -39,6 +39,24 @@ def output_width(model: nn.Module) -> int | None:
     """Output features of the last linear layer (a class-count hint), ``None`` without one."""
     linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
     return int(linear[-1].out_features) if linear else None
+
+
+def reads_windows(model: nn.Module, length: int = 2) -> bool:
+    """Whether ``model`` maps token windows to next-token logits (a language model).
+
+    Only a model holding an ``nn.Embedding`` is tried, on one window of ``length`` zero
+    ids (float32, as the store gives them) under :func:`inference`: logits
+    ``(1, length, vocab)`` say yes; any error or other shape says no. Its weights, buffers
+    and mode are left as they were and no random number is drawn.
+    """
+    if not any(isinstance(m, nn.Embedding) for m in model.modules()):
+        return False
+    try:
+        with inference(model):
+            out = model(torch.zeros(1, length, device=_device(model)))
+    except Exception:  # noqa: BLE001 - any model that cannot read a window is not one
+        return False
+    return isinstance(out, torch.Tensor) and out.ndim == 3 and tuple(out.shape[:2]) == (1, length)
 
 
 def input_width(model: nn.Module) -> int | None:

@@ -1,12 +1,14 @@
 """DQ against federated LoRA fine-tuning on the Austen federation, every byte from messages.
 
-Four methods fine-tune the same base, the package's tiny ``CharTransformer`` pretrained on
+Five methods fine-tune the same base, the package's tiny ``CharTransformer`` pretrained on
 the Python documentation (Debian's ``python3.11-doc``), on six devices that each hold the
 first ``--chars`` characters of one Jane Austen novel's training chapters
 (``r-cran-janeaustenr``): ``lora-fedavg`` (Flower's ``FedAvg`` on ``peft`` LoRA adapters, as
 FlowerTune runs it), ``lora-fedavg-qsgd2`` (the same, uploads coded by ``CompressedUpdates``
-with 2-bit QSGD), ``upload-all`` (all text uploaded once, the server fine-tunes) and ``dq``
-(``DQStrategy`` at its defaults). Each runs in this process under ``MeasuredGrid``; the
+with 2-bit QSGD), ``upload-all`` (all text uploaded once, the server fine-tunes), ``dq``
+(``DQStrategy`` at its defaults, the devices holding no model) and ``dq-scored`` (the same,
+each device given the model: it scores its windows by it in the rounds the server sends
+it). Each runs in this process under ``MeasuredGrid``; the
 held-out perplexity is measured on ``--held-windows`` windows of each novel's held-out
 chapters. Writes ``results.json`` (``--resume`` keeps the methods already there when the
 settings match), ``summary.md`` and ``perplexity_vs_uplink.png`` under ``--out``.

@@ -26,7 +26,8 @@ def _script():
 def test_the_tiny_comparison_counts_every_method_and_resumes(tmp_path):
     script = _script()
     results = script.main(["--tiny", "--out", str(tmp_path)])
-    assert list(results) == ["lora-fedavg", "lora-fedavg-qsgd2", "upload-all", "dq"]
+    assert list(results) == ["lora-fedavg", "lora-fedavg-qsgd2", "upload-all", "dq",
+                             "dq-scored"]
     summary = (tmp_path / "summary.md").read_text()
     assert "| lora-fedavg | 2 |" in summary and "| dq | 2 |" in summary
     assert (tmp_path / "perplexity_vs_uplink.png").stat().st_size > 1000
@@ -37,6 +38,10 @@ def test_the_tiny_comparison_counts_every_method_and_resumes(tmp_path):
     assert sum(p["up_bytes"] for p in qsgd["history"]) < 0.25 * sum(ups)
     assert all(f > 0 for f in lora["history"][1]["device_flops"].values())
     assert sum(dq["history"][1]["device_flops"].values()) == 0  # DQ's devices train nothing
+    # devices given the model: the first round draws uniformly, sends no model
+    scored = results["dq-scored"]["history"][1]
+    assert scored["perplexity"] == dq["history"][1]["perplexity"]
+    assert scored["down_bytes"] == dq["history"][1]["down_bytes"]
     assert dq["history"][-1]["perplexity"] < dq["history"][0]["perplexity"]
     # --resume keeps what was run with the same settings
     again = script.main(["--tiny", "--out", str(tmp_path), "--resume"])

@@ -1,7 +1,8 @@
 """What a DQ client computes with the received model: scores, residuals and gradients.
 
 Importance of candidate samples (``loss``, ``gradnorm``, ``entropy``, ``margin``; ``uniform``
-needs no model and is answered here too), compensation residuals and minibatch gradients.
+needs no model and is answered here too) and of token windows (``entropy``, ``loss``),
+compensation residuals and minibatch gradients.
 
 This module imports PyTorch; :mod:`dq_flower.dq.client.train` imports it only for a round whose
 knobs need the model (a scorer other than ``uniform``, compensation, a refreshed residual, a
@@ -15,11 +16,18 @@ import numpy as np
 import torch
 from flwr.app import Message
 
-from dq_flower.model_ops import LossFn, resolve_loss, targets_tensor, weighted_loss_grad
+from dq_flower.model_ops import (
+    LossFn,
+    inference,
+    resolve_loss,
+    targets_tensor,
+    weighted_loss_grad,
+)
 from dq_flower.wire.model import MODEL_KEY, load_model_record
 from dq_flower.wire.node_errors import NodeConfigError
 
-__all__ = ["score_candidates", "received_model", "quantization_residual", "batch_gradient"]
+__all__ = ["score_candidates", "score_windows", "received_model", "quantization_residual",
+           "batch_gradient"]
 
 
 def _last_linear_input(model: torch.nn.Module):
@@ -86,6 +94,35 @@ def score_candidates(
             hook.remove()
         model.train(was_training)
     return torch.cat(scores).double().cpu().numpy()
+
+
+def score_windows(scorer: str, model: torch.nn.Module, windows: np.ndarray,
+                  loss_fn: LossFn | None = None, batch: int = 64) -> np.ndarray:
+    """Importance of token windows ``(n, length)`` under the received model.
+
+    The model reads float32 ids, as the server's store gives them, and returns next-token
+    logits ``(n, length, vocab)``; position ``t`` predicts token ``t + 1``, so a window
+    has ``length - 1`` predictions. ``entropy``: their mean predictive entropy (nats, no
+    label needed); ``loss``: the window's loss (the mean next-token cross-entropy by
+    default, the window its own target). One forward pass per window, no gradient.
+    """
+    if scorer not in ("entropy", "loss"):
+        raise ValueError(f"token windows are scored by entropy or loss, not {scorer!r}")
+    if windows.shape[0] == 0:
+        return np.ones(0)
+    fn = resolve_loss(loss_fn)
+    dev = next(model.parameters()).device
+    scores = []
+    with inference(model):
+        for i in range(0, windows.shape[0], batch):
+            ids = windows[i:i + batch]
+            logits = model(torch.as_tensor(ids, dtype=torch.float32, device=dev))
+            if scorer == "loss":
+                scores.append(fn(logits, targets_tensor(ids, dev)).reshape(-1).double())
+                continue
+            logp = torch.log_softmax(logits[:, :-1].double(), dim=-1)
+            scores.append(-(logp.exp() * logp).sum(-1).mean(1))
+    return torch.cat(scores).cpu().numpy()
 
 
 def received_model(msg: Message, model: torch.nn.Module | None,

@@ -1,9 +1,15 @@
-"""A DQ data round's reply of token windows: chosen uniformly, sent losslessly.
+"""A DQ data round's reply of token windows: chosen by the importance filter, sent losslessly.
 
 Token windows have no quantizer (ids are sent exactly, :mod:`dq_flower.wire.token_batch`)
-and so nothing to compensate; the importance filter draws uniformly among the windows the
-server does not hold, under the round's budget and selection rule. Knobs that need the
-model on the node (model scorers, compensation, gradient rounds) are refused, named.
+and so nothing to compensate. A device given no model draws uniformly among the windows
+the server does not hold, under the round's budget and selection rule. A device given
+``model=`` says so (``can-score``); under ``scorer="auto"`` the server then sends it the
+model each round it scores, and it scores its candidate windows by the model
+(:data:`WINDOW_SCORERS`: ``entropy``, the mean entropy of the next-token distributions,
+or ``loss``, the mean next-token cross-entropy) and draws them with probability in
+proportion to the score (``sample``, each window weighted ``1/(n p)``), as image rows are
+drawn. Knobs that token windows cannot answer (compensation, gradient rounds, the other
+model scorers) are refused, named.
 """
 
 from __future__ import annotations
@@ -20,28 +26,41 @@ from dq_flower.dq.scorer_choice import CAN_SCORE_KEY, model_knob
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.token_batch import encode_token_batch
 
-__all__ = ["check_token_round", "token_upload"]
+__all__ = ["WINDOW_SCORERS", "check_token_round", "token_upload"]
+
+#: The model scorers a token window answers (with ``uniform``, which needs no model).
+WINDOW_SCORERS = ("entropy", "loss")
 
 
-def check_token_round(config: Mapping[str, Any], cfg: DQConfig) -> None:
-    """Refuse, naming the knob, a round that token windows cannot answer."""
+def check_token_round(config: Mapping[str, Any], cfg: DQConfig, has_model: bool) -> None:
+    """Refuse, naming the knob, a round that token windows cannot answer.
+
+    ``cfg.scorer`` is resolved for this node; a model scorer needs ``has_model``.
+    """
     knob = model_knob({**config, "scorer": "uniform"})
-    if cfg.scorer not in ("uniform", "auto"):
+    if knob is None and cfg.scorer not in ("uniform", *WINDOW_SCORERS):
         knob = f"scorer={cfg.scorer!r}"
     if knob is not None:
-        raise NodeConfigError(f"{knob} is not supported for token windows (they are chosen "
-                              "uniformly and sent exactly: no model on the node, nothing "
-                              "to compensate)")
+        raise NodeConfigError(f"{knob} is not supported for token windows (they are sent "
+                              "exactly, scored by uniform, entropy or loss: nothing to "
+                              "compensate)")
+    if cfg.scorer != "uniform" and not has_model:
+        raise NodeConfigError(f"scorer={cfg.scorer!r} needs the model: pass model= (your "
+                              "nn.Module) to dq_train")
 
 
 def token_upload(windows: np.ndarray, vocab: int, cfg: DQConfig, candidates: np.ndarray,
-                 rng: np.random.Generator) -> tuple[RecordDict, int, dict[str, int]]:
-    """The records of the round's upload, its payload bits and its metrics."""
-    sel = select(np.ones(candidates.size), cfg.budget, cfg.selection_rule, rng,
-                 cfg.score_threshold)
+                 rng: np.random.Generator, scores: np.ndarray | None = None,
+                 can_score: bool = False) -> tuple[RecordDict, int, dict[str, int]]:
+    """The records of the round's upload, its payload bits and its metrics.
+
+    ``scores``: the candidates' importance (``None``: uniform).
+    """
+    weights = np.ones(candidates.size) if scores is None else scores
+    sel = select(weights, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
     represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per window
     content, bits = encode_token_batch(windows[chosen], chosen, represents, vocab,
                                        int(windows.shape[0]))
     return content, bits, {"candidates": int(candidates.size), "selected": int(chosen.size),
-                           CAN_SCORE_KEY: 0}
+                           CAN_SCORE_KEY: int(can_score)}

@@ -208,7 +208,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     model : torch.nn.Module, optional
         The same architecture as the server's. Needed only where the round uses it: the
         ``loss`` or ``gradnorm`` scorer, compensation, gradient rounds; its weights are
-        overwritten with the server's.
+        overwritten with the server's. Under ``scorer="auto"`` (the default) a node given
+        it scores its rows (or token windows) by the model once the server sends it.
     loss_fn : callable, optional
         ``loss_fn(outputs, targets)`` returning per-sample losses; the default is
         cross-entropy for integer labels and mean squared error for float targets.
@@ -233,7 +234,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     t0 = time.process_time()
     config = round_config(msg)
     if window is not None:
-        return _token_round(msg, context, data, config, t0, window, tokenizer, vocab)
+        return _token_round(msg, context, data, config, t0, _Text(window, tokenizer, vocab),
+                            model, loss_fn)
     needed = config.get(RUN_MODEL_KNOB_KEY)
     if model is None and needed:  # before any work, from the first round on
         require_torch(str(needed))  # a node without PyTorch fails alone, naming the knob
@@ -265,21 +267,46 @@ def _client_config(config: dict[str, Any]) -> DQConfig:
 
 
 def _token_round(msg: Message, context: Context, data: Any, config: dict[str, Any],
-                 t0: float, window: int, tokenizer: Any, vocab: int | None) -> Message:
-    """Reply to a data round with the device's token windows (no model, no PyTorch)."""
+                 t0: float, text: _Text, model: torch.nn.Module | None,
+                 loss_fn: LossFn | None) -> Message:
+    """Reply to a data round with the device's token windows (scored where ``model`` is)."""
     cfg = _client_config(config)
-    check_token_round(config, cfg)
-    cfg = dataclasses.replace(cfg, scorer="uniform",
-                              selection_rule=node_rule(cfg.selection_rule, "uniform"))
-    windows, vocab = token_windows(data, window, vocab, tokenizer)
+    scorer = node_scorer(cfg.scorer, model is not None)  # "auto" sent as it is: resolve here
+    cfg = dataclasses.replace(cfg, scorer=scorer,
+                              selection_rule=node_rule(cfg.selection_rule, scorer))
+    check_token_round(config, cfg, model is not None)
+    if scorer != "uniform":
+        require_torch(f"scorer={scorer!r}")
+    windows, vocab = token_windows(data, text.window, text.vocab, text.tokenizer)
     server_round, key = int(config["server-round"]), node_key(context)
     rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
-    spec = DataSpec((window,), "tokens", vocab)
-    r = RoundInput(msg, context, config, cfg, None, windows, windows, spec, None, None,
+    spec = DataSpec((text.window,), "tokens", vocab)
+    r = RoundInput(msg, context, config, cfg, None, windows, windows, spec, model, loss_fn,
                    server_round, key, rng, t0)
     cfg, candidates = _candidates(config, cfg, key, windows.shape[0])
-    content, bits, metrics = token_upload(windows, vocab, cfg, candidates, rng)
+    scores = None
+    if scorer != "uniform":  # the rounds that score import PyTorch
+        from dq_flower.dq.client.scoring import (  # PyTorch: deferred
+            received_model,
+            score_windows,
+        )
+
+        scoring = received_model(msg, model, f"scorer={scorer!r}")
+        if scoring is None:
+            raise ValueError(f"scorer={scorer!r} needs the model; the server did not send it")
+        scores = score_windows(scorer, scoring, windows[candidates], loss_fn)
+    content, bits, metrics = token_upload(windows, vocab, cfg, candidates, rng, scores,
+                                          can_score=model is not None)
     return _reply(r, content, bits, metrics)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Text:
+    """How a device's text becomes windows: ``dq_train``'s ``window``, ``tokenizer``, ``vocab``."""
+
+    window: int
+    tokenizer: Any
+    vocab: int | None
 
 
 def _data_round(r: RoundInput) -> Message:

@@ -33,7 +33,7 @@ from dq_flower.dq.server.identities import ClientIdentities, RoundClients
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.model_ops import output_width
+from dq_flower.model_ops import output_width, reads_windows
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
 from dq_flower.wire.model import MODEL_KEY
@@ -63,6 +63,7 @@ class RoundAsks:
         self.held_bytes = 0  # bytes of held sets and tables the last round sent
         #: identities whose replies said they hold the model (``can-score``)
         self.can_score: set[int] = set()
+        self._reads_windows: bool | None = None  # the model's answer (holds_windows)
 
     def plan(self, server_round: int, nodes: list[int],
              rounds_left: int) -> tuple[RoundClients, RoundPlan]:
@@ -287,11 +288,29 @@ class RoundAsks:
         """The first round's ask per client: enough rows to hold out for the stop rule.
 
         ``min-holdout-rows`` per class (known, else the model's output width, at least 2)
-        over ``holdout-fraction``, shared by ``clients``, at least ``budget`` each.
+        over ``holdout-fraction``, shared by ``clients``, at least ``budget`` each. A store
+        of token windows (:meth:`holds_windows`) has no classes: each window is one
+        held-out score, and the stop rule counts ``min-holdout-rows`` held-out windows in
+        all, so it is one stratum here (the floor of two applies: 200 windows by default),
+        not its vocabulary.
         """
-        classes = self.data.num_classes or output_width(self.model) or 2
+        classes = (1 if self.holds_windows()
+                   else self.data.num_classes or output_width(self.model) or 2)
         rows = self.cfg.min_holdout_rows * max(int(classes), 2) / self.cfg.holdout_fraction
         return max(self.cfg.budget, math.ceil(rows / max(clients, 1)))
+
+    def holds_windows(self) -> bool:
+        """Whether the store holds token windows: the spec says so, else the model reads them.
+
+        Before any reply (the first ask) the spec is unknown unless given: a model mapping
+        a window of ids to next-token logits (:func:`~dq_flower.model_ops.reads_windows`)
+        is taken to train on windows. Asked once.
+        """
+        if self.data.spec is not None:
+            return self.data.spec.target == "tokens"
+        if self._reads_windows is None:
+            self._reads_windows = reads_windows(self.model)
+        return self._reads_windows
 
     def messages(self, server_round: int, nodes: list[int], clients: RoundClients,
                  plan: RoundPlan, table: bytes | None, config: ConfigRecord,

@@ -10,7 +10,11 @@ size of every message both ways; the methods:
   QSGD (``compression_mod`` on the devices);
 - ``upload-all``: each device uploads all its text once (DQ's ``upload_schedule="all"``,
   lossless token windows), the server fine-tunes the whole model on it to a plateau;
-- ``dq``: ``DQStrategy`` at its defaults on the devices' token windows.
+- ``dq``: ``DQStrategy`` at its defaults on the devices' token windows (the devices hold
+  no model: they draw their windows uniformly);
+- ``dq-scored``: the same, each device given the model (``dq_train(model=...)``): under
+  ``scorer="auto"`` the server sends it the model each round after the first and it
+  draws its windows by the model's predictive entropy.
 
 All start from the same pretrained base. A round's record holds the held-out perplexity
 (overall and per device) after the round, its uplink and downlink bytes and each device's
@@ -46,7 +50,7 @@ from dq_flower.node import node_key
 __all__ = ["TextTask", "LORA_METHODS", "DATA_METHODS", "METHODS", "run_method"]
 
 LORA_METHODS = ("lora-fedavg", "lora-fedavg-qsgd2")
-DATA_METHODS = ("upload-all", "dq")
+DATA_METHODS = ("upload-all", "dq", "dq-scored")
 METHODS = LORA_METHODS + DATA_METHODS
 
 
@@ -93,7 +97,10 @@ def _client(task: TextTask, method: str, base: nn.Module, lora: LoraSettings,
                 models[k] = with_adapters(base, lora)
             reply = lora_train(msg, context, task.train[k], model=models[k], window=task.window)
         else:
-            reply = dq_train(msg, context, task.train[k], window=task.window)
+            if method == "dq-scored" and k not in models:
+                models[k] = copy.deepcopy(base)
+            reply = dq_train(msg, context, task.train[k], window=task.window,
+                             model=models.get(k))
         replies.note(msg, reply, task.names[k])
         return reply
 

@@ -18,6 +18,7 @@ __all__ = ["to_target", "summary_rows", "markdown_table", "device_table", "round
 #: Line styles: DQ in black on top, upload-all as crosses (the two often share a point).
 _STYLES: dict[str, dict[str, Any]] = {
     "dq": {"marker": "o", "color": "black", "markersize": 9, "zorder": 4},
+    "dq-scored": {"marker": "s", "color": "tab:purple", "markersize": 6, "zorder": 6},
     "upload-all": {"marker": "x", "color": "tab:red", "markersize": 11, "mew": 2, "zorder": 5},
 }
 
