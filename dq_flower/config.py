@@ -40,7 +40,6 @@ MAX_CLASSES = 1_000_000  # classes: per-class counts are allocated
 MAX_STEPS = 1_000_000  # optimizer steps of one round, on a client or on the server
 MAX_EPOCHS = 10_000  # passes over the data in one round
 MAX_PROCESSES = 256  # server training processes
-MAX_THREADS = 1024  # PyTorch threads of one process
 #: The server optimizers (:func:`dq_flower.server.common.make_optimizer`).
 OPTIMIZERS = ("sgd", "adam")
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
-           "next_token_loss", "torch_threads",
+           "next_token_loss", "step_threads", "torch_threads",
            "resolve_loss", "targets_tensor", "weighted_loss_grad", "weighted_step",
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
@@ -249,6 +249,33 @@ def apply_flat_grad(model: nn.Module, optimizer: torch.optim.Optimizer, grad: np
         offset += k
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+#: A server step (forward and backward of one minibatch) below this many FLOPs runs on one
+#: thread under ``server-threads = 0``: threads gain such a step little on an idle machine
+#: and cost it many times over where another process takes a core (docs/measuring.md).
+SMALL_STEP_FLOPS = 100e6
+
+
+def step_threads(model: nn.Module, rows: np.ndarray, batch: int) -> int:
+    """``server-threads = 0``'s choice for ``model``: 1 for a small step, else 0 (PyTorch's).
+
+    The step's FLOPs are counted once (PyTorch's ``FlopCounterMode``) on ``rows`` (a few
+    placeholder rows shaped as samples), forward in eval mode without gradients, taken
+    three times for forward and backward and scaled to ``batch`` rows. A model that cannot
+    be counted so trains on one thread.
+    """
+    # the FLOP counter: loaded only where a server first counts a step
+    from torch.utils.flop_counter import FlopCounterMode
+
+    xt = torch.as_tensor(np.ascontiguousarray(rows), dtype=torch.float32).to(_device(model))
+    try:
+        with inference(model), FlopCounterMode(display=False) as counter:
+            model(xt)
+    except Exception:  # noqa: BLE001 - any model: counting is a speed hint only
+        return 1
+    step = 3 * counter.get_total_flops() * batch / max(len(xt), 1)
+    return 1 if step < SMALL_STEP_FLOPS else 0
 
 
 @contextmanager

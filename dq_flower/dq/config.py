@@ -21,7 +21,6 @@ from dq_flower.config import (
     MAX_PROCESSES,
     MAX_ROWS,
     MAX_STEPS,
-    MAX_THREADS,
     OPTIMIZERS,
     OptimizerConfig,
     RobustConfig,
@@ -206,11 +205,11 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "processes the server trains in: 1 (its own) or N worker processes joined by "
         "`torch.distributed`, each computing the gradient of 1/N of every minibatch (see "
         "[Server training on several processes](scaling-ddp.md))"))
-    server_threads: int = knob(1, between(0, MAX_THREADS), doc=(
-        "PyTorch threads of the server's training phases (restored after each): 1 by default, "
-        "where every run gives the same model whatever the machine's cores and another "
-        "process on the machine (Flower's simulation engine, a SuperLink) cannot stall it; "
-        "0 keeps PyTorch's own setting (see [server threads](measuring.md#server-threads))"))
+    server_threads: int = knob(0, between(0, 1024), doc=(
+        "PyTorch threads of the server's training (restored after each round's): 0 (auto) "
+        "one where a step is under 100 MFLOP (threads gain it little and, where another "
+        "process takes a core, cost it many times over), PyTorch's own count otherwise; N: "
+        "N threads (see [server threads](measuring.md#server-threads))"))
     optimizer: str = inherit(OptimizerConfig, "optimizer", default="auto",
                              check=one_of(("auto", *OPTIMIZERS)), doc=(
         "`auto` (the first training phase probes `sgd` at `lr` and `adam` at 1e-3, or at "

@@ -1,4 +1,7 @@
-"""``server-threads``: the PyTorch threads of the server's training phases, restored after."""
+"""``server-threads``: the PyTorch threads of the server's training, restored after.
+
+At 0 (auto) a step under 100 MFLOP runs on one thread, a larger one on PyTorch's own count.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.model_ops import torch_threads
+from dq_flower.model_ops import step_threads, torch_threads
 from dq_flower.wire.dq_batch import DataSpec
 
 DIM, CLASSES = 12, 3
@@ -31,7 +34,8 @@ def _data(rows: int = 120) -> FederationData:
                           store=store)
 
 
-def _threads_seen_by_a_round(process_threads: int, **knobs) -> tuple[set[int], int]:
+def _threads_seen_by_a_round(process_threads: int, hidden: int = 8, **knobs
+                             ) -> tuple[set[int], int]:
     """The threads the loss saw during one round's store steps, and the process's after."""
     seen: set[int] = set()
 
@@ -41,8 +45,8 @@ def _threads_seen_by_a_round(process_threads: int, **knobs) -> tuple[set[int], i
 
     cfg = DQConfig(upload_schedule="fixed", server_steps=3, augmentation="none", **knobs)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(DIM, 8), torch.nn.ReLU(),
-                                torch.nn.Linear(8, CLASSES))
+    model = torch.nn.Sequential(torch.nn.Linear(DIM, hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(hidden, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     trainer = ServerTrainer(cfg, model, optimizer, _data(), None, loss_fn=loss_fn, seed=3)
     before = torch.get_num_threads()
@@ -54,17 +58,36 @@ def _threads_seen_by_a_round(process_threads: int, **knobs) -> tuple[set[int], i
         torch.set_num_threads(before)
 
 
-def test_the_server_trains_on_one_thread_by_default_and_gives_the_process_its_threads_back():
-    seen, after = _threads_seen_by_a_round(3)
+def test_a_small_step_trains_on_one_thread_by_default_and_the_process_gets_its_threads_back():
+    seen, after = _threads_seen_by_a_round(3)  # 12-8-3: about 0.04 MFLOP a step
     assert seen == {1}
     assert after == 3
 
 
-@pytest.mark.parametrize(("knob", "expected"), [(0, 3), (2, 2)])
-def test_server_threads_zero_keeps_pytorchs_setting_and_n_sets_n(knob, expected):
-    seen, after = _threads_seen_by_a_round(3, server_threads=knob)
+def test_a_large_step_trains_on_pytorchs_own_threads_by_default():
+    # 12-20000-3 on minibatches of 64: 3 x 2 x 64 x 300,000 = 115 MFLOP a step
+    seen, after = _threads_seen_by_a_round(3, hidden=20_000)
+    assert seen == {3}
+    assert after == 3
+    just_below, _ = _threads_seen_by_a_round(3, hidden=17_000)  # 98 MFLOP
+    assert just_below == {1}
+
+
+@pytest.mark.parametrize(("knob", "hidden", "expected"), [(1, 20_000, 1), (2, 8, 2)])
+def test_server_threads_n_sets_n_whatever_the_step(knob, hidden, expected):
+    seen, after = _threads_seen_by_a_round(3, hidden=hidden, server_threads=knob)
     assert seen == {expected}
     assert after == 3
+
+
+def test_a_model_that_cannot_be_counted_trains_on_one_thread():
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            if not x.requires_grad and not torch.is_grad_enabled():
+                raise RuntimeError("only trains")
+            return x
+
+    assert step_threads(Odd(), np.zeros((2, DIM), np.float32), 64) == 1
 
 
 def test_the_threads_come_back_when_the_steps_raise():

@@ -41,6 +41,8 @@ from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
     per_sample_results,
+    placeholder_rows,
+    step_threads,
     torch_threads,
     weighted_loss_grad,
     weighted_step,
@@ -83,6 +85,7 @@ class ServerTrainer:
         #: whether the last phase's model was significantly worse (the old one was kept)
         self.reverted = False
         self.guard = StepGuard(model, optimizer)
+        self.auto_threads: int | None = None  # server-threads 0's choice (see threads())
         self.rolled_back = 0
         #: clients whose held-out rows disagree with the others' (adaptive schedule)
         self.screen = AgreementScreen(cfg.screen_margin)
@@ -108,8 +111,7 @@ class ServerTrainer:
         if not mine <= theirs:
             raise ValueError("optimizer: the optimizer given must hold every parameter of "
                              "the strategy's model (build it from model.parameters())")
-        self.optimizer = optimizer
-        self.guard.optimizer = optimizer
+        self.optimizer = self.guard.optimizer = optimizer
         lr = float(optimizer.param_groups[0]["lr"])
         self.choice, self.lr, self.lr_given = (
             OptimizerChoice(type(optimizer).__name__, lr, "user"), lr, True)
@@ -147,7 +149,7 @@ class ServerTrainer:
                  ) -> float:
         """``steps()``'s loss; NaN where they left the model non-finite (rolled back)."""
         self.guard.begin()
-        with torch_threads(self.cfg.server_threads):
+        with torch_threads(self.threads()):
             loss = steps()
         if self.guard.finite_or_restore():
             return loss
@@ -155,6 +157,13 @@ class ServerTrainer:
         log_round("dq", server_round, "the round's steps made the model non-finite: rolled "
                   f"back; the round's replies came from nodes {sorted(nodes)}")
         return float("nan")
+
+    def threads(self) -> int:
+        """``server-threads``, its 0 resolved once the samples' shape is known (1 till then)."""
+        if self.auto_threads is None and not self.cfg.server_threads and self.data.spec:
+            rows = self.data.shaped(placeholder_rows(self.data.spec)[0])
+            self.auto_threads = step_threads(self.model, rows, self.cfg.server_batch_size)
+        return self.cfg.server_threads or (1 if self.auto_threads is None else self.auto_threads)
 
     # ------------------------------------------------------------------ the steps
     def delta_norms(self, uploads: list[Upload]) -> list[tuple[float, float]]:
@@ -166,7 +175,7 @@ class ServerTrainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch_threads(self.cfg.server_threads):
+            with torch_threads(self.threads()):
                 out = [self._delta_norm(u) for u in uploads]
         finally:
             self.model.train(was_training)
