@@ -107,3 +107,26 @@ def test_the_server_trains_with_the_store_weights_asked_for(monkeypatch, knobs, 
     monkeypatch.setattr(SampleStore, "draw_batches", spy)
     run_inprocess(num_clients=2, rounds=2, **dict(_KNOBS, **knobs))
     assert asked == expected
+
+
+def test_a_node_asked_for_all_it_has_left_draws_uniformly_and_gets_no_model():
+    # the digits' four nodes at the defaults: round 2 asks every node for all it has left,
+    # so a model sent for scoring would choose nothing (every row goes, each weight 1/n)
+    seen: list[tuple[int, str, bool, int, int]] = []
+
+    def route(msg, context):
+        reply = client_app(msg, context)
+        metrics = reply.content["metrics"]
+        seen.append((int(msg.content["config"]["server-round"]),
+                     str(msg.content["config"]["scorer"]),
+                     MODEL_KEY in msg.content.array_records,
+                     int(metrics["candidates"]), int(metrics["selected"])))
+        return reply
+
+    result = run_server(InProcessGrid(route, 4),
+                        build_run_config("dq", num_clients=4, rounds=2, seed=0))
+    second = [s for s in seen if s[0] == 2]
+    assert len(second) == 4
+    assert all(selected == candidates > 0 for *_, candidates, selected in second), second
+    assert all(s[1:3] == ("uniform", False) for s in second), second
+    assert result.history[2]["down_bytes"] < 2_000  # the config alone, no model

@@ -312,6 +312,17 @@ class RoundAsks:
             self._reads_windows = reads_windows(self.model)
         return self._reads_windows
 
+    def asks_all_left(self, server_round: int, node: int, identity: int | None) -> bool:
+        """Whether a known client's ask covers every row it has not sent (no choice to score).
+
+        Then the node draws uniformly and gets no model for scoring: every row goes, each
+        with the same weight, whatever the scores.
+        """
+        known = None if identity is None else self.planner.clients.get(identity)
+        if known is None or self.trainer.schedule is None or self.cfg.resend:
+            return False
+        return self.asked[server_round].get(int(node), 0) >= known[0] - known[1]
+
     def messages(self, server_round: int, nodes: list[int], clients: RoundClients,
                  plan: RoundPlan, table: bytes | None, config: ConfigRecord,
                  model: Callable[[], ArrayRecord]) -> list[Message]:
@@ -323,6 +334,8 @@ class RoundAsks:
             node_cfg = ConfigRecord(dict(config.items()))
             identity = clients.known.get(int(node))
             scorer, rule = self.node_choice(identity, clients.free)
+            if scorer != "uniform" and self.asks_all_left(server_round, node, identity):
+                scorer, rule = "uniform", node_rule(self.cfg.selection_rule, "uniform")
             node_cfg["scorer"], node_cfg["selection-rule"] = scorer, rule
             shared: dict[str, Any] = {}
             knob = model_knob({"round-mode": plan.mode, "scorer": scorer,
