@@ -120,8 +120,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "store)"))
     plateau_eval_every: int = knob(50, between(1, MAX_STEPS), doc="steps between held-out scores")
     plateau_patience: int = knob(4, at_least(1), doc=(
-        "held-out scores without progress (more held-out rows right than ever in the "
-        "phase, or a held-out loss 1% below its lowest) before the learning rate drops"))
+        "held-out scores without progress (row by row against the last progress: more "
+        "rows right, or a loss 1% lower, beyond one standard error) before the learning "
+        "rate drops"))
     lr_drops: int = knob(1, at_least(0), doc="learning-rate drops before a phase ends")
     lr_factor: float = knob(0.1, between(0, 1, low_open=True, high_open=True),
                             doc="factor of each learning-rate drop")

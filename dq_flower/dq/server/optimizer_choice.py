@@ -194,13 +194,30 @@ class Probed(Protocol):
     def score_holdout(self, everyone: bool = False) -> HeldOutScores: ...  # noqa: D102
 
 
+@dataclass
+class _Racer:
+    """One candidate of the probe: its optimizer, weights, minibatch stream and scores."""
+
+    option: OptimizerChoice
+    optimizer: torch.optim.Optimizer
+    rng: np.random.Generator
+    augment: Callable[[torch.Tensor], torch.Tensor] | None
+    weights: dict[str, torch.Tensor]
+    start: PhaseStart | None = None
+    scores: HeldOutScores | None = None
+    steps: int = 0
+
+
 def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Continuation | None:
-    """Each candidate's short phase on the ``trainer``'s store, the best kept.
+    """The candidates' short phases on the ``trainer``'s store, raced; the best kept.
 
     Every candidate starts from the same weights and draws the same minibatches (a copy
-    of ``rng``). The winner's probe is not thrown away: the model, the optimizer and
-    ``rng`` are left where its probe ended, and the returned continuation lets the phase
-    go on from there (``None``: no held-out rows, no probe).
+    of ``rng``); they take turns of ``plateau-eval-every`` steps, and from the probe's half
+    on the race ends as soon as :func:`pick` tells them apart beyond the uncertainty (or all
+    but one went non-finite), so a clear loser costs half a probe. The winner's probe is
+    not thrown away: the model, the optimizer and ``rng`` are left where its probe ended,
+    and the returned continuation lets the phase go on from there (``None``: no held-out
+    rows, no probe).
     """
     store = trainer.data.store
     if store is None or not store.holdout_mask.any():
@@ -212,43 +229,72 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     start = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     rule = replace(trainer.plateau, lr_drops=0, max_steps=max(1, min(
         trainer.plateau.max_steps // PROBE_SHARE, PROBE_EVALUATIONS * trainer.plateau.eval_every)))
-    options = candidates(trainer.lr, trainer.lr_given)
-    results: list[HeldOutScores | None] = []
-    ends: list[Continuation] = []
-    for option in options:
-        trainer.model.load_state_dict(start)
+    racers = []
+    for option in candidates(trainer.lr, trainer.lr_given):
         trainer.use_optimizer(option)
         probe_rng = copy.deepcopy(rng)
-        augment = trainer.augmentation(probe_rng)
-        trainer.model.train()
-        phase = train_phase(trainer.model, trainer.optimizer, option.lr, rule,
-                            _probe_steps(trainer, probe_rng, augment), trainer.score_holdout,
-                            keep_going=True)
-        finite = all(bool(torch.isfinite(v).all()) for v in trainer.model.state_dict().values()
-                     if v.is_floating_point())
-        results.append(phase.final if finite else None)
-        assert phase.resume is not None
-        ends.append(Continuation(phase.resume, copy.deepcopy(trainer.model.state_dict()),
-                                 trainer.optimizer, probe_rng.bit_generator.state, augment))
-    best, gain = pick(results)
-    winner: Continuation | None = ends[best] if results[best] is not None else None
-    if winner is None:  # every probe went non-finite: the phase starts over from the start
-        trainer.model.load_state_dict(start)
-        trainer.use_optimizer(options[best])
-    else:  # the winner's weights, optimizer state and minibatch stream go on
-        trainer.model.load_state_dict(winner.model)
-        trainer.use_optimizer(options[best], winner.optimizer)
-        rng.bit_generator.state = winner.rng_state
-    text = "; ".join(f"{o.describe()}: " + ("non-finite" if r is None else
-                                             _score_text(r)) for o, r in zip(
-                                                 options, results, strict=True))
+        racers.append(_Racer(option, trainer.optimizer, probe_rng,
+                             trainer.augmentation(probe_rng), start))
+    decided = False
+    while not decided and racers[0].steps < rule.max_steps:
+        for racer in racers:
+            _turn(trainer, racer, rule)
+        half = racers[0].steps * 2 >= rule.max_steps
+        decided = half and _decided([r.scores for r in racers])
+    best, gain = pick([r.scores for r in racers])
+    winner = racers[best]
+    trainer.model.load_state_dict(winner.weights if winner.scores is not None else start)
+    trainer.use_optimizer(winner.option, winner.optimizer if winner.scores is not None else None)
+    if winner.scores is not None:  # the winner's weights, optimizer state and minibatches go on
+        rng.bit_generator.state = winner.rng.bit_generator.state
+    text = "; ".join(f"{r.option.describe()}: " + ("non-finite" if r.scores is None else
+                                                    _score_text(r.scores)) for r in racers)
     why = ("the others went non-finite" if gain is None and best > 0 else
            f"held-out loss lower by {gain.gain:.1%} (stderr {gain.stderr:.1%})"
            if gain is not None else "no other is better beyond the uncertainty")
-    log_round("dq", server_round, f"server optimizer: {options[best].describe()} "
-              f"({why}; {rule.max_steps}-step probes on the held-out rows: {text}; the "
-              + ("phase goes on from its probe)" if winner else "phase starts over)"))
-    return winner
+    log_round("dq", server_round, f"server optimizer: {winner.option.describe()} "
+              f"({why}; {racers[0].steps}-step probes on the held-out rows: {text}; the "
+              + ("phase goes on from its probe)" if winner.scores is not None
+                 else "phase starts over)"))
+    if winner.scores is None:  # every probe went non-finite: the phase starts over
+        return None
+    assert winner.start is not None
+    return Continuation(winner.start, winner.weights, winner.optimizer,
+                        winner.rng.bit_generator.state, winner.augment)
+
+
+def _decided(scores: list[HeldOutScores | None]) -> bool:
+    """Whether the probe's outcome is clear.
+
+    A later candidate wins beyond the uncertainty, the first went non-finite, or every other
+    is worse than the first beyond it.
+    """
+    first = scores[0]
+    if pick(scores)[1] is not None or not _finite(first):
+        return True
+    assert first is not None
+    return all(significantly_worse(paired_gain(_losses(first), _losses(s)))
+               for s in scores[1:] if s is not None and _finite(s))
+
+
+def _turn(trainer: Probed, racer: _Racer, rule: PlateauRule) -> None:
+    """``racer``'s next ``rule.eval_every`` steps (none once it went non-finite)."""
+    if racer.steps and racer.scores is None:
+        racer.steps += rule.eval_every
+        return
+    trainer.model.load_state_dict(racer.weights)
+    trainer.use_optimizer(racer.option, racer.optimizer)
+    trainer.model.train()
+    end = min(racer.steps + rule.eval_every, rule.max_steps)
+    phase = train_phase(trainer.model, trainer.optimizer, racer.option.lr,
+                        replace(rule, max_steps=end),
+                        _probe_steps(trainer, racer.rng, racer.augment), trainer.score_holdout,
+                        start=racer.start, keep_going=True)
+    finite = all(bool(torch.isfinite(v).all()) for v in trainer.model.state_dict().values()
+                 if v.is_floating_point())
+    racer.start, racer.steps = phase.resume, end
+    racer.scores = phase.final if finite else None
+    racer.weights = copy.deepcopy(trainer.model.state_dict())
 
 
 def _probe_steps(trainer: Probed, rng: np.random.Generator,

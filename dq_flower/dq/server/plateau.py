@@ -2,10 +2,12 @@
 
 A *phase* (one per adaptive upload round) steps from the base
 learning rate and scores the held-out rows every ``eval_every`` steps. A score above the
-best snapshots the weights; only *progress* resets the patience: more held-out rows right
-than ever before in the phase, or a held-out loss 1% below its lowest so far (the loss alone
-for float targets), so a loss creeping down by less at equal accuracy does not keep a phase
-going. ``patience`` evaluations without progress multiply the learning rate by
+best snapshots the weights; only *progress* resets the patience: the held-out rows, compared
+one by one with their results at the last progress, better beyond their noise (more rows
+right by more than one standard error of the rows that changed, or a mean loss lower by 1%
+and by more than one standard error of the per-row falls: :func:`beyond_noise`), so a new
+best that one lucky row or a loss creeping down makes does not keep a phase going.
+``patience`` evaluations without progress multiply the learning rate by
 ``lr_factor``; the patience running out after ``lr_drops`` drops, or ``max_steps`` steps,
 ends the phase at its best snapshot after training began (the starting weights are scored
 but never kept). A phase may go on from another's tracker, snapshot and steps
@@ -23,11 +25,11 @@ import numpy as np
 import torch
 
 __all__ = ["PlateauRule", "PlateauTracker", "PhaseResult", "HeldOutScores", "PhaseStart",
-           "train_phase", "score_of", "progress_of", "LOSS_TIE_BREAK", "LOSS_PROGRESS"]
+           "train_phase", "score_of", "beyond_noise", "LOSS_TIE_BREAK", "LOSS_PROGRESS"]
 
 #: Weight of the loss in the score of class targets: a tie-breaker below one row in 1,000.
 LOSS_TIE_BREAK = 1e-4
-#: Relative fall of the held-out loss that counts as one unit of progress.
+#: Relative fall of the held-out loss below which no fall counts as progress.
 LOSS_PROGRESS = 0.01
 
 
@@ -35,8 +37,9 @@ LOSS_PROGRESS = 0.01
 class PlateauRule:
     """When a training phase on the store stops (see the module docstring).
 
-    ``min_delta``: the rise in :func:`progress_of` units that counts as progress (0.99:
-    one held-out row, or a 1% lower loss, the small margin for the loss's float rounding).
+    ``evidence``: the standard errors a paired gain must exceed to count as progress in a
+    phase (:func:`beyond_noise`); ``min_delta``: the rise of a plain score that counts where
+    no held-out rows are given (:meth:`PlateauTracker.observe` alone).
     """
 
     eval_every: int = 50
@@ -45,6 +48,7 @@ class PlateauRule:
     lr_factor: float = 0.1
     max_steps: int = 2000
     min_delta: float = 0.99
+    evidence: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("eval_every", "patience", "max_steps"):
@@ -63,26 +67,26 @@ class PlateauTracker:
     rule: PlateauRule
     best: float = -math.inf
     best_step: int = 0
-    marks: tuple[float, ...] = ()
+    level: float = -math.inf  # the score at the last progress (plain scores)
+    mark: HeldOutScores | None = None  # the held-out results at the last progress
     waited: int = 0
     drops: int = 0
 
-    def observe(self, step: int, score: float, progress: tuple[float, ...] | None = None
+    def observe(self, step: int, score: float, progressed: bool | None = None
                 ) -> tuple[bool, str]:
         """Record the scores after ``step`` steps: ``(snapshot, what the phase does next)``.
 
-        ``score`` picks the snapshot (any rise); ``progress`` (default ``(score,)``) resets
-        the patience where one of its parts rises more than ``min_delta`` above its mark
-        (the part's highest value at a progress so far).
+        ``score`` picks the snapshot (any rise); ``progressed`` (default: ``score`` rose more
+        than ``min_delta`` above its value at the last progress) resets the patience.
         """
         snapshot = score > self.best
         if snapshot:
             self.best, self.best_step = float(score), int(step)
-        values = (score,) if progress is None else progress
-        if not self.marks:
-            self.marks = tuple(-math.inf for _ in values)
-        if any(v > m + self.rule.min_delta for v, m in zip(values, self.marks, strict=True)):
-            self.marks = tuple(max(v, m) for v, m in zip(values, self.marks, strict=True))
+        if progressed is None:
+            progressed = score > self.level + self.rule.min_delta
+            if progressed:
+                self.level = float(score)
+        if progressed:
             self.waited = 0
             return snapshot, "progress"
         self.waited += 1
@@ -133,16 +137,31 @@ def score_of(scores: HeldOutScores) -> float:
     return float(scores.correct.mean()) - LOSS_TIE_BREAK * min(loss, 1e3)
 
 
-def progress_of(scores: HeldOutScores) -> tuple[float, ...]:
-    """``-log`` of the held-out loss in 1% steps, and the held-out rows right (class targets)."""
-    if not scores.loss.size:
-        return (-math.inf,) if scores.correct is None else (-math.inf, -math.inf)
-    loss = float(scores.loss.mean())
-    fall = (-math.log(max(loss, 1e-30)) / -math.log(1.0 - LOSS_PROGRESS)
-            if math.isfinite(loss) else -math.inf)
-    if scores.correct is None:
-        return (fall,)
-    return (fall, float(scores.correct.sum()))
+def beyond_noise(now: HeldOutScores, mark: HeldOutScores | None, z: float) -> bool:
+    """Whether ``now`` beats ``mark`` on the same held-out rows by more than their noise.
+
+    Paired on the rows: the rows right (class targets) rise by at least one and by more than
+    ``z`` standard errors (the square root of the rows whose verdict changed), or the mean
+    per-row loss falls by 1% of the mark's and by more than ``z`` standard errors of the
+    per-row falls. No mark (the phase's first score): progress; no rows: none.
+    """
+    if not now.loss.size:
+        return False
+    if mark is None or mark.loss.shape != now.loss.shape:
+        return True
+    if now.correct is not None and mark.correct is not None:
+        gained = int((now.correct & ~mark.correct).sum())
+        lost = int((mark.correct & ~now.correct).sum())
+        if gained - lost >= 1 and gained - lost > z * math.sqrt(gained + lost):
+            return True
+    if not np.isfinite(now.loss).all():
+        return False
+    if not np.isfinite(mark.loss).all():
+        return True
+    fall = mark.loss - now.loss
+    mean = float(fall.mean())
+    spread = float(fall.std(ddof=1)) / math.sqrt(fall.size) if fall.size > 1 else 0.0
+    return mean > LOSS_PROGRESS * float(mark.loss.mean()) and mean > z * spread
 
 
 @dataclass
@@ -210,7 +229,10 @@ def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_l
         result.steps += chunk
         scores = evaluate()
         result.evaluations += 1
-        snapshot, action = tracker.observe(result.steps, scores.score, progress_of(scores))
+        progressed = beyond_noise(scores, tracker.mark, rule.evidence)
+        if progressed:
+            tracker.mark = scores
+        snapshot, action = tracker.observe(result.steps, scores.score, progressed)
         if snapshot or not best_state:
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             best_scores = scores
