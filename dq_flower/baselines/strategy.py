@@ -32,9 +32,9 @@ from dq_flower.model_ops import (
 )
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
-from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
+from dq_flower.server.common import log_round, make_optimizer, sample_node_ids
 from dq_flower.server.majority import bounded_mean, robust_buffers
-from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
+from dq_flower.server.pipeline import FailureWatch, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 from dq_flower.wire.gradient import (
