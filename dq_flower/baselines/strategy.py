@@ -28,7 +28,6 @@ from dq_flower.model_ops import (
     num_params,
     set_flat,
     set_float_buffers,
-    state_arrays,
 )
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
@@ -255,8 +254,7 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
             "rolled-back": self.rolled_back,
         })
         figures.log(self.method, rnd.number, f"{figures.replies} replies", len(kept.misaligned))
-        self._returned = state_arrays(self.model)
-        return self._returned, MetricRecord(metrics)
+        return self._return_arrays(), MetricRecord(metrics)
 
     @classmethod
     def from_run_config(cls, model: torch.nn.Module, run_config: Mapping[str, Any],

@@ -48,7 +48,7 @@ from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
-from dq_flower.model_ops import LossFn, input_width, state_arrays
+from dq_flower.model_ops import LossFn, input_width
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
 from dq_flower.server.common import log_rejected, log_round, make_optimizer, sample_node_ids
@@ -383,8 +383,7 @@ class DQStrategy(ModelStrategy, Strategy):
             metrics = self.gradients.step(rnd.number, rnd.screened, kept, rnd.plan.plan)
         else:
             metrics = self._data_round(rnd, kept)
-        self._returned = state_arrays(self.model)
-        return self._returned, MetricRecord(metrics)
+        return self._return_arrays(), MetricRecord(metrics)
 
     def _data_round(self, rnd: ServerRound[_Round], kept: _Checked) -> Metrics:
         """Store the checked uploads, train; the round's metrics."""
