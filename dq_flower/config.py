@@ -129,10 +129,10 @@ class Knob:
     def __set_name__(self, owner: type, name: str) -> None:
         self.name, self.key, self._owner = name, _key(name), owner
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self.default  # what dataclasses read as the field's default
-        return obj.__dict__[self.name]
+    # no __get__: an instance's value is read from its __dict__ with no Python call; the
+    # class attribute, the Knob, is what dataclasses take as the default (see __set__)
+    def __repr__(self) -> str:
+        return repr(self.default)  # how a signature shows the default
 
     def _coerced(self, value: Any) -> Any:
         if self.coerce is not None:
@@ -146,9 +146,9 @@ class Knob:
         return coerce_type(self._kind, value)
 
     def __set__(self, obj: Any, value: Any) -> None:
-        if self.unset is not NO_SPELLING and (value is None or (
-                type(value) is not bool and value == self.unset)):
-            value = self.default
+        if isinstance(value, Knob) or (self.unset is not NO_SPELLING and (
+                value is None or (type(value) is not bool and value == self.unset))):
+            value = self.default  # a Knob: the dataclass __init__'s default, the field
         if value is None:
             if self.default is not None:
                 raise ValueError(f"{self.key}: must be given a value, got None")

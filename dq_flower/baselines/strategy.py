@@ -28,13 +28,12 @@ from dq_flower.model_ops import (
     num_params,
     set_flat,
     set_float_buffers,
-    state_arrays,
 )
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
-from dq_flower.server.common import FailureWatch, log_round, make_optimizer, sample_node_ids
+from dq_flower.server.common import log_round, make_optimizer, sample_node_ids
 from dq_flower.server.majority import bounded_mean, robust_buffers
-from dq_flower.server.pipeline import UpdateFigures, UpdateScreens
+from dq_flower.server.pipeline import FailureWatch, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
 from dq_flower.wire.gradient import (
@@ -255,8 +254,7 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
             "rolled-back": self.rolled_back,
         })
         figures.log(self.method, rnd.number, f"{figures.replies} replies", len(kept.misaligned))
-        self._returned = state_arrays(self.model)
-        return self._returned, MetricRecord(metrics)
+        return self._return_arrays(), MetricRecord(metrics)
 
     @classmethod
     def from_run_config(cls, model: torch.nn.Module, run_config: Mapping[str, Any],

@@ -210,6 +210,11 @@ class ModelStrategy(RoundPipeline, FederatedEvaluation):
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         self._returned = arrays
 
+    def _return_arrays(self) -> ArrayRecord:
+        """The model's arrays for the round's result (known to :meth:`_load_arrays` again)."""
+        self._returned = ArrayRecord(self.model.state_dict())  # Flower copies to the CPU
+        return self._returned
+
 
 #: Run-config keys every strategy accepts without reading them (``strategy.start`` takes
 #: the number of rounds; nearly every Flower app's run config has it).

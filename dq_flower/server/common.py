@@ -1,4 +1,4 @@
-"""What every strategy of the package shares: node sampling, optimizers, logging, failures."""
+"""What every strategy of the package shares: node sampling, optimizers, logging, run errors."""
 
 from __future__ import annotations
 
@@ -8,17 +8,13 @@ from logging import INFO, WARNING
 
 import numpy as np
 import torch
-from flwr.app import Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
-from dq_flower.server.client_errors import failed_node, failure_cause
-from dq_flower.wire.node_errors import node_config_problem
-from dq_flower.wire.partition import without_partition
 
 __all__ = ["sample_node_ids", "wait_for_nodes", "make_optimizer", "log_rejected", "log_round",
-           "FailureWatch", "ClientFailureError", "NodeConfigurationError", "REPLY_ERRORS"]
+           "ClientFailureError", "NodeConfigurationError", "REPLY_ERRORS"]
 
 #: What a reply validator may raise for a malformed reply.
 REPLY_ERRORS = (PayloadError, ValueError, KeyError, TypeError)
@@ -102,49 +98,3 @@ class ClientFailureError(RuntimeError):
 
 class NodeConfigurationError(ClientFailureError):
     """A node replied that it cannot answer the run as configured: the run stops at once."""
-
-
-class FailureWatch:
-    """Stop a run whose every sampled client fails ``limit`` rounds in a row (0: never)."""
-
-    def __init__(self, limit: int, name: str, announce: bool = True) -> None:
-        self.limit = int(limit)
-        self.name = name
-        self.announce = announce
-        self.streak = 0
-        self.first_error = ""
-
-    def observe(self, replies: list[Message], silent: int = 0, counts: bool = True) -> None:
-        """Record one round's replies (``silent``: nodes that sent nothing); raise at the limit."""
-        errors = [m for m in replies if m.has_error()]
-        if self.announce:
-            log(INFO, "aggregate_train: Received %s results and %s failures",
-                len(replies) - len(errors), len(errors) + silent)
-        for message in errors:
-            reason = str(message.error.reason)
-            problem = node_config_problem(reason)
-            if problem is not None:
-                raise NodeConfigurationError(
-                    f"[{self.name}] {failed_node(message.metadata.src_node_id, reason)} cannot "
-                    f"run as configured: {without_partition(problem)}")
-        if not counts or (not replies and not silent):
-            return
-        if len(errors) < len(replies):
-            self.streak, self.first_error = 0, ""
-            return
-        self.streak += 1
-        if not self.first_error:
-            self.first_error = (self._first(errors[0]) if errors else
-                                f": no reply from the {silent} sampled node(s) before the "
-                                "round's timeout")
-        if self.limit and self.streak >= self.limit:
-            raise ClientFailureError(
-                f"[{self.name}] every sampled client failed for {self.streak} consecutive "
-                f"rounds; first client error{self.first_error}")
-
-    @staticmethod
-    def _first(error: Message) -> str:
-        """``, from node 5 (partition 2): ValueError: ...`` for a failed reply."""
-        reason = str(error.error.reason)
-        return (f", from {failed_node(error.metadata.src_node_id, reason)}: "
-                f"{failure_cause(reason)}")

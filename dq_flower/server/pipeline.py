@@ -1,7 +1,8 @@
 """One server round's replies, the same steps for every strategy of the package.
 
-:func:`screen_replies` screens and decodes replies; :func:`bound_vectors` screens, clips
-and weighs uploaded vectors.
+:func:`screen_replies` screens and decodes replies; :class:`FailureWatch` stops a run whose
+every sampled client keeps failing; :func:`bound_vectors` screens, clips and weighs uploaded
+vectors.
 """
 
 from __future__ import annotations
@@ -9,15 +10,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from flwr.app import Message, MetricRecordValues
 from flwr.common.logger import log
 
-from dq_flower.server.client_errors import FAILED_REPLIES
-from dq_flower.server.common import REPLY_ERRORS, log_rejected, log_round
+from dq_flower.server.client_errors import FAILED_REPLIES, failed_node, failure_cause
+from dq_flower.server.common import (
+    REPLY_ERRORS,
+    ClientFailureError,
+    NodeConfigurationError,
+    log_rejected,
+    log_round,
+)
 from dq_flower.server.robust import (
     DirectionScreen,
     NormScreen,
@@ -26,9 +33,11 @@ from dq_flower.server.robust import (
     clip_to_median,
     hold_against,
 )
+from dq_flower.wire.node_errors import node_config_problem
+from dq_flower.wire.partition import without_partition
 
-__all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "Bounded",
-           "bound_vectors", "UpdateScreens", "UpdateFigures"]
+__all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "FailureWatch",
+           "Bounded", "bound_vectors", "UpdateScreens", "UpdateFigures"]
 
 T = TypeVar("T")
 
@@ -136,6 +145,52 @@ def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
         out.silent = len(set(sent) - seen)
         out.failed += out.silent
     return out
+
+
+class FailureWatch:
+    """Stop a run whose every sampled client fails ``limit`` rounds in a row (0: never)."""
+
+    def __init__(self, limit: int, name: str, announce: bool = True) -> None:
+        self.limit = int(limit)
+        self.name = name
+        self.announce = announce
+        self.streak = 0
+        self.first_error = ""
+
+    def observe(self, replies: list[Message], silent: int = 0, counts: bool = True) -> None:
+        """Record one round's replies (``silent``: nodes that sent nothing); raise at the limit."""
+        errors = [m for m in replies if m.has_error()]
+        if self.announce:
+            log(INFO, "aggregate_train: Received %s results and %s failures",
+                len(replies) - len(errors), len(errors) + silent)
+        for message in errors:
+            reason = str(message.error.reason)
+            problem = node_config_problem(reason)
+            if problem is not None:
+                raise NodeConfigurationError(
+                    f"[{self.name}] {failed_node(message.metadata.src_node_id, reason)} cannot "
+                    f"run as configured: {without_partition(problem)}")
+        if not counts or (not replies and not silent):
+            return
+        if len(errors) < len(replies):
+            self.streak, self.first_error = 0, ""
+            return
+        self.streak += 1
+        if not self.first_error:
+            self.first_error = (self._first(errors[0]) if errors else
+                                f": no reply from the {silent} sampled node(s) before the "
+                                "round's timeout")
+        if self.limit and self.streak >= self.limit:
+            raise ClientFailureError(
+                f"[{self.name}] every sampled client failed for {self.streak} consecutive "
+                f"rounds; first client error{self.first_error}")
+
+    @staticmethod
+    def _first(error: Message) -> str:
+        """``, from node 5 (partition 2): ValueError: ...`` for a failed reply."""
+        reason = str(error.error.reason)
+        return (f", from {failed_node(error.metadata.src_node_id, reason)}: "
+                f"{failure_cause(reason)}")
 
 
 @dataclass

@@ -22,7 +22,8 @@ from dq_flower.server.client_errors import (
     failure_cause,
     one_traceback_per_cause,
 )
-from dq_flower.server.common import ClientFailureError, FailureWatch
+from dq_flower.server.common import ClientFailureError
+from dq_flower.server.pipeline import FailureWatch
 from dq_flower.torch_support import TorchUnavailableError
 from dq_flower.wire.partition import name_partition, names_partition, partition_of, partition_tag
 

@@ -4,7 +4,8 @@ import pytest
 from flwr.app import Message, RecordDict
 
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.server.common import ClientFailureError, FailureWatch, NodeConfigurationError
+from dq_flower.server.common import ClientFailureError, NodeConfigurationError
+from dq_flower.server.pipeline import FailureWatch
 from dq_flower.wire.node_errors import MARKER, NodeConfigError, node_config_problem
 from dq_flower.wire.partition import names_partition
 

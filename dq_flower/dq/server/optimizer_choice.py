@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from flwr.common.logger import log
 
-from dq_flower.config import OPTIMIZERS
+from dq_flower.config import OPTIMIZERS, knobs_of
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseStart, PlateauRule, train_phase
@@ -314,7 +314,7 @@ def _score_text(scores: HeldOutScores) -> str:
 
 def apply_train_config(trainer: Probed, config: Mapping[str, Any]) -> None:
     """Honour a ``train_config``'s optimizer and step size in ``trainer`` (see above)."""
-    lr_default = float(DQConfig.lr)  # the field's default (a knob reads as it)
+    lr_default = float(knobs_of(DQConfig)["lr"].default)
     name, lr, reasons = from_train_config(config, trainer.cfg.optimizer, trainer.cfg.lr,
                                           lr_default)
     for reason in reasons:

@@ -48,17 +48,11 @@ from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
-from dq_flower.model_ops import LossFn, input_width, state_arrays
+from dq_flower.model_ops import LossFn, input_width
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
-from dq_flower.server.common import (
-    FailureWatch,
-    log_rejected,
-    log_round,
-    make_optimizer,
-    sample_node_ids,
-)
-from dq_flower.server.pipeline import RoundLedger
+from dq_flower.server.common import log_rejected, log_round, make_optimizer, sample_node_ids
+from dq_flower.server.pipeline import FailureWatch, RoundLedger
 from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
@@ -126,7 +120,7 @@ class DQStrategy(ModelStrategy, Strategy):
         Nodes that must be connected before a round samples (as in Flower's strategies).
     fraction_evaluate, min_evaluate_nodes
         Federated evaluation (off by default): see
-        :class:`~dq_flower.server.common.FederatedEvaluation`.
+        :class:`~dq_flower.server.evaluation.FederatedEvaluation`.
     num_classes : int, optional
         Classes of integer targets; default: the width of the model's output.
     data_spec : DataSpec, optional
@@ -389,8 +383,7 @@ class DQStrategy(ModelStrategy, Strategy):
             metrics = self.gradients.step(rnd.number, rnd.screened, kept, rnd.plan.plan)
         else:
             metrics = self._data_round(rnd, kept)
-        self._returned = state_arrays(self.model)
-        return self._returned, MetricRecord(metrics)
+        return self._return_arrays(), MetricRecord(metrics)
 
     def _data_round(self, rnd: ServerRound[_Round], kept: _Checked) -> Metrics:
         """Store the checked uploads, train; the round's metrics."""
