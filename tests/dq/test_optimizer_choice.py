@@ -12,7 +12,13 @@ from flwr.app import ArrayRecord, ConfigRecord
 from torch import nn
 
 import dq_flower
-from dq_flower.dq.server.optimizer_choice import ADAM_LR, candidates, from_train_config, pick
+from dq_flower.dq.server.optimizer_choice import (
+    ADAM_LR,
+    _decided,
+    candidates,
+    from_train_config,
+    pick,
+)
 from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.harness.inprocess import InProcessGrid
 
@@ -50,6 +56,24 @@ def test_a_first_candidate_gone_non_finite_loses_to_a_finite_one():
     assert pick([None, ok])[0] == 1
     assert pick([_scores(np.ones(20), loss=float("nan")), ok])[0] == 1
     assert pick([None, None])[0] == 0  # nothing better: the default
+
+
+def _losses(mean_fall):
+    """100 held-out losses falling by ``mean_fall`` on average from 1.0, spread +-0.3."""
+    spread = np.where(np.arange(100) % 2 == 0, 0.3, -0.3)
+    return HeldOutScores(1.0 - mean_fall + spread, None, np.zeros(100, dtype=np.uint64))
+
+
+def test_the_probe_ends_at_its_half_only_beyond_three_standard_errors():
+    first = HeldOutScores(np.ones(100), None, np.zeros(100, dtype=np.uint64))
+    # standard error of the paired fall: 0.3 / sqrt(100) = 0.03
+    assert _decided([first, _losses(0.2)])  # a later one lower by 6.7 standard errors
+    assert not _decided([first, _losses(0.06)])  # by 2: the end decides...
+    assert pick([first, _losses(0.06)])[0] == 1  # ...where it wins (beyond 1.645)
+    assert _decided([first, _losses(-0.2)])  # every other higher by 6.7: the first stays
+    assert not _decided([first, _losses(-0.06)])
+    assert _decided([None, _losses(0.0)])  # the first went non-finite
+    assert _decided([first, None])  # every other did
 
 
 def test_candidates_are_sgd_at_lr_then_adam_at_its_own_or_the_given_step_size():

@@ -165,6 +165,8 @@ class Continuation:
 #: at most a :data:`PROBE_SHARE`-th of the phase's step cap).
 PROBE_EVALUATIONS = 4
 PROBE_SHARE = 4
+#: Standard errors by which the probe's candidates must differ to end it at its half.
+EARLY_Z = 3.0
 
 
 class Probed(Protocol):
@@ -213,8 +215,9 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
 
     Every candidate starts from the same weights and draws the same minibatches (a copy
     of ``rng``); they take turns of ``plateau-eval-every`` steps, and from the probe's half
-    on the race ends as soon as :func:`pick` tells them apart beyond the uncertainty (or all
-    but one went non-finite), so a clear loser costs half a probe. The winner's probe is
+    on the race ends as soon as they differ beyond :data:`EARLY_Z` standard errors or the
+    first went non-finite (:func:`_decided`), so a clear loser costs half a probe; else
+    :func:`pick` decides at the end. The winner's probe is
     not thrown away: the model, the optimizer and ``rng`` are left where its probe ended,
     and the returned continuation lets the phase go on from there (``None``: no held-out
     rows, no probe).
@@ -264,17 +267,24 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
 
 
 def _decided(scores: list[HeldOutScores | None]) -> bool:
-    """Whether the probe's outcome is clear.
+    """Whether the probe's outcome is clear before its end.
 
-    A later candidate wins beyond the uncertainty, the first went non-finite, or every other
-    is worse than the first beyond it.
+    The first went non-finite, or the held-out losses differ by more than
+    :data:`EARLY_Z` standard errors (a later candidate lower and not worse in accuracy, or
+    every other higher): a stricter bar than :func:`pick`'s at the end, so an optimizer
+    that merely starts faster does not win by an early look (Haybittle and Peto's rule).
     """
     first = scores[0]
-    if pick(scores)[1] is not None or not _finite(first):
+    if not _finite(first):
         return True
     assert first is not None
-    return all(significantly_worse(paired_gain(_losses(first), _losses(s)))
-               for s in scores[1:] if s is not None and _finite(s))
+    gains = [paired_gain(_losses(first), _losses(s)) if s is not None and _finite(s) else None
+             for s in scores[1:]]
+    if any(g is not None and g.gain - EARLY_Z * g.stderr > 0
+           and not significantly_worse(paired_gain(first, s))
+           for g, s in zip(gains, scores[1:], strict=True) if s is not None):
+        return True
+    return all(g.gain + EARLY_Z * g.stderr < 0 for g in gains if g is not None)
 
 
 def _turn(trainer: Probed, racer: _Racer, rule: PlateauRule) -> None:
