@@ -159,13 +159,19 @@ def run_method(method: str, task: TextTask, base: nn.Module, *, rounds: int,
             "device_flops": replies.flops.get(rnd, {name: 0.0 for name in task.names}
                                               if rnd else {}),
             # DQ's server reports the steps it trained (its round metrics join these)
-            "server_steps": int(metrics.get("server-steps", 0))})
+            "server_steps": int(metrics.get("server-steps", 0)),
+            # and the windows it received in the round (0 for the LoRA methods)
+            "windows": int(metrics.get("selected", 0))})
     out: dict[str, Any] = {"method": method, "rounds": rounds, "seconds": seconds,
                            "history": history, "seed": seed}
     if method in LORA_METHODS:
         out["adapter_bytes"] = adapter_bytes(initial)
         out["lora"] = {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)}
         out["local"] = {k: v for k, v in local.config().items()}
-    elif dq_knobs:
-        out["knobs"] = dict(dq_knobs)
+    else:
+        if dq_knobs:
+            out["knobs"] = dict(dq_knobs)
+        store = strategy.store  # which windows of each device the server received
+        out["received"] = {} if store is None else {
+            str(node): store.received(node).tolist() for node in store.clients}
     return out
