@@ -132,8 +132,11 @@ def run_method(method: str, task: TextTask, base: nn.Module, *, rounds: int,
     """Run ``method`` for ``rounds`` rounds from ``base``; its history, JSON-ready.
 
     ``history`` lists round 0 (the base, no bytes) and each round: ``perplexity``, the
-    per-device ``perplexity-<name>``, ``up_bytes`` and ``down_bytes`` of the round, and
-    ``device_flops`` (device name -> the training FLOPs its reply reported).
+    per-device ``perplexity-<name>``, ``up_bytes`` and ``down_bytes`` of the round,
+    ``device_flops`` (device name -> the training FLOPs its reply reported), and for DQ's
+    methods ``server_steps`` and ``windows`` (the windows the server received in the round);
+    a DQ method's ``received`` maps each device's index to the ids of the windows the server
+    received from it (which windows, not only how many).
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
