@@ -15,6 +15,12 @@ settings match), ``summary.md`` and ``perplexity_vs_uplink.png`` under ``--out``
 
     OMP_NUM_THREADS=1 python simulations/text_lora.py --out results/text_lora
 
+``--federation python-docs`` runs the same comparison on a second, technical federation:
+six devices, one per section of the Python documentation (``library``, ``c-api``,
+``reference``, ``howto``, ``tutorial``, ``faq``; see
+:func:`dq_flower.harness.tasks.data.pydocs.load_python_docs`), the base pretrained on the
+other corpus, Jane Austen's six novels, so the pretraining text is not the devices' text.
+
 ``--tiny`` runs a small version on text every Python has (the standard library's
 docstrings: three devices, a few hundred characters each), for the tests.
 """
@@ -47,6 +53,8 @@ from dq_flower.harness.tasks.pretrain import PretrainSettings, pretrained_char_t
 #: --tiny: three devices' text and the pretraining corpus, from standard-library docstrings
 TINY_DEVICES = (("argparse", "csv"), ("logging", "textwrap"), ("decimal", "heapq"))
 TINY_CORPUS = ("json", "difflib", "statistics", "shlex", "fractions", "bisect")
+#: --federation: whose text the devices hold (the base is pretrained on the other corpus)
+FEDERATIONS = ("austen", "python-docs")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="keep the methods already in OUT/results.json run with these settings")
     p.add_argument("--tiny", action="store_true", help="a small run on docstrings (tests)")
+    p.add_argument("--federation", choices=FEDERATIONS, default="austen",
+                   help="the devices' text: Austen's novels (the base pretrained on the "
+                        "Python docs) or the Python docs' sections (the base pretrained on "
+                        "Austen)")
+    p.add_argument("--pydocs-dir", default=None,
+                   help="the folder of the Python docs' HTML pages (default: Debian's)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window", type=int, default=128)
@@ -100,14 +114,28 @@ def _task(args: argparse.Namespace) -> tuple[TextTask, str, Any]:
                                                         args.held_windows), args.window),
                 "docstrings", lambda: _docstrings(TINY_CORPUS))
     from dq_flower.harness.tasks.data.austen import load_austen
-    from dq_flower.harness.tasks.data.pydocs import python_docs_text
+    from dq_flower.harness.tasks.data.pydocs import load_python_docs, python_docs_text
 
-    fed = load_austen(seed=args.seed)
+    if args.federation == "python-docs":
+        fed = load_python_docs(args.pydocs_dir, seed=args.seed)
+
+        def austen_text() -> str:  # the six novels, every chapter, in order
+            novels = load_austen(seed=args.seed).devices
+            return "\n\n".join(d.train + "\n\n" + d.test for d in novels)[:args.pretrain_chars]
+
+        corpus, corpus_text = "austen", austen_text
+    else:
+        fed = load_austen(seed=args.seed)
+        corpus = "python-docs"
+
+        def corpus_text() -> str:
+            return python_docs_text(max_chars=args.pretrain_chars)
+
     names = tuple(d.name for d in fed.devices)
     task = TextTask(names, tuple(d.train[:args.chars] for d in fed.devices),
                     held_out_windows(names, [d.test for d in fed.devices], args.window,
                                      args.held_windows), args.window)
-    return task, "python-docs", lambda: python_docs_text(max_chars=args.pretrain_chars)
+    return task, corpus, corpus_text
 
 
 def _settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
@@ -116,7 +144,10 @@ def _settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
             "pretrain_chars"]
     keys += (["lora_rounds", "local_steps", "local_batch", "lr_max", "lr_min", "rank", "alpha"]
              if method.startswith("lora") else ["dq_rounds", "dq_knobs"])
-    return {k: getattr(args, k) for k in keys}
+    out = {k: getattr(args, k) for k in keys}
+    if args.federation != "austen":  # the default's settings (and --resume) as they were
+        out["federation"] = args.federation
+    return out
 
 
 def _summary(results: dict[str, Any], args: argparse.Namespace, command: str,

@@ -132,8 +132,11 @@ def run_method(method: str, task: TextTask, base: nn.Module, *, rounds: int,
     """Run ``method`` for ``rounds`` rounds from ``base``; its history, JSON-ready.
 
     ``history`` lists round 0 (the base, no bytes) and each round: ``perplexity``, the
-    per-device ``perplexity-<name>``, ``up_bytes`` and ``down_bytes`` of the round, and
-    ``device_flops`` (device name -> the training FLOPs its reply reported).
+    per-device ``perplexity-<name>``, ``up_bytes`` and ``down_bytes`` of the round,
+    ``device_flops`` (device name -> the training FLOPs its reply reported), and for DQ's
+    methods ``server_steps`` and ``windows`` (the windows the server received in the round);
+    a DQ method's ``received`` maps each device's index to the ids of the windows the server
+    received from it (which windows, not only how many).
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
@@ -159,13 +162,19 @@ def run_method(method: str, task: TextTask, base: nn.Module, *, rounds: int,
             "device_flops": replies.flops.get(rnd, {name: 0.0 for name in task.names}
                                               if rnd else {}),
             # DQ's server reports the steps it trained (its round metrics join these)
-            "server_steps": int(metrics.get("server-steps", 0))})
+            "server_steps": int(metrics.get("server-steps", 0)),
+            # and the windows it received in the round (0 for the LoRA methods)
+            "windows": int(metrics.get("selected", 0))})
     out: dict[str, Any] = {"method": method, "rounds": rounds, "seconds": seconds,
                            "history": history, "seed": seed}
     if method in LORA_METHODS:
         out["adapter_bytes"] = adapter_bytes(initial)
         out["lora"] = {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)}
         out["local"] = {k: v for k, v in local.config().items()}
-    elif dq_knobs:
-        out["knobs"] = dict(dq_knobs)
+    else:
+        if dq_knobs:
+            out["knobs"] = dict(dq_knobs)
+        store = strategy.store  # which windows of each device the server received
+        out["received"] = {} if store is None else {
+            str(node): store.received(node).tolist() for node in store.clients}
     return out
