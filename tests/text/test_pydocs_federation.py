@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from dq_flower.harness.tasks.data.pydocs import PYDOCS_SECTIONS, load_python_docs
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
 
 
 def _docs(root: Path, pages: int = 4) -> Path:
@@ -48,12 +45,7 @@ def test_one_device_per_section_whole_pages_held_out(tmp_path):
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("text_lora_fed", ROOT / "simulations" /
-                                                  "text_lora.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["text_lora_fed"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("simulations/text_lora.py", "text_lora_fed")
 
 
 def test_the_script_builds_the_docs_federation_pretrained_on_austen(tmp_path):

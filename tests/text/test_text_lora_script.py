@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("peft")
+from tests.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("peft")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("text_lora", ROOT / "simulations" /
-                                                  "text_lora.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["text_lora"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("simulations/text_lora.py", "text_lora")
 
 
 def test_the_tiny_comparison_counts_every_method_and_resumes(tmp_path):

@@ -77,14 +77,15 @@ def candidates(lr: float, lr_given: bool) -> list[OptimizerChoice]:
             OptimizerChoice("adam", lr if lr_given else ADAM_LR, "held-out")]
 
 
-def pick(scores: list[Any]) -> tuple[int, PairedGain | None]:
+def pick(scores: list[Any], z: float = Z_ONE_SIDED) -> tuple[int, PairedGain | None]:
     """The index of the winning candidate and its paired gain over the first.
 
     ``scores``: each candidate's held-out scores (``HeldOutScores``, ``None`` where it went
     non-finite). The first stands unless it failed, or a later one has a lower held-out loss
     beyond the paired comparison's uncertainty (the relative loss reduction, row by row,
     one-sided 95%: more telling on a few rows than right or wrong) and is not worse in
-    accuracy beyond its own. The gain returned is that relative loss reduction.
+    accuracy beyond its own. The gain returned is that relative loss reduction; ``z``: the
+    standard errors the reduction must exceed.
     """
     first = scores[0]
     best, best_gain = 0, None
@@ -95,7 +96,7 @@ def pick(scores: list[Any]) -> tuple[int, PairedGain | None]:
         if not _finite(s):
             continue
         gain = paired_gain(_losses(first), _losses(s))  # relative loss, row by row
-        if (gain.gain - Z_ONE_SIDED * gain.stderr > 0
+        if (gain.gain - z * gain.stderr > 0
                 and not significantly_worse(paired_gain(first, s))  # nor worse in accuracy
                 and (best_gain is None or gain.gain > best_gain.gain)):
             best, best_gain = i, gain
@@ -275,16 +276,11 @@ def _decided(scores: list[HeldOutScores | None]) -> bool:
     that merely starts faster does not win by an early look (Haybittle and Peto's rule).
     """
     first = scores[0]
-    if not _finite(first):
+    if not _finite(first) or pick(scores, EARLY_Z)[1] is not None:
         return True
     assert first is not None
-    gains = [paired_gain(_losses(first), _losses(s)) if s is not None and _finite(s) else None
-             for s in scores[1:]]
-    if any(g is not None and g.gain - EARLY_Z * g.stderr > 0
-           and not significantly_worse(paired_gain(first, s))
-           for g, s in zip(gains, scores[1:], strict=True) if s is not None):
-        return True
-    return all(g.gain + EARLY_Z * g.stderr < 0 for g in gains if g is not None)
+    return all(significantly_worse(paired_gain(_losses(first), _losses(s)), EARLY_Z)
+               for s in scores[1:] if s is not None and _finite(s))
 
 
 def _turn(trainer: Probed, racer: _Racer, rule: PlateauRule) -> None:

@@ -77,9 +77,9 @@ def paired_gain(before: HeldOutScores, after: HeldOutScores) -> PairedGain:
     return PairedGain(float(diff.mean()), math.sqrt(var / n), e0, e1, n)
 
 
-def significantly_worse(gain: PairedGain) -> bool:
-    """Whether the new model is worse than the old one beyond the comparison's uncertainty."""
-    return gain.gain + Z_ONE_SIDED * gain.stderr < 0
+def significantly_worse(gain: PairedGain, z: float = Z_ONE_SIDED) -> bool:
+    """Whether the new model is worse than the old one beyond ``z`` standard errors."""
+    return gain.gain + z * gain.stderr < 0
 
 
 def pooled(points: list[tuple[float, float]]) -> tuple[float, float]:
