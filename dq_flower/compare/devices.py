@@ -150,23 +150,25 @@ class ModelFlops:
         return cls(float(data["forward"]), float(data["train"]))
 
 
-def model_flops(model: Any, input_shape: Sequence[int], batch: int = 8) -> ModelFlops:
+def model_flops(model: Any, input_shape: Sequence[int], batch: int = 8,
+                tokens: bool = False) -> ModelFlops:
     """Count ``model``'s FLOPs per sample, forward and forward + backward, on a copy.
 
     The model takes flat rows or, failing that, ``(batch, *input_shape)``; the count over
-    ``batch`` rows is divided by ``batch``.
+    ``batch`` rows is divided by ``batch``. ``tokens``: the rows are token ids (int64).
     """
     # PyTorch: loaded only where a model is counted
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     model = copy.deepcopy(model).train()
-    x = torch.zeros(batch, math.prod(int(s) for s in input_shape))
+    dtype = torch.int64 if tokens else torch.float32
+    x = torch.zeros(batch, math.prod(int(s) for s in input_shape), dtype=dtype)
     try:
         with torch.no_grad():
             model(x)
     except RuntimeError:
-        x = torch.zeros(batch, *[int(s) for s in input_shape])
+        x = torch.zeros(batch, *[int(s) for s in input_shape], dtype=dtype)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(x)
     forward = counter.get_total_flops()

@@ -19,6 +19,7 @@ from flwr.app import Message
 from dq_flower.model_ops import (
     LossFn,
     inference,
+    model_input,
     resolve_loss,
     targets_tensor,
     weighted_loss_grad,
@@ -116,7 +117,7 @@ def score_windows(scorer: str, model: torch.nn.Module, windows: np.ndarray,
     with inference(model):
         for i in range(0, windows.shape[0], batch):
             ids = windows[i:i + batch]
-            logits = model(torch.as_tensor(ids, dtype=torch.float32, device=dev))
+            logits = model(model_input(ids, dev, tokens=True))
             if scorer == "loss":
                 scores.append(fn(logits, targets_tensor(ids, dev)).reshape(-1).double())
                 continue

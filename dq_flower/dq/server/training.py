@@ -4,10 +4,8 @@
 the others on store minibatches (plus the control variate). ``adaptive``: a round that grew
 the store trains to a plateau of the held-out score and keeps the previous model where the
 new one is significantly worse. A :class:`~dq_flower.server.robust.StepGuard` rolls back a
-non-finite model.
-
-On several processes (the ``server-processes`` knob) a round's training runs in spawned
-workers (:mod:`.processes`).
+non-finite model. On several processes (the ``server-processes`` knob) a round's training
+runs in spawned workers (:mod:`.processes`).
 """
 
 from __future__ import annotations
@@ -161,8 +159,9 @@ class ServerTrainer:
     def threads(self) -> int:
         """``server-threads``, its 0 resolved once the samples' shape is known (1 till then)."""
         if self.auto_threads is None and not self.cfg.server_threads and self.data.spec:
-            rows = self.data.shaped(placeholder_rows(self.data.spec)[0])
-            self.auto_threads = step_threads(self.model, rows, self.cfg.server_batch_size)
+            spec = self.data.spec
+            self.auto_threads = step_threads(self.model, self.data.shaped(placeholder_rows(
+                spec)[0]), self.cfg.server_batch_size, tokens=spec.target == "tokens")
         return self.cfg.server_threads or (1 if self.auto_threads is None else self.auto_threads)
 
     # ------------------------------------------------------------------ the steps

@@ -68,7 +68,7 @@ def _train_flops(model: nn.Module, length: int) -> float:
     """FLOPs of one training step per window (cached on the model: its shape never changes)."""
     cached = getattr(model, "_dq_train_flops", None)
     if cached is None or cached[0] != length:
-        cached = (length, model_flops(model, (length,)).train)
+        cached = (length, model_flops(model, (length,), tokens=True).train)
         model.__dict__["_dq_train_flops"] = cached
     return float(cached[1])
 

@@ -56,12 +56,17 @@ METHODS = LORA_METHODS + DATA_METHODS
 
 @dataclass(frozen=True)
 class TextTask:
-    """Devices' training texts (in order), their held-out windows and the window length."""
+    """Devices' training data (in order), their held-out windows and the window length.
+
+    ``train``: each device's text (UTF-8 bytes as tokens), or its windows of token ids
+    ``(n, window)`` cut by the app's tokenizer, with ``vocab`` its vocabulary size.
+    """
 
     names: tuple[str, ...]
-    train: tuple[str, ...]
+    train: tuple[Any, ...]
     held: HeldOutText
     window: int = 128
+    vocab: int | None = None
 
     @property
     def num_devices(self) -> int:
@@ -100,7 +105,7 @@ def _client(task: TextTask, method: str, base: nn.Module, lora: LoraSettings,
             if method == "dq-scored" and k not in models:
                 models[k] = copy.deepcopy(base)
             reply = dq_train(msg, context, task.train[k], window=task.window,
-                             model=models.get(k))
+                             model=models.get(k), vocab=task.vocab)
         replies.note(msg, reply, task.names[k])
         return reply
 

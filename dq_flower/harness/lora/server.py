@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord
@@ -26,6 +27,7 @@ from dq_flower.harness.lora.adapters import (
 )
 from dq_flower.harness.tasks.pretrain import byte_windows
 from dq_flower.model_ops import next_token_loss
+from dq_flower.text_input import token_windows
 
 __all__ = ["HeldOutText", "lora_fedavg", "initial_adapters", "adapters_evaluate_fn",
            "weights_evaluate_fn", "held_out_windows"]
@@ -92,6 +94,14 @@ def weights_evaluate_fn(model: nn.Module, held: HeldOutText
 
 
 def held_out_windows(names: Sequence[str], texts: Sequence[str], window: int,
-                     per_device: int) -> HeldOutText:
-    """The first ``per_device`` consecutive windows of each held-out text (UTF-8 bytes)."""
-    return HeldOutText(tuple(names), tuple(byte_windows(t, window)[:per_device] for t in texts))
+                     per_device: int, tokenizer: Any = None) -> HeldOutText:
+    """The first ``per_device`` consecutive windows of each held-out text.
+
+    Tokens: the text's UTF-8 bytes, or the ids of ``tokenizer`` (an object with ``encode``).
+    """
+    if tokenizer is None:
+        return HeldOutText(tuple(names),
+                           tuple(byte_windows(t, window)[:per_device] for t in texts))
+    return HeldOutText(tuple(names), tuple(
+        torch.from_numpy(token_windows(t, window, tokenizer=tokenizer)[0][:per_device])
+        for t in texts))

@@ -21,7 +21,7 @@ from torch import nn
 
 from dq_flower.harness.tasks.char_lm import char_transformer
 
-__all__ = ["MODEL_NAMES", "FlatInput", "make_model"]
+__all__ = ["MODEL_NAMES", "FlatInput", "LogitsOnly", "make_model"]
 
 
 class FlatInput(nn.Module):
@@ -35,6 +35,23 @@ class FlatInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Reshape and run the body."""
         return self.body(x.reshape(x.shape[0], *self.shape))
+
+
+class LogitsOnly(nn.Module):
+    """A ``transformers`` causal language model called on token windows, returning logits.
+
+    ``model(ids)`` gives ``(batch, length, vocab)`` logits, as the package's own
+    ``CharTransformer`` does: what DQ's server, the held-out scoring and the LoRA devices
+    call (a ``transformers`` model returns an output object instead).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """The next-token logits at every position of ``ids`` ``(batch, length)``."""
+        return self.model(input_ids=ids, use_cache=False).logits
 
 
 def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]:

