@@ -13,6 +13,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 import dq_flower
 from dq_flower.codecs import PayloadError
 from dq_flower.codecs import tokens as token_coder
+from dq_flower.dq.client.scoring import score_windows
 from dq_flower.dq.server.validation import History, Rules, check_upload
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.model_ops import next_token_loss
@@ -223,3 +224,42 @@ def test_the_copy_screen_sees_windows_sent_again_under_new_ids():
     assert screen.copied(0, rows[0], rows[1]).tolist() == [True] * 4 + [False] * 2
     decoded = layout.dequantize(*rows)
     assert np.array_equal(decoded, again.astype(np.float32))  # the store's rows are exact
+
+
+class _IdsOnly(torch.nn.Module):
+    """A language model that refuses float ids, as ``transformers`` models do."""
+
+    def __init__(self, vocab: int = 101, width: int = 16) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.out = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dtype != torch.int64:
+            raise TypeError(f"token ids must be int64, got {ids.dtype}")
+        return self.out(self.embed(ids))
+
+
+def test_a_model_that_reads_only_integer_ids_trains_and_scores(caplog):
+    torch.manual_seed(0)
+    model = _IdsOnly()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    strategy = dq_flower.DQStrategy(model, seed=0, max_server_steps=20, optimizer="adam",
+                                    lr=0.01)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        result = strategy.start(grid=InProcessGrid(text_app.train, 3),
+                                initial_arrays=ArrayRecord(model.state_dict()), num_rounds=1)
+    assert not [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert strategy.stored > 0
+    x, y, _ = strategy.store.draw(20, np.random.default_rng(0))
+    trained = _IdsOnly()
+    trained.load_state_dict(result.arrays.to_torch_state_dict())
+    before = _IdsOnly()
+    before.load_state_dict(start)
+    ids = torch.as_tensor(y)
+    with torch.no_grad():  # the server's steps lowered the loss on the stored windows
+        assert (next_token_loss(trained(ids), ids).mean()
+                < next_token_loss(before(ids), ids).mean() - 0.1)
+    # a device scores its windows by the same model
+    scores = score_windows("entropy", trained, y[:5])
+    assert scores.shape == (5,) and np.isfinite(scores).all()

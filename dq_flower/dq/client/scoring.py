@@ -101,7 +101,7 @@ def score_windows(scorer: str, model: torch.nn.Module, windows: np.ndarray,
                   loss_fn: LossFn | None = None, batch: int = 64) -> np.ndarray:
     """Importance of token windows ``(n, length)`` under the received model.
 
-    The model reads float32 ids, as the server's store gives them, and returns next-token
+    The model reads int64 ids (:func:`~dq_flower.model_ops.model_input`) and returns next-token
     logits ``(n, length, vocab)``; position ``t`` predicts token ``t + 1``, so a window
     has ``length - 1`` predictions. ``entropy``: their mean predictive entropy (nats, no
     label needed); ``loss``: the window's loss (the mean next-token cross-entropy by

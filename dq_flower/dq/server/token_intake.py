@@ -4,9 +4,9 @@ A token reply (``DataSpec((length,), "tokens", vocab)``) is decoded by
 :func:`~dq_flower.wire.token_batch.decode_token_batch` (shape, vocabulary, counts and
 budget checked before its stream is decoded, ids after), then its counts and weights are
 checked as any data reply's. Its rows are the windows' ids: the store keeps them once, as
-``width`` big-endian bytes per token (:class:`TokenLayout`), decodes them to float32 ids,
-which the model reads as integers, and gives the same ids as the rows' targets
-(``SampleStore.inputs_are_targets``).
+``width`` big-endian bytes per token (:class:`TokenLayout`), decodes them to float32 ids
+(the model reads them as int64: ``model_ops.model_input``) and gives the same ids as the
+rows' targets (``SampleStore.inputs_are_targets``).
 """
 
 from __future__ import annotations
