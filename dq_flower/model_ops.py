@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
-           "next_token_loss", "step_threads", "torch_threads",
+           "next_token_loss", "model_output",
            "resolve_loss", "targets_tensor", "weighted_loss_grad", "weighted_step",
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
@@ -51,7 +51,8 @@ def reads_windows(model: nn.Module, length: int = 2) -> bool:
         return False
     try:
         with inference(model):
-            out = model(torch.zeros(1, length, dtype=torch.int64, device=_device(model)))
+            out = model_output(model(torch.zeros(1, length, dtype=torch.int64,
+                                                 device=_device(model))))
     except Exception:  # noqa: BLE001 - any model that cannot read a window is not one
         return False
     return isinstance(out, torch.Tensor) and out.ndim == 3 and tuple(out.shape[:2]) == (1, length)
@@ -180,6 +181,22 @@ def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -
     return losses
 
 
+def model_output(out: object) -> torch.Tensor:
+    """A model's output as a tensor: itself, or the ``logits`` of an output object.
+
+    ``transformers`` models return such objects (``CausalLMOutputWithPast``,
+    ``ImageClassifierOutput``): their ``logits`` are what a loss reads. ``TypeError`` names
+    anything else.
+    """
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    raise TypeError(f"the model returned {type(out).__name__}: a tensor (or an object with "
+                    "a .logits tensor, as transformers models return) is needed")
+
+
 def model_input(x: np.ndarray | torch.Tensor, device: torch.device, tokens: bool) -> torch.Tensor:
     """Samples as the model reads them: token windows as int64 ids, other samples float32."""
     t = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.ascontiguousarray(x))
@@ -206,7 +223,7 @@ def weighted_loss_grad(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.nda
     params = list(model.parameters())
     xt, yt, wt = _batch_tensors(model, x, y, w)
     with torch.enable_grad():
-        loss = (_per_sample(resolve_loss(loss_fn), model(xt), yt) * wt).sum()
+        loss = (_per_sample(resolve_loss(loss_fn), model_output(model(xt)), yt) * wt).sum()
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
                       for g, p in zip(grads, params, strict=True)])
@@ -223,7 +240,7 @@ def weighted_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: np.ndar
     xt, yt, wt = _batch_tensors(model, x, y, w)
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():
-        loss = (_per_sample(resolve_loss(loss_fn), model(xt), yt) * wt).sum()
+        loss = (_per_sample(resolve_loss(loss_fn), model_output(model(xt)), yt) * wt).sum()
         loss.backward()
     for p in model.parameters():
         if p.grad is None and p.requires_grad:
@@ -261,46 +278,6 @@ def apply_flat_grad(model: nn.Module, optimizer: torch.optim.Optimizer, grad: np
     optimizer.zero_grad(set_to_none=True)
 
 
-#: A server step (forward and backward of one minibatch) below this many FLOPs runs on one
-#: thread under ``server-threads = 0``: threads gain such a step little on an idle machine
-#: and cost it many times over where another process takes a core (docs/measuring.md).
-SMALL_STEP_FLOPS = 100e6
-
-
-def step_threads(model: nn.Module, rows: np.ndarray, batch: int, tokens: bool = False) -> int:
-    """``server-threads = 0``'s choice for ``model``: 1 for a small step, else 0 (PyTorch's).
-
-    The step's FLOPs are counted once (PyTorch's ``FlopCounterMode``) on ``rows`` (a few
-    placeholder rows shaped as samples), forward in eval mode without gradients, taken
-    three times for forward and backward and scaled to ``batch`` rows. A model that cannot
-    be counted so trains on one thread.
-    """
-    # the FLOP counter: loaded only where a server first counts a step
-    from torch.utils.flop_counter import FlopCounterMode
-
-    xt = model_input(rows, _device(model), tokens)
-    try:
-        with inference(model), FlopCounterMode(display=False) as counter:
-            model(xt)
-    except Exception:  # noqa: BLE001 - any model: counting is a speed hint only
-        return 1
-    step = 3 * counter.get_total_flops() * batch / max(len(xt), 1)
-    return 1 if step < SMALL_STEP_FLOPS else 0
-
-
-@contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """PyTorch's intra-op threads set to ``threads`` (0: left as they are), then restored."""
-    before = torch.get_num_threads()
-    if threads > 0 and threads != before:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
-
-
 @contextmanager
 def inference(model: nn.Module) -> Iterator[None]:
     """Eval mode without gradients; the model's train/eval mode is restored on exit."""
@@ -332,7 +309,7 @@ def evaluate(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | tor
     total_loss, correct = 0.0, 0
     with inference(model):
         for i in range(0, xt.shape[0], batch_size):
-            out = model(xt[i:i + batch_size])
+            out = model_output(model(xt[i:i + batch_size]))
             yb = yt[i:i + batch_size]
             total_loss += float(_per_sample(fn, out, yb).sum())
             if classes:
@@ -355,7 +332,7 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
     losses, hits = [], []
     with inference(model):
         for i in range(0, len(x), batch_size):
-            out = model(model_input(x[i:i + batch_size], dev, windows))
+            out = model_output(model(model_input(x[i:i + batch_size], dev, windows)))
             yb = yt[i:i + batch_size]
             losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
             if classes:
@@ -422,7 +399,7 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
         rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
         dev = next(model.parameters()).device
         with torch.no_grad():
-            out = model(model_input(rows, dev, spec.target == "tokens"))
+            out = model_output(model(model_input(rows, dev, spec.target == "tokens")))
         classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
         if spec.target == "class" and int(y.max()) >= classes:
             raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")

@@ -12,8 +12,8 @@ import torch
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
+from dq_flower.dq.server.threads import step_threads, torch_threads
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.model_ops import step_threads, torch_threads
 from dq_flower.wire.dq_batch import DataSpec
 
 DIM, CLASSES = 12, 3

@@ -226,8 +226,15 @@ def test_the_copy_screen_sees_windows_sent_again_under_new_ids():
     assert np.array_equal(decoded, again.astype(np.float32))  # the store's rows are exact
 
 
+class _Output:
+    """An output object with ``logits``, as ``transformers`` models return."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
 class _IdsOnly(torch.nn.Module):
-    """A language model that refuses float ids, as ``transformers`` models do."""
+    """A language model as ``transformers`` has them: int64 ids in, an output object out."""
 
     def __init__(self, vocab: int = 101, width: int = 16) -> None:
         super().__init__()
@@ -237,7 +244,7 @@ class _IdsOnly(torch.nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dtype != torch.int64:
             raise TypeError(f"token ids must be int64, got {ids.dtype}")
-        return self.out(self.embed(ids))
+        return _Output(self.out(self.embed(ids)))
 
 
 def test_a_model_that_reads_only_integer_ids_trains_and_scores(caplog):
@@ -258,8 +265,14 @@ def test_a_model_that_reads_only_integer_ids_trains_and_scores(caplog):
     before.load_state_dict(start)
     ids = torch.as_tensor(y)
     with torch.no_grad():  # the server's steps lowered the loss on the stored windows
-        assert (next_token_loss(trained(ids), ids).mean()
-                < next_token_loss(before(ids), ids).mean() - 0.1)
+        assert (next_token_loss(trained(ids).logits, ids).mean()
+                < next_token_loss(before(ids).logits, ids).mean() - 0.1)
     # a device scores its windows by the same model
     scores = score_windows("entropy", trained, y[:5])
     assert scores.shape == (5,) and np.isfinite(scores).all()
+
+
+def test_a_model_output_without_logits_is_named():
+    assert torch.equal(dq_flower.model_ops.model_output(_Output(torch.ones(2))), torch.ones(2))
+    with pytest.raises(TypeError, match="the model returned dict"):
+        dq_flower.model_ops.model_output({"logits": torch.ones(2)})

@@ -20,6 +20,7 @@ from dq_flower.model_ops import (
     LossFn,
     inference,
     model_input,
+    model_output,
     resolve_loss,
     targets_tensor,
     weighted_loss_grad,
@@ -70,7 +71,7 @@ def score_candidates(
             yb = targets_tensor(y[i:i + 1024], dev)
             if scorer in ("loss", "entropy", "margin"):
                 with torch.no_grad():
-                    out = model(xb)
+                    out = model_output(model(xb))
                     if scorer == "loss":
                         scores.append(fn(out, yb).reshape(-1))
                         continue
@@ -83,7 +84,7 @@ def score_candidates(
                     scores.append(1.0 - gap)
                 continue
             with torch.enable_grad():
-                out = model(xb).detach().requires_grad_(True)
+                out = model_output(model(xb)).detach().requires_grad_(True)
                 (dz,) = torch.autograd.grad(fn(out, yb).sum(), out)
             norm = dz.reshape(dz.shape[0], -1).norm(dim=1)
             if "h" in captured:
@@ -117,7 +118,7 @@ def score_windows(scorer: str, model: torch.nn.Module, windows: np.ndarray,
     with inference(model):
         for i in range(0, windows.shape[0], batch):
             ids = windows[i:i + batch]
-            logits = model(model_input(ids, dev, tokens=True))
+            logits = model_output(model(model_input(ids, dev, tokens=True)))
             if scorer == "loss":
                 scores.append(fn(logits, targets_tensor(ids, dev)).reshape(-1).double())
                 continue

@@ -34,14 +34,13 @@ from dq_flower.dq.server.optimizer_choice import (
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.server.processes import check_portable, sharded_phase, sharded_steps
 from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
+from dq_flower.dq.server.threads import step_threads, torch_threads
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import (
     LossFn,
     apply_flat_grad,
     per_sample_results,
     placeholder_rows,
-    step_threads,
-    torch_threads,
     weighted_loss_grad,
     weighted_step,
 )
