@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from dq_flower.dq.server import training
-from dq_flower.model_ops import apply_flat_grad, weighted_loss_grad, weighted_step
+from dq_flower.model_ops import apply_flat_grad, evaluate, weighted_loss_grad, weighted_step
 
 from .test_optimizer_choice import _run_wine
 
@@ -115,3 +115,34 @@ def test_probes_that_all_go_non_finite_leave_the_phase_its_starting_weights(monk
     monkeypatch.setattr(training, "probe", recording)
     _run_wine()
     assert seen == [(None, True)]
+
+
+class _Output:
+    """An output object holding ``logits``, as ``transformers`` classifiers return."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+class _ObjectOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> _Output:
+        return _Output(self.fc(x))
+
+
+def test_a_model_returning_an_output_object_trains_and_evaluates_as_its_logits():
+    torch.manual_seed(0)
+    model = _ObjectOut()
+    plain = nn.Sequential()  # the same weights, returning the tensor itself
+    plain.append(nn.Linear(4, 3))
+    plain[0].load_state_dict(model.fc.state_dict())
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 3, 8)
+    w = np.full(8, 1 / 8, np.float32)
+    loss, grad = weighted_loss_grad(model, x, y, w)
+    loss_plain, grad_plain = weighted_loss_grad(plain, x, y, w)
+    assert loss == pytest.approx(loss_plain) and np.allclose(grad, grad_plain)
+    assert evaluate(model, x, y) == pytest.approx(evaluate(plain, x, y))
