@@ -208,7 +208,10 @@ def _summary(results: dict[str, Any], args: argparse.Namespace, command: str,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.tiny and args.model != "char-transformer":
+        parser.error("--tiny runs the tiny CharTransformer only (not --model smollm2)")
     defaults = (TINY_DEFAULTS if args.tiny
                 else SMOLLM2_DEFAULTS if args.model == "smollm2" else {})
     given = {a.lstrip("-").split("=")[0].replace("-", "_") for a in (argv or sys.argv[1:])}

@@ -100,3 +100,9 @@ def test_the_smollm2_path_runs_with_a_tiny_llama(tmp_path, monkeypatch):
     assert dq["history"][1]["perplexity"] < dq["history"][0]["perplexity"]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "Base: SmolLM2-135M-Instruct" in summary and "windows of 16 tokens" in summary
+
+
+def test_tiny_refuses_another_model(capsys):
+    with pytest.raises(SystemExit):
+        _script().main(["--tiny", "--model", "smollm2", "--out", "unused"])
+    assert "--tiny runs the tiny CharTransformer only" in capsys.readouterr().err
