@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
            "next_token_loss", "model_output",
-           "resolve_loss", "targets_tensor", "weighted_loss_grad", "weighted_step",
+           "resolve_loss", "targets_tensor", "weighted_loss_grad", "WeightedSteps",
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
            "from_arrays", "get_flat", "float_buffers", "set_float_buffers", "load_arrays",
@@ -230,24 +230,40 @@ def weighted_loss_grad(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.nda
     return float(loss.detach()), flat.detach().cpu().numpy().astype(np.float32, copy=True)
 
 
-def weighted_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: np.ndarray,
-                  y: np.ndarray, w: np.ndarray, loss_fn: LossFn | None = None) -> float:
-    """One optimizer step on ``sum_i w_i loss(model(x_i), y_i)``; returns that loss.
+class WeightedSteps:
+    """Plain PyTorch steps on ``sum_i w_i loss(model(x_i), y_i)``, one minibatch at a time.
 
     The step :func:`weighted_loss_grad` then :func:`apply_flat_grad` take, without the flat
-    vector: a parameter the loss does not reach gets a zero gradient as there.
+    vector: a parameter the loss does not reach gets a zero gradient as there. The model's
+    parameters, device and loss are looked up once; the gradients are cleared before each
+    step and by :meth:`close` after the last.
     """
-    xt, yt, wt = _batch_tensors(model, x, y, w)
-    optimizer.zero_grad(set_to_none=True)
-    with torch.enable_grad():
-        loss = (_per_sample(resolve_loss(loss_fn), model_output(model(xt)), yt) * wt).sum()
-        loss.backward()
-    for p in model.parameters():
-        if p.grad is None and p.requires_grad:
-            p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(loss.detach())
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 loss_fn: LossFn | None = None) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.loss_fn = resolve_loss(loss_fn)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.device = _device(model)
+
+    def step(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+        """One optimizer step on the weighted minibatch; returns its loss."""
+        yt = targets_tensor(y, self.device)
+        xt = model_input(x, self.device, _windows(yt))
+        wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.enable_grad():
+            loss = (_per_sample(self.loss_fn, model_output(self.model(xt)), yt) * wt).sum()
+            loss.backward()
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def close(self) -> None:
+        """Clear the gradients the last step left."""
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def loss_and_grad(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,

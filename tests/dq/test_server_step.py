@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from dq_flower.dq.server import training
-from dq_flower.model_ops import apply_flat_grad, evaluate, weighted_loss_grad, weighted_step
+from dq_flower.model_ops import WeightedSteps, apply_flat_grad, evaluate, weighted_loss_grad
 
 from .test_optimizer_choice import _run_wine
 
@@ -31,6 +31,7 @@ def test_the_plain_step_moves_the_model_exactly_as_the_flat_gradient_step(make):
     rng = np.random.default_rng(0)
     flat_model, plain_model = _WithUnused(), _WithUnused()
     flat_opt, plain_opt = make(flat_model.parameters()), make(plain_model.parameters())
+    plain = WeightedSteps(plain_model, plain_opt)
     for _ in range(5):
         x = rng.normal(size=(16, 6)).astype(np.float32)
         y = rng.integers(0, 3, 16)
@@ -38,11 +39,12 @@ def test_the_plain_step_moves_the_model_exactly_as_the_flat_gradient_step(make):
         w /= w.sum()
         loss_flat, grad = weighted_loss_grad(flat_model, x, y, w)
         apply_flat_grad(flat_model, flat_opt, grad)
-        loss_plain = weighted_step(plain_model, plain_opt, x, y, w)
-        assert loss_plain == loss_flat
+        assert plain.step(x, y, w) == loss_flat
+        assert plain_model.unused.weight.grad is not None  # zero, as the flat path's
     for a, b in zip(flat_model.state_dict().values(), plain_model.state_dict().values(),
                     strict=True):
         assert torch.equal(a, b)
+    plain.close()
     assert all(p.grad is None for p in plain_model.parameters())
 
 

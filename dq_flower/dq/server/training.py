@@ -38,11 +38,11 @@ from dq_flower.dq.server.threads import step_threads, torch_threads
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import (
     LossFn,
+    WeightedSteps,
     apply_flat_grad,
     per_sample_results,
     placeholder_rows,
     weighted_loss_grad,
-    weighted_step,
 )
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.common import log_round, make_optimizer
@@ -240,8 +240,7 @@ class ServerTrainer:
         ``sharded``: on the ``server-processes`` workers where there are several (the
         optimizer probe's single steps stay in this process).
         """
-        if rng is None:
-            rng = self.batch_rng(server_round)
+        rng = self.batch_rng(server_round) if rng is None else rng
         store = self.data.store
         if store is None or len(store) == 0:
             return []
@@ -255,19 +254,22 @@ class ServerTrainer:
         batches = store.draw_batches(steps, self.cfg.server_batch_size, rng,
                                      "importance" if correction is not None else
                                      self.cfg.store_weights, skip=self.excluded)
+        plain = (WeightedSteps(self.model, self.optimizer, self.loss_fn)  # no flat gradient
+                 if correction is None and self.batch_gradient is weighted_loss_grad else None)
         for x, y, w in batches:
             xb = self.data.shaped(x)
             if augment is not None:
                 xb = augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
-            if correction is None and self.batch_gradient is weighted_loss_grad:
-                losses.append(weighted_step(self.model, self.optimizer, xb, y, w / w.sum(),
-                                            self.loss_fn))
-                continue  # a plain PyTorch step: no flat gradient where nothing needs one
+            if plain is not None:
+                losses.append(plain.step(xb, y, w / w.sum()))
+                continue
             loss, grad = self.batch_gradient(self.model, xb, y, w / w.sum(), self.loss_fn)
             if correction is not None:  # the control variate: see dq.control_variate
                 grad += correction
             losses.append(loss)
             apply_flat_grad(self.model, self.optimizer, grad)
+        if plain is not None:
+            plain.close()
         return losses
 
     def batch_rng(self, server_round: int) -> np.random.Generator:
