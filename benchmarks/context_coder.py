@@ -37,9 +37,9 @@ import numpy as np
 from sklearn.datasets import load_breast_cancer, load_digits
 
 from dq_flower.codecs import context, make
+from dq_flower.codecs.affine import feature_ranges, normalise
 from dq_flower.codecs.bitpack import unpack
 from dq_flower.codecs.entropy import compress, decompress
-from dq_flower.wire.dq_batch import feature_ranges, normalise
 
 CODERS = ("zlib", "lzma", "context")
 MESSAGE = 64

@@ -198,9 +198,10 @@ def model_output(out: object) -> torch.Tensor:
 
 
 def model_input(x: np.ndarray | torch.Tensor, device: torch.device, tokens: bool) -> torch.Tensor:
-    """Samples as the model reads them: token windows as int64 ids, other samples float32."""
+    """Samples as the model reads them: token windows and int32/int64 ids as int64, else float32."""
     t = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.ascontiguousarray(x))
-    return t.to(device, torch.int64 if tokens else torch.float32)
+    ids = tokens or t.dtype in (torch.int32, torch.int64)
+    return t.to(device, torch.int64 if ids else torch.float32)
 
 
 def _windows(y: torch.Tensor) -> bool:

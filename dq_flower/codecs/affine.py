@@ -1,5 +1,8 @@
 """The data quantizer's kernels: the per-row affine map and the counter-based dither hash.
 
+Tabular rows are first mapped feature by feature into ``[0, 1]`` (:func:`normalise` by
+their client's :func:`feature_ranges`; :func:`denormalise` on both ends after decoding).
+
 :class:`~dq_flower.codecs.uniform.Uniform` maps each row to ``(x - min) * gain`` with
 :func:`affine_block`; its subtractive dither draws ``u`` for any flat position from a
 splitmix64 hash of ``(seed, position)`` (:func:`dither_offsets`), so the decoder, and the
@@ -10,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["dither_u16", "dither_offsets", "safe_gain", "affine_block"]
+__all__ = ["dither_u16", "dither_offsets", "safe_gain", "affine_block", "feature_ranges",
+           "normalise", "denormalise"]
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -85,3 +89,23 @@ def affine_block(blk: np.ndarray, t: np.ndarray, lo: np.ndarray, scale: np.ndarr
         t[sub] = np.minimum(wide, float(top * unit))
     lo[...] = mn
     scale[...] = sc32
+
+
+def feature_ranges(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature ``(lo, span)`` (float32) of flat rows; a constant feature has span 1."""
+    if x.shape[0] == 0:
+        return np.zeros(x.shape[1], np.float32), np.ones(x.shape[1], np.float32)
+    lo = x.min(axis=0).astype(np.float32)
+    span = (x.max(axis=0) - lo).astype(np.float32)
+    span[~(span > 0)] = np.float32(1.0)
+    return lo, span
+
+
+def normalise(x: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Rows mapped into ``[0, 1]`` feature by feature (float32)."""
+    return ((x - lo) / span).astype(np.float32)
+
+
+def denormalise(xn: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`normalise`: ``lo + xn * span`` in float32 (both ends use this)."""
+    return (lo + xn * span).astype(np.float32)

@@ -22,9 +22,9 @@ from dq_flower.codecs.tokens import token_width
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
-           "RANGES_KEY", "payload_quantizer", "range_mode", "feature_ranges", "normalise",
-           "denormalise", "ranges_record", "ranges_from_record", "SPEC_KEY", "DataSpec",
-           "spec_of", "spec_record", "spec_from_record", "MAX_DIM", "expect_rows",
+           "RANGES_KEY", "payload_quantizer", "range_mode", "ranges_record",
+           "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_of", "spec_record",
+           "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY", "expect_rows",
            "reply_spec", "DataReply", "read_reply"]
 
 SAMPLES_KEY = "samples"
@@ -177,18 +177,20 @@ def decode_batch(
     id_upper: int | None = None,
     target_dim: int = 1,
     float_targets: bool = False,
+    vocab: int = 0,
 ) -> SampleBatch:
     """Parse and validate one upload (sizes before unpacking); :class:`PayloadError` if bad.
 
     Checks the records, counts, shape ``(n, dim)`` with ``n <= max_samples``, ``bits``,
     labels below ``num_classes`` (or finite float targets of width ``target_dim``), unique
-    ids below ``id_upper`` and finite positive weights.
+    ids below ``id_upper`` and finite positive weights. ``vocab``: the samples are ids
+    (a ``tokens`` payload, its stream not decoded here).
     """
     if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
         raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
     samples = Payload.from_record(content.array_records[SAMPLES_KEY])
-    n = expect_rows(samples, "uniform", dim, max_samples)
-    if samples.meta.get("bits") != bits:
+    n = expect_rows(samples, "tokens" if vocab else "uniform", dim, max_samples)
+    if not vocab and samples.meta.get("bits") != bits:
         raise PayloadError(f"samples use {samples.meta.get('bits')!r} bits, expected {bits}")
     info = content.array_records[INFO_KEY]
     lw, iw, wn = _counts(info, n, float_targets)
@@ -286,26 +288,6 @@ def _quantizer(bits: int, per_channel: int, seed: object, method: str, fixed_ran
                 entropy=method, fixed_range=fixed_range)
 
 
-def feature_ranges(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature ``(lo, span)`` (float32) of flat rows; a constant feature has span 1."""
-    if x.shape[0] == 0:
-        return np.zeros(x.shape[1], np.float32), np.ones(x.shape[1], np.float32)
-    lo = x.min(axis=0).astype(np.float32)
-    span = (x.max(axis=0) - lo).astype(np.float32)
-    span[~(span > 0)] = np.float32(1.0)
-    return lo, span
-
-
-def normalise(x: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
-    """Rows mapped into ``[0, 1]`` feature by feature (float32)."""
-    return ((x - lo) / span).astype(np.float32)
-
-
-def denormalise(xn: np.ndarray, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`normalise`: ``lo + xn * span`` in float32 (both ends use this)."""
-    return (lo + xn * span).astype(np.float32)
-
-
 def ranges_record(lo: np.ndarray, span: np.ndarray) -> ArrayRecord:
     """A client's feature ranges as they travel (``2 * d`` raw float32)."""
     return ArrayRecord({"ranges": raw_array(np.concatenate([lo, span]).astype(np.float32))})
@@ -325,8 +307,12 @@ def ranges_from_record(record: ArrayRecord, dim: int) -> tuple[np.ndarray, np.nd
 # ---------------------------------------------------------------- the data spec
 #: Record name of the data spec in a reply.
 SPEC_KEY = "data-spec"
+#: Round-config key: the vocabulary of the embedding the server's model reads samples with.
+ID_VOCAB_KEY = "sample-vocab"
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
+#: Largest vocabulary of id samples (ids stay exact as float32 below 2**24).
+MAX_VOCAB = 1 << 24
 TARGET_KINDS = ("class", "float", "tokens")
 
 
@@ -344,11 +330,15 @@ class DataSpec:
     target_dim : int
         Values per target: 1 for class labels and scalar targets; for ``tokens``, the
         vocabulary size.
+    vocab : int
+        Samples of ids below ``vocab``, sent exactly (a text classifier's word ids: the
+        model reads them with an embedding); 0: values, quantized.
     """
 
     sample_shape: tuple[int, ...]
     target: str = "class"
     target_dim: int = 1
+    vocab: int = 0
 
     def __post_init__(self) -> None:
         if not self.sample_shape or min(map(int, self.sample_shape)) < 1:
@@ -357,6 +347,9 @@ class DataSpec:
             raise ValueError(f"target must be one of {TARGET_KINDS}, got {self.target!r}")
         if self.target_dim < 1:
             raise ValueError(f"target_dim must be >= 1, got {self.target_dim}")
+        if self.vocab and (self.target == "tokens" or not 2 <= self.vocab <= MAX_VOCAB):
+            raise ValueError(f"vocab must be 0 or 2 to {MAX_VOCAB} for labelled samples, "
+                             f"got {self.vocab}")
 
     @property
     def dim(self) -> int:
@@ -369,18 +362,21 @@ class DataSpec:
         return int(self.sample_shape[0]) if len(self.sample_shape) == 3 else 0
 
 
-def spec_of(x: np.ndarray, y: np.ndarray) -> DataSpec:
-    """The spec of a client's arrays ``(x, y)`` (see :mod:`dq_flower.data_input`)."""
+def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0) -> DataSpec:
+    """The spec of a client's arrays ``(x, y)`` (``vocab``: ``x`` holds ids below it)."""
     shape = tuple(int(s) for s in x.shape[1:]) or (1,)
     if np.issubdtype(y.dtype, np.integer):
-        return DataSpec(shape, "class", 1)
-    return DataSpec(shape, "float", int(y.shape[1]) if y.ndim == 2 else 1)
+        return DataSpec(shape, "class", 1, vocab)
+    return DataSpec(shape, "float", int(y.shape[1]) if y.ndim == 2 else 1, vocab)
 
 
 def spec_record(spec: DataSpec) -> ConfigRecord:
-    """The spec as it travels in a reply."""
-    return ConfigRecord({"sample-shape": [int(s) for s in spec.sample_shape],
-                         "target": spec.target, "target-dim": int(spec.target_dim)})
+    """The spec as it travels in a reply (``vocab`` only for id samples)."""
+    record = ConfigRecord({"sample-shape": [int(s) for s in spec.sample_shape],
+                           "target": spec.target, "target-dim": int(spec.target_dim)})
+    if spec.vocab:
+        record["vocab"] = int(spec.vocab)
+    return record
 
 
 def spec_from_record(record: ConfigRecord | None) -> DataSpec:
@@ -399,7 +395,10 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
         raise PayloadError(f"data-spec 'target'={target!r} is not one of {TARGET_KINDS}")
     if not isinstance(tdim, int) or isinstance(tdim, bool) or not 1 <= tdim <= 1 << 16:
         raise PayloadError(f"data-spec 'target-dim'={tdim!r} is not a positive int")
-    return DataSpec(tuple(shape), target, tdim)
+    vocab = record.get("vocab", 0)
+    if type(vocab) is not int or (vocab and (target == "tokens" or not 2 <= vocab <= MAX_VOCAB)):
+        raise PayloadError(f"data-spec 'vocab'={vocab!r}: not 2 to {MAX_VOCAB} ids, labelled")
+    return DataSpec(tuple(shape), target, tdim, vocab)
 
 
 @dataclass(frozen=True)
@@ -422,9 +421,12 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
     spec = reply_spec(content, known)
     if spec.target == "tokens":
         return DataReply(spec)
-    mode = range_mode(ranges, spec.sample_shape)
     batch = decode_batch(content, num_classes if known is not None else None, spec.dim, bits,
-                         max_samples, id_upper, spec.target_dim, spec.target == "float")
+                         max_samples, id_upper, spec.target_dim, spec.target == "float",
+                         spec.vocab)
+    if spec.vocab:  # id samples: their stream is decoded by .token_batch.decode_windows
+        return DataReply(spec, "sample", batch)
+    mode = range_mode(ranges, spec.sample_shape)
     decoder = payload_quantizer(batch.samples, bits, spec.channels if mode == "channel" else 0,
                                 mode == "feature")
     record = content.array_records.get(RANGES_KEY) if mode == "feature" else None

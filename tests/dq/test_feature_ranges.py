@@ -7,15 +7,9 @@ import torch
 
 from dq_flower import DQStrategy
 from dq_flower.codecs import PayloadError, make
+from dq_flower.codecs.affine import denormalise, feature_ranges, normalise
 from dq_flower.dq.server.store import RowLayout
-from dq_flower.wire.dq_batch import (
-    denormalise,
-    feature_ranges,
-    normalise,
-    range_mode,
-    ranges_from_record,
-    ranges_record,
-)
+from dq_flower.wire.dq_batch import range_mode, ranges_from_record, ranges_record
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 5, 8])

@@ -23,10 +23,11 @@ from flwr.app import RecordDict
 from dq_flower.dq.client.selection import select
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY, model_knob
+from dq_flower.wire.dq_batch import ID_VOCAB_KEY
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.token_batch import encode_token_batch
 
-__all__ = ["WINDOW_SCORERS", "check_token_round", "token_upload"]
+__all__ = ["WINDOW_SCORERS", "check_token_round", "token_upload", "id_vocab"]
 
 #: The model scorers a token window answers (with ``uniform``, which needs no model).
 WINDOW_SCORERS = ("entropy", "loss")
@@ -64,3 +65,15 @@ def token_upload(windows: np.ndarray, vocab: int, cfg: DQConfig, candidates: np.
                                        int(windows.shape[0]))
     return content, bits, {"candidates": int(candidates.size), "selected": int(chosen.size),
                            CAN_SCORE_KEY: int(can_score)}
+
+
+def id_vocab(config: Mapping[str, Any], x: np.ndarray) -> int:
+    """The vocabulary the node's samples are ids of, sent exactly; 0: values, quantized.
+
+    The server names one (``sample-vocab``) where its model reads samples with an
+    embedding; the samples are its ids where every value is a whole number below it.
+    """
+    vocab = int(config.get(ID_VOCAB_KEY, 0) or 0)
+    whole = (vocab > 0 and x.size > 0 and bool(x.min() >= 0) and bool(x.max() < vocab)
+             and np.array_equal(x, np.rint(x)))
+    return vocab if whole else 0

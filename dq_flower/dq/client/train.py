@@ -32,10 +32,11 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 
 from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
+from dq_flower.codecs.affine import denormalise, feature_ranges, normalise
 from dq_flower.config import read
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.client.selection import select
-from dq_flower.dq.client.tokens import check_token_round, token_upload
+from dq_flower.dq.client.tokens import check_token_round, id_vocab, token_upload
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.scorer_choice import (
     CAN_SCORE_KEY,
@@ -54,10 +55,7 @@ from dq_flower.wire.dq_batch import (
     REFRESH_KEY,
     SPEC_KEY,
     DataSpec,
-    denormalise,
     encode_batch,
-    feature_ranges,
-    normalise,
     payload_quantizer,
     range_mode,
     ranges_record,
@@ -67,6 +65,7 @@ from dq_flower.wire.dq_batch import (
 from dq_flower.wire.held import held_for
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
+from dq_flower.wire.token_batch import TOKENS_CODEC, tokens_payload
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +110,10 @@ def _sent_rows(context: Context, x_flat: np.ndarray, y: np.ndarray, mode: str
         rows = context.state.array_records[f"{SENT_ROWS_PREFIX}{rnd}"]
         ids = rows["ids"].numpy().astype(np.int64)
         meta = payload.meta
+        if payload.codec == TOKENS_CODEC:  # ids, sent exactly
+            parts.append((x_flat[ids], x_flat[ids], y[ids],
+                          rows["weights"].numpy().astype(np.float64)))
+            continue
         xq = payload_quantizer(payload, int(meta["bits"]), int(meta.get("per_channel", 0)),
                                bool(meta.get("fixed_range", False))).decode(payload)
         if mode == "feature":
@@ -252,7 +255,9 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     key = node_key(context)
     rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
     x_all, y = as_arrays(data, keys)
-    r = RoundInput(msg, context, config, cfg, knob, x_all, y, spec_of(x_all, y),
+    vocab = id_vocab(config, x_all)  # a text classifier's word ids: sent exactly, as int64
+    x_all = x_all.astype(np.int64) if vocab else x_all
+    r = RoundInput(msg, context, config, cfg, knob, x_all, y, spec_of(x_all, y, vocab),
                    model, loss_fn, server_round, key, rng, t0)
     begin_round(context, server_round, STATE_PREFIX)
     gradient = config.get("round-mode", "data") == "gradient"
@@ -321,8 +326,9 @@ def _data_round(r: RoundInput) -> Message:
     represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per row
 
     x_flat = r.x.reshape(n, -1)
-    coded = _quantize(cfg, spec, x_flat[chosen], x_flat, rng,
-                      bool(config.get("send-ranges", True)))
+    coded = (_Coded(None, tokens_payload(x_flat[chosen], spec.vocab), "sample", x_flat[chosen])
+             if spec.vocab else _quantize(cfg, spec, x_flat[chosen], x_flat, rng,
+                                          bool(config.get("send-ranges", True))))
     compensation = None
     if cfg.compensation != "none" and chosen.size:
         compensation = _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb,
@@ -385,7 +391,7 @@ def _candidates(config: dict[str, Any], cfg: DQConfig, key: int,
 
 @dataclasses.dataclass
 class _Coded:
-    """The chosen rows quantized, as the server will decode them."""
+    """The chosen rows quantized, as the server will decode them (no quantizer: ids, exact)."""
 
     quantizer: Any
     samples: Payload
@@ -397,6 +403,8 @@ class _Coded:
 
     def decoded(self) -> np.ndarray:
         """Exactly the points the server decodes."""
+        if self.quantizer is None:
+            return self.xb
         xq = self.quantizer.decode(self.samples)
         if self.lo is not None and self.span is not None:  # per-feature ranges
             xq = denormalise(xq, self.lo, self.span)

@@ -35,6 +35,7 @@ from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.model_ops import output_width, reads_windows
 from dq_flower.seeding import Purpose, round_rng
+from dq_flower.wire.dq_batch import ID_VOCAB_KEY
 from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
 from dq_flower.wire.model import MODEL_KEY
 
@@ -118,6 +119,8 @@ class RoundAsks:
         cfg["round-mode"] = plan.mode
         if self.data.num_classes:
             cfg["num-classes"] = int(self.data.num_classes)
+        if self.id_vocab():
+            cfg[ID_VOCAB_KEY] = self.id_vocab()
         if refresh:
             cfg["refresh"] = 1
         if self.cfg.scorer == AUTO:
@@ -312,6 +315,17 @@ class RoundAsks:
             self._reads_windows = reads_windows(self.model)
         return self._reads_windows
 
+    def id_vocab(self) -> int:
+        """The vocabulary of id samples: the spec's; none known, the model's embedding's.
+
+        A model (not reading token windows) whose first layer is an embedding reads ids
+        below its rows (:func:`embedding_vocab`); nodes whose samples are such ids send
+        them exactly.
+        """
+        if self.data.spec is not None:
+            return self.data.spec.vocab
+        return 0 if self.holds_windows() else embedding_vocab(self.model)
+
     def asks_all_left(self, server_round: int, node: int, identity: int | None) -> bool:
         """Whether a known client's ask covers every row it has not sent (no choice to score).
 
@@ -357,3 +371,15 @@ class RoundAsks:
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))
         return messages
+
+
+def embedding_vocab(model: torch.nn.Module) -> int:
+    """Rows of the embedding the model reads its samples with: its first layer's, else 0.
+
+    The first module holding parameters, an ``nn.Embedding`` or ``nn.EmbeddingBag``, says
+    the samples are ids below its ``num_embeddings`` (a text classifier's word ids).
+    """
+    first = next((m for m in model.modules() if next(m.parameters(recurse=False), None)
+                  is not None), None)
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return int(first.num_embeddings) if isinstance(first, kinds) else 0

@@ -161,7 +161,7 @@ class FederationData:
         if state.get("spec") is not None:
             spec = state["spec"]
             fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
-                              int(spec["target_dim"])))
+                              int(spec["target_dim"]), int(spec.get("vocab", 0))))
         if self.store is not None:
             for node, (lo, span) in state.get("ranges", {}).items():
                 self.store.set_ranges(int(node), lo, span)

@@ -102,9 +102,10 @@ class UploadIntake:
                                   self.data.num_classes, self.loss_fn)
         cfg = self.cfg
         tokens = spec.target == "tokens"  # token windows: ids as bytes, no ranges
-        mode = "sample" if tokens else range_mode(cfg.ranges, spec.sample_shape)
+        ids = tokens or spec.vocab > 0  # id samples too
+        mode = "sample" if ids else range_mode(cfg.ranges, spec.sample_shape)
         groups = spec.channels if mode == "channel" else 1
-        layout = layout_of(spec) if tokens else RowLayout(
+        layout = layout_of(spec) if ids else RowLayout(
             spec.dim, cfg.bits, max(groups, 1), fixed=mode == "feature")
         limits: dict[str, Any] = {"max_samples": cfg.max_store_samples,
                                   "eviction": cfg.store_eviction, "seed": self.seed}
@@ -124,11 +125,13 @@ class UploadIntake:
                       f"{spec.target_dim}, coded losslessly (no quantizer: bits and value "
                       "bounds do not apply)")
         else:
-            if self.bits_note:
+            if self.bits_note and not ids:
                 log_round("dq", 0, self.bits_note)
-            log_round("dq", 0, f"data: samples {spec.sample_shape}, {spec.target} targets, "
-                      f"ranges {mode}" + (f", {self.data.num_classes} classes"
-                                          if spec.target == "class" else ""))
+            log_round("dq", 0, f"data: samples {spec.sample_shape}" + (
+                f" of ids below {spec.vocab} (the model's embedding), coded losslessly"
+                if ids else "") + f", {spec.target} targets" + (
+                "" if ids else f", ranges {mode}") + (f", {self.data.num_classes} classes"
+                                                       if spec.target == "class" else ""))
 
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:

@@ -5,10 +5,11 @@ The server trains the user's model on rows it has never seen the scale of: raw t
 diverge or collapse to the class prior where Adam at 1e-3 learns. So with ``optimizer =
 "auto"`` (the default) the first training phase of the adaptive schedule starts with a
 probe: each :func:`candidates` entry trains a short phase from the same weights on the same
-minibatches, and a later candidate replaces the first (SGD, the documented default) only
-where the first went non-finite or the later one's held-out loss is lower beyond the paired
-comparison's uncertainty (:func:`pick`). The winner is logged and checkpointed; the phase
-then starts again from the same weights with it.
+minibatches, and a later candidate replaces the first (SGD, the documented default; Adam
+where the samples are ids an embedding reads) only where the first went non-finite or the
+later one's held-out loss is lower beyond the paired comparison's uncertainty (:func:`pick`).
+The winner is logged and checkpointed; the phase then starts again from the same weights
+with it.
 
 A user's choice is honoured: the ``optimizer`` and ``lr`` knobs, or ``lr`` (also
 ``learning-rate``) and ``optimizer`` in the ``train_config`` given to ``strategy.start``
@@ -71,10 +72,15 @@ class OptimizerChoice:
         return cls(str(state["name"]), float(state["lr"]), str(state.get("source", "knobs")))
 
 
-def candidates(lr: float, lr_given: bool) -> list[OptimizerChoice]:
-    """The probe's optimizers: SGD at ``lr``, then Adam (at ``lr`` where it was given)."""
-    return [OptimizerChoice("sgd", lr, "held-out"),
-            OptimizerChoice("adam", lr if lr_given else ADAM_LR, "held-out")]
+def candidates(lr: float, lr_given: bool, adam_first: bool = False) -> list[OptimizerChoice]:
+    """The probe's optimizers: SGD at ``lr``, then Adam (at ``lr`` where it was given).
+
+    ``adam_first``: Adam leads (the samples are ids an embedding reads: SGD moves the
+    embedding's rows slowly).
+    """
+    out = [OptimizerChoice("sgd", lr, "held-out"),
+           OptimizerChoice("adam", lr if lr_given else ADAM_LR, "held-out")]
+    return out[::-1] if adam_first else out
 
 
 def pick(scores: list[Any], z: float = Z_ONE_SIDED) -> tuple[int, PairedGain | None]:
@@ -223,9 +229,10 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     and the returned continuation lets the phase go on from there (``None``: no held-out
     rows, no probe).
     """
-    store = trainer.data.store
+    store, spec = trainer.data.store, trainer.data.spec
+    options = candidates(trainer.lr, trainer.lr_given, spec is not None and spec.vocab > 0)
     if store is None or not store.holdout_mask.any():
-        default = replace(candidates(trainer.lr, trainer.lr_given)[0], source="default")
+        default = replace(options[0], source="default")
         trainer.use_optimizer(default)
         log_round("dq", server_round, f"server optimizer: {default.describe()} (no "
                   "held-out rows to choose on)")
@@ -234,7 +241,7 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     rule = replace(trainer.plateau, lr_drops=0, max_steps=max(1, min(
         trainer.plateau.max_steps // PROBE_SHARE, PROBE_EVALUATIONS * trainer.plateau.eval_every)))
     racers = []
-    for option in candidates(trainer.lr, trainer.lr_given):
+    for option in options:
         trainer.use_optimizer(option)
         probe_rng = copy.deepcopy(rng)
         racers.append(_Racer(option, trainer.optimizer, probe_rng,

@@ -15,9 +15,9 @@ from typing import cast
 import numpy as np
 
 from dq_flower.codecs import Payload, PayloadError, make
+from dq_flower.codecs.affine import denormalise
 from dq_flower.codecs.bitpack import pack, packed_nbytes, unpack
 from dq_flower.codecs.uniform import Uniform, dither_offsets, expand_ranges, packed_codes
-from dq_flower.wire.dq_batch import denormalise
 
 __all__ = ["RowLayout", "SampleStore", "StoredRows", "EVICTION_POLICIES", "strata_of"]
 

@@ -1,12 +1,14 @@
-"""The server's side of token windows: a reply's checks and the store's row layout.
+"""The server's side of samples of ids: a reply's checks and the store's row layout.
 
 A token reply (``DataSpec((length,), "tokens", vocab)``) is decoded by
 :func:`~dq_flower.wire.token_batch.decode_token_batch` (shape, vocabulary, counts and
 budget checked before its stream is decoded, ids after), then its counts and weights are
 checked as any data reply's. Its rows are the windows' ids: the store keeps them once, as
-``width`` big-endian bytes per token (:class:`TokenLayout`), decodes them to float32 ids
-(the model reads them as int64: ``model_ops.model_input``) and gives the same ids as the
-rows' targets (``SampleStore.inputs_are_targets``).
+``width`` big-endian bytes per token (:class:`TokenLayout`), decodes them to int64 ids
+(which the model reads as they are: ``model_ops.model_input``) and gives the same ids as
+the rows' targets (``SampleStore.inputs_are_targets``). Labelled id samples
+(``DataSpec(shape, "class", 1, vocab)``, a text classifier's) travel as a ``tokens``
+payload beside their labels (:func:`check_id_samples`) and are stored the same way.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from flwr.app import RecordDict
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.codecs.tokens import token_width
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
-from dq_flower.wire.dq_batch import DataSpec
-from dq_flower.wire.token_batch import TOKENS_CODEC, decode_token_batch
+from dq_flower.wire.dq_batch import DataSpec, SampleBatch
+from dq_flower.wire.token_batch import TOKENS_CODEC, decode_token_batch, decode_windows
 
-__all__ = ["TokenLayout", "PLAIN_BUFFER", "check_token_upload"]
+__all__ = ["TokenLayout", "PLAIN_BUFFER", "check_token_upload", "check_id_samples"]
 
 #: The buffer of a decoded (plain) tokens payload: the ids' bytes, never on the wire.
 PLAIN_BUFFER = "id-bytes"
@@ -56,16 +58,23 @@ class TokenLayout:
         return codes, np.zeros((n, 0), np.float32), np.zeros((n, 0), np.int64)
 
     def dequantize(self, codes: np.ndarray, side: np.ndarray, dither: np.ndarray) -> np.ndarray:
-        """Float32 ids ``(n, length)`` of stored rows (exact: ids are below 2**24)."""
+        """Int64 ids ``(n, length)`` of stored rows."""
         n = codes.shape[0]
         parts = codes.reshape(n, self.length, self.width).astype(np.int64)
         shifts = np.arange(self.width - 1, -1, -1, dtype=np.int64) * 8
-        return (parts << shifts).sum(axis=2).astype(np.float32)
+        return (parts << shifts).sum(axis=2)
 
 
 def layout_of(spec: DataSpec) -> TokenLayout:
-    """The store's layout of a token federation's windows."""
-    return TokenLayout(int(spec.sample_shape[0]), token_width(spec.target_dim))
+    """The store's layout of a federation's token windows or id samples."""
+    return TokenLayout(spec.dim, token_width(spec.vocab or spec.target_dim))
+
+
+def check_id_samples(batch: SampleBatch, spec: DataSpec, max_rows: int
+                     ) -> tuple[np.ndarray, Payload]:
+    """The int64 ids ``(n, dim)`` of a labelled id batch and the store's plain payload."""
+    x = decode_windows(batch.samples, spec.vocab, spec.dim, max_rows)
+    return x, layout_of(spec).plain(x, spec.vocab)
 
 
 def check_token_upload(content: RecordDict, spec: DataSpec, max_rows: int, id_upper: int):

@@ -22,16 +22,16 @@ import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.codecs import Codec, Payload, PayloadError
+from dq_flower.codecs.affine import denormalise
 from dq_flower.codecs.uniform import plain_payload
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.dq.server.planner import reply_bits
-from dq_flower.dq.server.token_intake import check_token_upload
+from dq_flower.dq.server.token_intake import check_id_samples, check_token_upload
 from dq_flower.wire.dq_batch import (
     REFRESH_KEY,
     DataReply,
     DataSpec,
     SampleBatch,
-    denormalise,
     label_width,
     read_reply,
 )
@@ -241,6 +241,13 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
         cand, examples, partition = read_counts(metrics, len(batch), history, rules.resend)
         check_weights(batch, cand, rules.selection_rule)
         scale = float(x.max(initial=0.0))
+    elif spec.vocab:  # labelled samples of ids, sent exactly (.token_intake)
+        batch = wire.batch
+        cand, examples, partition = read_counts(metrics, len(batch), history, rules.resend)
+        check_weights(batch, cand, rules.selection_rule)
+        x, plain = check_id_samples(batch, spec, max_rows)
+        scale = float(x.max(initial=0))
+        can_score = metrics is not None and metrics.get(CAN_SCORE_KEY) == 1
     else:
         batch = wire.batch
         cand, examples, partition = read_counts(metrics, len(batch), history, rules.resend)
@@ -397,7 +404,8 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
         refused += more
     new_bound = None
     spec = rules.spec or new_spec  # token ids are names, not magnitudes: no bound
-    if rules.value_bound is None and spec is not None and spec.target != "tokens":
+    if (rules.value_bound is None and spec is not None and spec.target != "tokens"
+            and not spec.vocab):
         scales = [u.scale for u in kept if len(u.batch) or u.ranges is not None]
         middle = (_median(scales) or max(scales)) if scales else 0.0
         if middle > 0:  # the bound learned: VALUE_FACTOR times the median upload's scale
