@@ -11,6 +11,8 @@ uplink stays under a fifth of FedAvg's. The small version in CI is
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -26,8 +28,11 @@ def test_dq_learns_the_novels_from_word_ids_with_a_fifth_of_fedavgs_uplink():
     fedavg, dq = (run_app(app, kind) for kind in ("fedavg", "dq"))
     _, y = app.test_set()
     chance = float(np.bincount(y).max() / len(y))
-    print(f"FedAvg {fedavg.final:.3f} with {fedavg.up_bytes:,} B up; "
-          f"DQ {dq.final:.3f} with {dq.up_bytes:,} B up; chance {chance:.3f}")
+    line = (f"FedAvg {fedavg.final:.3f} with {fedavg.up_bytes:,} B up; "
+            f"DQ {dq.final:.3f} with {dq.up_bytes:,} B up; chance {chance:.3f}")
+    print(line)
+    assert line in (Path(__file__).parents[2] / "docs" / "plugin.md").read_text(), (
+        "docs/plugin.md quotes another run of this app")
     assert fedavg.final > chance + 0.25
     assert dq.final > chance + 0.25, dq.scores
     assert 0 < dq.up_bytes <= fedavg.up_bytes / 5

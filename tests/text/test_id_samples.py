@@ -24,6 +24,7 @@ from dq_flower.dq.server.optimizer_choice import candidates
 from dq_flower.dq.server.validation import History, Rules, check_upload
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.model_ops import model_input
+from dq_flower.server.common import decay_groups
 from dq_flower.wire.dq_batch import (
     ID_VOCAB_KEY,
     SPEC_KEY,
@@ -86,6 +87,16 @@ def test_ids_reach_the_model_as_int64_and_values_as_float32():
     assert model_input(np.arange(4, dtype=np.int32), dev, False).dtype == torch.int64
     assert model_input(np.ones(3, np.float32), dev, False).dtype == torch.float32
     assert model_input(np.ones(3, np.uint8), dev, False).dtype == torch.float32  # pixels
+
+
+def test_an_embeddings_rows_are_not_decayed():
+    model = BagOfWords()
+    decayed, rows = decay_groups(model, 5e-4)
+    assert decayed["weight_decay"] == 5e-4 and rows["weight_decay"] == 0.0
+    assert [p is model.words.weight for p in rows["params"]] == [True]
+    assert {id(p) for p in decayed["params"]} == {id(model.out.weight), id(model.out.bias)}
+    dense = nn.Linear(3, 2)
+    assert [len(g["params"]) for g in decay_groups(dense, 5e-4)] == [2]
 
 
 def test_an_id_model_probes_adam_first():
@@ -190,5 +201,8 @@ def test_a_text_classifier_trains_through_dq_at_its_defaults():
         own_x, own_y = passages(ROWS, node)
         ids = store._rows.ids[mine]
         assert np.array_equal(x[mine], own_x[ids]) and np.array_equal(y[mine], own_y[ids])
+    undecayed = [g for g in strategy.trainer.optimizer.param_groups if g["weight_decay"] == 0]
+    assert [p is strategy.trainer.model.words.weight for g in undecayed for p in g["params"]] \
+        == [True]
     accuracy = result.evaluate_metrics_serverapp[3]["accuracy"]
     assert accuracy > 0.8, accuracy  # chance is about 1/3

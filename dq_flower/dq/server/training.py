@@ -45,7 +45,7 @@ from dq_flower.model_ops import (
     weighted_loss_grad,
 )
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.common import log_round, make_optimizer
+from dq_flower.server.common import decay_groups, log_round, make_optimizer
 from dq_flower.server.robust import StepGuard, aggregate, clip_norms
 
 __all__ = ["ServerTrainer", "BatchGradient"]
@@ -95,9 +95,11 @@ class ServerTrainer:
     def use_optimizer(self, choice: OptimizerChoice,
                       built: torch.optim.Optimizer | None = None) -> None:
         """Train with ``choice`` from now on: ``built`` (its state goes on), else a new one."""
-        cfg = self.cfg
+        cfg, spec = self.cfg, self.data.spec
+        params = (decay_groups(self.model, cfg.weight_decay) if spec is not None and spec.vocab
+                  else self.model.parameters())  # id samples: the embeddings undecayed
         self.optimizer = built if built is not None else make_optimizer(
-            choice.name, self.model.parameters(), choice.lr, cfg.momentum, cfg.weight_decay)
+            choice.name, params, choice.lr, cfg.momentum, cfg.weight_decay)
         self.guard.optimizer = self.optimizer
         self.choice, self.lr = choice, choice.lr
 
@@ -203,8 +205,7 @@ class ServerTrainer:
                  for u, k in zip(fresh, keep, strict=True)]
         xs, ys, ws = (np.concatenate(p) for p in zip(*parts, strict=True))
         ws = ws / total
-        loss, grad = weighted_loss_grad(self.model, self.data.shaped(xs), ys, ws,
-                                        self.loss_fn)
+        loss, grad = weighted_loss_grad(self.model, self.data.shaped(xs), ys, ws, self.loss_fn)
         with_delta = [u for u in fresh if u.delta is not None]
         if with_delta:
             deltas = clip_norms([cast(np.ndarray, u.delta) for u in with_delta],
@@ -406,8 +407,7 @@ class ServerTrainer:
                 x, y, node_ids = x[keep], y[keep], node_ids[keep]
                 if not keep.any():
                     continue
-            loss, hit = per_sample_results(self.model, self.data.shaped(x), y,
-                                           self.loss_fn)
+            loss, hit = per_sample_results(self.model, self.data.shaped(x), y, self.loss_fn)
             parts.append(HeldOutScores(loss, hit, node_ids))
         return HeldOutScores.concat(parts)
 
