@@ -31,7 +31,7 @@ from dq_flower.model_ops import (
 )
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
-from dq_flower.server.common import log_round, make_optimizer, sample_node_ids
+from dq_flower.server.common import decay_groups, log_round, make_optimizer, sample_node_ids
 from dq_flower.server.majority import bounded_mean, robust_buffers
 from dq_flower.server.pipeline import FailureWatch, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import StepGuard, weighted_mean
@@ -130,8 +130,8 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
         self.codec = config.make_codec()
         self.dim = num_params(model)
         self.sizes = [p.numel() for p in model.parameters()]
-        self.optimizer = (make_optimizer(config.optimizer, model.parameters(), config.lr,
-                                         config.momentum, config.weight_decay)
+        self.optimizer = (make_optimizer(config.optimizer, decay_groups(model, config.weight_decay),
+                                         config.lr, config.momentum, config.weight_decay)
                           if not config.majority else None)
         self.downlink = VoteDownlink(self.dim)
         self.sent_payload_bits: dict[int, int] = {}

@@ -11,7 +11,8 @@ What a user's server passes beyond the defaults, an app declares with optional m
 attributes, the same for both kinds: ``TRAIN_CONFIG`` (a dict, sent as
 ``train_config=ConfigRecord(...)`` to ``strategy.start``; FedAvg's nodes then call
 ``local_train(model, data, msg.content["config"])``), ``FRACTION_TRAIN`` and
-``MIN_AVAILABLE_NODES`` (the strategy's arguments). An app scored by something other
+``MIN_AVAILABLE_NODES`` (the strategy's arguments); ``DQ_KNOBS`` (a dict) sets DQ's knobs
+only. An app scored by something other
 than accuracy names it (``METRIC``), computes it (``score(model, x, y)``) and says
 whether lower is better (``LOWER_IS_BETTER``).
 """
@@ -108,7 +109,8 @@ def server_main(app: ModuleType, kind: str, rounds: int, out: AppRun):
         if hasattr(app, "MIN_AVAILABLE_NODES"):
             kwargs["min_available_nodes"] = app.MIN_AVAILABLE_NODES
         if kind == "dq":
-            strategy: Any = dq_flower.DQStrategy(model, seed=0, **kwargs)
+            strategy: Any = dq_flower.DQStrategy(model, seed=0, **kwargs,
+                                                 **getattr(app, "DQ_KNOBS", {}))
         else:
             strategy = FedAvg(fraction_evaluate=0.0, **kwargs)
         train_config = getattr(app, "TRAIN_CONFIG", None)

@@ -22,7 +22,7 @@ from tests.apps.runner import run_app
 pytestmark = pytest.mark.slow
 
 
-def test_dq_learns_the_novels_from_word_ids_with_a_fifth_of_fedavgs_uplink():
+def test_dq_learns_the_novels_from_word_ids_with_a_fifth_of_fedavgs_uplink(monkeypatch):
     if not app.available():
         pytest.skip("Jane Austen's novels (r-cran-janeaustenr) or rdata are not installed")
     fedavg, dq = (run_app(app, kind) for kind in ("fedavg", "dq"))
@@ -36,3 +36,9 @@ def test_dq_learns_the_novels_from_word_ids_with_a_fifth_of_fedavgs_uplink():
     assert fedavg.final > chance + 0.25
     assert dq.final > chance + 0.25, dq.scores
     assert 0 < dq.up_bytes <= fedavg.up_bytes / 5
+    monkeypatch.setattr(app, "DQ_KNOBS", {"optimizer": "adam", "lr": 0.01}, raising=False)
+    tuned = run_app(app, "dq")  # FedAvg's nodes' optimizer and step size on the server
+    line = (f'With optimizer="adam", lr=0.01: DQ {tuned.final:.3f} with {tuned.up_bytes:,} B '
+            "up.")
+    print(line)
+    assert line in (Path(__file__).parents[2] / "docs" / "plugin.md").read_text()

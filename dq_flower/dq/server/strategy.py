@@ -51,7 +51,13 @@ from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
 from dq_flower.model_ops import LossFn, input_width
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
-from dq_flower.server.common import log_rejected, log_round, make_optimizer, sample_node_ids
+from dq_flower.server.common import (
+    decay_groups,
+    log_rejected,
+    log_round,
+    make_optimizer,
+    sample_node_ids,
+)
 from dq_flower.server.pipeline import FailureWatch, RoundLedger
 from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.gradient_reply import GradientUpdate
@@ -173,8 +179,8 @@ class DQStrategy(ModelStrategy, Strategy):
         self.cfg: DQConfig = cfg
         # ``auto`` starts with SGD; the first training phase may choose another
         optimizer = users or make_optimizer(
-            "sgd" if cfg.optimizer == "auto" else cfg.optimizer, model.parameters(), cfg.lr,
-            cfg.momentum, cfg.weight_decay)
+            "sgd" if cfg.optimizer == "auto" else cfg.optimizer,
+            decay_groups(model, cfg.weight_decay), cfg.lr, cfg.momentum, cfg.weight_decay)
         comp_codec = (make(cfg.compensation, **cfg.compensation_kwargs)
                       if cfg.compensation != "none" else None)
         grad_codec = (make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)

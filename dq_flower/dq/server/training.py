@@ -95,11 +95,10 @@ class ServerTrainer:
     def use_optimizer(self, choice: OptimizerChoice,
                       built: torch.optim.Optimizer | None = None) -> None:
         """Train with ``choice`` from now on: ``built`` (its state goes on), else a new one."""
-        cfg, spec = self.cfg, self.data.spec
-        params = (decay_groups(self.model, cfg.weight_decay) if spec is not None and spec.vocab
-                  else self.model.parameters())  # id samples: the embeddings undecayed
+        cfg = self.cfg
         self.optimizer = built if built is not None else make_optimizer(
-            choice.name, params, choice.lr, cfg.momentum, cfg.weight_decay)
+            choice.name, decay_groups(self.model, cfg.weight_decay), choice.lr, cfg.momentum,
+            cfg.weight_decay)
         self.guard.optimizer = self.optimizer
         self.choice, self.lr = choice, choice.lr
 
