@@ -6,23 +6,29 @@ one loss per sample, shape ``(n,)`` (:func:`default_loss` by default).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812
 from flwr.app import ArrayRecord
 from torch import nn
 
 from dq_flower.codecs import PayloadError
+from dq_flower.losses import (  # the losses: here for the model path's callers
+    LossFn,
+    binary_loss,
+    default_loss,
+    next_token_loss,
+    resolve_loss,
+)
 
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
-           "next_token_loss", "model_output",
+           "next_token_loss", "binary_loss", "model_output",
            "resolve_loss", "targets_tensor", "weighted_loss_grad", "WeightedSteps",
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
@@ -125,40 +131,6 @@ def from_arrays(model: nn.Module, record: ArrayRecord) -> None:
 
 load_arrays = from_arrays
 """Alias of `from_arrays` (``dq_flower.harness.tasks.from_arrays`` builds data sets)."""
-
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
-
-
-def next_token_loss(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
-    """Per-window mean cross-entropy (nats) of tokens ``1..`` given those before them.
-
-    ``logits`` ``(n, length, vocab)``: position ``t`` scores token ``t + 1``.
-    """
-    ids = windows.reshape(windows.shape[0], -1)
-    ids = ids.round().long() if ids.is_floating_point() else ids.long()
-    per_token = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
-    return per_token.mean(dim=1)
-
-
-def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-sample loss: cross-entropy for integer targets, else mean squared error.
-
-    Integer windows ``(n, length)`` scored by logits ``(n, length, vocab)``: the
-    next-token loss (:func:`next_token_loss`).
-    """
-    if not torch.is_floating_point(targets) and outputs.ndim == 3 and targets.ndim == 2:
-        return next_token_loss(outputs, targets)
-    if not torch.is_floating_point(targets):
-        return F.cross_entropy(outputs, targets.long(), reduction="none")
-    out = outputs.reshape(outputs.shape[0], -1)
-    return ((out - targets.reshape(out.shape).to(out.dtype)) ** 2).mean(dim=1)
-
-
-def resolve_loss(loss_fn: LossFn | None) -> LossFn:
-    """``loss_fn``, or :func:`default_loss` when it is ``None``."""
-    return default_loss if loss_fn is None else loss_fn
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -178,13 +178,14 @@ def decode_batch(
     target_dim: int = 1,
     float_targets: bool = False,
     vocab: int = 0,
+    binary: bool = False,
 ) -> SampleBatch:
     """Parse and validate one upload (sizes before unpacking); :class:`PayloadError` if bad.
 
     Checks the records, counts, shape ``(n, dim)`` with ``n <= max_samples``, ``bits``,
     labels below ``num_classes`` (or finite float targets of width ``target_dim``), unique
     ids below ``id_upper`` and finite positive weights. ``vocab``: the samples are ids
-    (a ``tokens`` payload, its stream not decoded here).
+    (a ``tokens`` payload, its stream not decoded here); ``binary``: targets are 0 or 1.
     """
     if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
         raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
@@ -195,6 +196,8 @@ def decode_batch(
     info = content.array_records[INFO_KEY]
     lw, iw, wn = _counts(info, n, float_targets)
     targets, target_bits = _targets(info, n, lw, num_classes, target_dim)
+    if binary and not np.isin(targets, (0.0, 1.0)).all():
+        raise PayloadError("binary targets must be 0 or 1")
     ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
     weights = _raw_array(info, "weights", "float32", 4 * max(n, 1))
     ids = _ids(ids_raw, iw, n, id_upper)
@@ -313,7 +316,7 @@ ID_VOCAB_KEY = "sample-vocab"
 MAX_DIM = 1 << 24
 #: Largest vocabulary of id samples (ids stay exact as float32 below 2**24).
 MAX_VOCAB = 1 << 24
-TARGET_KINDS = ("class", "float", "tokens")
+TARGET_KINDS = ("class", "float", "binary", "tokens")
 
 
 @dataclass(frozen=True)
@@ -325,8 +328,9 @@ class DataSpec:
     sample_shape : tuple of int
         Shape of one sample, e.g. ``(1, 28, 28)`` or ``(30,)``.
     target : str
-        ``class`` (integer labels), ``float`` (regression targets) or ``tokens``
-        (windows of token ids, their own targets: :mod:`.token_batch`).
+        ``class`` (integer labels), ``float`` (regression targets), ``binary`` (float
+        targets all 0 or 1: binary or multi-label classification, scored on logits) or
+        ``tokens`` (windows of token ids, their own targets: :mod:`.token_batch`).
     target_dim : int
         Values per target: 1 for class labels and scalar targets; for ``tokens``, the
         vocabulary size.
@@ -367,7 +371,9 @@ def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0) -> DataSpec:
     shape = tuple(int(s) for s in x.shape[1:]) or (1,)
     if np.issubdtype(y.dtype, np.integer):
         return DataSpec(shape, "class", 1, vocab)
-    return DataSpec(shape, "float", int(y.shape[1]) if y.ndim == 2 else 1, vocab)
+    binary = y.size > 0 and bool(np.isin(y, (0.0, 1.0)).all())  # 0/1 targets: logits
+    return DataSpec(shape, "binary" if binary else "float",
+                    int(y.shape[1]) if y.ndim == 2 else 1, vocab)
 
 
 def spec_record(spec: DataSpec) -> ConfigRecord:
@@ -422,8 +428,8 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
     if spec.target == "tokens":
         return DataReply(spec)
     batch = decode_batch(content, num_classes if known is not None else None, spec.dim, bits,
-                         max_samples, id_upper, spec.target_dim, spec.target == "float",
-                         spec.vocab)
+                         max_samples, id_upper, spec.target_dim, spec.target != "class",
+                         spec.vocab, spec.target == "binary")
     if spec.vocab:  # id samples: their stream is decoded by .token_batch.decode_windows
         return DataReply(spec, "sample", batch)
     mode = range_mode(ranges, spec.sample_shape)

@@ -257,7 +257,12 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     x_all, y = as_arrays(data, keys)
     vocab = id_vocab(config, x_all)  # a text classifier's word ids: sent exactly, as int64
     x_all = x_all.astype(np.int64) if vocab else x_all
-    r = RoundInput(msg, context, config, cfg, knob, x_all, y, spec_of(x_all, y, vocab),
+    spec = spec_of(x_all, y, vocab)
+    if loss_fn is None and spec.target == "binary" and model is not None:  # 0/1: logits
+        from dq_flower.losses import binary_loss  # PyTorch: deferred (a model is given)
+
+        loss_fn = binary_loss
+    r = RoundInput(msg, context, config, cfg, knob, x_all, y, spec,
                    model, loss_fn, server_round, key, rng, t0)
     begin_round(context, server_round, STATE_PREFIX)
     gradient = config.get("round-mode", "data") == "gradient"

@@ -41,6 +41,7 @@ from dq_flower.dq.server.validation import (
     keep_rows,
     kept_rows,
 )
+from dq_flower.losses import TargetLoss
 from dq_flower.model_ops import LossFn, check_model, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
@@ -97,6 +98,8 @@ class UploadIntake:
         resumed): the model and loss are checked on zero rows here. ``provisional``: agreed
         by a round's replies (:meth:`FederationData.forget_unconfirmed`).
         """
+        if isinstance(self.loss_fn, TargetLoss):  # the default loss follows the targets
+            self.loss_fn.binary = spec.target == "binary"
         if classes is None:
             classes = check_model(self.model, spec, *placeholder_rows(spec),
                                   self.data.num_classes, self.loss_fn)
@@ -130,6 +133,8 @@ class UploadIntake:
             log_round("dq", 0, f"data: samples {spec.sample_shape}" + (
                 f" of ids below {spec.vocab} (the model's embedding), coded losslessly"
                 if ids else "") + f", {spec.target} targets" + (
+                " (0 or 1: binary cross-entropy on the model's logits)"
+                if spec.target == "binary" and isinstance(self.loss_fn, TargetLoss) else "") + (
                 "" if ids else f", ranges {mode}") + (f", {self.data.num_classes} classes"
                                                        if spec.target == "class" else ""))
 

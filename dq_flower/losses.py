@@ -1,0 +1,70 @@
+"""Per-sample losses of the model path: ``loss_fn(outputs, targets)`` returns shape ``(n,)``.
+
+The default follows the targets: cross-entropy for class labels, the next-token loss for
+token windows, binary cross-entropy on logits for 0/1 targets (a data spec's ``binary``
+targets: :class:`TargetLoss`), else the mean squared error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+__all__ = ["LossFn", "next_token_loss", "binary_loss", "default_loss", "resolve_loss",
+           "TargetLoss"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
+
+
+def next_token_loss(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+    """Per-window mean cross-entropy (nats) of tokens ``1..`` given those before them.
+
+    ``logits`` ``(n, length, vocab)``: position ``t`` scores token ``t + 1``.
+    """
+    ids = windows.reshape(windows.shape[0], -1)
+    ids = ids.round().long() if ids.is_floating_point() else ids.long()
+    per_token = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    return per_token.mean(dim=1)
+
+
+def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-sample loss: cross-entropy for integer targets, else mean squared error.
+
+    Integer windows ``(n, length)`` scored by logits ``(n, length, vocab)``: the
+    next-token loss (:func:`next_token_loss`).
+    """
+    if not torch.is_floating_point(targets) and outputs.ndim == 3 and targets.ndim == 2:
+        return next_token_loss(outputs, targets)
+    if not torch.is_floating_point(targets):
+        return F.cross_entropy(outputs, targets.long(), reduction="none")
+    out = outputs.reshape(outputs.shape[0], -1)
+    return ((out - targets.reshape(out.shape).to(out.dtype)) ** 2).mean(dim=1)
+
+
+def resolve_loss(loss_fn: LossFn | None) -> LossFn:
+    """``loss_fn``, or :func:`default_loss` when it is ``None``."""
+    return default_loss if loss_fn is None else loss_fn
+
+
+def binary_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-sample binary cross-entropy of logits against 0/1 targets, mean over outputs."""
+    out = outputs.reshape(outputs.shape[0], -1)
+    return F.binary_cross_entropy_with_logits(
+        out, targets.reshape(out.shape).to(out.dtype), reduction="none").mean(dim=1)
+
+
+class TargetLoss:
+    """The server's default loss: :func:`binary_loss` once the spec's targets are ``binary``.
+
+    Else :func:`default_loss`. The server sets :attr:`binary` when it adopts a data spec.
+    """
+
+    def __init__(self) -> None:
+        self.binary = False
+
+    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-sample losses of ``outputs`` against ``targets``."""
+        return (binary_loss if self.binary else default_loss)(outputs, targets)
