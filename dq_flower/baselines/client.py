@@ -19,6 +19,7 @@ from dq_flower.client_state import begin_round, end_round, load_state_dict, save
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.config import read
 from dq_flower.data_input import as_arrays
+from dq_flower.losses import binary_loss
 from dq_flower.model_ops import (
     LossFn,
     float_buffers,
@@ -30,6 +31,7 @@ from dq_flower.model_ops import (
 from dq_flower.node import node_key
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.update_coding import encode_update
+from dq_flower.wire.dq_batch import binary_targets
 from dq_flower.wire.gradient import (
     METRICS_KEY,
     VOTE_PREFIX,
@@ -177,6 +179,8 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     x, y = as_arrays(data, keys)
     if x.shape[0] == 0:
         raise ValueError("this node has no training data")
+    if loss_fn is None and binary_targets(y):  # 0/1 float targets: the model gives logits
+        loss_fn = binary_loss
     begin_round(context, server_round, STATE_PREFIX)
 
     dim = int(sum(p.numel() for p in model.parameters()))

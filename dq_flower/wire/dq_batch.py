@@ -23,7 +23,7 @@ from dq_flower.codecs.tokens import token_width
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
            "RANGES_KEY", "payload_quantizer", "range_mode", "ranges_record",
-           "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_of", "spec_record",
+           "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_of", "binary_targets", "spec_record",
            "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY", "expect_rows",
            "reply_spec", "DataReply", "read_reply"]
 
@@ -314,8 +314,7 @@ SPEC_KEY = "data-spec"
 ID_VOCAB_KEY = "sample-vocab"
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
-#: Largest vocabulary of id samples (ids stay exact as float32 below 2**24).
-MAX_VOCAB = 1 << 24
+MAX_VOCAB = 1 << 24  #: Largest vocabulary of id samples (exact as float32 below 2**24).
 TARGET_KINDS = ("class", "float", "binary", "tokens")
 
 
@@ -332,11 +331,10 @@ class DataSpec:
         targets all 0 or 1: binary or multi-label classification, scored on logits) or
         ``tokens`` (windows of token ids, their own targets: :mod:`.token_batch`).
     target_dim : int
-        Values per target: 1 for class labels and scalar targets; for ``tokens``, the
-        vocabulary size.
+        Values per target: 1 for class labels and scalar targets; ``tokens``: the vocabulary.
     vocab : int
-        Samples of ids below ``vocab``, sent exactly (a text classifier's word ids: the
-        model reads them with an embedding); 0: values, quantized.
+        Samples of ids below ``vocab``, sent exactly (a text classifier's word ids, which an
+        embedding reads); 0: values, quantized.
     """
 
     sample_shape: tuple[int, ...]
@@ -371,9 +369,13 @@ def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0) -> DataSpec:
     shape = tuple(int(s) for s in x.shape[1:]) or (1,)
     if np.issubdtype(y.dtype, np.integer):
         return DataSpec(shape, "class", 1, vocab)
-    binary = y.size > 0 and bool(np.isin(y, (0.0, 1.0)).all())  # 0/1 targets: logits
-    return DataSpec(shape, "binary" if binary else "float",
+    return DataSpec(shape, "binary" if binary_targets(y) else "float",
                     int(y.shape[1]) if y.ndim == 2 else 1, vocab)
+
+
+def binary_targets(y: np.ndarray) -> bool:
+    """Whether float targets are all 0 or 1: labels for binary cross-entropy on logits."""
+    return y.size > 0 and y.dtype.kind == "f" and bool(np.isin(y, (0, 1)).all())
 
 
 def spec_record(spec: DataSpec) -> ConfigRecord:

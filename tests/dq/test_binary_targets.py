@@ -12,12 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import MetricRecord
+from flwr.app import ArrayRecord, MetricRecord
 
+import dq_flower
+from dq_flower.baselines import client as baseline_client
 from dq_flower.codecs import PayloadError, make
 from dq_flower.dq.server.validation import History, Rules, check_upload
+from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.losses import TargetLoss, binary_loss, default_loss
 from dq_flower.wire.dq_batch import SPEC_KEY, DataSpec, encode_batch, spec_of, spec_record
+from tests.apps import cancer_binary
 from tests.apps.test_zoo import runs
 
 
@@ -73,3 +77,26 @@ def test_a_one_logit_classifier_trains_through_dq_at_its_defaults():
     quoted = (f"and ends at {dq.final:.1%} (FedAvg {fedavg.final:.1%}) with "
               f"{fedavg.up_bytes / dq.up_bytes:.1f}x less uplink now")
     assert quoted in " ".join(page.split()), quoted
+
+
+def test_the_gradient_baselines_devices_score_binary_targets_on_logits_too(monkeypatch):
+    pytest.importorskip("sklearn")
+    calls = []
+
+    def counted(outputs, targets):
+        calls.append(len(targets))
+        return binary_loss(outputs, targets)
+
+    monkeypatch.setattr(baseline_client, "binary_loss", counted)
+
+    def train(msg, context):
+        data = cancer_binary.load_local_data(int(context.node_config["partition-id"]))
+        return dq_flower.client.gradient_train(msg, context, data, model=cancer_binary.Net())
+
+    model = cancer_binary.Net()
+    strategy = dq_flower.GradientStrategy(model, codec="qsgd", lr=0.1, seed=0)
+    result = strategy.start(grid=InProcessGrid(train, 4), num_rounds=20,
+                            initial_arrays=ArrayRecord(model.state_dict()))
+    trained = cancer_binary.Net()
+    trained.load_state_dict(result.arrays.to_torch_state_dict())
+    assert calls and cancer_binary.score(trained, *cancer_binary.test_set()) > 0.9
