@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
-           "next_token_loss", "binary_loss", "model_output",
+           "next_token_loss", "binary_loss", "model_output", "embedding_vocab",
            "resolve_loss", "targets_tensor", "weighted_loss_grad", "WeightedSteps",
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
@@ -174,6 +174,18 @@ def model_input(x: np.ndarray | torch.Tensor, device: torch.device, tokens: bool
     t = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.ascontiguousarray(x))
     ids = tokens or t.dtype in (torch.int32, torch.int64)
     return t.to(device, torch.int64 if ids else torch.float32)
+
+
+def embedding_vocab(model: nn.Module) -> int:
+    """Rows of the embedding the model reads its samples with: its first layer's, else 0.
+
+    The first module holding parameters, an ``nn.Embedding`` or ``nn.EmbeddingBag``, says
+    the samples are ids below its ``num_embeddings`` (a text classifier's word ids).
+    """
+    first = next((m for m in model.modules() if next(m.parameters(recurse=False), None)
+                  is not None), None)
+    kinds = (nn.Embedding, nn.EmbeddingBag)
+    return int(first.num_embeddings) if isinstance(first, kinds) else 0
 
 
 def _windows(y: torch.Tensor) -> bool:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
-from dq_flower.data_input import as_arrays
+from dq_flower.data_input import as_arrays, ids_below
 from dq_flower.torch_support import require_torch
+from dq_flower.wire.dq_batch import binary_targets
 from dq_flower.wire.partition import names_partition
 
 if TYPE_CHECKING:
@@ -32,12 +34,18 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     """
     del context  # evaluation keeps no state
     require_torch("federated evaluation (fraction-evaluate > 0)")
-    from dq_flower.model_ops import evaluate as evaluate_model  # PyTorch, checked above
+    from dq_flower.losses import binary_loss  # PyTorch, checked above
+    from dq_flower.model_ops import embedding_vocab
+    from dq_flower.model_ops import evaluate as evaluate_model
 
     if "arrays" not in msg.content.array_records:
         raise ValueError("the evaluate message carries no 'arrays' record")
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     x, y = as_arrays(data, keys)
+    if ids_below(x, embedding_vocab(model)):  # word ids, as the model reads them
+        x = x.astype(np.int64)
+    if loss_fn is None and binary_targets(y):  # 0/1 float targets: the model gives logits
+        loss_fn = binary_loss
     loss, acc = evaluate_model(model, x, y, loss_fn=loss_fn)
     metrics: dict[str, MetricRecordValues] = {"eval-loss": float(loss),
                                                "num-examples": int(x.shape[0])}

@@ -13,17 +13,16 @@ import logging
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from torch import nn
 
 import dq_flower
 from dq_flower.codecs import PayloadError, make
 from dq_flower.dq.client.tokens import id_vocab
-from dq_flower.dq.server.asks import embedding_vocab
 from dq_flower.dq.server.optimizer_choice import candidates
 from dq_flower.dq.server.validation import History, Rules, check_upload
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.model_ops import model_input
+from dq_flower.model_ops import embedding_vocab, model_input
 from dq_flower.server.common import decay_groups
 from dq_flower.wire.dq_batch import (
     ID_VOCAB_KEY,
@@ -206,3 +205,28 @@ def test_a_text_classifier_trains_through_dq_at_its_defaults():
         == [True]
     accuracy = result.evaluate_metrics_serverapp[3]["accuracy"]
     assert accuracy > 0.8, accuracy  # chance is about 1/3
+
+
+def test_federated_evaluation_reads_word_ids_and_binary_targets():
+    InProcessGrid(lambda m, c: m, 1)  # acts as the server: messages can be built here
+    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+
+    def message(model: nn.Module) -> Message:
+        msg = Message(RecordDict({"arrays": ArrayRecord(model.state_dict())}), dst_node_id=5,
+                      message_type=MessageType.EVALUATE)
+        msg.metadata.__dict__["_message_id"] = "e1"
+        return msg
+
+    x, y = passages(40, 3)
+    metrics = dq_flower.client.evaluate(message(BagOfWords()), ctx, (x, y), model=BagOfWords())
+    assert 0.0 <= metrics.content["metrics"]["eval-acc"] <= 1.0  # ids reached the embedding
+    torch.manual_seed(0)
+    one_logit = nn.Sequential(nn.Linear(LENGTH, 1), nn.Flatten(0))
+    labels = (x[:, 0] < 30).astype(np.float32)  # 0/1 float labels: scored on logits
+    reply = dq_flower.client.evaluate(message(one_logit), ctx, (x.astype(np.float32), labels),
+                                      model=one_logit)
+    with torch.no_grad():
+        logits = one_logit(torch.from_numpy(x.astype(np.float32)))
+    expected = float(torch.nn.functional.binary_cross_entropy_with_logits(
+        logits, torch.from_numpy(labels)))
+    assert reply.content["metrics"]["eval-loss"] == pytest.approx(expected, rel=1e-5)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
+from dq_flower.data_input import ids_below
 from dq_flower.dq.client.selection import select
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY, model_knob
@@ -74,6 +75,4 @@ def id_vocab(config: Mapping[str, Any], x: np.ndarray) -> int:
     embedding; the samples are its ids where every value is a whole number below it.
     """
     vocab = int(config.get(ID_VOCAB_KEY, 0) or 0)
-    whole = (vocab > 0 and x.size > 0 and bool(x.min() >= 0) and bool(x.max() < vocab)
-             and np.array_equal(x, np.rint(x)))
-    return vocab if whole else 0
+    return vocab if ids_below(x, vocab) else 0

@@ -33,7 +33,7 @@ from dq_flower.dq.server.identities import ClientIdentities, RoundClients
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.model_ops import output_width, reads_windows
+from dq_flower.model_ops import embedding_vocab, output_width, reads_windows
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import ID_VOCAB_KEY
 from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
@@ -372,14 +372,3 @@ class RoundAsks:
                                     dst_node_id=node))
         return messages
 
-
-def embedding_vocab(model: torch.nn.Module) -> int:
-    """Rows of the embedding the model reads its samples with: its first layer's, else 0.
-
-    The first module holding parameters, an ``nn.Embedding`` or ``nn.EmbeddingBag``, says
-    the samples are ids below its ``num_embeddings`` (a text classifier's word ids).
-    """
-    first = next((m for m in model.modules() if next(m.parameters(recurse=False), None)
-                  is not None), None)
-    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
-    return int(first.num_embeddings) if isinstance(first, kinds) else 0
