@@ -35,8 +35,8 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     del context  # evaluation keeps no state
     require_torch("federated evaluation (fraction-evaluate > 0)")
     from dq_flower.losses import binary_loss  # PyTorch, checked above
-    from dq_flower.model_ops import embedding_vocab
-    from dq_flower.model_ops import evaluate as evaluate_model
+    from dq_flower.model_ops import embedding_vocab  # PyTorch, checked above
+    from dq_flower.model_ops import evaluate as evaluate_model  # PyTorch, checked above
 
     if "arrays" not in msg.content.array_records:
         raise ValueError("the evaluate message carries no 'arrays' record")
