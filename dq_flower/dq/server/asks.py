@@ -119,8 +119,8 @@ class RoundAsks:
         cfg["round-mode"] = plan.mode
         if self.data.num_classes:
             cfg["num-classes"] = int(self.data.num_classes)
-        if self.id_vocab():
-            cfg[ID_VOCAB_KEY] = self.id_vocab()
+        if vocab := self.id_vocab():  # the samples may be ids an embedding reads
+            cfg[ID_VOCAB_KEY] = vocab
         if refresh:
             cfg["refresh"] = 1
         if self.cfg.scorer == AUTO:
@@ -371,4 +371,3 @@ class RoundAsks:
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))
         return messages
-
