@@ -20,8 +20,8 @@ __all__ = ["as_arrays", "ids_below", "is_class_target", "dict_keys", "SAMPLE_KEY
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
 #: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
-#: ``signal``).
-SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "features", "signal")
+#: ``signal``; Hugging Face tokenizers ``input_ids``, padded to one length).
+SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "features", "signal", "input_ids")
 #: Names of a dict sample's target, in order of preference.
 LABEL_KEYS = ("label", "labels", "y", "target")
 

@@ -13,11 +13,13 @@ import logging
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from torch import nn
 
 import dq_flower
 from dq_flower.codecs import PayloadError, make
+from dq_flower.data_input import as_arrays
 from dq_flower.dq.client.tokens import id_vocab
 from dq_flower.dq.server.optimizer_choice import candidates
 from dq_flower.dq.server.validation import History, Rules, check_upload
@@ -78,6 +80,15 @@ def test_a_node_sends_ids_where_every_value_is_a_whole_number_below_the_vocabula
     assert id_vocab({ID_VOCAB_KEY: VOCAB}, x + 0.5) == 0
     assert id_vocab({ID_VOCAB_KEY: VOCAB}, -x) == 0
     assert id_vocab({ID_VOCAB_KEY: VOCAB}, np.zeros((0, 3), np.float32)) == 0
+
+
+def test_a_tokenized_datasets_input_ids_are_the_samples():
+    x, y = passages(6, 0)
+    data = Dataset.from_dict({"input_ids": x.tolist(), "attention_mask": np.ones_like(x).tolist(),
+                              "label": y.tolist()}).with_format("torch")
+    got_x, got_y = as_arrays(data)
+    assert np.array_equal(got_x, x) and np.array_equal(got_y, y)
+    assert id_vocab({ID_VOCAB_KEY: VOCAB}, got_x) == VOCAB
 
 
 def test_ids_reach_the_model_as_int64_and_values_as_float32():
