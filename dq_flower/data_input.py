@@ -110,7 +110,12 @@ def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]
 
 def _joined(pairs: list[tuple[Any, Any]], join: Callable[[list], np.ndarray]
             ) -> tuple[np.ndarray, np.ndarray]:
-    return join([_to_numpy(x) for x, _ in pairs]), join([_to_numpy(y) for _, y in pairs])
+    xs = [_to_numpy(x) for x, _ in pairs]
+    shapes = sorted({x.shape[1:] if join is np.concatenate else x.shape for x in xs})
+    if len(shapes) > 1:  # e.g. a tokenizer's ids without padding
+        raise ValueError(f"the samples have different shapes ({shapes[0]} and {shapes[-1]}):"
+                         " give every sample one shape (pad token ids to one length)")
+    return join(xs), join([_to_numpy(y) for _, y in pairs])
 
 
 def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -89,6 +89,9 @@ def test_a_tokenized_datasets_input_ids_are_the_samples():
     got_x, got_y = as_arrays(data)
     assert np.array_equal(got_x, x) and np.array_equal(got_y, y)
     assert id_vocab({ID_VOCAB_KEY: VOCAB}, got_x) == VOCAB
+    ragged = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]], "label": [0, 1]})
+    with pytest.raises(ValueError, match=r"different shapes \(\(2,\) and \(3,\)\).*pad"):
+        as_arrays(ragged)
 
 
 def test_ids_reach_the_model_as_int64_and_values_as_float32():
