@@ -420,7 +420,7 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
 
 def placeholder_rows(spec: DataSpec, n: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """Zero rows and targets of ``spec`` (class 0 or zero targets): a spec given, not sent."""
-    x = np.zeros((n, spec.dim), dtype=np.float32)
+    x = np.zeros((n, spec.dim), dtype=np.int64 if spec.vocab else np.float32)  # ids: int64
     if spec.target == "tokens":  # windows of token 0, their own targets
         return x, np.zeros((n, spec.dim), dtype=np.int64)
     if spec.target == "class":

@@ -219,6 +219,11 @@ def test_a_text_classifier_trains_through_dq_at_its_defaults():
         == [True]
     accuracy = result.evaluate_metrics_serverapp[3]["accuracy"]
     assert accuracy > 0.8, accuracy  # chance is about 1/3
+    resumed = dq_flower.DQStrategy(BagOfWords(), seed=0)  # a checkpoint keeps the ids
+    resumed.load_state_dict(strategy.state_dict())
+    assert resumed.data.spec == strategy.data.spec and resumed.stored == strategy.stored
+    again = resumed.data.store
+    assert np.array_equal(again._decode(again._rows)[0], x)
 
 
 def test_federated_evaluation_reads_word_ids_and_binary_targets():
