@@ -100,3 +100,13 @@ def test_the_gradient_baselines_devices_score_binary_targets_on_logits_too(monke
     trained = cancer_binary.Net()
     trained.load_state_dict(result.arrays.to_torch_state_dict())
     assert calls and cancer_binary.score(trained, *cancer_binary.test_set()) > 0.9
+
+
+def test_a_binary_spec_switches_the_servers_default_loss_and_a_given_loss_stays():
+    strategy = dq_flower.DQStrategy(torch.nn.Linear(3, 1), seed=0)
+    assert isinstance(strategy.trainer.loss_fn, TargetLoss)
+    strategy.intake.fix_spec(DataSpec((3,), "binary"))  # as a resumed run adopts it
+    assert strategy.trainer.loss_fn.binary and strategy.intake.loss_fn is strategy.trainer.loss_fn
+    mine = dq_flower.DQStrategy(torch.nn.Linear(3, 1), seed=0, loss_fn=default_loss)
+    mine.intake.fix_spec(DataSpec((3,), "binary"))
+    assert mine.trainer.loss_fn is default_loss
