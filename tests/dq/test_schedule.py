@@ -199,3 +199,11 @@ def test_schedule_state_round_trips_with_its_evidence_and_probe_countdown():
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         AdaptiveSchedule(**kwargs)
+
+
+def test_an_ask_far_past_the_growth_cap_does_not_overflow():
+    # a raw-scale regression: held-out loss e1 of about 7,000 gaining 5 a doubling makes
+    # (u / min_gain) ** (1 / b) overflow a float; the ask is the cap, as it would clamp to
+    s = AdaptiveSchedule(min_gain=0.005, max_growth=1.5)
+    assert s._ask(100, 5.0, 0.0, 7215.0) == 50
+    assert s._ask(100, 0.5, 0.0, 1.0) == 50  # an ordinary ask past the cap: the cap too

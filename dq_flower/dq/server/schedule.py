@@ -205,8 +205,10 @@ class AdaptiveSchedule:
         want = hi
         if math.isfinite(u) and 0 < u < e1 and math.isfinite(e1):
             b = -math.log2(1 - u / e1)  # e(N) = a N^-b gains u per doubling at N1
-            if b > 1e-6:
-                want = n1 * (u / self.min_gain) ** (1 / b) - n1
+            if b > 1e-6:  # past max_growth the ask is capped: no power that overflows
+                ratio = u / self.min_gain
+                want = (hi if math.log(ratio) / b > math.log(self.max_growth)
+                        else n1 * ratio ** (1 / b) - n1)
         return max(math.ceil(min(max(want, lo), hi) - 1e-9), 1)
 
     def state(self) -> dict[str, Any]:
