@@ -18,6 +18,7 @@ from dq_flower.dq.server.optimizer_choice import (
     candidates,
     from_train_config,
     pick,
+    target_scale,
 )
 from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.harness.inprocess import InProcessGrid
@@ -190,3 +191,31 @@ def test_the_users_own_optimizer_is_the_one_the_server_steps_with():
 def test_an_optimizer_over_other_parameters_is_refused_by_name():
     with pytest.raises(ValueError, match="optimizer"):
         dq_flower.DQStrategy(_Net(), optimizer=torch.optim.SGD(_Net().parameters(), lr=0.1))
+
+
+def test_adams_step_grows_with_the_spread_of_float_targets():
+    class Held:  # a store's held-out rows, as holdout_batches yields them
+        def __init__(self, *ys):
+            self.ys = ys
+
+        def holdout_batches(self):
+            return [(None, np.asarray(y, np.float32), None, None, None) for y in self.ys]
+
+    assert target_scale(Held([100.0, 300.0], [200.0])) == pytest.approx(np.std([100, 300, 200]))
+    assert target_scale(Held([0.5, -0.5])) == 1.0  # standardized targets: unchanged
+    assert target_scale(Held([7.0])) == 1.0 and target_scale(Held()) == 1.0
+    adam = [c for c in candidates(0.05, False, scale=80.0) if c.name == "adam"][0]
+    assert adam.lr == pytest.approx(ADAM_LR * 80.0)
+    given = [c for c in candidates(0.05, True, scale=80.0) if c.name == "adam"][0]
+    assert given.lr == 0.05  # the user's step size stays
+
+
+def test_the_figures_method_md_quotes_for_raw_regression_targets():
+    pytest.importorskip("sklearn")
+    from tests.apps.test_zoo import runs  # the zoo's runs, made once per session
+
+    fedavg, dq = runs("diabetes_raw")["fedavg"], runs("diabetes_raw")["dq"]
+    page = " ".join((Path(__file__).parents[2] / "docs" / "method.md").read_text().split())
+    quoted = (f"DQ ends at {dq.final:,.0f} with {dq.up_bytes:,} uplink bytes against "
+              f"FedAvg's {fedavg.final:,.0f} with {fedavg.up_bytes:,}")
+    assert quoted in page, quoted

@@ -72,14 +72,17 @@ class OptimizerChoice:
         return cls(str(state["name"]), float(state["lr"]), str(state.get("source", "knobs")))
 
 
-def candidates(lr: float, lr_given: bool, adam_first: bool = False) -> list[OptimizerChoice]:
+def candidates(lr: float, lr_given: bool, adam_first: bool = False,
+               scale: float = 1.0) -> list[OptimizerChoice]:
     """The probe's optimizers: SGD at ``lr``, then Adam (at ``lr`` where it was given).
 
     ``adam_first``: Adam leads (the samples are ids an embedding reads: SGD moves the
-    embedding's rows slowly).
+    embedding's rows slowly). ``scale``: the float targets' spread (at least 1): Adam's
+    step, which moves a weight by about its size whatever the gradient's, grows with it,
+    so that outputs reach the targets' scale in about as many steps as unit targets take.
     """
     out = [OptimizerChoice("sgd", lr, "held-out"),
-           OptimizerChoice("adam", lr if lr_given else ADAM_LR, "held-out")]
+           OptimizerChoice("adam", lr if lr_given else ADAM_LR * scale, "held-out")]
     return out[::-1] if adam_first else out
 
 
@@ -230,7 +233,9 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     rows, no probe).
     """
     store, spec = trainer.data.store, trainer.data.spec
-    options = candidates(trainer.lr, trainer.lr_given, spec is not None and spec.vocab > 0)
+    scale = target_scale(store) if spec is not None and spec.target == "float" else 1.0
+    options = candidates(trainer.lr, trainer.lr_given, spec is not None and spec.vocab > 0,
+                         scale)
     if store is None or not store.holdout_mask.any():
         default = replace(options[0], source="default")
         trainer.use_optimizer(default)
@@ -272,6 +277,13 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     assert winner.start is not None
     return Continuation(winner.start, winner.weights, winner.optimizer,
                         winner.rng.bit_generator.state, winner.augment)
+
+
+def target_scale(store: Any) -> float:
+    """The held-out float targets' standard deviation, at least 1 (1 with fewer than two)."""
+    ys = [np.asarray(y, dtype=np.float64).reshape(-1) for _, y, *_ in store.holdout_batches()]
+    spread = float(np.concatenate(ys).std()) if sum(y.size for y in ys) > 1 else 0.0
+    return max(1.0, spread)
 
 
 def _decided(scores: list[HeldOutScores | None]) -> bool:
