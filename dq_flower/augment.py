@@ -11,10 +11,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["RandomShift", "RandomFlip", "augmentation_for", "MIN_SIDE"]
+__all__ = ["RandomShift", "RandomFlip", "augmentation_for", "MIN_SIDE", "MAX_ASPECT"]
 
 #: Smallest image side (pixels) that ``auto`` shifts: smaller images are left alone.
 MIN_SIDE = 14
+#: ``auto`` shifts image-shaped samples only: the long side at most this many times the
+#: short (a (channels, time) series, an EEG's 22 x 256, would shift channels into each other).
+MAX_ASPECT = 2
 
 
 class RandomShift:
@@ -68,12 +71,14 @@ def augmentation_for(name: str, sample_shape: tuple[int, ...], rng: np.random.Ge
     """The built-in augmentation ``name`` for samples of ``sample_shape`` (or ``None``).
 
     ``auto`` and ``shift`` shift by up to ``min(H, W) // 14`` pixels (``auto``: sides of
-    :data:`MIN_SIDE` up), ``shift-flip`` also flips; seeded by one draw of ``rng``.
+    :data:`MIN_SIDE` up, the long one at most :data:`MAX_ASPECT` times the short),
+    ``shift-flip`` also flips; seeded by one draw of ``rng``.
     """
     if name == "none" or len(sample_shape) < 2:
         return None
     side = min(int(sample_shape[-1]), int(sample_shape[-2]))
-    if name == "auto" and side < MIN_SIDE:
+    long_side = max(int(sample_shape[-1]), int(sample_shape[-2]))
+    if name == "auto" and (side < MIN_SIDE or long_side > MAX_ASPECT * side):
         return None
     seed = int(rng.integers(2**31))
     shift = RandomShift(max(side // 14, 1), seed)

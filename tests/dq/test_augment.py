@@ -62,6 +62,10 @@ def _rng():
 def test_auto_shifts_images_of_14_pixels_or_more_and_leaves_the_rest_alone():
     assert augmentation_for("auto", (784,), _rng()) is None  # flat samples
     assert augmentation_for("auto", (1, 8, 8), _rng()) is None  # digits: too small
+    assert augmentation_for("auto", (22, 256), _rng()) is None  # (channels, time): a series
+    assert augmentation_for("auto", (40, 101), _rng()) is None  # sides beyond 2x
+    assert augmentation_for("auto", (28, 56), _rng()) is not None  # within 2x: an image
+    assert augmentation_for("shift", (22, 256), _rng()) is not None  # asked for: shifted
     shift = augmentation_for("auto", (1, 28, 28), _rng())
     assert isinstance(shift, RandomShift) and shift.max_shift == 2
     assert augmentation_for("auto", (3, 32, 32), _rng()).max_shift == 2
