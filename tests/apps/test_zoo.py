@@ -2,7 +2,8 @@
 
 For every app of ``tests/apps`` (its data available), DQ's final central accuracy must be
 within :data:`MARGIN` (2 points) of FedAvg's final accuracy or above, with at most a fifth
-of FedAvg's uplink bytes, and both must end well above chance (the majority class's share
+of FedAvg's uplink bytes (an app whose model weighs little beside its data states a larger
+share, ``UPLINK_SHARE``, and why), and both must end well above chance (the majority class's share
 of the test set plus half the gap to 100%). A regression app scores a loss instead (its
 ``METRIC``, lower is better): DQ's may be at most ``1 + TOLERANCE`` times FedAvg's (the
 app justifies its tolerance), and both must end at most 3/4 of the loss of always
@@ -25,12 +26,13 @@ from tests.apps.runner import AppRun, dq_keeps_up, lower_is_better, run_app
 
 APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial", "wine_raw",
         "giant_node", "many_small", "cancer_raw", "diabetes_regression", "tiny_nodes",
-        "hapt_cnn", "cancer_binary", "diabetes_raw")
+        "hapt_cnn", "cancer_binary", "diabetes_raw", "load_forecast")
 #: Rounds of the CI runs (None: the app's own ``ROUNDS``).
 CI_ROUNDS = {"fmnist_cnn": 3, "digits_skew_mlp": None, "tabular_mlp": None,
              "fmnist_partial": 4, "wine_raw": None, "giant_node": None, "many_small": None,
              "cancer_raw": None, "diabetes_regression": None, "tiny_nodes": None,
-             "hapt_cnn": 2, "cancer_binary": None, "diabetes_raw": None}
+             "hapt_cnn": 2, "cancer_binary": None, "diabetes_raw": None,
+             "load_forecast": None}
 #: The apps whose CI runs take a minute or more on 2 cores: ``slow`` (the others, unmarked,
 #: are the suite's version of the check).
 SLOW = ("fmnist_cnn", "hapt_cnn", "fmnist_partial", "giant_node", "many_small")
@@ -76,10 +78,10 @@ def check_accuracy(app, r: dict[str, AppRun]) -> None:
         f"DQ trails FedAvg by more than its tolerance: {describe(r)}")
 
 
-def check_uplink(r: dict[str, AppRun]) -> None:
+def check_uplink(r: dict[str, AppRun], share: float = UPLINK_SHARE) -> None:
     assert r["dq"].up_bytes > 0 and r["fedavg"].up_bytes > 0
-    assert r["dq"].up_bytes <= UPLINK_SHARE * r["fedavg"].up_bytes, (
-        f"DQ's uplink is above {UPLINK_SHARE:.0%} of FedAvg's: {describe(r)}")
+    assert r["dq"].up_bytes <= share * r["fedavg"].up_bytes, (
+        f"DQ's uplink is above {share:.0%} of FedAvg's: {describe(r)}")
 
 
 def check_above_chance(app, r: dict[str, AppRun], rounds: int) -> None:
@@ -103,7 +105,9 @@ def test_dq_accuracy_within_two_points_of_fedavg_or_above(name):
 
 @pytest.mark.parametrize("name", PARAMS)
 def test_dq_uplink_at_most_a_fifth_of_fedavgs(name):
-    check_uplink(runs(name))
+    """A fifth, or the app's own ``UPLINK_SHARE`` where it says why (a model far smaller
+    than its data)."""
+    check_uplink(runs(name), getattr(load(name), "UPLINK_SHARE", UPLINK_SHARE))
 
 
 @pytest.mark.parametrize("name", PARAMS)

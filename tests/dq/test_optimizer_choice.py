@@ -204,10 +204,26 @@ def test_adams_step_grows_with_the_spread_of_float_targets():
     assert target_scale(Held([100.0, 300.0], [200.0])) == pytest.approx(np.std([100, 300, 200]))
     assert target_scale(Held([0.5, -0.5])) == 1.0  # standardized targets: unchanged
     assert target_scale(Held([7.0])) == 1.0 and target_scale(Held()) == 1.0
-    adam = [c for c in candidates(0.05, False, scale=80.0) if c.name == "adam"][0]
-    assert adam.lr == pytest.approx(ADAM_LR * 80.0)
-    given = [c for c in candidates(0.05, True, scale=80.0) if c.name == "adam"][0]
-    assert given.lr == 0.05  # the user's step size stays
+    raced = [(c.name, c.lr) for c in candidates(0.05, False, scale=80.0)]
+    assert raced == [("sgd", 0.05), ("adam", ADAM_LR), ("adam", pytest.approx(ADAM_LR * 80.0))]
+    given = [(c.name, c.lr) for c in candidates(0.05, True, scale=80.0)]
+    assert given == [("sgd", 0.05), ("adam", 0.05)]  # the user's step size stays, no third
+    assert len(candidates(0.05, False, scale=1.0)) == 2  # standardized targets: as before
+
+
+def test_a_failed_first_candidate_hands_the_comparison_to_the_next_finite_one():
+    rows = 400
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1.0, 2.0, rows)
+    nodes = np.zeros(rows, dtype=np.uint64)
+    worse, better = HeldOutScores(base, None, nodes), HeldOutScores(base * 0.5, None, nodes)
+    # SGD went non-finite: Adam at 1e-3 stands unless the scaled Adam beats it
+    best, gain = pick([None, worse, better])
+    assert best == 2 and gain is not None and gain.gain == pytest.approx(0.5)
+    assert pick([worse, better, better])[0] == 1  # the third does not beat the second
+    assert pick([None, better, worse])[0] == 1
+    assert pick([None, None, worse]) == (2, None)
+    assert pick([None, None]) == (0, None)
 
 
 def test_the_figures_method_md_quotes_for_raw_regression_targets():
@@ -219,3 +235,19 @@ def test_the_figures_method_md_quotes_for_raw_regression_targets():
     quoted = (f"DQ ends at {dq.final:,.0f} with {dq.up_bytes:,} uplink bytes against "
               f"FedAvg's {fedavg.final:,.0f} with {fedavg.up_bytes:,}")
     assert quoted in page, quoted
+
+
+def test_the_figures_method_md_quotes_for_raw_inputs_beside_raw_targets():
+    from tests.apps.test_zoo import runs  # the zoo's runs, made once per session
+
+    fedavg, dq = runs("load_forecast")["fedavg"], runs("load_forecast")["dq"]
+    page = " ".join((Path(__file__).parents[2] / "docs" / "method.md").read_text().split())
+    quoted = (f"DQ then ends at a {dq.final:.2%} mean absolute percentage error with "
+              f"{dq.up_bytes:,} uplink bytes against FedAvg's {fedavg.final:.2%} with "
+              f"{fedavg.up_bytes:,}")
+    assert quoted in page, quoted
+    up_to_3 = sum(b for r, b in dq.up_by_round.items() if r <= 3)
+    notes = " ".join((Path(__file__).parents[2] / "docs" / "experiments" / "user-apps.md")
+                     .read_text().split())
+    assert f"round 3 ({dq.scores[3]:.2%}, with {up_to_3:,} B up" in notes
+    assert dq.scores[3] < fedavg.final

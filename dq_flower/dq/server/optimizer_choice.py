@@ -77,39 +77,47 @@ def candidates(lr: float, lr_given: bool, adam_first: bool = False,
     """The probe's optimizers: SGD at ``lr``, then Adam (at ``lr`` where it was given).
 
     ``adam_first``: Adam leads (the samples are ids an embedding reads: SGD moves the
-    embedding's rows slowly). ``scale``: the float targets' spread (at least 1): Adam's
-    step, which moves a weight by about its size whatever the gradient's, grows with it,
-    so that outputs reach the targets' scale in about as many steps as unit targets take.
+    embedding's rows slowly). ``scale``: the float targets' spread; above 1 (and no step
+    size given), Adam also races at ``ADAM_LR * scale``: Adam moves a weight by about its
+    step whatever the gradient, so raw-scale targets beside small inputs need a larger
+    step, while inputs on the targets' scale need none (the held-out loss decides).
     """
-    out = [OptimizerChoice("sgd", lr, "held-out"),
-           OptimizerChoice("adam", lr if lr_given else ADAM_LR * scale, "held-out")]
-    return out[::-1] if adam_first else out
+    adam = OptimizerChoice("adam", lr if lr_given else ADAM_LR, "held-out")
+    out = [OptimizerChoice("sgd", lr, "held-out"), adam]
+    if adam_first:
+        out = out[::-1]
+    if scale > 1.0 and not lr_given:
+        out.append(replace(adam, lr=ADAM_LR * scale))
+    return out
 
 
 def pick(scores: list[Any], z: float = Z_ONE_SIDED) -> tuple[int, PairedGain | None]:
-    """The index of the winning candidate and its paired gain over the first.
+    """The index of the winning candidate and its paired gain over the one it displaced.
 
     ``scores``: each candidate's held-out scores (``HeldOutScores``, ``None`` where it went
-    non-finite). The first stands unless it failed, or a later one has a lower held-out loss
-    beyond the paired comparison's uncertainty (the relative loss reduction, row by row,
-    one-sided 95%: more telling on a few rows than right or wrong) and is not worse in
-    accuracy beyond its own. The gain returned is that relative loss reduction; ``z``: the
+    non-finite). The first finite one stands; each later one in turn displaces the standing
+    one where its held-out loss is lower beyond the paired comparison's uncertainty (the
+    relative loss reduction, row by row, one-sided 95%: more telling on a few rows than
+    right or wrong) and it is not worse in accuracy beyond its own. The gain returned is
+    that relative loss reduction (``None`` where the first finite one stood); ``z``: the
     standard errors the reduction must exceed.
     """
-    first = scores[0]
-    best, best_gain = 0, None
-    if not _finite(first):
-        finite = [i for i, s in enumerate(scores) if _finite(s)]
-        return (finite[0] if finite else 0), None
-    for i, s in enumerate(scores[1:], start=1):
-        if not _finite(s):
-            continue
-        gain = paired_gain(_losses(first), _losses(s))  # relative loss, row by row
+    return _tournament(scores, z)[:2]
+
+
+def _tournament(scores: list[Any], z: float) -> tuple[int, PairedGain | None, int]:
+    """:func:`pick`'s winner, its gain and the index of the candidate it displaced."""
+    finite = [i for i, s in enumerate(scores) if _finite(s)]
+    if not finite:
+        return 0, None, 0
+    best, best_gain, beaten = finite[0], None, finite[0]
+    for i in finite[1:]:
+        standing, s = scores[best], scores[i]
+        gain = paired_gain(_losses(standing), _losses(s))  # relative loss, row by row
         if (gain.gain - z * gain.stderr > 0
-                and not significantly_worse(paired_gain(first, s))  # nor worse in accuracy
-                and (best_gain is None or gain.gain > best_gain.gain)):
-            best, best_gain = i, gain
-    return best, best_gain
+                and not significantly_worse(paired_gain(standing, s))):  # nor worse in accuracy
+            best, best_gain, beaten = i, gain, best
+    return best, best_gain, beaten
 
 
 def _losses(scores: HeldOutScores) -> HeldOutScores:
@@ -257,7 +265,7 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
             _turn(trainer, racer, rule)
         half = racers[0].steps * 2 >= rule.max_steps
         decided = half and _decided([r.scores for r in racers])
-    best, gain = pick([r.scores for r in racers])
+    best, gain, beaten = _tournament([r.scores for r in racers], Z_ONE_SIDED)
     winner = racers[best]
     trainer.model.load_state_dict(winner.weights if winner.scores is not None else start)
     trainer.use_optimizer(winner.option, winner.optimizer if winner.scores is not None else None)
@@ -267,6 +275,7 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
                                                     _score_text(r.scores)) for r in racers)
     why = ("the others went non-finite" if gain is None and best > 0 else
            f"held-out loss lower by {gain.gain:.1%} (stderr {gain.stderr:.1%})"
+           + (f" than {racers[beaten].option.describe()}'s" if len(racers) > 2 else "")
            if gain is not None else "no other is better beyond the uncertainty")
     log_round("dq", server_round, f"server optimizer: {winner.option.describe()} "
               f"({why}; {racers[0].steps}-step probes on the held-out rows: {text}; the "
