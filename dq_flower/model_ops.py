@@ -204,12 +204,18 @@ def _batch_tensors(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray
 
 def weighted_loss_grad(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray,
                        loss_fn: LossFn | None = None) -> tuple[float, np.ndarray]:
-    """``sum_i w_i loss(model(x_i), y_i)`` and its flat float32 gradient (``.grad`` untouched)."""
+    """``sum_i w_i loss(model(x_i), y_i)`` and its flat float32 gradient (``.grad`` untouched).
+
+    A parameter the user froze (``requires_grad=False``) gets a zero gradient.
+    """
     params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
     xt, yt, wt = _batch_tensors(model, x, y, w)
     with torch.enable_grad():
         loss = (_per_sample(resolve_loss(loss_fn), model_output(model(xt)), yt) * wt).sum()
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        found = iter(torch.autograd.grad(loss, trainable, allow_unused=True) if trainable
+                     else ())
+    grads = [next(found) if p.requires_grad else None for p in params]
     flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
                       for g, p in zip(grads, params, strict=True)])
     return float(loss.detach()), flat.detach().cpu().numpy().astype(np.float32, copy=True)
@@ -269,11 +275,16 @@ def loss_and_grad(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray 
 
 
 def apply_flat_grad(model: nn.Module, optimizer: torch.optim.Optimizer, grad: np.ndarray) -> None:
-    """Set each parameter's ``.grad`` from the flat ``grad`` and take one optimizer step."""
+    """Set each parameter's ``.grad`` from the flat ``grad`` and take one optimizer step.
+
+    A frozen parameter (``requires_grad=False``) keeps no gradient: the step leaves it as it is.
+    """
     offset = 0
     for p in model.parameters():
         k = p.numel()
-        p.grad = torch.from_numpy(grad[offset:offset + k].reshape(p.shape).copy()).to(p.device)
+        if p.requires_grad:
+            p.grad = torch.from_numpy(grad[offset:offset + k].reshape(p.shape).copy()
+                                      ).to(p.device)
         offset += k
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -77,14 +77,16 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     Weight decay adds to every row's gradient at every step, so a word's row that few
     minibatches reach is pulled to zero faster than its words move it (a text classifier
     trained with Adam at 5e-4 decay lost 7 to 17 points this way). A model without
-    embeddings: one group, the optimizer as over ``model.parameters()``.
+    embeddings: one group, the optimizer as over ``model.parameters()``. Parameters the user
+    froze (``requires_grad=False``) are in no group: no step moves them.
     """
     kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
     rows = {id(p) for m in model.modules() if isinstance(m, kinds)
             for p in m.parameters(recurse=False)}
-    groups = [{"params": [p for p in model.parameters() if id(p) not in rows],
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if id(p) not in rows],
                "weight_decay": weight_decay},
-              {"params": [p for p in model.parameters() if id(p) in rows], "weight_decay": 0.0}]
+              {"params": [p for p in trainable if id(p) in rows], "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
 
