@@ -33,7 +33,8 @@ __all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
            "from_arrays", "get_flat", "float_buffers", "set_float_buffers", "load_arrays",
-           "loss_and_grad", "model_input", "num_params", "reads_windows", "set_flat", "to_arrays"]
+           "loss_and_grad", "model_input", "float_dtype", "num_params", "reads_windows",
+           "set_flat", "to_arrays"]
 
 
 def num_params(model: nn.Module) -> int:
@@ -64,15 +65,16 @@ def reads_windows(model: nn.Module, length: int = 2) -> bool:
     return isinstance(out, torch.Tensor) and out.ndim == 3 and tuple(out.shape[:2]) == (1, length)
 
 
-def input_width(model: nn.Module) -> int | None:
-    """Input features of the model's first layer where it is linear (flat samples), else ``None``.
+def _first_layer(model: nn.Module) -> nn.Module | None:
+    """The first module holding parameters of its own, in registration order."""
+    return next((m for m in model.modules() if next(m.parameters(recurse=False), None)
+                 is not None), None)
 
-    The first module holding parameters of its own, in registration order.
-    """
-    for module in model.modules():
-        if any(True for _ in module.parameters(recurse=False)):
-            return int(module.in_features) if isinstance(module, nn.Linear) else None
-    return None
+
+def input_width(model: nn.Module) -> int | None:
+    """Input features of the first layer where it is linear (flat samples), else ``None``."""
+    first = _first_layer(model)
+    return int(first.in_features) if isinstance(first, nn.Linear) else None
 
 
 def _flat(tensors) -> np.ndarray:
@@ -134,8 +136,7 @@ load_arrays = from_arrays
 
 
 def _device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def targets_tensor(y: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -154,26 +155,38 @@ def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -
 
 
 def model_output(out: object) -> torch.Tensor:
-    """A model's output as a tensor: itself, or the ``logits`` of an output object.
+    """A model's output as a tensor: itself, a tuple's first, or an output object's ``logits``.
 
     ``transformers`` models return such objects (``CausalLMOutputWithPast``,
-    ``ImageClassifierOutput``): their ``logits`` are what a loss reads. ``TypeError`` names
-    anything else.
+    ``ImageClassifierOutput``): their ``logits`` are what a loss reads; a model returning
+    ``(logits, features)`` is read by its first. ``TypeError`` names anything else.
     """
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
     if isinstance(out, torch.Tensor):
         return out
     logits = getattr(out, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
-    raise TypeError(f"the model returned {type(out).__name__}: a tensor (or an object with "
-                    "a .logits tensor, as transformers models return) is needed")
+    raise TypeError(f"the model returned {type(out).__name__}: a tensor, a tuple led by one or"
+                    " an object with a .logits tensor (as transformers models return) is needed")
 
 
-def model_input(x: np.ndarray | torch.Tensor, device: torch.device, tokens: bool) -> torch.Tensor:
-    """Samples as the model reads them: token windows and int32/int64 ids as int64, else float32."""
+def model_input(x: np.ndarray | torch.Tensor, device: torch.device, tokens: bool,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Samples as the model reads them: token windows and int32/int64 ids as int64.
+
+    Other samples as ``dtype``: the model's own (:func:`float_dtype`), float64 where the
+    user called ``model.double()``.
+    """
     t = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.ascontiguousarray(x))
     ids = tokens or t.dtype in (torch.int32, torch.int64)
-    return t.to(device, torch.int64 if ids else torch.float32)
+    return t.to(device, torch.int64 if ids else dtype)
+
+
+def float_dtype(model: nn.Module) -> torch.dtype:
+    """The floating dtype the model computes in: its first floating parameter's, else float32."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def embedding_vocab(model: nn.Module) -> int:
@@ -182,10 +195,8 @@ def embedding_vocab(model: nn.Module) -> int:
     The first module holding parameters, an ``nn.Embedding`` or ``nn.EmbeddingBag``, says
     the samples are ids below its ``num_embeddings`` (a text classifier's word ids).
     """
-    first = next((m for m in model.modules() if next(m.parameters(recurse=False), None)
-                  is not None), None)
-    kinds = (nn.Embedding, nn.EmbeddingBag)
-    return int(first.num_embeddings) if isinstance(first, kinds) else 0
+    first = _first_layer(model)
+    return int(first.num_embeddings) if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else 0
 
 
 def _windows(y: torch.Tensor) -> bool:
@@ -198,7 +209,7 @@ def _batch_tensors(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray
     """A weighted minibatch as tensors on the model's device."""
     dev = _device(model)
     yt = targets_tensor(y, dev)
-    return (model_input(x, dev, _windows(yt)), yt,
+    return (model_input(x, dev, _windows(yt), float_dtype(model)), yt,
             torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev))
 
 
@@ -235,12 +246,12 @@ class WeightedSteps:
         self.model, self.optimizer = model, optimizer
         self.loss_fn = resolve_loss(loss_fn)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.device = _device(model)
+        self.device, self.dtype = _device(model), float_dtype(model)
 
     def step(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
         """One optimizer step on the weighted minibatch; returns its loss."""
         yt = targets_tensor(y, self.device)
-        xt = model_input(x, self.device, _windows(yt))
+        xt = model_input(x, self.device, _windows(yt), self.dtype)
         wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         with torch.enable_grad():
@@ -309,7 +320,7 @@ def evaluate(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | tor
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = _device(model)
     yt = targets_tensor(y, dev)
-    xt = model_input(x, dev, _windows(yt))
+    xt = model_input(x, dev, _windows(yt), float_dtype(model))
     if yt.ndim == 2 and not torch.is_floating_point(yt):
         yt = yt.reshape(-1)
     if xt.shape[0] != yt.shape[0] or xt.ndim < 2:
@@ -334,8 +345,7 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
                        loss_fn: LossFn | None = None, batch_size: int = 1024
                        ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-sample losses and, for class targets, whether the argmax is right (as `evaluate`)."""
-    dev = _device(model)
-    fn = resolve_loss(loss_fn)
+    dev, fn, dtype = _device(model), resolve_loss(loss_fn), float_dtype(model)
     yt = targets_tensor(y, dev)
     windows = _windows(yt)
     classes = not torch.is_floating_point(yt) and not windows  # token windows: no hits
@@ -344,7 +354,7 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
     losses, hits = [], []
     with inference(model):
         for i in range(0, len(x), batch_size):
-            out = model_output(model(model_input(x[i:i + batch_size], dev, windows)))
+            out = model_output(model(model_input(x[i:i + batch_size], dev, windows, dtype)))
             yb = yt[i:i + batch_size]
             losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
             if classes:
@@ -411,7 +421,8 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
         rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
         dev = next(model.parameters()).device
         with torch.no_grad():
-            out = model_output(model(model_input(rows, dev, spec.target == "tokens")))
+            out = model_output(model(model_input(rows, dev, spec.target == "tokens",
+                                                 float_dtype(model))))
         classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
         if spec.target == "class" and int(y.max()) >= classes:
             raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")

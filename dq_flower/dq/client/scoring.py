@@ -18,6 +18,7 @@ from flwr.app import Message
 
 from dq_flower.model_ops import (
     LossFn,
+    float_dtype,
     inference,
     model_input,
     model_output,
@@ -67,7 +68,7 @@ def score_candidates(
     scores = []
     try:
         for i in range(0, x.shape[0], 1024):
-            xb = torch.as_tensor(x[i:i + 1024], dtype=torch.float32).to(dev)
+            xb = model_input(x[i:i + 1024], dev, False, float_dtype(model))
             yb = targets_tensor(y[i:i + 1024], dev)
             if scorer in ("loss", "entropy", "margin"):
                 with torch.no_grad():

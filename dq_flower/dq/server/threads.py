@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dq_flower.model_ops import inference, model_input
+from dq_flower.model_ops import float_dtype, inference, model_input
 
 __all__ = ["SMALL_STEP_FLOPS", "step_threads", "torch_threads"]
 
@@ -30,7 +30,8 @@ def step_threads(model: nn.Module, rows: np.ndarray, batch: int, tokens: bool = 
     # the FLOP counter: loaded only where a server first counts a step
     from torch.utils.flop_counter import FlopCounterMode
 
-    xt = model_input(rows, next(model.parameters(), torch.empty(0)).device, tokens)
+    xt = model_input(rows, next(model.parameters(), torch.empty(0)).device, tokens,
+                     float_dtype(model))
     try:
         with inference(model), FlopCounterMode(display=False) as counter:
             model(xt)
