@@ -10,8 +10,8 @@ from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordD
 
 from dq_flower.data_input import as_arrays, ids_below
 from dq_flower.torch_support import require_torch
-from dq_flower.wire.dq_batch import binary_targets
 from dq_flower.wire.partition import names_partition
+from dq_flower.wire.targets import binary_targets, float_class_labels
 
 if TYPE_CHECKING:
     import torch
@@ -35,13 +35,14 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     del context  # evaluation keeps no state
     require_torch("federated evaluation (fraction-evaluate > 0)")
     from dq_flower.losses import binary_loss  # PyTorch, checked above
-    from dq_flower.model_ops import embedding_vocab  # PyTorch, checked above
+    from dq_flower.model_ops import embedding_vocab, output_width  # PyTorch, checked above
     from dq_flower.model_ops import evaluate as evaluate_model  # PyTorch, checked above
 
     if "arrays" not in msg.content.array_records:
         raise ValueError("the evaluate message carries no 'arrays' record")
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     x, y = as_arrays(data, keys)
+    y = float_class_labels(y, output_width(model) or 0)  # a CSV's labels read as floats
     if ids_below(x, embedding_vocab(model)):  # word ids, as the model reads them
         x = x.astype(np.int64)
     if loss_fn is None and binary_targets(y):  # 0/1 float targets: the model gives logits

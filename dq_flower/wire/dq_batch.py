@@ -19,11 +19,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.tokens import token_width
+from dq_flower.wire.targets import binary_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
            "RANGES_KEY", "payload_quantizer", "range_mode", "ranges_record",
-           "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_of", "binary_targets", "spec_record",
+           "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_of", "spec_record",
            "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY", "expect_rows",
            "reply_spec", "DataReply", "read_reply"]
 
@@ -371,11 +372,6 @@ def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0) -> DataSpec:
         return DataSpec(shape, "class", 1, vocab)
     return DataSpec(shape, "binary" if binary_targets(y) else "float",
                     int(y.shape[1]) if y.ndim == 2 else 1, vocab)
-
-
-def binary_targets(y: np.ndarray) -> bool:
-    """Whether float targets are all 0 or 1: labels for binary cross-entropy on logits."""
-    return y.size > 0 and y.dtype.kind == "f" and bool(np.isin(y, (0, 1)).all())
 
 
 def spec_record(spec: DataSpec) -> ConfigRecord:

@@ -12,9 +12,9 @@ client's identity, :func:`node_key`), so a lost reply is uploaded again and a re
 client goes on where it stopped; the selection depends only on the round seed, round,
 identity, held set and received model.
 
-``Context.state`` keeps the ``dq-ef-`` error-feedback entries (``compensation``,
-``refresh``, ``gradient``; snapshotted per round, so a replayed round gets the same reply)
-and, under ``compensation-mode="refresh"``, the samples sent in each round.
+``Context.state`` keeps the ``dq-ef-`` error-feedback entries (``compensation``, ``refresh``,
+``gradient``; snapshotted per round, so a replayed round gets the same reply) and, under
+``compensation-mode="refresh"``, the samples sent in each round.
 
 A data round with the ``uniform`` scorer and no compensation imports no PyTorch; the knobs
 that need the model (:func:`model_knob`) import it (``scoring``) only where used, and fail
@@ -65,6 +65,7 @@ from dq_flower.wire.dq_batch import (
 from dq_flower.wire.held import held_for
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
+from dq_flower.wire.targets import FLOAT_LABELS_KEY, float_class_labels
 from dq_flower.wire.token_batch import TOKENS_CODEC, tokens_payload
 
 if TYPE_CHECKING:
@@ -251,10 +252,10 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     knob = model_knob({**config, "scorer": scorer})
     if knob is not None:  # before any work: name the knob where PyTorch is missing
         require_torch(knob)
-    server_round = int(config["server-round"])
-    key = node_key(context)
+    server_round, key = int(config["server-round"]), node_key(context)
     rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
     x_all, y = as_arrays(data, keys)
+    y = float_class_labels(y, int(config.get(FLOAT_LABELS_KEY, 0) or 0))  # asked for
     vocab = id_vocab(config, x_all)  # a text classifier's word ids: sent exactly, as int64
     x_all = x_all.astype(np.int64) if vocab else x_all
     spec = spec_of(x_all, y, vocab)

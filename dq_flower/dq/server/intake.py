@@ -42,7 +42,7 @@ from dq_flower.dq.server.validation import (
     kept_rows,
 )
 from dq_flower.losses import TargetLoss
-from dq_flower.model_ops import LossFn, check_model, placeholder_rows
+from dq_flower.model_ops import LossFn, check_model, output_width, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
 from dq_flower.server.robust import NormScreen
@@ -51,6 +51,7 @@ from dq_flower.wire.dq_batch import (
     SampleBatch,
     range_mode,
 )
+from dq_flower.wire.targets import float_class_labels
 
 __all__ = ["UploadIntake", "Compensations", "Ask"]
 
@@ -201,9 +202,7 @@ class UploadIntake:
         self.data.forget_unconfirmed()
         known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
         sent = {int(n): int(v[1]) for n, v in self.planner.clients.items()}
-        verdict = agree(uploads, self.rules(), known, lambda spec, u: check_model(
-            self.model, spec, u.x, u.batch.labels, self.data.num_classes, self.loss_fn),
-            sent)
+        verdict = agree(uploads, self.rules(), known, self._check, sent)
         for upload, reason in verdict.refused:
             log_rejected(upload.node, reason)
         for upload in verdict.accepted:
@@ -218,6 +217,26 @@ class UploadIntake:
             log_round("dq", 0, f"data values bounded by {self.data.value_bound:g} (max-abs-value: "
                       f"{VALUE_FACTOR:g} times the median upload's largest)")
         return verdict.accepted, rejected + len(verdict.refused)
+
+    def _check(self, spec: DataSpec, upload: Upload) -> int:
+        """The model check of an upload's spec (:func:`check_model`), classes it gives.
+
+        Float targets the model cannot score that are class indices below its outputs (a
+        CSV's labels read as 0., 1.) are refused too, and every node is asked to send them
+        as class labels from the next round on (:func:`float_class_labels`).
+        """
+        try:
+            return check_model(self.model, spec, upload.x, upload.batch.labels,
+                               self.data.num_classes, self.loss_fn)
+        except PayloadError as exc:
+            classes = output_width(self.model) or 0
+            labels = np.asarray(upload.batch.labels)
+            if spec.target == "tokens" or float_class_labels(labels, classes) is labels:
+                raise
+            self.data.ask_float_labels(classes)
+            raise PayloadError(f"{exc}: its float targets are class indices below the model's "
+                               f"{classes} outputs; the next rounds ask for them as class "
+                               "labels") from exc
 
     def store_uploads(self, uploads: list[Upload],
                       server_round: int = 0) -> tuple[list[Upload], int]:

@@ -1,0 +1,131 @@
+"""Class labels read as floats (``np.loadtxt`` reads a CSV's label column as 0., 1., 2.).
+
+The user's loss reads them as indices (``CrossEntropyLoss()(out, y.long())``); DQ's nodes
+sent them as float regression targets, which the server's model check refused for a model
+of several outputs, every reply of every round. Now the first such refusal asks every
+node to send them as class labels from the next round on (DQ), and the gradient
+baselines' devices and federated evaluation read them as labels where their model has
+outputs for them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from torch import nn
+
+import dq_flower
+from dq_flower.dq.server.federation import FederationData
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.wire.targets import float_class_labels
+
+
+def test_float_class_indices_become_labels_only_below_the_models_outputs():
+    y = np.array([0.0, 1.0, 2.0, 1.0], dtype=np.float32)
+    assert float_class_labels(y, 3).dtype == np.int64
+    assert float_class_labels(y[:, None], 3).tolist() == [0, 1, 2, 1]  # (n, 1) too
+    for classes in (0, 1, 2):  # no model outputs known, one output (a regression), too few
+        assert float_class_labels(y, classes) is y
+    fractions = np.array([0.0, 0.5], dtype=np.float32)
+    negative = np.array([-1.0, 1.0], dtype=np.float32)
+    wide = np.zeros((4, 2), dtype=np.float32)  # two float targets a sample
+    ints = np.array([0, 1])
+    for other in (fractions, negative, wide, ints):
+        assert float_class_labels(other, 5) is other
+
+
+def test_the_ask_survives_a_checkpoint():
+    data = FederationData()
+    data.ask_float_labels(3)
+    again = FederationData()
+    again.load_state(data.state(), lambda spec: None)
+    assert again.float_labels == 3 and FederationData().float_labels == 0
+
+
+class TwoClass(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _csv_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Standardized breast-cancer rows and their labels, every column float as a CSV gives."""
+    pytest.importorskip("sklearn")
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
+    y = y.astype(np.float32)
+    return x[:450], y[:450], x[450:], y[450:].astype(np.int64)
+
+
+def _accuracy(arrays: ArrayRecord, x: np.ndarray, y: np.ndarray) -> float:
+    model = TwoClass()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    with torch.no_grad():
+        return float((model(torch.from_numpy(x)).argmax(1).numpy() == y).mean())
+
+
+def test_dq_asks_for_float_labels_as_classes_after_the_first_refusal():
+    x, y, xt, yt = _csv_table()
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        return dq_flower.client.dq_train(msg, context, (x[node::4], y[node::4]))
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord({"accuracy": _accuracy(arrays, xt, yt)})
+
+    model = TwoClass()
+    strategy = dq_flower.DQStrategy(model, seed=0)
+    result = strategy.start(grid=InProcessGrid(train, 4), num_rounds=3, evaluate_fn=evaluate,
+                            initial_arrays=ArrayRecord(model.state_dict()))
+    rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2, 3)]
+    assert rounds[0]["rejected"] == 4 and rounds[0]["stored"] == 0  # float targets, refused
+    assert rounds[1]["rejected"] == 0 and rounds[1]["stored"] > 0  # then class labels
+    assert strategy.data.spec.target == "class" and strategy.data.float_labels == 2
+    assert rounds[-1]["accuracy"] > 0.9  # was 0.563 (where it started), every round
+
+
+def test_a_gradient_baseline_reads_float_labels_as_classes():
+    x, y, xt, yt = _csv_table()
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        return dq_flower.client.gradient_train(msg, context, (x[node::4], y[node::4]),
+                                               model=TwoClass())
+
+    model = TwoClass()
+    result = dq_flower.GradientStrategy(model, codec="qsgd", lr=0.1, seed=0).start(
+        grid=InProcessGrid(train, 4), num_rounds=10,
+        initial_arrays=ArrayRecord(model.state_dict()))
+    assert _accuracy(result.arrays, xt, yt) > 0.9
+
+
+def test_federated_evaluation_scores_float_labels_as_classes():
+    x, y, _, _ = _csv_table()
+    InProcessGrid(lambda m, c: m, 1)  # acts as the server: messages can be built here
+    model = TwoClass()
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                          "config": ConfigRecord({"server-round": 1})})
+    msg = Message(content, dst_node_id=5, message_type=MessageType.EVALUATE)
+    msg.metadata.__dict__["_message_id"] = "e1"
+    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    as_floats = dq_flower.client.evaluate(msg, ctx, (x, y), model=model)
+    as_labels = dq_flower.client.evaluate(msg, ctx, (x, y.astype(np.int64)), model=model)
+    assert dict(as_floats.content["metrics"]) == dict(as_labels.content["metrics"])
+    assert "eval-acc" in as_floats.content["metrics"]
