@@ -91,12 +91,20 @@ def affine_block(blk: np.ndarray, t: np.ndarray, lo: np.ndarray, scale: np.ndarr
     scale[...] = sc32
 
 
-def feature_ranges(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature ``(lo, span)`` (float32) of flat rows; a constant feature has span 1."""
+def feature_ranges(x: np.ndarray, whole_levels: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature ``(lo, span)`` (float32) of flat rows; a constant feature has span 1.
+
+    ``whole_levels`` (the codes' levels, 0: off): a feature of whole numbers spanning
+    fewer than that many values gets the span ``whole_levels - 1``, one code per whole
+    number, so its values are coded exactly (label-encoded categories).
+    """
     if x.shape[0] == 0:
         return np.zeros(x.shape[1], np.float32), np.ones(x.shape[1], np.float32)
     lo = x.min(axis=0).astype(np.float32)
     span = (x.max(axis=0) - lo).astype(np.float32)
+    if whole_levels >= 2:
+        whole = (x == np.rint(x)).all(axis=0) & (span < whole_levels)
+        span[whole] = np.float32(whole_levels - 1)
     span[~(span > 0)] = np.float32(1.0)
     return lo, span
 

@@ -158,8 +158,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
     bits: int = knob(0, lambda v: None if 0 <= v <= 8 else f"must be in 0..8, got {v}",
                      client=True, doc=(
         "bits per data coordinate, 1 to 8; 0 (auto): 4 for flat samples of fewer than "
-        "64 features (a table: each feature carries more of the signal, and d is small), "
-        "else 2 (see [the bits of a table](#the-bits-of-a-table))"))
+        "64 features (a table: each feature carries more of the signal, and d is small) "
+        "and where the model reads samples with an embedding, else 2 (see [the bits of a "
+        "table](#the-bits-of-a-table))"))
     stochastic: bool = knob(False, client=True, doc=(
         "stochastic (unbiased) rounding when true; nearest by default"))
     ranges: str = knob("auto", one_of(RANGE_MODES), client=True, doc=(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
@@ -241,10 +241,31 @@ class StepGuard:
 
         finite = all(bool(torch.isfinite(v).all()) for v in self.model.state_dict().values()
                      if v.is_floating_point())
-        if finite or self._saved is None:
-            return finite
+        if not finite:
+            self.restore()
+        return finite
+
+    def restore(self) -> None:
+        """Put back the snapshot :meth:`begin` took (none taken: nothing)."""
+        if self._saved is None:
+            return
         model_state, opt_state = self._saved
         self.model.load_state_dict(model_state)
         if opt_state is not None:
             self.optimizer.load_state_dict(opt_state)
-        return False
+
+    def run(self, steps: Callable[[], float]) -> tuple[float, str | None]:
+        """``steps()``'s loss and ``None``, or NaN and what went wrong (restored).
+
+        Steps that left the model non-finite, or in which the user's model raised on the
+        rows it trained on (a category index past its embedding's rows: a hostile node's
+        table can decode to one), are undone; the run goes on.
+        """
+        self.begin()
+        try:
+            loss = steps()
+        except (RuntimeError, IndexError, ValueError) as exc:  # the user's model on the rows
+            self.restore()
+            return float("nan"), f"raised {type(exc).__name__}: {exc}"
+        return (loss, None) if self.finite_or_restore() else (float("nan"),
+                                                              "made the model non-finite")

@@ -28,14 +28,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
-from dq_flower.codecs.affine import denormalise, feature_ranges, normalise
+from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.client.selection import select
+from dq_flower.dq.client.sent import forget_from, keep_sent, node_ranges, sent_rows
 from dq_flower.dq.client.tokens import check_token_round, id_vocab, token_upload
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig
 from dq_flower.dq.scorer_choice import (
@@ -56,7 +57,6 @@ from dq_flower.wire.dq_batch import (
     SPEC_KEY,
     DataSpec,
     encode_batch,
-    payload_quantizer,
     range_mode,
     ranges_record,
     spec_of,
@@ -66,7 +66,7 @@ from dq_flower.wire.held import held_for
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
 from dq_flower.wire.targets import FLOAT_LABELS_KEY, float_class_labels
-from dq_flower.wire.token_batch import TOKENS_CODEC, tokens_payload
+from dq_flower.wire.token_batch import tokens_payload
 
 if TYPE_CHECKING:
     import torch
@@ -75,10 +75,6 @@ if TYPE_CHECKING:
 
 __all__ = ["dq_train", "model_knob", "node_key", "round_config"]
 
-#: Under ``compensation-mode="refresh"``: the samples payload sent in round r
-#: (``dq-sent-<r>``) and its ids and weights (``dq-sent-rows-<r>``), to recompute residuals.
-SENT_PREFIX = "dq-sent-"
-SENT_ROWS_PREFIX = "dq-sent-rows-"
 #: Prefix of the error-feedback entries, snapshotted round by round
 STATE_PREFIX = "dq-ef-"
 REFRESH_EF_KEY = STATE_PREFIX + "refresh"
@@ -92,38 +88,6 @@ def round_config(msg: Message) -> dict[str, Any]:
         raise ValueError("the train message carries no 'config' record; is the server running "
                          "a dq_flower strategy?")
     return dict(msg.content.config_records["config"].items())
-
-
-def _sent_rounds(context: Context) -> list[int]:
-    return sorted(int(k[len(SENT_ROWS_PREFIX):]) for k in context.state.array_records
-                  if k.startswith(SENT_ROWS_PREFIX))
-
-
-def _sent_rows(context: Context, x_flat: np.ndarray, y: np.ndarray, mode: str
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """Every earlier upload's ``x_i``, ``Q(x_i)``, ``y_i`` and normalised weights ``w_i``.
-
-    ``Q(x_i)`` is decoded from the very payloads sent, so it is what the server stores.
-    """
-    parts = []
-    for rnd in _sent_rounds(context):
-        payload = Payload.from_record(context.state.array_records[f"{SENT_PREFIX}{rnd}"])
-        rows = context.state.array_records[f"{SENT_ROWS_PREFIX}{rnd}"]
-        ids = rows["ids"].numpy().astype(np.int64)
-        meta = payload.meta
-        if payload.codec == TOKENS_CODEC:  # ids, sent exactly
-            parts.append((x_flat[ids], x_flat[ids], y[ids],
-                          rows["weights"].numpy().astype(np.float64)))
-            continue
-        xq = payload_quantizer(payload, int(meta["bits"]), int(meta.get("per_channel", 0)),
-                               bool(meta.get("fixed_range", False))).decode(payload)
-        if mode == "feature":
-            xq = denormalise(xq, *feature_ranges(x_flat))
-        parts.append((x_flat[ids], xq, y[ids], rows["weights"].numpy().astype(np.float64)))
-    if not parts:
-        return None
-    xs, xqs, ys, w = (np.concatenate(p) for p in zip(*parts, strict=True))
-    return xs, xqs, ys, (w / w.sum()).astype(np.float32)
 
 
 def _coded_residual(r: RoundInput, cfg: DQConfig, model: torch.nn.Module, x: np.ndarray,
@@ -333,8 +297,7 @@ def _data_round(r: RoundInput) -> Message:
 
     x_flat = r.x.reshape(n, -1)
     coded = (_Coded(None, tokens_payload(x_flat[chosen], spec.vocab), "sample", x_flat[chosen])
-             if spec.vocab else _quantize(cfg, spec, x_flat[chosen], x_flat, rng,
-                                          bool(config.get("send-ranges", True))))
+             if spec.vocab else _quantize(cfg, spec, x_flat[chosen], x_flat, rng, config))
     compensation = None
     if cfg.compensation != "none" and chosen.size:
         compensation = _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb,
@@ -347,10 +310,7 @@ def _data_round(r: RoundInput) -> Message:
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)
     if cfg.compensation_mode == "refresh" and chosen.size:  # for later refreshed residuals
-        context.state[f"{SENT_PREFIX}{r.server_round}"] = coded.samples.to_record()
-        context.state[f"{SENT_ROWS_PREFIX}{r.server_round}"] = ArrayRecord({
-            "ids": Array(chosen.astype(np.int64)),
-            "weights": Array(represents.astype(np.float32))})
+        keep_sent(context, r.server_round, coded.samples, chosen, represents)
     for name, record in coded.extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
@@ -418,7 +378,7 @@ class _Coded:
 
 
 def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
-              rng: np.random.Generator, send_ranges: bool) -> _Coded:
+              rng: np.random.Generator, config: dict[str, Any]) -> _Coded:
     """Quantize the chosen rows ``xb`` (per-feature ranges from all of ``x_flat``)."""
     mode = range_mode(cfg.ranges, spec.sample_shape)
     quantizer = cfg.sample_quantizer(mode, spec.channels,
@@ -426,10 +386,10 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
                                      sample_shape=spec.sample_shape)
     if mode != "feature":
         return _Coded(quantizer, quantizer.encode(xb, rng), mode, xb)
-    lo, span = feature_ranges(x_flat)
+    lo, span = node_ranges(config, x_flat, quantizer.bits)
     coded = _Coded(quantizer, quantizer.encode(normalise(xb, lo, span), rng), mode, xb,
                    lo, span)
-    if send_ranges:
+    if bool(config.get("send-ranges", True)):
         coded.extra[RANGES_KEY] = ranges_record(lo, span)
     return coded
 
@@ -439,12 +399,9 @@ def _refresh(r: RoundInput, cfg: DQConfig, x_flat: np.ndarray,
     """Under ``compensation-mode = "refresh"``: the refreshed residual the round asks for."""
     if cfg.compensation_mode != "refresh":
         return None
-    for rnd in _sent_rounds(r.context):  # rounds the server serves again: it kept none of them
-        if rnd >= r.server_round:
-            del r.context.state[f"{SENT_PREFIX}{rnd}"]
-            del r.context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
+    forget_from(r.context, r.server_round)  # rounds the server serves again: it kept none
     if not bool(r.config.get("refresh", False)):
         return None
     model = _needed(model, "a refreshed residual")
-    sent = _sent_rows(r.context, x_flat, r.y, mode)
+    sent = sent_rows(r.context, r.config, x_flat, r.y, mode)
     return None if sent is None else _coded_residual(r, cfg, model, *sent, REFRESH_EF_KEY)

@@ -319,13 +319,14 @@ class RoundAsks:
         return self._reads_windows
 
     def id_vocab(self) -> int:
-        """The vocabulary of id samples: the spec's; none known, the model's embedding's.
+        """The vocabulary of id samples: the spec's, else the model's embedding's.
 
         A model (not reading token windows) whose first layer is an embedding reads ids
         below its rows (:func:`embedding_vocab`); nodes whose samples are such ids send
-        them exactly.
+        them exactly, and nodes whose samples are a table (ids beside other values) code
+        its whole-number columns exactly, every round alike.
         """
-        if self.data.spec is not None:
+        if self.data.spec is not None and self.data.spec.vocab:
             return self.data.spec.vocab
         return 0 if self.holds_windows() else embedding_vocab(self.model)
 

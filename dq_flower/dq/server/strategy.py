@@ -31,6 +31,7 @@ from flwr.serverapp.strategy import Strategy
 from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs
 from dq_flower.dq.config import (
+    TABLE_BITS,
     DQConfig,
     DQStrategyConfig,
     auto_bits,
@@ -49,7 +50,7 @@ from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
 from dq_flower.losses import TargetLoss
-from dq_flower.model_ops import LossFn, input_width
+from dq_flower.model_ops import LossFn, embedding_vocab, input_width
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
 from dq_flower.server.common import (
@@ -173,9 +174,12 @@ class DQStrategy(ModelStrategy, Strategy):
         if cfg.bits == 0:  # auto: a table's few features get more bits (dq.config.auto_bits)
             flat = (data_spec.dim if data_spec is not None and len(data_spec.sample_shape) == 1
                     else None if data_spec is not None else input_width(model))
-            cfg = dataclasses.replace(cfg, bits=auto_bits(flat))
+            embedded = data_spec is None and flat is None and embedding_vocab(model) > 0
+            cfg = dataclasses.replace(cfg, bits=TABLE_BITS if embedded else auto_bits(flat))
             bits_note = (f"bits auto: {cfg.bits} per coordinate ("  # logged with the spec
                          + (f"flat samples of {flat} features" if flat is not None
+                            else "the model reads samples with an embedding: ids are sent "
+                            "exactly, a table's columns coded" if embedded
                             else "samples that are not a small table") + ")")
         self.cfg: DQConfig = cfg
         # ``auto`` starts with SGD; the first training phase may choose another

@@ -145,15 +145,14 @@ class ServerTrainer:
 
     def _guarded(self, server_round: int, nodes: list[int], steps: Callable[[], float]
                  ) -> float:
-        """``steps()``'s loss; NaN where they left the model non-finite (rolled back)."""
-        self.guard.begin()
+        """``steps()``'s loss; NaN where they failed (rolled back, :meth:`StepGuard.run`)."""
         with torch_threads(self.threads()):
-            loss = steps()
-        if self.guard.finite_or_restore():
+            loss, failure = self.guard.run(steps)
+        if failure is None:
             return loss
         self.rolled_back += 1
-        log_round("dq", server_round, "the round's steps made the model non-finite: rolled "
-                  f"back; the round's replies came from nodes {sorted(nodes)}")
+        log_round("dq", server_round, f"the round's steps {failure}: rolled back; the round's "
+                  f"replies came from nodes {sorted(nodes)}")
         return float("nan")
 
     def threads(self) -> int:

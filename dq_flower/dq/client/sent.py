@@ -1,0 +1,89 @@
+"""What a node keeps of its uploads, and the per-feature ranges its uploads are coded in.
+
+Under ``compensation-mode="refresh"`` a node keeps the samples payload it sent in round r
+(``dq-sent-<r>``) and its row ids and weights (``dq-sent-rows-<r>``) in ``Context.state``,
+to recompute residuals later (:func:`sent_rows`); :func:`forget_from` drops what the
+server serves again. :func:`node_ranges` gives the ranges both the upload and that
+recomputation use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context
+
+from dq_flower.codecs import Payload
+from dq_flower.codecs.affine import denormalise, feature_ranges
+from dq_flower.wire.dq_batch import ID_VOCAB_KEY, payload_quantizer
+from dq_flower.wire.token_batch import TOKENS_CODEC
+
+__all__ = ["SENT_PREFIX", "SENT_ROWS_PREFIX", "keep_sent", "sent_rounds", "sent_rows",
+           "forget_from", "node_ranges"]
+
+SENT_PREFIX = "dq-sent-"
+SENT_ROWS_PREFIX = "dq-sent-rows-"
+
+
+def node_ranges(config: Mapping[str, Any], x_flat: np.ndarray, bits: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The node's per-feature ``(lo, span)`` for ``bits``-bit codes.
+
+    Where the server's model reads samples with an embedding (``sample-vocab`` in the
+    round config) but the samples are not all its ids (a table whose label-encoded columns
+    feed embeddings), every column of whole numbers spanning fewer than ``2**bits`` values
+    gets one code per whole number, so its categories arrive exactly.
+    """
+    table = int(config.get(ID_VOCAB_KEY, 0) or 0) > 0
+    return feature_ranges(x_flat, 2 ** bits if table else 0)
+
+
+def keep_sent(context: Context, server_round: int, samples: Payload, ids: np.ndarray,
+              weights: np.ndarray) -> None:
+    """Keep the round's samples payload, row ids and weights for later refreshes."""
+    context.state[f"{SENT_PREFIX}{server_round}"] = samples.to_record()
+    context.state[f"{SENT_ROWS_PREFIX}{server_round}"] = ArrayRecord({
+        "ids": Array(ids.astype(np.int64)), "weights": Array(weights.astype(np.float32))})
+
+
+def sent_rounds(context: Context) -> list[int]:
+    """The rounds whose uploads the node keeps."""
+    return sorted(int(k[len(SENT_ROWS_PREFIX):]) for k in context.state.array_records
+                  if k.startswith(SENT_ROWS_PREFIX))
+
+
+def forget_from(context: Context, server_round: int) -> None:
+    """Drop the uploads of ``server_round`` and later (rounds the server serves again)."""
+    for rnd in sent_rounds(context):
+        if rnd >= server_round:
+            del context.state[f"{SENT_PREFIX}{rnd}"]
+            del context.state[f"{SENT_ROWS_PREFIX}{rnd}"]
+
+
+def sent_rows(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, y: np.ndarray,
+              mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every earlier upload's ``x_i``, ``Q(x_i)``, ``y_i`` and normalised weights ``w_i``.
+
+    ``Q(x_i)`` is decoded from the very payloads sent, so it is what the server stores.
+    """
+    parts = []
+    for rnd in sent_rounds(context):
+        payload = Payload.from_record(context.state.array_records[f"{SENT_PREFIX}{rnd}"])
+        rows = context.state.array_records[f"{SENT_ROWS_PREFIX}{rnd}"]
+        ids = rows["ids"].numpy().astype(np.int64)
+        weights = rows["weights"].numpy().astype(np.float64)
+        if payload.codec == TOKENS_CODEC:  # ids, sent exactly
+            parts.append((x_flat[ids], x_flat[ids], y[ids], weights))
+            continue
+        bits = int(payload.meta["bits"])
+        xq = payload_quantizer(payload, bits, int(payload.meta.get("per_channel", 0)),
+                               bool(payload.meta.get("fixed_range", False))).decode(payload)
+        if mode == "feature":
+            xq = denormalise(xq, *node_ranges(config, x_flat, bits))
+        parts.append((x_flat[ids], xq, y[ids], weights))
+    if not parts:
+        return None
+    xs, xqs, ys, w = (np.concatenate(p) for p in zip(*parts, strict=True))
+    return xs, xqs, ys, (w / w.sum()).astype(np.float32)

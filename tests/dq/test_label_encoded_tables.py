@@ -1,0 +1,78 @@
+"""A table whose label-encoded categorical columns feed embeddings (``x[:, j].long()``).
+
+Its codes were quantized like any value and read as other categories; now, where the
+server's model reads samples with an embedding, whole-number columns of few values get
+one code per value (exact), ``bits = auto`` gives such tables 4 bits, and a model that
+raises on stored rows has the round's steps rolled back instead of ending the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from dq_flower.codecs import make
+from dq_flower.codecs.affine import denormalise, feature_ranges, normalise
+from dq_flower.dq.client.sent import node_ranges
+from dq_flower.server.robust import StepGuard
+
+
+def _table(rng: np.random.Generator, n: int = 400) -> np.ndarray:
+    codes = np.stack([rng.integers(0, c, n) for c in (8, 5, 12)], 1)
+    numbers = np.stack([rng.normal(40, 12, n), rng.normal(50_000, 20_000, n)], 1)
+    return np.concatenate([codes, numbers], 1).astype(np.float32)
+
+
+def test_whole_number_columns_of_few_values_are_coded_exactly():
+    rng = np.random.default_rng(0)
+    x = _table(rng)
+    quantizer = make("uniform", bits=4, stochastic=True, entropy="zlib", fixed_range=True)
+    lo, span = feature_ranges(x, 16)
+    back = denormalise(quantizer.decode(quantizer.encode(normalise(x, lo, span), rng))
+                       .reshape(x.shape), lo, span)
+    assert np.array_equal(back[:, :3], x[:, :3])  # every category as it was
+    assert not np.array_equal(back[:, 3:], x[:, 3:])  # the numbers quantized as before
+    assert np.array_equal(feature_ranges(x, 16)[1][3:], feature_ranges(x)[1][3:])
+    plain = denormalise(quantizer.decode(quantizer.encode(normalise(x, *feature_ranges(x)),
+                                                          rng)).reshape(x.shape),
+                        *feature_ranges(x))
+    assert (plain[:, :3].astype(np.int64) != x[:, :3]).mean() > 0.3  # .long() before
+
+
+def test_only_a_model_reading_an_embedding_turns_it_on():
+    x = _table(np.random.default_rng(1))
+    aligned = node_ranges({"sample-vocab": 8}, x, 4)[1]
+    assert aligned[:3].tolist() == [15.0, 15.0, 15.0]
+    assert np.array_equal(node_ranges({}, x, 4)[1], feature_ranges(x)[1])
+    assert node_ranges({"sample-vocab": 8}, x, 2)[1][1] == 4.0  # 5 values, 4 codes: as before
+
+
+def test_a_model_that_raises_on_its_rows_is_rolled_back_not_fatal():
+    model = nn.Embedding(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    guard = StepGuard(model, optimizer)
+
+    def steps() -> float:
+        model(torch.tensor([1])).sum().backward()
+        optimizer.step()  # a first step moves the weights, the next row is out of range
+        return float(model(torch.tensor([9])).sum())
+
+    loss, failure = guard.run(steps)
+    assert np.isnan(loss) and failure.startswith("raised IndexError")
+    assert torch.equal(model.weight, before)
+    assert guard.run(lambda: 1.5) == (1.5, None)
+
+
+def test_the_user_app_quoted_on_the_user_app_page():
+    from tests.apps.test_zoo import runs  # the zoo's runs, made once per session
+
+    fedavg, dq = runs("tab_embeddings")["fedavg"], runs("tab_embeddings")["dq"]
+    page = " ".join((Path(__file__).parents[2] / "docs" / "experiments" / "user-apps.md")
+                    .read_text().split())
+    quoted = (f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} B against FedAvg's "
+              f"{fedavg.final:.2%} with {fedavg.up_bytes:,} B")
+    assert quoted in page, quoted
