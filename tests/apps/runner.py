@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -56,6 +57,12 @@ class AppRun:
     @property
     def final(self) -> float:
         return self.scores[-1] if self.scores else float("nan")
+
+
+def docs_text(*parts: str) -> str:
+    """A docs page (``docs/<parts>``) with its whitespace folded to single spaces."""
+    page = Path(__file__).resolve().parents[2] / "docs" / Path(*parts)
+    return " ".join(page.read_text(encoding="utf-8").split())
 
 
 def metric_name(app: ModuleType) -> str:

@@ -8,8 +8,6 @@ their values.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -20,6 +18,7 @@ import dq_flower
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.model_ops import weighted_loss_grad
 from dq_flower.server.common import decay_groups
+from tests.apps.runner import docs_text
 
 
 class FrozenBackbone(nn.Module):
@@ -113,8 +112,7 @@ def test_the_figures_the_user_app_page_quotes():
     from tests.apps.test_zoo import runs  # the zoo's runs, made once per session
 
     fedavg, dq = runs("digits_frozen")["fedavg"], runs("digits_frozen")["dq"]
-    page = " ".join((Path(__file__).parents[2] / "docs" / "experiments" / "user-apps.md")
-                    .read_text().split())
+    page = docs_text("experiments", "user-apps.md")
     quoted = (f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} B against FedAvg's "
               f"{fedavg.final:.2%} with {fedavg.up_bytes:,} B")
     assert quoted in page, quoted

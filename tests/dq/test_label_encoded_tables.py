@@ -8,8 +8,6 @@ raises on stored rows has the round's steps rolled back instead of ending the ru
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from torch import nn
@@ -18,6 +16,7 @@ from dq_flower.codecs import make
 from dq_flower.codecs.affine import denormalise, feature_ranges, normalise
 from dq_flower.dq.client.sent import node_ranges
 from dq_flower.server.robust import StepGuard
+from tests.apps.runner import docs_text
 
 
 def _table(rng: np.random.Generator, n: int = 400) -> np.ndarray:
@@ -71,8 +70,7 @@ def test_the_user_app_quoted_on_the_user_app_page():
     from tests.apps.test_zoo import runs  # the zoo's runs, made once per session
 
     fedavg, dq = runs("tab_embeddings")["fedavg"], runs("tab_embeddings")["dq"]
-    page = " ".join((Path(__file__).parents[2] / "docs" / "experiments" / "user-apps.md")
-                    .read_text().split())
+    page = docs_text("experiments", "user-apps.md")
     quoted = (f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} B against FedAvg's "
               f"{fedavg.final:.2%} with {fedavg.up_bytes:,} B")
     assert quoted in page, quoted

@@ -22,6 +22,7 @@ from dq_flower.dq.server.optimizer_choice import (
 )
 from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.harness.inprocess import InProcessGrid
+from tests.apps.runner import docs_text
 
 
 def _scores(correct: np.ndarray, loss: np.ndarray | float = 1.0) -> HeldOutScores:
@@ -231,7 +232,7 @@ def test_the_figures_method_md_quotes_for_raw_regression_targets():
     from tests.apps.test_zoo import runs  # the zoo's runs, made once per session
 
     fedavg, dq = runs("diabetes_raw")["fedavg"], runs("diabetes_raw")["dq"]
-    page = " ".join((Path(__file__).parents[2] / "docs" / "method.md").read_text().split())
+    page = docs_text("method.md")
     quoted = (f"DQ ends at {dq.final:,.0f} with {dq.up_bytes:,} uplink bytes against "
               f"FedAvg's {fedavg.final:,.0f} with {fedavg.up_bytes:,}")
     assert quoted in page, quoted
@@ -241,13 +242,12 @@ def test_the_figures_method_md_quotes_for_raw_inputs_beside_raw_targets():
     from tests.apps.test_zoo import runs  # the zoo's runs, made once per session
 
     fedavg, dq = runs("load_forecast")["fedavg"], runs("load_forecast")["dq"]
-    page = " ".join((Path(__file__).parents[2] / "docs" / "method.md").read_text().split())
+    page = docs_text("method.md")
     quoted = (f"DQ then ends at a {dq.final:.2%} mean absolute percentage error with "
               f"{dq.up_bytes:,} uplink bytes against FedAvg's {fedavg.final:.2%} with "
               f"{fedavg.up_bytes:,}")
     assert quoted in page, quoted
     up_to_3 = sum(b for r, b in dq.up_by_round.items() if r <= 3)
-    notes = " ".join((Path(__file__).parents[2] / "docs" / "experiments" / "user-apps.md")
-                     .read_text().split())
+    notes = docs_text("experiments", "user-apps.md")
     assert f"round 3 ({dq.scores[3]:.2%}, with {up_to_3:,} B up" in notes
     assert dq.scores[3] < fedavg.final
