@@ -63,7 +63,7 @@ def shown(run: AppRun) -> str:
 def table(rows: list[tuple[object, AppRun, AppRun]]) -> str:
     lines = ["| app | FedAvg final acc | FedAvg uplink (B) | DQ final acc | DQ uplink (B) "
              "| uplink FedAvg/DQ | DQ downlink (B) | wall FedAvg / DQ (s) "
-             "| within 2 points and <= 1/5 uplink |",
+             "| within 2 points and <= 1/5 uplink (or the app's share) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for app, fed, dq in rows:
         ratio = fed.up_bytes / dq.up_bytes if dq.up_bytes else float("inf")
