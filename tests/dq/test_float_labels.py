@@ -10,6 +10,8 @@ outputs for them.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -80,7 +82,7 @@ def _accuracy(arrays: ArrayRecord, x: np.ndarray, y: np.ndarray) -> float:
         return float((model(torch.from_numpy(x)).argmax(1).numpy() == y).mean())
 
 
-def test_dq_asks_for_float_labels_as_classes_after_the_first_refusal():
+def test_dq_asks_for_float_labels_as_classes_after_the_first_refusal(caplog):
     x, y, xt, yt = _csv_table()
 
     def train(msg, context):
@@ -92,8 +94,11 @@ def test_dq_asks_for_float_labels_as_classes_after_the_first_refusal():
 
     model = TwoClass()
     strategy = dq_flower.DQStrategy(model, seed=0)
-    result = strategy.start(grid=InProcessGrid(train, 4), num_rounds=3, evaluate_fn=evaluate,
-                            initial_arrays=ArrayRecord(model.state_dict()))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        result = strategy.start(grid=InProcessGrid(train, 4), num_rounds=3,
+                                evaluate_fn=evaluate,
+                                initial_arrays=ArrayRecord(model.state_dict()))
+    assert not [r for r in caplog.records if r.levelno == logging.ERROR]  # not the model's
     rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2, 3)]
     assert rounds[0]["rejected"] == 4 and rounds[0]["stored"] == 0  # float targets, refused
     assert rounds[1]["rejected"] == 0 and rounds[1]["stored"] > 0  # then class labels

@@ -7,6 +7,8 @@ returned tuple"), so DQ stayed where it started.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -86,3 +88,32 @@ def test_dq_trains_such_a_model_at_its_defaults(net):
     rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2)]
     assert [m["rejected"] for m in rounds] == [0, 0]  # were every reply, every round
     assert rounds[-1]["accuracy"] > 0.85
+
+
+class DictOut(nn.Module):
+    """Returns a dict, which no loss reads: the server's model, not the data, is at fault."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        return {"scores": self.body(x)}
+
+
+def test_every_node_refused_the_same_way_names_the_model_once_a_round(caplog):
+    rng = np.random.default_rng(0)
+    x, y = rng.random((200, 64), dtype=np.float32), rng.integers(0, 10, 200)
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        return dq_flower.client.dq_train(msg, context, (x[node::4], y[node::4]))
+
+    model = DictOut()
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        dq_flower.DQStrategy(model, seed=0).start(
+            grid=InProcessGrid(train, 4), num_rounds=2,
+            initial_arrays=ArrayRecord(model.state_dict()))
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and all("the model the strategy was given" in e for e in errors)
+    assert "the model returned dict" in errors[0]

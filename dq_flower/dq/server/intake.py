@@ -205,6 +205,12 @@ class UploadIntake:
         verdict = agree(uploads, self.rules(), known, self._check, sent)
         for upload, reason in verdict.refused:
             log_rejected(upload.node, reason)
+        reasons = {reason for _, reason in verdict.refused}
+        if len(verdict.refused) > 1 and not verdict.accepted and len(reasons) == 1 \
+                and self.data.spec is None and not self.data.float_labels:  # the model
+            log(ERROR, "every reply of the round failed the server's model check the same way "
+                "(%s): the model the strategy was given, not the nodes' data, is the likely "
+                "cause (see docs/plugin.md, your own model and data)", reasons.pop())
         for upload in verdict.accepted:
             if upload.weight_scale < 1.0:
                 log(WARNING, "reply from node %d: its weight is clipped to %g times the "
