@@ -8,6 +8,8 @@ raises on stored rows has the round's steps rolled back instead of ending the ru
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from torch import nn
@@ -74,3 +76,9 @@ def test_the_user_app_quoted_on_the_user_app_page():
     quoted = (f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} B against FedAvg's "
               f"{fedavg.final:.2%} with {fedavg.up_bytes:,} B")
     assert quoted in page, quoted
+
+
+def test_the_simulation_engine_table_on_the_user_app_page_is_the_runs_own():
+    table = (Path(__file__).parents[2] / "results" / "regen" / "user-apps-2026-12-06"
+             / "table.md").read_text()
+    assert " ".join(table.split()) in docs_text("experiments", "user-apps.md")
