@@ -42,7 +42,7 @@ from dq_flower.wire.gradient import (
 from dq_flower.wire.model import MODEL_KEY, decode_model_payload
 from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record, read_buffers
 from dq_flower.wire.partition import names_partition
-from dq_flower.wire.targets import binary_targets, float_class_labels
+from dq_flower.wire.targets import binary_targets, model_targets
 
 __all__ = ["gradient_train", "batch_indices", "epoch_batches", "local_update", "EF_KEY"]
 
@@ -180,7 +180,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     x, y = as_arrays(data, keys)
     if x.shape[0] == 0:
         raise ValueError("this node has no training data")
-    y = float_class_labels(y, output_width(model) or 0)  # a CSV's labels read as floats
+    y = model_targets(y, output_width(model) or 0)  # e.g. a CSV's labels read as floats
     if loss_fn is None and binary_targets(y):  # 0/1 float targets: the model gives logits
         loss_fn = binary_loss
     begin_round(context, server_round, STATE_PREFIX)

@@ -11,7 +11,7 @@ from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordD
 from dq_flower.data_input import as_arrays, ids_below
 from dq_flower.torch_support import require_torch
 from dq_flower.wire.partition import names_partition
-from dq_flower.wire.targets import binary_targets, float_class_labels
+from dq_flower.wire.targets import binary_targets, model_targets
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
         raise ValueError("the evaluate message carries no 'arrays' record")
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     x, y = as_arrays(data, keys)
-    y = float_class_labels(y, output_width(model) or 0)  # a CSV's labels read as floats
+    y = model_targets(y, output_width(model) or 0)  # e.g. a CSV's labels read as floats
     if ids_below(x, embedding_vocab(model)):  # word ids, as the model reads them
         x = x.astype(np.int64)
     if loss_fn is None and binary_targets(y):  # 0/1 float targets: the model gives logits

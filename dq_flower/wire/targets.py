@@ -1,13 +1,22 @@
-"""How a node reads its targets before they travel: binary labels, float class indices."""
+"""How a node reads its targets before they travel: binary labels, targets the model reads.
+
+A node's targets may be typed other than as the model's loss reads them: class labels
+read as floats (``np.loadtxt`` reads a CSV's label column as 0., 1., 2.) for a model with
+an output per class, or integer targets (counts, 0/1 labels as pandas gives them) for a
+model with one output, read as floats by the user's loss. :func:`model_targets` retypes
+them by the model's outputs; a DQ node is told those (:data:`MODEL_OUTPUTS_KEY`) once the
+server's model check has refused such targets.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["binary_targets", "float_class_labels", "FLOAT_LABELS_KEY"]
+__all__ = ["binary_targets", "model_targets", "MODEL_OUTPUTS_KEY"]
 
-#: Round-config key: the classes of a model whose nodes' float targets are class indices.
-FLOAT_LABELS_KEY = "float-labels-classes"
+#: Round-config key: the outputs per sample of the server's model, where nodes' targets
+#: are to be retyped for it (:func:`model_targets`).
+MODEL_OUTPUTS_KEY = "model-outputs"
 
 
 def binary_targets(y: np.ndarray) -> bool:
@@ -15,14 +24,20 @@ def binary_targets(y: np.ndarray) -> bool:
     return y.size > 0 and y.dtype.kind == "f" and bool(np.isin(y, (0, 1)).all())
 
 
-def float_class_labels(y: np.ndarray, classes: int) -> np.ndarray:
-    """``y`` as int64 class labels where it holds float class indices below ``classes``.
+def model_targets(y: np.ndarray, outputs: int) -> np.ndarray:
+    """``y`` typed as a model of ``outputs`` outputs a sample reads it, else ``y`` itself.
 
-    Labels read as floats (``np.loadtxt`` reads a CSV's label column as 0., 1., 2.) for a
-    model of ``classes`` >= 2 outputs that the user's loss reads as indices; else ``y``.
+    One output: integer targets (n,) become float32 (a regression of counts; 0/1 labels
+    then are binary targets). Two or more: float targets (n,) that are class indices
+    below ``outputs`` become int64 class labels. Anything else (``outputs`` 0: unknown)
+    stays as it is.
     """
     flat = y.reshape(-1) if y.ndim == 2 and y.shape[1] == 1 else y
-    if (classes >= 2 and flat.ndim == 1 and flat.size and np.issubdtype(flat.dtype, np.floating)
-            and flat.min() >= 0 and flat.max() < classes and np.array_equal(flat, np.rint(flat))):
+    if flat.ndim != 1 or not flat.size:
+        return y
+    if outputs == 1 and (np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_):
+        return flat.astype(np.float32)
+    if (outputs >= 2 and np.issubdtype(flat.dtype, np.floating) and flat.min() >= 0
+            and flat.max() < outputs and np.array_equal(flat, np.rint(flat))):
         return flat.astype(np.int64)
     return y

@@ -1,11 +1,12 @@
-"""Class labels read as floats (``np.loadtxt`` reads a CSV's label column as 0., 1., 2.).
+"""Targets typed otherwise than the model reads them.
 
-The user's loss reads them as indices (``CrossEntropyLoss()(out, y.long())``); DQ's nodes
-sent them as float regression targets, which the server's model check refused for a model
-of several outputs, every reply of every round. Now the first such refusal asks every
-node to send them as class labels from the next round on (DQ), and the gradient
-baselines' devices and federated evaluation read them as labels where their model has
-outputs for them.
+Class labels read as floats (``np.loadtxt`` reads a CSV's label column as 0., 1., 2.) for a
+model with an output per class (the user's loss takes ``y.long()``), and integer targets
+(counts, 0/1 labels as pandas gives them) for a model with one output (the user's loss
+takes ``y.float()``): DQ's nodes sent them as they were typed, which the server's model
+check refused, every reply of every round. Now the first such refusal asks every node to
+type them for the model's outputs from the next round on (DQ), and the gradient
+baselines' devices and federated evaluation retype them where their model is at hand.
 """
 
 from __future__ import annotations
@@ -29,29 +30,33 @@ from torch import nn
 import dq_flower
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.wire.targets import float_class_labels
+from dq_flower.wire.targets import model_targets
 
 
-def test_float_class_indices_become_labels_only_below_the_models_outputs():
+def test_targets_are_retyped_only_for_the_models_outputs():
     y = np.array([0.0, 1.0, 2.0, 1.0], dtype=np.float32)
-    assert float_class_labels(y, 3).dtype == np.int64
-    assert float_class_labels(y[:, None], 3).tolist() == [0, 1, 2, 1]  # (n, 1) too
-    for classes in (0, 1, 2):  # no model outputs known, one output (a regression), too few
-        assert float_class_labels(y, classes) is y
+    assert model_targets(y, 3).dtype == np.int64
+    assert model_targets(y[:, None], 3).tolist() == [0, 1, 2, 1]  # (n, 1) too
+    for outputs in (0, 1, 2):  # unknown, one output (a regression), too few classes
+        assert model_targets(y, outputs) is y
     fractions = np.array([0.0, 0.5], dtype=np.float32)
     negative = np.array([-1.0, 1.0], dtype=np.float32)
     wide = np.zeros((4, 2), dtype=np.float32)  # two float targets a sample
     ints = np.array([0, 1])
     for other in (fractions, negative, wide, ints):
-        assert float_class_labels(other, 5) is other
+        assert model_targets(other, 5) is other
+    counts = np.array([3, 0, 17])
+    assert model_targets(counts, 1).dtype == np.float32 and model_targets(counts, 1)[2] == 17
+    assert model_targets(counts, 0) is counts and model_targets(counts, 20) is counts
+    assert model_targets(np.zeros((3, 2), dtype=np.int64), 1).shape == (3, 2)  # not (n,)
 
 
 def test_the_ask_survives_a_checkpoint():
     data = FederationData()
-    data.ask_float_labels(3)
+    data.ask_model_targets(3)
     again = FederationData()
     again.load_state(data.state(), lambda spec: None)
-    assert again.float_labels == 3 and FederationData().float_labels == 0
+    assert again.model_outputs == 3 and FederationData().model_outputs == 0
 
 
 class TwoClass(nn.Module):
@@ -102,7 +107,7 @@ def test_dq_asks_for_float_labels_as_classes_after_the_first_refusal(caplog):
     rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2, 3)]
     assert rounds[0]["rejected"] == 4 and rounds[0]["stored"] == 0  # float targets, refused
     assert rounds[1]["rejected"] == 0 and rounds[1]["stored"] > 0  # then class labels
-    assert strategy.data.spec.target == "class" and strategy.data.float_labels == 2
+    assert strategy.data.spec.target == "class" and strategy.data.model_outputs == 2
     assert rounds[-1]["accuracy"] > 0.9  # was 0.563 (where it started), every round
 
 
@@ -134,3 +139,38 @@ def test_federated_evaluation_scores_float_labels_as_classes():
     as_labels = dq_flower.client.evaluate(msg, ctx, (x, y.astype(np.int64)), model=model)
     assert dict(as_floats.content["metrics"]) == dict(as_labels.content["metrics"])
     assert "eval-acc" in as_floats.content["metrics"]
+
+
+class OneLogit(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).squeeze(-1)
+
+
+def test_dq_asks_for_integer_labels_of_a_one_logit_model_as_floats():
+    x, y, xt, yt = _csv_table()
+    labels = y.astype(np.int64)  # 0/1 as pandas gives them; the user's BCE takes y.float()
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        return dq_flower.client.dq_train(msg, context, (x[node::4], labels[node::4]))
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model = OneLogit()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        with torch.no_grad():
+            hits = (model(torch.from_numpy(xt)) > 0).numpy() == yt.astype(bool)
+        return MetricRecord({"accuracy": float(hits.mean())})
+
+    model = OneLogit()
+    strategy = dq_flower.DQStrategy(model, seed=0)
+    result = strategy.start(grid=InProcessGrid(train, 4), num_rounds=3, evaluate_fn=evaluate,
+                            initial_arrays=ArrayRecord(model.state_dict()))
+    rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2, 3)]
+    assert rounds[0]["rejected"] == 4 and rounds[1]["stored"] > 0
+    assert strategy.data.spec.target == "binary" and strategy.data.model_outputs == 1
+    assert rounds[-1]["accuracy"] > 0.9

@@ -65,7 +65,7 @@ from dq_flower.wire.dq_batch import (
 from dq_flower.wire.held import held_for
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
-from dq_flower.wire.targets import FLOAT_LABELS_KEY, float_class_labels
+from dq_flower.wire.targets import MODEL_OUTPUTS_KEY, model_targets
 from dq_flower.wire.token_batch import tokens_payload
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     server_round, key = int(config["server-round"]), node_key(context)
     rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
     x_all, y = as_arrays(data, keys)
-    y = float_class_labels(y, int(config.get(FLOAT_LABELS_KEY, 0) or 0))  # asked for
+    y = model_targets(y, int(config.get(MODEL_OUTPUTS_KEY, 0) or 0))  # where asked for
     vocab = id_vocab(config, x_all)  # a text classifier's word ids: sent exactly, as int64
     x_all = x_all.astype(np.int64) if vocab else x_all
     spec = spec_of(x_all, y, vocab)

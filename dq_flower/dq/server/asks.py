@@ -38,7 +38,7 @@ from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import ID_VOCAB_KEY
 from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
 from dq_flower.wire.model import MODEL_KEY
-from dq_flower.wire.targets import FLOAT_LABELS_KEY
+from dq_flower.wire.targets import MODEL_OUTPUTS_KEY
 
 __all__ = ["RoundAsks", "ALL_ROWS"]
 
@@ -122,8 +122,8 @@ class RoundAsks:
             cfg["num-classes"] = int(self.data.num_classes)
         if vocab := self.id_vocab():  # the samples may be ids an embedding reads
             cfg[ID_VOCAB_KEY] = vocab
-        if self.data.float_labels:  # the nodes' float targets are class indices
-            cfg[FLOAT_LABELS_KEY] = self.data.float_labels
+        if self.data.model_outputs:  # the nodes' targets are typed otherwise than it reads
+            cfg[MODEL_OUTPUTS_KEY] = self.data.model_outputs
         if refresh:
             cfg["refresh"] = 1
         if self.cfg.scorer == AUTO:

@@ -84,7 +84,7 @@ class FederationData:
     layout: RowLayout | TokenLayout | None = None
     store: SampleStore | None = None
     duplicates: int = 0  # rows of this round's replies the server already held
-    float_labels: int = 0  # classes the nodes are asked to send float class indices as
+    model_outputs: int = 0  # the outputs nodes are asked to type their targets for
     provisional: dict[str, bool] = field(default_factory=lambda: {"spec": False,
                                                                   "bound": False})
 
@@ -117,9 +117,9 @@ class FederationData:
         """Take the value bound the round's replies agreed on (provisional)."""
         self.value_bound, self.provisional["bound"] = bound, True
 
-    def ask_float_labels(self, classes: int) -> None:
-        """Ask every node from the next round on to send float class indices as labels."""
-        self.float_labels = classes
+    def ask_model_targets(self, outputs: int) -> None:
+        """Ask every node from the next round on to type its targets for ``outputs`` outputs."""
+        self.model_outputs = outputs
 
     def forget_unconfirmed(self) -> None:
         """Forget a spec and bound learned from replies while no row of them is stored."""
@@ -159,12 +159,12 @@ class FederationData:
                            for k, (lo, span) in self.ranges.items()},
                 "store": None if self.store is None else self.store.state(),
                 "value_bound": self.value_bound, "provisional": dict(self.provisional),
-                "float_labels": self.float_labels}
+                "model_outputs": self.model_outputs}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
         """Inverse of :meth:`state`; ``fix_spec`` adopts the spec again (a new store)."""
         self.num_classes = state.get("num_classes", self.num_classes)
-        self.float_labels = int(state.get("float_labels", 0))
+        self.model_outputs = int(state.get("model_outputs", 0))
         if state.get("spec") is not None:
             spec = state["spec"]
             fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],

@@ -51,7 +51,7 @@ from dq_flower.wire.dq_batch import (
     SampleBatch,
     range_mode,
 )
-from dq_flower.wire.targets import float_class_labels
+from dq_flower.wire.targets import model_targets
 
 __all__ = ["UploadIntake", "Compensations", "Ask"]
 
@@ -207,7 +207,7 @@ class UploadIntake:
             log_rejected(upload.node, reason)
         reasons = {reason for _, reason in verdict.refused}
         if len(verdict.refused) > 1 and not verdict.accepted and len(reasons) == 1 \
-                and self.data.spec is None and not self.data.float_labels:  # the model
+                and self.data.spec is None and not self.data.model_outputs:  # the model
             log(ERROR, "every reply of the round failed the server's model check the same way "
                 "(%s): the model the strategy was given, not the nodes' data, is the likely "
                 "cause (see docs/plugin.md, your own model and data)", reasons.pop())
@@ -227,22 +227,24 @@ class UploadIntake:
     def _check(self, spec: DataSpec, upload: Upload) -> int:
         """The model check of an upload's spec (:func:`check_model`), classes it gives.
 
-        Float targets the model cannot score that are class indices below its outputs (a
-        CSV's labels read as 0., 1.) are refused too, and every node is asked to send them
-        as class labels from the next round on (:func:`float_class_labels`).
+        Targets the model cannot score that it would read typed otherwise (a CSV's class
+        labels read as floats for a model with an output per class, integer counts or 0/1
+        labels for a model with one output) are refused too, and every node is asked to
+        type them for the model's outputs from the next round on (:func:`model_targets`).
         """
         try:
             return check_model(self.model, spec, upload.x, upload.batch.labels,
                                self.data.num_classes, self.loss_fn)
         except PayloadError as exc:
-            classes = output_width(self.model) or 0
+            outputs = output_width(self.model) or 0
             labels = np.asarray(upload.batch.labels)
-            if spec.target == "tokens" or float_class_labels(labels, classes) is labels:
+            retyped = model_targets(labels, outputs)
+            if spec.target == "tokens" or retyped is labels:
                 raise
-            self.data.ask_float_labels(classes)
-            raise PayloadError(f"{exc}: its float targets are class indices below the model's "
-                               f"{classes} outputs; the next rounds ask for them as class "
-                               "labels") from exc
+            self.data.ask_model_targets(outputs)
+            raise PayloadError(f"{exc}: its targets fit the model's {outputs} output(s) as "
+                               + ("float targets" if retyped.dtype.kind == "f" else
+                                  "class labels") + "; the next rounds ask for them so") from exc
 
     def store_uploads(self, uploads: list[Upload],
                       server_round: int = 0) -> tuple[list[Upload], int]:
