@@ -31,6 +31,7 @@ import dq_flower
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.wire.targets import model_targets
+from tests.apps.cancer_binary import Net as OneLogit  # 30 -> 16 -> 1 logit
 
 
 def test_targets_are_retyped_only_for_the_models_outputs():
@@ -139,16 +140,6 @@ def test_federated_evaluation_scores_float_labels_as_classes():
     as_labels = dq_flower.client.evaluate(msg, ctx, (x, y.astype(np.int64)), model=model)
     assert dict(as_floats.content["metrics"]) == dict(as_labels.content["metrics"])
     assert "eval-acc" in as_floats.content["metrics"]
-
-
-class OneLogit(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x).squeeze(-1)
 
 
 def test_dq_asks_for_integer_labels_of_a_one_logit_model_as_floats():
