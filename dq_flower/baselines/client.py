@@ -37,6 +37,7 @@ from dq_flower.wire.gradient import (
     VOTE_PREFIX,
     model_crc,
     sign_step,
+    trainable_mask,
     vote_from_payload,
 )
 from dq_flower.wire.model import MODEL_KEY, decode_model_payload
@@ -105,9 +106,9 @@ STATE_PREFIX = "grad-"
 
 # ---------------------------------------------------------------- the model this round
 def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: dict,
-                   dim: int) -> np.ndarray:
+                   trainable: np.ndarray) -> np.ndarray:
     """The float32 parameters the server wants this round's update computed at."""
-    content = msg.content
+    content, dim = msg.content, int(trainable.size)
     if MODEL_KEY in content.array_records:
         payload = Payload.from_record(content.array_records[MODEL_KEY])
         # size checked against this model before anything is decompressed or decoded
@@ -131,7 +132,7 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
             vote = vote_from_payload(payload)
             if vote.size != dim:
                 raise PayloadError(f"vote has {vote.size} coordinates, model has {dim}")
-            w = sign_step(w, vote, cfg.lr, cfg.weight_decay)
+            w = sign_step(w, vote, cfg.lr, cfg.weight_decay, trainable)
     if w.size != dim:
         raise PayloadError(f"model has {w.size} parameters, expected {dim}")
     if "model-crc" in config and model_crc(w) != int(config["model-crc"]):
@@ -185,8 +186,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
         loss_fn = binary_loss
     begin_round(context, server_round, STATE_PREFIX)
 
-    dim = int(sum(p.numel() for p in model.parameters()))
-    set_flat(model, _receive_model(msg, context, cfg, config, dim))
+    set_flat(model, _receive_model(msg, context, cfg, config, trainable_mask(model)))
     buffers = float_buffers(model)
     if buffers:  # BatchNorm statistics: the server's, and ours back after the round
         record = msg.content.array_records.get(BUFFERS_KEY)

@@ -39,6 +39,7 @@ from dq_flower.server.robust import aggregate as robust_aggregate
 from dq_flower.wire.gradient import (
     model_crc,
     sign_step,
+    trainable_mask,
     update_keys,
     uses_error_feedback,
     vote_from_payload,
@@ -301,7 +302,7 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
             record = make("sign").encode(agg).to_record()
             vote = vote_from_payload(Payload.from_record(record))  # exactly what clients see
             set_flat(self.model, sign_step(get_flat(self.model), vote, self.cfg.lr,
-                                           self.cfg.weight_decay))
+                                           self.cfg.weight_decay, trainable_mask(self.model)))
             self.downlink.applied(record if self.cfg.downlink_mode == "sign" else None)
             return
         assert self.optimizer is not None

@@ -18,6 +18,7 @@ from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.lossless import raw_nbits
 
 __all__ = ["GradientLayout", "UPDATE_KEY", "METRICS_KEY", "VOTE_PREFIX", "sign_step",
+           "trainable_mask",
            "vote_from_payload", "model_crc", "uses_error_feedback", "update_keys",
            "decode_update", "epoch_steps"]
 
@@ -43,11 +44,24 @@ class GradientLayout(Protocol):
         """Whether the update is coded per parameter tensor."""
 
 
-def sign_step(w: np.ndarray, vote: np.ndarray, lr: float, weight_decay: float) -> np.ndarray:
-    """The majority-vote step ``w - lr * (vote + weight_decay * w)`` in float32 (both ends)."""
+def sign_step(w: np.ndarray, vote: np.ndarray, lr: float, weight_decay: float,
+              trainable: np.ndarray | None = None) -> np.ndarray:
+    """The majority-vote step ``w - lr * (vote + weight_decay * w)`` in float32 (both ends).
+
+    ``trainable`` (:func:`trainable_mask`): coordinates of parameters the user froze keep
+    their values (a vote counts a zero as +1).
+    """
     w = np.asarray(w, dtype=np.float32)
     d = np.asarray(vote, dtype=np.float32) + np.float32(weight_decay) * w
+    if trainable is not None and not trainable.all():
+        d = np.where(trainable, d, np.float32(0))
     return (w - np.float32(lr) * d).astype(np.float32)
+
+
+def trainable_mask(model: Any) -> np.ndarray:
+    """Which coordinates of the flat parameter vector the model trains (``requires_grad``)."""
+    return np.concatenate([np.full(p.numel(), bool(p.requires_grad))
+                           for p in model.parameters()] or [np.zeros(0, dtype=bool)])
 
 
 def vote_from_payload(payload: Payload) -> np.ndarray:

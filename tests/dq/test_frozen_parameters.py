@@ -116,3 +116,26 @@ def test_the_figures_the_user_app_page_quotes():
     quoted = (f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} B against FedAvg's "
               f"{fedavg.final:.2%} with {fedavg.up_bytes:,} B")
     assert quoted in page, quoted
+
+
+def test_signsgds_sign_step_leaves_the_frozen_backbone_as_it_was_at_both_ends():
+    x, y, xt, yt = _digits()
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        return dq_flower.client.gradient_train(msg, context, (x[node::4], y[node::4]),
+                                               model=FrozenBackbone())
+
+    model = FrozenBackbone()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    # majority vote with the sign downlink: every node applies the same steps to its copy
+    # (the model's CRC is checked), and a vote counts a frozen coordinate's zero as +1
+    strategy = dq_flower.GradientStrategy(model, codec="sign", lr=0.005, seed=0,
+                                          weight_decay=1e-3)
+    result = strategy.start(grid=InProcessGrid(train, 4), num_rounds=15,
+                            initial_arrays=ArrayRecord(model.state_dict()))
+    trained = FrozenBackbone()
+    trained.load_state_dict(result.arrays.to_torch_state_dict())
+    assert torch.equal(trained.state_dict()["backbone.0.weight"], before["backbone.0.weight"])
+    assert not torch.equal(trained.state_dict()["head.weight"], before["head.weight"])
+    assert _accuracy(trained, xt, yt) > 0.3
