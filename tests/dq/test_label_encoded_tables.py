@@ -8,15 +8,19 @@ raises on stored rows has the round's steps rolled back instead of ending the ru
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import torch
+from flwr.app import ArrayRecord, MetricRecord
 from torch import nn
 
+import dq_flower
 from dq_flower.codecs import make
 from dq_flower.codecs.affine import denormalise, feature_ranges, normalise
 from dq_flower.dq.client.sent import node_ranges
+from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.server.robust import StepGuard
 from tests.apps.runner import docs_text
 
@@ -82,3 +86,32 @@ def test_the_simulation_engine_table_on_the_user_app_page_is_the_runs_own():
     table = (Path(__file__).parents[2] / "results" / "regen" / "user-apps-2026-12-06"
              / "table.md").read_text()
     assert " ".join(table.split()) in docs_text("experiments", "user-apps.md")
+
+
+def test_a_reply_whose_codes_the_models_embeddings_lack_is_refused_every_round(caplog):
+    from tests.apps import tab_embeddings as app  # the zoo's table, one node's rows altered
+
+    x, x_test, y, y_test = app._arrays()
+    x = x.copy()
+    x[3::5][:40, 0] = 9.0  # node 3 holds a category the first embedding (8 rows) lacks
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        return dq_flower.client.dq_train(msg, context, (x[node::5], y[node::5]))
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model = app.Net()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        return MetricRecord({"accuracy": app.score(model, x_test, y_test)})
+
+    model = app.Net()
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        result = dq_flower.DQStrategy(model, seed=0).start(
+            grid=InProcessGrid(train, 5), num_rounds=3, evaluate_fn=evaluate,
+            initial_arrays=ArrayRecord(model.state_dict()))
+    rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2, 3)]
+    assert [m["rejected"] for m in rounds] == [1, 1, 1]  # node 3, every round
+    assert [m["rolled-back"] for m in rounds] == [0, 0, 0]  # were rolled back from round 2
+    unread = [r.getMessage() for r in caplog.records if "cannot read its rows" in r.getMessage()]
+    assert len(unread) == 2 and "IndexError" in unread[0]  # round 1: the spec's own check
+    assert rounds[-1]["accuracy"] > rounds[0]["accuracy"]  # stayed at round 1's before

@@ -29,7 +29,7 @@ from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates
 from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.store_lock import lock_store_dir
-from dq_flower.dq.server.token_intake import layout_of
+from dq_flower.dq.server.token_intake import layout_of, table_reader
 from dq_flower.dq.server.validation import (
     SHARE_FACTOR,
     VALUE_FACTOR,
@@ -83,6 +83,8 @@ class UploadIntake:
         self._rules = Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend,
                             comp_codec=comp_codec, num_params=num_params, measuring=measuring,
                             refresh=cfg.compensation_mode != "first-step")
+        #: a table's rows read by the model in every reply (a model reading embeddings)
+        self.read_rows = table_reader(model, loss_fn)
         #: how ``bits = 0`` was resolved, logged once the samples are known not to be tokens
         self.bits_note: str | None = None
         #: each client's rows that copy rows it sent before (dq.server.node_screen)
@@ -202,7 +204,7 @@ class UploadIntake:
         self.data.forget_unconfirmed()
         known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
         sent = {int(n): int(v[1]) for n, v in self.planner.clients.items()}
-        verdict = agree(uploads, self.rules(), known, self._check, sent)
+        verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
         for upload, reason in verdict.refused:
             log_rejected(upload.node, reason)
         reasons = {reason for _, reason in verdict.refused}

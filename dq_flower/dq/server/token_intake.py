@@ -8,12 +8,16 @@ checked as any data reply's. Its rows are the windows' ids: the store keeps them
 (which the model reads as they are: ``model_ops.model_input``) and gives the same ids as
 the rows' targets (``SampleStore.inputs_are_targets``). Labelled id samples
 (``DataSpec(shape, "class", 1, vocab)``, a text classifier's) travel as a ``tokens``
-payload beside their labels (:func:`check_id_samples`) and are stored the same way.
+payload beside their labels (:func:`check_id_samples`) and are stored the same way. A
+table whose label-encoded columns the model reads with embeddings is quantized as any
+table; :func:`table_reader` reads every reply's rows with the model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
@@ -21,10 +25,12 @@ from flwr.app import RecordDict
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.codecs.tokens import token_width
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
+from dq_flower.model_ops import LossFn, embedding_vocab, per_sample_results
 from dq_flower.wire.dq_batch import DataSpec, SampleBatch
 from dq_flower.wire.token_batch import TOKENS_CODEC, decode_token_batch, decode_windows
 
-__all__ = ["TokenLayout", "PLAIN_BUFFER", "check_token_upload", "check_id_samples"]
+__all__ = ["TokenLayout", "PLAIN_BUFFER", "check_token_upload", "check_id_samples",
+           "table_reader"]
 
 #: The buffer of a decoded (plain) tokens payload: the ids' bytes, never on the wire.
 PLAIN_BUFFER = "id-bytes"
@@ -88,3 +94,17 @@ def check_token_upload(content: RecordDict, spec: DataSpec, max_rows: int, id_up
     metrics = content.metric_records.get("metrics")
     can_score = metrics is not None and metrics.get(CAN_SCORE_KEY) == 1
     return batch, batch.labels.astype(np.float32), plain, can_score
+
+
+def table_reader(model: Any, loss_fn: LossFn | None
+                 ) -> Callable[[DataSpec, Any], object] | None:
+    """Where the model reads samples with an embedding, a reader of a reply's every row.
+
+    A table's label-encoded code past an embedding's rows makes the model raise, in
+    training as in this read, so the reply that carries one is refused (the model check of
+    the spec reads only a round's first rows). ``None`` for every other model.
+    """
+    if not embedding_vocab(model):
+        return None
+    return lambda spec, upload: per_sample_results(
+        model, upload.x.reshape(-1, *spec.sample_shape), upload.batch.labels, loss_fn)

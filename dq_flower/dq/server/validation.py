@@ -353,6 +353,25 @@ def screen_claims(uploads: list[Upload], known: Mapping[int, int],
     return [clip_share(u, max(cap, sent.get(u.node, 0) + len(u.batch))) for u in kept], refused
 
 
+def readable(uploads: list[Upload], read: Callable[[Upload], object]
+             ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
+    """The uploads whose rows ``read`` (the model, on every row) takes, and the others refused.
+
+    Where the model reads a table's label-encoded columns with embeddings, a code past an
+    embedding's rows makes it raise, in training as here: such a reply is refused with why.
+    """
+    kept: list[Upload] = []
+    refused: list[tuple[Upload, str]] = []
+    for u in uploads:
+        try:
+            read(u)
+        except (RuntimeError, IndexError, ValueError) as exc:
+            refused.append((u, f"the model cannot read its rows: {type(exc).__name__}: {exc}"))
+        else:
+            kept.append(u)
+    return kept, refused
+
+
 def agree_spec(uploads: list[Upload], check: Check
                ) -> tuple[DataSpec | None, int | None, list[Upload], list[tuple[Upload, str]]]:
     """The spec most uploads with rows carry that the model check confirms.
@@ -390,11 +409,13 @@ def agree_spec(uploads: list[Upload], check: Check
 
 
 def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
-          check: Check, sent: Mapping[int, int] | None = None) -> Agreement:
+          check: Check, sent: Mapping[int, int] | None = None,
+          read: Callable[[DataSpec, Upload], object] | None = None) -> Agreement:
     """The round's verdict on its checked uploads, in (partition id, node) order.
 
     ``known``: examples of the nodes accepted before; ``sent``: the rows they uploaded;
-    ``check(spec, upload)``: the model check, run only while no spec is known.
+    ``check(spec, upload)``: the model check, run only while no spec is known;
+    ``read(spec, upload)``: the model on every row of a quantized table (:func:`readable`).
     """
     order = sorted(uploads, key=BY_PARTITION)
     kept, refused = screen_claims(order, known, sent)
@@ -414,4 +435,7 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
                             f"the median upload's (max-abs-value {new_bound:g})")
                         for u in kept if u.scale > new_bound]
             kept = [u for u in kept if u.scale <= new_bound]
+    if read is not None and spec is not None and spec.target != "tokens" and not spec.vocab:
+        kept, more = readable(kept, lambda u: read(spec, u))
+        refused += more
     return Agreement(kept, refused, new_spec, classes, new_bound)
