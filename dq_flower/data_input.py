@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
+
 __all__ = ["as_arrays", "ids_below", "is_class_target", "dict_keys", "SAMPLE_KEYS", "LABEL_KEYS"]
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
@@ -27,12 +29,6 @@ LABEL_KEYS = ("label", "labels", "y", "target")
 
 #: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
 _CACHE: dict[tuple[int, Any], tuple[Any, tuple[np.ndarray, np.ndarray]]] = {}
-
-
-def ids_below(x: np.ndarray, vocab: int) -> bool:
-    """Whether every value of ``x`` is a whole number in ``[0, vocab)``: ids an embedding reads."""
-    return (vocab > 0 and x.size > 0 and bool(x.min() >= 0) and bool(x.max() < vocab)
-            and np.array_equal(x, np.rint(x)))
 
 
 def is_class_target(y: np.ndarray) -> bool:

@@ -24,6 +24,7 @@ from dq_flower.model_ops import (
     LossFn,
     float_buffers,
     get_flat,
+    num_params,
     output_width,
     set_flat,
     set_float_buffers,
@@ -106,9 +107,9 @@ STATE_PREFIX = "grad-"
 
 # ---------------------------------------------------------------- the model this round
 def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: dict,
-                   trainable: np.ndarray) -> np.ndarray:
+                   model: torch.nn.Module) -> np.ndarray:
     """The float32 parameters the server wants this round's update computed at."""
-    content, dim = msg.content, int(trainable.size)
+    content, dim = msg.content, num_params(model)
     if MODEL_KEY in content.array_records:
         payload = Payload.from_record(content.array_records[MODEL_KEY])
         # size checked against this model before anything is decompressed or decoded
@@ -122,6 +123,7 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
         target = int(config["model-version"])
         if not 0 <= target - base <= MAX_VOTES:
             raise PayloadError(f"{target - base} votes to apply; at most {MAX_VOTES} accepted")
+        trainable = trainable_mask(model)  # frozen coordinates keep their values
         for version in range(base + 1, target + 1):
             rec = content.array_records.get(f"{VOTE_PREFIX}{version}")
             if rec is None:
@@ -186,7 +188,7 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
         loss_fn = binary_loss
     begin_round(context, server_round, STATE_PREFIX)
 
-    set_flat(model, _receive_model(msg, context, cfg, config, trainable_mask(model)))
+    set_flat(model, _receive_model(msg, context, cfg, config, model))
     buffers = float_buffers(model)
     if buffers:  # BatchNorm statistics: the server's, and ours back after the round
         record = msg.content.array_records.get(BUFFERS_KEY)

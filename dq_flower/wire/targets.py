@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["binary_targets", "model_targets", "MODEL_OUTPUTS_KEY"]
+__all__ = ["binary_targets", "ids_below", "model_targets", "MODEL_OUTPUTS_KEY"]
 
 #: Round-config key: the outputs per sample of the server's model, where nodes' targets
 #: are to be retyped for it (:func:`model_targets`).
@@ -22,6 +22,16 @@ MODEL_OUTPUTS_KEY = "model-outputs"
 def binary_targets(y: np.ndarray) -> bool:
     """Whether float targets are all 0 or 1: labels for binary cross-entropy on logits."""
     return y.size > 0 and y.dtype.kind == "f" and bool(np.isin(y, (0, 1)).all())
+
+
+def ids_below(x: np.ndarray, vocab: int) -> bool:
+    """Whether every value of ``x`` is a whole number in ``[0, vocab)``.
+
+    Ids an embedding of ``vocab`` rows reads, or class indices a model of ``vocab`` outputs
+    scores.
+    """
+    return (vocab > 0 and x.size > 0 and bool(x.min() >= 0) and bool(x.max() < vocab)
+            and np.array_equal(x, np.rint(x)))
 
 
 def model_targets(y: np.ndarray, outputs: int) -> np.ndarray:
@@ -37,7 +47,6 @@ def model_targets(y: np.ndarray, outputs: int) -> np.ndarray:
         return y
     if outputs == 1 and (np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_):
         return flat.astype(np.float32)
-    if (outputs >= 2 and np.issubdtype(flat.dtype, np.floating) and flat.min() >= 0
-            and flat.max() < outputs and np.array_equal(flat, np.rint(flat))):
+    if outputs >= 2 and np.issubdtype(flat.dtype, np.floating) and ids_below(flat, outputs):
         return flat.astype(np.int64)
     return y
