@@ -86,6 +86,8 @@ def test_the_simulation_engine_table_on_the_user_app_page_is_the_runs_own():
     table = (Path(__file__).parents[2] / "results" / "regen" / "user-apps-2026-12-06"
              / "table.md").read_text()
     assert " ".join(table.split()) in docs_text("experiments", "user-apps.md")
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert " ".join(table.split()) in " ".join(readme.split())
 
 
 def test_a_reply_whose_codes_the_models_embeddings_lack_is_refused_every_round(caplog):
