@@ -251,3 +251,34 @@ def test_the_figures_method_md_quotes_for_raw_inputs_beside_raw_targets():
     notes = docs_text("experiments", "user-apps.md")
     assert f"round 3 ({dq.scores[3]:.2%}, with {up_to_3:,} B up" in notes
     assert dq.scores[3] < fedavg.final
+
+
+def test_a_later_candidate_also_wins_by_accuracy_beyond_the_uncertainty():
+    rows = 60
+    nodes = np.zeros(rows, dtype=np.uint64)
+    prior = HeldOutScores(np.full(rows, 0.65), np.arange(rows) % 3 != 0, nodes)  # 67% right
+    # overconfident but right more often: higher loss, 90% right
+    sharper = HeldOutScores(np.full(rows, 1.4), np.arange(rows) % 10 != 0, nodes)
+    best, gain = pick([prior, sharper])
+    assert best == 1 and gain is not None and gain.gain == pytest.approx(0.2333, abs=1e-3)
+    close = HeldOutScores(np.full(rows, 1.4), np.arange(rows) % 4 != 0, nodes)  # 75%: too close
+    assert pick([prior, close]) == (0, None)
+    floats = [HeldOutScores(np.full(rows, 0.65), None, nodes),
+              HeldOutScores(np.full(rows, 1.4), None, nodes)]
+    assert pick(floats) == (0, None)  # float targets: by the loss alone
+
+
+def test_the_figures_method_md_quotes_for_a_probe_won_by_accuracy():
+    """Not in the zoo's verdict: the app's own FedAvg ends below its bar (78.3%)."""
+    pytest.importorskip("sklearn")
+    from tests.apps import cancer_large_node as app  # a user app outside the zoo's verdict
+    from tests.apps.runner import run_app
+
+    fedavg, dq = run_app(app, "fedavg"), run_app(app, "dq")
+    assert dq.final > 0.9  # was the class prior's 0.629
+    quoted = (f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} uplink bytes against FedAvg's "
+              f"{fedavg.final:.2%} with {fedavg.up_bytes:,}")
+    assert quoted in docs_text("method.md"), quoted
+    assert f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} B against FedAvg's " \
+           f"{fedavg.final:.2%} with {fedavg.up_bytes:,} B" in docs_text("experiments",
+                                                                       "user-apps.md")

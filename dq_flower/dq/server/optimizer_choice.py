@@ -98,26 +98,30 @@ def pick(scores: list[Any], z: float = Z_ONE_SIDED) -> tuple[int, PairedGain | N
     non-finite). The first finite one stands; each later one in turn displaces the standing
     one where its held-out loss is lower beyond the paired comparison's uncertainty (the
     relative loss reduction, row by row, one-sided 95%: more telling on a few rows than
-    right or wrong) and it is not worse in accuracy beyond its own. The gain returned is
-    that relative loss reduction (``None`` where the first finite one stood); ``z``: the
-    standard errors the reduction must exceed.
+    right or wrong) and it is not worse in accuracy beyond its own, or (class targets)
+    where its accuracy is higher beyond the uncertainty: SGD on raw features can settle on
+    the class prior, whose loss a faster optimizer's overconfident but better guesses do
+    not beat yet. The gain returned is the reduction it won by (``None`` where the first
+    finite one stood); ``z``: the standard errors the reduction must exceed.
     """
     return _tournament(scores, z)[:2]
 
 
-def _tournament(scores: list[Any], z: float) -> tuple[int, PairedGain | None, int]:
-    """:func:`pick`'s winner, its gain and the index of the candidate it displaced."""
+def _tournament(scores: list[Any], z: float) -> tuple[int, PairedGain | None, int, str]:
+    """:func:`pick`'s winner, its gain, whom it displaced and by what: loss or accuracy."""
     finite = [i for i, s in enumerate(scores) if _finite(s)]
     if not finite:
-        return 0, None, 0
-    best, best_gain, beaten = finite[0], None, finite[0]
+        return 0, None, 0, "loss"
+    best, best_gain, beaten, by = finite[0], None, finite[0], "loss"
     for i in finite[1:]:
         standing, s = scores[best], scores[i]
         gain = paired_gain(_losses(standing), _losses(s))  # relative loss, row by row
-        if (gain.gain - z * gain.stderr > 0
-                and not significantly_worse(paired_gain(standing, s))):  # nor worse in accuracy
-            best, best_gain, beaten = i, gain, best
-    return best, best_gain, beaten
+        accuracy = paired_gain(standing, s)  # errors, row by row (class targets)
+        if gain.gain - z * gain.stderr > 0 and not significantly_worse(accuracy):
+            best, best_gain, beaten, by = i, gain, best, "loss"
+        elif s.correct is not None and accuracy.gain - z * accuracy.stderr > 0:
+            best, best_gain, beaten, by = i, accuracy, best, "accuracy"
+    return best, best_gain, beaten, by
 
 
 def _losses(scores: HeldOutScores) -> HeldOutScores:
@@ -265,7 +269,7 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
             _turn(trainer, racer, rule)
         half = racers[0].steps * 2 >= rule.max_steps
         decided = half and _decided([r.scores for r in racers])
-    best, gain, beaten = _tournament([r.scores for r in racers], Z_ONE_SIDED)
+    best, gain, beaten, by = _tournament([r.scores for r in racers], Z_ONE_SIDED)
     winner = racers[best]
     trainer.model.load_state_dict(winner.weights if winner.scores is not None else start)
     trainer.use_optimizer(winner.option, winner.optimizer if winner.scores is not None else None)
@@ -274,7 +278,9 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     text = "; ".join(f"{r.option.describe()}: " + ("non-finite" if r.scores is None else
                                                     _score_text(r.scores)) for r in racers)
     why = ("the others went non-finite" if gain is None and best > 0 else
-           f"held-out loss lower by {gain.gain:.1%} (stderr {gain.stderr:.1%})"
+           (f"held-out loss lower by {gain.gain:.1%} (stderr {gain.stderr:.1%})" if by == "loss"
+            else f"held-out accuracy higher by {100 * gain.gain:.1f} points (stderr "
+                 f"{100 * gain.stderr:.1f})")
            + (f" than {racers[beaten].option.describe()}'s" if len(racers) > 2 else "")
            if gain is not None else "no other is better beyond the uncertainty")
     log_round("dq", server_round, f"server optimizer: {winner.option.describe()} "
