@@ -7,16 +7,47 @@ targets: :class:`TargetLoss`), else the mean squared error.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-__all__ = ["LossFn", "next_token_loss", "binary_loss", "default_loss", "resolve_loss",
-           "TargetLoss"]
+__all__ = ["LossFn", "model_output", "next_token_loss", "binary_loss", "default_loss",
+           "resolve_loss", "TargetLoss", "OUTPUT_KEYS"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
+
+#: Keys of a dict output that hold what a loss reads, in order of preference (a user's
+#: ``{"logits": ..., "embedding": ...}``; torchvision's segmentation models return ``out``).
+OUTPUT_KEYS = ("logits", "out", "output")
+
+
+def model_output(out: object) -> torch.Tensor:
+    """A model's output as a tensor: itself, a tuple's first, an output object's ``logits``.
+
+    ``transformers`` models return such objects (``CausalLMOutputWithPast``,
+    ``ImageClassifierOutput``): their ``logits`` are what a loss reads; a model returning
+    ``(logits, features)`` is read by its first, one returning a dict by its first key of
+    :data:`OUTPUT_KEYS` (or its only tensor). ``TypeError`` names anything else.
+    """
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, Mapping):
+        named = [out[k] for k in OUTPUT_KEYS if isinstance(out.get(k), torch.Tensor)]
+        tensors = [v for v in out.values() if isinstance(v, torch.Tensor)]
+        if named or len(tensors) == 1:
+            return (named or tensors)[0]
+        raise TypeError(f"the model returned a dict with keys {sorted(map(str, out))}: one of "
+                        f"{list(OUTPUT_KEYS)} (or a single tensor) is what a loss reads")
+    raise TypeError(f"the model returned {type(out).__name__}: a tensor, a tuple led by one, a"
+                    " dict with 'logits' or an object with a .logits tensor (as transformers "
+                    "models return) is needed")
 
 
 def next_token_loss(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:

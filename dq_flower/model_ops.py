@@ -20,6 +20,7 @@ from dq_flower.losses import (  # the losses: here for the model path's callers
     LossFn,
     binary_loss,
     default_loss,
+    model_output,
     next_token_loss,
     resolve_loss,
 )
@@ -152,24 +153,6 @@ def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -
         raise ValueError(f"loss_fn must return one loss per sample, shape ({outputs.shape[0]},);"
                          f" got {tuple(losses.shape)} (use reduction='none')")
     return losses
-
-
-def model_output(out: object) -> torch.Tensor:
-    """A model's output as a tensor: itself, a tuple's first, or an output object's ``logits``.
-
-    ``transformers`` models return such objects (``CausalLMOutputWithPast``,
-    ``ImageClassifierOutput``): their ``logits`` are what a loss reads; a model returning
-    ``(logits, features)`` is read by its first. ``TypeError`` names anything else.
-    """
-    if isinstance(out, (tuple, list)) and out:
-        out = out[0]
-    if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    raise TypeError(f"the model returned {type(out).__name__}: a tensor, a tuple led by one or"
-                    " an object with a .logits tensor (as transformers models return) is needed")
 
 
 def model_input(x: np.ndarray | torch.Tensor, device: torch.device, tokens: bool,

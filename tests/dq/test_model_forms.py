@@ -1,8 +1,8 @@
-"""Models as users write them: ``model.double()`` and a forward that returns a tuple.
+"""Models as users write them: ``model.double()``, a forward that returns a tuple or a dict.
 
-Both had every DQ reply refused by the server's model check, every round (float32 samples
-into float64 weights: "mat1 and mat2 must have the same dtype"; a tuple: "the model
-returned tuple"), so DQ stayed where it started.
+Each had every DQ reply refused by the server's model check, every round (float32 samples
+into float64 weights: "mat1 and mat2 must have the same dtype"; a tuple or a dict: "the
+model returned tuple"), so DQ stayed where it started.
 """
 
 from __future__ import annotations
@@ -46,6 +46,14 @@ class WithFeatures(nn.Module):
         return self.head(z), z
 
 
+class WithDict(WithFeatures):
+    """Returns ``{"logits": ..., "embedding": ...}``; the user's loss reads ``logits``."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        logits, z = super().forward(x)
+        return {"embedding": z, "logits": logits}
+
+
 def test_samples_reach_the_model_in_its_own_float_dtype():
     assert float_dtype(Double()) == torch.float64 and float_dtype(nn.Linear(2, 2)) == torch.float32
     rows = np.zeros((2, 64), dtype=np.float32)
@@ -54,14 +62,17 @@ def test_samples_reach_the_model_in_its_own_float_dtype():
     assert model_input(ids, torch.device("cpu"), False, torch.float64).dtype == torch.int64
 
 
-def test_a_tuple_output_is_read_by_its_first_tensor():
+def test_a_tuple_output_is_read_by_its_first_tensor_a_dict_by_its_logits():
     logits, features = torch.ones(2, 3), torch.zeros(2, 5)
     assert model_output((logits, features)) is logits
-    with pytest.raises(TypeError, match="the model returned dict"):
-        model_output({"scores": logits})
+    assert model_output({"embedding": features, "logits": logits}) is logits
+    assert model_output({"out": logits, "aux": features}) is logits  # torchvision's segmenters
+    assert model_output({"scores": logits, "note": "a string"}) is logits  # its only tensor
+    with pytest.raises(TypeError, match=r"a dict with keys \['features', 'scores'\]"):
+        model_output({"scores": logits, "features": features})
 
 
-@pytest.mark.parametrize("net", [Double, WithFeatures])
+@pytest.mark.parametrize("net", [Double, WithFeatures, WithDict])
 def test_dq_trains_such_a_model_at_its_defaults(net):
     pytest.importorskip("sklearn")
     from sklearn.datasets import load_digits
@@ -91,14 +102,14 @@ def test_dq_trains_such_a_model_at_its_defaults(net):
 
 
 class DictOut(nn.Module):
-    """Returns a dict, which no loss reads: the server's model, not the data, is at fault."""
+    """Returns a dict of two unnamed tensors, which no loss reads: the model is at fault."""
 
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Linear(64, 10)
 
     def forward(self, x: torch.Tensor) -> dict:
-        return {"scores": self.body(x)}
+        return {"scores": self.body(x), "features": x}
 
 
 def test_every_node_refused_the_same_way_names_the_model_once_a_round(caplog):
@@ -116,4 +127,4 @@ def test_every_node_refused_the_same_way_names_the_model_once_a_round(caplog):
             initial_arrays=ArrayRecord(model.state_dict()))
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 2 and all("the model the strategy was given" in e for e in errors)
-    assert "the model returned dict" in errors[0]
+    assert "the model returned a dict with keys" in errors[0]
