@@ -56,6 +56,8 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     xa = np.ascontiguousarray(xa, dtype=np.float32)
     if xa.size and not np.isfinite(xa).all():
         raise ValueError(f"{what}: x contains NaN or infinite values")
+    if is_class_target(ya) and ya.ndim > 1 and ya[0].size > 1:
+        ya = _several_labels(ya, what)
     if is_class_target(ya):
         ya = ya.astype(np.int64).reshape(-1)
         if ya.size and ya.min() < 0:
@@ -70,6 +72,21 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{what}: y must hold integer labels or float targets, "
                          f"got dtype {ya.dtype}")
     return xa, ya
+
+
+def _several_labels(ya: np.ndarray, what: str) -> np.ndarray:
+    """Integer targets of several values a sample: 0/1 labels ``(n, k)`` as float32 targets.
+
+    (``MultiLabelBinarizer`` and ``one_hot`` give them as integers; a multi-label model's
+    loss reads them as floats.) Anything else is refused: one class label a sample is what
+    DQ's rows carry, and a flattened ``(n, h, w)`` mask would pair labels with other rows.
+    """
+    if ya.ndim == 2 and ya.size and np.isin(ya, (0, 1)).all():
+        return ya.astype(np.float32)
+    raise ValueError(
+        f"{what}: integer targets of shape {ya.shape}: DQ takes one class label a sample "
+        "(n,), 0/1 labels (n, k) for several labels a sample, or float targets; labels per "
+        "element of a sample (segmentation masks, per-token tags) are not supported")
 
 
 def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
