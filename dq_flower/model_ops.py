@@ -278,7 +278,7 @@ def apply_flat_grad(model: nn.Module, optimizer: torch.optim.Optimizer, grad: np
         k = p.numel()
         if p.requires_grad:
             p.grad = torch.from_numpy(grad[offset:offset + k].reshape(p.shape).copy()
-                                      ).to(p.device)
+                                      ).to(p.device, p.dtype)
         offset += k
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -128,3 +128,27 @@ def test_every_node_refused_the_same_way_names_the_model_once_a_round(caplog):
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 2 and all("the model the strategy was given" in e for e in errors)
     assert "the model returned a dict with keys" in errors[0]
+
+
+def test_a_gradient_baseline_steps_a_float64_model():
+    """The server's step assigned float32 gradients to float64 weights and the run crashed."""
+    pytest.importorskip("sklearn")
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16).astype(np.float64)
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        return dq_flower.client.gradient_train(msg, context, (x[:1200][node::4],
+                                                              y[:1200][node::4]), model=Double())
+
+    model = Double()
+    result = dq_flower.GradientStrategy(model, codec="qsgd", lr=0.1, seed=0).start(
+        grid=InProcessGrid(train, 4), num_rounds=15, initial_arrays=ArrayRecord(model.state_dict()))
+    trained = Double()
+    trained.load_state_dict(result.arrays.to_torch_state_dict())
+    assert all(v.dtype == torch.float64 for v in trained.state_dict().values())
+    with torch.no_grad():
+        hits = trained(torch.from_numpy(x[1200:])).argmax(1).numpy() == y[1200:]
+    assert hits.mean() > 0.4  # chance: 0.1
