@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["binary_targets", "ids_below", "model_targets", "MODEL_OUTPUTS_KEY"]
+__all__ = ["binary_targets", "ids_below", "model_targets", "retypes_to", "MODEL_OUTPUTS_KEY"]
 
 #: Round-config key: the outputs per sample of the server's model, where nodes' targets
 #: are to be retyped for it (:func:`model_targets`).
@@ -50,3 +50,15 @@ def model_targets(y: np.ndarray, outputs: int) -> np.ndarray:
     if outputs >= 2 and np.issubdtype(flat.dtype, np.floating) and ids_below(flat, outputs):
         return flat.astype(np.int64)
     return y
+
+
+def retypes_to(target: str, wanted: str, outputs: int) -> bool:
+    """Whether :func:`model_targets` can turn a node's ``target`` kind into ``wanted``.
+
+    Kinds as a data spec names them: float class indices (``float``, or ``binary`` for
+    0/1) become ``class`` labels for a model of two or more outputs; integer targets
+    (``class``) become ``float`` or ``binary`` ones for a model of one output.
+    """
+    if outputs >= 2:
+        return target in ("float", "binary") and wanted == "class"
+    return outputs == 1 and target == "class" and wanted in ("float", "binary")

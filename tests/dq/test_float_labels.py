@@ -112,6 +112,47 @@ def test_dq_asks_for_float_labels_as_classes_after_the_first_refusal(caplog):
     assert rounds[-1]["accuracy"] > 0.9  # was 0.563 (where it started), every round
 
 
+def test_one_node_with_float_labels_beside_integer_ones_joins_from_round_2():
+    x, y, xt, yt = _csv_table()
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        labels = y[node::4] if node == 0 else y[node::4].astype(np.int64)  # node 0: np.loadtxt
+        return dq_flower.client.dq_train(msg, context, (x[node::4], labels))
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord({"accuracy": _accuracy(arrays, xt, yt)})
+
+    model = TwoClass()
+    strategy = dq_flower.DQStrategy(model, seed=0)
+    result = strategy.start(grid=InProcessGrid(train, 4), num_rounds=3, evaluate_fn=evaluate,
+                            initial_arrays=ArrayRecord(model.state_dict()))
+    rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2, 3)]
+    # refused by the spec the others agreed on, then asked to type its labels as classes
+    # (before: refused every round, its rows never stored)
+    assert rounds[0]["rejected"] == 1 and [r["rejected"] for r in rounds[1:]] == [0, 0]
+    assert strategy.data.model_outputs == 2 and strategy.data.spec.target == "class"
+    assert len(strategy.data.ranges) == 4  # every node's rows stored (per-feature ranges)
+    assert rounds[-1]["accuracy"] > 0.9
+
+
+def test_a_spec_that_differs_only_by_retypable_targets_asks_for_them():
+    from dq_flower.wire.dq_batch import DataSpec
+    from dq_flower.wire.targets import retypes_to
+
+    assert retypes_to("binary", "class", 2) and retypes_to("float", "class", 3)
+    assert retypes_to("class", "float", 1) and retypes_to("class", "binary", 1)
+    assert not retypes_to("class", "float", 2) and not retypes_to("float", "class", 1)
+    assert not retypes_to("tokens", "class", 2) and not retypes_to("binary", "class", 0)
+    data = FederationData()
+    data.spec = DataSpec((30,), "class")
+    data.retype_if(DataSpec((29,), "binary"), 2)  # another shape: no ask
+    data.retype_if(DataSpec((30,), "binary", target_dim=1), 1)  # one output: no class labels
+    assert data.model_outputs == 0
+    data.retype_if(DataSpec((30,), "binary"), 2)
+    assert data.model_outputs == 2
+
+
 def test_a_gradient_baseline_reads_float_labels_as_classes():
     x, y, xt, yt = _csv_table()
 

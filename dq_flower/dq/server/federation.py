@@ -15,6 +15,7 @@ import numpy as np
 from dq_flower.dq.server.store import RowLayout, SampleStore, strata_of
 from dq_flower.dq.server.token_intake import TokenLayout
 from dq_flower.wire.dq_batch import DataSpec
+from dq_flower.wire.targets import retypes_to
 
 __all__ = ["FederationData", "choose_holdout", "row_hash"]
 
@@ -120,6 +121,20 @@ class FederationData:
     def ask_model_targets(self, outputs: int) -> None:
         """Ask every node from the next round on to type its targets for ``outputs`` outputs."""
         self.model_outputs = outputs
+
+    def retype_if(self, reply: DataSpec | None, outputs: int) -> None:
+        """Ask for targets typed for the model where ``reply`` differs from the spec in that.
+
+        A node that read its CSV's class labels as floats beside nodes with integer labels
+        (or integer targets beside float ones, for one output) is refused by the spec;
+        retyped for the model's outputs (:func:`~dq_flower.wire.targets.model_targets`),
+        its targets join the federation's from the next round on.
+        """
+        known = self.spec
+        if (known is not None and reply is not None and reply != known and retypes_to(
+                reply.target, known.target, outputs) and reply.sample_shape == known.sample_shape
+                and reply.vocab == known.vocab and reply.target_dim == known.target_dim == 1):
+            self.ask_model_targets(outputs)
 
     def forget_unconfirmed(self) -> None:
         """Forget a spec and bound learned from replies while no row of them is stored."""

@@ -9,6 +9,7 @@ replies' compensations and refreshed residuals by norm and keeps them in the con
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import replace
 from logging import ERROR, WARNING
 from operator import attrgetter
@@ -46,11 +47,7 @@ from dq_flower.model_ops import LossFn, check_model, output_width, placeholder_r
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
 from dq_flower.server.robust import NormScreen
-from dq_flower.wire.dq_batch import (
-    DataSpec,
-    SampleBatch,
-    range_mode,
-)
+from dq_flower.wire.dq_batch import DataSpec, SampleBatch, range_mode, reply_spec
 from dq_flower.wire.targets import model_targets
 
 __all__ = ["UploadIntake", "Compensations", "Ask"]
@@ -174,8 +171,13 @@ class UploadIntake:
         identity, why = self.identities.resolve(server_round, src, claimed)
         if why:
             log(WARNING, "[dq] round %d: %s", server_round, why)
-        upload = check_upload(msg.content, identity, rules or self.rules(),
-                              self.history(identity), ask(src, identity), src)
+        try:
+            upload = check_upload(msg.content, identity, rules or self.rules(),
+                                  self.history(identity), ask(src, identity), src)
+        except PayloadError:  # targets typed otherwise than the federation's: ask for them
+            with suppress(PayloadError, KeyError, TypeError, ValueError):
+                self.data.retype_if(reply_spec(msg.content, None), output_width(self.model) or 0)
+            raise
         self.identities.claim(server_round, src, identity)
         if upload.resent:  # rows the server already held: dropped
             self.data.count_duplicates(upload.resent)
@@ -197,10 +199,7 @@ class UploadIntake:
 
     # ------------------------------------------------------------------ the round's replies
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
-        """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others.
-
-        A spec or bound agreed here stays provisional until rows of it are stored.
-        """
+        """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others."""
         self.data.forget_unconfirmed()
         known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
         sent = {int(n): int(v[1]) for n, v in self.planner.clients.items()}
@@ -220,6 +219,8 @@ class UploadIntake:
                     upload.node, SHARE_FACTOR, upload.weight_scale)
         if verdict.spec is not None:
             self.fix_spec(verdict.spec, verdict.classes, provisional=True)
+        for upload, _ in verdict.refused:  # targets typed otherwise than the agreed spec's
+            self.data.retype_if(upload.spec, output_width(self.model) or 0)
         if verdict.value_bound is not None:
             self.data.learn_bound(verdict.value_bound)
             log_round("dq", 0, f"data values bounded by {self.data.value_bound:g} (max-abs-value: "
