@@ -114,3 +114,24 @@ def test_integer_multi_labels_become_binary_targets_and_masks_are_refused():
         as_arrays((x, masks))
     with pytest.raises(ValueError, match=r"shape \(4, 3\)"):  # several labels beyond 0/1
         as_arrays((x, labels * 3))
+
+
+def test_a_node_with_no_rows_yet_answers_with_none():
+    """An empty data set (a new site) failed every DQ round: "cannot reshape array of size 0"."""
+    import dq_flower
+
+    rng = np.random.default_rng(1)
+    x, y = rng.random((120, 8), dtype=np.float32), rng.integers(0, 3, 120)
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        rows = slice(node, None, 3) if node < 3 else slice(0, 0)  # node 3: no rows
+        data = torch.utils.data.TensorDataset(torch.from_numpy(x[rows]), torch.from_numpy(y[rows]))
+        return dq_flower.client.dq_train(msg, context, data)
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    result = dq_flower.DQStrategy(model, seed=0).start(
+        grid=InProcessGrid(train, 4), num_rounds=2, initial_arrays=ArrayRecord(model.state_dict()))
+    rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2)]
+    assert [m["failed"] for m in rounds] == [0, 0] and [m["rejected"] for m in rounds] == [0, 0]
+    assert rounds[-1]["stored"] > 0

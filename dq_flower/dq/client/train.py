@@ -295,7 +295,7 @@ def _data_round(r: RoundInput) -> Message:
     chosen = candidates[sel.indices]
     represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per row
 
-    x_flat = r.x.reshape(n, -1)
+    x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows
     coded = (_Coded(None, tokens_payload(x_flat[chosen], spec.vocab), "sample", x_flat[chosen])
              if spec.vocab else _quantize(cfg, spec, x_flat[chosen], x_flat, rng, config))
     compensation = None
