@@ -78,6 +78,14 @@ def test_the_probe_ends_at_its_half_only_beyond_three_standard_errors():
     assert not _decided([first, _losses(-0.06)])
     assert _decided([None, _losses(0.0)])  # the first went non-finite
     assert _decided([first, None])  # every other did
+    # three candidates: the leader must beat the first and every other beyond the bar
+    second = _losses(0.2)
+    noise = np.random.default_rng(0).normal(0.0, 0.3, 100)  # paired stderr about 0.03
+    near = HeldOutScores(second.loss + 0.01 + noise, None, second.nodes)
+    far = HeldOutScores(second.loss + 0.4 + noise, None, second.nodes)
+    assert not _decided([first, second, near])  # the other two: the end decides
+    assert _decided([first, second, far])  # about 13 standard errors apart
+    assert not _decided([None, second, near])  # the first gone: the other two race on
 
 
 def test_candidates_are_sgd_at_lr_then_adam_at_its_own_or_the_given_step_size():

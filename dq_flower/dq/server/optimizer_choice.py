@@ -237,8 +237,8 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
 
     Every candidate starts from the same weights and draws the same minibatches (a copy
     of ``rng``); they take turns of ``plateau-eval-every`` steps, and from the probe's half
-    on the race ends as soon as a later candidate beats the first beyond :data:`EARLY_Z`
-    standard errors or the first went non-finite (:func:`_decided`); else
+    on the race ends as soon as a later candidate beats the first and every other beyond
+    :data:`EARLY_Z` standard errors, or at most one is left finite (:func:`_decided`); else
     :func:`pick` decides at the end. The winner's probe is
     not thrown away: the model, the optimizer and ``rng`` are left where its probe ended,
     and the returned continuation lets the phase go on from there (``None``: no held-out
@@ -304,16 +304,21 @@ def target_scale(store: Any) -> float:
 def _decided(scores: list[HeldOutScores | None]) -> bool:
     """Whether the probe's outcome is clear before its end.
 
-    The first went non-finite (or every other did), or a later one beats it by more than
-    :data:`EARLY_Z` standard errors (:func:`pick` at that bar): a stricter bar than
+    At most one candidate is left finite, or a later one beats the first finite one and
+    every other by more than :data:`EARLY_Z` standard errors (:func:`pick` at that bar, then
+    its loss against each): a stricter bar than
     :func:`pick`'s at the end, so an optimizer that merely starts faster does not win by an
     early look (Haybittle and Peto's rule). The first never wins early: SGD with momentum
     starts fast, and one behind it at the half can pass it by the end (an LSTM forecasting
     raw temperatures: held-out loss 43 for SGD against 76 for Adam at 100 steps, 43
     against 32 at 150).
     """
-    return (not _finite(scores[0]) or not any(_finite(s) for s in scores[1:])
-            or pick(scores, EARLY_Z)[1] is not None)
+    finite = {i: s for i, s in enumerate(scores) if s is not None and _finite(s)}
+    best = pick(scores, EARLY_Z)[0]
+    if len(finite) <= 1 or best == min(finite):
+        return len(finite) <= 1
+    return all(significantly_worse(paired_gain(_losses(finite[best]), _losses(s)), EARLY_Z)
+               for i, s in finite.items() if i != best)
 
 
 def _turn(trainer: Probed, racer: _Racer, rule: PlateauRule) -> None:
