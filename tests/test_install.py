@@ -349,6 +349,7 @@ def test_the_presets_that_help_names_resolve_from_the_wheel(installed, tmp_path)
     assert "unknown preset" not in done.stderr and "no-data" in done.stderr, done.stderr
 
 
+@pytest.mark.slow  # 33 s; the suite's version: a user's app, deployed from the wheel (below)
 def test_deploy_local_runs_the_package_app_from_the_wheel(installed, tmp_path):
     # outside any checkout: no pyproject.toml in the folder it runs from
     env = _env(tmp_path)

@@ -35,7 +35,7 @@ def batches(draw):
     return codes.astype(np.uint8), bits, n, d, shape
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(batches())
 def test_round_trip_is_exact_for_random_codes(batch):
     codes, bits, n, d, shape = batch

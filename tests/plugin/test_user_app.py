@@ -13,13 +13,13 @@ import torch
 from . import user_app
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def _simulate(kinds: tuple[str, ...]) -> dict:
+    """Each kind's run of the user app (12 rounds) in Flower's simulation engine."""
     from flwr.simulation import run_simulation
 
     cloudpickle.register_pickle_by_value(user_app)  # Ray workers need not import tests/
-    out = {}
-    for kind in ("dq", "fedavg", "ef-sign"):
+    out: dict = {}
+    for kind in kinds:
         out[kind] = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -30,6 +30,11 @@ def runs(tmp_path_factory):
                                            "init_args": {"num_cpus": 2,
                                                          "include_dashboard": False}})
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return _simulate(("dq", "fedavg"))
 
 
 def test_dq_trains_a_user_app_to_within_two_points_of_fedavg(runs):
@@ -52,8 +57,9 @@ def test_result_arrays_are_the_trained_model(runs):
     assert not np.allclose(runs["dq"]["accuracy"][0], acc)
 
 
+@pytest.mark.slow  # a third simulation; tests/baselines runs a gradient baseline under Ray
 def test_gradient_strategy_with_ef_sign_learns_a_user_app(runs):
-    ef, fedavg = runs["ef-sign"], runs["fedavg"]
+    ef, fedavg = _simulate(("ef-sign",))["ef-sign"], runs["fedavg"]
     assert ef["accuracy"][-1] >= fedavg["accuracy"][-1] - 0.05, (ef["accuracy"],
                                                                  fedavg["accuracy"])
     assert ef["up_bytes"] < runs["fedavg"]["up_bytes"] / 10  # 1 bit vs 32 per coordinate
