@@ -19,20 +19,20 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.tokens import token_width
-from dq_flower.wire.targets import binary_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
            "RANGES_KEY", "payload_quantizer", "range_mode", "ranges_record",
-           "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_of", "spec_record",
-           "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY", "expect_rows",
-           "reply_spec", "DataReply", "read_reply"]
+           "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_record",
+           "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY", "MIXED_UNITS_KEY",
+           "expect_rows", "reply_spec", "DataReply", "read_reply"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
 COMPENSATION_KEY = "compensation"
 GRADIENT_KEY = "gradient"  # a gradient round's reply
 REFRESH_KEY = "refresh"  # a refreshed residual (compensation-mode refresh)
+RANGES_KEY = "feature-ranges"  # a client's per-feature ranges (lo, then span: float32)
 
 
 def width_for(upper: int) -> int:
@@ -181,12 +181,11 @@ def decode_batch(
     vocab: int = 0,
     binary: bool = False,
 ) -> SampleBatch:
-    """Parse and validate one upload (sizes before unpacking); :class:`PayloadError` if bad.
+    """One upload parsed and checked, sizes before unpacking (else :class:`PayloadError`).
 
-    Checks the records, counts, shape ``(n, dim)`` with ``n <= max_samples``, ``bits``,
-    labels below ``num_classes`` (or finite float targets of width ``target_dim``), unique
-    ids below ``id_upper`` and finite positive weights. ``vocab``: the samples are ids
-    (a ``tokens`` payload, its stream not decoded here); ``binary``: targets are 0 or 1.
+    Records, counts, shape ``(n, dim)``, ``n <= max_samples``, ``bits``, labels below
+    ``num_classes`` (or finite float targets of width ``target_dim``; ``binary``: 0 or 1),
+    unique ids below ``id_upper``, finite positive weights; ``vocab``: ids (not decoded).
     """
     if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
         raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
@@ -255,16 +254,12 @@ def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
     return ids
 
 
-#: Record of a client's per-feature ranges (``lo`` then ``span``, float32 each).
-RANGES_KEY = "feature-ranges"
-
-
-def range_mode(ranges: str, sample_shape: tuple[int, ...]) -> str:
-    """``auto``: ``feature`` (flat rows), else ``sample``; ``channel`` needs C > 1 channels."""
+def range_mode(ranges: str, sample_shape: tuple[int, ...], mixed_units: bool = False) -> str:
+    """``auto``: ``feature`` for flat or ``mixed_units`` samples, else ``sample``."""
     if ranges == "channel":
         return "channel" if len(sample_shape) == 3 and sample_shape[0] > 1 else "sample"
     if ranges == "auto":
-        return "feature" if len(sample_shape) == 1 else "sample"
+        return "feature" if len(sample_shape) == 1 or mixed_units else "sample"
     return ranges
 
 
@@ -313,6 +308,8 @@ def ranges_from_record(record: ArrayRecord, dim: int) -> tuple[np.ndarray, np.nd
 SPEC_KEY = "data-spec"
 #: Round-config key: the vocabulary of the embedding the server's model reads samples with.
 ID_VOCAB_KEY = "sample-vocab"
+#: Spec field and round-config key (the server's pin, once it holds a spec): mixed units.
+MIXED_UNITS_KEY = "mixed-units"
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
 MAX_VOCAB = 1 << 24  #: Largest vocabulary of id samples (exact as float32 below 2**24).
@@ -336,12 +333,15 @@ class DataSpec:
     vocab : int
         Samples of ids below ``vocab``, sent exactly (a text classifier's word ids, which an
         embedding reads); 0: values, quantized.
+    mixed_units : bool
+        Samples (not flat) of coordinates on scales one range a sample loses: feature ranges.
     """
 
     sample_shape: tuple[int, ...]
     target: str = "class"
     target_dim: int = 1
     vocab: int = 0
+    mixed_units: bool = False
 
     def __post_init__(self) -> None:
         if not self.sample_shape or min(map(int, self.sample_shape)) < 1:
@@ -365,21 +365,14 @@ class DataSpec:
         return int(self.sample_shape[0]) if len(self.sample_shape) == 3 else 0
 
 
-def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0) -> DataSpec:
-    """The spec of a client's arrays ``(x, y)`` (``vocab``: ``x`` holds ids below it)."""
-    shape = tuple(int(s) for s in x.shape[1:]) or (1,)
-    if np.issubdtype(y.dtype, np.integer):
-        return DataSpec(shape, "class", 1, vocab)
-    return DataSpec(shape, "binary" if binary_targets(y) else "float",
-                    int(y.shape[1]) if y.ndim == 2 else 1, vocab)
-
-
 def spec_record(spec: DataSpec) -> ConfigRecord:
     """The spec as it travels in a reply (``vocab`` only for id samples)."""
     record = ConfigRecord({"sample-shape": [int(s) for s in spec.sample_shape],
                            "target": spec.target, "target-dim": int(spec.target_dim)})
     if spec.vocab:
         record["vocab"] = int(spec.vocab)
+    if spec.mixed_units:
+        record[MIXED_UNITS_KEY] = True
     return record
 
 
@@ -402,7 +395,10 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     vocab = record.get("vocab", 0)
     if type(vocab) is not int or (vocab and (target == "tokens" or not 2 <= vocab <= MAX_VOCAB)):
         raise PayloadError(f"data-spec 'vocab'={vocab!r}: not 2 to {MAX_VOCAB} ids, labelled")
-    return DataSpec(tuple(shape), target, tdim, vocab)
+    mixed = record.get(MIXED_UNITS_KEY, False)
+    if type(mixed) is not bool:
+        raise PayloadError(f"data-spec {MIXED_UNITS_KEY!r}={mixed!r} is not a bool")
+    return DataSpec(tuple(shape), target, tdim, vocab, mixed)
 
 
 @dataclass(frozen=True)
@@ -430,7 +426,7 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
                          spec.vocab, spec.target == "binary")
     if spec.vocab:  # id samples: their stream is decoded by .token_batch.decode_windows
         return DataReply(spec, "sample", batch)
-    mode = range_mode(ranges, spec.sample_shape)
+    mode = range_mode(ranges, spec.sample_shape, spec.mixed_units)
     decoder = payload_quantizer(batch.samples, bits, spec.channels if mode == "channel" else 0,
                                 mode == "feature")
     record = content.array_records.get(RANGES_KEY) if mode == "feature" else None

@@ -1,10 +1,10 @@
-"""What a node keeps of its uploads, and the per-feature ranges its uploads are coded in.
+"""What a node keeps of its uploads, the per-feature ranges they are coded in, its data spec.
 
 Under ``compensation-mode="refresh"`` a node keeps the samples payload it sent in round r
 (``dq-sent-<r>``) and its row ids and weights (``dq-sent-rows-<r>``) in ``Context.state``,
 to recompute residuals later (:func:`sent_rows`); :func:`forget_from` drops what the
 server serves again. :func:`node_ranges` gives the ranges both the upload and that
-recomputation use.
+recomputation use; :func:`spec_of`, the spec its rows carry.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 
 from dq_flower.codecs import Payload
-from dq_flower.codecs.affine import denormalise, feature_ranges
-from dq_flower.wire.dq_batch import ID_VOCAB_KEY, payload_quantizer
+from dq_flower.codecs.affine import denormalise, feature_ranges, mixed_scales
+from dq_flower.wire.dq_batch import ID_VOCAB_KEY, DataSpec, payload_quantizer
+from dq_flower.wire.targets import binary_targets
 from dq_flower.wire.token_batch import TOKENS_CODEC
 
 __all__ = ["SENT_PREFIX", "SENT_ROWS_PREFIX", "keep_sent", "sent_rounds", "sent_rows",
-           "forget_from", "node_ranges"]
+           "forget_from", "node_ranges", "spec_of"]
 
 SENT_PREFIX = "dq-sent-"
 SENT_ROWS_PREFIX = "dq-sent-rows-"
@@ -87,3 +88,15 @@ def sent_rows(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, y
         return None
     xs, xqs, ys, w = (np.concatenate(p) for p in zip(*parts, strict=True))
     return xs, xqs, ys, (w / w.sum()).astype(np.float32)
+
+
+def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,
+            mixed_units: bool | None = None) -> DataSpec:
+    """The spec of ``(x, y)``: ids below ``vocab``; ``mixed_units`` pinned, or measured."""
+    shape = tuple(int(s) for s in x.shape[1:]) or (1,)
+    mixed = len(shape) > 1 and not vocab and (mixed_scales(x.reshape(len(x), -1), bits)
+                                              if mixed_units is None else bool(mixed_units))
+    if np.issubdtype(y.dtype, np.integer):
+        return DataSpec(shape, "class", 1, vocab, mixed)
+    return DataSpec(shape, "binary" if binary_targets(y) else "float",
+                    int(y.shape[1]) if y.ndim == 2 else 1, vocab, mixed)

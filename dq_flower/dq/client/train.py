@@ -36,9 +36,9 @@ from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.client.selection import select
-from dq_flower.dq.client.sent import forget_from, keep_sent, node_ranges, sent_rows
+from dq_flower.dq.client.sent import forget_from, keep_sent, node_ranges, sent_rows, spec_of
 from dq_flower.dq.client.tokens import check_token_round, id_vocab, token_upload
-from dq_flower.dq.config import CLIENT_KEYS, DQConfig
+from dq_flower.dq.config import CLIENT_KEYS, DQConfig, auto_bits
 from dq_flower.dq.scorer_choice import (
     CAN_SCORE_KEY,
     RUN_MODEL_KNOB_KEY,
@@ -52,6 +52,7 @@ from dq_flower.text_input import token_windows
 from dq_flower.torch_support import require_torch
 from dq_flower.wire.dq_batch import (
     GRADIENT_KEY,
+    MIXED_UNITS_KEY,
     RANGES_KEY,
     REFRESH_KEY,
     SPEC_KEY,
@@ -59,7 +60,6 @@ from dq_flower.wire.dq_batch import (
     encode_batch,
     range_mode,
     ranges_record,
-    spec_of,
     spec_record,
 )
 from dq_flower.wire.held import held_for
@@ -222,7 +222,9 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     y = model_targets(y, int(config.get(MODEL_OUTPUTS_KEY, 0) or 0))  # where asked for
     vocab = id_vocab(config, x_all)  # a text classifier's word ids: sent exactly, as int64
     x_all = x_all.astype(np.int64) if vocab else x_all
-    spec = spec_of(x_all, y, vocab)
+    pinned = config.get(MIXED_UNITS_KEY)  # the server's, once it holds a spec
+    spec = spec_of(x_all, y, vocab, cfg.bits or auto_bits(None),
+                   None if pinned is None else bool(pinned))
     if loss_fn is None and spec.target == "binary" and model is not None:  # 0/1: logits
         from dq_flower.losses import binary_loss  # PyTorch: deferred (a model is given)
 
@@ -380,7 +382,7 @@ class _Coded:
 def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
               rng: np.random.Generator, config: dict[str, Any]) -> _Coded:
     """Quantize the chosen rows ``xb`` (per-feature ranges from all of ``x_flat``)."""
-    mode = range_mode(cfg.ranges, spec.sample_shape)
+    mode = range_mode(cfg.ranges, spec.sample_shape, spec.mixed_units)
     quantizer = cfg.sample_quantizer(mode, spec.channels,
                                      dither_seed=int(rng.integers(2**31)),
                                      sample_shape=spec.sample_shape)

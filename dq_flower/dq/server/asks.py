@@ -35,7 +35,7 @@ from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.model_ops import embedding_vocab, output_width, reads_windows
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.wire.dq_batch import ID_VOCAB_KEY
+from dq_flower.wire.dq_batch import ID_VOCAB_KEY, MIXED_UNITS_KEY
 from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
 from dq_flower.wire.model import MODEL_KEY
 from dq_flower.wire.targets import MODEL_OUTPUTS_KEY
@@ -122,6 +122,9 @@ class RoundAsks:
             cfg["num-classes"] = int(self.data.num_classes)
         if vocab := self.id_vocab():  # the samples may be ids an embedding reads
             cfg[ID_VOCAB_KEY] = vocab
+        spec = self.data.spec
+        if spec is not None and (spec.mixed_units or self.data.pin_units):  # its ranges, kept
+            cfg[MIXED_UNITS_KEY] = spec.mixed_units  # whatever a node's rows alone say
         if self.data.model_outputs:  # the nodes' targets are typed otherwise than it reads
             cfg[MODEL_OUTPUTS_KEY] = self.data.model_outputs
         if refresh:

@@ -86,6 +86,7 @@ class FederationData:
     store: SampleStore | None = None
     duplicates: int = 0  # rows of this round's replies the server already held
     model_outputs: int = 0  # the outputs nodes are asked to type their targets for
+    pin_units: bool = False  # nodes are told the spec's mixed units (one measured otherwise)
     provisional: dict[str, bool] = field(default_factory=lambda: {"spec": False,
                                                                   "bound": False})
 
@@ -128,13 +129,17 @@ class FederationData:
         A node that read its CSV's class labels as floats beside nodes with integer labels
         (or integer targets beside float ones, for one output) is refused by the spec;
         retyped for the model's outputs (:func:`~dq_flower.wire.targets.model_targets`),
-        its targets join the federation's from the next round on.
+        its targets join the federation's from the next round on. A node whose rows alone
+        measure other units (:func:`~dq_flower.codecs.affine.mixed_scales`) is told the spec's.
         """
         known = self.spec
         if (known is not None and reply is not None and reply != known and retypes_to(
                 reply.target, known.target, outputs) and reply.sample_shape == known.sample_shape
                 and reply.vocab == known.vocab and reply.target_dim == known.target_dim == 1):
             self.ask_model_targets(outputs)
+        if known is not None and reply is not None and reply != known \
+                and dataclasses.replace(reply, mixed_units=known.mixed_units) == known:
+            self.pin_units = True  # its rows measured otherwise: tell every node the spec's
 
     def forget_unconfirmed(self) -> None:
         """Forget a spec and bound learned from replies while no row of them is stored."""
@@ -174,16 +179,18 @@ class FederationData:
                            for k, (lo, span) in self.ranges.items()},
                 "store": None if self.store is None else self.store.state(),
                 "value_bound": self.value_bound, "provisional": dict(self.provisional),
-                "model_outputs": self.model_outputs}
+                "model_outputs": self.model_outputs, "pin_units": self.pin_units}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
         """Inverse of :meth:`state`; ``fix_spec`` adopts the spec again (a new store)."""
         self.num_classes = state.get("num_classes", self.num_classes)
         self.model_outputs = int(state.get("model_outputs", 0))
+        self.pin_units = bool(state.get("pin_units", False))
         if state.get("spec") is not None:
             spec = state["spec"]
             fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
-                              int(spec["target_dim"]), int(spec.get("vocab", 0))))
+                              int(spec["target_dim"]), int(spec.get("vocab", 0)),
+                              bool(spec.get("mixed_units", False))))
         if self.store is not None:
             for node, (lo, span) in state.get("ranges", {}).items():
                 self.store.set_ranges(int(node), lo, span)

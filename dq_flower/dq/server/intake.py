@@ -106,7 +106,7 @@ class UploadIntake:
         cfg = self.cfg
         tokens = spec.target == "tokens"  # token windows: ids as bytes, no ranges
         ids = tokens or spec.vocab > 0  # id samples too
-        mode = "sample" if ids else range_mode(cfg.ranges, spec.sample_shape)
+        mode = "sample" if ids else range_mode(cfg.ranges, spec.sample_shape, spec.mixed_units)
         groups = spec.channels if mode == "channel" else 1
         layout = layout_of(spec) if ids else RowLayout(
             spec.dim, cfg.bits, max(groups, 1), fixed=mode == "feature")
@@ -130,12 +130,14 @@ class UploadIntake:
         else:
             if self.bits_note and not ids:
                 log_round("dq", 0, self.bits_note)
+            units = " (mixed units: one range a sample would lose some)" * (
+                spec.mixed_units and mode == "feature")
             log_round("dq", 0, f"data: samples {spec.sample_shape}" + (
                 f" of ids below {spec.vocab} (the model's embedding), coded losslessly"
                 if ids else "") + f", {spec.target} targets" + (
                 " (0 or 1: binary cross-entropy on the model's logits)"
                 if spec.target == "binary" and isinstance(self.loss_fn, TargetLoss) else "") + (
-                "" if ids else f", ranges {mode}") + (f", {self.data.num_classes} classes"
+                "" if ids else f", ranges {mode}{units}") + (f", {self.data.num_classes} classes"
                                                        if spec.target == "class" else ""))
 
     # ------------------------------------------------------------------ one reply
