@@ -87,6 +87,7 @@ class FederationData:
     duplicates: int = 0  # rows of this round's replies the server already held
     model_outputs: int = 0  # the outputs nodes are asked to type their targets for
     pin_units: bool = False  # nodes are told the spec's mixed units (one measured otherwise)
+    whole_vocab: int = 0  # ids asked of every node: the model reads its samples as such
     provisional: dict[str, bool] = field(default_factory=lambda: {"spec": False,
                                                                   "bound": False})
 
@@ -122,6 +123,10 @@ class FederationData:
     def ask_model_targets(self, outputs: int) -> None:
         """Ask every node from the next round on to type its targets for ``outputs`` outputs."""
         self.model_outputs = outputs
+
+    def ask_ids(self, vocab: int) -> None:
+        """Ask every node from the next round on for its samples as ids below ``vocab``."""
+        self.whole_vocab = int(vocab)
 
     def retype_if(self, reply: DataSpec | None, outputs: int) -> None:
         """Ask for targets typed for the model where ``reply`` differs from the spec in that.
@@ -179,13 +184,15 @@ class FederationData:
                            for k, (lo, span) in self.ranges.items()},
                 "store": None if self.store is None else self.store.state(),
                 "value_bound": self.value_bound, "provisional": dict(self.provisional),
-                "model_outputs": self.model_outputs, "pin_units": self.pin_units}
+                "model_outputs": self.model_outputs, "pin_units": self.pin_units,
+                "whole_vocab": self.whole_vocab}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
         """Inverse of :meth:`state`; ``fix_spec`` adopts the spec again (a new store)."""
         self.num_classes = state.get("num_classes", self.num_classes)
         self.model_outputs = int(state.get("model_outputs", 0))
         self.pin_units = bool(state.get("pin_units", False))
+        self.whole_vocab = int(state.get("whole_vocab", 0))
         if state.get("spec") is not None:
             spec = state["spec"]
             fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],

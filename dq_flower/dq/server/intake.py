@@ -30,7 +30,7 @@ from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates
 from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.store_lock import lock_store_dir
-from dq_flower.dq.server.token_intake import layout_of, table_reader
+from dq_flower.dq.server.token_intake import layout_of, table_reader, whole_number_vocab
 from dq_flower.dq.server.validation import (
     SHARE_FACTOR,
     VALUE_FACTOR,
@@ -94,9 +94,8 @@ class UploadIntake:
                  provisional: bool = False) -> None:
         """Adopt ``spec`` and set up the store.
 
-        ``classes``: from the model check of the replies' rows; ``None`` (a spec given or
-        resumed): the model and loss are checked on zero rows here. ``provisional``: agreed
-        by a round's replies (:meth:`FederationData.forget_unconfirmed`).
+        ``classes``: from the model check of the replies' rows (``None``: checked on zero
+        rows here); ``provisional``: agreed by a round's replies (``forget_unconfirmed``).
         """
         if isinstance(self.loss_fn, TargetLoss):  # the default loss follows the targets
             self.loss_fn.binary = spec.target == "binary"
@@ -132,8 +131,10 @@ class UploadIntake:
                 log_round("dq", 0, self.bits_note)
             units = " (mixed units: one range a sample would lose some)" * (
                 spec.mixed_units and mode == "feature")
+            reader = ("whole numbers the model casts" if self.data.whole_vocab
+                      else "the model's embedding")
             log_round("dq", 0, f"data: samples {spec.sample_shape}" + (
-                f" of ids below {spec.vocab} (the model's embedding), coded losslessly"
+                f" of ids below {spec.vocab} ({reader}), coded losslessly"
                 if ids else "") + f", {spec.target} targets" + (
                 " (0 or 1: binary cross-entropy on the model's logits)"
                 if spec.target == "binary" and isinstance(self.loss_fn, TargetLoss) else "") + (
@@ -164,10 +165,7 @@ class UploadIntake:
 
     def validate_reply(self, msg: Message, server_round: int, ask: Ask,
                        rules: Rules | None = None) -> Upload:
-        """:meth:`validate` a data reply under the identity it claims (if ``node`` may).
-
-        ``rules``: the round's (:meth:`rules`, taken once before its replies are read).
-        """
+        """:meth:`validate` a data reply under the identity it claims; ``rules``: the round's."""
         src = int(msg.metadata.src_node_id)
         claimed = reply_identity(msg.content.metric_records.get("metrics"), src)
         identity, why = self.identities.resolve(server_round, src, claimed)
@@ -214,6 +212,13 @@ class UploadIntake:
             log(ERROR, "every reply of the round failed the server's model check the same way "
                 "(%s): the model the strategy was given, not the nodes' data, is the likely "
                 "cause (see docs/plugin.md, your own model and data)", reasons.pop())
+        if verdict.spec is not None and not self.data.whole_vocab and (vocab := whole_number_vocab(
+                self.model, verdict.spec, [u.x for u in verdict.accepted])):
+            self.data.ask_ids(vocab)
+            for upload in verdict.accepted:
+                log_rejected(upload.node, "the model casts its samples to whole numbers: they "
+                             f"are asked as ids below {vocab}, exactly, from the next round")
+            return [], rejected + len(verdict.refused) + len(verdict.accepted)
         for upload in verdict.accepted:
             if upload.weight_scale < 1.0:
                 log(WARNING, "reply from node %d: its weight is clipped to %g times the "
@@ -232,10 +237,8 @@ class UploadIntake:
     def _check(self, spec: DataSpec, upload: Upload) -> int:
         """The model check of an upload's spec (:func:`check_model`), classes it gives.
 
-        Targets the model cannot score that it would read typed otherwise (a CSV's class
-        labels read as floats for a model with an output per class, integer counts or 0/1
-        labels for a model with one output) are refused too, and every node is asked to
-        type them for the model's outputs from the next round on (:func:`model_targets`).
+        Targets the model would read typed otherwise (class labels as floats, counts for one
+        output) are refused too, and every node asked to type them so (:func:`model_targets`).
         """
         try:
             return check_model(self.model, spec, upload.x, upload.batch.labels,
@@ -303,8 +306,7 @@ class UploadIntake:
                     cap: float | None) -> tuple[Upload, Packed]:
         """A copying client's ``upload`` and packed ``rows`` without the ``copied`` ones.
 
-        The copies count as received; the rest weigh at most ``cap`` each (the round's
-        median client's mean row weight: a copying client's example count is not credible).
+        The copies count as received; the rest weigh at most ``cap`` (the median client's).
         """
         assert self.data.store is not None
         self.data.store.note_received(upload.node, upload.batch.ids[copied])
@@ -318,10 +320,7 @@ class UploadIntake:
         return upload, (rows[0][keep], rows[1][keep], rows[2][keep])
 
     def packed(self, batch: SampleBatch, samples: Payload | None = None) -> Packed:
-        """The batch's rows in the store's layout: ``(codes, side, dither)``, kept rows only.
-
-        ``samples``: the samples as checked (:attr:`Upload.plain`); default: the batch's own.
-        """
+        """The batch's rows (``samples``: as checked) in the store's layout, kept rows only."""
         assert self.data.layout is not None
         codes, side, dither = self.data.layout.rows(batch.samples if samples is None else samples)
         kept = kept_rows(batch)  # a reply whose rows the server already held lost those

@@ -10,7 +10,9 @@ the rows' targets (``SampleStore.inputs_are_targets``). Labelled id samples
 (``DataSpec(shape, "class", 1, vocab)``, a text classifier's) travel as a ``tokens``
 payload beside their labels (:func:`check_id_samples`) and are stored the same way. A
 table whose label-encoded columns the model reads with embeddings is quantized as any
-table; :func:`table_reader` reads every reply's rows with the model.
+table; :func:`table_reader` reads every reply's rows with the model. A model that casts
+its samples to whole numbers itself (``one_hot(x.long(), C)``) is asked for them as ids
+(:func:`whole_number_vocab`).
 """
 
 from __future__ import annotations
@@ -20,17 +22,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import RecordDict
 
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.codecs.tokens import token_width
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
-from dq_flower.model_ops import LossFn, embedding_vocab, per_sample_results
-from dq_flower.wire.dq_batch import DataSpec, SampleBatch
+from dq_flower.losses import model_output
+from dq_flower.model_ops import LossFn, embedding_vocab, float_dtype, per_sample_results
+from dq_flower.wire.dq_batch import MAX_VOCAB, DataSpec, SampleBatch
 from dq_flower.wire.token_batch import TOKENS_CODEC, decode_token_batch, decode_windows
 
 __all__ = ["TokenLayout", "PLAIN_BUFFER", "check_token_upload", "check_id_samples",
-           "table_reader"]
+           "table_reader", "whole_number_vocab", "PROBE_ROWS"]
+
+#: Rows of a round's uploads :func:`whole_number_vocab` reads the model on, at most.
+PROBE_ROWS = 256
 
 #: The buffer of a decoded (plain) tokens payload: the ids' bytes, never on the wire.
 PLAIN_BUFFER = "id-bytes"
@@ -108,3 +115,32 @@ def table_reader(model: Any, loss_fn: LossFn | None
         return None
     return lambda spec, upload: per_sample_results(
         model, upload.x.reshape(-1, *spec.sample_shape), upload.batch.labels, loss_fn)
+
+
+def whole_number_vocab(model: torch.nn.Module, spec: DataSpec, rows: list[np.ndarray]) -> int:
+    """Ids to ask for where the model reads its samples only as whole numbers; else 0.
+
+    A model that casts its input (``one_hot(x.long(), C)``, an index) reads a quantized
+    code of category 7 as 6 or 8. Read on the round's ``rows`` rounded (none negative),
+    in eval mode: its outputs equal those a quarter up and differ where every value one
+    down (at least 0). The ids asked lie below twice the largest whole number seen.
+    """
+    if spec.vocab or spec.target == "tokens" or embedding_vocab(model) or not rows:
+        return 0
+    whole = np.rint(np.concatenate(rows)[:PROBE_ROWS]).reshape(-1, *spec.sample_shape)
+    if whole.size == 0 or whole.min() < 0 or whole.max() < 1:
+        return 0
+    x = torch.as_tensor(whole, dtype=float_dtype(model))
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            base, up, down = (model_output(model(v)) for v in (x, x + 0.25, (x - 1).clamp(0)))
+    except Exception:  # noqa: BLE001 - a model that cannot read such rows is not one of these
+        return 0
+    finally:
+        model.train(training)
+    if not torch.equal(base, up) or torch.equal(base, down):
+        return 0
+    top = max(float(r.max()) for r in rows if r.size)
+    return int(min(MAX_VOCAB, 2 * (round(top) + 1)))
