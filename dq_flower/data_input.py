@@ -64,8 +64,9 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"{what}: class labels must be >= 0, got {int(ya.min())}")
     elif np.issubdtype(ya.dtype, np.floating):
         ya = np.ascontiguousarray(ya, dtype=np.float32)
-        if ya.ndim > 2:
-            raise ValueError(f"{what}: float targets must be (n,) or (n, k), got {ya.shape}")
+        if ya.ndim > 2 and not (ya.shape == xa.shape and np.array_equal(ya, xa)):
+            raise ValueError(f"{what}: float targets must be (n,) or (n, k) (or the samples "
+                             f"themselves, an autoencoder's), got {ya.shape}")
         if ya.size and not np.isfinite(ya).all():
             raise ValueError(f"{what}: y contains NaN or infinite values")
     else:

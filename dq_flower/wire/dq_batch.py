@@ -84,7 +84,7 @@ def raw_array(arr: np.ndarray) -> Array:
 
 def encode_batch(
     samples: Payload,
-    targets: np.ndarray,
+    targets: np.ndarray | None,
     ids: np.ndarray,
     weights: np.ndarray,
     num_classes: int,
@@ -93,16 +93,18 @@ def encode_batch(
 ) -> tuple[RecordDict, int]:
     """Records of one upload and its exact payload bits.
 
-    Class labels are packed at ``ceil(log2 num_classes)`` bits, float targets sent as
-    float16 where exact (else float32), equal weights as one float32.
+    Class labels packed at ``ceil(log2 num_classes)`` bits, float targets as float16 where
+    exact (else float32; ``None``: the samples are the targets), equal weights as one float32.
     """
-    n = int(targets.shape[0])
+    n = int(ids.shape[0])
     iw = width_for(max(id_upper, 1))
     w = np.asarray(weights, dtype=np.float32)
     if n and np.all(w == w[0]):
         w = w[:1]
     arrays = {"ids": raw_array(pack_wide(np.asarray(ids), iw)), "weights": raw_array(w)}
-    if np.issubdtype(targets.dtype, np.integer):
+    if targets is None:
+        lw, target_bits = 0, 0
+    elif np.issubdtype(targets.dtype, np.integer):
         lw = label_width(num_classes)
         arrays["labels"] = raw_array(pack(np.asarray(targets, dtype=np.uint8), lw) if lw <= 8
                                      else pack_wide(targets, lw))
@@ -180,6 +182,7 @@ def decode_batch(
     float_targets: bool = False,
     vocab: int = 0,
     binary: bool = False,
+    own_targets: bool = False,
 ) -> SampleBatch:
     """One upload parsed and checked, sizes before unpacking (else :class:`PayloadError`).
 
@@ -195,7 +198,10 @@ def decode_batch(
         raise PayloadError(f"samples use {samples.meta.get('bits')!r} bits, expected {bits}")
     info = content.array_records[INFO_KEY]
     lw, iw, wn = _counts(info, n, float_targets)
-    targets, target_bits = _targets(info, n, lw, num_classes, target_dim)
+    if own_targets and "targets" in info:
+        raise PayloadError("targets sent with samples that are their own targets")
+    targets, target_bits = ((np.zeros(n, np.float32), 0) if own_targets
+                            else _targets(info, n, lw, num_classes, target_dim))
     if binary and not np.isin(targets, (0.0, 1.0)).all():
         raise PayloadError("binary targets must be 0 or 1")
     ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
@@ -313,7 +319,7 @@ MIXED_UNITS_KEY = "mixed-units"
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
 MAX_VOCAB = 1 << 24  #: Largest vocabulary of id samples (exact as float32 below 2**24).
-TARGET_KINDS = ("class", "float", "binary", "tokens")
+TARGET_KINDS = ("class", "float", "binary", "tokens", "inputs")
 
 
 @dataclass(frozen=True)
@@ -326,10 +332,12 @@ class DataSpec:
         Shape of one sample, e.g. ``(1, 28, 28)`` or ``(30,)``.
     target : str
         ``class`` (integer labels), ``float`` (regression targets), ``binary`` (float
-        targets all 0 or 1: binary or multi-label classification, scored on logits) or
-        ``tokens`` (windows of token ids, their own targets: :mod:`.token_batch`).
+        targets all 0 or 1: binary or multi-label classification, scored on logits),
+        ``tokens`` (windows of token ids, their own targets: :mod:`.token_batch`) or
+        ``inputs`` (the samples are their targets, an autoencoder's: none sent).
     target_dim : int
-        Values per target: 1 for class labels and scalar targets; ``tokens``: the vocabulary.
+        Values per target: 1 for class labels and scalar targets; ``tokens``: the
+        vocabulary; ``inputs``: the sample's values.
     vocab : int
         Samples of ids below ``vocab``, sent exactly (a text classifier's word ids, which an
         embedding reads); 0: values, quantized.
@@ -423,7 +431,7 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
         return DataReply(spec)
     batch = decode_batch(content, num_classes if known is not None else None, spec.dim, bits,
                          max_samples, id_upper, spec.target_dim, spec.target != "class",
-                         spec.vocab, spec.target == "binary")
+                         spec.vocab, spec.target == "binary", spec.target == "inputs")
     if spec.vocab:  # id samples: their stream is decoded by .token_batch.decode_windows
         return DataReply(spec, "sample", batch)
     mode = range_mode(ranges, spec.sample_shape, spec.mixed_units)

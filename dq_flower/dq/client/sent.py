@@ -98,5 +98,7 @@ def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,
                                               if mixed_units is None else bool(mixed_units))
     if np.issubdtype(y.dtype, np.integer):
         return DataSpec(shape, "class", 1, vocab, mixed)
+    if not vocab and y.shape == x.shape and np.array_equal(y, x):  # an autoencoder's (x, x)
+        return DataSpec(shape, "inputs", int(np.prod(shape)), 0, mixed)
     return DataSpec(shape, "binary" if binary_targets(y) else "float",
                     int(y.shape[1]) if y.ndim == 2 else 1, vocab, mixed)

@@ -307,7 +307,8 @@ def _data_round(r: RoundInput) -> Message:
     refresh = _refresh(r, cfg, x_flat, model, coded.mode)
 
     content, payload_bits = encode_batch(
-        coded.samples, y[chosen], chosen, represents, num_classes, n, compensation)
+        coded.samples, None if spec.target == "inputs" else y[chosen], chosen, represents,
+        num_classes, n, compensation)
     if refresh is not None:
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)

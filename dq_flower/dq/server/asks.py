@@ -303,7 +303,8 @@ class RoundAsks:
         all, so it is one stratum here (the floor of two applies: 200 windows by default),
         not its vocabulary.
         """
-        classes = (1 if self.holds_windows()
+        spec = self.data.spec  # float targets: one stratum, whatever the model's outputs
+        classes = (1 if self.holds_windows() or (spec is not None and spec.target != "class")
                    else self.data.num_classes or output_width(self.model) or 2)
         rows = self.cfg.min_holdout_rows * max(int(classes), 2) / self.cfg.holdout_fraction
         return max(self.cfg.budget, math.ceil(rows / max(clients, 1)))

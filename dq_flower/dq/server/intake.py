@@ -135,7 +135,8 @@ class UploadIntake:
                       else "the model's embedding")
             log_round("dq", 0, f"data: samples {spec.sample_shape}" + (
                 f" of ids below {spec.vocab} ({reader}), coded losslessly"
-                if ids else "") + f", {spec.target} targets" + (
+                if ids else "") + (", the samples their own targets (none sent)" if spec.target
+                                   == "inputs" else f", {spec.target} targets") + (
                 " (0 or 1: binary cross-entropy on the model's logits)"
                 if spec.target == "binary" and isinstance(self.loss_fn, TargetLoss) else "") + (
                 "" if ids else f", ranges {mode}{units}") + (f", {self.data.num_classes} classes"

@@ -245,7 +245,8 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     rows, no probe).
     """
     store, spec = trainer.data.store, trainer.data.spec
-    scale = target_scale(store) if spec is not None and spec.target == "float" else 1.0
+    scale = (target_scale(store) if spec is not None and spec.target in ("float", "inputs")
+             else 1.0)
     options = candidates(trainer.lr, trainer.lr_given, spec is not None and spec.vocab > 0,
                          scale)
     if store is None or not store.holdout_mask.any():

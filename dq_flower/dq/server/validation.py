@@ -255,6 +255,8 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
             raise PayloadError("samples carry a dither setting the server did not configure")
         check_weights(batch, cand, rules.selection_rule)
         x, plain = decode_rows(wire, rules.bits, history.ranges)
+        if spec.target == "inputs":  # an autoencoder's: the rows as decoded are the targets
+            batch = dataclasses.replace(batch, labels=x.reshape(len(x), -1))
         scale = data_scale(x, ranges if ranges is not None else history.ranges)
         if rules.value_bound is not None and scale > rules.value_bound:
             raise PayloadError(f"sample values reach {scale:g}, over the bound "
