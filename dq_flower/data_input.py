@@ -70,8 +70,11 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
         if ya.size and not np.isfinite(ya).all():
             raise ValueError(f"{what}: y contains NaN or infinite values")
     else:
+        hint = ("; map class names to ids with one mapping for every node (a fixed list of "
+                "names; a LabelEncoder fitted on each node's own labels numbers them apart)"
+                if ya.dtype.kind in "OUS" else "")
         raise ValueError(f"{what}: y must hold integer labels or float targets, "
-                         f"got dtype {ya.dtype}")
+                         f"got dtype {ya.dtype}{hint}")
     return xa, ya
 
 

@@ -135,3 +135,13 @@ def test_a_node_with_no_rows_yet_answers_with_none():
     rounds = [result.evaluate_metrics_serverapp[r] for r in (1, 2)]
     assert [m["failed"] for m in rounds] == [0, 0] and [m["rejected"] for m in rounds] == [0, 0]
     assert rounds[-1]["stored"] > 0
+
+
+def test_class_names_are_refused_with_how_to_number_them_alike():
+    x = np.zeros((4, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match="one mapping for every node"):
+        as_arrays((x, np.array(["cat", "dog", "cat", "bird"])))
+    with pytest.raises(ValueError, match="one mapping for every node"):
+        as_arrays((x, np.array(["cat", "dog", "cat", "bird"], dtype=object)))
+    with pytest.raises(ValueError, match=r"complex128$"):  # no hint: not names
+        as_arrays((x, np.ones(4, dtype=complex)))
