@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from torch import nn
 
 import dq_flower
+import dq_flower.dq.server.input_scale as input_scale
 from dq_flower.dq.server.optimizer_choice import (
     ADAM_LR,
     _decided,
@@ -148,8 +149,11 @@ def _run_wine(train_config=None, **knobs):
     return accuracy, strategy
 
 
-def test_raw_table_features_at_the_defaults_learn_where_the_fixed_sgd_collapses(caplog):
+def test_raw_table_features_at_the_defaults_learn_where_the_fixed_sgd_collapses(caplog,
+                                                                               monkeypatch):
     pytest.importorskip("sklearn")
+    # the probe alone: the columns left raw, as before the server standardised them
+    monkeypatch.setattr(input_scale, "SPREAD_RATIO", float("inf"))
     fixed, _ = _run_wine(optimizer="sgd")  # the server's SGD at 0.05 alone
     with caplog.at_level(logging.INFO, logger="flwr"):
         chosen, strategy = _run_wine()
@@ -164,6 +168,15 @@ def test_raw_table_features_at_the_defaults_learn_where_the_fixed_sgd_collapses(
     resumed.load_state_dict(strategy.state_dict())
     assert isinstance(resumed.optimizer, torch.optim.Adam)
     assert resumed.trainer.choice == strategy.trainer.choice
+
+
+def test_raw_wine_trains_on_standardised_columns_whichever_optimizer(caplog):
+    pytest.importorskip("sklearn")
+    fixed, _ = _run_wine(optimizer="sgd")
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        chosen, _ = _run_wine()
+    assert "the server trains the model's first layer on them standardised" in caplog.text
+    assert fixed > 0.9 and chosen > 0.9, (fixed, chosen)  # raw columns: 0.472 and 0.889
 
 
 def test_the_users_train_config_step_size_is_the_servers():
@@ -285,6 +298,10 @@ def test_the_figures_method_md_quotes_for_a_probe_won_by_accuracy():
     from tests.apps.runner import run_app
 
     fedavg, dq = run_app(app, "fedavg"), run_app(app, "dq")
+    assert dq.final > 0.95  # its columns standardised in the server's training
+    with pytest.MonkeyPatch.context() as patch:  # the probe alone, the columns left raw
+        patch.setattr(input_scale, "SPREAD_RATIO", float("inf"))
+        dq = run_app(app, "dq")
     assert dq.final > 0.9  # was the class prior's 0.629
     quoted = (f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} uplink bytes against FedAvg's "
               f"{fedavg.final:.2%} with {fedavg.up_bytes:,}")

@@ -24,6 +24,7 @@ from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.input_scale import InputScale, held_out_rows
 from dq_flower.dq.server.node_screen import AgreementScreen
 from dq_flower.dq.server.optimizer_choice import (
     AUTO,
@@ -90,6 +91,7 @@ class ServerTrainer:
         self.batch_gradient: BatchGradient = weighted_loss_grad
         if cfg.server_processes > 1:  # what the worker processes get must pickle
             check_portable(model, loss_fn, augment)
+        self.input_scale = InputScale()  # a raw table's columns, standardised in training
 
     # ------------------------------------------------------------------ the optimizer
     def use_optimizer(self, choice: OptimizerChoice,
@@ -121,11 +123,20 @@ class ServerTrainer:
 
     # ------------------------------------------------------------------ one round
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
-        """A data round's steps (the schedule's), rolled back where they go non-finite."""
+        """A data round's steps (the schedule's), rolled back where they go non-finite.
+
+        A raw table's first layer trains on standardised columns (:mod:`.input_scale`).
+        """
         adaptive = self.schedule is not None
-        return self._guarded(server_round, [u.node for u in fresh], lambda: (
-            self.train_adaptive(server_round, fresh, stored_before) if adaptive
-            else self.train_steps(server_round, fresh)))
+        rows = held_out_rows(self.data.store, self.data.spec, adaptive and self.cv is None
+                             and self.comp_codec is None and self.cfg.server_processes == 1)
+
+        def steps() -> float:
+            with self.input_scale.standardised(self.model, rows):
+                return (self.train_adaptive(server_round, fresh, stored_before) if adaptive
+                        else self.train_steps(server_round, fresh))
+
+        return self._guarded(server_round, [u.node for u in fresh], steps)
 
     def train_gradient(self, server_round: int, grad: np.ndarray | None,
                        losses: list[float], nodes: list[int]) -> float:
@@ -234,11 +245,7 @@ class ServerTrainer:
                     rng: np.random.Generator | None = None,
                     augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
                     sharded: bool = True) -> list[float]:
-        """``steps`` steps on store minibatches; their losses (``augment``: default of ``rng``).
-
-        ``sharded``: on the ``server-processes`` workers where there are several (the
-        optimizer probe's single steps stay in this process).
-        """
+        """``steps`` steps on store minibatches, their losses (``sharded``: on the workers)."""
         rng = self.batch_rng(server_round) if rng is None else rng
         store = self.data.store
         if store is None or len(store) == 0:
@@ -335,8 +342,7 @@ class ServerTrainer:
                     rng: np.random.Generator) -> PhaseResult:
         """A client excluded or restored: the phase again from its start, without it.
 
-        Float targets, clients only excluded: the exclusion stands only where it helped the
-        others (:meth:`AgreementScreen.confirm`); else the phase with them is kept.
+        Float targets, clients only excluded: the exclusion stands where it helped the others.
         """
         store = self.data.store
         assert store is not None and phase.final is not None
@@ -362,11 +368,7 @@ class ServerTrainer:
                   queued: list[tuple[float, np.ndarray]],
                   evaluate: Callable[[], HeldOutScores] | None = None,
                   resume: Continuation | None = None) -> PhaseResult:
-        """One phase on the store's ``train_rows`` rows (``queued`` gradients stepped first).
-
-        Its step cap is raised to ``max-server-epochs`` passes; ``evaluate``: the held-out
-        scores (default :meth:`score_holdout`); ``resume``: go on from an optimizer probe.
-        """
+        """One phase on ``train_rows`` rows (``queued`` first; ``resume``: from a probe)."""
         if self.cfg.server_processes > 1:
             return sharded_phase(self, train_rows, rng, queued, resume)
         # one augmentation per phase, seeded from its minibatch stream (or the probe's)
@@ -416,14 +418,10 @@ class ServerTrainer:
                 "node_fit": dict(self.node_fit), "rolled_back": self.rolled_back,
                 "node_screen": self.screen.state(),
                 "optimizer_choice": None if self.choice is None else self.choice.state(),
-                "lr": self.lr, "lr_given": self.lr_given}
+                "lr": self.lr, "lr_given": self.lr_given, "input_scale": self.input_scale.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict` (the optimizer rebuilt as chosen, its state empty).
-
-        A checkpoint from before the choice trained with the knobs' optimizer (``sgd`` for
-        ``auto``).
-        """
+        """Inverse of :meth:`state_dict` (the optimizer rebuilt as chosen, its state empty)."""
         if self.choice is None or self.choice.source != "user":  # the user's own stays
             if "optimizer_choice" not in state:
                 name = "sgd" if self.cfg.optimizer == AUTO else self.cfg.optimizer
@@ -437,6 +435,7 @@ class ServerTrainer:
             self.schedule.load_state(state["schedule"])
         self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
         self.screen.load_state(state.get("node_screen"))
+        self.input_scale.load_state(state.get("input_scale"))
 
 
 def _mean(losses: list[float]) -> float:
