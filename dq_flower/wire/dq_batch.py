@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.tokens import token_width
+from dq_flower.wire.targets import travelling_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
@@ -111,9 +112,7 @@ def encode_batch(
         target_bits = 8 * packed_nbytes(n, lw)
     else:
         lw = 0
-        values = np.asarray(targets, dtype=np.float32)
-        half = values.astype(np.float16)
-        sent = half if np.array_equal(half.astype(np.float32), values) else values
+        sent = travelling_targets(np.asarray(targets, dtype=np.float32))
         arrays["targets"] = raw_array(sent)
         target_bits = 8 * sent.nbytes
     arrays["counts"] = raw_array(np.array([n, lw, iw, w.size], dtype=np.int64))

@@ -69,7 +69,7 @@ def test_float_targets_and_compensation_bits():
     w = np.ones(N, np.float32)
     comp = make("fp16").encode(rng.standard_normal(50).astype(np.float32))
     exact = np.round(rng.uniform(-4, 4, N) * 4).astype(np.float32) / 4  # exact in float16
-    inexact = (exact + np.float32(1e-3)).astype(np.float32)
+    inexact = (exact + np.float32(2000.3)).astype(np.float32)  # float16 steps of 1 there
     for targets, width in ((exact, 16), (inexact, 32)):
         content, client_bits = encode_batch(samples, targets, ids, w, CLASSES, ID_UPPER,
                                             compensation=comp)
@@ -359,3 +359,23 @@ def test_ids_too_short_to_unpack_are_refused_with_the_unpackers_reason():
     with pytest.raises(PayloadError) as refused:
         decode_batch(content, CLASSES, D, 2, max_samples=N, id_upper=ID_UPPER)
     assert str(refused.value) == str(short.value) != ""
+
+
+def test_float_targets_travel_as_float16_where_it_moves_none_beyond_a_hundredth_of_the_spread():
+    from dq_flower.wire.targets import travelling_targets
+
+    rng = np.random.default_rng(5)
+    temperatures = rng.normal(28, 4, (200, 12)).astype(np.float32)  # a 12-hour forecast
+    sent = travelling_targets(temperatures)
+    assert sent.dtype == np.float16
+    moved = np.abs(sent.astype(np.float32) - temperatures)
+    assert moved.max() <= 0.01 * temperatures.std(axis=0).min()
+    years = rng.normal(2000, 5, 200).astype(np.float32)  # float16 steps of whole years
+    assert travelling_targets(years).dtype == np.float32
+    prices = rng.normal(500_000, 50_000, 200).astype(np.float32)  # past float16's range
+    assert travelling_targets(prices).dtype == np.float32
+    counts = rng.integers(0, 300, 200).astype(np.float32)  # exact in float16
+    assert travelling_targets(counts).dtype == np.float16
+    assert travelling_targets(temperatures[:1]).dtype == np.float32  # one row: no spread
+    wide = np.stack([temperatures[:, 0], years], axis=1)  # one column it would move too far
+    assert travelling_targets(wide).dtype == np.float32
