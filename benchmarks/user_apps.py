@@ -1,10 +1,12 @@
-"""The user-app zoo at full size: each app with Flower's FedAvg and with DQ at its defaults.
+"""The user-app zoo at full size: each app with Flower's FedAvg, DQ at its defaults and DQ's
+``upload-all`` baseline.
 
 Runs every app of ``tests/apps`` whose data is available (or those named by ``--apps``)
-at its own size (nodes, rounds, fraction of nodes sampled per round) with both kinds,
+at its own size (nodes, rounds, fraction of nodes sampled per round) with each kind,
 through Flower's simulation engine (Ray, the default) or the package's in-process grid,
 and prints a Markdown table: each kind's final central accuracy (a regression app's
-test loss, its ``METRIC``) and uplink bytes, the uplink ratio FedAvg/DQ, DQ's downlink,
+test loss, its ``METRIC``) and uplink bytes (``upload-all``: every node's rows sent once
+at DQ's bits and coder, ``upload-schedule = "all"``), the uplink ratio FedAvg/DQ, DQ's downlink,
 each kind's wall time, and the verdict "DQ within 2 points of FedAvg's final accuracy (or
 above; a loss at most ``1 + TOLERANCE`` times FedAvg's) with at most a fifth of its
 uplink" (or the share an app states, ``UPLINK_SHARE``). Writes ``table.md`` and
@@ -15,7 +17,7 @@ Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/user_apps.py [--engine simulation|inprocess]
         [--apps fmnist_cnn digits_skew_mlp tabular_mlp fmnist_partial ...] [--rounds N]
-        [--out out/user_apps]
+        [--kinds fedavg dq upload-all] [--out out/user_apps]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray-"))
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.apps.runner import AppRun, dq_keeps_up, run_app  # noqa: E402
+from tests.apps.runner import KINDS, AppRun, dq_keeps_up, run_app  # noqa: E402
 
 APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial", "wine_raw",
         "giant_node", "many_small", "cancer_raw", "diabetes_regression", "tiny_nodes",
@@ -60,15 +62,20 @@ def shown(run: AppRun) -> str:
     return f"{run.final:.2%}" if run.metric == "accuracy" else f"{run.final:.3f} {run.metric}"
 
 
-def table(rows: list[tuple[object, AppRun, AppRun]]) -> str:
+def table(rows: list[tuple[object, AppRun, AppRun, AppRun | None]]) -> str:
+    """The Markdown table; the ``upload-all`` columns where every row has that run."""
+    every = all(row[3] is not None for row in rows)
     lines = ["| app | FedAvg final acc | FedAvg uplink (B) | DQ final acc | DQ uplink (B) "
-             "| uplink FedAvg/DQ | DQ downlink (B) | wall FedAvg / DQ (s) "
+             + ("| upload-all final acc | upload-all uplink (B) " if every else "")
+             + "| uplink FedAvg/DQ | DQ downlink (B) | wall FedAvg / DQ (s) "
              "| within 2 points and <= 1/5 uplink (or the app's share) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for app, fed, dq in rows:
+             "|---|---:|---:|---:|---:|" + ("---:|---:|" if every else "") + "---:|---:|---:|---|"]
+    for app, fed, dq, everything in rows:
         ratio = fed.up_bytes / dq.up_bytes if dq.up_bytes else float("inf")
+        baseline = (f"| {shown(everything)} | {everything.up_bytes:,} "
+                    if every and everything is not None else "")
         lines.append(f"| {fed.app} | {shown(fed)} | {fed.up_bytes:,} | {shown(dq)} "
-                     f"| {dq.up_bytes:,} | {ratio:.1f}x | {dq.down_bytes:,} "
+                     f"| {dq.up_bytes:,} {baseline}| {ratio:.1f}x | {dq.down_bytes:,} "
                      f"| {fed.wall_s:.1f} / {dq.wall_s:.1f} "
                      f"| {'yes' if verdict(app, fed, dq) else 'no'} |")
     return "\n".join(lines) + "\n"
@@ -81,6 +88,8 @@ def main() -> None:
                         help=f"modules of tests/apps (default: {' '.join(APPS)})")
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds for every app (default: each app's own ROUNDS)")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="fedavg and dq always run; upload-all where named (default: all)")
     parser.add_argument("--out", type=Path, default=Path("out/user_apps"))
     args = parser.parse_args()
 
@@ -94,12 +103,12 @@ def main() -> None:
             print(f"skipping {name}: its data is not available", flush=True)
             continue
         runs = {}
-        for kind in ("fedavg", "dq"):
+        for kind in (k for k in KINDS if k in {"fedavg", "dq", *args.kinds}):
             runs[kind] = run_app(app, kind, args.rounds, engine=args.engine)
             r = runs[kind]
             print(f"{app.NAME} {kind}: final {shown(r)}, up {r.up_bytes:,} B, "
                   f"down {r.down_bytes:,} B, {r.wall_s:.1f} s", flush=True)
-        rows.append((app, runs["fedavg"], runs["dq"]))
+        rows.append((app, runs["fedavg"], runs["dq"], runs.get("upload-all")))
         results[app.NAME] = {
             "module": name, "nodes": app.NUM_NODES, "rounds": args.rounds or app.ROUNDS,
             "fraction_train": getattr(app, "FRACTION_TRAIN", 1.0), "engine": args.engine,

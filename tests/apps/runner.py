@@ -35,7 +35,9 @@ from flwr.serverapp.strategy import FedAvg
 
 import dq_flower
 
-KINDS = ("fedavg", "dq")
+#: Flower's FedAvg with the app's own training, DQ at its defaults, and DQ's ``upload-all``
+#: baseline (every node's rows uploaded once at DQ's bits and coder, trained to a plateau).
+KINDS = ("fedavg", "dq", "upload-all")
 
 
 @dataclass
@@ -115,9 +117,11 @@ def server_main(app: ModuleType, kind: str, rounds: int, out: AppRun):
         kwargs: dict[str, Any] = {"fraction_train": getattr(app, "FRACTION_TRAIN", 1.0)}
         if hasattr(app, "MIN_AVAILABLE_NODES"):
             kwargs["min_available_nodes"] = app.MIN_AVAILABLE_NODES
-        if kind == "dq":
-            strategy: Any = dq_flower.DQStrategy(model, seed=0, **kwargs,
-                                                 **getattr(app, "DQ_KNOBS", {}))
+        if kind in ("dq", "upload-all"):
+            knobs = dict(getattr(app, "DQ_KNOBS", {}))
+            if kind == "upload-all":
+                knobs["upload-schedule"] = "all"
+            strategy: Any = dq_flower.DQStrategy(model, seed=0, **kwargs, **knobs)
         else:
             strategy = FedAvg(fraction_evaluate=0.0, **kwargs)
         train_config = getattr(app, "TRAIN_CONFIG", None)
@@ -141,7 +145,7 @@ def client_train(app: ModuleType, kind: str):
 
     def train(msg: Message, context: Context) -> Message:
         data = app.load_local_data(int(context.node_config["partition-id"]))
-        if kind == "dq":
+        if kind in ("dq", "upload-all"):
             return dq_flower.client.dq_train(msg, context, data)
         model = app.Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
@@ -158,7 +162,7 @@ def client_train(app: ModuleType, kind: str):
 
 def run_app(app: ModuleType, kind: str, rounds: int | None = None, *,
             engine: str = "inprocess") -> AppRun:
-    """Run ``app`` with ``kind`` (``fedavg`` or ``dq``) for ``rounds`` (the app's own)."""
+    """Run ``app`` with ``kind`` (one of :data:`KINDS`) for ``rounds`` (the app's own)."""
     rounds = int(rounds or app.ROUNDS)
     out = AppRun(app.NAME, kind, metric=metric_name(app))
     main = server_main(app, kind, rounds, out)
