@@ -42,6 +42,10 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
         raise ValueError("the evaluate message carries no 'arrays' record")
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     x, y = as_arrays(data, keys)
+    if x.shape[0] == 0:  # a node with no rows yet: weighs nothing in the server's average
+        metrics_none: dict[str, MetricRecordValues] = {"eval-loss": 0.0, "num-examples": 0}
+        return Message(content=RecordDict({"metrics": MetricRecord(metrics_none)}),
+                       reply_to=msg)
     y = model_targets(y, output_width(model) or 0)  # e.g. a CSV's labels read as floats
     if ids_below(x, embedding_vocab(model)):  # word ids, as the model reads them
         x = x.astype(np.int64)

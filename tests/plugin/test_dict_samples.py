@@ -137,6 +137,29 @@ def test_a_node_with_no_rows_yet_answers_with_none():
     assert rounds[-1]["stored"] > 0
 
 
+def test_federated_evaluation_on_a_node_with_no_rows_weighs_nothing():
+    """It raised "empty batch": a failed evaluate reply every round (Flower logs it so)."""
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+    import dq_flower
+
+    InProcessGrid(lambda m, c: m, 1)  # acts as the server: messages can be built here
+    model = torch.nn.Sequential(torch.nn.Linear(8, 3))
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                          "config": ConfigRecord({"server-round": 1})})
+    msg = Message(content, dst_node_id=5, message_type=MessageType.EVALUATE)
+    msg.metadata.__dict__["_message_id"] = "e1"
+    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    empty = torch.utils.data.TensorDataset(torch.zeros(0, 8), torch.zeros(0, dtype=torch.long))
+    reply = dq_flower.client.evaluate(msg, ctx, empty, model=model)
+    assert dict(reply.content["metrics"]) == {"eval-loss": 0.0, "num-examples": 0}
+    rows = torch.utils.data.TensorDataset(torch.rand(6, 8), torch.tensor([0, 1, 2, 0, 1, 2]))
+    full = dq_flower.client.evaluate(msg, ctx, rows, model=model)
+    mean = aggregate_metricrecords([reply.content, full.content], "num-examples")
+    assert mean["eval-loss"] == pytest.approx(full.content["metrics"]["eval-loss"])
+
+
 def test_class_names_are_refused_with_how_to_number_them_alike():
     x = np.zeros((4, 3), dtype=np.float32)
     with pytest.raises(ValueError, match="one mapping for every node"):
