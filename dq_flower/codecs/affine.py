@@ -17,7 +17,7 @@ __all__ = ["dither_u16", "dither_offsets", "safe_gain", "affine_block", "feature
            "normalise", "denormalise", "mixed_scales", "SCALE_ROWS"]
 
 #: Rows of a node's data :func:`mixed_scales` looks at (evenly spaced), at most.
-SCALE_ROWS = 2048
+SCALE_ROWS = 512
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)

@@ -90,6 +90,11 @@ class InputScale:
         self.std: np.ndarray | None = None
         self.fresh_start = False  # the next phase starts the layer as for standardised columns
 
+    @property
+    def wanted(self) -> bool:
+        """Whether a phase needs held-out rows: to decide, or to find the layer it scales."""
+        return not self.decided or self.mean is not None
+
     def decide(self, model: nn.Module, rows: np.ndarray) -> bool:
         """Decide on flat held-out ``rows`` (raw columns) whether to standardise; once."""
         self.decided = True

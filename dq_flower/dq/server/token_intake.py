@@ -127,7 +127,8 @@ def whole_number_vocab(model: torch.nn.Module, spec: DataSpec, rows: list[np.nda
     """
     if spec.vocab or spec.target == "tokens" or embedding_vocab(model) or not rows:
         return 0
-    whole = np.rint(np.concatenate(rows)[:PROBE_ROWS]).reshape(-1, *spec.sample_shape)
+    whole = np.rint(np.concatenate([r[:PROBE_ROWS] for r in rows])[:PROBE_ROWS]
+                    ).reshape(-1, *spec.sample_shape)
     if whole.size == 0 or whole.min() < 0 or whole.max() < 1:
         return 0
     x = torch.as_tensor(whole, dtype=float_dtype(model))

@@ -129,7 +129,8 @@ class ServerTrainer:
         """
         adaptive = self.schedule is not None
         rows = held_out_rows(self.data.store, self.data.spec, adaptive and self.cv is None
-                             and self.comp_codec is None and self.cfg.server_processes == 1)
+                             and self.comp_codec is None and self.cfg.server_processes == 1
+                             and self.input_scale.wanted)
 
         def steps() -> float:
             with self.input_scale.standardised(self.model, rows):
