@@ -7,13 +7,14 @@ targets: :class:`TargetLoss`), else the mean squared error.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
 __all__ = ["LossFn", "model_output", "next_token_loss", "binary_loss", "default_loss",
-           "resolve_loss", "TargetLoss", "OUTPUT_KEYS"]
+           "resolve_loss", "per_sample", "TargetLoss", "OUTPUT_KEYS"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
@@ -75,9 +76,22 @@ def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return ((out - targets.reshape(out.shape).to(out.dtype)) ** 2).mean(dim=1)
 
 
+def per_sample(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` giving one loss per sample: a PyTorch loss module that reduces is copied.
+
+    A user passes the loss they train with, ``nn.BCEWithLogitsLoss(pos_weight=...)`` or
+    ``nn.CrossEntropyLoss(weight=...)``, reducing to one number; the copy has
+    ``reduction="none"`` (its weights shared). Other callables are returned as they are.
+    """
+    if isinstance(loss_fn, torch.nn.modules.loss._Loss) and loss_fn.reduction != "none":
+        loss_fn = copy.copy(loss_fn)
+        loss_fn.reduction = "none"
+    return loss_fn
+
+
 def resolve_loss(loss_fn: LossFn | None) -> LossFn:
-    """``loss_fn``, or :func:`default_loss` when it is ``None``."""
-    return default_loss if loss_fn is None else loss_fn
+    """``loss_fn`` as :func:`per_sample` makes it, or :func:`default_loss` when ``None``."""
+    return default_loss if loss_fn is None else per_sample(loss_fn)
 
 
 def binary_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -149,9 +149,11 @@ def targets_tensor(y: np.ndarray | torch.Tensor, device: torch.device) -> torch.
 
 def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     losses = loss_fn(outputs, targets)
+    if losses.ndim > 1 and losses.shape[0] == outputs.shape[0]:  # per element: mean a row's
+        losses = losses.reshape(losses.shape[0], -1).mean(dim=1)
     if losses.ndim != 1 or losses.shape[0] != outputs.shape[0]:
         raise ValueError(f"loss_fn must return one loss per sample, shape ({outputs.shape[0]},);"
-                         f" got {tuple(losses.shape)} (use reduction='none')")
+                         f" got {tuple(losses.shape)} (use reduction='none', or pass a torch.nn loss module)")
     return losses
 
 

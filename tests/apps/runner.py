@@ -12,7 +12,7 @@ attributes, the same for both kinds: ``TRAIN_CONFIG`` (a dict, sent as
 ``train_config=ConfigRecord(...)`` to ``strategy.start``; FedAvg's nodes then call
 ``local_train(model, data, msg.content["config"])``), ``FRACTION_TRAIN`` and
 ``MIN_AVAILABLE_NODES`` (the strategy's arguments); ``DQ_KNOBS`` (a dict) sets DQ's knobs
-only. An app scored by something other
+only, ``DQ_LOSS_FN`` (a callable returning the user's loss) DQ's ``loss_fn``. An app scored by something other
 than accuracy names it (``METRIC``), computes it (``score(model, x, y)``) and says
 whether lower is better (``LOWER_IS_BETTER``).
 """
@@ -121,6 +121,8 @@ def server_main(app: ModuleType, kind: str, rounds: int, out: AppRun):
             knobs = dict(getattr(app, "DQ_KNOBS", {}))
             if kind == "upload-all":
                 knobs["upload-schedule"] = "all"
+            if hasattr(app, "DQ_LOSS_FN"):
+                kwargs["loss_fn"] = app.DQ_LOSS_FN()
             strategy: Any = dq_flower.DQStrategy(model, seed=0, **kwargs, **knobs)
         else:
             strategy = FedAvg(fraction_evaluate=0.0, **kwargs)

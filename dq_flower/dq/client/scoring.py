@@ -74,7 +74,7 @@ def score_candidates(
                 with torch.no_grad():
                     out = model_output(model(xb))
                     if scorer == "loss":
-                        scores.append(fn(out, yb).reshape(-1))
+                        scores.append(fn(out, yb).reshape(xb.shape[0], -1).mean(dim=1))
                         continue
                     p = torch.softmax(out.reshape(xb.shape[0], -1).double(), dim=1)
                 if scorer == "entropy":

@@ -49,7 +49,7 @@ from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
-from dq_flower.losses import TargetLoss
+from dq_flower.losses import TargetLoss, per_sample
 from dq_flower.model_ops import LossFn, embedding_vocab, input_width
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
@@ -205,7 +205,7 @@ class DQStrategy(ModelStrategy, Strategy):
         key = holdout_key(self.seed, holdout_secret)
         #: digest of the held-out key, checked on resume (another key holds out other rows)
         self._holdout_check = hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
-        loss_fn = loss_fn if loss_fn is not None else TargetLoss()  # 0/1 targets: logits
+        loss_fn = per_sample(loss_fn) if loss_fn is not None else TargetLoss()  # 0/1: logits
         self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
                                    holdout_key=key, planner=self.planner,
                                    identities=self.identities, comp_codec=comp_codec,
