@@ -36,6 +36,11 @@ def is_class_target(y: np.ndarray) -> bool:
     return np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_
 
 
+#: What to do with a model of several inputs (said where samples hold more than (x, y)).
+SEVERAL_INPUTS = ("DQ uploads one input tensor a sample: concatenate the inputs on the device "
+                  "(torch.cat of the flattened parts) and split them in the model's forward")
+
+
 def _to_numpy(value: Any) -> np.ndarray:
     torch = sys.modules.get("torch")  # never imported here
     if torch is not None and isinstance(value, torch.Tensor):
@@ -55,7 +60,9 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{what}: x must be numeric, got dtype {xa.dtype}")
     xa = np.ascontiguousarray(xa, dtype=np.float32)
     if xa.size and not np.isfinite(xa).all():
-        raise ValueError(f"{what}: x contains NaN or infinite values")
+        raise ValueError(f"{what}: x contains NaN or infinite values: DQ quantizes values, so "
+                         "fill missing ones on the device before dq_train (as your model "
+                         "would, e.g. np.nan_to_num, or each column's mean)")
     if is_class_target(ya) and ya.ndim > 1 and ya[0].size > 1:
         ya = _several_labels(ya, what)
     if is_class_target(ya):
@@ -122,6 +129,9 @@ def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]
         return item[kx], item[ky]
     if not isinstance(item, (tuple, list)) or len(item) < 2:
         raise ValueError(f"{what} must be a pair (x, y) or a dict, got {type(item).__name__}")
+    if isinstance(item[0], (tuple, list, Mapping)):
+        raise ValueError(f"{what} holds several inputs ({type(item[0]).__name__} of "
+                         f"{len(item[0])}) before its target: {SEVERAL_INPUTS}")
     return item[0], item[1]
 
 
@@ -156,6 +166,9 @@ def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray
             hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         if (torch is not None and isinstance(data, torch.utils.data.TensorDataset)
                 and len(data.tensors) >= 2):
+            if len(data.tensors) > 2:
+                raise ValueError(f"TensorDataset of {len(data.tensors)} tensors: DQ reads "
+                                 f"(x, y); several inputs a sample: {SEVERAL_INPUTS}")
             return _normalise(data.tensors[0], data.tensors[1], "TensorDataset")
         name = type(data).__name__
         items = [data[i] for i in range(len(data))]

@@ -168,3 +168,38 @@ def test_class_names_are_refused_with_how_to_number_them_alike():
         as_arrays((x, np.array(["cat", "dog", "cat", "bird"], dtype=object)))
     with pytest.raises(ValueError, match=r"complex128$"):  # no hint: not names
         as_arrays((x, np.ones(4, dtype=complex)))
+
+
+def test_samples_of_several_inputs_are_refused_with_what_to_do():
+    """``TensorDataset(x_num, x_cat, y)`` paired x_num with x_cat as float targets, silently."""
+    x_num, x_cat = torch.zeros(6, 5), torch.ones(6, 3)
+    y = torch.arange(6) % 2
+    with pytest.raises(ValueError, match="TensorDataset of 3 tensors.*concatenate the inputs"):
+        as_arrays(torch.utils.data.TensorDataset(x_num, x_cat, y))
+
+    class Pairs(Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return (x_num[i], x_cat[i]), int(y[i])
+
+    with pytest.raises(ValueError, match=r"Pairs\[0\] holds several inputs .*split them"):
+        as_arrays(Pairs())
+
+    class WithPath(Dataset):  # (x, y, extra): the extra is not read, as before
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return x_num[i], int(y[i]), f"row-{i}.csv"
+
+    x, labels = as_arrays(WithPath())
+    assert x.shape == (6, 5) and labels.tolist() == y.tolist()
+
+
+def test_missing_values_are_refused_with_how_to_fill_them():
+    x = np.ones((4, 2), np.float32)
+    x[1, 0] = np.nan
+    with pytest.raises(ValueError, match="contains NaN or infinite values: DQ quantizes"):
+        as_arrays((x, np.zeros(4, np.int64)))
