@@ -5,6 +5,10 @@ or dicts (keys from :data:`SAMPLE_KEYS`, :data:`LABEL_KEYS` or ``keys=("img", "l
 or a ``DataLoader`` over either. Every form becomes, in a fixed row order, float32 ``x``
 ``(n, *sample_shape)`` as given, and int64 class labels or float32 targets ``y``. Torch's
 types are checked only where torch is already imported.
+
+Samples of several inputs (``TensorDataset(x_num, x_cat, y)``, items ``((x1, x2), y)``, for a
+model called ``model(x1, x2)``) become one flat row each, the parts side by side, with
+their layout (:func:`as_inputs`; :func:`part_layout`); :func:`as_arrays` refuses them.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import numpy as np
 
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
-__all__ = ["as_arrays", "ids_below", "is_class_target", "dict_keys", "SAMPLE_KEYS", "LABEL_KEYS"]
+__all__ = ["as_arrays", "as_inputs", "part_layout", "ids_below", "is_class_target", "dict_keys",
+           "SAMPLE_KEYS", "LABEL_KEYS", "MAX_PARTS"]
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
 #: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
@@ -28,7 +33,9 @@ SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "features", "signal", "input
 LABEL_KEYS = ("label", "labels", "y", "target")
 
 #: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
-_CACHE: dict[tuple[int, Any], tuple[Any, tuple[np.ndarray, np.ndarray]]] = {}
+_CACHE: dict[tuple[int, Any], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {}
+#: Most inputs a sample may have.
+MAX_PARTS = 16
 
 
 def is_class_target(y: np.ndarray) -> bool:
@@ -36,9 +43,10 @@ def is_class_target(y: np.ndarray) -> bool:
     return np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_
 
 
-#: What to do with a model of several inputs (said where samples hold more than (x, y)).
-SEVERAL_INPUTS = ("DQ uploads one input tensor a sample: concatenate the inputs on the device "
-                  "(torch.cat of the flattened parts) and split them in the model's forward")
+#: What to do with a model of several inputs where they are not read (the gradient baselines).
+SEVERAL_INPUTS = ("these devices train on one input tensor a sample: concatenate the inputs "
+                  "(torch.cat of the flattened parts) and split them in the model's forward "
+                  "(DQStrategy's dq_train takes several)")
 
 
 def _to_numpy(value: Any) -> np.ndarray:
@@ -129,14 +137,21 @@ def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]
         return item[kx], item[ky]
     if not isinstance(item, (tuple, list)) or len(item) < 2:
         raise ValueError(f"{what} must be a pair (x, y) or a dict, got {type(item).__name__}")
-    if isinstance(item[0], (tuple, list, Mapping)):
-        raise ValueError(f"{what} holds several inputs ({type(item[0]).__name__} of "
-                         f"{len(item[0])}) before its target: {SEVERAL_INPUTS}")
-    return item[0], item[1]
+    if isinstance(item[0], Mapping):
+        raise ValueError(f"{what} holds a dict of inputs before its target: give the inputs "
+                         "as a tuple ((x1, x2), y), or one input tensor")
+    return (tuple(item[0]) if isinstance(item[0], list) else item[0]), item[1]
 
 
 def _joined(pairs: list[tuple[Any, Any]], join: Callable[[list], np.ndarray]
-            ) -> tuple[np.ndarray, np.ndarray]:
+            ) -> tuple[Any, np.ndarray]:
+    """The pairs' inputs joined (per part where each is a tuple of inputs) and targets."""
+    first = pairs[0][0]
+    if isinstance(first, tuple):
+        if not all(isinstance(x, tuple) and len(x) == len(first) for x, _ in pairs):
+            raise ValueError("the samples hold different numbers of inputs")
+        parts = [_joined([(x[k], y) for x, y in pairs], join)[0] for k in range(len(first))]
+        return tuple(parts), join([_to_numpy(y) for _, y in pairs])
     xs = [_to_numpy(x) for x, _ in pairs]
     shapes = sorted({x.shape[1:] if join is np.concatenate else x.shape for x in xs})
     if len(shapes) > 1:  # e.g. a tokenizer's ids without padding
@@ -145,7 +160,32 @@ def _joined(pairs: list[tuple[Any, Any]], join: Callable[[list], np.ndarray]
     return join(xs), join([_to_numpy(y) for _, y in pairs])
 
 
-def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def part_layout(part: str) -> tuple[tuple[int, ...], bool]:
+    """``(shape, integer)`` of an input part as :func:`as_inputs` names it (``i3``, ``f3x4``)."""
+    if len(part) < 2 or part[0] not in "fi" or not all(
+            s.isdigit() and int(s) > 0 for s in part[1:].split("x")):
+        raise ValueError(f"input part {part!r} is not f or i and sizes joined by x")
+    return tuple(int(s) for s in part[1:].split("x")), part[0] == "i"
+
+
+def _flattened(inputs: tuple[Any, ...], y: Any, what: str
+               ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Several inputs a sample side by side in one flat row each, with their layout."""
+    arrays = [_to_numpy(a) for a in inputs]
+    if not 2 <= len(arrays) <= MAX_PARTS:
+        raise ValueError(f"{what}: {len(arrays)} inputs a sample (2 to {MAX_PARTS} are read)")
+    if any(a.ndim < 1 or a.shape[0] != arrays[0].shape[0] for a in arrays):
+        raise ValueError(f"{what}: the inputs have different numbers of samples")
+    n = arrays[0].shape[0]
+    parts = tuple(("i" if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_ else "f")
+                  + "x".join(str(int(s)) for s in (a.shape[1:] or (1,))) for a in arrays)
+    x, ya = _normalise(np.concatenate([a.reshape(n, -1).astype(np.float32) for a in arrays],
+                                      axis=1), y, what)
+    return x, ya, parts
+
+
+def _convert(data: Any, keys: tuple[str, str] | None = None
+             ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     torch = sys.modules.get("torch")
     if torch is not None:
         # PyTorch: loaded only where a model is at hand
@@ -153,7 +193,7 @@ def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray
 
     if isinstance(data, (tuple, list)) and len(data) == 2 \
             and not isinstance(data[0], (tuple, Mapping)):
-        return _normalise(data[0], data[1], "data (x, y)")
+        return (*_normalise(data[0], data[1], "data (x, y)"), ())
     if torch is not None and isinstance(data, DataLoader):
         inner = data.dataset
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
@@ -161,30 +201,49 @@ def _convert(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray
         pairs = [_pair(batch, keys, "a DataLoader batch") for batch in data]
         if not pairs:
             raise ValueError("the DataLoader yielded no batches")
-        return _normalise(*_joined(pairs, np.concatenate), "DataLoader")
+        return _with_layout(*_joined(pairs, np.concatenate), "DataLoader")
     if (torch is not None and isinstance(data, Dataset)) or (
             hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         if (torch is not None and isinstance(data, torch.utils.data.TensorDataset)
                 and len(data.tensors) >= 2):
-            if len(data.tensors) > 2:
-                raise ValueError(f"TensorDataset of {len(data.tensors)} tensors: DQ reads "
-                                 f"(x, y); several inputs a sample: {SEVERAL_INPUTS}")
-            return _normalise(data.tensors[0], data.tensors[1], "TensorDataset")
+            if len(data.tensors) > 2:  # TensorDataset(x1, x2, ..., y): a model's inputs
+                return _flattened(data.tensors[:-1], data.tensors[-1], "TensorDataset")
+            return (*_normalise(data.tensors[0], data.tensors[1], "TensorDataset"), ())
         name = type(data).__name__
         items = [data[i] for i in range(len(data))]
         if not items:
             raise ValueError(f"{name} is empty")
         pairs = [_pair(item, keys, f"{name}[{i}]") for i, item in enumerate(items)]
-        return _normalise(*_joined(pairs, np.stack), name)
+        return _with_layout(*_joined(pairs, np.stack), name)
     raise TypeError("data must be numpy arrays (x, y), a map-style data set of (x, y) pairs "
                     f"or dicts, or a DataLoader; got {type(data).__name__}")
+
+
+def _with_layout(x: Any, y: np.ndarray, what: str
+                 ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    if isinstance(x, tuple):
+        return _flattened(x, y, what)
+    return (*_normalise(x, y, what), ())
 
 
 def as_arrays(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The device's data as ``(x, y)`` numpy arrays (see the module docstring).
 
     Raises ``TypeError`` for an unsupported type, ``ValueError`` for inconsistent,
-    non-finite or empty data or dict keys not found.
+    non-finite or empty data, dict keys not found, or samples of several inputs.
+    """
+    x, y, parts = as_inputs(data, keys)
+    if parts:
+        raise ValueError(f"samples of {len(parts)} inputs: {SEVERAL_INPUTS}")
+    return x, y
+
+
+def as_inputs(data: Any, keys: tuple[str, str] | None = None
+              ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """``(x, y, parts)``: as :func:`as_arrays`, and samples of several inputs flattened.
+
+    ``parts`` names each input's layout (``"f5"``: 5 floats, ``"i3"``: 3 integers, ``"f3x4"``:
+    a (3, 4) float input), ``x`` holding them side by side; ``()`` for one input.
     """
     key = (id(data), None if keys is None else tuple(keys))
     hit = _CACHE.get(key)

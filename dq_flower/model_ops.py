@@ -24,6 +24,7 @@ from dq_flower.losses import (  # the losses: here for the model path's callers
     next_token_loss,
     resolve_loss,
 )
+from dq_flower.model_inputs import split_inputs
 
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
@@ -153,7 +154,8 @@ def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -
         losses = losses.reshape(losses.shape[0], -1).mean(dim=1)
     if losses.ndim != 1 or losses.shape[0] != outputs.shape[0]:
         raise ValueError(f"loss_fn must return one loss per sample, shape ({outputs.shape[0]},);"
-                         f" got {tuple(losses.shape)} (use reduction='none', or pass a torch.nn loss module)")
+                         f" got {tuple(losses.shape)} (use reduction='none', or pass a "
+                         "torch.nn loss module)")
     return losses
 
 
@@ -400,6 +402,8 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
     n = min(len(y), CHECK_ROWS)
     if n == 0:
         raise PayloadError("no rows to check the data spec against the model")
+    if spec.inputs:  # several inputs side by side: the model is handed them split
+        split_inputs(model, spec.inputs)
     was_training = model.training
     model.eval()
     try:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
-from dq_flower.data_input import as_arrays, ids_below
+from dq_flower.data_input import as_inputs, ids_below
 from dq_flower.torch_support import require_torch
 from dq_flower.wire.partition import names_partition
 from dq_flower.wire.targets import binary_targets, model_targets
@@ -41,7 +41,11 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     if "arrays" not in msg.content.array_records:
         raise ValueError("the evaluate message carries no 'arrays' record")
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
-    x, y = as_arrays(data, keys)
+    x, y, inputs = as_inputs(data, keys)
+    if inputs:  # several inputs side by side: the model is handed them split
+        from dq_flower.model_inputs import split_inputs  # PyTorch, checked above
+
+        split_inputs(model, inputs)
     if x.shape[0] == 0:  # a node with no rows yet: weighs nothing in the server's average
         metrics_none: dict[str, MetricRecordValues] = {"eval-loss": 0.0, "num-examples": 0}
         return Message(content=RecordDict({"metrics": MetricRecord(metrics_none)}),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -170,19 +171,10 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
     return (out.reshape(n, target_dim) if target_dim > 1 else out), 8 * values.nbytes
 
 
-def decode_batch(
-    content: RecordDict,
-    num_classes: int | None,
-    dim: int,
-    bits: int,
-    max_samples: int,
-    id_upper: int | None = None,
-    target_dim: int = 1,
-    float_targets: bool = False,
-    vocab: int = 0,
-    binary: bool = False,
-    own_targets: bool = False,
-) -> SampleBatch:
+def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: int,
+                 max_samples: int, id_upper: int | None = None, target_dim: int = 1,
+                 float_targets: bool = False, vocab: int = 0, binary: bool = False,
+                 own_targets: bool = False) -> SampleBatch:
     """One upload parsed and checked, sizes before unpacking (else :class:`PayloadError`).
 
     Records, counts, shape ``(n, dim)``, ``n <= max_samples``, ``bits``, labels below
@@ -315,6 +307,9 @@ SPEC_KEY = "data-spec"
 ID_VOCAB_KEY = "sample-vocab"
 #: Spec field and round-config key (the server's pin, once it holds a spec): mixed units.
 MIXED_UNITS_KEY = "mixed-units"
+#: Spec field of samples of several inputs: each one's layout (``f5``, ``i3``, ``f3x4``).
+INPUT_PARTS_KEY = "input-parts"
+_PART = re.compile(r"[fi][1-9][0-9]{0,8}(x[1-9][0-9]{0,8}){0,7}")
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
 MAX_VOCAB = 1 << 24  #: Largest vocabulary of id samples (exact as float32 below 2**24).
@@ -325,23 +320,14 @@ TARGET_KINDS = ("class", "float", "binary", "tokens", "inputs")
 class DataSpec:
     """Sample shape and target kind of a federation's data.
 
-    Attributes
-    ----------
-    sample_shape : tuple of int
-        Shape of one sample, e.g. ``(1, 28, 28)`` or ``(30,)``.
-    target : str
-        ``class`` (integer labels), ``float`` (regression targets), ``binary`` (float
-        targets all 0 or 1: binary or multi-label classification, scored on logits),
-        ``tokens`` (windows of token ids, their own targets: :mod:`.token_batch`) or
-        ``inputs`` (the samples are their targets, an autoencoder's: none sent).
-    target_dim : int
-        Values per target: 1 for class labels and scalar targets; ``tokens``: the
-        vocabulary; ``inputs``: the sample's values.
-    vocab : int
-        Samples of ids below ``vocab``, sent exactly (a text classifier's word ids, which an
-        embedding reads); 0: values, quantized.
-    mixed_units : bool
-        Samples (not flat) of coordinates on scales one range a sample loses: feature ranges.
+    ``sample_shape``: one sample's, e.g. ``(1, 28, 28)``. ``target``: ``class`` (integer
+    labels), ``float`` (regression), ``binary`` (floats all 0 or 1, scored on logits),
+    ``tokens`` (windows of ids, their own targets: :mod:`.token_batch`) or ``inputs`` (the
+    samples are their targets, an autoencoder's: none sent). ``target_dim``: values per
+    target (``tokens``: the vocabulary; ``inputs``: the sample's values). ``vocab``: samples
+    of ids below it, sent exactly (word ids an embedding reads); 0: values, quantized.
+    ``mixed_units``: samples (not flat) on scales one range a sample loses (feature ranges).
+    ``inputs``: flat samples of several inputs side by side, each one's layout.
     """
 
     sample_shape: tuple[int, ...]
@@ -349,6 +335,7 @@ class DataSpec:
     target_dim: int = 1
     vocab: int = 0
     mixed_units: bool = False
+    inputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sample_shape or min(map(int, self.sample_shape)) < 1:
@@ -360,6 +347,12 @@ class DataSpec:
         if self.vocab and (self.target == "tokens" or not 2 <= self.vocab <= MAX_VOCAB):
             raise ValueError(f"vocab must be 0 or 2 to {MAX_VOCAB} for labelled samples, "
                              f"got {self.vocab}")
+        if self.inputs and (len(self.sample_shape) != 1 or not 2 <= len(self.inputs) <= 16
+                            or not all(_PART.fullmatch(p) for p in self.inputs)
+                            or sum(math.prod(map(int, p[1:].split("x"))) for p in self.inputs)
+                            != self.dim):
+            raise ValueError(f"inputs {self.inputs!r} are not 2 to 16 layouts of the flat "
+                             f"sample's {self.dim} values")
 
     @property
     def dim(self) -> int:
@@ -380,6 +373,8 @@ def spec_record(spec: DataSpec) -> ConfigRecord:
         record["vocab"] = int(spec.vocab)
     if spec.mixed_units:
         record[MIXED_UNITS_KEY] = True
+    if spec.inputs:
+        record[INPUT_PARTS_KEY] = list(spec.inputs)
     return record
 
 
@@ -402,10 +397,14 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     vocab = record.get("vocab", 0)
     if type(vocab) is not int or (vocab and (target == "tokens" or not 2 <= vocab <= MAX_VOCAB)):
         raise PayloadError(f"data-spec 'vocab'={vocab!r}: not 2 to {MAX_VOCAB} ids, labelled")
-    mixed = record.get(MIXED_UNITS_KEY, False)
+    mixed, inputs = record.get(MIXED_UNITS_KEY, False), record.get(INPUT_PARTS_KEY, [])
     if type(mixed) is not bool:
         raise PayloadError(f"data-spec {MIXED_UNITS_KEY!r}={mixed!r} is not a bool")
-    return DataSpec(tuple(shape), target, tdim, vocab, mixed)
+    try:
+        return DataSpec(tuple(shape), target, tdim, vocab, mixed, tuple(
+            p if isinstance(p, str) else "" for p in cast(list, inputs)))
+    except (ValueError, TypeError) as exc:
+        raise PayloadError(f"data-spec {INPUT_PARTS_KEY!r}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ attributes, the same for both kinds: ``TRAIN_CONFIG`` (a dict, sent as
 ``train_config=ConfigRecord(...)`` to ``strategy.start``; FedAvg's nodes then call
 ``local_train(model, data, msg.content["config"])``), ``FRACTION_TRAIN`` and
 ``MIN_AVAILABLE_NODES`` (the strategy's arguments); ``DQ_KNOBS`` (a dict) sets DQ's knobs
-only, ``DQ_LOSS_FN`` (a callable returning the user's loss) DQ's ``loss_fn``. An app scored by something other
-than accuracy names it (``METRIC``), computes it (``score(model, x, y)``) and says
-whether lower is better (``LOWER_IS_BETTER``).
+only, ``DQ_LOSS_FN`` (a callable returning the user's loss) DQ's ``loss_fn``, and
+``DQ_CLIENT_MODEL = True`` has DQ's nodes given the model (``dq_train(..., model=)``). An
+app scored by something other than accuracy names it (``METRIC``), computes it
+(``score(model, x, y)``) and says whether lower is better (``LOWER_IS_BETTER``).
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def client_train(app: ModuleType, kind: str):
     def train(msg: Message, context: Context) -> Message:
         data = app.load_local_data(int(context.node_config["partition-id"]))
         if kind in ("dq", "upload-all"):
-            return dq_flower.client.dq_train(msg, context, data)
+            model = app.Net() if getattr(app, "DQ_CLIENT_MODEL", False) else None
+            return dq_flower.client.dq_train(msg, context, data, model=model)
         model = app.Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         if hasattr(app, "TRAIN_CONFIG"):  # the user's train reads what the server sent

@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dq_flower.client import evaluate
-from dq_flower.data_input import as_arrays
+from dq_flower.data_input import as_arrays, as_inputs
 from dq_flower.harness.inprocess import InProcessGrid
 
 RNG = np.random.default_rng(0)
@@ -170,22 +170,27 @@ def test_class_names_are_refused_with_how_to_number_them_alike():
         as_arrays((x, np.ones(4, dtype=complex)))
 
 
-def test_samples_of_several_inputs_are_refused_with_what_to_do():
+def test_samples_of_several_inputs_are_read_side_by_side_with_their_layout():
     """``TensorDataset(x_num, x_cat, y)`` paired x_num with x_cat as float targets, silently."""
-    x_num, x_cat = torch.zeros(6, 5), torch.ones(6, 3)
+    x_num, x_cat = torch.rand(6, 5), torch.arange(18).reshape(6, 3) % 4
     y = torch.arange(6) % 2
-    with pytest.raises(ValueError, match="TensorDataset of 3 tensors.*concatenate the inputs"):
-        as_arrays(torch.utils.data.TensorDataset(x_num, x_cat, y))
+    x, labels, parts = as_inputs(torch.utils.data.TensorDataset(x_num, x_cat, y))
+    assert parts == ("f5", "i3") and labels.tolist() == y.tolist()
+    assert np.array_equal(x, np.concatenate([x_num.numpy(), x_cat.numpy()], 1))
+    with pytest.raises(ValueError, match="samples of 2 inputs: these devices train on one"):
+        as_arrays(torch.utils.data.TensorDataset(x_num, x_cat, y))  # the gradient baselines
 
     class Pairs(Dataset):
         def __len__(self):
             return 6
 
         def __getitem__(self, i):
-            return (x_num[i], x_cat[i]), int(y[i])
+            return (x_num[i].reshape(1, 5), x_cat[i]), int(y[i])
 
-    with pytest.raises(ValueError, match=r"Pairs\[0\] holds several inputs .*split them"):
-        as_arrays(Pairs())
+    x2, _, parts2 = as_inputs(Pairs())
+    assert parts2 == ("f1x5", "i3") and np.array_equal(x2, x)
+    x3, _, parts3 = as_inputs(DataLoader(Pairs(), batch_size=4))
+    assert parts3 == parts2 and np.array_equal(x3, x)
 
     class WithPath(Dataset):  # (x, y, extra): the extra is not read, as before
         def __len__(self):
@@ -194,8 +199,28 @@ def test_samples_of_several_inputs_are_refused_with_what_to_do():
         def __getitem__(self, i):
             return x_num[i], int(y[i]), f"row-{i}.csv"
 
-    x, labels = as_arrays(WithPath())
-    assert x.shape == (6, 5) and labels.tolist() == y.tolist()
+    x4, labels4, parts4 = as_inputs(WithPath())
+    assert x4.shape == (6, 5) and labels4.tolist() == y.tolist() and parts4 == ()
+
+
+def test_the_split_hook_hands_a_model_its_inputs_and_leaves_its_own_calls_alone():
+    from dq_flower.model_inputs import split_inputs
+
+    seen = []
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, a, b):
+            seen.append((tuple(a.shape), b.dtype))
+            return a.sum(dim=(1, 2)) + b.sum(1)
+
+    model = TwoInputs()
+    split_inputs(model, ("f1x5", "i3"))
+    split_inputs(model, ("f1x5", "i3"))  # once a model: a second call only sets the layout
+    flat = torch.cat([torch.ones(2, 5), torch.tensor([[1.2, 0.9, 2.0], [0.0, 3.1, 1.0]])], 1)
+    out = model(flat)
+    assert seen[-1] == ((2, 1, 5), torch.int64) and out.tolist() == [9.0, 9.0]
+    model(torch.ones(2, 1, 5), torch.ones(2, 3, dtype=torch.long))  # the user's own call
+    assert seen[-1] == ((2, 1, 5), torch.int64) and len(model._forward_pre_hooks) == 1
 
 
 def test_missing_values_are_refused_with_how_to_fill_them():

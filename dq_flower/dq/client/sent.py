@@ -91,14 +91,17 @@ def sent_rows(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, y
 
 
 def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,
-            mixed_units: bool | None = None) -> DataSpec:
-    """The spec of ``(x, y)``: ids below ``vocab``; ``mixed_units`` pinned, or measured."""
+            mixed_units: bool | None = None, inputs: tuple[str, ...] = ()) -> DataSpec:
+    """The spec of ``(x, y)``: ids below ``vocab``; ``mixed_units`` pinned, or measured.
+
+    ``inputs``: the layouts of several inputs a flat sample holds (``data_input.as_inputs``).
+    """
     shape = tuple(int(s) for s in x.shape[1:]) or (1,)
     mixed = len(shape) > 1 and not vocab and (mixed_scales(x.reshape(len(x), -1), bits)
                                               if mixed_units is None else bool(mixed_units))
     if np.issubdtype(y.dtype, np.integer):
-        return DataSpec(shape, "class", 1, vocab, mixed)
+        return DataSpec(shape, "class", 1, vocab, mixed, inputs)
     if not vocab and y.shape == x.shape and np.array_equal(y, x):  # an autoencoder's (x, x)
-        return DataSpec(shape, "inputs", int(np.prod(shape)), 0, mixed)
+        return DataSpec(shape, "inputs", int(np.prod(shape)), 0, mixed, inputs)
     return DataSpec(shape, "binary" if binary_targets(y) else "float",
-                    int(y.shape[1]) if y.ndim == 2 else 1, vocab, mixed)
+                    int(y.shape[1]) if y.ndim == 2 else 1, vocab, mixed, inputs)

@@ -34,7 +34,7 @@ from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
 from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
-from dq_flower.data_input import as_arrays
+from dq_flower.data_input import as_inputs
 from dq_flower.dq.client.selection import select
 from dq_flower.dq.client.sent import forget_from, keep_sent, node_ranges, sent_rows, spec_of
 from dq_flower.dq.client.tokens import check_token_round, id_vocab, token_upload
@@ -218,13 +218,17 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         require_torch(knob)
     server_round, key = int(config["server-round"]), node_key(context)
     rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
-    x_all, y = as_arrays(data, keys)
+    x_all, y, inputs = as_inputs(data, keys)  # several inputs: side by side, split for model
+    if inputs and model is not None:
+        from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
+
+        split_inputs(model, inputs)
     y = model_targets(y, int(config.get(MODEL_OUTPUTS_KEY, 0) or 0))  # where asked for
     vocab = id_vocab(config, x_all)  # a text classifier's word ids: sent exactly, as int64
     x_all = x_all.astype(np.int64) if vocab else x_all
     pinned = config.get(MIXED_UNITS_KEY)  # the server's, once it holds a spec
     spec = spec_of(x_all, y, vocab, cfg.bits or auto_bits(None),
-                   None if pinned is None else bool(pinned))
+                   None if pinned is None else bool(pinned), inputs)
     if loss_fn is None and spec.target == "binary" and model is not None:  # 0/1: logits
         from dq_flower.losses import binary_loss  # PyTorch: deferred (a model is given)
 

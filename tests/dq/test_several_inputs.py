@@ -1,0 +1,85 @@
+"""A model of two inputs, ``model(x_num, x_cat)``, on ``TensorDataset(x_num, x_cat, y)``.
+
+The device sends both inputs side by side in one flat row and their layouts in its data
+spec (``input-parts``); DQ's server and the node's scoring model are handed the inputs
+split (:mod:`dq_flower.model_inputs`), the categories as int64 for the embeddings. Before,
+the dataset's second tensor went up as float targets and every reply was rejected.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from dq_flower.codecs import PayloadError
+from dq_flower.wire.dq_batch import INPUT_PARTS_KEY, DataSpec, spec_from_record, spec_record
+from tests.apps.runner import run_app
+
+CARDINALITIES = (6, 4, 9)
+
+
+def _app() -> types.ModuleType:
+    """5 nodes of a table: 4 measured numbers and 3 label-encoded categories (int64)."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    cat = np.stack([rng.integers(0, c, n) for c in CARDINALITIES], 1)
+    num = np.stack([rng.normal(40, 12, n), rng.normal(0, 1, n), rng.uniform(0, 60, n),
+                    rng.normal(0, 1, n)], 1).astype(np.float32)
+    effects = [rng.normal(0, 2.0, c) for c in CARDINALITIES]
+    logit = sum(effects[i][cat[:, i]] for i in range(3)) + 0.8 * num[:, 1]
+    y = (logit + rng.logistic(size=n) > 0).astype(np.int64)
+    app = types.ModuleType("two_inputs")
+    app.NAME, app.NUM_NODES, app.ROUNDS, app.DQ_CLIENT_MODEL = "two-inputs", 4, 4, True
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.embs = nn.ModuleList([nn.Embedding(c, 3) for c in CARDINALITIES])
+            self.bn = nn.BatchNorm1d(4)
+            self.mlp = nn.Sequential(nn.Linear(13, 16), nn.ReLU(), nn.Linear(16, 2))
+
+        def forward(self, x_num, x_cat):
+            parts = [emb(x_cat[:, i]) for i, emb in enumerate(self.embs)]
+            return self.mlp(torch.cat([self.bn(x_num), *parts], 1))
+
+    def load_local_data(pid):
+        idx = np.arange(pid, 3200, app.NUM_NODES)
+        return TensorDataset(torch.from_numpy(num[idx]), torch.from_numpy(cat[idx]),
+                             torch.from_numpy(y[idx]))
+
+    def score(model, xs, ys):
+        with torch.no_grad():
+            pred = model(torch.from_numpy(xs[0]), torch.from_numpy(xs[1])).argmax(1).numpy()
+        return float((pred == ys).mean())
+
+    app.Net, app.load_local_data, app.score = Net, load_local_data, score
+    app.test_set = lambda: ((num[3200:], cat[3200:]), y[3200:])
+    app.local_train = None
+    return app
+
+
+def test_dq_trains_a_model_of_two_inputs_at_its_defaults():
+    app = _app()
+    run = run_app(app, "dq")
+    # measured: 0.814 (the noise-free logit's sign gets 0.820 of the test rows right);
+    # before, every reply was rejected and the model stayed at its start (0.411)
+    assert run.final > 0.78, run.scores
+    assert run.final > run.scores[0] + 0.3
+
+
+def test_input_parts_travel_in_the_spec_and_bad_ones_are_refused():
+    spec = DataSpec((7,), "class", inputs=("f4", "i3"))
+    assert spec_from_record(spec_record(spec)) == spec
+    assert INPUT_PARTS_KEY not in spec_record(DataSpec((7,)))
+    for bad in (["f4", "i2"], ["f4"], ["x4", "i3"], "f4i3", [4, 3], ["f0", "i7"]):
+        record = spec_record(DataSpec((7,)))
+        record[INPUT_PARTS_KEY] = bad
+        with pytest.raises(PayloadError, match="input-parts"):
+            spec_from_record(ConfigRecord(dict(record)))
