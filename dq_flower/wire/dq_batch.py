@@ -84,19 +84,15 @@ def raw_array(arr: np.ndarray) -> Array:
     return Array(dtype=str(flat.dtype), shape=(flat.size,), stype="raw", data=flat.tobytes())
 
 
-def encode_batch(
-    samples: Payload,
-    targets: np.ndarray | None,
-    ids: np.ndarray,
-    weights: np.ndarray,
-    num_classes: int,
-    id_upper: int,
-    compensation: Payload | None = None,
-) -> tuple[RecordDict, int]:
+def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
+                 weights: np.ndarray, num_classes: int, id_upper: int,
+                 compensation: Payload | None = None, binary: bool = False
+                 ) -> tuple[RecordDict, int]:
     """Records of one upload and its exact payload bits.
 
-    Class labels packed at ``ceil(log2 num_classes)`` bits, float targets as float16 where
-    exact (else float32; ``None``: the samples are the targets), equal weights as one float32.
+    Class labels packed at ``ceil(log2 num_classes)`` bits, ``binary`` targets (0 or 1) at
+    one bit each, float targets as float16 where that moves none beyond 1% of the spread
+    (else float32; ``None``: the samples are the targets), equal weights as one float32.
     """
     n = int(ids.shape[0])
     iw = width_for(max(id_upper, 1))
@@ -112,8 +108,9 @@ def encode_batch(
                                      else pack_wide(targets, lw))
         target_bits = 8 * packed_nbytes(n, lw)
     else:
-        lw = 0
-        sent = travelling_targets(np.asarray(targets, dtype=np.float32))
+        lw, values = 0, np.asarray(targets, dtype=np.float32)
+        sent = (pack(values.reshape(-1).astype(np.uint8), 1) if binary
+                and np.isin(values, (0.0, 1.0)).all() else travelling_targets(values))
         arrays["targets"] = raw_array(sent)
         target_bits = 8 * sent.nbytes
     arrays["counts"] = raw_array(np.array([n, lw, iw, w.size], dtype=np.int64))
@@ -137,8 +134,8 @@ def _raw_array(record: ArrayRecord, key: str, dtype: str, max_bytes: int) -> np.
 
 
 def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
-             target_dim: int) -> tuple[np.ndarray, int]:
-    """Decoded targets and their bits: class labels (``lw > 0``) or float targets."""
+             target_dim: int, binary: bool) -> tuple[np.ndarray, int]:
+    """Decoded targets and their bits: class labels (``lw > 0``), bits, or float targets."""
     if lw:
         if target_dim != 1:
             raise PayloadError("class labels sent where float targets are expected")
@@ -160,6 +157,12 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
     if "targets" not in info:
         raise PayloadError("sample-info misses its 'targets'")
     dtype = info["targets"].dtype
+    if binary and dtype == "uint8":  # 0/1 targets, one bit each
+        raw = _raw_array(info, "targets", dtype, packed_nbytes(n * target_dim, 1))
+        if raw.size != packed_nbytes(n * target_dim, 1):
+            raise PayloadError(f"{raw.size} bytes of 0/1 targets for {n} samples")
+        bits = unpack(raw, 1, n * target_dim).astype(np.float32)
+        return (bits.reshape(n, target_dim) if target_dim > 1 else bits), 8 * raw.size
     if dtype not in ("float16", "float32"):
         raise PayloadError(f"targets are {dtype}, expected float16 or float32")
     values = _raw_array(info, "targets", dtype, n * target_dim * np.dtype(dtype).itemsize)
@@ -192,7 +195,7 @@ def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: i
     if own_targets and "targets" in info:
         raise PayloadError("targets sent with samples that are their own targets")
     targets, target_bits = ((np.zeros(n, np.float32), 0) if own_targets
-                            else _targets(info, n, lw, num_classes, target_dim))
+                            else _targets(info, n, lw, num_classes, target_dim, binary))
     if binary and not np.isin(targets, (0.0, 1.0)).all():
         raise PayloadError("binary targets must be 0 or 1")
     ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
@@ -420,10 +423,7 @@ class DataReply:
 
 def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: int,
                num_classes: int | None, max_samples: int, id_upper: int) -> DataReply:
-    """A data reply's records checked (sizes first), not decoded; ``ranges``: the knob.
-
-    ``known``: the federation's spec, which the reply must carry (labels below ``num_classes``).
-    """
+    """A reply's records checked (sizes first), not decoded; ``known``: the spec it carries."""
     spec = reply_spec(content, known)
     if spec.target == "tokens":
         return DataReply(spec)

@@ -111,3 +111,27 @@ def test_a_binary_spec_switches_the_servers_default_loss_and_a_given_loss_stays(
     mine = dq_flower.DQStrategy(torch.nn.Linear(3, 1), seed=0, loss_fn=default_loss)
     mine.intake.fix_spec(DataSpec((3,), "binary"))
     assert mine.trainer.loss_fn is default_loss
+
+
+def test_binary_targets_travel_at_one_bit_each_and_float_specs_refuse_bits():
+    from dq_flower.wire.dq_batch import decode_batch
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    samples = make("uniform", bits=2).encode(x, rng)
+    tags = (rng.random((40, 6)) > 0.7).astype(np.float32)  # six 0/1 labels a sample
+    ids, weights = np.arange(40), np.ones(40)
+    packed, bits = encode_batch(samples, tags, ids, weights, 2, 64, binary=True)
+    plain, plain_bits = encode_batch(samples, tags, ids, weights, 2, 64)
+    assert plain_bits - bits == 40 * 6 * 16 - 40 * 6  # float16 before: 16 bits a value
+    back = decode_batch(packed, None, 3, 2, 64, 64, target_dim=6, float_targets=True,
+                        binary=True)
+    assert np.array_equal(back.labels, tags) and back.info_nbits < 40 * 6 * 2 + 400
+    same = decode_batch(plain, None, 3, 2, 64, 64, target_dim=6, float_targets=True,
+                        binary=True)  # a node sending float16 0/1 targets is read as before
+    assert np.array_equal(same.labels, tags)
+    with pytest.raises(PayloadError, match="targets are uint8"):  # bits for a float spec
+        decode_batch(packed, None, 3, 2, 64, 64, target_dim=6, float_targets=True)
+    with pytest.raises(PayloadError, match="0/1 targets"):  # bits for fewer targets
+        decode_batch(packed, None, 3, 2, 64, 64, target_dim=7, float_targets=True,
+                     binary=True)

@@ -312,7 +312,7 @@ def _data_round(r: RoundInput) -> Message:
 
     content, payload_bits = encode_batch(
         coded.samples, None if spec.target == "inputs" else y[chosen], chosen, represents,
-        num_classes, n, compensation)
+        num_classes, n, compensation, spec.target == "binary")
     if refresh is not None:
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)
