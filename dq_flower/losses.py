@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 __all__ = ["LossFn", "model_output", "next_token_loss", "binary_loss", "default_loss",
-           "resolve_loss", "per_sample", "TargetLoss", "OUTPUT_KEYS"]
+           "resolve_loss", "per_sample", "per_row", "TargetLoss", "OUTPUT_KEYS"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
@@ -87,6 +87,26 @@ def per_sample(loss_fn: LossFn) -> LossFn:
         loss_fn = copy.copy(loss_fn)
         loss_fn.reduction = "none"
     return loss_fn
+
+
+def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``loss_fn``'s losses, one a row, from the loss a user trains with as it is written.
+
+    A loss of one value per output is averaged over the row's outputs; a function that
+    reduces the batch to one number is applied row by row (``torch.func.vmap``).
+    """
+    losses = loss_fn(outputs, targets)
+    n = outputs.shape[0]
+    if losses.ndim == 0 and n > 1:
+        try:
+            losses = torch.func.vmap(loss_fn)(outputs, targets)
+        except Exception as exc:  # noqa: BLE001  (whatever the user's function raises)
+            raise ValueError(f"loss_fn returns one number for a batch of {n} and cannot be "
+                             f"applied row by row ({type(exc).__name__}: {exc}); return one "
+                             "loss a sample (reduction='none')") from None
+    if losses.ndim > 1 and losses.shape[0] == n:
+        losses = losses.reshape(n, -1).mean(dim=1)
+    return losses.reshape(1) if losses.ndim == 0 and n == 1 else losses
 
 
 def resolve_loss(loss_fn: LossFn | None) -> LossFn:

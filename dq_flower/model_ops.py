@@ -22,6 +22,7 @@ from dq_flower.losses import (  # the losses: here for the model path's callers
     default_loss,
     model_output,
     next_token_loss,
+    per_row,
     resolve_loss,
 )
 from dq_flower.model_inputs import split_inputs
@@ -149,9 +150,7 @@ def targets_tensor(y: np.ndarray | torch.Tensor, device: torch.device) -> torch.
 
 
 def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    losses = loss_fn(outputs, targets)
-    if losses.ndim > 1 and losses.shape[0] == outputs.shape[0]:  # per element: mean a row's
-        losses = losses.reshape(losses.shape[0], -1).mean(dim=1)
+    losses = per_row(loss_fn, outputs, targets)
     if losses.ndim != 1 or losses.shape[0] != outputs.shape[0]:
         raise ValueError(f"loss_fn must return one loss per sample, shape ({outputs.shape[0]},);"
                          f" got {tuple(losses.shape)} (use reduction='none', or pass a "

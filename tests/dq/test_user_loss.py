@@ -12,11 +12,12 @@ from __future__ import annotations
 import types
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from dq_flower.losses import per_sample, resolve_loss
+from dq_flower.losses import per_row, per_sample, resolve_loss
 from dq_flower.model_ops import weighted_loss_grad
 from tests.apps.runner import run_app
 
@@ -39,6 +40,24 @@ def test_a_reducing_loss_module_gives_one_loss_per_row_and_stays_as_it_was():
         return (o - t) ** 2
 
     assert per_sample(plain) is plain
+
+
+def test_a_function_reducing_the_batch_is_applied_row_by_row():
+    def pinball(out, target):  # a quantile regression's loss, as a user writes it
+        gap = target - out.squeeze(-1)
+        return torch.maximum(0.9 * gap, -0.1 * gap).mean()
+
+    out, target = torch.randn(6, 1), torch.randn(6)
+    rows = per_row(pinball, out, target)
+    assert rows.shape == (6,)
+    assert torch.allclose(rows, torch.stack([pinball(out[i:i + 1], target[i:i + 1])
+                                             for i in range(6)]))
+
+    def uses_item(o, t):  # cannot be mapped over rows: said, with what to do
+        return ((o - t) ** 2).mean() * float(o.sum().item() > 0)
+
+    with pytest.raises(ValueError, match="cannot be applied row by row.*reduction='none'"):
+        per_row(uses_item, torch.randn(4), torch.randn(4))
 
 
 def test_a_per_element_loss_is_averaged_over_each_rows_outputs():

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from flwr.app import Message
 
+from dq_flower.losses import per_row
 from dq_flower.model_ops import (
     LossFn,
     float_dtype,
@@ -74,7 +75,7 @@ def score_candidates(
                 with torch.no_grad():
                     out = model_output(model(xb))
                     if scorer == "loss":
-                        scores.append(fn(out, yb).reshape(xb.shape[0], -1).mean(dim=1))
+                        scores.append(per_row(fn, out, yb))
                         continue
                     p = torch.softmax(out.reshape(xb.shape[0], -1).double(), dim=1)
                 if scorer == "entropy":
@@ -86,7 +87,7 @@ def score_candidates(
                 continue
             with torch.enable_grad():
                 out = model_output(model(xb)).detach().requires_grad_(True)
-                (dz,) = torch.autograd.grad(fn(out, yb).sum(), out)
+                (dz,) = torch.autograd.grad(per_row(fn, out, yb).sum(), out)
             norm = dz.reshape(dz.shape[0], -1).norm(dim=1)
             if "h" in captured:
                 h = captured.pop("h").detach().reshape(dz.shape[0], -1)
