@@ -161,11 +161,14 @@ def _joined(pairs: list[tuple[Any, Any]], join: Callable[[list], np.ndarray]
 
 
 def part_layout(part: str) -> tuple[tuple[int, ...], bool]:
-    """``(shape, integer)`` of an input part as :func:`as_inputs` names it (``i3``, ``f3x4``)."""
-    if len(part) < 2 or part[0] not in "fi" or not all(
-            s.isdigit() and int(s) > 0 for s in part[1:].split("x")):
+    """``(shape, integer)`` of an input part as :func:`as_inputs` names it (``i3``, ``f3x4``).
+
+    ``f`` or ``i`` alone: one value a sample, shape ``()`` (a sequence's length).
+    """
+    sizes = part[1:].split("x") if len(part) > 1 else []
+    if not part or part[0] not in "fi" or not all(s.isdigit() and int(s) > 0 for s in sizes):
         raise ValueError(f"input part {part!r} is not f or i and sizes joined by x")
-    return tuple(int(s) for s in part[1:].split("x")), part[0] == "i"
+    return tuple(int(s) for s in sizes), part[0] == "i"
 
 
 def _flattened(inputs: tuple[Any, ...], y: Any, what: str
@@ -178,7 +181,7 @@ def _flattened(inputs: tuple[Any, ...], y: Any, what: str
         raise ValueError(f"{what}: the inputs have different numbers of samples")
     n = arrays[0].shape[0]
     parts = tuple(("i" if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_ else "f")
-                  + "x".join(str(int(s)) for s in (a.shape[1:] or (1,))) for a in arrays)
+                  + "x".join(str(int(s)) for s in a.shape[1:]) for a in arrays)
     x, ya = _normalise(np.concatenate([a.reshape(n, -1).astype(np.float32) for a in arrays],
                                       axis=1), y, what)
     return x, ya, parts

@@ -312,7 +312,7 @@ ID_VOCAB_KEY = "sample-vocab"
 MIXED_UNITS_KEY = "mixed-units"
 #: Spec field of samples of several inputs: each one's layout (``f5``, ``i3``, ``f3x4``).
 INPUT_PARTS_KEY = "input-parts"
-_PART = re.compile(r"[fi][1-9][0-9]{0,8}(x[1-9][0-9]{0,8}){0,7}")
+_PART = re.compile(r"[fi]([1-9][0-9]{0,8}(x[1-9][0-9]{0,8}){0,7})?")  # ``i``: one a sample
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
 MAX_VOCAB = 1 << 24  #: Largest vocabulary of id samples (exact as float32 below 2**24).
@@ -352,8 +352,8 @@ class DataSpec:
                              f"got {self.vocab}")
         if self.inputs and (len(self.sample_shape) != 1 or not 2 <= len(self.inputs) <= 16
                             or not all(_PART.fullmatch(p) for p in self.inputs)
-                            or sum(math.prod(map(int, p[1:].split("x"))) for p in self.inputs)
-                            != self.dim):
+                            or sum(math.prod(map(int, filter(None, p[1:].split("x"))))
+                                   for p in self.inputs) != self.dim):
             raise ValueError(f"inputs {self.inputs!r} are not 2 to 16 layouts of the flat "
                              f"sample's {self.dim} values")
 

@@ -77,6 +77,8 @@ def test_dq_trains_a_model_of_two_inputs_at_its_defaults():
 def test_input_parts_travel_in_the_spec_and_bad_ones_are_refused():
     spec = DataSpec((7,), "class", inputs=("f4", "i3"))
     assert spec_from_record(spec_record(spec)) == spec
+    lengths = DataSpec((41,), "class", inputs=("f20x2", "i"))  # a sequence and its length
+    assert spec_from_record(spec_record(lengths)) == lengths
     assert INPUT_PARTS_KEY not in spec_record(DataSpec((7,)))
     for bad in (["f4", "i2"], ["f4"], ["x4", "i3"], "f4i3", [4, 3], ["f0", "i7"]):
         record = spec_record(DataSpec((7,)))

@@ -199,6 +199,9 @@ def test_samples_of_several_inputs_are_read_side_by_side_with_their_layout():
         def __getitem__(self, i):
             return x_num[i], int(y[i]), f"row-{i}.csv"
 
+    lengths = torch.tensor([3, 5, 2, 5, 4, 1])  # one value a sample: shape ()
+    x5, _, parts5 = as_inputs(torch.utils.data.TensorDataset(x_num, lengths, y))
+    assert parts5 == ("f5", "i") and x5.shape == (6, 6)
     x4, labels4, parts4 = as_inputs(WithPath())
     assert x4.shape == (6, 5) and labels4.tolist() == y.tolist() and parts4 == ()
 
