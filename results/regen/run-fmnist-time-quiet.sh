@@ -4,6 +4,6 @@ cd "$(dirname "$0")/../.."
 # two rounds it needs to 85%, fedavg-qsgd2 for its four
 .venv/bin/dq-flower compare --preset fmnist-wide-cnn --engine inprocess --rounds 4 \
   --methods dq,fedavg-qsgd2 --set dq.num-server-rounds=2 \
-  --out results/regen/fmnist-wide-cnn-time-quiet --resume \
+  --out results/regen/fmnist-wide-cnn-time-2026-12-06 --resume \
   --link lte --link wifi --link datacenter \
   --device measured --device rpi4 --device phone --device laptop-core
