@@ -17,7 +17,7 @@ from torch import nn
 
 from dq_flower.data_input import part_layout
 
-__all__ = ["InputSplit", "split_inputs"]
+__all__ = ["InputSplit", "split_inputs", "HOOK_ATTR"]
 
 #: The attribute of a model that holds its :class:`InputSplit` (one a model).
 HOOK_ATTR = "_dq_input_split"
@@ -52,10 +52,16 @@ class InputSplit:
 
 
 def split_inputs(model: nn.Module, parts: tuple[str, ...]) -> None:
-    """Have ``model`` split flat rows into ``parts`` (set once, the layouts updated after)."""
+    """Have ``model`` split flat rows into ``parts`` (set once, the layouts updated after).
+
+    ``()`` leaves every call untouched (a hook set before, by another reply's layouts, stays
+    but splits nothing).
+    """
     hook = getattr(model, HOOK_ATTR, None)
     if isinstance(hook, InputSplit):
         hook.set(parts)
+        return
+    if not parts:
         return
     hook = InputSplit(parts)
     model.register_forward_pre_hook(hook)

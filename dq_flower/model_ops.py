@@ -25,13 +25,13 @@ from dq_flower.losses import (  # the losses: here for the model path's callers
     per_row,
     resolve_loss,
 )
-from dq_flower.model_inputs import split_inputs
+from dq_flower.model_inputs import HOOK_ATTR, split_inputs
 
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
-__all__ = ["LossFn", "check_model", "placeholder_rows", "output_width", "default_loss",
-           "next_token_loss", "binary_loss", "model_output", "embedding_vocab",
+__all__ = ["LossFn", "check_model", "match_inputs", "placeholder_rows", "output_width",
+           "default_loss", "next_token_loss", "binary_loss", "model_output", "embedding_vocab",
            "resolve_loss", "targets_tensor", "weighted_loss_grad", "WeightedSteps",
            "resolve_device",
            "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
@@ -401,8 +401,7 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
     n = min(len(y), CHECK_ROWS)
     if n == 0:
         raise PayloadError("no rows to check the data spec against the model")
-    if spec.inputs:  # several inputs side by side: the model is handed them split
-        split_inputs(model, spec.inputs)
+    match_inputs(model, spec)
     was_training = model.training
     model.eval()
     try:
@@ -426,6 +425,12 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
     if not (np.isfinite(loss) and np.isfinite(grad).all()):
         raise PayloadError("the model's training loss on the samples is not finite")
     return classes
+
+
+def match_inputs(model: nn.Module, spec: DataSpec | None) -> None:
+    """Have ``model`` split flat rows into ``spec``'s several inputs, and no others."""
+    if spec is not None and (spec.inputs or getattr(model, HOOK_ATTR, None) is not None):
+        split_inputs(model, spec.inputs)
 
 
 def placeholder_rows(spec: DataSpec, n: int = 2) -> tuple[np.ndarray, np.ndarray]:

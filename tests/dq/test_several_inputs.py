@@ -17,6 +17,7 @@ from flwr.app import ConfigRecord
 from torch import nn
 from torch.utils.data import TensorDataset
 
+import dq_flower
 from dq_flower.codecs import PayloadError
 from dq_flower.wire.dq_batch import INPUT_PARTS_KEY, DataSpec, spec_from_record, spec_record
 from tests.apps.runner import run_app
@@ -85,3 +86,37 @@ def test_input_parts_travel_in_the_spec_and_bad_ones_are_refused():
         record[INPUT_PARTS_KEY] = bad
         with pytest.raises(PayloadError, match="input-parts"):
             spec_from_record(ConfigRecord(dict(record)))
+
+
+def test_a_node_of_other_layouts_is_refused_by_the_agreed_spec(caplog):
+    """A node whose rows hold the same 7 values split 3 + 4: its spec is not the round's."""
+    app = _app()
+    honest = app.load_local_data
+
+    def load_local_data(pid):
+        if pid < 3:
+            return honest(pid)
+        num, cat, y = honest(pid).tensors
+        rows = torch.cat([num, cat.float()], 1)
+        return TensorDataset(rows[:, :3], rows[:, 3:].long(), y)
+
+    app.load_local_data, app.ROUNDS = load_local_data, 2
+    with caplog.at_level("WARNING"):
+        run = run_app(app, "dq")
+    assert "inputs=('f3', 'i4')) is not the" in caplog.text
+    assert run.final > run.scores[0] + 0.2, run.scores
+
+
+def test_a_resumed_server_splits_the_rows_as_its_checkpoint_says():
+    """A fresh model on resume has no split until the spec, loaded, sets it."""
+    app = _app()
+    model = app.Net()
+    strategy = dq_flower.DQStrategy(model, seed=0)
+    strategy.intake.fix_spec(DataSpec((7,), "class", inputs=("f4", "i3")), 2)
+    state = strategy.state_dict()
+    fresh_model = app.Net()
+    resumed = dq_flower.DQStrategy(fresh_model, seed=0)
+    resumed.load_state_dict(state)
+    rows = torch.cat([torch.randn(3, 4), torch.tensor([[1.0, 2.0, 3.0]] * 3)], 1)
+    fresh_model.eval()
+    assert fresh_model(rows).shape == (3, 2)  # before: the model was called with one tensor

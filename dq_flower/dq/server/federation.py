@@ -197,7 +197,8 @@ class FederationData:
             spec = state["spec"]
             fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
                               int(spec["target_dim"]), int(spec.get("vocab", 0)),
-                              bool(spec.get("mixed_units", False))))
+                              bool(spec.get("mixed_units", False)),
+                              tuple(spec.get("inputs", ()))))
         if self.store is not None:
             for node, (lo, span) in state.get("ranges", {}).items():
                 self.store.set_ranges(int(node), lo, span)
