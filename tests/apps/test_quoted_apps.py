@@ -1,0 +1,25 @@
+"""The plugin page's figures of two apps outside the zoo, rerun in-process: stale ones fail."""
+
+from __future__ import annotations
+
+from tests.apps import imbalanced_weighted, two_inputs
+from tests.apps.runner import docs_text, run_app
+
+
+def test_the_two_input_app_as_the_plugin_page_quotes_it():
+    fedavg, dq = run_app(two_inputs, "fedavg"), run_app(two_inputs, "dq")
+    quoted = (f"DQ reached {dq.final:.1%} with {dq.up_bytes:,} uplink bytes, FedAvg (Adam) "
+              f"{fedavg.final:.1%} with {fedavg.up_bytes:,}")
+    assert quoted in docs_text("plugin.md"), quoted
+
+
+def test_the_imbalanced_app_as_the_plugin_page_quotes_it(monkeypatch):
+    fedavg, weighted = (run_app(imbalanced_weighted, "fedavg"),
+                        run_app(imbalanced_weighted, "dq"))
+    monkeypatch.delattr(imbalanced_weighted, "DQ_LOSS_FN")  # DQ at its default loss
+    unweighted = run_app(imbalanced_weighted, "dq")
+    quoted = (f"reached {fedavg.final:.3f} with {fedavg.up_bytes:,} uplink bytes; DQ at its "
+              f"default loss (unweighted) {unweighted.final:.3f}, given the user's "
+              f"`BCEWithLogitsLoss(pos_weight=...)` {weighted.final:.3f} with "
+              f"{weighted.up_bytes:,}")
+    assert quoted in docs_text("plugin.md"), quoted
