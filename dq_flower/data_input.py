@@ -53,6 +53,8 @@ def _to_numpy(value: Any) -> np.ndarray:
     torch = sys.modules.get("torch")  # never imported here
     if torch is not None and isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()
+    if hasattr(value, "toarray") and hasattr(value, "nnz"):  # a SciPy sparse matrix (TF-IDF)
+        return np.asarray(value.toarray())
     return np.asarray(value)
 
 
@@ -65,7 +67,8 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     if xa.ndim == 1:
         xa = xa.reshape(-1, 1)
     if not (np.issubdtype(xa.dtype, np.number) or xa.dtype == np.bool_):
-        raise ValueError(f"{what}: x must be numeric, got dtype {xa.dtype}")
+        raise ValueError(f"{what}: x must be numeric, got dtype {xa.dtype} (a table's text "
+                         "columns: encode them as numbers, one mapping for every node)")
     xa = np.ascontiguousarray(xa, dtype=np.float32)
     if xa.size and not np.isfinite(xa).all():
         raise ValueError(f"{what}: x contains NaN or infinite values: DQ quantizes values, so "

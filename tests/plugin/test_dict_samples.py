@@ -231,3 +231,16 @@ def test_missing_values_are_refused_with_how_to_fill_them():
     x[1, 0] = np.nan
     with pytest.raises(ValueError, match="contains NaN or infinite values: DQ quantizes"):
         as_arrays((x, np.zeros(4, np.int64)))
+
+
+def test_a_sparse_matrix_is_read_dense_and_text_columns_are_refused_with_a_hint():
+    """A ``TfidfVectorizer``'s CSR rows were refused: "x and y need a leading sample axis"."""
+    pd = pytest.importorskip("pandas")
+    sparse = pytest.importorskip("scipy.sparse")
+    dense = np.zeros((6, 5), np.float32)
+    dense[np.arange(6), np.arange(6) % 5] = 0.5
+    x, y = as_arrays((sparse.csr_matrix(dense), np.arange(6) % 2))
+    assert np.array_equal(x, dense) and y.tolist() == [0, 1, 0, 1, 0, 1]
+    table = pd.DataFrame({"age": [30.0] * 6, "city": ["Lyon"] * 6})
+    with pytest.raises(ValueError, match="text columns: encode them as numbers"):
+        as_arrays((table, np.zeros(6, np.int64)))
