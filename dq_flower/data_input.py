@@ -143,7 +143,10 @@ def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]
     if isinstance(item[0], Mapping):
         raise ValueError(f"{what} holds a dict of inputs before its target: give the inputs "
                          "as a tuple ((x1, x2), y), or one input tensor")
-    return (tuple(item[0]) if isinstance(item[0], list) else item[0]), item[1]
+    x = item[0]
+    if isinstance(x, (tuple, list)) and len(x) > 1 and all(hasattr(v, "shape") for v in x):
+        return tuple(x), item[1]  # several inputs: arrays or tensors, not a list of numbers
+    return (np.asarray(x) if isinstance(x, tuple) else x), item[1]
 
 
 def _joined(pairs: list[tuple[Any, Any]], join: Callable[[list], np.ndarray]

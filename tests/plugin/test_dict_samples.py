@@ -244,3 +244,15 @@ def test_a_sparse_matrix_is_read_dense_and_text_columns_are_refused_with_a_hint(
     table = pd.DataFrame({"age": [30.0] * 6, "city": ["Lyon"] * 6})
     with pytest.raises(ValueError, match="text columns: encode them as numbers"):
         as_arrays((table, np.zeros(6, np.int64)))
+
+
+def test_a_sample_given_as_a_list_or_tuple_of_numbers_stays_one_input():
+    class Lists(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return ([0.5 * i, 1.0, 2.0], i % 2) if i % 2 else ((0.5 * i, 1.0, 2.0), i % 2)
+
+    x, y, parts = as_inputs(Lists())
+    assert parts == () and x.shape == (4, 3) and x[3].tolist() == [1.5, 1.0, 2.0]
