@@ -120,3 +120,26 @@ def test_a_resumed_server_splits_the_rows_as_its_checkpoint_says():
     rows = torch.cat([torch.randn(3, 4), torch.tensor([[1.0, 2.0, 3.0]] * 3)], 1)
     fresh_model.eval()
     assert fresh_model(rows).shape == (3, 2)  # before: the model was called with one tensor
+
+
+def test_federated_evaluation_hands_a_model_of_two_inputs_its_inputs():
+    from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
+
+    from dq_flower.harness.inprocess import InProcessGrid
+
+    InProcessGrid(lambda m, c: m, 1)  # acts as the server: messages can be built here
+    app = _app()
+    model = app.Net()
+    model.eval()
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                          "config": ConfigRecord({"server-round": 1})})
+    msg = Message(content, dst_node_id=5, message_type=MessageType.EVALUATE)
+    msg.metadata.__dict__["_message_id"] = "e2"
+    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    data = app.load_local_data(0)
+    reply = dq_flower.client.evaluate(msg, ctx, data, model=model)
+    num, cat, y = data.tensors
+    with torch.no_grad():
+        expected = float((model(num, cat).argmax(1) == y).float().mean())
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] == len(y) and metrics["eval-acc"] == pytest.approx(expected)
