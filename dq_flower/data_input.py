@@ -8,7 +8,8 @@ types are checked only where torch is already imported.
 
 Samples of several inputs (``TensorDataset(x_num, x_cat, y)``, items ``((x1, x2), y)``, for a
 model called ``model(x1, x2)``) become one flat row each, the parts side by side, with
-their layout (:func:`as_inputs`; :func:`part_layout`); :func:`as_arrays` refuses them.
+their layout (:func:`as_inputs`; :mod:`dq_flower.wire.input_parts`); :func:`as_arrays`
+refuses them.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
-__all__ = ["as_arrays", "as_inputs", "part_layout", "ids_below", "is_class_target", "dict_keys",
-           "SAMPLE_KEYS", "LABEL_KEYS", "MAX_PARTS"]
+__all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys",
+           "SAMPLE_KEYS", "LABEL_KEYS"]
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
 #: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
@@ -34,8 +36,6 @@ LABEL_KEYS = ("label", "labels", "y", "target")
 
 #: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
 _CACHE: dict[tuple[int, Any], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {}
-#: Most inputs a sample may have.
-MAX_PARTS = 16
 
 
 def is_class_target(y: np.ndarray) -> bool:
@@ -166,28 +166,18 @@ def _joined(pairs: list[tuple[Any, Any]], join: Callable[[list], np.ndarray]
     return join(xs), join([_to_numpy(y) for _, y in pairs])
 
 
-def part_layout(part: str) -> tuple[tuple[int, ...], bool]:
-    """``(shape, integer)`` of an input part as :func:`as_inputs` names it (``i3``, ``f3x4``).
-
-    ``f`` or ``i`` alone: one value a sample, shape ``()`` (a sequence's length).
-    """
-    sizes = part[1:].split("x") if len(part) > 1 else []
-    if not part or part[0] not in "fi" or not all(s.isdigit() and int(s) > 0 for s in sizes):
-        raise ValueError(f"input part {part!r} is not f or i and sizes joined by x")
-    return tuple(int(s) for s in sizes), part[0] == "i"
-
-
 def _flattened(inputs: tuple[Any, ...], y: Any, what: str
                ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Several inputs a sample side by side in one flat row each, with their layout."""
     arrays = [_to_numpy(a) for a in inputs]
-    if not 2 <= len(arrays) <= MAX_PARTS:
-        raise ValueError(f"{what}: {len(arrays)} inputs a sample (2 to {MAX_PARTS} are read)")
     if any(a.ndim < 1 or a.shape[0] != arrays[0].shape[0] for a in arrays):
         raise ValueError(f"{what}: the inputs have different numbers of samples")
     n = arrays[0].shape[0]
-    parts = tuple(("i" if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_ else "f")
-                  + "x".join(str(int(s)) for s in a.shape[1:]) for a in arrays)
+    parts = tuple(layout_name(a.shape[1:], is_class_target(a)) for a in arrays)
+    try:
+        parts_width(parts)  # the rule the server reads them by
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
     x, ya = _normalise(np.concatenate([a.reshape(n, -1).astype(np.float32) for a in arrays],
                                       axis=1), y, what)
     return x, ya, parts

@@ -7,7 +7,9 @@ targets: :class:`TargetLoss`), else the mean squared error.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import weakref
 from collections.abc import Callable, Mapping
 
 import torch
@@ -89,21 +91,37 @@ def per_sample(loss_fn: LossFn) -> LossFn:
     return loss_fn
 
 
+#: Loss functions found to reduce a batch to one number: mapped over rows at once.
+_BATCH_REDUCING: weakref.WeakSet = weakref.WeakSet()
+
+
+def _maps_rows(loss_fn: LossFn) -> bool:
+    try:
+        return loss_fn in _BATCH_REDUCING
+    except TypeError:  # not weakly referenceable: found out at each call
+        return False
+
+
 def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``loss_fn``'s losses, one a row, from the loss a user trains with as it is written.
 
     A loss of one value per output is averaged over the row's outputs; a function that
     reduces the batch to one number is applied row by row (``torch.func.vmap``).
     """
-    losses = loss_fn(outputs, targets)
     n = outputs.shape[0]
-    if losses.ndim == 0 and n > 1:
+    mapped = n > 1 and _maps_rows(loss_fn)
+    losses = loss_fn(outputs, targets) if not mapped else None
+    if mapped or (losses is not None and losses.ndim == 0 and n > 1):
         try:
             losses = torch.func.vmap(loss_fn)(outputs, targets)
         except Exception as exc:  # noqa: BLE001  (whatever the user's function raises)
             raise ValueError(f"loss_fn returns one number for a batch of {n} and cannot be "
                              f"applied row by row ({type(exc).__name__}: {exc}); return one "
                              "loss a sample (reduction='none')") from None
+        if not mapped:  # from now on mapped at once, not called twice a batch
+            with contextlib.suppress(TypeError):  # not weakly referenceable: each call
+                _BATCH_REDUCING.add(loss_fn)
+    assert losses is not None
     if losses.ndim > 1 and losses.shape[0] == n:
         losses = losses.reshape(n, -1).mean(dim=1)
     return losses.reshape(1) if losses.ndim == 0 and n == 1 else losses

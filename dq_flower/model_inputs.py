@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from dq_flower.data_input import part_layout
+from dq_flower.wire.input_parts import part_layout
 
 __all__ = ["InputSplit", "split_inputs", "HOOK_ATTR"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,6 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.tokens import token_width
+from dq_flower.wire.input_parts import parts_width
 from dq_flower.wire.targets import travelling_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
@@ -312,7 +312,6 @@ ID_VOCAB_KEY = "sample-vocab"
 MIXED_UNITS_KEY = "mixed-units"
 #: Spec field of samples of several inputs: each one's layout (``f5``, ``i3``, ``f3x4``).
 INPUT_PARTS_KEY = "input-parts"
-_PART = re.compile(r"[fi]([1-9][0-9]{0,8}(x[1-9][0-9]{0,8}){0,7})?")  # ``i``: one a sample
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
 MAX_VOCAB = 1 << 24  #: Largest vocabulary of id samples (exact as float32 below 2**24).
@@ -350,12 +349,10 @@ class DataSpec:
         if self.vocab and (self.target == "tokens" or not 2 <= self.vocab <= MAX_VOCAB):
             raise ValueError(f"vocab must be 0 or 2 to {MAX_VOCAB} for labelled samples, "
                              f"got {self.vocab}")
-        if self.inputs and (len(self.sample_shape) != 1 or not 2 <= len(self.inputs) <= 16
-                            or not all(_PART.fullmatch(p) for p in self.inputs)
-                            or sum(math.prod(map(int, filter(None, p[1:].split("x"))))
-                                   for p in self.inputs) != self.dim):
-            raise ValueError(f"inputs {self.inputs!r} are not 2 to 16 layouts of the flat "
-                             f"sample's {self.dim} values")
+        if self.inputs and (len(self.sample_shape) != 1
+                            or parts_width(self.inputs) != self.dim):
+            raise ValueError(f"inputs {self.inputs!r} do not lay out the flat sample's "
+                             f"{self.dim} values")
 
     @property
     def dim(self) -> int:
@@ -404,8 +401,7 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     if type(mixed) is not bool:
         raise PayloadError(f"data-spec {MIXED_UNITS_KEY!r}={mixed!r} is not a bool")
     try:
-        return DataSpec(tuple(shape), target, tdim, vocab, mixed, tuple(
-            p if isinstance(p, str) else "" for p in cast(list, inputs)))
+        return DataSpec(tuple(shape), target, tdim, vocab, mixed, tuple(cast(list, inputs)))
     except (ValueError, TypeError) as exc:
         raise PayloadError(f"data-spec {INPUT_PARTS_KEY!r}: {exc}") from None
 

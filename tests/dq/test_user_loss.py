@@ -120,3 +120,17 @@ def test_dq_trains_with_the_users_reducing_weighted_loss():
     # every reply was rejected and the model stayed at its start (about 0.5)
     assert weighted.final > plain.final + 0.02, (weighted.final, plain.final)
     assert weighted.final > 0.85
+
+
+def test_a_function_reducing_the_batch_is_called_once_a_batch_after_the_first():
+    calls = []
+
+    def mean_squares(out, target):
+        calls.append(out.ndim)
+        return ((out - target) ** 2).mean()
+
+    out, target = torch.randn(5), torch.randn(5)
+    first = per_row(mean_squares, out, target)
+    calls.clear()
+    again = per_row(mean_squares, out, target)
+    assert torch.allclose(first, again) and calls == [0]  # one mapped call, rows of shape ()

@@ -1,0 +1,39 @@
+"""Layouts of several inputs laid side by side in one flat sample (the data spec's ``inputs``).
+
+A layout is ``f`` or ``i`` (float or integer input) followed by its shape's sizes joined by
+``x`` (``f5``, ``i3``, ``f40x3``); ``f`` or ``i`` alone is one value a sample, shape ``()``.
+The device writes them (:func:`dq_flower.data_input.as_inputs`), the spec carries them and
+:mod:`dq_flower.model_inputs` splits rows by them.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["MAX_PARTS", "layout_name", "part_layout", "parts_width"]
+
+#: Most inputs a sample may have.
+MAX_PARTS = 16
+#: Most sizes in one input's shape.
+_MAX_DIMS = 8
+
+
+def layout_name(shape: tuple[int, ...], integer: bool) -> str:
+    """The layout of an input of ``shape`` (one sample's), integer or float."""
+    return ("i" if integer else "f") + "x".join(str(int(s)) for s in shape)
+
+
+def part_layout(part: str) -> tuple[tuple[int, ...], bool]:
+    """``(shape, integer)`` of a layout; ``ValueError`` for anything else."""
+    sizes = part[1:].split("x") if isinstance(part, str) and len(part) > 1 else []
+    if (not isinstance(part, str) or not part or part[0] not in "fi" or len(sizes) > _MAX_DIMS
+            or not all(s.isdigit() and len(s) <= 9 and int(s) > 0 for s in sizes)):
+        raise ValueError(f"input part {part!r} is not f or i and sizes joined by x")
+    return tuple(int(s) for s in sizes), part[0] == "i"
+
+
+def parts_width(parts: tuple[str, ...]) -> int:
+    """Values a flat sample of ``parts`` holds; ``ValueError`` unless 2 to 16 valid layouts."""
+    if not 2 <= len(parts) <= MAX_PARTS:
+        raise ValueError(f"{len(parts)} inputs a sample (2 to {MAX_PARTS} are read)")
+    return sum(math.prod(part_layout(p)[0]) for p in parts)
