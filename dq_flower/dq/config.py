@@ -122,7 +122,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     plateau_patience: int = knob(4, at_least(1), doc=(
         "held-out scores without progress (row by row against the last progress: more "
         "rows right, or a loss 1% lower, beyond one standard error) before the learning "
-        "rate drops"))
+        "rate drops; half as many, rounded up, after a drop"))
     lr_drops: int = knob(1, at_least(0), doc="learning-rate drops before a phase ends")
     lr_factor: float = knob(0.1, between(0, 1, low_open=True, high_open=True),
                             doc="factor of each learning-rate drop")

@@ -31,7 +31,20 @@ def test_progress_resets_the_patience():
 
 def test_patience_running_out_drops_the_lr_then_stops():
     actions = _run([0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4], patience=2, lr_drops=2)
-    assert actions == ["progress", "wait", "drop", "wait", "drop", "wait", "stop"]
+    assert actions == ["progress", "wait", "drop", "drop", "stop"] + ["stop"] * 2
+
+
+def test_after_a_drop_the_patience_is_halved_rounded_up():
+    flat = [0.5] + [0.4] * 12
+    assert _run(flat, patience=4, lr_drops=1)[:9] == [
+        "progress", "wait", "wait", "wait", "drop", "wait", "stop", "stop", "stop"]
+    assert _run(flat, patience=3, lr_drops=1)[:6] == [
+        "progress", "wait", "wait", "drop", "wait", "stop"]
+    # progress after the drop: the halved patience starts over
+    assert _run([0.5, 0.4, 0.4, 0.6, 0.6, 0.6], patience=2, lr_drops=1) == [
+        "progress", "wait", "drop", "progress", "stop", "stop"]
+    assert [PlateauRule(patience=p).patience_now(d) for p, d in
+            ((4, 0), (4, 1), (3, 1), (1, 1), (5, 2))] == [4, 2, 2, 1, 3]
 
 
 def test_a_gain_below_min_delta_is_no_progress():
@@ -146,8 +159,9 @@ def test_a_phase_ends_at_its_best_snapshot_and_restores_the_lr():
         model.weight.fill_(0.0)
     rule = PlateauRule(eval_every=1, patience=2, lr_drops=1, max_steps=50)
     result = train_phase(model, opt, 0.1, rule, _each(step), evaluate)
-    assert float(model.weight) == pytest.approx(0.9)  # 3 steps: the best of 0, 0.3, ..., 2.1
-    assert result.best_step == 3 and result.lr_drops == 1 and result.steps == 7
+    # 3 steps: the best of 0, 0.3, ..., 1.8 (two scores without progress, the drop, one more)
+    assert float(model.weight) == pytest.approx(0.9)
+    assert result.best_step == 3 and result.lr_drops == 1 and result.steps == 6
     assert opt.param_groups[0]["lr"] == 0.1
     assert result.initial.loss[0] == pytest.approx(1.0)
     assert result.final.loss[0] == pytest.approx(0.1)
