@@ -9,10 +9,10 @@ and by more than one standard error of the per-row falls: :func:`beyond_noise`),
 best that one lucky row or a loss creeping down makes does not keep a phase going.
 ``patience`` evaluations without progress multiply the learning rate by ``lr_factor``
 (after a drop, half as many, rounded up: a drop's gain shows in its first scores; a fifth
-fewer steps, the median over 17 user apps, at their accuracy); the patience running out
-after ``lr_drops`` drops, or ``max_steps`` steps, ends the phase at its best snapshot after
-training began (the starting weights are scored but never kept). A phase may go on from
-another's tracker, snapshot and steps
+fewer steps, the median over 16 user apps, at their accuracy: ``benchmarks/plateau_rule.py``);
+the patience running out after ``lr_drops`` drops, or ``max_steps`` steps, ends the phase at
+its best snapshot after training began (the starting weights are scored but never kept). A
+phase may go on from another's tracker, snapshot and steps
 (:class:`PhaseStart`: the optimizer probe's winner goes on). Scores are higher-is-better:
 accuracy (ties broken by the loss), or minus the loss for float targets.
 """
