@@ -228,11 +228,13 @@ class WeightedSteps:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 loss_fn: LossFn | None = None) -> None:
+                 loss_fn: LossFn | None = None, autocast: str = "none") -> None:
         self.model, self.optimizer = model, optimizer
         self.loss_fn = resolve_loss(loss_fn)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device, self.dtype = _device(model), float_dtype(model)
+        #: ``bfloat16``: the forward under ``torch.autocast`` (the loss in the model's dtype)
+        self.autocast = autocast == "bfloat16"
 
     def step(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
         """One optimizer step on the weighted minibatch; returns its loss."""
@@ -241,7 +243,11 @@ class WeightedSteps:
         wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         with torch.enable_grad():
-            loss = (_per_sample(self.loss_fn, model_output(self.model(xt)), yt) * wt).sum()
+            with torch.autocast(self.device.type, torch.bfloat16, enabled=self.autocast):
+                out = model_output(self.model(xt))
+            if self.autocast and out.is_floating_point():
+                out = out.to(self.dtype)
+            loss = (_per_sample(self.loss_fn, out, yt) * wt).sum()
             loss.backward()
         for p in self.params:
             if p.grad is None:

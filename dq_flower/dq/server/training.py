@@ -261,7 +261,8 @@ class ServerTrainer:
         batches = store.draw_batches(steps, self.cfg.server_batch_size, rng,
                                      "importance" if correction is not None else
                                      self.cfg.store_weights, skip=self.excluded)
-        plain = (WeightedSteps(self.model, self.optimizer, self.loss_fn)  # no flat gradient
+        plain = (WeightedSteps(self.model, self.optimizer, self.loss_fn,  # no flat gradient
+                               self.cfg.server_autocast)
                  if correction is None and self.batch_gradient is weighted_loss_grad else None)
         for x, y, w in batches:
             xb = self.data.shaped(x)
