@@ -63,8 +63,6 @@ IDENTITY_BINDINGS = ("connected", "node")
 STORE_WEIGHTS = ("importance", "node")
 #: Precisions of the model the server sends (see :func:`model_codec`).
 MODEL_PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4")
-#: ``server-autocast`` values: the server's store steps as they are, or in bfloat16
-SERVER_AUTOCASTS = ("none", "bfloat16")
 _MODEL_CODEC_OF = {"fp32": "identity", "fp16": "fp16", "int8": "int8", "int4": "int4"}
 
 
@@ -120,7 +118,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     max_server_epochs: float = knob(30.0, between(0, MAX_EPOCHS, low_open=True), doc=(
         "passes over the store's training rows one phase may take (the cap follows the "
         "store)"))
-    server_autocast: str = knob("none", one_of(SERVER_AUTOCASTS), doc=(
+    server_autocast: str = knob("none", one_of(("none", "bfloat16")), doc=(
         "`bfloat16`: the server's steps on the store run the model's forward under "
         "`torch.autocast` in bfloat16 (weights, gradients and optimizer in float32; 1.7x "
         "less time a step for the wide CNN on a CPU with AVX-512 BF16); `none`"))
