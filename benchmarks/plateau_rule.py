@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -75,14 +75,9 @@ def counted(tally: dict[str, float]) -> Iterator[None]:
 def one(app, before: bool) -> tuple[dict[str, float], float, int]:
     """Steps and seconds of DQ's server phases, the final metric and the uplink bytes."""
     tally = {"steps": 0.0, "seconds": 0.0}
-    with counted(tally), (rule_before() if before else _nothing()):
+    with counted(tally), (rule_before() if before else nullcontext()):
         run = run_app(app, "dq")
     return tally, run.final, run.up_bytes
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def main() -> None:

@@ -119,8 +119,7 @@ def make_optimizer(
 def _fusable(groups: list) -> bool | None:
     """``True`` where PyTorch's fused optimizer step takes every parameter, else ``None``."""
     tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
-    ok = all(p.is_floating_point() and not p.is_sparse and p.device.type in FUSED_DEVICES
-             for p in tensors)
+    ok = all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in tensors)
     return True if ok and tensors else None
 
 

@@ -12,31 +12,20 @@ with SGD (lr 0.01, momentum 0.9). The test set: the first 1,000 test rows, norma
 from __future__ import annotations
 
 import functools
-import gzip
-import os
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+# the same IDX files (``available``: what the zoo asks of every app)
+from tests.apps.fmnist_cnn import _idx, available  # noqa: F401
+
 NAME = "hf-tutorial"
 NUM_NODES = 5
 ROUNDS = 5
 TRAIN_ROWS = 6000
 TEST_ROWS = 1000
-DATA_DIR = Path(os.environ.get("FMNIST_DIR", "/usr/share/datasets/fashion-mnist"))
-
-
-def available() -> bool:
-    return (DATA_DIR / "train-images-idx3-ubyte.gz").exists()
-
-
-def _idx(name: str, offset: int, rows: int, size: int) -> np.ndarray:
-    with gzip.open(DATA_DIR / name) as f:
-        raw = f.read()
-    return np.frombuffer(raw, np.uint8, rows * size, offset)
 
 
 @functools.cache
