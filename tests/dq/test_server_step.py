@@ -70,8 +70,10 @@ def test_the_optimizer_probes_winner_goes_on_into_the_phase(monkeypatch):
 
 
 
+@pytest.mark.parametrize("count,max_bytes", [(7, 200), (40, 10_000)])
 @pytest.mark.parametrize("weights", ["importance", "node"])
-def test_minibatches_drawn_together_are_those_drawn_one_by_one(weights):
+def test_minibatches_drawn_together_are_those_drawn_one_by_one(weights, count, max_bytes):
+    """7 minibatches of 5 rows: decoded in groups; 40 (200 rows): the 65 rows decoded once."""
     from dq_flower.dq.server.store import SampleStore
 
     from .test_store import _dequantize, _rows
@@ -81,8 +83,8 @@ def test_minibatches_drawn_together_are_those_drawn_one_by_one(weights):
     store.add(_rows(1000 + np.arange(25), node=9, weights=np.linspace(3, 5, 25)))
     one, many = np.random.default_rng(5), np.random.default_rng(5)
     # 12 bytes a decoded row here: groups of 1, then 3 minibatches of 5 rows (200 bytes)
-    together = list(store.draw_batches(7, 5, many, weights, max_bytes=200))
-    assert len(together) == 7
+    together = list(store.draw_batches(count, 5, many, weights, max_bytes=max_bytes))
+    assert len(together) == count
     for x, y, w in together:
         x1, y1, w1 = store.draw(5, one, weights)
         np.testing.assert_array_equal(x, x1)

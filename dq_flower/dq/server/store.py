@@ -163,14 +163,12 @@ class SampleStore:
         self._dequantize = dequantize
         #: per client, the feature ranges ``(lo, span)`` its rows are coded against
         self.ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.max_samples = int(max_samples)
-        self.eviction = eviction
-        self._rng = np.random.default_rng(seed)
+        self.max_samples, self.eviction = int(max_samples), eviction
+        self._rng, self.evicted = np.random.default_rng(seed), 0
         self._rows: StoredRows | None = None
         self._node_table: dict[int, int] = {}
         #: per client, the sorted ids of its evicted rows (narrowest unsigned dtype)
         self._evicted_ids: dict[int, np.ndarray] = {}
-        self.evicted = 0
         #: token windows: a row's targets are its own ids (its stored label is a stratum)
         self.inputs_are_targets = False
 
@@ -345,8 +343,8 @@ class SampleStore:
                      max_bytes: int = DECODE_BYTES):
         """``count`` minibatches, each as :meth:`draw` gives it, from the same draws of ``rng``.
 
-        The rows of consecutive minibatches are decoded together, up to ``max_bytes`` of
-        float32 values at a time: one decode per group instead of one per step.
+        Consecutive minibatches are decoded together (up to ``max_bytes`` of float32 values);
+        where those still to come hold more rows than the training rows, these are decoded once.
         """
         if count <= 0:
             return
@@ -355,24 +353,30 @@ class SampleStore:
         usable = ~self.holdout_mask
         if skip:
             usable &= ~self.rows_of(skip)
-        train = np.flatnonzero(usable)
+        train = np.flatnonzero(usable)  # ascending: train[sorted picks] are sorted
         if train.size == 0:
             raise ValueError("the sample store holds only held-out rows")
         size = min(batch_size, train.size)
         means = self._node_means(train) if weights == "node" else None
-        done, group = 0, 1  # the first minibatch alone: its decoded size sets the groups
+        done, group, whole = 0, 1, None  # the first minibatch alone: its size sets the groups
         while done < count:
             n = min(group, count - done)
-            picks = [np.sort(train[rng.choice(train.size, size=size, replace=False)])
-                     for _ in range(n)]
-            rows = self._take(np.concatenate(picks))
-            x, y = self._decode(rows)
-            w = (means[rows.node] if means is not None else rows.weights).astype(np.float32)
-            for i in range(n):
-                part = slice(i * size, (i + 1) * size)
+            picks = [np.sort(rng.choice(train.size, size=size, replace=False)) for _ in range(n)]
+            if whole is None:
+                x, y, w = self._decoded(train[np.concatenate(picks)], means)
+                parts, group = [slice(i * size, (i + 1) * size) for i in range(n)], max(
+                    1, max_bytes // max(1, x.nbytes // n))
+            for part in (parts if whole is None else picks):
                 yield x[part], y[part], w[part]
             done += n
-            group = max(1, max_bytes // max(1, x.nbytes // n))
+            if whole is None and (count - done) * size >= train.size \
+                    and train.size * (x.nbytes // (n * size)) <= max_bytes:
+                whole = x, y, w = self._decoded(train, means)
+
+    def _decoded(self, idx: np.ndarray, means: np.ndarray | None):
+        """Rows ``idx`` decoded, with their weights (``means``: per node index)."""
+        x, y = self._decode(rows := self._take(idx))
+        return x, y, (means[rows.node] if means is not None else rows.weights).astype(np.float32)
 
     def rows_of(self, nodes: frozenset[int]) -> np.ndarray:
         """Boolean mask of the rows stored from the clients ``nodes``, in store order."""
