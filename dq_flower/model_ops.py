@@ -33,10 +33,10 @@ if TYPE_CHECKING:
 __all__ = ["LossFn", "check_model", "match_inputs", "placeholder_rows", "output_width",
            "default_loss", "next_token_loss", "binary_loss", "model_output", "embedding_vocab",
            "resolve_loss", "targets_tensor", "weighted_loss_grad", "WeightedSteps",
-           "resolve_device", "state_arrays", "apply_flat_grad", "evaluate", "inference", "flat_grad",
-           "from_arrays", "get_flat", "float_buffers", "set_float_buffers", "load_arrays",
-           "loss_and_grad", "model_input", "float_dtype", "num_params", "reads_windows",
-           "set_flat", "to_arrays"]
+           "resolve_device", "state_arrays", "apply_flat_grad", "evaluate", "inference",
+           "flat_grad", "from_arrays", "get_flat", "float_buffers", "set_float_buffers",
+           "load_arrays", "loss_and_grad", "model_input", "float_dtype", "num_params",
+           "reads_windows", "set_flat", "to_arrays"]
 
 
 def num_params(model: nn.Module) -> int:
