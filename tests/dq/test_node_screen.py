@@ -126,8 +126,8 @@ def test_bad_screen_knobs_fail_naming_the_key(knob, value):
 
 def test_no_client_is_asked_past_the_row_cap_nor_once_excluded():
     strategy = DQStrategy(torch.nn.Linear(4, 2))
-    strategy.planner.clients = {0: [9000, 0], 1: [300, 0], 2: [300, 0], 3: [300, 0],
-                                4: [300, 100]}
+    strategy.data.sent = {0: [9000, 0], 1: [300, 0], 2: [300, 0], 3: [300, 0],
+                          4: [300, 100]}
     assert strategy.asks.rows_cap() == 1200  # 4 times the median client's 300 rows
     schedule = strategy.trainer.schedule
     schedule.next_total = 1000
@@ -136,11 +136,11 @@ def test_no_client_is_asked_past_the_row_cap_nor_once_excluded():
     assert sum(asks.values()) == 1000
     assert all(abs(asks[n] - 1000 * v / 2300) < 1 for n, v in left.items()), asks
     # the cap grows with what a client has sent: 4 times its 1,200 rows, 3,600 more
-    strategy.planner.clients[0][1] = 1200
+    strategy.data.sent[0][1] = 1200
     assert strategy.asks.rows_cap(1200) == 4800
     schedule.next_total = 10000
     assert strategy.asks.adaptive_asks([0, 1, 2, 3, 4])[0] == 3600
-    strategy.planner.clients[0][1] = 0
+    strategy.data.sent[0][1] = 0
     schedule.next_total = 1000
     strategy.trainer.screen.excluded[0] = "held-out error"
     assert strategy.asks.adaptive_asks([0, 1, 2, 3, 4])[0] == 0

@@ -5,7 +5,8 @@ traced (:mod:`tests.tracing`) with the round's training steps and its report (th
 read off the parts) left out: screening, decoding, the checks, the store. The bounds hold
 the measured figures with a small margin and fail where the receive stage grows back
 (before this test: 1,273 calls through 23 modules, the report included; 1,092 through 22
-before a reply was checked in one pass; 819 through 22 while each knob read was a call).
+before a reply was checked in one pass; 819 through 22 while each knob read was a call;
+750 through 19 while the upload planner kept what each client sent).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def test_a_round_from_replies_to_stored_rows_stays_within_its_calls(receive):
 
 def test_a_round_from_replies_to_stored_rows_goes_through_few_modules(receive):
     found, _ = receive
-    assert len(found.ours) <= 19, sorted(found.ours)  # measured: 19
+    assert len(found.ours) <= 18, sorted(found.ours)  # measured: 18
 
 
 def _pictured() -> set[str]:

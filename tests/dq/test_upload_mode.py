@@ -6,6 +6,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from dq_flower.codecs import Payload, make
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates, gradient_estimate
 from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
@@ -30,14 +31,14 @@ def test_planner_projects_both_modes_over_the_remaining_rounds():
     assert plan.gradient_bits == 5 * 2 * 1000
     assert plan.mode == "gradient"  # 10,070 data bits against 10,000
     # each has 12 samples, 10 of them uploaded: 2 left, in one round
-    planner.record_data(1, examples=12, selected=10)
-    planner.record_data(2, examples=12, selected=10)
+    planner.data.record_sent(1, examples=12, rows=10)
+    planner.data.record_sent(2, examples=12, rows=10)
     plan = planner.plan([1, 2], rounds_left=5)
     assert plan.data_bits == 2 * (2 * 100 + 7) and plan.mode == "data"
     # a gradient reply leaves the uploaded count alone; nothing left: nothing to pay
-    planner.record_examples(1, 12)
+    planner.data.record_sent(1, 12, 0)
     assert planner.samples_left(1, 5) == 2
-    planner.record_data(1, examples=12, selected=2)
+    planner.data.record_sent(1, examples=12, rows=2)
     assert planner.samples_left(1, 5) == 0
     assert planner.plan([1], rounds_left=5).data_bits == 0
 
@@ -52,7 +53,7 @@ def test_planner_prefers_gradients_when_they_cost_less_and_honours_fixed_modes()
     assert UploadPlanner("gradient", **expensive).plan([1], 10).mode == "gradient"
     # resend: the data never runs out
     planner = UploadPlanner("auto", **dict(cheap_gradients, resend=True))
-    planner.record_data(1, examples=64, selected=64)
+    planner.data.record_sent(1, examples=64, rows=64)
     assert planner.samples_left(1, 3) == 3 * 64
 
 
@@ -61,12 +62,17 @@ def test_planner_uses_the_measured_bits_and_keeps_them_in_its_state():
                             reply_bits=50.0, gradient_bits=1000.0)
     planner.measured(sample_bits=80.0)
     planner.measured(gradient_bits=float("nan"))  # nothing measured: keep the estimate
-    planner.record_data(7, 40, 4)
+    planner.data.record_sent(7, 40, 4)
+    data = FederationData()  # the counts are the federation's, in its checkpoint state
+    data.load_state(planner.data.state(), lambda spec: None)
     restored = UploadPlanner("auto", budget=4, resend=False, sample_bits=0.0,
-                             reply_bits=0.0, gradient_bits=0.0)
+                             reply_bits=0.0, gradient_bits=0.0, data=data)
     restored.load_state(planner.state())
     assert (restored.sample_bits, restored.reply_bits, restored.gradient_bits) == (80, 50, 1000)
     assert restored.samples_left(7, 100) == 36
+    older = FederationData()  # a checkpoint from when the planner kept the counts
+    older.load_state({"planner": {**planner.state(), "clients": {"7": [40, 4]}}}, lambda spec: None)
+    assert older.sent == {7: [40, 4]}
     with pytest.raises(ValueError, match="unknown estimate"):
         planner.measured(bytes_per_sample=1.0)
 

@@ -71,7 +71,7 @@ class RoundAsks:
              rounds_left: int) -> tuple[RoundClients, RoundPlan]:
         """The sampled nodes' clients and the round's plan (kept for its replies)."""
         store = self.data.store  # every client identity the server keeps state of:
-        known = (set(self.planner.clients) | set(self.identities.node_of)
+        known = (set(self.data.sent) | set(self.identities.node_of)
                  | set(store.clients if store is not None else ()))
         clients = self.identities.split([int(n) for n in nodes], known)
         plan = self.planner.plan(clients.keys, rounds_left)
@@ -212,7 +212,7 @@ class RoundAsks:
             return {}
         left: dict[int, int | None] = {  # an excluded client's rows disagree: it is not asked
             key: 0 if int(key) in self.trainer.excluded
-            else None if (known := self.planner.clients.get(int(key))) is None
+            else None if (known := self.data.sent.get(int(key))) is None
             else known[0] if self.cfg.resend else self.capped_left(int(key), *known)
             for key in keys}
         if all(v == 0 for v in left.values()) and self.all_heard_of(keys):
@@ -220,7 +220,7 @@ class RoundAsks:
             return {}
         # a client the server has not heard from is counted as holding what a known
         # client holds on average (not what known ones have left: they may be exhausted)
-        held = [v[0] for v in self.planner.clients.values()]
+        held = [v[0] for v in self.data.sent.values()]
         typical = float(np.mean(held)) if held else None
         return allocate(total, left, self.trainer.node_fit, unknown=typical)
 
@@ -234,7 +234,7 @@ class RoundAsks:
         assert schedule is not None
         asks = {}
         for key in keys:
-            known = self.planner.clients.get(int(key))
+            known = self.data.sent.get(int(key))
             asks[key] = (0 if int(key) in self.trainer.excluded
                          else ALL_ROWS if known is None
                          else known[0] if self.cfg.resend else max(known[0] - known[1], 0))
@@ -249,7 +249,7 @@ class RoundAsks:
         out by the agreement screen), and every connected node is a known client: a node
         never heard from may hold anything.
         """
-        others = set(self.planner.clients) - {int(k) for k in keys}
+        others = set(self.data.sent) - {int(k) for k in keys}
         return (all(int(c) in self.trainer.excluded or self.planner.samples_left(c, 1) == 0
                     for c in others)
                 and all(self.identities.of(n) is not None for n in self.identities.connected))
@@ -277,7 +277,7 @@ class RoundAsks:
         ``node-rows-cap`` times what it has sent, so the cap slows, but never stops, an
         honest large site.
         """
-        held = [v[0] for v in self.planner.clients.values() if v[0] > 0]
+        held = [v[0] for v in self.data.sent.values() if v[0] > 0]
         if not self.cfg.node_rows_cap or not held:
             return math.inf
         return self.cfg.node_rows_cap * max(float(np.median(held)), float(uploaded))
@@ -342,7 +342,7 @@ class RoundAsks:
         Then the node draws uniformly and gets no model for scoring: every row goes, each
         with the same weight, whatever the scores.
         """
-        known = None if identity is None else self.planner.clients.get(identity)
+        known = None if identity is None else self.data.sent.get(identity)
         if known is None or self.trainer.schedule is None or self.cfg.resend:
             return False
         return self.asked[server_round].get(int(node), 0) >= known[0] - known[1]

@@ -120,9 +120,9 @@ class GradientRounds(UpdateScreens):
         return Combined(figures, valid, grad, len(bounded.misaligned))
 
     def record(self, valid: list[GradientUpdate]) -> None:
-        """Tell the planner the accepted replies' examples and their mean size."""
+        """Record the accepted replies' examples; tell the planner their mean size."""
         for r in valid:
-            self.planner.record_examples(r.node, int(r.weight))
+            self.intake.data.record_sent(r.node, int(r.weight), 0)
         if valid:
             self.planner.measured(gradient_bits=float(np.mean(
                 [self._bits[r.node] for r in valid])))

@@ -155,7 +155,7 @@ class UploadIntake:
 
     def history(self, node: int) -> History:
         """What the server holds about ``node``: examples, rows, feature ranges, ids, weight."""
-        known, store, spec = self.planner.clients.get(int(node)), self.data.store, self.data.spec
+        known, store, spec = self.data.sent.get(int(node)), self.data.store, self.data.spec
         if store is None or spec is None:
             return History(known[0] if known else 0)
         strata = (np.arange(self.data.num_classes or 1) if spec.target == "class"
@@ -194,7 +194,7 @@ class UploadIntake:
 
     def check_examples(self, node: int, examples: int) -> None:
         """A node's number of examples does not change between rounds."""
-        known = self.planner.clients.get(int(node))
+        known = self.data.sent.get(int(node))
         if known is not None and known[0] and known[0] != examples:
             raise PayloadError(f"'num-examples' changed from {known[0]} to {examples}")
 
@@ -202,8 +202,8 @@ class UploadIntake:
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
         """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others."""
         self.data.forget_unconfirmed()
-        known = {int(n): int(v[0]) for n, v in self.planner.clients.items() if v[0] > 0}
-        sent = {int(n): int(v[1]) for n, v in self.planner.clients.items()}
+        known = {int(n): int(v[0]) for n, v in self.data.sent.items() if v[0] > 0}
+        sent = {int(n): int(v[1]) for n, v in self.data.sent.items()}
         verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
         for upload, reason in verdict.refused:
             log_rejected(upload.node, reason)
@@ -345,10 +345,10 @@ class UploadIntake:
                           np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
 
     def measure_data(self, fresh: list[Upload]) -> None:
-        """Tell the planner what the replies carried and cost; bind their node ids."""
+        """Record what the replies carried (the planner: what they cost); bind their node ids."""
         for u in fresh:
             self.identities.bind(u.source, u.node)
-            self.planner.record_data(u.node, u.examples, len(u.batch) + u.copies)
+            self.data.record_sent(u.node, u.examples, len(u.batch) + u.copies)
         if not self.measuring:
             return
         full = [u for u in fresh if len(u.batch)]

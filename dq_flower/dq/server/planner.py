@@ -22,6 +22,7 @@ import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.accounting import content_bytes
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.wire.dq_batch import GRADIENT_KEY, encode_batch
 
 __all__ = ["UploadPlanner", "RoundPlan", "first_estimates", "gradient_estimate", "reply_bits",
@@ -59,6 +60,8 @@ class UploadPlanner:
         Bits of a data reply besides its samples (envelope, metrics, compensation).
     gradient_bits : float
         Bits of one client's whole gradient reply.
+    data : FederationData
+        What each client holds and sent (:attr:`FederationData.sent`), read here.
     """
 
     mode: str
@@ -67,12 +70,12 @@ class UploadPlanner:
     sample_bits: float
     reply_bits: float
     gradient_bits: float
-    clients: dict[int, list[int]] = field(default_factory=dict)
+    data: FederationData = field(default_factory=FederationData)
 
     def samples_left(self, node: int, rounds: int) -> int:
         """Samples the node would upload in ``rounds`` data rounds (budget-bound if unknown)."""
         cap = int(rounds) * self.budget
-        known = self.clients.get(int(node))
+        known = self.data.sent.get(int(node))
         if known is None:
             return cap
         examples, uploaded = known
@@ -89,15 +92,6 @@ class UploadPlanner:
         choice = "gradient" if grad < data else "data"
         return RoundPlan(choice if self.mode == "auto" else self.mode, data, grad)
 
-    def record_data(self, node: int, examples: int, selected: int) -> None:
-        """A node's valid data reply: its number of examples and samples it uploaded."""
-        uploaded = self.clients.get(int(node), [0, 0])[1]
-        self.clients[int(node)] = [int(examples), uploaded + int(selected)]
-
-    def record_examples(self, node: int, examples: int) -> None:
-        """A node's valid gradient reply: its number of examples (uploads unchanged)."""
-        self.record_data(node, examples, 0)
-
     def measured(self, **bits: float) -> None:
         """Replace estimates (:data:`ESTIMATES`) by measured means; non-finite ones are ignored."""
         for name, value in bits.items():
@@ -107,15 +101,13 @@ class UploadPlanner:
                 setattr(self, name, float(value))
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps (the measured estimates and per-node counts)."""
-        return {**{name: getattr(self, name) for name in ESTIMATES},
-                "clients": {k: list(v) for k, v in self.clients.items()}}
+        """What a checkpoint keeps: the measured estimates (the counts are the federation's)."""
+        return {name: getattr(self, name) for name in ESTIMATES}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state`."""
         for name in ESTIMATES:
             setattr(self, name, float(state[name]))
-        self.clients = {int(k): [int(a), int(b)] for k, (a, b) in state["clients"].items()}
 
 
 def reply_bits(content: RecordDict) -> int:

@@ -191,17 +191,17 @@ class DQStrategy(ModelStrategy, Strategy):
         grad_codec = (make(cfg.gradient_codec, **cfg.gradient_codec_kwargs)
                       if cfg.upload_mode != "data" else None)
         self.num_params = sum(p.numel() for p in model.parameters())
+        #: what the server knows of the federation's data: spec, store, value bound, counts
+        self.data = FederationData(num_classes=args.num_classes,
+                                   value_bound=float(cfg.max_abs_value) or None)
         self.planner = UploadPlanner(  # sample and reply bits: estimated once a spec is known
             cfg.upload_mode, cfg.budget, cfg.resend, sample_bits=0.0, reply_bits=0.0,
             gradient_bits=0.0 if grad_codec is None
-            else gradient_estimate(grad_codec, self.num_params, seed))
+            else gradient_estimate(grad_codec, self.num_params, seed), data=self.data)
         self.failures = FailureWatch(cfg.max_failed_rounds, "dq")
         self.ledger = RoundLedger()
         #: which client (identity) each node id is; everything per client is keyed by it
         self.identities = ClientIdentities(permanent=cfg.identity_binding == "node")
-        #: what the server knows of the federation's data: spec, store, value bound
-        self.data = FederationData(num_classes=args.num_classes,
-                                   value_bound=float(cfg.max_abs_value) or None)
         key = holdout_key(self.seed, holdout_secret)
         #: digest of the held-out key, checked on resume (another key holds out other rows)
         self._holdout_check = hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
