@@ -30,9 +30,11 @@ __all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys"
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
 #: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
 #: ``signal``; Hugging Face tokenizers ``input_ids``, padded to one length).
-SAMPLE_KEYS = ("img", "image", "pixel_values", "x", "features", "signal", "input_ids")
-#: Names of a dict sample's target, in order of preference.
-LABEL_KEYS = ("label", "labels", "y", "target")
+SAMPLE_KEYS = ("img", "image", "pixel_values", "pixels", "x", "features", "signal",
+               "input_ids", "inputs")
+#: Names of a dict sample's target, in order of preference (``fine_label``: flwr-datasets'
+#: CIFAR-100; ``character``: its FEMNIST).
+LABEL_KEYS = ("label", "labels", "y", "target", "fine_label", "character")
 
 #: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
 _CACHE: dict[tuple[int, Any], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {}
@@ -113,7 +115,10 @@ def _several_labels(ya: np.ndarray, what: str) -> np.ndarray:
 
 def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
               what: str) -> tuple[str, str]:
-    """The (input, target) keys of a dict sample: ``keys``, else common names; or ValueError."""
+    """The (input, target) keys of a dict sample: ``keys``, else common names; or ValueError.
+
+    A sample of two keys, one of them a common name, has the other for the other part.
+    """
     seen = sorted(str(k) for k in sample)
     if keys is not None:
         if len(keys) != 2:
@@ -125,6 +130,9 @@ def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
         return keys[0], keys[1]
     found = [next((k for k in names if k in sample), None)
              for names in (SAMPLE_KEYS, LABEL_KEYS)]
+    rest = [str(k) for k in sample if k not in found]
+    if found.count(None) == 1 and len(rest) == 1:  # two keys, one known: the other is the other
+        found[found.index(None)] = rest[0]
     if found[0] is None or found[1] is None:
         raise ValueError(
             f"{what} is a dict with keys {seen}; found no "

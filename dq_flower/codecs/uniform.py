@@ -126,12 +126,19 @@ class Uniform(Codec):
         return np.float32(1.0 / self.levels)
 
     def _image_shape(self, d: int) -> tuple[int, int, int] | None:
-        """The context coder's ``(C, H, W)`` for samples of ``d`` values (``None``: flat)."""
+        """The context coder's ``(C, H, W)`` for samples of ``d`` values (``None``: flat).
+
+        Channels last (``(H, W, C)`` with ``C <= 4 < H``, as Keras and PIL arrays hold
+        images) are one image of ``H`` rows of ``W * C`` values: each pixel's channels
+        side by side, as they lie in memory.
+        """
         shape = self.sample_shape
         if shape is not None and math.prod(shape) != d:
             raise ValueError(f"sample_shape {shape} does not hold d={d} values")
         if shape is None or len(shape) == 1:
             return None
+        if len(shape) == 3 and shape[2] <= 4 < shape[0]:
+            shape = (shape[0], shape[1] * shape[2])
         c, h, w = (1, *shape) if len(shape) == 2 else shape
         return (int(c), int(h), int(w))
 

@@ -82,6 +82,32 @@ def test_channels_and_per_channel_ranges_round_trip():
     np.testing.assert_array_equal(out, make("uniform", bits=3, per_channel=3).decode(ref))
 
 
+def _smooth_images(c: int) -> np.ndarray:
+    """32 smooth 16 x 16 images of ``c`` channels, channels last, as flat rows."""
+    rng = np.random.default_rng(0)
+    base = np.cumsum(np.cumsum(rng.random((32, 16, 16, 1)), 1), 2)
+    return (base + 0.5 * rng.random((32, 16, 16, c))).astype(np.float32).reshape(32, -1)
+
+
+@pytest.mark.parametrize(("hwc", "image"), [((16, 16, 3), (1, 16, 48)),
+                                             ((16, 16, 1), (1, 16, 16))])
+def test_channels_last_images_are_coded_as_one_image_of_their_rows(hwc, image):
+    """(H, W, C) with C <= 4 < H: H rows of W * C values, as they lie in memory."""
+    x = _smooth_images(hwc[2])
+    p = make("uniform", bits=2, entropy="context", sample_shape=hwc).encode(
+        x, np.random.default_rng(0))
+    same = make("uniform", bits=2, entropy="context", sample_shape=image).encode(
+        x, np.random.default_rng(0))
+    assert p.meta == same.meta and p.nbits == same.nbits  # one image (or per feature: 256)
+    if hwc[2] == 3:
+        assert p.meta["context_shape"] == "1x16x48"
+    out = make("uniform", bits=2, entropy="context").decode(Payload.from_record(p.to_record()))
+    np.testing.assert_array_equal(out, make("uniform", bits=2).decode(
+        make("uniform", bits=2).encode(x, np.random.default_rng(0))))
+    # channels first stay as they are
+    assert make("uniform", sample_shape=(3, 16, 16))._image_shape(768) == (3, 16, 16)
+
+
 def _stream(bits=2, n=8, shape=(1, 8, 8)):
     x = _digits()[:n]
     codes = unpack(make("uniform", bits=bits).encode(x, np.random.default_rng(0))

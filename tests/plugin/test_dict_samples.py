@@ -50,6 +50,27 @@ def test_common_names_are_found(kx, ky):
     check(as_arrays(DictDataset(kx, ky)))
 
 
+class TwoKeys(Dataset):
+    """Items of two keys, or of flwr-datasets' CIFAR-100 / FEMNIST names with their extras."""
+
+    def __init__(self, kx: str, ky: str, extra: tuple[str, ...] = ()) -> None:
+        self.kx, self.ky, self.extra = kx, ky, extra
+
+    def __len__(self) -> int:
+        return len(Y)
+
+    def __getitem__(self, i: int) -> dict:
+        return {self.kx: torch.from_numpy(X[i]), self.ky: int(Y[i]),
+                **{k: 7 for k in self.extra}}
+
+
+@pytest.mark.parametrize(("kx", "ky", "extra"), [
+    ("pixels", "label", ()), ("image", "class", ()), ("x", "digit", ()),  # two keys
+    ("img", "fine_label", ("coarse_label",)), ("image", "character", ("writer_id", "hsf_id"))])
+def test_two_keys_one_known_and_flower_data_sets_names(kx, ky, extra):
+    check(as_arrays(TwoKeys(kx, ky, extra)))
+
+
 def test_a_shuffling_loader_is_read_in_index_order():
     loader = DataLoader(DictDataset(), batch_size=5, shuffle=True)
     check(as_arrays(loader))
@@ -63,7 +84,7 @@ def test_given_keys_and_a_clear_error_otherwise():
     check(as_arrays(DictDataset("pixels", "digit"), keys=("pixels", "digit")))
     with pytest.raises(ValueError, match=r"keys \['digit', 'id', 'pixels'\].*keys=") as err:
         as_arrays(DictDataset("pixels", "digit"))
-    assert "found no input" in str(err.value)
+    assert "found no target" in str(err.value)  # pixels is an input's name; digit or id?
     with pytest.raises(ValueError, match="names \\['lbl'\\]"):
         as_arrays(DictDataset(), keys=("img", "lbl"))
 
