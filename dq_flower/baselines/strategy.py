@@ -31,7 +31,13 @@ from dq_flower.model_ops import (
 )
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
-from dq_flower.server.common import decay_groups, log_round, make_optimizer, sample_node_ids
+from dq_flower.server.common import (
+    FedAvgArgs,
+    decay_groups,
+    log_round,
+    make_optimizer,
+    sample_node_ids,
+)
 from dq_flower.server.majority import bounded_mean, robust_buffers
 from dq_flower.server.pipeline import FailureWatch, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import StepGuard, weighted_mean
@@ -98,7 +104,8 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
         Root of every random choice.
     fraction_train, min_available_nodes, fraction_evaluate, min_evaluate_nodes
         As in :class:`dq_flower.DQStrategy`; a round updates the model only when at least
-        ``min(min_available_nodes, sampled)`` valid replies arrive.
+        ``min(min_available_nodes, sampled)`` valid replies arrive. FedAvg's other
+        arguments too (:class:`~dq_flower.server.common.FedAvgArgs`).
     loss_fn : callable, optional
         Unused by the server (the clients compute the gradients); accepted for symmetry.
     config : GradientConfig, optional
@@ -119,7 +126,8 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
                  method: str | None = None, **knobs: Any) -> None:
         self._setup(model, StrategyConfig(
             seed=seed, fraction_train=fraction_train, min_available_nodes=min_available_nodes,
-            fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes))
+            fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes),
+            FedAvgArgs.pop(knobs))
         if codec is None and config is None:
             codec = "qsgd"
         self.cfg: GradientConfig = build_config(
@@ -167,7 +175,7 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
         self._load_arrays(arrays)
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
                                 round_rng(self.seed, server_round, 0, Purpose.SAMPLE),
-                                min_sampled=1)
+                                min_sampled=self.fedavg.min_train_nodes)
         base = ConfigRecord(dict(config.items()))
         base.update(write(self.cfg, changed_only=True, keys=CLIENT_KEYS))
         base.setdefault("method", self.method)

@@ -27,10 +27,11 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     """Evaluate the global model the message carries on ``data``; reply its metrics.
 
     The message holds the model's state dict under ``arrays`` (as Flower's ``FedAvg`` and
-    this package's strategies send it). The reply's ``MetricRecord`` has ``eval-loss``,
-    ``eval-acc`` (class targets only) and ``num-examples`` (the server's weight). ``data``
-    is any form of :mod:`dq_flower.data_input`; ``keys`` names a dict sample's input and
-    target. An error raised here ends with the node's ``[partition-id K]``.
+    this package's strategies send it), or as its only ``ArrayRecord`` (a strategy's
+    ``arrayrecord_key``). The reply's ``MetricRecord`` has ``eval-loss``, ``eval-acc``
+    (class targets only) and ``num-examples`` (the server's weight). ``data`` is any form
+    of :mod:`dq_flower.data_input`; ``keys`` names a dict sample's input and target. An
+    error raised here ends with the node's ``[partition-id K]``.
     """
     del context  # evaluation keeps no state
     require_torch("federated evaluation (fraction-evaluate > 0)")
@@ -38,9 +39,11 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     from dq_flower.model_ops import embedding_vocab, output_width  # PyTorch, checked above
     from dq_flower.model_ops import evaluate as evaluate_model  # PyTorch, checked above
 
-    if "arrays" not in msg.content.array_records:
-        raise ValueError("the evaluate message carries no 'arrays' record")
-    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    records = msg.content.array_records  # a strategy's arrayrecord_key: its only record
+    arrays = records.get("arrays", next(iter(records.values())) if len(records) == 1 else None)
+    if arrays is None:
+        raise ValueError("the evaluate message carries no 'arrays' record (nor one other)")
+    model.load_state_dict(arrays.to_torch_state_dict())
     x, y, inputs = as_inputs(data, keys)
     if inputs:  # several inputs side by side: the model is handed them split
         from dq_flower.model_inputs import split_inputs  # PyTorch, checked above

@@ -13,6 +13,7 @@ from flwr.serverapp.strategy import Result
 
 from dq_flower.config import StrategyConfig, field_keys, read, refuse_unknown
 from dq_flower.server.client_errors import one_traceback_per_cause
+from dq_flower.server.common import FedAvgArgs
 from dq_flower.server.evaluation import FederatedEvaluation
 from dq_flower.server.pipeline import RoundLedger, Screened, screen_replies
 
@@ -64,6 +65,9 @@ class ServerFigures:
     watches_failures = False
     _round_figures: dict[int, dict[str, Any]] | None = None
     _figures_apart = False  # under ``start``: server-side metrics go to the figures
+    #: FedAvg's other arguments (its metrics functions: on the accepted replies' records)
+    fedavg = FedAvgArgs()
+    _accepted_nodes: list[int] | None = None  # the last round's accepted replies' nodes
 
     @property
     def finished(self) -> bool:
@@ -86,14 +90,24 @@ class ServerFigures:
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's ``aggregate_train``: :meth:`aggregate_round`, split under ``start``."""
+        """Flower's ``aggregate_train``: :meth:`aggregate_round`, split under ``start``.
+
+        A ``train_metrics_aggr_fn``'s metrics join the train metrics (its keys win).
+        """
+        replies = list(replies)
         arrays, metrics = self.aggregate_round(server_round, replies)
+        fn = self.fedavg.train_metrics_aggr_fn
+        users = None if fn is None else self.fedavg.aggregate(
+            fn, replies, self._accepted_nodes or [], "train")
         keys = self.client_metric_keys
-        if not self._figures_apart or keys is None or metrics is None:
+        if self._figures_apart and keys is not None and metrics is not None:
+            keep = {k: v for k, v in metrics.items() if k in keys}
+            self.record_figures(server_round, {k: v for k, v in metrics.items()
+                                               if k not in keep})
+            metrics = MetricRecord(keep) if keep else None
+        if users is None:
             return arrays, metrics
-        keep = {k: v for k, v in metrics.items() if k in keys}
-        self.record_figures(server_round, {k: v for k, v in metrics.items() if k not in keep})
-        return arrays, MetricRecord(keep) if keep else None
+        return arrays, MetricRecord({**(dict(metrics.items()) if metrics else {}), **users})
 
     def record_figures(self, server_round: int, figures: Mapping[str, Any]) -> None:
         """Keep ``figures`` of ``server_round`` for the ServerApp-side metrics."""
@@ -162,7 +176,9 @@ class RoundPipeline(ServerFigures):
         rnd.screened = screen_replies(rnd.replies, lambda msg: self.decode_reply(rnd, msg),
                                       rnd.sent)
         self.observe_failures(rnd)
-        return self.aggregate_and_step(rnd, self.bound(rnd))
+        out = self.aggregate_and_step(rnd, self.bound(rnd))
+        self._accepted_nodes = rnd.screened.nodes
+        return out
 
     def begin_round(self, server_round: int, replies: list[Message]) -> Any:
         """The round's plan, taken before its replies are decoded (here ``None``)."""
@@ -192,11 +208,12 @@ class ModelStrategy(RoundPipeline, FederatedEvaluation):
     client_metric_keys: tuple[str, ...] | None = ()
     watches_failures = True
 
-    def _setup(self, model: torch.nn.Module, args: StrategyConfig) -> None:
+    def _setup(self, model: torch.nn.Module, args: StrategyConfig,
+               fedavg: FedAvgArgs | None = None) -> None:
         """Keep the model and the arguments every strategy of the package takes (checked)."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.model = model
+        self.model, self.fedavg = model, fedavg or FedAvgArgs()
         self.seed, self.fraction_train = args.seed, args.fraction_train
         self.min_available_nodes = args.min_available_nodes
         self.fraction_evaluate, self.min_evaluate_nodes = (args.fraction_evaluate,

@@ -3,21 +3,81 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 import torch
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
 
 __all__ = ["sample_node_ids", "wait_for_nodes", "make_optimizer", "log_rejected", "log_round",
-           "ClientFailureError", "NodeConfigurationError", "REPLY_ERRORS"]
+           "ClientFailureError", "NodeConfigurationError", "REPLY_ERRORS", "FedAvgArgs"]
 
 #: What a reply validator may raise for a malformed reply.
 REPLY_ERRORS = (PayloadError, ValueError, KeyError, TypeError)
+
+
+MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
+
+
+@dataclass(frozen=True)
+class FedAvgArgs:
+    """Flower ``FedAvg``'s other arguments, which the package's strategies take as it does.
+
+    ``min_train_nodes``: the least train sample. ``weighted_by_key``, ``arrayrecord_key``
+    and ``configrecord_key``: the count federated evaluation's replies are weighted by and
+    the keys of its messages (a train round's messages and replies are the method's own).
+    ``train_metrics_aggr_fn`` and ``evaluate_metrics_aggr_fn``: ``fn(records, key)`` on the
+    accepted replies' contents, as FedAvg calls them (the evaluation's in place of the
+    package's trimmed mean, the train round's beside its own figures).
+    """
+
+    min_train_nodes: int = 1
+    weighted_by_key: str = "num-examples"
+    arrayrecord_key: str = "arrays"
+    configrecord_key: str = "config"
+    train_metrics_aggr_fn: MetricsAggr | None = None
+    evaluate_metrics_aggr_fn: MetricsAggr | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_train_nodes, bool) or not isinstance(self.min_train_nodes, int) \
+                or self.min_train_nodes < 0:
+            raise ValueError(f"min_train_nodes must be an int >= 0, got {self.min_train_nodes!r}")
+        for key in ("weighted_by_key", "arrayrecord_key", "configrecord_key"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise ValueError(f"{key} must be a non-empty str, got {getattr(self, key)!r}")
+        for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
+            if getattr(self, key) is not None and not callable(getattr(self, key)):
+                raise ValueError(f"{key} must be callable or None")
+
+    @classmethod
+    def pop(cls, kwargs: dict[str, Any]) -> FedAvgArgs:
+        """Take FedAvg's arguments out of a strategy's ``**knobs``."""
+        return cls(**{k: kwargs.pop(k) for k in list(kwargs) if k in cls.__dataclass_fields__})
+
+    def aggregate(self, fn: MetricsAggr | None, replies: Sequence[Message],
+                  nodes: Sequence[int], what: str) -> MetricRecord | None:
+        """``fn`` on the contents of the ``replies`` from ``nodes``.
+
+        ``None`` where there is no ``fn`` or no such reply, or ``fn`` failed (logged).
+        """
+        accepted = set(nodes)
+        records = [m.content for m in replies
+                   if not m.has_error() and int(m.metadata.src_node_id) in accepted]
+        if fn is None or not records:
+            return None
+        try:
+            return fn(records, self.weighted_by_key)
+        except Exception as exc:  # noqa: BLE001  (the user's function, whatever it raises)
+            log(WARNING, "%s_metrics_aggr_fn failed on this round's %d replies (%s: %s); "
+                "its metrics are left out", what, len(records), type(exc).__name__, exc)
+            return None
 
 
 def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float = 3600.0) -> list[int]:

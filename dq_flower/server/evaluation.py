@@ -10,7 +10,7 @@ from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.common import sample_node_ids
+from dq_flower.server.common import FedAvgArgs, sample_node_ids
 from dq_flower.server.pipeline import RoundLedger, screen_replies
 from dq_flower.server.robust import cap_weights, trimmed_weighted_mean
 
@@ -71,6 +71,7 @@ class FederatedEvaluation:
     seed: int = 0
     evaluate_weight_cap: float = 2.0
     evaluate_trim: float = 0.2
+    fedavg = FedAvgArgs()  # the messages' keys, the weighting key, the user's aggregation
 
     _eval_ledger: RoundLedger | None = None
 
@@ -91,16 +92,21 @@ class FederatedEvaluation:
         cfg = ConfigRecord(dict(config.items()))
         cfg["server-round"] = server_round
         return self._evaluate_ledger().record(server_round, [
-            Message(content=RecordDict({"arrays": arrays, "config": cfg}),
+            Message(content=RecordDict({self.fedavg.arrayrecord_key: arrays,
+                                        self.fedavg.configrecord_key: cfg}),
                     message_type=MessageType.EVALUATE, dst_node_id=n) for n in nodes])
 
     def aggregate_evaluate(  # noqa: D102
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        screened = screen_replies(replies, read_evaluation,
+        replies, key = list(replies), self.fedavg.weighted_by_key
+        screened = screen_replies(replies, lambda msg: read_evaluation(msg, key),
                                   self._evaluate_ledger().take(server_round))
         if not screened.accepted:
             return None
+        if self.fedavg.evaluate_metrics_aggr_fn is not None:  # the user's, as FedAvg calls it
+            return self.fedavg.aggregate(self.fedavg.evaluate_metrics_aggr_fn, replies,
+                                         screened.nodes, "evaluate")
         weights = cap_weights([n for n, _ in screened.accepted], self.evaluate_weight_cap)
         per_key: dict[str, tuple[list[float], list[float]]] = {}
         keys = common_keys([values for _, values in screened.accepted])

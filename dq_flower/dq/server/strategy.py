@@ -54,6 +54,7 @@ from dq_flower.model_ops import LossFn, embedding_vocab, input_width
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
 from dq_flower.server.common import (
+    FedAvgArgs,
     decay_groups,
     log_rejected,
     log_round,
@@ -128,7 +129,8 @@ class DQStrategy(ModelStrategy, Strategy):
         Nodes that must be connected before a round samples (as in Flower's strategies).
     fraction_evaluate, min_evaluate_nodes
         Federated evaluation (off by default): see
-        :class:`~dq_flower.server.evaluation.FederatedEvaluation`.
+        :class:`~dq_flower.server.evaluation.FederatedEvaluation`. FedAvg's other
+        arguments: :class:`~dq_flower.server.common.FedAvgArgs`.
     num_classes : int, optional
         Classes of integer targets; default: the width of the model's output.
     data_spec : DataSpec, optional
@@ -166,7 +168,7 @@ class DQStrategy(ModelStrategy, Strategy):
             seed=seed, fraction_train=fraction_train, min_available_nodes=min_available_nodes,
             fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes,
             num_classes=num_classes)
-        self._setup(model, args)
+        self._setup(model, args, FedAvgArgs.pop(knobs))
         users = knobs.pop("optimizer", None) if isinstance(
             knobs.get("optimizer"), torch.optim.Optimizer) else None
         cfg = build_config(config, DQConfig, knobs)
@@ -308,7 +310,8 @@ class DQStrategy(ModelStrategy, Strategy):
         self.identities.observe(grid.get_node_ids())
         nodes = sample_node_ids(grid, self.fraction_train, self.min_available_nodes,
                                 round_rng(self.seed, server_round, 0, Purpose.SAMPLE),
-                                min_sampled=1, prefer=(self.asks.worth_asking
+                                min_sampled=self.fedavg.min_train_nodes,
+                                prefer=(self.asks.worth_asking
                                                        if self.cfg.upload_mode == "data"
                                                        else None))
         self._configured = server_round
