@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,8 +59,13 @@ class FedAvgArgs:
 
     @classmethod
     def pop(cls, kwargs: dict[str, Any]) -> FedAvgArgs:
-        """Take FedAvg's arguments out of a strategy's ``**knobs``."""
-        return cls(**{k: kwargs.pop(k) for k in list(kwargs) if k in cls.__dataclass_fields__})
+        """Take FedAvg's arguments out of a strategy's ``**knobs`` (a misspelt one: ValueError)."""
+        names = list(cls.__dataclass_fields__)
+        for key in kwargs:
+            if key not in names and (near := difflib.get_close_matches(key, names, 1, 0.85)):
+                raise ValueError(f"unknown argument {key!r} (did you mean {near[0]!r}, "
+                                 "as Flower's FedAvg takes it?)")
+        return cls(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
 
     def aggregate(self, fn: MetricsAggr | None, replies: Sequence[Message],
                   nodes: Sequence[int], what: str) -> MetricRecord | None:

@@ -61,6 +61,8 @@ class Net(nn.Module):
 class DictImages(Dataset):
     """The device's rows as ``{"image": tensor, "label": int}`` items."""
 
+    input_key = "image"  # the item's key of the sample
+
     def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
         self.x, self.y = x, y
 
@@ -68,7 +70,7 @@ class DictImages(Dataset):
         return len(self.y)
 
     def __getitem__(self, i: int) -> dict:
-        return {"image": torch.from_numpy(self.x[i]), "label": int(self.y[i])}
+        return {self.input_key: torch.from_numpy(self.x[i]), "label": int(self.y[i])}
 
 
 def load_local_data(partition_id: int) -> DictImages:
@@ -88,6 +90,6 @@ def local_train(model: nn.Module, data: DictImages) -> int:
     model.train()
     for batch in loader:
         opt.zero_grad()
-        nn.functional.cross_entropy(model(batch["image"]), batch["label"]).backward()
+        nn.functional.cross_entropy(model(batch[data.input_key]), batch["label"]).backward()
         opt.step()
     return len(data)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 from tests.apps import fmnist_cnn
 from tests.apps.fmnist_cnn import _idx, available  # noqa: F401  (the same IDX files)
@@ -37,17 +35,10 @@ class Net(fmnist_cnn.Net):
         return super().forward(x.permute(0, 3, 1, 2).float() / 255.0)
 
 
-class PixelItems(Dataset):
+class PixelItems(fmnist_cnn.DictImages):
     """The device's rows as ``{"pixels": uint8 tensor (28, 28, 1), "label": int}``."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"pixels": torch.from_numpy(self.x[i]), "label": int(self.y[i])}
+    input_key = "pixels"
 
 
 def load_local_data(partition_id: int) -> PixelItems:
@@ -59,14 +50,5 @@ def test_set() -> tuple[np.ndarray, np.ndarray]:
     return _images("t10k", TEST_ROWS)
 
 
-def local_train(model: nn.Module, data: PixelItems) -> int:
-    """One epoch of SGD (lr 0.05, momentum 0.9, batch 32); returns the node's examples."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loader = DataLoader(data, batch_size=32, shuffle=True,
-                        generator=torch.Generator().manual_seed(0))
-    model.train()
-    for batch in loader:
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(batch["pixels"]), batch["label"]).backward()
-        opt.step()
-    return len(data)
+#: One epoch of SGD (lr 0.05, momentum 0.9, batch 32) on the items' pixels, as fmnist_cnn's.
+local_train = fmnist_cnn.local_train

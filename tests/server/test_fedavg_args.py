@@ -116,3 +116,16 @@ def test_bad_fedavg_arguments_fail_naming_them(key, value, says):
     for build in (dq_flower.DQStrategy, dq_flower.GradientStrategy):
         with pytest.raises(ValueError, match=says):
             build(_model(), **{key: value})
+
+
+def test_a_misspelt_fedavg_argument_is_named_with_the_one_meant():
+    from dq_flower.baselines.config import GradientConfig
+    from dq_flower.config import field_keys
+    from dq_flower.dq.config import DQConfig
+    from dq_flower.server.common import FedAvgArgs
+
+    for build in (dq_flower.DQStrategy, dq_flower.GradientStrategy):
+        with pytest.raises(ValueError, match="'min_train_node'.*'min_train_nodes'"):
+            build(_model(), min_train_node=2)
+    knobs = {k.replace("-", "_") for cfg in (DQConfig, GradientConfig) for k in field_keys(cfg)}
+    FedAvgArgs.pop(dict.fromkeys(knobs))  # no knob of either method reads as a misspelling
