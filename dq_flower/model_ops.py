@@ -15,6 +15,7 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
+from dq_flower.autocast_choice import resolve_autocast
 from dq_flower.codecs import PayloadError
 from dq_flower.losses import (  # the losses: here for the model path's callers
     LossFn,
@@ -159,11 +160,7 @@ def _per_sample(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -
 
 def model_input(x: np.ndarray | torch.Tensor, device: torch.device, tokens: bool,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Samples as the model reads them: token windows and int32/int64 ids as int64.
-
-    Other samples as ``dtype``: the model's own (:func:`float_dtype`), float64 where the
-    user called ``model.double()``.
-    """
+    """Samples as the model reads them: ids (windows, int32/int64) as int64, else ``dtype``."""
     t = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.ascontiguousarray(x))
     ids = tokens or t.dtype in (torch.int32, torch.int64)
     return t.to(device, torch.int64 if ids else dtype)
@@ -232,21 +229,24 @@ class WeightedSteps:
         self.loss_fn = resolve_loss(loss_fn)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device, self.dtype = _device(model), float_dtype(model)
-        #: ``bfloat16``: the forward under ``torch.autocast`` (the loss in the model's dtype)
-        self.autocast = autocast == "bfloat16"
+        #: the forward under bfloat16 ``torch.autocast`` (the loss in the model's dtype);
+        #: ``None`` (``auto``): chosen on the first minibatch (:mod:`dq_flower.autocast_choice`)
+        self.bf16 = None if autocast == "auto" else autocast == "bfloat16"
 
     def step(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
         """One optimizer step on the weighted minibatch; returns its loss."""
         yt = targets_tensor(y, self.device)
         xt = model_input(x, self.device, _windows(yt), self.dtype)
         wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(self.device)
+        if self.bf16 is None:
+            self.bf16 = resolve_autocast("auto", self.model, xt) == "bfloat16"
         for p in self.params:  # zero_grad(set_to_none=True), without its profiling wrapper
             p.grad = None
         with torch.enable_grad():
-            with (torch.autocast(self.device.type, torch.bfloat16) if self.autocast
+            with (torch.autocast(self.device.type, torch.bfloat16) if self.bf16
                   else nullcontext()):  # disabled: no autocast context (3 us a step)
                 out = model_output(self.model(xt))
-            if self.autocast and out.is_floating_point():
+            if self.bf16 and out.is_floating_point():
                 out = out.to(self.dtype)
             loss = (_per_sample(self.loss_fn, out, yt) * wt).sum()
             loss.backward()

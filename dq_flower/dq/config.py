@@ -118,10 +118,10 @@ class DQConfig(RobustConfig, OptimizerConfig):
     max_server_epochs: float = knob(30.0, between(0, MAX_EPOCHS, low_open=True), doc=(
         "passes over the store's training rows one phase may take (the cap follows the "
         "store)"))
-    server_autocast: str = knob("none", one_of(("none", "bfloat16")), doc=(
+    server_autocast: str = knob("auto", one_of(("auto", "none", "bfloat16")), doc=(
         "`bfloat16`: the store steps' forward under `torch.autocast` in bfloat16 (weights, "
-        "gradients, optimizer in float32; a step 1.7x faster for the wide CNN on a CPU with "
-        "AVX-512 BF16, 1.15x slower for a CNN of 8 and 16 channels); `none`"))
+        "gradients, optimizer in float32); `none`; `auto`: bfloat16 on a CPU with native "
+        "bfloat16 (AVX-512 BF16, AMX) for models of 1 MFLOP a sample forward or more"))
     plateau_eval_every: int = knob(50, between(1, MAX_STEPS), doc="steps between held-out scores")
     plateau_patience: int = knob(4, at_least(1), doc=(
         "held-out scores without progress (row by row against the last progress: more "

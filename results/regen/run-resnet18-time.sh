@@ -6,15 +6,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-results/regen/fmnist-resnet18-time-2026-12-06}"
 mkdir -p "$OUT"
 [ -f "$OUT/results.json" ] || { cp results/regen/fmnist-resnet18/results.json "$OUT/" &&
-  python - "$OUT/results.json" <<'PY'
-import json, sys
-path = sys.argv[1]
-data = json.load(open(path))
-data["pending"] = [r for r in data["runs"] if r["label"] != "dq"]
-data["runs"] = []
-json.dump(data, open(path, "w"), indent=1)
-PY
-}
+  python results/regen/reuse_competitors.py "$OUT/results.json"; }
 .venv/bin/dq-flower compare --preset fmnist-resnet18 --engine inprocess \
   --methods dq,fedavg-qsgd2,fedavg-topk,powersgd --set dq.num-server-rounds=2 \
   --out "$OUT" --resume \

@@ -1,4 +1,5 @@
-"""``server-autocast = "bfloat16"``: the server's store steps run the forward in bfloat16."""
+"""``server-autocast``: the server's store steps run the forward in bfloat16 where asked or,
+at ``auto`` (the default), where the CPU computes bfloat16 natively and the model is large."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from dq_flower import autocast_choice
+from dq_flower.autocast_choice import forward_flops, native_bfloat16, resolve_autocast
 from dq_flower.dq.config import DQConfig
 from dq_flower.model_ops import WeightedSteps
 
@@ -56,8 +59,70 @@ def test_the_forward_runs_in_bfloat16_and_the_weights_stay_float32():
     assert abs(_loss(bf16) - _loss(fp32)) < 1e-3
 
 
-def test_the_knob_takes_bfloat16_or_none_and_refuses_others_naming_it():
-    assert DQConfig().server_autocast == "none"
+def test_the_knob_takes_auto_bfloat16_or_none_and_refuses_others_naming_it():
+    assert DQConfig().server_autocast == "auto"
+    assert DQConfig(server_autocast="none").server_autocast == "none"
     assert DQConfig(server_autocast="bfloat16").server_autocast == "bfloat16"
     with pytest.raises(ValueError, match="server-autocast"):
         DQConfig(server_autocast="float16")
+
+
+def test_native_bfloat16_is_read_from_the_cpu_flags(tmp_path):
+    with_bf16, without = tmp_path / "a", tmp_path / "b"
+    with_bf16.write_text("flags\t\t: fpu avx512f avx512_bf16 avx512_vnni\n")
+    without.write_text("flags\t\t: fpu avx2 avx512f avx512bw\n")
+    assert native_bfloat16(with_bf16) and not native_bfloat16(without)
+    assert not native_bfloat16(tmp_path / "missing")  # not Linux: not taken
+
+
+def test_forward_flops_counts_a_sample_and_leaves_the_mode():
+    model = nn.Sequential(nn.Linear(10, 5), nn.Dropout(0.5), nn.Linear(5, 2)).train()
+    assert forward_flops(model, torch.zeros(4, 10)) == 2 * (10 * 5 + 5 * 2)
+    assert model.training
+
+
+def _wide() -> nn.Module:  # 2 * 64 * 9 * 32 * 32 = 1.18 MFLOP a sample
+    return nn.Sequential(nn.Conv2d(1, 64, 3, padding=1), nn.Flatten(),
+                         nn.Linear(64 * 32 * 32, 2))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_takes_bfloat16_for_large_models_on_a_native_cpu_only(monkeypatch, native):
+    monkeypatch.setattr(autocast_choice, "native_bfloat16", lambda: native)
+    x = torch.zeros(8, 1, 32, 32)
+    assert resolve_autocast("auto", _wide(), x) == ("bfloat16" if native else "none")
+    assert resolve_autocast("auto", _net(), torch.zeros(8, 1, 8, 8)) == "none"  # 0.03 MFLOP
+    for value in ("none", "bfloat16"):  # set by the user: kept
+        assert resolve_autocast(value, _wide(), x) == value
+
+
+def test_auto_is_chosen_on_the_first_minibatch_once_a_model(monkeypatch):
+    monkeypatch.setattr(autocast_choice, "native_bfloat16", lambda: True)
+    counted: list[int] = []
+    monkeypatch.setattr(autocast_choice, "forward_flops",
+                        lambda model, x: counted.append(len(x)) or 2e6)
+    model = _net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    first = WeightedSteps(model, optimizer, None, "auto")
+    assert first.bf16 is None
+    first.step(x, y, np.full(64, 1 / 64, np.float32))
+    again = WeightedSteps(model, optimizer, None, "auto")  # the next phase's steps
+    again.step(x, y, np.full(64, 1 / 64, np.float32))
+    assert first.bf16 is True and again.bf16 is True and counted == [2]
+
+
+def test_auto_steps_as_the_choice_it_makes(monkeypatch):
+    """``auto`` on a large model of a native CPU is ``bfloat16``, bit for bit."""
+    monkeypatch.setattr(autocast_choice, "native_bfloat16", lambda: True)
+    x = np.random.default_rng(1).random((16, 1, 32, 32), dtype=np.float32)
+    y, w = np.arange(16) % 2, np.full(16, 1 / 16, np.float32)
+    weights = []
+    for value in ("auto", "bfloat16", "none"):
+        torch.manual_seed(0)
+        model = _wide()
+        steps = WeightedSteps(model, torch.optim.SGD(model.parameters(), lr=0.01), None, value)
+        for _ in range(3):
+            steps.step(x, y, w)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])
