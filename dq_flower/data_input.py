@@ -37,7 +37,7 @@ SAMPLE_KEYS = ("img", "image", "pixel_values", "pixels", "x", "features", "signa
 LABEL_KEYS = ("label", "labels", "y", "target", "fine_label", "character")
 
 #: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
-_CACHE: dict[tuple[int, Any], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {}
+_CACHE: dict[tuple[Any, ...], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {}
 
 
 def is_class_target(y: np.ndarray) -> bool:
@@ -191,7 +191,7 @@ def _flattened(inputs: tuple[Any, ...], y: Any, what: str
     return x, ya, parts
 
 
-def _convert(data: Any, keys: tuple[str, str] | None = None
+def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False
              ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -204,7 +204,7 @@ def _convert(data: Any, keys: tuple[str, str] | None = None
     if torch is not None and isinstance(data, DataLoader):
         inner = data.dataset
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
-            return _convert(inner, keys)
+            return _convert(inner, keys, one_input)
         pairs = [_pair(batch, keys, "a DataLoader batch") for batch in data]
         if not pairs:
             raise ValueError("the DataLoader yielded no batches")
@@ -213,7 +213,7 @@ def _convert(data: Any, keys: tuple[str, str] | None = None
             hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         if (torch is not None and isinstance(data, torch.utils.data.TensorDataset)
                 and len(data.tensors) >= 2):
-            if len(data.tensors) > 2:  # TensorDataset(x1, x2, ..., y): a model's inputs
+            if len(data.tensors) > 2 and not one_input:  # (x1, x2, ..., y): a model's inputs
                 return _flattened(data.tensors[:-1], data.tensors[-1], "TensorDataset")
             return (*_normalise(data.tensors[0], data.tensors[1], "TensorDataset"), ())
         name = type(data).__name__
@@ -245,18 +245,20 @@ def as_arrays(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarra
     return x, y
 
 
-def as_inputs(data: Any, keys: tuple[str, str] | None = None
+def as_inputs(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False
               ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """``(x, y, parts)``: as :func:`as_arrays`, and samples of several inputs flattened.
 
     ``parts`` names each input's layout (``"f5"``: 5 floats, ``"i3"``: 3 integers, ``"f3x4"``:
     a (3, 4) float input), ``x`` holding them side by side; ``()`` for one input.
+    ``one_input`` (the server's ask, its model taking one input): a ``TensorDataset`` of more
+    than two tensors is ``(x, y, ...)``, the others (sample weights) left out.
     """
-    key = (id(data), None if keys is None else tuple(keys))
+    key = (id(data), None if keys is None else tuple(keys), one_input)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is data:
         return hit[1]
-    arrays = _convert(data, keys)
+    arrays = _convert(data, keys, one_input)
     try:
         ref = weakref.ref(data)
     except TypeError:  # tuples and lists cannot be weakly referenced: convert each time

@@ -10,6 +10,7 @@ embedding's ids). A call with several arguments, the user's own, passes untouche
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -17,7 +18,7 @@ from torch import nn
 
 from dq_flower.wire.input_parts import part_layout
 
-__all__ = ["InputSplit", "split_inputs", "HOOK_ATTR"]
+__all__ = ["InputSplit", "split_inputs", "HOOK_ATTR", "positional_inputs", "one_input_reason"]
 
 #: The attribute of a model that holds its :class:`InputSplit` (one a model).
 HOOK_ATTR = "_dq_input_split"
@@ -66,3 +67,28 @@ def split_inputs(model: nn.Module, parts: tuple[str, ...]) -> None:
     hook = InputSplit(parts)
     model.register_forward_pre_hook(hook)
     setattr(model, HOOK_ATTR, hook)
+
+
+def positional_inputs(model: nn.Module) -> int | None:
+    """Positional parameters of ``model.forward`` (``None``: not known, or ``*args``)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def one_input_reason(model: nn.Module, parts: tuple[str, ...]) -> str | None:
+    """Why samples of ``parts`` fail a model of one input, ``None`` where that is not it.
+
+    ``TensorDataset(x, y, sample_weight)`` reads as two inputs and a float target; the
+    nodes are then asked for ``(x, y)`` (:data:`~dq_flower.wire.input_parts.ONE_INPUT_KEY`).
+    """
+    if len(parts) < 2 or positional_inputs(model) != 1:
+        return None
+    return (f"the model takes one input, the samples {len(parts)} (a TensorDataset(x, y, "
+            "sample_weight)? every tensor but the last reads as an input): the next rounds "
+            "ask the nodes for the first two tensors as (x, y), the others left out (DQ's "
+            "server weighs no rows by them: class weights go in DQStrategy's loss_fn)")

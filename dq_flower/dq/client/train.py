@@ -63,6 +63,7 @@ from dq_flower.wire.dq_batch import (
     spec_record,
 )
 from dq_flower.wire.held import held_for
+from dq_flower.wire.input_parts import ONE_INPUT_KEY
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
 from dq_flower.wire.targets import MODEL_OUTPUTS_KEY, model_targets
@@ -218,7 +219,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         require_torch(knob)
     server_round, key = int(config["server-round"]), node_key(context)
     rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
-    x_all, y, inputs = as_inputs(data, keys)  # several inputs: side by side, split for model
+    one_input = bool(config.get(ONE_INPUT_KEY))  # the server's model takes one input
+    x_all, y, inputs = as_inputs(data, keys, one_input)  # several inputs: side by side
     if inputs and model is not None:
         from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
 

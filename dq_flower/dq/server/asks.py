@@ -37,6 +37,7 @@ from dq_flower.model_ops import embedding_vocab, output_width, reads_windows
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import ID_VOCAB_KEY, MIXED_UNITS_KEY
 from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
+from dq_flower.wire.input_parts import ONE_INPUT_KEY
 from dq_flower.wire.model import MODEL_KEY
 from dq_flower.wire.targets import MODEL_OUTPUTS_KEY
 
@@ -125,6 +126,8 @@ class RoundAsks:
         spec = self.data.spec
         if spec is not None and (spec.mixed_units or self.data.pin_units):  # its ranges, kept
             cfg[MIXED_UNITS_KEY] = spec.mixed_units  # whatever a node's rows alone say
+        if self.data.one_input:  # a model of one input: (x, y) of a TensorDataset's tensors
+            cfg[ONE_INPUT_KEY] = 1
         if self.data.model_outputs:  # the nodes' targets are typed otherwise than it reads
             cfg[MODEL_OUTPUTS_KEY] = self.data.model_outputs
         if refresh:

@@ -88,6 +88,7 @@ class FederationData:
     model_outputs: int = 0  # the outputs nodes are asked to type their targets for
     pin_units: bool = False  # nodes are told the spec's mixed units (one measured otherwise)
     whole_vocab: int = 0  # ids asked of every node: the model reads its samples as such
+    one_input: bool = False  # nodes asked for (x, y) of their tensors: the model takes one
     #: per client (identity): ``[examples it holds, rows it sent]``, from its valid replies
     sent: dict[int, list[int]] = field(default_factory=dict)
     provisional: dict[str, bool] = field(default_factory=lambda: {"spec": False,
@@ -191,7 +192,8 @@ class FederationData:
                 "store": None if self.store is None else self.store.state(),
                 "value_bound": self.value_bound, "provisional": dict(self.provisional),
                 "model_outputs": self.model_outputs, "pin_units": self.pin_units,
-                "whole_vocab": self.whole_vocab, "sent": {k: list(v) for k, v in self.sent.items()}}
+                "whole_vocab": self.whole_vocab, "one_input": self.one_input,
+                "sent": {k: list(v) for k, v in self.sent.items()}}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
         """Inverse of :meth:`state`; ``fix_spec`` adopts the spec again (a new store)."""
@@ -199,6 +201,7 @@ class FederationData:
         self.model_outputs = int(state.get("model_outputs", 0))
         self.pin_units = bool(state.get("pin_units", False))
         self.whole_vocab = int(state.get("whole_vocab", 0))
+        self.one_input = bool(state.get("one_input", False))
         sent = state.get("sent", state.get("planner", {}).get("clients", {}))  # older: planner's
         self.sent = {int(k): [int(a), int(b)] for k, (a, b) in sent.items()}
         if state.get("spec") is not None:

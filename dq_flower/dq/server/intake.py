@@ -43,6 +43,7 @@ from dq_flower.dq.server.validation import (
     kept_rows,
 )
 from dq_flower.losses import TargetLoss
+from dq_flower.model_inputs import one_input_reason
 from dq_flower.model_ops import LossFn, check_model, output_width, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
@@ -209,7 +210,8 @@ class UploadIntake:
             log_rejected(upload.node, reason)
         reasons = {reason for _, reason in verdict.refused}
         if len(verdict.refused) > 1 and not verdict.accepted and len(reasons) == 1 \
-                and self.data.spec is None and not self.data.model_outputs:  # the model
+                and self.data.spec is None and not (self.data.model_outputs
+                                                    or self.data.one_input):  # the model
             log(ERROR, "every reply of the round failed the server's model check the same way "
                 "(%s): the model the strategy was given, not the nodes' data, is the likely "
                 "cause (see docs/plugin.md, your own model and data)", reasons.pop())
@@ -236,15 +238,14 @@ class UploadIntake:
         return verdict.accepted, rejected + len(verdict.refused)
 
     def _check(self, spec: DataSpec, upload: Upload) -> int:
-        """The model check of an upload's spec (:func:`check_model`), classes it gives.
-
-        Targets the model would read typed otherwise (class labels as floats, counts for one
-        output) are refused too, and every node asked to type them so (:func:`model_targets`).
-        """
+        """The model check (:func:`check_model`): classes; a refusal may ask nodes otherwise."""
         try:
             return check_model(self.model, spec, upload.x, upload.batch.labels,
                                self.data.num_classes, self.loss_fn)
         except PayloadError as exc:
+            if (why := one_input_reason(self.model, spec.inputs)) is not None:
+                self.data.one_input = True
+                raise PayloadError(f"{exc}: {why}") from exc
             outputs = output_width(self.model) or 0
             labels = np.asarray(upload.batch.labels)
             retyped = model_targets(labels, outputs)
