@@ -30,7 +30,8 @@ def travelling_targets(values: np.ndarray) -> np.ndarray:
     batch (temperatures of a few degrees' spread move by at most 0.016 degrees; a year
     near 2000, whose float16 steps are whole years, or dollars past 65,504 stay float32).
     """
-    half = values.astype(np.float16)
+    with np.errstate(over="ignore"):  # past 65,504: inf, then kept as float32
+        half = values.astype(np.float16)
     error = np.abs(half.astype(np.float32) - values)
     if values.size == 0 or not error.any():
         return half

@@ -1,6 +1,8 @@
 """The payload bits of a DQ upload, counted by hand: the client's count (encode_batch), the
 server's (decode_batch) and the strategy's up_payload_bits metric must all agree with it."""
 
+import warnings
+
 import numpy as np
 import pytest
 from flwr.app import Array, Message
@@ -362,6 +364,7 @@ def test_ids_too_short_to_unpack_are_refused_with_the_unpackers_reason():
 
 
 def test_float_targets_travel_as_float16_where_it_moves_none_beyond_a_hundredth_of_the_spread():
+    from dq_flower.dq.server.store import _narrow_float
     from dq_flower.wire.targets import travelling_targets
 
     rng = np.random.default_rng(5)
@@ -373,7 +376,10 @@ def test_float_targets_travel_as_float16_where_it_moves_none_beyond_a_hundredth_
     years = rng.normal(2000, 5, 200).astype(np.float32)  # float16 steps of whole years
     assert travelling_targets(years).dtype == np.float32
     prices = rng.normal(500_000, 50_000, 200).astype(np.float32)  # past float16's range
-    assert travelling_targets(prices).dtype == np.float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "overflow encountered in cast" in a user's log
+        assert travelling_targets(prices).dtype == np.float32
+        assert _narrow_float(prices).dtype == np.float32
     counts = rng.integers(0, 300, 200).astype(np.float32)  # exact in float16
     assert travelling_targets(counts).dtype == np.float16
     assert travelling_targets(temperatures[:1]).dtype == np.float32  # one row: no spread

@@ -1,8 +1,7 @@
 """The server's sample store: every received sample in packed form, and its held-out rows.
 
-Rows are :class:`RowLayout` codes with label, weight, origin client identity, client-local
-id and held-out flag, dequantized on the fly; evicted rows' ids are remembered.
-Which rows are held out is chosen on the way in (:func:`~.federation.choose_holdout`).
+Rows: :class:`RowLayout` codes, label, weight, origin identity, client-local id, held-out
+flag (:func:`~.federation.choose_holdout`), dequantized on the fly; evicted rows' ids kept.
 """
 
 from __future__ import annotations
@@ -129,7 +128,8 @@ def _narrow_uint(values: np.ndarray) -> np.ndarray:
 def _narrow_float(values: np.ndarray) -> np.ndarray:
     """Weights as float16 when that is exact, else float32."""
     values = np.asarray(values, dtype=np.float32)
-    half = values.astype(np.float16)
+    with np.errstate(over="ignore"):  # past 65,504: inf, so float32
+        half = values.astype(np.float16)
     return half if np.array_equal(half.astype(np.float32), values) else values
 
 
