@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["AUTO_MIN_FLOPS", "native_bfloat16", "forward_flops", "resolve_autocast"]
 
@@ -43,6 +42,8 @@ def native_bfloat16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 
 def forward_flops(model: nn.Module, x: torch.Tensor) -> float:
     """``model``'s forward FLOPs a sample on the batch ``x`` (eval mode, no gradients)."""
+    from torch.utils.flop_counter import FlopCounterMode  # loaded where a model is counted
+
     was_training = model.training
     model.eval()
     try:
