@@ -35,12 +35,15 @@ import numpy as np
 from dq_flower.dq.server.plateau import HeldOutScores
 
 __all__ = ["AdaptiveSchedule", "PairedGain", "paired_gain", "pooled", "significantly_worse",
-           "allocate", "Z_ONE_SIDED", "POOLED"]
+           "allocate", "Z_ONE_SIDED", "POOLED", "MIN_GROWTH"]
 
 #: One-sided 95% normal quantile: the confidence of a stop and of a rollback.
 Z_ONE_SIDED = 1.645
 #: Comparisons pooled into the schedule's evidence (the most recent ones).
 POOLED = 3
+#: A round's new rows below this share of the store train no phase: the gain of a doubling
+#: times log2(1.01) is far below what the held-out rows can show.
+MIN_GROWTH = 0.01
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,11 @@ class AdaptiveSchedule:
     def finished(self) -> bool:
         """Nothing will be asked again: every node exhausted, or flat with no probes."""
         return self.done and (self.reason != "flat" or self.probe_after == 0)
+
+    @staticmethod
+    def grew_enough(new: int, stored: int) -> bool:
+        """Whether ``new`` rows in a store of ``stored`` are worth a phase (:data:`MIN_GROWTH`)."""
+        return new >= max(MIN_GROWTH * stored, 1)
 
     def after_upload(self, stored_before: int, stored_after: int,
                      gain: PairedGain | None) -> None:

@@ -297,7 +297,7 @@ class ServerTrainer:
     # ------------------------------------------------------------------ the adaptive schedule
     def train_adaptive(self, server_round: int, fresh: list[Upload],
                        stored_before: int) -> float:
-        """Train to a plateau when the store grew, then let the schedule size the next ask.
+        """Train to a plateau when the store grew enough, then let the schedule size the next ask.
 
         The gain of the phase's best model over the one it started from, paired on every
         held-out row, feeds the schedule (none for the first upload round); a significantly
@@ -306,8 +306,9 @@ class ServerTrainer:
         assert self.schedule is not None
         self.last_phase = None
         store = self.data.store
-        if (store is None or not any(len(u.batch) for u in fresh)
-                or store.num_train == 0):  # nothing new (a full store still changes)
+        new = sum(len(u.batch) for u in fresh)  # a full store still changes: counted so
+        if store is None or store.num_train == 0 or (not self.schedule.grew_enough(
+                new, len(store)) and not any(u.delta is not None for u in fresh)):
             return float("nan")
         rng = self.batch_rng(server_round)
         # the compensated step on the fresh rows, queued (only with compensations)
