@@ -17,39 +17,27 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.apps import sample_weights
+from tests.apps.sample_weights import digits
+
 NAME = "one-class-nodes"
 NUM_NODES = 11
 ROUNDS = 6
-_CACHE: dict = {}
 
 
 def available() -> bool:
     return True
 
 
-def _digits() -> tuple[np.ndarray, np.ndarray]:
-    if "xy" not in _CACHE:
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        _CACHE["xy"] = digits.data.astype(np.float32), digits.target.astype(np.int64)
-    return _CACHE["xy"]
-
-
-class Net(nn.Module):
+class Net(sample_weights.Net):
     """64 -> 64 -> 10, ReLU, on the pixels over 16."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x / 16)
+        return super().forward(x / 16)
 
 
 def load_local_data(partition_id: int) -> DataLoader:
-    x, y = (a[:1400] for a in _digits())
+    x, y = (a[:1400] for a in digits())
     mine = y == partition_id  # the eleventh node (id 10): none
     return DataLoader(TensorDataset(torch.from_numpy(x[mine]), torch.from_numpy(y[mine])),
                       batch_size=32, shuffle=True,
@@ -57,7 +45,7 @@ def load_local_data(partition_id: int) -> DataLoader:
 
 
 def test_set() -> tuple[np.ndarray, np.ndarray]:
-    x, y = _digits()
+    x, y = digits()
     return x[1400:], y[1400:]
 
 

@@ -30,12 +30,13 @@ def available() -> bool:
     return True
 
 
-def _digits() -> tuple[np.ndarray, np.ndarray]:
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits, unscaled float32 pixels and int64 labels, read once."""
     if "xy" not in _CACHE:
         from sklearn.datasets import load_digits
 
-        digits = load_digits()
-        _CACHE["xy"] = digits.data.astype(np.float32), digits.target.astype(np.int64)
+        data = load_digits()
+        _CACHE["xy"] = data.data.astype(np.float32), data.target.astype(np.int64)
     return _CACHE["xy"]
 
 
@@ -52,7 +53,7 @@ class Net(nn.Module):
 
 
 def load_local_data(partition_id: int) -> DataLoader:
-    x, y = (a[:1400][partition_id::NUM_NODES] for a in _digits())
+    x, y = (a[:1400][partition_id::NUM_NODES] for a in digits())
     w = np.where(y < 5, 2.0, 1.0).astype(np.float32)
     return DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y),
                                     torch.from_numpy(w)), batch_size=32, shuffle=True,
@@ -60,7 +61,7 @@ def load_local_data(partition_id: int) -> DataLoader:
 
 
 def test_set() -> tuple[np.ndarray, np.ndarray]:
-    x, y = _digits()
+    x, y = digits()
     return x[1400:], y[1400:]
 
 
