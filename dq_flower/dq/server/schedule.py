@@ -127,6 +127,10 @@ class AdaptiveSchedule:
     #: rounds left before the next probe while flat, and the current wait
     probe_in: int = 0
     probe_wait: int = 0
+    #: rows stored by rounds that trained no phase since the last one (:meth:`grew_enough`),
+    #: and those of them the phase about to run follows (its growth counts from before them)
+    unseen: int = 0
+    behind: int = 0
 
     def __post_init__(self) -> None:
         if self.min_gain <= 0:
@@ -147,15 +151,22 @@ class AdaptiveSchedule:
         """Nothing will be asked again: every node exhausted, or flat with no probes."""
         return self.done and (self.reason != "flat" or self.probe_after == 0)
 
-    @staticmethod
-    def grew_enough(new: int, stored: int) -> bool:
-        """Whether ``new`` rows in a store of ``stored`` are worth a phase (:data:`MIN_GROWTH`)."""
-        return new >= max(MIN_GROWTH * stored, 1)
+    def grew_enough(self, new: int, stored: int) -> bool:
+        """Whether ``new`` rows and those since the last phase are worth one (:data:`MIN_GROWTH`).
+
+        ``stored``: the store's rows; rows not yet worth a phase are counted until they are.
+        """
+        self.unseen += int(new)
+        if self.unseen < max(MIN_GROWTH * stored, 1):
+            return False
+        self.behind, self.unseen = self.unseen - int(new), 0
+        return True
 
     def after_upload(self, stored_before: int, stored_after: int,
                      gain: PairedGain | None) -> None:
         """Update the next ask after a round that added rows (``gain`` None: first one)."""
-        n0, n1 = int(stored_before), int(stored_after)
+        n0, n1 = int(stored_before) - self.behind, int(stored_after)  # since the last phase
+        self.behind = 0
         point: dict[str, float] = {"stored": float(n1)}
         if gain is None or n0 <= 0 or n1 <= n0:
             if not self.done:
@@ -224,7 +235,8 @@ class AdaptiveSchedule:
         return {"next_total": self.next_total, "done": self.done, "reason": self.reason,
                 "curve": [dict(p) for p in self.curve],
                 "evidence": [list(p) for p in self.evidence],
-                "probe_in": self.probe_in, "probe_wait": self.probe_wait}
+                "probe_in": self.probe_in, "probe_wait": self.probe_wait,
+                "unseen": self.unseen}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state`."""
@@ -235,6 +247,7 @@ class AdaptiveSchedule:
         self.evidence = [(float(g), float(s)) for g, s in state.get("evidence", [])]
         self.probe_in = int(state.get("probe_in", 0))
         self.probe_wait = int(state.get("probe_wait", 0))
+        self.unseen = int(state.get("unseen", 0))
 
 
 def allocate(total: int, left: dict[int, int | None], fit: dict[int, float],

@@ -307,13 +307,13 @@ class ServerTrainer:
         self.last_phase = None
         store = self.data.store
         new = sum(len(u.batch) for u in fresh)  # a full store still changes: counted so
-        if store is None or store.num_train == 0 or (not self.schedule.grew_enough(
-                new, len(store)) and not any(u.delta is not None for u in fresh)):
+        compensated = any(u.delta is not None for u in fresh)  # a step however few rows
+        if store is None or store.num_train == 0 or not (
+                compensated or self.schedule.grew_enough(new, len(store))):
             return float("nan")
         rng = self.batch_rng(server_round)
         # the compensated step on the fresh rows, queued (only with compensations)
-        first = ([] if self.comp_codec is None or not any(u.delta is not None for u in fresh)
-                 else [self.fresh_gradient(fresh)])
+        first = [self.fresh_gradient(fresh)] if self.comp_codec is not None and compensated else []
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         # optimizer auto: probe the candidates on the held-out rows; the winner goes on
         probe = self.choose_optimizer(server_round, rng) if self.choice is None else None
