@@ -1,4 +1,5 @@
-"""A round whose new rows add less than 1% to the store trains no phase (``one_class_nodes``)."""
+"""Rounds that add less than 1% to the store train no phase; a node never heard from is
+asked for no more than it is counted as holding (``one_class_nodes``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import re
 
 import pytest
 
-from dq_flower.dq.server.schedule import MIN_GROWTH, AdaptiveSchedule, PairedGain
+from dq_flower.dq.server import asks
+from dq_flower.dq.server.schedule import MIN_GROWTH, AdaptiveSchedule, PairedGain, allocate
 from tests.apps import one_class_nodes
-from tests.apps.runner import run_app
+from tests.apps.runner import AppRun, run_app
 
 ROUND_LINE = re.compile(r"\[dq\] round (\d+): (\d+) new samples, store (\d+), "
                         r".*?(\d+) server steps")
@@ -45,34 +47,55 @@ def test_the_growth_a_gain_is_divided_by_starts_at_the_last_phase():
     assert late.evidence == plain.evidence  # both: a growth from 1,000 to 1,100 rows
 
 
-@pytest.fixture(scope="module")
-def runs():
+def _dq_run(asks_of=None) -> tuple[AppRun, list[tuple[int, ...]]]:
+    """DQ on the app (``asks_of``: in place of the schedule's ``allocate``), its round lines."""
     logger = logging.getLogger("flwr")
     lines: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
     logger.addHandler(handler)
+    patch = pytest.MonkeyPatch()
+    if asks_of is not None:
+        patch.setattr(asks, "allocate", asks_of)
     try:
-        dq = run_app(one_class_nodes, "dq")
+        run = run_app(one_class_nodes, "dq")
     finally:
+        patch.undo()
         logger.removeHandler(handler)
-    rounds = [tuple(int(g) for g in m.groups()) for m in map(ROUND_LINE.search, lines) if m]
-    return dq, run_app(one_class_nodes, "fedavg"), rounds
+    return run, [tuple(int(g) for g in m.groups()) for m in map(ROUND_LINE.search, lines) if m]
+
+
+def _five_rows_of_one_node(total, left, fit, unknown=None):
+    """The schedule's asks cut to 5 rows of the first node with rows left: rounds of 5 rows."""
+    split = allocate(total, left, fit, unknown)
+    first = min((k for k, v in left.items() if v), default=None)
+    return {k: (min(a, 5) if k == first else 0) for k, a in split.items()}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return _dq_run(), _dq_run(_five_rows_of_one_node), run_app(one_class_nodes, "fedavg")
 
 
 def test_only_rounds_that_grow_the_store_enough_train(runs):
-    _, _, rounds = runs
+    _, (_, rounds), _ = runs
     assert [r[0] for r in rounds] == [1, 2, 3, 4, 5, 6]
-    small = [r for r in rounds if 0 < r[1] < MIN_GROWTH * r[2]]
-    assert small, rounds  # the late rounds bring one row each: the rule is exercised
     unseen = 0  # rows of rounds that trained none add up
     for _, new, stored, steps in rounds:
         unseen += new
         assert (steps > 0) == (unseen >= max(MIN_GROWTH * stored, 1)), rounds
         unseen = 0 if steps else unseen
+    small = [r for r in rounds if 0 < r[1] < MIN_GROWTH * r[2]]  # 5 rows of about 920
+    assert any(r[3] == 0 for r in small) and any(r[3] > 0 for r in small), rounds
+
+
+def test_a_node_never_heard_from_does_not_take_the_others_asks(runs):
+    (_, rounds), _, _ = runs
+    # the empty node fails every round; the ten others hand in all their rows by round 2
+    assert rounds[1][2] == 1400 and all(r[1] == 0 for r in rounds[2:]), rounds
 
 
 def test_dq_learns_every_digit_where_fedavg_cannot_yet(runs):
-    dq, fedavg, _ = runs
+    (dq, _), _, fedavg = runs
     assert dq.final > 0.88 and dq.final > fedavg.final + 0.15
     assert dq.up_bytes < fedavg.up_bytes / 10

@@ -182,6 +182,13 @@ def test_allocate_gives_unknown_nodes_the_mean_of_the_known():
     assert sum(asks.values()) == 300 and asks[2] == 100
 
 
+def test_a_node_not_heard_from_is_asked_no_more_than_it_is_counted_as_holding():
+    # a well-fit node with 6 rows left beside one never heard from (its replies fail): the
+    # latter took the round's ask while uncapped, the former was asked for one row a round
+    asks = allocate(1394, {0: 6, 10: None}, {0: 0.001, 10: 0.15}, unknown=140)
+    assert asks == {0: 6, 10: 140}
+
+
 def test_schedule_state_round_trips_with_its_evidence_and_probe_countdown():
     s = AdaptiveSchedule()
     s.after_upload(0, 4000, None)

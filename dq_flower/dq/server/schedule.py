@@ -254,19 +254,20 @@ def allocate(total: int, left: dict[int, int | None], fit: dict[int, float],
              unknown: float | None = None) -> dict[int, int]:
     """Split ``total`` samples over nodes, in proportion to what each has left and fits worst.
 
-    ``left[node]``: samples not uploaded (``None``: ``unknown``, default the known ones'
-    mean, at least 1); ``fit[node]``: mean held-out loss (missing: the others' mean). A
-    node's weight is ``left * fit``; no node is asked for more than it has left (the rest
-    goes to the others, largest remainders break rounding).
+    ``left[node]``: samples not uploaded (``None``: not heard from, counted as holding
+    ``unknown``, default the known ones' mean, at least 1); ``fit[node]``: mean held-out
+    loss (missing: the others' mean). A node's weight is ``left * fit``; no node is asked
+    for more than it has left, or is counted as holding (the rest goes to the others,
+    largest remainders break rounding).
     """
     nodes = sorted(left)
     known = [v for v in left.values() if v is not None]
     if unknown is None:
         unknown = float(np.mean(known)) if known else 1.0
     mean_left = max(float(unknown), 1.0)
-    caps = np.array([math.inf if (v := left[n]) is None else float(v) for n in nodes])
+    caps = np.array([mean_left if (v := left[n]) is None else float(v) for n in nodes])
     mean_fit = float(np.mean(list(fit.values()))) if fit else 1.0
-    w = np.array([(mean_left if math.isinf(c) else c) * max(float(fit.get(n, mean_fit)), 1e-6)
+    w = np.array([c * max(float(fit.get(n, mean_fit)), 1e-6)
                   for n, c in zip(nodes, caps, strict=True)])
     share = np.zeros(len(nodes))
     free = (caps > 0) & (w > 0)
