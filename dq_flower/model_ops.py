@@ -15,7 +15,6 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from dq_flower.autocast_choice import resolve_autocast
 from dq_flower.codecs import PayloadError
 from dq_flower.losses import (  # the losses: here for the model path's callers
     LossFn,
@@ -229,17 +228,14 @@ class WeightedSteps:
         self.loss_fn = resolve_loss(loss_fn)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device, self.dtype = _device(model), float_dtype(model)
-        #: the forward under bfloat16 ``torch.autocast`` (the loss in the model's dtype);
-        #: ``None`` (``auto``): chosen on the first minibatch (:mod:`dq_flower.autocast_choice`)
-        self.bf16 = None if autocast == "auto" else autocast == "bfloat16"
+        #: ``bfloat16``: the forward under ``torch.autocast`` (the loss in the model's dtype)
+        self.bf16 = autocast == "bfloat16"
 
     def step(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
         """One optimizer step on the weighted minibatch; returns its loss."""
         yt = targets_tensor(y, self.device)
         xt = model_input(x, self.device, _windows(yt), self.dtype)
         wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(self.device)
-        if self.bf16 is None:
-            self.bf16 = resolve_autocast("auto", self.model, xt) == "bfloat16"
         for p in self.params:  # zero_grad(set_to_none=True), without its profiling wrapper
             p.grad = None
         with torch.enable_grad():

@@ -53,7 +53,7 @@ def test_a_tensor_dataset_of_three_tensors_is_x_y_when_the_server_asks_so():
 
 def test_the_ask_is_kept_in_the_federation_s_state():
     data = FederationData()
-    data.one_input = True
+    data.ask_one_input()
     again = FederationData()
     again.load_state(data.state(), lambda spec: None)
     assert again.one_input

@@ -8,10 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from dq_flower import autocast_choice
-from dq_flower.autocast_choice import forward_flops, native_bfloat16, resolve_autocast
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server import step_compute as step_compute_module
+from dq_flower.dq.server.step_compute import forward_flops, native_bfloat16, step_compute
+from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.model_ops import WeightedSteps
+from tests.dq.test_server_threads import CLASSES, DIM
+from tests.dq.test_server_threads import _data as store_data
 
 
 def _net() -> nn.Module:
@@ -77,52 +80,51 @@ def test_native_bfloat16_is_read_from_the_cpu_flags(tmp_path):
 
 def test_forward_flops_counts_a_sample_and_leaves_the_mode():
     model = nn.Sequential(nn.Linear(10, 5), nn.Dropout(0.5), nn.Linear(5, 2)).train()
-    assert forward_flops(model, torch.zeros(4, 10)) == 2 * (10 * 5 + 5 * 2)
+    assert forward_flops(model, np.zeros((4, 10), np.float32)) == 2 * (10 * 5 + 5 * 2)
     assert model.training
 
 
-def _wide() -> nn.Module:  # 2 * 64 * 9 * 32 * 32 = 1.18 MFLOP a sample
-    return nn.Sequential(nn.Conv2d(1, 64, 3, padding=1), nn.Flatten(),
-                         nn.Linear(64 * 32 * 32, 2))
+def _wide() -> nn.Module:  # 2 * (12 * 40,000 + 40,000 * 3) = 1.2 MFLOP a sample
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(DIM, 40_000), nn.ReLU(), nn.Linear(40_000, CLASSES))
+
+
+def _trainer(model: nn.Module, autocast: str) -> ServerTrainer:
+    cfg = DQConfig(upload_schedule="fixed", server_steps=3, augmentation="none",
+                   server_autocast=autocast)
+    return ServerTrainer(cfg, model, torch.optim.SGD(model.parameters(), lr=0.01),
+                         store_data(), None, loss_fn=None, seed=3)
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_takes_bfloat16_for_large_models_on_a_native_cpu_only(monkeypatch, native):
-    monkeypatch.setattr(autocast_choice, "native_bfloat16", lambda: native)
-    x = torch.zeros(8, 1, 32, 32)
-    assert resolve_autocast("auto", _wide(), x) == ("bfloat16" if native else "none")
-    assert resolve_autocast("auto", _net(), torch.zeros(8, 1, 8, 8)) == "none"  # 0.03 MFLOP
+    monkeypatch.setattr(step_compute_module, "native_bfloat16", lambda: native)
+    rows = np.zeros((2, DIM), np.float32)
+    assert step_compute(_wide(), rows, 64, 1, "auto").autocast == (
+        "bfloat16" if native else "none")
+    small = nn.Sequential(nn.Linear(DIM, 8), nn.ReLU(), nn.Linear(8, CLASSES))  # 0.0002 MFLOP
+    assert step_compute(small, rows, 64, 1, "auto").autocast == "none"
     for value in ("none", "bfloat16"):  # set by the user: kept
-        assert resolve_autocast(value, _wide(), x) == value
+        assert step_compute(_wide(), rows, 64, 1, value).autocast == value
 
 
-def test_auto_is_chosen_on_the_first_minibatch_once_a_model(monkeypatch):
-    monkeypatch.setattr(autocast_choice, "native_bfloat16", lambda: True)
+def test_auto_is_chosen_once_a_trainer(monkeypatch):
+    monkeypatch.setattr(step_compute_module, "native_bfloat16", lambda: True)
     counted: list[int] = []
-    monkeypatch.setattr(autocast_choice, "forward_flops",
-                        lambda model, x: counted.append(len(x)) or 2e6)
-    model = _net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = _data()
-    first = WeightedSteps(model, optimizer, None, "auto")
-    assert first.bf16 is None
-    first.step(x, y, np.full(64, 1 / 64, np.float32))
-    again = WeightedSteps(model, optimizer, None, "auto")  # the next phase's steps
-    again.step(x, y, np.full(64, 1 / 64, np.float32))
-    assert first.bf16 is True and again.bf16 is True and counted == [2]
+    monkeypatch.setattr(step_compute_module, "forward_flops",
+                        lambda model, rows, tokens=False: counted.append(len(rows)) or 2e6)
+    trainer = _trainer(_wide(), "auto")
+    for _ in range(2):  # two rounds of store steps
+        trainer.train_gradient(1, None, [], [7])
+    assert trainer.compute().autocast == "bfloat16" and len(counted) == 1
 
 
 def test_auto_steps_as_the_choice_it_makes(monkeypatch):
     """``auto`` on a large model of a native CPU is ``bfloat16``, bit for bit."""
-    monkeypatch.setattr(autocast_choice, "native_bfloat16", lambda: True)
-    x = np.random.default_rng(1).random((16, 1, 32, 32), dtype=np.float32)
-    y, w = np.arange(16) % 2, np.full(16, 1 / 16, np.float32)
+    monkeypatch.setattr(step_compute_module, "native_bfloat16", lambda: True)
     weights = []
     for value in ("auto", "bfloat16", "none"):
-        torch.manual_seed(0)
         model = _wide()
-        steps = WeightedSteps(model, torch.optim.SGD(model.parameters(), lr=0.01), None, value)
-        for _ in range(3):
-            steps.step(x, y, w)
+        _trainer(model, value).train_gradient(1, None, [], [7])
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])

@@ -11,8 +11,8 @@ import torch
 
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.step_compute import step_compute, torch_threads
 from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
-from dq_flower.dq.server.threads import step_threads, torch_threads
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.wire.dq_batch import DataSpec
 
@@ -87,7 +87,9 @@ def test_a_model_that_cannot_be_counted_trains_on_one_thread():
                 raise RuntimeError("only trains")
             return x
 
-    assert step_threads(Odd(), np.zeros((2, DIM), np.float32), 64) == 1
+    compute = step_compute(Odd(), np.zeros((2, DIM), np.float32), 64, 0, "auto")
+    assert compute.threads == 1
+    assert compute.autocast == "none"  # and in float32
 
 
 def test_the_threads_come_back_when_the_steps_raise():

@@ -127,6 +127,10 @@ class FederationData:
         """Ask every node from the next round on to type its targets for ``outputs`` outputs."""
         self.model_outputs = outputs
 
+    def ask_one_input(self) -> None:
+        """Ask every node from the next round on for ``(x, y)`` of its tensors, no more."""
+        self.one_input = True
+
     def ask_ids(self, vocab: int) -> None:
         """Ask every node from the next round on for its samples as ids below ``vocab``."""
         self.whole_vocab = int(vocab)

@@ -244,7 +244,7 @@ class UploadIntake:
                                self.data.num_classes, self.loss_fn)
         except PayloadError as exc:
             if (why := one_input_reason(self.model, spec.inputs)) is not None:
-                self.data.one_input = True
+                self.data.ask_one_input()
                 raise PayloadError(f"{exc}: {why}") from exc
             outputs = output_width(self.model) or 0
             labels = np.asarray(upload.batch.labels)

@@ -35,7 +35,7 @@ from dq_flower.dq.server.optimizer_choice import (
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.server.processes import check_portable, sharded_phase, sharded_steps
 from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
-from dq_flower.dq.server.threads import step_threads, torch_threads
+from dq_flower.dq.server.step_compute import StepCompute, step_compute, torch_threads
 from dq_flower.dq.server.validation import Upload
 from dq_flower.model_ops import (
     LossFn,
@@ -83,7 +83,7 @@ class ServerTrainer:
         #: whether the last phase's model was significantly worse (the old one was kept)
         self.reverted = False
         self.guard = StepGuard(model, optimizer)
-        self.auto_threads: int | None = None  # server-threads 0's choice (see threads())
+        self.auto_step: StepCompute | None = None  # the knobs' automatic values (compute())
         self.rolled_back = 0
         #: clients whose held-out rows disagree with the others' (adaptive schedule)
         self.screen = AgreementScreen(cfg.screen_margin)
@@ -158,7 +158,7 @@ class ServerTrainer:
     def _guarded(self, server_round: int, nodes: list[int], steps: Callable[[], float]
                  ) -> float:
         """``steps()``'s loss; NaN where they failed (rolled back, :meth:`StepGuard.run`)."""
-        with torch_threads(self.threads()):
+        with torch_threads(self.compute().threads):
             loss, failure = self.guard.run(steps)
         if failure is None:
             return loss
@@ -167,13 +167,14 @@ class ServerTrainer:
                   f"replies came from nodes {sorted(nodes)}")
         return float("nan")
 
-    def threads(self) -> int:
-        """``server-threads``, its 0 resolved once the samples' shape is known (1 till then)."""
-        if self.auto_threads is None and not self.cfg.server_threads and self.data.spec:
-            spec = self.data.spec
-            self.auto_threads = step_threads(self.model, self.data.shaped(placeholder_rows(
-                spec)[0]), self.cfg.server_batch_size, tokens=spec.target == "tokens")
-        return self.cfg.server_threads or (1 if self.auto_threads is None else self.auto_threads)
+    def compute(self) -> StepCompute:
+        """``server-threads`` and ``server-autocast``, resolved once the samples' shape is known."""
+        spec, cfg = self.data.spec, self.cfg
+        if self.auto_step is None and spec:
+            self.auto_step = step_compute(
+                self.model, self.data.shaped(placeholder_rows(spec)[0]), cfg.server_batch_size,
+                cfg.server_threads, cfg.server_autocast, tokens=spec.target == "tokens")
+        return self.auto_step or StepCompute.uncounted(cfg.server_threads, cfg.server_autocast)
 
     # ------------------------------------------------------------------ the steps
     def delta_norms(self, uploads: list[Upload]) -> list[tuple[float, float]]:
@@ -185,7 +186,7 @@ class ServerTrainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch_threads(self.threads()):
+            with torch_threads(self.compute().threads):
                 out = [self._delta_norm(u) for u in uploads]
         finally:
             self.model.train(was_training)
@@ -262,7 +263,7 @@ class ServerTrainer:
                                      "importance" if correction is not None else
                                      self.cfg.store_weights, skip=self.excluded)
         plain = (WeightedSteps(self.model, self.optimizer, self.loss_fn,  # no flat gradient
-                               self.cfg.server_autocast)
+                               self.compute().autocast)
                  if correction is None and self.batch_gradient is weighted_loss_grad else None)
         for x, y, w in batches:
             xb = self.data.shaped(x)
@@ -306,10 +307,9 @@ class ServerTrainer:
         assert self.schedule is not None
         self.last_phase = None
         store = self.data.store
-        new = sum(len(u.batch) for u in fresh)  # a full store still changes: counted so
         compensated = any(u.delta is not None for u in fresh)  # a step however few rows
-        if store is None or store.num_train == 0 or not (
-                compensated or self.schedule.grew_enough(new, len(store))):
+        if store is None or store.num_train == 0 or not (compensated or self.schedule.grew_enough(
+                sum(len(u.batch) for u in fresh), len(store))):  # a full store still changes
             return float("nan")
         rng = self.batch_rng(server_round)
         # the compensated step on the fresh rows, queued (only with compensations)
