@@ -136,8 +136,8 @@ class DQConfig(RobustConfig, OptimizerConfig):
     min_holdout_rows: int = knob(10, between(0, MAX_ROWS), doc=(
         "held-out rows per class the first ask provides for, and a flat verdict needs"))
     probe_after: int = knob(2, at_least(0), doc=(
-        "rounds without uploads, once flat, before a probe of a tenth of the store (0: "
-        "never)"))
+        "rounds without uploads before a probe, once flat (a tenth of the store) or every "
+        "node has sent all its rows (one node asked for more; 0: never, the run ends)"))
     max_growth: float = knob(2.0, above(1.1), doc=(
         "largest growth of the store from one upload round to the next"))
     node_rows_cap: float = knob(4.0, lambda v: None if v == 0 or v >= 1 else

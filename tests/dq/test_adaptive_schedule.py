@@ -1,6 +1,7 @@
 """DQ's default adaptive schedule end to end, in-process on the digits MLP."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -28,18 +29,22 @@ def adaptive_run():
     return run_inprocess(num_clients=3, rounds=12, **_KNOBS)
 
 
-def test_the_schedule_grows_the_store_then_stops_asking_and_ends_early(adaptive_run):
+def test_the_schedule_grows_the_store_then_stops_asking_and_only_probes(adaptive_run):
     result, _ = adaptive_run
     rows = [r for r in result.history if r["round"] >= 1]
     assert rows[0]["stored"] == 3 * 32 and rows[0]["next_ask"] == 96  # growth 2
     stored = [r["stored"] for r in rows if r["selected"]]
     assert all(b > a for a, b in zip(stored, stored[1:], strict=False))
-    # it stops on a flat curve (1) or once the 3 nodes have sent all their rows (2)
-    assert rows[-1]["ended_early"] and rows[-1]["schedule_done"] in (1, 2)
-    if rows[-1]["schedule_done"] == 2:  # that round had no one left to ask
-        assert rows[-1]["selected"] == 0 and rows[-1]["cum_up_bytes"] == rows[-2][
-            "cum_up_bytes"]
-    assert len(rows) < 12 and result.history[-1]["accuracy"] > 0.85
+    # the 3 nodes have sent all their rows by round 5: round 6 asks none, and probes of
+    # one node follow 2 and then 4 data rounds later, each a reply with no row
+    assert stored[-1] == 1437 and [r["schedule_done"] for r in rows[5:]] == [2] * 7
+    assert [r["round"] for r in rows[5:] if r["replies"]] == [8, 12]
+    probes = [r for r in rows[5:] if r["replies"]]
+    assert all(r["replies"] == 1 and r["selected"] == 0 for r in probes)
+    quoted = probes[0]["up_bytes"]  # docs/method.md quotes what such a reply costs
+    assert probes[1]["up_bytes"] == quoted and f"({quoted} B on the digits MLP)" in " ".join(
+        (Path(__file__).parents[2] / "docs" / "method.md").read_text().split())
+    assert not any(r.get("ended_early") for r in rows) and rows[-1]["accuracy"] > 0.85
     # every held-out share is the configured tenth (per node and class, rounded)
     assert all(abs(r["holdout_rows"] - 0.1 * r["stored"]) <= 3 * 10 for r in rows)
     assert all(0 < r["server_steps"] <= 300 for r in rows if r["selected"])

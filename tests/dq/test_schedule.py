@@ -119,6 +119,29 @@ def test_a_probe_that_finds_the_curve_still_flat_doubles_the_wait():
     assert s.flat and [s.round_ask(9900) for _ in range(4)] == [0, 0, 0, 990]
 
 
+def test_an_exhausted_schedule_probes_with_a_doubling_wait_and_resumes_on_request():
+    s = AdaptiveSchedule(max_growth=1.5, probe_after=2)
+    s.after_upload(0, 600, None)
+    s.stop("exhausted")
+    assert s.exhausted and not s.finished and s.next_total == 0
+    # no comparison follows a probe that brings nothing: each probe doubles the next wait
+    asks = [s.round_ask(600) for _ in range(2 + 4 + 8)]
+    assert [i for i, a in enumerate(asks, 1) if a] == [2, 6, 14] and set(asks) == {0, 300}
+    assert s.probes == 3 and s.exhausted
+    s.resume(640)  # a probe found rows: nodes' data grows
+    assert not s.done and s.reason == "" and s.round_ask(640) == s.next_total == 320
+    s.stop("exhausted")  # a fresh stop waits probe_after again
+    assert [s.round_ask(640) for _ in range(2)] == [0, 320]
+
+
+def test_only_a_stop_without_probes_finishes_the_schedule():
+    for reason in ("exhausted", "flat"):
+        probing, final = AdaptiveSchedule(probe_after=2), AdaptiveSchedule(probe_after=0)
+        probing.stop(reason), final.stop(reason)
+        assert not probing.finished and final.finished
+        assert final.round_ask(100) == 0
+
+
 def test_an_uncertain_small_gain_keeps_asking():
     s = AdaptiveSchedule(min_gain=0.005)
     s.after_upload(0, 200, None)
@@ -199,6 +222,10 @@ def test_schedule_state_round_trips_with_its_evidence_and_probe_countdown():
     t.load_state(s.state())
     assert t.state() == s.state() and t.flat and len(t.evidence) == 2
     assert t.round_ask(9000) == s.round_ask(9000) == 900  # the same probe round
+    s.stop("exhausted")
+    s.round_ask(9000), s.round_ask(9000)
+    t.load_state(s.state())
+    assert t.probes == s.probes == 1 and t.state() == s.state()
 
 
 @pytest.mark.parametrize("kwargs", [{"min_gain": 0}, {"max_growth": 1.0},

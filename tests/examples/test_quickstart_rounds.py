@@ -1,4 +1,5 @@
-"""The README's ``simulate`` quickstart asks for 5 rounds and shows 0-3: the log says why."""
+"""The README's ``simulate`` quickstart asks for 5 rounds: rounds 3 and 4 ask for nothing and
+round 5 probes one client; without probes the run ends early and its log says why."""
 
 from __future__ import annotations
 
@@ -6,12 +7,24 @@ import logging
 
 from tests.dq.helpers import run_inprocess
 
+#: examples/quickstart.py's run on the in-process grid
+QUICKSTART = dict(num_clients=4, rounds=5, seed=0, budget=64, bits=2)
+
+
+def test_every_row_stored_by_round_2_then_one_probe_in_round_5():
+    result, _ = run_inprocess(**QUICKSTART)
+    rows = result.history
+    assert [row["round"] for row in rows] == [0, 1, 2, 3, 4, 5]
+    assert [row.get("replies") for row in rows[1:]] == [4, 4, 0, 0, 1]
+    assert rows[5]["selected"] == 0 and rows[5]["up_bytes"] > 0
+    assert rows[5]["accuracy"] == rows[2]["accuracy"]  # nothing new: no training
+
 
 def test_a_run_that_ends_early_says_so_in_its_log(caplog):
-    # examples/quickstart.py's run on the in-process grid: every row stored by round 2, so
-    # round 3 asks for nothing and the run stops two rounds short of rounds=5
+    # every row stored by round 2, so round 3 asks for nothing and, without probes, the
+    # run stops two rounds short of rounds=5
     with caplog.at_level(logging.INFO, logger="flwr"):
-        result, _ = run_inprocess(num_clients=4, rounds=5, seed=0, budget=64, bits=2)
+        result, _ = run_inprocess(**QUICKSTART, probe_after=0)
     assert [row["round"] for row in result.history] == [0, 1, 2, 3]
     said = [r.getMessage() for r in caplog.records if "ended early" in r.getMessage()]
     assert said == ["[dq] ended early after round 3: the adaptive upload schedule stopped "

@@ -133,7 +133,7 @@ def test_a_compensation_scaled_by_1e30_is_rejected_against_the_others():
     assert metrics["rejected"] == 1 and metrics["replies"] == 3
 
 
-def test_gradient_rounds_refuse_a_changed_example_count():
+def test_gradient_rounds_refuse_an_example_count_far_over_the_others():
     strategy = _dq(upload_mode="gradient", gradient_codec="identity", gradient_codec_params="")
     grid = InProcessGrid(client_app, TASK.num_partitions)
     strategy.aggregate_train(1, _round(strategy, 1, grid))

@@ -10,8 +10,10 @@ PyTorch's CPU kernels differ between processors (AVX2 or AVX-512 code paths, the
 BLAS paths), so the last bits of a float sum, and with them a coded update's size, differ
 too: a history is exact only on the kind of machine that recorded it
 (:func:`machine_kind`). ``first-recorded/`` holds the histories recorded before the
-package's layers were reorganised, on the machine of that time; on a kind of machine with
-no references of its own the test compares with them at :data:`LOOSE` tolerances.
+package's layers were reorganised, on the machine of that time (DQ's rows since re-recorded
+on an AMD AVX-512 machine, where an exhausted schedule began to probe); on a kind of
+machine with no references of its own the test compares with them at :data:`LOOSE`
+tolerances.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Under ``compensation-mode="refresh"`` a node keeps the samples payload it sent in round r
 (``dq-sent-<r>``) and its row ids and weights (``dq-sent-rows-<r>``) in ``Context.state``,
 to recompute residuals later (:func:`sent_rows`); :func:`forget_from` drops what the
-server serves again. :func:`node_ranges` gives the ranges both the upload and that
-recomputation use; :func:`spec_of`, the spec its rows carry.
+server serves again. :func:`coding_ranges` gives the ranges both the upload and that
+recomputation use (kept once sent); :func:`spec_of`, the spec its rows carry.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from dq_flower.wire.dq_batch import ID_VOCAB_KEY, DataSpec, payload_quantizer
 from dq_flower.wire.targets import binary_targets
 from dq_flower.wire.token_batch import TOKENS_CODEC
 
-__all__ = ["SENT_PREFIX", "SENT_ROWS_PREFIX", "keep_sent", "sent_rounds", "sent_rows",
-           "forget_from", "node_ranges", "spec_of"]
+__all__ = ["SENT_PREFIX", "SENT_ROWS_PREFIX", "RANGES_STATE", "coding_ranges", "keep_sent",
+           "sent_rounds", "sent_rows", "forget_from", "node_ranges", "spec_of"]
 
 SENT_PREFIX = "dq-sent-"
 SENT_ROWS_PREFIX = "dq-sent-rows-"
+#: the feature ranges the node last sent, in ``Context.state`` (:func:`coding_ranges`)
+RANGES_STATE = "dq-ranges"
 
 
 def node_ranges(config: Mapping[str, Any], x_flat: np.ndarray, bits: int
@@ -39,6 +41,27 @@ def node_ranges(config: Mapping[str, Any], x_flat: np.ndarray, bits: int
     """
     table = int(config.get(ID_VOCAB_KEY, 0) or 0) > 0
     return feature_ranges(x_flat, 2 ** bits if table else 0)
+
+
+def coding_ranges(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, bits: int,
+                  send: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(lo, span)`` the node codes its rows against this round.
+
+    Where it sends them (``send``), its data's own ranges (:func:`node_ranges`), kept in
+    ``Context.state``; else the ones it sent, which the server decodes its rows with, for
+    as long as it keeps them: rows of data that grew since fall outside them and are
+    clipped to their ends.
+    """
+    kept = context.state.array_records.get(RANGES_STATE)
+    if (not send and kept is not None and int(kept["bits"].numpy()[0]) == int(bits)
+            and kept["lo"].shape == (x_flat.shape[1],)):
+        return kept["lo"].numpy(), kept["span"].numpy()
+    lo, span = node_ranges(config, x_flat, bits)
+    if send:
+        context.state[RANGES_STATE] = ArrayRecord({
+            "lo": Array(np.asarray(lo)), "span": Array(np.asarray(span)),
+            "bits": Array(np.array([bits], dtype=np.int64))})
+    return lo, span
 
 
 def keep_sent(context: Context, server_round: int, samples: Payload, ids: np.ndarray,
@@ -82,7 +105,7 @@ def sent_rows(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, y
         xq = payload_quantizer(payload, bits, int(payload.meta.get("per_channel", 0)),
                                bool(payload.meta.get("fixed_range", False))).decode(payload)
         if mode == "feature":
-            xq = denormalise(xq, *node_ranges(config, x_flat, bits))
+            xq = denormalise(xq, *coding_ranges(context, config, x_flat, bits, send=False))
         parts.append((x_flat[ids], xq, y[ids], weights))
     if not parts:
         return None

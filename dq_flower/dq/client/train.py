@@ -36,7 +36,7 @@ from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
 from dq_flower.data_input import as_inputs
 from dq_flower.dq.client.selection import select
-from dq_flower.dq.client.sent import forget_from, keep_sent, node_ranges, sent_rows, spec_of
+from dq_flower.dq.client.sent import coding_ranges, forget_from, keep_sent, sent_rows, spec_of
 from dq_flower.dq.client.tokens import check_token_round, id_vocab, token_upload
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig, auto_bits
 from dq_flower.dq.scorer_choice import (
@@ -305,7 +305,7 @@ def _data_round(r: RoundInput) -> Message:
 
     x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows
     coded = (_Coded(None, tokens_payload(x_flat[chosen], spec.vocab), "sample", x_flat[chosen])
-             if spec.vocab else _quantize(cfg, spec, x_flat[chosen], x_flat, rng, config))
+             if spec.vocab else _quantize(cfg, spec, x_flat[chosen], x_flat, rng, r))
     compensation = None
     if cfg.compensation != "none" and chosen.size:
         compensation = _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb,
@@ -387,18 +387,19 @@ class _Coded:
 
 
 def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
-              rng: np.random.Generator, config: dict[str, Any]) -> _Coded:
-    """Quantize the chosen rows ``xb`` (per-feature ranges from all of ``x_flat``)."""
+              rng: np.random.Generator, r: RoundInput) -> _Coded:
+    """Quantize the chosen rows ``xb`` (per-feature ranges: :func:`.coding_ranges`)."""
     mode = range_mode(cfg.ranges, spec.sample_shape, spec.mixed_units)
     quantizer = cfg.sample_quantizer(mode, spec.channels,
                                      dither_seed=int(rng.integers(2**31)),
                                      sample_shape=spec.sample_shape)
     if mode != "feature":
         return _Coded(quantizer, quantizer.encode(xb, rng), mode, xb)
-    lo, span = node_ranges(config, x_flat, quantizer.bits)
+    send = bool(r.config.get("send-ranges", True))
+    lo, span = coding_ranges(r.context, r.config, x_flat, quantizer.bits, send)
     coded = _Coded(quantizer, quantizer.encode(normalise(xb, lo, span), rng), mode, xb,
                    lo, span)
-    if bool(config.get("send-ranges", True)):
+    if send:
         coded.extra[RANGES_KEY] = ranges_record(lo, span)
     return coded
 

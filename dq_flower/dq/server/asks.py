@@ -171,11 +171,10 @@ class RoundAsks:
         asks = dict.fromkeys(keys, self.cfg.budget)
         adaptive = self.trainer.schedule is not None
         screened = plan.mode == "data" and not refresh  # a refresh round asks every node
-        if screened:
-            if adaptive:
-                asks = self.adaptive_asks(keys)
-            asks = {k: a if self.planner.samples_left(k, 1) > 0 else 0
-                    for k, a in asks.items()}
+        if screened:  # adaptive: none beyond what a client has left, or may have by now
+            asks = (self.adaptive_asks(keys) if adaptive
+                    else {k: a if self.planner.samples_left(k, 1) > 0 else 0
+                          for k, a in asks.items()})
         default = self.unknown_ask(asks, clients) if screened and adaptive else (
             asks.get(clients.spare[0], 0) if clients.spare else self.cfg.budget)
         table_asks = {i: asks.get(i, 0) for i in clients.free}
@@ -210,6 +209,8 @@ class RoundAsks:
             return self.all_rows(keys)
         if schedule.next_total is None:
             return dict.fromkeys(keys, self.first_ask(len(keys)))
+        if schedule.exhausted and self.data.grown:  # a probe found rows: the data grows
+            schedule.resume(self.data.stored)
         total = schedule.round_ask(self.data.stored)
         if total <= 0:
             return {}
@@ -218,6 +219,7 @@ class RoundAsks:
             else None if (known := self.data.sent.get(int(key))) is None
             else known[0] if self.cfg.resend else self.capped_left(int(key), *known)
             for key in keys}
+        left = self.may_have_grown(left, schedule.probes if schedule.exhausted else None)
         if all(v == 0 for v in left.values()) and self.all_heard_of(keys):
             schedule.stop("exhausted")  # nothing left anywhere: the store holds it all
             return {}
@@ -227,21 +229,42 @@ class RoundAsks:
         typical = float(np.mean(held)) if held else None
         return allocate(total, left, self.trainer.node_fit, unknown=typical)
 
+    def may_have_grown(self, left: dict[int, int | None], probe: int | None
+                       ) -> dict[int, int | None]:
+        """``left``, clients that sent every row counted as unheard where they may have more.
+
+        Once a client's ``num-examples`` has grown (:attr:`FederationData.grown`), every
+        such client may hold new rows; before, only a probe while exhausted (``probe``:
+        the schedule's count of them) asks one, each probe the next in identity order.
+        """
+        spent = sorted(k for k, v in left.items()
+                       if v == 0 and int(k) not in self.trainer.excluded)
+        if self.data.grown:
+            return {k: None if k in spent else v for k, v in left.items()}
+        if probe is None or not spent:
+            return left
+        return {**left, spent[(probe - 1) % len(spent)]: None}
+
     def all_rows(self, keys: list[int]) -> dict[int, int]:
         """The ``all`` schedule's asks: every row a client has not uploaded yet.
 
-        A client the server has not heard from is asked for :data:`ALL_ROWS`; the schedule
-        stops once every known client is exhausted and no other is left.
+        A client the server has not heard from, or one whose data may have grown
+        (:meth:`may_have_grown`), is asked for :data:`ALL_ROWS`; the schedule stops once
+        every known client is exhausted and no other is left.
         """
         schedule = self.trainer.schedule
         assert schedule is not None
-        asks = {}
-        for key in keys:
-            known = self.data.sent.get(int(key))
-            asks[key] = (0 if int(key) in self.trainer.excluded
-                         else ALL_ROWS if known is None
-                         else known[0] if self.cfg.resend else max(known[0] - known[1], 0))
-        if not any(asks.values()) and self.all_heard_of(keys):
+        if schedule.exhausted and self.data.grown:
+            schedule.resume(self.data.stored)
+        left: dict[int, int | None] = {
+            key: 0 if int(key) in self.trainer.excluded
+            else None if (known := self.data.sent.get(int(key))) is None
+            else known[0] if self.cfg.resend else max(known[0] - known[1], 0) for key in keys}
+        probe = (schedule.probes if schedule.exhausted
+                 and schedule.round_ask(self.data.stored) > 0 else None)
+        asks = {k: ALL_ROWS if v is None else v
+                for k, v in self.may_have_grown(left, probe).items()}
+        if not any(asks.values()) and self.all_heard_of(keys) and not schedule.exhausted:
             schedule.stop("exhausted")
         return asks
 
@@ -253,7 +276,8 @@ class RoundAsks:
         never heard from may hold anything.
         """
         others = set(self.data.sent) - {int(k) for k in keys}
-        return (all(int(c) in self.trainer.excluded or self.planner.samples_left(c, 1) == 0
+        return (all(int(c) in self.trainer.excluded
+                    or (self.planner.samples_left(c, 1) == 0 and not self.data.grown)
                     for c in others)
                 and all(self.identities.of(n) is not None for n in self.identities.connected))
 
@@ -261,14 +285,16 @@ class RoundAsks:
         """Whether a data round's ask of ``node`` can bring rows the server lacks.
 
         A node never heard from may; a known client only while it holds rows not uploaded
-        (or with ``resend``) and the agreement screen has not left it out.
+        (or with ``resend``, or once clients' data has grown) and the agreement screen has
+        not left it out.
         """
         identity = self.identities.of(node)
         if identity is None:
             return True
         if identity in self.trainer.excluded:
             return False
-        return self.cfg.resend or self.planner.samples_left(identity, 1) > 0
+        return (self.cfg.resend or bool(self.data.grown)
+                or self.planner.samples_left(identity, 1) > 0)
 
     def rows_cap(self, uploaded: int = 0) -> float:
         """Rows one client is asked for in all (see ``node-rows-cap``).

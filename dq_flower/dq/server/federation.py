@@ -91,6 +91,8 @@ class FederationData:
     one_input: bool = False  # nodes asked for (x, y) of their tensors: the model takes one
     #: per client (identity): ``[examples it holds, rows it sent]``, from its valid replies
     sent: dict[int, list[int]] = field(default_factory=dict)
+    #: rows the clients' ``num-examples`` grew by from one reply to a later one (a stream)
+    grown: int = 0
     provisional: dict[str, bool] = field(default_factory=lambda: {"spec": False,
                                                                   "bound": False})
 
@@ -163,8 +165,15 @@ class FederationData:
         self.provisional = {"spec": False, "bound": False}
 
     def record_sent(self, node: int, examples: int, rows: int) -> None:
-        """A valid reply of ``node``: the examples it holds and ``rows`` more it sent."""
-        self.sent[int(node)] = [int(examples), self.sent.get(int(node), [0, 0])[1] + int(rows)]
+        """A valid reply of ``node``: the examples it holds and ``rows`` more it sent.
+
+        A count above the node's last one is data that grew (:attr:`grown`); from then on
+        every client may hold rows the server has not seen.
+        """
+        before = self.sent.get(int(node), [0, 0])
+        if before[0] and examples > before[0]:
+            self.grown += int(examples) - before[0]
+        self.sent[int(node)] = [int(examples), before[1] + int(rows)]
 
     def count_duplicates(self, rows: int) -> None:
         """Count ``rows`` of a reply that the server already held (dropped)."""
@@ -197,7 +206,7 @@ class FederationData:
                 "value_bound": self.value_bound, "provisional": dict(self.provisional),
                 "model_outputs": self.model_outputs, "pin_units": self.pin_units,
                 "whole_vocab": self.whole_vocab, "one_input": self.one_input,
-                "sent": {k: list(v) for k, v in self.sent.items()}}
+                "sent": {k: list(v) for k, v in self.sent.items()}, "grown": self.grown}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
         """Inverse of :meth:`state`; ``fix_spec`` adopts the spec again (a new store)."""
@@ -208,6 +217,7 @@ class FederationData:
         self.one_input = bool(state.get("one_input", False))
         sent = state.get("sent", state.get("planner", {}).get("clients", {}))  # older: planner's
         self.sent = {int(k): [int(a), int(b)] for k, (a, b) in sent.items()}
+        self.grown = int(state.get("grown", 0))
         if state.get("spec") is not None:
             spec = state["spec"]
             fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],

@@ -32,6 +32,7 @@ from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of, table_reader, whole_number_vocab
 from dq_flower.dq.server.validation import (
+    EXAMPLES_FACTOR,
     SHARE_FACTOR,
     VALUE_FACTOR,
     History,
@@ -41,6 +42,7 @@ from dq_flower.dq.server.validation import (
     check_upload,
     keep_rows,
     kept_rows,
+    median_of,
 )
 from dq_flower.losses import TargetLoss
 from dq_flower.model_inputs import one_input_reason
@@ -194,10 +196,15 @@ class UploadIntake:
                             self.cfg.budget if max_rows is None else int(max_rows), source)
 
     def check_examples(self, node: int, examples: int) -> None:
-        """A node's number of examples does not change between rounds."""
-        known = self.data.sent.get(int(node))
-        if known is not None and known[0] and known[0] != examples:
-            raise PayloadError(f"'num-examples' changed from {known[0]} to {examples}")
+        """A gradient reply's count: it may grow (a stream), not past the others' bound.
+
+        The bound is data rounds' (:func:`~.validation.screen_claims`): at most
+        :data:`~.validation.EXAMPLES_FACTOR` times the other clients' lower median.
+        """
+        others = [v[0] for n, v in self.data.sent.items() if v[0] > 0 and int(n) != int(node)]
+        if others and examples > EXAMPLES_FACTOR * (low := median_of(others, lower=True)):
+            raise PayloadError(f"'num-examples'={examples} is over {EXAMPLES_FACTOR:g} times "
+                               f"the median node's {low:g}")
 
     # ------------------------------------------------------------------ the round's replies
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:

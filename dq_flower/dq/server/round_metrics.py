@@ -92,6 +92,8 @@ class RoundMetrics:
             "schedule-done": (0 if not schedule.done
                               else 2 if schedule.reason == "exhausted" else 1),
         }
+        if schedule.done and schedule.probe_after:  # data rounds before the next probe
+            out["probe-in"] = max(int(schedule.probe_in), 1)
         if phase is not None and phase.final is not None and phase.final.loss.size:
             out["holdout-loss"] = float(phase.final.loss.mean())
             if phase.final.correct is not None:
@@ -115,8 +117,12 @@ def schedule_text(metrics: dict[str, Any]) -> str:
     if metrics.get("reverted"):
         text += (" (worse on the held-out rows beyond its uncertainty: the previous model is"
                  " kept)")
+    wait = metrics.get("probe-in")
+    rounds = f"{wait} data round{'s' if wait != 1 else ''}"
     if metrics["schedule-done"] == 2:
-        return text + "; every node has uploaded all its samples"
+        return text + "; every node has uploaded all its samples" + (
+            f" (a probe asks one for more in {rounds})" if wait else "")
     if metrics["schedule-done"]:
-        return text + "; the learning curve is flat: no more uploads"
+        return text + "; the learning curve is flat: " + (
+            f"no uploads until a probe in {rounds}" if wait else "no more uploads")
     return text + f"; next ask {metrics['next-ask']} samples"

@@ -16,7 +16,11 @@ and its standard error ``s`` (class targets: variance floored at ``1 / (n + 1)``
   max_growth - 1]`` times ``N``;
 - while flat, every ``probe_after`` rounds a probe asks ``min_growth - 1`` times the store;
   its comparison joins the evidence (replaces it where its own gain is above ``min_gain``
-  beyond its uncertainty); still flat: the wait doubles.
+  beyond its uncertainty); still flat: the wait doubles;
+- once every node has sent all its rows (**exhausted**), every ``probe_after`` rounds a
+  probe asks ``max_growth - 1`` times the store of a node that may have more by now (its
+  data may grow: a sensor stream); the wait doubles after each probe, and rows it brings
+  resume the schedule.
 
 A phase's new model is dropped where ``d + z s < 0`` (:func:`significantly_worse`). Errors
 are ``1 - accuracy`` for class targets (``min_gain`` in accuracy points per doubling) and
@@ -131,6 +135,8 @@ class AdaptiveSchedule:
     #: and those of them the phase about to run follows (its growth counts from before them)
     unseen: int = 0
     behind: int = 0
+    #: probes made while exhausted (which node the next one asks)
+    probes: int = 0
 
     def __post_init__(self) -> None:
         if self.min_gain <= 0:
@@ -147,9 +153,14 @@ class AdaptiveSchedule:
         return self.done and self.reason == "flat"
 
     @property
+    def exhausted(self) -> bool:
+        """Stopped with every node's rows sent (a probe asks whether one has more by now)."""
+        return self.done and self.reason == "exhausted"
+
+    @property
     def finished(self) -> bool:
-        """Nothing will be asked again: every node exhausted, or flat with no probes."""
-        return self.done and (self.reason != "flat" or self.probe_after == 0)
+        """Nothing will be asked again: stopped, and ``probe_after`` 0."""
+        return self.done and self.probe_after == 0
 
     def grew_enough(self, new: int, stored: int) -> bool:
         """Whether ``new`` rows and those since the last phase are worth one (:data:`MIN_GROWTH`).
@@ -186,10 +197,9 @@ class AdaptiveSchedule:
         if self.shows_flat(g, s, gain.rows):
             if probing:  # still flat: wait twice as long for the next probe
                 self.probe_wait *= 2
+                self.probe_in = self.probe_wait
             else:
                 self.stop("flat")
-                self.probe_wait = self.probe_after
-            self.probe_in = self.probe_wait
         else:
             self.done, self.reason = False, ""
             self.next_total = self._ask(n1, g, s, gain.error_after)
@@ -202,19 +212,37 @@ class AdaptiveSchedule:
                 and g + Z_ONE_SIDED * s < self.min_gain)
 
     def round_ask(self, stored: int) -> int:
-        """The total to ask this round (once per data round; while flat, counts to a probe)."""
-        if not self.flat:
-            return 0 if self.done else int(self.next_total or 0)
+        """The total to ask this round (once per data round; while stopped, counts to a probe).
+
+        A probe while exhausted sets the next wait at once (twice this one): no rows, no
+        comparison to set it.
+        """
+        if not self.done:
+            return int(self.next_total or 0)
         if self.probe_after == 0:
             return 0
         self.probe_in -= 1
         if self.probe_in > 0:
             return 0
+        if self.exhausted:
+            self.probes += 1
+            self.probe_wait *= 2
+            self.probe_in = self.probe_wait
+            return max(math.ceil(stored * (self.max_growth - 1) - 1e-9), 1)
         return max(math.ceil(stored * (self.min_growth - 1) - 1e-9), 1)
 
+    def resume(self, stored: int) -> None:
+        """Ask again after an exhausted stop: nodes' data grows (``max_growth`` of ``stored``)."""
+        self.done, self.reason = False, ""
+        self.next_total = max(math.ceil(stored * (self.max_growth - 1) - 1e-9), 1)
+
     def stop(self, reason: str) -> None:
-        """Stop asking: ``flat`` learning curve, or every node ``exhausted``."""
+        """Stop asking: ``flat`` learning curve, or every node ``exhausted``.
+
+        The first probe comes ``probe_after`` rounds later.
+        """
         self.done, self.next_total, self.reason = True, 0, reason
+        self.probe_in = self.probe_wait = self.probe_after
 
     def _ask(self, n1: int, g: float, s: float, e1: float) -> int:
         """The next ask from the upper bound ``g + z s`` of the gain per doubling at ``e1``."""
@@ -236,7 +264,7 @@ class AdaptiveSchedule:
                 "curve": [dict(p) for p in self.curve],
                 "evidence": [list(p) for p in self.evidence],
                 "probe_in": self.probe_in, "probe_wait": self.probe_wait,
-                "unseen": self.unseen}
+                "unseen": self.unseen, "probes": self.probes}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state`."""
@@ -248,6 +276,7 @@ class AdaptiveSchedule:
         self.probe_in = int(state.get("probe_in", 0))
         self.probe_wait = int(state.get("probe_wait", 0))
         self.unseen = int(state.get("unseen", 0))
+        self.probes = int(state.get("probes", 0))
 
 
 def allocate(total: int, left: dict[int, int | None], fit: dict[int, float],

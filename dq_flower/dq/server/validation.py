@@ -166,8 +166,6 @@ def read_counts(metrics: MetricRecord | None, rows: int, history: History,
     examples = metrics.get("num-examples", cand)
     if not isinstance(examples, int) or not cand <= examples <= MAX_LOCAL_ID:
         raise PayloadError(f"'num-examples'={examples!r} is inconsistent with the upload")
-    if history.examples and history.examples != examples:
-        raise PayloadError(f"'num-examples' changed from {history.examples} to {examples}")
     # a late or replayed reply was drawn before its own rows were stored: they count as
     # not held (the server drops them as duplicates afterwards)
     if not resend and cand > examples - history.stored + rows:
@@ -313,7 +311,7 @@ def decode_compensation(batch: SampleBatch, codec: Codec | None,
 
 
 # ------------------------------------------------------------------ the round together
-def _median(values: Sequence[float], lower: bool = False) -> float:
+def median_of(values: Sequence[float], lower: bool = False) -> float:
     ordered = sorted(values)
     return float(ordered[(len(ordered) - 1) // 2] if lower else np.median(ordered))
 
@@ -343,14 +341,14 @@ def screen_claims(uploads: list[Upload], known: Mapping[int, int],
     values = [v for v in {**known, **{u.node: u.examples for u in uploads}}.values() if v > 0]
     if not values:
         return list(uploads), []
-    low = _median(values, lower=True)
+    low = median_of(values, lower=True)
     kept = [u for u in uploads if u.examples <= EXAMPLES_FACTOR * low]
     refused = [(u, f"'num-examples'={u.examples} is over {EXAMPLES_FACTOR:g} times the median "
                    f"node's {low:g}") for u in uploads if u.examples > EXAMPLES_FACTOR * low]
     gone = {u.node for u, _ in refused}
     rest = {**known, **{u.node: u.examples for u in kept}}
     values = [v for node, v in rest.items() if v > 0 and node not in gone]
-    cap = SHARE_FACTOR * _median(values) if values else float("inf")
+    cap = SHARE_FACTOR * median_of(values) if values else float("inf")
     sent = sent or {}
     return [clip_share(u, max(cap, sent.get(u.node, 0) + len(u.batch))) for u in kept], refused
 
@@ -430,7 +428,7 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
     if (rules.value_bound is None and spec is not None and spec.target != "tokens"
             and not spec.vocab):
         scales = [u.scale for u in kept if len(u.batch) or u.ranges is not None]
-        middle = (_median(scales) or max(scales)) if scales else 0.0
+        middle = (median_of(scales) or max(scales)) if scales else 0.0
         if middle > 0:  # the bound learned: VALUE_FACTOR times the median upload's scale
             new_bound = VALUE_FACTOR * middle
             refused += [(u, f"sample values reach {u.scale:g}, over {VALUE_FACTOR:g} times "
