@@ -15,14 +15,19 @@ from typing import Any
 import numpy as np
 from flwr.app import Message
 
-from dq_flower.codecs import Codec
+from dq_flower.codecs import Codec, PayloadError
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.identities import ClientIdentities, reply_identity
 from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import BY_PARTITION, MAX_LOCAL_ID
+from dq_flower.dq.server.validation import (
+    BY_PARTITION,
+    EXAMPLES_FACTOR,
+    MAX_LOCAL_ID,
+    median_of,
+)
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
@@ -88,12 +93,24 @@ class GradientRounds(UpdateScreens):
         update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.codec,
                                  max_examples=MAX_LOCAL_ID, require_loss=False,
                                  exact_records=False)(msg)
-        self.intake.check_examples(identity, int(update.weight))
+        self.check_examples(identity, int(update.weight))
         self.identities.claim(server_round, src, identity)
         update = replace(update, node=identity)  # per-client state is keyed by identity
         self._bits[identity] = reply_bits(content)
         self._sources[identity] = src
         return update
+
+    def check_examples(self, node: int, examples: int) -> None:
+        """A reply's count: it may grow (a stream), not past the others' bound.
+
+        The bound is data rounds' (:func:`~.validation.screen_claims`): at most
+        :data:`~.validation.EXAMPLES_FACTOR` times the other clients' lower median.
+        """
+        others = [v[0] for n, v in self.intake.data.sent.items()
+                  if v[0] > 0 and int(n) != int(node)]
+        if others and examples > EXAMPLES_FACTOR * (low := median_of(others, lower=True)):
+            raise PayloadError(f"'num-examples'={examples} is over {EXAMPLES_FACTOR:g} times "
+                               f"the median node's {low:g}")
 
     def combine(self, screened: Screened[GradientUpdate], contested: set[int]) -> Combined:
         """Bound the screened replies (rejecting some in ``screened``) and combine them.

@@ -32,7 +32,6 @@ from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of, table_reader, whole_number_vocab
 from dq_flower.dq.server.validation import (
-    EXAMPLES_FACTOR,
     SHARE_FACTOR,
     VALUE_FACTOR,
     History,
@@ -42,7 +41,6 @@ from dq_flower.dq.server.validation import (
     check_upload,
     keep_rows,
     kept_rows,
-    median_of,
 )
 from dq_flower.losses import TargetLoss
 from dq_flower.model_inputs import one_input_reason
@@ -194,17 +192,6 @@ class UploadIntake:
         """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`)."""
         return check_upload(msg.content, node, rules or self.rules(), self.history(node),
                             self.cfg.budget if max_rows is None else int(max_rows), source)
-
-    def check_examples(self, node: int, examples: int) -> None:
-        """A gradient reply's count: it may grow (a stream), not past the others' bound.
-
-        The bound is data rounds' (:func:`~.validation.screen_claims`): at most
-        :data:`~.validation.EXAMPLES_FACTOR` times the other clients' lower median.
-        """
-        others = [v[0] for n, v in self.data.sent.items() if v[0] > 0 and int(n) != int(node)]
-        if others and examples > EXAMPLES_FACTOR * (low := median_of(others, lower=True)):
-            raise PayloadError(f"'num-examples'={examples} is over {EXAMPLES_FACTOR:g} times "
-                               f"the median node's {low:g}")
 
     # ------------------------------------------------------------------ the round's replies
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
