@@ -73,6 +73,13 @@ def test_flwr_run_against_simulation_superlink(tmp_path):
     page = (APP_DIR / "docs" / "deploy.md").read_text()
     shown = page[page.index("Observed output (2 simulated clients"):].split("```")[1]
     round_line = r"\[dq\] round \d+/2: .*"
-    assert re.findall(round_line, output) == re.findall(round_line, shown), output[-3000:]
+    printed, documented = re.findall(round_line, output), re.findall(round_line, shown)
+    assert len(printed) == len(documented) == 3, output[-3000:]
+    loss = re.compile(r"loss (\d+\.\d+)")
+    for got, want in zip(printed, documented, strict=True):
+        # the loss's fourth decimal moves with the machine's float kernels (its sums'
+        # order); accuracy, bytes and replies are exact
+        assert loss.sub("loss", got) == loss.sub("loss", want), (got, want)
+        assert abs(float(loss.search(got)[1]) - float(loss.search(want)[1])) <= 2e-4
     # flwr run must not rewrite the project (legacy [tool.flwr.federations] migration)
     assert (APP_DIR / "pyproject.toml").read_bytes() == pyproject_before
