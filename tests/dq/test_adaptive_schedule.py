@@ -42,7 +42,7 @@ def test_the_schedule_grows_the_store_then_stops_asking_and_only_probes(adaptive
     probes = [r for r in rows[5:] if r["replies"]]
     assert all(r["replies"] == 1 and r["selected"] == 0 for r in probes)
     quoted = probes[0]["up_bytes"]  # docs/method.md quotes what such a reply costs
-    assert probes[1]["up_bytes"] == quoted and f"({quoted} B on the digits MLP)" in " ".join(
+    assert probes[1]["up_bytes"] == quoted and f"({quoted} B on the digits MLP:" in " ".join(
         (Path(__file__).parents[2] / "docs" / "method.md").read_text().split())
     assert not any(r.get("ended_early") for r in rows) and rows[-1]["accuracy"] > 0.85
     # every held-out share is the configured tenth (per node and class, rounded)

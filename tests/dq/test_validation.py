@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import MetricRecord
+from flwr.app import MetricRecord, RecordDict
 from torch import nn
 
 from dq_flower.codecs import PayloadError
@@ -22,10 +22,11 @@ from dq_flower.dq.server.validation import (
     Rules,
     Upload,
     agree,
+    check_upload,
     read_counts,
 )
 from dq_flower.model_ops import check_model
-from dq_flower.wire.dq_batch import DataSpec, SampleBatch
+from dq_flower.wire.dq_batch import SPEC_KEY, DataSpec, SampleBatch, spec_record
 
 FLAT, WIDE = DataSpec((64,)), DataSpec((1, 64))
 RULES = Rules(bits=2, dither=False, selection_rule="topk")
@@ -151,3 +152,24 @@ def test_the_model_check_runs_the_training_loss_and_changes_nothing():
     assert check_model(model, FLAT, x, y, None) == 10
     assert model.training  # its mode restored, its parameters and statistics untouched
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _reply_without_rows(candidates: int) -> RecordDict:
+    """What a node with every row sent answers: its counts and data spec, no samples."""
+    return RecordDict({SPEC_KEY: spec_record(FLAT), "metrics": MetricRecord({
+        "num-examples": 300, "candidates": candidates, "selected": 0, "partition-id": 2})})
+
+
+def test_a_reply_without_rows_is_its_counts_only():
+    upload = check_upload(_reply_without_rows(0), 7, RULES, History(examples=250, stored=250),
+                          max_rows=64, source=11)
+    assert len(upload.batch) == 0 and upload.x.shape == (0, FLAT.dim)
+    assert (upload.examples, upload.candidates, upload.partition) == (300, 0, 2)
+    assert (upload.node, upload.source, upload.spec) == (7, 11, FLAT)
+    with pytest.raises(PayloadError, match="without samples claims 5 candidates"):
+        check_upload(_reply_without_rows(5), 7, RULES, History(examples=250, stored=250), 64)
+    other = RecordDict({SPEC_KEY: spec_record(DataSpec((8,))),
+                        "metrics": _reply_without_rows(0)["metrics"]})
+    with pytest.raises(PayloadError, match="differs from the federation"):
+        check_upload(other, 7, Rules(bits=2, dither=False, selection_rule="topk", spec=FLAT),
+                     History(), 64)

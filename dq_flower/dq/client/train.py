@@ -301,6 +301,9 @@ def _data_round(r: RoundInput) -> Message:
     model, scores = _scores(r, cfg, candidates)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
+    if not candidates.size and not bool(config.get("refresh", False)):  # every row sent
+        return _reply(r, RecordDict(), 0, {"candidates": 0, "selected": 0,
+                                           CAN_SCORE_KEY: int(r.model is not None)})
     represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per row
 
     x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows

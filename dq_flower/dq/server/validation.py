@@ -32,8 +32,11 @@ from dq_flower.wire.dq_batch import (
     DataReply,
     DataSpec,
     SampleBatch,
+    empty_batch,
+    is_empty_reply,
     label_width,
     read_reply,
+    reply_spec,
 )
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree",
@@ -231,6 +234,14 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
     Rows the node sent before are dropped unless ``rules.resend``; ``source``: the Flower
     node it came from. Adopts nothing (the round's replies together do: :func:`agree`).
     """
+    if is_empty_reply(content):  # nothing left to send: its counts and spec only
+        spec, metrics = reply_spec(content, rules.spec), content.metric_records.get("metrics")
+        cand, examples, partition = read_counts(metrics, 0, history, rules.resend)
+        if cand:
+            raise PayloadError(f"a reply without samples claims {cand} candidates")
+        return Upload(empty_batch(rules.bits, spec.dim), np.zeros((0, spec.dim), np.float32),
+                      cand, None, node, partition, examples,
+                      reply_bits(content) if rules.measuring else 0, source=source, spec=spec)
     wire = read_reply(content, rules.spec, rules.ranges, rules.bits, rules.num_classes,
                       max_rows, MAX_LOCAL_ID)
     spec, ranges, metrics = wire.spec, wire.ranges, content.metric_records.get("metrics")
