@@ -23,8 +23,7 @@ from dq_flower.wire.input_parts import parts_width
 from dq_flower.wire.targets import travelling_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
-           "empty_batch", "is_empty_reply", "SampleBatch", "label_width", "encode_batch",
-           "decode_batch", "raw_array",
+           "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
            "RANGES_KEY", "payload_quantizer", "range_mode", "ranges_record",
            "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_record",
            "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY", "MIXED_UNITS_KEY",
@@ -60,6 +59,12 @@ class SampleBatch:
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    @classmethod
+    def empty(cls, bits: int, dim: int) -> SampleBatch:
+        """No row: a reply with every row sent carries no samples record (nothing to decode)."""
+        return cls(Payload("uniform", (0, int(dim)), {"bits": int(bits)}),
+                   np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
 
     @property
     def packed_nbytes(self) -> int:
@@ -253,22 +258,6 @@ def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
     if id_upper is not None and n and ids.max() >= id_upper:
         raise PayloadError(f"sample id {int(ids.max())} is out of range")
     return ids
-
-
-def empty_batch(bits: int, dim: int) -> SampleBatch:
-    """The batch of a reply with no row (:func:`is_empty_reply`): nothing to decode."""
-    return SampleBatch(Payload("uniform", (0, int(dim)), {"bits": int(bits)}),
-                       np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
-
-
-def is_empty_reply(content: RecordDict) -> bool:
-    """Whether a data reply says it has no row to send: no samples, no sample info.
-
-    A node with every row sent answers so (its ``metrics`` and data spec only), in place
-    of a samples record of zero rows and its info (about 500 bytes less).
-    """
-    arrays = content.array_records
-    return SAMPLES_KEY not in arrays and INFO_KEY not in arrays
 
 
 def range_mode(ranges: str, sample_shape: tuple[int, ...], mixed_units: bool = False) -> str:

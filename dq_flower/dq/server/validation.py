@@ -28,12 +28,12 @@ from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.dq.server.planner import reply_bits
 from dq_flower.dq.server.token_intake import check_id_samples, check_token_upload
 from dq_flower.wire.dq_batch import (
+    INFO_KEY,
     REFRESH_KEY,
+    SAMPLES_KEY,
     DataReply,
     DataSpec,
     SampleBatch,
-    empty_batch,
-    is_empty_reply,
     label_width,
     read_reply,
     reply_spec,
@@ -41,8 +41,8 @@ from dq_flower.wire.dq_batch import (
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree",
            "decode_compensation", "decode_vector", "VALUE_FACTOR", "BY_PARTITION", "keep_rows",
-           "kept_rows",
-           "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "MAX_SAMPLE_WEIGHT_FACTOR"]
+           "kept_rows", "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID",
+           "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
@@ -110,8 +110,7 @@ class Rules:
 class History:
     """What the server holds about one node: examples (0: unknown), rows, feature ranges.
 
-    ``received``: the ids of every row it sent before (``None``: no store yet);
-    ``weight``: the summed weight of its stored rows.
+    ``received``: ids of the rows it sent (``None``: no store); ``weight``: their summed weight.
     """
 
     examples: int = 0
@@ -234,14 +233,13 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
     Rows the node sent before are dropped unless ``rules.resend``; ``source``: the Flower
     node it came from. Adopts nothing (the round's replies together do: :func:`agree`).
     """
-    if is_empty_reply(content):  # nothing left to send: its counts and spec only
+    if not {SAMPLES_KEY, INFO_KEY} & set(content.array_records):  # no row: counts, spec
         spec, metrics = reply_spec(content, rules.spec), content.metric_records.get("metrics")
-        cand, examples, partition = read_counts(metrics, 0, history, rules.resend)
-        if cand:
-            raise PayloadError(f"a reply without samples claims {cand} candidates")
-        return Upload(empty_batch(rules.bits, spec.dim), np.zeros((0, spec.dim), np.float32),
-                      cand, None, node, partition, examples,
-                      reply_bits(content) if rules.measuring else 0, source=source, spec=spec)
+        if (counts := read_counts(metrics, 0, history, rules.resend))[0]:
+            raise PayloadError(f"a reply without samples claims {counts[0]} candidates")
+        return Upload(SampleBatch.empty(rules.bits, spec.dim), np.zeros((0, spec.dim), np.float32),
+                      0, None, node, counts[2], counts[1], reply_bits(content) if rules.measuring
+                      else 0, source=source, spec=spec)
     wire = read_reply(content, rules.spec, rules.ranges, rules.bits, rules.num_classes,
                       max_rows, MAX_LOCAL_ID)
     spec, ranges, metrics = wire.spec, wire.ranges, content.metric_records.get("metrics")
