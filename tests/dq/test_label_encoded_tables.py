@@ -85,10 +85,10 @@ def test_the_user_app_quoted_on_the_user_app_page():
 def test_the_simulation_engine_tables_on_the_user_app_page_are_the_runs_own():
     regen = Path(__file__).parents[2] / "results" / "regen"
     page = docs_text("experiments", "user-apps.md")
-    for run in ("user-apps-2026-12-06c", "user-apps-not-won-2026-12-06b"):
+    for run in ("user-apps-2026-12-06d", "user-apps-not-won-2026-12-06b"):
         rows = (regen / run / "table.md").read_text()
         assert " ".join(rows.split()) in page, run
-    table = (regen / "user-apps-readme-2026-12-06" / "table.md").read_text()
+    table = (regen / "user-apps-readme-2026-12-06d" / "table.md").read_text()
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert " ".join(table.split()) in " ".join(readme.split())
 
