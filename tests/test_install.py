@@ -118,6 +118,8 @@ def test_the_wheel_is_what_the_environment_imports(installed, tmp_path):
     assert cli.returncode == 0 and "compare" in cli.stdout, cli.stdout + cli.stderr
 
 
+@pytest.mark.slow  # tests/examples/test_quickstart_rounds.py checks the same history in
+# CI on the in-process grid; the wheel's simulation engine runs in the flwr run tests here
 def test_the_readme_quickstart_runs_from_the_wheel(installed, tmp_path):
     block = next(b for b in ALL_BLOCKS if b.path == "README.md"
                  and b.code.startswith("# examples/quickstart.py"))

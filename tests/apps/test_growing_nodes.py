@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import logging
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from dq_flower.dq.client.sent import RANGES_STATE, coding_ranges
+from dq_flower.dq.server.asks import RoundAsks
+from dq_flower.dq.server.federation import FederationData
 from tests.apps import growing_nodes
 from tests.apps.runner import docs_text, run_app
 
@@ -81,3 +84,16 @@ def test_the_plugin_page_quotes_these_runs(runs):
               f"by round {growing_nodes.ROUNDS} stored, FedAvg {fedavg.final:.1%} with "
               f"{fedavg.up_bytes:,}")
     assert quoted in docs_text("plugin.md"), quoted
+
+
+def test_only_a_node_that_sent_every_row_is_probed_or_taken_to_have_grown():
+    asks = RoundAsks.__new__(RoundAsks)  # the method reads the federation and exclusions only
+    asks.data, asks.trainer = FederationData(), SimpleNamespace(excluded={4})
+    # node 2 is held back by node-rows-cap (0 left under it, 4,600 rows unsent); 4 excluded
+    asks.data.sent = {1: [100, 100], 2: [5000, 400], 3: [100, 60], 4: [90, 90], 5: [80, 80]}
+    left = {1: 0, 2: 0, 3: 40, 4: 0, 5: 0}
+    assert asks.may_have_grown(left, None) == left  # no probe, nothing grown
+    assert asks.may_have_grown(left, 1) == {**left, 1: None}  # the probes take turns
+    assert asks.may_have_grown(left, 2) == {**left, 5: None}
+    asks.data.grown = 20
+    assert asks.may_have_grown(left, None) == {**left, 1: None, 5: None}

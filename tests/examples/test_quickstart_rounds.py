@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from tests.dq.helpers import run_inprocess
+from tests.test_docs import ALL_BLOCKS, _documented_output
 
 #: examples/quickstart.py's run on the in-process grid
 QUICKSTART = dict(num_clients=4, rounds=5, seed=0, budget=64, bits=2)
@@ -18,6 +19,13 @@ def test_every_row_stored_by_round_2_then_one_probe_in_round_5():
     assert [row.get("replies") for row in rows[1:]] == [4, 4, 0, 0, 1]
     assert rows[5]["selected"] == 0 and rows[5]["up_bytes"] > 0
     assert rows[5]["accuracy"] == rows[2]["accuracy"]  # nothing new: no training
+    # the README prints this history (examples/quickstart.py in Flower's simulation engine,
+    # which tests/test_install.py runs with -m slow): the in-process grid gives the same
+    block = next(b for b in ALL_BLOCKS if b.path == "README.md"
+                 and b.code.startswith("# examples/quickstart.py"))
+    printed = [f"{row['round']:>5}  {row['accuracy']:8.3f}  {row['up_bytes']:8d}  "
+               f"{row['down_bytes']:10d}  {row['cum_up_bytes']:12d}" for row in rows]
+    assert "\n".join(printed) in _documented_output(block), printed
 
 
 def test_a_run_that_ends_early_says_so_in_its_log(caplog):

@@ -237,8 +237,9 @@ class RoundAsks:
         such client may hold new rows; before, only a probe while exhausted (``probe``:
         the schedule's count of them) asks one, each probe the next in identity order.
         """
-        spent = sorted(k for k, v in left.items()
-                       if v == 0 and int(k) not in self.trainer.excluded)
+        sent = self.data.sent  # every row sent (not held back by ``node-rows-cap``)
+        spent = sorted(k for k, v in left.items() if v == 0 and int(k) not in self.trainer.excluded
+                       and int(k) in sent and sent[int(k)][1] >= sent[int(k)][0])
         if self.data.grown:
             return {k: None if k in spent else v for k, v in left.items()}
         if probe is None or not spent:
