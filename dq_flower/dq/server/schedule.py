@@ -228,13 +228,13 @@ class AdaptiveSchedule:
             self.probes += 1
             self.probe_wait *= 2
             self.probe_in = self.probe_wait
-            return max(math.ceil(stored * (self.max_growth - 1) - 1e-9), 1)
-        return max(math.ceil(stored * (self.min_growth - 1) - 1e-9), 1)
+            return _growth_ask(stored, self.max_growth)
+        return _growth_ask(stored, self.min_growth)
 
     def resume(self, stored: int) -> None:
         """Ask again after an exhausted stop: nodes' data grows (``max_growth`` of ``stored``)."""
         self.done, self.reason = False, ""
-        self.next_total = max(math.ceil(stored * (self.max_growth - 1) - 1e-9), 1)
+        self.next_total = _growth_ask(stored, self.max_growth)
 
     def stop(self, reason: str) -> None:
         """Stop asking: ``flat`` learning curve, or every node ``exhausted``.
@@ -277,6 +277,11 @@ class AdaptiveSchedule:
         self.probe_wait = int(state.get("probe_wait", 0))
         self.unseen = int(state.get("unseen", 0))
         self.probes = int(state.get("probes", 0))
+
+
+def _growth_ask(stored: int, growth: float) -> int:
+    """Rows that grow a store of ``stored`` by the factor ``growth`` (at least one)."""
+    return max(math.ceil(stored * (growth - 1) - 1e-9), 1)
 
 
 def allocate(total: int, left: dict[int, int | None], fit: dict[int, float],
