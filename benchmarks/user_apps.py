@@ -44,7 +44,8 @@ from tests.apps.runner import KINDS, AppRun, dq_keeps_up, run_app  # noqa: E402
 APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial", "wine_raw",
         "giant_node", "many_small", "cancer_raw", "diabetes_regression", "tiny_nodes",
         "hapt_cnn", "cancer_binary", "diabetes_raw", "load_forecast",
-        "digits_frozen", "tab_embeddings", "hf_tutorial", "keras_images", "hapt_stream")
+        "digits_frozen", "tab_embeddings", "hf_tutorial", "keras_images", "hapt_stream",
+        "onehot_labels", "cancer_sigmoid")
 MARGIN = 0.02
 UPLINK_SHARE = 1 / 5
 
