@@ -57,7 +57,30 @@ def _to_numpy(value: Any) -> np.ndarray:
         return value.detach().cpu().numpy()
     if hasattr(value, "toarray") and hasattr(value, "nnz"):  # a SciPy sparse matrix (TF-IDF)
         return np.asarray(value.toarray())
-    return np.asarray(value)
+    out = np.asarray(value)
+    if out.dtype == object and hasattr(value, "to_numpy") and hasattr(value, "isna"):
+        return _pandas_numbers(value, out)
+    return out
+
+
+def _pandas_numbers(value: Any, mixed: np.ndarray) -> np.ndarray:
+    """A pandas frame or series whose columns are all numbers or booleans, as one array.
+
+    ``pd.get_dummies`` (bool columns beside float ones) and nullable ``Int64`` columns make
+    ``np.asarray`` an object array; they are numbers: int64 where every column is integer or
+    bool and no value is missing, else float64 (a missing value as NaN, refused later with
+    its reason). ``mixed`` (the object array) is returned where a column is not a number.
+    """
+    dtypes = list(value.dtypes) if hasattr(value, "columns") else [value.dtype]
+    try:
+        kinds = {np.dtype(getattr(d, "numpy_dtype", d)).kind for d in dtypes}
+    except TypeError:  # a dtype numpy does not know (categories, strings)
+        return mixed
+    if not kinds <= set("biuf"):
+        return mixed
+    if kinds <= set("biu") and not bool(np.asarray(value.isna()).any()):
+        return value.to_numpy(dtype=np.int64)
+    return value.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -198,6 +221,10 @@ def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = F
         # PyTorch: loaded only where a model is at hand
         from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+    if hasattr(data, "columns") and hasattr(data, "iloc"):  # a whole pandas frame
+        raise TypeError(
+            "data is a pandas DataFrame: give its features and its target apart, "
+            "(frame.drop(columns=\"target\"), frame[\"target\"]), with your target's column")
     if isinstance(data, (tuple, list)) and len(data) == 2 \
             and not isinstance(data[0], (tuple, Mapping)):
         return (*_normalise(data[0], data[1], "data (x, y)"), ())

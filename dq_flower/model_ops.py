@@ -74,8 +74,18 @@ def _first_layer(model: nn.Module) -> nn.Module | None:
 
 
 def input_width(model: nn.Module) -> int | None:
-    """Input features of the first layer where it is linear (flat samples), else ``None``."""
-    first = _first_layer(model)
+    """Input features of flat samples, ``None`` where the model does not show them.
+
+    The first layer's where it is linear, or where it normalises as many features
+    (``BatchNorm1d``, a one-dimensional ``LayerNorm``) as the linear layer after it reads.
+    """
+    layers = (m for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
+    first = next(layers, None)
+    if isinstance(first, (nn.BatchNorm1d, nn.LayerNorm)):
+        width = (first.num_features if isinstance(first, nn.BatchNorm1d) else
+                 first.normalized_shape[0] if len(first.normalized_shape) == 1 else None)
+        after = next(layers, None)
+        return int(width) if isinstance(after, nn.Linear) and after.in_features == width else None
     return int(first.in_features) if isinstance(first, nn.Linear) else None
 
 

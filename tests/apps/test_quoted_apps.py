@@ -1,11 +1,29 @@
-"""The plugin page's figures of apps outside the zoo, rerun in-process: stale ones fail."""
+"""Figures the plugin and method pages quote of users' apps, rerun in-process: stale ones fail."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.apps import hapt_stream, imbalanced_weighted, two_inputs
+from tests.apps import cancer_batchnorm, hapt_stream, imbalanced_weighted, two_inputs
 from tests.apps.runner import docs_text, run_app
+from tests.apps.test_zoo import runs  # the zoo's runs, made once per session
+
+
+def test_the_pandas_table_app_as_the_plugin_page_quotes_it():
+    fedavg, dq = runs("wine_dummies")["fedavg"], runs("wine_dummies")["dq"]
+    quoted = (f"DQ {dq.final:.2%} with {dq.up_bytes:,} B, FedAvg {fedavg.final:.2%} with "
+              f"{fedavg.up_bytes:,} B")
+    assert quoted in docs_text("plugin.md"), quoted
+
+
+def test_the_normalised_table_app_as_the_method_page_quotes_it(monkeypatch):
+    fedavg, dq = runs("cancer_batchnorm")["fedavg"], runs("cancer_batchnorm")["dq"]
+    monkeypatch.setattr(cancer_batchnorm, "DQ_KNOBS", {"bits": 2}, raising=False)
+    two_bits = run_app(cancer_batchnorm, "dq")  # what auto gave before it saw the table
+    quoted = (f"ended at {two_bits.final:.2%} with {two_bits.up_bytes:,} B of uplink and now "
+              f"ends at {dq.final:.2%} with {dq.up_bytes:,} B (FedAvg {fedavg.final:.2%} with "
+              f"{fedavg.up_bytes:,} B")
+    assert quoted in docs_text("method.md"), quoted
 
 
 def test_the_two_input_app_as_the_plugin_page_quotes_it():

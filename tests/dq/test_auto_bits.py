@@ -27,6 +27,21 @@ def test_the_strategy_resolves_auto_from_the_model_or_the_spec():
                                 ).cfg.bits == 2
 
 
+def test_a_table_normalised_by_the_first_layer_is_still_a_table():
+    """A model that starts with ``BatchNorm1d`` (or ``LayerNorm``) on a table's columns got 2
+    bits, as for images: its first layer was not linear."""
+    normed = nn.Sequential(nn.BatchNorm1d(30), nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 2))
+    assert input_width(normed) == 30 and dq_flower.DQStrategy(normed).cfg.bits == 4
+    assert input_width(nn.Sequential(nn.LayerNorm(13), nn.Linear(13, 3))) == 13
+    assert input_width(nn.Sequential(nn.BatchNorm1d(30, affine=False), nn.Linear(30, 2))) == 30
+    # sensor windows (N, 6, 128): the normalised channels are not the features a sample
+    windows = nn.Sequential(nn.BatchNorm1d(6), nn.Conv1d(6, 8, 5), nn.Flatten(),
+                            nn.Linear(8 * 124, 6))
+    assert input_width(windows) is None and dq_flower.DQStrategy(windows).cfg.bits == 2
+    sequence = nn.Sequential(nn.LayerNorm(16), nn.Linear(32, 2))  # widths that do not match
+    assert input_width(sequence) is None
+
+
 def test_given_bits_are_used_as_given():
     table = nn.Linear(13, 3)
     assert dq_flower.DQStrategy(table, bits=2).cfg.bits == 2

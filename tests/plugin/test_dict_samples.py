@@ -277,3 +277,31 @@ def test_a_sample_given_as_a_list_or_tuple_of_numbers_stays_one_input():
 
     x, y, parts = as_inputs(Lists())
     assert parts == () and x.shape == (4, 3) and x[3].tolist() == [1.5, 1.0, 2.0]
+
+
+def test_a_pandas_table_of_numbers_and_booleans_is_read_as_numbers():
+    """``pd.get_dummies``' bool columns beside float ones, and nullable ``Int64`` columns,
+    made an object array that was refused as "text columns" on every node."""
+    pd = pytest.importorskip("pandas")
+    table = pd.get_dummies(pd.DataFrame({"grade": ["a", "b", "a", "c"],
+                                         "alcohol": [12.5, 13.0, 14.2, 11.9]}))
+    table["count"] = pd.array([1, 2, 3, 4], dtype="Int64")
+    labels = pd.Series(pd.array([0, 1, 1, 0], dtype="Int64"))
+    x, y = as_arrays((table, labels))
+    assert x.dtype == np.float32 and x.shape == (4, 5) and y.dtype == np.int64
+    assert x[:, 0].tolist() == pytest.approx([12.5, 13.0, 14.2, 11.9])
+    assert x[:, 1:4].sum(1).tolist() == [1.0] * 4 and x[:, 4].tolist() == [1, 2, 3, 4]
+    assert y.tolist() == [0, 1, 1, 0]
+    table["count"] = pd.array([1, None, 3, 4], dtype="Int64")  # a missing value: its reason
+    with pytest.raises(ValueError, match="NaN"):
+        as_arrays((table, labels))
+    categories = pd.DataFrame({"age": [30.0, 40.0], "city": pd.Categorical(["Lyon", "Nice"])})
+    with pytest.raises(ValueError, match="text columns: encode them as numbers"):
+        as_arrays((categories, np.zeros(2, np.int64)))
+
+
+def test_a_whole_pandas_frame_is_refused_with_what_to_give():
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"a": [1.0, 2.0], "target": [0, 1]})
+    with pytest.raises(TypeError, match=r"frame.drop\(columns=\"target\"\), frame\[\"target\"\]"):
+        as_arrays(frame)
