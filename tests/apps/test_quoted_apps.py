@@ -26,6 +26,14 @@ def test_the_normalised_table_app_as_the_method_page_quotes_it(monkeypatch):
     assert quoted in docs_text("method.md"), quoted
 
 
+@pytest.mark.slow
+def test_the_image_autoencoder_as_the_plugin_page_quotes_it():
+    fedavg, dq = runs("fmnist_autoencoder")["fedavg"], runs("fmnist_autoencoder")["dq"]
+    quoted = (f"ends at a test MSE of {dq.final:.4f} with {dq.up_bytes:,} B, FedAvg "
+              f"{fedavg.final:.4f} with {fedavg.up_bytes:,} B")
+    assert quoted in docs_text("plugin.md"), quoted
+
+
 def test_the_two_input_app_as_the_plugin_page_quotes_it():
     fedavg, dq = run_app(two_inputs, "fedavg"), run_app(two_inputs, "dq")
     quoted = (f"DQ reached {dq.final:.1%} with {dq.up_bytes:,} uplink bytes, FedAvg (Adam) "

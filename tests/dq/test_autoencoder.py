@@ -6,7 +6,8 @@ the sample itself), 960,407 uplink bytes against FedAvg's 644,100; a convolution
 autoencoder's image targets ``(n, 1, 28, 28)`` were refused on the device ("float targets
 must be (n,) or (n, k)"). A node whose targets are its samples now says so in its spec
 (``inputs``) and sends none: the server takes the rows as decoded for targets (38,555
-bytes, test MSE 0.036 against FedAvg's 0.162; the convolutional one 0.023 against 0.055).
+bytes, test MSE 0.036 against FedAvg's 0.162). The server shifts an image autoencoder's
+targets with its inputs where it augments them.
 """
 
 from __future__ import annotations
@@ -108,3 +109,51 @@ def test_float_targets_ask_one_stratum_whatever_the_models_outputs():
                                  data_spec=DataSpec((64,), "inputs", 64))
     # 10 held-out rows over 0.1, one stratum (the floor of two): 200 in all, 50 a node
     assert given.asks.first_ask(4) == 64  # the budget; 64 "classes" asked 1,600 a node
+
+
+class ConvAutoEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Conv2d(1, 4, 3, 2, 1), nn.ReLU(),
+                                 nn.ConvTranspose2d(4, 1, 4, 2, 1), nn.Sigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_an_image_autoencoders_targets_are_shifted_with_its_inputs(monkeypatch):
+    """The default augmentation shifts images of 14 pixels a side and more; it shifted an
+    autoencoder's inputs and not its targets (the rows as stored), so the server taught the
+    model to undo the shifts: a convolutional one on Fashion-MNIST ended at a test MSE of
+    0.0232 where it reaches 0.0062 now (0.0063 without augmentation; a scratch app)."""
+    from dq_flower.model_ops import WeightedSteps
+
+    rng = np.random.default_rng(0)
+    images = np.zeros((120, 1, 16, 16), np.float32)
+    for i, (r, c) in enumerate(rng.integers(2, 10, (120, 2))):
+        images[i, 0, r:r + 5, c:c + 5] = 1.0  # a square somewhere: a shift moves it
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    step = WeightedSteps.step
+
+    def watched(self, x, y, w):
+        seen.append((np.array(x, copy=True), np.array(y, copy=True)))
+        return step(self, x, y, w)
+
+    monkeypatch.setattr(WeightedSteps, "step", watched)
+
+    def train(msg, context):
+        x = images[int(context.node_config["partition-id"])::2]
+        return dq_flower.client.dq_train(msg, context, (x, x))
+
+    model = ConvAutoEncoder()
+    strategy = dq_flower.DQStrategy(model, seed=0, max_server_steps=40)
+    strategy.start(grid=InProcessGrid(train, 2), num_rounds=1,
+                   initial_arrays=ArrayRecord(model.state_dict()))
+    assert seen
+    stored = {row.tobytes() for row in images.reshape(120, -1)}
+    shifted = 0
+    for x, y in seen:
+        assert np.array_equal(y.reshape(x.shape), x)  # the target is the input it was given
+        shifted += sum(row.tobytes() not in stored for row in x.reshape(len(x), -1))
+    assert shifted > 0  # the augmentation ran: the inputs are not the stored rows

@@ -63,8 +63,7 @@ class ServerTrainer:
                  data: FederationData, cv: ControlVariate | None, *, loss_fn: LossFn | None,
                  seed: int, comp_codec: Codec | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        self.cfg, self.model, self.optimizer, self.data, self.cv = (
-            cfg, model, optimizer, data, cv)
+        self.cfg, self.model, self.optimizer, self.data, self.cv = cfg, model, optimizer, data, cv
         #: the server's optimizer and base step size (``None``: chosen by the first phase)
         self.choice: OptimizerChoice | None = (
             None if cfg.optimizer == AUTO else OptimizerChoice(cfg.optimizer, cfg.lr))
@@ -72,16 +71,14 @@ class ServerTrainer:
         self.lr_given = False  # whether a step size came from the user (knob or train_config)
         self.comp_codec = comp_codec
         self.loss_fn, self.seed, self.user_augment = loss_fn, seed, augment
-        self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth,
-                                          probe_after=cfg.probe_after) if cfg.adaptive
-                         else None)
+        self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth, probe_after=cfg.probe_after)
+                         if cfg.adaptive else None)
         self.plateau = PlateauRule(cfg.plateau_eval_every, cfg.plateau_patience, cfg.lr_drops,
                                    cfg.lr_factor, cfg.max_server_steps)
         #: mean held-out loss per node after the last training phase (adaptive asks)
         self.node_fit: dict[int, float] = {}
         self.last_phase: PhaseResult | None = None
-        #: whether the last phase's model was significantly worse (the old one was kept)
-        self.reverted = False
+        self.reverted = False  # the last phase's model was significantly worse: old one kept
         self.guard = StepGuard(model, optimizer)
         self.auto_step: StepCompute | None = None  # the knobs' automatic values (compute())
         self.rolled_back = 0
@@ -265,10 +262,13 @@ class ServerTrainer:
         plain = (WeightedSteps(self.model, self.optimizer, self.loss_fn,  # no flat gradient
                                self.compute().autocast)
                  if correction is None and self.batch_gradient is weighted_loss_grad else None)
+        inputs = self.data.spec is not None and self.data.spec.target == "inputs"
         for x, y, w in batches:
             xb = self.data.shaped(x)
             if augment is not None:
                 xb = augment(torch.from_numpy(np.ascontiguousarray(xb))).numpy()
+                if inputs:  # an autoencoder's targets are its inputs: shifted alike
+                    y = xb.reshape(y.shape)
             if plain is not None:
                 losses.append(plain.step(xb, y, w / w.sum()))
                 continue
