@@ -26,6 +26,13 @@ def test_the_normalised_table_app_as_the_method_page_quotes_it(monkeypatch):
     assert quoted in docs_text("method.md"), quoted
 
 
+def test_the_large_site_app_as_the_method_page_quotes_it():
+    fedavg, dq = runs("large_site")["fedavg"], runs("large_site")["dq"]
+    quoted = (f"FedAvg at {fedavg.final:.2%}; now {dq.final:.2%} with {dq.up_bytes:,} B of "
+              f"uplink, FedAvg {fedavg.up_bytes:,} B)")
+    assert quoted in docs_text("method.md"), quoted
+
+
 @pytest.mark.slow
 def test_the_image_autoencoder_as_the_plugin_page_quotes_it():
     fedavg, dq = runs("fmnist_autoencoder")["fedavg"], runs("fmnist_autoencoder")["dq"]

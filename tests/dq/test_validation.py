@@ -91,16 +91,25 @@ def test_the_value_bound_is_the_median_scale_times_the_factor():
     assert agree(uploads[:1], known, {}, _passes).value_bound is None
 
 
-def test_implausible_example_counts_are_refused_against_the_other_nodes():
+def test_implausible_example_counts_are_counted_down_against_the_other_nodes():
+    """A count over 100x the lower median is taken as that bound, its rows kept: it was
+    refused, and one honest large site beside small ones was refused every round."""
     uploads = [_upload(n) for n in (1, 2, 3, 4)] + [_upload(5, examples=2**31 - 1)]
+    low = uploads[0].examples
     verdict = agree(uploads, RULES, {}, _passes)
-    [(refused, reason)] = verdict.refused
-    assert refused.node == 5 and f"over {EXAMPLES_FACTOR:g} times" in reason
+    assert not verdict.refused and len(verdict.accepted) == 5
+    [(counted, reason)] = verdict.counted
+    assert counted.node == 5 and f"over {EXAMPLES_FACTOR:g} times" in reason
+    [large] = [u for u in verdict.accepted if u.node == 5]
+    assert large.examples == int(EXAMPLES_FACTOR * low) and large.weight_scale < 1.0
     # alone in its round, it is still compared with the nodes accepted before
     alone = agree([_upload(5, examples=2**31 - 1)], RULES, {1: 300, 2: 300, 3: 300}, _passes)
-    assert not alone.accepted and len(alone.refused) == 1
+    assert alone.accepted[0].examples == int(EXAMPLES_FACTOR * 300) and len(alone.counted) == 1
     # two nodes: the lower median is the honest one's
-    assert len(agree([_upload(1), _upload(5, examples=10**6)], RULES, {}, _passes).refused) == 1
+    two = agree([_upload(1), _upload(5, examples=10**6)], RULES, {}, _passes)
+    assert [u.examples for u in two.accepted] == [low, int(EXAMPLES_FACTOR * low)]
+    # within the bound, a count stands as claimed
+    assert not agree(uploads[:4] + [_upload(5, examples=99 * low)], RULES, {}, _passes).counted
 
 
 def test_an_over_large_weight_is_clipped_to_the_factor_times_the_median_node():

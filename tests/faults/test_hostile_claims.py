@@ -157,17 +157,23 @@ def test_per_sample_values_of_500_on_unit_data_are_rejected():
 
 
 # ------------------------------------------------------------------ item 4
-def test_a_claim_of_two_to_the_31_examples_is_rejected():
-    acc, strategy, metrics = run(claims_2_to_31, ROUNDS, **FAST)
-    _rejected_every_round(metrics)
-    assert strategy.stored == HONEST_ROWS
-    _close_to_control(acc, **FAST)
+def test_a_claim_of_two_to_the_31_examples_counts_as_100_times_the_median():
+    """The claim was refused; it now counts as a claim of 100x the lower median would (one
+    honest large site must not be refused), its weight clipped to 4x the median's. With
+    flipped labels that costs what such a claim always cost (see docs/reliability.md): the
+    fixed schedule has no screen for it; the README's defaults exclude the node."""
+    _, strategy, metrics = run(claims_2_to_31, ROUNDS, **FAST)
+    assert metrics[0]["rejected"] == 0 and strategy.data.sent[HOSTILE][0] == 100 * 300
+    acc, strategy, metrics = run(claims_2_to_31, ROUNDS)
+    assert strategy.data.sent[HOSTILE][0] == 100 * 300
+    assert [m["rejected"] for m in metrics[1:]] == [1] * (ROUNDS - 1)
+    _close_to_control(acc, ROUNDS)
 
 
 # ------------------------------------------------------------------ at the README's defaults
 @pytest.mark.slow
 @pytest.mark.parametrize("attack", [spec_1x64, spec_1x64_bad_quantizer, spans_1e30_then_valid,
-                                    spans_500, claims_2_to_31])
+                                    spans_500])
 def test_each_attack_at_the_readme_defaults(attack):
     acc, strategy, metrics = run(attack, ROUNDS)
     assert all(m["rejected"] >= 1 for m in metrics), metrics

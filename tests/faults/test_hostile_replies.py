@@ -133,7 +133,9 @@ def test_a_compensation_scaled_by_1e30_is_rejected_against_the_others():
     assert metrics["rejected"] == 1 and metrics["replies"] == 3
 
 
-def test_gradient_rounds_refuse_an_example_count_far_over_the_others():
+def test_gradient_rounds_count_an_example_count_far_over_the_others_down():
+    """As data rounds do: counted as 100x the others' lower median (it was refused, and an
+    honest large site with it); the weighted mean caps its weight at 2x the median's."""
     strategy = _dq(upload_mode="gradient", gradient_codec="identity", gradient_codec_params="")
     grid = InProcessGrid(client_app, TASK.num_partitions)
     strategy.aggregate_train(1, _round(strategy, 1, grid))
@@ -143,7 +145,9 @@ def test_gradient_rounds_refuse_an_example_count_far_over_the_others():
     metrics["num-examples"] = 2**31 - 1
     liar.content["metrics"] = MetricRecord(metrics)
     _, out = strategy.aggregate_train(2, [*replies[1:], liar])
-    assert out["rejected"] == 1 and out["replies"] == 3
+    assert out["rejected"] == 0 and out["replies"] == 4
+    counts = sorted(count for count, _ in strategy.data.sent.values())
+    assert counts[-1] == 100 * counts[1]  # the other three's lower median
 
 
 def test_a_step_that_makes_the_model_non_finite_is_rolled_back():

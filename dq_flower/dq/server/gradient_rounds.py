@@ -9,13 +9,15 @@ taken on the store.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from logging import WARNING
 from operator import attrgetter
 from typing import Any
 
 import numpy as np
 from flwr.app import Message
+from flwr.common.logger import log
 
-from dq_flower.codecs import Codec, PayloadError
+from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.identities import ClientIdentities, reply_identity
 from dq_flower.dq.server.intake import UploadIntake
@@ -93,24 +95,28 @@ class GradientRounds(UpdateScreens):
         update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.codec,
                                  max_examples=MAX_LOCAL_ID, require_loss=False,
                                  exact_records=False)(msg)
-        self.check_examples(identity, int(update.weight))
         self.identities.claim(server_round, src, identity)
-        update = replace(update, node=identity)  # per-client state is keyed by identity
+        # per-client state is keyed by identity; the count taken at most the others' bound
+        update = replace(update, node=identity,
+                         weight=self.counted_examples(identity, int(update.weight)))
         self._bits[identity] = reply_bits(content)
         self._sources[identity] = src
         return update
 
-    def check_examples(self, node: int, examples: int) -> None:
-        """A reply's count: it may grow (a stream), not past the others' bound.
+    def counted_examples(self, node: int, examples: int) -> int:
+        """A reply's count: it may grow (a stream); counted at most the others' bound.
 
-        The bound is data rounds' (:func:`~.validation.screen_claims`): at most
-        :data:`~.validation.EXAMPLES_FACTOR` times the other clients' lower median.
+        The bound is data rounds' (:func:`~.validation.screen_claims`):
+        :data:`~.validation.EXAMPLES_FACTOR` times the other clients' lower median (logged).
         """
         others = [v[0] for n, v in self.intake.data.sent.items()
                   if v[0] > 0 and int(n) != int(node)]
-        if others and examples > EXAMPLES_FACTOR * (low := median_of(others, lower=True)):
-            raise PayloadError(f"'num-examples'={examples} is over {EXAMPLES_FACTOR:g} times "
-                               f"the median node's {low:g}")
+        if others and examples > (bound := int(EXAMPLES_FACTOR * (
+                low := median_of(others, lower=True)))):
+            log(WARNING, "reply from node %d: 'num-examples'=%d is over %g times the median "
+                "node's %g: counted as %s", node, examples, EXAMPLES_FACTOR, low, f"{bound:,}")
+            return bound
+        return examples
 
     def combine(self, screened: Screened[GradientUpdate], contested: set[int]) -> Combined:
         """Bound the screened replies (rejecting some in ``screened``) and combine them.

@@ -216,6 +216,8 @@ class UploadIntake:
                 log_rejected(upload.node, "the model casts its samples to whole numbers: they "
                              f"are asked as ids below {vocab}, exactly, from the next round")
             return [], rejected + len(verdict.refused) + len(verdict.accepted)
+        for upload, reason in verdict.counted:
+            log(WARNING, "reply from node %d: %s", upload.node, reason)
         for upload in verdict.accepted:
             if upload.weight_scale < 1.0:
                 log(WARNING, "reply from node %d: its weight is clipped to %g times the "

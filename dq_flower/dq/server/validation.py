@@ -3,7 +3,7 @@
 :func:`check_upload` decodes and checks one reply in one pass against :class:`Rules` and the node's
 :class:`History`, or raises :class:`~dq_flower.codecs.PayloadError` with the reason.
 :func:`agree` screens the round's uploads together: ``num-examples`` over
-:data:`EXAMPLES_FACTOR` times the nodes' lower median is refused, a node's weight clipped to
+:data:`EXAMPLES_FACTOR` times the nodes' lower median is counted as that, a node's weight clipped to
 :data:`SHARE_FACTOR` times the median node's examples; while none is known, the data spec
 most uploads carry that the model trains on is agreed, and the value bound
 (:data:`VALUE_FACTOR` times the median upload's largest value) learned and enforced.
@@ -51,7 +51,7 @@ MAX_LOCAL_ID = 1 << 31
 MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
 #: The learned value bound: this many times the median scale of the first round's uploads.
 VALUE_FACTOR = 10.0
-#: A ``num-examples`` above this many times the nodes' lower median is refused.
+#: A ``num-examples`` above this many times the nodes' lower median is counted as that many.
 EXAMPLES_FACTOR = 100.0
 #: A node's weight in a round is clipped to this many times the median node's examples.
 SHARE_FACTOR = 4.0
@@ -129,6 +129,7 @@ class Agreement:
     spec: DataSpec | None = None  # a spec to adopt (None: known already, or none agreed)
     classes: int | None = None  # the classes (or target width) the model check gave it
     value_bound: float | None = None  # a bound to adopt (None: known, or nothing to learn)
+    counted: list[tuple[Upload, str]] = field(default_factory=list)  # counts taken lower
 
 
 # ------------------------------------------------------------------ the server's view of a batch
@@ -340,26 +341,25 @@ def clip_share(upload: Upload, cap: float) -> Upload:
 def screen_claims(uploads: list[Upload], known: Mapping[int, int],
                   sent: Mapping[int, int] | None = None
                   ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
-    """Refuse implausible ``num-examples``, clip over-large weights (module docstring).
+    """Count implausible ``num-examples`` down, clip over-large weights (module docstring).
 
-    ``sent``: rows each node has uploaded before. A node's weight is clipped to the larger
-    of :data:`SHARE_FACTOR` times the median node's examples and the rows it has really
-    sent (before and in this reply): rows in hand are no claim, so a large honest node
-    weighs what it has sent.
+    A count over :data:`EXAMPLES_FACTOR` times the nodes' lower median is taken as that
+    bound (one large site beside small ones is honest; its rows are kept), each such reply
+    returned with why. ``sent``: rows each node has uploaded before. A node's weight is
+    clipped to the larger of :data:`SHARE_FACTOR` times the median node's examples and the
+    rows it has really sent (before and in this reply): rows in hand are no claim, so a
+    large honest node weighs what it has sent.
     """
     values = [v for v in {**known, **{u.node: u.examples for u in uploads}}.values() if v > 0]
     if not values:
         return list(uploads), []
-    low = median_of(values, lower=True)
-    kept = [u for u in uploads if u.examples <= EXAMPLES_FACTOR * low]
-    refused = [(u, f"'num-examples'={u.examples} is over {EXAMPLES_FACTOR:g} times the median "
-                   f"node's {low:g}") for u in uploads if u.examples > EXAMPLES_FACTOR * low]
-    gone = {u.node for u, _ in refused}
-    rest = {**known, **{u.node: u.examples for u in kept}}
-    values = [v for node, v in rest.items() if v > 0 and node not in gone]
-    cap = SHARE_FACTOR * median_of(values) if values else float("inf")
-    sent = sent or {}
-    return [clip_share(u, max(cap, sent.get(u.node, 0) + len(u.batch))) for u in kept], refused
+    bound = int(EXAMPLES_FACTOR * (low := median_of(values, lower=True)))
+    counted = [(u, f"'num-examples'={u.examples} is over {EXAMPLES_FACTOR:g} times the median "
+                   f"node's {low:g}: counted as {bound:,}") for u in uploads if u.examples > bound]
+    kept = [dataclasses.replace(u, examples=min(u.examples, bound)) for u in uploads]
+    values = [v for v in {**known, **{u.node: u.examples for u in kept}}.values() if v > 0]
+    cap, sent = SHARE_FACTOR * median_of(values), sent or {}
+    return [clip_share(u, max(cap, sent.get(u.node, 0) + len(u.batch))) for u in kept], counted
 
 
 def readable(uploads: list[Upload], read: Callable[[Upload], object]
@@ -427,8 +427,7 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
     ``read(spec, upload)``: the model on every row of a quantized table (:func:`readable`).
     """
     order = sorted(uploads, key=BY_PARTITION)
-    kept, refused = screen_claims(order, known, sent)
-    new_spec = classes = None
+    (kept, counted), refused, new_spec, classes = screen_claims(order, known, sent), [], None, None
     if rules.spec is None:
         new_spec, classes, kept, more = agree_spec(kept, check)
         refused += more
@@ -447,4 +446,4 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
     if read is not None and spec is not None and spec.target != "tokens" and not spec.vocab:
         kept, more = readable(kept, lambda u: read(spec, u))
         refused += more
-    return Agreement(kept, refused, new_spec, classes, new_bound)
+    return Agreement(kept, refused, new_spec, classes, new_bound, counted)
