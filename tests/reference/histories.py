@@ -48,19 +48,26 @@ TIMING_KEYS = frozenset({"wall_s", "client_time_s", "server_compute_s", "server_
 
 
 def machine_kind() -> str:
-    """``<machine>-<PyTorch CPU capability>-<CPU vendor>``, e.g. ``x86_64-AVX512-AuthenticAMD``."""
+    """``<machine>-<PyTorch CPU capability>-<CPU vendor>[-family<n>]``.
+
+    E.g. ``x86_64-AVX512-AuthenticAMD-family26``: the math libraries pick kernels by the
+    processor's generation too (two AMD EPYC generations, both AVX-512, differed in the
+    last bits of a loss and so in a compressed broadcast's bytes).
+    """
     import platform
 
     import torch  # PyTorch: deferred to when a kind is asked for
 
-    vendor = "unknown"
+    found: dict[str, str] = {}
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith(("vendor_id", "CPU implementer")):
-                vendor = line.split(":", 1)[1].strip().replace(" ", "")
-                break
-    return f"{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}-{vendor}"
+            key, _, value = line.partition(":")
+            if key.strip() in ("vendor_id", "CPU implementer", "cpu family"):
+                found.setdefault(key.strip(), value.strip().replace(" ", ""))
+    vendor = found.get("vendor_id", found.get("CPU implementer", "unknown"))
+    family = f"-family{found['cpu family']}" if "cpu family" in found else ""
+    return f"{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}-{vendor}{family}"
 
 
 def reference_folder() -> Path:

@@ -30,6 +30,7 @@ from dq_flower.dq.server.optimizer_choice import (
     AUTO,
     Continuation,
     OptimizerChoice,
+    decay_for,
     probe,
 )
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
@@ -94,10 +95,9 @@ class ServerTrainer:
     def use_optimizer(self, choice: OptimizerChoice,
                       built: torch.optim.Optimizer | None = None) -> None:
         """Train with ``choice`` from now on: ``built`` (its state goes on), else a new one."""
-        cfg = self.cfg
+        decay = decay_for(choice, self.cfg.weight_decay)
         self.optimizer = built if built is not None else make_optimizer(
-            choice.name, decay_groups(self.model, cfg.weight_decay), choice.lr, cfg.momentum,
-            cfg.weight_decay)
+            choice.name, decay_groups(self.model, decay), choice.lr, self.cfg.momentum, decay)
         self.guard.optimizer = self.optimizer
         self.choice, self.lr = choice, choice.lr
 
