@@ -25,7 +25,7 @@ from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
 __all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys",
-           "SAMPLE_KEYS", "LABEL_KEYS"]
+           "SAMPLE_KEYS", "LABEL_KEYS", "streamed"]
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
 #: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
@@ -214,12 +214,27 @@ def _flattened(inputs: tuple[Any, ...], y: Any, what: str
     return x, ya, parts
 
 
+def streamed(data: Any) -> bool:
+    """Whether ``data`` is read in the order it streams: a ``DataLoader`` over an iterable."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(data, torch.utils.data.DataLoader):
+        return False
+    inner = data.dataset
+    return isinstance(inner, torch.utils.data.IterableDataset) or not hasattr(inner, "__len__")
+
+
 def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False
              ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     torch = sys.modules.get("torch")
     if torch is not None:
         # PyTorch: loaded only where a model is at hand
         from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+        if isinstance(data, IterableDataset):
+            raise TypeError(
+                f"data is an IterableDataset ({type(data).__name__}): read it through a "
+                "DataLoader that gives its rows in one order every round (DQ names a node's "
+                "rows by their positions), or give a map-style Dataset")
 
     if hasattr(data, "columns") and hasattr(data, "iloc"):  # a whole pandas frame
         raise TypeError(

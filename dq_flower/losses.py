@@ -110,7 +110,7 @@ def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> to
     """
     n = outputs.shape[0]
     mapped = n > 1 and _maps_rows(loss_fn)
-    losses = loss_fn(outputs, targets) if not mapped else None
+    losses = whole = loss_fn(outputs, targets) if not mapped else None
     if mapped or (losses is not None and losses.ndim == 0 and n > 1):
         try:
             losses = torch.func.vmap(loss_fn)(outputs, targets)
@@ -118,6 +118,12 @@ def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> to
             raise ValueError(f"loss_fn returns one number for a batch of {n} and cannot be "
                              f"applied row by row ({type(exc).__name__}: {exc}); return one "
                              "loss a sample (reduction='none')") from None
+        if whole is not None and not _a_mean_or_sum(float(whole), losses.detach()):
+            raise ValueError(
+                f"loss_fn returns {float(whole):.6g} for a batch, neither the mean nor the sum "
+                "of its rows' losses (a weighted mean, cross_entropy(..., weight=w)?): row by "
+                "row its weights would cancel; pass the loss module (nn.CrossEntropyLoss("
+                "weight=w)) or a function that returns one loss a sample")
         if not mapped:  # from now on mapped at once, not called twice a batch
             with contextlib.suppress(TypeError):  # not weakly referenceable: each call
                 _BATCH_REDUCING.add(loss_fn)
@@ -125,6 +131,13 @@ def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> to
     if losses.ndim > 1 and losses.shape[0] == n:
         losses = losses.reshape(n, -1).mean(dim=1)
     return losses.reshape(1) if losses.ndim == 0 and n == 1 else losses
+
+
+def _a_mean_or_sum(whole: float, rows: torch.Tensor) -> bool:
+    """Whether a batch's loss ``whole`` is the mean or the sum of its ``rows``' losses."""
+    rows = rows.reshape(rows.shape[0], -1).mean(dim=1).double()
+    scale = max(abs(whole), 1e-12)
+    return any(abs(whole - float(v)) <= 1e-4 * scale for v in (rows.mean(), rows.sum()))
 
 
 def resolve_loss(loss_fn: LossFn | None) -> LossFn:

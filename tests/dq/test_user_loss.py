@@ -134,3 +134,24 @@ def test_a_function_reducing_the_batch_is_called_once_a_batch_after_the_first():
     calls.clear()
     again = per_row(mean_squares, out, target)
     assert torch.allclose(first, again) and calls == [0]  # one mapped call, rows of shape ()
+
+
+def test_a_function_whose_batch_loss_is_a_weighted_mean_is_refused_with_what_to_pass():
+    """``cross_entropy(logits, y, weight=w)`` as a function: row by row a weighted mean is
+    ``w l / w = l``, so its class weights cancelled, silently (the run matched one given no
+    loss at all, to the byte). A mean, a sum or label smoothing are applied row by row."""
+    weights = torch.tensor([2.0, 1.0, 1.0])
+    outputs, targets = torch.randn(6, 3, generator=torch.Generator().manual_seed(0)), \
+        torch.tensor([0, 1, 2, 0, 1, 2])
+    plain = nn.functional.cross_entropy(outputs, targets, reduction="none")
+    for same in (lambda o, t: nn.functional.cross_entropy(o, t),
+                 lambda o, t: nn.functional.cross_entropy(o, t, reduction="sum")):
+        assert torch.allclose(per_row(same, outputs, targets), plain, atol=1e-6)
+    smoothed = per_row(lambda o, t: nn.functional.cross_entropy(o, t, label_smoothing=0.1),
+                       outputs, targets)
+    assert torch.allclose(smoothed, nn.functional.cross_entropy(
+        outputs, targets, label_smoothing=0.1, reduction="none"), atol=1e-6)
+    with pytest.raises(ValueError, match=r"nn.CrossEntropyLoss\(weight=w\)"):
+        per_row(lambda o, t: nn.functional.cross_entropy(o, t, weight=weights), outputs, targets)
+    module = per_sample(nn.CrossEntropyLoss(weight=weights))  # the module form: weighted rows
+    assert torch.allclose(per_row(module, outputs, targets), plain * weights[targets])

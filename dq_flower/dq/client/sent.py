@@ -22,12 +22,15 @@ from dq_flower.wire.targets import binary_targets
 from dq_flower.wire.token_batch import TOKENS_CODEC
 
 __all__ = ["SENT_PREFIX", "SENT_ROWS_PREFIX", "RANGES_STATE", "coding_ranges", "keep_sent",
-           "sent_rounds", "sent_rows", "forget_from", "node_ranges", "spec_of"]
+           "sent_rounds", "sent_rows", "forget_from", "node_ranges", "spec_of",
+           "check_row_order"]
 
 SENT_PREFIX = "dq-sent-"
 SENT_ROWS_PREFIX = "dq-sent-rows-"
 #: the feature ranges the node last sent, in ``Context.state`` (:func:`coding_ranges`)
 RANGES_STATE = "dq-ranges"
+#: each row's signature, for data read in the order it streams (:func:`check_row_order`)
+ORDER_STATE = "dq-row-order"
 
 
 def node_ranges(config: Mapping[str, Any], x_flat: np.ndarray, bits: int
@@ -62,6 +65,31 @@ def coding_ranges(context: Context, config: Mapping[str, Any], x_flat: np.ndarra
             "lo": Array(np.asarray(lo)), "span": Array(np.asarray(span)),
             "bits": Array(np.array([bits], dtype=np.int64))})
     return lo, span
+
+
+def check_row_order(context: Context, server_round: int, x: np.ndarray, y: np.ndarray) -> None:
+    """Refuse rows that came in another order than in the node's earlier rounds.
+
+    For data read in the order it streams (a ``DataLoader`` over an ``IterableDataset``):
+    the server names a node's rows by their positions, so an iterable that shuffles each
+    pass would have it store some rows twice and never ask for others. Each row's seeded
+    projection is kept in ``Context.state``; the rows a node held before must come first,
+    in the same order (rows may be added after them: a stream that grows).
+    """
+    rng = np.random.default_rng(0)
+    flat = np.concatenate([x.reshape(len(x), -1), y.reshape(len(y), -1)], axis=1)
+    signature = flat.astype(np.float64) @ rng.standard_normal(flat.shape[1])
+    kept = context.state.array_records.get(ORDER_STATE)
+    if kept is not None:
+        before = kept["rows"].numpy()
+        if len(before) > len(signature) or not np.array_equal(before, signature[:len(before)]):
+            raise ValueError(
+                f"round {server_round}: the data's rows came in another order than in an "
+                "earlier round (an IterableDataset that shuffles each pass?): DQ names a "
+                "node's rows by their positions, so each round must give them in one order, "
+                "new rows after the old (DataLoader(shuffle=False), a seeded order, or a "
+                "map-style Dataset)")
+    context.state[ORDER_STATE] = ArrayRecord({"rows": Array(signature)})
 
 
 def keep_sent(context: Context, server_round: int, samples: Payload, ids: np.ndarray,

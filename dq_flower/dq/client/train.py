@@ -34,9 +34,16 @@ from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
 from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
-from dq_flower.data_input import as_inputs
+from dq_flower.data_input import as_inputs, streamed
 from dq_flower.dq.client.selection import select
-from dq_flower.dq.client.sent import coding_ranges, forget_from, keep_sent, sent_rows, spec_of
+from dq_flower.dq.client.sent import (
+    check_row_order,
+    coding_ranges,
+    forget_from,
+    keep_sent,
+    sent_rows,
+    spec_of,
+)
 from dq_flower.dq.client.tokens import check_token_round, id_vocab, token_upload
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig, auto_bits
 from dq_flower.dq.scorer_choice import (
@@ -221,6 +228,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
     one_input = bool(config.get(ONE_INPUT_KEY))  # the server's model takes one input
     x_all, y, inputs = as_inputs(data, keys, one_input)  # several inputs: side by side
+    if streamed(data):  # rows named by position: the same order every round
+        check_row_order(context, server_round, x_all, y)
     if inputs and model is not None:
         from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
 
