@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from dq_flower.wire.input_parts import part_layout
 
-__all__ = ["InputSplit", "split_inputs", "HOOK_ATTR", "positional_inputs", "one_input_reason"]
+__all__ = ["InputSplit", "split_inputs", "HOOK_ATTR", "positional_inputs", "one_input_reason",
+           "input_width", "layers"]
 
 #: The attribute of a model that holds its :class:`InputSplit` (one a model).
 HOOK_ATTR = "_dq_input_split"
@@ -92,3 +94,24 @@ def one_input_reason(model: nn.Module, parts: tuple[str, ...]) -> str | None:
             "sample_weight)? every tensor but the last reads as an input): the next rounds "
             "ask the nodes for the first two tensors as (x, y), the others left out (DQ's "
             "server weighs no rows by them: class weights go in DQStrategy's loss_fn)")
+
+
+def layers(model: nn.Module) -> Iterator[nn.Module]:
+    """The modules holding parameters of their own, in registration order."""
+    return (m for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
+
+
+def input_width(model: nn.Module) -> int | None:
+    """Input features of flat samples: the first layer's where it is linear (else ``None``).
+
+    A ``BatchNorm1d`` or one-dimensional ``LayerNorm`` before it normalises as many.
+    """
+    found = layers(model)
+    first = next(found, None)
+    if isinstance(first, nn.BatchNorm1d) or (isinstance(first, nn.LayerNorm)
+                                             and len(first.normalized_shape) == 1):
+        after = next(found, None)
+        width = first.num_features if isinstance(first, nn.BatchNorm1d) else sum(
+            first.normalized_shape)
+        first = after if isinstance(after, nn.Linear) and after.in_features == width else None
+    return int(first.in_features) if isinstance(first, nn.Linear) else None

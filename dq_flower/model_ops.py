@@ -25,7 +25,7 @@ from dq_flower.losses import (  # the losses: here for the model path's callers
     per_row,
     resolve_loss,
 )
-from dq_flower.model_inputs import HOOK_ATTR, split_inputs
+from dq_flower.model_inputs import HOOK_ATTR, layers, split_inputs
 
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
@@ -69,24 +69,7 @@ def reads_windows(model: nn.Module, length: int = 2) -> bool:
 
 def _first_layer(model: nn.Module) -> nn.Module | None:
     """The first module holding parameters of its own, in registration order."""
-    return next((m for m in model.modules() if next(m.parameters(recurse=False), None)
-                 is not None), None)
-
-
-def input_width(model: nn.Module) -> int | None:
-    """Input features of flat samples, ``None`` where the model does not show them.
-
-    The first layer's where it is linear, or where it normalises as many features
-    (``BatchNorm1d``, a one-dimensional ``LayerNorm``) as the linear layer after it reads.
-    """
-    layers = (m for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
-    first = next(layers, None)
-    if isinstance(first, (nn.BatchNorm1d, nn.LayerNorm)):
-        width = (first.num_features if isinstance(first, nn.BatchNorm1d) else
-                 first.normalized_shape[0] if len(first.normalized_shape) == 1 else None)
-        after = next(layers, None)
-        return int(width) if isinstance(after, nn.Linear) and after.in_features == width else None
-    return int(first.in_features) if isinstance(first, nn.Linear) else None
+    return next(layers(model), None)
 
 
 def _flat(tensors) -> np.ndarray:

@@ -4,7 +4,7 @@ from torch import nn
 
 import dq_flower
 from dq_flower.dq.config import auto_bits
-from dq_flower.model_ops import input_width
+from dq_flower.model_inputs import input_width
 from dq_flower.wire.dq_batch import DataSpec
 
 

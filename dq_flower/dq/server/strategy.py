@@ -50,7 +50,8 @@ from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
 from dq_flower.losses import TargetLoss, per_sample
-from dq_flower.model_ops import LossFn, embedding_vocab, input_width
+from dq_flower.model_inputs import input_width
+from dq_flower.model_ops import LossFn, embedding_vocab
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
 from dq_flower.server.common import (
