@@ -24,7 +24,7 @@ import numpy as np
 
 __all__ = ["encode_held", "decode_held", "runs_of", "encode_table", "decode_table",
            "table_entry", "held_for", "held_size_bound", "BITMAP", "RUNS", "PACKED_RUNS",
-           "MAX_ID", "HELD_KEY", "TABLE_KEY", "EMPTY"]
+           "MAX_ID", "HELD_KEY", "TABLE_KEY", "EMPTY", "VALUE_BOUND_KEY"]
 
 BITMAP, RUNS, PACKED_RUNS = 0, 1, 2
 MAX_ID = (1 << 63) - 1
@@ -32,6 +32,8 @@ _U64 = np.uint64
 #: Config keys of a train message: the node's held set, or the table of every client.
 HELD_KEY = "held"
 TABLE_KEY = "held-table"
+#: Config key of a train message: the value bound, for a node whose reply went over it.
+VALUE_BOUND_KEY = "value-bound"
 EMPTY = bytes([RUNS, 0])
 
 

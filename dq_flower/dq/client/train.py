@@ -69,7 +69,7 @@ from dq_flower.wire.dq_batch import (
     ranges_record,
     spec_record,
 )
-from dq_flower.wire.held import held_for
+from dq_flower.wire.held import VALUE_BOUND_KEY, held_for
 from dq_flower.wire.input_parts import ONE_INPUT_KEY
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
@@ -307,6 +307,11 @@ def _data_round(r: RoundInput) -> Message:
     n = r.x.shape[0]
     num_classes = _num_classes(config, spec, y, n)
     cfg, candidates = _candidates(config, r.cfg, r.key, n)
+    x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows
+    in_bound = x_flat  # the rows its feature ranges cover
+    if (bound := config.get(VALUE_BOUND_KEY)) is not None and not spec.vocab:
+        within = np.abs(x_flat).max(axis=1, initial=0.0) <= float(bound)  # outliers stay
+        candidates, in_bound = candidates[within[candidates]], x_flat[within]
     model, scores = _scores(r, cfg, candidates)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
@@ -315,9 +320,8 @@ def _data_round(r: RoundInput) -> Message:
                                            CAN_SCORE_KEY: int(r.model is not None)})
     represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per row
 
-    x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows
     coded = (_Coded(None, tokens_payload(x_flat[chosen], spec.vocab), "sample", x_flat[chosen])
-             if spec.vocab else _quantize(cfg, spec, x_flat[chosen], x_flat, rng, r))
+             if spec.vocab else _quantize(cfg, spec, x_flat[chosen], in_bound, rng, r))
     compensation = None
     if cfg.compensation != "none" and chosen.size:
         compensation = _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb,

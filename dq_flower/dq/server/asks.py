@@ -36,7 +36,14 @@ from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.model_ops import embedding_vocab, output_width, reads_windows
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import ID_VOCAB_KEY, MIXED_UNITS_KEY
-from dq_flower.wire.held import EMPTY, HELD_KEY, TABLE_KEY, encode_held, encode_table
+from dq_flower.wire.held import (
+    EMPTY,
+    HELD_KEY,
+    TABLE_KEY,
+    VALUE_BOUND_KEY,
+    encode_held,
+    encode_table,
+)
 from dq_flower.wire.input_parts import ONE_INPUT_KEY
 from dq_flower.wire.model import MODEL_KEY
 from dq_flower.wire.targets import MODEL_OUTPUTS_KEY
@@ -407,6 +414,8 @@ class RoundAsks:
                 if self.data.may_use_feature_ranges(self.cfg.ranges):
                     node_cfg["send-ranges"] = (identity is None
                                                or identity not in self.data.ranges)
+                if int(node) in self.data.over_bound and self.data.value_bound is not None:
+                    node_cfg[VALUE_BOUND_KEY] = float(self.data.value_bound)
             content = RecordDict({"config": node_cfg, **shared})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=node))

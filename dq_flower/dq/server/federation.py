@@ -89,6 +89,7 @@ class FederationData:
     pin_units: bool = False  # nodes are told the spec's mixed units (one measured otherwise)
     whole_vocab: int = 0  # ids asked of every node: the model reads its samples as such
     one_input: bool = False  # nodes asked for (x, y) of their tensors: the model takes one
+    over_bound: set[int] = field(default_factory=set)  # nodes asked for rows within the bound
     #: per client (identity): ``[examples it holds, rows it sent]``, from its valid replies
     sent: dict[int, list[int]] = field(default_factory=dict)
     #: rows the clients' ``num-examples`` grew by from one reply to a later one (a stream)
@@ -128,6 +129,10 @@ class FederationData:
     def ask_model_targets(self, outputs: int) -> None:
         """Ask every node from the next round on to type its targets for ``outputs`` outputs."""
         self.model_outputs = outputs
+
+    def ask_within_bound(self, node: int) -> None:
+        """Ask Flower node ``node`` from the next round on for its rows within the bound."""
+        self.over_bound.add(int(node))
 
     def ask_one_input(self) -> None:
         """Ask every node from the next round on for ``(x, y)`` of its tensors, no more."""
@@ -206,6 +211,7 @@ class FederationData:
                 "value_bound": self.value_bound, "provisional": dict(self.provisional),
                 "model_outputs": self.model_outputs, "pin_units": self.pin_units,
                 "whole_vocab": self.whole_vocab, "one_input": self.one_input,
+                "over_bound": sorted(self.over_bound),
                 "sent": {k: list(v) for k, v in self.sent.items()}, "grown": self.grown}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
@@ -215,6 +221,7 @@ class FederationData:
         self.pin_units = bool(state.get("pin_units", False))
         self.whole_vocab = int(state.get("whole_vocab", 0))
         self.one_input = bool(state.get("one_input", False))
+        self.over_bound = {int(n) for n in state.get("over_bound", ())}
         sent = state.get("sent", state.get("planner", {}).get("clients", {}))  # older: planner's
         self.sent = {int(k): [int(a), int(b)] for k, (a, b) in sent.items()}
         self.grown = int(state.get("grown", 0))

@@ -1,9 +1,8 @@
 """The server's intake of DQ data replies: what it learns from them, the checks, the store.
 
-:class:`UploadIntake` checks each reply alone (under the client identity
-:mod:`.identities` grants it), then with the round's others; a spec or bound learned from
-replies stays provisional until rows are stored. :class:`Compensations` screens the
-replies' compensations and refreshed residuals by norm and keeps them in the control variate.
+:class:`UploadIntake` checks each reply alone (under the identity :mod:`.identities` grants
+it), then with the round's others; a spec or bound learned from replies stays provisional
+until rows are stored. :class:`Compensations` screens compensations and refreshed residuals.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of, table_reader, whole_number_vocab
 from dq_flower.dq.server.validation import (
+    OVER_BOUND,
     SHARE_FACTOR,
     VALUE_FACTOR,
     History,
@@ -176,9 +176,11 @@ class UploadIntake:
         try:
             upload = check_upload(msg.content, identity, rules or self.rules(),
                                   self.history(identity), ask(src, identity), src)
-        except PayloadError:  # targets typed otherwise than the federation's: ask for them
+        except PayloadError as exc:  # targets typed otherwise, values over the bound: ask
             with suppress(PayloadError, KeyError, TypeError, ValueError):
                 self.data.retype_if(reply_spec(msg.content, None), output_width(self.model) or 0)
+            if str(exc).startswith(OVER_BOUND):
+                self.data.ask_within_bound(src)
             raise
         self.identities.claim(server_round, src, identity)
         if upload.resent:  # rows the server already held: dropped
@@ -202,6 +204,8 @@ class UploadIntake:
         verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
         for upload, reason in verdict.refused:
             log_rejected(upload.node, reason)
+            if reason.startswith(OVER_BOUND):  # its rows within the bound, from the next round
+                self.data.ask_within_bound(upload.source)
         reasons = {reason for _, reason in verdict.refused}
         if len(verdict.refused) > 1 and not verdict.accepted and len(reasons) == 1 \
                 and self.data.spec is None and not (self.data.model_outputs

@@ -41,7 +41,7 @@ from dq_flower.wire.dq_batch import (
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree",
            "decode_compensation", "decode_vector", "VALUE_FACTOR", "BY_PARTITION", "keep_rows",
-           "kept_rows", "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID",
+           "kept_rows", "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "OVER_BOUND",
            "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
@@ -51,6 +51,7 @@ MAX_LOCAL_ID = 1 << 31
 MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
 #: The learned value bound: this many times the median scale of the first round's uploads.
 VALUE_FACTOR = 10.0
+OVER_BOUND = "sample values reach"  #: a refusal for the bound (its rows within it are asked)
 #: A ``num-examples`` above this many times the nodes' lower median is counted as that many.
 EXAMPLES_FACTOR = 100.0
 #: A node's weight in a round is clipped to this many times the median node's examples.
@@ -219,11 +220,11 @@ def decode_rows(wire: DataReply, bits: int, known: tuple[np.ndarray, np.ndarray]
 
 
 def data_scale(x: np.ndarray, ranges: tuple[np.ndarray, np.ndarray] | None) -> float:
-    """The largest absolute value rows can take: ``max(|lo| + span)`` with feature ranges."""
+    """The largest absolute value rows can take: ``max(|lo|, |lo + span|)`` with ranges."""
     largest = float(np.abs(x).max()) if x.size else 0.0
     if ranges is not None:
         lo, span = (a.astype(np.float64) for a in ranges)
-        largest = max(largest, float((np.abs(lo) + span).max()))
+        largest = max(largest, float(np.maximum(np.abs(lo), np.abs(lo + span)).max()))
     return largest
 
 
@@ -267,7 +268,7 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
             batch = dataclasses.replace(batch, labels=x.reshape(len(x), -1))
         scale = data_scale(x, ranges if ranges is not None else history.ranges)
         if rules.value_bound is not None and scale > rules.value_bound:
-            raise PayloadError(f"sample values reach {scale:g}, over the bound "
+            raise PayloadError(f"{OVER_BOUND} {scale:g}, over the bound "
                                f"{rules.value_bound:g} (max-abs-value)")
         can_score = metrics is not None and metrics.get(CAN_SCORE_KEY) == 1
     delta = decode_compensation(batch, rules.comp_codec, rules.num_params)
@@ -439,7 +440,7 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
         middle = (median_of(scales) or max(scales)) if scales else 0.0
         if middle > 0:  # the bound learned: VALUE_FACTOR times the median upload's scale
             new_bound = VALUE_FACTOR * middle
-            refused += [(u, f"sample values reach {u.scale:g}, over {VALUE_FACTOR:g} times "
+            refused += [(u, f"{OVER_BOUND} {u.scale:g}, over {VALUE_FACTOR:g} times "
                             f"the median upload's (max-abs-value {new_bound:g})")
                         for u in kept if u.scale > new_bound]
             kept = [u for u in kept if u.scale <= new_bound]
