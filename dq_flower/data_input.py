@@ -166,6 +166,10 @@ def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
 
 
 def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]:
+    if isinstance(item, Mapping) and any(isinstance(v, Mapping) for v in item.values()):
+        raise ValueError(f"{what} is a dict of dicts (keys {sorted(map(str, item))}): give "
+                         "one input and one target an item, {\"image\": tensor, \"label\": "
+                         "int} (a Dataset whose __getitem__ flattens them)")
     if isinstance(item, Mapping):
         kx, ky = dict_keys(item, keys, what)
         return item[kx], item[ky]

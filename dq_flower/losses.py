@@ -106,14 +106,15 @@ def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> to
     """``loss_fn``'s losses, one a row, from the loss a user trains with as it is written.
 
     A loss of one value per output is averaged over the row's outputs; a function that
-    reduces the batch to one number is applied row by row (``torch.func.vmap``).
+    reduces the batch to one number is applied row by row (``torch.func.vmap``), each row a
+    batch of one, so a loss written over ``dim=1`` reads it as it reads a batch.
     """
     n = outputs.shape[0]
     mapped = n > 1 and _maps_rows(loss_fn)
     losses = whole = loss_fn(outputs, targets) if not mapped else None
     if mapped or (losses is not None and losses.ndim == 0 and n > 1):
         try:
-            losses = torch.func.vmap(loss_fn)(outputs, targets)
+            losses = torch.func.vmap(_as_batch_of_one(loss_fn))(outputs, targets)
         except Exception as exc:  # noqa: BLE001  (whatever the user's function raises)
             raise ValueError(f"loss_fn returns one number for a batch of {n} and cannot be "
                              f"applied row by row ({type(exc).__name__}: {exc}); return one "
@@ -131,6 +132,11 @@ def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> to
     if losses.ndim > 1 and losses.shape[0] == n:
         losses = losses.reshape(n, -1).mean(dim=1)
     return losses.reshape(1) if losses.ndim == 0 and n == 1 else losses
+
+
+def _as_batch_of_one(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` on one row given as a batch of one (the row's loss, a scalar)."""
+    return lambda out, target: loss_fn(out.unsqueeze(0), target.unsqueeze(0)).reshape(())
 
 
 def _a_mean_or_sum(whole: float, rows: torch.Tensor) -> bool:

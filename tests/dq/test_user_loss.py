@@ -133,7 +133,7 @@ def test_a_function_reducing_the_batch_is_called_once_a_batch_after_the_first():
     first = per_row(mean_squares, out, target)
     calls.clear()
     again = per_row(mean_squares, out, target)
-    assert torch.allclose(first, again) and calls == [0]  # one mapped call, rows of shape ()
+    assert torch.allclose(first, again) and calls == [1]  # one mapped call, a row a batch of 1
 
 
 def test_a_function_whose_batch_loss_is_a_weighted_mean_is_refused_with_what_to_pass():
@@ -155,3 +155,13 @@ def test_a_function_whose_batch_loss_is_a_weighted_mean_is_refused_with_what_to_
         per_row(lambda o, t: nn.functional.cross_entropy(o, t, weight=weights), outputs, targets)
     module = per_sample(nn.CrossEntropyLoss(weight=weights))  # the module form: weighted rows
     assert torch.allclose(per_row(module, outputs, targets), plain * weights[targets])
+
+
+def test_a_function_written_over_dim_1_reads_each_row_as_a_batch_of_one():
+    """A soft-label loss ``-(y * log_softmax(logits, 1)).sum(1).mean()`` failed row by row
+    ("Dimension out of range": ``vmap`` handed it 1-D rows) and every reply was refused."""
+    outputs = torch.randn(6, 3, generator=torch.Generator().manual_seed(1))
+    soft = torch.softmax(torch.randn(6, 3, generator=torch.Generator().manual_seed(2)), 1)
+    rows = per_row(lambda o, t: -(t * nn.functional.log_softmax(o, 1)).sum(1).mean(),
+                   outputs, soft)
+    assert torch.allclose(rows, -(soft * nn.functional.log_softmax(outputs, 1)).sum(1))

@@ -305,3 +305,18 @@ def test_a_whole_pandas_frame_is_refused_with_what_to_give():
     frame = pd.DataFrame({"a": [1.0, 2.0], "target": [0, 1]})
     with pytest.raises(TypeError, match=r"frame.drop\(columns=\"target\"\), frame\[\"target\"\]"):
         as_arrays(frame)
+
+
+def test_nested_dict_samples_are_refused_with_what_to_give():
+    """``{"sample": {"image": ...}, "meta": {"label": ...}}`` asked for keys= it cannot take
+    (they name top-level keys), and with keys= failed as "a table's text columns"."""
+    class Nested(Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {"sample": {"image": torch.zeros(4)}, "meta": {"label": i}}
+
+    for keys in (None, ("sample", "meta")):
+        with pytest.raises(ValueError, match="is a dict of dicts"):
+            as_arrays(Nested(), keys)

@@ -203,7 +203,7 @@ class UploadIntake:
         sent = {int(n): int(v[1]) for n, v in self.data.sent.items()}
         verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
         for upload, reason in verdict.refused:
-            log_rejected(upload.node, reason)
+            log_rejected(upload.source, reason)
             if reason.startswith(OVER_BOUND):  # its rows within the bound, from the next round
                 self.data.ask_within_bound(upload.source)
         reasons = {reason for _, reason in verdict.refused}
@@ -211,22 +211,22 @@ class UploadIntake:
                 and self.data.spec is None and not (self.data.model_outputs
                                                     or self.data.one_input):  # the model
             log(ERROR, "every reply of the round failed the server's model check the same way "
-                "(%s): the model the strategy was given, not the nodes' data, is the likely "
-                "cause (see docs/plugin.md, your own model and data)", reasons.pop())
+                "(%s): the model (or loss_fn) the strategy was given, not the nodes' data, is "
+                "the likely cause (see docs/plugin.md, your own model and data)", reasons.pop())
         if verdict.spec is not None and not self.data.whole_vocab and (vocab := whole_number_vocab(
                 self.model, verdict.spec, [u.x for u in verdict.accepted])):
             self.data.ask_ids(vocab)
             for upload in verdict.accepted:
-                log_rejected(upload.node, "the model casts its samples to whole numbers: they "
+                log_rejected(upload.source, "the model casts its samples to whole numbers: they "
                              f"are asked as ids below {vocab}, exactly, from the next round")
             return [], rejected + len(verdict.refused) + len(verdict.accepted)
         for upload, reason in verdict.counted:
-            log(WARNING, "reply from node %d: %s", upload.node, reason)
+            log(WARNING, "reply from node %d: %s", upload.source, reason)
         for upload in verdict.accepted:
             if upload.weight_scale < 1.0:
                 log(WARNING, "reply from node %d: its weight is clipped to %g times the "
                     "median node's examples or the rows it has sent, the larger (x%.3g)",
-                    upload.node, SHARE_FACTOR, upload.weight_scale)
+                    upload.source, SHARE_FACTOR, upload.weight_scale)
         if verdict.spec is not None:
             self.fix_spec(verdict.spec, verdict.classes, provisional=True)
         for upload, _ in verdict.refused:  # targets typed otherwise than the agreed spec's
@@ -267,7 +267,7 @@ class UploadIntake:
         packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
 
         def fail(upload: Upload, exc: Exception) -> None:
-            log_rejected(upload.node, f"store insertion failed: {type(exc).__name__}: {exc}")
+            log_rejected(upload.source, f"store insertion failed: {type(exc).__name__}: {exc}")
 
         for upload in uploads:
             try:
