@@ -24,12 +24,7 @@ from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.dq.server.validation import (
-    BY_PARTITION,
-    EXAMPLES_FACTOR,
-    MAX_LOCAL_ID,
-    median_of,
-)
+from dq_flower.dq.server.validation import BY_PARTITION, MAX_LOCAL_ID, count_claim
 from dq_flower.server.common import log_round
 from dq_flower.server.pipeline import Screened, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
@@ -111,12 +106,10 @@ class GradientRounds(UpdateScreens):
         """
         others = [v[0] for n, v in self.intake.data.sent.items()
                   if v[0] > 0 and int(n) != int(node)]
-        if others and examples > (bound := int(EXAMPLES_FACTOR * (
-                low := median_of(others, lower=True)))):
-            log(WARNING, "reply from node %d: 'num-examples'=%d is over %g times the median "
-                "node's %g: counted as %s", node, examples, EXAMPLES_FACTOR, low, f"{bound:,}")
-            return bound
-        return examples
+        counted, why = count_claim(examples, others) if others else (examples, None)
+        if why:
+            log(WARNING, "reply from node %d: %s", node, why)
+        return counted
 
     def combine(self, screened: Screened[GradientUpdate], contested: set[int]) -> Combined:
         """Bound the screened replies (rejecting some in ``screened``) and combine them.

@@ -31,10 +31,10 @@ from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of, table_reader, whole_number_vocab
 from dq_flower.dq.server.validation import (
-    OVER_BOUND,
     SHARE_FACTOR,
     VALUE_FACTOR,
     History,
+    OverBoundError,
     Rules,
     Upload,
     agree,
@@ -179,7 +179,7 @@ class UploadIntake:
         except PayloadError as exc:  # targets typed otherwise, values over the bound: ask
             with suppress(PayloadError, KeyError, TypeError, ValueError):
                 self.data.retype_if(reply_spec(msg.content, None), output_width(self.model) or 0)
-            if str(exc).startswith(OVER_BOUND):
+            if isinstance(exc, OverBoundError):
                 self.data.ask_within_bound(src)
             raise
         self.identities.claim(server_round, src, identity)
@@ -204,8 +204,8 @@ class UploadIntake:
         verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
         for upload, reason in verdict.refused:
             log_rejected(upload.source, reason)
-            if reason.startswith(OVER_BOUND):  # its rows within the bound, from the next round
-                self.data.ask_within_bound(upload.source)
+            if verdict.value_bound is not None and upload.scale > verdict.value_bound:
+                self.data.ask_within_bound(upload.source)  # its rows within it, next round
         reasons = {reason for _, reason in verdict.refused}
         if len(verdict.refused) > 1 and not verdict.accepted and len(reasons) == 1 \
                 and self.data.spec is None and not (self.data.model_outputs

@@ -1,13 +1,9 @@
 """Checks of DQ data replies, alone and against the round's others.
 
-:func:`check_upload` decodes and checks one reply in one pass against :class:`Rules` and the node's
-:class:`History`, or raises :class:`~dq_flower.codecs.PayloadError` with the reason.
-:func:`agree` screens the round's uploads together: ``num-examples`` over
-:data:`EXAMPLES_FACTOR` times the nodes' lower median is counted as that, a node's weight clipped to
-:data:`SHARE_FACTOR` times the median node's examples; while none is known, the data spec
-most uploads carry that the model trains on is agreed, and the value bound
-(:data:`VALUE_FACTOR` times the median upload's largest value) learned and enforced.
-``docs/reliability.md`` gives the measurements behind the factors.
+:func:`check_upload` decodes and checks one reply in one pass (:class:`Rules`, the node's
+:class:`History`) or raises :class:`~dq_flower.codecs.PayloadError` with the reason;
+:func:`agree` screens the round's together: counts, weights, the data spec and the value
+bound. ``docs/reliability.md`` gives the measurements behind the factors.
 """
 
 from __future__ import annotations
@@ -41,7 +37,8 @@ from dq_flower.wire.dq_batch import (
 
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree",
            "decode_compensation", "decode_vector", "VALUE_FACTOR", "BY_PARTITION", "keep_rows",
-           "kept_rows", "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "OVER_BOUND",
+           "kept_rows", "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "OverBoundError",
+           "count_claim",
            "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
@@ -51,7 +48,6 @@ MAX_LOCAL_ID = 1 << 31
 MAX_SAMPLE_WEIGHT_FACTOR = 1000.0
 #: The learned value bound: this many times the median scale of the first round's uploads.
 VALUE_FACTOR = 10.0
-OVER_BOUND = "sample values reach"  #: a refusal for the bound (its rows within it are asked)
 #: A ``num-examples`` above this many times the nodes' lower median is counted as that many.
 EXAMPLES_FACTOR = 100.0
 #: A node's weight in a round is clipped to this many times the median node's examples.
@@ -109,10 +105,7 @@ class Rules:
 
 @dataclass(frozen=True)
 class History:
-    """What the server holds about one node: examples (0: unknown), rows, feature ranges.
-
-    ``received``: ids of the rows it sent (``None``: no store); ``weight``: their summed weight.
-    """
+    """A node's examples (0: unknown), rows held, ranges, ids received and their weight."""
 
     examples: int = 0
     stored: int = 0
@@ -131,6 +124,10 @@ class Agreement:
     classes: int | None = None  # the classes (or target width) the model check gave it
     value_bound: float | None = None  # a bound to adopt (None: known, or nothing to learn)
     counted: list[tuple[Upload, str]] = field(default_factory=list)  # counts taken lower
+
+
+class OverBoundError(PayloadError):
+    """A reply whose values reach past the value bound (its node is asked within it)."""
 
 
 # ------------------------------------------------------------------ the server's view of a batch
@@ -182,8 +179,8 @@ def read_counts(metrics: MetricRecord | None, rows: int, history: History,
 def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
     """Row weights an honest client of this selection rule can send.
 
-    ``topk``/``threshold``: ``candidates / k`` each. ``sample`` and ``auto``: ``1 / pi_i``
-    in ``[1, 1000 * candidates]`` (scores are floored at 1e-3 of their mean).
+    ``topk``/``threshold``: ``candidates / k`` each; ``sample``, ``auto``: ``1 / pi_i`` in
+    ``[1, 1000 * candidates]`` (scores floored at 1e-3 of their mean).
     """
     rows = len(batch)
     if not rows:
@@ -268,7 +265,7 @@ def check_upload(content: RecordDict, node: int, rules: Rules, history: History,
             batch = dataclasses.replace(batch, labels=x.reshape(len(x), -1))
         scale = data_scale(x, ranges if ranges is not None else history.ranges)
         if rules.value_bound is not None and scale > rules.value_bound:
-            raise PayloadError(f"{OVER_BOUND} {scale:g}, over the bound "
+            raise OverBoundError(f"sample values reach {scale:g}, over the bound "
                                f"{rules.value_bound:g} (max-abs-value)")
         can_score = metrics is not None and metrics.get(CAN_SCORE_KEY) == 1
     delta = decode_compensation(batch, rules.comp_codec, rules.num_params)
@@ -339,25 +336,28 @@ def clip_share(upload: Upload, cap: float) -> Upload:
                                candidates=max(min(upload.candidates, int(cap)), len(batch)))
 
 
+def count_claim(examples: int, values: Sequence[int]) -> tuple[int, str | None]:
+    """``examples``, at most :data:`EXAMPLES_FACTOR` times ``values``' lower median; why cut."""
+    bound = int(EXAMPLES_FACTOR * (low := median_of(values, lower=True)))
+    why = (f"'num-examples'={examples} is over {EXAMPLES_FACTOR:g} times the median node's "
+           f"{low:g}: counted as {bound:,}")
+    return (examples, None) if examples <= bound else (bound, why)
+
+
 def screen_claims(uploads: list[Upload], known: Mapping[int, int],
                   sent: Mapping[int, int] | None = None
                   ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
-    """Count implausible ``num-examples`` down, clip over-large weights (module docstring).
+    """Counts taken down (:func:`count_claim`, with why), over-large weights clipped.
 
-    A count over :data:`EXAMPLES_FACTOR` times the nodes' lower median is taken as that
-    bound (one large site beside small ones is honest; its rows are kept), each such reply
-    returned with why. ``sent``: rows each node has uploaded before. A node's weight is
-    clipped to the larger of :data:`SHARE_FACTOR` times the median node's examples and the
-    rows it has really sent (before and in this reply): rows in hand are no claim, so a
-    large honest node weighs what it has sent.
+    A weight is clipped to :data:`SHARE_FACTOR` times the median node's examples or the rows
+    the node has sent (``sent``: before; and in this reply), the larger: rows are no claim.
     """
     values = [v for v in {**known, **{u.node: u.examples for u in uploads}}.values() if v > 0]
     if not values:
         return list(uploads), []
-    bound = int(EXAMPLES_FACTOR * (low := median_of(values, lower=True)))
-    counted = [(u, f"'num-examples'={u.examples} is over {EXAMPLES_FACTOR:g} times the median "
-                   f"node's {low:g}: counted as {bound:,}") for u in uploads if u.examples > bound]
-    kept = [dataclasses.replace(u, examples=min(u.examples, bound)) for u in uploads]
+    taken = [count_claim(u.examples, values) for u in uploads]
+    counted = [(u, why) for u, (_, why) in zip(uploads, taken, strict=True) if why]
+    kept = [dataclasses.replace(u, examples=n) for u, (n, _) in zip(uploads, taken, strict=True)]
     values = [v for v in {**known, **{u.node: u.examples for u in kept}}.values() if v > 0]
     cap, sent = SHARE_FACTOR * median_of(values), sent or {}
     return [clip_share(u, max(cap, sent.get(u.node, 0) + len(u.batch))) for u in kept], counted
@@ -440,7 +440,7 @@ def agree(uploads: list[Upload], rules: Rules, known: Mapping[int, int],
         middle = (median_of(scales) or max(scales)) if scales else 0.0
         if middle > 0:  # the bound learned: VALUE_FACTOR times the median upload's scale
             new_bound = VALUE_FACTOR * middle
-            refused += [(u, f"{OVER_BOUND} {u.scale:g}, over {VALUE_FACTOR:g} times "
+            refused += [(u, f"sample values reach {u.scale:g}, over {VALUE_FACTOR:g} times "
                             f"the median upload's (max-abs-value {new_bound:g})")
                         for u in kept if u.scale > new_bound]
             kept = [u for u in kept if u.scale <= new_bound]
