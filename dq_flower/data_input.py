@@ -140,7 +140,8 @@ def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
               what: str) -> tuple[str, str]:
     """The (input, target) keys of a dict sample: ``keys``, else common names; or ValueError.
 
-    A sample of two keys, one of them a common name, has the other for the other part.
+    A sample of two keys, one of them a common name, has the other for the other part; of
+    two other keys, the one holding a single value is the target.
     """
     seen = sorted(str(k) for k in sample)
     if keys is not None:
@@ -156,6 +157,9 @@ def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
     rest = [str(k) for k in sample if k not in found]
     if found.count(None) == 1 and len(rest) == 1:  # two keys, one known: the other is the other
         found[found.index(None)] = rest[0]
+    scalars = [k for k in rest if np.ndim(sample[k]) == 0]
+    if found == [None, None] and len(rest) == 2 and len(scalars) == 1:  # {"x": row, "y": 3}
+        found = [next(k for k in rest if k != scalars[0]), scalars[0]]
     if found[0] is None or found[1] is None:
         raise ValueError(
             f"{what} is a dict with keys {seen}; found no "

@@ -320,3 +320,20 @@ def test_nested_dict_samples_are_refused_with_what_to_give():
     for keys in (None, ("sample", "meta")):
         with pytest.raises(ValueError, match="is a dict of dicts"):
             as_arrays(Nested(), keys)
+
+
+def test_two_unknown_keys_take_the_single_value_for_the_target():
+    """``{"measurements": tensor(30), "diagnosis": 1}``: neither a known name, so every reply
+    failed asking for keys=; the one holding a single value is the target."""
+    class Rows(Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"measurements": torch.full((4,), float(i)), "diagnosis": i % 2}
+
+    x, y = as_arrays(Rows())
+    assert x.shape == (3, 4) and x[2].tolist() == [2.0] * 4 and y.tolist() == [0, 1, 0]
+    both = [{"a": np.zeros(2), "b": np.ones(2)}] * 2  # no single value: still asked for keys=
+    with pytest.raises(ValueError, match="pass keys="):
+        as_arrays(both)
