@@ -35,6 +35,9 @@ SAMPLE_KEYS = ("img", "image", "pixel_values", "pixels", "x", "features", "signa
 #: Names of a dict sample's target, in order of preference (``fine_label``: flwr-datasets'
 #: CIFAR-100; ``character``: its FEMNIST).
 LABEL_KEYS = ("label", "labels", "y", "target", "fine_label", "character")
+#: A tokenizer's further inputs beside ``input_ids``, in the order transformers models take
+#: them (``forward(input_ids, attention_mask, token_type_ids)``): read as more inputs.
+MASK_KEYS = ("attention_mask", "token_type_ids")
 
 #: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
 _CACHE: dict[tuple[Any, ...], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {}
@@ -169,13 +172,17 @@ def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
     return found[0], found[1]
 
 
-def _pair(item: Any, keys: tuple[str, str] | None, what: str) -> tuple[Any, Any]:
+def _pair(item: Any, keys: tuple[str, str] | None, what: str, masks: bool = False
+          ) -> tuple[Any, Any]:
     if isinstance(item, Mapping) and any(isinstance(v, Mapping) for v in item.values()):
         raise ValueError(f"{what} is a dict of dicts (keys {sorted(map(str, item))}): give "
                          "one input and one target an item, {\"image\": tensor, \"label\": "
                          "int} (a Dataset whose __getitem__ flattens them)")
     if isinstance(item, Mapping):
         kx, ky = dict_keys(item, keys, what)
+        more = [k for k in MASK_KEYS if k in item and k != ky] if kx == "input_ids" else []
+        if masks and more:  # (input_ids, attention_mask): the model's inputs, in its order
+            return (item[kx], *[item[k] for k in more]), item[ky]
         return item[kx], item[ky]
     if not isinstance(item, (tuple, list)) or len(item) < 2:
         raise ValueError(f"{what} must be a pair (x, y) or a dict, got {type(item).__name__}")
@@ -231,8 +238,8 @@ def streamed(data: Any) -> bool:
     return isinstance(inner, torch.utils.data.IterableDataset) or not hasattr(inner, "__len__")
 
 
-def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False
-             ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False,
+             masks: bool = False) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     torch = sys.modules.get("torch")
     if torch is not None:
         # PyTorch: loaded only where a model is at hand
@@ -254,8 +261,8 @@ def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = F
     if torch is not None and isinstance(data, DataLoader):
         inner = data.dataset
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
-            return _convert(inner, keys, one_input)
-        pairs = [_pair(batch, keys, "a DataLoader batch") for batch in data]
+            return _convert(inner, keys, one_input, masks)
+        pairs = [_pair(batch, keys, "a DataLoader batch", masks) for batch in data]
         if not pairs:
             raise ValueError("the DataLoader yielded no batches")
         return _with_layout(*_joined(pairs, np.concatenate), "DataLoader")
@@ -270,7 +277,7 @@ def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = F
         items = [data[i] for i in range(len(data))]
         if not items:
             raise ValueError(f"{name} is empty")
-        pairs = [_pair(item, keys, f"{name}[{i}]") for i, item in enumerate(items)]
+        pairs = [_pair(item, keys, f"{name}[{i}]", masks) for i, item in enumerate(items)]
         return _with_layout(*_joined(pairs, np.stack), name)
     raise TypeError("data must be numpy arrays (x, y), a map-style data set of (x, y) pairs "
                     f"or dicts, or a DataLoader; got {type(data).__name__}")
@@ -289,26 +296,30 @@ def as_arrays(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarra
     Raises ``TypeError`` for an unsupported type, ``ValueError`` for inconsistent,
     non-finite or empty data, dict keys not found, or samples of several inputs.
     """
-    x, y, parts = as_inputs(data, keys)
+    x, y, parts = as_inputs(data, keys, masks=False)  # a tokenizer's mask left out
     if parts:
         raise ValueError(f"samples of {len(parts)} inputs: {SEVERAL_INPUTS}")
     return x, y
 
 
-def as_inputs(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False
-              ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+def as_inputs(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False,
+              masks: bool = True) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """``(x, y, parts)``: as :func:`as_arrays`, and samples of several inputs flattened.
 
     ``parts`` names each input's layout (``"f5"``: 5 floats, ``"i3"``: 3 integers, ``"f3x4"``:
     a (3, 4) float input), ``x`` holding them side by side; ``()`` for one input.
     ``one_input`` (the server's ask, its model taking one input): a ``TensorDataset`` of more
-    than two tensors is ``(x, y, ...)``, the others (sample weights) left out.
+    than two tensors is ``(x, y, ...)``, the others (sample weights) left out, and a dict's
+    ``input_ids`` its only input. ``masks``: a dict's :data:`MASK_KEYS` beside its
+    ``input_ids`` are more inputs (unless ``one_input``); other keys than its input and
+    target (an id, a second label) are left out.
     """
-    key = (id(data), None if keys is None else tuple(keys), one_input)
+    masks = masks and not one_input
+    key = (id(data), None if keys is None else tuple(keys), one_input, masks)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is data:
         return hit[1]
-    arrays = _convert(data, keys, one_input)
+    arrays = _convert(data, keys, one_input, masks)
     try:
         ref = weakref.ref(data)
     except TypeError:  # tuples and lists cannot be weakly referenced: convert each time

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 __all__ = ["LossFn", "model_output", "next_token_loss", "binary_loss", "default_loss",
-           "resolve_loss", "per_sample", "per_row", "TargetLoss", "OUTPUT_KEYS"]
+           "resolve_loss", "per_sample", "per_row", "TargetLoss", "follow_targets",
+           "OUTPUT_KEYS"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
@@ -159,14 +160,33 @@ def binary_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class TargetLoss:
-    """The server's default loss: :func:`binary_loss` once the spec's targets are ``binary``.
+    """The server's loss: the user's (``user``), else the default that follows the targets.
 
-    Else :func:`default_loss`. The server sets :attr:`binary` when it adopts a data spec.
+    The default is :func:`binary_loss` once the spec's targets are ``binary``, else
+    :func:`default_loss`. Float targets of one value a row travel as ``(n,)``; where the
+    nodes hold them as a ``(n, 1)`` column (the spec's ``column``) the user's loss reads
+    them so, as it does on the nodes (an ``nn.HuberLoss`` would broadcast ``(n, 1)``
+    outputs against ``(n,)`` targets to ``(n, n)``). :meth:`follow` takes the data spec.
     """
 
-    def __init__(self) -> None:
-        self.binary = False
+    def __init__(self, user: LossFn | None = None) -> None:
+        self.user, self.binary, self.column = user, False, False
+
+    def follow(self, spec: object) -> None:
+        """Read ``spec``'s targets: whether ``binary``, whether held as a column."""
+        self.binary = getattr(spec, "target", "") == "binary"
+        self.column = bool(getattr(spec, "column", False))
 
     def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Per-sample losses of ``outputs`` against ``targets``."""
-        return (binary_loss if self.binary else default_loss)(outputs, targets)
+        if self.user is None:
+            return (binary_loss if self.binary else default_loss)(outputs, targets)
+        if self.column and targets.ndim == 1 and torch.is_floating_point(targets):
+            targets = targets.unsqueeze(1)
+        return self.user(outputs, targets)
+
+
+def follow_targets(loss_fn: LossFn | None, spec: object) -> None:
+    """Have ``loss_fn`` read ``spec``'s targets where it is a :class:`TargetLoss`."""
+    if isinstance(loss_fn, TargetLoss):
+        loss_fn.follow(spec)

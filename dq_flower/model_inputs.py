@@ -91,9 +91,11 @@ def one_input_reason(model: nn.Module, parts: tuple[str, ...]) -> str | None:
     if len(parts) < 2 or positional_inputs(model) != 1:
         return None
     return (f"the model takes one input, the samples {len(parts)} (a TensorDataset(x, y, "
-            "sample_weight)? every tensor but the last reads as an input): the next rounds "
-            "ask the nodes for the first two tensors as (x, y), the others left out (DQ's "
-            "server weighs no rows by them: class weights go in DQStrategy's loss_fn)")
+            "sample_weight)? every tensor but the last reads as an input; a tokenizer's "
+            "attention_mask beside its input_ids?): the next rounds ask the nodes for one "
+            "input, (x, y) of the first two tensors or a dict's input_ids alone, the others "
+            "left out (DQ's server weighs no rows by them: class weights go in DQStrategy's "
+            "loss_fn)")
 
 
 def layers(model: nn.Module) -> Iterator[nn.Module]:

@@ -44,9 +44,10 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     if arrays is None:
         raise ValueError("the evaluate message carries no 'arrays' record (nor one other)")
     model.load_state_dict(arrays.to_torch_state_dict())
-    x, y, inputs = as_inputs(data, keys)
+    from dq_flower.model_inputs import positional_inputs, split_inputs  # PyTorch, as above
+
+    x, y, inputs = as_inputs(data, keys, one_input=positional_inputs(model) == 1)
     if inputs:  # several inputs side by side: the model is handed them split
-        from dq_flower.model_inputs import split_inputs  # PyTorch, checked above
 
         split_inputs(model, inputs)
     if x.shape[0] == 0:  # a node with no rows yet: weighs nothing in the server's average

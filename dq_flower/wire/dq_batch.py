@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -23,11 +23,10 @@ from dq_flower.wire.input_parts import parts_width
 from dq_flower.wire.targets import travelling_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
-           "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array",
-           "RANGES_KEY", "payload_quantizer", "range_mode", "ranges_record",
-           "ranges_from_record", "SPEC_KEY", "DataSpec", "spec_record",
-           "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY", "MIXED_UNITS_KEY",
-           "expect_rows", "reply_spec", "DataReply", "read_reply"]
+           "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array", "RANGES_KEY",
+           "payload_quantizer", "range_mode", "ranges_record", "ranges_from_record", "SPEC_KEY",
+           "DataSpec", "spec_record", "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY",
+           "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
@@ -151,11 +150,7 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
         raw = _raw_array(info, "labels", "uint8", packed_nbytes(n, lw))
         if raw.size != packed_nbytes(n, lw):
             raise PayloadError(f"sample-info 'labels' carries {raw.size} bytes")
-        try:
-            labels = (unpack(raw, lw, n) if lw <= 8 else unpack_wide(raw, lw, n))
-        except ValueError as exc:
-            raise PayloadError(str(exc)) from None
-        labels = labels.astype(np.int64)
+        labels = _unpacked(raw, lw, n).astype(np.int64)
         if n and num_classes and labels.max() >= num_classes:
             raise PayloadError(f"label {int(labels.max())} is out of range "
                                f"(num_classes={num_classes})")
@@ -174,8 +169,7 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
     values = _raw_array(info, "targets", dtype, n * target_dim * np.dtype(dtype).itemsize)
     if values.size != n * target_dim:
         raise PayloadError(f"{values.size} target values for {n} samples of width {target_dim}")
-    out = values.astype(np.float32)
-    if not np.isfinite(out).all():
+    if not np.isfinite(out := values.astype(np.float32)).all():
         raise PayloadError("targets must be finite")
     return (out.reshape(n, target_dim) if target_dim > 1 else out), 8 * values.nbytes
 
@@ -210,9 +204,8 @@ def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: i
     if weights.size != wn or not np.isfinite(weights).all() or (weights <= 0).any():
         raise PayloadError("sample weights must be finite and positive")
     weights = np.broadcast_to(weights, (n,)).astype(np.float32)
-    compensation = None
-    if COMPENSATION_KEY in content.array_records:
-        compensation = Payload.from_record(content.array_records[COMPENSATION_KEY])
+    compensation = (Payload.from_record(content.array_records[COMPENSATION_KEY])
+                    if COMPENSATION_KEY in content.array_records else None)
     info_nbits = target_bits + 8 * ids_raw.size + 32 * wn
     return SampleBatch(samples, targets, ids, weights, compensation, info_nbits, lw)
 
@@ -224,8 +217,7 @@ def expect_rows(samples: Payload, codec: str, dim: int, max_samples: int,
         raise PayloadError(f"{what} were encoded with {samples.codec!r}, expected {codec!r}")
     if len(samples.shape) != 2 or samples.shape[1] != dim:
         raise PayloadError(f"{what} have shape {samples.shape}, expected (n, {dim})")
-    n = int(samples.shape[0])
-    if n > max_samples:
+    if (n := int(samples.shape[0])) > max_samples:
         raise PayloadError(f"{n} {what} exceed the budget of {max_samples}")
     return n
 
@@ -240,19 +232,22 @@ def _counts(info: ArrayRecord, n: int, float_targets: bool) -> tuple[int, int, i
         raise PayloadError(f"sample-info declares {count} samples, payload carries {n}")
     if not 1 <= iw <= 32 or wn not in {1, n} or not 0 <= lw <= 32:
         raise PayloadError(f"sample-info widths are inconsistent (labels {lw}, ids {iw})")
-    if float_targets and lw:
-        raise PayloadError("class labels sent where float targets are expected")
-    if not float_targets and not lw:
-        raise PayloadError("float targets sent where class labels are expected")
+    if float_targets == bool(lw):
+        raise PayloadError("class labels sent where float targets are expected" if lw
+                           else "float targets sent where class labels are expected")
     return lw, iw, wn
+
+
+def _unpacked(raw: np.ndarray, width: int, n: int) -> np.ndarray:
+    try:
+        return unpack(raw, width, n) if width <= 8 else unpack_wide(raw, width, n)
+    except ValueError as exc:
+        raise PayloadError(str(exc)) from None
 
 
 def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
     """The ``n`` sample ids packed at ``iw`` bits: unique, below ``id_upper`` where given."""
-    try:
-        ids = unpack_wide(raw, iw, n)
-    except ValueError as exc:
-        raise PayloadError(str(exc)) from None
+    ids = _unpacked(raw, iw, n)
     if np.unique(ids).size != n:
         raise PayloadError("duplicated sample ids")
     if id_upper is not None and n and ids.max() >= id_upper:
@@ -316,6 +311,7 @@ SPEC_KEY = "data-spec"
 ID_VOCAB_KEY = "sample-vocab"
 #: Spec field and round-config key (the server's pin, once it holds a spec): mixed units.
 MIXED_UNITS_KEY = "mixed-units"
+COLUMN_KEY = "target-column"  #: Spec field: :attr:`DataSpec.column`.
 #: Spec field of samples of several inputs: each one's layout (``f5``, ``i3``, ``f3x4``).
 INPUT_PARTS_KEY = "input-parts"
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
@@ -331,11 +327,11 @@ class DataSpec:
     ``sample_shape``: one sample's, e.g. ``(1, 28, 28)``. ``target``: ``class`` (integer
     labels), ``float`` (regression), ``binary`` (floats all 0 or 1, scored on logits),
     ``tokens`` (windows of ids, their own targets: :mod:`.token_batch`) or ``inputs`` (the
-    samples are their targets, an autoencoder's: none sent). ``target_dim``: values per
-    target (``tokens``: the vocabulary; ``inputs``: the sample's values). ``vocab``: samples
-    of ids below it, sent exactly (word ids an embedding reads); 0: values, quantized.
-    ``mixed_units``: samples (not flat) on scales one range a sample loses (feature ranges).
-    ``inputs``: flat samples of several inputs side by side, each one's layout.
+    samples are their targets: none sent). ``target_dim``: values per target (``tokens``:
+    the vocabulary; ``inputs``: the sample's). ``vocab``: samples of ids below it, sent
+    exactly; 0: values, quantized. ``mixed_units``: samples (not flat) on scales one range
+    a sample loses. ``inputs``: flat samples of several inputs side by side, each one's
+    layout. ``column``: float targets held as ``(n, 1)`` (sent as ``(n,)``; not compared).
     """
 
     sample_shape: tuple[int, ...]
@@ -344,6 +340,7 @@ class DataSpec:
     vocab: int = 0
     mixed_units: bool = False
     inputs: tuple[str, ...] = ()
+    column: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.sample_shape or min(map(int, self.sample_shape)) < 1:
@@ -377,10 +374,11 @@ def spec_record(spec: DataSpec) -> ConfigRecord:
                            "target": spec.target, "target-dim": int(spec.target_dim)})
     if spec.vocab:
         record["vocab"] = int(spec.vocab)
-    if spec.mixed_units:
-        record[MIXED_UNITS_KEY] = True
     if spec.inputs:
         record[INPUT_PARTS_KEY] = list(spec.inputs)
+    for key, flag in ((MIXED_UNITS_KEY, spec.mixed_units), (COLUMN_KEY, spec.column)):
+        if flag:
+            record[key] = True
     return record
 
 
@@ -406,8 +404,10 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     mixed, inputs = record.get(MIXED_UNITS_KEY, False), record.get(INPUT_PARTS_KEY, [])
     if type(mixed) is not bool:
         raise PayloadError(f"data-spec {MIXED_UNITS_KEY!r}={mixed!r} is not a bool")
+    column = record.get(COLUMN_KEY) is True and target in ("float", "binary") and tdim == 1
     try:
-        return DataSpec(tuple(shape), target, tdim, vocab, mixed, tuple(cast(list, inputs)))
+        return DataSpec(tuple(shape), target, tdim, vocab, mixed, tuple(cast(list, inputs)),
+                        column)
     except (ValueError, TypeError) as exc:
         raise PayloadError(f"data-spec {INPUT_PARTS_KEY!r}: {exc}") from None
 

@@ -110,7 +110,9 @@ def test_a_binary_spec_switches_the_servers_default_loss_and_a_given_loss_stays(
     assert strategy.trainer.loss_fn.binary and strategy.intake.loss_fn is strategy.trainer.loss_fn
     mine = dq_flower.DQStrategy(torch.nn.Linear(3, 1), seed=0, loss_fn=default_loss)
     mine.intake.fix_spec(DataSpec((3,), "binary"))
-    assert mine.trainer.loss_fn is default_loss
+    assert mine.trainer.loss_fn.user is default_loss  # the user's, called as it is
+    out, y = torch.tensor([[0.3], [-1.0]]), torch.tensor([1.0, 0.0])
+    assert torch.equal(mine.trainer.loss_fn(out, y), default_loss(out, y))
 
 
 def test_binary_targets_travel_at_one_bit_each_and_float_specs_refuse_bits():

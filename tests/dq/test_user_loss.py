@@ -17,8 +17,9 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from dq_flower.losses import per_row, per_sample, resolve_loss
+from dq_flower.losses import TargetLoss, per_row, per_sample, resolve_loss
 from dq_flower.model_ops import weighted_loss_grad
+from dq_flower.wire.dq_batch import DataSpec, spec_from_record, spec_record
 from tests.apps.runner import run_app
 
 
@@ -165,3 +166,27 @@ def test_a_function_written_over_dim_1_reads_each_row_as_a_batch_of_one():
     rows = per_row(lambda o, t: -(t * nn.functional.log_softmax(o, 1)).sum(1).mean(),
                    outputs, soft)
     assert torch.allclose(rows, -(soft * nn.functional.log_softmax(outputs, 1)).sum(1))
+
+
+def test_targets_held_as_a_column_reach_the_users_loss_as_a_column():
+    out = torch.tensor([[1.0], [2.0], [10.0]])  # a model's (n, 1)
+    sent = torch.tensor([1.5, 2.0, 4.0])  # the targets as they travel, (n,)
+    huber = TargetLoss(per_sample(nn.HuberLoss(delta=1.0)))
+    huber.follow(DataSpec((5,), "float", 1, column=True))  # the nodes hold (n, 1)
+    expected = nn.functional.huber_loss(out, sent[:, None], delta=1.0, reduction="none")
+    assert torch.allclose(per_row(huber, out, sent), expected.reshape(3))  # was (n, n)'s
+    bce = TargetLoss(per_sample(nn.BCEWithLogitsLoss(pos_weight=torch.tensor([3.0]))))
+    bce.follow(DataSpec((5,), "binary", 1, column=True))
+    assert per_row(bce, out, torch.tensor([1.0, 0.0, 1.0])).shape == (3,)  # refused before
+
+    def pinball(o, t):  # written for (n,) targets: they stay so where the nodes hold them so
+        gap = t - o.squeeze(-1)
+        return torch.maximum(0.9 * gap, -0.1 * gap)
+
+    flat = TargetLoss(pinball)
+    flat.follow(DataSpec((5,), "float", 1))
+    assert per_row(flat, out, sent).shape == (3,)
+    assert DataSpec((5,), "float", 1, column=True) == DataSpec((5,), "float", 1)  # not compared
+    record = spec_record(DataSpec((5,), "float", 1, column=True))
+    assert spec_from_record(record).column and not spec_from_record(
+        spec_record(DataSpec((5,), "class", 1))).column

@@ -337,3 +337,76 @@ def test_two_unknown_keys_take_the_single_value_for_the_target():
     both = [{"a": np.zeros(2), "b": np.ones(2)}] * 2  # no single value: still asked for keys=
     with pytest.raises(ValueError, match="pass keys="):
         as_arrays(both)
+
+
+class Tokenized(Dataset):
+    """A tokenizer's padded output: ``input_ids``, ``attention_mask``, a label, an id."""
+
+    def __init__(self, n: int = 240, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.y = rng.integers(0, 2, n)
+        lengths = rng.integers(3, 12, n)
+        self.ids = np.zeros((n, 12), np.int64)
+        self.mask = np.zeros((n, 12), np.int64)
+        for i, length in enumerate(lengths):  # class 1: words 1..10, class 0: 11..20
+            self.ids[i, :length] = rng.integers(1, 11, length) + 10 * (1 - self.y[i])
+            self.mask[i, :length] = 1
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": torch.from_numpy(self.ids[i]),
+                "attention_mask": torch.from_numpy(self.mask[i]), "label": int(self.y[i]),
+                "idx": i}
+
+
+class MaskedMean(torch.nn.Module):
+    """Embedding, mean over the unmasked positions, a linear head: needs the mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.head = torch.nn.Embedding(21, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        m = attention_mask.unsqueeze(-1).float()
+        return self.head((self.emb(input_ids) * m).sum(1) / m.sum(1).clamp(min=1))
+
+
+def test_a_tokenizers_mask_is_a_second_input_on_dq_devices_and_left_out_elsewhere():
+    data = Tokenized(8)
+    x, y, parts = as_inputs(data)
+    assert parts == ("i12", "i12") and x.shape == (8, 24)  # ids, then the mask; idx left out
+    assert (x[:, 12:] == data.mask).all() and (y == data.y).all()
+    ids_only, _, parts = as_inputs(data, one_input=True)  # a model of one input asked so
+    assert parts == () and (ids_only == data.ids).all()
+    assert (as_arrays(data)[0] == data.ids).all()  # gradient_train: input_ids alone
+
+
+def test_dq_trains_a_model_that_reads_the_attention_mask():
+    import dq_flower
+    from dq_flower.harness.inprocess import InProcessGrid as Grid
+
+    test = Tokenized(200, seed=1)
+
+    def accuracy(server_round: int, arrays: ArrayRecord):
+        from flwr.app import MetricRecord
+
+        model = MaskedMean()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        with torch.no_grad():
+            pred = model(torch.from_numpy(test.ids), torch.from_numpy(test.mask)).argmax(1)
+        return MetricRecord({"accuracy": float((pred.numpy() == test.y).mean())})
+
+    def train(msg, context):
+        part = int(context.node_config["partition-id"])
+        return dq_flower.client.dq_train(msg, context, Tokenized(120, seed=10 + part))
+
+    model = MaskedMean()
+    result = dq_flower.DQStrategy(model, seed=0).start(
+        grid=Grid(train, 2), initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2,
+        evaluate_fn=accuracy)
+    first = result.evaluate_metrics_serverapp[1]
+    assert first["rejected"] == 0 and first["stored"] > 0  # refused before: no mask given
+    assert first["accuracy"] > 0.9

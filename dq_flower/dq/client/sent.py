@@ -155,4 +155,5 @@ def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,
     if not vocab and y.shape == x.shape and np.array_equal(y, x):  # an autoencoder's (x, x)
         return DataSpec(shape, "inputs", int(np.prod(shape)), 0, mixed, inputs)
     return DataSpec(shape, "binary" if binary_targets(y) else "float",
-                    int(y.shape[1]) if y.ndim == 2 else 1, vocab, mixed, inputs)
+                    int(y.shape[1]) if y.ndim == 2 else 1, vocab, mixed, inputs,
+                    y.ndim == 2 and y.shape[1] == 1)

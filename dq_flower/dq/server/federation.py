@@ -230,7 +230,7 @@ class FederationData:
             fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
                               int(spec["target_dim"]), int(spec.get("vocab", 0)),
                               bool(spec.get("mixed_units", False)),
-                              tuple(spec.get("inputs", ()))))
+                              tuple(spec.get("inputs", ())), bool(spec.get("column", False))))
         if self.store is not None:
             for node, (lo, span) in state.get("ranges", {}).items():
                 self.store.set_ranges(int(node), lo, span)

@@ -42,7 +42,7 @@ from dq_flower.dq.server.validation import (
     keep_rows,
     kept_rows,
 )
-from dq_flower.losses import TargetLoss
+from dq_flower.losses import follow_targets
 from dq_flower.model_inputs import one_input_reason
 from dq_flower.model_ops import LossFn, check_model, output_width, placeholder_rows
 from dq_flower.server.common import log_rejected, log_round
@@ -98,8 +98,7 @@ class UploadIntake:
         ``classes``: from the model check of the replies' rows (``None``: checked on zero
         rows here); ``provisional``: agreed by a round's replies (``forget_unconfirmed``).
         """
-        if isinstance(self.loss_fn, TargetLoss):  # the default loss follows the targets
-            self.loss_fn.binary = spec.target == "binary"
+        follow_targets(self.loss_fn, spec)  # the default loss, a column the user's reads
         if classes is None:
             classes = check_model(self.model, spec, *placeholder_rows(spec),
                                   self.data.num_classes, self.loss_fn)
@@ -139,7 +138,7 @@ class UploadIntake:
                 if ids else "") + (", the samples their own targets (none sent)" if spec.target
                                    == "inputs" else f", {spec.target} targets") + (
                 " (0 or 1: binary cross-entropy on the model's logits)"
-                if spec.target == "binary" and isinstance(self.loss_fn, TargetLoss) else "") + (
+                if spec.target == "binary" and getattr(self.loss_fn, "user", 0) is None else "") + (
                 "" if ids else f", ranges {mode}{units}") + (f", {self.data.num_classes} classes"
                                                        if spec.target == "class" else ""))
 
@@ -239,6 +238,7 @@ class UploadIntake:
 
     def _check(self, spec: DataSpec, upload: Upload) -> int:
         """The model check (:func:`check_model`): classes; a refusal may ask nodes otherwise."""
+        follow_targets(self.loss_fn, spec)  # the spec on trial
         try:
             return check_model(self.model, spec, upload.x, upload.batch.labels,
                                self.data.num_classes, self.loss_fn)

@@ -208,7 +208,7 @@ class DQStrategy(ModelStrategy, Strategy):
         key = holdout_key(self.seed, holdout_secret)
         #: digest of the held-out key, checked on resume (another key holds out other rows)
         self._holdout_check = hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
-        loss_fn = per_sample(loss_fn) if loss_fn is not None else TargetLoss()  # 0/1: logits
+        loss_fn = TargetLoss(per_sample(loss_fn) if loss_fn is not None else None)
         self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
                                    holdout_key=key, planner=self.planner,
                                    identities=self.identities, comp_codec=comp_codec,
