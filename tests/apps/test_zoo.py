@@ -29,7 +29,8 @@ APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial", "wine_
         "hapt_cnn", "cancer_binary", "diabetes_raw", "load_forecast",
         "digits_frozen", "tab_embeddings", "hf_tutorial", "keras_images", "hapt_stream",
         "onehot_labels", "cancer_sigmoid", "wine_dummies", "cancer_batchnorm",
-        "fmnist_autoencoder", "large_site", "sensor_glitch", "huber_prices")
+        "fmnist_autoencoder", "large_site", "sensor_glitch", "huber_prices",
+        "long_waves")
 #: Rounds of the CI runs (None: the app's own ``ROUNDS``).
 CI_ROUNDS = {"fmnist_cnn": 3, "digits_skew_mlp": None, "tabular_mlp": None,
              "fmnist_partial": 4, "wine_raw": None, "giant_node": None, "many_small": None,
@@ -40,7 +41,8 @@ CI_ROUNDS = {"fmnist_cnn": 3, "digits_skew_mlp": None, "tabular_mlp": None,
              "cancer_sigmoid": None, "wine_dummies": None,
              "cancer_batchnorm": None,
              "fmnist_autoencoder": None, "large_site": None,
-             "sensor_glitch": None, "huber_prices": None}
+             "sensor_glitch": None, "huber_prices": None,
+             "long_waves": None}
 #: The apps whose CI runs take a minute or more on 2 cores: ``slow`` (the others, unmarked,
 #: are the suite's version of the check).
 SLOW = ("fmnist_cnn", "hapt_cnn", "fmnist_partial", "giant_node", "many_small", "hf_tutorial",

@@ -249,7 +249,7 @@ class AdaptiveSchedule:
         lo = n1 * (self.min_growth - 1)
         hi = n1 * (self.max_growth - 1)
         u = g + Z_ONE_SIDED * s
-        want = hi
+        want = lo if e1 == 0 else hi  # no held-out error left: no doubling can show a gain
         if math.isfinite(u) and 0 < u < e1 and math.isfinite(e1):
             b = -math.log2(1 - u / e1)  # e(N) = a N^-b gains u per doubling at N1
             if b > 1e-6:  # past max_growth the ask is capped: no power that overflows
