@@ -209,9 +209,9 @@ class CopyScreen:
                     and share > middle + self.margin):
                 self.copying.add(node)
                 log_round("dq", server_round, f"client {node}: {self.copies[node]} of its "
-                          f"{self.received[node]} rows copy rows it sent before under new "
-                          f"row ids ({share:.0%}, the median client {middle:.0%}): its "
-                          "copies are not stored (counted once)")
+                          f"{self.received[node]} rows copy, or nearly, rows it sent before "
+                          f"({share:.0%}, the median client {middle:.0%}): its copies are "
+                          "not stored (counted once; honest data can repeat itself too)")
         return set(self.copying)
 
     def state(self) -> dict[str, Any]:
