@@ -400,12 +400,13 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
     match_inputs(model, spec)
     was_training = model.training
     model.eval()
+    raw: object = None
     try:
         rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
         dev = next(model.parameters()).device
         with torch.no_grad():
-            out = model_output(model(model_input(rows, dev, spec.target == "tokens",
-                                                 float_dtype(model))))
+            raw = model(model_input(rows, dev, spec.target == "tokens", float_dtype(model)))
+            out = model_output(raw)
         classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
         if spec.target == "class" and int(y.max()) >= classes:
             raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")
@@ -414,8 +415,12 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
     except PayloadError:
         raise
     except Exception as exc:  # noqa: BLE001  (any model or loss error: a wrong spec)
+        several = (" (loss_fn is handed the model's first output, outputs[0] of its "
+                   f"{type(raw).__name__}: one loss over several heads cannot be given)"
+                   if getattr(loss_fn, "user", loss_fn) is not None and raw is not None
+                   and not isinstance(raw, torch.Tensor) else "")
         raise PayloadError(f"the model cannot train on samples of shape {spec.sample_shape}:"
-                           f" {type(exc).__name__}: {exc}") from None
+                           f" {type(exc).__name__}: {exc}{several}") from None
     finally:
         model.train(was_training)
     if not (np.isfinite(loss) and np.isfinite(grad).all()):

@@ -190,3 +190,26 @@ def test_targets_held_as_a_column_reach_the_users_loss_as_a_column():
     record = spec_record(DataSpec((5,), "float", 1, column=True))
     assert spec_from_record(record).column and not spec_from_record(
         spec_record(DataSpec((5,), "class", 1))).column
+
+
+def test_a_loss_over_a_tuples_heads_is_refused_saying_what_it_is_handed():
+    from dq_flower.codecs import PayloadError
+    from dq_flower.model_ops import check_model
+
+    class TwoHeads(nn.Module):  # a main head and an auxiliary one, as a user writes them
+        def __init__(self) -> None:
+            super().__init__()
+            self.main, self.aux = nn.Linear(4, 3), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.main(x), self.aux(x)
+
+    def both(outputs, y):  # written for the tuple: DQ hands it outputs[0]
+        main, aux = outputs
+        return nn.functional.cross_entropy(main, y) + 0.3 * nn.functional.cross_entropy(aux, y)
+
+    x, y = np.zeros((6, 4), np.float32), np.arange(6) % 3
+    with pytest.raises(PayloadError, match=r"handed the model's first output, outputs\[0\] "
+                                           "of its tuple"):
+        check_model(TwoHeads(), DataSpec((4,), "class"), x, y, 3, both)
+    assert check_model(TwoHeads(), DataSpec((4,), "class"), x, y, 3, None) == 3  # main head
