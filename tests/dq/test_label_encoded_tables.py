@@ -88,6 +88,10 @@ def test_the_simulation_engine_tables_on_the_user_app_page_are_the_runs_own():
     for run in ("user-apps-2026-12-06d", "user-apps-not-won-2026-12-06b"):
         rows = (regen / run / "table.md").read_text()
         assert " ".join(rows.split()) in page, run
+    for later in "abcdef":  # apps added since, each run alone: their rows below the table's
+        for row in (regen / f"user-apps-2026-12-07{later}" / "table.md").read_text(
+                ).splitlines()[2:]:
+            assert " ".join(row.split()) in page, row
     table = (regen / "user-apps-readme-2026-12-06d" / "table.md").read_text()
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert " ".join(table.split()) in " ".join(readme.split())
