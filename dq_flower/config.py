@@ -276,14 +276,14 @@ def refuse_unknown(keys: Iterable[str], known: Iterable[str], where: str = "", *
     """
     known = list(known)
     allowed = {_key(k) for k in (*known, *also)}
-    for key in keys:
-        hyphen = _key(key)
-        if hyphen in allowed or hyphen.partition(".")[0] in allowed:
-            continue
-        near, hint = closest(key, known), ELSEWHERE.get(hyphen)
-        if owner:
-            raise ValueError(f"{key!r} is not a knob of {owner} ({near}); " + (
-                hint or f"if it is your app's own key, pass app_keys=[{key!r}, ...]"))
+    unknown = [key for key in keys if not {_key(key), _key(key).partition(".")[0]} & allowed]
+    said = [f"{key!r} is not a knob of {owner} ({closest(key, known)}); " + ELSEWHERE.get(
+        _key(key), f"if it is your app's own key, pass app_keys=[{key!r}, ...]")
+        for key in unknown]
+    if owner and said:  # every one at once: one failed run, not one a typo
+        raise ValueError(said[0] if len(said) == 1 else " and ".join(said))
+    for key in unknown:
+        near, hint = closest(key, known), ELSEWHERE.get(_key(key))
         raise ValueError(f"unknown knob {key!r}{f' {where}' if where else ''} ({near})"
                          f"{f'; {hint}' if hint else ''}; known: {', '.join(sorted(known))}")
 

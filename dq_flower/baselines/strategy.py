@@ -127,7 +127,7 @@ class GradientStrategy(ModelStrategy, UpdateScreens, Strategy):
         self._setup(model, StrategyConfig(
             seed=seed, fraction_train=fraction_train, min_available_nodes=min_available_nodes,
             fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes),
-            FedAvgArgs.pop(knobs))
+            FedAvgArgs.pop(knobs, type(self).__init__))
         if codec is None and config is None:
             codec = "qsgd"
         self.cfg: GradientConfig = build_config(

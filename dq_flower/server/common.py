@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,13 +59,20 @@ class FedAvgArgs:
                 raise ValueError(f"{key} must be callable or None")
 
     @classmethod
-    def pop(cls, kwargs: dict[str, Any]) -> FedAvgArgs:
-        """Take FedAvg's arguments out of a strategy's ``**knobs`` (a misspelt one: ValueError)."""
+    def pop(cls, kwargs: dict[str, Any], init: Callable[..., Any] | None = None) -> FedAvgArgs:
+        """Take FedAvg's arguments out of a strategy's ``**knobs`` (a misspelt one: ValueError).
+
+        ``init``: the strategy's ``__init__``, whose own arguments a misspelling may mean too.
+        """
         names = list(cls.__dataclass_fields__)
+        own = [] if init is None else [
+            p.name for p in inspect.signature(init).parameters.values()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in ("self", "model")]
         for key in kwargs:
-            if key not in names and (near := difflib.get_close_matches(key, names, 1, 0.85)):
-                raise ValueError(f"unknown argument {key!r} (did you mean {near[0]!r}, "
-                                 "as Flower's FedAvg takes it?)")
+            near = difflib.get_close_matches(key, names + own, 1, 0.85)
+            if key not in names and key not in own and near:
+                raise ValueError(f"unknown argument {key!r} (did you mean {near[0]!r}" + (
+                    ", as Flower's FedAvg takes it?)" if near[0] in names else "?)"))
         return cls(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
 
     def aggregate(self, fn: MetricsAggr | None, replies: Sequence[Message],

@@ -59,3 +59,13 @@ def test_the_clients_are_sent_the_resolved_bits():
     messages = list(strategy.configure_train(1, ArrayRecord(table.state_dict()),
                                              ConfigRecord({}), grid))
     assert messages and all(m.content["config"]["bits"] == 4 for m in messages)
+
+
+def test_bits_chosen_by_auto_are_not_logged_as_a_knob_set(caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    dq_flower.DQStrategy(nn.Linear(5, 2), seed=0).summary()  # a table's 4 bits, by auto
+    dq_flower.DQStrategy(nn.Linear(5, 2), seed=0, bits=3).summary()
+    said = [r.getMessage() for r in caplog.records if "knobs:" in r.getMessage()]
+    assert said[0].endswith("knobs: defaults") and said[1].endswith("knobs: bits=3")

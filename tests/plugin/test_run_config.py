@@ -108,6 +108,14 @@ def test_a_key_neither_a_knob_nor_declared_by_the_app_is_refused(cls):
     assert read.cfg.seed == 4 if cls is dq_flower.CompressedUpdates else read.seed == 4
 
 
+def test_every_unknown_key_is_named_at_once():
+    # two typos in a pyproject took two failed runs: the first one was named alone
+    with pytest.raises(ValueError, match=r"^'fraction-evalute' is not a knob of DQStrategy "
+                                         r"\(did you mean 'fraction-evaluate'.* and 'bitz' is "
+                                         r"not a knob of DQStrategy \(did you mean 'bits'"):
+        dq_flower.DQStrategy.from_run_config(model(), {"fraction-evalute": 0.5, "bitz": 2})
+
+
 def test_an_unknown_key_names_the_closest_knobs():
     with pytest.raises(ValueError, match=r"^'max-rounds' is not a knob of DQStrategy \(did "
                                          r"you mean 'max-failed-rounds' or 'max-growth'\?\)"):

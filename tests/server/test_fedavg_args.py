@@ -129,3 +129,11 @@ def test_a_misspelt_fedavg_argument_is_named_with_the_one_meant():
             build(_model(), min_train_node=2)
     knobs = {k.replace("-", "_") for cfg in (DQConfig, GradientConfig) for k in field_keys(cfg)}
     FedAvgArgs.pop(dict.fromkeys(knobs))  # no knob of either method reads as a misspelling
+    for build in (dq_flower.DQStrategy, dq_flower.GradientStrategy):
+        # the strategy's own arguments too: it listed every knob, none of them the one meant
+        for typo, meant in (("fraction_evalute", "fraction_evaluate"),
+                            ("min_available_node", "min_available_nodes"),
+                            ("los_fn", "loss_fn")):
+            with pytest.raises(ValueError, match=f"'{typo}' \\(did you mean '{meant}'\\?\\)"):
+                build(_model(), **{typo: 1})
+        FedAvgArgs.pop(dict.fromkeys(knobs), build.__init__)  # no knob reads as one

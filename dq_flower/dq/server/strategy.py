@@ -169,7 +169,7 @@ class DQStrategy(ModelStrategy, Strategy):
             seed=seed, fraction_train=fraction_train, min_available_nodes=min_available_nodes,
             fraction_evaluate=fraction_evaluate, min_evaluate_nodes=min_evaluate_nodes,
             num_classes=num_classes)
-        self._setup(model, args, FedAvgArgs.pop(knobs))
+        self._setup(model, args, FedAvgArgs.pop(knobs, type(self).__init__))
         users = knobs.pop("optimizer", None) if isinstance(
             knobs.get("optimizer"), torch.optim.Optimizer) else None
         cfg = build_config(config, DQConfig, knobs)
@@ -293,8 +293,9 @@ class DQStrategy(ModelStrategy, Strategy):
                                             args_cls=DQStrategyConfig, app_keys=app_keys))
 
     def summary(self) -> None:
-        """Log the knobs that differ from their defaults."""
-        log_round("dq", 0, f"knobs: {changed_knobs(self.cfg)}")
+        """Log the knobs that differ from their defaults (bits chosen by ``auto`` are not)."""
+        cfg = dataclasses.replace(self.cfg, bits=0) if self.intake.bits_note else self.cfg
+        log_round("dq", 0, f"knobs: {changed_knobs(cfg)}")
 
     @property
     def finished(self) -> bool:
