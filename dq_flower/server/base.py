@@ -247,12 +247,15 @@ def strategy_kwargs(owner: str, config_cls: type, run_config: Mapping[str, Any],
     The knobs of ``config_cls`` go into ``config=``, those of ``args_cls`` (a
     :class:`StrategyConfig`) as keyword arguments where given; ``defaults`` apply where a
     key is missing, ``overrides`` win. A bad value or an unknown key (any but
-    ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it.
+    ``num-server-rounds`` and ``app_keys``) raises ``ValueError`` naming it. A key in
+    ``app_keys`` is the app's own, not read as a knob of the same name (an app's ``lr``).
     """
     args = field_keys(args_cls) if args_cls is not None else set()
+    own = {k.replace("_", "-") for k in app_keys}
     refuse_unknown(run_config, field_keys(config_cls) | args, owner=owner,
-                   also=FLOWER_KEYS | {k.replace("_", "-") for k in app_keys})
-    given = {k.replace("_", "-"): v for k, v in run_config.items()}
+                   also=FLOWER_KEYS | own)
+    given = {k.replace("_", "-"): v for k, v in run_config.items()
+             if k.replace("_", "-") not in own}
     kwargs: dict[str, Any] = {"config": read(config_cls, {**(defaults or {}), **given})}
     if args_cls is not None:  # checked as the strategy will check them, passed where given
         values = read(args_cls, {k: v for k, v in given.items() if k in args})

@@ -196,3 +196,10 @@ def test_a_pyproject_table_of_codec_params_reaches_the_codec(tmp_path):
     s = dq_flower.CompressedUpdates.from_run_config(FedAvg(), run_config)
     assert s.cfg.codec_params == {"levels": 3, "bucket": 64}
     assert (s.codec.levels, s.codec.bucket) == (3, 64)
+
+
+def test_a_key_the_app_declares_its_own_is_not_read_as_a_knob_of_its_name():
+    # the app's own "lr" (its nodes' step size) was read as DQ's server lr, declared or not
+    mine = dq_flower.DQStrategy.from_run_config(model(), {"lr": 0.3}, app_keys=["lr"])
+    theirs = dq_flower.DQStrategy.from_run_config(model(), {"lr": 0.3})
+    assert mine.cfg.lr == dq_flower.DQStrategy(model()).cfg.lr != 0.3 and theirs.cfg.lr == 0.3
