@@ -222,8 +222,8 @@ class RoundAsks:
         if total <= 0:
             return {}
         left: dict[int, int | None] = {  # an excluded client's rows disagree: it is not asked
-            key: 0 if int(key) in self.trainer.excluded
-            else None if (known := self.data.sent.get(int(key))) is None
+            key: 0 if int(key) in self.trainer.excluded  # one that held none may hold some now
+            else None if (known := self.data.sent.get(int(key))) is None or known[0] == 0
             else known[0] if self.cfg.resend else self.capped_left(int(key), *known)
             for key in keys}
         left = self.may_have_grown(left, schedule.probes if schedule.exhausted else None)
@@ -232,7 +232,7 @@ class RoundAsks:
             return {}
         # a client the server has not heard from is counted as holding what a known
         # client holds on average (not what known ones have left: they may be exhausted)
-        held = [v[0] for v in self.data.sent.values()]
+        held = [v[0] for v in self.data.sent.values() if v[0] > 0]
         typical = float(np.mean(held)) if held else None
         return allocate(total, left, self.trainer.node_fit, unknown=typical)
 
@@ -292,17 +292,17 @@ class RoundAsks:
     def worth_asking(self, node: int) -> bool:
         """Whether a data round's ask of ``node`` can bring rows the server lacks.
 
-        A node never heard from may; a known client only while it holds rows not uploaded
-        (or with ``resend``, or once clients' data has grown) and the agreement screen has
-        not left it out.
+        A node never heard from may, and one that held no row (a site that joins empty); a
+        known client only while it holds rows not uploaded (or with ``resend``, or once
+        clients' data has grown) and the agreement screen has not left it out.
         """
         identity = self.identities.of(node)
         if identity is None:
             return True
         if identity in self.trainer.excluded:
             return False
-        return (self.cfg.resend or bool(self.data.grown)
-                or self.planner.samples_left(identity, 1) > 0)
+        return (self.cfg.resend or bool(self.data.grown) or not self.data.sent.get(
+            identity, (1,))[0] or self.planner.samples_left(identity, 1) > 0)
 
     def rows_cap(self, uploaded: int = 0) -> float:
         """Rows one client is asked for in all (see ``node-rows-cap``).
