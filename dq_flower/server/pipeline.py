@@ -89,6 +89,7 @@ class Screened(Generic[T]):
     rejected: int = 0
     failed: int = 0  # error replies and silent nodes
     silent: int = 0  # sampled nodes that sent nothing before the round's timeout
+    failed_nodes: list[int] = field(default_factory=list)  # those, and error replies' nodes
     replies: list[Message] = field(default_factory=list)  # every reply, as received
     started: float = field(default_factory=time.perf_counter)  # when screening began
 
@@ -131,6 +132,7 @@ def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
         seen.add(node)
         if msg.has_error():
             out.failed += 1
+            out.failed_nodes.append(node)
             FAILED_REPLIES.log(node, str(msg.error.reason))
             continue
         try:
@@ -144,6 +146,7 @@ def screen_replies(replies: Iterable[Message], decode: Callable[[Message], T],
     if sent is not None:
         out.silent = len(set(sent) - seen)
         out.failed += out.silent
+        out.failed_nodes += sorted(set(sent) - seen)
     return out
 
 

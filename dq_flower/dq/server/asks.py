@@ -52,6 +52,8 @@ __all__ = ["RoundAsks", "ALL_ROWS"]
 
 #: The ``all`` schedule's ask of a client whose row count the server does not know yet.
 ALL_ROWS = 1 << 24
+#: Asks failed in a row after which a node rests from asks (:meth:`RoundAsks.resting`).
+FAILED_ASKS = 2
 
 
 class RoundAsks:
@@ -74,6 +76,8 @@ class RoundAsks:
         #: identities whose replies said they hold the model (``can-score``)
         self.can_score: set[int] = set()
         self._reads_windows: bool | None = None  # the model's answer (holds_windows)
+        #: node id -> (its asks failed in a row, the round of the last)
+        self.failing: dict[int, tuple[int, int]] = {}
 
     def plan(self, server_round: int, nodes: list[int],
              rounds_left: int) -> tuple[RoundClients, RoundPlan]:
@@ -289,6 +293,27 @@ class RoundAsks:
                     for c in others)
                 and all(self.identities.of(n) is not None for n in self.identities.connected))
 
+    def note_failures(self, server_round: int, failed: list[int],
+                      replies: list[Message]) -> None:
+        """Count each node's asks failed in a row (``failed``), reset by a reply."""
+        for msg in replies:
+            if not msg.has_error():
+                self.failing.pop(int(msg.metadata.src_node_id), None)
+        for node in failed:
+            self.failing[int(node)] = (self.failing.get(int(node), (0, 0))[0] + 1,
+                                       int(server_round))
+
+    def resting(self, node: int, server_round: int) -> bool:
+        """Whether ``node`` sits this round out: its last asks failed (a doubling wait).
+
+        From :data:`FAILED_ASKS` failed in a row on, the wait doubles with each. A node
+        that failed every round took the whole ask once the others had few rows left (a
+        node never heard from counts as holding the typical client's rows), and another
+        node's rows were never asked for.
+        """
+        count, last = self.failing.get(int(node), (0, 0))
+        return count >= FAILED_ASKS and server_round - last < 2 ** (count - FAILED_ASKS + 1)
+
     def worth_asking(self, node: int) -> bool:
         """Whether a data round's ask of ``node`` can bring rows the server lacks.
 
@@ -296,6 +321,8 @@ class RoundAsks:
         known client only while it holds rows not uploaded (or with ``resend``, or once
         clients' data has grown) and the agreement screen has not left it out.
         """
+        if self.failing.get(int(node), (0, 0))[0] >= FAILED_ASKS:
+            return False  # drawn only to fill a sample (:meth:`resting`)
         identity = self.identities.of(node)
         if identity is None:
             return True

@@ -316,6 +316,7 @@ class DQStrategy(ModelStrategy, Strategy):
                                 prefer=(self.asks.worth_asking
                                                        if self.cfg.upload_mode == "data"
                                                        else None))
+        nodes = [n for n in nodes if not self.asks.resting(n, server_round)] or nodes
         self._configured = server_round
         rounds_left = (self.num_rounds - server_round + 1) if self.num_rounds else 1
         clients, plan = self.asks.plan(server_round, nodes, max(rounds_left, 1))
@@ -344,11 +345,9 @@ class DQStrategy(ModelStrategy, Strategy):
         return self.intake.validate_reply(msg, rnd.number, rnd.plan.ask, rnd.plan.rules)
 
     def observe_failures(self, rnd: ServerRound[_Round]) -> None:
-        """Count the round towards ``max-failed-rounds`` while the store is empty.
-
-        With samples stored a round still trains, so it is not a dead run.
-        """
+        """Count the round to ``max-failed-rounds`` while nothing is stored; note who failed."""
         screened = rnd.screened
+        self.asks.note_failures(rnd.number, screened.failed_nodes, screened.replies)
         self.failures.observe(screened.replies, screened.silent, counts=self.stored == 0)
 
     def bound(self, rnd: ServerRound[_Round]) -> Combined | _Checked:
