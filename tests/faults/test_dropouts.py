@@ -88,12 +88,11 @@ def test_a_node_that_keeps_failing_rests_and_the_others_rows_are_asked_for():
     import torch
     from flwr.app import ArrayRecord
     from sklearn.datasets import load_breast_cancer
+    from sklearn.model_selection import train_test_split
     from torch import nn
 
     import dq_flower
     from dq_flower.harness.inprocess import InProcessGrid
-
-    from sklearn.model_selection import train_test_split
 
     x, y = load_breast_cancer(return_X_y=True)
     x, _, y, _ = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
