@@ -416,7 +416,7 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
         raise
     except Exception as exc:  # noqa: BLE001  (any model or loss error: a wrong spec)
         several = (" (loss_fn is handed the model's first output, outputs[0] of its "
-                   f"{type(raw).__name__}: one loss over several heads cannot be given)"
+                   f"{type(raw).__name__}: return the output the loss reads first)"
                    if getattr(loss_fn, "user", loss_fn) is not None and raw is not None
                    and not isinstance(raw, torch.Tensor) else "")
         raise PayloadError(f"the model cannot train on samples of shape {spec.sample_shape}:"

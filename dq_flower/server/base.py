@@ -213,6 +213,10 @@ class ModelStrategy(RoundPipeline, FederatedEvaluation):
         """Keep the model and the arguments every strategy of the package takes (checked)."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if any(t.dtype == torch.bfloat16 for t in model.state_dict().values()):
+            raise ValueError("the model holds bfloat16 tensors, which Flower's ArrayRecord "
+                             "cannot carry: keep it in float32 (DQ's server-autocast knob "
+                             "computes its steps in bfloat16 where that is faster)")
         self.model, self.fedavg = model, fedavg or FedAvgArgs()
         self.seed, self.fraction_train = args.seed, args.fraction_train
         self.min_available_nodes = args.min_available_nodes

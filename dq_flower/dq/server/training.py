@@ -24,7 +24,7 @@ from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import FederationData
-from dq_flower.dq.server.input_scale import InputScale, held_out_rows
+from dq_flower.dq.server.input_scale import InputScale, held_out_rows, tracked_statistics
 from dq_flower.dq.server.node_screen import AgreementScreen
 from dq_flower.dq.server.optimizer_choice import (
     AUTO,
@@ -129,8 +129,8 @@ class ServerTrainer:
                              and self.comp_codec is None and self.cfg.server_processes == 1
                              and self.input_scale.wanted)
 
-        def steps() -> float:
-            with self.input_scale.standardised(self.model, rows):
+        def steps() -> float:  # batch norms' statistics follow the steps (model_ops)
+            with self.input_scale.standardised(self.model, rows), tracked_statistics(self.model):
                 return (self.train_adaptive(server_round, fresh, stored_before) if adaptive
                         else self.train_steps(server_round, fresh))
 
