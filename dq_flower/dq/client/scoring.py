@@ -19,15 +19,18 @@ from flwr.app import Message
 from dq_flower.losses import per_row
 from dq_flower.model_ops import (
     LossFn,
+    float_buffers,
     float_dtype,
     inference,
     model_input,
     model_output,
     resolve_loss,
+    set_float_buffers,
     targets_tensor,
     weighted_loss_grad,
 )
 from dq_flower.wire.model import MODEL_KEY, load_model_record
+from dq_flower.wire.model_buffers import BUFFERS_KEY, read_buffers
 from dq_flower.wire.node_errors import NodeConfigError
 
 __all__ = ["score_candidates", "score_windows", "received_model", "quantization_residual",
@@ -138,6 +141,10 @@ def received_model(msg: Message, model: torch.nn.Module | None,
         raise NodeConfigError(f"{why} needs the model: pass model= (your nn.Module) to "
                               "dq_train")
     load_model_record(model, msg.content.array_records[MODEL_KEY])
+    buffers = msg.content.array_records.get(BUFFERS_KEY)  # batch norms' statistics
+    if buffers is not None:
+        shapes = {name: value.shape for name, value in float_buffers(model).items()}
+        set_float_buffers(model, read_buffers(buffers, shapes))
     return model
 
 

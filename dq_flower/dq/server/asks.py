@@ -33,7 +33,7 @@ from dq_flower.dq.server.identities import ClientIdentities, RoundClients
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.training import ServerTrainer
-from dq_flower.model_ops import embedding_vocab, output_width, reads_windows
+from dq_flower.model_ops import embedding_vocab, float_buffers, output_width, reads_windows
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import ID_VOCAB_KEY, MIXED_UNITS_KEY
 from dq_flower.wire.held import (
@@ -46,6 +46,7 @@ from dq_flower.wire.held import (
 )
 from dq_flower.wire.input_parts import ONE_INPUT_KEY
 from dq_flower.wire.model import MODEL_KEY
+from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record
 from dq_flower.wire.targets import MODEL_OUTPUTS_KEY
 
 __all__ = ["RoundAsks", "ALL_ROWS"]
@@ -306,10 +307,8 @@ class RoundAsks:
     def resting(self, node: int, server_round: int) -> bool:
         """Whether ``node`` sits this round out: its last asks failed (a doubling wait).
 
-        From :data:`FAILED_ASKS` failed in a row on, the wait doubles with each. A node
-        that failed every round took the whole ask once the others had few rows left (a
-        node never heard from counts as holding the typical client's rows), and another
-        node's rows were never asked for.
+        A node failing every round took the whole ask (never heard from: a typical client's
+        rows), and another node's rows were never asked for.
         """
         count, last = self.failing.get(int(node), (0, 0))
         return count >= FAILED_ASKS and server_round - last < 2 ** (count - FAILED_ASKS + 1)
@@ -430,7 +429,9 @@ class RoundAsks:
                                "compensation": self.cfg.compensation})
             if scorer == AUTO or knob is not None:  # its round may use the model
                 record = model() if record is None else record
-                shared[MODEL_KEY] = record
+                shared[MODEL_KEY] = record  # and its batch norms' statistics, to score with
+                if found := float_buffers(self.model):
+                    shared[BUFFERS_KEY] = buffers_record(found)
             if self.trainer.schedule is not None:
                 node_cfg["budget"] = max(self.asked[server_round][int(node)], 1)
             if plan.mode == "data":
