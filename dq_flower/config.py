@@ -282,7 +282,7 @@ def refuse_unknown(keys: Iterable[str], known: Iterable[str], where: str = "", *
         for key in unknown]
     if owner and said:  # every one at once: one failed run, not one a typo
         raise ValueError(said[0] if len(said) == 1 else " and ".join(said))
-    for key in unknown:
+    for key in unknown[:1]:  # without an owner: the first, with every knob known
         near, hint = closest(key, known), ELSEWHERE.get(_key(key))
         raise ValueError(f"unknown knob {key!r}{f' {where}' if where else ''} ({near})"
                          f"{f'; {hint}' if hint else ''}; known: {', '.join(sorted(known))}")

@@ -53,7 +53,8 @@ __all__ = ["RoundAsks", "ALL_ROWS"]
 
 #: The ``all`` schedule's ask of a client whose row count the server does not know yet.
 ALL_ROWS = 1 << 24
-#: Asks failed in a row after which a node rests from asks (:meth:`RoundAsks.resting`).
+#: Asks failed in a row after which a node rests from asks (:meth:`RoundAsks.resting`):
+#: never heard from, one failing every round took the whole ask, starving the others.
 FAILED_ASKS = 2
 
 
@@ -227,8 +228,9 @@ class RoundAsks:
         if total <= 0:
             return {}
         left: dict[int, int | None] = {  # an excluded client's rows disagree: it is not asked
-            key: 0 if int(key) in self.trainer.excluded  # one that held none may hold some now
-            else None if (known := self.data.sent.get(int(key))) is None or known[0] == 0
+            key: 0 if int(key) in self.trainer.excluded  # one that held none counts as unheard
+            else None if (known := self.data.sent.get(int(key))) is None
+            or self.data.held_none(key)
             else known[0] if self.cfg.resend else self.capped_left(int(key), *known)
             for key in keys}
         left = self.may_have_grown(left, schedule.probes if schedule.exhausted else None)
@@ -305,11 +307,7 @@ class RoundAsks:
                                        int(server_round))
 
     def resting(self, node: int, server_round: int) -> bool:
-        """Whether ``node`` sits this round out: its last asks failed (a doubling wait).
-
-        A node failing every round took the whole ask (never heard from: a typical client's
-        rows), and another node's rows were never asked for.
-        """
+        """Whether ``node`` sits this round out: its last asks failed (a doubling wait)."""
         count, last = self.failing.get(int(node), (0, 0))
         return count >= FAILED_ASKS and server_round - last < 2 ** (count - FAILED_ASKS + 1)
 
@@ -327,8 +325,8 @@ class RoundAsks:
             return True
         if identity in self.trainer.excluded:
             return False
-        return (self.cfg.resend or bool(self.data.grown) or not self.data.sent.get(
-            identity, (1,))[0] or self.planner.samples_left(identity, 1) > 0)
+        return (self.cfg.resend or bool(self.data.grown) or self.data.held_none(identity)
+                or self.planner.samples_left(identity, 1) > 0)
 
     def rows_cap(self, uploaded: int = 0) -> float:
         """Rows one client is asked for in all (see ``node-rows-cap``).
@@ -416,7 +414,7 @@ class RoundAsks:
         """One train message per asked node; ``model()`` is built once, sent where used."""
         messages = []
         self.held_bytes = 0
-        record: ArrayRecord | None = None
+        shared_model: dict[str, ArrayRecord] = {}  # built once: the model, its statistics
         for node in nodes:
             node_cfg = ConfigRecord(dict(config.items()))
             identity = clients.known.get(int(node))
@@ -428,10 +426,11 @@ class RoundAsks:
             knob = model_knob({"round-mode": plan.mode, "scorer": scorer,
                                "compensation": self.cfg.compensation})
             if scorer == AUTO or knob is not None:  # its round may use the model
-                record = model() if record is None else record
-                shared[MODEL_KEY] = record  # and its batch norms' statistics, to score with
-                if found := float_buffers(self.model):
-                    shared[BUFFERS_KEY] = buffers_record(found)
+                if not shared_model:  # with its batch norms' statistics, to score with
+                    found = float_buffers(self.model)
+                    shared_model = {MODEL_KEY: model(), **(
+                        {BUFFERS_KEY: buffers_record(found)} if found else {})}
+                shared.update(shared_model)
             if self.trainer.schedule is not None:
                 node_cfg["budget"] = max(self.asked[server_round][int(node)], 1)
             if plan.mode == "data":

@@ -169,6 +169,10 @@ class FederationData:
             self.value_bound = None
         self.provisional = {"spec": False, "bound": False}
 
+    def held_none(self, client: int) -> bool:
+        """Whether ``client`` has reported no row: a site that joins empty may hold some now."""
+        return int(client) in self.sent and self.sent[int(client)][0] == 0
+
     def record_sent(self, node: int, examples: int, rows: int) -> None:
         """A valid reply of ``node``: the examples it holds and ``rows`` more it sent.
 
