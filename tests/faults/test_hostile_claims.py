@@ -12,6 +12,7 @@ defaults (the adaptive schedule).
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -168,6 +169,15 @@ def test_a_claim_of_two_to_the_31_examples_counts_as_100_times_the_median():
     assert strategy.data.sent[HOSTILE][0] == 100 * 300
     assert [m["rejected"] for m in metrics[1:]] == [1] * (ROUNDS - 1)
     _close_to_control(acc, ROUNDS)
+
+
+def test_a_clipped_weight_is_said_once_a_node_not_every_round(caplog):
+    """An honest large node is clipped every round: one warning, not one a round."""
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, _, metrics = run(claims_2_to_31, ROUNDS, **FAST)
+    clipped = [r.getMessage() for r in caplog.records if "weight is clipped" in r.getMessage()]
+    assert len(metrics) == ROUNDS and len(clipped) == 1, clipped
+    assert "said once" in clipped[0]
 
 
 # ------------------------------------------------------------------ at the README's defaults

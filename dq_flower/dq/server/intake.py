@@ -72,11 +72,10 @@ class UploadIntake:
                  measuring: bool, holdout_key: int | None = None) -> None:
         self.cfg, self.model, self.loss_fn, self.seed = cfg, model, loss_fn, seed
         self.adaptive = cfg.adaptive  # whether stored rows are held out (read once)
-        #: the held-out hash's key (:func:`~dq_flower.dq.server.strategy.holdout_key`)
-        self.holdout_key = seed if holdout_key is None else holdout_key
+        self.holdout_key = seed if holdout_key is None else holdout_key  # strategy.holdout_key
         self.planner, self.identities = planner, identities
         self.comp_codec, self.num_params, self.measuring = comp_codec, num_params, measuring
-        self.data = data
+        self.data, self.clip_noted = data, set[int]()  # nodes told their weight is clipped
         #: the knobs every reply is checked against (:meth:`rules` adds what was learned)
         self._rules = Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend,
                             comp_codec=comp_codec, num_params=num_params, measuring=measuring,
@@ -222,9 +221,10 @@ class UploadIntake:
         for upload, reason in verdict.counted:
             log(WARNING, "reply from node %d: %s", upload.source, reason)
         for upload in verdict.accepted:
-            if upload.weight_scale < 1.0:
-                log(WARNING, "reply from node %d: its weight is clipped to %g times the "
-                    "median node's examples or the rows it has sent, the larger (x%.3g)",
+            if upload.weight_scale < 1.0 and upload.source not in self.clip_noted:
+                self.clip_noted.add(upload.source)
+                log(WARNING, "reply from node %d: its weight is clipped to %g times the median "
+                    "node's examples or the rows it has sent, the larger (x%.3g; said once)",
                     upload.source, SHARE_FACTOR, upload.weight_scale)
         if verdict.spec is not None:
             self.fix_spec(verdict.spec, verdict.classes, provisional=True)
