@@ -248,8 +248,7 @@ def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = F
         if isinstance(data, IterableDataset):
             raise TypeError(
                 f"data is an IterableDataset ({type(data).__name__}): read it through a "
-                "DataLoader that gives its rows in one order every round (DQ names a node's "
-                "rows by their positions), or give a map-style Dataset")
+                "DataLoader (DataLoader(data, batch_size=...)), or give a map-style Dataset")
 
     if hasattr(data, "columns") and hasattr(data, "iloc"):  # a whole pandas frame
         raise TypeError(

@@ -23,14 +23,14 @@ from dq_flower.wire.token_batch import TOKENS_CODEC
 
 __all__ = ["SENT_PREFIX", "SENT_ROWS_PREFIX", "RANGES_STATE", "coding_ranges", "keep_sent",
            "sent_rounds", "sent_rows", "forget_from", "node_ranges", "spec_of",
-           "check_row_order"]
+           "row_names", "row_hashes"]
 
 SENT_PREFIX = "dq-sent-"
 SENT_ROWS_PREFIX = "dq-sent-rows-"
 #: the feature ranges the node last sent, in ``Context.state`` (:func:`coding_ranges`)
 RANGES_STATE = "dq-ranges"
-#: each row's signature, for data read in the order it streams (:func:`check_row_order`)
-ORDER_STATE = "dq-row-order"
+#: the hash of every row the node has named, in the order named (:func:`row_names`)
+NAMES_STATE = "dq-row-names"
 
 
 def node_ranges(config: Mapping[str, Any], x_flat: np.ndarray, bits: int
@@ -67,29 +67,59 @@ def coding_ranges(context: Context, config: Mapping[str, Any], x_flat: np.ndarra
     return lo, span
 
 
-def check_row_order(context: Context, server_round: int, x: np.ndarray, y: np.ndarray) -> None:
-    """Refuse rows that came in another order than in the node's earlier rounds.
+def row_hashes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each row's 64-bit hash of its input and target bytes (exact integer arithmetic)."""
+    n = len(x)
+    raw = np.concatenate([np.ascontiguousarray(a).view(np.uint8).reshape(n, a[:1].nbytes)
+                          if n else np.zeros((0, 0), np.uint8) for a in (x, y)], axis=1)
+    raw = np.pad(raw, ((0, 0), (0, -raw.shape[1] % 8))).view(np.uint64)
+    mult = np.random.default_rng(0).integers(1, 2**63, raw.shape[1], dtype=np.uint64) | 1
+    with np.errstate(over="ignore"):
+        h = (raw * mult).sum(axis=1, dtype=np.uint64)
+        return h ^ (h >> np.uint64(29)) * np.uint64(0xBF58476D1CE4E5B9)
 
-    For data read in the order it streams (a ``DataLoader`` over an ``IterableDataset``):
-    the server names a node's rows by their positions, so an iterable that shuffles each
-    pass would have it store some rows twice and never ask for others. Each row's seeded
-    projection is kept in ``Context.state``; the rows a node held before must come first,
-    in the same order (rows may be added after them: a stream that grows).
+
+def _occurrence(keys: np.ndarray) -> np.ndarray:
+    """For each entry, how many equal ones come before it."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.r_[True, ordered[1:] != ordered[:-1]] if keys.size else np.zeros(0, bool)
+    start = np.maximum.accumulate(np.where(first, np.arange(keys.size), 0))
+    out = np.empty(keys.size, dtype=np.int64)
+    out[order] = np.arange(keys.size) - start
+    return out
+
+
+def row_names(context: Context, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each row's name, the id the server knows it by, and how many names were given.
+
+    Rows are named by their content: a row's hash (:func:`row_hashes`; its k-th copy, the
+    k-th name of that hash) keeps the name it got when first seen, kept in
+    ``Context.state``; rows never seen get the next names. A node whose data grows, shrinks,
+    replaces old rows by new ones or comes in another order each round is followed: the
+    server's held set names rows, not positions. Static data's names are its positions;
+    rows of another layout than before (the server asked for one input of several) are
+    named afresh.
     """
-    rng = np.random.default_rng(0)
-    flat = np.concatenate([x.reshape(len(x), -1), y.reshape(len(y), -1)], axis=1)
-    signature = flat.astype(np.float64) @ rng.standard_normal(flat.shape[1])
-    kept = context.state.array_records.get(ORDER_STATE)
-    if kept is not None:
-        before = kept["rows"].numpy()
-        if len(before) > len(signature) or not np.array_equal(before, signature[:len(before)]):
-            raise ValueError(
-                f"round {server_round}: the data's rows came in another order than in an "
-                "earlier round (an IterableDataset that shuffles each pass?): DQ names a "
-                "node's rows by their positions, so each round must give them in one order, "
-                "new rows after the old (DataLoader(shuffle=False), a seeded order, or a "
-                "map-style Dataset)")
-    context.state[ORDER_STATE] = ArrayRecord({"rows": Array(signature)})
+    seen = context.state.array_records.get(NAMES_STATE)
+    width = np.array([x[:1].nbytes + y[:1].nbytes, *x.shape[1:]], dtype=np.int64)
+    if seen is not None and not np.array_equal(seen["width"].numpy(), width):
+        seen = None  # rows of another layout (the server asked otherwise): named afresh
+    known = seen["hashes"].numpy() if seen is not None else np.zeros(0, np.uint64)
+    now = row_hashes(x, y)
+    keys = np.concatenate([np.stack([known, _occurrence(known).astype(np.uint64)], axis=1),
+                           np.stack([now, _occurrence(now).astype(np.uint64)], axis=1)])
+    _, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    lookup = np.full(int(inverse.max(initial=-1)) + 1, -1, dtype=np.int64)
+    lookup[inverse[:known.size]] = np.arange(known.size)
+    names = lookup[inverse[known.size:]]
+    new = names < 0
+    names[new] = known.size + np.arange(int(new.sum()))
+    if new.any() or seen is None:
+        context.state[NAMES_STATE] = ArrayRecord({"hashes": Array(np.concatenate(
+            [known, now[new]])), "width": Array(width)})
+    return names, known.size + int(new.sum())
 
 
 def keep_sent(context: Context, server_round: int, samples: Payload, ids: np.ndarray,
@@ -115,27 +145,32 @@ def forget_from(context: Context, server_round: int) -> None:
 
 
 def sent_rows(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, y: np.ndarray,
-              mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+              mode: str, names: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Every earlier upload's ``x_i``, ``Q(x_i)``, ``y_i`` and normalised weights ``w_i``.
 
-    ``Q(x_i)`` is decoded from the very payloads sent, so it is what the server stores.
+    ``Q(x_i)`` is decoded from the very payloads sent, so it is what the server stores;
+    ``names``: the rows' ids (:func:`row_names`): a row the node no longer holds is left out.
     """
+    order = np.argsort(names, kind="stable")
     parts = []
     for rnd in sent_rounds(context):
         payload = Payload.from_record(context.state.array_records[f"{SENT_PREFIX}{rnd}"])
         rows = context.state.array_records[f"{SENT_ROWS_PREFIX}{rnd}"]
         ids = rows["ids"].numpy().astype(np.int64)
-        weights = rows["weights"].numpy().astype(np.float64)
+        at = order[np.minimum(np.searchsorted(names, ids, sorter=order), max(names.size - 1, 0))]
+        held = names[at] == ids if names.size else np.zeros(ids.size, bool)
+        pos, weights = at[held], rows["weights"].numpy().astype(np.float64)[held]
         if payload.codec == TOKENS_CODEC:  # ids, sent exactly
-            parts.append((x_flat[ids], x_flat[ids], y[ids], weights))
+            parts.append((x_flat[pos], x_flat[pos], y[pos], weights))
             continue
         bits = int(payload.meta["bits"])
         xq = payload_quantizer(payload, bits, int(payload.meta.get("per_channel", 0)),
                                bool(payload.meta.get("fixed_range", False))).decode(payload)
         if mode == "feature":
             xq = denormalise(xq, *coding_ranges(context, config, x_flat, bits, send=False))
-        parts.append((x_flat[ids], xq, y[ids], weights))
-    if not parts:
+        parts.append((x_flat[pos], xq[held], y[pos], weights))
+    if not parts or not sum(len(p[0]) for p in parts):
         return None
     xs, xqs, ys, w = (np.concatenate(p) for p in zip(*parts, strict=True))
     return xs, xqs, ys, (w / w.sum()).astype(np.float32)

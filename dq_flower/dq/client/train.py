@@ -34,13 +34,13 @@ from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
 from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
-from dq_flower.data_input import as_inputs, streamed
+from dq_flower.data_input import as_inputs
 from dq_flower.dq.client.selection import select
 from dq_flower.dq.client.sent import (
-    check_row_order,
     coding_ranges,
     forget_from,
     keep_sent,
+    row_names,
     sent_rows,
     spec_of,
 )
@@ -228,8 +228,6 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     rng = round_rng(int(config.get("round-seed", 0)), server_round, key)
     one_input = bool(config.get(ONE_INPUT_KEY))  # the server's model takes one input
     x_all, y, inputs = as_inputs(data, keys, one_input)  # several inputs: side by side
-    if streamed(data):  # rows named by position: the same order every round
-        check_row_order(context, server_round, x_all, y)
     if inputs and model is not None:
         from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
 
@@ -275,7 +273,7 @@ def _token_round(msg: Message, context: Context, data: Any, config: dict[str, An
     spec = DataSpec((text.window,), "tokens", vocab)
     r = RoundInput(msg, context, config, cfg, None, windows, windows, spec, model, loss_fn,
                    server_round, key, rng, t0)
-    cfg, candidates = _candidates(config, cfg, key, windows.shape[0])
+    cfg, candidates, _ = _candidates(config, cfg, key, np.arange(len(windows)), len(windows))
     scores = None
     if scorer != "uniform":  # the rounds that score import PyTorch
         from dq_flower.dq.client.scoring import (  # PyTorch: deferred
@@ -306,7 +304,8 @@ def _data_round(r: RoundInput) -> Message:
     config, spec, y, rng, context = r.config, r.spec, r.y, r.rng, r.context
     n = r.x.shape[0]
     num_classes = _num_classes(config, spec, y, n)
-    cfg, candidates = _candidates(config, r.cfg, r.key, n)
+    names, named = row_names(context, r.x, y)  # the ids the server knows the rows by
+    cfg, candidates, examples = _candidates(config, r.cfg, r.key, names, named)
     x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows
     in_bound = x_flat  # the rows its feature ranges cover
     if (bound := config.get(VALUE_BOUND_KEY)) is not None and not spec.vocab:
@@ -315,8 +314,9 @@ def _data_round(r: RoundInput) -> Message:
     model, scores = _scores(r, cfg, candidates)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
+    counts = {"num-examples": examples, "candidates": int(candidates.size)}
     if not candidates.size and not bool(config.get("refresh", False)):  # every row sent
-        return _reply(r, RecordDict(), 0, {"candidates": 0, "selected": 0,
+        return _reply(r, RecordDict(), 0, {**counts, "selected": 0,
                                            CAN_SCORE_KEY: int(r.model is not None)})
     represents = sel.weights * max(int(candidates.size), 1)  # 1 / pi_i per row
 
@@ -326,21 +326,20 @@ def _data_round(r: RoundInput) -> Message:
     if cfg.compensation != "none" and chosen.size:
         compensation = _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb,
                                        coded.decoded(), y[chosen], sel.weights, EF_KEY)
-    refresh = _refresh(r, cfg, x_flat, model, coded.mode)
+    refresh = _refresh(r, cfg, x_flat, model, coded.mode, names)
 
     content, payload_bits = encode_batch(
-        coded.samples, None if spec.target == "inputs" else y[chosen], chosen, represents,
-        num_classes, n, compensation, spec.target == "binary")
+        coded.samples, None if spec.target == "inputs" else y[chosen], names[chosen],
+        represents, num_classes, named, compensation, spec.target == "binary")
     if refresh is not None:
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)
     if cfg.compensation_mode == "refresh" and chosen.size:  # for later refreshed residuals
-        keep_sent(context, r.server_round, coded.samples, chosen, represents)
+        keep_sent(context, r.server_round, coded.samples, names[chosen], represents)
     for name, record in coded.extra.items():
         content[name] = record
         payload_bits += 8 * sum(len(a.data) for a in record.values())
-    return _reply(r, content, payload_bits, {"candidates": int(candidates.size),
-                                             "selected": int(chosen.size),
+    return _reply(r, content, payload_bits, {**counts, "selected": int(chosen.size),
                                              CAN_SCORE_KEY: int(r.model is not None)})
 
 
@@ -368,16 +367,22 @@ def _num_classes(config: dict[str, Any], spec: DataSpec, y: np.ndarray, n: int) 
     return num_classes or local
 
 
-def _candidates(config: dict[str, Any], cfg: DQConfig, key: int,
-                n: int) -> tuple[DQConfig, np.ndarray]:
-    """The node's ask (its budget) and the rows it may send: those the server lacks."""
-    held, ask = held_for(config, key, n)  # what the server holds of this client's rows
+def _candidates(config: dict[str, Any], cfg: DQConfig, key: int, names: np.ndarray,
+                named: int) -> tuple[DQConfig, np.ndarray, int]:
+    """The node's ask (its budget), the rows it may send and its examples.
+
+    The rows it may send: by position, those the server lacks; its examples: the rows the
+    server holds and those it lacks. ``names``: the rows' ids (:func:`.row_names`),
+    ``named`` of them given so far.
+    """
+    held, ask = held_for(config, key, named)  # what the server holds of this client's rows
     if ask is not None and ask >= 1:  # this client's own ask, from the table of every client
         cfg = dataclasses.replace(cfg, budget=int(ask))
-    candidates = np.arange(n) if cfg.resend else np.setdiff1d(np.arange(n), held)
+    lacked = ~np.isin(names, held)
+    candidates = np.arange(names.size) if cfg.resend else np.flatnonzero(lacked)
     if ask == 0:  # the server asks this client for nothing this round
         candidates = candidates[:0]
-    return cfg, candidates
+    return cfg, candidates, int(np.unique(held).size + lacked.sum())
 
 
 @dataclasses.dataclass
@@ -421,7 +426,7 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
 
 
 def _refresh(r: RoundInput, cfg: DQConfig, x_flat: np.ndarray,
-             model: torch.nn.Module | None, mode: str) -> Payload | None:
+             model: torch.nn.Module | None, mode: str, names: np.ndarray) -> Payload | None:
     """Under ``compensation-mode = "refresh"``: the refreshed residual the round asks for."""
     if cfg.compensation_mode != "refresh":
         return None
@@ -429,5 +434,5 @@ def _refresh(r: RoundInput, cfg: DQConfig, x_flat: np.ndarray,
     if not bool(r.config.get("refresh", False)):
         return None
     model = _needed(model, "a refreshed residual")
-    sent = sent_rows(r.context, r.config, x_flat, r.y, mode)
+    sent = sent_rows(r.context, r.config, x_flat, r.y, mode, names)
     return None if sent is None else _coded_residual(r, cfg, model, *sent, REFRESH_EF_KEY)
