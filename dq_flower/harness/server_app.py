@@ -22,7 +22,13 @@ from flwr.serverapp import Grid, ServerApp
 
 from dq_flower.accounting import Ledger, MeasuredGrid
 from dq_flower.config import write
-from dq_flower.harness.checkpoint import load_latest, save_atomic
+from dq_flower.harness.checkpoint import (
+    CHECKPOINT_NAME,
+    PREVIOUS_NAME,
+    UNREADABLE_NAME,
+    read_checkpoint,
+    save_atomic,
+)
 from dq_flower.harness.history import RunResult
 from dq_flower.harness.methods import get_method, validate_run_config
 from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_info
@@ -37,6 +43,12 @@ __all__ = ["app", "run_server", "validate_run_config", "prepare_model", "CLIENT_
 
 #: Metric every client handler of this package puts in its reply.
 CLIENT_TIME_KEY = "client-time-s"
+#: What a checkpoint of :func:`run_server` holds.
+CHECKPOINT_KEYS = ("round", "elapsed", "arrays", "ledger", "history", "strategy")
+#: Task keys a checkpoint must share with the run that resumes it (and the method): they
+#: decide the data, each node's rows and the model its state was learned on.
+RUN_KEYS = ("dataset", "model", "num-partitions", "partition", "dirichlet-alpha", "seed",
+            "input-shape", "num-classes", "validation-fraction", "train-rows", "test-rows")
 
 
 def prepare_model(task: TaskConfig, info: TaskInfo,
@@ -159,22 +171,42 @@ class _ServerRun:
         self.train_config: ConfigRecord = ConfigRecord()
         self.arrays = ArrayRecord()
         self.t_start = time.perf_counter()
+        self.run_keys = {"method": name, **write(task, keys=RUN_KEYS)}
+        if task.dataset.lower().startswith("npz:"):  # simulate's arrays: a new temporary file a run
+            self.run_keys["dataset"] = "npz"
+        self.keep_as = PREVIOUS_NAME  # what the next save renames the newest checkpoint to
 
     def restore(self) -> int:
-        """Load the latest checkpoint of ``checkpoint-dir`` if any; the round it holds."""
+        """Load the latest checkpoint of ``checkpoint-dir`` if any; the round it holds.
+
+        ``ValueError`` naming the file for a checkpoint of another method or run (a key of
+        :data:`RUN_KEYS`) or one the strategy refuses; nothing is written then.
+        """
         task = self.task
-        checkpoint = load_latest(task.checkpoint_dir) if task.checkpoint_dir else None
-        if checkpoint is None:
+        found = (read_checkpoint(task.checkpoint_dir, CHECKPOINT_KEYS) if task.checkpoint_dir
+                 else None)
+        if found is None:
             self.t_start = time.perf_counter()
             return 0
+        checkpoint, path = found
+        for key, saved in checkpoint.get("run", {}).items():
+            if self.run_keys.get(key) != saved:
+                raise ValueError(f"{key}: the checkpoint {path} was written with {key} "
+                                 f"{saved!r}, this run has {key} {self.run_keys.get(key)!r}: "
+                                 f"resume with {key} = {saved!r}, or start afresh with "
+                                 "another checkpoint-dir")
+        try:
+            self.strategy.load_state_dict(checkpoint["strategy"] or {})
+        except ValueError as exc:
+            raise ValueError(f"{exc} (checkpoint {path})") from None
+        if path.name != CHECKPOINT_NAME:  # the newest is unreadable: kept aside, not lost
+            self.keep_as = UNREADABLE_NAME
         self.t_start = time.perf_counter() - checkpoint["elapsed"]
         self.arrays = ArrayRecord(checkpoint["arrays"])
         self.ledger = Ledger.from_state(checkpoint["ledger"])
         self.measured.ledger = self.ledger
         self.history = checkpoint["history"]
-        self.strategy.load_state_dict(checkpoint["strategy"] or {})
-        log(INFO, "[%s] resuming after round %d from %s", self.name, checkpoint["round"],
-            task.checkpoint_dir)
+        log(INFO, "[%s] resuming after round %d from %s", self.name, checkpoint["round"], path)
         return int(checkpoint["round"])
 
     def train_round(self, rnd: int) -> bool:
@@ -258,9 +290,10 @@ class _ServerRun:
         save_atomic(task.checkpoint_dir, {
             "round": rnd, "elapsed": time.perf_counter() - self.t_start,
             "arrays": self.arrays.to_torch_state_dict(), "ledger": self.ledger.state(),
-            "history": self.history,
+            "history": self.history, "run": self.run_keys,
             "strategy": self.strategy.state_dict(),
-        })
+        }, keep_as=self.keep_as)
+        self.keep_as = PREVIOUS_NAME
 
 
 class FlowerStrategy(ServerFigures):

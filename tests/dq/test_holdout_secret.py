@@ -63,3 +63,15 @@ def test_a_resume_under_another_secret_is_refused(monkeypatch):
         DQStrategy(torch.nn.Linear(4, 2), holdout_secret="b").load_state_dict(state)
     with pytest.raises(ValueError, match="holdout_secret"):
         DQStrategy(torch.nn.Linear(4, 2)).load_state_dict(state)
+
+
+def test_a_resume_under_another_seed_names_the_seed_not_a_secret(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    state = DQStrategy(torch.nn.Linear(4, 2), seed=1).state_dict()
+    with pytest.raises(ValueError, match="^seed: .* seed 1.* seed 2") as refused:
+        DQStrategy(torch.nn.Linear(4, 2), seed=2).load_state_dict(state)
+    assert "secret" not in str(refused.value)
+    # under a secret as well: the seed is what changed
+    state = DQStrategy(torch.nn.Linear(4, 2), seed=1, holdout_secret="a").state_dict()
+    with pytest.raises(ValueError, match="^seed: "):
+        DQStrategy(torch.nn.Linear(4, 2), seed=2, holdout_secret="a").load_state_dict(state)

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from dq_flower.harness import checkpoint
-from dq_flower.harness.checkpoint import CHECKPOINT_NAME, load_latest, save_atomic
+from dq_flower.harness.checkpoint import (
+    CHECKPOINT_NAME,
+    PREVIOUS_NAME,
+    load_latest,
+    read_checkpoint,
+    save_atomic,
+)
 
 
 def test_nothing_saved_loads_as_none(tmp_path):
@@ -29,14 +35,16 @@ def test_save_then_load_returns_the_same_state_in_a_new_folder(tmp_path):
     assert loaded["store"]["rng"] == {"state": 2**70}
 
 
-def test_a_new_save_replaces_the_old_one_and_leaves_one_file(tmp_path, monkeypatch):
+def test_a_new_save_replaces_the_old_one_and_keeps_the_one_before_beside_it(tmp_path,
+                                                                          monkeypatch):
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(checkpoint.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
     for rnd in (1, 2, 3):
         save_atomic(tmp_path, {"round": rnd})
         assert load_latest(tmp_path)["round"] == rnd
-    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PREVIOUS_NAME, CHECKPOINT_NAME]
+    assert torch.load(tmp_path / PREVIOUS_NAME, weights_only=False)["round"] == 2
     assert len(synced) == 3  # every checkpoint is flushed to disk before it replaces the old
 
 
@@ -77,7 +85,7 @@ def test_the_new_checkpoint_is_written_beside_the_old_one_under_a_hidden_tempora
     assert len(names) == 2 and names[1] == CHECKPOINT_NAME
     assert names[0].startswith(".server-state-") and names[0].endswith(".tmp")
     assert len(names[0]) > len(".server-state-.tmp")  # a unique part between the two
-    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PREVIOUS_NAME, CHECKPOINT_NAME]
     assert load_latest(tmp_path)["round"] == 2
 
 
@@ -109,3 +117,52 @@ def test_a_checkpoint_written_on_a_gpu_loads_onto_the_cpu(tmp_path, monkeypatch)
     # Assert
     assert loaded["w"].device == torch.device("cpu")
     assert torch.equal(loaded["w"], torch.arange(4.0))
+
+
+_CORRUPTIONS = {
+    "truncated": lambda good: good[: len(good) // 2],
+    "random bytes": lambda good: np.random.default_rng(0).bytes(5000),
+    "empty": lambda good: b"",
+}
+
+
+def _corrupt(path, kind):
+    if kind == "other content":  # a torch file, but not a checkpoint
+        torch.save({"foo": 1}, path)
+    else:
+        path.write_bytes(_CORRUPTIONS[kind](path.read_bytes()))
+
+
+@pytest.mark.parametrize("kind", [*_CORRUPTIONS, "other content"])
+def test_an_unreadable_checkpoint_falls_back_to_the_one_before_and_says_so(tmp_path, kind,
+                                                                           caplog):
+    save_atomic(tmp_path, {"round": 1, "history": []})
+    save_atomic(tmp_path, {"round": 2, "history": []})
+    _corrupt(tmp_path / CHECKPOINT_NAME, kind)
+    state, path = read_checkpoint(tmp_path, required=("round", "history"))
+    assert state["round"] == 1 and path == tmp_path / PREVIOUS_NAME
+    assert f"{tmp_path / CHECKPOINT_NAME} cannot be read" in caplog.text
+    assert f"resuming from {PREVIOUS_NAME}, of round 1" in caplog.text
+
+
+@pytest.mark.parametrize("kind", [*_CORRUPTIONS, "other content"])
+def test_an_unreadable_checkpoint_with_none_before_is_refused_naming_it(tmp_path, kind):
+    save_atomic(tmp_path, {"round": 1, "history": []})
+    _corrupt(tmp_path / CHECKPOINT_NAME, kind)
+    before = (tmp_path / CHECKPOINT_NAME).read_bytes()
+    with pytest.raises(ValueError, match="checkpoint-dir: .* cannot be read") as refused:
+        read_checkpoint(tmp_path, required=("round", "history"))
+    message = str(refused.value)
+    assert str(tmp_path / CHECKPOINT_NAME) in message and "another checkpoint-dir" in message
+    assert (tmp_path / CHECKPOINT_NAME).read_bytes() == before  # left as it was
+
+
+def test_two_unreadable_checkpoints_are_refused_naming_both(tmp_path):
+    for rnd in (1, 2):
+        save_atomic(tmp_path, {"round": rnd})
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"")
+    (tmp_path / PREVIOUS_NAME).write_bytes(b"x")
+    with pytest.raises(ValueError) as refused:
+        load_latest(tmp_path)
+    assert str(tmp_path / CHECKPOINT_NAME) in str(refused.value)
+    assert str(tmp_path / PREVIOUS_NAME) in str(refused.value)

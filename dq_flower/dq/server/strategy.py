@@ -15,8 +15,6 @@ are read off the parts by :mod:`.round_metrics`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
@@ -39,7 +37,14 @@ from dq_flower.dq.config import (
 )
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.federation import (
+    SECRET_ENV,
+    FederationData,
+    holdout_digest,
+    holdout_key,
+    refuse_other_run,
+    stored_layout,
+)
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
 from dq_flower.dq.server.identities import ClientIdentities, reply_claims
 from dq_flower.dq.server.intake import Ask, Compensations, UploadIntake
@@ -68,24 +73,6 @@ from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
 
 __all__ = ["DQStrategy", "holdout_key", "SECRET_ENV"]
-
-#: Environment variable of the server process that holds the held-out secret, where the
-#: strategy is given none (the clients never see the server's environment).
-SECRET_ENV = "DQ_FLOWER_HOLDOUT_SECRET"
-
-
-def holdout_key(seed: int, secret: str | None) -> int:
-    """The held-out hash's key: ``seed`` without a secret, else a 64-bit digest of both.
-
-    ``secret`` ``None`` reads :data:`SECRET_ENV` (unset or empty: none). The secret never
-    leaves the server (no knob, no message).
-    """
-    if secret is None:
-        secret = os.environ.get(SECRET_ENV) or None
-    if secret is None:
-        return int(seed)
-    digest = hashlib.blake2b(f"{int(seed)}\0{secret}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
 
 
 #: Largest compensation norm, in norms of the gradient the server computes on the reply's
@@ -207,7 +194,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.identities = ClientIdentities(permanent=cfg.identity_binding == "node")
         key = holdout_key(self.seed, holdout_secret)
         #: digest of the held-out key, checked on resume (another key holds out other rows)
-        self._holdout_check = hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
+        self._holdout_check = holdout_digest(key)
         loss_fn = TargetLoss(per_sample(loss_fn) if loss_fn is not None else None)
         self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
                                    holdout_key=key, planner=self.planner,
@@ -420,19 +407,23 @@ class DQStrategy(ModelStrategy, Strategy):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Everything to resume: model, optimizer, spec, ranges, store, planner, schedule."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                **self.intake.state_dict(), "planner": self.planner.state(),
-                **self.gradients.state_dict(), **self.compensations.state_dict(),
-                **self.trainer.state_dict(), "can-score": sorted(self.asks.can_score),
-                # per-client state above is keyed by client identity, not node id
-                "identities": self.identities.state(), "holdout-check": self._holdout_check}
+        """Everything to resume: model, optimizer, spec, ranges, store, planner, schedule.
+
+        And what a resume must share: the seed, the held-out key's digest, the rows' layout.
+        """
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 **self.intake.state_dict(), "planner": self.planner.state(),
+                 **self.gradients.state_dict(), **self.compensations.state_dict(),
+                 **self.trainer.state_dict(), "can-score": sorted(self.asks.can_score),
+                 # per-client state above is keyed by client identity, not node id
+                 "identities": self.identities.state(), "holdout-check": self._holdout_check,
+                 "seed": self.seed}
+        return {**state, "layout": stored_layout(self.cfg, state["spec"])}
 
     def load_state_dict(self, state: dict) -> None:
-        """Inverse of :meth:`state_dict`."""
-        if state.get("holdout-check", self._holdout_check) != self._holdout_check:
-            raise ValueError("holdout_secret: the checkpoint was written under another "
-                             f"held-out secret (give the run's secret, or the same {SECRET_ENV})")
+        """Inverse of :meth:`state_dict`; ``ValueError`` for another seed, secret or layout."""
+        refuse_other_run(state, self.seed, self._holdout_check,
+                         stored_layout(self.cfg, state.get("spec")))
         self.model.load_state_dict(state["model"])
         self.trainer.load_state_dict(state)  # first: it rebuilds the chosen optimizer
         self.optimizer.load_state_dict(state["optimizer"])
