@@ -67,11 +67,6 @@ def reads_windows(model: nn.Module, length: int = 2) -> bool:
     return isinstance(out, torch.Tensor) and out.ndim == 3 and tuple(out.shape[:2]) == (1, length)
 
 
-def _first_layer(model: nn.Module) -> nn.Module | None:
-    """The first module holding parameters of its own, in registration order."""
-    return next(layers(model), None)
-
-
 def _flat(tensors) -> np.ndarray:
     parts = [t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]
     return torch.cat(parts).numpy().copy() if parts else np.zeros(0, dtype=np.float32)
@@ -169,7 +164,7 @@ def embedding_vocab(model: nn.Module) -> int:
     The first module holding parameters, an ``nn.Embedding`` or ``nn.EmbeddingBag``, says
     the samples are ids below its ``num_embeddings`` (a text classifier's word ids).
     """
-    first = _first_layer(model)
+    first = next(layers(model), None)  # the first module holding parameters of its own
     return int(first.num_embeddings) if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else 0
 
 
@@ -339,7 +334,8 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
             out = model_output(model(model_input(x[i:i + batch_size], dev, windows, dtype)))
             yb = yt[i:i + batch_size]
             losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
-            if classes:
+            if classes:  # outputs that score each class (a user's loss may read others)
+                classes = not yb.numel() or int(yb.max()) < out.shape[1]
                 hits.append((out.argmax(dim=1) == yb).cpu().numpy())
     loss = np.concatenate(losses) if losses else np.zeros(0)
     return loss, (np.concatenate(hits) if hits else np.zeros(0, dtype=bool)) if classes else None
@@ -364,8 +360,13 @@ def state_arrays(model: nn.Module) -> ArrayRecord:
 CHECK_ROWS = 4
 
 
-def _classes(spec: DataSpec, width: int, num_classes: int | None) -> int:
-    """Classes (class targets) or target width (float targets) the model's output gives."""
+def _classes(spec: DataSpec, width: int, num_classes: int | None, top: int = 0,
+             user_loss: bool = False) -> int:
+    """Classes (class targets) or target width (float targets) the model's output gives.
+
+    A user's loss reads outputs of its own width (variance, quantile or ordinal heads, labels
+    from 1): then the targets' width, or the classes given or up to the largest label ``top``.
+    """
     if spec.target == "tokens":  # next-token logits (length, vocab) per window
         if width != spec.dim * spec.target_dim:
             raise PayloadError(f"the model has {width} outputs per window; next-token "
@@ -373,10 +374,12 @@ def _classes(spec: DataSpec, width: int, num_classes: int | None) -> int:
                                f"{spec.target_dim} are {spec.dim * spec.target_dim}")
         return spec.target_dim
     if spec.target != "class":
-        if width != spec.target_dim:
+        if width != spec.target_dim and not user_loss:
             raise PayloadError(f"the model has {width} outputs per sample; the float "
                                f"targets have {spec.target_dim}")
-        return width
+        return spec.target_dim
+    if user_loss and width >= 2 and max(num_classes or 0, top + 1) > width:
+        return max(num_classes or 0, top + 1)
     if num_classes is None:
         if width < 2:
             raise PayloadError(f"the model has {width} output for class labels; give "
@@ -407,7 +410,9 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
         with torch.no_grad():
             raw = model(model_input(rows, dev, spec.target == "tokens", float_dtype(model)))
             out = model_output(raw)
-        classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes)
+        classes = _classes(spec, int(out.reshape(n, -1).shape[1]), num_classes,
+                           int(y.max()) if spec.target == "class" else 0,
+                           getattr(loss_fn, "user", loss_fn) is not None)
         if spec.target == "class" and int(y.max()) >= classes:
             raise PayloadError(f"label {int(y.max())} is out of range ({classes} classes)")
         loss, grad = weighted_loss_grad(model, rows, y[:n], np.full(n, 1.0 / n, np.float32),
