@@ -1,7 +1,7 @@
 """A node's rows are named by their content, so data that changes between rounds is followed.
 
 Rows were named by position: a node keeping a rolling window (a phone's last readings) had
-its new rows taken for old ones the server held (a helper's HAPT app stored 510 of the
+its new rows taken for old ones the server held (a user's HAPT app stored 510 of the
 2,449 windows its phones held, and said in its last rounds that every node had sent all),
 and an honest reply after its data shrank was refused (its count below the rows held).
 """

@@ -3,7 +3,7 @@
 A mean and a log-variance for one float target (Gaussian NLL), quantile heads, ordinal
 (cumulative) logits one fewer than the ranks, labels counted from 1: the server's model
 check required one output per float target or per class and refused every reply, every
-round, so the run ended at the initial model while FedAvg learned (a helper's apps: a
+round, so the run ended at the initial model while FedAvg learned (a user's app: a
 Gaussian NLL head at MAE 1.985 throughout against FedAvg's 0.912).
 """
 
