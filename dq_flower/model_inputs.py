@@ -106,9 +106,14 @@ def layers(model: nn.Module) -> Iterator[nn.Module]:
 def input_width(model: nn.Module) -> int | None:
     """Input features of flat samples: the first layer's where it is linear (else ``None``).
 
-    A ``BatchNorm1d`` or one-dimensional ``LayerNorm`` before it normalises as many.
+    A ``BatchNorm1d`` or one-dimensional ``LayerNorm`` before it normalises as many. Layers
+    are leaf modules (a parameter of the model's own, a gate, is none); a model holding a
+    convolution reads no flat samples, wherever its linear layers are registered (a head
+    registered before the features).
     """
-    found = layers(model)
+    if any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()):
+        return None
+    found = (m for m in layers(model) if next(m.children(), None) is None)
     first = next(found, None)
     if isinstance(first, nn.BatchNorm1d) or (isinstance(first, nn.LayerNorm)
                                              and len(first.normalized_shape) == 1):

@@ -1,5 +1,6 @@
 """``bits = 0`` (auto): 4 bits per feature for small tables, 2 for everything else."""
 
+import torch
 from torch import nn
 
 import dq_flower
@@ -69,3 +70,34 @@ def test_bits_chosen_by_auto_are_not_logged_as_a_knob_set(caplog):
     dq_flower.DQStrategy(nn.Linear(5, 2), seed=0, bits=3).summary()
     said = [r.getMessage() for r in caplog.records if "knobs:" in r.getMessage()]
     assert said[0].endswith("knobs: defaults") and said[1].endswith("knobs: bits=3")
+
+
+class _HeadFirst(nn.Module):
+    """A CNN whose head is registered before its features (the order forward does not use)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(32, 10)
+        self.features = nn.Sequential(nn.Conv2d(1, 32, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class _Gated(nn.Module):
+    """A table's MLP whose model holds a parameter of its own beside its layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Parameter(torch.ones(6))
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.body(x * self.gate)
+
+
+def test_the_first_layer_is_a_leaf_and_a_convolution_means_no_table():
+    """A head registered first gave an image CNN 4 bits ("flat samples of 32 features"; 2.7x
+    the uplink), a model's own gate parameter gave a 6-column table 2 bits."""
+    assert input_width(_HeadFirst()) is None and dq_flower.DQStrategy(_HeadFirst()).cfg.bits == 2
+    assert input_width(_Gated()) == 6 and dq_flower.DQStrategy(_Gated()).cfg.bits == 4
