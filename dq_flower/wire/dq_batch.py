@@ -1,9 +1,8 @@
 """Message layout of a DQ upload: quantized samples, labels, ids, weights, compensation.
 
-Built by the client, validated by the server: a failed check raises
-:class:`~dq_flower.codecs.PayloadError` with the reason. Each reply also carries its data
-spec (:class:`DataSpec`) as a ``data-spec`` ``ConfigRecord``; the server adopts the one
-most of the first data round's replies carry and rejects replies that disagree.
+Built by the client, validated by the server (:class:`~dq_flower.codecs.PayloadError` says
+why). Each reply carries its data spec (:class:`DataSpec`, a ``data-spec`` record); the
+server adopts the one most first replies carry and rejects replies that disagree.
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRE
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array", "RANGES_KEY",
            "payload_quantizer", "range_mode", "ranges_record", "ranges_from_record", "SPEC_KEY",
            "DataSpec", "spec_record", "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY",
-           "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply"]
+           "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply",
+           "sensor_window"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
@@ -41,7 +41,7 @@ def width_for(upper: int) -> int:
     return max(1, int(upper - 1).bit_length())
 
 
-label_width = width_for
+label_width = width_for  # a class label's bits
 
 
 @dataclass
@@ -255,12 +255,18 @@ def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
     return ids
 
 
+def sensor_window(sample_shape: tuple[int, ...]) -> bool:
+    """Whether samples are windows of a few channels ``(C, L)``, ``1 < C <= L / 4``."""
+    return len(sample_shape) == 2 and 1 < sample_shape[0] <= sample_shape[1] // 4
+
+
 def range_mode(ranges: str, sample_shape: tuple[int, ...], mixed_units: bool = False) -> str:
-    """``auto``: ``feature`` for flat or ``mixed_units`` samples, else ``sample``."""
+    """``auto``: ``channel`` for sensor windows, ``feature`` for flat or mixed units."""
     if ranges == "channel":
-        return "channel" if len(sample_shape) == 3 and sample_shape[0] > 1 else "sample"
-    if ranges == "auto":
-        return "feature" if len(sample_shape) == 1 or mixed_units else "sample"
+        return "channel" if len(sample_shape) in (2, 3) and sample_shape[0] > 1 else "sample"
+    if ranges == "auto":  # windows: an accelerometer's gravity beside a gyroscope's turns
+        return ("channel" if sensor_window(sample_shape) else
+                "feature" if len(sample_shape) == 1 or mixed_units else "sample")
     return ranges
 
 
@@ -352,8 +358,7 @@ class DataSpec:
         if self.vocab and (self.target == "tokens" or not 2 <= self.vocab <= MAX_VOCAB):
             raise ValueError(f"vocab must be 0 or 2 to {MAX_VOCAB} for labelled samples, "
                              f"got {self.vocab}")
-        if self.inputs and (len(self.sample_shape) != 1
-                            or parts_width(self.inputs) != self.dim):
+        if self.inputs and (len(self.sample_shape) != 1 or parts_width(self.inputs) != self.dim):
             raise ValueError(f"inputs {self.inputs!r} do not lay out the flat sample's "
                              f"{self.dim} values")
 
@@ -364,21 +369,17 @@ class DataSpec:
 
     @property
     def channels(self) -> int:
-        """Channels of an image sample ``(C, H, W)``; 0 for other layouts."""
-        return int(self.sample_shape[0]) if len(self.sample_shape) == 3 else 0
+        """Channels of an image ``(C, H, W)`` or a sensor window ``(C, L)``; 0 for others."""
+        return int(self.sample_shape[0]) if len(self.sample_shape) in (2, 3) else 0
 
 
 def spec_record(spec: DataSpec) -> ConfigRecord:
     """The spec as it travels in a reply (``vocab`` only for id samples)."""
     record = ConfigRecord({"sample-shape": [int(s) for s in spec.sample_shape],
                            "target": spec.target, "target-dim": int(spec.target_dim)})
-    if spec.vocab:
-        record["vocab"] = int(spec.vocab)
-    if spec.inputs:
-        record[INPUT_PARTS_KEY] = list(spec.inputs)
-    for key, flag in ((MIXED_UNITS_KEY, spec.mixed_units), (COLUMN_KEY, spec.column)):
-        if flag:
-            record[key] = True
+    record.update({k: v for k, v in {"vocab": int(spec.vocab), INPUT_PARTS_KEY: list(spec.inputs),
+                                     MIXED_UNITS_KEY: spec.mixed_units,
+                                     COLUMN_KEY: spec.column}.items() if v})  # those set
     return record
 
 
@@ -386,8 +387,7 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     """Parse a reply's spec; raise :class:`PayloadError` with the reason when malformed."""
     if record is None:
         raise PayloadError(f"reply misses its {SPEC_KEY!r} record")
-    shape, target, tdim = (record.get("sample-shape"), record.get("target"),
-                           record.get("target-dim"))
+    shape, target, tdim = (record.get(k) for k in ("sample-shape", "target", "target-dim"))
     if (not isinstance(shape, list) or not 1 <= len(shape) <= 8
             or not all([type(s) is int and s >= 1 for s in shape])):
         raise PayloadError(f"data-spec 'sample-shape'={shape!r} is not a list of sizes")

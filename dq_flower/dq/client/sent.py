@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, Context
 
 from dq_flower.codecs import Payload
 from dq_flower.codecs.affine import denormalise, feature_ranges, mixed_scales
-from dq_flower.wire.dq_batch import ID_VOCAB_KEY, DataSpec, payload_quantizer
+from dq_flower.wire.dq_batch import ID_VOCAB_KEY, DataSpec, payload_quantizer, sensor_window
 from dq_flower.wire.targets import binary_targets
 from dq_flower.wire.token_batch import TOKENS_CODEC
 
@@ -183,8 +183,8 @@ def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,
     ``inputs``: the layouts of several inputs a flat sample holds (``data_input.as_inputs``).
     """
     shape = tuple(int(s) for s in x.shape[1:]) or (1,)
-    mixed = len(shape) > 1 and not vocab and (mixed_scales(x.reshape(len(x), -1), bits)
-                                              if mixed_units is None else bool(mixed_units))
+    mixed = len(shape) > 1 and not vocab and not sensor_window(shape) and (
+        mixed_scales(x.reshape(len(x), -1), bits) if mixed_units is None else bool(mixed_units))
     if np.issubdtype(y.dtype, np.integer):
         return DataSpec(shape, "class", 1, vocab, mixed, inputs)
     if not vocab and y.shape == x.shape and np.array_equal(y, x):  # an autoencoder's (x, x)
