@@ -179,7 +179,8 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         """Consistent metric keys, norm screen, clip, direction screen, weight cap; rebuild.
 
         The arrays sent as they are (BatchNorm statistics, counters) are bounded per element
-        by the kept replies' majority and what was sent (:mod:`dq_flower.server.majority`).
+        by the kept replies' majority and what was sent (:mod:`dq_flower.server.majority`),
+        the metrics but the count by the kept replies' majority (with ``weight-cap``).
         """
         screened, sent = rnd.screened, rnd.plan
         decoded: list[_Decoded] = screened.accepted
@@ -197,6 +198,8 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         for d, e, update, weight, raw in zip(decoded, entries, bounded.vectors,
                                              bounded.weights, raws, strict=True):
             self._rebuild(d, e, update, weight, raw)
+        if self.cfg.weight_cap > 0:  # the fedavg-* methods' (0): Flower's plain mean
+            self._bound_metrics(decoded)
         return _Kept(decoded, figures, len(bounded.misaligned))
 
     def aggregate_and_step(
@@ -332,6 +335,24 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
         for name in list(content.array_records):
             del content[name]
         content[entry.layout.key] = record
+
+    def _bound_metrics(self, decoded: list[_Decoded]) -> None:
+        """Each metric but the count clipped to the span of the kept replies' middle values.
+
+        (:func:`dq_flower.server.majority.winsorize`, per element of a list); a value within
+        it is left as sent, so no one node sets what the inner strategy averages.
+        """
+        records = [d.msg.content.metric_records[d.metric_name] for d in decoded]
+        for key in sorted(decoded[0].metric_keys - {self.weight_key}) if decoded else ():
+            values = [np.asarray(r[key], np.float64) for r in records]
+            if len({v.shape for v in values}) != 1:
+                continue  # lists of different lengths: the inner strategy's to judge
+            for record, value, clipped in zip(records, values, winsorize(values), strict=True):
+                if not np.array_equal(value, clipped):
+                    whole = isinstance(record[key], int) or (
+                        isinstance(record[key], list) and isinstance(record[key][0], int))
+                    record[key] = (np.rint(clipped).astype(np.int64) if whole
+                                   else clipped).tolist()
 
     def _bounded_evaluations(self, accepted: list[tuple[Message, float, dict[str, float]]]
                              ) -> list[Message]:

@@ -147,12 +147,19 @@ def aggregate(vectors: list[np.ndarray], weights: list[float], rule: str = "mean
 
 
 def trimmed_weighted_mean(values: list[float], weights: list[float], trim: float) -> float:
-    """The weighted mean of ``values`` without their ``floor(trim * n)`` lowest and highest."""
+    """The weighted mean of ``values`` without their ``floor(trim * n)`` lowest and highest.
+
+    With ``trim > 0`` and too few values to trim one (three or four at 0.2), the lowest and
+    the highest are clipped to the next (:func:`dq_flower.server.majority.winsorize`).
+    """
     n = len(values)
     if n == 0 or len(weights) != n:
         raise ValueError("trimmed_weighted_mean needs one weight per value, at least one")
     k = int(np.floor(max(trim, 0.0) * n + 1e-9)) if n > 2 else 0
     order = sorted(range(n), key=lambda i: values[i])
+    if k == 0 and trim > 0 and n > 2:
+        low, high = values[order[1]], values[order[-2]]
+        values = [min(max(v, low), high) for v in values]
     kept = order[k:n - k]
     total = math.fsum(weights[i] for i in kept)
     return math.fsum(weights[i] * values[i] for i in kept) / total

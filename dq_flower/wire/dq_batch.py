@@ -119,9 +119,8 @@ def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
         arrays["targets"] = raw_array(sent)
         target_bits = 8 * sent.nbytes
     arrays["counts"] = raw_array(np.array([n, lw, iw, w.size], dtype=np.int64))
-    info = ArrayRecord(arrays)
     info_nbits = target_bits + 8 * packed_nbytes(n, iw) + 32 * w.size
-    content = RecordDict({SAMPLES_KEY: samples.to_record(), INFO_KEY: info})
+    content = RecordDict({SAMPLES_KEY: samples.to_record(), INFO_KEY: ArrayRecord(arrays)})
     if compensation is not None:
         content[COMPENSATION_KEY] = compensation.to_record()
     return content, int(samples.nbits + info_nbits + (compensation.nbits if compensation else 0))
@@ -278,8 +277,7 @@ def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool
                            f"per_channel={p.meta.get('per_channel')!r}, fixed_range="
                            f"{p.meta.get('fixed_range', False)!r}; expected {bits}, "
                            f"{per_channel}, {fixed_range}")
-    seed = p.meta.get("dither_seed")
-    method = p.meta.get("entropy", "none")
+    seed, method = p.meta.get("dither_seed"), p.meta.get("entropy", "none")
     try:
         return _quantizer(bits, per_channel, seed, method if isinstance(method, str)
                           else "invalid", fixed_range)
@@ -426,6 +424,9 @@ class DataReply:
 def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: int,
                num_classes: int | None, max_samples: int, id_upper: int) -> DataReply:
     """A reply's records checked (sizes first), not decoded; ``known``: the spec it carries."""
+    if extra := set(content.array_records) - {SAMPLES_KEY, INFO_KEY, COMPENSATION_KEY,
+                                              REFRESH_KEY, RANGES_KEY}:
+        raise PayloadError(f"reply carries {len(extra)} unknown records: {min(extra)[:40]!r}...")
     spec = reply_spec(content, known)
     if spec.target == "tokens":
         return DataReply(spec)

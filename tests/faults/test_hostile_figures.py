@@ -1,5 +1,6 @@
 """Reported figures one node of five would set: evaluation under the wrapper, training
-losses, metric key floods.
+losses (GradientStrategy, DQ's gradient rounds, the wrapper), metric key floods, the size
+of a DQ data reply the upload planner measures.
 
 Before: under ``CompressedUpdates(FedAvg)`` one node claiming 2**31 - 1 examples set the
 reported evaluation accuracy (the inner strategy's weighted mean) to its own 100% or 0%;
@@ -29,6 +30,7 @@ from dq_flower.server.evaluation import MAX_METRIC_KEYS
 from dq_flower.wire.gradient_reply import METRICS_KEY
 from tests.compression import digits_app
 from tests.compression.digits_app import Net, load_data
+from tests.faults import digits_attack
 from tests.faults.digits_attack import Net as DigitsMLP
 from tests.faults.digits_attack import X, Y, wire
 
@@ -50,8 +52,11 @@ def _flood() -> dict[str, float]:
 
 
 # ------------------------------------------------------------ evaluation in the wrapper
-def _wrapped_app(claim: dict | None) -> ClientApp:
-    """The quickstart's train (under the mod) and evaluate; node 0 replies ``claim``."""
+def _wrapped_app(claim: dict | None, loss: float | None = None) -> ClientApp:
+    """The quickstart's train (under the mod) and evaluate; node 0 replies ``claim``.
+
+    ``loss``: node 0's claimed training loss.
+    """
     app = ClientApp(mods=[dq_flower.compression_mod])
 
     @app.train()
@@ -60,9 +65,11 @@ def _wrapped_app(claim: dict | None) -> ClientApp:
         torch.manual_seed(k)
         model = Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        loss = digits_app.train(model, load_data(k, NODES), 1, float(msg.content["config"]["lr"]))
+        trained = digits_app.train(model, load_data(k, NODES), 1,
+                                   float(msg.content["config"]["lr"]))
+        told = loss if loss is not None and k == 0 else trained
         return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                                   "metrics": MetricRecord({"train-loss": loss,
+                                   "metrics": MetricRecord({"train-loss": told,
                                                             "num-examples": 287})}),
                        reply_to=msg)
 
@@ -126,6 +133,26 @@ def test_a_metric_key_flood_is_refused_before_it_is_read_under_the_wrapper():
     assert abs(attacked["accuracy"] - control["accuracy"]) <= 0.05
 
 
+@lru_cache(maxsize=3)
+def _wrapped_losses(loss: float | None, rounds: int = 2) -> list[float]:
+    """Each round's ``train-loss`` under ``CompressedUpdates(FedAvg)``."""
+    torch.manual_seed(0)
+    model = Net()
+    strategy = dq_flower.CompressedUpdates(FedAvg(fraction_evaluate=0.0), codec="fp16")
+    result = strategy.start(grid=InProcessGrid(_wrapped_app(None, loss), NODES),
+                            initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds,
+                            train_config=ConfigRecord({"lr": LR}))
+    return [result.train_metrics_clientapp[r]["train-loss"] for r in range(1, rounds + 1)]
+
+
+@pytest.mark.parametrize("loss", [1e300, -1e300])
+def test_one_nodes_training_loss_does_not_set_the_wrappers_figure(loss):
+    # each metric is clipped to the span of the round's middle values before FedAvg's
+    # weighted mean (was 2e299 and -2e299: only non-finite values were rejected)
+    for honest, got in zip(_wrapped_losses(None), _wrapped_losses(loss), strict=True):
+        assert abs(got - honest) <= 0.05 * honest, (got, honest)
+
+
 # ------------------------------------------------------------ GradientStrategy
 def _gradient_app(edit):
     def app(msg: Message, context: Context) -> Message:
@@ -160,6 +187,62 @@ def test_one_nodes_training_loss_does_not_set_gradient_strategys_figure():
         honest = control.train_metrics_clientapp[r]["train-loss"]
         got = attacked.train_metrics_clientapp[r]["train-loss"]
         assert 0.8 * honest <= got <= 1.2 * honest, (r, got, honest)
+
+
+# ------------------------------------------------------------ DQ's gradient rounds, its planner
+def _dq_with_model(msg: Message, context: Context, local) -> RecordDict:
+    """The package's DQ client, given the model a gradient round needs."""
+    return wire(dq_flower.client.dq_train(msg, context, local, model=DigitsMLP()).content)
+
+
+def _loss_of(value: float):
+    def lie(content: RecordDict, _server_round: int) -> None:
+        content["metrics"] = MetricRecord({**dict(content["metrics"].items()),
+                                           "train-loss": value})
+
+    return digits_attack.edits(lie)
+
+
+@pytest.mark.parametrize("loss", [1e300, -1e300, float("nan")])
+def test_one_nodes_training_loss_does_not_set_dq_gradient_rounds_figure(loss, monkeypatch):
+    # with no stored rows the round's figure is the clients' losses: each is now clipped to
+    # the span of the round's middle ones (was their plain mean: 1e300 gave 2e299, and NaN
+    # left every round without a train-loss)
+    monkeypatch.setattr(digits_attack, "honest", _dq_with_model)
+    knobs = {"upload_mode": "gradient", "gradient_codec": "qsgd"}
+    control = digits_attack.run(None, 3, **knobs)[2]
+    attacked = digits_attack.run(_loss_of(loss), 3, **knobs)[2]
+    for r, (honest, got) in enumerate(zip(control, attacked, strict=True), 1):
+        assert "train-loss" in got, (r, got)
+        assert abs(got["train-loss"] - honest["train-loss"]) <= 0.05 * honest["train-loss"], (
+            r, got["train-loss"], honest["train-loss"])
+
+
+def _padded(where: str):
+    def pad(content: RecordDict, _server_round: int) -> None:
+        """200 kB more in a data reply: a metric list, or a record DQ does not read."""
+        if "samples" not in content:
+            return
+        if where == "metrics":
+            content["metrics"] = MetricRecord({**dict(content["metrics"].items()),
+                                               "pad": [0.5] * 25_000})
+        else:
+            content["pad"] = ArrayRecord({"x": digits_attack.raw(np.zeros(200_000, np.uint8))})
+
+    return digits_attack.edits(pad)
+
+
+@pytest.mark.parametrize("where", ["metrics", "record"])
+def test_one_padded_data_reply_does_not_move_the_upload_planners_estimate(where, monkeypatch):
+    # the bits of a data reply besides its samples: the replies' median (was their mean:
+    # 9,928 honest, 329,966 with one of five padded, est-data-bits 21x); a record no DQ
+    # reply holds is refused
+    monkeypatch.setattr(digits_attack, "honest", _dq_with_model)
+    knobs = {"upload_mode": "auto", "gradient_codec": "qsgd"}
+    control = digits_attack.run(None, 1, **knobs)[1]
+    _, attacked, metrics = digits_attack.run(_padded(where), 1, **knobs)
+    assert attacked.planner.reply_bits == control.planner.reply_bits
+    assert metrics[0]["rejected"] == int(where == "record")
 
 
 def test_a_metric_key_flood_is_refused_in_the_packages_own_evaluation():

@@ -182,6 +182,24 @@ def test_one_node_in_five_moves_the_evaluation_figures_by_at_most_a_few_points(c
                                                       - honest["eval-loss"]) < 0.05
 
 
+@pytest.mark.parametrize("honest", [3, 2])
+@pytest.mark.parametrize("claim", [
+    {"eval-acc": 1e30, "eval-loss": 1e30, "num-examples": 360},
+    {"eval-acc": -1e29, "eval-loss": -1e30, "num-examples": 360},
+    {"eval-acc": 1.0, "eval-loss": 0.0, "num-examples": 2**31 - 1},
+])
+def test_one_node_of_four_or_three_keeps_the_figures_within_the_honest_range(claim, honest):
+    # too few nodes to trim one: the extremes are clipped to the next values (before, the
+    # plain weighted mean: 1e30 of four gave 2.5e29)
+    contents = {node(i): {"eval-acc": acc, "eval-loss": loss, "num-examples": n}
+                for i, (acc, loss, n) in enumerate(HONEST[:honest])}
+    contents[node(honest)] = claim
+    attacked = _evaluation_round(contents)
+    for key, column in (("eval-acc", 0), ("eval-loss", 1)):
+        values = [row[column] for row in HONEST[:honest]]
+        assert min(values) - 1e-12 <= attacked[key] <= max(values) + 1e-12, (key, attacked)
+
+
 def test_a_huge_metric_is_dropped_and_the_sums_stay_finite():
     contents = {node(i): {"eval-loss": 1e29 if i else 1e31, "num-examples": 10}
                 for i in range(2)}

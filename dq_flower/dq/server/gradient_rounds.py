@@ -8,6 +8,7 @@ taken on the store.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from logging import WARNING
 from operator import attrgetter
@@ -26,6 +27,7 @@ from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, MAX_LOCAL_ID, count_claim
 from dq_flower.server.common import log_round
+from dq_flower.server.majority import bounded_mean
 from dq_flower.server.pipeline import Screened, UpdateFigures, UpdateScreens
 from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
 from dq_flower.wire.dq_batch import GRADIENT_KEY, SPEC_KEY, reply_spec
@@ -62,8 +64,13 @@ class GradientRounds(UpdateScreens):
              plan: RoundPlan) -> Metrics:
         """A gradient round's steps (the combined gradient, then the store); its metrics."""
         valid, figures = combined.valid, combined.figures
-        loss = self.trainer.train_gradient(server_round, combined.gradient,
-                                           [r.loss for r in valid], [r.node for r in valid])
+        # the clients' losses (a store-less round's figure): finite ones, each clipped to
+        # the span of the round's middle losses (GradientStrategy's bound)
+        losses = [r.loss for r in valid if math.isfinite(r.loss)]
+        loss = self.trainer.train_gradient(
+            server_round, combined.gradient,
+            [bounded_mean(losses, [1.0] * len(losses))] if losses else [],
+            [r.node for r in valid])
         self.record(valid)
         metrics = self.metrics.common(plan, loss=loss, selected=0,
                                       up_bits=figures.up_payload_bits,

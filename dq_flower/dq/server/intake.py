@@ -357,7 +357,7 @@ class UploadIntake:
             samples = [u.batch.samples.nbits + u.batch.info_nbits for u in full]
             rest = [u.reply_bits - s for u, s in zip(full, samples, strict=True)]
             self.planner.measured(sample_bits=sum(samples) / sum(len(u.batch) for u in full),
-                                  reply_bits=float(np.mean(rest)))
+                                  reply_bits=float(np.median(rest)))
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -9,8 +9,10 @@ with the sampled clients ``K`` and ``R`` rounds left (this one included):
 - gradient: ``R * |K| * bits_per_gradient_reply``.
 
 Each figure starts as the exact size of a synthetic reply coded as the clients code theirs
-(random rows) and becomes the mean measured in the last round of its kind. The choice is
-about uplink bytes only, not about which mode trains better.
+(random rows) and becomes the one measured in the last round of its kind (per sample and
+per gradient reply: the mean; per data reply besides its samples: the replies' median, so
+one padded reply does not move it). The choice is about uplink bytes only, not about which
+mode trains better.
 """
 
 from __future__ import annotations

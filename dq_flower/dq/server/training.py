@@ -140,7 +140,7 @@ class ServerTrainer:
                        losses: list[float], nodes: list[int]) -> float:
         """A gradient round's steps: one with ``grad`` (if any), the others on the store.
 
-        Returns the store steps' mean loss, else that of ``losses``; NaN if rolled back.
+        Returns the store steps' mean loss, else ``losses``' (bounded); NaN if rolled back.
         """
         def steps() -> float:
             if grad is not None:
