@@ -197,8 +197,8 @@ def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: i
                             else _targets(info, n, lw, num_classes, target_dim, binary))
     if binary and not np.isin(targets, (0.0, 1.0)).all():
         raise PayloadError("binary targets must be 0 or 1")
-    ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
-    weights = _raw_array(info, "weights", "float32", 4 * max(n, 1))
+    ids_raw, weights = (_raw_array(info, "ids", "uint8", packed_nbytes(n, iw)),
+                        _raw_array(info, "weights", "float32", 4 * max(n, 1)))
     ids = _ids(ids_raw, iw, n, id_upper)
     if weights.size != wn or not np.isfinite(weights).all() or (weights <= 0).any():
         raise PayloadError("sample weights must be finite and positive")
