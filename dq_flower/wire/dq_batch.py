@@ -25,8 +25,7 @@ __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRE
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array", "RANGES_KEY",
            "payload_quantizer", "range_mode", "ranges_record", "ranges_from_record", "SPEC_KEY",
            "DataSpec", "spec_record", "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY",
-           "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply",
-           "sensor_window"]
+           "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
