@@ -209,7 +209,7 @@ class CopyScreen:
                     and share > middle + self.margin):
                 self.copying.add(node)
                 log_round("dq", server_round, f"client {node}: {self.copies[node]} of its "
-                          f"{self.received[node]} rows copy, or nearly, rows it sent before "
+                          f"{self.received[node]} rows copy, or nearly, other rows it sent "
                           f"({share:.0%}, the median client {middle:.0%}): its copies are "
                           "not stored (counted once; honest data can repeat itself too)")
         return set(self.copying)
