@@ -188,7 +188,7 @@ def test_the_users_train_config_step_size_is_the_servers():
     assert strategy.trainer.choice.source == "train-config" and accuracy > 0.75
 
 
-def test_the_users_own_optimizer_is_the_one_the_server_steps_with():
+def test_the_users_own_optimizer_is_the_one_the_server_steps_with(caplog):
     pytest.importorskip("sklearn")
     model = _Net()
     users = torch.optim.AdamW(model.parameters(), lr=0.003)
@@ -200,9 +200,14 @@ def test_the_users_own_optimizer_is_the_one_the_server_steps_with():
     def client(msg, context):
         return dq_flower.client.dq_train(msg, context, shards[context.node_config["partition-id"]])
 
-    strategy.start(grid=InProcessGrid(client, 4), initial_arrays=ArrayRecord(model.state_dict()),
-                   num_rounds=1, train_config=ConfigRecord({"lr": 0.1}))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        strategy.start(grid=InProcessGrid(client, 4), num_rounds=1,
+                       initial_arrays=ArrayRecord(model.state_dict()),
+                       train_config=ConfigRecord({"lr": 0.1}))
     assert strategy.optimizer is users and users.state  # stepped, no probe, no lr from it
+    # the log says whose optimizer it is, and only what the train_config held goes unused
+    assert "knobs: defaults; optimizer: yours, AdamW lr 0.003" in caplog.text
+    assert "train_config's lr not used: the strategy was given its optimizer" in caplog.text
     assert strategy.trainer.choice is not None
     assert (strategy.trainer.choice.name, strategy.trainer.choice.lr) == ("AdamW", 0.003)
     # a checkpoint restores into the resumed strategy's own optimizer object

@@ -381,8 +381,9 @@ def apply_train_config(trainer: Probed, config: Mapping[str, Any]) -> None:
         trainer.lr = lr
     if trainer.choice is not None and trainer.choice.source == "user":
         if name is not None or lr is not None:
-            log(WARNING, "[dq] train_config's optimizer and lr are not used: the strategy "
-                "was given its optimizer (%s)", trainer.choice.describe())
+            given = " and ".join(k for k, v in (("optimizer", name), ("lr", lr)) if v is not None)
+            log(WARNING, "[dq] train_config's %s not used: the strategy was given its "
+                "optimizer (%s)", given, trainer.choice.describe())
         return
     if name is not None and (trainer.choice is None or trainer.choice.source != "held-out"):
         trainer.use_optimizer(OptimizerChoice(name, trainer.lr, "train-config"))

@@ -282,7 +282,9 @@ class DQStrategy(ModelStrategy, Strategy):
     def summary(self) -> None:
         """Log the knobs that differ from their defaults (bits chosen by ``auto`` are not)."""
         cfg = dataclasses.replace(self.cfg, bits=0) if self.intake.bits_note else self.cfg
-        log_round("dq", 0, f"knobs: {changed_knobs(cfg)}")
+        user = self.trainer.choice if getattr(self.trainer.choice, "source", "") == "user" else None
+        log_round("dq", 0, f"knobs: {changed_knobs(cfg)}"
+                  + (f"; optimizer: yours, {user.describe()}" if user else ""))
 
     @property
     def finished(self) -> bool:
