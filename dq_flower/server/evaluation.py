@@ -64,7 +64,7 @@ class FederatedEvaluation:
     Each metric at least half the replies report is averaged weighted by ``num-examples``
     (capped at ``evaluate_weight_cap`` times the median) without the lowest and highest
     ``evaluate_trim`` of its values (with too few to trim one, three or four, the extremes
-    clipped to the next: :func:`~dq_flower.server.robust.trimmed_weighted_mean`).
+    bounded by the others: :func:`~dq_flower.server.robust.trimmed_weighted_mean`).
     """
 
     fraction_evaluate: float = 0.0

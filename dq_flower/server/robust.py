@@ -150,7 +150,9 @@ def trimmed_weighted_mean(values: list[float], weights: list[float], trim: float
     """The weighted mean of ``values`` without their ``floor(trim * n)`` lowest and highest.
 
     With ``trim > 0`` and too few values to trim one (three or four at 0.2), the lowest and
-    the highest are clipped to the next (:func:`dq_flower.server.majority.winsorize`).
+    the highest are bounded by the others: within their span widened by that span and a
+    quarter of the median's size, so honest figures pass as they are and one node's 1e30 does
+    not set the figure.
     """
     n = len(values)
     if n == 0 or len(weights) != n:
@@ -158,7 +160,10 @@ def trimmed_weighted_mean(values: list[float], weights: list[float], trim: float
     k = int(np.floor(max(trim, 0.0) * n + 1e-9)) if n > 2 else 0
     order = sorted(range(n), key=lambda i: values[i])
     if k == 0 and trim > 0 and n > 2:
-        low, high = values[order[1]], values[order[-2]]
+        slack = 0.25 * abs(float(np.median(values)))
+        above, below = [values[i] for i in order[:-1]], [values[i] for i in order[1:]]
+        high = max(above) + (max(above) - min(above)) + slack
+        low = min(below) - (max(below) - min(below)) - slack
         values = [min(max(v, low), high) for v in values]
     kept = order[k:n - k]
     total = math.fsum(weights[i] for i in kept)

@@ -189,15 +189,29 @@ def test_one_node_in_five_moves_the_evaluation_figures_by_at_most_a_few_points(c
     {"eval-acc": 1.0, "eval-loss": 0.0, "num-examples": 2**31 - 1},
 ])
 def test_one_node_of_four_or_three_keeps_the_figures_within_the_honest_range(claim, honest):
-    # too few nodes to trim one: the extremes are clipped to the next values (before, the
-    # plain weighted mean: 1e30 of four gave 2.5e29)
+    # too few nodes to trim one: the extremes are bounded by the others' span, widened by
+    # that span and a quarter of the median (before, the plain weighted mean: 1e30 of four
+    # gave 2.5e29)
     contents = {node(i): {"eval-acc": acc, "eval-loss": loss, "num-examples": n}
                 for i, (acc, loss, n) in enumerate(HONEST[:honest])}
     contents[node(honest)] = claim
     attacked = _evaluation_round(contents)
     for key, column in (("eval-acc", 0), ("eval-loss", 1)):
         values = [row[column] for row in HONEST[:honest]]
-        assert min(values) - 1e-12 <= attacked[key] <= max(values) + 1e-12, (key, attacked)
+        span, slack = max(values) - min(values), 0.25 * max(abs(v) for v in values)
+        assert (min(values) - span - slack <= attacked[key] <= max(values) + span + slack), (
+            key, attacked)
+
+
+def test_three_or_four_honest_figures_are_their_weighted_mean():
+    """The bound moves no honest figure: four nodes' test rows are the central test rows."""
+    for honest in (3, 4):
+        rows = HONEST[:honest]
+        figures = _evaluation_round({node(i): {"eval-acc": a, "eval-loss": b, "num-examples": n}
+                                     for i, (a, b, n) in enumerate(rows)})
+        total = sum(n for *_, n in rows)
+        assert figures["eval-acc"] == pytest.approx(sum(a * n for a, _, n in rows) / total)
+        assert figures["eval-loss"] == pytest.approx(sum(b * n for _, b, n in rows) / total)
 
 
 def test_a_huge_metric_is_dropped_and_the_sums_stay_finite():
