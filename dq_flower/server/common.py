@@ -94,13 +94,24 @@ class FedAvgArgs:
             return None
 
 
+#: Seconds of waiting for nodes after which the log says what may be wrong (once).
+WAIT_HINT_S = 30.0
+
+
 def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float = 3600.0) -> list[int]:
     """Connected node ids, after waiting (up to ``timeout`` s) for ``min_nodes`` of them."""
-    start = time.monotonic()
+    start, hinted = time.monotonic(), False
     while len(nodes := sorted(int(n) for n in grid.get_node_ids())) < min_nodes:
-        if time.monotonic() - start > timeout:
+        waited = time.monotonic() - start
+        if waited > timeout:
             raise RuntimeError(f"only {len(nodes)} nodes connected after {timeout:.0f} s; "
                                f"min-available-nodes is {min_nodes}")
+        if waited > WAIT_HINT_S and not hinted:
+            hinted = True
+            log(WARNING, "%d of the %d nodes min-available-nodes asks for connected after %.0f "
+                "s (the run waits up to %.0f s): in a local simulation the federation may hold "
+                "fewer (options.num-supernodes); lower min-available-nodes or start more "
+                "SuperNodes", len(nodes), min_nodes, waited, timeout)
         log(INFO, "waiting for nodes to connect: %d connected (minimum %d)", len(nodes),
             min_nodes)
         time.sleep(1.0)

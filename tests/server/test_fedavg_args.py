@@ -137,3 +137,23 @@ def test_a_misspelt_fedavg_argument_is_named_with_the_one_meant():
             with pytest.raises(ValueError, match=f"'{typo}' \\(did you mean '{meant}'\\?\\)"):
                 build(_model(), **{typo: 1})
         FedAvgArgs.pop(dict.fromkeys(knobs), build.__init__)  # no knob reads as one
+
+
+def test_a_wait_for_more_nodes_than_connect_says_what_may_be_wrong_once(caplog, monkeypatch):
+    """min-available-nodes above a local simulation's node count waited an hour in silence
+    but for a line a second; after 30 s the log now says why it may wait."""
+    from dq_flower.server import common
+
+    clock = [0.0]
+    monkeypatch.setattr(common.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(common.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+
+    class Grid:
+        def get_node_ids(self):
+            return [1, 2] if clock[0] < 40 else [1, 2, 3]
+
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        assert common.wait_for_nodes(Grid(), 3) == [1, 2, 3]
+    hints = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(hints) == 1 and hints[0].startswith("2 of the 3 nodes min-available-nodes")
+    assert "options.num-supernodes" in hints[0]
