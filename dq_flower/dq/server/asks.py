@@ -185,7 +185,7 @@ class RoundAsks:
         adaptive = self.trainer.schedule is not None
         screened = plan.mode == "data" and not refresh  # a refresh round asks every node
         if screened:  # adaptive: none beyond what a client has left, or may have by now
-            asks = (self.adaptive_asks(keys) if adaptive
+            asks = (self.adaptive_asks(keys, server_round) if adaptive
                     else {k: a if self.planner.samples_left(k, 1) > 0 else 0
                           for k, a in asks.items()})
         default = self.unknown_ask(asks, clients) if screened and adaptive else (
@@ -214,12 +214,14 @@ class RoundAsks:
             return 0
         return max(math.ceil(sum(shares) / max(len(shares), 1)), 1)
 
-    def adaptive_asks(self, keys: list[int]) -> dict[int, int]:
+    def adaptive_asks(self, keys: list[int], server_round: int = 0) -> dict[int, int]:
         """Per-client asks of the adaptive schedule over ``keys`` (:attr:`RoundClients.keys`)."""
         schedule = self.trainer.schedule
         assert schedule is not None
+        empty = {k for k in keys if self.data.held_none(k)  # held none: as unheard, unless
+                 and not self.resting(self.identities.node_of.get(int(k), -1), server_round)}
         if self.cfg.uploads_all:
-            return self.all_rows(keys)
+            return self.all_rows(keys, empty)
         if schedule.next_total is None:
             return dict.fromkeys(keys, self.first_ask(len(keys)))
         if schedule.exhausted and self.data.grown:  # a probe found rows: the data grows
@@ -229,8 +231,7 @@ class RoundAsks:
             return {}
         left: dict[int, int | None] = {  # an excluded client's rows disagree: it is not asked
             key: 0 if int(key) in self.trainer.excluded  # one that held none counts as unheard
-            else None if (known := self.data.sent.get(int(key))) is None
-            or self.data.held_none(key)
+            else None if (known := self.data.sent.get(int(key))) is None or key in empty
             else known[0] if self.cfg.resend else self.capped_left(int(key), *known)
             for key in keys}
         left = self.may_have_grown(left, schedule.probes if schedule.exhausted else None)
@@ -260,7 +261,7 @@ class RoundAsks:
             return left
         return {**left, spent[(probe - 1) % len(spent)]: None}
 
-    def all_rows(self, keys: list[int]) -> dict[int, int]:
+    def all_rows(self, keys: list[int], empty: set[int]) -> dict[int, int]:
         """The ``all`` schedule's asks: every row a client has not uploaded yet.
 
         A client the server has not heard from, or one whose data may have grown
@@ -273,7 +274,7 @@ class RoundAsks:
             schedule.resume(self.data.stored)
         left: dict[int, int | None] = {
             key: 0 if int(key) in self.trainer.excluded
-            else None if (known := self.data.sent.get(int(key))) is None
+            else None if (known := self.data.sent.get(int(key))) is None or key in empty
             else known[0] if self.cfg.resend else max(known[0] - known[1], 0) for key in keys}
         probe = (schedule.probes if schedule.exhausted
                  and schedule.round_ask(self.data.stored) > 0 else None)
@@ -296,18 +297,16 @@ class RoundAsks:
                     for c in others)
                 and all(self.identities.of(n) is not None for n in self.identities.connected))
 
-    def note_failures(self, server_round: int, failed: list[int],
-                      replies: list[Message]) -> None:
-        """Count each node's asks failed in a row (``failed``), reset by a reply."""
-        for msg in replies:
-            if not msg.has_error():
-                self.failing.pop(int(msg.metadata.src_node_id), None)
-        for node in failed:
+    def note_asks(self, server_round: int, fruitful: set[int], fruitless: list[int]) -> None:
+        """Count each node's fruitless asks in a row (failed, refused, or no row held)."""
+        for node in fruitful:
+            self.failing.pop(int(node), None)
+        for node in fruitless:
             self.failing[int(node)] = (self.failing.get(int(node), (0, 0))[0] + 1,
                                        int(server_round))
 
     def resting(self, node: int, server_round: int) -> bool:
-        """Whether ``node`` sits this round out: its last asks failed (a doubling wait)."""
+        """Whether ``node`` sits this round out: its last asks were fruitless (doubling)."""
         count, last = self.failing.get(int(node), (0, 0))
         return count >= FAILED_ASKS and server_round - last < 2 ** (count - FAILED_ASKS + 1)
 

@@ -242,7 +242,7 @@ class FederationData:
         every client may hold rows the server has not seen.
         """
         before = self.sent.get(int(node), [0, 0])
-        if before[0] and examples > before[0]:
+        if int(node) in self.sent and examples > before[0]:  # a site that held none too
             self.grown += int(examples) - before[0]
         self.sent[int(node)] = [int(examples), before[1] + int(rows)]
 

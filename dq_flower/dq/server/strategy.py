@@ -336,7 +336,7 @@ class DQStrategy(ModelStrategy, Strategy):
     def observe_failures(self, rnd: ServerRound[_Round]) -> None:
         """Count the round to ``max-failed-rounds`` while nothing is stored; note who failed."""
         screened = rnd.screened
-        self.asks.note_failures(rnd.number, screened.failed_nodes, screened.replies)
+        self.asks.note_asks(rnd.number, set(), screened.failed_nodes)
         self.failures.observe(screened.replies, screened.silent, counts=self.stored == 0)
 
     def bound(self, rnd: ServerRound[_Round]) -> Combined | _Checked:
@@ -345,11 +345,15 @@ class DQStrategy(ModelStrategy, Strategy):
         Uploads are adopted in the clients' partition order (reproducible from the seed).
         """
         screened = rnd.screened
+        answered = {int(m.metadata.src_node_id) for m in screened.replies if not m.has_error()}
         if rnd.plan.gradient:
+            self.asks.note_asks(rnd.number, answered, [])
             return self.gradients.combine(screened, self.identities.contested(rnd.number))
         screened.keep_uncontested(attrgetter("node"), self.identities.contested(rnd.number),
                                   order=BY_PARTITION, node=attrgetter("source"))
         candidates, rejected = self.intake.adopt(screened.accepted, screened.rejected)
+        fruitful = {u.source for u in candidates if u.examples > 0}  # refused, or held none:
+        self.asks.note_asks(rnd.number, fruitful, sorted(answered - fruitful))  # rests
         self.asks.note_scorers({u.node: u.can_score for u in candidates})
         candidates, implausible = self.screen_delta_scales(candidates)
         candidates, dropped = self.compensations.screen_deltas(candidates)

@@ -336,9 +336,9 @@ def clip_share(upload: Upload, cap: float) -> Upload:
                                candidates=max(min(upload.candidates, int(cap)), len(batch)))
 
 
-def count_claim(examples: int, values: Sequence[int]) -> tuple[int, str | None]:
-    """``examples``, at most :data:`EXAMPLES_FACTOR` times ``values``' lower median; why cut."""
-    bound = int(EXAMPLES_FACTOR * (low := median_of(values, lower=True)))
+def count_claim(examples: int, values: Sequence[int], sent: int = 0) -> tuple[int, str | None]:
+    """``examples``, at most ``EXAMPLES_FACTOR`` x the lower median or 2 x the rows ``sent``."""
+    bound = max(int(EXAMPLES_FACTOR * (low := median_of(values, lower=True))), 2 * sent)
     why = (f"'num-examples'={examples} is over {EXAMPLES_FACTOR:g} times the median node's "
            f"{low:g}: counted as {bound:,}")
     return (examples, None) if examples <= bound else (bound, why)
@@ -349,17 +349,17 @@ def screen_claims(uploads: list[Upload], known: Mapping[int, int],
                   ) -> tuple[list[Upload], list[tuple[Upload, str]]]:
     """Counts taken down (:func:`count_claim`, with why), over-large weights clipped.
 
-    A weight is clipped to :data:`SHARE_FACTOR` times the median node's examples or the rows
-    the node has sent (``sent``: before; and in this reply), the larger: rows are no claim.
+    A weight is clipped to ``SHARE_FACTOR`` x the median's examples or the rows ``sent`` (and now).
     """
     values = [v for v in {**known, **{u.node: u.examples for u in uploads}}.values() if v > 0]
     if not values:
         return list(uploads), []
-    taken = [count_claim(u.examples, values) for u in uploads]
+    sent = sent or {}
+    taken = [count_claim(u.examples, values, sent.get(u.node, 0)) for u in uploads]
     counted = [(u, why) for u, (_, why) in zip(uploads, taken, strict=True) if why]
     kept = [dataclasses.replace(u, examples=n) for u, (n, _) in zip(uploads, taken, strict=True)]
     values = [v for v in {**known, **{u.node: u.examples for u in kept}}.values() if v > 0]
-    cap, sent = SHARE_FACTOR * median_of(values), sent or {}
+    cap = SHARE_FACTOR * median_of(values)
     return [clip_share(u, max(cap, sent.get(u.node, 0) + len(u.batch))) for u in kept], counted
 
 
