@@ -28,6 +28,17 @@ def test_row_keys_tell_rows_apart_by_codes_and_side():
     assert len(set(row_keys(codes, side))) == 3
 
 
+def test_rows_of_a_small_table_differing_in_a_code_or_a_target_are_no_copies():
+    """A 5-column table at 4 bits: honest houses often share all codes but one, or all codes
+    and another price; the screen kept out 836 of a node's 1,000 rows as copies."""
+    screen = CopyScreen(margin=0.1, bits=4)
+    codes = np.tile(_codes(1, 3)[:, :3], (4, 1))  # 3 bytes: 6 codes of 4 bits
+    codes[1, 0] ^= 1  # one code differs
+    side = np.zeros((4, 2), dtype=np.float32)
+    prices = np.array([1.0, 1.0, 2.0, 1.0], dtype=np.float32)  # row 2: another price
+    assert screen.copied(0, codes, side, prices).tolist() == [False, False, False, True]
+
+
 def test_copies_are_counted_per_client_and_a_copying_client_found():
     screen = CopyScreen(margin=0.1)
     side = np.zeros((40, 0), dtype=np.float32)

@@ -272,8 +272,8 @@ class UploadIntake:
         for upload in uploads:
             try:
                 rows = self.packed(upload.batch, upload.plain) if len(upload.batch) else None
-                copied = (None if rows is None
-                          else self.copies.copied(upload.node, rows[0], rows[1]))
+                copied = (None if rows is None else self.copies.copied(
+                    upload.node, rows[0], rows[1], upload.batch.labels))
             except Exception as exc:  # noqa: BLE001
                 fail(upload, exc)
                 continue

@@ -45,8 +45,11 @@ _LOW_BITS = {1: 0xFF, 2: 0x55, 4: 0x11, 8: 0x01}
 
 
 def near_codes(codes: int) -> int:
-    """Differing codes (of ``codes``) up to which two rows are near-copies: one in 16, >= 1."""
-    return max(1, int(codes) // 16)
+    """Differing codes (of ``codes``) up to which two rows are near-copies: one in 16.
+
+    0 (no near-copies) below 32 codes: a small table's honest rows often differ in one.
+    """
+    return int(codes) // 16 if codes >= 32 else 0
 
 
 def code_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -114,6 +117,8 @@ class NearCopies:
             return np.zeros(0, dtype=bool)
         limit = near_codes(packed.shape[1] * 8 // self.bits)
         near = np.zeros(n, dtype=bool)
+        if limit == 0:  # exact copies only: the screen's keys find them
+            return near
         old = self.reference.get(int(node))
         if old is not None and len(old):
             near |= self.distance(packed, old).min(axis=1) <= limit
@@ -152,12 +157,15 @@ class NearCopies:
         self.seen = {int(n): int(v) for n, v in state.get("seen", {}).items()}
 
 
-def row_keys(codes: np.ndarray, side: np.ndarray) -> list[bytes]:
-    """One digest per row of its packed codes and side information."""
+def row_keys(codes: np.ndarray, side: np.ndarray, targets: np.ndarray | None = None
+             ) -> list[bytes]:
+    """One digest per row of its packed codes, side information and target (where given)."""
     codes = np.ascontiguousarray(codes, dtype=np.uint8)
     side = np.ascontiguousarray(side).reshape(len(codes), -1)
-    return [hashlib.blake2b(c.tobytes() + s.tobytes(), digest_size=KEY_BYTES).digest()
-            for c, s in zip(codes, side, strict=True)]
+    ys = (np.zeros((len(codes), 0)) if targets is None
+          else np.ascontiguousarray(targets).reshape(len(codes), -1))
+    return [hashlib.blake2b(c.tobytes() + s.tobytes() + y.tobytes(), digest_size=KEY_BYTES
+                            ).digest() for c, s, y in zip(codes, side, ys, strict=True)]
 
 
 @dataclass
@@ -181,11 +189,15 @@ class CopyScreen:
         if self.bits and self.near is None:
             self.near = NearCopies(self.bits)
 
-    def copied(self, node: int, codes: np.ndarray, side: np.ndarray) -> np.ndarray:
-        """Mask of the rows of one upload copying (or nearly) a row ``node`` sent; counted."""
+    def copied(self, node: int, codes: np.ndarray, side: np.ndarray,
+               targets: np.ndarray | None = None) -> np.ndarray:
+        """Mask of the rows of one upload copying (or nearly) a row ``node`` sent; counted.
+
+        A row is an exact copy with its target too (a sale of another price is none).
+        """
         seen = self.keys.setdefault(int(node), set())
         mask = np.zeros(len(codes), dtype=bool)
-        for i, key in enumerate(row_keys(codes, side)):
+        for i, key in enumerate(row_keys(codes, side, targets)):
             if key in seen:
                 mask[i] = True
             else:
