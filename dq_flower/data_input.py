@@ -95,8 +95,13 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     if xa.ndim == 1:
         xa = xa.reshape(-1, 1)
     if not (np.issubdtype(xa.dtype, np.number) or xa.dtype == np.bool_):
-        raise ValueError(f"{what}: x must be numeric, got dtype {xa.dtype} (a table's text "
-                         "columns: encode them as numbers, one mapping for every node)")
+        named = [f"{c!r} ({t})" for c, t in getattr(x, "dtypes", {}).items()
+                 if str(t) in ("object", "category", "string", "str")]
+        raise ValueError(f"{what}: x must be numeric, got dtype {xa.dtype}"
+                         + (f": columns {', '.join(named)}" if named else "")
+                         + " (a table's text or category columns: encode them as numbers, one "
+                         "mapping for every node, e.g. frame[col].cat.codes with the same "
+                         "categories everywhere)")
     xa = np.ascontiguousarray(xa, dtype=np.float32)
     if xa.size and not np.isfinite(xa).all():
         raise ValueError(f"{what}: x contains NaN or infinite values: DQ quantizes values, so "

@@ -410,3 +410,13 @@ def test_dq_trains_a_model_that_reads_the_attention_mask():
     first = result.evaluate_metrics_serverapp[1]
     assert first["rejected"] == 0 and first["stored"] > 0  # refused before: no mask given
     assert first["accuracy"] > 0.9
+
+
+def test_a_frames_text_and_category_columns_are_named():
+    """The error said `x must be numeric, got dtype object`, naming no column."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"amount": [1.0, 2.0], "region": pd.Categorical(["n", "s"]),
+                          "plan": pd.Series(["basic", "pro"], dtype=object)})
+    with pytest.raises(ValueError, match=r"columns 'region' \(category\), 'plan' \(") as err:
+        as_arrays((frame, np.array([0, 1])))
+    assert "cat.codes" in str(err.value) and "'amount'" not in str(err.value)
