@@ -202,7 +202,7 @@ class AdaptiveSchedule:
                 self.stop("flat")
         else:
             self.done, self.reason = False, ""
-            self.next_total = self._ask(n1, g, s, gain.error_after)
+            self.next_total = self._ask(n1, g, s, gain.error_after, gain.rows >= self.min_rows)
         point["ask"] = float(self.next_total or 0)
         self.curve.append(point)
 
@@ -244,12 +244,16 @@ class AdaptiveSchedule:
         self.done, self.next_total, self.reason = True, 0, reason
         self.probe_in = self.probe_wait = self.probe_after
 
-    def _ask(self, n1: int, g: float, s: float, e1: float) -> int:
-        """The next ask from the upper bound ``g + z s`` of the gain per doubling at ``e1``."""
+    def _ask(self, n1: int, g: float, s: float, e1: float, enough: bool = True) -> int:
+        """The next ask from the upper bound ``g + z s`` of the gain per doubling at ``e1``.
+
+        No held-out error left on ``enough`` rows (``min_rows``): no doubling can show a
+        gain, the least growth; on fewer (a dozen rows all right) it says little: the most.
+        """
         lo = n1 * (self.min_growth - 1)
         hi = n1 * (self.max_growth - 1)
         u = g + Z_ONE_SIDED * s
-        want = lo if e1 == 0 else hi  # no held-out error left: no doubling can show a gain
+        want = lo if e1 == 0 and enough else hi
         if math.isfinite(u) and 0 < u < e1 and math.isfinite(e1):
             b = -math.log2(1 - u / e1)  # e(N) = a N^-b gains u per doubling at N1
             if b > 1e-6:  # past max_growth the ask is capped: no power that overflows
