@@ -349,8 +349,9 @@ class CompressedUpdates(RoundPipeline, UpdateScreens, Strategy):
                 continue  # lists of different lengths: the inner strategy's to judge
             for record, value, clipped in zip(records, values, winsorize(values), strict=True):
                 if not np.array_equal(value, clipped):
-                    whole = isinstance(record[key], int) or (
-                        isinstance(record[key], list) and isinstance(record[key][0], int))
+                    sent = record[key]
+                    whole = isinstance(sent, int) or (
+                        isinstance(sent, list) and bool(sent) and isinstance(sent[0], int))
                     record[key] = (np.rint(clipped).astype(np.int64) if whole
                                    else clipped).tolist()
 

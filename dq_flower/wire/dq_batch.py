@@ -374,9 +374,9 @@ def spec_record(spec: DataSpec) -> ConfigRecord:
     """The spec as it travels in a reply (``vocab`` only for id samples)."""
     record = ConfigRecord({"sample-shape": [int(s) for s in spec.sample_shape],
                            "target": spec.target, "target-dim": int(spec.target_dim)})
-    record.update({k: v for k, v in {"vocab": int(spec.vocab), INPUT_PARTS_KEY: list(spec.inputs),
-                                     MIXED_UNITS_KEY: spec.mixed_units,
-                                     COLUMN_KEY: spec.column}.items() if v})  # those set
+    extra: dict[str, Any] = {"vocab": int(spec.vocab), INPUT_PARTS_KEY: list(spec.inputs),
+                             MIXED_UNITS_KEY: spec.mixed_units, COLUMN_KEY: spec.column}
+    record.update({k: v for k, v in extra.items() if v})  # those set
     return record
 
 
