@@ -76,3 +76,14 @@ def test_upload_all_asks_a_site_that_joined_empty_once_it_holds_rows():
     sent = [strategy.data.sent[k][1] for k in (1, 2, 3)]
     assert min(sent) >= 95, sent  # was a probe's one site at a time, at doubling gaps
     # (a few rows of 100 may copy others at 2 bits: the copy screen keeps them out)
+
+
+def test_the_round_line_says_what_upload_all_asks_and_no_gain_without_held_out_rows():
+    from dq_flower.dq.server.round_metrics import schedule_text
+
+    metrics = {"server-steps": 0, "next-ask": 0, "schedule-done": 0, "holdout-rows": 0,
+               "upload-gain": 0.0, "upload-gain-stderr": 0.0}
+    # was "..., gain +0.0000; next ask 0 samples" while every row left was asked for
+    assert schedule_text(metrics, all_rows=True) == ", 0 server steps; next ask: every row left"
+    assert schedule_text({**metrics, "holdout-rows": 40, "next-ask": 12}) == (
+        ", 0 server steps, gain +0.0000; next ask 12 samples")

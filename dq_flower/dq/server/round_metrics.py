@@ -76,7 +76,7 @@ class RoundMetrics:
             metrics.update(self.schedule())
         log_round("dq", server_round, f"{metrics['selected']} new samples, store "
                   f"{metrics['stored']}, rejected {rejected}, failed {failed}"
-                  + schedule_text(metrics))
+                  + schedule_text(metrics, self.trainer.cfg.uploads_all))
         return metrics
 
     def schedule(self) -> Metrics:
@@ -105,14 +105,17 @@ class RoundMetrics:
         return out
 
 
-def schedule_text(metrics: dict[str, Any]) -> str:
-    """The adaptive schedule's part of a data round's log line (empty without one)."""
+def schedule_text(metrics: dict[str, Any], all_rows: bool = False) -> str:
+    """The adaptive schedule's part of a data round's log line (empty without one).
+
+    ``all_rows``: ``upload-schedule = "all"`` asks every row left, whatever its next ask.
+    """
     if "next-ask" not in metrics:
         return ""
     text = f", {metrics['server-steps']} server steps"
     if "holdout-acc" in metrics:
         text += f", held-out accuracy {float(metrics['holdout-acc']):.4f}"
-    if "upload-gain" in metrics:
+    if "upload-gain" in metrics and metrics.get("holdout-rows"):  # none: no comparison
         text += f", gain {float(metrics['upload-gain']):+.4f}"
     if metrics.get("reverted"):
         text += (" (worse on the held-out rows beyond its uncertainty: the previous model is"
@@ -125,4 +128,5 @@ def schedule_text(metrics: dict[str, Any]) -> str:
     if metrics["schedule-done"]:
         return text + "; the learning curve is flat: " + (
             f"no uploads until a probe in {rounds}" if wait else "no more uploads")
-    return text + f"; next ask {metrics['next-ask']} samples"
+    return text + ("; next ask: every row left" if all_rows
+                   else f"; next ask {metrics['next-ask']} samples")
