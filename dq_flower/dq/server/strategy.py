@@ -352,8 +352,9 @@ class DQStrategy(ModelStrategy, Strategy):
         screened.keep_uncontested(attrgetter("node"), self.identities.contested(rnd.number),
                                   order=BY_PARTITION, node=attrgetter("source"))
         candidates, rejected = self.intake.adopt(screened.accepted, screened.rejected)
-        fruitful = {u.source for u in candidates if u.examples > 0}  # refused, or held none:
-        self.asks.note_asks(rnd.number, fruitful, sorted(answered - fruitful))  # rests
+        fruitful = {u.source for u in candidates  # rows, or none left: else it rests
+                    if len(u.batch) or 0 < u.examples <= self.data.sent.get(u.node, [0, 0])[1]}
+        self.asks.note_asks(rnd.number, fruitful, sorted(answered - fruitful))
         self.asks.note_scorers({u.node: u.can_score for u in candidates})
         candidates, implausible = self.screen_delta_scales(candidates)
         candidates, dropped = self.compensations.screen_deltas(candidates)
