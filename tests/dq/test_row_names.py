@@ -113,3 +113,12 @@ def test_an_honest_reply_after_the_data_shrank_is_taken():
     metrics = [result.evaluate_metrics_serverapp[r] for r in range(1, 6)]
     assert [m["rejected"] for m in metrics] == [0] * 5  # the probe's reply of round 4 taken
     assert metrics[-1]["stored"] == 400
+
+
+def test_rows_of_another_type_are_named_afresh():
+    """Targets typed as the model reads them (float64 class indices as int64, the same bytes
+    wide) or one input of several: positions again, not new names past the old."""
+    context = _context()
+    _names(context, X[:20], Y[:20].astype(np.float64))
+    names, named = _names(context, X[:20], Y[:20].astype(np.int64))
+    assert names.tolist() == list(range(20)) and named == 20

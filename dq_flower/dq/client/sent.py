@@ -98,11 +98,12 @@ def row_names(context: Context, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarra
     ``Context.state``; rows never seen get the next names. A node whose data grows, shrinks,
     replaces old rows by new ones or comes in another order each round is followed: the
     server's held set names rows, not positions. Static data's names are its positions;
-    rows of another layout than before (the server asked for one input of several) are
-    named afresh.
+    rows of another layout or type than before (the server asked for one input of several,
+    or targets typed as the model reads them) are named afresh.
     """
     seen = context.state.array_records.get(NAMES_STATE)
-    width = np.array([x[:1].nbytes + y[:1].nbytes, *x.shape[1:]], dtype=np.int64)
+    width = np.array([ord(x.dtype.char), ord(y.dtype.char), *x.shape[1:], *y.shape[1:]],
+                     dtype=np.int64)
     if seen is not None and not np.array_equal(seen["width"].numpy(), width):
         seen = None  # rows of another layout (the server asked otherwise): named afresh
     known = seen["hashes"].numpy() if seen is not None else np.zeros(0, np.uint64)
