@@ -99,8 +99,8 @@ def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
                  if str(t) in ("object", "category", "string", "str")]
         raise ValueError(f"{what}: x must be numeric, got dtype {xa.dtype}"
                          + (f": columns {', '.join(named)}" if named else "")
-                         + " (a table's text or category columns: encode them as numbers, one "
-                         "mapping for every node, e.g. frame[col].cat.codes with the same "
+                         + " (a table's text columns: encode them as numbers, one mapping for "
+                         "every node; a category column: frame[col].cat.codes, the same "
                          "categories everywhere)")
     xa = np.ascontiguousarray(xa, dtype=np.float32)
     if xa.size and not np.isfinite(xa).all():
