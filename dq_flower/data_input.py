@@ -25,7 +25,7 @@ from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
 __all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys",
-           "SAMPLE_KEYS", "LABEL_KEYS", "streamed"]
+           "SAMPLE_KEYS", "LABEL_KEYS"]
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
 #: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
@@ -232,15 +232,6 @@ def _flattened(inputs: tuple[Any, ...], y: Any, what: str
     x, ya = _normalise(np.concatenate([a.reshape(n, -1).astype(np.float32) for a in arrays],
                                       axis=1), y, what)
     return x, ya, parts
-
-
-def streamed(data: Any) -> bool:
-    """Whether ``data`` is read in the order it streams: a ``DataLoader`` over an iterable."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(data, torch.utils.data.DataLoader):
-        return False
-    inner = data.dataset
-    return isinstance(inner, torch.utils.data.IterableDataset) or not hasattr(inner, "__len__")
 
 
 def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False,
