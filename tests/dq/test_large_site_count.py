@@ -35,3 +35,20 @@ def test_a_large_sites_rows_are_all_asked_for():
                             initial_arrays=ArrayRecord(model.state_dict()))
     assert strategy.data.sent[0] == [1200, 1200]  # was [900, 900]: exhausted by its count
     assert result.evaluate_metrics_serverapp[6]["stored"] == 1200 + 4 * 9
+
+
+def test_a_large_sites_count_taken_down_by_a_moving_bound_is_no_growth():
+    # the bound on a large site's count moves with the others' counts and the rows it has
+    # sent; a site reporting 5,000 rows every round was taken for a growing stream each time
+    # it moved, and every exhausted node was asked again each round (60 stores, one of 5,000)
+    from dq_flower.dq.server.federation import FederationData
+    from dq_flower.dq.server.validation import count_claim
+
+    data = FederationData()
+    for sent, medians in ((0, [13] * 9), (18, [13] * 4 + [14] * 6), (36, [15] * 12)):
+        counted, why = count_claim(5000, [5000, *medians], sent)
+        assert why is not None and counted < 5000
+        data.record_sent(101, counted, 18, claimed=5000)
+    assert data.grown == 0  # was 200: 1,300 -> 1,400 -> 1,500
+    data.record_sent(101, 1500, 0, claimed=5060)  # the site's data did grow
+    assert data.grown == 60

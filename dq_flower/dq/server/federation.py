@@ -156,6 +156,8 @@ class FederationData:
     sent: dict[int, list[int]] = field(default_factory=dict)
     #: rows the clients' ``num-examples`` grew by from one reply to a later one (a stream)
     grown: int = 0
+    #: per client: the ``num-examples`` it last reported, before any bound took it down
+    claims: dict[int, int] = field(default_factory=dict)
     provisional: dict[str, bool] = field(default_factory=lambda: {"spec": False,
                                                                   "bound": False})
 
@@ -235,16 +237,22 @@ class FederationData:
         """Whether ``client`` has reported no row: a site that joins empty may hold some now."""
         return int(client) in self.sent and self.sent[int(client)][0] == 0
 
-    def record_sent(self, node: int, examples: int, rows: int) -> None:
+    def record_sent(self, node: int, examples: int, rows: int, claimed: int | None = None
+                    ) -> None:
         """A valid reply of ``node``: the examples it holds and ``rows`` more it sent.
 
-        A count above the node's last one is data that grew (:attr:`grown`); from then on
-        every client may hold rows the server has not seen.
+        ``claimed``: the count it reported where a bound took ``examples`` down. A reported
+        count above the node's last one is data that grew (:attr:`grown`); from then on every
+        client may hold rows the server has not seen. (A bound moves with the other nodes'
+        counts and the rows sent: a large site reporting the same count is not growing.)
         """
-        before = self.sent.get(int(node), [0, 0])
-        if int(node) in self.sent and examples > before[0]:  # a site that held none too
-            self.grown += int(examples) - before[0]
-        self.sent[int(node)] = [int(examples), before[1] + int(rows)]
+        node, claimed = int(node), int(examples if claimed is None else claimed)
+        before = self.sent.get(node, [0, 0])
+        last = self.claims.get(node, before[0])
+        if node in self.sent and claimed > last:  # a site that held none too
+            self.grown += claimed - last
+        self.claims[node] = claimed
+        self.sent[node] = [int(examples), before[1] + int(rows)]
 
     def count_duplicates(self, rows: int) -> None:
         """Count ``rows`` of a reply that the server already held (dropped)."""
@@ -278,7 +286,8 @@ class FederationData:
                 "model_outputs": self.model_outputs, "pin_units": self.pin_units,
                 "whole_vocab": self.whole_vocab, "one_input": self.one_input,
                 "over_bound": sorted(self.over_bound),
-                "sent": {k: list(v) for k, v in self.sent.items()}, "grown": self.grown}
+                "sent": {k: list(v) for k, v in self.sent.items()}, "grown": self.grown,
+                "claims": dict(self.claims)}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
         """Inverse of :meth:`state`; ``fix_spec`` adopts the spec again (a new store)."""
@@ -291,6 +300,7 @@ class FederationData:
         sent = state.get("sent", state.get("planner", {}).get("clients", {}))  # older: planner's
         self.sent = {int(k): [int(a), int(b)] for k, (a, b) in sent.items()}
         self.grown = int(state.get("grown", 0))
+        self.claims = {int(k): int(v) for k, v in state.get("claims", {}).items()}
         if state.get("spec") is not None:
             spec = state["spec"]
             fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],

@@ -75,7 +75,7 @@ class UploadIntake:
         self.holdout_key = seed if holdout_key is None else holdout_key  # strategy.holdout_key
         self.planner, self.identities = planner, identities
         self.comp_codec, self.num_params, self.measuring = comp_codec, num_params, measuring
-        self.data, self.clip_noted = data, set[int]()  # nodes told their weight is clipped
+        self.data, self.noted = data, set[tuple[int, str]]()  # nodes told of a bound
         #: the knobs every reply is checked against (:meth:`rules` adds what was learned)
         self._rules = Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend,
                             comp_codec=comp_codec, num_params=num_params, measuring=measuring,
@@ -218,14 +218,14 @@ class UploadIntake:
                 log_rejected(upload.source, "the model casts its samples to whole numbers: they "
                              f"are asked as ids below {vocab}, exactly, from the next round")
             return [], rejected + len(verdict.refused) + len(verdict.accepted)
-        for upload, reason in verdict.counted:
-            log(WARNING, "reply from node %d: %s", upload.source, reason)
-        for upload in verdict.accepted:
-            if upload.weight_scale < 1.0 and upload.source not in self.clip_noted:
-                self.clip_noted.add(upload.source)
-                log(WARNING, "reply from node %d: its weight is clipped to %g times the median "
-                    "node's examples or the rows it has sent, the larger (x%.3g; said once)",
-                    upload.source, SHARE_FACTOR, upload.weight_scale)
+        said = list(verdict.counted) + [
+            (u, f"its weight is clipped to {SHARE_FACTOR:g} times the median node's examples or "
+                f"the rows it has sent, the larger (x{u.weight_scale:.3g})")
+            for u in verdict.accepted if u.weight_scale < 1.0]
+        for upload, why in said:  # an honest large site's count and weight: each said once
+            if (upload.source, why[:12]) not in self.noted:
+                self.noted.add((upload.source, why[:12]))
+                log(WARNING, "reply from node %d: %s; said once", upload.source, why)
         if verdict.spec is not None:
             self.fix_spec(verdict.spec, verdict.classes, provisional=True)
         for upload, _ in verdict.refused:  # targets typed otherwise than the agreed spec's
@@ -349,7 +349,7 @@ class UploadIntake:
         """Record what the replies carried (the planner: what they cost); bind their node ids."""
         for u in fresh:
             self.identities.bind(u.source, u.node)
-            self.data.record_sent(u.node, u.examples, len(u.batch) + u.copies)
+            self.data.record_sent(u.node, u.examples, len(u.batch) + u.copies, u.claimed)
         if not self.measuring:
             return
         full = [u for u in fresh if len(u.batch)]

@@ -38,8 +38,7 @@ from dq_flower.wire.dq_batch import (
 __all__ = ["Upload", "Rules", "History", "Agreement", "check_upload", "agree",
            "decode_compensation", "decode_vector", "VALUE_FACTOR", "BY_PARTITION", "keep_rows",
            "kept_rows", "EXAMPLES_FACTOR", "SHARE_FACTOR", "MAX_LOCAL_ID", "OverBoundError",
-           "count_claim",
-           "MAX_SAMPLE_WEIGHT_FACTOR"]
+           "count_claim", "MAX_SAMPLE_WEIGHT_FACTOR"]
 
 #: Largest per-client sample id the server accepts (ids are client-local row numbers).
 MAX_LOCAL_ID = 1 << 31
@@ -78,6 +77,7 @@ class Upload:
     can_score: bool = False  # the node holds the model (its ``can-score`` metric)
     copies: int = 0  # rows not stored as copies of rows the client sent before
     resent: int = 0  # rows dropped as the server held them already (a late reply, a replay)
+    claimed: int | None = None  # the ``num-examples`` it reported, where a bound took it down
 
 
 #: The order a round's uploads are taken in: by partition id, then client identity.
@@ -357,7 +357,8 @@ def screen_claims(uploads: list[Upload], known: Mapping[int, int],
     sent = sent or {}
     taken = [count_claim(u.examples, values, sent.get(u.node, 0)) for u in uploads]
     counted = [(u, why) for u, (_, why) in zip(uploads, taken, strict=True) if why]
-    kept = [dataclasses.replace(u, examples=n) for u, (n, _) in zip(uploads, taken, strict=True)]
+    kept = [dataclasses.replace(u, examples=n, claimed=u.examples) if n != u.examples else u
+            for u, (n, _) in zip(uploads, taken, strict=True)]
     values = [v for v in {**known, **{u.node: u.examples for u in kept}}.values() if v > 0]
     cap = SHARE_FACTOR * median_of(values)
     return [clip_share(u, max(cap, sent.get(u.node, 0) + len(u.batch))) for u in kept], counted
