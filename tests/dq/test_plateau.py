@@ -225,3 +225,56 @@ def test_a_phase_keeps_trained_weights_even_when_the_start_scored_better():
                          _each(step), evaluate)
     assert float(model.weight) == pytest.approx(1.2)  # the first trained snapshot
     assert result.initial.loss[0] == 0.0 and result.final.loss[0] == pytest.approx(0.2)
+
+
+def _diverging_once(model, opt, lr_seen):
+    """Real SGD steps towards weight 1; the fourth step's loss is NaN (a diverging batch)."""
+    count = iter(range(10_000))
+
+    def step():
+        lr_seen.append(opt.param_groups[0]["lr"])
+        opt.zero_grad()
+        loss = (model.weight - 1.0).pow(2).sum()
+        if next(count) == 3:
+            loss = loss * float("nan")
+        loss.backward()
+        opt.step()
+        return float(loss)
+    return step
+
+
+def test_steps_that_go_non_finite_are_undone_with_the_momentum_and_a_tenth_of_the_step():
+    # a phase that diverged left NaN in SGD's momentum with the model at its finite best
+    # snapshot, and every later phase of the run went non-finite at once and was rolled back
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    lr_seen: list[float] = []
+
+    def evaluate():
+        err = abs(float(model.weight) - 1.0)
+        return HeldOutScores(np.array([err]), None, np.zeros(1, dtype=np.uint64))
+
+    result = train_phase(model, opt, 0.1, PlateauRule(eval_every=2, patience=2, lr_drops=0,
+                                                      max_steps=40),
+                         _each(_diverging_once(model, opt, lr_seen)), evaluate)
+    assert result.diverged == 1
+    assert lr_seen[2:4] == pytest.approx([0.1, 0.1]) and lr_seen[4] == pytest.approx(0.01)
+    assert all(torch.isfinite(v).all() for s in opt.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor))
+    assert torch.isfinite(model.weight).all() and result.final.loss[0] < 0.9
+    assert len(result.losses) == result.steps - 2  # the undone run's losses are not kept
+    assert opt.param_groups[0]["lr"] == 0.1  # the phase ends at its base step size
+
+
+def test_an_optimizer_probe_leaves_a_diverged_candidate_non_finite():
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    constant = HeldOutScores(np.array([1.0]), None, np.zeros(1, dtype=np.uint64))
+    result = train_phase(model, opt, 0.1, PlateauRule(eval_every=2, max_steps=6),
+                         _each(_diverging_once(model, opt, [])), lambda: constant,
+                         keep_going=True, recover=False)
+    assert result.diverged == 0 and not torch.isfinite(model.weight).all()

@@ -346,7 +346,7 @@ def _turn(trainer: Probed, racer: _Racer, rule: PlateauRule) -> None:
     phase = train_phase(trainer.model, trainer.optimizer, racer.option.lr,
                         replace(rule, max_steps=end),
                         _probe_steps(trainer, racer.rng, racer.augment), trainer.score_holdout,
-                        start=racer.start, keep_going=True)
+                        start=racer.start, keep_going=True, recover=False)
     finite = all(bool(torch.isfinite(v).all()) for v in trainer.model.state_dict().values()
                  if v.is_floating_point())
     racer.start, racer.steps = phase.resume, end

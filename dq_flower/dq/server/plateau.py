@@ -189,6 +189,8 @@ class PhaseResult:
     stopped: bool = False
     #: where a later phase can go on from (a ``keep_going`` phase only)
     resume: PhaseStart | None = None
+    #: chunks of steps undone as they left the model non-finite (``recover``)
+    diverged: int = 0
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -206,16 +208,31 @@ class PhaseStart:
     lr: float
 
 
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the model's state."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _finite(model: torch.nn.Module) -> bool:
+    """Whether every floating-point parameter and buffer of the model is finite."""
+    return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values()
+               if v.is_floating_point())
+
+
 def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_lr: float,
                 rule: PlateauRule, steps: Callable[[int], Sequence[float]],
                 evaluate: Callable[[], HeldOutScores],
-                start: PhaseStart | None = None, keep_going: bool = False) -> PhaseResult:
+                start: PhaseStart | None = None, keep_going: bool = False,
+                recover: bool = True) -> PhaseResult:
     """Run one phase: ``steps(n)`` takes ``n`` steps (their losses), ``evaluate()`` scores.
 
     The model ends at the best snapshot after training began, the learning rate at ``base_lr``.
     ``start``: go on from it (its steps count against ``rule.max_steps``); ``keep_going``:
     leave the model where training stopped (not at the snapshot) and fill ``start``-like
-    fields in :attr:`PhaseResult.resume` for a later phase.
+    fields in :attr:`PhaseResult.resume` for a later phase. ``recover``: steps that leave
+    the model non-finite are undone, the optimizer's state (momentum) cleared and the step
+    size cut tenfold, and the phase goes on (:attr:`PhaseResult.diverged` counts them; an
+    optimizer probe passes ``False``: a candidate that diverges is out).
     """
     if start is None:
         tracker = PlateauTracker(rule)
@@ -232,10 +249,22 @@ def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_l
         best_scores = result.final if result.final is not None else result.initial
     _set_lr(optimizer, lr)
     stopped = False
+    good = _weights(model) if recover else {}
     while result.steps < rule.max_steps:
         chunk = min(rule.eval_every, rule.max_steps - result.steps)
-        result.losses.extend(float(v) for v in steps(chunk))
+        losses = [float(v) for v in steps(chunk)]
         result.steps += chunk
+        if recover and not (all(map(math.isfinite, losses)) and _finite(model)):
+            # undone, momentum cleared, a tenth of the step size
+            model.load_state_dict(good)
+            optimizer.state.clear()
+            lr *= 0.1
+            _set_lr(optimizer, lr)
+            result.diverged += 1
+            continue
+        result.losses.extend(losses)
+        if recover:
+            good = _weights(model)
         scores = evaluate()
         result.evaluations += 1
         progressed = beyond_noise(scores, tracker.mark, rule.evidence)
@@ -243,8 +272,7 @@ def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_l
             tracker.mark = scores
         snapshot, action = tracker.observe(result.steps, scores.score, progressed)
         if snapshot or not best_state:
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            best_scores = scores
+            best_state, best_scores = _weights(model), scores
         if action == "drop":
             lr *= rule.lr_factor
             _set_lr(optimizer, lr)

@@ -92,6 +92,8 @@ class RoundMetrics:
             "schedule-done": (0 if not schedule.done
                               else 2 if schedule.reason == "exhausted" else 1),
         }
+        if phase is not None and phase.diverged:  # steps undone as they went non-finite
+            out["server-diverged"] = phase.diverged
         if schedule.done and schedule.probe_after:  # data rounds before the next probe
             out["probe-in"] = max(int(schedule.probe_in), 1)
         if phase is not None and phase.final is not None and phase.final.loss.size:
@@ -113,6 +115,9 @@ def schedule_text(metrics: dict[str, Any], all_rows: bool = False) -> str:
     if "next-ask" not in metrics:
         return ""
     text = f", {metrics['server-steps']} server steps"
+    if n := metrics.get("server-diverged"):
+        text += (f" ({n} run{'s' if n != 1 else ''} of steps went non-finite: undone, the "
+                 "step size cut tenfold each time)")
     if "holdout-acc" in metrics:
         text += f", held-out accuracy {float(metrics['holdout-acc']):.4f}"
     if "upload-gain" in metrics and metrics.get("holdout-rows"):  # none: no comparison
