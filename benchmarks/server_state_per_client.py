@@ -38,7 +38,7 @@ from flwr.supercore.object_store import ObjectStoreFactory  # noqa: E402
 from flwr.supercore.run import Run  # noqa: E402
 from flwr.superlink.federation import NoOpFederationManager  # noqa: E402
 
-from dq_flower.dq.server.identities import ClientIdentities  # noqa: E402
+from dq_flower.dq.server.federation import ClientIdentities  # noqa: E402
 from dq_flower.dq.server.store import SampleStore  # noqa: E402
 
 

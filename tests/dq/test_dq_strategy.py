@@ -111,7 +111,8 @@ def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():
     grid = InProcessGrid(client_app, 2)
     msgs = list(strategy.configure_train(1, None, _train_config(), grid))
     replies = grid.send_and_receive(msgs)
-    fresh, _ = strategy.intake.adopt([strategy.intake.validate(r, r.metadata.src_node_id)
+    budget = strategy.cfg.budget
+    fresh, _ = strategy.intake.adopt([strategy.intake.validate_reply(r, 1, lambda *_: budget)
                                       for r in replies], 0)  # what the round agrees on
 
     _, grad = strategy.fresh_gradient(fresh)
@@ -156,8 +157,9 @@ def test_store_memory_is_close_to_packed_payload_bytes():
         reply = _mock_reply(NODE_ID_BASE + k, x, rng.integers(0, 10, 100), np.arange(100), 10,
                             weights=rng.uniform(1, 2, 100).astype(np.float32),
                             shape=(1, 28, 28))
-        batch = strategy.intake.validate(reply, NODE_ID_BASE + k).batch
-        strategy.store.add(strategy.intake.rows(batch, NODE_ID_BASE + k))
+        batch = strategy.intake.validate_reply(reply, 1, lambda *_: 100).batch
+        strategy.store.add(strategy.intake.rows(batch, NODE_ID_BASE + k,
+                                                strategy.intake.packed(batch)))
         payload_bytes += batch.payload_bits / 8
     assert strategy.store.nbytes <= 1.2 * payload_bytes
     assert strategy.store.nbytes < 0.1 * 500 * 784 * 4  # far below float32 rows

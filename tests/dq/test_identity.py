@@ -3,7 +3,7 @@
 import pytest
 
 from dq_flower.codecs import PayloadError
-from dq_flower.dq.server.identities import ClientIdentities, reply_identity
+from dq_flower.dq.server.federation import ClientIdentities, reply_identity
 
 
 def test_a_reply_names_its_identity_by_partition_id_else_by_node_id():

@@ -28,8 +28,7 @@ from dq_flower.dq.scorer_choice import (
     node_scorer,
     run_model_knob,
 )
-from dq_flower.dq.server.federation import FederationData
-from dq_flower.dq.server.identities import ClientIdentities, RoundClients
+from dq_flower.dq.server.federation import ClientIdentities, FederationData, RoundClients
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.training import ServerTrainer

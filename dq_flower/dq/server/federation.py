@@ -1,86 +1,34 @@
-"""What the server knows of the federation's data: its spec, layout, store and bounds.
+"""What the server knows of the federation: which node is which client, and their data.
 
-Which of a client's rows are held out is drawn here too (:func:`choose_holdout`), and a
-checkpoint of another seed, secret or row layout is refused (:func:`refuse_other_run`).
+Node ids change when a simulation or a SuperNode restarts, so per-client state is keyed by
+the client's **identity**: its ``partition-id`` metric, else its node id
+(:class:`ClientIdentities`). An identity claimed by two nodes in one round is contested and
+granted to neither; one another connected node holds is not granted either. Such a claimant
+is no liar the server can tell: its reply is kept under its own node id (and so are its later
+ones), so a node that claims an honest client's identity first locks no one out.
+
+:class:`FederationData` holds the data's spec, layout, store and bounds, and what each client
+holds and sent; which of a client's rows are held out is drawn here (:func:`choose_holdout`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from flwr.app import Message
 
-from dq_flower.dq.config import DQConfig
+from dq_flower.codecs import PayloadError
 from dq_flower.dq.server.store import RowLayout, SampleStore, strata_of
 from dq_flower.dq.server.token_intake import TokenLayout
-from dq_flower.wire.dq_batch import DataSpec, range_mode
+from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.targets import retypes_to
 
-__all__ = ["FederationData", "choose_holdout", "row_hash", "holdout_key", "holdout_digest",
-           "SECRET_ENV", "stored_layout", "refuse_other_run"]
-
-#: Environment variable of the server process that holds the held-out secret, where the
-#: strategy is given none (the clients never see the server's environment).
-SECRET_ENV = "DQ_FLOWER_HOLDOUT_SECRET"
-
-
-def holdout_key(seed: int, secret: str | None) -> int:
-    """The held-out hash's key: ``seed`` without a secret, else a 64-bit digest of both.
-
-    ``secret`` ``None`` reads :data:`SECRET_ENV` (unset or empty: none). The secret never
-    leaves the server (no knob, no message).
-    """
-    if secret is None:
-        secret = os.environ.get(SECRET_ENV) or None
-    if secret is None:
-        return int(seed)
-    digest = hashlib.blake2b(f"{int(seed)}\0{secret}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
-def holdout_digest(key: int) -> str:
-    """A digest of the held-out key, kept in checkpoints (another key holds out other rows)."""
-    return hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
-
-
-def stored_layout(cfg: DQConfig, spec: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The knobs that lay out the stored rows of ``spec`` (a :class:`DataSpec` as a dict).
-
-    ``ranges`` as it resolves for ``spec``; none without a spec or for samples of ids (sent
-    exactly, no quantizer).
-    """
-    if spec is None or spec["target"] == "tokens" or spec.get("vocab", 0):
-        return {}
-    return {"bits": cfg.bits, "dither": cfg.dither, "ranges": range_mode(
-        cfg.ranges, tuple(spec["sample_shape"]), bool(spec.get("mixed_units", False)))}
-
-
-def refuse_other_run(state: Mapping[str, Any], seed: int, digest: str,
-                     layout: Mapping[str, Any]) -> None:
-    """Refuse a checkpoint of another ``seed``, held-out key ``digest`` or row ``layout``.
-
-    ``ValueError`` naming the knob and both values: its held-out rows and stored rows
-    could not go on under this run's.
-    """
-    afresh = "or start afresh without this checkpoint"
-    if int(state.get("seed", seed)) != seed:
-        raise ValueError(f"seed: the checkpoint was written with seed {state['seed']}, this "
-                         f"run has seed {seed}: resume with seed {state['seed']}, {afresh}")
-    if state.get("holdout-check", digest) != digest:
-        raise ValueError("holdout_secret: the checkpoint was written under another held-out "
-                         f"secret{'' if 'seed' in state else ' or seed'} (give the run's "
-                         f"secret, or the same {SECRET_ENV}, {afresh})")
-    for key, saved in state.get("layout", {}).items():
-        if layout.get(key, saved) != saved:
-            raise ValueError(f"{key}: the checkpoint's stored rows are laid out with {key} "
-                             f"{saved!r}, this run has {key} {layout[key]!r} (its rows could "
-                             f"not join them): resume with {key} = {saved!r}, {afresh}")
-
+__all__ = ["FederationData", "choose_holdout", "row_hash", "ClientIdentities", "RoundClients",
+           "reply_identity", "IdentityTakenError", "reply_claims", "MAX_IDENTITY"]
 
 #: Held-out rows are ``round(fraction * rows)`` of each (client, class) stratum after every
 #: upload: the rows with the smallest hash of ``(key, client, local id)``
@@ -314,3 +262,198 @@ class FederationData:
                 self.store.load_state(state["store"])
         self.value_bound = state.get("value_bound", self.value_bound)
         self.provisional = {"spec": False, "bound": False, **state.get("provisional", {})}
+
+
+#: Identities are non-negative and fit Flower's unsigned 64-bit node ids.
+MAX_IDENTITY = (1 << 64) - 1
+
+
+def reply_identity(metrics: Mapping[str, Any] | None, node: int) -> int:
+    """The identity a reply claims: its ``partition-id`` metric (``[0, 2**64)``), else its node."""
+    value = None if metrics is None else metrics.get("partition-id")
+    if value is None:
+        return int(node)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_IDENTITY:
+        raise PayloadError(f"'partition-id'={value!r} is not a client identity (an int in "
+                           "[0, 2**64))")
+    return int(value)
+
+
+def reply_claims(replies: Iterable[Message]) -> list[tuple[int, int]]:
+    """``(node, identity)`` each reply claims (replies with an error or a bad claim: none)."""
+    out = []
+    for msg in replies:
+        if msg.has_error():
+            continue
+        src = int(msg.metadata.src_node_id)
+        try:
+            out.append((src, reply_identity(msg.content.metric_records.get("metrics"), src)))
+        except PayloadError:
+            continue
+    return out
+
+
+@dataclass
+class RoundClients:
+    """A round's sampled nodes: ``known`` (node id -> identity) and ``unknown`` node ids.
+
+    An unknown node may be any ``free`` identity (bound to no connected node) or a
+    ``spare`` placeholder (negative ints).
+    """
+
+    known: dict[int, int] = field(default_factory=dict)
+    unknown: list[int] = field(default_factory=list)
+    free: list[int] = field(default_factory=list)
+    spare: list[int] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[int]:
+        """The identities (and placeholders) the round's asks are shared out over."""
+        named = sorted(set(self.known.values()))
+        return named + (self.free + self.spare if self.unknown else [])
+
+
+class IdentityTakenError(PayloadError):
+    """The identity a node claims is another node's, or contested, this round."""
+
+
+class ClientIdentities:
+    """``node id <-> identity`` bindings, with the connected nodes of the current round.
+
+    ``permanent``: an identity stays with its first node id for good (``identity-binding``
+    ``node``), not only while that node is connected.
+    """
+
+    def __init__(self, permanent: bool = False) -> None:
+        self.permanent = permanent
+        self.identity_of: dict[int, int] = {}
+        self.node_of: dict[int, int] = {}
+        self.connected: set[int] = set()
+        self._round = 0  # the round of the claims and contests below
+        self._claims: dict[int, int] = {}
+        self._contests: set[int] = set()
+        #: identities two unbound nodes claim in the round's replies (:meth:`prescan`)
+        self._disputed: set[int] = set()
+        #: nodes kept under their own node id because a claim of theirs failed
+        self.as_itself: set[int] = set()
+
+    def _in_round(self, server_round: int) -> None:  # a new round's claims start afresh
+        if self._round != server_round:
+            self._round, self._claims, self._contests = server_round, {}, set()
+            self._disputed = set()
+
+    def prescan(self, server_round: int, claims: Iterable[tuple[int, int]]) -> None:
+        """The round's ``(node, identity)`` claims, read before any reply is checked.
+
+        An identity that two nodes bound to no identity claim is disputed: :meth:`resolve`
+        grants it to neither, whichever reply is read first.
+        """
+        self._in_round(server_round)
+        claimants: dict[int, set[int]] = {}
+        for node, identity in claims:
+            if int(node) not in self.identity_of:
+                claimants.setdefault(int(identity), set()).add(int(node))
+        self._disputed = {i for i, nodes in claimants.items() if len(nodes) > 1}
+
+    def resolve(self, server_round: int, node: int, identity: int) -> tuple[int, str]:
+        """The identity ``node``'s reply is kept under, and why not the one it claims ("").
+
+        The claimed identity where :meth:`check` grants it; the node's own id where the
+        identity is another node's or disputed (then, and in every later round, the node
+        is itself: its replies keep arriving). A bound node claiming another identity
+        (hopping) raises ``PayloadError``.
+        """
+        node, identity = int(node), int(identity)
+        current = self.identity_of.get(node)
+        if current == node and node in self.as_itself:
+            return node, ""
+        try:
+            self._in_round(server_round)
+            if current is None and identity in self._disputed:
+                raise IdentityTakenError(f"client identity {identity} is claimed by two or "
+                                         "more nodes this round: granted to none")
+            self.check(server_round, node, identity)
+        except IdentityTakenError as exc:
+            holder = self.node_of.get(node)
+            if holder is not None and holder != node:
+                raise PayloadError(f"{exc}; and node id {node} is itself the identity of "
+                                   f"node {holder}") from exc
+            self.as_itself.add(node)
+            return node, f"{exc}: its reply is kept under its own node id {node}"
+        return identity, ""
+
+    def of(self, node: int) -> int | None:
+        """The identity bound to ``node``, or ``None``."""
+        return self.identity_of.get(int(node))
+
+    def observe(self, connected: Iterable[int]) -> None:
+        """The nodes connected when a round is configured (a new round's claims start)."""
+        self.connected = {int(n) for n in connected}
+
+    def split(self, sampled: Iterable[int], known: Iterable[int]) -> RoundClients:
+        """:class:`RoundClients` of ``sampled``; ``known``: identities the server has state of."""
+        of = {int(node): self.of(node) for node in sampled}
+        out = RoundClients({n: i for n, i in of.items() if i is not None},
+                           [n for n, i in of.items() if i is None])
+        if out.unknown:
+            out.free = sorted(i for i in set(known) | set(self.node_of)
+                              if self.node_of.get(i) is None
+                              or (not self.permanent and self.node_of[i] not in self.connected))
+            out.spare = [-1 - i for i in range(max(len(out.unknown) - len(out.free), 0))]
+        return out
+
+    def check(self, server_round: int, node: int, identity: int) -> None:
+        """Raise ``PayloadError`` where ``node`` may not speak for ``identity`` this round.
+
+        A second claim makes the identity contested (both claimants' replies rejected).
+        """
+        node, identity = int(node), int(identity)
+        current = self.identity_of.get(node)
+        if current is not None and current != identity:
+            raise PayloadError(f"node {node} is client {current}: a node cannot change its "
+                               f"client identity (it claimed {identity})")
+        bound = self.node_of.get(identity)
+        if bound is not None and bound != node and self.permanent:
+            raise IdentityTakenError(f"client identity {identity} belongs to node {bound} for "
+                                     "good (identity-binding 'node')")
+        if bound is not None and bound != node and bound in self.connected:
+            raise IdentityTakenError(f"client identity {identity} belongs to node {bound}, "
+                                     "which is still connected")
+        self._in_round(server_round)
+        claimed = self._claims.get(identity)
+        if claimed is not None and claimed != node:
+            self._contests.add(identity)
+            raise IdentityTakenError(f"client identity {identity} is contested this round by "
+                                     f"nodes {claimed} and {node}: granted to neither")
+
+    def contested(self, server_round: int) -> set[int]:
+        """Identities two or more nodes claimed in ``server_round`` (granted to none)."""
+        return set(self._contests) if self._round == server_round else set()
+
+    def claim(self, server_round: int, node: int, identity: int) -> None:
+        """Record a valid reply's claim (later claims of the identity this round fail)."""
+        self._in_round(server_round)
+        self._claims[int(identity)] = int(node)
+
+    def bind(self, node: int, identity: int) -> None:
+        """An accepted reply: ``node`` is ``identity`` (dropping either side's old binding)."""
+        node, identity = int(node), int(identity)
+        old_identity = self.identity_of.pop(node, None)
+        if old_identity is not None and self.node_of.get(old_identity) == node:
+            del self.node_of[old_identity]
+        old_node = self.node_of.get(identity)
+        if old_node is not None:
+            self.identity_of.pop(old_node, None)
+        self.identity_of[node] = identity
+        self.node_of[identity] = node
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (the bindings)."""
+        return {"identity_of": dict(self.identity_of), "as_itself": sorted(self.as_itself)}
+
+    def load_state(self, state: Mapping[str, Any] | None) -> None:
+        """Inverse of :meth:`state` (``None``: no bindings, an older checkpoint)."""
+        self.identity_of, self.node_of = {}, {}
+        for node, identity in (state or {}).get("identity_of", {}).items():
+            self.bind(int(node), int(identity))
+        self.as_itself = {int(n) for n in (state or {}).get("as_itself", [])}

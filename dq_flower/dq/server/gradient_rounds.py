@@ -20,7 +20,7 @@ from flwr.common.logger import log
 
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
-from dq_flower.dq.server.identities import ClientIdentities, reply_identity
+from dq_flower.dq.server.federation import ClientIdentities, reply_identity
 from dq_flower.dq.server.intake import UploadIntake
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics

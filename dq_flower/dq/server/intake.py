@@ -23,8 +23,12 @@ from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
-from dq_flower.dq.server.federation import FederationData, choose_holdout
-from dq_flower.dq.server.identities import ClientIdentities, reply_identity
+from dq_flower.dq.server.federation import (
+    ClientIdentities,
+    FederationData,
+    choose_holdout,
+    reply_identity,
+)
 from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates
 from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
@@ -187,12 +191,6 @@ class UploadIntake:
                       f"{upload.resent} rows the server holds: those rows are dropped")
         return upload
 
-    def validate(self, msg: Message, node: int, max_rows: int | None = None,
-                 rules: Rules | None = None, *, source: int = 0) -> Upload:
-        """Check one data reply (:func:`~dq_flower.dq.server.validation.check_upload`)."""
-        return check_upload(msg.content, node, rules or self.rules(), self.history(node),
-                            self.cfg.budget if max_rows is None else int(max_rows), source)
-
     # ------------------------------------------------------------------ the round's replies
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
         """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others."""
@@ -328,13 +326,13 @@ class UploadIntake:
         kept = kept_rows(batch)  # a reply whose rows the server already held lost those
         return (codes, side, dither) if kept is None else (codes[kept], side[kept], dither[kept])
 
-    def rows(self, batch: SampleBatch, node: int, packed: Packed | None = None) -> StoredRows:
+    def rows(self, batch: SampleBatch, node: int, packed: Packed) -> StoredRows:
         """The store's rows of a checked batch of client ``node`` (held-out ones chosen).
 
-        ``packed``: the rows as :meth:`packed` gives them (default: computed from the batch).
+        ``packed``: the rows as :meth:`packed` gives them.
         """
         assert self.data.store is not None
-        codes, side, dither = self.packed(batch) if packed is None else packed
+        codes, side, dither = packed
         n = codes.shape[0]  # the batch's rows
         holdout = None
         if self.adaptive:

@@ -37,20 +37,19 @@ from dq_flower.dq.config import (
 )
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.federation import (
+from dq_flower.dq.server.federation import ClientIdentities, FederationData, reply_claims
+from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
+from dq_flower.dq.server.intake import Ask, Compensations, UploadIntake
+from dq_flower.dq.server.optimizer_choice import apply_train_config
+from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
+from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
+from dq_flower.dq.server.run_key import (
     SECRET_ENV,
-    FederationData,
     holdout_digest,
     holdout_key,
     refuse_other_run,
     stored_layout,
 )
-from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
-from dq_flower.dq.server.identities import ClientIdentities, reply_claims
-from dq_flower.dq.server.intake import Ask, Compensations, UploadIntake
-from dq_flower.dq.server.optimizer_choice import apply_train_config
-from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
-from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
