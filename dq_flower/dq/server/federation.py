@@ -2,10 +2,9 @@
 
 Node ids change when a simulation or a SuperNode restarts, so per-client state is keyed by
 the client's **identity**: its ``partition-id`` metric, else its node id
-(:class:`ClientIdentities`). An identity claimed by two nodes in one round is contested and
-granted to neither; one another connected node holds is not granted either. Such a claimant
-is no liar the server can tell: its reply is kept under its own node id (and so are its later
-ones), so a node that claims an honest client's identity first locks no one out.
+(:class:`ClientIdentities`). An identity claimed by two nodes in one round, or held by
+another connected node, is granted to neither: the reply is kept under its own node id (and
+so are its later ones), so a node claiming an honest client's identity locks no one out.
 
 :class:`FederationData` holds the data's spec, layout, store and bounds, and what each client
 holds and sent; which of a client's rows are held out is drawn here (:func:`choose_holdout`).
@@ -106,8 +105,7 @@ class FederationData:
     grown: int = 0
     #: per client: the ``num-examples`` it last reported, before any bound took it down
     claims: dict[int, int] = field(default_factory=dict)
-    provisional: dict[str, bool] = field(default_factory=lambda: {"spec": False,
-                                                                  "bound": False})
+    provisional: dict[str, bool] = field(default_factory=lambda: dict(spec=False, bound=False))
 
     def __post_init__(self) -> None:
         self._given_classes = self.num_classes  # what forgetting a learned spec goes back to
@@ -125,11 +123,8 @@ class FederationData:
     def adopt(self, spec: DataSpec, classes: int | None, mode: str,
               layout: RowLayout | TokenLayout, store: SampleStore,
               provisional: bool = False) -> None:
-        """Take ``spec`` (``classes``: what the model check gave) with its layout and store.
-
-        ``provisional``: learned from replies (forgotten while none of its rows is stored).
-        """
-        if spec.target == "class":
+        """Take ``spec``, its layout and store (``provisional``: learned from replies)."""
+        if spec.target == "class":  # ``classes``: what the model check gave
             self.num_classes = classes
         self.spec, self.mode, self.layout, self.store = spec, mode, layout, store
         self.provisional["spec"] = provisional
@@ -157,11 +152,9 @@ class FederationData:
     def retype_if(self, reply: DataSpec | None, outputs: int) -> None:
         """Ask for targets typed for the model where ``reply`` differs from the spec in that.
 
-        A node that read its CSV's class labels as floats beside nodes with integer labels
-        (or integer targets beside float ones, for one output) is refused by the spec;
-        retyped for the model's outputs (:func:`~dq_flower.wire.targets.model_targets`),
-        its targets join the federation's from the next round on. A node whose rows alone
-        measure other units (:func:`~dq_flower.codecs.affine.mixed_scales`) is told the spec's.
+        A CSV's class labels read as floats beside integer ones (or integer targets beside
+        float ones, one output) join retyped (:func:`~dq_flower.wire.targets.model_targets`);
+        rows that alone measure other units (:func:`~.affine.mixed_scales`): the spec's told.
         """
         known = self.spec
         if (known is not None and reply is not None and reply != known and retypes_to(
@@ -185,14 +178,12 @@ class FederationData:
         """Whether ``client`` has reported no row: a site that joins empty may hold some now."""
         return int(client) in self.sent and self.sent[int(client)][0] == 0
 
-    def record_sent(self, node: int, examples: int, rows: int, claimed: int | None = None
-                    ) -> None:
+    def record_sent(self, node: int, examples: int, rows: int, claimed: int | None = None) -> None:
         """A valid reply of ``node``: the examples it holds and ``rows`` more it sent.
 
-        ``claimed``: the count it reported where a bound took ``examples`` down. A reported
-        count above the node's last one is data that grew (:attr:`grown`); from then on every
-        client may hold rows the server has not seen. (A bound moves with the other nodes'
-        counts and the rows sent: a large site reporting the same count is not growing.)
+        ``claimed``: its reported count where a bound took ``examples`` down (the bound moves).
+        A reported count above the last is data that grew (:attr:`grown`): every client may
+        then hold rows the server has not seen.
         """
         node, claimed = int(node), int(examples if claimed is None else claimed)
         before = self.sent.get(node, [0, 0])

@@ -177,10 +177,9 @@ def read_counts(metrics: MetricRecord | None, rows: int, history: History,
 
 
 def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
-    """Row weights an honest client of this selection rule can send.
+    """Row weights an honest client can send: ``candidates / k`` (``topk``, ``threshold``).
 
-    ``topk``/``threshold``: ``candidates / k`` each; ``sample``, ``auto``: ``1 / pi_i`` in
-    ``[1, 1000 * candidates]`` (scores floored at 1e-3 of their mean).
+    ``sample``, ``auto``: ``1 / pi_i`` in ``[1, 1000 * candidates]`` (scores floored at 1e-3).
     """
     rows = len(batch)
     if not rows:
