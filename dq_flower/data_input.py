@@ -2,9 +2,11 @@
 
 ``data`` may be a pair of numpy arrays ``(x, y)``, a map-style data set of ``(x, y)`` pairs
 or dicts (keys from :data:`SAMPLE_KEYS`, :data:`LABEL_KEYS` or ``keys=("img", "label")``),
-or a ``DataLoader`` over either. Every form becomes, in a fixed row order, float32 ``x``
-``(n, *sample_shape)`` as given, and int64 class labels or float32 targets ``y``. Torch's
-types are checked only where torch is already imported.
+or a ``DataLoader`` over either. A dict of one number a column (a table read as a Hugging
+Face ``Dataset``) is its columns side by side, in the dict's order, less its target
+(``keys=(["age", "bmi"], "label")`` names them). Every form becomes, in a fixed row order,
+float32 ``x`` ``(n, *sample_shape)`` as given, and int64 class labels or float32 targets
+``y``. Torch's types are checked only where torch is already imported.
 
 Samples of several inputs (``TensorDataset(x_num, x_cat, y)``, items ``((x1, x2), y)``, for a
 model called ``model(x1, x2)``) become one flat row each, the parts side by side, with
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from logging import INFO
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -25,7 +28,11 @@ from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
 __all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys",
-           "SAMPLE_KEYS", "LABEL_KEYS"]
+           "Keys", "SAMPLE_KEYS", "LABEL_KEYS"]
+
+#: ``keys=`` of a dict sample: ``(input key, target key)``, or ``(input keys, target key)``,
+#: a list of columns of one number each read side by side (``(["age", "bmi"], "label")``).
+Keys: TypeAlias = "tuple[str | Sequence[str], str]"
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
 #: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
@@ -144,22 +151,78 @@ def _several_labels(ya: np.ndarray, what: str) -> np.ndarray:
         "element of a sample (segmentation masks, per-token tags) are not supported")
 
 
-def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
-              what: str) -> tuple[str, str]:
+def _number(value: Any, batch: bool) -> bool:
+    """One number (a batch's column of them): a 0-d tensor or array, a numpy or Python one."""
+    if isinstance(value, (bool, int, float, np.number, np.bool_)):
+        return not batch
+    if getattr(value, "ndim", None) != int(batch) or isinstance(value, (str, bytes)):
+        return False
+    return _to_numpy(value).dtype.kind in "biuf"
+
+
+def _table_columns(sample: Mapping[str, Any], batch: bool) -> tuple[str, ...] | None:
+    """A dict of one number a column (none an input's name): its columns, its target last.
+
+    The target is the first of :data:`LABEL_KEYS` present; ``None`` where the dict is not
+    such a table (one column beside its target reads as before).
+    """
+    if len(sample) < 3 or any(k in sample for k in SAMPLE_KEYS) \
+            or not all(np.ndim(v) == int(batch) for v in sample.values()):
+        return None
+    target = next((k for k in LABEL_KEYS if k in sample), None)
+    if target is None:
+        return None
+    text = [f"{k!r} ({type(v).__name__})" for k, v in sample.items()
+            if k != target and not _number(v, batch)]
+    if text:
+        raise ValueError(f"dict samples of one value a column: {', '.join(text)} not a number"
+                         " (encode a text column as numbers, one mapping for every node)")
+    return (*[str(k) for k in sample if k != target], target)
+
+
+#: The tables whose columns were reported stacked (once each).
+_TOLD: set[tuple[str, ...]] = set()
+
+
+def _tell_columns(columns: tuple[str, ...]) -> None:
+    if columns not in _TOLD:
+        _TOLD.add(columns)
+        from flwr.common.logger import log  # Flower's logger: the node's log
+
+        log(INFO, "dict samples of one number a column: inputs %s side by side, target %r",
+            ", ".join(columns[:-1]), columns[-1])
+
+
+def dict_keys(sample: Mapping[str, Any], keys: Keys | None, what: str,
+              batch: bool = False) -> tuple[str | tuple[str, ...], str]:
     """The (input, target) keys of a dict sample: ``keys``, else common names; or ValueError.
 
     A sample of two keys, one of them a common name, has the other for the other part; of
-    two other keys, the one holding a single value is the target.
+    two other keys, the one holding a single value is the target. A sample of one number
+    a column has a tuple of its columns for its input (``batch``: a loader's batch of them).
     """
     seen = sorted(str(k) for k in sample)
     if keys is not None:
-        if len(keys) != 2:
-            raise ValueError(f"keys must be (input key, target key), got {keys!r}")
-        missing = [k for k in keys if k not in sample]
+        if len(keys) != 2 or not isinstance(keys[1], str):
+            raise ValueError("keys must be (input key, target key) or (input keys, target "
+                             f"key), e.g. ([\"age\", \"bmi\"], \"label\"), got {keys!r}")
+        inputs = (keys[0],) if isinstance(keys[0], str) else tuple(keys[0])
+        missing = [k for k in (*inputs, keys[1]) if k not in sample]
         if missing:
-            raise ValueError(f"{what} has keys {seen}; keys={tuple(keys)!r} names "
+            raise ValueError(f"{what} has keys {seen}; keys={_hashable(keys)!r} names "
                              f"{missing}, which it lacks")
-        return keys[0], keys[1]
+        if isinstance(keys[0], str):
+            return keys[0], keys[1]
+        wide = [f"{k!r} {tuple(np.shape(sample[k]))}" for k in inputs
+                if not _number(sample[k], batch)]
+        if wide or not inputs:
+            raise ValueError(f"{what}: a list of input keys names columns of one number each; "
+                             + (f"{', '.join(wide)} not" if wide else "it names none"))
+        return inputs, keys[1]
+    columns = _table_columns(sample, batch)
+    if columns is not None:
+        _tell_columns(columns)
+        return columns[:-1], columns[-1]
     found = [next((k for k in names if k in sample), None)
              for names in (SAMPLE_KEYS, LABEL_KEYS)]
     rest = [str(k) for k in sample if k not in found]
@@ -173,18 +236,29 @@ def dict_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None,
             f"{what} is a dict with keys {seen}; found no "
             f"{'input' if found[0] is None else 'target'} among "
             f"{SAMPLE_KEYS if found[0] is None else LABEL_KEYS}: pass "
-            "keys=(input key, target key), e.g. keys=(\"img\", \"label\")")
+            "keys=(input key, target key), e.g. keys=(\"img\", \"label\"), or for one "
+            "number a column keys=(input keys, target key), e.g. keys=([\"age\", \"bmi\"], "
+            "\"label\")")
     return found[0], found[1]
 
 
-def _pair(item: Any, keys: tuple[str, str] | None, what: str, masks: bool = False
-          ) -> tuple[Any, Any]:
+def _hashable(keys: Keys | None) -> tuple[Any, ...] | None:
+    """``keys`` as a tuple of strings and tuples (a list of input keys as a tuple)."""
+    if keys is None:
+        return None
+    return tuple(k if isinstance(k, str) else tuple(k) for k in keys)
+
+
+def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
+          batch: bool = False) -> tuple[Any, Any]:
     if isinstance(item, Mapping) and any(isinstance(v, Mapping) for v in item.values()):
         raise ValueError(f"{what} is a dict of dicts (keys {sorted(map(str, item))}): give "
                          "one input and one target an item, {\"image\": tensor, \"label\": "
                          "int} (a Dataset whose __getitem__ flattens them)")
     if isinstance(item, Mapping):
-        kx, ky = dict_keys(item, keys, what)
+        kx, ky = dict_keys(item, keys, what, batch)
+        if isinstance(kx, tuple):  # columns of one number each, side by side
+            return np.stack([_to_numpy(item[k]).astype(np.float32) for k in kx], -1), item[ky]
         more = [k for k in MASK_KEYS if k in item and k != ky] if kx == "input_ids" else []
         if masks and more:  # (input_ids, attention_mask): the model's inputs, in its order
             return (item[kx], *[item[k] for k in more]), item[ky]
@@ -234,7 +308,7 @@ def _flattened(inputs: tuple[Any, ...], y: Any, what: str
     return x, ya, parts
 
 
-def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False,
+def _convert(data: Any, keys: Keys | None = None, one_input: bool = False,
              masks: bool = False) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -257,7 +331,7 @@ def _convert(data: Any, keys: tuple[str, str] | None = None, one_input: bool = F
         inner = data.dataset
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
             return _convert(inner, keys, one_input, masks)
-        pairs = [_pair(batch, keys, "a DataLoader batch", masks) for batch in data]
+        pairs = [_pair(batch, keys, "a DataLoader batch", masks, True) for batch in data]
         if not pairs:
             raise ValueError("the DataLoader yielded no batches")
         return _with_layout(*_joined(pairs, np.concatenate), "DataLoader")
@@ -285,7 +359,7 @@ def _with_layout(x: Any, y: np.ndarray, what: str
     return (*_normalise(x, y, what), ())
 
 
-def as_arrays(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def as_arrays(data: Any, keys: Keys | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The device's data as ``(x, y)`` numpy arrays (see the module docstring).
 
     Raises ``TypeError`` for an unsupported type, ``ValueError`` for inconsistent,
@@ -297,7 +371,7 @@ def as_arrays(data: Any, keys: tuple[str, str] | None = None) -> tuple[np.ndarra
     return x, y
 
 
-def as_inputs(data: Any, keys: tuple[str, str] | None = None, one_input: bool = False,
+def as_inputs(data: Any, keys: Keys | None = None, one_input: bool = False,
               masks: bool = True) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """``(x, y, parts)``: as :func:`as_arrays`, and samples of several inputs flattened.
 
@@ -310,7 +384,7 @@ def as_inputs(data: Any, keys: tuple[str, str] | None = None, one_input: bool = 
     target (an id, a second label) are left out.
     """
     masks = masks and not one_input
-    key = (id(data), None if keys is None else tuple(keys), one_input, masks)
+    key = (id(data), _hashable(keys), one_input, masks)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is data:
         return hit[1]

@@ -18,7 +18,7 @@ from dq_flower.baselines.config import GradientConfig
 from dq_flower.client_state import begin_round, end_round, load_state_dict, save_state_dict
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.config import read
-from dq_flower.data_input import as_arrays
+from dq_flower.data_input import Keys, as_arrays
 from dq_flower.losses import binary_loss
 from dq_flower.model_ops import (
     LossFn,
@@ -148,7 +148,7 @@ def _receive_model(msg: Message, context: Context, cfg: GradientConfig, config: 
 @names_partition
 def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
                    loss_fn: LossFn | None = None,
-                   keys: tuple[str, str] | None = None) -> Message:
+                   keys: Keys | None = None) -> Message:
     """Answer one round of a :class:`dq_flower.GradientStrategy` with a coded update.
 
     Parameters
@@ -165,9 +165,10 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
     loss_fn : callable, optional
         ``loss_fn(outputs, targets)`` returning per-sample losses (default: cross-entropy
         for integer labels, mean squared error for float targets).
-    keys : tuple of str, optional
-        ``(input key, target key)`` of dict samples (``("img", "label")``); by default
-        found from common names (see :mod:`dq_flower.data_input`).
+    keys : tuple, optional
+        ``(input key, target key)`` of dict samples (``("img", "label")``), or ``(input
+        keys, target key)`` for columns of one number each (``(["age", "bmi"], "label")``);
+        by default found from common names (see :mod:`dq_flower.data_input`).
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError("gradient_train needs model= (your nn.Module, the server's "

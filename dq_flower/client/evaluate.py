@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
-from dq_flower.data_input import as_inputs, ids_below
+from dq_flower.data_input import Keys, as_inputs, ids_below
 from dq_flower.torch_support import require_torch
 from dq_flower.wire.partition import names_partition
 from dq_flower.wire.targets import binary_targets, model_targets
@@ -23,7 +23,7 @@ __all__ = ["evaluate"]
 
 @names_partition
 def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Module,
-             loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None) -> Message:
+             loss_fn: LossFn | None = None, keys: Keys | None = None) -> Message:
     """Evaluate the global model the message carries on ``data``; reply its metrics.
 
     The message holds the model's state dict under ``arrays`` (as Flower's ``FedAvg`` and

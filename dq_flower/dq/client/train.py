@@ -34,7 +34,7 @@ from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
 from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
-from dq_flower.data_input import as_inputs
+from dq_flower.data_input import Keys, as_inputs
 from dq_flower.dq.client.selection import select
 from dq_flower.dq.client.sent import (
     coding_ranges,
@@ -165,7 +165,7 @@ def _gradient_round(r: RoundInput) -> Message:
 @names_partition
 def dq_train(msg: Message, context: Context, data: Any, *,
              model: torch.nn.Module | None = None,
-             loss_fn: LossFn | None = None, keys: tuple[str, str] | None = None,
+             loss_fn: LossFn | None = None, keys: Keys | None = None,
              window: int | None = None, tokenizer: Any = None,
              vocab: int | None = None) -> Message:
     """Answer one DQ round with this device's quantized samples (and a compensation).
@@ -189,9 +189,10 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     loss_fn : callable, optional
         ``loss_fn(outputs, targets)`` returning per-sample losses; the default is
         cross-entropy for integer labels and mean squared error for float targets.
-    keys : tuple of str, optional
-        ``(input key, target key)`` of dict samples (``("img", "label")``); by default
-        found from common names (see :mod:`dq_flower.data_input`).
+    keys : tuple, optional
+        ``(input key, target key)`` of dict samples (``("img", "label")``), or ``(input
+        keys, target key)`` for columns of one number each (``(["age", "bmi"], "label")``);
+        by default found from common names (see :mod:`dq_flower.data_input`).
     window : int, optional
         Token samples: ``data`` is the device's text (strings, a ``datasets.Dataset`` of
         strings, or token ids; see :mod:`dq_flower.text_input`) and the samples are its
