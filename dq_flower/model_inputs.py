@@ -13,14 +13,19 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from dq_flower.codecs import PayloadError
 from dq_flower.wire.input_parts import part_layout
 
+if TYPE_CHECKING:
+    from dq_flower.wire.dq_batch import DataSpec
+
 __all__ = ["InputSplit", "split_inputs", "HOOK_ATTR", "positional_inputs", "one_input_reason",
-           "input_width", "layers"]
+           "input_width", "layers", "check_width"]
 
 #: The attribute of a model that holds its :class:`InputSplit` (one a model).
 HOOK_ATTR = "_dq_input_split"
@@ -122,3 +127,20 @@ def input_width(model: nn.Module) -> int | None:
             first.normalized_shape)
         first = after if isinstance(after, nn.Linear) and after.in_features == width else None
     return int(first.in_features) if isinstance(first, nn.Linear) else None
+
+
+def check_width(model: nn.Module, spec: DataSpec) -> None:
+    """Refuse flat samples of one input narrower or wider than the model's first layer.
+
+    A forward that broadcasts a row of one column against its own constants (``(x - mean) /
+    std``) would run, and train, on it. Raises :class:`PayloadError` naming both widths; a
+    model whose first layer is not linear (:func:`input_width`) passes.
+    """
+    if len(spec.sample_shape) != 1 or spec.inputs or spec.vocab or spec.target == "tokens":
+        return
+    wanted = input_width(model)
+    if wanted is not None and wanted != spec.dim:
+        raise PayloadError(
+            f"the samples are flat rows of width {spec.dim}, the model's first layer takes "
+            f"width {wanted}: send every column the model reads (dict samples of one number a "
+            "column: keys=([input keys], target key), or no keys)")

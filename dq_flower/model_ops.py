@@ -25,7 +25,7 @@ from dq_flower.losses import (  # the losses: here for the model path's callers
     per_row,
     resolve_loss,
 )
-from dq_flower.model_inputs import HOOK_ATTR, layers, split_inputs
+from dq_flower.model_inputs import HOOK_ATTR, check_width, layers, split_inputs
 
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
@@ -401,6 +401,7 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
     if n == 0:
         raise PayloadError("no rows to check the data spec against the model")
     match_inputs(model, spec)
+    check_width(model, spec)  # a row narrower than the model's, broadcast in its forward
     was_training = model.training
     model.eval()
     raw: object = None

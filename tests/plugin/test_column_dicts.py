@@ -10,7 +10,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from dq_flower import data_input
+from dq_flower.codecs import PayloadError
 from dq_flower.data_input import as_arrays, as_inputs
+from dq_flower.model_ops import check_model, placeholder_rows
+from dq_flower.wire.dq_batch import DataSpec
 
 RNG = np.random.default_rng(3)
 N = 12
@@ -103,3 +106,32 @@ def test_a_text_column_or_no_target_is_refused_naming_what_to_do():
     unnamed = [{k: v for k, v in r.items() if k != "label"} | {"outcome": 1} for r in rows()]
     with pytest.raises(ValueError, match=r"found no input.*keys=\(\[\"age\", \"bmi\"\]"):
         as_arrays(unnamed)
+
+
+class Broadcasting(torch.nn.Module):
+    """Standardises by constants of six columns: a row of one broadcasts against them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mean = torch.zeros(6)
+        self.body = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(),
+                                        torch.nn.Linear(8, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x - self.mean)
+
+
+@pytest.mark.parametrize("width", [1, 5])
+def test_the_server_refuses_rows_other_than_the_models_first_layer(width):
+    spec = DataSpec((width,))
+    model = Broadcasting()
+    if width == 5:  # no broadcast: refused all the same, naming both widths
+        model.forward = model.body  # type: ignore[method-assign]
+    with pytest.raises(PayloadError, match=rf"rows of width {width}, the model's "
+                                           "first layer takes width 6"):
+        check_model(model, spec, *placeholder_rows(spec), None)
+    assert check_model(Broadcasting(), DataSpec((6,)), *placeholder_rows(DataSpec((6,))),
+                       None) == 2
+    conv = torch.nn.Sequential(torch.nn.Unflatten(1, (1, 9)), torch.nn.Conv1d(1, 2, 3),
+                               torch.nn.Flatten(), torch.nn.Linear(14, 2))
+    assert check_model(conv, DataSpec((9,)), *placeholder_rows(DataSpec((9,))), None) == 2
