@@ -47,7 +47,7 @@ APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial", "wine_
         "digits_frozen", "tab_embeddings", "hf_tutorial", "keras_images", "hapt_stream",
         "onehot_labels", "cancer_sigmoid", "wine_dummies", "cancer_batchnorm",
         "fmnist_autoencoder", "large_site", "sensor_glitch", "huber_prices",
-        "long_waves")
+        "long_waves", "clinic_columns")
 MARGIN = 0.02
 UPLINK_SHARE = 1 / 5
 

@@ -16,6 +16,13 @@ def test_the_pandas_table_app_as_the_plugin_page_quotes_it():
     assert quoted in docs_text("plugin.md"), quoted
 
 
+def test_the_column_dict_app_as_the_plugin_page_quotes_it():
+    fedavg, dq = runs("clinic_columns")["fedavg"], runs("clinic_columns")["dq"]
+    quoted = (f"DQ {dq.final:.2%} with {dq.up_bytes:,} B, FedAvg {fedavg.final:.2%} with "
+              f"{fedavg.up_bytes:,} B")
+    assert quoted in docs_text("plugin.md"), quoted
+
+
 def test_the_normalised_table_app_as_the_method_page_quotes_it(monkeypatch):
     fedavg, dq = runs("cancer_batchnorm")["fedavg"], runs("cancer_batchnorm")["dq"]
     monkeypatch.setattr(cancer_batchnorm, "DQ_KNOBS", {"bits": 2}, raising=False)

@@ -30,7 +30,7 @@ APPS = ("fmnist_cnn", "digits_skew_mlp", "tabular_mlp", "fmnist_partial", "wine_
         "digits_frozen", "tab_embeddings", "hf_tutorial", "keras_images", "hapt_stream",
         "onehot_labels", "cancer_sigmoid", "wine_dummies", "cancer_batchnorm",
         "fmnist_autoencoder", "large_site", "sensor_glitch", "huber_prices",
-        "long_waves")
+        "long_waves", "clinic_columns")
 #: Rounds of the CI runs (None: the app's own ``ROUNDS``).
 CI_ROUNDS = {"fmnist_cnn": 3, "digits_skew_mlp": None, "tabular_mlp": None,
              "fmnist_partial": 4, "wine_raw": None, "giant_node": None, "many_small": None,
@@ -42,7 +42,7 @@ CI_ROUNDS = {"fmnist_cnn": 3, "digits_skew_mlp": None, "tabular_mlp": None,
              "cancer_batchnorm": None,
              "fmnist_autoencoder": None, "large_site": None,
              "sensor_glitch": None, "huber_prices": None,
-             "long_waves": None}
+             "long_waves": None, "clinic_columns": None}
 #: The apps whose CI runs take a minute or more on 2 cores: ``slow`` (the others, unmarked,
 #: are the suite's version of the check).
 SLOW = ("fmnist_cnn", "hapt_cnn", "fmnist_partial", "giant_node", "many_small", "hf_tutorial",
