@@ -130,17 +130,32 @@ def input_width(model: nn.Module) -> int | None:
 
 
 def check_width(model: nn.Module, spec: DataSpec) -> None:
-    """Refuse flat samples of one input narrower or wider than the model's first layer.
+    """Refuse flat samples of one input that are not as wide as the model's first layer.
 
-    A forward that broadcasts a row of one column against its own constants (``(x - mean) /
-    std``) would run, and train, on it. Raises :class:`PayloadError` naming both widths; a
-    model whose first layer is not linear (:func:`input_width`) passes.
+    Rows narrower than a linear first layer (:func:`input_width`) that the model runs on as
+    they are would train on a broadcast (a ``forward`` taking ``(x - mean) / std`` of its own
+    constants); wider ones fail. Refused, naming both widths, where the model runs on rows
+    of its layer's width: a model that widens its rows itself (one-hot ids, features of
+    features) fails on those and passes. Raises :class:`PayloadError`; call in eval mode.
     """
     if len(spec.sample_shape) != 1 or spec.inputs or spec.vocab or spec.target == "tokens":
         return
     wanted = input_width(model)
-    if wanted is not None and wanted != spec.dim:
-        raise PayloadError(
-            f"the samples are flat rows of width {spec.dim}, the model's first layer takes "
-            f"width {wanted}: send every column the model reads (dict samples of one number a "
-            "column: keys=([input keys], target key), or no keys)")
+    if wanted is None or wanted == spec.dim or not (_runs(model, wanted) and (
+            spec.dim < wanted or not _runs(model, spec.dim))):
+        return
+    raise PayloadError(
+        f"the samples are flat rows of width {spec.dim}, the model's first layer takes "
+        f"width {wanted}: send every column the model reads (dict samples of one number a "
+        "column: keys=([input keys], target key), or no keys)")
+
+
+def _runs(model: nn.Module, width: int) -> bool:
+    """Whether ``model`` runs on two zero rows of ``width`` values."""
+    first = next(model.parameters())
+    try:
+        with torch.no_grad():
+            model(torch.zeros(2, width, dtype=first.dtype, device=first.device))
+    except Exception:  # noqa: BLE001  (any error: the model does not read such rows)
+        return False
+    return True

@@ -401,11 +401,11 @@ def check_model(model: torch.nn.Module, spec: DataSpec, x: np.ndarray, y: np.nda
     if n == 0:
         raise PayloadError("no rows to check the data spec against the model")
     match_inputs(model, spec)
-    check_width(model, spec)  # a row narrower than the model's, broadcast in its forward
     was_training = model.training
     model.eval()
     raw: object = None
     try:
+        check_width(model, spec)  # a row narrower than the model's, broadcast in its forward
         rows = np.ascontiguousarray(x[:n]).reshape(n, *spec.sample_shape)
         dev = next(model.parameters()).device
         with torch.no_grad():

@@ -121,6 +121,11 @@ class Broadcasting(torch.nn.Module):
         return self.body(x - self.mean)
 
 
+class Ids(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(x.long(), 10).flatten(1).float()
+
+
 @pytest.mark.parametrize("width", [1, 5])
 def test_the_server_refuses_rows_other_than_the_models_first_layer(width):
     spec = DataSpec((width,))
@@ -135,3 +140,5 @@ def test_the_server_refuses_rows_other_than_the_models_first_layer(width):
     conv = torch.nn.Sequential(torch.nn.Unflatten(1, (1, 9)), torch.nn.Conv1d(1, 2, 3),
                                torch.nn.Flatten(), torch.nn.Linear(14, 2))
     assert check_model(conv, DataSpec((9,)), *placeholder_rows(DataSpec((9,))), None) == 2
+    ids = torch.nn.Sequential(Ids(), torch.nn.Linear(40, 2))  # widens its rows itself
+    assert check_model(ids, DataSpec((4,)), *placeholder_rows(DataSpec((4,))), None) == 2
