@@ -13,13 +13,16 @@ holds ``W' = W * std`` and ``b' = b + W @ mean`` while a forward pre-hook feeds 
 raw columns as before (DESIGN: the server may normalise inside its own training, never
 what the user's model sees).
 
-It is decided once, on the held-out rows of the first phase, and only where the columns'
-spreads differ by :data:`SPREAD_RATIO` times or more (not a series' lags, all in kW) and
-the layer's outputs on the raw rows are more than :data:`RAW_FACTOR` times as large as on
-the standardised rows and above :data:`RAW_FACTOR` (a layer fit for the raw columns, a
-model trained on them before, is left alone). That first phase then starts the layer from the
-user's initial weights as if they were for standardised columns: the start a user who
-standardised the table would have had.
+It is decided once, on the held-out rows of the first phase, where the columns' spreads
+differ by :data:`SPREAD_RATIO` times or more (not a series' lags, all in kW): there a
+gradient step that suits one column is thousands of times too large for another, whatever
+the layer's outputs (a price in tens to hundreds beside one-hot columns left SGD at 45.6%,
+FedAvg 73.2%). Where the layer's outputs on the raw rows are also more than
+:data:`RAW_FACTOR` times as large as on the standardised rows and above :data:`RAW_FACTOR`,
+the first phase starts the layer from the user's initial weights as if they were for
+standardised columns (:attr:`InputScale.fresh_start`): the start a user who standardised the
+table would have had; otherwise (a layer fit for the raw columns, a model trained on them
+before) the layer keeps its function.
 """
 
 from __future__ import annotations
@@ -117,14 +120,13 @@ class InputScale:
         with torch.no_grad():
             raw = layer(x).pow(2).mean().sqrt().item()
             scaled = layer((x - mean) / std).pow(2).mean().sqrt().item()
-        if not raw > RAW_FACTOR * max(1.0, scaled):
-            return False
         self.mean, self.std = mean.double().numpy(), std.double().numpy()
-        self.fresh_start = True
+        self.fresh_start = raw > RAW_FACTOR * max(1.0, scaled)
         log_round("dq", 0, f"raw columns (spreads {float(varying.min()):.3g} to "
                   f"{float(varying.max()):.3g}): the server trains the model's first layer on "
-                  "them standardised, its weights written back for raw columns (the first "
-                  "phase starts it from its initial weights as for standardised columns)")
+                  "them standardised, its weights written back for raw columns ("
+                  + ("the first phase starts it from its initial weights as for standardised "
+                     "columns)" if self.fresh_start else "the same function as given)"))
         return True
 
     @contextmanager
