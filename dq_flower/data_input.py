@@ -4,9 +4,11 @@
 or dicts (keys from :data:`SAMPLE_KEYS`, :data:`LABEL_KEYS` or ``keys=("img", "label")``),
 or a ``DataLoader`` over either. A dict of one number a column (a table read as a Hugging
 Face ``Dataset``) is its columns side by side, in the dict's order, less its target
-(``keys=(["age", "bmi"], "label")`` names them). Every form becomes, in a fixed row order,
-float32 ``x`` ``(n, *sample_shape)`` as given, and int64 class labels or float32 targets
-``y``. Torch's types are checked only where torch is already imported.
+(``keys=(["age", "bmi"], "label")`` names them); a dict of several arrays (no input's name
+among them) is several inputs, in the dict's order (``keys=(("acc", "gyro"), "activity")``).
+Every form becomes, in a fixed row order, float32 ``x`` ``(n, *sample_shape)`` as given,
+and int64 class labels or float32 targets ``y``. Torch's types are checked only where torch
+is already imported.
 
 Samples of several inputs (``TensorDataset(x_num, x_cat, y)``, items ``((x1, x2), y)``, for a
 model called ``model(x1, x2)``) become one flat row each, the parts side by side, with
@@ -24,14 +26,16 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from dq_flower.input_arrays import is_class_target, normalise, to_numpy
 from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
 __all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys",
            "Keys", "SAMPLE_KEYS", "LABEL_KEYS"]
 
-#: ``keys=`` of a dict sample: ``(input key, target key)``, or ``(input keys, target key)``,
-#: a list of columns of one number each read side by side (``(["age", "bmi"], "label")``).
+#: ``keys=`` of a dict sample: ``(input key, target key)``, or ``(input keys, target key)``:
+#: columns of one number each read side by side (``(["age", "bmi"], "label")``), or, where
+#: one is an array, the model's inputs in that order (``(("acc", "gyro"), "activity")``).
 Keys: TypeAlias = "tuple[str | Sequence[str], str]"
 
 #: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
@@ -50,105 +54,10 @@ MASK_KEYS = ("attention_mask", "token_type_ids")
 _CACHE: dict[tuple[Any, ...], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {}
 
 
-def is_class_target(y: np.ndarray) -> bool:
-    """Whether ``y`` holds class labels (integers or booleans) rather than float targets."""
-    return np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_
-
-
 #: What to do with a model of several inputs where they are not read (the gradient baselines).
 SEVERAL_INPUTS = ("these devices train on one input tensor a sample: concatenate the inputs "
                   "(torch.cat of the flattened parts) and split them in the model's forward "
                   "(DQStrategy's dq_train takes several)")
-
-
-def _to_numpy(value: Any) -> np.ndarray:
-    torch = sys.modules.get("torch")  # never imported here
-    if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    if hasattr(value, "toarray") and hasattr(value, "nnz"):  # a SciPy sparse matrix (TF-IDF)
-        return np.asarray(value.toarray())
-    out = np.asarray(value)
-    if out.dtype == object and hasattr(value, "to_numpy") and hasattr(value, "isna"):
-        return _pandas_numbers(value, out)
-    return out
-
-
-def _pandas_numbers(value: Any, mixed: np.ndarray) -> np.ndarray:
-    """A pandas frame or series whose columns are all numbers or booleans, as one array.
-
-    ``pd.get_dummies`` (bool columns beside float ones) and nullable ``Int64`` columns make
-    ``np.asarray`` an object array; they are numbers: int64 where every column is integer or
-    bool and no value is missing, else float64 (a missing value as NaN, refused later with
-    its reason). ``mixed`` (the object array) is returned where a column is not a number.
-    """
-    dtypes = list(value.dtypes) if hasattr(value, "columns") else [value.dtype]
-    try:
-        kinds = {np.dtype(getattr(d, "numpy_dtype", d)).kind for d in dtypes}
-    except TypeError:  # a dtype numpy does not know (categories, strings)
-        return mixed
-    if not kinds <= set("biuf"):
-        return mixed
-    if kinds <= set("biu") and not bool(np.asarray(value.isna()).any()):
-        return value.to_numpy(dtype=np.int64)
-    return value.to_numpy(dtype=np.float64, na_value=np.nan)
-
-
-def _normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
-    xa, ya = _to_numpy(x), _to_numpy(y)
-    if xa.ndim < 1 or ya.ndim < 1:
-        raise ValueError(f"{what}: x and y need a leading sample axis")
-    if xa.shape[0] != ya.shape[0]:
-        raise ValueError(f"{what}: x has {xa.shape[0]} samples, y has {ya.shape[0]}")
-    if xa.ndim == 1:
-        xa = xa.reshape(-1, 1)
-    if not (np.issubdtype(xa.dtype, np.number) or xa.dtype == np.bool_):
-        named = [f"{c!r} ({t})" for c, t in getattr(x, "dtypes", {}).items()
-                 if str(t) in ("object", "category", "string", "str")]
-        raise ValueError(f"{what}: x must be numeric, got dtype {xa.dtype}"
-                         + (f": columns {', '.join(named)}" if named else "")
-                         + " (a table's text columns: encode them as numbers, one mapping for "
-                         "every node; a category column: frame[col].cat.codes, the same "
-                         "categories everywhere)")
-    xa = np.ascontiguousarray(xa, dtype=np.float32)
-    if xa.size and not np.isfinite(xa).all():
-        raise ValueError(f"{what}: x contains NaN or infinite values: DQ quantizes values, so "
-                         "fill missing ones on the device before dq_train (as your model "
-                         "would, e.g. np.nan_to_num, or each column's mean)")
-    if is_class_target(ya) and ya.ndim > 1 and ya[0].size > 1:
-        ya = _several_labels(ya, what)
-    if is_class_target(ya):
-        ya = ya.astype(np.int64).reshape(-1)
-        if ya.size and ya.min() < 0:
-            raise ValueError(f"{what}: class labels must be >= 0, got {int(ya.min())}")
-    elif np.issubdtype(ya.dtype, np.floating):
-        ya = np.ascontiguousarray(ya, dtype=np.float32)
-        if ya.ndim > 2 and not (ya.shape == xa.shape and np.array_equal(ya, xa)):
-            raise ValueError(f"{what}: float targets must be (n,) or (n, k) (or the samples "
-                             f"themselves, an autoencoder's), got {ya.shape}")
-        if ya.size and not np.isfinite(ya).all():
-            raise ValueError(f"{what}: y contains NaN or infinite values")
-    else:
-        hint = ("; map class names to ids with one mapping for every node (a fixed list of "
-                "names; a LabelEncoder fitted on each node's own labels numbers them apart)"
-                if ya.dtype.kind in "OUS" else "")
-        raise ValueError(f"{what}: y must hold integer labels or float targets, "
-                         f"got dtype {ya.dtype}{hint}")
-    return xa, ya
-
-
-def _several_labels(ya: np.ndarray, what: str) -> np.ndarray:
-    """Integer targets of several values a sample: 0/1 labels ``(n, k)`` as float32 targets.
-
-    (``MultiLabelBinarizer`` and ``one_hot`` give them as integers; a multi-label model's
-    loss reads them as floats.) Anything else is refused: one class label a sample is what
-    DQ's rows carry, and a flattened ``(n, h, w)`` mask would pair labels with other rows.
-    """
-    if ya.ndim == 2 and ya.size and np.isin(ya, (0, 1)).all():
-        return ya.astype(np.float32)
-    raise ValueError(
-        f"{what}: integer targets of shape {ya.shape}: DQ takes one class label a sample "
-        "(n,), 0/1 labels (n, k) for several labels a sample, or float targets; labels per "
-        "element of a sample (segmentation masks, per-token tags) are not supported")
 
 
 def _number(value: Any, batch: bool) -> bool:
@@ -157,7 +66,7 @@ def _number(value: Any, batch: bool) -> bool:
         return not batch
     if getattr(value, "ndim", None) != int(batch) or isinstance(value, (str, bytes)):
         return False
-    return _to_numpy(value).dtype.kind in "biuf"
+    return to_numpy(value).dtype.kind in "biuf"
 
 
 def _table_columns(sample: Mapping[str, Any], batch: bool) -> tuple[str, ...] | None:
@@ -180,17 +89,45 @@ def _table_columns(sample: Mapping[str, Any], batch: bool) -> tuple[str, ...] | 
     return (*[str(k) for k in sample if k != target], target)
 
 
-#: The tables whose columns were reported stacked (once each).
+def _array_inputs(sample: Mapping[str, Any], target: str | None, batch: bool,
+                  what: str) -> tuple[str, ...] | None:
+    """A dict of several arrays (none an input's name): their keys, in order, its target last.
+
+    The target is the first of :data:`LABEL_KEYS` present, else the one number beside the
+    arrays (further numbers, an id, are left out); ``None`` where fewer than two arrays are
+    left; ``ValueError`` where the target cannot be told.
+    """
+    arrays = [str(k) for k, v in sample.items() if np.ndim(v) > int(batch) and k != target]
+    if len(arrays) < 2:
+        return None
+    numbers = [str(k) for k, v in sample.items() if _number(v, batch)]
+    if target is None and len(numbers) != 1:
+        raise ValueError(
+            f"{what} is a dict with keys {sorted(map(str, sample))}: its arrays "
+            f"{', '.join(map(repr, arrays))} read as the model's inputs, but no target is "
+            f"among {LABEL_KEYS} and {len(numbers)} values beside them are single numbers: "
+            f"pass keys=((input keys), target key), e.g. keys=(({', '.join(map(repr, arrays))}"
+            f"), {(numbers or ['target'])[0]!r})")
+    return (*arrays, target or numbers[0])
+
+
+#: The dicts whose inputs were reported (once each).
 _TOLD: set[tuple[str, ...]] = set()
 
 
-def _tell_columns(columns: tuple[str, ...]) -> None:
-    if columns not in _TOLD:
-        _TOLD.add(columns)
+def _tell(kind: str, keys: tuple[str, ...], how: str) -> None:
+    """Log once which keys of a dict sample are its inputs (``how``) and which its target."""
+    _tell_once(("dict samples of %s: inputs %s %s, target %r", kind, ", ".join(keys[:-1]),
+                how, keys[-1]))
+
+
+def _tell_once(line: tuple[str, ...]) -> None:
+    """Log ``line`` (a format and its values) once in this process, in the node's log."""
+    if line not in _TOLD:
+        _TOLD.add(line)
         from flwr.common.logger import log  # Flower's logger: the node's log
 
-        log(INFO, "dict samples of one number a column: inputs %s side by side, target %r",
-            ", ".join(columns[:-1]), columns[-1])
+        log(INFO, *line)
 
 
 def dict_keys(sample: Mapping[str, Any], keys: Keys | None, what: str,
@@ -199,32 +136,32 @@ def dict_keys(sample: Mapping[str, Any], keys: Keys | None, what: str,
 
     A sample of two keys, one of them a common name, has the other for the other part; of
     two other keys, the one holding a single value is the target. A sample of one number
-    a column has a tuple of its columns for its input (``batch``: a loader's batch of them).
+    a column has a tuple of its columns for its input (``batch``: a loader's batch of them),
+    one of several arrays and no input's name a tuple of the arrays' keys (several inputs).
     """
     seen = sorted(str(k) for k in sample)
     if keys is not None:
         if len(keys) != 2 or not isinstance(keys[1], str):
             raise ValueError("keys must be (input key, target key) or (input keys, target "
-                             f"key), e.g. ([\"age\", \"bmi\"], \"label\"), got {keys!r}")
+                             f"key), e.g. ([\"age\", \"bmi\"], \"label\") or ((\"acc\", \"gyro\"), "
+                             f"\"activity\"), got {keys!r}")
+        if not isinstance(keys[0], str) and not len(keys[0]):
+            raise ValueError(f"keys={keys!r} names no input")
         inputs = (keys[0],) if isinstance(keys[0], str) else tuple(keys[0])
         missing = [k for k in (*inputs, keys[1]) if k not in sample]
         if missing:
             raise ValueError(f"{what} has keys {seen}; keys={_hashable(keys)!r} names "
                              f"{missing}, which it lacks")
-        if isinstance(keys[0], str):
-            return keys[0], keys[1]
-        wide = [f"{k!r} {tuple(np.shape(sample[k]))}" for k in inputs
-                if not _number(sample[k], batch)]
-        if wide or not inputs:
-            raise ValueError(f"{what}: a list of input keys names columns of one number each; "
-                             + (f"{', '.join(wide)} not" if wide else "it names none"))
-        return inputs, keys[1]
+        return (keys[0] if isinstance(keys[0], str) else inputs), keys[1]
     columns = _table_columns(sample, batch)
     if columns is not None:
-        _tell_columns(columns)
+        _tell("one number a column", columns, "side by side")
         return columns[:-1], columns[-1]
     found = [next((k for k in names if k in sample), None)
              for names in (SAMPLE_KEYS, LABEL_KEYS)]
+    if found[0] is None and (several := _array_inputs(sample, found[1], batch, what)):
+        _tell("several arrays", several, "in the model's order")
+        return several[:-1], several[-1]
     rest = [str(k) for k in sample if k not in found]
     if found.count(None) == 1 and len(rest) == 1:  # two keys, one known: the other is the other
         found[found.index(None)] = rest[0]
@@ -237,8 +174,8 @@ def dict_keys(sample: Mapping[str, Any], keys: Keys | None, what: str,
             f"{'input' if found[0] is None else 'target'} among "
             f"{SAMPLE_KEYS if found[0] is None else LABEL_KEYS}: pass "
             "keys=(input key, target key), e.g. keys=(\"img\", \"label\"), or for one "
-            "number a column keys=(input keys, target key), e.g. keys=([\"age\", \"bmi\"], "
-            "\"label\")")
+            "number a column or several inputs keys=(input keys, target key), e.g. "
+            "keys=([\"age\", \"bmi\"], \"label\") or keys=((\"acc\", \"gyro\"), \"label\")")
     return found[0], found[1]
 
 
@@ -257,8 +194,10 @@ def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
                          "int} (a Dataset whose __getitem__ flattens them)")
     if isinstance(item, Mapping):
         kx, ky = dict_keys(item, keys, what, batch)
-        if isinstance(kx, tuple):  # columns of one number each, side by side
-            return np.stack([_to_numpy(item[k]).astype(np.float32) for k in kx], -1), item[ky]
+        if isinstance(kx, tuple) and all(_number(item[k], batch) for k in kx):  # columns
+            return np.stack([to_numpy(item[k]).astype(np.float32) for k in kx], -1), item[ky]
+        if isinstance(kx, tuple):  # arrays: the model's inputs, in this order
+            return (tuple(item[k] for k in kx) if len(kx) > 1 else item[kx[0]]), item[ky]
         more = [k for k in MASK_KEYS if k in item and k != ky] if kx == "input_ids" else []
         if masks and more:  # (input_ids, attention_mask): the model's inputs, in its order
             return (item[kx], *[item[k] for k in more]), item[ky]
@@ -282,19 +221,19 @@ def _joined(pairs: list[tuple[Any, Any]], join: Callable[[list], np.ndarray]
         if not all(isinstance(x, tuple) and len(x) == len(first) for x, _ in pairs):
             raise ValueError("the samples hold different numbers of inputs")
         parts = [_joined([(x[k], y) for x, y in pairs], join)[0] for k in range(len(first))]
-        return tuple(parts), join([_to_numpy(y) for _, y in pairs])
-    xs = [_to_numpy(x) for x, _ in pairs]
+        return tuple(parts), join([to_numpy(y) for _, y in pairs])
+    xs = [to_numpy(x) for x, _ in pairs]
     shapes = sorted({x.shape[1:] if join is np.concatenate else x.shape for x in xs})
     if len(shapes) > 1:  # e.g. a tokenizer's ids without padding
         raise ValueError(f"the samples have different shapes ({shapes[0]} and {shapes[-1]}):"
                          " give every sample one shape (pad token ids to one length)")
-    return join(xs), join([_to_numpy(y) for _, y in pairs])
+    return join(xs), join([to_numpy(y) for _, y in pairs])
 
 
 def _flattened(inputs: tuple[Any, ...], y: Any, what: str
                ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Several inputs a sample side by side in one flat row each, with their layout."""
-    arrays = [_to_numpy(a) for a in inputs]
+    arrays = [to_numpy(a) for a in inputs]
     if any(a.ndim < 1 or a.shape[0] != arrays[0].shape[0] for a in arrays):
         raise ValueError(f"{what}: the inputs have different numbers of samples")
     n = arrays[0].shape[0]
@@ -303,7 +242,7 @@ def _flattened(inputs: tuple[Any, ...], y: Any, what: str
         parts_width(parts)  # the rule the server reads them by
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
-    x, ya = _normalise(np.concatenate([a.reshape(n, -1).astype(np.float32) for a in arrays],
+    x, ya = normalise(np.concatenate([a.reshape(n, -1).astype(np.float32) for a in arrays],
                                       axis=1), y, what)
     return x, ya, parts
 
@@ -326,7 +265,7 @@ def _convert(data: Any, keys: Keys | None = None, one_input: bool = False,
             "(frame.drop(columns=\"target\"), frame[\"target\"]), with your target's column")
     if isinstance(data, (tuple, list)) and len(data) == 2 \
             and not isinstance(data[0], (tuple, Mapping)):
-        return (*_normalise(data[0], data[1], "data (x, y)"), ())
+        return (*normalise(data[0], data[1], "data (x, y)"), ())
     if torch is not None and isinstance(data, DataLoader):
         inner = data.dataset
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
@@ -341,7 +280,7 @@ def _convert(data: Any, keys: Keys | None = None, one_input: bool = False,
                 and len(data.tensors) >= 2):
             if len(data.tensors) > 2 and not one_input:  # (x1, x2, ..., y): a model's inputs
                 return _flattened(data.tensors[:-1], data.tensors[-1], "TensorDataset")
-            return (*_normalise(data.tensors[0], data.tensors[1], "TensorDataset"), ())
+            return (*normalise(data.tensors[0], data.tensors[1], "TensorDataset"), ())
         name = type(data).__name__
         items = [data[i] for i in range(len(data))]
         if not items:
@@ -356,7 +295,7 @@ def _with_layout(x: Any, y: np.ndarray, what: str
                  ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     if isinstance(x, tuple):
         return _flattened(x, y, what)
-    return (*_normalise(x, y, what), ())
+    return (*normalise(x, y, what), ())
 
 
 def as_arrays(data: Any, keys: Keys | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -389,6 +328,10 @@ def as_inputs(data: Any, keys: Keys | None = None, one_input: bool = False,
     if hit is not None and hit[0]() is data:
         return hit[1]
     arrays = _convert(data, keys, one_input, masks)
+    if one_input and arrays[2]:
+        raise ValueError(f"the server's model takes one input, the samples hold "
+                         f"{len(arrays[2])} ({', '.join(arrays[2])}): give a model taking "
+                         "them all, or name one input (keys=(\"acc\", \"label\") of a dict)")
     try:
         ref = weakref.ref(data)
     except TypeError:  # tuples and lists cannot be weakly referenced: convert each time

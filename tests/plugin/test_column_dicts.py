@@ -94,8 +94,10 @@ def test_keys_name_the_input_columns_in_their_order():
     assert x.shape == (N, 1) and y.tolist() == LABEL.tolist()
     with pytest.raises(ValueError, match=r"names \['height'\], which it lacks"):
         as_arrays(rows(), keys=(["age", "height"], "label"))
-    image = [{**r, "img": np.zeros((2, 2))} for r in rows()]
-    with pytest.raises(ValueError, match=r"columns of one number each; 'img' \(2, 2\) not"):
+    image = [{**r, "img": np.zeros((2, 2))} for r in rows()]  # an array: keys are inputs
+    x, y, parts = as_inputs(image, keys=(["age", "img"], "label"))
+    assert parts == ("i", "f2x2") and x.shape == (N, 5) and x[:, 0].tolist() == AGE.tolist()
+    with pytest.raises(ValueError, match="samples of 2 inputs: these devices train on one"):
         as_arrays(image, keys=(["age", "img"], "label"))
 
 

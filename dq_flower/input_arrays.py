@@ -1,0 +1,113 @@
+"""A device's arrays as DQ reads them: numbers of one dtype, finite, with typed targets.
+
+:func:`to_numpy` takes tensors, SciPy sparse matrices and pandas tables of numbers;
+:func:`normalise` makes ``(x, y)`` float32 samples and int64 class labels or float32
+targets, refusing what DQ cannot send with what to do (:mod:`dq_flower.data_input` reads
+every form of a device's data down to these).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+__all__ = ["is_class_target", "normalise", "to_numpy"]
+
+
+def is_class_target(y: np.ndarray) -> bool:
+    """Whether ``y`` holds class labels (integers or booleans) rather than float targets."""
+    return np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """``value`` (a tensor, an array, a sparse matrix, a pandas table) as a numpy array."""
+    torch = sys.modules.get("torch")  # never imported here
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    if hasattr(value, "toarray") and hasattr(value, "nnz"):  # a SciPy sparse matrix (TF-IDF)
+        return np.asarray(value.toarray())
+    out = np.asarray(value)
+    if out.dtype == object and hasattr(value, "to_numpy") and hasattr(value, "isna"):
+        return _pandas_numbers(value, out)
+    return out
+
+
+def _pandas_numbers(value: Any, mixed: np.ndarray) -> np.ndarray:
+    """A pandas frame or series whose columns are all numbers or booleans, as one array.
+
+    ``pd.get_dummies`` (bool columns beside float ones) and nullable ``Int64`` columns make
+    ``np.asarray`` an object array; they are numbers: int64 where every column is integer or
+    bool and no value is missing, else float64 (a missing value as NaN, refused later with
+    its reason). ``mixed`` (the object array) is returned where a column is not a number.
+    """
+    dtypes = list(value.dtypes) if hasattr(value, "columns") else [value.dtype]
+    try:
+        kinds = {np.dtype(getattr(d, "numpy_dtype", d)).kind for d in dtypes}
+    except TypeError:  # a dtype numpy does not know (categories, strings)
+        return mixed
+    if not kinds <= set("biuf"):
+        return mixed
+    if kinds <= set("biu") and not bool(np.asarray(value.isna()).any()):
+        return value.to_numpy(dtype=np.int64)
+    return value.to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` as float32 samples and int64 labels or float32 targets; or ValueError."""
+    xa, ya = to_numpy(x), to_numpy(y)
+    if xa.ndim < 1 or ya.ndim < 1:
+        raise ValueError(f"{what}: x and y need a leading sample axis")
+    if xa.shape[0] != ya.shape[0]:
+        raise ValueError(f"{what}: x has {xa.shape[0]} samples, y has {ya.shape[0]}")
+    if xa.ndim == 1:
+        xa = xa.reshape(-1, 1)
+    if not (np.issubdtype(xa.dtype, np.number) or xa.dtype == np.bool_):
+        named = [f"{c!r} ({t})" for c, t in getattr(x, "dtypes", {}).items()
+                 if str(t) in ("object", "category", "string", "str")]
+        raise ValueError(f"{what}: x must be numeric, got dtype {xa.dtype}"
+                         + (f": columns {', '.join(named)}" if named else "")
+                         + " (a table's text columns: encode them as numbers, one mapping for "
+                         "every node; a category column: frame[col].cat.codes, the same "
+                         "categories everywhere)")
+    xa = np.ascontiguousarray(xa, dtype=np.float32)
+    if xa.size and not np.isfinite(xa).all():
+        raise ValueError(f"{what}: x contains NaN or infinite values: DQ quantizes values, so "
+                         "fill missing ones on the device before dq_train (as your model "
+                         "would, e.g. np.nan_to_num, or each column's mean)")
+    if is_class_target(ya) and ya.ndim > 1 and ya[0].size > 1:
+        ya = _several_labels(ya, what)
+    if is_class_target(ya):
+        ya = ya.astype(np.int64).reshape(-1)
+        if ya.size and ya.min() < 0:
+            raise ValueError(f"{what}: class labels must be >= 0, got {int(ya.min())}")
+    elif np.issubdtype(ya.dtype, np.floating):
+        ya = np.ascontiguousarray(ya, dtype=np.float32)
+        if ya.ndim > 2 and not (ya.shape == xa.shape and np.array_equal(ya, xa)):
+            raise ValueError(f"{what}: float targets must be (n,) or (n, k) (or the samples "
+                             f"themselves, an autoencoder's), got {ya.shape}")
+        if ya.size and not np.isfinite(ya).all():
+            raise ValueError(f"{what}: y contains NaN or infinite values")
+    else:
+        hint = ("; map class names to ids with one mapping for every node (a fixed list of "
+                "names; a LabelEncoder fitted on each node's own labels numbers them apart)"
+                if ya.dtype.kind in "OUS" else "")
+        raise ValueError(f"{what}: y must hold integer labels or float targets, "
+                         f"got dtype {ya.dtype}{hint}")
+    return xa, ya
+
+
+def _several_labels(ya: np.ndarray, what: str) -> np.ndarray:
+    """Integer targets of several values a sample: 0/1 labels ``(n, k)`` as float32 targets.
+
+    (``MultiLabelBinarizer`` and ``one_hot`` give them as integers; a multi-label model's
+    loss reads them as floats.) Anything else is refused: one class label a sample is what
+    DQ's rows carry, and a flattened ``(n, h, w)`` mask would pair labels with other rows.
+    """
+    if ya.ndim == 2 and ya.size and np.isin(ya, (0, 1)).all():
+        return ya.astype(np.float32)
+    raise ValueError(
+        f"{what}: integer targets of shape {ya.shape}: DQ takes one class label a sample "
+        "(n,), 0/1 labels (n, k) for several labels a sample, or float targets; labels per "
+        "element of a sample (segmentation masks, per-token tags) are not supported")
