@@ -6,6 +6,7 @@ or a ``DataLoader`` over either. A dict of one number a column (a table read as 
 Face ``Dataset``) is its columns side by side, in the dict's order, less its target
 (``keys=(["age", "bmi"], "label")`` names them); a dict of several arrays (no input's name
 among them) is several inputs, in the dict's order (``keys=(("acc", "gyro"), "activity")``).
+A ``DataLoader`` with a ``collate_fn`` of its own is read through it (:func:`_collated`).
 Every form becomes, in a fixed row order, float32 ``x`` ``(n, *sample_shape)`` as given,
 and int64 class labels or float32 targets ``y``. Torch's types are checked only where torch
 is already imported.
@@ -267,12 +268,17 @@ def _convert(data: Any, keys: Keys | None = None, one_input: bool = False,
             and not isinstance(data[0], (tuple, Mapping)):
         return (*normalise(data[0], data[1], "data (x, y)"), ())
     if torch is not None and isinstance(data, DataLoader):
-        inner = data.dataset
+        inner, default = data.dataset, _default_collate(data.collate_fn)
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
-            return _convert(inner, keys, one_input, masks)
+            return _convert(inner, keys, one_input, masks) if default else \
+                _collated(data, keys, masks)
         pairs = [_pair(batch, keys, "a DataLoader batch", masks, True) for batch in data]
         if not pairs:
             raise ValueError("the DataLoader yielded no batches")
+        if len(_shapes(pairs)) > 1:
+            raise ValueError(f"the DataLoader's batches have different shapes {_shapes(pairs)}"
+                             " (a collate_fn padding each batch to its own longest?): pad "
+                             "every sample to one length in it (a stream is read once)")
         return _with_layout(*_joined(pairs, np.concatenate), "DataLoader")
     if (torch is not None and isinstance(data, Dataset)) or (
             hasattr(data, "__getitem__") and hasattr(data, "__len__")):
@@ -289,6 +295,47 @@ def _convert(data: Any, keys: Keys | None = None, one_input: bool = False,
         return _with_layout(*_joined(pairs, np.stack), name)
     raise TypeError("data must be numpy arrays (x, y), a map-style data set of (x, y) pairs "
                     f"or dicts, or a DataLoader; got {type(data).__name__}")
+
+
+def _default_collate(collate: Any) -> bool:
+    """Whether ``collate`` is PyTorch's own (the loader's batches are its items stacked)."""
+    # PyTorch: imported already (a DataLoader)
+    from torch.utils.data import default_collate, default_convert
+
+    return collate in (default_collate, default_convert)
+
+
+def _shapes(pairs: list[tuple[Any, Any]]) -> list[tuple[tuple[int, ...], ...]]:
+    """The distinct shapes of the batches' inputs (each part's, less the batch axis)."""
+    return sorted({tuple(to_numpy(p).shape[1:] for p in (x if isinstance(x, tuple) else (x,)))
+                   for x, _ in pairs})
+
+
+def _collated(loader: Any, keys: Keys | None, masks: bool
+              ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """A loader's items in index order through its own ``collate_fn`` (padding, tokenising).
+
+    Batches of its batch size; where they come out of different shapes (a ``collate_fn``
+    padding each batch to its own longest), every item at once, one batch the ``collate_fn``
+    pads to one length, the node's longest (told once).
+    """
+    data, collate = loader.dataset, loader.collate_fn
+    items, what = [data[i] for i in range(len(data))], f"{type(data).__name__} collated"
+    if not items:
+        raise ValueError(f"{type(data).__name__} is empty")
+    if loader.batch_sampler is None:  # batch_size=None: collate_fn maps one item at a time
+        pairs = [_pair(collate(item), keys, f"{what}[{i}]", masks) for i, item in
+                 enumerate(items)]
+        return _with_layout(*_joined(pairs, np.stack), what)
+    size = loader.batch_size or 64
+    pairs = [_pair(collate(items[i:i + size]), keys, what, masks, True)
+             for i in range(0, len(items), size)]
+    if len(shapes := _shapes(pairs)) > 1:
+        pairs = [_pair(collate(items), keys, what, masks, True)]
+        _tell_once(("the DataLoader's collate_fn pads each batch to its own length (%s to %s):"
+                    " its %s samples read as one batch of them all, padded to %s", str(shapes[0]),
+                    str(shapes[-1]), str(len(items)), str(_shapes(pairs)[0])))
+    return _with_layout(*_joined(pairs, np.concatenate), what)
 
 
 def _with_layout(x: Any, y: np.ndarray, what: str

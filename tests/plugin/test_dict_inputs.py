@@ -125,10 +125,14 @@ def test_dq_trains_a_two_input_model_on_dict_samples():
         part = int(context.node_config["partition-id"])
         return dq_flower.client.dq_train(msg, context, Windows(150, seed=10 + part))
 
-    model = TwoBranches()
+    first, last = two_rounds(TwoBranches(), train, accuracy)
+    assert first["rejected"] == 0 and first["stored"] > 0  # every reply failed before
+    assert last["accuracy"] > 0.9  # the gyroscope read
+
+
+def two_rounds(model: nn.Module, train, evaluate_fn) -> tuple[MetricRecord, MetricRecord]:
+    """DQ at its defaults on 2 nodes in-process: the metrics of its 2 rounds."""
     result = dq_flower.DQStrategy(model, seed=0).start(
         grid=InProcessGrid(train, 2), initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=2, evaluate_fn=accuracy)
-    first = result.evaluate_metrics_serverapp[1]
-    assert first["rejected"] == 0 and first["stored"] > 0  # every reply failed before
-    assert result.evaluate_metrics_serverapp[2]["accuracy"] > 0.9  # the gyroscope read
+        num_rounds=2, evaluate_fn=evaluate_fn)
+    return result.evaluate_metrics_serverapp[1], result.evaluate_metrics_serverapp[2]
