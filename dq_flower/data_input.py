@@ -268,10 +268,10 @@ def _convert(data: Any, keys: Keys | None = None, one_input: bool = False,
             and not isinstance(data[0], (tuple, Mapping)):
         return (*normalise(data[0], data[1], "data (x, y)"), ())
     if torch is not None and isinstance(data, DataLoader):
-        inner, default = data.dataset, _default_collate(data.collate_fn)
+        inner, default = _sampled(data), _default_collate(data.collate_fn)
         if not isinstance(inner, IterableDataset) and hasattr(inner, "__len__"):
             return _convert(inner, keys, one_input, masks) if default else \
-                _collated(data, keys, masks)
+                _collated(data, inner, keys, masks)
         pairs = [_pair(batch, keys, "a DataLoader batch", masks, True) for batch in data]
         if not pairs:
             raise ValueError("the DataLoader yielded no batches")
@@ -311,7 +311,39 @@ def _shapes(pairs: list[tuple[Any, Any]]) -> list[tuple[tuple[int, ...], ...]]:
                    for x, _ in pairs})
 
 
-def _collated(loader: Any, keys: Keys | None, masks: bool
+def _sampled(loader: Any) -> Any:
+    """The loader's data set, cut to the rows its sampler draws from, in index order.
+
+    PyTorch's sequential and random samplers draw from every row; a ``SubsetRandomSampler``
+    (or any sampler with ``indices``) from its indices, a ``WeightedRandomSampler`` from the
+    rows of a weight above 0, another sampler from the rows one pass of it yields (a node
+    whose loader samples its share of a data set it holds whole uploads that share only).
+    """
+    # PyTorch: imported already (a DataLoader)
+    from torch.utils.data import (
+        IterableDataset,
+        RandomSampler,
+        SequentialSampler,
+        Subset,
+        WeightedRandomSampler,
+    )
+
+    data, sampler = loader.dataset, loader.sampler
+    if isinstance(data, IterableDataset) or type(sampler) in (SequentialSampler, RandomSampler):
+        return data
+    if isinstance(sampler, WeightedRandomSampler):
+        rows = np.flatnonzero(to_numpy(sampler.weights) > 0)
+    else:
+        rows = np.unique(np.fromiter((int(i) for i in getattr(sampler, "indices", sampler)),
+                                     dtype=np.int64))
+    if rows.size == len(data) and np.array_equal(rows, np.arange(len(data))):
+        return data
+    _tell_once(("the DataLoader's %s draws %s of its data set's %s rows: those are the node's",
+                type(sampler).__name__, str(rows.size), str(len(data))))
+    return Subset(data, rows.tolist())
+
+
+def _collated(loader: Any, data: Any, keys: Keys | None, masks: bool
               ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """A loader's items in index order through its own ``collate_fn`` (padding, tokenising).
 
@@ -319,7 +351,7 @@ def _collated(loader: Any, keys: Keys | None, masks: bool
     padding each batch to its own longest), every item at once, one batch the ``collate_fn``
     pads to one length, the node's longest (told once).
     """
-    data, collate = loader.dataset, loader.collate_fn
+    collate = loader.collate_fn
     items, what = [data[i] for i in range(len(data))], f"{type(data).__name__} collated"
     if not items:
         raise ValueError(f"{type(data).__name__} is empty")
