@@ -122,7 +122,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "`bfloat16`: the store steps' forward under `torch.autocast` in bfloat16 (weights, "
         "gradients, optimizer in float32); `none`; `auto`: bfloat16 on a CPU with native "
         "bfloat16 (AVX-512 BF16, AMX) for models of 1 MFLOP a sample forward or more"))
-    plateau_eval_every: int = knob(50, between(1, MAX_STEPS), doc="steps between held-out scores")
+    plateau_eval_every: int = knob(50, between(1, MAX_STEPS), doc=(
+        "steps between held-out scores (at least; a large store's: `1 / plateau-patience` of "
+        "a pass over its rows)"))
     plateau_patience: int = knob(4, at_least(1), doc=(
         "held-out scores without progress (row by row against the last progress: more "
         "rows right, or a loss 1% lower, beyond one standard error) before the learning "

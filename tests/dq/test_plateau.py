@@ -278,3 +278,15 @@ def test_an_optimizer_probe_leaves_a_diverged_candidate_non_finite():
                          _each(_diverging_once(model, opt, [])), lambda: constant,
                          keep_going=True, recover=False)
     assert result.diverged == 0 and not torch.isfinite(model.weight).all()
+
+
+def test_a_large_stores_phase_scores_over_passes_not_fifty_steps():
+    # 45,000 windows of a next-character model: 200 steps without progress (a third of a
+    # pass) ended every phase at 25.6%; with the patience spanning a pass at least, 38.1%
+    rule = PlateauRule(eval_every=50, patience=4, max_steps=2000)
+    assert rule.for_rows(1_000, 64, 30.0) == PlateauRule(eval_every=50, patience=4,
+                                                         max_steps=2000)
+    big = rule.for_rows(45_000, 64, 30.0)
+    assert big.eval_every == 176 and big.patience * big.eval_every * 64 >= 45_000
+    assert big.max_steps == 21_094  # 30 passes
+    assert rule.for_rows(12_800, 64, 30.0).eval_every == 50  # the patience is a pass already

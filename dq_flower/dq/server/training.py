@@ -11,9 +11,7 @@ runs in spawned workers (:mod:`.processes`).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -376,8 +374,8 @@ class ServerTrainer:
             return sharded_phase(self, train_rows, rng, queued, resume)
         # one augmentation per phase, seeded from its minibatch stream (or the probe's)
         augment = self.augmentation(rng) if resume is None else resume.augment
-        epochs = math.ceil(self.cfg.max_server_epochs * train_rows / self.cfg.server_batch_size)
-        rule = replace(self.plateau, max_steps=max(self.plateau.max_steps, epochs))
+        rule = self.plateau.for_rows(train_rows, self.cfg.server_batch_size,
+                                     self.cfg.max_server_epochs)
         return train_phase(self.model, self.optimizer, self.lr, rule,
                            lambda n: self.phase_steps(n, rng, queued, augment),
                            evaluate or self.score_holdout,
