@@ -227,3 +227,49 @@ def test_the_near_copy_reservoir_keeps_a_uniform_sample_of_a_clients_rows(monkey
         kept[ids] += 1
     assert abs(kept[:120].mean() - 40) < 3 and abs(kept[120:].mean() - 40) < 3
     assert np.all(np.abs(kept - 40) < 5 * 6)
+
+
+
+def _still_windows(node: int, still: float, seconds: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """2-bit packed windows of 64 steps every 32 of a 6-channel sensor, and their ranges.
+
+    A share ``still`` of the recording is still: each channel constant at its own level (its
+    own units, gravity on one axis) plus a little noise; the rest moves. One range a window:
+    a still window's codes are one level per channel, nearly those of every other still one.
+    """
+    from dq_flower.codecs.bitpack import pack
+
+    rng = np.random.default_rng(node)
+    steps = seconds * 50
+    level = np.array([9.8, 0.3, -0.2, 0.0, 0.05, -0.05]) + rng.normal(0, 0.05, 6)
+    still_steps = np.repeat(rng.permutation(10) < round(10 * still), steps // 10)
+    moving = 2 * np.sin(np.arange(steps)[:, None] * rng.uniform(0.1, 0.3, 6))
+    signal = level + np.where(still_steps[:, None], 0.0, moving) + rng.normal(0, 0.01,
+                                                                            (steps, 6))
+    windows = np.stack([signal[s:s + 64] for s in range(0, steps - 63, 32)]).reshape(-1, 384)
+    lo, hi = windows.min(1, keepdims=True), windows.max(1, keepdims=True)
+    codes = np.rint((windows - lo) / (hi - lo) * 3).astype(np.int64)
+    return (pack(codes.reshape(-1), 2).reshape(len(codes), 96),
+            np.concatenate([lo, hi], axis=1).astype(np.float32))
+
+
+def test_honest_overlapping_still_windows_are_no_copying_but_padding_is():
+    """People who sit still longer send more near-copies, honestly (a still window is near
+    its own shift, so near every still window): none is copying. A client padding its rows
+    with near-copies of them is (the screen used to flag the 3 stillest honest clients)."""
+    from dq_flower.codecs.bitpack import pack, unpack
+
+    screen = CopyScreen(margin=0.1, bits=2)
+    for node, still in enumerate([0.1, 0.2, 0.3, 0.3, 0.4, 0.5, 0.6, 0.7]):
+        screen.copied(node, *_still_windows(node, still))
+    assert screen.review(1) == set()
+    rows, side = _still_windows(9, 0.3)
+    codes = np.repeat(unpack(rows.reshape(-1), 2, len(rows) * 384).reshape(-1, 384), 3, 0)
+    rng = np.random.default_rng(9)
+    for row in codes:  # three near-copies of each row, two codes moved a level each
+        j = rng.choice(384, 2, replace=False)
+        row[j] = np.where(row[j] < 3, row[j] + 1, row[j] - 1)
+    mask = screen.copied(9, np.concatenate([rows, pack(codes.reshape(-1), 2).reshape(-1, 96)]),
+                         np.concatenate([side, np.repeat(side, 3, 0)]))
+    assert mask[len(rows):].mean() > 0.5  # the copies of its moving windows
+    assert screen.review(1) == {9}

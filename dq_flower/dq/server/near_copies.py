@@ -3,9 +3,10 @@
 A row whose packed codes and side information equal a row the same client sent before is
 a copy under a new id; so is a near-copy, a row within a few codes of one (with ``bits``).
 :class:`CopyScreen`: a client whose share of copies exceeds the median client's by more
-than ``copy-margin`` is *copying*: its copies are not stored (counted once in
-``duplicate-rows``, their ids remembered as received). Honest clients of one data set copy
-alike, so the screen acts on none of them.
+than ``copy-margin`` and by more than :data:`Z_ROBUST` robust standard deviations (the
+clients' spread, combined with the binomial error of its own rows) is *copying*: its copies
+are not stored (counted once in ``duplicate-rows``, their ids remembered as received).
+Honest clients of one data set copy alike, so the screen acts on none of them.
 
 An exact hash misses a copy with a code or two moved by one level. Here a row is a
 **near-copy** where at most :func:`near_codes` of its codes (one in 16) differ from a row of
@@ -13,22 +14,27 @@ the same client: one of a seeded sample of up to :data:`REFERENCE_ROWS` of its e
 (a reservoir, so memory and time per upload stay bounded), or an earlier row of the same
 upload. Honest digits rows are at least 3 codes of 64 from their client's nearest other
 row (5 or more for 99%), so a client's share of near-copies is judged against the median
-client's as exact copies are. The screen cannot tell a faulty device from a hostile one.
+client's as exact copies are. A row as near its own shift by 1 to :data:`MAX_LAG` codes
+(:func:`self_distance`: a still sensor window, each channel at one level; a constant or
+periodic signal) is near every such row of its client without copying any: it is a copy
+only exactly. The screen cannot tell a faulty device from a hostile one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from dq_flower.codecs.bitpack import unpack
+from dq_flower.dq.server.node_screen import Z_ROBUST
 from dq_flower.server.common import log_round
 
 __all__ = ["CopyScreen", "NearCopies", "near_codes", "code_distance", "row_keys",
-           "REFERENCE_ROWS", "MIN_COPIES"]
+           "REFERENCE_ROWS", "MIN_COPIES", "self_distance"]
 
 #: Earlier rows per client a new row is compared with at most (a seeded reservoir).
 REFERENCE_ROWS = 2048
@@ -40,6 +46,8 @@ KEY_BYTES = 16
 _CHUNK = 16
 #: New rows compared at once on packed words.
 _WORD_CHUNK = 4
+#: Largest shift (in codes) at which a row is compared with itself (:func:`self_distance`).
+MAX_LAG = 32
 #: Per byte, the lowest bit of each code (MSB-first packing) for bits that divide 8.
 _LOW_BITS = {1: 0xFF, 2: 0x55, 4: 0x11, 8: 0x01}
 
@@ -50,6 +58,22 @@ def near_codes(codes: int) -> int:
     0 (no near-copies) below 32 codes: a small table's honest rows often differ in one.
     """
     return int(codes) // 16 if codes >= 32 else 0
+
+
+def self_distance(codes: np.ndarray) -> np.ndarray:
+    """Per unpacked row, the fewest codes that differ from it shifted by 1 to MAX_LAG codes.
+
+    Counted over the positions compared, scaled to the whole row. A row near its own shift
+    (a still window: each channel one level; a constant or periodic signal) is near every
+    other such row of its client without copying any.
+    """
+    codes = np.asarray(codes)
+    n, width = codes.shape
+    best = np.full(n, float(width))
+    for lag in range(1, min(MAX_LAG, width // 2) + 1):
+        moved = (codes[:, lag:] != codes[:, :-lag]).sum(axis=1)
+        best = np.minimum(best, moved * width / (width - lag))
+    return best
 
 
 def code_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -125,6 +149,8 @@ class NearCopies:
         within = self.distance(packed, packed)
         within[np.triu_indices(n)] = limit + 1  # only earlier rows of the upload count
         near |= within.min(axis=1) <= limit
+        if near.any():  # a row near its own shift is near others by chance: no evidence
+            near[near] = self_distance(self._unpack(packed[near])) > limit
         self._remember(int(node), packed)
         return near
 
@@ -208,6 +234,16 @@ class CopyScreen:
         self.copies[int(node)] = self.copies.get(int(node), 0) + int(mask.sum())
         return mask
 
+    def bound(self, share: float, rows: int, mad: float) -> float:
+        """The excess share over the median client's beyond which a client is copying.
+
+        ``copy-margin``, or :data:`Z_ROBUST` robust standard deviations where more: ``mad``
+        (1.4826 MAD of the clients' shares) combined with the binomial error of the client's
+        own ``rows``, as the agreement screen judges held-out errors.
+        """
+        spread = math.sqrt(max(share * (1 - share), 1.0 / rows) / rows)
+        return max(self.margin, Z_ROBUST * math.hypot(mad, spread))
+
     def review(self, server_round: int) -> set[int]:
         """The copying clients after this round's uploads were counted (logs new ones)."""
         if self.margin <= 0:
@@ -215,15 +251,20 @@ class CopyScreen:
         shares = {n: self.copies.get(n, 0) / r for n, r in self.received.items() if r}
         if len(shares) < 2:
             return set(self.copying)
-        middle = float(np.median(list(shares.values())))
+        values = np.array(list(shares.values()))
+        middle = float(np.median(values))
+        mad = 1.4826 * float(np.median(np.abs(values - middle)))
         for node, share in shares.items():
-            if (node not in self.copying and self.copies.get(node, 0) >= MIN_COPIES
-                    and share > middle + self.margin):
+            if node in self.copying or self.copies.get(node, 0) < MIN_COPIES:
+                continue
+            bound = self.bound(share, self.received[node], mad)
+            if share - middle > bound:
                 self.copying.add(node)
                 log_round("dq", server_round, f"client {node}: {self.copies[node]} of its "
                           f"{self.received[node]} rows copy, or nearly, other rows it sent "
-                          f"({share:.0%}, the median client {middle:.0%}): its copies are "
-                          "not stored (counted once; honest data can repeat itself too)")
+                          f"({share:.0%}, the median client {middle:.0%}, excess "
+                          f"{share - middle:.0%} > {bound:.0%}): its copies are not stored "
+                          "(counted once; honest data can repeat itself too)")
         return set(self.copying)
 
     def state(self) -> dict[str, Any]:
