@@ -153,7 +153,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "[Reliability](reliability.md))"))
     copy_margin: float = knob(0.1, between(0, 1, note="0: never drop"), doc=(
         "a client whose share of copied rows exceeds the median client's by more than this "
-        "has its copies dropped (0: counted only)"))
+        "(and 4 robust deviations) has its copies dropped (0: counted only)"))
     augmentation: str = knob("auto", one_of(AUGMENTATIONS), doc=(
         "store minibatches: `auto` (shifts for images at least 14 px wide, sides within "
         "2x), `none`, `shift`, `shift-flip`"))
