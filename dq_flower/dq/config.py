@@ -116,15 +116,13 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "cap on the steps of one round's training phase (adaptive), raised to "
         "`max-server-epochs` passes where that is more"))
     max_server_epochs: float = knob(30.0, between(0, MAX_EPOCHS, low_open=True), doc=(
-        "passes over the store's training rows one phase may take (the cap follows the "
-        "store)"))
+        "passes over the store's training rows one phase may take (the cap follows it)"))
     server_autocast: str = knob("auto", one_of(("auto", "none", "bfloat16")), doc=(
         "`bfloat16`: the store steps' forward under `torch.autocast` in bfloat16 (weights, "
         "gradients, optimizer in float32); `none`; `auto`: bfloat16 on a CPU with native "
         "bfloat16 (AVX-512 BF16, AMX) for models of 1 MFLOP a sample forward or more"))
     plateau_eval_every: int = knob(50, between(1, MAX_STEPS), doc=(
-        "steps between held-out scores (at least; a large store's: `1 / plateau-patience` of "
-        "a pass over its rows)"))
+        "steps between held-out scores, at least (a large store: a pass / plateau-patience)"))
     plateau_patience: int = knob(4, at_least(1), doc=(
         "held-out scores without progress (row by row against the last progress: more "
         "rows right, or a loss 1% lower, beyond one standard error) before the learning "
