@@ -1,14 +1,17 @@
 """The example app in ``examples/quickstart-dq``: in-process, and with ``flwr run``.
 
 The fast test imports the app's modules and calls its ``ServerApp`` on an in-process grid
-whose nodes run its ``ClientApp`` (no Ray, a few seconds). The end-to-end test is what the
-example's README tells a user to type: a simulation SuperLink (started and stopped here by
-its pid) and ``flwr run examples/quickstart-dq`` with 4 simulated SuperNodes, 3 rounds
-(about 30 s, ``slow``: ``tests/test_install.py`` runs ``flwr run`` of a copy of this app
-from the installed wheel in every run of the suite).
+whose nodes run its ``ClientApp`` (no Ray, 8 s on one core), at the app's defaults: what it
+prints and the bytes of each round are what the example's README shows. The end-to-end test
+is what the README tells a user to type: a simulation SuperLink (started and stopped here by
+its pid) and ``flwr run examples/quickstart-dq`` with 4 simulated SuperNodes at the app's
+defaults, whose last line must be the README's too (about 35 s, ``slow``:
+``tests/test_install.py`` runs ``flwr run`` of a copy of this app from the installed wheel
+in every run of the suite).
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +32,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "quickstart-dq"
-ROUNDS = 3
+ROUNDS = 5  # the app's default, the run its README shows
 
 
 def app_config() -> dict:
@@ -68,6 +71,45 @@ def check_results(out: Path) -> dict:
     return results
 
 
+def readme_output() -> str:
+    """The output the README's "What you get" shows: its one fenced block there."""
+    section = (APP_DIR / "README.md").read_text().split("## What you get", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"^```\w*\n(.*?)^```$", section, re.M | re.S)
+    assert len(blocks) == 1, blocks
+    return blocks[0].strip()
+
+
+def readme_rounds() -> dict[str, list[str]]:
+    """The README's round-by-round table: its row name -> the cells of rounds 0 to 5."""
+    rows = {}
+    for line in (APP_DIR / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] in {"round", "central test accuracy", "uplink bytes", "downlink bytes"}:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def check_readme(output: str, results: dict) -> None:
+    """``output`` prints the README's line, ``results`` is the README's table."""
+    final = [line.strip() for line in output.splitlines() if "Final accuracy" in line]
+    assert final == [readme_output()], (
+        f"examples/quickstart-dq/README.md shows {readme_output()!r}; the run printed {final}")
+    rows = readme_rounds()
+    assert rows["round"] == [str(r) for r in range(ROUNDS + 1)], rows
+    accuracy = [f"{results['central'][str(r)]['accuracy']:.3f}" for r in range(ROUNDS + 1)]
+    up = [""] + [f"{results['up_bytes'][str(r)]:,}" for r in range(1, ROUNDS + 1)]
+    down = [""] + [f"{results['down_bytes'][str(r)]:,}" for r in range(1, ROUNDS + 1)]
+    assert {"central test accuracy": accuracy, "uplink bytes": up,
+            "downlink bytes": down} == {k: v for k, v in rows.items() if k != "round"}, rows
+    up_total, down_total = sum(results["up_bytes"].values()), sum(
+        results["down_bytes"].values())
+    assert f"uplink {up_total} bytes, downlink {down_total} bytes" in final[0]
+    # the prose's ratio of downlink to uplink
+    readme = " ".join((APP_DIR / "README.md").read_text().split())
+    assert f"The downlink is {round(down_total / up_total)} times the uplink" in readme
+
+
 def test_pyproject_declares_the_app():
     with (APP_DIR / "pyproject.toml").open("rb") as f:
         project = tomllib.load(f)
@@ -96,13 +138,15 @@ def test_load_data_partitions_digits_iid(example):
     assert task.Net()(trains[0].tensors[0][:5]).shape == (5, 10)
 
 
-def test_server_and_client_apps_in_process(example, tmp_path):
+def test_server_and_client_apps_in_process(example, tmp_path, capsys):
+    # the README's run: the app's defaults on 4 nodes; in-process gives the same numbers
     _, client_app, server_app = example
-    config = {**app_config(), "num-server-rounds": ROUNDS, "output-dir": str(tmp_path)}
+    config = {**app_config(), "output-dir": str(tmp_path)}
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                       run_config=config)
     server_app.app(InProcessGrid(client_app.app, 4), context)
     results = check_results(tmp_path)
+    check_readme(capsys.readouterr().out, results)
     # the first ask: 10 held-out rows per digit at 10%, 1,000 samples of 64 pixels at 2
     # bits, about 23 kB; the whole run uploads each client's rows at most once (35 kB)
     assert results["up_bytes"]["1"] < 30_000, results["up_bytes"]
@@ -132,7 +176,7 @@ def test_flwr_run_quickstart_dq_in_simulation(tmp_path):
         done = subprocess.run(
             [flower_executable("flwr"), "run", str(APP_DIR), "sim",
              "--federation-config", "num-supernodes=4",
-             "--run-config", f"num-server-rounds={ROUNDS} output-dir='{out}'", "--stream"],
+             "--run-config", f"output-dir='{out}'", "--stream"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
@@ -149,8 +193,8 @@ def test_flwr_run_quickstart_dq_in_simulation(tmp_path):
     assert superlink.poll() is not None
     assert [r["status"] for r in runs] == ["finished:completed"], output
     assert "4 simulated SuperNodes" in output, output
-    assert "Final accuracy" in output, output
     results = check_results(out)
+    check_readme(output, results)  # the command the README gives prints what it shows
     # the 4 simulated SuperNodes each uploaded samples in round 1 and evaluated in every
     # round (check_results: federated figures for every round, equal to the central ones)
     assert results["up_bytes"]["1"] > 4 * 1000, results["up_bytes"]
