@@ -1,7 +1,8 @@
-"""The examples in README.md and docs/ run, and the documentation site builds.
+"""The examples in README.md, examples/*/README.md and docs/ run, and the site builds.
 
-Every fenced code block of ``README.md`` and ``docs/**/*.md`` (``docs/results/`` aside: those
-files are written by ``simulations/regenerate.py`` and hold no code) has a language. Each
+Every fenced code block of ``README.md``, ``examples/*/README.md`` and ``docs/**/*.md``
+(``docs/results/`` aside: those files are written by ``simulations/regenerate.py`` and hold
+no code) has a language. Each
 ``python`` and ``bash`` block is an example, and either
 
 * runs here: Python blocks one after the other, each in a fresh namespace, in one worker
@@ -104,7 +105,7 @@ class Block:
 def doc_files() -> list[Path]:
     docs = sorted(p for p in (ROOT / "docs").rglob("*.md")
                   if (ROOT / "docs" / "results") not in p.parents)
-    return [ROOT / "README.md", *docs]
+    return [ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md")), *docs]
 
 
 def resolve_snippets(code: str, where: str) -> str:

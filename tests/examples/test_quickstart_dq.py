@@ -153,6 +153,37 @@ def test_server_and_client_apps_in_process(example, tmp_path, capsys):
     assert sum(results["up_bytes"].values()) < 50_000, results["up_bytes"]
 
 
+def readme_block(start: str) -> str:
+    """The README's fenced block whose first line starts with ``start``."""
+    blocks = re.findall(r"^```\w*\n(.*?)^```$", (APP_DIR / "README.md").read_text(),
+                        re.M | re.S)
+    found = [b for b in blocks if b.startswith(start)]
+    assert len(found) == 1, start
+    return found[0]
+
+
+def test_the_readmes_run_config_example_runs(example, tmp_path):
+    # the README's --run-config example, in-process (its output-dir moved to tmp_path)
+    from flwr.common.config import parse_config_args
+
+    block = readme_block('flwr run examples/quickstart-dq --federation-config "num-supernodes=4"'
+                         ' --stream \\')
+    override = parse_config_args([re.search(r'--run-config "([^"]+)"', block)[1]])
+    assert set(override) <= set(app_config()), override
+    _, client_app, server_app = example
+    config = {**app_config(), **override, "output-dir": str(tmp_path)}
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                      run_config=config)
+    server_app.app(InProcessGrid(client_app.app, 4), context)
+    central = json.loads((tmp_path / "results.json").read_text())["central"]
+    assert sorted(central, key=int)[-1] == str(override["num-server-rounds"])
+
+
+def test_the_readmes_client_excerpt_is_the_client_app():
+    excerpt = readme_block("@app.train()")
+    assert excerpt in (APP_DIR / "quickstart_dq" / "client_app.py").read_text(), excerpt
+
+
 @pytest.mark.slow  # 34 s; flwr run of this app unmarked: tests/test_install.py, from the wheel
 def test_flwr_run_quickstart_dq_in_simulation(tmp_path):
     # Ray's socket paths must stay under 108 bytes: a short folder, not pytest's tmp_path
