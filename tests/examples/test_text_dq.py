@@ -4,13 +4,17 @@ The app's devices hold Jane Austen's novels (Debian's ``r-cran-janeaustenr``); h
 hold six short novels written in the same R database format (``tests/text/austen_files.py``)
 and the app reads them through its ``data-dir`` key, so the tests need no Debian package.
 The fast test calls the app's ``ServerApp`` on an in-process grid whose nodes run its
-``ClientApp`` (a few seconds); the slow one is ``flwr run`` against a simulation SuperLink
-started and stopped here by its pid (about a minute).
+``ClientApp`` (a few seconds) and checks that it prints the lines the README shows, numbers
+aside; the slow ones are ``flwr run`` against a simulation SuperLink started and stopped
+here by its pid (about a minute), and the run the README shows, at the app's defaults on
+the Debian package's novels, in-process (about 4 minutes on one core), whose output must be
+the README's, line for line.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,7 +23,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.harness.tasks.data.austen import NOVELS, load_austen
+from dq_flower.harness.tasks.data.austen import DEFAULT_AUSTEN_DIR, NOVELS, load_austen
 from dq_flower.text_input import token_windows
 
 if sys.version_info >= (3, 11):
@@ -93,6 +97,44 @@ def check_results(out: Path, db: Path, nodes: int) -> dict:
     return results
 
 
+def readme_output() -> list[str]:
+    """The lines the README's "What you get" shows: its one ``text`` block there."""
+    section = (APP_DIR / "README.md").read_text().split("## What you get", 1)[1]
+    blocks = re.findall(r"^```\w*\n(.*?)^```$", section.split("\n## ", 1)[0], re.M | re.S)
+    assert len(blocks) == 1, blocks
+    return blocks[0].strip().splitlines()
+
+
+def printed(output: str) -> list[str]:
+    """The ServerApp's closing lines in ``output``: from the held-out windows on."""
+    lines = [line.strip() for line in output.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.endswith(" characters")
+                 and "held-out windows" in line)
+    end = next(i for i, line in enumerate(lines) if "windows stored; uplink" in line)
+    return lines[start:end + 1]
+
+
+def shape(line: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "#", line)
+
+
+def run_in_process(example, config: dict, nodes: int) -> None:
+    _, client_app, server_app = example
+    grid = InProcessGrid(client_app.app, nodes)
+    for ctx in grid.contexts.values():  # a SuperNode's context carries the run config
+        ctx.run_config = config
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                      run_config=config)
+    server_app.app(grid, context)
+
+
+def test_docs_text_page_shows_the_readmes_output():
+    page = (APP_DIR.parents[1] / "docs" / "text.md").read_text()
+    section = page.split("## A Flower app to copy: `examples/text-dq`", 1)[1].split("\n## ")[0]
+    blocks = re.findall(r"^```text\n(.*?)^```$", section, re.M | re.S)
+    assert [b.strip().splitlines() for b in blocks] == [readme_output()]
+
+
 def test_pyproject_declares_the_app():
     with (APP_DIR / "pyproject.toml").open("rb") as f:
         project = tomllib.load(f)
@@ -103,6 +145,16 @@ def test_pyproject_declares_the_app():
     }
     assert "federations" not in project["tool"]["flwr"]  # flwr run would rewrite the file
     assert app_config()["window"] == 128 and app_config()["data-dir"] == ""
+
+
+def test_the_readmes_run_config_example_names_the_apps_keys():
+    from flwr.common.config import parse_config_args
+
+    readme = (APP_DIR / "README.md").read_text()
+    examples = re.findall(r'--run-config "([^"]+)"', readme)
+    assert examples
+    for example in examples:
+        assert set(parse_config_args([example])) <= set(app_config()), example
 
 
 def test_nodes_hold_their_novels_as_datasets_of_strings(example, small_db):
@@ -123,17 +175,23 @@ def test_nodes_hold_their_novels_as_datasets_of_strings(example, small_db):
     assert task.Net(32)(held[:3]).shape == (3, 32, 101)
 
 
-def test_server_and_client_apps_in_process(example, small_db, tmp_path):
-    _, client_app, server_app = example
+def test_server_and_client_apps_in_process(example, small_db, tmp_path, capsys):
     config = {**app_config(), **SMALL, "data-dir": str(small_db),
               "output-dir": str(tmp_path / "out")}
-    grid = InProcessGrid(client_app.app, 3)
-    for ctx in grid.contexts.values():  # a SuperNode's context carries the run config
-        ctx.run_config = config
-    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                      run_config=config)
-    server_app.app(grid, context)
+    run_in_process(example, config, 3)
     check_results(tmp_path / "out", small_db, 3)
+    # the lines the README shows, numbers aside (its run has one round more)
+    assert ({shape(line) for line in printed(capsys.readouterr().out)}
+            == {shape(line) for line in readme_output()})
+
+
+@pytest.mark.slow  # about 4 minutes on one core: 300 server steps of the char transformer
+@pytest.mark.skipif(not Path(DEFAULT_AUSTEN_DIR).is_dir(),
+                    reason="the README's run reads Debian's r-cran-janeaustenr")
+def test_the_readmes_run_prints_what_the_readme_shows(example, capsys):
+    # the app at its defaults on 6 nodes, in-process: the same numbers as flwr run
+    run_in_process(example, app_config(), 6)
+    assert printed(capsys.readouterr().out) == readme_output()
 
 
 @pytest.mark.slow  # about a minute: Flower's SuperLink, Ray and 2 simulated SuperNodes
