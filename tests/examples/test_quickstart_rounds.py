@@ -1,5 +1,6 @@
 """The README's ``simulate`` quickstart asks for 5 rounds: rounds 3 and 4 ask for nothing and
-round 5 probes one client; without probes the run ends early and its log says why."""
+round 5 probes one client; without probes the run ends early and its log says why. The
+README and docs/method.md show this run's history and its round-2 log line."""
 
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ from tests.test_docs import ALL_BLOCKS, _documented_output
 QUICKSTART = dict(num_clients=4, rounds=5, seed=0, budget=64, bits=2)
 
 
-def test_every_row_stored_by_round_2_then_one_probe_in_round_5():
-    result, _ = run_inprocess(**QUICKSTART)
+def test_every_row_stored_by_round_2_then_one_probe_in_round_5(caplog):
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        result, _ = run_inprocess(**QUICKSTART)
+    # docs/method.md shows this run's round-2 line, as its own text block
+    line = next(r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("[dq] round 2: "))
+    assert any(b.code.strip() == line for b in ALL_BLOCKS
+               if b.path == "docs/method.md" and b.lang == "text"), line
     rows = result.history
     assert [row["round"] for row in rows] == [0, 1, 2, 3, 4, 5]
     assert [row.get("replies") for row in rows[1:]] == [4, 4, 0, 0, 1]
