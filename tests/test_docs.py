@@ -27,7 +27,9 @@ test), so the pages read as plain Markdown. A line ``--8<-- "path"`` inside a bl
 (pymdownx.snippets) would be replaced with that file, as the site does, but no page has one.
 ``toml`` blocks must parse. A Python block followed by ``It prints `TEXT``` or by ``Output
 of ...`` and a ``text`` block documents its output: the test compares it with the whole
-output of the run, line for line. The last test builds the site with ``mkdocs build --strict``
+output of the run, line for line; a shell block followed by ``prints, ... (real output``
+and a ``text`` block, with the first lines of its last command's output (timings aside). The
+last test builds the site with ``mkdocs build --strict``
 when mkdocs is installed (``make docs`` installs it).
 """
 
@@ -437,6 +439,36 @@ def test_documented_output_is_what_the_example_prints(block, python_results):
         f"{block.id} documents\n{expected}\nbut printed:\n{printed}")
 
 
+def _shell_output(block: Block) -> str | None:
+    """The first lines a shell block prints, where the prose after it says ``prints, ...
+    (real output...`` and a ``text`` block follows."""
+    if not (block.after.startswith("prints, ") and "(real output" in block.after):
+        return None
+    later = [b for b in ALL_BLOCKS if b.path == block.path and b.line > block.line]
+    assert later and later[0].lang == "text", f"{block.id}: its output block is missing"
+    return later[0].code
+
+
+def _times(line: str) -> str:
+    return re.sub(r"\bdone in \d+(\.\d+)? s\b", "done in # s", line)
+
+
+def _shape(line: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "#", line)
+
+
+def _check_shell_output(block: Block, stdout: str, mask) -> None:
+    """The page's lines are what the block's last command printed first, under ``mask``."""
+    expected = [mask(line) for line in _lines(_shell_output(block) or "")]
+    printed = [mask(line) for line in _lines(stdout)]
+    starts = [i for i, line in enumerate(printed) if line == expected[0]] or [0]
+    assert printed[starts[-1]:starts[-1] + len(expected)] == expected, (
+        f"{block.id}'s page shows\n" + "\n".join(expected) + "\nbut it printed\n" + stdout)
+
+
+SHELL_DOCUMENTED = [b for b in SHELL if _shell_output(b) is not None]
+
+
 @pytest.mark.parametrize("block", _params(SHELL))
 def test_shell_example_runs(block, sandbox):
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.runnable_code()],
@@ -444,6 +476,27 @@ def test_shell_example_runs(block, sandbox):
                           timeout=SHELL_TIMEOUT_S, check=False)
     assert done.returncode == 0, (f"exit {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
                                   f"\n--- stderr\n{done.stderr[-3000:]}")
+    if block in SHELL_DOCUMENTED:  # its last command's output: as shown, numbers aside where
+        # run-small made the run smaller (the slow test below runs it as shown), else but for
+        # its timings
+        _check_shell_output(block, done.stdout, _shape if block.kind == "run-small" else _times)
+
+
+def test_some_shell_outputs_are_checked():
+    assert [b.path for b in SHELL_DOCUMENTED] == ["docs/compare.md"], SHELL_DOCUMENTED
+
+
+@pytest.mark.slow  # 28 s: the size the page shows; the fast run above is the small version
+@pytest.mark.parametrize("block", [b for b in SHELL_DOCUMENTED if b.kind == "run-small"],
+                         ids=lambda b: b.id)
+def test_shell_output_at_the_size_shown(block, tmp_path):
+    for entry in ROOT.iterdir():
+        if entry.name not in {".git", "results", "site"}:
+            (tmp_path / entry.name).symlink_to(entry)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _check_shell_output(block, done.stdout, _times)
 
 
 # ------------------------------------------------------------------ the site
