@@ -439,6 +439,34 @@ def test_documented_output_is_what_the_example_prints(block, python_results):
         f"{block.id} documents\n{expected}\nbut printed:\n{printed}")
 
 
+NOVELS_ONLY = "needs the novels from the Debian package r-cran-janeaustenr"
+NOVEL_BLOCKS = [b for b in PYTHON if b.kind == "not-run" and b.arg == NOVELS_ONLY]
+
+
+def _austen_installed() -> bool:
+    from dq_flower.harness.tasks.data.austen import DEFAULT_AUSTEN_DIR
+
+    return Path(DEFAULT_AUSTEN_DIR).is_dir()
+
+
+@pytest.mark.skipif(not _austen_installed(), reason=f"not-run: {NOVELS_ONLY}")
+@pytest.mark.parametrize("block", NOVEL_BLOCKS, ids=lambda b: b.id)
+def test_a_block_that_needs_only_the_novels_prints_what_the_page_shows(block, sandbox):
+    # where the Debian package is installed, such a block runs and its output block (the
+    # text block right after it) is what it prints, line for line
+    done = subprocess.run([sys.executable, "-c", block.code], cwd=sandbox, env=_env(),
+                          capture_output=True, text=True, timeout=PYTHON_TIMEOUT_S,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert block.after == "```text", f"{block.id}: its output block is missing"
+    shown = next(b for b in ALL_BLOCKS if b.path == block.path and b.line > block.line)
+    assert _lines(done.stdout) == _lines(shown.code), (shown.code, done.stdout)
+
+
+def test_some_blocks_need_only_the_novels():
+    assert NOVEL_BLOCKS, NOVELS_ONLY
+
+
 def _shell_output(block: Block) -> str | None:
     """The first lines a shell block prints, where the prose after it says ``prints, ...
     (real output...`` and a ``text`` block follows."""
@@ -723,3 +751,12 @@ def test_no_page_gives_dq_at_its_defaults_another_ratio():
                 wrong += [f"{path.relative_to(ROOT)}: {m[1]}x in {sentence[:160]!r}"
                           for m in RATIO.finditer(sentence) if m[1] not in allowed]
     assert not wrong, f"ratios the results files do not give ({sorted(allowed)}): {wrong}"
+
+
+def test_the_insecure_warning_the_deploy_page_shows_is_the_one_printed():
+    # dq-flower deploy ... --insecure prints INSECURE_WARNING as one line (say())
+    from dq_flower.deploy.process_commands import INSECURE_WARNING
+
+    shown = [b.code.strip() for b in ALL_BLOCKS if b.path == "docs/deploy.md"
+             and b.lang == "text" and "--insecure" in b.code]
+    assert shown == [INSECURE_WARNING], shown
