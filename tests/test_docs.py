@@ -760,3 +760,22 @@ def test_the_insecure_warning_the_deploy_page_shows_is_the_one_printed():
     shown = [b.code.strip() for b in ALL_BLOCKS if b.path == "docs/deploy.md"
              and b.lang == "text" and "--insecure" in b.code]
     assert shown == [INSECURE_WARNING], shown
+
+
+def test_the_imagenet_store_figures_are_what_the_benchmark_prints(sandbox):
+    # docs/scaling.md's store_per_sample.py block (not run there: a measurement of the
+    # machine) runs in 2 s; its bytes are exact, its decode rate a timing (shape only)
+    block = next(b for b in SHELL if b.path == "docs/scaling.md"
+                 and "benchmarks/store_per_sample.py" in b.code)
+    shown = next(b for b in ALL_BLOCKS if b.path == block.path and b.line > block.line)
+    assert block.after == "```text" and shown.lang == "text", block.id
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=sandbox,
+                          env=_env(), capture_output=True, text=True, timeout=SHELL_TIMEOUT_S,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def mask(line: str) -> str:
+        return _shape(line) if "samples/s" in line else line
+
+    assert ([mask(line) for line in _lines(done.stdout)]
+            == [mask(line) for line in _lines(shown.code)]), (shown.code, done.stdout)
