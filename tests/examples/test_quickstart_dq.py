@@ -179,6 +179,28 @@ def test_the_readmes_run_config_example_runs(example, tmp_path):
     assert sorted(central, key=int)[-1] == str(override["num-server-rounds"])
 
 
+def test_the_deploy_pages_run_of_this_app_ends_with_what_it_prints_in_process(example,
+                                                                               capsys):
+    # docs/deploy.md quotes the last line of `dq-flower deploy local --app
+    # examples/quickstart-dq` (a TLS deployment, minutes); in-process gives the same numbers
+    from tests.test_docs import ALL_BLOCKS
+
+    shown = next(b.code for b in ALL_BLOCKS if b.path == "docs/deploy.md"
+                 and "deploy local --app examples/quickstart-dq" in b.code)
+    rounds = int(re.search(r"--app examples/quickstart-dq --rounds (\d+)", shown)[1])
+    nodes = len(re.search(r"SuperNodes \[([^\]]+)\]", shown)[1].split(","))
+    page = " ".join((APP_DIR.parents[1] / "docs" / "deploy.md").read_text().split())
+    quoted = re.search(r"the run's own output ends with `(Final accuracy [^`]+)`", page)[1]
+    _, client_app, server_app = example
+    config = {**app_config(), "num-server-rounds": rounds}
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                      run_config=config)
+    server_app.app(InProcessGrid(client_app.app, nodes), context)
+    final = [line.strip() for line in capsys.readouterr().out.splitlines()
+             if line.startswith("Final accuracy")]
+    assert final == [quoted], (final, quoted)
+
+
 def test_the_readmes_client_excerpt_is_the_client_app():
     excerpt = readme_block("@app.train()")
     assert excerpt in (APP_DIR / "quickstart_dq" / "client_app.py").read_text(), excerpt
