@@ -5,6 +5,7 @@ README and docs/method.md show this run's history and its round-2 log line."""
 from __future__ import annotations
 
 import logging
+import re
 
 from tests.dq.helpers import run_inprocess
 from tests.test_docs import ALL_BLOCKS, _documented_output
@@ -44,3 +45,15 @@ def test_a_run_that_ends_early_says_so_in_its_log(caplog):
     said = [r.getMessage() for r in caplog.records if "ended early" in r.getMessage()]
     assert said == ["[dq] ended early after round 3: the adaptive upload schedule stopped "
                     "asking and the server's training reached its plateau"], said
+
+
+def test_the_deploy_pages_round_lines_are_the_in_process_runs():
+    # docs/deploy.md shows `dq-flower deploy local --nodes 2 --rounds 2` (a TLS deployment,
+    # minutes); its rounds' accuracy and uplink are the in-process run's (the downlink, the
+    # package app's round config, differs)
+    block = next(b for b in ALL_BLOCKS if b.path == "docs/deploy.md"
+                 and b.code.startswith("$ dq-flower deploy local --nodes 2 --rounds 2"))
+    shown = re.findall(r"^round (\d+): accuracy ([\d.]+), up (\d+) B", block.code, re.M)
+    result, _ = run_inprocess(num_clients=2, rounds=2, seed=0)
+    assert shown == [(str(row["round"]), f"{row['accuracy']:.4f}", str(row["up_bytes"]))
+                     for row in result.history], shown
