@@ -779,3 +779,18 @@ def test_the_imagenet_store_figures_are_what_the_benchmark_prints(sandbox):
 
     assert ([mask(line) for line in _lines(done.stdout)]
             == [mask(line) for line in _lines(shown.code)]), (shown.code, done.stdout)
+
+
+def test_the_certs_output_the_deploy_page_shows_is_what_the_command_prints(tmp_path):
+    # docs/deploy.md runs `deploy certs` (test_shell_example_runs) and shows the output of
+    # the same command with `--host 192.0.2.2`, line for line
+    block = next(b for b in SHELL if b.path == "docs/deploy.md"
+                 and b.code.startswith("dq-flower deploy certs "))
+    assert block.after == "Observed (run with `--host 192.0.2.2`, that machine's address):"
+    shown = next(b for b in ALL_BLOCKS if b.path == block.path and b.line > block.line)
+    command = re.sub(r"( --host \S+)+", " --host 192.0.2.2", block.code.strip())
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=SHELL_TIMEOUT_S,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _lines(done.stdout) == _lines(shown.code), (shown.code, done.stdout)
