@@ -762,20 +762,32 @@ def test_the_insecure_warning_the_deploy_page_shows_is_the_one_printed():
     assert shown == [INSECURE_WARNING], shown
 
 
-def test_the_imagenet_store_figures_are_what_the_benchmark_prints(sandbox):
-    # docs/scaling.md's store_per_sample.py block (not run there: a measurement of the
-    # machine) runs in 2 s; its bytes are exact, its decode rate a timing (shape only)
-    block = next(b for b in SHELL if b.path == "docs/scaling.md"
-                 and "benchmarks/store_per_sample.py" in b.code)
+#: the scaling page's measurements of this machine that run in seconds: the script, and
+#: the smaller run whose counts are the same (the timings are only the page's shape)
+MEASURED = {"benchmarks/store_per_sample.py": [],
+            "benchmarks/train_flops.py": [("--batch 8", "--batch 1"), ("--steps 2", "--steps 1"),
+                                          ("--repeats 2", "--repeats 1")]}
+TIMING = re.compile(r"samples/s|ms per step|GFLOP/s")
+
+
+@pytest.mark.parametrize("script", sorted(MEASURED))
+def test_the_scaling_pages_counts_are_what_the_benchmark_prints(script, sandbox):
+    # docs/scaling.md's blocks (not run there: measurements of the machine); the bytes and
+    # FLOPs they print are exact, their rates a timing (shape only)
+    block = next(b for b in SHELL if b.path == "docs/scaling.md" and script in b.code)
     shown = next(b for b in ALL_BLOCKS if b.path == block.path and b.line > block.line)
     assert block.after == "```text" and shown.lang == "text", block.id
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=sandbox,
+    code = block.code
+    for old, new in MEASURED[script]:
+        assert old in code, (block.id, old)
+        code = code.replace(old, new)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=sandbox,
                           env=_env(), capture_output=True, text=True, timeout=SHELL_TIMEOUT_S,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
 
     def mask(line: str) -> str:
-        return _shape(line) if "samples/s" in line else line
+        return _shape(line) if TIMING.search(line) else line
 
     assert ([mask(line) for line in _lines(done.stdout)]
             == [mask(line) for line in _lines(shown.code)]), (shown.code, done.stdout)
