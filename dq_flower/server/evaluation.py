@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from logging import WARNING
+from typing import Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from dq_flower.codecs import PayloadError
@@ -108,15 +112,38 @@ class FederatedEvaluation:
         if self.fedavg.evaluate_metrics_aggr_fn is not None:  # the user's, as FedAvg calls it
             return self.fedavg.aggregate(self.fedavg.evaluate_metrics_aggr_fn, replies,
                                          screened.nodes, "evaluate")
-        weights = cap_weights([n for n, _ in screened.accepted], self.evaluate_weight_cap)
-        per_key: dict[str, tuple[list[float], list[float]]] = {}
+        counts = [n for n, _ in screened.accepted]
+        weights = cap_weights(counts, self.evaluate_weight_cap)
+        per_key: dict[str, tuple[list[float], list[float], list[float]]] = {}
         keys = common_keys([values for _, values in screened.accepted])
-        for weight, (_, values) in zip(weights, screened.accepted, strict=True):
+        for weight, (count, values) in zip(weights, screened.accepted, strict=True):
             for key, value in values.items():
                 if key not in keys:
                     continue
-                vals, wts = per_key.setdefault(key, ([], []))
+                vals, wts, raw = per_key.setdefault(key, ([], [], []))
                 vals.append(value)
                 wts.append(weight)
-        return MetricRecord({key: trimmed_weighted_mean(vals, wts, self.evaluate_trim)
-                             for key, (vals, wts) in per_key.items()})
+                raw.append(count)
+        out = {key: trimmed_weighted_mean(vals, wts, self.evaluate_trim)
+               for key, (vals, wts, _) in per_key.items()}
+        self._say_plain(server_round, out, {key: trimmed_weighted_mean(vals, raw, 0.0)
+                                            for key, (vals, _, raw) in per_key.items()})
+        return MetricRecord(cast(dict[str, Any], out))
+
+    def _say_plain(self, server_round: int, robust: dict[str, float],
+                   plain: dict[str, float]) -> None:
+        """Log once a run where the robust figures differ from Flower's plain weighted mean.
+
+        Honest nodes of other data (a large site whose figures are its own) move the plain
+        mean where the trim and the count cap leave them out; the user is told both.
+        """
+        moved = {k: (v, plain[k]) for k, v in robust.items()
+                 if not math.isclose(v, plain[k], rel_tol=1e-9, abs_tol=1e-12)}
+        if moved and not getattr(self, "_said_plain", False):
+            self._said_plain = True
+            log(WARNING, "federated evaluation, round %d: %s is the robust mean (the lowest "
+                "and highest %g of the nodes' figures left out, counts capped at %g times the "
+                "median); Flower's weighted mean of the same replies: %s (evaluate_trim = 0 "
+                "and evaluate_weight_cap = 0 give it; said once)", server_round,
+                ", ".join(f"{k} {v:.4g}" for k, (v, _) in moved.items()), self.evaluate_trim,
+                self.evaluate_weight_cap, ", ".join(f"{k} {p:.4g}" for k, (_, p) in moved.items()))

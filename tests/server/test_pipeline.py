@@ -244,3 +244,27 @@ def test_dq_counts_silent_nodes_and_stops_a_run_nobody_answers():
     strategy, _, replies = _dq_round(upload_schedule="fixed", max_failed_rounds=1)
     with pytest.raises(ClientFailureError, match="no reply from the 3 sampled node"):
         strategy.aggregate_train(1, [])
+
+
+def test_a_robust_figure_that_leaves_honest_nodes_out_says_flowers_weighted_mean(caplog):
+    # honest nodes of other data: a large site's accuracy is its own (a scanner's mirrored
+    # images); the trim and the count cap leave it out, and the figure read 0.917 where the
+    # pooled accuracy was 0.686, without a word
+    import logging
+
+    rows = [(0.92, 100), (0.91, 100), (0.93, 100), (0.90, 100), (0.30, 400)]
+    contents = {node(i): {"accuracy": acc, "num-examples": n} for i, (acc, n) in enumerate(rows)}
+    plain = sum(a * n for a, n in rows) / sum(n for _, n in rows)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        first = _evaluation_round(contents)
+        _evaluation_round(contents)
+    said = [r.getMessage() for r in caplog.records if "federated evaluation" in r.getMessage()]
+    assert first["accuracy"] > 0.9 and abs(plain - 0.6075) < 1e-9
+    assert len(said) == 2  # once a run: each round here is a strategy of its own
+    assert f"accuracy {first['accuracy']:.4g}" in said[0] and f"accuracy {plain:.4g}" in said[0]
+    honest = {node(i): {"accuracy": acc, "num-examples": 100} for i, (acc, _) in
+              enumerate(rows[:4])}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _evaluation_round(honest)
+    assert not any("federated evaluation" in r.getMessage() for r in caplog.records)
