@@ -9,11 +9,14 @@ every form of a device's data down to these).
 from __future__ import annotations
 
 import sys
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 
 __all__ = ["is_class_target", "normalise", "to_numpy"]
+
+_TOLD: set[tuple[Any, ...]] = set()  # warnings given in this process (each said once)
 
 
 def is_class_target(y: np.ndarray) -> bool:
@@ -72,10 +75,7 @@ def normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
                          "every node; a category column: frame[col].cat.codes, the same "
                          "categories everywhere)")
     xa = np.ascontiguousarray(xa, dtype=np.float32)
-    if xa.size and not np.isfinite(xa).all():
-        raise ValueError(f"{what}: x contains NaN or infinite values: DQ quantizes values, so "
-                         "fill missing ones on the device before dq_train (as your model "
-                         "would, e.g. np.nan_to_num, or each column's mean)")
+    bad = _non_finite(xa)
     if is_class_target(ya) and ya.ndim > 1 and ya[0].size > 1:
         ya = _several_labels(ya, what)
     if is_class_target(ya):
@@ -87,15 +87,45 @@ def normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
         if ya.ndim > 2 and not (ya.shape == xa.shape and np.array_equal(ya, xa)):
             raise ValueError(f"{what}: float targets must be (n,) or (n, k) (or the samples "
                              f"themselves, an autoencoder's), got {ya.shape}")
-        if ya.size and not np.isfinite(ya).all():
-            raise ValueError(f"{what}: y contains NaN or infinite values")
+        bad |= _non_finite(ya)
     else:
         hint = ("; map class names to ids with one mapping for every node (a fixed list of "
                 "names; a LabelEncoder fitted on each node's own labels numbers them apart)"
                 if ya.dtype.kind in "OUS" else "")
         raise ValueError(f"{what}: y must hold integer labels or float targets, "
                          f"got dtype {ya.dtype}{hint}")
-    return xa, ya
+    return _finite_rows(xa, ya, bad, what)
+
+
+def _non_finite(a: np.ndarray) -> np.ndarray:
+    """Which rows of ``a`` hold a NaN or an infinity."""
+    if not a.size:
+        return np.zeros(a.shape[0], dtype=bool)
+    return ~np.isfinite(a).reshape(a.shape[0], -1).all(axis=1)
+
+
+def _finite_rows(x: np.ndarray, y: np.ndarray, bad: np.ndarray, what: str
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``(x, y)`` without a NaN or infinite value; said once, or refused if none.
+
+    DQ quantizes values, so a row with a missing one cannot travel: it is left out (a node
+    with 8 such rows of 1,000 was refused whole, every round).
+    """
+    if not bad.any():
+        return x, y
+    fill = ("fill missing values on the device before dq_train to keep those rows (as your "
+            "model would: np.nan_to_num, or each column's mean)")
+    if bad.all():
+        raise ValueError(f"{what}: every row contains NaN or infinite values: DQ quantizes "
+                         f"values, so {fill}")
+    line = (f"{what}: %d of %d rows contain NaN or infinite values and are left out; {fill}",
+            int(bad.sum()), int(bad.size))
+    if line not in _TOLD:
+        _TOLD.add(line)
+        from flwr.common.logger import log  # Flower's logger: the node's log
+
+        log(WARNING, *line)
+    return x[~bad], y[~bad]
 
 
 def _several_labels(ya: np.ndarray, what: str) -> np.ndarray:
