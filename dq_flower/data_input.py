@@ -208,6 +208,11 @@ def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
     if isinstance(item[0], Mapping):
         raise ValueError(f"{what} holds a dict of inputs before its target: give the inputs "
                          "as a tuple ((x1, x2), y), or one input tensor")
+    if isinstance(item[1], Mapping):
+        raise ValueError(f"{what}'s target is a dict (keys {sorted(map(str, item[1]))}): DQ "
+                         "carries one target a sample; give the targets as one float array "
+                         "(n, k), and a loss_fn that splits the model's one output tensor "
+                         "into its heads (see docs/plugin.md, your own model and data)")
     x = item[0]
     if isinstance(x, (tuple, list)) and len(x) > 1 and all(hasattr(v, "shape") for v in x):
         return tuple(x), item[1]  # several inputs: arrays or tensors, not a list of numbers

@@ -431,3 +431,12 @@ def test_a_frames_text_and_category_columns_are_named():
     with pytest.raises(ValueError, match=r"columns 'region' \(category\), 'plan' \(") as err:
         as_arrays((frame, np.array([0, 1])))
     assert "cat.codes" in str(err.value) and "'amount'" not in str(err.value)
+
+
+def test_a_dict_target_is_refused_saying_how_to_give_several():
+    # a (x, {"cls": ..., "price": ...}) item was refused as "y must hold integer labels or
+    # float targets, got dtype object; map class names to ids", which misled
+    items = [(np.ones(3, np.float32), {"cls": 1, "price": 2.5}) for _ in range(4)]
+    with pytest.raises(ValueError, match=r"target is a dict \(keys \['cls', 'price'\]\): DQ "
+                                         r"carries one target a sample"):
+        as_arrays(items)
