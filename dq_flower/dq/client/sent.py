@@ -79,6 +79,11 @@ def row_hashes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return h ^ (h >> np.uint64(29)) * np.uint64(0xBF58476D1CE4E5B9)
 
 
+def repeated_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Which rows repeat an earlier one exactly (input and target): no news to the server."""
+    return _occurrence(row_hashes(x, y)) > 0
+
+
 def _occurrence(keys: np.ndarray) -> np.ndarray:
     """For each entry, how many equal ones come before it."""
     order = np.argsort(keys, kind="stable")

@@ -40,6 +40,7 @@ from dq_flower.dq.client.sent import (
     coding_ranges,
     forget_from,
     keep_sent,
+    repeated_rows,
     row_names,
     sent_rows,
     spec_of,
@@ -306,7 +307,8 @@ def _data_round(r: RoundInput) -> Message:
     n = r.x.shape[0]
     num_classes = _num_classes(config, spec, y, n)
     names, named = row_names(context, r.x, y)  # the ids the server knows the rows by
-    cfg, candidates, examples = _candidates(config, r.cfg, r.key, names, named)
+    cfg, candidates, examples = _candidates(config, r.cfg, r.key, names, named,
+                                            repeated_rows(r.x, y))
     x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows
     in_bound = x_flat  # the rows its feature ranges cover
     if (bound := config.get(VALUE_BOUND_KEY)) is not None and not spec.vocab:
@@ -369,17 +371,19 @@ def _num_classes(config: dict[str, Any], spec: DataSpec, y: np.ndarray, n: int) 
 
 
 def _candidates(config: dict[str, Any], cfg: DQConfig, key: int, names: np.ndarray,
-                named: int) -> tuple[DQConfig, np.ndarray, int]:
+                named: int, repeats: np.ndarray | None = None
+                ) -> tuple[DQConfig, np.ndarray, int]:
     """The node's ask (its budget), the rows it may send and its examples.
 
-    The rows it may send: by position, those the server lacks; its examples: the rows the
-    server holds and those it lacks. ``names``: the rows' ids (:func:`.row_names`),
-    ``named`` of them given so far.
+    The rows it may send: by position, those the server lacks, exact repeats of another row
+    aside (``repeats``: a row copied ten times was sent ten times, the copies dropped on
+    arrival); its examples: the rows the server holds and those it lacks. ``names``: the
+    rows' ids (:func:`.row_names`), ``named`` of them given so far.
     """
     held, ask = held_for(config, key, named)  # what the server holds of this client's rows
     if ask is not None and ask >= 1:  # this client's own ask, from the table of every client
         cfg = dataclasses.replace(cfg, budget=int(ask))
-    lacked = ~np.isin(names, held)
+    lacked = ~np.isin(names, held) & (True if repeats is None else ~repeats)
     candidates = np.arange(names.size) if cfg.resend else np.flatnonzero(lacked)
     if ask == 0:  # the server asks this client for nothing this round
         candidates = candidates[:0]
