@@ -32,6 +32,9 @@ class RoundMetrics:
     def __init__(self, cfg: DQConfig, data: FederationData, asks: RoundAsks,
                  trainer: ServerTrainer) -> None:
         self.cfg, self.data, self.asks, self.trainer = cfg, data, asks, trainer
+        #: bytes of the samples sent so far, and of the model's float32 weights from as many
+        #: replies (what FedAvg's uplink would be), until :meth:`_weigh` has said so once
+        self.sent: list[float] | None = [0.0, 0.0]
 
     def common(self, plan: RoundPlan | None, *, loss: float, selected: int, up_bits: int,
                replies: int, rejected: int, failed: int, t0: float) -> Metrics:
@@ -77,7 +80,25 @@ class RoundMetrics:
         log_round("dq", server_round, f"{metrics['selected']} new samples, store "
                   f"{metrics['stored']}, rejected {rejected}, failed {failed}"
                   + schedule_text(metrics, self.trainer.cfg.uploads_all))
+        self._weigh(server_round, sum(u.batch.payload_bits for u in fresh) / 8, len(fresh))
         return metrics
+
+    def _weigh(self, server_round: int, sample_bytes: float, replies: int) -> None:
+        """Say once where the samples sent outweigh the model's weights from as many replies.
+
+        A small model on many rows (62 weights, 50,000 rows a node) cost DQ 3.9 times
+        FedAvg's uplink without a word.
+        """
+        if self.sent is None:
+            return
+        self.sent[0] += sample_bytes
+        self.sent[1] += 4.0 * replies * sum(p.numel() for p in self.trainer.model.parameters())
+        if self.sent[0] > self.sent[1] > 0:
+            log_round("dq", server_round, f"the samples sent so far ({self.sent[0]:,.0f} B) "
+                      f"outweigh the model's float32 weights from as many replies "
+                      f"({self.sent[1]:,.0f} B): with a model this small FedAvg's uplink is "
+                      "the smaller (said once)")
+            self.sent = None
 
     def schedule(self) -> Metrics:
         """The adaptive schedule's round metrics (steps, held-out score, gain, next ask)."""
