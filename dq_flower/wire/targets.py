@@ -10,10 +10,13 @@ server's model check has refused such targets.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 
-__all__ = ["binary_targets", "ids_below", "model_targets", "retypes_to", "travelling_targets",
-           "MODEL_OUTPUTS_KEY", "HALF_TOLERANCE"]
+__all__ = ["binary_targets", "ids_below", "model_targets", "retyped", "retypes_to",
+           "travelling_targets", "MODEL_OUTPUTS_KEY", "HALF_TOLERANCE"]
 
 #: Round-config key: the outputs per sample of the server's model, where nodes' targets
 #: are to be retyped for it (:func:`model_targets`).
@@ -85,3 +88,23 @@ def retypes_to(target: str, wanted: str, outputs: int) -> bool:
     if outputs >= 2:
         return target in ("float", "binary") and wanted == "class"
     return outputs == 1 and target == "class" and wanted in ("float", "binary")
+
+
+def retyped(spec: Any, labels: np.ndarray, outputs: int, users_loss: Any = None
+            ) -> tuple[np.ndarray, Any] | None:
+    """``labels`` and their data ``spec`` typed as a model of ``outputs`` outputs reads them.
+
+    :func:`model_targets` on a reply's targets, exact either way (small whole numbers), and
+    the spec's target kind to match (``class``, ``binary`` for 0/1 floats, ``float``);
+    ``None`` where nothing changes (or the targets are tokens, or several a sample). Given
+    ``users_loss`` (the user's own), only whole numbers for one output become floats: any
+    loss of one output reads floats, while float class ids may be what a loss of several
+    outputs reads (a Gaussian NLL's mean and variance).
+    """
+    typed = model_targets(labels, outputs)
+    if typed is labels or spec.target not in ("class", "float", "binary") \
+            or spec.target_dim != 1 or (users_loss is not None and outputs != 1):
+        return None
+    kind = ("class" if np.issubdtype(typed.dtype, np.integer)
+            else "binary" if binary_targets(typed) else "float")
+    return typed, dataclasses.replace(spec, target=kind, target_dim=1, column=False)

@@ -1,6 +1,6 @@
 """The server's intake of DQ data replies: what it learns from them, the checks, the store.
 
-:class:`UploadIntake` checks each reply alone (under the identity :mod:`.identities` grants
+:class:`UploadIntake` checks each reply alone (under the identity :mod:`.federation` grants
 it), then with the round's others; a spec or bound learned from replies stays provisional
 until rows are stored. :class:`Compensations` screens compensations and refreshed residuals.
 """
@@ -31,6 +31,7 @@ from dq_flower.dq.server.federation import (
 )
 from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates
+from dq_flower.dq.server.round_metrics import spec_text
 from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.dq.server.store_lock import lock_store_dir
 from dq_flower.dq.server.token_intake import layout_of, table_reader, whole_number_vocab
@@ -53,7 +54,7 @@ from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
 from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import DataSpec, SampleBatch, range_mode, reply_spec
-from dq_flower.wire.targets import model_targets
+from dq_flower.wire.targets import model_targets, retyped
 
 __all__ = ["UploadIntake", "Compensations", "Ask"]
 
@@ -132,18 +133,8 @@ class UploadIntake:
         else:
             if self.bits_note and not ids:
                 log_round("dq", 0, self.bits_note)
-            units = " (mixed units: one range a sample would lose some)" * (
-                spec.mixed_units and mode == "feature")
-            reader = ("whole numbers the model casts" if self.data.whole_vocab
-                      else "the model's embedding")
-            log_round("dq", 0, f"data: samples {spec.sample_shape}" + (
-                f" of ids below {spec.vocab} ({reader}), coded losslessly"
-                if ids else "") + (", the samples their own targets (none sent)" if spec.target
-                                   == "inputs" else f", {spec.target} targets") + (
-                " (0 or 1: binary cross-entropy on the model's logits)"
-                if spec.target == "binary" and getattr(self.loss_fn, "user", 0) is None else "") + (
-                "" if ids else f", ranges {mode}{units}") + (f", {self.data.num_classes} classes"
-                                                       if spec.target == "class" else ""))
+            log_round("dq", 0, spec_text(spec, mode, self.data.num_classes, self.data.whole_vocab,
+                                         getattr(self.loss_fn, "user", 0) is None))
 
     # ------------------------------------------------------------------ one reply
     def rules(self) -> Rules:
@@ -195,6 +186,8 @@ class UploadIntake:
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
         """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others."""
         self.data.forget_unconfirmed()
+        if self.data.spec is None:  # targets typed as the loss reads them
+            uploads = [self._typed(u) for u in uploads]
         known = {int(n): int(v[0]) for n, v in self.data.sent.items() if v[0] > 0}
         sent = {int(n): int(v[1]) for n, v in self.data.sent.items()}
         verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
@@ -234,6 +227,16 @@ class UploadIntake:
                       f"{VALUE_FACTOR:g} times the median upload's largest)")
         return verdict.accepted, rejected + len(verdict.refused)
 
+    def _typed(self, u: Upload) -> Upload:
+        """``u``'s targets typed as the loss reads them; the nodes asked so from now on."""
+        outputs = output_width(self.model) or 0
+        got = (retyped(u.spec, u.batch.labels, outputs, getattr(self.loss_fn, "user", None))
+               if u.spec and len(u.batch) else None)
+        if got is None:
+            return u
+        self.data.ask_model_targets(outputs)
+        return replace(u, batch=replace(u.batch, labels=got[0]), spec=got[1])
+
     def _check(self, spec: DataSpec, upload: Upload) -> int:
         """The model check (:func:`check_model`): classes; a refusal may ask nodes otherwise."""
         follow_targets(self.loss_fn, spec)  # the spec on trial
@@ -246,12 +249,11 @@ class UploadIntake:
                 raise PayloadError(f"{exc}: {why}") from exc
             outputs = output_width(self.model) or 0
             labels = np.asarray(upload.batch.labels)
-            retyped = model_targets(labels, outputs)
-            if spec.target == "tokens" or retyped is labels:
+            if spec.target == "tokens" or (typed := model_targets(labels, outputs)) is labels:
                 raise
             self.data.ask_model_targets(outputs)
             raise PayloadError(f"{exc}: its targets fit the model's {outputs} output(s) as "
-                               + ("float targets" if retyped.dtype.kind == "f" else
+                               + ("float targets" if typed.dtype.kind == "f" else
                                   "class labels") + "; the next rounds ask for them so") from exc
 
     def store_uploads(self, uploads: list[Upload],

@@ -19,8 +19,9 @@ from dq_flower.dq.server.planner import RoundPlan
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import Upload
 from dq_flower.server.common import log_round
+from dq_flower.wire.dq_batch import DataSpec
 
-__all__ = ["Metrics", "RoundMetrics", "schedule_text"]
+__all__ = ["Metrics", "RoundMetrics", "schedule_text", "spec_text"]
 
 #: a round's metrics by name, as ``aggregate_train`` returns them
 Metrics = dict[str, MetricRecordValues]
@@ -156,3 +157,20 @@ def schedule_text(metrics: dict[str, Any], all_rows: bool = False) -> str:
             f"no uploads until a probe in {rounds}" if wait else "no more uploads")
     return text + ("; next ask: every row left" if all_rows
                    else f"; next ask {metrics['next-ask']} samples")
+
+
+def spec_text(spec: DataSpec, mode: str, classes: int | None, whole_vocab: int,
+              default_loss: bool) -> str:
+    """The log line of an adopted data spec (samples, targets, ranges, classes)."""
+    ids = spec.vocab > 0
+    reader = "whole numbers the model casts" if whole_vocab else "the model's embedding"
+    units = " (mixed units: one range a sample would lose some)" * (
+        spec.mixed_units and mode == "feature")
+    return (f"data: samples {spec.sample_shape}"
+            + (f" of ids below {spec.vocab} ({reader}), coded losslessly" if ids else "")
+            + (", the samples their own targets (none sent)" if spec.target == "inputs"
+               else f", {spec.target} targets")
+            + (" (0 or 1: binary cross-entropy on the model's logits)"
+               if spec.target == "binary" and default_loss else "")
+            + ("" if ids else f", ranges {mode}{units}")
+            + (f", {classes} classes" if spec.target == "class" else ""))
