@@ -176,7 +176,10 @@ def test_the_declared_spellings_are_the_old_neutral_table():
                 spellings.setdefault(key, [])
                 if value not in spellings[key]:
                     spellings[key].append(value)
-    assert spellings == {key: [value] for key, value in OLD_NEUTRAL_VALUES.items()}
+    # and "auto" for DQ's knobs whose 0 is auto (the log says "bits auto"; a pyproject's
+    # `bits = "auto"` stopped the ServerApp)
+    auto = {"bits": ["auto"], "server-threads": ["auto"], "max-abs-value": ["auto"]}
+    assert spellings == {**{key: [value] for key, value in OLD_NEUTRAL_VALUES.items()}, **auto}
 
 
 def test_the_presets_are_the_old_method_defaults():
@@ -307,8 +310,9 @@ def test_a_knob_checks_as_it_is_set_and_keeps_the_dataclass_frozen():
     # an inherited knob with another default keeps the group's check
     with pytest.raises(ValueError, match="^lr: must be > 0"):
         DQConfig(lr=0.0)
-    with pytest.raises(ValueError, match="^bits: must be given a value, got None$"):
-        DQConfig(bits=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^budget: must be given a value, got None$"):
+        DQConfig(budget=None)  # type: ignore[arg-type]
+    assert DQConfig(bits=None).bits == 0  # type: ignore[arg-type]  # its "not set": auto
     cfg = DQConfig(bits=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.bits = 4  # type: ignore[misc]

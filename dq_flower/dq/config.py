@@ -160,7 +160,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "at the node's mean) or `importance` (each row by 1/its inclusion probability); a "
         "compensation's control variate uses `importance`"))
     bits: int = knob(0, lambda v: None if 0 <= v <= 8 else f"must be in 0..8, got {v}",
-                     client=True, doc=(
+                     client=True, unset="auto", doc=(
         "bits per data coordinate, 1 to 8; 0 (auto): 4 for flat samples of fewer than "
         "64 features (a table: each feature carries more of the signal, and d is small) "
         "and where the model reads samples with an embedding, else 2 (see [the bits of a "
@@ -211,7 +211,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "processes the server trains in: 1 (its own) or N worker processes joined by "
         "`torch.distributed`, each computing the gradient of 1/N of every minibatch (see "
         "[Server training on several processes](scaling-ddp.md))"))
-    server_threads: int = knob(0, between(0, 1024), doc=(
+    server_threads: int = knob(0, between(0, 1024), unset="auto", doc=(
         "PyTorch threads of the server's training (restored after each round's): 0 (auto) "
         "one where a step is under 100 MFLOP (threads gain it little and, where another "
         "process takes a core, cost it many times over), PyTorch's own count otherwise; N: "
@@ -255,7 +255,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
     robust_aggregation: str = knob("auto", one_of(("auto", "mean", "median", "trimmed-mean")),
                                    doc=("compensations and gradient rounds: `mean`, "
                                         "`median`, `trimmed-mean` (`auto`: `mean`)"))
-    max_abs_value: float = knob(0.0, at_least(0, "0 = auto"), doc=(
+    max_abs_value: float = knob(0.0, at_least(0, "0 = auto"), unset="auto", doc=(
         "bound on decoded data values (0, auto: 10x the median largest of the first data "
         "round's uploads)"))
 

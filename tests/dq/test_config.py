@@ -119,3 +119,20 @@ def test_simulate_takes_codec_params_as_a_dict_and_passes_flowers_flat_keys():
     assert knobs.compensation_params == {"levels": 2, "bucket": 64}
     with pytest.raises(ValueError, match="compensation-params: parameter 'levels'"):
         build_run_config("dq", compensation="qsgd", compensation_params={"levels": [2]})
+
+
+def test_the_auto_knobs_read_auto_from_a_run_config():
+    # the log says "bits auto", and `bits = "auto"` in a pyproject stopped the ServerApp
+    # ("bits: expected an integer, got 'auto'"), as did server-threads and max-abs-value
+    import pytest
+    from torch import nn
+
+    from dq_flower import DQStrategy
+
+    model = nn.Linear(4, 2)
+    auto = DQStrategy.from_run_config(model, {"bits": "auto", "server-threads": "auto",
+                                              "max-abs-value": "auto"})
+    assert (auto.cfg.bits, auto.cfg.server_threads, auto.cfg.max_abs_value) == (4, 0, 0.0)
+    assert DQStrategy.from_run_config(model, {"bits": 3}).cfg.bits == 3
+    with pytest.raises(ValueError, match="bits"):
+        DQStrategy.from_run_config(model, {"bits": "automatic"})
