@@ -186,6 +186,19 @@ class TargetLoss:
         return self.user(outputs, targets)
 
 
+def weighs_classes(loss_fn: object) -> bool:
+    """Whether ``loss_fn`` (or the user's loss inside it) weighs classes unequally.
+
+    A cross-entropy or NLL loss given class weights says what a right row of each class is
+    worth to the user: the held-out rows are then judged by that loss, not by accuracy (on
+    5% fraud, accuracy keeps the model that calls every row honest).
+    """
+    weight = getattr(getattr(loss_fn, "user", loss_fn), "weight", None)
+    return (isinstance(getattr(loss_fn, "user", loss_fn), torch.nn.modules.loss._WeightedLoss)
+            and isinstance(weight, torch.Tensor) and weight.numel() > 1
+            and bool((weight != weight.reshape(-1)[0]).any()))
+
+
 def follow_targets(loss_fn: LossFn | None, spec: object) -> None:
     """Have ``loss_fn`` read ``spec``'s targets where it is a :class:`TargetLoss`."""
     if isinstance(loss_fn, TargetLoss):

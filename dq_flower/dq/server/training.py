@@ -36,6 +36,7 @@ from dq_flower.dq.server.processes import check_portable, sharded_phase, sharded
 from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
 from dq_flower.dq.server.step_compute import StepCompute, step_compute, torch_threads
 from dq_flower.dq.server.validation import Upload
+from dq_flower.losses import weighs_classes
 from dq_flower.model_ops import (
     LossFn,
     WeightedSteps,
@@ -409,7 +410,8 @@ class ServerTrainer:
                 if not keep.any():
                     continue
             loss, hit = per_sample_results(self.model, self.data.shaped(x), y, self.loss_fn)
-            parts.append(HeldOutScores(loss, hit, node_ids))
+            parts.append(HeldOutScores(loss, None if weighs_classes(self.loss_fn) else hit,
+                                       node_ids))
         return HeldOutScores.concat(parts)
 
     # ------------------------------------------------------------------ checkpoints
