@@ -27,7 +27,7 @@ before) the layer keeps its function.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,8 +37,8 @@ from torch import nn
 
 from dq_flower.server.common import log_round
 
-__all__ = ["InputScale", "RAW_FACTOR", "SPREAD_RATIO", "SCALE_ROWS", "first_linear",
-           "held_out_rows", "tracked_statistics", "MIN_NORM_MOMENTUM"]
+__all__ = ["InputScale", "Standardising", "RAW_FACTOR", "SPREAD_RATIO", "SCALE_ROWS",
+           "first_linear", "held_out_rows", "tracked_statistics", "MIN_NORM_MOMENTUM"]
 
 #: How much larger than on standardised rows (and than 1) the layer's raw outputs must be.
 RAW_FACTOR = 10.0
@@ -86,8 +86,8 @@ def held_out_rows(store: Any, spec: Any, eligible: bool) -> np.ndarray | None:
     return next(store.holdout_batches(SCALE_ROWS))[0]
 
 
-class InputScale:
-    """Whether, and with which column means and spreads, the server standardises a table."""
+class Standardising:
+    """Whether, and with which column means and spreads, the server standardises (once)."""
 
     def __init__(self) -> None:
         self.decided = False
@@ -99,6 +99,34 @@ class InputScale:
     def wanted(self) -> bool:
         """Whether a phase needs held-out rows: to decide, or to find the layer it scales."""
         return not self.decided or self.mean is not None
+
+    def state(self) -> dict[str, Any]:
+        """The decision, for checkpoints."""
+        return {"decided": self.decided, "mean": self.mean, "std": self.std}
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """Inverse of :meth:`state` (a checkpoint from before it: undecided)."""
+        state = state or {}
+        self.decided = bool(state.get("decided", False))
+        self.mean, self.std = state.get("mean"), state.get("std")
+        self.fresh_start = False
+
+    def found(self, model: nn.Module, x: np.ndarray | None,
+              find: Callable[[nn.Module, torch.Tensor], nn.Linear | None]
+              ) -> tuple[nn.Linear, torch.Tensor, torch.Tensor] | None:
+        """The layer ``find`` picks on a few rows of ``x`` with the means and spreads, if any."""
+        xt = None if x is None or self.mean is None else torch.as_tensor(
+            np.ascontiguousarray(x[:8]), dtype=next(model.parameters()).dtype)
+        layer = None if xt is None else find(model, xt)
+        if layer is None:
+            return None
+        w = layer.weight
+        return (layer, torch.as_tensor(self.mean, dtype=w.dtype, device=w.device),
+                torch.as_tensor(self.std, dtype=w.dtype, device=w.device))
+
+
+class InputScale(Standardising):
+    """A raw table's columns, standardised for the model's first layer."""
 
     def decide(self, model: nn.Module, rows: np.ndarray) -> bool:
         """Decide on flat held-out ``rows`` (raw columns) whether to standardise; once."""
@@ -139,15 +167,12 @@ class InputScale:
         """
         if rows is not None and not self.decided:
             self.decide(model, rows)
-        x = None if rows is None or self.mean is None else torch.as_tensor(
-            np.ascontiguousarray(rows[:8]), dtype=next(model.parameters()).dtype)
-        layer = None if x is None else first_linear(model, x)
-        if layer is None:
+        found = self.found(model, rows, first_linear)
+        if found is None:
             yield None
             return
+        layer, mean, std = found
         w, b = layer.weight, layer.bias
-        mean = torch.as_tensor(self.mean, dtype=w.dtype, device=w.device)
-        std = torch.as_tensor(self.std, dtype=w.dtype, device=w.device)
         with torch.no_grad():
             if not self.fresh_start:  # W' = W * std, b' = b + W @ mean: the same function
                 if b is not None:
@@ -164,18 +189,6 @@ class InputScale:
                 w.div_(std)
                 if b is not None:
                     b.sub_(w @ mean)
-
-    def state(self) -> dict[str, Any]:
-        """The decision, for checkpoints."""
-        return {"decided": self.decided, "mean": self.mean, "std": self.std}
-
-    def load_state(self, state: dict[str, Any] | None) -> None:
-        """Inverse of :meth:`state` (a checkpoint from before it: undecided)."""
-        state = state or {}
-        self.decided = bool(state.get("decided", False))
-        self.mean, self.std = state.get("mean"), state.get("std")
-        self.fresh_start = False
-
 
 #: The least momentum of a batch-norm layer's running statistics while the server trains.
 MIN_NORM_MOMENTUM = 0.1

@@ -33,6 +33,7 @@ from flwr.common.logger import log
 from dq_flower.config import OPTIMIZERS, knobs_of
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.output_scale import OutputScale
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseStart, PlateauRule, train_phase
 from dq_flower.dq.server.schedule import Z_ONE_SIDED, PairedGain, paired_gain, significantly_worse
 from dq_flower.server.common import log_round
@@ -215,6 +216,7 @@ class Probed(Protocol):
     choice: OptimizerChoice | None
     lr: float
     lr_given: bool
+    output_scale: OutputScale
 
     def use_optimizer(self, choice: OptimizerChoice,  # noqa: D102
                       built: torch.optim.Optimizer | None = None) -> None: ...
@@ -258,7 +260,7 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     """
     store, spec = trainer.data.store, trainer.data.spec
     scale = (target_scale(store) if spec is not None and spec.target in ("float", "inputs")
-             else 1.0)
+             and trainer.output_scale.mean is None else 1.0)  # standardised: no larger step
     options = candidates(trainer.lr, trainer.lr_given, spec is not None and spec.vocab > 0,
                          scale)
     if store is None or not store.holdout_mask.any():

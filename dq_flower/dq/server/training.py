@@ -22,7 +22,7 @@ from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import FederationData
-from dq_flower.dq.server.input_scale import InputScale, held_out_rows, tracked_statistics
+from dq_flower.dq.server.input_scale import InputScale, tracked_statistics
 from dq_flower.dq.server.node_screen import AgreementScreen
 from dq_flower.dq.server.optimizer_choice import (
     AUTO,
@@ -31,6 +31,7 @@ from dq_flower.dq.server.optimizer_choice import (
     decay_for,
     probe,
 )
+from dq_flower.dq.server.output_scale import OutputScale, standardised
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
 from dq_flower.dq.server.processes import check_portable, sharded_phase, sharded_steps
 from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, significantly_worse
@@ -88,7 +89,7 @@ class ServerTrainer:
         self.batch_gradient: BatchGradient = weighted_loss_grad
         if cfg.server_processes > 1:  # what the worker processes get must pickle
             check_portable(model, loss_fn, augment)
-        self.input_scale = InputScale()  # a raw table's columns, standardised in training
+        self.input_scale, self.output_scale = InputScale(), OutputScale()  # see train_round
 
     # ------------------------------------------------------------------ the optimizer
     def use_optimizer(self, choice: OptimizerChoice,
@@ -121,15 +122,14 @@ class ServerTrainer:
     def train_round(self, server_round: int, fresh: list[Upload], stored_before: int) -> float:
         """A data round's steps (the schedule's), rolled back where they go non-finite.
 
-        A raw table's first layer trains on standardised columns (:mod:`.input_scale`).
+        Raw columns and targets train standardised (:mod:`.input_scale`, :mod:`.output_scale`).
         """
         adaptive = self.schedule is not None
-        rows = held_out_rows(self.data.store, self.data.spec, adaptive and self.cv is None
-                             and self.comp_codec is None and self.cfg.server_processes == 1
-                             and self.input_scale.wanted)
+        scales = ((self.input_scale, self.output_scale) if adaptive and self.cv is None
+                  and self.comp_codec is None and self.cfg.server_processes == 1 else None)
 
         def steps() -> float:  # batch norms' statistics follow the steps (model_ops)
-            with self.input_scale.standardised(self.model, rows), tracked_statistics(self.model):
+            with standardised(self.model, self.data, scales), tracked_statistics(self.model):
                 return (self.train_adaptive(server_round, fresh, stored_before) if adaptive
                         else self.train_steps(server_round, fresh))
 
@@ -421,7 +421,8 @@ class ServerTrainer:
                 "node_fit": dict(self.node_fit), "rolled_back": self.rolled_back,
                 "node_screen": self.screen.state(),
                 "optimizer_choice": None if self.choice is None else self.choice.state(),
-                "lr": self.lr, "lr_given": self.lr_given, "input_scale": self.input_scale.state()}
+                "lr": self.lr, "lr_given": self.lr_given, "input_scale": self.input_scale.state(),
+                "output_scale": self.output_scale.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict` (the optimizer rebuilt as chosen, its state empty)."""
@@ -439,6 +440,7 @@ class ServerTrainer:
         self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
         self.screen.load_state(state.get("node_screen"))
         self.input_scale.load_state(state.get("input_scale"))
+        self.output_scale.load_state(state.get("output_scale"))
 
 
 def _mean(losses: list[float]) -> float:
