@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -122,13 +122,13 @@ def _tell(kind: str, keys: tuple[str, ...], how: str) -> None:
                 how, keys[-1]))
 
 
-def _tell_once(line: tuple[str, ...]) -> None:
+def _tell_once(line: tuple[str, ...], level: int = INFO) -> None:
     """Log ``line`` (a format and its values) once in this process, in the node's log."""
     if line not in _TOLD:
         _TOLD.add(line)
         from flwr.common.logger import log  # Flower's logger: the node's log
 
-        log(INFO, *line)
+        log(level, *line)
 
 
 def dict_keys(sample: Mapping[str, Any], keys: Keys | None, what: str,
@@ -213,6 +213,11 @@ def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
                          "carries one target a sample; give the targets as one float array "
                          "(n, k), and a loss_fn that splits the model's one output tensor "
                          "into its heads (see docs/plugin.md, your own model and data)")
+    if len(item) > 2:  # (x, y, weight): the weight is not read; said once
+        _tell_once(("%s: items of %s values; DQ reads the first two as (x, y) and leaves out "
+                    "the others (DQ's server weighs no rows by a sample weight: class weights "
+                    "go in DQStrategy's loss_fn; several inputs: give ((x1, x2), y))",
+                    what.partition("[")[0], str(len(item))), WARNING)
     x = item[0]
     if isinstance(x, (tuple, list)) and len(x) > 1 and all(hasattr(v, "shape") for v in x):
         return tuple(x), item[1]  # several inputs: arrays or tensors, not a list of numbers
