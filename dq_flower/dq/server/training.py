@@ -403,15 +403,13 @@ class ServerTrainer:
         assert self.data.store is not None
         parts = []
         skip = np.array(sorted(self.excluded) if not everyone else [], dtype=np.uint64)
+        hits = not weighs_classes(self.loss_fn)  # a class-weighted loss judges by itself
         for x, y, _, node_ids, _ in self.data.store.holdout_batches():
-            if skip.size:
-                keep = ~np.isin(node_ids, skip)
+            if skip.size and not (keep := ~np.isin(node_ids, skip)).all():
                 x, y, node_ids = x[keep], y[keep], node_ids[keep]
-                if not keep.any():
-                    continue
-            loss, hit = per_sample_results(self.model, self.data.shaped(x), y, self.loss_fn)
-            parts.append(HeldOutScores(loss, None if weighs_classes(self.loss_fn) else hit,
-                                       node_ids))
+            if len(y):
+                loss, hit = per_sample_results(self.model, self.data.shaped(x), y, self.loss_fn)
+                parts.append(HeldOutScores(loss, hit if hits else None, node_ids))
         return HeldOutScores.concat(parts)
 
     # ------------------------------------------------------------------ checkpoints
