@@ -249,3 +249,39 @@ def test_federated_evaluation_reads_word_ids_and_binary_targets():
     expected = float(torch.nn.functional.binary_cross_entropy_with_logits(
         logits, torch.from_numpy(labels)))
     assert reply.content["metrics"]["eval-loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def _long_train(msg: Message, context: Context) -> Message:
+    x, y = passages(ROWS, int(context.node_config["partition-id"]))
+    return dq_flower.client.dq_train(msg, context, (np.tile(x, 4), y))  # 48 ids a row
+
+
+@pytest.mark.parametrize("bits", [5, 6, 7])
+def test_ids_are_stored_exactly_whatever_the_bits(bits):
+    """Id rows are kept as whole bytes: the copy screen read them as ``bits``-bit codes, so
+    a width that does not divide 8 refused rows of 32 codes or more ("packed buffer holds
+    ... bytes but ... codes of 7 bits need ...")."""
+    from dq_flower.dq.server.near_copies import CopyScreen
+    from dq_flower.dq.server.token_intake import layout_of
+
+    layout = layout_of(DataSpec((4 * LENGTH,), "class", 1, VOCAB))
+    x = np.random.default_rng(bits).integers(0, VOCAB, (40, 4 * LENGTH))
+    rows = layout.rows(layout.plain(x, VOCAB))
+    screen = CopyScreen(0.1, bits=bits)
+    assert not screen.copied(0, rows[0], rows[1], layout=layout).any()
+    near = x[:3].copy()
+    near[:, 0] = (near[:, 0] + 1) % VOCAB  # one id of 48 moved: a near-copy
+    again = layout.rows(layout.plain(near, VOCAB))
+    assert screen.copied(0, again[0], again[1], layout=layout).all()
+    assert np.array_equal(layout.dequantize(*rows), x)
+    strategy = dq_flower.DQStrategy(BagOfWords(), seed=0, bits=bits)
+    strategy.start(grid=InProcessGrid(_long_train, NODES), num_rounds=2,
+                   initial_arrays=ArrayRecord(BagOfWords().state_dict()))
+    assert all(strategy.round_figures(r)["rejected"] == 0 for r in (1, 2))
+    store = strategy.data.store
+    stored = store._decode(store._rows)[0]
+    assert len(stored) == strategy.stored > 0
+    for node in range(NODES):
+        mine = store.node_ids(store._rows) == node
+        own = np.tile(passages(ROWS, node)[0], 4)
+        assert np.array_equal(stored[mine], own[store._rows.ids[mine]])

@@ -273,7 +273,7 @@ class UploadIntake:
             try:
                 rows = self.packed(upload.batch, upload.plain) if len(upload.batch) else None
                 copied = (None if rows is None else self.copies.copied(
-                    upload.node, rows[0], rows[1], upload.batch.labels))
+                    upload.node, rows[0], rows[1], upload.batch.labels, self.data.layout))
             except Exception as exc:  # noqa: BLE001
                 fail(upload, exc)
                 continue

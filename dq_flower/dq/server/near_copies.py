@@ -200,7 +200,8 @@ class CopyScreen:
 
     ``margin``: the share of copied rows above the median client's that makes a client a
     copying one (0: the screen never acts; copies are still counted). ``bits``: bits per
-    code of the packed rows, to count near-copies too (0: exact copies only).
+    code of the packed rows, to count near-copies too (0: exact copies only); a store laid
+    otherwise says its own in :meth:`copied` (id rows are whole bytes, whatever ``bits``).
     """
 
     margin: float = 0.1
@@ -216,10 +217,11 @@ class CopyScreen:
             self.near = NearCopies(self.bits)
 
     def copied(self, node: int, codes: np.ndarray, side: np.ndarray,
-               targets: np.ndarray | None = None) -> np.ndarray:
+               targets: np.ndarray | None = None, layout: Any = None) -> np.ndarray:
         """Mask of the rows of one upload copying (or nearly) a row ``node`` sent; counted.
 
         A row is an exact copy with its target too (a sale of another price is none).
+        ``layout``: the store's row layout, whose ``bits`` per code the rows are read at.
         """
         seen = self.keys.setdefault(int(node), set())
         mask = np.zeros(len(codes), dtype=bool)
@@ -229,6 +231,7 @@ class CopyScreen:
             else:
                 seen.add(key)
         if self.near is not None:
+            self.near.bits = getattr(layout, "bits", 0) or self.near.bits  # one layout a run
             mask |= self.near.mask(int(node), codes)
         self.received[int(node)] = self.received.get(int(node), 0) + len(codes)
         self.copies[int(node)] = self.copies.get(int(node), 0) + int(mask.sum())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -49,6 +49,8 @@ class TokenLayout:
 
     length: int
     width: int
+    #: bits per stored code: whole bytes (what the copy screen compares), whatever ``bits``
+    bits: ClassVar[int] = 8
 
     @property
     def row_bytes(self) -> int:
