@@ -73,8 +73,15 @@ TABLE_BITS = 4
 DEFAULT_BITS = 2
 
 
-def auto_bits(dim: int | None) -> int:
-    """The bits of ``bits = 0`` for samples of ``dim`` flat coordinates (``None``: not flat)."""
+def auto_bits(dim: int | None, categories: int = 0) -> int:
+    """The bits of ``bits = 0`` for samples of ``dim`` flat coordinates (``None``: not flat).
+
+    ``categories``: where the model reads its samples with embeddings, the rows of the
+    largest: a table's label-encoded columns get one code per category, so as many bits
+    as that takes, from :data:`TABLE_BITS` up to 8 (ids are sent exactly at any).
+    """
+    if categories:
+        return max(TABLE_BITS, min(8, (int(categories) - 1).bit_length()))
     return TABLE_BITS if dim is not None and dim < TABLE_MAX_DIM else DEFAULT_BITS
 
 
@@ -162,9 +169,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
     bits: int = knob(0, lambda v: None if 0 <= v <= 8 else f"must be in 0..8, got {v}",
                      client=True, unset="auto", doc=(
         "bits per data coordinate, 1 to 8; 0 (auto): 4 for flat samples of fewer than "
-        "64 features (a table: each feature carries more of the signal, and d is small) "
-        "and where the model reads samples with an embedding, else 2 (see [the bits of a "
-        "table](#the-bits-of-a-table))"))
+        "64 features (a table: each feature carries more of the signal, and d is small), "
+        "where the model reads samples with embeddings 4 or as many as the largest's rows "
+        "take (up to 8), else 2 (see [the bits of a table](#the-bits-of-a-table))"))
     stochastic: bool = knob(False, client=True, doc=(
         "stochastic (unbiased) rounding when true; nearest by default"))
     ranges: str = knob("auto", one_of(RANGE_MODES), client=True, doc=(

@@ -19,7 +19,8 @@ from flwr.serverapp import Grid
 from dq_flower.codecs import PayloadError
 
 __all__ = ["sample_node_ids", "wait_for_nodes", "make_optimizer", "log_rejected", "log_round",
-           "ClientFailureError", "NodeConfigurationError", "REPLY_ERRORS", "FedAvgArgs"]
+           "ClientFailureError", "NodeConfigurationError", "REPLY_ERRORS", "FedAvgArgs",
+           "largest_embedding"]
 
 #: What a reply validator may raise for a malformed reply.
 REPLY_ERRORS = (PayloadError, ValueError, KeyError, TypeError)
@@ -156,6 +157,15 @@ def _draw(nodes: list[int], k: int, rng: np.random.Generator) -> list[int]:
     return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False))
 
 
+_EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+
+
+def largest_embedding(model: torch.nn.Module) -> int:
+    """The most rows (``num_embeddings``) of any of the model's embeddings; 0: none."""
+    return max((int(m.num_embeddings) for m in model.modules() if isinstance(m, _EMBEDDINGS)),
+               default=0)
+
+
 def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """The model's parameters as optimizer groups: its embeddings' rows without decay.
 
@@ -165,8 +175,7 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     embeddings: one group, the optimizer as over ``model.parameters()``. Parameters the user
     froze (``requires_grad=False``) are in no group: no step moves them.
     """
-    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
-    tables = [m for m in model.modules() if isinstance(m, kinds)]
+    tables = [m for m in model.modules() if isinstance(m, _EMBEDDINGS)]
     rows = {id(p) for m in tables for p in m.parameters(recurse=False)}
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in trainable if id(p) not in rows],

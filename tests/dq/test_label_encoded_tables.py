@@ -2,8 +2,9 @@
 
 Its codes were quantized like any value and read as other categories; now, where the
 server's model reads samples with an embedding, whole-number columns of few values get
-one code per value (exact), ``bits = auto`` gives such tables 4 bits, and a model that
-raises on stored rows has the round's steps rolled back instead of ending the run.
+one code per value (exact), ``bits = auto`` gives such tables 4 bits or as many as the
+largest embedding's rows take (up to 8), and a model that raises on stored rows has the
+round's steps rolled back instead of ending the run.
 """
 
 from __future__ import annotations
@@ -53,6 +54,54 @@ def test_only_a_model_reading_an_embedding_turns_it_on():
     assert aligned[:3].tolist() == [15.0, 15.0, 15.0]
     assert np.array_equal(node_ranges({}, x, 4)[1], feature_ranges(x)[1])
     assert node_ranges({"sample-vocab": 8}, x, 2)[1][1] == 4.0  # 5 values, 4 codes: as before
+
+
+class _ManyCategories(nn.Module):
+    """A state column of 50 categories and a product one of 200, each with an embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embeddings = nn.ModuleList([nn.Embedding(c, 3) for c in (50, 200)])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = x[:, :2].long()
+        codes = [e(ids[:, i]) for i, e in enumerate(self.embeddings)]
+        return self.head(torch.cat([*codes, x[:, 2:]], 1))
+
+
+def _many_categories(node: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(node)
+    x = np.stack([rng.integers(0, 50, 120), rng.integers(0, 200, 120),
+                  rng.normal(40, 12, 120), rng.normal(0, 1, 120)], 1).astype(np.float32)
+    return x, (x[:, 3] > 0).astype(np.int64)
+
+
+def test_categories_past_16_arrive_exactly_at_the_bits_auto_gives():
+    """4 bits gave a 50-category column 16 codes, which ``.long()`` read as other states."""
+    from dq_flower.dq.config import auto_bits
+
+    assert [auto_bits(None, c) for c in (5, 16, 17, 50, 200, 256, 257, 30_000)] == [
+        4, 4, 5, 6, 8, 8, 8, 8]
+    assert dq_flower.DQStrategy(_ManyCategories()).cfg.bits == 8  # the largest, 200 rows
+    assert dq_flower.DQStrategy(_ManyCategories(), bits=4).cfg.bits == 4  # as given
+    strategy = dq_flower.DQStrategy(_ManyCategories(), seed=0)
+
+    def train(msg, context):
+        node = int(context.node_config["partition-id"])
+        return dq_flower.client.dq_train(msg, context, _many_categories(node))
+
+    strategy.start(grid=InProcessGrid(train, 3), num_rounds=1,
+                   initial_arrays=ArrayRecord(_ManyCategories().state_dict()))
+    store = strategy.data.store
+    stored = store._decode(store._rows)[0]
+    assert len(stored) == strategy.stored > 0
+    for node in range(3):
+        mine = store.node_ids(store._rows) == node
+        sent = _many_categories(node)[0][store._rows.ids[mine]]
+        assert np.array_equal(stored[mine][:, :2], sent[:, :2])  # every category exactly
+        assert not np.array_equal(stored[mine][:, 2:], sent[:, 2:])  # numbers quantized
 
 
 def test_a_model_that_raises_on_its_rows_is_rolled_back_not_fatal():

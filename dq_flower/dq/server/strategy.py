@@ -29,7 +29,6 @@ from flwr.serverapp.strategy import Strategy
 from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs
 from dq_flower.dq.config import (
-    TABLE_BITS,
     DQConfig,
     DQStrategyConfig,
     auto_bits,
@@ -61,6 +60,7 @@ from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
 from dq_flower.server.common import (
     FedAvgArgs,
     decay_groups,
+    largest_embedding,
     log_rejected,
     log_round,
     make_optimizer,
@@ -164,12 +164,13 @@ class DQStrategy(ModelStrategy, Strategy):
             flat = (data_spec.dim if data_spec is not None and len(data_spec.sample_shape) == 1
                     else None if data_spec is not None else input_width(model))
             embedded = data_spec is None and flat is None and embedding_vocab(model) > 0
-            cfg = dataclasses.replace(cfg, bits=TABLE_BITS if embedded else auto_bits(flat))
+            rows = largest_embedding(model) if embedded else 0
+            cfg = dataclasses.replace(cfg, bits=auto_bits(flat, rows))
             bits_note = (f"bits auto: {cfg.bits} per coordinate ("  # logged with the spec
                          + (f"flat samples of {flat} features" if flat is not None
-                            else "the model reads samples with an embedding: ids are sent "
-                            "exactly, a table's columns coded" if embedded
-                            else "samples that are not a small table") + ")")
+                            else f"the model reads samples with embeddings of up to {rows} "
+                            "rows: ids are sent exactly, a table's categories one code each"
+                            if embedded else "samples that are not a small table") + ")")
         self.cfg: DQConfig = cfg
         # ``auto`` starts with SGD; the first training phase may choose another
         optimizer = users or make_optimizer(
