@@ -164,7 +164,10 @@ def beyond_noise(now: HeldOutScores, mark: HeldOutScores | None, z: float) -> bo
     Paired on the rows: the rows right (class targets) rise by at least one and by more than
     ``z`` standard errors (the square root of the rows whose verdict changed), or the mean
     per-row loss falls by 1% of the mark's and by more than ``z`` standard errors of the
-    per-row falls. No mark (the phase's first score): progress; no rows: none.
+    per-row falls; once every row was right at the mark, only the rows count (on separable
+    rows the loss falls for as long as the margins grow: a phase of four sound snippets
+    stopped at its 2,000-step cap each round at 100% held-out accuracy). No mark (the
+    phase's first score): progress; no rows: none.
     """
     if not now.loss.size:
         return False
@@ -175,6 +178,8 @@ def beyond_noise(now: HeldOutScores, mark: HeldOutScores | None, z: float) -> bo
         lost = int((mark.correct & ~now.correct).sum())
         if gained - lost >= 1 and gained - lost > z * math.sqrt(gained + lost):
             return True
+        if mark.correct.all():  # every row right: a falling loss is a growing margin only
+            return False
     if not np.isfinite(now.loss).all():
         return False
     if not np.isfinite(mark.loss).all():
