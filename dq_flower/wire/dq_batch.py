@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.tokens import token_width
 from dq_flower.wire.input_parts import parts_width
+from dq_flower.wire.ranges import ranges_from_record, ranges_record
+from dq_flower.wire.raw import raw_array, read_raw
 from dq_flower.wire.targets import travelling_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
@@ -32,7 +34,7 @@ INFO_KEY = "sample-info"
 COMPENSATION_KEY = "compensation"
 GRADIENT_KEY = "gradient"  # a gradient round's reply
 REFRESH_KEY = "refresh"  # a refreshed residual (compensation-mode refresh)
-RANGES_KEY = "feature-ranges"  # a client's per-feature ranges (lo, then span: float32)
+RANGES_KEY = "feature-ranges"  # a client's per-feature ranges (.ranges)
 
 
 def width_for(upper: int) -> int:
@@ -82,12 +84,6 @@ class SampleBatch:
         return int(self.samples.nbits + self.info_nbits + comp)
 
 
-def raw_array(arr: np.ndarray) -> Array:
-    """Flat Flower ``Array`` carrying ``arr``'s bytes as they are (no ``np.save`` header)."""
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    return Array(dtype=str(flat.dtype), shape=(flat.size,), stype="raw", data=flat.tobytes())
-
-
 def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
                  weights: np.ndarray, num_classes: int, id_upper: int,
                  compensation: Payload | None = None, binary: bool = False
@@ -125,17 +121,6 @@ def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
     return content, int(samples.nbits + info_nbits + (compensation.nbits if compensation else 0))
 
 
-def _raw_array(record: ArrayRecord, key: str, dtype: str, max_bytes: int) -> np.ndarray:
-    if key not in record:
-        raise PayloadError(f"sample-info misses {key!r}")
-    arr = record[key]
-    if arr.dtype != dtype:
-        raise PayloadError(f"sample-info {key!r} is {arr.dtype}, expected {dtype}")
-    if len(arr.data) > max_bytes or len(arr.data) % np.dtype(dtype).itemsize:
-        raise PayloadError(f"sample-info {key!r} carries {len(arr.data)} bytes")
-    return np.frombuffer(arr.data, dtype=dtype)
-
-
 def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
              target_dim: int, binary: bool) -> tuple[np.ndarray, int]:
     """Decoded targets and their bits: class labels (``lw > 0``), bits, or float targets."""
@@ -145,7 +130,7 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
         top = label_width(num_classes) if num_classes else 16
         if not 1 <= lw <= top:
             raise PayloadError(f"labels use {lw} bits; at most {top} expected")
-        raw = _raw_array(info, "labels", "uint8", packed_nbytes(n, lw))
+        raw = read_raw(info, "labels", "uint8", packed_nbytes(n, lw))
         if raw.size != packed_nbytes(n, lw):
             raise PayloadError(f"sample-info 'labels' carries {raw.size} bytes")
         labels = _unpacked(raw, lw, n).astype(np.int64)
@@ -157,14 +142,14 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
         raise PayloadError("sample-info misses its 'targets'")
     dtype = info["targets"].dtype
     if binary and dtype == "uint8":  # 0/1 targets, one bit each
-        raw = _raw_array(info, "targets", dtype, packed_nbytes(n * target_dim, 1))
+        raw = read_raw(info, "targets", dtype, packed_nbytes(n * target_dim, 1))
         if raw.size != packed_nbytes(n * target_dim, 1):
             raise PayloadError(f"{raw.size} bytes of 0/1 targets for {n} samples")
         bits = unpack(raw, 1, n * target_dim).astype(np.float32)
         return (bits.reshape(n, target_dim) if target_dim > 1 else bits), 8 * raw.size
     if dtype not in ("float16", "float32"):
         raise PayloadError(f"targets are {dtype}, expected float16 or float32")
-    values = _raw_array(info, "targets", dtype, n * target_dim * np.dtype(dtype).itemsize)
+    values = read_raw(info, "targets", dtype, n * target_dim * np.dtype(dtype).itemsize)
     if values.size != n * target_dim:
         raise PayloadError(f"{values.size} target values for {n} samples of width {target_dim}")
     if not np.isfinite(out := values.astype(np.float32)).all():
@@ -196,8 +181,8 @@ def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: i
                             else _targets(info, n, lw, num_classes, target_dim, binary))
     if binary and not np.isin(targets, (0.0, 1.0)).all():
         raise PayloadError("binary targets must be 0 or 1")
-    ids_raw, weights = (_raw_array(info, "ids", "uint8", packed_nbytes(n, iw)),
-                        _raw_array(info, "weights", "float32", 4 * max(n, 1)))
+    ids_raw, weights = (read_raw(info, "ids", "uint8", packed_nbytes(n, iw)),
+                        read_raw(info, "weights", "float32", 4 * max(n, 1)))
     ids = _ids(ids_raw, iw, n, id_upper)
     if weights.size != wn or not np.isfinite(weights).all() or (weights <= 0).any():
         raise PayloadError("sample weights must be finite and positive")
@@ -222,7 +207,7 @@ def expect_rows(samples: Payload, codec: str, dim: int, max_samples: int,
 
 def _counts(info: ArrayRecord, n: int, float_targets: bool) -> tuple[int, int, int]:
     """``(label width, id width, weight count)`` of sample-info, checked against ``n``."""
-    counts = _raw_array(info, "counts", "int64", 32)
+    counts = read_raw(info, "counts", "int64", 32)
     if counts.size != 4:
         raise PayloadError("sample-info 'counts' must hold 4 values")
     count, lw, iw, wn = counts.tolist()
@@ -289,22 +274,6 @@ def _quantizer(bits: int, per_channel: int, seed: object, method: str, fixed_ran
     """The ``uniform`` codec of these settings, built once (codecs are frozen)."""
     return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
                 entropy=method, fixed_range=fixed_range)
-
-
-def ranges_record(lo: np.ndarray, span: np.ndarray) -> ArrayRecord:
-    """A client's feature ranges as they travel (``2 * d`` raw float32)."""
-    return ArrayRecord({"ranges": raw_array(np.concatenate([lo, span]).astype(np.float32))})
-
-
-def ranges_from_record(record: ArrayRecord, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Parse feature ranges: ``2 * dim`` finite values with positive spans, else PayloadError."""
-    values = _raw_array(record, "ranges", "float32", 8 * dim)
-    if values.size != 2 * dim:
-        raise PayloadError(f"feature ranges hold {values.size} values, expected {2 * dim}")
-    lo, span = values[:dim].copy(), values[dim:].copy()
-    if not (np.isfinite(lo).all() and np.isfinite(span).all()) or (span <= 0).any():
-        raise PayloadError("feature ranges must be finite with positive spans")
-    return lo, span
 
 
 # ---------------------------------------------------------------- the data spec
@@ -417,7 +386,7 @@ class DataReply:
     mode: str = "sample"  # range mode: sample, channel or feature
     batch: SampleBatch | None = None
     decoder: Any = None  # the ``uniform`` codec of its samples (:func:`payload_quantizer`)
-    ranges: tuple[np.ndarray, np.ndarray] | None = None  # the feature ranges it carries
+    ranges: tuple[np.ndarray, ...] | None = None  # its feature ranges (lo, span[, scale])
 
 
 def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: int,

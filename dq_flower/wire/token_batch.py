@@ -24,11 +24,10 @@ from dq_flower.wire.dq_batch import (
     SAMPLES_KEY,
     SampleBatch,
     _ids,
-    _raw_array,
     expect_rows,
-    raw_array,
     width_for,
 )
+from dq_flower.wire.raw import raw_array, read_raw
 
 __all__ = ["TOKENS_CODEC", "STREAM", "tokens_payload", "encode_token_batch",
            "decode_token_batch", "decode_windows"]
@@ -86,7 +85,7 @@ def decode_token_batch(content: RecordDict, vocab: int, length: int, max_samples
     samples = Payload.from_record(content.array_records[SAMPLES_KEY])
     n = int(samples.shape[0]) if samples.shape else 0
     info = content.array_records[INFO_KEY]
-    counts = _raw_array(info, "counts", "int64", 32)
+    counts = read_raw(info, "counts", "int64", 32)
     if counts.size != 4:
         raise PayloadError("sample-info 'counts' must hold 4 values")
     count, lw, iw, wn = (int(v) for v in counts)
@@ -96,9 +95,9 @@ def decode_token_batch(content: RecordDict, vocab: int, length: int, max_samples
     if "labels" in info or "targets" in info:
         raise PayloadError("token windows are their own targets: no labels travel")
     windows = decode_windows(samples, vocab, length, max_samples)
-    ids_raw = _raw_array(info, "ids", "uint8", packed_nbytes(n, iw))
+    ids_raw = read_raw(info, "ids", "uint8", packed_nbytes(n, iw))
     ids = _ids(ids_raw, iw, n, id_upper)
-    weights = _raw_array(info, "weights", "float32", 4 * max(n, 1))
+    weights = read_raw(info, "weights", "float32", 4 * max(n, 1))
     if weights.size != wn or not np.isfinite(weights).all() or (weights <= 0).any():
         raise PayloadError("sample weights must be finite and positive")
     weights = np.broadcast_to(weights, (n,)).astype(np.float32)

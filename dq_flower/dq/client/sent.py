@@ -16,7 +16,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 
 from dq_flower.codecs import Payload
-from dq_flower.codecs.affine import denormalise, feature_ranges, mixed_scales
+from dq_flower.codecs.affine import denormalise, feature_ranges, log_scales, mixed_scales
 from dq_flower.wire.dq_batch import ID_VOCAB_KEY, DataSpec, payload_quantizer, sensor_window
 from dq_flower.wire.targets import binary_targets
 from dq_flower.wire.token_batch import TOKENS_CODEC
@@ -34,8 +34,10 @@ NAMES_STATE = "dq-row-names"
 
 
 def node_ranges(config: Mapping[str, Any], x_flat: np.ndarray, bits: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """The node's per-feature ``(lo, span)`` for ``bits``-bit codes.
+                ) -> tuple[np.ndarray, ...]:
+    """The node's per-feature ``(lo, span)`` for ``bits``-bit codes, ``scale`` besides.
+
+    ``scale``: where some feature is heavy-tailed (:func:`.log_scales`: log-coded).
 
     Where the server's model reads samples with an embedding (``sample-vocab`` in the
     round config) but the samples are not all its ids (a table whose label-encoded columns
@@ -43,12 +45,14 @@ def node_ranges(config: Mapping[str, Any], x_flat: np.ndarray, bits: int
     gets one code per whole number, so its categories arrive exactly.
     """
     table = int(config.get(ID_VOCAB_KEY, 0) or 0) > 0
-    return feature_ranges(x_flat, 2 ** bits if table else 0)
+    lo, span = feature_ranges(x_flat, 2 ** bits if table else 0)
+    scale = log_scales(x_flat, lo, span, 2 ** bits)
+    return (lo, span) if scale is None else (lo, span, scale)
 
 
 def coding_ranges(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, bits: int,
-                  send: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The ``(lo, span)`` the node codes its rows against this round.
+                  send: bool) -> tuple[np.ndarray, ...]:
+    """The ``(lo, span[, scale])`` the node codes its rows against this round.
 
     Where it sends them (``send``), its data's own ranges (:func:`node_ranges`), kept in
     ``Context.state``; else the ones it sent, which the server decodes its rows with, for
@@ -58,13 +62,14 @@ def coding_ranges(context: Context, config: Mapping[str, Any], x_flat: np.ndarra
     kept = context.state.array_records.get(RANGES_STATE)
     if (not send and kept is not None and int(kept["bits"].numpy()[0]) == int(bits)
             and kept["lo"].shape == (x_flat.shape[1],)):
-        return kept["lo"].numpy(), kept["span"].numpy()
-    lo, span = node_ranges(config, x_flat, bits)
+        return tuple(kept[k].numpy() for k in ("lo", "span", "scale") if k in kept)
+    ranges = node_ranges(config, x_flat, bits)
     if send:
         context.state[RANGES_STATE] = ArrayRecord({
-            "lo": Array(np.asarray(lo)), "span": Array(np.asarray(span)),
+            **{k: Array(np.asarray(a))
+               for k, a in zip(("lo", "span", "scale"), ranges, strict=False)},
             "bits": Array(np.array([bits], dtype=np.int64))})
-    return lo, span
+    return ranges
 
 
 def row_hashes(x: np.ndarray, y: np.ndarray) -> np.ndarray:

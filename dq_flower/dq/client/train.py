@@ -398,8 +398,7 @@ class _Coded:
     samples: Payload
     mode: str
     xb: np.ndarray
-    lo: np.ndarray | None = None
-    span: np.ndarray | None = None
+    ranges: tuple[np.ndarray, ...] | None = None  # per-feature (lo, span[, scale])
     extra: dict[str, ArrayRecord] = dataclasses.field(default_factory=dict)
 
     def decoded(self) -> np.ndarray:
@@ -407,8 +406,8 @@ class _Coded:
         if self.quantizer is None:
             return self.xb
         xq = self.quantizer.decode(self.samples)
-        if self.lo is not None and self.span is not None:  # per-feature ranges
-            xq = denormalise(xq, self.lo, self.span)
+        if self.ranges is not None:  # per-feature ranges
+            xq = denormalise(xq, *self.ranges)
         return xq
 
 
@@ -422,11 +421,10 @@ def _quantize(cfg: DQConfig, spec: DataSpec, xb: np.ndarray, x_flat: np.ndarray,
     if mode != "feature":
         return _Coded(quantizer, quantizer.encode(xb, rng), mode, xb)
     send = bool(r.config.get("send-ranges", True))
-    lo, span = coding_ranges(r.context, r.config, x_flat, quantizer.bits, send)
-    coded = _Coded(quantizer, quantizer.encode(normalise(xb, lo, span), rng), mode, xb,
-                   lo, span)
+    ranges = coding_ranges(r.context, r.config, x_flat, quantizer.bits, send)
+    coded = _Coded(quantizer, quantizer.encode(normalise(xb, *ranges), rng), mode, xb, ranges)
     if send:
-        coded.extra[RANGES_KEY] = ranges_record(lo, span)
+        coded.extra[RANGES_KEY] = ranges_record(*ranges)
     return coded
 
 

@@ -111,8 +111,8 @@ class FederationData:
         self._given_classes = self.num_classes  # what forgetting a learned spec goes back to
 
     @property
-    def ranges(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Each client's feature ranges ``(lo, span)``, kept by the store."""
+    def ranges(self) -> dict[int, tuple[np.ndarray, ...]]:
+        """Each client's feature ranges ``(lo, span[, scale])``, kept by the store."""
         return {} if self.store is None else self.store.ranges
 
     @property
@@ -218,8 +218,7 @@ class FederationData:
         """What was learned: spec, classes, feature ranges, the store, the value bound."""
         return {"spec": None if self.spec is None else dataclasses.asdict(self.spec),
                 "num_classes": self.num_classes,
-                "ranges": {int(k): (lo.copy(), span.copy())
-                           for k, (lo, span) in self.ranges.items()},
+                "ranges": {int(k): tuple(a.copy() for a in r) for k, r in self.ranges.items()},
                 "store": None if self.store is None else self.store.state(),
                 "value_bound": self.value_bound, "provisional": dict(self.provisional),
                 "model_outputs": self.model_outputs, "pin_units": self.pin_units,
@@ -247,8 +246,8 @@ class FederationData:
                               bool(spec.get("mixed_units", False)),
                               tuple(spec.get("inputs", ())), bool(spec.get("column", False))))
         if self.store is not None:
-            for node, (lo, span) in state.get("ranges", {}).items():
-                self.store.set_ranges(int(node), lo, span)
+            for node, ranges in state.get("ranges", {}).items():
+                self.store.set_ranges(int(node), *ranges)
             if state.get("store") is not None:
                 self.store.load_state(state["store"])
         self.value_bound = state.get("value_bound", self.value_bound)

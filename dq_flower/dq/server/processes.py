@@ -208,7 +208,7 @@ class _Task:
 
 
 def _worker(rank: int, world: int, job: bytes, state: dict[str, Any],
-            ranges: dict[int, tuple[np.ndarray, np.ndarray]], folder: str,
+            ranges: dict[int, tuple[np.ndarray, ...]], folder: str,
             threads: int) -> None:
     """Process ``rank`` of ``world``: run the pickled task on the store's arrays."""
     faulthandler.enable()  # a worker that aborts in C++ still shows where

@@ -162,7 +162,7 @@ class SampleStore:
             raise ValueError("max_samples must be >= 0")
         self._dequantize = dequantize
         #: per client, the feature ranges ``(lo, span)`` its rows are coded against
-        self.ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.ranges: dict[int, tuple[np.ndarray, ...]] = {}
         self.max_samples, self.eviction = int(max_samples), eviction
         self._rng, self.evicted = np.random.default_rng(seed), 0
         self._rows: StoredRows | None = None
@@ -311,10 +311,9 @@ class SampleStore:
         held = self.holdout_mask[mine][None, :]
         return match.sum(1).astype(np.int64), (match & held).sum(1).astype(np.int64)
 
-    def set_ranges(self, node: int, lo: np.ndarray, span: np.ndarray) -> None:
-        """Client ``node``'s feature ranges: its rows decode to ``lo + row * span``."""
-        self.ranges[int(node)] = (np.asarray(lo, dtype=np.float32),
-                                  np.asarray(span, dtype=np.float32))
+    def set_ranges(self, node: int, *ranges: np.ndarray) -> None:
+        """Client ``node``'s ranges ``(lo, span[, scale])``: rows decode by :func:`.denormalise`."""
+        self.ranges[int(node)] = tuple(np.asarray(a, dtype=np.float32) for a in ranges)
 
     def _decode(self, rows: StoredRows):
         x = self._dequantize(rows.codes, rows.side, rows.dither)

@@ -245,8 +245,8 @@ class DQStrategy(ModelStrategy, Strategy):
         return self.data.mode
 
     @property
-    def ranges(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Each client's feature ranges ``(lo, span)`` (``ranges`` ``feature``)."""
+    def ranges(self) -> dict[int, tuple[np.ndarray, ...]]:
+        """Each client's feature ranges ``(lo, span[, scale])`` (``ranges`` ``feature``)."""
         return self.data.ranges
 
     @property

@@ -65,7 +65,7 @@ class Upload:
     partition: int = 0
     examples: int = 0
     reply_bits: int = 0
-    ranges: tuple[np.ndarray, np.ndarray] | None = None
+    ranges: tuple[np.ndarray, ...] | None = None
     refresh: np.ndarray | None = None
     holdout: np.ndarray | None = None  # which rows the store holds out (adaptive schedule)
     source: int = 0  # the Flower node id the reply came from
@@ -109,7 +109,7 @@ class History:
 
     examples: int = 0
     stored: int = 0
-    ranges: tuple[np.ndarray, np.ndarray] | None = None
+    ranges: tuple[np.ndarray, ...] | None = None
     received: np.ndarray | None = None
     weight: float = 0.0
 
@@ -195,15 +195,15 @@ def check_weights(batch: SampleBatch, candidates: int, rule: str) -> None:
                            f" under {rule!r} selection")
 
 
-def decode_rows(wire: DataReply, bits: int, known: tuple[np.ndarray, np.ndarray] | None
+def decode_rows(wire: DataReply, bits: int, known: tuple[np.ndarray, ...] | None
                 ) -> tuple[np.ndarray, Payload]:
     """Decoded float rows ``(n, dim)`` of a reply's batch, and its plain samples."""
     assert wire.batch is not None
     plain = plain_payload(wire.batch.samples, bits)  # the stream decoded once, here and to store
     x = wire.decoder.decode(plain)
     if wire.mode == "feature":
-        if wire.ranges is not None and known is not None and not all(
-                np.array_equal(a, b) for a, b in zip(wire.ranges, known, strict=True)):
+        if wire.ranges is not None and known is not None and not np.array_equal(
+                np.concatenate(wire.ranges), np.concatenate(known)):  # flags included
             raise PayloadError("the node's feature ranges changed since it first sent them")
         use = wire.ranges if wire.ranges is not None else known
         if use is None and len(wire.batch):
@@ -215,11 +215,11 @@ def decode_rows(wire: DataReply, bits: int, known: tuple[np.ndarray, np.ndarray]
     return x, plain
 
 
-def data_scale(x: np.ndarray, ranges: tuple[np.ndarray, np.ndarray] | None) -> float:
+def data_scale(x: np.ndarray, ranges: tuple[np.ndarray, ...] | None) -> float:
     """The largest absolute value rows can take: ``max(|lo|, |lo + span|)`` with ranges."""
     largest = float(np.abs(x).max()) if x.size else 0.0
     if ranges is not None:
-        lo, span = (a.astype(np.float64) for a in ranges)
+        lo, span = (a.astype(np.float64) for a in ranges[:2])
         largest = max(largest, float(np.maximum(np.abs(lo), np.abs(lo + span)).max()))
     return largest
 
