@@ -42,13 +42,13 @@ def ranges_from_record(record: ArrayRecord, dim: int) -> tuple[np.ndarray, ...]:
         raise PayloadError("feature ranges must be finite with positive spans")
     if not {"log-features", "log-scales"} & set(record):
         return lo, span
-    flags = read_raw(record, "log-features", "uint8", (dim + 7) // 8, _WHAT)
+    flags = read_raw(record, "log-features", "uint8", dim // 8 + 8, _WHAT)
     bits = np.unpackbits(flags)
     logged = bits[:dim].astype(bool)
     if flags.size != (dim + 7) // 8 or bits[dim:].any() or not logged.any():
         raise PayloadError(f"'log-features' must be {dim} flags, one set at least, "
                            f"in {(dim + 7) // 8} bytes (padding clear)")
-    scales = read_raw(record, "log-scales", "float32", 4 * int(logged.sum()), _WHAT)
+    scales = read_raw(record, "log-scales", "float32", 4 * dim, _WHAT)
     if scales.size != logged.sum() or not (np.isfinite(scales) & (scales > 0)).all():
         raise PayloadError(f"'log-scales' must be {int(logged.sum())} finite positive values, "
                            "one per log-coded feature")
