@@ -32,8 +32,10 @@ def ranges_from_record(record: ArrayRecord, dim: int) -> tuple[np.ndarray, ...]:
     """``(lo, span)``, or ``(lo, span, scale)`` with log-coded features, else PayloadError.
 
     Finite values, positive spans; flags of ``dim`` features, one at least, the padding
-    bits clear; one finite positive scale per flag.
+    bits clear; one finite positive scale per flag; no other array.
     """
+    if extra := set(record) - {"ranges", "log-features", "log-scales"}:
+        raise PayloadError(f"feature ranges carry an unknown array {min(extra)[:40]!r}")
     values = read_raw(record, "ranges", "float32", 8 * dim, _WHAT)
     if values.size != 2 * dim:
         raise PayloadError(f"feature ranges hold {values.size} values, expected {2 * dim}")

@@ -151,6 +151,7 @@ def _malformed(**arrays) -> RecordDict:
     ({"log-scales": np.array([0.0], np.float32)}, "must be 1 finite positive"),
     ({"log-scales": None}, "feature-ranges misses 'log-scales'"),
     ({"log-features": None}, "feature-ranges misses 'log-features'"),
+    ({"log-offsets": np.zeros(3, np.float32)}, "unknown array 'log-offsets'"),
 ])
 def test_malformed_log_flags_are_refused_with_the_reason(arrays, reason):
     with pytest.raises(PayloadError, match=reason):
