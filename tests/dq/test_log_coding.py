@@ -13,7 +13,7 @@ from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from dq_flower.codecs import PayloadError, make
 from dq_flower.codecs.affine import denormalise, feature_ranges, log_scales, normalise
-from dq_flower.dq.client.sent import RANGES_STATE, coding_ranges
+from dq_flower.dq.client.sent import RANGES_STATE, coding_ranges, keep_sent, sent_rows
 from dq_flower.dq.server.validation import History, Rules, check_upload
 from dq_flower.wire.dq_batch import (
     RANGES_KEY,
@@ -204,3 +204,9 @@ def test_the_node_keeps_its_scales_with_the_ranges_it_sent():
     assert all(np.array_equal(a, b) for a, b in zip(kept, sent, strict=True))
     below = np.full((1, 2), -1e9, np.float32)  # grown below its minimum: the lowest code
     assert normalise(below, *kept)[0, 0] == 0
+    codec = make("uniform", bits=BITS, fixed_range=True, dither_seed=5)
+    payload = codec.encode(normalise(x, *sent), rng)
+    keep_sent(context, 1, payload, np.arange(len(x)), np.ones(len(x)))
+    got = sent_rows(context, ConfigRecord({}), x, np.zeros(len(x)), "feature", np.arange(len(x)))
+    assert got is not None  # re-decoded as the server decodes them, log domain included
+    np.testing.assert_array_equal(got[1], denormalise(codec.decode(payload), *sent))
