@@ -23,7 +23,7 @@ from . import bitpack
 __all__ = ["PAYLOAD_VERSION", "MAX_ELEMENTS", "MAX_HEADER_BYTES", "MAX_HEADER_DEPTH",
            "ALLOWED_DTYPES", "Payload", "PayloadError", "check_int", "expect_buffer",
            "expect_floats", "expect_packed", "expect_stream", "meta_equal", "expect_nbits",
-           "expect_shape"]
+           "expect_shape", "raw_array", "read_raw"]
 
 
 class PayloadError(ValueError):
@@ -352,3 +352,24 @@ def expect_shape(p: Payload, ndim: int | None = None) -> int:
     if ndim is not None and len(shape) != ndim:
         raise PayloadError(f"{p.codec} payload shape {shape} is not {ndim}-D")
     return math.prod(shape)
+
+
+def raw_array(arr: np.ndarray) -> Any:
+    """Flat Flower ``Array`` carrying ``arr``'s bytes as they are (no ``np.save`` header)."""
+    from flwr.app import Array  # Flower's app side, as in to_record
+
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    return Array(dtype=str(flat.dtype), shape=(flat.size,), stype="raw", data=flat.tobytes())
+
+
+def read_raw(record: Any, key: str, dtype: str, max_bytes: int,
+             what: str = "sample-info") -> np.ndarray:
+    """The values of ``record[key]``: of ``dtype``, at most ``max_bytes``, else PayloadError."""
+    if key not in record:
+        raise PayloadError(f"{what} misses {key!r}")
+    arr = record[key]
+    if arr.dtype != dtype:
+        raise PayloadError(f"{what} {key!r} is {arr.dtype}, expected {dtype}")
+    if len(arr.data) > max_bytes or len(arr.data) % np.dtype(dtype).itemsize:
+        raise PayloadError(f"{what} {key!r} carries {len(arr.data)} bytes")
+    return np.frombuffer(arr.data, dtype=dtype)

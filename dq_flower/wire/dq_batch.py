@@ -17,10 +17,10 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
+from dq_flower.codecs.payload import raw_array, read_raw
 from dq_flower.codecs.tokens import token_width
 from dq_flower.wire.input_parts import parts_width
 from dq_flower.wire.ranges import ranges_from_record, ranges_record
-from dq_flower.wire.raw import raw_array, read_raw
 from dq_flower.wire.targets import travelling_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",

@@ -11,7 +11,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from dq_flower.codecs import PayloadError
-from dq_flower.wire.raw import raw_array, read_raw
+from dq_flower.codecs.payload import raw_array, read_raw
 
 __all__ = ["ranges_record", "ranges_from_record"]
 

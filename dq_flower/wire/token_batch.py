@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.codecs import tokens as token_coder
 from dq_flower.codecs.bitpack import pack_wide, packed_nbytes
+from dq_flower.codecs.payload import raw_array, read_raw
 from dq_flower.wire.dq_batch import (
     INFO_KEY,
     SAMPLES_KEY,
@@ -27,7 +28,6 @@ from dq_flower.wire.dq_batch import (
     expect_rows,
     width_for,
 )
-from dq_flower.wire.raw import raw_array, read_raw
 
 __all__ = ["TOKENS_CODEC", "STREAM", "tokens_payload", "encode_token_batch",
            "decode_token_batch", "decode_windows"]

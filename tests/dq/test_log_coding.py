@@ -13,6 +13,7 @@ from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from dq_flower.codecs import PayloadError, make
 from dq_flower.codecs.affine import denormalise, feature_ranges, log_scales, normalise
+from dq_flower.codecs.payload import raw_array
 from dq_flower.dq.client.sent import RANGES_STATE, coding_ranges, keep_sent, sent_rows
 from dq_flower.dq.server.validation import History, Rules, check_upload
 from dq_flower.wire.dq_batch import (
@@ -24,7 +25,6 @@ from dq_flower.wire.dq_batch import (
     ranges_record,
     spec_record,
 )
-from dq_flower.wire.raw import raw_array
 
 BITS, LEVELS = 4, 16  # DQ's default for tables
 
