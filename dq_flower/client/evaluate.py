@@ -11,7 +11,7 @@ from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordD
 from dq_flower.data_input import Keys, as_inputs, ids_below
 from dq_flower.torch_support import require_torch
 from dq_flower.wire.partition import names_partition
-from dq_flower.wire.targets import binary_targets, model_targets
+from dq_flower.wire.targets import LABEL_BASE_KEY, binary_targets, model_targets
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,10 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
         metrics_none: dict[str, MetricRecordValues] = {"eval-loss": 0.0, "num-examples": 0}
         return Message(content=RecordDict({"metrics": MetricRecord(metrics_none)}),
                        reply_to=msg)
-    y = model_targets(y, output_width(model) or 0)  # e.g. a CSV's labels read as floats
+    config = next(iter(msg.content.config_records.values()), None)  # labels counted from 1?
+    base = config.get(LABEL_BASE_KEY, 0) if config is not None else 0
+    y = model_targets(y, output_width(model) or 0,  # e.g. a CSV's labels read as floats
+                      base if isinstance(base, int) else 0)
     if ids_below(x, embedding_vocab(model)):  # word ids, as the model reads them
         x = x.astype(np.int64)
     if loss_fn is None and binary_targets(y):  # 0/1 float targets: the model gives logits

@@ -85,6 +85,10 @@ class FederatedEvaluation:
             self._eval_ledger = RoundLedger()
         return self._eval_ledger
 
+    def evaluate_config(self) -> dict[str, int]:
+        """Keys the strategy adds to every evaluate message's config (none here)."""
+        return {}
+
     def configure_evaluate(  # noqa: D102
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:
@@ -94,7 +98,7 @@ class FederatedEvaluation:
                                 round_rng(self.seed, server_round, 0,
                                           Purpose.EVALUATE_SAMPLE),
                                 stage="configure_evaluate")
-        cfg = ConfigRecord(dict(config.items()))
+        cfg = ConfigRecord({**dict(config.items()), **self.evaluate_config()})
         cfg["server-round"] = server_round
         return self._evaluate_ledger().record(server_round, [
             Message(content=RecordDict({self.fedavg.arrayrecord_key: arrays,

@@ -15,12 +15,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["binary_targets", "ids_below", "model_targets", "retyped", "retypes_to",
-           "travelling_targets", "MODEL_OUTPUTS_KEY", "HALF_TOLERANCE"]
+__all__ = ["binary_targets", "ids_below", "label_base", "model_targets", "retyped", "retypes_to",
+           "travelling_targets", "MODEL_OUTPUTS_KEY", "LABEL_BASE_KEY", "HALF_TOLERANCE"]
 
 #: Round-config key: the outputs per sample of the server's model, where nodes' targets
 #: are to be retyped for it (:func:`model_targets`).
 MODEL_OUTPUTS_KEY = "model-outputs"
+#: Round-config key: the first class label where labels are counted from 1 (HAPT's activity
+#: ids 1 to 6 for 6 outputs): nodes send each label less it (:func:`label_base`).
+LABEL_BASE_KEY = "label-base"
 #: Float targets travel as float16 where it moves none by more than this share of the
 #: spread of its column over the batch (or moves none at all).
 HALF_TOLERANCE = 1e-2
@@ -60,17 +63,41 @@ def ids_below(x: np.ndarray, vocab: int) -> bool:
             and np.array_equal(x, np.rint(x)))
 
 
-def model_targets(y: np.ndarray, outputs: int) -> np.ndarray:
+def label_base(labels: list[np.ndarray], outputs: int) -> int:
+    """1 where class labels are counted from 1 for a model of ``outputs`` outputs, else 0.
+
+    Whole numbers (a sample's one label) from 1 up to ``outputs`` itself, the largest seen:
+    a label ``outputs`` fits no output, so the user's own training reads ``y - 1`` (HAPT's
+    activities 1 to 6; ``cross_entropy(out, y - 1)``).
+    """
+    flat = [np.asarray(y).reshape(-1) for y in labels if np.asarray(y).size]
+    if outputs < 2 or not flat or any(np.asarray(y).ndim > 1 and np.asarray(y).shape[1] != 1
+                                      for y in labels):
+        return 0
+    ys = np.concatenate(flat)
+    whole = ys.dtype.kind in "iu" or (ys.dtype.kind == "f" and np.array_equal(ys, np.rint(ys)))
+    return int(whole and ys.min() >= 1 and ys.max() == outputs)
+
+
+def model_targets(y: np.ndarray, outputs: int, base: int = 0) -> np.ndarray:
     """``y`` typed as a model of ``outputs`` outputs a sample reads it, else ``y`` itself.
 
     One output: integer targets (n,) become float32 (a regression of counts; 0/1 labels
     then are binary targets). Two or more: float targets (n,) that are class indices
-    below ``outputs`` become int64 class labels. Anything else (``outputs`` 0: unknown)
-    stays as it is.
+    below ``outputs`` become int64 class labels; ``base`` (:func:`label_base`) is taken
+    from every label first. Anything else (``outputs`` 0: unknown) stays as it is.
     """
     flat = y.reshape(-1) if y.ndim == 2 and y.shape[1] == 1 else y
     if flat.ndim != 1 or not flat.size:
         return y
+    if base and outputs >= 2:
+        if flat.min() < base:
+            raise ValueError(f"class labels are counted from {base} in this federation (the "
+                             f"others' run from {base} to {outputs}) but this node holds "
+                             f"{flat.min():g}: give every node's labels from the same start")
+        flat = (flat - base).astype(np.int64 if flat.dtype.kind in "iu" else flat.dtype)
+        if flat.dtype.kind in "iu":
+            return flat
     if outputs == 1 and (np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_):
         return flat.astype(np.float32)
     if outputs >= 2 and np.issubdtype(flat.dtype, np.floating) and ids_below(flat, outputs):
@@ -90,7 +117,7 @@ def retypes_to(target: str, wanted: str, outputs: int) -> bool:
     return outputs == 1 and target == "class" and wanted in ("float", "binary")
 
 
-def retyped(spec: Any, labels: np.ndarray, outputs: int, users_loss: Any = None
+def retyped(spec: Any, labels: np.ndarray, outputs: int, users_loss: Any = None, base: int = 0
             ) -> tuple[np.ndarray, Any] | None:
     """``labels`` and their data ``spec`` typed as a model of ``outputs`` outputs reads them.
 
@@ -99,9 +126,9 @@ def retyped(spec: Any, labels: np.ndarray, outputs: int, users_loss: Any = None
     ``None`` where nothing changes (or the targets are tokens, or several a sample). Given
     ``users_loss`` (the user's own), only whole numbers for one output become floats: any
     loss of one output reads floats, while float class ids may be what a loss of several
-    outputs reads (a Gaussian NLL's mean and variance).
+    outputs reads (a Gaussian NLL's mean and variance). ``base``: :func:`label_base`.
     """
-    typed = model_targets(labels, outputs)
+    typed = model_targets(labels, outputs, base)
     if typed is labels or spec.target not in ("class", "float", "binary") \
             or spec.target_dim != 1 or (users_loss is not None and outputs != 1):
         return None

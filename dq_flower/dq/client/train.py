@@ -74,7 +74,7 @@ from dq_flower.wire.held import VALUE_BOUND_KEY, held_for
 from dq_flower.wire.input_parts import ONE_INPUT_KEY
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
-from dq_flower.wire.targets import MODEL_OUTPUTS_KEY, model_targets
+from dq_flower.wire.targets import LABEL_BASE_KEY, MODEL_OUTPUTS_KEY, model_targets
 from dq_flower.wire.token_batch import tokens_payload
 
 if TYPE_CHECKING:
@@ -234,7 +234,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
         from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
 
         split_inputs(model, inputs)
-    y = model_targets(y, int(config.get(MODEL_OUTPUTS_KEY, 0) or 0))  # where asked for
+    y = model_targets(y, int(config.get(MODEL_OUTPUTS_KEY, 0) or 0),  # where asked for
+                      int(config.get(LABEL_BASE_KEY, 0) or 0))
     vocab = id_vocab(config, x_all)  # a text classifier's word ids: sent exactly, as int64
     x_all = x_all.astype(np.int64) if vocab else x_all
     pinned = config.get(MIXED_UNITS_KEY)  # the server's, once it holds a spec

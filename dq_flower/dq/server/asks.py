@@ -46,7 +46,7 @@ from dq_flower.wire.held import (
 from dq_flower.wire.input_parts import ONE_INPUT_KEY
 from dq_flower.wire.model import MODEL_KEY
 from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record
-from dq_flower.wire.targets import MODEL_OUTPUTS_KEY
+from dq_flower.wire.targets import LABEL_BASE_KEY, MODEL_OUTPUTS_KEY
 
 __all__ = ["RoundAsks", "ALL_ROWS"]
 
@@ -142,6 +142,8 @@ class RoundAsks:
             cfg[ONE_INPUT_KEY] = 1
         if self.data.model_outputs:  # the nodes' targets are typed otherwise than it reads
             cfg[MODEL_OUTPUTS_KEY] = self.data.model_outputs
+            if self.data.label_base:  # labels counted from 1: each less it
+                cfg[LABEL_BASE_KEY] = self.data.label_base
         if refresh:
             cfg["refresh"] = 1
         if self.cfg.scorer == AUTO:

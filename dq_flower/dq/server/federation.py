@@ -95,6 +95,7 @@ class FederationData:
     store: SampleStore | None = None
     duplicates: int = 0  # rows of this round's replies the server already held
     model_outputs: int = 0  # the outputs nodes are asked to type their targets for
+    label_base: int = 0  # class labels counted from it: nodes asked for labels less it
     pin_units: bool = False  # nodes are told the spec's mixed units (one measured otherwise)
     whole_vocab: int = 0  # ids asked of every node: the model reads its samples as such
     one_input: bool = False  # nodes asked for (x, y) of their tensors: the model takes one
@@ -133,9 +134,9 @@ class FederationData:
         """Take the value bound the round's replies agreed on (provisional)."""
         self.value_bound, self.provisional["bound"] = bound, True
 
-    def ask_model_targets(self, outputs: int) -> None:
+    def ask_model_targets(self, outputs: int, base: int = 0) -> None:
         """Ask every node from the next round on to type its targets for ``outputs`` outputs."""
-        self.model_outputs = outputs
+        self.model_outputs, self.label_base = outputs, max(base, self.label_base)
 
     def ask_within_bound(self, node: int) -> None:
         """Ask Flower node ``node`` from the next round on for its rows within the bound."""
@@ -221,16 +222,17 @@ class FederationData:
                 "ranges": {int(k): tuple(a.copy() for a in r) for k, r in self.ranges.items()},
                 "store": None if self.store is None else self.store.state(),
                 "value_bound": self.value_bound, "provisional": dict(self.provisional),
-                "model_outputs": self.model_outputs, "pin_units": self.pin_units,
-                "whole_vocab": self.whole_vocab, "one_input": self.one_input,
-                "over_bound": sorted(self.over_bound),
+                "model_outputs": self.model_outputs, "label_base": self.label_base,
+                "pin_units": self.pin_units, "whole_vocab": self.whole_vocab,
+                "one_input": self.one_input, "over_bound": sorted(self.over_bound),
                 "sent": {k: list(v) for k, v in self.sent.items()}, "grown": self.grown,
                 "claims": dict(self.claims)}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
         """Inverse of :meth:`state`; ``fix_spec`` adopts the spec again (a new store)."""
         self.num_classes = state.get("num_classes", self.num_classes)
-        self.model_outputs = int(state.get("model_outputs", 0))
+        self.model_outputs, self.label_base = (int(state.get(k, 0)) for k in ("model_outputs",
+                                                                             "label_base"))
         self.pin_units = bool(state.get("pin_units", False))
         self.whole_vocab = int(state.get("whole_vocab", 0))
         self.one_input = bool(state.get("one_input", False))
@@ -239,12 +241,9 @@ class FederationData:
         self.sent = {int(k): [int(a), int(b)] for k, (a, b) in sent.items()}
         self.grown = int(state.get("grown", 0))
         self.claims = {int(k): int(v) for k, v in state.get("claims", {}).items()}
-        if state.get("spec") is not None:
-            spec = state["spec"]
-            fix_spec(DataSpec(tuple(spec["sample_shape"]), spec["target"],
-                              int(spec["target_dim"]), int(spec.get("vocab", 0)),
-                              bool(spec.get("mixed_units", False)),
-                              tuple(spec.get("inputs", ())), bool(spec.get("column", False))))
+        if (spec := state.get("spec")) is not None:  # keys an older checkpoint lacks: defaults
+            fix_spec(DataSpec(**{**spec, "sample_shape": tuple(spec["sample_shape"]),
+                                 "inputs": tuple(spec.get("inputs", ()))}))
         if self.store is not None:
             for node, ranges in state.get("ranges", {}).items():
                 self.store.set_ranges(int(node), *ranges)

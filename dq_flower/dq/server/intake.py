@@ -54,7 +54,7 @@ from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
 from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import DataSpec, SampleBatch, range_mode, reply_spec
-from dq_flower.wire.targets import model_targets, retyped
+from dq_flower.wire.targets import label_base, model_targets, retyped
 
 __all__ = ["UploadIntake", "Compensations", "Ask"]
 
@@ -186,8 +186,10 @@ class UploadIntake:
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
         """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others."""
         self.data.forget_unconfirmed()
-        if self.data.spec is None:  # targets typed as the loss reads them
-            uploads = [self._typed(u) for u in uploads]
+        if self.data.spec is None:  # targets typed as the loss reads them (counted from 1?)
+            base = 0 if getattr(self.loss_fn, "user", None) is not None else label_base(
+                [u.batch.labels for u in uploads if u.spec], output_width(self.model) or 0)
+            uploads = [self._typed(u, base) for u in uploads]
         known = {int(n): int(v[0]) for n, v in self.data.sent.items() if v[0] > 0}
         sent = {int(n): int(v[1]) for n, v in self.data.sent.items()}
         verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
@@ -196,9 +198,8 @@ class UploadIntake:
             if verdict.value_bound is not None and upload.scale > verdict.value_bound:
                 self.data.ask_within_bound(upload.source)  # its rows within it, next round
         reasons = {reason for _, reason in verdict.refused}
-        if len(verdict.refused) > 1 and not verdict.accepted and len(reasons) == 1 \
-                and self.data.spec is None and not (self.data.model_outputs
-                                                    or self.data.one_input):  # the model
+        if len(verdict.refused) > 1 and not verdict.accepted and len(reasons) == 1 and \
+                self.data.spec is None and not (self.data.model_outputs or self.data.one_input):
             log(ERROR, "every reply of the round failed the server's model check the same way "
                 "(%s): the model (or loss_fn) the strategy was given, not the nodes' data, is "
                 "the likely cause (see docs/plugin.md, your own model and data)", reasons.pop())
@@ -227,14 +228,17 @@ class UploadIntake:
                       f"{VALUE_FACTOR:g} times the median upload's largest)")
         return verdict.accepted, rejected + len(verdict.refused)
 
-    def _typed(self, u: Upload) -> Upload:
-        """``u``'s targets typed as the loss reads them; the nodes asked so from now on."""
+    def _typed(self, u: Upload, base: int = 0) -> Upload:
+        """``u``'s targets typed as the loss reads them (labels less ``base``); asked so."""
         outputs = output_width(self.model) or 0
-        got = (retyped(u.spec, u.batch.labels, outputs, getattr(self.loss_fn, "user", None))
-               if u.spec and len(u.batch) else None)
+        got = (retyped(u.spec, u.batch.labels, outputs, getattr(self.loss_fn, "user", None),
+                       base) if u.spec and len(u.batch) else None)
         if got is None:
             return u
-        self.data.ask_model_targets(outputs)
+        if base > self.data.label_base:  # said once
+            log(WARNING, "[dq] labels run from 1 to %d, the model's outputs: read as counted "
+                "from 1, as cross_entropy(out, y - 1) reads them (else pass loss_fn)", outputs)
+        self.data.ask_model_targets(outputs, base)
         return replace(u, batch=replace(u.batch, labels=got[0]), spec=got[1])
 
     def _check(self, spec: DataSpec, upload: Upload) -> int:
@@ -261,8 +265,7 @@ class UploadIntake:
         """Store the accepted uploads' rows: the uploads stored, and the number that failed.
 
         A failure rejects the upload; a copying client's copies are not stored. The server's
-        own disk refusing rows (:class:`StoreDiskError`) is no reply's fault: it stops the
-        run, every row stored before kept.
+        own disk refusing rows (:class:`StoreDiskError`) stops the run, every row kept.
         """
         packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
 
@@ -329,10 +332,7 @@ class UploadIntake:
         return (codes, side, dither) if kept is None else (codes[kept], side[kept], dither[kept])
 
     def rows(self, batch: SampleBatch, node: int, packed: Packed) -> StoredRows:
-        """The store's rows of a checked batch of client ``node`` (held-out ones chosen).
-
-        ``packed``: the rows as :meth:`packed` gives them.
-        """
+        """The store's rows of a checked batch of client ``node``, ``packed`` by :meth:`packed`."""
         assert self.data.store is not None
         codes, side, dither = packed
         n = codes.shape[0]  # the batch's rows

@@ -70,6 +70,7 @@ from dq_flower.server.pipeline import FailureWatch, RoundLedger
 from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
+from dq_flower.wire.targets import LABEL_BASE_KEY
 
 __all__ = ["DQStrategy", "holdout_key", "SECRET_ENV"]
 
@@ -172,8 +173,7 @@ class DQStrategy(ModelStrategy, Strategy):
                             "rows: ids are sent exactly, a table's categories one code each"
                             if embedded else "samples that are not a small table") + ")")
         self.cfg: DQConfig = cfg
-        # ``auto`` starts with SGD; the first training phase may choose another
-        optimizer = users or make_optimizer(
+        optimizer = users or make_optimizer(  # ``auto``: SGD until a training phase chooses
             "sgd" if cfg.optimizer == "auto" else cfg.optimizer,
             decay_groups(model, cfg.weight_decay), cfg.lr, cfg.momentum, cfg.weight_decay)
         comp_codec = (make(cfg.compensation, **cfg.compensation_kwargs)
@@ -199,8 +199,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.intake = UploadIntake(cfg, model, self.data, loss_fn=loss_fn, seed=self.seed,
                                    holdout_key=key, planner=self.planner,
                                    identities=self.identities, comp_codec=comp_codec,
-                                   num_params=self.num_params,
-                                   measuring=cfg.upload_mode != "data")
+                                   num_params=self.num_params, measuring=cfg.upload_mode != "data")
         self.intake.bits_note = bits_note
         self.compensations = Compensations(cfg, self.num_params, self.data)
         self.trainer = ServerTrainer(cfg, model, optimizer, self.data, self.cv,
@@ -285,6 +284,10 @@ class DQStrategy(ModelStrategy, Strategy):
         user = self.trainer.choice if getattr(self.trainer.choice, "source", "") == "user" else None
         log_round("dq", 0, f"knobs: {changed_knobs(cfg)}"
                   + (f"; optimizer: yours, {user.describe()}" if user else ""))
+
+    def evaluate_config(self) -> dict[str, int]:
+        """What the nodes' evaluation reads its labels by: counted from 1, where they are."""
+        return {LABEL_BASE_KEY: self.data.label_base} if self.data.label_base else {}
 
     @property
     def finished(self) -> bool:
