@@ -88,6 +88,66 @@ def test_the_probe_ends_at_its_half_only_beyond_three_standard_errors():
     assert not _decided([first, second, near])  # the other two: the end decides
     assert _decided([first, second, far])  # about 13 standard errors apart
     assert not _decided([None, second, near])  # the first gone: the other two race on
+    # a lead beyond the bar that narrowed since the turn before: the end decides
+    assert not _decided([first, _losses(0.2)], [first, _losses(0.3)])
+    assert _decided([first, _losses(0.2)], [first, _losses(0.1)])
+
+
+class _Curves(nn.Module):
+    """A model whose held-out loss is a curve of the steps taken, one curve per optimizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+
+class _Trainer:
+    """The probe's view of a server trainer on a store of 25,000 word-id rows (scripted)."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        from dq_flower.dq.config import DQConfig
+        from dq_flower.dq.server.plateau import PlateauRule
+
+        self.cfg, self.plateau, self.model = DQConfig(), PlateauRule(), _Curves()
+        store = SimpleNamespace(num_train=25_000, holdout_mask=np.ones(2_000, dtype=bool))
+        self.data = SimpleNamespace(store=store, spec=SimpleNamespace(vocab=3_000,
+                                                                      target="class"))
+        self.choice, self.lr, self.lr_given, self.trained = None, 0.05, False, 0
+        rng = np.random.default_rng(0)
+        self.noise = {"sgd": rng.normal(0, 0.3, 2_000), "adam": rng.normal(0, 0.3, 2_000)}
+
+    def use_optimizer(self, choice, built=None):
+        self.choice = choice
+        self.optimizer = built or torch.optim.SGD(self.model.parameters(), lr=choice.lr)
+
+    def augmentation(self, rng):
+        return None
+
+    def store_steps(self, server_round, steps, rng=None, augment=None, sharded=True):
+        self.model.steps += steps
+        self.trained += steps
+        return [1.0] * steps
+
+    def score_holdout(self, everyone=False):
+        s = float(self.model.steps)  # SGD starts fast and levels off; Adam keeps falling
+        mean = (1.70 + 0.08 * np.exp(-s / 60) if self.choice.name == "sgd"
+                else 1.80 - 0.0003 * s)
+        return HeldOutScores(mean + self.noise[self.choice.name], None,
+                             np.zeros(2_000, dtype=np.uint64))
+
+
+def test_the_probe_on_a_large_store_looks_as_far_as_the_phase_and_past_a_fast_start():
+    """SGD leads Adam on word ids at 100 and 196 steps, Adam leads at 392 (``m_varlen``)."""
+    from dq_flower.dq.server.optimizer_choice import probe
+
+    trainer = _Trainer()
+    kept = probe(trainer, 1, np.random.default_rng(0))
+    # a pass over the rows in four held-out scores each (98 steps), as the phase scores
+    assert kept is not None and trainer.trained == 2 * 392
+    assert trainer.choice.name == "adam" and int(trainer.model.steps) == 392
 
 
 def test_candidates_are_sgd_at_lr_then_adam_at_its_own_or_the_given_step_size():
