@@ -5,7 +5,9 @@ Its data set was read directly, the ``collate_fn`` passed by: sentences of word 
 ((4,) and (40,))``), and a ``collate_fn`` that tokenised strings or built dicts was never
 called. The items are now collated in index order, in batches of the loader's size; where
 the batches come out of different lengths (padded each to its own longest) every item is
-collated at once, padded by the ``collate_fn`` to one length.
+collated at once, padded by the ``collate_fn`` to one length. Nodes whose longest rows
+differ send rows of different lengths: the server pads the shorter ones with the model's
+embedding's ``padding_idx`` (they were refused every round).
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import dq_flower
+from dq_flower.codecs import PayloadError
 from dq_flower.data_input import as_arrays, as_inputs
+from dq_flower.dq.server.token_intake import pad_id, shorter_ids
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.wire.dq_batch import DataSpec
 from tests.plugin.test_dict_inputs import two_rounds
 
 VOCAB, LONGEST = 24, 9
@@ -114,16 +120,17 @@ class MeanOfWords(nn.Module):
         return self.head((self.emb(ids) * m).sum(1) / m.sum(1).clamp(min=1))
 
 
-def test_dq_trains_on_sentences_a_loader_pads_per_batch():
+def accuracy_on_test(server_round: int, arrays: ArrayRecord) -> MetricRecord:
     test = sentences(200, seed=9)
-    xt, yt = torch.from_numpy(padded(test)), np.array([label for _, label in test])
+    model = MeanOfWords()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    with torch.no_grad():
+        pred = model(torch.from_numpy(padded(test))).argmax(1).numpy()
+    return MetricRecord({"accuracy": float((pred == [label for _, label in test]).mean())})
 
-    def accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        model = MeanOfWords()
-        model.load_state_dict(arrays.to_torch_state_dict())
-        with torch.no_grad():
-            pred = model(xt).argmax(1).numpy()
-        return MetricRecord({"accuracy": float((pred == yt).mean())})
+
+def test_dq_trains_on_sentences_a_loader_pads_per_batch():
+    accuracy = accuracy_on_test
 
     def train(msg, context):
         part = int(context.node_config["partition-id"])
@@ -134,3 +141,38 @@ def test_dq_trains_on_sentences_a_loader_pads_per_batch():
     first, last = two_rounds(MeanOfWords(), train, accuracy)
     assert first["rejected"] == 0 and first["stored"] > 0  # every reply failed before
     assert last["accuracy"] > 0.9
+
+
+def test_nodes_of_shorter_longest_rows_are_padded_with_the_embeddings_padding_idx():
+    """Node 0's longest sentence has 9 words, the three others' 5: each pads to its own."""
+
+    def train(msg, context):
+        part = int(context.node_config["partition-id"])
+        rows = sentences(120, seed=10 + part)
+        rows = [(w[:5], label) for w, label in rows] if part else rows
+        loader = DataLoader(Sentences(rows), batch_size=16, shuffle=True, collate_fn=pad_batch)
+        return dq_flower.client.dq_train(msg, context, loader)
+
+    strategy = dq_flower.DQStrategy(MeanOfWords(), seed=0)
+    result = strategy.start(grid=InProcessGrid(train, 4), num_rounds=2,
+                            initial_arrays=ArrayRecord(MeanOfWords().state_dict()),
+                            evaluate_fn=accuracy_on_test)
+    metrics = result.evaluate_metrics_serverapp
+    # the longest is the federation's even where most nodes' rows are shorter
+    assert [metrics[r]["rejected"] for r in (1, 2)] == [0, 0]  # before: the long node, every round
+    assert strategy.spec is not None and strategy.spec.sample_shape == (LONGEST,)
+    held = np.concatenate([x for x, *_ in strategy.store.holdout_batches()])
+    words = (held != 0).sum(1)
+    assert (held[:, :5] != 0).sum(1).tolist() == np.minimum(words, 5).tolist()  # pads last
+    assert (words <= 5).any() and (words > 5).any() and metrics[2]["accuracy"] > 0.9
+
+
+def test_id_rows_longer_than_the_federations_or_with_no_pad_id_are_refused_saying_why():
+    known, short, long = (DataSpec((n,), vocab=VOCAB) for n in (LONGEST, 5, 12))
+    assert pad_id(MeanOfWords()) == 0 and pad_id(nn.Sequential(nn.Embedding(5, 2))) is None
+    assert shorter_ids(short, known, 0) and not shorter_ids(known, known, 0)
+    assert not shorter_ids(DataSpec((5,)), DataSpec((LONGEST,)), 0)  # values, not ids
+    with pytest.raises(PayloadError, match="its rows hold 12 ids, more than the federation's 9"):
+        shorter_ids(long, known, 0)
+    with pytest.raises(PayloadError, match="no padding_idx to pad them with: pad token ids to 9"):
+        shorter_ids(short, known, None)

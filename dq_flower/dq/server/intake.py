@@ -21,6 +21,7 @@ from flwr.common.logger import log
 
 from dq_flower.codecs import Codec, Payload, PayloadError
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server import token_intake
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
 from dq_flower.dq.server.federation import (
@@ -85,8 +86,9 @@ class UploadIntake:
         self._rules = Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend,
                             comp_codec=comp_codec, num_params=num_params, measuring=measuring,
                             refresh=cfg.compensation_mode != "first-step")
-        #: a table's rows read by the model in every reply (a model reading embeddings)
-        self.read_rows = table_reader(model, loss_fn)
+        #: a table's rows read by the model in every reply (a model reading embeddings); the
+        #: embedding's padding_idx, which pads id rows shorter than the spec's
+        self.read_rows, self.pad = table_reader(model, loss_fn), token_intake.pad_id(model)
         #: how ``bits = 0`` was resolved, logged once the samples are known not to be tokens
         self.bits_note: str | None = None
         #: each client's rows that copy rows it sent before (dq.server.node_screen)
@@ -108,10 +110,10 @@ class UploadIntake:
                                   self.data.num_classes, self.loss_fn)
         cfg = self.cfg
         tokens = spec.target == "tokens"  # token windows: ids as bytes, no ranges
-        ids = tokens or spec.vocab > 0  # id samples too
-        mode = "sample" if ids else range_mode(cfg.ranges, spec.sample_shape, spec.mixed_units)
+        id_rows = tokens or spec.vocab > 0  # id samples too
+        mode = "sample" if id_rows else range_mode(cfg.ranges, spec.sample_shape, spec.mixed_units)
         groups = spec.channels if mode == "channel" else 1
-        layout = layout_of(spec) if ids else RowLayout(
+        layout = layout_of(spec) if id_rows else RowLayout(
             spec.dim, cfg.bits, max(groups, 1), fixed=mode == "feature")
         limits: dict[str, Any] = {"max_samples": cfg.max_store_samples,
                                   "eviction": cfg.store_eviction, "seed": self.seed}
@@ -131,7 +133,7 @@ class UploadIntake:
                       f"{spec.target_dim}, coded losslessly (no quantizer: bits and value "
                       "bounds do not apply)")
         else:
-            if self.bits_note and not ids:
+            if self.bits_note and not id_rows:
                 log_round("dq", 0, self.bits_note)
             log_round("dq", 0, spec_text(spec, mode, self.data.num_classes, self.data.whole_vocab,
                                          getattr(self.loss_fn, "user", 0) is None))
@@ -166,9 +168,11 @@ class UploadIntake:
         identity, why = self.identities.resolve(server_round, src, claimed)
         if why:
             log(WARNING, "[dq] round %d: %s", server_round, why)
-        try:
-            upload = check_upload(msg.content, identity, rules or self.rules(),
-                                  self.history(identity), ask(src, identity), src)
+        checked = rules or self.rules()
+        try:  # id rows shorter than the spec's: read as they came, then padded
+            upload = token_intake.read_padded(lambda spec: check_upload(
+                msg.content, identity, replace(checked, spec=spec), self.history(identity),
+                ask(src, identity), src), msg.content, checked.spec, self.pad)
         except PayloadError as exc:  # targets typed otherwise, values over the bound: ask
             with suppress(PayloadError, KeyError, TypeError, ValueError):
                 self.data.retype_if(reply_spec(msg.content, None), output_width(self.model) or 0)
@@ -186,10 +190,11 @@ class UploadIntake:
     def adopt(self, uploads: list[Upload], rejected: int) -> tuple[list[Upload], int]:
         """The uploads the round agrees on (:func:`~.validation.agree`), ``rejected`` + others."""
         self.data.forget_unconfirmed()
-        if self.data.spec is None:  # targets typed as the loss reads them (counted from 1?)
+        if self.data.spec is None:  # targets typed as the loss reads them, id rows padded
             base = 0 if getattr(self.loss_fn, "user", None) is not None else label_base(
                 [u.batch.labels for u in uploads if u.spec], output_width(self.model) or 0)
-            uploads = [self._typed(u, base) for u in uploads]
+            uploads = token_intake.padded_to_longest([self._typed(u, base) for u in uploads],
+                                                     self.pad)
         known = {int(n): int(v[0]) for n, v in self.data.sent.items() if v[0] > 0}
         sent = {int(n): int(v[1]) for n, v in self.data.sent.items()}
         verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
@@ -340,8 +345,7 @@ class UploadIntake:
         if self.adaptive:
             holdout = choose_holdout(batch.labels, batch.ids, node, self.cfg.holdout_fraction,
                                      self.holdout_key, self.data.store.counts)
-        labels = (np.zeros(n, np.int64) if self.data.store.inputs_are_targets
-                  else batch.labels)  # token windows: their ids are their targets
+        labels = np.zeros(n, np.int64) if self.data.store.inputs_are_targets else batch.labels
         return StoredRows(codes, side, labels, batch.weights,
                           np.full(n, node, dtype=np.uint64), batch.ids, dither, holdout)
 
@@ -352,8 +356,7 @@ class UploadIntake:
             self.data.record_sent(u.node, u.examples, len(u.batch) + u.copies, u.claimed)
         if not self.measuring:
             return
-        full = [u for u in fresh if len(u.batch)]
-        if full:
+        if full := [u for u in fresh if len(u.batch)]:
             samples = [u.batch.samples.nbits + u.batch.info_nbits for u in full]
             rest = [u.reply_bits - s for u, s in zip(full, samples, strict=True)]
             self.planner.measured(sample_bits=sum(samples) / sum(len(u.batch) for u in full),
@@ -397,8 +400,7 @@ class Compensations:
         bounded = bound_vectors([v for v in vectors if v is not None], [1.0] * len(having),
                                 screen, clip_factor=self.cfg.clip_factor,
                                 clip_norm=self.cfg.clip_norm)
-        kept = iter(bounded.vectors)
-        rejected = []
+        kept, rejected = iter(bounded.vectors), []
         for i, k in zip(having, bounded.keep, strict=True):
             out[i] = put(uploads[i], next(kept) if k else None)
             if not k:
@@ -409,9 +411,8 @@ class Compensations:
 
     def screen_deltas(self, uploads: list[Upload]) -> tuple[list[Upload], int]:
         """Drop uploads whose compensation norm is implausible; clip the others'."""
-        screened, bad = self._screen(uploads, attrgetter("delta"),
-                                     lambda u, v: replace(u, delta=v), self.comp_norms,
-                                     "compensation norm")
+        screened, bad = self._screen(uploads, attrgetter("delta"), lambda u, v: replace(u, delta=v),
+                                     self.comp_norms, "compensation norm")
         return [u for i, u in enumerate(screened) if i not in set(bad)], len(bad)
 
     def update_control_variate(self, fresh: list[Upload]) -> tuple[int, int]:
@@ -425,8 +426,7 @@ class Compensations:
         self.cv.age()
         fresh, bad = self._screen(fresh, attrgetter("refresh"), lambda u, v: replace(u, refresh=v),
                                   self.refresh_norms, "refreshed residual's norm")
-        refreshed = 0
-        store = self.data.store
+        refreshed, store = 0, self.data.store
         for u in fresh:
             if u.refresh is not None and store is not None:
                 self.cv.replace(u.node, u.refresh, store.node_weight(u.node))

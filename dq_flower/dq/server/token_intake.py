@@ -12,29 +12,34 @@ payload beside their labels (:func:`check_id_samples`) and are stored the same w
 table whose label-encoded columns the model reads with embeddings is quantized as any
 table; :func:`table_reader` reads every reply's rows with the model. A model that casts
 its samples to whole numbers itself (``one_hot(x.long(), C)``) is asked for them as ids
-(:func:`whole_number_vocab`).
+(:func:`whole_number_vocab`). Id rows shorter than the federation's (a ``collate_fn`` that
+pads to a node's longest) are padded with the embedding's ``padding_idx`` (:func:`pad_id`,
+:func:`read_padded`, :func:`padded_to_longest`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
 from flwr.app import RecordDict
+from torch import nn
 
 from dq_flower.codecs import Payload, PayloadError
 from dq_flower.codecs.tokens import token_width
 from dq_flower.dq.scorer_choice import CAN_SCORE_KEY
 from dq_flower.losses import model_output
+from dq_flower.model_inputs import layers
 from dq_flower.model_ops import LossFn, embedding_vocab, float_dtype, per_sample_results
-from dq_flower.wire.dq_batch import MAX_VOCAB, DataSpec, SampleBatch
+from dq_flower.wire.dq_batch import MAX_VOCAB, SPEC_KEY, DataSpec, SampleBatch, spec_from_record
 from dq_flower.wire.token_batch import TOKENS_CODEC, decode_token_batch, decode_windows
 
 __all__ = ["TokenLayout", "PLAIN_BUFFER", "check_token_upload", "check_id_samples",
-           "table_reader", "whole_number_vocab", "PROBE_ROWS"]
+           "table_reader", "whole_number_vocab", "PROBE_ROWS", "pad_id", "shorter_ids",
+           "padded_ids", "padded_to_longest", "read_padded"]
 
 #: Rows of a round's uploads :func:`whole_number_vocab` reads the model on, at most.
 PROBE_ROWS = 256
@@ -147,3 +152,76 @@ def whole_number_vocab(model: torch.nn.Module, spec: DataSpec, rows: list[np.nda
         return 0
     top = max(float(r.max()) for r in rows if r.size)
     return int(min(MAX_VOCAB, 2 * (round(top) + 1)))
+
+
+def pad_id(model: Any) -> int | None:
+    """The ``padding_idx`` of the embedding the model reads its samples with (else ``None``)."""
+    first = next(layers(model), None)
+    pad = getattr(first, "padding_idx", None) if isinstance(
+        first, (nn.Embedding, nn.EmbeddingBag)) else None
+    return None if pad is None else int(pad)
+
+
+def _id_rows(spec: DataSpec | None) -> bool:
+    """Whether ``spec``'s samples are one row of ids each (a text classifier's)."""
+    return spec is not None and spec.vocab > 0 and len(spec.sample_shape) == 1 and not spec.inputs
+
+
+def shorter_ids(reply: DataSpec | None, known: DataSpec | None, pad: int | None) -> bool:
+    """Whether a reply of ``reply``'s spec is read as such and padded to ``known``'s length.
+
+    Id rows that only differ in length: shorter ones where the embedding has a ``pad``;
+    longer ones are refused, saying so (a spec that differs otherwise: ``False``).
+    """
+    if not (_id_rows(reply) and _id_rows(known)) or reply == known:
+        return False
+    assert reply is not None and known is not None
+    if replace(reply, sample_shape=known.sample_shape) != known:
+        return False
+    if reply.dim > known.dim:
+        raise PayloadError(f"its rows hold {reply.dim} ids, more than the federation's "
+                           f"{known.dim}: cut token ids to at most {known.dim}")
+    if pad is None:
+        raise PayloadError(f"its rows hold {reply.dim} ids, the federation's {known.dim}, and "
+                           "the model's embedding has no padding_idx to pad them with: pad "
+                           f"token ids to {known.dim}")
+    return True
+
+
+def padded_ids(upload: Any, spec: DataSpec, pad: int) -> Any:
+    """A checked upload of shorter id rows, padded with ``pad`` to ``spec``'s (its spec then)."""
+    own: DataSpec = upload.spec
+    more = ((0, 0), (0, spec.dim - own.dim))
+    plain = upload.plain
+    if plain is not None:  # every payload row, the kept ones picked out when stored
+        ids = layout_of(own).dequantize(*layout_of(own).rows(plain))
+        plain = layout_of(spec).plain(np.pad(ids, more, constant_values=pad), spec.vocab)
+    return replace(upload, x=np.pad(upload.x, more, constant_values=pad), plain=plain,
+                   spec=spec)
+
+
+def padded_to_longest(uploads: list[Any], pad: int | None) -> list[Any]:
+    """A first round's uploads, id rows padded to the longest of their kind (:func:`padded_ids`)."""
+    def kind(spec: DataSpec) -> DataSpec:
+        return replace(spec, sample_shape=(1,))
+
+    longest: dict[DataSpec, DataSpec] = {}
+    for spec in (u.spec for u in uploads if _id_rows(u.spec) and pad is not None):
+        longest[kind(spec)] = max(longest.get(kind(spec), spec), spec, key=lambda s: s.dim)
+    return [padded_ids(u, longest[kind(u.spec)], pad) if pad is not None and _id_rows(u.spec)
+            and u.spec != longest[kind(u.spec)] else u for u in uploads]
+
+
+def read_padded(check: Callable[[DataSpec | None], Any], content: RecordDict,
+                known: DataSpec | None, pad: int | None) -> Any:
+    """``check(spec)``'s upload: by ``known``, or shorter id rows by their own spec, padded.
+
+    Rows longer than ``known``'s, or shorter without a ``pad``: refused (:func:`shorter_ids`).
+    """
+    try:
+        own: DataSpec | None = spec_from_record(content.config_records.get(SPEC_KEY))
+    except PayloadError:  # check() says what is wrong
+        own = None
+    if known is None or not shorter_ids(own, known, pad):
+        return check(known)
+    return padded_ids(check(own), known, cast(int, pad))
