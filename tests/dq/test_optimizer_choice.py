@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from torch import nn
 
 import dq_flower
+import dq_flower.codecs.affine as affine
 import dq_flower.dq.server.input_scale as input_scale
 from dq_flower.dq.server.optimizer_choice import (
     ADAM_LR,
@@ -365,8 +366,11 @@ def test_the_figures_method_md_quotes_for_a_probe_won_by_accuracy():
 
     fedavg, dq = run_app(app, "fedavg"), run_app(app, "dq")
     assert dq.final > 0.95  # its columns standardised in the server's training
+    assert f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} B (its" in docs_text(
+        "experiments", "user-apps.md")
     with pytest.MonkeyPatch.context() as patch:  # the probe alone, the columns left raw
         patch.setattr(input_scale, "SPREAD_RATIO", float("inf"))
+        patch.setattr(affine, "LOG_TAIL", float("inf"))  # and coded linearly, as then
         dq = run_app(app, "dq")
     assert dq.final > 0.9  # was the class prior's 0.629
     quoted = (f"DQ ends at {dq.final:.2%} with {dq.up_bytes:,} uplink bytes against FedAvg's "

@@ -27,12 +27,16 @@ import numpy as np
 import torch
 
 __all__ = ["PlateauRule", "PlateauTracker", "PhaseResult", "HeldOutScores", "PhaseStart",
-           "train_phase", "score_of", "beyond_noise", "LOSS_TIE_BREAK", "LOSS_PROGRESS"]
+           "train_phase", "score_of", "beyond_noise", "LOSS_TIE_BREAK", "LOSS_PROGRESS",
+           "SURE_LOSS"]
 
 #: Weight of the loss in the score of class targets: a tie-breaker below one row in 1,000.
 LOSS_TIE_BREAK = 1e-4
 #: Relative fall of the held-out loss below which no fall counts as progress.
 LOSS_PROGRESS = 0.01
+#: Mean held-out loss below which, every row right, a fall is no progress (about 99% on
+#: the right class with cross-entropy).
+SURE_LOSS = 0.01
 
 
 @dataclass(frozen=True)
@@ -164,10 +168,10 @@ def beyond_noise(now: HeldOutScores, mark: HeldOutScores | None, z: float) -> bo
     Paired on the rows: the rows right (class targets) rise by at least one and by more than
     ``z`` standard errors (the square root of the rows whose verdict changed), or the mean
     per-row loss falls by 1% of the mark's and by more than ``z`` standard errors of the
-    per-row falls; once every row was right at the mark, only the rows count (on separable
-    rows the loss falls for as long as the margins grow: a phase of four sound snippets
-    stopped at its 2,000-step cap each round at 100% held-out accuracy). No mark (the
-    phase's first score): progress; no rows: none.
+    per-row falls; once every row was right at the mark and its mean loss below
+    :data:`SURE_LOSS`, only the rows count (on separable rows the loss falls for as long as
+    the margins grow: a phase of four sound snippets ran to its 2,000-step cap each round at
+    100% held-out accuracy). No mark (the phase's first score): progress; no rows: none.
     """
     if not now.loss.size:
         return False
@@ -178,7 +182,7 @@ def beyond_noise(now: HeldOutScores, mark: HeldOutScores | None, z: float) -> bo
         lost = int((mark.correct & ~now.correct).sum())
         if gained - lost >= 1 and gained - lost > z * math.sqrt(gained + lost):
             return True
-        if mark.correct.all():  # every row right: a falling loss is a growing margin only
+        if mark.correct.all() and float(mark.loss.mean()) < SURE_LOSS:  # margins growing
             return False
     if not np.isfinite(now.loss).all():
         return False
