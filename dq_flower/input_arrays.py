@@ -8,6 +8,7 @@ every form of a device's data down to these).
 
 from __future__ import annotations
 
+import math
 import sys
 from logging import WARNING
 from typing import Any
@@ -76,10 +77,11 @@ def normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
                          "categories everywhere)")
     xa = np.ascontiguousarray(xa, dtype=np.float32)
     bad = _non_finite(xa)
-    if is_class_target(ya) and ya.ndim > 1 and ya[0].size > 1:
+    several = ya.ndim > 1 and math.prod(ya.shape[1:]) > 1
+    if is_class_target(ya) and several:
         ya = _several_labels(ya, what)
     if is_class_target(ya):
-        ya = ya.astype(np.int64).reshape(-1)
+        ya = ya.astype(np.int64) if several else ya.astype(np.int64).reshape(-1)
         if ya.size and ya.min() < 0:
             raise ValueError(f"{what}: class labels must be >= 0, got {int(ya.min())}")
     elif np.issubdtype(ya.dtype, np.floating):
@@ -132,12 +134,13 @@ def _several_labels(ya: np.ndarray, what: str) -> np.ndarray:
     """Integer targets of several values a sample: 0/1 labels ``(n, k)`` as float32 targets.
 
     (``MultiLabelBinarizer`` and ``one_hot`` give them as integers; a multi-label model's
-    loss reads them as floats.) Anything else is refused: one class label a sample is what
-    DQ's rows carry, and a flattened ``(n, h, w)`` mask would pair labels with other rows.
+    loss reads them as floats.) Others are class labels of each element of a sample, kept
+    in shape: a segmentation mask ``(n, H, W)``, per-token tags ``(n, L)`` (0/1 tags read
+    as several labels a sample: give a mask of 0/1 as ``(n, H, W)``).
     """
     if ya.ndim == 2 and ya.size and np.isin(ya, (0, 1)).all():
         return ya.astype(np.float32)
-    raise ValueError(
-        f"{what}: integer targets of shape {ya.shape}: DQ takes one class label a sample "
-        "(n,), 0/1 labels (n, k) for several labels a sample, or float targets; labels per "
-        "element of a sample (segmentation masks, per-token tags) are not supported")
+    if ya.ndim > 5:
+        raise ValueError(f"{what}: integer targets of shape {ya.shape}: class labels of at "
+                         "most 4 axes a sample are taken (a mask (n, H, W), tags (n, L))")
+    return ya

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-__all__ = ["LossFn", "model_output", "next_token_loss", "binary_loss", "default_loss",
-           "resolve_loss", "per_sample", "per_row", "TargetLoss", "follow_targets",
-           "OUTPUT_KEYS"]
+__all__ = ["LossFn", "model_output", "element_logits", "next_token_loss", "binary_loss",
+           "default_loss", "resolve_loss", "per_sample", "per_row", "TargetLoss",
+           "follow_targets", "OUTPUT_KEYS"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
@@ -52,6 +52,20 @@ def model_output(out: object) -> torch.Tensor:
     raise TypeError(f"the model returned {type(out).__name__}: a tensor, a tuple led by one, a"
                     " dict with 'logits' or an object with a .logits tensor (as transformers "
                     "models return) is needed")
+
+
+def element_logits(outputs: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """Outputs scoring the classes of each element of a ``shape`` label: ``(n, elements, C)``.
+
+    The classes on the axis after the rows (``(n, C, H, W)``, as ``F.cross_entropy`` reads a
+    mask's) or on the last (``(n, L, C)``, a tagger's); ``None`` where neither fits ``shape``.
+    """
+    n, rest = outputs.shape[0], tuple(outputs.shape[1:])
+    if len(rest) != len(shape) + 1:
+        return None
+    if rest[1:] == tuple(shape):
+        return outputs.reshape(n, rest[0], -1).transpose(1, 2)
+    return outputs.reshape(n, -1, rest[-1]) if rest[:-1] == tuple(shape) else None
 
 
 def next_token_loss(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:

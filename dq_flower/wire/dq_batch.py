@@ -18,7 +18,6 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.payload import raw_array, read_raw
-from dq_flower.codecs.tokens import token_width
 from dq_flower.wire.input_parts import parts_width
 from dq_flower.wire.ranges import ranges_from_record, ranges_record
 from dq_flower.wire.targets import travelling_targets
@@ -67,17 +66,6 @@ class SampleBatch:
                    np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
 
     @property
-    def packed_nbytes(self) -> int:
-        """Bytes of the upload bit-packed but before entropy coding (samples and info)."""
-        n, d = self.samples.shape
-        if self.samples.codec == "tokens":  # ids at whole bytes each (.token_batch)
-            width = token_width(int(self.samples.meta["vocab"]))
-            return n * d * width + (self.info_nbits + 7) // 8
-        side = sum(b.nbytes for k, b in self.samples.buffers.items() if k != "codes")
-        return int(packed_nbytes(n * d, int(self.samples.meta["bits"])) + side
-                   + (self.info_nbits + 7) // 8)
-
-    @property
     def payload_bits(self) -> int:
         """Analytic bits of the whole upload (codes, side info, labels, ids, weights, delta)."""
         comp = self.compensation.nbits if self.compensation is not None else 0
@@ -102,11 +90,11 @@ def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
     arrays = {"ids": raw_array(pack_wide(np.asarray(ids), iw)), "weights": raw_array(w)}
     if targets is None:
         lw, target_bits = 0, 0
-    elif np.issubdtype(targets.dtype, np.integer):
+    elif np.issubdtype(targets.dtype, np.integer):  # (n,), or several a sample: n * k codes
         lw = label_width(num_classes)
         arrays["labels"] = raw_array(pack(np.asarray(targets, dtype=np.uint8), lw) if lw <= 8
-                                     else pack_wide(targets, lw))
-        target_bits = 8 * packed_nbytes(n, lw)
+                                     else pack_wide(targets.reshape(-1), lw))
+        target_bits = 8 * packed_nbytes(targets.size, lw)
     else:
         lw, values = 0, np.asarray(targets, dtype=np.float32)
         sent = (pack(values.reshape(-1).astype(np.uint8), 1) if binary
@@ -121,19 +109,20 @@ def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
     return content, int(samples.nbits + info_nbits + (compensation.nbits if compensation else 0))
 
 
-def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
-             target_dim: int, binary: bool) -> tuple[np.ndarray, int]:
-    """Decoded targets and their bits: class labels (``lw > 0``), bits, or float targets."""
+def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None, target_dim: int,
+             binary: bool, shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """Decoded targets, their bits: class labels (``lw > 0``, ``shape`` a row), bits, floats."""
     if lw:
-        if target_dim != 1:
+        if target_dim != math.prod(shape):
             raise PayloadError("class labels sent where float targets are expected")
-        top = label_width(num_classes) if num_classes else 16
+        top, count = label_width(num_classes) if num_classes else 16, n * target_dim
         if not 1 <= lw <= top:
             raise PayloadError(f"labels use {lw} bits; at most {top} expected")
-        raw = read_raw(info, "labels", "uint8", packed_nbytes(n, lw))
-        if raw.size != packed_nbytes(n, lw):
-            raise PayloadError(f"sample-info 'labels' carries {raw.size} bytes")
-        labels = _unpacked(raw, lw, n).astype(np.int64)
+        raw = read_raw(info, "labels", "uint8", packed_nbytes(count, lw))
+        if raw.size != packed_nbytes(count, lw):
+            raise PayloadError(f"sample-info 'labels' carries {raw.size} bytes; {count} "
+                               f"labels of {lw} bits take {packed_nbytes(count, lw)}")
+        labels = _unpacked(raw, lw, count).astype(np.int64).reshape(n, *shape)
         if n and num_classes and labels.max() >= num_classes:
             raise PayloadError(f"label {int(labels.max())} is out of range "
                                f"(num_classes={num_classes})")
@@ -160,12 +149,13 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None,
 def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: int,
                  max_samples: int, id_upper: int | None = None, target_dim: int = 1,
                  float_targets: bool = False, vocab: int = 0, binary: bool = False,
-                 own_targets: bool = False) -> SampleBatch:
+                 own_targets: bool = False, target_shape: tuple[int, ...] = ()) -> SampleBatch:
     """One upload parsed and checked, sizes before unpacking (else :class:`PayloadError`).
 
     Records, counts, shape ``(n, dim)``, ``n <= max_samples``, ``bits``, labels below
-    ``num_classes`` (or finite float targets of width ``target_dim``; ``binary``: 0 or 1),
-    unique ids below ``id_upper``, finite positive weights; ``vocab``: ids (not decoded).
+    ``num_classes`` (``target_shape`` a row; or finite float targets of width ``target_dim``;
+    ``binary``: 0 or 1), unique ids below ``id_upper``, finite positive weights; ``vocab``:
+    ids (not decoded).
     """
     if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
         raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
@@ -177,8 +167,8 @@ def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: i
     lw, iw, wn = _counts(info, n, float_targets)
     if own_targets and "targets" in info:
         raise PayloadError("targets sent with samples that are their own targets")
-    targets, target_bits = ((np.zeros(n, np.float32), 0) if own_targets
-                            else _targets(info, n, lw, num_classes, target_dim, binary))
+    targets, target_bits = ((np.zeros(n, np.float32), 0) if own_targets else _targets(
+        info, n, lw, num_classes, target_dim, binary, target_shape))
     if binary and not np.isin(targets, (0.0, 1.0)).all():
         raise PayloadError("binary targets must be 0 or 1")
     ids_raw, weights = (read_raw(info, "ids", "uint8", packed_nbytes(n, iw)),
@@ -284,6 +274,7 @@ ID_VOCAB_KEY = "sample-vocab"
 #: Spec field and round-config key (the server's pin, once it holds a spec): mixed units.
 MIXED_UNITS_KEY = "mixed-units"
 COLUMN_KEY = "target-column"  #: Spec field: :attr:`DataSpec.column`.
+TARGET_SHAPE_KEY = "target-shape"  #: Spec field: :attr:`DataSpec.target_shape`.
 #: Spec field of samples of several inputs: each one's layout (``f5``, ``i3``, ``f3x4``).
 INPUT_PARTS_KEY = "input-parts"
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
@@ -304,6 +295,7 @@ class DataSpec:
     exactly; 0: values, quantized. ``mixed_units``: samples (not flat) on scales one range
     a sample loses. ``inputs``: flat samples of several inputs side by side, each one's
     layout. ``column``: float targets held as ``(n, 1)`` (sent as ``(n,)``; not compared).
+    ``target_shape``: a sample's class labels, ``target_dim`` of them (a mask ``(H, W)``).
     """
 
     sample_shape: tuple[int, ...]
@@ -313,6 +305,7 @@ class DataSpec:
     mixed_units: bool = False
     inputs: tuple[str, ...] = ()
     column: bool = field(default=False, compare=False, repr=False)
+    target_shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sample_shape or min(map(int, self.sample_shape)) < 1:
@@ -321,6 +314,11 @@ class DataSpec:
             raise ValueError(f"target must be one of {TARGET_KINDS}, got {self.target!r}")
         if self.target_dim < 1:
             raise ValueError(f"target_dim must be >= 1, got {self.target_dim}")
+        if self.target_shape and (self.target != "class" or len(self.target_shape) > 4 or {
+                type(s) for s in self.target_shape} != {int} or min(self.target_shape) < 1
+                                  or math.prod(self.target_shape) != self.target_dim):
+            raise ValueError(f"target_shape {self.target_shape!r}: not {self.target_dim} class "
+                             "labels a sample in at most 4 axes")
         if self.vocab and (self.target == "tokens" or not 2 <= self.vocab <= MAX_VOCAB):
             raise ValueError(f"vocab must be 0 or 2 to {MAX_VOCAB} for labelled samples, "
                              f"got {self.vocab}")
@@ -344,7 +342,8 @@ def spec_record(spec: DataSpec) -> ConfigRecord:
     record = ConfigRecord({"sample-shape": [int(s) for s in spec.sample_shape],
                            "target": spec.target, "target-dim": int(spec.target_dim)})
     extra: dict[str, Any] = {"vocab": int(spec.vocab), INPUT_PARTS_KEY: list(spec.inputs),
-                             MIXED_UNITS_KEY: spec.mixed_units, COLUMN_KEY: spec.column}
+                             MIXED_UNITS_KEY: spec.mixed_units, COLUMN_KEY: spec.column,
+                             TARGET_SHAPE_KEY: [int(s) for s in spec.target_shape]}
     record.update({k: v for k, v in extra.items() if v})  # those set
     return record
 
@@ -357,9 +356,8 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     if (not isinstance(shape, list) or not 1 <= len(shape) <= 8
             or not all([type(s) is int and s >= 1 for s in shape])):
         raise PayloadError(f"data-spec 'sample-shape'={shape!r} is not a list of sizes")
-    shape = cast(list[int], shape)  # checked just above
-    if math.prod(shape) > MAX_DIM:
-        raise PayloadError(f"data-spec sample of {math.prod(shape)} values exceeds {MAX_DIM}")
+    if (size := math.prod(cast(list[int], shape))) > MAX_DIM:
+        raise PayloadError(f"data-spec sample of {size} values exceeds {MAX_DIM}")
     if target not in TARGET_KINDS:
         raise PayloadError(f"data-spec 'target'={target!r} is not one of {TARGET_KINDS}")
     if not isinstance(tdim, int) or isinstance(tdim, bool) or not 1 <= tdim <= 1 << 16:
@@ -372,10 +370,11 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
         raise PayloadError(f"data-spec {MIXED_UNITS_KEY!r}={mixed!r} is not a bool")
     column = record.get(COLUMN_KEY) is True and target in ("float", "binary") and tdim == 1
     try:
-        return DataSpec(tuple(shape), target, tdim, vocab, mixed, tuple(cast(list, inputs)),
-                        column)
+        return DataSpec(tuple(cast(list[int], shape)), target, tdim, vocab, mixed,
+                        tuple(cast(list, inputs)), column,
+                        tuple(cast(list, record.get(TARGET_SHAPE_KEY, []))))
     except (ValueError, TypeError) as exc:
-        raise PayloadError(f"data-spec {INPUT_PARTS_KEY!r}: {exc}") from None
+        raise PayloadError(f"data-spec: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -400,7 +399,8 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
         return DataReply(spec)
     batch = decode_batch(content, num_classes if known is not None else None, spec.dim, bits,
                          max_samples, id_upper, spec.target_dim, spec.target != "class",
-                         spec.vocab, spec.target == "binary", spec.target == "inputs")
+                         spec.vocab, spec.target == "binary", spec.target == "inputs",
+                         spec.target_shape)
     if spec.vocab:  # id samples: their stream is decoded by .token_batch.decode_windows
         return DataReply(spec, "sample", batch)
     mode = range_mode(ranges, spec.sample_shape, spec.mixed_units)

@@ -320,7 +320,7 @@ REFUSALS = [
     (_content, _set_counts(lw=17), {"num_classes": None}, "labels use 17 bits; at most 16 "
      "expected"),
     (_content, _set_info("labels", raw_array(np.zeros(2, np.uint8))), {},
-     "sample-info 'labels' carries 2 bytes"),
+     "sample-info 'labels' carries 2 bytes; 11 labels of 4 bits take 6"),
     (_content, None, {"float_targets": True},
      "class labels sent where float targets are expected"),
     (_content, None, {"target_dim": 3}, "class labels sent where float targets are expected"),

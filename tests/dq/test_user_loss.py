@@ -194,7 +194,7 @@ def test_targets_held_as_a_column_reach_the_users_loss_as_a_column():
 
 def test_a_loss_over_a_tuples_heads_is_refused_saying_what_it_is_handed():
     from dq_flower.codecs import PayloadError
-    from dq_flower.model_ops import check_model
+    from dq_flower.model_check import check_model
 
     class TwoHeads(nn.Module):  # a main head and an auxiliary one, as a user writes them
         def __init__(self) -> None:

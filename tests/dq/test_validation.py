@@ -25,7 +25,7 @@ from dq_flower.dq.server.validation import (
     check_upload,
     read_counts,
 )
-from dq_flower.model_ops import check_model
+from dq_flower.model_check import check_model
 from dq_flower.wire.dq_batch import SPEC_KEY, DataSpec, SampleBatch, spec_record
 
 FLAT, WIDE = DataSpec((64,)), DataSpec((1, 64))

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from dq_flower import data_input
 from dq_flower.codecs import PayloadError
 from dq_flower.data_input import as_arrays, as_inputs
-from dq_flower.model_ops import check_model, placeholder_rows
+from dq_flower.model_check import check_model, placeholder_rows
 from dq_flower.wire.dq_batch import DataSpec
 
 RNG = np.random.default_rng(3)

@@ -123,18 +123,20 @@ def test_client_functions_take_dict_samples_and_keys():
     assert dict(keyed.content["metrics"]) == dict(plain.content["metrics"])
 
 
-def test_integer_multi_labels_become_binary_targets_and_masks_are_refused():
+def test_integer_multi_labels_become_binary_targets_and_masks_stay_class_labels():
     x = np.zeros((4, 6), dtype=np.float32)
     labels = np.array([[0, 1, 1], [1, 0, 0], [0, 0, 1], [1, 1, 0]])  # MultiLabelBinarizer's
     _, y = as_arrays((x, labels))
     assert y.dtype == np.float32 and y.shape == (4, 3) and (y == labels).all()
     _, y = as_arrays((x, labels[:, :1] * 2))  # one label a sample as a column: (n,)
     assert y.dtype == np.int64 and y.tolist() == [0, 2, 0, 2]
-    masks = np.zeros((4, 8, 8), dtype=np.int64)
-    with pytest.raises(ValueError, match=r"integer targets of shape \(4, 8, 8\).*segmentation"):
-        as_arrays((x, masks))
-    with pytest.raises(ValueError, match=r"shape \(4, 3\)"):  # several labels beyond 0/1
-        as_arrays((x, labels * 3))
+    masks = np.arange(4 * 8 * 8).reshape(4, 8, 8).astype(np.int32) % 3  # a label a pixel
+    _, y = as_arrays((x, masks))
+    assert y.dtype == np.int64 and y.shape == (4, 8, 8) and (y == masks).all()
+    _, y = as_arrays((x, labels * 3))  # per-token tags beyond 0/1: a label an element
+    assert y.dtype == np.int64 and y.shape == (4, 3)
+    with pytest.raises(ValueError, match=r"shape \(4, 1, 1, 1, 1, 2\).*at most 4 axes"):
+        as_arrays((x, np.zeros((4, 1, 1, 1, 1, 2), np.int64)))
 
 
 def test_a_node_with_no_rows_yet_answers_with_none():

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from flwr.app import Message
 
-from dq_flower.losses import per_row
+from dq_flower.losses import element_logits, per_row
 from dq_flower.model_ops import (
     LossFn,
     float_buffers,
@@ -42,6 +42,13 @@ def _last_linear_input(model: torch.nn.Module):
     return linears[-1] if linears else None
 
 
+def _class_logits(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Outputs as ``(n, elements, classes)``: one element a row, or one a label of a mask."""
+    several = y.ndim > 1 and not torch.is_floating_point(y)
+    logits = element_logits(out, tuple(y.shape[1:])) if several else None
+    return out.reshape(out.shape[0], 1, -1) if logits is None else logits
+
+
 def score_candidates(
     scorer: str, model: torch.nn.Module | None, x: np.ndarray, y: np.ndarray,
     loss_fn: LossFn | None = None,
@@ -50,7 +57,8 @@ def score_candidates(
 
     ``entropy`` is the entropy of the received model's predictive distribution (softmax of
     its outputs) and ``margin`` one minus the gap between its two most probable classes:
-    both need no label and stay high on samples the model is unsure of.
+    both need no label and stay high on samples the model is unsure of (a label an element,
+    a mask's: each element's, averaged over the row).
 
     ``loss`` is the per-sample loss under the received model. ``gradnorm`` is the norm of
     the per-sample gradient of the last linear layer, ``||dl/dz|| * sqrt(1 + ||h||^2)``
@@ -80,13 +88,13 @@ def score_candidates(
                     if scorer == "loss":
                         scores.append(per_row(fn, out, yb))
                         continue
-                    p = torch.softmax(out.reshape(xb.shape[0], -1).double(), dim=1)
-                if scorer == "entropy":
-                    scores.append(-(p * torch.log(p.clamp_min(1e-12))).sum(1))
+                    p = torch.softmax(_class_logits(out, yb).double(), dim=2)  # (n, E, C)
+                if scorer == "entropy":  # a label an element: averaged over the row's
+                    scores.append(-(p * torch.log(p.clamp_min(1e-12))).sum(2).mean(1))
                 else:
-                    top = torch.topk(p, k=min(2, p.shape[1]), dim=1).values
-                    gap = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
-                    scores.append(1.0 - gap)
+                    top = torch.topk(p, k=min(2, p.shape[2]), dim=2).values
+                    gap = top[..., 0] - top[..., 1] if top.shape[2] > 1 else top[..., 0]
+                    scores.append(1.0 - gap.mean(1))
                 continue
             with torch.enable_grad():
                 out = model_output(model(xb)).detach().requires_grad_(True)

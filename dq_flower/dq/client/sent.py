@@ -196,8 +196,10 @@ def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,
     shape = tuple(int(s) for s in x.shape[1:]) or (1,)
     mixed = len(shape) > 1 and not vocab and not sensor_window(shape) and (
         mixed_scales(x.reshape(len(x), -1), bits) if mixed_units is None else bool(mixed_units))
-    if np.issubdtype(y.dtype, np.integer):
-        return DataSpec(shape, "class", 1, vocab, mixed, inputs)
+    if np.issubdtype(y.dtype, np.integer):  # a label a sample, or one of each element
+        labels = tuple(int(s) for s in y.shape[1:])
+        return DataSpec(shape, "class", int(np.prod(labels)), vocab, mixed, inputs,
+                        target_shape=labels)
     if not vocab and y.shape == x.shape and np.array_equal(y, x):  # an autoencoder's (x, x)
         return DataSpec(shape, "inputs", int(np.prod(shape)), 0, mixed, inputs)
     return DataSpec(shape, "binary" if binary_targets(y) else "float",

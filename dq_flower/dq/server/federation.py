@@ -243,7 +243,8 @@ class FederationData:
         self.claims = {int(k): int(v) for k, v in state.get("claims", {}).items()}
         if (spec := state.get("spec")) is not None:  # keys an older checkpoint lacks: defaults
             fix_spec(DataSpec(**{**spec, "sample_shape": tuple(spec["sample_shape"]),
-                                 "inputs": tuple(spec.get("inputs", ()))}))
+                                 "inputs": tuple(spec.get("inputs", ())),
+                                 "target_shape": tuple(spec.get("target_shape", ()))}))
         if self.store is not None:
             for node, ranges in state.get("ranges", {}).items():
                 self.store.set_ranges(int(node), *ranges)

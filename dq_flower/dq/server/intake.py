@@ -49,8 +49,9 @@ from dq_flower.dq.server.validation import (
     kept_rows,
 )
 from dq_flower.losses import follow_targets
+from dq_flower.model_check import check_model, placeholder_rows
 from dq_flower.model_inputs import one_input_reason
-from dq_flower.model_ops import LossFn, check_model, output_width, placeholder_rows
+from dq_flower.model_ops import LossFn, output_width
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
 from dq_flower.server.robust import NormScreen

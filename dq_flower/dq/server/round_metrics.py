@@ -12,6 +12,8 @@ from typing import Any
 
 from flwr.app import MetricRecordValues
 
+from dq_flower.codecs.bitpack import packed_nbytes
+from dq_flower.codecs.tokens import token_width
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.federation import FederationData
@@ -19,12 +21,22 @@ from dq_flower.dq.server.planner import RoundPlan
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import Upload
 from dq_flower.server.common import log_round
-from dq_flower.wire.dq_batch import DataSpec
+from dq_flower.wire.dq_batch import DataSpec, SampleBatch
 
 __all__ = ["Metrics", "RoundMetrics", "schedule_text", "spec_text"]
 
 #: a round's metrics by name, as ``aggregate_train`` returns them
 Metrics = dict[str, MetricRecordValues]
+
+
+def packed_bytes(batch: SampleBatch) -> int:
+    """Bytes of an upload bit-packed but before entropy coding (samples and info)."""
+    n, d = batch.samples.shape
+    info = (batch.info_nbits + 7) // 8
+    if batch.samples.codec == "tokens":  # ids at whole bytes each (.token_batch)
+        return n * d * token_width(int(batch.samples.meta["vocab"])) + info
+    side = sum(b.nbytes for k, b in batch.samples.buffers.items() if k != "codes")
+    return int(packed_nbytes(n * d, int(batch.samples.meta["bits"])) + side + info)
 
 
 class RoundMetrics:
@@ -72,7 +84,7 @@ class RoundMetrics:
             plan, loss=loss, selected=sum(len(u.batch) for u in fresh),
             up_bits=sum(u.batch.payload_bits for u in fresh), replies=len(fresh),
             rejected=rejected, failed=failed, t0=t0)
-        metrics["up-packed-bytes"] = int(sum(u.batch.packed_nbytes for u in fresh))
+        metrics["up-packed-bytes"] = int(sum(packed_bytes(u.batch) for u in fresh))
         metrics["rolled-back"] = self.trainer.rolled_back
         if refreshed is not None:
             metrics["refreshed"], metrics["refreshes-rejected"] = refreshed

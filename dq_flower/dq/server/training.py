@@ -38,12 +38,12 @@ from dq_flower.dq.server.schedule import AdaptiveSchedule, paired_gain, signific
 from dq_flower.dq.server.step_compute import StepCompute, step_compute, torch_threads
 from dq_flower.dq.server.validation import Upload
 from dq_flower.losses import weighs_classes
+from dq_flower.model_check import placeholder_rows
 from dq_flower.model_ops import (
     LossFn,
     WeightedSteps,
     apply_flat_grad,
     per_sample_results,
-    placeholder_rows,
     weighted_loss_grad,
 )
 from dq_flower.seeding import Purpose, round_rng
@@ -290,7 +290,7 @@ class ServerTrainer:
         if self.user_augment is not None:
             return self.user_augment
         spec = self.data.spec
-        if spec is None:
+        if spec is None or spec.target_shape:  # a mask would stay where its image moved from
             return None
         return augmentation_for(self.cfg.augmentation, tuple(spec.sample_shape), rng)
 
