@@ -155,8 +155,7 @@ class UploadIntake:
         known, store, spec = self.data.sent.get(int(node)), self.data.store, self.data.spec
         if store is None or spec is None:
             return History(known[0] if known else 0)
-        strata = (np.arange(self.data.num_classes or 1) if spec.target == "class"
-                  else np.zeros(1, dtype=np.int64))  # float targets: one stratum
+        strata = np.arange((self.data.num_classes or 1) if spec.target == "class" else 1)
         stored, received, weight = store.holding(node, strata)
         return History(known[0] if known else 0, stored, store.ranges.get(int(node)),
                        received, weight)
@@ -170,10 +169,13 @@ class UploadIntake:
         if why:
             log(WARNING, "[dq] round %d: %s", server_round, why)
         checked = rules or self.rules()
-        try:  # id rows shorter than the spec's: read as they came, then padded
-            upload = token_intake.read_padded(lambda spec: check_upload(
-                msg.content, identity, replace(checked, spec=spec), self.history(identity),
-                ask(src, identity), src), msg.content, checked.spec, self.pad)
+        def check(spec: DataSpec | None) -> Upload:  # by ``spec`` (a short id row's own)
+            return check_upload(msg.content, identity, replace(checked, spec=spec),
+                                self.history(identity), ask(src, identity), src)
+
+        try:  # id rows shorter than the spec's (a model with padding_idx): read, then padded
+            upload = (check(checked.spec) if self.pad is None
+                      else token_intake.read_padded(check, msg.content, checked.spec, self.pad))
         except PayloadError as exc:  # targets typed otherwise, values over the bound: ask
             with suppress(PayloadError, KeyError, TypeError, ValueError):
                 self.data.retype_if(reply_spec(msg.content, None), output_width(self.model) or 0)
@@ -275,16 +277,13 @@ class UploadIntake:
         """
         packed: list[tuple[Upload, Packed | None, np.ndarray | None]] = []
 
-        def fail(upload: Upload, exc: Exception) -> None:
-            log_rejected(upload.source, f"store insertion failed: {type(exc).__name__}: {exc}")
-
         for upload in uploads:
             try:
                 rows = self.packed(upload.batch, upload.plain) if len(upload.batch) else None
                 copied = (None if rows is None else self.copies.copied(
                     upload.node, rows[0], rows[1], upload.batch.labels, self.data.layout))
             except Exception as exc:  # noqa: BLE001
-                fail(upload, exc)
+                log_rejected(upload.source, f"store insertion failed: {type(exc).__name__}: {exc}")
                 continue
             packed.append((upload, rows, copied))
         copying = self.copies.review(server_round)
@@ -306,7 +305,7 @@ class UploadIntake:
                 log(ERROR, "[dq] round %d: the server's disk: %s", server_round, exc)
                 raise
             except Exception as exc:  # noqa: BLE001
-                fail(upload, exc)
+                log_rejected(upload.source, f"store insertion failed: {type(exc).__name__}: {exc}")
                 continue
             if upload.ranges is not None and self.data.store is not None:
                 self.data.store.set_ranges(upload.node, *upload.ranges)
