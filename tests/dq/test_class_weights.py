@@ -73,3 +73,18 @@ def test_a_class_weighted_loss_keeps_the_snapshot_its_weights_prefer():
     # measured (balanced accuracy after rounds 1-4): 0.627, 0.671, 0.647, 0.666 while held-out
     # accuracy chose the snapshots; 0.701, 0.719, 0.695, 0.797 by the user's loss
     assert run.final > 0.74 and np.mean(run.scores[1:]) > 0.68, run.scores
+
+
+def test_a_rare_class_under_the_default_loss_is_said_once(caplog):
+    import logging
+
+    app = _rare_positives_app(False)
+    del app.DQ_LOSS_FN  # DQ's default loss: it weighs no class
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        run_app(app, "dq")
+    said = [r.getMessage() for r in caplog.records if "weighs none" in r.getMessage()]
+    assert len(said) == 1 and "class 1 is" in said[0] and "loss_fn" in said[0], said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        run_app(_rare_positives_app(True), "dq")  # the user's weighted loss: nothing to say
+    assert not [r for r in caplog.records if "weighs none" in r.getMessage()]

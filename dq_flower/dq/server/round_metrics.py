@@ -10,6 +10,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 from flwr.app import MetricRecordValues
 
 from dq_flower.codecs.bitpack import packed_nbytes
@@ -39,6 +40,10 @@ def packed_bytes(batch: SampleBatch) -> int:
     return int(packed_nbytes(n * d, int(batch.samples.meta["bits"])) + side + info)
 
 
+#: Share of the rows sent below which a class is rare (:meth:`RoundMetrics._skew`).
+RARE_SHARE = 0.1
+
+
 class RoundMetrics:
     """A round's metrics, read off the strategy's parts after the round's steps."""
 
@@ -48,6 +53,7 @@ class RoundMetrics:
         #: bytes of the samples sent so far, and of the model's float32 weights from as many
         #: replies (what FedAvg's uplink would be), until :meth:`_weigh` has said so once
         self.sent: list[float] | None = [0.0, 0.0]
+        self.skew_said = False  # whether :meth:`_skew` has spoken
 
     def common(self, plan: RoundPlan | None, *, loss: float, selected: int, up_bits: int,
                replies: int, rejected: int, failed: int, t0: float) -> Metrics:
@@ -94,7 +100,28 @@ class RoundMetrics:
                   f"{metrics['stored']}, rejected {rejected}, failed {failed}"
                   + schedule_text(metrics, self.trainer.cfg.uploads_all))
         self._weigh(server_round, sum(u.batch.payload_bits for u in fresh) / 8, len(fresh))
+        self._skew(server_round, fresh)
         return metrics
+
+    def _skew(self, server_round: int, fresh: list[Upload]) -> None:
+        """Say once where a class is rare and DQ's loss, its default, weighs none.
+
+        A user's FedAvg that weighs 5% fraud tenfold reached 0.61 balanced accuracy while DQ,
+        told nothing of the weights, trained the unweighted loss to "no fraud" (0.50).
+        """
+        labels = [u.batch.labels for u in fresh if u.batch.labels.ndim == 1 and len(u.batch)]
+        spec = self.data.spec
+        if (self.skew_said or not labels or spec is None or spec.target != "class"
+                or getattr(self.trainer.loss_fn, "user", 0) is not None):
+            return
+        self.skew_said = True
+        shares = np.bincount(np.concatenate(labels).astype(np.int64)) / sum(map(len, labels))
+        rare = int(np.argmin(np.where(shares > 0, shares, np.inf)))
+        if shares[rare] < RARE_SHARE:
+            log_round("dq", server_round, f"class {rare} is {shares[rare]:.1%} of the rows sent: "
+                      "if your own training weighs the classes, give DQStrategy the same "
+                      "loss_fn (nn.CrossEntropyLoss(weight=...)); DQ's default weighs none "
+                      "(said once)")
 
     def _weigh(self, server_round: int, sample_bytes: float, replies: int) -> None:
         """Say once where the samples sent outweigh the model's weights from as many replies.
