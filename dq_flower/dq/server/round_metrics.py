@@ -106,7 +106,7 @@ class RoundMetrics:
     def _skew(self, server_round: int, fresh: list[Upload]) -> None:
         """Say once where a class is rare and DQ's loss, its default, weighs none.
 
-        A user's FedAvg that weighs 5% fraud tenfold reached 0.61 balanced accuracy while DQ,
+        A user's FedAvg that weighs 5% fraud tenfold reached 0.6 balanced accuracy while DQ,
         told nothing of the weights, trained the unweighted loss to "no fraud" (0.50).
         """
         labels = [u.batch.labels for u in fresh if u.batch.labels.ndim == 1 and len(u.batch)]
