@@ -80,9 +80,8 @@ def auto_bits(dim: int | None, categories: int = 0) -> int:
     largest: a table's label-encoded columns get one code per category, so as many bits
     as that takes, from :data:`TABLE_BITS` up to 8 (ids are sent exactly at any).
     """
-    if categories:
-        return max(TABLE_BITS, min(8, (int(categories) - 1).bit_length()))
-    return TABLE_BITS if dim is not None and dim < TABLE_MAX_DIM else DEFAULT_BITS
+    return (max(TABLE_BITS, min(8, (int(categories) - 1).bit_length())) if categories
+            else TABLE_BITS if dim is not None and dim < TABLE_MAX_DIM else DEFAULT_BITS)
 
 
 def model_codec(precision: str, mode: str, compensation: str) -> str:
@@ -263,8 +262,7 @@ class DQConfig(RobustConfig, OptimizerConfig):
                                    doc=("compensations and gradient rounds: `mean`, "
                                         "`median`, `trimmed-mean` (`auto`: `mean`)"))
     max_abs_value: float = knob(0.0, at_least(0, "0 = auto"), unset="auto", doc=(
-        "bound on decoded data values (0, auto: 10x the median largest of the first data "
-        "round's uploads)"))
+        "bound on decoded data values (0, auto: 10x the median first-round upload's largest)"))
 
     def __post_init__(self) -> None:
         """The checks that involve two knobs (each knob checked itself as it is set)."""

@@ -336,6 +336,14 @@ class DataSpec:
         """Channels of an image ``(C, H, W)`` or a sensor window ``(C, L)``; 0 for others."""
         return int(self.sample_shape[0]) if len(self.sample_shape) in (2, 3) else 0
 
+    def __str__(self) -> str:
+        """As messages name it: ``samples (7,) as f3 + i4, class targets``."""
+        per = (self.target_shape if self.target_shape else self.target_dim
+               if self.target_dim > 1 and self.target != "tokens" else None)
+        return (f"samples {self.sample_shape}" + f" of ids below {self.vocab}" * bool(self.vocab)
+                + f" as {' + '.join(self.inputs)}" * bool(self.inputs)
+                + f", {self.target} targets" + (f" ({per} a sample)" if per else ""))
+
 
 def spec_record(spec: DataSpec) -> ConfigRecord:
     """The spec as it travels in a reply (``vocab`` only for id samples)."""
@@ -373,8 +381,9 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
         return DataSpec(tuple(cast(list[int], shape)), target, tdim, vocab, mixed,
                         tuple(cast(list, inputs)), column,
                         tuple(cast(list, record.get(TARGET_SHAPE_KEY, []))))
-    except (ValueError, TypeError) as exc:
-        raise PayloadError(f"data-spec: {exc}") from None
+    except (ValueError, TypeError) as exc:  # the input parts' own say so by their key
+        key = f" {INPUT_PARTS_KEY!r}" if inputs and "input" in str(exc) else ""
+        raise PayloadError(f"data-spec{key}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -415,5 +424,5 @@ def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:
     """The reply's data spec; it must equal ``known`` where the server has one."""
     spec = spec_from_record(content.config_records.get(SPEC_KEY))
     if known is not None and spec != known:
-        raise PayloadError(f"reply's data {spec} differs from the federation's {known}")
+        raise PayloadError(f"reply's data ({spec}) differs from the federation's ({known})")
     return spec

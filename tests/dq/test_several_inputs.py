@@ -103,7 +103,8 @@ def test_a_node_of_other_layouts_is_refused_by_the_agreed_spec(caplog):
     app.load_local_data, app.ROUNDS = load_local_data, 2
     with caplog.at_level("WARNING"):
         run = run_app(app, "dq")
-    assert "inputs=('f3', 'i4')) is not the" in caplog.text
+    assert "its data (samples (7,) as f3 + i4, class targets) is not the round's, agreed on " \
+           "(samples (7,) as f4 + i3, class targets)" in caplog.text
     assert run.final > run.scores[0] + 0.2, run.scores
 
 

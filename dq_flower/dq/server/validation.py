@@ -412,8 +412,8 @@ def agree_spec(uploads: list[Upload], check: Check
     tried = ok | {id(u) for u, _ in refused}  # untried: empty, or of a lower-ranked spec
     kept = [u for u in uploads
             if id(u) in ok or (id(u) not in tried and agreed in (None, u.spec))]
-    refused += [(u, f"its data {u.spec} is not the {agreed} the round agreed on "
-                    f"({len(passed)} of {len(uploads)} uploads)")
+    refused += [(u, f"its data ({u.spec}) is not the round's, agreed on ({agreed}) by "
+                    f"{len(passed)} of {len(uploads)} uploads")
                 for u in uploads if id(u) not in tried and agreed not in (None, u.spec)]
     return agreed, classes, kept, refused
 
