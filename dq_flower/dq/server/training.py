@@ -145,8 +145,7 @@ class ServerTrainer:
             if grad is not None:
                 self.model.train()
                 apply_flat_grad(self.model, self.optimizer, grad)
-            later = self.store_steps(server_round,
-                                     self.cfg.server_steps - (1 if grad is not None else 0))
+            later = self.store_steps(server_round, self.cfg.server_steps - (grad is not None))
             return _mean(later or losses)
 
         return self._guarded(server_round, nodes, steps)
@@ -323,13 +322,14 @@ class ServerTrainer:
             phase = self.rerun_phase(server_round, phase, start, excluded, rng)
         self.last_phase = phase
         assert phase.final is not None and phase.initial is not None
-        gain = None
-        self.reverted = False
+        gain, self.reverted = None, False
         if stored_before > 0:
             gain = paired_gain(phase.initial, phase.final)
             if significantly_worse(gain):
                 self.model.load_state_dict(start)
                 self.reverted = True
+                if self.choice is not None and self.choice.source == "held-out":
+                    self.choice = None  # chosen on fewer rows: the next phase probes anew
         # held-out rows a comparison needs to show the curve flat: per class (or in all)
         self.schedule.min_rows = self.cfg.min_holdout_rows * max(int(self.data.num_classes or 1), 1)
         if self.cfg.uploads_all:  # the asks are every row left, whatever the curve
