@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
@@ -26,7 +27,8 @@ __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRE
            "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array", "RANGES_KEY",
            "payload_quantizer", "range_mode", "ranges_record", "ranges_from_record", "SPEC_KEY",
            "DataSpec", "spec_record", "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY",
-           "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply"]
+           "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply",
+           "as_float_targets"]
 
 SAMPLES_KEY = "samples"
 INFO_KEY = "sample-info"
@@ -403,12 +405,12 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
     if extra := set(content.array_records) - {SAMPLES_KEY, INFO_KEY, COMPENSATION_KEY,
                                               REFRESH_KEY, RANGES_KEY}:
         raise PayloadError(f"reply carries {len(extra)} unknown records: {min(extra)[:40]!r}...")
-    spec = reply_spec(content, known)
+    sent, spec = _specs(content, known)
     if spec.target == "tokens":
         return DataReply(spec)
     batch = decode_batch(content, num_classes if known is not None else None, spec.dim, bits,
                          max_samples, id_upper, spec.target_dim, spec.target != "class",
-                         spec.vocab, spec.target == "binary", spec.target == "inputs",
+                         spec.vocab, sent.target == "binary", spec.target == "inputs",
                          spec.target_shape)
     if spec.vocab:  # id samples: their stream is decoded by .token_batch.decode_windows
         return DataReply(spec, "sample", batch)
@@ -421,8 +423,27 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
 
 
 def reply_spec(content: RecordDict, known: DataSpec | None) -> DataSpec:
-    """The reply's data spec; it must equal ``known`` where the server has one."""
+    """The reply's data spec: ``known`` where the server has one (or 0/1 floats beside it)."""
+    return _specs(content, known)[1]
+
+
+def _specs(content: RecordDict, known: DataSpec | None) -> tuple[DataSpec, DataSpec]:
+    """The reply's data spec as sent and as the federation reads it (:func:`reply_spec`)."""
     spec = spec_from_record(content.config_records.get(SPEC_KEY))
-    if known is not None and spec != known:
+    if known is None or spec == known:
+        return spec, spec
+    if as_float_targets([spec, known])[0] != known:
         raise PayloadError(f"reply's data ({spec}) differs from the federation's ({known})")
-    return spec
+    return spec, known
+
+
+def as_float_targets(specs: Sequence[DataSpec | None]) -> list[DataSpec | None]:
+    """``specs``, each of ``binary`` targets read as ``float`` where another is that one's.
+
+    0/1 float targets are float targets that happen to be 0 or 1 (a site logging single
+    trials beside sites logging shares of several): beside the same spec's float targets
+    they join them (their rows decode to floats 0 and 1) where they were refused every round.
+    """
+    floats = {s for s in specs if s is not None and s.target == "float"}
+    return [replace(s, target="float") if s is not None and s.target == "binary"
+            and replace(s, target="float") in floats else s for s in specs]

@@ -55,15 +55,14 @@ from dq_flower.model_ops import LossFn, output_width
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
 from dq_flower.server.robust import NormScreen
-from dq_flower.wire.dq_batch import DataSpec, SampleBatch, range_mode, reply_spec
+from dq_flower.wire.dq_batch import DataSpec, SampleBatch, as_float_targets, range_mode, reply_spec
 from dq_flower.wire.targets import label_base, model_targets, retyped
 
 __all__ = ["UploadIntake", "Compensations", "Ask"]
 
 #: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
 Ask = Callable[[int, int], int]
-#: A batch's rows in the store's layout: ``(codes, side, dither)``.
-Packed = tuple[np.ndarray, np.ndarray, np.ndarray]
+Packed = tuple[np.ndarray, np.ndarray, np.ndarray]  # a batch's stored rows: codes, side, dither
 
 
 class UploadIntake:
@@ -87,8 +86,7 @@ class UploadIntake:
         self._rules = Rules(cfg.bits, cfg.dither, cfg.selection_rule, cfg.ranges, cfg.resend,
                             comp_codec=comp_codec, num_params=num_params, measuring=measuring,
                             refresh=cfg.compensation_mode != "first-step")
-        #: a table's rows read by the model in every reply (a model reading embeddings); the
-        #: embedding's padding_idx, which pads id rows shorter than the spec's
+        #: the model on each reply's table rows (one reading embeddings); its pad id for short rows
         self.read_rows, self.pad = table_reader(model, loss_fn), token_intake.pad_id(model)
         #: how ``bits = 0`` was resolved, logged once the samples are known not to be tokens
         self.bits_note: str | None = None
@@ -198,6 +196,8 @@ class UploadIntake:
                 [u.batch.labels for u in uploads if u.spec], output_width(self.model) or 0)
             uploads = token_intake.padded_to_longest([self._typed(u, base) for u in uploads],
                                                      self.pad)
+            uploads = [replace(u, spec=s) for u, s in zip(  # 0/1 floats beside floats
+                uploads, as_float_targets([u.spec for u in uploads]), strict=True)]
         known = {int(n): int(v[0]) for n, v in self.data.sent.items() if v[0] > 0}
         sent = {int(n): int(v[1]) for n, v in self.data.sent.items()}
         verdict = agree(uploads, self.rules(), known, self._check, sent, self.read_rows)
