@@ -134,7 +134,7 @@ def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> to
             raise ValueError(f"loss_fn returns one number for a batch of {n} and cannot be "
                              f"applied row by row ({type(exc).__name__}: {exc}); return one "
                              "loss a sample (reduction='none')") from None
-        if whole is not None and not _a_mean_or_sum(float(whole), losses.detach()):
+        if whole is not None and not _a_mean_or_sum(float(whole.detach()), losses.detach()):
             raise ValueError(
                 f"loss_fn returns {float(whole):.6g} for a batch, neither the mean nor the sum "
                 "of its rows' losses (a weighted mean, cross_entropy(..., weight=w)?): row by "

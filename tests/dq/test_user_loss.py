@@ -10,6 +10,7 @@ averaged over each row's outputs.
 from __future__ import annotations
 
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -135,6 +136,20 @@ def test_a_function_reducing_the_batch_is_called_once_a_batch_after_the_first():
     calls.clear()
     again = per_row(mean_squares, out, target)
     assert torch.allclose(first, again) and calls == [1]  # one mapped call, a row a batch of 1
+
+
+def test_a_reducing_function_under_autograd_is_checked_without_a_warning():
+    # the batch's loss was read with float() while it required grad: PyTorch warned
+    # "Converting a tensor with requires_grad=True to a scalar" on the user's console
+    out = torch.randn(6, requires_grad=True)
+
+    def exp_nll(log_h, y):
+        return (torch.exp(log_h) * y - log_h).mean()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        losses = per_row(exp_nll, out, torch.rand(6))
+    assert losses.shape == (6,) and losses.requires_grad
 
 
 def test_a_function_whose_batch_loss_is_a_weighted_mean_is_refused_with_what_to_pass():
