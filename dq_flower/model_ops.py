@@ -31,7 +31,8 @@ __all__ = ["LossFn", "output_width", "default_loss", "next_token_loss", "binary_
            "weighted_loss_grad", "WeightedSteps", "resolve_device", "state_arrays",
            "apply_flat_grad", "evaluate", "inference", "flat_grad", "from_arrays", "get_flat",
            "float_buffers", "set_float_buffers", "load_arrays", "loss_and_grad", "model_input",
-           "float_dtype", "num_params", "reads_windows", "set_flat", "to_arrays"]
+           "float_dtype", "finite_since", "num_params", "reads_windows", "set_flat",
+           "to_arrays"]
 
 
 def num_params(model: nn.Module) -> int:
@@ -43,6 +44,21 @@ def output_width(model: nn.Module) -> int | None:
     """Output features of the last linear layer (a class-count hint), ``None`` without one."""
     linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
     return int(linear[-1].out_features) if linear else None
+
+
+def finite_since(model: nn.Module, before: dict[str, torch.Tensor]) -> bool:
+    """Whether the model's floating parameters and buffers are finite, as ``before`` allowed.
+
+    An entry non-finite in ``before`` (the state the steps started from) and unchanged is
+    the user's own: a causal mask's ``-inf`` kept as a buffer. Any other is divergence.
+    """
+    for name, v in model.state_dict().items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            old = before.get(name)
+            if old is None or old.shape != v.shape or not bool(
+                    (torch.isfinite(v) | (v == old.to(v.device))).all()):
+                return False
+    return True
 
 
 def reads_windows(model: nn.Module, length: int = 2) -> bool:

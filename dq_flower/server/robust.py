@@ -249,10 +249,9 @@ class StepGuard:
 
     def finite_or_restore(self) -> bool:
         """``True`` if the model is finite; else restore the snapshot and return ``False``."""
-        import torch  # PyTorch: loaded only where a model is at hand
+        from dq_flower.model_ops import finite_since  # PyTorch: only where a model is at hand
 
-        finite = all(bool(torch.isfinite(v).all()) for v in self.model.state_dict().values()
-                     if v.is_floating_point())
+        finite = finite_since(self.model, {} if self._saved is None else self._saved[0])
         if not finite:
             self.restore()
         return finite

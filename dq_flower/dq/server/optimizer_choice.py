@@ -36,6 +36,7 @@ from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.output_scale import OutputScale
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseStart, PlateauRule, train_phase
 from dq_flower.dq.server.schedule import Z_ONE_SIDED, PairedGain, paired_gain, significantly_worse
+from dq_flower.model_ops import finite_since
 from dq_flower.server.common import log_round
 from dq_flower.server.robust import StepGuard
 
@@ -366,8 +367,7 @@ def _turn(trainer: Probed, racer: _Racer, rule: PlateauRule) -> None:
                         replace(rule, max_steps=end),
                         _probe_steps(trainer, racer.rng, racer.augment), trainer.score_holdout,
                         start=racer.start, keep_going=True, recover=False)
-    finite = all(bool(torch.isfinite(v).all()) for v in trainer.model.state_dict().values()
-                 if v.is_floating_point())
+    finite = finite_since(trainer.model, racer.weights)
     racer.start, racer.steps = phase.resume, end
     racer.scores = phase.final if finite else None
     racer.weights = copy.deepcopy(trainer.model.state_dict())

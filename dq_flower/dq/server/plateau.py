@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from dq_flower.model_ops import finite_since
+
 __all__ = ["PlateauRule", "PlateauTracker", "PhaseResult", "HeldOutScores", "PhaseStart",
            "train_phase", "score_of", "beyond_noise", "LOSS_TIE_BREAK", "LOSS_PROGRESS",
            "SURE_LOSS"]
@@ -234,12 +236,6 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _finite(model: torch.nn.Module) -> bool:
-    """Whether every floating-point parameter and buffer of the model is finite."""
-    return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values()
-               if v.is_floating_point())
-
-
 def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_lr: float,
                 rule: PlateauRule, steps: Callable[[int], Sequence[float]],
                 evaluate: Callable[[], HeldOutScores],
@@ -275,7 +271,7 @@ def train_phase(model: torch.nn.Module, optimizer: torch.optim.Optimizer, base_l
         chunk = min(rule.eval_every, rule.max_steps - result.steps)
         losses = [float(v) for v in steps(chunk)]
         result.steps += chunk
-        if recover and not (all(map(math.isfinite, losses)) and _finite(model)):
+        if recover and not (all(map(math.isfinite, losses)) and finite_since(model, good)):
             # undone, momentum cleared, a tenth of the step size
             model.load_state_dict(good)
             optimizer.state.clear()
