@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 __all__ = ["LossFn", "model_output", "element_logits", "next_token_loss", "binary_loss",
-           "default_loss", "resolve_loss", "per_sample", "per_row", "TargetLoss",
+           "default_loss", "element_loss", "resolve_loss", "per_sample", "per_row", "TargetLoss",
            "follow_targets", "OUTPUT_KEYS"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -79,18 +79,29 @@ def next_token_loss(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor
     return per_token.mean(dim=1)
 
 
-def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def default_loss(outputs: torch.Tensor, targets: torch.Tensor, windows: bool = True
+                 ) -> torch.Tensor:
     """Per-sample loss: cross-entropy for integer targets, else mean squared error.
 
     Integer windows ``(n, length)`` scored by logits ``(n, length, vocab)``: the
-    next-token loss (:func:`next_token_loss`).
+    next-token loss (:func:`next_token_loss`); with ``windows=False`` such targets are the
+    class labels of each element, given apart from the samples (a tagger's, or a language
+    model's ``(x, y)`` pairs, ``y`` the next ids): the elements' mean cross-entropy.
     """
     if not torch.is_floating_point(targets) and outputs.ndim == 3 and targets.ndim == 2:
-        return next_token_loss(outputs, targets)
+        logits = None if windows else element_logits(outputs, tuple(targets.shape[1:]))
+        if logits is None:
+            return next_token_loss(outputs, targets)
+        return F.cross_entropy(logits.transpose(1, 2), targets.long(), reduction="none").mean(1)
     if not torch.is_floating_point(targets):
         return F.cross_entropy(outputs, targets.long(), reduction="none")
     out = outputs.reshape(outputs.shape[0], -1)
     return ((out - targets.reshape(out.shape).to(out.dtype)) ** 2).mean(dim=1)
+
+
+def element_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """:func:`default_loss` of samples labelled apart from themselves (``windows=False``)."""
+    return default_loss(outputs, targets, windows=False)
 
 
 def per_sample(loss_fn: LossFn) -> LossFn:
@@ -184,17 +195,20 @@ class TargetLoss:
     """
 
     def __init__(self, user: LossFn | None = None) -> None:
-        self.user, self.binary, self.column = user, False, False
+        self.user, self.binary, self.column, self.windows = user, False, False, True
 
     def follow(self, spec: object) -> None:
         """Read ``spec``'s targets: whether ``binary``, whether held as a column."""
         self.binary = getattr(spec, "target", "") == "binary"
         self.column = bool(getattr(spec, "column", False))
+        self.windows = getattr(spec, "target", "") == "tokens"  # else (x, y): labels apart
 
     def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Per-sample losses of ``outputs`` against ``targets``."""
         if self.user is None:
-            return (binary_loss if self.binary else default_loss)(outputs, targets)
+            if self.binary:
+                return binary_loss(outputs, targets)
+            return default_loss(outputs, targets, self.windows)
         if self.column and targets.ndim == 1 and torch.is_floating_point(targets):
             targets = targets.unsqueeze(1)
         return self.user(outputs, targets)

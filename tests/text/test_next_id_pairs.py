@@ -12,10 +12,16 @@ next ids once more (the model learned the id after next).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord
 from torch import nn
 
+import dq_flower
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.losses import TargetLoss, element_loss, next_token_loss
 from dq_flower.model_ops import finite_since
+from dq_flower.wire.dq_batch import DataSpec
 
 VOCAB, LENGTH, NODES, ROWS = 12, 8, 3, 200
 
@@ -37,6 +43,19 @@ class TinyGPT(nn.Module):
         return self.head(self.block(h, src_mask=self.mask[:t, :t], is_causal=True))
 
 
+def pairs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Counting blocks: a random start, then each id one more than the last, mod VOCAB."""
+    rng = np.random.default_rng(seed)
+    block = (rng.integers(0, VOCAB, (n, 1)) + np.arange(LENGTH + 1)) % VOCAB
+    return block[:, :-1].astype(np.int64), block[:, 1:].astype(np.int64)
+
+
+def _train(msg: Message, context: Context) -> Message:
+    x, y = pairs(ROWS, int(context.node_config["partition-id"]))
+    return dq_flower.client.dq_train(msg, context, torch.utils.data.TensorDataset(
+        torch.from_numpy(x), torch.from_numpy(y)))
+
+
 def test_a_constant_minus_inf_buffer_is_no_divergence():
     model = TinyGPT()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -47,3 +66,36 @@ def test_a_constant_minus_inf_buffer_is_no_divergence():
     model.load_state_dict(before)
     model.mask[0, 0] = float("inf")  # a buffer newly non-finite: divergence
     assert not finite_since(model, before)
+
+
+def test_next_ids_given_apart_are_labels_of_each_position():
+    logits = torch.randn(4, LENGTH, VOCAB)
+    x, y = (torch.from_numpy(a) for a in pairs(4, 0))
+    loss = TargetLoss()
+    loss.follow(DataSpec((LENGTH,), "class", LENGTH, VOCAB, target_shape=(LENGTH,)))
+    per_position = nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none")
+    assert torch.allclose(loss(logits, y), per_position.mean(1))
+    assert torch.allclose(element_loss(logits, y), per_position.mean(1))
+    loss.follow(DataSpec((LENGTH + 1,), "tokens", VOCAB))  # windows: their own targets
+    assert torch.allclose(loss(logits, x), next_token_loss(logits, x))
+
+
+def test_a_causal_model_on_next_id_pairs_trains_through_dq_at_its_defaults():
+    test_x, test_y = pairs(300, 99)
+
+    def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model = TinyGPT()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        with torch.no_grad():
+            hit = (model(torch.from_numpy(test_x)).argmax(-1).numpy() == test_y).mean()
+        return MetricRecord({"accuracy": float(hit)})
+
+    model = TinyGPT()
+    strategy = dq_flower.DQStrategy(model, seed=0)
+    result = strategy.start(grid=InProcessGrid(_train, NODES), num_rounds=2,
+                            initial_arrays=ArrayRecord(model.state_dict()), evaluate_fn=central)
+    assert all(strategy.round_figures(r)["rejected"] == 0 for r in (1, 2))
+    assert strategy.data.spec is not None and strategy.data.spec.vocab == VOCAB
+    assert all(not strategy.round_figures(r)["rolled-back"] for r in (1, 2))
+    accuracy = result.evaluate_metrics_serverapp[2]["accuracy"]
+    assert accuracy > 0.9, accuracy  # the id after next scores about 0

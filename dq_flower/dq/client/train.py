@@ -241,10 +241,10 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     pinned = config.get(MIXED_UNITS_KEY)  # the server's, once it holds a spec
     spec = spec_of(x_all, y, vocab, cfg.bits or auto_bits(None),
                    None if pinned is None else bool(pinned), inputs)
-    if loss_fn is None and spec.target == "binary" and model is not None:  # 0/1: logits
-        from dq_flower.losses import binary_loss  # PyTorch: deferred (a model is given)
+    if loss_fn is None and model is not None and (spec.target == "binary" or spec.target_shape):
+        from dq_flower.losses import binary_loss, element_loss  # PyTorch: deferred
 
-        loss_fn = binary_loss
+        loss_fn = binary_loss if spec.target == "binary" else element_loss  # 0/1: logits
     r = RoundInput(msg, context, config, cfg, knob, x_all, y, spec,
                    model, loss_fn, server_round, key, rng, t0)
     begin_round(context, server_round, STATE_PREFIX)

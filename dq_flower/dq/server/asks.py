@@ -386,16 +386,17 @@ class RoundAsks:
     def id_vocab(self) -> int:
         """The vocabulary of id samples: the spec's, else the model's embedding's.
 
-        A model (not reading token windows) whose first layer is an embedding reads ids
-        below its rows (:func:`embedding_vocab`); nodes whose samples are such ids send
-        them exactly, and nodes whose samples are a table (ids beside other values) code
-        its whole-number columns exactly, every round alike. A model that casts its samples
-        to whole numbers itself is asked for ids once its first round's rows show it
-        (:func:`~dq_flower.dq.server.token_intake.whole_number_vocab`).
+        A model whose first layer is an embedding reads ids below its rows (a language
+        model's too, unless its nodes send token windows): nodes whose samples are such ids
+        send them exactly, and nodes whose samples are a table (ids beside other values)
+        code its whole-number columns exactly, every round alike. A model that casts its
+        samples to whole numbers itself is asked for ids once its first round's rows show
+        it (:func:`~dq_flower.dq.server.token_intake.whole_number_vocab`).
         """
-        if self.data.spec is not None and self.data.spec.vocab:
-            return self.data.spec.vocab
-        return 0 if self.holds_windows() else embedding_vocab(self.model) or self.data.whole_vocab
+        spec = self.data.spec
+        if spec is not None and (spec.vocab or spec.target == "tokens"):
+            return spec.vocab  # a tokens spec's: 0 (windows are sent exactly as they are)
+        return embedding_vocab(self.model) or self.data.whole_vocab
 
     def asks_all_left(self, server_round: int, node: int, identity: int | None) -> bool:
         """Whether a known client's ask covers every row it has not sent (no choice to score).
