@@ -13,6 +13,7 @@ import copy
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
@@ -239,13 +240,13 @@ class StepGuard:
     def __init__(self, model, optimizer) -> None:
         self.model = model
         self.optimizer = optimizer
-        self._saved: tuple[dict, dict | None] | None = None
+        self._saved: tuple[dict, Any, dict | None] | None = None
 
     def begin(self) -> None:
-        """Snapshot the model and optimizer before the round's steps."""
+        """Snapshot the model, and the optimizer with its state, before the round's steps."""
         opt = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
         self._saved = ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                       opt)
+                       self.optimizer, opt)
 
     def finite_or_restore(self) -> bool:
         """``True`` if the model is finite; else restore the snapshot and return ``False``."""
@@ -257,12 +258,21 @@ class StepGuard:
         return finite
 
     def restore(self) -> None:
-        """Put back the snapshot :meth:`begin` took (none taken: nothing)."""
+        """Put back the snapshot :meth:`begin` took (none taken: nothing).
+
+        An optimizer the steps switched to (the optimizer probe's choice) keeps its own
+        settings and starts afresh: its moments were of steps undone, and the state of
+        another kind of optimizer would break its next step.
+        """
         if self._saved is None:
             return
-        model_state, opt_state = self._saved
+        model_state, optimizer, opt_state = self._saved
         self.model.load_state_dict(model_state)
-        if opt_state is not None:
+        if self.optimizer is None:
+            return
+        if self.optimizer is not optimizer:
+            self.optimizer.state.clear()
+        elif opt_state is not None:
             self.optimizer.load_state_dict(opt_state)
 
     def run(self, steps: Callable[[], float]) -> tuple[float, str | None]:
