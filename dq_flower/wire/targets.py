@@ -85,8 +85,12 @@ def model_targets(y: np.ndarray, outputs: int, base: int = 0) -> np.ndarray:
     One output: integer targets (n,) become float32 (a regression of counts; 0/1 labels
     then are binary targets). Two or more: float targets (n,) that are class indices
     below ``outputs`` become int64 class labels; ``base`` (:func:`label_base`) is taken
-    from every label first. Anything else (``outputs`` 0: unknown) stays as it is.
+    from every label first. Two outputs: 0/1 targets ``(n, k)``, ``k > 2`` (a multi-label
+    model has an output a label), are class labels of each of ``k`` elements, a binary
+    tagger's (``(n, k, 2)`` logits). Anything else (``outputs`` 0: unknown) stays as it is.
     """
+    if outputs == 2 and y.ndim == 2 and y.shape[1] > 2 and binary_targets(y):
+        return y.astype(np.int64)
     flat = y.reshape(-1) if y.ndim == 2 and y.shape[1] == 1 else y
     if flat.ndim != 1 or not flat.size:
         return y
