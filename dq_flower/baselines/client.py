@@ -196,7 +196,8 @@ def gradient_train(msg: Message, context: Context, data: Any, *, model: torch.nn
         if record is None:
             raise PayloadError(f"the train message carries no {BUFFERS_KEY!r} record for this "
                                "model's BatchNorm statistics")
-        set_float_buffers(model, read_buffers(record, {k: v.shape for k, v in buffers.items()}))
+        set_float_buffers(model, read_buffers(record, {k: v.shape for k, v in buffers.items()},
+                                              buffers))
 
     if cfg.epochs_mode:
         batches = epoch_batches(seed, server_round, pid, x.shape[0], cfg.batch_size, cfg.epochs)

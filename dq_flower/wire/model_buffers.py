@@ -21,9 +21,13 @@ def buffers_record(buffers: Mapping[str, np.ndarray]) -> ArrayRecord:
                         for name, value in buffers.items()})
 
 
-def read_buffers(record: ArrayRecord,
-                 shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    """The buffers of ``record``, checked against ``shapes``; ``PayloadError`` with why."""
+def read_buffers(record: ArrayRecord, shapes: Mapping[str, tuple[int, ...]],
+                 own: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The buffers of ``record``, checked against ``shapes``; ``PayloadError`` with why.
+
+    ``own``: the reader's model's buffers; a non-finite entry it holds too, the same, is the
+    model's constant (a causal mask's ``-inf``), not a broken statistic.
+    """
     if list(record.keys()) != list(shapes):
         raise PayloadError(f"{BUFFERS_KEY} holds {list(record.keys())[:4]}..., expected "
                            f"the model's {len(shapes)} floating-point buffers")
@@ -34,7 +38,9 @@ def read_buffers(record: ArrayRecord,
             raise PayloadError(f"{BUFFERS_KEY}[{name!r}] is {arr.dtype} {tuple(arr.shape)}, "
                                f"expected float32 {tuple(shape)}")
         value = arr.numpy()
-        problem = statistic_problem(name, value)
+        mine = None if own is None else own.get(name)
+        problem = statistic_problem(name, value if mine is None or mine.shape != value.shape
+                                    else np.where(value == mine, 0, value))
         if problem is not None:
             raise PayloadError(f"{BUFFERS_KEY}[{name!r}] {problem}")
         out[name] = value

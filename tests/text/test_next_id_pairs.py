@@ -13,15 +13,18 @@ next ids once more (the model learned the id after next).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord
 from torch import nn
 
 import dq_flower
+from dq_flower.codecs import PayloadError
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.losses import TargetLoss, element_loss, next_token_loss
 from dq_flower.model_ops import finite_since
 from dq_flower.wire.dq_batch import DataSpec
+from dq_flower.wire.model_buffers import buffers_record, read_buffers
 
 VOCAB, LENGTH, NODES, ROWS = 12, 8, 3, 200
 
@@ -99,3 +102,24 @@ def test_a_causal_model_on_next_id_pairs_trains_through_dq_at_its_defaults():
     assert all(not strategy.round_figures(r)["rolled-back"] for r in (1, 2))
     accuracy = result.evaluate_metrics_serverapp[2]["accuracy"]
     assert accuracy > 0.9, accuracy  # the id after next scores about 0
+
+
+def _train_scoring(msg: Message, context: Context) -> Message:
+    rng = np.random.default_rng(int(context.node_config["partition-id"]))
+    x = rng.integers(0, VOCAB, (ROWS, LENGTH))  # each id's label: the id after it
+    return dq_flower.client.dq_train(msg, context, (x, (x + 1) % VOCAB), model=TinyGPT())
+
+
+def test_nodes_given_the_model_read_its_mask_among_the_servers_buffers():
+    own = {"mask": TinyGPT().mask.numpy()}
+    record = buffers_record(own)
+    with pytest.raises(PayloadError, match="not finite"):  # a reader that holds no such mask
+        read_buffers(record, {"mask": own["mask"].shape})
+    assert np.array_equal(read_buffers(record, {"mask": own["mask"].shape}, own)["mask"],
+                          own["mask"])
+    model = TinyGPT()
+    strategy = dq_flower.DQStrategy(model, seed=0)
+    strategy.start(grid=InProcessGrid(_train_scoring, NODES), num_rounds=2,
+                   initial_arrays=ArrayRecord(model.state_dict()))
+    assert strategy.round_figures(2)["failed"] == 0  # the round the nodes score by the model
+    assert strategy.round_figures(2)["selected"] > 0

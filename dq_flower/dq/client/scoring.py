@@ -151,8 +151,9 @@ def received_model(msg: Message, model: torch.nn.Module | None,
     load_model_record(model, msg.content.array_records[MODEL_KEY])
     buffers = msg.content.array_records.get(BUFFERS_KEY)  # batch norms' statistics
     if buffers is not None:
-        shapes = {name: value.shape for name, value in float_buffers(model).items()}
-        set_float_buffers(model, read_buffers(buffers, shapes))
+        own = float_buffers(model)  # the node's own: a causal mask's -inf is a constant
+        set_float_buffers(model, read_buffers(buffers, {k: v.shape for k, v in own.items()},
+                                              own))
     return model
 
 
