@@ -95,6 +95,31 @@ class Standardising:
         self.std: np.ndarray | None = None
         self.fresh_start = False  # the next phase starts the layer as for standardised columns
 
+    @staticmethod
+    def spreads(values: torch.Tensor, layer: nn.Linear
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Columns' means, spreads and varying spreads, where those differ enough; else None.
+
+        Enough: :data:`SPREAD_RATIO`-fold. Means are zeros where ``layer`` has no bias to
+        carry a shift; a constant column's spread is 1.
+        """
+        mean, std = values.mean(0), values.std(0)
+        varying = std[std > 0]
+        if varying.numel() < 2 or varying.max() < SPREAD_RATIO * varying.min():
+            return None  # columns of one kind (a series' lags in kW): the optimizers cope
+        return (mean if layer.bias is not None else torch.zeros_like(mean),
+                torch.where(std > 0, std, torch.ones_like(std)), varying)
+
+    def adopt(self, mean: torch.Tensor, std: torch.Tensor, fresh_start: bool, said: str,
+              noun: str) -> bool:
+        """Standardise by ``mean`` and ``std``; log ``said`` and how the first phase starts."""
+        self.mean, self.std = mean.double().numpy(), std.double().numpy()
+        self.fresh_start = fresh_start
+        log_round("dq", 0, f"{said}, its weights written back for raw {noun} ("
+                  + (f"the first phase starts it from its initial weights as for standardised "
+                     f"{noun})" if fresh_start else "the same function as given)"))
+        return True
+
     @property
     def wanted(self) -> bool:
         """Whether a phase needs held-out rows: to decide, or to find the layer it scales."""
@@ -138,24 +163,16 @@ class InputScale(Standardising):
         layer = first_linear(model, x)
         if layer is None:
             return False
-        mean, std = x.mean(0), x.std(0)
-        varying = std[std > 0]
-        if varying.numel() < 2 or varying.max() < SPREAD_RATIO * varying.min():
-            return False  # columns of one kind (a series' lags in kW): the optimizers cope
-        std = torch.where(std > 0, std, torch.ones_like(std))
-        if layer.bias is None:  # nothing to carry a shift: scale only
-            mean = torch.zeros_like(mean)
+        if (found := self.spreads(x, layer)) is None:
+            return False
+        mean, std, varying = found
         with torch.no_grad():
             raw = layer(x).pow(2).mean().sqrt().item()
             scaled = layer((x - mean) / std).pow(2).mean().sqrt().item()
-        self.mean, self.std = mean.double().numpy(), std.double().numpy()
-        self.fresh_start = raw > RAW_FACTOR * max(1.0, scaled)
-        log_round("dq", 0, f"raw columns (spreads {float(varying.min()):.3g} to "
-                  f"{float(varying.max()):.3g}): the server trains the model's first layer on "
-                  "them standardised, its weights written back for raw columns ("
-                  + ("the first phase starts it from its initial weights as for standardised "
-                     "columns)" if self.fresh_start else "the same function as given)"))
-        return True
+        return self.adopt(mean, std, raw > RAW_FACTOR * max(1.0, scaled),
+                          f"raw columns (spreads {float(varying.min()):.3g} to "
+                          f"{float(varying.max()):.3g}): the server trains the model's first "
+                          "layer on them standardised", "columns")
 
     @contextmanager
     def standardised(self, model: nn.Module, rows: np.ndarray | None

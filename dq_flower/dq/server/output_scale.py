@@ -35,12 +35,10 @@ from torch import nn
 from dq_flower.dq.server.input_scale import (
     RAW_FACTOR,
     SCALE_ROWS,
-    SPREAD_RATIO,
     InputScale,
     Standardising,
     held_out_rows,
 )
-from dq_flower.server.common import log_round
 
 __all__ = ["OutputScale", "last_linear", "held_out_targets", "standardised"]
 
@@ -92,13 +90,9 @@ class OutputScale(Standardising):
         layer = last_linear(model, xt)
         if layer is None or layer.out_features != y.shape[1]:
             return False
-        mean, std = yt.mean(0), yt.std(0)
-        varying = std[std > 0]
-        if varying.numel() < 2 or varying.max() < SPREAD_RATIO * varying.min():
+        if (found := self.spreads(yt, layer)) is None:
             return False  # targets of one kind: one step suits them all
-        std = torch.where(std > 0, std, torch.ones_like(std))
-        if layer.bias is None:
-            mean = torch.zeros_like(mean)
+        mean, std, varying = found
         was_training = model.training
         model.eval()
         with torch.no_grad():
@@ -106,14 +100,10 @@ class OutputScale(Standardising):
         model.train(was_training)
         raw = (((out - yt) / std) ** 2).mean().item()
         fresh = ((out - (yt - mean) / std) ** 2).mean().item()
-        self.mean, self.std = mean.numpy(), std.numpy()
-        self.fresh_start = raw > RAW_FACTOR * max(1.0, fresh)
-        log_round("dq", 0, f"float targets of spreads {float(varying.min()):.3g} to "
-                  f"{float(varying.max()):.3g}: the server trains the model's last layer for "
-                  "them standardised, its weights written back for raw targets ("
-                  + ("the first phase starts it from its initial weights as for standardised "
-                     "targets)" if self.fresh_start else "the same function as given)"))
-        return True
+        return self.adopt(mean, std, raw > RAW_FACTOR * max(1.0, fresh),
+                          f"float targets of spreads {float(varying.min()):.3g} to "
+                          f"{float(varying.max()):.3g}: the server trains the model's last "
+                          "layer for them standardised", "targets")
 
     @contextmanager
     def standardised(self, model: nn.Module, rows: tuple[np.ndarray, np.ndarray] | None
