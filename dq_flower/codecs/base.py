@@ -6,25 +6,17 @@ The kernels are input checks, random draws and bucket loops (pure numpy, vectori
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from dq_flower.config import knob
 
-from .payload import (
-    PAYLOAD_VERSION,
-    Payload,
-    PayloadError,
-    check_int,
-    expect_nbits,
-    expect_shape,
-    meta_equal,
-)
+from .bitpack import bucket_chunks
+from .payload import Payload, check_int
 
 __all__ = ["Codec", "SymbolSpec", "int_param", "check_finite", "require_rng", "random_u16",
-           "stochastic_floor", "BUCKET_RANGE", "bucket_chunks", "bucket_blocks", "n_buckets",
+           "stochastic_floor", "BUCKET_RANGE", "bucket_blocks", "n_buckets",
            "flat_input", "ErrorFeedback"]
 
 
@@ -81,13 +73,6 @@ def stochastic_floor(a: np.ndarray, rng: np.random.Generator, top: int) -> np.nd
 BUCKET_RANGE = (1, 1 << 30)
 
 
-def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):
-    """Yield ``(start, stop)`` row ranges of about ``target`` elements (cache-sized blocks)."""
-    step = max(1, target // max(1, row_len))
-    for start in range(0, n_rows, step):
-        yield start, min(n_rows, start + step)
-
-
 def bucket_blocks(n: int, bucket: int, target: int = 1 << 17):
     """Yield ``(b0, b1, i0, i1)``: buckets ``b0:b1`` covering elements ``i0:i1`` of a flat array.
 
@@ -128,7 +113,8 @@ class Codec(ABC):
     """Maps float32 arrays to payloads and back.
 
     Subclasses are frozen dataclasses of checked parameters (``ValueError`` naming the field);
-    encoders build payloads with :meth:`payload`, decoders start with :meth:`open_payload`.
+    encoders build payloads with :meth:`payload`, decoders start with
+    :func:`~.payload.open_payload`.
     """
 
     #: Registry name, set by :func:`dq_flower.codecs.registry.register`.
@@ -155,33 +141,11 @@ class Codec(ABC):
         """The layout of the payload's codes for the ``context`` coder (None: it has none)."""
         return None
 
-    def check_payload(self, p: Payload) -> None:
-        """Raise :class:`PayloadError` unless ``p`` was made by this codec."""
-        if p.codec != self.name:
-            raise PayloadError(f"payload made by {p.codec!r} given to codec {self.name!r}")
-        if p.version != PAYLOAD_VERSION:
-            raise PayloadError(f"unknown payload version {p.version!r}")
-
     def payload(self, shape: tuple[int, ...], buffers: dict[str, np.ndarray], nbits: int,
                 **meta: Any) -> Payload:
         """A payload of this codec, its header meta: :attr:`meta_fields`, then ``meta``."""
         own = {key: getattr(self, key) for key in self.meta_fields}
         return Payload(self.name, shape, {**own, **meta}, buffers, nbits=nbits)
-
-    def open_payload(self, p: Payload, nbits: Callable[[int], int] | None = None,
-                     ndim: int | None = None) -> int:
-        """Check ``p``'s codec, version, shape and :attr:`meta_fields`; return its element count.
-
-        ``p.nbits`` is checked against ``nbits(count)`` where ``nbits`` is given, the shape's
-        dimensions against ``ndim`` where that is given.
-        """
-        self.check_payload(p)
-        size = expect_shape(p, ndim)
-        for key in self.meta_fields:
-            meta_equal(p, key, getattr(self, key))
-        if nbits is not None:
-            expect_nbits(p, nbits(size))
-        return size
 
     def roundtrip(self, x: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Return ``decode(encode(x, rng))``."""

@@ -34,14 +34,21 @@ from .base import (
     BUCKET_RANGE,
     Codec,
     bucket_blocks,
-    bucket_chunks,
     flat_input,
     int_param,
     n_buckets,
     random_u16,
     require_rng,
 )
-from .payload import Payload, PayloadError, expect_buffer, expect_floats, expect_packed
+from .bitpack import bucket_chunks
+from .payload import (
+    Payload,
+    PayloadError,
+    expect_buffer,
+    expect_floats,
+    expect_packed,
+    open_payload,
+)
 from .registry import register
 
 __all__ = ["BinGrad", "ORQ", "SortedBuckets", "lloyd_max_2", "optimal_levels", "round_between"]
@@ -173,7 +180,7 @@ class BinGrad(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``b2`` where the bit is set, else ``b1``; float32 in the payload's shape."""
-        size = self.open_payload(p, self.nbits_for)
+        size = open_payload(p, self, self.nbits_for)
         nb = n_buckets(size, self.bucket)
         packed = expect_packed(p, "bits", 1, size)
         levels = expect_floats(p, "levels", 2 * nb).reshape(nb, 2)
@@ -306,7 +313,7 @@ class ORQ(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return each code's level value, float32 in the payload's shape."""
-        size = self.open_payload(p, self.nbits_for)
+        size = open_payload(p, self, self.nbits_for)
         s = self.levels
         nb = n_buckets(size, self.bucket)
         packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(size, self.width))

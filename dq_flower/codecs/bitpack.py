@@ -3,7 +3,8 @@
 Codes are written most-significant bit first, without padding between codes; only the last
 byte may carry up to 7 zero padding bits. Widths 1, 2, 4 pack whole codes per byte and
 unpack through a 256-entry table; 3, 5, 6, 7 pack 8 codes into ``bits`` bytes via one
-64-bit word; 8 is a copy. :func:`pack_wide` / :func:`unpack_wide` take 1 to 32 bits.
+64-bit word; 8 is a copy. :func:`pack_wide` / :func:`unpack_wide` take 1 to 32 bits;
+:func:`bucket_chunks` cuts rows into the cache-sized blocks the codecs pack and unpack.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["pack", "unpack", "packed_nbytes", "check_width", "pack_wide", "unpack_wide",
-           "padding_is_zero", "unpack_to"]
+           "padding_is_zero", "unpack_to", "bucket_chunks"]
 
 
 def check_width(bits: int, name: str = "bits", top: int = 8) -> int:
@@ -24,6 +25,13 @@ def check_width(bits: int, name: str = "bits", top: int = 8) -> int:
 def packed_nbytes(count: int, bits: int) -> int:
     """Bytes needed to carry ``count`` codes of ``bits`` bits each."""
     return (int(count) * int(bits) + 7) // 8
+
+
+def bucket_chunks(n_rows: int, row_len: int, target: int = 1 << 17):
+    """Yield ``(start, stop)`` row ranges of about ``target`` elements (cache-sized blocks)."""
+    step = max(1, target // max(1, row_len))
+    for start in range(0, n_rows, step):
+        yield start, min(n_rows, start + step)
 
 
 def _padded(codes: np.ndarray, multiple: int) -> np.ndarray:

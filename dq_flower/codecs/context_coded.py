@@ -17,7 +17,7 @@ from .base import Codec, SymbolSpec
 from .lossless import CODER_META, LAYOUT_META, NBITS_META, STREAM, EntropyCoded
 from .lossless import pack as pack_bytes
 from .lossless import unpack as unpack_bytes
-from .payload import Payload, PayloadError, expect_shape
+from .payload import Payload, PayloadError, check_codec, expect_shape
 
 __all__ = ["CONTEXT", "FALLBACK", "ContextCoded", "pack", "unpack"]
 
@@ -94,7 +94,7 @@ class ContextCoded(EntropyCoded):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Undo the context or zlib coding (strictly) and decode."""
-        self.check_payload(p)
+        check_codec(p, self.name)
         if p.meta.get(CODER_META) == CONTEXT:
             if self.spec is None:
                 raise PayloadError(f"{self.name} payloads are never context-coded")

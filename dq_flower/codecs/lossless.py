@@ -21,7 +21,14 @@ import numpy as np
 
 from .base import Codec
 from .entropy import check_method, compress, decompress
-from .payload import ALLOWED_DTYPES, MAX_ELEMENTS, Payload, PayloadError, expect_shape
+from .payload import (
+    ALLOWED_DTYPES,
+    MAX_ELEMENTS,
+    Payload,
+    PayloadError,
+    check_codec,
+    expect_shape,
+)
 
 __all__ = ["CODER_META", "LAYOUT_META", "NBITS_META", "STREAM", "EntropyCoded", "max_raw_bytes",
            "pack", "unpack", "coder_of", "raw_nbits"]
@@ -233,5 +240,5 @@ class EntropyCoded(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Undo the entropy coding (strictly, see :func:`unpack`) and decode."""
-        self.check_payload(p)
+        check_codec(p, self.name)
         return self.codec.decode(unpack(p, self.coder))

@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from .base import Codec, check_finite, flat_input
-from .payload import Payload, PayloadError, expect_buffer, expect_floats
+from .payload import Payload, PayloadError, expect_buffer, expect_floats, open_payload
 from .registry import register
 from .uniform import Uniform
 
@@ -40,7 +40,7 @@ class Identity(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return the carried float32 values in the payload's shape."""
-        size = self.open_payload(p, lambda n: 32 * n)
+        size = open_payload(p, self, lambda n: 32 * n)
         return expect_floats(p, "values", size).astype(np.float32, copy=True).reshape(p.shape)
 
 
@@ -71,7 +71,7 @@ class Fp16(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Widen the carried float16 values to float32 (refusing NaN or inf)."""
-        size = self.open_payload(p, lambda n: 16 * n)
+        size = open_payload(p, self, lambda n: 16 * n)
         values = expect_buffer(p, "values", "float16", size).astype(np.float32)
         try:
             check_finite(values)
@@ -100,7 +100,7 @@ class _Rounded(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Widen the codes back to float32 in the payload's shape."""
-        size = self.open_payload(p)
+        size = open_payload(p, self)
         if not size:
             if p.buffers:
                 raise PayloadError(f"{self.name} payload of no elements carries buffers")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from . import bitpack
 __all__ = ["PAYLOAD_VERSION", "MAX_ELEMENTS", "MAX_HEADER_BYTES", "MAX_HEADER_DEPTH",
            "ALLOWED_DTYPES", "Payload", "PayloadError", "check_int", "expect_buffer",
            "expect_floats", "expect_packed", "expect_stream", "meta_equal", "expect_nbits",
-           "expect_shape", "raw_array", "read_raw"]
+           "expect_shape", "check_codec", "open_payload", "raw_array", "read_raw"]
 
 
 class PayloadError(ValueError):
@@ -352,6 +353,30 @@ def expect_shape(p: Payload, ndim: int | None = None) -> int:
     if ndim is not None and len(shape) != ndim:
         raise PayloadError(f"{p.codec} payload shape {shape} is not {ndim}-D")
     return math.prod(shape)
+
+
+def check_codec(p: Payload, name: str) -> None:
+    """Raise :class:`PayloadError` unless ``p`` was made by codec ``name`` (this version)."""
+    if p.codec != name:
+        raise PayloadError(f"payload made by {p.codec!r} given to codec {name!r}")
+    if p.version != PAYLOAD_VERSION:
+        raise PayloadError(f"unknown payload version {p.version!r}")
+
+
+def open_payload(p: Payload, codec: Any, nbits: Callable[[int], int] | None = None,
+                 ndim: int | None = None) -> int:
+    """Check ``p``'s codec, version, shape and ``codec.meta_fields``; return its element count.
+
+    What every decoder checks first; ``p.nbits`` is checked against ``nbits(count)`` where
+    ``nbits`` is given, the shape's dimensions against ``ndim`` where that is given.
+    """
+    check_codec(p, codec.name)
+    size = expect_shape(p, ndim)
+    for key in codec.meta_fields:
+        meta_equal(p, key, getattr(codec, key))
+    if nbits is not None:
+        expect_nbits(p, nbits(size))
+    return size
 
 
 def raw_array(arr: np.ndarray) -> Any:

@@ -19,7 +19,7 @@ from .base import (
     require_rng,
     stochastic_floor,
 )
-from .payload import Payload, PayloadError, expect_buffer, expect_floats
+from .payload import Payload, PayloadError, expect_buffer, expect_floats, open_payload
 from .registry import register
 
 __all__ = ["QSGD", "bucket_norms", "qsgd_variance_bound"]
@@ -113,7 +113,7 @@ class QSGD(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``norm * (code - s) / s`` per coordinate, float32 in the payload's shape."""
-        size = self.open_payload(p, self.nbits_for)
+        size = open_payload(p, self, self.nbits_for)
         packed = expect_buffer(p, "codes", "uint8", bitpack.packed_nbytes(size, self.width))
         norms = expect_floats(p, "norms", n_buckets(size, self.bucket))
         if (norms < 0).any():

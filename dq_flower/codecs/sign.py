@@ -17,8 +17,9 @@ import numpy as np
 from dq_flower.config import knob
 
 from . import bitpack
-from .base import Codec, SymbolSpec, bucket_chunks, flat_input, require_rng, stochastic_floor
-from .payload import Payload, PayloadError, expect_floats, expect_packed
+from .base import Codec, SymbolSpec, flat_input, require_rng, stochastic_floor
+from .bitpack import bucket_chunks
+from .payload import Payload, PayloadError, expect_floats, expect_packed, open_payload
 from .registry import register
 
 __all__ = ["Sign", "EFSign", "TernGrad", "sign_bits", "abs_mean"]
@@ -69,7 +70,7 @@ class Sign(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return +-1 per coordinate, float32 in the payload's shape."""
-        size = self.open_payload(p, lambda n: n)
+        size = open_payload(p, self, lambda n: n)
         return _decode_bits(p, size, -1.0, 1.0)
 
 
@@ -91,7 +92,7 @@ class EFSign(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return +-scale per coordinate, float32 in the payload's shape."""
-        size = self.open_payload(p, lambda n: n + 32)
+        size = open_payload(p, self, lambda n: n + 32)
         s = float(expect_floats(p, "scale", 1)[0])
         if s < 0:
             raise PayloadError("ef-sign payload has a negative scale")
@@ -153,7 +154,7 @@ class TernGrad(Codec):
 
     def decode(self, p: Payload) -> np.ndarray:
         """Return ``m * (code - 1)``, float32 in the payload's shape."""
-        size = self.open_payload(p, lambda n: 2 * n + 32)
+        size = open_payload(p, self, lambda n: 2 * n + 32)
         packed = expect_packed(p, "codes", 2, size)
         m = np.float32(expect_floats(p, "scale", 1)[0])
         if m < 0:

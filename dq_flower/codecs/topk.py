@@ -36,6 +36,7 @@ from .payload import (
     expect_nbits,
     expect_packed,
     meta_equal,
+    open_payload,
 )
 from .registry import register
 
@@ -124,7 +125,7 @@ class TopK(Codec):
         Buffers are checked against the declared shape before the output is allocated; callers
         bound the declared size first (:meth:`Payload.expect_elements`).
         """
-        size = self.open_payload(p)
+        size = open_payload(p, self)
         k, mode, nbits = self.layout(size)
         meta_equal(p, "k", k)
         meta_equal(p, "mode", mode)
@@ -254,7 +255,7 @@ class PowerSGD(Codec):
         bound the declared size first (:meth:`Payload.expect_elements`). A 1-D shape that the
         ``shape`` hint cannot hold raises :class:`PayloadError`.
         """
-        size = self.open_payload(p)
+        size = open_payload(p, self)
         try:
             rows, cols, r, compressed = self.layout(p.shape)
         except ValueError as exc:

@@ -34,7 +34,8 @@ from dq_flower.config import knob
 
 from . import bitpack, context
 from .affine import affine_block, dither_offsets, dither_u16
-from .base import Codec, bucket_chunks, check_finite, int_param, random_u16, require_rng
+from .base import Codec, check_finite, int_param, random_u16, require_rng
+from .bitpack import bucket_chunks
 from .entropy import METHODS, check_method, compress, decompress
 from .payload import (
     Payload,
@@ -43,6 +44,7 @@ from .payload import (
     expect_nbits,
     expect_packed,
     expect_stream,
+    open_payload,
 )
 from .registry import register
 
@@ -294,7 +296,7 @@ class Uniform(Codec):
 
     def _check_meta(self, p: Payload) -> object:
         """Check ``p``'s codec, 2-D shape and meta against this decoder; return its coder."""
-        self.open_payload(p, ndim=2)
+        open_payload(p, self, ndim=2)
         fixed = p.meta.get("fixed_range", False)
         if not isinstance(fixed, bool) or fixed != self.fixed_range:
             raise PayloadError(f"uniform payload meta 'fixed_range'={fixed!r} does not match the "
