@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from dq_flower.dq.server.federation import choose_holdout, row_hash
+from dq_flower.dq.server.holdout import choose_holdout, row_hash
 from dq_flower.dq.server.store import SampleStore, StoredRows
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dq_flower import DQStrategy
-from dq_flower.dq.server.federation import choose_holdout
+from dq_flower.dq.server.holdout import choose_holdout
 from dq_flower.dq.server.strategy import SECRET_ENV, holdout_key
 
 SEED, NODE = 7, 3

@@ -114,4 +114,4 @@ def test_a_node_that_keeps_failing_rests_and_the_others_rows_are_asked_for():
                             initial_arrays=ArrayRecord(model.state_dict()))
     del result
     assert strategy.data.stored == sum(len(rows(p)[1]) for p in (1, 2, 3))  # every honest row
-    assert strategy.asks.failing[NODE_ID_BASE][0] < 15  # rested: asked fewer times
+    assert strategy.data.failing[NODE_ID_BASE][0] < 15  # rested: asked fewer times

@@ -18,7 +18,7 @@ import pytest
 from flwr.app import Array, ConfigRecord, Context, Message, MetricRecord
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-from dq_flower.dq.server.asks import RoundAsks
+from dq_flower.dq.server.federation import FederationData
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import run_server
@@ -154,9 +154,9 @@ def _hostile_app(counter):
     ("ef-signsgd", {}),
 ])
 def test_two_thousand_hostile_replies_over_many_rounds(method, knobs, monkeypatch):
-    # a node refused twice in a row rests (RoundAsks.note_asks): not counted, the hostile
+    # a node refused twice in a row rests (FederationData.note_asks): not counted, the hostile
     # nodes are asked on and send the server two thousand corrupted replies
-    monkeypatch.setattr(RoundAsks, "note_asks", lambda self, *args: None)
+    monkeypatch.setattr(FederationData, "note_asks", lambda self, *args: None)
     counter = {"hostile": 0}
     finite, replies = [], []
     run_config = build_run_config(method, model="logreg", num_clients=HONEST + HOSTILE,

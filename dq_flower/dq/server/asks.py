@@ -28,7 +28,7 @@ from dq_flower.dq.scorer_choice import (
     node_scorer,
     run_model_knob,
 )
-from dq_flower.dq.server.federation import ClientIdentities, FederationData, RoundClients
+from dq_flower.dq.server.federation import Asked, ClientIdentities, FederationData, RoundClients
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.training import ServerTrainer
@@ -69,16 +69,11 @@ class RoundAsks:
                  seed: int) -> None:
         self.cfg, self.planner, self.identities, self.seed = cfg, planner, identities, seed
         self.data, self.model, self.trainer = data, model, trainer
+        #: per round configured here, its plan and asks (taken by the round's replies)
         self.plans: dict[int, RoundPlan] = {}
-        #: per round, the number of samples asked of each node
-        self.asked: dict[int, dict[int, int]] = {}
-        self._tables: dict[int, tuple[set[int], dict[int, int], int]] = {}
+        self.asked: dict[int, Asked] = {}
         self.held_bytes = 0  # bytes of held sets and tables the last round sent
-        #: identities whose replies said they hold the model (``can-score``)
-        self.can_score: set[int] = set()
         self._reads_windows: bool | None = None  # the model's answer (holds_windows)
-        #: node id -> (its asks failed in a row, the round of the last)
-        self.failing: dict[int, tuple[int, int]] = {}
 
     def plan(self, server_round: int, nodes: list[int],
              rounds_left: int) -> tuple[RoundClients, RoundPlan]:
@@ -106,16 +101,11 @@ class RoundAsks:
         """
         scorer = self.scorer()
         if scorer == AUTO and identity is None:
-            if any(i in self.can_score for i in free):
+            if any(i in self.data.can_score for i in free):
                 return AUTO, self.cfg.selection_rule
             return "uniform", node_rule(self.cfg.selection_rule, "uniform")
-        scorer = node_scorer(scorer, identity in self.can_score)
+        scorer = node_scorer(scorer, identity in self.data.can_score)
         return scorer, node_rule(self.cfg.selection_rule, scorer)
-
-    def note_scorers(self, identities: dict[int, bool]) -> None:
-        """Remember which identities hold the model (their replies' ``can-score``)."""
-        self.can_score -= {int(i) for i, can in identities.items() if not can}
-        self.can_score |= {int(i) for i, can in identities.items() if can}
 
     def refresh_round(self, server_round: int) -> bool:
         """Whether clients send refreshed residuals this round (``compensation-mode``)."""
@@ -153,20 +143,6 @@ class RoundAsks:
             cfg[RUN_MODEL_KNOB_KEY] = needed
         return cfg
 
-    def take(self, server_round: int) -> tuple[RoundPlan | None, Callable[[int, int], int]]:
-        """The round's plan and ``ask(node_id, identity)``: the rows a reply may carry."""
-        plan = self.plans.pop(server_round, None)
-        asked = self.asked.pop(server_round, {})
-        unknown, table_asks, default = self._tables.get(server_round, (set(), {}, 0))
-        budget = self.cfg.budget
-
-        def ask(src: int, identity: int) -> int:
-            if src in unknown:
-                return table_asks.get(identity, default)
-            return asked.get(src, budget)
-
-        return plan, ask
-
     def held_of(self, identity: int) -> bytes | None:
         """The held-set bytes of ``identity`` (``None`` with ``resend``: nothing to say)."""
         if self.cfg.resend:
@@ -176,7 +152,7 @@ class RoundAsks:
 
     def round_asks(self, server_round: int, nodes: list[int], clients: RoundClients,
                    plan: RoundPlan, refresh: bool) -> tuple[list[int], bytes | None]:
-        """The nodes asked this round, their asks (``self.asked``), and the unnamed nodes' table.
+        """The nodes asked this round, their :class:`Asked` (kept), and the unnamed nodes' table.
 
         The table lists each identity an unnamed node may be with its held set and ask, and
         the ask of any other; ``None`` where no such node is asked or no identity is free.
@@ -196,11 +172,11 @@ class RoundAsks:
         if screened:
             nodes = [n for n in nodes if (asks.get(clients.known[int(n)], 0) > 0
                                           if int(n) in clients.known else unknown_asked)]
-        self.asked[server_round] = {
-            int(n): (asks.get(clients.known[int(n)], 0) if int(n) in clients.known
-                     else default) for n in nodes}
         unknown = {int(n) for n in nodes} - set(clients.known)
-        self._tables = {server_round: (unknown, table_asks, default)}
+        self.asked[server_round] = Asked(
+            {int(n): (asks.get(clients.known[int(n)], 0) if int(n) in clients.known
+                      else default) for n in nodes},
+            frozenset(unknown), table_asks, default, self.cfg.budget)
         if not unknown or not clients.free or plan.mode != "data":
             return nodes, None
         table = encode_table({i: (a, self.held_of(i) or EMPTY) for i, a in table_asks.items()},
@@ -219,7 +195,7 @@ class RoundAsks:
         """Per-client asks of the adaptive schedule over ``keys`` (:attr:`RoundClients.keys`)."""
         schedule = self.trainer.schedule
         assert schedule is not None
-        empty = {k for k in keys if self.data.held_none(k)  # held none: as unheard, unless
+        empty = {k for k in keys if self.held_none(k)  # held none: as unheard, unless
                  and not self.resting(self.identities.node_of.get(int(k), -1), server_round)}
         if self.cfg.uploads_all:
             return self.all_rows(keys, empty)
@@ -298,17 +274,13 @@ class RoundAsks:
                     for c in others)
                 and all(self.identities.of(n) is not None for n in self.identities.connected))
 
-    def note_asks(self, server_round: int, fruitful: set[int], fruitless: list[int]) -> None:
-        """Count each node's fruitless asks in a row (failed, refused, or no row held)."""
-        for node in fruitful:
-            self.failing.pop(int(node), None)
-        for node in fruitless:
-            self.failing[int(node)] = (self.failing.get(int(node), (0, 0))[0] + 1,
-                                       int(server_round))
+    def held_none(self, client: int) -> bool:
+        """Whether ``client`` has reported no row: a site that joins empty may hold some now."""
+        return int(client) in self.data.sent and self.data.sent[int(client)][0] == 0
 
     def resting(self, node: int, server_round: int) -> bool:
         """Whether ``node`` sits this round out: its last asks were fruitless (doubling)."""
-        count, last = self.failing.get(int(node), (0, 0))
+        count, last = self.data.failing.get(int(node), (0, 0))
         return count >= FAILED_ASKS and server_round - last < 2 ** (count - FAILED_ASKS + 1)
 
     def worth_asking(self, node: int) -> bool:
@@ -318,14 +290,14 @@ class RoundAsks:
         known client only while it holds rows not uploaded (or with ``resend``, or once
         clients' data has grown) and the agreement screen has not left it out.
         """
-        if self.failing.get(int(node), (0, 0))[0] >= FAILED_ASKS:
+        if self.data.failing.get(int(node), (0, 0))[0] >= FAILED_ASKS:
             return False  # drawn only to fill a sample (:meth:`resting`)
         identity = self.identities.of(node)
         if identity is None:
             return True
         if identity in self.trainer.excluded:
             return False
-        return (self.cfg.resend or bool(self.data.grown) or self.data.held_none(identity)
+        return (self.cfg.resend or bool(self.data.grown) or self.held_none(identity)
                 or self.planner.samples_left(identity, 1) > 0)
 
     def rows_cap(self, uploaded: int = 0) -> float:
@@ -407,7 +379,7 @@ class RoundAsks:
         known = None if identity is None else self.data.sent.get(identity)
         if known is None or self.trainer.schedule is None or self.cfg.resend:
             return False
-        return self.asked[server_round].get(int(node), 0) >= known[0] - known[1]
+        return self.asked[server_round].of_node.get(int(node), 0) >= known[0] - known[1]
 
     def messages(self, server_round: int, nodes: list[int], clients: RoundClients,
                  plan: RoundPlan, table: bytes | None, config: ConfigRecord,
@@ -433,13 +405,14 @@ class RoundAsks:
                         {BUFFERS_KEY: buffers_record(found)} if found else {})}
                 shared.update(shared_model)
             if self.trainer.schedule is not None:
-                node_cfg["budget"] = max(self.asked[server_round][int(node)], 1)
+                node_cfg["budget"] = max(self.asked[server_round].of_node[int(node)], 1)
             if plan.mode == "data":
                 held = table if identity is None else self.held_of(identity)
                 if held is not None:
                     node_cfg[TABLE_KEY if identity is None else HELD_KEY] = held
                     self.held_bytes += len(held)
-                if self.data.may_use_feature_ranges(self.cfg.ranges):
+                if (self.data.mode == "feature" if self.data.spec is not None
+                        else self.cfg.ranges in ("auto", "feature")):  # may carry feature ranges
                     node_cfg["send-ranges"] = (identity is None
                                                or identity not in self.data.ranges)
                 if int(node) in self.data.over_bound and self.data.value_bound is not None:

@@ -1,4 +1,4 @@
-"""What the server knows of the federation: which node is which client, and their data.
+"""What the server knows of the federation: which node is which client, their data, asks.
 
 Node ids change when a simulation or a SuperNode restarts, so per-client state is keyed by
 the client's **identity**: its ``partition-id`` metric, else its node id
@@ -6,8 +6,8 @@ the client's **identity**: its ``partition-id`` metric, else its node id
 another connected node, is granted to neither: the reply is kept under its own node id (and
 so are its later ones), so a node claiming an honest client's identity locks no one out.
 
-:class:`FederationData` holds the data's spec, layout, store and bounds, and what each client
-holds and sent; which of a client's rows are held out is drawn here (:func:`choose_holdout`).
+:class:`FederationData` holds the data's spec, layout, store and bounds, what each client
+holds and sent, and how its nodes answered their asks; :class:`Asked`, what a round asked.
 """
 
 from __future__ import annotations
@@ -21,63 +21,13 @@ import numpy as np
 from flwr.app import Message
 
 from dq_flower.codecs import PayloadError
-from dq_flower.dq.server.store import RowLayout, SampleStore, strata_of
+from dq_flower.dq.server.store import RowLayout, SampleStore
 from dq_flower.dq.server.token_intake import TokenLayout
 from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.targets import retypes_to
 
-__all__ = ["FederationData", "choose_holdout", "row_hash", "ClientIdentities", "RoundClients",
-           "reply_identity", "IdentityTakenError", "reply_claims", "MAX_IDENTITY"]
-
-#: Held-out rows are ``round(fraction * rows)`` of each (client, class) stratum after every
-#: upload: the rows with the smallest hash of ``(key, client, local id)``
-#: (:func:`choose_holdout`), whatever the replies' order; with a server secret in the key
-#: no client can compute which of its rows are held out.
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, vectorised (uint64 in, uint64 out)."""
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
-
-
-def row_hash(seed: int, node: int, ids: np.ndarray) -> np.ndarray:
-    """A seeded 64-bit hash of each ``(seed, node, local id)``: the held-out draw order."""
-    with np.errstate(over="ignore"):
-        base = _mix(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
-        base = _mix(base ^ np.array([int(node) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
-        return _mix(base ^ (np.asarray(ids).astype(np.uint64) * _GOLDEN))
-
-
-def choose_holdout(labels: np.ndarray, ids: np.ndarray, node: int, fraction: float,
-                   seed: int, stored_counts) -> np.ndarray:
-    """Boolean mask over client ``node``'s new rows (``labels``, ``ids``): the held-out ones.
-
-    ``fraction`` of each stratum is held out, in ``[0, 1)``; ``seed`` is the hash's key;
-    ``stored_counts(node, strata) -> (rows, held_out)`` counts the stored ones
-    (:meth:`SampleStore.counts`).
-    """
-    ids = np.asarray(ids)
-    mask = np.zeros(ids.shape[0], dtype=bool)
-    if fraction <= 0 or not ids.size:
-        return mask
-    strata = strata_of(labels)
-    keys = np.unique(strata)
-    stored, held = stored_counts(node, keys)
-    order = row_hash(seed, node, ids)
-    for key, before, kept in zip(keys, stored, held, strict=True):
-        rows = np.flatnonzero(strata == key)
-        target = int(np.floor(fraction * (int(before) + rows.size) + 0.5)) - int(kept)
-        take = min(max(target, 0), rows.size)
-        if take:
-            mask[rows[np.argsort(order[rows], kind="stable")[:take]]] = True
-    return mask
-
+__all__ = ["FederationData", "ClientIdentities", "RoundClients", "Asked", "reply_identity",
+           "IdentityTakenError", "reply_claims", "MAX_IDENTITY"]
 
 @dataclass
 class FederationData:
@@ -107,6 +57,9 @@ class FederationData:
     #: per client: the ``num-examples`` it last reported, before any bound took it down
     claims: dict[int, int] = field(default_factory=dict)
     provisional: dict[str, bool] = field(default_factory=lambda: dict(spec=False, bound=False))
+    can_score: set[int] = field(default_factory=set)  # clients whose replies hold the model
+    #: node id -> (its asks failed in a row, the round of the last)
+    failing: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._given_classes = self.num_classes  # what forgetting a learned spec goes back to
@@ -175,10 +128,6 @@ class FederationData:
             self.value_bound = None
         self.provisional = {"spec": False, "bound": False}
 
-    def held_none(self, client: int) -> bool:
-        """Whether ``client`` has reported no row: a site that joins empty may hold some now."""
-        return int(client) in self.sent and self.sent[int(client)][0] == 0
-
     def record_sent(self, node: int, examples: int, rows: int, claimed: int | None = None) -> None:
         """A valid reply of ``node``: the examples it holds and ``rows`` more it sent.
 
@@ -194,6 +143,19 @@ class FederationData:
         self.claims[node] = claimed
         self.sent[node] = [int(examples), before[1] + int(rows)]
 
+    def note_asks(self, server_round: int, fruitful: set[int], fruitless: list[int]) -> None:
+        """Count each node's fruitless asks in a row (failed, refused, or no row held)."""
+        for node in fruitful:
+            self.failing.pop(int(node), None)
+        for node in fruitless:
+            self.failing[int(node)] = (self.failing.get(int(node), (0, 0))[0] + 1,
+                                       int(server_round))
+
+    def note_scorers(self, clients: dict[int, bool]) -> None:
+        """Remember which clients hold the model (their replies' ``can-score``)."""
+        self.can_score -= {int(i) for i, can in clients.items() if not can}
+        self.can_score |= {int(i) for i, can in clients.items() if can}
+
     def count_duplicates(self, rows: int) -> None:
         """Count ``rows`` of a reply that the server already held (dropped)."""
         self.duplicates += rows
@@ -202,12 +164,6 @@ class FederationData:
         """Rows of the round's replies the server already held (dropped); the count restarts."""
         out, self.duplicates = self.duplicates, 0
         return out
-
-    def may_use_feature_ranges(self, ranges: str) -> bool:
-        """Whether replies may carry feature ranges under the ``ranges`` knob."""
-        if self.spec is None:
-            return ranges in ("auto", "feature")
-        return self.mode == "feature"
 
     def shaped(self, x: np.ndarray) -> np.ndarray:
         """Flat rows shaped as the data spec's samples (batch first)."""
@@ -301,6 +257,23 @@ class RoundClients:
         """The identities (and placeholders) the round's asks are shared out over."""
         named = sorted(set(self.known.values()))
         return named + (self.free + self.spare if self.unknown else [])
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The rows a round asked: of each node, or by the table of an unnamed node's identity."""
+
+    of_node: dict[int, int] = field(default_factory=dict)
+    by_table: frozenset[int] = frozenset()  # the unnamed nodes, asked by the table
+    table: dict[int, int] = field(default_factory=dict)  # identity -> its ask
+    default: int = 0  # the table's ask of any other identity
+    budget: int = 0  # the ask of a node the round did not ask (not configured here)
+
+    def rows(self, node: int, identity: int) -> int:
+        """The rows a reply of ``node`` speaking for ``identity`` may carry."""
+        if node in self.by_table:
+            return self.table.get(identity, self.default)
+        return self.of_node.get(node, self.budget)
 
 
 class IdentityTakenError(PayloadError):

@@ -24,12 +24,8 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server import token_intake
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
-from dq_flower.dq.server.federation import (
-    ClientIdentities,
-    FederationData,
-    choose_holdout,
-    reply_identity,
-)
+from dq_flower.dq.server.federation import Asked, ClientIdentities, FederationData, reply_identity
+from dq_flower.dq.server.holdout import choose_holdout
 from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates
 from dq_flower.dq.server.round_metrics import spec_text
@@ -58,10 +54,8 @@ from dq_flower.server.robust import NormScreen
 from dq_flower.wire.dq_batch import DataSpec, SampleBatch, as_float_targets, range_mode, reply_spec
 from dq_flower.wire.targets import label_base, model_targets, retyped
 
-__all__ = ["UploadIntake", "Compensations", "Ask"]
+__all__ = ["UploadIntake", "Compensations"]
 
-#: ``ask(node_id, identity)``: the rows the round asked of a node speaking for a client
-Ask = Callable[[int, int], int]
 Packed = tuple[np.ndarray, np.ndarray, np.ndarray]  # a batch's stored rows: codes, side, dither
 
 
@@ -158,7 +152,7 @@ class UploadIntake:
         return History(known[0] if known else 0, stored, store.ranges.get(int(node)),
                        received, weight)
 
-    def validate_reply(self, msg: Message, server_round: int, ask: Ask,
+    def validate_reply(self, msg: Message, server_round: int, asked: Asked,
                        rules: Rules | None = None) -> Upload:
         """:meth:`validate` a data reply under the identity it claims; ``rules``: the round's."""
         src = int(msg.metadata.src_node_id)
@@ -169,7 +163,7 @@ class UploadIntake:
         checked = rules or self.rules()
         def check(spec: DataSpec | None) -> Upload:  # by ``spec`` (a short id row's own)
             return check_upload(msg.content, identity, replace(checked, spec=spec),
-                                self.history(identity), ask(src, identity), src)
+                                self.history(identity), asked.rows(src, identity), src)
 
         try:  # id rows shorter than the spec's (a model with padding_idx): read, then padded
             upload = (check(checked.spec) if self.pad is None

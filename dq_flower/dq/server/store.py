@@ -1,7 +1,7 @@
 """The server's sample store: every received sample in packed form, and its held-out rows.
 
 Rows: :class:`RowLayout` codes, label, weight, origin identity, client-local id, held-out
-flag (:func:`~.federation.choose_holdout`), dequantized on the fly; evicted rows' ids kept.
+flag (:func:`~.holdout.choose_holdout`), dequantized on the fly; evicted rows' ids kept.
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ from dq_flower.dq.config import (
 )
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.control_variate import ControlVariate
-from dq_flower.dq.server.federation import ClientIdentities, FederationData, reply_claims
+from dq_flower.dq.server.federation import Asked, ClientIdentities, FederationData, reply_claims
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
-from dq_flower.dq.server.intake import Ask, Compensations, UploadIntake
+from dq_flower.dq.server.intake import Compensations, UploadIntake
 from dq_flower.dq.server.optimizer_choice import apply_train_config
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
@@ -85,7 +85,7 @@ class _Round:
     """What a DQ round takes before its replies are decoded: its plan and the asks."""
 
     plan: RoundPlan | None  # None: the round was not configured here
-    ask: Ask  # the rows each reply may carry
+    asked: Asked  # the rows each reply may carry
     rules: Rules  # what each data reply is checked against (the same for all of them)
     gradient: bool  # whether the round asked for coded gradients
 
@@ -326,20 +326,20 @@ class DQStrategy(ModelStrategy, Strategy):
         Every reply's identity claim is read before any reply is checked (:meth:`.prescan`).
         """
         self.identities.prescan(server_round, reply_claims(replies))
-        plan, ask = self.asks.take(server_round)
-        return _Round(plan, ask, self.intake.rules(),
-                      plan is not None and plan.mode == "gradient")
+        plan = self.asks.plans.pop(server_round, None)
+        asked = self.asks.asked.pop(server_round, None) or Asked(budget=self.cfg.budget)
+        return _Round(plan, asked, self.intake.rules(), getattr(plan, "mode", "") == "gradient")
 
     def decode_reply(self, rnd: ServerRound[_Round], msg: Message) -> Upload | GradientUpdate:
         """One reply checked and decoded: a coded gradient, or samples under its identity."""
         if rnd.plan.gradient:
             return self.gradients.validate(msg, self._configured)
-        return self.intake.validate_reply(msg, rnd.number, rnd.plan.ask, rnd.plan.rules)
+        return self.intake.validate_reply(msg, rnd.number, rnd.plan.asked, rnd.plan.rules)
 
     def observe_failures(self, rnd: ServerRound[_Round]) -> None:
         """Count the round to ``max-failed-rounds`` while nothing is stored; note who failed."""
         screened = rnd.screened
-        self.asks.note_asks(rnd.number, set(), screened.failed_nodes)
+        self.data.note_asks(rnd.number, set(), screened.failed_nodes)
         self.failures.observe(screened.replies, screened.silent, counts=self.stored == 0)
 
     def bound(self, rnd: ServerRound[_Round]) -> Combined | _Checked:
@@ -350,15 +350,15 @@ class DQStrategy(ModelStrategy, Strategy):
         screened = rnd.screened
         answered = {int(m.metadata.src_node_id) for m in screened.replies if not m.has_error()}
         if rnd.plan.gradient:
-            self.asks.note_asks(rnd.number, answered, [])
+            self.data.note_asks(rnd.number, answered, [])
             return self.gradients.combine(screened, self.identities.contested(rnd.number))
         screened.keep_uncontested(attrgetter("node"), self.identities.contested(rnd.number),
                                   order=BY_PARTITION, node=attrgetter("source"))
         candidates, rejected = self.intake.adopt(screened.accepted, screened.rejected)
         fruitful = {u.source for u in candidates  # rows, or none left: else it rests
                     if len(u.batch) or 0 < u.examples <= self.data.sent.get(u.node, [0, 0])[1]}
-        self.asks.note_asks(rnd.number, fruitful, sorted(answered - fruitful))
-        self.asks.note_scorers({u.node: u.can_score for u in candidates})
+        self.data.note_asks(rnd.number, fruitful, sorted(answered - fruitful))
+        self.data.note_scorers({u.node: u.can_score for u in candidates})
         candidates, implausible = self.screen_delta_scales(candidates)
         candidates, dropped = self.compensations.screen_deltas(candidates)
         return _Checked(candidates, rejected + implausible + dropped)
@@ -424,7 +424,7 @@ class DQStrategy(ModelStrategy, Strategy):
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  **self.intake.state_dict(), "planner": self.planner.state(),
                  **self.gradients.state_dict(), **self.compensations.state_dict(),
-                 **self.trainer.state_dict(), "can-score": sorted(self.asks.can_score),
+                 **self.trainer.state_dict(), "can-score": sorted(self.data.can_score),
                  # per-client state above is keyed by client identity, not node id
                  "identities": self.identities.state(), "holdout-check": self._holdout_check,
                  "seed": self.seed}
@@ -443,7 +443,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.gradients.load_state_dict(state)
         self.compensations.load_state_dict(state)
         self.identities.load_state(state.get("identities"))
-        self.asks.can_score = {int(i) for i in state.get("can-score", [])}
+        self.data.can_score = {int(i) for i in state.get("can-score", [])}
         if "identities" not in state and state.get("store") is not None:
             log_round("dq", 0, "a checkpoint from before client identities: its rows stay "
                       "under the node ids of that run, and clients may upload them again")
