@@ -6,6 +6,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from dq_flower.codecs import make
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.federation import Asked
 from dq_flower.dq.server.strategy import DQStrategy
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import NODE_ID_BASE, InProcessGrid
@@ -112,7 +113,7 @@ def test_first_step_gradient_equals_true_gradient_with_lossless_compensation():
     msgs = list(strategy.configure_train(1, None, _train_config(), grid))
     replies = grid.send_and_receive(msgs)
     budget = strategy.cfg.budget
-    fresh, _ = strategy.intake.adopt([strategy.intake.validate_reply(r, 1, lambda *_: budget)
+    fresh, _ = strategy.intake.adopt([strategy.intake.validate_reply(r, 1, Asked(budget=budget))
                                       for r in replies], 0)  # what the round agrees on
 
     _, grad = strategy.fresh_gradient(fresh)
@@ -157,7 +158,7 @@ def test_store_memory_is_close_to_packed_payload_bytes():
         reply = _mock_reply(NODE_ID_BASE + k, x, rng.integers(0, 10, 100), np.arange(100), 10,
                             weights=rng.uniform(1, 2, 100).astype(np.float32),
                             shape=(1, 28, 28))
-        batch = strategy.intake.validate_reply(reply, 1, lambda *_: 100).batch
+        batch = strategy.intake.validate_reply(reply, 1, Asked(budget=100)).batch
         strategy.store.add(strategy.intake.rows(batch, NODE_ID_BASE + k,
                                                 strategy.intake.packed(batch)))
         payload_bytes += batch.payload_bits / 8
