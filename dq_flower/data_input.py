@@ -19,6 +19,7 @@ refuses them.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
 __all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys",
-           "Keys", "SAMPLE_KEYS", "LABEL_KEYS"]
+           "forward_keys", "Keys", "SAMPLE_KEYS", "LABEL_KEYS"]
 
 #: ``keys=`` of a dict sample: ``(input key, target key)``, or ``(input keys, target key)``:
 #: columns of one number each read side by side (``(["age", "bmi"], "label")``), or, where
@@ -178,6 +179,24 @@ def dict_keys(sample: Mapping[str, Any], keys: Keys | None, what: str,
             "number a column or several inputs keys=(input keys, target key), e.g. "
             "keys=([\"age\", \"bmi\"], \"label\") or keys=((\"acc\", \"gyro\"), \"label\")")
     return found[0], found[1]
+
+
+def forward_keys(data: Any, names: Sequence[str]) -> Keys | None:
+    """``keys=`` of dict samples holding a model's inputs ``names`` (its ``forward``'s).
+
+    The longest leading run of ``names`` the first sample holds, two or more, are its inputs
+    in that order (``{"x", "length", "label"}`` for ``forward(x, length)``), the first of
+    :data:`LABEL_KEYS` beside them its target; ``None`` where that does not fit.
+    """
+    try:
+        first = getattr(data, "dataset", data)[0]  # a DataLoader's data set
+    except (LookupError, TypeError, ValueError, NotImplementedError):  # the common names decide
+        return None
+    if not isinstance(first, Mapping):
+        return None
+    taken = tuple(itertools.takewhile(lambda name: name in first, names))
+    target = next((k for k in LABEL_KEYS if k in first and k not in taken), None)
+    return (taken, target) if len(taken) > 1 and target is not None else None
 
 
 def _hashable(keys: Keys | None) -> tuple[Any, ...] | None:

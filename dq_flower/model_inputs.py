@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 from dq_flower.codecs import PayloadError
-from dq_flower.wire.input_parts import part_layout
+from dq_flower.wire.input_parts import INPUT_NAMES_KEY, ONE_INPUT_KEY, part_layout
 
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["InputSplit", "split_inputs", "HOOK_ATTR", "positional_inputs", "one_input_reason",
-           "input_width", "layers", "check_width"]
+           "input_width", "layers", "check_width", "forward_names", "input_asks"]
 
 #: The attribute of a model that holds its :class:`InputSplit` (one a model).
 HOOK_ATTR = "_dq_input_split"
@@ -85,6 +85,30 @@ def positional_inputs(model: nn.Module) -> int | None:
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return None
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def forward_names(model: nn.Module) -> tuple[str, ...]:
+    """The names of ``model.forward``'s positional inputs where it takes two or more."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                       p.POSITIONAL_OR_KEYWORD))
+    return names if len(names) > 1 else ()
+
+
+def input_asks(model: nn.Module, one_input: bool) -> dict[str, int | str]:
+    """What a round's config asks of the nodes' inputs.
+
+    One (``one_input``: the model takes one, a ``TensorDataset``'s further tensors left
+    out), else the names of its ``forward``'s several inputs (a dict sample holding them
+    gives them by name: ``{"x", "length", "label"}`` for ``forward(x, length)``).
+    """
+    if one_input:
+        return {ONE_INPUT_KEY: 1}
+    names = forward_names(model)
+    return {INPUT_NAMES_KEY: ",".join(names)} if names else {}
 
 
 def one_input_reason(model: nn.Module, parts: tuple[str, ...]) -> str | None:

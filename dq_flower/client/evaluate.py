@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
-from dq_flower.data_input import Keys, as_inputs, ids_below
+from dq_flower.data_input import Keys, as_inputs, forward_keys, ids_below
 from dq_flower.torch_support import require_torch
 from dq_flower.wire.partition import names_partition
 from dq_flower.wire.targets import LABEL_BASE_KEY, binary_targets, model_targets
@@ -44,8 +44,10 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     if arrays is None:
         raise ValueError("the evaluate message carries no 'arrays' record (nor one other)")
     model.load_state_dict(arrays.to_torch_state_dict())
-    from dq_flower.model_inputs import positional_inputs, split_inputs  # PyTorch, as above
+    from dq_flower.model_inputs import forward_names, positional_inputs, split_inputs  # PyTorch
 
+    if keys is None and (names := forward_names(model)):  # dict samples: inputs by name
+        keys = forward_keys(data, names)
     x, y, inputs = as_inputs(data, keys, one_input=positional_inputs(model) == 1)
     if inputs:  # several inputs side by side: the model is handed them split
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_PARTS", "ONE_INPUT_KEY", "layout_name", "part_layout", "parts_width"]
+__all__ = ["MAX_PARTS", "ONE_INPUT_KEY", "INPUT_NAMES_KEY", "layout_name", "part_layout",
+           "parts_width"]
 
 #: The server's ask where its model takes one input and a node's samples held several: a
 #: ``TensorDataset`` of more than two tensors is read as ``(x, y)``, the others left out.
 ONE_INPUT_KEY = "one-input"
+#: The names of the server's model's ``forward`` inputs, joined by commas, where it takes
+#: several: a dict sample holding them gives them to it in that order.
+INPUT_NAMES_KEY = "input-names"
 
 #: Most inputs a sample may have.
 MAX_PARTS = 16

@@ -32,6 +32,7 @@ from dq_flower.dq.server.federation import Asked, ClientIdentities, FederationDa
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner
 from dq_flower.dq.server.schedule import allocate
 from dq_flower.dq.server.training import ServerTrainer
+from dq_flower.model_inputs import input_asks
 from dq_flower.model_ops import embedding_vocab, float_buffers, output_width, reads_windows
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import ID_VOCAB_KEY, MIXED_UNITS_KEY
@@ -43,7 +44,6 @@ from dq_flower.wire.held import (
     encode_held,
     encode_table,
 )
-from dq_flower.wire.input_parts import ONE_INPUT_KEY
 from dq_flower.wire.model import MODEL_KEY
 from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record
 from dq_flower.wire.targets import LABEL_BASE_KEY, MODEL_OUTPUTS_KEY
@@ -128,8 +128,7 @@ class RoundAsks:
         spec = self.data.spec
         if spec is not None and (spec.mixed_units or self.data.pin_units):  # its ranges, kept
             cfg[MIXED_UNITS_KEY] = spec.mixed_units  # whatever a node's rows alone say
-        if self.data.one_input:  # a model of one input: (x, y) of a TensorDataset's tensors
-            cfg[ONE_INPUT_KEY] = 1
+        cfg.update(input_asks(self.model, self.data.one_input))  # which inputs to send
         if self.data.model_outputs:  # the nodes' targets are typed otherwise than it reads
             cfg[MODEL_OUTPUTS_KEY] = self.data.model_outputs
             if self.data.label_base:  # labels counted from 1: each less it
