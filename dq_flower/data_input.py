@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from dq_flower.input_arrays import is_class_target, normalise, to_numpy
+from dq_flower.input_arrays import is_class_target, nan_as_zero, normalise, to_numpy
 from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
@@ -184,9 +184,8 @@ def dict_keys(sample: Mapping[str, Any], keys: Keys | None, what: str,
 def forward_keys(data: Any, names: Sequence[str]) -> Keys | None:
     """``keys=`` of dict samples holding a model's inputs ``names`` (its ``forward``'s).
 
-    The longest leading run of ``names`` the first sample holds, two or more, are its inputs
-    in that order (``{"x", "length", "label"}`` for ``forward(x, length)``), the first of
-    :data:`LABEL_KEYS` beside them its target; ``None`` where that does not fit.
+    The leading ones the first sample holds, two or more, in that order (``{"x", "length",
+    "label"}`` for ``forward(x, length)``), its target a target name; else ``None``.
     """
     try:
         first = getattr(data, "dataset", data)[0]  # a DataLoader's data set
@@ -418,8 +417,8 @@ def as_arrays(data: Any, keys: Keys | None = None) -> tuple[np.ndarray, np.ndarr
     return x, y
 
 
-def as_inputs(data: Any, keys: Keys | None = None, one_input: bool = False,
-              masks: bool = True) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+def as_inputs(data: Any, keys: Keys | None = None, one_input: bool = False, masks: bool = True,
+              nan_zero: bool = False) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """``(x, y, parts)``: as :func:`as_arrays`, and samples of several inputs flattened.
 
     ``parts`` names each input's layout (``"f5"``: 5 floats, ``"i3"``: 3 integers, ``"f3x4"``:
@@ -428,14 +427,15 @@ def as_inputs(data: Any, keys: Keys | None = None, one_input: bool = False,
     than two tensors is ``(x, y, ...)``, the others (sample weights) left out, and a dict's
     ``input_ids`` its only input. ``masks``: a dict's :data:`MASK_KEYS` beside its
     ``input_ids`` are more inputs (unless ``one_input``); other keys than its input and
-    target (an id, a second label) are left out.
+    target (an id, a second label) are left out. ``nan_zero``: NaN values read as 0.
     """
     masks = masks and not one_input
-    key = (id(data), _hashable(keys), one_input, masks)
+    key = (id(data), _hashable(keys), one_input, masks, nan_zero)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is data:
         return hit[1]
-    arrays = _convert(data, keys, one_input, masks)
+    with nan_as_zero(nan_zero):
+        arrays = _convert(data, keys, one_input, masks)
     if one_input and arrays[2]:
         raise ValueError(f"the server's model takes one input, the samples hold "
                          f"{len(arrays[2])} ({', '.join(arrays[2])}): give a model taking "

@@ -10,14 +10,32 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from logging import WARNING
 from typing import Any
 
 import numpy as np
 
-__all__ = ["is_class_target", "normalise", "to_numpy"]
+__all__ = ["is_class_target", "normalise", "to_numpy", "nan_as_zero"]
 
 _TOLD: set[tuple[Any, ...]] = set()  # warnings given in this process (each said once)
+#: Whether missing values (NaN) of the samples are read as 0 (:func:`nan_as_zero`).
+_NAN_AS_ZERO: ContextVar[bool] = ContextVar("nan_as_zero", default=False)
+
+
+@contextmanager
+def nan_as_zero(on: bool) -> Iterator[None]:
+    """Within it (``on``), :func:`normalise` keeps a sample's NaN values as 0, not its row out.
+
+    The server asks so where its model reads NaN as 0 (``torch.nan_to_num(x)`` first).
+    """
+    token = _NAN_AS_ZERO.set(on)
+    try:
+        yield
+    finally:
+        _NAN_AS_ZERO.reset(token)
 
 
 def is_class_target(y: np.ndarray) -> bool:
@@ -76,6 +94,8 @@ def normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
                          "every node; a category column: frame[col].cat.codes, the same "
                          "categories everywhere)")
     xa = np.ascontiguousarray(xa, dtype=np.float32)
+    if _NAN_AS_ZERO.get() and np.isnan(xa).any():  # as the server's model reads them
+        xa = np.where(np.isnan(xa), np.float32(0), xa)
     bad = _non_finite(xa)
     several = ya.ndim > 1 and math.prod(ya.shape[1:]) > 1
     if is_class_target(ya) and several:

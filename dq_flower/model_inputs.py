@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -19,13 +20,14 @@ import torch
 from torch import nn
 
 from dq_flower.codecs import PayloadError
-from dq_flower.wire.input_parts import INPUT_NAMES_KEY, ONE_INPUT_KEY, part_layout
+from dq_flower.wire.input_parts import INPUT_NAMES_KEY, NAN_ZERO_KEY, ONE_INPUT_KEY, part_layout
 
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["InputSplit", "split_inputs", "HOOK_ATTR", "positional_inputs", "one_input_reason",
-           "input_width", "layers", "check_width", "forward_names", "input_asks"]
+           "input_width", "layers", "check_width", "forward_names", "input_asks",
+           "reads_nan_as_zero"]
 
 #: The attribute of a model that holds its :class:`InputSplit` (one a model).
 HOOK_ATTR = "_dq_input_split"
@@ -98,17 +100,62 @@ def forward_names(model: nn.Module) -> tuple[str, ...]:
     return names if len(names) > 1 else ()
 
 
-def input_asks(model: nn.Module, one_input: bool) -> dict[str, int | str]:
+def input_asks(model: nn.Module, one_input: bool, spec: DataSpec | None = None
+               ) -> dict[str, int | str]:
     """What a round's config asks of the nodes' inputs.
 
     One (``one_input``: the model takes one, a ``TensorDataset``'s further tensors left
     out), else the names of its ``forward``'s several inputs (a dict sample holding them
-    gives them by name: ``{"x", "length", "label"}`` for ``forward(x, length)``).
+    gives them by name: ``{"x", "length", "label"}`` for ``forward(x, length)``); and NaN
+    values sent as 0 where the model reads them so (:func:`reads_nan_as_zero`) on samples
+    of ``spec``'s shape, else (no spec yet) on rows as wide as its first linear layer.
     """
-    if one_input:
-        return {ONE_INPUT_KEY: 1}
-    names = forward_names(model)
-    return {INPUT_NAMES_KEY: ",".join(names)} if names else {}
+    asked: dict[str, int | str] = {ONE_INPUT_KEY: 1} if one_input else {}
+    names = () if one_input else forward_names(model)
+    if names:
+        asked[INPUT_NAMES_KEY] = ",".join(names)
+    if spec is not None:
+        shape = None if spec.vocab or spec.inputs else spec.sample_shape
+    else:
+        width = None if names else input_width(model)
+        shape = None if width is None else (width,)
+    if shape is not None and reads_nan_as_zero(model, shape):
+        asked[NAN_ZERO_KEY] = 1
+    return asked
+
+
+#: :func:`reads_nan_as_zero`'s answers by model and sample shape (the probe runs once).
+_NAN_READ: weakref.WeakKeyDictionary[nn.Module, dict[tuple, bool]] = \
+    weakref.WeakKeyDictionary()
+
+
+def reads_nan_as_zero(model: nn.Module, shape: tuple[int, ...]) -> bool:
+    """Whether ``model`` computes on samples of ``shape`` with NaN values as with 0 there.
+
+    A seeded probe in eval mode: 8 normal samples, a third of their values NaN, against the
+    same with 0 there; finite outputs within float tolerance of each other (a model that
+    starts with ``torch.nan_to_num(x)``, not one that also reads where values are missing).
+    """
+    known = _NAN_READ.setdefault(model, {})
+    if shape not in known:
+        param = next(model.parameters(), None)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(8, *shape, generator=gen)
+        holes = torch.rand(x.shape, generator=gen) < 1 / 3
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                outs = [model(x.masked_fill(holes, v).to(
+                    param.device if param is not None else "cpu")) for v in (math.nan, 0.0)]
+            known[shape] = (all(isinstance(o, torch.Tensor) for o in outs)
+                            and bool(torch.isfinite(outs[0]).all())
+                            and bool(torch.allclose(outs[0], outs[1], atol=1e-5)))
+        except Exception:  # noqa: BLE001 - a model that fails on them reads no NaN as 0
+            known[shape] = False
+        finally:
+            model.train(was)
+    return known[shape]
 
 
 def one_input_reason(model: nn.Module, parts: tuple[str, ...]) -> str | None:

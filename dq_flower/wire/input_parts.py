@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_PARTS", "ONE_INPUT_KEY", "INPUT_NAMES_KEY", "layout_name", "part_layout",
-           "parts_width"]
+__all__ = ["MAX_PARTS", "ONE_INPUT_KEY", "INPUT_NAMES_KEY", "NAN_ZERO_KEY", "layout_name",
+           "part_layout", "parts_width"]
 
 #: The server's ask where its model takes one input and a node's samples held several: a
 #: ``TensorDataset`` of more than two tensors is read as ``(x, y)``, the others left out.
@@ -19,6 +19,9 @@ ONE_INPUT_KEY = "one-input"
 #: The names of the server's model's ``forward`` inputs, joined by commas, where it takes
 #: several: a dict sample holding them gives them to it in that order.
 INPUT_NAMES_KEY = "input-names"
+#: The server's model reads a missing value (NaN) of its input as it reads 0
+#: (``torch.nan_to_num(x)`` first): a node sends its rows with NaN values as 0.
+NAN_ZERO_KEY = "nan-zero"
 
 #: Most inputs a sample may have.
 MAX_PARTS = 16

@@ -71,7 +71,7 @@ from dq_flower.wire.dq_batch import (
     spec_record,
 )
 from dq_flower.wire.held import VALUE_BOUND_KEY, held_for
-from dq_flower.wire.input_parts import INPUT_NAMES_KEY, ONE_INPUT_KEY
+from dq_flower.wire.input_parts import INPUT_NAMES_KEY, NAN_ZERO_KEY, ONE_INPUT_KEY
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
 from dq_flower.wire.targets import LABEL_BASE_KEY, MODEL_OUTPUTS_KEY, model_targets
@@ -231,7 +231,8 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     one_input = bool(config.get(ONE_INPUT_KEY))  # the server's model takes one input
     if keys is None and (names := config.get(INPUT_NAMES_KEY)):  # forward(x, length)
         keys = forward_keys(data, str(names).split(","))  # dicts holding its inputs by name
-    x_all, y, inputs = as_inputs(data, keys, one_input)  # several inputs: side by side
+    x_all, y, inputs = as_inputs(data, keys, one_input,  # several inputs: side by side
+                                 nan_zero=bool(config.get(NAN_ZERO_KEY)))  # as its model
     if inputs and model is not None:
         from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
 

@@ -128,7 +128,7 @@ class RoundAsks:
         spec = self.data.spec
         if spec is not None and (spec.mixed_units or self.data.pin_units):  # its ranges, kept
             cfg[MIXED_UNITS_KEY] = spec.mixed_units  # whatever a node's rows alone say
-        cfg.update(input_asks(self.model, self.data.one_input))  # which inputs to send
+        cfg.update(input_asks(self.model, self.data.one_input, spec))  # which inputs to send
         if self.data.model_outputs:  # the nodes' targets are typed otherwise than it reads
             cfg[MODEL_OUTPUTS_KEY] = self.data.model_outputs
             if self.data.label_base:  # labels counted from 1: each less it
