@@ -18,6 +18,7 @@ class Purpose(IntEnum):
     SERVER_BATCHES = 3  # DQ's server minibatches
     TIES = 4  # majority-vote ties
     EVALUATE_SAMPLE = 5  # the node sample of a federated evaluation round
+    FIDELITY = 6  # a DQ node's rows compared raw and coded (dq.client.fidelity)
     BATCH = 11  # a gradient client's minibatch
     CODEC = 12  # a gradient client's codec (stochastic rounding, random projections)
     SHUFFLE = 21  # local-epoch shuffles (FedAvg clients, gradient clients' local-epochs)

@@ -314,14 +314,18 @@ def _data_round(r: RoundInput) -> Message:
     cfg, candidates, examples = _candidates(config, r.cfg, r.key, names, named,
                                             repeated_rows(r.x, y))
     x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows
-    in_bound = x_flat  # the rows its feature ranges cover
+    in_bound, y_in = x_flat, y  # the rows its feature ranges cover
     if (bound := config.get(VALUE_BOUND_KEY)) is not None and not spec.vocab:
         within = np.abs(x_flat).max(axis=1, initial=0.0) <= float(bound)  # outliers stay
-        candidates, in_bound = candidates[within[candidates]], x_flat[within]
+        candidates, in_bound, y_in = candidates[within[candidates]], x_flat[within], y[within]
     model, scores = _scores(r, cfg, candidates)
     sel = select(scores, cfg.budget, cfg.selection_rule, rng, cfg.score_threshold)
     chosen = candidates[sel.indices]
     counts = {"num-examples": examples, "candidates": int(candidates.size)}
+    if model is not None:  # the server's model at hand: its raw rows against their codes
+        from dq_flower.dq.client.fidelity import round_fit  # PyTorch: deferred
+
+        counts.update(round_fit(model, cfg, spec, in_bound, y_in, config, r.key, r.loss_fn))
     if not candidates.size and not bool(config.get("refresh", False)):  # every row sent
         return _reply(r, RecordDict(), 0, {**counts, "selected": 0,
                                            CAN_SCORE_KEY: int(r.model is not None)})

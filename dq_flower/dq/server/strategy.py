@@ -28,13 +28,9 @@ from flwr.serverapp.strategy import Strategy
 
 from dq_flower.codecs import make
 from dq_flower.config import build_config, changed_knobs
-from dq_flower.dq.config import (
-    DQConfig,
-    DQStrategyConfig,
-    auto_bits,
-    model_codec,
-)
+from dq_flower.dq.config import DQConfig, DQStrategyConfig, model_codec
 from dq_flower.dq.server.asks import RoundAsks
+from dq_flower.dq.server.bit_width import BitWidth, auto_width
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import Asked, ClientIdentities, FederationData, reply_claims
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
@@ -53,14 +49,12 @@ from dq_flower.dq.server.store import SampleStore
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
 from dq_flower.losses import TargetLoss, per_sample
-from dq_flower.model_inputs import input_width
-from dq_flower.model_ops import LossFn, embedding_vocab
+from dq_flower.model_ops import LossFn
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
 from dq_flower.server.common import (
     FedAvgArgs,
     decay_groups,
-    largest_embedding,
     log_rejected,
     log_round,
     make_optimizer,
@@ -160,18 +154,7 @@ class DQStrategy(ModelStrategy, Strategy):
         users = knobs.pop("optimizer", None) if isinstance(
             knobs.get("optimizer"), torch.optim.Optimizer) else None
         cfg = build_config(config, DQConfig, knobs)
-        bits_note = None
-        if cfg.bits == 0:  # auto: a table's few features get more bits (dq.config.auto_bits)
-            flat = (data_spec.dim if data_spec is not None and len(data_spec.sample_shape) == 1
-                    else None if data_spec is not None else input_width(model))
-            embedded = data_spec is None and flat is None and embedding_vocab(model) > 0
-            rows = largest_embedding(model) if embedded else 0
-            cfg = dataclasses.replace(cfg, bits=auto_bits(flat, rows))
-            bits_note = (f"bits auto: {cfg.bits} per coordinate ("  # logged with the spec
-                         + (f"flat samples of {flat} features" if flat is not None
-                            else f"the model reads samples with embeddings of up to {rows} "
-                            "rows: ids are sent exactly, a table's categories one code each"
-                            if embedded else "samples that are not a small table") + ")")
+        cfg, bits_note = auto_width(cfg, model, data_spec)  # bits = 0: resolved, noted
         self.cfg: DQConfig = cfg
         optimizer = users or make_optimizer(  # ``auto``: SGD until a training phase chooses
             "sgd" if cfg.optimizer == "auto" else cfg.optimizer,
@@ -201,6 +184,7 @@ class DQStrategy(ModelStrategy, Strategy):
                                    identities=self.identities, comp_codec=comp_codec,
                                    num_params=self.num_params, measuring=cfg.upload_mode != "data")
         self.intake.bits_note = bits_note
+        self.widths = BitWidth(auto=bits_note is not None)  # raised where nodes report a gap
         self.compensations = Compensations(cfg, self.num_params, self.data)
         self.trainer = ServerTrainer(cfg, model, optimizer, self.data, self.cv,
                                      loss_fn=loss_fn, seed=self.seed, comp_codec=comp_codec,
@@ -299,6 +283,7 @@ class DQStrategy(ModelStrategy, Strategy):
     ) -> Iterable[Message]:
         """Send the sampled nodes the round config, asks and held sets (see :mod:`.asks`)."""
         self._load_arrays(arrays)
+        self.widths.review(self, server_round)  # the last data round's reports of raw rows
         if not self._configured:  # the run's train_config: its optimizer and step size
             apply_train_config(self.trainer, config)
         self.identities.observe(grid.get_node_ids())
@@ -403,6 +388,7 @@ class DQStrategy(ModelStrategy, Strategy):
         refreshed = self.compensations.update_control_variate(kept.uploads)
         stored_before = self.stored
         fresh, not_stored = self.intake.store_uploads(kept.uploads, rnd.number)
+        self.widths.last = (rnd.screened.replies, kept.uploads)  # read at the next round
         rejected = kept.rejected + not_stored
         loss = self.trainer.train_round(rnd.number, fresh, stored_before)
         self.intake.measure_data(fresh)
@@ -427,11 +413,12 @@ class DQStrategy(ModelStrategy, Strategy):
                  **self.trainer.state_dict(), "can-score": sorted(self.data.can_score),
                  # per-client state above is keyed by client identity, not node id
                  "identities": self.identities.state(), "holdout-check": self._holdout_check,
-                 "seed": self.seed}
+                 "seed": self.seed, **self.widths.state()}
         return {**state, "layout": stored_layout(self.cfg, state["spec"])}
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`; ``ValueError`` for another seed, secret or layout."""
+        self.widths.load(self, state)  # a width raised in the run: before its layout
         refuse_other_run(state, self.seed, self._holdout_check,
                          stored_layout(self.cfg, state.get("spec")))
         self.model.load_state_dict(state["model"])

@@ -1,0 +1,96 @@
+"""A node's check that the server's model reads its raw rows as well as their codes.
+
+The server trains on decoded codes; the node holds the raw rows the model will be used on.
+With the server's model at hand, a node compares the model's loss on a small seeded sample
+of its rows, raw and as the server would decode them (the same rows: a paired comparison),
+with the loss it scores by (``dq_train``'s ``loss_fn``, else the default for its targets).
+Only where raw rows read clearly worse does the reply carry the figures
+(:mod:`dq_flower.wire.raw_fit`); elsewhere nothing is added, so the reply is the same as
+without the check. The server reads them in :mod:`dq_flower.dq.server.bit_width`.
+
+This module imports PyTorch: :mod:`.train` imports it only where a model is at hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from dq_flower.losses import per_row
+from dq_flower.model_ops import (
+    LossFn,
+    float_dtype,
+    inference,
+    model_input,
+    model_output,
+    resolve_loss,
+    targets_tensor,
+)
+from dq_flower.seeding import Purpose, round_rng
+from dq_flower.wire.dq_batch import DataSpec, range_mode
+from dq_flower.wire.raw_fit import CODED_LOSS_KEY, RAW_LOSS_KEY, ROWS_KEY
+
+__all__ = ["coded_fit", "round_fit"]
+
+#: Rows compared (fewer where the node holds fewer); below :data:`MIN_ROWS` no check
+ROWS, MIN_ROWS = 64, 16
+#: Raw rows read clearly worse: a mean loss over :data:`RATIO` times the codes' (a gap that
+#: matters, half as much loss again) and a paired t of the differences over :data:`T_MIN`
+#: (one-sided, about 1 in 700 under no difference for near-normal differences of 64 rows)
+RATIO, T_MIN = 1.5, 3.0
+#: The widest codes a check is made at (nothing finer to move to)
+TOP_BITS = 8
+
+
+def coded_fit(model: torch.nn.Module, x_flat: np.ndarray, y: np.ndarray,
+              sample_shape: tuple[int, ...], quantizer: Any, loss_fn: LossFn | None,
+              seeds: tuple[int, int, int]) -> dict[str, Any]:
+    """The reply metrics of the check (empty where raw rows do not read clearly worse).
+
+    ``x_flat``: the rows the node may send, flat; ``quantizer``: the round's, as the rows
+    are coded (its ``bits``); ``seeds``: (round seed, round, client) of the draw, a stream
+    of its own (:attr:`Purpose.FIDELITY`) so the reply's other draws are untouched.
+    """
+    n = x_flat.shape[0]
+    if n < MIN_ROWS or int(quantizer.bits) >= TOP_BITS:
+        return {}
+    rng = round_rng(*seeds, Purpose.FIDELITY)
+    idx = np.sort(rng.choice(n, size=min(ROWS, n), replace=False))
+    coded = quantizer.decode(quantizer.encode(x_flat[idx], rng))
+    raw = x_flat[idx].astype(coded.dtype)  # counts, as numbers (int64 would read as ids)
+    shape = (-1, *sample_shape)
+    fn, dev, dtype = resolve_loss(loss_fn), next(model.parameters()).device, float_dtype(model)
+    with inference(model):
+        target = targets_tensor(y[idx], dev)
+        losses = [per_row(fn, model_output(model(model_input(rows.reshape(shape), dev, False,
+                                                                 dtype))), target)
+                  .double().cpu().numpy() for rows in (raw, coded)]
+    if not all(np.isfinite(v).all() for v in losses):
+        return {}
+    diff = losses[0] - losses[1]
+    raw_loss, coded_loss = float(losses[0].mean()), float(losses[1].mean())
+    spread = float(diff.std(ddof=1)) / np.sqrt(diff.size)
+    t = float(diff.mean()) / spread if spread > 0 else 0.0
+    if not (raw_loss > RATIO * coded_loss and t > T_MIN):
+        return {}
+    return {RAW_LOSS_KEY: raw_loss, CODED_LOSS_KEY: coded_loss, ROWS_KEY: int(idx.size)}
+
+
+def round_fit(model: torch.nn.Module, cfg: Any, spec: DataSpec, x_flat: np.ndarray,
+              y: np.ndarray, config: dict[str, Any], key: int,
+              loss_fn: LossFn | None) -> dict[str, Any]:
+    """:func:`coded_fit` of a data round's rows ``(x_flat, y)`` under its knobs ``cfg``.
+
+    Rows coded per sample or per channel only (a table's feature ranges are the node's
+    own state, and its codes are 4 bits at ``bits = 0``); id rows are sent exactly.
+    """
+    mode = range_mode(cfg.ranges, spec.sample_shape, spec.mixed_units)
+    if spec.vocab or spec.target == "inputs" or mode == "feature":
+        return {}
+    seed = int(config.get("round-seed", 0))
+    quantizer = cfg.sample_quantizer(mode, spec.channels, dither_seed=seed,
+                                     sample_shape=spec.sample_shape)
+    return coded_fit(model, x_flat, y, spec.sample_shape, quantizer, loss_fn,
+                     (seed, int(config["server-round"]), key))
