@@ -13,7 +13,7 @@ This module imports PyTorch: :mod:`.train` imports it only where a model is at h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import DataSpec, range_mode
 from dq_flower.wire.raw_fit import CODED_LOSS_KEY, RAW_LOSS_KEY, ROWS_KEY
 
-__all__ = ["coded_fit", "round_fit"]
+__all__ = ["Gap", "coded_fit", "round_fit"]
 
 #: Rows compared (fewer where the node holds fewer); below :data:`MIN_ROWS` no check
 ROWS, MIN_ROWS = 64, 16
@@ -44,10 +44,24 @@ RATIO, T_MIN = 1.5, 3.0
 TOP_BITS = 8
 
 
+class Gap(NamedTuple):
+    """The model's mean losses on the same rows raw and coded, and the paired t."""
+
+    raw: float
+    coded: float
+    rows: int
+    t: float
+
+    @property
+    def clear(self) -> bool:
+        """Raw rows read clearly worse: :data:`RATIO` times the loss and t over :data:`T_MIN`."""
+        return self.raw > RATIO * self.coded and self.t > T_MIN
+
+
 def coded_fit(model: torch.nn.Module, x_flat: np.ndarray, y: np.ndarray,
               sample_shape: tuple[int, ...], quantizer: Any, loss_fn: LossFn | None,
-              seeds: tuple[int, int, int]) -> dict[str, Any]:
-    """The reply metrics of the check (empty where raw rows do not read clearly worse).
+              seeds: tuple[int, int, int]) -> Gap | None:
+    """The model's :class:`Gap` on a seeded sample of ``(x_flat, y)`` (``None``: no check).
 
     ``x_flat``: the rows the node may send, flat; ``quantizer``: the round's, as the rows
     are coded (its ``bits``); ``seeds``: (round seed, round, client) of the draw, a stream
@@ -55,7 +69,7 @@ def coded_fit(model: torch.nn.Module, x_flat: np.ndarray, y: np.ndarray,
     """
     n = x_flat.shape[0]
     if n < MIN_ROWS or int(quantizer.bits) >= TOP_BITS:
-        return {}
+        return None
     rng = round_rng(*seeds, Purpose.FIDELITY)
     idx = np.sort(rng.choice(n, size=min(ROWS, n), replace=False))
     coded = quantizer.decode(quantizer.encode(x_flat[idx], rng))
@@ -68,29 +82,32 @@ def coded_fit(model: torch.nn.Module, x_flat: np.ndarray, y: np.ndarray,
                                                                  dtype))), target)
                   .double().cpu().numpy() for rows in (raw, coded)]
     if not all(np.isfinite(v).all() for v in losses):
-        return {}
+        return None
     diff = losses[0] - losses[1]
-    raw_loss, coded_loss = float(losses[0].mean()), float(losses[1].mean())
     spread = float(diff.std(ddof=1)) / np.sqrt(diff.size)
-    t = float(diff.mean()) / spread if spread > 0 else 0.0
-    if not (raw_loss > RATIO * coded_loss and t > T_MIN):
-        return {}
-    return {RAW_LOSS_KEY: raw_loss, CODED_LOSS_KEY: coded_loss, ROWS_KEY: int(idx.size)}
+    return Gap(float(losses[0].mean()), float(losses[1].mean()), int(idx.size),
+               float(diff.mean()) / spread if spread > 0 else 0.0)
 
 
 def round_fit(model: torch.nn.Module, cfg: Any, spec: DataSpec, x_flat: np.ndarray,
               y: np.ndarray, config: dict[str, Any], key: int,
               loss_fn: LossFn | None) -> dict[str, Any]:
-    """:func:`coded_fit` of a data round's rows ``(x_flat, y)`` under its knobs ``cfg``.
+    """The reply metrics of a data round's check of ``(x_flat, y)`` under its knobs ``cfg``.
 
-    Rows coded per sample or per channel only (a table's feature ranges are the node's
-    own state, and its codes are 4 bits at ``bits = 0``); id rows are sent exactly.
+    Empty where raw rows do not read clearly worse, and before round 2 (the model of round
+    1 is the untrained one). Rows coded per sample or per channel only (a table's feature
+    ranges are the node's own state, and its codes are 4 bits at ``bits = 0``); id rows are
+    sent exactly.
     """
     mode = range_mode(cfg.ranges, spec.sample_shape, spec.mixed_units)
-    if spec.vocab or spec.target == "inputs" or mode == "feature":
+    first = int(config["server-round"]) <= 1
+    if first or spec.vocab or spec.target == "inputs" or mode == "feature":
         return {}
     seed = int(config.get("round-seed", 0))
     quantizer = cfg.sample_quantizer(mode, spec.channels, dither_seed=seed,
                                      sample_shape=spec.sample_shape)
-    return coded_fit(model, x_flat, y, spec.sample_shape, quantizer, loss_fn,
-                     (seed, int(config["server-round"]), key))
+    gap = coded_fit(model, x_flat, y, spec.sample_shape, quantizer, loss_fn,
+                    (seed, int(config["server-round"]), key))
+    if gap is None or not gap.clear:
+        return {}
+    return {RAW_LOSS_KEY: gap.raw, CODED_LOSS_KEY: gap.coded, ROWS_KEY: gap.rows}

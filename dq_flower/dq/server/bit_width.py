@@ -133,8 +133,8 @@ def _figures(fits: list[RawFit], bits: int) -> str:
     rows = sum(f.rows for f in fits)
     raw = sum(f.raw * f.rows for f in fits) / rows
     coded = sum(f.coded * f.rows for f in fits) / rows
-    return (f"the model reads nodes' raw rows worse than their {bits}-bit codes (loss "
-            f"{raw:.3g} vs {coded:.3g} on {rows} rows of {len(fits)} nodes)")
+    return (f"the model reads nodes' raw rows worse than their {bits}-bit codes (the nodes' "
+            f"loss {raw:.3g} vs {coded:.3g} on {rows} rows of {len(fits)} nodes)")
 
 
 def raise_bits(strategy: Any, bits: int) -> None:
