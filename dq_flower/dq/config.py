@@ -167,10 +167,10 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "compensation's control variate uses `importance`"))
     bits: int = knob(0, lambda v: None if 0 <= v <= 8 else f"must be in 0..8, got {v}",
                      client=True, unset="auto", doc=(
-        "bits per data coordinate, 1 to 8; 0 (auto): 4 for flat samples of fewer than "
-        "64 features (a table: each feature carries more of the signal, and d is small), "
-        "where the model reads samples with embeddings 4 or as many as the largest's rows "
-        "take (up to 8), else 2 (see [the bits of a table](#the-bits-of-a-table))"))
+        "bits per data coordinate, 1 to 8; 0 (auto): 4 for flat samples of under 64 features "
+        "(a table), where the model reads samples with embeddings 4 or as many as its "
+        "largest's rows take (up to 8), else 2; doubled where the nodes given the model read "
+        "their raw rows clearly worse ([the bits of a table](#the-bits-of-a-table))"))
     stochastic: bool = knob(False, client=True, doc=(
         "stochastic (unbiased) rounding when true; nearest by default"))
     ranges: str = knob("auto", one_of(RANGE_MODES), client=True, doc=(

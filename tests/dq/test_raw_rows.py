@@ -30,7 +30,7 @@ from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.wire.raw_fit import RAW_LOSS_KEY
 from tests.apps import pump_wear
-from tests.apps.runner import client_train, run_app
+from tests.apps.runner import AppRun, client_train, docs_text, run_app
 
 RAISE = "bits 2 -> 4 from round 3"
 KEPT = "bits stays 2 as set"
@@ -48,17 +48,17 @@ class _Lines(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, tuple[list[float], str]]:
-    """DQ on the pump windows at its defaults and with ``bits = 2`` set: MAEs and log."""
+def runs() -> dict[str, tuple[AppRun, str]]:
+    """FedAvg, and DQ at its defaults and with ``bits = 2`` set, on the pump windows."""
     handler, logger = _Lines(), logging.getLogger("flwr")
     logger.addHandler(handler)
-    out = {}
+    out = {"fedavg": (run_app(pump_wear, "fedavg"), "")}  # first: as in a process of its own
     try:
         for name, knobs in (("auto", {}), ("set", {"bits": 2})):
             handler.lines.clear()
             pump_wear.DQ_KNOBS = knobs
             try:
-                out[name] = (run_app(pump_wear, "dq").scores, "\n".join(handler.lines))
+                out[name] = (run_app(pump_wear, "dq"), "\n".join(handler.lines))
             finally:
                 del pump_wear.DQ_KNOBS
     finally:
@@ -67,18 +67,29 @@ def runs() -> dict[str, tuple[list[float], str]]:
 
 
 def test_bits_auto_rises_once_and_the_raw_windows_read_far_better(runs):
-    scores, text = runs["auto"]
+    run, text = runs["auto"]
     assert text.count(RAISE) == 1, text
     assert "raw rows worse than their 2-bit codes" in text
-    assert scores[-1] < 30.0  # measured 21.4 (FedAvg 30.8)
-    assert scores[-1] < 0.5 * runs["set"][0][-1]  # measured 65.4 without the raise
+    assert run.final < 30.0  # measured 21.4 (FedAvg 30.8)
+    assert run.final < 0.5 * runs["set"][0].final  # measured 65.4 without the raise
 
 
 def test_bits_set_by_the_user_stay_and_the_gap_is_said_once(runs):
-    scores, text = runs["set"]
+    run, text = runs["set"]
     assert RAISE not in text and text.count(KEPT) == 1, text
     assert "a higher `bits` (such as 4)" in text
-    assert scores[-1] > 50.0  # measured 65.4: the user is told, the bits are theirs
+    assert run.final > 50.0  # measured 65.4: the user is told, the bits are theirs
+
+
+def test_the_method_page_quotes_the_pump_runs(runs):
+    (auto, text), (kept, _), (fedavg, _) = runs["auto"], runs["set"], runs["fedavg"]
+    quoted = (f"with `bits = 2` set DQ ends at an MAE of {kept.final:.2f} hours with "
+              f"{kept.up_bytes:,} B of uplink; at `bits` auto it rises to 4 after round 2 and "
+              f"ends at {auto.final:.2f} with {auto.up_bytes:,} B (FedAvg {fedavg.final:.2f} "
+              f"with {fedavg.up_bytes:,} B")
+    assert quoted in docs_text("method.md"), quoted
+    said = next(line for line in text.splitlines() if RAISE in line)
+    assert said.split("round 2: ", 1)[1] in docs_text("method.md"), said
 
 
 def _rounds(strategy, grid, first: int, last: int, config: ConfigRecord) -> list[tuple]:
