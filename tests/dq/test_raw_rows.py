@@ -22,6 +22,7 @@ import dq_flower.dq.client.fidelity as fidelity
 from dq_flower.codecs import PayloadError
 from dq_flower.codecs.bitpack import pack
 from dq_flower.dq.server.bit_width import relaid
+from dq_flower.dq.server.federation import Asked
 from dq_flower.dq.server.store import RowLayout
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
@@ -118,7 +119,7 @@ def test_after_the_raise_replies_at_4_bits_are_taken_and_2_bit_ones_refused():
     assert {m.content.config_records["config"]["bits"] for m in sent} == {4}
     assert len(strategy.store) > stored and all(not m.has_error() for m in replies)
     with pytest.raises(PayloadError, match="expected 4"):  # a round-2 reply, 2 bits
-        strategy.intake.validate_reply(old[1][1][0], 3, lambda src, identity: 10**6)
+        strategy.intake.validate_reply(old[1][1][0], 3, Asked(budget=10**6))
     resumed = _pump_strategy()  # a checkpoint of the raised run resumes at 4 bits
     resumed.load_state_dict(strategy.state_dict())
     assert resumed.cfg.bits == 4 and len(resumed.store) == len(strategy.store)
