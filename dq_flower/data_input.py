@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from dq_flower.input_arrays import is_class_target, nan_as_zero, normalise, to_numpy
+from dq_flower.input_arrays import is_class_target, missing_values, normalise, to_numpy
 from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
@@ -418,7 +418,7 @@ def as_arrays(data: Any, keys: Keys | None = None) -> tuple[np.ndarray, np.ndarr
 
 
 def as_inputs(data: Any, keys: Keys | None = None, one_input: bool = False, masks: bool = True,
-              nan_zero: bool = False) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+              nan: str = "") -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """``(x, y, parts)``: as :func:`as_arrays`, and samples of several inputs flattened.
 
     ``parts`` names each input's layout (``"f5"``: 5 floats, ``"i3"``: 3 integers, ``"f3x4"``:
@@ -427,14 +427,15 @@ def as_inputs(data: Any, keys: Keys | None = None, one_input: bool = False, mask
     than two tensors is ``(x, y, ...)``, the others (sample weights) left out, and a dict's
     ``input_ids`` its only input. ``masks``: a dict's :data:`MASK_KEYS` beside its
     ``input_ids`` are more inputs (unless ``one_input``); other keys than its input and
-    target (an id, a second label) are left out. ``nan_zero``: NaN values read as 0.
+    target (an id, a second label) are left out. ``nan``: NaN values as 0 (``"zero"``), or
+    kept (``"keep"``).
     """
     masks = masks and not one_input
-    key = (id(data), _hashable(keys), one_input, masks, nan_zero)
+    key = (id(data), _hashable(keys), one_input, masks, nan)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is data:
         return hit[1]
-    with nan_as_zero(nan_zero):
+    with missing_values(nan):
         arrays = _convert(data, keys, one_input, masks)
     if one_input and arrays[2]:
         raise ValueError(f"the server's model takes one input, the samples hold "

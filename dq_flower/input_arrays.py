@@ -18,24 +18,38 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_class_target", "normalise", "to_numpy", "nan_as_zero"]
+__all__ = ["is_class_target", "normalise", "to_numpy", "missing_values", "fill_holes"]
 
 _TOLD: set[tuple[Any, ...]] = set()  # warnings given in this process (each said once)
-#: Whether missing values (NaN) of the samples are read as 0 (:func:`nan_as_zero`).
-_NAN_AS_ZERO: ContextVar[bool] = ContextVar("nan_as_zero", default=False)
+#: How missing values (NaN) of the samples are read (:func:`missing_values`).
+_NAN_MODE: ContextVar[str] = ContextVar("nan_mode", default="")
 
 
 @contextmanager
-def nan_as_zero(on: bool) -> Iterator[None]:
-    """Within it (``on``), :func:`normalise` keeps a sample's NaN values as 0, not its row out.
+def missing_values(mode: str) -> Iterator[None]:
+    """Within it, :func:`normalise` keeps NaN values as 0 (``zero``) or NaN (``keep``).
 
-    The server asks so where its model reads NaN as 0 (``torch.nan_to_num(x)`` first).
+    Else (``""``) a row holding one is left out. The server asks so where its model reads
+    NaN as 0 (``torch.nan_to_num(x)`` first), or otherwise but finite (``torch.isnan(x)``
+    beside them: where they are travels too).
     """
-    token = _NAN_AS_ZERO.set(on)
+    token = _NAN_MODE.set(mode)
     try:
         yield
     finally:
-        _NAN_AS_ZERO.reset(token)
+        _NAN_MODE.reset(token)
+
+
+def fill_holes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Flat rows ``x``, each NaN its column's lowest value (or 0), and where they were.
+
+    Where none is: ``x`` itself and ``None``.
+    """
+    holes = np.isnan(x)
+    if not holes.any():
+        return x, None
+    low = np.nan_to_num(np.min(x, axis=0, initial=np.inf, where=~holes), posinf=0.0)
+    return np.where(holes, low.astype(x.dtype), x), holes
 
 
 def is_class_target(y: np.ndarray) -> bool:
@@ -94,9 +108,12 @@ def normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
                          "every node; a category column: frame[col].cat.codes, the same "
                          "categories everywhere)")
     xa = np.ascontiguousarray(xa, dtype=np.float32)
-    if _NAN_AS_ZERO.get() and np.isnan(xa).any():  # as the server's model reads them
-        xa = np.where(np.isnan(xa), np.float32(0), xa)
-    bad = _non_finite(xa)
+    holes = np.isnan(xa) if _NAN_MODE.get() else None  # as the server's model reads them
+    if holes is not None and holes.any():  # NaN as 0, or kept: rows of an infinity left out
+        bad = _non_finite(filled := np.where(holes, np.float32(0), xa))
+        xa = filled if _NAN_MODE.get() == "zero" else xa
+    else:
+        bad = _non_finite(xa)
     several = ya.ndim > 1 and math.prod(ya.shape[1:]) > 1
     if is_class_target(ya) and several:
         ya = _several_labels(ya, what)

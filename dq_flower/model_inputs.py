@@ -20,14 +20,20 @@ import torch
 from torch import nn
 
 from dq_flower.codecs import PayloadError
-from dq_flower.wire.input_parts import INPUT_NAMES_KEY, NAN_ZERO_KEY, ONE_INPUT_KEY, part_layout
+from dq_flower.wire.input_parts import (
+    INPUT_NAMES_KEY,
+    NAN_MASK_KEY,
+    NAN_ZERO_KEY,
+    ONE_INPUT_KEY,
+    part_layout,
+)
 
 if TYPE_CHECKING:
     from dq_flower.wire.dq_batch import DataSpec
 
 __all__ = ["InputSplit", "split_inputs", "HOOK_ATTR", "positional_inputs", "one_input_reason",
            "input_width", "layers", "check_width", "forward_names", "input_asks",
-           "reads_nan_as_zero"]
+           "reads_nan_as_zero", "nan_reading", "keeps_nan", "nan_refusal"]
 
 #: The attribute of a model that holds its :class:`InputSplit` (one a model).
 HOOK_ATTR = "_dq_input_split"
@@ -108,7 +114,9 @@ def input_asks(model: nn.Module, one_input: bool, spec: DataSpec | None = None
     out), else the names of its ``forward``'s several inputs (a dict sample holding them
     gives them by name: ``{"x", "length", "label"}`` for ``forward(x, length)``); and NaN
     values sent as 0 where the model reads them so (:func:`reads_nan_as_zero`) on samples
-    of ``spec``'s shape, else (no spec yet) on rows as wide as its first linear layer.
+    of ``spec``'s shape, else (no spec yet) on rows as wide as its first linear layer; or
+    sent with where they are (``nan-mask``) where it reads them otherwise but finite, on
+    flat samples of a known ``spec`` (:func:`keeps_nan`).
     """
     asked: dict[str, int | str] = {ONE_INPUT_KEY: 1} if one_input else {}
     names = () if one_input else forward_names(model)
@@ -119,22 +127,51 @@ def input_asks(model: nn.Module, one_input: bool, spec: DataSpec | None = None
     else:
         width = None if names else input_width(model)
         shape = None if width is None else (width,)
-    if shape is not None and reads_nan_as_zero(model, shape):
+    reading = "" if shape is None else nan_reading(model, shape)
+    if reading == "zero":
         asked[NAN_ZERO_KEY] = 1
+    elif spec is not None and keeps_nan(model, spec):
+        asked[NAN_MASK_KEY] = 1
     return asked
 
 
-#: :func:`reads_nan_as_zero`'s answers by model and sample shape (the probe runs once).
-_NAN_READ: weakref.WeakKeyDictionary[nn.Module, dict[tuple, bool]] = \
+#: :func:`nan_reading`'s answers by model and sample shape (the probe runs once).
+_NAN_READ: weakref.WeakKeyDictionary[nn.Module, dict[tuple, str]] = \
     weakref.WeakKeyDictionary()
 
 
 def reads_nan_as_zero(model: nn.Module, shape: tuple[int, ...]) -> bool:
-    """Whether ``model`` computes on samples of ``shape`` with NaN values as with 0 there.
+    """Whether ``model`` computes on samples of ``shape`` with NaN values as with 0 there."""
+    return nan_reading(model, shape) == "zero"
+
+
+def keeps_nan(model: nn.Module, spec: DataSpec) -> bool:
+    """Whether rows of ``spec`` keep their NaN values, where they are sent with (``nan-mask``).
+
+    Flat samples of values (one input, not ids) whose model reads NaN otherwise than 0 but
+    gives finite outputs on them (:func:`nan_reading`: ``torch.isnan(x)`` beside its values).
+    """
+    return (len(spec.sample_shape) == 1 and not spec.vocab and not spec.inputs
+            and spec.target != "tokens" and nan_reading(model, spec.sample_shape) == "keep")
+
+
+def nan_refusal(model: nn.Module, spec: DataSpec | None) -> str | None:
+    """Why an upload of ``spec`` may not carry a NaN mask (``None``: it may, :func:`keeps_nan`)."""
+    if spec is None or len(spec.sample_shape) != 1 or spec.vocab or spec.inputs:
+        return f"a NaN mask comes with samples that are not flat values ({spec})"
+    if not keeps_nan(model, spec):
+        return ("a NaN mask the server did not ask for: its model does not read NaN values "
+                "(non-finite outputs), or reads them as 0")
+    return None
+
+
+def nan_reading(model: nn.Module, shape: tuple[int, ...]) -> str:
+    """How ``model`` reads NaN values of samples of ``shape``: ``zero``, ``keep`` or ``""``.
 
     A seeded probe in eval mode: 8 normal samples, a third of their values NaN, against the
-    same with 0 there; finite outputs within float tolerance of each other (a model that
-    starts with ``torch.nan_to_num(x)``, not one that also reads where values are missing).
+    same with 0 there. Finite outputs within float tolerance of each other: ``zero`` (a model
+    that starts with ``torch.nan_to_num(x)``); finite but apart: ``keep`` (one that also
+    reads where values are missing, ``torch.isnan(x)``); else ``""`` (NaN outputs, errors).
     """
     known = _NAN_READ.setdefault(model, {})
     if shape not in known:
@@ -148,11 +185,12 @@ def reads_nan_as_zero(model: nn.Module, shape: tuple[int, ...]) -> bool:
             with torch.no_grad():
                 outs = [model(x.masked_fill(holes, v).to(
                     param.device if param is not None else "cpu")) for v in (math.nan, 0.0)]
-            known[shape] = (all(isinstance(o, torch.Tensor) for o in outs)
-                            and bool(torch.isfinite(outs[0]).all())
-                            and bool(torch.allclose(outs[0], outs[1], atol=1e-5)))
-        except Exception:  # noqa: BLE001 - a model that fails on them reads no NaN as 0
-            known[shape] = False
+            finite = (all(isinstance(o, torch.Tensor) for o in outs)
+                      and bool(torch.isfinite(outs[0]).all()))
+            known[shape] = ("" if not finite else "zero" if torch.allclose(
+                outs[0], outs[1], atol=1e-5) else "keep")
+        except Exception:  # noqa: BLE001 - a model that fails on them reads no NaN
+            known[shape] = ""
         finally:
             model.train(was)
     return known[shape]

@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.payload import raw_array, read_raw
-from dq_flower.wire.input_parts import parts_width
+from dq_flower.wire.input_parts import NAN_KEY, parts_width, read_nan
 from dq_flower.wire.ranges import ranges_from_record, ranges_record
 from dq_flower.wire.targets import travelling_targets
 
@@ -55,8 +55,9 @@ class SampleBatch:
     ids: np.ndarray  # client-local sample ids (int64)
     weights: np.ndarray  # original samples each row stands for (1 / pi_i), float32
     compensation: Payload | None = None  # encoded compensation delta
-    info_nbits: int = 0  # exact bits of labels, ids and weights as sent
+    info_nbits: int = 0  # exact bits of labels, ids, weights and NaN mask as sent
     label_bits: int = 0  # bits per class label as sent (0: float targets)
+    nan: np.ndarray | None = None  # bool (n, dim): where its flat rows hold NaN (as coded: lo)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -156,8 +157,8 @@ def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: i
 
     Records, counts, shape ``(n, dim)``, ``n <= max_samples``, ``bits``, labels below
     ``num_classes`` (``target_shape`` a row; or finite float targets of width ``target_dim``;
-    ``binary``: 0 or 1), unique ids below ``id_upper``, finite positive weights; ``vocab``:
-    ids (not decoded).
+    ``binary``: 0 or 1), unique ids below ``id_upper``, finite positive weights, a NaN mask
+    (:func:`.read_nan`); ``vocab``: ids (not decoded).
     """
     if SAMPLES_KEY not in content.array_records or INFO_KEY not in content.array_records:
         raise PayloadError(f"reply misses {SAMPLES_KEY!r} or {INFO_KEY!r}")
@@ -181,8 +182,9 @@ def decode_batch(content: RecordDict, num_classes: int | None, dim: int, bits: i
     weights = np.broadcast_to(weights, (n,)).astype(np.float32)
     compensation = (Payload.from_record(content.array_records[COMPENSATION_KEY])
                     if COMPENSATION_KEY in content.array_records else None)
-    info_nbits = target_bits + 8 * ids_raw.size + 32 * wn
-    return SampleBatch(samples, targets, ids, weights, compensation, info_nbits, lw)
+    holes, nan_bytes = read_nan(info, n, dim) if NAN_KEY in info else (None, 0)
+    info_nbits = target_bits + 8 * (ids_raw.size + nan_bytes) + 32 * wn
+    return SampleBatch(samples, targets, ids, weights, compensation, info_nbits, lw, holes)
 
 
 def expect_rows(samples: Payload, codec: str, dim: int, max_samples: int,
@@ -268,7 +270,6 @@ def _quantizer(bits: int, per_channel: int, seed: object, method: str, fixed_ran
                 entropy=method, fixed_range=fixed_range)
 
 
-# ---------------------------------------------------------------- the data spec
 #: Record name of the data spec in a reply.
 SPEC_KEY = "data-spec"
 #: Round-config key: the vocabulary of the embedding the server's model reads samples with.

@@ -64,7 +64,7 @@ def test_a_node_asked_so_keeps_its_rows_with_nan_values_as_zero():
     x, y = table(50, 0)
     kept, _, _ = as_inputs((x, y))
     assert kept.shape[0] == int(np.isfinite(x).all(1).sum()) < 50  # left out by default
-    filled, labels, _ = as_inputs((x, y), nan_zero=True)
+    filled, labels, _ = as_inputs((x, y), nan="zero")
     np.testing.assert_array_equal(filled, np.nan_to_num(x))
     assert labels.tolist() == y.tolist()
 

@@ -4,7 +4,8 @@ Under ``compensation-mode="refresh"`` a node keeps the samples payload it sent i
 (``dq-sent-<r>``) and its row ids and weights (``dq-sent-rows-<r>``) in ``Context.state``,
 to recompute residuals later (:func:`sent_rows`); :func:`forget_from` drops what the
 server serves again. :func:`coding_ranges` gives the ranges both the upload and that
-recomputation use (kept once sent); :func:`spec_of`, the spec its rows carry.
+recomputation use (kept once sent); :func:`spec_of`, the spec its rows carry;
+:func:`holes_of` and :func:`send_holes`, where its flat rows hold NaN and how that travels.
 """
 
 from __future__ import annotations
@@ -13,17 +14,26 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context
+from flwr.app import Array, ArrayRecord, Context, RecordDict
 
 from dq_flower.codecs import Payload
 from dq_flower.codecs.affine import denormalise, feature_ranges, log_scales, mixed_scales
-from dq_flower.wire.dq_batch import ID_VOCAB_KEY, DataSpec, payload_quantizer, sensor_window
+from dq_flower.input_arrays import fill_holes
+from dq_flower.wire.dq_batch import (
+    ID_VOCAB_KEY,
+    INFO_KEY,
+    DataSpec,
+    payload_quantizer,
+    raw_array,
+    sensor_window,
+)
+from dq_flower.wire.input_parts import NAN_KEY, nan_bytes, nan_mode
 from dq_flower.wire.targets import binary_targets
 from dq_flower.wire.token_batch import TOKENS_CODEC
 
 __all__ = ["SENT_PREFIX", "SENT_ROWS_PREFIX", "RANGES_STATE", "coding_ranges", "keep_sent",
            "sent_rounds", "sent_rows", "forget_from", "node_ranges", "spec_of",
-           "row_names", "row_hashes"]
+           "row_names", "row_hashes", "holes_of", "send_holes", "with_nan"]
 
 SENT_PREFIX = "dq-sent-"
 SENT_ROWS_PREFIX = "dq-sent-rows-"
@@ -205,3 +215,29 @@ def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,
     return DataSpec(shape, "binary" if binary_targets(y) else "float",
                     int(y.shape[1]) if y.ndim == 2 else 1, vocab, mixed, inputs,
                     y.ndim == 2 and y.shape[1] == 1)
+
+
+def holes_of(config: Mapping[str, Any], x_flat: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Flat rows as coded (:func:`.fill_holes`) and where they hold NaN (``None``: nowhere).
+
+    Only where the round asks for NaN values (``nan-mask``): else no row holds one.
+    """
+    return fill_holes(x_flat) if nan_mode(config) == "keep" else (x_flat, None)
+
+
+def with_nan(x: np.ndarray, holes: np.ndarray | None) -> np.ndarray:
+    """Rows ``x`` with NaN where ``holes`` says, as the model reads them (``None``: as they are)."""
+    return x if holes is None else np.where(holes, np.float32(np.nan), x)
+
+
+def send_holes(content: RecordDict, holes: np.ndarray | None) -> int:
+    """Where an upload's rows hold NaN (bool ``holes``) added to its sample-info; its bits.
+
+    Nothing where no row holds one: such an upload is as it was without the ask.
+    """
+    if holes is None or not holes.any():
+        return 0
+    mask = nan_bytes(holes)
+    content.array_records[INFO_KEY][NAN_KEY] = raw_array(mask)
+    return 8 * int(mask.size)

@@ -39,11 +39,14 @@ from dq_flower.dq.client.selection import select
 from dq_flower.dq.client.sent import (
     coding_ranges,
     forget_from,
+    holes_of,
     keep_sent,
     repeated_rows,
     row_names,
+    send_holes,
     sent_rows,
     spec_of,
+    with_nan,
 )
 from dq_flower.dq.client.tokens import check_token_round, id_vocab, token_upload
 from dq_flower.dq.config import CLIENT_KEYS, DQConfig, auto_bits
@@ -71,7 +74,7 @@ from dq_flower.wire.dq_batch import (
     spec_record,
 )
 from dq_flower.wire.held import VALUE_BOUND_KEY, held_for
-from dq_flower.wire.input_parts import INPUT_NAMES_KEY, NAN_ZERO_KEY, ONE_INPUT_KEY
+from dq_flower.wire.input_parts import INPUT_NAMES_KEY, ONE_INPUT_KEY, nan_mode
 from dq_flower.wire.node_errors import NodeConfigError
 from dq_flower.wire.partition import names_partition
 from dq_flower.wire.targets import LABEL_BASE_KEY, MODEL_OUTPUTS_KEY, model_targets
@@ -232,7 +235,7 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     if keys is None and (names := config.get(INPUT_NAMES_KEY)):  # forward(x, length)
         keys = forward_keys(data, str(names).split(","))  # dicts holding its inputs by name
     x_all, y, inputs = as_inputs(data, keys, one_input,  # several inputs: side by side
-                                 nan_zero=bool(config.get(NAN_ZERO_KEY)))  # as its model
+                                 nan=nan_mode(config))  # NaN values as its model reads them
     if inputs and model is not None:
         from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
 
@@ -282,10 +285,7 @@ def _token_round(msg: Message, context: Context, data: Any, config: dict[str, An
     cfg, candidates, _ = _candidates(config, cfg, key, np.arange(len(windows)), len(windows))
     scores = None
     if scorer != "uniform":  # the rounds that score import PyTorch
-        from dq_flower.dq.client.scoring import (  # PyTorch: deferred
-            received_model,
-            score_windows,
-        )
+        from dq_flower.dq.client.scoring import received_model, score_windows  # deferred
 
         scoring = received_model(msg, model, f"scorer={scorer!r}")
         if scoring is None:
@@ -313,7 +313,7 @@ def _data_round(r: RoundInput) -> Message:
     names, named = row_names(context, r.x, y)  # the ids the server knows the rows by
     cfg, candidates, examples = _candidates(config, r.cfg, r.key, names, named,
                                             repeated_rows(r.x, y))
-    x_flat = r.x.reshape(n, int(np.prod(r.x.shape[1:])))  # -1 cannot size no rows
+    x_flat, holes = holes_of(config, r.x.reshape(n, int(np.prod(r.x.shape[1:]))))  # 0 rows: no -1
     in_bound, y_in = x_flat, y  # the rows its feature ranges cover
     if (bound := config.get(VALUE_BOUND_KEY)) is not None and not spec.vocab:
         within = np.abs(x_flat).max(axis=1, initial=0.0) <= float(bound)  # outliers stay
@@ -323,9 +323,9 @@ def _data_round(r: RoundInput) -> Message:
     chosen = candidates[sel.indices]
     counts = {"num-examples": examples, "candidates": int(candidates.size)}
     if model is not None:  # the server's model at hand: its raw rows against their codes
-        from dq_flower.dq.client.fidelity import round_fit  # PyTorch: deferred
-
-        counts.update(round_fit(model, cfg, spec, in_bound, y_in, config, r.key, r.loss_fn))
+        from dq_flower.dq.client import fidelity  # PyTorch: deferred
+        counts.update(fidelity.round_fit(model, cfg, spec, in_bound, y_in, config, r.key,
+                                          r.loss_fn))
     if not candidates.size and not bool(config.get("refresh", False)):  # every row sent
         return _reply(r, RecordDict(), 0, {**counts, "selected": 0,
                                            CAN_SCORE_KEY: int(r.model is not None)})
@@ -333,15 +333,16 @@ def _data_round(r: RoundInput) -> Message:
 
     coded = (_Coded(None, tokens_payload(x_flat[chosen], spec.vocab), "sample", x_flat[chosen])
              if spec.vocab else _quantize(cfg, spec, x_flat[chosen], in_bound, rng, r))
-    compensation = None
-    if cfg.compensation != "none" and chosen.size:
-        compensation = _coded_residual(r, cfg, _needed(model, "compensation"), coded.xb,
-                                       coded.decoded(), y[chosen], sel.weights, EF_KEY)
+    compensation, sent = None, None if holes is None else holes[chosen]  # its rows' NaN
+    if cfg.compensation != "none" and chosen.size:  # on the rows as the model reads them
+        compensation = _coded_residual(r, cfg, _needed(model, "compensation"), with_nan(
+            coded.xb, sent), with_nan(coded.decoded(), sent), y[chosen], sel.weights, EF_KEY)
     refresh = _refresh(r, cfg, x_flat, model, coded.mode, names)
 
     content, payload_bits = encode_batch(
         coded.samples, None if spec.target == "inputs" else y[chosen], names[chosen],
         represents, num_classes, named, compensation, spec.target == "binary")
+    payload_bits += send_holes(content, sent)  # where its rows hold NaN (asked: nan-mask)
     if refresh is not None:
         content[REFRESH_KEY] = refresh.to_record()
         payload_bits += int(refresh.nbits)

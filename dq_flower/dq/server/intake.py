@@ -26,6 +26,7 @@ from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.disk_store import DiskSampleStore, StoreDiskError
 from dq_flower.dq.server.federation import Asked, ClientIdentities, FederationData, reply_identity
 from dq_flower.dq.server.holdout import choose_holdout
+from dq_flower.dq.server.nan_rows import NanRowLayout
 from dq_flower.dq.server.near_copies import CopyScreen
 from dq_flower.dq.server.planner import UploadPlanner, first_estimates
 from dq_flower.dq.server.round_metrics import spec_text
@@ -46,7 +47,7 @@ from dq_flower.dq.server.validation import (
 )
 from dq_flower.losses import follow_targets
 from dq_flower.model_check import check_model, placeholder_rows
-from dq_flower.model_inputs import one_input_reason
+from dq_flower.model_inputs import keeps_nan, nan_refusal, one_input_reason
 from dq_flower.model_ops import LossFn, output_width
 from dq_flower.server.common import log_rejected, log_round
 from dq_flower.server.pipeline import bound_vectors
@@ -106,7 +107,8 @@ class UploadIntake:
         id_rows = tokens or spec.vocab > 0  # id samples too
         mode = "sample" if id_rows else range_mode(cfg.ranges, spec.sample_shape, spec.mixed_units)
         groups = spec.channels if mode == "channel" else 1
-        layout = layout_of(spec) if id_rows else RowLayout(
+        layout = layout_of(spec) if id_rows else (  # rows keeping NaN: where, beside them
+            NanRowLayout if keeps_nan(self.model, spec) else RowLayout)(
             spec.dim, cfg.bits, max(groups, 1), fixed=mode == "feature")
         limits: dict[str, Any] = {"max_samples": cfg.max_store_samples,
                                   "eviction": cfg.store_eviction, "seed": self.seed}
@@ -174,6 +176,8 @@ class UploadIntake:
             if isinstance(exc, OverBoundError):
                 self.data.ask_within_bound(src)
             raise
+        if upload.batch.nan is not None and (why := nan_refusal(self.model, upload.spec)):
+            raise PayloadError(why)  # a NaN mask where no row may keep its NaN values
         self.identities.claim(server_round, src, identity)
         if upload.resent:  # rows the server already held: dropped
             self.data.count_duplicates(upload.resent)
@@ -327,6 +331,8 @@ class UploadIntake:
         """The batch's rows (``samples``: as checked) in the store's layout, kept rows only."""
         assert self.data.layout is not None
         codes, side, dither = self.data.layout.rows(batch.samples if samples is None else samples)
+        if isinstance(self.data.layout, NanRowLayout):  # where each row holds NaN, after it
+            codes = self.data.layout.with_holes(codes, batch.nan)
         kept = kept_rows(batch)  # a reply whose rows the server already held lost those
         return (codes, side, dither) if kept is None else (codes[kept], side[kept], dither[kept])
 
