@@ -176,8 +176,8 @@ class UploadIntake:
             if isinstance(exc, OverBoundError):
                 self.data.ask_within_bound(src)
             raise
-        if upload.batch.nan is not None and (why := nan_refusal(self.model, upload.spec)):
-            raise PayloadError(why)  # a NaN mask where no row may keep its NaN values
+        if upload.batch.nan is not None and (refusal := nan_refusal(self.model, upload.spec)):
+            raise PayloadError(refusal)  # a NaN mask where no row may keep its NaN values
         self.identities.claim(server_round, src, identity)
         if upload.resent:  # rows the server already held: dropped
             self.data.count_duplicates(upload.resent)
