@@ -11,16 +11,20 @@ cannot tell a faulty device from a hostile one.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import torch
 
-from dq_flower.dq.server.plateau import HeldOutScores
+from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult
 from dq_flower.server.common import log_round
 
-__all__ = ["AgreementScreen", "NodeVerdict", "excess", "Z_ROBUST", "MIN_ROWS", "MIN_NODES"]
+__all__ = ["AgreementScreen", "NodeVerdict", "excess", "rerun_phase", "Z_ROBUST", "MIN_ROWS",
+           "MIN_NODES"]
 
 #: Robust standard deviations (1.4826 MAD over the clients) a client's excess must exceed.
 Z_ROBUST = 4.0
@@ -181,3 +185,42 @@ class AgreementScreen:
         self.excluded = {int(n): str(r) for n, r in state.get("excluded", {}).items()}
         self.reviews = [dict(r) for r in state.get("reviews", [])]
         self.cleared = {int(n): float(r) for n, r in state.get("cleared", {}).items()}
+
+
+class Screened(Protocol):
+    """What :func:`rerun_phase` uses of the server's trainer (:class:`~.training.ServerTrainer`)."""
+
+    data: FederationData
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    screen: AgreementScreen
+
+    def run_phase(self, train_rows: int, rng: np.random.Generator,  # noqa: D102
+                  queued: list[tuple[float, np.ndarray]]) -> PhaseResult: ...
+
+
+def rerun_phase(trainer: Screened, server_round: int, phase: PhaseResult,
+                start: dict[str, torch.Tensor], excluded: set[int],
+                rng: np.random.Generator) -> PhaseResult:
+    """A client excluded or restored: ``trainer``'s phase again from its start, without it.
+
+    Float targets, clients only excluded: the exclusion stands where it helped the others.
+    """
+    store, screen, model = trainer.data.store, trainer.screen, trainer.model
+    assert store is not None and phase.final is not None
+    new = set(screen.excluded) - excluded
+    check = bool(new) and excluded <= set(screen.excluded) and phase.final.correct is None
+    kept = ((copy.deepcopy(model.state_dict()),
+             copy.deepcopy(trainer.optimizer.state_dict()), phase) if check else None)
+    model.load_state_dict(start)
+    model.train()
+    steps = phase.steps
+    phase = trainer.run_phase(store.num_train, rng, [])
+    phase.steps += steps
+    if kept is not None and kept[2].final is not None and phase.final is not None \
+            and not screen.confirm(server_round, new, kept[2].final, phase.final):
+        model.load_state_dict(kept[0])
+        trainer.optimizer.load_state_dict(kept[1])
+        total, phase = phase.steps, kept[2]
+        phase.steps = total
+    return phase

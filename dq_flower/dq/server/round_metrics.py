@@ -153,6 +153,9 @@ class RoundMetrics:
             "schedule-done": (0 if not schedule.done
                               else 2 if schedule.reason == "exhausted" else 1),
         }
+        idle = phase is not None and self.trainer.idle.ran  # a phase on the unchanged store
+        if idle:  # 1: its model kept; 0: no better beyond noise (none until new rows train)
+            out["idle-kept"] = int(self.trainer.idle.kept)
         if phase is not None and phase.diverged:  # steps undone as they went non-finite
             out["server-diverged"] = phase.diverged
         if schedule.done and schedule.probe_after:  # data rounds before the next probe
@@ -161,7 +164,7 @@ class RoundMetrics:
             out["holdout-loss"] = float(phase.final.loss.mean())
             if phase.final.correct is not None:
                 out["holdout-acc"] = float(phase.final.correct.mean())
-        point = schedule.curve[-1] if phase is not None and schedule.curve else {}
+        point = schedule.curve[-1] if phase is not None and not idle and schedule.curve else {}
         if "gain" in point:
             out["upload-gain"] = float(point["gain"])
             out["upload-gain-stderr"] = float(point["stderr"])
@@ -175,7 +178,8 @@ def schedule_text(metrics: dict[str, Any], all_rows: bool = False) -> str:
     """
     if "next-ask" not in metrics:
         return ""
-    text = f", {metrics['server-steps']} server steps"
+    text = f", {metrics['server-steps']} server steps" + (
+        " on the rows stored" if "idle-kept" in metrics else "")
     if n := metrics.get("server-diverged"):
         text += (f" ({n} run{'s' if n != 1 else ''} of steps went non-finite: undone, the "
                  "step size cut tenfold each time)")
@@ -183,6 +187,9 @@ def schedule_text(metrics: dict[str, Any], all_rows: bool = False) -> str:
         text += f", held-out accuracy {float(metrics['holdout-acc']):.4f}"
     if "upload-gain" in metrics and metrics.get("holdout-rows"):  # none: no comparison
         text += f", gain {float(metrics['upload-gain']):+.4f}"
+    if metrics.get("idle-kept") == 0:
+        text += (" (no better than the model before beyond noise: that one is kept, and rounds"
+                 " train no more until new rows come)")
     if metrics.get("reverted"):
         text += (" (worse on the held-out rows beyond its uncertainty: the previous model is"
                  " kept)")

@@ -10,7 +10,6 @@ runs in spawned workers (:mod:`.processes`).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -22,8 +21,9 @@ from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
 from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import FederationData
+from dq_flower.dq.server.idle_rounds import IdleRounds
 from dq_flower.dq.server.input_scale import InputScale, tracked_statistics
-from dq_flower.dq.server.node_screen import AgreementScreen
+from dq_flower.dq.server.node_screen import AgreementScreen, rerun_phase
 from dq_flower.dq.server.optimizer_choice import (
     AUTO,
     Continuation,
@@ -85,6 +85,7 @@ class ServerTrainer:
         self.rolled_back = 0
         #: clients whose held-out rows disagree with the others' (adaptive schedule)
         self.screen = AgreementScreen(cfg.screen_margin)
+        self.idle = IdleRounds()  # rounds whose new rows train no phase
         #: the store steps' minibatch gradient (a worker's share in ``distributed``)
         self.batch_gradient: BatchGradient = weighted_loss_grad
         if cfg.server_processes > 1:  # what the worker processes get must pickle
@@ -303,11 +304,14 @@ class ServerTrainer:
         worse new model is dropped for the previous one.
         """
         assert self.schedule is not None
-        self.last_phase = None
+        self.last_phase, self.reverted = None, False
         store = self.data.store
         compensated = any(u.delta is not None for u in fresh)  # a step however few rows
-        if store is None or store.num_train == 0 or not (compensated or self.schedule.grew_enough(
-                sum(len(u.batch) for u in fresh), len(store))):  # a full store still changes
+        if store is None or store.num_train == 0:
+            return float("nan")
+        grew = compensated or self.schedule.grew_enough(  # a full store still changes
+            sum(len(u.batch) for u in fresh), len(store))
+        if not (grew or self.idle.due()):  # idle: see .idle_rounds
             return float("nan")
         rng = self.batch_rng(server_round)
         # the compensated step on the fresh rows, queued (only with compensations)
@@ -318,11 +322,16 @@ class ServerTrainer:
         self.model.train()
         phase = self.run_phase(store.num_train, rng, first, resume=probe)
         excluded = set(self.screen.excluded)
-        if self.screen.review(server_round, self.score_holdout(everyone=True)):
-            phase = self.rerun_phase(server_round, phase, start, excluded, rng)
+        if grew and self.screen.review(server_round, self.score_holdout(everyone=True)):
+            phase = rerun_phase(self, server_round, phase, start, excluded, rng)
         self.last_phase = phase
         assert phase.final is not None and phase.initial is not None
-        gain, self.reverted = None, False
+        if not grew:
+            self.idle.judge(phase, self.model, start, self.plateau.evidence)
+            self.node_fit = phase.final.node_loss()
+            return _mean(phase.losses)
+        self.idle.grown()
+        gain = None
         if stored_before > 0:
             gain = paired_gain(phase.initial, phase.final)
             if significantly_worse(gain):
@@ -338,33 +347,6 @@ class ServerTrainer:
             self.schedule.after_upload(stored_before, self.data.stored, gain)
         self.node_fit = (phase.initial if self.reverted else phase.final).node_loss()
         return _mean(phase.losses)
-
-    def rerun_phase(self, server_round: int, phase: PhaseResult,
-                    start: dict[str, torch.Tensor], excluded: set[int],
-                    rng: np.random.Generator) -> PhaseResult:
-        """A client excluded or restored: the phase again from its start, without it.
-
-        Float targets, clients only excluded: the exclusion stands where it helped the others.
-        """
-        store = self.data.store
-        assert store is not None and phase.final is not None
-        new = set(self.screen.excluded) - excluded
-        check = bool(new) and excluded <= set(self.screen.excluded) \
-            and phase.final.correct is None
-        kept = ((copy.deepcopy(self.model.state_dict()),
-                 copy.deepcopy(self.optimizer.state_dict()), phase) if check else None)
-        self.model.load_state_dict(start)
-        self.model.train()
-        steps = phase.steps
-        phase = self.run_phase(store.num_train, rng, [])
-        phase.steps += steps
-        if kept is not None and kept[2].final is not None and phase.final is not None \
-                and not self.screen.confirm(server_round, new, kept[2].final, phase.final):
-            self.model.load_state_dict(kept[0])
-            self.optimizer.load_state_dict(kept[1])
-            total, phase = phase.steps, kept[2]
-            phase.steps = total
-        return phase
 
     def run_phase(self, train_rows: int, rng: np.random.Generator,
                   queued: list[tuple[float, np.ndarray]],
@@ -417,7 +399,7 @@ class ServerTrainer:
         """The schedule, the per-node fit of the last phase and the rollback count."""
         return {"schedule": None if self.schedule is None else self.schedule.state(),
                 "node_fit": dict(self.node_fit), "rolled_back": self.rolled_back,
-                "node_screen": self.screen.state(),
+                "node_screen": self.screen.state(), "idle": self.idle.state(),
                 "optimizer_choice": None if self.choice is None else self.choice.state(),
                 "lr": self.lr, "lr_given": self.lr_given, "input_scale": self.input_scale.state(),
                 "output_scale": self.output_scale.state()}
@@ -437,6 +419,7 @@ class ServerTrainer:
             self.schedule.load_state(state["schedule"])
         self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
         self.screen.load_state(state.get("node_screen"))
+        self.idle.load_state(state.get("idle"))
         self.input_scale.load_state(state.get("input_scale"))
         self.output_scale.load_state(state.get("output_scale"))
 
