@@ -275,8 +275,8 @@ class DQStrategy(ModelStrategy, Strategy):
 
     @property
     def finished(self) -> bool:
-        """No more asks: every node exhausted, or the curve flat with ``probe-after`` 0."""
-        return self.trainer.schedule is not None and self.trainer.schedule.finished
+        """No more asks (exhausted or flat, ``probe-after`` 0) nor phases on the rows stored."""
+        return self.trainer.finished
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -376,6 +376,11 @@ class ServerTrainer:
         return losses + self.store_steps(0, count - len(losses), rng, augment, sharded=False)
 
     @property
+    def finished(self) -> bool:
+        """No more asks (exhausted or flat, ``probe-after`` 0) nor phases on the rows stored."""
+        return self.schedule is not None and self.schedule.finished and self.idle.spent
+
+    @property
     def excluded(self) -> frozenset[int]:
         """Clients the agreement screen excluded: not trained on, nor scored, nor asked."""
         return frozenset(self.screen.excluded)
