@@ -55,9 +55,11 @@ def test_rounds_after_the_curve_is_flat_cost_no_uplink():
                               **_KNOBS)
     rows = [r for r in result.history if r["round"] >= 1]
     # half the accuracy per doubling is never reached: the second comparison (the third
-    # upload) shows the curve flat, and without probes the run ends there
-    assert [r["schedule_done"] for r in rows] == [0, 0, 1]
+    # upload) shows the curve flat; a phase on the store it has makes no progress in the
+    # next round, and without probes the run ends there
+    assert [r["schedule_done"] for r in rows] == [0, 0, 1, 1]
     assert rows[-1]["ended_early"] and rows[-1]["next_ask"] == 0
+    assert rows[-1]["idle_kept"] == 0 and rows[-1]["up_bytes"] == 0
 
 
 def test_a_flat_curve_is_probed_and_rounds_between_probes_cost_no_uplink():
@@ -71,10 +73,11 @@ def test_a_flat_curve_is_probed_and_rounds_between_probes_cost_no_uplink():
     assert rows[3]["selected"] == math.ceil(0.1 * rows[2]["stored"] - 1e-9)
     assert all(r["up_bytes"] == 0 for r, up in zip(rows, uploads, strict=True) if not up)
     assert not rows[-1].get("ended_early")
-    # a round that trained nothing reports no training loss (not a NaN one)
-    assert all("train_loss" not in r for r, up in zip(rows, uploads, strict=True) if not up)
-    assert all(math.isfinite(r["train_loss"]) for r, up in zip(rows, uploads, strict=True)
-               if up)
+    # a round that trained nothing reports no training loss (not a NaN one); a round
+    # without uploads trains on the store until a phase there makes no progress
+    assert all("train_loss" not in r for r in rows if not r["server_steps"])
+    assert all(math.isfinite(r["train_loss"]) for r in rows if r["server_steps"])
+    assert [r["server_steps"] > 0 for r in rows] == [True] * 7 + [False]
 
 
 def test_the_held_out_rows_are_never_trained_on(monkeypatch):
