@@ -57,11 +57,13 @@ def test_a_phase_that_lowers_the_loss_but_gets_fewer_rows_right_is_not_kept():
         model.weight.add_(1.0)
     idle = IdleRounds()
     phase = PhaseResult(initial=_scores(162, 0.50), final=_scores(160, 0.40))
-    idle.judge(phase, model, start, evidence=1.0)
+    idle.judge(phase, model, start, evidence=1.0, stored=1000)
     assert not idle.kept and idle.spent and phase.final is phase.initial
     assert torch.equal(model.weight, start["weight"])
-    idle.grown()  # new rows trained a phase: idle rounds may train again
+    idle.grown(1099, 1.1)  # phases on new rows: the store a tenth larger, not before
+    assert not idle.due()
+    idle.grown(1100, 1.1)
     assert idle.due()
     phase = PhaseResult(initial=_scores(162, 0.50), final=_scores(175, 0.45))
-    idle.judge(phase, model, start, evidence=1.0)
+    idle.judge(phase, model, start, evidence=1.0, stored=1100)
     assert idle.kept and not idle.spent

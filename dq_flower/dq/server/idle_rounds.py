@@ -5,8 +5,10 @@ grew_enough`), runs a fresh plateau phase on the store from the kept model (its 
 patience judges whether it helps). Its best model is kept only where it beats the kept one
 on the held-out rows beyond their noise (:func:`~.plateau.beyond_noise`, as a phase's
 progress is judged); else the kept model stays, and the rounds after train nothing until
-new rows train a phase (a phase on the unchanged store made no progress: the next one
-would start where it did).
+phases on new rows have grown the store by the schedule's least ask (``min_growth``, a
+tenth) since: a phase on the store as it was made no progress, and one on a store a few
+rows larger would start where it did (a stream of 5 rows a round on 910 re-ran one after
+every phase on new rows, 350 to 500 steps each).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ __all__ = ["IdleRounds"]
 class IdleRounds:
     """Whether a round without new rows trains, and what its phase did."""
 
-    #: a phase on the unchanged store made no progress: no more until new rows train one
+    #: a phase on the unchanged store made no progress: no more until the store grows
     spent: bool = False
+    #: the store's rows when that phase ran
+    spent_at: int = 0
     #: the round's phase ran on the unchanged store
     ran: bool = False
     #: and its model was kept (it beat the model before beyond noise)
@@ -37,12 +41,17 @@ class IdleRounds:
         self.ran = not self.spent
         return self.ran
 
-    def grown(self) -> None:
-        """New rows trained a phase: the store changed, and so may what it can give."""
-        self.spent = self.ran = False
+    def grown(self, stored: int, growth: float) -> None:
+        """New rows trained a phase (the store now ``stored`` rows).
+
+        Idle phases may pay again once the store is ``growth`` times that of the last that
+        did not.
+        """
+        self.ran = False
+        self.spent = self.spent and stored < growth * self.spent_at
 
     def judge(self, phase: PhaseResult, model: torch.nn.Module,
-              start: dict[str, torch.Tensor], evidence: float) -> None:
+              start: dict[str, torch.Tensor], evidence: float, stored: int) -> None:
         """Keep the phase's model where it beats ``start`` beyond noise, else restore ``start``.
 
         The phase's ``final`` scores become those of the model kept.
@@ -53,12 +62,13 @@ class IdleRounds:
         if not self.kept:
             model.load_state_dict(start)
             phase.final = phase.initial
-        self.spent = not self.kept
+        self.spent, self.spent_at = not self.kept, stored
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps."""
-        return {"spent": self.spent}
+        return {"spent": self.spent, "spent_at": self.spent_at}
 
     def load_state(self, state: dict[str, Any] | None) -> None:
         """Inverse of :meth:`state` (``None``: a checkpoint from before idle rounds trained)."""
         self.spent = bool((state or {}).get("spent", False))
+        self.spent_at = int((state or {}).get("spent_at", 0))

@@ -327,10 +327,10 @@ class ServerTrainer:
         self.last_phase = phase
         assert phase.final is not None and phase.initial is not None
         if not grew:
-            self.idle.judge(phase, self.model, start, self.plateau.evidence)
+            self.idle.judge(phase, self.model, start, self.plateau.evidence, len(store))
             self.node_fit = phase.final.node_loss()
             return _mean(phase.losses)
-        self.idle.grown()
+        self.idle.grown(len(store), self.schedule.min_growth)
         gain = None
         if stored_before > 0:
             gain = paired_gain(phase.initial, phase.final)
