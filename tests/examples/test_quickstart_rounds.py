@@ -26,7 +26,9 @@ def test_every_row_stored_by_round_2_then_one_probe_in_round_5(caplog):
     assert [row["round"] for row in rows] == [0, 1, 2, 3, 4, 5]
     assert [row.get("replies") for row in rows[1:]] == [4, 4, 0, 0, 1]
     assert rows[5]["selected"] == 0 and rows[5]["up_bytes"] > 0
-    assert rows[5]["accuracy"] == rows[2]["accuracy"]  # nothing new: no training
+    # nothing new: round 3 trains on the rows stored, round 4 finds no more, none after
+    assert rows[5]["accuracy"] == rows[3]["accuracy"] > rows[2]["accuracy"]
+    assert [row["server_steps"] > 0 for row in rows[1:]] == [True] * 4 + [False]
     # the README prints this history (examples/quickstart.py in Flower's simulation engine,
     # which tests/test_install.py runs with -m slow): the in-process grid gives the same
     block = next(b for b in ALL_BLOCKS if b.path == "README.md"
@@ -37,13 +39,14 @@ def test_every_row_stored_by_round_2_then_one_probe_in_round_5(caplog):
 
 
 def test_a_run_that_ends_early_says_so_in_its_log(caplog):
-    # every row stored by round 2, so round 3 asks for nothing and, without probes, the
-    # run stops two rounds short of rounds=5
+    # every row stored by round 2, so round 3 asks for nothing and trains on the rows
+    # stored, round 4 finds no more there and, without probes, the run stops one round
+    # short of rounds=5
     with caplog.at_level(logging.INFO, logger="flwr"):
         result, _ = run_inprocess(**QUICKSTART, probe_after=0)
-    assert [row["round"] for row in result.history] == [0, 1, 2, 3]
+    assert [row["round"] for row in result.history] == [0, 1, 2, 3, 4]
     said = [r.getMessage() for r in caplog.records if "ended early" in r.getMessage()]
-    assert said == ["[dq] ended early after round 3: the adaptive upload schedule stopped "
+    assert said == ["[dq] ended early after round 4: the adaptive upload schedule stopped "
                     "asking and the server's training reached its plateau"], said
 
 
