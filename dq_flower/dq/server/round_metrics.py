@@ -160,10 +160,11 @@ class RoundMetrics:
             out["server-diverged"] = phase.diverged
         if schedule.done and schedule.probe_after:  # data rounds before the next probe
             out["probe-in"] = max(int(schedule.probe_in), 1)
-        if phase is not None and phase.final is not None and phase.final.loss.size:
-            out["holdout-loss"] = float(phase.final.loss.mean())
-            if phase.final.correct is not None:
-                out["holdout-acc"] = float(phase.final.correct.mean())
+        kept = None if phase is None else phase.initial if self.trainer.reverted else phase.final
+        if kept is not None and kept.loss.size:  # the held-out scores of the model kept
+            out["holdout-loss"] = float(kept.loss.mean())
+            if kept.correct is not None:
+                out["holdout-acc"] = float(kept.correct.mean())
         point = schedule.curve[-1] if phase is not None and not idle and schedule.curve else {}
         if "gain" in point:
             out["upload-gain"] = float(point["gain"])
