@@ -11,9 +11,12 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["RAW_LOSS_KEY", "CODED_LOSS_KEY", "ROWS_KEY", "RawFit", "raw_fit"]
+__all__ = ["RAW_LOSS_KEY", "CODED_LOSS_KEY", "ROWS_KEY", "ROWS_COMPARED", "RawFit", "raw_fit"]
 
 RAW_LOSS_KEY, CODED_LOSS_KEY, ROWS_KEY = "raw-rows-loss", "coded-rows-loss", "rows-compared"
+#: The most rows a node compares: a report of more is refused (one node's count would
+#: otherwise outweigh the others' in the pooled figures the server says)
+ROWS_COMPARED = 64
 
 
 class RawFit(NamedTuple):
@@ -25,7 +28,7 @@ class RawFit(NamedTuple):
 
 
 def raw_fit(metrics: Mapping[str, Any] | None) -> RawFit | None:
-    """The report a reply's metrics carry (``None``: none, or not three finite figures)."""
+    """The report a reply's metrics carry (``None``: none, or not three sound figures)."""
     if metrics is None or RAW_LOSS_KEY not in metrics:
         return None
     try:
@@ -33,5 +36,5 @@ def raw_fit(metrics: Mapping[str, Any] | None) -> RawFit | None:
                      int(metrics[ROWS_KEY]))
     except (KeyError, TypeError, ValueError):
         return None
-    ok = math.isfinite(fit.raw) and math.isfinite(fit.coded) and fit.rows > 0
+    ok = math.isfinite(fit.raw) and math.isfinite(fit.coded) and 0 < fit.rows <= ROWS_COMPARED
     return fit if ok and fit.raw >= 0 and fit.coded >= 0 else None

@@ -164,3 +164,12 @@ def test_on_digits_the_check_runs_and_stays_silent(monkeypatch):
     assert not any(RAW_LOSS_KEY in m.content.metric_records["metrics"]
                    for _, replies in rounds for m in replies)
     assert strategy.cfg.bits == 2
+
+
+def test_a_report_of_more_rows_than_a_node_compares_is_refused():
+    from dq_flower.wire.raw_fit import CODED_LOSS_KEY, ROWS_COMPARED, ROWS_KEY, raw_fit
+
+    sound = {RAW_LOSS_KEY: 9.0, CODED_LOSS_KEY: 2.0, ROWS_KEY: ROWS_COMPARED}
+    assert raw_fit(sound) == (9.0, 2.0, ROWS_COMPARED)
+    assert raw_fit({**sound, ROWS_KEY: 10**9}) is None  # would outweigh every other node
+    assert raw_fit({**sound, RAW_LOSS_KEY: float("nan")}) is None

@@ -30,12 +30,12 @@ from dq_flower.model_ops import (
 )
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import DataSpec, range_mode
-from dq_flower.wire.raw_fit import CODED_LOSS_KEY, RAW_LOSS_KEY, ROWS_KEY
+from dq_flower.wire.raw_fit import CODED_LOSS_KEY, RAW_LOSS_KEY, ROWS_COMPARED, ROWS_KEY
 
 __all__ = ["Gap", "coded_fit", "round_fit"]
 
 #: Rows compared (fewer where the node holds fewer); below :data:`MIN_ROWS` no check
-ROWS, MIN_ROWS = 64, 16
+ROWS, MIN_ROWS = ROWS_COMPARED, 16
 #: Raw rows read clearly worse: a mean loss over :data:`RATIO` times the codes' (a gap that
 #: matters, half as much loss again) and a paired t of the differences over :data:`T_MIN`
 #: (one-sided, about 1 in 700 under no difference for near-normal differences of 64 rows)
