@@ -28,14 +28,13 @@ __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRE
            "payload_quantizer", "range_mode", "ranges_record", "ranges_from_record", "SPEC_KEY",
            "DataSpec", "spec_record", "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY",
            "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply",
-           "as_float_targets"]
+           "as_float_targets", "REFERENCE_KEY", "REFERENCE_INFO_KEY"]
 
-SAMPLES_KEY = "samples"
-INFO_KEY = "sample-info"
-COMPENSATION_KEY = "compensation"
+SAMPLES_KEY, INFO_KEY, COMPENSATION_KEY = "samples", "sample-info", "compensation"
 GRADIENT_KEY = "gradient"  # a gradient round's reply
 REFRESH_KEY = "refresh"  # a refreshed residual (compensation-mode refresh)
 RANGES_KEY = "feature-ranges"  # a client's per-feature ranges (.ranges)
+REFERENCE_KEY, REFERENCE_INFO_KEY = "reference-rows", "reference-rows-info"  # .reference_rows
 
 
 def width_for(upper: int) -> int:
@@ -404,7 +403,8 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
                num_classes: int | None, max_samples: int, id_upper: int) -> DataReply:
     """A reply's records checked (sizes first), not decoded; ``known``: the spec it carries."""
     if extra := set(content.array_records) - {SAMPLES_KEY, INFO_KEY, COMPENSATION_KEY,
-                                              REFRESH_KEY, RANGES_KEY}:
+                                              REFRESH_KEY, RANGES_KEY, REFERENCE_KEY,
+                                              REFERENCE_INFO_KEY}:
         raise PayloadError(f"reply carries {len(extra)} unknown records: {min(extra)[:40]!r}...")
     sent, spec = _specs(content, known)
     if spec.target == "tokens":

@@ -13,49 +13,23 @@ This module imports PyTorch: :mod:`.train` imports it only where a model is at h
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
-from dq_flower.losses import per_row
-from dq_flower.model_ops import (
-    LossFn,
-    float_dtype,
-    inference,
-    model_input,
-    model_output,
-    resolve_loss,
-    targets_tensor,
-)
+from dq_flower.dq.raw_gap import RATIO, T_MIN, Gap, paired, row_losses
+from dq_flower.model_ops import LossFn
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.wire.dq_batch import DataSpec, range_mode
 from dq_flower.wire.raw_fit import CODED_LOSS_KEY, RAW_LOSS_KEY, ROWS_COMPARED, ROWS_KEY
 
-__all__ = ["Gap", "coded_fit", "round_fit"]
+__all__ = ["Gap", "RATIO", "T_MIN", "coded_fit", "round_fit"]
 
 #: Rows compared (fewer where the node holds fewer); below :data:`MIN_ROWS` no check
 ROWS, MIN_ROWS = ROWS_COMPARED, 16
-#: Raw rows read clearly worse: a mean loss over :data:`RATIO` times the codes' (a gap that
-#: matters, half as much loss again) and a paired t of the differences over :data:`T_MIN`
-#: (one-sided, about 1 in 700 under no difference for near-normal differences of 64 rows)
-RATIO, T_MIN = 1.5, 3.0
 #: The widest codes a check is made at (nothing finer to move to)
 TOP_BITS = 8
-
-
-class Gap(NamedTuple):
-    """The model's mean losses on the same rows raw and coded, and the paired t."""
-
-    raw: float
-    coded: float
-    rows: int
-    t: float
-
-    @property
-    def clear(self) -> bool:
-        """Raw rows read clearly worse: :data:`RATIO` times the loss and t over :data:`T_MIN`."""
-        return self.raw > RATIO * self.coded and self.t > T_MIN
 
 
 def coded_fit(model: torch.nn.Module, x_flat: np.ndarray, y: np.ndarray,
@@ -74,19 +48,8 @@ def coded_fit(model: torch.nn.Module, x_flat: np.ndarray, y: np.ndarray,
     idx = np.sort(rng.choice(n, size=min(ROWS, n), replace=False))
     coded = quantizer.decode(quantizer.encode(x_flat[idx], rng))
     raw = x_flat[idx].astype(coded.dtype)  # counts, as numbers (int64 would read as ids)
-    shape = (-1, *sample_shape)
-    fn, dev, dtype = resolve_loss(loss_fn), next(model.parameters()).device, float_dtype(model)
-    with inference(model):
-        target = targets_tensor(y[idx], dev)
-        losses = [per_row(fn, model_output(model(model_input(rows.reshape(shape), dev, False,
-                                                                 dtype))), target)
-                  .double().cpu().numpy() for rows in (raw, coded)]
-    if not all(np.isfinite(v).all() for v in losses):
-        return None
-    diff = losses[0] - losses[1]
-    spread = float(diff.std(ddof=1)) / np.sqrt(diff.size)
-    return Gap(float(losses[0].mean()), float(losses[1].mean()), int(idx.size),
-               float(diff.mean()) / spread if spread > 0 else 0.0)
+    losses = row_losses(model, (raw, coded), y[idx], sample_shape, loss_fn)
+    return None if losses is None else paired(*losses)
 
 
 def round_fit(model: torch.nn.Module, cfg: Any, spec: DataSpec, x_flat: np.ndarray,

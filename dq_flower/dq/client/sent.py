@@ -4,8 +4,9 @@ Under ``compensation-mode="refresh"`` a node keeps the samples payload it sent i
 (``dq-sent-<r>``) and its row ids and weights (``dq-sent-rows-<r>``) in ``Context.state``,
 to recompute residuals later (:func:`sent_rows`); :func:`forget_from` drops what the
 server serves again. :func:`coding_ranges` gives the ranges both the upload and that
-recomputation use (kept once sent); :func:`spec_of`, the spec its rows carry;
-:func:`holes_of` and :func:`send_holes`, where its flat rows hold NaN and how that travels.
+recomputation use (kept once sent); :func:`spec_of`, the spec its rows carry, and
+:func:`num_classes_of`, their classes; :func:`holes_of` and :func:`send_holes`, where its
+flat rows hold NaN and how that travels.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dq_flower.wire.token_batch import TOKENS_CODEC
 
 __all__ = ["SENT_PREFIX", "SENT_ROWS_PREFIX", "RANGES_STATE", "coding_ranges", "keep_sent",
            "sent_rounds", "sent_rows", "forget_from", "node_ranges", "spec_of",
+           "num_classes_of",
            "row_names", "row_hashes", "holes_of", "send_holes", "with_nan"]
 
 SENT_PREFIX = "dq-sent-"
@@ -195,6 +197,18 @@ def sent_rows(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, y
         return None
     xs, xqs, ys, w = (np.concatenate(p) for p in zip(*parts, strict=True))
     return xs, xqs, ys, (w / w.sum()).astype(np.float32)
+
+
+def num_classes_of(config: dict[str, Any], spec: DataSpec, y: np.ndarray, n: int) -> int:
+    """The classes of the round: the server's, checked against this node's labels."""
+    num_classes = int(config.get("num-classes", 0) or 0)
+    if spec.target != "class":
+        return num_classes
+    local = int(y.max()) + 1 if n else 1
+    if num_classes and local > num_classes:
+        raise ValueError(f"local label {local - 1} is outside the server's "
+                         f"{num_classes} classes")
+    return num_classes or local
 
 
 def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,

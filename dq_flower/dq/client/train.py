@@ -35,12 +35,14 @@ from dq_flower.codecs import Payload, make
 from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
 from dq_flower.data_input import Keys, as_inputs, forward_keys
+from dq_flower.dq.client.reference import reference_rows
 from dq_flower.dq.client.selection import select
 from dq_flower.dq.client.sent import (
     coding_ranges,
     forget_from,
     holes_of,
     keep_sent,
+    num_classes_of,
     repeated_rows,
     row_names,
     send_holes,
@@ -309,7 +311,7 @@ def _data_round(r: RoundInput) -> Message:
     """Reply to a data round: the chosen rows quantized, with the optional compensation."""
     config, spec, y, rng, context = r.config, r.spec, r.y, r.rng, r.context
     n = r.x.shape[0]
-    num_classes = _num_classes(config, spec, y, n)
+    num_classes = num_classes_of(config, spec, y, n)
     names, named = row_names(context, r.x, y)  # the ids the server knows the rows by
     cfg, candidates, examples = _candidates(config, r.cfg, r.key, names, named,
                                             repeated_rows(r.x, y))
@@ -333,6 +335,8 @@ def _data_round(r: RoundInput) -> Message:
 
     coded = (_Coded(None, tokens_payload(x_flat[chosen], spec.vocab), "sample", x_flat[chosen])
              if spec.vocab else _quantize(cfg, spec, x_flat[chosen], in_bound, rng, r))
+    if r.model is None:  # no model to compare with: the reference rows the server asks for
+        coded.extra.update(reference_rows(cfg, spec, in_bound, y_in, config, r.key, num_classes))
     compensation, sent = None, None if holes is None else holes[chosen]  # its rows' NaN
     if cfg.compensation != "none" and chosen.size:  # on the rows as the model reads them
         compensation = _coded_residual(r, cfg, _needed(model, "compensation"), with_nan(
@@ -365,18 +369,6 @@ def _scores(r: RoundInput, cfg: DQConfig,
     model = received_model(r.msg, r.model, r.knob)
     scores = score_candidates(cfg.scorer, model, r.x[candidates], r.y[candidates], r.loss_fn)
     return model, scores
-
-
-def _num_classes(config: dict[str, Any], spec: DataSpec, y: np.ndarray, n: int) -> int:
-    """The classes of the round: the server's, checked against this node's labels."""
-    num_classes = int(config.get("num-classes", 0) or 0)
-    if spec.target != "class":
-        return num_classes
-    local = int(y.max()) + 1 if n else 1
-    if num_classes and local > num_classes:
-        raise ValueError(f"local label {local - 1} is outside the server's "
-                         f"{num_classes} classes")
-    return num_classes or local
 
 
 def _candidates(config: dict[str, Any], cfg: DQConfig, key: int, names: np.ndarray,

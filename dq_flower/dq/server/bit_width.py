@@ -25,6 +25,7 @@ from flwr.app import Message
 from dq_flower.codecs.bitpack import pack, unpack
 from dq_flower.dq.config import DQConfig, auto_bits
 from dq_flower.dq.server.planner import first_estimates
+from dq_flower.dq.server.reference_rows import ReferenceRows
 from dq_flower.dq.server.store import RowLayout, SampleStore
 from dq_flower.model_inputs import input_width
 from dq_flower.model_ops import embedding_vocab
@@ -76,6 +77,8 @@ class BitWidth:
     last: tuple[Sequence[Message], Sequence[Any]] | None = None
     said: set[str] = field(default_factory=set)
     raised: int = 0  # the width raised to (0: never raised)
+    #: the rows nodes holding no model sent, the server's own check (:mod:`.reference_rows`)
+    references: ReferenceRows = field(default_factory=ReferenceRows)
 
     def review(self, strategy: Any, server_round: int) -> None:
         """Read the last data round's reports; raise the bits from ``server_round`` on."""
@@ -86,10 +89,13 @@ class BitWidth:
         src = {int(m.metadata.src_node_id): m for m in replies if not m.has_error()}
         holding = [u for u in uploads if u.can_score]  # the nodes that could compare
         fits = [f for u in holding if (f := raw_fit(_metrics(src.get(int(u.source)))))]
-        if not fits or 2 * len(fits) <= len(holding):
-            return
+        self.references.take(strategy, server_round - 1, src, uploads)
         bits = int(strategy.cfg.bits)
-        said = _figures(fits, bits)
+        if fits and 2 * len(fits) > len(holding):
+            said = _figures(fits, bits)
+        elif not self.checks(strategy) or (
+                said := self.references.said(strategy, server_round, bits)) is None:
+            return
         why = self._held(strategy, bits)
         if why is not None:
             if why not in self.said:
@@ -99,6 +105,17 @@ class BitWidth:
         raise_bits(strategy, 2 * bits)
         log_round("dq", server_round - 1, f"{said}: bits {bits} -> {2 * bits} from round "
                   f"{server_round}")
+
+    def checks(self, strategy: Any) -> bool:
+        """Whether the server checks raw rows itself: bits auto that it may still raise."""
+        return self.auto and self._held(strategy, int(strategy.cfg.bits)) is None \
+            and self.references.comparable(strategy)
+
+    def ask(self, strategy: Any, messages: list[Message]) -> list[Message]:
+        """``messages``, those to nodes holding no model asking once for reference rows."""
+        if self.checks(strategy):
+            self.references.ask(messages)
+        return messages
 
     def _held(self, strategy: Any, bits: int) -> str | None:
         """Why the bits stay (``None``: they are raised)."""

@@ -303,7 +303,7 @@ class DQStrategy(ModelStrategy, Strategy):
         codec = model_codec(self.cfg.model_precision, plan.mode, self.cfg.compensation)
         messages = self.asks.messages(server_round, nodes, clients, plan, table, cfg,
                                       lambda: model_record(self.model, codec=codec))
-        return self.ledger.record(server_round, messages)
+        return self.ledger.record(server_round, self.widths.ask(self, messages))
 
     def begin_round(self, server_round: int, replies: list[Message]) -> _Round:
         """Take the round's plan (data or gradient) and what each node was asked.

@@ -1,0 +1,129 @@
+"""The server's own check of raw rows, on the reference rows of nodes without the model.
+
+A node given the model compares the model's loss on its rows raw and coded and reports a
+clear gap (:mod:`dq_flower.dq.server.bit_width`); a node without it cannot, and the rows
+the server holds are codes. The server asks each node whose reply said it holds no model,
+once, for a few of its rows at 8 bits (:mod:`dq_flower.wire.reference_rows`), keeps them,
+and after each data round compares its model's loss on them against the same rows recoded
+at the run's width as a node codes them (drawn from the run seed): pooled over every such
+node's rows, the rule a node reads its own gap by (:attr:`~dq_flower.dq.raw_gap.Gap.clear`),
+and more than half of those nodes' rows read worse raw on average. Since the rows are kept,
+checks at later widths (4 -> 8 bits) cost no more bytes. Rows that do not read are refused
+with the reason; the reply's upload is taken as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+from flwr.common.logger import log
+
+from dq_flower.codecs import PayloadError
+from dq_flower.dq.raw_gap import Gap, paired, row_losses
+from dq_flower.seeding import Purpose, round_rng
+from dq_flower.server.common import log_round
+from dq_flower.wire.reference_rows import (
+    MAX_ROWS,
+    REFERENCE_INFO_KEY,
+    REFERENCE_KEY,
+    read_reference,
+)
+
+#: The records of reference rows in a reply
+REFERENCE_KEYS = (REFERENCE_KEY, REFERENCE_INFO_KEY)
+
+__all__ = ["ReferenceRows"]
+
+
+@dataclass
+class ReferenceRows:
+    """Who is asked for reference rows and the rows kept, by client identity."""
+
+    wanted: set[int] = field(default_factory=set)  # node ids that said they hold no model
+    asked: set[int] = field(default_factory=set)  # node ids asked (once)
+    rows: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    @staticmethod
+    def comparable(strategy: Any) -> bool:
+        """Whether the federation's rows are compared: values coded by sample or channel."""
+        spec = strategy.data.spec
+        return (spec is not None and not spec.vocab and spec.target not in ("inputs", "tokens")
+                and strategy.data.mode != "feature")
+
+    def take(self, strategy: Any, server_round: int, replies: Mapping[int, Message],
+             uploads: Sequence[Any]) -> None:
+        """Keep the reference rows of the round's kept ``uploads`` (``replies`` by node id)."""
+        data, kept, clients, nbytes = strategy.data, 0, 0, 0
+        for upload in uploads:
+            (self.wanted.discard if upload.can_score else self.wanted.add)(int(upload.source))
+            msg = replies.get(int(upload.source))
+            if msg is None or not self.comparable(strategy):
+                continue
+            try:
+                if int(upload.source) not in self.asked and _carries(msg):
+                    raise PayloadError("sent unasked")
+                found = read_reference(msg.content, data.spec, data.num_classes,
+                                       data.spec.channels if data.mode == "channel" else 0)
+            except (PayloadError, ValueError) as exc:
+                log(WARNING, "[dq] round %d: reference rows of client %d refused: %s",
+                    server_round, upload.node, exc)
+                continue
+            if found is not None:
+                self.rows[int(upload.node)] = found
+                kept, clients = kept + len(found[0]), clients + 1
+                nbytes += sum(len(a.data) for name in REFERENCE_KEYS
+                              for a in msg.content.array_records[name].values())
+        if kept:
+            log_round("dq", server_round, f"reference rows kept: {kept} rows of "
+                      f"{clients} clients without the model, {nbytes:,} B")
+
+    def ask(self, messages: Sequence[Message]) -> None:
+        """Ask the data round's nodes that hold no model, not asked before, for their rows."""
+        for msg in messages:
+            node, config = int(msg.metadata.dst_node_id), msg.content.config_records["config"]
+            if node in self.wanted - self.asked and config.get("round-mode") == "data":
+                config[REFERENCE_KEY] = MAX_ROWS
+                self.asked.add(node)
+
+    def gap(self, strategy: Any, server_round: int) -> tuple[Gap, int] | None:
+        """The pooled :class:`Gap` at the run's bits and the nodes whose rows read worse raw.
+
+        ``None``: no rows kept, or a loss that is not finite.
+        """
+        if not self.rows or not self.comparable(strategy):
+            return None
+        spec, mode = strategy.data.spec, strategy.data.mode
+        quantizer = strategy.cfg.sample_quantizer(mode, spec.channels,
+                                                  sample_shape=spec.sample_shape)
+        raw, coded, worse = [], [], 0
+        for identity, (rows, y) in sorted(self.rows.items()):
+            rng = round_rng(strategy.seed, server_round, identity, Purpose.FIDELITY)
+            recoded = quantizer.decode(quantizer.encode(rows, rng)).astype(np.float32)
+            losses = row_losses(strategy.model, (rows, recoded), y, spec.sample_shape,
+                                strategy.trainer.loss_fn)
+            if losses is None:
+                return None
+            raw.append(losses[0])
+            coded.append(losses[1])
+            worse += int(losses[0].mean() > losses[1].mean())
+        return paired(np.concatenate(raw), np.concatenate(coded)), worse
+
+    def said(self, strategy: Any, server_round: int, bits: int) -> str | None:
+        """The figures of a clear gap on the rows kept (``None``: no clear gap)."""
+        found = self.gap(strategy, server_round)
+        if found is None or not found[0].clear or 2 * found[1] <= len(self.rows):
+            return None
+        gap = found[0]
+        return (f"the model reads the reference rows of nodes without the model worse than "
+                f"their {bits}-bit codes (loss {gap.raw:.3g} vs {gap.coded:.3g} on {gap.rows} "
+                f"rows of {len(self.rows)} nodes, paired t {gap.t:.1f})")
+
+
+def _carries(msg: Message) -> bool:
+    """Whether a reply carries a record of reference rows."""
+    return any(name in msg.content.array_records for name in REFERENCE_KEYS)
