@@ -1,0 +1,200 @@
+"""Reference rows: the server checks raw rows itself where the nodes hold no model.
+
+A node not given the model cannot compare the model's loss on its raw rows with that on
+their codes, and the server's own rows are codes: on pump windows whose wear shows in the
+noise, DQ with model-free nodes ended at an MAE of 73.4 hours at 2 bits (FedAvg 13.0). Each
+such node now sends, once, a few of its rows at 8 bits; the server compares its model on
+them raw and recoded at the run's bits and raises bits auto where they read clearly worse.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common import MessageType
+
+import dq_flower
+import dq_flower.dq.server.reference_rows as reference_rows
+from dq_flower.codecs import PayloadError, make
+from dq_flower.dq.config import DQConfig
+from dq_flower.dq.raw_gap import paired
+from dq_flower.dq.server.reference_rows import ReferenceRows
+from dq_flower.harness.client_app import app as client_app
+from dq_flower.harness.inprocess import InProcessGrid
+from dq_flower.harness.methods import client_task_config
+from dq_flower.harness.runtime import build_model, task_info
+from dq_flower.harness.task_config import TaskConfig
+from dq_flower.wire.dq_batch import DataSpec
+from dq_flower.wire.reference_rows import (
+    MAX_ROWS,
+    MIN_ROWS,
+    REFERENCE_INFO_KEY,
+    REFERENCE_KEY,
+    read_reference,
+    reference_records,
+)
+from tests.apps import pump_wear
+from tests.apps.runner import client_train
+
+SPEC = DataSpec((2, 16), "float")
+
+
+def _coded(x: np.ndarray, bits: int = 8, channels: int = 2):
+    return make("uniform", bits=bits, per_channel=channels).encode(
+        x, np.random.default_rng(0))
+
+
+def _content(n: int = 20, bits: int = 8, dim: int = 32, targets=None) -> RecordDict:
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 300, (n, dim)).astype(np.float32)
+    y = rng.uniform(0, 500, n).astype(np.float32) if targets is None else targets
+    return RecordDict(reference_records(_coded(x, bits, 2), y, 0, False))
+
+
+def test_reference_rows_travel_at_8_bits_and_decode_within_a_step():
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 300, (20, 32)).astype(np.float32)
+    y = rng.uniform(0, 500, 20).astype(np.float32)
+    records = reference_records(_coded(x), y, 0, False)
+    rows, targets = read_reference(RecordDict(records), SPEC, None, 2)
+    step = (x.max() - x.min()) / 255
+    assert rows.shape == (20, 32) and np.abs(rows - x).max() <= step
+    np.testing.assert_allclose(targets, y, rtol=1e-2)
+    assert len(records[REFERENCE_KEY]["codes"].data) <= 20 * 32  # at most a byte a value
+    assert read_reference(RecordDict(), SPEC, None, 2) is None  # none sent: nothing read
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (lambda: RecordDict({REFERENCE_KEY: _content()[REFERENCE_KEY]}), "without its other"),
+    (lambda: _content(bits=4), "expected 8"),
+    (lambda: _content(dim=30), r"expected \(n, 32\)"),
+    (lambda: _content(n=MIN_ROWS - 1), "fewer than"),
+    (lambda: _content(n=MAX_ROWS + 1), "exceed the budget"),
+    (lambda: _content(targets=np.zeros(20, np.int64)), "class labels sent where float"),
+])
+def test_each_malformed_reference_is_refused_with_its_reason(content, reason):
+    with pytest.raises(PayloadError, match=reason):
+        read_reference(content(), SPEC, None, 2)
+
+
+def _strategy(**fields):
+    """What the server's check reads of a strategy: spec, mode, knobs, seed, model, loss."""
+    data = SimpleNamespace(spec=SPEC, mode="channel", num_classes=None)
+    return SimpleNamespace(data=data, cfg=DQConfig(bits=2), seed=0, model=None,
+                           trainer=SimpleNamespace(loss_fn=None), **fields)
+
+
+def _pooled(monkeypatch, losses: dict[int, tuple[float, float]]) -> str | None:
+    """The check's verdict where each node's rows lose ``(raw, coded)`` (noisy, seeded)."""
+    refs = ReferenceRows(rows={k: (np.zeros((32, 32), np.float32), np.zeros(32, np.float32))
+                               for k in losses})
+    rng, order = np.random.default_rng(5), iter(sorted(losses))
+
+    def fake(model, rows, y, shape, loss_fn):
+        raw, coded = losses[next(order)]
+        return [raw + rng.normal(0, 0.3 * raw, 32), coded + rng.normal(0, 0.3 * coded, 32)]
+
+    monkeypatch.setattr(reference_rows, "row_losses", fake)
+    return refs.said(_strategy(), 3, 2)
+
+
+def test_the_pooled_rule_raises_where_most_nodes_read_clearly_worse_raw(monkeypatch):
+    said = _pooled(monkeypatch, {1: (6.0, 2.0), 2: (5.0, 2.0), 3: (2.0, 2.0)})
+    assert said is not None and "on 96 rows of 3 nodes" in said
+    assert _pooled(monkeypatch, {1: (2.6, 2.0), 2: (2.6, 2.0)}) is None  # 1.3 times: no
+    # one node's large gap lifts the pooled figures, but the others read raw as well
+    assert _pooled(monkeypatch, {1: (60.0, 2.0), 2: (1.9, 2.0), 3: (1.9, 2.0)}) is None
+
+
+def test_the_paired_t_of_rows_without_a_difference_is_small():
+    rng = np.random.default_rng(0)
+    coded = rng.uniform(1, 3, 64)
+    gap = paired(coded + rng.normal(0, 0.5, 64), coded)
+    assert not gap.clear and abs(gap.t) < 3
+
+
+def _message(node: int, config: ConfigRecord | None = None,
+             content: RecordDict | None = None) -> Message:
+    InProcessGrid(client_app, 1)  # outside a Flower runtime: messages as the server's
+    content = content if content is not None else RecordDict({"config": config})
+    return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
+
+
+def test_only_nodes_holding_no_model_are_asked_and_each_once():
+    refs = ReferenceRows()
+    uploads = [SimpleNamespace(source=10, node=0, can_score=False),
+               SimpleNamespace(source=11, node=1, can_score=True)]
+    refs.take(_strategy(), 1, {}, uploads)
+    sent = [_message(n, ConfigRecord({"round-mode": "data"})) for n in (10, 11)]
+    refs.ask(sent)
+    asked = [REFERENCE_KEY in m.content.config_records["config"] for m in sent]
+    assert asked == [True, False]
+    again = [_message(10, ConfigRecord({"round-mode": "data"}))]
+    refs.ask(again)
+    assert REFERENCE_KEY not in again[0].content.config_records["config"]
+
+
+def test_rows_sent_unasked_or_malformed_are_refused_and_the_others_kept(caplog):
+    refs = ReferenceRows(asked={10, 12})
+    good, broken = _content(), _content(bits=4)
+    replies = {10: _message(10, content=good), 11: _message(11, content=_content()),
+               12: _message(12, content=broken)}
+    uploads = [SimpleNamespace(source=s, node=s - 10, can_score=False) for s in (10, 11, 12)]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        refs.take(_strategy(), 2, replies, uploads)
+    assert set(refs.rows) == {0}
+    text = caplog.text
+    assert "client 1 refused: sent unasked" in text and "client 2 refused" in text
+
+
+def test_a_server_without_a_federation_spec_compares_nothing():
+    assert not ReferenceRows.comparable(SimpleNamespace(
+        data=SimpleNamespace(spec=None, mode="sample")))
+    flat = SimpleNamespace(data=SimpleNamespace(spec=DataSpec((64,)), mode="feature"))
+    assert not ReferenceRows.comparable(flat)  # a table's feature ranges: not compared
+
+
+def _rounds(strategy, grid, last: int, config: ConfigRecord) -> list[list[Message]]:
+    sent_all = []
+    for rnd in range(1, last + 1):
+        sent = list(strategy.configure_train(rnd, None, config, grid))
+        strategy.aggregate_train(rnd, list(grid.send_and_receive(sent)))
+        sent_all.append(sent)
+    return sent_all
+
+
+def test_pump_nodes_without_the_model_raise_bits_auto(monkeypatch, caplog):
+    monkeypatch.setattr(pump_wear, "DQ_CLIENT_MODEL", False)
+    strategy = dq_flower.DQStrategy(pump_wear.Net(), loss_fn=pump_wear.DQ_LOSS_FN(), seed=0)
+    grid = InProcessGrid(client_train(pump_wear, "dq"), pump_wear.NUM_NODES)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        sent = _rounds(strategy, grid, 2, ConfigRecord())
+        assert strategy.cfg.bits == 2
+        third = list(strategy.configure_train(3, None, ConfigRecord(), grid))
+    assert strategy.cfg.bits == 4 and strategy.data.layout.bits == 4
+    assert "reference rows of nodes without the model worse than their 2-bit codes" in caplog.text
+    asked = [[REFERENCE_KEY in m.content.config_records["config"] for m in r]
+             for r in (*sent, third)]
+    assert asked == [[False] * 4, [True] * 4, [False] * 4]  # round 2 only, every node once
+    assert len(strategy.widths.references.rows) == 4
+
+
+def test_on_digits_nodes_without_the_model_send_rows_once_and_bits_stay():
+    task = TaskConfig(num_partitions=4, seed=3)  # ``uniform``: the nodes hold no model
+    strategy = dq_flower.DQStrategy(build_model(task, task_info(task)), seed=3,
+                                    upload_schedule="fixed", budget=16, scorer="uniform")
+    grid, config = InProcessGrid(client_app, 4), client_task_config(task, "dq")
+    sent = _rounds(strategy, grid, 3, config)
+    sent.append(list(strategy.configure_train(4, None, config, grid)))  # checked again
+    asked = [sum(REFERENCE_KEY in m.content.config_records["config"] for m in r) for r in sent]
+    assert asked == [0, 4, 0, 0] and len(strategy.widths.references.rows) == 4
+    assert strategy.cfg.bits == 2  # checked after rounds 2 and 3: no gap, no raise
+
+
+def test_reference_records_are_named_as_flower_names_keys():
+    assert set(_content().array_records) == {"reference-rows", "reference-rows-info"}
+    assert REFERENCE_KEY == "reference-rows" and REFERENCE_INFO_KEY == "reference-rows-info"
