@@ -169,8 +169,8 @@ class DQConfig(RobustConfig, OptimizerConfig):
                      client=True, unset="auto", doc=(
         "bits per data coordinate, 1 to 8; 0 (auto): 4 for flat samples of under 64 features "
         "(a table), where the model reads samples with embeddings 4 or as many as its "
-        "largest's rows take (up to 8), else 2; doubled where the nodes given the model read "
-        "their raw rows clearly worse ([the bits of a table](#the-bits-of-a-table))"))
+        "largest's rows take (up to 8), else 2; doubled where raw rows read clearly worse "
+        "than their codes ([the bits of a table](#the-bits-of-a-table))"))
     stochastic: bool = knob(False, client=True, doc=(
         "stochastic (unbiased) rounding when true; nearest by default"))
     ranges: str = knob("auto", one_of(RANGE_MODES), client=True, doc=(

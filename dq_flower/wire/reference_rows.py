@@ -34,7 +34,7 @@ __all__ = ["REFERENCE_KEY", "REFERENCE_INFO_KEY", "REFERENCE_BITS", "MAX_ROWS", 
 REFERENCE_BITS = 8
 #: Rows a node sends (fewer where it holds fewer); below :data:`MIN_ROWS` it sends none,
 #: and the server refuses more than :data:`MAX_ROWS` (one node cannot outweigh the others)
-MAX_ROWS, MIN_ROWS = 32, 16
+MAX_ROWS, MIN_ROWS = 16, 8
 
 
 def reference_records(samples: Payload, targets: np.ndarray | None,

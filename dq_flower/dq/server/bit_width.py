@@ -9,6 +9,8 @@ worse. The store keeps one width: its rows are re-laid exactly at the new one, a
 code ``c`` on a range the ``2b``-bit code ``c (2^b + 1)`` on the same range (each row's
 step divided by ``2^b + 1``), so every stored row decodes to the value it had (up to the
 float32 rounding of the step) and the checks of later replies ask for the new width.
+Where the nodes hold no model, the server makes the check itself on a few rows at 8 bits
+they send once (:mod:`.reference_rows`), and raises the bits by the same path.
 """
 
 from __future__ import annotations

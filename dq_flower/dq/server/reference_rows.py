@@ -27,6 +27,7 @@ from dq_flower.codecs import PayloadError
 from dq_flower.dq.raw_gap import Gap, paired, row_losses
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.common import log_round
+from dq_flower.wire.raw_fit import ROWS_COMPARED
 from dq_flower.wire.reference_rows import (
     MAX_ROWS,
     REFERENCE_INFO_KEY,
@@ -36,6 +37,8 @@ from dq_flower.wire.reference_rows import (
 
 #: The records of reference rows in a reply
 REFERENCE_KEYS = (REFERENCE_KEY, REFERENCE_INFO_KEY)
+#: The most nodes asked: their rows pooled, as many as a node holding the model compares
+NODES = ROWS_COMPARED // MAX_ROWS
 
 __all__ = ["ReferenceRows"]
 
@@ -79,14 +82,18 @@ class ReferenceRows:
                 nbytes += sum(len(a.data) for name in REFERENCE_KEYS
                               for a in msg.content.array_records[name].values())
         if kept:
-            log_round("dq", server_round, f"reference rows kept: {kept} rows of "
-                      f"{clients} clients without the model, {nbytes:,} B")
+            log_round("dq", server_round, "reference rows kept from nodes without the model: "
+                      f"{kept} rows ({clients} nodes), {nbytes:,} B")
 
     def ask(self, messages: Sequence[Message]) -> None:
-        """Ask the data round's nodes that hold no model, not asked before, for their rows."""
-        for msg in messages:
+        """Ask the data round's nodes that hold no model, not asked before, for their rows.
+
+        At most :data:`NODES` nodes in a run, in the order of their node ids within a round.
+        """
+        for msg in sorted(messages, key=lambda m: int(m.metadata.dst_node_id)):
             node, config = int(msg.metadata.dst_node_id), msg.content.config_records["config"]
-            if node in self.wanted - self.asked and config.get("round-mode") == "data":
+            if node in self.wanted - self.asked and config.get("round-mode") == "data" \
+                    and len(self.asked) < NODES:
                 config[REFERENCE_KEY] = MAX_ROWS
                 self.asked.add(node)
 
