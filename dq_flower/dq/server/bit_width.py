@@ -93,10 +93,10 @@ class BitWidth:
         fits = [f for u in holding if (f := raw_fit(_metrics(src.get(int(u.source)))))]
         self.references.take(strategy, server_round - 1, src, uploads)
         bits = int(strategy.cfg.bits)
-        if fits and 2 * len(fits) > len(holding):
-            said = _figures(fits, bits)
-        elif not self.checks(strategy) or (
-                said := self.references.said(strategy, server_round, bits)) is None:
+        said = (_figures(fits, bits) if fits and 2 * len(fits) > len(holding)
+                else self.references.said(strategy, server_round, bits)
+                if self.checks(strategy) else None)
+        if said is None:
             return
         why = self._held(strategy, bits)
         if why is not None:
