@@ -131,12 +131,21 @@ def test_only_nodes_holding_no_model_are_asked_and_each_once():
                SimpleNamespace(source=11, node=1, can_score=True)]
     refs.take(_strategy(), 1, {}, uploads)
     sent = [_message(n, ConfigRecord({"round-mode": "data"})) for n in (10, 11)]
-    refs.ask(sent)
+    refs.ask(sent, 16 * 1000, 1000)
     asked = [REFERENCE_KEY in m.content.config_records["config"] for m in sent]
     assert asked == [True, False]
     again = [_message(10, ConfigRecord({"round-mode": "data"}))]
-    refs.ask(again)
+    refs.ask(again, 16 * 1000, 1000)
     assert REFERENCE_KEY not in again[0].content.config_records["config"]
+
+
+def test_no_node_is_asked_where_its_rows_would_cost_more_than_the_model():
+    refs = ReferenceRows(wanted={10, 11, 12})
+    sent = [_message(n, ConfigRecord({"round-mode": "data"})) for n in (10, 11, 12)]
+    refs.ask(sent, 16 * 1000 - 1, 1000)  # 16 rows of 1,000 B beside a model of 15,999 B
+    assert not refs.asked
+    refs.ask(sent, 2 * 16 * 1000, 1000)  # room for two nodes' rows
+    assert refs.asked == {10, 11}
 
 
 def test_rows_sent_unasked_or_malformed_are_refused_and_the_others_kept(caplog):

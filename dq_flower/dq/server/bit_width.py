@@ -115,8 +115,8 @@ class BitWidth:
 
     def ask(self, strategy: Any, messages: list[Message]) -> list[Message]:
         """``messages``, those to nodes holding no model asking once for reference rows."""
-        if self.checks(strategy):
-            self.references.ask(messages)
+        if self.checks(strategy):  # rows of 8 bits: a byte a value
+            self.references.ask(messages, 4 * strategy.num_params, strategy.data.spec.dim)
         return messages
 
     def _held(self, strategy: Any, bits: int) -> str | None:

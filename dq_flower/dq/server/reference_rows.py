@@ -2,8 +2,9 @@
 
 A node given the model compares the model's loss on its rows raw and coded and reports a
 clear gap (:mod:`dq_flower.dq.server.bit_width`); a node without it cannot, and the rows
-the server holds are codes. The server asks each node whose reply said it holds no model,
-once, for a few of its rows at 8 bits (:mod:`dq_flower.wire.reference_rows`), keeps them,
+the server holds are codes. The server asks each node whose reply said it holds no model
+(a few such nodes, their rows costing no more than the model), once, for a few of its rows
+at 8 bits (:mod:`dq_flower.wire.reference_rows`), keeps them,
 and after each data round compares its model's loss on them against the same rows recoded
 at the run's width as a node codes them (drawn from the run seed): pooled over every such
 node's rows, the rule a node reads its own gap by (:attr:`~dq_flower.dq.raw_gap.Gap.clear`),
@@ -85,15 +86,18 @@ class ReferenceRows:
             log_round("dq", server_round, "reference rows kept from nodes without the model: "
                       f"{kept} rows ({clients} nodes), {nbytes:,} B")
 
-    def ask(self, messages: Sequence[Message]) -> None:
+    def ask(self, messages: Sequence[Message], model_bytes: int, row_bytes: int) -> None:
         """Ask the data round's nodes that hold no model, not asked before, for their rows.
 
-        At most :data:`NODES` nodes in a run, in the order of their node ids within a round.
+        At most :data:`NODES` nodes in a run, in the order of their node ids within a round,
+        and only as many as the rows of all cost at most ``model_bytes`` at ``row_bytes`` a
+        row (one float32 copy of the model, a FedAvg upload; none where 16 rows cost more).
         """
+        nodes = min(NODES, model_bytes // max(MAX_ROWS * row_bytes, 1))
         for msg in sorted(messages, key=lambda m: int(m.metadata.dst_node_id)):
             node, config = int(msg.metadata.dst_node_id), msg.content.config_records["config"]
             if node in self.wanted - self.asked and config.get("round-mode") == "data" \
-                    and len(self.asked) < NODES:
+                    and len(self.asked) < nodes:
                 config[REFERENCE_KEY] = MAX_ROWS
                 self.asked.add(node)
 
