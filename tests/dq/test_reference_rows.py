@@ -21,6 +21,7 @@ from flwr.common import MessageType
 import dq_flower
 import dq_flower.dq.server.reference_rows as reference_rows
 from dq_flower.codecs import PayloadError, make
+from dq_flower.codecs.payload import raw_array
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.raw_gap import paired
 from dq_flower.dq.server.reference_rows import ReferenceRows
@@ -69,6 +70,16 @@ def test_reference_rows_travel_at_8_bits_and_decode_within_a_step():
     assert read_reference(RecordDict(), SPEC, None, 2) is None  # none sent: nothing read
 
 
+def _not_finite() -> RecordDict:
+    """Reference rows whose first range starts at infinity."""
+    content = _content()
+    mins = content[REFERENCE_KEY]["mins"]
+    values = np.frombuffer(mins.data, dtype=mins.dtype).copy()
+    values[0] = np.inf
+    content[REFERENCE_KEY]["mins"] = raw_array(values)
+    return content
+
+
 @pytest.mark.parametrize(("content", "reason"), [
     (lambda: RecordDict({REFERENCE_KEY: _content()[REFERENCE_KEY]}), "without its other"),
     (lambda: _content(bits=4), "expected 8"),
@@ -76,6 +87,7 @@ def test_reference_rows_travel_at_8_bits_and_decode_within_a_step():
     (lambda: _content(n=MIN_ROWS - 1), "fewer than"),
     (lambda: _content(n=MAX_ROWS + 1), "exceed the budget"),
     (lambda: _content(targets=np.zeros(12, np.int64)), "class labels sent where float"),
+    (_not_finite, "do not decode: .* NaN or inf"),
 ])
 def test_each_malformed_reference_is_refused_with_its_reason(content, reason):
     with pytest.raises(PayloadError, match=reason):
