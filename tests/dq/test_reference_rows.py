@@ -223,15 +223,15 @@ def test_pump_nodes_without_the_model_raise_bits_auto(pump):
     (auto, text), (kept, kept_text) = pump["auto"], pump["set"]
     raised = "worse than their 2-bit codes (loss "
     assert text.count(raised) == 1 and text.count("bits 2 -> 4 from round 3") == 1, text
-    assert text.count("reference rows kept") == 1  # once: round 2's replies, 4 nodes of 16
-    assert "round 2: reference rows kept from nodes without the model: 64 rows (4 nodes)" in text
+    assert text.count("reference rows kept") == 1  # once: round 2's replies, 2 nodes of 16
+    assert "round 2: reference rows kept from nodes without the model: 32 rows (2 nodes)" in text
     assert auto.final < 25.0  # measured 19.1 (FedAvg 30.8)
     assert kept.final > 50.0 and "reference rows" not in kept_text  # set: none asked
 
 
 def test_the_method_page_quotes_the_pump_runs_without_the_model(pump):
     (auto, text), (kept, _) = pump["auto"], pump["set"]
-    rows = re.search(r"reference rows kept from nodes without the model: 64 rows \(4 nodes\), "
+    rows = re.search(r"reference rows kept from nodes without the model: 32 rows \(2 nodes\), "
                      r"([\d,]+) B", text)
     assert rows, text
     quoted = (f"DQ ended at {kept.final:.2f} hours with {kept.up_bytes:,} B of uplink; the rows "
@@ -250,7 +250,7 @@ def test_on_digits_nodes_without_the_model_send_rows_once_and_bits_stay():
     sent = _rounds(strategy, grid, 3, config)
     sent.append(list(strategy.configure_train(4, None, config, grid)))  # checked again
     asked = [sum(REFERENCE_KEY in m.content.config_records["config"] for m in r) for r in sent]
-    assert asked == [0, 4, 0, 0] and len(strategy.widths.references.rows) == 4
+    assert asked == [0, 2, 0, 0] and len(strategy.widths.references.rows) == 2
     assert strategy.cfg.bits == 2  # checked after rounds 2 and 3: no gap, no raise
 
 
