@@ -169,13 +169,19 @@ def float_dtype(model: nn.Module) -> torch.dtype:
 
 
 def embedding_vocab(model: nn.Module) -> int:
-    """Rows of the embedding the model reads its samples with: its first layer's, else 0.
+    """Rows of the embeddings the model reads its samples with: its first layers', else 0.
 
     The first module holding parameters, an ``nn.Embedding`` or ``nn.EmbeddingBag``, says
-    the samples are ids below its ``num_embeddings`` (a text classifier's word ids).
+    the samples are ids (a text classifier's word ids); where embeddings follow it before any
+    other layer (a recommender's users and items, a table's categories), each may read a
+    column of its own: the ids are below the largest one's ``num_embeddings``.
     """
-    first = next(layers(model), None)  # the first module holding parameters of its own
-    return int(first.num_embeddings) if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else 0
+    rows = 0
+    for layer in layers(model):  # the modules holding parameters of their own, in order
+        if not isinstance(layer, (nn.Embedding, nn.EmbeddingBag)):
+            break
+        rows = max(rows, int(layer.num_embeddings))
+    return rows
 
 
 def _windows(y: torch.Tensor) -> bool:
