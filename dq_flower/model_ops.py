@@ -189,12 +189,22 @@ def _windows(y: torch.Tensor) -> bool:
     return y.ndim == 2 and y.shape[1] > 1 and not torch.is_floating_point(y)
 
 
+def _reads_ids(model: nn.Module) -> bool:
+    """Whether the model holds an embedding: samples beside windowed targets are its ids.
+
+    A label a step of a float sensor window, ``(n, length)`` integers too, is no token
+    window: its samples go to the model as floats (they went as int64, refused by a
+    convolution's float weights).
+    """
+    return any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in model.modules())
+
+
 def _batch_tensors(model: nn.Module, x: np.ndarray, y: np.ndarray, w: np.ndarray
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A weighted minibatch as tensors on the model's device."""
     dev = _device(model)
     yt = targets_tensor(y, dev)
-    return (model_input(x, dev, _windows(yt), float_dtype(model)), yt,
+    return (model_input(x, dev, _windows(yt) and _reads_ids(model), float_dtype(model)), yt,
             torch.as_tensor(np.asarray(w), dtype=torch.float32).to(dev))
 
 
@@ -234,11 +244,12 @@ class WeightedSteps:
         self.device, self.dtype = _device(model), float_dtype(model)
         #: ``bfloat16``: the forward under ``torch.autocast`` (the loss in the model's dtype)
         self.bf16 = autocast == "bfloat16"
+        self.reads_ids = _reads_ids(model)
 
     def step(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
         """One optimizer step on the weighted minibatch; returns its loss."""
         yt = targets_tensor(y, self.device)
-        xt = model_input(x, self.device, _windows(yt), self.dtype)
+        xt = model_input(x, self.device, _windows(yt) and self.reads_ids, self.dtype)
         wt = torch.as_tensor(np.asarray(w), dtype=torch.float32).to(self.device)
         for p in self.params:  # zero_grad(set_to_none=True), without its profiling wrapper
             p.grad = None
@@ -313,7 +324,7 @@ def evaluate(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | tor
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     dev = _device(model)
     yt = targets_tensor(y, dev)
-    xt = model_input(x, dev, _windows(yt), float_dtype(model))
+    xt = model_input(x, dev, _windows(yt) and _reads_ids(model), float_dtype(model))
     if yt.ndim == 2 and not torch.is_floating_point(yt):
         yt = yt.reshape(-1)
     if xt.shape[0] != yt.shape[0] or xt.ndim < 2:
@@ -341,6 +352,7 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
     dev, fn, dtype = _device(model), resolve_loss(loss_fn), float_dtype(model)
     yt = targets_tensor(y, dev)
     windows = _windows(yt)
+    ids = windows and _reads_ids(model)
     classes = (not torch.is_floating_point(yt) and not windows  # windows, masks: no hits
                and math.prod(yt.shape[1:]) == 1)
     if classes and yt.ndim == 2:
@@ -348,7 +360,7 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
     losses, hits = [], []
     with inference(model):
         for i in range(0, len(x), batch_size):
-            out = model_output(model(model_input(x[i:i + batch_size], dev, windows, dtype)))
+            out = model_output(model(model_input(x[i:i + batch_size], dev, ids, dtype)))
             yb = yt[i:i + batch_size]
             losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
             if classes:  # outputs that score each class (a user's loss may read others)
