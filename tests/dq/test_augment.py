@@ -105,3 +105,23 @@ def test_dq_shifts_image_minibatches_by_default_and_a_users_callable_replaces_it
     assert given.trainer.augmentation(_rng()) is mine
     with pytest.raises(ValueError, match="augmentation"):
         dq_flower.DQStrategy(model(), augmentation="mirror")
+
+
+def test_auto_shifts_no_image_of_float_targets():
+    """A garment's centre on a 40x40 canvas, regressed in pixels: a shifted image kept its
+    target, and the position the model learned was off by up to two pixels a step (a scratch
+    app: mean error 0.82 pixels at the default, 0.62 without the shifts)."""
+    from torch import nn
+
+    import dq_flower
+    from dq_flower.wire.dq_batch import DataSpec
+
+    def model():
+        return nn.Sequential(nn.Flatten(), nn.Linear(1600, 2))
+
+    spec = DataSpec((1, 40, 40), "float", 2)
+    assert dq_flower.DQStrategy(model(), data_spec=spec).trainer.augmentation(_rng()) is None
+    asked = dq_flower.DQStrategy(model(), data_spec=spec, augmentation="shift")
+    assert isinstance(asked.trainer.augmentation(_rng()), RandomShift)
+    labelled = dq_flower.DQStrategy(model(), data_spec=DataSpec((1, 40, 40), "binary", 2))
+    assert isinstance(labelled.trainer.augmentation(_rng()), RandomShift)

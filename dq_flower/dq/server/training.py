@@ -286,11 +286,17 @@ class ServerTrainer:
 
     def augmentation(self, rng: np.random.Generator
                      ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """The minibatches' augmentation: the user's, else the knob's (seeded from ``rng``)."""
+        """The minibatches' augmentation: the user's, else the knob's (seeded from ``rng``).
+
+        ``auto`` shifts no image of float targets: a position or a box read from the image
+        would stay where the image moved from.
+        """
         if self.user_augment is not None:
             return self.user_augment
         spec = self.data.spec
         if spec is None or spec.target_shape:  # a mask would stay where its image moved from
+            return None
+        if spec.target == "float" and self.cfg.augmentation == "auto":
             return None
         return augmentation_for(self.cfg.augmentation, tuple(spec.sample_shape), rng)
 
