@@ -159,9 +159,8 @@ class DQConfig(RobustConfig, OptimizerConfig):
         "a client whose share of copied rows exceeds the median client's by more than this "
         "(and 4 robust deviations) has its copies dropped (0: counted only)"))
     augmentation: str = knob("auto", one_of(AUGMENTATIONS), doc=(
-        "store minibatches: `auto` (shifts for images at least 14 px wide, sides within "
-        "2x, but not of float targets: a position read from the image), `none`, `shift`, "
-        "`shift-flip`"))
+        "store minibatches: `auto` (shifts images at least 14 px wide, sides within 2x, "
+        "targets not floats), `none`, `shift`, `shift-flip`"))
     store_weights: str = knob("node", one_of(STORE_WEIGHTS), doc=(
         "weights of the store's rows in the training loss: `node` (each node's rows alike, "
         "at the node's mean) or `importance` (each row by 1/its inclusion probability); a "
