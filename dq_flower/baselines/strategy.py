@@ -30,7 +30,7 @@ from dq_flower.model_ops import (
     set_float_buffers,
 )
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
+from dq_flower.server.base import ModelStrategy, strategy_kwargs
 from dq_flower.server.common import (
     FedAvgArgs,
     decay_groups,
@@ -39,9 +39,10 @@ from dq_flower.server.common import (
     sample_node_ids,
 )
 from dq_flower.server.majority import bounded_mean, robust_buffers
-from dq_flower.server.pipeline import FailureWatch, UpdateFigures, UpdateScreens
+from dq_flower.server.pipeline import FailureWatch, ServerRound
 from dq_flower.server.robust import StepGuard, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
+from dq_flower.server.updates import UpdateFigures, UpdateScreens
 from dq_flower.wire.gradient import (
     model_crc,
     sign_step,

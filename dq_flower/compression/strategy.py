@@ -21,12 +21,13 @@ from flwr.serverapp.strategy import Strategy
 from dq_flower.codecs import PayloadError, make
 from dq_flower.compression.config import MESSAGE_PREFIX, CompressionConfig
 from dq_flower.config import build_config
-from dq_flower.server.base import RoundPipeline, ServerRound, strategy_kwargs
+from dq_flower.server.base import strategy_kwargs
 from dq_flower.server.common import log_rejected
 from dq_flower.server.evaluation import MAX_METRIC_KEYS, common_keys, read_evaluation
 from dq_flower.server.majority import bounded_parts, winsorize
-from dq_flower.server.pipeline import UpdateFigures, UpdateScreens, screen_replies
+from dq_flower.server.pipeline import RoundPipeline, ServerRound, screen_replies
 from dq_flower.server.robust import cap_weights
+from dq_flower.server.updates import UpdateFigures, UpdateScreens
 from dq_flower.wire.compressed_update import (
     LAYOUT_KEY,
     MODEL_KEY,

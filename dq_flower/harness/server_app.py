@@ -35,8 +35,8 @@ from dq_flower.harness.runtime import ModelFactory, TaskInfo, build_model, task_
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_task_dataset
 from dq_flower.model_ops import evaluate, inference, num_params, state_arrays
-from dq_flower.server.base import DrivenStrategy, ServerFigures
-from dq_flower.server.pipeline import FailureWatch
+from dq_flower.server.base import DrivenStrategy
+from dq_flower.server.pipeline import FailureWatch, ServerFigures
 
 __all__ = ["app", "run_server", "validate_run_config", "prepare_model", "CLIENT_TIME_KEY",
            "reply_compute_s", "round_timing"]

@@ -1,43 +1,46 @@
-"""One server round's replies, the same steps for every strategy of the package.
+"""One server round, the same steps for every strategy of the package.
 
-:func:`screen_replies` screens and decodes replies; :class:`FailureWatch` stops a run whose
-every sampled client keeps failing; :func:`bound_vectors` screens, clips and weighs uploaded
-vectors.
+:class:`RoundPipeline` is the round as a template method: :class:`RoundLedger` (what was
+sent), :func:`screen_replies` (screens and decodes replies), the strategy's hooks;
+:class:`ServerFigures` is what Flower's ``start`` and the harness need of every strategy;
+:class:`FailureWatch` stops a run whose every sampled client keeps failing.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
-from typing import Any, Generic, Protocol, TypeVar
+from logging import INFO
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import numpy as np
-from flwr.app import Message, MetricRecordValues
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 
-from dq_flower.server.client_errors import FAILED_REPLIES, failed_node, failure_cause
+from dq_flower.server.client_errors import (
+    FAILED_REPLIES,
+    failed_node,
+    failure_cause,
+    one_traceback_per_cause,
+)
 from dq_flower.server.common import (
     REPLY_ERRORS,
     ClientFailureError,
+    FedAvgArgs,
     NodeConfigurationError,
     log_rejected,
-    log_round,
-)
-from dq_flower.server.robust import (
-    DirectionScreen,
-    NormScreen,
-    cap_weights,
-    clip_norms,
-    clip_to_median,
-    hold_against,
 )
 from dq_flower.wire.node_errors import node_config_problem
 from dq_flower.wire.partition import without_partition
 
+if TYPE_CHECKING:
+    import torch
+    from flwr.app import ConfigRecord
+    from flwr.serverapp import Grid
+    from flwr.serverapp.strategy import Result
+
 __all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "FailureWatch",
-           "Bounded", "bound_vectors", "UpdateScreens", "UpdateFigures"]
+           "ServerFigures", "ServerRound", "RoundPipeline", "ModelRounds"]
 
 T = TypeVar("T")
 
@@ -196,127 +199,174 @@ class FailureWatch:
                 f"{failure_cause(reason)}")
 
 
-@dataclass
-class Bounded:
-    """Vectors that passed :func:`bound_vectors`, clipped, with their capped weights."""
 
-    vectors: list[np.ndarray]
-    weights: list[float]
-    reasons: list[str | None]  # per input vector: why it was rejected (None: kept)
-    agree: list[bool] = field(default_factory=list)  # per kept vector: in the mean
-    misaligned: list[int] = field(default_factory=list)  # nodes left out for direction
+class ServerFigures:
+    """What the harness and Flower's ``start`` need of every strategy of the package.
 
-    @property
-    def keep(self) -> list[bool]:
-        """Per input vector: whether it passed the norm and direction screens."""
-        return [r is None for r in self.reasons]
-
-
-def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormScreen,
-                  *, clip_factor: float, clip_norm: float = 0.0, weight_cap: float = 2.0,
-                  directions: DirectionScreen | None = None, what: str = "update",
-                  nodes: Sequence[int] | None = None) -> Bounded:
-    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
-
-    A vector against this round's others (:attr:`DirectionScreen.against`) is held to the
-    median weight, and to the median norm if it is large (:func:`hold_against`), even where
-    its node's history keeps it in the mean.
+    Under ``start``, the :meth:`aggregate_round` metrics not in :attr:`client_metric_keys`
+    and the :meth:`record_figures` join the ServerApp-side metrics (``evaluate_fn``'s win).
     """
-    nodes = list(nodes) if nodes is not None else list(range(len(vectors)))
-    norms = [float(np.linalg.norm(v)) for v in vectors]
-    passed = screen.keep(norms)
-    kept = [v for v, k in zip(vectors, passed, strict=True) if k]
-    kept = clip_norms(clip_to_median(kept, clip_factor), clip_norm)
-    kept_nodes = [n for n, k in zip(nodes, passed, strict=True) if k]
-    # directions compared at no more than the median norm whatever the clip: one scaled,
-    # reversed vector must not turn the "mean of the others" of every honest one around
-    agree = (directions.keep(kept_nodes, clip_to_median(kept, 1.0)) if directions is not None
-             else [True] * len(kept))
-    kept_w = [w for w, k in zip(weights, passed, strict=True) if k]
-    if directions is not None:  # this round's reversals: at most a median step and weight
-        kept, kept_w = hold_against(kept, kept_w, directions.against)
-    reasons: list[str | None] = [
-        None if k else (f"{what} norm is implausibly large against the other clients' "
-                        "(norm-bound-factor)") for k in passed]
-    left_out = [n for n, a in zip(kept_nodes, agree, strict=True) if not a]
-    for node in left_out:
-        log(WARNING, "node %d's %s points against the round's other updates: left out of "
-            "this round's mean (min-cosine, over its recent rounds)", node, what)
-    kept_w = [w for w, a in zip(kept_w, agree, strict=True) if a]
-    kept = [v for v, a in zip(kept, agree, strict=True) if a]
-    return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, agree, left_out)
 
-
-class UpdateScreens:
-    """The norm and direction screens of a strategy's update vectors, across rounds."""
-
-    def _screens(self, cfg: Any) -> None:
-        """The round ledger, and the screens of ``cfg``'s ``norm-bound-factor``, ``min-cosine``."""
-        self.ledger = RoundLedger()
-        self.norms = NormScreen(cfg.norm_bound_factor)
-        self.directions = DirectionScreen(cfg.min_cosine)
-
-    def _bound(self, screened: Screened[T], items: list[T], vectors: list[np.ndarray],
-               weights: list[float], nodes: list[int], **clips: Any
-               ) -> tuple[list[T], Bounded]:
-        """``items`` (of ``nodes``) as accepted, bounded: those left in the mean, the bounds."""
-        screened.accepted, screened.nodes = items, nodes
-        bounded = bound_vectors(vectors, weights, self.norms, directions=self.directions,
-                                nodes=nodes, **clips)
-        screened.keep(bounded.reasons)
-        return [i for i, a in zip(screened.accepted, bounded.agree, strict=True) if a], bounded
-
-    def _screens_state(self) -> dict:
-        return {"norms": self.norms.state_dict(), "directions": self.directions.state_dict()}
-
-
-class Coded(Protocol):
-    """A decoded update reply: the bits its payload carried, as sent and before coding."""
+    #: Keys of ``aggregate_round``'s metrics aggregated from the clients' replies; ``None``
+    #: when all of them are (nothing moves).
+    client_metric_keys: tuple[str, ...] | None = None
+    #: The run's number of rounds, where the strategy plans ahead (set by ``start``).
+    num_rounds: int | None = None
+    #: Whether the strategy stops a run whose sampled clients all fail (else its driver does).
+    watches_failures = False
+    _round_figures: dict[int, dict[str, Any]] | None = None
+    _figures_apart = False  # under ``start``: server-side metrics go to the figures
+    #: FedAvg's other arguments (its metrics functions: on the accepted replies' records)
+    fedavg = FedAvgArgs()
+    _accepted_nodes: list[int] | None = None  # the last round's accepted replies' nodes
 
     @property
-    def payload_bits(self) -> int: ...  # noqa: D102
+    def finished(self) -> bool:
+        """Whether the strategy has nothing left to do (a driver may stop the run)."""
+        return False
 
-    @property
-    def raw_bits(self) -> int: ...  # noqa: D102
+    def state_dict(self) -> dict:
+        """What a resumed run needs (nothing here)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`."""
+
+    def aggregate_round(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's new arrays and every metric of it (the strategy's hook)."""
+        raise NotImplementedError
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's ``aggregate_train``: :meth:`aggregate_round`, split under ``start``.
+
+        A ``train_metrics_aggr_fn``'s metrics join the train metrics (its keys win).
+        """
+        replies = list(replies)
+        arrays, metrics = self.aggregate_round(server_round, replies)
+        fn = self.fedavg.train_metrics_aggr_fn
+        users = None if fn is None else self.fedavg.aggregate(
+            fn, replies, self._accepted_nodes or [], "train")
+        keys = self.client_metric_keys
+        if self._figures_apart and keys is not None and metrics is not None:
+            keep = {k: v for k, v in metrics.items() if k in keys}
+            self.record_figures(server_round, {k: v for k, v in metrics.items()
+                                               if k not in keep})
+            metrics = MetricRecord(keep) if keep else None
+        if users is None:
+            return arrays, metrics
+        return arrays, MetricRecord({**(dict(metrics.items()) if metrics else {}), **users})
+
+    def record_figures(self, server_round: int, figures: Mapping[str, Any]) -> None:
+        """Keep ``figures`` of ``server_round`` for the ServerApp-side metrics."""
+        if self._round_figures is None:
+            self._round_figures = {}
+        self._round_figures.setdefault(int(server_round), {}).update(figures)
+
+    def round_figures(self, server_round: int) -> dict[str, Any]:
+        """The figures recorded for ``server_round`` (empty if none)."""
+        return dict((self._round_figures or {}).get(int(server_round), {}))
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              ) -> Result:
+        """Flower's ``Strategy.start`` (documented there), the figures joined in."""
+
+        def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+            figures = self.round_figures(server_round)
+            if not figures:
+                return res
+            out = MetricRecord(dict(res.items()) if res is not None else {})
+            for key, value in figures.items():
+                if key not in out:
+                    out[key] = value
+            return out
+
+        self.num_rounds = int(num_rounds)
+        self._figures_apart = True
+        try:
+            with one_traceback_per_cause():
+                return super().start(grid, initial_arrays, num_rounds,  # type: ignore[misc]
+                                     timeout, train_config, evaluate_config, evaluate)
+        finally:
+            self._figures_apart = False
+
+
+P = TypeVar("P")
 
 
 @dataclass
-class UpdateFigures:
-    """An update round's uplink and screening figures (``replies``: those the round used)."""
+class ServerRound(Generic[P]):
+    """One round as it goes through :class:`RoundPipeline`'s hooks."""
 
-    coded_replies: int
-    up_payload_bits: int
-    up_raw_payload_bits: int
-    started: float
-    down_payload_bits: int = 0
-    replies: int = 0
-    rejected: int = 0
-    failed: int = 0
+    number: int
+    sent: dict[int, Message] | None  # what the strategy sent, by node (from its ledger)
+    plan: P  # what :meth:`RoundPipeline.begin_round` took for the round (the strategy's type)
+    replies: list[Message] = field(default_factory=list)  # every reply, as they came
+    screened: Screened = field(default_factory=Screened)
 
-    @classmethod
-    def decoded(cls, screened: Screened, coded: Sequence[Coded]) -> UpdateFigures:
-        """The figures of the replies ``screened`` decoded (``coded``), before bounding."""
-        return cls(len(coded), sum(int(c.payload_bits) for c in coded),
-                   sum(int(c.raw_bits) for c in coded), screened.started)
 
-    def close(self, screened: Screened, replies: int) -> None:
-        """Take the screening's final counts; ``replies``: the replies the round used."""
-        self.replies, self.rejected, self.failed = replies, screened.rejected, screened.failed
+class RoundPipeline(ServerFigures):
+    """A server round as a template method: ledger, screen and decode, bound, aggregate."""
 
-    def log(self, name: str, server_round: int, lead: str, misaligned: int) -> None:
-        """The round's progress line: ``lead``, then what was rejected, left out, sent."""
-        log_round(name, server_round, f"{lead}, rejected {self.rejected}, left out "
-                  f"{misaligned}, failed {self.failed}, up {self.up_payload_bits} payload bits")
+    ledger: RoundLedger
 
-    def metrics(self) -> dict[str, MetricRecordValues]:
-        """The figures by their metric keys (``server-time-s`` measured now)."""
-        return {
-            "up-payload-bits": self.up_payload_bits,
-            "up-raw-payload-bits": self.up_raw_payload_bits,
-            "down-payload-bits": self.down_payload_bits,
-            "replies": self.replies,
-            "coded-replies": self.coded_replies,
-            "rejected": self.rejected,
-            "failed": self.failed,
-            "server-time-s": time.perf_counter() - self.started,
-        }
+    def aggregate_round(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The template: see the class docstring."""
+        replies = list(replies)
+        rnd = ServerRound(int(server_round), self.ledger.take(server_round),
+                          self.begin_round(int(server_round), replies), replies)
+        rnd.screened = screen_replies(rnd.replies, lambda msg: self.decode_reply(rnd, msg),
+                                      rnd.sent)
+        self.observe_failures(rnd)
+        out = self.aggregate_and_step(rnd, self.bound(rnd))
+        self._accepted_nodes = rnd.screened.nodes
+        return out
+
+    def begin_round(self, server_round: int, replies: list[Message]) -> Any:
+        """The round's plan, taken before its replies are decoded (here ``None``)."""
+        return None
+
+    def decode_reply(self, rnd: ServerRound, msg: Message) -> Any:
+        """One reply decoded and checked; any exception rejects it with its reason."""
+        raise NotImplementedError
+
+    def observe_failures(self, rnd: ServerRound) -> None:
+        """Count the round's failed replies (nothing here: the driver watches)."""
+
+    def bound(self, rnd: ServerRound) -> Any:
+        """The decoded replies checked against each other (here: all of them)."""
+        return rnd.screened.accepted
+
+    def aggregate_and_step(
+        self, rnd: ServerRound, kept: Any
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Combine what :meth:`bound` kept and step the model: the round's result."""
+        raise NotImplementedError
+
+
+class ModelRounds(RoundPipeline):
+    """A round pipeline around the user's model: the arrays it returns, and loads back."""
+
+    model: torch.nn.Module
+    _returned: ArrayRecord | None = None
+
+    def _load_arrays(self, arrays: ArrayRecord | None) -> None:
+        """Load arrays that did not come from this strategy (``initial_arrays``)."""
+        if arrays is None or len(arrays) == 0 or arrays is self._returned:
+            return
+        self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        self._returned = arrays
+
+    def _return_arrays(self) -> ArrayRecord:
+        """The model's arrays for the round's result (known to :meth:`_load_arrays` again)."""
+        self._returned = ArrayRecord(self.model.state_dict())  # Flower copies to the CPU
+        return self._returned

@@ -8,7 +8,8 @@ the measured figures with a small margin and fail where the receive stage grows 
 before a reply was checked in one pass; 819 through 22 while each knob read was a call;
 750 through 19 while the upload planner kept what each client sent; 793 through 18 while
 client identities had a module of their own; 798 through 17 while decoders opened payloads
-through the codecs' base class and the round's asks were read back through their planner).
+through the codecs' base class and the round's asks were read back through their planner;
+797 through 15 while the round's template and its screening were two modules).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def test_a_round_from_replies_to_stored_rows_stays_within_its_calls(receive):
 
 def test_a_round_from_replies_to_stored_rows_goes_through_few_modules(receive):
     found, _ = receive
-    assert len(found.ours) <= 15, sorted(found.ours)  # measured: 15
+    assert len(found.ours) <= 14, sorted(found.ours)  # measured: 14
 
 
 def _pictured() -> set[str]:

@@ -19,7 +19,7 @@ from torch import nn
 import dq_flower
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.server_app import FlowerStrategy
-from dq_flower.server.base import RoundPipeline
+from dq_flower.server.pipeline import RoundPipeline
 
 
 def _model() -> nn.Module:

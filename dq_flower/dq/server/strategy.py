@@ -51,7 +51,7 @@ from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
 from dq_flower.losses import TargetLoss, per_sample
 from dq_flower.model_ops import LossFn
 from dq_flower.seeding import Purpose, round_rng
-from dq_flower.server.base import ModelStrategy, ServerRound, strategy_kwargs
+from dq_flower.server.base import ModelStrategy, strategy_kwargs
 from dq_flower.server.common import (
     FedAvgArgs,
     decay_groups,
@@ -60,7 +60,7 @@ from dq_flower.server.common import (
     make_optimizer,
     sample_node_ids,
 )
-from dq_flower.server.pipeline import FailureWatch, RoundLedger
+from dq_flower.server.pipeline import FailureWatch, RoundLedger, ServerRound
 from dq_flower.wire.dq_batch import DataSpec
 from dq_flower.wire.gradient_reply import GradientUpdate
 from dq_flower.wire.model import model_record
