@@ -216,22 +216,14 @@ class NormScreen:
             self.medians.append(self.growth * ref)
         return keep
 
-    def state(self) -> list[float]:
-        """The recorded medians, for checkpoints."""
-        return list(self.medians)
-
-    def load_state(self, medians: list[float]) -> None:
-        """Inverse of :meth:`state`."""
-        self.medians.clear()
-        self.medians.extend(float(m) for m in medians)
-
     def state_dict(self) -> dict:
         """Checkpointed state: the recorded medians."""
-        return {"medians": self.state()}
+        return {"medians": list(self.medians)}
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`."""
-        self.load_state(state.get("medians", []))
+        self.medians.clear()
+        self.medians.extend(float(m) for m in state.get("medians", []))
 
 
 class StepGuard:

@@ -20,9 +20,9 @@ from flwr.common.logger import log
 
 from dq_flower.codecs import Codec
 from dq_flower.dq.config import DQConfig, robust_rule
-from dq_flower.dq.server.federation import ClientIdentities, reply_identity
+from dq_flower.dq.server.federation import reply_identity
 from dq_flower.dq.server.intake import UploadIntake
-from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, reply_bits
+from dq_flower.dq.server.planner import RoundPlan, reply_bits
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, MAX_LOCAL_ID, count_claim
@@ -50,12 +50,12 @@ class Combined:
 class GradientRounds(UpdateScreens):
     """Check, bound and combine the replies of gradient rounds, and take the round's steps."""
 
-    def __init__(self, cfg: DQConfig, codec: Codec | None, num_params: int, *,
-                 intake: UploadIntake, identities: ClientIdentities, planner: UploadPlanner,
+    def __init__(self, cfg: DQConfig, codec: Codec | None, *, intake: UploadIntake,
                  trainer: ServerTrainer, metrics: RoundMetrics) -> None:
-        self.cfg, self.codec, self.num_params = cfg, codec, num_params
-        self.intake, self.identities, self.planner = intake, identities, planner
-        self.trainer, self.metrics = trainer, metrics
+        self.cfg, self.codec, self.intake, self.trainer, self.metrics = (
+            cfg, codec, intake, trainer, metrics)
+        #: the intake's: which node is which client, and the upload planner
+        self.identities, self.planner = intake.identities, intake.planner
         self.norms = NormScreen(cfg.norm_bound_factor)
         self.directions = DirectionScreen(cfg.min_cosine)
         self._bits: dict[int, int] = {}  # this round's replies' sizes, by identity
@@ -95,7 +95,7 @@ class GradientRounds(UpdateScreens):
         src = int(msg.metadata.src_node_id)
         claimed = reply_identity(content.metric_records.get("metrics"), src)
         identity, _ = self.identities.resolve(server_round, src, claimed)
-        update = GradientDecoder([GRADIENT_KEY], [self.num_params], self.codec,
+        update = GradientDecoder([GRADIENT_KEY], [self.intake.num_params], self.codec,
                                  max_examples=MAX_LOCAL_ID, require_loss=False,
                                  exact_records=False)(msg)
         self.identities.claim(server_round, src, identity)
@@ -155,9 +155,9 @@ class GradientRounds(UpdateScreens):
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The norm screen's recent medians."""
-        return {"norms": self.norms.state(), "directions": self.directions.state_dict()}
+        return {"norms": list(self.norms.medians), "directions": self.directions.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""
-        self.norms.load_state(state.get("norms", []))
+        self.norms.load_state_dict({"medians": state.get("norms", [])})
         self.directions.load_state_dict(state.get("directions", {}))

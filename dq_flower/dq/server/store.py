@@ -199,10 +199,7 @@ class SampleStore:
 
     def received(self, node: int) -> np.ndarray:
         """Sorted int64 ids of every row received from ``node`` (evicted ones included)."""
-        mine, rows, none = self._mine(node), self._rows, np.zeros(0, dtype=np.int64)
-        stored = none if mine is None or rows is None else rows.ids[mine]
-        evicted = self._evicted_ids.get(int(node), none)
-        return np.unique(np.concatenate([stored.astype(np.int64), evicted.astype(np.int64)]))
+        return self.holding(node, np.zeros(0, dtype=np.int64))[1]
 
     def holding(self, node: int, strata: np.ndarray) -> tuple[int, np.ndarray, float]:
         """``node``'s stored rows in ``strata``, the ids it ever sent, its stored rows' weight."""
@@ -280,9 +277,7 @@ class SampleStore:
     # ---------------------------------------------------------------- drawing
     def node_weight(self, node: int) -> float:
         """Sum of the weights of the rows stored from ``node``."""
-        if (mine := self._mine(node)) is None or self._rows is None:
-            return 0.0
-        return float(self._rows.weights[mine].astype(np.float64).sum())
+        return self.holding(node, np.zeros(0, dtype=np.int64))[2]
 
     def node_ids(self, rows: StoredRows) -> np.ndarray:
         """Origin node ids (uint64, as Flower draws them) of rows taken from this store."""

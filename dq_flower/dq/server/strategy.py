@@ -194,8 +194,7 @@ class DQStrategy(ModelStrategy, Strategy):
         self.asks = RoundAsks(cfg, self.planner, self.identities, self.data, model,
                               self.trainer, self.seed)
         self.metrics = RoundMetrics(cfg, self.data, self.asks, self.trainer)
-        self.gradients = GradientRounds(cfg, grad_codec, self.num_params, intake=self.intake,
-                                        identities=self.identities, planner=self.planner,
+        self.gradients = GradientRounds(cfg, grad_codec, intake=self.intake,
                                         trainer=self.trainer, metrics=self.metrics)
         self._configured = 0  # the round last configured
         if data_spec is not None:
