@@ -39,10 +39,9 @@ from dq_flower.server.common import (
     sample_node_ids,
 )
 from dq_flower.server.majority import bounded_mean, robust_buffers
-from dq_flower.server.pipeline import FailureWatch, ServerRound
-from dq_flower.server.robust import StepGuard, weighted_mean
+from dq_flower.server.pipeline import FailureWatch, ServerRound, UpdateFigures
+from dq_flower.server.robust import StepGuard, UpdateScreens, weighted_mean
 from dq_flower.server.robust import aggregate as robust_aggregate
-from dq_flower.server.updates import UpdateFigures, UpdateScreens
 from dq_flower.wire.gradient import (
     model_crc,
     sign_step,

@@ -25,9 +25,8 @@ from dq_flower.server.base import strategy_kwargs
 from dq_flower.server.common import log_rejected
 from dq_flower.server.evaluation import MAX_METRIC_KEYS, common_keys, read_evaluation
 from dq_flower.server.majority import bounded_parts, winsorize
-from dq_flower.server.pipeline import RoundPipeline, ServerRound, screen_replies
-from dq_flower.server.robust import cap_weights
-from dq_flower.server.updates import UpdateFigures, UpdateScreens
+from dq_flower.server.pipeline import RoundPipeline, ServerRound, UpdateFigures, screen_replies
+from dq_flower.server.robust import UpdateScreens, cap_weights
 from dq_flower.wire.compressed_update import (
     LAYOUT_KEY,
     MODEL_KEY,

@@ -3,7 +3,8 @@
 :class:`RoundPipeline` is the round as a template method: :class:`RoundLedger` (what was
 sent), :func:`screen_replies` (screens and decodes replies), the strategy's hooks;
 :class:`ServerFigures` is what Flower's ``start`` and the harness need of every strategy;
-:class:`FailureWatch` stops a run whose every sampled client keeps failing.
+:class:`FailureWatch` stops a run whose every sampled client keeps failing;
+:class:`UpdateFigures` counts what an update round's replies carried.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord, MetricRecordValues
 from flwr.common.logger import log
 
 from dq_flower.server.client_errors import (
@@ -29,6 +30,7 @@ from dq_flower.server.common import (
     FedAvgArgs,
     NodeConfigurationError,
     log_rejected,
+    log_round,
 )
 from dq_flower.wire.node_errors import node_config_problem
 from dq_flower.wire.partition import without_partition
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from flwr.serverapp.strategy import Result
 
 __all__ = ["RoundLedger", "origin_problem", "Screened", "screen_replies", "FailureWatch",
-           "ServerFigures", "ServerRound", "RoundPipeline", "ModelRounds"]
+           "ServerFigures", "ServerRound", "RoundPipeline", "ModelRounds", "UpdateFigures"]
 
 T = TypeVar("T")
 
@@ -157,11 +159,8 @@ class FailureWatch:
     """Stop a run whose every sampled client fails ``limit`` rounds in a row (0: never)."""
 
     def __init__(self, limit: int, name: str, announce: bool = True) -> None:
-        self.limit = int(limit)
-        self.name = name
-        self.announce = announce
-        self.streak = 0
-        self.first_error = ""
+        self.limit, self.name, self.announce = int(limit), name, announce
+        self.streak, self.first_error = 0, ""
 
     def observe(self, replies: list[Message], silent: int = 0, counts: bool = True) -> None:
         """Record one round's replies (``silent``: nodes that sent nothing); raise at the limit."""
@@ -370,3 +369,55 @@ class ModelRounds(RoundPipeline):
         """The model's arrays for the round's result (known to :meth:`_load_arrays` again)."""
         self._returned = ArrayRecord(self.model.state_dict())  # Flower copies to the CPU
         return self._returned
+
+
+class Coded(Protocol):
+    """A decoded update reply: the bits its payload carried, as sent and before coding."""
+
+    @property
+    def payload_bits(self) -> int: ...  # noqa: D102
+
+    @property
+    def raw_bits(self) -> int: ...  # noqa: D102
+
+
+@dataclass
+class UpdateFigures:
+    """An update round's uplink and screening figures (``replies``: those the round used)."""
+
+    coded_replies: int
+    up_payload_bits: int
+    up_raw_payload_bits: int
+    started: float
+    down_payload_bits: int = 0
+    replies: int = 0
+    rejected: int = 0
+    failed: int = 0
+
+    @classmethod
+    def decoded(cls, screened: Screened, coded: Sequence[Coded]) -> UpdateFigures:
+        """The figures of the replies ``screened`` decoded (``coded``), before bounding."""
+        return cls(len(coded), sum(int(c.payload_bits) for c in coded),
+                   sum(int(c.raw_bits) for c in coded), screened.started)
+
+    def close(self, screened: Screened, replies: int) -> None:
+        """Take the screening's final counts; ``replies``: the replies the round used."""
+        self.replies, self.rejected, self.failed = replies, screened.rejected, screened.failed
+
+    def log(self, name: str, server_round: int, lead: str, misaligned: int) -> None:
+        """The round's progress line: ``lead``, then what was rejected, left out, sent."""
+        log_round(name, server_round, f"{lead}, rejected {self.rejected}, left out "
+                  f"{misaligned}, failed {self.failed}, up {self.up_payload_bits} payload bits")
+
+    def metrics(self) -> dict[str, MetricRecordValues]:
+        """The figures by their metric keys (``server-time-s`` measured now)."""
+        return {
+            "up-payload-bits": self.up_payload_bits,
+            "up-raw-payload-bits": self.up_raw_payload_bits,
+            "down-payload-bits": self.down_payload_bits,
+            "replies": self.replies,
+            "coded-replies": self.coded_replies,
+            "rejected": self.rejected,
+            "failed": self.failed,
+            "server-time-s": time.perf_counter() - self.started,
+        }

@@ -4,7 +4,8 @@ Every bound derives from what honest clients send in the same run (no tuning): a
 screen against recent median norms (:class:`NormScreen`), clipping to the round's median
 norm (:func:`clip_to_median`), leaving out nodes that keep pointing against the others
 (:class:`DirectionScreen`), capped example weights (:func:`cap_weights`) and the robust
-rules of :func:`aggregate`.
+rules of :func:`aggregate`; :func:`bound_vectors` applies the screens to one round's
+vectors, :class:`UpdateScreens` keeps them across a strategy's rounds.
 """
 
 from __future__ import annotations
@@ -13,15 +14,22 @@ import copy
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Any, TypeVar
 
 import numpy as np
+from flwr.common.logger import log
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+
+from dq_flower.server.pipeline import RoundLedger, Screened
 
 __all__ = ["AGGREGATIONS", "aggregate", "weighted_mean", "trimmed_weighted_mean", "clip_norms",
            "clip_to_median", "cosines_with_others", "cap_weights", "hold_against",
-           "DirectionScreen",
-           "NormScreen", "StepGuard"]
+           "DirectionScreen", "NormScreen", "StepGuard", "Bounded", "bound_vectors",
+           "UpdateScreens"]
+
+T = TypeVar("T")
 
 #: A vector against its round whose norm exceeds this many times the median is scaled to
 #: the median (:func:`hold_against`).
@@ -71,9 +79,7 @@ class DirectionScreen:
     """
 
     def __init__(self, min_cosine: float = -0.1, window: int = 10, warmup: int = 3) -> None:
-        self.min_cosine = float(min_cosine)
-        self.window = int(window)
-        self.warmup = int(warmup)
+        self.min_cosine, self.window, self.warmup = float(min_cosine), int(window), int(warmup)
         self.cosines: dict[int, deque[float]] = {}
         self.against: list[bool] = []
 
@@ -189,9 +195,7 @@ class NormScreen:
 
     def __init__(self, factor: float = 5.0, history: int = 5, growth: float = 2.0,
                  round_first: bool = False) -> None:
-        self.factor = float(factor)
-        self.growth = float(growth)
-        self.round_first = bool(round_first)
+        self.factor, self.growth, self.round_first = float(factor), float(growth), bool(round_first)
         self.medians: deque[float] = deque(maxlen=history)
 
     def reference(self, norms: list[float]) -> float | None:
@@ -282,3 +286,77 @@ class StepGuard:
             return float("nan"), f"raised {type(exc).__name__}: {exc}"
         return (loss, None) if self.finite_or_restore() else (float("nan"),
                                                               "made the model non-finite")
+
+
+@dataclass
+class Bounded:
+    """Vectors that passed :func:`bound_vectors`, clipped, with their capped weights."""
+
+    vectors: list[np.ndarray]
+    weights: list[float]
+    reasons: list[str | None]  # per input vector: why it was rejected (None: kept)
+    agree: list[bool] = field(default_factory=list)  # per kept vector: in the mean
+    misaligned: list[int] = field(default_factory=list)  # nodes left out for direction
+
+    @property
+    def keep(self) -> list[bool]:
+        """Per input vector: whether it passed the norm and direction screens."""
+        return [r is None for r in self.reasons]
+
+
+def bound_vectors(vectors: list[np.ndarray], weights: list[float], screen: NormScreen,
+                  *, clip_factor: float, clip_norm: float = 0.0, weight_cap: float = 2.0,
+                  directions: DirectionScreen | None = None, what: str = "update",
+                  nodes: Sequence[int] | None = None) -> Bounded:
+    """Norm screen, clip to ``clip_factor`` x the median norm, direction screen, cap weights.
+
+    A vector against this round's others (:attr:`DirectionScreen.against`) is held to the
+    median weight, and to the median norm if it is large (:func:`hold_against`), even where
+    its node's history keeps it in the mean.
+    """
+    nodes = list(nodes) if nodes is not None else list(range(len(vectors)))
+    norms = [float(np.linalg.norm(v)) for v in vectors]
+    passed = screen.keep(norms)
+    kept = [v for v, k in zip(vectors, passed, strict=True) if k]
+    kept = clip_norms(clip_to_median(kept, clip_factor), clip_norm)
+    kept_nodes = [n for n, k in zip(nodes, passed, strict=True) if k]
+    # directions compared at no more than the median norm whatever the clip: one scaled,
+    # reversed vector must not turn the "mean of the others" of every honest one around
+    agree = (directions.keep(kept_nodes, clip_to_median(kept, 1.0)) if directions is not None
+             else [True] * len(kept))
+    kept_w = [w for w, k in zip(weights, passed, strict=True) if k]
+    if directions is not None:  # this round's reversals: at most a median step and weight
+        kept, kept_w = hold_against(kept, kept_w, directions.against)
+    reasons: list[str | None] = [
+        None if k else (f"{what} norm is implausibly large against the other clients' "
+                        "(norm-bound-factor)") for k in passed]
+    left_out = [n for n, a in zip(kept_nodes, agree, strict=True) if not a]
+    for node in left_out:
+        log(WARNING, "node %d's %s points against the round's other updates: left out of "
+            "this round's mean (min-cosine, over its recent rounds)", node, what)
+    kept_w = [w for w, a in zip(kept_w, agree, strict=True) if a]
+    kept = [v for v, a in zip(kept, agree, strict=True) if a]
+    return Bounded(kept, cap_weights(kept_w, weight_cap), reasons, agree, left_out)
+
+
+class UpdateScreens:
+    """The norm and direction screens of a strategy's update vectors, across rounds."""
+
+    def _screens(self, cfg: Any) -> None:
+        """The round ledger, and the screens of ``cfg``'s ``norm-bound-factor``, ``min-cosine``."""
+        self.ledger = RoundLedger()
+        self.norms = NormScreen(cfg.norm_bound_factor)
+        self.directions = DirectionScreen(cfg.min_cosine)
+
+    def _bound(self, screened: Screened[T], items: list[T], vectors: list[np.ndarray],
+               weights: list[float], nodes: list[int], **clips: Any
+               ) -> tuple[list[T], Bounded]:
+        """``items`` (of ``nodes``) as accepted, bounded: those left in the mean, the bounds."""
+        screened.accepted, screened.nodes = items, nodes
+        bounded = bound_vectors(vectors, weights, self.norms, directions=self.directions,
+                                nodes=nodes, **clips)
+        screened.keep(bounded.reasons)
+        return [i for i, a in zip(screened.accepted, bounded.agree, strict=True) if a], bounded
+
+    def _screens_state(self) -> dict:
+        return {"norms": self.norms.state_dict(), "directions": self.directions.state_dict()}

@@ -28,9 +28,8 @@ from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, MAX_LOCAL_ID, count_claim
 from dq_flower.server.common import log_round
 from dq_flower.server.majority import bounded_mean
-from dq_flower.server.pipeline import Screened
-from dq_flower.server.robust import DirectionScreen, NormScreen, aggregate
-from dq_flower.server.updates import UpdateFigures, UpdateScreens
+from dq_flower.server.pipeline import Screened, UpdateFigures
+from dq_flower.server.robust import DirectionScreen, NormScreen, UpdateScreens, aggregate
 from dq_flower.wire.dq_batch import GRADIENT_KEY, SPEC_KEY, reply_spec
 from dq_flower.wire.gradient_reply import GradientDecoder, GradientUpdate
 

@@ -50,8 +50,7 @@ from dq_flower.model_check import check_model, placeholder_rows
 from dq_flower.model_inputs import keeps_nan, nan_refusal, one_input_reason
 from dq_flower.model_ops import LossFn, output_width
 from dq_flower.server.common import log_rejected, log_round
-from dq_flower.server.robust import NormScreen
-from dq_flower.server.updates import bound_vectors
+from dq_flower.server.robust import NormScreen, bound_vectors
 from dq_flower.wire.dq_batch import DataSpec, SampleBatch, as_float_targets, range_mode, reply_spec
 from dq_flower.wire.targets import label_base, model_targets, retyped
 
