@@ -281,11 +281,8 @@ class ServerFigures:
             figures = self.round_figures(server_round)
             if not figures:
                 return res
-            out = MetricRecord(dict(res.items()) if res is not None else {})
-            for key, value in figures.items():
-                if key not in out:
-                    out[key] = value
-            return out
+            own = dict(res.items()) if res is not None else {}
+            return MetricRecord({**own, **{k: v for k, v in figures.items() if k not in own}})
 
         self.num_rounds = int(num_rounds)
         self._figures_apart = True

@@ -42,11 +42,8 @@ def clip_norms(vectors: list[np.ndarray], clip: float) -> list[np.ndarray]:
     """Scale every vector whose L2 norm exceeds ``clip`` down to norm ``clip`` (0: off)."""
     if clip <= 0:
         return vectors
-    out = []
-    for v in vectors:
-        norm = float(np.linalg.norm(v))
-        out.append(v if norm <= clip else (v * np.float32(clip / norm)).astype(np.float32))
-    return out
+    return [v if (norm := float(np.linalg.norm(v))) <= clip
+            else (v * np.float32(clip / norm)).astype(np.float32) for v in vectors]
 
 
 def clip_to_median(vectors: list[np.ndarray], factor: float) -> list[np.ndarray]:
