@@ -44,6 +44,7 @@ from dq_flower.wire.held import (
     encode_held,
     encode_table,
 )
+from dq_flower.wire.input_parts import NAN_MASK_KEY
 from dq_flower.wire.model import MODEL_KEY
 from dq_flower.wire.model_buffers import BUFFERS_KEY, buffers_record
 from dq_flower.wire.targets import LABEL_BASE_KEY, MODEL_OUTPUTS_KEY
@@ -224,14 +225,15 @@ class RoundAsks:
                        ) -> dict[int, int | None]:
         """``left``, clients that sent every row counted as unheard where they may have more.
 
-        Once a client's ``num-examples`` has grown (:attr:`FederationData.grown`), every
-        such client may hold new rows; before, only a probe while exhausted (``probe``:
+        Once a client's ``num-examples`` has grown (:attr:`FederationData.grown`), or in the
+        round that first asks for rows holding NaN (:meth:`mask_news`), every such client
+        may hold new rows; before, only a probe while exhausted (``probe``:
         the schedule's count of them) asks one, each probe the next in identity order.
         """
         sent = self.data.sent  # every row sent (not held back by ``node-rows-cap``)
         spent = sorted(k for k, v in left.items() if v == 0 and int(k) not in self.trainer.excluded
                        and int(k) in sent and sent[int(k)][1] >= sent[int(k)][0])
-        if self.data.grown:
+        if self.data.grown or self.mask_news():
             return {k: None if k in spent else v for k, v in left.items()}
         if probe is None or not spent:
             return left
@@ -269,8 +271,8 @@ class RoundAsks:
         """
         others = set(self.data.sent) - {int(k) for k in keys}
         return (all(int(c) in self.trainer.excluded
-                    or (self.planner.samples_left(c, 1) == 0 and not self.data.grown)
-                    for c in others)
+                    or (self.planner.samples_left(c, 1) == 0 and not self.data.grown
+                        and not self.mask_news()) for c in others)
                 and all(self.identities.of(n) is not None for n in self.identities.connected))
 
     def held_none(self, client: int) -> bool:
@@ -297,7 +299,18 @@ class RoundAsks:
         if identity in self.trainer.excluded:
             return False
         return (self.cfg.resend or bool(self.data.grown) or self.held_none(identity)
-                or self.planner.samples_left(identity, 1) > 0)
+                or self.planner.samples_left(identity, 1) > 0 or self.mask_news())
+
+    def mask_news(self) -> bool:
+        """Whether this data round is the first to ask for rows holding NaN (``nan-mask``).
+
+        A node left those rows out of every earlier upload and of its ``num-examples``; one
+        that sent all the others is asked again (the ``all`` schedule asked no more before
+        a probe found them, rounds later).
+        """
+        spec = self.data.spec
+        return (not self.data.masked and spec is not None
+                and NAN_MASK_KEY in input_asks(self.model, self.data.one_input, spec))
 
     def rows_cap(self, uploaded: int = 0) -> float:
         """Rows one client is asked for in all (see ``node-rows-cap``).
@@ -406,6 +419,7 @@ class RoundAsks:
             if self.trainer.schedule is not None:
                 node_cfg["budget"] = max(self.asked[server_round].of_node[int(node)], 1)
             if plan.mode == "data":
+                self.data.masked = self.data.masked or NAN_MASK_KEY in node_cfg
                 held = table if identity is None else self.held_of(identity)
                 if held is not None:
                     node_cfg[TABLE_KEY if identity is None else HELD_KEY] = held

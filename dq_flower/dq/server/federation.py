@@ -54,6 +54,8 @@ class FederationData:
     sent: dict[int, list[int]] = field(default_factory=dict)
     #: rows the clients' ``num-examples`` grew by from one reply to a later one (a stream)
     grown: int = 0
+    #: a data round has asked the nodes for rows holding NaN (``nan-mask``)
+    masked: bool = False
     #: per client: the ``num-examples`` it last reported, before any bound took it down
     claims: dict[int, int] = field(default_factory=dict)
     provisional: dict[str, bool] = field(default_factory=lambda: dict(spec=False, bound=False))
@@ -182,6 +184,7 @@ class FederationData:
                 "pin_units": self.pin_units, "whole_vocab": self.whole_vocab,
                 "one_input": self.one_input, "over_bound": sorted(self.over_bound),
                 "sent": {k: list(v) for k, v in self.sent.items()}, "grown": self.grown,
+                "masked": self.masked,
                 "claims": dict(self.claims)}
 
     def load_state(self, state: dict[str, Any], fix_spec: Callable[[DataSpec], None]) -> None:
@@ -196,6 +199,7 @@ class FederationData:
         sent = state.get("sent", state.get("planner", {}).get("clients", {}))  # older: planner's
         self.sent = {int(k): [int(a), int(b)] for k, (a, b) in sent.items()}
         self.grown = int(state.get("grown", 0))
+        self.masked = bool(state.get("masked", False))
         self.claims = {int(k): int(v) for k, v in state.get("claims", {}).items()}
         if (spec := state.get("spec")) is not None:  # keys an older checkpoint lacks: defaults
             fix_spec(DataSpec(**{**spec, "sample_shape": tuple(spec["sample_shape"]),
