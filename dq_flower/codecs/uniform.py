@@ -1,6 +1,7 @@
 """The data quantizer ``uniform``: per-sample affine ``bits``-bit codes of a batch ``(n, d)``.
 
-Each row (or each of its ``per_channel=C`` channel slices, channel-first) gets float32
+Each row (or each of its ``per_channel=C`` channel slices, channel-first; ``channels_last``:
+rows ``(L, C)`` coded as their transpose ``(C, L)``, meta ``channels_last``) gets float32
 ``lo = min`` and ``scale = (max - lo) / (2**bits - 1)``; a code is ``floor(t + u)`` for
 ``t = (x - lo) / scale``, ``u`` uniform in [0, 1) (stochastic, unbiased) or 1/2 (nearest),
 and decodes to ``lo + code * scale`` (error below one step, half with nearest; a constant
@@ -87,7 +88,7 @@ class Uniform(Codec):
         Stochastic (unbiased) rounding if True, nearest rounding otherwise.
     per_channel : int
         Number of channels ``C`` that get their own range (``d`` must be a multiple of
-        ``C``); 0 gives each row one range.
+        ``C``); 0 gives each row one range. ``channels_last``: rows are ``(d / C, C)``.
     dither_seed : int or None
         Seed of a subtractive dither shared by encoder and decoder (replaces the rounding
         rule above; the decoder must be built with the same seed).
@@ -110,12 +111,15 @@ class Uniform(Codec):
     entropy: str = knob("none", coerce=lambda v: v if v == "context" else check_method(v))
     fixed_range: bool = knob(False, coerce=_flag("fixed_range"))
     sample_shape: tuple[int, ...] | None = knob(None, coerce=_sample_shape)
+    channels_last: bool = knob(False, coerce=_flag("channels_last"))
     meta_fields = ("bits", "per_channel", "dither_seed")
 
     def __post_init__(self) -> None:
         if self.fixed_range and self.per_channel:
             raise ValueError("per_channel has no meaning with fixed_range: every channel shares "
                              "[0, 1]")
+        if self.channels_last and self.per_channel < 2:
+            raise ValueError("channels_last needs per_channel >= 2")
 
     @property
     def levels(self) -> int:
@@ -139,6 +143,7 @@ class Uniform(Codec):
             raise ValueError(f"sample_shape {shape} does not hold d={d} values")
         if shape is None or len(shape) == 1:
             return None
+        shape = shape[::-1] if self.channels_last else shape  # the codes' (C, L)
         if len(shape) == 3 and shape[2] <= 4 < shape[0]:
             shape = (shape[0], shape[1] * shape[2])
         c, h, w = (1, *shape) if len(shape) == 2 else shape
@@ -157,12 +162,15 @@ class Uniform(Codec):
         if self.dither_seed is None and self.stochastic:
             rng = require_rng(rng, self.name)
         rows, width = n * groups, d // groups
+        arr = arr.reshape(n, width, groups).transpose(0, 2, 1) if self.channels_last else arr
         flat = np.ascontiguousarray(arr).reshape(rows, width)
         packed, lo, scale = self._quantize(flat, rng)
         img = self._image_shape(d) if self.entropy == "context" else None
         packed, method, img = self._entropy_code(packed, n, d, img)
         code_bits = n * d * self.bits if method == "none" else 8 * packed.size
         meta: dict[str, Any] = {"entropy": method}
+        if self.channels_last:
+            meta["channels_last"] = True
         if method == "context" and img is not None:
             meta["context_shape"] = context.shape_text(img)
         if self.fixed_range:
@@ -292,15 +300,17 @@ class Uniform(Codec):
                 return bitpack.unpack_to(packed, self.bits, n * d, ramp).reshape(n, d)
         else:
             ramp = np.arange(self.levels + 1, dtype=np.float32)
-        return self._dequantize(packed, ramp, lo, scale, rows, width).reshape(n, d)
+        out = self._dequantize(packed, ramp, lo, scale, rows, width).reshape(n, groups, width)
+        return (out.transpose(0, 2, 1) if self.channels_last else out).reshape(n, d)
 
     def _check_meta(self, p: Payload) -> object:
         """Check ``p``'s codec, 2-D shape and meta against this decoder; return its coder."""
         open_payload(p, self, ndim=2)
-        fixed = p.meta.get("fixed_range", False)
-        if not isinstance(fixed, bool) or fixed != self.fixed_range:
-            raise PayloadError(f"uniform payload meta 'fixed_range'={fixed!r} does not match the "
-                               f"decoder's {self.fixed_range!r}")
+        for key, want in (("fixed_range", self.fixed_range), ("channels_last", self.channels_last)):
+            got = p.meta.get(key, False)
+            if not isinstance(got, bool) or got != want:
+                raise PayloadError(f"uniform payload meta {key!r}={got!r} does not match the "
+                                   f"decoder's {want!r}")
         method = p.meta.get("entropy")
         # a context encoder sends a message zlib-coded where that is smaller
         accepted = ("none", self.entropy, "zlib") if self.entropy == "context" \

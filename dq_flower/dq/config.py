@@ -34,6 +34,7 @@ from dq_flower.config import (
     knob,
     one_of,
 )
+from dq_flower.wire.ranges import channels_last
 
 __all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS",
            "UPLOAD_MODES", "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",
@@ -304,8 +305,9 @@ class DQConfig(RobustConfig, OptimizerConfig):
                                   "entropy": self.entropy_coder}
         if self.entropy_coder == CONTEXT and sample_shape is not None:
             params["sample_shape"] = tuple(int(s) for s in sample_shape)
-        if mode == "channel" and channels > 1:
+        if mode == "channel" and channels > 1:  # windows (L, C) coded as (C, L)
             params["per_channel"] = channels
+            params["channels_last"] = sample_shape is not None and channels_last(sample_shape)
         if mode == "feature":
             params["fixed_range"] = True
         if self.dither and dither_seed is not None:

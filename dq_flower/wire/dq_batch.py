@@ -20,7 +20,7 @@ from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.payload import raw_array, read_raw
 from dq_flower.wire.input_parts import NAN_KEY, parts_width, read_nan
-from dq_flower.wire.ranges import ranges_from_record, ranges_record
+from dq_flower.wire.ranges import channels_last, range_mode, ranges_from_record, ranges_record
 from dq_flower.wire.targets import travelling_targets
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
@@ -231,23 +231,12 @@ def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
     return ids
 
 
-def sensor_window(sample_shape: tuple[int, ...]) -> bool:
-    """Whether samples are windows of a few channels ``(C, L)``, ``1 < C <= L / 4``."""
-    return len(sample_shape) == 2 and 1 < sample_shape[0] <= sample_shape[1] // 4
+def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False,
+                      last: bool = False):
+    """The ``uniform`` decoder of ``p``, its ``bits``, ``per_channel``, ``fixed_range`` checked.
 
-
-def range_mode(ranges: str, sample_shape: tuple[int, ...], mixed_units: bool = False) -> str:
-    """``auto``: ``channel`` for sensor windows, ``feature`` for flat or mixed units."""
-    if ranges == "channel":
-        return "channel" if len(sample_shape) in (2, 3) and sample_shape[0] > 1 else "sample"
-    if ranges == "auto":  # windows: an accelerometer's gravity beside a gyroscope's turns
-        return ("channel" if sensor_window(sample_shape) else
-                "feature" if len(sample_shape) == 1 or mixed_units else "sample")
-    return ranges
-
-
-def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False):
-    """The ``uniform`` decoder of ``p``, its ``bits``, ``per_channel``, ``fixed_range`` checked."""
+    ``last``: channels last (:func:`channels_last`), checked by the decoder.
+    """
     if (p.meta.get("bits") != bits or p.meta.get("per_channel", 0) != per_channel
             or bool(p.meta.get("fixed_range", False)) != fixed_range):
         raise PayloadError(f"samples use bits={p.meta.get('bits')!r}, "
@@ -257,16 +246,17 @@ def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool
     seed, method = p.meta.get("dither_seed"), p.meta.get("entropy", "none")
     try:
         return _quantizer(bits, per_channel, seed, method if isinstance(method, str)
-                          else "invalid", fixed_range)
+                          else "invalid", fixed_range, last)
     except (ValueError, TypeError) as exc:  # TypeError: a seed that cannot be a cache key
         raise PayloadError(f"samples carry invalid quantizer settings: {exc}") from None
 
 
 @functools.lru_cache(maxsize=64, typed=True)  # typed: 1 and True build apart
-def _quantizer(bits: int, per_channel: int, seed: object, method: str, fixed_range: bool):
+def _quantizer(bits: int, per_channel: int, seed: object, method: str, fixed_range: bool,
+               last: bool):
     """The ``uniform`` codec of these settings, built once (codecs are frozen)."""
     return make("uniform", bits=bits, per_channel=per_channel, dither_seed=seed,
-                entropy=method, fixed_range=fixed_range)
+                entropy=method, fixed_range=fixed_range, channels_last=last)
 
 
 #: Record name of the data spec in a reply.
@@ -334,9 +324,15 @@ class DataSpec:
         return int(math.prod(self.sample_shape))
 
     @property
+    def channels_last(self) -> bool:
+        """Sensor windows ``(L, C)``: coded as ``(C, L)`` where ranges go by channel."""
+        return channels_last(self.sample_shape)
+
+    @property
     def channels(self) -> int:
-        """Channels of an image ``(C, H, W)`` or a sensor window ``(C, L)``; 0 for others."""
-        return int(self.sample_shape[0]) if len(self.sample_shape) in (2, 3) else 0
+        """Channels of an image ``(C, H, W)`` or a window ``(C, L)``, ``(L, C)``; 0 for others."""
+        shape = self.sample_shape
+        return int(shape[channels_last(shape)]) if len(shape) in (2, 3) else 0
 
     def __str__(self) -> str:
         """As messages name it: ``samples (7,) as f3 + i4, class targets``."""
@@ -417,7 +413,7 @@ def read_reply(content: RecordDict, known: DataSpec | None, ranges: str, bits: i
         return DataReply(spec, "sample", batch)
     mode = range_mode(ranges, spec.sample_shape, spec.mixed_units)
     decoder = payload_quantizer(batch.samples, bits, spec.channels if mode == "channel" else 0,
-                                mode == "feature")
+                                mode == "feature", mode == "channel" and spec.channels_last)
     record = content.array_records.get(RANGES_KEY) if mode == "feature" else None
     return DataReply(spec, mode, batch, decoder,
                      None if record is None else ranges_from_record(record, spec.dim))

@@ -70,7 +70,8 @@ def read_reference(content: RecordDict, spec: DataSpec, num_classes: int | None,
     if len(batch) < MIN_ROWS:
         raise PayloadError(f"reference rows: {len(batch)} rows, fewer than {MIN_ROWS}")
     try:
-        rows = payload_quantizer(batch.samples, REFERENCE_BITS, per_channel).decode(batch.samples)
+        rows = payload_quantizer(batch.samples, REFERENCE_BITS, per_channel, False,
+                                 per_channel > 1 and spec.channels_last).decode(batch.samples)
     except ValueError as exc:  # a stream that does not decode to its rows
         raise PayloadError(f"reference rows do not decode: {exc}") from None
     if rows.shape != (len(batch), spec.dim) or not np.isfinite(rows).all():

@@ -26,9 +26,9 @@ from dq_flower.wire.dq_batch import (
     DataSpec,
     payload_quantizer,
     raw_array,
-    sensor_window,
 )
 from dq_flower.wire.input_parts import NAN_KEY, nan_bytes, nan_mode
+from dq_flower.wire.ranges import sensor_window
 from dq_flower.wire.targets import binary_targets
 from dq_flower.wire.token_batch import TOKENS_CODEC
 
@@ -189,7 +189,8 @@ def sent_rows(context: Context, config: Mapping[str, Any], x_flat: np.ndarray, y
             continue
         bits = int(payload.meta["bits"])
         xq = payload_quantizer(payload, bits, int(payload.meta.get("per_channel", 0)),
-                               bool(payload.meta.get("fixed_range", False))).decode(payload)
+                               bool(payload.meta.get("fixed_range", False)),
+                               bool(payload.meta.get("channels_last", False))).decode(payload)
         if mode == "feature":
             xq = denormalise(xq, *coding_ranges(context, config, x_flat, bits, send=False))
         parts.append((x_flat[pos], xq[held], y[pos], weights))

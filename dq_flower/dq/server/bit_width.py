@@ -172,7 +172,7 @@ def raise_bits(strategy: Any, bits: int) -> None:
     data, old = strategy.data, strategy.data.layout
     if not isinstance(old, RowLayout) or data.store is None:
         return  # no rows yet: the store is laid at ``bits`` when the spec is adopted
-    new = RowLayout(old.dim, bits, old.groups, old.fixed)
+    new = RowLayout(old.dim, bits, old.groups, old.fixed, old.channels_last)
     state = data.store.state()
     if "codes" in state:
         state["codes"] = relaid(state["codes"], old, new)

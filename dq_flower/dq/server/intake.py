@@ -108,7 +108,7 @@ class UploadIntake:
         groups = spec.channels if mode == "channel" else 1
         layout = layout_of(spec) if id_rows else (  # rows keeping NaN: where, beside them
             NanRowLayout if keeps_nan(self.model, spec) else RowLayout)(
-            spec.dim, cfg.bits, max(groups, 1), fixed=mode == "feature")
+            spec.dim, cfg.bits, groups, mode == "feature", groups > 1 and spec.channels_last)
         limits: dict[str, Any] = {"max_samples": cfg.max_store_samples,
                                   "eviction": cfg.store_eviction, "seed": self.seed}
         store = (DiskSampleStore(layout.dequantize, cfg.store_dir, **limits)

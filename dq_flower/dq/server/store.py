@@ -39,6 +39,7 @@ class RowLayout:
     bits: int
     groups: int = 1
     fixed: bool = False
+    channels_last: bool = False  # rows (L, C) coded as (C, L) (``groups`` = C)
 
     @cached_property
     def padded_dim(self) -> int:
@@ -98,7 +99,7 @@ class RowLayout:
             u = np.stack([dither_offsets(int(s), int(o), self.dim) for s, o in dither])
             out -= (u.reshape(n, g, width) - np.float32(0.5)) * scales[:, :, None]
         out += mins[:, :, None]
-        return out.reshape(n, self.dim)
+        return (out.transpose(0, 2, 1) if self.channels_last else out).reshape(n, self.dim)
 
 
 @dataclass(frozen=True)
