@@ -34,7 +34,7 @@ from dq_flower.config import (
     knob,
     one_of,
 )
-from dq_flower.wire.ranges import channels_last
+from dq_flower.wire.dq_batch import channels_last
 
 __all__ = ["DQConfig", "DQStrategyConfig", "SCORERS", "SELECTION_RULES", "ENTROPY_CODERS",
            "UPLOAD_MODES", "RANGE_MODES", "CLIENT_KEYS", "robust_rule", "UPLOAD_SCHEDULES",

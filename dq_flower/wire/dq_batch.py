@@ -17,15 +17,15 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from dq_flower.codecs import Payload, PayloadError, make
-from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes, unpack, unpack_wide
+from dq_flower.codecs.bitpack import packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.payload import raw_array, read_raw
 from dq_flower.wire.input_parts import NAN_KEY, parts_width, read_nan
-from dq_flower.wire.ranges import channels_last, range_mode, ranges_from_record, ranges_record
-from dq_flower.wire.targets import travelling_targets
+from dq_flower.wire.ranges import ranges_from_record, ranges_record
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
-           "SampleBatch", "label_width", "encode_batch", "decode_batch", "raw_array", "RANGES_KEY",
+           "SampleBatch", "label_width", "decode_batch", "raw_array", "RANGES_KEY",
            "payload_quantizer", "range_mode", "ranges_record", "ranges_from_record", "SPEC_KEY",
+           "channels_last",
            "DataSpec", "spec_record", "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY",
            "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply",
            "as_float_targets", "REFERENCE_KEY", "REFERENCE_INFO_KEY"]
@@ -72,43 +72,6 @@ class SampleBatch:
         """Analytic bits of the whole upload (codes, side info, labels, ids, weights, delta)."""
         comp = self.compensation.nbits if self.compensation is not None else 0
         return int(self.samples.nbits + self.info_nbits + comp)
-
-
-def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
-                 weights: np.ndarray, num_classes: int, id_upper: int,
-                 compensation: Payload | None = None, binary: bool = False
-                 ) -> tuple[RecordDict, int]:
-    """Records of one upload and its exact payload bits.
-
-    Class labels packed at ``ceil(log2 num_classes)`` bits, ``binary`` targets (0 or 1) at
-    one bit each, float targets as float16 where that moves none beyond 1% of the spread
-    (else float32; ``None``: the samples are the targets), equal weights as one float32.
-    """
-    n = int(ids.shape[0])
-    iw = width_for(max(id_upper, 1))
-    w = np.asarray(weights, dtype=np.float32)
-    if n and np.all(w == w[0]):
-        w = w[:1]
-    arrays = {"ids": raw_array(pack_wide(np.asarray(ids), iw)), "weights": raw_array(w)}
-    if targets is None:
-        lw, target_bits = 0, 0
-    elif np.issubdtype(targets.dtype, np.integer):  # (n,), or several a sample: n * k codes
-        lw = label_width(num_classes)
-        arrays["labels"] = raw_array(pack(np.asarray(targets, dtype=np.uint8), lw) if lw <= 8
-                                     else pack_wide(targets.reshape(-1), lw))
-        target_bits = 8 * packed_nbytes(targets.size, lw)
-    else:
-        lw, values = 0, np.asarray(targets, dtype=np.float32)
-        sent = (pack(values.reshape(-1).astype(np.uint8), 1) if binary
-                and np.isin(values, (0.0, 1.0)).all() else travelling_targets(values))
-        arrays["targets"] = raw_array(sent)
-        target_bits = 8 * sent.nbytes
-    arrays["counts"] = raw_array(np.array([n, lw, iw, w.size], dtype=np.int64))
-    info_nbits = target_bits + 8 * packed_nbytes(n, iw) + 32 * w.size
-    content = RecordDict({SAMPLES_KEY: samples.to_record(), INFO_KEY: ArrayRecord(arrays)})
-    if compensation is not None:
-        content[COMPENSATION_KEY] = compensation.to_record()
-    return content, int(samples.nbits + info_nbits + (compensation.nbits if compensation else 0))
 
 
 def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None, target_dim: int,
@@ -231,12 +194,29 @@ def _ids(raw: np.ndarray, iw: int, n: int, id_upper: int | None) -> np.ndarray:
     return ids
 
 
+def sensor_window(sample_shape: tuple[int, ...]) -> bool:
+    """Whether samples are windows of a few channels ``(C, L)`` or ``(L, C)``, ``1 < C <= L/4``."""
+    return len(sample_shape) == 2 and 1 < min(sample_shape) <= max(sample_shape) // 4
+
+
+def channels_last(sample_shape: tuple[int, ...]) -> bool:
+    """Whether samples are windows ``(L, C)`` (:func:`sensor_window`), coded as ``(C, L)``."""
+    return sensor_window(sample_shape) and sample_shape[1] < sample_shape[0]
+
+
+def range_mode(ranges: str, sample_shape: tuple[int, ...], mixed_units: bool = False) -> str:
+    """``auto``: ``channel`` for sensor windows, ``feature`` for flat or mixed units."""
+    if ranges == "channel":
+        return "channel" if len(sample_shape) in (2, 3) and sample_shape[0] > 1 else "sample"
+    if ranges == "auto":  # windows: an accelerometer's gravity beside a gyroscope's turns
+        return ("channel" if sensor_window(sample_shape) else
+                "feature" if len(sample_shape) == 1 or mixed_units else "sample")
+    return ranges
+
+
 def payload_quantizer(p: Payload, bits: int, per_channel: int, fixed_range: bool = False,
                       last: bool = False):
-    """The ``uniform`` decoder of ``p``, its ``bits``, ``per_channel``, ``fixed_range`` checked.
-
-    ``last``: channels last (:func:`channels_last`), checked by the decoder.
-    """
+    """The ``uniform`` decoder of ``p`` (``last``: channels last), its settings checked."""
     if (p.meta.get("bits") != bits or p.meta.get("per_channel", 0) != per_channel
             or bool(p.meta.get("fixed_range", False)) != fixed_range):
         raise PayloadError(f"samples use bits={p.meta.get('bits')!r}, "

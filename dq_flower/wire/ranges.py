@@ -3,7 +3,6 @@
 ``2 * d`` raw float32, each feature's ``lo`` then its ``span``; where some feature is
 log-coded (:func:`~dq_flower.codecs.affine.log_scales`), one bit per feature
 (``log-features``) and the flagged features' scales (``log-scales``, float32) besides.
-:func:`range_mode`: which ranges samples of a shape get (``sample``, ``channel``, ``feature``).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from flwr.app import ArrayRecord
 from dq_flower.codecs import PayloadError
 from dq_flower.codecs.payload import raw_array, read_raw
 
-__all__ = ["ranges_record", "ranges_from_record", "range_mode", "sensor_window", "channels_last"]
+__all__ = ["ranges_record", "ranges_from_record"]
 
 _WHAT = "feature-ranges"
 
@@ -58,23 +57,3 @@ def ranges_from_record(record: ArrayRecord, dim: int) -> tuple[np.ndarray, ...]:
     scale = np.zeros(dim, np.float32)
     scale[logged] = scales
     return lo, span, scale
-
-
-def sensor_window(sample_shape: tuple[int, ...]) -> bool:
-    """Whether samples are windows of a few channels ``(C, L)`` or ``(L, C)``, ``1 < C <= L/4``."""
-    return len(sample_shape) == 2 and 1 < min(sample_shape) <= max(sample_shape) // 4
-
-
-def channels_last(sample_shape: tuple[int, ...]) -> bool:
-    """Whether samples are windows ``(L, C)`` (:func:`sensor_window`), coded as ``(C, L)``."""
-    return sensor_window(sample_shape) and sample_shape[1] < sample_shape[0]
-
-
-def range_mode(ranges: str, sample_shape: tuple[int, ...], mixed_units: bool = False) -> str:
-    """``auto``: ``channel`` for sensor windows, ``feature`` for flat or mixed units."""
-    if ranges == "channel":
-        return "channel" if len(sample_shape) in (2, 3) and sample_shape[0] > 1 else "sample"
-    if ranges == "auto":  # windows: an accelerometer's gravity beside a gyroscope's turns
-        return ("channel" if sensor_window(sample_shape) else
-                "feature" if len(sample_shape) == 1 or mixed_units else "sample")
-    return ranges

@@ -23,9 +23,9 @@ from dq_flower.wire.dq_batch import (
     SAMPLES_KEY,
     DataSpec,
     decode_batch,
-    encode_batch,
     payload_quantizer,
 )
+from dq_flower.wire.dq_upload import encode_batch
 
 __all__ = ["REFERENCE_KEY", "REFERENCE_INFO_KEY", "REFERENCE_BITS", "MAX_ROWS", "MIN_ROWS",
            "reference_records", "read_reference"]

@@ -23,7 +23,8 @@ from dq_flower.codecs import PayloadError, make
 from dq_flower.data_input import as_arrays
 from dq_flower.dq.client.sent import spec_of
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.wire.dq_batch import DataSpec, decode_batch, encode_batch
+from dq_flower.wire.dq_batch import DataSpec, decode_batch
+from dq_flower.wire.dq_upload import encode_batch
 
 
 def _spectra(n: int, seed: int) -> np.ndarray:

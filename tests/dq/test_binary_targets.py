@@ -21,7 +21,8 @@ from dq_flower.dq.client.sent import spec_of
 from dq_flower.dq.server.validation import History, Rules, check_upload
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.losses import TargetLoss, binary_loss, default_loss
-from dq_flower.wire.dq_batch import SPEC_KEY, DataSpec, encode_batch, spec_record
+from dq_flower.wire.dq_batch import SPEC_KEY, DataSpec, spec_record
+from dq_flower.wire.dq_upload import encode_batch
 from tests.apps import cancer_binary
 from tests.apps.test_zoo import runs
 

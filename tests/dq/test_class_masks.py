@@ -21,11 +21,11 @@ from dq_flower.wire.dq_batch import (
     INFO_KEY,
     SPEC_KEY,
     DataSpec,
-    encode_batch,
     read_reply,
     spec_from_record,
     spec_record,
 )
+from dq_flower.wire.dq_upload import encode_batch
 from tests.apps import segment_masks
 from tests.apps.runner import run_app
 

@@ -18,12 +18,12 @@ from dq_flower.wire.dq_batch import (
     INFO_KEY,
     SAMPLES_KEY,
     decode_batch,
-    encode_batch,
     label_width,
     payload_quantizer,
     raw_array,
     width_for,
 )
+from dq_flower.wire.dq_upload import encode_batch
 
 N, D, CLASSES, ID_UPPER = 11, 24, 10, 300
 

@@ -16,7 +16,8 @@ from dq_flower.harness.task_config import TaskConfig
 from dq_flower.harness.tasks.data import load_partition
 from dq_flower.harness.tasks.models import make_model
 from dq_flower.model_ops import weighted_loss_grad
-from dq_flower.wire.dq_batch import SPEC_KEY, DataSpec, encode_batch, spec_record
+from dq_flower.wire.dq_batch import SPEC_KEY, DataSpec, spec_record
+from dq_flower.wire.dq_upload import encode_batch
 
 from .helpers import run_inprocess
 

@@ -20,11 +20,11 @@ from dq_flower.wire.dq_batch import (
     RANGES_KEY,
     SPEC_KEY,
     DataSpec,
-    encode_batch,
     ranges_from_record,
     ranges_record,
     spec_record,
 )
+from dq_flower.wire.dq_upload import encode_batch
 
 BITS, LEVELS = 4, 16  # DQ's default for tables
 

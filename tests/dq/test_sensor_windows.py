@@ -23,9 +23,11 @@ import dq_flower
 from dq_flower.codecs import PayloadError
 from dq_flower.dq.client.sent import spec_of
 from dq_flower.dq.config import DQConfig
+from dq_flower.dq.server.bit_width import relaid
+from dq_flower.dq.server.nan_rows import NanRowLayout
 from dq_flower.dq.server.store import RowLayout
 from dq_flower.harness.inprocess import InProcessGrid
-from dq_flower.wire.dq_batch import DataSpec, payload_quantizer, range_mode
+from dq_flower.wire.dq_batch import DataSpec, channels_last, payload_quantizer, range_mode
 
 LENGTH, NODES = 64, 4
 
@@ -116,7 +118,7 @@ def test_channels_last_windows_are_coded_by_channel_and_decoded_back():
     rng = np.random.default_rng(0)
     x = (rng.normal(size=(20, 128, 3)) * [0.01, 1.0, 100.0]).astype(np.float32)  # axes apart
     spec = DataSpec((128, 3))
-    assert spec.channels == 3 and spec.channels_last and not DataSpec((3, 128)).channels_last
+    assert spec.channels == 3 and channels_last((128, 3)) and not channels_last((3, 128))
     coder = DQConfig(bits=2).sample_quantizer("channel", spec.channels, dither_seed=5,
                                               sample_shape=spec.sample_shape)
     p = coder.encode(x.reshape(20, -1), rng)
@@ -126,7 +128,17 @@ def test_channels_last_windows_are_coded_by_channel_and_decoded_back():
     decoded = payload_quantizer(p, 2, 3, False, True).decode(p).reshape(20, 128, 3)
     assert (np.abs(decoded - x) <= steps[:, None, :] * 1.001).all()  # within each axis' step
     layout = RowLayout(384, 2, 3, False, True)  # the store's rows decode to the same values
-    np.testing.assert_array_equal(layout.dequantize(*layout.rows(p)), decoded.reshape(20, -1))
+    codes, side, dither = layout.rows(p)
+    np.testing.assert_array_equal(layout.dequantize(codes, side, dither), decoded.reshape(20, -1))
+    holes = rng.random((20, 384)) < 0.1  # NaN where the node's rows held it, in (L, C) order
+    with_nan = NanRowLayout(384, 2, 3, False, True)
+    out = with_nan.dequantize(with_nan.with_holes(codes, holes), side, dither)
+    np.testing.assert_array_equal(np.isnan(out), holes)
+    np.testing.assert_array_equal(out[~holes], decoded.reshape(20, -1)[~holes])
+    wide = RowLayout(384, 4, 3, False, True)  # the bit raise re-lays them (c 2^b + c)
+    side[:, 3:] /= np.float32(5)
+    np.testing.assert_allclose(wide.dequantize(relaid(codes, layout, wide), side, dither),
+                               decoded.reshape(20, -1), rtol=1e-5, atol=1e-4)
     with pytest.raises(PayloadError, match="channels_last"):  # a decoder reading (C, L) refuses
         payload_quantizer(p, 2, 3).decode(p)
 

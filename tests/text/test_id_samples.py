@@ -30,10 +30,10 @@ from dq_flower.wire.dq_batch import (
     ID_VOCAB_KEY,
     SPEC_KEY,
     DataSpec,
-    encode_batch,
     spec_from_record,
     spec_record,
 )
+from dq_flower.wire.dq_upload import encode_batch
 from dq_flower.wire.token_batch import tokens_payload
 
 VOCAB, LENGTH, CLASSES, NODES, ROWS = 60, 12, 3, 4, 150

@@ -26,9 +26,9 @@ from dq_flower.wire.dq_batch import (
     DataSpec,
     payload_quantizer,
     raw_array,
+    sensor_window,
 )
 from dq_flower.wire.input_parts import NAN_KEY, nan_bytes, nan_mode
-from dq_flower.wire.ranges import sensor_window
 from dq_flower.wire.targets import binary_targets
 from dq_flower.wire.token_batch import TOKENS_CODEC
 

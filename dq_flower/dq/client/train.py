@@ -70,11 +70,11 @@ from dq_flower.wire.dq_batch import (
     REFRESH_KEY,
     SPEC_KEY,
     DataSpec,
-    encode_batch,
     range_mode,
     ranges_record,
     spec_record,
 )
+from dq_flower.wire.dq_upload import encode_batch
 from dq_flower.wire.held import VALUE_BOUND_KEY, held_for
 from dq_flower.wire.input_parts import INPUT_NAMES_KEY, ONE_INPUT_KEY, nan_mode
 from dq_flower.wire.node_errors import NodeConfigError

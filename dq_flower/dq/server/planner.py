@@ -25,7 +25,8 @@ from flwr.app import MetricRecord, RecordDict
 
 from dq_flower.accounting import content_bytes
 from dq_flower.dq.server.federation import FederationData
-from dq_flower.wire.dq_batch import GRADIENT_KEY, encode_batch
+from dq_flower.wire.dq_batch import GRADIENT_KEY
+from dq_flower.wire.dq_upload import encode_batch
 
 __all__ = ["UploadPlanner", "RoundPlan", "first_estimates", "gradient_estimate", "reply_bits",
            "ESTIMATES"]
