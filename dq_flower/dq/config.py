@@ -296,20 +296,17 @@ class DQConfig(RobustConfig, OptimizerConfig):
         """The ``uniform`` data quantizer of range layout ``mode`` for these knobs.
 
         ``sample_shape`` (one sample's shape) gives the ``context`` coder its 2-D
-        neighbourhoods; it changes nothing for the other coders.
+        neighbourhoods and tells windows ``(L, C)``, coded by channel as ``(C, L)``.
         """
         bits = self.bits or auto_bits(
             int(sample_shape[0]) if sample_shape is not None and len(sample_shape) == 1
             else None)  # the strategy resolves 0 before sending; this is the fallback
         params: dict[str, Any] = {"bits": bits, "stochastic": self.stochastic,
-                                  "entropy": self.entropy_coder}
+                                  "entropy": self.entropy_coder, "fixed_range": mode == "feature"}
         if self.entropy_coder == CONTEXT and sample_shape is not None:
             params["sample_shape"] = tuple(int(s) for s in sample_shape)
-        if mode == "channel" and channels > 1:  # windows (L, C) coded as (C, L)
-            params["per_channel"] = channels
-            params["channels_last"] = sample_shape is not None and channels_last(sample_shape)
-        if mode == "feature":
-            params["fixed_range"] = True
+        if mode == "channel" and channels > 1:
+            params.update(per_channel=channels, channels_last=channels_last(sample_shape or ()))
         if self.dither and dither_seed is not None:
             params["dither_seed"] = int(dither_seed)
         return make("uniform", **params)
