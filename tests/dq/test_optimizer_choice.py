@@ -19,11 +19,11 @@ from dq_flower.dq.server.optimizer_choice import (
     OptimizerChoice,
     _decided,
     candidates,
-    from_train_config,
     pick,
     target_scale,
 )
 from dq_flower.dq.server.plateau import HeldOutScores
+from dq_flower.dq.server.train_config import from_train_config
 from dq_flower.harness.inprocess import InProcessGrid
 from tests.apps.runner import docs_text
 

@@ -35,7 +35,6 @@ from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import Asked, ClientIdentities, FederationData, reply_claims
 from dq_flower.dq.server.gradient_rounds import Combined, GradientRounds
 from dq_flower.dq.server.intake import Compensations, UploadIntake
-from dq_flower.dq.server.optimizer_choice import apply_train_config
 from dq_flower.dq.server.planner import RoundPlan, UploadPlanner, gradient_estimate
 from dq_flower.dq.server.round_metrics import Metrics, RoundMetrics
 from dq_flower.dq.server.run_key import (
@@ -46,6 +45,7 @@ from dq_flower.dq.server.run_key import (
     stored_layout,
 )
 from dq_flower.dq.server.store import SampleStore
+from dq_flower.dq.server.train_config import apply_train_config
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import BY_PARTITION, Rules, Upload
 from dq_flower.losses import TargetLoss, per_sample

@@ -28,8 +28,10 @@ from dq_flower.dq.server.optimizer_choice import (
     AUTO,
     Continuation,
     OptimizerChoice,
+    Races,
     decay_for,
     probe,
+    probe_due,
 )
 from dq_flower.dq.server.output_scale import OutputScale, standardised
 from dq_flower.dq.server.plateau import HeldOutScores, PhaseResult, PlateauRule, train_phase
@@ -70,6 +72,7 @@ class ServerTrainer:
             None if cfg.optimizer == AUTO else OptimizerChoice(cfg.optimizer, cfg.lr))
         self.lr = cfg.lr
         self.lr_given = False  # whether a step size came from the user (knob or train_config)
+        self.races = Races()  # the run's optimizer probes (a tie in the first: one more race)
         self.comp_codec = comp_codec
         self.loss_fn, self.seed, self.user_augment = loss_fn, seed, augment
         self.schedule = (AdaptiveSchedule(cfg.min_gain, cfg.max_growth, probe_after=cfg.probe_after)
@@ -117,6 +120,7 @@ class ServerTrainer:
     def choose_optimizer(self, server_round: int, rng: np.random.Generator
                          ) -> Continuation | None:
         """The optimizer probe (:func:`~.optimizer_choice.probe`) from this trainer."""
+        self.races.count += 1
         return probe(self, server_round, rng)
 
     # ------------------------------------------------------------------ one round
@@ -324,7 +328,7 @@ class ServerTrainer:
         first = [self.fresh_gradient(fresh)] if self.comp_codec is not None and compensated else []
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         # optimizer auto: probe the candidates on the held-out rows; the winner goes on
-        probe = self.choose_optimizer(server_round, rng) if self.choice is None else None
+        probe = self.choose_optimizer(server_round, rng) if probe_due(self) else None
         self.model.train()
         phase = self.run_phase(store.num_train, rng, first, resume=probe)
         excluded = set(self.screen.excluded)
@@ -413,6 +417,7 @@ class ServerTrainer:
                 "node_screen": self.screen.state(), "idle": self.idle.state(),
                 "optimizer_choice": None if self.choice is None else self.choice.state(),
                 "lr": self.lr, "lr_given": self.lr_given, "input_scale": self.input_scale.state(),
+                "probes": self.races.count,
                 "output_scale": self.output_scale.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -426,6 +431,7 @@ class ServerTrainer:
             self.lr = float(state.get("lr", self.lr))
             self.lr_given = bool(state.get("lr_given"))
         self.rolled_back = int(state.get("rolled_back", 0))
+        self.races = Races(int(state.get("probes", 1)))  # older checkpoints: one probe ran
         if self.schedule is not None and state.get("schedule") is not None:
             self.schedule.load_state(state["schedule"])
         self.node_fit = {int(k): float(v) for k, v in state.get("node_fit", {}).items()}
