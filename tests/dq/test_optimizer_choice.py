@@ -17,6 +17,7 @@ import dq_flower.dq.server.input_scale as input_scale
 from dq_flower.dq.server.optimizer_choice import (
     ADAM_LR,
     OptimizerChoice,
+    Races,
     _decided,
     candidates,
     pick,
@@ -117,6 +118,7 @@ class _Trainer:
         self.data = SimpleNamespace(store=store, spec=SimpleNamespace(vocab=3_000,
                                                                       target="class"))
         self.choice, self.lr, self.lr_given, self.trained = None, 0.05, False, 0
+        self.races = Races(1)  # the run's first probe
         rng = np.random.default_rng(0)
         self.noise = {"sgd": rng.normal(0, 0.3, 2_000), "adam": rng.normal(0, 0.3, 2_000)}
 

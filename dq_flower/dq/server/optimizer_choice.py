@@ -266,9 +266,10 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
                   "held-out rows to choose on)")
         return None
     start = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-    now, kept, scored = start, (trainer.choice, trainer.optimizer), None
+    now, kept, scored = start, None, None
     if tied and first is not None:  # from where the first race started, judged against now
-        scored, start, trainer.races.tied_from = trainer.score_holdout(), first, None
+        kept, scored = (trainer.choice, trainer.optimizer), trainer.score_holdout()
+        start, trainer.races.tied_from = first, None
     phase = trainer.plateau.for_rows(store.num_train, trainer.cfg.server_batch_size,
                                      trainer.cfg.max_server_epochs)
     rule = replace(phase, lr_drops=0, max_steps=max(1, min(
@@ -294,7 +295,7 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
         trainer.races.tied_from = start
     stands = bool(tied) and (best == 0 or winner.scores is None)  # the model now goes on
     if stands:
-        assert kept[0] is not None
+        assert kept is not None and kept[0] is not None
         trainer.model.load_state_dict(now)
         trainer.use_optimizer(replace(kept[0], tie_rows=0), kept[1])
     else:
