@@ -74,6 +74,8 @@ def read_reference(content: RecordDict, spec: DataSpec, num_classes: int | None,
                                  per_channel > 1 and spec.channels_last).decode(batch.samples)
     except ValueError as exc:  # a stream that does not decode to its rows
         raise PayloadError(f"reference rows do not decode: {exc}") from None
-    if rows.shape != (len(batch), spec.dim) or not np.isfinite(rows).all():
+    if rows.shape != (len(batch), spec.dim):
+        raise PayloadError(f"reference rows of shape {rows.shape}, not ({len(batch)}, {spec.dim})")
+    if not np.isfinite(rows).all():
         raise PayloadError("reference rows: values that are not finite")
     return np.asarray(rows, np.float32), batch.labels
