@@ -35,7 +35,8 @@ def test_a_node_without_torch_uploads_its_hapt_windows_under_dq(tmp_path):
     data_file = save_node_data(tmp_path / "edge" / "local.npz", windows, y)
     run_config = build_run_config("dq", dataset="hapt", model="cnn1d", num_clients=2,
                                   rounds=ROUNDS, partition="natural", data_dir=str(data_dir),
-                                  budget=BUDGET, scorer="uniform", upload_schedule="fixed")
+                                  budget=BUDGET, scorer="uniform", upload_schedule="fixed",
+                                  bits=2)  # set: no reference rows beside the windows
     log = tmp_path / "blocked.txt"
     with SubprocessClient(block_torch=True, block_log=log) as edge:
         def route(msg, context):
