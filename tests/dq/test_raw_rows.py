@@ -33,26 +33,16 @@ from dq_flower.harness.task_config import TaskConfig
 from dq_flower.wire.raw_fit import RAW_LOSS_KEY
 from tests.apps import pump_wear
 from tests.apps.runner import AppRun, client_train, docs_text, run_app
+from tests.dq.helpers import LogLines
 
 RAISE = "bits 2 -> 4 from round 3"
 KEPT = "bits stays 2 as set"
 
 
-class _Lines(logging.Handler):
-    """The messages Flower's logger gives while attached."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture(scope="module")
 def runs() -> dict[str, tuple[AppRun, str]]:
     """FedAvg, and DQ at its defaults and with ``bits = 2`` set, on the pump windows."""
-    handler, logger = _Lines(), logging.getLogger("flwr")
+    handler, logger = LogLines(), logging.getLogger("flwr")
     logger.addHandler(handler)
     out = {"fedavg": (run_app(pump_wear, "fedavg"), "")}  # first: as in a process of its own
     try:

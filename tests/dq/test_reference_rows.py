@@ -41,6 +41,7 @@ from dq_flower.wire.reference_rows import (
 )
 from tests.apps import pump_wear
 from tests.apps.runner import AppRun, docs_text, run_app
+from tests.dq.helpers import LogLines
 
 SPEC = DataSpec((2, 16), "float")
 
@@ -189,21 +190,10 @@ def _rounds(strategy, grid, last: int, config: ConfigRecord) -> list[list[Messag
     return sent_all
 
 
-class _Lines(logging.Handler):
-    """The messages Flower's logger gives while attached."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture(scope="module")
 def pump() -> dict[str, tuple[AppRun, str]]:
     """DQ on the pump windows with nodes given no model: bits auto, and ``bits = 2`` set."""
-    handler, logger = _Lines(), logging.getLogger("flwr")
+    handler, logger = LogLines(), logging.getLogger("flwr")
     logger.addHandler(handler)
     pump_wear.DQ_CLIENT_MODEL = False
     out = {}
