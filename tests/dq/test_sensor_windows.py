@@ -139,6 +139,12 @@ def test_channels_last_windows_are_coded_by_channel_and_decoded_back():
     side[:, 3:] /= np.float32(5)
     np.testing.assert_allclose(wide.dequantize(relaid(codes, layout, wide), side, dither),
                                decoded.reshape(20, -1), rtol=1e-5, atol=1e-4)
+    wide_nan = NanRowLayout(384, 4, 3, False, True)  # NaN where they were, after the raise
+    out = wide_nan.dequantize(relaid(with_nan.with_holes(codes, holes), with_nan, wide_nan),
+                              side, dither)
+    np.testing.assert_array_equal(np.isnan(out), holes)
+    np.testing.assert_allclose(out[~holes], decoded.reshape(20, -1)[~holes], rtol=1e-5,
+                               atol=1e-4)
     with pytest.raises(PayloadError, match="channels_last"):  # a decoder reading (C, L) refuses
         payload_quantizer(p, 2, 3).decode(p)
 

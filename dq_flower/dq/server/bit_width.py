@@ -62,12 +62,17 @@ def auto_width(cfg: DQConfig, model: torch.nn.Module,
 
 
 def relaid(codes: np.ndarray, old: RowLayout, new: RowLayout) -> np.ndarray:
-    """Packed rows of ``old`` (``bits`` b) as ``new`` (``2b``) codes: ``c (2^b + 1)``."""
+    """Packed rows of ``old`` (``bits`` b) as ``new`` (``2b``) codes: ``c (2^b + 1)``.
+
+    Bytes a row holds after its codes (a :class:`~.nan_rows.NanRowLayout`'s NaN bits) stay.
+    """
     n = codes.shape[0]
-    values = unpack(np.ascontiguousarray(codes).reshape(-1), old.bits, n * old.padded_dim)
+    head = np.ascontiguousarray(codes[:, :old.row_bytes])
+    values = unpack(head.reshape(-1), old.bits, n * old.padded_dim)
     values = values.reshape(n, old.padded_dim)[:, :old.dim].astype(np.int64)
     values = np.pad(values * ((1 << old.bits) + 1), ((0, 0), (0, new.padded_dim - old.dim)))
-    return pack(values.reshape(-1), new.bits).reshape(n, new.row_bytes)
+    wide = pack(values.reshape(-1), new.bits).reshape(n, new.row_bytes)
+    return np.concatenate([wide, codes[:, old.row_bytes:]], axis=1)
 
 
 @dataclass
@@ -172,7 +177,7 @@ def raise_bits(strategy: Any, bits: int) -> None:
     data, old = strategy.data, strategy.data.layout
     if not isinstance(old, RowLayout) or data.store is None:
         return  # no rows yet: the store is laid at ``bits`` when the spec is adopted
-    new = RowLayout(old.dim, bits, old.groups, old.fixed, old.channels_last)
+    new = dataclasses.replace(old, bits=bits)  # a NaN-keeping layout stays one
     state = data.store.state()
     if "codes" in state:
         state["codes"] = relaid(state["codes"], old, new)
