@@ -10,6 +10,7 @@ them raw and recoded at the run's bits and raises bits auto where they read clea
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 from types import SimpleNamespace
 
@@ -24,6 +25,7 @@ from dq_flower.codecs import PayloadError, make
 from dq_flower.codecs.payload import raw_array
 from dq_flower.dq.config import DQConfig
 from dq_flower.dq.raw_gap import paired
+from dq_flower.dq.server.bit_width import BitWidth
 from dq_flower.dq.server.reference_rows import ReferenceRows
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
@@ -31,6 +33,7 @@ from dq_flower.harness.methods import client_task_config
 from dq_flower.harness.runtime import build_model, task_info
 from dq_flower.harness.task_config import TaskConfig
 from dq_flower.wire.dq_batch import DataSpec
+from dq_flower.wire.raw_fit import RawFit
 from dq_flower.wire.reference_rows import (
     MAX_ROWS,
     MIN_ROWS,
@@ -131,6 +134,11 @@ def test_the_paired_t_of_rows_without_a_difference_is_small():
     assert not gap.clear and abs(gap.t) < 3
 
 
+def _batch(nbytes: int) -> SimpleNamespace:
+    """An upload's batch of ``nbytes`` of payload."""
+    return SimpleNamespace(payload_bits=8 * nbytes)
+
+
 def _message(node: int, config: ConfigRecord | None = None,
              content: RecordDict | None = None) -> Message:
     InProcessGrid(client_app, 1)  # outside a Flower runtime: messages as the server's
@@ -138,40 +146,62 @@ def _message(node: int, config: ConfigRecord | None = None,
     return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
 
 
+def _identity(node: int) -> int:
+    """Node ``10 + k`` is client ``k``."""
+    return node - 10
+
+
 def test_only_nodes_holding_no_model_are_asked_and_each_once():
-    refs = ReferenceRows()
-    uploads = [SimpleNamespace(source=10, node=0, can_score=False),
-               SimpleNamespace(source=11, node=1, can_score=True)]
+    refs = ReferenceRows(received=8 * 16 * 1000 * 4)  # the rows cost a quarter of that
+    uploads = [SimpleNamespace(source=10, node=0, can_score=False, batch=_batch(0)),
+               SimpleNamespace(source=11, node=1, can_score=True, batch=_batch(0))]
     refs.take(_strategy(), 1, {}, uploads)
     sent = [_message(n, ConfigRecord({"round-mode": "data"})) for n in (10, 11)]
-    refs.ask(sent, 16 * 1000, 1000)
+    refs.ask(sent, 16 * 1000, 1000, _identity)
     asked = [REFERENCE_KEY in m.content.config_records["config"] for m in sent]
-    assert asked == [True, False]
+    assert asked == [True, False] and refs.asked == {0}
     again = [_message(10, ConfigRecord({"round-mode": "data"}))]
-    refs.ask(again, 16 * 1000, 1000)
+    refs.ask(again, 16 * 1000, 1000, _identity)
     assert REFERENCE_KEY not in again[0].content.config_records["config"]
 
 
 def test_no_node_is_asked_where_its_rows_would_cost_more_than_the_model():
-    refs = ReferenceRows(wanted={10, 11, 12})
+    refs = ReferenceRows(wanted={0, 1, 2}, received=8 * 10 ** 6)
     sent = [_message(n, ConfigRecord({"round-mode": "data"})) for n in (10, 11, 12)]
-    refs.ask(sent, 16 * 1000 - 1, 1000)  # 16 rows of 1,000 B beside a model of 15,999 B
+    refs.ask(sent, 16 * 1000 - 1, 1000, _identity)  # 16 rows of 1,000 B, a model of 15,999 B
     assert not refs.asked
-    refs.ask(sent, 2 * 16 * 1000, 1000)  # room for two nodes' rows
-    assert refs.asked == {10, 11}
+    refs.ask(sent, 2 * 16 * 1000, 1000, _identity)  # room for two nodes' rows
+    assert refs.asked == {0, 1}
+
+
+def test_rows_cost_at_most_half_the_payload_received_before_them():
+    """Two rounds of 16 HAPT windows at 2 bits (about 7 KB a round) asked 26 KB of rows."""
+    refs = ReferenceRows(wanted={0, 1})
+    sent = [_message(n, ConfigRecord({"round-mode": "data"})) for n in (10, 11)]
+    # a round's uploads of 2 x 15,999 B: half of it is short of one node's 16 rows of 1,000 B
+    refs.take(_strategy(), 1, {}, [SimpleNamespace(source=s, node=s - 10, can_score=False,
+                                                   batch=_batch(15_999)) for s in (10, 11)])
+    refs.ask(sent, 10 ** 6, 1000, _identity)
+    assert not refs.asked and refs.received == 8 * 2 * 15_999
+    refs.take(_strategy(), 2, {}, [SimpleNamespace(source=10, node=0, can_score=False,
+                                                   batch=_batch(2))])  # 16,000 B: one node
+    refs.ask(sent, 10 ** 6, 1000, _identity)
+    assert refs.asked == {0}
 
 
 def test_rows_sent_unasked_or_malformed_are_refused_and_the_others_kept(caplog):
-    refs = ReferenceRows(asked={10, 12})
+    refs = ReferenceRows(asked={0, 2})
     good, broken = _content(), _content(bits=4)
     replies = {10: _message(10, content=good), 11: _message(11, content=_content()),
                12: _message(12, content=broken)}
-    uploads = [SimpleNamespace(source=s, node=s - 10, can_score=False) for s in (10, 11, 12)]
+    uploads = [SimpleNamespace(source=s, node=s - 10, can_score=False, batch=_batch(100))
+               for s in (10, 11, 12)]
     with caplog.at_level(logging.WARNING, logger="flwr"):
         refs.take(_strategy(), 2, replies, uploads)
     assert set(refs.rows) == {0}
     text = caplog.text
     assert "client 1 refused: sent unasked" in text and "client 2 refused" in text
+    assert refs.received == 3 * 8 * 100  # the uploads' payload, counted for later asks
 
 
 def test_a_server_without_a_federation_spec_compares_nothing():
@@ -182,10 +212,14 @@ def test_a_server_without_a_federation_spec_compares_nothing():
 
 
 def _rounds(strategy, grid, last: int, config: ConfigRecord) -> list[list[Message]]:
+    """Rounds 1 to ``last``; each round's ``up-payload-bits`` is the sum of its nodes' own."""
     sent_all = []
     for rnd in range(1, last + 1):
         sent = list(strategy.configure_train(rnd, None, config, grid))
-        strategy.aggregate_train(rnd, list(grid.send_and_receive(sent)))
+        replies = list(grid.send_and_receive(sent))
+        metrics = strategy.aggregate_train(rnd, replies)[1]
+        nodes = sum(int(m.content.metric_records["metrics"]["up-payload-bits"]) for m in replies)
+        assert metrics["up-payload-bits"] == nodes, rnd  # reference rows included
         sent_all.append(sent)
     return sent_all
 
@@ -233,17 +267,71 @@ def test_the_method_page_quotes_the_pump_runs_without_the_model(pump):
 
 
 def test_on_digits_nodes_without_the_model_send_rows_once_and_bits_stay():
+    """And the rows count in the round's ``up-payload-bits`` as in the nodes' own."""
     task = TaskConfig(num_partitions=4, seed=3)  # ``uniform``: the nodes hold no model
     strategy = dq_flower.DQStrategy(build_model(task, task_info(task)), seed=3,
-                                    upload_schedule="fixed", budget=16, scorer="uniform")
+                                    upload_schedule="fixed", budget=64, scorer="uniform")
     grid, config = InProcessGrid(client_app, 4), client_task_config(task, "dq")
     sent = _rounds(strategy, grid, 3, config)
     sent.append(list(strategy.configure_train(4, None, config, grid)))  # checked again
     asked = [sum(REFERENCE_KEY in m.content.config_records["config"] for m in r) for r in sent]
-    assert asked == [0, 2, 0, 0] and len(strategy.widths.references.rows) == 2
+    # one node's rows fit half of round 1's uploads, a second's half of rounds 1 and 2
+    assert asked == [0, 1, 1, 0] and len(strategy.widths.references.rows) == 2
     assert strategy.cfg.bits == 2  # checked after rounds 2 and 3: no gap, no raise
 
 
 def test_reference_records_are_named_as_flower_names_keys():
     assert set(_content().array_records) == {"reference-rows", "reference-rows-info"}
     assert REFERENCE_KEY == "reference-rows" and REFERENCE_INFO_KEY == "reference-rows-info"
+
+
+def _pump_rounds(strategy, grid, rounds, then: int | None = None) -> list[int]:
+    """Drive ``rounds`` of ``strategy`` as Flower's ``start`` does, then configure ``then``.
+
+    How many nodes each round asked for reference rows.
+    """
+    config, asked = ConfigRecord(), []
+    for rnd in (*rounds, *([] if then is None else [then])):
+        sent = list(strategy.configure_train(rnd, None, config, grid))
+        asked.append(sum(REFERENCE_KEY in m.content.config_records["config"] for m in sent))
+        if rnd != then:
+            strategy.aggregate_train(rnd, list(grid.send_and_receive(sent)))
+    return asked
+
+
+def test_a_checkpoint_keeps_the_reports_and_reference_rows_the_next_round_reads():
+    widths = BitWidth(auto=True, reports=([RawFit(3.0, 1.0, 64)], 2))
+    widths.references = ReferenceRows(wanted={0, 3}, asked={0}, received=8_000, rows={
+        0: (np.ones((16, 32), np.float32), np.arange(16, dtype=np.float32))})
+    again = BitWidth(auto=True)
+    again.load(None, pickle.loads(pickle.dumps(widths.state(None))))
+    assert again.reports == widths.reports
+    refs = again.references
+    assert (refs.wanted, refs.asked, refs.received) == ({0, 3}, {0}, 8_000)
+    np.testing.assert_array_equal(refs.rows[0][0], widths.references.rows[0][0])
+    np.testing.assert_array_equal(refs.rows[0][1], np.arange(16))
+    assert BitWidth(auto=True).state(None) == {}  # a run that heard nothing keeps nothing
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_the_reference_rows_and_decides_as_the_run_it_resumes(monkeypatch):
+    from tests.apps.runner import client_train
+
+    monkeypatch.setattr(pump_wear, "DQ_CLIENT_MODEL", False)
+
+    def strategy():
+        out = dq_flower.DQStrategy(pump_wear.Net(), seed=0, loss_fn=pump_wear.DQ_LOSS_FN())
+        out.num_rounds = pump_wear.ROUNDS
+        return out
+
+    grid = InProcessGrid(client_train(pump_wear, "dq"), pump_wear.NUM_NODES)
+    straight = strategy()
+    assert _pump_rounds(straight, grid, (1, 2)) == [0, 2]
+    state = pickle.loads(pickle.dumps(straight.state_dict()))  # a checkpoint after round 2
+    assert _pump_rounds(straight, grid, (), 3) == [0]
+    # round 3: the rows of round 2 read worse raw than their 2-bit codes: bits 2 -> 4
+    assert straight.cfg.bits == 4
+    resumed = strategy()
+    resumed.load_state_dict(state)
+    assert _pump_rounds(resumed, grid, (3,), 4) == [0, 0]  # nobody is asked again
+    assert resumed.cfg.bits == 4  # raised at round 3 as in the run it resumes

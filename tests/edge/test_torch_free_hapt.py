@@ -35,8 +35,7 @@ def test_a_node_without_torch_uploads_its_hapt_windows_under_dq(tmp_path):
     data_file = save_node_data(tmp_path / "edge" / "local.npz", windows, y)
     run_config = build_run_config("dq", dataset="hapt", model="cnn1d", num_clients=2,
                                   rounds=ROUNDS, partition="natural", data_dir=str(data_dir),
-                                  budget=BUDGET, scorer="uniform", upload_schedule="fixed",
-                                  bits=2)  # set: no reference rows beside the windows
+                                  budget=BUDGET, scorer="uniform", upload_schedule="fixed")
     log = tmp_path / "blocked.txt"
     with SubprocessClient(block_torch=True, block_log=log) as edge:
         def route(msg, context):
@@ -52,7 +51,9 @@ def test_a_node_without_torch_uploads_its_hapt_windows_under_dq(tmp_path):
         assert (row["replies"], row["rejected"], row["failed"]) == (2, 0, 0), row
         assert row["selected"] == 2 * BUDGET
     assert history[-1]["stored"] == 2 * ROUNDS * BUDGET and len(y) > ROUNDS * BUDGET
-    # a 2-bit window of 768 values, coded by the context model: well under its 192 B
+    # a 2-bit window of 768 values (bits auto), coded by the context model: well under its
+    # 192 B, and no reference rows beside them (16 rows of 8 bits a node cost more than half
+    # the windows received before them; sent, they were 530 B a window stored)
     per_window = history[-1]["up_bytes"] / history[-1]["stored"]
     assert per_window < 192, per_window
     assert np.isfinite(history[-1]["accuracy"])

@@ -10,7 +10,9 @@ code ``c`` on a range the ``2b``-bit code ``c (2^b + 1)`` on the same range (eac
 step divided by ``2^b + 1``), so every stored row decodes to the value it had (up to the
 float32 rounding of the step) and the checks of later replies ask for the new width.
 Where the nodes hold no model, the server makes the check itself on a few rows at 8 bits
-they send once (:mod:`.reference_rows`), and raises the bits by the same path.
+they send once (:mod:`.reference_rows`), and raises the bits by the same path. A
+checkpoint keeps what the next round reads (the last data round's reports, the reference
+rows) so that a resumed run decides as the run it resumes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from flwr.app import Message
 from dq_flower.codecs.bitpack import pack, unpack
 from dq_flower.dq.config import DQConfig, auto_bits
 from dq_flower.dq.server.planner import first_estimates
-from dq_flower.dq.server.reference_rows import ReferenceRows
+from dq_flower.dq.server.reference_rows import ReferenceRows, reference_row_bytes
 from dq_flower.dq.server.store import RowLayout, SampleStore
 from dq_flower.model_inputs import input_width
 from dq_flower.model_ops import embedding_vocab
@@ -80,25 +82,38 @@ class BitWidth:
     """The run's data bits after the nodes' reports; ``auto``: chosen by ``bits = 0``."""
 
     auto: bool
-    #: the last data round's replies and the uploads kept of them (read at the next round)
-    last: tuple[Sequence[Message], Sequence[Any]] | None = None
+    #: the last data round: its number, its replies and the uploads kept of them (read at
+    #: the next round, or by a checkpoint taken before it: :meth:`digest`)
+    last: tuple[int, Sequence[Message], Sequence[Any]] | None = None
+    #: the last data round's reports of nodes holding the model and how many such nodes
+    #: replied, once :meth:`digest` read them
+    reports: tuple[list[RawFit], int] | None = None
     said: set[str] = field(default_factory=set)
     raised: int = 0  # the width raised to (0: never raised)
     #: the rows nodes holding no model sent, the server's own check (:mod:`.reference_rows`)
     references: ReferenceRows = field(default_factory=ReferenceRows)
 
-    def review(self, strategy: Any, server_round: int) -> None:
-        """Read the last data round's reports; raise the bits from ``server_round`` on."""
+    def digest(self, strategy: Any) -> None:
+        """Read the last data round's replies: the nodes' reports, the reference rows kept."""
         if self.last is None:
             return
-        replies, uploads = self.last
+        server_round, replies, uploads = self.last
         self.last = None
         src = {int(m.metadata.src_node_id): m for m in replies if not m.has_error()}
         holding = [u for u in uploads if u.can_score]  # the nodes that could compare
-        fits = [f for u in holding if (f := raw_fit(_metrics(src.get(int(u.source)))))]
-        self.references.take(strategy, server_round - 1, src, uploads)
+        self.reports = ([f for u in holding
+                         if (f := raw_fit(_metrics(src.get(int(u.source)))))], len(holding))
+        self.references.take(strategy, server_round, src, uploads)
+
+    def review(self, strategy: Any, server_round: int) -> None:
+        """Read the last data round's reports; raise the bits from ``server_round`` on."""
+        self.digest(strategy)
+        if self.reports is None:
+            return
+        fits, holding = self.reports
+        self.reports = None
         bits = int(strategy.cfg.bits)
-        said = (_figures(fits, bits) if fits and 2 * len(fits) > len(holding)
+        said = (_figures(fits, bits) if fits and 2 * len(fits) > holding
                 else self.references.said(strategy, server_round, bits)
                 if self.checks(strategy) else None)
         if said is None:
@@ -120,8 +135,10 @@ class BitWidth:
 
     def ask(self, strategy: Any, messages: list[Message]) -> list[Message]:
         """``messages``, those to nodes holding no model asking once for reference rows."""
-        if self.checks(strategy):  # rows of 8 bits: a byte a value
-            self.references.ask(messages, 4 * strategy.num_params, strategy.data.spec.dim)
+        if self.checks(strategy):
+            self.references.ask(messages, 4 * strategy.num_params,
+                                reference_row_bytes(strategy.data.spec, strategy.data.mode),
+                                strategy.identities.of)
         return messages
 
     def _held(self, strategy: Any, bits: int) -> str | None:
@@ -138,14 +155,28 @@ class BitWidth:
                     "with dither, store-dir or a table's feature ranges); set a higher `bits`")
         return None
 
-    def state(self) -> dict[str, int]:
-        """What a checkpoint keeps: the width raised to (nothing where never raised)."""
-        return {"raised-bits": self.raised} if self.raised else {}
+    def state(self, strategy: Any) -> dict[str, Any]:
+        """What a checkpoint keeps, for a resumed run to decide as this one.
+
+        The width raised to (where raised), the last data round's reports (read first:
+        where the next round is still to read them) and the reference rows' state.
+        """
+        self.digest(strategy)
+        refs = self.references
+        return ({"raised-bits": self.raised} if self.raised else {}) | (
+            {"raw-reports": ([tuple(f) for f in self.reports[0]], self.reports[1])}
+            if self.reports is not None else {}) | (
+            {"reference-rows": refs.state()} if refs.wanted or refs.received else {})
 
     def load(self, strategy: Any, state: dict) -> None:
-        """Take a checkpoint's raised width (before its layout is checked)."""
+        """Take a checkpoint's raised width (before its layout is checked) and the rest."""
         if "raised-bits" in state and self.auto:
             raise_bits(strategy, int(state["raised-bits"]))
+        if "raw-reports" in state:
+            fits, holding = state["raw-reports"]
+            self.reports = ([RawFit(*f) for f in fits], int(holding))
+        if "reference-rows" in state:
+            self.references = ReferenceRows.from_state(state["reference-rows"])
 
 
 def _metrics(msg: Message | None):

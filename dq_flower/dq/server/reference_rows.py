@@ -3,19 +3,21 @@
 A node given the model compares the model's loss on its rows raw and coded and reports a
 clear gap (:mod:`dq_flower.dq.server.bit_width`); a node without it cannot, and the rows
 the server holds are codes. The server asks each node whose reply said it holds no model
-(a few such nodes, their rows costing no more than the model), once, for a few of its rows
-at 8 bits (:mod:`dq_flower.wire.reference_rows`), keeps them,
+(a few such nodes, their rows costing no more than the model nor half the samples received
+before, :meth:`ReferenceRows.ask`), once, for a few of its rows at 8 bits
+(:mod:`dq_flower.wire.reference_rows`), keeps them (in checkpoints too, :meth:`state`),
 and after each data round compares its model's loss on them against the same rows recoded
 at the run's width as a node codes them (drawn from the run seed): pooled over every such
 node's rows, the rule a node reads its own gap by (:attr:`~dq_flower.dq.raw_gap.Gap.clear`),
 and more than half of those nodes' rows read worse raw on average. Since the rows are kept,
 checks at later widths (4 -> 8 bits) cost no more bytes. Rows that do not read are refused
-with the reason; the reply's upload is taken as before.
+with the reason; the reply's upload is taken as before. Their bits count in the round's
+``up-payload-bits`` (:func:`reference_bits`), kept or refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
@@ -41,17 +43,21 @@ REFERENCE_KEYS = (REFERENCE_KEY, REFERENCE_INFO_KEY)
 #: The most nodes asked: their rows pooled, half as many as a node holding the model
 #: compares (the insurance is paid where no gap is found: 2 x 16 rows at 8 bits)
 NODES = ROWS_COMPARED // (2 * MAX_ROWS)
+#: The rows of every node asked cost at most this share of the samples' payload the server
+#: received before the ask (at most a third of the uplink up to them, less as the run goes on)
+RECEIVED_SHARE = 0.5
 
-__all__ = ["ReferenceRows"]
+__all__ = ["ReferenceRows", "reference_row_bytes", "reference_bits"]
 
 
 @dataclass
 class ReferenceRows:
     """Who is asked for reference rows and the rows kept, by client identity."""
 
-    wanted: set[int] = field(default_factory=set)  # node ids that said they hold no model
-    asked: set[int] = field(default_factory=set)  # node ids asked (once)
+    wanted: set[int] = field(default_factory=set)  # identities that said they hold no model
+    asked: set[int] = field(default_factory=set)  # identities asked (once)
     rows: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    received: int = 0  # bits of the samples' payload of the data rounds' kept uploads
 
     @staticmethod
     def comparable(strategy: Any) -> bool:
@@ -65,12 +71,13 @@ class ReferenceRows:
         """Keep the reference rows of the round's kept ``uploads`` (``replies`` by node id)."""
         data, kept, clients, nbytes = strategy.data, 0, 0, 0
         for upload in uploads:
-            (self.wanted.discard if upload.can_score else self.wanted.add)(int(upload.source))
+            self.received += int(upload.batch.payload_bits)
+            (self.wanted.discard if upload.can_score else self.wanted.add)(int(upload.node))
             msg = replies.get(int(upload.source))
             if msg is None or not self.comparable(strategy):
                 continue
             try:
-                if int(upload.source) not in self.asked and _carries(msg):
+                if int(upload.node) not in self.asked and _carries(msg):
                     raise PayloadError("sent unasked")
                 found = read_reference(msg.content, data.spec, data.num_classes,
                                        data.spec.channels if data.mode == "channel" else 0)
@@ -80,27 +87,31 @@ class ReferenceRows:
                 continue
             if found is not None:
                 self.rows[int(upload.node)] = found
-                kept, clients = kept + len(found[0]), clients + 1
-                nbytes += sum(len(a.data) for name in REFERENCE_KEYS
-                              for a in msg.content.array_records[name].values())
+                kept, clients, nbytes = kept + len(found[0]), clients + 1, nbytes + _bytes(msg)
         if kept:
             log_round("dq", server_round, "reference rows kept from nodes without the model: "
                       f"{kept} rows ({clients} nodes), {nbytes:,} B")
 
-    def ask(self, messages: Sequence[Message], model_bytes: int, row_bytes: int) -> None:
+    def ask(self, messages: Sequence[Message], model_bytes: int, row_bytes: int,
+            identity: Callable[[int], int | None]) -> None:
         """Ask the data round's nodes that hold no model, not asked before, for their rows.
 
-        At most :data:`NODES` nodes in a run, in the order of their node ids within a round,
-        and only as many as the rows of all cost at most ``model_bytes`` at ``row_bytes`` a
-        row (one float32 copy of the model, a FedAvg upload; none where 16 rows cost more).
+        At most :data:`NODES` nodes in a run, in the order of their node ids within a round
+        (``identity``: a node id's client identity), and only as many as the rows of all
+        cost at most ``model_bytes`` (one float32 copy of the model, a FedAvg upload) and at
+        most :data:`RECEIVED_SHARE` of the samples' payload received so far, at
+        ``row_bytes`` a row: none where one node's 16 rows cost more, more nodes as the
+        uplink grows.
         """
-        nodes = min(NODES, model_bytes // max(MAX_ROWS * row_bytes, 1))
+        budget = min(model_bytes, int(RECEIVED_SHARE * self.received) // 8)
+        nodes = min(NODES, budget // max(MAX_ROWS * row_bytes, 1))
         for msg in sorted(messages, key=lambda m: int(m.metadata.dst_node_id)):
-            node, config = int(msg.metadata.dst_node_id), msg.content.config_records["config"]
-            if node in self.wanted - self.asked and config.get("round-mode") == "data" \
-                    and len(self.asked) < nodes:
+            who, config = identity(int(msg.metadata.dst_node_id)), \
+                msg.content.config_records["config"]
+            if who is not None and who in self.wanted - self.asked \
+                    and config.get("round-mode") == "data" and len(self.asked) < nodes:
                 config[REFERENCE_KEY] = MAX_ROWS
-                self.asked.add(node)
+                self.asked.add(who)
 
     def gap(self, strategy: Any, server_round: int) -> tuple[Gap, int] | None:
         """The pooled :class:`Gap` at the run's bits and the nodes whose rows read worse raw.
@@ -135,7 +146,42 @@ class ReferenceRows:
                 f"their {bits}-bit codes (loss {gap.raw:.3g} vs {gap.coded:.3g} on {gap.rows} "
                 f"rows of {len(self.rows)} nodes, paired t {gap.t:.1f})")
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: who was asked and wanted, the rows, the bits received."""
+        return {"wanted": sorted(self.wanted), "asked": sorted(self.asked),
+                "received": self.received,
+                "rows": {k: (rows.copy(), y.copy()) for k, (rows, y) in self.rows.items()}}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> ReferenceRows:
+        """Inverse of :meth:`state`."""
+        return cls({int(i) for i in state["wanted"]}, {int(i) for i in state["asked"]},
+                   {int(k): (np.asarray(rows, np.float32), np.asarray(y))
+                    for k, (rows, y) in state["rows"].items()}, int(state["received"]))
+
+
+def reference_row_bytes(spec: Any, mode: str) -> int:
+    """A reference row's bytes: a byte a value, a float32 minimum and step a range, a target."""
+    return spec.dim + 8 * (spec.channels if mode == "channel" else 1) + 4 * spec.target_dim
+
+
+def reference_bits(replies: Sequence[Message], uploads: Sequence[Any]) -> int:
+    """Bits of the reference rows the replies of ``uploads`` carried, kept or refused.
+
+    As their nodes count them in their own ``up-payload-bits``.
+    """
+    sources = {int(u.source) for u in uploads}
+    return sum(8 * _bytes(m) for m in replies
+               if not m.has_error() and int(m.metadata.src_node_id) in sources)
+
 
 def _carries(msg: Message) -> bool:
     """Whether a reply carries a record of reference rows."""
     return any(name in msg.content.array_records for name in REFERENCE_KEYS)
+
+
+def _bytes(msg: Message) -> int:
+    """Bytes of the arrays of the reference rows a reply carries (0: none)."""
+    records = msg.content.array_records
+    return sum(len(a.data) for name in REFERENCE_KEYS if name in records
+               for a in records[name].values())

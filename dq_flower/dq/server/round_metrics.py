@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import MetricRecordValues
+from flwr.app import Message, MetricRecordValues
 
 from dq_flower.codecs.bitpack import packed_nbytes
 from dq_flower.codecs.tokens import token_width
@@ -19,6 +20,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.server.asks import RoundAsks
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.planner import RoundPlan
+from dq_flower.dq.server.reference_rows import reference_bits
 from dq_flower.dq.server.training import ServerTrainer
 from dq_flower.dq.server.validation import Upload
 from dq_flower.server.common import log_round
@@ -84,11 +86,16 @@ class RoundMetrics:
 
     def data_round(self, server_round: int, plan: RoundPlan | None, fresh: list[Upload], *,
                    loss: float, rejected: int, failed: int, t0: float,
-                   refreshed: tuple[int, int] | None) -> Metrics:
-        """A data round's metrics, logged; ``refreshed``: ``(refreshed, rejected)`` residuals."""
+                   refreshed: tuple[int, int] | None,
+                   replies: Sequence[Message] = ()) -> Metrics:
+        """A data round's metrics, logged; ``refreshed``: ``(refreshed, rejected)`` residuals.
+
+        ``up-payload-bits``: the uploads' and the reference rows their ``replies`` carried.
+        """
         metrics = self.common(
             plan, loss=loss, selected=sum(len(u.batch) for u in fresh),
-            up_bits=sum(u.batch.payload_bits for u in fresh), replies=len(fresh),
+            up_bits=sum(u.batch.payload_bits for u in fresh) + reference_bits(replies, fresh),
+            replies=len(fresh),
             rejected=rejected, failed=failed, t0=t0)
         metrics["up-packed-bytes"] = int(sum(packed_bytes(u.batch) for u in fresh))
         metrics["rolled-back"] = self.trainer.rolled_back

@@ -387,14 +387,15 @@ class DQStrategy(ModelStrategy, Strategy):
         refreshed = self.compensations.update_control_variate(kept.uploads)
         stored_before = self.stored
         fresh, not_stored = self.intake.store_uploads(kept.uploads, rnd.number)
-        self.widths.last = (rnd.screened.replies, kept.uploads)  # read at the next round
+        self.widths.last = (rnd.number, rnd.screened.replies, kept.uploads)  # read next round
         rejected = kept.rejected + not_stored
         loss = self.trainer.train_round(rnd.number, fresh, stored_before)
         self.intake.measure_data(fresh)
         return self.metrics.data_round(
             rnd.number, rnd.plan.plan, fresh, loss=loss, rejected=rejected,
             failed=rnd.screened.failed, t0=rnd.screened.started,
-            refreshed=refreshed if self.cv is not None else None)
+            refreshed=refreshed if self.cv is not None else None,
+            replies=rnd.screened.replies)
 
     def fresh_gradient(self, fresh: list[Upload]) -> tuple[float, np.ndarray]:
         """Gradient of the first step (see :meth:`ServerTrainer.fresh_gradient`)."""
@@ -412,7 +413,7 @@ class DQStrategy(ModelStrategy, Strategy):
                  **self.trainer.state_dict(), "can-score": sorted(self.data.can_score),
                  # per-client state above is keyed by client identity, not node id
                  "identities": self.identities.state(), "holdout-check": self._holdout_check,
-                 "seed": self.seed, **self.widths.state()}
+                 "seed": self.seed, **self.widths.state(self)}
         return {**state, "layout": stored_layout(self.cfg, state["spec"])}
 
     def load_state_dict(self, state: dict) -> None:
