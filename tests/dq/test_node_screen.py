@@ -65,6 +65,34 @@ def test_copies_every_client_shares_are_not_acted_on():
     assert CopyScreen(margin=0).review(1) == set()
 
 
+def test_honest_repeats_of_rows_other_clients_sent_too_are_no_copying():
+    """The more rows a client sends, the more of a small table's common rows it repeats: a
+    credit table of 5 columns at 4 bits, one client asked for all its 500 rows, the others
+    for about 170, was judged copying (23% against 8%) and 113 of its rows dropped (here:
+    1,200 rows against 300, 21% against 7%). Rows
+    other clients sent too are no evidence; a client repeating its own rows is still found."""
+    rng = np.random.default_rng(0)
+    common = 1.0 / np.arange(1, 3001) ** 0.4  # a few common rows, many rare ones
+
+    def table(n: int) -> np.ndarray:  # rows of 2 bytes drawn from one distribution
+        keys = rng.choice(common.size, size=n, p=common / common.sum()).astype(np.uint16)
+        return keys.view(np.uint8).reshape(n, 2)
+
+    screen = CopyScreen(margin=0.1, bits=4)
+    side = np.zeros((1200, 0), dtype=np.float32)
+    for node, n in enumerate([1200, 300, 300, 300, 300, 300]):
+        screen.copied(node, table(n), side[:n])
+    others = np.median([screen.copies[i] / 300 for i in range(1, 6)])
+    assert screen.copies[0] / 1200 > others + 0.1  # counted: its share is far above theirs
+    assert screen.review(1) == set()
+    rows = (np.arange(4000, 4100, dtype=np.uint16)).view(np.uint8).reshape(100, 2)
+    screen.copied(7, np.concatenate([rows, rows[:60]]), side[:160])  # rows of its own, again
+    assert screen.review(2) == {7}
+    restored = CopyScreen()
+    restored.load_state(screen.state())
+    assert restored.repeats == screen.repeats and restored.evidence(7) == 60
+
+
 def _scores(errors: dict[int, float], rows: int = 20, seed: int = 0) -> HeldOutScores:
     rng = np.random.default_rng(seed)
     correct, nodes = [], []

@@ -6,7 +6,11 @@ a copy under a new id; so is a near-copy, a row within a few codes of one (with 
 than ``copy-margin`` and by more than :data:`Z_ROBUST` robust standard deviations (the
 clients' spread, combined with the binomial error of its own rows) is *copying*: its copies
 are not stored (counted once in ``duplicate-rows``, their ids remembered as received).
-Honest clients of one data set copy alike, so the screen acts on none of them.
+Honest clients of one data set copy alike, so the screen acts on none of them. A row that
+repeats one the client sent before where another client sent the same row too (codes, side
+information and target) is counted but is no evidence: a small table's common rows repeat
+on every client, and the more rows a client sends the more of them it repeats (a credit
+table of 5 columns at 4 bits: 3% of a client's first 64 rows, 23% of its 500).
 
 An exact hash misses a copy with a code or two moved by one level. Here a row is a
 **near-copy** where at most :func:`near_codes` of its codes (one in 16) differ from a row of
@@ -211,6 +215,8 @@ class CopyScreen:
     copies: dict[int, int] = field(default_factory=dict)
     copying: set[int] = field(default_factory=set)
     near: NearCopies | None = None
+    #: per client, the keys of its exact copies (one a copy)
+    repeats: dict[int, list[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.bits and self.near is None:
@@ -228,6 +234,7 @@ class CopyScreen:
         for i, key in enumerate(row_keys(codes, side, targets)):
             if key in seen:
                 mask[i] = True
+                self.repeats.setdefault(int(node), []).append(key)
             else:
                 seen.add(key)
         if self.near is not None:
@@ -247,27 +254,36 @@ class CopyScreen:
         spread = math.sqrt(max(share * (1 - share), 1.0 / rows) / rows)
         return max(self.margin, Z_ROBUST * math.hypot(mad, spread))
 
+    def evidence(self, node: int) -> int:
+        """``node``'s copies less its exact copies of rows another client sent too."""
+        others = [k for n, k in self.keys.items() if n != node]
+        shared = sum(any(key in k for k in others) for key in self.repeats.get(node, []))
+        return self.copies.get(node, 0) - shared
+
     def review(self, server_round: int) -> set[int]:
         """The copying clients after this round's uploads were counted (logs new ones)."""
         if self.margin <= 0:
             return set()
-        shares = {n: self.copies.get(n, 0) / r for n, r in self.received.items() if r}
+        copied = {n: self.copies.get(n, 0) for n, r in self.received.items() if r}
+        for node in self.repeats.keys() & copied.keys():  # none where no row repeats exactly
+            copied[node] = self.evidence(node)
+        shares = {n: c / self.received[n] for n, c in copied.items()}
         if len(shares) < 2:
             return set(self.copying)
         values = np.array(list(shares.values()))
         middle = float(np.median(values))
         mad = 1.4826 * float(np.median(np.abs(values - middle)))
         for node, share in shares.items():
-            if node in self.copying or self.copies.get(node, 0) < MIN_COPIES:
+            if node in self.copying or copied[node] < MIN_COPIES:
                 continue
             bound = self.bound(share, self.received[node], mad)
             if share - middle > bound:
                 self.copying.add(node)
-                log_round("dq", server_round, f"client {node}: {self.copies[node]} of its "
-                          f"{self.received[node]} rows copy, or nearly, other rows it sent "
-                          f"({share:.0%}, the median client {middle:.0%}, excess "
-                          f"{share - middle:.0%} > {bound:.0%}): its copies are not stored "
-                          "(counted once; honest data can repeat itself too)")
+                log_round("dq", server_round, f"client {node}: {copied[node]} of its "
+                          f"{self.received[node]} rows copy, or nearly, other rows it sent and "
+                          f"no other client's ({share:.0%}, the median client {middle:.0%}, "
+                          f"excess {share - middle:.0%} > {bound:.0%}): its copies are not "
+                          "stored (counted once; honest data can repeat itself too)")
         return set(self.copying)
 
     def state(self) -> dict[str, Any]:
@@ -275,6 +291,7 @@ class CopyScreen:
         return {"keys": {n: b"".join(sorted(k)) for n, k in self.keys.items()},
                 "received": dict(self.received), "copies": dict(self.copies),
                 "copying": sorted(self.copying),
+                "repeats": {n: b"".join(k) for n, k in self.repeats.items()},
                 **({} if self.near is None else {"near": self.near.state()})}
 
     def load_state(self, state: dict[str, Any] | None) -> None:
@@ -285,5 +302,7 @@ class CopyScreen:
         self.received = {int(n): int(v) for n, v in state.get("received", {}).items()}
         self.copies = {int(n): int(v) for n, v in state.get("copies", {}).items()}
         self.copying = {int(n) for n in state.get("copying", [])}
+        self.repeats = {int(n): [bytes(b[i:i + KEY_BYTES]) for i in range(0, len(b), KEY_BYTES)]
+                        for n, b in state.get("repeats", {}).items()}
         if self.near is not None:
             self.near.load_state(state.get("near"))
