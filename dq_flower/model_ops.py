@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import numpy as np
 import torch
@@ -346,9 +347,12 @@ def evaluate(model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | tor
 
 
 def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
-                       loss_fn: LossFn | None = None, batch_size: int = 1024
-                       ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per-sample losses and, for class targets, whether the argmax is right (as `evaluate`)."""
+                       loss_fn: LossFn | None = None, batch_size: int = 1024,
+                       floors: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-sample losses and, for class targets, whether the argmax is right (as `evaluate`).
+
+    ``floors``: takes each batch's outputs, targets and losses (``LossFloors.add``).
+    """
     dev, fn, dtype = _device(model), resolve_loss(loss_fn), float_dtype(model)
     yt = targets_tensor(y, dev)
     windows = _windows(yt)
@@ -363,6 +367,8 @@ def per_sample_results(model: nn.Module, x: np.ndarray, y: np.ndarray,
             out = model_output(model(model_input(x[i:i + batch_size], dev, ids, dtype)))
             yb = yt[i:i + batch_size]
             losses.append(_per_sample(fn, out, yb).double().cpu().numpy())
+            if floors is not None:
+                floors.add(lambda o, t: _per_sample(fn, o, t), out, yb, losses[-1])
             if classes:  # outputs that score each class (a user's loss may read others)
                 classes = not yb.numel() or int(yb.max()) < out.shape[1]
                 hits.append((out.argmax(dim=1) == yb).cpu().numpy())

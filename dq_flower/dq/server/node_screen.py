@@ -95,7 +95,7 @@ class AgreementScreen:
                 err = 1.0 - float(scores.correct[mine].mean())
                 spread = math.sqrt(max(err * (1 - err), 1.0 / rows) / rows)
             else:
-                loss = scores.loss[mine].astype(np.float64)
+                loss = scores.excess[mine].astype(np.float64)
                 err = float(loss.mean())
                 spread = float(loss.std(ddof=1) / math.sqrt(rows)) / max(err, 1e-12)
             figures[int(node)] = (err, rows, spread)
@@ -160,7 +160,7 @@ class AgreementScreen:
             return True
         diff = before - after
         gain, stderr = float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))
-        if gain > Z_HARM * stderr and gain > MIN_HARM * float(before.mean()):
+        if gain > Z_HARM * stderr and gain > MIN_HARM * float(kept.excess[others].mean()):
             return True
         for node in sorted(new):
             del self.excluded[node]

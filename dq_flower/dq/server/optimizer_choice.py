@@ -138,7 +138,7 @@ def _tournament(scores: list[Any], z: float) -> tuple[int, PairedGain | None, in
 
 def _losses(scores: HeldOutScores) -> HeldOutScores:
     """``scores`` compared by their per-row losses alone (no accuracy)."""
-    return HeldOutScores(scores.loss, None, scores.nodes)
+    return HeldOutScores(scores.loss, None, scores.nodes, scores.floor)
 
 
 def _finite(scores: Any) -> bool:

@@ -133,6 +133,12 @@ class HeldOutScores:
     loss: np.ndarray  # (n,) per-row loss
     correct: np.ndarray | None  # (n,) bool for class targets, None for float targets
     nodes: np.ndarray  # (n,) origin node ids
+    floor: np.ndarray | None = None  # (n,) a loss with an offset: its floor (.loss_floor)
+
+    @property
+    def excess(self) -> np.ndarray:
+        """Per-row loss above its floor: what relative figures read (the loss, no floor)."""
+        return self.loss if self.floor is None else self.loss - self.floor
 
     @property
     def score(self) -> float:
@@ -141,7 +147,7 @@ class HeldOutScores:
 
     def node_loss(self) -> dict[int, float]:
         """Mean held-out loss per origin node."""
-        return {int(n): float(self.loss[self.nodes == n].mean()) for n in np.unique(self.nodes)}
+        return {int(n): float(self.excess[self.nodes == n].mean()) for n in np.unique(self.nodes)}
 
     @classmethod
     def concat(cls, parts: list[HeldOutScores]) -> HeldOutScores:
@@ -149,9 +155,11 @@ class HeldOutScores:
         if not parts:
             return cls(np.zeros(0), None, np.zeros(0, dtype=np.uint64))
         correct = [p.correct for p in parts if p.correct is not None]
+        floors = [p.floor for p in parts if p.floor is not None]
         return cls(np.concatenate([p.loss for p in parts]),
                    np.concatenate(correct) if correct else None,
-                   np.concatenate([p.nodes for p in parts]))
+                   np.concatenate([p.nodes for p in parts]),
+                   np.concatenate(floors) if len(floors) == len(parts) else None)
 
 
 def score_of(scores: HeldOutScores) -> float:
@@ -193,7 +201,7 @@ def beyond_noise(now: HeldOutScores, mark: HeldOutScores | None, z: float) -> bo
     fall = mark.loss - now.loss
     mean = float(fall.mean())
     spread = float(fall.std(ddof=1)) / math.sqrt(fall.size) if fall.size > 1 else 0.0
-    return mean > LOSS_PROGRESS * float(mark.loss.mean()) and mean > z * spread
+    return mean > LOSS_PROGRESS * float(mark.excess.mean()) and mean > z * spread
 
 
 @dataclass

@@ -71,11 +71,12 @@ def paired_gain(before: HeldOutScores, after: HeldOutScores) -> PairedGain:
         new = 1.0 - after.correct.astype(np.float64)
         diff = old - new
         e0, e1 = float(old.mean()), float(new.mean())
-    else:  # float targets: the loss reduction relative to the loss before
+    else:  # float targets: the loss reduction relative to the loss before (above its floor)
         lo, ln = before.loss.astype(np.float64), after.loss.astype(np.float64)
-        scale = max(float(lo.mean()), 1e-12)
+        floor = 0.0 if before.floor is None else before.floor.astype(np.float64)
+        scale = max(float((lo - floor).mean()), 1e-12)
         diff = (lo - ln) / scale
-        e0, e1 = float(lo.mean()), float(ln.mean())
+        e0, e1 = float((lo - floor).mean()), float((ln - floor).mean())
     if not np.isfinite(diff).all():
         return PairedGain(0.0, math.inf, e0, e1, n)
     var = float(diff.var(ddof=1)) if n > 1 else math.inf

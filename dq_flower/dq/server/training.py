@@ -23,6 +23,7 @@ from dq_flower.dq.server.control_variate import ControlVariate
 from dq_flower.dq.server.federation import FederationData
 from dq_flower.dq.server.idle_rounds import IdleRounds
 from dq_flower.dq.server.input_scale import InputScale, tracked_statistics
+from dq_flower.dq.server.loss_floor import LossFloors
 from dq_flower.dq.server.node_screen import AgreementScreen, rerun_phase
 from dq_flower.dq.server.optimizer_choice import (
     AUTO,
@@ -94,6 +95,7 @@ class ServerTrainer:
         if cfg.server_processes > 1:  # what the worker processes get must pickle
             check_portable(model, loss_fn, augment)
         self.input_scale, self.output_scale = InputScale(), OutputScale()  # see train_round
+        self.floors = LossFloors()  # the held-out rows' floors (a loss with an offset)
 
     # ------------------------------------------------------------------ the optimizer
     def use_optimizer(self, choice: OptimizerChoice,
@@ -234,8 +236,7 @@ class ServerTrainer:
     def train_steps(self, server_round: int, fresh: list[Upload]) -> float:
         """The fresh compensated step, then store steps (whatever replies the round got)."""
         self.model.train()
-        losses = []
-        steps = self.cfg.server_steps
+        losses, steps = [], self.cfg.server_steps
         if sum(len(u.batch) for u in fresh):
             loss, grad = self.fresh_gradient(fresh)
             losses.append(loss)
@@ -255,8 +256,7 @@ class ServerTrainer:
         if sharded and self.cfg.server_processes > 1 and steps > 0:
             return sharded_steps(self, steps, rng, augment)
         self.model.train()
-        losses = []
-        correction = self.cv.value() if self.cv else None
+        losses, correction = [], (self.cv.value() if self.cv else None)
         if augment is None:
             augment = self.augmentation(rng)
         batches = store.draw_batches(steps, self.cfg.server_batch_size, rng,
@@ -398,15 +398,15 @@ class ServerTrainer:
     def score_holdout(self, everyone: bool = False) -> HeldOutScores:
         """Per-row loss and correctness on the held-out rows (excluded clients: if ``everyone``)."""
         assert self.data.store is not None
-        parts = []
-        skip = np.array(sorted(self.excluded) if not everyone else [], dtype=np.uint64)
+        parts, skip = [], np.array(sorted(self.excluded) if not everyone else [], dtype=np.uint64)
         hits = not weighs_classes(self.loss_fn)  # a class-weighted loss judges by itself
         for x, y, _, node_ids, _ in self.data.store.holdout_batches():
             if skip.size and not (keep := ~np.isin(node_ids, skip)).all():
                 x, y, node_ids = x[keep], y[keep], node_ids[keep]
             if len(y):
-                loss, hit = per_sample_results(self.model, self.data.shaped(x), y, self.loss_fn)
-                parts.append(HeldOutScores(loss, hit if hits else None, node_ids))
+                loss, hit = per_sample_results(self.model, self.data.shaped(x), y, self.loss_fn,
+                                               floors=self.floors)
+                parts.append(self.floors.scores(loss, hit if hits else None, node_ids))
         return HeldOutScores.concat(parts)
 
     # ------------------------------------------------------------------ checkpoints
