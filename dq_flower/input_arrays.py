@@ -9,6 +9,7 @@ every form of a device's data down to these).
 from __future__ import annotations
 
 import math
+import random
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_class_target", "normalise", "to_numpy", "missing_values", "fill_holes"]
+__all__ = ["is_class_target", "normalise", "to_numpy", "missing_values", "fill_holes",
+           "fixed_draws"]
 
 _TOLD: set[tuple[Any, ...]] = set()  # warnings given in this process (each said once)
 #: How missing values (NaN) of the samples are read (:func:`missing_values`).
@@ -38,6 +40,34 @@ def missing_values(mode: str) -> Iterator[None]:
         yield
     finally:
         _NAN_MODE.reset(token)
+
+
+@contextmanager
+def fixed_draws(seed: int = 0) -> Iterator[None]:
+    """Within it, the global generators (PyTorch's CPU one, numpy's, ``random``'s) are seeded.
+
+    Each starts at ``seed`` and is restored after.
+
+    A data set that draws as it reads (torchvision's ``RandomCrop``, ``RandomHorizontalFlip``
+    on every ``__getitem__``) then gives the same rows each round: a row keeps its name
+    (:func:`dq_flower.dq.client.sent.row_names` names rows by content), so one uploaded
+    is not offered again as new, and the node's count is its rows, not its reads.
+    """
+    torch = sys.modules.get("torch")  # never imported here
+    generator = torch.random.default_generator if torch is not None else None
+    states = (random.getstate(), np.random.get_state(),
+              None if generator is None else generator.get_state())
+    try:
+        random.seed(seed)
+        np.random.seed(seed)
+        if generator is not None:
+            generator.manual_seed(seed)
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        if generator is not None:
+            generator.set_state(states[2])
 
 
 def fill_holes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

@@ -59,6 +59,7 @@ from dq_flower.dq.scorer_choice import (
     node_rule,
     node_scorer,
 )
+from dq_flower.input_arrays import fixed_draws
 from dq_flower.node import node_key
 from dq_flower.seeding import round_rng
 from dq_flower.text_input import token_windows
@@ -236,8 +237,9 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     one_input = bool(config.get(ONE_INPUT_KEY))  # the server's model takes one input
     if keys is None and (names := config.get(INPUT_NAMES_KEY)):  # forward(x, length)
         keys = forward_keys(data, str(names).split(","))  # dicts holding its inputs by name
-    x_all, y, inputs = as_inputs(data, keys, one_input,  # several inputs: side by side
-                                 nan=nan_mode(config))  # NaN values as its model reads them
+    with fixed_draws():  # a transform that draws as it reads: the same rows each round
+        x_all, y, inputs = as_inputs(data, keys, one_input,  # several inputs: side by side
+                                     nan=nan_mode(config))  # NaN values as its model reads them
     if inputs and model is not None:
         from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
 
