@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from dq_flower.wire.targets import IGNORE_INDEX
+
 __all__ = ["is_class_target", "normalise", "to_numpy", "missing_values", "fill_holes",
            "fixed_draws"]
 
@@ -149,8 +151,11 @@ def normalise(x: Any, y: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
         ya = _several_labels(ya, what)
     if is_class_target(ya):
         ya = ya.astype(np.int64) if several else ya.astype(np.int64).reshape(-1)
-        if ya.size and ya.min() < 0:
-            raise ValueError(f"{what}: class labels must be >= 0, got {int(ya.min())}")
+        low = int((ya[ya != IGNORE_INDEX] if several else ya).min(initial=0))
+        if low < 0:  # a tagger's padding may be PyTorch's ignore_index
+            raise ValueError(f"{what}: class labels must be >= 0, got {low}" + (
+                f" ({IGNORE_INDEX}, PyTorch's ignore_index, is taken among the labels of each "
+                "element of a sample)" if several else ""))
     elif np.issubdtype(ya.dtype, np.floating):
         ya = np.ascontiguousarray(ya, dtype=np.float32)
         if ya.ndim > 2 and not (ya.shape == xa.shape and np.array_equal(ya, xa)):

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from dq_flower.wire.targets import IGNORE_INDEX
+
 __all__ = ["LossFn", "model_output", "element_logits", "next_token_loss", "binary_loss",
            "default_loss", "element_loss", "resolve_loss", "per_sample", "per_row", "TargetLoss",
            "follow_targets", "OUTPUT_KEYS"]
@@ -92,7 +94,8 @@ def default_loss(outputs: torch.Tensor, targets: torch.Tensor, windows: bool = T
         logits = None if windows else element_logits(outputs, tuple(targets.shape[1:]))
         if logits is None:
             return next_token_loss(outputs, targets)
-        return F.cross_entropy(logits.transpose(1, 2), targets.long(), reduction="none").mean(1)
+        return row_means(F.cross_entropy(logits.transpose(1, 2), targets.long(),
+                                         reduction="none"), targets)
     if not torch.is_floating_point(targets):
         return F.cross_entropy(outputs, targets.long(), reduction="none")
     out = outputs.reshape(outputs.shape[0], -1)
@@ -133,11 +136,15 @@ def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> to
 
     A loss of one value per output is averaged over the row's outputs; a function that
     reduces the batch to one number is applied row by row (``torch.func.vmap``), each row a
-    batch of one, so a loss written over ``dim=1`` reads it as it reads a batch.
+    batch of one, so a loss written over ``dim=1`` reads it as it reads a batch. Where
+    elements are ignored (:func:`kept_elements`), rows weigh by the elements they hold, as
+    the mean over the batch's elements weighs them (:func:`row_means`).
     """
     n = outputs.shape[0]
     mapped = n > 1 and _maps_rows(loss_fn)
-    losses = whole = loss_fn(outputs, targets) if not mapped else None
+    counts = kept_elements(targets) if mapped else None  # ignored ones: checked each batch
+    whole = loss_fn(outputs, targets) if not mapped or counts is not None else None
+    losses = None if mapped else whole
     if mapped or (losses is not None and losses.ndim == 0 and n > 1):
         try:
             losses = torch.func.vmap(_as_batch_of_one(loss_fn))(outputs, targets)
@@ -145,19 +152,64 @@ def per_row(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor) -> to
             raise ValueError(f"loss_fn returns one number for a batch of {n} and cannot be "
                              f"applied row by row ({type(exc).__name__}: {exc}); return one "
                              "loss a sample (reduction='none')") from None
-        if whole is not None and not _a_mean_or_sum(float(whole.detach()), losses.detach()):
-            raise ValueError(
-                f"loss_fn returns {float(whole):.6g} for a batch, neither the mean nor the sum "
-                "of its rows' losses (a weighted mean, cross_entropy(..., weight=w)?): row by "
-                "row its weights would cancel; pass the loss module (nn.CrossEntropyLoss("
-                "weight=w)) or a function that returns one loss a sample")
+        if whole is not None:
+            losses = _rows_of(float(whole.detach()), losses, targets)
         if not mapped:  # from now on mapped at once, not called twice a batch
             with contextlib.suppress(TypeError):  # not weakly referenceable: each call
                 _BATCH_REDUCING.add(loss_fn)
     assert losses is not None
     if losses.ndim > 1 and losses.shape[0] == n:
-        losses = losses.reshape(n, -1).mean(dim=1)
+        losses = row_means(losses, targets)
     return losses.reshape(1) if losses.ndim == 0 and n == 1 else losses
+
+
+def kept_elements(targets: torch.Tensor) -> torch.Tensor | None:
+    """Each row's count of the elements a loss reads, where some of ``targets`` are ignored.
+
+    ``None`` unless ``targets`` are class labels of several elements a row, some of them
+    :data:`IGNORE_INDEX` (a tagger's padding).
+    """
+    if torch.is_floating_point(targets) or targets.ndim < 2:
+        return None
+    kept = (targets != IGNORE_INDEX).reshape(targets.shape[0], -1)
+    return None if bool(kept.all()) else kept.sum(dim=1)
+
+
+def row_means(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row's loss from its elements' ``losses``: their mean, as a loss of ``mean`` reads.
+
+    Where some elements are ignored (:func:`kept_elements`; a loss gives them 0), as
+    PyTorch's mean over the batch's elements read: a row's sum over the mean count of
+    elements read a row, so that the rows' mean is that loss (a padded tagger's
+    ``CrossEntropyLoss(ignore_index=-100)``: a long sentence weighs by its words).
+    """
+    flat = losses.reshape(losses.shape[0], -1)
+    kept = kept_elements(targets) if losses.shape == targets.shape else None
+    if kept is None:
+        return flat.mean(dim=1)
+    return flat.sum(dim=1) / kept.double().mean().clamp(min=1).to(flat.dtype)
+
+
+def _rows_of(whole: float, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Row losses whose mean or sum is the batch's loss ``whole``, from each row's ``rows``.
+
+    ``rows`` themselves, or where elements are ignored (:func:`kept_elements`), each row's
+    sum over the elements it holds (a sum over the batch's elements), or that over the
+    mean count a row (a mean over them, :func:`row_means`). Else ``ValueError``: a weighted
+    mean, whose weights cancel row by row.
+    """
+    candidates = [rows]
+    if (counts := kept_elements(targets)) is not None:
+        sums = torch.where(counts > 0, rows * counts.to(rows.dtype), torch.zeros_like(rows))
+        candidates += [sums / counts.double().mean().clamp(min=1).to(rows.dtype), sums]
+    for losses in candidates:
+        if _a_mean_or_sum(whole, losses.detach()):
+            return losses
+    raise ValueError(
+        f"loss_fn returns {whole:.6g} for a batch, neither the mean nor the sum "
+        "of its rows' losses (a weighted mean, cross_entropy(..., weight=w)?): row by "
+        "row its weights would cancel; pass the loss module (nn.CrossEntropyLoss("
+        "weight=w)) or a function that returns one loss a sample")
 
 
 def _as_batch_of_one(loss_fn: LossFn) -> LossFn:

@@ -21,20 +21,23 @@ from dq_flower.codecs.bitpack import packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.payload import raw_array, read_raw
 from dq_flower.wire.input_parts import NAN_KEY, parts_width, read_nan
 from dq_flower.wire.ranges import ranges_from_record, ranges_record
+from dq_flower.wire.targets import IGNORE_INDEX
 
 __all__ = ["SAMPLES_KEY", "INFO_KEY", "COMPENSATION_KEY", "GRADIENT_KEY", "REFRESH_KEY",
            "SampleBatch", "label_width", "decode_batch", "raw_array", "RANGES_KEY",
            "payload_quantizer", "range_mode", "ranges_record", "ranges_from_record", "SPEC_KEY",
-           "channels_last",
-           "DataSpec", "spec_record", "spec_from_record", "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY",
-           "MIXED_UNITS_KEY", "expect_rows", "reply_spec", "DataReply", "read_reply",
-           "as_float_targets", "REFERENCE_KEY", "REFERENCE_INFO_KEY"]
+           "channels_last", "IGNORED_KEY", "DataSpec", "spec_record", "spec_from_record",
+           "MAX_DIM", "MAX_VOCAB", "ID_VOCAB_KEY", "MIXED_UNITS_KEY", "expect_rows",
+           "reply_spec", "DataReply", "read_reply", "as_float_targets", "REFERENCE_KEY",
+           "REFERENCE_INFO_KEY"]
 
 SAMPLES_KEY, INFO_KEY, COMPENSATION_KEY = "samples", "sample-info", "compensation"
 GRADIENT_KEY = "gradient"  # a gradient round's reply
 REFRESH_KEY = "refresh"  # a refreshed residual (compensation-mode refresh)
 RANGES_KEY = "feature-ranges"  # a client's per-feature ranges (.ranges)
 REFERENCE_KEY, REFERENCE_INFO_KEY = "reference-rows", "reference-rows-info"  # .reference_rows
+#: Sample-info key, present where labels of ignored elements travel as the all-ones code.
+IGNORED_KEY = "ignored-labels"
 
 
 def width_for(upper: int) -> int:
@@ -61,6 +64,10 @@ class SampleBatch:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def label_top(self, classes: int) -> int:
+        """Most bits a label may take: ``classes``' (with ignored elements, one code more)."""
+        return label_width(classes + bool((self.labels == IGNORE_INDEX).any()))
+
     @classmethod
     def empty(cls, bits: int, dim: int) -> SampleBatch:
         """No row: a reply with every row sent carries no samples record (nothing to decode)."""
@@ -80,7 +87,10 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None, target
     if lw:
         if target_dim != math.prod(shape):
             raise PayloadError("class labels sent where float targets are expected")
-        top, count = label_width(num_classes) if num_classes else 16, n * target_dim
+        ignored = IGNORED_KEY in info  # its all-ones code: elements no loss reads
+        if ignored and target_dim == 1:
+            raise PayloadError("labels of ignored elements sent for one label a sample")
+        top, count = label_width(num_classes + ignored) if num_classes else 16, n * target_dim
         if not 1 <= lw <= top:
             raise PayloadError(f"labels use {lw} bits; at most {top} expected")
         raw = read_raw(info, "labels", "uint8", packed_nbytes(count, lw))
@@ -88,6 +98,8 @@ def _targets(info: ArrayRecord, n: int, lw: int, num_classes: int | None, target
             raise PayloadError(f"sample-info 'labels' carries {raw.size} bytes; {count} "
                                f"labels of {lw} bits take {packed_nbytes(count, lw)}")
         labels = _unpacked(raw, lw, count).astype(np.int64).reshape(n, *shape)
+        if ignored:
+            labels[labels == (1 << lw) - 1] = IGNORE_INDEX
         if n and num_classes and labels.max() >= num_classes:
             raise PayloadError(f"label {int(labels.max())} is out of range "
                                f"(num_classes={num_classes})")

@@ -8,8 +8,15 @@ from flwr.app import ArrayRecord, RecordDict
 from dq_flower.codecs import Payload
 from dq_flower.codecs.bitpack import pack, pack_wide, packed_nbytes
 from dq_flower.codecs.payload import raw_array
-from dq_flower.wire.dq_batch import COMPENSATION_KEY, INFO_KEY, SAMPLES_KEY, label_width, width_for
-from dq_flower.wire.targets import travelling_targets
+from dq_flower.wire.dq_batch import (
+    COMPENSATION_KEY,
+    IGNORED_KEY,
+    INFO_KEY,
+    SAMPLES_KEY,
+    label_width,
+    width_for,
+)
+from dq_flower.wire.targets import IGNORE_INDEX, travelling_targets
 
 __all__ = ["encode_batch"]
 
@@ -20,7 +27,9 @@ def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
                  ) -> tuple[RecordDict, int]:
     """Records of one upload and its exact payload bits.
 
-    Class labels packed at ``ceil(log2 num_classes)`` bits, ``binary`` targets (0 or 1) at
+    Class labels packed at ``ceil(log2 num_classes)`` bits (elements labelled
+    :data:`IGNORE_INDEX` as the all-ones code of ``ceil(log2 (num_classes + 1))`` bits, said
+    by :data:`IGNORED_KEY`), ``binary`` targets (0 or 1) at
     one bit each, float targets as float16 where that moves none beyond 1% of the spread
     (else float32; ``None``: the samples are the targets), equal weights as one float32.
     """
@@ -33,10 +42,14 @@ def encode_batch(samples: Payload, targets: np.ndarray | None, ids: np.ndarray,
     if targets is None:
         lw, target_bits = 0, 0
     elif np.issubdtype(targets.dtype, np.integer):  # (n,), or several a sample: n * k codes
-        lw = label_width(num_classes)
+        ignored = targets == IGNORE_INDEX  # elements no loss reads (a tagger's padding)
+        lw = label_width(num_classes + bool(ignored.any()))
+        if ignored.any():
+            targets = np.where(ignored, (1 << lw) - 1, targets)
+            arrays[IGNORED_KEY] = raw_array(np.ones(1, np.uint8))
         arrays["labels"] = raw_array(pack(np.asarray(targets, dtype=np.uint8), lw) if lw <= 8
                                      else pack_wide(targets.reshape(-1), lw))
-        target_bits = 8 * packed_nbytes(targets.size, lw)
+        target_bits = 8 * (packed_nbytes(targets.size, lw) + int(ignored.any()))
     else:
         lw, values = 0, np.asarray(targets, dtype=np.float32)
         sent = (pack(values.reshape(-1).astype(np.uint8), 1) if binary

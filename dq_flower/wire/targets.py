@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["binary_targets", "ids_below", "label_base", "model_targets", "retyped", "retypes_to",
-           "travelling_targets", "MODEL_OUTPUTS_KEY", "LABEL_BASE_KEY", "HALF_TOLERANCE"]
+           "travelling_targets", "MODEL_OUTPUTS_KEY", "LABEL_BASE_KEY", "HALF_TOLERANCE",
+           "IGNORE_INDEX"]
 
 #: Round-config key: the outputs per sample of the server's model, where nodes' targets
 #: are to be retyped for it (:func:`model_targets`).
@@ -24,6 +25,10 @@ MODEL_OUTPUTS_KEY = "model-outputs"
 #: Round-config key: the first class label where labels are counted from 1 (HAPT's activity
 #: ids 1 to 6 for 6 outputs): nodes send each label less it (:func:`label_base`).
 LABEL_BASE_KEY = "label-base"
+#: The class label of an element no loss reads, PyTorch's ``ignore_index`` default: a
+#: tagger's padding, Hugging Face's sub-word continuations. Taken only among the class
+#: labels of each element of a sample (``(n, L)`` tags, ``(n, H, W)`` masks).
+IGNORE_INDEX = -100
 #: Float targets travel as float16 where it moves none by more than this share of the
 #: spread of its column over the batch (or moves none at all).
 HALF_TOLERANCE = 1e-2

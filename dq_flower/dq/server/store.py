@@ -120,10 +120,13 @@ class StoredRows:
 
 
 def _narrow_uint(values: np.ndarray) -> np.ndarray:
-    """Non-negative ints in the narrowest unsigned dtype that holds them."""
+    """Ints in the narrowest dtype that holds them: unsigned where none is below 0.
+
+    (Labels of ignored elements, -100, are the only values below 0 a store holds.)
+    """
     values = np.asarray(values)
-    top = int(values.max()) if values.size else 0
-    return values.astype(np.min_scalar_type(top))
+    low, top = (int(values.min()), int(values.max())) if values.size else (0, 0)
+    return values.astype(np.result_type(np.min_scalar_type(low), np.min_scalar_type(top)))
 
 
 def _narrow_float(values: np.ndarray) -> np.ndarray:

@@ -30,7 +30,6 @@ from dq_flower.wire.dq_batch import (
     DataReply,
     DataSpec,
     SampleBatch,
-    label_width,
     read_reply,
     reply_spec,
 )
@@ -399,9 +398,9 @@ def agree_spec(uploads: list[Upload], check: Check
         for u in members:
             try:
                 classes = check(spec, u)
-                if spec.target == "class" and u.label_bits > label_width(classes):
+                if spec.target == "class" and u.label_bits > (top := u.batch.label_top(classes)):
                     raise PayloadError(f"labels use {u.label_bits} bits; at most "
-                                       f"{label_width(classes)} for {classes} classes")
+                                       f"{top} for {classes} classes")
                 passed.append(u)
             except PayloadError as exc:
                 refused.append((u, str(exc)))
