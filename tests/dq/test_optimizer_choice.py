@@ -153,6 +153,34 @@ def test_the_probe_on_a_large_store_looks_as_far_as_the_phase_and_past_a_fast_st
     assert trainer.choice.name == "adam" and int(trainer.model.steps) == 392
 
 
+class _LateAdam(_Trainer):
+    """SGD levels off at once; Adam holds still for 200 steps, then falls past it."""
+
+    def score_holdout(self, everyone=False):
+        s = float(self.model.steps)
+        mean = (1.70 + 0.3 * np.exp(-s / 30) if self.choice.name == "sgd"
+                else 1.90 - 0.002 * max(s - 200.0, 0.0))
+        return HeldOutScores(mean + self.noise[self.choice.name], None,
+                             np.zeros(2_000, dtype=np.uint64))
+
+
+def test_sgd_never_wins_early_where_it_races_second():
+    """Word ids race Adam first: SGD's fast start, far ahead at the half, ended the probe.
+
+    A user's sentences through a padding ``collate_fn`` under ``upload-all``: SGD won at
+    100 of 200 steps (held-out loss lower by 3.5%, stderr 0.6%) and its phase stopped at
+    88.3% of the test sentences; run to the end Adam wins and the run ends at 94.5%.
+    """
+    from dq_flower.dq.server.optimizer_choice import probe
+
+    trainer = _LateAdam()
+    probe(trainer, 1, np.random.default_rng(0))
+    assert trainer.trained == 2 * 392  # both ran to the end: no early win
+    assert trainer.choice.name == "adam"
+    first = HeldOutScores(np.ones(100), None, np.zeros(100, dtype=np.uint64))
+    assert _decided([first, _losses(0.2)]) and not _decided([first, _losses(0.2)], None, {1})
+
+
 def test_candidates_are_sgd_at_lr_then_adam_at_its_own_or_the_given_step_size():
     assert [(c.name, c.lr) for c in candidates(0.05, False)] == [("sgd", 0.05),
                                                                  ("adam", ADAM_LR)]
