@@ -2,7 +2,9 @@
 
 Three reply metrics (``metrics`` record), present only where the node found the gap
 (:mod:`dq_flower.dq.client.fidelity`): the mean loss of the server's model on a sample of
-the node's rows raw, on the same rows as the server decodes them, and how many rows.
+the node's rows raw, on the same rows as the server decodes them, and how many rows. Rows
+that are their own targets (an autoencoder's): the share of the codes' error the model passes
+on and the share it is judged against (:class:`dq_flower.dq.raw_gap.Gain`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ code ``c`` on a range the ``2b``-bit code ``c (2^b + 1)`` on the same range (eac
 step divided by ``2^b + 1``), so every stored row decodes to the value it had (up to the
 float32 rounding of the step) and the checks of later replies ask for the new width.
 Where the nodes hold no model, the server makes the check itself on a few rows at 8 bits
-they send once (:mod:`.reference_rows`), and raises the bits by the same path. A
+they send once (:mod:`.reference_rows`), and raises the bits by the same path. Rows that are
+their own targets (an autoencoder's) are not re-laid: their codes are what the model learns
+to give back, so they are dropped from the store and the nodes asked for them again at the
+new width (the server's record of what it holds is what tells a node what to send). A
 checkpoint keeps what the next round reads (the last data round's reports, the reference
 rows) so that a resumed run decides as the run it resumes.
 """
@@ -30,7 +33,7 @@ from dq_flower.codecs.bitpack import pack, unpack
 from dq_flower.dq.config import DQConfig, auto_bits
 from dq_flower.dq.server.planner import first_estimates
 from dq_flower.dq.server.reference_rows import ReferenceRows, reference_row_bytes
-from dq_flower.dq.server.store import RowLayout, SampleStore
+from dq_flower.dq.server.store import RowLayout, SampleStore, StoredRows
 from dq_flower.model_inputs import input_width
 from dq_flower.model_ops import embedding_vocab
 from dq_flower.server.common import largest_embedding, log_round
@@ -113,7 +116,8 @@ class BitWidth:
         fits, holding = self.reports
         self.reports = None
         bits = int(strategy.cfg.bits)
-        said = (_figures(fits, bits) if fits and 2 * len(fits) > holding
+        own = strategy.data.spec is not None and strategy.data.spec.target == "inputs"
+        said = (_figures(fits, bits, own) if fits and 2 * len(fits) > holding
                 else self.references.said(strategy, server_round, bits)
                 if self.checks(strategy) else None)
         if said is None:
@@ -124,9 +128,11 @@ class BitWidth:
                 self.said.add(why)
                 log_round("dq", server_round - 1, f"{said}: {why}")
             return
-        raise_bits(strategy, 2 * bits)
+        dropped = raise_bits(strategy, 2 * bits)
         log_round("dq", server_round - 1, f"{said}: bits {bits} -> {2 * bits} from round "
-                  f"{server_round}")
+                  f"{server_round}" + (f"; the {dropped} rows stored at {bits} bits, their "
+                                       "own targets, are dropped and asked for again"
+                                       if dropped else ""))
 
     def checks(self, strategy: Any) -> bool:
         """Whether the server checks raw rows itself: bits auto that it may still raise."""
@@ -183,20 +189,27 @@ def _metrics(msg: Message | None):
     return None if msg is None else msg.content.metric_records.get("metrics")
 
 
-def _figures(fits: list[RawFit], bits: int) -> str:
-    """The reports in one sentence: losses pooled over the rows compared."""
+def _figures(fits: list[RawFit], bits: int, own: bool = False) -> str:
+    """The reports in one sentence: losses (``own``: shares passed on) pooled over the rows."""
     rows = sum(f.rows for f in fits)
     raw = sum(f.raw * f.rows for f in fits) / rows
     coded = sum(f.coded * f.rows for f in fits) / rows
+    if own:
+        return (f"the model passes on {raw:.0%} of the nodes' {bits}-bit codes' error (over "
+                f"{coded:.0%} on {rows} rows of {len(fits)} nodes): the rows are their own "
+                "targets and it learns the codes' error as data")
     return (f"the model reads nodes' raw rows worse than their {bits}-bit codes (the nodes' "
             f"loss {raw:.3g} vs {coded:.3g} on {rows} rows of {len(fits)} nodes)")
 
 
-def raise_bits(strategy: Any, bits: int) -> None:
-    """Every part of ``strategy`` on ``bits``; the stored rows re-laid (:func:`relaid`)."""
+def raise_bits(strategy: Any, bits: int) -> int:
+    """Every part of ``strategy`` on ``bits``; the stored rows re-laid (:func:`relaid`).
+
+    Rows that are their own targets are dropped instead; returns how many (0: none).
+    """
     old_cfg = strategy.cfg
     if bits == old_cfg.bits:
-        return
+        return 0
     cfg = dataclasses.replace(old_cfg, bits=bits)
     intake = strategy.intake
     for part in (strategy, intake, strategy.asks, strategy.trainer, strategy.metrics,
@@ -207,9 +220,13 @@ def raise_bits(strategy: Any, bits: int) -> None:
     strategy.widths.raised = bits
     data, old = strategy.data, strategy.data.layout
     if not isinstance(old, RowLayout) or data.store is None:
-        return  # no rows yet: the store is laid at ``bits`` when the spec is adopted
+        return 0  # no rows yet: the store is laid at ``bits`` when the spec is adopted
     new = dataclasses.replace(old, bits=bits)  # a NaN-keeping layout stays one
-    state = data.store.state()
+    state, dropped = data.store.state(), 0
+    if data.spec is not None and data.spec.target == "inputs":  # asked for again
+        dropped = len(data.store)
+        state = {k: v for k, v in state.items()
+                 if k not in {f.name for f in dataclasses.fields(StoredRows)}}
     if "codes" in state:
         state["codes"] = relaid(state["codes"], old, new)
         side = np.array(state["side"], dtype=np.float32)
@@ -219,6 +236,8 @@ def raise_bits(strategy: Any, bits: int) -> None:
     store.load_state(state)
     store.ranges, store.inputs_are_targets = data.store.ranges, data.store.inputs_are_targets
     data.layout, data.store = new, store
+    if dropped:
+        _ask_again(strategy, dropped)
     near = intake.copies.near
     if near is not None:  # the near-copy screen's reservoir, at the new width too
         near.reference = {n: relaid(r, old, new) for n, r in near.reference.items()}
@@ -229,3 +248,19 @@ def raise_bits(strategy: Any, bits: int) -> None:
                               intake.seed)
         strategy.planner.sample_bits = est["sample_bits"]
         strategy.planner.reply_bits = est["reply_bits"]
+    return dropped
+
+
+def _ask_again(strategy: Any, dropped: int) -> None:
+    """The ``dropped`` rows are the nodes' to send again.
+
+    They are no longer counted as sent (rows evicted before stay received), and the schedule
+    asks for at least as many.
+    """
+    data = strategy.data
+    for node, counts in data.sent.items():
+        counts[1] = int(data.store.received(node).size)
+    schedule = strategy.trainer.schedule
+    if schedule is not None:  # asking again, whatever stopped it (every row was sent)
+        schedule.done, schedule.reason = False, ""
+        schedule.next_total = max(schedule.next_total or 0, dropped)

@@ -27,7 +27,7 @@ from flwr.app import Message
 from flwr.common.logger import log
 
 from dq_flower.codecs import PayloadError
-from dq_flower.dq.raw_gap import Gap, paired, row_losses
+from dq_flower.dq.raw_gap import GAIN_MAX, Gain, Gap, gained, paired, row_gains, row_losses
 from dq_flower.seeding import Purpose, round_rng
 from dq_flower.server.common import log_round
 from dq_flower.wire.raw_fit import ROWS_COMPARED
@@ -63,7 +63,7 @@ class ReferenceRows:
     def comparable(strategy: Any) -> bool:
         """Whether the federation's rows are compared: values coded by sample or channel."""
         spec = strategy.data.spec
-        return (spec is not None and not spec.vocab and spec.target not in ("inputs", "tokens")
+        return (spec is not None and not spec.vocab and spec.target != "tokens"
                 and strategy.data.mode != "feature")
 
     def take(self, strategy: Any, server_round: int, replies: Mapping[int, Message],
@@ -113,27 +113,31 @@ class ReferenceRows:
                 config[REFERENCE_KEY] = MAX_ROWS
                 self.asked.add(who)
 
-    def gap(self, strategy: Any, server_round: int) -> tuple[Gap, int] | None:
+    def gap(self, strategy: Any, server_round: int) -> tuple[Gap | Gain, int] | None:
         """The pooled :class:`Gap` at the run's bits and the nodes whose rows read worse raw.
 
-        ``None``: no rows kept, or a loss that is not finite.
+        Rows that are their own targets: the pooled :class:`Gain` and the nodes whose rows
+        pass on over :data:`GAIN_MAX`. ``None``: no rows kept, or a figure not finite.
         """
         if not self.rows or not self.comparable(strategy):
             return None
         spec, mode = strategy.data.spec, strategy.data.mode
         quantizer = strategy.cfg.sample_quantizer(mode, spec.channels,
                                                   sample_shape=spec.sample_shape)
-        raw, coded, worse = [], [], 0
+        raw, coded, worse, own = [], [], 0, spec.target == "inputs"
         for identity, (rows, y) in sorted(self.rows.items()):
             rng = round_rng(strategy.seed, server_round, identity, Purpose.FIDELITY)
             recoded = quantizer.decode(quantizer.encode(rows, rng)).astype(np.float32)
-            losses = row_losses(strategy.model, (rows, recoded), y, spec.sample_shape,
-                                strategy.trainer.loss_fn)
+            losses = ([g] if (g := row_gains(strategy.model, rows, recoded, spec.sample_shape))
+                      is not None else None) if own else row_losses(
+                strategy.model, (rows, recoded), y, spec.sample_shape, strategy.trainer.loss_fn)
             if losses is None:
                 return None
             raw.append(losses[0])
-            coded.append(losses[1])
-            worse += int(losses[0].mean() > losses[1].mean())
+            worse += int(losses[0].mean() > (GAIN_MAX if own else losses[1].mean()))
+            coded.extend(losses[1:])
+        if own:
+            return gained(np.concatenate(raw)), worse
         return paired(np.concatenate(raw), np.concatenate(coded)), worse
 
     def said(self, strategy: Any, server_round: int, bits: int) -> str | None:
@@ -142,6 +146,11 @@ class ReferenceRows:
         if found is None or not found[0].clear or 2 * found[1] <= len(self.rows):
             return None
         gap = found[0]
+        if isinstance(gap, Gain):
+            return (f"the model passes on {gap.gain:.0%} of the {bits}-bit codes' error on the "
+                    f"reference rows of nodes without the model ({gap.rows} rows of "
+                    f"{len(self.rows)} nodes, t {gap.t:.1f} against {GAIN_MAX:.0%}): the "
+                    "rows are their own targets and it learns the codes' error as data")
         return (f"the model reads the reference rows of nodes without the model worse than "
                 f"their {bits}-bit codes (loss {gap.raw:.3g} vs {gap.coded:.3g} on {gap.rows} "
                 f"rows of {len(self.rows)} nodes, paired t {gap.t:.1f})")
