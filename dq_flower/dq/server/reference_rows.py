@@ -170,8 +170,12 @@ class ReferenceRows:
 
 
 def reference_row_bytes(spec: Any, mode: str) -> int:
-    """A reference row's bytes: a byte a value, a float32 minimum and step a range, a target."""
-    return spec.dim + 8 * (spec.channels if mode == "channel" else 1) + 4 * spec.target_dim
+    """A reference row's bytes: a byte a value, a float32 minimum and step a range, a target.
+
+    Rows that are their own targets (an autoencoder's) send none.
+    """
+    return spec.dim + 8 * (spec.channels if mode == "channel" else 1) + (
+        0 if spec.target == "inputs" else 4 * spec.target_dim)
 
 
 def reference_bits(replies: Sequence[Message], uploads: Sequence[Any]) -> int:
