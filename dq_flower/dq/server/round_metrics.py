@@ -52,9 +52,11 @@ class RoundMetrics:
     def __init__(self, cfg: DQConfig, data: FederationData, asks: RoundAsks,
                  trainer: ServerTrainer) -> None:
         self.cfg, self.data, self.asks, self.trainer = cfg, data, asks, trainer
-        #: bytes of the samples sent so far, and of the model's float32 weights from as many
-        #: replies (what FedAvg's uplink would be), until :meth:`_weigh` has said so once
+        #: bytes of the samples sent so far, and of the model's float32 weights from the most
+        #: replies a round has had, until :meth:`_weigh` has said so once
         self.sent: list[float] | None = [0.0, 0.0]
+        #: the run's rounds (``start``'s ``num_rounds``; None: one round at a time)
+        self.num_rounds: int | None = None
         self.skew_said = False  # whether :meth:`_skew` has spoken
 
     def common(self, plan: RoundPlan | None, *, loss: float, selected: int, up_bits: int,
@@ -131,20 +133,25 @@ class RoundMetrics:
                       "(said once)")
 
     def _weigh(self, server_round: int, sample_bytes: float, replies: int) -> None:
-        """Say once where the samples sent outweigh the model's weights from as many replies.
+        """Say once where the samples sent outweigh FedAvg's uplink over the whole run.
 
         A small model on many rows (62 weights, 50,000 rows a node) cost DQ 3.9 times
-        FedAvg's uplink without a word.
+        FedAvg's uplink without a word. FedAvg's uplink is the model's float32 weights from the
+        most replies a round has had, over the run's rounds: ``upload-all`` sends every row in
+        round 1, against which one round of updates says nothing.
         """
         if self.sent is None:
             return
         self.sent[0] += sample_bytes
-        self.sent[1] += 4.0 * replies * sum(p.numel() for p in self.trainer.model.parameters())
-        if self.sent[0] > self.sent[1] > 0:
+        self.sent[1] = max(self.sent[1], 4.0 * replies * sum(
+            p.numel() for p in self.trainer.model.parameters()))
+        rounds = max(self.num_rounds or server_round, server_round)
+        fedavg = self.sent[1] * rounds
+        if self.sent[0] > fedavg > 0:
             log_round("dq", server_round, f"the samples sent so far ({self.sent[0]:,.0f} B) "
-                      f"outweigh the model's float32 weights from as many replies "
-                      f"({self.sent[1]:,.0f} B): with a model this small FedAvg's uplink is "
-                      "the smaller (said once)")
+                      f"outweigh the model's float32 weights from as many replies a round over "
+                      f"{rounds} rounds ({fedavg:,.0f} B): with a model this small FedAvg's "
+                      "uplink is the smaller (said once)")
             self.sent = None
 
     def schedule(self) -> Metrics:

@@ -294,6 +294,7 @@ class DQStrategy(ModelStrategy, Strategy):
                                                        else None))
         nodes = [n for n in nodes if not self.asks.resting(n, server_round)] or nodes
         self._configured = server_round
+        self.metrics.num_rounds = self.num_rounds  # FedAvg's uplink over the run
         rounds_left = (self.num_rounds - server_round + 1) if self.num_rounds else 1
         clients, plan = self.asks.plan(server_round, nodes, max(rounds_left, 1))
         refresh = self.asks.refresh_round(server_round)
