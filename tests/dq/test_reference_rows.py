@@ -27,6 +27,7 @@ from dq_flower.dq.config import DQConfig
 from dq_flower.dq.raw_gap import paired
 from dq_flower.dq.server.bit_width import BitWidth
 from dq_flower.dq.server.reference_rows import ReferenceRows
+from dq_flower.dq.server.round_metrics import packed_bytes
 from dq_flower.harness.client_app import app as client_app
 from dq_flower.harness.inprocess import InProcessGrid
 from dq_flower.harness.methods import client_task_config
@@ -220,6 +221,12 @@ def _rounds(strategy, grid, last: int, config: ConfigRecord) -> list[list[Messag
         metrics = strategy.aggregate_train(rnd, replies)[1]
         nodes = sum(int(m.content.metric_records["metrics"]["up-payload-bits"]) for m in replies)
         assert metrics["up-payload-bits"] == nodes, rnd  # reference rows included
+        rows = sum(len(a.data) for m in replies for name in (REFERENCE_KEY, REFERENCE_INFO_KEY)
+                   if name in m.content.array_records
+                   for a in m.content.array_records[name].values())
+        uploads = strategy.widths.last[2]  # the round's kept uploads, read at the next round
+        packed = sum(packed_bytes(u.batch) for u in uploads)
+        assert metrics["up-packed-bytes"] == packed + rows, rnd  # and in the packed bytes
         sent_all.append(sent)
     return sent_all
 

@@ -92,14 +92,17 @@ class RoundMetrics:
                    replies: Sequence[Message] = ()) -> Metrics:
         """A data round's metrics, logged; ``refreshed``: ``(refreshed, rejected)`` residuals.
 
-        ``up-payload-bits``: the uploads' and the reference rows their ``replies`` carried.
+        ``up-payload-bits`` and ``up-packed-bytes``: the uploads' and the reference rows their
+        ``replies`` carried.
         """
+        references = reference_bits(replies, fresh)
         metrics = self.common(
             plan, loss=loss, selected=sum(len(u.batch) for u in fresh),
-            up_bits=sum(u.batch.payload_bits for u in fresh) + reference_bits(replies, fresh),
+            up_bits=sum(u.batch.payload_bits for u in fresh) + references,
             replies=len(fresh),
             rejected=rejected, failed=failed, t0=t0)
-        metrics["up-packed-bytes"] = int(sum(packed_bytes(u.batch) for u in fresh))
+        metrics["up-packed-bytes"] = int(sum(packed_bytes(u.batch) for u in fresh)
+                                         + references // 8)
         metrics["rolled-back"] = self.trainer.rolled_back
         if refreshed is not None:
             metrics["refreshed"], metrics["refreshes-rejected"] = refreshed
