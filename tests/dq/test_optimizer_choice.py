@@ -181,6 +181,31 @@ def test_sgd_never_wins_early_where_it_races_second():
     assert _decided([first, _losses(0.2)]) and not _decided([first, _losses(0.2)], None, {1})
 
 
+class _RaceAgain(_Trainer):
+    """Word ids: Adam raced first and stood by a tie, so its step size is the trainer's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.choice = OptimizerChoice("adam", ADAM_LR, "held-out", tie_rows=500)
+        self.lr, self.races = ADAM_LR, Races(2, {"w": torch.zeros(1), "steps": torch.zeros(())})
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=ADAM_LR)
+        self.raced: list[OptimizerChoice] = []
+
+    def use_optimizer(self, choice, built=None):
+        self.raced.append(choice)
+        super().use_optimizer(choice, built)
+
+
+def test_sgd_races_again_at_its_own_step_size_not_the_standing_adams():
+    """The race after a tie put SGD in at the standing Adam's step size (``sgd lr 0.001``)."""
+    from dq_flower.dq.server.optimizer_choice import probe
+
+    trainer = _RaceAgain()
+    probe(trainer, 4, np.random.default_rng(0))
+    sgd = [c.lr for c in trainer.raced if c.name == "sgd"]
+    assert sgd and set(sgd) == {trainer.cfg.lr} == {0.05}  # the knob's default
+
+
 def test_candidates_are_sgd_at_lr_then_adam_at_its_own_or_the_given_step_size():
     assert [(c.name, c.lr) for c in candidates(0.05, False)] == [("sgd", 0.05),
                                                                  ("adam", ADAM_LR)]

@@ -257,8 +257,8 @@ def probe(trainer: Probed, server_round: int, rng: np.random.Generator) -> Conti
     tied = trainer.choice.tie_rows if trainer.choice is not None and first is not None else 0
     scale = (target_scale(store) if spec is not None and spec.target in ("float", "inputs")
              and trainer.output_scale.mean is None else 1.0)  # standardised: no larger step
-    options = candidates(trainer.lr, trainer.lr_given, spec is not None and spec.vocab > 0,
-                         scale)
+    base = trainer.lr if trainer.lr_given else trainer.cfg.lr  # not a probe winner's (Adam's)
+    options = candidates(base, trainer.lr_given, spec is not None and spec.vocab > 0, scale)
     if store is None or not store.holdout_mask.any():
         default = replace(options[0], source="default")
         trainer.use_optimizer(default)
