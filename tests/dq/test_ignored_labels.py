@@ -112,3 +112,23 @@ def test_a_tagger_of_padded_sentences_learns_with_the_users_loss():
         pred = model(torch.from_numpy(xt)).argmax(-1).numpy()
     real = yt != -100
     assert (pred[real] == yt[real]).mean() > 0.9
+
+
+@pytest.mark.parametrize("scorer", ["entropy", "margin"])
+def test_entropy_and_margin_read_only_the_elements_a_loss_reads(scorer):
+    """A row's score is the mean over its real tokens: padding, -100, adds nothing."""
+    from dq_flower.dq.client.scoring import score_candidates
+
+    x, y = tagged(40, 3)
+    scores = score_candidates(scorer, Tagger(), x, y)
+    for row in range(len(x)):
+        real = y[row] != -100
+        alone = score_candidates(scorer, Tagger(), x[row:row + 1], y[row:row + 1])
+        cut = Tagger()  # the same row scored on its real tokens only (a conv sees padding)
+        with torch.no_grad():
+            logits = cut(torch.as_tensor(x[row:row + 1]))[0, real].double()
+        p = torch.softmax(logits, dim=1)
+        want = (-(p * torch.log(p)).sum(1) if scorer == "entropy"
+                else 1 - (p.topk(2, dim=1).values[:, 0] - p.topk(2, dim=1).values[:, 1]))
+        assert scores[row] == pytest.approx(float(want.mean()), rel=1e-6), row
+        assert alone[0] == pytest.approx(scores[row], rel=1e-6)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from flwr.app import Message
 
-from dq_flower.losses import element_logits, per_row
+from dq_flower.losses import element_logits, kept_elements, per_row
 from dq_flower.model_ops import (
     LossFn,
     float_buffers,
@@ -32,6 +32,7 @@ from dq_flower.model_ops import (
 from dq_flower.wire.model import MODEL_KEY, load_model_record
 from dq_flower.wire.model_buffers import BUFFERS_KEY, read_buffers
 from dq_flower.wire.node_errors import NodeConfigError
+from dq_flower.wire.targets import IGNORE_INDEX
 
 __all__ = ["score_candidates", "score_windows", "received_model", "quantization_residual",
            "batch_gradient"]
@@ -47,6 +48,19 @@ def _class_logits(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     several = y.ndim > 1 and not torch.is_floating_point(y)
     logits = element_logits(out, tuple(y.shape[1:])) if several else None
     return out.reshape(out.shape[0], 1, -1) if logits is None else logits
+
+
+def _kept_mean(values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each row's mean of its elements' ``values`` ``(n, E)``, over those a loss reads.
+
+    Elements labelled :data:`~dq_flower.wire.targets.IGNORE_INDEX` (a tagger's padding) are
+    left out (:func:`~dq_flower.losses.kept_elements`); a row of none scores 0.
+    """
+    counts = kept_elements(y) if values.shape[1] > 1 else None
+    if counts is None:
+        return values.mean(1)
+    kept = (y != IGNORE_INDEX).reshape(values.shape).to(values.dtype)
+    return (values * kept).sum(1) / counts.clamp(min=1).to(values.dtype)
 
 
 def score_candidates(
@@ -90,11 +104,11 @@ def score_candidates(
                         continue
                     p = torch.softmax(_class_logits(out, yb).double(), dim=2)  # (n, E, C)
                 if scorer == "entropy":  # a label an element: averaged over the row's
-                    scores.append(-(p * torch.log(p.clamp_min(1e-12))).sum(2).mean(1))
+                    scores.append(_kept_mean(-(p * torch.log(p.clamp_min(1e-12))).sum(2), yb))
                 else:
                     top = torch.topk(p, k=min(2, p.shape[2]), dim=2).values
                     gap = top[..., 0] - top[..., 1] if top.shape[2] > 1 else top[..., 0]
-                    scores.append(1.0 - gap.mean(1))
+                    scores.append(_kept_mean(1.0 - gap, yb))
                 continue
             with torch.enable_grad():
                 out = model_output(model(xb)).detach().requires_grad_(True)
