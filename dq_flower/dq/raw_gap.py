@@ -16,6 +16,7 @@ near all of it for one that learned the codes.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -121,6 +122,10 @@ def gained(gains: np.ndarray) -> Gain:
     """
     spread = float(gains.std(ddof=1)) / np.sqrt(gains.size) if gains.size > 1 else 0.0
     mean, excess = float(gains.mean()), float(gains.mean()) - GAIN_MAX
-    t = excess / spread if spread > 0 else float(np.sign(excess)) * np.inf \
-        if gains.size > 1 and excess else 0.0
+    if spread > 0:
+        t = excess / spread
+    elif gains.size > 1 and excess:
+        t = math.copysign(math.inf, excess)
+    else:
+        t = 0.0
     return Gain(mean, int(gains.size), t)
