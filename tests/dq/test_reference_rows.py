@@ -307,12 +307,14 @@ def _pump_rounds(strategy, grid, rounds, then: int | None = None) -> list[int]:
 
 
 def test_a_checkpoint_keeps_the_reports_and_reference_rows_the_next_round_reads():
-    widths = BitWidth(auto=True, reports=([RawFit(3.0, 1.0, 64)], 2))
+    widths = BitWidth(auto=True, reports=([RawFit(3.0, 1.0, 64)], 2),
+                      said={"bits is at its widest"})
     widths.references = ReferenceRows(wanted={0, 3}, asked={0}, received=8_000, rows={
         0: (np.ones((16, 32), np.float32), np.arange(16, dtype=np.float32))})
     again = BitWidth(auto=True)
     again.load(None, pickle.loads(pickle.dumps(widths.state(None))))
     assert again.reports == widths.reports
+    assert again.said == {"bits is at its widest"}  # said once a run, resumed or not
     refs = again.references
     assert (refs.wanted, refs.asked, refs.received) == ({0, 3}, {0}, 8_000)
     np.testing.assert_array_equal(refs.rows[0][0], widths.references.rows[0][0])

@@ -164,12 +164,14 @@ class BitWidth:
     def state(self, strategy: Any) -> dict[str, Any]:
         """What a checkpoint keeps, for a resumed run to decide as this one.
 
-        The width raised to (where raised), the last data round's reports (read first:
-        where the next round is still to read them) and the reference rows' state.
+        The width raised to (where raised), the lines said once, the last data round's
+        reports (read first: where the next round is still to read them) and the reference
+        rows' state.
         """
         self.digest(strategy)
         refs = self.references
         return ({"raised-bits": self.raised} if self.raised else {}) | (
+            {"said": sorted(self.said)} if self.said else {}) | (
             {"raw-reports": ([tuple(f) for f in self.reports[0]], self.reports[1])}
             if self.reports is not None else {}) | (
             {"reference-rows": refs.state()} if refs.wanted or refs.received else {})
@@ -178,6 +180,7 @@ class BitWidth:
         """Take a checkpoint's raised width (before its layout is checked) and the rest."""
         if "raised-bits" in state and self.auto:
             raise_bits(strategy, int(state["raised-bits"]))
+        self.said |= set(state.get("said", ()))  # each "bits stays" line once a run
         if "raw-reports" in state:
             fits, holding = state["raw-reports"]
             self.reports = ([RawFit(*f) for f in fits], int(holding))
