@@ -23,34 +23,27 @@ import itertools
 import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from logging import INFO, WARNING
-from typing import Any, TypeAlias
+from logging import WARNING
+from typing import Any
 
 import numpy as np
 
 from dq_flower.input_arrays import is_class_target, missing_values, normalise, to_numpy
+from dq_flower.sample_keys import (
+    LABEL_KEYS,
+    MASK_KEYS,
+    SAMPLE_KEYS,
+    Keys,
+    dict_keys,
+    hashable_keys,
+    is_number,
+    tell_once,
+)
 from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
 __all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys",
            "forward_keys", "Keys", "SAMPLE_KEYS", "LABEL_KEYS"]
-
-#: ``keys=`` of a dict sample: ``(input key, target key)``, or ``(input keys, target key)``:
-#: columns of one number each read side by side (``(["age", "bmi"], "label")``), or, where
-#: one is an array, the model's inputs in that order (``(("acc", "gyro"), "activity")``).
-Keys: TypeAlias = "tuple[str | Sequence[str], str]"
-
-#: Names of a dict sample's input, in order of preference (flwr-datasets' image sets use
-#: ``img`` or ``image``, Hugging Face processors ``pixel_values``; sensor windows
-#: ``signal``; Hugging Face tokenizers ``input_ids``, padded to one length).
-SAMPLE_KEYS = ("img", "image", "pixel_values", "pixels", "x", "features", "signal",
-               "input_ids", "inputs")
-#: Names of a dict sample's target, in order of preference (``fine_label``: flwr-datasets'
-#: CIFAR-100; ``character``: its FEMNIST).
-LABEL_KEYS = ("label", "labels", "y", "target", "fine_label", "character")
-#: A tokenizer's further inputs beside ``input_ids``, in the order transformers models take
-#: them (``forward(input_ids, attention_mask, token_type_ids)``): read as more inputs.
-MASK_KEYS = ("attention_mask", "token_type_ids")
 
 #: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
 _CACHE: dict[tuple[Any, ...], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {}
@@ -60,125 +53,6 @@ _CACHE: dict[tuple[Any, ...], tuple[Any, tuple[np.ndarray, np.ndarray, tuple[str
 SEVERAL_INPUTS = ("these devices train on one input tensor a sample: concatenate the inputs "
                   "(torch.cat of the flattened parts) and split them in the model's forward "
                   "(DQStrategy's dq_train takes several)")
-
-
-def _number(value: Any, batch: bool) -> bool:
-    """One number (a batch's column of them): a 0-d tensor or array, a numpy or Python one."""
-    if isinstance(value, (bool, int, float, np.number, np.bool_)):
-        return not batch
-    if getattr(value, "ndim", None) != int(batch) or isinstance(value, (str, bytes)):
-        return False
-    return to_numpy(value).dtype.kind in "biuf"
-
-
-def _table_columns(sample: Mapping[str, Any], batch: bool) -> tuple[str, ...] | None:
-    """A dict of one number a column (none an input's name): its columns, its target last.
-
-    The target is the first of :data:`LABEL_KEYS` present; ``None`` where the dict is not
-    such a table (one column beside its target reads as before).
-    """
-    if len(sample) < 3 or any(k in sample for k in SAMPLE_KEYS) \
-            or not all(np.ndim(v) == int(batch) for v in sample.values()):
-        return None
-    target = next((k for k in LABEL_KEYS if k in sample), None)
-    if target is None:
-        return None
-    text = [f"{k!r} ({type(v).__name__})" for k, v in sample.items()
-            if k != target and not _number(v, batch)]
-    if text:
-        raise ValueError(f"dict samples of one value a column: {', '.join(text)} not a number"
-                         " (encode a text column as numbers, one mapping for every node)")
-    return (*[str(k) for k in sample if k != target], target)
-
-
-def _array_inputs(sample: Mapping[str, Any], target: str | None, batch: bool,
-                  what: str) -> tuple[str, ...] | None:
-    """A dict of several arrays (none an input's name): their keys, in order, its target last.
-
-    The target is the first of :data:`LABEL_KEYS` present, else the one number beside the
-    arrays (further numbers, an id, are left out); ``None`` where fewer than two arrays are
-    left; ``ValueError`` where the target cannot be told.
-    """
-    arrays = [str(k) for k, v in sample.items() if np.ndim(v) > int(batch) and k != target]
-    if len(arrays) < 2:
-        return None
-    numbers = [str(k) for k, v in sample.items() if _number(v, batch)]
-    if target is None and len(numbers) != 1:
-        raise ValueError(
-            f"{what} is a dict with keys {sorted(map(str, sample))}: its arrays "
-            f"{', '.join(map(repr, arrays))} read as the model's inputs, but no target is "
-            f"among {LABEL_KEYS} and {len(numbers)} values beside them are single numbers: "
-            f"pass keys=((input keys), target key), e.g. keys=(({', '.join(map(repr, arrays))}"
-            f"), {(numbers or ['target'])[0]!r})")
-    return (*arrays, target or numbers[0])
-
-
-#: The dicts whose inputs were reported (once each).
-_TOLD: set[tuple[str, ...]] = set()
-
-
-def _tell(kind: str, keys: tuple[str, ...], how: str) -> None:
-    """Log once which keys of a dict sample are its inputs (``how``) and which its target."""
-    _tell_once(("dict samples of %s: inputs %s %s, target %r", kind, ", ".join(keys[:-1]),
-                how, keys[-1]))
-
-
-def _tell_once(line: tuple[str, ...], level: int = INFO) -> None:
-    """Log ``line`` (a format and its values) once in this process, in the node's log."""
-    if line not in _TOLD:
-        _TOLD.add(line)
-        from flwr.common.logger import log  # Flower's logger: the node's log
-
-        log(level, *line)
-
-
-def dict_keys(sample: Mapping[str, Any], keys: Keys | None, what: str,
-              batch: bool = False) -> tuple[str | tuple[str, ...], str]:
-    """The (input, target) keys of a dict sample: ``keys``, else common names; or ValueError.
-
-    A sample of two keys, one of them a common name, has the other for the other part; of
-    two other keys, the one holding a single value is the target. A sample of one number
-    a column has a tuple of its columns for its input (``batch``: a loader's batch of them),
-    one of several arrays and no input's name a tuple of the arrays' keys (several inputs).
-    """
-    seen = sorted(str(k) for k in sample)
-    if keys is not None:
-        if len(keys) != 2 or not isinstance(keys[1], str):
-            raise ValueError("keys must be (input key, target key) or (input keys, target "
-                             f"key), e.g. ([\"age\", \"bmi\"], \"label\") or ((\"acc\", \"gyro\"), "
-                             f"\"activity\"), got {keys!r}")
-        if not isinstance(keys[0], str) and not len(keys[0]):
-            raise ValueError(f"keys={keys!r} names no input")
-        inputs = (keys[0],) if isinstance(keys[0], str) else tuple(keys[0])
-        missing = [k for k in (*inputs, keys[1]) if k not in sample]
-        if missing:
-            raise ValueError(f"{what} has keys {seen}; keys={_hashable(keys)!r} names "
-                             f"{missing}, which it lacks")
-        return (keys[0] if isinstance(keys[0], str) else inputs), keys[1]
-    columns = _table_columns(sample, batch)
-    if columns is not None:
-        _tell("one number a column", columns, "side by side")
-        return columns[:-1], columns[-1]
-    found = [next((k for k in names if k in sample), None)
-             for names in (SAMPLE_KEYS, LABEL_KEYS)]
-    if found[0] is None and (several := _array_inputs(sample, found[1], batch, what)):
-        _tell("several arrays", several, "in the model's order")
-        return several[:-1], several[-1]
-    rest = [str(k) for k in sample if k not in found]
-    if found.count(None) == 1 and len(rest) == 1:  # two keys, one known: the other is the other
-        found[found.index(None)] = rest[0]
-    scalars = [k for k in rest if np.ndim(sample[k]) == 0]
-    if found == [None, None] and len(rest) == 2 and len(scalars) == 1:  # {"x": row, "y": 3}
-        found = [next(k for k in rest if k != scalars[0]), scalars[0]]
-    if found[0] is None or found[1] is None:
-        raise ValueError(
-            f"{what} is a dict with keys {seen}; found no "
-            f"{'input' if found[0] is None else 'target'} among "
-            f"{SAMPLE_KEYS if found[0] is None else LABEL_KEYS}: pass "
-            "keys=(input key, target key), e.g. keys=(\"img\", \"label\"), or for one "
-            "number a column or several inputs keys=(input keys, target key), e.g. "
-            "keys=([\"age\", \"bmi\"], \"label\") or keys=((\"acc\", \"gyro\"), \"label\")")
-    return found[0], found[1]
 
 
 def forward_keys(data: Any, names: Sequence[str]) -> Keys | None:
@@ -198,13 +72,6 @@ def forward_keys(data: Any, names: Sequence[str]) -> Keys | None:
     return (taken, target) if len(taken) > 1 and target is not None else None
 
 
-def _hashable(keys: Keys | None) -> tuple[Any, ...] | None:
-    """``keys`` as a tuple of strings and tuples (a list of input keys as a tuple)."""
-    if keys is None:
-        return None
-    return tuple(k if isinstance(k, str) else tuple(k) for k in keys)
-
-
 def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
           batch: bool = False) -> tuple[Any, Any]:
     if isinstance(item, Mapping) and any(isinstance(v, Mapping) for v in item.values()):
@@ -213,7 +80,7 @@ def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
                          "int} (a Dataset whose __getitem__ flattens them)")
     if isinstance(item, Mapping):
         kx, ky = dict_keys(item, keys, what, batch)
-        if isinstance(kx, tuple) and all(_number(item[k], batch) for k in kx):  # columns
+        if isinstance(kx, tuple) and all(is_number(item[k], batch) for k in kx):  # columns
             return np.stack([to_numpy(item[k]).astype(np.float32) for k in kx], -1), item[ky]
         if isinstance(kx, tuple):  # arrays: the model's inputs, in this order
             return (tuple(item[k] for k in kx) if len(kx) > 1 else item[kx[0]]), item[ky]
@@ -232,7 +99,7 @@ def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
                          "(n, k), and a loss_fn that splits the model's one output tensor "
                          "into its heads (see docs/plugin.md, your own model and data)")
     if len(item) > 2:  # (x, y, weight): the weight is not read; said once
-        _tell_once(("%s: items of %s values; DQ reads the first two as (x, y) and leaves out "
+        tell_once(("%s: items of %s values; DQ reads the first two as (x, y) and leaves out "
                     "the others (DQ's server weighs no rows by a sample weight: class weights "
                     "go in DQStrategy's loss_fn; several inputs: give ((x1, x2), y))",
                     what.partition("[")[0], str(len(item))), WARNING)
@@ -366,7 +233,7 @@ def _sampled(loader: Any) -> Any:
                                      dtype=np.int64))
     if rows.size == len(data) and np.array_equal(rows, np.arange(len(data))):
         return data
-    _tell_once(("the DataLoader's %s draws %s of its data set's %s rows: those are the node's",
+    tell_once(("the DataLoader's %s draws %s of its data set's %s rows: those are the node's",
                 type(sampler).__name__, str(rows.size), str(len(data))))
     return Subset(data, rows.tolist())
 
@@ -392,7 +259,7 @@ def _collated(loader: Any, data: Any, keys: Keys | None, masks: bool
              for i in range(0, len(items), size)]
     if len(shapes := _shapes(pairs)) > 1:
         pairs = [_pair(collate(items), keys, what, masks, True)]
-        _tell_once(("the DataLoader's collate_fn pads each batch to its own length (%s to %s):"
+        tell_once(("the DataLoader's collate_fn pads each batch to its own length (%s to %s):"
                     " its %s samples read as one batch of them all, padded to %s", str(shapes[0]),
                     str(shapes[-1]), str(len(items)), str(_shapes(pairs)[0])))
     return _with_layout(*_joined(pairs, np.concatenate), what)
@@ -431,7 +298,7 @@ def as_inputs(data: Any, keys: Keys | None = None, one_input: bool = False, mask
     kept (``"keep"``).
     """
     masks = masks and not one_input
-    key = (id(data), _hashable(keys), one_input, masks, nan)
+    key = (id(data), hashable_keys(keys), one_input, masks, nan)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is data:
         return hit[1]

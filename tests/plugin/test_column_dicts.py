@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from dq_flower import data_input
+from dq_flower import sample_keys
 from dq_flower.codecs import PayloadError
 from dq_flower.data_input import as_arrays, as_inputs
 from dq_flower.model_check import check_model, placeholder_rows
@@ -43,7 +43,7 @@ class Told(logging.Handler):
 
 
 def test_columns_are_read_side_by_side_in_order_the_target_apart_and_told_once(monkeypatch):
-    monkeypatch.setattr(data_input, "_TOLD", set())  # told in no earlier test
+    monkeypatch.setattr(sample_keys, "_TOLD", set())  # told in no earlier test
     told = Told()
     logging.getLogger("flwr").addHandler(told)
     try:

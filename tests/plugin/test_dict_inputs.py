@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import dq_flower
-from dq_flower import data_input
+from dq_flower import sample_keys
 from dq_flower.data_input import as_arrays, as_inputs
 from dq_flower.harness.inprocess import InProcessGrid
 from tests.plugin.test_column_dicts import Told
@@ -52,7 +52,7 @@ class Windows(Dataset):
 
 
 def test_the_arrays_are_the_inputs_in_order_and_the_single_number_the_target(monkeypatch):
-    monkeypatch.setattr(data_input, "_TOLD", set())
+    monkeypatch.setattr(sample_keys, "_TOLD", set())
     data, told = Windows(), Told()
     logging.getLogger("flwr").addHandler(told)
     try:

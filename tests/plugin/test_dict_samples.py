@@ -82,9 +82,11 @@ def test_an_iterable_loader_of_dict_batches():
 
 def test_given_keys_and_a_clear_error_otherwise():
     check(as_arrays(DictDataset("pixels", "digit"), keys=("pixels", "digit")))
-    with pytest.raises(ValueError, match=r"keys \['digit', 'id', 'pixels'\].*keys=") as err:
-        as_arrays(DictDataset("pixels", "digit"))
-    assert "found no target" in str(err.value)  # pixels is an input's name; digit or id?
+    check(as_arrays(DictDataset("pixels", "digit")))  # "id" names an id: digit is the target
+    two = [{"pixels": X[i], "digit": int(Y[i]), "site": 3} for i in range(4)]
+    with pytest.raises(ValueError, match=r"keys \['digit', 'pixels', 'site'\].*keys=") as err:
+        as_arrays(two)
+    assert "found no target" in str(err.value)  # pixels is an input's name; digit or site?
     with pytest.raises(ValueError, match="names \\['lbl'\\]"):
         as_arrays(DictDataset(), keys=("img", "lbl"))
 
@@ -442,3 +444,19 @@ def test_a_dict_target_is_refused_saying_how_to_give_several():
     with pytest.raises(ValueError, match=r"target is a dict \(keys \['cls', 'price'\]\): DQ "
                                          r"carries one target a sample"):
         as_arrays(items)
+
+
+def test_an_id_and_text_beside_a_named_input_leave_the_one_number_for_the_target(caplog):
+    """A hospital's export, ``{"features", "diagnosis", "record_id", "ward"}``: every reply
+    failed asking for keys=; the one number whose key names no id is the target."""
+    rows = [{"features": torch.full((3,), float(i), dtype=torch.float16), "diagnosis": i % 2,
+             "record_id": 7000 + i, "ward": "ward-0"} for i in range(5)]
+    with caplog.at_level("INFO"):
+        x, y = as_arrays(rows)
+    assert x.shape == (5, 3) and x.dtype == np.float32 and y.tolist() == [0, 1, 0, 1, 0]
+    assert "target 'diagnosis'" in caplog.text and "record_id, ward left out" in caplog.text
+    camel = [{"features": np.ones(2), "grade": i % 3, "patientId": i} for i in range(3)]
+    assert as_arrays(camel)[1].tolist() == [0, 1, 2]
+    arrays = [{"acc": np.zeros(4), "gyro": np.ones(4), "activity": i % 2, "sample_idx": i}
+              for i in range(4)]  # several inputs: the id is not the target either
+    assert as_inputs(arrays)[1].tolist() == [0, 1, 0, 1]

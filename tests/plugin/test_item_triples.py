@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from dq_flower import data_input
+from dq_flower import sample_keys
 from dq_flower.data_input import as_inputs
 from tests.plugin.test_column_dicts import Told
 
@@ -43,7 +43,7 @@ def _read(data) -> tuple[np.ndarray, np.ndarray, list[str]]:
 
 
 def test_a_weight_beside_x_and_y_is_left_out_and_said_once(monkeypatch):
-    monkeypatch.setattr(data_input, "_TOLD", set())
+    monkeypatch.setattr(sample_keys, "_TOLD", set())
     data = Weighted()
     x, y, said = _read(data)
     np.testing.assert_array_equal(x, data.x)
@@ -60,5 +60,5 @@ def test_a_weight_beside_x_and_y_is_left_out_and_said_once(monkeypatch):
 
 
 def test_pairs_say_nothing(monkeypatch):
-    monkeypatch.setattr(data_input, "_TOLD", set())
+    monkeypatch.setattr(sample_keys, "_TOLD", set())
     assert _read([(torch.ones(4), 1), (torch.zeros(4), 0)])[2] == []
