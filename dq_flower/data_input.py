@@ -37,12 +37,14 @@ from dq_flower.sample_keys import (
     dict_keys,
     hashable_keys,
     is_number,
+    target_parts,
+    target_row,
     tell_once,
 )
 from dq_flower.wire.input_parts import layout_name, parts_width
 from dq_flower.wire.targets import ids_below  # one rule for ids and class indices
 
-__all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys",
+__all__ = ["as_arrays", "as_inputs", "ids_below", "is_class_target", "dict_keys", "target_parts",
            "forward_keys", "Keys", "SAMPLE_KEYS", "LABEL_KEYS"]
 
 #: Converted arrays by ``(id(data), keys)``, dropped when ``data`` is collected.
@@ -93,11 +95,8 @@ def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
     if isinstance(item[0], Mapping):
         raise ValueError(f"{what} holds a dict of inputs before its target: give the inputs "
                          "as a tuple ((x1, x2), y), or one input tensor")
-    if isinstance(item[1], Mapping):
-        raise ValueError(f"{what}'s target is a dict (keys {sorted(map(str, item[1]))}): DQ "
-                         "carries one target a sample; give the targets as one float array "
-                         "(n, k), and a loss_fn that splits the model's one output tensor "
-                         "into its heads (see docs/plugin.md, your own model and data)")
+    if isinstance(item[1], Mapping):  # several targets: side by side (target_parts)
+        item = (item[0], target_row(item[1], batch, what), *item[2:])
     if len(item) > 2:  # (x, y, weight): the weight is not read; said once
         tell_once(("%s: items of %s values; DQ reads the first two as (x, y) and leaves out "
                     "the others (DQ's server weighs no rows by a sample weight: class weights "
@@ -278,6 +277,10 @@ def as_arrays(data: Any, keys: Keys | None = None) -> tuple[np.ndarray, np.ndarr
     Raises ``TypeError`` for an unsupported type, ``ValueError`` for inconsistent,
     non-finite or empty data, dict keys not found, or samples of several inputs.
     """
+    if named := target_parts(data):
+        raise ValueError(f"the samples' targets are a dict ({', '.join(named)}): DQ's "
+                         "dq_train reads them (with DQStrategy's loss_fn); these devices "
+                         "take one target a sample")
     x, y, parts = as_inputs(data, keys, masks=False)  # a tokenizer's mask left out
     if parts:
         raise ValueError(f"samples of {len(parts)} inputs: {SEVERAL_INPUTS}")

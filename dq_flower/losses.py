@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import weakref
 from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from dq_flower.wire.input_parts import part_layout
 from dq_flower.wire.targets import IGNORE_INDEX
 
 __all__ = ["LossFn", "model_output", "element_logits", "next_token_loss", "binary_loss",
            "default_loss", "element_loss", "resolve_loss", "per_sample", "per_row", "TargetLoss",
-           "follow_targets", "OUTPUT_KEYS"]
+           "follow_targets", "OUTPUT_KEYS", "HEADS_ATTR"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss_fn(outputs, targets) -> per-sample losses``, shape ``(n,)``."""
@@ -27,6 +30,9 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: Keys of a dict output that hold what a loss reads, in order of preference (a user's
 #: ``{"logits": ..., "embedding": ...}``; torchvision's segmentation models return ``out``).
 OUTPUT_KEYS = ("logits", "out", "output")
+#: Attribute of the tensor :func:`model_output` picks from a dict of several: the dict, that
+#: tensor's place ``None`` (no cycle), for a loss of dict targets (:class:`TargetLoss`).
+HEADS_ATTR = "dq_heads"
 
 
 def model_output(out: object) -> torch.Tensor:
@@ -48,7 +54,11 @@ def model_output(out: object) -> torch.Tensor:
         named = [out[k] for k in OUTPUT_KEYS if isinstance(out.get(k), torch.Tensor)]
         tensors = [v for v in out.values() if isinstance(v, torch.Tensor)]
         if named or len(tensors) == 1:
-            return (named or tensors)[0]
+            first = (named or tensors)[0]
+            if len(tensors) > 1:  # the other heads, for a loss reading dict targets
+                setattr(first, HEADS_ATTR, {k: None if v is first else v
+                                            for k, v in out.items()})
+            return first
         raise TypeError(f"the model returned a dict with keys {sorted(map(str, out))}: one of "
                         f"{list(OUTPUT_KEYS)} (or a single tensor) is what a loss reads")
     raise TypeError(f"the model returned {type(out).__name__}: a tensor, a tuple led by one, a"
@@ -248,12 +258,14 @@ class TargetLoss:
 
     def __init__(self, user: LossFn | None = None) -> None:
         self.user, self.binary, self.column, self.windows = user, False, False, True
+        self.parts: tuple[str, ...] = ()
 
     def follow(self, spec: object) -> None:
-        """Read ``spec``'s targets: whether ``binary``, whether held as a column."""
+        """Read ``spec``'s targets: whether ``binary``, whether held as a column, a dict's."""
         self.binary = getattr(spec, "target", "") == "binary"
         self.column = bool(getattr(spec, "column", False))
         self.windows = getattr(spec, "target", "") == "tokens"  # else (x, y): labels apart
+        self.parts = tuple(getattr(spec, "target_parts", ()))
 
     def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Per-sample losses of ``outputs`` against ``targets``."""
@@ -261,9 +273,44 @@ class TargetLoss:
             if self.binary:
                 return binary_loss(outputs, targets)
             return default_loss(outputs, targets, self.windows)
+        if self.parts:
+            return self._dict_loss(outputs, targets)
         if self.column and targets.ndim == 1 and torch.is_floating_point(targets):
             targets = targets.unsqueeze(1)
         return self.user(outputs, targets)
+
+    def _dict_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The user's loss of dict targets (:attr:`parts`), one a row, their model's dict.
+
+        The targets travel side by side; each part is cut back to its shape, integers as
+        int64 (``{"label": (n,), "ink": (n,)}``), and the model's whole dict output (its
+        other heads beside the one :func:`model_output` picked) is what the loss reads. A
+        loss reducing the batch to one number is mapped over rows (``torch.func.vmap``).
+        """
+        n, user = outputs.shape[0], cast(Callable[..., torch.Tensor], self.user)
+        heads = getattr(outputs, HEADS_ATTR, None)
+        out = outputs if heads is None else {
+            k: outputs if v is None else v for k, v in heads.items()}
+        flat, target, at = targets.reshape(n, -1), {}, 0
+        for part in self.parts:
+            name, _, layout = part.partition("=")
+            shape, integer = part_layout(layout)
+            width = math.prod(shape)
+            value = flat[:, at:at + width].reshape(n, *shape)
+            target[name], at = value.round().long() if integer else value, at + width
+        whole = user(out, target)
+        if whole.ndim == 0 and n > 1:
+            rows = torch.func.vmap(lambda o, t: user(
+                _one_row(o), _one_row(t)).reshape(()))(out, target)
+            return _rows_of(float(whole.detach()), rows, flat)
+        return whole.reshape(n, -1).mean(dim=1) if whole.ndim > 1 else whole.reshape(-1)
+
+
+def _one_row(value: Any) -> Any:
+    """A row of a tensor or of a dict of them as a batch of one."""
+    if isinstance(value, Mapping):
+        return {k: v.unsqueeze(0) for k, v in value.items()}
+    return value.unsqueeze(0)
 
 
 def weighs_classes(loss_fn: object) -> bool:

@@ -14,9 +14,10 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from dq_flower.input_arrays import to_numpy
+from dq_flower.wire.input_parts import layout_name
 
 __all__ = ["Keys", "SAMPLE_KEYS", "LABEL_KEYS", "MASK_KEYS", "dict_keys", "is_number",
-           "tell_once", "hashable_keys"]
+           "tell_once", "hashable_keys", "target_parts", "target_row"]
 
 #: ``keys=`` of a dict sample: ``(input key, target key)``, or ``(input keys, target key)``:
 #: columns of one number each read side by side (``(["age", "bmi"], "label")``), or, where
@@ -174,3 +175,30 @@ def hashable_keys(keys: Keys | None) -> tuple[Any, ...] | None:
     if keys is None:
         return None
     return tuple(k if isinstance(k, str) else tuple(k) for k in keys)
+
+
+def target_parts(data: Any) -> tuple[str, ...]:
+    """``name=layout`` of each part of a dict target, ``(x, {"label": 3, "ink": 0.2})``.
+
+    ``("label=i", "ink=f")`` (a layout as :func:`~dq_flower.wire.input_parts.layout_name`
+    names it); ``()`` where the first item's target is not a dict. Its values travel side
+    by side (:func:`target_row`); the server hands the user's loss the dict again.
+    """
+    try:
+        first = getattr(data, "dataset", data)[0]  # a DataLoader's data set
+    except (LookupError, TypeError, ValueError, NotImplementedError):
+        return ()
+    target = first[1] if isinstance(first, (tuple, list)) and len(first) > 1 else None
+    if not isinstance(target, Mapping):
+        return ()
+    return tuple(f"{k}={layout_name(np.shape(v), to_numpy(v).dtype.kind in 'biu')}"
+                 for k, v in target.items())
+
+
+def target_row(target: Mapping[str, Any], batch: bool, what: str) -> np.ndarray:
+    """A dict target's values side by side, float32: ``(k,)`` a sample, ``(n, k)`` a batch."""
+    values = {k: to_numpy(v) for k, v in target.items()}
+    if bad := [str(k) for k, v in values.items() if v.dtype.kind not in "biuf"]:
+        raise ValueError(f"{what}'s target {bad[0]!r} is not a number or an array of them")
+    return np.concatenate([v.astype(np.float32).reshape((len(v), -1) if batch else (-1,))
+                           for v in values.values()], axis=-1)

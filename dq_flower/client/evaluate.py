@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
-from dq_flower.data_input import Keys, as_inputs, forward_keys, ids_below
+from dq_flower.data_input import Keys, as_inputs, forward_keys, ids_below, target_parts
 from dq_flower.torch_support import require_torch
 from dq_flower.wire.partition import names_partition
 from dq_flower.wire.targets import LABEL_BASE_KEY, binary_targets, model_targets
@@ -35,7 +36,7 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
     """
     del context  # evaluation keeps no state
     require_torch("federated evaluation (fraction-evaluate > 0)")
-    from dq_flower.losses import binary_loss  # PyTorch, checked above
+    from dq_flower.losses import TargetLoss, binary_loss, per_sample  # PyTorch, checked above
     from dq_flower.model_ops import embedding_vocab, output_width  # PyTorch, checked above
     from dq_flower.model_ops import evaluate as evaluate_model  # PyTorch, checked above
 
@@ -64,6 +65,9 @@ def evaluate(msg: Message, context: Context, data: Any, *, model: torch.nn.Modul
         x = x.astype(np.int64)
     if loss_fn is None and binary_targets(y):  # 0/1 float targets: the model gives logits
         loss_fn = binary_loss
+    if loss_fn is not None and (parts := target_parts(data)):  # dict targets: as on the server
+        loss_fn = TargetLoss(per_sample(loss_fn))
+        loss_fn.follow(SimpleNamespace(target="float", target_parts=parts))
     loss, acc = evaluate_model(model, x, y, loss_fn=loss_fn)
     metrics: dict[str, MetricRecordValues] = {"eval-loss": float(loss),
                                                "num-examples": int(x.shape[0])}

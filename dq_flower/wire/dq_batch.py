@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from dq_flower.codecs import Payload, PayloadError, make
 from dq_flower.codecs.bitpack import packed_nbytes, unpack, unpack_wide
 from dq_flower.codecs.payload import raw_array, read_raw
-from dq_flower.wire.input_parts import NAN_KEY, parts_width, read_nan
+from dq_flower.wire.input_parts import NAN_KEY, parts_width, read_nan, target_width
 from dq_flower.wire.ranges import ranges_from_record, ranges_record
 from dq_flower.wire.targets import IGNORE_INDEX
 
@@ -261,6 +261,7 @@ COLUMN_KEY = "target-column"  #: Spec field: :attr:`DataSpec.column`.
 TARGET_SHAPE_KEY = "target-shape"  #: Spec field: :attr:`DataSpec.target_shape`.
 #: Spec field of samples of several inputs: each one's layout (``f5``, ``i3``, ``f3x4``).
 INPUT_PARTS_KEY = "input-parts"
+TARGET_PARTS_KEY = "target-parts"  #: Spec field: :attr:`DataSpec.target_parts`.
 #: Largest sample dimension accepted from a reply (2**24 coordinates, 64 MiB of float32).
 MAX_DIM = 1 << 24
 MAX_VOCAB = 1 << 24  #: Largest vocabulary of id samples (exact as float32 below 2**24).
@@ -280,6 +281,7 @@ class DataSpec:
     a sample loses. ``inputs``: flat samples of several inputs side by side, each one's
     layout. ``column``: float targets held as ``(n, 1)`` (sent as ``(n,)``; not compared).
     ``target_shape``: a sample's class labels, ``target_dim`` of them (a mask ``(H, W)``).
+    ``target_parts``: float targets a dict a sample, ``name=layout`` a part, side by side.
     """
 
     sample_shape: tuple[int, ...]
@@ -290,6 +292,7 @@ class DataSpec:
     inputs: tuple[str, ...] = ()
     column: bool = field(default=False, compare=False, repr=False)
     target_shape: tuple[int, ...] = ()
+    target_parts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sample_shape or min(map(int, self.sample_shape)) < 1:
@@ -303,6 +306,10 @@ class DataSpec:
                                   or math.prod(self.target_shape) != self.target_dim):
             raise ValueError(f"target_shape {self.target_shape!r}: not {self.target_dim} class "
                              "labels a sample in at most 4 axes")
+        if self.target_parts and (self.target not in ("float", "binary") or target_width(
+                self.target_parts) != self.target_dim):
+            raise ValueError(f"target parts {self.target_parts!r} do not lay out "
+                             f"{self.target_dim} float targets a sample")
         if self.vocab and (self.target == "tokens" or not 2 <= self.vocab <= MAX_VOCAB):
             raise ValueError(f"vocab must be 0 or 2 to {MAX_VOCAB} for labelled samples, "
                              f"got {self.vocab}")
@@ -341,7 +348,8 @@ def spec_record(spec: DataSpec) -> ConfigRecord:
                            "target": spec.target, "target-dim": int(spec.target_dim)})
     extra: dict[str, Any] = {"vocab": int(spec.vocab), INPUT_PARTS_KEY: list(spec.inputs),
                              MIXED_UNITS_KEY: spec.mixed_units, COLUMN_KEY: spec.column,
-                             TARGET_SHAPE_KEY: [int(s) for s in spec.target_shape]}
+                             TARGET_SHAPE_KEY: [int(s) for s in spec.target_shape],
+                             TARGET_PARTS_KEY: list(spec.target_parts)}
     record.update({k: v for k, v in extra.items() if v})  # those set
     return record
 
@@ -370,7 +378,8 @@ def spec_from_record(record: ConfigRecord | None) -> DataSpec:
     try:
         return DataSpec(tuple(cast(list[int], shape)), target, tdim, vocab, mixed,
                         tuple(cast(list, inputs)), column,
-                        tuple(cast(list, record.get(TARGET_SHAPE_KEY, []))))
+                        tuple(cast(list, record.get(TARGET_SHAPE_KEY, []))),
+                        tuple(cast(list, record.get(TARGET_PARTS_KEY, []))))
     except (ValueError, TypeError) as exc:  # the input parts' own say so by their key
         key = f" {INPUT_PARTS_KEY!r}" if inputs and "input" in str(exc) else ""
         raise PayloadError(f"data-spec{key}: {exc}") from None

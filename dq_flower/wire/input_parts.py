@@ -19,8 +19,8 @@ from dq_flower.codecs import PayloadError
 from dq_flower.codecs.payload import read_raw
 
 __all__ = ["MAX_PARTS", "ONE_INPUT_KEY", "INPUT_NAMES_KEY", "NAN_ZERO_KEY", "NAN_MASK_KEY",
-           "NAN_KEY", "layout_name", "part_layout", "parts_width", "nan_mode", "nan_bytes",
-           "read_nan"]
+           "NAN_KEY", "layout_name", "part_layout", "parts_width", "target_width", "nan_mode",
+           "nan_bytes", "read_nan"]
 
 #: The server's ask where its model takes one input and a node's samples held several: a
 #: ``TensorDataset`` of more than two tensors is read as ``(x, y)``, the others left out.
@@ -63,6 +63,14 @@ def parts_width(parts: tuple[str, ...]) -> int:
     if not 2 <= len(parts) <= MAX_PARTS:
         raise ValueError(f"{len(parts)} inputs a sample (2 to {MAX_PARTS} are read)")
     return sum(math.prod(part_layout(p)[0]) for p in parts)
+
+
+def target_width(parts: tuple[str, ...]) -> int:
+    """Values of a dict target of ``parts`` (``name=layout``); ``ValueError`` unless 1 to 16."""
+    names = [p.partition("=")[0] if isinstance(p, str) else "" for p in parts]
+    if not 1 <= len(parts) <= MAX_PARTS or "" in names or len(set(names)) < len(names):
+        raise ValueError(f"{len(parts)} target parts, named once each, 1 to {MAX_PARTS}")
+    return sum(math.prod(part_layout(p.partition("=")[2])[0]) for p in parts)
 
 
 def nan_mode(config: Mapping[str, Any]) -> str:

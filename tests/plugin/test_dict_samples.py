@@ -437,12 +437,13 @@ def test_a_frames_text_and_category_columns_are_named():
     assert "cat.codes" in str(err.value) and "'amount'" not in str(err.value)
 
 
-def test_a_dict_target_is_refused_saying_how_to_give_several():
+def test_a_dict_target_is_refused_where_one_target_a_sample_is_read():
     # a (x, {"cls": ..., "price": ...}) item was refused as "y must hold integer labels or
-    # float targets, got dtype object; map class names to ids", which misled
+    # float targets, got dtype object; map class names to ids", which misled; DQ's dq_train
+    # reads it (tests/dq/test_dict_targets.py), the gradient baselines' devices do not
     items = [(np.ones(3, np.float32), {"cls": 1, "price": 2.5}) for _ in range(4)]
-    with pytest.raises(ValueError, match=r"target is a dict \(keys \['cls', 'price'\]\): DQ "
-                                         r"carries one target a sample"):
+    with pytest.raises(ValueError, match=r"targets are a dict \(cls=i, price=f\): DQ's "
+                                         r"dq_train reads them"):
         as_arrays(items)
 
 

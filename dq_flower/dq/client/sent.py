@@ -213,14 +213,19 @@ def num_classes_of(config: dict[str, Any], spec: DataSpec, y: np.ndarray, n: int
 
 
 def spec_of(x: np.ndarray, y: np.ndarray, vocab: int = 0, bits: int = 2,
-            mixed_units: bool | None = None, inputs: tuple[str, ...] = ()) -> DataSpec:
+            mixed_units: bool | None = None, inputs: tuple[str, ...] = (),
+            target_parts: tuple[str, ...] = ()) -> DataSpec:
     """The spec of ``(x, y)``: ids below ``vocab``; ``mixed_units`` pinned, or measured.
 
-    ``inputs``: the layouts of several inputs a flat sample holds (``data_input.as_inputs``).
+    ``inputs``: the layouts of several inputs a flat sample holds (``data_input.as_inputs``);
+    ``target_parts``: those of a dict target's values (``data_input.target_parts``), floats.
     """
     shape = tuple(int(s) for s in x.shape[1:]) or (1,)
     mixed = len(shape) > 1 and not vocab and not sensor_window(shape) and (
         mixed_scales(x.reshape(len(x), -1), bits) if mixed_units is None else bool(mixed_units))
+    if target_parts:  # {"label": 3, "ink": 0.2}: side by side, the user's loss reads them
+        return DataSpec(shape, "float", int(y.reshape(len(y), -1).shape[1]), vocab, mixed,
+                        inputs, target_parts=target_parts)
     if np.issubdtype(y.dtype, np.integer):  # a label a sample, or one of each element
         labels = tuple(int(s) for s in y.shape[1:])
         return DataSpec(shape, "class", int(np.prod(labels)), vocab, mixed, inputs,

@@ -34,7 +34,7 @@ from dq_flower.client_state import begin_round, encode_with_feedback, end_round
 from dq_flower.codecs import Payload, make
 from dq_flower.codecs.affine import denormalise, normalise
 from dq_flower.config import read
-from dq_flower.data_input import Keys, as_inputs, forward_keys
+from dq_flower.data_input import Keys, as_inputs, forward_keys, target_parts
 from dq_flower.dq.client.reference import reference_rows
 from dq_flower.dq.client.selection import select
 from dq_flower.dq.client.sent import (
@@ -240,6 +240,7 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     with fixed_draws():  # a transform that draws as it reads: the same rows each round
         x_all, y, inputs = as_inputs(data, keys, one_input,  # several inputs: side by side
                                      nan=nan_mode(config))  # NaN values as its model reads them
+        parts = target_parts(data)  # a dict target's, named (its first item read again)
     if inputs and model is not None:
         from dq_flower.model_inputs import split_inputs  # PyTorch: deferred (a model is given)
 
@@ -250,7 +251,7 @@ def dq_train(msg: Message, context: Context, data: Any, *,
     x_all = x_all.astype(np.int64) if vocab else x_all
     pinned = config.get(MIXED_UNITS_KEY)  # the server's, once it holds a spec
     spec = spec_of(x_all, y, vocab, cfg.bits or auto_bits(None),
-                   None if pinned is None else bool(pinned), inputs)
+                   None if pinned is None else bool(pinned), inputs, parts)
     if loss_fn is None and model is not None and (spec.target == "binary" or spec.target_shape):
         from dq_flower.losses import binary_loss, element_loss  # PyTorch: deferred
 

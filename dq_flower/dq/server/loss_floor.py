@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from dq_flower.dq.server.plateau import HeldOutScores
+from dq_flower.losses import HEADS_ATTR
 
 __all__ = ["LossFloors", "OFFSET_SHARE", "ITERATIONS"]
 
@@ -93,6 +94,8 @@ class LossFloors:
     def add(self, loss_fn: Any, outputs: torch.Tensor, targets: torch.Tensor,
             losses: np.ndarray) -> None:
         """Floors of one scored batch (``losses``: its rows' losses under the model)."""
+        if getattr(outputs, HEADS_ATTR, None) is not None:  # a loss of several heads:
+            self.offset = False  # its floor moves them all (not descended here)
         if self.offset is False or not torch.is_floating_point(targets):
             return
         keys = [row.tobytes() for row in targets.reshape(len(losses), -1).cpu().numpy()]
