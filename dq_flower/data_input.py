@@ -97,10 +97,11 @@ def _pair(item: Any, keys: Keys | None, what: str, masks: bool = False,
                          "as a tuple ((x1, x2), y), or one input tensor")
     if isinstance(item[1], Mapping):  # several targets: side by side (target_parts)
         item = (item[0], target_row(item[1], batch, what), *item[2:])
-    if len(item) > 2:  # (x, y, weight): the weight is not read; said once
+    if len(item) > 2:  # (x, y, weight) or (x, y, sample id): not read; said once
         tell_once(("%s: items of %s values; DQ reads the first two as (x, y) and leaves out "
-                    "the others (DQ's server weighs no rows by a sample weight: class weights "
-                    "go in DQStrategy's loss_fn; several inputs: give ((x1, x2), y))",
+                    "the others (an id is not needed; DQ's server weighs no rows by a sample "
+                    "weight: class weights go in DQStrategy's loss_fn; several inputs: give "
+                    "((x1, x2), y))",
                     what.partition("[")[0], str(len(item))), WARNING)
     x = item[0]
     if isinstance(x, (tuple, list)) and len(x) > 1 and all(hasattr(v, "shape") for v in x):

@@ -49,8 +49,9 @@ def test_a_weight_beside_x_and_y_is_left_out_and_said_once(monkeypatch):
     np.testing.assert_array_equal(x, data.x)
     assert y.tolist() == data.y.tolist() and y.dtype == np.int64
     assert said == ["Weighted: items of 3 values; DQ reads the first two as (x, y) and leaves "
-                    "out the others (DQ's server weighs no rows by a sample weight: class "
-                    "weights go in DQStrategy's loss_fn; several inputs: give ((x1, x2), y))"]
+                    "out the others (an id is not needed; DQ's server weighs no rows by a "
+                    "sample weight: class weights go in DQStrategy's loss_fn; several inputs: "
+                    "give ((x1, x2), y))"]
     assert _read(Weighted(9))[2] == []  # once a process, not once a node's round
     loader = DataLoader(Weighted(), batch_size=5, collate_fn=lambda b: [
         torch.stack([i[0] for i in b]), torch.tensor([i[1] for i in b]),
