@@ -12,6 +12,11 @@ pinball error: 0) and outputs descended by L-BFGS on the loss. The run's first h
 decide once whether its loss has an offset (their mean floor off zero by more than
 :data:`OFFSET_SHARE` of their mean loss); only then are floors kept (per target, cached) and
 those figures read against the loss above them (Poisson: half the deviance).
+
+A row of :data:`SIGNAL_VALUES` float targets or more (a window, an image, a sequence) also
+gets its *scale*: the loss above its floor of outputs at the row's mean target (a squared
+error: the variance of its values about their level; a shift moves none), which the
+agreement screen reads a node's loss against (:func:`.node_screen.scale_factors`).
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ import torch
 from dq_flower.dq.server.plateau import HeldOutScores
 from dq_flower.losses import HEADS_ATTR
 
-__all__ = ["LossFloors", "OFFSET_SHARE", "ITERATIONS"]
+__all__ = ["LossFloors", "OFFSET_SHARE", "ITERATIONS", "SIGNAL_VALUES"]
 
 #: Mean floor, as a share of the mean loss, beyond which a loss has an offset.
 OFFSET_SHARE = 0.01
 #: L-BFGS iterations on the outputs of the rows whose floor is not known yet.
 ITERATIONS = 50
+#: Float targets a row needs for a scale (fewer: a table's targets, of their own units).
+SIGNAL_VALUES = 8
 
 
 def _as_outputs(targets: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor | None:
@@ -90,15 +97,30 @@ class LossFloors:
         self.offset: bool | None = None  # decided on the first held-out rows
         self.known: dict[bytes, float] = {}
         self.pending: list[np.ndarray] = []
+        self.level: list[np.ndarray] | None = []  # the loss at each row's level (None: none)
 
     def add(self, loss_fn: Any, outputs: torch.Tensor, targets: torch.Tensor,
             losses: np.ndarray) -> None:
         """Floors of one scored batch (``losses``: its rows' losses under the model)."""
-        if getattr(outputs, HEADS_ATTR, None) is not None:  # a loss of several heads:
-            self.offset = False  # its floor moves them all (not descended here)
-        if self.offset is False or not torch.is_floating_point(targets):
+        if not torch.is_floating_point(targets):
             return
-        keys = [row.tobytes() for row in targets.reshape(len(losses), -1).cpu().numpy()]
+        if getattr(outputs, HEADS_ATTR, None) is not None:  # a loss of several heads:
+            self.offset, self.level = False, None  # its floor and level move them all
+        rows = targets.reshape(len(losses), -1)
+        if self.level is not None and (outputs[:1].numel() != rows.shape[1]
+                                       or rows.shape[1] < SIGNAL_VALUES):
+            self.level = None
+        if self.level is not None:  # the outputs' shape: the model's loss is called so
+            level = rows.mean(1, keepdim=True).expand_as(rows).reshape(outputs.shape)
+            try:
+                with torch.no_grad():
+                    at = loss_fn(level.to(outputs.dtype), targets).reshape(len(losses))
+                self.level.append(at.double().cpu().numpy())
+            except (RuntimeError, ValueError):  # a loss that cannot read such outputs
+                self.level = None
+        if self.offset is False:
+            return
+        keys = [row.tobytes() for row in rows.cpu().numpy()]
         new = [i for i, k in enumerate(keys) if k not in self.known]
         if new:
             idx = torch.as_tensor(new, device=outputs.device)
@@ -116,5 +138,9 @@ class LossFloors:
                ) -> HeldOutScores:
         """The held-out scores of the rows added since, with their floors where kept."""
         floor = np.concatenate(self.pending) if self.offset and self.pending else None
-        self.pending = []
-        return HeldOutScores(loss, correct, nodes, floor)
+        scale = None
+        if self.level and sum(map(len, self.level)) == len(loss):
+            scale = np.concatenate(self.level)
+            scale = np.maximum(scale - (0.0 if floor is None else floor), 0.0)
+        self.pending, self.level = [], None if self.level is None else []
+        return HeldOutScores(loss, correct, nodes, floor, scale)

@@ -134,6 +134,8 @@ class HeldOutScores:
     correct: np.ndarray | None  # (n,) bool for class targets, None for float targets
     nodes: np.ndarray  # (n,) origin node ids
     floor: np.ndarray | None = None  # (n,) a loss with an offset: its floor (.loss_floor)
+    #: (n,) float targets of many values a row: the loss at the row's level (.loss_floor)
+    scale: np.ndarray | None = None
 
     @property
     def excess(self) -> np.ndarray:
@@ -156,10 +158,12 @@ class HeldOutScores:
             return cls(np.zeros(0), None, np.zeros(0, dtype=np.uint64))
         correct = [p.correct for p in parts if p.correct is not None]
         floors = [p.floor for p in parts if p.floor is not None]
+        scales = [p.scale for p in parts if p.scale is not None]
         return cls(np.concatenate([p.loss for p in parts]),
                    np.concatenate(correct) if correct else None,
                    np.concatenate([p.nodes for p in parts]),
-                   np.concatenate(floors) if len(floors) == len(parts) else None)
+                   np.concatenate(floors) if len(floors) == len(parts) else None,
+                   np.concatenate(scales) if len(scales) == len(parts) else None)
 
 
 def score_of(scores: HeldOutScores) -> float:

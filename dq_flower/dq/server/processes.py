@@ -143,7 +143,8 @@ class _ShardStore(SampleStore):
             ordered.append(HeldOutScores(
                 part.loss[at:at + n],
                 None if part.correct is None else part.correct[at:at + n],
-                part.nodes[at:at + n], None if part.floor is None else part.floor[at:at + n]))
+                part.nodes[at:at + n], None if part.floor is None else part.floor[at:at + n],
+                None if part.scale is None else part.scale[at:at + n]))
             used[r] += n
         return HeldOutScores.concat(ordered)
 
