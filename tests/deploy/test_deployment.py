@@ -2,8 +2,10 @@
 
 The module fixture starts everything once (about 15 s) and stops every process by pid when
 the module ends, also after a failure. One DQ run of 2 rounds takes about a minute (each
-message exchange costs seconds of polling); the whole module stays well under 3 minutes,
-so it runs in the default suite.
+message exchange costs seconds of polling). The nodes that bring their own files are the
+same deployment's, restarted on those files (its last tests): one SuperLink for the module,
+and the app that the first run installed, with the kernels it compiled, serves the second.
+The whole module stays well under 3 minutes, so it runs in the default suite.
 """
 
 import json
@@ -286,15 +288,19 @@ def test_a_restarted_supernode_keeps_its_node_id(deployment):
     node.stop()
     again = deployment.start_supernode(1, deployment.credentials.nodes[1],
                                        name="supernode-1-restarted")
-    deadline = time.monotonic() + 90
-    while not (found := re.search(r"SuperNode ID: (\d+)", again.log_text())):
-        assert again.poll() is None, again.log_text()
-        assert time.monotonic() < deadline, again.log_text()
-        time.sleep(1.0)
-    assert int(found.group(1)) == deployment.node_ids[1], again.log_text()
-    assert re.search(rf"SuperNode ID: {deployment.node_ids[1]}\b", node.log_text())
-    nodes = list_nodes(deployment.connection, env=deployment.env)
-    assert sorted(int(n["node-id"]) for n in nodes) == sorted(deployment.node_ids)
+    try:
+        deadline = time.monotonic() + 90
+        while not (found := re.search(r"SuperNode ID: (\d+)", again.log_text())):
+            assert again.poll() is None, again.log_text()
+            assert time.monotonic() < deadline, again.log_text()
+            time.sleep(1.0)
+        assert int(found.group(1)) == deployment.node_ids[1], again.log_text()
+        assert re.search(rf"SuperNode ID: {deployment.node_ids[1]}\b", node.log_text())
+        nodes = list_nodes(deployment.connection, env=deployment.env)
+        assert sorted(int(n["node-id"]) for n in nodes) == sorted(deployment.node_ids)
+    finally:
+        again.stop()
+    assert again.poll() is not None
 
 
 def test_deployment_error_carries_the_log(tmp_path):
@@ -370,22 +376,38 @@ def app_with_config_keys(folder: Path, keys: dict) -> Path:
     return folder
 
 
-@pytest.fixture
-def own_data_deployment(tmp_path):
-    files, sizes = write_device_files(tmp_path / "devices")
-    with LocalDeployment(tmp_path / "deployment", num_nodes=2, tls=True, supernode_auth=True,
-                         data_files=files) as dep:
-        yield dep, files, sizes
-    assert dep.superlink is not None and dep.superlink.poll() is not None
-    assert all(p.poll() is not None for p in dep.supernodes)
+@pytest.fixture(scope="module")
+def own_data_nodes(deployment, tmp_path_factory):
+    """The module's deployment with its two registered nodes on their own files.
+
+    Its partition SuperNodes are stopped by pid, and two started on the same keys (the same
+    node ids), node ``k`` on ``files[k]``; they are stopped by pid when the module ends.
+    The module's tests that use the partition nodes come before this one's.
+    """
+    files, sizes = write_device_files(tmp_path_factory.mktemp("devices"))
+    for proc in deployment.supernodes:
+        proc.stop()
+    nodes = []
+    try:
+        for k, path in enumerate(files):
+            nodes.append(deployment.start_supernode(k, deployment.credentials.nodes[k],
+                                                    name=f"supernode-{k}-own-file",
+                                                    data_file=path))
+        found = [proc.wait_for_log(r"SuperNode ID: (\d+)", 60) for proc in nodes]
+        assert [int(m.group(1)) for m in found] == deployment.node_ids
+        yield nodes, files, sizes
+    finally:
+        for proc in nodes:
+            proc.stop()
+    assert all(p.poll() is not None for p in nodes)
 
 
-def test_dq_on_the_nodes_own_files_with_a_server_that_holds_no_data(own_data_deployment):
-    dep, files, sizes = own_data_deployment
+def test_dq_on_the_nodes_own_files_with_a_server_that_holds_no_data(deployment, own_data_nodes):
+    dep, (nodes, files, sizes) = deployment, own_data_nodes
     size_a, size_b = sizes
     assert (ROUNDS - 1) * NODE_BUDGET < size_b <= ROUNDS * NODE_BUDGET < size_a
     # only the SuperNodes are told where the files are
-    for proc, path in zip(dep.supernodes, files, strict=True):
+    for proc, path in zip(nodes, files, strict=True):
         assert f'data-file="{path}"' in proc.command
     assert not any(str(path.parent) in dep.superlink.command for path in files)
 
