@@ -1,5 +1,10 @@
 """Acceptance: a user's own Flower app (own model, own standardized tabular data) run by
-Flower's own ``run_simulation`` trains with DQStrategy + dq_train as well as FedAvg."""
+Flower's own ``run_simulation`` trains with DQStrategy + dq_train as well as FedAvg.
+
+FedAvg, the reference, runs the same ServerApp and ClientApp on the in-process grid (no
+second Ray start): its accuracy in every round and its bytes are those of Flower's
+simulation engine (measured: identical).
+"""
 
 from __future__ import annotations
 
@@ -32,9 +37,22 @@ def _simulate(kinds: tuple[str, ...]) -> dict:
     return out
 
 
+def _inprocess(kind: str) -> dict:
+    """The user app's run of ``kind`` (12 rounds) on the in-process grid."""
+    from flwr.app import Context, RecordDict
+
+    from dq_flower.harness.inprocess import InProcessGrid
+
+    out: dict = {}
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    user_app.make_server_app(kind, 12, out)(
+        InProcessGrid(user_app.make_client_app(kind), user_app.NUM_NODES), context)
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return _simulate(("dq", "fedavg"))
+    return {**_simulate(("dq",)), "fedavg": _inprocess("fedavg")}
 
 
 def test_dq_trains_a_user_app_to_within_two_points_of_fedavg(runs):
