@@ -1,4 +1,10 @@
-"""``simulate`` with a user's own model: an instance, its class, or a factory (under Ray)."""
+"""``simulate`` with a user's own model: an instance, its class, or a factory (under Ray).
+
+The suite's one real Flower simulation of DQ (Ray backend, 2 clients, 2 rounds) is the
+user model's below: it checks the engine's path (history keys, measured bytes, the adaptive
+schedule's stored counts) as well as the model. The fixed schedule's stored counts are
+checked in-process (``tests/dq/test_adaptive_schedule`` and the reference histories).
+"""
 
 from __future__ import annotations
 
@@ -29,10 +35,25 @@ def test_simulate_trains_a_user_module_in_flowers_engine(monkeypatch):
     import sys
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import it
-    result = dq_flower.simulate(method="dq", model=DigitsNet(), num_clients=2, rounds=2,
-                                seed=0, budget=64, server_steps=20)
+    result = dq_flower.simulate(method="dq", dataset="digits", model=DigitsNet(),
+                                num_clients=2, rounds=2, seed=1, budget=32, min_holdout_rows=2,
+                                max_server_steps=200, max_server_epochs=1)
     assert result.history[-1]["accuracy"] > 0.6
     assert result.num_params == sum(p.numel() for p in DigitsNet().parameters())
+    # the engine's path: DQ's history, bytes and adaptive schedule as in-process
+    rows = result.history
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    for key in ("accuracy", "loss", "up_bytes", "down_bytes", "cum_up_bytes",
+                "cum_down_bytes", "wall_s"):
+        assert key in rows[-1]
+    assert rows[1]["up_bytes"] > 0 and rows[1]["down_bytes"] > 0
+    assert rows[2]["cum_up_bytes"] == rows[1]["up_bytes"] + rows[2]["up_bytes"]
+    # measured bytes cover the payload bits
+    assert 8 * rows[1]["up_bytes"] >= rows[1]["up_payload_bits"] > 0
+    # the first ask holds out 2 rows per class at 10%: 200 in all, then growth 2
+    assert rows[1]["stored"] == 200 and rows[2]["stored"] == 400
+    assert 0 < rows[1]["server_steps"] <= 200 and rows[1]["holdout_rows"] > 0
+    assert rows[2]["accuracy"] > rows[0]["accuracy"]
 
 
 def test_a_model_that_does_not_fit_the_data_fails_before_the_engine_starts():
